@@ -1,0 +1,87 @@
+"""Train-time transforms, on the host (per sample) or on the device (per batch).
+
+The host path is the standard ImageNet recipe with torchvision.transforms.v2. The device path
+ships fixed-size uint8 images and does the random-resized crop, flip and normalize for the whole
+batch at once, which moves that work off a host whose workers cannot keep up.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torchvision.transforms import v2
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def cpu_train_transform(image_size: int) -> v2.Compose:
+    return v2.Compose(
+        [
+            v2.ToImage(),
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ]
+    )
+
+
+def cpu_fixed_size(size: int) -> v2.Compose:
+    """Decode-side only: a square uint8 image of side `size` (for preload or device augment)."""
+    return v2.Compose(
+        [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.uint8)]
+    )
+
+
+class DeviceAugment:
+    """RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3) + flip + normalize on a uint8 batch,
+    with crop boxes drawn per sample (not one crop for the whole batch) via roi_align."""
+
+    def __init__(self, image_size: int, device: str, seed: int):
+        self.size = image_size
+        self.g = torch.Generator(device="cpu").manual_seed(seed)
+        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+
+    def boxes(self, n: int, h: int, w: int) -> torch.Tensor:
+        area = h * w * torch.empty(n).uniform_(0.08, 1.0, generator=self.g)
+        log_r = torch.empty(n).uniform_(math.log(3 / 4), math.log(4 / 3), generator=self.g)
+        r = torch.exp(log_r)
+        cw = torch.sqrt(area * r).clamp(max=w)
+        ch = torch.sqrt(area / r).clamp(max=h)
+        x0 = torch.rand(n, generator=self.g) * (w - cw)
+        y0 = torch.rand(n, generator=self.g) * (h - ch)
+        idx = torch.arange(n, dtype=torch.float32)
+        return torch.stack([idx, x0, y0, x0 + cw, y0 + ch], dim=1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import roi_align
+
+        n, _, h, w = x.shape
+        # the boxes are made on the host (tiny) and copied with the batch; no sync involved
+        boxes = self.boxes(n, h, w).to(x.device, non_blocking=True)
+        out = roi_align(x.float(), boxes, output_size=self.size, aligned=True)
+        flip = (torch.rand(n, generator=self.g) < 0.5).to(x.device, non_blocking=True)
+        out = torch.where(flip.view(n, 1, 1, 1), out.flip(-1), out)
+        return (out - self.mean) / self.std
+
+
+class DeviceDecode:
+    """nvJPEG decode of a list of JPEG byte tensors on the GPU, resized to one square size."""
+
+    def __init__(self, size: int, device: str):
+        self.size, self.device = size, device
+
+    def __call__(self, blobs: list[torch.Tensor]) -> torch.Tensor:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        imgs = decode_jpeg(blobs, mode=ImageReadMode.RGB, device=self.device)
+        fixed = [
+            v2.functional.center_crop(
+                v2.functional.resize(im, self.size, antialias=True), [self.size, self.size]
+            )
+            for im in imgs
+        ]
+        return torch.stack(fixed)

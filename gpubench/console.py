@@ -1,0 +1,91 @@
+"""The terminal summary of a run (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from gpubench.runner import Result
+
+PHASE_TITLES = {
+    "loader": "loader (data side bound)",
+    "compute": "compute (device bound)",
+    "e2e": "e2e (training loop)",
+}
+
+
+def _gib(b) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f} GiB"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _ms(s) -> str:
+    return "-" if s is None else f"{s * 1e3:.1f}"
+
+
+def print_result(result: Result, console: Console | None = None) -> None:
+    con = console or Console(stderr=False, highlight=False)
+    d = result.data
+    cfg, env = d["config"], d["env"]
+    title = (
+        f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
+        f"{cfg['dataset']['image_size']}px, batch {cfg['loader']['batch_size']}, "
+        f"{cfg['loader']['num_workers']} workers, {cfg['precision']['name']}"
+        f"{', channels_last' if cfg['channels_last'] else ''}"
+        f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
+        f" | {env['device_name']} ({env['device']})"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in ("phase", "images/s", "step p50 ms", "step p95 ms", "data wait", "steps", "peak mem"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for name, ph in d["phases"].items():
+        mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
+        ips = ph["images_per_sec"]
+        t.add_row(
+            PHASE_TITLES.get(name, name),
+            "-" if ips is None else f"{ips:,.1f}",
+            _ms(ph["step_time_p50_s"]),
+            _ms(ph["step_time_p95_s"]),
+            _pct(ph["data_wait_fraction"]) if name == "e2e" else "",
+            f"{ph['steps']}{'*' if ph['truncated'] else ''}",
+            _gib(mem),
+        )
+    con.print(t)
+    if any(ph["truncated"] for ph in d["phases"].values()):
+        con.print("  * window closed by bench.max_seconds before bench.steps")
+    mem = (
+        f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
+        f"{_gib(d['device_memory_bytes'])} ({d['memory_source']}; ceiling {_pct(d['memory_ceiling'])})"
+    )
+    con.print(mem)
+    if d.get("gpu_util_mean") is not None:
+        e = d.get("energy_per_image_j")
+        con.print(
+            f"GPU util mean {d['gpu_util_mean']:.0f}% (max {d['gpu_util_max']:.0f}%), memory util "
+            f"{d['gpu_mem_util_mean']:.0f}%, power {d['power_mean_w']:.0f} W"
+            + (f", {e:.3f} J/image" if e is not None else "")
+        )
+    if d.get("host_cpu_util_mean") is not None:
+        con.print(
+            f"host CPU {d['host_cpu_util_mean']:.0f}% of {env['cpu_count']} cores; this run's "
+            f"processes {d['process_cpu_util_mean']:.0f}% (100% = one core), peak RSS "
+            f"{_gib(d['peak_rss_bytes'])} (main + workers)"
+        )
+    if d.get("mfu") is not None:
+        con.print(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")
+    elif d.get("achieved_tflops") is not None:
+        con.print(f"{d['achieved_tflops'] * 1e3:.1f} GFLOP/s achieved (no peak known for this device: no MFU)")
+    for note in result.notes:
+        con.print(f"[dim]info: {note}[/dim]")
+    if d.get("skipped_samples"):
+        con.print(f"[yellow]{d['skipped_samples']} corrupt samples skipped[/yellow]")
+    status = d["status"]
+    if status != "ok":
+        con.print(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
+    con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {d['reason']}")
+    for i, a in enumerate(d["advice"], 1):
+        con.print(f"  {i}. {a}")
+    con.print(f"[dim]results: {result.path}[/dim]")

@@ -1,0 +1,84 @@
+"""Build the model: a torchvision classifier by name, the `tiny` CNN for tests, or the team's own
+nn.Module through `model._target_`; then memory format and torch.compile."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from gpubench.config import ConfigError, _enum_value
+
+
+class TinyNet(nn.Module):
+    """A very small CNN: enough layers to exercise conv, norm, pooling and a classifier, cheap
+    enough that a CPU test step takes milliseconds."""
+
+    def __init__(self, num_classes: int = 10, width: int = 8):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.fc = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+def _accepts(cls, name: str) -> bool:
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def build_model(cfg: DictConfig) -> nn.Module:
+    m = cfg.model
+    n = int(m.num_classes)
+    kwargs = OmegaConf.to_container(m.kwargs, resolve=True) if m.kwargs else {}
+    target = m.get("_target_")
+    if target:
+        from hydra.utils import get_class
+
+        try:
+            cls = get_class(target)
+        except Exception as e:
+            raise ConfigError("model._target_", target, "an importable nn.Module class path") from e
+        if _accepts(cls, "num_classes"):
+            kwargs.setdefault("num_classes", n)
+        model = cls(**kwargs)
+        if not isinstance(model, nn.Module):
+            raise ConfigError("model._target_", target, "a class whose instances are nn.Module")
+        return model
+    if m.name == "tiny":
+        return TinyNet(num_classes=n, **kwargs)
+    import torchvision
+
+    if str(m.name).startswith("vit_"):
+        # torchvision's ViTs take their input size as a constructor argument
+        kwargs.setdefault("image_size", int(cfg.dataset.image_size))
+    return torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
+
+
+def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Module:
+    model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model.train()
+
+
+def maybe_compile(model: nn.Module, mode) -> nn.Module:
+    mode = _enum_value(mode)
+    if mode == "off":
+        return model
+    # compile happens lazily at the first step, which the warm-up absorbs (and times)
+    return torch.compile(model, mode=None if mode == "default" else mode)

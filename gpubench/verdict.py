@@ -1,0 +1,146 @@
+"""Which pipe is narrowest, and what to turn next. Pure functions of measured figures.
+
+The rule compares three throughputs (reference article 003's method): the loader phase is the
+most the data side can deliver, the compute phase the most the device can, and e2e what the
+training loop gets. GPU utilization never decides the verdict: with AMP a GPU at the same
+utilization does ~1.7x the work (article 003), so utilization is context, not evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# e2e "tracks" a bound when it reaches this fraction of it
+TRACKS = 0.85
+# the loader is "well below" compute when it delivers less than this fraction of it
+WELL_BELOW = 0.9
+
+
+@dataclass
+class Verdict:
+    bottleneck: str  # data | compute | overlap | unknown
+    reason: str
+    advice: list[str] = field(default_factory=list)
+
+
+def _ok(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x)) and x > 0
+
+
+def classify(loader: float | None, compute: float | None, e2e: float | None,
+             data_wait_fraction: float | None = None) -> tuple[str, str]:
+    """Return (bottleneck, reason)."""
+    if _ok(loader) and _ok(compute) and _ok(e2e):
+        bound = min(loader, compute)
+        if e2e < TRACKS * bound:
+            return "overlap", (
+                f"e2e {e2e:.1f} img/s is {e2e / bound:.0%} of the narrower bound {bound:.1f}: "
+                "loading and compute run one after the other instead of overlapping"
+            )
+        if loader < WELL_BELOW * compute:
+            return "data", (
+                f"the loader delivers {loader:.1f} img/s, {loader / compute:.0%} of what compute "
+                f"takes ({compute:.1f}); e2e {e2e:.1f} tracks the loader"
+            )
+        return "compute", (
+            f"e2e {e2e:.1f} img/s tracks compute {compute:.1f} ({e2e / compute:.0%}); the loader "
+            f"({loader:.1f}) keeps up"
+        )
+    if _ok(loader) and _ok(compute):
+        side = "data" if loader < WELL_BELOW * compute else "compute"
+        return side, f"loader {loader:.1f} vs compute {compute:.1f} img/s (e2e not measured)"
+    if _ok(e2e) and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
+        if data_wait_fraction > 0.25:
+            return "data", f"the loop waits on data {data_wait_fraction:.0%} of the time"
+        return "compute", f"the loop waits on data only {data_wait_fraction:.0%} of the time"
+    return "unknown", "not enough phases measured to compare (run loader, compute and e2e)"
+
+
+@dataclass
+class Knobs:
+    """The current settings the advice refers to."""
+
+    device: str
+    num_workers: int
+    cpu_count: int
+    pin_memory: bool
+    preload: bool
+    augment_on: str
+    precision: str
+    channels_last: bool
+    compile: str
+    batch_size: int
+    dataset: str
+    memory_fraction: float | None
+    ceiling: float
+    is_conv: bool = True
+
+
+def advise(bottleneck: str, k: Knobs) -> list[str]:
+    """1-3 concrete next steps, most effective first (reference articles 000, 001, 003)."""
+    out: list[str] = []
+    gpu = k.device == "cuda"
+    if bottleneck in ("data", "overlap"):
+        if k.num_workers == 0:
+            out.append(
+                "loader.num_workers=2 or more: with 0 workers the main process loads each batch "
+                "while the device waits (article 003: >= 2 workers gave ~1.5x)"
+            )
+        elif k.num_workers < k.cpu_count and bottleneck == "data":
+            out.append(
+                f"loader.num_workers={min(k.cpu_count, max(2 * k.num_workers, k.num_workers + 1))}"
+                f" (now {k.num_workers}, host has {k.cpu_count} cores); sweep it with "
+                "`-m bench.phases=[loader] loader.num_workers=...` and keep the fewest that "
+                "out-run compute"
+            )
+        if gpu and not k.pin_memory:
+            out.append("loader.pin_memory=true: pinned host memory makes the copy asynchronous")
+        if k.dataset in ("imagefolder", "fake_jpeg", "cifar10") and not k.preload:
+            out.append(
+                "dataset.preload=true: decode once into RAM, then only augment per step "
+                "(article 000, Method 1)"
+            )
+        if gpu and k.augment_on == "cpu":
+            out.append("dataset.augment_on=device: crop/flip/normalize on the GPU, not in workers")
+        if bottleneck == "data" and k.num_workers >= k.cpu_count:
+            out.append(
+                "the host's cores are all loading: a host with more CPU per GPU "
+                "(article 003: marry the right CPU/RAM to the GPU)"
+            )
+    if bottleneck == "compute":
+        if k.precision in ("fp32", "tf32"):
+            if gpu:
+                out.append(
+                    "precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x "
+                    "in article 003"
+                )
+            else:
+                out.append("precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16")
+        if gpu and k.is_conv and not k.channels_last and k.precision.startswith("amp"):
+            out.append("channels_last=true: tensor-core convolutions prefer NHWC")
+        if gpu and k.compile == "off":
+            out.append("compile=default: torch.compile fuses the elementwise ops between convs")
+        frac = k.memory_fraction
+        if frac is not None and frac < 0.6 * k.ceiling:
+            out.append(
+                f"loader.batch_size={2 * k.batch_size}: memory peaks at {frac:.0%} of the "
+                f"device (ceiling {k.ceiling:.0%}); a larger batch may raise throughput while "
+                "compute-bound, keep the smallest that gets near the peak"
+            )
+        if not gpu:
+            out.append("this ran on the CPU: on a GPU the compute bound is far higher")
+    if bottleneck == "unknown":
+        out.append("bench.phases=[loader,compute,e2e] to get a verdict")
+    return out[:3]
+
+
+def judge(
+    loader: float | None,
+    compute: float | None,
+    e2e: float | None,
+    data_wait_fraction: float | None,
+    knobs: Knobs,
+) -> Verdict:
+    b, why = classify(loader, compute, e2e, data_wait_fraction)
+    return Verdict(b, why, advise(b, knobs))

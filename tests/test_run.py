@@ -1,0 +1,88 @@
+"""A full three-phase run of the tiny model, called as a plain function."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gpubench.config import ConfigError
+from gpubench.runner import measure_run
+
+STABLE_KEYS = [
+    "images_per_sec", "loader_images_per_sec", "compute_images_per_sec", "bottleneck",
+    "step_time_p50_s", "step_time_p95_s", "data_wait_fraction", "peak_memory_bytes",
+    "peak_memory_fraction", "gpu_util_mean", "mfu", "config", "env", "status",
+]
+
+
+def test_three_phase_run_writes_results(compose_cfg, tmp_path):
+    cfg = compose_cfg()
+    result = measure_run(cfg, tmp_path)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data == json.loads(json.dumps(result.data, default=str)) or data["status"] == "ok"
+    for key in STABLE_KEYS:
+        assert key in data, key
+    assert data["status"] == "ok"
+    assert set(data["phases"]) == {"loader", "compute", "e2e"}
+    for name in ("loader", "compute", "e2e"):
+        ph = data["phases"][name]
+        assert ph["steps"] == 2 and ph["images"] == 8
+        assert ph["images_per_sec"] > 0
+        assert ph["step_time_p50_s"] <= ph["step_time_p95_s"]
+        assert ph["warmup_steps"] == 1
+    assert data["images_per_sec"] == data["phases"]["e2e"]["images_per_sec"]
+    assert data["bottleneck"] in ("data", "compute", "overlap")
+    assert 1 <= len(data["advice"]) <= 3
+    # CPU run: GPU fields absent, host fields present
+    assert data["gpu_util_mean"] is None and data["mfu"] is None
+    assert data["peak_rss_bytes"] > 0 and 0 < data["peak_memory_fraction"] < 1
+    assert data["memory_source"] == "host_rss"
+    assert data["flops_per_step"] > 0
+    assert data["env"]["torch"] and data["env"]["device"] == "cpu"
+    assert data["config"]["model"]["name"] == "tiny"
+    assert math.isfinite(result.objective) and result.objective == data["images_per_sec"]
+
+
+def test_device_synthetic_has_no_data_cost(compose_cfg, tmp_path):
+    result = measure_run(compose_cfg("dataset=device_synthetic"), tmp_path)
+    assert result.status == "ok"
+    assert result.data["phases"]["loader"]["images_per_sec"] > result.data["compute_images_per_sec"]
+
+
+@pytest.mark.parametrize("phases", ["[loader]", "[compute]", "[compute,e2e]"])
+def test_phase_subsets(compose_cfg, tmp_path, phases):
+    result = measure_run(compose_cfg(f"bench.phases={phases}"), tmp_path)
+    assert result.status == "ok"
+    assert list(result.data["phases"]) == phases.strip("[]").split(",")
+    assert result.objective > 0
+
+
+def test_injected_oom_is_recorded_not_raised(compose_cfg, tmp_path):
+    result = measure_run(compose_cfg("fault.oom_above_batch=2"), tmp_path)
+    assert result.status == "oom"
+    assert result.objective == 0.0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["status"] == "oom" and "fault.oom_above_batch" in data["error"]
+    # the loader phase ran before the model did: it is kept
+    assert "loader" in data["phases"]
+
+
+def test_over_ceiling_is_a_status(compose_cfg, tmp_path):
+    result = measure_run(compose_cfg("memory.ceiling=0.0001"), tmp_path)
+    assert result.status == "over_ceiling"
+    assert result.objective == 0.0
+    assert result.data["images_per_sec"] > 0  # measured, just not feasible
+
+
+def test_failure_keeps_measured_nothing_lost(compose_cfg, tmp_path):
+    result = measure_run(compose_cfg("fault.fail_message=boom"), tmp_path)
+    assert result.status == "failed" and "boom" in result.data["error"]
+    assert (tmp_path / "results.json").exists()
+
+
+def test_bad_input_raises_before_work(compose_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="model.name"):
+        measure_run(compose_cfg("model.name=resnet51"), tmp_path)
+    assert not (tmp_path / "results.json").exists()
