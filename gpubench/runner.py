@@ -14,6 +14,7 @@ import math
 import os
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,6 +113,8 @@ class _Run:
         self.path = out / RESULTS_FILE
         self.total_mem = env.device_memory_bytes(device)
         self.data: dict = {
+            # identifies this run everywhere (tracking tags, offline sync de-duplication)
+            "run_uid": uuid.uuid4().hex,
             "status": "running",
             "error": None,
             "objective": None,
