@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from gpubench.config import CONFIG_DIR, ConfigError
+from gpubench.errors import compact_compose_errors, release_stderr
 
 
 def _multirun() -> bool:
@@ -24,6 +25,7 @@ def _multirun() -> bool:
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="bench")
 def main(cfg: DictConfig) -> float:
+    release_stderr()
     from gpubench.runner import run_benchmark
 
     try:
@@ -41,8 +43,9 @@ def main(cfg: DictConfig) -> float:
 
 
 def cli() -> None:
-    main()
+    with compact_compose_errors():
+        main()
 
 
 if __name__ == "__main__":
-    main()
+    cli()

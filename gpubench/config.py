@@ -190,12 +190,9 @@ class BenchConfig:
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
+    # One typed root: each group's YAML is merged into its typed field (BenchConfig.dataset is
+    # a DatasetConfig, ...), so group options need no schema of their own.
     cs.store(name="gpubench_schema", node=BenchConfig)
-    cs.store(group="dataset", name="schema", node=DatasetConfig)
-    cs.store(group="model", name="schema", node=ModelConfig)
-    cs.store(group="loader", name="schema", node=LoaderConfig)
-    cs.store(group="precision", name="schema", node=PrecisionConfig)
-    cs.store(group="tracking", name="schema", node=TrackingConfig)
 
 
 register_configs()
@@ -243,6 +240,8 @@ def validate(cfg: DictConfig) -> str:
         )
     if cfg.model.get("_target_") is None:
         name = cfg.model.name
+        if name == "custom":
+            raise ConfigError("model._target_", None, "a dotted nn.Module class path, e.g. my_team.models.MyNet")
         if name not in known_models():
             close = [m for m in known_models() if m.startswith(str(name)[:4])][:6]
             hint = f" (close: {', '.join(close)})" if close else ""

@@ -8,9 +8,9 @@ from rich.table import Table
 from gpubench.runner import Result
 
 PHASE_TITLES = {
-    "loader": "loader (data side bound)",
+    "loader": "loader (data bound)",
     "compute": "compute (device bound)",
-    "e2e": "e2e (training loop)",
+    "e2e": "e2e (training)",
 }
 
 
@@ -27,7 +27,9 @@ def _ms(s) -> str:
 
 
 def print_result(result: Result, console: Console | None = None) -> None:
-    con = console or Console(stderr=False, highlight=False)
+    con = console or Console(highlight=False)
+    if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
+        con.width = max(con.width, 110)
     d = result.data
     cfg, env = d["config"], d["env"]
     title = (

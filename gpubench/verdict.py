@@ -81,6 +81,11 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
     """1-3 concrete next steps, most effective first (reference articles 000, 001, 003)."""
     out: list[str] = []
     gpu = k.device == "cuda"
+    if bottleneck == "overlap" and not gpu and k.num_workers > 0:
+        out.append(
+            f"on a CPU the {k.num_workers} loader workers take cores from the model itself "
+            f"({k.cpu_count} cores here): this gap is contention; on a GPU the two overlap"
+        )
     if bottleneck in ("data", "overlap"):
         if k.num_workers == 0:
             out.append(
