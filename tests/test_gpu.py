@@ -1,0 +1,43 @@
+"""CUDA-only checks of the measurement (skipped on machines without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpubench.runner import measure_run
+
+pytestmark = pytest.mark.gpu
+
+GPU = ["bench.device=cuda", "model=resnet18", "dataset.image_size=64", "loader.batch_size=32",
+       "bench.steps=10", "bench.warmup_steps=3"]
+
+
+def test_gpu_run_reports_device_figures(compose_cfg, tmp_path):
+    r = measure_run(compose_cfg(*GPU, "precision=amp_fp16", "channels_last=true"), tmp_path)
+    d = r.data
+    assert d["status"] == "ok", d["error"]
+    assert d["memory_source"] == "torch_cuda_reserved"
+    assert 0 < d["torch_peak_allocated_bytes"] <= d["torch_peak_reserved_bytes"]
+    assert d["peak_memory_fraction"] == pytest.approx(
+        d["torch_peak_reserved_bytes"] / torch.cuda.get_device_properties(0).total_memory)
+    assert d["nvml_memory_used_bytes"] >= d["torch_peak_reserved_bytes"]
+    assert 0 <= d["gpu_util_mean"] <= 100 and d["power_mean_w"] > 0
+    assert d["energy_per_image_j"] > 0
+    for ph in d["phases"].values():  # CUDA-event step times, read after the closing sync
+        assert ph["step_time_p50_s"] > 0 and ph["step_time_p95_s"] >= ph["step_time_p50_s"]
+
+
+def test_fp32_really_disables_tf32(compose_cfg, tmp_path):
+    measure_run(compose_cfg(*GPU, "precision=fp32", "bench.phases=[compute]"), tmp_path)
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    measure_run(compose_cfg(*GPU, "precision=tf32", "bench.phases=[compute]"), tmp_path / "b")
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def test_device_synthetic_bounds_e2e(compose_cfg, tmp_path):
+    d = measure_run(compose_cfg(*GPU, "dataset=device_synthetic"), tmp_path).data
+    assert d["status"] == "ok"
+    # no data cost: the loop runs at the compute bound (within noise)
+    assert d["images_per_sec"] > 0.8 * d["compute_images_per_sec"]
+    assert d["data_wait_fraction"] < 0.05
