@@ -21,7 +21,7 @@ def test_three_phase_run_writes_results(compose_cfg, tmp_path):
     cfg = compose_cfg()
     result = measure_run(cfg, tmp_path)
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data == json.loads(json.dumps(result.data, default=str)) or data["status"] == "ok"
+    assert data["run_uid"] == result.data["run_uid"] and len(data["run_uid"]) == 32
     for key in STABLE_KEYS:
         assert key in data, key
     assert data["status"] == "ok"
