@@ -69,19 +69,39 @@ class DeviceAugment:
 
 
 class DeviceDecode:
-    """nvJPEG decode of a list of JPEG byte tensors on the GPU, resized to one square size."""
+    """nvJPEG decode of a batch of JPEG byte tensors on the GPU, each resized (shorter side) and
+    centre-cropped to one square size so the batch stacks for DeviceAugment.
+
+    Works on any device torchvision's decode_jpeg accepts (the CPU too, which is how its logic is
+    tested without a GPU). A batch that fails to decode is retried image by image so one bad
+    file costs one sample, not the batch: returns (images, indices of the failed inputs).
+    """
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device
 
-    def __call__(self, blobs: list[torch.Tensor]) -> torch.Tensor:
+    def _decode(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        imgs = decode_jpeg(blobs, mode=ImageReadMode.RGB, device=self.device)
+        try:  # one batched call: nvJPEG decodes the whole list at once
+            return list(decode_jpeg(blobs, mode=ImageReadMode.RGB, device=self.device))
+        except RuntimeError:
+            out: list[torch.Tensor | None] = []
+            for b in blobs:
+                try:
+                    out.append(decode_jpeg(b, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError:
+                    out.append(None)
+            return out
+
+    def __call__(self, blobs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
+        imgs = self._decode(blobs)
+        failed = [i for i, im in enumerate(imgs) if im is None]
         fixed = [
             v2.functional.center_crop(
                 v2.functional.resize(im, self.size, antialias=True), [self.size, self.size]
             )
             for im in imgs
+            if im is not None
         ]
-        return torch.stack(fixed)
+        return (torch.stack(fixed) if fixed else None), failed

@@ -8,28 +8,59 @@ on the device, zero data cost, the compute bound.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import math
 import os
+import pickle
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from gpubench.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
 from gpubench.config import ConfigError, _enum_value
 
 log = logging.getLogger(__name__)
 
+JPEG_MAGIC = b"\xff\xd8\xff"
+
 
 def source_size(image_size: int) -> int:
     """Stored image side before the random crop (256 for 224, as in ImageNet training)."""
     return int(round(image_size * 8 / 7))
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+FAIL_PREFIX = "dataset.on_corrupt=fail: "
+
+
+class CorruptImage(Exception):
+    """A sample that does not decode, with dataset.on_corrupt=fail.
+
+    Raised in a DataLoader worker, torch re-raises it in the main process built from the
+    worker's whole traceback text; str() keeps the one line that names the file.
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        for line in reversed(text.splitlines()):
+            if FAIL_PREFIX in line:
+                return line[line.index(FAIL_PREFIX) :].strip()
+        return text
+
+
+def corrupt(path: str, why: object) -> CorruptImage:
+    return CorruptImage(f"{FAIL_PREFIX}cannot decode {path}: {why}")
 
 
 # ------------------------------------------------------------------------------ datasets
@@ -74,8 +105,17 @@ def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
     return pool
 
 
+def _jpeg_tensor(data: bytes) -> torch.Tensor:
+    # The host only checks the JPEG start marker: decoding is the device's job here, and a
+    # non-JPEG (PNG in an image folder, say) would fail there anyway, without a file name.
+    if not data.startswith(JPEG_MAGIC):
+        raise ValueError("not a JPEG (dataset.decode_on=device reads JPEG files only)")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 class JpegBytesDataset(Dataset):
-    """In-memory JPEG bytes: decoded per sample (PIL, or kept as bytes for device decode)."""
+    """In-memory JPEG bytes: decoded per sample with PIL, or (raw) handed on as bytes for
+    device decode, as (bytes, label, name)."""
 
     def __init__(self, blobs: list[bytes], labels: list[int], transform, raw: bool = False):
         self.blobs, self.labels, self.transform, self.raw = blobs, labels, transform, raw
@@ -85,20 +125,17 @@ class JpegBytesDataset(Dataset):
 
     def __getitem__(self, i: int):
         if self.raw:
-            return torch.frombuffer(bytearray(self.blobs[i]), dtype=torch.uint8), self.labels[i]
+            return _jpeg_tensor(self.blobs[i]), self.labels[i], f"fake_jpeg[{i}]"
         from PIL import Image
 
         img = Image.open(io.BytesIO(self.blobs[i])).convert("RGB")
         return self.transform(img), self.labels[i]
 
 
-class CorruptImage(Exception):
-    pass
-
-
 class ImageFiles(Dataset):
     """(path, label) samples read from disk; a file that fails to decode is skipped and counted
-    (on_corrupt=skip) or stops the run naming the file (on_corrupt=fail), never a hang."""
+    (on_corrupt=skip: the sample comes back as None) or stops the run naming the file
+    (on_corrupt=fail), never a hang."""
 
     def __init__(self, samples: list[tuple[str, int]], transform, on_corrupt: str, raw=False):
         self.samples, self.transform, self.on_corrupt, self.raw = samples, transform, on_corrupt, raw
@@ -110,48 +147,98 @@ class ImageFiles(Dataset):
         path, label = self.samples[i]
         try:
             if self.raw:
-                from torchvision.io import read_file
-
-                return read_file(path), label
+                with open(path, "rb") as f:
+                    return _jpeg_tensor(f.read()), label, path
             from PIL import Image
 
             with Image.open(path) as im:
-                img = im.convert("RGB")
+                img = im.convert("RGB")  # forces the full decode: truncation shows up here
             return self.transform(img), label
         except Exception as e:  # PIL raises several types for truncated / non-image files
             if self.on_corrupt == "fail":
-                raise CorruptImage(f"dataset.on_corrupt=fail: cannot decode {path}: {e}") from e
+                raise corrupt(path, e) from e
             return None
 
 
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """(path, class index) for every image under root/<class>/ (nested folders too), classes
+    sorted by name as torchvision's ImageFolder does; hidden folders are not classes."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     if not root.is_dir():
         raise ConfigError("dataset.root", str(root), "an existing folder")
-    classes = sorted(d.name for d in os.scandir(root) if d.is_dir())
+    classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith("."))
     if not classes:
-        raise ConfigError("dataset.root", str(root), "a folder of class sub-folders (none found)")
+        raise ConfigError(
+            "dataset.root", str(root), "a folder of class sub-folders of images (none found)"
+        )
     samples = []
     for idx, c in enumerate(classes):
-        for dirpath, _, files in sorted(os.walk(root / c, followlinks=True)):
+        for dirpath, dirnames, files in os.walk(root / c, followlinks=True):
+            dirnames.sort()
             for f in sorted(files):
                 if f.lower().endswith(IMG_EXTENSIONS):
                     samples.append((os.path.join(dirpath, f), idx))
     if not samples:
-        raise ConfigError("dataset.root", str(root), "class sub-folders holding image files (all empty)")
+        raise ConfigError(
+            "dataset.root", str(root), "class sub-folders holding image files (all are empty)"
+        )
     return samples, classes
 
 
-def load_cifar10(root: Path):
-    from torchvision.datasets import CIFAR10
+def mean_file_bytes(paths: list[str], sample: int = 1000) -> float:
+    """Mean file size from an even sample of the files: a stat per file of a million-image
+    folder would cost seconds before the run even starts."""
+    step = max(1, len(paths) // sample)
+    picked = paths[::step]
+    return sum(os.path.getsize(p) for p in picked) / len(picked)
 
-    try:
-        return CIFAR10(str(root), train=True, download=False)
-    except RuntimeError as e:
-        raise ConfigError(
-            "dataset.root", str(root), "a folder holding cifar-10-batches-py/ (never downloaded)"
-        ) from e
+
+# --- CIFAR-10 in its python-pickle format (cifar-10-batches-py/)
+#
+# Read here rather than by torchvision.datasets.CIFAR10: that class checks every file's md5
+# against the official download (`_check_integrity`) and refuses anything else, a re-export or
+# a subset included. The format is the same: each data_batch_N is a pickled dict with "data"
+# (N x 3072 uint8, channel-planar 32x32) and "labels"; batches.meta holds "label_names".
+# Like torchvision, this unpickles the files: read only CIFAR folders you trust.
+
+CIFAR_DIR = "cifar-10-batches-py"
+CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+
+
+def _cifar_error(root: Path, what: str) -> ConfigError:
+    return ConfigError("dataset.root", str(root), f"a CIFAR-10 python folder ({what})")
+
+
+def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """The training split as (uint8 [N,3,32,32], int64 labels [N], class names). `root` is the
+    folder holding cifar-10-batches-py/ (torchvision's convention) or that folder itself."""
+    import numpy as np
+
+    folder = root / CIFAR_DIR if (root / CIFAR_DIR).is_dir() else root
+    missing = [n for n in CIFAR_TRAIN if not (folder / n).is_file()]
+    if missing:
+        raise _cifar_error(root, f"{CIFAR_DIR}/ lacks {', '.join(missing)}")
+    images, labels = [], []
+    for name in CIFAR_TRAIN:
+        try:
+            with open(folder / name, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            data = np.asarray(entry["data"], dtype=np.uint8)
+            ys = entry["labels"] if "labels" in entry else entry["fine_labels"]
+        except Exception as e:
+            raise _cifar_error(root, f"{name} does not read: {type(e).__name__}: {e}") from e
+        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(ys) != len(data):
+            raise _cifar_error(root, f"{name}: data {data.shape} vs {len(ys)} labels")
+        images.append(data.reshape(-1, 3, 32, 32))
+        labels.extend(ys)
+    classes = [str(i) for i in range(max(labels, default=-1) + 1)]
+    meta = folder / "batches.meta"
+    if meta.is_file():
+        with open(meta, "rb") as f:
+            classes = list(pickle.load(f, encoding="latin1").get("label_names", classes))
+    x = torch.from_numpy(np.concatenate(images)).contiguous()
+    return x, torch.as_tensor(labels, dtype=torch.int64), classes
 
 
 class TensorImages(Dataset):
@@ -168,50 +255,79 @@ class TensorImages(Dataset):
         return self.transform(self.images[i]), int(self.labels[i])
 
 
+# ------------------------------------------------------------------------------ batches
+
+
+class JpegBatch(NamedTuple):
+    """Raw JPEG bytes of a batch (lengths differ, so no stack), with names for error lines."""
+
+    blobs: list[torch.Tensor]
+    names: list[str]
+
+
 def collate_skipping(batch):
-    """Default collate over the samples that decoded; the third item counts the skipped ones."""
+    """(x, y, skipped): the samples that decoded, collated, and how many did not.
+
+    default_collate is used for the tensors on purpose: inside a worker it stacks straight
+    into shared memory, where a plain torch.stack would cost one more copy per batch on its
+    way to the main process.
+    """
     kept = [b for b in batch if b is not None]
     skipped = len(batch) - len(kept)
     if not kept:
         return None, None, skipped
-    xs, ys = zip(*kept, strict=True)
-    if isinstance(xs[0], torch.Tensor) and all(x.shape == xs[0].shape for x in xs):
-        x = torch.stack(xs)
-    else:  # raw JPEG bytes of different lengths, for device decode
-        x = list(xs)
-    return x, torch.as_tensor(ys), skipped
+    if len(kept[0]) == 3:  # raw JPEG bytes for device decode
+        blobs, ys, names = zip(*kept, strict=True)
+        return JpegBatch(list(blobs), list(names)), torch.as_tensor(ys), skipped
+    x, y = default_collate(kept)
+    return x, y, skipped
 
 
 # ------------------------------------------------------------------------------ preload
 
 
-def preload(ds: Dataset, size: int, num_workers: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+def preload_bytes_needed(n: int, size: int) -> int:
+    return n * 3 * size * size
+
+
+def preload(
+    ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """Decode every sample once into a shared uint8 [N,3,S,S] tensor (reference article 000,
-    Method 1). Refuses, before decoding anything, when it would not fit in free RAM."""
+    Method 1). Refuses, before decoding anything, when it would not fit in free RAM.
+    Returns (images, labels, seconds, samples skipped as corrupt)."""
     import psutil
 
     n = len(ds)
-    need = n * 3 * size * size
+    need = preload_bytes_needed(n, size)
     free = psutil.virtual_memory().available
+    # 80%: the run itself (model, optimizer, worker batches) needs the rest
     if need > 0.8 * free:
         raise ConfigError(
             "dataset.preload",
             True,
-            f"false: the cache needs {need / 2**30:.2f} GiB and only {free / 2**30:.2f} GiB is "
-            "free (lower dataset.image_size or use a subset)",
+            f"false: the cache of {n} images at {size} px needs {need / 2**30:.2f} GiB and "
+            f"only {free / 2**30:.2f} GiB of RAM is free (lower dataset.image_size or use a "
+            "smaller folder)",
         )
     t0 = time.perf_counter()
+    # Shared memory from the start: forked workers then read the cache in place, with no
+    # per-worker copy (a plain tensor would be copied when first pickled to a spawned worker).
     images = torch.empty((n, 3, size, size), dtype=torch.uint8).share_memory_()
     labels = torch.empty((n,), dtype=torch.int64).share_memory_()
-    loader = DataLoader(ds, batch_size=64, num_workers=num_workers, collate_fn=collate_skipping)
-    i = 0
-    for x, y, _ in loader:
+    loader = DataLoader(
+        ds, batch_size=64, num_workers=num_workers, collate_fn=collate_skipping,
+        **(loader_kwargs or {}),
+    )
+    i = skipped = 0
+    for x, y, s in loader:
+        skipped += s
         if x is None:
             continue
         images[i : i + len(y)] = x
         labels[i : i + len(y)] = y
         i += len(y)
-    return images[:i], labels[:i], time.perf_counter() - t0
+    return images[:i], labels[:i], time.perf_counter() - t0, skipped
 
 
 # ------------------------------------------------------------------------------ pipeline
@@ -222,10 +338,13 @@ class Pipeline:
     """What the phases need from the data side."""
 
     loader: DataLoader | None
-    to_device: Callable  # (batch) -> (x, y) on the device, ready for the model
+    to_device: Callable  # (batch) -> (x, y) on the device, ready for the model, or None
     device_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # for the compute phase
     info: dict = field(default_factory=dict)
     skipped: int = 0
+    # live loader iterators (weak: an abandoned one must still be collected, which is what
+    # stops its workers), so shutdown() can stop the workers of those still alive
+    _iters: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
 
     def batches(self) -> Iterator:
         """Endless batches: a phase may need more than one epoch of a small dataset."""
@@ -234,22 +353,90 @@ class Pipeline:
             while True:
                 yield batch
         while True:
-            for batch in self.loader:
-                yield batch
+            it = iter(self.loader)
+            self._iters.add(it)
+            yield from it
 
     def shutdown(self) -> None:
-        it = getattr(self.loader, "_iterator", None)
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
+        its = list(self._iters)
+        persistent = getattr(self.loader, "_iterator", None)
+        if persistent is not None:
+            its.append(persistent)
+        for it in its:
+            stop = getattr(it, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
 
 
-def _worker_init(threads: int):
-    def init(worker_id: int) -> None:
-        # one torch thread per worker: N workers each spawning a thread per core oversubscribe
-        # the host and read as a slow loader
-        torch.set_num_threads(threads)
+def _set_threads(threads: int, worker_id: int) -> None:
+    torch.set_num_threads(threads)
 
-    return init
+
+def loader_settings(ld: DictConfig, device: str) -> dict:
+    """DataLoader keyword arguments from the loader config (batch size and sampling aside)."""
+    workers = int(ld.num_workers)
+    kwargs: dict = dict(num_workers=workers, pin_memory=bool(ld.pin_memory) and device == "cuda")
+    if workers == 0:  # the DataLoader rejects the worker-only options without workers
+        return kwargs
+    ctx = ld.multiprocessing_context
+    if ctx is not None:
+        methods = torch.multiprocessing.get_all_start_methods()
+        if ctx not in methods:
+            raise ConfigError("loader.multiprocessing_context", ctx, f"null or one of {methods}")
+    kwargs.update(
+        prefetch_factor=ld.prefetch_factor,
+        persistent_workers=bool(ld.persistent_workers),
+        multiprocessing_context=ctx,
+    )
+    threads = int(ld.get("worker_threads", 1))
+    if threads != 1:
+        # torch already gives each worker one thread (N workers each spawning a thread per
+        # core would oversubscribe the host); only a different wish needs an init function,
+        # a module-level partial so spawn/forkserver workers can unpickle it
+        kwargs["worker_init_fn"] = functools.partial(_set_threads, threads)
+    return kwargs
+
+
+def _build_dataset(cfg: DictConfig, src: int, cpu_tf, raw: bool, info: dict) -> Dataset:
+    ds_cfg = cfg.dataset
+    kind = _enum_value(ds_cfg.name)
+    ncls, seed = int(ds_cfg.num_classes), int(cfg.bench.seed)
+    if kind == "synthetic":
+        return SyntheticDataset(int(ds_cfg.num_samples), src, ncls, cpu_tf, seed)
+    if kind == "fake_jpeg":
+        t0 = time.perf_counter()
+        blobs = encode_jpeg_pool(int(ds_cfg.num_samples), src, int(ds_cfg.jpeg_quality), seed)
+        g = torch.Generator().manual_seed(seed)
+        labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
+        info["jpeg_pool_seconds"] = time.perf_counter() - t0
+        info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
+        return JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
+    root = Path(os.path.expanduser(str(ds_cfg.root)))
+    if kind == "imagefolder":
+        samples, classes = scan_imagefolder(root)
+        _check_classes(cfg, len(classes), f"class folders in {root}")
+        info.update(files=len(samples), classes=len(classes), root=str(root))
+        info["mean_file_bytes"] = mean_file_bytes([p for p, _ in samples])
+        return ImageFiles(samples, cpu_tf, _enum_value(ds_cfg.on_corrupt), raw=raw)
+    if kind == "cifar10":
+        images, labels, classes = read_cifar10(root)
+        _check_classes(cfg, max(len(classes), int(labels.max()) + 1), f"CIFAR-10 labels in {root}")
+        info.update(samples=len(labels), classes=len(classes), root=str(root))
+        return TensorImages(images, labels, cpu_tf)
+    raise ConfigError(  # unreachable: the Enum admits nothing else
+        "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10"
+    )
+
+
+def _check_classes(cfg: DictConfig, n: int, where: str) -> None:
+    # a label at or past the classifier's width fails deep inside the loss (a device-side
+    # assert on CUDA): say so before any work instead
+    for key, value in (
+        ("dataset.num_classes", cfg.dataset.num_classes),
+        ("model.num_classes", cfg.model.get("num_classes")),
+    ):
+        if value is not None and int(value) < n:
+            raise ConfigError(key, int(value), f">= {n} ({where})")
 
 
 def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
@@ -260,11 +447,12 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
     bs = int(ld.batch_size)
     on_device_aug = _enum_value(ds_cfg.augment_on) == "device"
     device_decode = _enum_value(ds_cfg.decode_on) == "device"
+    on_corrupt = _enum_value(ds_cfg.on_corrupt)
     seed = int(cfg.bench.seed)
     info: dict = {"dataset": kind}
-    ncls = int(ds_cfg.num_classes)
 
     if kind == "device_synthetic":
+        ncls = int(ds_cfg.num_classes)
         g = torch.Generator().manual_seed(seed)
         x = torch.randn((bs, 3, size, size), generator=g).to(device)
         y = torch.randint(0, ncls, (bs,), generator=g).to(device)
@@ -272,86 +460,66 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
         x = x.contiguous(memory_format=fmt)
         return Pipeline(loader=None, to_device=lambda b: b, device_batch=lambda: (x, y), info=info)
 
-    # CPU-side transform: full train augmentation, or decode-to-fixed-size when the device
-    # does the crop/flip/normalize (augment_on=device)
-    cpu_tf = cpu_fixed_size(src) if (on_device_aug or ds_cfg.preload) else cpu_train_transform(size)
-    raw = device_decode
-
-    if kind == "synthetic":
-        ds: Dataset = SyntheticDataset(int(ds_cfg.num_samples), src, ncls, cpu_tf, seed)
-    elif kind == "fake_jpeg":
-        t0 = time.perf_counter()
-        blobs = encode_jpeg_pool(int(ds_cfg.num_samples), src, int(ds_cfg.jpeg_quality), seed)
-        g = torch.Generator().manual_seed(seed)
-        labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
-        ds = JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
-        info["jpeg_pool_seconds"] = time.perf_counter() - t0
-        info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
-    elif kind == "imagefolder":
-        root = Path(os.path.expanduser(str(ds_cfg.root)))
-        samples, classes = scan_imagefolder(root)
-        if len(classes) > ncls:
-            raise ConfigError(
-                "dataset.num_classes", ncls, f">= {len(classes)} (class folders in {root})"
-            )
-        ds = ImageFiles(samples, cpu_tf, _enum_value(ds_cfg.on_corrupt), raw=raw)
-        info.update(files=len(samples), classes=len(classes), root=str(root))
-        info["bytes_on_disk"] = sum(os.path.getsize(p) for p, _ in samples)
-    elif kind == "cifar10":
-        c = load_cifar10(Path(os.path.expanduser(str(ds_cfg.root))))
-        images = torch.from_numpy(c.data).permute(0, 3, 1, 2).contiguous()
-        labels = torch.as_tensor(c.targets)
-        tf = cpu_fixed_size(src) if (on_device_aug or ds_cfg.preload) else cpu_train_transform(size)
-        ds = TensorImages(images, labels, tf)
-        info["samples"] = len(labels)
-    else:  # unreachable: the Enum admits nothing else
-        raise ConfigError("dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10")
-
-    if ds_cfg.preload:
-        if raw:
-            raise ConfigError("dataset.preload", True, "false with decode_on=device (nothing to decode on the host)")
-        images, labels, secs = preload(ds, src, int(ld.num_workers))
-        info.update(preload_seconds=secs, preload_bytes=images.numel())
-        tf = cpu_fixed_size(src) if on_device_aug else cpu_train_transform(size)
-        ds = TensorImages(images, labels, tf)
-
-    pin = bool(ld.pin_memory) and device == "cuda"
-    workers = int(ld.num_workers)
-    kwargs = dict(
-        batch_size=bs,
-        shuffle=True,
-        num_workers=workers,
-        pin_memory=pin,
-        drop_last=bool(ld.drop_last),
-        collate_fn=collate_skipping,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    if workers > 0:
-        kwargs.update(
-            prefetch_factor=ld.prefetch_factor,
-            persistent_workers=bool(ld.persistent_workers),
-            worker_init_fn=_worker_init(int(ld.worker_threads)),
-            multiprocessing_context=ld.multiprocessing_context,
+    if ds_cfg.preload and device_decode:
+        raise ConfigError(
+            "dataset.preload", True, "false with decode_on=device (the cache holds decoded pixels)"
         )
+    settings = loader_settings(ld, device)
+    # Host-side transform: the full train augmentation, or decode-to-fixed-size when the cache
+    # (preload) or the device (augment_on=device) takes the uint8 images
+    fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(size)
+    ds = _build_dataset(cfg, src, fixed_tf if (on_device_aug or ds_cfg.preload) else train_tf,
+                        device_decode, info)
+    skipped_at_build = 0
+    if ds_cfg.preload:
+        preload_kw = {k: v for k, v in settings.items() if k in ("multiprocessing_context",)}
+        images, labels, secs, skipped_at_build = preload(ds, src, settings["num_workers"], preload_kw)
+        info.update(preload_seconds=secs, preload_bytes=images.numel(),
+                    preload_skipped=skipped_at_build)
+        ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
+
     if len(ds) < bs and ld.drop_last:
         raise ConfigError("loader.batch_size", bs, f"<= {len(ds)} (the dataset size) with drop_last")
-    loader = DataLoader(ds, **kwargs)
-
+    loader = DataLoader(
+        ds,
+        batch_size=bs,
+        shuffle=True,
+        drop_last=bool(ld.drop_last),
+        collate_fn=collate_skipping,
+        # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible
+        generator=torch.Generator().manual_seed(seed),
+        **settings,
+    )
+    pin = settings["pin_memory"]
     decode = DeviceDecode(src, device) if device_decode else None
     augment = DeviceAugment(size, device, seed) if (on_device_aug or device_decode) else None
     channels_last = bool(cfg.channels_last)
-    pipe = Pipeline(loader=loader, to_device=lambda b: b, device_batch=lambda: b, info=info)
+    # to_device and device_batch close over the pipeline (skip counts): set just below
+    pipe = Pipeline(loader=loader, to_device=None, device_batch=None, info=info,
+                    skipped=skipped_at_build)
+
+    def decode_on_device(jpegs: JpegBatch, y: torch.Tensor):
+        x, failed = decode(jpegs.blobs)
+        if failed:
+            if on_corrupt == "fail":
+                raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
+            pipe.skipped += len(failed)
+            bad = set(failed)
+            y = y[[i for i in range(len(jpegs.names)) if i not in bad]]
+        return x, y
 
     def to_device(batch):
         x, y, skipped = batch
         pipe.skipped += skipped
         if x is None:
             return None
-        # non_blocking only pays off from pinned memory; from pageable memory the copy is
-        # synchronous either way
         if decode is not None:
-            x = decode(x)
+            x, y = decode_on_device(x, y)
+            if x is None:
+                return None
         else:
+            # non_blocking only pays off from pinned memory; from pageable memory the copy is
+            # synchronous either way
             x = x.to(device, non_blocking=pin)
         y = y.to(device, non_blocking=pin)
         if augment is not None:
@@ -373,5 +541,11 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
         return fixed[0]
 
     pipe.to_device, pipe.device_batch = to_device, device_batch
-    info["batches_per_epoch"] = math.floor(len(ds) / bs) if ld.drop_last else math.ceil(len(ds) / bs)
+    info.update(
+        samples=len(ds),
+        num_workers=settings["num_workers"],
+        decode_on="device" if device_decode else "cpu",
+        augment_on="device" if augment is not None else "cpu",
+        batches_per_epoch=math.floor(len(ds) / bs) if ld.drop_last else math.ceil(len(ds) / bs),
+    )
     return pipe

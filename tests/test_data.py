@@ -1,0 +1,425 @@
+"""The data side on real files: JPEG folders made from real photos, real DataLoader workers,
+a CIFAR-10 pickle folder, corrupt files, and the workers recommendation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from conftest import ROOT, compose_config, run_cli
+from torch.utils.data import DataLoader
+
+from gpubench.augment import MEAN, STD, DeviceAugment, DeviceDecode, cpu_fixed_size
+from gpubench.config import ConfigError
+from gpubench.data import (
+    ImageFiles,
+    build_pipeline,
+    collate_skipping,
+    loader_settings,
+    preload,
+    read_cifar10,
+    scan_imagefolder,
+    source_size,
+)
+from gpubench.runner import measure_run
+from gpubench.verdict import fewest_workers
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_imagefolder import make_imagefolder  # noqa: E402
+
+SIZE = 16  # TINY's dataset.image_size
+SRC = source_size(SIZE)
+
+
+@contextmanager
+def deadline(seconds: int):
+    """Fail, instead of hanging the suite, if the block outlives `seconds`."""
+
+    def expired(*_):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("imagefolder")
+    make_imagefolder(root, classes=3, per_class=6, size=24, quality=85, seed=1)
+    return root
+
+
+def corrupt_folder(root: Path, good: int = 3) -> tuple[Path, list[Path]]:
+    """`good` real JPEGs plus a truncated JPEG and a text file named .jpg, in one class."""
+    make_imagefolder(root, classes=1, per_class=good, size=24, seed=2)
+    cls = next(root.iterdir())
+    whole = (cls / "00000.jpg").read_bytes()
+    bad = [cls / "truncated.jpg", cls / "not_an_image.jpg"]
+    bad[0].write_bytes(whole[: len(whole) // 2])
+    bad[1].write_text("these bytes are no image\n")
+    return root, bad
+
+
+def cfg_for(root: Path, *overrides: str):
+    return compose_config("dataset=imagefolder", f"dataset.root={root}", *overrides)
+
+
+# ------------------------------------------------------------------ the script
+
+
+def test_make_imagefolder_is_deterministic_real_jpegs(tmp_path):
+    a = make_imagefolder(tmp_path / "a", classes=2, per_class=3, size=20, quality=80, seed=7)
+    make_imagefolder(tmp_path / "b", classes=2, per_class=3, size=20, quality=80, seed=7)
+    make_imagefolder(tmp_path / "c", classes=2, per_class=3, size=20, quality=80, seed=8)
+
+    def digest(root):
+        return {p.relative_to(root): hashlib.md5(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*.jpg"))}
+
+    assert a["images"] == 6 and len(digest(tmp_path / "a")) == 6
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    assert digest(tmp_path / "a") != digest(tmp_path / "c")
+    from PIL import Image
+
+    for p in (tmp_path / "a").rglob("*.jpg"):
+        with Image.open(p) as im:
+            assert im.format == "JPEG" and im.mode == "RGB" and min(im.size) == 20
+
+
+# ------------------------------------------------------------------ runs on a folder
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_imagefolder_three_phases(folder, tmp_path, workers):
+    with deadline(120):
+        r = measure_run(cfg_for(folder, f"loader.num_workers={workers}"), tmp_path)
+    d = r.data
+    assert d["status"] == "ok", d["error"]
+    assert list(d["phases"]) == ["loader", "compute", "e2e"]
+    for ph in d["phases"].values():
+        assert ph["images"] == 8 and ph["images_per_sec"] > 0
+    assert d["skipped_samples"] == 0
+    info = d["data_info"]
+    assert info["files"] == 18 and info["classes"] == 3 and info["num_workers"] == workers
+    tel = d["phases"]["loader"]["telemetry"]
+    assert tel["workers_max"] == workers
+    assert tel["main_cpu_util_mean"] is not None
+    assert (tel["workers_cpu_util_mean"] is not None) == (workers > 0)
+    if workers == 0:
+        # the main process itself read the 8 files of the window's 2 batches
+        smallest = sorted(p.stat().st_size for p in folder.rglob("*.jpg"))[:8]
+        assert tel["read_bytes"] >= sum(smallest) and tel["read_mb_per_s"] > 0
+    else:
+        assert tel["workers_peak_rss_bytes"] > 0
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_loader_only_mode(folder, tmp_path, workers):
+    with deadline(120):
+        r = measure_run(cfg_for(folder, "bench.phases=[loader]", f"loader.num_workers={workers}"),
+                        tmp_path)
+    assert r.status == "ok" and list(r.data["phases"]) == ["loader"]
+    assert r.data["loader_images_per_sec"] > 0 and r.data["compute_images_per_sec"] is None
+    assert r.data["flops_per_step"] is None  # no model was built
+
+
+def test_loader_workers_sweep_cli(folder, tmp_path):
+    """The documented multirun: one loader-only job per worker count, then the pick."""
+    from conftest import TINY
+
+    proc = run_cli("-m", *TINY, "dataset=imagefolder", f"dataset.root={folder}",
+                   "bench.phases=[loader]", "loader.num_workers=0,2", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/multirun/*/*/*/results.json")]
+    rows = [(d["config"]["loader"]["num_workers"], d["loader_images_per_sec"]) for d in results]
+    assert sorted(w for w, _ in rows) == [0, 2] and all(ips > 0 for _, ips in rows)
+    pick = fewest_workers(rows, compute_images_per_sec=min(ips for _, ips in rows) / 2)
+    assert pick.num_workers == 0 and pick.unblocks
+
+
+# ------------------------------------------------------------------ preload
+
+
+def test_preload_equals_lazy_loading(folder):
+    samples, _ = scan_imagefolder(folder)
+    ds = ImageFiles(samples, cpu_fixed_size(SRC), "fail")
+    lazy = [ds[i] for i in range(len(ds))]
+    with deadline(120):
+        images, labels, secs, skipped = preload(ds, SRC, num_workers=2)
+    assert skipped == 0 and secs > 0
+    assert images.is_shared()  # workers read it in place, no per-worker copy
+    assert images.dtype == torch.uint8 and images.shape == (18, 3, SRC, SRC)
+    assert torch.equal(images, torch.stack([x for x, _ in lazy]))
+    assert labels.tolist() == [y for _, y in lazy] == [label for _, label in samples]
+
+
+def test_preload_run_reports_time_and_ram(folder, tmp_path):
+    r = measure_run(cfg_for(folder, "dataset.preload=true", "loader.num_workers=2",
+                            "bench.phases=[loader,e2e]"), tmp_path)
+    assert r.status == "ok", r.data["error"]
+    info = r.data["data_info"]
+    assert info["preload_bytes"] == 18 * 3 * SRC * SRC and info["preload_seconds"] > 0
+
+
+def test_preload_larger_than_free_ram_is_refused(folder, tmp_path):
+    free = psutil.virtual_memory().available
+    # an image side at which 18 cached images need twice the free RAM; refused before decoding
+    side = int((2 * free / (3 * 18)) ** 0.5 * 7 / 8) + 1
+    with pytest.raises(ConfigError, match="dataset.preload") as e:
+        measure_run(cfg_for(folder, "dataset.preload=true", f"dataset.image_size={side}"), tmp_path)
+    assert "GiB" in str(e.value) and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_corrupt_files_are_skipped_and_counted(tmp_path):
+    root, bad = corrupt_folder(tmp_path / "f", good=3)
+    cfg = cfg_for(root, "loader.num_workers=2", "loader.drop_last=false", "loader.batch_size=2")
+    pipe = build_pipeline(cfg, "cpu")
+    delivered = 0
+    try:
+        with deadline(120):
+            for batch in pipe.loader:  # exactly one epoch
+                moved = pipe.to_device(batch)
+                if moved is not None:
+                    delivered += len(moved[1])
+    finally:
+        pipe.shutdown()
+    assert delivered == 3 and pipe.skipped == len(bad) == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_corrupt_file_fails_naming_it(tmp_path, workers):
+    root, bad = corrupt_folder(tmp_path / "f", good=1)
+    cfg = cfg_for(root, "dataset.on_corrupt=fail", f"loader.num_workers={workers}",
+                  "loader.batch_size=3")  # every batch holds a corrupt file
+    with deadline(120):
+        r = measure_run(cfg, tmp_path / "out")
+    err = r.data["error"]
+    assert r.status == "failed" and r.objective == 0.0
+    assert err.startswith("dataset.on_corrupt=fail: cannot decode ") and "\n" not in err
+    assert any(str(p) in err for p in bad)
+
+
+def test_corrupt_file_fail_cli_exits_never_hangs(tmp_path):
+    root, bad = corrupt_folder(tmp_path / "f", good=1)
+    proc = run_cli("model=tiny", "dataset=imagefolder", f"dataset.root={root}",
+                   "dataset.on_corrupt=fail", "loader.num_workers=2", "loader.batch_size=3",
+                   "dataset.image_size=16", "bench.device=cpu", "tracking=none",
+                   cwd=tmp_path, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "status: failed" in proc.stdout
+    (results,) = tmp_path.glob("outputs/runs/*/*/results.json")
+    err = json.loads(results.read_text())["error"]
+    assert any(str(p) in err for p in bad) and "\n" not in err
+
+
+def test_folder_problems_name_dataset_root(tmp_path):
+    (tmp_path / "empty").mkdir()
+    flat = tmp_path / "flat"
+    make_imagefolder(flat, classes=1, per_class=2, size=16)
+    cls = next(flat.iterdir())
+    for f in cls.iterdir():  # images, but not in class sub-folders
+        f.rename(flat / f.name)
+    cls.rmdir()
+    hollow = tmp_path / "hollow"
+    (hollow / "cat").mkdir(parents=True)
+    (hollow / "dog").mkdir()
+    (hollow / "dog" / "notes.txt").write_text("not an image")
+    cases = {tmp_path / "missing": "an existing folder", tmp_path / "empty": "none found",
+             flat: "none found", hollow: "all are empty"}
+    for root, why in cases.items():
+        with pytest.raises(ConfigError, match="dataset.root") as e:
+            measure_run(cfg_for(root), tmp_path / "out")
+        assert str(root) in str(e.value) and why in str(e.value)
+
+
+def test_more_classes_than_the_model_has(folder, tmp_path):
+    with pytest.raises(ConfigError, match="dataset.num_classes"):
+        measure_run(cfg_for(folder, "dataset.num_classes=2"), tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_decode_on_device_needs_cuda(folder, tmp_path):
+    with pytest.raises(ConfigError, match="dataset.decode_on"):
+        measure_run(cfg_for(folder, "dataset.decode_on=device"), tmp_path)
+
+
+def test_bad_multiprocessing_context():
+    ld = compose_config("loader.num_workers=1", "loader.multiprocessing_context=threads").loader
+    with pytest.raises(ConfigError, match="loader.multiprocessing_context"):
+        loader_settings(ld, "cpu")
+
+
+def test_worker_settings_survive_spawn_pickling():
+    # spawn/forkserver workers unpickle worker_init_fn: a closure would fail there
+    ld = compose_config("loader.num_workers=2", "loader.worker_threads=2",
+                        "loader.multiprocessing_context=spawn").loader
+    kw = loader_settings(ld, "cpu")
+    assert kw["multiprocessing_context"] == "spawn"
+    init = pickle.loads(pickle.dumps(kw["worker_init_fn"]))
+    before = torch.get_num_threads()
+    try:
+        init(0)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ CIFAR-10 pickle format
+
+
+def write_cifar(root: Path, per_batch: int = 4) -> tuple[np.ndarray, list[int]]:
+    """A tiny cifar-10-batches-py/ in the real layout: five pickled training batches of
+    channel-planar 3072-byte rows plus batches.meta."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rows, labels = [], []
+    for i in range(1, 6):
+        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        ys = [int(v) for v in rng.integers(0, 10, per_batch)]
+        with open(folder / f"data_batch_{i}", "wb") as f:
+            pickle.dump({"batch_label": f"training batch {i} of 5", "data": data,
+                         "labels": ys, "filenames": [f"{i}_{j}.png" for j in range(per_batch)]}, f)
+        rows.append(data)
+        labels += ys
+    with open(folder / "batches.meta", "wb") as f:
+        names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                 "ship", "truck"]
+        pickle.dump({"label_names": names, "num_cases_per_batch": per_batch, "num_vis": 3072}, f)
+    return np.concatenate(rows), labels
+
+
+def test_cifar10_reader(tmp_path):
+    rows, labels = write_cifar(tmp_path)
+    # torchvision's reader checks each file's md5 against the official archive: it refuses
+    # any other file in the same format, which is why gpubench reads the format itself
+    from torchvision.datasets import CIFAR10
+
+    with pytest.raises(RuntimeError, match="not found or corrupted"):
+        CIFAR10(str(tmp_path), train=True, download=False)
+    images, ys, classes = read_cifar10(tmp_path)
+    assert images.shape == (20, 3, 32, 32) and images.dtype == torch.uint8
+    assert ys.tolist() == labels and classes[3] == "cat"
+    # rows are channel-planar: 1024 red, then 1024 green, then 1024 blue, row-major
+    assert images[5, 1, 2, 7] == rows[5, 1024 + 2 * 32 + 7]
+    assert torch.equal(read_cifar10(tmp_path / "cifar-10-batches-py")[0], images)
+
+
+def test_cifar10_run_and_missing_batch(tmp_path):
+    write_cifar(tmp_path)
+    r = measure_run(compose_config("dataset=cifar10", f"dataset.root={tmp_path}"), tmp_path / "o")
+    assert r.status == "ok", r.data["error"]
+    assert r.data["data_info"]["samples"] == 20
+    (tmp_path / "cifar-10-batches-py" / "data_batch_4").unlink()
+    with pytest.raises(ConfigError, match="dataset.root.*data_batch_4"):
+        measure_run(compose_config("dataset=cifar10", f"dataset.root={tmp_path}"), tmp_path / "p")
+
+
+# ------------------------------------------------------------------ device-side transforms
+
+
+def test_augment_on_device_batch_shape_dtype(folder, tmp_path):
+    cfg = cfg_for(folder, "dataset.augment_on=device", "loader.num_workers=0")
+    pipe = build_pipeline(cfg, "cpu")
+    try:
+        batch = next(pipe.batches())
+        assert batch[0].dtype == torch.uint8 and batch[0].shape == (4, 3, SRC, SRC)
+        x, y = pipe.to_device(batch)
+    finally:
+        pipe.shutdown()
+    assert x.shape == (4, 3, SIZE, SIZE) and x.dtype == torch.float32 and torch.isfinite(x).all()
+    assert y.dtype == torch.int64 and y.shape == (4,)
+    r = measure_run(cfg, tmp_path)
+    assert r.status == "ok" and r.data["data_info"]["augment_on"] == "device"
+
+
+def test_device_augment_normalizes_and_crops():
+    # a flat-colour image stays flat under any crop and flip: every output pixel is known
+    colour = torch.tensor([200, 100, 50], dtype=torch.uint8)
+    x = colour.view(1, 3, 1, 1).expand(6, 3, 40, 30).contiguous()
+    out = DeviceAugment(12, "cpu", seed=0)(x)
+    want = (colour.float() / 255 - torch.tensor(MEAN)) / torch.tensor(STD)
+    assert out.shape == (6, 3, 12, 12) and out.dtype == torch.float32
+    assert torch.allclose(out, want.view(1, 3, 1, 1).expand_as(out), atol=1e-4)
+    boxes = DeviceAugment(12, "cpu", seed=0).boxes(1000, 40, 30)
+    w, h = boxes[:, 3] - boxes[:, 1], boxes[:, 4] - boxes[:, 2]
+    assert (boxes[:, 1] >= 0).all() and (boxes[:, 3] <= 30 + 1e-4).all()
+    assert (boxes[:, 4] <= 40 + 1e-4).all() and (w * h <= 1200 + 1e-3).all()
+    assert (w * h).min() < 0.2 * 1200 < (w * h).max()  # per-sample crops of varied area
+
+
+def test_device_decode_logic_on_cpu(folder, tmp_path):
+    """DeviceDecode runs wherever decode_jpeg does: on the CPU its batching, resizing and
+    per-image fallback are checked without a GPU."""
+    files = sorted(folder.rglob("*.jpg"))[:3]
+    blobs = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in files]
+    broken = torch.frombuffer(bytearray(files[0].read_bytes()[:200]), dtype=torch.uint8)
+    x, failed = DeviceDecode(SRC, "cpu")(blobs)
+    assert x.shape == (3, 3, SRC, SRC) and x.dtype == torch.uint8 and failed == []
+    x2, failed = DeviceDecode(SRC, "cpu")([blobs[0], broken, blobs[2]])
+    assert failed == [1] and torch.equal(x2, x[[0, 2]])
+
+
+@pytest.mark.gpu
+def test_decode_on_device_run(tmp_path):
+    root, bad = corrupt_folder(tmp_path / "f", good=7)
+    bad[1].unlink()  # keep one corrupt JPEG: truncated bytes reach nvJPEG
+    cfg = cfg_for(root, "bench.device=cuda", "dataset.decode_on=device", "loader.num_workers=2",
+                  "loader.batch_size=4", "bench.steps=4")
+    r = measure_run(cfg, tmp_path / "out")
+    assert r.status == "ok", r.data["error"]
+    assert r.data["data_info"]["decode_on"] == "device"
+    pipe = build_pipeline(cfg, "cuda")
+    try:
+        x, y = pipe.to_device(next(pipe.batches()))
+    finally:
+        pipe.shutdown()
+    assert x.is_cuda and x.shape[1:] == (3, SIZE, SIZE) and x.dtype == torch.float32
+    assert len(y) == len(x)
+
+
+# ------------------------------------------------------------------ the workers rule
+
+
+def test_fewest_workers_rule():
+    rows = [(0, 50.0), (1, 90.0), (2, 170.0), (4, 300.0), (8, 310.0)]
+    pick = fewest_workers(rows, 160.0)
+    assert (pick.num_workers, pick.unblocks) == (2, True) and "1: 90.0" in pick.reason
+    # 170 is not 5% above 165: the next count up is the first that unblocks with margin
+    assert fewest_workers(rows, 165.0).num_workers == 4
+    # nothing out-runs compute: the start of the plateau (4 is within 5% of 8's 310)
+    pick = fewest_workers(rows, 1000.0)
+    assert (pick.num_workers, pick.unblocks) == (4, False) and "data side" in pick.reason
+    # repeats pool by median; dict rows as results.json gives them; failed runs ignored
+    dict_rows = [{"num_workers": 1, "loader_images_per_sec": v} for v in (100.0, 10.0, 120.0)]
+    dict_rows.append({"num_workers": 0, "loader_images_per_sec": None})
+    pick = fewest_workers(dict_rows, 90.0)
+    assert (pick.num_workers, pick.loader_images_per_sec) == (1, 100.0)
+    assert fewest_workers([], 10.0).num_workers is None
+    assert fewest_workers([(3, 10.0)], None).reason.startswith("compute throughput not measured")
+
+
+def test_collate_counts_skipped_samples():
+    x = torch.zeros(3, 4, 4)
+    out, y, skipped = collate_skipping([(x, 1), None, (x + 1, 2)])
+    assert out.shape == (2, 3, 4, 4) and y.tolist() == [1, 2] and skipped == 1
+    assert collate_skipping([None, None]) == (None, None, 2)
+    loader = DataLoader([(x, 0)] * 3, batch_size=2, collate_fn=collate_skipping)
+    assert [s for _, _, s in loader] == [0, 0]
