@@ -1,0 +1,113 @@
+"""The sweep report: the recommendation rule on constructed results, and the files it writes for
+real runs (a grid multirun with Hydra's basic sweeper), including a recommended config that
+composes back into the configuration it was measured with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from gpubench.config import CONFIG_DIR, to_container
+from gpubench.report import SETUP_KEYS, Row, recommend, sweep_report
+from tests.conftest import run_cli
+
+
+def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True) -> Row:
+    flat = {"loader.batch_size": batch, "loader.num_workers": workers, "precision.name": precision,
+            "loader.pin_memory": pin}
+    return Row(f"b{batch}w{workers}{precision}{pin}", status, ips, peak, 0.8, flat)
+
+
+def grid(speed, precisions=("fp32", "amp_bf16"), peak=lambda b: b / 512) -> list[Row]:
+    return [row(b, w, p, speed(b, w, p), peak(b))
+            for b in (16, 32, 64, 128, 256) for w in (0, 1, 2, 4) for p in precisions]
+
+
+def gpu_like(b, w, p):
+    """Article 003's shape: throughput saturates with batch size, 2 workers unblock the GPU,
+    AMP is ~1.7x faster."""
+    compute = (1.7 if p == "amp_bf16" else 1.0) * 260 * b / (b + 8)
+    loader = {0: 90, 1: 180, 2: 440, 4: 450}[w]
+    return min(compute, loader)
+
+
+def test_knee_picks_smallest_batch_and_fewest_workers_near_the_best():
+    rec = recommend(grid(gpu_like), tolerance=0.05)
+    assert rec.best.knob("precision") == "amp_bf16"
+    floor = 0.95 * rec.best.throughput
+    assert rec.chosen.throughput >= floor
+    assert rec.chosen.knob("precision") == "amp_bf16"  # AMP measured faster: on
+    # nothing with a smaller batch, or the same batch and fewer workers, is within 5%
+    for r in grid(gpu_like):
+        if r.knob("precision") == "amp_bf16" and r.throughput >= floor:
+            assert (r.knob("batch_size"), r.knob("num_workers")) >= (
+                rec.chosen.knob("batch_size"), rec.chosen.knob("num_workers"))
+    # 256 is fastest, 128 within 5% of it; 2 workers is where the loader out-runs compute
+    assert (rec.best.knob("batch_size"), rec.chosen.knob("batch_size")) == (256, 128)
+    assert rec.chosen.knob("num_workers") == 2
+
+
+def test_amp_stays_off_when_it_is_slower():
+    # a CPU: bf16 autocast costs time
+    rec = recommend(grid(lambda b, w, p: (0.6 if p == "amp_bf16" else 1.0) * 100 * b / (b + 8)))
+    assert rec.chosen.knob("precision") == "fp32"
+    assert any(x.startswith("AMP off") for x in rec.reasons)
+
+
+def test_infeasible_configs_are_never_recommended():
+    rows = [row(16, 2, ips=100), row(32, 2, ips=150), row(64, 2, ips=300, peak=0.9,
+            status="over_ceiling"), row(128, 2, ips=0.0, status="oom")]
+    rec = recommend(rows)
+    assert rec.best.knob("batch_size") == 32 and rec.chosen.knob("batch_size") == 32
+    assert recommend([r for r in rows if not r.feasible]) is None
+
+
+def test_tolerance_and_pin_memory():
+    rows = [row(32, 2, ips=96.0, pin=False), row(32, 2, ips=95.5, pin=True),
+            row(64, 2, ips=100.0, pin=True)]
+    rec = recommend(rows, tolerance=0.05)
+    assert rec.chosen.knob("batch_size") == 32 and rec.chosen.knob("pin_memory") is True
+    assert recommend(rows, tolerance=0.01).chosen.knob("batch_size") == 64
+
+
+@pytest.mark.slow
+def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
+    sweep = tmp_path / "grid"
+    p = run_cli("-m", "model=tiny", "dataset.image_size=16", "dataset.num_classes=10",
+                "dataset.num_samples=32", "loader.num_workers=0", "bench.device=cpu",
+                "bench.warmup_steps=1", "bench.steps=2", "tracking=none",
+                "loader.batch_size=2,4,8", "precision=fp32,amp_bf16", "fault.oom_above_batch=4",
+                f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]  # OOM jobs do not stop Hydra's basic sweeper
+    files = sweep_report(sweep, quiet=True)
+    report = sweep / "report"
+    names = {f.relative_to(report).as_posix() for f in files}
+    assert {"ranking.csv", "ranking.txt", "summary.json", "experiment/recommended.yaml",
+            "throughput_vs_batch.png", "memory_vs_batch.png", "pareto.png"} <= names
+    assert all(f.stat().st_size > 0 for f in files)
+    ranking = (report / "ranking.csv").read_text().splitlines()
+    assert len(ranking) == 1 + 6
+    assert sum(",oom," in line for line in ranking) == 2  # batch 8, both precisions
+
+    summary = json.loads((report / "summary.json").read_text())
+    chosen = Path(summary["recommended"]["dir"])
+    assert summary["recommended"]["yaml"].endswith("recommended.yaml")
+    assert summary["command"] == (
+        f"python -m gpubench -cd {report.resolve()} experiment=recommended")
+    measured = json.loads((chosen / "results.json").read_text())
+    assert measured["status"] == "ok" and measured["config"]["loader"]["batch_size"] <= 4
+
+    # the YAML composes back into the setup that was measured
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        cfg = compose("bench", overrides=["experiment=recommended",
+                                          f"hydra.searchpath=[file://{report}]"])
+    composed = to_container(cfg)
+    for key in SETUP_KEYS:
+        assert composed[key] == measured["config"][key], key
+
+    # a second call (the MLflow callback after the sweeper) reuses the files
+    mtime = (report / "pareto.png").stat().st_mtime_ns
+    assert sweep_report(sweep, quiet=True) and (report / "pareto.png").stat().st_mtime_ns == mtime

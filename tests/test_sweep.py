@@ -1,0 +1,361 @@
+"""The gpubench sweeper: search-space parsing, outcomes, max-batch search (plain functions), and
+real sweeps: `python -m gpubench -m hydra/sweeper=gpubench ...` in a subprocess, run from a
+temporary folder (so Hydra must discover the plugin through the installed package, not the
+current directory), with a real Optuna sqlite study and fault injection for OOMs and errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from gpubench.sweep import (
+    OOM_CONSTRAINT,
+    SearchSpaceError,
+    find_max_batch,
+    fits_under,
+    parse_search_space,
+    read_outcome,
+)
+from hydra_plugins.gpubench_sweeper.sweeper import (
+    measured_trials,
+    recover_interrupted,
+    split_duplicates,
+)
+from tests.conftest import TINY, run_cli
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# ---------------------------------------------------------------------------- search space
+
+
+def test_parses_hydra_sweep_syntax():
+    space = parse_search_space([
+        "loader.batch_size=choice(16,32,64)",
+        "loader.num_workers=range(0,4)",
+        "loader.prefetch_factor=range(2,9,2)",
+        "bench.lr=tag(log,interval(1e-4,1e-1))",
+        "memory.reserve=interval(0.0,0.2)",
+        "precision=choice(fp32,amp_bf16)",
+        "channels_last=true,false",
+        "model=tiny",
+    ])
+    d = space.distributions
+    assert d["loader.batch_size"] == CategoricalDistribution([16, 32, 64])
+    # range() excludes its end, as Python and Hydra do: range(0,4) is 0..3
+    assert d["loader.num_workers"] == IntDistribution(0, 3)
+    assert d["loader.prefetch_factor"] == IntDistribution(2, 8, step=2)
+    assert d["bench.lr"] == FloatDistribution(1e-4, 1e-1, log=True)
+    assert d["memory.reserve"] == FloatDistribution(0.0, 0.2)
+    assert d["precision"] == CategoricalDistribution(["fp32", "amp_bf16"])
+    assert d["channels_last"] == CategoricalDistribution([True, False])
+    assert space.fixed == ["model=tiny"]
+    assert space.size() is None  # two continuous params
+    ov = space.overrides({"loader.batch_size": 32, "loader.num_workers": 3,
+                          "loader.prefetch_factor": 4, "bench.lr": 0.01, "memory.reserve": 0.1,
+                          "precision": "amp_bf16", "channels_last": False})
+    assert ov == ["model=tiny", "loader.batch_size=32", "loader.num_workers=3",
+                  "loader.prefetch_factor=4", "bench.lr=0.01", "memory.reserve=0.1",
+                  "precision=amp_bf16", "channels_last=false"]
+
+
+def test_range_sampling_never_reaches_the_end():
+    space = parse_search_space(["a=range(0,4)", "b=range(1,10,3)"])
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen_a, seen_b = set(), set()
+    for _ in range(200):
+        t = study.ask(space.distributions)
+        seen_a.add(t.params["a"])
+        seen_b.add(t.params["b"])
+        study.tell(t, 0.0)
+    assert seen_a == {0, 1, 2, 3}
+    assert seen_b == {1, 4, 7}
+
+
+def test_preset_params_yield_to_the_command_line():
+    space = parse_search_space(
+        ["loader.batch_size=choice(4,8)", "bench.steps=3"],
+        params={"loader.batch_size": "choice(32,64)", "precision": "choice(fp32,amp_bf16)"},
+    )
+    assert space.distributions["loader.batch_size"] == CategoricalDistribution([4, 8])
+    assert set(space.distributions) == {"loader.batch_size", "precision"}
+    assert space.size() == 4
+    # an extra override (a short screen) replaces the fixed one of the same key
+    ov = space.overrides({"loader.batch_size": 4, "precision": "fp32"}, ["bench.steps=1"])
+    assert "bench.steps=1" in ov and "bench.steps=3" not in ov
+
+
+def test_odd_choices_round_trip_as_hydra_text():
+    space = parse_search_space(["bench.phases=choice([e2e],[compute,e2e])", "+x='a b',c"])
+    p = {q.name: q for q in space.params}
+    assert p["bench.phases"].dist.choices == ("[e2e]", "[compute,e2e]")
+    assert p["bench.phases"].override("[compute,e2e]") == "bench.phases=[compute,e2e]"
+    assert p["x"].dist.choices == ("'a b'", "c")  # a quoted string is sampled as its text
+    assert p["x"].override("'a b'") == "+x='a b'" and p["x"].key == "+x"
+
+
+def test_study_name_follows_the_search_space():
+    a = parse_search_space(["loader.batch_size=choice(4,8)", "model=tiny"])
+    b = parse_search_space(["model=tiny", "loader.batch_size=choice(4,8)"])
+    c = parse_search_space(["loader.batch_size=choice(4,16)", "model=tiny"])
+    assert a.study_name() == b.study_name() != c.study_name()
+
+
+@pytest.mark.parametrize("bad", ["a=tag(log,choice(1,2))", "a=range(5,5)",
+                                 "a=tag(log,range(1,9,2))", "a=choice(1,1)",
+                                 "a=tag(log,interval(0,1))"])
+def test_bad_search_spaces_are_rejected(bad):
+    with pytest.raises(SearchSpaceError):
+        parse_search_space([bad])
+
+
+# ---------------------------------------------------------------------------- outcomes
+
+
+def _results(tmp: Path, name: str, **data) -> Path:
+    d = tmp / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps({"memory_ceiling": 0.8, **data}))
+    return d
+
+
+def test_outcomes_from_results(tmp_path):
+    ok = read_outcome(_results(tmp_path, "ok", status="ok", images_per_sec=100.0,
+                               objective=100.0, peak_memory_fraction=0.5))
+    assert ok.feasible and ok.throughput == 100.0 and ok.constraint == pytest.approx(-0.3)
+    over = read_outcome(_results(tmp_path, "over", status="over_ceiling", images_per_sec=120.0,
+                                 objective=0.0, peak_memory_fraction=0.9))
+    # an over-ceiling run keeps its measured speed; the constraint makes it infeasible
+    assert not over.feasible and over.throughput == 120.0 and over.constraint == pytest.approx(0.1)
+    oom = read_outcome(_results(tmp_path, "oom", status="oom", objective=0.0,
+                                peak_memory_fraction=0.3))
+    assert not oom.feasible and oom.throughput == 0.0 and oom.constraint == OOM_CONSTRAINT
+    assert not oom.crashed
+    nan = read_outcome(_results(tmp_path, "nan", status="ok", images_per_sec=None,
+                                objective=None, peak_memory_fraction=0.3))
+    assert nan.crashed and nan.status == "failed"  # NaN is stored as null: no throughput
+    gone = read_outcome(tmp_path / "nowhere", RuntimeError("boom"))
+    assert gone.crashed and "boom" in gone.error
+    raised = read_outcome(_results(tmp_path, "raised", status="ok", images_per_sec=5.0,
+                                   peak_memory_fraction=0.1), ValueError("late"))
+    assert raised.crashed and raised.status == "failed"
+
+
+def test_fits_under_keeps_the_reserve(tmp_path):
+    at = read_outcome(_results(tmp_path, "a", status="ok", images_per_sec=1.0,
+                               peak_memory_fraction=0.77))
+    assert fits_under(at, reserve=0.0) and not fits_under(at, reserve=0.05)  # 0.8 x 0.95 = 0.76
+
+
+# ---------------------------------------------------------------------------- max batch
+
+
+def test_max_batch_doubles_then_bisects():
+    best, probes = find_max_batch(lambda b: b <= 12, start=4, limit=4096)
+    assert best == 12
+    assert [p.batch_size for p in probes] == [4, 8, 16, 12, 14, 13]
+
+
+def test_max_batch_halves_when_the_start_does_not_fit():
+    best, probes = find_max_batch(lambda b: b <= 5, start=64, limit=4096)
+    assert best == 5
+    assert [p.batch_size for p in probes][:5] == [64, 32, 16, 8, 4]
+
+
+def test_max_batch_edges():
+    assert find_max_batch(lambda b: False, 8, 100)[0] is None
+    assert find_max_batch(lambda b: True, 8, 100)[0] == 100
+    assert find_max_batch(lambda b: b <= 1, 1, 100)[0] == 1
+
+
+# ---------------------------------------------------------------------------- study helpers
+
+
+def test_interrupted_trials_are_queued_again(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    space = parse_search_space(["loader.batch_size=choice(2,4,8)"])
+    t = study.ask(space.distributions)
+    study.tell(t, 1.0)
+    stale = study.ask(space.distributions)  # a process killed here leaves it RUNNING
+    # a new process opens the same study
+    again = optuna.load_study(study_name="s", storage=storage)
+    assert recover_interrupted(again) == 1
+    frozen = again.trials[stale.number]
+    assert frozen.state == TrialState.FAIL and frozen.user_attrs["interrupted"]
+    assert [x.number for x in measured_trials(again)] == [t.number]
+    retry = again.ask(space.distributions)
+    assert retry.params == stale.params and retry.user_attrs["retry_of"] == stale.number
+
+
+def test_duplicates_are_detected(tmp_path):
+    study = optuna.create_study(direction="maximize")
+    space = parse_search_space(["loader.batch_size=choice(2,4)"])
+    study.enqueue_trial({"loader.batch_size": 2})
+    first = study.ask(space.distributions)
+    study.tell(first, 3.0)
+    study.enqueue_trial({"loader.batch_size": 2})
+    study.enqueue_trial({"loader.batch_size": 4})
+    study.enqueue_trial({"loader.batch_size": 4})
+    trials = [study.ask(space.distributions) for _ in range(3)]
+    fresh, dups = split_duplicates(study, trials)
+    assert [t.params for t in fresh] == [{"loader.batch_size": 4}]
+    assert [(t.number, prev) for t, prev in dups] == [(trials[0].number, first.number),
+                                                     (trials[2].number, trials[1].number)]
+
+
+# ---------------------------------------------------------------------------- real sweeps
+
+SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
+
+
+def _sweep(tmp: Path, *args: str, tracking: tuple[str, ...] = ("tracking=none",), **kw):
+    return run_cli("-m", "hydra/sweeper=gpubench", *SWEEP_TINY, *tracking,
+                   f"hydra.sweep.dir={tmp / 'sweep'}", *args, cwd=tmp, **kw)
+
+
+def _study(sweep_dir: Path):
+    m = json.loads((sweep_dir / "sweep.json").read_text())
+    return optuna.load_study(study_name=m["study_name"], storage=m["storage"]), m
+
+
+def _results_of(trial) -> dict:
+    return json.loads((Path(trial.user_attrs["dir"]) / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_optuna_sweep_screens_then_measures(tmp_path):
+    p = _sweep(
+        tmp_path, "loader.batch_size=choice(2,4,8)", "precision=choice(fp32,amp_bf16)",
+        "bench.steps=3", "hydra.sweeper.n_trials=5", "hydra.sweeper.seed=0",
+        "hydra.sweeper.screen.steps=1", "hydra.sweeper.screen.n_startup_trials=1",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    study, manifest = _study(sweep)
+    measured = measured_trials(study)
+    assert len(measured) == 5
+    assert len({json.dumps(t.params, sort_keys=True) for t in measured}) == 5  # none repeated
+    assert {t.state for t in measured} <= {TrialState.COMPLETE, TrialState.PRUNED}
+    assert TrialState.PRUNED in {t.state for t in measured}  # the screen cut some
+    for t in measured:
+        assert t.constraints["memory"] <= 0  # the tiny model is far under the ceiling
+        data = _results_of(t)
+        assert data["status"] == "ok"
+        assert data["config"]["loader"]["batch_size"] == t.params["loader.batch_size"]
+        # a pruned trial was measured only by its short screen, a complete one also in full
+        assert data["config"]["bench"]["steps"] == (1 if t.state == TrialState.PRUNED else 3)
+    jobs = manifest["jobs"]
+    for t in measured:
+        rungs = sorted(j["rung"] for j in jobs if j["trial"] == t.number)
+        assert rungs == (["screen"] if t.state == TrialState.PRUNED else ["full", "screen"])
+    best = study.best_trial
+    assert best.value == max(t.value for t in measured if t.state == TrialState.COMPLETE)
+    # the report was made at the end
+    assert (sweep / "report" / "experiment" / "recommended.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_oom_trials_are_infeasible_and_the_sweep_goes_on(tmp_path):
+    p = _sweep(tmp_path, "loader.batch_size=choice(2,4,8,16)", "fault.oom_above_batch=4",
+               "hydra.sweeper.n_trials=4", "hydra.sweeper.screen.steps=null",
+               "hydra.sweeper.seed=0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    study, _ = _study(tmp_path / "sweep")
+    by_batch = {t.params["loader.batch_size"]: t for t in measured_trials(study)}
+    assert sorted(by_batch) == [2, 4, 8, 16]  # the whole space, each once
+    for b in (8, 16):
+        t = by_batch[b]
+        assert t.state == TrialState.COMPLETE and t.value == 0.0
+        assert t.user_attrs["status"] == "oom" and t.constraints["memory"] == OOM_CONSTRAINT
+        assert "fault.oom_above_batch" in t.user_attrs["error"]
+    for b in (2, 4):
+        assert by_batch[b].value > 0 and by_batch[b].constraints["memory"] <= 0
+    assert study.best_trial.params["loader.batch_size"] in (2, 4)
+    report = tmp_path / "sweep" / "report"
+    assert (report / "importance.png").is_file()  # 4 completed trials with a varied parameter
+    rec = json.loads((report / "summary.json").read_text())["recommended"]
+    assert rec["overrides"] in (["loader.batch_size=2"], ["loader.batch_size=4"])
+
+
+@pytest.mark.slow
+def test_failed_trials_are_recorded_up_to_the_limit(tmp_path):
+    p = _sweep(tmp_path, "loader.batch_size=choice(2,4,8,16)", "fault.fail_message=boom",
+               "hydra.sweeper.n_trials=4", "hydra.sweeper.screen.steps=null",
+               "hydra.sweeper.max_failures=1", "hydra.sweeper.report=false")
+    assert p.returncode != 0
+    assert "max_failures=1" in p.stderr
+    study, _ = _study(tmp_path / "sweep")
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.FAIL]  # the second one crossed the limit
+    assert all("boom" in t.user_attrs["error"] for t in study.trials)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_continues_to_n_trials(tmp_path):
+    args = ["loader.batch_size=range(1,9)", "precision=choice(fp32,amp_bf16)",
+            "hydra.sweeper.n_trials=5", "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
+            "hydra.sweeper.report=false"]
+    cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
+           "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    db = tmp_path / "outputs" / "optuna.db"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            if not (tmp_path / "sweep" / "sweep.json").is_file() or not db.is_file():
+                continue
+            study, _ = _study(tmp_path / "sweep")
+            if len(measured_trials(study)) >= 2:
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # as `kill -9`: nothing gets to clean up
+        proc.wait()
+    study, _ = _study(tmp_path / "sweep")
+    first = len(measured_trials(study))
+    assert 2 <= first < 5, "the sweep was not killed mid-way"
+
+    p = _sweep(tmp_path, *args)  # the same command again
+    assert p.returncode == 0, p.stderr[-3000:]
+    study, _ = _study(tmp_path / "sweep")
+    measured = measured_trials(study)
+    assert len(measured) == 5
+    assert len({json.dumps(t.params, sort_keys=True) for t in measured}) == 5
+    # each measured trial has its own job folder, still holding its own results
+    assert len({t.user_attrs["dir"] for t in measured}) == 5
+    for t in measured:
+        data = _results_of(t)
+        assert data["config"]["loader"]["batch_size"] == t.params["loader.batch_size"]
+    for t in study.trials:  # a trial the kill interrupted was asked again, not lost
+        assert t.state != TrialState.RUNNING
+        if t.user_attrs.get("interrupted"):
+            assert any(x.user_attrs.get("retry_of") == t.number for x in measured)
+
+
+@pytest.mark.slow
+def test_max_batch_finds_the_largest_fitting_batch(tmp_path):
+    p = run_cli("sweep=max_batch", *TINY, "loader.batch_size=4", "fault.oom_above_batch=12",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.report=false",
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "max batch under 80% x (1 - 5%) of device memory: 12" in p.stdout
+    found = json.loads((tmp_path / "sweep" / "max_batch.json").read_text())
+    assert found["max_batch"] == 12
+    assert [(x["batch_size"], x["fits"]) for x in found["probes"]] == [
+        (4, True), (8, True), (16, False), (12, True), (14, False), (13, False)]
+    for x in found["probes"]:  # each probe is a job of its own, OOM ones recorded as such
+        data = json.loads((Path(x["dir"]) / "results.json").read_text())
+        assert data["status"] == ("ok" if x["fits"] else "oom")
+        assert math.isfinite(data["objective"])
