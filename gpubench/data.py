@@ -306,9 +306,9 @@ def preload(
         raise ConfigError(
             "dataset.preload",
             True,
-            f"false: the cache of {n} images at {size} px needs {need / 2**30:.2f} GiB and "
-            f"only {free / 2**30:.2f} GiB of RAM is free (lower dataset.image_size or use a "
-            "smaller folder)",
+            f"false here (the cache of {n} images at {size} px needs {need / 2**30:.2f} GiB "
+            f"and only {free / 2**30:.2f} GiB of RAM is free; lower dataset.image_size or use "
+            "a smaller folder)",
         )
     t0 = time.perf_counter()
     # Shared memory from the start: forked workers then read the cache in place, with no

@@ -22,6 +22,7 @@ that sees it to its last one.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -193,6 +194,7 @@ class Monitor:
             self.handle = self.nvml.handle_for(torch.cuda.current_device())
         self.proc = psutil.Process(os.getpid())
         self._procs: dict[int, psutil.Process] = {}
+        self._listed_at = -math.inf
         # per-process I/O counters: Linux and Windows have them, macOS does not
         self._io = _IoTally() if hasattr(self.proc, "io_counters") else None
         self._stop = threading.Event()
@@ -217,17 +219,22 @@ class Monitor:
         except Exception:
             return None
 
-    def _processes(self) -> list[psutil.Process]:
-        # keep Process objects between samples: cpu_percent() measures since the previous call
-        try:
-            current = [self.proc, *self.proc.children(recursive=True)]
-        except psutil.Error:
-            current = [self.proc]
-        alive = {}
-        for p in current:
-            alive[p.pid] = self._procs.get(p.pid, p)
-        self._procs = alive
-        return list(alive.values())
+    # Listing children reads /proc/<pid>/stat of every process on the host (1.5 ms with 80
+    # processes here, far more on a busy node) while holding the GIL, so the list is refreshed
+    # at most this often, and at once when a known worker has gone or at a window's edges.
+    LIST_EVERY_S = 1.0
+
+    def _processes(self, fresh: bool = False) -> list[psutil.Process]:
+        gone = any(not p.is_running() for p in self._procs.values())
+        if fresh or gone or time.monotonic() - self._listed_at > self.LIST_EVERY_S:
+            try:
+                current = [self.proc, *self.proc.children(recursive=True)]
+            except psutil.Error:
+                current = [self.proc]
+            # keep Process objects between samples: cpu_percent() measures since the last call
+            self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
+            self._listed_at = time.monotonic()
+        return list(self._procs.values())
 
     def _read_io(self, p: psutil.Process) -> None:
         try:
@@ -241,10 +248,10 @@ class Monitor:
             chars, disk = chars - own_chars, disk - own_disk
         self._io.update(p.pid, chars, disk)
 
-    def sample(self) -> Sample:
+    def sample(self, fresh: bool = False) -> Sample:
         main_cpu = main_rss = workers_cpu = workers_rss = 0.0
         workers = 0
-        for p in self._processes():
+        for p in self._processes(fresh):
             try:
                 with p.oneshot():  # one read of /proc/<pid>/stat for both figures
                     cpu, rss = p.cpu_percent(None), p.memory_info().rss
@@ -282,7 +289,7 @@ class Monitor:
         self._tid = threading.get_native_id()
         while not self._stop.wait(self.interval):
             self._summary.samples.append(self.sample())
-        self._summary.samples.append(self.sample())  # a short window still gets one sample
+        self._summary.samples.append(self.sample(fresh=True))  # a short window gets one too
         self._tid = None
 
     def start(self) -> None:
@@ -291,7 +298,7 @@ class Monitor:
             return
         if self._io is not None:
             self._io.reset()
-        self.sample()  # primes cpu_percent and I/O baselines; its values cover no interval
+        self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
         self._e0 = self._energy_mj()
         self._t0 = time.perf_counter()
         self._stop.clear()
