@@ -39,6 +39,8 @@ def main(cfg: DictConfig) -> float:
         sys.exit(2)
     if result.status in ("oom", "failed") and not _multirun():
         sys.exit(1)
+    if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
+        sys.exit(3)
     return result.objective
 
 

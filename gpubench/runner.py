@@ -43,6 +43,8 @@ class Result:
     data: dict
     path: Path
     notes: list[str] = field(default_factory=list)
+    # False: tracking was on but MLflow missed the run (results kept; `tracking sync` later)
+    tracked: bool | None = None
 
     @property
     def status(self) -> str:
@@ -347,10 +349,12 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     try:
         measure(cfg, device, run, monitor)
         run.data["status"] = "ok"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         run.data["status"], run.data["error"] = "killed", "interrupted (Ctrl-C)"
         summarize(run, cfg, device, os.cpu_count() or 1)
         run.save()
+        # so run_benchmark can still track the run, as KILLED
+        e.result = Result(run.data, run.path, notes)  # type: ignore[attr-defined]
         raise
     except CorruptImage as e:
         run.data["status"], run.data["error"] = "failed", str(e)
@@ -378,7 +382,14 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
 
 def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None, quiet: bool = False) -> Result:
     """The whole run: measure (results.json first), then the console summary and tracking."""
-    result = measure_run(cfg, out_dir)
+    try:
+        result = measure_run(cfg, out_dir)
+    except KeyboardInterrupt as e:
+        if cfg.tracking.backend != "none" and hasattr(e, "result"):
+            from gpubench import tracking
+
+            tracking.log_result(cfg, e.result)
+        raise
     if not quiet:
         from gpubench.console import print_result
 
@@ -386,5 +397,5 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None, quiet: boo
     if cfg.tracking.backend != "none":
         from gpubench import tracking
 
-        tracking.log_result(cfg, result)
+        result.tracked = tracking.log_result(cfg, result)
     return result

@@ -62,3 +62,70 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
         [sys.executable, "-m", "gpubench", *args],
         cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout,
     )
+
+
+# ------------------------------------------------------------------ MLflow (tests/test_tracking.py)
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` on 127.0.0.1: sqlite backend, artifacts proxied into its own
+    folder. It is started at once; `url` waits for /health (10-20 s here), so tests that do
+    not need it run while it boots."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.artifacts = root / "artifacts"
+        self.log = root / "server.log"
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job workers
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--workers", "1",
+                 "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                 "--artifacts-destination", str(self.artifacts)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )
+        self._up = False
+
+    @property
+    def url(self) -> str:
+        import time
+        import urllib.request
+
+        base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while not self._up:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not come up:\n{self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2).close()
+                self._up = True
+            except OSError:
+                time.sleep(0.3)
+        return base
+
+    def stop(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its worker processes share its (new) session
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    yield srv
+    srv.stop()

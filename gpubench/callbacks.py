@@ -1,0 +1,102 @@
+"""Hydra callback: a multirun becomes one MLflow parent run with one child run per job.
+
+Registered in conf/bench.yaml under `hydra.callbacks`. The parent run, and with it the store and
+the experiment, are created here in the launching process before any job starts: jobs running
+in parallel would otherwise race to create a new sqlite store ("table ... already exists").
+Jobs find the parent through an environment variable (jobs run in this process, as with Hydra's
+basic launcher) or through the parent file in the sweep dir (launchers that run jobs elsewhere).
+
+Imported by every run, so it stays light: MLflow is loaded only when a sweep is tracked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("gpubench")
+
+
+def _tracked(config: DictConfig) -> bool:
+    return config.get("tracking", {}).get("backend", "none") != "none"
+
+
+def _sweep_dir(config: DictConfig) -> Path:
+    # the same folder the launcher uses: ${now:...} is resolved once per process and cached
+    return Path(str(config.hydra.sweep.dir)).absolute()
+
+
+class MlflowSweepCallback(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not _tracked(config):
+            return
+        from gpubench import tracking
+
+        t = config.tracking
+        uri = tracking.resolve_uri(t.uri)
+        sweeper = config.hydra.get("sweeper") or {}
+        params = sweeper.get("params")
+        try:
+            with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
+                rid = tracking.open_sweep(
+                    store,
+                    _sweep_dir(config),
+                    list(config.hydra.overrides.task),
+                    sweeper.get("_target_"),
+                    OmegaConf.to_container(params) if params is not None else None,
+                    t.get("run_name"),
+                )
+        except Exception as e:  # jobs still run; each keeps its results for `sync`
+            log.debug("MLflow parent run not created", exc_info=True)
+            print(f"gpubench: warning: MLflow not reached at tracking.uri={uri} ({e}); the sweep "
+                  "runs untracked", file=sys.stderr, flush=True)
+            return
+        os.environ[tracking.PARENT_ENV] = rid
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from gpubench import tracking
+
+        parent_id = os.environ.pop(tracking.PARENT_ENV, None)
+        if not parent_id or not _tracked(config):
+            return
+        sweep_dir = _sweep_dir(config)
+        t = config.tracking
+        try:
+            _sweep_report(sweep_dir, parent_id)
+        except Exception as e:  # a report that fails must not keep the sweep open
+            log.debug("sweep report failed", exc_info=True)
+            print(f"gpubench: warning: sweep report not made ({e})", file=sys.stderr, flush=True)
+        try:
+            with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
+                                     float(t.timeout_s)) as store:
+                tracking.close_sweep(store, sweep_dir, parent_id)
+        except Exception as e:  # the jobs are tracked; only the summary is missing
+            log.debug("MLflow parent run not closed", exc_info=True)
+            print(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
+                  f"python -m gpubench.tracking sync {sweep_dir}", file=sys.stderr, flush=True)
+
+
+def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
+    """The sweep report (ranking, plots, recommended config) as artifacts of the parent run,
+    when gpubench.report provides `sweep_report(sweep_dir) -> list of file paths`."""
+    try:
+        report = importlib.import_module("gpubench.report")
+    except ModuleNotFoundError as e:
+        if e.name != "gpubench.report":
+            raise
+        return
+    make = getattr(report, "sweep_report", None)
+    if make is None:
+        return
+    files = [Path(f) for f in (make(sweep_dir) or [])]
+    if files:
+        from gpubench import tracking
+
+        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()])

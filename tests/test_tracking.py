@@ -1,0 +1,241 @@
+"""MLflow tracking against real stores: the embedded sqlite default and a real `mlflow server`.
+
+Runs are the tiny CPU config (about a second each). Every check reads the runs back from MLflow
+itself: params, metrics and their per-step history, tags, artifacts, parent/child links.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, TINY, compose_config, free_port, run_cli
+
+from gpubench import tracking
+from gpubench.runner import run_benchmark
+
+TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last override wins
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _boot_server(mlflow_server):
+    """Start the server when this module starts: it boots while the first tests run."""
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def runs_of(uri: str, experiment: str) -> list:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        return mlflow.search_runs(experiment_names=[experiment], output_format="list")
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
+    out = set()
+    for a in c.list_artifacts(run_id, path):
+        out |= artifact_paths(c, run_id, a.path) if a.is_dir else {a.path}
+    return out
+
+
+def test_tracking_off_never_loads_mlflow():
+    code = (
+        "import sys, gpubench.tracking, gpubench.callbacks; "
+        "assert 'mlflow' not in sys.modules, 'mlflow imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_embedded_default_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "outputs" / "runs" / "one"
+    run_dir.mkdir(parents=True)
+    (run_dir / "throughput.png").write_bytes(b"\x89PNG\r\n\x1a\n plot")  # a plot the run made
+    result = run_benchmark(compose_config("tracking=mlflow"), run_dir, quiet=True)
+    failed = run_benchmark(compose_config("tracking=mlflow", "fault.fail_message=boom"),
+                           tmp_path / "outputs" / "runs" / "two", quiet=True)
+    assert result.tracked is True and failed.tracked is True
+
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    assert tracking.default_uri() == uri
+    c = client(uri)
+    exp = c.get_experiment_by_name("gpubench")
+    assert exp.artifact_location == (tmp_path / "outputs" / "mlartifacts").as_uri()
+    runs = {r.data.tags["run_uid"]: r for r in runs_of(uri, "gpubench")}
+    assert set(runs) == {result.data["run_uid"], failed.data["run_uid"]}
+    run, d = runs[result.data["run_uid"]], result.data
+
+    assert run.info.status == "FINISHED" and run.info.run_name == "tiny-bs4-w0-fp32"
+    p = run.data.params
+    assert (p["model"], p["dataset"], p["batch_size"], p["num_workers"]) == ("tiny", "synthetic", "4", "0")
+    assert (p["precision"], p["device"], p["image_size"], p["pin_memory"]) == ("fp32", "cpu", "16", "true")
+    assert p["loader.batch_size"] == "4" and p["bench.phases"] == '["loader", "compute", "e2e"]'
+    m = run.data.metrics
+    for name in ("images_per_sec", "loader_images_per_sec", "compute_images_per_sec",
+                 "objective", "peak_memory_bytes", "flops_per_step", "step_time_p50_s"):
+        assert m[name] == pytest.approx(d[name]), name
+    for phase in ("loader", "compute", "e2e"):
+        assert m[f"{phase}/images_per_sec"] == pytest.approx(d["phases"][phase]["images_per_sec"])
+        assert m[f"{phase}/peak_rss_bytes"] == d["phases"][phase]["telemetry"]["peak_rss_bytes"]
+
+    # the warm-up curve: one point per step, warm-up first, images/s = batch / step time
+    s = d["series"]["e2e"]
+    steps = [*s["warmup_step_times_s"], *s["step_times_s"]]
+    hist = sorted(c.get_metric_history(run.info.run_id, "e2e/step_images_per_sec"),
+                  key=lambda x: x.step)
+    assert [h.step for h in hist] == [0, 1, 2]
+    assert [h.value for h in hist] == pytest.approx([4 / t for t in steps])
+    rss = c.get_metric_history(run.info.run_id, "e2e/telemetry/rss")
+    assert sorted(h.value for h in rss) == sorted(x["rss"] for x in s["telemetry"])
+
+    t = run.data.tags
+    assert t["status"] == "ok" and t["bottleneck"] == d["bottleneck"]
+    assert t["torch"] == d["env"]["torch"] and t["cpu_count"] == str(os.cpu_count())
+    assert t["host"] == d["env"]["host"] and t["gpubench_version"] == "0.1.0"
+    assert d["bottleneck"] in t["mlflow.note.content"]
+
+    arts = artifact_paths(c, run.info.run_id)
+    assert {"results.json", "resolved_config.yaml", "throughput.png"} <= arts
+    stored = tmp_path / "outputs" / "mlartifacts" / run.info.run_id / "artifacts" / "results.json"
+    assert json.loads(stored.read_text())["run_uid"] == d["run_uid"]
+    assert not (tmp_path / "mlruns").exists()
+
+    bad = runs[failed.data["run_uid"]]
+    assert bad.info.status == "FAILED"
+    assert bad.data.tags["status"] == "failed" and "boom" in bad.data.tags["error"]
+
+    marker = json.loads((run_dir / tracking.MARKER_FILE).read_text())
+    assert marker["synced"] and marker["run_id"] == run.info.run_id
+
+
+def test_remote_server(mlflow_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = mlflow_server.url
+    cfg = compose_config("tracking=mlflow", f"tracking.uri={url}", "tracking.experiment=remote",
+                         "tracking.run_name=first")
+    result = run_benchmark(cfg, tmp_path / "run", quiet=True)
+    assert result.tracked is True
+
+    (run,) = runs_of(url, "remote")
+    assert run.info.run_name == "first" and run.info.status == "FINISHED"
+    assert run.data.tags["run_uid"] == result.data["run_uid"]
+    assert run.data.metrics["images_per_sec"] == pytest.approx(result.data["images_per_sec"])
+    # artifacts went through the server into its own artifact folder, not a local one
+    assert {"results.json", "resolved_config.yaml"} <= artifact_paths(client(url), run.info.run_id)
+    assert list(mlflow_server.artifacts.rglob("results.json"))
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.slow
+def test_server_down_then_sync_exactly_once(mlflow_server, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    proc = run_cli(*TRACKED, f"tracking.uri={dead}", "tracking.experiment=offline", cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stderr  # measured and kept, not tracked
+    warnings = [ln for ln in proc.stderr.splitlines() if "tracking.uri" in ln]
+    assert len(warnings) == 1, proc.stderr
+    assert f"tracking.uri={dead}" in warnings[0]
+    assert "python -m gpubench.tracking sync" in warnings[0]
+    assert took < 60  # no retry storm against a dead server
+    (results,) = tmp_path.glob("outputs/runs/*/*/results.json")
+    data = json.loads(results.read_text())
+    assert data["status"] == "ok" and data["images_per_sec"] > 0
+    assert json.loads((results.parent / tracking.MARKER_FILE).read_text())["synced"] is False
+    assert (results.parent / tracking.CONFIG_FILE).is_file()
+
+    # the server is back (here: a live one). An upload that broke half-way left a RUNNING run
+    # with the same run_uid: sync replaces it rather than adding a second one.
+    url = mlflow_server.url
+    c = client(url)
+    exp_id = c.create_experiment("offline")
+    c.create_run(exp_id, tags={"run_uid": data["run_uid"]}, run_name="half-done")
+
+    sync = subprocess.run(
+        [sys.executable, "-m", "gpubench.tracking", "sync", "outputs", "--uri", url],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert sync.returncode == 0, sync.stderr
+    assert "1 uploaded" in sync.stdout
+    again = tracking.sync(tmp_path / "outputs", uri=url)
+    assert again["uploaded"] == 0 and again["present"] == 1
+
+    (run,) = runs_of(url, "offline")
+    assert run.data.tags["run_uid"] == data["run_uid"] and run.info.status == "FINISHED"
+    assert f"tracking.uri={dead}" in run.data.tags["overrides"]
+    arts = artifact_paths(c, run.info.run_id)
+    assert {"results.json", "resolved_config.yaml", "hydra/overrides.yaml", "hydra/config.yaml",
+            "gpubench.log"} <= arts  # Hydra's job log is named after the job
+    assert json.loads((results.parent / tracking.MARKER_FILE).read_text())["run_id"] == run.info.run_id
+
+
+@pytest.mark.slow
+def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
+    proc = run_cli("-m", *TRACKED, "loader.batch_size=2,4,8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (sweep,) = tmp_path.glob("outputs/multirun/*/*")
+    assert json.loads((sweep / tracking.PARENT_FILE).read_text())["synced"]
+
+    def check(uri, experiment):
+        runs = runs_of(uri, experiment)
+        parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        assert len(runs) == 4 and len(parents) == 1
+        parent = parents[0]
+        children = [r for r in runs if r is not parent]
+        assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+        assert sorted(r.data.params["batch_size"] for r in children) == ["2", "4", "8"]
+        best = max(children, key=lambda r: r.data.metrics["objective"])
+        assert parent.info.status == "FINISHED"
+        assert parent.data.params["loader.batch_size"] == "2,4,8"
+        assert parent.data.tags["best_run_id"] == best.info.run_id
+        assert parent.data.metrics["best_images_per_sec"] == pytest.approx(
+            best.data.metrics["images_per_sec"])
+        assert parent.data.metrics["jobs"] == 3
+        assert {"best_config.yaml", "multirun.yaml"} <= artifact_paths(client(uri), parent.info.run_id)
+        return parent, children
+
+    check(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}", "gpubench")
+    assert tracking.sync(tmp_path / "outputs")["uploaded"] == 0  # all there already
+
+    # the same sweep synced into another store keeps its shape: 1 parent + 3 children
+    counts = tracking.sync(tmp_path / "outputs", uri=mlflow_server.url, experiment="copied")
+    assert counts["uploaded"] == 3
+    check(mlflow_server.url, "copied")
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_a_killed_run(mlflow_server, tmp_path):
+    url = mlflow_server.url
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpubench", *TRACKED, f"tracking.uri={url}",
+         "tracking.experiment=interrupted", "bench.steps=1000000", "bench.max_seconds=5"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    # each phase is capped at 5 s: interrupt once the first one is on disk, in the second
+    while time.monotonic() < deadline:
+        found = list(tmp_path.glob("outputs/runs/*/*/results.json"))
+        if found and json.loads(found[0].read_text())["phases"]:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert json.loads(found[0].read_text())["status"] == "killed"
+    (run,) = runs_of(url, "interrupted")
+    assert run.info.status == "KILLED" and run.data.tags["status"] == "killed"
+    assert run.data.metrics["loader/images_per_sec"] > 0
