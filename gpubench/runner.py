@@ -187,6 +187,33 @@ def _reset_peaks(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def phase_functions(name: str, pipe, step):
+    """(fetch, work) for one phase; `work` returns the images it processed.
+
+    loader: fetch from the DataLoader, copy to the device, no model. compute: the same step on
+    one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
+    if name == "compute":
+        x, y = pipe.device_batch()
+        n = int(y.shape[0])
+
+        def compute_only(batch):
+            step(*batch)
+            return n
+
+        return (lambda: (x, y)), compute_only
+    batches = pipe.batches()
+
+    def load_or_train(batch):
+        moved = pipe.to_device(batch)
+        if moved is None:  # every sample of this batch failed to decode (on_corrupt=skip)
+            return 0
+        if name == "e2e":
+            step(*moved)
+        return int(moved[1].shape[0])
+
+    return (lambda: next(batches)), load_or_train
+
+
 def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
     """Build everything, then the phases in order; each phase lands in results.json."""
     b = cfg.bench
@@ -228,34 +255,7 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
             return stats
 
         for name in phases:
-            if name == "loader":
-                batches = pipe.batches()
-
-                def load_only(batch):
-                    moved = pipe.to_device(batch)
-                    return 0 if moved is None else int(moved[1].shape[0])
-
-                window("loader", lambda: next(batches), load_only)
-            elif name == "compute":
-                x, y = pipe.device_batch()
-                n = int(y.shape[0])
-
-                def compute_only(batch):
-                    step(*batch)
-                    return n
-
-                window("compute", lambda: (x, y), compute_only)
-            elif name == "e2e":
-                batches = pipe.batches()
-
-                def train(batch):
-                    moved = pipe.to_device(batch)
-                    if moved is None:
-                        return 0
-                    step(*moved)
-                    return int(moved[1].shape[0])
-
-                window("e2e", lambda: next(batches), train)
+            window(name, *phase_functions(name, pipe, step))
         run.data["skipped_samples"] = pipe.skipped
     finally:
         pipe.shutdown()
