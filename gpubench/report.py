@@ -263,7 +263,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         helps = a > p
         near = [r for r in near if r.amp == helps] or near
         reasons.append(f"AMP {'on' if helps else 'off'}: best with AMP {a:.1f} img/s, without "
-                       f"{p:.1f} ({a / p - 1:+.0%})")
+                       f"{p:.1f} ({a / p - 1:+.1%})")
     pinned = [r for r in near if r.knob("pin_memory") is True]
     if pinned and len(pinned) < len(near):
         near = pinned

@@ -234,11 +234,15 @@ def _results_of(trial) -> dict:
 
 
 @pytest.mark.slow
-def test_optuna_sweep_screens_then_measures(tmp_path):
+def test_optuna_sweep_screens_then_measures_and_tracks(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "mlflow.db"
     p = _sweep(
         tmp_path, "loader.batch_size=choice(2,4,8)", "precision=choice(fp32,amp_bf16)",
         "bench.steps=3", "hydra.sweeper.n_trials=5", "hydra.sweeper.seed=0",
         "hydra.sweeper.screen.steps=1", "hydra.sweeper.screen.n_startup_trials=1",
+        tracking=("tracking=mlflow", f"tracking.uri=sqlite:///{db}"),
     )
     assert p.returncode == 0, p.stderr[-3000:]
     sweep = tmp_path / "sweep"
@@ -261,8 +265,19 @@ def test_optuna_sweep_screens_then_measures(tmp_path):
         assert rungs == (["screen"] if t.state == TrialState.PRUNED else ["full", "screen"])
     best = study.best_trial
     assert best.value == max(t.value for t in measured if t.state == TrialState.COMPLETE)
-    # the report was made at the end
+
+    # every job is a child of the sweep's one MLflow parent run
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("gpubench").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    job_uids = {json.loads((Path(j["dir"]) / "results.json").read_text())["run_uid"] for j in jobs}
+    assert {r.data.tags["run_uid"] for r in children} == job_uids
+    # the report was made at the end and attached to the parent
     assert (sweep / "report" / "experiment" / "recommended.yaml").is_file()
+    artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert {"ranking.csv", "recommended.yaml", "throughput_vs_batch.png"} <= artifacts
 
 
 @pytest.mark.slow

@@ -198,21 +198,13 @@ class GpubenchSweeper(Sweeper):
             storage=storage, study_name=name, direction="maximize", load_if_exists=True,
             pruner=pruner,
         )
-        n_done = len(study.trials)
         # a resumed sweep must not replay the same random sequence as the first run
-        seed = None if self.seed is None else int(self.seed) + n_done
-        if self.sampler_name == "random":
-            study.sampler = optuna.samplers.RandomSampler(seed=seed)
-        else:
-            # TPE reads each trial's constraint (Trial.set_constraint, Optuna >= 5) by itself
-            study.sampler = optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=self.n_startup_trials
-            )
+        seed = None if self.seed is None else int(self.seed) + len(study.trials)
+        study.sampler = make_sampler(self.sampler_name, seed, self.n_startup_trials)
         self.manifest.update(study_name=name, storage=storage, n_trials=self.n_trials)
         return study
 
     def _optimize(self, space) -> None:
-
         from gpubench import sweep as S
 
         if not space.params:
@@ -399,6 +391,16 @@ class GpubenchSweeper(Sweeper):
 
 
 # ---------------------------------------------------------------------- study helpers
+
+
+def make_sampler(name: str, seed: int | None, n_startup_trials: int):
+    """The sampler of a sweep (scripts/bench_search.py replays grids with the same one)."""
+    import optuna
+
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # TPE reads each trial's constraint (Trial.set_constraint, Optuna >= 5) by itself
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
 
 
 def _key(params: dict) -> str:
