@@ -325,16 +325,8 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
            "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    db = tmp_path / "outputs" / "optuna.db"
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            if not (tmp_path / "sweep" / "sweep.json").is_file() or not db.is_file():
-                continue
-            study, _ = _study(tmp_path / "sweep")
-            if len(measured_trials(study)) >= 2:
-                break
+        _wait_for_measured(tmp_path, proc, 2)
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # as `kill -9`: nothing gets to clean up
         proc.wait()
@@ -357,6 +349,41 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
         assert t.state != TrialState.RUNNING
         if t.user_attrs.get("interrupted"):
             assert any(x.user_attrs.get("retry_of") == t.number for x in measured)
+
+
+def _wait_for_measured(tmp: Path, proc, n: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        if (tmp / "sweep" / "sweep.json").is_file():
+            if len(measured_trials(_study(tmp / "sweep")[0])) >= n:
+                return
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_running_trial(tmp_path):
+    cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
+           "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", "bench.steps=400",
+           "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
+           "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false"]
+    # SIGINT as the default: a shell running the tests in the background may ignore it
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _wait_for_measured(tmp_path, proc, 1)
+        time.sleep(0.5)  # into the next trial's 400 steps
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    study, _ = _study(tmp_path / "sweep")
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states
+    assert len(measured_trials(study)) == 1
+    assert [t.user_attrs.get("interrupted") for t in study.trials] == [None, True]
 
 
 @pytest.mark.slow

@@ -202,6 +202,7 @@ class GpubenchSweeper(Sweeper):
         seed = None if self.seed is None else int(self.seed) + len(study.trials)
         study.sampler = make_sampler(self.sampler_name, seed, self.n_startup_trials)
         self.manifest.update(study_name=name, storage=storage, n_trials=self.n_trials)
+        self._save_manifest()  # the study can be found from the sweep dir from the start
         return study
 
     def _optimize(self, space) -> None:
