@@ -349,6 +349,12 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
         assert t.state != TrialState.RUNNING
         if t.user_attrs.get("interrupted"):
             assert any(x.user_attrs.get("retry_of") == t.number for x in measured)
+    # the report reads the whole study: both invocations, one row per measured trial
+    from gpubench.report import sweep_report
+
+    sweep_report(tmp_path / "sweep", quiet=True)
+    ranking = (tmp_path / "sweep" / "report" / "ranking.csv").read_text().splitlines()
+    assert len(ranking) == 1 + 5
 
 
 def _wait_for_measured(tmp: Path, proc, n: int) -> None:
