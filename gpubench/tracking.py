@@ -553,7 +553,12 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
 
 
 def best_job(sweep_dir: Path) -> tuple[Path, dict] | None:
-    """The job with the highest objective (0 for infeasible ones), from its results.json."""
+    """The job with the highest objective (0 for infeasible ones), from its results.json.
+    A gpubench-sweeper sweep names its best itself in sweep.json: its short screening jobs
+    must not win over full-length measurements."""
+    chosen = (_read_json(sweep_dir / "sweep.json").get("best") or {}).get("dir")
+    if chosen and (Path(chosen) / RESULTS_FILE).is_file():
+        return Path(chosen), _read_json(Path(chosen) / RESULTS_FILE)
     best = None
     for p in find_runs(sweep_dir):
         d = _read_json(p)
