@@ -465,6 +465,10 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
             "dataset.preload", True, "false with decode_on=device (the cache holds decoded pixels)"
         )
     settings = loader_settings(ld, device)
+    if device_decode:
+        # the batch is a list of small JPEG byte tensors that decode_jpeg reads from host
+        # memory itself: pinning each one would cost a page-locked allocation for nothing
+        settings["pin_memory"] = False
     # Host-side transform: the full train augmentation, or decode-to-fixed-size when the cache
     # (preload) or the device (augment_on=device) takes the uint8 images
     fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(size)

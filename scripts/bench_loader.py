@@ -34,8 +34,21 @@ from gpubench.config import CONFIG_DIR  # noqa: E402
 from gpubench.runner import measure_run  # noqa: E402
 
 
+def wait_idle(a) -> None:
+    """On a shared host, start each measurement when the other processes are quiet (host CPU
+    under --idle-below % over half a second), waiting at most --idle-wait seconds."""
+    if a.idle_below >= 100:
+        return
+    import psutil
+
+    deadline = time.monotonic() + a.idle_wait
+    while psutil.cpu_percent(interval=0.5) > a.idle_below and time.monotonic() < deadline:
+        pass
+
+
 def gpubench_loader(a, workers: int, *extra: str) -> tuple[float, dict]:
     """Loader images/sec of one gpubench run, as a user would launch it (loader phase only)."""
+    wait_idle(a)
     overrides = [
         "dataset=imagefolder", f"dataset.root={a.root}", f"dataset.image_size={a.image_size}",
         f"loader.batch_size={a.batch_size}", f"loader.num_workers={workers}",
@@ -55,6 +68,7 @@ def plain_loader(a, workers: int, device: str) -> float:
     """The same loading with nothing but torchvision's ImageFolder and a DataLoader."""
     from torchvision.datasets import ImageFolder
 
+    wait_idle(a)
     ds = ImageFolder(str(a.root), transform=cpu_train_transform(a.image_size))
     kw = dict(num_workers=workers, pin_memory=device == "cuda")
     if workers:
@@ -170,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--decode-repeats", type=int, default=3)
+    p.add_argument("--idle-below", type=float, default=25.0,
+                   help="start a measurement only below this host CPU %% (100: never wait)")
+    p.add_argument("--idle-wait", type=float, default=60.0, help="longest wait for that, s")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     a = p.parse_args(argv)
 
