@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpubench.runner import Result
@@ -71,11 +72,20 @@ def print_result(result: Result, console: Console | None = None) -> None:
             + (f", {e:.3f} J/image" if e is not None else "")
         )
     if d.get("host_cpu_util_mean") is not None:
+        workers = d.get("workers_cpu_util_mean")
+        split = "" if workers is None else (
+            f": main {d['main_cpu_util_mean']:.0f}%, workers {workers:.0f}%")
         con.print(
             f"host CPU {d['host_cpu_util_mean']:.0f}% of {env['cpu_count']} cores; this run's "
-            f"processes {d['process_cpu_util_mean']:.0f}% (100% = one core), peak RSS "
+            f"processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; peak RSS "
             f"{_gib(d['peak_rss_bytes'])} (main + workers)"
         )
+    info = d.get("data_info") or {}
+    if info.get("preload_seconds") is not None:
+        con.print(f"preload: {_gib(info.get('preload_bytes'))} decoded into RAM in "
+                  f"{info['preload_seconds']:.1f} s (once, before the phases)")
+    if d.get("read_mb_per_s"):
+        con.print(f"data read: {d['read_mb_per_s']:.1f} MB/s during the loader phase")
     if d.get("mfu") is not None:
         con.print(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")
     elif d.get("achieved_tflops") is not None:
@@ -87,7 +97,7 @@ def print_result(result: Result, console: Console | None = None) -> None:
     status = d["status"]
     if status != "ok":
         con.print(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
-    con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {d['reason']}")
+    con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
     for i, a in enumerate(d["advice"], 1):
-        con.print(f"  {i}. {a}")
+        con.print(f"  {i}. {escape(a)}")
     con.print(f"[dim]results: {result.path}[/dim]")

@@ -34,6 +34,12 @@ from gpubench.verdict import Knobs, judge
 log = logging.getLogger("gpubench")
 
 RESULTS_FILE = "results.json"
+# telemetry of the headline phase (e2e, else the last measured) copied to the top level
+HEADLINE_TELEMETRY = (
+    "gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
+    "host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
+    "workers_cpu_util_mean", "main_peak_rss_bytes", "workers_peak_rss_bytes",
+)
 # statuses a run ends with; only "ok" counts as feasible for a sweep
 STATUSES = ("ok", "oom", "over_ceiling", "failed", "killed")
 
@@ -145,6 +151,9 @@ class _Run:
             "host_cpu_util_mean": None,
             "process_cpu_util_mean": None,
             "peak_rss_bytes": None,
+            **dict.fromkeys(HEADLINE_TELEMETRY),
+            "read_mb_per_s": None,
+            "disk_read_mb_per_s": None,
             "mfu": None,
             "flops_per_step": None,
             "achieved_tflops": None,
@@ -289,9 +298,12 @@ def summarize(run: _Run, cfg: DictConfig, device: str, cpu_count: int) -> None:
     d["nvml_memory_used_bytes"] = peak("nvml_memory_used_bytes", tel)
     d["peak_rss_bytes"] = peak("peak_rss_bytes", tel)
     main_tel = main.get("telemetry", {})
-    for k in ("gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
-              "host_cpu_util_mean", "process_cpu_util_mean"):
+    for k in HEADLINE_TELEMETRY:
         d[k] = main_tel.get(k)
+    # the loader phase is where the data side works alone: its I/O rate is the dataset's
+    io = ph.get("loader", {}).get("telemetry") or main_tel
+    d["read_mb_per_s"] = io.get("read_mb_per_s")
+    d["disk_read_mb_per_s"] = io.get("disk_read_mb_per_s")
     if main_tel.get("energy_j") is not None and main.get("images"):
         d["energy_per_image_j"] = main_tel["energy_j"] / main["images"]
 
@@ -361,6 +373,10 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     except Exception as e:
         if not is_oom(e):
             if isinstance(e, ConfigError):
+                # bad input found while building (an empty folder, a preload too big for
+                # RAM): nothing was measured, so no results.json is left behind either
+                if not run.data["phases"]:
+                    run.path.unlink(missing_ok=True)
                 raise
             log.debug("run failed", exc_info=True)
             run.data["status"], run.data["error"] = "failed", f"{type(e).__name__}: {e}"

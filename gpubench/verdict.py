@@ -121,7 +121,10 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
                     "in article 003"
                 )
             else:
-                out.append("precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16")
+                out.append(
+                    "precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster "
+                    "only on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)"
+                )
         if gpu and k.is_conv and not k.channels_last and k.precision.startswith("amp"):
             out.append("channels_last=true: tensor-core convolutions prefer NHWC")
         if gpu and k.compile == "off":

@@ -86,3 +86,27 @@ def test_bad_input_raises_before_work(compose_cfg, tmp_path):
     with pytest.raises(ConfigError, match="model.name"):
         measure_run(compose_cfg("model.name=resnet51"), tmp_path)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_bad_folder_found_while_building_leaves_no_results(compose_cfg, tmp_path):
+    root = tmp_path / "data"
+    (root / "cats").mkdir(parents=True)  # a class folder without any image
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="dataset.root"):
+        measure_run(compose_cfg("dataset=imagefolder", f"dataset.root={root}"), out)
+    assert not (out / "results.json").exists()
+
+
+def test_console_summary_shows_figures_verbatim(compose_cfg, tmp_path):
+    from rich.console import Console
+
+    from gpubench.console import print_result
+
+    result = measure_run(compose_cfg(), tmp_path)
+    result.data["advice"] = ["bench.phases=[loader,compute,e2e] to get a verdict"]
+    con = Console(record=True, width=140)
+    print_result(result, con)
+    text = con.export_text()
+    assert "bench.phases=[loader,compute,e2e]" in text  # brackets are not eaten as markup
+    assert f"{result.data['images_per_sec']:,.1f}" in text
+    assert "narrowest pipe:" in text and str(result.path) in text
