@@ -83,6 +83,26 @@ class SyntheticDataset(Dataset):
         return self.transform(self.images[i]), int(self.labels[i])
 
 
+# The in-memory pools stand in for a large dataset: an epoch of 512 images would end every few
+# batches, and each epoch end drains the workers' prefetch queue, a stall a real dataset of a
+# million images has once an hour. So the pool is cycled through one long epoch.
+IN_MEMORY_POOLS = ("synthetic", "fake_jpeg")
+CYCLED_EPOCH = 1_000_000
+
+
+class Cycled(Dataset):
+    """A pool of samples seen as one epoch of `length`: sample i is pool[i % len(pool)]."""
+
+    def __init__(self, pool: Dataset, length: int):
+        self.pool, self.length, self.n = pool, length, len(pool)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        return self.pool[i % self.n]
+
+
 def _smooth_image(size: int, g: torch.Generator) -> torch.Tensor:
     # Low-frequency colour fields plus grain: JPEG size and decode cost close to a photo's,
     # where pure noise would be several times larger and slower to decode.
@@ -482,6 +502,8 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
                     preload_skipped=skipped_at_build)
         ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
 
+    if kind in IN_MEMORY_POOLS:
+        ds = Cycled(ds, max(len(ds), CYCLED_EPOCH))
     if len(ds) < bs and ld.drop_last:
         raise ConfigError("loader.batch_size", bs, f"<= {len(ds)} (the dataset size) with drop_last")
     loader = DataLoader(
@@ -546,7 +568,7 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
 
     pipe.to_device, pipe.device_batch = to_device, device_batch
     info.update(
-        samples=len(ds),
+        samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
         num_workers=settings["num_workers"],
         decode_on="device" if device_decode else "cpu",
         augment_on="device" if augment is not None else "cpu",

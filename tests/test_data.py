@@ -423,3 +423,16 @@ def test_collate_counts_skipped_samples():
     assert collate_skipping([None, None]) == (None, None, 2)
     loader = DataLoader([(x, 0)] * 3, batch_size=2, collate_fn=collate_skipping)
     assert [s for _, _, s in loader] == [0, 0]
+
+
+def test_in_memory_pools_cycle_through_one_long_epoch(compose_cfg):
+    """A 32-image pool must not end an epoch (and drain the workers) every 8 batches."""
+    from gpubench.data import CYCLED_EPOCH, Cycled, build_pipeline
+
+    cfg = compose_cfg("dataset.num_samples=32")
+    cfg.loader.batch_size, cfg.dataset.image_size = 4, 16
+    pipe = build_pipeline(cfg, "cpu")
+    ds = pipe.loader.dataset
+    assert isinstance(ds, Cycled) and len(ds) == CYCLED_EPOCH
+    assert pipe.info["samples"] == 32
+    assert ds.pool.labels[5] == ds[32 * 7 + 5][1]
