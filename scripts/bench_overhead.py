@@ -1,7 +1,8 @@
 """Does the harness slow what it measures? gpubench's compute phase vs a plain training loop.
 
-Both run the same model, batch, precision and number of steps in this one process, alternating
-(gpubench, plain, gpubench, plain, ...) so drift in machine speed hits both alike. The plain loop
+Both run the same model, batch, precision and number of steps in this one process, in pairs
+whose order alternates (gpubench first, then plain first, ...) so drift in machine speed and
+warm-up of the process hit both alike. The plain loop
 is what an engineer would write by hand: fixed batch, warm-up, sync, N steps, sync.
 
     python scripts/bench_overhead.py                                  # CPU-sized default
@@ -94,8 +95,13 @@ def main() -> None:
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            ours = measure_run(cfg.copy(), f"{tmp}/{i}").data["compute_images_per_sec"]
-            plain = plain_loop(cfg, device)
+            # which one goes first alternates: a process warms up (allocator, caches) as it runs
+            if i % 2 == 0:
+                ours = measure_run(cfg.copy(), f"{tmp}/{i}").data["compute_images_per_sec"]
+                plain = plain_loop(cfg, device)
+            else:
+                plain = plain_loop(cfg, device)
+                ours = measure_run(cfg.copy(), f"{tmp}/{i}").data["compute_images_per_sec"]
             ratios.append(ours / plain)
             print(f"  pair {i + 1}: gpubench compute {ours:8.1f} img/s   plain loop {plain:8.1f}"
                   f" img/s   ratio {ours / plain:.3f}")
