@@ -84,7 +84,7 @@ def print_result(result: Result, console: Console | None = None) -> None:
     if info.get("preload_seconds") is not None:
         con.print(f"preload: {_gib(info.get('preload_bytes'))} decoded into RAM in "
                   f"{info['preload_seconds']:.1f} s (once, before the phases)")
-    if d.get("read_mb_per_s"):
+    if d.get("read_mb_per_s") and d["config"]["dataset"]["name"] in ("imagefolder", "cifar10"):
         con.print(f"data read: {d['read_mb_per_s']:.1f} MB/s during the loader phase")
     if d.get("mfu") is not None:
         con.print(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")

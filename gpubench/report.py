@@ -264,8 +264,10 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         near = [r for r in near if r.amp == helps] or near
         reasons.append(f"AMP {'on' if helps else 'off'}: best with AMP {a:.1f} img/s, without "
                        f"{p:.1f} ({a / p - 1:+.1%})")
+    # pinning only exists for copies to a GPU: on a CPU-only run it is not a knob at all
+    on_gpu = any((r.data.get("env") or {}).get("device") == "cuda" for r in near)
     pinned = [r for r in near if r.knob("pin_memory") is True]
-    if pinned and len(pinned) < len(near):
+    if on_gpu and pinned and len(pinned) < len(near):
         near = pinned
         reasons.append("pin_memory on: page-locked buffers make host-to-device copies cheaper")
 

@@ -15,10 +15,12 @@ from gpubench.report import SETUP_KEYS, Row, recommend, sweep_report
 from tests.conftest import run_cli
 
 
-def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True) -> Row:
+def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True,
+        device="cuda") -> Row:
     flat = {"loader.batch_size": batch, "loader.num_workers": workers, "precision.name": precision,
             "loader.pin_memory": pin}
-    return Row(f"b{batch}w{workers}{precision}{pin}", status, ips, peak, 0.8, flat)
+    return Row(f"b{batch}w{workers}{precision}{pin}", status, ips, peak, 0.8, flat,
+               {"env": {"device": device}})
 
 
 def grid(speed, precisions=("fp32", "amp_bf16"), peak=lambda b: b / 512) -> list[Row]:
@@ -71,6 +73,11 @@ def test_tolerance_and_pin_memory():
     rec = recommend(rows, tolerance=0.05)
     assert rec.chosen.knob("batch_size") == 32 and rec.chosen.knob("pin_memory") is True
     assert recommend(rows, tolerance=0.01).chosen.knob("batch_size") == 64
+    # on a CPU-only run pinning is no knob: the faster of the two batch-32 runs is kept
+    cpu = [row(32, 2, ips=96.0, pin=False, device="cpu"), row(32, 2, ips=95.5, device="cpu")]
+    rec = recommend(cpu, tolerance=0.05)
+    assert rec.chosen.knob("pin_memory") is False
+    assert not any("pin_memory" in r for r in rec.reasons)
 
 
 @pytest.mark.slow
