@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from gpubench.config import CONFIG_DIR
+from gpubench.files import flatten, read_json
 from gpubench.sweep import throughput_of
 
 log = logging.getLogger("gpubench")
@@ -55,17 +56,6 @@ SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compi
 # not knobs: how long a run measured differs between screen and full measurements
 NOT_KNOBS = ("bench.", "tracking.", "fault.")
 AMP = ("amp_bf16", "amp_fp16")
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 # --------------------------------------------------------------------------- rows
@@ -112,17 +102,10 @@ def row_from_results(data: dict, label: str, dir: str | None = None, rung: str =
                flatten(cfg), data, dir, rung)
 
 
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     """Rows of a sweep dir and its Optuna study (None for grid sweeps and max-batch searches).
     A gpubench-sweeper study may span several invocations (resumes): all its trials count."""
-    manifest = _read(sweep_dir / "sweep.json") or {}
+    manifest = read_json(sweep_dir / "sweep.json") or {}
     if manifest.get("study_name") and manifest.get("storage"):
         try:
             return _load_study(manifest["study_name"], manifest["storage"])
@@ -131,7 +114,7 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     rungs = {j["dir"]: j.get("rung", "run") for j in manifest.get("jobs", [])}
     rows = []
     for p in sorted(sweep_dir.rglob("results.json"), key=_job_order):
-        data = _read(p)
+        data = read_json(p)
         if data is None or data.get("status") == "running":
             continue
         label = p.parent.name if p.parent != sweep_dir else "run"
@@ -156,7 +139,7 @@ def _load_study(name: str, storage: str):
         if t.state == TrialState.RUNNING or a.get("interrupted") or "duplicate_of" in a:
             continue
         rung = "screen" if t.state == TrialState.PRUNED else a.get("rung", "full")
-        data = _read(Path(a["dir"]) / "results.json") if a.get("dir") else None
+        data = read_json(Path(a["dir"]) / "results.json") if a.get("dir") else None
         if data is not None:
             rows.append(row_from_results(data, str(t.number), a["dir"], rung))
         else:  # its folder is gone: what the study kept
@@ -196,7 +179,7 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                     path = client.download_artifacts(rid, "results.json", f"{tmp}/{rid}")
                 except Exception:
                     continue
-                data = _read(Path(path))
+                data = read_json(Path(path))
                 if data is not None:
                     rows.append(row_from_results(data, rid[:8]))
             token = page.token
@@ -462,7 +445,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     rows, study = load_dir(sweep_dir)
     out = sweep_dir / REPORT_DIR
     stamp = _fingerprint(rows, sweep_dir) + [tolerance]
-    old = _read(out / "summary.json") or {}
+    old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
     if not rows:

@@ -8,7 +8,6 @@ already measured, and it is written before any tracking server is contacted.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 import os
@@ -24,6 +23,7 @@ from omegaconf import DictConfig
 from gpubench import env
 from gpubench.config import ConfigError, _enum_value, resolve_auto, to_container, validate
 from gpubench.data import CorruptImage, build_pipeline
+from gpubench.files import write_json
 from gpubench.measure import WindowStats, run_window
 from gpubench.models import build_model, maybe_compile, prepare_model
 from gpubench.monitor import Monitor
@@ -81,30 +81,6 @@ def output_dir(out_dir: str | Path | None) -> Path:
             p = Path("outputs") / "runs" / time.strftime("%Y-%m-%d/%H-%M-%S")
     p.mkdir(parents=True, exist_ok=True)
     return p
-
-
-def write_json(path: Path, data: dict) -> None:
-    # write-then-rename: a kill mid-write leaves the previous complete file, never half of one
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_json_default, allow_nan=False))
-    os.replace(tmp, path)
-
-
-def _json_default(o):
-    if hasattr(o, "value"):
-        return o.value
-    return str(o)
-
-
-def _clean(v):
-    """NaN/inf are not JSON: store them as null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    return v
 
 
 def free_device_memory(device: str) -> None:
@@ -170,7 +146,7 @@ class _Run:
 
     def save(self) -> None:
         self.data["seconds"] = time.perf_counter() - self.t0
-        write_json(self.path, _clean(self.data))
+        write_json(self.path, self.data)
 
     def record_phase(self, stats: WindowStats, telemetry: dict, mem: dict) -> None:
         ph = stats.summary() | {"telemetry": telemetry, "memory": mem}

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from gpubench.files import flatten, read_json, write_json
+
 log = logging.getLogger("gpubench")
 
 RESULTS_FILE = "results.json"  # as written by gpubench.runner (not imported: it loads torch)
@@ -197,17 +199,6 @@ def _param_str(v) -> str:
 
 def _key(k: str) -> str:
     return _BAD_KEY_CHARS.sub("_", k)[:MAX_KEY]
-
-
-def flatten(d: dict, prefix: str = "", sep: str = ".") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{sep}{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key, sep))
-        else:
-            out[key] = v
-    return out
 
 
 def run_params(data: dict) -> dict[str, str]:
@@ -418,21 +409,12 @@ def upload(store: Store, data: dict, run_dir: Path, parent_id: str | None = None
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")  # whole file or the old one, never half
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    return read_json(path) or {}
 
 
 def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=None,
                  experiment_id=None, error=None) -> None:
-    _write_json(run_dir / MARKER_FILE, {
+    write_json(run_dir / MARKER_FILE, {
         "run_uid": run_uid,
         "synced": run_id is not None,
         "tracking_uri": uri,
@@ -545,7 +527,7 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
         params = [Param(k, v) for k, v in _sweep_params(overrides, sweeper_params).items()]
         for i in range(0, len(params), PARAMS_PER_BATCH):
             store.client.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
-    _write_json(sweep_dir / PARENT_FILE, info | {
+    write_json(sweep_dir / PARENT_FILE, info | {
         "sweep_uid": uid, "tracking_uri": store.uri, "experiment": store.experiment,
         "experiment_id": store.experiment_id, "run_id": rid, "synced": True,
     })
@@ -602,7 +584,7 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str) -> None:
     killed = any(j.get("status") in ("killed", "running") for j in jobs)
     c.set_terminated(parent_id, "KILLED" if killed else "FINISHED")
     info = _read_json(sweep_dir / PARENT_FILE)
-    _write_json(sweep_dir / PARENT_FILE, info | {"finished": True})
+    write_json(sweep_dir / PARENT_FILE, info | {"finished": True})
 
 
 def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path],

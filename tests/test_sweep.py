@@ -370,8 +370,9 @@ def _wait_for_measured(tmp: Path, proc, n: int) -> None:
 @pytest.mark.slow
 def test_ctrl_c_leaves_no_running_trial(tmp_path):
     cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
-           "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", "bench.steps=400",
-           "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
+           "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+           # each phase lasts its 1 s cap, whatever the machine's speed: a trial is ~3 s long
+           "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
            "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false"]
     # SIGINT as the default: a shell running the tests in the background may ignore it
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
@@ -379,7 +380,7 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_measured(tmp_path, proc, 1)
-        time.sleep(0.5)  # into the next trial's 400 steps
+        time.sleep(0.5)  # into the next trial's ~3 s
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:

@@ -35,6 +35,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.files import write_json
+
 log = logging.getLogger("gpubench.sweep")
 
 MANIFEST = "sweep.json"
@@ -167,9 +169,7 @@ class GpubenchSweeper(Sweeper):
 
     def _save_manifest(self) -> None:
         self.manifest["jobs"] = self.jobs
-        tmp = self.sweep_dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
-        tmp.replace(self.sweep_dir / MANIFEST)
+        write_json(self.sweep_dir / MANIFEST, self.manifest)
 
     def _count_failure(self, what: str, error: str | None) -> None:
         self.failures += 1
