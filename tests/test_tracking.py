@@ -16,7 +16,7 @@ import time
 import pytest
 from conftest import ROOT, TINY, compose_config, free_port, run_cli
 
-from gpubench import tracking
+from gpubench import sync, tracking
 from gpubench.runner import run_benchmark
 
 TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last override wins
@@ -164,13 +164,13 @@ def test_server_down_then_sync_exactly_once(mlflow_server, tmp_path):
     exp_id = c.create_experiment("offline")
     c.create_run(exp_id, tags={"run_uid": data["run_uid"]}, run_name="half-done")
 
-    sync = subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "gpubench.tracking", "sync", "outputs", "--uri", url],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
-    assert sync.returncode == 0, sync.stderr
-    assert "1 uploaded" in sync.stdout
-    again = tracking.sync(tmp_path / "outputs", uri=url)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 uploaded" in proc.stdout
+    again = sync.sync(tmp_path / "outputs", uri=url)
     assert again["uploaded"] == 0 and again["present"] == 1
 
     (run,) = runs_of(url, "offline")
@@ -208,10 +208,10 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
         return parent, children
 
     check(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}", "gpubench")
-    assert tracking.sync(tmp_path / "outputs")["uploaded"] == 0  # all there already
+    assert sync.sync(tmp_path / "outputs")["uploaded"] == 0  # all there already
 
     # the same sweep synced into another store keeps its shape: 1 parent + 3 children
-    counts = tracking.sync(tmp_path / "outputs", uri=mlflow_server.url, experiment="copied")
+    counts = sync.sync(tmp_path / "outputs", uri=mlflow_server.url, experiment="copied")
     assert counts["uploaded"] == 3
     check(mlflow_server.url, "copied")
 
