@@ -145,6 +145,9 @@ class BenchSettings:
     flops: bool = True
     optimizer: str = "sgd"
     lr: float = 0.01
+    # after the measured windows: a torch.profiler trace of a few e2e steps (never timed)
+    profile: bool = False
+    profile_steps: int = 3
 
 
 @dataclass
@@ -274,6 +277,8 @@ def validate(cfg: DictConfig) -> str:
         raise ConfigError("bench.max_seconds", b.max_seconds, "seconds > 0")
     if not b.phases:
         raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
+    if b.profile_steps < 1:
+        raise ConfigError("bench.profile_steps", b.profile_steps, "an integer >= 1")
     if b.optimizer not in ("sgd", "adamw"):
         raise ConfigError("bench.optimizer", b.optimizer, "sgd or adamw")
     if cfg.tracking.backend not in ("mlflow", "none"):

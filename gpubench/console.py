@@ -90,6 +90,11 @@ def print_result(result: Result, console: Console | None = None) -> None:
         con.print(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")
     elif d.get("achieved_tflops") is not None:
         con.print(f"{d['achieved_tflops'] * 1e3:.1f} GFLOP/s achieved (no peak known for this device: no MFU)")
+    prof = d.get("profile")
+    if prof:
+        ops = ", ".join(f"{o['name']} {o['self_ms_per_step']:.2f} ms" for o in prof["top_ops"][:3])
+        con.print(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")
+        con.print(f"  trace: {prof['trace']} (open in https://ui.perfetto.dev)")
     for note in result.notes:
         con.print(f"[dim]info: {note}[/dim]")
     if d.get("skipped_samples"):

@@ -241,6 +241,13 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
 
         for name in phases:
             window(name, *phase_functions(name, pipe, step))
+        if b.profile:
+            from gpubench.profile import profile_steps
+
+            name = "e2e" if step is not None else "loader"
+            run.data["profile"] = profile_steps(
+                *phase_functions(name, pipe, step), device, run.out, int(b.profile_steps))
+            run.save()
         run.data["skipped_samples"] = pipe.skipped
     finally:
         pipe.shutdown()

@@ -110,3 +110,19 @@ def test_console_summary_shows_figures_verbatim(compose_cfg, tmp_path):
     assert "bench.phases=[loader,compute,e2e]" in text  # brackets are not eaten as markup
     assert f"{result.data['images_per_sec']:,.1f}" in text
     assert "narrowest pipe:" in text and str(result.path) in text
+
+
+def test_profile_trace_after_the_measured_windows(compose_cfg, tmp_path):
+    import gzip
+
+    result = measure_run(compose_cfg("bench.profile=true", "bench.profile_steps=2"), tmp_path)
+    assert result.status == "ok"
+    prof = result.data["profile"]
+    trace = json.loads(gzip.open(prof["trace"]).read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"gpubench/data", "gpubench/step"} <= names  # the loop's two parts are marked
+    assert any(n and n.startswith("aten::") for n in names)
+    assert prof["steps"] == 2 and prof["top_ops"][0]["self_ms_per_step"] > 0
+    assert (tmp_path / "traces" / "top_ops.txt").is_file()
+    # profiling never overlaps a measurement: the phases are the usual ones, untouched
+    assert result.data["phases"]["e2e"]["steps"] == 2
