@@ -40,6 +40,7 @@ def print_result(result: Result, console: Console | None = None) -> None:
         f"{', channels_last' if cfg['channels_last'] else ''}"
         f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
         f" | {env['device_name']} ({env['device']})"
+        + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
     )
     t = Table(title=title, title_justify="left")
     for col in ("phase", "images/s", "step p50 ms", "step p95 ms", "data wait", "steps", "peak mem"):

@@ -459,7 +459,9 @@ def _check_classes(cfg: DictConfig, n: int, where: str) -> None:
             raise ConfigError(key, int(value), f">= {n} ({where})")
 
 
-def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
+def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None = None) -> Pipeline:
+    """The data side of one run. `shard=(rank, world)` under torchrun: each rank loads its own
+    share of the dataset (DistributedSampler), as data-parallel training does."""
     ds_cfg, ld = cfg.dataset, cfg.loader
     kind = _enum_value(ds_cfg.name)
     size = int(ds_cfg.image_size)
@@ -506,10 +508,17 @@ def build_pipeline(cfg: DictConfig, device: str) -> Pipeline:
         ds = Cycled(ds, max(len(ds), CYCLED_EPOCH))
     if len(ds) < bs and ld.drop_last:
         raise ConfigError("loader.batch_size", bs, f"<= {len(ds)} (the dataset size) with drop_last")
+    sampler = None
+    if shard is not None and shard[1] > 1:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
+                                     seed=seed, drop_last=True)
     loader = DataLoader(
         ds,
         batch_size=bs,
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
         drop_last=bool(ld.drop_last),
         collate_fn=collate_skipping,
         # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible

@@ -71,6 +71,8 @@ class WindowStats:
     truncated: bool  # the time cap closed the window before `steps`
     step_times_s: list[float] = field(default_factory=list)
     warmup_step_times_s: list[float] = field(default_factory=list)
+    # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
+    ranks_images_per_sec: list[float] | None = None
 
     def summary(self) -> dict:
         d = asdict(self)

@@ -7,6 +7,7 @@ already measured, and it is written before any tracking server is contacted.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math
@@ -20,9 +21,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from gpubench import env
+from gpubench import distributed, env
 from gpubench.config import ConfigError, _enum_value, resolve_auto, to_container, validate
 from gpubench.data import CorruptImage, build_pipeline
+from gpubench.distributed import Dist
 from gpubench.files import write_json
 from gpubench.measure import WindowStats, run_window
 from gpubench.models import build_model, maybe_compile, prepare_model
@@ -51,6 +53,8 @@ class Result:
     notes: list[str] = field(default_factory=list)
     # False: tracking was on but MLflow missed the run (results kept; `tracking sync` later)
     tracked: bool | None = None
+    # False on torchrun ranks other than 0: they measure, but do not write, print or log
+    main: bool = True
 
     @property
     def status(self) -> str:
@@ -92,8 +96,8 @@ def free_device_memory(device: str) -> None:
 class _Run:
     """State of one run while it measures (kept small: the phases, the memory peaks)."""
 
-    def __init__(self, cfg: DictConfig, device: str, out: Path):
-        self.cfg, self.device, self.out = cfg, device, out
+    def __init__(self, cfg: DictConfig, device: str, out: Path, dist: Dist):
+        self.cfg, self.device, self.out, self.dist = cfg, device, out, dist
         self.path = out / RESULTS_FILE
         self.total_mem = env.device_memory_bytes(device)
         self.data: dict = {
@@ -137,6 +141,7 @@ class _Run:
             "phases": {},
             "series": {},
             "data_info": {},
+            "world_size": dist.world,
             "config": to_container(cfg),
             "env": env.facts(device),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -145,6 +150,8 @@ class _Run:
         self.t0 = time.perf_counter()
 
     def save(self) -> None:
+        if not self.dist.main:  # one results.json per run, from rank 0
+            return
         self.data["seconds"] = time.perf_counter() - self.t0
         write_json(self.path, self.data)
 
@@ -170,6 +177,19 @@ def _phase_memory(device: str) -> dict:
 def _reset_peaks(device: str) -> None:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+
+
+def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
+    """The run's throughput under torchrun: all ranks' images over the slowest rank's window
+    (data-parallel training steps together, so the slowest rank sets the pace). Step times and
+    data wait stay rank 0's."""
+    images = dist.gather(stats.images)
+    seconds = dist.gather(stats.seconds)
+    per_rank = dist.gather(stats.images_per_sec)
+    merged = dataclasses.replace(stats, images=sum(images), seconds=max(seconds),
+                                 images_per_sec=sum(images) / max(seconds))
+    merged.ranks_images_per_sec = per_rank
+    return merged
 
 
 def phase_functions(name: str, pipe, step):
@@ -201,10 +221,10 @@ def phase_functions(name: str, pipe, step):
 
 def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
     """Build everything, then the phases in order; each phase lands in results.json."""
-    b = cfg.bench
+    b, dist = cfg.bench, run.dist
     plan = resolve_precision(_enum_value(cfg.precision.name), device)
     apply_backend_flags(plan)
-    pipe = build_pipeline(cfg, device)
+    pipe = build_pipeline(cfg, device, (dist.rank, dist.world) if dist.enabled else None)
     run.data["data_info"] = pipe.info
     try:
         phases = [_enum_value(p) for p in b.phases]
@@ -217,7 +237,7 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
                 x, y = pipe.device_batch()
                 fl = count_step_flops(model, plan, device, x, y)
                 run.data["flops_per_step"] = fl
-            compiled = maybe_compile(model, cfg.compile)
+            compiled = maybe_compile(dist.wrap(model, device), cfg.compile)
             step = TrainStep(compiled, plan, device, opt, cfg.fault.oom_above_batch)
         if cfg.fault.fail_message:
             raise RuntimeError(cfg.fault.fail_message)
@@ -228,9 +248,12 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
             stats = run_window(
                 name, fetch, work, bs, device,
                 int(b.warmup_steps), int(b.steps), float(b.warmup_max_seconds), float(b.max_seconds),
-                on_open=monitor.start,
+                # all ranks open their windows together
+                on_open=lambda: (dist.barrier(), monitor.start()),
                 on_close=lambda: holder.setdefault("t", monitor.stop()),
             )
+            if dist.enabled:
+                stats = across_ranks(stats, dist)
             tel = holder["t"]
             run.record_phase(stats, tel.as_dict(), _phase_memory(device))
             if tel.samples:
@@ -300,7 +323,8 @@ def summarize(run: _Run, cfg: DictConfig, device: str, cpu_count: int) -> None:
     # MFU: FLOPs of one step (counted once) x steps/s over the dense peak for this dtype
     fl, comp = d.get("flops_per_step"), ph.get("e2e") or ph.get("compute")
     if fl and comp and comp.get("step_time_mean_s"):
-        achieved = fl * comp["images_per_sec"] / comp["batch_size"]
+        # per device: the run's images/sec is summed over torchrun ranks, the peak is one GPU's
+        achieved = fl * comp["images_per_sec"] / comp["batch_size"] / d["world_size"]
         d["achieved_tflops"] = achieved / 1e12
         plan = resolve_precision(_enum_value(cfg.precision.name), device)
         pk = env.peak_flops(d["env"]["device_name"], plan.math) if device == "cuda" else None
@@ -335,9 +359,10 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     """
     device = validate(cfg)
     resolve_auto(cfg, device)
+    dist = distributed.from_env(device)
     out = output_dir(out_dir)
     _seed(int(cfg.bench.seed))
-    run = _Run(cfg, device, out)
+    run = _Run(cfg, device, out, dist)
     monitor = Monitor(device, float(cfg.bench.monitor_interval_s), bool(cfg.bench.monitor))
     notes = [monitor.gpu_note] if monitor.gpu_note else []
     run.save()
@@ -368,6 +393,7 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     finally:
         monitor.stop()
         free_device_memory(device)
+        dist.close()
     summarize(run, cfg, device, os.cpu_count() or 1)
     frac = run.data["peak_memory_fraction"]
     if run.data["status"] == "ok" and frac is not None and frac > cfg.memory.ceiling:
@@ -376,7 +402,7 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     if run.data["status"] != "ok":
         run.data["objective"] = 0.0
     run.save()
-    return Result(run.data, run.path, notes)
+    return Result(run.data, run.path, notes, main=dist.main)
 
 
 def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None, quiet: bool = False) -> Result:
@@ -389,6 +415,8 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None, quiet: boo
 
             tracking.log_result(cfg, e.result)
         raise
+    if not result.main:
+        return result
     if not quiet:
         from gpubench.console import print_result
 
