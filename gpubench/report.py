@@ -56,6 +56,8 @@ SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compi
 # not knobs: how long a run measured differs between screen and full measurements
 NOT_KNOBS = ("bench.", "tracking.", "fault.")
 AMP = ("amp_bf16", "amp_fp16")
+# rungs measured too briefly to rank speed by: a screen (pruned trials) and a max-batch probe
+SHORT_RUNGS = ("screen", "probe")
 
 
 # --------------------------------------------------------------------------- rows
@@ -89,6 +91,11 @@ class Row:
         return v
 
     @property
+    def full(self) -> bool:
+        """A full-length measurement, not a short screen or max-batch probe."""
+        return self.rung not in SHORT_RUNGS
+
+    @property
     def amp(self) -> bool:
         return self.knob("precision") in AMP
 
@@ -111,14 +118,20 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
             return _load_study(manifest["study_name"], manifest["storage"])
         except Exception as e:  # a moved or deleted database: the files are still here
             log.warning("study %s not readable (%s): reading the files", manifest["study_name"], e)
-    rungs = {j["dir"]: j.get("rung", "run") for j in manifest.get("jobs", [])}
+    jobs = {j["dir"]: j for j in manifest.get("jobs", [])}
+    # a trial measured in full also left its screen's folder: one row per trial
+    measured_in_full = {j.get("trial") for j in jobs.values() if j.get("rung") == "full"}
     rows = []
     for p in sorted(sweep_dir.rglob("results.json"), key=_job_order):
         data = read_json(p)
         if data is None or data.get("status") == "running":
             continue
+        job = jobs.get(str(p.parent), {})
+        rung = job.get("rung", "run")
+        if rung == "screen" and job.get("trial") in measured_in_full:
+            continue
         label = p.parent.name if p.parent != sweep_dir else "run"
-        rows.append(row_from_results(data, label, str(p.parent), rungs.get(str(p.parent), "run")))
+        rows.append(row_from_results(data, label, str(p.parent), rung))
     return rows, None
 
 
@@ -217,8 +230,8 @@ def varying(rows: list[Row]) -> list[str]:
 
 
 def ranked(rows: list[Row]) -> list[Row]:
-    """Feasible first, fastest first; infeasible ones after, by throughput."""
-    return sorted(rows, key=lambda r: (not r.feasible, -r.throughput))
+    """Feasible first, full-length measurements before short screens, fastest first."""
+    return sorted(rows, key=lambda r: (not r.feasible, not r.full, -r.throughput))
 
 
 @dataclass
@@ -232,8 +245,9 @@ class Recommendation:
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
     """Reference article 003's pick: within `tolerance` of the fastest feasible throughput, AMP
     on when it measured faster, pin_memory on, then the smallest batch and the fewest workers
-    (large batches can hurt the model and take memory; extra workers cost host RAM)."""
-    ok = [r for r in rows if r.feasible]
+    (large batches can hurt the model and take memory; extra workers cost host RAM). Only
+    full-length measurements compete: a screen or a probe is too short to compare speeds."""
+    ok = [r for r in rows if r.feasible and r.full]
     if not ok:
         return None
     best = max(ok, key=lambda r: r.throughput)
@@ -260,8 +274,10 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
 
     chosen = min(near, key=lambda r: (size(r, "batch_size"), size(r, "num_workers"),
                                       -r.throughput))
-    reasons.append(f"smallest batch size ({chosen.knob('batch_size')}) and fewest workers "
-                   f"({chosen.knob('num_workers')}) within {tolerance:.0%}: "
+    picked = [f"{what} ({v})" for what, v in (("smallest batch size", chosen.knob("batch_size")),
+                                              ("fewest workers", chosen.knob("num_workers")))
+              if v is not None]
+    reasons.append(f"{' and '.join(picked) or 'no batch size or workers recorded: the fastest'} within {tolerance:.0%}: "
                    f"{chosen.throughput:.1f} img/s, {chosen.throughput / best.throughput:.0%} "
                    "of the fastest")
     reasons += _workers_check(rows, chosen)
@@ -270,7 +286,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
 
 def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
     """The loader phase's view (gpubench.verdict.fewest_workers): how many workers out-run
-    compute at the chosen setup's batch size and precision."""
+    compute at the chosen setup's batch size (the loader phase runs no model, so all
+    precisions count)."""
     try:
         from gpubench.verdict import fewest_workers
     except ImportError:
@@ -384,7 +401,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                                "feasible": sum(r.feasible for r in rows)}
     lines = []
     if rec is None:
-        lines.append("no feasible configuration (all OOM, over the memory ceiling or failed)")
+        lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
+                     "failed)" if any(r.full for r in rows) else
+                     "no recommendation: only short screens or max-batch probes were measured")
     else:
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)

@@ -49,8 +49,9 @@ def _by_precision(rows):
 
 
 def _best_curve(rows, knob: str, out: Path, xlabel: str, rec, log2: bool) -> Path | None:
-    """Best feasible throughput at each value of `knob`, one line per precision."""
-    ok = [r for r in rows if r.feasible and r.knob(knob) is not None]
+    """Best feasible throughput at each value of `knob`, one line per precision (full-length
+    measurements only, as the recommendation)."""
+    ok = [r for r in rows if r.feasible and r.full and r.knob(knob) is not None]
     if len({r.knob(knob) for r in ok}) < 2:
         return None
     plt = _plt()

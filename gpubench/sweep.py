@@ -141,6 +141,8 @@ def _range_distribution(sweep, log: bool) -> BaseDistribution:
     if all(isinstance(x, int) for x in (start, stop, step)):
         if log and step != 1:
             raise SearchSpaceError("tag(log, range(...)) needs step 1 (or use choice(...))")
+        if log and low < 1:
+            raise SearchSpaceError(f"tag(log, range({start},{stop})) needs a start >= 1")
         return IntDistribution(int(low), int(high), log=log, step=1 if log else int(step))
     if log:
         raise SearchSpaceError("tag(log, ...) on a float range: use tag(log, interval(a,b))")
@@ -167,8 +169,10 @@ def to_param(override) -> Param:
             else:  # a list, dict or quoted string: sample its text
                 choices.append(label)
                 text[label] = label
-        if len(set(map(repr, choices))) != len(choices):
-            raise SearchSpaceError(f"{name}: choice() lists a value twice")
+        # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
+        if len(set(choices)) != len(choices):
+            raise SearchSpaceError(f"{name}: choice() lists a value twice (0 and false, 1 and "
+                                   "true, 1 and 1.0 count as the same)")
         return Param(name, key, CategoricalDistribution(choices), text)
     if isinstance(value, RangeSweep):
         return Param(name, key, _range_distribution(value, log))

@@ -11,16 +11,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from gpubench.config import CONFIG_DIR, to_container
-from gpubench.report import SETUP_KEYS, Row, recommend, sweep_report
+from gpubench.report import SETUP_KEYS, Row, load_dir, ranked, recommend, sweep_report
 from tests.conftest import run_cli
 
 
 def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True,
-        device="cuda") -> Row:
+        device="cuda", rung="run") -> Row:
     flat = {"loader.batch_size": batch, "loader.num_workers": workers, "precision.name": precision,
             "loader.pin_memory": pin}
-    return Row(f"b{batch}w{workers}{precision}{pin}", status, ips, peak, 0.8, flat,
-               {"env": {"device": device}})
+    return Row(f"b{batch}w{workers}{precision}{pin}{rung}", status, ips, peak, 0.8, flat,
+               {"env": {"device": device}}, rung=rung)
 
 
 def grid(speed, precisions=("fp32", "amp_bf16"), peak=lambda b: b / 512) -> list[Row]:
@@ -78,6 +78,40 @@ def test_tolerance_and_pin_memory():
     rec = recommend(cpu, tolerance=0.05)
     assert rec.chosen.knob("pin_memory") is False
     assert not any("pin_memory" in r for r in rec.reasons)
+
+
+def test_short_measurements_are_ranked_but_not_recommended():
+    # a pruned trial's screen (a few steps) and a max-batch probe may read faster than any
+    # full-length measurement: they are no basis for the fastest or the recommended setup
+    rows = [row(16, 2, ips=100), row(32, 2, ips=102, rung="full"),
+            row(8, 2, ips=150, rung="screen"), row(4, 2, ips=160, rung="probe")]
+    rec = recommend(rows)
+    assert rec.best.knob("batch_size") == 32 and rec.chosen.knob("batch_size") == 16
+    assert [r.rung for r in ranked(rows)] == ["full", "run", "probe", "screen"]
+    assert recommend([r for r in rows if r.rung in ("screen", "probe")]) is None
+
+
+def test_missing_knobs_are_not_reported_as_none():
+    r = Row("a", "ok", 10.0, 0.1, 0.8, {"model.name": "tiny"})
+    rec = recommend([r, Row("b", "ok", 9.0, 0.1, 0.8, {"model.name": "tiny2"})])
+    assert rec.chosen is r and not any("None" in x for x in rec.reasons)
+
+
+def test_sweep_dir_without_its_study_has_one_row_per_trial(tmp_path):
+    # the study's database is gone: rows come from the job folders and the manifest's rungs
+    jobs = []
+    for num, trial, rung, ips in [(0, 0, "screen", 50.0), (1, 0, "full", 40.0),
+                                  (2, 1, "screen", 10.0)]:
+        d = tmp_path / str(num)
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({
+            "status": "ok", "images_per_sec": ips, "peak_memory_fraction": 0.1,
+            "memory_ceiling": 0.8, "config": {"loader": {"batch_size": 4 + trial}}}))
+        jobs.append({"num": num, "dir": str(d), "trial": trial, "rung": rung})
+    (tmp_path / "sweep.json").write_text(json.dumps({"mode": "optuna", "jobs": jobs}))
+    rows, study = load_dir(tmp_path)
+    assert study is None
+    assert sorted((r.label, r.rung) for r in rows) == [("1", "full"), ("2", "screen")]
 
 
 @pytest.mark.slow

@@ -28,8 +28,10 @@ from gpubench.sweep import (
     read_outcome,
 )
 from hydra_plugins.gpubench_sweeper.sweeper import (
+    abandon,
     measured_trials,
     recover_interrupted,
+    screen_passes,
     split_duplicates,
 )
 from tests.conftest import TINY, run_cli
@@ -111,9 +113,17 @@ def test_study_name_follows_the_search_space():
     assert a.study_name() == b.study_name() != c.study_name()
 
 
+def test_range_edges():
+    d = parse_search_space(["a=range(10,0,-3)", "b=range(5)", "c=tag(log,range(1,9))"]).distributions
+    assert d["a"] == IntDistribution(1, 10, step=3)  # 10, 7, 4, 1
+    assert d["b"] == IntDistribution(0, 4)
+    assert d["c"] == IntDistribution(1, 8, log=True)
+
+
 @pytest.mark.parametrize("bad", ["a=tag(log,choice(1,2))", "a=range(5,5)",
                                  "a=tag(log,range(1,9,2))", "a=choice(1,1)",
-                                 "a=tag(log,interval(0,1))"])
+                                 "a=tag(log,interval(0,1))", "a=tag(log,range(0,8))",
+                                 "a=choice(0,false)", "a=choice(1,1.0)"])
 def test_bad_search_spaces_are_rejected(bad):
     with pytest.raises(SearchSpaceError):
         parse_search_space([bad])
@@ -196,6 +206,38 @@ def test_interrupted_trials_are_queued_again(tmp_path):
     assert [x.number for x in measured_trials(again)] == [t.number]
     retry = again.ask(space.distributions)
     assert retry.params == stale.params and retry.user_attrs["retry_of"] == stale.number
+
+
+def test_ctrl_c_queues_the_running_trial_again():
+    study = optuna.create_study(direction="maximize")
+    space = parse_search_space(["loader.batch_size=choice(2,4,8)"])
+    t = study.ask(space.distributions)
+    assert abandon(study, t.number, requeue=True)
+    assert not abandon(study, t.number, requeue=True)  # only a RUNNING trial
+    assert study.trials[t.number].user_attrs["interrupted"]
+    retry = study.ask(space.distributions)
+    assert retry.params == t.params and retry.user_attrs["retry_of"] == t.number
+
+
+def test_screen_cut_counts_pruned_screens_too():
+    study = optuna.create_study(direction="maximize")
+    space = parse_search_space(["a=range(0,100)"])
+
+    def screened(value, state):
+        t = study.ask(space.distributions)
+        t.report(value, 0)
+        study.tell(t, value if state == TrialState.COMPLETE else None, state=state)
+
+    assert screen_passes(study, 1.0, keep=0.5, n_startup=2)  # nothing to compare with yet
+    for v, state in [(100, TrialState.COMPLETE), (90, TrialState.COMPLETE),
+                     (10, TrialState.PRUNED), (20, TrialState.PRUNED)]:
+        screened(v, state)
+    # 60 is 3rd of the 5 screens (its own included): in the top half; the kept screens alone
+    # (100, 90: Optuna's PercentilePruner) would cut it
+    assert screen_passes(study, 60.0, keep=0.5, n_startup=2)
+    assert not screen_passes(study, 15.0, keep=0.5, n_startup=2)
+    assert screen_passes(study, 0.0, keep=1.0, n_startup=2)
+    assert screen_passes(study, 0.0, keep=0.5, n_startup=5)
 
 
 def test_duplicates_are_detected(tmp_path):
@@ -343,6 +385,9 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
     assert len({json.dumps(t.params, sort_keys=True) for t in measured}) == 5
     # each measured trial has its own job folder, still holding its own results
     assert len({t.user_attrs["dir"] for t in measured}) == 5
+    # the manifest lists the jobs of both invocations
+    jobs = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["jobs"]
+    assert {t.user_attrs["dir"] for t in measured} <= {j["dir"] for j in jobs}
     for t in measured:
         data = _results_of(t)
         assert data["config"]["loader"]["batch_size"] == t.params["loader.batch_size"]
@@ -391,7 +436,10 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
     states = [t.state for t in study.trials]
     assert TrialState.RUNNING not in states
     assert len(measured_trials(study)) == 1
-    assert [t.user_attrs.get("interrupted") for t in study.trials] == [None, True]
+    assert [t.user_attrs.get("interrupted") for t in study.trials] == [None, True, None]
+    # the interrupted configuration is queued for the next invocation, as after kill -9
+    queued = study.trials[2]
+    assert queued.state == TrialState.WAITING and queued.user_attrs["retry_of"] == 1
 
 
 @pytest.mark.slow

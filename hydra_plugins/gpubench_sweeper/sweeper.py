@@ -9,8 +9,8 @@ results.json: its status, throughput and peak memory decide what Optuna is told.
 - out of memory: COMPLETE, value 0.0, constraint 1.0 (infeasible); the runner freed the memory
 - any other error, a NaN, no results.json: FAIL with the message; the sweep goes on until more
   than `max_failures` trials failed in this invocation
-- screening: each trial is first measured `screen.steps` steps; a PercentilePruner keeps the
-  top `screen.keep` fraction for a full-length measurement, the rest end PRUNED
+- screening: each trial is first measured `screen.steps` steps; a trial whose screen is in the
+  top `screen.keep` fraction of all screens so far is measured at full length, the rest end PRUNED
 - resume: the study lives in `storage` under a name derived from the search space; trials a
   killed process left RUNNING are marked FAIL (attr `interrupted`), are not counted, and their
   parameters are queued again, so the sweep continues to `n_trials` measured trials
@@ -35,7 +35,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from gpubench.files import write_json
+from gpubench.files import read_json, write_json
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -126,6 +126,8 @@ class GpubenchSweeper(Sweeper):
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         self.job_idx = next_job_index(self.sweep_dir)
+        # a resume into the same sweep dir keeps the earlier invocations' jobs in the manifest
+        self.jobs = list((read_json(self.sweep_dir / MANIFEST) or {}).get("jobs", []))
         self.manifest: dict = {"mode": self.mode, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         if self.mode == "max_batch":
             self._find_max_batch(space)
@@ -190,13 +192,10 @@ class GpubenchSweeper(Sweeper):
 
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
-        pruner = optuna.pruners.PercentilePruner(
-            100.0 * (1.0 - float(self.screen.keep)),
-            n_startup_trials=int(self.screen.n_startup_trials),
-        )
+        # the screen's cut is screen_passes(), not an Optuna pruner
         study = optuna.create_study(
             storage=storage, study_name=name, direction="maximize", load_if_exists=True,
-            pruner=pruner,
+            pruner=optuna.pruners.NopPruner(),
         )
         # a resumed sweep must not replay the same random sequence as the first run
         seed = None if self.seed is None else int(self.seed) + len(study.trials)
@@ -235,7 +234,9 @@ class GpubenchSweeper(Sweeper):
             try:
                 self._measure(study, space, fresh, screen_steps)
             except BaseException:  # Ctrl-C or an abort: leave nothing RUNNING behind
-                for t in [*fresh, *(d for d, _ in dups)]:
+                for t in fresh:  # as after kill -9: measured by the next invocation
+                    abandon(study, t.number, requeue=True)
+                for t, _ in dups:
                     abandon(study, t.number)
                 raise
             for t, prev in dups:
@@ -269,11 +270,13 @@ class GpubenchSweeper(Sweeper):
                 if oc.crashed or not oc.feasible:
                     self._tell(study, t, oc)
                     continue
+                keep = screen_passes(study, oc.throughput, float(self.screen.keep),
+                                     int(self.screen.n_startup_trials))
                 t.report(oc.throughput, 0)
-                if t.should_prune():
-                    self._tell(study, t, oc, pruned=True)
-                else:
+                if keep:
                     full.append(t)
+                else:
+                    self._tell(study, t, oc, pruned=True)
         if full:
             outcomes = self._launch(
                 [space.overrides(t.params) for t in full],
@@ -430,23 +433,44 @@ def recover_interrupted(study) -> int:
     from optuna.trial import TrialState
 
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    for t in stale:
-        abandon(study, t.number)
-        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
-    return len(stale)
+    return sum(abandon(study, t.number, requeue=True) for t in stale)
 
 
-def abandon(study, number: int) -> None:
-    """End a RUNNING trial as FAIL, marked `interrupted` so it does not count as measured."""
+def abandon(study, number: int, requeue: bool = False) -> bool:
+    """End a RUNNING trial as FAIL, marked `interrupted` so it does not count as measured;
+    with `requeue`, its parameters are queued again (attr `retry_of`). False if not RUNNING."""
     from optuna.trial import TrialState
 
     # by id through the storage: the Trial object belongs to whichever process asked for it
     t = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
         study._study_id, number))
     if t.state != TrialState.RUNNING:
-        return
+        return False
     study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
     study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    if requeue:
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+    return True
+
+
+def screen_passes(study, value: float, keep: float, n_startup: int) -> bool:
+    """Whether a screen throughput is in the top `keep` fraction of the screens so far (those of
+    kept and pruned trials alike, duplicates aside); the first `n_startup` screens always pass.
+    Optuna's PercentilePruner compares with COMPLETE trials only, i.e. with the kept screens: a
+    bar that rises with every trial kept, so it keeps far less than `keep` over a sweep."""
+    from optuna.trial import TrialState
+
+    screens = [
+        t.intermediate_values[0]
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        if 0 in t.intermediate_values and "duplicate_of" not in t.user_attrs
+    ]
+    if len(screens) < n_startup:
+        return True
+    # its rank among the screens, itself included (ties in its favour): keep 0.5 with 4 earlier
+    # screens keeps the top 3 of 5
+    better = sum(s > value for s in screens)
+    return better < math.ceil(keep * (len(screens) + 1))
 
 
 def split_duplicates(study, trials: list) -> tuple[list, list]:
