@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 
 def _config_dir() -> Path:
@@ -332,7 +332,6 @@ __all__ = [
     "BenchConfig",
     "CONFIG_DIR",
     "ConfigError",
-    "MISSING",
     "resolve_auto",
     "resolve_device",
     "to_container",
