@@ -11,7 +11,6 @@ Imported by every run, so it stays light: MLflow is loaded only when a sweep is 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -84,19 +83,11 @@ class MlflowSweepCallback(Callback):
 
 
 def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
-    """The sweep report (ranking, plots, recommended config) as artifacts of the parent run,
-    when gpubench.report provides `sweep_report(sweep_dir) -> list of file paths`."""
-    try:
-        report = importlib.import_module("gpubench.report")
-    except ModuleNotFoundError as e:
-        if e.name != "gpubench.report":
-            raise
-        return
-    make = getattr(report, "sweep_report", None)
-    if make is None:
-        return
-    files = [Path(f) for f in (make(sweep_dir) or [])]
-    if files:
-        from gpubench import tracking
+    """The sweep report (ranking, plots, recommended config) as artifacts of the parent run.
+    The gpubench sweeper has usually made it already; then its files are reused as they are."""
+    from gpubench import tracking
+    from gpubench.report import sweep_report
 
+    files = [Path(f) for f in sweep_report(sweep_dir)]
+    if files:
         tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()])

@@ -381,8 +381,10 @@ def print_table(head, body, title: str, out=None, limit: int = 25) -> str:
 
 
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
-                 tolerance: float = TOLERANCE, quiet: bool = False) -> list[Path]:
-    """Everything the report makes; returns the files written."""
+                 tolerance: float = TOLERANCE, quiet: bool = False,
+                 fingerprint: list | None = None) -> list[Path]:
+    """Everything the report makes; returns the files written. `fingerprint` (what the report
+    was made from) is kept in summary.json so an unchanged sweep is not reported twice."""
     from gpubench import report_plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -430,6 +432,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         ]
     files += report_plots.plot_all(rows, out_dir, rec, study)
     summary["files"] = [str(f) for f in files]
+    if fingerprint is not None:
+        summary["fingerprint"] = fingerprint
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     files.append(out_dir / "summary.json")
     if not quiet:
@@ -469,11 +473,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
     if not rows:
         raise FileNotFoundError(f"no results.json under {sweep_dir}")
-    files = write_report(rows, out, str(sweep_dir), study, tolerance, quiet)
-    summary = json.loads((out / "summary.json").read_text())
-    summary["fingerprint"] = stamp
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return files
+    return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp)
 
 
 def main(argv: list[str] | None = None) -> int:
