@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 
 def _config_dir() -> Path:
@@ -305,22 +305,11 @@ def resolve_auto(cfg: DictConfig, device: str) -> None:
     """Fill the null 'sized by device' keys in place: a meaningful default on a GPU, a quick one
     on a CPU (resnet50 at 224 px and batch 128 would take minutes per step there)."""
     on_gpu = device == "cuda"
-    with _writable(cfg):
+    with read_write(cfg):
         if cfg.dataset.image_size is None:
             cfg.dataset.image_size = 224 if on_gpu else 32
         if cfg.loader.batch_size is None:
             cfg.loader.batch_size = 128 if on_gpu else 16
-
-
-class _writable:
-    def __init__(self, cfg: DictConfig):
-        self.cfg, self.was = cfg, OmegaConf.is_readonly(cfg)
-
-    def __enter__(self):
-        OmegaConf.set_readonly(self.cfg, False)
-
-    def __exit__(self, *exc):
-        OmegaConf.set_readonly(self.cfg, self.was)
 
 
 def to_container(cfg: DictConfig) -> dict:
