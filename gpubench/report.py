@@ -30,7 +30,7 @@ import yaml
 
 from gpubench.config import CONFIG_DIR
 from gpubench.files import flatten, read_json
-from gpubench.sweep import throughput_of
+from gpubench.sweep import format_value, throughput_of
 
 log = logging.getLogger("gpubench")
 
@@ -312,7 +312,7 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
         group, _, leaf = k.partition(".")
         if leaf == "name" and (CONFIG_DIR / group / f"{v}.yaml").is_file():
             k = group
-        out.append(f"{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}")
+        out.append(f"{k}={format_value(v)}")
     return out
 
 
