@@ -134,8 +134,14 @@ class PrecisionConfig:
 class BenchSettings:
     device: DeviceKind = DeviceKind.auto
     phases: list[Phase] = field(default_factory=lambda: [Phase.loader, Phase.compute, Phase.e2e])
+    # warm-up: at least warmup_steps, then on until steps are steady (at most warmup_max_steps)
     warmup_steps: int = 5
+    warmup_max_steps: int = 50
+    # measured steps per phase, split into `repeats` windows interleaved across the phases
+    # (loader, compute, e2e, loader, ...): the windows give each phase its 95% interval
+    # (at most `steps` windows: each measures at least one step)
     steps: int = 50
+    repeats: int = 6
     # per-phase wall-clock caps, so no phase runs away on a slow device
     warmup_max_seconds: float = 60.0
     max_seconds: float = 60.0
@@ -175,6 +181,11 @@ class FaultConfig:
 
     oom_above_batch: int | None = None
     fail_message: str | None = None
+    # windows measured before fail_message is raised (0: while building, before any window)
+    fail_after_windows: int = 0
+    # every stall_every-th compute/e2e step sleeps stall_s seconds (a disturbed run)
+    stall_every: int | None = None
+    stall_s: float = 1.0
 
 
 @dataclass
@@ -273,6 +284,18 @@ def validate(cfg: DictConfig) -> str:
         raise ConfigError("bench.steps", b.steps, "an integer >= 1")
     if b.warmup_steps < 0:
         raise ConfigError("bench.warmup_steps", b.warmup_steps, "an integer >= 0")
+    if not 1 <= b.repeats <= 100:
+        raise ConfigError("bench.repeats", b.repeats, "an integer in [1, 100]")
+    if not b.warmup_steps <= b.warmup_max_steps <= 10000:
+        raise ConfigError("bench.warmup_max_steps", b.warmup_max_steps,
+                          f"an integer in [bench.warmup_steps ({b.warmup_steps}), 10000]")
+    f = cfg.fault
+    if f.stall_every is not None and f.stall_every < 1:
+        raise ConfigError("fault.stall_every", f.stall_every, "null or an integer >= 1")
+    if not 0 <= f.fail_after_windows <= 1000:
+        raise ConfigError("fault.fail_after_windows", f.fail_after_windows, "an integer in [0, 1000]")
+    if not 0.0 <= f.stall_s <= 600.0:
+        raise ConfigError("fault.stall_s", f.stall_s, "seconds in [0, 600]")
     if b.max_seconds <= 0:
         raise ConfigError("bench.max_seconds", b.max_seconds, "seconds > 0")
     if not b.phases:

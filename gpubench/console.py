@@ -1,4 +1,4 @@
-"""The terminal summary of a run (rich)."""
+"""The terminal summary of a run (rich): it renders a RunRecord and nothing else."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpubench.runner import Result
+from gpubench.record import RunRecord
 
 PHASE_TITLES = {
     "loader": "loader (data bound)",
@@ -27,11 +27,21 @@ def _ms(s) -> str:
     return "-" if s is None else f"{s * 1e3:.1f}"
 
 
-def print_result(result: Result, console: Console | None = None) -> None:
+def _interval(ph: dict) -> str:
+    ci = ph.get("images_per_sec_ci")
+    if not ci:
+        return "-"
+    return f"{ci[0]:,.1f}-{ci[1]:,.1f}"
+
+
+def print_result(result, console: Console | None = None) -> None:
+    """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
+    rec: RunRecord = getattr(result, "record", result)
+    notes = getattr(result, "notes", [])
     con = console or Console(highlight=False)
     if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
-        con.width = max(con.width, 110)
-    d = result.data
+        con.width = max(con.width, 120)
+    d = rec.to_dict()
     cfg, env = d["config"], d["env"]
     title = (
         f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
@@ -43,7 +53,8 @@ def print_result(result: Result, console: Console | None = None) -> None:
         + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
     )
     t = Table(title=title, title_justify="left")
-    for col in ("phase", "images/s", "step p50 ms", "step p95 ms", "data wait", "steps", "peak mem"):
+    for col in ("phase", "images/s", "95% interval", "step p50 ms", "step p95 ms", "data wait",
+                "steps (windows)", "peak mem"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
@@ -51,10 +62,11 @@ def print_result(result: Result, console: Console | None = None) -> None:
         t.add_row(
             PHASE_TITLES.get(name, name),
             "-" if ips is None else f"{ips:,.1f}",
+            _interval(ph),
             _ms(ph["step_time_p50_s"]),
             _ms(ph["step_time_p95_s"]),
             _pct(ph["data_wait_fraction"]) if name == "e2e" else "",
-            f"{ph['steps']}{'*' if ph['truncated'] else ''}",
+            f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})",
             _gib(mem),
         )
     con.print(t)
@@ -96,14 +108,24 @@ def print_result(result: Result, console: Console | None = None) -> None:
         ops = ", ".join(f"{o['name']} {o['self_ms_per_step']:.2f} ms" for o in prof["top_ops"][:3])
         con.print(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")
         con.print(f"  trace: {prof['trace']} (open in https://ui.perfetto.dev)")
-    for note in result.notes:
+    for note in notes:
         con.print(f"[dim]info: {note}[/dim]")
     if d.get("skipped_samples"):
         con.print(f"[yellow]{d['skipped_samples']} corrupt samples skipped[/yellow]")
     status = d["status"]
     if status != "ok":
         con.print(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
-    con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
+    if d.get("measurement_stable") is False:
+        con.print("[yellow]measurement unstable:[/yellow]")
+        for r in d.get("noise_reasons") or []:
+            con.print(f"  - {escape(r)}")
+        lean = d.get("verdict_leaning")
+        con.print(f"[bold]narrowest pipe: inconclusive[/bold]"
+                  + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
+    else:
+        con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
+    if d["bottleneck"] == "inconclusive" and d["advice"]:
+        con.print("to get a verdict:")
     for i, a in enumerate(d["advice"], 1):
         con.print(f"  {i}. {escape(a)}")
-    con.print(f"[dim]results: {result.path}[/dim]")
+    con.print(f"[dim]results: {rec.path}[/dim]")

@@ -2,19 +2,21 @@
 
 A window runs `fetch()` (host side: blocking on the next batch is *data wait*) then `work(batch)`
 (transfer + train step, launched asynchronously on a GPU; returns the batch's image count)
-step after step. Per-step times come
-from CUDA events recorded on the stream after each step, read only after the closing sync, so
-no step ever waits for the device; on a CPU every op is synchronous and the host clock is exact.
+step after step. Per-step times come from CUDA events recorded on the stream after each step,
+read only after the closing sync, so no step ever waits for the device; on a CPU every op is
+synchronous and the host clock is exact. The arithmetic lives in gpubench/stats.py.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
+
+from gpubench.stats import MIN_AFTER_FIRST, WindowStats, percentile, settled, stats_from
+
+__all__ = ["Clock", "WindowStats", "percentile", "run_window", "stats_from", "warm_up"]
 
 
 class Clock:
@@ -41,83 +43,42 @@ class Clock:
         return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
-def percentile(xs: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    if not xs:
-        return math.nan
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-@dataclass
-class WindowStats:
-    phase: str
-    batch_size: int
-    steps: int
-    images: int
-    seconds: float
-    images_per_sec: float
-    data_wait_s: float
-    data_wait_fraction: float
-    step_time_p50_s: float
-    step_time_p95_s: float
-    step_time_mean_s: float
-    step_time_cv: float  # std/mean: how steady the steps are
-    warmup_steps: int
-    warmup_seconds: float
-    first_step_s: float  # includes lazy init / cudnn autotune / torch.compile
-    truncated: bool  # the time cap closed the window before `steps`
-    step_times_s: list[float] = field(default_factory=list)
-    warmup_step_times_s: list[float] = field(default_factory=list)
-    # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
-    ranks_images_per_sec: list[float] | None = None
-
-    def summary(self) -> dict:
-        d = asdict(self)
-        d.pop("step_times_s")
-        d.pop("warmup_step_times_s")
-        return d
-
-
-def stats_from(
-    phase: str,
-    batch_size: int,
-    images: int,
-    step_times: list[float],
-    window_s: float,
-    wait_s: float,
-    warmup_times: list[float],
-    warmup_s: float,
-    truncated: bool,
-) -> WindowStats:
-    """Pure arithmetic on measured times (kept apart so it is testable on constructed input).
-    Throughput is images over the whole window between the two edge syncs, not the mean of
-    per-step rates, so gaps between steps count against it as they do in training."""
-    n = len(step_times)
-    mean = sum(step_times) / n if n else math.nan
-    var = sum((t - mean) ** 2 for t in step_times) / n if n else math.nan
-    return WindowStats(
-        phase=phase,
-        batch_size=batch_size,
-        steps=n,
-        images=images,
-        seconds=window_s,
-        images_per_sec=(images / window_s) if window_s > 0 else math.nan,
-        data_wait_s=wait_s,
-        data_wait_fraction=(wait_s / window_s) if window_s > 0 else math.nan,
-        step_time_p50_s=percentile(step_times, 50),
-        step_time_p95_s=percentile(step_times, 95),
-        step_time_mean_s=mean,
-        step_time_cv=(math.sqrt(var) / mean) if n and mean > 0 else math.nan,
-        warmup_steps=len(warmup_times),
-        warmup_seconds=warmup_s,
-        first_step_s=(warmup_times or step_times or [math.nan])[0],
-        truncated=truncated,
-        step_times_s=step_times,
-        warmup_step_times_s=warmup_times,
-    )
+def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
+            max_s: float) -> tuple[list[float], float, bool | None]:
+    """Run steps until they are steady: at least `min_steps`; with `max_steps` above it, on
+    until `stats.settled` (bounded by max_steps and max_s); otherwise exactly `min_steps` (a
+    pinned warm-up, or a re-warm between windows that drains what the loader buffered).
+    Returns (step times, seconds, settled: None when not judged)."""
+    perf = time.perf_counter
+    # max_steps == min_steps pins a fixed warm-up: nothing to judge
+    judge = max_steps is not None and max_steps > min_steps
+    limit = max(min_steps, max_steps or 0)
+    # at least MIN_AFTER_FIRST steps after the first, whatever the time cap (compile, graphs)
+    floor = min(limit, max(min_steps, MIN_AFTER_FIRST + 1)) if judge else min_steps
+    times: list[float] = []
+    done = False
+    t0 = perf()
+    n = 0
+    while n < limit:
+        # Edge sync per warm-up step: warm-up is not measured, and reading each step's time
+        # is what tells when steps have become steady (a sync here costs nothing we report).
+        clock.sync()
+        a = clock.mark()
+        work(fetch())
+        b = clock.mark()
+        clock.sync()
+        times.extend(clock.deltas([a, b]))
+        n += 1
+        if n < floor:
+            continue
+        if judge and settled(times):
+            done = True
+            break
+        if not judge and n >= min_steps:
+            break
+        if perf() - t0 > max_s:
+            break
+    return times, perf() - t0, (done if judge else None)
 
 
 def run_window(
@@ -130,28 +91,19 @@ def run_window(
     steps: int,
     warmup_max_s: float,
     max_s: float,
+    warmup_max_steps: int | None = None,
     on_open: Callable[[], None] | None = None,
     on_close: Callable[[], None] | None = None,
 ) -> WindowStats:
+    """Warm up (see `warm_up`), then one measured window of up to `steps` steps."""
     clock = Clock(device)
     perf = time.perf_counter
-
-    # --- warm-up: excluded from the figures, but timed so the warm-up curve can be shown
-    # Edge sync: whatever ran before (another phase, model build) is finished before we start.
-    clock.sync()
-    t_w = perf()
-    marks = [clock.mark()]
-    for _ in range(warmup_steps):
-        work(fetch())
-        marks.append(clock.mark())
-        if perf() - t_w > warmup_max_s:
-            break
-    # Edge sync: all warm-up work is done on the device before the window opens.
-    clock.sync()
-    warmup_s = perf() - t_w
-    warmup_times = clock.deltas(marks)
+    warm_times, warm_s, warm_ok = warm_up(fetch, work, clock, warmup_steps, warmup_max_steps,
+                                          warmup_max_s)
 
     # --- the measured window
+    # Edge sync: all warm-up work is done on the device before the window opens.
+    clock.sync()
     if on_open:
         on_open()
     wait = 0.0
@@ -173,6 +125,5 @@ def run_window(
     window_s = perf() - t0
     if on_close:
         on_close()
-    return stats_from(
-        phase, batch_size, images, clock.deltas(marks), window_s, wait, warmup_times, warmup_s, truncated
-    )
+    return stats_from(phase, batch_size, images, clock.deltas(marks), window_s, wait,
+                      warm_times, warm_s, truncated, warm_ok)

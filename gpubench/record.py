@@ -90,6 +90,7 @@ class PhaseRecord:
     # 95% interval of images_per_sec over the phase's windows (see docs/guide.md); None with
     # a single window
     images_per_sec_ci: list[float] | None = None
+    images_per_sec_ci_coverage: float | None = None
     repeats: int = 1
     # each window's own figures, in the order measured: {images, seconds, images_per_sec, ...}
     windows: list[dict] = field(default_factory=list)

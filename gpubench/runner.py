@@ -1,8 +1,14 @@
-"""One benchmark run: validate, build, measure the phases, write results.json, judge, report.
+"""One benchmark run: validate, build once, measure the phases in interleaved windows, judge.
 
-`run_benchmark(cfg)` is the plain function behind `python -m gpubench`; tests call it directly.
-results.json is rewritten after every phase, so a crash, an OOM or Ctrl-C never loses what was
+`Benchmark(cfg).run()` is the whole run behind `python -m gpubench`; tests call `measure_run`
+or `run_benchmark`. The run's record (gpubench/record.py) is written to results.json before
+any work and after every window, so a crash, an OOM, Ctrl-C or SIGTERM never loses what was
 already measured, and it is written before any tracking server is contacted.
+
+Why interleaved windows: each phase is measured as `bench.repeats` windows in the order
+loader, compute, e2e, loader, compute, e2e, ...; a slow drift (another process, a warming
+device) then hits every phase alike instead of one, and the windows of a phase give it an
+interval (gpubench/stats.py).
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ import math
 import os
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,31 +30,24 @@ from gpubench import distributed, env
 from gpubench.config import ConfigError, _enum_value, resolve_auto, to_container, validate
 from gpubench.data import CorruptImage, build_pipeline
 from gpubench.distributed import Dist
-from gpubench.files import write_json
-from gpubench.measure import WindowStats, run_window
+from gpubench.measure import run_window
 from gpubench.models import build_model, maybe_compile, prepare_model
-from gpubench.monitor import Monitor
+from gpubench.monitor import Monitor, MonitorSummary
 from gpubench.precision import apply_backend_flags, resolve_precision
+from gpubench.record import RESULTS_FILE, PhaseRecord, RunRecord, Status
+from gpubench.stats import WindowStats, pool
+from gpubench.summary import summarize
 from gpubench.step import TrainStep, count_step_flops, is_oom, make_optimizer
-from gpubench.verdict import Knobs, judge
 
 log = logging.getLogger("gpubench")
 
-RESULTS_FILE = "results.json"
-# telemetry of the headline phase (e2e, else the last measured) copied to the top level
-HEADLINE_TELEMETRY = (
-    "gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
-    "host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
-    "workers_cpu_util_mean", "main_peak_rss_bytes", "workers_peak_rss_bytes",
-)
-# statuses a run ends with; only "ok" counts as feasible for a sweep
-STATUSES = ("ok", "oom", "over_ceiling", "failed", "killed")
-
+__all__ = ["RESULTS_FILE", "Benchmark", "Result", "measure_run", "run_benchmark"]
 
 @dataclass
 class Result:
-    data: dict
-    path: Path
+    """A finished run as the entry point sees it: the record plus how it was reported."""
+
+    record: RunRecord
     notes: list[str] = field(default_factory=list)
     # False: tracking was on but MLflow missed the run (results kept; `tracking sync` later)
     tracked: bool | None = None
@@ -57,20 +55,20 @@ class Result:
     main: bool = True
 
     @property
+    def data(self) -> dict:
+        return self.record.to_dict()
+
+    @property
+    def path(self) -> Path:
+        return self.record.path
+
+    @property
     def status(self) -> str:
-        return self.data["status"]
+        return self.record.status.value
 
     @property
     def objective(self) -> float:
-        """What a sweeper maximizes: e2e images/sec (or the last phase measured), and 0.0 for
-        a run that did not finish within the memory ceiling; always a finite float."""
-        v = self.data.get("objective")
-        return float(v) if v is not None and math.isfinite(v) else 0.0
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
+        return self.record.objective
 
 
 def output_dir(out_dir: str | Path | None) -> Path:
@@ -87,98 +85,6 @@ def output_dir(out_dir: str | Path | None) -> Path:
     return p
 
 
-def free_device_memory(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
-class _Run:
-    """State of one run while it measures (kept small: the phases, the memory peaks)."""
-
-    def __init__(self, cfg: DictConfig, device: str, out: Path, dist: Dist):
-        self.cfg, self.device, self.out, self.dist = cfg, device, out, dist
-        self.path = out / RESULTS_FILE
-        self.total_mem = env.device_memory_bytes(device)
-        self.data: dict = {
-            # identifies this run everywhere (tracking tags, offline sync de-duplication)
-            "run_uid": uuid.uuid4().hex,
-            "status": "running",
-            "error": None,
-            "objective": None,
-            "images_per_sec": None,
-            "loader_images_per_sec": None,
-            "compute_images_per_sec": None,
-            "bottleneck": None,
-            "reason": None,
-            "advice": [],
-            "step_time_p50_s": None,
-            "step_time_p95_s": None,
-            "data_wait_fraction": None,
-            "peak_memory_bytes": None,
-            "peak_memory_fraction": None,
-            "memory_ceiling": float(cfg.memory.ceiling),
-            "memory_source": "torch_cuda_reserved" if device == "cuda" else "host_rss",
-            "torch_peak_allocated_bytes": None,
-            "torch_peak_reserved_bytes": None,
-            "nvml_memory_used_bytes": None,
-            "device_memory_bytes": self.total_mem,
-            "gpu_util_mean": None,
-            "gpu_util_max": None,
-            "gpu_mem_util_mean": None,
-            "power_mean_w": None,
-            "energy_per_image_j": None,
-            "host_cpu_util_mean": None,
-            "process_cpu_util_mean": None,
-            "peak_rss_bytes": None,
-            **dict.fromkeys(HEADLINE_TELEMETRY),
-            "read_mb_per_s": None,
-            "disk_read_mb_per_s": None,
-            "mfu": None,
-            "flops_per_step": None,
-            "achieved_tflops": None,
-            "skipped_samples": 0,
-            "phases": {},
-            "series": {},
-            "data_info": {},
-            "world_size": dist.world,
-            "config": to_container(cfg),
-            "env": env.facts(device),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "seconds": None,
-        }
-        self.t0 = time.perf_counter()
-
-    def save(self) -> None:
-        if not self.dist.main:  # one results.json per run, from rank 0
-            return
-        self.data["seconds"] = time.perf_counter() - self.t0
-        write_json(self.path, self.data)
-
-    def record_phase(self, stats: WindowStats, telemetry: dict, mem: dict) -> None:
-        ph = stats.summary() | {"telemetry": telemetry, "memory": mem}
-        self.data["phases"][stats.phase] = ph
-        self.data["series"][stats.phase] = {
-            "warmup_step_times_s": stats.warmup_step_times_s,
-            "step_times_s": stats.step_times_s,
-        }
-        self.save()
-
-
-def _phase_memory(device: str) -> dict:
-    if device != "cuda":
-        return {}
-    return {
-        "torch_peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-        "torch_peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
-    }
-
-
-def _reset_peaks(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-
 def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
     """The run's throughput under torchrun: all ranks' images over the slowest rank's window
     (data-parallel training steps together, so the slowest rank sets the pace). Step times and
@@ -192,237 +98,319 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
     return merged
 
 
-def phase_functions(name: str, pipe, step):
-    """(fetch, work) for one phase; `work` returns the images it processed.
-
-    loader: fetch from the DataLoader, copy to the device, no model. compute: the same step on
-    one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
-    if name == "compute":
-        x, y = pipe.device_batch()
-        n = int(y.shape[0])
-
-        def compute_only(batch):
-            step(*batch)
-            return n
-
-        return (lambda: (x, y)), compute_only
-    batches = pipe.batches()
-
-    def load_or_train(batch):
-        moved = pipe.to_device(batch)
-        if moved is None:  # every sample of this batch failed to decode (on_corrupt=skip)
-            return 0
-        if name == "e2e":
-            step(*moved)
-        return int(moved[1].shape[0])
-
-    return (lambda: next(batches)), load_or_train
+def _merge(summaries: list[MonitorSummary]) -> MonitorSummary:
+    """A phase's telemetry over all its windows: samples pooled, seconds and energy summed.
+    Byte counters restart at each window: later windows' are offset by the earlier totals, so
+    the pooled counters stay cumulative."""
+    samples, base = [], {"read_bytes": 0, "disk_read_bytes": 0}
+    for s in summaries:
+        last = dict(base)
+        for x in s.samples:
+            moved = {k: getattr(x, k) + base[k] for k in base if getattr(x, k) is not None}
+            samples.append(dataclasses.replace(x, **moved))
+            last.update(moved)
+        base = last
+    energy = [s.energy_j for s in summaries]
+    return MonitorSummary(
+        samples=samples,
+        seconds=sum(s.seconds for s in summaries),
+        energy_j=sum(energy) if energy and all(e is not None for e in energy) else None,
+    )
 
 
-def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
-    """Build everything, then the phases in order; each phase lands in results.json."""
-    b, dist = cfg.bench, run.dist
-    plan = resolve_precision(_enum_value(cfg.precision.name), device)
-    apply_backend_flags(plan)
-    pipe = build_pipeline(cfg, device, (dist.rank, dist.world) if dist.enabled else None)
-    run.data["data_info"] = pipe.info
-    try:
-        phases = [_enum_value(p) for p in b.phases]
-        bs = int(cfg.loader.batch_size)
-        step = None
-        if "compute" in phases or "e2e" in phases:
+class Benchmark:
+    """One run: build once (data, model, step), then `run_phase` window by window."""
+
+    def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
+        self.device = validate(cfg)  # ConfigError before any work
+        resolve_auto(cfg, self.device)
+        self.cfg, b = cfg, cfg.bench
+        self.dist = distributed.from_env(self.device)
+        self.out = output_dir(out_dir)
+        random.seed(int(b.seed))
+        torch.manual_seed(int(b.seed))
+        self.phases = [_enum_value(p) for p in b.phases]
+        self.repeats = min(int(b.repeats), int(b.steps))
+        self.steps_per_window = max(1, math.ceil(int(b.steps) / self.repeats))
+        rec = RunRecord.start(self.out, to_container(cfg), env.facts(self.device),
+                              float(cfg.memory.ceiling), self.dist.world)
+        rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
+        rec.device_memory_bytes = env.device_memory_bytes(self.device)
+        self.record = rec
+        self.monitor = Monitor(self.device, float(b.monitor_interval_s), bool(b.monitor))
+        self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
+        self.windows: dict[str, list[WindowStats]] = {}
+        self.telemetry: dict[str, list[MonitorSummary]] = {}
+        self.memory: dict[str, dict] = {}
+        self.pipe = self.step = None
+        self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
+        self.t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ record
+
+    def save(self) -> None:
+        if not self.dist.main:  # one results.json per run, from rank 0
+            return
+        self.record.seconds = time.perf_counter() - self.t0
+        self.record.save()
+
+    # ------------------------------------------------------------------ build
+
+    def build(self) -> None:
+        cfg, device, rec = self.cfg, self.device, self.record
+        self.plan = resolve_precision(_enum_value(cfg.precision.name), device)
+        apply_backend_flags(self.plan)
+        shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
+        self.pipe = build_pipeline(cfg, device, shard)
+        rec.data_info = self.pipe.info
+        if "compute" in self.phases or "e2e" in self.phases:
             model = prepare_model(build_model(cfg), device, bool(cfg.channels_last))
-            opt = make_optimizer(model, b.optimizer, float(b.lr))
-            if b.flops:
-                x, y = pipe.device_batch()
-                fl = count_step_flops(model, plan, device, x, y)
-                run.data["flops_per_step"] = fl
-            compiled = maybe_compile(dist.wrap(model, device), cfg.compile)
-            step = TrainStep(compiled, plan, device, opt, cfg.fault.oom_above_batch)
-        if cfg.fault.fail_message:
-            raise RuntimeError(cfg.fault.fail_message)
+            x, y = self.pipe.device_batch()
+            self._check_width(model, x)
+            opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr))
+            if cfg.bench.flops:
+                rec.flops_per_step = count_step_flops(model, self.plan, device, x, y)
+            compiled = maybe_compile(self.dist.wrap(model, device), cfg.compile)
+            self.step = TrainStep(compiled, self.plan, device, opt, cfg.fault.oom_above_batch)
+        self._maybe_fail(0)
 
-        def window(name, fetch, work):
-            _reset_peaks(device)
-            holder = {}
-            stats = run_window(
-                name, fetch, work, bs, device,
-                int(b.warmup_steps), int(b.steps), float(b.warmup_max_seconds), float(b.max_seconds),
-                # all ranks open their windows together
-                on_open=lambda: (dist.barrier(), monitor.start()),
-                on_close=lambda: holder.setdefault("t", monitor.stop()),
-            )
-            if dist.enabled:
-                stats = across_ranks(stats, dist)
-            tel = holder["t"]
-            run.record_phase(stats, tel.as_dict(), _phase_memory(device))
-            if tel.samples:
-                run.data["series"][name]["telemetry"] = [
-                    {k: v for k, v in vars(s).items() if v is not None} for s in tel.samples
-                ]
-            return stats
+    def _maybe_fail(self, windows: int) -> None:
+        """Fault injection: a runtime error after `fault.fail_after_windows` windows."""
+        f = self.cfg.fault
+        if f.fail_message and windows == int(f.fail_after_windows):
+            raise RuntimeError(f.fail_message)
 
-        for name in phases:
-            window(name, *phase_functions(name, pipe, step))
-        if b.profile:
+    def _check_width(self, model: torch.nn.Module, x: torch.Tensor) -> None:
+        """A label at or past the classifier's width fails deep inside the loss (a device-side
+        assert on CUDA) after the loader phase ran: check the output width before any work."""
+        n = int(self.cfg.dataset.num_classes)
+        model.eval()  # one image: batch-norm cannot train on a batch of 1
+        try:
+            with torch.no_grad():
+                width = int(model(x[:1]).shape[-1])
+        finally:
+            model.train()
+        if width < n:
+            m = self.cfg.model
+            key = "model._target_" if m.get("_target_") else "model.num_classes"
+            value = m.get("_target_") or m.num_classes
+            raise ConfigError(key, value, f"a model whose output width covers the dataset's "
+                              f"{n} classes (dataset.num_classes); it outputs {width}")
+
+    def _functions(self, name: str):
+        """(fetch, work) for one phase; `work` returns the images it processed.
+
+        loader: fetch from the DataLoader, copy to the device, no model. compute: the same step
+        on one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
+        pipe, step, fault = self.pipe, self.step, self.cfg.fault
+        stall_every, stall_s = fault.stall_every, float(fault.stall_s)
+        calls = [0]
+
+        def stall() -> None:
+            # fault injection: an interruption of the kind another process causes
+            calls[0] += 1
+            if stall_every and calls[0] % int(stall_every) == 0:
+                time.sleep(stall_s)
+
+        if name == "compute":
+            x, y = pipe.device_batch()
+            n = int(y.shape[0])
+
+            def compute_only(batch):
+                stall()
+                step(*batch)
+                return n
+
+            return (lambda: (x, y)), compute_only
+        batches = pipe.batches()
+
+        def load_or_train(batch):
+            moved = pipe.to_device(batch)
+            if moved is None:  # every sample of this batch failed to decode (on_corrupt=skip)
+                return 0
+            if name == "e2e":
+                stall()
+                step(*moved)
+            return int(moved[1].shape[0])
+
+        return (lambda: next(batches)), load_or_train
+
+    # ------------------------------------------------------------------ measure
+
+    def _rewarm_steps(self, name: str) -> int:
+        """Steps before each later window of a phase: the loader kept prefetching while other
+        phases ran, and those ready batches would flatter the window; one step also re-primes
+        the step itself."""
+        if name == "compute" or self.pipe.loader is None:
+            return 1
+        ld = self.cfg.loader
+        ready = int(ld.num_workers) * int(ld.prefetch_factor or 2) if ld.num_workers else 0
+        return ready + 1
+
+    def run_phase(self, name: str) -> WindowStats:
+        """One window of a phase (the first one warms up until steps are steady)."""
+        b, dist, device = self.cfg.bench, self.dist, self.device
+        if name not in self.windows:
+            self.windows[name], self.telemetry[name] = [], []
+            self.functions[name] = self._functions(name)
+        first = not self.windows[name]
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        held: list[MonitorSummary] = []
+        # under torchrun every rank must run the same number of steps (a rank that stopped
+        # early would leave the others waiting in DDP's all-reduce): no time cap there
+        cap = math.inf if dist.enabled else float(b.max_seconds) / self.repeats
+        stats = run_window(
+            name, *self.functions[name], int(self.cfg.loader.batch_size), device,
+            int(b.warmup_steps) if first else self._rewarm_steps(name),
+            self.steps_per_window, float(b.warmup_max_seconds), cap,
+            warmup_max_steps=int(b.warmup_max_steps) if first else None,
+            # all ranks open their windows together
+            on_open=lambda: (dist.barrier(), self.monitor.start()),
+            on_close=lambda: held.append(self.monitor.stop()),
+        )
+        if dist.enabled:
+            stats = across_ranks(stats, dist)
+        self.windows[name].append(stats)
+        self.telemetry[name].append(held[0])
+        mem = self.memory.setdefault(name, {})
+        if device == "cuda":
+            for k, v in (("torch_peak_allocated_bytes", torch.cuda.max_memory_allocated()),
+                         ("torch_peak_reserved_bytes", torch.cuda.max_memory_reserved())):
+                mem[k] = max(int(v), mem.get(k, 0))
+        self._record_phase(name)
+        return stats
+
+    def _record_phase(self, name: str) -> None:
+        ws, tel = self.windows[name], _merge(self.telemetry[name])
+        pooled = pool(ws)
+        for w, t in zip(pooled["windows"], self.telemetry[name], strict=True):
+            d = t.as_dict()
+            w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
+            w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
+            w["samples"] = d["samples"]
+        self.record.phases[name] = PhaseRecord.from_dict(
+            pooled | {"telemetry": tel.as_dict(), "memory": dict(self.memory.get(name, {}))})
+        series = {
+            "warmup_step_times_s": ws[0].warmup_step_times_s,
+            "step_times_s": [t for w in ws for t in w.step_times_s],
+            "window_steps": [w.steps for w in ws],
+        }
+        if tel.samples:
+            series["telemetry"] = [
+                {k: v for k, v in vars(s).items() if v is not None} for s in tel.samples]
+        self.record.series[name] = series
+        self.save()
+
+    def measure(self) -> None:
+        self.build()
+        done = 0
+        for _ in range(self.repeats):
+            for name in self.phases:
+                self.run_phase(name)
+                done += 1
+                self._maybe_fail(done)
+        if self.cfg.bench.profile:
             from gpubench.profile import profile_steps
 
-            name = "e2e" if step is not None else "loader"
-            run.data["profile"] = profile_steps(
-                *phase_functions(name, pipe, step), device, run.out, int(b.profile_steps))
-            run.save()
-        run.data["skipped_samples"] = pipe.skipped
-    finally:
-        pipe.shutdown()
+            name = "e2e" if self.step is not None else "loader"
+            self.record.extra["profile"] = profile_steps(
+                *self._functions(name), self.device, self.out, int(self.cfg.bench.profile_steps))
+            self.save()
+        self.record.skipped_samples = self.pipe.skipped
 
+    # ------------------------------------------------------------------ the run
 
-def summarize(run: _Run, cfg: DictConfig, device: str, cpu_count: int) -> None:
-    """Fill the top-level figures and the verdict from the phases measured."""
-    d, ph = run.data, run.data["phases"]
+    def run(self) -> BaseException | None:
+        """Measure and write the record, whatever happens. Returns the interrupt (Ctrl-C,
+        SIGTERM) when there was one, for the caller to re-raise once the run is reported;
+        bad input found while building (a ConfigError) is raised."""
+        rec = self.record
+        self.save()
+        interrupted: BaseException | None = None
+        status, error = Status.ok, None
+        try:
+            self.measure()
+        except KeyboardInterrupt as e:
+            status, error, interrupted = Status.killed, "interrupted (Ctrl-C or SIGTERM)", e
+        except CorruptImage as e:
+            status, error = Status.failed, str(e)
+        except ConfigError:
+            # bad input found while building (an empty folder, a model too narrow): nothing
+            # was measured, so no results.json is left behind either
+            if not rec.phases and self.dist.main:
+                rec.path.unlink(missing_ok=True)
+            self._release()
+            raise
+        except Exception as e:
+            if is_oom(e):
+                status, error = Status.oom, f"{type(e).__name__}: {str(e)[:500]}"
+            else:
+                log.debug("run failed", exc_info=True)
+                status, error = Status.failed, f"{type(e).__name__}: {e}"
+        finally:
+            self.monitor.stop()
+        self._release()
+        try:
+            self.summarize()
+        except Exception as e:  # a verdict that fails must not cost the measurement
+            log.debug("summary failed", exc_info=True)
+            rec.reason = f"summary failed: {type(e).__name__}: {e}"
+        frac = rec.peak_memory_fraction
+        if status is Status.ok and frac is not None and frac > rec.memory_ceiling:
+            status = Status.over_ceiling
+            error = (f"peak memory {frac:.1%} of the device > memory.ceiling "
+                     f"{rec.memory_ceiling:.0%}")
+        rec.status, rec.error = status, error
+        self.save()
+        return interrupted
 
-    def ips(name):
-        return ph.get(name, {}).get("images_per_sec")
+    def _release(self) -> None:
+        if self.pipe is not None:
+            self.pipe.shutdown()
+        self.step = None
+        self.functions = {}
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.dist.close()
 
-    d["loader_images_per_sec"] = ips("loader")
-    d["compute_images_per_sec"] = ips("compute")
-    d["images_per_sec"] = ips("e2e")
-    main = ph.get("e2e") or ph.get("compute") or ph.get("loader") or {}
-    d["objective"] = main.get("images_per_sec")
-    d["step_time_p50_s"] = main.get("step_time_p50_s")
-    d["step_time_p95_s"] = main.get("step_time_p95_s")
-    d["data_wait_fraction"] = ph.get("e2e", {}).get("data_wait_fraction")
+    # ------------------------------------------------------------------ summary
 
-    tel = [p["telemetry"] for p in ph.values()]
-    mems = [p["memory"] for p in ph.values()]
-
-    def peak(key, rows):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        return max(vals) if vals else None
-
-    d["torch_peak_allocated_bytes"] = peak("torch_peak_allocated_bytes", mems)
-    d["torch_peak_reserved_bytes"] = peak("torch_peak_reserved_bytes", mems)
-    d["nvml_memory_used_bytes"] = peak("nvml_memory_used_bytes", tel)
-    d["peak_rss_bytes"] = peak("peak_rss_bytes", tel)
-    main_tel = main.get("telemetry", {})
-    for k in HEADLINE_TELEMETRY:
-        d[k] = main_tel.get(k)
-    # the loader phase is where the data side works alone: its I/O rate is the dataset's
-    io = ph.get("loader", {}).get("telemetry") or main_tel
-    d["read_mb_per_s"] = io.get("read_mb_per_s")
-    d["disk_read_mb_per_s"] = io.get("disk_read_mb_per_s")
-    if main_tel.get("energy_j") is not None and main.get("images"):
-        d["energy_per_image_j"] = main_tel["energy_j"] / main["images"]
-
-    if device == "cuda":
-        d["peak_memory_bytes"] = d["torch_peak_reserved_bytes"]
-    else:
-        d["peak_memory_bytes"] = d["peak_rss_bytes"]
-    if d["peak_memory_bytes"] is not None:
-        d["peak_memory_fraction"] = d["peak_memory_bytes"] / run.total_mem
-
-    # MFU: FLOPs of one step (counted once) x steps/s over the dense peak for this dtype
-    fl, comp = d.get("flops_per_step"), ph.get("e2e") or ph.get("compute")
-    if fl and comp and comp.get("step_time_mean_s"):
-        # per device: the run's images/sec is summed over torchrun ranks, the peak is one GPU's
-        achieved = fl * comp["images_per_sec"] / comp["batch_size"] / d["world_size"]
-        d["achieved_tflops"] = achieved / 1e12
-        plan = resolve_precision(_enum_value(cfg.precision.name), device)
-        pk = env.peak_flops(d["env"]["device_name"], plan.math) if device == "cuda" else None
-        d["mfu"] = achieved / pk if pk else None
-
-    knobs = Knobs(
-        device=device,
-        num_workers=int(cfg.loader.num_workers),
-        cpu_count=cpu_count,
-        pin_memory=bool(cfg.loader.pin_memory),
-        preload=bool(cfg.dataset.preload),
-        augment_on=_enum_value(cfg.dataset.augment_on),
-        precision=_enum_value(cfg.precision.name),
-        channels_last=bool(cfg.channels_last),
-        compile=_enum_value(cfg.compile),
-        batch_size=int(cfg.loader.batch_size),
-        dataset=_enum_value(cfg.dataset.name),
-        memory_fraction=d["peak_memory_fraction"],
-        ceiling=float(cfg.memory.ceiling),
-        is_conv="vit" not in str(cfg.model.name),
-    )
-    v = judge(d["loader_images_per_sec"], d["compute_images_per_sec"], d["images_per_sec"],
-              d["data_wait_fraction"], knobs)
-    d["bottleneck"], d["reason"], d["advice"] = v.bottleneck, v.reason, v.advice
+    def summarize(self) -> None:
+        """The top-level figures, the validity checks and the verdict, from the phases."""
+        summarize(self)
 
 
 def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     """Validate (raises ConfigError before any work), measure, write results.json.
 
     Out-of-memory and other runtime errors do not raise: they end the run with status
-    "oom" / "failed" and whatever phases finished. Ctrl-C marks it "killed" and re-raises.
-    """
-    device = validate(cfg)
-    resolve_auto(cfg, device)
-    dist = distributed.from_env(device)
-    out = output_dir(out_dir)
-    _seed(int(cfg.bench.seed))
-    run = _Run(cfg, device, out, dist)
-    monitor = Monitor(device, float(cfg.bench.monitor_interval_s), bool(cfg.bench.monitor))
-    notes = [monitor.gpu_note] if monitor.gpu_note else []
-    run.save()
-    try:
-        measure(cfg, device, run, monitor)
-        run.data["status"] = "ok"
-    except KeyboardInterrupt as e:
-        run.data["status"], run.data["error"] = "killed", "interrupted (Ctrl-C)"
-        summarize(run, cfg, device, os.cpu_count() or 1)
-        run.save()
-        # so run_benchmark can still track the run, as KILLED
-        e.result = Result(run.data, run.path, notes)  # type: ignore[attr-defined]
-        raise
-    except CorruptImage as e:
-        run.data["status"], run.data["error"] = "failed", str(e)
-    except Exception as e:
-        if not is_oom(e):
-            if isinstance(e, ConfigError):
-                # bad input found while building (an empty folder, a preload too big for
-                # RAM): nothing was measured, so no results.json is left behind either
-                if not run.data["phases"]:
-                    run.path.unlink(missing_ok=True)
-                raise
-            log.debug("run failed", exc_info=True)
-            run.data["status"], run.data["error"] = "failed", f"{type(e).__name__}: {e}"
-        else:
-            run.data["status"], run.data["error"] = "oom", f"{type(e).__name__}: {str(e)[:500]}"
-    finally:
-        monitor.stop()
-        free_device_memory(device)
-        dist.close()
-    summarize(run, cfg, device, os.cpu_count() or 1)
-    frac = run.data["peak_memory_fraction"]
-    if run.data["status"] == "ok" and frac is not None and frac > cfg.memory.ceiling:
-        run.data["status"] = "over_ceiling"
-        run.data["error"] = f"peak memory {frac:.1%} of the device > memory.ceiling {cfg.memory.ceiling:.0%}"
-    if run.data["status"] != "ok":
-        run.data["objective"] = 0.0
-    run.save()
-    return Result(run.data, run.path, notes, main=dist.main)
+    "oom" / "failed" and whatever windows finished. Ctrl-C / SIGTERM mark it "killed" and
+    re-raise once results.json is written."""
+    bench = Benchmark(cfg, out_dir)
+    interrupted = bench.run()
+    if interrupted is not None:
+        raise interrupted
+    return Result(bench.record, bench.notes, main=bench.dist.main)
 
 
-def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None, quiet: bool = False) -> Result:
-    """The whole run: measure (results.json first), then the console summary and tracking."""
-    try:
-        result = measure_run(cfg, out_dir)
-    except KeyboardInterrupt as e:
-        if cfg.tracking.backend != "none" and hasattr(e, "result"):
+def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
+                  quiet: bool = False) -> Result:
+    """The whole run: measure (results.json first), then the console summary and tracking.
+    An interrupted run is reported (and tracked, as KILLED) before the interrupt goes on."""
+    bench = Benchmark(cfg, out_dir)
+    interrupted = bench.run()
+    result = Result(bench.record, bench.notes, main=bench.dist.main)
+    if result.main:
+        if not quiet:
+            from gpubench.console import print_result
+
+            print_result(result)
+        if cfg.tracking.backend != "none":
             from gpubench import tracking
 
-            tracking.log_result(cfg, e.result)
-        raise
-    if not result.main:
-        return result
-    if not quiet:
-        from gpubench.console import print_result
-
-        print_result(result)
-    if cfg.tracking.backend != "none":
-        from gpubench import tracking
-
-        result.tracked = tracking.log_result(cfg, result)
+            result.tracked = tracking.log_result(cfg, result)
+    if interrupted is not None:
+        raise interrupted
     return result

@@ -15,46 +15,154 @@ from dataclasses import dataclass, field
 TRACKS = 0.85
 # the loader is "well below" compute when it delivers less than this fraction of it
 WELL_BELOW = 0.9
+# with single windows (no interval), e2e this far above its bound is a broken measurement
+ABOVE_BOUND = 0.10
+
+
+@dataclass(frozen=True)
+class Est:
+    """A measured figure with its interval (lo == value == hi when there is none)."""
+
+    value: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def of(cls, x, ci=None) -> Est | None:
+        if isinstance(x, Est):
+            return x
+        if not _ok(x):
+            return None
+        if ci and _ok(ci[0]) and _ok(ci[1]):
+            return cls(float(x), min(float(ci[0]), float(x)), max(float(ci[1]), float(x)))
+        return cls(float(x), float(x), float(x))
+
+    @property
+    def exact(self) -> bool:
+        return self.lo == self.hi
+
+    def over(self, other: Est) -> Est:
+        """self / other, its interval from the two intervals' extremes (conservative)."""
+        return Est(self.value / other.value, self.lo / other.hi, self.hi / other.lo)
+
+    def pm(self) -> str:
+        """'94% +/- 3%' (as a share), or '94%' without an interval."""
+        if self.exact:
+            return f"{self.value:.0%}"
+        return f"{self.value:.0%} +/- {max(self.hi - self.value, self.value - self.lo):.0%}"
+
+
+def smaller(a: Est, b: Est) -> Est:
+    return Est(min(a.value, b.value), min(a.lo, b.lo), min(a.hi, b.hi))
+
+
+def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
+    """On a GPU the loader's device-side work (H2D copy, nvJPEG decode, GPU augment) runs on
+    the training stream in e2e, one after the other with the step: e2e can reach at most
+    1 / (1/compute + device data time per image), not compute itself."""
+    if device_data_s_per_image is None:
+        return compute
+
+    def f(c: float, d: float) -> float:
+        return 1.0 / (1.0 / c + d)
+
+    d = device_data_s_per_image
+    return Est(f(compute.value, d.value), f(compute.lo, d.hi), f(compute.hi, d.lo))
 
 
 @dataclass
 class Verdict:
-    bottleneck: str  # data | compute | overlap | unknown
+    bottleneck: str  # data | compute | overlap | inconclusive | unknown
     reason: str
     advice: list[str] = field(default_factory=list)
+    # the ratio the verdict rests on (e2e / bound, or loader / compute) and its interval
+    ratio: Est | None = None
+    # how far that ratio's interval stays clear of the rule's threshold (share; > 0 conclusive)
+    margin: float | None = None
+    # why the rule could not decide (straddled threshold, e2e above its bound); None otherwise
+    undecided: str | None = None
+    # what the rule leaned to when it could not decide
+    leaning: str | None = None
 
 
 def _ok(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x)) and x > 0
 
 
-def classify(loader: float | None, compute: float | None, e2e: float | None,
-             data_wait_fraction: float | None = None) -> tuple[str, str]:
-    """Return (bottleneck, reason)."""
-    if _ok(loader) and _ok(compute) and _ok(e2e):
-        bound = min(loader, compute)
-        if e2e < TRACKS * bound:
-            return "overlap", (
-                f"e2e {e2e:.1f} img/s is {e2e / bound:.0%} of the narrower bound {bound:.1f}: "
-                "loading and compute run one after the other instead of overlapping"
-            )
-        if loader < WELL_BELOW * compute:
-            return "data", (
-                f"the loader delivers {loader:.1f} img/s, {loader / compute:.0%} of what compute "
-                f"takes ({compute:.1f}); e2e {e2e:.1f} tracks the loader"
-            )
-        return "compute", (
-            f"e2e {e2e:.1f} img/s tracks compute {compute:.1f} ({e2e / compute:.0%}); the loader "
-            f"({loader:.1f}) keeps up"
-        )
-    if _ok(loader) and _ok(compute):
-        side = "data" if loader < WELL_BELOW * compute else "compute"
-        return side, f"loader {loader:.1f} vs compute {compute:.1f} img/s (e2e not measured)"
-    if _ok(e2e) and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
+def _fmt(e: Est) -> str:
+    return f"{e.value:.1f}" if e.exact else f"{e.value:.1f} [{e.lo:.1f}-{e.hi:.1f}]"
+
+
+def _data_or_compute(loader: Est, compute: Est, tail: str) -> Verdict:
+    s = loader.over(compute)
+    if s.hi < WELL_BELOW:
+        return Verdict("data", (
+            f"data-bound: the loader delivers {_fmt(loader)} img/s, {s.pm()} of what compute "
+            f"takes ({_fmt(compute)}){tail}"), ratio=s, margin=WELL_BELOW - s.hi)
+    if s.lo >= WELL_BELOW:
+        return Verdict("compute", "", ratio=s, margin=s.lo - WELL_BELOW)
+    lean = "data" if s.value < WELL_BELOW else "compute"
+    why = (f"the loader ({_fmt(loader)} img/s) is {s.pm()} of compute ({_fmt(compute)}): its "
+           f"interval straddles the {WELL_BELOW:.0%} line between data- and compute-bound")
+    return Verdict("inconclusive", why, ratio=s, margin=None, undecided=why, leaning=lean)
+
+
+def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
+             intervals: dict | None = None, device_data_s_per_image=None) -> Verdict:
+    """The narrowest pipe, judged on intervals. `loader`, `compute`, `e2e` are images/sec (or
+    `Est`); `intervals` maps the same names to [lo, hi]. A verdict is given only when the
+    intervals of the ratio it rests on lie wholly on one side of the rule's threshold;
+    otherwise it is `inconclusive`, with what it leaned to."""
+    iv = intervals or {}
+    lo = Est.of(loader, iv.get("loader"))
+    co = Est.of(compute, iv.get("compute"))
+    ee = Est.of(e2e, iv.get("e2e"))
+    if lo and co and ee:
+        cb = combined_bound(co, Est.of(device_data_s_per_image, iv.get("device_data")))
+        bound = smaller(lo, cb)
+        which = "the loader" if lo.value <= cb.value else (
+            "compute" if cb is co else "compute + device data work")
+        r = ee.over(bound)
+        above = r.lo > 1.0 if not (ee.exact and bound.exact) else r.value > 1.0 + ABOVE_BOUND
+        if above:
+            why = (f"e2e {_fmt(ee)} img/s is above its own upper bound, {which} at "
+                   f"{_fmt(bound)} ({r.pm()}): impossible in a steady run, so something "
+                   "disturbed the measurement")
+            return Verdict("inconclusive", why, ratio=r, undecided=why)
+        if r.hi < TRACKS:
+            return Verdict("overlap", (
+                f"overlap: e2e {_fmt(ee)} img/s is {r.pm()} of the narrower bound, {which} at "
+                f"{_fmt(bound)}: loading and compute run one after the other instead of "
+                "overlapping"), ratio=r, margin=TRACKS - r.hi)
+        if r.lo < TRACKS:
+            why = (f"e2e {_fmt(ee)} img/s is {r.pm()} of the narrower bound ({which}, "
+                   f"{_fmt(bound)}): its interval straddles the {TRACKS:.0%} line between "
+                   "tracking a bound and losing time to poor overlap")
+            lean = "overlap" if r.value < TRACKS else None
+            if lean is None:
+                inner = _data_or_compute(lo, cb, "")
+                lean = inner.leaning if inner.bottleneck == "inconclusive" else inner.bottleneck
+            return Verdict("inconclusive", why, ratio=r, undecided=why, leaning=lean)
+        v = _data_or_compute(lo, cb, f"; e2e {_fmt(ee)} tracks it ({r.pm()})")
+        if v.bottleneck == "compute":
+            v.reason = (f"compute-bound: e2e {_fmt(ee)} img/s is {ee.over(cb).pm()} of "
+                        f"{'compute' if cb is co else 'compute + device data work'} "
+                        f"{_fmt(cb)}; the loader ({_fmt(lo)}) keeps up")
+            v.ratio, v.margin = r, min(v.margin, r.lo - TRACKS)
+        elif v.bottleneck == "data":
+            v.margin = min(v.margin, r.lo - TRACKS)
+        return v
+    if lo and co:
+        v = _data_or_compute(lo, co, " (e2e not measured)")
+        if v.bottleneck == "compute":
+            v.reason = (f"compute-bound: loader {_fmt(lo)} vs compute {_fmt(co)} img/s "
+                        "(e2e not measured)")
+        return v
+    if ee and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
         if data_wait_fraction > 0.25:
-            return "data", f"the loop waits on data {data_wait_fraction:.0%} of the time"
-        return "compute", f"the loop waits on data only {data_wait_fraction:.0%} of the time"
-    return "unknown", "not enough phases measured to compare (run loader, compute and e2e)"
+            return Verdict("data", f"the loop waits on data {data_wait_fraction:.0%} of the time")
+        return Verdict("compute", f"the loop waits on data only {data_wait_fraction:.0%} of the time")
+    return Verdict("unknown", "not enough phases measured to compare (run loader, compute and e2e)")
 
 
 @dataclass
@@ -144,14 +252,31 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
 
 
 def judge(
-    loader: float | None,
-    compute: float | None,
-    e2e: float | None,
+    loader,
+    compute,
+    e2e,
     data_wait_fraction: float | None,
     knobs: Knobs,
+    intervals: dict | None = None,
+    noise_reasons: list[str] | None = None,
+    remedies: list[str] | None = None,
+    device_data_s_per_image=None,
 ) -> Verdict:
-    b, why = classify(loader, compute, e2e, data_wait_fraction)
-    return Verdict(b, why, advise(b, knobs))
+    """The verdict and its advice. A run whose measurement was disturbed (`noise_reasons`)
+    gets no confident verdict, whatever its figures say: `inconclusive`, with the reasons and
+    what to do about them (`remedies`), and what the figures leaned to."""
+    v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image)
+    if noise_reasons and v.bottleneck not in ("unknown",):
+        lean = v.leaning if v.bottleneck == "inconclusive" else v.bottleneck
+        v = Verdict("inconclusive", "measurement unstable: " + "; ".join(noise_reasons)
+                    + (f" (the figures lean to {lean})" if lean else ""),
+                    ratio=v.ratio, undecided="unstable", leaning=lean)
+    if v.bottleneck == "inconclusive":
+        v.advice = (remedies or [])[:3] or [
+            "bench.repeats=10 bench.steps=100: more and longer windows narrow the intervals"]
+        return v
+    v.advice = advise(v.bottleneck, knobs)
+    return v
 
 
 # ---------------------------------------------------------------- how many loader workers

@@ -24,6 +24,7 @@ TINY = [
     "loader.num_workers=0",
     "bench.device=cpu",
     "bench.warmup_steps=1",
+    "bench.warmup_max_steps=1",
     "bench.steps=2",
     "bench.monitor_interval_s=0.05",
     "tracking=none",

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
 
-from gpubench.measure import percentile, run_window, stats_from
-
-
-def test_percentile_matches_linear_interpolation():
-    xs = [0.4, 0.1, 0.3, 0.2]
-    assert percentile(xs, 50) == pytest.approx(0.25)
-    assert percentile(xs, 95) == pytest.approx(0.385)
-    assert percentile([0.7], 95) == 0.7
-    assert math.isnan(percentile([], 50))
+from gpubench.measure import run_window, stats_from
 
 
 def test_stats_throughput_is_images_over_window_not_mean_of_rates():
@@ -54,3 +45,44 @@ def test_time_cap_closes_the_window():
     s = run_window("compute", lambda: None, lambda b: (time.sleep(0.05), 1)[1], 1, "cpu",
                    warmup_steps=0, steps=1000, warmup_max_s=1, max_s=0.2)
     assert s.truncated and 3 <= s.steps < 1000
+
+
+def test_warmup_runs_until_steps_are_steady_and_says_so():
+    times = iter([0.3, 0.2, 0.1] + [0.01] * 100)
+
+    def work(_):
+        time.sleep(next(times))
+        return 1
+
+    s = run_window("compute", lambda: None, work, 1, "cpu", warmup_steps=1, steps=3,
+                   warmup_max_s=30, max_s=30, warmup_max_steps=40)
+    assert s.warmup_settled is True
+    assert 11 <= s.warmup_steps <= 14  # 3 slow steps, then two steady groups of 4
+    assert max(s.step_times_s) < 0.1
+
+
+def test_warmup_that_never_settles_stops_at_its_bound():
+    slow = iter([0.005 * (i + 1) for i in range(100)])  # every step slower than the last
+
+    def work(_):
+        time.sleep(next(slow))
+        return 1
+
+    s = run_window("compute", lambda: None, work, 1, "cpu", warmup_steps=2, steps=1,
+                   warmup_max_s=30, max_s=30, warmup_max_steps=12)
+    assert s.warmup_settled is False and s.warmup_steps == 12
+
+
+def test_compile_sized_first_step_still_gets_steps_after_it():
+    # a time cap shorter than the first step (torch.compile) must not end warm-up there
+    first = [True]
+
+    def work(_):
+        if first:
+            first.clear()
+            time.sleep(0.3)
+        return 1
+
+    s = run_window("compute", lambda: None, work, 1, "cpu", warmup_steps=1, steps=1,
+                   warmup_max_s=0.1, max_s=30, warmup_max_steps=20)
+    assert s.warmup_steps >= 3

@@ -10,10 +10,11 @@ import pytest
 from gpubench.config import ConfigError
 from gpubench.runner import measure_run
 
-STABLE_KEYS = [
-    "images_per_sec", "loader_images_per_sec", "compute_images_per_sec", "bottleneck",
-    "step_time_p50_s", "step_time_p95_s", "data_wait_fraction", "peak_memory_bytes",
-    "peak_memory_fraction", "gpu_util_mean", "mfu", "config", "env", "status",
+# figures a three-phase CPU run must have measured (not merely carry as keys)
+MEASURED = [
+    "images_per_sec", "loader_images_per_sec", "compute_images_per_sec", "step_time_p50_s",
+    "step_time_p95_s", "peak_memory_bytes", "peak_memory_fraction", "flops_per_step",
+    "host_cpu_util_mean", "seconds",
 ]
 
 
@@ -22,8 +23,9 @@ def test_three_phase_run_writes_results(compose_cfg, tmp_path):
     result = measure_run(cfg, tmp_path)
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["run_uid"] == result.data["run_uid"] and len(data["run_uid"]) == 32
-    for key in STABLE_KEYS:
-        assert key in data, key
+    for key in MEASURED:
+        assert isinstance(data[key], (int, float)) and data[key] > 0, key
+    assert data["schema_version"] == 2 and data["data_wait_fraction"] >= 0
     assert data["status"] == "ok"
     assert set(data["phases"]) == {"loader", "compute", "e2e"}
     for name in ("loader", "compute", "e2e"):
@@ -32,9 +34,18 @@ def test_three_phase_run_writes_results(compose_cfg, tmp_path):
         assert ph["images_per_sec"] > 0
         assert ph["step_time_p50_s"] <= ph["step_time_p95_s"]
         assert ph["warmup_steps"] == 1
+        # two interleaved windows of one step each, and the interval around their median
+        assert ph["repeats"] == 2 and len(ph["windows"]) == 2
+        lo, hi = ph["images_per_sec_ci"]
+        assert lo <= ph["images_per_sec"] <= hi
     assert data["images_per_sec"] == data["phases"]["e2e"]["images_per_sec"]
-    assert data["bottleneck"] in ("data", "compute", "overlap")
-    assert 1 <= len(data["advice"]) <= 3
+    assert data["images_per_sec_ci"] == data["phases"]["e2e"]["images_per_sec_ci"]
+    # a confident verdict only on a stable measurement; otherwise inconclusive, with reasons
+    if data["measurement_stable"]:
+        assert data["bottleneck"] in ("data", "compute", "overlap") and not data["noise_reasons"]
+    else:
+        assert data["bottleneck"] == "inconclusive" and data["noise_reasons"]
+    assert data["reason"] and data["advice"]
     # CPU run: GPU fields absent, host fields present
     assert data["gpu_util_mean"] is None and data["mfu"] is None
     assert data["peak_rss_bytes"] > 0 and 0 < data["peak_memory_fraction"] < 1
@@ -77,9 +88,32 @@ def test_over_ceiling_is_a_status(compose_cfg, tmp_path):
 
 
 def test_failure_keeps_measured_nothing_lost(compose_cfg, tmp_path):
-    result = measure_run(compose_cfg("fault.fail_message=boom"), tmp_path)
-    assert result.status == "failed" and "boom" in result.data["error"]
-    assert (tmp_path / "results.json").exists()
+    # fails after the first round of windows (loader, compute, e2e): all three are kept
+    result = measure_run(compose_cfg("fault.fail_message=boom", "fault.fail_after_windows=3"),
+                         tmp_path)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["status"] == "failed" and "boom" in data["error"]
+    assert set(data["phases"]) == {"loader", "compute", "e2e"}
+    assert all(p["repeats"] == 1 and p["images_per_sec"] > 0 for p in data["phases"].values())
+    assert data["images_per_sec"] == data["phases"]["e2e"]["images_per_sec"]
+    assert result.objective == 0.0
+
+
+def test_stalled_steps_make_an_unstable_run_with_its_reason(compose_cfg, tmp_path):
+    # a few compute/e2e steps stall 0.4 s among fast ones: the run must not give a verdict
+    result = measure_run(compose_cfg("bench.steps=12", "bench.repeats=3", "fault.stall_every=5",
+                                     "fault.stall_s=0.4"), tmp_path)
+    d = result.data
+    assert d["status"] == "ok" and d["measurement_stable"] is False
+    # named for what it saw in the step times (a few interrupted steps, or their spread)
+    assert any("interrupted" in r or "step times vary" in r for r in d["noise_reasons"])
+    assert d["bottleneck"] == "inconclusive" and d["advice"]
+
+
+def test_model_narrower_than_the_dataset_fails_before_any_work(compose_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="model.num_classes=3.*10 classes"):
+        measure_run(compose_cfg("model.num_classes=3"), tmp_path)
+    assert not (tmp_path / "results.json").exists()
 
 
 def test_bad_input_raises_before_work(compose_cfg, tmp_path):
@@ -103,7 +137,7 @@ def test_console_summary_shows_figures_verbatim(compose_cfg, tmp_path):
     from gpubench.console import print_result
 
     result = measure_run(compose_cfg(), tmp_path)
-    result.data["advice"] = ["bench.phases=[loader,compute,e2e] to get a verdict"]
+    result.record.advice = ["bench.phases=[loader,compute,e2e] to get a verdict"]
     con = Console(record=True, width=140)
     print_result(result, con)
     text = con.export_text()

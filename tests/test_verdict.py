@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.verdict import Knobs, advise, classify
+from gpubench.verdict import TRACKS, WELL_BELOW, Est, Knobs, advise, classify, judge
 
 
 def knobs(**kw):
@@ -24,19 +24,83 @@ def knobs(**kw):
     ],
 )
 def test_classify(loader, compute, e2e, expected):
-    assert classify(loader, compute, e2e)[0] == expected
-
-
-def test_utilization_plays_no_part():
-    # same throughputs give the same verdict whatever the GPU utilization would be
-    assert classify(440, 260, 255)[0] == "compute"
+    v = classify(loader, compute, e2e)
+    assert v.bottleneck == expected and v.margin > 0
 
 
 def test_partial_phases():
-    assert classify(50, 200, None)[0] == "data"
-    assert classify(None, None, 100, data_wait_fraction=0.6)[0] == "data"
-    assert classify(None, None, 100, data_wait_fraction=0.01)[0] == "compute"
-    assert classify(None, 100, None)[0] == "unknown"
+    assert classify(50, 200, None).bottleneck == "data"
+    assert classify(None, None, 100, data_wait_fraction=0.6).bottleneck == "data"
+    assert classify(None, None, 100, data_wait_fraction=0.01).bottleneck == "compute"
+    assert classify(None, 100, None).bottleneck == "unknown"
+
+
+def test_interval_wholly_above_the_line_is_conclusive_with_its_margin():
+    v = classify(4000, 130, 123, intervals={"loader": [3900, 4100], "compute": [128, 132],
+                                            "e2e": [120, 125]})
+    assert v.bottleneck == "compute"
+    # the e2e/compute interval is [120/132, 125/128]: its low end clears 85% by 0.059
+    assert v.margin == pytest.approx(120 / 132 - TRACKS)
+    assert "+/-" in v.reason
+
+
+@pytest.mark.parametrize("e2e_lo,expected", [
+    (TRACKS * 100 + 0.5, "compute"),  # just above the line: conclusive
+    (TRACKS * 100 - 0.5, "inconclusive"),  # just below: straddles it
+])
+def test_the_tracks_line_at_its_edge(e2e_lo, expected):
+    v = classify(1000, 100, 95, intervals={"loader": [1000, 1000], "compute": [100, 100],
+                                           "e2e": [e2e_lo, 97]})
+    assert v.bottleneck == expected
+    if expected == "inconclusive":
+        assert v.leaning == "compute" and "straddles" in v.reason
+
+
+def test_loader_near_compute_straddles_the_data_line():
+    v = classify(88, 100, 87, intervals={"loader": [85, 93], "compute": [99, 101],
+                                         "e2e": [86, 88]})
+    assert v.bottleneck == "inconclusive" and v.leaning == "data"
+    assert f"{WELL_BELOW:.0%} line" in v.reason
+    assert classify(80, 100, 79, intervals={"loader": [78, 82], "compute": [99, 101],
+                                            "e2e": [78, 80]}).bottleneck == "data"
+
+
+def test_e2e_above_its_own_bound_is_a_broken_measurement_not_tracking():
+    v = classify(4888, 142, 4888.5)  # single windows: more than 10% above
+    assert v.bottleneck == "inconclusive" and "above its own upper bound" in v.reason
+    v = classify(1000, 100, 103, intervals={"loader": [990, 1010], "compute": [99, 101],
+                                            "e2e": [102, 104]})  # intervals apart
+    assert v.bottleneck == "inconclusive"
+    # within the intervals' reach it is plain tracking
+    assert classify(1000, 100, 103, intervals={"loader": [990, 1010], "compute": [95, 105],
+                                               "e2e": [100, 106]}).bottleneck == "compute"
+
+
+def test_combined_bound_with_device_data_work():
+    # compute 1000 img/s and 0.5 ms of device data work per image: e2e can reach 666.7
+    v = classify(5000, 1000, 640, device_data_s_per_image=0.0005)
+    assert v.bottleneck == "compute" and "compute + device data work" in v.reason
+    assert classify(5000, 1000, 640).bottleneck == "overlap"  # judged against compute alone
+
+
+def test_an_unstable_run_gets_no_confident_verdict():
+    clean = judge(440, 260, 255, 0.01, knobs())
+    assert clean.bottleneck == "compute" and clean.advice
+    noisy = judge(440, 260, 255, 0.01, knobs(), noise_reasons=["compute step times vary"],
+                  remedies=["rerun on an idle machine"])
+    assert noisy.bottleneck == "inconclusive" and noisy.leaning == "compute"
+    assert noisy.advice == ["rerun on an idle machine"] and "step times vary" in noisy.reason
+
+
+def test_verdict_reads_figures_only_not_utilization():
+    # the verdict's inputs are throughputs and intervals: the same figures give the same
+    # answer whether the GPU looked busy or idle (article 003: AMP does 1.7x the work at the
+    # same utilization)
+    import inspect
+
+    params = set(inspect.signature(judge).parameters) | set(inspect.signature(classify).parameters)
+    assert not any("util" in p for p in params)
+    assert Est.of(100.0, [90, 110]).over(Est.of(50.0, [45, 55])).lo == pytest.approx(90 / 55)
 
 
 def test_data_advice_turns_the_data_knobs():
@@ -56,14 +120,19 @@ def test_compute_advice_amp_first_then_layout_and_batch():
     assert any("loader.batch_size=128" in x for x in a)
 
 
-def test_no_larger_batch_near_the_ceiling():
-    a = advise("compute", knobs(precision="amp_bf16", channels_last=True, compile="default",
-                                memory_fraction=0.7))
-    assert not any("batch_size" in x for x in a)
+def test_larger_batch_only_with_memory_to_spare():
+    done = dict(precision="amp_bf16", channels_last=True, compile="default")
+    roomy = advise("compute", knobs(**done, memory_fraction=0.3))
+    assert roomy == [x for x in roomy if x.startswith("loader.batch_size=128")]
+    assert roomy, "the batch advice is the one left to give"
+    near = advise("compute", knobs(**{**done, "compile": "off"}, memory_fraction=0.7))
+    assert near and not any("batch_size" in x for x in near)  # compile advice, no batch
 
 
-def test_at_most_three_steps():
-    assert len(advise("data", knobs(num_workers=1, cpu_count=2))) <= 3
+def test_data_advice_is_ordered_most_effective_first():
+    a = advise("data", knobs(num_workers=1, cpu_count=8, pin_memory=False))
+    assert a[0].startswith("loader.num_workers=2") and a[1].startswith("loader.pin_memory=true")
+    assert a[2].startswith("dataset.preload=true") and len(set(a)) == len(a)
 
 
 def test_cpu_overlap_names_core_contention():

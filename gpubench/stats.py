@@ -1,0 +1,207 @@
+"""Arithmetic on measured times: percentiles, one window's figures, windows pooled into a phase
+with a confidence interval, and when warm-up has settled. Pure functions (no torch), so every
+rule here is tested on constructed timings.
+
+Why windows, and why an order-statistic interval (docs/guide.md, "Intervals"):
+- Steps are not independent samples: a DataLoader delivers in bursts (one worker's batch, then
+  the next), and a disturbance (another process, a throttled clock) lasts for many steps. A
+  step-level interval would be far too narrow. Windows of several steps, interleaved across
+  phases, are the units: each is one independent look at the phase's throughput.
+- With 4-10 windows neither a t-interval (assumes normal windows; one disturbed window drags the
+  mean) nor a bootstrap (needs dozens of values) is trustworthy. The interval for the median
+  from order statistics is distribution-free: for n windows, [x_(k), x_(n+1-k)] covers the true
+  median with probability 1 - 2 P(Binomial(n, 1/2) < k). We take the narrowest such interval
+  with coverage >= 95%, and report the exact coverage; with fewer than 6 windows no interval
+  reaches 95%, so [min, max] is reported with its (lower) coverage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from math import comb
+
+CONFIDENCE = 0.95
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(xs: list[float]) -> float:
+    return percentile(xs, 50)
+
+
+def _binom_below(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) < k)."""
+    return sum(comb(n, i) for i in range(k)) / 2**n
+
+
+def median_interval(xs: list[float], confidence: float = CONFIDENCE
+                    ) -> tuple[float, float, float] | None:
+    """(low, high, coverage): the narrowest order-statistic interval for the median whose
+    coverage is >= `confidence`, or [min, max] with its coverage when none reaches it. None with
+    fewer than 2 values (one window says nothing about spread)."""
+    vals = sorted(x for x in xs if x is not None and math.isfinite(x))
+    n = len(vals)
+    if n < 2:
+        return None
+    best = (vals[0], vals[-1], 1 - 2 * _binom_below(n, 1))
+    for k in range(2, n // 2 + 1):
+        cover = 1 - 2 * _binom_below(n, k)
+        if cover < confidence:
+            break
+        best = (vals[k - 1], vals[n - k], cover)
+    return best
+
+
+@dataclass
+class WindowStats:
+    """One timed window of one phase."""
+
+    phase: str
+    batch_size: int
+    steps: int
+    images: int
+    seconds: float
+    images_per_sec: float
+    data_wait_s: float
+    data_wait_fraction: float
+    step_time_p50_s: float
+    step_time_p95_s: float
+    step_time_mean_s: float
+    step_time_cv: float  # std/mean: how steady the steps are
+    warmup_steps: int
+    warmup_seconds: float
+    first_step_s: float  # includes lazy init / cudnn autotune / torch.compile
+    truncated: bool  # the time cap closed the window before `steps`
+    warmup_settled: bool | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    warmup_step_times_s: list[float] = field(default_factory=list)
+    # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
+    ranks_images_per_sec: list[float] | None = None
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("step_times_s")
+        d.pop("warmup_step_times_s")
+        return d
+
+
+def stats_from(
+    phase: str,
+    batch_size: int,
+    images: int,
+    step_times: list[float],
+    window_s: float,
+    wait_s: float,
+    warmup_times: list[float],
+    warmup_s: float,
+    truncated: bool,
+    warmup_settled: bool | None = None,
+) -> WindowStats:
+    """Throughput is images over the whole window between the two edge syncs, not the mean of
+    per-step rates, so gaps between steps count against it as they do in training."""
+    n = len(step_times)
+    mean = sum(step_times) / n if n else math.nan
+    var = sum((t - mean) ** 2 for t in step_times) / n if n else math.nan
+    return WindowStats(
+        phase=phase,
+        batch_size=batch_size,
+        steps=n,
+        images=images,
+        seconds=window_s,
+        images_per_sec=(images / window_s) if window_s > 0 else math.nan,
+        data_wait_s=wait_s,
+        data_wait_fraction=(wait_s / window_s) if window_s > 0 else math.nan,
+        step_time_p50_s=percentile(step_times, 50),
+        step_time_p95_s=percentile(step_times, 95),
+        step_time_mean_s=mean,
+        step_time_cv=(math.sqrt(var) / mean) if n and mean > 0 else math.nan,
+        warmup_steps=len(warmup_times),
+        warmup_seconds=warmup_s,
+        first_step_s=(warmup_times or step_times or [math.nan])[0],
+        truncated=truncated,
+        warmup_settled=warmup_settled,
+        step_times_s=step_times,
+        warmup_step_times_s=warmup_times,
+    )
+
+
+# ---------------------------------------------------------------- warm-up
+
+# warm-up has settled when the mean step time of the last SETTLE_K steps is within
+# SETTLE_TOLERANCE of the mean of the SETTLE_K before them. Means over several steps, not single
+# steps: a DataLoader delivers in bursts, so single loader steps never look alike.
+SETTLE_K = 4
+SETTLE_TOLERANCE = 0.15
+# steps after the first that warm-up always runs, whatever its time cap: the first step holds
+# lazy init, cudnn autotuning and torch.compile; CUDA-graph recording (compile=reduce-overhead)
+# and autotuned kernels' first real runs come in the next ones
+MIN_AFTER_FIRST = 2
+
+
+def settled(times: list[float], k: int = SETTLE_K, tol: float = SETTLE_TOLERANCE) -> bool:
+    """Whether warm-up step times (the first excluded) have reached a steady level."""
+    body = times[1:]
+    if len(body) < 2 * k:
+        return False
+    last, prev = body[-k:], body[-2 * k:-k]
+    a, b = sum(last) / k, sum(prev) / k
+    return b > 0 and abs(a - b) <= tol * b
+
+
+# ---------------------------------------------------------------- windows pooled into a phase
+
+
+def pool(windows: list[WindowStats]) -> dict:
+    """A phase's figures from its windows: the median window throughput and its interval;
+    step-time percentiles over all measured steps; data wait over all windows' time."""
+    first = windows[0]
+    ips = [w.images_per_sec for w in windows]
+    steps = [t for w in windows for t in w.step_times_s]
+    seconds = sum(w.seconds for w in windows)
+    wait = sum(w.data_wait_s for w in windows)
+    n = len(steps)
+    mean = sum(steps) / n if n else math.nan
+    var = sum((t - mean) ** 2 for t in steps) / n if n else math.nan
+    ci = median_interval(ips)
+    ranks = None
+    if first.ranks_images_per_sec is not None:
+        per = list(zip(*(w.ranks_images_per_sec for w in windows), strict=True))
+        ranks = [median(list(r)) for r in per]
+    return {
+        "phase": first.phase,
+        "batch_size": first.batch_size,
+        "steps": n,
+        "images": sum(w.images for w in windows),
+        "seconds": seconds,
+        "images_per_sec": median(ips),
+        "images_per_sec_ci": None if ci is None else [ci[0], ci[1]],
+        "images_per_sec_ci_coverage": None if ci is None else ci[2],
+        "repeats": len(windows),
+        "windows": [
+            {"images": w.images, "seconds": w.seconds, "images_per_sec": w.images_per_sec,
+             "steps": w.steps, "step_time_cv": w.step_time_cv, "truncated": w.truncated,
+             "data_wait_fraction": w.data_wait_fraction}
+            for w in windows
+        ],
+        "data_wait_s": wait,
+        "data_wait_fraction": wait / seconds if seconds > 0 else math.nan,
+        "step_time_p50_s": percentile(steps, 50),
+        "step_time_p95_s": percentile(steps, 95),
+        "step_time_mean_s": mean,
+        "step_time_cv": (math.sqrt(var) / mean) if n and mean > 0 else math.nan,
+        "warmup_steps": first.warmup_steps,
+        "warmup_seconds": first.warmup_seconds,
+        "warmup_settled": first.warmup_settled,
+        "first_step_s": first.first_step_s,
+        "truncated": any(w.truncated for w in windows),
+        "ranks_images_per_sec": ranks,
+    }

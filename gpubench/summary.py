@@ -1,0 +1,142 @@
+"""A measured run's top-level figures, validity checks and verdict, filled into its record.
+
+Kept apart from the runner so the run's control flow reads in one sitting; it reads what the
+runner measured (the record's phases, the windows' telemetry) and writes only the record.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpubench import env, noise
+from gpubench.config import _enum_value
+from gpubench.precision import resolve_precision
+from gpubench.verdict import Knobs, judge
+
+# telemetry of the headline phase (e2e, else the last measured) copied to the top level
+HEADLINE_TELEMETRY = (
+    "gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
+    "host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
+    "workers_cpu_util_mean", "main_peak_rss_bytes", "workers_peak_rss_bytes",
+)
+
+
+def _peak(key: str, rows: list[dict]):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return max(vals) if vals else None
+
+
+def figures(rec, device: str) -> None:
+    """Headline throughputs with intervals, step times, memory, telemetry, MFU."""
+    ph = rec.phases
+    for attr, name in (("loader_images_per_sec", "loader"), ("compute_images_per_sec", "compute"),
+                       ("images_per_sec", "e2e")):
+        p = ph.get(name)
+        setattr(rec, attr, p.images_per_sec if p else None)
+        setattr(rec, attr + "_ci", p.images_per_sec_ci if p else None)
+    main = rec.headline
+    rec.step_time_p50_s = main.step_time_p50_s if main else None
+    rec.step_time_p95_s = main.step_time_p95_s if main else None
+    rec.data_wait_fraction = ph["e2e"].data_wait_fraction if "e2e" in ph else None
+
+    tel = [p.telemetry for p in ph.values()]
+    mems = [p.memory for p in ph.values()]
+    rec.torch_peak_allocated_bytes = _peak("torch_peak_allocated_bytes", mems)
+    rec.torch_peak_reserved_bytes = _peak("torch_peak_reserved_bytes", mems)
+    rec.nvml_memory_used_bytes = _peak("nvml_memory_used_bytes", tel)
+    rec.peak_rss_bytes = _peak("peak_rss_bytes", tel)
+    main_tel = main.telemetry if main else {}
+    for k in HEADLINE_TELEMETRY:
+        setattr(rec, k, main_tel.get(k))
+    # the loader phase is where the data side works alone: its I/O rate is the dataset's
+    io = ph["loader"].telemetry if "loader" in ph else main_tel
+    rec.read_mb_per_s = io.get("read_mb_per_s")
+    rec.disk_read_mb_per_s = io.get("disk_read_mb_per_s")
+    if main_tel.get("energy_j") is not None and main and main.images:
+        # the sampler reads this rank's GPU only: divide by this rank's share of the images
+        # (every rank runs the same steps at the same batch size under torchrun)
+        rec.energy_per_image_j = main_tel["energy_j"] / (main.images / max(1, rec.world_size))
+
+    rec.peak_memory_bytes = (rec.torch_peak_reserved_bytes if device == "cuda"
+                             else rec.peak_rss_bytes)
+    if rec.peak_memory_bytes is not None and rec.device_memory_bytes:
+        rec.peak_memory_fraction = rec.peak_memory_bytes / rec.device_memory_bytes
+
+    # MFU: FLOPs of one step (counted once) x steps/s over the dense peak for this dtype
+    comp = ph.get("e2e") or ph.get("compute")
+    if rec.flops_per_step and comp and comp.images_per_sec and comp.batch_size:
+        # per device: the run's images/sec is summed over torchrun ranks, the peak is one GPU's
+        achieved = rec.flops_per_step * comp.images_per_sec / comp.batch_size / rec.world_size
+        rec.achieved_tflops = achieved / 1e12
+        c = rec.config
+        plan = resolve_precision(c["precision"]["name"], device)
+        pk = env.peak_flops(rec.env.get("device_name", ""), plan.math) if device == "cuda" else None
+        rec.mfu = achieved / pk if pk else None
+
+
+def validity(bench) -> list[str]:
+    """Every named check over every measured phase (gpubench/noise.py)."""
+    rec = bench.record
+    reasons: list[str] = []
+    loads = []
+    for name, p in rec.phases.items():
+        steps = rec.series.get(name, {}).get("step_times_s", [])
+        reasons += noise.step_checks(name, steps, p.step_time_cv)
+        reasons += noise.window_checks(name, p.windows, p.warmup_settled, p.warmup_steps)
+        reasons += noise.gpu_checks(name, p.telemetry)
+        loads += [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"),
+                                   w.get("process_cpu_util_mean"), w.get("samples") or 0)
+                  for i, w in enumerate(p.windows)]
+    reasons += noise.load_checks(loads, int(rec.env.get("cpu_count") or os.cpu_count() or 1))
+    return reasons
+
+
+def summarize(bench) -> None:
+    rec, cfg, device = bench.record, bench.cfg, bench.device
+    figures(rec, device)
+    reasons = validity(bench)
+    rec.noise_reasons = reasons
+    rec.measurement_stable = not reasons if rec.phases else None
+    competitors: list[str] = []
+    if any("other processes" in r or "interrupted" in r or "vary" in r for r in reasons):
+        competitors = noise.top_other_processes(_own_pids())
+    knobs = Knobs(
+        device=device,
+        num_workers=int(cfg.loader.num_workers),
+        cpu_count=os.cpu_count() or 1,
+        pin_memory=bool(cfg.loader.pin_memory),
+        preload=bool(cfg.dataset.preload),
+        augment_on=_enum_value(cfg.dataset.augment_on),
+        precision=_enum_value(cfg.precision.name),
+        channels_last=bool(cfg.channels_last),
+        compile=_enum_value(cfg.compile),
+        batch_size=int(cfg.loader.batch_size),
+        dataset=_enum_value(cfg.dataset.name),
+        memory_fraction=rec.peak_memory_fraction,
+        ceiling=float(cfg.memory.ceiling),
+        is_conv="vit" not in str(cfg.model.name),
+    )
+    intervals = {"loader": rec.loader_images_per_sec_ci, "compute": rec.compute_images_per_sec_ci,
+                 "e2e": rec.images_per_sec_ci}
+    v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
+              rec.data_wait_fraction, knobs, intervals, reasons,
+              noise.remedies(reasons, competitors, bench.repeats, int(cfg.bench.steps)))
+    rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
+    rec.verdict_margin = v.margin
+    if v.ratio is not None:
+        rec.extra["verdict_ratio"] = v.ratio.value
+        rec.extra["verdict_ratio_ci"] = [v.ratio.lo, v.ratio.hi]
+    if v.leaning:
+        rec.extra["verdict_leaning"] = v.leaning
+    if competitors:
+        rec.extra["competing_processes"] = competitors
+
+
+def _own_pids() -> set[int]:
+    import psutil
+
+    me = psutil.Process()
+    try:
+        return {me.pid, *(c.pid for c in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}

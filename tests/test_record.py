@@ -1,0 +1,103 @@
+"""The run record: one table of runs checked once against feasible / constraint / objective.
+The sweeper, the report and tracking read runs through these same records."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from gpubench.record import OOM_CONSTRAINT, RunRecord, Status, find_runs, load, missing
+
+
+def make(status="ok", e2e=100.0, compute=120.0, loader=400.0, peak=0.5, ceiling=0.8,
+         rung="run", **kw) -> RunRecord:
+    return RunRecord(status=Status(status), images_per_sec=e2e, compute_images_per_sec=compute,
+                     loader_images_per_sec=loader, peak_memory_fraction=peak,
+                     memory_ceiling=ceiling, rung=rung, **kw)
+
+
+# (record, feasible, constraint, objective, full)
+TABLE = {
+    "ok": (make(), True, 0.5 - 0.8, 100.0, True),
+    "ok without a memory peak": (make(peak=None), True, 0.0, 100.0, True),
+    "ok, loader phase only": (make(e2e=None, compute=None), True, -0.3, 400.0, True),
+    "ok but measured nothing": (make(e2e=None, compute=None, loader=None), False, -0.3, 0.0, True),
+    "over_ceiling": (make("over_ceiling", peak=0.9), False, 0.9 - 0.8, 0.0, True),
+    "oom": (make("oom", e2e=None, compute=None, peak=0.99), False, OOM_CONSTRAINT, 0.0, True),
+    "failed": (make("failed", peak=None), False, OOM_CONSTRAINT, 0.0, True),
+    "killed": (make("killed", peak=None), False, OOM_CONSTRAINT, 0.0, True),
+    "screening job": (make(rung="screen"), True, 0.5 - 0.8, 100.0, False),
+    "max-batch probe": (make(rung="probe", peak=0.6), True, 0.6 - 0.8, 100.0, False),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE))
+def test_meaning_of_a_record(name):
+    rec, feasible, constraint, objective, full = TABLE[name]
+    assert rec.feasible is feasible
+    assert rec.constraint == pytest.approx(constraint)
+    assert rec.objective == pytest.approx(objective)
+    assert rec.full is full
+
+
+def test_over_ceiling_keeps_its_measured_speed():
+    rec = TABLE["over_ceiling"][0]
+    assert rec.throughput == 100.0 and rec.objective == 0.0  # measured, not feasible
+
+
+def test_fits_under_a_reserve():
+    assert make(peak=0.7).fits_under(0.05)  # 0.7 <= 0.8 * 0.95
+    assert not make(peak=0.77).fits_under(0.05)
+    assert not make("oom", peak=None).fits_under(0.05)
+    assert make("over_ceiling", peak=0.5, ceiling=0.8).fits_under(0.0)
+
+
+def test_round_trip_keeps_every_key(tmp_path):
+    rec = RunRecord.start(tmp_path, {"loader": {"batch_size": 8}}, {"device": "cpu"}, 0.8)
+    rec.status, rec.images_per_sec = Status.ok, 50.0
+    rec.extra["profile"] = {"steps": 2}  # a key this version keeps without knowing it
+    rec.save()
+    raw = json.loads((tmp_path / "results.json").read_text())
+    assert raw["schema_version"] == 2 and raw["status"] == "ok" and raw["objective"] == 50.0
+    assert raw["profile"] == {"steps": 2} and raw["pid"] == os.getpid()
+    back = load(tmp_path)
+    assert back.to_dict() == raw
+    assert back.knob("loader.batch_size") == 8 and back.knob("loader.nope") is None
+
+
+def test_a_running_record_has_no_objective_yet(tmp_path):
+    rec = RunRecord.start(tmp_path, {}, {}, 0.8)
+    assert rec.to_dict()["objective"] is None
+
+
+def test_old_and_broken_files(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"status": "weird", "phases": {}}))
+    rec = load(tmp_path)
+    assert rec.status is Status.failed and rec.schema_version == 1
+    (tmp_path / "results.json").write_text("{half")
+    assert load(tmp_path) is None
+    m = missing(tmp_path, "no results.json")
+    assert m.status is Status.failed and not m.feasible and m.constraint == OOM_CONSTRAINT
+
+
+def test_stale_only_when_its_process_is_gone(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    dead = RunRecord(pid=p.pid, host=socket.gethostname())
+    assert dead.stale
+    assert not RunRecord(pid=os.getpid(), host=socket.gethostname()).stale  # alive
+    assert not RunRecord(pid=p.pid, host="another-host").stale  # cannot tell
+    assert not RunRecord(status=Status.ok, pid=p.pid, host=socket.gethostname()).stale
+
+
+def test_find_runs_skips_artifact_stores(tmp_path):
+    for d in ("a", "b/c", "mlartifacts/1/x/artifacts", "mlruns/2"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "results.json").write_text("{}")
+    assert [p.relative_to(tmp_path).as_posix() for p in find_runs(tmp_path)] == ["a", "b/c"]

@@ -1,0 +1,52 @@
+"""Interval arithmetic and warm-up settling on constructed timings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpubench.stats import median_interval, percentile, pool, settled, stats_from
+
+
+def test_percentile_matches_linear_interpolation():
+    xs = [0.4, 0.1, 0.3, 0.2]
+    assert percentile(xs, 50) == pytest.approx(0.25)
+    assert percentile(xs, 95) == pytest.approx(0.385)
+    assert percentile([0.7], 95) == 0.7
+    assert math.isnan(percentile([], 50))
+
+
+@pytest.mark.parametrize("n,coverage", [(2, 0.5), (5, 1 - 2 / 32), (6, 1 - 2 / 64)])
+def test_small_samples_give_min_max_with_their_coverage(n, coverage):
+    xs = list(range(10, 10 + n))
+    lo, hi, cover = median_interval(xs)
+    assert (lo, hi) == (10, 10 + n - 1)
+    assert cover == pytest.approx(coverage)
+
+
+def test_larger_samples_narrow_to_inner_order_statistics():
+    xs = [float(x) for x in range(1, 21)]  # n = 20: P(B(20,.5) < 6) = 0.0207 -> k = 6
+    lo, hi, cover = median_interval(xs)
+    assert (lo, hi) == (6.0, 15.0)
+    assert 0.95 <= cover < 0.99
+
+
+def test_one_window_has_no_interval_and_outliers_do_not_move_the_median():
+    assert median_interval([5.0]) is None
+    w = [stats_from("e2e", 4, 40, [0.1] * 10, s, 0.0, [], 0.0, False)
+         for s in (1.0, 1.0, 1.0, 1.05, 0.95, 10.0)]  # one window disturbed 10x
+    p = pool(w)
+    assert p["images_per_sec"] == pytest.approx(40.0)  # the median, not the pooled 240/15
+    assert p["images_per_sec_ci"][0] == pytest.approx(4.0)  # the outlier widens the interval
+    assert p["repeats"] == 6 and p["steps"] == 60 and p["images"] == 240
+
+
+def test_settled_needs_two_steady_groups_after_the_first_step():
+    compile_then_steady = [16.0] + [0.1] * 8
+    assert settled(compile_then_steady)
+    assert not settled([16.0] + [0.1] * 7)  # one group short
+    still_falling = [16.0, 1.0, 0.9, 0.8, 0.7, 0.4, 0.3, 0.2, 0.1]
+    assert not settled(still_falling)
+    # loader-like bursts (0, 0, 0, 0.4 per 4 steps) settle on their means
+    assert settled([1.0] + [0.0, 0.0, 0.0, 0.4] * 2)
