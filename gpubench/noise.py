@@ -15,6 +15,8 @@ from dataclasses import dataclass
 # compute phase repeats one batch on the device, so its steps are alike unless something
 # else competes (a quiet CPU run shows ~0.02, a GPU less)
 CV_LIMIT = 0.2
+# fewer measured steps than this are too few to judge their spread
+MIN_STEPS = 5
 # a "slow step" takes this many times the phase's median; a few of them among fast steps
 # (bimodal: at most SLOW_SHARE of the steps) are interruptions, not the workload's rhythm
 SLOW_FACTOR = 3.0
@@ -46,10 +48,12 @@ def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -
 
 def step_checks(phase: str, steps: list[float], cv: float | None) -> list[str]:
     out = []
-    if phase == "compute" and cv is not None and math.isfinite(cv) and cv > CV_LIMIT:
+    # a spread needs steps to be judged: two or three steps say nothing about steadiness
+    if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
+            and cv > CV_LIMIT):
         out.append(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT}): the device did "
                    "not run steadily")
-    if phase in ("compute", "e2e") and len(steps) >= 5:
+    if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
         s = sorted(steps)
         med = s[len(s) // 2]
         slow = [t for t in steps if med > 0 and t > SLOW_FACTOR * med]

@@ -30,7 +30,8 @@ import yaml
 
 from gpubench.config import CONFIG_DIR
 from gpubench.files import flatten, read_json
-from gpubench.sweep import format_value, throughput_of
+from gpubench.record import RunRecord, Status, find_runs, load
+from gpubench.sweep import format_value
 
 log = logging.getLogger("gpubench")
 
@@ -56,8 +57,6 @@ SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compi
 # not knobs: how long a run measured differs between screen and full measurements
 NOT_KNOBS = ("bench.", "tracking.", "fault.")
 AMP = ("amp_bf16", "amp_fp16")
-# rungs measured too briefly to rank speed by: a screen (pruned trials) and a max-batch probe
-SHORT_RUNGS = ("screen", "probe")
 
 
 # --------------------------------------------------------------------------- rows
@@ -65,23 +64,69 @@ SHORT_RUNGS = ("screen", "probe")
 
 @dataclass
 class Row:
-    """One measured configuration."""
+    """One measured configuration: a run record (gpubench/record.py decides what its status,
+    throughput and feasibility mean) and its config as dotted keys."""
 
     label: str  # trial number, job folder or MLflow run id
-    status: str
-    throughput: float
-    peak: float | None  # peak memory, fraction of the device
-    ceiling: float
-    flat: dict[str, Any]  # the config, dotted keys
-    data: dict = field(default_factory=dict, repr=False)
-    dir: str | None = None
-    rung: str = "run"  # run, full, screen (pruned after a short measurement), probe
+    record: RunRecord
+    flat: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.flat:
+            self.flat = flatten(self.record.config)
+
+    @property
+    def status(self) -> str:
+        return self.record.status.value
+
+    @property
+    def throughput(self) -> float:
+        return self.record.throughput
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95% interval of the throughput (its median's, over windows); the figure itself
+        when the run measured a single window."""
+        r, t = self.record, self.throughput
+        for value, ci in ((r.images_per_sec, r.images_per_sec_ci),
+                          (r.compute_images_per_sec, r.compute_images_per_sec_ci),
+                          (r.loader_images_per_sec, r.loader_images_per_sec_ci)):
+            if value is not None and value == t and ci:
+                return min(ci[0], t), max(ci[1], t)
+        return t, t
+
+    @property
+    def peak(self) -> float | None:
+        return self.record.peak_memory_fraction
+
+    @property
+    def ceiling(self) -> float:
+        return self.record.memory_ceiling
+
+    @property
+    def data(self) -> dict:
+        return self.record.to_dict()
+
+    @property
+    def dir(self) -> str | None:
+        return str(self.record.dir) if self.record.dir is not None else None
+
+    @property
+    def rung(self) -> str:
+        return self.record.rung
 
     @property
     def feasible(self) -> bool:
-        return self.status == "ok" and self.throughput > 0 and (
-            self.peak is None or self.peak <= self.ceiling
-        )
+        return self.record.feasible
+
+    @property
+    def full(self) -> bool:
+        return self.record.full
+
+    @property
+    def stable(self) -> bool:
+        """False when the run itself found its measurement disturbed (noise_reasons)."""
+        return self.record.measurement_stable is not False
 
     def knob(self, name: str) -> Any:
         key = KNOBS[name]
@@ -91,22 +136,12 @@ class Row:
         return v
 
     @property
-    def full(self) -> bool:
-        """A full-length measurement, not a short screen or max-batch probe."""
-        return self.rung not in SHORT_RUNGS
-
-    @property
     def amp(self) -> bool:
         return self.knob("precision") in AMP
 
 
-def row_from_results(data: dict, label: str, dir: str | None = None, rung: str = "run") -> Row:
-    status = data.get("status", "failed")
-    tp = throughput_of(data) if status in ("ok", "over_ceiling") else 0.0
-    cfg = data.get("config") or {}
-    ceiling = data.get("memory_ceiling") or cfg.get("memory", {}).get("ceiling") or 1.0
-    return Row(label, status, tp, data.get("peak_memory_fraction"), float(ceiling),
-               flatten(cfg), data, dir, rung)
+def row_of(rec: RunRecord, label: str) -> Row:
+    return Row(label, rec)
 
 
 def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
@@ -122,22 +157,21 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     # a trial measured in full also left its screen's folder: one row per trial
     measured_in_full = {j.get("trial") for j in jobs.values() if j.get("rung") == "full"}
     rows = []
-    for p in sorted(sweep_dir.rglob("results.json"), key=_job_order):
-        data = read_json(p)
-        if data is None or data.get("status") == "running":
-            continue
-        job = jobs.get(str(p.parent), {})
+    for d in sorted(find_runs(sweep_dir), key=_job_order):
+        job = jobs.get(str(d), {})
         rung = job.get("rung", "run")
+        rec = load(d, rung)
+        if rec is None or not rec.status.final:
+            continue
         if rung == "screen" and job.get("trial") in measured_in_full:
             continue
-        label = p.parent.name if p.parent != sweep_dir else "run"
-        rows.append(row_from_results(data, label, str(p.parent), rung))
+        rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
     return rows, None
 
 
-def _job_order(p: Path):
-    n = p.parent.name
-    return (0, int(n), "") if n.isdigit() else (1, 0, str(p))
+def _job_order(d: Path):
+    n = d.name
+    return (0, int(n), "") if n.isdigit() else (1, 0, str(d))
 
 
 def _load_study(name: str, storage: str):
@@ -152,14 +186,16 @@ def _load_study(name: str, storage: str):
         if t.state == TrialState.RUNNING or a.get("interrupted") or "duplicate_of" in a:
             continue
         rung = "screen" if t.state == TrialState.PRUNED else a.get("rung", "full")
-        data = read_json(Path(a["dir"]) / "results.json") if a.get("dir") else None
-        if data is not None:
-            rows.append(row_from_results(data, str(t.number), a["dir"], rung))
+        rec = load(a["dir"], rung) if a.get("dir") else None
+        if rec is not None:
+            rows.append(row_of(rec, str(t.number)))
         else:  # its folder is gone: what the study kept
             status = a.get("status", "failed" if t.state == TrialState.FAIL else "ok")
-            rows.append(Row(str(t.number), status, float(a.get("throughput") or 0.0),
-                            a.get("peak_memory_fraction"), float(a.get("memory_ceiling") or 1.0),
-                            dict(t.params), rung=rung))
+            rec = RunRecord(status=Status(status) if status in Status.__members__ else
+                            Status.failed, images_per_sec=a.get("throughput"),
+                            peak_memory_fraction=a.get("peak_memory_fraction"),
+                            memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
+            rows.append(Row(str(t.number), rec, dict(t.params)))
     return rows, study
 
 
@@ -192,9 +228,9 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                     path = client.download_artifacts(rid, "results.json", f"{tmp}/{rid}")
                 except Exception:
                     continue
-                data = read_json(Path(path))
-                if data is not None:
-                    rows.append(row_from_results(data, rid[:8]))
+                rec = load(Path(path))
+                if rec is not None:
+                    rows.append(row_of(rec, rid[:8]))
             token = page.token
             if not token:
                 break
@@ -204,16 +240,15 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per training setup: an experiment collects screens and full measurements of the
     same setup, and repeats across sweeps; keep the longest measurement, then the newest."""
-    keep: dict[str, Row] = {}
+    keep: dict[str, tuple[tuple, Row]] = {}
     for r in rows:
-        cfg = r.data.get("config") or {}
+        cfg = r.record.config
         key = json.dumps({k: cfg.get(k) for k in SETUP_KEYS}, sort_keys=True, default=str)
-        rank = (int(cfg.get("bench", {}).get("steps") or 0), r.data.get("started_at") or "")
+        rank = (int(cfg.get("bench", {}).get("steps") or 0), r.record.started_at or "")
         old = keep.get(key)
-        if old is None or rank > old.data.get("_rank", (0, "")):
-            r.data["_rank"] = rank
-            keep[key] = r
-    return list(keep.values())
+        if old is None or rank > old[0]:
+            keep[key] = (rank, r)
+    return [r for _, r in keep.values()]
 
 
 # --------------------------------------------------------------------------- analysis
@@ -230,8 +265,9 @@ def varying(rows: list[Row]) -> list[str]:
 
 
 def ranked(rows: list[Row]) -> list[Row]:
-    """Feasible first, full-length measurements before short screens, fastest first."""
-    return sorted(rows, key=lambda r: (not r.feasible, not r.full, -r.throughput))
+    """Feasible first, full-length measurements before short screens, stable before disturbed,
+    fastest first."""
+    return sorted(rows, key=lambda r: (not r.feasible, not r.full, not r.stable, -r.throughput))
 
 
 @dataclass
@@ -242,27 +278,71 @@ class Recommendation:
     reasons: list[str]
 
 
+def _iv(r: Row) -> str:
+    lo, hi = r.interval
+    return f"{r.throughput:.1f}" if lo == hi else f"{r.throughput:.1f} [{lo:.1f}-{hi:.1f}]"
+
+
+def near_best(r: Row, best: Row, tolerance: float) -> bool:
+    """Within `tolerance` of the best, judged on intervals: even the low end of the row's
+    interval reaches (1 - tolerance) of the best's median. A noisy row that only might be
+    that fast does not qualify, so noise never picks a smaller, slower configuration."""
+    return r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput
+
+
+def amp_effect(amp: Row, plain: Row) -> str:
+    """'faster', 'slower' or 'same': AMP's best against the best without it, on intervals."""
+    if amp.interval[0] > plain.interval[1]:
+        return "faster"
+    if amp.interval[1] < plain.interval[0]:
+        return "slower"
+    if amp.interval == (amp.throughput, amp.throughput) and plain.interval == (
+            plain.throughput, plain.throughput):  # single windows: the figures decide
+        return "faster" if amp.throughput > plain.throughput else "slower"
+    return "same"
+
+
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
-    """Reference article 003's pick: within `tolerance` of the fastest feasible throughput, AMP
-    on when it measured faster, pin_memory on, then the smallest batch and the fewest workers
-    (large batches can hurt the model and take memory; extra workers cost host RAM). Only
-    full-length measurements compete: a screen or a probe is too short to compare speeds."""
-    ok = [r for r in rows if r.feasible and r.full]
+    """Reference article 003's pick: among full-length, feasible, stable measurements within
+    `tolerance` of the fastest (on intervals), AMP on when it measured faster beyond the
+    intervals, pin_memory on, then the smallest batch and the fewest workers (large batches
+    can hurt the model and take memory; extra workers cost host RAM). A screen or a probe is
+    too short to compare speeds; a run that found its own measurement disturbed is never the
+    recommendation, and the report says when the fastest figure came from one."""
+    full = [r for r in rows if r.feasible and r.full]
+    ok = [r for r in full if r.stable]
+    reasons = []
+    if full and not ok:
+        ok = full
+        reasons.append("UNCONFIRMED: every measurement found itself disturbed (noise_reasons); "
+                       "rerun the recommended config on a quiet machine before trusting it")
     if not ok:
         return None
     best = max(ok, key=lambda r: r.throughput)
-    near = [r for r in ok if r.throughput >= (1.0 - tolerance) * best.throughput]
-    reasons = [f"fastest feasible: {best.throughput:.1f} img/s; {len(near)} configuration(s) "
-               f"within {tolerance:.0%} of it"]
+    fastest = max(full, key=lambda r: r.throughput)
+    if fastest is not best:
+        reasons.append(f"the fastest figure, run {fastest.label} at {_iv(fastest)} img/s, was "
+                       "measured unstable (noise_reasons): not recommended unconfirmed; rerun "
+                       "it on a quiet machine")
+    near = [r for r in ok if near_best(r, best, tolerance)]
+    reasons.insert(0, f"fastest {'stable ' if best.stable else ''}feasible: {_iv(best)} img/s; {len(near)} configuration(s)"
+                      f" within {tolerance:.0%} of it on their intervals")
     amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
     if amp and plain:
-        a, p = max(r.throughput for r in amp), max(r.throughput for r in plain)
-        helps = a > p
-        near = [r for r in near if r.amp == helps] or near
-        reasons.append(f"AMP {'on' if helps else 'off'}: best with AMP {a:.1f} img/s, without "
-                       f"{p:.1f} ({a / p - 1:+.1%})")
+        a = max(amp, key=lambda r: r.throughput)
+        p = max(plain, key=lambda r: r.throughput)
+        effect = amp_effect(a, p)
+        change = f"{a.throughput / p.throughput - 1:+.1%}"
+        if effect == "same":
+            reasons.append(f"AMP made no measurable difference: with AMP {_iv(a)} img/s, without "
+                           f"{_iv(p)} ({change}, inside the intervals)")
+        else:
+            helps = effect == "faster"
+            near = [r for r in near if r.amp == helps] or near
+            reasons.append(f"AMP {'on' if helps else 'off'}: best with AMP {_iv(a)} img/s, "
+                           f"without {_iv(p)} ({change})")
     # pinning only exists for copies to a GPU: on a CPU-only run it is not a knob at all
-    on_gpu = any((r.data.get("env") or {}).get("device") == "cuda" for r in near)
+    on_gpu = any(r.record.env.get("device") == "cuda" for r in near)
     pinned = [r for r in near if r.knob("pin_memory") is True]
     if on_gpu and pinned and len(pinned) < len(near):
         near = pinned
@@ -277,9 +357,9 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     picked = [f"{what} ({v})" for what, v in (("smallest batch size", chosen.knob("batch_size")),
                                               ("fewest workers", chosen.knob("num_workers")))
               if v is not None]
-    reasons.append(f"{' and '.join(picked) or 'no batch size or workers recorded: the fastest'} within {tolerance:.0%}: "
-                   f"{chosen.throughput:.1f} img/s, {chosen.throughput / best.throughput:.0%} "
-                   "of the fastest")
+    reasons.append(f"{' and '.join(picked) or 'no batch size or workers recorded: the fastest'}"
+                   f" within {tolerance:.0%}: {_iv(chosen)} img/s, "
+                   f"{chosen.throughput / best.throughput:.0%} of the fastest")
     reasons += _workers_check(rows, chosen)
     return Recommendation(best, chosen, tolerance, reasons)
 
@@ -288,17 +368,15 @@ def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
     """The loader phase's view (gpubench.verdict.fewest_workers): how many workers out-run
     compute at the chosen setup's batch size (the loader phase runs no model, so all
     precisions count)."""
-    try:
-        from gpubench.verdict import fewest_workers
-    except ImportError:
-        return []
+    from gpubench.verdict import fewest_workers
+
     same = [
-        {"num_workers": r.knob("num_workers"), "loader_images_per_sec":
-         r.data.get("loader_images_per_sec")}
+        {"num_workers": r.knob("num_workers"),
+         "loader_images_per_sec": r.record.loader_images_per_sec}
         for r in rows
-        if r.knob("batch_size") == chosen.knob("batch_size") and r.status in ("ok", "over_ceiling")
+        if r.knob("batch_size") == chosen.knob("batch_size") and r.record.status.measured
     ]
-    pick = fewest_workers(same, chosen.data.get("compute_images_per_sec"))
+    pick = fewest_workers(same, chosen.record.compute_images_per_sec)
     return [f"loader check: {pick.reason}"] if pick.num_workers is not None else []
 
 
@@ -321,7 +399,7 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
 
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
     """The row's setup as a `# @package _global_` overlay that composes back into it."""
-    cfg = row.data.get("config") or {}
+    cfg = row.record.config
     setup = {k: cfg[k] for k in SETUP_KEYS if k in cfg}
     groups = []
     for group, value in (("dataset", setup.get("dataset", {}).get("name")),
@@ -349,17 +427,20 @@ def _fmt(v: Any) -> str:
 
 
 def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    util_key = "gpu_util_mean" if any(r.data.get("gpu_util_mean") is not None for r in rows) \
+    util_key = "gpu_util_mean" if any(r.record.gpu_util_mean is not None for r in rows) \
         else "process_cpu_util_mean"
-    head = ["#", "run", "status", "img/s", "mem %", "gpu util %" if util_key.startswith("gpu")
-            else "cpu util %", "verdict", "rung", *keys]
+    head = ["#", "run", "status", "img/s", "95% interval", "mem %", "gpu util %"
+            if util_key.startswith("gpu") else "cpu util %", "verdict", "stable", "rung", *keys]
     body = []
     for i, r in enumerate(ranked(rows), 1):
+        lo, hi = r.interval
         body.append([
             str(i), r.label, r.status,
-            f"{r.throughput:.1f}", "-" if r.peak is None else f"{100 * r.peak:.1f}",
-            _fmt(r.data.get(util_key)), _fmt(r.data.get("bottleneck")), r.rung,
-            *(_fmt(r.flat.get(k)) for k in keys),
+            f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:.1f}-{hi:.1f}",
+            "-" if r.peak is None else f"{100 * r.peak:.1f}",
+            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
+            "-" if r.record.measurement_stable is None else ("yes" if r.stable else "NO"),
+            r.rung, *(_fmt(r.flat.get(k)) for k in keys),
         ])
     return head, body
 
@@ -415,16 +496,18 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         cmd = rerun_command(out_dir)
         summary.update(
             best={"label": rec.best.label, "images_per_sec": rec.best.throughput,
+                  "images_per_sec_ci": list(rec.best.interval),
                   "dir": rec.best.dir, "overrides": overrides_of(rec.best, keys)},
             recommended={"label": rec.chosen.label, "images_per_sec": rec.chosen.throughput,
+                         "images_per_sec_ci": list(rec.chosen.interval),
                          "peak_memory_fraction": rec.chosen.peak, "dir": rec.chosen.dir,
                          "overrides": overrides_of(rec.chosen, keys), "yaml": str(yml)},
             reasons=rec.reasons, command=cmd,
         )
         lines += [
-            f"fastest feasible: {rec.best.throughput:.1f} img/s  (run {rec.best.label}: "
+            f"fastest feasible: {_iv(rec.best)} img/s  (run {rec.best.label}: "
             f"{' '.join(overrides_of(rec.best, keys))})",
-            f"recommended:      {rec.chosen.throughput:.1f} img/s  (run {rec.chosen.label}: "
+            f"recommended:      {_iv(rec.chosen)} img/s  (run {rec.chosen.label}: "
             f"{' '.join(overrides_of(rec.chosen, keys))})",
             *(f"  - {x}" for x in rec.reasons),
             f"recommended config: {yml}",

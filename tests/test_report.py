@@ -11,16 +11,19 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from gpubench.config import CONFIG_DIR, to_container
+from gpubench.record import RunRecord, Status
 from gpubench.report import SETUP_KEYS, Row, load_dir, ranked, recommend, sweep_report
 from tests.conftest import run_cli
 
 
 def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True,
-        device="cuda", rung="run") -> Row:
-    flat = {"loader.batch_size": batch, "loader.num_workers": workers, "precision.name": precision,
-            "loader.pin_memory": pin}
-    return Row(f"b{batch}w{workers}{precision}{pin}{rung}", status, ips, peak, 0.8, flat,
-               {"env": {"device": device}}, rung=rung)
+        device="cuda", rung="run", ci=None, stable=None) -> Row:
+    config = {"loader": {"batch_size": batch, "num_workers": workers, "pin_memory": pin},
+              "precision": {"name": precision}}
+    rec = RunRecord(status=Status(status), images_per_sec=ips, images_per_sec_ci=ci,
+                    peak_memory_fraction=peak, memory_ceiling=0.8, config=config,
+                    env={"device": device}, measurement_stable=stable, rung=rung)
+    return Row(f"b{batch}w{workers}{precision}{pin}{rung}", rec)
 
 
 def grid(speed, precisions=("fp32", "amp_bf16"), peak=lambda b: b / 512) -> list[Row]:
@@ -92,8 +95,13 @@ def test_short_measurements_are_ranked_but_not_recommended():
 
 
 def test_missing_knobs_are_not_reported_as_none():
-    r = Row("a", "ok", 10.0, 0.1, 0.8, {"model.name": "tiny"})
-    rec = recommend([r, Row("b", "ok", 9.0, 0.1, 0.8, {"model.name": "tiny2"})])
+    def one(label, ips, model):
+        return Row(label, RunRecord(status=Status.ok, images_per_sec=ips,
+                                    peak_memory_fraction=0.1, memory_ceiling=0.8,
+                                    config={"model": {"name": model}}))
+
+    r = one("a", 10.0, "tiny")
+    rec = recommend([r, one("b", 9.0, "tiny2")])
     assert rec.chosen is r and not any("None" in x for x in rec.reasons)
 
 
@@ -152,3 +160,32 @@ def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
     # a second call (the MLflow callback after the sweeper) reuses the files
     mtime = (report / "pareto.png").stat().st_mtime_ns
     assert sweep_report(sweep, quiet=True) and (report / "pareto.png").stat().st_mtime_ns == mtime
+
+
+def test_within_tolerance_is_judged_on_intervals():
+    best = row(256, 2, ips=100.0, ci=[98.0, 102.0])
+    tight = row(64, 2, ips=97.0, ci=[96.0, 98.0])  # surely within 5%
+    noisy = row(16, 2, ips=97.0, ci=[60.0, 130.0])  # maybe, maybe far slower
+    rec = recommend([best, tight, noisy])
+    assert rec.chosen is tight  # the smaller, noisy batch does not win on a lucky median
+
+
+def test_amp_difference_inside_the_intervals_is_no_difference():
+    amp = row(64, 2, "amp_bf16", ips=120.0, ci=[80.0, 150.0])
+    plain = row(32, 2, "fp32", ips=93.5, ci=[85.0, 110.0])
+    rec = recommend([amp, plain])
+    assert any(x.startswith("AMP made no measurable difference") for x in rec.reasons)
+    # and beyond the intervals it decides
+    rec = recommend([row(64, 2, "amp_bf16", ips=160.0, ci=[150.0, 170.0]), plain])
+    assert any(x.startswith("AMP on") for x in rec.reasons)
+
+
+def test_an_unstable_fastest_run_is_not_recommended_unconfirmed():
+    lucky = row(128, 2, ips=7019.0, stable=False)
+    steady = row(64, 2, ips=235.0, ci=[230.0, 240.0], stable=True)
+    rec = recommend([lucky, steady])
+    assert rec.best is steady and rec.chosen is steady
+    assert any("measured unstable" in x and lucky.label in x for x in rec.reasons)
+    assert ranked([lucky, steady])[0] is steady
+    alone = recommend([lucky])  # nothing confirmed: a recommendation marked as such
+    assert alone.chosen is lucky and any(x.startswith("UNCONFIRMED") for x in alone.reasons)
