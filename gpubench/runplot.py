@@ -3,9 +3,11 @@
 Top: the three measured pipes as bars (loader only, compute only, end-to-end) with their 95%
 intervals, and the combined bound e2e can reach when the run recorded one. The narrowest pipe
 is the shortest bar; the title names the verdict, its margin and whether the measurement was
-steady enough to trust. Bottom: per-step images/sec of each phase against the step index, the
-warm-up steps shaded, as reference article 003 plots throughput per batch: a curve still
-climbing after the shaded part says the warm-up was too short.
+steady enough to trust. Bottom: each phase's step times against the step index, the warm-up
+steps shaded, as reference article 003 plots its curves per batch: a curve still falling after
+the shaded part says the warm-up was too short; spikes are stalls (a slow batch, a busy host).
+Step times rather than per-step images/sec: their mean is what the pooled throughput inverts,
+while per-step rates overweight the fastest steps.
 
 `run_picture_data` is the pure part (what is drawn, checked by the tests); `plot_run` draws it.
 """
@@ -94,8 +96,9 @@ def run_picture_data(record: RunRecord) -> dict:
       (ci is [lo, hi] or None when the phase ran a single window);
     - `bound`: {images_per_sec, label} the combined bound for e2e, or None when not recorded;
     - `title`: the verdict line(s);
-    - `traces`: {phase: {warmup: [images/sec per step], steps: [...], batch_size}} for the
-      phases that kept their step times.
+    - `traces`: {phase: {warmup_ms: [step times], steps_ms: [...]}} for the phases that kept
+      their step times (None for a step the clock could not resolve), `trace_log_y` when they
+      span more than 20x.
     """
     bars = []
     for name in PHASE_NAMES:
@@ -110,19 +113,20 @@ def run_picture_data(record: RunRecord) -> dict:
     traces = {}
     for name in PHASE_NAMES:
         s = record.series.get(name) or {}
-        ph = record.phases.get(name)
-        bs = ph.batch_size if ph is not None and ph.batch_size else record.knob("loader.batch_size")
-        if not bs or not (s.get("step_times_s") or s.get("warmup_step_times_s")):
-            continue
-
-        def rate(times, bs=bs):
-            # a step's images/sec; a zero-length step (clock resolution) has no rate
-            return [bs / t if _num(t) and t > 0 else None for t in times]
-
-        traces[name] = {"warmup": rate(s.get("warmup_step_times_s") or []),
-                        "steps": rate(s.get("step_times_s") or []), "batch_size": int(bs)}
+        warm, steps = _ms(s.get("warmup_step_times_s")), _ms(s.get("step_times_s"))
+        if warm or steps:
+            traces[name] = {"warmup_ms": warm, "steps_ms": steps}
+    every = [t for tr in traces.values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
+    # a first step that compiles or autotunes can be 100x the rest: a log axis keeps both
+    # readable
+    log_y = bool(every) and max(every) > 20 * min(every)
     return {"bars": bars, "bound": bound, "title": _title(record), "traces": traces,
-            "verdict": record.bottleneck}
+            "trace_log_y": log_y, "verdict": record.bottleneck,
+            "intervals": any(b["ci"] for b in bars)}
+
+
+def _ms(times) -> list[float | None]:
+    return [1000.0 * t if _num(t) is not None and t > 0 else None for t in (times or [])]
 
 
 def plot_run(record: RunRecord, out: Path) -> Path:
@@ -143,7 +147,7 @@ def plot_run(record: RunRecord, out: Path) -> Path:
         _draw_traces(axes[1][0], d)
     fig.suptitle(d["title"], fontsize=10, ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -157,38 +161,41 @@ def _draw_bars(ax, d: dict) -> None:
         return
     ys = list(range(len(bars)))[::-1]  # pipe order top to bottom: loader, compute, e2e
     vals = [b["images_per_sec"] for b in bars]
-    err = [[b["images_per_sec"] - b["ci"][0] if b["ci"] else 0.0 for b in bars],
-           [b["ci"][1] - b["images_per_sec"] if b["ci"] else 0.0 for b in bars]]
-    # an interval is never negative in length; a point estimate outside its own interval
-    # (a skewed estimator) would make a negative error bar, which matplotlib rejects
-    err = [[max(0.0, e) for e in side] for side in err]
-    ax.barh(ys, vals, xerr=err, capsize=5, color=[PHASE_COLORS[b["phase"]] for b in bars],
-            alpha=0.85, error_kw={"elinewidth": 1.5})
+    ax.barh(ys, vals, color=[PHASE_COLORS[b["phase"]] for b in bars], alpha=0.85)
+    for y, b in zip(ys, bars, strict=True):
+        if b["ci"]:  # a single-window phase has no interval: no whisker rather than a fake one
+            # max(0, ...): a point estimate just outside its own interval (a skewed
+            # estimator) would give a negative length, which matplotlib rejects
+            lo = max(0.0, b["images_per_sec"] - b["ci"][0])
+            hi = max(0.0, b["ci"][1] - b["images_per_sec"])
+            ax.errorbar([b["images_per_sec"]], [y], xerr=[[lo], [hi]], color="black",
+                        capsize=5, elinewidth=1.5)
     ax.set_yticks(ys, [b["label"] for b in bars])
     top = max([b["ci"][1] if b["ci"] else b["images_per_sec"] for b in bars]
               + ([d["bound"]["images_per_sec"]] if d["bound"] else []))
     for y, b in zip(ys, bars, strict=True):
         ci = f"  [{b['ci'][0]:.0f}, {b['ci'][1]:.0f}]" if b["ci"] else ""
         right = b["ci"][1] if b["ci"] else b["images_per_sec"]  # past the whisker's cap
-        ax.text(right + 0.015 * top, y, f"{b['images_per_sec']:.1f}{ci}", va="center",
+        ax.text(right + 0.03 * top, y, f"{b['images_per_sec']:.1f}{ci}", va="center",
                 fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     if d["bound"]:
         ax.axvline(d["bound"]["images_per_sec"], color="black", linestyle="--", linewidth=1.2,
-                   label=f"{d['bound']['label']}: {d['bound']['images_per_sec']:.1f}")
-        ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+                   label=f"combined bound\n(what e2e can reach)\n{d['bound']['images_per_sec']:.1f} img/s")
+        # outside the axes, as below: inside it would cover the bars it is about
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     ax.set_xlim(0, 1.3 * top)  # room for the value labels right of the longest bar
     ax.set_ylim(-0.6, len(bars) - 0.4)
-    ax.set_xlabel("images/sec (bar: pooled windows; whisker: 95% interval)")
+    ax.set_xlabel("images/sec" + (" (whisker: 95% interval over repeated windows)"
+                                  if d["intervals"] else " (one window per phase: no interval)"))
     ax.grid(alpha=0.3, axis="x")
 
 
 def _draw_traces(ax, d: dict) -> None:
     longest_warmup = 0
     for name, t in d["traces"].items():
-        w, s = t["warmup"], t["steps"]
-        xs = list(range(len(w) + len(s)))
-        ax.plot(xs, [*w, *s], color=PHASE_COLORS[name], linewidth=1.2, marker=".",
-                markersize=3, label=PHASE_LABELS[name])
+        w, s = t["warmup_ms"], t["steps_ms"]
+        ax.plot(range(len(w) + len(s)), [*w, *s], color=PHASE_COLORS[name], linewidth=1.0,
+                marker=".", markersize=3, label=PHASE_LABELS[name])
         longest_warmup = max(longest_warmup, len(w))
     if longest_warmup:
         # shaded to the longest warm-up: phases share the warm-up step count in practice
@@ -197,7 +204,12 @@ def _draw_traces(ax, d: dict) -> None:
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step (warm-up first, then the measured steps)")
-    ax.set_ylabel("images/sec per step\n(batch size / step time)")
-    ax.set_ylim(bottom=0)
+    if d["trace_log_y"]:
+        ax.set_yscale("log")
+        ax.set_ylabel("step time, ms (log scale)")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("step time, ms")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    # outside the axes: a legend must not cover the steps it explains
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

@@ -41,7 +41,7 @@ def test_bars_carry_each_phase_and_its_interval_in_pipe_order():
 
 def test_no_interval_and_no_bound_when_the_record_has_none():
     d = run_picture_data(make_record(ci=False))
-    assert all(b["ci"] is None for b in d["bars"])
+    assert all(b["ci"] is None for b in d["bars"]) and not d["intervals"]
     assert d["bound"] is None
 
 
@@ -67,12 +67,15 @@ def test_title_names_verdict_margin_and_noise():
     assert t.startswith("[over_ceiling] compute")
 
 
-def test_traces_are_per_step_rates_with_warmup_apart():
-    d = run_picture_data(make_record(batch=16, warmup=(0.5, 0.0), steps=(0.2, 0.25)))
+def test_traces_are_step_times_with_warmup_apart():
+    d = run_picture_data(make_record(warmup=(0.5, 0.0), steps=(0.2, 0.25)))
     tr = d["traces"]["e2e"]
-    assert tr["warmup"] == [pytest.approx(32.0), None]  # a zero-length step has no rate
-    assert tr["steps"] == [pytest.approx(80.0), pytest.approx(64.0)]
+    assert tr["warmup_ms"] == [pytest.approx(500.0), None]  # an unresolved (0 s) step
+    assert tr["steps_ms"] == [pytest.approx(200.0), pytest.approx(250.0)]
     assert set(d["traces"]) == {"loader", "compute", "e2e"}
+    assert not d["trace_log_y"]
+    # a first step 100x the others (compile, autotune) switches to a log axis
+    assert run_picture_data(make_record(warmup=(10.0, 0.1), steps=(0.1, 0.1)))["trace_log_y"]
 
 
 def test_plot_run_writes_run_png_beside_results(tmp_path):
