@@ -32,6 +32,8 @@ BOUND_PHASES = ("loader", "compute")
 SHORT_LABEL = "short screen / probe (not ranked)"
 # headroom above the highest point: the star and the top markers stay inside the axes
 HEADROOM = 1.15
+# values spanning more than this factor get a log y axis
+LOG_SPAN = 20.0
 
 
 # --------------------------------------------------------------------------- reading rows
@@ -118,17 +120,24 @@ def curve_data(rows, knob: str, xlabel: str, rec=None, log2: bool = False) -> di
     xs_all = sorted({r.knob(knob) for r in ok} | {r.knob(knob) for r in short})
     ys_all = [y for ln in lines for y in ln["ys"] + [b for v in ln["bounds"].values() for b in v]
               if y is not None] + [r.throughput for r in short]
+    every = ys_all + ([star["y"]] if star else [])
+    # a loader 20x faster than the training loop would flatten the curve that matters onto
+    # the axis: a log axis keeps both readable
+    log_y = min(every) > 0 and max(every) > LOG_SPAN * min(every)
     return {
         "lines": lines,
         "short": {"xs": [r.knob(knob) for r in short], "ys": [r.throughput for r in short]},
         "star": star,
         "phase": phase,
         "xlabel": xlabel,
-        "ylabel": f"{phase} images/sec (best feasible run per {xlabel})",
+        "ylabel": f"{phase} images/sec (best feasible run per {xlabel})"
+                  + (", log scale" if log_y else ""),
         "xticks": xs_all,
         "integer_x": all(_is_int(x) for x in xs_all),
         "log2": log2,
-        "ymax": HEADROOM * max(ys_all + ([star["y"]] if star else [])),
+        "log_y": log_y,
+        "ymin": min(every) / 1.5 if log_y else 0.0,
+        "ymax": (1.6 if log_y else HEADROOM) * max(every),
     }
 
 
@@ -268,7 +277,9 @@ def _draw_curve(d: dict, out: Path) -> Path:
     _x_axis(ax, d["xticks"], d["log2"], d["integer_x"])
     ax.set_xlabel(d["xlabel"])
     ax.set_ylabel(d["ylabel"])
-    ax.set_ylim(0, d["ymax"])
+    if d["log_y"]:
+        ax.set_yscale("log")
+    ax.set_ylim(d["ymin"], d["ymax"])
     ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, out)

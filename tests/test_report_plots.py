@@ -49,6 +49,15 @@ def test_curve_draws_loader_and_compute_of_the_same_best_runs():
     assert d["phase"] == "e2e" and d["ylabel"].startswith("e2e images/sec")
     assert d["xticks"] == [16, 32, 64]
     assert d["ymax"] > 700  # the tallest bound fits under the top
+    assert not d["log_y"] and d["ymin"] == 0.0
+
+
+def test_bounds_far_above_e2e_switch_to_a_log_axis():
+    rows = rows_of(run(batch=2, e2e=20, loader=4700, compute=300),
+                   run(batch=4, e2e=25, loader=6000, compute=30))
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert d["log_y"] and "log scale" in d["ylabel"]
+    assert 0 < d["ymin"] < 20 and d["ymax"] > 6000
 
 
 def test_loader_only_sweep_says_loader_with_integer_worker_ticks():
