@@ -26,6 +26,7 @@ checked too (a few type tests, no copy), inside the workers.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -135,6 +136,15 @@ def _instantiate(node: DictConfig, key: str):
                           f"an importable callable taking the given keys ({cause})") from e
 
 
+def _import(path: str):
+    """`pkg.module.Class` imported. Not hydra.utils.get_class: that logs its own multi-line
+    ERROR before raising, and bad input must stay one line."""
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ImportError(f"{path!r} is not a dotted path (package.module.Class)")
+    return getattr(importlib.import_module(module), name)
+
+
 def _set(node) -> bool:
     return bool(node) and bool(node.get("_target_"))
 
@@ -153,13 +163,11 @@ def build(cfg: DictConfig, default_transform, info: dict) -> Dataset:
         # both replace the host transform with gpubench's fixed-size decode and crop
         raise ConfigError("dataset.transform._target_", ds_cfg.transform._target_,
                           "unset with dataset.preload=true or dataset.augment_on=device")
-    from hydra.utils import get_class
-
     try:
-        cls = get_class(str(target))
+        cls = _import(str(target))
     except Exception as e:
-        raise ConfigError("dataset._target_", target,
-                          f"an importable Dataset class ({' '.join(str(e).split())[:200]})") from e
+        raise ConfigError("dataset._target_", target, f"an importable Dataset class "
+                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
     kwargs = OmegaConf.to_container(ds_cfg.kwargs, resolve=True) if ds_cfg.kwargs else {}
     try:
         inner = cls(**kwargs)
