@@ -196,3 +196,20 @@ def test_team_example_runs_through_config_dir(tmp_path):
     done = [json.loads(f.read_text()) for f in (tmp_path / "sweep").rglob("results.json")]
     assert len(done) == 2 and all(d["status"] == "ok" for d in done)
     assert {d["config"]["dataset"]["_target_"] for d in done} == {"my_team.data.ShardDataset"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["dataset._target_=no_such_team.data.X",
+                                 f"dataset._target_={HERE}.Broken"])
+def test_cli_bad_custom_dataset_is_one_line_on_stderr(tmp_path, bad):
+    from conftest import TINY
+
+    env = {"PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)}
+    p = run_cli(*TINY, "dataset=custom", bad, "+dataset.kwargs.kind=float_label"
+                if "Broken" in bad else "+dataset.kwargs.unused=1", "hydra.run.dir=run",
+                cwd=tmp_path, env=env)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gpubench: error: dataset._target_="), p.stderr
+    assert not (tmp_path / "run" / "results.json").exists()
