@@ -36,11 +36,12 @@ from gpubench.files import read_json
 from gpubench.record import RESULTS_FILE, RunRecord
 
 DEFAULT_EXPERIMENT = "gpubench"
-# Examples only, so the table is never empty: on-demand list prices of the GPU alone (no VM) on
-# Google Cloud, us-central1, as listed in July 2023 (the period of reference article 003,
-# whose V100 is "about 7x" the T4). Prices change; pass your own with --prices.
+# Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
+# (no VM), us-central1, around July 2023, the period of reference article 003 (whose V100 is
+# "7X more expensive" than the T4: 2.48 / 0.35 = 7.1). Only these two, the article's pair; any
+# other device needs the user's price. Prices change: pass your own with --prices.
 EXAMPLE_PRICES_DATE = "2023-07"
-EXAMPLE_PRICES = {"T4": 0.35, "V100": 2.48, "P100": 1.46, "P4": 0.60, "A100": 2.93, "L4": 0.56}
+EXAMPLE_PRICES = {"T4": 0.35, "V100": 2.48}
 
 
 @dataclass
