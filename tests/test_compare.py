@@ -113,3 +113,14 @@ def test_nothing_to_compare_is_one_line_and_nonzero(tmp_path, capsys):
     assert report.main(["--compare", "empty", "--tracking-uri", uri]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "nothing to compare" in err
+
+
+def test_prices_carried_in_the_runs_config_count_as_the_users():
+    a, b = rec(T4, 260.0), rec("NVIDIA L4", 400.0)
+    for r in (a, b):
+        r.config["cost"] = {"usd_per_hour": {"L4": 0.8}}
+    rows = {d.device: d for d in
+            compare.compare_rows([a, b], {})["model resnet50, dataset imagefolder, 224 px"]}
+    assert (rows["NVIDIA L4"].usd_per_hour, rows["NVIDIA L4"].price_source) == (0.8, "yours")
+    assert rows[T4].price_source.startswith("example")  # not in the runs' table
+    assert compare.versus(list(rows.values()))[0]["baseline"] == T4  # the cheapest
