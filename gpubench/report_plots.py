@@ -46,6 +46,31 @@ def _record(row) -> RunRecord:
     return RunRecord.from_dict(getattr(row, "data", None) or {}, rung=getattr(row, "rung", "run"))
 
 
+# the knobs the plots draw, by the report's short name and by their config key
+DOTTED = {"batch_size": "loader.batch_size", "num_workers": "loader.num_workers",
+          "precision": "precision.name"}
+
+
+def knob(row, name: str) -> Any:
+    """A knob by its short name (`batch_size`), whether the row's `knob()` takes the report's
+    short names or config keys (`loader.batch_size`)."""
+    for key in (name, DOTTED[name]):
+        try:
+            v = row.knob(key)
+        except KeyError:  # a row that knows only the other spelling
+            continue
+        # a config section is no knob value: by config key "precision" is the whole
+        # {name: ...} node, its value is precision.name
+        if v is not None and not isinstance(v, (dict, list)):
+            return v
+    return None
+
+
+def _status(row) -> str:
+    st = getattr(row, "status", None)
+    return str(st if st is not None else _record(row).status)
+
+
 def _peak(row) -> float | None:
     peak = getattr(row, "peak", None)
     return peak if peak is not None else _record(row).peak_memory_fraction
@@ -87,37 +112,37 @@ def _is_int(v: Any) -> bool:
 
 
 def _precision(r) -> str:
-    return str(r.knob("precision") or "?")
+    return str(knob(r, "precision") or "?")
 
 
 # --------------------------------------------------------------------------- the data
 
 
-def curve_data(rows, knob: str, xlabel: str, rec=None, log2: bool = False) -> dict | None:
-    """Best feasible throughput at each value of `knob`, one line per precision, and the
+def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False) -> dict | None:
+    """Best feasible throughput at each value of knob `name`, one line per precision, and the
     loader/compute bounds of the very runs that make each point. Full-length measurements
     only (as the recommendation); short ones come apart in `short`. None when the knob did
     not vary over full feasible runs."""
-    ok = [r for r in rows if r.feasible and r.full and r.knob(knob) is not None]
-    if len({r.knob(knob) for r in ok}) < 2:
+    ok = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
+    if len({knob(r, name) for r in ok}) < 2:
         return None
     phase = headline_phase(rows)
     lines = []
     for prec, rs in sorted(_group(ok, _precision).items()):
         best: dict = {}
         for r in rs:
-            x = r.knob(knob)
+            x = knob(r, name)
             if x not in best or r.throughput > best[x].throughput:
                 best[x] = r
         xs = sorted(best)
         bounds = {p: [phase_ips(best[x], p) for x in xs] for p in BOUND_PHASES if p != phase}
         lines.append({"precision": prec, "xs": xs, "ys": [best[x].throughput for x in xs],
                       "bounds": {p: v for p, v in bounds.items() if any(y is not None for y in v)}})
-    short = [r for r in rows if not r.full and r.throughput > 0 and r.knob(knob) is not None]
+    short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
     star = None
-    if rec is not None and rec.chosen.knob(knob) is not None:
-        star = {"x": rec.chosen.knob(knob), "y": rec.chosen.throughput}
-    xs_all = sorted({r.knob(knob) for r in ok} | {r.knob(knob) for r in short})
+    if rec is not None and knob(rec.chosen, name) is not None:
+        star = {"x": knob(rec.chosen, name), "y": rec.chosen.throughput}
+    xs_all = sorted({knob(r, name) for r in ok} | {knob(r, name) for r in short})
     ys_all = [y for ln in lines for y in ln["ys"] + [b for v in ln["bounds"].values() for b in v]
               if y is not None] + [r.throughput for r in short]
     every = ys_all + ([star["y"]] if star else [])
@@ -126,7 +151,7 @@ def curve_data(rows, knob: str, xlabel: str, rec=None, log2: bool = False) -> di
     log_y = min(every) > 0 and max(every) > LOG_SPAN * min(every)
     return {
         "lines": lines,
-        "short": {"xs": [r.knob(knob) for r in short], "ys": [r.throughput for r in short]},
+        "short": {"xs": [knob(r, name) for r in short], "ys": [r.throughput for r in short]},
         "star": star,
         "phase": phase,
         "xlabel": xlabel,
@@ -143,24 +168,24 @@ def curve_data(rows, knob: str, xlabel: str, rec=None, log2: bool = False) -> di
 
 def memory_data(rows) -> dict | None:
     """Peak memory against batch size; None unless the batch size varied."""
-    pts = [r for r in rows if r.knob("batch_size") is not None
-           and (_peak(r) is not None or r.status == "oom")]
-    if len({r.knob("batch_size") for r in pts}) < 2:
+    pts = [r for r in rows if knob(r, "batch_size") is not None
+           and (_peak(r) is not None or _status(r) == "oom")]
+    if len({knob(r, "batch_size") for r in pts}) < 2:
         return None
-    fine = [r for r in pts if r.status != "oom" and _peak(r) is not None]
+    fine = [r for r in pts if _status(r) != "oom" and _peak(r) is not None]
     groups = {}
     for prec, rs in sorted(_group([r for r in fine if r.full], _precision).items()):
-        groups[prec] = {"xs": [r.knob("batch_size") for r in rs],
+        groups[prec] = {"xs": [knob(r, "batch_size") for r in rs],
                         "ys": [100 * _peak(r) for r in rs]}
     short = [r for r in fine if not r.full]
-    oom = [r for r in pts if r.status == "oom"]
+    oom = [r for r in pts if _status(r) == "oom"]
     return {
         "groups": groups,
-        "short": {"xs": [r.knob("batch_size") for r in short], "ys": [100 * _peak(r) for r in short]},
+        "short": {"xs": [knob(r, "batch_size") for r in short], "ys": [100 * _peak(r) for r in short]},
         # an OOM's peak is the whole device
-        "oom": {"xs": [r.knob("batch_size") for r in oom], "ys": [100.0] * len(oom)},
+        "oom": {"xs": [knob(r, "batch_size") for r in oom], "ys": [100.0] * len(oom)},
         "ceiling": 100 * _ceiling(rows),
-        "xticks": sorted({r.knob("batch_size") for r in pts}),
+        "xticks": sorted({knob(r, "batch_size") for r in pts}),
     }
 
 
@@ -360,13 +385,13 @@ def importance(study, out: Path, min_trials: int = 4, phase: str = "e2e") -> Pat
 
 def plot_all(rows, out_dir: Path, rec, study=None) -> list[Path]:
     made = []
-    for knob, name, xlabel, log2 in (
+    for name, png, xlabel, log2 in (
         ("batch_size", "throughput_vs_batch.png", "batch size", True),
         ("num_workers", "throughput_vs_workers.png", "loader workers", False),
     ):
-        d = curve_data(rows, knob, xlabel, rec, log2)
+        d = curve_data(rows, name, xlabel, rec, log2)
         if d is not None:
-            made.append(_draw_curve(d, out_dir / name))
+            made.append(_draw_curve(d, out_dir / png))
     d = memory_data(rows)
     if d is not None:
         made.append(_draw_memory(d, out_dir / "memory_vs_batch.png"))
