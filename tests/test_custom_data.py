@@ -114,9 +114,14 @@ def test_team_transform_and_collate_replace_gpubench_s(compose_cfg, tmp_path):
     assert collate_pairs.calls > 0  # the loader used the team's collate (workers=0: here)
 
 
-def test_preload_and_device_augment_work_on_the_default_transform(compose_cfg, tmp_path):
-    ips, data = phases_measured(measure_run(compose_cfg(*custom("dataset.preload=true")), tmp_path))
-    assert ips["e2e"] > 0 and data["data_info"]["preload_bytes"] > 0
+@pytest.mark.parametrize("knob", ["dataset.preload=true", "dataset.augment_on=device"])
+def test_preload_and_device_augment_work_on_the_default_transform(compose_cfg, tmp_path, knob):
+    ips, data = phases_measured(measure_run(compose_cfg(*custom(knob)), tmp_path))
+    assert set(ips) == {"loader", "compute", "e2e"} and ips["e2e"] > 0
+    if "preload" in knob:
+        assert data["data_info"]["preload_bytes"] > 0
+    else:
+        assert data["data_info"]["augment_on"] == "device"
 
 
 @pytest.mark.parametrize("kind,says", [
