@@ -15,6 +15,9 @@ function that only draws it. The rules the data functions keep:
 
 Rows are the report's rows (`gpubench.report.Row`); their run record is read through
 `row.record` when present, else rebuilt from the row's results.json dict.
+
+Longer than most modules (about 420 lines) on purpose: each plot's data function and its
+drawing are kept in one file, so what a picture shows and how it is drawn read together.
 """
 
 from __future__ import annotations
