@@ -103,14 +103,18 @@ def test_bad_price_table_is_one_line(tmp_path, text, bad):
     assert bad in msg and "\n" not in msg
 
 
-def test_nothing_to_compare_is_one_line_and_nonzero(tmp_path, capsys):
+def test_nothing_to_compare_is_one_line_and_nonzero(store, capsys):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment(
-        "empty", artifact_location=(tmp_path / "a").as_uri())
-    capsys.readouterr()  # MLflow's own lines while it created the store
-    assert report.main(["--compare", "empty", "--tracking-uri", uri]) == 1
+    uri, prices = store
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("only_failures",
+                                   artifact_location=(prices.parent / "artifacts2").as_uri())
+    run = client.create_run(exp)  # an OOM: measured nothing feasible
+    client.log_dict(run.info.run_id, rec(T4, 0.0, status=Status.oom, peak=None).to_dict(),
+                    "results.json")
+    capsys.readouterr()
+    assert report.main(["--compare", "only_failures", "--tracking-uri", uri]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "nothing to compare" in err
 
