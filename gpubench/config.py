@@ -46,6 +46,7 @@ class DatasetKind(Enum):
     fake_jpeg = "fake_jpeg"
     imagefolder = "imagefolder"
     cifar10 = "cifar10"
+    custom = "custom"  # the team's own Dataset class: dataset._target_ (gpubench.custom_data)
 
 
 class Where(Enum):
@@ -99,6 +100,13 @@ class DatasetConfig:
     augment_on: Where = Where.cpu
     decode_on: Where = Where.cpu
     on_corrupt: OnCorrupt = OnCorrupt.skip
+    # dataset=custom: the team's Dataset class (dotted path) and its constructor arguments, as
+    # model._target_/model.kwargs; transform and collate are optional Hydra instantiate nodes
+    # ({_target_: ..., other keys as its arguments}); see docs/data.md for the sample contract
+    _target_: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    transform: dict[str, Any] = field(default_factory=dict)
+    collate: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -443,8 +443,12 @@ def _build_dataset(cfg: DictConfig, src: int, cpu_tf, raw: bool, info: dict) -> 
         _check_classes(cfg, max(len(classes), int(labels.max()) + 1), f"CIFAR-10 labels in {root}")
         info.update(samples=len(labels), classes=len(classes), root=str(root))
         return TensorImages(images, labels, cpu_tf)
+    if kind == "custom":  # the team's own Dataset class (gpubench.custom_data)
+        from gpubench import custom_data
+
+        return custom_data.build(cfg, cpu_tf, info)
     raise ConfigError(  # unreachable: the Enum admits nothing else
-        "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10"
+        "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10, custom"
     )
 
 
@@ -514,13 +518,15 @@ def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None =
 
         sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
                                      seed=seed, drop_last=True)
+    from gpubench.custom_data import collate_fn as team_collate
+
     loader = DataLoader(
         ds,
         batch_size=bs,
         shuffle=sampler is None,
         sampler=sampler,
         drop_last=bool(ld.drop_last),
-        collate_fn=collate_skipping,
+        collate_fn=team_collate(cfg) or collate_skipping,
         # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible
         generator=torch.Generator().manual_seed(seed),
         **settings,

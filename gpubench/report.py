@@ -515,6 +515,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         ]
     files += report_plots.plot_all(rows, out_dir, rec, study)
     summary["files"] = [str(f) for f in files]
+    summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -544,6 +545,10 @@ def _fingerprint(rows: list[Row], sweep_dir: Path) -> list:
     return parts
 
 
+class NothingToReport(FileNotFoundError):
+    """No finished run to report on: main prints its one line and exits 1."""
+
+
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False) -> list[Path]:
     """The report of a sweep dir, written to `<sweep_dir>/report/`; returns its files."""
@@ -553,29 +558,52 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     stamp = _fingerprint(rows, sweep_dir) + [tolerance]
     old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
+        if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
+            print((out / "ranking.txt").read_text().rstrip("\n"))
+            print("\n".join(old.get("lines") or []))
+            print(f"(report up to date: {out})")
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
     if not rows:
-        raise FileNotFoundError(f"no results.json under {sweep_dir}")
+        raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
+                              f"(results.json) under {sweep_dir}")
     return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpubench.report", description=__doc__.split("\n")[0])
-    p.add_argument("source", help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
+    p.add_argument("source", nargs="?",
+                   help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help="how far below the fastest a recommended config may be (default 0.05)")
     p.add_argument("--out", help="report folder (default: <sweep dir>/report, or "
                    "outputs/reports/<experiment> for MLflow)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: gpubench's)")
     p.add_argument("--parent", help="MLflow: only the children of this (sweep) run")
+    p.add_argument("--compare", nargs="?", const="", default=None, metavar="EXPERIMENT",
+                   help="compare devices over an MLflow experiment's runs: images/sec, images "
+                   "per joule, images per dollar (see docs/report.md)")
+    p.add_argument("--prices", help="--compare: a YAML of cost.usd_per_hour per device name")
     a = p.parse_args(argv)
+    if a.compare is not None:
+        from gpubench import compare
+
+        return compare.main(a.compare or a.source, a.tracking_uri, a.prices)
+    if a.source is None:
+        p.error("a sweep dir or an MLflow experiment is required")
     src = Path(a.source)
     if src.is_dir():
-        if a.out:
-            rows, study = load_dir(src.resolve())
-            write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance)
-        else:
-            sweep_report(src, a.tolerance)
+        try:
+            if a.out:
+                rows, study = load_dir(src.resolve())
+                if not rows:
+                    raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
+                                          f"(results.json) under {src.resolve()}")
+                write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance)
+            else:
+                sweep_report(src, a.tolerance)
+        except NothingToReport as e:
+            print(e, file=sys.stderr)
+            return 1
         return 0
     rows = load_mlflow(a.source, a.tracking_uri, a.parent)
     if not rows:

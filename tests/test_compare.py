@@ -1,0 +1,130 @@
+"""`python -m gpubench.report --compare`: devices of one MLflow experiment side by side, on a real
+sqlite MLflow store under tmp_path with runs logged by MlflowClient (results.json artifacts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubench import compare, report
+from gpubench.record import PhaseRecord, RunRecord, Status
+
+T4, V100 = "Tesla T4", "Tesla V100-SXM2-16GB"
+
+
+def rec(device, ips, energy=None, steps=50, model="resnet50", status=Status.ok, batch=128,
+        peak=0.5) -> RunRecord:
+    return RunRecord(
+        status=status, images_per_sec=ips if status.measured else None,
+        energy_per_image_j=energy, peak_memory_fraction=peak, memory_ceiling=0.9,
+        phases={"e2e": PhaseRecord("e2e", batch, images_per_sec=ips)},
+        env={"device": "cuda", "device_name": device},
+        config={"model": {"name": model}, "dataset": {"name": "imagefolder", "image_size": 224},
+                "loader": {"batch_size": batch}, "precision": {"name": "amp_fp16"},
+                "bench": {"steps": steps}})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real sqlite store: reference article 003's T4 and V100, plus runs that must not count."""
+    from mlflow.tracking import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("cmp", artifact_location=(tmp / "artifacts").as_uri())
+    runs = [
+        rec(T4, 260.0, energy=0.27), rec(T4, 240.0, energy=0.3, batch=64),
+        rec(T4, 900.0, steps=5),  # a short screen: never the device's figure
+        rec(V100, 760.0), rec(V100, 0.0, status=Status.oom, peak=None),
+        rec(V100, 990.0, peak=0.95),  # over the memory ceiling: infeasible
+        rec(V100, 1500.0, model="resnet18"),  # another workload: its own table
+    ]
+    for i, r in enumerate(runs):
+        run = client.create_run(exp, tags={"device_name": r.env["device_name"]})
+        d = tmp / f"run{i}"
+        r.dir = d
+        d.mkdir()
+        client.log_artifact(run.info.run_id, str(r.save()))
+        client.set_terminated(run.info.run_id)
+    parent = client.create_run(exp)  # a sweep parent: no results.json
+    client.set_terminated(parent.info.run_id)
+    prices = tmp / "prices.yaml"
+    prices.write_text("cost:\n  usd_per_hour:\n    Tesla T4: 0.35\n    V100: 2.48\n")
+    return uri, prices
+
+
+def test_ratios_per_device_on_the_same_workload(store):
+    uri, prices = store
+    groups = compare.compare_rows(compare.mlflow_records("cmp", uri),
+                                  compare.load_prices(prices))
+    r50 = groups["model resnet50, dataset imagefolder, 224 px"]
+    assert [(d.device, d.images_per_sec, d.runs) for d in r50] == [(V100, 760.0, 1), (T4, 260.0, 3)]  # feasible runs
+    t4 = r50[1]
+    assert t4.images_per_joule == pytest.approx(1 / 0.27)
+    assert r50[0].images_per_joule is None  # the V100 run measured no energy
+    assert t4.images_per_dollar == pytest.approx(260 * 3600 / 0.35)
+    assert r50[0].usd_per_hour == 2.48 and r50[0].price_source == "yours"  # "V100" matched
+    v = {x["device"]: x for x in compare.versus(r50)}[V100]
+    assert v["baseline"] == T4
+    assert v["price_x"] == pytest.approx(2.48 / 0.35)
+    assert v["throughput_x"] == pytest.approx(760 / 260)
+    assert v["images_per_dollar_x"] == pytest.approx((760 / 2.48) / (260 / 0.35))
+    assert [d.device for d in groups["model resnet18, dataset imagefolder, 224 px"]] == [V100]
+
+
+def test_cli_prints_the_price_for_throughput_table(store, capsys):
+    uri, prices = store
+    assert report.main(["--compare", "cmp", "--tracking-uri", uri, "--prices", str(prices)]) == 0
+    out = capsys.readouterr().out
+    assert f"{V100}: 7.1x the price of {T4} for 2.9x the throughput (0.41x the images per dollar)" \
+        in out
+    assert "example" not in out  # every price was the user's
+
+
+def test_example_prices_are_labelled_with_their_date(store, capsys):
+    uri, _ = store
+    assert report.main(["--compare", "cmp", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert f"example ({compare.EXAMPLE_PRICES_DATE})" in out
+    assert "not yours: pass --prices" in out
+
+
+@pytest.mark.parametrize("text,bad", [
+    ("cost:\n  usd_per_hour:\n    T4: -1\n", "cost.usd_per_hour.T4=-1"),
+    ("cost:\n  usd_per_hour:\n    T4: cheap\n", "cost.usd_per_hour.T4='cheap'"),
+    ("prices: {T4: 1}\n", "needs cost.usd_per_hour"),
+])
+def test_bad_price_table_is_one_line(tmp_path, text, bad):
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        compare.load_prices(p)
+    msg = str(e.value)
+    assert bad in msg and "\n" not in msg
+
+
+def test_nothing_to_compare_is_one_line_and_nonzero(store, capsys):
+    from mlflow.tracking import MlflowClient
+
+    uri, prices = store
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("only_failures",
+                                   artifact_location=(prices.parent / "artifacts2").as_uri())
+    run = client.create_run(exp)  # an OOM: measured nothing feasible
+    client.log_dict(run.info.run_id, rec(T4, 0.0, status=Status.oom, peak=None).to_dict(),
+                    "results.json")
+    capsys.readouterr()
+    assert report.main(["--compare", "only_failures", "--tracking-uri", uri]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nothing to compare" in err
+
+
+def test_prices_carried_in_the_runs_config_count_as_the_users():
+    a, b = rec(T4, 260.0), rec("NVIDIA L4", 400.0)
+    for r in (a, b):
+        r.config["cost"] = {"usd_per_hour": {"L4": 0.8}}
+    rows = {d.device: d for d in
+            compare.compare_rows([a, b], {})["model resnet50, dataset imagefolder, 224 px"]}
+    assert (rows["NVIDIA L4"].usd_per_hour, rows["NVIDIA L4"].price_source) == (0.8, "yours")
+    assert rows[T4].price_source.startswith("example")  # not in the runs' table
+    assert compare.versus(list(rows.values()))[0]["baseline"] == T4  # the cheapest

@@ -1,0 +1,93 @@
+"""The per-run picture: what it draws (bars, intervals, bound, title, traces), read from the data
+that draws it; one real PNG written and checked to be an image of the expected size."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubench.record import PhaseRecord, RunRecord, Status, load
+from gpubench.runplot import PICTURE_FILE, plot_run, run_picture_data
+
+
+def make_record(tmp_path=None, loader=120.0, compute=300.0, e2e=110.0, ci=True, bound=None,
+                bottleneck="data", margin=0.6, stable=True, noise=(), status=Status.ok,
+                batch=16, warmup=(0.5, 0.3), steps=(0.14, 0.15, 0.13)) -> RunRecord:
+    phases, series = {}, {}
+    for name, v in (("loader", loader), ("compute", compute), ("e2e", e2e)):
+        if v is None:
+            continue
+        phases[name] = PhaseRecord(name, batch, images_per_sec=v,
+                                   images_per_sec_ci=[0.9 * v, 1.05 * v] if ci else None)
+        series[name] = {"warmup_step_times_s": list(warmup), "step_times_s": list(steps)}
+    extra = {} if bound is None else {"e2e_bound_images_per_sec": bound}
+    r = RunRecord(status=status, images_per_sec=e2e, loader_images_per_sec=loader,
+                  compute_images_per_sec=compute, bottleneck=bottleneck, verdict_margin=margin,
+                  measurement_stable=stable, noise_reasons=list(noise), phases=phases,
+                  series=series, extra=extra,
+                  config={"loader": {"batch_size": batch, "num_workers": 2},
+                          "model": {"name": "resnet18"}, "dataset": {"name": "synthetic"},
+                          "precision": {"name": "fp32"}},
+                  env={"device_name": "NVIDIA T4"}, dir=tmp_path)
+    return r
+
+
+def test_bars_carry_each_phase_and_its_interval_in_pipe_order():
+    d = run_picture_data(make_record(bound=118.0))
+    assert [b["phase"] for b in d["bars"]] == ["loader", "compute", "e2e"]
+    assert [b["images_per_sec"] for b in d["bars"]] == [120.0, 300.0, 110.0]
+    assert d["bars"][1]["ci"] == pytest.approx([270.0, 315.0])
+    assert d["bound"]["images_per_sec"] == 118.0
+
+
+def test_no_interval_and_no_bound_when_the_record_has_none():
+    d = run_picture_data(make_record(ci=False))
+    assert all(b["ci"] is None for b in d["bars"]) and not d["intervals"]
+    assert d["bound"] is None
+
+
+def test_missing_phase_is_not_drawn_and_old_records_fall_back_to_headline_keys():
+    d = run_picture_data(make_record(compute=None))
+    assert [b["phase"] for b in d["bars"]] == ["loader", "e2e"]
+    old = RunRecord(status=Status.ok, images_per_sec=50.0, loader_images_per_sec=80.0,
+                    compute_images_per_sec=None, images_per_sec_ci=[45.0, 55.0])
+    d = run_picture_data(old)
+    assert [(b["phase"], b["images_per_sec"], b["ci"]) for b in d["bars"]] == [
+        ("loader", 80.0, None), ("e2e", 50.0, [45.0, 55.0])]
+    assert d["traces"] == {}
+
+
+def test_title_names_verdict_margin_and_noise():
+    t = run_picture_data(make_record(margin=0.62))["title"]
+    assert "data side" in t and "margin 62%" in t and "measurement stable" in t
+    t = run_picture_data(make_record(bottleneck="inconclusive", margin=None, stable=False,
+                                     noise=["host CPU busy 97%"]))["title"]
+    assert "inconclusive" in t and "margin" not in t
+    assert "measurement unstable: host CPU busy 97%" in t
+    t = run_picture_data(make_record(status=Status.over_ceiling, bottleneck="compute"))["title"]
+    assert t.startswith("[over_ceiling] compute")
+
+
+def test_traces_are_step_times_with_warmup_apart():
+    d = run_picture_data(make_record(warmup=(0.5, 0.0), steps=(0.2, 0.25)))
+    tr = d["traces"]["e2e"]
+    assert tr["warmup_ms"] == [pytest.approx(500.0), None]  # an unresolved (0 s) step
+    assert tr["steps_ms"] == [pytest.approx(200.0), pytest.approx(250.0)]
+    assert set(d["traces"]) == {"loader", "compute", "e2e"}
+    assert not d["trace_log_y"]
+    # a first step 100x the others (compile, autotune) switches to a log axis
+    assert run_picture_data(make_record(warmup=(10.0, 0.1), steps=(0.1, 0.1)))["trace_log_y"]
+
+
+def test_plot_run_writes_run_png_beside_results(tmp_path):
+    r = make_record(tmp_path, bound=118.0, stable=False, noise=["step times spread 0.5"])
+    r.save()
+    back = load(tmp_path)  # through results.json, as the runner and the report read it
+    path = plot_run(back, tmp_path)
+    assert path == tmp_path / PICTURE_FILE
+    from matplotlib import image
+
+    img = image.imread(path)
+    assert img.shape[0] > 600 and img.shape[1] > 600
+    # a record with nothing measured still draws (a failed run): no exception, a file
+    failed = RunRecord(status=Status.failed, error="boom")
+    assert plot_run(failed, tmp_path / "failed.png").is_file()
