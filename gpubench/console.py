@@ -129,3 +129,5 @@ def print_result(result, console: Console | None = None) -> None:
     for i, a in enumerate(d["advice"], 1):
         con.print(f"  {i}. {escape(a)}")
     con.print(f"[dim]results: {rec.path}[/dim]")
+    if d.get("picture"):
+        con.print(f"[dim]picture: {d['picture']}[/dim]")

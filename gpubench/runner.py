@@ -382,6 +382,20 @@ class Benchmark:
         summarize(self)
 
 
+def _picture(bench: Benchmark) -> None:
+    """run.png beside results.json: the three pipes with their intervals and the step times
+    (gpubench/runplot.py). A picture that fails costs nothing measured."""
+    if not bench.record.phases:
+        return
+    try:
+        from gpubench.runplot import plot_run
+
+        bench.record.extra["picture"] = str(plot_run(bench.record, bench.out))
+        bench.save()
+    except Exception as e:
+        log.warning("run picture not drawn: %s", e)
+
+
 def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     """Validate (raises ConfigError before any work), measure, write results.json.
 
@@ -403,6 +417,7 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
     interrupted = bench.run()
     result = Result(bench.record, bench.notes, main=bench.dist.main)
     if result.main:
+        _picture(bench)
         if not quiet:
             from gpubench.console import print_result
 

@@ -28,7 +28,7 @@ VERDICT_WORDS = {
     "data": "the data side (loader) is the narrowest pipe",
     "compute": "compute is the narrowest pipe",
     "overlap": "loading and compute do not overlap",
-    "inconclusive": "inconclusive: the pipes are too close to call",
+    "inconclusive": "inconclusive: no confident verdict",
     "unknown": "no verdict: not enough phases measured",
 }
 
@@ -56,19 +56,34 @@ def _phase_figures(record: RunRecord, name: str) -> tuple[float | None, list[flo
             _interval(getattr(record, f"{top}images_per_sec_ci")))
 
 
+def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
+    import textwrap
+
+    out = textwrap.wrap(text, width)
+    if len(out) > lines:
+        out = out[:lines]
+        out[-1] = out[-1][: width - 3] + "..."
+    return "\n".join(out)
+
+
 def _title(record: RunRecord) -> str:
     verdict = record.bottleneck or "unknown"
     head = VERDICT_WORDS.get(verdict, f"verdict: {verdict}")
     margin = _num(record.verdict_margin)
     if margin is not None:
-        head += f" (margin {margin:.0%})"
+        head += f" (clear of the rule's threshold by {margin:.0%})"
+    lean = record.extra.get("verdict_leaning")
+    if verdict == "inconclusive" and lean:
+        head += f"; the figures lean to {lean}"
     if record.status.value != "ok":
         head = f"[{record.status.value}] " + head
     if record.measurement_stable is False:
-        why = "; ".join(record.noise_reasons) or "runs disagree"
-        tail = f"measurement unstable: {why}"
-    elif record.measurement_stable is True:
-        tail = "measurement stable"
+        n = len(record.noise_reasons)
+        first = record.noise_reasons[0] if n else "runs disagree"
+        tail = _wrap(f"measurement unstable ({n} reason{'s' if n != 1 else ''}, see "
+                     f"results.json): {first}")
+    elif verdict in ("data", "compute", "overlap") and record.reason:
+        tail = _wrap(record.reason)
     else:
         tail = ""
     setup = _setup(record)

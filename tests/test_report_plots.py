@@ -25,7 +25,8 @@ def run(batch=16, workers=2, prec="fp32", e2e=100.0, loader=150.0, compute=120.0
 
 
 def row(rec: RunRecord, label="0", rung="run"):
-    return report.row_from_results(rec.to_dict(), label, None, rung)
+    rec.rung = rung
+    return report.Row(label, rec)
 
 
 def rows_of(*recs, rung="run"):

@@ -58,11 +58,11 @@ def test_missing_phase_is_not_drawn_and_old_records_fall_back_to_headline_keys()
 
 def test_title_names_verdict_margin_and_noise():
     t = run_picture_data(make_record(margin=0.62))["title"]
-    assert "data side" in t and "margin 62%" in t and "measurement stable" in t
+    assert "data side" in t and "threshold by 62%" in t
     t = run_picture_data(make_record(bottleneck="inconclusive", margin=None, stable=False,
                                      noise=["host CPU busy 97%"]))["title"]
-    assert "inconclusive" in t and "margin" not in t
-    assert "measurement unstable: host CPU busy 97%" in t
+    assert "inconclusive" in t and "threshold by" not in t
+    assert "measurement unstable (1 reason, see results.json): host CPU busy 97%" in t
     t = run_picture_data(make_record(status=Status.over_ceiling, bottleneck="compute"))["title"]
     assert t.startswith("[over_ceiling] compute")
 
