@@ -379,7 +379,7 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     except CorruptImage as e:
         run.data["status"], run.data["error"] = "failed", str(e)
     except Exception as e:
-        if not is_oom(e):
+        if not is_oom(e, device):
             if isinstance(e, ConfigError):
                 # bad input found while building (an empty folder, a preload too big for
                 # RAM): nothing was measured, so no results.json is left behind either

@@ -13,12 +13,67 @@ OOM_ERRORS: tuple[type[BaseException], ...] = (
     torch.cuda.OutOfMemoryError,
 )
 
+# What ran out, read from the error's text (the whole chain: a DataLoader worker or the pin
+# thread re-raises the original message inside its own). Checked in this order, first match wins.
+# - "pinned": page-locked host memory for H2D copies (the CachingHostAllocator's cudaHostAlloc,
+#   reported by C10_CUDA_CHECK as a plain "CUDA error: out of memory", so only where it happened
+#   tells it apart): host RAM / the pin limit, never the device's memory.
+# - "device": the caching allocator's OutOfMemoryError, and memory that libraries take with
+#   their own cudaMalloc outside it (cuBLAS/cuDNN handles and workspaces, cuFFT, cuSOLVER,
+#   cuSPARSE, nvJPEG, the CUDA runtime itself) which fail near the limit with status codes.
+# - "host": the CPU allocator (c10's alloc_cpu: posix_memalign failing) and Python's MemoryError.
+OOM_MESSAGES: tuple[tuple[str, str], ...] = (
+    ("in pin memory thread", "pinned"),
+    ("cudahostalloc", "pinned"),
+    ("cachinghostallocator", "pinned"),
+    ("pinned memory", "pinned"),
+    ("cuda out of memory", "device"),
+    ("cublas_status_alloc_failed", "device"),
+    ("cudnn_status_alloc_failed", "device"),
+    ("cufft_alloc_failed", "device"),
+    ("cusolver_status_alloc_failed", "device"),
+    ("cusparse_status_alloc_failed", "device"),
+    ("nvjpeg_status_allocator_failure", "device"),
+    ("cuda error: out of memory", "device"),
+    ("cudaerrormemoryallocation", "device"),
+    ("defaultcpuallocator: can't allocate memory", "host"),
+    ("defaultcpuallocator: not enough memory", "host"),
+    ("cannot allocate memory", "host"),
+    ("out of memory", "device"),
+)
 
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, OOM_ERRORS):
+
+def _chain_text(exc: BaseException) -> str:
+    parts, seen, e = [], set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts).lower()
+
+
+def oom_kind(exc: BaseException) -> str | None:
+    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None: not a memory
+    error."""
+    text = _chain_text(exc)
+    for needle, kind in OOM_MESSAGES:
+        if needle in text:
+            return kind
+    if isinstance(exc, OOM_ERRORS):  # the caching allocator's own type, whatever its text
+        return "device"
+    if isinstance(exc, MemoryError):
+        return "host"
+    return None
+
+
+def is_oom(exc: BaseException, device: str = "cuda") -> bool:
+    """Did the benchmarked device run out of memory (status "oom", a point a sweep treats as
+    too big)? On a CPU run the host RAM is that device; a pinned-host failure never is: it is
+    a host limit that a smaller batch would not cure the same way."""
+    kind = oom_kind(exc)
+    if kind == "device":
         return True
-    # the CPU allocator raises a plain RuntimeError
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return kind == "host" and device != "cuda"
 
 
 def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
