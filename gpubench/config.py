@@ -59,6 +59,7 @@ class OnCorrupt(Enum):
 
 
 class PrecisionName(Enum):
+    torch_default = "torch_default"
     fp32 = "fp32"
     tf32 = "tf32"
     amp_fp16 = "amp_fp16"
@@ -127,7 +128,7 @@ class LoaderConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = PrecisionName.fp32
+    name: PrecisionName = PrecisionName.torch_default
 
 
 @dataclass
@@ -239,7 +240,7 @@ def validate(cfg: DictConfig) -> str:
     ds, ld, prec = cfg.dataset, cfg.loader, _enum_value(cfg.precision.name)
     if prec == "amp_fp16" and device != "cuda":
         raise ConfigError(
-            "precision", "amp_fp16", "fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
+            "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
         )
     if cfg.model.get("_target_") is None:
         name = cfg.model.name

@@ -30,7 +30,7 @@ from gpubench.measure import WindowStats, run_window
 from gpubench.models import build_model, maybe_compile, prepare_model
 from gpubench.monitor import Monitor
 from gpubench.precision import apply_backend_flags, resolve_precision
-from gpubench.step import TrainStep, count_step_flops, is_oom, make_optimizer
+from gpubench.step import TrainStep, count_step_flops_split, is_oom, make_optimizer
 from gpubench.verdict import Knobs, judge
 
 log = logging.getLogger("gpubench")
@@ -235,8 +235,9 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
             opt = make_optimizer(model, b.optimizer, float(b.lr))
             if b.flops:
                 x, y = pipe.device_batch()
-                fl = count_step_flops(model, plan, device, x, y)
-                run.data["flops_per_step"] = fl
+                split = count_step_flops_split(model, plan, device, x, y)
+                run.data["flops_per_step"] = split and split["total"]
+                run.data["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(dist.wrap(model, device), cfg.compile)
             step = TrainStep(compiled, plan, device, opt, cfg.fault.oom_above_batch)
         if cfg.fault.fail_message:
@@ -327,7 +328,9 @@ def summarize(run: _Run, cfg: DictConfig, device: str, cpu_count: int) -> None:
         achieved = fl * comp["images_per_sec"] / comp["batch_size"] / d["world_size"]
         d["achieved_tflops"] = achieved / 1e12
         plan = resolve_precision(_enum_value(cfg.precision.name), device)
-        pk = env.peak_flops(d["env"]["device_name"], plan.math) if device == "cuda" else None
+        split = d.get("flops_by_kind") or {"conv": fl, "matmul": 0.0}
+        pk = env.mixed_peak_flops(d["env"]["device_name"], plan.flops_by_math(
+            split["conv"], split["matmul"])) if device == "cuda" else None
         d["mfu"] = achieved / pk if pk else None
 
     knobs = Knobs(

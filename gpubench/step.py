@@ -117,9 +117,12 @@ class TrainStep:
         self.opt.zero_grad(set_to_none=True)
 
 
-def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -> float | None:
+def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, x, y
+                           ) -> dict[str, float] | None:
     """FLOPs of one forward+backward on this batch, counted once by torch's FlopCounterMode
-    (matmul/conv FLOPs, 2 per multiply-add). None if the counter cannot run this model."""
+    (2 per multiply-add), as {"conv", "matmul", "total"}: convolutions and matmuls can run at
+    different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls), so MFU's peak needs
+    the split. None if the counter cannot run this model."""
     from torch.utils.flop_counter import FlopCounterMode
 
     crit = nn.CrossEntropyLoss()
@@ -129,8 +132,19 @@ def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -
             with plan.autocast(device):
                 loss = crit(model(x), y)
             loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(counter.get_total_flops())
+        counts = counter.get_flop_counts().get("Global", {})
     except Exception:
-        model.zero_grad(set_to_none=True)
         return None
+    finally:
+        model.zero_grad(set_to_none=True)
+    # convolution, _convolution, cudnn_convolution, convolution_backward: cuDNN's math; the
+    # rest the counter knows (mm, addmm, bmm, baddbmm, attention) are cuBLAS-side matmuls
+    conv = float(sum(v for op, v in counts.items() if "conv" in str(op)))
+    total = float(sum(counts.values()))
+    return {"conv": conv, "matmul": total - conv, "total": total}
+
+
+def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -> float | None:
+    """Total FLOPs of one forward+backward (see count_step_flops_split)."""
+    split = count_step_flops_split(model, plan, device, x, y)
+    return split["total"] if split else None
