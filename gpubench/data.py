@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from gpubench.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
 from gpubench.config import ConfigError, _enum_value
@@ -42,10 +42,12 @@ def source_size(image_size: int) -> int:
 
 
 FAIL_PREFIX = "dataset.on_corrupt=fail: "
+SKIP_PREFIX = "dataset.on_corrupt=skip: "
 
 
 class CorruptImage(Exception):
-    """A sample that does not decode, with dataset.on_corrupt=fail.
+    """A sample that does not decode, with dataset.on_corrupt=fail; or, with skip, a dataset
+    in which no substitute decodes either (an all-corrupt folder must fail, never hang).
 
     Raised in a DataLoader worker, torch re-raises it in the main process built from the
     worker's whole traceback text; str() keeps the one line that names the file.
@@ -54,13 +56,44 @@ class CorruptImage(Exception):
     def __str__(self) -> str:
         text = super().__str__()
         for line in reversed(text.splitlines()):
-            if FAIL_PREFIX in line:
-                return line[line.index(FAIL_PREFIX) :].strip()
+            for prefix in (FAIL_PREFIX, SKIP_PREFIX):
+                if prefix in line:
+                    return line[line.index(prefix) :].strip()
         return text
 
 
 def corrupt(path: str, why: object) -> CorruptImage:
     return CorruptImage(f"{FAIL_PREFIX}cannot decode {path}: {why}")
+
+
+def nothing_decodes(tried: int, path: str, why: object) -> CorruptImage:
+    return CorruptImage(
+        f"{SKIP_PREFIX}{tried} files tried in a row do not decode (e.g. {path}: {why}); "
+        "dataset.root must hold decodable images"
+    )
+
+
+# With on_corrupt=skip a sample that does not decode is replaced by another one, so batches
+# keep their size (a smaller batch inside a measured window would re-run cuDNN's autotune or
+# recompile a compiled model). At most this many are tried per sample, then the run fails: a
+# folder whose files are all corrupt must end, with the count and one example path.
+MAX_SUBSTITUTES = 32
+# Substitutes hop through the dataset by a large prime, not to the next file: corrupt files
+# cluster (one bad class folder, one truncated copy job), prime hops spread over the folder.
+SUBSTITUTE_HOP = 1_000_003
+
+
+class Substituted(tuple):
+    """A sample standing in for `skipped` samples that did not decode (read by the collate,
+    which runs in the same worker: the attribute never needs to be pickled)."""
+
+    skipped: int = 0
+
+
+def substitute_order(i: int, n: int, tries: int) -> list[int]:
+    """Indices tried for sample i: itself, then others, all distinct, at most `tries`."""
+    hop = SUBSTITUTE_HOP % n if n > 1 and math.gcd(SUBSTITUTE_HOP, n) == 1 else 1
+    return [(i + k * hop) % n for k in range(min(tries, n))]
 
 
 # ------------------------------------------------------------------------------ datasets
@@ -153,8 +186,8 @@ class JpegBytesDataset(Dataset):
 
 
 class ImageFiles(Dataset):
-    """(path, label) samples read from disk; a file that fails to decode is skipped and counted
-    (on_corrupt=skip: the sample comes back as None) or stops the run naming the file
+    """(path, label) samples read from disk; a file that fails to decode is replaced by another
+    file and counted (on_corrupt=skip; see MAX_SUBSTITUTES) or stops the run naming the file
     (on_corrupt=fail), never a hang."""
 
     def __init__(self, samples: list[tuple[str, int]], transform, on_corrupt: str, raw=False):
@@ -163,21 +196,31 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int):
+    def _load(self, i: int):
         path, label = self.samples[i]
-        try:
-            if self.raw:
-                with open(path, "rb") as f:
-                    return _jpeg_tensor(f.read()), label, path
-            from PIL import Image
+        if self.raw:
+            with open(path, "rb") as f:
+                return _jpeg_tensor(f.read()), label, path
+        from PIL import Image
 
-            with Image.open(path) as im:
-                img = im.convert("RGB")  # forces the full decode: truncation shows up here
-            return self.transform(img), label
-        except Exception as e:  # PIL raises several types for truncated / non-image files
-            if self.on_corrupt == "fail":
-                raise corrupt(path, e) from e
-            return None
+        with Image.open(path) as im:
+            img = im.convert("RGB")  # forces the full decode: truncation shows up here
+        return self.transform(img), label
+
+    def __getitem__(self, i: int):
+        order = substitute_order(i, len(self.samples), MAX_SUBSTITUTES)
+        first_error = None
+        for skipped, j in enumerate(order):
+            try:
+                sample = Substituted(self._load(j))
+            except Exception as e:  # PIL raises several types for truncated / non-image files
+                if self.on_corrupt == "fail":
+                    raise corrupt(self.samples[j][0], e) from e
+                first_error = first_error or (self.samples[j][0], e)
+                continue
+            sample.skipped = skipped
+            return sample
+        raise nothing_decodes(len(order), *first_error)
 
 
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
@@ -279,27 +322,55 @@ class TensorImages(Dataset):
 
 
 class JpegBatch(NamedTuple):
-    """Raw JPEG bytes of a batch (lengths differ, so no stack), with names for error lines."""
+    """Raw JPEG bytes of a batch as ONE flat uint8 tensor plus offsets (image i is
+    data[offsets[i]:offsets[i+1]]), with names for error lines.
 
-    blobs: list[torch.Tensor]
+    One tensor, not one per image: each tensor a worker sends to the main process is a shared
+    memory segment with its own file descriptor, so per-image tensors cost a segment per image
+    (slow, and "too many open files" at large batches); this costs one per batch."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
     names: list[str]
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.names)
+
+    def blobs(self) -> list[torch.Tensor]:
+        """Per-image views of the flat tensor (no copy): contiguous 1-D uint8, what
+        decode_jpeg takes."""
+        o = self.offsets.tolist()
+        return [self.data[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+
+
+def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
+    out = None
+    if get_worker_info() is not None:
+        # as default_collate does: inside a worker, write straight into shared memory, so
+        # sending the batch to the main process costs no extra copy
+        n, elem = sum(b.numel() for b in blobs), blobs[0]
+        out = elem.new(elem._typed_storage()._new_shared(n, device=elem.device)).resize_(n)
+    return torch.cat(blobs, out=out)
 
 
 def collate_skipping(batch):
-    """(x, y, skipped): the samples that decoded, collated, and how many did not.
+    """(x, y, skipped): the samples that decoded, collated, and how many failed to decode
+    (substituted by others, or None where a dataset gives up on a sample).
 
     default_collate is used for the tensors on purpose: inside a worker it stacks straight
     into shared memory, where a plain torch.stack would cost one more copy per batch on its
     way to the main process.
     """
     kept = [b for b in batch if b is not None]
-    skipped = len(batch) - len(kept)
+    skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
     if not kept:
         return None, None, skipped
     if len(kept[0]) == 3:  # raw JPEG bytes for device decode
         blobs, ys, names = zip(*kept, strict=True)
-        return JpegBatch(list(blobs), list(names)), torch.as_tensor(ys), skipped
-    x, y = default_collate(kept)
+        lengths = torch.tensor([0] + [b.numel() for b in blobs], dtype=torch.int64)
+        return (JpegBatch(_flat_bytes(list(blobs)), lengths.cumsum(0), list(names)),
+                torch.as_tensor(ys), skipped)
+    x, y = default_collate([tuple(b) for b in kept])
     return x, y, skipped
 
 
@@ -362,6 +433,8 @@ class Pipeline:
     device_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # for the compute phase
     info: dict = field(default_factory=dict)
     skipped: int = 0
+    epoch: int = 0  # epochs started (DistributedSampler.set_epoch)
+    empty_in_a_row: int = 0  # batches in a row in which nothing decoded
     # live loader iterators (weak: an abandoned one must still be collected, which is what
     # stops its workers), so shutdown() can stop the workers of those still alive
     _iters: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
@@ -373,6 +446,12 @@ class Pipeline:
             while True:
                 yield batch
         while True:
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                # DistributedSampler shuffles by seed + epoch: without this every epoch would
+                # repeat the first one's order, as training jobs that forget it do not
+                sampler.set_epoch(self.epoch)
+            self.epoch += 1
             it = iter(self.loader)
             self._iters.add(it)
             yield from it
@@ -459,6 +538,16 @@ def _check_classes(cfg: DictConfig, n: int, where: str) -> None:
             raise ConfigError(key, int(value), f">= {n} ({where})")
 
 
+def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones
+    (x, in order) are repeated to fill the gaps, with their labels, so the step never sees a
+    smaller batch (which would re-run cuDNN's autotune or recompile inside the window)."""
+    bad = set(failed)
+    y_ok = y[[i for i in range(len(y)) if i not in bad]]
+    fill = [i % len(y_ok) for i in range(len(y))]
+    return x[fill], y_ok[fill]
+
+
 def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None = None) -> Pipeline:
     """The data side of one run. `shard=(rank, world)` under torchrun: each rank loads its own
     share of the dataset (DistributedSampler), as data-parallel training does."""
@@ -488,8 +577,9 @@ def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None =
         )
     settings = loader_settings(ld, device)
     if device_decode:
-        # the batch is a list of small JPEG byte tensors that decode_jpeg reads from host
-        # memory itself: pinning each one would cost a page-locked allocation for nothing
+        # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
+        # buffers: pinning them here would cost a page-locked copy for nothing (the labels
+        # are pinned on their own in to_device)
         settings["pin_memory"] = False
     # Host-side transform: the full train augmentation, or decode-to-fixed-size when the cache
     # (preload) or the device (augment_on=device) takes the uint8 images
@@ -534,13 +624,19 @@ def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None =
                     skipped=skipped_at_build)
 
     def decode_on_device(jpegs: JpegBatch, y: torch.Tensor):
-        x, failed = decode(jpegs.blobs)
+        x, failed = decode(jpegs.blobs())
         if failed:
             if on_corrupt == "fail":
                 raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
             pipe.skipped += len(failed)
-            bad = set(failed)
-            y = y[[i for i in range(len(jpegs.names)) if i not in bad]]
+            if x is None:
+                pipe.empty_in_a_row += 1
+                if pipe.empty_in_a_row * len(jpegs) >= MAX_SUBSTITUTES:
+                    raise nothing_decodes(pipe.empty_in_a_row * len(jpegs), jpegs.names[0],
+                                          "the device JPEG decoder refused it")
+                return None, None
+            x, y = refill(x, y, failed)
+        pipe.empty_in_a_row = 0
         return x, y
 
     def to_device(batch):
@@ -552,11 +648,20 @@ def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None =
             x, y = decode_on_device(x, y)
             if x is None:
                 return None
+            if device == "cuda":
+                # the bytes are read by nvJPEG from host memory (no pinning, see above), but
+                # the labels are pinned here so their copy is asynchronous like the images':
+                # from pageable memory .to() would block the host until the copy is done.
+                # Safe to let go of the pinned tensor at once: the caching host allocator
+                # records an event on the copy's stream and reuses the block only after it.
+                y = y.pin_memory().to(device, non_blocking=True)
+            else:
+                y = y.to(device)
         else:
             # non_blocking only pays off from pinned memory; from pageable memory the copy is
             # synchronous either way
             x = x.to(device, non_blocking=pin)
-        y = y.to(device, non_blocking=pin)
+            y = y.to(device, non_blocking=pin)
         if augment is not None:
             x = augment(x)
         if channels_last:
