@@ -176,6 +176,8 @@ class FaultConfig:
 
     oom_above_batch: int | None = None
     fail_message: str | None = None
+    # under torchrun: only this rank gets the faults above (null: every rank)
+    rank: int | None = None
 
 
 @dataclass
@@ -258,6 +260,7 @@ def validate(cfg: DictConfig) -> str:
         ("dataset.num_classes", ds.num_classes, 1),
         ("model.num_classes", cfg.model.num_classes, 1),
         ("dataset.num_samples", ds.num_samples, 1),
+        ("fault.rank", cfg.fault.get("rank"), 0),
     ):
         if value is not None and value < low:
             raise ConfigError(key, value, f"an integer >= {low}")

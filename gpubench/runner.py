@@ -229,6 +229,7 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
     try:
         phases = [_enum_value(p) for p in b.phases]
         bs = int(cfg.loader.batch_size)
+        fault_here = distributed.fault_hits(cfg.fault.get("rank"), dist.rank)
         step = None
         if "compute" in phases or "e2e" in phases:
             model = prepare_model(build_model(cfg), device, bool(cfg.channels_last))
@@ -239,8 +240,9 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
                 run.data["flops_per_step"] = split and split["total"]
                 run.data["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(dist.wrap(model, device), cfg.compile)
-            step = TrainStep(compiled, plan, device, opt, cfg.fault.oom_above_batch)
-        if cfg.fault.fail_message:
+            step = TrainStep(compiled, plan, device, opt,
+                             cfg.fault.oom_above_batch if fault_here else None)
+        if cfg.fault.fail_message and fault_here:
             raise RuntimeError(cfg.fault.fail_message)
 
         def window(name, fetch, work):
@@ -254,6 +256,9 @@ def measure(cfg: DictConfig, device: str, run: _Run, monitor: Monitor) -> None:
                 on_close=lambda: holder.setdefault("t", monitor.stop()),
             )
             if dist.enabled:
+                # every rank reached this window's end healthy before figures are gathered
+                # (a failed rank announces itself instead: Dist.watch ends the others)
+                dist.agree(None)
                 stats = across_ranks(stats, dist)
             tel = holder["t"]
             run.record_phase(stats, tel.as_dict(), _phase_memory(device))
@@ -369,6 +374,14 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     monitor = Monitor(device, float(cfg.bench.monitor_interval_s), bool(cfg.bench.monitor))
     notes = [monitor.gpu_note] if monitor.gpu_note else []
     run.save()
+
+    def peer_failed(status: str, message: str) -> None:  # on the watcher thread, then exit
+        if dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
+            run.data.update(status=status if status in ("oom", "killed") else "failed",
+                            objective=0.0, error=f"another rank failed: {message}")
+            run.save()
+
+    dist.watch(peer_failed)
     try:
         measure(cfg, device, run, monitor)
         run.data["status"] = "ok"
@@ -394,6 +407,8 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
         else:
             run.data["status"], run.data["error"] = "oom", f"{type(e).__name__}: {str(e)[:500]}"
     finally:
+        if run.data["status"] != "ok":  # the other ranks must not wait for this one
+            dist.announce(run.data["status"], run.data["error"] or "stopped before measuring")
         monitor.stop()
         free_device_memory(device)
         dist.close()
