@@ -194,6 +194,9 @@ class Monitor:
     def gpu_note(self) -> str | None:
         """One info line when GPU fields will be absent."""
         if self.handle is not None:
+            if self.mig:
+                return ("MIG instance: its memory is sampled, power and energy are not (NVML "
+                        "gives them for the whole GPU, other tenants included)")
             return None
         if self.nvml is not None:
             return self.nvml.reason
