@@ -113,6 +113,9 @@ class Dist:
         exits with an error, which must not come before rank 0 has written the status."""
         if not (self.enabled and tdist.is_initialized()):
             return
+        # this rank handles its own failure from here: its watcher must not end the process
+        # on another rank's news meanwhile (all ranks get Ctrl-C at once under torchrun)
+        self._stop.set()
         try:
             store = self._store()
             store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
@@ -138,7 +141,7 @@ class Dist:
                 except Exception:  # the store went away: the run is ending anyway
                     return
                 if message.startswith(f"rank {self.rank}:") or self._stop.is_set():
-                    return  # our own announcement: the main thread is handling it
+                    return  # our own failure: the main thread is handling it
                 log.error("another rank failed (%s): ending this rank", message)
                 try:
                     on_failure(status, message)
