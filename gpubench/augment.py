@@ -79,8 +79,11 @@ class DeviceDecode:
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device
+        self.side = None
+        if torch.device(device).type == "cuda":
+            self.side = torch.cuda.Stream(device=device)
 
-    def _decode(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    def _decode_list(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:  # one batched call: nvJPEG decodes the whole list at once
@@ -93,6 +96,27 @@ class DeviceDecode:
                 except RuntimeError:
                     out.append(None)
             return out
+
+    def _decode(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        if self.side is None:
+            return self._decode_list(blobs)
+        # torchvision's decode_jpegs_cuda allocates the outputs on the *current* stream, then
+        # nvJPEG writes them on torchvision's own pool stream, ordered after nothing of ours:
+        # a block the current stream just freed (still read by queued kernels, since the host
+        # runs ahead) could be handed out and overwritten early. So decode with our side
+        # stream current: the outputs are then allocated on it, where no kernel of ours runs,
+        # and torchvision makes the side stream wait for its decode (event.block).
+        main = torch.cuda.current_stream(self.side.device)
+        self.side.wait_stream(main)  # nothing decoded here may start before the work queued so far
+        with torch.cuda.stream(self.side):
+            imgs = self._decode_list(blobs)
+        main.wait_stream(self.side)  # the step's stream reads the images only once decoded
+        for im in imgs:
+            if im is not None:
+                # used on `main` from here on: when freed, the allocator must wait for main's
+                # queued work before reusing the block for the side stream's next decode
+                im.record_stream(main)
+        return imgs
 
     def __call__(self, blobs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
         imgs = self._decode(blobs)

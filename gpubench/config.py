@@ -60,6 +60,7 @@ class OnCorrupt(Enum):
 
 
 class PrecisionName(Enum):
+    torch_default = "torch_default"
     fp32 = "fp32"
     tf32 = "tf32"
     amp_fp16 = "amp_fp16"
@@ -135,7 +136,7 @@ class LoaderConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = PrecisionName.fp32
+    name: PrecisionName = PrecisionName.torch_default
 
 
 @dataclass
@@ -194,6 +195,8 @@ class FaultConfig:
     # every stall_every-th compute/e2e step sleeps stall_s seconds (a disturbed run)
     stall_every: int | None = None
     stall_s: float = 1.0
+    # under torchrun: only this rank gets the faults above (null: every rank)
+    rank: int | None = None
 
 
 @dataclass
@@ -258,7 +261,7 @@ def validate(cfg: DictConfig) -> str:
     ds, ld, prec = cfg.dataset, cfg.loader, _enum_value(cfg.precision.name)
     if prec == "amp_fp16" and device != "cuda":
         raise ConfigError(
-            "precision", "amp_fp16", "fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
+            "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
         )
     if cfg.model.get("_target_") is None:
         name = cfg.model.name
@@ -276,6 +279,7 @@ def validate(cfg: DictConfig) -> str:
         ("dataset.num_classes", ds.num_classes, 1),
         ("model.num_classes", cfg.model.num_classes, 1),
         ("dataset.num_samples", ds.num_samples, 1),
+        ("fault.rank", cfg.fault.get("rank"), 0),
     ):
         if value is not None and value < low:
             raise ConfigError(key, value, f"an integer >= {low}")

@@ -5,23 +5,66 @@ processes and sets RANK / WORLD_SIZE / LOCAL_RANK; each process measures its own
 opened together (a barrier), and the run's throughput is all images over the slowest rank's
 window. Only rank 0 writes results.json, prints and logs to MLflow. Without torchrun
 (WORLD_SIZE unset or 1) every function here is a no-op.
+
+A rank that fails (an OOM, any error) must not leave the others waiting inside a collective
+until NCCL's watchdog fires (10 minutes by default) with no status written. Three parts:
+- `announce(status, error)`: the failing rank writes its error into the process group's key-value
+  store (TCP, outside NCCL/gloo) and does no further collective, since its peers may be
+  blocked inside a different one (a DDP all-reduce mid-step) that it would mismatch;
+- `watch(on_failure)`: a thread on every rank polls that key; on a peer's failure it calls
+  `on_failure(message)` (rank 0 records the status in results.json) and ends the process: the
+  main thread is blocked in C++ inside a collective that Python cannot interrupt;
+- `agree(error)`: at a point every healthy rank reaches in the same order (a window's end,
+  before its figures are gathered), a flag all-reduced with MAX says whether any rank failed,
+  and only then are the messages gathered: one small all-reduce in the common case.
+The process group's own timeout is short (PROCESS_GROUP_TIMEOUT_S) as a last resort.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as tdist
 
+log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
+# Longer than any legitimate gap between two collectives of one run (a slow rank's compile or
+# cuDNN autotune before the first DDP all-reduce), far shorter than NCCL's 10 minutes. Set
+# GPUBENCH_DIST_TIMEOUT_S for models whose compile takes longer.
+PROCESS_GROUP_TIMEOUT_S = 180.0
+FAILED_KEY = "gpubench/failed"
+ACK_KEY = "gpubench/failure_seen"
+ACK_WAIT_S = 5.0
+WATCH_EVERY_S = 0.25
+# exit status of a rank ended because another rank failed
+EXIT_PEER_FAILED = 3
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("GPUBENCH_DIST_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))
+
+
+def fault_hits(fault_rank: int | None, rank: int) -> bool:
+    """Whether an injected fault (fault.*) applies to this rank: all ranks when fault.rank is
+    null, only that one otherwise."""
+    return fault_rank is None or int(fault_rank) == rank
+
+
+@dataclass
 class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
     owns_group: bool = False
+    device: str = "cpu"
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _watcher: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -43,6 +86,75 @@ class Dist:
         tdist.all_gather_object(out, value)
         return out
 
+    def agree(self, error: str | None) -> str | None:
+        """Collective: None if every rank passes error=None, else "rank R: its error" of the
+        first failed rank (the same answer on every rank). Call it only where all ranks call
+        it in the same order."""
+        if not self.enabled:
+            return error
+        # NCCL reduces device tensors only; gloo host tensors
+        dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=dev)
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        if int(flag.item()) == 0:
+            return None
+        errors: list = [None] * self.world
+        tdist.all_gather_object(errors, error)
+        return next(f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None)
+
+    def _store(self):
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+
+    def announce(self, status: str, error: str, wait_s: float = ACK_WAIT_S) -> None:
+        """Tell the other ranks, through the store, that this rank failed (no collective), and
+        wait (bounded) until they have recorded it: torchrun stops every worker as soon as one
+        exits with an error, which must not come before rank 0 has written the status."""
+        if not (self.enabled and tdist.is_initialized()):
+            return
+        # this rank handles its own failure from here: its watcher must not end the process
+        # on another rank's news meanwhile (all ranks get Ctrl-C at once under torchrun)
+        self._stop.set()
+        try:
+            store = self._store()
+            store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
+            acks = [f"{ACK_KEY}/{r}" for r in range(self.world) if r != self.rank]
+            store.wait(acks, timedelta(seconds=wait_s))
+        except Exception as e:  # a peer already gone, or the store's host
+            log.debug("failure announced without every acknowledgement: %s", e)
+
+    def watch(self, on_failure: Callable[[str, str], None]) -> None:
+        """Start the thread that ends this process when another rank announces a failure,
+        after `on_failure(status, message)` has recorded it (the failed rank's run status,
+        "oom" say, and "rank R: its error")."""
+        if not self.enabled or self._watcher is not None:
+            return
+        store = self._store()
+
+        def poll() -> None:
+            while not self._stop.wait(WATCH_EVERY_S):
+                try:
+                    if not store.check([FAILED_KEY]):
+                        continue
+                    status, _, message = store.get(FAILED_KEY).decode().partition("|")
+                except Exception:  # the store went away: the run is ending anyway
+                    return
+                if message.startswith(f"rank {self.rank}:") or self._stop.is_set():
+                    return  # our own failure: the main thread is handling it
+                log.error("another rank failed (%s): ending this rank", message)
+                try:
+                    on_failure(status, message)
+                finally:
+                    try:
+                        store.set(f"{ACK_KEY}/{self.rank}", "1")
+                    finally:
+                        # the main thread sits in a collective that will never complete
+                        os._exit(EXIT_PEER_FAILED)
+
+        self._watcher = threading.Thread(target=poll, name="gpubench-peers", daemon=True)
+        self._watcher.start()
+
     def wrap(self, model: torch.nn.Module, device: str) -> torch.nn.Module:
         if not self.enabled:
             return model
@@ -52,6 +164,10 @@ class Dist:
         return DistributedDataParallel(model, device_ids=ids)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2 * WATCH_EVERY_S + 1)
+            self._watcher = None
         if self.owns_group and tdist.is_initialized():
             tdist.destroy_process_group()
 
@@ -67,5 +183,9 @@ def from_env(device: str) -> Dist:
         torch.cuda.set_device(local)
     owns = not tdist.is_initialized()
     if owns:
-        tdist.init_process_group("nccl" if device == "cuda" else "gloo")
-    return Dist(rank, world, local, owns)
+        # the timeout bounds every collective: gloo raises when it passes; NCCL's watchdog
+        # aborts the communicator (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default since
+        # torch 2.2) and ends the process
+        tdist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                 timeout=timedelta(seconds=timeout_s()))
+    return Dist(rank, world, local, owns, device)

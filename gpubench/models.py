@@ -76,8 +76,38 @@ def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Modu
     return model.train()
 
 
+def reset_compile_state(device: str) -> None:
+    """Forget everything torch.compile learnt in this process, as a fresh process would.
+
+    Hydra's basic launcher runs every job of a multirun in one process: without this, dynamo's
+    caches carry over from trial to trial (each new batch size recompiles until the recompile
+    limit, then falls back to eager), and CUDA-graph trees keep their private memory pools,
+    which torch.cuda.empty_cache() cannot release while the trees hold them, so later trials
+    look bigger than they are. torch._dynamo.reset() clears the caches (and, from torch 2.6 or
+    so, the CUDA-graph trees too when CUDA is initialized); on older torch the trees are reset
+    explicitly. A process that never imported dynamo has nothing to reset."""
+    import gc
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return
+    torch._dynamo.reset()
+    if device == "cuda" and torch.cuda.is_initialized():
+        try:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        except ImportError:
+            reset_cudagraph_trees = None
+        if reset_cudagraph_trees is not None:
+            reset_cudagraph_trees()  # idempotent: a no-op where reset() already did it
+        gc.collect()  # the freed pools' blocks go back to the caching allocator...
+        torch.cuda.empty_cache()  # ...and from it to the device
+
+
 def maybe_compile(model: nn.Module, mode) -> nn.Module:
     mode = _enum_value(mode)
+    # every run starts from a clean compile state, compiled or not: an eager run after a
+    # compiled one must not carry its CUDA-graph pools
+    reset_compile_state(str(next(model.parameters(), torch.empty(0)).device.type))
     if mode == "off":
         return model
     # compile happens lazily at the first step, which the warm-up absorbs (and times)

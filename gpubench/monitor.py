@@ -1,7 +1,8 @@
 """Telemetry sampled in a background thread while a measurement window runs.
 
 Nothing here touches the training hot path: the thread wakes every `interval` seconds, reads
-NVML (GPU utilization, memory, power, energy) and psutil (host CPU; CPU, RSS and bytes read of
+NVML (GPU utilization, memory, power, energy, each field on its own: gpubench/nvml.py), the
+device memory this process has in use, and psutil (host CPU; CPU, RSS and bytes read of
 the main process and of its DataLoader workers, apart), and goes back to sleep. Without an
 NVIDIA driver the GPU fields are absent and one info line says so.
 
@@ -30,54 +31,17 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gpubench.nvml import (  # noqa: F401  (Nvml re-exported: env.facts reads the driver)
+    GPU_FIELDS,
+    MIN_ENERGY_COUNTER_S,
+    Nvml,
+    energy_per_image,
+    memory_gate_bytes,
+    read_fields,
+    window_energy_j,
+)
+
 log = logging.getLogger(__name__)
-
-
-class Nvml:
-    """One NVML handle for the benchmarked device, or None with the reason."""
-
-    _instance: Nvml | None = None
-
-    def __init__(self) -> None:
-        self.handle = None
-        self.reason = ""
-        self.driver = None
-        try:
-            import pynvml  # from the nvidia-ml-py package
-
-            self.pynvml = pynvml
-            pynvml.nvmlInit()
-            self.driver = _str(pynvml.nvmlSystemGetDriverVersion())
-        except Exception as e:  # NVMLError_LibraryNotFound without a driver, ImportError, ...
-            self.reason = f"NVML unavailable ({type(e).__name__}): GPU utilization/power not sampled"
-
-    @classmethod
-    def get(cls) -> Nvml:
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
-
-    def handle_for(self, torch_index: int):
-        """NVML's index order can differ from CUDA's (CUDA_VISIBLE_DEVICES, PCI order), so
-        match the device by UUID and fall back to the index."""
-        if self.driver is None:
-            return None
-        nv = self.pynvml
-        try:
-            import torch
-
-            uuid = str(torch.cuda.get_device_properties(torch_index).uuid)
-            return nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        except Exception:
-            try:
-                return nv.nvmlDeviceGetHandleByIndex(torch_index)
-            except Exception as e:
-                self.reason = f"NVML has no handle for device {torch_index}: {e}"
-                return None
-
-
-def _str(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 @dataclass
@@ -97,6 +61,10 @@ class Sample:
     mem_util: float | None = None
     gpu_mem_used: int | None = None
     power_w: float | None = None
+    # device memory this process has in use (NVML per process, else device-wide from
+    # cudaMemGetInfo), and torch's reserved bytes at the same moment
+    device_used: int | None = None
+    torch_reserved: int | None = None
 
 
 @dataclass
@@ -104,6 +72,8 @@ class MonitorSummary:
     samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0
     energy_j: float | None = None
+    device_used_source: str | None = None
+    nvml_unsupported: list[str] = field(default_factory=list)
 
     def _vals(self, name: str) -> list[float]:
         return [getattr(s, name) for s in self.samples if getattr(s, name) is not None]
@@ -136,8 +106,19 @@ class MonitorSummary:
             "read_mb_per_s": self._rate("read_bytes"),
             "disk_read_bytes": self.max("disk_read_bytes"),
             "disk_read_mb_per_s": self._rate("disk_read_bytes"),
+            "device_used_peak_bytes": self.max("device_used"),
+            "device_used_source": self.device_used_source,
+            "non_torch_peak_bytes": self.non_torch_peak(),
+            "nvml_unsupported": self.nvml_unsupported or None,
             "samples": len(self.samples),
         }
+
+    def non_torch_peak(self) -> int | None:
+        """The most device memory seen in use outside torch's caching allocator (context,
+        library workspaces, NCCL, nvJPEG): in use minus reserved, sample by sample."""
+        v = [s.device_used - s.torch_reserved for s in self.samples
+             if s.device_used is not None and s.torch_reserved is not None]
+        return max(0, max(v)) if v else None
 
     def _rate(self, name: str) -> float | None:
         total = self.max(name)  # cumulative counters: the largest is the last
@@ -187,11 +168,18 @@ class Monitor:
         self.enabled = enabled
         self.handle = None
         self.nvml: Nvml | None = None
+        self.mig = False
+        self.cuda_index: int | None = None
         if enabled and device == "cuda":
             import torch
 
+            # the sampler thread reads device memory by this explicit index: a new thread's
+            # current CUDA device is 0, not the rank's device torchrun set in the main thread
+            self.cuda_index = torch.cuda.current_device()
             self.nvml = Nvml.get()
-            self.handle = self.nvml.handle_for(torch.cuda.current_device())
+            self.handle = self.nvml.handle_for(self.cuda_index)
+            self.mig = bool(getattr(self.nvml, "mig", False))
+        self._unsupported: dict[str, str] = {}
         self.proc = psutil.Process(os.getpid())
         self._procs: dict[int, psutil.Process] = {}
         self._listed_at = -math.inf
@@ -206,13 +194,16 @@ class Monitor:
     def gpu_note(self) -> str | None:
         """One info line when GPU fields will be absent."""
         if self.handle is not None:
+            if self.mig:
+                return ("MIG instance: its memory is sampled, power and energy are not (NVML "
+                        "gives them for the whole GPU, other tenants included)")
             return None
         if self.nvml is not None:
             return self.nvml.reason
         return "no NVIDIA GPU in use: GPU utilization/power absent; host CPU and RSS reported"
 
     def _energy_mj(self) -> float | None:
-        if self.handle is None:
+        if self.handle is None or self.mig:  # a MIG instance: whole-GPU energy only
             return None
         try:  # Volta and newer: a cumulative counter, exact where integrating power is not
             return float(self.nvml.pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
@@ -272,16 +263,35 @@ class Monitor:
         )
         if self._io is not None and self._io.last:
             s.read_bytes, s.disk_read_bytes = self._io.totals()
+        values: dict = {}
         if self.handle is not None:
-            nv = self.nvml.pynvml
-            try:
-                u = nv.nvmlDeviceGetUtilizationRates(self.handle)
-                s.gpu_util, s.mem_util = float(u.gpu), float(u.memory)
-                s.gpu_mem_used = int(nv.nvmlDeviceGetMemoryInfo(self.handle).used)
-                s.power_w = nv.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-            except nv.NVMLError as e:
-                log.debug("NVML sample failed: %s", e)
+            values, errors = read_fields(self.nvml.pynvml, self.handle, self.mig, self.proc.pid)
+            for k in GPU_FIELDS:
+                setattr(s, k, values.get(k))
+            for k, why in errors.items():
+                if k not in self._unsupported:
+                    log.debug("NVML %s not read: %s", k, why)
+                    self._unsupported[k] = why
+        if self.cuda_index is not None:
+            s.torch_reserved, s.device_used = self._device_memory(values.get("process_mem_used"))
         return s
+
+    def _device_memory(self, process_used: int | None) -> tuple[int | None, int | None]:
+        import torch
+
+        try:
+            reserved = int(torch.cuda.memory_reserved(self.cuda_index))
+            if process_used is not None:
+                self._summary.device_used_source = "nvml_process"
+                return reserved, process_used
+            # no per-process figure: the whole device's memory in use, other processes
+            # included (an upper bound, so the gate errs on the safe side)
+            free, total = torch.cuda.mem_get_info(self.cuda_index)
+            self._summary.device_used_source = "mem_get_info_device"
+            return reserved, int(total - free)
+        except RuntimeError as e:
+            log.debug("device memory not read: %s", e)
+            return None, None
 
     def _run(self) -> None:
         # the sampler's own /proc reads land in the main process's I/O counters: its thread's
@@ -314,8 +324,7 @@ class Monitor:
         summ = self._summary
         summ.seconds = time.perf_counter() - self._t0
         e1 = self._energy_mj()
-        if e1 is not None and self._e0 is not None:
-            summ.energy_j = (e1 - self._e0) / 1000.0
-        elif summ.mean("power_w") is not None:
-            summ.energy_j = summ.mean("power_w") * summ.seconds
+        summ.nvml_unsupported = sorted(self._unsupported)
+        summ.energy_j = window_energy_j(self._e0, e1, summ.mean("power_w"), summ.seconds)
         return summ
+

@@ -37,7 +37,7 @@ from gpubench.precision import apply_backend_flags, resolve_precision
 from gpubench.record import RESULTS_FILE, PhaseRecord, RunRecord, Status
 from gpubench.stats import WindowStats, pool
 from gpubench.summary import summarize
-from gpubench.step import TrainStep, count_step_flops, is_oom, make_optimizer
+from gpubench.step import TrainStep, count_step_flops_split, is_oom, make_optimizer
 
 log = logging.getLogger("gpubench")
 
@@ -142,6 +142,7 @@ class Benchmark:
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
         self.memory: dict[str, dict] = {}
+        self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
         self.pipe = self.step = None
         self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
         self.t0 = time.perf_counter()
@@ -169,15 +170,23 @@ class Benchmark:
             self._check_width(model, x)
             opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr))
             if cfg.bench.flops:
-                rec.flops_per_step = count_step_flops(model, self.plan, device, x, y)
+                split = count_step_flops_split(model, self.plan, device, x, y)
+                rec.flops_per_step = split and split["total"]
+                rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), cfg.compile)
-            self.step = TrainStep(compiled, self.plan, device, opt, cfg.fault.oom_above_batch)
+            self.step = TrainStep(compiled, self.plan, device, opt,
+                                  cfg.fault.oom_above_batch if self.fault_here else None)
         self._maybe_fail(0)
+
+    @property
+    def fault_here(self) -> bool:
+        """Injected faults hit this rank (fault.rank: one rank only under torchrun)."""
+        return distributed.fault_hits(self.cfg.fault.get("rank"), self.dist.rank)
 
     def _maybe_fail(self, windows: int) -> None:
         """Fault injection: a runtime error after `fault.fail_after_windows` windows."""
         f = self.cfg.fault
-        if f.fail_message and windows == int(f.fail_after_windows):
+        if f.fail_message and self.fault_here and windows == int(f.fail_after_windows):
             raise RuntimeError(f.fail_message)
 
     def _check_width(self, model: torch.nn.Module, x: torch.Tensor) -> None:
@@ -203,7 +212,8 @@ class Benchmark:
         loader: fetch from the DataLoader, copy to the device, no model. compute: the same step
         on one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
         pipe, step, fault = self.pipe, self.step, self.cfg.fault
-        stall_every, stall_s = fault.stall_every, float(fault.stall_s)
+        stall_every = fault.stall_every if self.fault_here else None
+        stall_s = float(fault.stall_s)
         calls = [0]
 
         def stall() -> None:
@@ -270,6 +280,13 @@ class Benchmark:
             on_close=lambda: held.append(self.monitor.stop()),
         )
         if dist.enabled:
+            # every rank reached this window's end healthy before figures are gathered (a
+            # failed rank announces itself instead, and Dist.watch ends the others)
+            dist.agree(None)
+            # energy of every rank's GPU (the sampler reads this rank's only)
+            energies = dist.gather(held[0].energy_j)
+            self.energy_all[name] = (None if any(e is None for e in energies) else
+                                     (self.energy_all.get(name) or 0.0) + sum(energies))
             stats = across_ranks(stats, dist)
         self.windows[name].append(stats)
         self.telemetry[name].append(held[0])
@@ -289,8 +306,11 @@ class Benchmark:
             w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
             w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
             w["samples"] = d["samples"]
+        telemetry = tel.as_dict()
+        if name in self.energy_all:
+            telemetry["energy_j_all_ranks"] = self.energy_all[name]
         self.record.phases[name] = PhaseRecord.from_dict(
-            pooled | {"telemetry": tel.as_dict(), "memory": dict(self.memory.get(name, {}))})
+            pooled | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
         series = {
             "warmup_step_times_s": ws[0].warmup_step_times_s,
             "step_times_s": [t for w in ws for t in w.step_times_s],
@@ -329,27 +349,40 @@ class Benchmark:
         self.save()
         interrupted: BaseException | None = None
         status, error = Status.ok, None
+
+        def peer_failed(peer_status: str, message: str) -> None:
+            # on the watcher thread, which then ends this process: record it first
+            if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
+                rec.status = Status.oom if peer_status == "oom" else (
+                    Status.killed if peer_status == "killed" else Status.failed)
+                rec.error = f"another rank failed: {message}"
+                self.save()
+
+        self.dist.watch(peer_failed)
         try:
             self.measure()
         except KeyboardInterrupt as e:
             status, error, interrupted = Status.killed, "interrupted (Ctrl-C or SIGTERM)", e
         except CorruptImage as e:
             status, error = Status.failed, str(e)
-        except ConfigError:
+        except ConfigError as e:
             # bad input found while building (an empty folder, a model too narrow): nothing
             # was measured, so no results.json is left behind either
             if not rec.phases and self.dist.main:
                 rec.path.unlink(missing_ok=True)
+            self.dist.announce("failed", str(e))
             self._release()
             raise
         except Exception as e:
-            if is_oom(e):
+            if is_oom(e, self.device):
                 status, error = Status.oom, f"{type(e).__name__}: {str(e)[:500]}"
             else:
                 log.debug("run failed", exc_info=True)
                 status, error = Status.failed, f"{type(e).__name__}: {e}"
         finally:
             self.monitor.stop()
+        if status is not Status.ok:  # the other ranks must not wait for this one
+            self.dist.announce(status.value, error or "stopped before measuring")
         self._release()
         try:
             self.summarize()

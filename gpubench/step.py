@@ -13,12 +13,67 @@ OOM_ERRORS: tuple[type[BaseException], ...] = (
     torch.cuda.OutOfMemoryError,
 )
 
+# What ran out, read from the error's text (the whole chain: a DataLoader worker or the pin
+# thread re-raises the original message inside its own). Checked in this order, first match wins.
+# - "pinned": page-locked host memory for H2D copies (the CachingHostAllocator's cudaHostAlloc,
+#   reported by C10_CUDA_CHECK as a plain "CUDA error: out of memory", so only where it happened
+#   tells it apart): host RAM / the pin limit, never the device's memory.
+# - "device": the caching allocator's OutOfMemoryError, and memory that libraries take with
+#   their own cudaMalloc outside it (cuBLAS/cuDNN handles and workspaces, cuFFT, cuSOLVER,
+#   cuSPARSE, nvJPEG, the CUDA runtime itself) which fail near the limit with status codes.
+# - "host": the CPU allocator (c10's alloc_cpu: posix_memalign failing) and Python's MemoryError.
+OOM_MESSAGES: tuple[tuple[str, str], ...] = (
+    ("in pin memory thread", "pinned"),
+    ("cudahostalloc", "pinned"),
+    ("cachinghostallocator", "pinned"),
+    ("pinned memory", "pinned"),
+    ("cuda out of memory", "device"),
+    ("cublas_status_alloc_failed", "device"),
+    ("cudnn_status_alloc_failed", "device"),
+    ("cufft_alloc_failed", "device"),
+    ("cusolver_status_alloc_failed", "device"),
+    ("cusparse_status_alloc_failed", "device"),
+    ("nvjpeg_status_allocator_failure", "device"),
+    ("cuda error: out of memory", "device"),
+    ("cudaerrormemoryallocation", "device"),
+    ("defaultcpuallocator: can't allocate memory", "host"),
+    ("defaultcpuallocator: not enough memory", "host"),
+    ("cannot allocate memory", "host"),
+    ("out of memory", "device"),
+)
 
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, OOM_ERRORS):
+
+def _chain_text(exc: BaseException) -> str:
+    parts, seen, e = [], set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts).lower()
+
+
+def oom_kind(exc: BaseException) -> str | None:
+    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None: not a memory
+    error."""
+    text = _chain_text(exc)
+    for needle, kind in OOM_MESSAGES:
+        if needle in text:
+            return kind
+    if isinstance(exc, OOM_ERRORS):  # the caching allocator's own type, whatever its text
+        return "device"
+    if isinstance(exc, MemoryError):
+        return "host"
+    return None
+
+
+def is_oom(exc: BaseException, device: str = "cuda") -> bool:
+    """Did the benchmarked device run out of memory (status "oom", a point a sweep treats as
+    too big)? On a CPU run the host RAM is that device; a pinned-host failure never is: it is
+    a host limit that a smaller batch would not cure the same way."""
+    kind = oom_kind(exc)
+    if kind == "device":
         return True
-    # the CPU allocator raises a plain RuntimeError
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return kind == "host" and device != "cuda"
 
 
 def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
@@ -62,9 +117,12 @@ class TrainStep:
         self.opt.zero_grad(set_to_none=True)
 
 
-def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -> float | None:
+def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, x, y
+                           ) -> dict[str, float] | None:
     """FLOPs of one forward+backward on this batch, counted once by torch's FlopCounterMode
-    (matmul/conv FLOPs, 2 per multiply-add). None if the counter cannot run this model."""
+    (2 per multiply-add), as {"conv", "matmul", "total"}: convolutions and matmuls can run at
+    different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls), so MFU's peak needs
+    the split. None if the counter cannot run this model."""
     from torch.utils.flop_counter import FlopCounterMode
 
     crit = nn.CrossEntropyLoss()
@@ -74,8 +132,19 @@ def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -
             with plan.autocast(device):
                 loss = crit(model(x), y)
             loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(counter.get_total_flops())
+        counts = counter.get_flop_counts().get("Global", {})
     except Exception:
-        model.zero_grad(set_to_none=True)
         return None
+    finally:
+        model.zero_grad(set_to_none=True)
+    # convolution, _convolution, cudnn_convolution, convolution_backward: cuDNN's math; the
+    # rest the counter knows (mm, addmm, bmm, baddbmm, attention) are cuBLAS-side matmuls
+    conv = float(sum(v for op, v in counts.items() if "conv" in str(op)))
+    total = float(sum(counts.values()))
+    return {"conv": conv, "matmul": total - conv, "total": total}
+
+
+def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -> float | None:
+    """Total FLOPs of one forward+backward (see count_step_flops_split)."""
+    split = count_step_flops_split(model, plan, device, x, y)
+    return split["total"] if split else None

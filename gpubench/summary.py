@@ -10,6 +10,7 @@ import os
 
 from gpubench import env, noise
 from gpubench.config import _enum_value
+from gpubench.nvml import energy_per_image, memory_gate_bytes
 from gpubench.precision import resolve_precision
 from gpubench.verdict import Knobs, judge
 
@@ -52,13 +53,22 @@ def figures(rec, device: str) -> None:
     io = ph["loader"].telemetry if "loader" in ph else main_tel
     rec.read_mb_per_s = io.get("read_mb_per_s")
     rec.disk_read_mb_per_s = io.get("disk_read_mb_per_s")
-    if main_tel.get("energy_j") is not None and main and main.images:
-        # the sampler reads this rank's GPU only: divide by this rank's share of the images
-        # (every rank runs the same steps at the same batch size under torchrun)
-        rec.energy_per_image_j = main_tel["energy_j"] / (main.images / max(1, rec.world_size))
+    if main and main.images:
+        # under torchrun every rank's GPU energy over every rank's images; else this GPU's
+        energy = main_tel.get("energy_j_all_ranks", main_tel.get("energy_j"))
+        rec.energy_per_image_j = energy_per_image([energy], [main.images])
 
-    rec.peak_memory_bytes = (rec.torch_peak_reserved_bytes if device == "cuda"
-                             else rec.peak_rss_bytes)
+    if device == "cuda":
+        # the gate: the larger of torch's reserved peak plus what lives outside its allocator
+        # (CUDA context, cuBLAS/cuDNN workspaces, NCCL, nvJPEG) and the peak sampled in use
+        used = _peak("device_used_peak_bytes", tel)
+        rec.extra["device_used_peak_bytes"] = used
+        rec.peak_memory_bytes = memory_gate_bytes(
+            rec.torch_peak_reserved_bytes, used, _peak("non_torch_peak_bytes", tel))
+        if used is not None:
+            rec.memory_source = "max(torch reserved + outside torch, device in use)"
+    else:
+        rec.peak_memory_bytes = rec.peak_rss_bytes
     if rec.peak_memory_bytes is not None and rec.device_memory_bytes:
         rec.peak_memory_fraction = rec.peak_memory_bytes / rec.device_memory_bytes
 
@@ -68,9 +78,10 @@ def figures(rec, device: str) -> None:
         # per device: the run's images/sec is summed over torchrun ranks, the peak is one GPU's
         achieved = rec.flops_per_step * comp.images_per_sec / comp.batch_size / rec.world_size
         rec.achieved_tflops = achieved / 1e12
-        c = rec.config
-        plan = resolve_precision(c["precision"]["name"], device)
-        pk = env.peak_flops(rec.env.get("device_name", ""), plan.math) if device == "cuda" else None
+        plan = resolve_precision(rec.config["precision"]["name"], device)
+        split = rec.extra.get("flops_by_kind") or {"conv": rec.flops_per_step, "matmul": 0.0}
+        pk = env.mixed_peak_flops(rec.env.get("device_name", ""), plan.flops_by_math(
+            split["conv"], split["matmul"])) if device == "cuda" else None
         rec.mfu = achieved / pk if pk else None
 
 

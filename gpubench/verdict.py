@@ -222,7 +222,7 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
                 "(article 003: marry the right CPU/RAM to the GPU)"
             )
     if bottleneck == "compute":
-        if k.precision in ("fp32", "tf32"):
+        if k.precision in ("torch_default", "fp32", "tf32"):
             if gpu:
                 out.append(
                     "precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x "

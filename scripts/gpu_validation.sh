@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
-# The GPU validation plan (docs/benchmarks.md, "On a GPU"), one part per call so each fits in a
-# 10-minute command on a lent GPU machine. Run from the repo root there, with the wheels from
-# scripts/device_wheels.sh carried in .whl:
-#   bash scripts/gpu_validation.sh tests|default|compute|workers|harness|monitor|sweep
-# Logs go to $OUT (or ./gpu_logs), one file per part.
+# The GPU validation plan (docs/gpu.md, docs/benchmarks.md "On a GPU"): what a CPU cannot check.
+# One part per call so each fits in a 10-minute command on a lent GPU machine, all of them in
+# about 30 minutes. Run from the repo root there, with the wheels from scripts/device_wheels.sh
+# carried in .whl:
+#   bash scripts/gpu_validation.sh PART
+# Parts, most important first (minutes on one H100, roughly):
+#   review     (4) the gpu-marked tests: OOM texts, peak row, NVML fields, nvJPEG side stream,
+#                  pinned labels, torch_default flags, compile reset, memory gate, energy
+#   precision  (3) compute bound under torch_default / fp32 / tf32 / amp_bf16 (finding 2)
+#   devicedata (4) device decode + augment: e2e against min(loader, compute) and the combined
+#                  bound 1/(1/compute + device data time per image) (finding 3)
+#   compile    (6) one process, several batch sizes, compile on, short warm-up cap: no false
+#                  over_ceiling, a minimum of warm-up steps after the compile (findings 4, 6)
+#   idle       (3) host data wait vs device idle from events (finding 7)
+#   memory     (2) the memory gate: torch reserved vs device memory in use (finding 9)
+#   tests default compute workers harness monitor sweep: the earlier plan, unchanged
+# Logs go to $OUT (or ./gpu_logs), one file per part. A line starting "CHECK FAIL" marks a
+# finding the GPU contradicts; "CHECK ok" one it confirms; the part's exit status is 1 on any
+# CHECK FAIL.
 set -uo pipefail
-part=${1:?part: tests default compute workers harness monitor sweep}
+part=${1:?part: review precision devicedata compile idle memory tests default compute workers harness monitor sweep}
 out=${OUT:-gpu_logs}
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -15,17 +29,100 @@ if [ -d .whl ]; then
 fi
 export PYTHONUNBUFFERED=1
 log="$out/$part.log"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$log"
+runs="$out/runs/$part"
+nvidia-smi --query-gpu=name,driver_version,memory.total,mig.mode.current --format=csv,noheader | tee "$log"
 python3 -c "import torch, os; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cpus', os.cpu_count())" | tee -a "$log"
 # resnet50 with a 10,000-class head at 224 px: reference article 003's setting
 R50="model=resnet50 dataset.num_classes=10000 dataset.image_size=224 tracking=none"
 gb() { echo "+ gpubench $*" | tee -a "$log"; python3 -m gpubench "$@" 2>&1 | tee -a "$log"; }
+# check NAME 'python expression over r (the run dir's results.json as a dict)' RUN_DIR [RUN_DIR2]
+# (r2 for the second dir): prints CHECK ok/FAIL with the figures used
+check() {
+  python3 - "$@" <<'EOF' | tee -a "$log"
+import json, sys
+from pathlib import Path
+from gpubench.record import load
+name, expr, *dirs = sys.argv[1:]
+recs = [load(d) for d in dirs]
+if any(r is None for r in recs):
+    print(f"CHECK FAIL {name}: no results.json in {dirs}"); sys.exit(0)
+r, r2 = recs[0].to_dict(), (recs[1].to_dict() if len(recs) > 1 else None)
+def ph(d, phase, key):
+    return (d.get("phases", {}).get(phase) or {}).get(key)
+try:
+    ok = bool(eval(expr))
+except Exception as e:  # a key the measure code does not write yet
+    print(f"CHECK FAIL {name}: {type(e).__name__}: {e}"); sys.exit(0)
+print(f"CHECK {'ok' if ok else 'FAIL'} {name}: {expr}")
+EOF
+}
+finish() { grep -q "^CHECK FAIL" "$log" && exit 1; exit 0; }
 case $part in
+  review)  python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_checks.py tests/test_data.py \
+             -p no:cacheprovider 2>&1 | tee -a "$log"; exit "${PIPESTATUS[0]}" ;;
+  precision) # finding 2: the default must measure what users run (TF32 convs on Ampere+)
+    for p in torch_default fp32 tf32 amp_bf16; do
+      gb $R50 dataset=device_synthetic 'bench.phases=[compute]' bench.steps=30 \
+        loader.batch_size=128 precision=$p channels_last=true hydra.run.dir=$runs/$p
+    done
+    check "torch_default runs TF32 convolutions (>1.5x strict fp32)" \
+      'r["compute_images_per_sec"] > 1.5 * r2["compute_images_per_sec"]' $runs/torch_default $runs/fp32
+    check "torch_default MFU peak mixes tf32 convs and fp32 matmuls" \
+      'r["flops_by_kind"]["conv"] > 0 and r["mfu"] is not None and r["mfu"] < 1' $runs/torch_default
+    check "tf32 at least as fast as torch_default" \
+      'r["compute_images_per_sec"] > 0.9 * r2["compute_images_per_sec"]' $runs/tf32 $runs/torch_default
+    finish ;;
+  devicedata) # finding 3: device decode/augment share the step's stream in e2e
+    gb $R50 dataset=fake_jpeg dataset.num_samples=1024 dataset.decode_on=device \
+      dataset.augment_on=device loader.num_workers=4 loader.batch_size=128 precision=amp_bf16 \
+      channels_last=true bench.steps=30 hydra.run.dir=$runs/decode
+    check "device data time per image measured in the loader phase" \
+      'ph(r, "loader", "device_data_seconds_per_image") > 0' $runs/decode
+    check "e2e within the combined bound 1/(1/compute + device data time)" \
+      'r["images_per_sec"] <= 1.05 / (1 / r["compute_images_per_sec"] + ph(r, "loader", "device_data_seconds_per_image"))' $runs/decode
+    check "verdict judged against the combined bound, not min(loader, compute)" \
+      'r.get("e2e_bound_images_per_sec") is not None' $runs/decode
+    finish ;;
+  compile) # findings 4 and 6: trials in one process (basic launcher), compile on
+    gb -m $R50 dataset=device_synthetic 'bench.phases=[compute]' precision=amp_bf16 \
+      channels_last=true compile=default loader.batch_size=64,128,64 bench.steps=20 \
+      bench.warmup_steps=3 bench.warmup_max_seconds=5 hydra.sweep.dir=$runs/sweep
+    for j in 0 1 2; do
+      check "trial $j: warm-up ran a minimum of steps after the compile step" \
+        'ph(r, "compute", "warmup_steps") >= 3' $runs/sweep/$j
+      check "trial $j: no compile or CUDA-graph recording inside the window" \
+        'ph(r, "compute", "step_time_p95_s") < 3 * ph(r, "compute", "step_time_p50_s")' $runs/sweep/$j
+      check "trial $j: ok (no false over_ceiling)" 'r["status"] == "ok"' $runs/sweep/$j
+    done
+    check "the third trial (batch 64 again) does not carry the first two trials' memory" \
+      'r["torch_peak_reserved_bytes"] <= 1.15 * r2["torch_peak_reserved_bytes"]' $runs/sweep/2 $runs/sweep/0
+    finish ;;
+  idle) # finding 7: host wait is not device idle
+    gb $R50 dataset=fake_jpeg dataset.num_samples=1024 loader.num_workers=2 \
+      loader.batch_size=128 precision=amp_bf16 channels_last=true 'bench.phases=[e2e]' \
+      bench.steps=30 hydra.run.dir=$runs/starved
+    gb $R50 dataset=device_synthetic 'bench.phases=[e2e]' precision=amp_bf16 \
+      channels_last=true loader.batch_size=128 bench.steps=30 hydra.run.dir=$runs/fed
+    check "a data-starved e2e shows device idle from events" \
+      'ph(r, "e2e", "device_idle_fraction") > 0.3' $runs/starved
+    check "a fed e2e keeps the device busy" 'ph(r, "e2e", "device_idle_fraction") < 0.05' $runs/fed
+    check "host wait kept as its own figure" 'ph(r, "e2e", "data_wait_fraction") is not None' $runs/fed
+    finish ;;
+  memory) # finding 9: memory outside torch's allocator counts against the ceiling
+    gb $R50 dataset=device_synthetic precision=amp_bf16 channels_last=true \
+      loader.batch_size=256 bench.steps=20 hydra.run.dir=$runs/r50
+    check "device memory in use sampled, above torch reserved (context, workspaces)" \
+      'ph(r, "compute", "telemetry")["device_used_peak_bytes"] > ph(r, "compute", "memory")["torch_peak_reserved_bytes"]' $runs/r50
+    check "memory outside the allocator measured (0.3-4 GB expected)" \
+      '0.3e9 < ph(r, "compute", "telemetry")["non_torch_peak_bytes"] < 4e9' $runs/r50
+    check "the gate uses the larger figure" \
+      'r["peak_memory_bytes"] >= ph(r, "compute", "telemetry")["device_used_peak_bytes"]' $runs/r50
+    finish ;;
   tests)   python3 -m pytest -q tests/test_gpu.py tests/test_data.py -m gpu 2>&1 | tee -a "$log" ;;
   default) gb tracking=none ;;
   compute) # the compute bound: precision x channels_last x batch on a batch already on the GPU
     gb -m $R50 dataset=device_synthetic 'bench.phases=[compute]' bench.steps=30 \
-      precision=fp32,amp_fp16,amp_bf16 channels_last=false,true loader.batch_size=64,128,256
+      precision=torch_default,fp32,amp_fp16,amp_bf16 channels_last=false,true loader.batch_size=64,128,256
     gb $R50 dataset=device_synthetic 'bench.phases=[compute]' precision=amp_bf16 \
       channels_last=true loader.batch_size=256 compile=default bench.warmup_steps=10 ;;
   workers) # the data side on real JPEG decode: loader and e2e per worker count

@@ -32,7 +32,7 @@ def test_compile_modes_compose(compose_cfg, compile_mode):
 
 def test_defaults_and_auto_sizes(compose_cfg):
     cfg = compose_cfg(tiny=False)
-    assert cfg.model.name == "resnet50" and cfg.precision.name.value == "fp32"
+    assert cfg.model.name == "resnet50" and cfg.precision.name.value == "torch_default"
     assert cfg.memory.ceiling == 0.8
     assert cfg.model.num_classes == cfg.dataset.num_classes  # interpolated
     assert cfg.dataset.image_size is None and cfg.loader.batch_size is None

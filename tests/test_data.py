@@ -21,14 +21,17 @@ from torch.utils.data import DataLoader
 from gpubench.augment import MEAN, STD, DeviceAugment, DeviceDecode, cpu_fixed_size
 from gpubench.config import ConfigError
 from gpubench.data import (
+    MAX_SUBSTITUTES,
     ImageFiles,
     build_pipeline,
     collate_skipping,
     loader_settings,
     preload,
     read_cifar10,
+    refill,
     scan_imagefolder,
     source_size,
+    substitute_order,
 )
 from gpubench.runner import measure_run
 from gpubench.verdict import fewest_workers
@@ -191,16 +194,16 @@ def test_corrupt_files_are_skipped_and_counted(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=3)
     cfg = cfg_for(root, "loader.num_workers=2", "loader.drop_last=false", "loader.batch_size=2")
     pipe = build_pipeline(cfg, "cpu")
-    delivered = 0
+    sizes = []
     try:
         with deadline(120):
             for batch in pipe.loader:  # exactly one epoch
                 moved = pipe.to_device(batch)
-                if moved is not None:
-                    delivered += len(moved[1])
+                sizes.append(len(moved[1]))
     finally:
         pipe.shutdown()
-    assert delivered == 3 and pipe.skipped == len(bad) == 2
+    # every corrupt file is replaced by a good one: full batches (2, 2, then the last 1)
+    assert sizes == [2, 2, 1] and pipe.skipped >= len(bad) == 2
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -436,3 +439,66 @@ def test_in_memory_pools_cycle_through_one_long_epoch(compose_cfg):
     assert isinstance(ds, Cycled) and len(ds) == CYCLED_EPOCH
     assert pipe.info["samples"] == 32
     assert ds.pool.labels[5] == ds[32 * 7 + 5][1]
+
+
+# ------------------------------------------------------------------ corrupt data, flat bytes
+
+
+def all_corrupt_folder(root: Path, n: int = 40) -> Path:
+    cls = root / "c0"
+    cls.mkdir(parents=True)
+    for i in range(n):
+        (cls / f"{i:03d}.jpg").write_bytes(b"\xff\xd8\xff" + b"not really a jpeg" * (i + 1))
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("phases", ["[loader]", "[loader,compute,e2e]"])
+def test_all_corrupt_folder_fails_never_hangs(tmp_path, workers, phases):
+    root = all_corrupt_folder(tmp_path / "f")
+    cfg = cfg_for(root, f"loader.num_workers={workers}", f"bench.phases={phases}")
+    with deadline(120):
+        r = measure_run(cfg, tmp_path / "out")
+    err = r.data["error"]
+    assert r.status == "failed" and r.objective == 0.0, r.data
+    assert err.startswith("dataset.on_corrupt=skip: 32 files tried in a row do not decode")
+    assert str(root / "c0") in err and "\n" not in err
+
+
+def test_substitutes_are_distinct_and_bounded():
+    for n in (1, 2, 5, 40, 1000):
+        order = substitute_order(7 % n, n, MAX_SUBSTITUTES)
+        assert len(order) == min(n, MAX_SUBSTITUTES) == len(set(order)) and order[0] == 7 % n
+    # not the next file in folder order: clustered corrupt files are hopped over
+    assert substitute_order(0, 1000, 3)[1] != 1
+
+
+def test_jpeg_bytes_collate_to_one_flat_tensor(folder):
+    files = sorted(folder.rglob("*.jpg"))[:5]
+    ds = ImageFiles([(str(p), 0) for p in files], None, "skip", raw=True)
+    loader = DataLoader(ds, batch_size=5, num_workers=1, collate_fn=collate_skipping)
+    with deadline(120):
+        jpegs, y, skipped = next(iter(loader))
+    assert isinstance(jpegs.data, torch.Tensor) and jpegs.data.dtype == torch.uint8
+    assert jpegs.data.dim() == 1 and jpegs.offsets.tolist()[0] == 0 and skipped == 0
+    assert jpegs.data.numel() == sum(p.stat().st_size for p in files)
+    for blob, p in zip(jpegs.blobs(), files, strict=True):
+        assert blob.is_contiguous() and bytes(blob.numpy()) == p.read_bytes()
+    assert jpegs.names == [str(p) for p in files] and len(jpegs) == 5
+
+
+def test_refill_keeps_batch_shape_and_pairs():
+    x = torch.tensor([[10.0], [30.0], [40.0]])  # decoded images of inputs 0, 2, 3
+    y = torch.tensor([0, 1, 2, 3, 4])
+    x2, y2 = refill(x, y, failed=[1, 4])
+    assert x2.shape[0] == 5 and y2.tolist() == [0, 2, 3, 0, 2]
+    assert x2[:, 0].tolist() == [10.0, 30.0, 40.0, 10.0, 30.0]
+
+
+def test_distributed_sampler_epoch_advances(folder):
+    cfg = cfg_for(folder, "loader.num_workers=0", "loader.batch_size=3")
+    pipe = build_pipeline(cfg, "cpu", shard=(0, 2))  # 18 images: 9 per rank, 3 batches
+    it = pipe.batches()
+    epochs = [[next(it)[1].tolist() for _ in range(3)] for _ in range(2)]
+    assert pipe.loader.sampler.epoch == 1
+    assert epochs[0] != epochs[1]  # a new shuffle each epoch, as set_epoch gives

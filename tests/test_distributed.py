@@ -34,3 +34,73 @@ def test_torchrun_two_ranks(tmp_path):
         assert ph["images"] == 2 * 4 * 4
         assert 0 < ph["images_per_sec"] <= sum(ranks) * 1.0001
         assert ph["images_per_sec"] >= 2 * min(ranks) * 0.9999
+
+
+@pytest.mark.parametrize("fault,status,text", [
+    # rank 1 fails before its first window, rank 0 waits at the window's barrier
+    ("fault.fail_message=injected on one rank", "failed", "injected on one rank"),
+    # rank 1 runs out of memory in its first step, rank 0 waits inside DDP's all-reduce
+    ("fault.oom_above_batch=1", "oom", "OutOfMemoryError"),
+])
+def test_fault_on_one_rank_ends_both_promptly(tmp_path, fault, status, text):
+    """fault.rank=1: rank 0 must learn of rank 1's failure within seconds (not the process
+    group's timeout), record it in results.json and exit; rank 1 exits too."""
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "gpubench", *TINY, "bench.steps=4", "hydra.run.dir=outputs/ddp", fault,
+         "fault.rank=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170,
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    data = json.loads((tmp_path / "outputs" / "ddp" / "results.json").read_text())
+    assert data["status"] == status, data["error"]
+    assert "rank 1" in data["error"] and text in data["error"]
+    # well under the process group's 180 s timeout: two ranks' start-up plus seconds
+    assert took < 90, took
+
+
+def test_agree_and_fault_rank_logic():
+    from gpubench.distributed import Dist, fault_hits
+
+    assert fault_hits(None, 0) and fault_hits(None, 3)
+    assert fault_hits(1, 1) and not fault_hits(1, 0)
+    single = Dist()  # without torchrun: no collective, the rank's own answer
+    assert single.agree(None) is None and single.agree("boom") == "boom"
+
+
+def _agree_worker(rank: int, world: int, port: int, errors: list, out) -> None:
+    import torch.distributed as tdist
+
+    from gpubench.distributed import Dist
+
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=world)
+    d = Dist(rank, world, rank, True, "cpu")
+    out.put((rank, d.agree(None), d.agree(errors[rank])))
+    d.close()
+
+
+def test_agree_across_two_gloo_processes():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    errors = [None, "OutOfMemoryError: injected"]
+    procs = [ctx.Process(target=_agree_worker, args=(r, 2, port, errors, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert got == [(0, None, "rank 1: OutOfMemoryError: injected"),
+                   (1, None, "rank 1: OutOfMemoryError: injected")]

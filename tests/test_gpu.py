@@ -23,7 +23,7 @@ def test_gpu_run_reports_device_figures(compose_cfg, tmp_path):
         d["torch_peak_reserved_bytes"] / torch.cuda.get_device_properties(0).total_memory)
     assert d["nvml_memory_used_bytes"] >= d["torch_peak_reserved_bytes"]
     assert 0 <= d["gpu_util_mean"] <= 100 and d["power_mean_w"] > 0
-    assert d["energy_per_image_j"] > 0
+    # energy over a ~0.1 s window is checked in test_gpu_checks.py on a window >= 1 s
     for ph in d["phases"].values():  # CUDA-event step times, read after the closing sync
         assert ph["step_time_p50_s"] > 0 and ph["step_time_p95_s"] >= ph["step_time_p50_s"]
 

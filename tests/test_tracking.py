@@ -78,10 +78,10 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     assert set(runs) == {result.data["run_uid"], failed.data["run_uid"]}
     run, d = runs[result.data["run_uid"]], result.data
 
-    assert run.info.status == "FINISHED" and run.info.run_name == "tiny-bs4-w0-fp32"
+    assert run.info.status == "FINISHED" and run.info.run_name == "tiny-bs4-w0-torch_default"
     p = run.data.params
     assert (p["model"], p["dataset"], p["batch_size"], p["num_workers"]) == ("tiny", "synthetic", "4", "0")
-    assert (p["precision"], p["device"], p["image_size"], p["pin_memory"]) == ("fp32", "cpu", "16", "true")
+    assert (p["precision"], p["device"], p["image_size"], p["pin_memory"]) == ("torch_default", "cpu", "16", "true")
     assert p["loader.batch_size"] == "4" and p["bench.phases"] == '["loader", "compute", "e2e"]'
     m = run.data.metrics
     for name in ("images_per_sec", "loader_images_per_sec", "compute_images_per_sec",
