@@ -189,7 +189,8 @@ def pool(windows: list[WindowStats]) -> dict:
         "windows": [
             {"images": w.images, "seconds": w.seconds, "images_per_sec": w.images_per_sec,
              "steps": w.steps, "step_time_cv": w.step_time_cv, "truncated": w.truncated,
-             "data_wait_fraction": w.data_wait_fraction}
+             "data_wait_fraction": w.data_wait_fraction,
+             "ranks_images_per_sec": w.ranks_images_per_sec}
             for w in windows
         ],
         "data_wait_s": wait,
