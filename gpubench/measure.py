@@ -111,10 +111,15 @@ def run_window(
     truncated = False
     t0 = perf()
     marks = [clock.mark()]
+    # a mark when each step's work is handed to the device: on CUDA it executes when the
+    # stream reaches it, so start(i) - end(i-1) is the device waiting for the host (idle), and
+    # end(i) - start(i) the device time of work(i) (in the loader phase: copy, decode, augment)
+    starts = []
     for i in range(steps):
         a = perf()
         batch = fetch()
         wait += perf() - a  # host blocked on the data side
+        starts.append(clock.mark())
         images += work(batch)  # images in this batch, known on the host (no sync)
         marks.append(clock.mark())
         if perf() - t0 > max_s and i + 1 < steps:
@@ -125,5 +130,11 @@ def run_window(
     window_s = perf() - t0
     if on_close:
         on_close()
-    return stats_from(phase, batch_size, images, clock.deltas(marks), window_s, wait,
-                      warm_times, warm_s, truncated, warm_ok)
+    stats = stats_from(phase, batch_size, images, clock.deltas(marks), window_s, wait,
+                       warm_times, warm_s, truncated, warm_ok)
+    n = len(starts)
+    stats.device_idle_s = sum(max(0.0, d) for d in (
+        clock.deltas([marks[i], starts[i]])[0] for i in range(n)))
+    stats.device_work_s = sum(max(0.0, clock.deltas([starts[i], marks[i + 1]])[0])
+                              for i in range(n))
+    return stats

@@ -86,6 +86,10 @@ class WindowStats:
     warmup_step_times_s: list[float] = field(default_factory=list)
     # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
     ranks_images_per_sec: list[float] | None = None
+    # from marks around each step's work: time the device waited for the host between steps,
+    # and the device time of the work itself (on CUDA: events; on a CPU: the host clock)
+    device_idle_s: float | None = None
+    device_work_s: float | None = None
 
     def summary(self) -> dict:
         d = asdict(self)
@@ -172,6 +176,9 @@ def pool(windows: list[WindowStats]) -> dict:
     mean = sum(steps) / n if n else math.nan
     var = sum((t - mean) ** 2 for t in steps) / n if n else math.nan
     ci = median_interval(ips)
+    idle = [w.device_idle_s for w in windows]
+    busy = [w.device_work_s for w in windows]
+    images = sum(w.images for w in windows)
     ranks = None
     if first.ranks_images_per_sec is not None:
         per = list(zip(*(w.ranks_images_per_sec for w in windows), strict=True))
@@ -180,7 +187,7 @@ def pool(windows: list[WindowStats]) -> dict:
         "phase": first.phase,
         "batch_size": first.batch_size,
         "steps": n,
-        "images": sum(w.images for w in windows),
+        "images": images,
         "seconds": seconds,
         "images_per_sec": median(ips),
         "images_per_sec_ci": None if ci is None else [ci[0], ci[1]],
@@ -205,4 +212,8 @@ def pool(windows: list[WindowStats]) -> dict:
         "first_step_s": first.first_step_s,
         "truncated": any(w.truncated for w in windows),
         "ranks_images_per_sec": ranks,
+        "device_idle_fraction": (sum(idle) / seconds if seconds > 0 and None not in idle
+                                 else None),
+        "device_work_seconds_per_image": (sum(busy) / images if images and None not in busy
+                                          else None),
     }

@@ -129,9 +129,15 @@ def summarize(bench) -> None:
     )
     intervals = {"loader": rec.loader_images_per_sec_ci, "compute": rec.compute_images_per_sec_ci,
                  "e2e": rec.images_per_sec_ci}
+    loader = rec.phases.get("loader")
+    device_data = loader.extra.get("device_data_seconds_per_image") if loader else None
+    if device_data and rec.compute_images_per_sec:
+        rec.extra["e2e_bound_images_per_sec"] = 1.0 / (
+            1.0 / rec.compute_images_per_sec + device_data)
     v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
               rec.data_wait_fraction, knobs, intervals, reasons,
-              noise.remedies(reasons, competitors, bench.repeats, int(cfg.bench.steps)))
+              noise.remedies(reasons, competitors, bench.repeats, int(cfg.bench.steps)),
+              device_data_s_per_image=device_data)
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
     if v.ratio is not None:

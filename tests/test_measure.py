@@ -86,3 +86,19 @@ def test_compile_sized_first_step_still_gets_steps_after_it():
     s = run_window("compute", lambda: None, work, 1, "cpu", warmup_steps=1, steps=1,
                    warmup_max_s=0.1, max_s=30, warmup_max_steps=20)
     assert s.warmup_steps >= 3
+
+
+def test_marks_around_each_step_split_idle_from_work():
+    # on CUDA these are events (device idle vs the device time of the work); the arithmetic
+    # is the same on the host clock: 5 steps of 20 ms waiting then 10 ms of work
+    def fetch():
+        time.sleep(0.02)
+
+    def work(_):
+        time.sleep(0.01)
+        return 1
+
+    s = run_window("loader", fetch, work, 1, "cpu", warmup_steps=0, steps=5,
+                   warmup_max_s=1, max_s=30)
+    assert 0.09 < s.device_idle_s < 0.2 and 0.045 < s.device_work_s < 0.1
+    assert s.device_idle_s + s.device_work_s <= s.seconds + 1e-6
