@@ -37,16 +37,19 @@ class MlflowSweepCallback(Callback):
         if not _tracked(config):
             return
         from gpubench import tracking
+        from gpubench.secrets import mask_secrets
 
         t = config.tracking
         uri = tracking.resolve_uri(t.uri)
         sweeper = config.hydra.get("sweeper") or {}
         params = sweeper.get("params")
+        sweep_dir = _sweep_dir(config)
+        tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = tracking.open_sweep(
                     store,
-                    _sweep_dir(config),
+                    sweep_dir,
                     list(config.hydra.overrides.task),
                     sweeper.get("_target_"),
                     OmegaConf.to_container(params) if params is not None else None,
@@ -54,32 +57,38 @@ class MlflowSweepCallback(Callback):
                 )
         except Exception as e:  # jobs still run; each keeps its results for `sync`
             log.debug("MLflow parent run not created", exc_info=True)
-            print(f"gpubench: warning: MLflow not reached at tracking.uri={uri} ({e}); the sweep "
-                  "runs untracked", file=sys.stderr, flush=True)
+            print(mask_secrets(f"gpubench: warning: MLflow not reached at tracking.uri={uri} "
+                               f"({e}); the sweep runs untracked"), file=sys.stderr, flush=True)
             return
         os.environ[tracking.PARENT_ENV] = rid
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
+        from gpubench.secrets import mask_secrets
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
-        if not parent_id or not _tracked(config):
+        if not _tracked(config):
             return
         sweep_dir = _sweep_dir(config)
+        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
+        if not parent_id:
+            return
         t = config.tracking
         try:
             _sweep_report(sweep_dir, parent_id)
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
-            print(f"gpubench: warning: sweep report not made ({e})", file=sys.stderr, flush=True)
+            print(mask_secrets(f"gpubench: warning: sweep report not made ({e})"),
+                  file=sys.stderr, flush=True)
         try:
             with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
                                      float(t.timeout_s)) as store:
-                tracking.close_sweep(store, sweep_dir, parent_id)
+                tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
-            print(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
-                  f"python -m gpubench.tracking sync {sweep_dir}", file=sys.stderr, flush=True)
+            print(mask_secrets(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
+                               f"python -m gpubench.tracking sync {sweep_dir}"),
+                  file=sys.stderr, flush=True)
 
 
 def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
