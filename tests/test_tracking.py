@@ -82,8 +82,9 @@ def test_embedded_default_store(tmp_path, monkeypatch):
 
     # the runs table shows the name without set-up: knobs, throughput, verdict
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == f"tiny-bs4-w0-fp32 · {d['images_per_sec']:.0f} img/s · " + {
-        "data": "data-bound", "compute": "compute-bound"}.get(d["bottleneck"], d["bottleneck"])
+    verdict = {"data": "data-bound", "compute": "compute-bound"}.get(d["bottleneck"],
+                                                                    d["bottleneck"])
+    assert run.info.run_name == f"{d['images_per_sec']:.0f} img/s · {verdict} · tiny-bs4-w0-fp32"
     p = run.data.params
     assert (p["model"], p["dataset"], p["batch_size"], p["num_workers"]) == ("tiny", "synthetic", "4", "0")
     assert (p["precision"], p["device"], p["image_size"], p["pin_memory"]) == ("fp32", "cpu", "16", "true")

@@ -72,9 +72,11 @@ def test_objective_follows_the_record():
 
 
 def test_name_shows_knobs_throughput_and_verdict():
-    assert T.run_name(record()) == "resnet50-bs128-w8-amp_bf16-cl · 1750 img/s · data-bound"
-    assert T.run_name(record(bottleneck="inconclusive")).endswith("· inconclusive")
-    assert T.run_name(record(Status.oom)) == "resnet50-bs128-w8-amp_bf16-cl · oom"
+    assert T.run_name(record()) == "1750 img/s · data-bound · resnet50-bs128-w8-amp_bf16-cl"
+    assert T.run_name(record(bottleneck="inconclusive")).startswith("1750 img/s · inconclusive ·")
+    assert T.run_name(record(Status.over_ceiling, peak_memory_fraction=0.95)).startswith(
+        "1750 img/s · data-bound, over ceiling ·")
+    assert T.run_name(record(Status.oom)) == "oom · resnet50-bs128-w8-amp_bf16-cl"
     assert T.run_name(record(), "mine") == "mine"
 
 

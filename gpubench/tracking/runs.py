@@ -43,8 +43,8 @@ MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
 PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
 
-EXPERIMENT_NOTE = """gpubench runs: each run's name reads `model-bsN-wN-precision · images/sec ·
-verdict`. Add the columns `images_per_sec`, `tags.bottleneck` and `tags.measurement_stable`
+EXPERIMENT_NOTE = """gpubench runs: each run's name reads `images/sec · verdict ·
+model-bsN-wN-precision`. Add the columns `images_per_sec`, `tags.bottleneck` and `tags.measurement_stable`
 from the column picker to sort and compare; a run's page starts with its picture. Sweeps are
 one parent run with a child per job."""
 

@@ -5,7 +5,7 @@ is unit-tested without a server. What the MLflow UI shows without any set-up dec
 
 - the runs table shows the run name, creation time, dataset and source by default (metrics,
   params and tags hide behind the column picker), so the name carries the main knobs, the
-  throughput and the verdict: `resnet50-bs128-w8-amp_bf16 · 2410 img/s · data-bound`;
+  throughput and the verdict: `2410 img/s · data-bound · resnet50-bs128-w8-amp_bf16`;
 - the run page leads with its description (tag `mlflow.note.content`, Markdown, images
   allowed), so it starts with the run's picture, then the verdict, the phases and the advice;
 - the chart view groups metrics by the prefix before `/`: one section per phase (`e2e/`,
@@ -239,10 +239,11 @@ def run_name(run, name: str | None = None) -> str:
         parts.append("cl")
     if rec.knob("compile") not in (None, "off", False):
         parts.append(f"compile-{rec.knob('compile')}")
-    head = "-".join(parts)
+    knobs = "-".join(parts)
+    # figures first: a narrow Run Name column still shows the throughput and the verdict
     if rec.status.measured and _number(rec.images_per_sec):
-        return f"{head} · {rec.images_per_sec:.0f} img/s · {verdict_word(rec)}"
-    return f"{head} · {verdict_word(rec)}"
+        return f"{rec.images_per_sec:.0f} img/s · {verdict_word(rec)} · {knobs}"
+    return f"{verdict_word(rec)} · {knobs}"
 
 
 def _fmt(v, spec=".1f") -> str:
