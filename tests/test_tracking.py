@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT, TINY, compose_config, free_port, run_cli
 
 from gpubench import tracking
-from gpubench.tracking import sync
 from gpubench.runner import run_benchmark
+from gpubench.tracking import sync
 
 TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last override wins
 

@@ -13,8 +13,7 @@ import pytest
 
 from gpubench import record
 from gpubench.record import RunRecord, Status
-from gpubench.tracking import MARKER_FILE, PARENT_FILE, open_store, upload
-from gpubench.tracking import sweeps
+from gpubench.tracking import MARKER_FILE, PARENT_FILE, open_store, sweeps, upload
 from gpubench.tracking.sync import in_artifact_store, sync
 
 

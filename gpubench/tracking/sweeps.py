@@ -24,7 +24,13 @@ from gpubench.record import RunRecord, Status
 from gpubench.secrets import mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.runs import (
-    MARKER_FILE, PARAMS_PER_BATCH, PARENT_FILE, log_file, read, read_overrides, user,
+    MARKER_FILE,
+    PARAMS_PER_BATCH,
+    PARENT_FILE,
+    log_file,
+    read,
+    read_overrides,
+    user,
 )
 from gpubench.tracking.store import Store, open_store
 

@@ -24,7 +24,13 @@ from gpubench import record
 from gpubench.record import RunRecord, Status
 from gpubench.secrets import mask_secrets
 from gpubench.tracking.runs import (
-    EXPERIMENT_NOTE, MARKER_FILE, PARENT_FILE, read, read_overrides, sweep_of, upload,
+    EXPERIMENT_NOTE,
+    MARKER_FILE,
+    PARENT_FILE,
+    read,
+    read_overrides,
+    sweep_of,
+    upload,
     write_marker,
 )
 from gpubench.tracking.store import Store, default_uri, open_store
@@ -39,7 +45,7 @@ _STORE_RUN = re.compile(r"[0-9a-f]{32}|m-[0-9a-f]{32}")
 def in_artifact_store(run_dir: Path) -> bool:
     parts = Path(run_dir).resolve().parts
     return any(p == "artifacts" and _STORE_RUN.fullmatch(prev)
-               for prev, p in zip(parts, parts[1:]))
+               for prev, p in zip(parts, parts[1:], strict=False))
 
 
 def gpubench_runs(root: Path) -> list[Path]:
