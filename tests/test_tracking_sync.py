@@ -159,3 +159,57 @@ def test_cli_bad_input_is_one_line(args, needle):
     proc = subprocess.run([sys.executable, "-m", "gpubench.tracking", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _final_jobs(sweep: Path) -> int:
+    n = 0
+    for j in json.loads((sweep / "sweep.json").read_text()).get("jobs", []):
+        rec = record.load(j["dir"])
+        n += rec is not None and rec.status.final
+    return n
+
+
+@pytest.mark.slow
+def test_cli_sweep_killed_then_resumed_parent_finished(tmp_path):
+    """The real commands: a tracked gpubench sweep killed with -9 mid-way, `tracking sync`,
+    then the same command again."""
+    import os
+    import signal
+    import time
+
+    from conftest import TINY, run_cli
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=gpubench", *[o for o in TINY if not o.startswith("tracking=")],
+            "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}",
+            "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
+            "hydra.sweeper.report=false"]
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            if (sweep / "sweep.json").is_file() and _final_jobs(sweep) >= 2:
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # as kill -9: no end callback, nothing cleaned up
+        proc.wait()
+    assert 2 <= _final_jobs(sweep) < 4, "the sweep was not killed mid-way"
+
+    sync(sweep, uri=uri)
+    parent = json.loads((sweep / PARENT_FILE).read_text())["run_id"]
+    assert client(uri).get_run(parent).info.status == "KILLED"
+
+    p = run_cli(*args, cwd=tmp_path)  # the same command again resumes the study
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = all_runs(uri)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert [r.info.run_id for r in parents] == [parent]
+    assert client(uri).get_run(parent).info.status == "FINISHED"
+    uids = {record.load(d).run_uid for d in record.find_runs(sweep)}
+    children = {r.data.tags["run_uid"] for r in runs if r.data.tags.get("mlflow.parentRunId") == parent}
+    assert children == uids and len(uids) >= 4  # every job of both attempts (a killed one too)
+    assert all(record.load(d).status.final for d in record.find_runs(sweep))
