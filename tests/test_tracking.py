@@ -53,8 +53,9 @@ def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
 
 def test_tracking_off_never_loads_mlflow():
     code = (
-        "import sys, gpubench.tracking, gpubench.callbacks; "
-        "assert 'mlflow' not in sys.modules, 'mlflow imported'"
+        "import sys, gpubench.tracking, gpubench.tracking.sync, gpubench.callbacks; "
+        "assert 'mlflow' not in sys.modules, 'mlflow imported'; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
