@@ -14,7 +14,6 @@ import pytest
 
 from gpubench.record import RunRecord
 from gpubench.tracking import open_store, upload
-from gpubench.tracking.runs import EXPERIMENT_NOTE
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -60,7 +59,7 @@ def picture(path: Path, ips: float) -> None:
 def test_runs_table_and_run_page(mlflow_server, tmp_path):
     url = mlflow_server.url
     ids = {}
-    with open_store(url, "ui-check", description=EXPERIMENT_NOTE) as store:
+    with open_store(url, "ui-check") as store:
         for uid, bs, ips, b in (("a", 64, 1234.0, "data"), ("b", 128, 2345.0, "compute")):
             run_dir = tmp_path / uid
             run_dir.mkdir()

@@ -77,6 +77,7 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     c = client(uri)
     exp = c.get_experiment_by_name("gpubench")
     assert exp.artifact_location == (tmp_path / "outputs" / "mlartifacts").as_uri()
+    assert "images_per_sec" in exp.tags["mlflow.note.content"]  # shown above the runs table
     runs = {r.data.tags["run_uid"]: r for r in runs_of(uri, "gpubench")}
     assert set(runs) == {result.data["run_uid"], failed.data["run_uid"]}
     run, d = runs[result.data["run_uid"]], result.data

@@ -43,12 +43,6 @@ MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
 PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
 
-EXPERIMENT_NOTE = """gpubench runs: each run's name reads `images/sec · verdict ·
-model-bsN-wN-precision`. Add the columns `images_per_sec`, `tags.bottleneck` and `tags.measurement_stable`
-from the column picker to sort and compare; a run's page starts with its picture. Sweeps are
-one parent run with a child per job."""
-
-
 def read(path: Path) -> dict:
     return read_json(path) or {}
 
@@ -239,7 +233,7 @@ def log_result(cfg, result) -> bool:
     run_dir = Path(rec.dir)
     try:
         write_config(run_dir, rec)  # on disk before any store is contacted
-        with open_store(uri, t.experiment, float(t.timeout_s), EXPERIMENT_NOTE) as store:
+        with open_store(uri, t.experiment, float(t.timeout_s)) as store:
             rid = upload(store, rec, run_dir, job_parent(run_dir), t.get("run_name"),
                          read_overrides(run_dir, cfg))
     except Exception as e:  # a tracking failure must never cost the measurement

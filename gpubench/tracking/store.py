@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.tracking.translate import EXPERIMENT_NOTE
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
 _PLAIN_VALUE = re.compile(r"[\w.\-:]+")
@@ -126,7 +127,7 @@ class Store:
     `uri` is what gpubench records and prints (masked); the client gets the real one."""
 
     def __init__(self, uri: str, experiment: str, timeout_s: float = 10.0,
-                 description: str | None = None):
+                 description: str | None = EXPERIMENT_NOTE):
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow"):  # store creation chatter at INFO; keep warnings
@@ -177,7 +178,7 @@ class Store:
 
 @contextlib.contextmanager
 def open_store(uri: str, experiment: str, timeout_s: float = 10.0,
-               description: str | None = None):
+               description: str | None = EXPERIMENT_NOTE):
     _, env = _credentials(uri)
     with _environment(timeout_s, env):
         yield Store(uri, experiment, timeout_s, description)

@@ -24,7 +24,6 @@ from gpubench import record
 from gpubench.record import RunRecord, Status
 from gpubench.secrets import mask_secrets
 from gpubench.tracking.runs import (
-    EXPERIMENT_NOTE,
     MARKER_FILE,
     PARENT_FILE,
     read,
@@ -106,7 +105,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
 
     for (t_uri, t_exp), recs in todo.items():
         try:
-            with open_store(t_uri, t_exp, timeout_s, EXPERIMENT_NOTE) as store:
+            with open_store(t_uri, t_exp, timeout_s) as store:
                 _sync_into(store, recs, counts, out)
         except Exception as e:  # report it, go on with the other targets
             log.debug("sync failed", exc_info=True)

@@ -85,6 +85,11 @@ EFFICIENCY = {
     "efficiency/power_mean_w": "power_mean_w",
 }
 VERDICT_WORDS = {"data": "data-bound", "compute": "compute-bound"}
+# the description of an experiment gpubench creates, shown above its runs table
+EXPERIMENT_NOTE = """gpubench runs: each run's name reads `images/sec · verdict · \
+model-bsN-wN-precision`. To sort and compare, add the columns `images_per_sec`, \
+`tags.bottleneck` and `tags.measurement_stable` from **Columns**; a run's page starts with its \
+picture. A sweep is one parent run with a child run per job."""
 
 
 def as_record(run) -> RunRecord:
