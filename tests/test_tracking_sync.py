@@ -154,11 +154,16 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
 @pytest.mark.parametrize("args, needle", [
     (["sync", "/no/such/dir"], "not a folder"),
     (["sync", ".", "--timeout", "0"], "--timeout"),
+    (["sync", ".", "--uri", "htp:/bad::uri"], "not a tracking URI"),
+    (["sync", ".", "--uri", "http://bob:pw@host:port"], "--uri 'http://bob:***@host:port'"),
+    (["sync", ".", "--bogus"], "unrecognized arguments: --bogus"),
+    (["push"], "invalid choice: 'push'"),
 ])
 def test_cli_bad_input_is_one_line(args, needle):
     proc = subprocess.run([sys.executable, "-m", "gpubench.tracking", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def _final_jobs(sweep: Path) -> int:

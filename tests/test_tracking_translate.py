@@ -7,6 +7,7 @@ import pytest
 from gpubench.record import RunRecord, Status
 from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.tracking import translate as T
+from gpubench.tracking.store import uri_problem
 
 CONFIG = {
     "model": {"name": "resnet50"}, "dataset": {"name": "imagenet", "image_size": 224},
@@ -123,3 +124,20 @@ def test_credentials_leave_the_http_url():
         "https://mlflow.example:443/x", "bob", "p@ss")
     assert split_credentials("postgresql://a:b@h/db") == ("postgresql://a:b@h/db", None, None)
     assert without_masked_password("postgresql://a:***@h/db") == "postgresql://a@h/db"
+
+
+@pytest.mark.parametrize("uri", [
+    None, "", "http://127.0.0.1:5000", "https://bob:pw@mlflow.example/prefix",
+    "sqlite:///tmp/mlflow.db", "postgresql+psycopg://bob@db:5432/mlflow",
+    "postgresql+psycopg://postgres:@/postgres?host=/tmp/pg", "mysql://u@h/db",
+    "file:///tmp/mlruns", "databricks"])
+def test_tracking_uris_accepted(uri):
+    assert uri_problem(uri) is None
+
+
+@pytest.mark.parametrize("uri", [
+    "htp:/bad::uri", "http://", "http://host:port", "http+x://host", "sqlite://",
+    "sqlite:relative.db", "postgresql://", "mlflow-host:5000", "ftp://host/x", "file://"])
+def test_malformed_tracking_uris_rejected(uri):
+    problem = uri_problem(uri)
+    assert problem is not None and "http(s)://host[:port]" in problem and "\n" not in problem

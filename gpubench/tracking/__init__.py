@@ -27,6 +27,7 @@ from gpubench.tracking.store import (
     open_store,
     resolve_uri,
     ui_hint,
+    uri_problem,
 )
 from gpubench.tracking.sweeps import best_job, close_sweep, log_sweep_files, mark_ended, open_sweep
 from gpubench.tracking.translate import RUN_STATUS
@@ -35,5 +36,5 @@ __all__ = [
     "CONFIG_FILE", "MARKER_FILE", "PARENT_ENV", "PARENT_FILE", "RUN_STATUS", "Store",
     "TrackingUnavailable", "best_job", "close_sweep", "default_uri", "log_result",
     "log_sweep_files", "mark_ended", "open_store", "open_sweep", "read_overrides",
-    "resolve_uri", "ui_hint", "upload", "write_marker",
+    "resolve_uri", "ui_hint", "upload", "uri_problem", "write_marker",
 ]
