@@ -20,6 +20,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.secrets import mask_logging
+
 log = logging.getLogger("gpubench")
 
 
@@ -33,7 +35,13 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 class MlflowSweepCallback(Callback):
+    # Hydra's launchers log each job's overrides, a tracking URI or storage URL with its
+    # password among them: masked from the start of a run or a multirun
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        mask_logging()
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        mask_logging()
         if not _tracked(config):
             return
         from gpubench import tracking
@@ -75,7 +83,7 @@ class MlflowSweepCallback(Callback):
             return
         t = config.tracking
         try:
-            _sweep_report(sweep_dir, parent_id)
+            _sweep_report(sweep_dir, parent_id, tracking.resolve_uri(t.uri), float(t.timeout_s))
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
             print(mask_secrets(f"gpubench: warning: sweep report not made ({e})"),
@@ -91,7 +99,7 @@ class MlflowSweepCallback(Callback):
                   file=sys.stderr, flush=True)
 
 
-def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
+def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
     """The sweep report (ranking, plots, recommended config) as artifacts of the parent run.
     The gpubench sweeper has usually made it already; then its files are reused as they are."""
     from gpubench import tracking
@@ -99,4 +107,5 @@ def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
 
     files = [Path(f) for f in sweep_report(sweep_dir)]
     if files:
-        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()])
+        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()],
+                                 timeout_s, uri)

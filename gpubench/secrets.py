@@ -9,14 +9,16 @@ any module may import it.
 
 from __future__ import annotations
 
+import logging
 import re
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
 # scheme://user:password@  -> scheme://user:***@   (the user name is kept: it helps debugging)
-# (greedy up to the last @ before the path: an unencoded @ inside the password stays hidden)
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:'\"]*:)([^\s/'\"]+)(@)")
+# (greedy up to the last @ before the path: an unencoded @ inside the password stays hidden;
+# Hydra escapes the colons of an override as `\:` when it logs or saves it)
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s/@:'\"\\]*\\?:)([^\s/'\"]+)(@)")
 # ?password=...&  or  &token=...  in a URL's query (psycopg, some object stores)
 _QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|secret|access_key|secret_key)=)([^&\s'\"]+)",
                     re.IGNORECASE)
@@ -48,3 +50,27 @@ def without_masked_password(uri: str) -> str:
     the driver falls back to the environment (PGPASSWORD, ~/.pgpass, MLFLOW_TRACKING_PASSWORD)
     instead of sending *** as the password."""
     return uri.replace(f":{MASK}@", "@")
+
+
+
+def mask_logging() -> None:
+    """Mask passwords in every log record of this process from now on. Done where records are
+    created, not by a handler's filter: Hydra replaces the handlers before and after each job,
+    and its launchers log every job's overrides (a URI with its password among them)."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "masks_secrets", False):
+        return
+
+    def masked(*args, **kwargs) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record: logging reports it at emit time, as usual
+            return record
+        clean = mask_secrets(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return record
+
+    masked.masks_secrets = True
+    logging.setLogRecordFactory(masked)

@@ -73,3 +73,30 @@ def test_password_uri_connects_and_is_never_written(auth_server, tmp_path, monke
         json.dumps(json.loads((tmp_path / "out" / "r" / MARKER_FILE).read_text())
                    | {"synced": False}))
     assert sync(tmp_path / "out")["present"] == 1
+
+
+def test_tracked_multirun_with_password_uri(auth_server, tmp_path, monkeypatch):
+    """The real CLI: a multirun's parent (callback), its jobs (runner) and the sweep's end all
+    reach a password-protected server through a `user:pw@` URI."""
+    from conftest import TINY, run_cli
+    from mlflow.tracking import MlflowClient
+
+    host = auth_server.url.removeprefix("http://")
+    proc = run_cli("-m", *TINY, "tracking=mlflow", f"tracking.uri=http://admin:{PASSWORD}@{host}",
+                   "tracking.experiment=auth-sweep", "loader.batch_size=2,4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr and PASSWORD not in proc.stdout + proc.stderr
+    (sweep,) = tmp_path.glob("outputs/multirun/*/*")
+    for name in ("mlflow_parent.json", "*/mlflow.json", "*/resolved_config.yaml"):
+        for f in sweep.glob(name):
+            assert PASSWORD not in f.read_text(), f
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+    c = MlflowClient(auth_server.url)
+    runs = c.search_runs([c.get_experiment_by_name("auth-sweep").experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FINISHED" and len(runs) == 3
+    assert {r.data.tags.get("mlflow.parentRunId") for r in runs} == {None, parent.info.run_id}
+    assert not any(PASSWORD in v for r in runs for v in [*r.data.params.values(),
+                                                         *r.data.tags.values()])

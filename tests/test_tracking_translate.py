@@ -110,6 +110,7 @@ def test_params_are_masked_and_spelled_as_overrides():
     ("postgresql://bob:s3cret@db/x", "postgresql://bob:***@db/x"),
     ("a http://u:p@ss@host:5000/p b", "a http://u:***@host:5000/p b"),
     ("sqlite:///tmp/x.db", "sqlite:///tmp/x.db"),
+    ("tracking.uri=http\\://bob\\:pw@h\\:5000", "tracking.uri=http\\://bob\\:***@h\\:5000"),
     ("http://host:5000", "http://host:5000"),
     ("mail bob@example.com", "mail bob@example.com"),
     ("db?user=a&password=pw&x=1", "db?user=a&password=***&x=1"),
@@ -141,3 +142,21 @@ def test_tracking_uris_accepted(uri):
 def test_malformed_tracking_uris_rejected(uri):
     problem = uri_problem(uri)
     assert problem is not None and "http(s)://host[:port]" in problem and "\n" not in problem
+
+
+def test_log_records_are_masked_whatever_the_handlers():
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, logging.config; from gpubench.secrets import mask_logging; "
+        "mask_logging(); mask_logging(); "
+        # handlers replaced afterwards, as Hydra does for every job
+        "logging.config.dictConfig({'version': 1, 'handlers': {'h': {'class': "
+        "'logging.StreamHandler'}}, 'root': {'handlers': ['h'], 'level': 'INFO'}}); "
+        "logging.getLogger('x').info('uri=%s', 'postgresql://bob:hunter2@db/x'); "
+        "logging.getLogger('y').info('plain %d', 5)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["uri=postgresql://bob:***@db/x", "plain 5"]
