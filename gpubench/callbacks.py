@@ -20,7 +20,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from gpubench.secrets import mask_logging
+from gpubench.secrets import mask_files, mask_logging
+
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 log = logging.getLogger("gpubench")
 
@@ -39,6 +41,17 @@ class MlflowSweepCallback(Callback):
     # password among them: masked from the start of a run or a multirun
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         mask_logging()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra has just saved the job's config and overrides (and the sweeper its
+        multirun.yaml): the copies on disk keep no password."""
+        hc = config.get("hydra") or {}
+        out, sub = hc.get("runtime", {}).get("output_dir"), hc.get("output_subdir")
+        files = [Path(str(out), str(sub), f) for f in HYDRA_FILES] if out and sub else []
+        if hc.get("mode") is not None and str(hc.mode.name if hasattr(hc.mode, "name")
+                                              else hc.mode) == "MULTIRUN":
+            files.append(_sweep_dir(config) / "multirun.yaml")
+        mask_files(files)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         mask_logging()

@@ -10,7 +10,9 @@ any module may import it.
 from __future__ import annotations
 
 import logging
+import os
 import re
+from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -74,3 +76,18 @@ def mask_logging() -> None:
 
     masked.masks_secrets = True
     logging.setLogRecordFactory(masked)
+
+
+def mask_files(paths) -> None:
+    """Rewrite text files that hold a password with it masked (write-then-rename: a kill
+    mid-write leaves the previous file). Missing files are skipped."""
+    for p in map(Path, paths):
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        clean = mask_secrets(text)
+        if clean != text:
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text(clean)
+            os.replace(tmp, p)

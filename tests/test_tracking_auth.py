@@ -87,7 +87,8 @@ def test_tracked_multirun_with_password_uri(auth_server, tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning" not in proc.stderr and PASSWORD not in proc.stdout + proc.stderr
     (sweep,) = tmp_path.glob("outputs/multirun/*/*")
-    for name in ("mlflow_parent.json", "*/mlflow.json", "*/resolved_config.yaml"):
+    for name in ("mlflow_parent.json", "*/mlflow.json", "*/resolved_config.yaml", "*/*.log",
+                 "multirun.yaml", "*/.hydra/*.yaml"):
         for f in sweep.glob(name):
             assert PASSWORD not in f.read_text(), f
 
