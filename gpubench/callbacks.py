@@ -20,6 +20,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.secrets import mask_files, mask_logging
+
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
 log = logging.getLogger("gpubench")
 
 
@@ -33,20 +37,40 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 class MlflowSweepCallback(Callback):
+    # Hydra's launchers log each job's overrides, a tracking URI or storage URL with its
+    # password among them: masked from the start of a run or a multirun
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        mask_logging()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra has just saved the job's config and overrides (and the sweeper its
+        multirun.yaml): the copies on disk keep no password."""
+        hc = config.get("hydra") or {}
+        out, sub = hc.get("runtime", {}).get("output_dir"), hc.get("output_subdir")
+        files = [Path(str(out), str(sub), f) for f in HYDRA_FILES] if out and sub else []
+        if hc.get("mode") is not None and str(hc.mode.name if hasattr(hc.mode, "name")
+                                              else hc.mode) == "MULTIRUN":
+            files.append(_sweep_dir(config) / "multirun.yaml")
+        mask_files(files)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        mask_logging()
         if not _tracked(config):
             return
         from gpubench import tracking
+        from gpubench.secrets import mask_secrets
 
         t = config.tracking
         uri = tracking.resolve_uri(t.uri)
         sweeper = config.hydra.get("sweeper") or {}
         params = sweeper.get("params")
+        sweep_dir = _sweep_dir(config)
+        tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = tracking.open_sweep(
                     store,
-                    _sweep_dir(config),
+                    sweep_dir,
                     list(config.hydra.overrides.task),
                     sweeper.get("_target_"),
                     OmegaConf.to_container(params) if params is not None else None,
@@ -54,35 +78,41 @@ class MlflowSweepCallback(Callback):
                 )
         except Exception as e:  # jobs still run; each keeps its results for `sync`
             log.debug("MLflow parent run not created", exc_info=True)
-            print(f"gpubench: warning: MLflow not reached at tracking.uri={uri} ({e}); the sweep "
-                  "runs untracked", file=sys.stderr, flush=True)
+            print(mask_secrets(f"gpubench: warning: MLflow not reached at tracking.uri={uri} "
+                               f"({e}); the sweep runs untracked"), file=sys.stderr, flush=True)
             return
         os.environ[tracking.PARENT_ENV] = rid
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
+        from gpubench.secrets import mask_secrets
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
-        if not parent_id or not _tracked(config):
+        if not _tracked(config):
             return
         sweep_dir = _sweep_dir(config)
+        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
+        if not parent_id:
+            return
         t = config.tracking
         try:
-            _sweep_report(sweep_dir, parent_id)
+            _sweep_report(sweep_dir, parent_id, tracking.resolve_uri(t.uri), float(t.timeout_s))
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
-            print(f"gpubench: warning: sweep report not made ({e})", file=sys.stderr, flush=True)
+            print(mask_secrets(f"gpubench: warning: sweep report not made ({e})"),
+                  file=sys.stderr, flush=True)
         try:
             with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
                                      float(t.timeout_s)) as store:
-                tracking.close_sweep(store, sweep_dir, parent_id)
+                tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
-            print(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
-                  f"python -m gpubench.tracking sync {sweep_dir}", file=sys.stderr, flush=True)
+            print(mask_secrets(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
+                               f"python -m gpubench.tracking sync {sweep_dir}"),
+                  file=sys.stderr, flush=True)
 
 
-def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
+def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
     """The sweep report (ranking, plots, recommended config) as artifacts of the parent run.
     The gpubench sweeper has usually made it already; then its files are reused as they are."""
     from gpubench import tracking
@@ -90,4 +120,5 @@ def _sweep_report(sweep_dir: Path, parent_run_id: str) -> None:
 
     files = [Path(f) for f in sweep_report(sweep_dir)]
     if files:
-        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()])
+        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()],
+                                 timeout_s, uri)

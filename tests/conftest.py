@@ -82,17 +82,18 @@ class MlflowServer:
     folder. It is started at once; `url` waits for /health (10-20 s here), so tests that do
     not need it run while it boots."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, args: tuple[str, ...] = (), env: dict | None = None):
         self.root, self.port = root, free_port()
         self.artifacts = root / "artifacts"
         self.log = root / "server.log"
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job workers
+        # no job workers; `args`/`env` for variants such as the basic-auth app
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
                  "--port", str(self.port), "--workers", "1",
                  "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                 "--artifacts-destination", str(self.artifacts)],
+                 "--artifacts-destination", str(self.artifacts), *args],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
         self._up = False

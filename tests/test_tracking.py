@@ -16,8 +16,9 @@ import time
 import pytest
 from conftest import ROOT, TINY, compose_config, free_port, run_cli
 
-from gpubench import sync, tracking
+from gpubench import tracking
 from gpubench.runner import run_benchmark
+from gpubench.tracking import sync
 
 TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last override wins
 
@@ -52,8 +53,9 @@ def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
 
 def test_tracking_off_never_loads_mlflow():
     code = (
-        "import sys, gpubench.tracking, gpubench.callbacks; "
-        "assert 'mlflow' not in sys.modules, 'mlflow imported'"
+        "import sys, gpubench.tracking, gpubench.tracking.sync, gpubench.callbacks; "
+        "assert 'mlflow' not in sys.modules, 'mlflow imported'; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -64,6 +66,7 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     run_dir = tmp_path / "outputs" / "runs" / "one"
     run_dir.mkdir(parents=True)
     (run_dir / "throughput.png").write_bytes(b"\x89PNG\r\n\x1a\n plot")  # a plot the run made
+    (run_dir / "run.png").write_bytes(b"\x89PNG\r\n\x1a\n picture")  # the run's picture
     result = run_benchmark(compose_config("tracking=mlflow"), run_dir, quiet=True)
     failed = run_benchmark(compose_config("tracking=mlflow", "fault.fail_message=boom"),
                            tmp_path / "outputs" / "runs" / "two", quiet=True)
@@ -74,19 +77,30 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     c = client(uri)
     exp = c.get_experiment_by_name("gpubench")
     assert exp.artifact_location == (tmp_path / "outputs" / "mlartifacts").as_uri()
+    assert "images_per_sec" in exp.tags["mlflow.note.content"]  # shown above the runs table
     runs = {r.data.tags["run_uid"]: r for r in runs_of(uri, "gpubench")}
     assert set(runs) == {result.data["run_uid"], failed.data["run_uid"]}
     run, d = runs[result.data["run_uid"]], result.data
 
-    assert run.info.status == "FINISHED" and run.info.run_name == "tiny-bs4-w0-torch_default"
+    # the runs table shows the name without set-up: knobs, throughput, verdict
+    assert run.info.status == "FINISHED"
+    verdict = {"data": "data-bound", "compute": "compute-bound"}.get(d["bottleneck"],
+                                                                    d["bottleneck"])
+    assert run.info.run_name == f"{d['images_per_sec']:.0f} img/s · {verdict} · tiny-bs4-w0-torch_default"
     p = run.data.params
     assert (p["model"], p["dataset"], p["batch_size"], p["num_workers"]) == ("tiny", "synthetic", "4", "0")
     assert (p["precision"], p["device"], p["image_size"], p["pin_memory"]) == ("torch_default", "cpu", "16", "true")
     assert p["loader.batch_size"] == "4" and p["bench.phases"] == '["loader", "compute", "e2e"]'
     m = run.data.metrics
-    for name in ("images_per_sec", "loader_images_per_sec", "compute_images_per_sec",
-                 "objective", "peak_memory_bytes", "flops_per_step", "step_time_p50_s"):
-        assert m[name] == pytest.approx(d[name]), name
+    for name, key in (("images_per_sec", "images_per_sec"), ("objective", "objective"),
+                      ("loader/images_per_sec", "loader_images_per_sec"),
+                      ("compute/images_per_sec", "compute_images_per_sec"),
+                      ("memory/peak_bytes", "peak_memory_bytes"),
+                      ("efficiency/flops_per_step", "flops_per_step"),
+                      ("e2e/step_time_p50_s", "step_time_p50_s")):
+        assert m[name] == pytest.approx(d[key]), name
+    # grouped names only: the two sort keys stay unprefixed, the rest sits under a section
+    assert {k for k in m if "/" not in k} == {"images_per_sec", "objective"}
     for phase in ("loader", "compute", "e2e"):
         assert m[f"{phase}/images_per_sec"] == pytest.approx(d["phases"][phase]["images_per_sec"])
         assert m[f"{phase}/peak_rss_bytes"] == d["phases"][phase]["telemetry"]["peak_rss_bytes"]
@@ -105,10 +119,13 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     assert t["status"] == "ok" and t["bottleneck"] == d["bottleneck"]
     assert t["torch"] == d["env"]["torch"] and t["cpu_count"] == str(os.cpu_count())
     assert t["host"] == d["env"]["host"] and t["gpubench_version"] == "0.1.0"
-    assert d["bottleneck"] in t["mlflow.note.content"]
+    note = t["mlflow.note.content"]
+    assert note.startswith(f"![run picture](get-artifact?path=run.png&run_uuid={run.info.run_id})")
+    assert d["bottleneck"] in note and "| e2e |" in note
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["synthetic 16px"]
 
     arts = artifact_paths(c, run.info.run_id)
-    assert {"results.json", "resolved_config.yaml", "throughput.png"} <= arts
+    assert {"results.json", "resolved_config.yaml", "throughput.png", "run.png"} <= arts
     stored = tmp_path / "outputs" / "mlartifacts" / run.info.run_id / "artifacts" / "results.json"
     assert json.loads(stored.read_text())["run_uid"] == d["run_uid"]
     assert not (tmp_path / "mlruns").exists()

@@ -1,0 +1,93 @@
+"""Credentials never leave the process in clear: `mask_secrets(text)` for anything written or
+logged, `split_credentials(uri)` to move a URL's `user:password@` into the environment.
+
+Tracking URIs and Optuna storages are URLs that may carry a password (`postgresql://u:pw@db/x`,
+`http://u:pw@mlflow:5000`). Everything gpubench writes (marker files, MLflow params, tags and
+artifacts) or prints (warnings) goes through `mask_secrets`. Torch-free and dependency-free, so
+any module may import it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+MASK = "***"
+
+# scheme://user:password@  -> scheme://user:***@   (the user name is kept: it helps debugging)
+# (greedy up to the last @ before the path: an unencoded @ inside the password stays hidden;
+# Hydra escapes the colons of an override as `\:` when it logs or saves it)
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s/@:'\"\\]*\\?:)([^\s/'\"]+)(@)")
+# ?password=...&  or  &token=...  in a URL's query (psycopg, some object stores)
+_QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|secret|access_key|secret_key)=)([^&\s'\"]+)",
+                    re.IGNORECASE)
+
+
+def mask_secrets(text):
+    """`text` with every URL password (userinfo or query) replaced by ***. Non-strings are
+    returned as they are, so callers can pass any value."""
+    if not isinstance(text, str) or ("@" not in text and "=" not in text):
+        return text
+    return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", text))
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(uri without `user:password@`, user, password) for http(s) URIs; other URIs unchanged.
+    MLflow's REST client takes credentials from MLFLOW_TRACKING_USERNAME/PASSWORD, not from
+    the URL: left in the URL, `requests` resolves `user:pw@host` as a host name."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return uri, None, None
+    host = parts.netloc.rpartition("@")[2]
+    user = unquote(parts.username) if parts.username is not None else None
+    pw = unquote(parts.password) if parts.password is not None else None
+    return urlunsplit(parts._replace(netloc=host)), user, pw
+
+
+def without_masked_password(uri: str) -> str:
+    """A URI read back from a file gpubench wrote has its password masked; drop the mask so
+    the driver falls back to the environment (PGPASSWORD, ~/.pgpass, MLFLOW_TRACKING_PASSWORD)
+    instead of sending *** as the password."""
+    return uri.replace(f":{MASK}@", "@")
+
+
+
+def mask_logging() -> None:
+    """Mask passwords in every log record of this process from now on. Done where records are
+    created, not by a handler's filter: Hydra replaces the handlers before and after each job,
+    and its launchers log every job's overrides (a URI with its password among them)."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "masks_secrets", False):
+        return
+
+    def masked(*args, **kwargs) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record: logging reports it at emit time, as usual
+            return record
+        clean = mask_secrets(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return record
+
+    masked.masks_secrets = True
+    logging.setLogRecordFactory(masked)
+
+
+def mask_files(paths) -> None:
+    """Rewrite text files that hold a password with it masked (write-then-rename: a kill
+    mid-write leaves the previous file). Missing files are skipped."""
+    for p in map(Path, paths):
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        clean = mask_secrets(text)
+        if clean != text:
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text(clean)
+            os.replace(tmp, p)

@@ -1,0 +1,43 @@
+"""`python -m gpubench.tracking sync DIR [--uri URI] [--experiment NAME] [--timeout S]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from gpubench.secrets import mask_secrets
+from gpubench.tracking.store import uri_problem
+from gpubench.tracking.sync import sync
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line: the reason, without the usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _Parser(prog="python -m gpubench.tracking",
+                                 description="MLflow tracking for gpubench runs.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    s = sub.add_parser("sync", help="upload runs under DIR that did not reach MLflow")
+    s.add_argument("dir", help="an outputs dir, a sweep dir or one run dir")
+    s.add_argument("--uri", help="tracking URI (default: the one each run was meant for)")
+    s.add_argument("--experiment", help="experiment name (default: each run's own)")
+    s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a server")
+    a = ap.parse_args(argv)
+    if not Path(a.dir).is_dir():
+        ap.error(f"DIR: not a folder: {a.dir}")
+    problem = uri_problem(a.uri)
+    if problem:
+        ap.error(f"--uri {mask_secrets(a.uri)!r}: {problem}")
+    if a.timeout <= 0:
+        ap.error(f"--timeout: {a.timeout} is not a positive number of seconds")
+    counts = sync(a.dir, a.uri, a.experiment, a.timeout)
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(main())

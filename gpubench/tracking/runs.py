@@ -1,0 +1,246 @@
+"""One run into MLflow: upload a record with its artifacts, and leave a marker beside it.
+
+A run is measured and results.json written before MLflow is contacted. `log_result` uploads
+params, metrics, tags, the description and artifacts, and writes `mlflow.json` beside
+results.json saying whether (and as which run) it got there; `sync` uploads what it missed.
+Text artifacts are uploaded masked (a tracking URI or storage URL may carry a password).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from gpubench.files import read_json, write_json
+from gpubench.record import RESULTS_FILE, RunRecord
+from gpubench.secrets import mask_secrets
+from gpubench.tracking import translate as T
+from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
+
+log = logging.getLogger("gpubench")
+
+MARKER_FILE = "mlflow.json"  # beside results.json: where and whether the run reached MLflow
+PARENT_FILE = "mlflow_parent.json"  # in a sweep dir: the sweep's parent run
+CONFIG_FILE = "resolved_config.yaml"  # the config as measured (auto sizes filled in)
+# the sweep's parent run id, for jobs launched in this process (Hydra's basic launcher)
+PARENT_ENV = "GPUBENCH_MLFLOW_PARENT_RUN_ID"
+
+# files of a run dir worth keeping next to the run: plots, profiler traces, the job log
+ARTIFACT_GLOBS = ("*.png", "*.svg", "*.html", "*.log", "*trace*.json", "*.json.gz")
+ARTIFACT_DIRS = ("traces", "profiler", "plots")
+TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
+MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
+PARAMS_PER_BATCH = 100
+METRICS_PER_BATCH = 1000
+
+def read(path: Path) -> dict:
+    return read_json(path) or {}
+
+
+def user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+def log_file(client, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+    """Upload one file; a text file that holds a password goes up as a masked copy."""
+    if path.suffix in TEXT_SUFFIXES and path.stat().st_size <= MASK_LIMIT:
+        text = path.read_text(errors="replace")
+        masked = mask_secrets(text)
+        if masked != text:
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = Path(tmp) / path.name
+                copy.write_text(masked)
+                client.log_artifact(run_id, str(copy), artifact_path)
+            return
+    client.log_artifact(run_id, str(path), artifact_path)
+
+
+def log_dir(client, run_id: str, folder: Path, artifact_path: str) -> None:
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            sub = p.parent.relative_to(folder).as_posix()
+            log_file(client, run_id, p, artifact_path if sub == "." else f"{artifact_path}/{sub}")
+
+
+def _epoch_ms(stamp: str | None) -> int | None:
+    try:
+        return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000)
+    except (TypeError, ValueError):
+        return None
+
+
+def _artifacts(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    files = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g) if p.is_file()}
+    files -= {run_dir / MARKER_FILE}
+    dirs = [run_dir / d for d in ARTIFACT_DIRS if (run_dir / d).is_dir()]
+    return sorted(files), dirs
+
+
+def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
+           name: str | None = None, overrides: str | None = None) -> str:
+    """One complete MLflow run from a record; returns its run id. The run is marked
+    terminated last, so a run still RUNNING in MLflow is an upload that broke half-way."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
+
+    rec = T.as_record(run)
+    c = store.client
+    tags = T.run_tags(rec, overrides, user())
+    if parent_id:
+        tags["mlflow.parentRunId"] = parent_id
+    start = _epoch_ms(rec.started_at)
+    created = c.create_run(store.experiment_id, start_time=start, tags=tags,
+                           run_name=T.run_name(rec, name))
+    rid = created.info.run_id
+    picture = (run_dir / T.PICTURE).is_file()
+    c.set_tag(rid, "mlflow.note.content", T.describe(rec, rid, picture))
+
+    params = [Param(k, v) for k, v in T.run_params(rec).items()]
+    for i in range(0, len(params), PARAMS_PER_BATCH):
+        c.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
+    metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
+    for i in range(0, len(metrics), METRICS_PER_BATCH):
+        c.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
+    # the runs table's Dataset column is shown by default: name the data the run read
+    ds = str(rec.knob("dataset.name") or "dataset")
+    size = rec.knob("dataset.image_size")
+    digest = hashlib.sha1(json.dumps(rec.knob("dataset"), sort_keys=True, default=str).encode())
+    c.log_inputs(rid, [DatasetInput(
+        Dataset(name=f"{ds} {size}px" if size else ds, digest=digest.hexdigest()[:8],
+                source_type="gpubench", source=mask_secrets(ds)),
+        [InputTag("mlflow.data.context", "benchmark")])])
+
+    log_file(c, rid, run_dir / RESULTS_FILE)
+    if (run_dir / CONFIG_FILE).is_file():
+        log_file(c, rid, run_dir / CONFIG_FILE)
+    if (run_dir / ".hydra").is_dir():
+        log_dir(c, rid, run_dir / ".hydra", "hydra")
+    files, dirs = _artifacts(run_dir)
+    for f in files:
+        log_file(c, rid, f)
+    for d in dirs:
+        log_dir(c, rid, d, d.name)
+
+    end = start + int(rec.seconds * 1000) if start and rec.seconds else None
+    c.set_terminated(rid, T.RUN_STATUS[rec.status], end_time=end)
+    return rid
+
+
+# ------------------------------------------------------------------ marker files
+
+
+def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=None,
+                 experiment_id=None, error=None) -> None:
+    write_json(run_dir / MARKER_FILE, {
+        "run_uid": run_uid,
+        "synced": run_id is not None,
+        "tracking_uri": mask_secrets(uri),
+        "experiment": experiment,
+        "experiment_id": experiment_id,
+        "run_id": run_id,
+        "error": mask_secrets(error),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+
+
+def write_config(run_dir: Path, rec: RunRecord) -> None:
+    text = yaml.safe_dump(rec.config or {}, sort_keys=False)
+    (run_dir / CONFIG_FILE).write_text(mask_secrets(text))
+
+
+def sweep_of(run_dir: Path) -> Path | None:
+    return run_dir.parent if (run_dir.parent / "multirun.yaml").is_file() else None
+
+
+def warn(uri: str, err: BaseException, run_dir: Path) -> None:
+    where = sweep_of(run_dir) or run_dir  # a sweep's jobs are synced together with it
+    msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    print(mask_secrets(
+        f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} ({msg}); its results "
+        f"are kept in {run_dir}; upload them later: python -m gpubench.tracking sync {where}"),
+        file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ a run of this process
+
+
+def read_overrides(run_dir: Path, cfg=None) -> str | None:
+    """The Hydra override string (masked): from the run dir's .hydra/ (CLI runs, and sync),
+    else from a composed config's hydra node."""
+    f = run_dir / ".hydra" / "overrides.yaml"
+    if f.is_file():
+        return mask_secrets(" ".join(yaml.safe_load(f.read_text()) or []))
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return mask_secrets(" ".join(HydraConfig.get().overrides.task))
+    except (ImportError, ValueError):
+        pass
+    task = cfg.get("hydra", {}).get("overrides", {}).get("task") if cfg is not None else None
+    return mask_secrets(" ".join(task)) if task is not None else None
+
+
+def job_parent(run_dir: Path) -> str | None:
+    """The sweep's parent run, for a job of a multirun: the env var set by the callback in this
+    process, else the file it left in the sweep dir (launchers that run jobs elsewhere)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            return None
+        sweep_dirs = [Path(hc.sweep.dir), run_dir.parent]
+    except (ImportError, ValueError):
+        return None
+    if os.environ.get(PARENT_ENV):
+        return os.environ[PARENT_ENV]
+    for d in sweep_dirs:
+        p = read(d / PARENT_FILE)
+        if p.get("run_id"):
+            return p["run_id"]
+    return None
+
+
+def _record_of(result) -> RunRecord:
+    """The runner hands a RunRecord (with its dir), or a result holding one or its dict."""
+    if isinstance(result, RunRecord):
+        return result
+    inner = getattr(result, "record", None) or getattr(result, "data", None)
+    if isinstance(inner, RunRecord):
+        return inner
+    return RunRecord.from_dict(inner, Path(result.path).parent)
+
+
+def log_result(cfg, result) -> bool:
+    """Upload one finished (or killed) run. Never raises: on any failure it prints one warning
+    line, marks the run unsynced and returns False (its results stay on disk for `sync`)."""
+    t = cfg.tracking
+    uri = resolve_uri(t.uri)
+    rec = _record_of(result)
+    run_dir = Path(rec.dir)
+    try:
+        write_config(run_dir, rec)  # on disk before any store is contacted
+        with open_store(uri, t.experiment, float(t.timeout_s)) as store:
+            rid = upload(store, rec, run_dir, job_parent(run_dir), t.get("run_name"),
+                         read_overrides(run_dir, cfg))
+    except Exception as e:  # a tracking failure must never cost the measurement
+        log.debug("MLflow upload failed", exc_info=True)
+        write_marker(run_dir, rec.run_uid, uri, t.experiment, error=f"{type(e).__name__}: {e}")
+        warn(uri, e, run_dir)
+        return False
+    write_marker(run_dir, rec.run_uid, uri, t.experiment, rid, store.experiment_id)
+    log.info("MLflow run %s: %s", rid, ui_hint(uri, store.experiment_id, rid))
+    return True

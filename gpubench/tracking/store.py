@@ -1,0 +1,213 @@
+"""The connection to an MLflow tracking store: where runs go, how long to wait, credentials.
+
+MLflow is imported inside functions only: `tracking=none` never loads it.
+
+Credentials: an http(s) URI's `user:password@` is moved into MLFLOW_TRACKING_USERNAME /
+MLFLOW_TRACKING_PASSWORD while gpubench talks to the server (MLflow's REST client reads them
+there; left in the URL, the host name would be `user:pw@host`), and the /health probe sends them
+as basic auth. Database URIs keep theirs (SQLAlchemy needs them in the URL) unless the password
+comes from the environment (PGPASSWORD, ~/.pgpass). Anything written or printed is masked.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import math
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.tracking.translate import EXPERIMENT_NOTE
+
+# a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
+_PLAIN_VALUE = re.compile(r"[\w.\-:]+")
+_PLAIN_KEY = re.compile(r"[\w.]+")
+PAGE = 1000
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking store could not be reached or refused the upload."""
+
+
+def default_uri(cwd: str | Path | None = None) -> str:
+    """The embedded store: sqlite under <cwd>/outputs, no server needed."""
+    db = Path(cwd or Path.cwd()).resolve() / "outputs" / "mlflow.db"
+    return f"sqlite:///{db}"
+
+
+def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
+    return str(uri) if uri else default_uri(cwd)
+
+
+URI_FORMS = ("null (the embedded sqlite store), http(s)://host[:port], sqlite:///path, "
+             "postgresql|mysql|mssql[+driver]://user@host/db, file:///path or databricks")
+_DATABASES = ("postgresql", "mysql", "mssql", "oracle")
+
+
+def uri_problem(uri: str | None) -> str | None:
+    """What is wrong with a tracking URI, before any work (None when it can be used): the
+    forms MLflow accepts (see URI_FORMS). Checks the form only; whether a server answers is
+    for the probe. Callers show the URI through `mask_secrets`."""
+    if not uri:
+        return None
+    try:
+        parts = urlsplit(str(uri))
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError as e:
+        return f"{e}; use {URI_FORMS}"
+    scheme = parts.scheme.lower()
+    base = scheme.split("+")[0]
+    ok = (
+        (base in ("http", "https") and bool(parts.hostname) and "+" not in scheme)
+        or (scheme == "sqlite" and str(uri).startswith("sqlite:///") and len(str(uri)) > 10)
+        or (base in _DATABASES and bool(parts.netloc or parts.query))
+        or (scheme == "file" and bool(parts.path))
+        or "databricks" in (scheme, str(uri)) or "databricks-uc" in (scheme, str(uri))
+    )
+    return None if ok else f"not a tracking URI: use {URI_FORMS}"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):])
+    return None
+
+
+def artifact_location(uri: str) -> str | None:
+    """Artifacts of a sqlite store sit beside the database (outputs/mlartifacts); MLflow's own
+    default would be ./mlruns under whatever the current directory happens to be."""
+    db = _sqlite_path(uri)
+    return (db.parent / "mlartifacts").resolve().as_uri() if db else None
+
+
+def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    uri = mask_secrets(uri)
+    if uri.startswith(("http://", "https://")):
+        return f"{split_credentials(uri)[0].rstrip('/')}/{page}"
+    return f"`mlflow ui --backend-store-uri {uri}`, then {page}"
+
+
+def _credentials(uri: str) -> tuple[str, dict[str, str]]:
+    """The URI to hand MLflow and the environment it needs for credentials."""
+    uri = without_masked_password(uri)
+    clean, user, pw = split_credentials(uri)
+    env = {}
+    if user is not None:
+        env["MLFLOW_TRACKING_USERNAME"] = user
+    if pw is not None:
+        env["MLFLOW_TRACKING_PASSWORD"] = pw
+    return clean, env
+
+
+@contextlib.contextmanager
+def _environment(timeout_s: float, extra: dict[str, str]):
+    """MLflow's HTTP client retries 7 times with exponential backoff and a 120 s timeout: a
+    dead server would hold a finished benchmark for minutes. Bound it while we talk to it."""
+    limits = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout_s))),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # one line of ours instead
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    } | extra
+    saved = {k: os.environ.get(k) for k in limits}
+    os.environ.update(limits)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _probe(uri: str, timeout_s: float) -> None:
+    """Fail in well under timeout_s when a server is down (connection refused is instant).
+    Sends the credentials MLflow will use, so a server behind basic auth answers."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    req = urllib.request.Request(f"{uri.rstrip('/')}/health")
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if user is not None:
+        pair = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
+        req.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        req.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    try:
+        urllib.request.urlopen(req, timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        pass  # it answered: reachable (a proxy may not route /health; auth is MLflow's call)
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise TrackingUnavailable(f"no answer: {mask_secrets(str(reason))}") from e
+
+
+class Store:
+    """An MLflow client bound to one tracking URI and one experiment (created if new).
+    `uri` is what gpubench records and prints (masked); the client gets the real one."""
+
+    def __init__(self, uri: str, experiment: str, timeout_s: float = 10.0,
+                 description: str | None = EXPERIMENT_NOTE):
+        from mlflow.tracking import MlflowClient
+
+        for name in ("alembic", "mlflow"):  # store creation chatter at INFO; keep warnings
+            logging.getLogger(name).setLevel(logging.WARNING)
+        connect, _ = _credentials(uri)
+        _probe(connect, timeout_s)
+        db = _sqlite_path(connect)
+        if db:
+            db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not the dir
+        self.uri, self.experiment = mask_secrets(uri), experiment
+        self.client = MlflowClient(tracking_uri=connect)
+        self.experiment_id = self._experiment_id(experiment, connect, description)
+
+    def _experiment_id(self, name: str, connect: str, description: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            eid = self.client.create_experiment(name, artifact_location=artifact_location(connect))
+        except MlflowException:  # created by another process meanwhile
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+        if description:  # only on experiments gpubench creates: never overwrite a team's own
+            self.client.set_experiment_tag(eid, "mlflow.note.content", description)
+        return eid
+
+    def find(self, tag: str, value: str) -> list:
+        """Live (not deleted) runs of this experiment whose tag `tag` equals `value` exactly.
+        The value comes from a file (results.json, a marker): it never enters a filter string
+        unless it is plain, so a quote in it cannot break or widen the search."""
+        if not _PLAIN_KEY.fullmatch(tag):
+            raise ValueError(f"tag name {tag!r}: letters, digits, _ and . only")
+        value = str(value)
+        filt = f"tags.{tag} = '{value}'" if _PLAIN_VALUE.fullmatch(value) else ""
+        found, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filt, max_results=PAGE,
+                                           page_token=token)
+            found += [r for r in page if r.data.tags.get(tag) == value]
+            token = page.token
+            if not token:
+                return found
+
+
+@contextlib.contextmanager
+def open_store(uri: str, experiment: str, timeout_s: float = 10.0,
+               description: str | None = EXPERIMENT_NOTE):
+    _, env = _credentials(uri)
+    with _environment(timeout_s, env):
+        yield Store(uri, experiment, timeout_s, description)

@@ -1,0 +1,172 @@
+"""A sweep in MLflow: one parent run, one child run per job.
+
+The parent is opened before the first job (by the Hydra callback, or by `sync` for a sweep that
+never reached MLflow) and closed at the end with the best job. The best job is the sweep's own
+choice when its manifest names one (gpubench's sweeper: short screens and max-batch probes never
+win over full measurements), else the feasible full-length record with the highest objective:
+feasibility and objective are `RunRecord`'s, never re-derived here.
+
+A parent ends FINISHED when its sweep completed (a resumed sweep included, whatever earlier
+attempts left behind) and KILLED when the sweep was interrupted before its end.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from gpubench import record
+from gpubench.files import write_json
+from gpubench.record import RunRecord, Status
+from gpubench.secrets import mask_secrets
+from gpubench.tracking import translate as T
+from gpubench.tracking.runs import (
+    MARKER_FILE,
+    PARAMS_PER_BATCH,
+    PARENT_FILE,
+    log_file,
+    read,
+    read_overrides,
+    user,
+)
+from gpubench.tracking.store import Store, open_store
+
+MANIFEST = "sweep.json"  # written by gpubench's sweeper: its jobs (dir, rung) and its best
+
+
+def _sweep_params(overrides: list[str], sweeper_params: dict | None) -> dict[str, str]:
+    params = {}
+    for o in overrides:
+        k, _, v = o.partition("=")
+        params[T.key(k.lstrip("+~"))] = mask_secrets(v)[:T.MAX_PARAM_VALUE]
+    for k, v in (sweeper_params or {}).items():
+        params[T.key(str(k))] = mask_secrets(str(v))[:T.MAX_PARAM_VALUE]
+    return params
+
+
+def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str | None = None,
+               sweeper_params: dict | None = None, name: str | None = None) -> str:
+    """The sweep's parent run (found again by its sweep_uid when the sweep is resumed into the
+    same dir, or created), recorded in the sweep dir's parent file; returns its run id."""
+    from mlflow.entities import Param
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    info = read(sweep_dir / PARENT_FILE)
+    uid = info.get("sweep_uid") or uuid.uuid4().hex
+    found = store.find("sweep_uid", uid)
+    if found:
+        rid = found[0].info.run_id
+    else:
+        tags = {
+            "sweep_uid": uid,
+            "sweep_dir": str(sweep_dir),
+            "overrides": mask_secrets(" ".join(overrides)),
+            "sweeper": sweeper,
+            "mlflow.source.name": "gpubench",
+            "mlflow.source.type": "LOCAL",
+            "mlflow.user": user(),
+        }
+        run = store.client.create_run(
+            store.experiment_id, run_name=name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}",
+            tags={k: str(v)[:T.MAX_TAG_VALUE] for k, v in tags.items() if v},
+        )
+        rid = run.info.run_id
+        params = [Param(k, v) for k, v in _sweep_params(overrides, sweeper_params).items()]
+        for i in range(0, len(params), PARAMS_PER_BATCH):
+            store.client.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
+    # open again (a resume): not finished until this attempt's end closes it
+    write_json(sweep_dir / PARENT_FILE, info | {
+        "sweep_uid": uid, "tracking_uri": store.uri, "experiment": store.experiment,
+        "experiment_id": store.experiment_id, "run_id": rid, "synced": True, "finished": False,
+    })
+    return rid
+
+
+def mark_ended(sweep_dir: Path, ended: bool) -> None:
+    """Whether the sweep itself ran to its end, recorded whether or not MLflow was reached:
+    `sync` closes a parent KILLED only for a sweep that did not end."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_json(sweep_dir / PARENT_FILE, read(sweep_dir / PARENT_FILE) | {"ended": ended})
+
+
+def interrupted(sweep_dir: Path, records: list[RunRecord]) -> bool:
+    """Not ended by its own end callback; without that record (a sweep run untracked), a job
+    left killed or running says so."""
+    ended = read(sweep_dir / PARENT_FILE).get("ended")
+    if ended is not None:
+        return not ended
+    return any(r.status in (Status.killed, Status.running) for r in records)
+
+
+def jobs(sweep_dir: Path) -> list[RunRecord]:
+    """Every job's record, with the rung the manifest gives it (screen, probe, full)."""
+    rungs = {str(Path(j["dir"]).resolve()): j.get("rung") or "run"
+             for j in read(sweep_dir / MANIFEST).get("jobs") or [] if j.get("dir")}
+    out = []
+    for d in record.find_runs(sweep_dir):
+        rec = record.load(d, rung=rungs.get(str(Path(d).resolve()), "run"))
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
+    """The sweep manifest's best when it names one, else the feasible full-length job with the
+    highest objective."""
+    chosen = (read(sweep_dir / MANIFEST).get("best") or {}).get("dir")
+    if chosen:
+        rec = record.load(chosen)
+        if rec is not None:
+            return rec
+    ranked = [r for r in (records if records is not None else jobs(sweep_dir))
+              if r.full and r.feasible]
+    return max(ranked, key=lambda r: r.objective, default=None)
+
+
+def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool = False) -> None:
+    """Log the best child's id, config and throughput to the parent run, and end it:
+    FINISHED when the sweep completed, KILLED when it was interrupted before its end."""
+    from mlflow.entities import Metric, RunTag
+
+    c = store.client
+    recs = jobs(sweep_dir)
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric("jobs", float(len(recs)), now, 0),
+        Metric("jobs_ok", float(sum(r.status is Status.ok for r in recs)), now, 0),
+    ]
+    tags = []
+    best = best_job(sweep_dir, recs)
+    if best is not None and best.dir is not None:
+        child = read(best.dir / MARKER_FILE).get("run_id")
+        metrics.append(Metric("best_objective", float(best.objective), now, 0))
+        if best.images_per_sec is not None:
+            metrics.append(Metric("best_images_per_sec", float(best.images_per_sec), now, 0))
+        tags += [RunTag("best_run_dir", str(best.dir)),
+                 RunTag("best_run_name", T.run_name(best)[:T.MAX_TAG_VALUE])]
+        if child:
+            tags.append(RunTag("best_run_id", child))
+        ov = read_overrides(best.dir)
+        if ov is not None:
+            tags.append(RunTag("best_overrides", ov[:T.MAX_TAG_VALUE]))
+        c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),
+                   "best_config.yaml")
+    c.log_batch(parent_id, metrics=metrics, tags=tags)
+    if (sweep_dir / "multirun.yaml").is_file():
+        log_file(c, parent_id, sweep_dir / "multirun.yaml")
+    c.set_terminated(parent_id, "KILLED" if interrupted else "FINISHED")
+    info = read(sweep_dir / PARENT_FILE)
+    write_json(sweep_dir / PARENT_FILE, info | {"finished": True, "interrupted": interrupted})
+
+
+def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path],
+                    timeout_s: float = 10.0, uri: str | None = None) -> None:
+    """Attach files (a sweep report, plots) to the sweep's parent run, masked. `uri`: the
+    tracking URI as configured (the parent file holds it masked, without its password)."""
+    info = read(sweep_dir / PARENT_FILE)
+    with open_store(uri or info["tracking_uri"], info["experiment"], timeout_s) as store:
+        for f in files:
+            log_file(store.client, parent_id, Path(f))

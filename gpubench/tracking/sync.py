@@ -1,0 +1,165 @@
+"""Upload runs that did not reach MLflow: `python -m gpubench.tracking sync <outputs dir>`.
+
+A run's `run_uid` is its identity in MLflow, so syncing twice, or after an upload that broke
+half-way (a run left RUNNING), never leaves duplicates. Sweep jobs go under their sweep's parent
+run, which is created here when the sweep itself never reached MLflow.
+
+Only gpubench run folders are read: MLflow artifact stores hold uploaded copies of
+results.json (`find_runs` skips mlartifacts/ and mlruns/; a server's `--artifacts-destination`
+can be any folder, so `<run id>/artifacts/` paths are skipped too). A results.json left
+`running` by a process that no longer exists (kill -9, the OOM killer) is marked `killed`, its
+measured phases kept, saved, then uploaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from gpubench import record
+from gpubench.record import RunRecord, Status
+from gpubench.secrets import mask_secrets
+from gpubench.tracking.runs import (
+    MARKER_FILE,
+    PARENT_FILE,
+    read,
+    read_overrides,
+    sweep_of,
+    upload,
+    write_marker,
+)
+from gpubench.tracking.store import Store, default_uri, open_store
+from gpubench.tracking.sweeps import close_sweep, interrupted, jobs, open_sweep
+
+log = logging.getLogger("gpubench")
+
+# <experiment>/<run id>/artifacts/ (a run's) or <experiment>/models/m-<id>/artifacts/ (a model's)
+_STORE_RUN = re.compile(r"[0-9a-f]{32}|m-[0-9a-f]{32}")
+
+
+def in_artifact_store(run_dir: Path) -> bool:
+    parts = Path(run_dir).resolve().parts
+    return any(p == "artifacts" and _STORE_RUN.fullmatch(prev)
+               for prev, p in zip(parts, parts[1:], strict=False))
+
+
+def gpubench_runs(root: Path) -> list[Path]:
+    return [d for d in record.find_runs(root) if not in_artifact_store(d)]
+
+
+def _sweep_overrides(sweep_dir: Path) -> tuple[list[str], str | None, dict | None]:
+    try:
+        mr = yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        mr = {}
+    h = mr.get("hydra") or {}
+    sweeper = h.get("sweeper") or {}
+    return (h.get("overrides") or {}).get("task") or [], sweeper.get("_target_"), sweeper.get("params")
+
+
+def _run_default_uri(run_dir: Path) -> str:
+    """The embedded store a run with tracking.uri=null was meant for: <its outputs/>/mlflow.db
+    (the run dir sits under outputs/ of the directory it was started from)."""
+    for d in run_dir.resolve().parents:
+        if d.name == "outputs":
+            return default_uri(d.parent)
+    return default_uri()
+
+
+def mark_dead(rec: RunRecord) -> None:
+    """A record left running by a dead process: killed, with what it measured kept."""
+    rec.status = Status.killed
+    rec.error = rec.error or (f"process {rec.pid} on {rec.host} ended without a final status "
+                              "(killed: kill -9 or out of host memory)")
+    rec.save()
+
+
+def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
+         timeout_s: float = 10.0, out=sys.stdout) -> dict[str, int]:
+    """Upload every run under `root` that is not in MLflow yet; returns counts by outcome."""
+    counts = {"uploaded": 0, "present": 0, "skipped": 0, "failed": 0}
+    todo: dict[tuple[str, str], list[RunRecord]] = {}
+    found = gpubench_runs(Path(root))
+    for run_dir in found:
+        rec = record.load(run_dir)
+        if rec is not None and rec.stale:
+            mark_dead(rec)
+            print(f"marked {run_dir} killed: its process is gone", file=out)
+        if rec is None or not rec.run_uid or not rec.status.final:
+            print(f"skip {run_dir}: no final status (still running, or unreadable)", file=out)
+            counts["skipped"] += 1
+            continue
+        marker, tcfg = read(run_dir / MARKER_FILE), rec.config.get("tracking") or {}
+        target = (mask_secrets(uri or marker.get("tracking_uri") or tcfg.get("uri")
+                               or _run_default_uri(run_dir)),
+                  experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench")
+        if marker.get("synced") and (marker.get("tracking_uri"), marker.get("experiment")) == target:
+            counts["present"] += 1
+            continue
+        # connect with the URI as given on the command line (it may carry its password)
+        todo.setdefault((uri or target[0], target[1]), []).append(rec)
+
+    for (t_uri, t_exp), recs in todo.items():
+        try:
+            with open_store(t_uri, t_exp, timeout_s) as store:
+                _sync_into(store, recs, counts, out)
+        except Exception as e:  # report it, go on with the other targets
+            log.debug("sync failed", exc_info=True)
+            print(mask_secrets(f"gpubench: warning: MLflow not reached at {t_uri} ({e}); "
+                               f"{len(recs)} run(s) not synced"), file=sys.stderr)
+            counts["failed"] += len(recs)
+    _close_open_sweeps(found, uri, timeout_s)
+    print(", ".join(f"{v} {k}" for k, v in counts.items()), file=out)
+    return counts
+
+
+def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> None:
+    """Parent runs left RUNNING (the sweep was interrupted before its end callback)."""
+    for sweep in sorted({sweep_of(d) for d in found} - {None}):
+        info = read(sweep / PARENT_FILE)
+        if not info.get("synced") or info.get("finished") or (
+                uri is not None and mask_secrets(uri) != info["tracking_uri"]):
+            continue
+        try:
+            with open_store(uri or info["tracking_uri"], info["experiment"], timeout_s) as store:
+                close_sweep(store, sweep, info["run_id"], interrupted(sweep, jobs(sweep)))
+        except Exception as e:  # the runs are in; only the sweep summary waits
+            log.debug("closing sweep failed", exc_info=True)
+            print(mask_secrets(f"gpubench: warning: sweep {sweep} not closed in MLflow ({e})"),
+                  file=sys.stderr)
+
+
+def _sync_into(store: Store, recs: list[RunRecord], counts: dict, out) -> None:
+    from mlflow.entities import RunStatus
+
+    parents: dict[Path, str] = {}
+    for rec in recs:
+        run_dir = Path(rec.dir)
+        sweep = sweep_of(run_dir)
+        if sweep and sweep not in parents:
+            info = read(sweep / PARENT_FILE)
+            if info.get("synced") and (info.get("tracking_uri"), info.get("experiment")) == (
+                    store.uri, store.experiment):
+                parents[sweep] = info["run_id"]
+            else:
+                ov, sweeper, sp = _sweep_overrides(sweep)
+                parents[sweep] = open_sweep(store, sweep, ov, sweeper, sp)
+        rid = None
+        for r in store.find("run_uid", rec.run_uid):
+            if RunStatus.is_terminated(RunStatus.from_string(r.info.status)):
+                rid = r.info.run_id  # uploaded before; only the marker missed it
+            else:
+                store.client.delete_run(r.info.run_id)  # a half-done upload: replace it
+        if rid:
+            counts["present"] += 1
+        else:
+            rid = upload(store, rec, run_dir, parents.get(sweep), overrides=read_overrides(run_dir))
+            counts["uploaded"] += 1
+            print(f"uploaded {run_dir} -> run {rid}", file=out)
+        write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid, store.experiment_id)
+    for sweep, pid in parents.items():
+        close_sweep(store, sweep, pid, interrupted(sweep, jobs(sweep)))

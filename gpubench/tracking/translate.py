@@ -1,0 +1,286 @@
+"""A run record as MLflow sees it: params, metrics, tags, a run name and a description.
+
+Pure functions of a `RunRecord` (or the results.json dict it reads): no MLflow, no I/O, so each
+is unit-tested without a server. What the MLflow UI shows without any set-up decides the shape:
+
+- the runs table shows the run name, creation time, dataset and source by default (metrics,
+  params and tags hide behind the column picker), so the name carries the main knobs, the
+  throughput and the verdict: `2410 img/s · data-bound · resnet50-bs128-w8-amp_bf16`;
+- the run page leads with its description (tag `mlflow.note.content`, Markdown, images
+  allowed), so it starts with the run's picture, then the verdict, the phases and the advice;
+- the chart view groups metrics by the prefix before `/`: one section per phase (`e2e/`,
+  `loader/`, `compute/`), plus `memory/` and `efficiency/`; only `images_per_sec` and
+  `objective` stay unprefixed, the two figures runs are sorted by.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+from gpubench.files import flatten
+from gpubench.record import PHASE_NAMES, RunRecord, Status
+from gpubench.secrets import mask_secrets
+
+# an MLflow run's status for each record status
+RUN_STATUS = {
+    Status.ok: "FINISHED",
+    Status.over_ceiling: "FINISHED",  # measured fine, just too big for the memory ceiling
+    Status.oom: "FAILED",
+    Status.failed: "FAILED",
+    Status.killed: "KILLED",
+    Status.running: "KILLED",  # never got a final status: the process died
+}
+
+PICTURE = "run.png"  # the run's picture, written beside results.json
+
+# MLflow limits (mlflow.utils.validation)
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_KEY = 250
+# metric names with ( % @ are rejected by MLflow; keep names plain
+_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+
+# the knobs people compare on, by plain name (also in the run name)
+KNOBS = {
+    "model": ("model._target_", "model.name"),
+    "dataset": ("dataset.name",),
+    "image_size": ("dataset.image_size",),
+    "batch_size": ("loader.batch_size",),
+    "num_workers": ("loader.num_workers",),
+    "pin_memory": ("loader.pin_memory",),
+    "prefetch_factor": ("loader.prefetch_factor",),
+    "persistent_workers": ("loader.persistent_workers",),
+    "precision": ("precision.name",),
+    "channels_last": ("channels_last",),
+    "compile": ("compile",),
+    "preload": ("dataset.preload",),
+    "augment_on": ("dataset.augment_on",),
+    "decode_on": ("dataset.decode_on",),
+    "optimizer": ("bench.optimizer",),
+}
+
+# per phase: the summary figures worth a chart (the rest stays in results.json)
+PHASE_FIGURES = ("images_per_sec", "data_wait_fraction", "step_time_p50_s", "step_time_p95_s",
+                 "step_time_cv", "warmup_seconds")
+PHASE_TELEMETRY = ("gpu_util_mean", "power_mean_w", "host_cpu_util_mean", "peak_rss_bytes")
+# the monitor's samples drawn over time: is the device busy, is the host the limit
+TELEMETRY_SERIES = ("gpu_util", "mem_util", "gpu_mem_used", "power_w", "host_cpu", "procs_cpu",
+                    "rss")
+MEMORY = {
+    "memory/peak_fraction": "peak_memory_fraction",
+    "memory/peak_bytes": "peak_memory_bytes",
+    "memory/torch_peak_allocated_bytes": "torch_peak_allocated_bytes",
+    "memory/torch_peak_reserved_bytes": "torch_peak_reserved_bytes",
+    "memory/device_bytes": "device_memory_bytes",
+}
+EFFICIENCY = {
+    "efficiency/mfu": "mfu",
+    "efficiency/achieved_tflops": "achieved_tflops",
+    "efficiency/flops_per_step": "flops_per_step",
+    "efficiency/energy_per_image_j": "energy_per_image_j",
+    "efficiency/gpu_util_mean": "gpu_util_mean",
+    "efficiency/power_mean_w": "power_mean_w",
+}
+VERDICT_WORDS = {"data": "data-bound", "compute": "compute-bound"}
+# the description of an experiment gpubench creates, shown above its runs table
+EXPERIMENT_NOTE = """gpubench runs: each run's name reads `images/sec · verdict · \
+model-bsN-wN-precision`. To sort and compare, add the columns `images_per_sec`, \
+`tags.bottleneck` and `tags.measurement_stable` from **Columns**; a run's page starts with its \
+picture. A sweep is one parent run with a child run per job."""
+
+
+def as_record(run) -> RunRecord:
+    return run if isinstance(run, RunRecord) else RunRecord.from_dict(run)
+
+
+def key(k: str) -> str:
+    return _BAD_KEY_CHARS.sub("_", k)[:MAX_KEY]
+
+
+def param_str(v) -> str:
+    # Hydra's own spelling, so a value can be pasted back as an override
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, (bool, list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _first(rec: RunRecord, dotted: tuple[str, ...]):
+    for d in dotted:
+        v = rec.knob(d)
+        if v is not None:
+            return v
+    return None
+
+
+def run_params(run) -> dict[str, str]:
+    """The knobs by plain name, the device, then the whole resolved config (dotted keys).
+    Values are masked: a tracking URI or a storage URL may carry a password."""
+    rec = as_record(run)
+    params = {k: _first(rec, paths) for k, paths in KNOBS.items()}
+    params["device"] = rec.env.get("device")
+    params |= flatten(rec.config)
+    return {key(k): mask_secrets(param_str(v))[:MAX_PARAM_VALUE] for k, v in params.items()}
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
+    """(name, value, step, timestamp_ms), grouped by prefix (see the module's docstring).
+    Per-step series sit under their phase: `<phase>/step_time_s`, `<phase>/step_images_per_sec`
+    (warm-up steps first, so the chart shows the warm-up curve) and `<phase>/telemetry/<name>`."""
+    rec = as_record(run)
+    now_ms = now_ms or int(time.time() * 1000)
+    out: list[tuple[str, float, int, int]] = []
+
+    def add(name, v, step=0, ts=now_ms):
+        x = _number(v)
+        if x is not None:
+            out.append((key(name), x, step, ts))
+
+    add("images_per_sec", rec.images_per_sec)
+    if rec.status.final:
+        add("objective", rec.objective)
+    add("verdict/margin", rec.verdict_margin)
+    for name, field in {**MEMORY, **EFFICIENCY}.items():
+        add(name, getattr(rec, field))
+    add("data/skipped_samples", rec.skipped_samples)
+
+    for phase, ph in rec.phases.items():
+        for k in PHASE_FIGURES:
+            add(f"{phase}/{k}", getattr(ph, k, None))
+        ci = ph.images_per_sec_ci or []
+        if len(ci) == 2:
+            add(f"{phase}/images_per_sec_ci_low", ci[0])
+            add(f"{phase}/images_per_sec_ci_high", ci[1])
+        tel = {**ph.telemetry, **ph.memory}
+        for k in PHASE_TELEMETRY:
+            add(f"{phase}/{k}", tel.get(k))
+
+    # telemetry sample times are a monotonic clock: keep their spacing, anchored at now
+    times = [x["t"] for s in rec.series.values() for x in s.get("telemetry", []) if "t" in x]
+    t0 = min(times) if times else 0.0
+    for phase, s in rec.series.items():
+        ph = rec.phases.get(phase)
+        bs = ph.batch_size if ph else None
+        steps = [*s.get("warmup_step_times_s", []), *s.get("step_times_s", [])]
+        for i, dt in enumerate(steps):
+            add(f"{phase}/step_time_s", dt, i)
+            if bs and dt and dt > 0:
+                add(f"{phase}/step_images_per_sec", bs / dt, i)
+        for i, sample in enumerate(s.get("telemetry", [])):
+            ts = now_ms + int((sample.get("t", t0) - t0) * 1000)
+            for k in TELEMETRY_SERIES:
+                add(f"{phase}/telemetry/{k}", sample.get(k), i, ts)
+    return out
+
+
+def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict[str, str]:
+    """Tags: the run's identity, status and verdict (filterable: `tags.bottleneck = 'data'`),
+    the environment, the overrides (masked) and MLflow's own source/user tags. The
+    description (`mlflow.note.content`) is set by `describe` once the run id is known."""
+    rec = as_record(run)
+    env = rec.env
+    stable = rec.measurement_stable
+    tags = {
+        "run_uid": rec.run_uid,
+        "status": rec.status.value,
+        "bottleneck": rec.bottleneck,
+        "measurement_stable": None if stable is None else str(stable).lower(),
+        "error": rec.error,
+        "device_name": env.get("device_name"),
+        "device_kind": env.get("device"),
+        "driver": env.get("driver"),
+        "cuda": env.get("cuda"),
+        "cudnn": env.get("cudnn"),
+        "torch": env.get("torch"),
+        "torchvision": env.get("torchvision"),
+        "python": env.get("python"),
+        "cpu_count": env.get("cpu_count"),
+        "host": env.get("host"),
+        "platform": env.get("platform"),
+        "gpubench_version": env.get("gpubench"),
+        "git_commit": env.get("git_commit"),
+        "overrides": overrides,
+        "mlflow.source.name": "gpubench",
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.git.commit": env.get("git_commit"),
+        "mlflow.user": user,
+    }
+    return {k: mask_secrets(str(v))[:MAX_TAG_VALUE] for k, v in tags.items()
+            if v not in (None, "")}
+
+
+def verdict_word(rec: RunRecord) -> str:
+    if not rec.status.measured:
+        return rec.status.value
+    b = rec.bottleneck or "unknown"
+    word = VERDICT_WORDS.get(b, b)
+    if rec.status is Status.over_ceiling:
+        word += ", over ceiling"
+    return word
+
+
+def run_name(run, name: str | None = None) -> str:
+    """`tracking.run_name` when set; else the knobs, the throughput and the verdict, which the
+    runs table shows without any column set-up."""
+    if name:
+        return name
+    rec = as_record(run)
+    model = str(rec.knob("model.name") or str(rec.knob("model._target_")).rsplit(".", 1)[-1])
+    parts = [model, f"bs{rec.knob('loader.batch_size')}", f"w{rec.knob('loader.num_workers')}",
+             str(rec.knob("precision.name"))]
+    if rec.knob("channels_last"):
+        parts.append("cl")
+    if rec.knob("compile") not in (None, "off", False):
+        parts.append(f"compile-{rec.knob('compile')}")
+    knobs = "-".join(parts)
+    # figures first: a narrow Run Name column still shows the throughput and the verdict
+    if rec.status.measured and _number(rec.images_per_sec):
+        return f"{rec.images_per_sec:.0f} img/s · {verdict_word(rec)} · {knobs}"
+    return f"{verdict_word(rec)} · {knobs}"
+
+
+def _fmt(v, spec=".1f") -> str:
+    return "-" if _number(v) is None else format(v, spec)
+
+
+def describe(run, run_id: str | None = None, picture: bool = False) -> str:
+    """The run's description (Markdown): its picture (an image served by the tracking server's
+    `get-artifact` route, relative so it works behind a path prefix), the verdict, a table of
+    the phases and the advice."""
+    rec = as_record(run)
+    lines = []
+    if picture and run_id:
+        lines += [f"![run picture](get-artifact?path={PICTURE}&run_uuid={run_id})", ""]
+    if rec.status.measured:
+        margin = f" (margin {rec.verdict_margin:.0%})" if _number(rec.verdict_margin) else ""
+        lines.append(f"**{verdict_word(rec)}**{margin}: {rec.reason or ''}".rstrip(": "))
+        if rec.measurement_stable is False:
+            lines.append(f"\nmeasurement not stable: {'; '.join(rec.noise_reasons) or 'noisy'}")
+        rows = ["", "| phase | images/sec | 95% interval | data wait |", "|---|---|---|---|"]
+        for name in PHASE_NAMES:
+            ph = rec.phases.get(name)
+            if ph is None:
+                continue
+            ci = ph.images_per_sec_ci or []
+            interval = f"{_fmt(ci[0])} - {_fmt(ci[1])}" if len(ci) == 2 else "-"
+            rows.append(f"| {name} | {_fmt(ph.images_per_sec)} | {interval} | "
+                        f"{_fmt(ph.data_wait_fraction, '.0%')} |")
+        if len(rows) > 3:
+            lines += rows
+    else:
+        lines.append(f"**{rec.status.value}**: {rec.error or ''}".rstrip(": "))
+    if rec.advice:
+        lines += ["", *(f"{i}. {a}" for i, a in enumerate(rec.advice, 1))]
+    return mask_secrets("\n".join(lines))[:MAX_TAG_VALUE]

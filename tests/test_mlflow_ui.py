@@ -1,0 +1,87 @@
+"""The MLflow UI, rendered by a real headless Chromium against a real `mlflow server`: the runs
+table shows each run's throughput and verdict without any column set-up, and a run's page
+starts with its picture. Skipped where Chromium is not installed (`apt-get install chromium`)."""
+
+from __future__ import annotations
+
+import html
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpubench.record import RunRecord
+from gpubench.tracking import open_store, upload
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install -y chromium)"),
+]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def chromium(tmp: Path, url: str, *args: str) -> str:
+    """Headless Chromium on `url`; the page's scripts get 15 s of virtual time to render."""
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=15000",
+         "--window-size=1600,900", *args, url],
+        capture_output=True, text=True, timeout=120)
+    return proc.stdout
+
+
+def record(uid: str, bs: int, ips: float, bottleneck: str) -> RunRecord:
+    return RunRecord.from_dict({
+        "run_uid": uid, "status": "ok", "images_per_sec": ips, "bottleneck": bottleneck,
+        "reason": "constructed for the UI check",
+        "phases": {"e2e": {"phase": "e2e", "batch_size": bs, "images_per_sec": ips}},
+        "config": {"model": {"name": "resnet50"}, "dataset": {"name": "imagenet"},
+                   "loader": {"batch_size": bs, "num_workers": 8}, "precision": {"name": "fp16"}},
+    })
+
+
+def picture(path: Path, ips: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 2))
+    ax.barh(["e2e"], [ips])
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def test_runs_table_and_run_page(mlflow_server, tmp_path):
+    url = mlflow_server.url
+    ids = {}
+    with open_store(url, "ui-check") as store:
+        for uid, bs, ips, b in (("a", 64, 1234.0, "data"), ("b", 128, 2345.0, "compute")):
+            run_dir = tmp_path / uid
+            run_dir.mkdir()
+            rec = record(uid, bs, ips, b)
+            rec.dir = run_dir
+            rec.save()
+            picture(run_dir / "run.png", ips)
+            ids[uid] = upload(store, rec, run_dir)
+        exp = store.experiment_id
+
+    table = html.unescape(chromium(tmp_path, f"{url}/#/experiments/{exp}/runs", "--dump-dom"))
+    assert "1234 img/s · data-bound · resnet50-bs64-w8-fp16" in table
+    assert "2345 img/s · compute-bound · resnet50-bs128-w8-fp16" in table
+    assert "images_per_sec" in table  # the experiment's description says which columns to add
+
+    page = html.unescape(chromium(tmp_path, f"{url}/#/experiments/{exp}/runs/{ids['a']}",
+                                  "--dump-dom"))
+    src = f"get-artifact?path=run.png&run_uuid={ids['a']}"
+    assert f'src="{src}"' in page  # the description's first element is the run's picture
+    with urllib.request.urlopen(f"{url}/{src}", timeout=30) as r:  # and the server serves it
+        assert r.read().startswith(PNG)
+
+    shot = tmp_path / "runs.png"
+    chromium(tmp_path, f"{url}/#/experiments/{exp}/runs", f"--screenshot={shot}")
+    assert shot.read_bytes().startswith(PNG) and shot.stat().st_size > 20_000

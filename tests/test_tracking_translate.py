@@ -1,0 +1,162 @@
+"""A run record as MLflow params, metrics, tags, name and description: pure, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubench.record import RunRecord, Status
+from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.tracking import translate as T
+from gpubench.tracking.store import uri_problem
+
+CONFIG = {
+    "model": {"name": "resnet50"}, "dataset": {"name": "imagenet", "image_size": 224},
+    "loader": {"batch_size": 128, "num_workers": 8, "pin_memory": True},
+    "precision": {"name": "amp_bf16"}, "channels_last": True, "compile": "off",
+    "bench": {"phases": ["loader", "compute", "e2e"]},
+    "tracking": {"uri": "postgresql+psycopg://bob:hunter2@db:5432/mlflow"},
+}
+
+
+def record(status=Status.ok, **kw) -> RunRecord:
+    phases = {
+        name: {"phase": name, "batch_size": 128, "images_per_sec": ips,
+               "images_per_sec_ci": [ips * 0.95, ips * 1.05], "data_wait_fraction": 0.4,
+               "telemetry": {"gpu_util_mean": 55.0, "peak_rss_bytes": 1e9, "read_bytes": 7}}
+        for name, ips in (("loader", 1800.0), ("compute", 3100.0), ("e2e", 1750.0))
+    }
+    d = {
+        "run_uid": "u1", "status": status.value, "images_per_sec": 1750.0,
+        "loader_images_per_sec": 1800.0, "compute_images_per_sec": 3100.0,
+        "bottleneck": "data", "reason": "the loader delivers 58% of compute",
+        "verdict_margin": 0.42, "measurement_stable": True, "advice": ["more workers"],
+        "peak_memory_fraction": 0.5, "memory_ceiling": 0.9, "mfu": 0.31,
+        "phases": phases, "config": CONFIG, "env": {"device": "cuda", "torch": "2.4.0"},
+        "series": {"e2e": {"warmup_step_times_s": [0.5], "step_times_s": [0.1, 0.2],
+                           "telemetry": [{"t": 10.0, "gpu_util": 50.0, "workers": 8},
+                                         {"t": 10.5, "gpu_util": 60.0}]}},
+        "data_info": {"samples": 1000},
+    } | kw
+    return RunRecord.from_dict(d)
+
+
+def test_run_status_covers_every_status():
+    assert set(T.RUN_STATUS) == set(Status)
+    assert T.RUN_STATUS[Status.killed] == "KILLED" and T.RUN_STATUS[Status.oom] == "FAILED"
+    assert T.RUN_STATUS[Status.over_ceiling] == "FINISHED"
+
+
+def test_metrics_are_grouped_by_prefix():
+    m = {(k, step): v for k, v, step, _ in T.run_metrics(record(), now_ms=1000)}
+    names = {k for k, _ in m}
+    assert {n for n in names if "/" not in n} == {"images_per_sec", "objective"}
+    assert {n.split("/")[0] for n in names} == {
+        "images_per_sec", "objective", "e2e", "loader", "compute", "memory", "efficiency",
+        "verdict", "data"}
+    assert m[("loader/images_per_sec", 0)] == 1800.0
+    assert m[("e2e/images_per_sec_ci_low", 0)] == pytest.approx(1750 * 0.95)
+    assert m[("memory/peak_fraction", 0)] == 0.5 and m[("efficiency/mfu", 0)] == 0.31
+    assert m[("verdict/margin", 0)] == 0.42 and m[("objective", 0)] == 1750.0
+    # per-step series under their phase, warm-up first: batch / step time
+    assert [m[("e2e/step_images_per_sec", i)] for i in range(3)] == pytest.approx(
+        [128 / 0.5, 128 / 0.1, 128 / 0.2])
+    assert [m[("e2e/telemetry/gpu_util", i)] for i in range(2)] == [50.0, 60.0]
+    # bookkeeping counters are not charted
+    assert not any("workers" in n or "read_bytes" in n for n in names)
+
+
+def test_objective_follows_the_record():
+    over = T.run_metrics(record(peak_memory_fraction=0.95))  # above the 0.9 ceiling
+    assert dict((k, v) for k, v, *_ in over)["objective"] == 0.0
+    running = T.run_metrics(record(Status.running))
+    assert "objective" not in {k for k, *_ in running}
+
+
+def test_name_shows_knobs_throughput_and_verdict():
+    assert T.run_name(record()) == "1750 img/s · data-bound · resnet50-bs128-w8-amp_bf16-cl"
+    assert T.run_name(record(bottleneck="inconclusive")).startswith("1750 img/s · inconclusive ·")
+    assert T.run_name(record(Status.over_ceiling, peak_memory_fraction=0.95)).startswith(
+        "1750 img/s · data-bound, over ceiling ·")
+    assert T.run_name(record(Status.oom)) == "oom · resnet50-bs128-w8-amp_bf16-cl"
+    assert T.run_name(record(), "mine") == "mine"
+
+
+def test_tags_and_description():
+    rec = record(measurement_stable=False, noise_reasons=["host CPU busy"])
+    tags = T.run_tags(rec, "tracking.uri=http://u:pw@h:5000", "alice")
+    assert tags["bottleneck"] == "data" and tags["measurement_stable"] == "false"
+    assert tags["status"] == "ok" and tags["mlflow.user"] == "alice"
+    assert "pw" not in tags["overrides"] and "u:***@h" in tags["overrides"]
+    note = T.describe(rec, "abc", picture=True)
+    assert note.splitlines()[0] == "![run picture](get-artifact?path=run.png&run_uuid=abc)"
+    assert "**data-bound** (margin 42%)" in note and "host CPU busy" in note
+    assert "| loader | 1800.0 | 1710.0 - 1890.0 | 40% |" in note and "1. more workers" in note
+    assert "![" not in T.describe(rec, "abc", picture=False)
+    failed = T.describe(record(Status.failed, error="boom"))
+    assert failed.startswith("**failed**: boom") and "| phase |" not in failed
+
+
+def test_params_are_masked_and_spelled_as_overrides():
+    p = T.run_params(record())
+    assert p["batch_size"] == "128" and p["model"] == "resnet50" and p["device"] == "cuda"
+    assert p["pin_memory"] == "true" and p["bench.phases"] == '["loader", "compute", "e2e"]'
+    assert p["tracking.uri"] == "postgresql+psycopg://bob:***@db:5432/mlflow"
+    assert not any("hunter2" in v for v in p.values())
+    # a dict from results.json works the same as the record
+    assert T.run_params(record().to_dict()) == p
+
+
+@pytest.mark.parametrize("text, masked", [
+    ("postgresql://bob:s3cret@db/x", "postgresql://bob:***@db/x"),
+    ("a http://u:p@ss@host:5000/p b", "a http://u:***@host:5000/p b"),
+    ("sqlite:///tmp/x.db", "sqlite:///tmp/x.db"),
+    ("tracking.uri=http\\://bob\\:pw@h\\:5000", "tracking.uri=http\\://bob\\:***@h\\:5000"),
+    ("http://host:5000", "http://host:5000"),
+    ("mail bob@example.com", "mail bob@example.com"),
+    ("db?user=a&password=pw&x=1", "db?user=a&password=***&x=1"),
+    ("'storage=mysql://root:toor@127.0.0.1/optuna'", "'storage=mysql://root:***@127.0.0.1/optuna'"),
+])
+def test_mask_secrets(text, masked):
+    assert mask_secrets(text) == masked
+
+
+def test_credentials_leave_the_http_url():
+    assert split_credentials("https://bob:p%40ss@mlflow.example:443/x") == (
+        "https://mlflow.example:443/x", "bob", "p@ss")
+    assert split_credentials("postgresql://a:b@h/db") == ("postgresql://a:b@h/db", None, None)
+    assert without_masked_password("postgresql://a:***@h/db") == "postgresql://a@h/db"
+
+
+@pytest.mark.parametrize("uri", [
+    None, "", "http://127.0.0.1:5000", "https://bob:pw@mlflow.example/prefix",
+    "sqlite:///tmp/mlflow.db", "postgresql+psycopg://bob@db:5432/mlflow",
+    "postgresql+psycopg://postgres:@/postgres?host=/tmp/pg", "mysql://u@h/db",
+    "file:///tmp/mlruns", "databricks"])
+def test_tracking_uris_accepted(uri):
+    assert uri_problem(uri) is None
+
+
+@pytest.mark.parametrize("uri", [
+    "htp:/bad::uri", "http://", "http://host:port", "http+x://host", "sqlite://",
+    "sqlite:relative.db", "postgresql://", "mlflow-host:5000", "ftp://host/x", "file://"])
+def test_malformed_tracking_uris_rejected(uri):
+    problem = uri_problem(uri)
+    assert problem is not None and "http(s)://host[:port]" in problem and "\n" not in problem
+
+
+def test_log_records_are_masked_whatever_the_handlers():
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, logging.config; from gpubench.secrets import mask_logging; "
+        "mask_logging(); mask_logging(); "
+        # handlers replaced afterwards, as Hydra does for every job
+        "logging.config.dictConfig({'version': 1, 'handlers': {'h': {'class': "
+        "'logging.StreamHandler'}}, 'root': {'handlers': ['h'], 'level': 'INFO'}}); "
+        "logging.getLogger('x').info('uri=%s', 'postgresql://bob:hunter2@db/x'); "
+        "logging.getLogger('y').info('plain %d', 5)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["uri=postgresql://bob:***@db/x", "plain 5"]
