@@ -120,7 +120,7 @@ def print_result(result, console: Console | None = None) -> None:
         for r in d.get("noise_reasons") or []:
             con.print(f"  - {escape(r)}")
         lean = d.get("verdict_leaning")
-        con.print(f"[bold]narrowest pipe: inconclusive[/bold]"
+        con.print("[bold]narrowest pipe: inconclusive[/bold]"
                   + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
     else:
         con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,9 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
         exp = client.get_experiment(experiment)
     if exp is None:
         raise SystemExit(f"gpubench.report: no MLflow experiment {experiment!r} at {uri}")
+    if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
+        raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: an MLflow run id "
+                         "(32 hex digits)")
     filt = f"tags.mlflow.parentRunId = '{parent}'" if parent else ""
     rows, token = [], None
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,6 @@ import dataclasses
 import gc
 import logging
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -35,9 +34,10 @@ from gpubench.models import build_model, maybe_compile, prepare_model
 from gpubench.monitor import Monitor, MonitorSummary
 from gpubench.precision import apply_backend_flags, resolve_precision
 from gpubench.record import RESULTS_FILE, PhaseRecord, RunRecord, Status
+from gpubench.secrets import mask_tree
 from gpubench.stats import WindowStats, pool
-from gpubench.summary import summarize
 from gpubench.step import TrainStep, count_step_flops_split, is_oom, make_optimizer
+from gpubench.summary import summarize
 
 log = logging.getLogger("gpubench")
 
@@ -132,7 +132,8 @@ class Benchmark:
         self.phases = [_enum_value(p) for p in b.phases]
         self.repeats = min(int(b.repeats), int(b.steps))
         self.steps_per_window = max(1, math.ceil(int(b.steps) / self.repeats))
-        rec = RunRecord.start(self.out, to_container(cfg), env.facts(self.device),
+        # results.json never holds a password (tracking.uri may carry user:pw@)
+        rec = RunRecord.start(self.out, mask_tree(to_container(cfg)), env.facts(self.device),
                               float(cfg.memory.ceiling), self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)

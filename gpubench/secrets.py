@@ -34,6 +34,15 @@ def mask_secrets(text):
     return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", text))
 
 
+def mask_tree(obj):
+    """A JSON-like tree (a config as a dict) with every string masked."""
+    if isinstance(obj, dict):
+        return {k: mask_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [mask_tree(v) for v in obj]
+    return mask_secrets(obj)
+
+
 def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
     """(uri without `user:password@`, user, password) for http(s) URIs; other URIs unchanged.
     MLflow's REST client takes credentials from MLFLOW_TRACKING_USERNAME/PASSWORD, not from
