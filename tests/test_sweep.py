@@ -19,21 +19,17 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from gpubench.sweep import (
-    OOM_CONSTRAINT,
-    SearchSpaceError,
-    find_max_batch,
-    fits_under,
-    parse_search_space,
-    read_outcome,
-)
-from hydra_plugins.gpubench_sweeper.sweeper import (
+from gpubench.jobs import read_job
+from gpubench.maxbatch import find_max_batch
+from gpubench.record import OOM_CONSTRAINT, Status
+from gpubench.study import (
     abandon,
     measured_trials,
-    recover_interrupted,
+    open_study,
     screen_passes,
     split_duplicates,
 )
+from gpubench.sweep import SearchSpaceError, parse_search_space
 from tests.conftest import TINY, run_cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -139,32 +135,43 @@ def _results(tmp: Path, name: str, **data) -> Path:
     return d
 
 
-def test_outcomes_from_results(tmp_path):
-    ok = read_outcome(_results(tmp_path, "ok", status="ok", images_per_sec=100.0,
-                               objective=100.0, peak_memory_fraction=0.5))
+def test_job_records_as_the_sweeper_reads_them(tmp_path):
+    ok = read_job(_results(tmp_path, "ok", status="ok", images_per_sec=100.0,
+                           peak_memory_fraction=0.5), None, "full")
     assert ok.feasible and ok.throughput == 100.0 and ok.constraint == pytest.approx(-0.3)
-    over = read_outcome(_results(tmp_path, "over", status="over_ceiling", images_per_sec=120.0,
-                                 objective=0.0, peak_memory_fraction=0.9))
+    over = read_job(_results(tmp_path, "over", status="over_ceiling", images_per_sec=120.0,
+                             peak_memory_fraction=0.9), None, "full")
     # an over-ceiling run keeps its measured speed; the constraint makes it infeasible
     assert not over.feasible and over.throughput == 120.0 and over.constraint == pytest.approx(0.1)
-    oom = read_outcome(_results(tmp_path, "oom", status="oom", objective=0.0,
-                                peak_memory_fraction=0.3))
+    oom = read_job(_results(tmp_path, "oom", status="oom", peak_memory_fraction=0.3), None, "full")
     assert not oom.feasible and oom.throughput == 0.0 and oom.constraint == OOM_CONSTRAINT
-    assert not oom.crashed
-    nan = read_outcome(_results(tmp_path, "nan", status="ok", images_per_sec=None,
-                                objective=None, peak_memory_fraction=0.3))
-    assert nan.crashed and nan.status == "failed"  # NaN is stored as null: no throughput
-    gone = read_outcome(tmp_path / "nowhere", RuntimeError("boom"))
-    assert gone.crashed and "boom" in gone.error
-    raised = read_outcome(_results(tmp_path, "raised", status="ok", images_per_sec=5.0,
-                                   peak_memory_fraction=0.1), ValueError("late"))
-    assert raised.crashed and raised.status == "failed"
+    assert not oom.status.crashed
+    nan = read_job(_results(tmp_path, "nan", status="ok", images_per_sec=None,
+                            peak_memory_fraction=0.3), None, "full")
+    assert nan.status.crashed and nan.status is Status.failed  # NaN is stored as null
+    gone = read_job(tmp_path / "nowhere", RuntimeError("boom"), "full")
+    assert gone.status.crashed and "boom" in gone.error
+    raised = read_job(_results(tmp_path, "raised", status="ok", images_per_sec=5.0,
+                               peak_memory_fraction=0.1), ValueError("late"), "full")
+    assert raised.status is Status.failed and "late" in raised.error
+    # left running by a process that is gone (kill -9): killed, not measured
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    import socket
+
+    left = read_job(_results(tmp_path, "left", status="running", pid=int(dead),
+                             host=socket.gethostname()), None, "full")
+    assert left.status is Status.killed and left.status.crashed
+    # still running in a live process (the job returned without finishing it): failed
+    alive = read_job(_results(tmp_path, "alive", status="running", pid=os.getpid(),
+                              host=socket.gethostname()), None, "full")
+    assert alive.status is Status.failed
 
 
 def test_fits_under_keeps_the_reserve(tmp_path):
-    at = read_outcome(_results(tmp_path, "a", status="ok", images_per_sec=1.0,
-                               peak_memory_fraction=0.77))
-    assert fits_under(at, reserve=0.0) and not fits_under(at, reserve=0.05)  # 0.8 x 0.95 = 0.76
+    at = read_job(_results(tmp_path, "a", status="ok", images_per_sec=1.0,
+                           peak_memory_fraction=0.77), None, "probe")
+    assert at.fits_under(reserve=0.0) and not at.fits_under(reserve=0.05)  # 0.8 x 0.95 = 0.76
 
 
 # ---------------------------------------------------------------------------- max batch
@@ -191,32 +198,85 @@ def test_max_batch_edges():
 # ---------------------------------------------------------------------------- study helpers
 
 
-def test_interrupted_trials_are_queued_again(tmp_path):
+@pytest.mark.slow
+def test_only_a_trial_that_stopped_beating_is_failed_and_retried(tmp_path):
+    from gpubench.study import ask, fail_stale, heartbeat
+
     storage = f"sqlite:///{tmp_path / 'o.db'}"
-    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
     space = parse_search_space(["loader.batch_size=choice(2,4,8)"])
-    t = study.ask(space.distributions)
-    study.tell(t, 1.0)
-    stale = study.ask(space.distributions)  # a process killed here leaves it RUNNING
-    # a new process opens the same study
-    again = optuna.load_study(study_name="s", storage=storage)
-    assert recover_interrupted(again) == 1
-    frozen = again.trials[stale.number]
-    assert frozen.state == TrialState.FAIL and frozen.user_attrs["interrupted"]
-    assert [x.number for x in measured_trials(again)] == [t.number]
-    retry = again.ask(space.distributions)
-    assert retry.params == stale.params and retry.user_attrs["retry_of"] == stale.number
+    # two workers on one study; sqlite's clock has 1 s resolution: a grace of 4 s
+    a = open_study("s", storage, heartbeat_interval=1, grace_period=4)
+    b = open_study("s", storage, heartbeat_interval=1, grace_period=4)
+    done = ask(a.study, space.distributions)
+    a.study.tell(done, 1.0)
+    dead = ask(a.study, space.distributions)  # its worker beats once, then is killed
+    with heartbeat(a, [dead.number]):
+        pass
+    live = ask(b.study, space.distributions)
+    with heartbeat(b, [live.number]):  # b keeps beating through the grace period
+        time.sleep(6)
+        assert fail_stale(a) == 1  # a live worker's trial is never touched
+    trials = b.study.get_trials()
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[live.number].state == TrialState.RUNNING
+    assert fail_stale(b) == 0  # failed once, retried once
+    assert [t.number for t in measured_trials(b.study)] == [done.number]
+    retry = ask(b.study, space.distributions)  # the queued retry is asked first
+    assert retry.params == dead.params and retry.number > live.number
+    assert measured_trials(b.study)[-1].number == done.number
+
+
+def test_concurrent_study_creation_loads_the_winner(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    with ThreadPoolExecutor(4) as ex:
+        shared = list(ex.map(lambda _: open_study("race", storage, 1, 4), range(4)))
+    shared[0].study.enqueue_trial({"x": 1})
+    assert all(len(s.study.trials) == 1 for s in shared)  # one study, seen by all
+    assert len(optuna.get_all_study_names(storage)) == 1
 
 
 def test_ctrl_c_queues_the_running_trial_again():
-    study = optuna.create_study(direction="maximize")
+    shared = open_study("s", None)
+    study = shared.study
     space = parse_search_space(["loader.batch_size=choice(2,4,8)"])
     t = study.ask(space.distributions)
-    assert abandon(study, t.number, requeue=True)
-    assert not abandon(study, t.number, requeue=True)  # only a RUNNING trial
+    assert abandon(shared, t.number, requeue=True)
+    assert not abandon(shared, t.number, requeue=True)  # only a RUNNING trial
     assert study.trials[t.number].user_attrs["interrupted"]
     retry = study.ask(space.distributions)
     assert retry.params == t.params and retry.user_attrs["retry_of"] == t.number
+
+
+def test_a_claim_past_the_last_slot_is_given_back(tmp_path):
+    from gpubench.study import claim_is_within
+
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    a, b = open_study("s", storage, 1, 4), open_study("s", storage, 1, 4)
+    space = parse_search_space(["x=range(0,100)"])
+    first = a.study.ask(space.distributions)
+    a.study.tell(first, 1.0)
+    # n_trials=2: one slot left, two workers ask for it at once
+    ta, tb = a.study.ask(space.distributions), b.study.ask(space.distributions)
+    assert claim_is_within(a.study, ta.number, 2)
+    assert not claim_is_within(b.study, tb.number, 2)
+    assert claim_is_within(b.study, tb.number, 3)  # with n_trials=3 both fit
+
+
+def test_a_twin_of_another_workers_live_trial_is_not_run(tmp_path):
+    shared = open_study("s", None)
+    study = shared.study
+    space = parse_search_space(["loader.batch_size=choice(2,4)"])
+    study.enqueue_trial({"loader.batch_size": 2})
+    study.enqueue_trial({"loader.batch_size": 2})
+    other = study.ask(space.distributions)  # another worker's, still running
+    mine = study.ask(space.distributions)
+    fresh, dups = split_duplicates(study, [mine])
+    assert fresh == [] and [(t.number, n) for t, n in dups] == [(mine.number, other.number)]
+    # the other worker (lower number) does not yield to mine
+    fresh, dups = split_duplicates(study, [other])
+    assert fresh == [other] and dups == []
 
 
 def test_screen_cut_counts_pruned_screens_too():
