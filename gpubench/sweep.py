@@ -165,7 +165,8 @@ def to_param(override) -> Param:
     log = "log" in (getattr(value, "tags", None) or set())
     if isinstance(value, ChoiceSweep):
         if log:
-            raise SearchSpaceError(f"{name}: tag(log, ...) applies to range/interval, not choice")
+            raise SearchSpaceError(f"{name}=tag(log,choice(...)): allowed: tag(log, ...) "
+                                   "around range(...) or interval(...) only")
         labels = list(override.sweep_string_iterator())
         choices, text = [], {}
         for v, label in zip(value.list, labels, strict=True):
@@ -178,19 +179,21 @@ def to_param(override) -> Param:
                 text[label] = label
         # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
         if len(set(choices)) != len(choices):
-            raise SearchSpaceError(f"{name}: choice() lists a value twice (0 and false, 1 and "
-                                   "true, 1 and 1.0 count as the same)")
+            raise SearchSpaceError(f"{name}=choice({','.join(labels)}) lists a value twice; "
+                                   "allowed: distinct values (0 and false, 1 and true, 1 and 1.0 "
+                                   "count as the same)")
         return Param(name, key, CategoricalDistribution(choices), text)
     if isinstance(value, RangeSweep):
         return Param(name, key, _range_distribution(name, value, log))
     if isinstance(value, IntervalSweep):
         lo, hi = float(value.start), float(value.end)
         if not lo < hi:
-            raise SearchSpaceError(f"{name}: interval({lo},{hi}) needs a < b")
+            raise SearchSpaceError(f"{name}=interval({lo},{hi}): allowed: interval(a,b) with a < b")
         if log and lo <= 0:
-            raise SearchSpaceError(f"{name}: tag(log, interval(a,b)) needs a > 0")
+            raise SearchSpaceError(f"{name}=tag(log,interval({lo},{hi})): allowed: a > 0")
         return Param(name, key, FloatDistribution(lo, hi, log=log))
-    raise SearchSpaceError(f"{name}: unsupported sweep {override.input_line!r}")
+    raise SearchSpaceError(f"{override.input_line}: allowed: choice(...), range(...), "
+                           "interval(...), optionally in tag(log, ...)")
 
 
 def parse_search_space(

@@ -121,8 +121,61 @@ def test_range_edges():
                                  "a=tag(log,interval(0,1))", "a=tag(log,range(0,8))",
                                  "a=choice(0,false)", "a=choice(1,1.0)"])
 def test_bad_search_spaces_are_rejected(bad):
-    with pytest.raises(SearchSpaceError):
+    with pytest.raises(SearchSpaceError) as e:
         parse_search_space([bad])
+    msg = str(e.value)  # one line naming the key, the value and what is allowed
+    assert "\n" not in msg and msg.startswith("a") and "allowed:" in msg
+
+
+def _sweeper(**kw):
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf
+    from hydra_plugins.gpubench_sweeper.sweeper import GpubenchSweeper
+
+    conf = OmegaConf.structured(GpubenchSweeperConf)
+    args = {k: conf[k] for k in conf if k != "_target_"}
+    return GpubenchSweeper(**{**args, **kw})
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("n_trials", 0, "an integer >= 1"), ("n_jobs", -1, "an integer >= 1"),
+    ("max_failures", -1, "an integer >= 0"), ("sampler", "cmaes", "tpe or random"),
+    ("mode", "grid", "optuna or max_batch"), ("storage", "not a url", "SQLAlchemy URL"),
+    ("storage", "redis://localhost/0", "SQLAlchemy URL"),
+    ("heartbeat_interval", 0, "an integer >= 1"), ("grace_period", 5, "seconds > heartbeat"),
+])
+def test_bad_sweeper_settings_name_key_value_and_allowed(key, value, allowed):
+    from hydra_plugins.gpubench_sweeper.sweeper import SweeperConfigError
+
+    with pytest.raises(SweeperConfigError) as e:
+        _sweeper(**{key: value}).check()
+    msg = str(e.value)
+    assert "\n" not in msg and f"hydra.sweeper.{key}=" in msg and str(value) in msg
+    assert allowed in msg
+
+
+def test_good_sweeper_settings_pass():
+    s = _sweeper(storage="postgresql+psycopg://u@/optuna?host=/tmp", sampler="random")
+    s.check()
+    assert s.sampler.value == "random" and s.mode.value == "optuna"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,key", [
+    (["hydra.sweeper.n_trials=0", "loader.batch_size=choice(2,4)"], "hydra.sweeper.n_trials=0"),
+    (["hydra.sweeper.sampler=cmaes", "loader.batch_size=choice(2,4)"], "hydra.sweeper.sampler"),
+    (["hydra.sweeper.storage=nourl", "loader.batch_size=choice(2,4)"], "hydra.sweeper.storage"),
+    (["bench.steps=2"], "hydra.sweeper.params"),
+    (["loader.batch_size=range(8,4)"], "loader.batch_size=range(8,4"),
+])
+def test_bad_sweeps_fail_in_one_line_before_any_job(tmp_path, args, key):
+    p = _sweep(tmp_path, *args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench: error: ") and key in lines[0]
+    assert "allowed" in lines[0] and "Traceback" not in p.stderr
+    assert not list((tmp_path / "sweep").glob("*/results.json"))  # nothing launched
 
 
 # ---------------------------------------------------------------------------- outcomes
