@@ -105,7 +105,7 @@ class Search:
         kept = []
         for t in asked:
             if S.claim_is_within(self.study, t.number, self.n_trials):
-                t.set_user_attr("worker", S.worker_id())  # a resume on this host sees it die
+                t.set_user_attr("worker", S.claimed_by(t.number))  # a resume on this host sees it die
                 kept.append(t)
             else:
                 S.abandon(self.shared, t.number, requeue=None)

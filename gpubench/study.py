@@ -156,17 +156,27 @@ def running_trials(study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
-def worker_id() -> str:
-    """host:pid of this sweep process, stored on each trial it claims (attr `worker`)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+def claimed_by(number: int) -> str:
+    """host:pid:trial of this sweep process for a trial it claims (attr `worker`). The trial
+    number is part of it because Optuna's retry callback copies a stale trial's attributes onto
+    its retry: a copied value names another trial and is ignored."""
+    return f"{socket.gethostname()}:{os.getpid()}:{number}"
 
 
-def _worker_gone(worker: str | None) -> bool:
+def worker_pid(t: FrozenTrial) -> int | None:
+    parts = str(t.user_attrs.get("worker", "")).rsplit(":", 2)
+    if len(parts) != 3 or parts[2] != str(t.number):
+        return None
+    return int(parts[1])
+
+
+def _worker_gone(t: FrozenTrial) -> bool:
     """The claiming process is known dead: same host, no such pid (the run record's rule)."""
-    if not worker or ":" not in worker:
+    pid = worker_pid(t)
+    if pid is None:
         return False
-    host, pid = worker.rsplit(":", 1)
-    return RunRecord(status=Status.running, pid=int(pid), host=host).stale
+    host = str(t.user_attrs["worker"]).rsplit(":", 2)[0]
+    return RunRecord(status=Status.running, pid=pid, host=host).stale
 
 
 def fail_stale(shared: Shared) -> int:
@@ -179,7 +189,7 @@ def fail_stale(shared: Shared) -> int:
     study, storage = shared.study, shared.storage
     before = {t.number for t in running_trials(study)}
     for t in running_trials(study):
-        if not _worker_gone(t.user_attrs.get("worker")):
+        if not _worker_gone(t):
             continue
         tid = shared.trial_id(t.number)
         try:
