@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -106,6 +107,8 @@ class Search:
         for t in asked:
             if S.claim_is_within(self.study, t.number, self.n_trials):
                 t.set_user_attr("worker", S.claimed_by(t.number))  # a resume on this host sees it die
+                if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
+                    t.set_user_attr("device", os.environ["CUDA_VISIBLE_DEVICES"])
                 kept.append(t)
             else:
                 S.abandon(self.shared, t.number, requeue=None)

@@ -33,7 +33,8 @@ N_TRIALS = 5
 SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
 
 
-def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str) -> subprocess.Popen:
+def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
+            env: dict | None = None, cpu: int | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp / name}",
            # each phase stops at its 1 s cap whatever the machine's speed: a trial is seconds
@@ -44,9 +45,10 @@ def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str) -> subp
            f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.screen.steps=null",
            "hydra.sweeper.report=false",
            "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=5", *extra]
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | (env or {})
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    return subprocess.Popen(cmd, cwd=tmp, env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
 
 
 def _load(storage: str, study: str):
@@ -124,3 +126,60 @@ def test_three_workers_on_postgres_one_killed(tmp_path, postgres):  # noqa: F811
 
 def test_two_workers_on_sqlite_one_killed(tmp_path):
     _three_workers_one_killed(tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}", "scale2", 2)
+
+
+def test_one_worker_per_device_never_two_trials_on_one_device(tmp_path):
+    """The CPU analogue of one worker per GPU: each worker sees one device
+    (CUDA_VISIBLE_DEVICES=i, as on a multi-GPU box) and is pinned to one core, the device of a
+    CPU run. A worker measures its trials one after another, so no device ever runs two."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    cores = sorted(os.sched_getaffinity(0))
+    procs = [_worker(tmp_path, f"gpu{i}", storage, "devices", env={"CUDA_VISIBLE_DEVICES": str(i)},
+                     cpu=cores[i % len(cores)])
+             for i in range(2)]
+    for rc, text in _finish(procs):
+        assert rc == 0, text[-3000:]
+    measured = measured_trials(_load(storage, "devices"))
+    assert len(measured) == N_TRIALS
+    by_device: dict[str, list] = {}
+    for t in measured:
+        by_device.setdefault(t.user_attrs["device"], []).append(t)
+    assert set(by_device) == {"0", "1"}  # both devices worked
+    for trials in by_device.values():  # and each measured one trial at a time
+        spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert len({worker_pid(t) for t in trials}) == 1
+
+
+def test_submitit_local_launcher_runs_a_sweep(tmp_path):
+    """Hydra's submitit launcher (the engine of the Slurm preset) with its local executor: each
+    job is its own process started by submitit, the sweep reads their records back."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    p = _worker(tmp_path, "sub", storage, "submitit", "hydra/launcher=submitit_local",
+                "hydra.sweeper.n_trials=2", "loader.batch_size=choice(2,4)")
+    (rc, text), = _finish([p])
+    assert rc == 0, text[-3000:]
+    measured = measured_trials(_load(storage, "submitit"))
+    assert sorted(t.params["loader.batch_size"] for t in measured) == [2, 4]
+    for t in measured:
+        rec = record.load(t.user_attrs["dir"])
+        assert rec.status.measured and rec.knob("loader.batch_size") == t.params[
+            "loader.batch_size"]
+        assert rec.pid != p.pid  # measured in a process of its own, not in the sweeper
+    assert list((tmp_path / "sub" / ".submitit").iterdir())  # submitit's own job folders
+
+
+def test_slurm_preset_names_gpus_partition_and_time_limit():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from tests.conftest import compose_config
+
+    cfg = compose_config("hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                         "hydra.launcher.timeout_min=30", "hydra.launcher.gpus_per_task=1",
+                         hydra=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.partition, launcher.timeout_min, launcher.gpus_per_task) == ("gpu", 30, 1)
+    bare = compose_config("hydra/launcher=slurm", hydra=True).hydra.launcher
+    # one GPU per trial, a time limit, the cluster's default partition unless given
+    assert (bare.gpus_per_task, bare.timeout_min, bare.partition) == (1, 60, None)
