@@ -570,3 +570,45 @@ def test_max_batch_finds_the_largest_fitting_batch(tmp_path):
         data = json.loads((Path(x["dir"]) / "results.json").read_text())
         assert data["status"] == ("ok" if x["fits"] else "oom")
         assert math.isfinite(data["objective"])
+
+
+# ---------------------------------------------------------------------------- library parts
+
+
+def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
+    from gpubench.maxbatch import start_batch
+
+    cfg = compose_cfg("loader.batch_size=null", "bench.device=cpu")
+    assert start_batch(cfg, None) == 16  # gpubench.config.resolve_auto's CPU size
+    assert cfg.loader.batch_size is None  # the sweep's own config is left as given
+    assert start_batch(compose_cfg("loader.batch_size=6"), None) == 6
+    assert start_batch(cfg, 40) == 40
+
+
+def test_job_folders_are_reserved_once_across_threads(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpubench.manifest import reserve_job_dir
+
+    (tmp_path / "3").mkdir()  # an earlier invocation's job
+    with ThreadPoolExecutor(8) as ex:
+        nums = list(ex.map(lambda _: reserve_job_dir(tmp_path), range(40)))
+    assert sorted(nums) == list(range(4, 44))
+
+
+def test_runs_left_running_by_a_dead_process_are_saved_as_killed(tmp_path):
+    import socket
+
+    from gpubench.jobs import mark_stale_runs
+    from gpubench.record import load
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout)
+    host = socket.gethostname()
+    _results(tmp_path, "dead", status="running", pid=dead, host=host)
+    _results(tmp_path, "alive", status="running", pid=os.getpid(), host=host)
+    _results(tmp_path, "done", status="ok", images_per_sec=3.0, pid=dead, host=host)
+    assert mark_stale_runs(tmp_path) == 1
+    assert load(tmp_path / "dead").status is Status.killed
+    assert load(tmp_path / "alive").status is Status.running
+    assert load(tmp_path / "done").status is Status.ok
