@@ -32,6 +32,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 import optuna
 from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -170,11 +171,16 @@ def worker_pid(t: FrozenTrial) -> int | None:
     return int(parts[1])
 
 
-def _worker_gone(t: FrozenTrial) -> bool:
-    """The claiming process is known dead: same host, no such pid (the run record's rule)."""
+def _worker_gone(t: FrozenTrial, grace_s: float) -> bool:
+    """The claiming process is known dead: same host, no such pid (the run record's rule). A
+    trial no worker claimed (its process died between asking and claiming, or an older
+    gpubench left it; a retry still carries its stale original's claim) has no heartbeat either, which Optuna never calls stale: it is taken for
+    dead once it has been RUNNING for the grace period."""
     pid = worker_pid(t)
     if pid is None:
-        return False
+        if t.datetime_start is None:
+            return False
+        return (datetime.now() - t.datetime_start).total_seconds() > grace_s
     host = str(t.user_attrs["worker"]).rsplit(":", 2)[0]
     return RunRecord(status=Status.running, pid=pid, host=host).stale
 
@@ -187,9 +193,10 @@ def fail_stale(shared: Shared) -> int:
     if not shared.heartbeat_interval:
         return 0
     study, storage = shared.study, shared.storage
+    grace = storage.grace_period or 2 * shared.heartbeat_interval
     before = {t.number for t in running_trials(study)}
     for t in running_trials(study):
-        if not _worker_gone(t):
+        if not _worker_gone(t, grace):
             continue
         tid = shared.trial_id(t.number)
         try:
