@@ -14,8 +14,11 @@ alternated round by round (1,2,3,1,2,3,...) so a load change on the machine hits
 
 Per trial: wall = Optuna's start to complete; in windows = the sum of its measured phases'
 seconds (results.json); outside = the rest (warm-up, model and loader build, telemetry, writing
-the record, telling Optuna). A worker's process start-up (Python, torch) is paid once per
-worker here; with a launcher that starts a process per job (submitit) it is paid per trial.
+the record, telling Optuna; torch itself is loaded during a worker's first trial). Worker
+start-up = from its launch to its first trial (Python, Hydra, Optuna, opening the study): paid
+once per worker here; a launcher that starts a process per job (submitit) pays start-up and
+the torch import per trial. Free cores (see `free_cores`) are measured before and after each
+round: on a shared machine they decide what extra workers can gain.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +70,7 @@ def _round(tmp: Path, base: str, host: str, k: int, n_trials: int, steps: int, t
     # one core per worker: torch's CPU ops would otherwise start one thread per core in every
     # worker, and k workers x 2 threads on 2 cores slow each trial 3-4x (measured here)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
-    t0 = time.monotonic()
+    t0, launched = time.monotonic(), datetime.now()
     procs = [subprocess.Popen([*cmd, f"hydra.sweep.dir={tmp / tag / str(i)}"], cwd=tmp,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for i in range(k)]
@@ -78,6 +82,13 @@ def _round(tmp: Path, base: str, host: str, k: int, n_trials: int, steps: int, t
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = measured_trials(optuna.load_study(study_name="scale", storage=url))
     outside, share = [], []
+    # a worker's start-up: from its launch to its first trial (Python, torch, Hydra, the study)
+    first: dict[str, datetime] = {}
+    for t in optuna.load_study(study_name="scale", storage=url).get_trials():
+        w = str(t.user_attrs.get("worker", "")).rsplit(":", 1)[0]
+        if w and t.datetime_start and (w not in first or t.datetime_start < first[w]):
+            first[w] = t.datetime_start
+    startup = statistics.median((f - launched).total_seconds() for f in first.values())
     for t in trials:
         rec = record.load(t.user_attrs["dir"])
         trial_s = (t.datetime_complete - t.datetime_start).total_seconds()
@@ -86,11 +97,32 @@ def _round(tmp: Path, base: str, host: str, k: int, n_trials: int, steps: int, t
         share.append((trial_s - windows) / trial_s)
     return {"workers": k, "wall_s": wall, "trials": len(trials),
             "trials_per_hour": 3600 * len(trials) / wall,
-            "outside_s": statistics.median(outside), "outside_share": statistics.median(share)}
+            "outside_s": statistics.median(outside), "outside_share": statistics.median(share),
+            "startup_s": startup}
+
+
+SPIN = "import time\nt = time.perf_counter()\nx = 0\nfor i in range(10_000_000): x += i\nprint(time.perf_counter() - t)"
+
+
+def free_cores() -> float:
+    """How many cores this machine gives right now: one single-thread loop alone, then two at
+    once; 2 x alone / slowest of the two. 2.0 on an idle 2-core machine, 1.0 when the other
+    load leaves room for one worker only. Taken beside each round: a shared machine's figures
+    mean nothing without it."""
+    def run(n: int) -> float:
+        ps = [subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+              for _ in range(n)]
+        return max(float(p.communicate()[0]) for p in ps)
+
+    return 2 * run(1) / run(2)
 
 
 def _spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+
+
+def _spread1(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,11 +140,15 @@ def main(argv: list[str] | None = None) -> int:
             rows: dict[int, list[dict]] = {k: [] for k in a.workers}
             for r in range(a.rounds):
                 for k in a.workers:
+                    free = free_cores()
                     row = _round(tmp, base, host, k, a.trials, a.steps, f"r{r}k{k}", a.threads)
+                    row["free_cores"] = (free + free_cores()) / 2  # before and after
                     rows[k].append(row)
                     print(f"round {r}: {k} worker(s): {row['wall_s']:.1f} s, "
                           f"{row['trials_per_hour']:.0f} trials/h, outside windows "
-                          f"{row['outside_s']:.2f} s/trial ({row['outside_share']:.0%})",
+                          f"{row['outside_s']:.2f} s/trial ({row['outside_share']:.0%}), "
+                          f"worker start-up {row['startup_s']:.1f} s, free cores "
+                          f"{row['free_cores']:.1f}",
                           file=sys.stderr, flush=True)
         finally:
             srv.cleanup()
@@ -121,15 +157,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; load average "
           f"{os.getloadavg()[0]:.1f} at the end; median (min-max)")
     print("| workers | study wall s | trials/hour | speed-up vs "
-          f"{a.workers[0]} | outside windows s/trial | share of trial wall |")
-    print("|---|---|---|---|---|---|")
+          f"{a.workers[0]} | outside windows s/trial | share of trial wall | worker start-up s "
+          "| free cores |")
+    print("|---|---|---|---|---|---|---|---|")
     for k, rs in rows.items():
         walls = [x["wall_s"] for x in rs]
         print(f"| {k} | {_spread(walls)} | {_spread([x['trials_per_hour'] for x in rs])} | "
               f"{one / statistics.median(walls):.2f}x | "
               f"{statistics.median(x['outside_s'] for x in rs):.2f} "
               f"({min(x['outside_s'] for x in rs):.2f}-{max(x['outside_s'] for x in rs):.2f}) | "
-              f"{statistics.median(x['outside_share'] for x in rs):.0%} |")
+              f"{statistics.median(x['outside_share'] for x in rs):.0%} | "
+              f"{_spread1([x['startup_s'] for x in rs])} | "
+              f"{_spread1([x['free_cores'] for x in rs])} |")
     return 0
 
 
