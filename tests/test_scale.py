@@ -34,12 +34,13 @@ SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
 
 
 def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
-            env: dict | None = None, cpu: int | None = None) -> subprocess.Popen:
+            env: dict | None = None, cpu: int | None = None, long: bool = True) -> subprocess.Popen:
+    # long: each phase stops at its 1 s cap whatever the machine's speed, so a trial lasts
+    # seconds, time enough to be killed in the middle of one; otherwise TINY's 2 steps
+    length = ["bench.steps=1000000", "bench.max_seconds=1"] if long else []
     cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp / name}",
-           # each phase stops at its 1 s cap whatever the machine's speed: a trial is seconds
-           # long, time enough to be killed in the middle of one
-           "bench.steps=1000000", "bench.max_seconds=1", "bench.phases=[e2e]",
+           *length, "bench.phases=[e2e]",
            "loader.batch_size=range(1,33)",
            f"hydra.sweeper.storage='{storage}'", f"hydra.sweeper.study_name={study}",
            f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.screen.steps=null",
@@ -135,7 +136,7 @@ def test_one_worker_per_device_never_two_trials_on_one_device(tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     cores = sorted(os.sched_getaffinity(0))
     procs = [_worker(tmp_path, f"gpu{i}", storage, "devices", env={"CUDA_VISIBLE_DEVICES": str(i)},
-                     cpu=cores[i % len(cores)])
+                     cpu=cores[i % len(cores)], long=False)
              for i in range(2)]
     for rc, text in _finish(procs):
         assert rc == 0, text[-3000:]
@@ -157,7 +158,7 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     p = _worker(tmp_path, "sub", storage, "submitit", "hydra/launcher=submitit_local",
-                "hydra.sweeper.n_trials=2", "loader.batch_size=choice(2,4)")
+                "hydra.sweeper.n_trials=2", "loader.batch_size=choice(2,4)", long=False)
     (rc, text), = _finish([p])
     assert rc == 0, text[-3000:]
     measured = measured_trials(_load(storage, "submitit"))

@@ -310,15 +310,15 @@ def test_ctrl_c_queues_the_running_trial_again():
 
 
 def test_a_claim_past_the_last_slot_is_given_back(tmp_path):
-    from gpubench.study import claim_is_within
+    from gpubench.study import ask, claim_is_within
 
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     a, b = open_study("s", storage, 1, 4), open_study("s", storage, 1, 4)
     space = parse_search_space(["x=range(0,100)"])
-    first = a.study.ask(space.distributions)
+    first = ask(a.study, space.distributions)
     a.study.tell(first, 1.0)
     # n_trials=2: one slot left, two workers ask for it at once
-    ta, tb = a.study.ask(space.distributions), b.study.ask(space.distributions)
+    ta, tb = ask(a.study, space.distributions), ask(b.study, space.distributions)
     assert claim_is_within(a.study, ta.number, 2)
     assert not claim_is_within(b.study, tb.number, 2)
     assert claim_is_within(b.study, tb.number, 3)  # with n_trials=3 both fit
