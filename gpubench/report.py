@@ -179,13 +179,14 @@ def _load_study(name: str, storage: str):
     import optuna
     from optuna.trial import TrialState
 
+    from gpubench.study import measured_trials
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=storage)
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
+    for t in measured_trials(study):
         a = t.user_attrs
-        if t.state == TrialState.RUNNING or a.get("interrupted") or "duplicate_of" in a:
-            continue
         rung = "screen" if t.state == TrialState.PRUNED else a.get("rung", "full")
         rec = load(a["dir"], rung) if a.get("dir") else None
         if rec is not None:

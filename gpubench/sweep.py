@@ -1,4 +1,4 @@
-"""Sweep building blocks, free of Hydra's launcher: search spaces, trial outcomes, max-batch search.
+"""Search spaces, free of Hydra's launcher and of Optuna's study: what a sweep may vary.
 
 The search space is written in Hydra's own override syntax, so a command that works with the
 basic sweeper keeps working with the gpubench sweeper:
@@ -8,8 +8,8 @@ basic sweeper keeps working with the gpubench sweeper:
     interval(a,b)     a continuous float in [a, b]
     tag(log, ...)     sample on a log scale (interval, or range with step 1)
 
-Everything here is a plain function or dataclass; the sweeper plugin wires them to Hydra and
-Optuna, and the tests call them directly.
+Everything here is a plain function or dataclass. What a run measured is gpubench.record's; the
+search loop is gpubench.search, the study helpers gpubench.study, max-batch gpubench.maxbatch.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from optuna.distributions import (
@@ -28,10 +27,6 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-
-# a constraint value for a trial that ran out of memory: worse than any over-ceiling trial
-# (peak fraction - ceiling < 1), so samplers rank it as the most infeasible
-OOM_CONSTRAINT = 1.0
 
 
 class SearchSpaceError(ValueError):
@@ -75,6 +70,13 @@ class SearchSpace:
         for o in extra:
             out[_key_of(o)] = o
         return list(out.values())
+
+    def require_swept(self) -> None:
+        """An optuna search needs at least one swept key."""
+        if not self.params:
+            raise SearchSpaceError(
+                "hydra.sweeper.params={}: nothing to search; allowed: swept overrides such as "
+                "'loader.batch_size=choice(32,64)' or a preset (sweep=throughput)")
 
     def size(self) -> int | None:
         """Number of distinct points, or None when a parameter is continuous."""
@@ -127,25 +129,30 @@ def _is_scalar(v: Any) -> bool:
     return v is None or type(v) in (bool, int, float, str)
 
 
-def _range_distribution(sweep, log: bool) -> BaseDistribution:
+def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
     start, stop, step = sweep.start, sweep.stop, sweep.step
+    text = f"{name}=range({start},{stop},{step})"
     if step == 0:
-        raise SearchSpaceError("range(): step must not be 0")
+        raise SearchSpaceError(f"{text}: a step of 0 is not allowed; allowed: range(a,b[,step]) "
+                               "with step != 0")
     n = math.ceil((stop - start) / step)
     if n <= 0:
-        raise SearchSpaceError(f"range({start},{stop},{step}) is empty")
+        raise SearchSpaceError(f"{text} is empty; allowed: range(a,b[,step]) with a < b for a "
+                               "positive step (b excluded, as in Python), a > b for a negative one")
     # the stop value is excluded, as in Python: the last point is start + (n-1)*step
     last = start + (n - 1) * step
     low, high = (start, last) if step > 0 else (last, start)
     step = abs(step)
     if all(isinstance(x, int) for x in (start, stop, step)):
         if log and step != 1:
-            raise SearchSpaceError("tag(log, range(...)) needs step 1 (or use choice(...))")
+            raise SearchSpaceError(f"{name}=tag(log,range(...,{step})): allowed: step 1 (or "
+                                   "use choice(...))")
         if log and low < 1:
-            raise SearchSpaceError(f"tag(log, range({start},{stop})) needs a start >= 1")
+            raise SearchSpaceError(f"{name}=tag(log,range({start},{stop})): allowed: a start >= 1")
         return IntDistribution(int(low), int(high), log=log, step=1 if log else int(step))
     if log:
-        raise SearchSpaceError("tag(log, ...) on a float range: use tag(log, interval(a,b))")
+        raise SearchSpaceError(f"{name}=tag(log,range(...)) of floats: allowed: "
+                               "tag(log,interval(a,b))")
     return FloatDistribution(float(low), float(high), step=float(step))
 
 
@@ -158,7 +165,8 @@ def to_param(override) -> Param:
     log = "log" in (getattr(value, "tags", None) or set())
     if isinstance(value, ChoiceSweep):
         if log:
-            raise SearchSpaceError(f"{name}: tag(log, ...) applies to range/interval, not choice")
+            raise SearchSpaceError(f"{name}=tag(log,choice(...)): allowed: tag(log, ...) "
+                                   "around range(...) or interval(...) only")
         labels = list(override.sweep_string_iterator())
         choices, text = [], {}
         for v, label in zip(value.list, labels, strict=True):
@@ -171,19 +179,21 @@ def to_param(override) -> Param:
                 text[label] = label
         # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
         if len(set(choices)) != len(choices):
-            raise SearchSpaceError(f"{name}: choice() lists a value twice (0 and false, 1 and "
-                                   "true, 1 and 1.0 count as the same)")
+            raise SearchSpaceError(f"{name}=choice({','.join(labels)}) lists a value twice; "
+                                   "allowed: distinct values (0 and false, 1 and true, 1 and 1.0 "
+                                   "count as the same)")
         return Param(name, key, CategoricalDistribution(choices), text)
     if isinstance(value, RangeSweep):
-        return Param(name, key, _range_distribution(value, log))
+        return Param(name, key, _range_distribution(name, value, log))
     if isinstance(value, IntervalSweep):
         lo, hi = float(value.start), float(value.end)
         if not lo < hi:
-            raise SearchSpaceError(f"{name}: interval({lo},{hi}) needs a < b")
+            raise SearchSpaceError(f"{name}=interval({lo},{hi}): allowed: interval(a,b) with a < b")
         if log and lo <= 0:
-            raise SearchSpaceError(f"{name}: tag(log, interval(a,b)) needs a > 0")
+            raise SearchSpaceError(f"{name}=tag(log,interval({lo},{hi})): allowed: a > 0")
         return Param(name, key, FloatDistribution(lo, hi, log=log))
-    raise SearchSpaceError(f"{name}: unsupported sweep {override.input_line!r}")
+    raise SearchSpaceError(f"{override.input_line}: allowed: choice(...), range(...), "
+                           "interval(...), optionally in tag(log, ...)")
 
 
 def parse_search_space(
@@ -207,125 +217,9 @@ def parse_search_space(
     return SearchSpace(swept, fixed)
 
 
-# --------------------------------------------------------------------------- trial outcomes
-
-
-@dataclass
-class Outcome:
-    """What one job measured, read back from its results.json."""
-
-    status: str  # ok, oom, over_ceiling, failed, killed, missing
-    throughput: float  # images/sec measured (0.0 when nothing was)
-    peak_fraction: float | None
-    ceiling: float
-    error: str | None
-    dir: Path
-    data: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def constraint(self) -> float:
-        """peak memory fraction - ceiling: <= 0 is feasible. An OOM or a run that measured
-        nothing is infeasible by definition."""
-        if self.status == "oom":
-            return OOM_CONSTRAINT
-        if self.peak_fraction is None:
-            return 0.0 if self.status == "ok" else OOM_CONSTRAINT
-        return self.peak_fraction - self.ceiling
-
-    @property
-    def feasible(self) -> bool:
-        return self.status == "ok" and self.constraint <= 0
-
-    @property
-    def crashed(self) -> bool:
-        """No usable measurement: the trial is a failure, not a data point."""
-        return self.status in ("failed", "killed", "missing")
-
-
 def throughput_of(data: dict) -> float:
-    """The training throughput a run measured, also when its status made the objective 0.0
-    (an over-ceiling run still measured its speed)."""
-    for key in ("images_per_sec", "compute_images_per_sec"):
-        v = data.get(key)
-        if v is not None and math.isfinite(v):
-            return float(v)
-    if data.get("status") == "ok":
-        v = data.get("objective")
-        if v is not None and math.isfinite(v):
-            return float(v)
-    return 0.0
+    """A results.json dict's training throughput, as gpubench.record defines it (kept for the
+    report's row reader; new code loads a RunRecord instead)."""
+    from gpubench.record import RunRecord
 
-
-def read_outcome(out_dir: str | Path, job_error: BaseException | None = None) -> Outcome:
-    out_dir = Path(out_dir)
-    path = out_dir / "results.json"
-    if not path.is_file():
-        err = f"{type(job_error).__name__}: {job_error}" if job_error else "no results.json"
-        return Outcome("missing", 0.0, None, 1.0, err, out_dir)
-    data = json.loads(path.read_text())
-    status = data.get("status", "failed")
-    if job_error is not None and status in ("ok", "running"):
-        status = "failed"
-    if status == "running":  # the job died between phases
-        status = "failed"
-    tp = throughput_of(data) if status in ("ok", "over_ceiling") else 0.0
-    error = data.get("error") or (f"{type(job_error).__name__}: {job_error}" if job_error else None)
-    if status == "ok" and tp <= 0:
-        status, error = "failed", "measured no throughput"
-    return Outcome(
-        status, tp, data.get("peak_memory_fraction"), float(data.get("memory_ceiling") or 1.0),
-        error, out_dir, data,
-    )
-
-
-# --------------------------------------------------------------------------- max batch
-
-
-@dataclass
-class Probe:
-    batch_size: int
-    fits: bool
-
-
-def find_max_batch(
-    fits: Callable[[int], bool], start: int, limit: int
-) -> tuple[int | None, list[Probe]]:
-    """Largest batch size in [1, limit] for which `fits(b)`, assuming memory grows with batch
-    size: double from `start` until the first batch that does not fit (or halve down if `start`
-    already does not), then bisect between the last fit and the first miss. Returns the size
-    (None if even 1 does not fit) and the probes in the order they ran."""
-    if start < 1 or limit < 1:
-        raise ValueError("start and limit must be >= 1")
-    probes: list[Probe] = []
-
-    def probe(b: int) -> bool:
-        ok = bool(fits(b))
-        probes.append(Probe(b, ok))
-        return ok
-
-    b = min(start, limit)
-    lo, hi = (b, None) if probe(b) else (None, b)
-    while lo is not None and hi is None:  # grow
-        if lo >= limit:
-            return lo, probes
-        b = min(lo * 2, limit)
-        lo, hi = (b, None) if probe(b) else (lo, b)
-    while lo is None:  # shrink
-        if hi <= 1:
-            return None, probes
-        b = hi // 2
-        lo, hi = (b, hi) if probe(b) else (None, b)
-    while hi - lo > 1:  # bisect: lo fits, hi does not
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if probe(mid) else (lo, mid)
-    return lo, probes
-
-
-def fits_under(outcome: Outcome, reserve: float) -> bool:
-    """A max-batch probe fits when it ran (no OOM, no error) and its peak memory stays under
-    ceiling x (1 - reserve); the reserve absorbs what a longer run allocates later."""
-    if outcome.status not in ("ok", "over_ceiling"):
-        return False
-    if outcome.peak_fraction is None:
-        return outcome.status == "ok"
-    return outcome.peak_fraction <= outcome.ceiling * (1.0 - reserve)
+    return RunRecord.from_dict(data).throughput

@@ -19,7 +19,6 @@ import csv
 import json
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -27,13 +26,9 @@ import optuna
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpubench.record import RunRecord, Status  # noqa: E402
+from gpubench.study import MEMORY, copy_result, make_sampler, split_duplicates  # noqa: E402
 from gpubench.sweep import parse_search_space  # noqa: E402
-from hydra_plugins.gpubench_sweeper.sweeper import (  # noqa: E402
-    MEMORY,
-    copy_result,
-    make_sampler,
-    split_duplicates,
-)
 
 GRID = ROOT / "docs" / "data" / "search_grid_cpu.csv"
 AXES = {  # CSV column -> the override key a user sweeps
@@ -45,24 +40,6 @@ AXES = {  # CSV column -> the override key a user sweeps
 COLUMNS = [*AXES, "status", "images_per_sec", "peak_memory_fraction", "memory_ceiling"]
 
 
-@dataclass
-class Point:
-    value: float
-    peak: float | None
-    ceiling: float
-    status: str
-
-    @property
-    def constraint(self) -> float:
-        if self.status == "oom" or self.peak is None:
-            return 1.0
-        return self.peak - self.ceiling
-
-    @property
-    def feasible(self) -> bool:
-        return self.status in ("ok", "over_ceiling") and self.constraint <= 0
-
-
 def _parse(v: str):
     for cast in (int, float):
         try:
@@ -72,15 +49,18 @@ def _parse(v: str):
     return {"true": True, "false": False, "True": True, "False": False}.get(v, v)
 
 
-def load_grid(path: Path, ceiling: float | None) -> dict[tuple, Point]:
+def load_grid(path: Path, ceiling: float | None) -> dict[tuple, RunRecord]:
+    """One record per grid point: throughput, constraint and feasibility are gpubench.record's,
+    exactly as the sweeper reads a job."""
     table = {}
     with open(path) as f:
         for r in csv.DictReader(f):
             key = tuple(_parse(r[c]) for c in AXES)
             peak = float(r["peak_memory_fraction"]) if r["peak_memory_fraction"] else None
-            table[key] = Point(float(r["images_per_sec"] or 0.0), peak,
-                               ceiling if ceiling is not None else float(r["memory_ceiling"]),
-                               r["status"])
+            table[key] = RunRecord(
+                status=Status(r["status"]), images_per_sec=float(r["images_per_sec"] or 0.0),
+                peak_memory_fraction=peak,
+                memory_ceiling=ceiling if ceiling is not None else float(r["memory_ceiling"]))
     return table
 
 
@@ -102,7 +82,7 @@ def make_grid(sweep_dir: Path, out: Path) -> None:
     print(f"{len(rows)} configurations -> {out}")
 
 
-def space_of(table: dict[tuple, Point]):
+def space_of(table: dict[tuple, RunRecord]):
     axes = list(zip(*table, strict=True))
     overrides = []
     for key, values in zip(AXES.values(), axes, strict=True):
@@ -128,10 +108,10 @@ def trials_to_target(table, space, sampler, target: float) -> int:
         dups_in_a_row = 0
         p = table[tuple(t.params[k] for k in keys)]
         t.set_constraint(MEMORY, p.constraint)
-        study.tell(t, p.value)
+        study.tell(t, p.throughput)  # as the sweeper tells a job: its speed, constraint aside
         measured += 1
         if p.feasible:
-            best = max(best, p.value)
+            best = max(best, p.throughput)
         if best >= target:
             return measured
     return len(table)
@@ -158,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = load_grid(a.grid, a.ceiling)
     space = space_of(table)
-    feasible = [p.value for p in table.values() if p.feasible]
+    feasible = [p.throughput for p in table.values() if p.feasible]
     top = max(feasible)
     good = sum(v >= a.target * top for v in feasible)
     print(f"grid: {a.grid.relative_to(ROOT) if a.grid.is_relative_to(ROOT) else a.grid}: "

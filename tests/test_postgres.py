@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.gpubench_sweeper.sweeper import measured_trials
+from gpubench.study import measured_trials
 from tests.conftest import TINY, run_cli
 
 pytestmark = pytest.mark.slow

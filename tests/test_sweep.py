@@ -19,21 +19,17 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from gpubench.sweep import (
-    OOM_CONSTRAINT,
-    SearchSpaceError,
-    find_max_batch,
-    fits_under,
-    parse_search_space,
-    read_outcome,
-)
-from hydra_plugins.gpubench_sweeper.sweeper import (
+from gpubench.jobs import read_job
+from gpubench.maxbatch import find_max_batch
+from gpubench.record import OOM_CONSTRAINT, Status
+from gpubench.study import (
     abandon,
     measured_trials,
-    recover_interrupted,
+    open_study,
     screen_passes,
     split_duplicates,
 )
+from gpubench.sweep import SearchSpaceError, parse_search_space
 from tests.conftest import TINY, run_cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -125,8 +121,61 @@ def test_range_edges():
                                  "a=tag(log,interval(0,1))", "a=tag(log,range(0,8))",
                                  "a=choice(0,false)", "a=choice(1,1.0)"])
 def test_bad_search_spaces_are_rejected(bad):
-    with pytest.raises(SearchSpaceError):
+    with pytest.raises(SearchSpaceError) as e:
         parse_search_space([bad])
+    msg = str(e.value)  # one line naming the key, the value and what is allowed
+    assert "\n" not in msg and msg.startswith("a") and "allowed:" in msg
+
+
+def _sweeper(**kw):
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf
+    from hydra_plugins.gpubench_sweeper.sweeper import GpubenchSweeper
+
+    conf = OmegaConf.structured(GpubenchSweeperConf)
+    args = {k: conf[k] for k in conf if k != "_target_"}
+    return GpubenchSweeper(**{**args, **kw})
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("n_trials", 0, "an integer >= 1"), ("n_jobs", -1, "an integer >= 1"),
+    ("max_failures", -1, "an integer >= 0"), ("sampler", "cmaes", "tpe or random"),
+    ("mode", "grid", "optuna or max_batch"), ("storage", "not a url", "SQLAlchemy URL"),
+    ("storage", "redis://localhost/0", "SQLAlchemy URL"),
+    ("heartbeat_interval", 0, "an integer >= 1"), ("grace_period", 5, "seconds > heartbeat"),
+])
+def test_bad_sweeper_settings_name_key_value_and_allowed(key, value, allowed):
+    from hydra_plugins.gpubench_sweeper.sweeper import SweeperConfigError
+
+    with pytest.raises(SweeperConfigError) as e:
+        _sweeper(**{key: value}).check()
+    msg = str(e.value)
+    assert "\n" not in msg and f"hydra.sweeper.{key}=" in msg and str(value) in msg
+    assert allowed in msg
+
+
+def test_good_sweeper_settings_pass():
+    s = _sweeper(storage="postgresql+psycopg://u@/optuna?host=/tmp", sampler="random")
+    s.check()
+    assert s.sampler.value == "random" and s.mode.value == "optuna"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,key", [
+    (["hydra.sweeper.n_trials=0", "loader.batch_size=choice(2,4)"], "hydra.sweeper.n_trials=0"),
+    (["hydra.sweeper.sampler=cmaes", "loader.batch_size=choice(2,4)"], "hydra.sweeper.sampler"),
+    (["hydra.sweeper.storage=nourl", "loader.batch_size=choice(2,4)"], "hydra.sweeper.storage"),
+    (["bench.steps=2"], "hydra.sweeper.params"),
+    (["loader.batch_size=range(8,4)"], "loader.batch_size=range(8,4"),
+])
+def test_bad_sweeps_fail_in_one_line_before_any_job(tmp_path, args, key):
+    p = _sweep(tmp_path, *args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench: error: ") and key in lines[0]
+    assert "allowed" in lines[0] and "Traceback" not in p.stderr
+    assert not list((tmp_path / "sweep").glob("*/results.json"))  # nothing launched
 
 
 # ---------------------------------------------------------------------------- outcomes
@@ -139,32 +188,43 @@ def _results(tmp: Path, name: str, **data) -> Path:
     return d
 
 
-def test_outcomes_from_results(tmp_path):
-    ok = read_outcome(_results(tmp_path, "ok", status="ok", images_per_sec=100.0,
-                               objective=100.0, peak_memory_fraction=0.5))
+def test_job_records_as_the_sweeper_reads_them(tmp_path):
+    ok = read_job(_results(tmp_path, "ok", status="ok", images_per_sec=100.0,
+                           peak_memory_fraction=0.5), None, "full")
     assert ok.feasible and ok.throughput == 100.0 and ok.constraint == pytest.approx(-0.3)
-    over = read_outcome(_results(tmp_path, "over", status="over_ceiling", images_per_sec=120.0,
-                                 objective=0.0, peak_memory_fraction=0.9))
+    over = read_job(_results(tmp_path, "over", status="over_ceiling", images_per_sec=120.0,
+                             peak_memory_fraction=0.9), None, "full")
     # an over-ceiling run keeps its measured speed; the constraint makes it infeasible
     assert not over.feasible and over.throughput == 120.0 and over.constraint == pytest.approx(0.1)
-    oom = read_outcome(_results(tmp_path, "oom", status="oom", objective=0.0,
-                                peak_memory_fraction=0.3))
+    oom = read_job(_results(tmp_path, "oom", status="oom", peak_memory_fraction=0.3), None, "full")
     assert not oom.feasible and oom.throughput == 0.0 and oom.constraint == OOM_CONSTRAINT
-    assert not oom.crashed
-    nan = read_outcome(_results(tmp_path, "nan", status="ok", images_per_sec=None,
-                                objective=None, peak_memory_fraction=0.3))
-    assert nan.crashed and nan.status == "failed"  # NaN is stored as null: no throughput
-    gone = read_outcome(tmp_path / "nowhere", RuntimeError("boom"))
-    assert gone.crashed and "boom" in gone.error
-    raised = read_outcome(_results(tmp_path, "raised", status="ok", images_per_sec=5.0,
-                                   peak_memory_fraction=0.1), ValueError("late"))
-    assert raised.crashed and raised.status == "failed"
+    assert not oom.status.crashed
+    nan = read_job(_results(tmp_path, "nan", status="ok", images_per_sec=None,
+                            peak_memory_fraction=0.3), None, "full")
+    assert nan.status.crashed and nan.status is Status.failed  # NaN is stored as null
+    gone = read_job(tmp_path / "nowhere", RuntimeError("boom"), "full")
+    assert gone.status.crashed and "boom" in gone.error
+    raised = read_job(_results(tmp_path, "raised", status="ok", images_per_sec=5.0,
+                               peak_memory_fraction=0.1), ValueError("late"), "full")
+    assert raised.status is Status.failed and "late" in raised.error
+    # left running by a process that is gone (kill -9): killed, not measured
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    import socket
+
+    left = read_job(_results(tmp_path, "left", status="running", pid=int(dead),
+                             host=socket.gethostname()), None, "full")
+    assert left.status is Status.killed and left.status.crashed
+    # still running in a live process (the job returned without finishing it): failed
+    alive = read_job(_results(tmp_path, "alive", status="running", pid=os.getpid(),
+                              host=socket.gethostname()), None, "full")
+    assert alive.status is Status.failed
 
 
 def test_fits_under_keeps_the_reserve(tmp_path):
-    at = read_outcome(_results(tmp_path, "a", status="ok", images_per_sec=1.0,
-                               peak_memory_fraction=0.77))
-    assert fits_under(at, reserve=0.0) and not fits_under(at, reserve=0.05)  # 0.8 x 0.95 = 0.76
+    at = read_job(_results(tmp_path, "a", status="ok", images_per_sec=1.0,
+                           peak_memory_fraction=0.77), None, "probe")
+    assert at.fits_under(reserve=0.0) and not at.fits_under(reserve=0.05)  # 0.8 x 0.95 = 0.76
 
 
 # ---------------------------------------------------------------------------- max batch
@@ -191,32 +251,92 @@ def test_max_batch_edges():
 # ---------------------------------------------------------------------------- study helpers
 
 
-def test_interrupted_trials_are_queued_again(tmp_path):
+@pytest.mark.slow
+def test_only_a_trial_that_stopped_beating_is_failed_and_retried(tmp_path):
+    from gpubench.study import ask, claimed_by, fail_stale, heartbeat
+
     storage = f"sqlite:///{tmp_path / 'o.db'}"
-    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
-    space = parse_search_space(["loader.batch_size=choice(2,4,8)"])
-    t = study.ask(space.distributions)
-    study.tell(t, 1.0)
-    stale = study.ask(space.distributions)  # a process killed here leaves it RUNNING
-    # a new process opens the same study
-    again = optuna.load_study(study_name="s", storage=storage)
-    assert recover_interrupted(again) == 1
-    frozen = again.trials[stale.number]
-    assert frozen.state == TrialState.FAIL and frozen.user_attrs["interrupted"]
-    assert [x.number for x in measured_trials(again)] == [t.number]
-    retry = again.ask(space.distributions)
-    assert retry.params == stale.params and retry.user_attrs["retry_of"] == stale.number
+    space = parse_search_space(["loader.batch_size=range(1,100)"])
+    # two workers on one study; sqlite's clock has 1 s resolution: a grace of 4 s
+    a = open_study("s", storage, heartbeat_interval=1, grace_period=4)
+    b = open_study("s", storage, heartbeat_interval=1, grace_period=4)
+    done = ask(a.study, space.distributions)
+    a.study.tell(done, 1.0)
+    # claimed by a live process (this one), so only its silent heartbeat can give it away:
+    # as a worker on another machine that beat once, then lost its power
+    dead = ask(a.study, space.distributions)
+    dead.set_user_attr("worker", claimed_by(dead.number))
+    with heartbeat(a, [dead.number]):
+        pass
+    orphan = ask(a.study, space.distributions)  # asked, never claimed nor beating
+    live = ask(b.study, space.distributions)
+    live.set_user_attr("worker", claimed_by(live.number))
+    with heartbeat(b, [live.number]):  # b keeps beating through the grace period
+        time.sleep(6)
+        assert fail_stale(a) == 2  # a live worker's trial is never touched
+    trials = b.study.get_trials()
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[orphan.number].state == TrialState.FAIL
+    assert trials[live.number].state == TrialState.RUNNING
+    assert fail_stale(b) == 0  # failed once, retried once
+    assert [t.number for t in measured_trials(b.study)] == [done.number]
+    retries = [ask(b.study, space.distributions) for _ in range(2)]  # the queue comes first
+    assert sorted(t.params["loader.batch_size"] for t in retries) == sorted(
+        t.params["loader.batch_size"] for t in (dead, orphan))
+    assert all(t.number > live.number for t in retries)
+
+
+def test_concurrent_study_creation_loads_the_winner(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    with ThreadPoolExecutor(4) as ex:
+        shared = list(ex.map(lambda _: open_study("race", storage, 1, 4), range(4)))
+    shared[0].study.enqueue_trial({"x": 1})
+    assert all(len(s.study.trials) == 1 for s in shared)  # one study, seen by all
+    assert len(optuna.get_all_study_names(storage)) == 1
 
 
 def test_ctrl_c_queues_the_running_trial_again():
-    study = optuna.create_study(direction="maximize")
+    shared = open_study("s", None)
+    study = shared.study
     space = parse_search_space(["loader.batch_size=choice(2,4,8)"])
     t = study.ask(space.distributions)
-    assert abandon(study, t.number, requeue=True)
-    assert not abandon(study, t.number, requeue=True)  # only a RUNNING trial
+    assert abandon(shared, t.number, requeue=True)
+    assert not abandon(shared, t.number, requeue=True)  # only a RUNNING trial
     assert study.trials[t.number].user_attrs["interrupted"]
     retry = study.ask(space.distributions)
     assert retry.params == t.params and retry.user_attrs["retry_of"] == t.number
+
+
+def test_a_claim_past_the_last_slot_is_given_back(tmp_path):
+    from gpubench.study import ask, claim_is_within
+
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    a, b = open_study("s", storage, 1, 4), open_study("s", storage, 1, 4)
+    space = parse_search_space(["x=range(0,100)"])
+    first = ask(a.study, space.distributions)
+    a.study.tell(first, 1.0)
+    # n_trials=2: one slot left, two workers ask for it at once
+    ta, tb = ask(a.study, space.distributions), ask(b.study, space.distributions)
+    assert claim_is_within(a.study, ta.number, 2)
+    assert not claim_is_within(b.study, tb.number, 2)
+    assert claim_is_within(b.study, tb.number, 3)  # with n_trials=3 both fit
+
+
+def test_a_twin_of_another_workers_live_trial_is_not_run(tmp_path):
+    shared = open_study("s", None)
+    study = shared.study
+    space = parse_search_space(["loader.batch_size=choice(2,4)"])
+    study.enqueue_trial({"loader.batch_size": 2})
+    study.enqueue_trial({"loader.batch_size": 2})
+    other = study.ask(space.distributions)  # another worker's, still running
+    mine = study.ask(space.distributions)
+    fresh, dups = split_duplicates(study, [mine])
+    assert fresh == [] and [(t.number, n) for t, n in dups] == [(mine.number, other.number)]
+    # the other worker (lower number) does not yield to mine
+    fresh, dups = split_duplicates(study, [other])
+    assert fresh == [other] and dups == []
 
 
 def test_screen_cut_counts_pruned_screens_too():
@@ -457,3 +577,45 @@ def test_max_batch_finds_the_largest_fitting_batch(tmp_path):
         data = json.loads((Path(x["dir"]) / "results.json").read_text())
         assert data["status"] == ("ok" if x["fits"] else "oom")
         assert math.isfinite(data["objective"])
+
+
+# ---------------------------------------------------------------------------- library parts
+
+
+def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
+    from gpubench.maxbatch import start_batch
+
+    cfg = compose_cfg("loader.batch_size=null", "bench.device=cpu")
+    assert start_batch(cfg, None) == 16  # gpubench.config.resolve_auto's CPU size
+    assert cfg.loader.batch_size is None  # the sweep's own config is left as given
+    assert start_batch(compose_cfg("loader.batch_size=6"), None) == 6
+    assert start_batch(cfg, 40) == 40
+
+
+def test_job_folders_are_reserved_once_across_threads(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpubench.manifest import reserve_job_dir
+
+    (tmp_path / "3").mkdir()  # an earlier invocation's job
+    with ThreadPoolExecutor(8) as ex:
+        nums = list(ex.map(lambda _: reserve_job_dir(tmp_path), range(40)))
+    assert sorted(nums) == list(range(4, 44))
+
+
+def test_runs_left_running_by_a_dead_process_are_saved_as_killed(tmp_path):
+    import socket
+
+    from gpubench.jobs import mark_stale_runs
+    from gpubench.record import load
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout)
+    host = socket.gethostname()
+    _results(tmp_path, "dead", status="running", pid=dead, host=host)
+    _results(tmp_path, "alive", status="running", pid=os.getpid(), host=host)
+    _results(tmp_path, "done", status="ok", images_per_sec=3.0, pid=dead, host=host)
+    assert mark_stale_runs(tmp_path) == 1
+    assert load(tmp_path / "dead").status is Status.killed
+    assert load(tmp_path / "alive").status is Status.running
+    assert load(tmp_path / "done").status is Status.ok

@@ -6,9 +6,20 @@ Imported by Hydra's plugin scan on every run, so it stays free of heavy imports 
 # no `from __future__ import annotations`: Hydra's plugin scan runs this module outside
 # sys.modules, where dataclasses cannot resolve string annotations
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+
+
+class Mode(str, Enum):
+    optuna = "optuna"  # maximize e2e images/sec under memory.ceiling
+    max_batch = "max_batch"  # the largest batch that fits
+
+
+class Sampler(str, Enum):
+    tpe = "tpe"
+    random = "random"
 
 
 @dataclass
@@ -40,20 +51,27 @@ class MaxBatchConf:
 class GpubenchSweeperConf:
     _target_: str = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
     # optuna: maximize e2e images/sec under memory.ceiling; max_batch: largest batch that fits
-    mode: str = "optuna"
+    mode: Mode = Mode.optuna
     n_trials: int = 20
     # trials launched together; keep 1 unless the launcher puts each job on its own device
     n_jobs: int = 1
     # null: derived from the search space, so re-running the same command resumes its study
     study_name: str | None = None
-    # null: in memory (not resumable)
+    # an SQLAlchemy URL (sqlite:///..., postgresql+psycopg://...); null: in memory (not
+    # resumable, one worker). Several workers (machines) running the same command on one RDB
+    # storage cooperate on one study (docs/scaling.md)
     storage: str | None = "sqlite:///outputs/optuna.db"
-    sampler: str = "tpe"  # tpe or random
+    sampler: Sampler = Sampler.tpe
     seed: int | None = None
     # random trials before TPE starts modelling
     n_startup_trials: int = 5
     # the sweep stops (with an error) after more failed trials than this in one invocation
     max_failures: int = 5
+    # RDB storages: each worker records its running trial's heartbeat this often (seconds); a
+    # trial whose worker stopped beating for grace_period seconds is failed and queued again
+    heartbeat_interval: int = 10
+    # null: 2 x heartbeat_interval (Optuna's default); keep it well above heartbeat_interval
+    grace_period: int | None = 60
     screen: ScreenConf = field(default_factory=ScreenConf)
     max_batch: MaxBatchConf = field(default_factory=MaxBatchConf)
     # search space in override syntax, e.g. {loader.batch_size: "choice(32,64,128)"};

