@@ -216,10 +216,3 @@ def parse_search_space(
             fixed.append(o.input_line)
     return SearchSpace(swept, fixed)
 
-
-def throughput_of(data: dict) -> float:
-    """A results.json dict's training throughput, as gpubench.record defines it (kept for the
-    report's row reader; new code loads a RunRecord instead)."""
-    from gpubench.record import RunRecord
-
-    return RunRecord.from_dict(data).throughput
