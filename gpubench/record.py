@@ -38,6 +38,9 @@ OOM_CONSTRAINT = 1.0
 # rungs measured too briefly to rank speed by: a sweep's screen and a max-batch probe
 SHORT_RUNGS = ("screen", "probe")
 PHASE_NAMES = ("loader", "compute", "e2e")
+# set by the gpubench sweeper for its jobs: the Optuna study they belong to (kept in the record
+# as `study`, an MLflow tag, so every worker's jobs of one search are found together)
+STUDY_ENV = "GPUBENCH_STUDY"
 
 
 class Status(str, Enum):

@@ -201,9 +201,11 @@ def _load_study(name: str, storage: str):
     return rows, study
 
 
-def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None) -> list[Row]:
+def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
+                study: str | None = None) -> list[Row]:
     """Rows from the results.json artifacts of an MLflow experiment's runs (children of `parent`
-    only, when given). Runs without that artifact (sweep parents) are skipped."""
+    only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
+    artifact (sweep parents) are skipped."""
     import tempfile
 
     from mlflow.tracking import MlflowClient
@@ -222,7 +224,11 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
     if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
         raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: an MLflow run id "
                          "(32 hex digits)")
-    filt = f"tags.mlflow.parentRunId = '{parent}'" if parent else ""
+    if study and not re.fullmatch(r"[\w.\-]+", study):
+        raise SystemExit(f"gpubench.report: --study={study!r} is not allowed: letters, digits, "
+                         "'.', '_' or '-'")
+    filt = " and ".join(([f"tags.mlflow.parentRunId = '{parent}'"] if parent else [])
+                        + ([f"tags.study = '{study}'"] if study else []))
     rows, token = [], None
     with tempfile.TemporaryDirectory() as tmp:
         while True:
@@ -584,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
                    "outputs/reports/<experiment> for MLflow)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: gpubench's)")
     p.add_argument("--parent", help="MLflow: only the children of this (sweep) run")
+    p.add_argument("--study", help="MLflow: the jobs of every worker of this Optuna study")
     p.add_argument("--compare", nargs="?", const="", default=None, metavar="EXPERIMENT",
                    help="compare devices over an MLflow experiment's runs: images/sec, images "
                    "per joule, images per dollar (see docs/report.md)")
@@ -610,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 1
         return 0
-    rows = load_mlflow(a.source, a.tracking_uri, a.parent)
+    rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study)
     if not rows:
         print(f"gpubench.report: no runs with results.json in experiment {a.source!r}",
               file=sys.stderr)

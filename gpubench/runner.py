@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from gpubench.measure import run_window
 from gpubench.models import build_model, maybe_compile, prepare_model
 from gpubench.monitor import Monitor, MonitorSummary
 from gpubench.precision import apply_backend_flags, resolve_precision
-from gpubench.record import RESULTS_FILE, PhaseRecord, RunRecord, Status
+from gpubench.record import RESULTS_FILE, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.secrets import mask_tree
 from gpubench.stats import WindowStats, pool
 from gpubench.step import TrainStep, count_step_flops_split, is_oom, make_optimizer
@@ -137,6 +138,8 @@ class Benchmark:
                               float(cfg.memory.ceiling), self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)
+        if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
+            rec.extra["study"] = os.environ[STUDY_ENV]
         self.record = rec
         self.monitor = Monitor(self.device, float(b.monitor_interval_s), bool(b.monitor))
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []

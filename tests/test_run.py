@@ -160,3 +160,14 @@ def test_profile_trace_after_the_measured_windows(compose_cfg, tmp_path):
     assert (tmp_path / "traces" / "top_ops.txt").is_file()
     # profiling never overlaps a measurement: the phases are the usual ones, untouched
     assert result.data["phases"]["e2e"]["steps"] == 2
+
+
+def test_a_study_job_carries_its_study_into_the_record_and_its_tags(compose_cfg, tmp_path,
+                                                                    monkeypatch):
+    from gpubench.record import STUDY_ENV, load
+    from gpubench.tracking.translate import run_tags
+
+    monkeypatch.setenv(STUDY_ENV, "shared-study")
+    measure_run(compose_cfg("bench.phases=[loader]"), tmp_path)
+    rec = load(tmp_path)
+    assert rec.extra["study"] == "shared-study" and run_tags(rec)["study"] == "shared-study"

@@ -154,6 +154,9 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
             tags.append(RunTag("best_overrides", ov[:T.MAX_TAG_VALUE]))
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),
                    "best_config.yaml")
+    study = read(sweep_dir / "sweep.json").get("study")
+    if study:  # one parent per worker, all tagged with the study they searched together
+        tags.append(RunTag("study", str(study)[:T.MAX_TAG_VALUE]))
     c.log_batch(parent_id, metrics=metrics, tags=tags)
     if (sweep_dir / "multirun.yaml").is_file():
         log_file(c, parent_id, sweep_dir / "multirun.yaml")

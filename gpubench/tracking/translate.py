@@ -212,6 +212,8 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
         "gpubench_version": env.get("gpubench"),
         "git_commit": env.get("git_commit"),
         "overrides": overrides,
+        # the Optuna study a sweep job belongs to: one search across all its workers
+        "study": rec.extra.get("study"),
         "mlflow.source.name": "gpubench",
         "mlflow.source.type": "LOCAL",
         "mlflow.source.git.commit": env.get("git_commit"),

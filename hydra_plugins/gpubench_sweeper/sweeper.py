@@ -23,10 +23,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-log = logging.getLogger("gpubench.sweep")
+from gpubench.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
 
-# jobs read it to tag their MLflow runs with the study they belong to (one search, many workers)
-STUDY_ENV = "GPUBENCH_STUDY"
+log = logging.getLogger("gpubench.sweep")
 
 
 class SweeperConfigError(ValueError):
