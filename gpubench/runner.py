@@ -37,7 +37,14 @@ from gpubench.precision import apply_backend_flags, resolve_precision
 from gpubench.record import RESULTS_FILE, PhaseRecord, RunRecord, Status
 from gpubench.stats import WindowStats, pool
 from gpubench.summary import summarize
-from gpubench.step import TrainStep, count_step_flops_split, is_oom, make_optimizer
+from gpubench.step import (
+    TrainStep,
+    count_step_flops_split,
+    is_oom,
+    make_optimizer,
+    set_cudnn_benchmark,
+    step_figures,
+)
 
 log = logging.getLogger("gpubench")
 
@@ -161,6 +168,7 @@ class Benchmark:
         cfg, device, rec = self.cfg, self.device, self.record
         self.plan = resolve_precision(_enum_value(cfg.precision.name), device)
         apply_backend_flags(self.plan)
+        set_cudnn_benchmark(cfg.bench.cudnn_benchmark)
         shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
         self.pipe = build_pipeline(cfg, device, shard)
         rec.data_info = self.pipe.info
@@ -168,14 +176,17 @@ class Benchmark:
             model = prepare_model(build_model(cfg), device, bool(cfg.channels_last))
             x, y = self.pipe.device_batch()
             self._check_width(model, x)
-            opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr))
+            opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr),
+                                 cfg.bench.optimizer_impl)
             if cfg.bench.flops:
                 split = count_step_flops_split(model, self.plan, device, x, y)
                 rec.flops_per_step = split and split["total"]
                 rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), cfg.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
-                                  cfg.fault.oom_above_batch if self.fault_here else None)
+                                  cfg.fault.oom_above_batch if self.fault_here else None,
+                                  int(cfg.bench.grad_accum_steps),
+                                  int(cfg.bench.host_metrics_every))
         self._maybe_fail(0)
 
     @property
@@ -383,6 +394,9 @@ class Benchmark:
             self.monitor.stop()
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
+        figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
+        if figures is not None:
+            rec.extra["step"] = figures
         self._release()
         try:
             self.summarize()
