@@ -370,6 +370,7 @@ class Benchmark:
                 self.save()
 
         self.dist.watch(peer_failed)
+        gpulog = self._start_gpulog()
         try:
             self.measure()
         except KeyboardInterrupt as e:
@@ -392,6 +393,11 @@ class Benchmark:
                 status, error = Status.failed, f"{type(e).__name__}: {e}"
         finally:
             self.monitor.stop()
+            if gpulog is not None:
+                gpulog.stop()
+                rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
+                                            "gpm": gpulog.gpm is not None,
+                                            "note": gpulog.note or None}
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
         figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
@@ -411,6 +417,15 @@ class Benchmark:
         rec.status, rec.error = status, error
         self.save()
         return interrupted
+
+    def _start_gpulog(self):
+        """gpu_metrics.csv beside results.json, the whole run long (gpubench/gpulog.py); rank
+        0's device only, with the sampler (bench.monitor)."""
+        if not (self.cfg.bench.monitor and self.dist.main):
+            return None
+        from gpubench.gpulog import GpuLog
+
+        return GpuLog(self.device, self.out, float(self.cfg.bench.monitor_interval_s)).start()
 
     def _release(self) -> None:
         if self.pipe is not None:

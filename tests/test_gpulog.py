@@ -1,0 +1,124 @@
+"""gpu_metrics.csv: nvidia-smi's columns, one row per sampler interval, host figures on a CPU."""
+
+from __future__ import annotations
+
+import csv
+import re
+import time
+
+import pytest
+
+from gpubench.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog
+from gpubench.runner import measure_run
+
+HEADER = ("timestamp, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
+          "memory.free [MiB], power.draw [W], clocks.current.sm [MHz], "
+          "clocks_throttle_reasons.active")
+STAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{3}$")
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_header_is_nvidia_smis():
+    # nvidia-smi --query-gpu=timestamp,name,utilization.gpu,utilization.memory,memory.used,
+    # memory.free,power.draw,clocks.sm,clocks_throttle_reasons.active --format=csv prints this
+    assert ", ".join(COLUMNS) == HEADER
+
+
+def test_host_figures_at_the_interval(tmp_path):
+    log = GpuLog("cpu", tmp_path, 0.05).start()
+    time.sleep(0.6)
+    log.stop()
+    rows = _rows(tmp_path / GPU_METRICS_FILE)
+    assert tuple(rows[0]) == COLUMNS
+    body = rows[1:]
+    # 0.6 s at 0.05 s: about 12 rows; generous bounds for a loaded 2-core machine
+    assert 4 <= len(body) <= 14, len(body)
+    assert log.rows == len(body)
+    for r in body:
+        row = dict(zip(COLUMNS, r, strict=True))
+        assert STAMP.match(row["timestamp"]), row["timestamp"]
+        assert row["name"]
+        assert 0.0 <= float(row["utilization.gpu [%]"]) <= 100.0
+        used, free = int(row["memory.used [MiB]"]), int(row["memory.free [MiB]"])
+        assert used > 0 and free > 0
+        # no host counterpart: left empty rather than filled with a different quantity
+        assert row["utilization.memory [%]"] == row["power.draw [W]"] == ""
+        assert row["clocks_throttle_reasons.active"] == ""
+    stamps = [r[0] for r in body]
+    assert stamps == sorted(stamps)
+
+
+def test_host_cpu_column_sees_a_busy_thread(tmp_path):
+    """The host CPU column measures something: a spinning thread raises it."""
+    import threading
+
+    def rows_while(busy: bool) -> float:
+        d = tmp_path / str(busy)
+        d.mkdir()
+        stop = threading.Event()
+        def spin():
+            while not stop.is_set():
+                pass
+
+        spinner = threading.Thread(target=spin)
+        if busy:
+            spinner.start()
+        log = GpuLog("cpu", d, 0.2).start()
+        time.sleep(1.0)
+        log.stop()
+        stop.set()
+        if busy:
+            spinner.join()
+        vals = [float(r[2]) for r in _rows(d / GPU_METRICS_FILE)[1:]]
+        return max(vals)
+
+    # one spinning thread on a 2-core host is ~50% of all cores
+    assert rows_while(True) > 25.0
+
+
+def test_run_writes_the_log_beside_results(compose_cfg, tmp_path):
+    rec = measure_run(compose_cfg(), tmp_path).record
+    rows = _rows(tmp_path / GPU_METRICS_FILE)
+    assert tuple(rows[0]) == COLUMNS and len(rows) >= 2
+    meta = rec.extra["gpu_metrics"]
+    assert meta["file"] == GPU_METRICS_FILE and meta["rows"] == len(rows) - 1
+    assert meta["gpm"] is False
+
+
+def test_no_log_without_the_sampler(compose_cfg, tmp_path):
+    measure_run(compose_cfg("bench.monitor=false"), tmp_path)
+    assert not (tmp_path / GPU_METRICS_FILE).exists()
+
+
+@pytest.mark.gpu
+def test_gpu_columns_filled(tmp_path):
+    import torch
+
+    from gpubench.gpulog import GPM_COLUMNS
+
+    x = torch.randn(4096, 4096, device="cuda")
+    log = GpuLog("cuda", tmp_path, 0.1).start()
+    t0 = time.time()
+    while time.time() - t0 < 1.5:  # keep the GPU busy so utilization and GPM read non-zero
+        x = (x @ x).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    log.stop()
+    rows = _rows(tmp_path / GPU_METRICS_FILE)
+    assert tuple(rows[0][: len(COLUMNS)]) == COLUMNS
+    body = [dict(zip(rows[0], r, strict=True)) for r in rows[1:]]
+    assert len(body) >= 5
+    assert "NVIDIA" in body[0]["name"] or body[0]["name"]
+    assert max(float(r["utilization.gpu [%]"]) for r in body) > 50
+    assert int(body[-1]["memory.used [MiB]"]) > 64  # the 64 MiB matrix at least
+    assert float(body[-1]["clocks.current.sm [MHz]"]) > 0
+    if not log.mig:
+        assert float(body[-1]["power.draw [W]"]) > 0
+        assert re.match(r"^0x[0-9A-F]{16}$", body[-1]["clocks_throttle_reasons.active"])
+    if log.gpm is not None:  # Hopper and newer
+        assert max(float(r["gpm.sm_activity [%]"]) for r in body if r["gpm.sm_activity [%]"]) > 10
+        assert {c for c, _ in GPM_COLUMNS} <= set(rows[0])
+    print("GPM:", log.gpm is not None, log.note, body[len(body) // 2])
