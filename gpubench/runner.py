@@ -346,7 +346,8 @@ class Benchmark:
 
             name = "e2e" if self.step is not None else "loader"
             self.record.extra["profile"] = profile_steps(
-                *self._functions(name), self.device, self.out, int(self.cfg.bench.profile_steps))
+                *self._functions(name), self.device, self.out, int(self.cfg.bench.profile_steps),
+                step=self.step)
             self.save()
         self.record.skipped_samples = self.pipe.skipped
 
