@@ -167,8 +167,9 @@ class BenchSettings:
     lr: float = 0.01
     # micro-batches per optimizer step: images/sec counts every micro-batch
     grad_accum_steps: int = 1
-    # torch.backends.cudnn.benchmark (PyTorch's default: off)
-    cudnn_benchmark: bool = False
+    # torch.backends.cudnn.benchmark; null: as the precision sets it (on for fp32/tf32/amp_*,
+    # the process's own flag, PyTorch's default off, for torch_default)
+    cudnn_benchmark: bool | None = None
     # every k-th micro-batch reads loss and accuracy back to the host (0: never)
     host_metrics_every: int = 0
     # after the measured windows: a torch.profiler trace of a few e2e steps (never timed)

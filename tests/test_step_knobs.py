@@ -196,3 +196,25 @@ def test_checkpointing_lowers_peak_host_memory():
     # measured on a 2-core CPU box: 1287-1295 MB vs 1050-1098 MB peak RSS (190-245 MB less, two
     # pairs of runs); demand a clear margin, not just any difference
     assert plain - ckpt > 120 * 2**20, (plain, ckpt)
+
+
+def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path):
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        on = measure_run(compose_cfg("bench.cudnn_benchmark=true", "bench.phases=[compute]"),
+                         tmp_path / "on").record
+        assert on.extra["step"]["cudnn_benchmark"] is True
+        off = measure_run(compose_cfg("bench.cudnn_benchmark=false", "precision=fp32",
+                                      "bench.phases=[compute]"), tmp_path / "off").record
+        assert off.extra["step"]["cudnn_benchmark"] is False  # the key beats fp32's default
+        plan = measure_run(compose_cfg("precision=fp32", "bench.phases=[compute]"),
+                           tmp_path / "plan").record
+        assert plan.extra["step"]["cudnn_benchmark"] is True  # null: as fp32 sets it
+        # a later torch_default run in the same process (a sweep's next trial) gets the
+        # process's own flag back, not the last run's
+        user = measure_run(compose_cfg("bench.phases=[compute]"), tmp_path / "user").record
+        assert user.extra["step"]["cudnn_benchmark"] is before
+    finally:
+        torch.backends.cudnn.benchmark = before
