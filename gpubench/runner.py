@@ -399,6 +399,8 @@ class Benchmark:
                 rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
                                             "gpm": gpulog.gpm is not None,
                                             "note": gpulog.note or None}
+                if not rec.path.exists():  # bad input found while building: nothing is kept
+                    gpulog.path.unlink(missing_ok=True)
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
         figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts

@@ -218,3 +218,44 @@ def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path)
         assert user.extra["step"]["cudnn_benchmark"] is before
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, key", [
+    ("bench.optimizer_impl=foreach", "bench.optimizer_impl"),
+    ("bench.optimizer_impl=turbo", "bench.optimizer_impl"),
+    ("bench.grad_accum_steps=0", "bench.grad_accum_steps"),
+    ("bench.grad_accum_steps=two", "bench.grad_accum_steps"),
+    ("bench.host_metrics_every=-5", "bench.host_metrics_every"),
+    ("model.checkpointing=maybe", "model.checkpointing"),
+])
+def test_cli_bad_step_knob_is_one_line(tmp_path, override, key):
+    from conftest import TINY, run_cli
+
+    proc = run_cli(*TINY, override, cwd=tmp_path)
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and key in err[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("outputs/runs/*/*/results.json"))
+    assert not list(tmp_path.glob("outputs/runs/*/*/gpu_metrics.csv"))
+
+
+@pytest.mark.slow
+def test_cli_checkpointing_on_an_unwired_model_is_one_line(tmp_path):
+    from conftest import TINY, run_cli
+
+    proc = run_cli(*TINY, "model=mobilenet_v3_small", "model.checkpointing=true", cwd=tmp_path)
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(err) == 1 and "model.checkpointing" in err[0], proc.stderr
+
+
+def test_step_sweep_preset_composes():
+    from conftest import compose_config
+
+    cfg = compose_config("sweep=step", hydra=True)
+    params = cfg.hydra.sweeper.params
+    assert set(params) == {"bench.optimizer_impl", "bench.cudnn_benchmark",
+                           "bench.host_metrics_every", "model.checkpointing"}
+    thr = compose_config("sweep=throughput", hydra=True).hydra.sweeper.params
+    assert thr["bench.cudnn_benchmark"] == "choice(false,true)"
