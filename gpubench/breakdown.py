@@ -66,8 +66,10 @@ def _span(e: dict) -> tuple[float, float]:
 def breakdown(trace: dict, cuda: bool) -> dict | None:
     """Seconds per step by part (see the module's docstring); None without profiler steps."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
-    steps = sorted((_span(e) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")),
-                   key=lambda s: s[0])
+    # the host's step ranges only: on a GPU the trace repeats them on the device's timeline as
+    # gpu_user_annotation events, which must not count as more steps
+    steps = sorted((_span(e) for e in events if e.get("cat") == "user_annotation"
+                    and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda s: s[0])
     if not steps:
         return None
     n = len(steps)

@@ -57,6 +57,9 @@ def _gpu_trace():
     for i, t in enumerate((1000.0, 1100.0)):
         ev += [
             _x(f"ProfilerStep#{i + 2}", t, 100),
+            # the device timeline's copy of the step range: not another step
+            _x(f"ProfilerStep#{i + 2}", t + 16, 84, "gpu_user_annotation"),
+            _x("gpubench/forward", t + 21, 20, "gpu_user_annotation"),
             _x("gpubench/data", t + 2, 10),
             _x("gpubench/step", t + 14, 80),
             _x("gpubench/forward", t + 20, 20),
