@@ -349,11 +349,33 @@ def validate(cfg: DictConfig) -> str:
     return device
 
 
+# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); for_loop,
+# foreach and fused force one implementation (gpubench/step.py make_optimizer)
+OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
+# models whose stages gpubench/models.py apply_checkpointing knows how to wrap
+CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
+
+
+def checkpointable(name: str) -> bool:
+    return str(name).startswith(CHECKPOINT_PREFIXES)
+
+
+def impl_devices(impl: str) -> list[str] | None:
+    """Device types that have the kernels for an optimizer implementation, as torch lists
+    them (None: any device). Elsewhere torch either raises (fused) or runs foreach as a slow
+    per-tensor fallback, so forcing them there would benchmark something nobody runs."""
+    if impl not in ("foreach", "fused"):
+        return None
+    from torch.optim import optimizer as o
+
+    name = f"_get_{impl}_kernels_supported_devices"
+    if hasattr(o, name):
+        return list(getattr(o, name)())
+    return ["cuda"]  # older torch: CUDA only
+
+
 def _validate_step(cfg: DictConfig, device: str) -> None:
     """The train step's knobs (gpubench/step.py, gpubench/models.py)."""
-    from gpubench.models import checkpointable
-    from gpubench.step import OPTIMIZER_IMPLS, impl_devices
-
     b = cfg.bench
     impl = b.get("optimizer_impl", "auto")
     if impl not in OPTIMIZER_IMPLS:

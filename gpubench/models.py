@@ -95,14 +95,6 @@ class Checkpointed(nn.Module):
         return self.inner(*args)
 
 
-# which models have stages to checkpoint (config.validate checks the name before any work)
-CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
-
-
-def checkpointable(name: str) -> bool:
-    return str(name).startswith(CHECKPOINT_PREFIXES)
-
-
 def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
     """Wrap the model's stages in `Checkpointed`, in place: a ResNet's layer1..layer4, each of
     a ViT's encoder blocks, the tiny CNN's features. The stem and the head stay as they are:

@@ -79,26 +79,6 @@ def is_oom(exc: BaseException, device: str = "cuda") -> bool:
     return kind == "host" and device != "cuda"
 
 
-OPTIMIZERS = ("sgd", "adamw")
-# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); for_loop,
-# foreach and fused force one implementation
-OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
-
-
-def impl_devices(impl: str) -> list[str] | None:
-    """Device types that have the kernels for `impl`, as torch lists them (None: any device).
-    Elsewhere torch either raises (fused) or runs foreach as a slow per-tensor fallback, so
-    forcing them there would benchmark something nobody runs."""
-    if impl not in ("foreach", "fused"):
-        return None
-    from torch.optim import optimizer as o
-
-    name = f"_get_{impl}_kernels_supported_devices"
-    if hasattr(o, name):
-        return list(getattr(o, name)())
-    return ["cuda"]  # older torch: CUDA only
-
-
 def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
                    ) -> torch.optim.Optimizer:
     kwargs = {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True},

@@ -163,14 +163,14 @@ def test_tiny_run_with_every_knob(compose_cfg, tmp_path):
     assert rec.extra["step"]["optimizer_steps"] > 0
 
 
-# Peak memory of one forward+backward, in a fresh process each (ru_maxrss is the process's
+# Peak memory of one forward+backward, in a fresh process each (VmHWM is the process's
 # high-water mark of resident memory, so nothing measured earlier can mask it). A small ViT of
 # 12 equal blocks: without checkpointing every block's activations (attention maps included)
 # are held until backward; with it, the blocks' inputs and one block recomputed at a time.
 # (A ResNet saves less: its first stage, recomputed whole, is most of its activations; resnet18
 # at 224 px, batch 16 showed 55-135 MB less here, too close to this machine's RSS noise.)
 PEAK = r"""
-import resource, sys, torch
+import sys, torch
 from torchvision.models import VisionTransformer
 from gpubench.models import apply_checkpointing
 torch.manual_seed(0)
@@ -181,7 +181,10 @@ if sys.argv[1] == "1":
     apply_checkpointing(m, "vit_small")
 x = torch.randn(16, 3, 64, 64)
 torch.nn.functional.cross_entropy(m(x), torch.zeros(16, dtype=torch.long)).backward()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+# VmHWM: this process's own peak (ru_maxrss would start from the parent's peak: Linux carries
+# it across fork and exec, so under a large pytest process both runs read the parent's)
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(int(hwm.split()[1]) * 1024)
 """
 
 
@@ -201,7 +204,12 @@ def test_checkpointing_lowers_peak_host_memory():
 def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path):
     import torch
 
+    from gpubench.precision import user_flags
+
     before = torch.backends.cudnn.benchmark
+    # the process's own flag as torch_default restores it (earlier runs in this process may
+    # have left the live flag otherwise)
+    users = user_flags()["cudnn_benchmark"]
     try:
         on = measure_run(compose_cfg("bench.cudnn_benchmark=true", "bench.phases=[compute]"),
                          tmp_path / "on").record
@@ -215,7 +223,7 @@ def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path)
         # a later torch_default run in the same process (a sweep's next trial) gets the
         # process's own flag back, not the last run's
         user = measure_run(compose_cfg("bench.phases=[compute]"), tmp_path / "user").record
-        assert user.extra["step"]["cudnn_benchmark"] is before
+        assert user.extra["step"]["cudnn_benchmark"] is users
     finally:
         torch.backends.cudnn.benchmark = before
 
