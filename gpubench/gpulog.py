@@ -241,3 +241,39 @@ class GpuLog:
         if self.gpm is not None:
             self.gpm.close()
         return self.path
+
+
+def _metric_name(column: str) -> str:
+    # MLflow metric names take letters, digits, _ - . / and spaces: "utilization.gpu [%]" ->
+    # "gpu_metrics/utilization.gpu_pct"
+    name, _, unit = column.partition(" [")
+    unit = unit.rstrip("]").replace("%", "pct")
+    return "gpu_metrics/" + (f"{name}_{unit}" if unit else name).lower()
+
+
+def series(path: Path) -> list[tuple[str, float, int, int]]:
+    """The file's numeric columns as MLflow series: (name, value, step, timestamp_ms), one step
+    per row, for a tracking store to log beside the file itself. Throttle reasons (a hex bit
+    mask) are read as their integer value; empty cells are skipped."""
+    out: list[tuple[str, float, int, int]] = []
+    try:
+        f = open(path, newline="")
+    except OSError:
+        return out
+    with f:
+        for step, row in enumerate(csv.DictReader(f)):
+            try:
+                t = time.mktime(time.strptime(row["timestamp"][:19], "%Y/%m/%d %H:%M:%S"))
+                ts = int((t + float("0." + row["timestamp"][20:23])) * 1000)
+            except (KeyError, ValueError):
+                ts = 0
+            for col, v in row.items():
+                if col in ("timestamp", "name") or not v:
+                    continue
+                try:
+                    x = float(int(v, 16)) if v.startswith("0x") else float(v)
+                except ValueError:
+                    continue
+                out.append((_metric_name(col), x, step, ts))
+    return out
+

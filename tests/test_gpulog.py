@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpubench.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog
+from gpubench.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog, series
 from gpubench.runner import measure_run
 
 HEADER = ("timestamp, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
@@ -122,3 +122,27 @@ def test_gpu_columns_filled(tmp_path):
         assert max(float(r["gpm.sm_activity [%]"]) for r in body if r["gpm.sm_activity [%]"]) > 10
         assert {c for c, _ in GPM_COLUMNS} <= set(rows[0])
     print("GPM:", log.gpm is not None, log.note, body[len(body) // 2])
+
+
+def test_series_for_tracking(tmp_path):
+    """Every numeric cell becomes one point of an MLflow-safe series; empty cells none."""
+    import re as _re
+
+    f = tmp_path / GPU_METRICS_FILE
+    f.write_text(", ".join(COLUMNS).replace(", ", ",") + "\n"
+                 "2026/11/22 00:17:01.250,NVIDIA H100,87,40,1000,80000,310.50,1980,"
+                 "0x0000000000000004\n"
+                 "2026/11/22 00:17:02.250,NVIDIA H100,90,,1001,79999,,1980,\n")
+    pts = series(f)
+    names = {n for n, *_ in pts}
+    assert "gpu_metrics/utilization.gpu_pct" in names
+    assert "gpu_metrics/clocks_throttle_reasons.active" in names
+    assert all(_re.fullmatch(r"[\w./ -]+", n) for n in names), names
+    by = {(n, s): v for n, v, s, _ in pts}
+    assert by[("gpu_metrics/power.draw_w", 0)] == 310.5
+    assert ("gpu_metrics/power.draw_w", 1) not in by  # empty cell: no point
+    assert by[("gpu_metrics/clocks_throttle_reasons.active", 0)] == 4.0
+    assert len(pts) == 7 + 4
+    ts = [t for *_, t in pts]
+    assert max(ts) - min(ts) == 1000  # one second apart, milliseconds kept
+    assert series(tmp_path / "missing.csv") == []
