@@ -117,6 +117,9 @@ class ModelConfig:
     # escape hatch: a dotted path to the team's own nn.Module class; its other keys go in kwargs
     _target_: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # activation checkpointing over the model's stages (ResNets, ViTs, tiny): less memory for
+    # activations, about one more forward of compute (gpubench/models.py)
+    checkpointing: bool = False
 
 
 @dataclass
@@ -159,7 +162,16 @@ class BenchSettings:
     monitor_interval_s: float = 0.2
     flops: bool = True
     optimizer: str = "sgd"
+    # auto (torch's choice), for_loop, foreach or fused (where the device has the kernels)
+    optimizer_impl: str = "auto"
     lr: float = 0.01
+    # micro-batches per optimizer step: images/sec counts every micro-batch
+    grad_accum_steps: int = 1
+    # torch.backends.cudnn.benchmark; null: as the precision sets it (on for fp32/tf32/amp_*,
+    # the process's own flag, PyTorch's default off, for torch_default)
+    cudnn_benchmark: bool | None = None
+    # every k-th micro-batch reads loss and accuracy back to the host (0: never)
+    host_metrics_every: int = 0
     # after the measured windows: a torch.profiler trace of a few e2e steps (never timed)
     profile: bool = False
     profile_steps: int = 3
@@ -316,6 +328,7 @@ def validate(cfg: DictConfig) -> str:
         raise ConfigError("bench.profile_steps", b.profile_steps, "an integer >= 1")
     if b.optimizer not in ("sgd", "adamw"):
         raise ConfigError("bench.optimizer", b.optimizer, "sgd or adamw")
+    _validate_step(cfg, device)
     if cfg.tracking.backend not in ("mlflow", "none"):
         raise ConfigError("tracking.backend", cfg.tracking.backend, "mlflow or none")
 
@@ -334,6 +347,58 @@ def validate(cfg: DictConfig) -> str:
     if _enum_value(ds.augment_on) == "device" and kind == "device_synthetic":
         raise ConfigError("dataset.augment_on", "device", "cpu for device_synthetic (no augment)")
     return device
+
+
+# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); for_loop,
+# foreach and fused force one implementation (gpubench/step.py make_optimizer)
+OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
+# models whose stages gpubench/models.py apply_checkpointing knows how to wrap
+CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
+
+
+def checkpointable(name: str) -> bool:
+    return str(name).startswith(CHECKPOINT_PREFIXES)
+
+
+def impl_devices(impl: str) -> list[str] | None:
+    """Device types that have the kernels for an optimizer implementation, as torch lists
+    them (None: any device). Elsewhere torch either raises (fused) or runs foreach as a slow
+    per-tensor fallback, so forcing them there would benchmark something nobody runs."""
+    if impl not in ("foreach", "fused"):
+        return None
+    from torch.optim import optimizer as o
+
+    name = f"_get_{impl}_kernels_supported_devices"
+    if hasattr(o, name):
+        return list(getattr(o, name)())
+    return ["cuda"]  # older torch: CUDA only
+
+
+def _validate_step(cfg: DictConfig, device: str) -> None:
+    """The train step's knobs (gpubench/step.py, gpubench/models.py)."""
+    b = cfg.bench
+    impl = b.get("optimizer_impl", "auto")
+    if impl not in OPTIMIZER_IMPLS:
+        raise ConfigError("bench.optimizer_impl", impl, ", ".join(OPTIMIZER_IMPLS))
+    devices = impl_devices(impl)
+    if devices is not None and device not in devices:
+        raise ConfigError("bench.optimizer_impl", impl,
+                          f"auto or for_loop on {device} (torch has {impl} optimizer kernels "
+                          f"for {', '.join(devices)} only)")
+    if not 1 <= b.get("grad_accum_steps", 1) <= 1024:
+        raise ConfigError("bench.grad_accum_steps", b.grad_accum_steps, "an integer in [1, 1024]")
+    if not 0 <= b.get("host_metrics_every", 0) <= 100000:
+        raise ConfigError("bench.host_metrics_every", b.host_metrics_every,
+                          "an integer in [0, 100000] (0: never)")
+    if cfg.model.get("checkpointing"):
+        if cfg.model.get("_target_"):
+            raise ConfigError("model.checkpointing", True,
+                              "false with model._target_ (checkpointing is wired for "
+                              "torchvision ResNets, ViTs and tiny)")
+        if not checkpointable(cfg.model.name):
+            raise ConfigError("model.checkpointing", True,
+                              f"false for {cfg.model.name} (checkpointing is wired for "
+                              f"torchvision ResNets, ViTs and tiny)")
 
 
 def resolve_auto(cfg: DictConfig, device: str) -> None:

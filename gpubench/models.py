@@ -1,5 +1,6 @@
 """Build the model: a torchvision classifier by name, the `tiny` CNN for tests, or the team's own
-nn.Module through `model._target_`; then memory format and torch.compile."""
+nn.Module through `model._target_`; activation checkpointing over its stages; then memory format
+and torch.compile."""
 
 from __future__ import annotations
 
@@ -60,13 +61,58 @@ def build_model(cfg: DictConfig) -> nn.Module:
             raise ConfigError("model._target_", target, "a class whose instances are nn.Module")
         return model
     if m.name == "tiny":
-        return TinyNet(num_classes=n, **kwargs)
-    import torchvision
+        model = TinyNet(num_classes=n, **kwargs)
+    else:
+        import torchvision
 
-    if str(m.name).startswith("vit_"):
-        # torchvision's ViTs take their input size as a constructor argument
-        kwargs.setdefault("image_size", int(cfg.dataset.image_size))
-    return torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
+        if str(m.name).startswith("vit_"):
+            # torchvision's ViTs take their input size as a constructor argument
+            kwargs.setdefault("image_size", int(cfg.dataset.image_size))
+        model = torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
+    if m.get("checkpointing"):
+        apply_checkpointing(model, str(m.name))
+    return model
+
+
+class Checkpointed(nn.Module):
+    """One stage whose activations are not kept for backward but recomputed there
+    (torch.utils.checkpoint): less memory for activations, about one more forward of compute.
+
+    use_reentrant=False is the variant PyTorch recommends (works with torch.compile, with inputs
+    that need no grad, and with DDP); the RNG state is saved and restored by default, so
+    dropout in a ViT block recomputes the same mask. BatchNorm's running statistics are
+    updated again by the recomputation: harmless for a throughput benchmark."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        if self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self.inner, *args, use_reentrant=False)
+        return self.inner(*args)
+
+
+def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
+    """Wrap the model's stages in `Checkpointed`, in place: a ResNet's layer1..layer4, each of
+    a ViT's encoder blocks, the tiny CNN's features. The stem and the head stay as they are:
+    their activations are small and recomputing them buys nothing."""
+    stages = []
+    if hasattr(model, "layer4"):  # torchvision ResNet, Wide ResNet, ResNeXt
+        stages = [(model, f"layer{i}") for i in range(1, 5)]
+    elif hasattr(model, "encoder") and hasattr(model.encoder, "layers"):  # VisionTransformer
+        stages = [(model.encoder.layers, n) for n, _ in model.encoder.layers.named_children()]
+    elif isinstance(model, TinyNet):
+        stages = [(model, "features")]
+    if not stages:
+        raise ConfigError("model.checkpointing", True,
+                          f"false for {name} (checkpointing is wired for torchvision ResNets, "
+                          f"ViTs and tiny)")
+    for parent, attr in stages:
+        setattr(parent, attr, Checkpointed(getattr(parent, attr)))
+    return model
 
 
 def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Module:

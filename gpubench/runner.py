@@ -37,7 +37,14 @@ from gpubench.precision import apply_backend_flags, resolve_precision
 from gpubench.record import RESULTS_FILE, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.secrets import mask_tree
 from gpubench.stats import WindowStats, pool
-from gpubench.step import TrainStep, count_step_flops_split, is_oom, make_optimizer
+from gpubench.step import (
+    TrainStep,
+    count_step_flops_split,
+    is_oom,
+    make_optimizer,
+    set_cudnn_benchmark,
+    step_figures,
+)
 from gpubench.summary import summarize
 
 log = logging.getLogger("gpubench")
@@ -165,6 +172,7 @@ class Benchmark:
         cfg, device, rec = self.cfg, self.device, self.record
         self.plan = resolve_precision(_enum_value(cfg.precision.name), device)
         apply_backend_flags(self.plan)
+        set_cudnn_benchmark(cfg.bench.cudnn_benchmark)
         shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
         self.pipe = build_pipeline(cfg, device, shard)
         rec.data_info = self.pipe.info
@@ -172,14 +180,17 @@ class Benchmark:
             model = prepare_model(build_model(cfg), device, bool(cfg.channels_last))
             x, y = self.pipe.device_batch()
             self._check_width(model, x)
-            opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr))
+            opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr),
+                                 cfg.bench.optimizer_impl)
             if cfg.bench.flops:
                 split = count_step_flops_split(model, self.plan, device, x, y)
                 rec.flops_per_step = split and split["total"]
                 rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), cfg.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
-                                  cfg.fault.oom_above_batch if self.fault_here else None)
+                                  cfg.fault.oom_above_batch if self.fault_here else None,
+                                  int(cfg.bench.grad_accum_steps),
+                                  int(cfg.bench.host_metrics_every))
         self._maybe_fail(0)
 
     @property
@@ -351,7 +362,8 @@ class Benchmark:
 
             name = "e2e" if self.step is not None else "loader"
             self.record.extra["profile"] = profile_steps(
-                *self._functions(name), self.device, self.out, int(self.cfg.bench.profile_steps))
+                *self._functions(name), self.device, self.out, int(self.cfg.bench.profile_steps),
+                step=self.step)
             self.save()
         self.record.skipped_samples = self.pipe.skipped
 
@@ -375,6 +387,7 @@ class Benchmark:
                 self.save()
 
         self.dist.watch(peer_failed)
+        gpulog = self._start_gpulog()
         try:
             self.measure()
         except KeyboardInterrupt as e:
@@ -397,8 +410,18 @@ class Benchmark:
                 status, error = Status.failed, f"{type(e).__name__}: {e}"
         finally:
             self.monitor.stop()
+            if gpulog is not None:
+                gpulog.stop()
+                rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
+                                            "gpm": gpulog.gpm is not None,
+                                            "note": gpulog.note or None}
+                if not rec.path.exists():  # bad input found while building: nothing is kept
+                    gpulog.path.unlink(missing_ok=True)
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
+        figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
+        if figures is not None:
+            rec.extra["step"] = figures
         self._release()
         try:
             self.summarize()
@@ -413,6 +436,15 @@ class Benchmark:
         rec.status, rec.error = status, error
         self.save()
         return interrupted
+
+    def _start_gpulog(self):
+        """gpu_metrics.csv beside results.json, the whole run long (gpubench/gpulog.py); rank
+        0's device only, with the sampler (bench.monitor)."""
+        if not (self.cfg.bench.monitor and self.dist.main):
+            return None
+        from gpubench.gpulog import GpuLog
+
+        return GpuLog(self.device, self.out, float(self.cfg.bench.monitor_interval_s)).start()
 
     def _release(self) -> None:
         if self.pipe is not None:

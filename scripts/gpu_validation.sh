@@ -14,12 +14,15 @@
 #                  over_ceiling, a minimum of warm-up steps after the compile (findings 4, 6)
 #   idle       (3) host data wait vs device idle from events (finding 7)
 #   memory     (2) the memory gate: torch reserved vs device memory in use (finding 9)
+#   step       (6) the step knobs and the profile breakdown: gpu_metrics.csv (GPM columns on
+#                  Hopper), device busy/idle and H2D overlap from a trace, grad accumulation,
+#                  per-step host metrics' cost, fused AdamW, checkpointing's memory
 #   tests default compute workers harness monitor sweep: the earlier plan, unchanged
 # Logs go to $OUT (or ./gpu_logs), one file per part. A line starting "CHECK FAIL" marks a
 # finding the GPU contradicts; "CHECK ok" one it confirms; the part's exit status is 1 on any
 # CHECK FAIL.
 set -uo pipefail
-part=${1:?part: review precision devicedata compile idle memory tests default compute workers harness monitor sweep}
+part=${1:?part: review precision devicedata compile idle memory step tests default compute workers harness monitor sweep}
 out=${OUT:-gpu_logs}
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -117,6 +120,38 @@ case $part in
       '0.3e9 < ph(r, "compute", "telemetry")["non_torch_peak_bytes"] < 4e9' $runs/r50
     check "the gate uses the larger figure" \
       'r["peak_memory_bytes"] >= ph(r, "compute", "telemetry")["device_used_peak_bytes"]' $runs/r50
+    finish ;;
+  step) # the train step's knobs and where its time goes (docs/profiling.md)
+    python3 -m pytest -q -m gpu tests/test_gpulog.py -p no:cacheprovider -s 2>&1 | tee -a "$log"
+    S="$R50 dataset=device_synthetic precision=amp_bf16 channels_last=true loader.batch_size=128 bench.steps=30 'bench.phases=[compute]'"
+    gb $R50 dataset=fake_jpeg dataset.num_samples=1024 loader.num_workers=4 precision=amp_bf16 \
+      channels_last=true loader.batch_size=128 'bench.phases=[e2e]' bench.steps=20 \
+      bench.profile=true bench.profile_steps=5 hydra.run.dir=$runs/profile
+    check "breakdown has device busy/idle and H2D overlap" \
+      'r["profile"]["breakdown"]["device_busy_s"] > 0 and r["profile"]["breakdown"]["h2d_overlap_fraction"] is not None' $runs/profile
+    check "device busy + idle = the device window" \
+      'abs(r["profile"]["breakdown"]["device_busy_s"] + r["profile"]["breakdown"]["device_idle_s"] - r["profile"]["breakdown"]["device_window_s"]) < 1e-6' $runs/profile
+    check "kernel time attributed to forward, backward and optimizer" \
+      'all(r["profile"]["breakdown"][f"device_{p}_s"] > 0 for p in ("forward", "backward", "optimizer"))' $runs/profile
+    check "host parts cover the profiled step" 'r["profile"]["breakdown"]["covered"]' $runs/profile
+    check "gpu_metrics.csv written with rows" 'r["gpu_metrics"]["rows"] > 5' $runs/profile
+    for v in "k1 bench.grad_accum_steps=1" "k4 bench.grad_accum_steps=4" "hm0 bench.host_metrics_every=0" \
+             "hm1 bench.host_metrics_every=1" "fused bench.optimizer=adamw bench.optimizer_impl=fused" \
+             "foreach bench.optimizer=adamw bench.optimizer_impl=foreach" "ckpt model.checkpointing=true" \
+             "cudnn bench.cudnn_benchmark=true"; do
+      set -- $v; name=$1; shift
+      eval gb $S "$@" hydra.run.dir=$runs/$name
+    done
+    check "grad accumulation: optimizer steps/sec = micro-batches/sec / 4" \
+      'abs(r["step"]["optimizer_steps_per_sec"] * 4 - r["step"]["micro_batches_per_sec"]) < 1e-6' $runs/k4
+    check "grad accumulation 4 at least as fast per image as 1 (fewer optimizer steps)" \
+      'r["compute_images_per_sec"] >= 0.97 * r2["compute_images_per_sec"]' $runs/k4 $runs/k1
+    check "host metrics every step cost something (report the figure)" \
+      'r["compute_images_per_sec"] <= r2["compute_images_per_sec"] * 1.02' $runs/hm1 $runs/hm0
+    check "checkpointing lowers torch peak reserved at the same batch" \
+      'r["torch_peak_reserved_bytes"] < 0.8 * r2["torch_peak_reserved_bytes"]' $runs/ckpt $runs/k1
+    check "checkpointing costs compute (slower per image)" \
+      'r["compute_images_per_sec"] < r2["compute_images_per_sec"]' $runs/ckpt $runs/k1
     finish ;;
   tests)   python3 -m pytest -q tests/test_gpu.py tests/test_data.py -m gpu 2>&1 | tee -a "$log" ;;
   default) gb tracking=none ;;

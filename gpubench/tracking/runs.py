@@ -36,8 +36,9 @@ CONFIG_FILE = "resolved_config.yaml"  # the config as measured (auto sizes fille
 PARENT_ENV = "GPUBENCH_MLFLOW_PARENT_RUN_ID"
 
 # files of a run dir worth keeping next to the run: plots, profiler traces, the job log
-ARTIFACT_GLOBS = ("*.png", "*.svg", "*.html", "*.log", "*trace*.json", "*.json.gz")
+ARTIFACT_GLOBS = ("*.png", "*.svg", "*.html", "*.log", "*.csv", "*trace*.json", "*.json.gz")
 ARTIFACT_DIRS = ("traces", "profiler", "plots")
+GPU_LOG = "gpu_metrics.csv"  # written by gpubench/gpulog.py beside results.json
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
 MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
 PARAMS_PER_BATCH = 100
@@ -111,6 +112,12 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     for i in range(0, len(params), PARAMS_PER_BATCH):
         c.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
     metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
+    log_csv = run_dir / GPU_LOG
+    if log_csv.is_file():  # the nvidia-smi-style log as series (gpu_metrics/...)
+        from gpubench.gpulog import series
+
+        metrics += [Metric(k, v, ts or int(time.time() * 1000), step)
+                    for k, v, step, ts in series(log_csv)]
     for i in range(0, len(metrics), METRICS_PER_BATCH):
         c.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
     # the runs table's Dataset column is shown by default: name the data the run read

@@ -1,0 +1,269 @@
+"""The train step's knobs compose, run on the tiny model on CPU and change what they should."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpubench.config import ConfigError, validate
+from gpubench.models import Checkpointed, build_model
+from gpubench.precision import resolve_precision
+from gpubench.runner import measure_run
+from gpubench.step import TrainStep, make_optimizer
+
+
+def _step(cfg, **kw):
+    model = build_model(cfg)
+    opt = make_optimizer(model, cfg.bench.optimizer, 0.01, cfg.bench.optimizer_impl)
+    return model, TrainStep(model, resolve_precision("fp32", "cpu"), "cpu", opt, **kw)
+
+
+def _batch(n=4, size=16):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_grad_accum_steps_the_optimizer_every_k_micro_batches(compose_cfg):
+    cfg = compose_cfg("bench.grad_accum_steps=3")
+    model, step = _step(cfg, grad_accum_steps=3)
+    w0 = model.fc.weight.detach().clone()
+    x, y = _batch()
+    step(x, y)
+    step(x, y)
+    assert torch.equal(model.fc.weight, w0)  # two micro-batches: gradients only
+    assert model.fc.weight.grad is not None
+    step(x, y)
+    assert not torch.equal(model.fc.weight, w0)  # the third steps the optimizer
+    assert model.fc.weight.grad is None  # and clears the gradients
+    for _ in range(9):
+        step(x, y)
+    assert (step.micro_batches, step.optimizer_steps) == (12, 4)
+
+
+def test_accumulated_gradient_is_the_mean_of_the_micro_batches(compose_cfg):
+    """Two micro-batches of 4 accumulate the same gradient as one batch of 8."""
+    cfg = compose_cfg()
+    x, y = _batch(8)
+    torch.manual_seed(0)
+    one, s1 = _step(cfg)
+    torch.manual_seed(0)
+    two, s2 = _step(cfg, grad_accum_steps=2)
+    one.eval(), two.eval()  # batch norm in eval: the batch split must not change statistics
+    s1.opt.step = s2.opt.step = lambda: None  # keep the gradients to compare them
+    s1.opt.zero_grad = s2.opt.zero_grad = lambda set_to_none=True: None
+    s1(x, y)
+    s2(x[:4], y[:4])
+    s2(x[4:], y[4:])
+    assert torch.allclose(one.fc.weight.grad, two.fc.weight.grad, atol=1e-6)
+
+
+def test_run_reports_optimizer_steps_per_sec(compose_cfg, tmp_path):
+    rec = measure_run(compose_cfg("bench.grad_accum_steps=2", "bench.phases=[e2e]"),
+                      tmp_path).record
+    fig = rec.extra["step"]
+    assert fig["grad_accum_steps"] == 2
+    assert fig["optimizer_steps"] == fig["micro_batches"] // 2
+    micro = rec.images_per_sec / 4
+    assert fig["micro_batches_per_sec"] == pytest.approx(micro)
+    assert fig["optimizer_steps_per_sec"] == pytest.approx(micro / 2)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["step"]["optimizer_steps_per_sec"] == pytest.approx(micro / 2)
+
+
+def test_host_metrics_read_every_k_micro_batches(compose_cfg, tmp_path):
+    off = measure_run(compose_cfg("bench.phases=[compute]"), tmp_path / "off").record
+    assert off.extra["step"]["host_metrics_reads"] == 0
+    assert off.extra["step"]["host_metrics_last"] is None
+    on = measure_run(compose_cfg("bench.phases=[compute]", "bench.host_metrics_every=2"),
+                     tmp_path / "on").record
+    fig = on.extra["step"]
+    assert fig["host_metrics_reads"] == fig["micro_batches"] // 2 > 0
+    assert set(fig["host_metrics_last"]) == {"loss", "accuracy"}
+    assert 0.0 <= fig["host_metrics_last"]["accuracy"] <= 1.0
+    assert fig["host_metrics_last"]["loss"] > 0
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("impl", ["auto", "for_loop", "fused"])
+def test_optimizer_and_implementation(compose_cfg, tmp_path, optimizer, impl):
+    cfg = compose_cfg(f"bench.optimizer={optimizer}", f"bench.optimizer_impl={impl}")
+    model, step = _step(cfg)
+    opt = step.opt
+    assert type(opt).__name__ == {"sgd": "SGD", "adamw": "AdamW"}[optimizer]
+    group = opt.param_groups[0]
+    if impl == "fused":
+        assert group["fused"] is True
+    if impl == "for_loop":
+        assert group["foreach"] is False
+    w0 = model.fc.weight.detach().clone()
+    step(*_batch())
+    assert not torch.equal(model.fc.weight, w0)
+    if optimizer == "sgd":
+        assert group["momentum"] == 0.9
+
+
+def test_foreach_on_cpu_is_one_line_naming_the_key(compose_cfg):
+    with pytest.raises(ConfigError) as e:
+        validate(compose_cfg("bench.optimizer_impl=foreach"))
+    assert e.value.key == "bench.optimizer_impl" and "foreach" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("bench.optimizer_impl=apex", "bench.optimizer_impl"),
+    ("bench.grad_accum_steps=0", "bench.grad_accum_steps"),
+    ("bench.grad_accum_steps=2000", "bench.grad_accum_steps"),
+    ("bench.host_metrics_every=-1", "bench.host_metrics_every"),
+])
+def test_bad_step_knobs(compose_cfg, override, key):
+    with pytest.raises(ConfigError) as e:
+        validate(compose_cfg(override))
+    assert e.value.key == key
+
+
+def test_checkpointing_only_where_wired(compose_cfg):
+    with pytest.raises(ConfigError) as e:
+        validate(compose_cfg("model=mobilenet_v3_small", "model.checkpointing=true"))
+    assert e.value.key == "model.checkpointing" and "mobilenet_v3_small" in str(e.value)
+    validate(compose_cfg("model=resnet18", "model.checkpointing=true"))
+    validate(compose_cfg("model=vit_b_16", "model.checkpointing=true"))
+
+
+@pytest.mark.parametrize("name, stages", [("resnet18", 4), ("vit_b_16", 12), ("tiny", 1)])
+def test_checkpointing_wraps_the_stages(compose_cfg, name, stages):
+    cfg = compose_cfg(f"model={name}", "model.checkpointing=true", "dataset.image_size=32",
+                      "model.num_classes=10")
+    model = build_model(cfg)
+    assert sum(isinstance(m, Checkpointed) for m in model.modules()) == stages
+
+
+def test_checkpointing_gives_the_same_gradients(compose_cfg):
+    cfg = compose_cfg("model.num_classes=10")
+    x, y = _batch(8)
+    torch.manual_seed(0)
+    plain = build_model(cfg).eval()
+    torch.manual_seed(0)
+    cfg.model.checkpointing = True
+    ckpt = build_model(cfg).eval()
+    for m in (plain, ckpt):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    assert torch.allclose(plain.fc.weight.grad, ckpt.fc.weight.grad, atol=1e-6)
+
+
+def test_tiny_run_with_every_knob(compose_cfg, tmp_path):
+    rec = measure_run(compose_cfg(
+        "model.checkpointing=true", "bench.grad_accum_steps=2", "bench.optimizer=adamw",
+        "bench.optimizer_impl=fused", "bench.cudnn_benchmark=true", "bench.host_metrics_every=1",
+    ), tmp_path).record
+    assert rec.status.value == "ok"
+    assert rec.extra["step"]["optimizer_steps"] > 0
+
+
+# Peak memory of one forward+backward, in a fresh process each (VmHWM is the process's
+# high-water mark of resident memory, so nothing measured earlier can mask it). A small ViT of
+# 12 equal blocks: without checkpointing every block's activations (attention maps included)
+# are held until backward; with it, the blocks' inputs and one block recomputed at a time.
+# (A ResNet saves less: its first stage, recomputed whole, is most of its activations; resnet18
+# at 224 px, batch 16 showed 55-135 MB less here, too close to this machine's RSS noise.)
+PEAK = r"""
+import sys, torch
+from torchvision.models import VisionTransformer
+from gpubench.models import apply_checkpointing
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one allocation pattern, whatever the machine's cores
+m = VisionTransformer(image_size=64, patch_size=4, num_layers=12, num_heads=4, hidden_dim=128,
+                      mlp_dim=512, num_classes=10)
+if sys.argv[1] == "1":
+    apply_checkpointing(m, "vit_small")
+x = torch.randn(16, 3, 64, 64)
+torch.nn.functional.cross_entropy(m(x), torch.zeros(16, dtype=torch.long)).backward()
+# VmHWM: this process's own peak (ru_maxrss would start from the parent's peak: Linux carries
+# it across fork and exec, so under a large pytest process both runs read the parent's)
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(int(hwm.split()[1]) * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_checkpointing_lowers_peak_host_memory():
+    def peak(flag: str) -> int:
+        out = subprocess.run([sys.executable, "-c", PEAK, flag], capture_output=True, text=True,
+                             check=True, timeout=300)
+        return int(out.stdout.split()[-1])
+
+    plain, ckpt = peak("0"), peak("1")
+    # measured on a 2-core CPU box: 1287-1295 MB vs 1050-1098 MB peak RSS (190-245 MB less, two
+    # pairs of runs); demand a clear margin, not just any difference
+    assert plain - ckpt > 120 * 2**20, (plain, ckpt)
+
+
+def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path):
+    import torch
+
+    from gpubench.precision import user_flags
+
+    before = torch.backends.cudnn.benchmark
+    # the process's own flag as torch_default restores it (earlier runs in this process may
+    # have left the live flag otherwise)
+    users = user_flags()["cudnn_benchmark"]
+    try:
+        on = measure_run(compose_cfg("bench.cudnn_benchmark=true", "bench.phases=[compute]"),
+                         tmp_path / "on").record
+        assert on.extra["step"]["cudnn_benchmark"] is True
+        off = measure_run(compose_cfg("bench.cudnn_benchmark=false", "precision=fp32",
+                                      "bench.phases=[compute]"), tmp_path / "off").record
+        assert off.extra["step"]["cudnn_benchmark"] is False  # the key beats fp32's default
+        plan = measure_run(compose_cfg("precision=fp32", "bench.phases=[compute]"),
+                           tmp_path / "plan").record
+        assert plan.extra["step"]["cudnn_benchmark"] is True  # null: as fp32 sets it
+        # a later torch_default run in the same process (a sweep's next trial) gets the
+        # process's own flag back, not the last run's
+        user = measure_run(compose_cfg("bench.phases=[compute]"), tmp_path / "user").record
+        assert user.extra["step"]["cudnn_benchmark"] is users
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, key", [
+    ("bench.optimizer_impl=foreach", "bench.optimizer_impl"),
+    ("bench.optimizer_impl=turbo", "bench.optimizer_impl"),
+    ("bench.grad_accum_steps=0", "bench.grad_accum_steps"),
+    ("bench.grad_accum_steps=two", "bench.grad_accum_steps"),
+    ("bench.host_metrics_every=-5", "bench.host_metrics_every"),
+    ("model.checkpointing=maybe", "model.checkpointing"),
+])
+def test_cli_bad_step_knob_is_one_line(tmp_path, override, key):
+    from conftest import TINY, run_cli
+
+    proc = run_cli(*TINY, override, cwd=tmp_path)
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and key in err[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("outputs/runs/*/*/results.json"))
+    assert not list(tmp_path.glob("outputs/runs/*/*/gpu_metrics.csv"))
+
+
+@pytest.mark.slow
+def test_cli_checkpointing_on_an_unwired_model_is_one_line(tmp_path):
+    from conftest import TINY, run_cli
+
+    proc = run_cli(*TINY, "model=mobilenet_v3_small", "model.checkpointing=true", cwd=tmp_path)
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(err) == 1 and "model.checkpointing" in err[0], proc.stderr
+
+
+def test_step_sweep_preset_composes():
+    from conftest import compose_config
+
+    cfg = compose_config("sweep=step", hydra=True)
+    params = cfg.hydra.sweeper.params
+    assert set(params) == {"bench.optimizer_impl", "bench.cudnn_benchmark",
+                           "bench.host_metrics_every", "model.checkpointing"}
+    thr = compose_config("sweep=throughput", hydra=True).hydra.sweeper.params
+    assert thr["bench.cudnn_benchmark"] == "choice(false,true)"
