@@ -1,28 +1,42 @@
-"""One clear line for bad input that Hydra rejects before gpubench's own checks run.
+"""The command line's error layer: every error that ends `gpubench` is one line on stderr.
 
-Hydra reports a composition error (an unknown group option, a value of the wrong type or
-outside an Enum) over several lines plus a hint about HYDRA_FULL_ERROR. While the config is
-being composed we hold stderr back; if composition fails, we print one line naming the key,
-the value and what is allowed. With HYDRA_FULL_ERROR=1 nothing is held back.
+Hydra reports a failure over several lines (a trimmed traceback, or a composition report plus a
+hint about HYDRA_FULL_ERROR) and exits 1; argparse prints its usage line before its reason. While
+Hydra composes the config and between jobs, stderr is held back; a job's own output goes straight
+through. When the command fails, the held report is dropped and one line is printed instead,
+built from the exception Hydra caught (unwrapped from InstantiationException to its cause) or
+from argparse's reason. With HYDRA_FULL_ERROR=1 nothing is held back and tracebacks show.
+
+Ctrl-C and SIGTERM (what schedulers, `timeout` and Kubernetes send) end the command the same way:
+the runner marks the run `killed` and keeps its phases, and one line is printed (exit 130/143).
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
+import signal
 import sys
 from contextlib import contextmanager
 
+# exit codes: bad input (what argparse uses too), a failure while running, and 128 + signal
+BAD_INPUT, FAILED = 2, 1
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
+
 
 def one_line(report: str) -> str:
-    """Condense Hydra's multi-line composition error into one line."""
+    """Condense Hydra's multi-line composition error (or argparse's output) into one line."""
     m = re.search(r"Could not find '([^']+)/([^']+)'", report)
     if m:
         group, value = m.groups()
         opts = re.search(r"Available options in '[^']+':\n((?:\t.*\n?)+)", report)
         allowed = ", ".join(o.strip() for o in opts.group(1).splitlines()) if opts else "?"
         return f"{group}={value} is not allowed: one of {allowed}"
+    m = re.search(r"^\S+: error: (.+)$", report, re.MULTILINE)  # argparse: "prog: error: why"
+    if m and report.lstrip().startswith("usage:"):
+        return f"{m.group(1)} (see gpubench --help)"
     key = re.search(r"full_key: (\S+)", report)
     lines = [
         ln.strip()
@@ -38,35 +52,171 @@ def one_line(report: str) -> str:
     return f"{key.group(1)}: {msg}" if key else msg
 
 
+def root_cause(ex: BaseException) -> BaseException:
+    """The error under Hydra's wrappers: instantiating the sweeper or a callback wraps whatever
+    its constructor raised in an InstantiationException whose text is 'Error in call to target'."""
+    from hydra.errors import InstantiationException
+
+    seen = set()
+    while isinstance(ex, InstantiationException) and ex.__cause__ is not None and id(ex) not in seen:
+        seen.add(id(ex))
+        ex = ex.__cause__
+    return ex
+
+
+def _flat(text: str) -> str:
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def describe(ex: BaseException) -> tuple[str, int]:
+    """One line and an exit code for the exception that ended the command."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from gpubench.config import ConfigError
+    from gpubench.files import WriteError
+
+    ex = root_cause(ex)
+    if isinstance(ex, ConfigError):
+        return str(ex), BAD_INPUT
+    if isinstance(ex, (HydraException, OmegaConfBaseException)):
+        # the report Hydra would print: its message, and for a bad override OmegaConf's cause
+        report = str(ex)
+        if isinstance(ex.__cause__, OmegaConfBaseException):
+            report += "\n" + str(ex.__cause__)
+        return _flat(one_line(report)), BAD_INPUT
+    if isinstance(ex, WriteError):  # already one line: the path, the reason, the free space
+        return str(ex), FAILED
+    if isinstance(ex, OSError):
+        # the path is the useful part: "[Errno 30] Read-only file system: '/x'" reads backwards
+        where = f"{ex.filename}: " if ex.filename and str(ex.filename) not in str(ex.strerror) else ""
+        return f"{where}{_flat(ex.strerror or str(ex))} ({type(ex).__name__})", FAILED
+    if isinstance(ex, (ValueError, TypeError, LookupError)):  # a setting Hydra or a library refused
+        return _flat(f"{ex}") or type(ex).__name__, BAD_INPUT
+    return f"{type(ex).__name__}: {_flat(str(ex))}", FAILED
+
+
+class Exit(SystemExit):
+    """A deliberate exit status chosen by the task (oom, failed, not tracked): passed through."""
+
+
 class _Held(io.StringIO):
     pass
 
 
-@contextmanager
-def compact_compose_errors():
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        yield
-        return
-    real = sys.stderr
-    held = _Held()
-    sys.stderr = held
-    try:
-        yield
-    except SystemExit as e:
-        if sys.stderr is held and e.code not in (0, None):  # failed while composing: Hydra wrote its report into `held`
-            sys.stderr = real
-            print(f"gpubench: error: {one_line(held.getvalue())}", file=real)
-            raise SystemExit(2) from None
-        raise
-    finally:
-        if sys.stderr is held:
-            sys.stderr = real
-            real.write(held.getvalue())
+class _Stderr:
+    """Where stderr is: held while Hydra composes and between jobs, real while a job runs."""
+
+    def __init__(self) -> None:
+        self.real = None
+        self.held: _Held | None = None
+
+    def hold(self) -> None:
+        if self.real is not None and self.held is None:
+            self.held = _Held()
+            sys.stderr = self.held
+
+    def release(self, keep: str | None = None) -> str:
+        """Stop holding; write what was held (or `keep` instead of it); return what was held."""
+        held, self.held = self.held, None
+        if held is None or self.real is None:
+            return ""
+        sys.stderr = self.real
+        text = held.getvalue()
+        self.real.write(text if keep is None else keep)
+        return text
+
+
+_stderr = _Stderr()
 
 
 def release_stderr() -> None:
-    """Called once the task starts: composition succeeded, stop holding stderr back."""
-    held = sys.stderr
-    if isinstance(held, _Held):
-        sys.stderr = sys.__stderr__
-        sys.stderr.write(held.getvalue())
+    """Called when a job starts: its output (warnings, progress) goes straight to the terminal."""
+    _stderr.release()
+
+
+def hold_stderr() -> None:
+    """Called when a job ends: what Hydra writes next (a failure report) is held back again."""
+    _stderr.hold()
+
+
+def _before_report(text: str, ex: BaseException | None) -> str:
+    """What was held before Hydra's failure report started (warnings from between the jobs)."""
+    marks = ["Traceback (most recent call last):", "Set the environment variable HYDRA_FULL_ERROR",
+             "Error executing job", "usage: "]
+    if ex is not None and str(ex).strip():
+        marks.append(str(ex).strip().splitlines()[0])
+    cut = min((i for i in (text.find(m) for m in marks) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def _on_sigterm(signum, frame) -> None:
+    # Further SIGTERMs are ignored so the cleanup this one starts (results.json, MLflow) can
+    # finish; SIGKILL still ends the process at once.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated("SIGTERM")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as a KeyboardInterrupt: every path that handles
+    Ctrl-C (the runner marks the run killed and keeps its phases) handles it too."""
+
+
+def install_sigterm() -> None:
+    # Python runs signal handlers in the main thread only, which is where the runner waits, so
+    # the exception lands where Ctrl-C's would.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _interrupted_line(e: KeyboardInterrupt) -> tuple[str, int]:
+    name, code = ("SIGTERM", EXIT_SIGTERM) if isinstance(e, Terminated) else ("Ctrl-C", EXIT_SIGINT)
+    result = getattr(e, "result", None)
+    kept = f"; status killed, measured phases kept in {result.path}" if result is not None else ""
+    return f"gpubench: interrupted by {name}{kept}", code
+
+
+@contextmanager
+def one_line_errors():
+    """Around the whole command: one line for any error (see the module docstring)."""
+    install_sigterm()
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        yield
+        return
+    _stderr.real = sys.stderr
+    _stderr.hold()
+    try:
+        yield
+    except Exit:
+        raise
+    except KeyboardInterrupt as e:
+        _stderr.release()
+        line, code = _interrupted_line(e)
+        print(line, file=sys.stderr)
+        raise SystemExit(code) from None
+    except SystemExit as e:
+        from gpubench.config import InputRejected
+
+        if e.code in (0, None):
+            raise
+        if isinstance(e, InputRejected):
+            cause: BaseException | None = e.code if isinstance(e.code, BaseException) else None
+        else:
+            # Hydra's run_and_report calls sys.exit(1) inside its `except`, so the exception
+            # it caught is the SystemExit's __context__; argparse exits after printing
+            cause = e.__context__
+            if isinstance(cause, (SystemExit, KeyboardInterrupt, argparse.ArgumentError)):
+                cause = None
+        held = _stderr.held.getvalue() if _stderr.held is not None else ""
+        if cause is None and not held.strip():
+            _stderr.release()
+            raise
+        if cause is not None:
+            line, code = describe(cause)
+        else:
+            line, code = one_line(held), BAD_INPUT
+        _stderr.release(keep=_before_report(held, cause))
+        print(f"gpubench: error: {line}", file=sys.stderr)
+        raise SystemExit(code) from None
+    finally:
+        _stderr.release()
+        _stderr.real = None
