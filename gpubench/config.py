@@ -272,12 +272,15 @@ WORKERS_PER_CORE = 4
 
 def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
     """The 'allowed' text of a range, as the docs and the error line spell it."""
+    def fmt(v: float) -> str:
+        return str(int(v)) if kind == INT else f"{v:g}"
+
     if low is not None and high is not None:
-        text = f"{kind} in [{low:g}, {high:g}]"
+        text = f"{kind} in [{fmt(low)}, {fmt(high)}]"
     elif low is not None:
-        text = f"{kind} >= {low:g}"
+        text = f"{kind} >= {fmt(low)}"
     else:
-        text = f"{kind} <= {high:g}"
+        text = f"{kind} <= {fmt(high)}"
     return f"null or {text}" if nullable else text
 
 
