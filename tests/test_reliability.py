@@ -124,7 +124,7 @@ def _start_and_wait_for_loader(tmp_path: Path, *extra: str):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpubench", *TINY_NO_TRACKING, "bench.steps=1000000",
-         "bench.max_seconds=20", *extra],
+         "bench.max_seconds=3", *extra],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.time() + 120
