@@ -26,6 +26,9 @@ BAD_INPUT, FAILED = 2, 1
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
 
+_KINDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "bool": "true or false"}
+
+
 def one_line(report: str) -> str:
     """Condense Hydra's multi-line composition error (or argparse's output) into one line."""
     m = re.search(r"Could not find '([^']+)/([^']+)'", report)
@@ -49,6 +52,11 @@ def one_line(report: str) -> str:
     m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", report)
     if m and key:
         return f"{key.group(1)}={m.group(1)} is not allowed: one of {m.group(2)}"
+    m = (re.search(r"Value '([^']*)' of type '[^']*' could not be converted to (\w+)", report)
+         or re.search(r"Value '([^']*)' is not a valid (bool)", report))
+    if m and key:
+        kind = _KINDS.get(m.group(2), m.group(2))
+        return f"{key.group(1)}={m.group(1)} is not allowed: {kind}"
     return f"{key.group(1)}: {msg}" if key else msg
 
 

@@ -268,3 +268,14 @@ def test_describe_unwraps_hydra_and_names_paths():
     assert describe(RuntimeError("a\nb")) == ("RuntimeError: a; b", 1)
     usage = "usage: __main__.py [--help] [--hydra-help]\n__main__.py: error: unrecognized arguments: --x\n"
     assert one_line(usage) == "unrecognized arguments: --x (see gpubench --help)"
+
+
+def test_wrong_types_are_one_line_with_the_type(compose_cfg):
+    from gpubench.errors import describe
+
+    for override, line in (("loader.batch_size=abc", "loader.batch_size=abc is not allowed: an integer"),
+                           ("bench.lr=fast", "bench.lr=fast is not allowed: a number"),
+                           ("channels_last=maybe", "channels_last=maybe is not allowed: true or false")):
+        with pytest.raises(Exception) as err:
+            compose_cfg(override)
+        assert describe(err.value) == (line, 2)
