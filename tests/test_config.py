@@ -128,7 +128,7 @@ def _outside(kind, low, high):
 
 def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
     checked = 0
-    for key, kind, low, high, nullable in RANGES:
+    for key, kind, low, high, _nullable in RANGES:
         for bad in _outside(kind, low, high):
             with pytest.raises(ConfigError) as err:
                 validate(compose_cfg(f"{key}={bad}"))
@@ -139,7 +139,9 @@ def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
 
 
 def test_every_numeric_key_accepts_its_bounds(compose_cfg):
-    for key, kind, low, high, nullable in RANGES:
+    for key, _kind, low, high, nullable in RANGES:
+        if nullable:
+            validate(compose_cfg(f"{key}=null"))
         if key.startswith(("loader.num_workers", "loader.worker_threads", "dataset.num_samples",
                            "dataset.image_size", "bench.monitor_interval_s")):
             continue  # bounded by the machine or by another key too: tested below
