@@ -108,31 +108,53 @@ class Exit(SystemExit):
     """A deliberate exit status chosen by the task (oom, failed, not tracked): passed through."""
 
 
-class _Held(io.StringIO):
-    pass
+class _Gate(io.TextIOBase):
+    """sys.stderr for the whole command: holds what is written while closed, passes it straight
+    through while open. One object throughout, so a logging handler or library that kept a
+    reference to sys.stderr never writes into a buffer nobody reads."""
+
+    def __init__(self, real) -> None:
+        self.real, self.open, self._held = real, False, []
+
+    def write(self, text: str) -> int:
+        if self.open:
+            return self.real.write(text)
+        self._held.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.open:
+            self.real.flush()
+
+    def held(self) -> str:
+        return "".join(self._held)
+
+    def release(self, keep: str | None = None) -> None:
+        """Open the gate; write what was held (or `keep` instead of it)."""
+        text, self._held = self.held(), []
+        self.real.write(text if keep is None else keep)
+        self.real.flush()
+        self.open = True
+
+    def __getattr__(self, name):  # fileno, isatty, encoding...: the real stream's
+        return getattr(self.real, name)
 
 
 class _Stderr:
-    """Where stderr is: held while Hydra composes and between jobs, real while a job runs."""
+    """The gate while a command runs (None outside one, e.g. under tests calling main())."""
 
-    def __init__(self) -> None:
-        self.real = None
-        self.held: _Held | None = None
+    gate: _Gate | None = None
 
     def hold(self) -> None:
-        if self.real is not None and self.held is None:
-            self.held = _Held()
-            sys.stderr = self.held
+        if self.gate is not None:
+            self.gate.open = False
 
-    def release(self, keep: str | None = None) -> str:
-        """Stop holding; write what was held (or `keep` instead of it); return what was held."""
-        held, self.held = self.held, None
-        if held is None or self.real is None:
-            return ""
-        sys.stderr = self.real
-        text = held.getvalue()
-        self.real.write(text if keep is None else keep)
-        return text
+    def release(self, keep: str | None = None) -> None:
+        if self.gate is not None:
+            self.gate.release(keep)
+
+    def held(self) -> str:
+        return self.gate.held() if self.gate is not None else ""
 
 
 _stderr = _Stderr()
@@ -158,7 +180,17 @@ def _before_report(text: str, ex: BaseException | None) -> str:
     return text[:cut]
 
 
+_main_pid: int | None = None
+
+
 def _on_sigterm(signum, frame) -> None:
+    if os.getpid() != _main_pid:
+        # a forked child (a DataLoader worker) inherited this handler: it ends the way it did
+        # before, at once. The DataLoader stops its workers with SIGTERM at shutdown, and
+        # multiprocessing then joins them, so a worker must never outlive or ignore one.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     # Further SIGTERMs are ignored so the cleanup this one starts (results.json, MLflow) can
     # finish; SIGKILL still ends the process at once.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -173,6 +205,8 @@ class Terminated(KeyboardInterrupt):
 def install_sigterm() -> None:
     # Python runs signal handlers in the main thread only, which is where the runner waits, so
     # the exception lands where Ctrl-C's would.
+    global _main_pid
+    _main_pid = os.getpid()
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
@@ -190,8 +224,8 @@ def one_line_errors():
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield
         return
-    _stderr.real = sys.stderr
-    _stderr.hold()
+    real = sys.stderr
+    _stderr.gate = sys.stderr = _Gate(real)
     try:
         yield
     except Exit:
@@ -199,7 +233,7 @@ def one_line_errors():
     except KeyboardInterrupt as e:
         _stderr.release()
         line, code = _interrupted_line(e)
-        print(line, file=sys.stderr)
+        print(line, file=real)
         raise SystemExit(code) from None
     except SystemExit as e:
         from gpubench.config import InputRejected
@@ -214,17 +248,17 @@ def one_line_errors():
             cause = e.__context__
             if isinstance(cause, (SystemExit, KeyboardInterrupt, argparse.ArgumentError)):
                 cause = None
-        held = _stderr.held.getvalue() if _stderr.held is not None else ""
+        held = _stderr.held()
         if cause is None and not held.strip():
-            _stderr.release()
             raise
         if cause is not None:
             line, code = describe(cause)
         else:
             line, code = one_line(held), BAD_INPUT
         _stderr.release(keep=_before_report(held, cause))
-        print(f"gpubench: error: {line}", file=sys.stderr)
+        print(f"gpubench: error: {line}", file=real)
         raise SystemExit(code) from None
     finally:
         _stderr.release()
-        _stderr.real = None
+        sys.stderr = real
+        _stderr.gate = None
