@@ -139,8 +139,14 @@ class PrecisionConfig:
 class BenchSettings:
     device: DeviceKind = DeviceKind.auto
     phases: list[Phase] = field(default_factory=lambda: [Phase.loader, Phase.compute, Phase.e2e])
+    # warm-up: at least warmup_steps, then on until steps are steady (at most warmup_max_steps)
     warmup_steps: int = 5
+    warmup_max_steps: int = 50
+    # measured steps per phase, split into `repeats` windows interleaved across the phases
+    # (loader, compute, e2e, loader, ...): the windows give each phase its 95% interval
+    # (at most `steps` windows: each measures at least one step)
     steps: int = 50
+    repeats: int = 6
     # per-phase wall-clock caps, so no phase runs away on a slow device
     warmup_max_seconds: float = 60.0
     max_seconds: float = 60.0
@@ -180,6 +186,11 @@ class FaultConfig:
 
     oom_above_batch: int | None = None
     fail_message: str | None = None
+    # windows measured before fail_message is raised (0: while building, before any window)
+    fail_after_windows: int = 0
+    # every stall_every-th compute/e2e step sleeps stall_s seconds (a disturbed run)
+    stall_every: int | None = None
+    stall_s: float = 1.0
 
 
 @dataclass
@@ -249,8 +260,10 @@ RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
     ("loader.num_workers", INT, 0, 1024, False),  # and the machine's cores and RAM
     ("loader.prefetch_factor", INT, 1, 64, True),
     ("loader.worker_threads", INT, 1, 1024, False),  # and the machine's cores
-    ("bench.warmup_steps", INT, 0, 1_000_000, False),
+    ("bench.warmup_steps", INT, 0, 10_000, False),  # and <= bench.warmup_max_steps
+    ("bench.warmup_max_steps", INT, 0, 10_000, False),  # and >= bench.warmup_steps
     ("bench.steps", INT, 1, 10_000_000, False),
+    ("bench.repeats", INT, 1, 100, False),
     ("bench.warmup_max_seconds", FLOAT, 0.001, 86_400, False),
     ("bench.max_seconds", FLOAT, 0.001, 86_400, False),
     ("bench.seed", INT, 0, 2**32 - 1, False),  # numpy seeds stop at 2**32 - 1
@@ -261,6 +274,9 @@ RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
     ("memory.reserve", FLOAT, 0.0, 0.99, False),
     ("tracking.timeout_s", FLOAT, 0.1, 3600, False),
     ("fault.oom_above_batch", INT, 0, None, True),
+    ("fault.fail_after_windows", INT, 0, 1000, False),
+    ("fault.stall_every", INT, 1, None, True),
+    ("fault.stall_s", FLOAT, 0, 600, False),
 )
 # A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
 # process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
@@ -321,7 +337,7 @@ def auto_sizes(device: str) -> tuple[int, int]:
 
 
 def _check_machine(cfg: DictConfig, device: str) -> None:
-    """The ranges that depend on this machine: cores and free RAM."""
+    """The ranges that depend on this machine (cores, free RAM) or on another key."""
     ld, ds = cfg.loader, cfg.dataset
     cpus, free = usable_cpus(), available_ram()
     by_ram = free // WORKER_RAM_BYTES
@@ -341,6 +357,9 @@ def _check_machine(cfg: DictConfig, device: str) -> None:
             raise ConfigError("dataset.num_samples", ds.num_samples,
                               f"an integer in [1, {most_samples}] at {size} px on this machine "
                               f"(the pool must fit in half of the {free / 2**30:.1f} GiB RAM free)")
+    if cfg.bench.warmup_max_steps < cfg.bench.warmup_steps:
+        raise ConfigError("bench.warmup_max_steps", cfg.bench.warmup_max_steps,
+                          f">= bench.warmup_steps ({cfg.bench.warmup_steps})")
     if cfg.bench.monitor_interval_s > cfg.bench.max_seconds:
         raise ConfigError("bench.monitor_interval_s", cfg.bench.monitor_interval_s,
                           f"<= bench.max_seconds ({cfg.bench.max_seconds:g}): a window needs a sample")

@@ -143,7 +143,8 @@ def test_every_numeric_key_accepts_its_bounds(compose_cfg):
         if nullable:
             validate(compose_cfg(f"{key}=null"))
         if key.startswith(("loader.num_workers", "loader.worker_threads", "dataset.num_samples",
-                           "dataset.image_size", "bench.monitor_interval_s")):
+                           "dataset.image_size", "bench.monitor_interval_s",
+                           "bench.warmup_steps", "bench.warmup_max_steps")):
             continue  # bounded by the machine or by another key too: tested below
         for ok in (low, high):
             if ok is not None:
@@ -178,6 +179,9 @@ def test_machine_bounds(compose_cfg):
         validate(compose_cfg("dataset.num_samples=10000000", "dataset.image_size=4096"))
     with pytest.raises(ConfigError, match=r"bench.monitor_interval_s.*bench.max_seconds"):
         validate(compose_cfg("bench.monitor_interval_s=30", "bench.max_seconds=10"))
+    validate(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=3"))
+    with pytest.raises(ConfigError, match=r"bench.warmup_max_steps=2 .*>= bench.warmup_steps \(3\)"):
+        validate(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=2"))
 
 
 def test_model_outputs_must_cover_the_classes(compose_cfg):
