@@ -37,6 +37,11 @@ def _job(cfg: DictConfig) -> float:
 
     try:
         result = run_benchmark(cfg)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the entry's one line names the run dir
+        from hydra.core.hydra_config import HydraConfig
+
+        e.run_dir = HydraConfig.get().runtime.output_dir  # type: ignore[attr-defined]
+        raise
     except ConfigError as e:
         if not _multirun():  # raised on: gpubench.errors prints it as one line, exit 2
             raise

@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 # exit codes: bad input (what argparse uses too), a failure while running, and 128 + signal
 BAD_INPUT, FAILED = 2, 1
@@ -211,9 +212,15 @@ def install_sigterm() -> None:
 
 
 def _interrupted_line(e: KeyboardInterrupt) -> tuple[str, int]:
+    from gpubench import record
+
     name, code = ("SIGTERM", EXIT_SIGTERM) if isinstance(e, Terminated) else ("Ctrl-C", EXIT_SIGINT)
-    result = getattr(e, "result", None)
-    kept = f"; status killed, measured phases kept in {result.path}" if result is not None else ""
+    run_dir = getattr(e, "run_dir", None)  # set by the entry when a run was under way
+    rec = record.load(run_dir) if run_dir else None
+    kept = ""
+    if rec is not None:
+        kept = (f"; status {rec.status.value}, {len(rec.phases)} measured phase(s) kept in "
+                f"{Path(run_dir) / record.RESULTS_FILE}")
     return f"gpubench: interrupted by {name}{kept}", code
 
 

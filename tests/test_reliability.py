@@ -151,6 +151,7 @@ def test_sigterm_is_like_ctrl_c_and_reaches_mlflow(tmp_path):
     assert "Traceback" not in err
     ours = [ln for ln in err.splitlines() if ln.startswith("gpubench:")]
     assert len(ours) == 1 and ours[0].startswith("gpubench: interrupted by SIGTERM"), err
+    assert "status killed" in ours[0] and str(results) in ours[0], ours[0]
     data = json.loads(results.read_text())
     assert data["status"] == "killed"
     assert data["phases"]["loader"]["images_per_sec"] > 0  # measured phases kept
