@@ -418,12 +418,16 @@ def validate(cfg: DictConfig) -> str:
     return device
 
 
-def check_classes(model_out: int, num_classes: int, key: str = "model.num_classes") -> None:
-    """A classifier with fewer outputs than the dataset has classes fails at the first loss
-    ("Target 617 is out of bounds") after the loader was already measured. The runner calls this
-    with the built model's output width and the dataset's classes, before any phase."""
-    if model_out < num_classes:
-        raise ConfigError(key, model_out, f">= {num_classes}, the dataset's classes (one output per label)")
+def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
+                  value: Any = None) -> None:
+    """A classifier narrower than the dataset's classes fails at the first loss ("Target 617 is
+    out of bounds", a device-side assert on CUDA) after the loader was already measured.
+    `validate` calls this with model.num_classes (torchvision models); the runner with the built
+    model's output width (a custom `_target_`, key model._target_), before any phase."""
+    if width < num_classes:
+        raise ConfigError(key, width if value is None else value,
+                          f"a model whose output width covers the dataset's {num_classes} classes "
+                          f"(dataset.num_classes); it outputs {width}")
 
 
 # ---------------------------------------------------------------- URIs

@@ -185,13 +185,14 @@ def test_machine_bounds(compose_cfg):
 
 
 def test_model_outputs_must_cover_the_classes(compose_cfg):
-    with pytest.raises(ConfigError, match=r"model.num_classes=10 .*>= 1000"):
+    with pytest.raises(ConfigError, match=r"model.num_classes=10 .*covers the dataset's 1000 classes"):
         validate(compose_cfg("dataset.num_classes=1000", "model.num_classes=10"))
     validate(compose_cfg("dataset.num_classes=10", "model.num_classes=12"))
     check_classes(10, 10)
     with pytest.raises(ConfigError) as err:
-        check_classes(5, 10, key="model._target_")
-    assert err.value.key == "model._target_"
+        check_classes(5, 10, key="model._target_", value="team.Net")
+    assert (err.value.key, err.value.value) == ("model._target_", "team.Net")
+    assert str(err.value).endswith("it outputs 5")
 
 
 # ------------------------------------------------------------------ URIs

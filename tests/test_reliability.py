@@ -41,7 +41,7 @@ SINGLE = [
     ("tracking=mlflow tracking.uri=htp:/bad::uri", "tracking.uri", "http"),
     ("loader.num_workers=1000", "loader.num_workers=1000", "on this machine"),
     ("bench.monitor_interval_s=0", "bench.monitor_interval_s", "[0.05, 60]"),
-    ("model.num_classes=5", "model.num_classes=5", ">= 10"),
+    ("model.num_classes=5", "model.num_classes=5", "10 classes"),
     ("--bogus", "unrecognized arguments: --bogus", "--help"),
     ("compile=fast", "compile=fast", "max_autotune"),
 ]
