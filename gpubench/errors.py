@@ -186,16 +186,27 @@ _main_pid: int | None = None
 
 def _on_sigterm(signum, frame) -> None:
     if os.getpid() != _main_pid:
-        # a forked child (a DataLoader worker) inherited this handler: it ends the way it did
-        # before, at once. The DataLoader stops its workers with SIGTERM at shutdown, and
-        # multiprocessing then joins them, so a worker must never outlive or ignore one.
+        # a forked child inherited this handler (DataLoader workers replace it with torch's
+        # own): it ends the way it did before, at once
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    # `timeout`, Slurm and a terminal signal the whole process group, so DataLoader workers get
+    # this SIGTERM too and die of it (torch's worker handler exits quietly only when the parent
+    # sent it). torch's SIGCHLD handler in this process would then raise "DataLoader worker ...
+    # killed by signal" halfway through marking the run killed, replacing this interrupt. The
+    # run is ending: worker deaths from here on are expected, so SIGCHLD is no longer watched.
+    signal.signal(signal.SIGCHLD, _ignore_signal)
     # Further SIGTERMs are ignored so the cleanup this one starts (results.json, MLflow) can
     # finish; SIGKILL still ends the process at once.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated("SIGTERM")
+
+
+def _ignore_signal(signum, frame) -> None:
+    # a Python-level no-op rather than SIG_DFL: a SIGCHLD already pending when the handler
+    # changes still finds a Python handler to call
+    return
 
 
 class Terminated(KeyboardInterrupt):

@@ -126,6 +126,7 @@ def _start_and_wait_for_loader(tmp_path: Path, *extra: str):
         [sys.executable, "-m", "gpubench", *TINY_NO_TRACKING, "bench.steps=1000000",
          "bench.max_seconds=3", *extra],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, as under `timeout` or a scheduler
     )
     deadline = time.time() + 120
     while time.time() < deadline:  # until the loader phase has landed on disk
@@ -174,3 +175,19 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path):
     ours = [ln for ln in err.splitlines() if ln.strip()]
     assert ours == [ln for ln in ours if ln.startswith("gpubench: interrupted by Ctrl-C")], err
     assert json.loads(results.read_text())["status"] == "killed"
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
+    """`timeout`, Slurm and a terminal signal the whole group: the DataLoader worker dies of the
+    same SIGTERM, and the run must still end killed with one line, not with torch's "DataLoader
+    worker ... killed by signal" error."""
+    proc, results = _start_and_wait_for_loader(tmp_path, "tracking=none", "loader.num_workers=1",
+                                               "loader.persistent_workers=true")
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "killed by signal" not in err, err
+    assert [ln for ln in err.splitlines() if ln.strip()][-1].startswith("gpubench: interrupted by SIGTERM")
+    data = json.loads(results.read_text())
+    assert data["status"] == "killed" and data["phases"]["loader"]["images_per_sec"] > 0
