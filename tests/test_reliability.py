@@ -191,3 +191,16 @@ def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     assert [ln for ln in err.splitlines() if ln.strip()][-1].startswith("gpubench: interrupted by SIGTERM")
     data = json.loads(results.read_text())
     assert data["status"] == "killed" and data["phases"]["loader"]["images_per_sec"] > 0
+
+
+@pytest.mark.slow
+def test_names_from_a_team_config_dir_count(tmp_path):
+    team = tmp_path / "team_conf" / "experiment"
+    team.mkdir(parents=True)
+    (team / "ours.yaml").write_text("# @package _global_\nbench:\n  steps: 3\n")
+    ok = run_cli("-cd", str(team.parent), *TINY, "experiment=ours", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    bad = run_cli("-cd", str(team.parent), *TINY, "experiment=ourz", cwd=tmp_path)
+    lines = _stderr_lines(bad)
+    assert bad.returncode == 2 and len(lines) == 1, bad.stderr
+    assert "experiment='ourz'" in lines[0] and "ours" in lines[0] and "cpu_smoke" in lines[0]
