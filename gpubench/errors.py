@@ -14,7 +14,6 @@ the runner marks the run `killed` and keeps its phases, and one line is printed 
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 import signal
@@ -109,10 +108,12 @@ class Exit(SystemExit):
     """A deliberate exit status chosen by the task (oom, failed, not tracked): passed through."""
 
 
-class _Gate(io.TextIOBase):
+class _Gate:
     """sys.stderr for the whole command: holds what is written while closed, passes it straight
     through while open. One object throughout, so a logging handler or library that kept a
-    reference to sys.stderr never writes into a buffer nobody reads."""
+    reference to sys.stderr never writes into a buffer nobody reads. Not an io class: those
+    define fileno/isatty/encoding themselves, and a job must see the real stream's (torch's
+    faulthandler, rich's terminal detection)."""
 
     def __init__(self, real) -> None:
         self.real, self.open, self._held = real, False, []
