@@ -99,8 +99,10 @@ def describe(ex: BaseException) -> tuple[str, int]:
         # the path is the useful part: "[Errno 30] Read-only file system: '/x'" reads backwards
         where = f"{ex.filename}: " if ex.filename and str(ex.filename) not in str(ex.strerror) else ""
         return f"{where}{_flat(ex.strerror or str(ex))} ({type(ex).__name__})", FAILED
-    if isinstance(ex, (ValueError, TypeError, LookupError)):  # a setting Hydra or a library refused
-        return _flat(f"{ex}") or type(ex).__name__, BAD_INPUT
+    if isinstance(ex, ValueError) and str(ex).strip():
+        # a setting refused by the sweeper or a library (a search space, a sampler): its own
+        # message names it. Other types (TypeError, KeyError...) keep their name: a failure.
+        return _flat(str(ex)), BAD_INPUT
     return f"{type(ex).__name__}: {_flat(str(ex))}", FAILED
 
 

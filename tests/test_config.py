@@ -273,6 +273,8 @@ def test_describe_unwraps_hydra_and_names_paths():
     line, _ = describe(WriteError(28, "No space left on device (1.0 MiB free)", "/x/results.json"))
     assert line == "cannot write /x/results.json: No space left on device (1.0 MiB free)"
     assert describe(RuntimeError("a\nb")) == ("RuntimeError: a; b", 1)
+    assert describe(KeyError("x")) == ("KeyError: 'x'", 1)
+    assert describe(ValueError("range(8,4,1) is empty")) == ("range(8,4,1) is empty", 2)
     usage = "usage: __main__.py [--help] [--hydra-help]\n__main__.py: error: unrecognized arguments: --x\n"
     assert one_line(usage) == "unrecognized arguments: --x (see gpubench --help)"
 
