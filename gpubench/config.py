@@ -399,7 +399,7 @@ def validate(cfg: DictConfig) -> str:
     if cfg.tracking.backend not in ("mlflow", "none"):
         raise ConfigError("tracking.backend", cfg.tracking.backend, "mlflow or none")
     if cfg.tracking.backend == "mlflow":
-        check_uri("tracking.uri", cfg.tracking.uri, TRACKING_SCHEMES, path_ok=True)
+        check_tracking_uri(cfg.tracking.uri)
 
     kind = _enum_value(ds.name)
     if kind in ("imagefolder", "cifar10"):
@@ -441,12 +441,30 @@ _SQLALCHEMY = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
+def check_tracking_uri(uri: Any) -> None:
+    """tracking.uri (with tracking=mlflow): the one call site for its form, from `validate`
+    and from `InputCheck` (before an MLflow parent run exists)."""
+    check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
+
+
+def _hide_password(text: str) -> str:
+    """The URI as an error line may show it: a password in `user:pw@host` replaced by ***
+    (by pattern, not by parsing: the URI is malformed, or it would not be in an error)."""
+    return re.sub(r"([^:/@]+):([^@/]+)@", r"\1:***@", text)
+
+
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
     """Reject a malformed URI before any work (it would otherwise fail only when the run is
     logged or the study opened). `path_ok`: a bare local path is a store too (MLflow's)."""
     if uri is None:
         return
-    text = str(uri)
+    try:
+        _check_uri(key, str(uri), schemes, path_ok)
+    except ConfigError as e:  # the line names the URI, never its password
+        raise ConfigError(e.key, _hide_password(str(e.value)), e.allowed) from None
+
+
+def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
     allowed = f"a URI with scheme {', '.join(schemes)}" + (" or a local path" if path_ok else "")
     if not text.strip() or any(c.isspace() for c in text):
         raise ConfigError(key, text, allowed + " (no spaces)")
@@ -506,7 +524,7 @@ def check_before_work(cfg: DictConfig) -> None:
     creates a run dir, a sweeper or an MLflow parent run: group names and URIs."""
     check_choices(cfg)
     if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
-        check_uri("tracking.uri", OmegaConf.select(cfg, "tracking.uri"), TRACKING_SCHEMES, path_ok=True)
+        check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
     storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)
     if isinstance(storage, str):
         check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)

@@ -288,3 +288,17 @@ def test_wrong_types_are_one_line_with_the_type(compose_cfg):
         with pytest.raises(Exception) as err:
             compose_cfg(override)
         assert describe(err.value) == (line, 2)
+
+
+def test_uri_errors_never_show_a_password(compose_cfg):
+    from gpubench.config import STORAGE_SCHEMES, check_tracking_uri
+
+    with pytest.raises(ConfigError) as err:
+        check_tracking_uri("http://admin:s3cret@host:port")
+    assert "s3cret" not in str(err.value) and "admin:***@host" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check_uri("hydra.sweeper.storage", "postgresql:admin:s3cret@db", STORAGE_SCHEMES)
+    assert "s3cret" not in str(err.value) and "***@db" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("tracking=mlflow", "tracking.uri=http://admin:s3cret@host:port"))
+    assert "s3cret" not in str(err.value) and "admin:***@host" in str(err.value)
