@@ -191,6 +191,8 @@ class FaultConfig:
     # every stall_every-th compute/e2e step sleeps stall_s seconds (a disturbed run)
     stall_every: int | None = None
     stall_s: float = 1.0
+    # under torchrun: only this rank gets the faults above (null: every rank)
+    rank: int | None = None
 
 
 @dataclass
@@ -251,7 +253,7 @@ def _enum_value(v: Any) -> Any:
 # lists the same ranges (tests/test_config.py keeps the two in step).
 INT, FLOAT = "an integer", "a number"
 RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
-    ("dataset.image_size", INT, 8, 4096, True),
+    ("dataset.image_size", INT, 8, 65_535, True),  # JPEG's largest side; RAM bounds the pools
     ("dataset.num_classes", INT, 1, 1_000_000, False),
     ("dataset.num_samples", INT, 1, 10_000_000, False),
     ("dataset.jpeg_quality", INT, 1, 100, False),
@@ -277,6 +279,7 @@ RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
     ("fault.fail_after_windows", INT, 0, 1000, False),
     ("fault.stall_every", INT, 1, None, True),
     ("fault.stall_s", FLOAT, 0, 600, False),
+    ("fault.rank", INT, 0, None, True),
 )
 # A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
 # process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
