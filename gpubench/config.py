@@ -272,7 +272,7 @@ RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
     ("bench.monitor_interval_s", FLOAT, 0.05, 60, False),  # and <= bench.max_seconds
     ("bench.lr", FLOAT, 1e-12, 10, False),
     ("bench.profile_steps", INT, 1, 1000, False),
-    ("memory.ceiling", FLOAT, 0.01, 1.0, False),
+    ("memory.ceiling", FLOAT, 1e-6, 1.0, False),  # any fraction > 0: a tiny one forces over_ceiling
     ("memory.reserve", FLOAT, 0.0, 0.99, False),
     ("tracking.timeout_s", FLOAT, 0.1, 3600, False),
     ("fault.oom_above_batch", INT, 0, None, True),
