@@ -263,6 +263,9 @@ def one_line_errors():
             raise
         if isinstance(e, InputRejected):
             cause: BaseException | None = e.code if isinstance(e.code, BaseException) else None
+        elif e.__suppress_context__:
+            # `raise SystemExit(...) from None`: whoever exited has said why already
+            raise
         else:
             # Hydra's run_and_report calls sys.exit(1) inside its `except`, so the exception
             # it caught is the SystemExit's __context__; argparse exits after printing

@@ -302,3 +302,33 @@ def test_uri_errors_never_show_a_password(compose_cfg):
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg("tracking=mlflow", "tracking.uri=http://admin:s3cret@host:port"))
     assert "s3cret" not in str(err.value) and "admin:***@host" in str(err.value)
+
+
+def test_an_exit_that_explained_itself_is_not_repeated(capsys):
+    import signal
+    import sys
+
+    from gpubench.errors import one_line_errors
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as done:  # raise ... from None: the line is printed already
+            with one_line_errors():
+                try:
+                    raise ValueError("range(8,4,1) is empty")
+                except ValueError as e:
+                    print(f"gpubench: error: {e}", file=sys.stderr)
+                    raise SystemExit(2) from None
+        assert done.value.code == 2
+        assert capsys.readouterr().err.count("gpubench: error:") == 1
+        with pytest.raises(SystemExit) as done:  # Hydra's way: sys.exit(1) inside its except
+            with one_line_errors():
+                try:
+                    raise ValueError("range(8,4,1) is empty")
+                except ValueError:
+                    print("Traceback (most recent call last):\n  ...", file=sys.stderr)
+                    sys.exit(1)
+        assert done.value.code == 2
+        assert capsys.readouterr().err == "gpubench: error: range(8,4,1) is empty\n"
+    finally:
+        signal.signal(signal.SIGTERM, before)
