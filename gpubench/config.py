@@ -155,7 +155,16 @@ class BenchSettings:
     monitor_interval_s: float = 0.2
     flops: bool = True
     optimizer: str = "sgd"
+    # auto (torch's choice), for_loop, foreach or fused (where the device has the kernels)
+    optimizer_impl: str = "auto"
     lr: float = 0.01
+    # micro-batches per optimizer step: images/sec counts every micro-batch
+    grad_accum_steps: int = 1
+    # torch.backends.cudnn.benchmark; null: as the precision sets it (on for fp32/tf32/amp_*,
+    # the process's own flag, PyTorch's default off, for torch_default)
+    cudnn_benchmark: bool | None = None
+    # every k-th micro-batch reads loss and accuracy back to the host (0: never)
+    host_metrics_every: int = 0
     # after the measured windows: a torch.profiler trace of a few e2e steps (never timed)
     profile: bool = False
     profile_steps: int = 3
@@ -271,6 +280,8 @@ RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
     ("bench.seed", INT, 0, 2**32 - 1, False),  # numpy seeds stop at 2**32 - 1
     ("bench.monitor_interval_s", FLOAT, 0.05, 60, False),  # and <= bench.max_seconds
     ("bench.lr", FLOAT, 1e-12, 10, False),
+    ("bench.grad_accum_steps", INT, 1, 1024, False),
+    ("bench.host_metrics_every", INT, 0, 100_000, False),  # 0: never
     ("bench.profile_steps", INT, 1, 1000, False),
     ("memory.ceiling", FLOAT, 1e-6, 1.0, False),  # any fraction > 0: a tiny one forces over_ceiling
     ("memory.reserve", FLOAT, 0.0, 0.99, False),

@@ -332,3 +332,28 @@ def test_an_exit_that_explained_itself_is_not_repeated(capsys):
         assert capsys.readouterr().err == "gpubench: error: range(8,4,1) is empty\n"
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_every_numeric_key_of_the_schema_has_a_range():
+    """A new int or float key without a row in RANGES would take any value: caught here."""
+    import dataclasses
+    import typing
+
+    from gpubench.config import BenchConfig
+
+    def numeric(tp) -> bool:
+        args = typing.get_args(tp) or (tp,)
+        return any(a in (int, float) for a in args) and bool not in args
+
+    def keys(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                yield from keys(tp, f"{prefix}{f.name}.")
+            elif numeric(tp):
+                yield f"{prefix}{f.name}"
+
+    found = set(keys(BenchConfig))
+    assert "loader.num_workers" in found and "memory.ceiling" in found
+    assert found - {k for k, *_ in RANGES} == set(), "numeric keys without a range in RANGES"
