@@ -1,19 +1,19 @@
-"""`python -m gpubench` / `gpubench`: the only @hydra.main, kept thin.
+"""`python -m gpubench` / `gpubench`: the only Hydra entry point, kept thin.
 
 It hands the composed config to `run_benchmark` and returns the e2e images/sec as a finite
-float, so any Hydra sweeper can maximize it.
+float, so any Hydra sweeper can maximize it. Errors, Ctrl-C and SIGTERM end the command with one
+line (gpubench.errors).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from gpubench.config import CONFIG_DIR, ConfigError
-from gpubench.errors import compact_compose_errors, release_stderr
+from gpubench.errors import Exit, hold_stderr, one_line_errors, release_stderr
 
 
 def _multirun() -> bool:
@@ -26,26 +26,37 @@ def _multirun() -> bool:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="bench")
 def main(cfg: DictConfig) -> float:
     release_stderr()
+    try:
+        return _job(cfg)
+    finally:
+        hold_stderr()
+
+
+def _job(cfg: DictConfig) -> float:
     from gpubench.runner import run_benchmark
 
     try:
         result = run_benchmark(cfg)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the entry's one line names the run dir
+        from hydra.core.hydra_config import HydraConfig
+
+        e.run_dir = HydraConfig.get().runtime.output_dir  # type: ignore[attr-defined]
+        raise
     except ConfigError as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if not _multirun():  # raised on: gpubench.errors prints it as one line, exit 2
             raise
+        # one bad job must not end a sweep
         print(f"gpubench: error: {e}", file=sys.stderr)
-        if _multirun():  # one bad job must not end a sweep
-            return 0.0
-        sys.exit(2)
+        return 0.0
     if result.status in ("oom", "failed") and not _multirun():
-        sys.exit(1)
+        raise Exit(1)
     if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
-        sys.exit(3)
+        raise Exit(3)
     return result.objective
 
 
 def cli() -> None:
-    with compact_compose_errors():
+    with one_line_errors():
         main()
 
 

@@ -3,18 +3,23 @@
 Hydra composes `conf/bench.yaml` on top of `BenchConfig` (registered in the ConfigStore as
 `gpubench_schema`), so a wrong type or an unknown Enum value fails at compose time. The rules
 that need more than a type (a model name torchvision knows, a folder that exists, CUDA being
-there for fp16) live in `validate()`, which runs before any measurement starts.
+there for fp16) live in `validate()`, which runs before any measurement starts; the checks
+that need Hydra's own node (group names, the sweeper's storage) run in `InputCheck`, before Hydra
+creates anything. Longer than one screenful on purpose: every input rule is found here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
 
@@ -264,13 +269,137 @@ def _enum_value(v: Any) -> Any:
     return v.value if isinstance(v, Enum) else v
 
 
+# Every numeric key and its allowed range: (key, low, high, nullable). A bound of None is open;
+# the bounds that depend on the machine are checked in _check_machine. docs/configuration.md
+# lists the same ranges (tests/test_config.py keeps the two in step).
+INT, FLOAT = "an integer", "a number"
+RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
+    ("dataset.image_size", INT, 8, 65_535, True),  # JPEG's largest side; RAM bounds the pools
+    ("dataset.num_classes", INT, 1, 1_000_000, False),
+    ("dataset.num_samples", INT, 1, 10_000_000, False),
+    ("dataset.jpeg_quality", INT, 1, 100, False),
+    ("model.num_classes", INT, 1, 1_000_000, False),
+    ("loader.batch_size", INT, 1, 65_536, True),
+    ("loader.num_workers", INT, 0, 1024, False),  # and the machine's cores and RAM
+    ("loader.prefetch_factor", INT, 1, 64, True),
+    ("loader.worker_threads", INT, 1, 1024, False),  # and the machine's cores
+    ("bench.warmup_steps", INT, 0, 10_000, False),  # and <= bench.warmup_max_steps
+    ("bench.warmup_max_steps", INT, 0, 10_000, False),  # and >= bench.warmup_steps
+    ("bench.steps", INT, 1, 10_000_000, False),
+    ("bench.repeats", INT, 1, 100, False),
+    ("bench.warmup_max_seconds", FLOAT, 0.001, 86_400, False),
+    ("bench.max_seconds", FLOAT, 0.001, 86_400, False),
+    ("bench.seed", INT, 0, 2**32 - 1, False),  # numpy seeds stop at 2**32 - 1
+    ("bench.monitor_interval_s", FLOAT, 0.05, 60, False),  # and <= bench.max_seconds
+    ("bench.lr", FLOAT, 1e-12, 10, False),
+    ("bench.grad_accum_steps", INT, 1, 1024, False),
+    ("bench.host_metrics_every", INT, 0, 100_000, False),  # 0: never
+    ("bench.profile_steps", INT, 1, 1000, False),
+    ("memory.ceiling", FLOAT, 1e-6, 1.0, False),  # any fraction > 0: a tiny one forces over_ceiling
+    ("memory.reserve", FLOAT, 0.0, 0.99, False),
+    ("tracking.timeout_s", FLOAT, 0.1, 3600, False),
+    ("fault.oom_above_batch", INT, 0, None, True),
+    ("fault.fail_after_windows", INT, 0, 1000, False),
+    ("fault.stall_every", INT, 1, None, True),
+    ("fault.stall_s", FLOAT, 0, 600, False),
+    ("fault.rank", INT, 0, None, True),
+)
+# A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
+# process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
+# exhausted a 24 GiB host).
+WORKER_RAM_BYTES = 256 * 2**20
+# More workers than 4 per core only queue for the same cores (and each holds its batches).
+WORKERS_PER_CORE = 4
+
+
+def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
+    """The 'allowed' text of a range, as the docs and the error line spell it."""
+    def fmt(v: float) -> str:
+        return str(int(v)) if kind == INT else f"{v:g}"
+
+    if low is not None and high is not None:
+        text = f"{kind} in [{fmt(low)}, {fmt(high)}]"
+    elif low is not None:
+        text = f"{kind} >= {fmt(low)}"
+    else:
+        text = f"{kind} <= {fmt(high)}"
+    return f"null or {text}" if nullable else text
+
+
+def check_range(key: str, value: Any, kind: str, low: float | None, high: float | None,
+                nullable: bool = False) -> None:
+    allowed = allowed_range(kind, low, high, nullable)
+    if value is None:
+        if not nullable:
+            raise ConfigError(key, value, allowed)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(key, value, allowed)
+    if kind == INT and float(value) != int(value):
+        raise ConfigError(key, value, allowed)
+    # written as "not inside" so NaN (which compares False to everything) is rejected too
+    if not ((low is None or value >= low) and (high is None or value <= high)):
+        raise ConfigError(key, value, allowed)
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def available_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def auto_sizes(device: str) -> tuple[int, int]:
+    """(image_size, batch_size) for the null 'sized by device' keys: a meaningful default on a
+    GPU, a quick one on a CPU (resnet50 at 224 px and batch 128 takes minutes per step there)."""
+    return (224, 128) if device == "cuda" else (32, 16)
+
+
+def _check_machine(cfg: DictConfig, device: str) -> None:
+    """The ranges that depend on this machine (cores, free RAM) or on another key."""
+    ld, ds = cfg.loader, cfg.dataset
+    cpus, free = usable_cpus(), available_ram()
+    by_ram = free // WORKER_RAM_BYTES
+    most = min(WORKERS_PER_CORE * cpus, by_ram)
+    if ld.num_workers > most:
+        why = (f"{WORKERS_PER_CORE} per core, {cpus} cores" if most < by_ram
+               else f"{WORKER_RAM_BYTES >> 20} MiB each, {free / 2**30:.1f} GiB RAM free")
+        raise ConfigError("loader.num_workers", ld.num_workers, f"an integer in [0, {most}] on this machine ({why})")
+    if ld.worker_threads > cpus:
+        raise ConfigError("loader.worker_threads", ld.worker_threads,
+                          f"an integer in [1, {cpus}] on this machine ({cpus} cores)")
+    if _enum_value(ds.name) == "synthetic":  # its pool is uint8 images held in RAM
+        size = ds.image_size or auto_sizes(device)[0]
+        pool = int(ds.num_samples) * 3 * size * size
+        if pool > free // 2:
+            most_samples = max(1, (free // 2) // (3 * size * size))
+            raise ConfigError("dataset.num_samples", ds.num_samples,
+                              f"an integer in [1, {most_samples}] at {size} px on this machine "
+                              f"(the pool must fit in half of the {free / 2**30:.1f} GiB RAM free)")
+    if cfg.bench.warmup_max_steps < cfg.bench.warmup_steps:
+        raise ConfigError("bench.warmup_max_steps", cfg.bench.warmup_max_steps,
+                          f">= bench.warmup_steps ({cfg.bench.warmup_steps})")
+    if cfg.bench.monitor_interval_s > cfg.bench.max_seconds:
+        raise ConfigError("bench.monitor_interval_s", cfg.bench.monitor_interval_s,
+                          f"<= bench.max_seconds ({cfg.bench.max_seconds:g}): a window needs a sample")
+
+
 def validate(cfg: DictConfig) -> str:
     """Check everything a type cannot; return the device. Raises ConfigError, no work done."""
+    for key, kind, low, high, nullable in RANGES:
+        check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
     device = resolve_device(cfg)
     if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
 
-    ds, ld, prec = cfg.dataset, cfg.loader, _enum_value(cfg.precision.name)
+    ds, prec = cfg.dataset, _enum_value(cfg.precision.name)
     if prec == "amp_fp16" and device != "cuda":
         raise ConfigError(
             "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
@@ -285,52 +414,19 @@ def validate(cfg: DictConfig) -> str:
             raise ConfigError(
                 "model.name", name, f"a torchvision classification model or 'tiny'{hint}"
             )
-    for key, value, low in (
-        ("loader.batch_size", ld.batch_size, 1),
-        ("dataset.image_size", ds.image_size, 8),
-        ("dataset.num_classes", ds.num_classes, 1),
-        ("model.num_classes", cfg.model.num_classes, 1),
-        ("dataset.num_samples", ds.num_samples, 1),
-        ("fault.rank", cfg.fault.get("rank"), 0),
-    ):
-        if value is not None and value < low:
-            raise ConfigError(key, value, f"an integer >= {low}")
-    if ld.num_workers < 0:
-        raise ConfigError("loader.num_workers", ld.num_workers, "an integer >= 0")
-    if ld.prefetch_factor is not None and ld.prefetch_factor < 1:
-        raise ConfigError("loader.prefetch_factor", ld.prefetch_factor, "null or an integer >= 1")
-    if not 0.0 < cfg.memory.ceiling <= 1.0:
-        raise ConfigError("memory.ceiling", cfg.memory.ceiling, "a fraction in (0, 1]")
-    if not 0.0 <= cfg.memory.reserve < 1.0:
-        raise ConfigError("memory.reserve", cfg.memory.reserve, "a fraction in [0, 1)")
+        # a torchvision model gets model.num_classes outputs: every label must have one
+        check_classes(int(cfg.model.num_classes), int(ds.num_classes))
+    _check_machine(cfg, device)
     b = cfg.bench
-    if b.steps < 1:
-        raise ConfigError("bench.steps", b.steps, "an integer >= 1")
-    if b.warmup_steps < 0:
-        raise ConfigError("bench.warmup_steps", b.warmup_steps, "an integer >= 0")
-    if not 1 <= b.repeats <= 100:
-        raise ConfigError("bench.repeats", b.repeats, "an integer in [1, 100]")
-    if not b.warmup_steps <= b.warmup_max_steps <= 10000:
-        raise ConfigError("bench.warmup_max_steps", b.warmup_max_steps,
-                          f"an integer in [bench.warmup_steps ({b.warmup_steps}), 10000]")
-    f = cfg.fault
-    if f.stall_every is not None and f.stall_every < 1:
-        raise ConfigError("fault.stall_every", f.stall_every, "null or an integer >= 1")
-    if not 0 <= f.fail_after_windows <= 1000:
-        raise ConfigError("fault.fail_after_windows", f.fail_after_windows, "an integer in [0, 1000]")
-    if not 0.0 <= f.stall_s <= 600.0:
-        raise ConfigError("fault.stall_s", f.stall_s, "seconds in [0, 600]")
-    if b.max_seconds <= 0:
-        raise ConfigError("bench.max_seconds", b.max_seconds, "seconds > 0")
     if not b.phases:
         raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
-    if b.profile_steps < 1:
-        raise ConfigError("bench.profile_steps", b.profile_steps, "an integer >= 1")
     if b.optimizer not in ("sgd", "adamw"):
         raise ConfigError("bench.optimizer", b.optimizer, "sgd or adamw")
     _validate_step(cfg, device)
     if cfg.tracking.backend not in ("mlflow", "none"):
         raise ConfigError("tracking.backend", cfg.tracking.backend, "mlflow or none")
+    if cfg.tracking.backend == "mlflow":
+        check_tracking_uri(cfg.tracking.uri)
 
     kind = _enum_value(ds.name)
     if kind in ("imagefolder", "cifar10"):
@@ -385,11 +481,6 @@ def _validate_step(cfg: DictConfig, device: str) -> None:
         raise ConfigError("bench.optimizer_impl", impl,
                           f"auto or for_loop on {device} (torch has {impl} optimizer kernels "
                           f"for {', '.join(devices)} only)")
-    if not 1 <= b.get("grad_accum_steps", 1) <= 1024:
-        raise ConfigError("bench.grad_accum_steps", b.grad_accum_steps, "an integer in [1, 1024]")
-    if not 0 <= b.get("host_metrics_every", 0) <= 100000:
-        raise ConfigError("bench.host_metrics_every", b.host_metrics_every,
-                          "an integer in [0, 100000] (0: never)")
     if cfg.model.get("checkpointing"):
         if cfg.model.get("_target_"):
             raise ConfigError("model.checkpointing", True,
@@ -401,15 +492,151 @@ def _validate_step(cfg: DictConfig, device: str) -> None:
                               f"torchvision ResNets, ViTs and tiny)")
 
 
+def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
+                  value: Any = None) -> None:
+    """A classifier narrower than the dataset's classes fails at the first loss ("Target 617 is
+    out of bounds", a device-side assert on CUDA) after the loader was already measured.
+    `validate` calls this with model.num_classes (torchvision models); the runner with the built
+    model's output width (a custom `_target_`, key model._target_), before any phase."""
+    if width < num_classes:
+        raise ConfigError(key, width if value is None else value,
+                          f"a model whose output width covers the dataset's {num_classes} classes "
+                          f"(dataset.num_classes); it outputs {width}")
+
+
+# ---------------------------------------------------------------- URIs
+
+# MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
+                    "databricks-uc", "uc")
+# Optuna's RDB storage takes a SQLAlchemy URL
+STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+_SQLALCHEMY = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
+
+
+def check_tracking_uri(uri: Any) -> None:
+    """tracking.uri (with tracking=mlflow): the one call site for its form, from `validate`
+    and from `InputCheck` (before an MLflow parent run exists)."""
+    check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
+
+
+def _hide_password(text: str) -> str:
+    """The URI as an error line may show it: a password in `user:pw@host` replaced by ***
+    (by pattern, not by parsing: the URI is malformed, or it would not be in an error)."""
+    return re.sub(r"([^:/@]+):([^@/]+)@", r"\1:***@", text)
+
+
+def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
+    """Reject a malformed URI before any work (it would otherwise fail only when the run is
+    logged or the study opened). `path_ok`: a bare local path is a store too (MLflow's)."""
+    if uri is None:
+        return
+    try:
+        _check_uri(key, str(uri), schemes, path_ok)
+    except ConfigError as e:  # the line names the URI, never its password
+        raise ConfigError(e.key, _hide_password(str(e.value)), e.allowed) from None
+
+
+def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
+    allowed = f"a URI with scheme {', '.join(schemes)}" + (" or a local path" if path_ok else "")
+    if not text.strip() or any(c.isspace() for c in text):
+        raise ConfigError(key, text, allowed + " (no spaces)")
+    m = _SCHEME.match(text)
+    if m is None or (path_ok and len(m.group(1)) == 1):  # no scheme (or a Windows drive letter)
+        if path_ok:
+            return
+        raise ConfigError(key, text, allowed)
+    scheme, rest = m.group(1).lower(), m.group(2)
+    base, _, driver = scheme.partition("+")
+    if base not in schemes or (driver and base not in _SQLALCHEMY):
+        raise ConfigError(key, text, allowed + (" (+driver for databases)" if driver else ""))
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError:
+        raise ConfigError(key, text, f"{allowed}, with a numeric port") from None
+    if base in ("http", "https") and not parts.hostname:
+        raise ConfigError(key, text, f"{base}://host[:port][/path]")
+    if base == "sqlite" and not (rest == "//" or rest.startswith("///")):
+        raise ConfigError(key, text, "sqlite:///relative/path.db, sqlite:////absolute/path.db or sqlite://")
+    if base in _SQLALCHEMY and base != "sqlite" and not rest.startswith("//"):
+        raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
+    if base == "file" and not parts.path:
+        raise ConfigError(key, text, "file:///absolute/folder")
+
+
+# ---------------------------------------------------------------- before Hydra runs anything
+
+# `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
+OPTIONAL_GROUPS = ("sweep", "experiment")
+
+
+def group_options(group: str) -> list[str]:
+    """Option names of a config group, from every folder on the search path (--config-dir too)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return list(GlobalHydra.instance().config_loader().get_group_options(group))
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def check_choices(cfg: DictConfig) -> None:
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    for group in OPTIONAL_GROUPS:
+        name = choices.get(group)
+        if name is None:
+            continue
+        options = group_options(group)
+        if name not in options:
+            raise ConfigError(group, name, f"one of {', '.join(options) or '(none)'} "
+                                           f"(conf/{group}/ or a --config-dir)")
+
+
+def check_before_work(cfg: DictConfig) -> None:
+    """What can be checked on the whole composed config (with its `hydra` node) before Hydra
+    creates a run dir, a sweeper or an MLflow parent run: group names and URIs."""
+    check_choices(cfg)
+    if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
+        check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
+    storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)
+    if isinstance(storage, str):
+        check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)
+
+
+class InputRejected(SystemExit):
+    """Bad input found by `InputCheck`; its code is the ConfigError. A SystemExit because Hydra
+    turns an Exception raised in a callback into a warning and carries on; this one ends the
+    command (gpubench.errors prints it as one line, exit 2)."""
+
+
+class InputCheck(Callback):
+    """Listed first in bench.yaml's hydra.callbacks: Hydra calls it on the composed config
+    before the sweeper is built and before any other callback (the MLflow parent run) starts."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config)
+
+    @staticmethod
+    def _check(config: DictConfig) -> None:
+        try:
+            check_before_work(config)
+        except ConfigError as e:
+            raise InputRejected(e) from None
+
+
 def resolve_auto(cfg: DictConfig, device: str) -> None:
     """Fill the null 'sized by device' keys in place: a meaningful default on a GPU, a quick one
     on a CPU (resnet50 at 224 px and batch 128 would take minutes per step there)."""
-    on_gpu = device == "cuda"
+    image_size, batch_size = auto_sizes(device)
     with read_write(cfg):
         if cfg.dataset.image_size is None:
-            cfg.dataset.image_size = 224 if on_gpu else 32
+            cfg.dataset.image_size = image_size
         if cfg.loader.batch_size is None:
-            cfg.loader.batch_size = 128 if on_gpu else 16
+            cfg.loader.batch_size = batch_size
 
 
 def to_container(cfg: DictConfig) -> dict:
@@ -421,6 +648,10 @@ __all__ = [
     "BenchConfig",
     "CONFIG_DIR",
     "ConfigError",
+    "InputCheck",
+    "RANGES",
+    "check_classes",
+    "check_uri",
     "resolve_auto",
     "resolve_device",
     "to_container",

@@ -3,9 +3,11 @@ import here: tracking and the report load without it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,44 @@ def finite(v: Any) -> Any:
     return v
 
 
+class WriteError(OSError):
+    """A file that could not be written: one line naming the path, the reason and the free space
+    where it was going (a full disk is the usual cause)."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+def free_space(path: Path) -> str:
+    """Free space on the filesystem holding `path`, for error lines."""
+    for p in (Path(path), *Path(path).parents):
+        try:
+            return f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on its filesystem"
+        except OSError:
+            continue
+    return "free space unknown"
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Write-then-rename: a kill mid-write leaves the previous complete file, never half of one."""
+    """Write-then-rename: a kill mid-write leaves the previous complete file, never half of one.
+
+    The temporary file is unique to this process (two writers never share one) and is removed
+    when the write fails (a full disk, a file size limit), so no `.tmp` is ever left behind;
+    the error is a WriteError naming the path and the free space."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(finite(data), indent=2, default=_default, allow_nan=False))
-    os.replace(tmp, path)
+    text = json.dumps(finite(data), indent=2, default=_default, allow_nan=False)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            # on disk before the rename: after a power loss the file is the old or the new one
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})", str(path)) from e
 
 
 def read_json(path: Path) -> dict | None:

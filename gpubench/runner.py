@@ -27,7 +27,14 @@ import torch
 from omegaconf import DictConfig
 
 from gpubench import distributed, env
-from gpubench.config import ConfigError, _enum_value, resolve_auto, to_container, validate
+from gpubench.config import (
+    ConfigError,
+    _enum_value,
+    check_classes,
+    resolve_auto,
+    to_container,
+    validate,
+)
 from gpubench.data import CorruptImage, build_pipeline
 from gpubench.distributed import Dist
 from gpubench.measure import run_window
@@ -214,12 +221,9 @@ class Benchmark:
                 width = int(model(x[:1]).shape[-1])
         finally:
             model.train()
-        if width < n:
-            m = self.cfg.model
-            key = "model._target_" if m.get("_target_") else "model.num_classes"
-            value = m.get("_target_") or m.num_classes
-            raise ConfigError(key, value, f"a model whose output width covers the dataset's "
-                              f"{n} classes (dataset.num_classes); it outputs {width}")
+        m = self.cfg.model
+        check_classes(width, n, "model._target_" if m.get("_target_") else "model.num_classes",
+                      m.get("_target_") or m.num_classes)
 
     def _functions(self, name: str):
         """(fetch, work) for one phase; `work` returns the images it processed.

@@ -98,3 +98,262 @@ def test_hydra_errors_condense_to_one_line():
         "    full_key: compile\n    object_type=BenchConfig\n"
     )
     assert one_line(report) == "compile=fast is not allowed: one of off, default"
+
+
+# ------------------------------------------------------------------ ranges (one process, many cases)
+
+from gpubench.config import (  # noqa: E402
+    RANGES,
+    WORKERS_PER_CORE,
+    allowed_range,
+    available_ram,
+    check_classes,
+    check_uri,
+    usable_cpus,
+)
+
+
+def _outside(kind, low, high):
+    """Values just outside each bound of a range, and NaN for the floats."""
+    step = 1 if kind.startswith("an integer") else 1e-3
+    out = []
+    if low is not None:
+        out.append(low - step)
+    if high is not None:
+        out.append(high + step if step == 1 else high * 1.01 + step)
+    if step != 1:
+        out.append(float("nan"))
+    return out
+
+
+def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
+    checked = 0
+    for key, kind, low, high, _nullable in RANGES:
+        for bad in _outside(kind, low, high):
+            with pytest.raises(ConfigError) as err:
+                validate(compose_cfg(f"{key}={bad}"))
+            assert err.value.key == key, (key, bad, str(err.value))
+            assert "\n" not in str(err.value) and "allowed" in str(err.value)
+            checked += 1
+    assert checked >= 2 * len(RANGES) - 2
+
+
+def test_every_numeric_key_accepts_its_bounds(compose_cfg):
+    for key, _kind, low, high, nullable in RANGES:
+        if nullable:
+            validate(compose_cfg(f"{key}=null"))
+        if key.startswith(("loader.num_workers", "loader.worker_threads", "dataset.num_samples",
+                           "dataset.image_size", "bench.monitor_interval_s",
+                           "bench.warmup_steps", "bench.warmup_max_steps")):
+            continue  # bounded by the machine or by another key too: tested below
+        for ok in (low, high):
+            if ok is not None:
+                validate(compose_cfg(f"{key}={ok}", "model.num_classes=1000000",
+                                     "bench.max_seconds=86400"))
+
+
+def test_every_numeric_key_is_in_the_schema_and_the_docs(compose_cfg):
+    from omegaconf import OmegaConf
+
+    from gpubench.config import CONFIG_DIR
+
+    cfg = compose_cfg()
+    docs = (CONFIG_DIR.parent / "docs" / "configuration.md").read_text()
+    for key, kind, low, high, nullable in RANGES:
+        assert OmegaConf.select(cfg, key, default="missing") != "missing", key
+        row = f"| `{key}` | {allowed_range(kind, low, high, nullable)} |"
+        assert row in docs, f"docs/configuration.md lacks the row {row}"
+
+
+def test_machine_bounds(compose_cfg):
+    cpus = usable_cpus()
+    most = min(WORKERS_PER_CORE * cpus, available_ram() // (256 * 2**20))
+    validate(compose_cfg(f"loader.num_workers={most}"))
+    with pytest.raises(ConfigError, match=r"loader.num_workers.*on this machine"):
+        validate(compose_cfg(f"loader.num_workers={most + 1}"))
+    validate(compose_cfg(f"loader.worker_threads={cpus}"))
+    with pytest.raises(ConfigError, match=r"loader.worker_threads.*on this machine"):
+        validate(compose_cfg(f"loader.worker_threads={cpus + 1}"))
+    # 10 million 4096 px images: no machine holds that pool in RAM
+    with pytest.raises(ConfigError, match=r"dataset.num_samples.*RAM free"):
+        validate(compose_cfg("dataset.num_samples=10000000", "dataset.image_size=4096"))
+    with pytest.raises(ConfigError, match=r"bench.monitor_interval_s.*bench.max_seconds"):
+        validate(compose_cfg("bench.monitor_interval_s=30", "bench.max_seconds=10"))
+    validate(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=3"))
+    with pytest.raises(ConfigError, match=r"bench.warmup_max_steps=2 .*>= bench.warmup_steps \(3\)"):
+        validate(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=2"))
+
+
+def test_model_outputs_must_cover_the_classes(compose_cfg):
+    with pytest.raises(ConfigError, match=r"model.num_classes=10 .*covers the dataset's 1000 classes"):
+        validate(compose_cfg("dataset.num_classes=1000", "model.num_classes=10"))
+    validate(compose_cfg("dataset.num_classes=10", "model.num_classes=12"))
+    check_classes(10, 10)
+    with pytest.raises(ConfigError) as err:
+        check_classes(5, 10, key="model._target_", value="team.Net")
+    assert (err.value.key, err.value.value) == ("model._target_", "team.Net")
+    assert str(err.value).endswith("it outputs 5")
+
+
+# ------------------------------------------------------------------ URIs
+
+GOOD_TRACKING = [
+    "http://127.0.0.1:5000", "https://mlflow.example.com/base", "http://user:pw@host:80",
+    "sqlite:///outputs/mlflow.db", "sqlite:////abs/mlflow.db", "file:///tmp/mlruns", "mlruns",
+    "./mlruns", "/abs/mlruns", "postgresql://u:p@db:5432/mlflow",
+    "postgresql+psycopg://postgres:@/postgres?host=/tmp/x", "mysql+pymysql://u@h/db", "databricks",
+    "databricks://profile",
+]
+BAD_TRACKING = [
+    "htp:/bad::uri", "http:/bad::uri", "http://", "http://host:port", "http://host:99999",
+    "sqlite:/x.db", "sqlite:x.db", "postgresql:db", "ftp://host/x", "file:", "http://my host",
+    "", "redis://host", "http+x://host",
+]
+GOOD_STORAGE = ["sqlite:///outputs/optuna.db", "sqlite://", "postgresql+psycopg://u@h:5432/db",
+                "mysql://u:p@h/db"]
+BAD_STORAGE = ["notaurl", "optuna.db", "http://host/db", "sqlite:/x.db", "postgresql://h:x/db"]
+
+
+def test_uris():
+    from gpubench.config import STORAGE_SCHEMES, TRACKING_SCHEMES
+
+    for uri in GOOD_TRACKING:
+        check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
+    for uri in GOOD_STORAGE:
+        check_uri("hydra.sweeper.storage", uri, STORAGE_SCHEMES)
+    for key, bad, schemes, path_ok in (
+        *[("tracking.uri", u, TRACKING_SCHEMES, True) for u in BAD_TRACKING],
+        *[("hydra.sweeper.storage", u, STORAGE_SCHEMES, False) for u in BAD_STORAGE],
+    ):
+        with pytest.raises(ConfigError) as err:
+            check_uri(key, bad, schemes, path_ok=path_ok)
+        assert err.value.key == key and "\n" not in str(err.value), bad
+
+
+def test_tracking_uri_checked_by_validate_only_when_tracking(compose_cfg):
+    with pytest.raises(ConfigError, match="tracking.uri"):
+        validate(compose_cfg("tracking=mlflow", "tracking.uri=htp:/bad::uri"))
+    validate(compose_cfg("tracking=mlflow", "tracking.uri=http://127.0.0.1:5000"))
+
+
+# ------------------------------------------------------------------ names of optional groups
+
+def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
+    from gpubench.config import check_before_work
+
+    for override, key, listed in (("sweep=fastest", "sweep", "throughput"),
+                                  ("experiment=cpu_smok", "experiment", "cpu_smoke")):
+        with pytest.raises(ConfigError) as err:
+            check_before_work(compose_cfg(override, hydra=True))
+        assert err.value.key == key and listed in str(err.value)
+    check_before_work(compose_cfg("sweep=batch", hydra=True))
+    check_before_work(compose_cfg("experiment=cpu_smoke", hydra=True))
+    check_before_work(compose_cfg(hydra=True))
+    with pytest.raises(ConfigError, match="hydra.sweeper.storage"):
+        check_before_work(compose_cfg("sweep=batch", "hydra.sweeper.storage=notaurl", hydra=True))
+
+
+# ------------------------------------------------------------------ errors raised after composition
+
+def test_describe_unwraps_hydra_and_names_paths():
+    from hydra.errors import InstantiationException
+
+    from gpubench.errors import describe
+    from gpubench.files import WriteError
+
+    try:
+        try:
+            raise ValueError("hydra.sweeper.sampler='cmaes': tpe or random")
+        except ValueError as e:
+            raise InstantiationException("Error in call to target 'x.Sweeper':\nValueError(...)") from e
+    except InstantiationException as wrapped:
+        assert describe(wrapped) == ("hydra.sweeper.sampler='cmaes': tpe or random", 2)
+    line, code = describe(OSError(30, "Read-only file system", "/ro/outputs"))
+    assert line.startswith("/ro/outputs: Read-only file system") and code == 1
+    line, _ = describe(WriteError(28, "No space left on device (1.0 MiB free)", "/x/results.json"))
+    assert line == "cannot write /x/results.json: No space left on device (1.0 MiB free)"
+    assert describe(RuntimeError("a\nb")) == ("RuntimeError: a; b", 1)
+    assert describe(KeyError("x")) == ("KeyError: 'x'", 1)
+    assert describe(ValueError("range(8,4,1) is empty")) == ("range(8,4,1) is empty", 2)
+    usage = "usage: __main__.py [--help] [--hydra-help]\n__main__.py: error: unrecognized arguments: --x\n"
+    assert one_line(usage) == "unrecognized arguments: --x (see gpubench --help)"
+
+
+def test_wrong_types_are_one_line_with_the_type(compose_cfg):
+    from gpubench.errors import describe
+
+    for override, line in (("loader.batch_size=abc", "loader.batch_size=abc is not allowed: an integer"),
+                           ("bench.lr=fast", "bench.lr=fast is not allowed: a number"),
+                           ("channels_last=maybe", "channels_last=maybe is not allowed: true or false")):
+        with pytest.raises(Exception) as err:
+            compose_cfg(override)
+        assert describe(err.value) == (line, 2)
+
+
+def test_uri_errors_never_show_a_password(compose_cfg):
+    from gpubench.config import STORAGE_SCHEMES, check_tracking_uri
+
+    with pytest.raises(ConfigError) as err:
+        check_tracking_uri("http://admin:s3cret@host:port")
+    assert "s3cret" not in str(err.value) and "admin:***@host" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check_uri("hydra.sweeper.storage", "postgresql:admin:s3cret@db", STORAGE_SCHEMES)
+    assert "s3cret" not in str(err.value) and "***@db" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("tracking=mlflow", "tracking.uri=http://admin:s3cret@host:port"))
+    assert "s3cret" not in str(err.value) and "admin:***@host" in str(err.value)
+
+
+def test_an_exit_that_explained_itself_is_not_repeated(capsys):
+    import signal
+    import sys
+
+    from gpubench.errors import one_line_errors
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as done:  # raise ... from None: the line is printed already
+            with one_line_errors():
+                try:
+                    raise ValueError("range(8,4,1) is empty")
+                except ValueError as e:
+                    print(f"gpubench: error: {e}", file=sys.stderr)
+                    raise SystemExit(2) from None
+        assert done.value.code == 2
+        assert capsys.readouterr().err.count("gpubench: error:") == 1
+        with pytest.raises(SystemExit) as done:  # Hydra's way: sys.exit(1) inside its except
+            with one_line_errors():
+                try:
+                    raise ValueError("range(8,4,1) is empty")
+                except ValueError:
+                    print("Traceback (most recent call last):\n  ...", file=sys.stderr)
+                    sys.exit(1)
+        assert done.value.code == 2
+        assert capsys.readouterr().err == "gpubench: error: range(8,4,1) is empty\n"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_every_numeric_key_of_the_schema_has_a_range():
+    """A new int or float key without a row in RANGES would take any value: caught here."""
+    import dataclasses
+    import typing
+
+    from gpubench.config import BenchConfig
+
+    def numeric(tp) -> bool:
+        args = typing.get_args(tp) or (tp,)
+        return any(a in (int, float) for a in args) and bool not in args
+
+    def keys(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                yield from keys(tp, f"{prefix}{f.name}.")
+            elif numeric(tp):
+                yield f"{prefix}{f.name}"
+
+    found = set(keys(BenchConfig))
+    assert "loader.num_workers" in found and "memory.ceiling" in found
+    assert found - {k for k, *_ in RANGES} == set(), "numeric keys without a range in RANGES"

@@ -1,0 +1,206 @@
+"""Bad input and faults through the real command line: one line, a non-zero exit, nothing
+measured lost. docs/reliability.md lists the same cases with what a user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY, run_cli
+
+TINY_NO_TRACKING = [a for a in TINY if not a.startswith("tracking=")]
+
+
+def _fsize_limit(nbytes: int):
+    """A file size limit for the child only: writes past it fail with EFBIG (Python ignores
+    SIGXFSZ), the way a nearly full disk makes them fail with ENOSPC."""
+
+    def apply():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+    return apply
+
+
+def _stderr_lines(proc) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.strip()]
+
+
+# ------------------------------------------------------------------ bad input, one line each
+
+SINGLE = [
+    ("sweep=fastest", "sweep='fastest'", "throughput"),
+    ("experiment=cpu_smok", "experiment='cpu_smok'", "cpu_smoke"),
+    ("tracking=mlflow tracking.uri=htp:/bad::uri", "tracking.uri", "http"),
+    ("loader.num_workers=1000", "loader.num_workers=1000", "on this machine"),
+    ("bench.monitor_interval_s=0", "bench.monitor_interval_s", "[0.05, 60]"),
+    ("model.num_classes=5", "model.num_classes=5", "10 classes"),
+    ("--bogus", "unrecognized arguments: --bogus", "--help"),
+    ("compile=fast", "compile=fast", "max_autotune"),
+]
+SWEEP = "-m hydra/sweeper=gpubench hydra.sweeper.storage=null"
+MULTI = [
+    (f"{SWEEP} hydra.sweeper.n_trials=0 loader.batch_size=choice(2,4)", "n_trials", ">= 1"),
+    (f"{SWEEP} hydra.sweeper.sampler=cmaes loader.batch_size=choice(2,4)", "cmaes", "tpe"),
+    ("-m hydra/sweeper=gpubench hydra.sweeper.storage=notaurl loader.batch_size=choice(2,4)",
+     "hydra.sweeper.storage='notaurl'", "sqlite"),
+    (f"{SWEEP} loader.batch_size=range(8,4)", "range(8,4", "empty"),
+    (f"{SWEEP}", "nothing to search", "choice"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,names,allowed", SINGLE + MULTI, ids=[c[0] for c in SINGLE + MULTI])
+def test_bad_input_is_one_line(tmp_path, args, names, allowed):
+    argv = args.split()
+    flags = [a for a in argv if a.startswith("-")]
+    proc = run_cli(*flags, *TINY_NO_TRACKING,
+                   *(["tracking=none"] if "tracking=" not in args else []),
+                   *[a for a in argv if not a.startswith("-")], cwd=tmp_path)
+    lines = _stderr_lines(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("gpubench: error: "), proc.stderr
+    assert names in lines[0] and allowed in lines[0], lines[0]
+    assert not list(tmp_path.glob("outputs/**/results.json"))  # failed before any work
+    assert not list(tmp_path.glob("outputs/*.db"))  # no study, no MLflow store created
+
+
+@pytest.mark.slow
+def test_run_dir_that_cannot_be_created_names_the_path(tmp_path):
+    (tmp_path / "afile").write_text("")
+    target = tmp_path / "afile" / "run"
+    proc = run_cli(*TINY, f"hydra.run.dir={target}", cwd=tmp_path)
+    lines = _stderr_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert str(target) in lines[0] and "Not a directory" in lines[0]
+
+
+# ------------------------------------------------------------------ a nearly full disk
+
+def test_write_json_failure_leaves_old_file_and_no_tmp(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text('{"status": "running"}')
+    code = (
+        "import sys; from gpubench.files import write_json\n"
+        "try:\n    write_json(sys.argv[1], {'x': 'y' * 100000})\n"
+        "except OSError as e:\n    print(e); sys.exit(1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True,
+                          text=True, preexec_fn=_fsize_limit(4096), env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout.strip()
+    assert out.startswith(f"cannot write {target}: File too large") and "MiB free" in out, out
+    assert json.loads(target.read_text()) == {"status": "running"}  # the previous complete file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no .tmp left
+
+
+@pytest.mark.slow
+def test_cli_on_a_full_disk_is_one_line_and_leaves_no_garbage(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "gpubench", *TINY], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=_fsize_limit(6000))
+    lines = _stderr_lines(proc)
+    assert proc.returncode == 1, proc.stderr
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("gpubench: error: cannot write ") and "results.json" in lines[0]
+    assert "free on its filesystem" in lines[0]
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    for f in tmp_path.glob("outputs/runs/*/*/results.json"):  # what reached disk is whole
+        assert json.loads(f.read_text())["status"] == "running"
+
+
+# ------------------------------------------------------------------ SIGTERM and Ctrl-C
+
+def _start_and_wait_for_loader(tmp_path: Path, *extra: str):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpubench", *TINY_NO_TRACKING, "bench.steps=1000000",
+         "bench.max_seconds=3", *extra],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, as under `timeout` or a scheduler
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:  # until the loader phase has landed on disk
+        for f in tmp_path.glob("outputs/runs/*/*/results.json"):
+            try:
+                if "loader" in json.loads(f.read_text())["phases"]:
+                    return proc, f
+            except ValueError:
+                pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the run never wrote its first phase: {proc.communicate()}")
+
+
+@pytest.mark.slow
+def test_sigterm_is_like_ctrl_c_and_reaches_mlflow(tmp_path):
+    proc, results = _start_and_wait_for_loader(tmp_path, "tracking=mlflow")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    ours = [ln for ln in err.splitlines() if ln.startswith("gpubench:")]
+    assert len(ours) == 1 and ours[0].startswith("gpubench: interrupted by SIGTERM"), err
+    assert "status killed" in ours[0] and str(results) in ours[0], ours[0]
+    data = json.loads(results.read_text())
+    assert data["status"] == "killed"
+    assert data["phases"]["loader"]["images_per_sec"] > 0  # measured phases kept
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("gpubench")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.status for r in runs] == ["KILLED"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_exit_130(tmp_path):
+    proc, results = _start_and_wait_for_loader(tmp_path, "tracking=none")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err
+    ours = [ln for ln in err.splitlines() if ln.strip()]
+    assert ours == [ln for ln in ours if ln.startswith("gpubench: interrupted by Ctrl-C")], err
+    assert json.loads(results.read_text())["status"] == "killed"
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
+    """`timeout`, Slurm and a terminal signal the whole group: the DataLoader worker dies of the
+    same SIGTERM, and the run must still end killed with one line, not with torch's "DataLoader
+    worker ... killed by signal" error."""
+    proc, results = _start_and_wait_for_loader(tmp_path, "tracking=none", "loader.num_workers=1",
+                                               "loader.persistent_workers=true")
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "killed by signal" not in err, err
+    assert [ln for ln in err.splitlines() if ln.strip()][-1].startswith("gpubench: interrupted by SIGTERM")
+    data = json.loads(results.read_text())
+    assert data["status"] == "killed" and data["phases"]["loader"]["images_per_sec"] > 0
+
+
+@pytest.mark.slow
+def test_names_from_a_team_config_dir_count(tmp_path):
+    team = tmp_path / "team_conf" / "experiment"
+    team.mkdir(parents=True)
+    (team / "ours.yaml").write_text("# @package _global_\nbench:\n  steps: 3\n")
+    ok = run_cli("-cd", str(team.parent), *TINY, "experiment=ours", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    bad = run_cli("-cd", str(team.parent), *TINY, "experiment=ourz", cwd=tmp_path)
+    lines = _stderr_lines(bad)
+    assert bad.returncode == 2 and len(lines) == 1, bad.stderr
+    assert "experiment='ourz'" in lines[0] and "ours" in lines[0] and "cpu_smoke" in lines[0]
