@@ -25,6 +25,9 @@ SLOW_SHARE = 0.2
 # (a host with idle cores loses nothing to a neighbour)
 OTHER_CORES = 0.25
 HOST_BUSY = 0.85
+# CPU shares are counted in scheduler ticks (10 ms on Linux): over a shorter window than this
+# the host's and the run's figures are too coarse to subtract one from the other
+MIN_LOAD_WINDOW_S = 0.5
 
 
 @dataclass
@@ -37,6 +40,7 @@ class WindowLoad:
     host_cpu: float | None
     run_cpu: float | None
     samples: int = 0
+    seconds: float = 0.0
 
 
 def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -> float | None:
@@ -69,7 +73,7 @@ def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[str]:
     hit: dict[str, list[tuple[int, float]]] = {}
     for w in loads:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
-        if o is None or w.samples < 1:
+        if o is None or w.samples < 1 or w.seconds < MIN_LOAD_WINDOW_S:
             continue
         if o >= OTHER_CORES and w.host_cpu is not None and w.host_cpu / 100.0 >= HOST_BUSY:
             hit.setdefault(w.phase, []).append((w.index + 1, o))

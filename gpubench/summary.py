@@ -96,7 +96,8 @@ def validity(bench) -> list[str]:
         reasons += noise.window_checks(name, p.windows, p.warmup_settled, p.warmup_steps)
         reasons += noise.gpu_checks(name, p.telemetry)
         loads += [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"),
-                                   w.get("process_cpu_util_mean"), w.get("samples") or 0)
+                                   w.get("process_cpu_util_mean"), w.get("samples") or 0,
+                                   w.get("seconds") or 0.0)
                   for i, w in enumerate(p.windows)]
     reasons += noise.load_checks(loads, int(rec.env.get("cpu_count") or os.cpu_count() or 1))
     return reasons
@@ -137,7 +138,9 @@ def summarize(bench) -> None:
     v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
               rec.data_wait_fraction, knobs, intervals, reasons,
               noise.remedies(reasons, competitors, bench.repeats, int(cfg.bench.steps)),
-              device_data_s_per_image=device_data)
+              device_data_s_per_image=device_data,
+              windows={n: [w.get("images_per_sec") for w in p.windows]
+                       for n, p in rec.phases.items()})
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
     if v.ratio is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpubench.stats import median, median_interval
+
 # e2e "tracks" a bound when it reaches this fraction of it
 TRACKS = 0.85
 # the loader is "well below" compute when it delivers less than this fraction of it
@@ -93,8 +95,29 @@ def _fmt(e: Est) -> str:
     return f"{e.value:.1f}" if e.exact else f"{e.value:.1f} [{e.lo:.1f}-{e.hi:.1f}]"
 
 
-def _data_or_compute(loader: Est, compute: Est, tail: str) -> Verdict:
-    s = loader.over(compute)
+def _ratio_of(values: list[float]) -> Est:
+    """Per-window ratios (window i of one phase over window i of another, measured side by
+    side in the same round): their median and its order-statistic interval. Pairing cancels
+    what drifts between rounds, which the two phases' own intervals would count twice."""
+    ci = median_interval(values)
+    v = median(values)
+    return Est(v, min(ci[0], v), max(ci[1], v)) if ci else Est(v, v, v)
+
+
+def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
+    """The phases' per-window throughputs, round by round (cut to the rounds all of them
+    finished), or None when there are fewer than two rounds or a window measured nothing."""
+    if not windows or any(not windows.get(n) for n in names):
+        return None
+    k = min(len(windows[n]) for n in names)
+    out = {n: list(windows[n][:k]) for n in names}
+    if k < 2 or not all(_ok(x) for n in names for x in out[n]):
+        return None
+    return out
+
+
+def _data_or_compute(loader: Est, compute: Est, tail: str, s: Est | None = None) -> Verdict:
+    s = s or loader.over(compute)
     if s.hi < WELL_BELOW:
         return Verdict("data", (
             f"data-bound: the loader delivers {_fmt(loader)} img/s, {s.pm()} of what compute "
@@ -108,22 +131,32 @@ def _data_or_compute(loader: Est, compute: Est, tail: str) -> Verdict:
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
-             intervals: dict | None = None, device_data_s_per_image=None) -> Verdict:
+             intervals: dict | None = None, device_data_s_per_image=None,
+             windows: dict | None = None) -> Verdict:
     """The narrowest pipe, judged on intervals. `loader`, `compute`, `e2e` are images/sec (or
-    `Est`); `intervals` maps the same names to [lo, hi]. A verdict is given only when the
-    intervals of the ratio it rests on lie wholly on one side of the rule's threshold;
-    otherwise it is `inconclusive`, with what it leaned to."""
+    `Est`); `intervals` maps the same names to [lo, hi]; `windows` to the per-window figures
+    of interleaved rounds, from which the ratios are taken pairwise. A verdict is given only
+    when the interval of the ratio it rests on lies wholly on one side of the rule's
+    threshold; otherwise it is `inconclusive`, with what it leaned to."""
     iv = intervals or {}
     lo = Est.of(loader, iv.get("loader"))
     co = Est.of(compute, iv.get("compute"))
     ee = Est.of(e2e, iv.get("e2e"))
     if lo and co and ee:
-        cb = combined_bound(co, Est.of(device_data_s_per_image, iv.get("device_data")))
+        dd = Est.of(device_data_s_per_image, iv.get("device_data"))
+        cb = combined_bound(co, dd)
         bound = smaller(lo, cb)
         which = "the loader" if lo.value <= cb.value else (
             "compute" if cb is co else "compute + device data work")
-        r = ee.over(bound)
-        above = r.lo > 1.0 if not (ee.exact and bound.exact) else r.value > 1.0 + ABOVE_BOUND
+        r, s, rc = ee.over(bound), lo.over(cb), ee.over(cb)
+        pw = _paired(windows, ("loader", "compute", "e2e"))
+        if pw is not None:
+            cbw = [combined_bound(Est.of(c), dd).value for c in pw["compute"]]
+            r = _ratio_of([e / min(x, c) for e, x, c in zip(pw["e2e"], pw["loader"], cbw,
+                                                             strict=True)])
+            s = _ratio_of([x / c for x, c in zip(pw["loader"], cbw, strict=True)])
+            rc = _ratio_of([e / c for e, c in zip(pw["e2e"], cbw, strict=True)])
+        above = r.lo > 1.0 if not r.exact else r.value > 1.0 + ABOVE_BOUND
         if above:
             why = (f"e2e {_fmt(ee)} img/s is above its own upper bound, {which} at "
                    f"{_fmt(bound)} ({r.pm()}): impossible in a steady run, so something "
@@ -140,12 +173,12 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
                    "tracking a bound and losing time to poor overlap")
             lean = "overlap" if r.value < TRACKS else None
             if lean is None:
-                inner = _data_or_compute(lo, cb, "")
+                inner = _data_or_compute(lo, cb, "", s)
                 lean = inner.leaning if inner.bottleneck == "inconclusive" else inner.bottleneck
             return Verdict("inconclusive", why, ratio=r, undecided=why, leaning=lean)
-        v = _data_or_compute(lo, cb, f"; e2e {_fmt(ee)} tracks it ({r.pm()})")
+        v = _data_or_compute(lo, cb, f"; e2e {_fmt(ee)} tracks it ({r.pm()})", s)
         if v.bottleneck == "compute":
-            v.reason = (f"compute-bound: e2e {_fmt(ee)} img/s is {ee.over(cb).pm()} of "
+            v.reason = (f"compute-bound: e2e {_fmt(ee)} img/s is {rc.pm()} of "
                         f"{'compute' if cb is co else 'compute + device data work'} "
                         f"{_fmt(cb)}; the loader ({_fmt(lo)}) keeps up")
             v.ratio, v.margin = r, min(v.margin, r.lo - TRACKS)
@@ -153,7 +186,10 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
             v.margin = min(v.margin, r.lo - TRACKS)
         return v
     if lo and co:
-        v = _data_or_compute(lo, co, " (e2e not measured)")
+        pw = _paired(windows, ("loader", "compute"))
+        s = _ratio_of([x / c for x, c in zip(pw["loader"], pw["compute"], strict=True)]) \
+            if pw else None
+        v = _data_or_compute(lo, co, " (e2e not measured)", s)
         if v.bottleneck == "compute":
             v.reason = (f"compute-bound: loader {_fmt(lo)} vs compute {_fmt(co)} img/s "
                         "(e2e not measured)")
@@ -261,11 +297,13 @@ def judge(
     noise_reasons: list[str] | None = None,
     remedies: list[str] | None = None,
     device_data_s_per_image=None,
+    windows: dict | None = None,
 ) -> Verdict:
     """The verdict and its advice. A run whose measurement was disturbed (`noise_reasons`)
     gets no confident verdict, whatever its figures say: `inconclusive`, with the reasons and
     what to do about them (`remedies`), and what the figures leaned to."""
-    v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image)
+    v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
+                 windows)
     if noise_reasons and v.bottleneck not in ("unknown",):
         lean = v.leaning if v.bottleneck == "inconclusive" else v.bottleneck
         v = Verdict("inconclusive", "measurement unstable: " + "; ".join(noise_reasons)

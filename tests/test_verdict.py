@@ -138,3 +138,22 @@ def test_data_advice_is_ordered_most_effective_first():
 def test_cpu_overlap_names_core_contention():
     a = advise("overlap", knobs(device="cpu", num_workers=2, cpu_count=2))
     assert "take cores from the model" in a[0]
+
+
+def test_paired_windows_cancel_drift_that_separate_intervals_count_twice():
+    # the machine drifts 20% between rounds; within a round e2e is 95% of compute
+    compute = [100.0, 110.0, 120.0, 100.0, 115.0, 105.0]
+    e2e = [0.95 * c for c in compute]
+    loader = [5000.0] * 6
+    figures = dict(loader=5000.0, compute=107.5, e2e=0.95 * 107.5)
+    ivs = {"loader": [5000, 5000], "compute": [100, 120], "e2e": [95, 114]}
+    apart = classify(**figures, intervals=ivs)
+    assert apart.bottleneck == "inconclusive"  # 95/120 = 0.79: straddles 85%
+    paired = classify(**figures, intervals=ivs,
+                      windows={"loader": loader, "compute": compute, "e2e": e2e})
+    assert paired.bottleneck == "compute" and paired.ratio.lo == pytest.approx(0.95)
+    # one round where e2e fell to 60% of compute still leaves [min, max] across the line
+    e2e[2] = 0.6 * compute[2]
+    v = classify(**figures, intervals=ivs,
+                 windows={"loader": loader, "compute": compute, "e2e": e2e})
+    assert v.bottleneck == "inconclusive" and v.leaning == "compute"
