@@ -31,7 +31,8 @@ def _interval(ph: dict) -> str:
     ci = ph.get("images_per_sec_ci")
     if not ci:
         return "-"
-    return f"{ci[0]:,.1f}-{ci[1]:,.1f}"
+    fmt = ",.0f" if ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
+    return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}"
 
 
 def print_result(result, console: Console | None = None) -> None:
@@ -55,7 +56,7 @@ def print_result(result, console: Console | None = None) -> None:
     t = Table(title=title, title_justify="left")
     for col in ("phase", "images/s", "95% interval", "step p50 ms", "step p95 ms", "data wait",
                 "steps (windows)", "peak mem"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
+        t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col == "phase")
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
         ips = ph["images_per_sec"]

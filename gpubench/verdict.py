@@ -48,10 +48,10 @@ class Est:
         return Est(self.value / other.value, self.lo / other.hi, self.hi / other.lo)
 
     def pm(self) -> str:
-        """'94% +/- 3%' (as a share), or '94%' without an interval."""
+        """'94% [91%-97%]' (as a share, with its interval), or '94%' without one."""
         if self.exact:
             return f"{self.value:.0%}"
-        return f"{self.value:.0%} +/- {max(self.hi - self.value, self.value - self.lo):.0%}"
+        return f"{self.value:.0%} [{self.lo:.0%}-{self.hi:.0%}]"
 
 
 def smaller(a: Est, b: Est) -> Est:
