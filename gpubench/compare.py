@@ -111,9 +111,11 @@ def price_for(device: str, table: dict[str, float]) -> float | None:
 # --------------------------------------------------------------------------- runs
 
 
-def mlflow_records(experiment: str, uri: str | None = None) -> list[RunRecord]:
-    """The run records (results.json artifacts) of an experiment's runs; sweep parents and
-    runs without the artifact are skipped."""
+def mlflow_records(experiment: str, uri: str | None = None,
+                   filter_string: str = "") -> list[RunRecord]:
+    """The run records (results.json artifacts) of an experiment's runs matching
+    `filter_string` (built by the caller from checked values only); sweep parents and runs
+    without the artifact are skipped. Each record's `extra["mlflow_run_id"]` names its run."""
     from mlflow.tracking import MlflowClient
 
     if uri is None:
@@ -130,7 +132,8 @@ def mlflow_records(experiment: str, uri: str | None = None) -> list[RunRecord]:
     out, token = [], None
     with tempfile.TemporaryDirectory() as tmp:
         while True:
-            page = client.search_runs([exp.experiment_id], max_results=500, page_token=token)
+            page = client.search_runs([exp.experiment_id], filter_string, max_results=500,
+                                      page_token=token)
             for run in page:
                 rid = run.info.run_id
                 try:
@@ -143,6 +146,7 @@ def mlflow_records(experiment: str, uri: str | None = None) -> list[RunRecord]:
                     # the device as the tracking tags name it, when results.json lacks it
                     if not rec.env.get("device_name"):
                         rec.env["device_name"] = run.data.tags.get("device_name")
+                    rec.extra["mlflow_run_id"] = rid
                     out.append(rec)
             token = page.token
             if not token:

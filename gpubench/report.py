@@ -20,7 +20,6 @@ import csv
 import json
 import logging
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -206,21 +205,6 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
     """Rows from the results.json artifacts of an MLflow experiment's runs (children of `parent`
     only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
     artifact (sweep parents) are skipped."""
-    import tempfile
-
-    from mlflow.tracking import MlflowClient
-
-    if uri is None:
-        from gpubench import tracking
-
-        uri = tracking.resolve_uri(None)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None and experiment.isdigit():
-        exp = client.get_experiment(experiment)
-    if exp is None:
-        raise SystemExit(f"gpubench.report: no MLflow experiment {experiment!r} at {uri}")
     if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
         raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: an MLflow run id "
                          "(32 hex digits)")
@@ -229,22 +213,10 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                          "'.', '_' or '-'")
     filt = " and ".join(([f"tags.mlflow.parentRunId = '{parent}'"] if parent else [])
                         + ([f"tags.study = '{study}'"] if study else []))
-    rows, token = [], None
-    with tempfile.TemporaryDirectory() as tmp:
-        while True:
-            page = client.search_runs([exp.experiment_id], filt, max_results=500, page_token=token)
-            for run in page:
-                rid = run.info.run_id
-                try:
-                    path = client.download_artifacts(rid, "results.json", f"{tmp}/{rid}")
-                except Exception:
-                    continue
-                rec = load(Path(path))
-                if rec is not None:
-                    rows.append(row_of(rec, rid[:8]))
-            token = page.token
-            if not token:
-                break
+    from gpubench.compare import mlflow_records
+
+    rows = [row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
+            for rec in mlflow_records(experiment, uri, filt)]
     return latest_per_setup(rows)
 
 
@@ -336,7 +308,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "measured unstable (noise_reasons): not recommended unconfirmed; rerun "
                        "it on a quiet machine")
     near = [r for r in ok if near_best(r, best, tolerance)]
-    reasons.insert(0, f"fastest {'stable ' if best.stable else ''}feasible: {_iv(best)} img/s; {len(near)} configuration(s)"
+    lead = 1 if reasons and reasons[0].startswith("UNCONFIRMED") else 0
+    reasons.insert(lead, f"fastest {'stable ' if best.stable else ''}feasible: {_iv(best)} img/s; {len(near)} configuration(s)"
                       f" within {tolerance:.0%} of it on their intervals")
     amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
     if amp and plain:
