@@ -558,9 +558,13 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
         raise ConfigError(key, text, f"{allowed}, with a numeric port") from None
     if base in ("http", "https") and not parts.hostname:
         raise ConfigError(key, text, f"{base}://host[:port][/path]")
-    if base == "sqlite" and not (rest == "//" or rest.startswith("///")):
-        raise ConfigError(key, text, "sqlite:///relative/path.db, sqlite:////absolute/path.db or sqlite://")
-    if base in _SQLALCHEMY and base != "sqlite" and not rest.startswith("//"):
+    # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:
+    # no run logged there would outlive the process
+    memory_ok = key != "tracking.uri" and rest == "//"
+    if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
+        raise ConfigError(key, text, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+                          + (" or sqlite://" if key != "tracking.uri" else ""))
+    if base in _SQLALCHEMY and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
         raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
     if base == "file" and not parts.path:
         raise ConfigError(key, text, "file:///absolute/folder")

@@ -141,7 +141,7 @@ def test_tracking_uris_accepted(uri):
     "sqlite:relative.db", "postgresql://", "mlflow-host:5000", "ftp://host/x", "file://"])
 def test_malformed_tracking_uris_rejected(uri):
     problem = uri_problem(uri)
-    assert problem is not None and "http(s)://host[:port]" in problem and "\n" not in problem
+    assert problem and "\n" not in problem and ("://" in problem or "scheme" in problem)
 
 
 def test_log_records_are_masked_whatever_the_handlers():

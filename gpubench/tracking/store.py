@@ -20,7 +20,6 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.tracking.translate import EXPERIMENT_NOTE
@@ -45,32 +44,20 @@ def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
     return str(uri) if uri else default_uri(cwd)
 
 
-URI_FORMS = ("null (the embedded sqlite store), http(s)://host[:port], sqlite:///path, "
-             "postgresql|mysql|mssql[+driver]://user@host/db, file:///path or databricks")
-_DATABASES = ("postgresql", "mysql", "mssql", "oracle")
-
 
 def uri_problem(uri: str | None) -> str | None:
-    """What is wrong with a tracking URI, before any work (None when it can be used): the
-    forms MLflow accepts (see URI_FORMS). Checks the form only; whether a server answers is
-    for the probe. Callers show the URI through `mask_secrets`."""
-    if not uri:
+    """What is wrong with a tracking URI, before any work (None when it can be used): the one
+    rule, gpubench.config.check_tracking_uri (forms MLflow accepts, or a local path). Checks
+    the form only; whether a server answers is for the probe. The text never holds a password."""
+    from gpubench.config import ConfigError, check_tracking_uri
+
+    if not uri:  # the embedded default store
         return None
     try:
-        parts = urlsplit(str(uri))
-        parts.port  # noqa: B018 (raises on a port that is not a number)
-    except ValueError as e:
-        return f"{e}; use {URI_FORMS}"
-    scheme = parts.scheme.lower()
-    base = scheme.split("+")[0]
-    ok = (
-        (base in ("http", "https") and bool(parts.hostname) and "+" not in scheme)
-        or (scheme == "sqlite" and str(uri).startswith("sqlite:///") and len(str(uri)) > 10)
-        or (base in _DATABASES and bool(parts.netloc or parts.query))
-        or (scheme == "file" and bool(parts.path))
-        or "databricks" in (scheme, str(uri)) or "databricks-uc" in (scheme, str(uri))
-    )
-    return None if ok else f"not a tracking URI: use {URI_FORMS}"
+        check_tracking_uri(uri)
+    except ConfigError as e:
+        return e.allowed
+    return None
 
 
 def _sqlite_path(uri: str) -> Path | None:
