@@ -113,6 +113,16 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
     return merged
 
 
+def one_line_error(e: BaseException) -> str:
+    """An error as one line: a DataLoader worker's error carries the worker's whole traceback
+    in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); keep
+    its first line and the exception the traceback ends with."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if len(lines) > 1:
+        return f"{type(e).__name__}: {lines[0]} ... {lines[-1]}"[:1000]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:1000]
+
+
 def _merge(summaries: list[MonitorSummary]) -> MonitorSummary:
     """A phase's telemetry over all its windows: samples pooled, seconds and energy summed.
     Byte counters restart at each window: later windows' are offset by the earlier totals, so
@@ -411,7 +421,7 @@ class Benchmark:
                 status, error = Status.oom, f"{type(e).__name__}: {str(e)[:500]}"
             else:
                 log.debug("run failed", exc_info=True)
-                status, error = Status.failed, f"{type(e).__name__}: {e}"
+                status, error = Status.failed, one_line_error(e)
         finally:
             self.monitor.stop()
             if gpulog is not None:

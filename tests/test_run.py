@@ -174,3 +174,13 @@ def test_a_study_job_carries_its_study_into_the_record_and_its_tags(compose_cfg,
     measure_run(compose_cfg("bench.phases=[loader]"), tmp_path)
     rec = load(tmp_path)
     assert rec.extra["study"] == "shared-study" and run_tags(rec)["study"] == "shared-study"
+
+
+def test_a_worker_traceback_is_kept_as_one_line():
+    from gpubench.runner import one_line_error
+
+    e = RuntimeError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback "
+                     "(most recent call last):\n  File \"x.py\", line 3\nValueError: bad pixel")
+    assert one_line_error(e) == ("RuntimeError: Caught ValueError in DataLoader worker process "
+                                 "0. ... ValueError: bad pixel")
+    assert one_line_error(ValueError("plain")) == "ValueError: plain"
