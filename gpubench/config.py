@@ -6,6 +6,10 @@ that need more than a type (a model name torchvision knows, a folder that exists
 there for fp16) live in `validate()`, which runs before any measurement starts; the checks
 that need Hydra's own node (group names, the sweeper's storage) run in `InputCheck`, before Hydra
 creates anything. Longer than one screenful on purpose: every input rule is found here.
+
+Why one module of this size: the schema, its range table and validation must be read together (a
+key, its type, its range and its cross-checks sit side by side); the URI and group-name checks
+are the part of validation that runs before Hydra builds anything.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ The datasets themselves are in gpubench.datasets (re-exported here). `device_syn
 exception on purpose: one batch already on the device, zero data cost, the compute bound.
 (About 400 lines: build_pipeline's closures share the skip counts and the device-side state of
 one run; pulled apart they would need a class of their own for no gain in reading.)
+
+Why one module of this size: the loader settings, preload and the copy to the device (with its
+CUDA stream rules) are one path a batch takes; the datasets themselves are in datasets.py.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ writes it atomically. The meaning of a run for a search lives here and nowhere e
 - `objective`: what a sweeper maximizes, the throughput when feasible and 0.0 otherwise.
 
 No torch import here: the sweeper, the report and tracking load without it.
+
+Why one module of this size: the record's fields and the one definition of what they mean
+(feasible, constraint, objective, stale) belong in one place every reader imports.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ studies, max-batch probes) or the results.json artifacts of MLflow runs. Writes 
 The recommendation follows reference article 003: among feasible configurations (status ok,
 peak memory under memory.ceiling) within `tolerance` (5%) of the fastest, keep AMP on when AMP
 measured faster, pin_memory on, then the smallest batch size and the fewest loader workers.
+
+Why one module of this size: loading rows, the recommendation rule and the files it writes share
+the Row and Recommendation types; the plots (report_plots) and the cost comparison (compare)
+live apart.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ Rows are the report's rows (`gpubench.report.Row`); their run record is read thr
 
 Longer than most modules (about 420 lines) on purpose: each plot's data function and its
 drawing are kept in one file, so what a picture shows and how it is drawn read together.
+
+Why one module of this size: each plot is a pure data function beside the drawing that uses it,
+so a test of the data and the picture it draws are read together.
 """
 
 from __future__ import annotations

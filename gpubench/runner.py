@@ -9,6 +9,10 @@ Why interleaved windows: each phase is measured as `bench.repeats` windows in th
 loader, compute, e2e, loader, compute, e2e, ...; a slow drift (another process, a warming
 device) then hits every phase alike instead of one, and the windows of a phase give it an
 interval (gpubench/stats.py).
+
+Why one module of this size: the Benchmark's build, windows and single try/finally are one
+control flow, read top to bottom; figures and the verdict are in summary.py, arithmetic in
+stats.py.
 """
 
 from __future__ import annotations

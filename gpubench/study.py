@@ -17,6 +17,9 @@ Several workers (processes, machines) may run the same search on one RDB study a
   (Ctrl-C), nor a duplicate resolved without running, nor a stale trial that was retried.
 
 Optuna is imported lazily by the callers' first use: Hydra imports the plugin on every run.
+
+Why one module of this size: every touch of Optuna's storage (creation races, heartbeats,
+claims, retries) is kept behind this one module's public functions.
 """
 
 from __future__ import annotations

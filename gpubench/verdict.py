@@ -4,6 +4,10 @@ The rule compares three throughputs (reference article 003's method): the loader
 most the data side can deliver, the compute phase the most the device can, and e2e what the
 training loop gets. GPU utilization never decides the verdict: with AMP a GPU at the same
 utilization does ~1.7x the work (article 003), so utilization is context, not evidence.
+
+Why one module of this size: the rule with intervals, the advice it leads to and the workers
+pick are one answer to 'what is narrow and what to turn'; they share thresholds and must not
+drift apart.
 """
 
 from __future__ import annotations
