@@ -182,6 +182,8 @@ def test_good_sweeper_settings_pass():
     (["hydra.sweeper.n_trials=0", "loader.batch_size=choice(2,4)"], "hydra.sweeper.n_trials=0"),
     (["hydra.sweeper.sampler=cmaes", "loader.batch_size=choice(2,4)"], "hydra.sweeper.sampler"),
     (["hydra.sweeper.storage=nourl", "loader.batch_size=choice(2,4)"], "hydra.sweeper.storage"),
+    (["hydra.sweeper.confirm.top=-1", "loader.batch_size=choice(2,4)"],
+     "hydra.sweeper.confirm.top=-1"),
     (["bench.steps=2"], "hydra.sweeper.params"),
     (["loader.batch_size=range(8,4)"], "loader.batch_size=range(8,4"),
 ])
