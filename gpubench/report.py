@@ -513,8 +513,11 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
             f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:.1f}-{hi:.1f}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
             _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
-            "-" if r.record.measurement_stable is None else ("yes" if r.stable else "NO"),
-            r.rung, *(_fmt(r.flat.get(k)) for k in keys),
+            "-" if r.record.measurement_stable is None and not r.confirms
+            else ("yes" if r.stable else "NO"),
+            # a confirmed row's figures pool its re-measurements: say how many
+            r.rung + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
+            *(_fmt(r.flat.get(k)) for k in keys),
         ])
     return head, body
 

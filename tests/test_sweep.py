@@ -509,7 +509,7 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
     assert pooled.throughput == pytest.approx(statistics.median(figures))
     ranking = (sweep / "report" / "ranking.csv").read_text().splitlines()
     shown = [line.split(",") for line in ranking[1:] if line.split(",")[1] == str(top[0])]
-    assert [c[3] for c in shown] == [f"{pooled.throughput:.1f}"]
+    assert [(c[3], c[9]) for c in shown] == [(f"{pooled.throughput:.1f}", "full+2 confirm")]
 
     # the same command again: the study is complete and confirmed, nothing is launched
     p = _sweep(tmp_path, *args)
