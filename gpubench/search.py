@@ -186,7 +186,8 @@ class Search:
 
         found = []
         for t in S.measured_trials(self.study):
-            rec = load(t.user_attrs["dir"], "full") if t.user_attrs.get("dir") else None
+            a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
+            rec = load(a["dir"], a.get("rung", "full")) if a.get("dir") else None
             if rec is not None and rec.feasible and rec.full:
                 found.append((rec.throughput, t))
         found.sort(key=lambda p: -p[0])

@@ -519,6 +519,20 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
 
 
 @pytest.mark.slow
+def test_confirm_step_never_takes_a_pruned_trials_screen_for_a_full_run(tmp_path):
+    p = _sweep(tmp_path, "loader.batch_size=choice(1,2,4,8)", "bench.steps=3",
+               "hydra.sweeper.n_trials=4", "hydra.sweeper.seed=0", "hydra.sweeper.screen.steps=1",
+               "hydra.sweeper.screen.n_startup_trials=1", "hydra.sweeper.confirm.top=4",
+               "hydra.sweeper.confirm.rounds=1", "hydra.sweeper.report=false")
+    assert p.returncode == 0, p.stderr[-3000:]
+    study, manifest = _study(tmp_path / "sweep")
+    complete = {t.number for t in measured_trials(study) if t.state == TrialState.COMPLETE}
+    assert len(complete) < 4  # the screen pruned some: they are no candidates
+    assert sorted(j["trial"] for j in manifest["jobs"] if j["rung"] == "confirm") == sorted(
+        complete)
+
+
+@pytest.mark.slow
 def test_oom_trials_are_infeasible_and_the_sweep_goes_on(tmp_path):
     p = _sweep(tmp_path, "loader.batch_size=choice(2,4,8,16)", "fault.oom_above_batch=4",
                "hydra.sweeper.n_trials=4", "hydra.sweeper.screen.steps=null",
