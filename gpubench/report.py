@@ -34,7 +34,8 @@ import yaml
 
 from gpubench.config import CONFIG_DIR
 from gpubench.files import flatten, read_json
-from gpubench.record import RunRecord, Status, find_runs, load
+from gpubench.record import RunRecord, Status, find_runs, load, missing
+from gpubench.stats import median, median_interval
 from gpubench.sweep import format_value
 
 log = logging.getLogger("gpubench")
@@ -74,6 +75,9 @@ class Row:
     label: str  # trial number, job folder or MLflow run id
     record: RunRecord
     flat: dict[str, Any] = field(default_factory=dict)
+    # the sweep's confirm step: the same configuration measured again, interleaved with the
+    # other top trials; when present, the figures below pool them with the record
+    confirms: list[RunRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.flat:
@@ -85,19 +89,31 @@ class Row:
 
     @property
     def throughput(self) -> float:
+        """The record's throughput; the median over all measurements once confirmed."""
+        if self.confirms and self.pooled:
+            return median(self.pooled)
         return self.record.throughput
 
     @property
+    def measurements(self) -> list[RunRecord]:
+        """The trial's own record, then its confirm step's re-measurements (gpubench.search)."""
+        return [self.record, *self.confirms]
+
+    @property
+    def pooled(self) -> list[float]:
+        """Throughputs of every measurement that measured (a crashed confirm has none)."""
+        return [m.throughput for m in self.measurements if m.status.measured]
+
+    @property
     def interval(self) -> tuple[float, float]:
-        """The 95% interval of the throughput (its median's, over windows); the figure itself
-        when the run measured a single window."""
-        r, t = self.record, self.throughput
-        for value, ci in ((r.images_per_sec, r.images_per_sec_ci),
-                          (r.compute_images_per_sec, r.compute_images_per_sec_ci),
-                          (r.loader_images_per_sec, r.loader_images_per_sec_ci)):
-            if value is not None and value == t and ci:
-                return min(ci[0], t), max(ci[1], t)
-        return t, t
+        """The 95% interval of the throughput: over the confirm step's measurements when it ran
+        (gpubench.stats.median_interval), else the run's own, over its windows; the figure
+        itself when there is nothing to spread over."""
+        if self.confirms:
+            iv = median_interval(self.pooled)
+            t = self.throughput
+            return (t, t) if iv is None else (min(iv[0], t), max(iv[1], t))
+        return record_interval(self.record)
 
     @property
     def peak(self) -> float | None:
@@ -129,8 +145,19 @@ class Row:
 
     @property
     def stable(self) -> bool:
-        """False when the run itself found its measurement disturbed (noise_reasons)."""
-        return self.record.measurement_stable is not False
+        """False when the run itself found its measurement disturbed (noise_reasons); once
+        confirmed, also when any re-measurement was disturbed or did not measure, or when the
+        measurements disagree: their own intervals share no common figure."""
+        ms = self.measurements
+        if any(m.measurement_stable is False or not m.status.measured for m in ms):
+            return False
+        ivs = [record_interval(m) for m in ms]
+        return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
+
+    @property
+    def confirmed(self) -> bool:
+        """Re-measured by the confirm step and found stable."""
+        return bool(self.confirms) and self.stable
 
     def knob(self, name: str) -> Any:
         key = KNOBS[name]
@@ -142,6 +169,18 @@ class Row:
     @property
     def amp(self) -> bool:
         return self.knob("precision") in AMP
+
+
+def record_interval(r: RunRecord) -> tuple[float, float]:
+    """The 95% interval of one run's throughput (its median's, over windows); the figure itself
+    when the run measured a single window."""
+    t = r.throughput
+    for value, ci in ((r.images_per_sec, r.images_per_sec_ci),
+                      (r.compute_images_per_sec, r.compute_images_per_sec_ci),
+                      (r.loader_images_per_sec, r.loader_images_per_sec_ci)):
+        if value is not None and value == t and ci:
+            return min(ci[0], t), max(ci[1], t)
+    return t, t
 
 
 def row_of(rec: RunRecord, label: str) -> Row:
@@ -160,7 +199,7 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     jobs = {j["dir"]: j for j in manifest.get("jobs", [])}
     # a trial measured in full also left its screen's folder: one row per trial
     measured_in_full = {j.get("trial") for j in jobs.values() if j.get("rung") == "full"}
-    rows = []
+    rows, confirms, full_rows = [], {}, {}
     for d in sorted(find_runs(sweep_dir), key=_job_order):
         job = jobs.get(str(d), {})
         rung = job.get("rung", "run")
@@ -169,7 +208,15 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
             continue
         if rung == "screen" and job.get("trial") in measured_in_full:
             continue
+        if rung == "confirm":  # pooled into its trial's row, not a row of its own
+            confirms.setdefault(job.get("trial"), []).append(rec)
+            continue
         rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
+        if rung == "full":
+            full_rows[job.get("trial")] = rows[-1]
+    for trial, recs in confirms.items():
+        if trial in full_rows:
+            full_rows[trial].confirms = recs
     return rows, None
 
 
@@ -180,12 +227,19 @@ def _job_order(d: Path):
 
 def _load_study(name: str, storage: str):
     import optuna
-    from optuna.trial import TrialState
-
-    from gpubench.study import measured_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=storage)
+    return rows_of_study(study), study
+
+
+def rows_of_study(study) -> list[Row]:
+    """One row per measured trial of a gpubench-sweeper study, its confirm step's records
+    attached (gpubench.study.confirm_dirs)."""
+    from optuna.trial import TrialState
+
+    from gpubench.study import confirm_dirs, measured_trials
+
     rows = []
     # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
     for t in measured_trials(study):
@@ -201,7 +255,11 @@ def _load_study(name: str, storage: str):
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
             rows.append(Row(str(t.number), rec, dict(t.params)))
-    return rows, study
+        # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
+        # that did not measure, so the trial is not called confirmed on fewer figures
+        rows[-1].confirms = [load(d, "confirm") or missing(d, "confirm record gone", "confirm")
+                             for d in confirm_dirs(study, t.number)]
+    return rows
 
 
 def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
@@ -305,7 +363,12 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "rerun the recommended config on a quiet machine before trusting it")
     if not ok:
         return None
-    best = max(ok, key=lambda r: r.throughput)
+    # once the confirm step ran, the reference is the fastest confirmed configuration: a trial
+    # measured once may have been lucky
+    best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
+    if any(r.confirms for r in rows) and not best.confirmed:
+        reasons.append("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
+                       "step); rerun the recommended config on a quiet machine before trusting it")
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
         reasons.append(f"the fastest figure, run {fastest.label} at {_iv(fastest)} img/s, was "
@@ -427,8 +490,11 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
             f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:.1f}-{hi:.1f}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
             _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
-            "-" if r.record.measurement_stable is None else ("yes" if r.stable else "NO"),
-            r.rung, *(_fmt(r.flat.get(k)) for k in keys),
+            "-" if r.record.measurement_stable is None and not r.confirms
+            else ("yes" if r.stable else "NO"),
+            # a confirmed row's figures pool its re-measurements: say how many
+            r.rung + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
+            *(_fmt(r.flat.get(k)) for k in keys),
         ])
     return head, body
 

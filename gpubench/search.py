@@ -12,6 +12,12 @@
   its trial is then retried here
 - a sampled configuration already measured (or being measured by another worker) is not run
   again: the trial gets the earlier result (attr `duplicate_of`) and does not count
+- confirm step: once n_trials are measured, the `confirm.top` fastest feasible full-length trials
+  are launched again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift and a busy
+  neighbour hit them alike rather than one of them), one job each, rung "confirm". These jobs
+  are not trials (not told to Optuna, not counted); their folders are kept in the study
+  (gpubench.study.confirm_dirs), so a resumed sweep runs only the rounds still missing. `best`
+  is then the fastest confirmed trial on the median of all its measurements (gpubench.report.Row)
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ class Screen:
 
 
 @dataclass
+class Confirm:
+    top: int  # 0: no confirm step
+    rounds: int
+
+
+@dataclass
 class Search:
     shared: S.Shared
     space: SearchSpace
@@ -51,6 +63,7 @@ class Search:
     screen: Screen
     # seconds between looks at the study while other workers hold every slot
     poll_s: float = 1.0
+    confirm: Confirm | None = None
 
     @property
     def study(self):
@@ -96,7 +109,8 @@ class Search:
                 log.info("the sampler proposed only measured configurations %d times in a row: "
                          "stopping", in_a_row)
                 break
-        return self._summarize()
+        confirmed = self._confirm()
+        return self._summarize(confirmed)
 
     def _claim(self, n: int) -> list:
         """Ask n trials and keep those within the free slots (gpubench.study.claim_is_within);
@@ -166,20 +180,63 @@ class Search:
         log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput, mem,
                  rec.status if rec.feasible else f"{rec.status}, infeasible")
 
-    def _summarize(self) -> dict | None:
+    def _candidates(self) -> list:
+        """The confirm step's trials: the fastest feasible full-length ones, by their records."""
+        from gpubench.record import load
+
+        found = []
+        for t in S.measured_trials(self.study):
+            a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
+            rec = load(a["dir"], a.get("rung", "full")) if a.get("dir") else None
+            if rec is not None and rec.feasible and rec.full:
+                found.append((rec.throughput, t))
+        found.sort(key=lambda p: -p[0])
+        return [t for _, t in found[: self.confirm.top]]
+
+    def _confirm(self) -> list[int]:
+        """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""
+        if self.confirm is None or self.confirm.top <= 0:
+            return []
+        top = self._candidates()
+        for rnd in range(self.confirm.rounds):
+            for t in top:  # one round: each candidate once, in the same order every round
+                if len(S.confirm_dirs(self.study, t.number)) > rnd:
+                    continue  # measured by an earlier invocation (resume)
+                [rec] = self.jobs.launch([self.space.overrides(t.params)],
+                                         [{"trial": t.number, "rung": "confirm"}])
+                S.add_confirm_dir(self.study, t.number, rec.dir)
+                log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
+                         self.confirm.rounds, t.number, rec.throughput, rec.status)
+        return [t.number for t in top]
+
+    def _summarize(self, confirmed: list[int]) -> dict | None:
         measured = S.measured_trials(self.study)
         try:
             best = self.study.best_trial
         except ValueError:
             best = None
+        value, extra = None if best is None else best.value, {}
+        if confirmed:  # the report's reference: the fastest stable confirmed trial
+            from gpubench.report import recommend, rows_of_study
+
+            rec = recommend(rows_of_study(self.study))
+            if rec is not None:
+                pick = rec.best
+                best = next(t for t in measured if t.number == int(pick.label))
+                value = pick.throughput
+                extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
+                         "measurements": len(pick.pooled)}
+                if not pick.confirmed:
+                    log.warning("no top trial measured alike again (confirm step): best is "
+                                "UNCONFIRMED")
         out = None
         if best is None:
             log.warning("no feasible trial under the memory ceiling")
         else:
-            out = {"trial": best.number, "value": best.value, "params": best.params,
+            out = {"trial": best.number, "value": value, "params": best.params,
                    "overrides": self.space.overrides(best.params),
-                   "dir": best.user_attrs.get("dir")}
-            log.info("best feasible: trial %d, %.1f img/s: %s", best.number, best.value,
+                   "dir": best.user_attrs.get("dir"), **extra}
+            log.info("best feasible: trial %d, %.1f img/s: %s", best.number, value,
                      " ".join(out["overrides"]))
         self.manifest.update(measured_trials=len(measured), **({"best": out} if out else {}))
         return out

@@ -355,3 +355,16 @@ def record(trial, rec, rung: str) -> None:
     trial.set_user_attr("memory_ceiling", rec.memory_ceiling)
     if rec.error:
         trial.set_user_attr("error", str(rec.error)[:1000])
+
+
+# the confirm step's job folders of trial N, a study user attr: Optuna refuses attributes on a
+# finished trial, and confirmations run after their trial was told
+CONFIRM_ATTR = "confirm_dirs:{}"
+
+
+def confirm_dirs(study, number: int) -> list[str]:
+    return list(study.user_attrs.get(CONFIRM_ATTR.format(number), []))
+
+
+def add_confirm_dir(study, number: int, run_dir) -> None:
+    study.set_user_attr(CONFIRM_ATTR.format(number), [*confirm_dirs(study, number), str(run_dir)])

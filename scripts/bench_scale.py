@@ -65,7 +65,8 @@ def _round(tmp: Path, base: str, host: str, k: int, n_trials: int, steps: int, t
            f"bench.steps={steps}", "memory.reserve=interval(0.0,0.5)",
            f"hydra.sweeper.storage='{url}'", "hydra.sweeper.study_name=scale",
            f"hydra.sweeper.n_trials={n_trials}", "hydra.sweeper.screen.steps=null",
-           "hydra.sweeper.report=false", "hydra.sweeper.heartbeat_interval=2",
+           "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0",
+           "hydra.sweeper.heartbeat_interval=2",
            "hydra.sweeper.grace_period=20"]
     # one core per worker: torch's CPU ops would otherwise start one thread per core in every
     # worker, and k workers x 2 threads on 2 cores slow each trial 3-4x (measured here)

@@ -46,6 +46,7 @@ def test_sweep_on_shared_postgres_stores(tmp_path, postgres):
         f"tracking.uri='{postgres('mlflow')}'",
         f"hydra.sweeper.storage='{postgres('optuna')}'", "hydra.sweeper.study_name=team_sweep",
         "hydra.sweeper.n_trials=3", "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=0",
+        "hydra.sweeper.confirm.top=0",  # one MLflow run per trial is what this test counts
         "loader.batch_size=choice(2,4,8)", f"hydra.sweep.dir={tmp_path / 'sweep'}",
     ]
     p = run_cli(*args, cwd=tmp_path)

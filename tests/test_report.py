@@ -189,3 +189,52 @@ def test_an_unstable_fastest_run_is_not_recommended_unconfirmed():
     assert ranked([lucky, steady])[0] is steady
     alone = recommend([lucky])  # nothing confirmed: a recommendation marked as such
     assert alone.chosen is lucky and any(x.startswith("UNCONFIRMED") for x in alone.reasons)
+
+
+def _again(r: Row, ips, ci=None, stable=None, status="ok") -> RunRecord:
+    """A confirm-step re-measurement of r's configuration."""
+    return RunRecord(status=Status(status), images_per_sec=ips, images_per_sec_ci=ci,
+                     peak_memory_fraction=r.peak, memory_ceiling=0.8, config=r.record.config,
+                     env=r.record.env, measurement_stable=stable, rung="confirm")
+
+
+def test_confirmations_pool_into_the_figure_interval_and_stability():
+    r = row(16, 2, ips=200.0, ci=[190.0, 210.0], stable=True)
+    assert (r.throughput, r.interval, r.stable, r.confirmed) == (200.0, (190.0, 210.0), True,
+                                                                 False)
+    # re-measured alike: the median of all three, an interval over them, confirmed
+    r.confirms = [_again(r, 196.0, [185.0, 205.0]), _again(r, 204.0, [195.0, 215.0])]
+    assert r.throughput == 200.0 and r.pooled == [200.0, 196.0, 204.0]
+    assert r.interval == (196.0, 204.0)  # [min, max] of 3: the most 3 values can say
+    assert r.stable and r.confirmed
+    # a lucky first figure: the re-measurements disagree beyond their intervals
+    lucky = row(16, 2, ips=400.0, ci=[390.0, 410.0], stable=True)
+    lucky.confirms = [_again(lucky, 200.0, [190.0, 210.0]), _again(lucky, 210.0, [200.0, 220.0])]
+    assert lucky.throughput == 210.0 and not lucky.stable and not lucky.confirmed
+    # agreeing figures, but one re-measurement found itself disturbed, or did not measure
+    for bad in (_again(r, 200.0, [190.0, 210.0], stable=False),
+                _again(r, 0.0, status="failed")):
+        r.confirms = [_again(r, 200.0, [190.0, 210.0]), bad]
+        assert not r.stable and not r.confirmed
+    # single-window measurements with different figures share no common figure
+    r1 = row(16, 2, ips=200.0)
+    r1.confirms = [_again(r1, 200.0), _again(r1, 200.0)]
+    assert r1.stable and r1.interval == (200.0, 200.0)
+    r1.confirms = [_again(r1, 200.0), _again(r1, 201.0)]
+    assert not r1.stable
+
+
+def test_a_lucky_unconfirmed_trial_is_not_the_reference_once_confirmations_ran():
+    lucky = row(64, 2, ips=400.0, ci=[390.0, 410.0], stable=True)
+    lucky.confirms = [_again(lucky, 200.0, [190.0, 210.0]), _again(lucky, 205.0, [195.0, 215.0])]
+    steady = row(32, 2, ips=300.0, ci=[290.0, 310.0], stable=True)
+    steady.confirms = [_again(steady, 298.0, [290.0, 306.0]),
+                       _again(steady, 303.0, [295.0, 310.0])]
+    rec = recommend([lucky, steady, row(16, 2, ips=150.0, stable=True)])
+    assert rec.best is steady and rec.chosen is steady
+    assert [r.label for r in ranked([lucky, steady])] == [steady.label, lucky.label]
+    # nothing confirmed: the report says so rather than trusting a single figure
+    lucky2 = row(64, 2, ips=400.0, ci=[390.0, 410.0], stable=True)
+    lucky2.confirms = [_again(lucky2, 200.0, [190.0, 210.0])]
+    rec = recommend([lucky2, row(16, 2, ips=150.0, stable=True)])
+    assert not rec.best.confirmed and any(x.startswith("UNCONFIRMED") for x in rec.reasons)

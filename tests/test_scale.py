@@ -44,7 +44,7 @@ def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
            "loader.batch_size=range(1,33)",
            f"hydra.sweeper.storage='{storage}'", f"hydra.sweeper.study_name={study}",
            f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.screen.steps=null",
-           "hydra.sweeper.report=false",
+           "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0",  # trials, not confirms
            "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=5", *extra]
     e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | (env or {})
     pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))

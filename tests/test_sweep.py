@@ -19,6 +19,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from gpubench import record
 from gpubench.jobs import read_job
 from gpubench.maxbatch import find_max_batch
 from gpubench.record import OOM_CONSTRAINT, Status
@@ -155,6 +156,21 @@ def test_bad_sweeper_settings_name_key_value_and_allowed(key, value, allowed):
     assert allowed in msg
 
 
+@pytest.mark.parametrize("key,value,allowed", [
+    ("top", -1, "an integer >= 0"), ("rounds", 0, "an integer >= 1"), ("top", 1.5, ">= 0"),
+    ("rounds", "two", ">= 1"), ("top", True, ">= 0"),
+])
+def test_bad_confirm_settings_name_key_value_and_allowed(key, value, allowed):
+    from hydra_plugins.gpubench_sweeper.sweeper import SweeperConfigError
+
+    with pytest.raises(SweeperConfigError) as e:
+        _sweeper(confirm={"top": 3, "rounds": 2, key: value}).check()
+    msg = str(e.value)
+    assert "\n" not in msg and f"hydra.sweeper.confirm.{key}=" in msg and str(value) in msg
+    assert allowed in msg
+    _sweeper(confirm={"top": 0, "rounds": 1}).check()  # 0: the step is off
+
+
 def test_good_sweeper_settings_pass():
     s = _sweeper(storage="postgresql+psycopg://u@/optuna?host=/tmp", sampler="random")
     s.check()
@@ -166,6 +182,8 @@ def test_good_sweeper_settings_pass():
     (["hydra.sweeper.n_trials=0", "loader.batch_size=choice(2,4)"], "hydra.sweeper.n_trials=0"),
     (["hydra.sweeper.sampler=cmaes", "loader.batch_size=choice(2,4)"], "hydra.sweeper.sampler"),
     (["hydra.sweeper.storage=nourl", "loader.batch_size=choice(2,4)"], "hydra.sweeper.storage"),
+    (["hydra.sweeper.confirm.top=-1", "loader.batch_size=choice(2,4)"],
+     "hydra.sweeper.confirm.top=-1"),
     (["bench.steps=2"], "hydra.sweeper.params"),
     (["loader.batch_size=range(8,4)"], "loader.batch_size=range(8,4"),
 ])
@@ -404,6 +422,7 @@ def test_optuna_sweep_screens_then_measures_and_tracks(tmp_path):
         tmp_path, "loader.batch_size=choice(2,4,8)", "precision=choice(fp32,amp_bf16)",
         "bench.steps=3", "hydra.sweeper.n_trials=5", "hydra.sweeper.seed=0",
         "hydra.sweeper.screen.steps=1", "hydra.sweeper.screen.n_startup_trials=1",
+        "hydra.sweeper.confirm.top=0",  # this test is about the screen: rungs screen + full
         tracking=("tracking=mlflow", f"tracking.uri=sqlite:///{db}"),
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -443,10 +462,81 @@ def test_optuna_sweep_screens_then_measures_and_tracks(tmp_path):
 
 
 @pytest.mark.slow
+def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
+    from gpubench.report import load_dir
+    from gpubench.study import confirm_dirs
+
+    args = ["loader.batch_size=choice(1,2,4,8)", "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=0",
+            "hydra.sweeper.confirm.top=2", "hydra.sweeper.confirm.rounds=2"]
+    p = _sweep(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    study, manifest = _study(sweep)
+    measured = measured_trials(study)
+    assert len(measured) == 4 and manifest["measured_trials"] == 4
+    full = [j for j in manifest["jobs"] if j["rung"] == "full"]
+    confirm = [j for j in manifest["jobs"] if j["rung"] == "confirm"]
+    assert len(full) == 4 and len(confirm) == 4
+    assert manifest["jobs"][:4] == full  # after the trials, never among them
+    # the two fastest full measurements (as their records read), interleaved A, B, A, B
+    recs = {j["trial"]: record.load(j["dir"]) for j in full}
+    top = sorted(recs, key=lambda n: -recs[n].throughput)[:2]
+    assert [j["trial"] for j in confirm] == [*top, *top]
+    for j in confirm:  # each the trial's own configuration, measured in a job of its own
+        rec = record.load(j["dir"])
+        assert rec.knob("loader.batch_size") == recs[j["trial"]].knob("loader.batch_size")
+        assert j["dir"] not in {x["dir"] for x in full}
+        # not a trial: no trial of the study (duplicates included) holds it
+        assert j["dir"] not in {t.user_attrs.get("dir") for t in study.trials}
+    for n in top:
+        assert confirm_dirs(study, n) == [j["dir"] for j in confirm if j["trial"] == n]
+    # best: the report's reference, a confirmed trial whenever one measured alike again
+    rows = {r.label: r for r in load_dir(sweep)[0]}
+    assert len(rows) == 4 and all(bool(rows[str(n)].confirms) == (n in top) for n in recs)
+    best = manifest["best"]
+    stable_top = [n for n in top if rows[str(n)].stable]
+    assert best["confirmed"] == bool(stable_top)
+    if stable_top:
+        assert best["trial"] in stable_top and best["measurements"] == 3
+        assert best["value"] == max(rows[str(n)].throughput for n in stable_top)
+    # the report's ranking shows the pooled figure of a confirmed trial
+    pooled = rows[str(top[0])]
+    import statistics
+
+    figures = [recs[top[0]].throughput,
+               *(record.load(d).throughput for d in confirm_dirs(study, top[0]))]
+    assert pooled.throughput == pytest.approx(statistics.median(figures))
+    ranking = (sweep / "report" / "ranking.csv").read_text().splitlines()
+    shown = [line.split(",") for line in ranking[1:] if line.split(",")[1] == str(top[0])]
+    assert [(c[3], c[9]) for c in shown] == [(f"{pooled.throughput:.1f}", "full+2 confirm")]
+
+    # the same command again: the study is complete and confirmed, nothing is launched
+    p = _sweep(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    again = json.loads((sweep / "sweep.json").read_text())
+    assert again["jobs"] == manifest["jobs"]
+
+
+@pytest.mark.slow
+def test_confirm_step_never_takes_a_pruned_trials_screen_for_a_full_run(tmp_path):
+    p = _sweep(tmp_path, "loader.batch_size=choice(1,2,4,8)", "bench.steps=3",
+               "hydra.sweeper.n_trials=4", "hydra.sweeper.seed=0", "hydra.sweeper.screen.steps=1",
+               "hydra.sweeper.screen.n_startup_trials=1", "hydra.sweeper.confirm.top=4",
+               "hydra.sweeper.confirm.rounds=1", "hydra.sweeper.report=false")
+    assert p.returncode == 0, p.stderr[-3000:]
+    study, manifest = _study(tmp_path / "sweep")
+    complete = {t.number for t in measured_trials(study) if t.state == TrialState.COMPLETE}
+    assert len(complete) < 4  # the screen pruned some: they are no candidates
+    assert sorted(j["trial"] for j in manifest["jobs"] if j["rung"] == "confirm") == sorted(
+        complete)
+
+
+@pytest.mark.slow
 def test_oom_trials_are_infeasible_and_the_sweep_goes_on(tmp_path):
     p = _sweep(tmp_path, "loader.batch_size=choice(2,4,8,16)", "fault.oom_above_batch=4",
                "hydra.sweeper.n_trials=4", "hydra.sweeper.screen.steps=null",
-               "hydra.sweeper.seed=0")
+               "hydra.sweeper.seed=0", "hydra.sweeper.confirm.top=0")  # about OOM: no confirm
     assert p.returncode == 0, p.stderr[-3000:]
     study, _ = _study(tmp_path / "sweep")
     by_batch = {t.params["loader.batch_size"]: t for t in measured_trials(study)}
@@ -483,7 +573,7 @@ def test_failed_trials_are_recorded_up_to_the_limit(tmp_path):
 def test_resume_after_kill_continues_to_n_trials(tmp_path):
     args = ["loader.batch_size=range(1,9)", "precision=choice(fp32,amp_bf16)",
             "hydra.sweeper.n_trials=5", "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
-            "hydra.sweeper.report=false"]
+            "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0"]  # resume of trials
     cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
@@ -538,7 +628,8 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
            "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}",
            # each phase lasts its 1 s cap, whatever the machine's speed: a trial is ~3 s long
            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
-           "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false"]
+           "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false",
+           "hydra.sweeper.confirm.top=0"]
     # SIGINT as the default: a shell running the tests in the background may ignore it
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,

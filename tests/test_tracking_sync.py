@@ -190,7 +190,7 @@ def test_cli_sweep_killed_then_resumed_parent_finished(tmp_path):
             "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}",
             "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
             "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
-            "hydra.sweeper.report=false"]
+            "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0"]
     proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -36,6 +36,15 @@ class ScreenConf:
 
 
 @dataclass
+class ConfirmConf:
+    # after n_trials, the fastest `top` feasible full-length trials are measured again `rounds`
+    # times each, interleaved (A, B, C, A, B, C) so drift hits them alike; `best` and the report
+    # then judge them on all their measurements. 0 turns the step off
+    top: int = 3
+    rounds: int = 2
+
+
+@dataclass
 class MaxBatchConf:
     # first batch size tried; null: loader.batch_size of the composed config
     start: int | None = None
@@ -73,6 +82,7 @@ class GpubenchSweeperConf:
     # null: 2 x heartbeat_interval (Optuna's default); keep it well above heartbeat_interval
     grace_period: int | None = 60
     screen: ScreenConf = field(default_factory=ScreenConf)
+    confirm: ConfirmConf = field(default_factory=ConfirmConf)
     max_batch: MaxBatchConf = field(default_factory=MaxBatchConf)
     # search space in override syntax, e.g. {loader.batch_size: "choice(32,64,128)"};
     # command-line overrides of the same key win

@@ -58,7 +58,7 @@ class GpubenchSweeper(Sweeper):
                  storage: str | None, sampler, seed: int | None, n_startup_trials: int,
                  max_failures: int, heartbeat_interval: int, grace_period: int | None,
                  screen: DictConfig, max_batch: DictConfig, params: DictConfig | None,
-                 report: bool) -> None:
+                 report: bool, confirm: DictConfig | None = None) -> None:
         # checked in sweep(), not here: Hydra wraps an error raised while instantiating into a
         # multi-line report
         self.mode, self.sampler = mode, sampler
@@ -67,6 +67,7 @@ class GpubenchSweeper(Sweeper):
         self.n_startup_trials = n_startup_trials
         self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
         self.screen, self.max_batch = screen, max_batch
+        self.confirm = confirm if confirm is not None else {"top": 3, "rounds": 2}
         self.params = {str(k): v for k, v in (params or {}).items()}
         self.report = bool(report)
         self.hydra_context: HydraContext | None = None
@@ -98,6 +99,12 @@ class GpubenchSweeper(Sweeper):
         steps = self.screen.steps
         if steps is not None and int(steps) < 1:
             raise SweeperConfigError("screen.steps", steps, "null (no screen) or an integer >= 1")
+        for key, low in (("top", 0), ("rounds", 1)):
+            v = self.confirm[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise SweeperConfigError(f"confirm.{key}", v,
+                                         f"an integer >= {low}" + (" (0: no confirm step)"
+                                                                   if low == 0 else ""))
         if int(self.max_batch.limit) < 1:
             raise SweeperConfigError("max_batch.limit", self.max_batch.limit, "an integer >= 1")
         start = self.max_batch.start
@@ -155,7 +162,7 @@ class GpubenchSweeper(Sweeper):
     def _optimize(self, jobs, space, manifest) -> None:
         from gpubench import study as S
         from gpubench.manifest import absolute_storage
-        from gpubench.search import Screen, Search
+        from gpubench.search import Confirm, Screen, Search
 
         space.require_swept()  # before a study is made for nothing
         name = self.study_name or space.study_name()
@@ -172,8 +179,9 @@ class GpubenchSweeper(Sweeper):
         screened = steps is not None and full is not None and int(steps) < int(full)
         screen = Screen(int(steps) if screened else None, float(self.screen.keep),
                         int(self.screen.n_startup_trials), list(self.screen.overrides))
+        confirm = Confirm(int(self.confirm["top"]), int(self.confirm["rounds"]))
         Search(shared, space, jobs, manifest, self.n_trials, self.n_jobs, screen,
-               poll_s=min(float(self.heartbeat_interval), 5.0)).run()
+               poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
         from gpubench.files import write_json
