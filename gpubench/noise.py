@@ -28,6 +28,8 @@ HOST_BUSY = 0.85
 # CPU shares are counted in scheduler ticks (10 ms on Linux): over a shorter window than this
 # the host's and the run's figures are too coarse to subtract one from the other
 MIN_LOAD_WINDOW_S = 0.5
+# the share of its CPU demand below which a run counts as starved by its neighbours
+GOT_SHARE = 0.9
 
 
 @dataclass
@@ -41,6 +43,9 @@ class WindowLoad:
     run_cpu: float | None
     samples: int = 0
     seconds: float = 0.0
+    # cores this run can keep busy (torch threads + loader workers, at most the host's):
+    # a neighbour only takes from a run that got less than this
+    demand: float | None = None
 
 
 def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -> float | None:
@@ -69,13 +74,17 @@ def step_checks(phase: str, steps: list[float], cv: float | None) -> list[str]:
 
 
 def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[str]:
-    """Windows during which other processes competed for a saturated host."""
+    """Windows during which other processes competed for a saturated host and this run got
+    less CPU than it could use (a single-threaded run beside a neighbour on a 2-core host
+    loses nothing)."""
     hit: dict[str, list[tuple[int, float]]] = {}
     for w in loads:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
         if o is None or w.samples < 1 or w.seconds < MIN_LOAD_WINDOW_S:
             continue
-        if o >= OTHER_CORES and w.host_cpu is not None and w.host_cpu / 100.0 >= HOST_BUSY:
+        starved = w.demand is None or (w.run_cpu or 0.0) / 100.0 < GOT_SHARE * w.demand
+        if (o >= OTHER_CORES and w.host_cpu is not None and w.host_cpu / 100.0 >= HOST_BUSY
+                and starved):
             hit.setdefault(w.phase, []).append((w.index + 1, o))
     if not hit:
         return []

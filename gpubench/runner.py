@@ -166,6 +166,12 @@ class Benchmark:
                               float(cfg.memory.ceiling), self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)
+        # cores the run can keep busy: torch's threads in the main process plus one per loader
+        # worker (each limited to worker_threads), at most the host's (the competition check)
+        ld = cfg.loader
+        rec.extra["cpu_demand_cores"] = min(
+            os.cpu_count() or 1,
+            torch.get_num_threads() + int(ld.num_workers) * int(ld.worker_threads or 1))
         if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
             rec.extra["study"] = os.environ[STUDY_ENV]
         self.record = rec

@@ -97,7 +97,7 @@ def validity(bench) -> list[str]:
         reasons += noise.gpu_checks(name, p.telemetry)
         loads += [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"),
                                    w.get("process_cpu_util_mean"), w.get("samples") or 0,
-                                   w.get("seconds") or 0.0)
+                                   w.get("seconds") or 0.0, rec.extra.get("cpu_demand_cores"))
                   for i, w in enumerate(p.windows)]
     reasons += noise.load_checks(loads, int(rec.env.get("cpu_count") or os.cpu_count() or 1))
     return reasons

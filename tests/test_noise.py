@@ -21,12 +21,15 @@ def test_steady_compute_steps_pass_and_spread_or_stalls_do_not():
 def test_competition_counts_only_on_a_busy_host():
     # 2 cores: host 100% = 2 cores in use, the run 160% of one core -> 0.4 cores elsewhere
     assert other_cores(100.0, 160.0, 2) == pytest.approx(0.4)
-    busy = [WindowLoad("e2e", 0, 100.0, 160.0, 5, 1.0), WindowLoad("e2e", 1, 100.0, 198.0, 5, 1.0)]
+    busy = [WindowLoad("e2e", 0, 100.0, 160.0, 5, 1.0, 2.0),
+            WindowLoad("e2e", 1, 100.0, 198.0, 5, 1.0, 2.0)]
     reasons = load_checks(busy, 2)
     assert len(reasons) == 1 and "e2e window 1 " in reasons[0] and "0.4 cores" in reasons[0]
     # a neighbour on a host with idle cores takes nothing from the run
     assert load_checks([WindowLoad("e2e", 0, 50.0, 100.0, 5, 1.0)], 8) == []
     assert load_checks([WindowLoad("e2e", 0, None, None, 0, 1.0)], 2) == []
+    # a single-threaded run that got its one core loses nothing to a neighbour on the other
+    assert load_checks([WindowLoad("e2e", 0, 100.0, 100.0, 5, 1.0, 1.0)], 2) == []
     # a 10 ms window is one scheduler tick: too coarse to subtract the run from the host
     assert load_checks([WindowLoad("loader", 0, 100.0, 100.0, 1, 0.01)], 2) == []
 
