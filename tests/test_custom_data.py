@@ -195,7 +195,7 @@ def test_team_example_runs_through_config_dir(tmp_path):
     assert all(data["phases"][n]["images_per_sec"] > 0 for n in ("loader", "compute", "e2e"))
 
     # the team's sweep preset, cut to two trials
-    p = run_cli(*common, "sweep=team_loader", "hydra.sweeper.n_trials=2",
+    p = run_cli(*common, "sweep=team_loader", "hydra.sweeper.n_trials=2", "hydra.sweeper.confirm.top=0",
                 "hydra.sweeper.screen.steps=null", "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     done = [json.loads(f.read_text()) for f in (tmp_path / "sweep").rglob("results.json")]
