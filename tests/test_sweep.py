@@ -20,6 +20,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from gpubench import record
+from gpubench.files import read_json
 from gpubench.jobs import read_job
 from gpubench.maxbatch import find_max_batch
 from gpubench.record import OOM_CONSTRAINT, Status
@@ -614,12 +615,25 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
 
 
 def _wait_for_measured(tmp: Path, proc, n: int) -> None:
+    """Until the study holds n measured trials (told to Optuna, not only run)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
         if (tmp / "sweep" / "sweep.json").is_file():
             if len(measured_trials(_study(tmp / "sweep")[0])) >= n:
                 return
+
+
+def _wait_for_jobs(tmp: Path, proc, n: int) -> None:
+    """Until n jobs have finished, read from the sweep's manifest (a small JSON file written as
+    each job ends: cheap to poll, unlike opening the study, which takes seconds the first time
+    and lets the next trial run on before a signal is sent)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        m = read_json(tmp / "sweep" / "sweep.json") or {}
+        if sum(j.get("status") in ("ok", "over_ceiling", "oom") for j in m.get("jobs", [])) >= n:
+            return
 
 
 @pytest.mark.slow
@@ -635,7 +649,7 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
                             stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        _wait_for_measured(tmp_path, proc, 1)
+        _wait_for_jobs(tmp_path, proc, 1)
         time.sleep(0.5)  # into the next trial's ~3 s
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"DIR: not a folder: {a.dir}")
     problem = uri_problem(a.uri)
     if problem:
-        ap.error(f"--uri {mask_secrets(a.uri)!r}: {problem}")
+        ap.error(f"--uri {mask_secrets(a.uri)!r}: not a tracking URI: {problem}")
     if a.timeout <= 0:
         ap.error(f"--timeout: {a.timeout} is not a positive number of seconds")
     counts = sync(a.dir, a.uri, a.experiment, a.timeout)
