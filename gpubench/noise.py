@@ -71,7 +71,7 @@ def step_checks(phase: str, steps: list[float], cv: float | None) -> list[str]:
     if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
         s = sorted(steps)
         med = s[len(s) // 2]
-        slow = [t for t in steps if med > 0 and t > max(SLOW_FACTOR * med, med + 2 * JITTER_S)]
+        slow = [t for t in steps if med > 0 and t > max(SLOW_FACTOR * med, med + 4 * JITTER_S)]
         if slow and len(slow) <= SLOW_SHARE * len(steps):
             out.append(f"{phase}: {len(slow)} of {len(steps)} steps took over "
                        f"{SLOW_FACTOR:.0f}x the median (max {max(slow) * 1e3:.0f} ms vs "
