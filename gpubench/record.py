@@ -284,6 +284,18 @@ class RunRecord:
         return 0.0
 
     @property
+    def throughput_interval(self) -> tuple[float, float]:
+        """The 95% interval of `throughput` (its median's, over the phase's windows), widened
+        to hold the figure; the figure itself when the run measured a single window."""
+        t = self.throughput
+        for value, ci in ((self.images_per_sec, self.images_per_sec_ci),
+                          (self.compute_images_per_sec, self.compute_images_per_sec_ci),
+                          (self.loader_images_per_sec, self.loader_images_per_sec_ci)):
+            if value is not None and value == t and ci:
+                return min(ci[0], t), max(ci[1], t)
+        return t, t
+
+    @property
     def constraint(self) -> float:
         """Peak memory fraction - ceiling: <= 0 is feasible. An OOM, or a run that failed
         without a memory figure, is infeasible by definition. An ok run whose peak could not

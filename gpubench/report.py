@@ -113,7 +113,7 @@ class Row:
             iv = median_interval(self.pooled)
             t = self.throughput
             return (t, t) if iv is None else (min(iv[0], t), max(iv[1], t))
-        return record_interval(self.record)
+        return self.record.throughput_interval
 
     @property
     def peak(self) -> float | None:
@@ -151,7 +151,7 @@ class Row:
         ms = self.measurements
         if any(m.measurement_stable is False or not m.status.measured for m in ms):
             return False
-        ivs = [record_interval(m) for m in ms]
+        ivs = [m.throughput_interval for m in ms]
         return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
 
     @property
@@ -169,18 +169,6 @@ class Row:
     @property
     def amp(self) -> bool:
         return self.knob("precision") in AMP
-
-
-def record_interval(r: RunRecord) -> tuple[float, float]:
-    """The 95% interval of one run's throughput (its median's, over windows); the figure itself
-    when the run measured a single window."""
-    t = r.throughput
-    for value, ci in ((r.images_per_sec, r.images_per_sec_ci),
-                      (r.compute_images_per_sec, r.compute_images_per_sec_ci),
-                      (r.loader_images_per_sec, r.loader_images_per_sec_ci)):
-        if value is not None and value == t and ci:
-            return min(ci[0], t), max(ci[1], t)
-    return t, t
 
 
 def row_of(rec: RunRecord, label: str) -> Row:

@@ -61,6 +61,16 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
     return best
 
 
+def spread(xs: list[float]) -> tuple[float, float]:
+    """(mean, std/mean) of step times; NaN where there are none (or the mean is not > 0)."""
+    n = len(xs)
+    if not n:
+        return math.nan, math.nan
+    mean = sum(xs) / n
+    var = sum((t - mean) ** 2 for t in xs) / n
+    return mean, (math.sqrt(var) / mean) if mean > 0 else math.nan
+
+
 @dataclass
 class WindowStats:
     """One timed window of one phase."""
@@ -113,8 +123,7 @@ def stats_from(
     """Throughput is images over the whole window between the two edge syncs, not the mean of
     per-step rates, so gaps between steps count against it as they do in training."""
     n = len(step_times)
-    mean = sum(step_times) / n if n else math.nan
-    var = sum((t - mean) ** 2 for t in step_times) / n if n else math.nan
+    mean, cv = spread(step_times)
     return WindowStats(
         phase=phase,
         batch_size=batch_size,
@@ -127,7 +136,7 @@ def stats_from(
         step_time_p50_s=percentile(step_times, 50),
         step_time_p95_s=percentile(step_times, 95),
         step_time_mean_s=mean,
-        step_time_cv=(math.sqrt(var) / mean) if n and mean > 0 else math.nan,
+        step_time_cv=cv,
         warmup_steps=len(warmup_times),
         warmup_seconds=warmup_s,
         first_step_s=(warmup_times or step_times or [math.nan])[0],
@@ -173,8 +182,7 @@ def pool(windows: list[WindowStats]) -> dict:
     seconds = sum(w.seconds for w in windows)
     wait = sum(w.data_wait_s for w in windows)
     n = len(steps)
-    mean = sum(steps) / n if n else math.nan
-    var = sum((t - mean) ** 2 for t in steps) / n if n else math.nan
+    mean, cv = spread(steps)
     ci = median_interval(ips)
     idle = [w.device_idle_s for w in windows]
     busy = [w.device_work_s for w in windows]
@@ -205,7 +213,7 @@ def pool(windows: list[WindowStats]) -> dict:
         "step_time_p50_s": percentile(steps, 50),
         "step_time_p95_s": percentile(steps, 95),
         "step_time_mean_s": mean,
-        "step_time_cv": (math.sqrt(var) / mean) if n and mean > 0 else math.nan,
+        "step_time_cv": cv,
         "warmup_steps": first.warmup_steps,
         "warmup_seconds": first.warmup_seconds,
         "warmup_settled": first.warmup_settled,

@@ -101,3 +101,13 @@ def test_find_runs_skips_artifact_stores(tmp_path):
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "results.json").write_text("{}")
     assert [p.relative_to(tmp_path).as_posix() for p in find_runs(tmp_path)] == ["a", "b/c"]
+
+
+def test_throughput_interval_is_the_headline_phases_and_holds_the_figure():
+    rec = make(e2e=100.0)
+    assert rec.throughput_interval == (100.0, 100.0)  # one window: the figure itself
+    rec.images_per_sec_ci = [95.0, 99.0]  # an interval whose ends miss the median is widened
+    assert rec.throughput_interval == (95.0, 100.0)
+    loader_only = make(e2e=None, compute=None, loader=400.0)
+    loader_only.loader_images_per_sec_ci = [380.0, 410.0]
+    assert loader_only.throughput_interval == (380.0, 410.0)
