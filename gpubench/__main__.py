@@ -7,6 +7,7 @@ line (gpubench.errors).
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import hydra
@@ -56,8 +57,16 @@ def _job(cfg: DictConfig) -> float:
 
 
 def cli() -> None:
-    with one_line_errors():
-        main()
+    try:
+        with one_line_errors():
+            main()
+    finally:
+        # Everything is written and closed by now; what is left is the interpreter's shutdown,
+        # whose garbage-collection passes walk every object torch and torchvision created
+        # (0.8 s of a 2-core machine's CPU; 0.15 s frozen). Freezing moves them out of the
+        # collector's sight only: destructors, atexit handlers (MLflow's, logging's) and
+        # stream flushes all still run. A sweep worker pays this once per process.
+        gc.freeze()
 
 
 if __name__ == "__main__":

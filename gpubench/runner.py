@@ -475,7 +475,13 @@ class Benchmark:
             self.pipe.shutdown()
         self.step = None
         self.functions = {}
+        # free this run's reference cycles now (a model, its optimizer and compiled graphs hold
+        # device memory the next run in this process must not see), then freeze what survives:
+        # the imported modules and the caller's objects, live for the process. Later collections
+        # then walk only what a run creates: 0.3 s per run of a sweep on a 2-core machine
+        # otherwise, a full pass over torch's millions of objects.
         gc.collect()
+        gc.freeze()
         if self.device == "cuda":
             torch.cuda.empty_cache()
         self.dist.close()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 from gpubench import study as S
@@ -89,7 +88,8 @@ class Search:
             busy = done | {S.key(t.params) for t in running}
             free = left - len(running)
             if free <= 0 or (size is not None and len(busy) >= size):
-                time.sleep(self.poll_s)  # other workers hold the last slots: wait for them
+                # other workers hold the last slots: wait for one to end (or look for stale ones)
+                S.wait_for_running(self.study, {t.number for t in running}, self.poll_s)
                 continue
             trials = self._claim(min(self.n_jobs, free))
             fresh, dups = S.split_duplicates(self.study, trials)

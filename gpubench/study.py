@@ -160,6 +160,20 @@ def running_trials(study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
+def wait_for_running(study, numbers: set[int], timeout_s: float, look_s: float = 0.2) -> bool:
+    """Wait until one of these RUNNING trials (other workers' last slots) ends, at most
+    timeout_s (the caller then looks for stale trials). True when one ended. A worker whose own
+    last trial ends early would otherwise sleep out its whole poll after the study is done, and
+    only then exit: the study's wall time grows by both. A look is one query of the RUNNING
+    trials (a few rows, not the study), so it is cheap enough to make every look_s."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(look_s, left))
+        if not numbers <= {t.number for t in running_trials(study)}:
+            return True
+    return False
+
+
 def claimed_by(number: int) -> str:
     """host:pid:trial of this sweep process for a trial it claims (attr `worker`). The trial
     number is part of it because Optuna's retry callback copies a stale trial's attributes onto

@@ -24,6 +24,7 @@ round: on a shared machine they decide what extra workers can gain.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -90,16 +91,24 @@ def _round(tmp: Path, base: str, host: str, k: int, n_trials: int, steps: int, t
         if w and t.datetime_start and (w not in first or t.datetime_start < first[w]):
             first[w] = t.datetime_start
     startup = statistics.median((f - launched).total_seconds() for f in first.values())
+    later = []  # a trial that is not its worker's first: torch is loaded by then
     for t in trials:
         rec = record.load(t.user_attrs["dir"])
         trial_s = (t.datetime_complete - t.datetime_start).total_seconds()
         windows = sum(p.seconds or 0.0 for p in rec.phases.values())
         outside.append(trial_s - windows)
         share.append((trial_s - windows) / trial_s)
+        w = str(t.user_attrs.get("worker", "")).rsplit(":", 1)[0]
+        if t.datetime_start != first.get(w):
+            later.append(trial_s)
+    trial = statistics.median(later)
     return {"workers": k, "wall_s": wall, "trials": len(trials),
             "trials_per_hour": 3600 * len(trials) / wall,
             "outside_s": statistics.median(outside), "outside_share": statistics.median(share),
-            "startup_s": startup}
+            "startup_s": startup, "trial_s": trial,
+            # what the study's wall time holds besides its busiest worker's trials: the worker's
+            # process start-up, its first trial's import of torch, and its exit
+            "fixed_s": wall - math.ceil(len(trials) / k) * trial}
 
 
 SPIN = "import time\nt = time.perf_counter()\nx = 0\nfor i in range(10_000_000): x += i\nprint(time.perf_counter() - t)"
@@ -154,13 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             srv.cleanup()
     one = statistics.median(x["wall_s"] for x in rows[a.workers[0]])
+    base = rows[a.workers[0]]
+    fixed = statistics.median(x["fixed_s"] for x in base)
+    t_one = statistics.median(x["trial_s"] for x in base)
     print(f"{a.trials} trials, {a.rounds} alternated rounds, OMP_NUM_THREADS={a.threads}; "
           f"{os.cpu_count()} cores; load average "
           f"{os.getloadavg()[0]:.1f} at the end; median (min-max)")
     print("| workers | study wall s | trials/hour | speed-up vs "
           f"{a.workers[0]} | outside windows s/trial | share of trial wall | worker start-up s "
-          "| free cores |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| free cores | s per later trial | fixed s | speed-up bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for k, rs in rows.items():
         walls = [x["wall_s"] for x in rs]
         print(f"| {k} | {_spread(walls)} | {_spread([x['trials_per_hour'] for x in rs])} | "
@@ -169,8 +181,20 @@ def main(argv: list[str] | None = None) -> int:
               f"({min(x['outside_s'] for x in rs):.2f}-{max(x['outside_s'] for x in rs):.2f}) | "
               f"{statistics.median(x['outside_share'] for x in rs):.0%} | "
               f"{_spread1([x['startup_s'] for x in rs])} | "
-              f"{_spread1([x['free_cores'] for x in rs])} |")
+              f"{_spread1([x['free_cores'] for x in rs])} | "
+              f"{_spread1([x['trial_s'] for x in rs])} | {_spread1([x['fixed_s'] for x in rs])} | "
+              f"{bound(a.trials, k, fixed, t_one):.2f}x |")
+    print(f"speed-up bound: what k workers can reach when each pays the fixed cost measured with "
+          f"{a.workers[0]} worker ({fixed:.1f} s) once and a trial keeps its {t_one:.2f} s: "
+          f"(fixed + n x trial) / (fixed + ceil(n/k) x trial)")
     return 0
+
+
+def bound(n: int, k: int, fixed: float, trial: float) -> float:
+    """Amdahl's law for a study: each worker is a process that pays a fixed cost (start-up,
+    the torch import in its first trial, exit) that more workers do not share out; only the
+    trials divide among them."""
+    return (fixed + n * trial) / (fixed + math.ceil(n / k) * trial)
 
 
 if __name__ == "__main__":

@@ -184,3 +184,39 @@ def test_slurm_preset_names_gpus_partition_and_time_limit():
     bare = compose_config("hydra/launcher=slurm", hydra=True).hydra.launcher
     # one GPU per trial, a time limit, the cluster's default partition unless given
     assert (bare.gpus_per_task, bare.timeout_min, bare.partition) == (1, 60, None)
+
+
+def test_a_waiting_worker_wakes_when_the_other_workers_trial_ends(tmp_path):
+    """A worker whose own trials are done waits for another worker's last RUNNING trial; it
+    must notice that trial end within a look or two, not sleep out its whole poll (a
+    2-worker study's wall time grew by up to the poll, plus the waiting worker's exit)."""
+    from gpubench.study import wait_for_running
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="w", storage=url)
+    other = optuna.load_study(study_name="w", storage=url)  # the other worker's handle
+    trial = other.ask()
+    ended_at: list[float] = []
+
+    def finish():
+        time.sleep(0.5)
+        other.tell(trial, 1.0)
+        ended_at.append(time.monotonic())
+
+    import threading
+
+    th = threading.Thread(target=finish)
+    t0 = time.monotonic()
+    th.start()
+    woke = wait_for_running(study, {trial.number}, timeout_s=60.0)
+    done = time.monotonic()
+    th.join()
+    assert woke is True
+    assert ended_at and done >= ended_at[0]  # not before the trial ended
+    assert done - t0 < 20.0, "slept out the poll instead of noticing the trial end"
+    # a trial that goes on running: it waits out its timeout and says so
+    still = other.ask()
+    t1 = time.monotonic()
+    assert wait_for_running(study, {still.number}, timeout_s=0.3) is False
+    assert time.monotonic() - t1 >= 0.3
