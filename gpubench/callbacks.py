@@ -11,6 +11,7 @@ Imported by every run, so it stays light: MLflow is loaded only when a sweep is 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -82,12 +83,36 @@ class MlflowSweepCallback(Callback):
                                f"({e}); the sweep runs untracked"), file=sys.stderr, flush=True)
             return
         os.environ[tracking.PARENT_ENV] = rid
+        # Hydra calls on_multirun_end only when the sweep returns: Ctrl-C, SIGTERM or an error
+        # would leave the parent RUNNING (until `sync`). atexit runs on every exit but kill -9,
+        # after the interrupt has been reported and the killed job logged.
+        self._open = (sweep_dir, rid, uri, str(t.experiment), float(t.timeout_s))
+        atexit.register(self._close_interrupted)
+
+    def _close_interrupted(self) -> None:
+        """The parent of a sweep that never reached on_multirun_end, ended KILLED with the
+        jobs measured so far (its best among them), as `sync` would end it later."""
+        open_, self._open = getattr(self, "_open", None), None
+        if open_ is None:
+            return
+        from gpubench import tracking
+        from gpubench.secrets import mask_secrets
+
+        sweep_dir, rid, uri, experiment, timeout_s = open_
+        try:
+            with tracking.open_store(uri, experiment, timeout_s) as store:
+                tracking.close_sweep(store, sweep_dir, rid, interrupted=True)
+        except Exception as e:  # `sync` can still close it
+            print(mask_secrets(f"gpubench: warning: the sweep's MLflow parent run was not closed "
+                               f"({e}); python -m gpubench.tracking sync {sweep_dir}"),
+                  file=sys.stderr, flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
         from gpubench.secrets import mask_secrets
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
+        self._open = None  # the sweep returned: closed FINISHED below, not at exit
         if not _tracked(config):
             return
         sweep_dir = _sweep_dir(config)
