@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.files import read_json, write_json
+from gpubench.stats import holding
 
 RESULTS_FILE = "results.json"
 # 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
@@ -292,7 +293,7 @@ class RunRecord:
                           (self.compute_images_per_sec, self.compute_images_per_sec_ci),
                           (self.loader_images_per_sec, self.loader_images_per_sec_ci)):
             if value is not None and value == t and ci:
-                return min(ci[0], t), max(ci[1], t)
+                return holding(ci, t)
         return t, t
 
     @property

@@ -35,7 +35,7 @@ import yaml
 from gpubench.config import CONFIG_DIR
 from gpubench.files import flatten, read_json
 from gpubench.record import RunRecord, Status, find_runs, load, missing
-from gpubench.stats import median, median_interval
+from gpubench.stats import holding, median, median_interval
 from gpubench.sweep import format_value
 
 log = logging.getLogger("gpubench")
@@ -110,9 +110,7 @@ class Row:
         (gpubench.stats.median_interval), else the run's own, over its windows; the figure
         itself when there is nothing to spread over."""
         if self.confirms:
-            iv = median_interval(self.pooled)
-            t = self.throughput
-            return (t, t) if iv is None else (min(iv[0], t), max(iv[1], t))
+            return holding(median_interval(self.pooled), self.throughput)
         return self.record.throughput_interval
 
     @property

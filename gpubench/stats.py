@@ -61,6 +61,16 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
     return best
 
 
+def holding(ci, value: float) -> tuple[float, float]:
+    """An interval (lo, hi, ...) widened where needed to hold its figure; (value, value) with
+    none. The figure beside an interval is not always the statistic the interval is for (a
+    phase's throughput is its images over its seconds, the interval is for its windows'
+    median), and a printed "x [lo-hi]" with x outside [lo, hi] would be read as an error."""
+    if ci is None:
+        return value, value
+    return min(float(ci[0]), value), max(float(ci[1]), value)
+
+
 def spread(xs: list[float]) -> tuple[float, float]:
     """(mean, std/mean) of step times; NaN where there are none (or the mean is not > 0)."""
     n = len(xs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpubench.stats import median, median_interval
+from gpubench.stats import holding, median, median_interval
 
 # e2e "tracks" a bound when it reaches this fraction of it
 TRACKS = 0.85
@@ -40,7 +40,7 @@ class Est:
         if not _ok(x):
             return None
         if ci and _ok(ci[0]) and _ok(ci[1]):
-            return cls(float(x), min(float(ci[0]), float(x)), max(float(ci[1]), float(x)))
+            return cls(float(x), *holding(ci, float(x)))
         return cls(float(x), float(x), float(x))
 
     @property
@@ -103,9 +103,8 @@ def _ratio_of(values: list[float]) -> Est:
     """Per-window ratios (window i of one phase over window i of another, measured side by
     side in the same round): their median and its order-statistic interval. Pairing cancels
     what drifts between rounds, which the two phases' own intervals would count twice."""
-    ci = median_interval(values)
     v = median(values)
-    return Est(v, min(ci[0], v), max(ci[1], v)) if ci else Est(v, v, v)
+    return Est(v, *holding(median_interval(values), v))
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:

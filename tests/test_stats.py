@@ -50,3 +50,15 @@ def test_settled_needs_two_steady_groups_after_the_first_step():
     assert not settled(still_falling)
     # loader-like bursts (0, 0, 0, 0.4 per 4 steps) settle on their means
     assert settled([1.0] + [0.0, 0.0, 0.0, 0.4] * 2)
+
+
+@pytest.mark.parametrize("ci,value,expected", [
+    ((10.0, 20.0, 0.95), 15.0, (10.0, 20.0)),   # inside: unchanged
+    ((10.0, 20.0, 0.95), 25.0, (10.0, 25.0)),   # above: the top moves to the figure
+    ((10.0, 20.0), 5.0, (5.0, 20.0)),           # below: the bottom moves
+    (None, 7.0, (7.0, 7.0)),                    # no interval: the figure alone
+])
+def test_an_interval_is_widened_to_hold_its_figure(ci, value, expected):
+    from gpubench.stats import holding
+
+    assert holding(ci, value) == expected
