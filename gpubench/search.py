@@ -16,7 +16,8 @@
   are launched again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift and a busy
   neighbour hit them alike rather than one of them), one job each, rung "confirm". These jobs
   are not trials (not told to Optuna, not counted); their folders are kept in the study
-  (gpubench.study.confirm_dirs), so a resumed sweep runs only the rounds still missing. `best`
+  (gpubench.study.confirm_dirs), so a resumed sweep runs only the rounds still missing, and
+  workers reaching the step together share its rounds (gpubench.study.claim_confirm). `best`
   is then the fastest confirmed trial on the median of all its measurements (gpubench.report.Row)
 """
 
@@ -200,11 +201,11 @@ class Search:
         top = self._candidates()
         for rnd in range(self.confirm.rounds):
             for t in top:  # one round: each candidate once, in the same order every round
-                if len(S.confirm_dirs(self.study, t.number)) > rnd:
-                    continue  # measured by an earlier invocation (resume)
+                if not S.claim_confirm(self.study, t.number, rnd):
+                    continue  # measured already (resume), or another worker measures it
                 [rec] = self.jobs.launch([self.space.overrides(t.params)],
                                          [{"trial": t.number, "rung": "confirm"}])
-                S.add_confirm_dir(self.study, t.number, rec.dir)
+                S.add_confirm_dir(self.study, t.number, rnd, rec.dir)
                 log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
                          self.confirm.rounds, t.number, rec.throughput, rec.status)
         return [t.number for t in top]

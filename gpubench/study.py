@@ -198,7 +198,12 @@ def _worker_gone(t: FrozenTrial, grace_s: float) -> bool:
         if t.datetime_start is None:
             return False
         return (datetime.now() - t.datetime_start).total_seconds() > grace_s
-    host = str(t.user_attrs["worker"]).rsplit(":", 2)[0]
+    return _process_gone(str(t.user_attrs["worker"]).rsplit(":", 2)[0], pid)
+
+
+def _process_gone(host: str, pid: int) -> bool:
+    """Known dead: a process of this host that no longer exists (the run record's rule; a
+    process on another host cannot be checked from here)."""
     return RunRecord(status=Status.running, pid=pid, host=host).stale
 
 
@@ -371,14 +376,49 @@ def record(trial, rec, rung: str) -> None:
         trial.set_user_attr("error", str(rec.error)[:1000])
 
 
-# the confirm step's job folders of trial N, a study user attr: Optuna refuses attributes on a
-# finished trial, and confirmations run after their trial was told
-CONFIRM_ATTR = "confirm_dirs:{}"
+# The confirm step's job folder for round R of trial N, and the worker measuring it, as study
+# user attrs: Optuna refuses attributes on a finished trial, and confirmations run after their
+# trial was told. One key per round, never a list read and written back: two workers appending
+# to one list at once would lose a folder.
+CONFIRM_ATTR = "confirm_dir:{}:{}"
+CONFIRM_CLAIM = "confirm_claim:{}:{}"
+OLD_CONFIRM_ATTR = "confirm_dirs:{}"  # a list, as gpubench 0.1 kept it: still read on resume
 
 
 def confirm_dirs(study, number: int) -> list[str]:
-    return list(study.user_attrs.get(CONFIRM_ATTR.format(number), []))
+    """Trial `number`'s confirm folders, in round order."""
+    attrs = study.user_attrs
+    rounds = sorted((int(k.rsplit(":", 1)[1]), v) for k, v in attrs.items()
+                    if k.startswith(CONFIRM_ATTR.format(number, "")))
+    return [*attrs.get(OLD_CONFIRM_ATTR.format(number), []), *(v for _, v in rounds)]
 
 
-def add_confirm_dir(study, number: int, run_dir) -> None:
-    study.set_user_attr(CONFIRM_ATTR.format(number), [*confirm_dirs(study, number), str(run_dir)])
+def add_confirm_dir(study, number: int, rnd: int, run_dir) -> None:
+    study.set_user_attr(CONFIRM_ATTR.format(number, rnd), str(run_dir))
+
+
+def this_worker() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_confirm(study, number: int, rnd: int, me: str | None = None) -> bool:
+    """Take round `rnd` of trial `number`'s confirmation for this worker. False when it is
+    measured already (a resume) or another worker claimed it and is not known dead (same host,
+    no such pid): several workers reaching the confirm step together share its rounds instead
+    of each measuring all of them. The claim is written, then read back: of two workers
+    claiming at once, the later write wins and only its worker sees itself there. The one
+    overlap left, a claim written after the other's read-back (milliseconds), measures a round
+    twice; the report pools both."""
+    me = me or this_worker()
+    attrs = study.user_attrs
+    if (CONFIRM_ATTR.format(number, rnd) in attrs
+            or len(attrs.get(OLD_CONFIRM_ATTR.format(number), [])) > rnd):
+        return False
+    key = CONFIRM_CLAIM.format(number, rnd)
+    holder = attrs.get(key)
+    if holder and holder != me:
+        host, _, pid = str(holder).rpartition(":")
+        if not (pid.isdigit() and _process_gone(host, int(pid))):
+            return False
+    study.set_user_attr(key, me)
+    return study.user_attrs.get(key) == me

@@ -220,3 +220,58 @@ def test_a_waiting_worker_wakes_when_the_other_workers_trial_ends(tmp_path):
     t1 = time.monotonic()
     assert wait_for_running(study, {still.number}, timeout_s=0.3) is False
     assert time.monotonic() - t1 >= 0.3
+
+
+def test_workers_share_the_confirm_rounds_and_a_dead_workers_round_is_taken_over(tmp_path):
+    """Several workers reach the confirm step together: a round claimed by a live worker is
+    left to it, a measured round is never measured again, and a round claimed by a worker
+    that died (this host, no such pid) is taken over instead of never being measured."""
+    from gpubench.study import add_confirm_dir, claim_confirm, confirm_dirs
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="c", storage=f"sqlite:///{tmp_path / 's.db'}")
+    host = __import__("socket").gethostname()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        other = f"{host}:{live.pid}"
+        assert claim_confirm(study, 0, 0, me=other)           # the other worker takes round 0
+        assert not claim_confirm(study, 0, 0)                 # live: left to it
+        assert claim_confirm(study, 0, 1)                     # round 1 is free: ours
+        assert not claim_confirm(study, 0, 1, me=other)       # and not theirs
+        add_confirm_dir(study, 0, 1, "/runs/b")
+        assert not claim_confirm(study, 0, 0)                 # round 1 measured, round 0 still theirs
+        add_confirm_dir(study, 0, 0, "/runs/a")
+        assert confirm_dirs(study, 0) == ["/runs/a", "/runs/b"]  # in round order
+        assert not claim_confirm(study, 0, 1)                 # measured: never again
+        assert claim_confirm(study, 1, 0, me=f"{host}:{dead.pid}")
+        assert claim_confirm(study, 1, 0)                     # its worker died: taken over
+        add_confirm_dir(study, 1, 1, "/runs/c")               # round 1 measured before round 0
+        assert not claim_confirm(study, 1, 1)
+        assert confirm_dirs(study, 1) == ["/runs/c"]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_two_workers_share_the_confirm_step(tmp_path):
+    """Both workers reach the confirm step of one study: together they measure each round of
+    each top trial, and do not each measure all of them (2 x top x rounds jobs)."""
+    from gpubench.study import confirm_dirs
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    confirm = ["hydra.sweeper.confirm.top=2", "hydra.sweeper.confirm.rounds=2"]
+    procs = [_worker(tmp_path, f"w{i}", storage, "c", *confirm, long=False) for i in range(2)]
+    for rc, text in _finish(procs):
+        assert rc == 0, text[-3000:]
+    jobs = [j for i in range(2)
+            for j in json.loads((tmp_path / f"w{i}" / "sweep.json").read_text())["jobs"]
+            if j["rung"] == "confirm"]
+    assert 4 <= len(jobs) < 8, jobs  # a claim race in the same milliseconds may add one
+    study = _load(storage, "c")
+    numbers = {j["trial"] for j in jobs}
+    assert len(numbers) == 2
+    for n in numbers:  # every round of each top trial, kept in the study for the report
+        dirs = confirm_dirs(study, n)
+        assert len(dirs) == 2 and set(dirs) <= {j["dir"] for j in jobs}
