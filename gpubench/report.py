@@ -270,16 +270,29 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per training setup: an experiment collects screens and full measurements of the
-    same setup, and repeats across sweeps; keep the longest measurement, then the newest."""
-    keep: dict[str, tuple[tuple, Row]] = {}
+    same setup, and repeats across sweeps (a sweep's confirm step among them). The row is the
+    newest of the longest measurements; the others of that length on the same device are its
+    repeats, pooled as a sweep dir's confirm jobs are (Row.confirms): dropping them would throw
+    measurements away and let one lucky run stand for the setup."""
+    groups: dict[str, list[Row]] = {}
     for r in rows:
         cfg = r.record.config
         key = json.dumps({k: cfg.get(k) for k in SETUP_KEYS}, sort_keys=True, default=str)
-        rank = (int(cfg.get("bench", {}).get("steps") or 0), r.record.started_at or "")
-        old = keep.get(key)
-        if old is None or rank > old[0]:
-            keep[key] = (rank, r)
-    return [r for _, r in keep.values()]
+        groups.setdefault(key, []).append(r)
+    out = []
+    for group in groups.values():
+        def steps(r: Row) -> int:
+            return int(r.record.config.get("bench", {}).get("steps") or 0)
+
+        longest = max(steps(r) for r in group)
+        same = sorted((r for r in group if steps(r) == longest),
+                      key=lambda r: r.record.started_at or "", reverse=True)
+        head = same[0]
+        device = head.record.env.get("device_name")
+        head.confirms = [r.record for r in same[1:]
+                         if r.record.env.get("device_name") == device and r.record.status.final]
+        out.append(head)
+    return out
 
 
 # --------------------------------------------------------------------------- analysis

@@ -238,3 +238,39 @@ def test_a_lucky_unconfirmed_trial_is_not_the_reference_once_confirmations_ran()
     lucky2.confirms = [_again(lucky2, 200.0, [190.0, 210.0])]
     rec = recommend([lucky2, row(16, 2, ips=150.0, stable=True)])
     assert not rec.best.confirmed and any(x.startswith("UNCONFIRMED") for x in rec.reasons)
+
+
+@pytest.mark.slow
+def test_the_mlflow_report_pools_a_sweeps_confirm_runs(tmp_path):
+    """`report --parent`: the confirm step's runs are in MLflow as children like any other; the
+    report from MLflow must pool them into their trial's row as the report from the sweep dir
+    does, not keep one of the measurements and drop the rest."""
+    import statistics
+
+    from mlflow.tracking import MlflowClient
+
+    from gpubench.report import load_mlflow
+    from tests.conftest import TINY
+
+    p = run_cli("-m", "hydra/sweeper=gpubench", *[o for o in TINY if not o.startswith("tracking=")],
+                "tracking=mlflow", "loader.batch_size=choice(2,4)", "hydra.sweeper.n_trials=2",
+                "hydra.sweeper.screen.steps=null", "hydra.sweeper.confirm.top=1",
+                "hydra.sweeper.confirm.rounds=2", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpubench").experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(runs) == 1 + 2 + 2  # the parent, two trials, two confirm runs
+    from_dir = {r.record.knob("loader.batch_size"): r for r in load_dir(tmp_path / "sweep")[0]}
+    from_mlflow = {r.record.knob("loader.batch_size"): r
+                   for r in load_mlflow("gpubench", uri, parent=parent.info.run_id)}
+    assert from_mlflow.keys() == from_dir.keys() == {2, 4}
+    for batch, r in from_dir.items():
+        m = from_mlflow[batch]
+        assert len(m.confirms) == len(r.confirms)
+        assert m.throughput == pytest.approx(r.throughput)
+    [top] = [r for r in from_mlflow.values() if r.confirms]
+    assert top.throughput == pytest.approx(statistics.median(x.throughput for x in top.measurements))
+    assert len(top.measurements) == 3
