@@ -174,7 +174,10 @@ def _build(cfg: DictConfig, device: str) -> Settings:
         image_size = int(cfg.dataset.image_size)
     if cfg.loader.batch_size is not None:
         batch_size = int(cfg.loader.batch_size)
-    config = to_container(cfg)
+    # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
+    # job fills in, which would not resolve here)
+    config = to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+                          if "hydra" in cfg else cfg)
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     return Settings(
         dataset=_group(Dataset, cfg.dataset, image_size=image_size),

@@ -191,3 +191,12 @@ def test_rules_that_need_the_datasets_length(compose_cfg):
     check_preload_fits(10, 16)
     with pytest.raises(ConfigError, match=r"dataset.preload=True .*GiB"):
         check_preload_fits(10**9, 4096)
+
+
+def test_a_sweepers_config_resolves_without_hydras_node(compose_cfg):
+    """The sweeper resolves its composed config (max batch's first probe): Hydra's node there
+    holds values only a job fills in (hydra.job.num); the run's config never includes it."""
+    with_node = compose_cfg("sweep=max_batch", "loader.batch_size=null", hydra=True)
+    s = resolve(with_node)
+    assert "hydra" not in s.config and s.loader.batch_size == 16
+    assert s.config == resolve(compose_cfg("sweep=max_batch", "loader.batch_size=null")).config
