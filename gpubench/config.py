@@ -1,20 +1,20 @@
-"""The typed schema of a gpubench run, and the one place where input is validated.
+"""The typed schema of a gpubench run, its range table, and the checks that run before Hydra.
 
 Hydra composes `conf/bench.yaml` on top of `BenchConfig` (registered in the ConfigStore as
 `gpubench_schema`), so a wrong type or an unknown Enum value fails at compose time. The rules
 that need more than a type (a model name torchvision knows, a folder that exists, CUDA being
-there for fp16) live in `validate()`, which runs before any measurement starts; the checks
-that need Hydra's own node (group names, the sweeper's storage) run in `InputCheck`, before Hydra
-creates anything. Longer than one screenful on purpose: every input rule is found here.
+there for fp16) are in gpubench/settings.py: `resolve` turns the composed config into frozen
+settings, `check_resources` looks at the disk and RAM, both before any measurement starts. The
+checks that need Hydra's own node (group names, the sweeper's storage) run in `InputCheck`,
+before Hydra creates anything.
 
-Why one module of this size: the schema, its range table and validation must be read together (a
-key, its type, its range and its cross-checks sit side by side); the URI and group-name checks
-are the part of validation that runs before Hydra builds anything.
+Why one module of this size: the schema and its range table must be read together (a key, its
+type and its range sit side by side); the URI and group-name checks are the part of validation
+that runs before Hydra builds anything.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, read_write
+from omegaconf import DictConfig, OmegaConf
 
 
 def _config_dir() -> Path:
@@ -98,7 +98,7 @@ class Phase(Enum):
 @dataclass
 class DatasetConfig:
     name: DatasetKind = DatasetKind.synthetic
-    # null: sized by device (224 px on a GPU, 32 px on a CPU; see resolve_auto)
+    # null: sized by device (224 px on a GPU, 32 px on a CPU; see auto_sizes)
     image_size: int | None = None
     num_classes: int = 1000
     # images in the in-memory datasets (synthetic, fake_jpeg): a pool that is cycled
@@ -244,37 +244,10 @@ def register_configs() -> None:
 register_configs()
 
 
-# ---------------------------------------------------------------- validation (the one place)
-
-TINY_MODELS = ("tiny",)
-
-
-def known_models() -> list[str]:
-    import torchvision
-
-    return sorted(torchvision.models.list_models(module=torchvision.models)) + list(TINY_MODELS)
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def resolve_device(cfg: DictConfig) -> str:
-    want = cfg.bench.device
-    want = want.value if isinstance(want, Enum) else str(want)
-    if want == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    return want
-
-
-def _enum_value(v: Any) -> Any:
-    return v.value if isinstance(v, Enum) else v
-
+# ---------------------------------------------------------------- ranges (settings.resolve applies them)
 
 # Every numeric key and its allowed range: (key, low, high, nullable). A bound of None is open;
-# the bounds that depend on the machine are checked in _check_machine. docs/configuration.md
+# the bounds that depend on the machine are checked in settings.check_resources. docs/configuration.md
 # lists the same ranges (tests/test_config.py keeps the two in step).
 INT, FLOAT = "an integer", "a number"
 RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
@@ -308,12 +281,6 @@ RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
     ("fault.stall_s", FLOAT, 0, 600, False),
     ("fault.rank", INT, 0, None, True),
 )
-# A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
-# process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
-# exhausted a 24 GiB host).
-WORKER_RAM_BYTES = 256 * 2**20
-# More workers than 4 per core only queue for the same cores (and each holds its batches).
-WORKERS_PER_CORE = 4
 
 
 def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
@@ -346,166 +313,10 @@ def check_range(key: str, value: Any, kind: str, low: float | None, high: float 
         raise ConfigError(key, value, allowed)
 
 
-def usable_cpus() -> int:
-    """Cores this process may run on (a container's or taskset's share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def available_ram() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 def auto_sizes(device: str) -> tuple[int, int]:
     """(image_size, batch_size) for the null 'sized by device' keys: a meaningful default on a
     GPU, a quick one on a CPU (resnet50 at 224 px and batch 128 takes minutes per step there)."""
     return (224, 128) if device == "cuda" else (32, 16)
-
-
-def _check_machine(cfg: DictConfig, device: str) -> None:
-    """The ranges that depend on this machine (cores, free RAM) or on another key."""
-    ld, ds = cfg.loader, cfg.dataset
-    cpus, free = usable_cpus(), available_ram()
-    by_ram = free // WORKER_RAM_BYTES
-    most = min(WORKERS_PER_CORE * cpus, by_ram)
-    if ld.num_workers > most:
-        why = (f"{WORKERS_PER_CORE} per core, {cpus} cores" if most < by_ram
-               else f"{WORKER_RAM_BYTES >> 20} MiB each, {free / 2**30:.1f} GiB RAM free")
-        raise ConfigError("loader.num_workers", ld.num_workers, f"an integer in [0, {most}] on this machine ({why})")
-    if ld.worker_threads > cpus:
-        raise ConfigError("loader.worker_threads", ld.worker_threads,
-                          f"an integer in [1, {cpus}] on this machine ({cpus} cores)")
-    if _enum_value(ds.name) == "synthetic":  # its pool is uint8 images held in RAM
-        size = ds.image_size or auto_sizes(device)[0]
-        pool = int(ds.num_samples) * 3 * size * size
-        if pool > free // 2:
-            most_samples = max(1, (free // 2) // (3 * size * size))
-            raise ConfigError("dataset.num_samples", ds.num_samples,
-                              f"an integer in [1, {most_samples}] at {size} px on this machine "
-                              f"(the pool must fit in half of the {free / 2**30:.1f} GiB RAM free)")
-    if cfg.bench.warmup_max_steps < cfg.bench.warmup_steps:
-        raise ConfigError("bench.warmup_max_steps", cfg.bench.warmup_max_steps,
-                          f">= bench.warmup_steps ({cfg.bench.warmup_steps})")
-    if cfg.bench.monitor_interval_s > cfg.bench.max_seconds:
-        raise ConfigError("bench.monitor_interval_s", cfg.bench.monitor_interval_s,
-                          f"<= bench.max_seconds ({cfg.bench.max_seconds:g}): a window needs a sample")
-
-
-def validate(cfg: DictConfig) -> str:
-    """Check everything a type cannot; return the device. Raises ConfigError, no work done."""
-    for key, kind, low, high, nullable in RANGES:
-        check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
-    device = resolve_device(cfg)
-    if device == "cuda" and not cuda_available():
-        raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
-
-    ds, prec = cfg.dataset, _enum_value(cfg.precision.name)
-    if prec == "amp_fp16" and device != "cuda":
-        raise ConfigError(
-            "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
-        )
-    if cfg.model.get("_target_") is None:
-        name = cfg.model.name
-        if name == "custom":
-            raise ConfigError("model._target_", None, "a dotted nn.Module class path, e.g. my_team.models.MyNet")
-        if name not in known_models():
-            close = [m for m in known_models() if m.startswith(str(name)[:4])][:6]
-            hint = f" (close: {', '.join(close)})" if close else ""
-            raise ConfigError(
-                "model.name", name, f"a torchvision classification model or 'tiny'{hint}"
-            )
-        # a torchvision model gets model.num_classes outputs: every label must have one
-        check_classes(int(cfg.model.num_classes), int(ds.num_classes))
-    _check_machine(cfg, device)
-    b = cfg.bench
-    if not b.phases:
-        raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
-    if b.optimizer not in ("sgd", "adamw"):
-        raise ConfigError("bench.optimizer", b.optimizer, "sgd or adamw")
-    _validate_step(cfg, device)
-    if cfg.tracking.backend not in ("mlflow", "none"):
-        raise ConfigError("tracking.backend", cfg.tracking.backend, "mlflow or none")
-    if cfg.tracking.backend == "mlflow":
-        check_tracking_uri(cfg.tracking.uri)
-
-    kind = _enum_value(ds.name)
-    if kind in ("imagefolder", "cifar10"):
-        if not ds.root:
-            raise ConfigError("dataset.root", ds.root, f"a folder path ({kind} reads local files)")
-        root = Path(os.path.expanduser(str(ds.root)))
-        if not root.is_dir():
-            raise ConfigError("dataset.root", str(ds.root), "an existing folder")
-    if _enum_value(ds.decode_on) == "device":
-        if device != "cuda":
-            raise ConfigError("dataset.decode_on", "device", "cpu (device decode needs CUDA/nvJPEG)")
-        if kind not in ("imagefolder", "fake_jpeg"):
-            raise ConfigError("dataset.decode_on", "device", f"cpu for {kind} (not JPEG files)")
-    if _enum_value(ds.augment_on) == "device" and kind == "device_synthetic":
-        raise ConfigError("dataset.augment_on", "device", "cpu for device_synthetic (no augment)")
-    return device
-
-
-# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); for_loop,
-# foreach and fused force one implementation (gpubench/step.py make_optimizer)
-OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
-# models whose stages gpubench/models.py apply_checkpointing knows how to wrap
-CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
-
-
-def checkpointable(name: str) -> bool:
-    return str(name).startswith(CHECKPOINT_PREFIXES)
-
-
-def impl_devices(impl: str) -> list[str] | None:
-    """Device types that have the kernels for an optimizer implementation, as torch lists
-    them (None: any device). Elsewhere torch either raises (fused) or runs foreach as a slow
-    per-tensor fallback, so forcing them there would benchmark something nobody runs."""
-    if impl not in ("foreach", "fused"):
-        return None
-    from torch.optim import optimizer as o
-
-    name = f"_get_{impl}_kernels_supported_devices"
-    if hasattr(o, name):
-        return list(getattr(o, name)())
-    return ["cuda"]  # older torch: CUDA only
-
-
-def _validate_step(cfg: DictConfig, device: str) -> None:
-    """The train step's knobs (gpubench/step.py, gpubench/models.py)."""
-    b = cfg.bench
-    impl = b.get("optimizer_impl", "auto")
-    if impl not in OPTIMIZER_IMPLS:
-        raise ConfigError("bench.optimizer_impl", impl, ", ".join(OPTIMIZER_IMPLS))
-    devices = impl_devices(impl)
-    if devices is not None and device not in devices:
-        raise ConfigError("bench.optimizer_impl", impl,
-                          f"auto or for_loop on {device} (torch has {impl} optimizer kernels "
-                          f"for {', '.join(devices)} only)")
-    if cfg.model.get("checkpointing"):
-        if cfg.model.get("_target_"):
-            raise ConfigError("model.checkpointing", True,
-                              "false with model._target_ (checkpointing is wired for "
-                              "torchvision ResNets, ViTs and tiny)")
-        if not checkpointable(cfg.model.name):
-            raise ConfigError("model.checkpointing", True,
-                              f"false for {cfg.model.name} (checkpointing is wired for "
-                              f"torchvision ResNets, ViTs and tiny)")
-
-
-def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
-                  value: Any = None) -> None:
-    """A classifier narrower than the dataset's classes fails at the first loss ("Target 617 is
-    out of bounds", a device-side assert on CUDA) after the loader was already measured.
-    `validate` calls this with model.num_classes (torchvision models); the runner with the built
-    model's output width (a custom `_target_`, key model._target_), before any phase."""
-    if width < num_classes:
-        raise ConfigError(key, width if value is None else value,
-                          f"a model whose output width covers the dataset's {num_classes} classes "
-                          f"(dataset.num_classes); it outputs {width}")
 
 
 # ---------------------------------------------------------------- URIs
@@ -520,7 +331,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
 def check_tracking_uri(uri: Any) -> None:
-    """tracking.uri (with tracking=mlflow): the one call site for its form, from `validate`
+    """tracking.uri (with tracking=mlflow): the one call site for its form, from `settings.resolve`
     and from `InputCheck` (before an MLflow parent run exists)."""
     check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
 
@@ -636,19 +447,9 @@ class InputCheck(Callback):
             raise InputRejected(e) from None
 
 
-def resolve_auto(cfg: DictConfig, device: str) -> None:
-    """Fill the null 'sized by device' keys in place: a meaningful default on a GPU, a quick one
-    on a CPU (resnet50 at 224 px and batch 128 would take minutes per step there)."""
-    image_size, batch_size = auto_sizes(device)
-    with read_write(cfg):
-        if cfg.dataset.image_size is None:
-            cfg.dataset.image_size = image_size
-        if cfg.loader.batch_size is None:
-            cfg.loader.batch_size = batch_size
-
-
 def to_container(cfg: DictConfig) -> dict:
-    """Plain, JSON-friendly dict of the resolved config (Enums as their values)."""
+    """Plain, JSON-friendly dict of the resolved config (Enums by name, as OmegaConf writes
+    them: what results.json's "config" has always held)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
@@ -658,10 +459,8 @@ __all__ = [
     "ConfigError",
     "InputCheck",
     "RANGES",
-    "check_classes",
+    "auto_sizes",
+    "check_range",
     "check_uri",
-    "resolve_auto",
-    "resolve_device",
     "to_container",
-    "validate",
 ]

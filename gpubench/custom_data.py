@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset, IterableDataset
 
-from gpubench.config import ConfigError, _enum_value
+from gpubench.config import ConfigError
+from gpubench.settings import Dataset as DatasetSettings
+from gpubench.settings import Settings, node_set
 
 CONTRACT = ("__getitem__ returning (image, label): image a uint8 CHW/HWC tensor or array with 3 "
             "channels, a float CHW tensor in [0, 1] or a PIL image; label an int in "
@@ -125,11 +126,14 @@ class TeamDataset(Dataset):
         return x, as_label(label, self.num_classes, where)
 
 
-def _instantiate(node: DictConfig, key: str):
+def _instantiate(node: dict, key: str):
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
     try:
-        return instantiate(node)
+        # a DictConfig again: instantiate reads `_target_`, `_partial_` and nested nodes from
+        # it as from the composed config (the settings hold it as a plain dict)
+        return instantiate(OmegaConf.create(node))
     except Exception as e:  # an import error or bad arguments: one line naming the key
         cause = " ".join(str(e.__cause__ or e).split())[:300]
         raise ConfigError(f"{key}._target_", node.get("_target_"),
@@ -145,30 +149,20 @@ def _import(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _set(node) -> bool:
-    return bool(node) and bool(node.get("_target_"))
-
-
-def build(cfg: DictConfig, default_transform, info: dict) -> Dataset:
+def build(s: Settings, default_transform, info: dict) -> Dataset:
     """The team's dataset, checked on sample 0. `default_transform` is what gpubench would run
     on a built-in dataset's images (the train transform, or decode-to-fixed-size for preload
-    and augment_on=device)."""
-    ds_cfg = cfg.dataset
-    target = ds_cfg.get("_target_")
-    if not target:
-        raise ConfigError("dataset._target_", target,
-                          "a dotted Dataset class path with dataset=custom, e.g. my_team.data.MyDataset")
-    own_tf = _set(ds_cfg.get("transform"))
-    if own_tf and (ds_cfg.preload or _enum_value(ds_cfg.augment_on) == "device"):
-        # both replace the host transform with gpubench's fixed-size decode and crop
-        raise ConfigError("dataset.transform._target_", ds_cfg.transform._target_,
-                          "unset with dataset.preload=true or dataset.augment_on=device")
+    and augment_on=device). dataset._target_ being set, and the transform's combinations, are
+    settings.resolve's rules."""
+    dset = s.dataset
+    target = dset._target_
+    own_tf = node_set(dset.transform)
     try:
         cls = _import(str(target))
     except Exception as e:
         raise ConfigError("dataset._target_", target, f"an importable Dataset class "
                           f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
-    kwargs = OmegaConf.to_container(ds_cfg.kwargs, resolve=True) if ds_cfg.kwargs else {}
+    kwargs = dict(dset.kwargs)
     try:
         inner = cls(**kwargs)
     except TypeError as e:
@@ -178,12 +172,12 @@ def build(cfg: DictConfig, default_transform, info: dict) -> Dataset:
         raise ConfigError("dataset._target_", target,
                           "a map-style Dataset (with __len__ and __getitem__; iterable datasets "
                           "cannot be shuffled or sharded the same way)")
-    transform = _instantiate(ds_cfg.transform, "dataset.transform") if own_tf else default_transform
+    transform = _instantiate(dset.transform, "dataset.transform") if own_tf else default_transform
     if not callable(transform):
-        raise ConfigError("dataset.transform._target_", ds_cfg.transform._target_,
+        raise ConfigError("dataset.transform._target_", dset.transform["_target_"],
                           "a callable transform, or a factory returning one (_partial_: true for "
                           "a plain function)")
-    ds = TeamDataset(inner, transform, int(ds_cfg.num_classes), cls.__name__)
+    ds = TeamDataset(inner, transform, dset.num_classes, cls.__name__)
     if len(ds) == 0:
         raise ConfigError("dataset.kwargs", kwargs, f"arguments giving {target} samples (it has none)")
     try:
@@ -191,18 +185,18 @@ def build(cfg: DictConfig, default_transform, info: dict) -> Dataset:
     except SampleContractError as e:
         raise ConfigError("dataset._target_", target, f"a Dataset {CONTRACT} ({e})") from e
     info.update(samples=len(ds), target=str(target),
-                transform=str(ds_cfg.transform._target_) if own_tf else "gpubench")
+                transform=str(dset.transform["_target_"]) if own_tf else "gpubench")
     return ds
 
 
-def collate_fn(cfg: DictConfig):
+def collate_fn(dataset: DatasetSettings):
     """The team's collate function (`dataset.collate`), or None for gpubench's own."""
-    node = cfg.dataset.get("collate")
-    if _enum_value(cfg.dataset.name) != "custom" or not _set(node):
+    node = dataset.collate
+    if dataset.name != "custom" or not node_set(node):
         return None
     fn = _instantiate(node, "dataset.collate")
     if not callable(fn):
-        raise ConfigError("dataset.collate._target_", node._target_,
+        raise ConfigError("dataset.collate._target_", node["_target_"],
                           "a collate function (a list of (image, label) -> (images, labels)); "
                           "_partial_: true for a plain function")
     return TeamCollate(fn)

@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from gpubench.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
-from gpubench.config import ConfigError, _enum_value
+from gpubench.config import ConfigError
 from gpubench.datasets import (  # noqa: F401  (re-exported: the data side's one import point)
     CYCLED_EPOCH,
     IN_MEMORY_POOLS,
@@ -46,6 +45,13 @@ from gpubench.datasets import (  # noqa: F401  (re-exported: the data side's one
     scan_imagefolder,
     source_size,
     substitute_order,
+)
+from gpubench.settings import (
+    Loader,
+    Settings,
+    check_batch_fits,
+    check_found_classes,
+    check_preload_fits,
 )
 
 log = logging.getLogger(__name__)
@@ -110,30 +116,14 @@ def collate_skipping(batch):
 # ------------------------------------------------------------------------------ preload
 
 
-def preload_bytes_needed(n: int, size: int) -> int:
-    return n * 3 * size * size
-
-
 def preload(
     ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """Decode every sample once into a shared uint8 [N,3,S,S] tensor (reference article 000,
     Method 1). Refuses, before decoding anything, when it would not fit in free RAM.
     Returns (images, labels, seconds, samples skipped as corrupt)."""
-    import psutil
-
     n = len(ds)
-    need = preload_bytes_needed(n, size)
-    free = psutil.virtual_memory().available
-    # 80%: the run itself (model, optimizer, worker batches) needs the rest
-    if need > 0.8 * free:
-        raise ConfigError(
-            "dataset.preload",
-            True,
-            f"false here (the cache of {n} images at {size} px needs {need / 2**30:.2f} GiB "
-            f"and only {free / 2**30:.2f} GiB of RAM is free; lower dataset.image_size or use "
-            "a smaller folder)",
-        )
+    check_preload_fits(n, size)  # a resource check: the dataset's length is known only here
     t0 = time.perf_counter()
     # Shared memory from the start: forked workers then read the cache in place, with no
     # per-worker copy (a plain tensor would be copied when first pickled to a spawned worker).
@@ -204,23 +194,18 @@ def _set_threads(threads: int, worker_id: int) -> None:
     torch.set_num_threads(threads)
 
 
-def loader_settings(ld: DictConfig, device: str) -> dict:
-    """DataLoader keyword arguments from the loader config (batch size and sampling aside)."""
-    workers = int(ld.num_workers)
-    kwargs: dict = dict(num_workers=workers, pin_memory=bool(ld.pin_memory) and device == "cuda")
+def loader_settings(ld: Loader, device: str) -> dict:
+    """DataLoader keyword arguments from the loader settings (batch size and sampling aside)."""
+    workers = ld.num_workers
+    kwargs: dict = dict(num_workers=workers, pin_memory=ld.pin_memory and device == "cuda")
     if workers == 0:  # the DataLoader rejects the worker-only options without workers
         return kwargs
-    ctx = ld.multiprocessing_context
-    if ctx is not None:
-        methods = torch.multiprocessing.get_all_start_methods()
-        if ctx not in methods:
-            raise ConfigError("loader.multiprocessing_context", ctx, f"null or one of {methods}")
     kwargs.update(
         prefetch_factor=ld.prefetch_factor,
-        persistent_workers=bool(ld.persistent_workers),
-        multiprocessing_context=ctx,
+        persistent_workers=ld.persistent_workers,
+        multiprocessing_context=ld.multiprocessing_context,
     )
-    threads = int(ld.get("worker_threads", 1))
+    threads = ld.worker_threads
     if threads != 1:
         # torch already gives each worker one thread (N workers each spawning a thread per
         # core would oversubscribe the host); only a different wish needs an init function,
@@ -229,50 +214,39 @@ def loader_settings(ld: DictConfig, device: str) -> dict:
     return kwargs
 
 
-def _build_dataset(cfg: DictConfig, src: int, cpu_tf, raw: bool, info: dict) -> Dataset:
-    ds_cfg = cfg.dataset
-    kind = _enum_value(ds_cfg.name)
-    ncls, seed = int(ds_cfg.num_classes), int(cfg.bench.seed)
+def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Dataset:
+    dset = s.dataset
+    kind = dset.name
+    ncls, seed = dset.num_classes, s.bench.seed
     if kind == "synthetic":
-        return SyntheticDataset(int(ds_cfg.num_samples), src, ncls, cpu_tf, seed)
+        return SyntheticDataset(dset.num_samples, src, ncls, cpu_tf, seed)
     if kind == "fake_jpeg":
         t0 = time.perf_counter()
-        blobs = encode_jpeg_pool(int(ds_cfg.num_samples), src, int(ds_cfg.jpeg_quality), seed)
+        blobs = encode_jpeg_pool(dset.num_samples, src, dset.jpeg_quality, seed)
         g = torch.Generator().manual_seed(seed)
         labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
         info["jpeg_pool_seconds"] = time.perf_counter() - t0
         info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
         return JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
-    root = Path(os.path.expanduser(str(ds_cfg.root)))
+    root = Path(os.path.expanduser(str(dset.root)))
     if kind == "imagefolder":
         samples, classes = scan_imagefolder(root)
-        _check_classes(cfg, len(classes), f"class folders in {root}")
+        check_found_classes(s, len(classes), f"class folders in {root}")
         info.update(files=len(samples), classes=len(classes), root=str(root))
         info["mean_file_bytes"] = mean_file_bytes([p for p, _ in samples])
-        return ImageFiles(samples, cpu_tf, _enum_value(ds_cfg.on_corrupt), raw=raw)
+        return ImageFiles(samples, cpu_tf, dset.on_corrupt, raw=raw)
     if kind == "cifar10":
         images, labels, classes = read_cifar10(root)
-        _check_classes(cfg, max(len(classes), int(labels.max()) + 1), f"CIFAR-10 labels in {root}")
+        check_found_classes(s, max(len(classes), int(labels.max()) + 1), f"CIFAR-10 labels in {root}")
         info.update(samples=len(labels), classes=len(classes), root=str(root))
         return TensorImages(images, labels, cpu_tf)
     if kind == "custom":  # the team's own Dataset class (gpubench.custom_data)
         from gpubench import custom_data
 
-        return custom_data.build(cfg, cpu_tf, info)
+        return custom_data.build(s, cpu_tf, info)
     raise ConfigError(  # unreachable: the Enum admits nothing else
         "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10, custom"
     )
-
-
-def _check_classes(cfg: DictConfig, n: int, where: str) -> None:
-    # a label at or past the classifier's width fails deep inside the loss (a device-side
-    # assert on CUDA): say so before any work instead
-    for key, value in (
-        ("dataset.num_classes", cfg.dataset.num_classes),
-        ("model.num_classes", cfg.model.get("num_classes")),
-    ):
-        if value is not None and int(value) < n:
-            raise ConfigError(key, int(value), f">= {n} ({where})")
 
 
 def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,56 +259,51 @@ def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.T
     return x[fill], y_ok[fill]
 
 
-def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None = None) -> Pipeline:
-    """The data side of one run. `shard=(rank, world)` under torchrun: each rank loads its own
-    share of the dataset (DistributedSampler), as data-parallel training does."""
-    ds_cfg, ld = cfg.dataset, cfg.loader
-    kind = _enum_value(ds_cfg.name)
-    size = int(ds_cfg.image_size)
+def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
+    """The data side of one run, on s.device. `shard=(rank, world)` under torchrun: each rank
+    loads its own share of the dataset (DistributedSampler), as data-parallel training does."""
+    dset, ld, device = s.dataset, s.loader, s.device
+    kind = dset.name
+    size = dset.image_size
     src = source_size(size)
-    bs = int(ld.batch_size)
-    on_device_aug = _enum_value(ds_cfg.augment_on) == "device"
-    device_decode = _enum_value(ds_cfg.decode_on) == "device"
-    on_corrupt = _enum_value(ds_cfg.on_corrupt)
-    seed = int(cfg.bench.seed)
+    bs = ld.batch_size
+    on_device_aug = dset.augment_on == "device"
+    device_decode = dset.decode_on == "device"
+    on_corrupt = dset.on_corrupt
+    seed = s.bench.seed
     info: dict = {"dataset": kind}
 
     if kind == "device_synthetic":
-        ncls = int(ds_cfg.num_classes)
+        ncls = dset.num_classes
         g = torch.Generator().manual_seed(seed)
         x = torch.randn((bs, 3, size, size), generator=g).to(device)
         y = torch.randint(0, ncls, (bs,), generator=g).to(device)
-        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        fmt = torch.channels_last if s.channels_last else torch.contiguous_format
         x = x.contiguous(memory_format=fmt)
         return Pipeline(loader=None, to_device=lambda b: b, device_batch=lambda: (x, y), info=info)
 
-    if ds_cfg.preload and device_decode:
-        raise ConfigError(
-            "dataset.preload", True, "false with decode_on=device (the cache holds decoded pixels)"
-        )
-    settings = loader_settings(ld, device)
+    loader_kw = loader_settings(ld, device)
     if device_decode:
         # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
         # buffers: pinning them here would cost a page-locked copy for nothing (the labels
         # are pinned on their own in to_device)
-        settings["pin_memory"] = False
+        loader_kw["pin_memory"] = False
     # Host-side transform: the full train augmentation, or decode-to-fixed-size when the cache
     # (preload) or the device (augment_on=device) takes the uint8 images
     fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(size)
-    ds = _build_dataset(cfg, src, fixed_tf if (on_device_aug or ds_cfg.preload) else train_tf,
+    ds = _build_dataset(s, src, fixed_tf if (on_device_aug or dset.preload) else train_tf,
                         device_decode, info)
     skipped_at_build = 0
-    if ds_cfg.preload:
-        preload_kw = {k: v for k, v in settings.items() if k in ("multiprocessing_context",)}
-        images, labels, secs, skipped_at_build = preload(ds, src, settings["num_workers"], preload_kw)
+    if dset.preload:
+        preload_kw = {k: v for k, v in loader_kw.items() if k in ("multiprocessing_context",)}
+        images, labels, secs, skipped_at_build = preload(ds, src, loader_kw["num_workers"], preload_kw)
         info.update(preload_seconds=secs, preload_bytes=images.numel(),
                     preload_skipped=skipped_at_build)
         ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
 
     if kind in IN_MEMORY_POOLS:
         ds = Cycled(ds, max(len(ds), CYCLED_EPOCH))
-    if len(ds) < bs and ld.drop_last:
-        raise ConfigError("loader.batch_size", bs, f"<= {len(ds)} (the dataset size) with drop_last")
+    check_batch_fits(s, len(ds))  # a resource check: the dataset's length is known only here
     sampler = None
     if shard is not None and shard[1] > 1:
         from torch.utils.data.distributed import DistributedSampler
@@ -348,16 +317,16 @@ def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None =
         batch_size=bs,
         shuffle=sampler is None,
         sampler=sampler,
-        drop_last=bool(ld.drop_last),
-        collate_fn=team_collate(cfg) or collate_skipping,
+        drop_last=ld.drop_last,
+        collate_fn=team_collate(s.dataset) or collate_skipping,
         # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible
         generator=torch.Generator().manual_seed(seed),
-        **settings,
+        **loader_kw,
     )
-    pin = settings["pin_memory"]
+    pin = loader_kw["pin_memory"]
     decode = DeviceDecode(src, device) if device_decode else None
     augment = DeviceAugment(size, device, seed) if (on_device_aug or device_decode) else None
-    channels_last = bool(cfg.channels_last)
+    channels_last = s.channels_last
     # to_device and device_batch close over the pipeline (skip counts): set just below
     pipe = Pipeline(loader=loader, to_device=None, device_batch=None, info=info,
                     skipped=skipped_at_build)
@@ -422,7 +391,7 @@ def build_pipeline(cfg: DictConfig, device: str, shard: tuple[int, int] | None =
     pipe.to_device, pipe.device_batch = to_device, device_batch
     info.update(
         samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
-        num_workers=settings["num_workers"],
+        num_workers=loader_kw["num_workers"],
         decode_on="device" if device_decode else "cpu",
         augment_on="device" if augment is not None else "cpu",
         batches_per_epoch=math.floor(len(ds) / bs) if ld.drop_last else math.ceil(len(ds) / bs),

@@ -7,7 +7,6 @@ the Hydra sweeper shows it. Nothing here prints.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,15 +61,13 @@ def find_max_batch(
 
 
 def start_batch(cfg: DictConfig, start: int | None) -> int:
-    """The first probe: the configured start, else the run's own batch size, sized by device by
-    the runner's one rule (gpubench.config.resolve_auto) when it is null."""
+    """The first probe: the configured start, else the run's own batch size as the runner
+    resolves it (sized by device when null: gpubench.settings.resolve)."""
     if start is not None:
         return int(start)
-    from gpubench.config import resolve_auto, resolve_device
+    from gpubench.settings import resolve
 
-    probe = copy.deepcopy(cfg)  # resolve_auto fills in place: the sweep's config stays as given
-    resolve_auto(probe, resolve_device(probe))
-    return int(probe.loader.batch_size)
+    return resolve(cfg).loader.batch_size
 
 
 def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | None,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from gpubench.config import ConfigError, _enum_value
+from gpubench.config import ConfigError
+from gpubench.settings import CHECKPOINT_WIRED, Settings
 
 
 class TinyNet(nn.Module):
@@ -42,11 +42,11 @@ def _accepts(cls, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def build_model(cfg: DictConfig) -> nn.Module:
-    m = cfg.model
-    n = int(m.num_classes)
-    kwargs = OmegaConf.to_container(m.kwargs, resolve=True) if m.kwargs else {}
-    target = m.get("_target_")
+def build_model(s: Settings) -> nn.Module:
+    m = s.model
+    n = m.num_classes
+    kwargs = dict(m.kwargs)  # a copy: the settings stay as resolved
+    target = m._target_
     if target:
         from hydra.utils import get_class
 
@@ -67,10 +67,10 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
         if str(m.name).startswith("vit_"):
             # torchvision's ViTs take their input size as a constructor argument
-            kwargs.setdefault("image_size", int(cfg.dataset.image_size))
+            kwargs.setdefault("image_size", s.dataset.image_size)
         model = torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
-    if m.get("checkpointing"):
-        apply_checkpointing(model, str(m.name))
+    if m.checkpointing:
+        apply_checkpointing(model, m.name)
     return model
 
 
@@ -106,10 +106,8 @@ def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
         stages = [(model.encoder.layers, n) for n, _ in model.encoder.layers.named_children()]
     elif isinstance(model, TinyNet):
         stages = [(model, "features")]
-    if not stages:
-        raise ConfigError("model.checkpointing", True,
-                          f"false for {name} (checkpointing is wired for torchvision ResNets, "
-                          f"ViTs and tiny)")
+    if not stages:  # settings.resolve admits only the names wired here; this guards a mismatch
+        raise ConfigError("model.checkpointing", True, f"false for {name} ({CHECKPOINT_WIRED})")
     for parent, attr in stages:
         setattr(parent, attr, Checkpointed(getattr(parent, attr)))
     return model
@@ -149,8 +147,8 @@ def reset_compile_state(device: str) -> None:
         torch.cuda.empty_cache()  # ...and from it to the device
 
 
-def maybe_compile(model: nn.Module, mode) -> nn.Module:
-    mode = _enum_value(mode)
+def maybe_compile(model: nn.Module, mode: str) -> nn.Module:
+    """`mode`: Settings.compile, torch.compile's own mode string, or "off"."""
     # every run starts from a clean compile state, compiled or not: an eager run after a
     # compiled one must not carry its CUDA-graph pools
     reset_compile_state(str(next(model.parameters(), torch.empty(0)).device.type))

@@ -1,4 +1,4 @@
-"""One benchmark run: validate, build once, measure the phases in interleaved windows, judge.
+"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows, judge.
 
 `Benchmark(cfg).run()` is the whole run behind `python -m gpubench`; tests call `measure_run`
 or `run_benchmark`. The run's record (gpubench/record.py) is written to results.json before
@@ -31,14 +31,7 @@ import torch
 from omegaconf import DictConfig
 
 from gpubench import distributed, env
-from gpubench.config import (
-    ConfigError,
-    _enum_value,
-    check_classes,
-    resolve_auto,
-    to_container,
-    validate,
-)
+from gpubench.config import ConfigError
 from gpubench.data import CorruptImage, build_pipeline
 from gpubench.distributed import Dist
 from gpubench.measure import run_window
@@ -47,6 +40,7 @@ from gpubench.monitor import Monitor, MonitorSummary
 from gpubench.precision import apply_backend_flags, resolve_precision
 from gpubench.record import RESULTS_FILE, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.secrets import mask_tree
+from gpubench.settings import Settings, check_classes, check_resources, resolve
 from gpubench.stats import WindowStats, pool
 from gpubench.step import (
     TrainStep,
@@ -151,31 +145,34 @@ class Benchmark:
     """One run: build once (data, model, step), then `run_phase` window by window."""
 
     def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
-        self.device = validate(cfg)  # ConfigError before any work
-        resolve_auto(cfg, self.device)
-        self.cfg, b = cfg, cfg.bench
+        # bad input raises ConfigError here, before any work: first the rules on the config
+        # alone, then those that look at this machine's disk and RAM
+        s = resolve(cfg)
+        check_resources(s)
+        self.settings: Settings = s
+        b = s.bench
+        self.device = s.device
         self.dist = distributed.from_env(self.device)
         self.out = output_dir(out_dir)
-        random.seed(int(b.seed))
-        torch.manual_seed(int(b.seed))
-        self.phases = [_enum_value(p) for p in b.phases]
-        self.repeats = min(int(b.repeats), int(b.steps))
-        self.steps_per_window = max(1, math.ceil(int(b.steps) / self.repeats))
+        random.seed(b.seed)
+        torch.manual_seed(b.seed)
+        self.phases = list(s.phases)
+        self.repeats = min(b.repeats, b.steps)
+        self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
         # results.json never holds a password (tracking.uri may carry user:pw@)
-        rec = RunRecord.start(self.out, mask_tree(to_container(cfg)), env.facts(self.device),
-                              float(cfg.memory.ceiling), self.dist.world)
+        rec = RunRecord.start(self.out, mask_tree(s.config), env.facts(self.device),
+                              s.memory.ceiling, self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)
         # cores the run can keep busy: torch's threads in the main process plus one per loader
         # worker (each limited to worker_threads), at most the host's (the competition check)
-        ld = cfg.loader
+        ld = s.loader
         rec.extra["cpu_demand_cores"] = min(
-            os.cpu_count() or 1,
-            torch.get_num_threads() + int(ld.num_workers) * int(ld.worker_threads or 1))
+            os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
         if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
             rec.extra["study"] = os.environ[STUDY_ENV]
         self.record = rec
-        self.monitor = Monitor(self.device, float(b.monitor_interval_s), bool(b.monitor))
+        self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
@@ -196,69 +193,68 @@ class Benchmark:
     # ------------------------------------------------------------------ build
 
     def build(self) -> None:
-        cfg, device, rec = self.cfg, self.device, self.record
-        self.plan = resolve_precision(_enum_value(cfg.precision.name), device)
+        s, device, rec = self.settings, self.device, self.record
+        b = s.bench
+        self.plan = resolve_precision(s.precision, device)
         apply_backend_flags(self.plan)
-        set_cudnn_benchmark(cfg.bench.cudnn_benchmark)
+        set_cudnn_benchmark(b.cudnn_benchmark)
         shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
-        self.pipe = build_pipeline(cfg, device, shard)
+        self.pipe = build_pipeline(s, shard)
         rec.data_info = self.pipe.info
         if "compute" in self.phases or "e2e" in self.phases:
-            model = prepare_model(build_model(cfg), device, bool(cfg.channels_last))
+            model = prepare_model(build_model(s), device, s.channels_last)
             x, y = self.pipe.device_batch()
             self._check_width(model, x)
-            opt = make_optimizer(model, cfg.bench.optimizer, float(cfg.bench.lr),
-                                 cfg.bench.optimizer_impl)
-            if cfg.bench.flops:
+            opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
+            if b.flops:
                 split = count_step_flops_split(model, self.plan, device, x, y)
                 rec.flops_per_step = split and split["total"]
                 rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
-            compiled = maybe_compile(self.dist.wrap(model, device), cfg.compile)
+            compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
-                                  cfg.fault.oom_above_batch if self.fault_here else None,
-                                  int(cfg.bench.grad_accum_steps),
-                                  int(cfg.bench.host_metrics_every))
+                                  s.fault.oom_above_batch if self.fault_here else None,
+                                  b.grad_accum_steps, b.host_metrics_every)
         self._maybe_fail(0)
 
     @property
     def fault_here(self) -> bool:
         """Injected faults hit this rank (fault.rank: one rank only under torchrun)."""
-        return distributed.fault_hits(self.cfg.fault.get("rank"), self.dist.rank)
+        return distributed.fault_hits(self.settings.fault.rank, self.dist.rank)
 
     def _maybe_fail(self, windows: int) -> None:
         """Fault injection: a runtime error after `fault.fail_after_windows` windows."""
-        f = self.cfg.fault
-        if f.fail_message and self.fault_here and windows == int(f.fail_after_windows):
+        f = self.settings.fault
+        if f.fail_message and self.fault_here and windows == f.fail_after_windows:
             raise RuntimeError(f.fail_message)
 
     def _check_width(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         """A label at or past the classifier's width fails deep inside the loss (a device-side
         assert on CUDA) after the loader phase ran: check the output width before any work."""
-        n = int(self.cfg.dataset.num_classes)
+        n = self.settings.dataset.num_classes
         model.eval()  # one image: batch-norm cannot train on a batch of 1
         try:
             with torch.no_grad():
                 width = int(model(x[:1]).shape[-1])
         finally:
             model.train()
-        m = self.cfg.model
-        check_classes(width, n, "model._target_" if m.get("_target_") else "model.num_classes",
-                      m.get("_target_") or m.num_classes)
+        m = self.settings.model
+        check_classes(width, n, "model._target_" if m._target_ else "model.num_classes",
+                      m._target_ or m.num_classes)
 
     def _functions(self, name: str):
         """(fetch, work) for one phase; `work` returns the images it processed.
 
         loader: fetch from the DataLoader, copy to the device, no model. compute: the same step
         on one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
-        pipe, step, fault = self.pipe, self.step, self.cfg.fault
+        pipe, step, fault = self.pipe, self.step, self.settings.fault
         stall_every = fault.stall_every if self.fault_here else None
-        stall_s = float(fault.stall_s)
+        stall_s = fault.stall_s
         calls = [0]
 
         def stall() -> None:
             # fault injection: an interruption of the kind another process causes
             calls[0] += 1
-            if stall_every and calls[0] % int(stall_every) == 0:
+            if stall_every and calls[0] % stall_every == 0:
                 time.sleep(stall_s)
 
         if name == "compute":
@@ -292,13 +288,13 @@ class Benchmark:
         the step itself."""
         if name == "compute" or self.pipe.loader is None:
             return 1
-        ld = self.cfg.loader
-        ready = int(ld.num_workers) * int(ld.prefetch_factor or 2) if ld.num_workers else 0
+        ld = self.settings.loader
+        ready = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
         return ready + 1
 
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first one warms up until steps are steady)."""
-        b, dist, device = self.cfg.bench, self.dist, self.device
+        b, dist, device = self.settings.bench, self.dist, self.device
         if name not in self.windows:
             self.windows[name], self.telemetry[name] = [], []
             self.functions[name] = self._functions(name)
@@ -308,17 +304,17 @@ class Benchmark:
         held: list[MonitorSummary] = []
         # under torchrun every rank must run the same number of steps (a rank that stopped
         # early would leave the others waiting in DDP's all-reduce): no time cap there
-        cap = math.inf if dist.enabled else float(b.max_seconds) / self.repeats
-        warm = int(b.warmup_steps)
-        if _enum_value(self.cfg.compile) != "off":
+        cap = math.inf if dist.enabled else b.max_seconds / self.repeats
+        warm = b.warmup_steps
+        if self.settings.compile != "off":
             # the first step compiles, with reduce-overhead the second records the CUDA graph
             # and the third is its first replay: the window starts on replays only
             warm = max(warm, 3)
         stats = run_window(
-            name, *self.functions[name], int(self.cfg.loader.batch_size), device,
+            name, *self.functions[name], self.settings.loader.batch_size, device,
             warm if first else self._rewarm_steps(name),
-            self.steps_per_window, float(b.warmup_max_seconds), cap,
-            warmup_max_steps=max(warm, int(b.warmup_max_steps)) if first else None,
+            self.steps_per_window, b.warmup_max_seconds, cap,
+            warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
             # all ranks open their windows together
             on_open=lambda: (dist.barrier(), self.monitor.start()),
             on_close=lambda: held.append(self.monitor.stop()),
@@ -381,12 +377,12 @@ class Benchmark:
                 self.run_phase(name)
                 done += 1
                 self._maybe_fail(done)
-        if self.cfg.bench.profile:
+        if self.settings.bench.profile:
             from gpubench.profile import profile_steps
 
             name = "e2e" if self.step is not None else "loader"
             self.record.extra["profile"] = profile_steps(
-                *self._functions(name), self.device, self.out, int(self.cfg.bench.profile_steps),
+                *self._functions(name), self.device, self.out, self.settings.bench.profile_steps,
                 step=self.step)
             self.save()
         self.record.skipped_samples = self.pipe.skipped
@@ -464,11 +460,12 @@ class Benchmark:
     def _start_gpulog(self):
         """gpu_metrics.csv beside results.json, the whole run long (gpubench/gpulog.py); rank
         0's device only, with the sampler (bench.monitor)."""
-        if not (self.cfg.bench.monitor and self.dist.main):
+        b = self.settings.bench
+        if not (b.monitor and self.dist.main):
             return None
         from gpubench.gpulog import GpuLog
 
-        return GpuLog(self.device, self.out, float(self.cfg.bench.monitor_interval_s)).start()
+        return GpuLog(self.device, self.out, b.monitor_interval_s).start()
 
     def _release(self) -> None:
         if self.pipe is not None:
@@ -533,7 +530,7 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
             from gpubench.console import print_result
 
             print_result(result)
-        if cfg.tracking.backend != "none":
+        if bench.settings.tracking.backend != "none":
             from gpubench import tracking
 
             result.tracked = tracking.log_result(cfg, result)

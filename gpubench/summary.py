@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 from gpubench import env, noise
-from gpubench.config import _enum_value
 from gpubench.nvml import energy_per_image, memory_gate_bytes
 from gpubench.precision import resolve_precision
 from gpubench.verdict import Knobs, judge
@@ -104,7 +103,7 @@ def validity(bench) -> list[str]:
 
 
 def summarize(bench) -> None:
-    rec, cfg, device = bench.record, bench.cfg, bench.device
+    rec, s, device = bench.record, bench.settings, bench.device
     figures(rec, device)
     reasons = validity(bench)
     rec.noise_reasons = reasons
@@ -114,19 +113,19 @@ def summarize(bench) -> None:
         competitors = noise.top_other_processes(_own_pids())
     knobs = Knobs(
         device=device,
-        num_workers=int(cfg.loader.num_workers),
+        num_workers=s.loader.num_workers,
         cpu_count=os.cpu_count() or 1,
-        pin_memory=bool(cfg.loader.pin_memory),
-        preload=bool(cfg.dataset.preload),
-        augment_on=_enum_value(cfg.dataset.augment_on),
-        precision=_enum_value(cfg.precision.name),
-        channels_last=bool(cfg.channels_last),
-        compile=_enum_value(cfg.compile),
-        batch_size=int(cfg.loader.batch_size),
-        dataset=_enum_value(cfg.dataset.name),
+        pin_memory=s.loader.pin_memory,
+        preload=s.dataset.preload,
+        augment_on=s.dataset.augment_on,
+        precision=s.precision,
+        channels_last=s.channels_last,
+        compile=s.compile,
+        batch_size=s.loader.batch_size,
+        dataset=s.dataset.name,
         memory_fraction=rec.peak_memory_fraction,
-        ceiling=float(cfg.memory.ceiling),
-        is_conv="vit" not in str(cfg.model.name),
+        ceiling=s.memory.ceiling,
+        is_conv="vit" not in s.model.name,
     )
     intervals = {"loader": rec.loader_images_per_sec_ci, "compute": rec.compute_images_per_sec_ci,
                  "e2e": rec.images_per_sec_ci}
@@ -137,7 +136,7 @@ def summarize(bench) -> None:
             1.0 / rec.compute_images_per_sec + device_data)
     v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
               rec.data_wait_fraction, knobs, intervals, reasons,
-              noise.remedies(reasons, competitors, bench.repeats, int(cfg.bench.steps)),
+              noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
               device_data_s_per_image=device_data,
               windows={n: [w.get("images_per_sec") for w in p.windows]
                        for n, p in rec.phases.items()})

@@ -22,10 +22,11 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from gpubench.config import CONFIG_DIR, _enum_value, resolve_auto, validate
+from gpubench.config import CONFIG_DIR
 from gpubench.models import build_model, prepare_model
 from gpubench.precision import apply_backend_flags, make_grad_scaler, resolve_precision
 from gpubench.runner import measure_run
+from gpubench.settings import Settings, check_resources, resolve
 
 DEFAULTS = [
     "model=resnet18",
@@ -41,19 +42,20 @@ DEFAULTS = [
 ]
 
 
-def plain_loop(cfg, device: str) -> float:
+def plain_loop(s: Settings) -> float:
     """A hand-written loop, sharing nothing with the harness but the model constructor."""
-    plan = resolve_precision(_enum_value(cfg.precision.name), device)
+    device = s.device
+    plan = resolve_precision(s.precision, device)
     apply_backend_flags(plan)
-    model = prepare_model(build_model(cfg), device, bool(cfg.channels_last))
+    model = prepare_model(build_model(s), device, s.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler = make_grad_scaler(plan, device)
     crit = torch.nn.CrossEntropyLoss()
-    bs, size = int(cfg.loader.batch_size), int(cfg.dataset.image_size)
+    bs, size = s.loader.batch_size, s.dataset.image_size
     x = torch.randn(bs, 3, size, size, device=device)
-    if cfg.channels_last:
+    if s.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, int(cfg.model.num_classes), (bs,), device=device)
+    y = torch.randint(0, s.model.num_classes, (bs,), device=device)
 
     def step():
         with plan.autocast(device):
@@ -67,12 +69,12 @@ def plain_loop(cfg, device: str) -> float:
             opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(int(cfg.bench.warmup_steps)):
+    for _ in range(s.bench.warmup_steps):
         step()
     if device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    n = int(cfg.bench.steps)
+    n = s.bench.steps
     for _ in range(n):
         step()
     if device == "cuda":
@@ -87,21 +89,21 @@ def main() -> None:
     args = ap.parse_args()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         cfg = compose("bench", overrides=[*DEFAULTS, *args.overrides])
-    device = validate(cfg)
-    resolve_auto(cfg, device)
-    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} "
-          f"model={cfg.model.name} size={cfg.dataset.image_size} batch={cfg.loader.batch_size} "
-          f"precision={_enum_value(cfg.precision.name)} steps={cfg.bench.steps}")
+    s = resolve(cfg)
+    check_resources(s)
+    print(f"device={s.device} torch={torch.__version__} threads={torch.get_num_threads()} "
+          f"model={s.model.name} size={s.dataset.image_size} batch={s.loader.batch_size} "
+          f"precision={s.precision} steps={s.bench.steps}")
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             # which one goes first alternates: a process warms up (allocator, caches) as it runs
             if i % 2 == 0:
-                ours = measure_run(cfg.copy(), f"{tmp}/{i}").data["compute_images_per_sec"]
-                plain = plain_loop(cfg, device)
+                ours = measure_run(cfg, f"{tmp}/{i}").data["compute_images_per_sec"]
+                plain = plain_loop(s)
             else:
-                plain = plain_loop(cfg, device)
-                ours = measure_run(cfg.copy(), f"{tmp}/{i}").data["compute_images_per_sec"]
+                plain = plain_loop(s)
+                ours = measure_run(cfg, f"{tmp}/{i}").data["compute_images_per_sec"]
             ratios.append(ours / plain)
             print(f"  pair {i + 1}: gpubench compute {ours:8.1f} img/s   plain loop {plain:8.1f}"
                   f" img/s   ratio {ours / plain:.3f}")

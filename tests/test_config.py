@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from gpubench.config import CONFIG_DIR, ConfigError, resolve_auto, validate
+from gpubench.config import CONFIG_DIR, ConfigError, auto_sizes
 from gpubench.errors import one_line
+from gpubench.settings import check_resources, resolve
+
+
+def check_all(cfg):
+    """Every rule, as a run applies them before any work: the settings, then this machine's."""
+    s = resolve(cfg)
+    check_resources(s)
+    return s
 
 GROUPS = {
     group: sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
@@ -36,15 +44,13 @@ def test_defaults_and_auto_sizes(compose_cfg):
     assert cfg.memory.ceiling == 0.8
     assert cfg.model.num_classes == cfg.dataset.num_classes  # interpolated
     assert cfg.dataset.image_size is None and cfg.loader.batch_size is None
-    resolve_auto(cfg, "cpu")
-    assert (cfg.dataset.image_size, cfg.loader.batch_size) == (32, 16)
-    cfg = compose_cfg(tiny=False)
-    resolve_auto(cfg, "cuda")
-    assert (cfg.dataset.image_size, cfg.loader.batch_size) == (224, 128)
+    s = resolve(cfg)
+    assert (s.device, s.dataset.image_size, s.loader.batch_size) == ("cpu", 32, 16)
+    assert auto_sizes("cuda") == (224, 128)
 
 
 def test_valid_tiny_config_passes(compose_cfg):
-    assert validate(compose_cfg()) == "cpu"
+    assert check_all(compose_cfg()).device == "cpu"
 
 
 @pytest.mark.parametrize(
@@ -64,7 +70,7 @@ def test_valid_tiny_config_passes(compose_cfg):
 )
 def test_bad_values_name_the_key(compose_cfg, override, key):
     with pytest.raises(ConfigError) as err:
-        validate(compose_cfg(override))
+        check_all(compose_cfg(override))
     assert err.value.key == key
     assert "\n" not in str(err.value)
     assert key in str(err.value) and "allowed" in str(err.value)
@@ -72,7 +78,7 @@ def test_bad_values_name_the_key(compose_cfg, override, key):
 
 def test_missing_folder(compose_cfg, tmp_path):
     with pytest.raises(ConfigError, match="dataset.root.*existing folder"):
-        validate(compose_cfg("dataset=imagefolder", f"dataset.root={tmp_path / 'nope'}"))
+        check_all(compose_cfg("dataset=imagefolder", f"dataset.root={tmp_path / 'nope'}"))
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
@@ -83,7 +89,7 @@ def test_missing_folder(compose_cfg, tmp_path):
 )
 def test_cuda_only_settings_on_cpu(compose_cfg, override, key):
     with pytest.raises(ConfigError) as err:
-        validate(compose_cfg(*override.split()))
+        check_all(compose_cfg(*override.split()))
     assert err.value.key == key
 
 
@@ -102,13 +108,11 @@ def test_hydra_errors_condense_to_one_line():
 
 # ------------------------------------------------------------------ ranges (one process, many cases)
 
-from gpubench.config import (  # noqa: E402
-    RANGES,
+from gpubench.config import RANGES, allowed_range, check_uri  # noqa: E402
+from gpubench.settings import (  # noqa: E402
     WORKERS_PER_CORE,
-    allowed_range,
     available_ram,
     check_classes,
-    check_uri,
     usable_cpus,
 )
 
@@ -131,7 +135,7 @@ def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
     for key, kind, low, high, _nullable in RANGES:
         for bad in _outside(kind, low, high):
             with pytest.raises(ConfigError) as err:
-                validate(compose_cfg(f"{key}={bad}"))
+                check_all(compose_cfg(f"{key}={bad}"))
             assert err.value.key == key, (key, bad, str(err.value))
             assert "\n" not in str(err.value) and "allowed" in str(err.value)
             checked += 1
@@ -141,14 +145,14 @@ def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
 def test_every_numeric_key_accepts_its_bounds(compose_cfg):
     for key, _kind, low, high, nullable in RANGES:
         if nullable:
-            validate(compose_cfg(f"{key}=null"))
+            check_all(compose_cfg(f"{key}=null"))
         if key.startswith(("loader.num_workers", "loader.worker_threads", "dataset.num_samples",
                            "dataset.image_size", "bench.monitor_interval_s",
                            "bench.warmup_steps", "bench.warmup_max_steps")):
             continue  # bounded by the machine or by another key too: tested below
         for ok in (low, high):
             if ok is not None:
-                validate(compose_cfg(f"{key}={ok}", "model.num_classes=1000000",
+                check_all(compose_cfg(f"{key}={ok}", "model.num_classes=1000000",
                                      "bench.max_seconds=86400"))
 
 
@@ -168,26 +172,26 @@ def test_every_numeric_key_is_in_the_schema_and_the_docs(compose_cfg):
 def test_machine_bounds(compose_cfg):
     cpus = usable_cpus()
     most = min(WORKERS_PER_CORE * cpus, available_ram() // (256 * 2**20))
-    validate(compose_cfg(f"loader.num_workers={most}"))
+    check_all(compose_cfg(f"loader.num_workers={most}"))
     with pytest.raises(ConfigError, match=r"loader.num_workers.*on this machine"):
-        validate(compose_cfg(f"loader.num_workers={most + 1}"))
-    validate(compose_cfg(f"loader.worker_threads={cpus}"))
+        check_all(compose_cfg(f"loader.num_workers={most + 1}"))
+    check_all(compose_cfg(f"loader.worker_threads={cpus}"))
     with pytest.raises(ConfigError, match=r"loader.worker_threads.*on this machine"):
-        validate(compose_cfg(f"loader.worker_threads={cpus + 1}"))
+        check_all(compose_cfg(f"loader.worker_threads={cpus + 1}"))
     # 10 million 4096 px images: no machine holds that pool in RAM
     with pytest.raises(ConfigError, match=r"dataset.num_samples.*RAM free"):
-        validate(compose_cfg("dataset.num_samples=10000000", "dataset.image_size=4096"))
+        check_all(compose_cfg("dataset.num_samples=10000000", "dataset.image_size=4096"))
     with pytest.raises(ConfigError, match=r"bench.monitor_interval_s.*bench.max_seconds"):
-        validate(compose_cfg("bench.monitor_interval_s=30", "bench.max_seconds=10"))
-    validate(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=3"))
+        check_all(compose_cfg("bench.monitor_interval_s=30", "bench.max_seconds=10"))
+    check_all(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=3"))
     with pytest.raises(ConfigError, match=r"bench.warmup_max_steps=2 .*>= bench.warmup_steps \(3\)"):
-        validate(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=2"))
+        check_all(compose_cfg("bench.warmup_steps=3", "bench.warmup_max_steps=2"))
 
 
 def test_model_outputs_must_cover_the_classes(compose_cfg):
     with pytest.raises(ConfigError, match=r"model.num_classes=10 .*covers the dataset's 1000 classes"):
-        validate(compose_cfg("dataset.num_classes=1000", "model.num_classes=10"))
-    validate(compose_cfg("dataset.num_classes=10", "model.num_classes=12"))
+        check_all(compose_cfg("dataset.num_classes=1000", "model.num_classes=10"))
+    check_all(compose_cfg("dataset.num_classes=10", "model.num_classes=12"))
     check_classes(10, 10)
     with pytest.raises(ConfigError) as err:
         check_classes(5, 10, key="model._target_", value="team.Net")
@@ -230,10 +234,10 @@ def test_uris():
         assert err.value.key == key and "\n" not in str(err.value), bad
 
 
-def test_tracking_uri_checked_by_validate_only_when_tracking(compose_cfg):
+def test_tracking_uri_checked_by_resolve_only_when_tracking(compose_cfg):
     with pytest.raises(ConfigError, match="tracking.uri"):
-        validate(compose_cfg("tracking=mlflow", "tracking.uri=htp:/bad::uri"))
-    validate(compose_cfg("tracking=mlflow", "tracking.uri=http://127.0.0.1:5000"))
+        check_all(compose_cfg("tracking=mlflow", "tracking.uri=htp:/bad::uri"))
+    check_all(compose_cfg("tracking=mlflow", "tracking.uri=http://127.0.0.1:5000"))
 
 
 # ------------------------------------------------------------------ names of optional groups
@@ -300,7 +304,7 @@ def test_uri_errors_never_show_a_password(compose_cfg):
         check_uri("hydra.sweeper.storage", "postgresql:admin:s3cret@db", STORAGE_SCHEMES)
     assert "s3cret" not in str(err.value) and "***@db" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        validate(compose_cfg("tracking=mlflow", "tracking.uri=http://admin:s3cret@host:port"))
+        check_all(compose_cfg("tracking=mlflow", "tracking.uri=http://admin:s3cret@host:port"))
     assert "s3cret" not in str(err.value) and "admin:***@host" in str(err.value)
 
 

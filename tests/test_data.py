@@ -34,6 +34,7 @@ from gpubench.data import (
     substitute_order,
 )
 from gpubench.runner import measure_run
+from gpubench.settings import resolve
 from gpubench.verdict import fewest_workers
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -201,7 +202,7 @@ def test_preload_larger_than_free_ram_is_refused(folder, tmp_path):
 def test_corrupt_files_are_skipped_and_counted(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=3)
     cfg = cfg_for(root, "loader.num_workers=2", "loader.drop_last=false", "loader.batch_size=2")
-    pipe = build_pipeline(cfg, "cpu")
+    pipe = build_pipeline(resolve(cfg))
     sizes = []
     try:
         with deadline(120):
@@ -271,16 +272,18 @@ def test_decode_on_device_needs_cuda(folder, tmp_path):
         measure_run(cfg_for(folder, "dataset.decode_on=device"), tmp_path)
 
 
-def test_bad_multiprocessing_context():
-    ld = compose_config("loader.num_workers=1", "loader.multiprocessing_context=threads").loader
-    with pytest.raises(ConfigError, match="loader.multiprocessing_context"):
-        loader_settings(ld, "cpu")
+@pytest.mark.parametrize("workers", [0, 1])
+def test_bad_multiprocessing_context(workers):
+    cfg = compose_config(f"loader.num_workers={workers}", "loader.multiprocessing_context=threads")
+    with pytest.raises(ConfigError, match="loader.multiprocessing_context") as e:
+        resolve(cfg)
+    assert "spawn" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_worker_settings_survive_spawn_pickling():
     # spawn/forkserver workers unpickle worker_init_fn: a closure would fail there
-    ld = compose_config("loader.num_workers=2", "loader.worker_threads=2",
-                        "loader.multiprocessing_context=spawn").loader
+    ld = resolve(compose_config("loader.num_workers=2", "loader.worker_threads=2",
+                                "loader.multiprocessing_context=spawn")).loader
     kw = loader_settings(ld, "cpu")
     assert kw["multiprocessing_context"] == "spawn"
     init = pickle.loads(pickle.dumps(kw["worker_init_fn"]))
@@ -348,7 +351,7 @@ def test_cifar10_run_and_missing_batch(tmp_path):
 
 def test_augment_on_device_batch_shape_dtype(folder, tmp_path):
     cfg = cfg_for(folder, "dataset.augment_on=device", "loader.num_workers=0")
-    pipe = build_pipeline(cfg, "cpu")
+    pipe = build_pipeline(resolve(cfg))
     try:
         batch = next(pipe.batches())
         assert batch[0].dtype == torch.uint8 and batch[0].shape == (4, 3, SRC, SRC)
@@ -397,7 +400,7 @@ def test_decode_on_device_run(tmp_path):
     r = measure_run(cfg, tmp_path / "out")
     assert r.status == "ok", r.data["error"]
     assert r.data["data_info"]["decode_on"] == "device"
-    pipe = build_pipeline(cfg, "cuda")
+    pipe = build_pipeline(resolve(cfg))  # bench.device=cuda
     try:
         x, y = pipe.to_device(next(pipe.batches()))
     finally:
@@ -440,9 +443,8 @@ def test_in_memory_pools_cycle_through_one_long_epoch(compose_cfg):
     """A 32-image pool must not end an epoch (and drain the workers) every 8 batches."""
     from gpubench.data import CYCLED_EPOCH, Cycled, build_pipeline
 
-    cfg = compose_cfg("dataset.num_samples=32")
-    cfg.loader.batch_size, cfg.dataset.image_size = 4, 16
-    pipe = build_pipeline(cfg, "cpu")
+    cfg = compose_cfg("dataset.num_samples=32", "loader.batch_size=4", "dataset.image_size=16")
+    pipe = build_pipeline(resolve(cfg))
     ds = pipe.loader.dataset
     assert isinstance(ds, Cycled) and len(ds) == CYCLED_EPOCH
     assert pipe.info["samples"] == 32
@@ -505,7 +507,7 @@ def test_refill_keeps_batch_shape_and_pairs():
 
 def test_distributed_sampler_epoch_advances(folder):
     cfg = cfg_for(folder, "loader.num_workers=0", "loader.batch_size=3")
-    pipe = build_pipeline(cfg, "cpu", shard=(0, 2))  # 18 images: 9 per rank, 3 batches
+    pipe = build_pipeline(resolve(cfg), shard=(0, 2))  # 18 images: 9 per rank, 3 batches
     it = pipe.batches()
     epochs = [[next(it)[1].tolist() for _ in range(3)] for _ in range(2)]
     assert pipe.loader.sampler.epoch == 1

@@ -98,12 +98,13 @@ def test_device_decode_labels_pinned_and_on_device(tmp_path):  # findings 8, 14
     from make_imagefolder import make_imagefolder
 
     from gpubench.data import build_pipeline
+    from gpubench.settings import resolve
 
     make_imagefolder(tmp_path / "f", classes=2, per_class=8, size=48, seed=4)
     cfg = compose_config("dataset=imagefolder", f"dataset.root={tmp_path / 'f'}",
                          "bench.device=cuda", "dataset.decode_on=device", "loader.num_workers=2",
                          "dataset.image_size=32")
-    pipe = build_pipeline(cfg, "cuda")
+    pipe = build_pipeline(resolve(cfg))  # bench.device=cuda
     try:
         batch = next(pipe.batches())
         assert batch[0].data.dim() == 1  # one flat byte tensor per batch

@@ -68,7 +68,7 @@ def test_no_import_cycles():
 
 
 TORCH_FREE = ("gpubench.record", "gpubench.stats", "gpubench.noise", "gpubench.files",
-              "gpubench.report")
+              "gpubench.report", "gpubench.config", "gpubench.settings")
 
 
 def test_records_and_reports_load_without_torch():

@@ -9,16 +9,18 @@ import sys
 import pytest
 import torch
 
-from gpubench.config import ConfigError, validate
+from gpubench.config import ConfigError
 from gpubench.models import Checkpointed, build_model
 from gpubench.precision import resolve_precision
 from gpubench.runner import measure_run
+from gpubench.settings import resolve
 from gpubench.step import TrainStep, make_optimizer
 
 
 def _step(cfg, **kw):
-    model = build_model(cfg)
-    opt = make_optimizer(model, cfg.bench.optimizer, 0.01, cfg.bench.optimizer_impl)
+    s = resolve(cfg)
+    model = build_model(s)
+    opt = make_optimizer(model, s.bench.optimizer, 0.01, s.bench.optimizer_impl)
     return model, TrainStep(model, resolve_precision("fp32", "cpu"), "cpu", opt, **kw)
 
 
@@ -108,7 +110,7 @@ def test_optimizer_and_implementation(compose_cfg, tmp_path, optimizer, impl):
 
 def test_foreach_on_cpu_is_one_line_naming_the_key(compose_cfg):
     with pytest.raises(ConfigError) as e:
-        validate(compose_cfg("bench.optimizer_impl=foreach"))
+        resolve(compose_cfg("bench.optimizer_impl=foreach"))
     assert e.value.key == "bench.optimizer_impl" and "foreach" in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -121,23 +123,23 @@ def test_foreach_on_cpu_is_one_line_naming_the_key(compose_cfg):
 ])
 def test_bad_step_knobs(compose_cfg, override, key):
     with pytest.raises(ConfigError) as e:
-        validate(compose_cfg(override))
+        resolve(compose_cfg(override))
     assert e.value.key == key
 
 
 def test_checkpointing_only_where_wired(compose_cfg):
     with pytest.raises(ConfigError) as e:
-        validate(compose_cfg("model=mobilenet_v3_small", "model.checkpointing=true"))
+        resolve(compose_cfg("model=mobilenet_v3_small", "model.checkpointing=true"))
     assert e.value.key == "model.checkpointing" and "mobilenet_v3_small" in str(e.value)
-    validate(compose_cfg("model=resnet18", "model.checkpointing=true"))
-    validate(compose_cfg("model=vit_b_16", "model.checkpointing=true"))
+    resolve(compose_cfg("model=resnet18", "model.checkpointing=true"))
+    resolve(compose_cfg("model=vit_b_16", "model.checkpointing=true"))
 
 
 @pytest.mark.parametrize("name, stages", [("resnet18", 4), ("vit_b_16", 12), ("tiny", 1)])
 def test_checkpointing_wraps_the_stages(compose_cfg, name, stages):
     cfg = compose_cfg(f"model={name}", "model.checkpointing=true", "dataset.image_size=32",
                       "model.num_classes=10")
-    model = build_model(cfg)
+    model = build_model(resolve(cfg))
     assert sum(isinstance(m, Checkpointed) for m in model.modules()) == stages
 
 
@@ -145,10 +147,10 @@ def test_checkpointing_gives_the_same_gradients(compose_cfg):
     cfg = compose_cfg("model.num_classes=10")
     x, y = _batch(8)
     torch.manual_seed(0)
-    plain = build_model(cfg).eval()
+    plain = build_model(resolve(cfg)).eval()
     torch.manual_seed(0)
     cfg.model.checkpointing = True
-    ckpt = build_model(cfg).eval()
+    ckpt = build_model(resolve(cfg)).eval()
     for m in (plain, ckpt):
         torch.nn.functional.cross_entropy(m(x), y).backward()
     assert torch.allclose(plain.fc.weight.grad, ckpt.fc.weight.grad, atol=1e-6)

@@ -703,7 +703,7 @@ def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
     from gpubench.maxbatch import start_batch
 
     cfg = compose_cfg("loader.batch_size=null", "bench.device=cpu")
-    assert start_batch(cfg, None) == 16  # gpubench.config.resolve_auto's CPU size
+    assert start_batch(cfg, None) == 16  # gpubench.config.auto_sizes's CPU size, as settings.resolve fills it
     assert cfg.loader.batch_size is None  # the sweep's own config is left as given
     assert start_batch(compose_cfg("loader.batch_size=6"), None) == 6
     assert start_batch(cfg, 40) == 40
