@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gpubench import distributed, env
 from gpubench.config import ConfigError
@@ -533,7 +533,10 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
         if bench.settings.tracking.backend != "none":
             from gpubench import tracking
 
-            result.tracked = tracking.log_result(cfg, result)
+            # the composed config's override list, for a config composed outside a Hydra run
+            # (no .hydra/ folder, no HydraConfig): the settings keep no hydra node
+            task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
+            result.tracked = tracking.log_result(bench.settings.tracking, result, task)
     if interrupted is not None:
         raise interrupted
     return result

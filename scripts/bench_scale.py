@@ -19,6 +19,14 @@ start-up = from its launch to its first trial (Python, Hydra, Optuna, opening th
 once per worker here; a launcher that starts a process per job (submitit) pays start-up and
 the torch import per trial. Free cores (see `free_cores`) are measured before and after each
 round: on a shared machine they decide what extra workers can gain.
+
+Where the time goes: `s per later trial` is the median trial that was not its worker's first
+(torch is loaded by then); `fixed s` is the study's wall time less its busiest worker's share of
+such trials (ceil(n/k) of them): the worker's start-up, the torch import in its first trial and
+its exit, paid by every worker process once, side by side. `speed-up bound` is Amdahl's law with
+the 1-worker fixed cost and trial time: (fixed + n x trial) / (fixed + ceil(n/k) x trial), what
+k workers can reach when coordination costs nothing; the measured speed-up against it is what
+coordination costs.
 """
 
 from __future__ import annotations

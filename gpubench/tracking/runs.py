@@ -183,9 +183,9 @@ def warn(uri: str, err: BaseException, run_dir: Path) -> None:
 # ------------------------------------------------------------------ a run of this process
 
 
-def read_overrides(run_dir: Path, cfg=None) -> str | None:
+def read_overrides(run_dir: Path, task=None) -> str | None:
     """The Hydra override string (masked): from the run dir's .hydra/ (CLI runs, and sync),
-    else from a composed config's hydra node."""
+    else from the running Hydra, else from `task`, a composed config's hydra.overrides.task."""
     f = run_dir / ".hydra" / "overrides.yaml"
     if f.is_file():
         return mask_secrets(" ".join(yaml.safe_load(f.read_text()) or []))
@@ -195,7 +195,6 @@ def read_overrides(run_dir: Path, cfg=None) -> str | None:
         return mask_secrets(" ".join(HydraConfig.get().overrides.task))
     except (ImportError, ValueError):
         pass
-    task = cfg.get("hydra", {}).get("overrides", {}).get("task") if cfg is not None else None
     return mask_secrets(" ".join(task)) if task is not None else None
 
 
@@ -231,18 +230,19 @@ def _record_of(result) -> RunRecord:
     return RunRecord.from_dict(inner, Path(result.path).parent)
 
 
-def log_result(cfg, result) -> bool:
-    """Upload one finished (or killed) run. Never raises: on any failure it prints one warning
-    line, marks the run unsynced and returns False (its results stay on disk for `sync`)."""
-    t = cfg.tracking
+def log_result(t, result, task=None) -> bool:
+    """Upload one finished (or killed) run with its tracking settings `t` (settings.Tracking);
+    `task`: the override list of a config composed outside a Hydra run (read_overrides). Never
+    raises: on any failure it prints one warning line, marks the run unsynced and returns False
+    (its results stay on disk for `sync`)."""
     uri = resolve_uri(t.uri)
     rec = _record_of(result)
     run_dir = Path(rec.dir)
     try:
         write_config(run_dir, rec)  # on disk before any store is contacted
         with open_store(uri, t.experiment, float(t.timeout_s)) as store:
-            rid = upload(store, rec, run_dir, job_parent(run_dir), t.get("run_name"),
-                         read_overrides(run_dir, cfg))
+            rid = upload(store, rec, run_dir, job_parent(run_dir), t.run_name,
+                         read_overrides(run_dir, task))
     except Exception as e:  # a tracking failure must never cost the measurement
         log.debug("MLflow upload failed", exc_info=True)
         write_marker(run_dir, rec.run_uid, uri, t.experiment, error=f"{type(e).__name__}: {e}")
