@@ -49,11 +49,23 @@ def _job(cfg: DictConfig) -> float:
         # one bad job must not end a sweep
         print(f"gpubench: error: {e}", file=sys.stderr)
         return 0.0
+    _settle()
     if result.status in ("oom", "failed") and not _multirun():
         raise Exit(1)
     if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
         raise Exit(3)
     return result.objective
+
+
+def _settle() -> None:
+    """After a job, before the next one of a sweep in this process: the finished run is out of
+    reach, so one collection frees all of it (its cycles included), and what survives
+    (modules, Hydra's and the sweeper's own objects) is frozen: later collections, the one each
+    run makes to free device memory among them, walk only what a run creates (a full pass over
+    torch's objects takes 0.17 s on a 2-core machine). Never while a run is alive or an
+    exception holds its frames: what is frozen is never collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def cli() -> None:
