@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from gpubench import study as S
@@ -198,16 +199,28 @@ class Search:
         """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""
         if self.confirm is None or self.confirm.top <= 0:
             return []
-        top = self._candidates()
-        for rnd in range(self.confirm.rounds):
-            for t in top:  # one round: each candidate once, in the same order every round
-                if not S.claim_confirm(self.study, t.number, rnd):
-                    continue  # measured already (resume), or another worker measures it
-                [rec] = self.jobs.launch([self.space.overrides(t.params)],
-                                         [{"trial": t.number, "rung": "confirm"}])
-                S.add_confirm_dir(self.study, t.number, rnd, rec.dir)
-                log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
-                         self.confirm.rounds, t.number, rec.throughput, rec.status)
+        top, me = self._candidates(), S.this_worker()
+        while True:
+            elsewhere = False  # rounds another live worker is measuring
+            for rnd in range(self.confirm.rounds):
+                for t in top:  # one round: each candidate once, in the same order every round
+                    if S.confirm_done(self.study, t.number, rnd):
+                        continue  # measured already (resume, or another worker)
+                    if not S.claim_confirm(self.shared, t.number, rnd, me):
+                        elsewhere = True
+                        continue
+                    with S.holding_claim(self.shared, t.number, rnd, me):
+                        [rec] = self.jobs.launch([self.space.overrides(t.params)],
+                                                 [{"trial": t.number, "rung": "confirm"}])
+                    S.add_confirm_dir(self.study, t.number, rnd, rec.dir, me)
+                    log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
+                             self.confirm.rounds, t.number, rec.throughput, rec.status)
+            # wait for the other workers' rounds before judging the best (or take them over
+            # once their claims go stale); without heartbeats a claim from another host never
+            # does, so this worker then judges on what is measured so far
+            if not elsewhere or self.shared.grace_s is None:
+                break
+            time.sleep(self.poll_s)
         return [t.number for t in top]
 
     def _summarize(self, confirmed: list[int]) -> dict | None:

@@ -60,6 +60,14 @@ class Shared:
     storage: RDBStorage | InMemoryStorage
     heartbeat_interval: int | None
 
+    @property
+    def grace_s(self) -> float | None:
+        """Seconds without a beat after which a worker's trial (or confirm claim) is taken for
+        abandoned; None without heartbeats."""
+        if not self.heartbeat_interval:
+            return None
+        return self.storage.grace_period or 2 * self.heartbeat_interval
+
     def trial_id(self, number: int) -> int:
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
         return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
@@ -215,7 +223,7 @@ def fail_stale(shared: Shared) -> int:
     if not shared.heartbeat_interval:
         return 0
     study, storage = shared.study, shared.storage
-    grace = storage.grace_period or 2 * shared.heartbeat_interval
+    grace = shared.grace_s
     before = {t.number for t in running_trials(study)}
     for t in running_trials(study):
         if not _worker_gone(t, grace):
@@ -276,21 +284,30 @@ def heartbeat(shared: Shared, numbers: list[int]):
         yield
         return
     ids = [shared.trial_id(n) for n in numbers]
-    stop = threading.Event()
 
     def beat() -> None:
-        while True:
-            for tid in ids:
-                try:
-                    shared.storage.record_heartbeat(tid)
-                except Exception as e:  # a blip of the database: the next beat may pass
-                    log.debug("heartbeat of trial id %d not recorded: %s", tid, e)
-            if stop.wait(shared.heartbeat_interval):
-                return
+        for tid in ids:
+            shared.storage.record_heartbeat(tid)
 
-    for tid in ids:  # the first beat before any work, so the trial is never beat-less
-        shared.storage.record_heartbeat(tid)
-    th = threading.Thread(target=beat, name="gpubench-heartbeat", daemon=True)
+    beat()  # the first beat before any work, so the trial is never beat-less
+    with _every(shared.heartbeat_interval, beat, "gpubench-heartbeat"):
+        yield
+
+
+@contextmanager
+def _every(interval: float, fn, name: str):
+    """Call fn every `interval` seconds while the block runs, from a daemon thread: a process
+    that dies stops calling it, which is the point of a heartbeat."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                fn()
+            except Exception as e:  # a blip of the database: the next beat may pass
+                log.debug("%s: beat not recorded: %s", name, e)
+
+    th = threading.Thread(target=loop, name=name, daemon=True)
     th.start()
     try:
         yield
@@ -376,49 +393,88 @@ def record(trial, rec, rung: str) -> None:
         trial.set_user_attr("error", str(rec.error)[:1000])
 
 
-# The confirm step's job folder for round R of trial N, and the worker measuring it, as study
-# user attrs: Optuna refuses attributes on a finished trial, and confirmations run after their
-# trial was told. One key per round, never a list read and written back: two workers appending
-# to one list at once would lose a folder.
-CONFIRM_ATTR = "confirm_dir:{}:{}"
+# The confirm step's measurements, as study user attrs (Optuna refuses attributes on a finished
+# trial, and confirmations run after their trial was told): one key per job,
+# confirm_dir:<trial>:<round>:<worker>, never a list read and written back, and never a key two
+# workers could both write (either would lose a folder); and the claim of a round by the worker
+# measuring it, confirm_claim:<trial>:<round> = {"by": host:pid, "at": unix time of its last beat}.
+CONFIRM_ATTR = "confirm_dir:{}:{}:{}"
 CONFIRM_CLAIM = "confirm_claim:{}:{}"
 OLD_CONFIRM_ATTR = "confirm_dirs:{}"  # a list, as gpubench 0.1 kept it: still read on resume
 
 
 def confirm_dirs(study, number: int) -> list[str]:
-    """Trial `number`'s confirm folders, in round order."""
+    """Trial `number`'s confirm folders, in round order (a round two workers both measured
+    gives two)."""
     attrs = study.user_attrs
-    rounds = sorted((int(k.rsplit(":", 1)[1]), v) for k, v in attrs.items()
-                    if k.startswith(CONFIRM_ATTR.format(number, "")))
-    return [*attrs.get(OLD_CONFIRM_ATTR.format(number), []), *(v for _, v in rounds)]
+    prefix = f"confirm_dir:{number}:"
+    keyed = sorted((int(k.split(":")[2]), k, v) for k, v in attrs.items() if k.startswith(prefix))
+    return [*attrs.get(OLD_CONFIRM_ATTR.format(number), []), *(v for _, _, v in keyed)]
 
 
-def add_confirm_dir(study, number: int, rnd: int, run_dir) -> None:
-    study.set_user_attr(CONFIRM_ATTR.format(number, rnd), str(run_dir))
+def confirm_done(study, number: int, rnd: int) -> bool:
+    attrs = study.user_attrs
+    return (len(attrs.get(OLD_CONFIRM_ATTR.format(number), [])) > rnd
+            or any(k.startswith(f"confirm_dir:{number}:{rnd}:") for k in attrs))
+
+
+def add_confirm_dir(study, number: int, rnd: int, run_dir, me: str | None = None) -> None:
+    study.set_user_attr(CONFIRM_ATTR.format(number, rnd, me or this_worker()), str(run_dir))
 
 
 def this_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def claim_confirm(study, number: int, rnd: int, me: str | None = None) -> bool:
+def _claim_gone(holder: object, grace_s: float | None) -> bool:
+    """A claim whose worker is known dead (this host, no such pid) or, with heartbeats, has not
+    beaten for the grace period (a worker on another host, or one stopped without a word)."""
+    if not isinstance(holder, dict) or not holder.get("by"):
+        return True  # released (Ctrl-C), or not a claim at all
+    host, _, pid = str(holder["by"]).rpartition(":")
+    if pid.isdigit() and _process_gone(host, int(pid)):
+        return True
+    return grace_s is not None and time.time() - float(holder.get("at") or 0) > grace_s
+
+
+def claim_confirm(shared: Shared, number: int, rnd: int, me: str | None = None) -> bool:
     """Take round `rnd` of trial `number`'s confirmation for this worker. False when it is
-    measured already (a resume) or another worker claimed it and is not known dead (same host,
-    no such pid): several workers reaching the confirm step together share its rounds instead
-    of each measuring all of them. The claim is written, then read back: of two workers
-    claiming at once, the later write wins and only its worker sees itself there. The one
-    overlap left, a claim written after the other's read-back (milliseconds), measures a round
-    twice; the report pools both."""
-    me = me or this_worker()
-    attrs = study.user_attrs
-    if (CONFIRM_ATTR.format(number, rnd) in attrs
-            or len(attrs.get(OLD_CONFIRM_ATTR.format(number), [])) > rnd):
+    measured already (a resume) or claimed by another worker that is alive (see _claim_gone):
+    several workers reaching the confirm step together share its rounds instead of each
+    measuring all of them. The claim is written, then read back: of two workers claiming at
+    once, the later write wins and only its worker sees itself there. The one overlap left, a
+    claim written after the other's read-back (milliseconds), measures a round twice; both
+    measurements are kept (one key per job) and pooled."""
+    study, me = shared.study, me or this_worker()
+    if confirm_done(study, number, rnd):
         return False
     key = CONFIRM_CLAIM.format(number, rnd)
-    holder = attrs.get(key)
-    if holder and holder != me:
-        host, _, pid = str(holder).rpartition(":")
-        if not (pid.isdigit() and _process_gone(host, int(pid))):
-            return False
-    study.set_user_attr(key, me)
-    return study.user_attrs.get(key) == me
+    holder = study.user_attrs.get(key)
+    if isinstance(holder, dict) and holder.get("by") != me and not _claim_gone(holder, shared.grace_s):
+        return False
+    study.set_user_attr(key, {"by": me, "at": time.time()})
+    return (study.user_attrs.get(key) or {}).get("by") == me
+
+
+@contextmanager
+def holding_claim(shared: Shared, number: int, rnd: int, me: str | None = None):
+    """While this worker measures a claimed round: the claim beats with the trials' heartbeat
+    interval (so a worker that dies, on any host, loses it after the grace period), and is
+    given back at once when the measurement is interrupted (Ctrl-C: the next worker or a
+    resume takes it without waiting)."""
+    study, me = shared.study, me or this_worker()
+    key = CONFIRM_CLAIM.format(number, rnd)
+    try:
+        if shared.heartbeat_interval:
+            with _every(shared.heartbeat_interval,
+                        lambda: study.set_user_attr(key, {"by": me, "at": time.time()}),
+                        "gpubench-confirm-claim"):
+                yield
+        else:
+            yield
+    except BaseException:
+        try:
+            study.set_user_attr(key, None)
+        except Exception as e:  # the claim then goes stale instead
+            log.debug("confirm claim not given back: %s", e)
+        raise
