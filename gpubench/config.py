@@ -15,6 +15,7 @@ that runs before Hydra builds anything.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -412,10 +413,83 @@ def check_choices(cfg: DictConfig) -> None:
                                            f"(conf/{group}/ or a --config-dir)")
 
 
+_ABSENT = object()
+
+
+def _swept_values(o) -> list:
+    """The values a sweep override names: every choice, a range's ends, an interval's ends."""
+    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
+
+    v = o.value()
+    if isinstance(v, IntervalSweep):
+        return [v.start, v.end]
+    if isinstance(v, RangeSweep):
+        n = math.ceil((v.stop - v.start) / v.step) if v.step else 0
+        return [v.start, v.start + (n - 1) * v.step] if n > 0 else []
+    return list(o.sweep_iterator())
+
+
+def _keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, DictConfig):
+        return []
+    out = []
+    for k in node.keys():
+        key = f"{prefix}{k}"
+        out.append(key)
+        child = node._get_node(k)
+        if isinstance(child, DictConfig):
+            out += _keys(child, key + ".")
+    return out
+
+
+def check_sweep_overrides(cfg: DictConfig) -> None:
+    """Every swept key of a multirun (`key=a,b`, `choice(...)`, `range(...)`, `interval(...)`,
+    on the command line or in hydra.sweeper.params) names a key of the config or a config
+    group, and its values are in the key's range (RANGES) or among the group's options: a
+    misspelled key or a value out of range would otherwise fail every trial, one by one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    texts = task + [f"{k}={v}" for k, v in params.items()]
+    try:
+        overrides = OverridesParser.create().parse_overrides(texts)
+    except Exception:  # Hydra itself reports a malformed override
+        return
+    groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    ranges = {key: (kind, low, high, nullable) for key, kind, low, high, nullable in RANGES}
+    for o in overrides:
+        key = o.key_or_group
+        if (not o.is_sweep_override() or o.is_add() or o.is_force_add() or o.is_delete()
+                or key.startswith(("hydra.", "hydra/"))):
+            continue
+        values = _swept_values(o)
+        if key in groups:
+            options = group_options(key)
+            for v in values:
+                if str(v) not in options:
+                    raise ConfigError(key, v, f"one of {', '.join(options)} (conf/{key}/ or a "
+                                              "--config-dir)")
+            continue
+        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+            import difflib
+
+            close = difflib.get_close_matches(key, [k for k in _keys(cfg)
+                                                    if not k.startswith("hydra")], n=3)
+            hint = f" (close: {', '.join(close)})" if close else ""
+            raise ConfigError(key, o.input_line.split("=", 1)[-1] if o.input_line else values,
+                              f"a key of the config to sweep{hint}; +{key}=... adds a new one")
+        if key in ranges:
+            for v in values:
+                check_range(key, v, *ranges[key])
+
+
 def check_before_work(cfg: DictConfig) -> None:
     """What can be checked on the whole composed config (with its `hydra` node) before Hydra
-    creates a run dir, a sweeper or an MLflow parent run: group names and URIs."""
+    creates a run dir, a sweeper or an MLflow parent run: group names, swept keys and values,
+    and URIs."""
     check_choices(cfg)
+    check_sweep_overrides(cfg)
     if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
         check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
     storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)

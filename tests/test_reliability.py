@@ -246,3 +246,27 @@ def test_names_from_a_team_config_dir_count(tmp_path):
     lines = _stderr_lines(bad)
     assert bad.returncode == 2 and len(lines) == 1, bad.stderr
     assert "experiment='ourz'" in lines[0] and "ours" in lines[0] and "cpu_smoke" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("swept,key,allowed", [
+    (["hydra/sweeper=gpubench", "loader.batch_sise=choice(8,16)"], "loader.batch_sise",
+     "close: loader.batch_size"),
+    (["hydra/sweeper=gpubench", "loader.batch_size=choice(8,-16)"], "loader.batch_size=-16",
+     "an integer in [1, 65536]"),
+    (["loader.num_workers=0,-1"], "loader.num_workers=-1", "an integer in [0, 1024]"),
+    (["hydra/sweeper=gpubench", "memory.ceiling=interval(0.5,1.5)"], "memory.ceiling=1.5",
+     "a number in [1e-06, 1]"),
+    (["precision=fp32,fp8"], "precision='fp8'", "one of amp_bf16"),
+])
+def test_a_bad_swept_key_or_value_stops_the_sweep_before_any_trial(tmp_path, swept, key, allowed):
+    """A misspelled swept key, or a value outside its key's range, would fail every trial one
+    by one (and the gpubench sweeper then abort with a traceback): one line, exit 2, and no
+    sweep folder, study or trial behind."""
+    p = run_cli("-m", *TINY_NO_TRACKING, "tracking=none", *swept,
+                f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"gpubench: error: {key}"), p.stderr
+    assert allowed in lines[0]
+    assert not (tmp_path / "sweep").exists()
