@@ -54,7 +54,7 @@ def print_result(result, console: Console | None = None) -> None:
         + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
     )
     t = Table(title=title, title_justify="left")
-    for col in ("phase", "images/s", "95% interval", "step p50 ms", "step p95 ms", "data wait",
+    for col in ("phase", "images/s", rec.interval_label, "step p50 ms", "step p95 ms", "data wait",
                 "steps (windows)", "peak mem"):
         t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col == "phase")
     for name, ph in d["phases"].items():

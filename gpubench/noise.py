@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpubench.stats import CONFIDENCE
+
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: the
 # compute phase repeats one batch on the device, so its steps are alike unless something
 # else competes (a quiet CPU run shows ~0.02, a GPU less)
@@ -113,6 +115,34 @@ def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
         out.append(f"{phase}: warm-up did not settle within {warmup_steps} steps "
                    "(bench.warmup_max_steps / bench.warmup_max_seconds)")
     return out
+
+
+def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> list[str]:
+    """A phase's interval is for the median of its windows, by order statistics: 6 windows
+    reach 95%, fewer cannot (5: 94%, 4: 88%, 3: 75%, 2: 50%; 1: no interval at all). A verdict
+    on such an interval would claim a confidence the run does not have."""
+    n = len(windows)
+    if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
+        return []
+    what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
+    return [f"{phase}: {n} window{'s' if n != 1 else ''} give{'s' if n == 1 else ''} {what}, "
+            f"not {CONFIDENCE:.0%} (bench.repeats >= 6 and bench.steps >= 6)"]
+
+
+def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[str]:
+    """Loader workers hold up to num_workers x prefetch_factor batches in flight, and they
+    arrive in bursts (workers finish together): a loader window of fewer batches than that can
+    be served from batches made before it began (one window of 2 batches of 128 measured
+    1,025,764 img/s with 4 workers on 2 cores), so it times the queue, not the workers."""
+    if phase != "loader" or in_flight <= 0:
+        return []
+    short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
+    if not short:
+        return []
+    return [f"loader: window{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} of "
+            f"fewer batches than the workers hold in flight ({in_flight} = loader.num_workers x "
+            "loader.prefetch_factor): timed batches made before the window began "
+            f"(bench.steps >= {in_flight} x bench.repeats)"]
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[str]:

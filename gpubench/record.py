@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.files import read_json, write_json
-from gpubench.stats import holding
+from gpubench.stats import CONFIDENCE, holding
 
 RESULTS_FILE = "results.json"
 # 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
@@ -283,6 +283,15 @@ class RunRecord:
             if _ok_number(v) and v > 0:
                 return float(v)
         return 0.0
+
+    @property
+    def interval_label(self) -> str:
+        """'95% interval', or the lowest coverage the phases' intervals reach when fewer
+        windows gave them less (3 windows: '75% interval'): never a confidence the run lacks."""
+        covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
+                  if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
+        low = min(covers, default=CONFIDENCE)
+        return f"{min(low, CONFIDENCE):.0%} interval"
 
     @property
     def throughput_interval(self) -> tuple[float, float]:

@@ -137,7 +137,7 @@ def run_picture_data(record: RunRecord) -> dict:
     log_y = bool(every) and max(every) > 20 * min(every)
     return {"bars": bars, "bound": bound, "title": _title(record), "traces": traces,
             "trace_log_y": log_y, "verdict": record.bottleneck,
-            "intervals": any(b["ci"] for b in bars)}
+            "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label}
 
 
 def _ms(times) -> list[float | None]:
@@ -200,7 +200,7 @@ def _draw_bars(ax, d: dict) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     ax.set_xlim(0, 1.3 * top)  # room for the value labels right of the longest bar
     ax.set_ylim(-0.6, len(bars) - 0.4)
-    ax.set_xlabel("images/sec" + (" (whisker: 95% interval over repeated windows)"
+    ax.set_xlabel("images/sec" + (f" (whisker: {d['interval_label']} over repeated windows)"
                                   if d["intervals"] else " (one window per phase: no interval)"))
     ax.grid(alpha=0.3, axis="x")
 

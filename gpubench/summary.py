@@ -86,13 +86,16 @@ def figures(rec, device: str) -> None:
 
 def validity(bench) -> list[str]:
     """Every named check over every measured phase (gpubench/noise.py)."""
-    rec = bench.record
+    rec, ld = bench.record, bench.settings.loader
     reasons: list[str] = []
     loads = []
+    in_flight = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
     for name, p in rec.phases.items():
         steps = rec.series.get(name, {}).get("step_times_s", [])
         reasons += noise.step_checks(name, steps, p.step_time_cv)
         reasons += noise.window_checks(name, p.windows, p.warmup_settled, p.warmup_steps)
+        reasons += noise.interval_checks(name, p.windows, p.images_per_sec_ci_coverage)
+        reasons += noise.queue_checks(name, p.windows, in_flight)
         reasons += noise.gpu_checks(name, p.telemetry)
         loads += [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"),
                                    w.get("process_cpu_util_mean"), w.get("samples") or 0,

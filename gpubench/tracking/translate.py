@@ -270,7 +270,8 @@ def describe(run, run_id: str | None = None, picture: bool = False) -> str:
         lines.append(f"**{verdict_word(rec)}**{margin}: {rec.reason or ''}".rstrip(": "))
         if rec.measurement_stable is False:
             lines.append(f"\nmeasurement not stable: {'; '.join(rec.noise_reasons) or 'noisy'}")
-        rows = ["", "| phase | images/sec | 95% interval | data wait |", "|---|---|---|---|"]
+        rows = ["", f"| phase | images/sec | {rec.interval_label} | data wait |",
+                "|---|---|---|---|"]
         for name in PHASE_NAMES:
             ph = rec.phases.get(name)
             if ph is None:
