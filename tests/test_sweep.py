@@ -712,6 +712,36 @@ def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
     assert start_batch(cfg, 40) == 40
 
 
+def test_max_batch_sizes_its_first_probe_without_the_jobs_device(compose_cfg, monkeypatch):
+    """A sweeper on a login node without a GPU launches probes to GPU nodes: it sizes the first
+    probe for the device the jobs ask for and leaves that device's rules to the jobs."""
+    from gpubench.maxbatch import start_batch
+
+    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: False)
+    cfg = compose_cfg("sweep=max_batch", "bench.device=cuda", "precision=amp_fp16",
+                      "loader.batch_size=null", hydra=True)
+    assert start_batch(cfg, None) == 128  # gpubench.config.auto_sizes's CUDA size
+
+
+@pytest.mark.parametrize("override,key", [("memory.reserve=1.5", "memory.reserve"),
+                                          ("memory.ceiling=0", "memory.ceiling"),
+                                          ("loader.batch_size=0", "loader.batch_size")])
+def test_max_batch_checks_its_own_keys_before_any_probe(compose_cfg, override, key):
+    from gpubench.config import ConfigError
+    from gpubench.maxbatch import run_max_batch
+    from gpubench.sweep import SearchSpace
+
+    class NoJobs:  # a probe launched here would be the bug
+        def launch(self, *a, **k):
+            raise AssertionError("probed before the config was checked")
+
+    cfg = compose_cfg("sweep=max_batch", "loader.batch_size=null", override, hydra=True)
+    with pytest.raises(ConfigError) as e:
+        run_max_batch(NoJobs(), SearchSpace([], []), cfg, None, 64, [])
+    line = str(e.value)
+    assert e.value.key == key and "\n" not in line and line.startswith(f"{key}=")
+
+
 def test_job_folders_are_reserved_once_across_threads(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
