@@ -197,6 +197,17 @@ def test_bad_sweeps_fail_in_one_line_before_any_job(tmp_path, args, key):
     assert not list((tmp_path / "sweep").glob("*/results.json"))  # nothing launched
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arg", ["memory.reserve=1.5", "memory.ceiling=nan", "loader.batch_size=0"])
+def test_max_batch_fails_in_one_line_on_the_keys_it_reads_before_any_probe(tmp_path, arg):
+    p = _sweep(tmp_path, "sweep=max_batch", arg)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gpubench: error: {arg}")
+    assert "is not allowed" in lines[0] and "Traceback" not in p.stderr
+    assert not list((tmp_path / "sweep").glob("*/results.json"))  # nothing launched
+
+
 # ---------------------------------------------------------------------------- outcomes
 
 
