@@ -17,7 +17,7 @@ classes a folder holds).
 Torch-free at import (torch and torchvision are imported lazily by the device and model-name
 rules); raises config.ConfigError, one line naming the key, the value and what is allowed.
 
-Why one module of this size (about 400 lines): it is the one place every input rule is found
+Why one module of this size (about 480 lines): it is the one place every input rule is found
 (the settings' fields, the rules on them, the machine's limits), read together; the schema
 and its range table stay in config.py.
 """
