@@ -35,7 +35,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from gpubench.config import ConfigError
 from gpubench.settings import Dataset as DatasetSettings
-from gpubench.settings import Settings, node_set
+from gpubench.settings import Settings, node_set, plain
 
 CONTRACT = ("__getitem__ returning (image, label): image a uint8 CHW/HWC tensor or array with 3 "
             "channels, a float CHW tensor in [0, 1] or a PIL image; label an int in "
@@ -132,8 +132,8 @@ def _instantiate(node: dict, key: str):
 
     try:
         # a DictConfig again: instantiate reads `_target_`, `_partial_` and nested nodes from
-        # it as from the composed config (the settings hold it as a plain dict)
-        return instantiate(OmegaConf.create(node))
+        # it as from the composed config (the settings hold it as a read-only view)
+        return instantiate(OmegaConf.create(plain(node)))
     except Exception as e:  # an import error or bad arguments: one line naming the key
         cause = " ".join(str(e.__cause__ or e).split())[:300]
         raise ConfigError(f"{key}._target_", node.get("_target_"),
@@ -162,7 +162,7 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
     except Exception as e:
         raise ConfigError("dataset._target_", target, f"an importable Dataset class "
                           f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
-    kwargs = dict(dset.kwargs)
+    kwargs = plain(dset.kwargs)  # a writable copy, lists as lists
     try:
         inner = cls(**kwargs)
     except TypeError as e:

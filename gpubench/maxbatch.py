@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gpubench.jobs import Jobs
 from gpubench.record import RunRecord
@@ -62,12 +62,25 @@ def find_max_batch(
 
 def start_batch(cfg: DictConfig, start: int | None) -> int:
     """The first probe: the configured start, else the run's own batch size as the runner
-    resolves it (sized by device when null: gpubench.settings.resolve)."""
+    sizes it (by device when null: gpubench.settings.sizes). Sizing only: the sweeper may run
+    where the jobs' device is not (a login node without a GPU launching to GPU nodes), and
+    each probe job applies every rule on its own machine."""
     if start is not None:
         return int(start)
-    from gpubench.settings import resolve
+    from gpubench.settings import sizes
 
-    return resolve(cfg).loader.batch_size
+    return sizes(cfg)[2]
+
+
+def check_memory(cfg: DictConfig) -> tuple[float, float]:
+    """(memory.ceiling, memory.reserve), checked against their ranges before any probe: the
+    search's threshold is made of them."""
+    from gpubench.config import RANGES, check_range
+
+    for key, kind, low, high, nullable in RANGES:
+        if key in ("memory.ceiling", "memory.reserve"):
+            check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    return float(cfg.memory.ceiling), float(cfg.memory.reserve)
 
 
 def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | None,
@@ -77,7 +90,8 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
         raise SearchSpaceError(
             "sweep=max_batch: swept overrides are not allowed; it searches loader.batch_size "
             "itself, pass fixed overrides only")
-    reserve = float(cfg.memory.reserve)
+    ceiling, reserve = check_memory(cfg)
+    first = start_batch(cfg, start)
     found: list[tuple[int, RunRecord]] = []
 
     def fits(b: int) -> bool:
@@ -92,8 +106,7 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
             jobs.count_failure(f"probe batch {b}", rec.error)
         return ok
 
-    best, _ = find_max_batch(fits, start_batch(cfg, start), int(limit))
-    ceiling = float(cfg.memory.ceiling)
+    best, _ = find_max_batch(fits, first, int(limit))
     return {
         "max_batch": best,
         "memory_ceiling": ceiling,

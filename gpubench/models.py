@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gpubench.config import ConfigError
-from gpubench.settings import CHECKPOINT_WIRED, Settings
+from gpubench.settings import CHECKPOINT_WIRED, Settings, plain
 
 
 class TinyNet(nn.Module):
@@ -45,7 +45,7 @@ def _accepts(cls, name: str) -> bool:
 def build_model(s: Settings) -> nn.Module:
     m = s.model
     n = m.num_classes
-    kwargs = dict(m.kwargs)  # a copy: the settings stay as resolved
+    kwargs = plain(m.kwargs)  # a writable copy, lists as lists: the settings stay as resolved
     target = m._target_
     if target:
         from hydra.utils import get_class

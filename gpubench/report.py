@@ -26,13 +26,13 @@ import logging
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpubench.config import CONFIG_DIR
+from gpubench.config import CONFIG_DIR, FaultConfig
 from gpubench.files import flatten, read_json
 from gpubench.record import RunRecord, Status, find_runs, load, missing
 from gpubench.stats import holding, median, median_interval
@@ -61,6 +61,14 @@ KNOBS = {
 SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compile", "memory")
 # not knobs: how long a run measured differs between screen and full measurements
 NOT_KNOBS = ("bench.", "tracking.", "fault.")
+# how long and how a run was measured and tracked (dotted prefixes): runs of one setup that
+# differ only in these are repeats of one measurement (latest_per_setup pools them); any other
+# difference (optimizer, grad_accum_steps, lr, cudnn_benchmark, phases...) is another run
+HOW_MEASURED = ("bench.steps", "bench.repeats", "bench.warmup_", "bench.max_seconds",
+                "bench.seed", "bench.monitor", "bench.profile", "tracking.")
+# fault injection as configured by default (none): a run with any other value is a test of a
+# failure path and never pooled with anything
+NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 AMP = ("amp_bf16", "amp_fp16")
 
 
@@ -271,9 +279,9 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per training setup: an experiment collects screens and full measurements of the
     same setup, and repeats across sweeps (a sweep's confirm step among them). The row is the
-    newest of the longest measurements; the others of that length on the same device are its
-    repeats, pooled as a sweep dir's confirm jobs are (Row.confirms): dropping them would throw
-    measurements away and let one lucky run stand for the setup."""
+    newest of the longest measurements; the others of that length that repeat it exactly
+    (`repeats`) are pooled as a sweep dir's confirm jobs are (Row.confirms): dropping them
+    would throw measurements away and let one lucky run stand for the setup."""
     groups: dict[str, list[Row]] = {}
     for r in rows:
         cfg = r.record.config
@@ -288,11 +296,28 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
         same = sorted((r for r in group if steps(r) == longest),
                       key=lambda r: r.record.started_at or "", reverse=True)
         head = same[0]
-        device = head.record.env.get("device_name")
         head.confirms = [r.record for r in same[1:]
-                         if r.record.env.get("device_name") == device and r.record.status.final]
+                         if r.record.status.final and repeats(r.record, head.record)]
         out.append(head)
     return out
+
+
+def _what_ran(rec: RunRecord) -> dict[str, Any]:
+    return {k: v for k, v in flatten(rec.config or {}).items() if not k.startswith(HOW_MEASURED)}
+
+
+def faulted(rec: RunRecord) -> bool:
+    """The run had fault injection configured (any fault.* off its default)."""
+    cfg = flatten(rec.config or {})
+    return any(cfg.get(k, v) != v for k, v in NO_FAULT.items())
+
+
+def repeats(rec: RunRecord, of: RunRecord) -> bool:
+    """`rec` measured the same thing as `of` again: the whole config equal except how long and
+    how it was measured and tracked (HOW_MEASURED), on the same device model, and neither had
+    fault injection."""
+    return (rec.env.get("device_name") == of.env.get("device_name")
+            and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
 
 
 # --------------------------------------------------------------------------- analysis

@@ -40,7 +40,7 @@ from gpubench.monitor import Monitor, MonitorSummary
 from gpubench.precision import apply_backend_flags, resolve_precision
 from gpubench.record import RESULTS_FILE, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.secrets import mask_tree
-from gpubench.settings import Settings, check_classes, check_resources, resolve
+from gpubench.settings import Settings, check_classes, check_resources, plain, resolve
 from gpubench.stats import WindowStats, pool
 from gpubench.step import (
     TrainStep,
@@ -160,7 +160,7 @@ class Benchmark:
         self.repeats = min(b.repeats, b.steps)
         self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
         # results.json never holds a password (tracking.uri may carry user:pw@)
-        rec = RunRecord.start(self.out, mask_tree(s.config), env.facts(self.device),
+        rec = RunRecord.start(self.out, mask_tree(plain(s.config)), env.facts(self.device),
                               s.memory.ceiling, self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)

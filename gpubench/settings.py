@@ -5,8 +5,9 @@
 `resolve` runs every rule that needs neither the disk nor the machine's RAM (ranges, cross-key
 rules, a device that exists, a known model, the train step's knobs, tracking, the dataset's
 combinations) and fills what the config leaves to the device (dataset.image_size,
-loader.batch_size when null: `config.auto_sizes`). Enums arrive as their values (plain str),
-mappings as plain dicts, so nothing downstream reads the DictConfig or an Enum again.
+loader.batch_size when null: `sizes`). Enums arrive as their values (plain str), mappings as
+read-only views (`plain` copies them back), so nothing downstream reads the DictConfig or an
+Enum again.
 `check_resources` is the one explicit step for the rules that look at this machine: folders
 that must exist, loader workers against cores and free RAM, in-memory pools against free RAM.
 Two resource rules need the built dataset's length and run where it is known (data.py), but
@@ -16,7 +17,7 @@ classes a folder holds).
 Torch-free at import (torch and torchvision are imported lazily by the device and model-name
 rules); raises config.ConfigError, one line naming the key, the value and what is allowed.
 
-Why one module of this size (about 400 lines): it is the one place every input rule is found
+Why one module of this size (about 480 lines): it is the one place every input rule is found
 (the settings' fields, the rules on them, the machine's limits), read together; the schema
 and its range table stay in config.py.
 """
@@ -24,9 +25,11 @@ and its range table stay in config.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -42,6 +45,8 @@ from gpubench.config import (
 
 # ---------------------------------------------------------------- the settings (frozen)
 # One class per config group, with the group's key names; Enums are stored as their values.
+# Mappings are read-only views all the way down (lists as tuples): a rule checked once cannot
+# be undone by a reader writing into them. `plain` gives a writable copy where one is needed.
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +62,9 @@ class Dataset:
     decode_on: str
     on_corrupt: str
     _target_: str | None
-    kwargs: dict
-    transform: dict  # a Hydra instantiate node as a plain dict ({} when unset)
-    collate: dict
+    kwargs: Mapping
+    transform: Mapping  # a Hydra instantiate node, read-only ({} when unset)
+    collate: Mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,7 @@ class Model:
     name: str
     num_classes: int
     _target_: str | None
-    kwargs: dict
+    kwargs: Mapping
     checkpointing: bool
 
 
@@ -146,20 +151,41 @@ class Settings:
     channels_last: bool
     compile: str  # torch.compile's mode string: off, default, reduce-overhead, max-autotune
     phases: tuple[str, ...]
-    # the composed config as a plain dict with the device-sized keys filled in: what
-    # results.json's "config" and the MLflow params hold (Enums by name, as OmegaConf writes them)
-    config: dict
+    # the composed config with the device-sized keys filled in, read-only: `plain(config)` is
+    # what results.json's "config" and the MLflow params hold (Enums by name, as OmegaConf
+    # writes them)
+    config: Mapping
 
 
 GROUPS = {"dataset": Dataset, "model": Model, "loader": Loader, "bench": Bench,
           "memory": Memory, "tracking": Tracking, "fault": Fault}
 
 
+def frozen(v: Any) -> Any:
+    """A plain tree (dicts, lists) as read-only views: mappings as MappingProxyType, lists as
+    tuples, all the way down."""
+    if isinstance(v, Mapping):
+        return MappingProxyType({k: frozen(x) for k, x in v.items()})
+    if isinstance(v, (list, tuple)):
+        return tuple(frozen(x) for x in v)
+    return v
+
+
+def plain(v: Any) -> Any:
+    """A frozen tree as plain, writable dicts and lists again (JSON, YAML, OmegaConf.create and
+    a team's own classes take those)."""
+    if isinstance(v, Mapping):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    return v
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, Enum):
         return v.value
     if isinstance(v, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(v, resolve=True)
+        return frozen(OmegaConf.to_container(v, resolve=True))
     return v
 
 
@@ -168,12 +194,29 @@ def _group(cls: type, node: DictConfig, **given: Any):
                   for f in fields(cls)})
 
 
-def _build(cfg: DictConfig, device: str) -> Settings:
+SIZED_KEYS = ("dataset.image_size", "loader.batch_size")
+
+
+def sizes(cfg: DictConfig) -> tuple[str, int, int]:
+    """(device, image_size, batch_size) of a composed config: bench.device as asked (auto: CUDA
+    when this machine has it), the null keys sized by that device (config.auto_sizes). Sizing
+    only, with no availability rule: a sweeper on a login node without a GPU sizes the first
+    probe of jobs that run on GPU nodes (gpubench.maxbatch.start_batch). `resolve` takes its
+    device from here and then applies the rules."""
+    for key, kind, low, high, nullable in RANGES:
+        if key in SIZED_KEYS:
+            check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    want = _plain(cfg.bench.device)
+    device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
     image_size, batch_size = auto_sizes(device)
     if cfg.dataset.image_size is not None:
         image_size = int(cfg.dataset.image_size)
     if cfg.loader.batch_size is not None:
         batch_size = int(cfg.loader.batch_size)
+    return device, image_size, batch_size
+
+
+def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
     # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
     # job fills in, which would not resolve here)
     config = to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
@@ -192,7 +235,7 @@ def _build(cfg: DictConfig, device: str) -> Settings:
         channels_last=bool(cfg.channels_last),
         compile=_plain(cfg.compile),
         phases=tuple(_plain(p) for p in cfg.bench.phases),
-        config=config,
+        config=frozen(config),
     )
 
 
@@ -254,11 +297,10 @@ def resolve(cfg: DictConfig) -> Settings:
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
     for key, kind, low, high, nullable in RANGES:
         check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
-    want = _plain(cfg.bench.device)
-    if want == "cuda" and not cuda_available():
+    device, image_size, batch_size = sizes(cfg)
+    if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
-    device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
-    s = _build(cfg, device)
+    s = _build(cfg, device, image_size, batch_size)
     if s.precision == "amp_fp16" and device != "cuda":
         raise ConfigError(
             "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
@@ -437,5 +479,5 @@ def check_found_classes(s: Settings, n: int, where: str) -> None:
             raise ConfigError(key, int(value), f">= {n} ({where})")
 
 
-__all__ = ["Settings", "check_batch_fits", "check_classes", "check_found_classes",
+__all__ = ["Settings", "check_batch_fits", "frozen", "plain", "sizes", "check_classes", "check_found_classes",
            "check_preload_fits", "check_resources", "resolve"]

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 
 from gpubench.config import CONFIG_DIR, ConfigError, auto_sizes
 from gpubench.errors import one_line
-from gpubench.settings import check_resources, resolve
+from gpubench.maxbatch import start_batch
+from gpubench.settings import check_resources, resolve, sizes
 
 
 def check_all(cfg):
@@ -38,7 +39,7 @@ def test_compile_modes_compose(compose_cfg, compile_mode):
     assert compose_cfg(f"compile={compile_mode}").compile.name == compile_mode
 
 
-def test_defaults_and_auto_sizes(compose_cfg):
+def test_defaults_and_auto_sizes(compose_cfg, monkeypatch):
     cfg = compose_cfg(tiny=False)
     assert cfg.model.name == "resnet50" and cfg.precision.name.value == "torch_default"
     assert cfg.memory.ceiling == 0.8
@@ -46,7 +47,11 @@ def test_defaults_and_auto_sizes(compose_cfg):
     assert cfg.dataset.image_size is None and cfg.loader.batch_size is None
     s = resolve(cfg)
     assert (s.device, s.dataset.image_size, s.loader.batch_size) == ("cpu", 32, 16)
-    assert auto_sizes("cuda") == (224, 128)
+    # the CUDA branch: bench.device=auto on a machine with CUDA (resolve would then apply the
+    # CUDA rules too, which need a real device: the sizing step alone is checked)
+    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: True)
+    assert sizes(cfg) == ("cuda", 224, 128) == ("cuda", *auto_sizes("cuda"))
+    assert start_batch(cfg, None) == 128
 
 
 def test_valid_tiny_config_passes(compose_cfg):

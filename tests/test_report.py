@@ -274,3 +274,44 @@ def test_the_mlflow_report_pools_a_sweeps_confirm_runs(tmp_path):
     [top] = [r for r in from_mlflow.values() if r.confirms]
     assert top.throughput == pytest.approx(statistics.median(x.throughput for x in top.measurements))
     assert len(top.measurements) == 3
+
+
+def mlflow_run(ips, started, steps=200, device="NVIDIA H100", **bench) -> Row:
+    """A full-length run as an MLflow experiment holds it: a setup, the train step's knobs, how
+    long it measured and how it was tracked."""
+    config = {"loader": {"batch_size": 64, "num_workers": 4}, "precision": {"name": "amp_bf16"},
+              "bench": {"steps": steps, "seed": 0, "warmup_steps": 5, "monitor": True,
+                        "optimizer": "sgd", "grad_accum_steps": 1, "lr": 0.01, **bench},
+              "tracking": {"backend": "mlflow", "run_name": f"r{started}"},
+              "fault": {"oom_above_batch": None, "stall_every": None, "stall_s": 1.0}}
+    rec = RunRecord(status=Status.ok, images_per_sec=ips, peak_memory_fraction=0.4,
+                    memory_ceiling=0.8, config=config, env={"device_name": device},
+                    started_at=f"2026-11-21T10:0{started}:00")
+    return Row(f"run{started}", rec)
+
+
+def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thing():
+    from gpubench.report import latest_per_setup
+
+    sgd = [mlflow_run(980.0, 1), mlflow_run(600.0, 2, seed=3, warmup_steps=9, monitor=False)]
+    adamw = mlflow_run(1000.0, 3, optimizer="adamw", grad_accum_steps=4)
+    (out,) = latest_per_setup([*sgd, adamw])  # one row per setup, the newest of the longest
+    assert out.record is adamw.record and out.confirms == [] and out.throughput == 1000.0
+
+    (out,) = latest_per_setup(sgd)  # only seed, warm-up, monitoring and tracking differ
+    assert out.record is sgd[1].record and out.confirms == [sgd[0].record]
+    assert sorted(out.pooled) == [600.0, 980.0]
+
+    others = [mlflow_run(700.0, 4, lr=0.1), mlflow_run(700.0, 5, cudnn_benchmark=True),
+              mlflow_run(700.0, 6, device="NVIDIA A100"), mlflow_run(9.0, 7, steps=20)]
+    (out,) = latest_per_setup([sgd[0], *others])
+    assert out.record is others[2].record and out.confirms == []
+
+    stalled = mlflow_run(300.0, 8)
+    stalled.record.config["fault"]["stall_every"] = 5
+    (out,) = latest_per_setup([sgd[0], stalled])
+    assert out.record is stalled.record and out.confirms == []
+    older_stalled = mlflow_run(300.0, 0)
+    older_stalled.record.config["fault"]["stall_every"] = 5
+    (out,) = latest_per_setup([older_stalled, sgd[0]])
+    assert out.record is sgd[0].record and out.confirms == []

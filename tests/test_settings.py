@@ -19,7 +19,9 @@ from gpubench.settings import (
     check_found_classes,
     check_preload_fits,
     check_resources,
+    plain,
     resolve,
+    sizes,
 )
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -55,13 +57,32 @@ def test_enums_arrive_as_their_values(compose_cfg):
     walk(s, "settings")
 
 
-def test_mappings_are_plain_dicts(compose_cfg):
-    s = resolve(compose_cfg("+model.kwargs.width=4", "dataset=custom",
+def test_mappings_are_read_only_all_the_way_down(compose_cfg):
+    s = resolve(compose_cfg("+model.kwargs.width=4", "+model.kwargs.sizes=[1,2]",
+                            "+model.kwargs.block.depth=3", "dataset=custom",
                             "dataset._target_=my_team.data.Faces", "+dataset.kwargs.n=3",
                             "+dataset.collate._target_=my_team.data.collate"))
-    assert s.model.kwargs == {"width": 4} and type(s.model.kwargs) is dict
+    assert s.model.kwargs == {"width": 4, "sizes": (1, 2), "block": {"depth": 3}}
     assert s.dataset.kwargs == {"n": 3} and s.dataset.collate == {"_target_": "my_team.data.collate"}
     assert s.dataset.transform == {}
+    for write in (lambda: s.config["loader"].__setitem__("batch_size", 1),
+                  lambda: s.config.__setitem__("compile", "default"),
+                  lambda: s.model.kwargs.__setitem__("width", 8),
+                  lambda: s.model.kwargs["block"].__setitem__("depth", 1),
+                  lambda: s.dataset.collate.__setitem__("_target_", "x.y"),
+                  lambda: s.config["bench"]["phases"].append("e2e")):
+        with pytest.raises((TypeError, AttributeError)):
+            write()
+    with pytest.raises(TypeError):
+        s.config["loader"]["batch_size"] = 1
+    with pytest.raises(TypeError):
+        s.model.kwargs["width"] = 8
+    # the readers' copies are plain and writable again, lists as lists
+    kwargs = plain(s.model.kwargs)
+    assert kwargs == {"width": 4, "sizes": [1, 2], "block": {"depth": 3}}
+    assert type(kwargs) is dict and type(kwargs["block"]) is dict
+    kwargs["width"] = 8
+    assert s.model.kwargs["width"] == 4
 
 
 def test_settings_are_frozen(compose_cfg):
@@ -80,17 +101,44 @@ def test_the_composed_config_is_left_as_given(compose_cfg):
     assert OmegaConf.to_yaml(cfg) == before
 
 
+# The whole config of `compose_cfg("dataset.image_size=null", "loader.batch_size=null",
+# "compile=reduce_overhead")` as results.json holds it, written out by hand: Enums by name
+# (compile: reduce_overhead, device: cpu), the two device-sized keys filled in (32 px, 16).
+GOLDEN = {
+    "dataset": {"name": "synthetic", "image_size": 32, "num_classes": 10, "num_samples": 32,
+                "root": None, "jpeg_quality": 90, "preload": False, "augment_on": "cpu",
+                "decode_on": "cpu", "on_corrupt": "skip", "_target_": None, "kwargs": {},
+                "transform": {}, "collate": {}},
+    "model": {"name": "tiny", "num_classes": 10, "_target_": None, "kwargs": {},
+              "checkpointing": False},
+    "loader": {"batch_size": 16, "num_workers": 0, "pin_memory": True, "prefetch_factor": 2,
+               "persistent_workers": True, "drop_last": True, "multiprocessing_context": None,
+               "worker_threads": 1},
+    "precision": {"name": "torch_default"},
+    "bench": {"device": "cpu", "phases": ["loader", "compute", "e2e"], "warmup_steps": 1,
+              "warmup_max_steps": 1, "steps": 2, "repeats": 6, "warmup_max_seconds": 60.0,
+              "max_seconds": 60.0, "seed": 0, "monitor": True, "monitor_interval_s": 0.05,
+              "flops": True, "optimizer": "sgd", "optimizer_impl": "auto", "lr": 0.01,
+              "grad_accum_steps": 1, "cudnn_benchmark": None, "host_metrics_every": 0,
+              "profile": False, "profile_steps": 3},
+    "memory": {"ceiling": 0.8, "reserve": 0.05},
+    "tracking": {"backend": "none", "uri": None, "experiment": "gpubench", "run_name": None,
+                 "timeout_s": 10.0},
+    "fault": {"oom_above_batch": None, "fail_message": None, "fail_after_windows": 0,
+              "stall_every": None, "stall_s": 1.0, "rank": None},
+    "channels_last": False,
+    "compile": "reduce_overhead",
+}
+
+
 def test_config_is_what_results_json_held(compose_cfg):
-    """The composed config as results.json and MLflow's params have always had it: Enums by
-    name (compile: reduce_overhead), and only the two device-sized keys filled in."""
-    cfg = compose_cfg("dataset.image_size=null", "loader.batch_size=null", "compile=reduce_overhead")
-    s = resolve(cfg)
-    assert s.config["compile"] == "reduce_overhead" and s.config["bench"]["device"] == "cpu"
-    assert s.config["dataset"]["image_size"] == 32 and s.config["loader"]["batch_size"] == 16
-    composed = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    composed["dataset"]["image_size"], composed["loader"]["batch_size"] = 32, 16
-    assert s.config == composed
-    assert list(s.config) == list(composed)  # key order too: results.json reads the same
+    """The composed config as results.json and MLflow's params have always had it."""
+    s = resolve(compose_cfg("dataset.image_size=null", "loader.batch_size=null",
+                            "compile=reduce_overhead"))
+    assert plain(s.config) == GOLDEN
+    # key order too: results.json reads the same
+    assert list(s.config) == list(GOLDEN)
+    assert all(list(s.config[k]) == list(v) for k, v in GOLDEN.items() if isinstance(v, dict))
 
 
 def test_every_schema_key_has_a_setting():
@@ -107,7 +155,6 @@ def test_every_schema_key_has_a_setting():
 def test_resolve_never_looks_at_the_disk(compose_cfg, tmp_path):
     missing = tmp_path / "nope"
     s = resolve(compose_cfg("dataset=imagefolder", f"dataset.root={missing}"))
-    assert not missing.exists()
     with pytest.raises(ConfigError) as e:
         check_resources(s)
     assert e.value.key == "dataset.root" and str(e.value) == (
@@ -200,3 +247,38 @@ def test_a_sweepers_config_resolves_without_hydras_node(compose_cfg):
     s = resolve(with_node)
     assert "hydra" not in s.config and s.loader.batch_size == 16
     assert s.config == resolve(compose_cfg("sweep=max_batch", "loader.batch_size=null")).config
+
+
+def test_a_runs_results_json_holds_the_composed_config(compose_cfg, tmp_path):
+    """results.json's "config" is the composed config with the sizes filled in, written from
+    the read-only settings as plain JSON."""
+    import json
+
+    from gpubench.runner import measure_run
+
+    cfg = compose_cfg("dataset.image_size=null", "bench.phases=[compute]",
+                      "+model.kwargs.width=4")
+    measure_run(cfg, tmp_path)
+    held = json.loads((tmp_path / "results.json").read_text())["config"]
+    want = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    want["dataset"]["image_size"] = 32  # auto_sizes("cpu"); loader.batch_size=4 as given
+    assert held == want and held["model"]["kwargs"] == {"width": 4}
+
+
+def test_sizes_follow_the_device_asked_for_without_its_rules(compose_cfg, monkeypatch):
+    """Sizing only: bench.device=cuda on a machine without CUDA sizes for CUDA (a sweeper on a
+    login node sizes jobs that run on GPU nodes); resolve alone says the device is missing."""
+    cfg = compose_cfg("bench.device=cuda", "precision=amp_fp16", "dataset.image_size=null",
+                      "loader.batch_size=null")
+    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: False)
+    assert sizes(cfg) == ("cuda", 224, 128)
+    with pytest.raises(ConfigError, match="bench.device"):
+        resolve(cfg)
+    auto = compose_cfg("bench.device=auto", "dataset.image_size=null", "loader.batch_size=null")
+    assert sizes(auto) == ("cpu", 32, 16)
+    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: True)
+    assert sizes(auto) == ("cuda", 224, 128)
+    assert sizes(compose_cfg("bench.device=auto", "dataset.image_size=40")) == ("cuda", 40, 4)
+    with pytest.raises(ConfigError) as e:
+        sizes(compose_cfg("loader.batch_size=0"))
+    assert e.value.key == "loader.batch_size"

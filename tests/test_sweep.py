@@ -197,6 +197,17 @@ def test_bad_sweeps_fail_in_one_line_before_any_job(tmp_path, args, key):
     assert not list((tmp_path / "sweep").glob("*/results.json"))  # nothing launched
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arg", ["memory.reserve=1.5", "memory.ceiling=nan", "loader.batch_size=0"])
+def test_max_batch_fails_in_one_line_on_the_keys_it_reads_before_any_probe(tmp_path, arg):
+    p = _sweep(tmp_path, "sweep=max_batch", arg)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gpubench: error: {arg}")
+    assert "is not allowed" in lines[0] and "Traceback" not in p.stderr
+    assert not list((tmp_path / "sweep").glob("*/results.json"))  # nothing launched
+
+
 # ---------------------------------------------------------------------------- outcomes
 
 
@@ -714,6 +725,36 @@ def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
     assert cfg.loader.batch_size is None  # the sweep's own config is left as given
     assert start_batch(compose_cfg("loader.batch_size=6"), None) == 6
     assert start_batch(cfg, 40) == 40
+
+
+def test_max_batch_sizes_its_first_probe_without_the_jobs_device(compose_cfg, monkeypatch):
+    """A sweeper on a login node without a GPU launches probes to GPU nodes: it sizes the first
+    probe for the device the jobs ask for and leaves that device's rules to the jobs."""
+    from gpubench.maxbatch import start_batch
+
+    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: False)
+    cfg = compose_cfg("sweep=max_batch", "bench.device=cuda", "precision=amp_fp16",
+                      "loader.batch_size=null", hydra=True)
+    assert start_batch(cfg, None) == 128  # gpubench.config.auto_sizes's CUDA size
+
+
+@pytest.mark.parametrize("override,key", [("memory.reserve=1.5", "memory.reserve"),
+                                          ("memory.ceiling=0", "memory.ceiling"),
+                                          ("loader.batch_size=0", "loader.batch_size")])
+def test_max_batch_checks_its_own_keys_before_any_probe(compose_cfg, override, key):
+    from gpubench.config import ConfigError
+    from gpubench.maxbatch import run_max_batch
+    from gpubench.sweep import SearchSpace
+
+    class NoJobs:  # a probe launched here would be the bug
+        def launch(self, *a, **k):
+            raise AssertionError("probed before the config was checked")
+
+    cfg = compose_cfg("sweep=max_batch", "loader.batch_size=null", override, hydra=True)
+    with pytest.raises(ConfigError) as e:
+        run_max_batch(NoJobs(), SearchSpace([], []), cfg, None, 64, [])
+    line = str(e.value)
+    assert e.value.key == key and "\n" not in line and line.startswith(f"{key}=")
 
 
 def test_job_folders_are_reserved_once_across_threads(tmp_path):

@@ -120,13 +120,15 @@ class GpubenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        from gpubench.config import ConfigError
         from gpubench.errors import release_stderr
         from gpubench.sweep import SearchSpaceError
 
         release_stderr()  # composed fine: what follows (Optuna's log lines too) is no compose error
         try:
             return self._sweep(arguments)
-        except (SweeperConfigError, SearchSpaceError) as e:
+        # ConfigError: a key the sweeper itself reads (max batch's memory.*, its first probe)
+        except (SweeperConfigError, SearchSpaceError, ConfigError) as e:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"gpubench: error: {e}", file=sys.stderr, flush=True)
