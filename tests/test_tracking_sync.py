@@ -62,6 +62,24 @@ def test_dead_running_record_is_killed_kept_and_uploaded(tmp_path):
     assert run.data.metrics["loader/images_per_sec"] == 250.0
 
 
+def test_untracked_runs_are_left_alone_unless_a_uri_is_given(tmp_path):
+    """A run measured with tracking=none named no store (its tracking.uri, whatever it says,
+    was never used nor checked): `sync` without --uri leaves it be instead of failing on it;
+    with --uri it is uploaded on purpose."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracked = write_run(tmp_path / "out" / "tracked", "t1", uri=uri)
+    untracked = write_run(tmp_path / "out" / "untracked", "u1", uri="htp:/never-checked")
+    untracked.config["tracking"]["backend"] = "none"
+    untracked.save()
+    tracked.config["tracking"]["backend"] = "mlflow"
+    tracked.save()
+    assert sync(tmp_path / "out") == {"uploaded": 1, "present": 0, "skipped": 1, "failed": 0}
+    assert [r.data.tags["run_uid"] for r in all_runs(uri)] == ["t1"]
+    assert sync(tmp_path / "out", uri=uri) == {"uploaded": 1, "present": 1, "skipped": 0,
+                                               "failed": 0}
+    assert sorted(r.data.tags["run_uid"] for r in all_runs(uri)) == ["t1", "u1"]
+
+
 def test_artifact_store_copies_are_not_runs(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "out"

@@ -94,6 +94,12 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
             counts["skipped"] += 1
             continue
         marker, tcfg = read(run_dir / MARKER_FILE), rec.config.get("tracking") or {}
+        if uri is None and tcfg.get("backend") == "none":
+            # measured with tracking=none: it named no store of its own (its tracking.uri was
+            # never used, nor checked); `--uri` uploads it on purpose
+            print(f"skip {run_dir}: run with tracking=none (--uri uploads it)", file=out)
+            counts["skipped"] += 1
+            continue
         target = (mask_secrets(uri or marker.get("tracking_uri") or tcfg.get("uri")
                                or _run_default_uri(run_dir)),
                   experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench")
