@@ -70,14 +70,20 @@ def print_result(result, console: Console | None = None) -> None:
             f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})",
             _gib(mem),
         )
-    con.print(t)
+    if d["phases"]:
+        con.print(t)
+    else:  # ended before its first window: the title alone, no empty table
+        con.print(title)
     if any(ph["truncated"] for ph in d["phases"].values()):
         con.print("  * window closed by bench.max_seconds before bench.steps")
-    mem = (
-        f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
-        f"{_gib(d['device_memory_bytes'])} ({d['memory_source']}; ceiling {_pct(d['memory_ceiling'])})"
-    )
-    con.print(mem)
+    if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
+        con.print(f"peak memory: not measured (ceiling {_pct(d['memory_ceiling'])} of "
+                  f"{_gib(d['device_memory_bytes'])})")
+    else:
+        con.print(
+            f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
+            f"{_gib(d['device_memory_bytes'])} ({d['memory_source']}; ceiling "
+            f"{_pct(d['memory_ceiling'])})")
     if d.get("gpu_util_mean") is not None:
         e = d.get("energy_per_image_j")
         con.print(
@@ -123,12 +129,18 @@ def print_result(result, console: Console | None = None) -> None:
         lean = d.get("verdict_leaning")
         con.print("[bold]narrowest pipe: inconclusive[/bold]"
                   + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
+    elif not d["phases"] and status != "ok":
+        return _paths(con, rec, d)  # it ended before measuring: no pipe to name, no advice
     else:
         con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
     if d["bottleneck"] == "inconclusive" and d["advice"]:
         con.print("to get a verdict:")
     for i, a in enumerate(d["advice"], 1):
         con.print(f"  {i}. {escape(a)}")
+    _paths(con, rec, d)
+
+
+def _paths(con: Console, rec: RunRecord, d: dict) -> None:
     con.print(f"[dim]results: {rec.path}[/dim]")
     if d.get("picture"):
         con.print(f"[dim]picture: {d['picture']}[/dim]")

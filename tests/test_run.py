@@ -184,3 +184,23 @@ def test_a_worker_traceback_is_kept_as_one_line():
     assert one_line_error(e) == ("RuntimeError: Caught ValueError in DataLoader worker process "
                                  "0. ... ValueError: bad pixel")
     assert one_line_error(ValueError("plain")) == "ValueError: plain"
+
+
+def test_a_run_that_failed_before_measuring_prints_no_verdict_and_no_advice(tmp_path):
+    """Nothing was measured: no empty table, no memory figure of '-', and no 'bench.phases=...
+    to get a verdict' advice that has nothing to do with why it failed."""
+    import io
+
+    from rich.console import Console
+
+    from gpubench.console import print_result
+    from tests.conftest import compose_config
+
+    r = measure_run(compose_config("fault.fail_message=boom"), tmp_path)
+    assert r.status == "failed" and not r.record.phases
+    buf = io.StringIO()
+    print_result(r, Console(file=buf, width=120, highlight=False))
+    out = buf.getvalue()
+    assert "status: failed" in out and "boom" in out
+    assert "peak memory: not measured" in out
+    assert "narrowest pipe" not in out and "to get a verdict" not in out and "┏" not in out
