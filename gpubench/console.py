@@ -47,7 +47,8 @@ def print_result(result, console: Console | None = None) -> None:
     title = (
         f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
         f"{cfg['dataset']['image_size']}px, batch {cfg['loader']['batch_size']}, "
-        f"{cfg['loader']['num_workers']} workers, {cfg['precision']['name']}"
+        f"{cfg['loader']['num_workers']} worker{'' if cfg['loader']['num_workers'] == 1 else 's'}, "
+        f"{cfg['precision']['name']}"
         f"{', channels_last' if cfg['channels_last'] else ''}"
         f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
         f" | {env['device_name']} ({env['device']})"
