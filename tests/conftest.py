@@ -131,3 +131,33 @@ def mlflow_server(tmp_path_factory):
     srv = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
     yield srv
     srv.stop()
+
+
+def start_two_job_sweep(tmp: Path, *overrides: str):
+    """`python -m gpubench -m` of two jobs (batch 4, then 8) whose phases last their 3 s cap,
+    in its own process group (as under a scheduler); returns (process, the second job's
+    results.json) once that job has measured its first phase: a moment inside the sweep
+    for a signal or a fault."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpubench", "-m", *[o for o in TINY if o != "tracking=none"],
+         *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=3"],
+        cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        for f in tmp.glob("outputs/multirun/*/*/1/results.json"):
+            try:
+                if "loader" in json.loads(f.read_text())["phases"]:
+                    return proc, f
+            except ValueError:
+                pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the second job never wrote its first phase: {proc.communicate()}")

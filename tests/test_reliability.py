@@ -198,25 +198,9 @@ def test_sigterm_during_a_sweep_ends_its_mlflow_parent_killed(tmp_path):
     """Hydra calls the end-of-sweep callback only when the sweep returns: the parent run of a
     sweep stopped by SIGTERM must still end (KILLED, with the jobs measured so far), not stay
     RUNNING until someone runs `sync`."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpubench", "-m", *TINY_NO_TRACKING, "tracking=mlflow",
-         "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=3"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    deadline = time.time() + 180
-    second = None
-    while time.time() < deadline and second is None and proc.poll() is None:
-        for f in tmp_path.glob("outputs/multirun/*/*/1/results.json"):
-            try:
-                if "loader" in json.loads(f.read_text())["phases"]:
-                    second = f
-            except ValueError:
-                pass
-        time.sleep(0.2)
-    if second is None:
-        proc.kill()
-        raise AssertionError(f"the second job never wrote its first phase: {proc.communicate()}")
+    from tests.conftest import start_two_job_sweep
+
+    proc, _ = start_two_job_sweep(tmp_path, "tracking=mlflow")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 128 + signal.SIGTERM, err
