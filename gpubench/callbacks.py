@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 EXIT: dict[str, int | None] = {}
 # seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
 CLOSE_GRACE_S = 5.0
+# when each sweep of this process began (its report made since then was printed already)
+_STARTED: dict[str, float] = {}
 
 log = logging.getLogger("gpubench")
 
@@ -73,6 +76,7 @@ class MlflowSweepCallback(Callback):
         params = sweeper.get("params")
         sweep_dir = _sweep_dir(config)
         tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
+        _STARTED[str(sweep_dir)] = time.time()
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = tracking.open_sweep(
@@ -173,9 +177,13 @@ def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: floa
     """The sweep report (ranking, plots, recommended config) as artifacts of the parent run.
     The gpubench sweeper has usually made it already; then its files are reused as they are."""
     from gpubench import tracking
-    from gpubench.report import sweep_report
+    from gpubench.report import REPORT_DIR, sweep_report
 
-    files = [Path(f) for f in sweep_report(sweep_dir)]
+    # the gpubench sweeper printed its report a moment ago: made in this process since the
+    # sweep began, it is not printed a second time (a grid sweep's report is printed here)
+    made = sweep_dir / REPORT_DIR / "summary.json"
+    quiet = made.is_file() and made.stat().st_mtime >= _STARTED.get(str(sweep_dir), float("inf"))
+    files = [Path(f) for f in sweep_report(sweep_dir, quiet=quiet)]
     if files:
         tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()],
                                  timeout_s, uri)
