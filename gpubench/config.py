@@ -161,7 +161,8 @@ class BenchSettings:
     warmup_max_steps: int = 50
     # measured steps per phase, split into `repeats` windows interleaved across the phases
     # (loader, compute, e2e, loader, ...): the windows give each phase its 95% interval
-    # (at most `steps` windows: each measures at least one step)
+    # (at most `steps` windows: each measures at least one step; windows are of equal length,
+    # so steps is rounded up to a multiple of repeats: 50 in 6 windows measure 54)
     steps: int = 50
     repeats: int = 6
     # per-phase wall-clock caps, so no phase runs away on a slow device
