@@ -4,8 +4,9 @@
 
 Reads the results.json artifacts of an MLflow experiment's runs (default experiment:
 `gpubench`), groups them by workload (model, dataset, image size: devices are only compared on
-the same work) and by device name, and keeps per device its fastest feasible full-length run.
-For each device it prints images/sec, images per joule (where the run measured energy) and
+the same work) and by device name, and keeps per device its fastest feasible full-length run;
+only full training measurements count (an e2e phase measured: no loader-only run, max-batch
+probe or screen). For each device it prints images/sec, images per joule (where the run measured energy) and
 images per dollar from `cost.usd_per_hour`, then each device against the cheapest one:
 reference article 003's "7x the price for 3x the throughput" as a table.
 
@@ -146,6 +147,8 @@ def mlflow_records(experiment: str, uri: str | None = None,
                     # the device as the tracking tags name it, when results.json lacks it
                     if not rec.env.get("device_name"):
                         rec.env["device_name"] = run.data.tags.get("device_name")
+                    # a max-batch probe or a screen: the rung its sweep gave the job
+                    rec.rung = run.data.tags.get("rung") or rec.extra.get("rung") or rec.rung
                     rec.extra["mlflow_run_id"] = rid
                     out.append(rec)
             token = page.token
@@ -168,9 +171,13 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
     """{workload: one DeviceRow per device, fastest first}. Per device the fastest feasible run
     among its longest measurements (`bench.steps`): a sweep's short screens never stand for a
     device beside a full measurement."""
+    from gpubench.report import left_out
+
     groups: dict[str, dict[str, list[RunRecord]]] = {}
     for r in records:
-        if r.feasible:
+        # a loader-only run's figure is its loader's, a probe's a few steps': no device's
+        # training throughput
+        if r.feasible and left_out(r) is None:
             groups.setdefault(workload_of(r), {}).setdefault(device_of(r), []).append(r)
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(groups.items()):

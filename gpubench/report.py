@@ -257,7 +257,7 @@ def rows_of_study(study) -> list[Row]:
 
 
 def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
-                study: str | None = None) -> list[Row]:
+                study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
     """Rows from the results.json artifacts of an MLflow experiment's runs (children of `parent`
     only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
     artifact (sweep parents) are skipped."""
@@ -273,7 +273,7 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
     rows = [row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
             for rec in mlflow_records(experiment, uri, filt)]
-    return latest_per_setup(rows)
+    return latest_per_setup(where(rows, conditions or {}))
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
@@ -285,7 +285,10 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
     groups: dict[str, list[Row]] = {}
     for r in rows:
         cfg = r.record.config
-        key = json.dumps({k: cfg.get(k) for k in SETUP_KEYS}, sort_keys=True, default=str)
+        # a loader-only run or a probe is another kind of measurement of the setup: never
+        # the row that stands for (and hides) its training measurement
+        key = json.dumps({**{k: cfg.get(k) for k in SETUP_KEYS}, "kind": left_out(r.record)},
+                         sort_keys=True, default=str)
         groups.setdefault(key, []).append(r)
     out = []
     for group in groups.values():
@@ -318,6 +321,103 @@ def repeats(rec: RunRecord, of: RunRecord) -> bool:
     fault injection."""
     return (rec.env.get("device_name") == of.env.get("device_name")
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
+
+
+# --------------------------------------------------------------------------- selection
+
+# what makes two runs the same training setup: the report never ranks one against another
+SETUP_OF = ("model.name", "dataset.name", "dataset.image_size")
+
+
+def left_out(rec: RunRecord) -> str | None:
+    """Why a row is no full training measurement (None when it is one): a max-batch probe or a
+    screen measured too few steps, and a loader-only or compute-only run measured no training
+    step (no e2e figure: its objective is another phase's). A run that crashed before its e2e
+    phase stays: it is a failed training measurement, ranked as infeasible."""
+    if rec.rung == "probe":
+        return "max-batch probes"
+    if rec.rung == "screen":
+        return "screens"
+    phases = rec.knob("bench.phases")
+    if rec.images_per_sec is None and (
+            rec.status.measured or (isinstance(phases, list) and "e2e" not in phases)):
+        return "runs without an e2e phase (loader-only or compute-only)"
+    return None
+
+
+def parse_where(items: list[str] | None) -> dict[str, str]:
+    """`--where KEY=VALUE` options as {dotted key: value}; one line on a malformed one."""
+    out = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
+            raise SystemExit(f"gpubench.report: --where {item!r} is not allowed: KEY=VALUE with "
+                             "a dotted config key, e.g. --where model.name=resnet50")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _matches(v: Any, want: str) -> bool:
+    if v is None:
+        return want.lower() in ("null", "none")
+    try:  # as the command line would write it: 64, 0.5, true, [loader]
+        parsed = yaml.safe_load(want)
+    except yaml.YAMLError:
+        parsed = want
+    return v == parsed or str(v) == want or format_value(v) == want
+
+
+def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
+    """The rows whose config has every KEY=VALUE of `conditions` (before anything else). A key
+    that no row has is a typo: one line naming it and keys that exist."""
+    for key in conditions:
+        if rows and not any(key in r.flat for r in rows):
+            import difflib
+
+            close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
+            raise SystemExit(f"gpubench.report: --where {key}: no run has this config key"
+                             + (f" (close: {', '.join(close)})" if close else ""))
+    return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
+
+
+def setup_of(r: Row) -> tuple:
+    return tuple(r.flat.get(k) for k in SETUP_OF)
+
+
+def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
+    """The rows the report ranks and recommends from, and what it says about the others: full
+    training measurements only, of one training setup (SETUP_OF): the newest run's. Throughputs
+    of different models or image sizes are no speeds of one thing."""
+    kept, out = [], {}
+    for r in rows:
+        why = left_out(r.record)
+        if why is None:
+            kept.append(r)
+        else:
+            out[why] = out.get(why, 0) + 1
+    notes = []
+    if out:
+        notes.append(f"left out {sum(out.values())} run(s) that are no full training "
+                     "measurement: " + ", ".join(f"{n} {why}" for why, n in out.items()))
+    groups: dict[tuple, list[Row]] = {}
+    for r in kept:
+        groups.setdefault(setup_of(r), []).append(r)
+    if len(groups) > 1:
+        newest = max(kept, key=lambda r: r.record.started_at or "")
+        mine = setup_of(newest)
+        others = [f"{_setup_name(k)} ({len(g)} run(s))" for k, g in groups.items() if k != mine]
+        other = next(k for k in groups if k != mine)
+        i = next(i for i, (a, b) in enumerate(zip(mine, other, strict=True)) if a != b)
+        notes.append(f"ranked only {_setup_name(mine)} (the newest run's setup); other setups: "
+                     f"{'; '.join(others)}; pick one with --where, e.g. --where "
+                     f"{SETUP_OF[i]}={format_value(other[i])}")
+        kept = groups[mine]
+    return kept, notes
+
+
+def _setup_name(key: tuple) -> str:
+    return " ".join(f"{k}={format_value(v) if v is not None else '?'}"
+                    for k, v in zip(SETUP_OF, key, strict=True))
 
 
 # --------------------------------------------------------------------------- analysis
@@ -378,7 +478,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     can hurt the model and take memory; extra workers cost host RAM). A screen or a probe is
     too short to compare speeds; a run that found its own measurement disturbed is never the
     recommendation, and the report says when the fastest figure came from one."""
-    full = [r for r in rows if r.feasible and r.full]
+    full = [r for r in rows if r.feasible and left_out(r.record) is None]
     ok = [r for r in full if r.stable]
     reasons = []
     if full and not ok:
@@ -395,9 +495,9 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "step); rerun the recommended config on a quiet machine before trusting it")
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
-        reasons.append(f"the fastest figure, run {fastest.label} at {_iv(fastest)} img/s, was "
-                       "measured unstable (noise_reasons): not recommended unconfirmed; rerun "
-                       "it on a quiet machine")
+        reasons.append(f"the fastest figure, run {fastest.label} at {_iv(fastest)} img/s, "
+                       f"{why_not_best(fastest)}: not recommended unconfirmed; rerun it on a "
+                       "quiet machine")
     near = [r for r in ok if near_best(r, best, tolerance)]
     lead = 1 if reasons and reasons[0].startswith("UNCONFIRMED") else 0
     reasons.insert(lead, f"fastest {'stable ' if best.stable else ''}feasible: {_iv(best)} img/s; {len(near)} configuration(s)"
@@ -437,6 +537,27 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                    f"{chosen.throughput / best.throughput:.0%} of the fastest")
     reasons += _workers_check(rows, chosen)
     return Recommendation(best, chosen, tolerance, reasons)
+
+
+def why_not_best(r: Row) -> str:
+    """Why the fastest figure is not the reference, from the row itself: its own measurement
+    found itself disturbed, its confirm step's re-measurements were disturbed or disagreed, or
+    it was measured once while the confirm step re-measured other trials."""
+    own = r.record
+    if own.measurement_stable is False:
+        why = ", ".join(own.noise_reasons) or "noise_reasons not recorded"
+        return f"was measured unstable ({why})"
+    if r.confirms and not r.stable:
+        return (f"was not confirmed: its {len(r.confirms)} re-measurement(s) by the confirm step "
+                "were disturbed, failed or disagreed with it")
+    return ("is unconfirmed: its own measurement found no disturbance, but the confirm step "
+            "re-measured other trials, not this one")
+
+
+def recommendation(sweep_dir: Path, tolerance: float = TOLERANCE) -> Recommendation | None:
+    """What the report of a sweep dir recommends (the rows it ranks, then `recommend`)."""
+    rows, _ = load_dir(Path(sweep_dir).resolve())
+    return recommend(training_rows(rows)[0], tolerance)
 
 
 def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
@@ -547,6 +668,10 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     from gpubench import report_plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    # rank and recommend full training measurements of one setup; when there are none (a
+    # max-batch search's probes), the table still shows what was measured
+    kept, notes = training_rows(rows)
+    rows = kept or rows
     keys = varying(rows)
     files: list[Path] = []
     head, body = table_rows(rows, keys)
@@ -560,11 +685,12 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     rec = recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
-    lines = []
+    lines = list(notes)
     if rec is None:
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
-                     "failed)" if any(r.full for r in rows) else
-                     "no recommendation: only short screens or max-batch probes were measured")
+                     "failed)" if kept else
+                     "no recommendation: no full training measurement (only screens, max-batch "
+                     "probes or runs without an e2e phase)")
     else:
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)
@@ -628,12 +754,14 @@ class NothingToReport(FileNotFoundError):
 
 
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
-                 quiet: bool = False) -> list[Path]:
-    """The report of a sweep dir, written to `<sweep_dir>/report/`; returns its files."""
+                 quiet: bool = False, conditions: dict[str, str] | None = None) -> list[Path]:
+    """The report of a sweep dir (its rows matching `conditions`, --where), written to
+    `<sweep_dir>/report/`; returns its files."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
+    rows = where(rows, conditions or {})
     out = sweep_dir / REPORT_DIR
-    stamp = _fingerprint(rows, sweep_dir) + [tolerance]
+    stamp = _fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
     old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
         if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
@@ -643,8 +771,26 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
     if not rows:
         raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
-                              f"(results.json) under {sweep_dir}")
+                              f"(results.json){_matching(conditions)} under {sweep_dir}")
     return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp)
+
+
+def _matching(conditions: dict[str, str] | None) -> str:
+    return "".join(f" with {k}={v}" for k, v in (conditions or {}).items())
+
+
+def looks_like_path(source: str) -> bool:
+    """A source written as a folder (a path separator, or starting with '.' or '~'), not an
+    MLflow experiment name."""
+    return "/" in source or "\\" in source or source.startswith((".", "~"))
+
+
+def mlflow_out_dir(experiment: str, parent: str | None, study: str | None) -> Path:
+    """outputs/reports/<experiment>, -parent-<first 8 of its id> or -study-<name>: a report
+    of part of an experiment never overwrites the whole experiment's."""
+    name = experiment + (f"-parent-{parent[:8]}" if parent else "") + (
+        f"-study-{study}" if study else "")
+    return Path("outputs") / "reports" / name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -662,34 +808,43 @@ def main(argv: list[str] | None = None) -> int:
                    help="compare devices over an MLflow experiment's runs: images/sec, images "
                    "per joule, images per dollar (see docs/report.md)")
     p.add_argument("--prices", help="--compare: a YAML of cost.usd_per_hour per device name")
+    p.add_argument("--where", action="append", metavar="KEY=VALUE",
+                   help="only runs whose config has KEY=VALUE (repeatable), e.g. "
+                   "--where model.name=resnet50")
     a = p.parse_args(argv)
+    conditions = parse_where(a.where)
     if a.compare is not None:
         from gpubench import compare
 
         return compare.main(a.compare or a.source, a.tracking_uri, a.prices)
     if a.source is None:
         p.error("a sweep dir or an MLflow experiment is required")
-    src = Path(a.source)
+    src = Path(a.source).expanduser()
+    if not src.is_dir() and looks_like_path(a.source):
+        print(f"gpubench.report: no such folder: {a.source}", file=sys.stderr)
+        return 1
     if src.is_dir():
         try:
             if a.out:
                 rows, study = load_dir(src.resolve())
+                rows = where(rows, conditions)
                 if not rows:
                     raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
-                                          f"(results.json) under {src.resolve()}")
+                                          f"(results.json){_matching(conditions)} under "
+                                          f"{src.resolve()}")
                 write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance)
             else:
-                sweep_report(src, a.tolerance)
+                sweep_report(src, a.tolerance, conditions=conditions)
         except NothingToReport as e:
             print(e, file=sys.stderr)
             return 1
         return 0
-    rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study)
+    rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study, conditions)
     if not rows:
-        print(f"gpubench.report: no runs with results.json in experiment {a.source!r}",
-              file=sys.stderr)
+        print(f"gpubench.report: no runs with results.json{_matching(conditions)} in experiment "
+              f"{a.source!r}", file=sys.stderr)
         return 1
-    out = Path(a.out or Path("outputs") / "reports" / a.source)
+    out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
     write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance)
     return 0
 
