@@ -823,7 +823,10 @@ def main(argv: list[str] | None = None) -> int:
     if not src.is_dir() and looks_like_path(a.source):
         print(f"gpubench.report: no such folder: {a.source}", file=sys.stderr)
         return 1
-    if src.is_dir():
+    # a bare name is a folder only when it holds runs: `gpubench` in the project's root is the
+    # package, and the default MLflow experiment
+    if src.is_dir() and (looks_like_path(a.source) or (src / "sweep.json").is_file()
+                         or find_runs(src)):
         try:
             if a.out:
                 rows, study = load_dir(src.resolve())

@@ -409,13 +409,20 @@ def test_the_fastest_figures_true_reason_is_given():
     assert "disagreed" in why and "unstable" not in why
 
 
-def test_a_mistyped_folder_is_one_line(tmp_path, capsys):
+def test_a_mistyped_folder_is_one_line(tmp_path, capsys, monkeypatch):
     from gpubench.report import main
 
     for source in (f"{tmp_path}/multirun/nope", "./nope", "~/no-such-gpubench-dir"):
         assert main([source]) == 1
         err = capsys.readouterr().err.strip()
         assert err == f"gpubench.report: no such folder: {source}"
+    # a bare name that is a folder without runs (the package in the project's root) is the
+    # MLflow experiment of that name
+    (tmp_path / "gpubench").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["gpubench", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert "no MLflow experiment 'gpubench'" in str(e.value)
 
 
 def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatch):
@@ -453,3 +460,31 @@ def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatc
     assert study["best"]["images_per_sec"] == 40.0
     assert any("left out 1 run(s)" in x for x in study["lines"])
     assert any("model.name=tiny" in x and "--where" in x for x in study["lines"])
+
+
+@pytest.mark.slow
+def test_an_experiments_report_leaves_max_batch_probes_out(tmp_path, capsys):
+    """A max-batch search logged to the same MLflow experiment as a training run: its probes are
+    tagged with their rung and the experiment's report ranks the training run only."""
+    from mlflow.tracking import MlflowClient
+
+    from gpubench.report import main
+    from tests.conftest import TINY
+
+    tiny = [o for o in TINY if not o.startswith("tracking=")]
+    p = run_cli(*tiny, "tracking=mlflow", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = run_cli("sweep=max_batch", *tiny, "tracking=mlflow", "loader.batch_size=4",
+                "fault.oom_above_batch=4", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                "hydra.sweeper.report=false", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpubench").experiment_id])
+    probes = [r for r in runs if r.data.tags.get("rung") == "probe"]
+    assert len(probes) >= 2 and len(runs) == 1 + 1 + len(probes)  # a run, a parent, probes
+    capsys.readouterr()
+    assert main(["gpubench", "--tracking-uri", uri, "--out", str(tmp_path / "rep")]) == 0
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["rows"] == 1
+    assert f"{len(probes)} max-batch probes" in summary["lines"][0]
