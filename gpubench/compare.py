@@ -35,6 +35,7 @@ import yaml
 
 from gpubench.files import read_json
 from gpubench.record import RESULTS_FILE, RunRecord
+from gpubench.report_select import left_out
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -171,8 +172,6 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
     """{workload: one DeviceRow per device, fastest first}. Per device the fastest feasible run
     among its longest measurements (`bench.steps`): a sweep's short screens never stand for a
     device beside a full measurement."""
-    from gpubench.report import left_out
-
     groups: dict[str, dict[str, list[RunRecord]]] = {}
     for r in records:
         # a loader-only run's figure is its loader's, a probe's a few steps': no device's

@@ -8,6 +8,10 @@ studies, max-batch probes) or the results.json artifacts of MLflow runs. Writes 
 `<sweep dir>/report/`: ranking.csv and ranking.txt, summary.json, PNG plots, and
 `experiment/recommended.yaml`, rerun with `python -m gpubench -cd <report dir> experiment=recommended`.
 
+It ranks full training measurements (an e2e phase measured: no loader-only or compute-only run,
+max-batch probe or screen) of one training setup (model, dataset, image size: the newest run's
+unless `--where KEY=VALUE` picks the rows), and says in one line what it left out.
+
 The recommendation follows reference article 003: among feasible configurations (status ok,
 peak memory under memory.ceiling) within `tolerance` (5%) of the fastest, keep AMP on when AMP
 measured faster, pin_memory on, then the smallest batch size and the fewest loader workers.
@@ -34,7 +38,8 @@ import yaml
 
 from gpubench.config import CONFIG_DIR, FaultConfig
 from gpubench.files import flatten, read_json
-from gpubench.record import RunRecord, Status, find_runs, load, missing
+from gpubench.record import SHORT_RUNGS, RunRecord, Status, find_runs, load, missing
+from gpubench.report_select import left_out, parse_where, setup_of, training_rows, where
 from gpubench.stats import holding, median, median_interval
 from gpubench.sweep import format_value
 
@@ -323,103 +328,6 @@ def repeats(rec: RunRecord, of: RunRecord) -> bool:
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
 
 
-# --------------------------------------------------------------------------- selection
-
-# what makes two runs the same training setup: the report never ranks one against another
-SETUP_OF = ("model.name", "dataset.name", "dataset.image_size")
-
-
-def left_out(rec: RunRecord) -> str | None:
-    """Why a row is no full training measurement (None when it is one): a max-batch probe or a
-    screen measured too few steps, and a loader-only or compute-only run measured no training
-    step (no e2e figure: its objective is another phase's). A run that crashed before its e2e
-    phase stays: it is a failed training measurement, ranked as infeasible."""
-    if rec.rung == "probe":
-        return "max-batch probes"
-    if rec.rung == "screen":
-        return "screens"
-    phases = rec.knob("bench.phases")
-    if rec.images_per_sec is None and (
-            rec.status.measured or (isinstance(phases, list) and "e2e" not in phases)):
-        return "runs without an e2e phase (loader-only or compute-only)"
-    return None
-
-
-def parse_where(items: list[str] | None) -> dict[str, str]:
-    """`--where KEY=VALUE` options as {dotted key: value}; one line on a malformed one."""
-    out = {}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
-            raise SystemExit(f"gpubench.report: --where {item!r} is not allowed: KEY=VALUE with "
-                             "a dotted config key, e.g. --where model.name=resnet50")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _matches(v: Any, want: str) -> bool:
-    if v is None:
-        return want.lower() in ("null", "none")
-    try:  # as the command line would write it: 64, 0.5, true, [loader]
-        parsed = yaml.safe_load(want)
-    except yaml.YAMLError:
-        parsed = want
-    return v == parsed or str(v) == want or format_value(v) == want
-
-
-def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
-    """The rows whose config has every KEY=VALUE of `conditions` (before anything else). A key
-    that no row has is a typo: one line naming it and keys that exist."""
-    for key in conditions:
-        if rows and not any(key in r.flat for r in rows):
-            import difflib
-
-            close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
-            raise SystemExit(f"gpubench.report: --where {key}: no run has this config key"
-                             + (f" (close: {', '.join(close)})" if close else ""))
-    return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
-
-
-def setup_of(r: Row) -> tuple:
-    return tuple(r.flat.get(k) for k in SETUP_OF)
-
-
-def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
-    """The rows the report ranks and recommends from, and what it says about the others: full
-    training measurements only, of one training setup (SETUP_OF): the newest run's. Throughputs
-    of different models or image sizes are no speeds of one thing."""
-    kept, out = [], {}
-    for r in rows:
-        why = left_out(r.record)
-        if why is None:
-            kept.append(r)
-        else:
-            out[why] = out.get(why, 0) + 1
-    notes = []
-    if out:
-        notes.append(f"left out {sum(out.values())} run(s) that are no full training "
-                     "measurement: " + ", ".join(f"{n} {why}" for why, n in out.items()))
-    groups: dict[tuple, list[Row]] = {}
-    for r in kept:
-        groups.setdefault(setup_of(r), []).append(r)
-    if len(groups) > 1:
-        newest = max(kept, key=lambda r: r.record.started_at or "")
-        mine = setup_of(newest)
-        others = [f"{_setup_name(k)} ({len(g)} run(s))" for k, g in groups.items() if k != mine]
-        other = next(k for k in groups if k != mine)
-        i = next(i for i, (a, b) in enumerate(zip(mine, other, strict=True)) if a != b)
-        notes.append(f"ranked only {_setup_name(mine)} (the newest run's setup); other setups: "
-                     f"{'; '.join(others)}; pick one with --where, e.g. --where "
-                     f"{SETUP_OF[i]}={format_value(other[i])}")
-        kept = groups[mine]
-    return kept, notes
-
-
-def _setup_name(key: tuple) -> str:
-    return " ".join(f"{k}={format_value(v) if v is not None else '?'}"
-                    for k, v in zip(SETUP_OF, key, strict=True))
-
-
 # --------------------------------------------------------------------------- analysis
 
 
@@ -671,6 +579,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     # rank and recommend full training measurements of one setup; when there are none (a
     # max-batch search's probes), the table still shows what was measured
     kept, notes = training_rows(rows)
+    # the plots still show the same setup's screens and probes (hollow, never on a curve)
+    shown = kept + [r for r in rows if r.rung in SHORT_RUNGS
+                    and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
     rows = kept or rows
     keys = varying(rows)
     files: list[Path] = []
@@ -717,7 +628,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             f"recommended config: {yml}",
             f"rerun it: {cmd}",
         ]
-    files += report_plots.plot_all(rows, out_dir, rec, study)
+    files += report_plots.plot_all(shown, out_dir, rec, study)
     summary["files"] = [str(f) for f in files]
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
