@@ -121,9 +121,9 @@ def mlflow_records(experiment: str, uri: str | None = None,
     from mlflow.tracking import MlflowClient
 
     if uri is None:
-        from gpubench import tracking
+        from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
 
-        uri = tracking.resolve_uri(None)
+        uri = resolve_uri(None)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)

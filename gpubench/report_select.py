@@ -9,15 +9,19 @@ in one line what it left out (gpubench.report); `--where KEY=VALUE` picks rows f
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
 from gpubench.record import RunRecord
 from gpubench.sweep import format_value
 
-if TYPE_CHECKING:
-    from gpubench.report import Row
+
+class Row(Protocol):
+    """What selection reads of a report row (gpubench.report.Row): its record and config."""
+
+    record: RunRecord
+    flat: dict[str, Any]
 
 
 # what makes two runs the same training setup: the report never ranks one against another
