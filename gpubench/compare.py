@@ -4,8 +4,9 @@
 
 Reads the results.json artifacts of an MLflow experiment's runs (default experiment:
 `gpubench`), groups them by workload (model, dataset, image size: devices are only compared on
-the same work) and by device name, and keeps per device its fastest feasible full-length run.
-For each device it prints images/sec, images per joule (where the run measured energy) and
+the same work) and by device name, and keeps per device its fastest feasible full-length run;
+only full training measurements count (an e2e phase measured: no loader-only run, max-batch
+probe or screen). For each device it prints images/sec, images per joule (where the run measured energy) and
 images per dollar from `cost.usd_per_hour`, then each device against the cheapest one:
 reference article 003's "7x the price for 3x the throughput" as a table.
 
@@ -34,6 +35,7 @@ import yaml
 
 from gpubench.files import read_json
 from gpubench.record import RESULTS_FILE, RunRecord
+from gpubench.report_select import left_out
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -119,9 +121,9 @@ def mlflow_records(experiment: str, uri: str | None = None,
     from mlflow.tracking import MlflowClient
 
     if uri is None:
-        from gpubench import tracking
+        from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
 
-        uri = tracking.resolve_uri(None)
+        uri = resolve_uri(None)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
@@ -146,6 +148,8 @@ def mlflow_records(experiment: str, uri: str | None = None,
                     # the device as the tracking tags name it, when results.json lacks it
                     if not rec.env.get("device_name"):
                         rec.env["device_name"] = run.data.tags.get("device_name")
+                    # a max-batch probe or a screen: the rung its sweep gave the job
+                    rec.rung = run.data.tags.get("rung") or rec.extra.get("rung") or rec.rung
                     rec.extra["mlflow_run_id"] = rid
                     out.append(rec)
             token = page.token
@@ -170,7 +174,9 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
     device beside a full measurement."""
     groups: dict[str, dict[str, list[RunRecord]]] = {}
     for r in records:
-        if r.feasible:
+        # a loader-only run's figure is its loader's, a probe's a few steps': no device's
+        # training throughput
+        if r.feasible and left_out(r) is None:
             groups.setdefault(workload_of(r), {}).setdefault(device_of(r), []).append(r)
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(groups.items()):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 from gpubench import record
@@ -66,6 +67,12 @@ class Jobs:
     def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
         rung = [lab.get("rung", "run") for lab in labels]
         first = self._reserve(len(batch))
+        # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
+        before = os.environ.get(record.RUNG_ENV)
+        if len(set(rung)) == 1:
+            os.environ[record.RUNG_ENV] = rung[0]
+        else:
+            os.environ.pop(record.RUNG_ENV, None)
         try:
             rets = self.launcher.launch(batch, initial_job_idx=first)
         except Exception as e:  # the launcher itself broke: every job of the batch failed
@@ -73,6 +80,11 @@ class Jobs:
             return [record.missing(self.manifest.sweep_dir / str(first + i),
                                    f"launcher: {type(e).__name__}: {e}", rung=rung[i])
                     for i in range(len(batch))]
+        finally:
+            if before is None:
+                os.environ.pop(record.RUNG_ENV, None)
+            else:
+                os.environ[record.RUNG_ENV] = before
         self.returns.append(rets)
         out = []
         for i, r in enumerate(rets):

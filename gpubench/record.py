@@ -45,6 +45,10 @@ PHASE_NAMES = ("loader", "compute", "e2e")
 # set by the gpubench sweeper for its jobs: the Optuna study they belong to (kept in the record
 # as `study`, an MLflow tag, so every worker's jobs of one search are found together)
 STUDY_ENV = "GPUBENCH_STUDY"
+# set by the gpubench sweeper around a batch of jobs of one rung (screen, full, confirm, probe):
+# the job keeps it in its record (`extra["rung"]`, an MLflow tag), so a report read from MLflow
+# tells a max-batch probe or a screen from a full measurement as a sweep dir's manifest does
+RUNG_ENV = "GPUBENCH_RUNG"
 
 
 class Status(str, Enum):

@@ -8,6 +8,10 @@ studies, max-batch probes) or the results.json artifacts of MLflow runs. Writes 
 `<sweep dir>/report/`: ranking.csv and ranking.txt, summary.json, PNG plots, and
 `experiment/recommended.yaml`, rerun with `python -m gpubench -cd <report dir> experiment=recommended`.
 
+It ranks full training measurements (an e2e phase measured: no loader-only or compute-only run,
+max-batch probe or screen) of one training setup (model, dataset, image size: the newest run's
+unless `--where KEY=VALUE` picks the rows), and says in one line what it left out.
+
 The recommendation follows reference article 003: among feasible configurations (status ok,
 peak memory under memory.ceiling) within `tolerance` (5%) of the fastest, keep AMP on when AMP
 measured faster, pin_memory on, then the smallest batch size and the fewest loader workers.
@@ -34,7 +38,8 @@ import yaml
 
 from gpubench.config import CONFIG_DIR, FaultConfig
 from gpubench.files import flatten, read_json
-from gpubench.record import RunRecord, Status, find_runs, load, missing
+from gpubench.record import SHORT_RUNGS, RunRecord, Status, find_runs, load, missing
+from gpubench.report_select import left_out, parse_where, setup_of, training_rows, where
 from gpubench.stats import holding, median, median_interval
 from gpubench.sweep import format_value
 
@@ -257,7 +262,7 @@ def rows_of_study(study) -> list[Row]:
 
 
 def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
-                study: str | None = None) -> list[Row]:
+                study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
     """Rows from the results.json artifacts of an MLflow experiment's runs (children of `parent`
     only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
     artifact (sweep parents) are skipped."""
@@ -273,7 +278,7 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
     rows = [row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
             for rec in mlflow_records(experiment, uri, filt)]
-    return latest_per_setup(rows)
+    return latest_per_setup(where(rows, conditions or {}))
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
@@ -285,7 +290,10 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
     groups: dict[str, list[Row]] = {}
     for r in rows:
         cfg = r.record.config
-        key = json.dumps({k: cfg.get(k) for k in SETUP_KEYS}, sort_keys=True, default=str)
+        # a loader-only run or a probe is another kind of measurement of the setup: never
+        # the row that stands for (and hides) its training measurement
+        key = json.dumps({**{k: cfg.get(k) for k in SETUP_KEYS}, "kind": left_out(r.record)},
+                         sort_keys=True, default=str)
         groups.setdefault(key, []).append(r)
     out = []
     for group in groups.values():
@@ -378,7 +386,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     can hurt the model and take memory; extra workers cost host RAM). A screen or a probe is
     too short to compare speeds; a run that found its own measurement disturbed is never the
     recommendation, and the report says when the fastest figure came from one."""
-    full = [r for r in rows if r.feasible and r.full]
+    full = [r for r in rows if r.feasible and left_out(r.record) is None]
     ok = [r for r in full if r.stable]
     reasons = []
     if full and not ok:
@@ -395,9 +403,9 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "step); rerun the recommended config on a quiet machine before trusting it")
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
-        reasons.append(f"the fastest figure, run {fastest.label} at {_iv(fastest)} img/s, was "
-                       "measured unstable (noise_reasons): not recommended unconfirmed; rerun "
-                       "it on a quiet machine")
+        reasons.append(f"the fastest figure, run {fastest.label} at {_iv(fastest)} img/s, "
+                       f"{why_not_best(fastest)}: not recommended unconfirmed; rerun it on a "
+                       "quiet machine")
     near = [r for r in ok if near_best(r, best, tolerance)]
     lead = 1 if reasons and reasons[0].startswith("UNCONFIRMED") else 0
     reasons.insert(lead, f"fastest {'stable ' if best.stable else ''}feasible: {_iv(best)} img/s; {len(near)} configuration(s)"
@@ -437,6 +445,27 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                    f"{chosen.throughput / best.throughput:.0%} of the fastest")
     reasons += _workers_check(rows, chosen)
     return Recommendation(best, chosen, tolerance, reasons)
+
+
+def why_not_best(r: Row) -> str:
+    """Why the fastest figure is not the reference, from the row itself: its own measurement
+    found itself disturbed, its confirm step's re-measurements were disturbed or disagreed, or
+    it was measured once while the confirm step re-measured other trials."""
+    own = r.record
+    if own.measurement_stable is False:
+        why = ", ".join(own.noise_reasons) or "noise_reasons not recorded"
+        return f"was measured unstable ({why})"
+    if r.confirms and not r.stable:
+        return (f"was not confirmed: its {len(r.confirms)} re-measurement(s) by the confirm step "
+                "were disturbed, failed or disagreed with it")
+    return ("is unconfirmed: its own measurement found no disturbance, but the confirm step "
+            "re-measured other trials, not this one")
+
+
+def recommendation(sweep_dir: Path, tolerance: float = TOLERANCE) -> Recommendation | None:
+    """What the report of a sweep dir recommends (the rows it ranks, then `recommend`)."""
+    rows, _ = load_dir(Path(sweep_dir).resolve())
+    return recommend(training_rows(rows)[0], tolerance)
 
 
 def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
@@ -547,6 +576,13 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     from gpubench import report_plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    # rank and recommend full training measurements of one setup; when there are none (a
+    # max-batch search's probes), the table still shows what was measured
+    kept, notes = training_rows(rows)
+    # the plots still show the same setup's screens and probes (hollow, never on a curve)
+    shown = kept + [r for r in rows if r.rung in SHORT_RUNGS
+                    and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
+    rows = kept or rows
     keys = varying(rows)
     files: list[Path] = []
     head, body = table_rows(rows, keys)
@@ -560,11 +596,12 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     rec = recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
-    lines = []
+    lines = list(notes)
     if rec is None:
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
-                     "failed)" if any(r.full for r in rows) else
-                     "no recommendation: only short screens or max-batch probes were measured")
+                     "failed)" if kept else
+                     "no recommendation: no full training measurement (only screens, max-batch "
+                     "probes or runs without an e2e phase)")
     else:
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)
@@ -591,7 +628,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             f"recommended config: {yml}",
             f"rerun it: {cmd}",
         ]
-    files += report_plots.plot_all(rows, out_dir, rec, study)
+    files += report_plots.plot_all(shown, out_dir, rec, study)
     summary["files"] = [str(f) for f in files]
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
@@ -628,12 +665,14 @@ class NothingToReport(FileNotFoundError):
 
 
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
-                 quiet: bool = False) -> list[Path]:
-    """The report of a sweep dir, written to `<sweep_dir>/report/`; returns its files."""
+                 quiet: bool = False, conditions: dict[str, str] | None = None) -> list[Path]:
+    """The report of a sweep dir (its rows matching `conditions`, --where), written to
+    `<sweep_dir>/report/`; returns its files."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
+    rows = where(rows, conditions or {})
     out = sweep_dir / REPORT_DIR
-    stamp = _fingerprint(rows, sweep_dir) + [tolerance]
+    stamp = _fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
     old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
         if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
@@ -643,8 +682,26 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
     if not rows:
         raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
-                              f"(results.json) under {sweep_dir}")
+                              f"(results.json){_matching(conditions)} under {sweep_dir}")
     return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp)
+
+
+def _matching(conditions: dict[str, str] | None) -> str:
+    return "".join(f" with {k}={v}" for k, v in (conditions or {}).items())
+
+
+def looks_like_path(source: str) -> bool:
+    """A source written as a folder (a path separator, or starting with '.' or '~'), not an
+    MLflow experiment name."""
+    return "/" in source or "\\" in source or source.startswith((".", "~"))
+
+
+def mlflow_out_dir(experiment: str, parent: str | None, study: str | None) -> Path:
+    """outputs/reports/<experiment>, -parent-<first 8 of its id> or -study-<name>: a report
+    of part of an experiment never overwrites the whole experiment's."""
+    name = experiment + (f"-parent-{parent[:8]}" if parent else "") + (
+        f"-study-{study}" if study else "")
+    return Path("outputs") / "reports" / name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -662,34 +719,46 @@ def main(argv: list[str] | None = None) -> int:
                    help="compare devices over an MLflow experiment's runs: images/sec, images "
                    "per joule, images per dollar (see docs/report.md)")
     p.add_argument("--prices", help="--compare: a YAML of cost.usd_per_hour per device name")
+    p.add_argument("--where", action="append", metavar="KEY=VALUE",
+                   help="only runs whose config has KEY=VALUE (repeatable), e.g. "
+                   "--where model.name=resnet50")
     a = p.parse_args(argv)
+    conditions = parse_where(a.where)
     if a.compare is not None:
         from gpubench import compare
 
         return compare.main(a.compare or a.source, a.tracking_uri, a.prices)
     if a.source is None:
         p.error("a sweep dir or an MLflow experiment is required")
-    src = Path(a.source)
-    if src.is_dir():
+    src = Path(a.source).expanduser()
+    if not src.is_dir() and looks_like_path(a.source):
+        print(f"gpubench.report: no such folder: {a.source}", file=sys.stderr)
+        return 1
+    # a bare name is a folder only when it holds runs: `gpubench` in the project's root is the
+    # package, and the default MLflow experiment
+    if src.is_dir() and (looks_like_path(a.source) or (src / "sweep.json").is_file()
+                         or find_runs(src)):
         try:
             if a.out:
                 rows, study = load_dir(src.resolve())
+                rows = where(rows, conditions)
                 if not rows:
                     raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
-                                          f"(results.json) under {src.resolve()}")
+                                          f"(results.json){_matching(conditions)} under "
+                                          f"{src.resolve()}")
                 write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance)
             else:
-                sweep_report(src, a.tolerance)
+                sweep_report(src, a.tolerance, conditions=conditions)
         except NothingToReport as e:
             print(e, file=sys.stderr)
             return 1
         return 0
-    rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study)
+    rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study, conditions)
     if not rows:
-        print(f"gpubench.report: no runs with results.json in experiment {a.source!r}",
-              file=sys.stderr)
+        print(f"gpubench.report: no runs with results.json{_matching(conditions)} in experiment "
+              f"{a.source!r}", file=sys.stderr)
         return 1
-    out = Path(a.out or Path("outputs") / "reports" / a.source)
+    out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
     write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance)
     return 0
 

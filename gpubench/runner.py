@@ -38,7 +38,7 @@ from gpubench.measure import run_window
 from gpubench.models import build_model, maybe_compile, prepare_model
 from gpubench.monitor import Monitor, MonitorSummary
 from gpubench.precision import apply_backend_flags, resolve_precision
-from gpubench.record import RESULTS_FILE, STUDY_ENV, PhaseRecord, RunRecord, Status
+from gpubench.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.secrets import mask_tree
 from gpubench.settings import Settings, check_classes, check_resources, plain, resolve
 from gpubench.stats import WindowStats, pool
@@ -171,6 +171,8 @@ class Benchmark:
             os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
         if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
             rec.extra["study"] = os.environ[STUDY_ENV]
+        if os.environ.get(RUNG_ENV):  # a sweeper's job: screen, full, confirm or probe
+            rec.extra["rung"] = os.environ[RUNG_ENV]
         self.record = rec
         self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []

@@ -128,3 +128,25 @@ def test_prices_carried_in_the_runs_config_count_as_the_users():
     assert (rows["NVIDIA L4"].usd_per_hour, rows["NVIDIA L4"].price_source) == (0.8, "yours")
     assert rows[T4].price_source.startswith("example")  # not in the runs' table
     assert compare.versus(list(rows.values()))[0]["baseline"] == T4  # the cheapest
+
+
+def test_only_training_measurements_stand_for_a_device(store):
+    """A loader-only run's figure is its loader's and a max-batch probe (tagged `rung`) measured a
+    few steps: neither is a device's training throughput."""
+    from mlflow.tracking import MlflowClient
+
+    uri, prices = store
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("mixed", artifact_location=(prices.parent / "art3").as_uri())
+    loader_only = rec(T4, 0.0)
+    loader_only.images_per_sec, loader_only.loader_images_per_sec = None, 8333.7
+    loader_only.phases = {"loader": PhaseRecord("loader", 128, images_per_sec=8333.7)}
+    loader_only.config["bench"]["phases"] = ["loader"]
+    for r, tags in ((rec(T4, 260.0), {}), (loader_only, {}),
+                    (rec(T4, 22276.3, batch=512), {"rung": "probe"})):
+        run = client.create_run(exp, tags={"device_name": T4, **tags})
+        client.log_dict(run.info.run_id, r.to_dict(), "results.json")
+        client.set_terminated(run.info.run_id)
+    [row] = compare.compare_rows(compare.mlflow_records("mixed", uri), {})[
+        "model resnet50, dataset imagefolder, 224 px"]
+    assert row.images_per_sec == 260.0 and row.runs == 1

@@ -315,3 +315,176 @@ def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thin
     older_stalled.record.config["fault"]["stall_every"] = 5
     (out,) = latest_per_setup([older_stalled, sgd[0]])
     assert out.record is sgd[0].record and out.confirms == []
+
+
+# --------------------------------------------------------------------------- like with like
+
+
+def trained(model, ips, started, batch=64, rung="run", phases=None, stable=None, ci=None,
+            precision="fp32", image_size=64) -> Row:
+    """A run of one training setup (model, dataset, image size) as an experiment holds it; a
+    loader-only run (`phases=["loader"]`) measured its loader's figure and no e2e one."""
+    bench = {"steps": 50, **({"phases": phases} if phases else {})}
+    e2e = phases is None or "e2e" in phases
+    rec = RunRecord(status=Status.ok, images_per_sec=ips if e2e else None,
+                    loader_images_per_sec=None if e2e else ips, images_per_sec_ci=ci,
+                    peak_memory_fraction=0.3, memory_ceiling=0.8, measurement_stable=stable,
+                    config={"model": {"name": model},
+                            "dataset": {"name": "synthetic", "image_size": image_size},
+                            "loader": {"batch_size": batch, "num_workers": 2},
+                            "precision": {"name": precision}, "bench": bench},
+                    env={"device": "cuda"}, started_at=f"2026-11-21T10:{started:02d}:00",
+                    rung=rung)
+    return Row(f"{model}-{started}", rec)
+
+
+def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended():
+    from gpubench.report import training_rows
+
+    tiny = [trained("tiny", 3959.3, 1), trained("tiny", 3500.0, 2, batch=32)]
+    loader_only = trained("tiny", 8333.7, 3, phases=["loader"])
+    probe = trained("tiny", 22276.3, 4, batch=512, rung="probe", precision="amp_bf16")
+    screen = trained("tiny", 9000.0, 5, rung="screen")
+    rows = [*tiny, loader_only, probe, screen]
+    kept, notes = training_rows(rows)
+    assert kept == tiny
+    assert notes == ["left out 3 run(s) that are no full training measurement: 1 runs without "
+                     "an e2e phase (loader-only or compute-only), 1 max-batch probes, 1 screens"]
+    rec = recommend(rows)  # the rule itself never picks a loader figure or a probe
+    assert rec.best is tiny[0] and rec.chosen in tiny
+    # (the loader check may quote a loader-only run: it is the loader phase's view)
+    assert not any("22276" in x or "8333" in x for x in rec.reasons
+                   if not x.startswith("loader check"))
+    assert not any("AMP" in x for x in rec.reasons)  # the only AMP run was a probe
+    # a run that crashed before its e2e phase is a failed training measurement: still ranked
+    crashed = trained("tiny", 0.0, 6)
+    crashed.record.status, crashed.record.images_per_sec = Status.oom, None
+    assert training_rows([*tiny, crashed])[0] == [*tiny, crashed]
+
+    # setups are never ranked against each other: the newest run's, the others named
+    r50 = [trained("resnet50", 410.0, 7), trained("resnet50", 400.0, 8, image_size=224)]
+    kept, notes = training_rows([*tiny, *r50])
+    assert kept == [r50[1]]
+    assert len(notes) == 1 and "model.name=resnet50" in notes[0] and "224" in notes[0]
+    assert "model.name=tiny dataset.name=synthetic dataset.image_size=64 (2 run(s))" in notes[0]
+    assert "--where" in notes[0]
+
+
+def test_where_filters_rows_before_anything_else():
+    from gpubench.report import parse_where, where
+
+    rows = [trained("tiny", 100.0, 1), trained("resnet50", 50.0, 2, batch=32),
+            trained("resnet50", 60.0, 3, precision="amp_bf16")]
+    cond = parse_where(["model.name=resnet50", "loader.batch_size=64"])
+    assert cond == {"model.name": "resnet50", "loader.batch_size": "64"}
+    assert where(rows, cond) == [rows[2]]
+    assert where(rows, {}) == rows
+    for bad in (["model.name"], ["=x"]):
+        with pytest.raises(SystemExit) as e:
+            parse_where(bad)
+        assert bad[0] in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as e:  # a typo: one line naming it and the close keys
+        where(rows, {"model.nme": "tiny"})
+    assert "model.nme" in str(e.value) and "model.name" in str(e.value)
+
+
+def test_the_fastest_figures_true_reason_is_given():
+    # stable on its own measurement, but the confirm step re-measured another trial
+    once = row(128, 2, ips=4483.4, ci=[4400.0, 4560.0], stable=True)
+    steady = row(64, 2, ips=4000.0, ci=[3950.0, 4050.0], stable=True)
+    steady.confirms = [_again(steady, 4010.0, [3960.0, 4060.0])]
+    rec = recommend([once, steady])
+    assert rec.best is steady
+    [why] = [x for x in rec.reasons if once.label in x]
+    assert "unconfirmed" in why and "unstable" not in why
+    # disturbed on its own measurement: unstable, with its noise reasons
+    noisy = row(128, 2, ips=4483.4, stable=False)
+    noisy.record.noise_reasons = ["host CPU busy 97%"]
+    [why] = [x for x in recommend([noisy, steady]).reasons if noisy.label in x]
+    assert "measured unstable (host CPU busy 97%)" in why
+    # re-measured and found to disagree
+    lucky = row(128, 2, ips=4483.4, ci=[4400.0, 4560.0], stable=True)
+    lucky.confirms = [_again(lucky, 4300.0, [4290.0, 4310.0])]
+    [why] = [x for x in recommend([lucky, steady]).reasons if lucky.label in x]
+    assert "disagreed" in why and "unstable" not in why
+
+
+def test_a_mistyped_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    from gpubench.report import main
+
+    for source in (f"{tmp_path}/multirun/nope", "./nope", "~/no-such-gpubench-dir"):
+        assert main([source]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == f"gpubench.report: no such folder: {source}"
+    # a bare name that is a folder without runs (the package in the project's root) is the
+    # MLflow experiment of that name
+    (tmp_path / "gpubench").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["gpubench", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert "no MLflow experiment 'gpubench'" in str(e.value)
+
+
+def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatch):
+    """`--parent X` / `--study S` write their own folder, never over the experiment's."""
+    from mlflow.tracking import MlflowClient
+
+    from gpubench.report import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
+    parent = client.create_run(exp).info.run_id
+    for i, r in enumerate([trained("tiny", 100.0, 1), trained("tiny", 90.0, 2, batch=32),
+                           trained("resnet50", 40.0, 3),
+                           trained("resnet50", 9000.0, 4, phases=["loader"])]):
+        tags = {"study": "s1"} | ({"mlflow.parentRunId": parent} if i == 1 else {})
+        run = client.create_run(exp, tags=tags, start_time=1000 + i)
+        r.record.dir = tmp_path / f"run{i}"
+        r.record.dir.mkdir()
+        client.log_artifact(run.info.run_id, str(r.record.save()))
+        client.set_terminated(run.info.run_id)
+    monkeypatch.chdir(tmp_path)
+    reports = tmp_path / "outputs" / "reports"
+    assert main(["exp", "--tracking-uri", uri]) == 0
+    assert main(["exp", "--tracking-uri", uri, "--parent", parent]) == 0
+    assert main(["exp", "--tracking-uri", uri, "--study", "s1"]) == 0
+    assert main(["exp", "--tracking-uri", uri, "--where", "model.name=tiny"]) == 0
+    whole = json.loads((reports / "exp" / "summary.json").read_text())
+    part = json.loads((reports / f"exp-parent-{parent[:8]}" / "summary.json").read_text())
+    study = json.loads((reports / "exp-study-s1" / "summary.json").read_text())
+    assert part["rows"] == 1 and study["rows"] == 1  # ranked rows: one setup, e2e only
+    # the whole experiment (last written with --where): tiny only, its fastest recommended
+    assert whole["rows"] == 2 and whole["best"]["images_per_sec"] == 100.0
+    # the study's report ranks the newest run's setup (resnet50) without its loader-only run
+    assert study["best"]["images_per_sec"] == 40.0
+    assert any("left out 1 run(s)" in x for x in study["lines"])
+    assert any("model.name=tiny" in x and "--where" in x for x in study["lines"])
+
+
+@pytest.mark.slow
+def test_an_experiments_report_leaves_max_batch_probes_out(tmp_path, capsys):
+    """A max-batch search logged to the same MLflow experiment as a training run: its probes are
+    tagged with their rung and the experiment's report ranks the training run only."""
+    from mlflow.tracking import MlflowClient
+
+    from gpubench.report import main
+    from tests.conftest import TINY
+
+    tiny = [o for o in TINY if not o.startswith("tracking=")]
+    p = run_cli(*tiny, "tracking=mlflow", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = run_cli("sweep=max_batch", *tiny, "tracking=mlflow", "loader.batch_size=4",
+                "fault.oom_above_batch=4", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                "hydra.sweeper.report=false", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpubench").experiment_id])
+    probes = [r for r in runs if r.data.tags.get("rung") == "probe"]
+    assert len(probes) >= 2 and len(runs) == 1 + 1 + len(probes)  # a run, a parent, probes
+    capsys.readouterr()
+    assert main(["gpubench", "--tracking-uri", uri, "--out", str(tmp_path / "rep")]) == 0
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["rows"] == 1
+    assert f"{len(probes)} max-batch probes" in summary["lines"][0]

@@ -214,7 +214,11 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
         children = [r for r in runs if r is not parent]
         assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
         assert sorted(r.data.params["batch_size"] for r in children) == ["2", "4", "8"]
-        best = max(children, key=lambda r: r.data.metrics["objective"])
+        # the report's recommendation: the parent follows the report's rule
+        from gpubench.report import recommendation
+
+        uid = recommendation(sweep).chosen.record.run_uid
+        [best] = [r for r in children if r.data.tags["run_uid"] == uid]
         assert parent.info.status == "FINISHED"
         assert parent.data.params["loader.batch_size"] == "2,4,8"
         assert parent.data.tags["best_run_id"] == best.info.run_id
@@ -256,3 +260,35 @@ def test_ctrl_c_is_a_killed_run(mlflow_server, tmp_path):
     (run,) = runs_of(url, "interrupted")
     assert run.info.status == "KILLED" and run.data.tags["status"] == "killed"
     assert run.data.metrics["loader/images_per_sec"] > 0
+
+
+def test_the_parents_best_is_the_reports_recommendation(tmp_path):
+    """One rule: the sweep parent's best is what the report attached to it recommends (a faster
+    figure that found its own measurement disturbed is not it, whatever the objective or the
+    manifest say); the manifest's best only when the report has no recommendation."""
+    from gpubench.files import write_json
+    from gpubench.record import RunRecord, Status
+    from gpubench.report import recommendation
+
+    sweep = tmp_path / "sweep"
+    for i, (ips, stable) in enumerate([(900.0, False), (500.0, True)]):
+        rec = RunRecord(status=Status.ok, images_per_sec=ips, peak_memory_fraction=0.3,
+                        memory_ceiling=0.8, measurement_stable=stable, dir=sweep / str(i),
+                        noise_reasons=[] if stable else ["compute step times vary"],
+                        config={"model": {"name": "tiny"}, "loader": {"batch_size": 8 * (i + 1)}},
+                        started_at=f"2026-11-21T10:0{i}:00")
+        (sweep / str(i)).mkdir(parents=True)
+        rec.save()
+    write_json(sweep / "sweep.json", {"best": {"dir": str(sweep / "0")}})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with tracking.open_store(uri, "sweeps") as store:
+        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8,16"])
+        tracking.close_sweep(store, sweep, parent)
+    tags = client(uri).get_run(parent).data.tags
+    assert recommendation(sweep).chosen.record.dir == sweep / "1"
+    assert tags["best_run_dir"] == str(sweep / "1") == str(tracking.best_job(sweep).dir)
+    # every job a max-batch probe: the report recommends nothing, the manifest's best stands
+    write_json(sweep / "sweep.json", {"best": {"dir": str(sweep / "0")},
+                                      "jobs": [{"dir": str(sweep / str(i)), "rung": "probe"}
+                                               for i in range(2)]})
+    assert recommendation(sweep) is None and tracking.best_job(sweep).dir == sweep / "0"

@@ -1,10 +1,11 @@
 """A sweep in MLflow: one parent run, one child run per job.
 
 The parent is opened before the first job (by the Hydra callback, or by `sync` for a sweep that
-never reached MLflow) and closed at the end with the best job. The best job is the sweep's own
-choice when its manifest names one (gpubench's sweeper: short screens and max-batch probes never
-win over full measurements), else the feasible full-length record with the highest objective:
-feasibility and objective are `RunRecord`'s, never re-derived here.
+never reached MLflow) and closed at the end with the best job. The best job is the sweep report's
+recommendation (gpubench.report: full training measurements of one setup, stable and
+confirmed first), so the parent and the report attached to it agree; without one, the sweep's
+own choice when its manifest names one, else the feasible full-length record with the highest
+objective: feasibility and objective are `RunRecord`'s, never re-derived here.
 
 A parent ends FINISHED when its sweep completed (a resumed sweep included, whatever earlier
 attempts left behind) and KILLED when the sweep was interrupted before its end.
@@ -12,6 +13,7 @@ attempts left behind) and KILLED when the sweep was interrupted before its end.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -34,6 +36,7 @@ from gpubench.tracking.runs import (
 )
 from gpubench.tracking.store import Store, open_store
 
+log = logging.getLogger("gpubench")
 MANIFEST = "sweep.json"  # written by gpubench's sweeper: its jobs (dir, rung) and its best
 
 
@@ -114,8 +117,18 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
 
 
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
-    """The sweep manifest's best when it names one, else the feasible full-length job with the
-    highest objective."""
+    """The report's recommendation over the sweep dir's rows (gpubench.report.recommend: one
+    rule, so the parent never names a run its own report rejects); when the report has none,
+    the sweep manifest's best, else the feasible full-length job with the highest objective."""
+    from gpubench.report import recommendation
+
+    try:
+        rec = recommendation(sweep_dir)
+    except Exception as e:  # an unreadable study: the manifest still names a best
+        log.warning("sweep %s: no report recommendation (%s)", sweep_dir, e)
+        rec = None
+    if rec is not None and rec.chosen.record.dir is not None:
+        return rec.chosen.record
     chosen = (read(sweep_dir / MANIFEST).get("best") or {}).get("dir")
     if chosen:
         rec = record.load(chosen)

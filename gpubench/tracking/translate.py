@@ -214,6 +214,9 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
         "overrides": overrides,
         # the Optuna study a sweep job belongs to: one search across all its workers
         "study": rec.extra.get("study"),
+        # the sweeper's rung (screen, full, confirm, probe): a report from MLflow tells a short
+        # measurement from a full one by it
+        "rung": rec.extra.get("rung"),
         "mlflow.source.name": "gpubench",
         "mlflow.source.type": "LOCAL",
         "mlflow.source.git.commit": env.get("git_commit"),
