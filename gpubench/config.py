@@ -430,11 +430,14 @@ def _swept_values(o) -> list:
     return list(o.sweep_iterator())
 
 
-def _keys(node: Any, prefix: str = "") -> list[str]:
+def _keys(node: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
+    """Every dotted key under `node` (nodes read unresolved), the top-level `skip` left out."""
     if not isinstance(node, DictConfig):
         return []
     out = []
     for k in node.keys():
+        if k in skip:
+            continue
         key = f"{prefix}{k}"
         out.append(key)
         child = node._get_node(k)
@@ -475,8 +478,7 @@ def check_sweep_overrides(cfg: DictConfig) -> None:
         if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
             import difflib
 
-            close = difflib.get_close_matches(key, [k for k in _keys(cfg)
-                                                    if not k.startswith("hydra")], n=3)
+            close = difflib.get_close_matches(key, _keys(cfg, skip=("hydra",)), n=3)
             hint = f" (close: {', '.join(close)})" if close else ""
             raise ConfigError(key, o.input_line.split("=", 1)[-1] if o.input_line else values,
                               f"a key of the config to sweep{hint}; +{key}=... adds a new one")
