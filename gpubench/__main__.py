@@ -2,7 +2,7 @@
 
 It hands the composed config to `run_benchmark` and returns the e2e images/sec as a finite
 float, so any Hydra sweeper can maximize it. Errors, Ctrl-C and SIGTERM end the command with one
-line (gpubench.errors).
+line (gpubench.cli.errors).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from gpubench.config import CONFIG_DIR, ConfigError
-from gpubench.errors import Exit, hold_stderr, one_line_errors, release_stderr
+from gpubench.cli.errors import Exit, hold_stderr, one_line_errors, release_stderr
+from gpubench.config.schema import CONFIG_DIR, ConfigError
 
 
 def _multirun() -> bool:
@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> float:
 
 
 def _job(cfg: DictConfig) -> float:
-    from gpubench.runner import run_benchmark
+    from gpubench.run.runner import run_benchmark
 
     try:
         result = run_benchmark(cfg)
@@ -44,7 +44,7 @@ def _job(cfg: DictConfig) -> float:
         e.run_dir = HydraConfig.get().runtime.output_dir  # type: ignore[attr-defined]
         raise
     except ConfigError as e:
-        if not _multirun():  # raised on: gpubench.errors prints it as one line, exit 2
+        if not _multirun():  # raised on: gpubench.cli.errors prints it as one line, exit 2
             raise
         # one bad job must not end a sweep
         print(f"gpubench: error: {e}", file=sys.stderr)
@@ -73,7 +73,7 @@ def cli() -> None:
         with one_line_errors():
             main()
     except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
-        from gpubench.callbacks import EXIT
+        from gpubench.cli.callbacks import EXIT
 
         EXIT["code"] = e.code if isinstance(e.code, int) else 1
         raise

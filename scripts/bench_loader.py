@@ -29,9 +29,9 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_imagefolder import make_imagefolder  # noqa: E402
 
-from gpubench.augment import cpu_train_transform  # noqa: E402
-from gpubench.config import CONFIG_DIR  # noqa: E402
-from gpubench.runner import measure_run  # noqa: E402
+from gpubench.config.schema import CONFIG_DIR  # noqa: E402
+from gpubench.parts.augment import cpu_train_transform  # noqa: E402
+from gpubench.run.runner import measure_run  # noqa: E402
 
 
 def wait_idle(a) -> None:

@@ -22,11 +22,11 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from gpubench.config import CONFIG_DIR
-from gpubench.models import build_model, prepare_model
-from gpubench.precision import apply_backend_flags, make_grad_scaler, resolve_precision
-from gpubench.runner import measure_run
-from gpubench.settings import Settings, check_resources, resolve
+from gpubench.config.schema import CONFIG_DIR
+from gpubench.config.settings import Settings, check_resources, resolve
+from gpubench.parts.models import build_model, prepare_model
+from gpubench.parts.precision import apply_backend_flags, make_grad_scaler, resolve_precision
+from gpubench.run.runner import measure_run
 
 DEFAULTS = [
     "model=resnet18",

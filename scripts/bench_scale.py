@@ -45,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpubench import record  # noqa: E402
-from gpubench.study import measured_trials  # noqa: E402
+from gpubench.core import record  # noqa: E402
+from gpubench.search.study import measured_trials  # noqa: E402
 
 TRIAL = ["model=tiny", "dataset.image_size=32", "dataset.num_samples=256",
          "loader.batch_size=16", "loader.num_workers=0", "bench.device=cpu",

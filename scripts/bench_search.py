@@ -26,9 +26,9 @@ import optuna
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpubench.record import RunRecord, Status  # noqa: E402
-from gpubench.study import MEMORY, copy_result, make_sampler, split_duplicates  # noqa: E402
-from gpubench.sweep import parse_search_space  # noqa: E402
+from gpubench.core.record import RunRecord, Status  # noqa: E402
+from gpubench.search.space import parse_search_space  # noqa: E402
+from gpubench.search.study import MEMORY, copy_result, make_sampler, split_duplicates  # noqa: E402
 
 GRID = ROOT / "docs" / "data" / "search_grid_cpu.csv"
 AXES = {  # CSV column -> the override key a user sweeps
@@ -50,7 +50,7 @@ def _parse(v: str):
 
 
 def load_grid(path: Path, ceiling: float | None) -> dict[tuple, RunRecord]:
-    """One record per grid point: throughput, constraint and feasibility are gpubench.record's,
+    """One record per grid point: throughput, constraint and feasibility are gpubench.core.record's,
     exactly as the sweeper reads a job."""
     table = {}
     with open(path) as f:

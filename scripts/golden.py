@@ -102,13 +102,13 @@ def _imp(*names: str):
 def _compose(overrides):
     from hydra import compose, initialize_config_dir
 
-    cfgmod = _imp("gpubench.config", "gpubench.config.schema")
+    cfgmod = _imp("gpubench.config.schema")
     with initialize_config_dir(version_base="1.3", config_dir=str(cfgmod.CONFIG_DIR)):
         return compose("bench", overrides=[*TINY, *overrides])
 
 
 def _fixture_record():
-    record = _imp("gpubench.core.record", "gpubench.record")
+    record = _imp("gpubench.core.record")
     return record.RunRecord.from_dict(json.loads((FIXTURES / "run.json").read_text()),
                                       run_dir=Path("RUN"))
 
@@ -116,7 +116,7 @@ def _fixture_record():
 def console_text() -> str:
     from rich.console import Console
 
-    console = _imp("gpubench.cli.console", "gpubench.console")
+    console = _imp("gpubench.report.console")
     buf = io.StringIO()
     con = Console(file=buf, width=160, highlight=False, color_system=None)
     console.print_result(_fixture_record(), console=con)
@@ -137,7 +137,7 @@ def mlflow_json() -> str:
 
 
 def config_json() -> str:
-    settings = _imp("gpubench.config.settings", "gpubench.settings")
+    settings = _imp("gpubench.config.settings")
     out = []
     for ov in CONFIGS:
         s = settings.resolve(_compose(ov))
@@ -147,8 +147,8 @@ def config_json() -> str:
 
 
 def errors_text() -> str:
-    settings = _imp("gpubench.config.settings", "gpubench.settings")
-    errors = _imp("gpubench.cli.errors", "gpubench.errors")
+    settings = _imp("gpubench.config.settings")
+    errors = _imp("gpubench.cli.errors", "gpubench.cli.errors")
     lines = []
     for ov in BAD:
         try:

@@ -44,7 +44,7 @@ check() {
   python3 - "$@" <<'EOF' | tee -a "$log"
 import json, sys
 from pathlib import Path
-from gpubench.record import load
+from gpubench.core.record import load
 name, expr, *dirs = sys.argv[1:]
 recs = [load(d) for d in dirs]
 if any(r is None for r in recs):

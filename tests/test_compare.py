@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench import compare, report
-from gpubench.record import PhaseRecord, RunRecord, Status
+from gpubench.core.record import PhaseRecord, RunRecord, Status
+from gpubench.report import cli as report_cli
+from gpubench.report import compare
 
 T4, V100 = "Tesla T4", "Tesla V100-SXM2-16GB"
 
@@ -74,7 +75,7 @@ def test_ratios_per_device_on_the_same_workload(store):
 
 def test_cli_prints_the_price_for_throughput_table(store, capsys):
     uri, prices = store
-    assert report.main(["--compare", "cmp", "--tracking-uri", uri, "--prices", str(prices)]) == 0
+    assert report_cli.main(["--compare", "cmp", "--tracking-uri", uri, "--prices", str(prices)]) == 0
     out = capsys.readouterr().out
     assert f"{V100}: 7.1x the price of {T4} for 2.9x the throughput (0.41x the images per dollar)" \
         in out
@@ -83,7 +84,7 @@ def test_cli_prints_the_price_for_throughput_table(store, capsys):
 
 def test_example_prices_are_labelled_with_their_date(store, capsys):
     uri, _ = store
-    assert report.main(["--compare", "cmp", "--tracking-uri", uri]) == 0
+    assert report_cli.main(["--compare", "cmp", "--tracking-uri", uri]) == 0
     out = capsys.readouterr().out
     assert f"example ({compare.EXAMPLE_PRICES_DATE})" in out
     assert "not yours: pass --prices" in out
@@ -114,7 +115,7 @@ def test_nothing_to_compare_is_one_line_and_nonzero(store, capsys):
     client.log_dict(run.info.run_id, rec(T4, 0.0, status=Status.oom, peak=None).to_dict(),
                     "results.json")
     capsys.readouterr()
-    assert report.main(["--compare", "only_failures", "--tracking-uri", uri]) == 1
+    assert report_cli.main(["--compare", "only_failures", "--tracking-uri", uri]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "nothing to compare" in err
 

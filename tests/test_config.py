@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from gpubench.config import CONFIG_DIR, ConfigError, auto_sizes
-from gpubench.errors import one_line
-from gpubench.maxbatch import start_batch
-from gpubench.settings import check_resources, resolve, sizes
+from gpubench.cli.errors import one_line
+from gpubench.config.schema import CONFIG_DIR, ConfigError, auto_sizes
+from gpubench.config.settings import check_resources, resolve, sizes
+from gpubench.search.maxbatch import start_batch
 
 
 def check_all(cfg):
@@ -49,7 +49,7 @@ def test_defaults_and_auto_sizes(compose_cfg, monkeypatch):
     assert (s.device, s.dataset.image_size, s.loader.batch_size) == ("cpu", 32, 16)
     # the CUDA branch: bench.device=auto on a machine with CUDA (resolve would then apply the
     # CUDA rules too, which need a real device: the sizing step alone is checked)
-    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: True)
+    monkeypatch.setattr("gpubench.config.settings.cuda_available", lambda: True)
     assert sizes(cfg) == ("cuda", 224, 128) == ("cuda", *auto_sizes("cuda"))
     assert start_batch(cfg, None) == 128
 
@@ -113,8 +113,8 @@ def test_hydra_errors_condense_to_one_line():
 
 # ------------------------------------------------------------------ ranges (one process, many cases)
 
-from gpubench.config import RANGES, allowed_range, check_uri  # noqa: E402
-from gpubench.settings import (  # noqa: E402
+from gpubench.config.schema import RANGES, allowed_range, check_uri  # noqa: E402
+from gpubench.config.settings import (  # noqa: E402
     WORKERS_PER_CORE,
     available_ram,
     check_classes,
@@ -164,7 +164,7 @@ def test_every_numeric_key_accepts_its_bounds(compose_cfg):
 def test_every_numeric_key_is_in_the_schema_and_the_docs(compose_cfg):
     from omegaconf import OmegaConf
 
-    from gpubench.config import CONFIG_DIR
+    from gpubench.config.schema import CONFIG_DIR
 
     cfg = compose_cfg()
     docs = (CONFIG_DIR.parent / "docs" / "configuration.md").read_text()
@@ -224,7 +224,7 @@ BAD_STORAGE = ["notaurl", "optuna.db", "http://host/db", "sqlite:/x.db", "postgr
 
 
 def test_uris():
-    from gpubench.config import STORAGE_SCHEMES, TRACKING_SCHEMES
+    from gpubench.config.schema import STORAGE_SCHEMES, TRACKING_SCHEMES
 
     for uri in GOOD_TRACKING:
         check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
@@ -248,7 +248,7 @@ def test_tracking_uri_checked_by_resolve_only_when_tracking(compose_cfg):
 # ------------------------------------------------------------------ names of optional groups
 
 def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
-    from gpubench.config import check_before_work
+    from gpubench.config.schema import check_before_work
 
     for override, key, listed in (("sweep=fastest", "sweep", "throughput"),
                                   ("experiment=cpu_smok", "experiment", "cpu_smoke")):
@@ -267,8 +267,8 @@ def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
 def test_describe_unwraps_hydra_and_names_paths():
     from hydra.errors import InstantiationException
 
-    from gpubench.errors import describe
-    from gpubench.files import WriteError
+    from gpubench.cli.errors import describe
+    from gpubench.core.files import WriteError
 
     try:
         try:
@@ -289,7 +289,7 @@ def test_describe_unwraps_hydra_and_names_paths():
 
 
 def test_wrong_types_are_one_line_with_the_type(compose_cfg):
-    from gpubench.errors import describe
+    from gpubench.cli.errors import describe
 
     for override, line in (("loader.batch_size=abc", "loader.batch_size=abc is not allowed: an integer"),
                            ("bench.lr=fast", "bench.lr=fast is not allowed: a number"),
@@ -300,7 +300,7 @@ def test_wrong_types_are_one_line_with_the_type(compose_cfg):
 
 
 def test_uri_errors_never_show_a_password(compose_cfg):
-    from gpubench.config import STORAGE_SCHEMES, check_tracking_uri
+    from gpubench.config.schema import STORAGE_SCHEMES, check_tracking_uri
 
     with pytest.raises(ConfigError) as err:
         check_tracking_uri("http://admin:s3cret@host:port")
@@ -317,7 +317,7 @@ def test_an_exit_that_explained_itself_is_not_repeated(capsys):
     import signal
     import sys
 
-    from gpubench.errors import one_line_errors
+    from gpubench.cli.errors import one_line_errors
 
     before = signal.getsignal(signal.SIGTERM)
     try:
@@ -348,7 +348,7 @@ def test_every_numeric_key_of_the_schema_has_a_range():
     import dataclasses
     import typing
 
-    from gpubench.config import BenchConfig
+    from gpubench.config.schema import BenchConfig
 
     def numeric(tp) -> bool:
         args = typing.get_args(tp) or (tp,)

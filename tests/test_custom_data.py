@@ -14,8 +14,8 @@ import torch
 from conftest import ROOT, run_cli
 from torch.utils.data import Dataset
 
-from gpubench.config import ConfigError
-from gpubench.runner import measure_run
+from gpubench.config.schema import ConfigError
+from gpubench.run.runner import measure_run
 
 TEAM_CONF = ROOT / "examples" / "team_conf"
 HERE = "test_custom_data"  # this module, importable by dotted path (tests/ is on sys.path)

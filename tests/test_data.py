@@ -18,9 +18,11 @@ import torch
 from conftest import ROOT, compose_config, run_cli
 from torch.utils.data import DataLoader
 
-from gpubench.augment import MEAN, STD, DeviceAugment, DeviceDecode, cpu_fixed_size
-from gpubench.config import ConfigError
-from gpubench.data import (
+from gpubench.analysis.verdict import fewest_workers
+from gpubench.config.schema import ConfigError
+from gpubench.config.settings import resolve
+from gpubench.parts.augment import MEAN, STD, DeviceAugment, DeviceDecode, cpu_fixed_size
+from gpubench.parts.data import (
     MAX_SUBSTITUTES,
     ImageFiles,
     build_pipeline,
@@ -33,9 +35,7 @@ from gpubench.data import (
     source_size,
     substitute_order,
 )
-from gpubench.runner import measure_run
-from gpubench.settings import resolve
-from gpubench.verdict import fewest_workers
+from gpubench.run.runner import measure_run
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_imagefolder import make_imagefolder  # noqa: E402
@@ -441,7 +441,7 @@ def test_collate_counts_skipped_samples():
 
 def test_in_memory_pools_cycle_through_one_long_epoch(compose_cfg):
     """A 32-image pool must not end an epoch (and drain the workers) every 8 batches."""
-    from gpubench.data import CYCLED_EPOCH, Cycled, build_pipeline
+    from gpubench.parts.data import CYCLED_EPOCH, Cycled, build_pipeline
 
     cfg = compose_cfg("dataset.num_samples=32", "loader.batch_size=4", "dataset.image_size=16")
     pipe = build_pipeline(resolve(cfg))

@@ -66,7 +66,7 @@ def test_fault_on_one_rank_ends_both_promptly(tmp_path, fault, status, text):
 
 
 def test_agree_and_fault_rank_logic():
-    from gpubench.distributed import Dist, fault_hits
+    from gpubench.parts.distributed import Dist, fault_hits
 
     assert fault_hits(None, 0) and fault_hits(None, 3)
     assert fault_hits(1, 1) and not fault_hits(1, 0)
@@ -77,7 +77,7 @@ def test_agree_and_fault_rank_logic():
 def _agree_worker(rank: int, world: int, port: int, errors: list, out) -> None:
     import torch.distributed as tdist
 
-    from gpubench.distributed import Dist
+    from gpubench.parts.distributed import Dist
 
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                              world_size=world)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.env import PEAK_TFLOPS, facts, mixed_peak_flops, peak_flops
+from gpubench.telemetry.env import PEAK_TFLOPS, facts, mixed_peak_flops, peak_flops
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.runner import measure_run
+from gpubench.run.runner import measure_run
 
 pytestmark = pytest.mark.gpu
 

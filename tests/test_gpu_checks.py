@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from gpubench import precision
-from gpubench.runner import measure_run
+from gpubench.parts import precision
+from gpubench.run.runner import measure_run
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +19,7 @@ GPU = ["bench.device=cuda", "model=resnet18", "dataset.image_size=64", "loader.b
 
 
 def test_real_device_oom_reads_as_device():  # finding 10
-    from gpubench.step import is_oom, oom_kind
+    from gpubench.parts.step import is_oom, oom_kind
 
     total = torch.cuda.get_device_properties(0).total_memory
     with pytest.raises(RuntimeError) as info:
@@ -28,7 +28,7 @@ def test_real_device_oom_reads_as_device():  # finding 10
 
 
 def test_pinned_host_failure_is_not_a_device_oom():  # finding 10
-    from gpubench.step import is_oom, oom_kind
+    from gpubench.parts.step import is_oom, oom_kind
 
     with pytest.raises(RuntimeError) as info:  # 64 TiB of page-locked host memory
         torch.empty(2**46, dtype=torch.uint8, pin_memory=True)
@@ -38,7 +38,7 @@ def test_pinned_host_failure_is_not_a_device_oom():  # finding 10
 
 
 def test_this_gpu_has_a_peak_row():  # finding 11
-    from gpubench.env import peak_flops
+    from gpubench.telemetry.env import peak_flops
 
     name = torch.cuda.get_device_name(0)
     if not any(k in name for k in ("H100", "H200", "A100", "B200", "L40", "L4", "A10", "V100")):
@@ -47,8 +47,8 @@ def test_this_gpu_has_a_peak_row():  # finding 11
 
 
 def test_nvml_fields_one_by_one_for_this_device():  # finding 12
-    from gpubench.monitor import Nvml
-    from gpubench.nvml import read_fields
+    from gpubench.telemetry.monitor import Nvml
+    from gpubench.telemetry.nvml import read_fields
 
     torch.empty(1, device="cuda")  # a context, so this process shows in NVML's list
     nvml = Nvml.get()
@@ -68,7 +68,7 @@ def test_nvjpeg_side_stream_output_is_right_while_the_stream_is_busy(tmp_path): 
     import sys
     from pathlib import Path
 
-    from gpubench.augment import DeviceDecode
+    from gpubench.parts.augment import DeviceDecode
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from make_imagefolder import make_imagefolder
@@ -97,8 +97,8 @@ def test_device_decode_labels_pinned_and_on_device(tmp_path):  # findings 8, 14
     from conftest import compose_config
     from make_imagefolder import make_imagefolder
 
-    from gpubench.data import build_pipeline
-    from gpubench.settings import resolve
+    from gpubench.config.settings import resolve
+    from gpubench.parts.data import build_pipeline
 
     make_imagefolder(tmp_path / "f", classes=2, per_class=8, size=48, seed=4)
     cfg = compose_config("dataset=imagefolder", f"dataset.root={tmp_path / 'f'}",
@@ -123,7 +123,7 @@ def test_torch_default_leaves_flags_and_mfu_mixes(compose_cfg, tmp_path):  # fin
 
 
 def test_compile_reset_releases_cuda_graph_pools():  # finding 4
-    from gpubench.models import TinyNet, reset_compile_state
+    from gpubench.parts.models import TinyNet, reset_compile_state
 
     model = TinyNet(10).cuda()
     f = torch.compile(model, mode="reduce-overhead")

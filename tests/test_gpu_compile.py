@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.models import TinyNet, maybe_compile, reset_compile_state
+from gpubench.parts.models import TinyNet, maybe_compile, reset_compile_state
 
 
 def cache_entries(fn) -> int:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench import precision
-from gpubench.env import mixed_peak_flops
-from gpubench.models import TinyNet
-from gpubench.precision import apply_backend_flags, resolve_precision
-from gpubench.step import count_step_flops, count_step_flops_split
+from gpubench.parts import precision
+from gpubench.parts.models import TinyNet
+from gpubench.parts.precision import apply_backend_flags, resolve_precision
+from gpubench.parts.step import count_step_flops, count_step_flops_split
+from gpubench.telemetry.env import mixed_peak_flops
 
 
 @pytest.fixture

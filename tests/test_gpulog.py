@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gpubench.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog, series
-from gpubench.runner import measure_run
+from gpubench.run.runner import measure_run
+from gpubench.telemetry.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog, series
 
 HEADER = ("timestamp, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
           "memory.free [MiB], power.draw [W], clocks.current.sm [MHz], "
@@ -98,7 +98,7 @@ def test_no_log_without_the_sampler(compose_cfg, tmp_path):
 def test_gpu_columns_filled(tmp_path):
     import torch
 
-    from gpubench.gpulog import GPM_COLUMNS
+    from gpubench.telemetry.gpulog import GPM_COLUMNS
 
     x = torch.randn(4096, 4096, device="cuda")
     log = GpuLog("cuda", tmp_path, 0.1).start()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gpubench.measure import run_window, stats_from
+from gpubench.parts.measure import run_window, stats_from
 
 
 def test_stats_throughput_is_images_over_window_not_mean_of_rates():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.record import RunRecord
+from gpubench.core.record import RunRecord
 from gpubench.tracking import open_store, upload
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

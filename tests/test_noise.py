@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.noise import WindowLoad, load_checks, other_cores, step_checks, window_checks
+from gpubench.analysis.noise import (
+    WindowLoad,
+    load_checks,
+    other_cores,
+    step_checks,
+    window_checks,
+)
 
 
 def test_steady_compute_steps_pass_and_spread_or_stalls_do_not():

@@ -1,6 +1,6 @@
 """NVML read field by field, MIG instances, per-process device memory, the memory gate and
 energy arithmetic. The driver is stood in for by a small fake of the pynvml calls used (no
-GPU here); what is tested is gpubench.nvml's logic around them."""
+GPU here); what is tested is gpubench.telemetry.nvml's logic around them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpubench.nvml import (
+from gpubench.telemetry.nvml import (
     MIN_ENERGY_COUNTER_S,
     energy_per_image,
     find_handle,

@@ -1,12 +1,12 @@
 """Which errors are the device running out of memory: a table of the messages PyTorch and the
-CUDA libraries really raise (text as in their sources), read by gpubench.step.oom_kind."""
+CUDA libraries really raise (text as in their sources), read by gpubench.parts.step.oom_kind."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpubench.step import is_oom, oom_kind
+from gpubench.parts.step import is_oom, oom_kind
 
 # (exception, kind): the message texts as c10, ATen's CUDA library checks and the DataLoader
 # write them

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.study import measured_trials
+from gpubench.search.study import measured_trials
 from tests.conftest import TINY, run_cli, start_two_job_sweep
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from gpubench.breakdown import TOLERANCE, breakdown, lines
-from gpubench.runner import measure_run
+from gpubench.run.runner import measure_run
+from gpubench.telemetry.breakdown import TOLERANCE, breakdown, lines
 
 
 def test_profiled_cpu_run_breaks_the_step_down(compose_cfg, tmp_path):
@@ -36,7 +36,7 @@ def test_profiled_cpu_run_breaks_the_step_down(compose_cfg, tmp_path):
 
 def test_step_ranges_only_while_profiling(compose_cfg, tmp_path):
     """The measured windows never pay for the named ranges: they are off again afterwards."""
-    from gpubench.runner import Benchmark
+    from gpubench.run.runner import Benchmark
 
     bench = Benchmark(compose_cfg("bench.profile=true", "bench.profile_steps=1",
                                   "bench.phases=[e2e]"), tmp_path)

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from gpubench.record import OOM_CONSTRAINT, RunRecord, Status, find_runs, load, missing
+from gpubench.core.record import OOM_CONSTRAINT, RunRecord, Status, find_runs, load, missing
 
 
 def make(status="ok", e2e=100.0, compute=120.0, loader=400.0, peak=0.5, ceiling=0.8,

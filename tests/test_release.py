@@ -11,8 +11,8 @@ import weakref
 
 import pytest
 
-from gpubench import runner
 from gpubench.__main__ import _settle
+from gpubench.run import runner
 from tests.conftest import compose_config
 
 

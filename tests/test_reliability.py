@@ -88,7 +88,7 @@ def test_write_json_failure_leaves_old_file_and_no_tmp(tmp_path):
     target = tmp_path / "results.json"
     target.write_text('{"status": "running"}')
     code = (
-        "import sys; from gpubench.files import write_json\n"
+        "import sys; from gpubench.core.files import write_json\n"
         "try:\n    write_json(sys.argv[1], {'x': 'y' * 100000})\n"
         "except OSError as e:\n    print(e); sys.exit(1)\n"
     )

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from gpubench.config import CONFIG_DIR, to_container
-from gpubench.record import RunRecord, Status
-from gpubench.report import SETUP_KEYS, Row, load_dir, ranked, recommend, sweep_report
+from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend
+from gpubench.config.schema import CONFIG_DIR, to_container
+from gpubench.core.record import RunRecord, Status
+from gpubench.report.write import sweep_report
+from gpubench.search.rows import load_dir
 from tests.conftest import run_cli
 
 
@@ -249,7 +251,7 @@ def test_the_mlflow_report_pools_a_sweeps_confirm_runs(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    from gpubench.report import load_mlflow
+    from gpubench.report.write import load_mlflow
     from tests.conftest import TINY
 
     p = run_cli("-m", "hydra/sweeper=gpubench", *[o for o in TINY if not o.startswith("tracking=")],
@@ -291,7 +293,7 @@ def mlflow_run(ips, started, steps=200, device="NVIDIA H100", **bench) -> Row:
 
 
 def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thing():
-    from gpubench.report import latest_per_setup
+    from gpubench.analysis.recommend import latest_per_setup
 
     sgd = [mlflow_run(980.0, 1), mlflow_run(600.0, 2, seed=3, warmup_steps=9, monitor=False)]
     adamw = mlflow_run(1000.0, 3, optimizer="adamw", grad_accum_steps=4)
@@ -339,7 +341,7 @@ def trained(model, ips, started, batch=64, rung="run", phases=None, stable=None,
 
 
 def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended():
-    from gpubench.report import training_rows
+    from gpubench.analysis.select import training_rows
 
     tiny = [trained("tiny", 3959.3, 1), trained("tiny", 3500.0, 2, batch=32)]
     loader_only = trained("tiny", 8333.7, 3, phases=["loader"])
@@ -371,7 +373,7 @@ def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended
 
 
 def test_where_filters_rows_before_anything_else():
-    from gpubench.report import parse_where, where
+    from gpubench.analysis.select import parse_where, where
 
     rows = [trained("tiny", 100.0, 1), trained("resnet50", 50.0, 2, batch=32),
             trained("resnet50", 60.0, 3, precision="amp_bf16")]
@@ -410,7 +412,7 @@ def test_the_fastest_figures_true_reason_is_given():
 
 
 def test_a_mistyped_folder_is_one_line(tmp_path, capsys, monkeypatch):
-    from gpubench.report import main
+    from gpubench.report.cli import main
 
     for source in (f"{tmp_path}/multirun/nope", "./nope", "~/no-such-gpubench-dir"):
         assert main([source]) == 1
@@ -429,7 +431,7 @@ def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatc
     """`--parent X` / `--study S` write their own folder, never over the experiment's."""
     from mlflow.tracking import MlflowClient
 
-    from gpubench.report import main
+    from gpubench.report.cli import main
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -468,7 +470,7 @@ def test_an_experiments_report_leaves_max_batch_probes_out(tmp_path, capsys):
     tagged with their rung and the experiment's report ranks the training run only."""
     from mlflow.tracking import MlflowClient
 
-    from gpubench.report import main
+    from gpubench.report.cli import main
     from tests.conftest import TINY
 
     tiny = [o for o in TINY if not o.startswith("tracking=")]

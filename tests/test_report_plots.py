@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from gpubench import report, report_plots
-from gpubench.record import PhaseRecord, RunRecord, Status
-from gpubench.report_plots import curve_data, headline_phase, memory_data, pareto_data
+from gpubench.analysis import recommend
+from gpubench.core.record import PhaseRecord, RunRecord, Status
+from gpubench.report import cli as report_cli
+from gpubench.report import plots as report_plots
+from gpubench.report.plots import curve_data, headline_phase, memory_data, pareto_data
 
 
 def run(batch=16, workers=2, prec="fp32", e2e=100.0, loader=150.0, compute=120.0, peak=0.5,
@@ -26,7 +28,7 @@ def run(batch=16, workers=2, prec="fp32", e2e=100.0, loader=150.0, compute=120.0
 
 def row(rec: RunRecord, label="0", rung="run"):
     rec.rung = rung
-    return report.Row(label, rec)
+    return recommend.Row(label, rec)
 
 
 def rows_of(*recs, rung="run"):
@@ -103,7 +105,7 @@ def test_screens_and_probes_are_apart_from_full_measurements():
 def test_star_and_top_point_fit_under_the_axis_top():
     rows = rows_of(run(batch=16, e2e=100, peak=0.3, loader=None, compute=None),
                    run(batch=32, e2e=101, peak=0.5, loader=None, compute=None))
-    rec = report.recommend(rows)
+    rec = recommend.recommend(rows)
     d = curve_data(rows, "batch_size", "batch size", rec, log2=True)
     assert d["star"] == {"x": 16, "y": 100}
     assert d["ymax"] >= 1.1 * 101
@@ -116,7 +118,7 @@ def test_png_files_with_few_trials(tmp_path):
                    run(batch=48, e2e=125, peak=0.95, status=Status.over_ceiling),
                    run(batch=64, e2e=None, status=Status.oom, peak=None))
     rows.append(row(run(batch=8, e2e=60, peak=0.2), "s", "screen"))
-    made = report_plots.plot_all(rows, tmp_path, report.recommend(rows))
+    made = report_plots.plot_all(rows, tmp_path, recommend.recommend(rows))
     assert {p.name for p in made} == {"throughput_vs_batch.png", "memory_vs_batch.png",
                                       "pareto.png"}
     from matplotlib import image
@@ -138,11 +140,11 @@ def _sweep_dir(tmp_path, n=2):
 
 def test_report_prints_its_summary_also_when_up_to_date(tmp_path, capsys):
     sweep = _sweep_dir(tmp_path / "sweep")
-    assert report.main([str(sweep)]) == 0
+    assert report_cli.main([str(sweep)]) == 0
     first = capsys.readouterr().out
     assert "recommended:" in first
     mtime = (sweep / "report" / "summary.json").stat().st_mtime_ns
-    assert report.main([str(sweep)]) == 0
+    assert report_cli.main([str(sweep)]) == 0
     second = capsys.readouterr().out
     assert (sweep / "report" / "summary.json").stat().st_mtime_ns == mtime  # cached
     assert "recommended:" in second and "up to date" in second
@@ -159,7 +161,7 @@ def test_nothing_to_report_is_one_line_and_nonzero(tmp_path, capsys, layout):
         r.status, r.dir = Status.running, sweep / "0"
         r.dir.mkdir()
         r.save()
-    assert report.main([str(sweep)]) == 1
+    assert report_cli.main([str(sweep)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "nothing to report" in err and str(sweep) in err
     assert not (sweep / "report").exists()

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from gpubench.config import ConfigError
-from gpubench.runner import measure_run
+from gpubench.config.schema import ConfigError
+from gpubench.run.runner import measure_run
 
 # figures a three-phase CPU run must have measured (not merely carry as keys)
 MEASURED = [
@@ -137,7 +137,7 @@ def test_bad_folder_found_while_building_leaves_no_results(compose_cfg, tmp_path
 def test_console_summary_shows_figures_verbatim(compose_cfg, tmp_path):
     from rich.console import Console
 
-    from gpubench.console import print_result
+    from gpubench.report.console import print_result
 
     result = measure_run(compose_cfg(), tmp_path)
     result.record.advice = ["bench.phases=[loader,compute,e2e] to get a verdict"]
@@ -167,7 +167,7 @@ def test_profile_trace_after_the_measured_windows(compose_cfg, tmp_path):
 
 def test_a_study_job_carries_its_study_into_the_record_and_its_tags(compose_cfg, tmp_path,
                                                                     monkeypatch):
-    from gpubench.record import STUDY_ENV, load
+    from gpubench.core.record import STUDY_ENV, load
     from gpubench.tracking.translate import run_tags
 
     monkeypatch.setenv(STUDY_ENV, "shared-study")
@@ -177,7 +177,7 @@ def test_a_study_job_carries_its_study_into_the_record_and_its_tags(compose_cfg,
 
 
 def test_a_worker_traceback_is_kept_as_one_line():
-    from gpubench.runner import one_line_error
+    from gpubench.run.runner import one_line_error
 
     e = RuntimeError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback "
                      "(most recent call last):\n  File \"x.py\", line 3\nValueError: bad pixel")
@@ -193,7 +193,7 @@ def test_a_run_that_failed_before_measuring_prints_no_verdict_and_no_advice(tmp_
 
     from rich.console import Console
 
-    from gpubench.console import print_result
+    from gpubench.report.console import print_result
     from tests.conftest import compose_config
 
     r = measure_run(compose_config("fault.fail_message=boom"), tmp_path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.record import PhaseRecord, RunRecord, Status, load
-from gpubench.runplot import PICTURE_FILE, plot_run, run_picture_data
+from gpubench.core.record import PhaseRecord, RunRecord, Status, load
+from gpubench.report.runplot import PICTURE_FILE, plot_run, run_picture_data
 
 
 def make_record(tmp_path=None, loader=120.0, compute=300.0, e2e=110.0, ci=True, bound=None,

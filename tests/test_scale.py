@@ -21,8 +21,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from gpubench import record
-from gpubench.study import measured_trials, worker_pid
+from gpubench.core import record
+from gpubench.search.study import measured_trials, worker_pid
 from tests.conftest import TINY
 from tests.test_postgres import postgres  # noqa: F401  (the module's real server)
 
@@ -190,7 +190,7 @@ def test_a_waiting_worker_wakes_when_the_other_workers_trial_ends(tmp_path):
     """A worker whose own trials are done waits for another worker's last RUNNING trial; it
     must notice that trial end within a look or two, not sleep out its whole poll (a
     2-worker study's wall time grew by up to the poll, plus the waiting worker's exit)."""
-    from gpubench.study import wait_for_running
+    from gpubench.search.study import wait_for_running
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{tmp_path / 's.db'}"
@@ -228,7 +228,7 @@ def test_confirm_claims_are_shared_and_never_lost(tmp_path):
     taken over: at once when it died on this host, or was interrupted (it gives the claim
     back), after the grace period without a beat when it was on another host. A round two
     workers both measured keeps both folders."""
-    from gpubench.study import (
+    from gpubench.search.study import (
         CONFIRM_CLAIM,
         add_confirm_dir,
         claim_confirm,
@@ -285,7 +285,7 @@ def test_confirm_claims_are_shared_and_never_lost(tmp_path):
 def test_two_workers_share_the_confirm_step(tmp_path):
     """Both workers reach the confirm step of one study: together they measure each round of
     each top trial, and do not each measure all of them (2 x top x rounds jobs)."""
-    from gpubench.study import confirm_dirs
+    from gpubench.search.study import confirm_dirs
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     confirm = ["hydra.sweeper.confirm.top=2", "hydra.sweeper.confirm.rounds=2"]

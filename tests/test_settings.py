@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from gpubench import config
-from gpubench.config import ConfigError
-from gpubench.settings import (
+from gpubench.config import schema as config
+from gpubench.config.schema import ConfigError
+from gpubench.config.settings import (
     GROUPS,
     Settings,
     check_batch_fits,
@@ -254,7 +254,7 @@ def test_a_runs_results_json_holds_the_composed_config(compose_cfg, tmp_path):
     the read-only settings as plain JSON."""
     import json
 
-    from gpubench.runner import measure_run
+    from gpubench.run.runner import measure_run
 
     cfg = compose_cfg("dataset.image_size=null", "bench.phases=[compute]",
                       "+model.kwargs.width=4")
@@ -270,13 +270,13 @@ def test_sizes_follow_the_device_asked_for_without_its_rules(compose_cfg, monkey
     login node sizes jobs that run on GPU nodes); resolve alone says the device is missing."""
     cfg = compose_cfg("bench.device=cuda", "precision=amp_fp16", "dataset.image_size=null",
                       "loader.batch_size=null")
-    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: False)
+    monkeypatch.setattr("gpubench.config.settings.cuda_available", lambda: False)
     assert sizes(cfg) == ("cuda", 224, 128)
     with pytest.raises(ConfigError, match="bench.device"):
         resolve(cfg)
     auto = compose_cfg("bench.device=auto", "dataset.image_size=null", "loader.batch_size=null")
     assert sizes(auto) == ("cpu", 32, 16)
-    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: True)
+    monkeypatch.setattr("gpubench.config.settings.cuda_available", lambda: True)
     assert sizes(auto) == ("cuda", 224, 128)
     assert sizes(compose_cfg("bench.device=auto", "dataset.image_size=40")) == ("cuda", 40, 4)
     with pytest.raises(ConfigError) as e:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gpubench.stats import median_interval, percentile, pool, settled, stats_from
+from gpubench.core.stats import median_interval, percentile, pool, settled, stats_from
 
 
 def test_percentile_matches_linear_interpolation():
@@ -59,6 +59,6 @@ def test_settled_needs_two_steady_groups_after_the_first_step():
     (None, 7.0, (7.0, 7.0)),                    # no interval: the figure alone
 ])
 def test_an_interval_is_widened_to_hold_its_figure(ci, value, expected):
-    from gpubench.stats import holding
+    from gpubench.core.stats import holding
 
     assert holding(ci, value) == expected

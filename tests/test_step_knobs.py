@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from gpubench.config import ConfigError
-from gpubench.models import Checkpointed, build_model
-from gpubench.precision import resolve_precision
-from gpubench.runner import measure_run
-from gpubench.settings import resolve
-from gpubench.step import TrainStep, make_optimizer
+from gpubench.config.schema import ConfigError
+from gpubench.config.settings import resolve
+from gpubench.parts.models import Checkpointed, build_model
+from gpubench.parts.precision import resolve_precision
+from gpubench.parts.step import TrainStep, make_optimizer
+from gpubench.run.runner import measure_run
 
 
 def _step(cfg, **kw):
@@ -174,7 +174,7 @@ def test_tiny_run_with_every_knob(compose_cfg, tmp_path):
 PEAK = r"""
 import sys, torch
 from torchvision.models import VisionTransformer
-from gpubench.models import apply_checkpointing
+from gpubench.parts.models import apply_checkpointing
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one allocation pattern, whatever the machine's cores
 m = VisionTransformer(image_size=64, patch_size=4, num_layers=12, num_heads=4, hidden_dim=128,
@@ -206,7 +206,7 @@ def test_checkpointing_lowers_peak_host_memory():
 def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path):
     import torch
 
-    from gpubench.precision import user_flags
+    from gpubench.parts.precision import user_flags
 
     before = torch.backends.cudnn.benchmark
     # the process's own flag as torch_default restores it (earlier runs in this process may

@@ -19,19 +19,19 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from gpubench import record
-from gpubench.files import read_json
-from gpubench.jobs import read_job
-from gpubench.maxbatch import find_max_batch
-from gpubench.record import OOM_CONSTRAINT, Status
-from gpubench.study import (
+from gpubench.core import record
+from gpubench.core.files import read_json
+from gpubench.core.record import OOM_CONSTRAINT, Status
+from gpubench.search.jobs import read_job
+from gpubench.search.maxbatch import find_max_batch
+from gpubench.search.space import SearchSpaceError, parse_search_space
+from gpubench.search.study import (
     abandon,
     measured_trials,
     open_study,
     screen_passes,
     split_duplicates,
 )
-from gpubench.sweep import SearchSpaceError, parse_search_space
 from tests.conftest import TINY, run_cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -283,7 +283,7 @@ def test_max_batch_edges():
 
 @pytest.mark.slow
 def test_only_a_trial_that_stopped_beating_is_failed_and_retried(tmp_path):
-    from gpubench.study import ask, claimed_by, fail_stale, heartbeat
+    from gpubench.search.study import ask, claimed_by, fail_stale, heartbeat
 
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     space = parse_search_space(["loader.batch_size=range(1,100)"])
@@ -340,7 +340,7 @@ def test_ctrl_c_queues_the_running_trial_again():
 
 
 def test_a_claim_past_the_last_slot_is_given_back(tmp_path):
-    from gpubench.study import ask, claim_is_within
+    from gpubench.search.study import ask, claim_is_within
 
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     a, b = open_study("s", storage, 1, 4), open_study("s", storage, 1, 4)
@@ -487,8 +487,8 @@ def test_optuna_sweep_screens_then_measures_and_tracks(tmp_path):
 
 @pytest.mark.slow
 def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
-    from gpubench.report import load_dir
-    from gpubench.study import confirm_dirs
+    from gpubench.search.rows import load_dir
+    from gpubench.search.study import confirm_dirs
 
     args = ["loader.batch_size=choice(1,2,4,8)", "hydra.sweeper.n_trials=4",
             "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=0",
@@ -634,7 +634,7 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
         if t.user_attrs.get("interrupted"):
             assert any(x.user_attrs.get("retry_of") == t.number for x in measured)
     # the report reads the whole study: both invocations, one row per measured trial
-    from gpubench.report import sweep_report
+    from gpubench.report.write import sweep_report
 
     sweep_report(tmp_path / "sweep", quiet=True)
     ranking = (tmp_path / "sweep" / "report" / "ranking.csv").read_text().splitlines()
@@ -718,10 +718,10 @@ def test_max_batch_finds_the_largest_fitting_batch(tmp_path):
 
 
 def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
-    from gpubench.maxbatch import start_batch
+    from gpubench.search.maxbatch import start_batch
 
     cfg = compose_cfg("loader.batch_size=null", "bench.device=cpu")
-    assert start_batch(cfg, None) == 16  # gpubench.config.auto_sizes's CPU size, as settings.resolve fills it
+    assert start_batch(cfg, None) == 16  # gpubench.config.schema.auto_sizes's CPU size, as settings.resolve fills it
     assert cfg.loader.batch_size is None  # the sweep's own config is left as given
     assert start_batch(compose_cfg("loader.batch_size=6"), None) == 6
     assert start_batch(cfg, 40) == 40
@@ -730,21 +730,21 @@ def test_max_batch_starts_at_the_runners_device_sized_batch(compose_cfg):
 def test_max_batch_sizes_its_first_probe_without_the_jobs_device(compose_cfg, monkeypatch):
     """A sweeper on a login node without a GPU launches probes to GPU nodes: it sizes the first
     probe for the device the jobs ask for and leaves that device's rules to the jobs."""
-    from gpubench.maxbatch import start_batch
+    from gpubench.search.maxbatch import start_batch
 
-    monkeypatch.setattr("gpubench.settings.cuda_available", lambda: False)
+    monkeypatch.setattr("gpubench.config.settings.cuda_available", lambda: False)
     cfg = compose_cfg("sweep=max_batch", "bench.device=cuda", "precision=amp_fp16",
                       "loader.batch_size=null", hydra=True)
-    assert start_batch(cfg, None) == 128  # gpubench.config.auto_sizes's CUDA size
+    assert start_batch(cfg, None) == 128  # gpubench.config.schema.auto_sizes's CUDA size
 
 
 @pytest.mark.parametrize("override,key", [("memory.reserve=1.5", "memory.reserve"),
                                           ("memory.ceiling=0", "memory.ceiling"),
                                           ("loader.batch_size=0", "loader.batch_size")])
 def test_max_batch_checks_its_own_keys_before_any_probe(compose_cfg, override, key):
-    from gpubench.config import ConfigError
-    from gpubench.maxbatch import run_max_batch
-    from gpubench.sweep import SearchSpace
+    from gpubench.config.schema import ConfigError
+    from gpubench.search.maxbatch import run_max_batch
+    from gpubench.search.space import SearchSpace
 
     class NoJobs:  # a probe launched here would be the bug
         def launch(self, *a, **k):
@@ -760,7 +760,7 @@ def test_max_batch_checks_its_own_keys_before_any_probe(compose_cfg, override, k
 def test_job_folders_are_reserved_once_across_threads(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpubench.manifest import reserve_job_dir
+    from gpubench.search.manifest import reserve_job_dir
 
     (tmp_path / "3").mkdir()  # an earlier invocation's job
     with ThreadPoolExecutor(8) as ex:
@@ -771,8 +771,8 @@ def test_job_folders_are_reserved_once_across_threads(tmp_path):
 def test_runs_left_running_by_a_dead_process_are_saved_as_killed(tmp_path):
     import socket
 
-    from gpubench.jobs import mark_stale_runs
-    from gpubench.record import load
+    from gpubench.core.record import load
+    from gpubench.search.jobs import mark_stale_runs
 
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True).stdout)

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, TINY, compose_config, free_port, run_cli
 
 from gpubench import tracking
-from gpubench.runner import run_benchmark
+from gpubench.run.runner import run_benchmark
 from gpubench.tracking import sync
 
 TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last override wins
@@ -53,7 +53,7 @@ def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
 
 def test_tracking_off_never_loads_mlflow():
     code = (
-        "import sys, gpubench.tracking, gpubench.tracking.sync, gpubench.callbacks; "
+        "import sys, gpubench.tracking, gpubench.tracking.sync, gpubench.cli.callbacks; "
         "assert 'mlflow' not in sys.modules, 'mlflow imported'; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
@@ -215,7 +215,7 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
         assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
         assert sorted(r.data.params["batch_size"] for r in children) == ["2", "4", "8"]
         # the report's recommendation: the parent follows the report's rule
-        from gpubench.report import recommendation
+        from gpubench.search.rows import recommendation
 
         uid = recommendation(sweep).chosen.record.run_uid
         [best] = [r for r in children if r.data.tags["run_uid"] == uid]
@@ -266,9 +266,9 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
     """One rule: the sweep parent's best is what the report attached to it recommends (a faster
     figure that found its own measurement disturbed is not it, whatever the objective or the
     manifest say); the manifest's best only when the report has no recommendation."""
-    from gpubench.files import write_json
-    from gpubench.record import RunRecord, Status
-    from gpubench.report import recommendation
+    from gpubench.core.files import write_json
+    from gpubench.core.record import RunRecord, Status
+    from gpubench.search.rows import recommendation
 
     sweep = tmp_path / "sweep"
     for i, (ips, stable) in enumerate([(900.0, False), (500.0, True)]):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import record
-from gpubench.record import RunRecord, Status
+from gpubench.core import record
+from gpubench.core.record import RunRecord, Status
 from gpubench.tracking import MARKER_FILE, PARENT_FILE, open_store, sweeps, upload
 from gpubench.tracking.sync import in_artifact_store, sync
 

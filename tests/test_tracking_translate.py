@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.record import RunRecord, Status
-from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.core.record import RunRecord, Status
+from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import uri_problem
 
@@ -149,7 +149,7 @@ def test_log_records_are_masked_whatever_the_handlers():
     import sys
 
     code = (
-        "import logging, logging.config; from gpubench.secrets import mask_logging; "
+        "import logging, logging.config; from gpubench.core.secrets import mask_logging; "
         "mask_logging(); mask_logging(); "
         # handlers replaced afterwards, as Hydra does for every job
         "logging.config.dictConfig({'version': 1, 'handlers': {'h': {'class': "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.verdict import TRACKS, WELL_BELOW, Est, Knobs, advise, classify, judge
+from gpubench.analysis.verdict import TRACKS, WELL_BELOW, Est, Knobs, advise, classify, judge
 
 
 def knobs(**kw):

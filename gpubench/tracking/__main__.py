@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from gpubench.secrets import mask_secrets
+from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.store import uri_problem
 from gpubench.tracking.sync import sync
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from gpubench.files import read_json, write_json
-from gpubench.record import RESULTS_FILE, RunRecord
-from gpubench.secrets import mask_secrets
+from gpubench.core.files import read_json, write_json
+from gpubench.core.record import RESULTS_FILE, RunRecord
+from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
 
@@ -114,7 +114,7 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
     log_csv = run_dir / GPU_LOG
     if log_csv.is_file():  # the nvidia-smi-style log as series (gpu_metrics/...)
-        from gpubench.gpulog import series
+        from gpubench.telemetry.gpulog import series
 
         metrics += [Metric(k, v, ts or int(time.time() * 1000), step)
                     for k, v, step, ts in series(log_csv)]

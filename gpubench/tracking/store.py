@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from gpubench.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.tracking.translate import EXPERIMENT_NOTE
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
@@ -49,9 +49,9 @@ def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
 
 def uri_problem(uri: str | None) -> str | None:
     """What is wrong with a tracking URI, before any work (None when it can be used): the one
-    rule, gpubench.config.check_tracking_uri (forms MLflow accepts, or a local path). Checks
+    rule, gpubench.config.schema.check_tracking_uri (forms MLflow accepts, or a local path). Checks
     the form only; whether a server answers is for the probe. The text never holds a password."""
-    from gpubench.config import ConfigError, check_tracking_uri
+    from gpubench.config.schema import ConfigError, check_tracking_uri
 
     if not uri:  # the embedded default store
         return None

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from gpubench import record
-from gpubench.files import write_json
-from gpubench.record import RunRecord, Status
-from gpubench.secrets import mask_secrets
+from gpubench.core import record
+from gpubench.core.files import write_json
+from gpubench.core.record import RunRecord, Status
+from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.runs import (
     MARKER_FILE,
@@ -117,10 +117,10 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
 
 
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
-    """The report's recommendation over the sweep dir's rows (gpubench.report.recommend: one
+    """The report's recommendation over the sweep dir's rows (gpubench.analysis.recommend.recommend: one
     rule, so the parent never names a run its own report rejects); when the report has none,
     the sweep manifest's best, else the feasible full-length job with the highest objective."""
-    from gpubench.report import recommendation
+    from gpubench.search.rows import recommendation
 
     try:
         rec = recommendation(sweep_dir)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from gpubench import record
-from gpubench.record import RunRecord, Status
-from gpubench.secrets import mask_secrets
+from gpubench.core import record
+from gpubench.core.record import RunRecord, Status
+from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.runs import (
     MARKER_FILE,
     PARENT_FILE,

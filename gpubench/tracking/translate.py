@@ -20,9 +20,9 @@ import math
 import re
 import time
 
-from gpubench.files import flatten
-from gpubench.record import PHASE_NAMES, RunRecord, Status
-from gpubench.secrets import mask_secrets
+from gpubench.core.files import flatten
+from gpubench.core.record import PHASE_NAMES, RunRecord, Status
+from gpubench.core.secrets import mask_secrets
 
 # an MLflow run's status for each record status
 RUN_STATUS = {

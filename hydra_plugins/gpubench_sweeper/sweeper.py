@@ -1,9 +1,9 @@
-"""gpubench's Hydra sweeper: the thin front of gpubench.search (Optuna) and gpubench.maxbatch.
+"""gpubench's Hydra sweeper: the thin front of gpubench.search.loop (Optuna) and gpubench.search.maxbatch.
 
 Hydra builds it from `GpubenchSweeperConf` (config.py); `sweep()` checks the settings, opens the
 study and hands over to the library, which launches every trial as an ordinary Hydra job through
 the configured launcher (so callbacks such as the MLflow one see it as a child run) and reads its
-results.json through gpubench.record. What a sweep does per trial, on resume, and with several
+results.json through gpubench.core.record. What a sweep does per trial, on resume, and with several
 workers on one study is written in gpubench/search.py and gpubench/study.py.
 
 Imported by Hydra's plugin scan on every run: Optuna and SQLAlchemy load only when a sweep starts.
@@ -23,7 +23,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from gpubench.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
+from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -120,9 +120,9 @@ class GpubenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from gpubench.config import ConfigError
-        from gpubench.errors import release_stderr
-        from gpubench.sweep import SearchSpaceError
+        from gpubench.cli.errors import release_stderr
+        from gpubench.config.schema import ConfigError
+        from gpubench.search.space import SearchSpaceError
 
         release_stderr()  # composed fine: what follows (Optuna's log lines too) is no compose error
         try:
@@ -135,9 +135,9 @@ class GpubenchSweeper(Sweeper):
             raise SystemExit(2) from None
 
     def _sweep(self, arguments: list[str]) -> Any:
-        from gpubench.jobs import Jobs, mark_stale_runs
-        from gpubench.manifest import Manifest
-        from gpubench.sweep import parse_search_space
+        from gpubench.search.jobs import Jobs, mark_stale_runs
+        from gpubench.search.manifest import Manifest
+        from gpubench.search.space import parse_search_space
 
         assert self.config is not None and self.hydra_context is not None
         self.check()
@@ -162,9 +162,9 @@ class GpubenchSweeper(Sweeper):
         return jobs.returns
 
     def _optimize(self, jobs, space, manifest) -> None:
-        from gpubench import study as S
-        from gpubench.manifest import absolute_storage
-        from gpubench.search import Confirm, Screen, Search
+        from gpubench.search import study as S
+        from gpubench.search.loop import Confirm, Screen, Search
+        from gpubench.search.manifest import absolute_storage
 
         space.require_swept()  # before a study is made for nothing
         name = self.study_name or space.study_name()
@@ -186,8 +186,8 @@ class GpubenchSweeper(Sweeper):
                poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
-        from gpubench.files import write_json
-        from gpubench.maxbatch import run_max_batch, summary_lines
+        from gpubench.core.files import write_json
+        from gpubench.search.maxbatch import run_max_batch, summary_lines
 
         mb = self.max_batch
         result = run_max_batch(jobs, space, self.config, mb.start, int(mb.limit),
@@ -202,7 +202,7 @@ class GpubenchSweeper(Sweeper):
 
     def _write_report(self, sweep_dir: Path) -> None:
         try:
-            from gpubench.report import sweep_report
+            from gpubench.report.write import sweep_report
 
             files = sweep_report(sweep_dir)
             log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")

@@ -1,0 +1,201 @@
+"""Named validity checks: was this measurement disturbed? Pure functions of a run's phases.
+
+Each check returns reason strings (results.json `noise_reasons`); a run with none is
+`measurement_stable`. A disturbed run gets no confident verdict (gpubench/verdict.py). The
+thresholds are stated in docs/guide.md ("Is the measurement stable?") with why each is where
+it is; none is tuned to one machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpubench.core.stats import CONFIDENCE
+
+# compute-phase step-time spread (std/mean) above which the device did not run steadily: the
+# compute phase repeats one batch on the device, so its steps are alike unless something
+# else competes (a quiet CPU run shows ~0.02, a GPU less)
+CV_LIMIT = 0.2
+# the host's own scheduling jitter (a 10 ms tick, slices of a few ms) moves any step by a few
+# milliseconds whatever else runs: a spread or a slow step smaller than this is no evidence of
+# a disturbance (steps of 1-3 ms on a CPU show std/mean 0.2-0.3 on an idle machine). On CUDA
+# the compute steps are timed by events on the device, where this never binds.
+JITTER_S = 0.005
+# fewer measured steps than this are too few to judge their spread
+MIN_STEPS = 5
+# a "slow step" takes this many times the phase's median; a few of them among fast steps
+# (bimodal: at most SLOW_SHARE of the steps) are interruptions, not the workload's rhythm
+SLOW_FACTOR = 3.0
+SLOW_SHARE = 0.2
+# other processes' CPU use (in cores) that counts as competition, while the host was this busy
+# (a host with idle cores loses nothing to a neighbour)
+OTHER_CORES = 0.25
+HOST_BUSY = 0.85
+# CPU shares are counted in scheduler ticks (10 ms on Linux): over a shorter window than this
+# the host's and the run's figures are too coarse to subtract one from the other
+MIN_LOAD_WINDOW_S = 0.5
+# the share of its CPU demand below which a run counts as starved by its neighbours
+GOT_SHARE = 0.9
+
+
+@dataclass
+class WindowLoad:
+    """The sampler's view of one window: host CPU (% of all cores), this run's processes
+    (% of one core), and GPU-side signals where NVML gives them."""
+
+    phase: str
+    index: int
+    host_cpu: float | None
+    run_cpu: float | None
+    samples: int = 0
+    seconds: float = 0.0
+    # cores this run can keep busy (torch threads + loader workers, at most the host's):
+    # a neighbour only takes from a run that got less than this
+    demand: float | None = None
+
+
+def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -> float | None:
+    """Cores used by processes outside this run: host CPU minus this run's processes."""
+    if host_cpu is None or run_cpu is None or cpu_count < 1:
+        return None
+    return max(0.0, host_cpu / 100.0 * cpu_count - run_cpu / 100.0)
+
+
+def step_checks(phase: str, steps: list[float], cv: float | None) -> list[str]:
+    out = []
+    # a spread needs steps to be judged: two or three steps say nothing about steadiness
+    mean = sum(steps) / len(steps) if steps else 0.0
+    if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
+            and cv > CV_LIMIT and cv * mean > JITTER_S):
+        out.append(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT}): the device did "
+                   "not run steadily")
+    if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
+        s = sorted(steps)
+        med = s[len(s) // 2]
+        slow = [t for t in steps if med > 0 and t > max(SLOW_FACTOR * med, med + 4 * JITTER_S)]
+        if slow and len(slow) <= SLOW_SHARE * len(steps):
+            out.append(f"{phase}: {len(slow)} of {len(steps)} steps took over "
+                       f"{SLOW_FACTOR:.0f}x the median (max {max(slow) * 1e3:.0f} ms vs "
+                       f"{med * 1e3:.0f} ms): interrupted steps")
+    return out
+
+
+def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[str]:
+    """Windows during which other processes competed for a saturated host and this run got
+    less CPU than it could use (a single-threaded run beside a neighbour on a 2-core host
+    loses nothing)."""
+    hit: dict[str, list[tuple[int, float]]] = {}
+    for w in loads:
+        o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
+        if o is None or w.samples < 1 or w.seconds < MIN_LOAD_WINDOW_S:
+            continue
+        starved = w.demand is None or (w.run_cpu or 0.0) / 100.0 < GOT_SHARE * w.demand
+        if (o >= OTHER_CORES and w.host_cpu is not None and w.host_cpu / 100.0 >= HOST_BUSY
+                and starved):
+            hit.setdefault(w.phase, []).append((w.index + 1, o))
+    if not hit:
+        return []
+    parts = []
+    for phase, ws in hit.items():
+        worst = max(o for _, o in ws)
+        parts.append(f"{phase} window{'s' if len(ws) > 1 else ''} "
+                     f"{', '.join(str(i) for i, _ in ws)} (up to {worst:.1f} cores)")
+    return [f"other processes used CPU while the host was busy: {'; '.join(parts)}"]
+
+
+def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
+                  warmup_steps: int) -> list[str]:
+    out = []
+    cut = [i + 1 for i, w in enumerate(windows) if w.get("truncated")]
+    if cut:
+        out.append(f"{phase}: window{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut))} "
+                   "cut short by bench.max_seconds before bench.steps")
+    if warmup_settled is False:
+        out.append(f"{phase}: warm-up did not settle within {warmup_steps} steps "
+                   "(bench.warmup_max_steps / bench.warmup_max_seconds)")
+    return out
+
+
+def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> list[str]:
+    """A phase's interval is for the median of its windows, by order statistics: 6 windows
+    reach 95%, fewer cannot (5: 94%, 4: 88%, 3: 75%, 2: 50%; 1: no interval at all). A verdict
+    on such an interval would claim a confidence the run does not have."""
+    n = len(windows)
+    if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
+        return []
+    what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
+    return [f"{phase}: {n} window{'s' if n != 1 else ''} give{'s' if n == 1 else ''} {what}, "
+            f"not {CONFIDENCE:.0%} (bench.repeats >= 6 and bench.steps >= 6)"]
+
+
+def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[str]:
+    """Loader workers hold up to num_workers x prefetch_factor batches in flight, and they
+    arrive in bursts (workers finish together): a loader window of fewer batches than that can
+    be served from batches made before it began (one window of 2 batches of 128 measured
+    1,025,764 img/s with 4 workers on 2 cores), so it times the queue, not the workers."""
+    if phase != "loader" or in_flight <= 0:
+        return []
+    short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
+    if not short:
+        return []
+    return [f"loader: window{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} of "
+            f"fewer batches than the workers hold in flight ({in_flight} = loader.num_workers x "
+            "loader.prefetch_factor): timed batches made before the window began "
+            f"(bench.steps >= {in_flight} x bench.repeats)"]
+
+
+def gpu_checks(phase: str, telemetry: dict) -> list[str]:
+    """Signals the sampler reads from NVML where the device gives them."""
+    out = []
+    thr = telemetry.get("throttled_fraction")
+    if thr is not None and thr > 0.1:
+        why = telemetry.get("throttle_reasons") or "clocks"
+        out.append(f"{phase}: GPU clocks throttled {thr:.0%} of the window ({why})")
+    other = telemetry.get("gpu_other_processes_max")
+    if other:
+        out.append(f"{phase}: {other} other process(es) ran on the GPU")
+    return out
+
+
+def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> list[str]:
+    """The processes outside this run using the most CPU right now: 'name (pid) 85%'. Only
+    called once a run was found disturbed, to say which process competed."""
+    import time
+
+    import psutil
+
+    procs = []
+    for p in psutil.process_iter(["pid", "name"]):
+        if p.info["pid"] in exclude:
+            continue
+        try:
+            p.cpu_percent(None)
+            procs.append(p)
+        except psutil.Error:
+            pass
+    time.sleep(seconds)
+    rows = []
+    for p in procs:
+        try:
+            rows.append((p.cpu_percent(None), p.info["name"], p.info["pid"]))
+        except psutil.Error:
+            pass
+    rows.sort(reverse=True)
+    return [f"{name} (pid {pid}) {cpu:.0f}%" for cpu, name, pid in rows[:n] if cpu >= 10]
+
+
+def remedies(reasons: list[str], competitors: list[str], repeats: int, steps: int) -> list[str]:
+    """What to do about an inconclusive run, most useful first."""
+    out = []
+    text = " ".join(reasons)
+    if "other processes" in text or "interrupted" in text or "vary" in text:
+        who = f" ({', '.join(competitors)} competed)" if competitors else ""
+        out.append(f"rerun on an idle machine{who}: the run shares its cores with other work")
+    if "GPU" in text:
+        out.append("a GPU of its own: other processes or throttled clocks change its speed")
+    out.append(f"bench.repeats={max(2 * repeats, 10)} bench.steps={max(2 * steps, 100)}: more "
+               "and longer windows narrow the intervals")
+    if "warm-up did not settle" in text:
+        out.append("bench.warmup_max_steps higher: steps were still changing when measuring began")
+    return out

@@ -1,0 +1,361 @@
+"""The recommendation rule, shared by the report, the search loop and the sweep's MLflow
+parent: rows of measured configurations, their ranking, and reference article 003's pick.
+
+Among feasible configurations (status ok, peak memory under memory.ceiling) within `tolerance`
+(5%) of the fastest, keep AMP on when AMP measured faster, pin_memory on, then the smallest batch
+size and the fewest loader workers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpubench.analysis.select import left_out
+from gpubench.config.schema import FaultConfig
+from gpubench.core.files import flatten
+from gpubench.core.record import RunRecord
+from gpubench.core.stats import holding, median, median_interval
+
+TOLERANCE = 0.05
+
+
+# short names for the knobs the report reasons about, and where they live in the config
+KNOBS = {
+    "batch_size": "loader.batch_size",
+    "num_workers": "loader.num_workers",
+    "precision": "precision.name",
+    "pin_memory": "loader.pin_memory",
+    "prefetch_factor": "loader.prefetch_factor",
+    "preload": "dataset.preload",
+    "channels_last": "channels_last",
+    "compile": "compile",
+    "model": "model.name",
+    "image_size": "dataset.image_size",
+}
+
+
+# sections of the config a recommendation consists of; bench (how to measure), tracking and
+# fault injection are not part of a training setup
+SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compile", "memory")
+
+
+# not knobs: how long a run measured differs between screen and full measurements
+NOT_KNOBS = ("bench.", "tracking.", "fault.")
+
+
+# how long and how a run was measured and tracked (dotted prefixes): runs of one setup that
+# differ only in these are repeats of one measurement (latest_per_setup pools them); any other
+# difference (optimizer, grad_accum_steps, lr, cudnn_benchmark, phases...) is another run
+HOW_MEASURED = ("bench.steps", "bench.repeats", "bench.warmup_", "bench.max_seconds",
+                "bench.seed", "bench.monitor", "bench.profile", "tracking.")
+
+
+# fault injection as configured by default (none): a run with any other value is a test of a
+# failure path and never pooled with anything
+NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
+
+
+AMP = ("amp_bf16", "amp_fp16")
+
+
+@dataclass
+class Row:
+    """One measured configuration: a run record (gpubench/record.py decides what its status,
+    throughput and feasibility mean) and its config as dotted keys."""
+
+    label: str  # trial number, job folder or MLflow run id
+    record: RunRecord
+    flat: dict[str, Any] = field(default_factory=dict)
+    # the sweep's confirm step: the same configuration measured again, interleaved with the
+    # other top trials; when present, the figures below pool them with the record
+    confirms: list[RunRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.flat:
+            self.flat = flatten(self.record.config)
+
+    @property
+    def status(self) -> str:
+        return self.record.status.value
+
+    @property
+    def throughput(self) -> float:
+        """The record's throughput; the median over all measurements once confirmed."""
+        if self.confirms and self.pooled:
+            return median(self.pooled)
+        return self.record.throughput
+
+    @property
+    def measurements(self) -> list[RunRecord]:
+        """The trial's own record, then its confirm step's re-measurements (gpubench.search.loop)."""
+        return [self.record, *self.confirms]
+
+    @property
+    def pooled(self) -> list[float]:
+        """Throughputs of every measurement that measured (a crashed confirm has none)."""
+        return [m.throughput for m in self.measurements if m.status.measured]
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95% interval of the throughput: over the confirm step's measurements when it ran
+        (gpubench.core.stats.median_interval), else the run's own, over its windows; the figure
+        itself when there is nothing to spread over."""
+        if self.confirms:
+            return holding(median_interval(self.pooled), self.throughput)
+        return self.record.throughput_interval
+
+    @property
+    def peak(self) -> float | None:
+        return self.record.peak_memory_fraction
+
+    @property
+    def ceiling(self) -> float:
+        return self.record.memory_ceiling
+
+    @property
+    def data(self) -> dict:
+        return self.record.to_dict()
+
+    @property
+    def dir(self) -> str | None:
+        return str(self.record.dir) if self.record.dir is not None else None
+
+    @property
+    def rung(self) -> str:
+        return self.record.rung
+
+    @property
+    def feasible(self) -> bool:
+        return self.record.feasible
+
+    @property
+    def full(self) -> bool:
+        return self.record.full
+
+    @property
+    def stable(self) -> bool:
+        """False when the run itself found its measurement disturbed (noise_reasons); once
+        confirmed, also when any re-measurement was disturbed or did not measure, or when the
+        measurements disagree: their own intervals share no common figure."""
+        ms = self.measurements
+        if any(m.measurement_stable is False or not m.status.measured for m in ms):
+            return False
+        ivs = [m.throughput_interval for m in ms]
+        return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
+
+    @property
+    def confirmed(self) -> bool:
+        """Re-measured by the confirm step and found stable."""
+        return bool(self.confirms) and self.stable
+
+    def knob(self, name: str) -> Any:
+        key = KNOBS[name]
+        v = self.flat.get(key)
+        if v is None and name == "precision":  # a study's param is the group, not the key
+            v = self.flat.get("precision")
+        return v
+
+    @property
+    def amp(self) -> bool:
+        return self.knob("precision") in AMP
+
+
+def row_of(rec: RunRecord, label: str) -> Row:
+    return Row(label, rec)
+
+
+def latest_per_setup(rows: list[Row]) -> list[Row]:
+    """One row per training setup: an experiment collects screens and full measurements of the
+    same setup, and repeats across sweeps (a sweep's confirm step among them). The row is the
+    newest of the longest measurements; the others of that length that repeat it exactly
+    (`repeats`) are pooled as a sweep dir's confirm jobs are (Row.confirms): dropping them
+    would throw measurements away and let one lucky run stand for the setup."""
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        cfg = r.record.config
+        # a loader-only run or a probe is another kind of measurement of the setup: never
+        # the row that stands for (and hides) its training measurement
+        key = json.dumps({**{k: cfg.get(k) for k in SETUP_KEYS}, "kind": left_out(r.record)},
+                         sort_keys=True, default=str)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for group in groups.values():
+        def steps(r: Row) -> int:
+            return int(r.record.config.get("bench", {}).get("steps") or 0)
+
+        longest = max(steps(r) for r in group)
+        same = sorted((r for r in group if steps(r) == longest),
+                      key=lambda r: r.record.started_at or "", reverse=True)
+        head = same[0]
+        head.confirms = [r.record for r in same[1:]
+                         if r.record.status.final and repeats(r.record, head.record)]
+        out.append(head)
+    return out
+
+
+def _what_ran(rec: RunRecord) -> dict[str, Any]:
+    return {k: v for k, v in flatten(rec.config or {}).items() if not k.startswith(HOW_MEASURED)}
+
+
+def faulted(rec: RunRecord) -> bool:
+    """The run had fault injection configured (any fault.* off its default)."""
+    cfg = flatten(rec.config or {})
+    return any(cfg.get(k, v) != v for k, v in NO_FAULT.items())
+
+
+def repeats(rec: RunRecord, of: RunRecord) -> bool:
+    """`rec` measured the same thing as `of` again: the whole config equal except how long and
+    how it was measured and tracked (HOW_MEASURED), on the same device model, and neither had
+    fault injection."""
+    return (rec.env.get("device_name") == of.env.get("device_name")
+            and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
+
+
+def varying(rows: list[Row]) -> list[str]:
+    """Config keys that differ between rows: the swept knobs, in a stable order."""
+    keys: dict[str, set] = {}
+    for r in rows:
+        for k, v in r.flat.items():
+            if not k.startswith(NOT_KNOBS):
+                keys.setdefault(k, set()).add(json.dumps(v, default=str))
+    return [k for k, vals in keys.items() if len(vals) > 1 or any(k not in r.flat for r in rows)]
+
+
+def ranked(rows: list[Row]) -> list[Row]:
+    """Feasible first, full-length measurements before short screens, stable before disturbed,
+    fastest first."""
+    return sorted(rows, key=lambda r: (not r.feasible, not r.full, not r.stable, -r.throughput))
+
+
+@dataclass
+class Recommendation:
+    best: Row
+    chosen: Row
+    tolerance: float
+    reasons: list[str]
+
+
+def with_interval(r: Row) -> str:
+    lo, hi = r.interval
+    return f"{r.throughput:.1f}" if lo == hi else f"{r.throughput:.1f} [{lo:.1f}-{hi:.1f}]"
+
+
+def near_best(r: Row, best: Row, tolerance: float) -> bool:
+    """Within `tolerance` of the best, judged on intervals: even the low end of the row's
+    interval reaches (1 - tolerance) of the best's median. A noisy row that only might be
+    that fast does not qualify, so noise never picks a smaller, slower configuration."""
+    return r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput
+
+
+def amp_effect(amp: Row, plain: Row) -> str:
+    """'faster', 'slower' or 'same': AMP's best against the best without it, on intervals."""
+    if amp.interval[0] > plain.interval[1]:
+        return "faster"
+    if amp.interval[1] < plain.interval[0]:
+        return "slower"
+    if amp.interval == (amp.throughput, amp.throughput) and plain.interval == (
+            plain.throughput, plain.throughput):  # single windows: the figures decide
+        return "faster" if amp.throughput > plain.throughput else "slower"
+    return "same"
+
+
+def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
+    """Reference article 003's pick: among full-length, feasible, stable measurements within
+    `tolerance` of the fastest (on intervals), AMP on when it measured faster beyond the
+    intervals, pin_memory on, then the smallest batch and the fewest workers (large batches
+    can hurt the model and take memory; extra workers cost host RAM). A screen or a probe is
+    too short to compare speeds; a run that found its own measurement disturbed is never the
+    recommendation, and the report says when the fastest figure came from one."""
+    full = [r for r in rows if r.feasible and left_out(r.record) is None]
+    ok = [r for r in full if r.stable]
+    reasons = []
+    if full and not ok:
+        ok = full
+        reasons.append("UNCONFIRMED: every measurement found itself disturbed (noise_reasons); "
+                       "rerun the recommended config on a quiet machine before trusting it")
+    if not ok:
+        return None
+    # once the confirm step ran, the reference is the fastest confirmed configuration: a trial
+    # measured once may have been lucky
+    best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
+    if any(r.confirms for r in rows) and not best.confirmed:
+        reasons.append("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
+                       "step); rerun the recommended config on a quiet machine before trusting it")
+    fastest = max(full, key=lambda r: r.throughput)
+    if fastest is not best:
+        reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} img/s, "
+                       f"{why_not_best(fastest)}: not recommended unconfirmed; rerun it on a "
+                       "quiet machine")
+    near = [r for r in ok if near_best(r, best, tolerance)]
+    lead = 1 if reasons and reasons[0].startswith("UNCONFIRMED") else 0
+    reasons.insert(lead, f"fastest {'stable ' if best.stable else ''}feasible: {with_interval(best)} img/s; {len(near)} configuration(s)"
+                      f" within {tolerance:.0%} of it on their intervals")
+    amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
+    if amp and plain:
+        a = max(amp, key=lambda r: r.throughput)
+        p = max(plain, key=lambda r: r.throughput)
+        effect = amp_effect(a, p)
+        change = f"{a.throughput / p.throughput - 1:+.1%}"
+        if effect == "same":
+            reasons.append(f"AMP made no measurable difference: with AMP {with_interval(a)} img/s, without "
+                           f"{with_interval(p)} ({change}, inside the intervals)")
+        else:
+            helps = effect == "faster"
+            near = [r for r in near if r.amp == helps] or near
+            reasons.append(f"AMP {'on' if helps else 'off'}: best with AMP {with_interval(a)} img/s, "
+                           f"without {with_interval(p)} ({change})")
+    # pinning only exists for copies to a GPU: on a CPU-only run it is not a knob at all
+    on_gpu = any(r.record.env.get("device") == "cuda" for r in near)
+    pinned = [r for r in near if r.knob("pin_memory") is True]
+    if on_gpu and pinned and len(pinned) < len(near):
+        near = pinned
+        reasons.append("pin_memory on: page-locked buffers make host-to-device copies cheaper")
+
+    def size(r: Row, name: str) -> float:
+        v = r.knob(name)
+        return math.inf if v is None else float(v)
+
+    chosen = min(near, key=lambda r: (size(r, "batch_size"), size(r, "num_workers"),
+                                      -r.throughput))
+    picked = [f"{what} ({v})" for what, v in (("smallest batch size", chosen.knob("batch_size")),
+                                              ("fewest workers", chosen.knob("num_workers")))
+              if v is not None]
+    reasons.append(f"{' and '.join(picked) or 'no batch size or workers recorded: the fastest'}"
+                   f" within {tolerance:.0%}: {with_interval(chosen)} img/s, "
+                   f"{chosen.throughput / best.throughput:.0%} of the fastest")
+    reasons += _workers_check(rows, chosen)
+    return Recommendation(best, chosen, tolerance, reasons)
+
+
+def why_not_best(r: Row) -> str:
+    """Why the fastest figure is not the reference, from the row itself: its own measurement
+    found itself disturbed, its confirm step's re-measurements were disturbed or disagreed, or
+    it was measured once while the confirm step re-measured other trials."""
+    own = r.record
+    if own.measurement_stable is False:
+        why = ", ".join(own.noise_reasons) or "noise_reasons not recorded"
+        return f"was measured unstable ({why})"
+    if r.confirms and not r.stable:
+        return (f"was not confirmed: its {len(r.confirms)} re-measurement(s) by the confirm step "
+                "were disturbed, failed or disagreed with it")
+    return ("is unconfirmed: its own measurement found no disturbance, but the confirm step "
+            "re-measured other trials, not this one")
+
+
+def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
+    """The loader phase's view (gpubench.analysis.verdict.fewest_workers): how many workers out-run
+    compute at the chosen setup's batch size (the loader phase runs no model, so all
+    precisions count)."""
+    from gpubench.analysis.verdict import fewest_workers
+
+    same = [
+        {"num_workers": r.knob("num_workers"),
+         "loader_images_per_sec": r.record.loader_images_per_sec}
+        for r in rows
+        if r.knob("batch_size") == chosen.knob("batch_size") and r.record.status.measured
+    ]
+    pick = fewest_workers(same, chosen.record.compute_images_per_sec)
+    return [f"loader check: {pick.reason}"] if pick.num_workers is not None else []

@@ -1,0 +1,389 @@
+"""Which pipe is narrowest, and what to turn next. Pure functions of measured figures.
+
+The rule compares three throughputs (reference article 003's method): the loader phase is the
+most the data side can deliver, the compute phase the most the device can, and e2e what the
+training loop gets. GPU utilization never decides the verdict: with AMP a GPU at the same
+utilization does ~1.7x the work (article 003), so utilization is context, not evidence.
+
+Why one module of this size: the rule with intervals, the advice it leads to and the workers
+pick are one answer to 'what is narrow and what to turn'; they share thresholds and must not
+drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpubench.core.stats import holding, median, median_interval
+
+# e2e "tracks" a bound when it reaches this fraction of it
+TRACKS = 0.85
+# the loader is "well below" compute when it delivers less than this fraction of it
+WELL_BELOW = 0.9
+# with single windows (no interval), e2e this far above its bound is a broken measurement
+ABOVE_BOUND = 0.10
+
+
+@dataclass(frozen=True)
+class Est:
+    """A measured figure with its interval (lo == value == hi when there is none)."""
+
+    value: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def of(cls, x, ci=None) -> Est | None:
+        if isinstance(x, Est):
+            return x
+        if not _ok(x):
+            return None
+        if ci and _ok(ci[0]) and _ok(ci[1]):
+            return cls(float(x), *holding(ci, float(x)))
+        return cls(float(x), float(x), float(x))
+
+    @property
+    def exact(self) -> bool:
+        return self.lo == self.hi
+
+    def over(self, other: Est) -> Est:
+        """self / other, its interval from the two intervals' extremes (conservative)."""
+        return Est(self.value / other.value, self.lo / other.hi, self.hi / other.lo)
+
+    def pm(self) -> str:
+        """'94% [91%-97%]' (as a share, with its interval), or '94%' without one."""
+        if self.exact:
+            return f"{self.value:.0%}"
+        return f"{self.value:.0%} [{self.lo:.0%}-{self.hi:.0%}]"
+
+
+def smaller(a: Est, b: Est) -> Est:
+    return Est(min(a.value, b.value), min(a.lo, b.lo), min(a.hi, b.hi))
+
+
+def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
+    """On a GPU the loader's device-side work (H2D copy, nvJPEG decode, GPU augment) runs on
+    the training stream in e2e, one after the other with the step: e2e can reach at most
+    1 / (1/compute + device data time per image), not compute itself."""
+    if device_data_s_per_image is None:
+        return compute
+
+    def f(c: float, d: float) -> float:
+        return 1.0 / (1.0 / c + d)
+
+    d = device_data_s_per_image
+    return Est(f(compute.value, d.value), f(compute.lo, d.hi), f(compute.hi, d.lo))
+
+
+@dataclass
+class Verdict:
+    bottleneck: str  # data | compute | overlap | inconclusive | unknown
+    reason: str
+    advice: list[str] = field(default_factory=list)
+    # the ratio the verdict rests on (e2e / bound, or loader / compute) and its interval
+    ratio: Est | None = None
+    # how far that ratio's interval stays clear of the rule's threshold (share; > 0 conclusive)
+    margin: float | None = None
+    # why the rule could not decide (straddled threshold, e2e above its bound); None otherwise
+    undecided: str | None = None
+    # what the rule leaned to when it could not decide
+    leaning: str | None = None
+
+
+def _ok(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x)) and x > 0
+
+
+def _fmt(e: Est) -> str:
+    return f"{e.value:.1f}" if e.exact else f"{e.value:.1f} [{e.lo:.1f}-{e.hi:.1f}]"
+
+
+def _ratio_of(values: list[float]) -> Est:
+    """Per-window ratios (window i of one phase over window i of another, measured side by
+    side in the same round): their median and its order-statistic interval. Pairing cancels
+    what drifts between rounds, which the two phases' own intervals would count twice."""
+    v = median(values)
+    return Est(v, *holding(median_interval(values), v))
+
+
+def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
+    """The phases' per-window throughputs, round by round (cut to the rounds all of them
+    finished), or None when there are fewer than two rounds or a window measured nothing."""
+    if not windows or any(not windows.get(n) for n in names):
+        return None
+    k = min(len(windows[n]) for n in names)
+    out = {n: list(windows[n][:k]) for n in names}
+    if k < 2 or not all(_ok(x) for n in names for x in out[n]):
+        return None
+    return out
+
+
+def _data_or_compute(loader: Est, compute: Est, tail: str, s: Est | None = None) -> Verdict:
+    s = s or loader.over(compute)
+    if s.hi < WELL_BELOW:
+        return Verdict("data", (
+            f"data-bound: the loader delivers {_fmt(loader)} img/s, {s.pm()} of what compute "
+            f"takes ({_fmt(compute)}){tail}"), ratio=s, margin=WELL_BELOW - s.hi)
+    if s.lo >= WELL_BELOW:
+        return Verdict("compute", "", ratio=s, margin=s.lo - WELL_BELOW)
+    lean = "data" if s.value < WELL_BELOW else "compute"
+    why = (f"the loader ({_fmt(loader)} img/s) is {s.pm()} of compute ({_fmt(compute)}): its "
+           f"interval straddles the {WELL_BELOW:.0%} line between data- and compute-bound")
+    return Verdict("inconclusive", why, ratio=s, margin=None, undecided=why, leaning=lean)
+
+
+def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
+             intervals: dict | None = None, device_data_s_per_image=None,
+             windows: dict | None = None) -> Verdict:
+    """The narrowest pipe, judged on intervals. `loader`, `compute`, `e2e` are images/sec (or
+    `Est`); `intervals` maps the same names to [lo, hi]; `windows` to the per-window figures
+    of interleaved rounds, from which the ratios are taken pairwise. A verdict is given only
+    when the interval of the ratio it rests on lies wholly on one side of the rule's
+    threshold; otherwise it is `inconclusive`, with what it leaned to."""
+    iv = intervals or {}
+    lo = Est.of(loader, iv.get("loader"))
+    co = Est.of(compute, iv.get("compute"))
+    ee = Est.of(e2e, iv.get("e2e"))
+    if lo and co and ee:
+        dd = Est.of(device_data_s_per_image, iv.get("device_data"))
+        cb = combined_bound(co, dd)
+        bound = smaller(lo, cb)
+        which = "the loader" if lo.value <= cb.value else (
+            "compute" if cb is co else "compute + device data work")
+        r, s, rc = ee.over(bound), lo.over(cb), ee.over(cb)
+        pw = _paired(windows, ("loader", "compute", "e2e"))
+        if pw is not None:
+            cbw = [combined_bound(Est.of(c), dd).value for c in pw["compute"]]
+            r = _ratio_of([e / min(x, c) for e, x, c in zip(pw["e2e"], pw["loader"], cbw,
+                                                             strict=True)])
+            s = _ratio_of([x / c for x, c in zip(pw["loader"], cbw, strict=True)])
+            rc = _ratio_of([e / c for e, c in zip(pw["e2e"], cbw, strict=True)])
+        above = r.lo > 1.0 if not r.exact else r.value > 1.0 + ABOVE_BOUND
+        if above:
+            why = (f"e2e {_fmt(ee)} img/s is above its own upper bound, {which} at "
+                   f"{_fmt(bound)} ({r.pm()}): impossible in a steady run, so something "
+                   "disturbed the measurement")
+            return Verdict("inconclusive", why, ratio=r, undecided=why)
+        if r.hi < TRACKS:
+            return Verdict("overlap", (
+                f"overlap: e2e {_fmt(ee)} img/s is {r.pm()} of the narrower bound, {which} at "
+                f"{_fmt(bound)}: loading and compute run one after the other instead of "
+                "overlapping"), ratio=r, margin=TRACKS - r.hi)
+        if r.lo < TRACKS:
+            why = (f"e2e {_fmt(ee)} img/s is {r.pm()} of the narrower bound ({which}, "
+                   f"{_fmt(bound)}): its interval straddles the {TRACKS:.0%} line between "
+                   "tracking a bound and losing time to poor overlap")
+            lean = "overlap" if r.value < TRACKS else None
+            if lean is None:
+                inner = _data_or_compute(lo, cb, "", s)
+                lean = inner.leaning if inner.bottleneck == "inconclusive" else inner.bottleneck
+            return Verdict("inconclusive", why, ratio=r, undecided=why, leaning=lean)
+        v = _data_or_compute(lo, cb, f"; e2e {_fmt(ee)} tracks it ({r.pm()})", s)
+        if v.bottleneck == "compute":
+            v.reason = (f"compute-bound: e2e {_fmt(ee)} img/s is {rc.pm()} of "
+                        f"{'compute' if cb is co else 'compute + device data work'} "
+                        f"{_fmt(cb)}; the loader ({_fmt(lo)}) keeps up")
+            v.ratio, v.margin = r, min(v.margin, r.lo - TRACKS)
+        elif v.bottleneck == "data":
+            v.margin = min(v.margin, r.lo - TRACKS)
+        return v
+    if lo and co:
+        pw = _paired(windows, ("loader", "compute"))
+        s = _ratio_of([x / c for x, c in zip(pw["loader"], pw["compute"], strict=True)]) \
+            if pw else None
+        v = _data_or_compute(lo, co, " (e2e not measured)", s)
+        if v.bottleneck == "compute":
+            v.reason = (f"compute-bound: loader {_fmt(lo)} vs compute {_fmt(co)} img/s "
+                        "(e2e not measured)")
+        return v
+    if ee and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
+        if data_wait_fraction > 0.25:
+            return Verdict("data", f"the loop waits on data {data_wait_fraction:.0%} of the time")
+        return Verdict("compute", f"the loop waits on data only {data_wait_fraction:.0%} of the time")
+    return Verdict("unknown", "not enough phases measured to compare (run loader, compute and e2e)")
+
+
+@dataclass
+class Knobs:
+    """The current settings the advice refers to."""
+
+    device: str
+    num_workers: int
+    cpu_count: int
+    pin_memory: bool
+    preload: bool
+    augment_on: str
+    precision: str
+    channels_last: bool
+    compile: str
+    batch_size: int
+    dataset: str
+    memory_fraction: float | None
+    ceiling: float
+    is_conv: bool = True
+
+
+def advise(bottleneck: str, k: Knobs) -> list[str]:
+    """1-3 concrete next steps, most effective first (reference articles 000, 001, 003)."""
+    out: list[str] = []
+    gpu = k.device == "cuda"
+    if bottleneck == "overlap" and not gpu and k.num_workers > 0:
+        out.append(
+            f"on a CPU the {k.num_workers} loader workers take cores from the model itself "
+            f"({k.cpu_count} cores here): this gap is contention; on a GPU the two overlap"
+        )
+    if bottleneck in ("data", "overlap"):
+        if k.num_workers == 0:
+            out.append(
+                "loader.num_workers=2 or more: with 0 workers the main process loads each batch "
+                "while the device waits (article 003: >= 2 workers gave ~1.5x)"
+            )
+        elif k.num_workers < k.cpu_count and bottleneck == "data":
+            out.append(
+                f"loader.num_workers={min(k.cpu_count, max(2 * k.num_workers, k.num_workers + 1))}"
+                f" (now {k.num_workers}, host has {k.cpu_count} cores); sweep it with "
+                "`-m bench.phases=[loader] loader.num_workers=...` and keep the fewest that "
+                "out-run compute"
+            )
+        if gpu and not k.pin_memory:
+            out.append("loader.pin_memory=true: pinned host memory makes the copy asynchronous")
+        if k.dataset in ("imagefolder", "fake_jpeg", "cifar10") and not k.preload:
+            out.append(
+                "dataset.preload=true: decode once into RAM, then only augment per step "
+                "(article 000, Method 1)"
+            )
+        if gpu and k.augment_on == "cpu":
+            out.append("dataset.augment_on=device: crop/flip/normalize on the GPU, not in workers")
+        if bottleneck == "data" and k.num_workers >= k.cpu_count:
+            out.append(
+                "the host's cores are all loading: a host with more CPU per GPU "
+                "(article 003: marry the right CPU/RAM to the GPU)"
+            )
+    if bottleneck == "compute":
+        if k.precision in ("torch_default", "fp32", "tf32"):
+            if gpu:
+                out.append(
+                    "precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x "
+                    "in article 003"
+                )
+            else:
+                out.append(
+                    "precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster "
+                    "only on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)"
+                )
+        if gpu and k.is_conv and not k.channels_last and k.precision.startswith("amp"):
+            out.append("channels_last=true: tensor-core convolutions prefer NHWC")
+        if gpu and k.compile == "off":
+            out.append("compile=default: torch.compile fuses the elementwise ops between convs")
+        frac = k.memory_fraction
+        if frac is not None and frac < 0.6 * k.ceiling:
+            out.append(
+                f"loader.batch_size={2 * k.batch_size}: memory peaks at {frac:.0%} of the "
+                f"device (ceiling {k.ceiling:.0%}); a larger batch may raise throughput while "
+                "compute-bound, keep the smallest that gets near the peak"
+            )
+        if not gpu:
+            out.append("this ran on the CPU: on a GPU the compute bound is far higher")
+    if bottleneck == "unknown":
+        out.append("bench.phases=[loader,compute,e2e] to get a verdict")
+    return out[:3]
+
+
+def judge(
+    loader,
+    compute,
+    e2e,
+    data_wait_fraction: float | None,
+    knobs: Knobs,
+    intervals: dict | None = None,
+    noise_reasons: list[str] | None = None,
+    remedies: list[str] | None = None,
+    device_data_s_per_image=None,
+    windows: dict | None = None,
+) -> Verdict:
+    """The verdict and its advice. A run whose measurement was disturbed (`noise_reasons`)
+    gets no confident verdict, whatever its figures say: `inconclusive`, with the reasons and
+    what to do about them (`remedies`), and what the figures leaned to."""
+    v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
+                 windows)
+    if noise_reasons and v.bottleneck not in ("unknown",):
+        lean = v.leaning if v.bottleneck == "inconclusive" else v.bottleneck
+        v = Verdict("inconclusive", "measurement unstable: " + "; ".join(noise_reasons)
+                    + (f" (the figures lean to {lean})" if lean else ""),
+                    ratio=v.ratio, undecided="unstable", leaning=lean)
+    if v.bottleneck == "inconclusive":
+        v.advice = (remedies or [])[:3] or [
+            "bench.repeats=10 bench.steps=100: more and longer windows narrow the intervals"]
+        return v
+    v.advice = advise(v.bottleneck, knobs)
+    return v
+
+
+# ---------------------------------------------------------------- how many loader workers
+
+# a loader must clear compute by this fraction to count as unblocking it: runs of the same
+# config differ by several percent, and e2e loses a little more to the hand-over
+WORKERS_TOLERANCE = 0.05
+
+
+@dataclass
+class WorkersPick:
+    num_workers: int | None  # None: nothing measured to choose from
+    loader_images_per_sec: float | None
+    unblocks: bool  # True: this loader out-runs compute (the GPU is no longer starved)
+    reason: str
+
+
+def _loader_rows(rows) -> dict[int, float]:
+    """{num_workers: median loader images/sec} from (num_workers, ips) pairs or mappings with
+    `num_workers` and `loader_images_per_sec` keys; repeats of a worker count are pooled by
+    their median, unmeasured ones (None, NaN, <= 0) dropped."""
+    per: dict[int, list[float]] = {}
+    for r in rows:
+        if isinstance(r, dict):
+            w, ips = r.get("num_workers"), r.get("loader_images_per_sec")
+        else:
+            w, ips = r
+        if w is not None and _ok(ips):
+            per.setdefault(int(w), []).append(float(ips))
+    out = {}
+    for w, v in per.items():
+        s = sorted(v)
+        mid = len(s) // 2
+        out[w] = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+    return out
+
+
+def fewest_workers(rows, compute_images_per_sec: float | None,
+                   tolerance: float = WORKERS_TOLERANCE) -> WorkersPick:
+    """The fewest loader workers whose loader throughput exceeds compute by `tolerance`
+    (reference article 003: set workers to the minimum that unblocks the GPU; each extra
+    worker costs RAM for nothing). When no worker count gets there, the best available: the
+    fewest workers within `tolerance` of the highest loader throughput (the plateau's start),
+    with the reason the data side stays the bottleneck."""
+    loader = _loader_rows(rows)
+    if not loader:
+        return WorkersPick(None, None, False, "no loader throughput measured")
+    if _ok(compute_images_per_sec):
+        need = compute_images_per_sec * (1 + tolerance)
+        for w in sorted(loader):
+            if loader[w] >= need:
+                fewer = [x for x in loader if x < w]
+                below = (f"; with {max(fewer)}: {loader[max(fewer)]:.1f}" if fewer
+                         else "; no fewer were measured")
+                return WorkersPick(w, loader[w], True, (
+                    f"{w} workers load {loader[w]:.1f} img/s, above compute "
+                    f"{compute_images_per_sec:.1f} by more than {tolerance:.0%}{below}"
+                ))
+    best = max(loader.values())
+    w = min(x for x in loader if loader[x] >= best * (1 - tolerance))
+    plateau = f"{w} workers load {loader[w]:.1f} img/s, within {tolerance:.0%} of the best ({best:.1f})"
+    if not _ok(compute_images_per_sec):
+        return WorkersPick(w, loader[w], False, f"compute throughput not measured; {plateau}")
+    return WorkersPick(w, loader[w], False, (
+        f"no worker count measured out-runs compute {compute_images_per_sec:.1f} img/s; "
+        f"{plateau}, {loader[w] / compute_images_per_sec:.0%} of compute: the data side stays "
+        "the bottleneck (next: dataset.preload=true, dataset.augment_on=device, more CPU cores "
+        "per GPU)"
+    ))

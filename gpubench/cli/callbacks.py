@@ -1,0 +1,189 @@
+"""Hydra callback: a multirun becomes one MLflow parent run with one child run per job.
+
+Registered in conf/bench.yaml under `hydra.callbacks`. The parent run, and with it the store and
+the experiment, are created here in the launching process before any job starts: jobs running
+in parallel would otherwise race to create a new sqlite store ("table ... already exists").
+Jobs find the parent through an environment variable (jobs run in this process, as with Hydra's
+basic launcher) or through the parent file in the sweep dir (launchers that run jobs elsewhere).
+
+Imported by every run, so it stays light: MLflow is loaded only when a sweep is tracked.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from gpubench.core.secrets import mask_files, mask_logging
+
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+# the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
+# parent closed at exit is KILLED after an interrupt (130, 143), FAILED after an error
+EXIT: dict[str, int | None] = {}
+# seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
+CLOSE_GRACE_S = 5.0
+# when each sweep of this process began (its report made since then was printed already)
+_STARTED: dict[str, float] = {}
+
+log = logging.getLogger("gpubench")
+
+
+def _tracked(config: DictConfig) -> bool:
+    return config.get("tracking", {}).get("backend", "none") != "none"
+
+
+def _sweep_dir(config: DictConfig) -> Path:
+    # the same folder the launcher uses: ${now:...} is resolved once per process and cached
+    return Path(str(config.hydra.sweep.dir)).absolute()
+
+
+class MlflowSweepCallback(Callback):
+    # Hydra's launchers log each job's overrides, a tracking URI or storage URL with its
+    # password among them: masked from the start of a run or a multirun
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        mask_logging()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra has just saved the job's config and overrides (and the sweeper its
+        multirun.yaml): the copies on disk keep no password."""
+        hc = config.get("hydra") or {}
+        out, sub = hc.get("runtime", {}).get("output_dir"), hc.get("output_subdir")
+        files = [Path(str(out), str(sub), f) for f in HYDRA_FILES] if out and sub else []
+        if hc.get("mode") is not None and str(hc.mode.name if hasattr(hc.mode, "name")
+                                              else hc.mode) == "MULTIRUN":
+            files.append(_sweep_dir(config) / "multirun.yaml")
+        mask_files(files)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        mask_logging()
+        if not _tracked(config):
+            return
+        from gpubench import tracking
+        from gpubench.core.secrets import mask_secrets
+
+        t = config.tracking
+        uri = tracking.resolve_uri(t.uri)
+        sweeper = config.hydra.get("sweeper") or {}
+        params = sweeper.get("params")
+        sweep_dir = _sweep_dir(config)
+        tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
+        _STARTED[str(sweep_dir)] = time.time()
+        try:
+            with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
+                rid = tracking.open_sweep(
+                    store,
+                    sweep_dir,
+                    list(config.hydra.overrides.task),
+                    sweeper.get("_target_"),
+                    OmegaConf.to_container(params) if params is not None else None,
+                    t.get("run_name"),
+                )
+        except Exception as e:  # jobs still run; each keeps its results for `sync`
+            log.debug("MLflow parent run not created", exc_info=True)
+            print(mask_secrets(f"gpubench: warning: MLflow not reached at tracking.uri={uri} "
+                               f"({e}); the sweep runs untracked"), file=sys.stderr, flush=True)
+            return
+        os.environ[tracking.PARENT_ENV] = rid
+        # Hydra calls on_multirun_end only when the sweep returns: Ctrl-C, SIGTERM or an error
+        # would leave the parent RUNNING (until `sync`). atexit runs on every exit but kill -9,
+        # after the interrupt has been reported and the killed job logged.
+        self._open = (sweep_dir, rid, uri, str(t.experiment), float(t.timeout_s))
+        atexit.register(self._close_interrupted)
+
+    def _close_interrupted(self) -> None:
+        """The parent of a sweep that never reached on_multirun_end, ended with the jobs
+        measured so far (its best among them), as `sync` would end it later: KILLED after
+        Ctrl-C or SIGTERM, FAILED after an error. Bounded in time: a tracking server that is
+        down must not hold the exit (after SIGTERM a scheduler's grace period is short, and a
+        second SIGTERM is ignored); what is not closed here `sync` closes."""
+        open_, self._open = getattr(self, "_open", None), None
+        if open_ is None:
+            return
+        from gpubench import tracking
+        from gpubench.core.secrets import mask_secrets
+
+        sweep_dir, rid, uri, experiment, timeout_s = open_
+        status = "KILLED" if EXIT.get("code") in (None, 130, 143) else "FAILED"
+        failed: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                with tracking.open_store(uri, experiment, timeout_s) as store:
+                    tracking.close_sweep(store, sweep_dir, rid, interrupted=True, status=status)
+            except BaseException as e:
+                failed.append(e)
+
+        th = threading.Thread(target=close, name="gpubench-close-sweep", daemon=True)
+        th.start()
+        limit = timeout_s + CLOSE_GRACE_S
+        why = None
+        try:
+            th.join(1.0)
+            if th.is_alive():
+                print(f"gpubench: closing the sweep's MLflow parent run (at most {limit:.0f} s; "
+                      "Ctrl-C skips it)", file=sys.stderr, flush=True)
+                th.join(limit - 1.0)
+            if th.is_alive():
+                why = f"no answer from tracking.uri in {limit:.0f} s"
+            elif failed:
+                why = str(failed[0]) or type(failed[0]).__name__
+        except KeyboardInterrupt:
+            why = "skipped"
+        if why is not None:
+            print(mask_secrets(f"gpubench: warning: the sweep's MLflow parent run was not closed "
+                               f"({why}); python -m gpubench.tracking sync {sweep_dir}"),
+                  file=sys.stderr, flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from gpubench import tracking
+        from gpubench.core.secrets import mask_secrets
+
+        parent_id = os.environ.pop(tracking.PARENT_ENV, None)
+        self._open = None  # the sweep returned: closed FINISHED below, not at exit
+        if not _tracked(config):
+            return
+        sweep_dir = _sweep_dir(config)
+        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
+        if not parent_id:
+            return
+        t = config.tracking
+        try:
+            _sweep_report(sweep_dir, parent_id, tracking.resolve_uri(t.uri), float(t.timeout_s))
+        except Exception as e:  # a report that fails must not keep the sweep open
+            log.debug("sweep report failed", exc_info=True)
+            print(mask_secrets(f"gpubench: warning: sweep report not made ({e})"),
+                  file=sys.stderr, flush=True)
+        try:
+            with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
+                                     float(t.timeout_s)) as store:
+                tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
+        except Exception as e:  # the jobs are tracked; only the summary is missing
+            log.debug("MLflow parent run not closed", exc_info=True)
+            print(mask_secrets(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
+                               f"python -m gpubench.tracking sync {sweep_dir}"),
+                  file=sys.stderr, flush=True)
+
+
+def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
+    """The sweep report (ranking, plots, recommended config) as artifacts of the parent run.
+    The gpubench sweeper has usually made it already; then its files are reused as they are."""
+    from gpubench import tracking
+    from gpubench.report.write import REPORT_DIR, sweep_report
+
+    # the gpubench sweeper printed its report a moment ago: made in this process since the
+    # sweep began, it is not printed a second time (a grid sweep's report is printed here)
+    made = sweep_dir / REPORT_DIR / "summary.json"
+    quiet = made.is_file() and made.stat().st_mtime >= _STARTED.get(str(sweep_dir), float("inf"))
+    files = [Path(f) for f in sweep_report(sweep_dir, quiet=quiet)]
+    if files:
+        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()],
+                                 timeout_s, uri)

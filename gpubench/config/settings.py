@@ -1,0 +1,483 @@
+"""The composed config turned, once, into frozen and fully resolved settings; every input rule.
+
+    compose (Hydra) ─► resolve(cfg) -> Settings ─► check_resources(settings) ─► Benchmark
+
+`resolve` runs every rule that needs neither the disk nor the machine's RAM (ranges, cross-key
+rules, a device that exists, a known model, the train step's knobs, tracking, the dataset's
+combinations) and fills what the config leaves to the device (dataset.image_size,
+loader.batch_size when null: `sizes`). Enums arrive as their values (plain str), mappings as
+read-only views (`plain` copies them back), so nothing downstream reads the DictConfig or an
+Enum again.
+`check_resources` is the one explicit step for the rules that look at this machine: folders
+that must exist, loader workers against cores and free RAM, in-memory pools against free RAM.
+Two resource rules need the built dataset's length and run where it is known (data.py), but
+are written here: `check_batch_fits`, `check_preload_fits` (and `check_found_classes` for the
+classes a folder holds).
+
+Torch-free at import (torch and torchvision are imported lazily by the device and model-name
+rules); raises config.ConfigError, one line naming the key, the value and what is allowed.
+
+Why one module of this size (about 480 lines): it is the one place every input rule is found
+(the settings' fields, the rules on them, the machine's limits), read together; the schema
+and its range table stay in config.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import Enum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from gpubench.config.schema import (
+    RANGES,
+    ConfigError,
+    auto_sizes,
+    check_range,
+    check_tracking_uri,
+    to_container,
+)
+
+# ---------------------------------------------------------------- the settings (frozen)
+# One class per config group, with the group's key names; Enums are stored as their values.
+# Mappings are read-only views all the way down (lists as tuples): a rule checked once cannot
+# be undone by a reader writing into them. `plain` gives a writable copy where one is needed.
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    name: str
+    image_size: int  # never None: sized by device when the config leaves it null
+    num_classes: int
+    num_samples: int
+    root: str | None
+    jpeg_quality: int
+    preload: bool
+    augment_on: str
+    decode_on: str
+    on_corrupt: str
+    _target_: str | None
+    kwargs: Mapping
+    transform: Mapping  # a Hydra instantiate node, read-only ({} when unset)
+    collate: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    num_classes: int
+    _target_: str | None
+    kwargs: Mapping
+    checkpointing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Loader:
+    batch_size: int  # never None: sized by device when the config leaves it null
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    drop_last: bool
+    multiprocessing_context: str | None
+    worker_threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bench:
+    """bench.* without device and phases: resolved, they are Settings.device and .phases."""
+
+    warmup_steps: int
+    warmup_max_steps: int
+    steps: int
+    repeats: int
+    warmup_max_seconds: float
+    max_seconds: float
+    seed: int
+    monitor: bool
+    monitor_interval_s: float
+    flops: bool
+    optimizer: str
+    optimizer_impl: str
+    lr: float
+    grad_accum_steps: int
+    cudnn_benchmark: bool | None
+    host_metrics_every: int
+    profile: bool
+    profile_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    ceiling: float
+    reserve: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tracking:
+    backend: str
+    uri: str | None
+    experiment: str
+    run_name: str | None
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    oom_above_batch: int | None
+    fail_message: str | None
+    fail_after_windows: int
+    stall_every: int | None
+    stall_s: float
+    rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    dataset: Dataset
+    model: Model
+    loader: Loader
+    bench: Bench
+    memory: Memory
+    tracking: Tracking
+    fault: Fault
+    device: str  # "cuda" or "cpu" (bench.device=auto resolved)
+    precision: str  # precision.name
+    channels_last: bool
+    compile: str  # torch.compile's mode string: off, default, reduce-overhead, max-autotune
+    phases: tuple[str, ...]
+    # the composed config with the device-sized keys filled in, read-only: `plain(config)` is
+    # what results.json's "config" and the MLflow params hold (Enums by name, as OmegaConf
+    # writes them)
+    config: Mapping
+
+
+GROUPS = {"dataset": Dataset, "model": Model, "loader": Loader, "bench": Bench,
+          "memory": Memory, "tracking": Tracking, "fault": Fault}
+
+
+def frozen(v: Any) -> Any:
+    """A plain tree (dicts, lists) as read-only views: mappings as MappingProxyType, lists as
+    tuples, all the way down."""
+    if isinstance(v, Mapping):
+        return MappingProxyType({k: frozen(x) for k, x in v.items()})
+    if isinstance(v, (list, tuple)):
+        return tuple(frozen(x) for x in v)
+    return v
+
+
+def plain(v: Any) -> Any:
+    """A frozen tree as plain, writable dicts and lists again (JSON, YAML, OmegaConf.create and
+    a team's own classes take those)."""
+    if isinstance(v, Mapping):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    return v
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Enum):
+        return v.value
+    if isinstance(v, (DictConfig, ListConfig)):
+        return frozen(OmegaConf.to_container(v, resolve=True))
+    return v
+
+
+def _group(cls: type, node: DictConfig, **given: Any):
+    return cls(**{f.name: given[f.name] if f.name in given else _plain(node.get(f.name))
+                  for f in fields(cls)})
+
+
+SIZED_KEYS = ("dataset.image_size", "loader.batch_size")
+
+
+def sizes(cfg: DictConfig) -> tuple[str, int, int]:
+    """(device, image_size, batch_size) of a composed config: bench.device as asked (auto: CUDA
+    when this machine has it), the null keys sized by that device (config.auto_sizes). Sizing
+    only, with no availability rule: a sweeper on a login node without a GPU sizes the first
+    probe of jobs that run on GPU nodes (gpubench.search.maxbatch.start_batch). `resolve` takes its
+    device from here and then applies the rules."""
+    for key, kind, low, high, nullable in RANGES:
+        if key in SIZED_KEYS:
+            check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    want = _plain(cfg.bench.device)
+    device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
+    image_size, batch_size = auto_sizes(device)
+    if cfg.dataset.image_size is not None:
+        image_size = int(cfg.dataset.image_size)
+    if cfg.loader.batch_size is not None:
+        batch_size = int(cfg.loader.batch_size)
+    return device, image_size, batch_size
+
+
+def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
+    # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
+    # job fills in, which would not resolve here)
+    config = to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+                          if "hydra" in cfg else cfg)
+    config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
+    return Settings(
+        dataset=_group(Dataset, cfg.dataset, image_size=image_size),
+        model=_group(Model, cfg.model),
+        loader=_group(Loader, cfg.loader, batch_size=batch_size),
+        bench=_group(Bench, cfg.bench),
+        memory=_group(Memory, cfg.memory),
+        tracking=_group(Tracking, cfg.tracking),
+        fault=_group(Fault, cfg.fault),
+        device=device,
+        precision=_plain(cfg.precision.name),
+        channels_last=bool(cfg.channels_last),
+        compile=_plain(cfg.compile),
+        phases=tuple(_plain(p) for p in cfg.bench.phases),
+        config=frozen(config),
+    )
+
+
+# ---------------------------------------------------------------- resolve: rules without disk/RAM
+
+TINY_MODELS = ("tiny",)
+# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); for_loop,
+# foreach and fused force one implementation (gpubench/step.py make_optimizer)
+OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
+# models whose stages gpubench/models.py apply_checkpointing knows how to wrap
+CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
+CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tiny"
+
+
+def known_models() -> list[str]:
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models)) + list(TINY_MODELS)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def checkpointable(name: str) -> bool:
+    return str(name).startswith(CHECKPOINT_PREFIXES)
+
+
+def impl_devices(impl: str) -> list[str] | None:
+    """Device types that have the kernels for an optimizer implementation, as torch lists
+    them (None: any device). Elsewhere torch either raises (fused) or runs foreach as a slow
+    per-tensor fallback, so forcing them there would benchmark something nobody runs."""
+    if impl not in ("foreach", "fused"):
+        return None
+    from torch.optim import optimizer as o
+
+    name = f"_get_{impl}_kernels_supported_devices"
+    if hasattr(o, name):
+        return list(getattr(o, name)())
+    return ["cuda"]  # older torch: CUDA only
+
+
+def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
+                  value: Any = None) -> None:
+    """A classifier narrower than the dataset's classes fails at the first loss ("Target 617 is
+    out of bounds", a device-side assert on CUDA) after the loader was already measured.
+    `resolve` calls this with model.num_classes (torchvision models); the runner with the built
+    model's output width (a custom `_target_`, key model._target_), before any phase."""
+    if width < num_classes:
+        raise ConfigError(key, width if value is None else value,
+                          f"a model whose output width covers the dataset's {num_classes} classes "
+                          f"(dataset.num_classes); it outputs {width}")
+
+
+def resolve(cfg: DictConfig) -> Settings:
+    """The frozen settings of a composed config, after every rule that needs neither the disk
+    nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
+    for key, kind, low, high, nullable in RANGES:
+        check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    device, image_size, batch_size = sizes(cfg)
+    if device == "cuda" and not cuda_available():
+        raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
+    s = _build(cfg, device, image_size, batch_size)
+    if s.precision == "amp_fp16" and device != "cuda":
+        raise ConfigError(
+            "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
+        )
+    _check_model(s)
+    b = s.bench
+    if b.warmup_max_steps < b.warmup_steps:
+        raise ConfigError("bench.warmup_max_steps", b.warmup_max_steps,
+                          f">= bench.warmup_steps ({b.warmup_steps})")
+    if b.monitor_interval_s > b.max_seconds:
+        raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
+                          f"<= bench.max_seconds ({b.max_seconds:g}): a window needs a sample")
+    if not s.phases:
+        raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
+    if b.optimizer not in ("sgd", "adamw"):
+        raise ConfigError("bench.optimizer", b.optimizer, "sgd or adamw")
+    _check_step(s)
+    if s.tracking.backend not in ("mlflow", "none"):
+        raise ConfigError("tracking.backend", s.tracking.backend, "mlflow or none")
+    if s.tracking.backend == "mlflow":
+        check_tracking_uri(s.tracking.uri)
+    _check_data(s)
+    return s
+
+
+def _check_model(s: Settings) -> None:
+    m = s.model
+    if m._target_ is not None:
+        return
+    if m.name == "custom":
+        raise ConfigError("model._target_", None, "a dotted nn.Module class path, e.g. my_team.models.MyNet")
+    names = known_models()
+    if m.name not in names:
+        close = [n for n in names if n.startswith(str(m.name)[:4])][:6]
+        hint = f" (close: {', '.join(close)})" if close else ""
+        raise ConfigError("model.name", m.name, f"a torchvision classification model or 'tiny'{hint}")
+    # a torchvision model gets model.num_classes outputs: every label must have one
+    check_classes(m.num_classes, s.dataset.num_classes)
+
+
+def _check_step(s: Settings) -> None:
+    """The train step's knobs (gpubench/step.py, gpubench/models.py)."""
+    impl, device = s.bench.optimizer_impl, s.device
+    if impl not in OPTIMIZER_IMPLS:
+        raise ConfigError("bench.optimizer_impl", impl, ", ".join(OPTIMIZER_IMPLS))
+    devices = impl_devices(impl)
+    if devices is not None and device not in devices:
+        raise ConfigError("bench.optimizer_impl", impl,
+                          f"auto or for_loop on {device} (torch has {impl} optimizer kernels "
+                          f"for {', '.join(devices)} only)")
+    m = s.model
+    if m.checkpointing:
+        if m._target_:
+            raise ConfigError("model.checkpointing", True,
+                              f"false with model._target_ ({CHECKPOINT_WIRED})")
+        if not checkpointable(m.name):
+            raise ConfigError("model.checkpointing", True, f"false for {m.name} ({CHECKPOINT_WIRED})")
+
+
+def node_set(node: dict) -> bool:
+    """An instantiate node (dataset.transform, dataset.collate) that names a target."""
+    return bool(node) and bool(node.get("_target_"))
+
+
+def _check_data(s: Settings) -> None:
+    ds, kind = s.dataset, s.dataset.name
+    if kind in ("imagefolder", "cifar10") and not ds.root:
+        raise ConfigError("dataset.root", ds.root, f"a folder path ({kind} reads local files)")
+    if ds.decode_on == "device":
+        if s.device != "cuda":
+            raise ConfigError("dataset.decode_on", "device", "cpu (device decode needs CUDA/nvJPEG)")
+        if kind not in ("imagefolder", "fake_jpeg"):
+            raise ConfigError("dataset.decode_on", "device", f"cpu for {kind} (not JPEG files)")
+        if ds.preload:
+            raise ConfigError("dataset.preload", True,
+                              "false with decode_on=device (the cache holds decoded pixels)")
+    if ds.augment_on == "device" and kind == "device_synthetic":
+        raise ConfigError("dataset.augment_on", "device", "cpu for device_synthetic (no augment)")
+    if kind == "custom":
+        if not ds._target_:
+            raise ConfigError("dataset._target_", ds._target_, "a dotted Dataset class path with "
+                              "dataset=custom, e.g. my_team.data.MyDataset")
+        if node_set(ds.transform) and (ds.preload or ds.augment_on == "device"):
+            # both replace the host transform with gpubench's fixed-size decode and crop
+            raise ConfigError("dataset.transform._target_", ds.transform["_target_"],
+                              "unset with dataset.preload=true or dataset.augment_on=device")
+    ctx = s.loader.multiprocessing_context
+    if ctx is not None:
+        # the standard library's list: torch.multiprocessing re-exports the same function
+        import multiprocessing
+
+        methods = multiprocessing.get_all_start_methods()
+        if ctx not in methods:
+            raise ConfigError("loader.multiprocessing_context", ctx, f"null or one of {methods}")
+
+
+# ---------------------------------------------------------------- this machine: disk and RAM
+
+# A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
+# process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
+# exhausted a 24 GiB host).
+WORKER_RAM_BYTES = 256 * 2**20
+# More workers than 4 per core only queue for the same cores (and each holds its batches).
+WORKERS_PER_CORE = 4
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def available_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_resources(s: Settings) -> None:
+    """The rules that look at this machine: the dataset's folder, workers against cores and
+    free RAM, the synthetic pool against free RAM. Run once, before any work."""
+    ds, ld = s.dataset, s.loader
+    if ds.name in ("imagefolder", "cifar10"):
+        if not Path(os.path.expanduser(str(ds.root))).is_dir():
+            raise ConfigError("dataset.root", str(ds.root), "an existing folder")
+    cpus, free = usable_cpus(), available_ram()
+    by_ram = free // WORKER_RAM_BYTES
+    most = min(WORKERS_PER_CORE * cpus, by_ram)
+    if ld.num_workers > most:
+        why = (f"{WORKERS_PER_CORE} per core, {cpus} cores" if most < by_ram
+               else f"{WORKER_RAM_BYTES >> 20} MiB each, {free / 2**30:.1f} GiB RAM free")
+        raise ConfigError("loader.num_workers", ld.num_workers, f"an integer in [0, {most}] on this machine ({why})")
+    if ld.worker_threads > cpus:
+        raise ConfigError("loader.worker_threads", ld.worker_threads,
+                          f"an integer in [1, {cpus}] on this machine ({cpus} cores)")
+    if ds.name == "synthetic":  # its pool is uint8 images held in RAM
+        size = ds.image_size
+        pool = ds.num_samples * 3 * size * size
+        if pool > free // 2:
+            most_samples = max(1, (free // 2) // (3 * size * size))
+            raise ConfigError("dataset.num_samples", ds.num_samples,
+                              f"an integer in [1, {most_samples}] at {size} px on this machine "
+                              f"(the pool must fit in half of the {free / 2**30:.1f} GiB RAM free)")
+
+
+def check_preload_fits(n: int, size: int) -> None:
+    """dataset.preload: the decoded cache of `n` images at `size` px against free RAM. A resource
+    check run where the built dataset's length is known (data.preload), before decoding."""
+    need, free = n * 3 * size * size, available_ram()
+    # 80%: the run itself (model, optimizer, worker batches) needs the rest
+    if need > 0.8 * free:
+        raise ConfigError(
+            "dataset.preload", True,
+            f"false here (the cache of {n} images at {size} px needs {need / 2**30:.2f} GiB "
+            f"and only {free / 2**30:.2f} GiB of RAM is free; lower dataset.image_size or use "
+            "a smaller folder)")
+
+
+def check_batch_fits(s: Settings, n: int) -> None:
+    """loader.batch_size against the built dataset's `n` samples: with drop_last a batch larger
+    than the dataset never comes. A resource check run where the length is known (data.py)."""
+    if n < s.loader.batch_size and s.loader.drop_last:
+        raise ConfigError("loader.batch_size", s.loader.batch_size,
+                          f"<= {n} (the dataset size) with drop_last")
+
+
+def check_found_classes(s: Settings, n: int, where: str) -> None:
+    """The classes found on disk (folders, CIFAR-10 labels) against dataset.num_classes and
+    model.num_classes: a label at or past the classifier's width fails deep inside the loss (a
+    device-side assert on CUDA). Run where the dataset was read (data.py)."""
+    for key, value in (("dataset.num_classes", s.dataset.num_classes),
+                       ("model.num_classes", s.model.num_classes)):
+        if value is not None and int(value) < n:
+            raise ConfigError(key, int(value), f">= {n} ({where})")
+
+
+__all__ = ["Settings", "check_batch_fits", "frozen", "plain", "sizes", "check_classes", "check_found_classes",
+           "check_preload_fits", "check_resources", "resolve"]

@@ -1,0 +1,397 @@
+"""The one record of a run: what results.json holds, and what it means.
+
+Every reader of a run (the runner that writes it, the console, the sweeper, the report, MLflow
+tracking and sync, the scripts) goes through `RunRecord`: `load(run_dir)` reads it, `save()`
+writes it atomically. The meaning of a run for a search lives here and nowhere else:
+
+- `throughput`: the training throughput it measured (e2e, else compute, else loader), also when
+  its status makes it infeasible (an over-ceiling run still measured its speed);
+- `constraint`: peak memory fraction - memory ceiling (<= 0 is feasible; an OOM or a run that
+  measured nothing is `OOM_CONSTRAINT`, worse than any measured overshoot);
+- `feasible`: status ok, a positive throughput, the constraint met;
+- `objective`: what a sweeper maximizes, the throughput when feasible and 0.0 otherwise.
+
+No torch import here: the sweeper, the report and tracking load without it.
+
+Why one module of this size: the record's fields and the one definition of what they mean
+(feasible, constraint, objective, stale) belong in one place every reader imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from gpubench.core.files import read_json, write_json
+from gpubench.core.stats import CONFIDENCE, holding
+
+RESULTS_FILE = "results.json"
+# 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
+SCHEMA_VERSION = 2
+# a constraint value for a run that ran out of memory or measured nothing: worse than any
+# over-ceiling run (peak fraction - ceiling < 1), so samplers rank it as the most infeasible
+OOM_CONSTRAINT = 1.0
+# rungs measured too briefly to rank speed by: a sweep's screen and a max-batch probe
+SHORT_RUNGS = ("screen", "probe")
+PHASE_NAMES = ("loader", "compute", "e2e")
+# set by the gpubench sweeper for its jobs: the Optuna study they belong to (kept in the record
+# as `study`, an MLflow tag, so every worker's jobs of one search are found together)
+STUDY_ENV = "GPUBENCH_STUDY"
+# set by the gpubench sweeper around a batch of jobs of one rung (screen, full, confirm, probe):
+# the job keeps it in its record (`extra["rung"]`, an MLflow tag), so a report read from MLflow
+# tells a max-batch probe or a screen from a full measurement as a sweep dir's manifest does
+RUNG_ENV = "GPUBENCH_RUNG"
+
+
+class Status(str, Enum):
+    running = "running"  # being measured; left by a process that died (see `stale`)
+    ok = "ok"
+    oom = "oom"
+    over_ceiling = "over_ceiling"  # measured fine, peak memory above memory.ceiling
+    failed = "failed"
+    killed = "killed"  # Ctrl-C, SIGTERM, or found dead (kill -9, the OOM killer)
+
+    def __str__(self) -> str:  # f-strings and logs show the plain value
+        return self.value
+
+    @property
+    def final(self) -> bool:
+        return self is not Status.running
+
+    @property
+    def measured(self) -> bool:
+        """Its speed figures are real measurements (an over-ceiling run measured fine)."""
+        return self in (Status.ok, Status.over_ceiling)
+
+    @property
+    def crashed(self) -> bool:
+        """No usable measurement: a sweep counts it as a failure, not a data point."""
+        return self in (Status.failed, Status.killed, Status.running)
+
+
+def _status(v: Any) -> Status:
+    try:
+        return Status(str(v.value if isinstance(v, Enum) else v))
+    except ValueError:
+        return Status.failed
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+@dataclass
+class PhaseRecord:
+    """One measured phase (loader, compute or e2e): all its windows pooled."""
+
+    phase: str
+    batch_size: int
+    steps: int = 0
+    images: int = 0
+    seconds: float | None = None
+    images_per_sec: float | None = None
+    # 95% interval of images_per_sec over the phase's windows (see docs/guide.md); None with
+    # a single window
+    images_per_sec_ci: list[float] | None = None
+    images_per_sec_ci_coverage: float | None = None
+    repeats: int = 1
+    # each window's own figures, in the order measured: {images, seconds, images_per_sec, ...}
+    windows: list[dict] = field(default_factory=list)
+    data_wait_s: float | None = None
+    data_wait_fraction: float | None = None
+    step_time_p50_s: float | None = None
+    step_time_p95_s: float | None = None
+    step_time_mean_s: float | None = None
+    step_time_cv: float | None = None
+    warmup_steps: int = 0
+    warmup_seconds: float | None = None
+    warmup_settled: bool | None = None
+    first_step_s: float | None = None
+    truncated: bool = False
+    # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
+    ranks_images_per_sec: list[float] | None = None
+    telemetry: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PhaseRecord:
+        known = _fields(cls) - {"extra"}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw.setdefault("phase", d.get("phase", "?"))
+        kw.setdefault("batch_size", d.get("batch_size") or 0)
+        return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return d | self.extra
+
+
+def _ok_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass
+class RunRecord:
+    """A run as results.json stores it (same keys, plus `schema_version`)."""
+
+    run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    status: Status = Status.running
+    error: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    # headline figures (e2e, loader-only, compute-only images/sec) with their 95% intervals;
+    # `objective` is derived (a property below) and written into results.json beside them
+    images_per_sec: float | None = None
+    images_per_sec_ci: list[float] | None = None
+    loader_images_per_sec: float | None = None
+    loader_images_per_sec_ci: list[float] | None = None
+    compute_images_per_sec: float | None = None
+    compute_images_per_sec_ci: list[float] | None = None
+    # the verdict: data | compute | overlap | inconclusive | unknown
+    bottleneck: str | None = None
+    reason: str | None = None
+    verdict_margin: float | None = None
+    advice: list[str] = field(default_factory=list)
+    measurement_stable: bool | None = None
+    noise_reasons: list[str] = field(default_factory=list)
+    step_time_p50_s: float | None = None
+    step_time_p95_s: float | None = None
+    data_wait_fraction: float | None = None
+    # memory: the gated peak (fraction of the device) and where it came from
+    peak_memory_bytes: int | None = None
+    peak_memory_fraction: float | None = None
+    memory_ceiling: float = 1.0
+    memory_source: str | None = None
+    torch_peak_allocated_bytes: int | None = None
+    torch_peak_reserved_bytes: int | None = None
+    nvml_memory_used_bytes: int | None = None
+    device_memory_bytes: int | None = None
+    # telemetry of the headline phase
+    gpu_util_mean: float | None = None
+    gpu_util_max: float | None = None
+    gpu_mem_util_mean: float | None = None
+    power_mean_w: float | None = None
+    energy_per_image_j: float | None = None
+    host_cpu_util_mean: float | None = None
+    process_cpu_util_mean: float | None = None
+    main_cpu_util_mean: float | None = None
+    workers_cpu_util_mean: float | None = None
+    peak_rss_bytes: int | None = None
+    main_peak_rss_bytes: int | None = None
+    workers_peak_rss_bytes: int | None = None
+    read_mb_per_s: float | None = None
+    disk_read_mb_per_s: float | None = None
+    mfu: float | None = None
+    flops_per_step: float | None = None
+    achieved_tflops: float | None = None
+    skipped_samples: int = 0
+    phases: dict[str, PhaseRecord] = field(default_factory=dict)
+    series: dict[str, dict] = field(default_factory=dict)
+    data_info: dict = field(default_factory=dict)
+    world_size: int = 1
+    config: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    # who writes it: a record left `running` by a dead process is found by these
+    pid: int | None = None
+    host: str | None = None
+    started_at: str | None = None
+    seconds: float | None = None
+    # keys this version does not know (written by a newer one, or optional parts like profile)
+    extra: dict = field(default_factory=dict, repr=False)
+    # where it was read from / is written to, and how a sweep measured it (not serialized)
+    dir: Path | None = field(default=None, repr=False, compare=False)
+    rung: str = field(default="run", repr=False, compare=False)
+
+    # ------------------------------------------------------------------ creating, reading
+
+    @classmethod
+    def start(cls, run_dir: Path, config: dict, env: dict, memory_ceiling: float,
+              world_size: int = 1) -> RunRecord:
+        return cls(
+            memory_ceiling=float(memory_ceiling), world_size=world_size, config=config, env=env,
+            pid=os.getpid(), host=socket.gethostname(),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), dir=Path(run_dir),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict, run_dir: Path | None = None, rung: str = "run") -> RunRecord:
+        known = _fields(cls) - {"extra", "dir", "rung"}
+        kw = {k: v for k, v in d.items() if k in known}
+        known |= {"objective"}  # derived, never read back
+        kw["status"] = _status(d.get("status", "failed"))
+        kw["schema_version"] = int(d.get("schema_version") or 1)
+        kw["phases"] = {
+            name: PhaseRecord.from_dict(p) for name, p in (d.get("phases") or {}).items()
+        }
+        for k in ("advice", "noise_reasons"):
+            kw[k] = list(d.get(k) or [])
+        for k in ("series", "data_info", "config", "env"):
+            kw[k] = dict(d.get(k) or {})
+        if not kw.get("run_uid"):
+            kw["run_uid"] = ""
+        if kw.get("memory_ceiling") is None:
+            kw["memory_ceiling"] = float(
+                (kw.get("config") or {}).get("memory", {}).get("ceiling") or 1.0)
+        return cls(**kw, extra={k: v for k, v in d.items() if k not in known},
+                   dir=Path(run_dir) if run_dir is not None else None, rung=rung)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("extra", "dir", "rung"):
+                continue
+            v = getattr(self, f.name)
+            if f.name == "status":
+                v = v.value
+            elif f.name == "phases":
+                v = {k: p.to_dict() for k, p in v.items()}
+            out[f.name] = v
+        out["objective"] = self.objective if self.status.final else None
+        return out | self.extra
+
+    @property
+    def path(self) -> Path:
+        if self.dir is None:
+            raise ValueError("this record has no run dir")
+        return self.dir / RESULTS_FILE
+
+    def save(self) -> Path:
+        write_json(self.path, self.to_dict())
+        return self.path
+
+    # ------------------------------------------------------------------ what it means
+
+    @property
+    def headline(self) -> PhaseRecord | None:
+        """The phase whose figures stand for the run: e2e, else compute, else loader."""
+        for name in ("e2e", "compute", "loader"):
+            if name in self.phases:
+                return self.phases[name]
+        return None
+
+    @property
+    def throughput(self) -> float:
+        """Training images/sec measured (0.0 when it measured none, or its status makes the
+        figures meaningless): e2e, else compute, else loader."""
+        if not self.status.measured:
+            return 0.0
+        for v in (self.images_per_sec, self.compute_images_per_sec, self.loader_images_per_sec):
+            if _ok_number(v) and v > 0:
+                return float(v)
+        return 0.0
+
+    @property
+    def interval_label(self) -> str:
+        """'95% interval', or the lowest coverage the phases' intervals reach when fewer
+        windows gave them less (3 windows: '75% interval'): never a confidence the run lacks."""
+        covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
+                  if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
+        low = min(covers, default=CONFIDENCE)
+        return f"{min(low, CONFIDENCE):.0%} interval"
+
+    @property
+    def throughput_interval(self) -> tuple[float, float]:
+        """The 95% interval of `throughput` (its median's, over the phase's windows), widened
+        to hold the figure; the figure itself when the run measured a single window."""
+        t = self.throughput
+        for value, ci in ((self.images_per_sec, self.images_per_sec_ci),
+                          (self.compute_images_per_sec, self.compute_images_per_sec_ci),
+                          (self.loader_images_per_sec, self.loader_images_per_sec_ci)):
+            if value is not None and value == t and ci:
+                return holding(ci, t)
+        return t, t
+
+    @property
+    def constraint(self) -> float:
+        """Peak memory fraction - ceiling: <= 0 is feasible. An OOM, or a run that failed
+        without a memory figure, is infeasible by definition. An ok run whose peak could not
+        be read (monitor off on a CPU) has shown no excess: 0.0."""
+        if self.status is Status.oom:
+            return OOM_CONSTRAINT
+        if not _ok_number(self.peak_memory_fraction):
+            return 0.0 if self.status is Status.ok else OOM_CONSTRAINT
+        return float(self.peak_memory_fraction) - float(self.memory_ceiling)
+
+    @property
+    def feasible(self) -> bool:
+        return self.status is Status.ok and self.throughput > 0 and self.constraint <= 0
+
+    @property
+    def objective(self) -> float:
+        """What a sweeper maximizes: the throughput when feasible, else 0.0; always finite."""
+        return self.throughput if self.feasible else 0.0
+
+    @property
+    def full(self) -> bool:
+        """A full-length measurement, not a short screen or a max-batch probe."""
+        return self.rung not in SHORT_RUNGS
+
+    def fits_under(self, reserve: float) -> bool:
+        """A max-batch probe fits when it ran (no OOM, no error) and its peak memory stays
+        under ceiling x (1 - reserve); the reserve absorbs what a longer run allocates later."""
+        if not self.status.measured:
+            return False
+        if not _ok_number(self.peak_memory_fraction):
+            return self.status is Status.ok
+        return self.peak_memory_fraction <= self.memory_ceiling * (1.0 - reserve)
+
+    def knob(self, dotted: str) -> Any:
+        """A config value by its dotted key (`loader.batch_size`), None when absent."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    @property
+    def stale(self) -> bool:
+        """Left `running` by a process that no longer exists on this host (kill -9, the OOM
+        killer). A record from another host, or without a pid, cannot be judged: False."""
+        if self.status is not Status.running or not self.pid or self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(int(self.pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # exists, owned by someone else
+            return False
+        return False
+
+
+def load(run_dir: str | Path, rung: str = "run") -> RunRecord | None:
+    """The record in `run_dir` (or the path to a results.json), None when missing or unreadable."""
+    p = Path(run_dir)
+    if p.name == RESULTS_FILE:
+        p = p.parent
+    d = read_json(p / RESULTS_FILE)
+    if not isinstance(d, dict):
+        return None
+    return RunRecord.from_dict(d, p, rung)
+
+
+def missing(run_dir: str | Path, error: str, rung: str = "run") -> RunRecord:
+    """A stand-in for a job that left no readable results.json: failed, with the reason."""
+    return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir), rung=rung)
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run folders under `root` (each holding a results.json), in a stable order. Artifact
+    stores (MLflow's mlartifacts/, mlruns/) hold uploaded copies, not runs: never entered."""
+    found = []
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STORE_DIRS and not d.startswith("."))
+        if RESULTS_FILE in files:
+            found.append(Path(dirpath))
+    return found
+
+
+STORE_DIRS = ("mlartifacts", "mlruns")

@@ -1,0 +1,399 @@
+"""The data side of a run: the DataLoader, batches, preload, and moving a batch onto the device.
+
+The datasets themselves are in gpubench.parts.datasets (re-exported here). `device_synthetic` is the
+exception on purpose: one batch already on the device, zero data cost, the compute bound.
+(About 400 lines: build_pipeline's closures share the skip counts and the device-side state of
+one run; pulled apart they would need a class of their own for no gain in reading.)
+
+Why one module of this size: the loader settings, preload and the copy to the device (with its
+CUDA stream rules) are one path a batch takes; the datasets themselves are in datasets.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+
+from gpubench.config.schema import ConfigError
+from gpubench.config.settings import (
+    Loader,
+    Settings,
+    check_batch_fits,
+    check_found_classes,
+    check_preload_fits,
+)
+from gpubench.parts.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
+from gpubench.parts.datasets import (  # noqa: F401  (re-exported: the data side's one import point)
+    CYCLED_EPOCH,
+    IN_MEMORY_POOLS,
+    MAX_SUBSTITUTES,
+    CorruptImage,
+    Cycled,
+    ImageFiles,
+    JpegBytesDataset,
+    SyntheticDataset,
+    TensorImages,
+    corrupt,
+    encode_jpeg_pool,
+    mean_file_bytes,
+    nothing_decodes,
+    read_cifar10,
+    scan_imagefolder,
+    source_size,
+    substitute_order,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ batches
+
+
+class JpegBatch(NamedTuple):
+    """Raw JPEG bytes of a batch as ONE flat uint8 tensor plus offsets (image i is
+    data[offsets[i]:offsets[i+1]]), with names for error lines.
+
+    One tensor, not one per image: each tensor a worker sends to the main process is a shared
+    memory segment with its own file descriptor, so per-image tensors cost a segment per image
+    (slow, and "too many open files" at large batches); this costs one per batch."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    names: list[str]
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.names)
+
+    def blobs(self) -> list[torch.Tensor]:
+        """Per-image views of the flat tensor (no copy): contiguous 1-D uint8, what
+        decode_jpeg takes."""
+        o = self.offsets.tolist()
+        return [self.data[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+
+
+def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
+    out = None
+    if get_worker_info() is not None:
+        # as default_collate does: inside a worker, write straight into shared memory, so
+        # sending the batch to the main process costs no extra copy
+        n, elem = sum(b.numel() for b in blobs), blobs[0]
+        out = elem.new(elem._typed_storage()._new_shared(n, device=elem.device)).resize_(n)
+    return torch.cat(blobs, out=out)
+
+
+def collate_skipping(batch):
+    """(x, y, skipped): the samples that decoded, collated, and how many failed to decode
+    (substituted by others, or None where a dataset gives up on a sample).
+
+    default_collate is used for the tensors on purpose: inside a worker it stacks straight
+    into shared memory, where a plain torch.stack would cost one more copy per batch on its
+    way to the main process.
+    """
+    kept = [b for b in batch if b is not None]
+    skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
+    if not kept:
+        return None, None, skipped
+    if len(kept[0]) == 3:  # raw JPEG bytes for device decode
+        blobs, ys, names = zip(*kept, strict=True)
+        lengths = torch.tensor([0] + [b.numel() for b in blobs], dtype=torch.int64)
+        return (JpegBatch(_flat_bytes(list(blobs)), lengths.cumsum(0), list(names)),
+                torch.as_tensor(ys), skipped)
+    x, y = default_collate([tuple(b) for b in kept])
+    return x, y, skipped
+
+
+# ------------------------------------------------------------------------------ preload
+
+
+def preload(
+    ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+    """Decode every sample once into a shared uint8 [N,3,S,S] tensor (reference article 000,
+    Method 1). Refuses, before decoding anything, when it would not fit in free RAM.
+    Returns (images, labels, seconds, samples skipped as corrupt)."""
+    n = len(ds)
+    check_preload_fits(n, size)  # a resource check: the dataset's length is known only here
+    t0 = time.perf_counter()
+    # Shared memory from the start: forked workers then read the cache in place, with no
+    # per-worker copy (a plain tensor would be copied when first pickled to a spawned worker).
+    images = torch.empty((n, 3, size, size), dtype=torch.uint8).share_memory_()
+    labels = torch.empty((n,), dtype=torch.int64).share_memory_()
+    loader = DataLoader(
+        ds, batch_size=64, num_workers=num_workers, collate_fn=collate_skipping,
+        **(loader_kwargs or {}),
+    )
+    i = skipped = 0
+    for x, y, s in loader:
+        skipped += s
+        if x is None:
+            continue
+        images[i : i + len(y)] = x
+        labels[i : i + len(y)] = y
+        i += len(y)
+    return images[:i], labels[:i], time.perf_counter() - t0, skipped
+
+
+# ------------------------------------------------------------------------------ pipeline
+
+
+@dataclass
+class Pipeline:
+    """What the phases need from the data side."""
+
+    loader: DataLoader | None
+    to_device: Callable  # (batch) -> (x, y) on the device, ready for the model, or None
+    device_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # for the compute phase
+    info: dict = field(default_factory=dict)
+    skipped: int = 0
+    epoch: int = 0  # epochs started (DistributedSampler.set_epoch)
+    empty_in_a_row: int = 0  # batches in a row in which nothing decoded
+    # live loader iterators (weak: an abandoned one must still be collected, which is what
+    # stops its workers), so shutdown() can stop the workers of those still alive
+    _iters: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
+
+    def batches(self) -> Iterator:
+        """Endless batches: a phase may need more than one epoch of a small dataset."""
+        if self.loader is None:  # device_synthetic: the fixed device batch, zero data cost
+            batch = self.device_batch()
+            while True:
+                yield batch
+        while True:
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                # DistributedSampler shuffles by seed + epoch: without this every epoch would
+                # repeat the first one's order, as training jobs that forget it do not
+                sampler.set_epoch(self.epoch)
+            self.epoch += 1
+            it = iter(self.loader)
+            self._iters.add(it)
+            yield from it
+
+    def shutdown(self) -> None:
+        its = list(self._iters)
+        persistent = getattr(self.loader, "_iterator", None)
+        if persistent is not None:
+            its.append(persistent)
+        for it in its:
+            stop = getattr(it, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+
+
+def _set_threads(threads: int, worker_id: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def loader_settings(ld: Loader, device: str) -> dict:
+    """DataLoader keyword arguments from the loader settings (batch size and sampling aside)."""
+    workers = ld.num_workers
+    kwargs: dict = dict(num_workers=workers, pin_memory=ld.pin_memory and device == "cuda")
+    if workers == 0:  # the DataLoader rejects the worker-only options without workers
+        return kwargs
+    kwargs.update(
+        prefetch_factor=ld.prefetch_factor,
+        persistent_workers=ld.persistent_workers,
+        multiprocessing_context=ld.multiprocessing_context,
+    )
+    threads = ld.worker_threads
+    if threads != 1:
+        # torch already gives each worker one thread (N workers each spawning a thread per
+        # core would oversubscribe the host); only a different wish needs an init function,
+        # a module-level partial so spawn/forkserver workers can unpickle it
+        kwargs["worker_init_fn"] = functools.partial(_set_threads, threads)
+    return kwargs
+
+
+def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Dataset:
+    dset = s.dataset
+    kind = dset.name
+    ncls, seed = dset.num_classes, s.bench.seed
+    if kind == "synthetic":
+        return SyntheticDataset(dset.num_samples, src, ncls, cpu_tf, seed)
+    if kind == "fake_jpeg":
+        t0 = time.perf_counter()
+        blobs = encode_jpeg_pool(dset.num_samples, src, dset.jpeg_quality, seed)
+        g = torch.Generator().manual_seed(seed)
+        labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
+        info["jpeg_pool_seconds"] = time.perf_counter() - t0
+        info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
+        return JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
+    root = Path(os.path.expanduser(str(dset.root)))
+    if kind == "imagefolder":
+        samples, classes = scan_imagefolder(root)
+        check_found_classes(s, len(classes), f"class folders in {root}")
+        info.update(files=len(samples), classes=len(classes), root=str(root))
+        info["mean_file_bytes"] = mean_file_bytes([p for p, _ in samples])
+        return ImageFiles(samples, cpu_tf, dset.on_corrupt, raw=raw)
+    if kind == "cifar10":
+        images, labels, classes = read_cifar10(root)
+        check_found_classes(s, max(len(classes), int(labels.max()) + 1), f"CIFAR-10 labels in {root}")
+        info.update(samples=len(labels), classes=len(classes), root=str(root))
+        return TensorImages(images, labels, cpu_tf)
+    if kind == "custom":  # the team's own Dataset class (gpubench.parts.custom_data)
+        from gpubench.parts import custom_data
+
+        return custom_data.build(s, cpu_tf, info)
+    raise ConfigError(  # unreachable: the Enum admits nothing else
+        "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10, custom"
+    )
+
+
+def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones
+    (x, in order) are repeated to fill the gaps, with their labels, so the step never sees a
+    smaller batch (which would re-run cuDNN's autotune or recompile inside the window)."""
+    bad = set(failed)
+    y_ok = y[[i for i in range(len(y)) if i not in bad]]
+    fill = [i % len(y_ok) for i in range(len(y))]
+    return x[fill], y_ok[fill]
+
+
+def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
+    """The data side of one run, on s.device. `shard=(rank, world)` under torchrun: each rank
+    loads its own share of the dataset (DistributedSampler), as data-parallel training does."""
+    dset, ld, device = s.dataset, s.loader, s.device
+    kind = dset.name
+    size = dset.image_size
+    src = source_size(size)
+    bs = ld.batch_size
+    on_device_aug = dset.augment_on == "device"
+    device_decode = dset.decode_on == "device"
+    on_corrupt = dset.on_corrupt
+    seed = s.bench.seed
+    info: dict = {"dataset": kind}
+
+    if kind == "device_synthetic":
+        ncls = dset.num_classes
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn((bs, 3, size, size), generator=g).to(device)
+        y = torch.randint(0, ncls, (bs,), generator=g).to(device)
+        fmt = torch.channels_last if s.channels_last else torch.contiguous_format
+        x = x.contiguous(memory_format=fmt)
+        return Pipeline(loader=None, to_device=lambda b: b, device_batch=lambda: (x, y), info=info)
+
+    loader_kw = loader_settings(ld, device)
+    if device_decode:
+        # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
+        # buffers: pinning them here would cost a page-locked copy for nothing (the labels
+        # are pinned on their own in to_device)
+        loader_kw["pin_memory"] = False
+    # Host-side transform: the full train augmentation, or decode-to-fixed-size when the cache
+    # (preload) or the device (augment_on=device) takes the uint8 images
+    fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(size)
+    ds = _build_dataset(s, src, fixed_tf if (on_device_aug or dset.preload) else train_tf,
+                        device_decode, info)
+    skipped_at_build = 0
+    if dset.preload:
+        preload_kw = {k: v for k, v in loader_kw.items() if k in ("multiprocessing_context",)}
+        images, labels, secs, skipped_at_build = preload(ds, src, loader_kw["num_workers"], preload_kw)
+        info.update(preload_seconds=secs, preload_bytes=images.numel(),
+                    preload_skipped=skipped_at_build)
+        ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
+
+    if kind in IN_MEMORY_POOLS:
+        ds = Cycled(ds, max(len(ds), CYCLED_EPOCH))
+    check_batch_fits(s, len(ds))  # a resource check: the dataset's length is known only here
+    sampler = None
+    if shard is not None and shard[1] > 1:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
+                                     seed=seed, drop_last=True)
+    from gpubench.parts.custom_data import collate_fn as team_collate
+
+    loader = DataLoader(
+        ds,
+        batch_size=bs,
+        shuffle=sampler is None,
+        sampler=sampler,
+        drop_last=ld.drop_last,
+        collate_fn=team_collate(s.dataset) or collate_skipping,
+        # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible
+        generator=torch.Generator().manual_seed(seed),
+        **loader_kw,
+    )
+    pin = loader_kw["pin_memory"]
+    decode = DeviceDecode(src, device) if device_decode else None
+    augment = DeviceAugment(size, device, seed) if (on_device_aug or device_decode) else None
+    channels_last = s.channels_last
+    # to_device and device_batch close over the pipeline (skip counts): set just below
+    pipe = Pipeline(loader=loader, to_device=None, device_batch=None, info=info,
+                    skipped=skipped_at_build)
+
+    def decode_on_device(jpegs: JpegBatch, y: torch.Tensor):
+        x, failed = decode(jpegs.blobs())
+        if failed:
+            if on_corrupt == "fail":
+                raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
+            pipe.skipped += len(failed)
+            if x is None:
+                pipe.empty_in_a_row += 1
+                if pipe.empty_in_a_row * len(jpegs) >= MAX_SUBSTITUTES:
+                    raise nothing_decodes(pipe.empty_in_a_row * len(jpegs), jpegs.names[0],
+                                          "the device JPEG decoder refused it")
+                return None, None
+            x, y = refill(x, y, failed)
+        pipe.empty_in_a_row = 0
+        return x, y
+
+    def to_device(batch):
+        x, y, skipped = batch
+        pipe.skipped += skipped
+        if x is None:
+            return None
+        if decode is not None:
+            x, y = decode_on_device(x, y)
+            if x is None:
+                return None
+            if device == "cuda":
+                # the bytes are read by nvJPEG from host memory (no pinning, see above), but
+                # the labels are pinned here so their copy is asynchronous like the images':
+                # from pageable memory .to() would block the host until the copy is done.
+                # Safe to let go of the pinned tensor at once: the caching host allocator
+                # records an event on the copy's stream and reuses the block only after it.
+                y = y.pin_memory().to(device, non_blocking=True)
+            else:
+                y = y.to(device)
+        else:
+            # non_blocking only pays off from pinned memory; from pageable memory the copy is
+            # synchronous either way
+            x = x.to(device, non_blocking=pin)
+            y = y.to(device, non_blocking=pin)
+        if augment is not None:
+            x = augment(x)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    fixed: list = []
+
+    def device_batch():
+        # the compute phase's batch: one real batch from this pipeline, kept on the device
+        if not fixed:
+            for batch in pipe.batches():
+                moved = to_device(batch)
+                if moved is not None:
+                    fixed.append(moved)
+                    break
+        return fixed[0]
+
+    pipe.to_device, pipe.device_batch = to_device, device_batch
+    info.update(
+        samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
+        num_workers=loader_kw["num_workers"],
+        decode_on="device" if device_decode else "cpu",
+        augment_on="device" if augment is not None else "cpu",
+        batches_per_epoch=math.floor(len(ds) / bs) if ld.drop_last else math.ceil(len(ds) / bs),
+    )
+    return pipe

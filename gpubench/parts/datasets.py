@@ -1,0 +1,306 @@
+"""Datasets: the samples a run reads, and what happens to one that does not decode.
+
+Every dataset goes through a real transform path, so the loader phase costs what a training
+job's data side costs: random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files
+on disk (imagefolder, cifar10). The DataLoader and the device side are in gpubench.parts.data.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from gpubench.config.schema import ConfigError
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def source_size(image_size: int) -> int:
+    """Stored image side before the random crop (256 for 224, as in ImageNet training)."""
+    return int(round(image_size * 8 / 7))
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+FAIL_PREFIX = "dataset.on_corrupt=fail: "
+SKIP_PREFIX = "dataset.on_corrupt=skip: "
+
+
+class CorruptImage(Exception):
+    """A sample that does not decode, with dataset.on_corrupt=fail; or, with skip, a dataset
+    in which no substitute decodes either (an all-corrupt folder must fail, never hang).
+
+    Raised in a DataLoader worker, torch re-raises it in the main process built from the
+    worker's whole traceback text; str() keeps the one line that names the file.
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        for line in reversed(text.splitlines()):
+            for prefix in (FAIL_PREFIX, SKIP_PREFIX):
+                if prefix in line:
+                    return line[line.index(prefix) :].strip()
+        return text
+
+
+def corrupt(path: str, why: object) -> CorruptImage:
+    return CorruptImage(f"{FAIL_PREFIX}cannot decode {path}: {why}")
+
+
+def nothing_decodes(tried: int, path: str, why: object) -> CorruptImage:
+    return CorruptImage(
+        f"{SKIP_PREFIX}{tried} files tried in a row do not decode (e.g. {path}: {why}); "
+        "dataset.root must hold decodable images"
+    )
+
+
+# With on_corrupt=skip a sample that does not decode is replaced by another one, so batches
+# keep their size (a smaller batch inside a measured window would re-run cuDNN's autotune or
+# recompile a compiled model). At most this many are tried per sample, then the run fails: a
+# folder whose files are all corrupt must end, with the count and one example path.
+MAX_SUBSTITUTES = 32
+# Substitutes hop through the dataset by a large prime, not to the next file: corrupt files
+# cluster (one bad class folder, one truncated copy job), prime hops spread over the folder.
+SUBSTITUTE_HOP = 1_000_003
+
+
+class Substituted(tuple):
+    """A sample standing in for `skipped` samples that did not decode (read by the collate,
+    which runs in the same worker: the attribute never needs to be pickled)."""
+
+    skipped: int = 0
+
+
+def substitute_order(i: int, n: int, tries: int) -> list[int]:
+    """Indices tried for sample i: itself, then others, all distinct, at most `tries`."""
+    hop = SUBSTITUTE_HOP % n if n > 1 and math.gcd(SUBSTITUTE_HOP, n) == 1 else 1
+    return [(i + k * hop) % n for k in range(min(tries, n))]
+
+
+# ------------------------------------------------------------------------------ datasets
+
+
+class SyntheticDataset(Dataset):
+    """A pool of random uint8 images made once on the host; each sample goes through the
+    transform like a decoded image would."""
+
+    def __init__(self, n: int, size: int, num_classes: int, transform, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, num_classes, (n,), generator=g)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.images[i]), int(self.labels[i])
+
+
+# The in-memory pools stand in for a large dataset: an epoch of 512 images would end every few
+# batches, and each epoch end drains the workers' prefetch queue, a stall a real dataset of a
+# million images has once an hour. So the pool is cycled through one long epoch.
+IN_MEMORY_POOLS = ("synthetic", "fake_jpeg")
+CYCLED_EPOCH = 1_000_000
+
+
+class Cycled(Dataset):
+    """A pool of samples seen as one epoch of `length`: sample i is pool[i % len(pool)]."""
+
+    def __init__(self, pool: Dataset, length: int):
+        self.pool, self.length, self.n = pool, length, len(pool)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        return self.pool[i % self.n]
+
+
+def _smooth_image(size: int, g: torch.Generator) -> torch.Tensor:
+    # Low-frequency colour fields plus grain: JPEG size and decode cost close to a photo's,
+    # where pure noise would be several times larger and slower to decode.
+    coarse = torch.rand((1, 3, 8, 8), generator=g) * 255
+    img = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bicubic")
+    img = img + torch.randn((1, 3, size, size), generator=g) * 12
+    return img.clamp(0, 255).to(torch.uint8)[0]
+
+
+def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    pool = []
+    for _ in range(n):
+        arr = _smooth_image(size, g).permute(1, 2, 0).numpy()
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="JPEG", quality=quality)
+        pool.append(buf.getvalue())
+    return pool
+
+
+def _jpeg_tensor(data: bytes) -> torch.Tensor:
+    # The host only checks the JPEG start marker: decoding is the device's job here, and a
+    # non-JPEG (PNG in an image folder, say) would fail there anyway, without a file name.
+    if not data.startswith(JPEG_MAGIC):
+        raise ValueError("not a JPEG (dataset.decode_on=device reads JPEG files only)")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+class JpegBytesDataset(Dataset):
+    """In-memory JPEG bytes: decoded per sample with PIL, or (raw) handed on as bytes for
+    device decode, as (bytes, label, name)."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int], transform, raw: bool = False):
+        self.blobs, self.labels, self.transform, self.raw = blobs, labels, transform, raw
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int):
+        if self.raw:
+            return _jpeg_tensor(self.blobs[i]), self.labels[i], f"fake_jpeg[{i}]"
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(self.blobs[i])).convert("RGB")
+        return self.transform(img), self.labels[i]
+
+
+class ImageFiles(Dataset):
+    """(path, label) samples read from disk; a file that fails to decode is replaced by another
+    file and counted (on_corrupt=skip; see MAX_SUBSTITUTES) or stops the run naming the file
+    (on_corrupt=fail), never a hang."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform, on_corrupt: str, raw=False):
+        self.samples, self.transform, self.on_corrupt, self.raw = samples, transform, on_corrupt, raw
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _load(self, i: int):
+        path, label = self.samples[i]
+        if self.raw:
+            with open(path, "rb") as f:
+                return _jpeg_tensor(f.read()), label, path
+        from PIL import Image
+
+        with Image.open(path) as im:
+            img = im.convert("RGB")  # forces the full decode: truncation shows up here
+        return self.transform(img), label
+
+    def __getitem__(self, i: int):
+        order = substitute_order(i, len(self.samples), MAX_SUBSTITUTES)
+        first_error = None
+        for skipped, j in enumerate(order):
+            try:
+                sample = Substituted(self._load(j))
+            except Exception as e:  # PIL raises several types for truncated / non-image files
+                if self.on_corrupt == "fail":
+                    raise corrupt(self.samples[j][0], e) from e
+                first_error = first_error or (self.samples[j][0], e)
+                continue
+            sample.skipped = skipped
+            return sample
+        raise nothing_decodes(len(order), *first_error)
+
+
+def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """(path, class index) for every image under root/<class>/ (nested folders too), classes
+    sorted by name as torchvision's ImageFolder does; hidden folders are not classes."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    if not root.is_dir():
+        raise ConfigError("dataset.root", str(root), "an existing folder")
+    classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise ConfigError(
+            "dataset.root", str(root), "a folder of class sub-folders of images (none found)"
+        )
+    samples = []
+    for idx, c in enumerate(classes):
+        for dirpath, dirnames, files in os.walk(root / c, followlinks=True):
+            dirnames.sort()
+            for f in sorted(files):
+                if f.lower().endswith(IMG_EXTENSIONS):
+                    samples.append((os.path.join(dirpath, f), idx))
+    if not samples:
+        raise ConfigError(
+            "dataset.root", str(root), "class sub-folders holding image files (all are empty)"
+        )
+    return samples, classes
+
+
+def mean_file_bytes(paths: list[str], sample: int = 1000) -> float:
+    """Mean file size from an even sample of the files: a stat per file of a million-image
+    folder would cost seconds before the run even starts."""
+    step = max(1, len(paths) // sample)
+    picked = paths[::step]
+    return sum(os.path.getsize(p) for p in picked) / len(picked)
+
+
+# --- CIFAR-10 in its python-pickle format (cifar-10-batches-py/)
+#
+# Read here rather than by torchvision.datasets.CIFAR10: that class checks every file's md5
+# against the official download (`_check_integrity`) and refuses anything else, a re-export or
+# a subset included. The format is the same: each data_batch_N is a pickled dict with "data"
+# (N x 3072 uint8, channel-planar 32x32) and "labels"; batches.meta holds "label_names".
+# Like torchvision, this unpickles the files: read only CIFAR folders you trust.
+
+CIFAR_DIR = "cifar-10-batches-py"
+CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+
+
+def _cifar_error(root: Path, what: str) -> ConfigError:
+    return ConfigError("dataset.root", str(root), f"a CIFAR-10 python folder ({what})")
+
+
+def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """The training split as (uint8 [N,3,32,32], int64 labels [N], class names). `root` is the
+    folder holding cifar-10-batches-py/ (torchvision's convention) or that folder itself."""
+    import numpy as np
+
+    folder = root / CIFAR_DIR if (root / CIFAR_DIR).is_dir() else root
+    missing = [n for n in CIFAR_TRAIN if not (folder / n).is_file()]
+    if missing:
+        raise _cifar_error(root, f"{CIFAR_DIR}/ lacks {', '.join(missing)}")
+    images, labels = [], []
+    for name in CIFAR_TRAIN:
+        try:
+            with open(folder / name, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            data = np.asarray(entry["data"], dtype=np.uint8)
+            ys = entry["labels"] if "labels" in entry else entry["fine_labels"]
+        except Exception as e:
+            raise _cifar_error(root, f"{name} does not read: {type(e).__name__}: {e}") from e
+        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(ys) != len(data):
+            raise _cifar_error(root, f"{name}: data {data.shape} vs {len(ys)} labels")
+        images.append(data.reshape(-1, 3, 32, 32))
+        labels.extend(ys)
+    classes = [str(i) for i in range(max(labels, default=-1) + 1)]
+    meta = folder / "batches.meta"
+    if meta.is_file():
+        with open(meta, "rb") as f:
+            classes = list(pickle.load(f, encoding="latin1").get("label_names", classes))
+    x = torch.from_numpy(np.concatenate(images)).contiguous()
+    return x, torch.as_tensor(labels, dtype=torch.int64), classes
+
+
+class TensorImages(Dataset):
+    """uint8 images held in one tensor (CIFAR arrays or a preload cache); per step only the
+    augmentation runs. The tensor lives in shared memory so workers read it without copies."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.images[i]), int(self.labels[i])

@@ -1,0 +1,158 @@
+"""Build the model: a torchvision classifier by name, the `tiny` CNN for tests, or the team's own
+nn.Module through `model._target_`; activation checkpointing over its stages; then memory format
+and torch.compile."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from gpubench.config.schema import ConfigError
+from gpubench.config.settings import CHECKPOINT_WIRED, Settings, plain
+
+
+class TinyNet(nn.Module):
+    """A very small CNN: enough layers to exercise conv, norm, pooling and a classifier, cheap
+    enough that a CPU test step takes milliseconds."""
+
+    def __init__(self, num_classes: int = 10, width: int = 8):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.fc = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+def _accepts(cls, name: str) -> bool:
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def build_model(s: Settings) -> nn.Module:
+    m = s.model
+    n = m.num_classes
+    kwargs = plain(m.kwargs)  # a writable copy, lists as lists: the settings stay as resolved
+    target = m._target_
+    if target:
+        from hydra.utils import get_class
+
+        try:
+            cls = get_class(target)
+        except Exception as e:
+            raise ConfigError("model._target_", target, "an importable nn.Module class path") from e
+        if _accepts(cls, "num_classes"):
+            kwargs.setdefault("num_classes", n)
+        model = cls(**kwargs)
+        if not isinstance(model, nn.Module):
+            raise ConfigError("model._target_", target, "a class whose instances are nn.Module")
+        return model
+    if m.name == "tiny":
+        model = TinyNet(num_classes=n, **kwargs)
+    else:
+        import torchvision
+
+        if str(m.name).startswith("vit_"):
+            # torchvision's ViTs take their input size as a constructor argument
+            kwargs.setdefault("image_size", s.dataset.image_size)
+        model = torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
+    if m.checkpointing:
+        apply_checkpointing(model, m.name)
+    return model
+
+
+class Checkpointed(nn.Module):
+    """One stage whose activations are not kept for backward but recomputed there
+    (torch.utils.checkpoint): less memory for activations, about one more forward of compute.
+
+    use_reentrant=False is the variant PyTorch recommends (works with torch.compile, with inputs
+    that need no grad, and with DDP); the RNG state is saved and restored by default, so
+    dropout in a ViT block recomputes the same mask. BatchNorm's running statistics are
+    updated again by the recomputation: harmless for a throughput benchmark."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        if self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self.inner, *args, use_reentrant=False)
+        return self.inner(*args)
+
+
+def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
+    """Wrap the model's stages in `Checkpointed`, in place: a ResNet's layer1..layer4, each of
+    a ViT's encoder blocks, the tiny CNN's features. The stem and the head stay as they are:
+    their activations are small and recomputing them buys nothing."""
+    stages = []
+    if hasattr(model, "layer4"):  # torchvision ResNet, Wide ResNet, ResNeXt
+        stages = [(model, f"layer{i}") for i in range(1, 5)]
+    elif hasattr(model, "encoder") and hasattr(model.encoder, "layers"):  # VisionTransformer
+        stages = [(model.encoder.layers, n) for n, _ in model.encoder.layers.named_children()]
+    elif isinstance(model, TinyNet):
+        stages = [(model, "features")]
+    if not stages:  # settings.resolve admits only the names wired here; this guards a mismatch
+        raise ConfigError("model.checkpointing", True, f"false for {name} ({CHECKPOINT_WIRED})")
+    for parent, attr in stages:
+        setattr(parent, attr, Checkpointed(getattr(parent, attr)))
+    return model
+
+
+def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Module:
+    model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model.train()
+
+
+def reset_compile_state(device: str) -> None:
+    """Forget everything torch.compile learnt in this process, as a fresh process would.
+
+    Hydra's basic launcher runs every job of a multirun in one process: without this, dynamo's
+    caches carry over from trial to trial (each new batch size recompiles until the recompile
+    limit, then falls back to eager), and CUDA-graph trees keep their private memory pools,
+    which torch.cuda.empty_cache() cannot release while the trees hold them, so later trials
+    look bigger than they are. torch._dynamo.reset() clears the caches (and, from torch 2.6 or
+    so, the CUDA-graph trees too when CUDA is initialized); on older torch the trees are reset
+    explicitly. A process that never imported dynamo has nothing to reset."""
+    import gc
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return
+    torch._dynamo.reset()
+    if device == "cuda" and torch.cuda.is_initialized():
+        try:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        except ImportError:
+            reset_cudagraph_trees = None
+        if reset_cudagraph_trees is not None:
+            reset_cudagraph_trees()  # idempotent: a no-op where reset() already did it
+        gc.collect()  # the freed pools' blocks go back to the caching allocator...
+        torch.cuda.empty_cache()  # ...and from it to the device
+
+
+def maybe_compile(model: nn.Module, mode: str) -> nn.Module:
+    """`mode`: Settings.compile, torch.compile's own mode string, or "off"."""
+    # every run starts from a clean compile state, compiled or not: an eager run after a
+    # compiled one must not carry its CUDA-graph pools
+    reset_compile_state(str(next(model.parameters(), torch.empty(0)).device.type))
+    if mode == "off":
+        return model
+    # compile happens lazily at the first step, which the warm-up absorbs (and times)
+    return torch.compile(model, mode=None if mode == "default" else mode)

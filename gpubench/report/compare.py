@@ -1,0 +1,285 @@
+"""Machines compared by what they deliver per second, per joule and per dollar.
+
+    python -m gpubench.report --compare [experiment] [--prices prices.yaml] [--tracking-uri URI]
+
+Reads the results.json artifacts of an MLflow experiment's runs (default experiment:
+`gpubench`), groups them by workload (model, dataset, image size: devices are only compared on
+the same work) and by device name, and keeps per device its fastest feasible full-length run;
+only full training measurements count (an e2e phase measured: no loader-only run, max-batch
+probe or screen). For each device it prints images/sec, images per joule (where the run measured energy) and
+images per dollar from `cost.usd_per_hour`, then each device against the cheapest one:
+reference article 003's "7x the price for 3x the throughput" as a table.
+
+Prices are the user's: a YAML with
+
+    cost:
+      usd_per_hour:
+        Tesla T4: 0.35          # a device name as results.json's env.device_name says it,
+        V100: 2.48              # or a part of it ("V100" matches "Tesla V100-SXM2-16GB")
+
+given with --prices (or a `cost.usd_per_hour` mapping in the runs' own config). Without one the
+EXAMPLE_PRICES below are used and every table says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpubench.analysis.select import left_out
+from gpubench.core.files import read_json
+from gpubench.core.record import RESULTS_FILE, RunRecord
+
+DEFAULT_EXPERIMENT = "gpubench"
+# Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
+# (no VM), us-central1, around July 2023, the period of reference article 003 (whose V100 is
+# "7X more expensive" than the T4: 2.48 / 0.35 = 7.1). Only these two, the article's pair; any
+# other device needs the user's price. Prices change: pass your own with --prices.
+EXAMPLE_PRICES_DATE = "2023-07"
+EXAMPLE_PRICES = {"T4": 0.35, "V100": 2.48}
+
+
+@dataclass
+class DeviceRow:
+    """One device's best feasible run on one workload, and what it costs."""
+
+    device: str
+    runs: int
+    record: RunRecord
+    usd_per_hour: float | None
+    price_source: str  # "yours", "example (<date>)" or "-"
+
+    @property
+    def images_per_sec(self) -> float:
+        return self.record.throughput
+
+    @property
+    def images_per_joule(self) -> float | None:
+        e = self.record.energy_per_image_j
+        return 1.0 / e if isinstance(e, (int, float)) and math.isfinite(e) and e > 0 else None
+
+    @property
+    def images_per_dollar(self) -> float | None:
+        if not self.usd_per_hour:
+            return None
+        return self.images_per_sec * 3600.0 / self.usd_per_hour
+
+
+# --------------------------------------------------------------------------- prices
+
+
+def load_prices(path: str | Path | None) -> dict[str, float]:
+    """`cost.usd_per_hour` from a YAML file; one line naming the key on a bad value."""
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        why = " ".join(str(e).split())  # YAML errors span lines: the message stays one
+        raise SystemExit(f"gpubench.report: --prices {path}: not a readable YAML file "
+                         f"({why})") from None
+    table = (data.get("cost") or {}).get("usd_per_hour") if isinstance(data, dict) else None
+    if not isinstance(table, dict) or not table:
+        raise SystemExit(f"gpubench.report: --prices {path}: needs cost.usd_per_hour, a mapping "
+                         "of device name to US dollars per hour")
+    return {str(k): _price(f"cost.usd_per_hour.{k}", v) for k, v in table.items()}
+
+
+def _price(key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise SystemExit(f"gpubench.report: {key}={v!r} is not allowed: a price in US dollars "
+                         "per hour, a number > 0")
+    return float(v)
+
+
+def price_for(device: str, table: dict[str, float]) -> float | None:
+    """The exact device name, else the longest key that is part of it (case-insensitive):
+    "V100" prices "Tesla V100-SXM2-16GB" without spelling out every variant."""
+    if device in table:
+        return table[device]
+    low = device.lower()
+    hits = [k for k in table if k.lower() in low]
+    return table[max(hits, key=len)] if hits else None
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def mlflow_records(experiment: str, uri: str | None = None,
+                   filter_string: str = "") -> list[RunRecord]:
+    """The run records (results.json artifacts) of an experiment's runs matching
+    `filter_string` (built by the caller from checked values only); sweep parents and runs
+    without the artifact are skipped. Each record's `extra["mlflow_run_id"]` names its run."""
+    from mlflow.tracking import MlflowClient
+
+    if uri is None:
+        from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
+
+        uri = resolve_uri(None)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None and experiment.isdigit():
+        exp = client.get_experiment(experiment)
+    if exp is None:
+        raise SystemExit(f"gpubench.report: no MLflow experiment {experiment!r} at {uri}")
+    out, token = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        while True:
+            page = client.search_runs([exp.experiment_id], filter_string, max_results=500,
+                                      page_token=token)
+            for run in page:
+                rid = run.info.run_id
+                try:
+                    path = client.download_artifacts(rid, RESULTS_FILE, f"{tmp}/{rid}")
+                except Exception:  # a sweep's parent run has no results.json
+                    continue
+                d = read_json(Path(path))
+                if isinstance(d, dict):
+                    rec = RunRecord.from_dict(d)
+                    # the device as the tracking tags name it, when results.json lacks it
+                    if not rec.env.get("device_name"):
+                        rec.env["device_name"] = run.data.tags.get("device_name")
+                    # a max-batch probe or a screen: the rung its sweep gave the job
+                    rec.rung = run.data.tags.get("rung") or rec.extra.get("rung") or rec.rung
+                    rec.extra["mlflow_run_id"] = rid
+                    out.append(rec)
+            token = page.token
+            if not token:
+                break
+    return out
+
+
+def device_of(rec: RunRecord) -> str:
+    return str(rec.env.get("device_name") or rec.env.get("device") or "unknown device")
+
+
+def workload_of(rec: RunRecord) -> str:
+    model = rec.knob("model._target_") or rec.knob("model.name") or "?"
+    return (f"model {model}, dataset {rec.knob('dataset.name') or '?'}, "
+            f"{rec.knob('dataset.image_size') or '?'} px")
+
+
+def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
+    """{workload: one DeviceRow per device, fastest first}. Per device the fastest feasible run
+    among its longest measurements (`bench.steps`): a sweep's short screens never stand for a
+    device beside a full measurement."""
+    groups: dict[str, dict[str, list[RunRecord]]] = {}
+    for r in records:
+        # a loader-only run's figure is its loader's, a probe's a few steps': no device's
+        # training throughput
+        if r.feasible and left_out(r) is None:
+            groups.setdefault(workload_of(r), {}).setdefault(device_of(r), []).append(r)
+    out: dict[str, list[DeviceRow]] = {}
+    for work, devices in sorted(groups.items()):
+        rows = []
+        for dev, recs in devices.items():
+            longest = max(_steps(r) for r in recs)
+            best = max((r for r in recs if _steps(r) == longest), key=lambda r: r.throughput)
+            own = _own_prices(recs)
+            usd, src = price_for(dev, prices), "yours"
+            if usd is None:
+                usd = price_for(dev, own)
+            if usd is None:
+                usd, src = price_for(dev, EXAMPLE_PRICES), f"example ({EXAMPLE_PRICES_DATE})"
+            rows.append(DeviceRow(dev, len(recs), best, usd, src if usd is not None else "-"))
+        out[work] = sorted(rows, key=lambda d: -d.images_per_sec)
+    return out
+
+
+def _steps(r: RunRecord) -> int:
+    return int(r.knob("bench.steps") or 0)
+
+
+def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
+    table: dict[str, float] = {}
+    for r in recs:
+        t = r.knob("cost.usd_per_hour")
+        if isinstance(t, dict):
+            table.update({str(k): _price(f"cost.usd_per_hour.{k}", v) for k, v in t.items()})
+    return table
+
+
+def versus(rows: list[DeviceRow]) -> list[dict]:
+    """Each device against the cheapest priced one (else the slowest): price ratio, throughput
+    ratio and images-per-dollar ratio, the figures of "7x the price for 3x the throughput"."""
+    priced = [d for d in rows if d.usd_per_hour]
+    base = (min(priced, key=lambda d: d.usd_per_hour) if priced
+            else min(rows, key=lambda d: d.images_per_sec))
+    out = []
+    for d in rows:
+        price = d.usd_per_hour / base.usd_per_hour if d.usd_per_hour and base.usd_per_hour else None
+        speed = d.images_per_sec / base.images_per_sec
+        value = (d.images_per_dollar / base.images_per_dollar
+                 if d.images_per_dollar and base.images_per_dollar else None)
+        out.append({"device": d.device, "baseline": base.device,
+                    "basis": "the cheapest" if priced else "the slowest; no prices", "price_x": price,
+                    "throughput_x": speed, "images_per_dollar_x": value})
+    return out
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def tables(groups: dict[str, list[DeviceRow]]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=_Sink(), width=200, record=True)
+    for work, rows in groups.items():
+        vs = versus(rows)
+        t = Table(title=f"devices on {work}",
+                  caption=f"x: each device against {vs[0]['baseline']} ({vs[0]['basis']})")
+        for h in ("device", "feasible runs", "img/s", "batch", "precision", "img/J", "$/hour",
+                  "price", "img/$", "price x", "img/s x", "img/$ x"):
+            t.add_column(h, justify="left" if h in ("device", "precision", "price") else "right")
+        for d, v in zip(rows, vs, strict=True):
+            t.add_row(d.device, str(d.runs), f"{d.images_per_sec:.1f}",
+                      str(d.record.knob("loader.batch_size") or "-"),
+                      str(d.record.knob("precision.name") or "-"),
+                      _f(d.images_per_joule, ".2f"), _f(d.usd_per_hour, ".2f"), d.price_source,
+                      _f(d.images_per_dollar, ",.0f"), _f(v["price_x"], ".1f"),
+                      f"{v['throughput_x']:.1f}", _f(v["images_per_dollar_x"], ".2f"))
+        console.print(t)
+        for d, v in zip(rows, vs, strict=True):
+            if d.device != v["baseline"] and v["price_x"] is not None:
+                console.print(f"{d.device}: {v['price_x']:.1f}x the price of {v['baseline']} "
+                              f"for {v['throughput_x']:.1f}x the throughput "
+                              f"({v['images_per_dollar_x']:.2f}x the images per dollar)")
+        if any(d.price_source.startswith("example") for d in rows):
+            console.print(f"prices marked example are list prices from {EXAMPLE_PRICES_DATE}, "
+                          "not yours: pass --prices with cost.usd_per_hour per device")
+    return console.export_text()
+
+
+class _Sink:
+    def write(self, s):
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+def main(experiment: str | None = None, uri: str | None = None,
+         prices_path: str | None = None) -> int:
+    prices = load_prices(prices_path)
+    records = mlflow_records(experiment or DEFAULT_EXPERIMENT, uri)
+    groups = compare_rows(records, prices)
+    if not groups:
+        print(f"gpubench.report: nothing to compare: no feasible run with results.json in "
+              f"experiment {experiment or DEFAULT_EXPERIMENT!r}", file=sys.stderr)
+        return 1
+    print(tables(groups), end="")
+    return 0

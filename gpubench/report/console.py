@@ -1,0 +1,147 @@
+"""The terminal summary of a run (rich): it renders a RunRecord and nothing else."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpubench.core.record import RunRecord
+
+PHASE_TITLES = {
+    "loader": "loader (data bound)",
+    "compute": "compute (device bound)",
+    "e2e": "e2e (training)",
+}
+
+
+def _gib(b) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f} GiB"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _ms(s) -> str:
+    return "-" if s is None else f"{s * 1e3:.1f}"
+
+
+def _interval(ph: dict) -> str:
+    ci = ph.get("images_per_sec_ci")
+    if not ci:
+        return "-"
+    fmt = ",.0f" if ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
+    return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}"
+
+
+def print_result(result, console: Console | None = None) -> None:
+    """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
+    rec: RunRecord = getattr(result, "record", result)
+    notes = getattr(result, "notes", [])
+    con = console or Console(highlight=False)
+    if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
+        con.width = max(con.width, 120)
+    d = rec.to_dict()
+    cfg, env = d["config"], d["env"]
+    title = (
+        f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
+        f"{cfg['dataset']['image_size']}px, batch {cfg['loader']['batch_size']}, "
+        f"{cfg['loader']['num_workers']} worker{'' if cfg['loader']['num_workers'] == 1 else 's'}, "
+        f"{cfg['precision']['name']}"
+        f"{', channels_last' if cfg['channels_last'] else ''}"
+        f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
+        f" | {env['device_name']} ({env['device']})"
+        + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
+    )
+    t = Table(title=title, title_justify="left")
+    for col in ("phase", "images/s", rec.interval_label, "step p50 ms", "step p95 ms", "data wait",
+                "steps (windows)", "peak mem"):
+        t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col == "phase")
+    for name, ph in d["phases"].items():
+        mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
+        ips = ph["images_per_sec"]
+        t.add_row(
+            PHASE_TITLES.get(name, name),
+            "-" if ips is None else f"{ips:,.1f}",
+            _interval(ph),
+            _ms(ph["step_time_p50_s"]),
+            _ms(ph["step_time_p95_s"]),
+            _pct(ph["data_wait_fraction"]) if name == "e2e" else "",
+            f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})",
+            _gib(mem),
+        )
+    if d["phases"]:
+        con.print(t)
+    else:  # ended before its first window: the title alone, no empty table
+        con.print(title)
+    if any(ph["truncated"] for ph in d["phases"].values()):
+        con.print("  * window closed by bench.max_seconds before bench.steps")
+    if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
+        con.print(f"peak memory: not measured (ceiling {_pct(d['memory_ceiling'])} of "
+                  f"{_gib(d['device_memory_bytes'])})")
+    else:
+        con.print(
+            f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
+            f"{_gib(d['device_memory_bytes'])} ({d['memory_source']}; ceiling "
+            f"{_pct(d['memory_ceiling'])})")
+    if d.get("gpu_util_mean") is not None:
+        e = d.get("energy_per_image_j")
+        con.print(
+            f"GPU util mean {d['gpu_util_mean']:.0f}% (max {d['gpu_util_max']:.0f}%), memory util "
+            f"{d['gpu_mem_util_mean']:.0f}%, power {d['power_mean_w']:.0f} W"
+            + (f", {e:.3f} J/image" if e is not None else "")
+        )
+    if d.get("host_cpu_util_mean") is not None:
+        workers = d.get("workers_cpu_util_mean")
+        split = "" if workers is None else (
+            f": main {d['main_cpu_util_mean']:.0f}%, workers {workers:.0f}%")
+        con.print(
+            f"host CPU {d['host_cpu_util_mean']:.0f}% of {env['cpu_count']} cores; this run's "
+            f"processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; peak RSS "
+            f"{_gib(d['peak_rss_bytes'])} (main + workers)"
+        )
+    info = d.get("data_info") or {}
+    if info.get("preload_seconds") is not None:
+        con.print(f"preload: {_gib(info.get('preload_bytes'))} decoded into RAM in "
+                  f"{info['preload_seconds']:.1f} s (once, before the phases)")
+    if d.get("read_mb_per_s") and d["config"]["dataset"]["name"] in ("imagefolder", "cifar10"):
+        con.print(f"data read: {d['read_mb_per_s']:.1f} MB/s during the loader phase")
+    if d.get("mfu") is not None:
+        con.print(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")
+    elif d.get("achieved_tflops") is not None:
+        con.print(f"{d['achieved_tflops'] * 1e3:.1f} GFLOP/s achieved (no peak known for this device: no MFU)")
+    prof = d.get("profile")
+    if prof:
+        ops = ", ".join(f"{o['name']} {o['self_ms_per_step']:.2f} ms" for o in prof["top_ops"][:3])
+        con.print(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")
+        con.print(f"  trace: {prof['trace']} (open in https://ui.perfetto.dev)")
+    for note in notes:
+        con.print(f"[dim]info: {note}[/dim]")
+    if d.get("skipped_samples"):
+        con.print(f"[yellow]{d['skipped_samples']} corrupt samples skipped[/yellow]")
+    status = d["status"]
+    if status != "ok":
+        con.print(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
+    if d.get("measurement_stable") is False:
+        con.print("[yellow]measurement unstable:[/yellow]")
+        for r in d.get("noise_reasons") or []:
+            con.print(f"  - {escape(r)}")
+        lean = d.get("verdict_leaning")
+        con.print("[bold]narrowest pipe: inconclusive[/bold]"
+                  + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
+    elif not d["phases"] and status != "ok":
+        return _paths(con, rec, d)  # it ended before measuring: no pipe to name, no advice
+    else:
+        con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
+    if d["bottleneck"] == "inconclusive" and d["advice"]:
+        con.print("to get a verdict:")
+    for i, a in enumerate(d["advice"], 1):
+        con.print(f"  {i}. {escape(a)}")
+    _paths(con, rec, d)
+
+
+def _paths(con: Console, rec: RunRecord, d: dict) -> None:
+    con.print(f"[dim]results: {rec.path}[/dim]")
+    if d.get("picture"):
+        con.print(f"[dim]picture: {d['picture']}[/dim]")

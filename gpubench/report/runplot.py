@@ -1,0 +1,230 @@
+"""One picture per run that answers "why is my GPU idle?": `run.png` beside results.json.
+
+Top: the three measured pipes as bars (loader only, compute only, end-to-end) with their 95%
+intervals, and the combined bound e2e can reach when the run recorded one. The narrowest pipe
+is the shortest bar; the title names the verdict, its margin and whether the measurement was
+steady enough to trust. Bottom: each phase's step times against the step index, the warm-up
+steps shaded, as reference article 003 plots its curves per batch: a curve still falling after
+the shaded part says the warm-up was too short; spikes are stalls (a slow batch, a busy host).
+Step times rather than per-step images/sec: their mean is what the pooled throughput inverts,
+while per-step rates overweight the fastest steps.
+
+`run_picture_data` is the pure part (what is drawn, checked by the tests); `plot_run` draws it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from gpubench.core.record import PHASE_NAMES, RunRecord
+
+PICTURE_FILE = "run.png"
+PHASE_LABELS = {"loader": "loader only", "compute": "compute only", "e2e": "end-to-end"}
+# one colour per pipe, shared by the bars and the traces so the eye pairs them
+PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green"}
+VERDICT_WORDS = {
+    "data": "the data side (loader) is the narrowest pipe",
+    "compute": "compute is the narrowest pipe",
+    "overlap": "loading and compute do not overlap",
+    "inconclusive": "inconclusive: no confident verdict",
+    "unknown": "no verdict: not enough phases measured",
+}
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _interval(ci: Any) -> list[float] | None:
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
+        return [float(ci[0]), float(ci[1])]
+    return None
+
+
+def _phase_figures(record: RunRecord, name: str) -> tuple[float | None, list[float] | None]:
+    """A phase's images/sec and interval: its phase record, else the run's headline keys (an
+    older results.json keeps only those)."""
+    ph = record.phases.get(name)
+    if ph is not None and _num(ph.images_per_sec) is not None:
+        return _num(ph.images_per_sec), _interval(ph.images_per_sec_ci)
+    top = {"loader": "loader_", "compute": "compute_", "e2e": ""}[name]
+    return (_num(getattr(record, f"{top}images_per_sec")),
+            _interval(getattr(record, f"{top}images_per_sec_ci")))
+
+
+def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
+    import textwrap
+
+    out = textwrap.wrap(text, width)
+    if len(out) > lines:
+        out = out[:lines]
+        out[-1] = out[-1][: width - 3] + "..."
+    return "\n".join(out)
+
+
+def _title(record: RunRecord) -> str:
+    verdict = record.bottleneck or "unknown"
+    head = VERDICT_WORDS.get(verdict, f"verdict: {verdict}")
+    margin = _num(record.verdict_margin)
+    if margin is not None:
+        head += f" (clear of the rule's threshold by {margin:.0%})"
+    lean = record.extra.get("verdict_leaning")
+    if verdict == "inconclusive" and lean:
+        head += f"; the figures lean to {lean}"
+    if record.status.value != "ok":
+        head = f"[{record.status.value}] " + head
+    if record.measurement_stable is False:
+        n = len(record.noise_reasons)
+        first = record.noise_reasons[0] if n else "runs disagree"
+        tail = _wrap(f"measurement unstable ({n} reason{'s' if n != 1 else ''}, see "
+                     f"results.json): {first}")
+    elif verdict in ("data", "compute", "overlap") and record.reason:
+        tail = _wrap(record.reason)
+    else:
+        tail = ""
+    setup = _setup(record)
+    return "\n".join(x for x in (head, tail, setup) if x)
+
+
+def _setup(record: RunRecord) -> str:
+    model = record.knob("model._target_") or record.knob("model.name")
+    parts = [
+        str(record.env.get("device_name") or record.env.get("device") or ""),
+        f"model {model}" if model else "",
+        f"dataset {record.knob('dataset.name')}" if record.knob("dataset.name") else "",
+        f"batch {record.knob('loader.batch_size')}" if record.knob("loader.batch_size") else "",
+        f"workers {record.knob('loader.num_workers')}"
+        if record.knob("loader.num_workers") is not None else "",
+        str(record.knob("precision.name") or ""),
+    ]
+    return ", ".join(p for p in parts if p)
+
+
+def run_picture_data(record: RunRecord) -> dict:
+    """What the picture shows, as plain data:
+
+    - `bars`: one per measured phase, in pipe order: {phase, label, images_per_sec, ci}
+      (ci is [lo, hi] or None when the phase ran a single window);
+    - `bound`: {images_per_sec, label} the combined bound for e2e, or None when not recorded;
+    - `title`: the verdict line(s);
+    - `traces`: {phase: {warmup_ms: [step times], steps_ms: [...]}} for the phases that kept
+      their step times (None for a step the clock could not resolve), `trace_log_y` when they
+      span more than 20x.
+    """
+    bars = []
+    for name in PHASE_NAMES:
+        ips, ci = _phase_figures(record, name)
+        if ips is None:
+            continue
+        bars.append({"phase": name, "label": PHASE_LABELS[name], "images_per_sec": ips,
+                     "ci": ci})
+    bound_v = _num(record.extra.get("e2e_bound_images_per_sec"))
+    bound = ({"images_per_sec": bound_v, "label": "combined bound (what e2e can reach)"}
+             if bound_v is not None else None)
+    traces = {}
+    for name in PHASE_NAMES:
+        s = record.series.get(name) or {}
+        warm, steps = _ms(s.get("warmup_step_times_s")), _ms(s.get("step_times_s"))
+        if warm or steps:
+            traces[name] = {"warmup_ms": warm, "steps_ms": steps}
+    every = [t for tr in traces.values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
+    # a first step that compiles or autotunes can be 100x the rest: a log axis keeps both
+    # readable
+    log_y = bool(every) and max(every) > 20 * min(every)
+    return {"bars": bars, "bound": bound, "title": _title(record), "traces": traces,
+            "trace_log_y": log_y, "verdict": record.bottleneck,
+            "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label}
+
+
+def _ms(times) -> list[float | None]:
+    return [1000.0 * t if _num(t) is not None and t > 0 else None for t in (times or [])]
+
+
+def plot_run(record: RunRecord, out: Path) -> Path:
+    """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    path = out if out.suffix == ".png" else out / PICTURE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d = run_picture_data(record)
+    rows = 2 if d["traces"] else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(7.5, 7.6 if rows == 2 else 4.4), squeeze=False)
+    _draw_bars(axes[0][0], d)
+    if rows == 2:
+        _draw_traces(axes[1][0], d)
+    fig.suptitle(d["title"], fontsize=10, ha="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _draw_bars(ax, d: dict) -> None:
+    bars = d["bars"]
+    if not bars:
+        ax.text(0.5, 0.5, "no phase measured a throughput", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    ys = list(range(len(bars)))[::-1]  # pipe order top to bottom: loader, compute, e2e
+    vals = [b["images_per_sec"] for b in bars]
+    ax.barh(ys, vals, color=[PHASE_COLORS[b["phase"]] for b in bars], alpha=0.85)
+    for y, b in zip(ys, bars, strict=True):
+        if b["ci"]:  # a single-window phase has no interval: no whisker rather than a fake one
+            # max(0, ...): a point estimate just outside its own interval (a skewed
+            # estimator) would give a negative length, which matplotlib rejects
+            lo = max(0.0, b["images_per_sec"] - b["ci"][0])
+            hi = max(0.0, b["ci"][1] - b["images_per_sec"])
+            ax.errorbar([b["images_per_sec"]], [y], xerr=[[lo], [hi]], color="black",
+                        capsize=5, elinewidth=1.5)
+    ax.set_yticks(ys, [b["label"] for b in bars])
+    top = max([b["ci"][1] if b["ci"] else b["images_per_sec"] for b in bars]
+              + ([d["bound"]["images_per_sec"]] if d["bound"] else []))
+    for y, b in zip(ys, bars, strict=True):
+        ci = f"  [{b['ci'][0]:.0f}, {b['ci'][1]:.0f}]" if b["ci"] else ""
+        right = b["ci"][1] if b["ci"] else b["images_per_sec"]  # past the whisker's cap
+        ax.text(right + 0.03 * top, y, f"{b['images_per_sec']:.1f}{ci}", va="center",
+                fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+    if d["bound"]:
+        ax.axvline(d["bound"]["images_per_sec"], color="black", linestyle="--", linewidth=1.2,
+                   label=f"combined bound\n(what e2e can reach)\n{d['bound']['images_per_sec']:.1f} img/s")
+        # outside the axes, as below: inside it would cover the bars it is about
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
+    ax.set_xlim(0, 1.3 * top)  # room for the value labels right of the longest bar
+    ax.set_ylim(-0.6, len(bars) - 0.4)
+    ax.set_xlabel("images/sec" + (f" (whisker: {d['interval_label']} over repeated windows)"
+                                  if d["intervals"] else " (one window per phase: no interval)"))
+    ax.grid(alpha=0.3, axis="x")
+
+
+def _draw_traces(ax, d: dict) -> None:
+    longest_warmup = 0
+    for name, t in d["traces"].items():
+        w, s = t["warmup_ms"], t["steps_ms"]
+        ax.plot(range(len(w) + len(s)), [*w, *s], color=PHASE_COLORS[name], linewidth=1.0,
+                marker=".", markersize=3, label=PHASE_LABELS[name])
+        longest_warmup = max(longest_warmup, len(w))
+    if longest_warmup:
+        # shaded to the longest warm-up: phases share the warm-up step count in practice
+        ax.axvspan(-0.5, longest_warmup - 0.5, color="grey", alpha=0.15, label="warm-up")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.set_xlabel("step (warm-up first, then the measured steps)")
+    if d["trace_log_y"]:
+        ax.set_yscale("log")
+        ax.set_ylabel("step time, ms (log scale)")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("step time, ms")
+    ax.grid(alpha=0.3)
+    # outside the axes: a legend must not cover the steps it explains
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

@@ -1,0 +1,280 @@
+"""Sweep report: ranking, the recommended configuration, plots, a rerunnable experiment YAML.
+
+    python -m gpubench.report outputs/multirun/2026-11-21/10-00-00      # a sweep dir
+    python -m gpubench.report gpubench --parent <run id>                 # an MLflow experiment
+
+Reads the results.json of every job (grid sweeps from Hydra's basic sweeper, gpubench sweeper
+studies, max-batch probes) or the results.json artifacts of MLflow runs. Writes into
+`<sweep dir>/report/`: ranking.csv and ranking.txt, summary.json, PNG plots, and
+`experiment/recommended.yaml`, rerun with `python -m gpubench -cd <report dir> experiment=recommended`.
+
+It ranks full training measurements (an e2e phase measured: no loader-only or compute-only run,
+max-batch probe or screen) of one training setup (model, dataset, image size: the newest run's
+unless `--where KEY=VALUE` picks the rows), and says in one line what it left out.
+
+The recommendation follows reference article 003: among feasible configurations (status ok,
+peak memory under memory.ceiling) within `tolerance` (5%) of the fastest, keep AMP on when AMP
+measured faster, pin_memory on, then the smallest batch size and the fewest loader workers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpubench.analysis.recommend import (
+    SETUP_KEYS,
+    TOLERANCE,
+    Recommendation,
+    Row,
+    latest_per_setup,
+    ranked,
+    recommend,
+    row_of,
+    varying,
+    with_interval,
+)
+from gpubench.analysis.select import setup_of, training_rows, where
+from gpubench.config.overrides import format_value
+from gpubench.config.schema import CONFIG_DIR
+from gpubench.core.files import read_json
+from gpubench.core.record import SHORT_RUNGS
+from gpubench.search.rows import load_dir
+
+log = logging.getLogger("gpubench")
+
+
+REPORT_DIR = "report"
+
+
+EXPERIMENT_NAME = "recommended"
+
+
+def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
+                study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
+    """Rows from the results.json artifacts of an MLflow experiment's runs (children of `parent`
+    only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
+    artifact (sweep parents) are skipped."""
+    if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
+        raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: an MLflow run id "
+                         "(32 hex digits)")
+    if study and not re.fullmatch(r"[\w.\-]+", study):
+        raise SystemExit(f"gpubench.report: --study={study!r} is not allowed: letters, digits, "
+                         "'.', '_' or '-'")
+    filt = " and ".join(([f"tags.mlflow.parentRunId = '{parent}'"] if parent else [])
+                        + ([f"tags.study = '{study}'"] if study else []))
+    from gpubench.report.compare import mlflow_records
+
+    rows = [row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
+            for rec in mlflow_records(experiment, uri, filt)]
+    return latest_per_setup(where(rows, conditions or {}))
+
+
+def overrides_of(row: Row, keys: list[str]) -> list[str]:
+    """The row's swept knobs as command-line overrides (`precision=amp_bf16` for a group)."""
+    out = []
+    for k in keys:
+        if k not in row.flat:
+            continue
+        v = row.flat[k]
+        group, _, leaf = k.partition(".")
+        if leaf == "name" and (CONFIG_DIR / group / f"{v}.yaml").is_file():
+            k = group
+        out.append(f"{k}={format_value(v)}")
+    return out
+
+
+def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
+    """The row's setup as a `# @package _global_` overlay that composes back into it."""
+    cfg = row.record.config
+    setup = {k: cfg[k] for k in SETUP_KEYS if k in cfg}
+    groups = []
+    for group, value in (("dataset", setup.get("dataset", {}).get("name")),
+                         ("model", setup.get("model", {}).get("name")),
+                         ("precision", setup.get("precision", {}).get("name"))):
+        if value is not None and (CONFIG_DIR / group / f"{value}.yaml").is_file():
+            groups.append({f"override /{group}": value})
+    head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
+    if rec is not None:
+        head += [f"#   {line}" for line in rec.reasons]
+    body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
+    return "\n".join(head) + "\n" + body
+
+
+def rerun_command(report_dir: Path) -> str:
+    return f"python -m gpubench -cd {report_dir.resolve()} experiment={EXPERIMENT_NAME}"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
+    util_key = "gpu_util_mean" if any(r.record.gpu_util_mean is not None for r in rows) \
+        else "process_cpu_util_mean"
+    head = ["#", "run", "status", "img/s", "95% interval", "mem %", "gpu util %"
+            if util_key.startswith("gpu") else "cpu util %", "verdict", "stable", "rung", *keys]
+    body = []
+    for i, r in enumerate(ranked(rows), 1):
+        lo, hi = r.interval
+        body.append([
+            str(i), r.label, r.status,
+            f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:.1f}-{hi:.1f}",
+            "-" if r.peak is None else f"{100 * r.peak:.1f}",
+            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
+            "-" if r.record.measurement_stable is None and not r.confirms
+            else ("yes" if r.stable else "NO"),
+            # a confirmed row's figures pool its re-measurements: say how many
+            r.rung + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
+            *(_fmt(r.flat.get(k)) for k in keys),
+        ])
+    return head, body
+
+
+def print_table(head, body, title: str, out=None, limit: int = 25) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for h in head:
+        t.add_column(h, justify="right" if h in ("#", "img/s", "mem %") else "left")
+    for b in body[:limit]:
+        t.add_row(*b)
+    console = Console(file=out or sys.stdout, width=200, record=True)
+    console.print(t)
+    if len(body) > limit:
+        console.print(f"... {len(body) - limit} more in ranking.csv")
+    return console.export_text()
+
+
+def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
+                 tolerance: float = TOLERANCE, quiet: bool = False,
+                 fingerprint: list | None = None) -> list[Path]:
+    """Everything the report makes; returns the files written. `fingerprint` (what the report
+    was made from) is kept in summary.json so an unchanged sweep is not reported twice."""
+    from gpubench.report import plots as report_plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # rank and recommend full training measurements of one setup; when there are none (a
+    # max-batch search's probes), the table still shows what was measured
+    kept, notes = training_rows(rows)
+    # the plots still show the same setup's screens and probes (hollow, never on a curve)
+    shown = kept + [r for r in rows if r.rung in SHORT_RUNGS
+                    and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
+    rows = kept or rows
+    keys = varying(rows)
+    files: list[Path] = []
+    head, body = table_rows(rows, keys)
+    with open(out_dir / "ranking.csv", "w", newline="") as f:
+        csv.writer(f).writerows([head, *body])
+    files.append(out_dir / "ranking.csv")
+    text = print_table(head, body, f"gpubench sweep: {source}", out=None if not quiet else _Null())
+    (out_dir / "ranking.txt").write_text(text)
+    files.append(out_dir / "ranking.txt")
+
+    rec = recommend(rows, tolerance)
+    summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
+                               "feasible": sum(r.feasible for r in rows)}
+    lines = list(notes)
+    if rec is None:
+        lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
+                     "failed)" if kept else
+                     "no recommendation: no full training measurement (only screens, max-batch "
+                     "probes or runs without an e2e phase)")
+    else:
+        exp_dir = out_dir / "experiment"
+        exp_dir.mkdir(exist_ok=True)
+        yml = exp_dir / f"{EXPERIMENT_NAME}.yaml"
+        yml.write_text(experiment_yaml(rec.chosen, source, rec))
+        files.append(yml)
+        cmd = rerun_command(out_dir)
+        summary.update(
+            best={"label": rec.best.label, "images_per_sec": rec.best.throughput,
+                  "images_per_sec_ci": list(rec.best.interval),
+                  "dir": rec.best.dir, "overrides": overrides_of(rec.best, keys)},
+            recommended={"label": rec.chosen.label, "images_per_sec": rec.chosen.throughput,
+                         "images_per_sec_ci": list(rec.chosen.interval),
+                         "peak_memory_fraction": rec.chosen.peak, "dir": rec.chosen.dir,
+                         "overrides": overrides_of(rec.chosen, keys), "yaml": str(yml)},
+            reasons=rec.reasons, command=cmd,
+        )
+        lines += [
+            f"fastest feasible: {with_interval(rec.best)} img/s  (run {rec.best.label}: "
+            f"{' '.join(overrides_of(rec.best, keys))})",
+            f"recommended:      {with_interval(rec.chosen)} img/s  (run {rec.chosen.label}: "
+            f"{' '.join(overrides_of(rec.chosen, keys))})",
+            *(f"  - {x}" for x in rec.reasons),
+            f"recommended config: {yml}",
+            f"rerun it: {cmd}",
+        ]
+    files += report_plots.plot_all(shown, out_dir, rec, study)
+    summary["files"] = [str(f) for f in files]
+    summary["lines"] = lines  # printed again when the report is up to date (cached)
+    if fingerprint is not None:
+        summary["fingerprint"] = fingerprint
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    files.append(out_dir / "summary.json")
+    if not quiet:
+        print("\n".join(lines))
+    return files
+
+
+class _Null:
+    def write(self, s):
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+def _fingerprint(rows: list[Row], sweep_dir: Path) -> list:
+    """What the report was made from: a second call (the MLflow callback after the sweeper)
+    reuses the files when nothing changed."""
+    parts = []
+    for r in rows:
+        p = Path(r.dir or "") / "results.json"
+        parts.append([r.label, r.status, p.stat().st_mtime_ns if r.dir and p.is_file() else 0])
+    m = sweep_dir / "sweep.json"
+    parts.append(["sweep.json", m.stat().st_mtime_ns if m.is_file() else 0])
+    return parts
+
+
+class NothingToReport(FileNotFoundError):
+    """No finished run to report on: main prints its one line and exits 1."""
+
+
+def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
+                 quiet: bool = False, conditions: dict[str, str] | None = None) -> list[Path]:
+    """The report of a sweep dir (its rows matching `conditions`, --where), written to
+    `<sweep_dir>/report/`; returns its files."""
+    sweep_dir = Path(sweep_dir).resolve()
+    rows, study = load_dir(sweep_dir)
+    rows = where(rows, conditions or {})
+    out = sweep_dir / REPORT_DIR
+    stamp = _fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
+    old = read_json(out / "summary.json") or {}
+    if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
+        if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
+            print((out / "ranking.txt").read_text().rstrip("\n"))
+            print("\n".join(old.get("lines") or []))
+            print(f"(report up to date: {out})")
+        return [Path(f) for f in old["files"]] + [out / "summary.json"]
+    if not rows:
+        raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
+                              f"(results.json){matching(conditions)} under {sweep_dir}")
+    return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp)
+
+
+def matching(conditions: dict[str, str] | None) -> str:
+    return "".join(f" with {k}={v}" for k, v in (conditions or {}).items())

@@ -1,0 +1,544 @@
+"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows, judge.
+
+`Benchmark(cfg).run()` is the whole run behind `python -m gpubench`; tests call `measure_run`
+or `run_benchmark`. The run's record (gpubench/record.py) is written to results.json before
+any work and after every window, so a crash, an OOM, Ctrl-C or SIGTERM never loses what was
+already measured, and it is written before any tracking server is contacted.
+
+Why interleaved windows: each phase is measured as `bench.repeats` windows in the order
+loader, compute, e2e, loader, compute, e2e, ...; a slow drift (another process, a warming
+device) then hits every phase alike instead of one, and the windows of a phase give it an
+interval (gpubench/stats.py).
+
+Why one module of this size: the Benchmark's build, windows and single try/finally are one
+control flow, read top to bottom; figures and the verdict are in summary.py, arithmetic in
+stats.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from gpubench.config.schema import ConfigError
+from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
+from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
+from gpubench.core.secrets import mask_tree
+from gpubench.core.stats import WindowStats, pool
+from gpubench.parts import distributed
+from gpubench.parts.data import CorruptImage, build_pipeline
+from gpubench.parts.distributed import Dist
+from gpubench.parts.measure import run_window
+from gpubench.parts.models import build_model, maybe_compile, prepare_model
+from gpubench.parts.precision import apply_backend_flags, resolve_precision
+from gpubench.parts.step import (
+    TrainStep,
+    count_step_flops_split,
+    is_oom,
+    make_optimizer,
+    set_cudnn_benchmark,
+    step_figures,
+)
+from gpubench.run.summary import summarize
+from gpubench.telemetry import env
+from gpubench.telemetry.monitor import Monitor, MonitorSummary
+
+log = logging.getLogger("gpubench")
+
+__all__ = ["RESULTS_FILE", "Benchmark", "Result", "measure_run", "run_benchmark"]
+
+@dataclass
+class Result:
+    """A finished run as the entry point sees it: the record plus how it was reported."""
+
+    record: RunRecord
+    notes: list[str] = field(default_factory=list)
+    # False: tracking was on but MLflow missed the run (results kept; `tracking sync` later)
+    tracked: bool | None = None
+    # False on torchrun ranks other than 0: they measure, but do not write, print or log
+    main: bool = True
+
+    @property
+    def data(self) -> dict:
+        return self.record.to_dict()
+
+    @property
+    def path(self) -> Path:
+        return self.record.path
+
+    @property
+    def status(self) -> str:
+        return self.record.status.value
+
+    @property
+    def objective(self) -> float:
+        return self.record.objective
+
+
+def output_dir(out_dir: str | Path | None) -> Path:
+    if out_dir is not None:
+        p = Path(out_dir)
+    else:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            p = Path(HydraConfig.get().runtime.output_dir)
+        except ValueError:  # not under @hydra.main: a fresh folder under ./outputs
+            p = Path("outputs") / "runs" / time.strftime("%Y-%m-%d/%H-%M-%S")
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
+    """The run's throughput under torchrun: all ranks' images over the slowest rank's window
+    (data-parallel training steps together, so the slowest rank sets the pace). Step times and
+    data wait stay rank 0's."""
+    images = dist.gather(stats.images)
+    seconds = dist.gather(stats.seconds)
+    per_rank = dist.gather(stats.images_per_sec)
+    merged = dataclasses.replace(stats, images=sum(images), seconds=max(seconds),
+                                 images_per_sec=sum(images) / max(seconds))
+    merged.ranks_images_per_sec = per_rank
+    return merged
+
+
+def one_line_error(e: BaseException) -> str:
+    """An error as one line: a DataLoader worker's error carries the worker's whole traceback
+    in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); keep
+    its first line and the exception the traceback ends with."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if len(lines) > 1:
+        return f"{type(e).__name__}: {lines[0]} ... {lines[-1]}"[:1000]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:1000]
+
+
+def _merge(summaries: list[MonitorSummary]) -> MonitorSummary:
+    """A phase's telemetry over all its windows: samples pooled, seconds and energy summed.
+    Byte counters restart at each window: later windows' are offset by the earlier totals, so
+    the pooled counters stay cumulative."""
+    samples, base = [], {"read_bytes": 0, "disk_read_bytes": 0}
+    for s in summaries:
+        last = dict(base)
+        for x in s.samples:
+            moved = {k: getattr(x, k) + base[k] for k in base if getattr(x, k) is not None}
+            samples.append(dataclasses.replace(x, **moved))
+            last.update(moved)
+        base = last
+    energy = [s.energy_j for s in summaries]
+    return MonitorSummary(
+        samples=samples,
+        seconds=sum(s.seconds for s in summaries),
+        energy_j=sum(energy) if energy and all(e is not None for e in energy) else None,
+    )
+
+
+class Benchmark:
+    """One run: build once (data, model, step), then `run_phase` window by window."""
+
+    def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
+        # bad input raises ConfigError here, before any work: first the rules on the config
+        # alone, then those that look at this machine's disk and RAM
+        s = resolve(cfg)
+        check_resources(s)
+        self.settings: Settings = s
+        b = s.bench
+        self.device = s.device
+        self.dist = distributed.from_env(self.device)
+        self.out = output_dir(out_dir)
+        random.seed(b.seed)
+        torch.manual_seed(b.seed)
+        self.phases = list(s.phases)
+        self.repeats = min(b.repeats, b.steps)
+        self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
+        # results.json never holds a password (tracking.uri may carry user:pw@)
+        rec = RunRecord.start(self.out, mask_tree(plain(s.config)), env.facts(self.device),
+                              s.memory.ceiling, self.dist.world)
+        rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
+        rec.device_memory_bytes = env.device_memory_bytes(self.device)
+        # cores the run can keep busy: torch's threads in the main process plus one per loader
+        # worker (each limited to worker_threads), at most the host's (the competition check)
+        ld = s.loader
+        rec.extra["cpu_demand_cores"] = min(
+            os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
+        if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
+            rec.extra["study"] = os.environ[STUDY_ENV]
+        if os.environ.get(RUNG_ENV):  # a sweeper's job: screen, full, confirm or probe
+            rec.extra["rung"] = os.environ[RUNG_ENV]
+        self.record = rec
+        self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
+        self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
+        self.windows: dict[str, list[WindowStats]] = {}
+        self.telemetry: dict[str, list[MonitorSummary]] = {}
+        self.memory: dict[str, dict] = {}
+        self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
+        self.pipe = self.step = None
+        self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
+        self.t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ record
+
+    def save(self) -> None:
+        if not self.dist.main:  # one results.json per run, from rank 0
+            return
+        self.record.seconds = time.perf_counter() - self.t0
+        self.record.save()
+
+    # ------------------------------------------------------------------ build
+
+    def build(self) -> None:
+        s, device, rec = self.settings, self.device, self.record
+        b = s.bench
+        self.plan = resolve_precision(s.precision, device)
+        apply_backend_flags(self.plan)
+        set_cudnn_benchmark(b.cudnn_benchmark)
+        shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
+        self.pipe = build_pipeline(s, shard)
+        rec.data_info = self.pipe.info
+        if "compute" in self.phases or "e2e" in self.phases:
+            model = prepare_model(build_model(s), device, s.channels_last)
+            x, y = self.pipe.device_batch()
+            self._check_width(model, x)
+            opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
+            if b.flops:
+                split = count_step_flops_split(model, self.plan, device, x, y)
+                rec.flops_per_step = split and split["total"]
+                rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
+            compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
+            self.step = TrainStep(compiled, self.plan, device, opt,
+                                  s.fault.oom_above_batch if self.fault_here else None,
+                                  b.grad_accum_steps, b.host_metrics_every)
+        self._maybe_fail(0)
+
+    @property
+    def fault_here(self) -> bool:
+        """Injected faults hit this rank (fault.rank: one rank only under torchrun)."""
+        return distributed.fault_hits(self.settings.fault.rank, self.dist.rank)
+
+    def _maybe_fail(self, windows: int) -> None:
+        """Fault injection: a runtime error after `fault.fail_after_windows` windows."""
+        f = self.settings.fault
+        if f.fail_message and self.fault_here and windows == f.fail_after_windows:
+            raise RuntimeError(f.fail_message)
+
+    def _check_width(self, model: torch.nn.Module, x: torch.Tensor) -> None:
+        """A label at or past the classifier's width fails deep inside the loss (a device-side
+        assert on CUDA) after the loader phase ran: check the output width before any work."""
+        n = self.settings.dataset.num_classes
+        model.eval()  # one image: batch-norm cannot train on a batch of 1
+        try:
+            with torch.no_grad():
+                width = int(model(x[:1]).shape[-1])
+        finally:
+            model.train()
+        m = self.settings.model
+        check_classes(width, n, "model._target_" if m._target_ else "model.num_classes",
+                      m._target_ or m.num_classes)
+
+    def _functions(self, name: str):
+        """(fetch, work) for one phase; `work` returns the images it processed.
+
+        loader: fetch from the DataLoader, copy to the device, no model. compute: the same step
+        on one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
+        pipe, step, fault = self.pipe, self.step, self.settings.fault
+        stall_every = fault.stall_every if self.fault_here else None
+        stall_s = fault.stall_s
+        calls = [0]
+
+        def stall() -> None:
+            # fault injection: an interruption of the kind another process causes
+            calls[0] += 1
+            if stall_every and calls[0] % stall_every == 0:
+                time.sleep(stall_s)
+
+        if name == "compute":
+            x, y = pipe.device_batch()
+            n = int(y.shape[0])
+
+            def compute_only(batch):
+                stall()
+                step(*batch)
+                return n
+
+            return (lambda: (x, y)), compute_only
+        batches = pipe.batches()
+
+        def load_or_train(batch):
+            moved = pipe.to_device(batch)
+            if moved is None:  # every sample of this batch failed to decode (on_corrupt=skip)
+                return 0
+            if name == "e2e":
+                stall()
+                step(*moved)
+            return int(moved[1].shape[0])
+
+        return (lambda: next(batches)), load_or_train
+
+    # ------------------------------------------------------------------ measure
+
+    def _rewarm_steps(self, name: str) -> int:
+        """Steps before each later window of a phase: the loader kept prefetching while other
+        phases ran, and those ready batches would flatter the window; one step also re-primes
+        the step itself."""
+        if name == "compute" or self.pipe.loader is None:
+            return 1
+        ld = self.settings.loader
+        ready = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
+        return ready + 1
+
+    def run_phase(self, name: str) -> WindowStats:
+        """One window of a phase (the first one warms up until steps are steady)."""
+        b, dist, device = self.settings.bench, self.dist, self.device
+        if name not in self.windows:
+            self.windows[name], self.telemetry[name] = [], []
+            self.functions[name] = self._functions(name)
+        first = not self.windows[name]
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        held: list[MonitorSummary] = []
+        # under torchrun every rank must run the same number of steps (a rank that stopped
+        # early would leave the others waiting in DDP's all-reduce): no time cap there
+        cap = math.inf if dist.enabled else b.max_seconds / self.repeats
+        warm = b.warmup_steps
+        if self.settings.compile != "off":
+            # the first step compiles, with reduce-overhead the second records the CUDA graph
+            # and the third is its first replay: the window starts on replays only
+            warm = max(warm, 3)
+        stats = run_window(
+            name, *self.functions[name], self.settings.loader.batch_size, device,
+            warm if first else self._rewarm_steps(name),
+            self.steps_per_window, b.warmup_max_seconds, cap,
+            warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
+            # all ranks open their windows together
+            on_open=lambda: (dist.barrier(), self.monitor.start()),
+            on_close=lambda: held.append(self.monitor.stop()),
+        )
+        if dist.enabled:
+            # every rank reached this window's end healthy before figures are gathered (a
+            # failed rank announces itself instead, and Dist.watch ends the others)
+            dist.agree(None)
+            # energy of every rank's GPU (the sampler reads this rank's only)
+            energies = dist.gather(held[0].energy_j)
+            self.energy_all[name] = (None if any(e is None for e in energies) else
+                                     (self.energy_all.get(name) or 0.0) + sum(energies))
+            stats = across_ranks(stats, dist)
+        self.windows[name].append(stats)
+        self.telemetry[name].append(held[0])
+        mem = self.memory.setdefault(name, {})
+        if device == "cuda":
+            for k, v in (("torch_peak_allocated_bytes", torch.cuda.max_memory_allocated()),
+                         ("torch_peak_reserved_bytes", torch.cuda.max_memory_reserved())):
+                mem[k] = max(int(v), mem.get(k, 0))
+        self._record_phase(name)
+        return stats
+
+    def _record_phase(self, name: str) -> None:
+        ws, tel = self.windows[name], _merge(self.telemetry[name])
+        pooled = pool(ws)
+        for w, t in zip(pooled["windows"], self.telemetry[name], strict=True):
+            d = t.as_dict()
+            w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
+            w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
+            w["samples"] = d["samples"]
+        if self.device != "cuda":
+            # on a CPU the host clock already gives data wait: "device idle" would repeat it
+            pooled["device_idle_fraction"] = pooled["device_work_seconds_per_image"] = None
+        elif name == "loader":
+            # the copy, decode and augment the device does for the data side: in e2e they run
+            # on the training stream, one after the other with the step (the combined bound)
+            pooled["device_data_seconds_per_image"] = pooled["device_work_seconds_per_image"]
+        telemetry = tel.as_dict()
+        if name in self.energy_all:
+            telemetry["energy_j_all_ranks"] = self.energy_all[name]
+        self.record.phases[name] = PhaseRecord.from_dict(
+            pooled | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
+        series = {
+            "warmup_step_times_s": ws[0].warmup_step_times_s,
+            "step_times_s": [t for w in ws for t in w.step_times_s],
+            "window_steps": [w.steps for w in ws],
+        }
+        if tel.samples:
+            series["telemetry"] = [
+                {k: v for k, v in vars(s).items() if v is not None} for s in tel.samples]
+        self.record.series[name] = series
+        self.save()
+
+    def measure(self) -> None:
+        self.build()
+        done = 0
+        for _ in range(self.repeats):
+            for name in self.phases:
+                self.run_phase(name)
+                done += 1
+                self._maybe_fail(done)
+        if self.settings.bench.profile:
+            from gpubench.telemetry.profile import profile_steps
+
+            name = "e2e" if self.step is not None else "loader"
+            self.record.extra["profile"] = profile_steps(
+                *self._functions(name), self.device, self.out, self.settings.bench.profile_steps,
+                step=self.step)
+            self.save()
+        self.record.skipped_samples = self.pipe.skipped
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> BaseException | None:
+        """Measure and write the record, whatever happens. Returns the interrupt (Ctrl-C,
+        SIGTERM) when there was one, for the caller to re-raise once the run is reported;
+        bad input found while building (a ConfigError) is raised."""
+        rec = self.record
+        self.save()
+        interrupted: BaseException | None = None
+        status, error = Status.ok, None
+
+        def peer_failed(peer_status: str, message: str) -> None:
+            # on the watcher thread, which then ends this process: record it first
+            if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
+                rec.status = Status.oom if peer_status == "oom" else (
+                    Status.killed if peer_status == "killed" else Status.failed)
+                rec.error = f"another rank failed: {message}"
+                self.save()
+
+        self.dist.watch(peer_failed)
+        gpulog = self._start_gpulog()
+        try:
+            self.measure()
+        except KeyboardInterrupt as e:
+            status, error, interrupted = Status.killed, "interrupted (Ctrl-C or SIGTERM)", e
+        except CorruptImage as e:
+            status, error = Status.failed, str(e)
+        except ConfigError as e:
+            # bad input found while building (an empty folder, a model too narrow): nothing
+            # was measured, so no results.json is left behind either
+            if not rec.phases and self.dist.main:
+                rec.path.unlink(missing_ok=True)
+            self.dist.announce("failed", str(e))
+            self._release()
+            raise
+        except Exception as e:
+            if is_oom(e, self.device):
+                status, error = Status.oom, f"{type(e).__name__}: {str(e)[:500]}"
+            else:
+                log.debug("run failed", exc_info=True)
+                status, error = Status.failed, one_line_error(e)
+        finally:
+            self.monitor.stop()
+            if gpulog is not None:
+                gpulog.stop()
+                rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
+                                            "gpm": gpulog.gpm is not None,
+                                            "note": gpulog.note or None}
+                if not rec.path.exists():  # bad input found while building: nothing is kept
+                    gpulog.path.unlink(missing_ok=True)
+        if status is not Status.ok:  # the other ranks must not wait for this one
+            self.dist.announce(status.value, error or "stopped before measuring")
+        figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
+        if figures is not None:
+            rec.extra["step"] = figures
+        self._release()
+        try:
+            self.summarize()
+        except Exception as e:  # a verdict that fails must not cost the measurement
+            log.debug("summary failed", exc_info=True)
+            rec.reason = f"summary failed: {type(e).__name__}: {e}"
+        frac = rec.peak_memory_fraction
+        if status is Status.ok and frac is not None and frac > rec.memory_ceiling:
+            status = Status.over_ceiling
+            error = (f"peak memory {frac:.1%} of the device > memory.ceiling "
+                     f"{rec.memory_ceiling:.0%}")
+        rec.status, rec.error = status, error
+        self.save()
+        return interrupted
+
+    def _start_gpulog(self):
+        """gpu_metrics.csv beside results.json, the whole run long (gpubench/gpulog.py); rank
+        0's device only, with the sampler (bench.monitor)."""
+        b = self.settings.bench
+        if not (b.monitor and self.dist.main):
+            return None
+        from gpubench.telemetry.gpulog import GpuLog
+
+        return GpuLog(self.device, self.out, b.monitor_interval_s).start()
+
+    def _release(self) -> None:
+        if self.pipe is not None:
+            self.pipe.shutdown()
+        # the pipeline's closures refer back to it (a cycle holding the loader, the dataset's
+        # pool and the compute phase's device batch): let go of it here, not when the caller
+        # drops the Benchmark, so the collection below frees it too
+        self.pipe = self.step = None
+        self.functions = {}
+        # free this run's reference cycles now (a model, its optimizer and compiled graphs hold
+        # device memory the next run in this process must not see)
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.dist.close()
+
+    # ------------------------------------------------------------------ summary
+
+    def summarize(self) -> None:
+        """The top-level figures, the validity checks and the verdict, from the phases."""
+        summarize(self)
+
+
+def _picture(bench: Benchmark) -> None:
+    """run.png beside results.json: the three pipes with their intervals and the step times
+    (gpubench/runplot.py). A picture that fails costs nothing measured."""
+    if not bench.record.phases:
+        return
+    try:
+        from gpubench.report.runplot import plot_run
+
+        bench.record.extra["picture"] = str(plot_run(bench.record, bench.out))
+        bench.save()
+    except Exception as e:
+        log.warning("run picture not drawn: %s", e)
+
+
+def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
+    """Validate (raises ConfigError before any work), measure, write results.json.
+
+    Out-of-memory and other runtime errors do not raise: they end the run with status
+    "oom" / "failed" and whatever windows finished. Ctrl-C / SIGTERM mark it "killed" and
+    re-raise once results.json is written."""
+    bench = Benchmark(cfg, out_dir)
+    interrupted = bench.run()
+    if interrupted is not None:
+        raise interrupted
+    return Result(bench.record, bench.notes, main=bench.dist.main)
+
+
+def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
+                  quiet: bool = False) -> Result:
+    """The whole run: measure (results.json first), then the console summary and tracking.
+    An interrupted run is reported (and tracked, as KILLED) before the interrupt goes on."""
+    bench = Benchmark(cfg, out_dir)
+    interrupted = bench.run()
+    result = Result(bench.record, bench.notes, main=bench.dist.main)
+    if result.main:
+        _picture(bench)
+        if not quiet:
+            from gpubench.report.console import print_result
+
+            print_result(result)
+        if bench.settings.tracking.backend != "none":
+            from gpubench import tracking
+
+            # the composed config's override list, for a config composed outside a Hydra run
+            # (no .hydra/ folder, no HydraConfig): the settings keep no hydra node
+            task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
+            result.tracked = tracking.log_result(bench.settings.tracking, result, task)
+    if interrupted is not None:
+        raise interrupted
+    return result

@@ -1,0 +1,165 @@
+"""A measured run's top-level figures, validity checks and verdict, filled into its record.
+
+Kept apart from the runner so the run's control flow reads in one sitting; it reads what the
+runner measured (the record's phases, the windows' telemetry) and writes only the record.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpubench.analysis import noise
+from gpubench.analysis.verdict import Knobs, judge
+from gpubench.parts.precision import resolve_precision
+from gpubench.telemetry import env
+from gpubench.telemetry.nvml import energy_per_image, memory_gate_bytes
+
+# telemetry of the headline phase (e2e, else the last measured) copied to the top level
+HEADLINE_TELEMETRY = (
+    "gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
+    "host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
+    "workers_cpu_util_mean", "main_peak_rss_bytes", "workers_peak_rss_bytes",
+)
+
+
+def _peak(key: str, rows: list[dict]):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return max(vals) if vals else None
+
+
+def figures(rec, device: str) -> None:
+    """Headline throughputs with intervals, step times, memory, telemetry, MFU."""
+    ph = rec.phases
+    for attr, name in (("loader_images_per_sec", "loader"), ("compute_images_per_sec", "compute"),
+                       ("images_per_sec", "e2e")):
+        p = ph.get(name)
+        setattr(rec, attr, p.images_per_sec if p else None)
+        setattr(rec, attr + "_ci", p.images_per_sec_ci if p else None)
+    main = rec.headline
+    rec.step_time_p50_s = main.step_time_p50_s if main else None
+    rec.step_time_p95_s = main.step_time_p95_s if main else None
+    rec.data_wait_fraction = ph["e2e"].data_wait_fraction if "e2e" in ph else None
+
+    tel = [p.telemetry for p in ph.values()]
+    mems = [p.memory for p in ph.values()]
+    rec.torch_peak_allocated_bytes = _peak("torch_peak_allocated_bytes", mems)
+    rec.torch_peak_reserved_bytes = _peak("torch_peak_reserved_bytes", mems)
+    rec.nvml_memory_used_bytes = _peak("nvml_memory_used_bytes", tel)
+    rec.peak_rss_bytes = _peak("peak_rss_bytes", tel)
+    main_tel = main.telemetry if main else {}
+    for k in HEADLINE_TELEMETRY:
+        setattr(rec, k, main_tel.get(k))
+    # the loader phase is where the data side works alone: its I/O rate is the dataset's
+    io = ph["loader"].telemetry if "loader" in ph else main_tel
+    rec.read_mb_per_s = io.get("read_mb_per_s")
+    rec.disk_read_mb_per_s = io.get("disk_read_mb_per_s")
+    if main and main.images:
+        # under torchrun every rank's GPU energy over every rank's images; else this GPU's
+        energy = main_tel.get("energy_j_all_ranks", main_tel.get("energy_j"))
+        rec.energy_per_image_j = energy_per_image([energy], [main.images])
+
+    if device == "cuda":
+        # the gate: the larger of torch's reserved peak plus what lives outside its allocator
+        # (CUDA context, cuBLAS/cuDNN workspaces, NCCL, nvJPEG) and the peak sampled in use
+        used = _peak("device_used_peak_bytes", tel)
+        rec.extra["device_used_peak_bytes"] = used
+        rec.peak_memory_bytes = memory_gate_bytes(
+            rec.torch_peak_reserved_bytes, used, _peak("non_torch_peak_bytes", tel))
+        if used is not None:
+            rec.memory_source = "max(torch reserved + outside torch, device in use)"
+    else:
+        rec.peak_memory_bytes = rec.peak_rss_bytes
+    if rec.peak_memory_bytes is not None and rec.device_memory_bytes:
+        rec.peak_memory_fraction = rec.peak_memory_bytes / rec.device_memory_bytes
+
+    # MFU: FLOPs of one step (counted once) x steps/s over the dense peak for this dtype
+    comp = ph.get("e2e") or ph.get("compute")
+    if rec.flops_per_step and comp and comp.images_per_sec and comp.batch_size:
+        # per device: the run's images/sec is summed over torchrun ranks, the peak is one GPU's
+        achieved = rec.flops_per_step * comp.images_per_sec / comp.batch_size / rec.world_size
+        rec.achieved_tflops = achieved / 1e12
+        plan = resolve_precision(rec.config["precision"]["name"], device)
+        split = rec.extra.get("flops_by_kind") or {"conv": rec.flops_per_step, "matmul": 0.0}
+        pk = env.mixed_peak_flops(rec.env.get("device_name", ""), plan.flops_by_math(
+            split["conv"], split["matmul"])) if device == "cuda" else None
+        rec.mfu = achieved / pk if pk else None
+
+
+def validity(bench) -> list[str]:
+    """Every named check over every measured phase (gpubench/noise.py)."""
+    rec, ld = bench.record, bench.settings.loader
+    reasons: list[str] = []
+    loads = []
+    in_flight = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
+    for name, p in rec.phases.items():
+        steps = rec.series.get(name, {}).get("step_times_s", [])
+        reasons += noise.step_checks(name, steps, p.step_time_cv)
+        reasons += noise.window_checks(name, p.windows, p.warmup_settled, p.warmup_steps)
+        reasons += noise.interval_checks(name, p.windows, p.images_per_sec_ci_coverage)
+        reasons += noise.queue_checks(name, p.windows, in_flight)
+        reasons += noise.gpu_checks(name, p.telemetry)
+        loads += [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"),
+                                   w.get("process_cpu_util_mean"), w.get("samples") or 0,
+                                   w.get("seconds") or 0.0, rec.extra.get("cpu_demand_cores"))
+                  for i, w in enumerate(p.windows)]
+    reasons += noise.load_checks(loads, int(rec.env.get("cpu_count") or os.cpu_count() or 1))
+    return reasons
+
+
+def summarize(bench) -> None:
+    rec, s, device = bench.record, bench.settings, bench.device
+    figures(rec, device)
+    reasons = validity(bench)
+    rec.noise_reasons = reasons
+    rec.measurement_stable = not reasons if rec.phases else None
+    competitors: list[str] = []
+    if any("other processes" in r or "interrupted" in r or "vary" in r for r in reasons):
+        competitors = noise.top_other_processes(_own_pids())
+    knobs = Knobs(
+        device=device,
+        num_workers=s.loader.num_workers,
+        cpu_count=os.cpu_count() or 1,
+        pin_memory=s.loader.pin_memory,
+        preload=s.dataset.preload,
+        augment_on=s.dataset.augment_on,
+        precision=s.precision,
+        channels_last=s.channels_last,
+        compile=s.compile,
+        batch_size=s.loader.batch_size,
+        dataset=s.dataset.name,
+        memory_fraction=rec.peak_memory_fraction,
+        ceiling=s.memory.ceiling,
+        is_conv="vit" not in s.model.name,
+    )
+    intervals = {"loader": rec.loader_images_per_sec_ci, "compute": rec.compute_images_per_sec_ci,
+                 "e2e": rec.images_per_sec_ci}
+    loader = rec.phases.get("loader")
+    device_data = loader.extra.get("device_data_seconds_per_image") if loader else None
+    if device_data and rec.compute_images_per_sec:
+        rec.extra["e2e_bound_images_per_sec"] = 1.0 / (
+            1.0 / rec.compute_images_per_sec + device_data)
+    v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
+              rec.data_wait_fraction, knobs, intervals, reasons,
+              noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
+              device_data_s_per_image=device_data,
+              windows={n: [w.get("images_per_sec") for w in p.windows]
+                       for n, p in rec.phases.items()})
+    rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
+    rec.verdict_margin = v.margin
+    if v.ratio is not None:
+        rec.extra["verdict_ratio"] = v.ratio.value
+        rec.extra["verdict_ratio_ci"] = [v.ratio.lo, v.ratio.hi]
+    if v.leaning:
+        rec.extra["verdict_leaning"] = v.leaning
+    if competitors:
+        rec.extra["competing_processes"] = competitors
+
+
+def _own_pids() -> set[int]:
+    import psutil
+
+    me = psutil.Process()
+    try:
+        return {me.pid, *(c.pid for c in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}

@@ -1,0 +1,122 @@
+"""Launching a sweep's jobs through a Hydra launcher and reading back what each one measured.
+
+The launcher is whatever `hydra/launcher` selects (basic, submitit_local, submitit_slurm, ...);
+each job is an ordinary gpubench run that writes its results.json, read here through
+`gpubench.core.record` (never re-deriving what a status means).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+from gpubench.core import record
+from gpubench.core.record import RunRecord, Status
+from gpubench.search.manifest import Manifest, reserve_job_dir
+
+log = logging.getLogger("gpubench.sweep")
+
+
+class SweepAborted(RuntimeError):
+    pass
+
+
+def read_job(out_dir: Path, job_error: BaseException | None, rung: str) -> RunRecord:
+    """The record a job left. A job that raised after measuring is failed; a record still
+    `running` once the job returned was left by a process that died (kill -9, the OOM killer):
+    killed when that process is gone, failed otherwise. A non-finite throughput is failed."""
+    rec = record.load(out_dir, rung=rung)
+    if rec is None:
+        err = f"{type(job_error).__name__}: {job_error}" if job_error else "no results.json"
+        return record.missing(out_dir, err, rung=rung)
+    if rec.status is Status.running:
+        died = rec.stale
+        rec.status = Status.killed if died else Status.failed
+        rec.error = rec.error or ("its process died mid-measurement" if died
+                                  else "the job ended without finishing its record")
+    elif job_error is not None and rec.status is Status.ok:
+        rec.status, rec.error = Status.failed, f"{type(job_error).__name__}: {job_error}"
+    if rec.status is Status.ok and not (math.isfinite(rec.throughput) and rec.throughput > 0):
+        rec.status, rec.error = Status.failed, rec.error or "measured no throughput"
+    return rec
+
+
+def mark_stale_runs(sweep_dir: Path) -> int:
+    """Records left `running` in this sweep dir by a process that no longer exists are saved as
+    killed, so a resumed sweep and its report see them for what they are."""
+    n = 0
+    for d in record.find_runs(sweep_dir):
+        rec = record.load(d)
+        if rec is not None and rec.stale:
+            rec.status, rec.error = Status.killed, "its process died mid-measurement"
+            rec.save()
+            n += 1
+    return n
+
+
+class Jobs:
+    """Runs batches of override lists through a Hydra launcher, one record per job."""
+
+    def __init__(self, launcher, manifest: Manifest, max_failures: int) -> None:
+        self.launcher, self.manifest = launcher, manifest
+        self.max_failures, self.failures = int(max_failures), 0
+        self.returns: list = []
+
+    def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
+        rung = [lab.get("rung", "run") for lab in labels]
+        first = self._reserve(len(batch))
+        # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
+        before = os.environ.get(record.RUNG_ENV)
+        if len(set(rung)) == 1:
+            os.environ[record.RUNG_ENV] = rung[0]
+        else:
+            os.environ.pop(record.RUNG_ENV, None)
+        try:
+            rets = self.launcher.launch(batch, initial_job_idx=first)
+        except Exception as e:  # the launcher itself broke: every job of the batch failed
+            log.error("launcher failed: %s", e)
+            return [record.missing(self.manifest.sweep_dir / str(first + i),
+                                   f"launcher: {type(e).__name__}: {e}", rung=rung[i])
+                    for i in range(len(batch))]
+        finally:
+            if before is None:
+                os.environ.pop(record.RUNG_ENV, None)
+            else:
+                os.environ[record.RUNG_ENV] = before
+        self.returns.append(rets)
+        out = []
+        for i, r in enumerate(rets):
+            from hydra.core.utils import JobStatus
+
+            error = r._return_value if r.status == JobStatus.FAILED else None
+            out_dir = Path(str(r.hydra_cfg.hydra.runtime.output_dir))
+            rec = read_job(out_dir, error, rung[i])
+            out.append(rec)
+            self.manifest.add_job(first + i, out_dir, str(rec.status), **labels[i])
+        self.manifest.save()
+        return out
+
+    def _reserve(self, n: int) -> int:
+        """n consecutive job numbers whose folders this process created (see manifest)."""
+        sweep_dir = self.manifest.sweep_dir
+        while True:
+            first = reserve_job_dir(sweep_dir)
+            try:
+                for i in range(1, n):
+                    (sweep_dir / str(first + i)).mkdir()
+                return first
+            except FileExistsError:  # another worker took one: an empty folder stays behind
+                continue
+
+    def count_failure(self, what: str, error: str | None) -> None:
+        self.failures += 1
+        log.warning("%s failed (%d of at most %d): %s", what, self.failures, self.max_failures,
+                    error)
+        if self.failures > self.max_failures:
+            self.manifest.update(aborted=f"more than {self.max_failures} failed trials")
+            raise SweepAborted(
+                f"{self.failures} failed trials (hydra.sweeper.max_failures={self.max_failures}); "
+                f"last error: {error}"
+            )

@@ -1,0 +1,257 @@
+"""The search loop: ask Optuna for a configuration, launch it as a job, read its record, tell.
+
+- feasible trial: COMPLETE, value = throughput, constraint = peak fraction - ceiling <= 0
+- over the ceiling: COMPLETE with its measured speed and a positive constraint (infeasible)
+- out of memory: COMPLETE, value 0.0, constraint OOM_CONSTRAINT (infeasible)
+- any other error, no results.json: FAIL with the message; the sweep goes on until more than
+  `max_failures` trials failed in this invocation
+- screening: each trial is first measured `screen.steps` steps; a trial whose screen is in the
+  top `screen.keep` fraction of all screens so far is measured at full length, the rest end PRUNED
+- several workers on one study: see gpubench.search.study (claims, heartbeats, retries). A worker that
+  finds every slot taken by other workers' live trials waits for them: one of them may die, and
+  its trial is then retried here
+- a sampled configuration already measured (or being measured by another worker) is not run
+  again: the trial gets the earlier result (attr `duplicate_of`) and does not count
+- confirm step: once n_trials are measured, the `confirm.top` fastest feasible full-length trials
+  are launched again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift and a busy
+  neighbour hit them alike rather than one of them), one job each, rung "confirm". These jobs
+  are not trials (not told to Optuna, not counted); their folders are kept in the study
+  (gpubench.search.study.confirm_dirs), so a resumed sweep runs only the rounds still missing, and
+  workers reaching the step together share its rounds (gpubench.search.study.claim_confirm). `best`
+  is then the fastest confirmed trial on the median of all its measurements (gpubench.analysis.recommend.Row)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from gpubench.search import study as S
+from gpubench.search.jobs import Jobs
+from gpubench.search.manifest import Manifest
+from gpubench.search.space import SearchSpace
+
+log = logging.getLogger("gpubench.sweep")
+
+# this many duplicates in a row means the sampler has nothing new left to propose
+MAX_DUPLICATES_IN_A_ROW = 50
+
+
+@dataclass
+class Screen:
+    steps: int | None  # None: no screen
+    keep: float
+    n_startup_trials: int
+    overrides: list[str]
+
+
+@dataclass
+class Confirm:
+    top: int  # 0: no confirm step
+    rounds: int
+
+
+@dataclass
+class Search:
+    shared: S.Shared
+    space: SearchSpace
+    jobs: Jobs
+    manifest: Manifest
+    n_trials: int
+    n_jobs: int
+    screen: Screen
+    # seconds between looks at the study while other workers hold every slot
+    poll_s: float = 1.0
+    confirm: Confirm | None = None
+
+    @property
+    def study(self):
+        return self.shared.study
+
+    def run(self) -> dict | None:
+        """Measure until the study holds n_trials measured trials; the best, or None."""
+        self.space.require_swept()
+        size = self.space.size()
+        in_a_row = 0
+        while True:
+            stale = S.fail_stale(self.shared)
+            if stale:
+                log.info("%d trial(s) of a worker that stopped beating: queued again", stale)
+            measured = S.measured_trials(self.study)
+            running = S.running_trials(self.study)
+            left = self.n_trials - len(measured)
+            done = {S.key(t.params) for t in measured}
+            if left <= 0 or (size is not None and len(done) >= size):
+                if size is not None and len(done) >= size and left > 0:
+                    log.info("all %d configurations of the search space are measured", size)
+                break
+            busy = done | {S.key(t.params) for t in running}
+            free = left - len(running)
+            if free <= 0 or (size is not None and len(busy) >= size):
+                # other workers hold the last slots: wait for one to end (or look for stale ones)
+                S.wait_for_running(self.study, {t.number for t in running}, self.poll_s)
+                continue
+            trials = self._claim(min(self.n_jobs, free))
+            fresh, dups = S.split_duplicates(self.study, trials)
+            in_a_row = 0 if fresh else in_a_row + len(dups)
+            try:
+                with S.heartbeat(self.shared, [t.number for t in fresh]):
+                    self._measure(fresh)
+            except BaseException:  # Ctrl-C or an abort: leave nothing RUNNING behind
+                for t in fresh:  # as after kill -9: measured by the next invocation
+                    S.abandon(self.shared, t.number, requeue=True)
+                for t, _ in dups:
+                    S.abandon(self.shared, t.number)
+                raise
+            for t, prev in dups:
+                S.copy_result(self.study, t, self.study.trials[prev])
+            if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                log.info("the sampler proposed only measured configurations %d times in a row: "
+                         "stopping", in_a_row)
+                break
+        confirmed = self._confirm()
+        return self._summarize(confirmed)
+
+    def _claim(self, n: int) -> list:
+        """Ask n trials and keep those within the free slots (gpubench.search.study.claim_is_within);
+        a claim past them is given back, its parameters queued again if they came from the
+        queue (a retry must not be lost)."""
+        asked = [S.ask(self.study, self.space.distributions) for _ in range(n)]
+        kept = []
+        for t in asked:
+            if S.claim_is_within(self.study, t.number, self.n_trials):
+                t.set_user_attr("worker", S.claimed_by(t.number))  # a resume on this host sees it die
+                if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
+                    t.set_user_attr("device", os.environ["CUDA_VISIBLE_DEVICES"])
+                kept.append(t)
+            else:
+                S.abandon(self.shared, t.number, requeue=None)
+        return kept
+
+    def _measure(self, trials: list) -> None:
+        if not trials:
+            return
+        full = trials
+        if self.screen.steps is not None:
+            extra = [f"bench.steps={self.screen.steps}", *self.screen.overrides]
+            recs = self.jobs.launch(
+                [self.space.overrides(t.params, extra) for t in trials],
+                [{"trial": t.number, "rung": "screen"} for t in trials],
+            )
+            full = []
+            for t, rec in zip(trials, recs, strict=True):
+                S.record(t, rec, "screen")
+                if rec.status.crashed or not rec.feasible:
+                    self._tell(t, rec)
+                    continue
+                keep = S.screen_passes(self.study, rec.throughput, self.screen.keep,
+                                       self.screen.n_startup_trials)
+                t.report(rec.throughput, 0)
+                if keep:
+                    full.append(t)
+                else:
+                    self._tell(t, rec, pruned=True)
+        if full:
+            recs = self.jobs.launch(
+                [self.space.overrides(t.params) for t in full],
+                [{"trial": t.number, "rung": "full"} for t in full],
+            )
+            for t, rec in zip(full, recs, strict=True):
+                S.record(t, rec, "full")
+                self._tell(t, rec)
+
+    def _tell(self, trial, rec, pruned: bool = False) -> None:
+        from optuna.trial import TrialState
+
+        what = f"trial {trial.number} ({S.describe(trial.params)})"
+        # set once, with the measurement the trial is told (the screen for a pruned one)
+        trial.set_constraint(S.MEMORY, rec.constraint)
+        if rec.status.crashed:
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.jobs.count_failure(what, rec.error)
+            return
+        if pruned:
+            self.study.tell(trial, state=TrialState.PRUNED)
+            log.info("%s: %.1f img/s in the screen, below the cut: pruned", what, rec.throughput)
+            return
+        # an over-ceiling or OOM trial is told its measured speed; the constraint ranks it
+        self.study.tell(trial, rec.throughput)
+        mem = "?" if rec.peak_memory_fraction is None else f"{rec.peak_memory_fraction:.1%}"
+        log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput, mem,
+                 rec.status if rec.feasible else f"{rec.status}, infeasible")
+
+    def _candidates(self) -> list:
+        """The confirm step's trials: the fastest feasible full-length ones, by their records."""
+        from gpubench.core.record import load
+
+        found = []
+        for t in S.measured_trials(self.study):
+            a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
+            rec = load(a["dir"], a.get("rung", "full")) if a.get("dir") else None
+            if rec is not None and rec.feasible and rec.full:
+                found.append((rec.throughput, t))
+        found.sort(key=lambda p: -p[0])
+        return [t for _, t in found[: self.confirm.top]]
+
+    def _confirm(self) -> list[int]:
+        """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""
+        if self.confirm is None or self.confirm.top <= 0:
+            return []
+        top, me = self._candidates(), S.this_worker()
+        while True:
+            elsewhere = False  # rounds another live worker is measuring
+            for rnd in range(self.confirm.rounds):
+                for t in top:  # one round: each candidate once, in the same order every round
+                    if S.confirm_done(self.study, t.number, rnd):
+                        continue  # measured already (resume, or another worker)
+                    if not S.claim_confirm(self.shared, t.number, rnd, me):
+                        elsewhere = True
+                        continue
+                    with S.holding_claim(self.shared, t.number, rnd, me):
+                        [rec] = self.jobs.launch([self.space.overrides(t.params)],
+                                                 [{"trial": t.number, "rung": "confirm"}])
+                    S.add_confirm_dir(self.study, t.number, rnd, rec.dir, me)
+                    log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
+                             self.confirm.rounds, t.number, rec.throughput, rec.status)
+            # wait for the other workers' rounds before judging the best (or take them over
+            # once their claims go stale); without heartbeats a claim from another host never
+            # does, so this worker then judges on what is measured so far
+            if not elsewhere or self.shared.grace_s is None:
+                break
+            time.sleep(self.poll_s)
+        return [t.number for t in top]
+
+    def _summarize(self, confirmed: list[int]) -> dict | None:
+        measured = S.measured_trials(self.study)
+        try:
+            best = self.study.best_trial
+        except ValueError:
+            best = None
+        value, extra = None if best is None else best.value, {}
+        if confirmed:  # the report's reference: the fastest stable confirmed trial
+            from gpubench.analysis.recommend import recommend
+            from gpubench.search.rows import rows_of_study
+
+            rec = recommend(rows_of_study(self.study))
+            if rec is not None:
+                pick = rec.best
+                best = next(t for t in measured if t.number == int(pick.label))
+                value = pick.throughput
+                extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
+                         "measurements": len(pick.pooled)}
+                if not pick.confirmed:
+                    log.warning("no top trial measured alike again (confirm step): best is "
+                                "UNCONFIRMED")
+        out = None
+        if best is None:
+            log.warning("no feasible trial under the memory ceiling")
+        else:
+            out = {"trial": best.number, "value": value, "params": best.params,
+                   "overrides": self.space.overrides(best.params),
+                   "dir": best.user_attrs.get("dir"), **extra}
+            log.info("best feasible: trial %d, %.1f img/s: %s", best.number, value,
+                     " ".join(out["overrides"]))
+        self.manifest.update(measured_trials=len(measured), **({"best": out} if out else {}))
+        return out

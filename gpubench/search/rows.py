@@ -1,0 +1,97 @@
+"""A sweep's outcome as report rows: the jobs of a sweep dir (sweep.json, results.json) or the
+trials of its Optuna study, and what the report recommends from them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommend, row_of
+from gpubench.analysis.select import training_rows
+from gpubench.core.files import read_json
+from gpubench.core.record import RunRecord, Status, find_runs, load, missing
+
+log = logging.getLogger("gpubench")
+
+
+def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
+    """Rows of a sweep dir and its Optuna study (None for grid sweeps and max-batch searches).
+    A gpubench-sweeper study may span several invocations (resumes): all its trials count."""
+    manifest = read_json(sweep_dir / "sweep.json") or {}
+    if manifest.get("study_name") and manifest.get("storage"):
+        try:
+            return _load_study(manifest["study_name"], manifest["storage"])
+        except Exception as e:  # a moved or deleted database: the files are still here
+            log.warning("study %s not readable (%s): reading the files", manifest["study_name"], e)
+    jobs = {j["dir"]: j for j in manifest.get("jobs", [])}
+    # a trial measured in full also left its screen's folder: one row per trial
+    measured_in_full = {j.get("trial") for j in jobs.values() if j.get("rung") == "full"}
+    rows, confirms, full_rows = [], {}, {}
+    for d in sorted(find_runs(sweep_dir), key=_job_order):
+        job = jobs.get(str(d), {})
+        rung = job.get("rung", "run")
+        rec = load(d, rung)
+        if rec is None or not rec.status.final:
+            continue
+        if rung == "screen" and job.get("trial") in measured_in_full:
+            continue
+        if rung == "confirm":  # pooled into its trial's row, not a row of its own
+            confirms.setdefault(job.get("trial"), []).append(rec)
+            continue
+        rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
+        if rung == "full":
+            full_rows[job.get("trial")] = rows[-1]
+    for trial, recs in confirms.items():
+        if trial in full_rows:
+            full_rows[trial].confirms = recs
+    return rows, None
+
+
+def _job_order(d: Path):
+    n = d.name
+    return (0, int(n), "") if n.isdigit() else (1, 0, str(d))
+
+
+def _load_study(name: str, storage: str):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=name, storage=storage)
+    return rows_of_study(study), study
+
+
+def rows_of_study(study) -> list[Row]:
+    """One row per measured trial of a gpubench-sweeper study, its confirm step's records
+    attached (gpubench.search.study.confirm_dirs)."""
+    from optuna.trial import TrialState
+
+    from gpubench.search.study import confirm_dirs, measured_trials
+
+    rows = []
+    # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
+    for t in measured_trials(study):
+        a = t.user_attrs
+        rung = "screen" if t.state == TrialState.PRUNED else a.get("rung", "full")
+        rec = load(a["dir"], rung) if a.get("dir") else None
+        if rec is not None:
+            rows.append(row_of(rec, str(t.number)))
+        else:  # its folder is gone: what the study kept
+            status = a.get("status", "failed" if t.state == TrialState.FAIL else "ok")
+            rec = RunRecord(status=Status(status) if status in Status.__members__ else
+                            Status.failed, images_per_sec=a.get("throughput"),
+                            peak_memory_fraction=a.get("peak_memory_fraction"),
+                            memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
+            rows.append(Row(str(t.number), rec, dict(t.params)))
+        # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
+        # that did not measure, so the trial is not called confirmed on fewer figures
+        rows[-1].confirms = [load(d, "confirm") or missing(d, "confirm record gone", "confirm")
+                             for d in confirm_dirs(study, t.number)]
+    return rows
+
+
+def recommendation(sweep_dir: Path, tolerance: float = TOLERANCE) -> Recommendation | None:
+    """What the report of a sweep dir recommends (the rows it ranks, then `recommend`)."""
+    rows, _ = load_dir(Path(sweep_dir).resolve())
+    return recommend(training_rows(rows)[0], tolerance)

@@ -1,0 +1,209 @@
+"""Search spaces, free of Hydra's launcher and of Optuna's study: what a sweep may vary.
+
+The search space is written in Hydra's own override syntax, so a command that works with the
+basic sweeper keeps working with the gpubench sweeper:
+
+    choice(a,b,...)   a categorical (also `a,b,c` and config groups: `precision=choice(fp32,amp_bf16)`)
+    range(a,b[,s])    integers (or floats) from a up to b, b excluded, as in Python and Hydra
+    interval(a,b)     a continuous float in [a, b]
+    tag(log, ...)     sample on a log scale (interval, or range with step 1)
+
+Everything here is a plain function or dataclass. What a run measured is gpubench.core.record's; the
+search loop is gpubench.search.loop, the study helpers gpubench.search.study, max-batch gpubench.search.maxbatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from gpubench.config.overrides import format_value
+
+
+class SearchSpaceError(ValueError):
+    pass
+
+
+# --------------------------------------------------------------------------- search space
+
+
+@dataclass
+class Param:
+    """One swept key: its Optuna distribution and how a sampled value becomes an override."""
+
+    name: str  # key or config group, used as the Optuna parameter name
+    key: str  # as written on the command line, with a +/++ prefix if any
+    dist: BaseDistribution
+    # categorical choices that are not plain scalars (lists, quoted strings) sample a label;
+    # this maps each sampled choice back to the text Hydra parses
+    text: dict[Any, str] = field(default_factory=dict)
+
+    def override(self, value: Any) -> str:
+        if value in self.text:
+            return f"{self.key}={self.text[value]}"
+        return f"{self.key}={format_value(value)}"
+
+
+@dataclass
+class SearchSpace:
+    params: list[Param]
+    fixed: list[str]  # non-swept overrides, passed to every job unchanged
+
+    @property
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {p.name: p.dist for p in self.params}
+
+    def overrides(self, values: dict[str, Any], extra: Iterable[str] = ()) -> list[str]:
+        """The job's override list; `extra` (e.g. a short screen) wins over a fixed override."""
+        out = {_key_of(o): o for o in self.fixed}
+        for p in self.params:
+            out[p.name] = p.override(values[p.name])
+        for o in extra:
+            out[_key_of(o)] = o
+        return list(out.values())
+
+    def require_swept(self) -> None:
+        """An optuna search needs at least one swept key."""
+        if not self.params:
+            raise SearchSpaceError(
+                "hydra.sweeper.params={}: nothing to search; allowed: swept overrides such as "
+                "'loader.batch_size=choice(32,64)' or a preset (sweep=throughput)")
+
+    def size(self) -> int | None:
+        """Number of distinct points, or None when a parameter is continuous."""
+        n = 1
+        for p in self.params:
+            d = p.dist
+            if isinstance(d, CategoricalDistribution):
+                n *= len(d.choices)
+            elif isinstance(d, IntDistribution):
+                n *= (d.high - d.low) // d.step + 1
+            elif isinstance(d, FloatDistribution) and d.step is not None:
+                n *= int(round((d.high - d.low) / d.step)) + 1
+            else:
+                return None
+        return n
+
+    def study_name(self) -> str:
+        """A stable name for this exact search: re-running the same command finds its study."""
+        spec = {
+            "params": {p.name: _dist_spec(p.dist) for p in self.params},
+            "fixed": sorted(self.fixed),
+        }
+        digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+        return f"gpubench-{digest[:10]}"
+
+
+def _dist_spec(d: BaseDistribution) -> dict:
+    from optuna.distributions import distribution_to_json
+
+    return json.loads(distribution_to_json(d))
+
+
+def _key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _is_scalar(v: Any) -> bool:
+    # exact types: Hydra's QuotedString and containers are sampled by their text instead
+    return v is None or type(v) in (bool, int, float, str)
+
+
+def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
+    start, stop, step = sweep.start, sweep.stop, sweep.step
+    text = f"{name}=range({start},{stop},{step})"
+    if step == 0:
+        raise SearchSpaceError(f"{text}: a step of 0 is not allowed; allowed: range(a,b[,step]) "
+                               "with step != 0")
+    n = math.ceil((stop - start) / step)
+    if n <= 0:
+        raise SearchSpaceError(f"{text} is empty; allowed: range(a,b[,step]) with a < b for a "
+                               "positive step (b excluded, as in Python), a > b for a negative one")
+    # the stop value is excluded, as in Python: the last point is start + (n-1)*step
+    last = start + (n - 1) * step
+    low, high = (start, last) if step > 0 else (last, start)
+    step = abs(step)
+    if all(isinstance(x, int) for x in (start, stop, step)):
+        if log and step != 1:
+            raise SearchSpaceError(f"{name}=tag(log,range(...,{step})): allowed: step 1 (or "
+                                   "use choice(...))")
+        if log and low < 1:
+            raise SearchSpaceError(f"{name}=tag(log,range({start},{stop})): allowed: a start >= 1")
+        return IntDistribution(int(low), int(high), log=log, step=1 if log else int(step))
+    if log:
+        raise SearchSpaceError(f"{name}=tag(log,range(...)) of floats: allowed: "
+                               "tag(log,interval(a,b))")
+    return FloatDistribution(float(low), float(high), step=float(step))
+
+
+def to_param(override) -> Param:
+    """A Hydra sweep override (choice/range/interval, optionally tagged log) as an Optuna param."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    value = override.value()
+    name, key = override.key_or_group, override.get_key_element()
+    log = "log" in (getattr(value, "tags", None) or set())
+    if isinstance(value, ChoiceSweep):
+        if log:
+            raise SearchSpaceError(f"{name}=tag(log,choice(...)): allowed: tag(log, ...) "
+                                   "around range(...) or interval(...) only")
+        labels = list(override.sweep_string_iterator())
+        choices, text = [], {}
+        for v, label in zip(value.list, labels, strict=True):
+            if _is_scalar(v):
+                choices.append(v)
+                if isinstance(v, str):
+                    text[v] = label  # keeps quoting of odd strings
+            else:  # a list, dict or quoted string: sample its text
+                choices.append(label)
+                text[label] = label
+        # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
+        if len(set(choices)) != len(choices):
+            raise SearchSpaceError(f"{name}=choice({','.join(labels)}) lists a value twice; "
+                                   "allowed: distinct values (0 and false, 1 and true, 1 and 1.0 "
+                                   "count as the same)")
+        return Param(name, key, CategoricalDistribution(choices), text)
+    if isinstance(value, RangeSweep):
+        return Param(name, key, _range_distribution(name, value, log))
+    if isinstance(value, IntervalSweep):
+        lo, hi = float(value.start), float(value.end)
+        if not lo < hi:
+            raise SearchSpaceError(f"{name}=interval({lo},{hi}): allowed: interval(a,b) with a < b")
+        if log and lo <= 0:
+            raise SearchSpaceError(f"{name}=tag(log,interval({lo},{hi})): allowed: a > 0")
+        return Param(name, key, FloatDistribution(lo, hi, log=log))
+    raise SearchSpaceError(f"{override.input_line}: allowed: choice(...), range(...), "
+                           "interval(...), optionally in tag(log, ...)")
+
+
+def parse_search_space(
+    arguments: Iterable[str], params: dict[str, str] | None = None, config_loader=None
+) -> SearchSpace:
+    """Preset params (`hydra.sweeper.params`) first, command-line overrides on top of them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    merged: dict[str, str] = {}
+    for k, v in (params or {}).items():
+        merged[str(k)] = f"{k}={v}"
+    for a in arguments:
+        merged[_key_of(a)] = a
+    parser = OverridesParser.create(config_loader=config_loader)
+    swept, fixed = [], []
+    for o in parser.parse_overrides(list(merged.values())):
+        if o.is_sweep_override():
+            swept.append(to_param(o))
+        else:
+            fixed.append(o.input_line)
+    return SearchSpace(swept, fixed)
+

@@ -1,0 +1,279 @@
+"""gpu_metrics.csv: the log `nvidia-smi --query-gpu=... --format=csv -l 1` would write, per run.
+
+One row per sampler interval (`bench.monitor_interval_s`) from the run's start to its end,
+warm-up and build included, written and flushed row by row so a crashed run keeps its log.
+The columns are nvidia-smi's for
+
+    timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free,power.draw,
+    clocks.sm,clocks_throttle_reasons.active
+
+with its header (units in brackets) and the values without units, as `--format=csv,nounits`
+prints them, so the file loads straight into pandas. Where NVML's GPM metrics exist (Hopper
+and newer, not on a MIG instance) four more columns follow: SM activity, SM occupancy, tensor
+activity and DRAM bandwidth, each a percentage over the interval since the previous row.
+
+Which to trust: `utilization.gpu` is the share of time at least one kernel was running, on
+however few SMs, so a GPU running one small kernel at a time reads 100%. GPM's SM activity
+(share of SMs busy) and tensor activity say how much of the chip did work; when they exist
+the docs and the advice should read those (docs/profiling.md).
+
+On a CPU run the same columns hold the host's figures: the CPU model, host CPU use, RAM in
+use and available, the current CPU clock; utilization.memory, power.draw and the throttle
+reasons have no host counterpart and stay empty.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from gpubench.telemetry.nvml import Nvml
+
+log = logging.getLogger(__name__)
+
+GPU_METRICS_FILE = "gpu_metrics.csv"
+
+# nvidia-smi's own header for the query above (it names clocks.sm as clocks.current.sm)
+COLUMNS = (
+    "timestamp", "name", "utilization.gpu [%]", "utilization.memory [%]", "memory.used [MiB]",
+    "memory.free [MiB]", "power.draw [W]", "clocks.current.sm [MHz]",
+    "clocks_throttle_reasons.active",
+)
+# NVML GPM metric ids (nvml.h: NVML_GPM_METRIC_SM_UTIL = 2, _SM_OCCUPANCY = 3,
+# _ANY_TENSOR_UTIL = 5, _DRAM_BW_UTIL = 10), each 0-100 over the two samples' interval
+GPM_COLUMNS = (
+    ("gpm.sm_activity [%]", 2),
+    ("gpm.sm_occupancy [%]", 3),
+    ("gpm.tensor_activity [%]", 5),
+    ("gpm.dram_bandwidth [%]", 10),
+)
+MIB = 2**20
+
+
+def timestamp(t: float | None = None) -> str:
+    """nvidia-smi's timestamp format: 2026/11/22 00:17:01.123 (local time)."""
+    t = time.time() if t is None else t
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+class Gpm:
+    """NVML GPM samples: each read gives the metrics over the interval since the last one."""
+
+    def __init__(self, nv, handle):
+        self.nv, self.handle = nv, handle
+        self.prev = self.cur = None
+        support = nv.nvmlGpmQueryDeviceSupport(handle)  # raises NVMLError where GPM is unknown
+        if not support.isSupportedDevice:
+            raise RuntimeError("this GPU has no GPM metrics (Hopper and newer have them)")
+        self.prev, self.cur = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
+        nv.nvmlGpmSampleGet(handle, self.prev)
+
+    def read(self) -> dict[str, float | None]:
+        nv = self.nv
+        nv.nvmlGpmSampleGet(self.handle, self.cur)
+        req = nv.c_nvmlGpmMetricsGet_t()
+        req.version = nv.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(GPM_COLUMNS)
+        req.sample1, req.sample2 = self.prev, self.cur
+        for i, (_, metric) in enumerate(GPM_COLUMNS):
+            req.metrics[i].metricId = metric
+        nv.nvmlGpmMetricsGet(req)
+        self.prev, self.cur = self.cur, self.prev  # this sample opens the next interval
+        return {name: (float(req.metrics[i].value) if req.metrics[i].nvmlReturn == 0 else None)
+                for i, (name, _) in enumerate(GPM_COLUMNS)}
+
+    def close(self) -> None:
+        for s in (self.prev, self.cur):
+            if s is not None:
+                try:
+                    self.nv.nvmlGpmSampleFree(s)
+                except Exception:
+                    pass
+
+
+class GpuLog:
+    """Writes gpu_metrics.csv from a background thread between start() and stop()."""
+
+    def __init__(self, device: str, out_dir: Path, interval_s: float):
+        self.device, self.interval = device, max(0.05, float(interval_s))
+        self.path = Path(out_dir) / GPU_METRICS_FILE
+        self.nv = self.handle = self.gpm = None
+        self.mig = False
+        self.note = ""  # why the GPU columns or GPM are missing, for the run's notes
+        self.name = cpu_name()
+        if device == "cuda":
+            self._open_nvml()
+        self.columns = COLUMNS + (tuple(c for c, _ in GPM_COLUMNS) if self.gpm else ())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rows = 0
+
+    def _open_nvml(self) -> None:
+        import torch
+
+        nvml = Nvml.get()
+        self.handle = nvml.handle_for(torch.cuda.current_device())
+        if self.handle is None:
+            self.note = nvml.reason
+            return
+        self.nv, self.mig = nvml.pynvml, bool(getattr(nvml, "mig", False))
+        try:
+            self.name = str(self.nv.nvmlDeviceGetName(self.handle))
+        except self.nv.NVMLError:
+            self.name = torch.cuda.get_device_name()
+        if self.mig:
+            # GPM on a MIG instance needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
+            self.note = "GPM metrics not sampled on a MIG instance"
+            return
+        try:
+            self.gpm = Gpm(self.nv, self.handle)
+        except Exception as e:
+            self.note = f"GPM metrics not sampled: {e}"
+
+    # ------------------------------------------------------------------ rows
+
+    def _gpu_row(self) -> dict:
+        nv, h = self.nv, self.handle
+        row: dict = {}
+
+        def one(fn):
+            try:
+                return fn()
+            except nv.NVMLError:  # NotSupported on this board or on a MIG instance
+                return None
+
+        u = one(lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        if u is not None:
+            row["utilization.gpu [%]"], row["utilization.memory [%]"] = int(u.gpu), int(u.memory)
+        m = one(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        if m is not None:
+            row["memory.used [MiB]"], row["memory.free [MiB]"] = m.used // MIB, m.free // MIB
+        if not self.mig:  # whole-GPU figures: other tenants' included on a MIG instance
+            p = one(lambda: nv.nvmlDeviceGetPowerUsage(h))
+            row["power.draw [W]"] = p / 1000.0 if p is not None else None
+            # renamed "clocks event reasons" in newer NVML; the old name is kept as an alias
+            reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                nv.nvmlDeviceGetCurrentClocksThrottleReasons
+            r = one(lambda: reasons(h))
+            row["clocks_throttle_reasons.active"] = f"0x{r:016X}" if r is not None else None
+        row["clocks.current.sm [MHz]"] = one(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        if self.gpm is not None:
+            try:
+                row.update(self.gpm.read())
+            except Exception:
+                pass
+        return row
+
+    def _host_row(self) -> dict:
+        vm = psutil.virtual_memory()
+        freq = psutil.cpu_freq()
+        return {
+            "utilization.gpu [%]": psutil.cpu_percent(None),  # whole host, since the last row
+            "memory.used [MiB]": (vm.total - vm.available) // MIB,
+            "memory.free [MiB]": vm.available // MIB,
+            "clocks.current.sm [MHz]": round(freq.current) if freq else None,
+        }
+
+    def sample(self) -> dict:
+        row = {"timestamp": timestamp(), "name": self.name}
+        row.update(self._gpu_row() if self.handle is not None else self._host_row())
+        return row
+
+    # ------------------------------------------------------------------ thread
+
+    def _write(self, w, f) -> None:
+        try:
+            w.writerow({k: _fmt(v) for k, v in self.sample().items()})
+            f.flush()  # a crashed run keeps every row written so far
+            self.rows += 1
+        except Exception as e:  # a failing reading must never stop the run
+            log.debug("gpu_metrics row failed: %s", e)
+
+    def _loop(self, f) -> None:
+        w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+        w.writeheader()
+        f.flush()
+        # the host CPU figure and GPM are rates since the previous reading (psutil keeps one
+        # baseline per thread): prime it here, so every row covers a whole interval
+        psutil.cpu_percent(None)
+        while not self._stop.wait(self.interval):
+            self._write(w, f)
+        self._write(w, f)  # the run's last moments, and one row even for the shortest run
+
+    def start(self) -> GpuLog:
+        f = open(self.path, "w", newline="")
+        self._file = f
+        self._thread = threading.Thread(target=self._loop, args=(f,), name="gpubench-gpulog",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Path | None:
+        if self._thread is None:
+            return None
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._thread = None
+        self._file.close()
+        if self.gpm is not None:
+            self.gpm.close()
+        return self.path
+
+
+def _metric_name(column: str) -> str:
+    # MLflow metric names take letters, digits, _ - . / and spaces: "utilization.gpu [%]" ->
+    # "gpu_metrics/utilization.gpu_pct"
+    name, _, unit = column.partition(" [")
+    unit = unit.rstrip("]").replace("%", "pct")
+    return "gpu_metrics/" + (f"{name}_{unit}" if unit else name).lower()
+
+
+def series(path: Path) -> list[tuple[str, float, int, int]]:
+    """The file's numeric columns as MLflow series: (name, value, step, timestamp_ms), one step
+    per row, for a tracking store to log beside the file itself. Throttle reasons (a hex bit
+    mask) are read as their integer value; empty cells are skipped."""
+    out: list[tuple[str, float, int, int]] = []
+    try:
+        f = open(path, newline="")
+    except OSError:
+        return out
+    with f:
+        for step, row in enumerate(csv.DictReader(f)):
+            try:
+                t = time.mktime(time.strptime(row["timestamp"][:19], "%Y/%m/%d %H:%M:%S"))
+                ts = int((t + float("0." + row["timestamp"][20:23])) * 1000)
+            except (KeyError, ValueError):
+                ts = 0
+            for col, v in row.items():
+                if col in ("timestamp", "name") or not v:
+                    continue
+                try:
+                    x = float(int(v, 16)) if v.startswith("0x") else float(v)
+                except ValueError:
+                    continue
+                out.append((_metric_name(col), x, step, ts))
+    return out
+

@@ -1,0 +1,126 @@
+"""An optional PyTorch profiler trace of a few steps, taken after the measured windows.
+
+Profiling slows what it watches, so it never overlaps a measurement: with `bench.profile=true`
+the run measures its phases as usual, then runs a few more e2e steps under torch.profiler
+(schedule wait 1, warm-up 1, active N, as reference article 002 sets it up) and writes a
+Chrome/Perfetto trace and the top operators beside results.json. Data loading and the train
+step are marked as `gpubench/data` and `gpubench/step` ranges on the timeline, and inside the
+step (only while profiling) `gpubench/forward`, `gpubench/backward`, `gpubench/optimizer`;
+from those, gpubench/breakdown.py says where the step's time goes (`profile.breakdown`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+TRACE_DIR = "traces"
+log = logging.getLogger("gpubench")
+
+
+def _self_time_us(avg, cuda: bool) -> float:
+    # torch >= 2.4 names the device figure self_device_time_total (self_cuda_time_total before)
+    if cuda:
+        return float(getattr(avg, "self_device_time_total", getattr(avg, "self_cuda_time_total", 0)))
+    return float(avg.self_cpu_time_total)
+
+
+def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
+                  active: int = 3, top: int = 10, step=None) -> dict:
+    """Profile `active` steps of fetch + work; `step` is the TrainStep inside `work`, whose
+    named ranges are switched on for these steps only."""
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    from gpubench.telemetry.breakdown import breakdown, lines
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    wait, warmup = 1, 1
+    total = wait + warmup + active
+    if step is not None:
+        step.ranges = True
+    try:
+        with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup,
+                                                              active=active),
+                     record_shapes=False) as prof:
+            for i in range(total):
+                with record_function("gpubench/data"):
+                    batch = fetch()
+                with record_function("gpubench/step"):
+                    work(batch)
+                if cuda and i == total - 1:
+                    # the last active step's kernels must have run before the profiler stops
+                    # at prof.step() below, or CUPTI drops them from the trace; the wait shows
+                    # in that step's host time only, which the device figures do not use
+                    torch.cuda.synchronize()
+                prof.step()
+    finally:
+        if step is not None:
+            step.ranges = False
+    folder = Path(out_dir) / TRACE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "trace.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw) as f:
+        parts = breakdown(json.load(f), cuda)
+    trace = folder / "trace.json.gz"  # traces compress ~10x; Perfetto opens .json.gz directly
+    with open(raw, "rb") as src, gzip.open(trace, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    hta = hta_breakdown(folder, raw) if cuda else None
+    raw.unlink()
+    if parts:
+        for line in lines(parts):
+            log.info(line)
+
+    averages = [a for a in prof.key_averages() if not a.key.startswith(("gpubench/", "ProfilerStep"))]
+    averages.sort(key=lambda a: _self_time_us(a, cuda), reverse=True)
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+    try:
+        table = prof.key_averages().table(sort_by=sort_by, row_limit=25)
+    except (AttributeError, KeyError):  # older torch spells the device column self_cuda_time_total
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+    (folder / "top_ops.txt").write_text(table)
+    return {
+        "trace": str(trace),
+        "breakdown": parts,
+        "hta": hta,
+        "steps": active,
+        "time_kind": "device" if cuda else "cpu",
+        "top_ops": [
+            {"name": a.key, "calls": int(a.count),
+             "self_ms_per_step": _self_time_us(a, cuda) / 1000.0 / active}
+            for a in averages[:top]
+        ],
+    }
+
+
+def hta_breakdown(folder: Path, raw: Path) -> dict | None:
+    """Holistic Trace Analysis' temporal and idle-time breakdowns of the trace, where the
+    optional `holistictraceanalysis` package is installed (`pip install -e ".[hta]"`): it
+    splits device idle time into waiting on the host, on other kernels and other causes, per
+    stream (docs/profiling.md). None without it; a failure in it costs nothing measured."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return None
+    try:
+        # HTA reads every trace in a folder, one per rank; this run's trace is rank 0's
+        hta_dir = folder / "hta"
+        hta_dir.mkdir(exist_ok=True)
+        shutil.copyfile(raw, hta_dir / "rank0.json")
+        analyzer = TraceAnalysis(trace_dir=str(hta_dir))
+        temporal = analyzer.get_temporal_breakdown(visualize=False)
+        idle = analyzer.get_idle_time_breakdown(visualize=False)
+        idle = idle[0] if isinstance(idle, tuple) else idle
+        shutil.rmtree(hta_dir, ignore_errors=True)
+        return {"temporal": temporal.to_dict(orient="records"),
+                "idle_time": idle.to_dict(orient="records")}
+    except Exception as e:
+        log.warning("Holistic Trace Analysis failed on the trace: %s", e)
+        return {"error": f"{type(e).__name__}: {e}"}
