@@ -80,3 +80,23 @@ def test_cpu_facts():
     f = facts("cpu")
     assert f["device"] == "cpu" and f["cpu_count"] >= 1 and f["torch"]
     assert f["device_memory_bytes"] > 0 and f["driver"] is None
+
+
+def test_a_cpu_run_names_no_cuda_or_cudnn_it_did_not_use():
+    """A CUDA wheel reports its build's CUDA/cuDNN even without a GPU: a CPU run's facts must
+    not carry them as if the device had them."""
+    f = facts("cpu")
+    assert f["cuda"] is None and f["cudnn"] is None
+
+
+def test_the_cpu_is_named_by_its_model(tmp_path):
+    """Two CPUs of one architecture are two devices: the model name, not 'x86_64'."""
+    from gpubench.telemetry.env import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                    "model name\t: AMD EPYC 7B13  64-Core Processor\nflags\t: fpu\n")
+    assert cpu_model(str(info)) == "AMD EPYC 7B13 64-Core Processor"
+    info.write_text("processor\t: 0\n")
+    assert cpu_model(str(info)) is None
+    assert cpu_model(str(tmp_path / "absent")) is None

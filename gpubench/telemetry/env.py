@@ -90,7 +90,22 @@ def git_commit(cwd: str | None = None) -> str | None:
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name(torch.cuda.current_device())
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_model() or platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU as its owner knows it ('AMD EPYC 7B13', 'Intel(R) Xeon(R) ...'): two machines
+    of one architecture ('x86_64') are different devices in a comparison. Linux only; None
+    elsewhere, where platform.processor() is the best there is."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model name", "cpu model") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return None
 
 
 def device_memory_bytes(device: str) -> int:
@@ -110,8 +125,11 @@ def facts(device: str) -> dict:
         "device_memory_bytes": device_memory_bytes(device),
         "torch": torch.__version__,
         "torchvision": _pkg("torchvision"),
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        # the CUDA and cuDNN a GPU run used; a CPU run used neither (a CUDA wheel reports its
+        # build's versions even without a GPU, which would read as the device's)
+        "cuda": torch.version.cuda if device == "cuda" else None,
+        "cudnn": (torch.backends.cudnn.version()
+                  if device == "cuda" and torch.backends.cudnn.is_available() else None),
         "driver": Nvml.get().driver if device == "cuda" else None,
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
