@@ -490,3 +490,14 @@ def test_an_experiments_report_leaves_max_batch_probes_out(tmp_path, capsys):
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["rows"] == 1
     assert f"{len(probes)} max-batch probes" in summary["lines"][0]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1", "1", "abc"])
+def test_a_meaningless_tolerance_is_one_line_and_exit_2(value, capsys):
+    from gpubench.report.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["some/dir", "--tolerance", value])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2
+    assert err.count("\n") == 0 and f"--tolerance={value} is not allowed: a number in [0, 1)" in err

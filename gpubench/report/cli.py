@@ -5,11 +5,13 @@ or `--compare`).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import parse_where, where
+from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
 from gpubench.report.write import (
     NothingToReport,
@@ -35,11 +37,25 @@ def mlflow_out_dir(experiment: str, parent: str | None, study: str | None) -> Pa
     return Path("outputs") / "reports" / name
 
 
+def _tolerance(text: str) -> float:
+    """A share below the fastest: finite, in [0, 1) (nan and inf compare false with everything,
+    so they would silently recommend nothing or anything)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (0.0 <= v < 1.0):
+        raise argparse.ArgumentTypeError(
+            f"--tolerance={text} is not allowed: a number in [0, 1) (0.05 = within 5% of the "
+            "fastest)")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpubench.report", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m gpubench.report", description=__doc__.split("\n")[0])
     p.add_argument("source", nargs="?",
                    help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE,
+    p.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
                    help="how far below the fastest a recommended config may be (default 0.05)")
     p.add_argument("--out", help="report folder (default: <sweep dir>/report, or "
                    "outputs/reports/<experiment> for MLflow)")

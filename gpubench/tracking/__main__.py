@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
+from gpubench.core.parsers import OneLineParser
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.store import uri_problem
 from gpubench.tracking.sync import sync
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line: the reason, without the usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m gpubench.tracking",
+    ap = OneLineParser(prog="python -m gpubench.tracking",
                                  description="MLflow tracking for gpubench runs.")
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
     s = sub.add_parser("sync", help="upload runs under DIR that did not reach MLflow")
     s.add_argument("dir", help="an outputs dir, a sweep dir or one run dir")
     s.add_argument("--uri", help="tracking URI (default: the one each run was meant for)")

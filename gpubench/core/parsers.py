@@ -1,0 +1,15 @@
+"""The argument parser of gpubench's small commands (`python -m gpubench.report`,
+`python -m gpubench.tracking`): a bad argument is one line, the reason without the usage block,
+exit 2 (what argparse itself uses for bad input)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        # a type's own "--flag=value is not allowed: ..." needs no "argument --flag: " before it
+        message = re.sub(r"^argument (\S+): (?=\1=)", "", message)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
