@@ -69,19 +69,24 @@ class GpubenchSweeperConf:
     n_trials: int = setting(20, "measured trials to reach, over all invocations",
                             bounds=(1, None))
     n_jobs: int = setting(1, "trials launched together; keep 1 unless the launcher puts each "
-                             "job on its own device", bounds=(1, None))
+                             "job on its own device: parallel trials on one device corrupt each "
+                             "other's throughput", bounds=(1, None))
     study_name: str | None = setting(
-        None, "null: derived from the search space, so re-running the same command resumes it")
+        None, "null: gpubench-<hash of the search space>, so re-running the same command "
+              "resumes its study")
     storage: str | None = setting(
         "sqlite:///outputs/optuna.db",
-        "Optuna's RDB storage; null: in memory (not resumable, one worker); workers on one "
-        "storage share one study ([scaling.md](scaling.md))",
+        "Optuna's RDB storage; null: in memory (not resumable, one worker); a persistent one "
+        "prints the optuna-dashboard command; workers on one storage share one study "
+        "([scaling.md](scaling.md))",
         allowed="null or a SQLAlchemy URL: sqlite:///path.db, postgresql[+driver]://..., "
                 "mysql[+driver]://..., mssql[+driver]://..., oracle[+driver]://...")
     sampler: Sampler = setting(Sampler.tpe, "Optuna's sampler")
-    seed: int | None = setting(None, "the sampler's seed; null: random",
+    seed: int | None = setting(None, "the sampler's seed (a resume adds the number of trials "
+                                     "so far); null: random",
                                   bounds=(0, 2**32 - 1))
-    n_startup_trials: int = setting(5, "random trials before TPE starts modelling",
+    n_startup_trials: int = setting(5, "random trials before TPE models the space "
+                                       "([benchmarks.md](benchmarks.md#search-efficiency))",
                                     bounds=(0, None))
     max_failures: int = setting(5, "the sweep stops (with an error) after more failed trials "
                                    "than this in one invocation", bounds=(0, None))
