@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from gpubench.cli.errors import Exit, hold_stderr, one_line_errors, release_stderr
-from gpubench.config.schema import CONFIG_DIR, ConfigError
+from gpubench.config.errors import ConfigError
+from gpubench.config.paths import CONFIG_DIR
 
 
 def _multirun() -> bool:

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_imagefolder import make_imagefolder  # noqa: E402
 
-from gpubench.config.schema import CONFIG_DIR  # noqa: E402
+from gpubench.config.paths import CONFIG_DIR  # noqa: E402
 from gpubench.parts.augment import cpu_train_transform  # noqa: E402
 from gpubench.run.runner import measure_run  # noqa: E402
 

@@ -22,7 +22,7 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from gpubench.config.schema import CONFIG_DIR
+from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.settings import Settings, check_resources, resolve
 from gpubench.parts.models import build_model, prepare_model
 from gpubench.parts.precision import apply_backend_flags, make_grad_scaler, resolve_precision

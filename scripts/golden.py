@@ -102,7 +102,7 @@ def _imp(*names: str):
 def _compose(overrides):
     from hydra import compose, initialize_config_dir
 
-    cfgmod = _imp("gpubench.config.schema")
+    cfgmod = _imp("gpubench.config.paths", "gpubench.config.schema")
     with initialize_config_dir(version_base="1.3", config_dir=str(cfgmod.CONFIG_DIR)):
         return compose("bench", overrides=[*TINY, *overrides])
 

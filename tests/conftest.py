@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from gpubench.config.schema import CONFIG_DIR
+from gpubench.config.paths import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from gpubench.cli.errors import one_line
-from gpubench.config.schema import CONFIG_DIR, ConfigError, auto_sizes
+from gpubench.config.errors import ConfigError
+from gpubench.config.paths import CONFIG_DIR
+from gpubench.config.schema import auto_sizes
 from gpubench.config.settings import check_resources, resolve, sizes
 from gpubench.search.maxbatch import start_batch
 
@@ -70,7 +72,6 @@ def test_valid_tiny_config_passes(compose_cfg):
         ("memory.ceiling=1.5", "memory.ceiling"),
         ("bench.steps=0", "bench.steps"),
         ("loader.prefetch_factor=0", "loader.prefetch_factor"),
-        ("bench.optimizer=lion", "bench.optimizer"),
     ],
 )
 def test_bad_values_name_the_key(compose_cfg, override, key):
@@ -113,18 +114,20 @@ def test_hydra_errors_condense_to_one_line():
 
 # ------------------------------------------------------------------ ranges (one process, many cases)
 
-from gpubench.config.schema import RANGES, allowed_range, check_uri  # noqa: E402
+from gpubench.config.keys import INT  # noqa: E402
+from gpubench.config.schema import KEYS, RANGES  # noqa: E402
 from gpubench.config.settings import (  # noqa: E402
     WORKERS_PER_CORE,
     available_ram,
     check_classes,
     usable_cpus,
 )
+from gpubench.config.uris import STORAGE_SCHEMES, TRACKING_SCHEMES, check_uri  # noqa: E402
 
 
 def _outside(kind, low, high):
     """Values just outside each bound of a range, and NaN for the floats."""
-    step = 1 if kind.startswith("an integer") else 1e-3
+    step = 1 if kind == INT else 1e-3
     out = []
     if low is not None:
         out.append(low - step)
@@ -137,8 +140,9 @@ def _outside(kind, low, high):
 
 def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
     checked = 0
-    for key, kind, low, high, _nullable in RANGES:
-        for bad in _outside(kind, low, high):
+    for k in RANGES:
+        key = k.name
+        for bad in _outside(k.kind, *k.bounds):
             with pytest.raises(ConfigError) as err:
                 check_all(compose_cfg(f"{key}={bad}"))
             assert err.value.key == key, (key, bad, str(err.value))
@@ -148,8 +152,9 @@ def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
 
 
 def test_every_numeric_key_accepts_its_bounds(compose_cfg):
-    for key, _kind, low, high, nullable in RANGES:
-        if nullable:
+    for k in RANGES:
+        key, (low, high) = k.name, k.bounds
+        if k.nullable:
             check_all(compose_cfg(f"{key}=null"))
         if key.startswith(("loader.num_workers", "loader.worker_threads", "dataset.num_samples",
                            "dataset.image_size", "bench.monitor_interval_s",
@@ -161,17 +166,31 @@ def test_every_numeric_key_accepts_its_bounds(compose_cfg):
                                      "bench.max_seconds=86400"))
 
 
-def test_every_numeric_key_is_in_the_schema_and_the_docs(compose_cfg):
-    from omegaconf import OmegaConf
-
-    from gpubench.config.schema import CONFIG_DIR
+def test_every_ranged_key_is_in_the_config_and_the_docs_tables_are_current(compose_cfg):
+    """The docs' key tables are what scripts/config_table.py writes from the declarations: a
+    key added, or a default, range or meaning changed, without rewriting them fails here."""
+    import importlib.util
 
     cfg = compose_cfg()
-    docs = (CONFIG_DIR.parent / "docs" / "configuration.md").read_text()
-    for key, kind, low, high, nullable in RANGES:
-        assert OmegaConf.select(cfg, key, default="missing") != "missing", key
-        row = f"| `{key}` | {allowed_range(kind, low, high, nullable)} |"
-        assert row in docs, f"docs/configuration.md lacks the row {row}"
+    for k in KEYS:
+        assert OmegaConf.select(cfg, k.name, default="missing") != "missing", k.name
+    spec = importlib.util.spec_from_file_location(
+        "config_table", CONFIG_DIR.parent / "scripts" / "config_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    doc = table.DOC.read_text()
+    assert table.rewrite(doc, table.generated()) == doc, (
+        "docs/configuration.md's key tables are stale: run python scripts/config_table.py")
+    for k in RANGES:  # and each range reads in the doc as the error line says it
+        assert f"| `{k.name}` | " in doc and f" | {k.allowed} | " in doc, k.name
+
+
+def test_every_key_is_declared_with_its_meaning():
+    from gpubench.config.keys import keys
+    from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf
+
+    for k in [*KEYS, *keys(GpubenchSweeperConf, "hydra.sweeper.")]:
+        assert k.help.strip() and "\n" not in k.help, f"{k.name} has no one-line help"
 
 
 def test_machine_bounds(compose_cfg):
@@ -224,8 +243,6 @@ BAD_STORAGE = ["notaurl", "optuna.db", "http://host/db", "sqlite:/x.db", "postgr
 
 
 def test_uris():
-    from gpubench.config.schema import STORAGE_SCHEMES, TRACKING_SCHEMES
-
     for uri in GOOD_TRACKING:
         check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
     for uri in GOOD_STORAGE:
@@ -248,7 +265,7 @@ def test_tracking_uri_checked_by_resolve_only_when_tracking(compose_cfg):
 # ------------------------------------------------------------------ names of optional groups
 
 def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
-    from gpubench.config.schema import check_before_work
+    from gpubench.config.prechecks import check_before_work
 
     for override, key, listed in (("sweep=fastest", "sweep", "throughput"),
                                   ("experiment=cpu_smok", "experiment", "cpu_smoke")):
@@ -300,7 +317,7 @@ def test_wrong_types_are_one_line_with_the_type(compose_cfg):
 
 
 def test_uri_errors_never_show_a_password(compose_cfg):
-    from gpubench.config.schema import STORAGE_SCHEMES, check_tracking_uri
+    from gpubench.config.uris import check_tracking_uri
 
     with pytest.raises(ConfigError) as err:
         check_tracking_uri("http://admin:s3cret@host:port")
@@ -365,4 +382,69 @@ def test_every_numeric_key_of_the_schema_has_a_range():
 
     found = set(keys(BenchConfig))
     assert "loader.num_workers" in found and "memory.ceiling" in found
-    assert found - {k for k, *_ in RANGES} == set(), "numeric keys without a range in RANGES"
+    assert found - {k.name for k in RANGES} == set(), "numeric keys declared without bounds"
+
+
+# ------------------------------------------------------------------ choices (Enums) and the sweeper's keys
+
+@pytest.mark.parametrize("override, line", [
+    ("bench.optimizer=lion", "bench.optimizer=lion is not allowed: one of sgd, adamw"),
+    ("bench.optimizer_impl=apex",
+     "bench.optimizer_impl=apex is not allowed: one of auto, for_loop, foreach, fused"),
+    ("tracking.backend=wandb", "tracking.backend=wandb is not allowed: one of mlflow, none"),
+])
+def test_string_choices_are_enums_refused_at_compose_in_one_line(compose_cfg, override, line):
+    from gpubench.cli.errors import describe
+
+    with pytest.raises(Exception) as err:
+        compose_cfg(override)
+    assert describe(err.value) == (line, 2)
+
+
+def test_choices_are_checked_on_an_untyped_config_too(compose_cfg):
+    """resolve applies the declared choices itself: a config built without the schema (plain
+    OmegaConf) is held to the same ones, with the same allowed text."""
+    cfg = OmegaConf.create(OmegaConf.to_container(compose_cfg(), enum_to_str=True))
+    resolve(cfg)
+    cfg.bench.optimizer = "lion"
+    with pytest.raises(ConfigError) as err:
+        resolve(cfg)
+    assert str(err.value) == "bench.optimizer='lion' is not allowed: one of sgd, adamw"
+    cfg.bench.optimizer = "adamw"
+    cfg.bench.phases = ["e2e", "nosuch"]
+    with pytest.raises(ConfigError) as err:
+        resolve(cfg)
+    assert str(err.value) == "bench.phases[1]='nosuch' is not allowed: one of loader, compute, e2e"
+
+
+@pytest.mark.parametrize("override, line", [
+    ("hydra.sweeper.seed=-1",
+     "hydra.sweeper.seed=-1 is not allowed: null or an integer in [0, 4294967295]"),
+    ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 is not allowed: an integer >= 1"),
+    ("hydra.sweeper.screen.keep=0", "hydra.sweeper.screen.keep=0.0 is not allowed: "
+                                    "a number in [1e-06, 1]"),
+    ("hydra.sweeper.confirm.rounds=0",
+     "hydra.sweeper.confirm.rounds=0 is not allowed: an integer >= 1"),
+])
+def test_the_sweepers_keys_are_checked_before_hydra_builds_it(compose_cfg, override, line):
+    """The same declarations and ConfigError as the run's keys, on the typed hydra.sweeper node,
+    in the callback that runs before the sweeper, a study or an MLflow parent run exists."""
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg("sweep=throughput", override, hydra=True)
+    with pytest.raises(ConfigError) as err:
+        check_before_work(cfg)
+    assert str(err.value) == line
+    check_before_work(compose_cfg("sweep=throughput", "hydra.sweeper.seed=4294967295", hydra=True))
+
+
+def test_swept_values_are_held_to_the_keys_choices(compose_cfg):
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg(hydra=True)
+    cfg.hydra.overrides.task = ["bench.optimizer=sgd,lion"]
+    with pytest.raises(ConfigError) as err:
+        check_before_work(cfg)
+    assert str(err.value) == "bench.optimizer='lion' is not allowed: one of sgd, adamw"
+    cfg.hydra.overrides.task = ["bench.optimizer=sgd,adamw", "compile=off,max_autotune"]
+    check_before_work(cfg)

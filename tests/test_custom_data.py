@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT, run_cli
 from torch.utils.data import Dataset
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.run.runner import measure_run
 
 TEAM_CONF = ROOT / "examples" / "team_conf"

@@ -11,7 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend
-from gpubench.config.schema import CONFIG_DIR, to_container
+from gpubench.config.paths import CONFIG_DIR
+from gpubench.config.schema import to_container
 from gpubench.core.record import RunRecord, Status
 from gpubench.report.write import sweep_report
 from gpubench.search.rows import load_dir

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.run.runner import measure_run
 
 # figures a three-phase CPU run must have measured (not merely carry as keys)

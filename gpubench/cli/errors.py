@@ -81,7 +81,7 @@ def describe(ex: BaseException) -> tuple[str, int]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from gpubench.config.schema import ConfigError
+    from gpubench.config.errors import ConfigError
     from gpubench.core.files import WriteError
 
     ex = root_cause(ex)
@@ -257,12 +257,12 @@ def one_line_errors():
         print(line, file=real)
         raise SystemExit(code) from None
     except SystemExit as e:
-        from gpubench.config.schema import InputRejected
+        from gpubench.config.errors import ConfigError
 
         if e.code in (0, None):
             raise
-        if isinstance(e, InputRejected):
-            cause: BaseException | None = e.code if isinstance(e.code, BaseException) else None
+        if isinstance(e.code, ConfigError):  # bad input carried out of a Hydra callback
+            cause: BaseException | None = e.code
         elif e.__suppress_context__:
             # `raise SystemExit(...) from None`: whoever exited has said why already
             raise

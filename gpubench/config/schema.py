@@ -1,56 +1,32 @@
-"""The typed schema of a gpubench run, its range table, and the checks that run before Hydra.
+"""The typed schema of a gpubench run: every key declared once, with its type, default, allowed
+range or choices and a one-line description (gpubench.config.keys.setting).
 
 Hydra composes `conf/bench.yaml` on top of `BenchConfig` (registered in the ConfigStore as
-`gpubench_schema`), so a wrong type or an unknown Enum value fails at compose time. The rules
-that need more than a type (a model name torchvision knows, a folder that exists, CUDA being
-there for fp16) are in gpubench/settings.py: `resolve` turns the composed config into frozen
-settings, `check_resources` looks at the disk and RAM, both before any measurement starts. The
-checks that need Hydra's own node (group names, the sweeper's storage) run in `InputCheck`,
-before Hydra creates anything.
-
-Why one module of this size: the schema and its range table must be read together (a key, its
-type and its range sit side by side); the URI and group-name checks are the part of validation
-that runs before Hydra builds anything.
+`gpubench_schema`), so a wrong type or an unknown Enum name fails at compose time. From the
+declarations come the range checks (`check_ranges`, applied by settings.resolve), the frozen
+settings' fields (gpubench.config.settings) and the key table of docs/configuration.md
+(gpubench.config.doc). The rules that need more than one key, the disk or the machine are in
+gpubench.config.settings; the checks on Hydra's own node in gpubench.config.prechecks.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-
-def _config_dir() -> Path:
-    # Absolute, so `python -m gpubench` works from any directory (a relative config_path is
-    # resolved as `pkg://conf` under `python -m` and fails). In a checkout the YAMLs are
-    # ../../conf; in a wheel they are packaged as gpubench/conf.
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "conf", here / "conf"):
-        if (candidate / "bench.yaml").is_file():
-            return candidate
-    raise FileNotFoundError(f"gpubench configs not found next to {here}")
+from gpubench.config.keys import Key, check_keys, keys, setting
 
 
-CONFIG_DIR = _config_dir()
+class Choice(str, Enum):
+    """A key's choices. A member equals its value (`Backend.none == "none"`), so code that reads
+    the composed DictConfig compares with plain strings; the settings hold the values."""
 
 
-class ConfigError(ValueError):
-    """Bad input: one line naming the key, the bad value and what is allowed."""
-
-    def __init__(self, key: str, value: Any, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}={value!r} is not allowed: {allowed}")
-
-
-class DatasetKind(Enum):
+class DatasetKind(Choice):
     synthetic = "synthetic"
     device_synthetic = "device_synthetic"
     fake_jpeg = "fake_jpeg"
@@ -59,17 +35,17 @@ class DatasetKind(Enum):
     custom = "custom"  # the team's own Dataset class: dataset._target_ (gpubench.parts.custom_data)
 
 
-class Where(Enum):
+class Where(Choice):
     cpu = "cpu"
     device = "device"
 
 
-class OnCorrupt(Enum):
+class OnCorrupt(Choice):
     skip = "skip"
     fail = "fail"
 
 
-class PrecisionName(Enum):
+class PrecisionName(Choice):
     torch_default = "torch_default"
     fp32 = "fp32"
     tf32 = "tf32"
@@ -77,149 +53,221 @@ class PrecisionName(Enum):
     amp_bf16 = "amp_bf16"
 
 
-class CompileMode(Enum):
+class CompileMode(Choice):
+    # the names are what a command line takes, the values torch.compile's mode strings
     off = "off"
     default = "default"
     reduce_overhead = "reduce-overhead"
     max_autotune = "max-autotune"
 
 
-class DeviceKind(Enum):
+class DeviceKind(Choice):
     auto = "auto"
     cuda = "cuda"
     cpu = "cpu"
 
 
-class Phase(Enum):
+class Phase(Choice):
     loader = "loader"
     compute = "compute"
     e2e = "e2e"
 
 
+class Optimizer(Choice):
+    sgd = "sgd"  # momentum 0.9
+    adamw = "adamw"
+
+
+class OptimizerImpl(Choice):
+    # auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); the others
+    # force one implementation (gpubench.parts.step.make_optimizer)
+    auto = "auto"
+    for_loop = "for_loop"
+    foreach = "foreach"
+    fused = "fused"
+
+
+class Backend(Choice):
+    mlflow = "mlflow"
+    none = "none"
+
+
 @dataclass
 class DatasetConfig:
-    name: DatasetKind = DatasetKind.synthetic
-    # null: sized by device (224 px on a GPU, 32 px on a CPU; see auto_sizes)
-    image_size: int | None = None
-    num_classes: int = 1000
-    # images in the in-memory datasets (synthetic, fake_jpeg): a pool that is cycled
-    num_samples: int = 512
-    root: str | None = None
-    jpeg_quality: int = 90
-    # decode the whole dataset once into a shared uint8 tensor, then only augment per step
-    preload: bool = False
-    augment_on: Where = Where.cpu
-    decode_on: Where = Where.cpu
-    on_corrupt: OnCorrupt = OnCorrupt.skip
-    # dataset=custom: the team's Dataset class (dotted path) and its constructor arguments, as
-    # model._target_/model.kwargs; transform and collate are optional Hydra instantiate nodes
-    # ({_target_: ..., other keys as its arguments}); see docs/data.md for the sample contract
-    _target_: str | None = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    transform: dict[str, Any] = field(default_factory=dict)
-    collate: dict[str, Any] = field(default_factory=dict)
+    name: DatasetKind = setting(
+        DatasetKind.synthetic,
+        "synthetic: random uint8 images made once on the host, through the real train transforms; "
+        "device_synthetic: one fixed batch already on the device (the compute bound); fake_jpeg: "
+        "in-memory JPEGs decoded with PIL per sample; imagefolder: a folder of class sub-folders; "
+        "cifar10: CIFAR-10's python files from a local root; custom: your own Dataset class "
+        "([data.md](data.md))")
+    image_size: int | None = setting(
+        None, "side of the training crop; null: 224 on a GPU, 32 on a CPU. The upper bound is "
+        "JPEG's largest side; the RAM checks bound the in-memory pools", bounds=(8, 65_535))
+    num_classes: int = setting(1000, "labels in the dataset (model.num_classes follows it)",
+                               bounds=(1, 1_000_000))
+    num_samples: int = setting(
+        512, "images in the in-memory pools (synthetic, fake_jpeg), cycled; synthetic: the pool "
+        "(samples x 3 x size² bytes) must fit in half of the free RAM", bounds=(1, 10_000_000))
+    root: str | None = setting(None, "the folder imagefolder and cifar10 read (never downloaded)",
+                               allowed="null or an existing folder")
+    jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
+    preload: bool = setting(False, "decode the whole dataset once into a shared uint8 tensor in "
+                                   "RAM, then only augment per step (must fit in 80% of free RAM)")
+    augment_on: Where = setting(Where.cpu, "device: ship uint8 batches, crop/flip/normalize on "
+                                           "the device")
+    decode_on: Where = setting(Where.cpu, "device: decode JPEGs on the GPU (nvJPEG); CUDA, "
+                                          "imagefolder and fake_jpeg only")
+    on_corrupt: OnCorrupt = setting(OnCorrupt.skip, "skip (and count) or fail on an image that "
+                                                    "does not decode")
+    _target_: str | None = setting(None, "dataset=custom: your Dataset class as a dotted path "
+                                         "(my_team.data.MyDataset)")
+    kwargs: dict[str, Any] = setting(factory=dict, help="dataset=custom: its constructor's "
+                                                        "arguments")
+    transform: dict[str, Any] = setting(
+        factory=dict, help="dataset=custom: your transform instead of gpubench's, as a Hydra "
+                           "instantiate node ({_target_: ..., its arguments})")
+    collate: dict[str, Any] = setting(
+        factory=dict, help="dataset=custom: your collate function, as a Hydra instantiate node")
 
 
 @dataclass
 class ModelConfig:
-    name: str = "resnet50"
-    num_classes: int = 1000
-    # escape hatch: a dotted path to the team's own nn.Module class; its other keys go in kwargs
-    _target_: str | None = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    # activation checkpointing over the model's stages (ResNets, ViTs, tiny): less memory for
-    # activations, about one more forward of compute (gpubench/models.py)
-    checkpointing: bool = False
+    name: str = setting("resnet50", "a torchvision classification model "
+                                    "(torchvision.models.list_models()) or tiny",
+                        allowed="a torchvision classifier's name or tiny")
+    num_classes: int = setting("${dataset.num_classes}",
+                               "classifier outputs: at least dataset.num_classes (one per label)",
+                               bounds=(1, 1_000_000))
+    _target_: str | None = setting(
+        None, "your own nn.Module class (model=custom model._target_=my_team.nets.Net); it gets "
+              "num_classes if it takes one")
+    kwargs: dict[str, Any] = setting(factory=dict, help="model._target_'s other constructor "
+                                                        "arguments")
+    checkpointing: bool = setting(
+        False, "activation checkpointing over the model's stages (a ResNet's layers, each ViT "
+               "block, tiny's features): less memory, about one more forward; torchvision "
+               "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only")
 
 
 @dataclass
 class LoaderConfig:
-    # null: sized by device (128 on a GPU, 16 on a CPU)
-    batch_size: int | None = None
-    num_workers: int = 2
-    pin_memory: bool = True
-    prefetch_factor: int | None = 2
-    persistent_workers: bool = True
-    drop_last: bool = True
-    # null: the platform default (fork on Linux: workers share preloaded tensors for free)
-    multiprocessing_context: str | None = None
-    # torch threads per worker: 1 stops N workers from each spawning one thread per core
-    worker_threads: int = 1
+    batch_size: int | None = setting(
+        None, "null: 128 on a GPU, 16 on a CPU; at most the dataset's size with drop_last "
+              "(checked when the data is built)", bounds=(1, 65_536))
+    num_workers: int = setting(
+        2, "DataLoader worker processes; at most 4 per usable core and 256 MiB of free RAM each "
+           "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024))
+    pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)")
+    prefetch_factor: int | None = setting(2, "batches each worker prepares ahead",
+                                          bounds=(1, 64))
+    persistent_workers: bool = setting(True, "keep the workers between epochs and phases")
+    drop_last: bool = setting(True, "every measured step is a full batch")
+    multiprocessing_context: str | None = setting(
+        None, "the workers' start method; null: the platform's default (fork on Linux: workers "
+              "share preloaded tensors for free)",
+        allowed="null or a start method of this platform (fork, spawn, forkserver)")
+    worker_threads: int = setting(
+        1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
+           "usable cores", bounds=(1, 1024))
 
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = PrecisionName.torch_default
+    name: PrecisionName = setting(
+        PrecisionName.torch_default,
+        "torch_default: PyTorch's own TF32 flags, what a plain job runs; fp32: strict, TF32 off; "
+        "tf32; amp_fp16 (CUDA only); amp_bf16")
 
 
 @dataclass
 class BenchSettings:
-    device: DeviceKind = DeviceKind.auto
-    phases: list[Phase] = field(default_factory=lambda: [Phase.loader, Phase.compute, Phase.e2e])
-    # warm-up: at least warmup_steps, then on until steps are steady (at most warmup_max_steps)
-    warmup_steps: int = 5
-    warmup_max_steps: int = 50
-    # measured steps per phase, split into `repeats` windows interleaved across the phases
-    # (loader, compute, e2e, loader, ...): the windows give each phase its 95% interval
-    # (at most `steps` windows: each measures at least one step; windows are of equal length,
-    # so steps is rounded up to a multiple of repeats: 50 in 6 windows measure 54)
-    steps: int = 50
-    repeats: int = 6
-    # per-phase wall-clock caps, so no phase runs away on a slow device
-    warmup_max_seconds: float = 60.0
-    max_seconds: float = 60.0
-    seed: int = 0
-    monitor: bool = True
-    monitor_interval_s: float = 0.2
-    flops: bool = True
-    optimizer: str = "sgd"
-    # auto (torch's choice), for_loop, foreach or fused (where the device has the kernels)
-    optimizer_impl: str = "auto"
-    lr: float = 0.01
-    # micro-batches per optimizer step: images/sec counts every micro-batch
-    grad_accum_steps: int = 1
-    # torch.backends.cudnn.benchmark; null: as the precision sets it (on for fp32/tf32/amp_*,
-    # the process's own flag, PyTorch's default off, for torch_default)
-    cudnn_benchmark: bool | None = None
-    # every k-th micro-batch reads loss and accuracy back to the host (0: never)
-    host_metrics_every: int = 0
-    # after the measured windows: a torch.profiler trace of a few e2e steps (never timed)
-    profile: bool = False
-    profile_steps: int = 3
+    device: DeviceKind = setting(DeviceKind.auto, "auto: CUDA when this machine has it")
+    phases: list[Phase] = setting(factory=lambda: [Phase.loader, Phase.compute, Phase.e2e],
+                                  help="the phases measured, in order; not empty")
+    warmup_steps: int = setting(
+        5, "steps run before measuring: at least these, then on until steps are steady; at most "
+           "bench.warmup_max_steps", bounds=(0, 10_000))
+    warmup_max_steps: int = setting(50, "the warm-up's most steps; at least bench.warmup_steps",
+                                    bounds=(0, 10_000))
+    steps: int = setting(
+        50, "measured steps per phase, split into bench.repeats windows of equal length: rounded "
+            "up to a multiple of them (50 steps in 6 windows measure 54)",
+        bounds=(1, 10_000_000))
+    repeats: int = setting(
+        6, "windows per phase, interleaved across the phases (loader, compute, e2e, loader, ...): "
+           "they give each phase its 95% interval; at most bench.steps", bounds=(1, 100))
+    warmup_max_seconds: float = setting(60.0, "wall-clock cap of a phase's warm-up",
+                                        bounds=(0.001, 86_400))
+    max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
+                                       "device", bounds=(0.001, 86_400))
+    seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
+                        bounds=(0, 2**32 - 1))
+    monitor: bool = setting(True, "sample NVML and the host in a thread during each window")
+    monitor_interval_s: float = setting(
+        0.2, "the sampling period; at most bench.max_seconds (a window needs a sample); the "
+             "floor: at 0 the sampler busy-looped on the host it measures", bounds=(0.05, 60))
+    flops: bool = setting(True, "count one step's FLOPs once, for MFU")
+    optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw")
+    optimizer_impl: OptimizerImpl = setting(
+        OptimizerImpl.auto, "auto: torch's choice (foreach on CUDA); for_loop, foreach, fused "
+                            "force one; foreach and fused only where torch has their kernels")
+    lr: float = setting(0.01, "the optimizer's learning rate", bounds=(1e-12, 10))
+    grad_accum_steps: int = setting(
+        1, "micro-batches per optimizer step (effective batch: loader.batch_size x this); "
+           "images/sec counts every micro-batch", bounds=(1, 1024))
+    cudnn_benchmark: bool | None = setting(
+        None, "torch.backends.cudnn.benchmark; null: as the precision sets it (on for fp32, tf32, "
+              "amp_*; the process's own flag for torch_default)")
+    host_metrics_every: int = setting(
+        0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
+           "many training loops do; 0: never", bounds=(0, 100_000))
+    profile: bool = setting(False, "after the measured windows, a torch.profiler trace of "
+                                   "bench.profile_steps e2e steps (never timed): traces/ beside "
+                                   "results.json, logged to MLflow ([profiling.md](profiling.md))")
+    profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000))
 
 
 @dataclass
 class MemoryConfig:
-    # fraction of device memory a config may peak at and still count as feasible
-    ceiling: float = 0.8
-    # for sweep=max_batch: fraction of the ceiling kept free as a safety reserve
-    reserve: float = 0.05
+    # any fraction > 0: a tiny one forces over_ceiling
+    ceiling: float = setting(0.8, "fraction of device memory a config may peak at and still be "
+                                  "feasible", bounds=(1e-6, 1.0))
+    reserve: float = setting(0.05, "sweep=max_batch keeps this fraction of the ceiling free",
+                             bounds=(0.0, 0.99))
 
 
 @dataclass
 class TrackingConfig:
-    backend: str = "mlflow"
-    # null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)
-    uri: str | None = None
-    experiment: str = "gpubench"
-    run_name: str | None = None
-    # seconds to wait for a tracking server before giving up (results stay on disk)
-    timeout_s: float = 10.0
+    backend: Backend = setting(Backend.mlflow, "where runs are logged ([tracking.md](tracking.md))")
+    uri: str | None = setting(
+        None, "the MLflow store; null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)",
+        allowed="null, http(s)://host[:port], file:///folder, sqlite:///path.db, "
+                "postgresql[+driver]://..., mysql[+driver]://..., mssql[+driver]://..., "
+                "databricks[://profile] or a local folder")
+    experiment: str = setting("gpubench", "the MLflow experiment")
+    run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup")
+    timeout_s: float = setting(10.0, "seconds to wait for a tracking server before giving up "
+                                     "(results stay on disk)", bounds=(0.1, 3600))
 
 
 @dataclass
 class FaultConfig:
     """Fault injection for testing recovery paths (never set in real runs)."""
 
-    oom_above_batch: int | None = None
-    fail_message: str | None = None
-    # windows measured before fail_message is raised (0: while building, before any window)
-    fail_after_windows: int = 0
-    # every stall_every-th compute/e2e step sleeps stall_s seconds (a disturbed run)
-    stall_every: int | None = None
-    stall_s: float = 1.0
-    # under torchrun: only this rank gets the faults above (null: every rank)
-    rank: int | None = None
+    oom_above_batch: int | None = setting(
+        None, "testing: an out-of-memory error in the train step for larger batches",
+        bounds=(0, None))
+    fail_message: str | None = setting(None, "testing: the run fails with this message")
+    fail_after_windows: int = setting(
+        0, "testing: windows measured before fail_message is raised (0: while building)",
+        bounds=(0, 1000))
+    stall_every: int | None = setting(
+        None, "testing: every k-th compute/e2e step sleeps fault.stall_s (a disturbed run)",
+        bounds=(1, None))
+    stall_s: float = setting(1.0, "testing: seconds of each stall", bounds=(0, 600))
+    rank: int | None = setting(None, "testing: under torchrun, only this rank gets the faults "
+                                     "(null: every rank)", bounds=(0, None))
 
 
 @dataclass
@@ -232,8 +280,9 @@ class BenchConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
-    channels_last: bool = False
-    compile: CompileMode = CompileMode.off
+    channels_last: bool = setting(False, "NHWC memory format for model and input")
+    compile: CompileMode = setting(CompileMode.off, "torch.compile's mode (compile time falls in "
+                                                    "the warm-up, reported as first_step_s)")
 
 
 def register_configs() -> None:
@@ -245,74 +294,15 @@ def register_configs() -> None:
 
 register_configs()
 
-
-# ---------------------------------------------------------------- ranges (settings.resolve applies them)
-
-# Every numeric key and its allowed range: (key, low, high, nullable). A bound of None is open;
-# the bounds that depend on the machine are checked in settings.check_resources. docs/configuration.md
-# lists the same ranges (tests/test_config.py keeps the two in step).
-INT, FLOAT = "an integer", "a number"
-RANGES: tuple[tuple[str, str, float, float, bool], ...] = (
-    ("dataset.image_size", INT, 8, 65_535, True),  # JPEG's largest side; RAM bounds the pools
-    ("dataset.num_classes", INT, 1, 1_000_000, False),
-    ("dataset.num_samples", INT, 1, 10_000_000, False),
-    ("dataset.jpeg_quality", INT, 1, 100, False),
-    ("model.num_classes", INT, 1, 1_000_000, False),
-    ("loader.batch_size", INT, 1, 65_536, True),
-    ("loader.num_workers", INT, 0, 1024, False),  # and the machine's cores and RAM
-    ("loader.prefetch_factor", INT, 1, 64, True),
-    ("loader.worker_threads", INT, 1, 1024, False),  # and the machine's cores
-    ("bench.warmup_steps", INT, 0, 10_000, False),  # and <= bench.warmup_max_steps
-    ("bench.warmup_max_steps", INT, 0, 10_000, False),  # and >= bench.warmup_steps
-    ("bench.steps", INT, 1, 10_000_000, False),
-    ("bench.repeats", INT, 1, 100, False),
-    ("bench.warmup_max_seconds", FLOAT, 0.001, 86_400, False),
-    ("bench.max_seconds", FLOAT, 0.001, 86_400, False),
-    ("bench.seed", INT, 0, 2**32 - 1, False),  # numpy seeds stop at 2**32 - 1
-    ("bench.monitor_interval_s", FLOAT, 0.05, 60, False),  # and <= bench.max_seconds
-    ("bench.lr", FLOAT, 1e-12, 10, False),
-    ("bench.grad_accum_steps", INT, 1, 1024, False),
-    ("bench.host_metrics_every", INT, 0, 100_000, False),  # 0: never
-    ("bench.profile_steps", INT, 1, 1000, False),
-    ("memory.ceiling", FLOAT, 1e-6, 1.0, False),  # any fraction > 0: a tiny one forces over_ceiling
-    ("memory.reserve", FLOAT, 0.0, 0.99, False),
-    ("tracking.timeout_s", FLOAT, 0.1, 3600, False),
-    ("fault.oom_above_batch", INT, 0, None, True),
-    ("fault.fail_after_windows", INT, 0, 1000, False),
-    ("fault.stall_every", INT, 1, None, True),
-    ("fault.stall_s", FLOAT, 0, 600, False),
-    ("fault.rank", INT, 0, None, True),
-)
+# Every key of a run, as declared above; RANGES: the numeric ones (each has bounds)
+KEYS: tuple[Key, ...] = tuple(keys(BenchConfig))
+RANGES: tuple[Key, ...] = tuple(k for k in KEYS if k.bounds is not None)
 
 
-def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
-    """The 'allowed' text of a range, as the docs and the error line spell it."""
-    def fmt(v: float) -> str:
-        return str(int(v)) if kind == INT else f"{v:g}"
-
-    if low is not None and high is not None:
-        text = f"{kind} in [{fmt(low)}, {fmt(high)}]"
-    elif low is not None:
-        text = f"{kind} >= {fmt(low)}"
-    else:
-        text = f"{kind} <= {fmt(high)}"
-    return f"null or {text}" if nullable else text
-
-
-def check_range(key: str, value: Any, kind: str, low: float | None, high: float | None,
-                nullable: bool = False) -> None:
-    allowed = allowed_range(kind, low, high, nullable)
-    if value is None:
-        if not nullable:
-            raise ConfigError(key, value, allowed)
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(key, value, allowed)
-    if kind == INT and float(value) != int(value):
-        raise ConfigError(key, value, allowed)
-    # written as "not inside" so NaN (which compares False to everything) is rejected too
-    if not ((low is None or value >= low) and (high is None or value <= high)):
-        raise ConfigError(key, value, allowed)
+def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
+    """Every key with bounds or choices (or `only` these) against its declaration. The bounds
+    that depend on the machine are checked in settings.check_resources."""
+    check_keys(cfg, KEYS, only)
 
 
 def auto_sizes(device: str) -> tuple[int, int]:
@@ -321,223 +311,7 @@ def auto_sizes(device: str) -> tuple[int, int]:
     return (224, 128) if device == "cuda" else (32, 16)
 
 
-# ---------------------------------------------------------------- URIs
-
-# MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
-TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
-                    "databricks-uc", "uc")
-# Optuna's RDB storage takes a SQLAlchemy URL
-STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
-_SQLALCHEMY = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
-
-
-def check_tracking_uri(uri: Any) -> None:
-    """tracking.uri (with tracking=mlflow): the one call site for its form, from `settings.resolve`
-    and from `InputCheck` (before an MLflow parent run exists)."""
-    check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
-
-
-def _hide_password(text: str) -> str:
-    """The URI as an error line may show it: a password in `user:pw@host` replaced by ***
-    (by pattern, not by parsing: the URI is malformed, or it would not be in an error)."""
-    return re.sub(r"([^:/@]+):([^@/]+)@", r"\1:***@", text)
-
-
-def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
-    """Reject a malformed URI before any work (it would otherwise fail only when the run is
-    logged or the study opened). `path_ok`: a bare local path is a store too (MLflow's)."""
-    if uri is None:
-        return
-    try:
-        _check_uri(key, str(uri), schemes, path_ok)
-    except ConfigError as e:  # the line names the URI, never its password
-        raise ConfigError(e.key, _hide_password(str(e.value)), e.allowed) from None
-
-
-def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
-    allowed = f"a URI with scheme {', '.join(schemes)}" + (" or a local path" if path_ok else "")
-    if not text.strip() or any(c.isspace() for c in text):
-        raise ConfigError(key, text, allowed + " (no spaces)")
-    m = _SCHEME.match(text)
-    if m is None or (path_ok and len(m.group(1)) == 1):  # no scheme (or a Windows drive letter)
-        if path_ok:
-            return
-        raise ConfigError(key, text, allowed)
-    scheme, rest = m.group(1).lower(), m.group(2)
-    base, _, driver = scheme.partition("+")
-    if base not in schemes or (driver and base not in _SQLALCHEMY):
-        raise ConfigError(key, text, allowed + (" (+driver for databases)" if driver else ""))
-    parts = urlsplit(text)
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
-    except ValueError:
-        raise ConfigError(key, text, f"{allowed}, with a numeric port") from None
-    if base in ("http", "https") and not parts.hostname:
-        raise ConfigError(key, text, f"{base}://host[:port][/path]")
-    # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:
-    # no run logged there would outlive the process
-    memory_ok = key != "tracking.uri" and rest == "//"
-    if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
-        raise ConfigError(key, text, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
-                          + (" or sqlite://" if key != "tracking.uri" else ""))
-    if base in _SQLALCHEMY and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
-        raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
-    if base == "file" and not parts.path:
-        raise ConfigError(key, text, "file:///absolute/folder")
-
-
-# ---------------------------------------------------------------- before Hydra runs anything
-
-# `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
-OPTIONAL_GROUPS = ("sweep", "experiment")
-
-
-def group_options(group: str) -> list[str]:
-    """Option names of a config group, from every folder on the search path (--config-dir too)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return list(GlobalHydra.instance().config_loader().get_group_options(group))
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
-
-
-def check_choices(cfg: DictConfig) -> None:
-    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    for group in OPTIONAL_GROUPS:
-        name = choices.get(group)
-        if name is None:
-            continue
-        options = group_options(group)
-        if name not in options:
-            raise ConfigError(group, name, f"one of {', '.join(options) or '(none)'} "
-                                           f"(conf/{group}/ or a --config-dir)")
-
-
-_ABSENT = object()
-
-
-def _swept_values(o) -> list:
-    """The values a sweep override names: every choice, a range's ends, an interval's ends."""
-    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
-
-    v = o.value()
-    if isinstance(v, IntervalSweep):
-        return [v.start, v.end]
-    if isinstance(v, RangeSweep):
-        n = math.ceil((v.stop - v.start) / v.step) if v.step else 0
-        return [v.start, v.start + (n - 1) * v.step] if n > 0 else []
-    return list(o.sweep_iterator())
-
-
-def _keys(node: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
-    """Every dotted key under `node` (nodes read unresolved), the top-level `skip` left out."""
-    if not isinstance(node, DictConfig):
-        return []
-    out = []
-    for k in node.keys():
-        if k in skip:
-            continue
-        key = f"{prefix}{k}"
-        out.append(key)
-        child = node._get_node(k)
-        if isinstance(child, DictConfig):
-            out += _keys(child, key + ".")
-    return out
-
-
-def check_sweep_overrides(cfg: DictConfig) -> None:
-    """Every swept key of a multirun (`key=a,b`, `choice(...)`, `range(...)`, `interval(...)`,
-    on the command line or in hydra.sweeper.params) names a key of the config or a config
-    group, and its values are in the key's range (RANGES) or among the group's options: a
-    misspelled key or a value out of range would otherwise fail every trial, one by one."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
-    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
-    texts = task + [f"{k}={v}" for k, v in params.items()]
-    try:
-        overrides = OverridesParser.create().parse_overrides(texts)
-    except Exception:  # Hydra itself reports a malformed override
-        return
-    groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    ranges = {key: (kind, low, high, nullable) for key, kind, low, high, nullable in RANGES}
-    for o in overrides:
-        key = o.key_or_group
-        if (not o.is_sweep_override() or o.is_add() or o.is_force_add() or o.is_delete()
-                or key.startswith(("hydra.", "hydra/"))):
-            continue
-        values = _swept_values(o)
-        if key in groups:
-            options = group_options(key)
-            for v in values:
-                if str(v) not in options:
-                    raise ConfigError(key, v, f"one of {', '.join(options)} (conf/{key}/ or a "
-                                              "--config-dir)")
-            continue
-        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-            import difflib
-
-            close = difflib.get_close_matches(key, _keys(cfg, skip=("hydra",)), n=3)
-            hint = f" (close: {', '.join(close)})" if close else ""
-            raise ConfigError(key, o.input_line.split("=", 1)[-1] if o.input_line else values,
-                              f"a key of the config to sweep{hint}; +{key}=... adds a new one")
-        if key in ranges:
-            for v in values:
-                check_range(key, v, *ranges[key])
-
-
-def check_before_work(cfg: DictConfig) -> None:
-    """What can be checked on the whole composed config (with its `hydra` node) before Hydra
-    creates a run dir, a sweeper or an MLflow parent run: group names, swept keys and values,
-    and URIs."""
-    check_choices(cfg)
-    check_sweep_overrides(cfg)
-    if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
-        check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
-    storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)
-    if isinstance(storage, str):
-        check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)
-
-
-class InputRejected(SystemExit):
-    """Bad input found by `InputCheck`; its code is the ConfigError. A SystemExit because Hydra
-    turns an Exception raised in a callback into a warning and carries on; this one ends the
-    command (gpubench.cli.errors prints it as one line, exit 2)."""
-
-
-class InputCheck(Callback):
-    """Listed first in bench.yaml's hydra.callbacks: Hydra calls it on the composed config
-    before the sweeper is built and before any other callback (the MLflow parent run) starts."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config)
-
-    @staticmethod
-    def _check(config: DictConfig) -> None:
-        try:
-            check_before_work(config)
-        except ConfigError as e:
-            raise InputRejected(e) from None
-
-
 def to_container(cfg: DictConfig) -> dict:
     """Plain, JSON-friendly dict of the resolved config (Enums by name, as OmegaConf writes
     them: what results.json's "config" has always held)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-
-__all__ = [
-    "BenchConfig",
-    "CONFIG_DIR",
-    "ConfigError",
-    "InputCheck",
-    "RANGES",
-    "auto_sizes",
-    "check_range",
-    "check_uri",
-    "to_container",
-]

@@ -15,18 +15,15 @@ are written here: `check_batch_fits`, `check_preload_fits` (and `check_found_cla
 classes a folder holds).
 
 Torch-free at import (torch and torchvision are imported lazily by the device and model-name
-rules); raises config.ConfigError, one line naming the key, the value and what is allowed.
-
-Why one module of this size (about 480 lines): it is the one place every input rule is found
-(the settings' fields, the rules on them, the machine's limits), read together; the schema
-and its range table stay in config.py.
+rules); raises config.ConfigError, one line naming the key, the value and what is allowed. The
+settings' fields are derived from the schema's declarations (config.schema), not written again.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
@@ -34,107 +31,51 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from gpubench.config.errors import ConfigError
+from gpubench.config.keys import keys
 from gpubench.config.schema import (
-    RANGES,
-    ConfigError,
+    BenchSettings,
+    DatasetConfig,
+    FaultConfig,
+    LoaderConfig,
+    MemoryConfig,
+    ModelConfig,
+    TrackingConfig,
     auto_sizes,
-    check_range,
-    check_tracking_uri,
+    check_ranges,
     to_container,
 )
+from gpubench.config.uris import check_tracking_uri
 
 # ---------------------------------------------------------------- the settings (frozen)
-# One class per config group, with the group's key names; Enums are stored as their values.
-# Mappings are read-only views all the way down (lists as tuples): a rule checked once cannot
-# be undone by a reader writing into them. `plain` gives a writable copy where one is needed.
+# One class per config group, with the group's keys as the schema declares them; Enums are
+# stored as their values. Mappings are read-only views all the way down (lists as tuples): a rule
+# checked once cannot be undone by a reader writing into them. `plain` gives a writable copy
+# where one is needed.
 
 
-@dataclass(frozen=True, slots=True)
-class Dataset:
-    name: str
-    image_size: int  # never None: sized by device when the config leaves it null
-    num_classes: int
-    num_samples: int
-    root: str | None
-    jpeg_quality: int
-    preload: bool
-    augment_on: str
-    decode_on: str
-    on_corrupt: str
-    _target_: str | None
-    kwargs: Mapping
-    transform: Mapping  # a Hydra instantiate node, read-only ({} when unset)
-    collate: Mapping
+def _settled(k) -> Any:
+    """A key's type in the settings: an Enum as its value (str), a mapping read-only, a list as a
+    tuple."""
+    tp = {dict: Mapping, list: tuple}.get(k.type, str if k.choices else k.type)
+    return tp | None if k.nullable else tp
 
 
-@dataclass(frozen=True, slots=True)
-class Model:
-    name: str
-    num_classes: int
-    _target_: str | None
-    kwargs: Mapping
-    checkpointing: bool
+def _frozen_group(name: str, schema: type, drop: tuple[str, ...] = (), **types: Any) -> type:
+    """The frozen settings class of a schema group: its keys, `drop` left out, `types` replacing
+    a key's type (the device-sized keys are never None once resolved)."""
+    return make_dataclass(name, [(k.path, types.get(k.path, _settled(k))) for k in keys(schema)
+                                 if k.path not in drop], frozen=True, slots=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Loader:
-    batch_size: int  # never None: sized by device when the config leaves it null
-    num_workers: int
-    pin_memory: bool
-    prefetch_factor: int | None
-    persistent_workers: bool
-    drop_last: bool
-    multiprocessing_context: str | None
-    worker_threads: int
-
-
-@dataclass(frozen=True, slots=True)
-class Bench:
-    """bench.* without device and phases: resolved, they are Settings.device and .phases."""
-
-    warmup_steps: int
-    warmup_max_steps: int
-    steps: int
-    repeats: int
-    warmup_max_seconds: float
-    max_seconds: float
-    seed: int
-    monitor: bool
-    monitor_interval_s: float
-    flops: bool
-    optimizer: str
-    optimizer_impl: str
-    lr: float
-    grad_accum_steps: int
-    cudnn_benchmark: bool | None
-    host_metrics_every: int
-    profile: bool
-    profile_steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class Memory:
-    ceiling: float
-    reserve: float
-
-
-@dataclass(frozen=True, slots=True)
-class Tracking:
-    backend: str
-    uri: str | None
-    experiment: str
-    run_name: str | None
-    timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    oom_above_batch: int | None
-    fail_message: str | None
-    fail_after_windows: int
-    stall_every: int | None
-    stall_s: float
-    rank: int | None
+Dataset = _frozen_group("Dataset", DatasetConfig, image_size=int)
+Model = _frozen_group("Model", ModelConfig)
+Loader = _frozen_group("Loader", LoaderConfig, batch_size=int)
+# bench.* without device and phases: resolved, they are Settings.device and .phases
+Bench = _frozen_group("Bench", BenchSettings, drop=("device", "phases"))
+Memory = _frozen_group("Memory", MemoryConfig)
+Tracking = _frozen_group("Tracking", TrackingConfig)
+Fault = _frozen_group("Fault", FaultConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,9 +144,7 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     only, with no availability rule: a sweeper on a login node without a GPU sizes the first
     probe of jobs that run on GPU nodes (gpubench.search.maxbatch.start_batch). `resolve` takes its
     device from here and then applies the rules."""
-    for key, kind, low, high, nullable in RANGES:
-        if key in SIZED_KEYS:
-            check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    check_ranges(cfg, only=SIZED_KEYS)
     want = _plain(cfg.bench.device)
     device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
     image_size, batch_size = auto_sizes(device)
@@ -242,9 +181,6 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
 # ---------------------------------------------------------------- resolve: rules without disk/RAM
 
 TINY_MODELS = ("tiny",)
-# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); for_loop,
-# foreach and fused force one implementation (gpubench/step.py make_optimizer)
-OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
 # models whose stages gpubench/models.py apply_checkpointing knows how to wrap
 CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
 CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tiny"
@@ -295,8 +231,7 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
 def resolve(cfg: DictConfig) -> Settings:
     """The frozen settings of a composed config, after every rule that needs neither the disk
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
-    for key, kind, low, high, nullable in RANGES:
-        check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    check_ranges(cfg)  # every key's declared range or choices
     device, image_size, batch_size = sizes(cfg)
     if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
@@ -315,11 +250,7 @@ def resolve(cfg: DictConfig) -> Settings:
                           f"<= bench.max_seconds ({b.max_seconds:g}): a window needs a sample")
     if not s.phases:
         raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
-    if b.optimizer not in ("sgd", "adamw"):
-        raise ConfigError("bench.optimizer", b.optimizer, "sgd or adamw")
     _check_step(s)
-    if s.tracking.backend not in ("mlflow", "none"):
-        raise ConfigError("tracking.backend", s.tracking.backend, "mlflow or none")
     if s.tracking.backend == "mlflow":
         check_tracking_uri(s.tracking.uri)
     _check_data(s)
@@ -344,8 +275,6 @@ def _check_model(s: Settings) -> None:
 def _check_step(s: Settings) -> None:
     """The train step's knobs (gpubench/step.py, gpubench/models.py)."""
     impl, device = s.bench.optimizer_impl, s.device
-    if impl not in OPTIMIZER_IMPLS:
-        raise ConfigError("bench.optimizer_impl", impl, ", ".join(OPTIMIZER_IMPLS))
     devices = impl_devices(impl)
     if devices is not None and device not in devices:
         raise ConfigError("bench.optimizer_impl", impl,

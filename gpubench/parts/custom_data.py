@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Dataset as DatasetSettings
 from gpubench.config.settings import Settings, node_set, plain
 

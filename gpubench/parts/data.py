@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.config.settings import (
     Loader,
     Settings,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 

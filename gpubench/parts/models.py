@@ -9,7 +9,7 @@ import inspect
 import torch
 from torch import nn
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.config.settings import CHECKPOINT_WIRED, Settings, plain
 
 

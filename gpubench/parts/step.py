@@ -8,7 +8,7 @@ import contextlib
 import torch
 from torch import nn
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.parts.precision import PrecisionPlan, make_grad_scaler
 
 OOM_ERRORS: tuple[type[BaseException], ...] = (

@@ -43,7 +43,7 @@ from gpubench.analysis.recommend import (
 )
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.overrides import format_value
-from gpubench.config.schema import CONFIG_DIR
+from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import read_json
 from gpubench.core.record import SHORT_RUNGS
 from gpubench.search.rows import load_dir

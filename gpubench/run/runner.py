@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from gpubench.config.schema import ConfigError
+from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
 from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.core.secrets import mask_tree

@@ -11,11 +11,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from gpubench.config.errors import ConfigError
 from gpubench.core.record import RunRecord
 from gpubench.search.jobs import Jobs
-from gpubench.search.space import SearchSpace, SearchSpaceError
+from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -75,11 +76,9 @@ def start_batch(cfg: DictConfig, start: int | None) -> int:
 def check_memory(cfg: DictConfig) -> tuple[float, float]:
     """(memory.ceiling, memory.reserve), checked against their ranges before any probe: the
     search's threshold is made of them."""
-    from gpubench.config.schema import RANGES, check_range
+    from gpubench.config.schema import check_ranges
 
-    for key, kind, low, high, nullable in RANGES:
-        if key in ("memory.ceiling", "memory.reserve"):
-            check_range(key, OmegaConf.select(cfg, key), kind, low, high, nullable)
+    check_ranges(cfg, only=("memory.ceiling", "memory.reserve"))
     return float(cfg.memory.ceiling), float(cfg.memory.reserve)
 
 
@@ -87,9 +86,9 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
                   limit: int, overrides: list[str]) -> dict:
     """Probe batch sizes as jobs; the result as max_batch.json stores it."""
     if space.params:
-        raise SearchSpaceError(
-            "sweep=max_batch: swept overrides are not allowed; it searches loader.batch_size "
-            "itself, pass fixed overrides only")
+        raise ConfigError("hydra.sweeper.mode", "max_batch", "fixed overrides only: it searches "
+                          "loader.batch_size itself (swept: "
+                          f"{', '.join(p.name for p in space.params)})")
     ceiling, reserve = check_memory(cfg)
     first = start_batch(cfg, start)
     found: list[tuple[int, RunRecord]] = []

@@ -28,12 +28,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from gpubench.config.errors import ConfigError
 from gpubench.config.overrides import format_value
-
-
-class SearchSpaceError(ValueError):
-    pass
-
 
 # --------------------------------------------------------------------------- search space
 
@@ -76,9 +72,9 @@ class SearchSpace:
     def require_swept(self) -> None:
         """An optuna search needs at least one swept key."""
         if not self.params:
-            raise SearchSpaceError(
-                "hydra.sweeper.params={}: nothing to search; allowed: swept overrides such as "
-                "'loader.batch_size=choice(32,64)' or a preset (sweep=throughput)")
+            raise ConfigError("hydra.sweeper.params", {}, "swept overrides (nothing to search), "
+                              "such as 'loader.batch_size=choice(32,64)' or a preset "
+                              "(sweep=throughput)")
 
     def size(self) -> int | None:
         """Number of distinct points, or None when a parameter is continuous."""
@@ -122,28 +118,25 @@ def _is_scalar(v: Any) -> bool:
 
 def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
     start, stop, step = sweep.start, sweep.stop, sweep.step
-    text = f"{name}=range({start},{stop},{step})"
+    text = f"range({start},{stop},{step})"
     if step == 0:
-        raise SearchSpaceError(f"{text}: a step of 0 is not allowed; allowed: range(a,b[,step]) "
-                               "with step != 0")
+        raise ConfigError(name, text, "range(a,b[,step]) with step != 0")
     n = math.ceil((stop - start) / step)
     if n <= 0:
-        raise SearchSpaceError(f"{text} is empty; allowed: range(a,b[,step]) with a < b for a "
-                               "positive step (b excluded, as in Python), a > b for a negative one")
+        raise ConfigError(name, text, "a range that is not empty: range(a,b[,step]) with a < b for "
+                          "a positive step (b excluded, as in Python), a > b for a negative one")
     # the stop value is excluded, as in Python: the last point is start + (n-1)*step
     last = start + (n - 1) * step
     low, high = (start, last) if step > 0 else (last, start)
     step = abs(step)
     if all(isinstance(x, int) for x in (start, stop, step)):
         if log and step != 1:
-            raise SearchSpaceError(f"{name}=tag(log,range(...,{step})): allowed: step 1 (or "
-                                   "use choice(...))")
+            raise ConfigError(name, f"tag(log,{text})", "a log range with step 1 (or choice(...))")
         if log and low < 1:
-            raise SearchSpaceError(f"{name}=tag(log,range({start},{stop})): allowed: a start >= 1")
+            raise ConfigError(name, f"tag(log,{text})", "a log range with a start >= 1")
         return IntDistribution(int(low), int(high), log=log, step=1 if log else int(step))
     if log:
-        raise SearchSpaceError(f"{name}=tag(log,range(...)) of floats: allowed: "
-                               "tag(log,interval(a,b))")
+        raise ConfigError(name, f"tag(log,{text})", "tag(log,interval(a,b)) for floats")
     return FloatDistribution(float(low), float(high), step=float(step))
 
 
@@ -154,10 +147,10 @@ def to_param(override) -> Param:
     value = override.value()
     name, key = override.key_or_group, override.get_key_element()
     log = "log" in (getattr(value, "tags", None) or set())
+    text = override.input_line.split("=", 1)[-1] if override.input_line else str(value)
     if isinstance(value, ChoiceSweep):
         if log:
-            raise SearchSpaceError(f"{name}=tag(log,choice(...)): allowed: tag(log, ...) "
-                                   "around range(...) or interval(...) only")
+            raise ConfigError(name, text, "tag(log, ...) around range(...) or interval(...) only")
         labels = list(override.sweep_string_iterator())
         choices, text = [], {}
         for v, label in zip(value.list, labels, strict=True):
@@ -170,21 +163,20 @@ def to_param(override) -> Param:
                 text[label] = label
         # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
         if len(set(choices)) != len(choices):
-            raise SearchSpaceError(f"{name}=choice({','.join(labels)}) lists a value twice; "
-                                   "allowed: distinct values (0 and false, 1 and true, 1 and 1.0 "
-                                   "count as the same)")
+            raise ConfigError(name, f"choice({','.join(labels)})", "distinct values (0 and "
+                              "false, 1 and true, 1 and 1.0 count as the same)")
         return Param(name, key, CategoricalDistribution(choices), text)
     if isinstance(value, RangeSweep):
         return Param(name, key, _range_distribution(name, value, log))
     if isinstance(value, IntervalSweep):
         lo, hi = float(value.start), float(value.end)
         if not lo < hi:
-            raise SearchSpaceError(f"{name}=interval({lo},{hi}): allowed: interval(a,b) with a < b")
+            raise ConfigError(name, f"interval({lo},{hi})", "interval(a,b) with a < b")
         if log and lo <= 0:
-            raise SearchSpaceError(f"{name}=tag(log,interval({lo},{hi})): allowed: a > 0")
+            raise ConfigError(name, f"tag(log,interval({lo},{hi}))", "a log interval with a > 0")
         return Param(name, key, FloatDistribution(lo, hi, log=log))
-    raise SearchSpaceError(f"{override.input_line}: allowed: choice(...), range(...), "
-                           "interval(...), optionally in tag(log, ...)")
+    raise ConfigError(name, text, "choice(...), range(...), interval(...), optionally in "
+                      "tag(log, ...)")
 
 
 def parse_search_space(

@@ -49,9 +49,10 @@ def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
 
 def uri_problem(uri: str | None) -> str | None:
     """What is wrong with a tracking URI, before any work (None when it can be used): the one
-    rule, gpubench.config.schema.check_tracking_uri (forms MLflow accepts, or a local path). Checks
+    rule, gpubench.config.uris.check_tracking_uri (forms MLflow accepts, or a local path). Checks
     the form only; whether a server answers is for the probe. The text never holds a password."""
-    from gpubench.config.schema import ConfigError, check_tracking_uri
+    from gpubench.config.errors import ConfigError
+    from gpubench.config.uris import check_tracking_uri
 
     if not uri:  # the embedded default store
         return None

@@ -1,4 +1,7 @@
-"""Settings of the gpubench sweeper, selected with `hydra/sweeper=gpubench`.
+"""Settings of the gpubench sweeper, selected with `hydra/sweeper=gpubench`: each key declared
+once, with gpubench.config.keys.setting, like the run's keys. gpubench.config.prechecks checks
+them (found from the `hydra.sweeper` node's type) before Hydra builds anything; the docs table
+of docs/configuration.md is written from them (scripts/config_table.py).
 
 Imported by Hydra's plugin scan on every run, so it stays free of heavy imports (no Optuna here).
 """
@@ -10,6 +13,8 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+
+from gpubench.config.keys import setting
 
 
 class Mode(str, Enum):
@@ -24,71 +29,81 @@ class Sampler(str, Enum):
 
 @dataclass
 class ScreenConf:
-    # cheap first measurement of every trial: this many measured steps; null turns screening off
-    # (it is also off when bench.steps is not larger than this)
-    steps: int | None = 10
-    # fraction of screened trials measured again at full length (the others end PRUNED)
-    keep: float = 0.5
-    # the first trials are always measured in full, so the cut has something to compare with
-    n_startup_trials: int = 2
-    # more overrides for the screen; the e2e phase alone is what the objective needs
-    overrides: list[str] = field(default_factory=lambda: ["bench.phases=[e2e]"])
+    steps: int | None = setting(
+        10, "a cheap first measurement of every trial, in measured steps; null: no screen (nor "
+            "when bench.steps is not larger)", bounds=(1, None))
+    keep: float = setting(0.5, "fraction of screened trials measured again at full length (the "
+                               "others end PRUNED)", bounds=(1e-6, 1.0))
+    n_startup_trials: int = setting(2, "the first trials are measured in full, so the cut has "
+                                       "something to compare with", bounds=(0, None))
+    overrides: list[str] = setting(
+        factory=lambda: ["bench.phases=[e2e]"],
+        help="more overrides for the screen (the e2e phase alone is what the objective needs)")
 
 
 @dataclass
 class ConfirmConf:
-    # after n_trials, the fastest `top` feasible full-length trials are measured again `rounds`
-    # times each, interleaved (A, B, C, A, B, C) so drift hits them alike; `best` and the report
-    # then judge them on all their measurements. 0 turns the step off
-    top: int = 3
-    rounds: int = 2
+    top: int = setting(
+        3, "after n_trials, the fastest top feasible full-length trials are measured again, "
+           "interleaved, and judged on all their measurements; 0: no confirm step",
+        bounds=(0, None))
+    rounds: int = setting(2, "how many times each is measured again", bounds=(1, None))
 
 
 @dataclass
 class MaxBatchConf:
-    # first batch size tried; null: loader.batch_size of the composed config
-    start: int | None = None
-    # never probe above this
-    limit: int = 4096
-    # a probe measures memory, not speed: a few steps reach the peak
-    overrides: list[str] = field(
-        default_factory=lambda: ["bench.warmup_steps=1", "bench.steps=3"]
-    )
+    start: int | None = setting(None, "the first batch size tried; null: loader.batch_size "
+                                         "of the composed config", bounds=(1, None))
+    limit: int = setting(4096, "never probe above this", bounds=(1, None))
+    overrides: list[str] = setting(
+        factory=lambda: ["bench.warmup_steps=1", "bench.steps=3"],
+        help="a probe measures memory, not speed: a few steps reach the peak")
 
 
 @dataclass
 class GpubenchSweeperConf:
-    _target_: str = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
-    # optuna: maximize e2e images/sec under memory.ceiling; max_batch: largest batch that fits
-    mode: Mode = Mode.optuna
-    n_trials: int = 20
-    # trials launched together; keep 1 unless the launcher puts each job on its own device
-    n_jobs: int = 1
-    # null: derived from the search space, so re-running the same command resumes its study
-    study_name: str | None = None
-    # an SQLAlchemy URL (sqlite:///..., postgresql+psycopg://...); null: in memory (not
-    # resumable, one worker). Several workers (machines) running the same command on one RDB
-    # storage cooperate on one study (docs/scaling.md)
-    storage: str | None = "sqlite:///outputs/optuna.db"
-    sampler: Sampler = Sampler.tpe
-    seed: int | None = None
-    # random trials before TPE starts modelling
-    n_startup_trials: int = 5
-    # the sweep stops (with an error) after more failed trials than this in one invocation
-    max_failures: int = 5
-    # RDB storages: each worker records its running trial's heartbeat this often (seconds); a
-    # trial whose worker stopped beating for grace_period seconds is failed and queued again
-    heartbeat_interval: int = 10
-    # null: 2 x heartbeat_interval (Optuna's default); keep it well above heartbeat_interval
-    grace_period: int | None = 60
+    _target_: str = setting("hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper",
+                            "the sweeper class Hydra builds")
+    mode: Mode = setting(Mode.optuna, "optuna: maximize e2e images/sec under memory.ceiling; "
+                                      "max_batch: the largest batch that fits")
+    n_trials: int = setting(20, "measured trials to reach, over all invocations",
+                            bounds=(1, None))
+    n_jobs: int = setting(1, "trials launched together; keep 1 unless the launcher puts each "
+                             "job on its own device: parallel trials on one device corrupt each "
+                             "other's throughput", bounds=(1, None))
+    study_name: str | None = setting(
+        None, "null: gpubench-<hash of the search space>, so re-running the same command "
+              "resumes its study")
+    storage: str | None = setting(
+        "sqlite:///outputs/optuna.db",
+        "Optuna's RDB storage; null: in memory (not resumable, one worker); a persistent one "
+        "prints the optuna-dashboard command; workers on one storage share one study "
+        "([scaling.md](scaling.md))",
+        allowed="null or a SQLAlchemy URL: sqlite:///path.db, postgresql[+driver]://..., "
+                "mysql[+driver]://..., mssql[+driver]://..., oracle[+driver]://...")
+    sampler: Sampler = setting(Sampler.tpe, "Optuna's sampler")
+    seed: int | None = setting(None, "the sampler's seed (a resume adds the number of trials "
+                                     "so far); null: random",
+                                  bounds=(0, 2**32 - 1))
+    n_startup_trials: int = setting(5, "random trials before TPE models the space "
+                                       "([benchmarks.md](benchmarks.md#search-efficiency))",
+                                    bounds=(0, None))
+    max_failures: int = setting(5, "the sweep stops (with an error) after more failed trials "
+                                   "than this in one invocation", bounds=(0, None))
+    heartbeat_interval: int = setting(
+        10, "RDB storages: seconds between a running trial's heartbeats", bounds=(1, None))
+    grace_period: int | None = setting(
+        60, "a trial whose worker stopped beating this long is failed and queued again; above "
+            "heartbeat_interval; null: 2 x heartbeat_interval (Optuna's default)",
+        bounds=(1, None))
     screen: ScreenConf = field(default_factory=ScreenConf)
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     max_batch: MaxBatchConf = field(default_factory=MaxBatchConf)
-    # search space in override syntax, e.g. {loader.batch_size: "choice(32,64,128)"};
-    # command-line overrides of the same key win
-    params: dict[str, Any] = field(default_factory=dict)
-    # write the report (ranking, plots, recommended config) into the sweep dir at the end
-    report: bool = True
+    params: dict[str, Any] = setting(
+        factory=dict, help="the search space in override syntax ({loader.batch_size: "
+                           "'choice(32,64,128)'}); command-line overrides of the same key win")
+    report: bool = setting(True, "write the report (ranking, plots, recommended config) into the "
+                                 "sweep dir at the end")
 
 
 ConfigStore.instance().store(

@@ -23,34 +23,13 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.config.errors import ConfigError
+from gpubench.config.keys import check_keys, keys
+from gpubench.config.uris import STORAGE_SCHEMES, check_uri
 from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
+from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
 log = logging.getLogger("gpubench.sweep")
-
-
-class SweeperConfigError(ValueError):
-    """A bad hydra.sweeper setting; its message is one line naming key, value and what is allowed."""
-
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
-        v = value.value if isinstance(value, Enum) else value
-        super().__init__(f"hydra.sweeper.{key}={v!r}: allowed: {allowed}")
-
-
-def check_storage(url: str | None) -> None:
-    """A storage is an SQLAlchemy URL of a database Optuna's RDB storage knows."""
-    if url is None:
-        return
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    allowed = ("null (in memory) or an SQLAlchemy URL such as sqlite:///outputs/optuna.db or "
-               "postgresql+psycopg://user@host/db")
-    try:
-        u = make_url(str(url))
-    except (ArgumentError, ValueError):
-        raise SweeperConfigError("storage", url, allowed) from None
-    if u.get_backend_name() not in ("sqlite", "postgresql", "mysql", "oracle", "mssql"):
-        raise SweeperConfigError("storage", url, allowed)
 
 
 class GpubenchSweeper(Sweeper):
@@ -75,42 +54,21 @@ class GpubenchSweeper(Sweeper):
         self.launcher = None
 
     def check(self) -> None:
-        """Every setting, before any work; SweeperConfigError names the first bad one."""
-        from hydra_plugins.gpubench_sweeper.config import Mode, Sampler
-
-        for key, enum in (("mode", Mode), ("sampler", Sampler)):
-            v = getattr(self, key)
-            try:
-                setattr(self, key, enum(v.value if isinstance(v, Enum) else v))
-            except ValueError:
-                raise SweeperConfigError(key, v, " or ".join(m.value for m in enum)) from None
-        for key, low in (("n_trials", 1), ("n_jobs", 1), ("max_failures", 0),
-                         ("n_startup_trials", 0), ("heartbeat_interval", 1)):
-            v = getattr(self, key)
-            if not isinstance(v, int) or v < low:
-                raise SweeperConfigError(key, v, f"an integer >= {low}")
+        """Every setting, before any work; ConfigError names the first bad one. The keys' ranges
+        and choices are their declarations in config.py (gpubench.config.prechecks has checked
+        them once already on a command line); the rules across keys are here."""
+        settings = {k: getattr(self, k) for k in ("mode", "n_trials", "n_jobs", "study_name",
+                                                  "storage", "sampler", "seed", "n_startup_trials",
+                                                  "max_failures", "heartbeat_interval",
+                                                  "grace_period", "screen", "confirm", "max_batch",
+                                                  "params", "report")}
+        check_keys(settings, keys(GpubenchSweeperConf, "hydra.sweeper."))
+        self.mode, self.sampler = _member(Mode, self.mode), _member(Sampler, self.sampler)
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
-            raise SweeperConfigError("grace_period", self.grace_period,
-                                     f"null or seconds > heartbeat_interval "
-                                     f"({self.heartbeat_interval})")
-        keep = self.screen.keep
-        if not 0.0 < float(keep) <= 1.0:
-            raise SweeperConfigError("screen.keep", keep, "a fraction in (0, 1]")
-        steps = self.screen.steps
-        if steps is not None and int(steps) < 1:
-            raise SweeperConfigError("screen.steps", steps, "null (no screen) or an integer >= 1")
-        for key, low in (("top", 0), ("rounds", 1)):
-            v = self.confirm[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise SweeperConfigError(f"confirm.{key}", v,
-                                         f"an integer >= {low}" + (" (0: no confirm step)"
-                                                                   if low == 0 else ""))
-        if int(self.max_batch.limit) < 1:
-            raise SweeperConfigError("max_batch.limit", self.max_batch.limit, "an integer >= 1")
-        start = self.max_batch.start
-        if start is not None and int(start) < 1:
-            raise SweeperConfigError("max_batch.start", start, "null or an integer >= 1")
-        check_storage(self.storage)
+            raise ConfigError("hydra.sweeper.grace_period", self.grace_period,
+                              f"null or seconds > heartbeat_interval ({self.heartbeat_interval})")
+        if self.storage is not None:
+            check_uri("hydra.sweeper.storage", self.storage, STORAGE_SCHEMES)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
@@ -121,14 +79,13 @@ class GpubenchSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from gpubench.cli.errors import release_stderr
-        from gpubench.config.schema import ConfigError
-        from gpubench.search.space import SearchSpaceError
 
         release_stderr()  # composed fine: what follows (Optuna's log lines too) is no compose error
         try:
             return self._sweep(arguments)
-        # ConfigError: a key the sweeper itself reads (max batch's memory.*, its first probe)
-        except (SweeperConfigError, SearchSpaceError, ConfigError) as e:
+        # a sweeper key, the search space, or a key the sweeper itself reads (max batch's
+        # memory.*, its first probe)
+        except ConfigError as e:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"gpubench: error: {e}", file=sys.stderr, flush=True)
@@ -208,6 +165,12 @@ class GpubenchSweeper(Sweeper):
             log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
         except Exception as e:  # the measurements are on disk; a report can be made later
             log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
+
+
+def _member(enum: type[Enum], v: Any) -> Enum:
+    """A checked choice as this module's Enum member: Hydra hands a member (of the copy of
+    config.py its plugin scan loaded), a caller its name."""
+    return enum[v.name if isinstance(v, Enum) else v]
 
 
 def _shown(url: str) -> str:

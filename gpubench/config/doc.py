@@ -1,0 +1,63 @@
+"""The key tables of docs/configuration.md, written from the keys' declarations (config.keys).
+
+scripts/config_table.py writes them between the markers below; tests/test_config.py fails when
+the doc's tables differ from what the declarations give (a key added, a default or range changed
+without the doc following).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+from typing import Any
+
+from gpubench.config.keys import Key
+
+BEGIN = "<!-- key tables: written by scripts/config_table.py from the schema; edit the schema -->"
+END = "<!-- end of the key tables -->"
+
+
+def shown(v: Any) -> str:
+    """A default as a command line or YAML writes it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Enum):
+        return v.name
+    if isinstance(v, (list, tuple)):
+        return f"[{', '.join(shown(x) for x in v)}]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {shown(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table(declared: Iterable[Key]) -> str:
+    lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for k in declared:
+        lines.append(f"| `{k.name}` | `{_cell(shown(k.default))}` | {_cell(k.allowed)} | "
+                     f"{_cell(k.help)} |")
+    return "\n".join(lines)
+
+
+def section(declared: Iterable[Key]) -> str:
+    """One table per group (the keys' dotted prefix), in declaration order; top-level keys
+    under "top level"."""
+    groups: dict[str, list[Key]] = {}
+    for k in declared:
+        groups.setdefault(k.name.rpartition(".")[0], []).append(k)
+    parts = [f"### {f'`{g}`' if g else 'top level'}\n\n{table(ks)}" for g, ks in groups.items()]
+    return "\n\n".join(parts)
+
+
+def rewrite(doc: str, generated: str) -> str:
+    """`doc` with the text between the markers replaced by `generated`."""
+    head, found, rest = doc.partition(BEGIN)
+    _, found_end, tail = rest.partition(END)
+    if not (found and found_end):
+        raise ValueError(f"the doc lacks the markers {BEGIN!r} ... {END!r}")
+    return f"{head}{BEGIN}\n\n{generated}\n\n{END}{tail}"

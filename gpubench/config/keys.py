@@ -1,0 +1,207 @@
+"""One declaration per config key, and what is derived from it.
+
+A schema dataclass (gpubench.config.schema.BenchConfig, the sweeper's GpubenchSweeperConf) declares
+each key once, on its field: the type is the annotation, the rest is `setting(...)`:
+
+    steps: int = setting(50, "measured steps per phase", bounds=(1, 10_000_000))
+
+`keys(cls)` reads them back as `Key`s, and everything else takes them from there: the range and
+choice checks (`Key.check`, `check_keys`), the docs table (gpubench.config.doc), the frozen
+settings' fields (gpubench.config.settings). An Enum annotation is the key's choices; a numeric
+key has `bounds` (low, high; None is open); `None` in the annotation makes null allowed.
+
+Kept free of Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin
+scan, on every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+from gpubench.config.errors import ConfigError
+
+INT, FLOAT = "an integer", "a number"
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "",
+            bounds: tuple[float | None, float | None] | None = None, *,
+            factory: Any = dataclasses.MISSING, allowed: str | None = None) -> Any:
+    """A schema field with its declaration: `default` (or `factory` for a list or dict), a
+    one-line `help`, numeric `bounds`, and `allowed`: the docs' wording of a rule that a check
+    in code applies (a model name torchvision knows, a URI), where the type alone says too little."""
+    meta: dict[str, Any] = {"help": help}
+    if bounds is not None:
+        meta["bounds"] = bounds
+    if allowed is not None:
+        meta["allowed"] = allowed
+    return dataclasses.field(default=default, default_factory=factory, metadata=meta)
+
+
+def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
+    """The 'allowed' text of a range, as the docs and the error line spell it."""
+    def fmt(v: float) -> str:
+        return str(int(v)) if kind == INT else f"{v:g}"
+
+    if low is not None and high is not None:
+        text = f"{kind} in [{fmt(low)}, {fmt(high)}]"
+    elif low is not None:
+        text = f"{kind} >= {fmt(low)}"
+    else:
+        text = f"{kind} <= {fmt(high)}"
+    return f"null or {text}" if nullable else text
+
+
+def check_range(key: str, value: Any, kind: str, low: float | None, high: float | None,
+                nullable: bool = False) -> None:
+    allowed = allowed_range(kind, low, high, nullable)
+    if value is None:
+        if not nullable:
+            raise ConfigError(key, value, allowed)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(key, value, allowed)
+    if kind == INT and (not math.isfinite(value) or float(value) != int(value)):
+        raise ConfigError(key, value, allowed)
+    # written as "not inside" so NaN (which compares False to everything) is rejected too
+    if not ((low is None or value >= low) and (high is None or value <= high)):
+        raise ConfigError(key, value, allowed)
+
+
+_TYPE_TEXT = {bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One config key as its schema field declares it."""
+
+    name: str  # dotted, as on the command line (with the schema's prefix: hydra.sweeper.seed)
+    path: str  # dotted, inside the schema's own node
+    type: Any  # int, float, bool, str, list, dict or an Enum class (None taken out)
+    nullable: bool
+    default: Any  # the field's default (a factory's product for lists and dicts)
+    help: str
+    bounds: tuple[float | None, float | None] | None = None
+    item: Any = None  # a list's item type (bench.phases: Phase)
+    wording: str | None = None  # setting(allowed=...): the docs' text of a rule checked in code
+
+    @property
+    def kind(self) -> str | None:
+        return INT if self.type is int else FLOAT if self.type is float else None
+
+    @property
+    def choices(self) -> type[Enum] | None:
+        for tp in (self.type, self.item):
+            if isinstance(tp, type) and issubclass(tp, Enum):
+                return tp
+        return None
+
+    @property
+    def allowed(self) -> str:
+        """What the key takes, as an error line and the docs table say it."""
+        if self.bounds is not None:
+            return allowed_range(self.kind or FLOAT, *self.bounds, self.nullable)
+        null = "null or " if self.nullable else ""
+        if self.wording is not None:
+            return self.wording
+        enum = self.choices
+        if enum is not None:
+            names = ", ".join(enum.__members__)
+            return f"a list of {names}" if self.type is list else f"{null}one of {names}"
+        if self.kind is not None:
+            return f"{null}{self.kind}"
+        return null + _TYPE_TEXT.get(self.type, "any value")
+
+    @property
+    def checked(self) -> bool:
+        """A key `check` has a rule for: a range, or choices."""
+        return self.bounds is not None or self.choices is not None
+
+    def check(self, value: Any) -> None:
+        """Raise ConfigError when `value` is outside the key's range or choices."""
+        if self.bounds is not None:
+            check_range(self.name, value, self.kind or FLOAT, *self.bounds, self.nullable)
+            return
+        enum = self.choices
+        if enum is None or (value is None and self.nullable):
+            return
+        if self.type is list:
+            if not isinstance(value, Iterable) or isinstance(value, (str, bytes, Mapping)):
+                raise ConfigError(self.name, value, self.allowed)
+            for i, v in enumerate(value):
+                if not _is_member(enum, v):
+                    raise ConfigError(f"{self.name}[{i}]", v, f"one of {', '.join(enum.__members__)}")
+        elif not _is_member(enum, value):
+            raise ConfigError(self.name, value, self.allowed)
+
+
+def _is_member(enum: type[Enum], value: Any) -> bool:
+    # a typed config holds the member (Hydra's plugin scan may have loaded a second copy of the
+    # sweeper's Enums: by name); an untyped one (or a swept value) its name, as typed
+    name = value.name if isinstance(value, Enum) else value
+    return isinstance(name, str) and name in enum.__members__
+
+
+def _unwrap(tp: Any) -> tuple[Any, bool, Any]:
+    """(type, nullable, item type) of an annotation: `int | None` -> (int, True, None)."""
+    nullable = False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        nullable = len(args) < len(typing.get_args(tp))
+        tp = args[0] if len(args) == 1 else Any
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return list, nullable, args[0] if args else None
+    if origin in (dict, Mapping):
+        return dict, nullable, None
+    return tp, nullable, None
+
+
+def keys(schema: type, prefix: str = "") -> list[Key]:
+    """Every key a schema dataclass declares, nested groups walked, in declaration order."""
+    out: list[Key] = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        tp, nullable, item = _unwrap(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            for k in keys(tp, f"{prefix}{f.name}."):
+                out.append(dataclasses.replace(k, path=f"{f.name}.{k.path}"))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out.append(Key(name=f"{prefix}{f.name}", path=f.name, type=tp, nullable=nullable,
+                       default=default, help=f.metadata.get("help", ""),
+                       bounds=f.metadata.get("bounds"), item=item,
+                       wording=f.metadata.get("allowed")))
+    return out
+
+
+_ABSENT = object()
+
+
+def lookup(node: Any, path: str, default: Any = _ABSENT) -> Any:
+    """The value at a dotted `path` of a config node, a mapping or an object's attributes."""
+    for part in path.split("."):
+        if isinstance(node, Mapping) or hasattr(node, "keys"):
+            if part not in node:
+                if default is _ABSENT:
+                    raise KeyError(path)
+                return default
+            node = node[part]
+        else:
+            node = getattr(node, part)
+    return node
+
+
+def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = None) -> None:
+    """Every declared key with a range or choices, checked against its value in `node` (a config
+    node, a mapping, an object); `only`: these key names alone. The first bad one raises."""
+    wanted = None if only is None else set(only)
+    for k in declared:
+        if k.checked and (wanted is None or k.name in wanted):
+            k.check(lookup(node, k.path, None))

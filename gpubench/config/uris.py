@@ -1,0 +1,74 @@
+"""URIs checked before any work: `tracking.uri` (an MLflow store) and `hydra.sweeper.storage` (an
+Optuna RDB storage). A malformed one would otherwise fail only when the run is logged or the study
+opened, after the measurement."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpubench.config.errors import ConfigError
+
+# MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
+                    "databricks-uc", "uc")
+# Optuna's RDB storage takes a SQLAlchemy URL
+STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+_SQLALCHEMY = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
+
+
+def check_tracking_uri(uri: Any) -> None:
+    """tracking.uri (with tracking=mlflow): the one call site for its form, from `settings.resolve`
+    and from `InputCheck` (before an MLflow parent run exists)."""
+    check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
+
+
+def _hide_password(text: str) -> str:
+    """The URI as an error line may show it: a password in `user:pw@host` replaced by ***
+    (by pattern, not by parsing: the URI is malformed, or it would not be in an error)."""
+    return re.sub(r"([^:/@]+):([^@/]+)@", r"\1:***@", text)
+
+
+def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
+    """Reject a malformed URI before any work (it would otherwise fail only when the run is
+    logged or the study opened). `path_ok`: a bare local path is a store too (MLflow's)."""
+    if uri is None:
+        return
+    try:
+        _check_uri(key, str(uri), schemes, path_ok)
+    except ConfigError as e:  # the line names the URI, never its password
+        raise ConfigError(e.key, _hide_password(str(e.value)), e.allowed) from None
+
+
+def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
+    allowed = f"a URI with scheme {', '.join(schemes)}" + (" or a local path" if path_ok else "")
+    if not text.strip() or any(c.isspace() for c in text):
+        raise ConfigError(key, text, allowed + " (no spaces)")
+    m = _SCHEME.match(text)
+    if m is None or (path_ok and len(m.group(1)) == 1):  # no scheme (or a Windows drive letter)
+        if path_ok:
+            return
+        raise ConfigError(key, text, allowed)
+    scheme, rest = m.group(1).lower(), m.group(2)
+    base, _, driver = scheme.partition("+")
+    if base not in schemes or (driver and base not in _SQLALCHEMY):
+        raise ConfigError(key, text, allowed + (" (+driver for databases)" if driver else ""))
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError:
+        raise ConfigError(key, text, f"{allowed}, with a numeric port") from None
+    if base in ("http", "https") and not parts.hostname:
+        raise ConfigError(key, text, f"{base}://host[:port][/path]")
+    # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:
+    # no run logged there would outlive the process
+    memory_ok = key != "tracking.uri" and rest == "//"
+    if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
+        raise ConfigError(key, text, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+                          + (" or sqlite://" if key != "tracking.uri" else ""))
+    if base in _SQLALCHEMY and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
+        raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
+    if base == "file" and not parts.path:
+        raise ConfigError(key, text, "file:///absolute/folder")
