@@ -147,6 +147,8 @@ def test_no_module_needs_a_paragraph_defending_its_size():
 
 TORCH_FREE = ("gpubench.core.record", "gpubench.core.stats", "gpubench.core.files",
               "gpubench.core.secrets", "gpubench.config.schema", "gpubench.config.settings",
+              "gpubench.config.keys", "gpubench.config.prechecks", "gpubench.config.uris",
+              "gpubench.config.errors", "gpubench.config.paths",
               "gpubench.analysis.noise", "gpubench.analysis.verdict",
               "gpubench.analysis.recommend", "gpubench.search.rows", "gpubench.report.write",
               "gpubench.report.cli", "gpubench.tracking.translate")
