@@ -14,16 +14,15 @@ from gpubench.analysis import recommend
 from gpubench.core.record import PhaseRecord, RunRecord, Status
 from gpubench.report import cli as report_cli
 from gpubench.report import plots as report_plots
-from gpubench.report.plot_data import (
+from gpubench.report.plot_data import curve_data, memory_data, pareto_data
+from gpubench.report.plot_rules import (
     FRONT_LABEL,
     MIN_IMPORTANCE_TRIALS,
-    curve_data,
     flag_reasons,
     headline_phase,
     importance_params,
     importance_title,
-    memory_data,
-    pareto_data,
+    inert_knobs,
 )
 
 QUEUE = ("loader: windows 1, 2 of fewer batches than the workers hold in flight (16 = "
@@ -164,6 +163,23 @@ def test_flagged_runs_are_hollow_never_joined_never_a_bound_nor_the_scale():
     assert ys(p["front"]) == [100] and ys(p["flagged"]) == [140]
 
 
+def test_every_run_flagged_draws_no_line_and_no_front_and_says_why():
+    rows = rows_of(*(run(batch=b, e2e=v, noise=["other processes used CPU"], device="cpu",
+                         peak=p, ci={"e2e": [v / 2, 2 * v]})
+                     for b, v, p in ((16, 40, 0.034), (32, 110, 0.074), (32, 75, 0.036))))
+    rec = recommend.recommend(rows)
+    d = curve_data(rows, "batch_size", "batch size", rec, log2=True)
+    assert d["lines"] == [] and len(d["flagged"]) == 3
+    assert "no line, every full run flagged" in d["title"]
+    # drawn with its point, which is moved aside from its neighbour, and labelled unconfirmed
+    assert d["star"]["lone"] and d["star"]["flagged"]
+    assert d["ymax"] >= 220  # with nothing else measured, the flagged runs set the scale
+    p = pareto_data(rows, rec)
+    assert p["front"] == [] and p["title"].startswith("no front")
+    # a ceiling (0.9) 12x the largest peak would squeeze the runs to the left edge: named only
+    assert not p["ceiling_in_view"] and "memory.ceiling (90%)" in p["note"]
+
+
 def test_pareto_legend_says_what_the_front_is_made_of():
     rows = rows_of(run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.5),
                    run(batch=64, e2e=110, peak=0.6))
@@ -199,19 +215,25 @@ def test_importance_needs_enough_trials_and_knobs_that_act_on_the_device():
         "precision"]
     bf16 = [{**t, "precision": "amp_bf16"} if i % 2 else t for i, t in enumerate(trials)]
     assert "precision" in importance_params(bf16, {"cpu"})[0]  # bf16 autocast acts on a CPU
-    only_inert = [{"loader.pin_memory": i % 2 == 0} for i in range(8)]
-    assert importance_params(only_inert, {"cpu"})[0] == []
-    title = importance_title(8, used, sorted(trials[0]))
-    assert title.startswith("from 8 complete trials")
-    assert "bench.cudnn_benchmark, loader.pin_memory, precision" in title
+    only_inert = [{"loader.pin_memory": i % 2 == 0, "loader.batch_size": 16 * (1 + i % 2)}
+                  for i in range(8)]
+    assert importance_params(only_inert, {"cuda"})[0] == ["loader.batch_size", "loader.pin_memory"]
+    # on a CPU one knob is left, and one knob alone always gets all the importance
+    assert importance_params(only_inert, {"cpu"}) == ([], "1 parameter(s) varied and can act "
+                                                      "on this device, 2 needed")
+    title = importance_title(8, used, sorted(trials[0]), inert_knobs(trials, {"cpu"}))
+    assert title == ("from 8 complete trials; left out, no effect on a CPU: "
+                     "bench.cudnn_benchmark, loader.pin_memory, precision")
 
 
 def _study(n):
     study = optuna.create_study(direction="maximize")
     dists = {"loader.batch_size": optuna.distributions.CategoricalDistribution([16, 32]),
+             "loader.num_workers": optuna.distributions.CategoricalDistribution([0, 2]),
              "loader.pin_memory": optuna.distributions.CategoricalDistribution([True, False])}
     for i in range(n):
-        params = {"loader.batch_size": (16, 32)[i % 2], "loader.pin_memory": i % 3 == 0}
+        params = {"loader.batch_size": (16, 32)[i % 2], "loader.pin_memory": i % 3 == 0,
+                  "loader.num_workers": (0, 2)[i // 2 % 2]}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                   value=100.0 + 10 * (i % 2) + i))
     return study
@@ -276,10 +298,10 @@ def test_star_and_top_point_fit_under_the_axis_top():
                    run(batch=32, e2e=101, peak=0.5, loader=None, compute=None))
     rec = recommend.recommend(rows)
     d = curve_data(rows, "batch_size", "batch size", rec, log2=True)
-    assert d["star"] == {"x": 16, "y": 100}
+    assert d["star"] == {"x": 16, "y": 100, "lone": False, "flagged": False}
     assert d["ymax"] >= 1.1 * 101
     p = pareto_data(rows, rec)
-    assert p["star"] == {"x": 30.0, "y": 100} and p["ymax"] >= 1.1 * 101
+    assert p["star"] == {"x": 30.0, "y": 100, "lone": False, "flagged": False} and p["ymax"] >= 1.1 * 101
 
 
 def test_png_files_with_few_trials(tmp_path):
@@ -340,9 +362,9 @@ class RecordRow:
     """A row that is only a view of its RunRecord, knobs by config key (as the report's Row
     moves onto RunRecord): the plots must read it the same as today's Row."""
 
-    def __init__(self, rec: RunRecord, rung: str = "run"):
+    def __init__(self, rec: RunRecord, label: str, rung: str = "run"):
         rec.rung = self.rung = rung
-        self.record = rec
+        self.record, self.label = rec, label
 
     throughput = property(lambda self: self.record.throughput)
     feasible = property(lambda self: self.record.feasible)
@@ -356,7 +378,7 @@ def test_rows_backed_by_run_records_plot_the_same():
     recs = [run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.6),
             run(batch=64, e2e=None, status=Status.oom, peak=None),
             run(batch=32, prec="amp_bf16", e2e=150, peak=0.5)]
-    old, new = rows_of(*recs), [RecordRow(r) for r in recs]
+    old, new = rows_of(*recs), [RecordRow(r, str(i)) for i, r in enumerate(recs)]
     for f in (lambda rs: curve_data(rs, "batch_size", "batch size", log2=True),
               memory_data, pareto_data):
         assert f(new) == f(old)

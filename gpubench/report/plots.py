@@ -1,7 +1,8 @@
 """PNG plots of a sweep report (matplotlib's Agg backend: no display needed).
 
-What each picture shows is decided by the pure functions of gpubench.report.plot_data (tested
-on constructed rows; its docstring lists the rules); this module only draws that data:
+What each picture shows is decided by the pure functions of gpubench.report.plot_data and
+plot_rules (tested on constructed rows; plot_data's docstring lists the rules); this module
+only draws that data:
 
 - throughput points with whiskers (their 95% interval), one solid line per group of runs that
   differ in the plotted knob alone, the loader-only and compute-only bounds of the first
@@ -15,16 +16,18 @@ on constructed rows; its docstring lists the rules); this module only draws that
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
-from gpubench.report.plot_data import (
+from matplotlib import transforms
+
+from gpubench.report.plot_data import curve_data, memory_data, pareto_data
+from gpubench.report.plot_rules import (
     SHORT_LABEL,
-    curve_data,
     headline_phase,
     importance_params,
     importance_title,
-    memory_data,
-    pareto_data,
+    inert_knobs,
 )
 
 log = logging.getLogger("gpubench")
@@ -74,13 +77,15 @@ def _x_axis(ax, xticks, log2: bool, integer: bool) -> None:
         ax.set_xlim(min(xticks) - 0.08 * span, max(xticks) + 0.08 * span)
 
 
-def _star(ax, star) -> None:
-    if star is None:
-        return
+def _star(ax, star, transform=None) -> None:
+    if star is None or (star.get("lone") and transform is None):
+        return  # a lone point's star is drawn beside that point (_lone), where it was moved
     # under the points (zorder 1 < 3) and bigger than them: it rings a point, never hides it
     ax.plot([star["x"]], [star["y"]], marker="*", markersize=20, color="gold",
             markeredgecolor="black", linestyle="none", zorder=1, clip_on=False,
-            label="recommended")
+            # the report recommends a flagged run only when every run was flagged: UNCONFIRMED
+            label="recommended" + (" (unconfirmed: flagged)" if star.get("flagged") else ""),
+            **({"transform": transform} if transform else {}))
 
 
 def _points(ax, pts: list[dict], *, line: bool = False, **kw):
@@ -90,29 +95,82 @@ def _points(ax, pts: list[dict], *, line: bool = False, **kw):
         return
     kw.setdefault("linestyle", "-" if line else "none")
     ax.plot([p["x"] for p in pts], [p["y"] for p in pts], **kw)
+    _whiskers(ax, pts, kw)
+
+
+def _whiskers(ax, pts: list[dict], kw: dict, transform=None) -> None:
     spread = [p for p in pts if p["hi"] > p["lo"]]
     if spread:
         ax.errorbar([p["x"] for p in spread], [p["y"] for p in spread],
                     yerr=[[p["y"] - p["lo"] for p in spread], [p["hi"] - p["y"] for p in spread]],
                     fmt="none", capsize=3, elinewidth=1,
                     ecolor=kw.get("markeredgecolor") or kw.get("color"), alpha=kw.get("alpha"),
-                    zorder=kw.get("zorder"))
+                    zorder=kw.get("zorder"), **({"transform": transform} if transform else {}))
 
 
-def _flagged(ax, d: dict) -> None:
+def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
+    """Sideways offsets in points for points at one x (or within `near` of the previous one,
+    on a continuous axis), so none hides another; right of the places already drawn at that
+    x (`taken`: x -> how many), such as a line's point."""
+    taken = taken or {}
+    order = sorted(range(len(pts)), key=lambda i: pts[i]["x"])
+    clumps: list[list[int]] = []
+    for i in order:
+        if clumps and pts[i]["x"] - pts[clumps[-1][-1]]["x"] <= near:
+            clumps[-1].append(i)
+        else:
+            clumps.append([i])
+    out = [0.0] * len(pts)
+    for c in clumps:
+        used = taken.get(pts[c[0]]["x"], 0)
+        for k, i in enumerate(c):
+            out[i] = 12.0 * (used + k if used else k - (len(c) - 1) / 2)
+    return out
+
+
+def _lone(ax, pts: list[dict], y_of=None, near: float = 0.0, flagged: bool = False,
+          taken=None, **kw) -> None:
+    """Points never joined into a line (other settings, flagged runs): side by side where they
+    share an x, each with its whisker and, above it, its run number (the ranking's `run`)."""
+    label = kw.pop("label")
+    if label and any(p.get("run") is not None for p in pts):
+        label += "\n(number: its run in ranking.txt)"
+    for i, (p, dx) in enumerate(zip(pts, _dodge(pts, near, taken), strict=True)):
+        shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=dx, units="points")
+        y = p["y"] if y_of is None else y_of(p)
+        if p.get("chosen"):  # the star rings its point where the point is drawn
+            _star(ax, {"x": p["x"], "y": y, "flagged": flagged}, transform=shift)
+        ax.plot([p["x"]], [y], linestyle="none", transform=shift,
+                label=label if i == 0 else None, **kw)
+        if y_of is None:
+            _whiskers(ax, [p], kw, shift)
+        # drawn in shifted coordinates, which autoscaling ignores: the point still counts
+        ax.update_datalim([(p["x"], y)] + ([(p["x"], p["lo"]), (p["x"], p["hi"])]
+                                           if y_of is None else []))
+        if p.get("run") is not None:  # on a white patch: legible over a whisker
+            ax.annotate(str(p["run"]), (p["x"], y), xytext=(dx, 11), ha="center",
+                        textcoords="offset points", fontsize=7, color=kw.get("color"),
+                        bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85),
+                        zorder=3)  # under the lines (4): a label never hides a point
+
+
+def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
     """Flagged runs hollow red, never joined; one past the top at the edge, its figure beside."""
     on = [p for p in d["flagged"] if not p.get("off_scale")]
     off = [p for p in d["flagged"] if p.get("off_scale")]
     style = dict(marker="o", markersize=8, markerfacecolor="none", markeredgecolor="tab:red",
                  color="tab:red", zorder=2)
-    _points(ax, on, **style, label=d["flagged_label"])
+    _lone(ax, on, near=near, flagged=True, taken=taken, **style, label=d["flagged_label"])
     edge = d["ymax"] / (1.12 if d.get("log_y") else 1.03)
-    for i, p in enumerate(off):
-        ax.plot([p["x"]], [edge], marker="^", markersize=9, markerfacecolor="none",
-                markeredgecolor="tab:red", linestyle="none", zorder=2,
-                label=None if on or i else d["flagged_label"])
-        ax.annotate(f"{p['y']:,.0f} (off scale)", (p["x"], edge), xytext=(6, -4),
-                    textcoords="offset points", fontsize=7, color="tab:red", va="top")
+    # the figure and run number under the marker, narrow enough for the last tick's point
+    _lone(ax, [{**p, "run": None} for p in off], y_of=lambda p: edge, near=near, flagged=True,
+          taken=taken,
+          **{**style, "marker": "^"}, label=None if on else d["flagged_label"])
+    for p, dx in zip(off, _dodge(off, near, taken), strict=True):
+        run = f"run {p['run']}\n" if p.get("run") is not None else ""
+        ax.annotate(f"{run}{p['y']:,.0f}\noff scale", (p["x"], edge), xytext=(dx, -8),
+                    textcoords="offset points", fontsize=7, color="tab:red", ha="center",
+                    va="top")
 
 
 def _note(ax, text: str | None) -> None:
@@ -135,11 +193,12 @@ def _draw_curve(d: dict, out: Path) -> Path:
             _points(ax, pts, line=True, linestyle=ls, marker=m, color=c, alpha=0.75, zorder=3,
                     # indented under its line's entry: the bounds belong to that line's runs
                     label=f"{p} only, same runs" if one else f"    {p} only, same runs")
-    _points(ax, d["rest"], marker="o", markersize=4, color="grey", alpha=0.8, zorder=2,
-            label=f"{d['phase']}, other settings (no line: not comparable)")
+    taken = Counter(p["x"] for ln in d["lines"] for p in ln["points"])
+    _lone(ax, d["rest"], taken=taken, marker="o", markersize=5, color="dimgrey", zorder=2,
+          label=f"{d['phase']}, other settings (no line: not comparable)")
     _points(ax, d["short"], marker="o", markerfacecolor="none", markeredgecolor="grey",
             color="grey", zorder=2, label=SHORT_LABEL)
-    _flagged(ax, d)
+    _flagged(ax, d, taken=taken + Counter(p["x"] for p in d["rest"]))
     _star(ax, d["star"])
     _x_axis(ax, d["xticks"], d["log2"], d["integer_x"])
     ax.set_xlabel(d["xlabel"])
@@ -181,11 +240,16 @@ def _draw_pareto(d: dict, out: Path) -> Path:
             label="over the ceiling / not ok")
     _points(ax, d["short"], marker="o", markerfacecolor="none", markeredgecolor="grey",
             color="grey", zorder=2, label=SHORT_LABEL)
-    _flagged(ax, d)
+    every = [p["x"] for k in ("feasible", "infeasible", "short", "flagged") for p in d[k]]
+    _flagged(ax, d, near=(max(every) - min(every)) / 40)  # peaks a hair apart: side by side
     front = d["front"]
-    ax.step([p["x"] for p in front], [p["y"] for p in front], where="post", color="black",
-            alpha=0.6, zorder=2, label=d["front_label"].replace(": ", ":\n", 1))
-    ax.axvline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
+    if front:
+        ax.step([p["x"] for p in front], [p["y"] for p in front], where="post", color="black",
+                alpha=0.6, zorder=2, label=d["front_label"].replace(": ", ":\n", 1))
+    if d["ceiling_in_view"]:
+        ax.axvline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
+    if d["title"]:
+        ax.set_title(d["title"], fontsize=10)
     _star(ax, d["star"])
     ax.set_xlabel(d["xlabel"], fontsize=9)
     ax.set_ylabel(d["ylabel"], fontsize=9)
@@ -226,7 +290,8 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     ax.barh(names, [imp[n] for n in names])
     ax.set_xlabel(f"importance for {phase} images/sec (Optuna; sums to 1)")
     swept = sorted({k for t in done for k in t.params})
-    ax.set_title(importance_title(len(done), params, swept), fontsize=9, wrap=True)
+    inert = inert_knobs([t.params for t in done], devices)
+    ax.set_title(importance_title(len(done), params, swept, inert), fontsize=9, wrap=True)
     ax.grid(alpha=0.3, axis="x")
     return _save(fig, out)
 
