@@ -1,29 +1,53 @@
-"""Sweep report pictures: what each plot draws (points, bounds of the same runs, labels, ticks,
-short screens apart), read from the pure data functions on constructed runs; the PNGs written
-with few trials; and `python -m gpubench.report` speaking when its report is up to date."""
+"""Sweep report pictures: what each plot draws (points with their intervals, lines of runs
+that differ in the plotted knob alone, bounds of the same runs, flagged and short runs apart,
+labels, ticks), read from the pure data functions on constructed runs; the PNGs written with
+few trials; and `python -m gpubench.report` speaking when its report is up to date."""
 
 from __future__ import annotations
 
 import json
 
+import optuna
 import pytest
 
 from gpubench.analysis import recommend
 from gpubench.core.record import PhaseRecord, RunRecord, Status
 from gpubench.report import cli as report_cli
 from gpubench.report import plots as report_plots
-from gpubench.report.plots import curve_data, headline_phase, memory_data, pareto_data
+from gpubench.report.plot_data import curve_data, memory_data, pareto_data
+from gpubench.report.plot_rules import (
+    FRONT_LABEL,
+    MIN_IMPORTANCE_TRIALS,
+    flag_reasons,
+    headline_phase,
+    importance_params,
+    importance_title,
+    inert_knobs,
+)
+
+QUEUE = ("loader: windows 1, 2 of fewer batches than the workers hold in flight (16 = "
+         "loader.num_workers x loader.prefetch_factor): timed batches made before the window "
+         "began (bench.steps >= 16 x bench.repeats)")
 
 
 def run(batch=16, workers=2, prec="fp32", e2e=100.0, loader=150.0, compute=120.0, peak=0.5,
-        status=Status.ok, ceiling=0.9) -> RunRecord:
-    phases = {n: PhaseRecord(n, batch, images_per_sec=v)
+        status=Status.ok, ceiling=0.9, channels_last=False, ci=None, noise=(), device="cuda",
+        source=None, **more) -> RunRecord:
+    """A run; `ci` maps a phase to its interval (e2e's is the row's interval)."""
+    ci = ci or {}
+    phases = {n: PhaseRecord(n, batch, images_per_sec=v, images_per_sec_ci=ci.get(n))
               for n, v in (("loader", loader), ("compute", compute), ("e2e", e2e)) if v}
-    return RunRecord(status=status, images_per_sec=e2e, loader_images_per_sec=loader,
-                     compute_images_per_sec=compute, peak_memory_fraction=peak,
-                     memory_ceiling=ceiling, phases=phases,
+    return RunRecord(status=status, images_per_sec=e2e, images_per_sec_ci=ci.get("e2e"),
+                     loader_images_per_sec=loader, loader_images_per_sec_ci=ci.get("loader"),
+                     compute_images_per_sec=compute, compute_images_per_sec_ci=ci.get("compute"),
+                     peak_memory_fraction=peak, memory_ceiling=ceiling, phases=phases,
+                     noise_reasons=list(noise), measurement_stable=not noise,
+                     memory_source=source or ("host_rss" if device == "cpu" else
+                                              "torch_cuda_reserved"),
+                     env={"device": device},
                      config={"loader": {"batch_size": batch, "num_workers": workers},
-                             "precision": {"name": prec}, "memory": {"ceiling": ceiling}})
+                             "precision": {"name": prec}, "memory": {"ceiling": ceiling},
+                             "channels_last": channels_last, **more})
 
 
 def row(rec: RunRecord, label="0", rung="run"):
@@ -35,24 +59,191 @@ def rows_of(*recs, rung="run"):
     return [row(r, str(i), rung) for i, r in enumerate(recs)]
 
 
+def xs(pts):
+    return [p["x"] for p in pts]
+
+
+def ys(pts):
+    return [p["y"] for p in pts]
+
+
 def test_curve_draws_loader_and_compute_of_the_same_best_runs():
     rows = rows_of(
         run(batch=16, e2e=100, loader=150, compute=110),
-        run(batch=16, e2e=90, loader=999, compute=999),  # slower at 16: not the point drawn
+        run(batch=16, e2e=90, loader=999, compute=999),  # a slower repeat at 16: a lone point
         run(batch=32, e2e=130, loader=140, compute=200),
         run(batch=32, prec="amp_bf16", e2e=135, loader=141, compute=400),
         run(batch=64, prec="amp_bf16", e2e=139, loader=142, compute=700),
     )
     d = curve_data(rows, "batch_size", "batch size", log2=True)
-    fp32, bf16 = (next(ln for ln in d["lines"] if ln["precision"] == p)
-                  for p in ("fp32", "amp_bf16"))
-    assert fp32["xs"] == [16, 32] and fp32["ys"] == [100, 130]
-    assert fp32["bounds"] == {"loader": [150, 140], "compute": [110, 200]}
-    assert bf16["bounds"]["compute"] == [400, 700]
+    bf16, fp32 = d["lines"]  # the fastest group first: it carries the bounds
+    assert bf16["label"] == "precision=amp_bf16" and fp32["label"] == "precision=fp32"
+    assert xs(fp32["points"]) == [16, 32] and ys(fp32["points"]) == [100, 130]
+    assert ys(bf16["bounds"]["compute"]) == [400, 700] and ys(bf16["bounds"]["loader"]) == [141, 142]
+    assert fp32["bounds"] == {}
+    assert ys(d["rest"]) == [90]
     assert d["phase"] == "e2e" and d["ylabel"].startswith("e2e images/sec")
     assert d["xticks"] == [16, 32, 64]
     assert d["ymax"] > 700  # the tallest bound fits under the top
     assert not d["log_y"] and d["ymin"] == 0.0
+    # with a recommendation, its group is the one with the bounds
+    rec = recommend.Recommendation(best=rows[4], chosen=rows[0], tolerance=0.05, reasons=[])
+    first = curve_data(rows, "batch_size", "batch size", rec, log2=True)["lines"][0]
+    assert first["label"] == "precision=fp32"
+    assert ys(first["bounds"]["compute"]) == [110, 200]
+
+
+def test_whiskers_are_the_rows_interval_and_each_bounds_phase_interval():
+    rows = rows_of(run(batch=16, e2e=100, ci={"e2e": [90, 104], "loader": [140, 170],
+                                                "compute": [100, 125]}),
+                   run(batch=32, e2e=130, ci={"e2e": [125, 160]}))
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    (ln,) = d["lines"]
+    assert [(p["lo"], p["hi"]) for p in ln["points"]] == [(90, 104), (125, 160)]
+    assert [(p["lo"], p["hi"]) for p in ln["bounds"]["loader"]] == [(140, 170), (150, 150)]
+    assert [(p["lo"], p["hi"]) for p in ln["bounds"]["compute"]] == [(100, 125), (120, 120)]
+    assert "whiskers: 95% interval" in d["ylabel"]
+    assert d["ymax"] >= 1.1 * 170  # the top whisker fits too
+    p = pareto_data(rows)
+    assert [(q["lo"], q["hi"]) for q in p["feasible"]] == [(90, 104), (125, 160)]
+    # a confirmed row's whisker is the interval over its re-measurements (Row.interval)
+    r = rows[1]
+    r.confirms = [run(batch=32, e2e=v, ci={"e2e": [105, 165]}) for v in (110, 120, 140, 150, 160)]
+    lo, hi = r.interval
+    assert (lo, hi) != (125, 160)
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert (d["lines"][0]["points"][1]["lo"], d["lines"][0]["points"][1]["hi"]) == (lo, hi)
+    # re-measurements that disagree (intervals with no common figure) flag the row
+    r.confirms = [run(batch=32, e2e=v) for v in (60, 200)]
+    assert flag_reasons(r) and "unconfirmed" in curve_data(
+        rows, "batch_size", "batch size", log2=True)["flagged_label"]
+
+
+def test_lines_join_only_runs_that_differ_in_the_plotted_knob():
+    """Today's zig-zag: the best run per batch size came from other workers and channels_last."""
+    rows = rows_of(
+        run(batch=16, workers=0, e2e=100), run(batch=32, workers=0, e2e=150),
+        run(batch=16, workers=2, channels_last=True, e2e=160),
+        run(batch=32, workers=2, channels_last=True, e2e=120),
+        run(batch=16, workers=2, e2e=110),  # no batch-32 run at these settings: a lone point
+        run(batch=32, workers=0, e2e=140, bench={"cudnn_benchmark": True}),  # measured knob
+    )
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    by_label = {ln["label"]: ys(ln["points"]) for ln in d["lines"]}
+    # labelled by what each line holds fixed: every other knob that varied, measured ones too
+    assert by_label == {"cudnn_benchmark=null, channels_last=false, num_workers=0": [100, 150],
+                        "cudnn_benchmark=null, channels_last=true, num_workers=2": [160, 120]}
+    assert sorted(ys(d["rest"])) == [110, 140]
+    assert sum(bool(ln["bounds"]) for ln in d["lines"]) == 1  # one group carries the bounds
+    assert "differ in batch size alone" in d["title"]
+
+
+def test_flagged_runs_are_hollow_never_joined_never_a_bound_nor_the_scale():
+    """A queue-timed loader run read 17,945 img/s among ~500: it must not read as data."""
+    rows = rows_of(*(run(workers=w, e2e=None, compute=None, loader=v, device="cpu")
+                     for w, v in ((0, 300.0), (1, 450.0), (2, 520.0))),
+                   run(workers=8, e2e=None, compute=None, loader=17945.0, noise=[QUEUE],
+                       device="cpu"))
+    assert flag_reasons(rows[3]) == [QUEUE] and flag_reasons(rows[0]) == []
+    d = curve_data(rows, "num_workers", "loader workers")
+    (ln,) = d["lines"]
+    assert xs(ln["points"]) == [0, 1, 2]
+    assert d["flagged"][0]["y"] == 17945.0 and d["flagged"][0]["off_scale"]
+    assert d["ymax"] < 1000 and not d["log_y"]
+    assert "queue-timed" in d["flagged_label"] and "not a bound" in d["flagged_label"]
+    assert d["xticks"] == [0, 1, 2, 8]  # still on the axis
+    # in an e2e sweep the flagged run's loader figure is no bound either
+    rows = rows_of(run(batch=16, loader=150), run(batch=32, loader=160),
+                   run(batch=64, e2e=140, loader=99999, noise=["other processes used CPU"]))
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert xs(d["lines"][0]["bounds"]["loader"]) == [16, 32]
+    assert "disturbed" in d["flagged_label"]
+    assert not d["flagged"][0]["off_scale"]  # 140 is inside the scale: drawn where it is
+    p = pareto_data(rows)
+    assert ys(p["front"]) == [100] and ys(p["flagged"]) == [140]
+
+
+def test_every_run_flagged_draws_no_line_and_no_front_and_says_why():
+    rows = rows_of(*(run(batch=b, e2e=v, noise=["other processes used CPU"], device="cpu",
+                         peak=p, ci={"e2e": [v / 2, 2 * v]})
+                     for b, v, p in ((16, 40, 0.034), (32, 110, 0.074), (32, 75, 0.036))))
+    rec = recommend.recommend(rows)
+    d = curve_data(rows, "batch_size", "batch size", rec, log2=True)
+    assert d["lines"] == [] and len(d["flagged"]) == 3
+    assert "no line, every full run flagged" in d["title"]
+    # drawn with its point, which is moved aside from its neighbour, and labelled unconfirmed
+    assert d["star"]["lone"] and d["star"]["flagged"]
+    assert d["ymax"] >= 220  # with nothing else measured, the flagged runs set the scale
+    p = pareto_data(rows, rec)
+    assert p["front"] == [] and p["title"].startswith("no front")
+    # a ceiling (0.9) 12x the largest peak would squeeze the runs to the left edge: named only
+    assert not p["ceiling_in_view"] and "memory.ceiling (90%)" in p["note"]
+
+
+def test_pareto_legend_says_what_the_front_is_made_of():
+    rows = rows_of(run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.5),
+                   run(batch=64, e2e=110, peak=0.6))
+    p = pareto_data(rows)
+    assert p["front_label"] == FRONT_LABEL
+    assert "no other full run is both faster and smaller in peak memory" in FRONT_LABEL
+    assert ys(p["front"]) == [100, 120]
+
+
+def test_cpu_memory_says_summed_rss_not_device_memory():
+    rows = rows_of(run(batch=16, device="cpu"), run(batch=32, device="cpu", peak=0.6))
+    m = memory_data(rows)
+    assert "RSS" in m["ylabel"] and "summed" in m["ylabel"] and "host RAM" in m["ylabel"]
+    assert "upper bound" in m["note"] and "device" not in m["ylabel"]
+    assert "RSS" in pareto_data(rows)["xlabel"]
+    gpu = memory_data(rows_of(run(batch=16), run(batch=32, peak=0.6)))
+    assert gpu["ylabel"] == "peak memory, % of the device" and gpu["note"] is None
+
+
+def test_importance_needs_enough_trials_and_knobs_that_act_on_the_device():
+    trials = [{"loader.batch_size": b, "loader.pin_memory": p, "bench.cudnn_benchmark": c,
+               "precision": prec, "channels_last": cl}
+              for b, p, c, prec, cl in ((16, True, False, "fp32", False),
+                                        (32, False, True, "tf32", True)) * 4]
+    assert len(trials) == MIN_IMPORTANCE_TRIALS >= 8
+    used, why = importance_params(trials[:-1], {"cpu"})
+    assert used == [] and "7 complete trials, 8 needed" == why
+    used, why = importance_params(trials, {"cpu"})
+    # pinning and cuDNN do nothing on a CPU; fp32 and tf32 run the same math there
+    assert why is None and used == ["channels_last", "loader.batch_size"]
+    assert importance_params(trials, {"cuda"})[0] == [
+        "bench.cudnn_benchmark", "channels_last", "loader.batch_size", "loader.pin_memory",
+        "precision"]
+    bf16 = [{**t, "precision": "amp_bf16"} if i % 2 else t for i, t in enumerate(trials)]
+    assert "precision" in importance_params(bf16, {"cpu"})[0]  # bf16 autocast acts on a CPU
+    only_inert = [{"loader.pin_memory": i % 2 == 0, "loader.batch_size": 16 * (1 + i % 2)}
+                  for i in range(8)]
+    assert importance_params(only_inert, {"cuda"})[0] == ["loader.batch_size", "loader.pin_memory"]
+    # on a CPU one knob is left, and one knob alone always gets all the importance
+    assert importance_params(only_inert, {"cpu"}) == ([], "1 parameter(s) varied and can act "
+                                                      "on this device, 2 needed")
+    title = importance_title(8, used, sorted(trials[0]), inert_knobs(trials, {"cpu"}))
+    assert title == ("from 8 complete trials; left out, no effect on a CPU: "
+                     "bench.cudnn_benchmark, loader.pin_memory, precision")
+
+
+def _study(n):
+    study = optuna.create_study(direction="maximize")
+    dists = {"loader.batch_size": optuna.distributions.CategoricalDistribution([16, 32]),
+             "loader.num_workers": optuna.distributions.CategoricalDistribution([0, 2]),
+             "loader.pin_memory": optuna.distributions.CategoricalDistribution([True, False])}
+    for i in range(n):
+        params = {"loader.batch_size": (16, 32)[i % 2], "loader.pin_memory": i % 3 == 0,
+                  "loader.num_workers": (0, 2)[i // 2 % 2]}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
+                                                  value=100.0 + 10 * (i % 2) + i))
+    return study
+
+
+def test_importance_png_only_with_enough_trials(tmp_path):
+    rows = rows_of(run(device="cpu"))
+    assert report_plots.importance(_study(7), tmp_path / "a.png", rows) is None
+    made = report_plots.importance(_study(8), tmp_path / "b.png", rows)
+    assert made is not None and made.is_file()
 
 
 def test_bounds_far_above_e2e_switch_to_a_log_axis():
@@ -71,7 +262,7 @@ def test_loader_only_sweep_says_loader_with_integer_worker_ticks():
     assert d["ylabel"].startswith("loader images/sec")
     assert all(ln["bounds"] == {} for ln in d["lines"])  # no other pipe measured
     assert d["xticks"] == [0, 1, 2] and d["integer_x"]
-    assert d["lines"][0]["ys"] == [50.0, 100.0, 150.0]
+    assert ys(d["lines"][0]["points"]) == [50.0, 100.0, 150.0]
 
 
 def test_plots_only_for_knobs_that_varied():
@@ -91,13 +282,13 @@ def test_screens_and_probes_are_apart_from_full_measurements():
              row(run(batch=128, e2e=50, peak=0.6), "p", "probe")]
     rows = full + short
     d = curve_data(rows, "batch_size", "batch size", log2=True)
-    assert d["lines"][0]["xs"] == [16, 32]
-    assert d["short"] == {"xs": [64, 128], "ys": [500, 50]}
+    assert xs(d["lines"][0]["points"]) == [16, 32]
+    assert (xs(d["short"]), ys(d["short"])) == ([64, 128], [500, 50])
     assert d["xticks"] == [16, 32, 64, 128]
     p = pareto_data(rows)
-    assert p["front"]["ys"] == [100, 120]  # the screen's 500 img/s is no front point
-    assert p["short"]["ys"] == [500, 50]
-    assert sorted(p["feasible"]["ys"]) == [100, 120]
+    assert ys(p["front"]) == [100, 120]  # the screen's 500 img/s is no front point
+    assert ys(p["short"]) == [500, 50]
+    assert sorted(ys(p["feasible"])) == [100, 120]
     m = memory_data(rows)
     assert m["short"]["xs"] == [64, 128] and sorted(m["groups"]["fp32"]["xs"]) == [16, 32]
 
@@ -107,10 +298,10 @@ def test_star_and_top_point_fit_under_the_axis_top():
                    run(batch=32, e2e=101, peak=0.5, loader=None, compute=None))
     rec = recommend.recommend(rows)
     d = curve_data(rows, "batch_size", "batch size", rec, log2=True)
-    assert d["star"] == {"x": 16, "y": 100}
+    assert d["star"] == {"x": 16, "y": 100, "lone": False, "flagged": False}
     assert d["ymax"] >= 1.1 * 101
     p = pareto_data(rows, rec)
-    assert p["star"] == {"x": 30.0, "y": 100} and p["ymax"] >= 1.1 * 101
+    assert p["star"] == {"x": 30.0, "y": 100, "lone": False, "flagged": False} and p["ymax"] >= 1.1 * 101
 
 
 def test_png_files_with_few_trials(tmp_path):
@@ -171,9 +362,9 @@ class RecordRow:
     """A row that is only a view of its RunRecord, knobs by config key (as the report's Row
     moves onto RunRecord): the plots must read it the same as today's Row."""
 
-    def __init__(self, rec: RunRecord, rung: str = "run"):
+    def __init__(self, rec: RunRecord, label: str, rung: str = "run"):
         rec.rung = self.rung = rung
-        self.record = rec
+        self.record, self.label = rec, label
 
     throughput = property(lambda self: self.record.throughput)
     feasible = property(lambda self: self.record.feasible)
@@ -187,8 +378,9 @@ def test_rows_backed_by_run_records_plot_the_same():
     recs = [run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.6),
             run(batch=64, e2e=None, status=Status.oom, peak=None),
             run(batch=32, prec="amp_bf16", e2e=150, peak=0.5)]
-    old, new = rows_of(*recs), [RecordRow(r) for r in recs]
+    old, new = rows_of(*recs), [RecordRow(r, str(i)) for i, r in enumerate(recs)]
     for f in (lambda rs: curve_data(rs, "batch_size", "batch size", log2=True),
               memory_data, pareto_data):
         assert f(new) == f(old)
-    assert curve_data(new, "batch_size", "batch size")["lines"][1]["xs"] == [16, 32]
+    lines = curve_data(new, "batch_size", "batch size")["lines"]
+    assert [xs(ln["points"]) for ln in lines] == [[32], [16, 32]]  # the fastest group first
