@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from gpubench.core.exits import ExitCode
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.store import uri_problem
 from gpubench.tracking.sync import sync
@@ -14,10 +15,10 @@ from gpubench.tracking.sync import sync
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line: the reason, without the usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> ExitCode:
     ap = _Parser(prog="python -m gpubench.tracking",
                                  description="MLflow tracking for gpubench runs.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.timeout <= 0:
         ap.error(f"--timeout: {a.timeout} is not a positive number of seconds")
     counts = sync(a.dir, a.uri, a.experiment, a.timeout)
-    return 1 if counts["failed"] else 0
+    return ExitCode.FAILED if counts["failed"] else ExitCode.OK
 
 
 if __name__ == "__main__":

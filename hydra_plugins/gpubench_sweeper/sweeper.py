@@ -23,6 +23,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.core.exits import ExitCode
 from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
 
 log = logging.getLogger("gpubench.sweep")
@@ -120,7 +121,7 @@ class GpubenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from gpubench.cli.errors import release_stderr
+        from gpubench.cli.gate import release_stderr
         from gpubench.config.schema import ConfigError
         from gpubench.search.space import SearchSpaceError
 
@@ -132,7 +133,7 @@ class GpubenchSweeper(Sweeper):
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"gpubench: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            raise SystemExit(ExitCode.BAD_INPUT) from None
 
     def _sweep(self, arguments: list[str]) -> Any:
         from gpubench.search.jobs import Jobs, mark_stale_runs
