@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from gpubench.core.record import RunRecord
+from gpubench.core.record import HEADLINE_ORDER, RunRecord
 
 log = logging.getLogger("gpubench")
 
@@ -96,8 +96,7 @@ def phase_ips(row, phase: str) -> float | None:
     ph = rec.phases.get(phase)
     v = ph.images_per_sec if ph is not None else None
     if v is None:
-        v = getattr(rec, {"loader": "loader_images_per_sec", "compute": "compute_images_per_sec",
-                          "e2e": "images_per_sec"}[phase])
+        v = rec.phase_figure(phase)[0]
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
@@ -106,11 +105,11 @@ def headline_phase(rows) -> str:
     `throughput`), by majority over rows that measured one; e2e when none says."""
     votes = Counter()
     for r in rows:
-        for phase in ("e2e", "compute", "loader"):
+        for phase in HEADLINE_ORDER:
             if phase_ips(r, phase) is not None:
                 votes[phase] += 1
                 break
-    return votes.most_common(1)[0][0] if votes else "e2e"
+    return votes.most_common(1)[0][0] if votes else HEADLINE_ORDER[0]
 
 
 def _is_int(v: Any) -> bool:
