@@ -77,6 +77,11 @@ class PrecisionName(Enum):
     amp_bf16 = "amp_bf16"
 
 
+def is_amp(precision: str) -> bool:
+    """Mixed precision: the step runs under autocast (amp_fp16, amp_bf16)."""
+    return precision in (PrecisionName.amp_fp16.value, PrecisionName.amp_bf16.value)
+
+
 class CompileMode(Enum):
     off = "off"
     default = "default"
