@@ -1,14 +1,14 @@
 """One benchmark run: resolve the settings, build once, measure the phases in interleaved windows, judge.
 
 `Benchmark(cfg).run()` is the whole run behind `python -m gpubench`; tests call `measure_run`
-or `run_benchmark`. The run's record (gpubench/record.py) is written to results.json before
+or `run_benchmark`. The run's record (core/record.py) is written to results.json before
 any work and after every window, so a crash, an OOM, Ctrl-C or SIGTERM never loses what was
 already measured, and it is written before any tracking server is contacted.
 
 Why interleaved windows: each phase is measured as `bench.repeats` windows in the order
 loader, compute, e2e, loader, compute, e2e, ...; a slow drift (another process, a warming
 device) then hits every phase alike instead of one, and the windows of a phase give it an
-interval (gpubench/stats.py).
+interval (core/stats.py).
 
 The Benchmark's build, windows and single try/finally are one control flow, read top to
 bottom; figures and the verdict are in run/summary.py, fault injection in run/faults.py, merging
@@ -387,7 +387,7 @@ class Benchmark:
             self.save()
 
     def _start_gpulog(self):
-        """gpu_metrics.csv beside results.json, the whole run long (gpubench/gpulog.py); rank
+        """gpu_metrics.csv beside results.json, the whole run long (telemetry/gpulog.py); rank
         0's device only, with the sampler (bench.monitor)."""
         b = self.settings.bench
         if not (b.monitor and self.dist.main):
@@ -430,7 +430,7 @@ class Benchmark:
 
 def _picture(bench: Benchmark) -> None:
     """run.png beside results.json: the three pipes with their intervals and the step times
-    (gpubench/runplot.py). A picture that fails costs nothing measured."""
+    (report/runplot.py). A picture that fails costs nothing measured."""
     if not bench.record.phases:
         return
     try:

@@ -86,7 +86,7 @@ def figures(rec, device: str) -> None:
 
 
 def validity(bench) -> list[str]:
-    """Every named check over every measured phase (gpubench/noise.py)."""
+    """Every named check over every measured phase (analysis/noise.py)."""
     rec, ld = bench.record, bench.settings.loader
     reasons: list[str] = []
     loads = []
