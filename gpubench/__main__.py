@@ -13,9 +13,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from gpubench.cli.errors import Exit, hold_stderr, one_line_errors, release_stderr
+from gpubench.cli.errors import Exit, one_line_errors
+from gpubench.cli.gate import hold_stderr, release_stderr
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
+from gpubench.core.exits import ExitCode
 
 
 def _multirun() -> bool:
@@ -45,16 +47,16 @@ def _job(cfg: DictConfig) -> float:
         e.run_dir = HydraConfig.get().runtime.output_dir  # type: ignore[attr-defined]
         raise
     except ConfigError as e:
-        if not _multirun():  # raised on: gpubench.cli.errors prints it as one line, exit 2
+        if not _multirun():  # raised on: gpubench.cli.errors prints it as one line, BAD_INPUT
             raise
         # one bad job must not end a sweep
         print(f"gpubench: error: {e}", file=sys.stderr)
         return 0.0
     _settle()
     if result.status in ("oom", "failed") and not _multirun():
-        raise Exit(1)
+        raise Exit(ExitCode.FAILED)
     if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
-        raise Exit(3)
+        raise Exit(ExitCode.NOT_TRACKED)
     return result.objective
 
 
@@ -76,7 +78,7 @@ def cli() -> None:
     except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
         from gpubench.cli.callbacks import EXIT
 
-        EXIT["code"] = e.code if isinstance(e.code, int) else 1
+        EXIT["code"] = e.code if isinstance(e.code, int) else ExitCode.FAILED
         raise
     finally:
         # Everything is written and closed by now; what is left is the interpreter's shutdown,

@@ -148,7 +148,7 @@ def config_json() -> str:
 
 def errors_text() -> str:
     settings = _imp("gpubench.config.settings")
-    errors = _imp("gpubench.cli.errors", "gpubench.cli.errors")
+    errors = _imp("gpubench.cli.messages", "gpubench.cli.errors")
     lines = []
     for ov in BAD:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from gpubench.cli.errors import one_line
+from gpubench.cli.messages import argparse_line, describe
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import auto_sizes
@@ -99,17 +99,22 @@ def test_cuda_only_settings_on_cpu(compose_cfg, override, key):
     assert err.value.key == key
 
 
-def test_hydra_errors_condense_to_one_line():
-    report = (
-        "In 'bench': Could not find 'precision/fp64'\n\nAvailable options in 'precision':\n"
-        "\tamp_bf16\n\tfp32\nConfig search path:\n\tprovider=hydra\n"
-    )
-    assert one_line(report) == "precision=fp64 is not allowed: one of amp_bf16, fp32"
-    report = (
-        "Error merging override compile=fast\nInvalid value 'fast', expected one of [off, default]\n"
-        "    full_key: compile\n    object_type=BenchConfig\n"
-    )
-    assert one_line(report) == "compile=fast is not allowed: one of off, default"
+def test_hydra_errors_condense_to_one_line(compose_cfg):
+    """Read from the exceptions' types and attributes: a group without that option, a value
+    that is not one of an Enum's names (a list element too), a value that is no integer."""
+    for overrides, line in (
+        (["precision=fp64"],
+         "precision=fp64 is not allowed: one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
+        (["compile=fast"],
+         "compile=fast is not allowed: one of off, default, reduce_overhead, max_autotune"),
+        (["bench.phases=[loader,fast]"],
+         "bench.phases[1]=fast is not allowed: one of loader, compute, e2e"),
+        (["loader.batch_size={a:1}"], "loader.batch_size={'a': 1} is not allowed: an integer"),
+        (["loader.batchsize=32"], "loader.batchsize: Could not override 'loader.batchsize'."),
+    ):
+        with pytest.raises(Exception) as err:
+            compose_cfg(*overrides)
+        assert describe(err.value) == (line, 2)
 
 
 # ------------------------------------------------------------------ ranges (one process, many cases)
@@ -284,7 +289,6 @@ def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
 def test_describe_unwraps_hydra_and_names_paths():
     from hydra.errors import InstantiationException
 
-    from gpubench.cli.errors import describe
     from gpubench.core.files import WriteError
 
     try:
@@ -302,11 +306,10 @@ def test_describe_unwraps_hydra_and_names_paths():
     assert describe(KeyError("x")) == ("KeyError: 'x'", 1)
     assert describe(ValueError("range(8,4,1) is empty")) == ("range(8,4,1) is empty", 2)
     usage = "usage: __main__.py [--help] [--hydra-help]\n__main__.py: error: unrecognized arguments: --x\n"
-    assert one_line(usage) == "unrecognized arguments: --x (see gpubench --help)"
+    assert argparse_line(usage) == "unrecognized arguments: --x (see gpubench --help)"
 
 
 def test_wrong_types_are_one_line_with_the_type(compose_cfg):
-    from gpubench.cli.errors import describe
 
     for override, line in (("loader.batch_size=abc", "loader.batch_size=abc is not allowed: an integer"),
                            ("bench.lr=fast", "bench.lr=fast is not allowed: a number"),

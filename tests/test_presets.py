@@ -12,7 +12,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from gpubench.config.schema import CONFIG_DIR
+from gpubench.config.paths import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 TEAM = ROOT / "examples" / "team_conf"

@@ -778,6 +778,10 @@ def test_runs_left_running_by_a_dead_process_are_saved_as_killed(tmp_path):
     _results(tmp_path, "alive", status="running", pid=os.getpid(), host=host)
     _results(tmp_path, "done", status="ok", images_per_sec=3.0, pid=dead, host=host)
     assert mark_stale_runs(tmp_path) == 1
-    assert load(tmp_path / "dead").status is Status.killed
+    killed = load(tmp_path / "dead")
+    # the same status and message as `tracking sync` gives a dead run (RunRecord.mark_dead)
+    assert killed.status is Status.killed
+    assert killed.error == (f"process {dead} on {host} ended without a final status "
+                            "(killed: kill -9 or out of host memory)")
     assert load(tmp_path / "alive").status is Status.running
     assert load(tmp_path / "done").status is Status.ok

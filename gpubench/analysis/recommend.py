@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpubench.analysis.select import left_out
-from gpubench.config.schema import FaultConfig
+from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import RunRecord
 from gpubench.core.stats import holding, median, median_interval
@@ -56,9 +56,6 @@ HOW_MEASURED = ("bench.steps", "bench.repeats", "bench.warmup_", "bench.max_seco
 # fault injection as configured by default (none): a run with any other value is a test of a
 # failure path and never pooled with anything
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
-
-
-AMP = ("amp_bf16", "amp_fp16")
 
 
 @dataclass
@@ -160,7 +157,7 @@ class Row:
 
     @property
     def amp(self) -> bool:
-        return self.knob("precision") in AMP
+        return is_amp(self.knob("precision"))
 
 
 def row_of(rec: RunRecord, label: str) -> Row:

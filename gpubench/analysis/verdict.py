@@ -5,9 +5,7 @@ most the data side can deliver, the compute phase the most the device can, and e
 training loop gets. GPU utilization never decides the verdict: with AMP a GPU at the same
 utilization does ~1.7x the work (article 003), so utilization is context, not evidence.
 
-Why one module of this size: the rule with intervals, the advice it leads to and the workers
-pick are one answer to 'what is narrow and what to turn'; they share thresholds and must not
-drift apart.
+The rule with intervals, the advice it leads to and the workers pick share their thresholds.
 """
 
 from __future__ import annotations
@@ -15,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpubench.config.schema import is_amp
+from gpubench.core.record import PHASE_NAMES
 from gpubench.core.stats import holding, median, median_interval
 
 # e2e "tracks" a bound when it reaches this fraction of it
@@ -119,8 +119,10 @@ def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[floa
     return out
 
 
-def _data_or_compute(loader: Est, compute: Est, tail: str, s: Est | None = None) -> Verdict:
-    s = s or loader.over(compute)
+def _data_or_compute(loader: Est, compute: Est, tail: str, supply: Est | None = None) -> Verdict:
+    """Data- or compute-bound from the loader's share of compute (`supply`): well below the
+    line is data-bound, at or above it compute-bound, an interval across it inconclusive."""
+    s = supply or loader.over(compute)
     if s.hi < WELL_BELOW:
         return Verdict("data", (
             f"data-bound: the loader delivers {_fmt(loader)} img/s, {s.pm()} of what compute "
@@ -133,6 +135,124 @@ def _data_or_compute(loader: Est, compute: Est, tail: str, s: Est | None = None)
     return Verdict("inconclusive", why, ratio=s, margin=None, undecided=why, leaning=lean)
 
 
+@dataclass(frozen=True)
+class Pipes:
+    """The three measured pipes and the bounds e2e is judged against."""
+
+    loader: Est
+    compute: Est
+    e2e: Est
+    # what compute allows e2e: compute itself, or compute plus the device's data work
+    compute_bound: Est
+    # the narrower of the loader and compute_bound: the most e2e can reach
+    bound: Est
+
+    @classmethod
+    def of(cls, loader: Est, compute: Est, e2e: Est, device_data: Est | None) -> Pipes:
+        compute_bound = combined_bound(compute, device_data)
+        return cls(loader, compute, e2e, compute_bound, smaller(loader, compute_bound))
+
+    @property
+    def compute_name(self) -> str:
+        return "compute" if self.compute_bound is self.compute else "compute + device data work"
+
+    @property
+    def narrower(self) -> str:
+        """Which bound is the narrower one, in words."""
+        return "the loader" if self.loader.value <= self.compute_bound.value else self.compute_name
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """The ratios the rule rests on, with their intervals."""
+
+    tracking: Est  # e2e over the narrower bound: does e2e reach what the pipes allow?
+    supply: Est  # the loader over compute's bound: which pipe is narrower?
+    of_compute: Est  # e2e over compute's bound (the compute-bound reason quotes it)
+
+    @classmethod
+    def of(cls, p: Pipes, device_data: Est | None, windows: dict | None) -> Ratios:
+        """From the pipes' intervals, or pairwise from the windows of interleaved rounds when
+        there are at least two."""
+        paired = _paired(windows, PHASE_NAMES)
+        if paired is None:
+            return cls(p.e2e.over(p.bound), p.loader.over(p.compute_bound),
+                       p.e2e.over(p.compute_bound))
+        bounds = [combined_bound(Est.of(c), device_data).value for c in paired["compute"]]
+        rounds = list(zip(paired["loader"], bounds, paired["e2e"], strict=True))
+        return cls(_ratio_of([e / min(x, b) for x, b, e in rounds]),
+                   _ratio_of([x / b for x, b, _ in rounds]),
+                   _ratio_of([e / b for _, b, e in rounds]))
+
+
+def _above_bound(tracking: Est) -> bool:
+    """e2e above what the pipes allow: its interval wholly above 1, or a single window more
+    than ABOVE_BOUND above it."""
+    return tracking.lo > 1.0 if not tracking.exact else tracking.value > 1.0 + ABOVE_BOUND
+
+
+def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
+    """The rule with all three phases: e2e against the narrower bound first (above it: a
+    disturbed run; well below it: no overlap), then which bound it tracks."""
+    t = r.tracking
+    if _above_bound(t):
+        why = (f"e2e {_fmt(p.e2e)} img/s is above its own upper bound, {p.narrower} at "
+               f"{_fmt(p.bound)} ({t.pm()}): impossible in a steady run, so something "
+               "disturbed the measurement")
+        return Verdict("inconclusive", why, ratio=t, undecided=why)
+    if t.hi < TRACKS:
+        return Verdict("overlap", (
+            f"overlap: e2e {_fmt(p.e2e)} img/s is {t.pm()} of the narrower bound, {p.narrower} "
+            f"at {_fmt(p.bound)}: loading and compute run one after the other instead of "
+            "overlapping"), ratio=t, margin=TRACKS - t.hi)
+    if t.lo < TRACKS:
+        return _straddles_tracking(p, r)
+    v = _data_or_compute(p.loader, p.compute_bound, f"; e2e {_fmt(p.e2e)} tracks it ({t.pm()})",
+                         r.supply)
+    if v.bottleneck == "compute":
+        v.reason = (f"compute-bound: e2e {_fmt(p.e2e)} img/s is {r.of_compute.pm()} of "
+                    f"{p.compute_name} {_fmt(p.compute_bound)}; the loader ({_fmt(p.loader)}) "
+                    "keeps up")
+        v.ratio, v.margin = t, min(v.margin, t.lo - TRACKS)
+    elif v.bottleneck == "data":
+        v.margin = min(v.margin, t.lo - TRACKS)
+    return v
+
+
+def _straddles_tracking(p: Pipes, r: Ratios) -> Verdict:
+    """e2e's interval straddles the line between tracking a bound and poor overlap: no
+    verdict, and the lean of what it is nearer to."""
+    t = r.tracking
+    why = (f"e2e {_fmt(p.e2e)} img/s is {t.pm()} of the narrower bound ({p.narrower}, "
+           f"{_fmt(p.bound)}): its interval straddles the {TRACKS:.0%} line between "
+           "tracking a bound and losing time to poor overlap")
+    lean = "overlap" if t.value < TRACKS else None
+    if lean is None:
+        inner = _data_or_compute(p.loader, p.compute_bound, "", r.supply)
+        lean = inner.leaning if inner.bottleneck == "inconclusive" else inner.bottleneck
+    return Verdict("inconclusive", why, ratio=t, undecided=why, leaning=lean)
+
+
+def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verdict:
+    """Without e2e: which of the two bounds is narrower."""
+    paired = _paired(windows, ("loader", "compute"))
+    supply = None
+    if paired:
+        supply = _ratio_of([x / c for x, c in zip(paired["loader"], paired["compute"], strict=True)])
+    v = _data_or_compute(loader, compute, " (e2e not measured)", supply)
+    if v.bottleneck == "compute":
+        v.reason = (f"compute-bound: loader {_fmt(loader)} vs compute {_fmt(compute)} img/s "
+                    "(e2e not measured)")
+    return v
+
+
+def _from_data_wait(fraction: float) -> Verdict:
+    """e2e alone: how much of the loop waits on data."""
+    if fraction > 0.25:
+        return Verdict("data", f"the loop waits on data {fraction:.0%} of the time")
+    return Verdict("compute", f"the loop waits on data only {fraction:.0%} of the time")
+
+
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
              intervals: dict | None = None, device_data_s_per_image=None,
              windows: dict | None = None) -> Verdict:
@@ -142,65 +262,17 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
     when the interval of the ratio it rests on lies wholly on one side of the rule's
     threshold; otherwise it is `inconclusive`, with what it leaned to."""
     iv = intervals or {}
-    lo = Est.of(loader, iv.get("loader"))
-    co = Est.of(compute, iv.get("compute"))
-    ee = Est.of(e2e, iv.get("e2e"))
-    if lo and co and ee:
-        dd = Est.of(device_data_s_per_image, iv.get("device_data"))
-        cb = combined_bound(co, dd)
-        bound = smaller(lo, cb)
-        which = "the loader" if lo.value <= cb.value else (
-            "compute" if cb is co else "compute + device data work")
-        r, s, rc = ee.over(bound), lo.over(cb), ee.over(cb)
-        pw = _paired(windows, ("loader", "compute", "e2e"))
-        if pw is not None:
-            cbw = [combined_bound(Est.of(c), dd).value for c in pw["compute"]]
-            r = _ratio_of([e / min(x, c) for e, x, c in zip(pw["e2e"], pw["loader"], cbw,
-                                                             strict=True)])
-            s = _ratio_of([x / c for x, c in zip(pw["loader"], cbw, strict=True)])
-            rc = _ratio_of([e / c for e, c in zip(pw["e2e"], cbw, strict=True)])
-        above = r.lo > 1.0 if not r.exact else r.value > 1.0 + ABOVE_BOUND
-        if above:
-            why = (f"e2e {_fmt(ee)} img/s is above its own upper bound, {which} at "
-                   f"{_fmt(bound)} ({r.pm()}): impossible in a steady run, so something "
-                   "disturbed the measurement")
-            return Verdict("inconclusive", why, ratio=r, undecided=why)
-        if r.hi < TRACKS:
-            return Verdict("overlap", (
-                f"overlap: e2e {_fmt(ee)} img/s is {r.pm()} of the narrower bound, {which} at "
-                f"{_fmt(bound)}: loading and compute run one after the other instead of "
-                "overlapping"), ratio=r, margin=TRACKS - r.hi)
-        if r.lo < TRACKS:
-            why = (f"e2e {_fmt(ee)} img/s is {r.pm()} of the narrower bound ({which}, "
-                   f"{_fmt(bound)}): its interval straddles the {TRACKS:.0%} line between "
-                   "tracking a bound and losing time to poor overlap")
-            lean = "overlap" if r.value < TRACKS else None
-            if lean is None:
-                inner = _data_or_compute(lo, cb, "", s)
-                lean = inner.leaning if inner.bottleneck == "inconclusive" else inner.bottleneck
-            return Verdict("inconclusive", why, ratio=r, undecided=why, leaning=lean)
-        v = _data_or_compute(lo, cb, f"; e2e {_fmt(ee)} tracks it ({r.pm()})", s)
-        if v.bottleneck == "compute":
-            v.reason = (f"compute-bound: e2e {_fmt(ee)} img/s is {rc.pm()} of "
-                        f"{'compute' if cb is co else 'compute + device data work'} "
-                        f"{_fmt(cb)}; the loader ({_fmt(lo)}) keeps up")
-            v.ratio, v.margin = r, min(v.margin, r.lo - TRACKS)
-        elif v.bottleneck == "data":
-            v.margin = min(v.margin, r.lo - TRACKS)
-        return v
-    if lo and co:
-        pw = _paired(windows, ("loader", "compute"))
-        s = _ratio_of([x / c for x, c in zip(pw["loader"], pw["compute"], strict=True)]) \
-            if pw else None
-        v = _data_or_compute(lo, co, " (e2e not measured)", s)
-        if v.bottleneck == "compute":
-            v.reason = (f"compute-bound: loader {_fmt(lo)} vs compute {_fmt(co)} img/s "
-                        "(e2e not measured)")
-        return v
-    if ee and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
-        if data_wait_fraction > 0.25:
-            return Verdict("data", f"the loop waits on data {data_wait_fraction:.0%} of the time")
-        return Verdict("compute", f"the loop waits on data only {data_wait_fraction:.0%} of the time")
+    loader_ips = Est.of(loader, iv.get("loader"))
+    compute_ips = Est.of(compute, iv.get("compute"))
+    e2e_ips = Est.of(e2e, iv.get("e2e"))
+    if loader_ips and compute_ips and e2e_ips:
+        device_data = Est.of(device_data_s_per_image, iv.get("device_data"))
+        pipes = Pipes.of(loader_ips, compute_ips, e2e_ips, device_data)
+        return _three_pipes(pipes, Ratios.of(pipes, device_data, windows))
+    if loader_ips and compute_ips:
+        return _loader_and_compute(loader_ips, compute_ips, windows)
+    if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
+        return _from_data_wait(data_wait_fraction)
     return Verdict("unknown", "not enough phases measured to compare (run loader, compute and e2e)")
 
 
@@ -272,7 +344,7 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
                     "precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster "
                     "only on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)"
                 )
-        if gpu and k.is_conv and not k.channels_last and k.precision.startswith("amp"):
+        if gpu and k.is_conv and not k.channels_last and is_amp(k.precision):
             out.append("channels_last=true: tensor-core convolutions prefer NHWC")
         if gpu and k.compile == "off":
             out.append("compile=default: torch.compile fuses the elementwise ops between convs")

@@ -23,11 +23,12 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.core.exits import ExitCode
 from gpubench.core.secrets import mask_files, mask_logging
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
-# parent closed at exit is KILLED after an interrupt (130, 143), FAILED after an error
+# parent closed at exit is KILLED after an interrupt (ExitCode.SIGINT, SIGTERM), FAILED after an error
 EXIT: dict[str, int | None] = {}
 # seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
 CLOSE_GRACE_S = 5.0
@@ -112,7 +113,8 @@ class MlflowSweepCallback(Callback):
         from gpubench.core.secrets import mask_secrets
 
         sweep_dir, rid, uri, experiment, timeout_s = open_
-        status = "KILLED" if EXIT.get("code") in (None, 130, 143) else "FAILED"
+        code = EXIT.get("code")
+        status = "KILLED" if code is None or code in (ExitCode.SIGINT, ExitCode.SIGTERM) else "FAILED"
         failed: list[BaseException] = []
 
         def close() -> None:

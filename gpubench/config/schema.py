@@ -53,6 +53,11 @@ class PrecisionName(Choice):
     amp_bf16 = "amp_bf16"
 
 
+def is_amp(precision: str) -> bool:
+    """Mixed precision: the step runs under autocast (amp_fp16, amp_bf16)."""
+    return precision in (PrecisionName.amp_fp16.value, PrecisionName.amp_bf16.value)
+
+
 class CompileMode(Choice):
     # the names are what a command line takes, the values torch.compile's mode strings
     off = "off"

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import re
 
+from gpubench.core.exits import ExitCode
+
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         # a type's own "--flag=value is not allowed: ..." needs no "argument --flag: " before it
         message = re.sub(r"^argument (\S+): (?=\1=)", "", message)
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")

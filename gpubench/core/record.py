@@ -42,6 +42,11 @@ OOM_CONSTRAINT = 1.0
 # rungs measured too briefly to rank speed by: a sweep's screen and a max-batch probe
 SHORT_RUNGS = ("screen", "probe")
 PHASE_NAMES = ("loader", "compute", "e2e")
+# the phase whose figures stand for the run: the first of these it measured
+HEADLINE_ORDER = ("e2e", "compute", "loader")
+# each phase's throughput as a top-level field of the record (its interval: the same + "_ci")
+PHASE_FIGURE = {"loader": "loader_images_per_sec", "compute": "compute_images_per_sec",
+                "e2e": "images_per_sec"}
 # set by the gpubench sweeper for its jobs: the Optuna study they belong to (kept in the record
 # as `study`, an MLflow tag, so every worker's jobs of one search are found together)
 STUDY_ENV = "GPUBENCH_STUDY"
@@ -272,7 +277,7 @@ class RunRecord:
     @property
     def headline(self) -> PhaseRecord | None:
         """The phase whose figures stand for the run: e2e, else compute, else loader."""
-        for name in ("e2e", "compute", "loader"):
+        for name in HEADLINE_ORDER:
             if name in self.phases:
                 return self.phases[name]
         return None
@@ -283,10 +288,18 @@ class RunRecord:
         figures meaningless): e2e, else compute, else loader."""
         if not self.status.measured:
             return 0.0
-        for v in (self.images_per_sec, self.compute_images_per_sec, self.loader_images_per_sec):
+        for v, _ in self.phase_figures():
             if _ok_number(v) and v > 0:
                 return float(v)
         return 0.0
+
+    def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
+        """A phase's top-level throughput and its interval."""
+        return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
+
+    def phase_figures(self) -> list[tuple[float | None, list[float] | None]]:
+        """The phases' top-level throughputs with their intervals, in headline order."""
+        return [self.phase_figure(name) for name in HEADLINE_ORDER]
 
     @property
     def interval_label(self) -> str:
@@ -302,9 +315,7 @@ class RunRecord:
         """The 95% interval of `throughput` (its median's, over the phase's windows), widened
         to hold the figure; the figure itself when the run measured a single window."""
         t = self.throughput
-        for value, ci in ((self.images_per_sec, self.images_per_sec_ci),
-                          (self.compute_images_per_sec, self.compute_images_per_sec_ci),
-                          (self.loader_images_per_sec, self.loader_images_per_sec_ci)):
+        for value, ci in self.phase_figures():
             if value is not None and value == t and ci:
                 return holding(ci, t)
         return t, t
@@ -365,6 +376,13 @@ class RunRecord:
         except PermissionError:  # exists, owned by someone else
             return False
         return False
+
+    def mark_dead(self) -> None:
+        """A record left `running` by a process that no longer exists (`stale`): killed, with
+        what it measured kept. The caller saves it."""
+        self.status = Status.killed
+        self.error = self.error or (f"process {self.pid} on {self.host} ended without a final "
+                                    "status (killed: kill -9 or out of host memory)")
 
 
 def load(run_dir: str | Path, rung: str = "run") -> RunRecord | None:

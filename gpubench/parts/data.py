@@ -2,11 +2,10 @@
 
 The datasets themselves are in gpubench.parts.datasets (re-exported here). `device_synthetic` is the
 exception on purpose: one batch already on the device, zero data cost, the compute bound.
-(About 400 lines: build_pipeline's closures share the skip counts and the device-side state of
-one run; pulled apart they would need a class of their own for no gain in reading.)
 
-Why one module of this size: the loader settings, preload and the copy to the device (with its
-CUDA stream rules) are one path a batch takes; the datasets themselves are in datasets.py.
+`build_pipeline` puts a run's data side together in steps, one function each: the loader's
+keyword arguments, the host dataset (with its preload cache), the DataLoader, and the device side
+(`DeviceSide`: decode, copy, augment on the device) that `Pipeline.to_device` applies to a batch.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +32,7 @@ from gpubench.config.settings import (
     check_found_classes,
     check_preload_fits,
 )
+from gpubench.parts import custom_data
 from gpubench.parts.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
 from gpubench.parts.datasets import (  # noqa: F401  (re-exported: the data side's one import point)
     CYCLED_EPOCH,
@@ -148,16 +148,54 @@ def preload(
 
 
 @dataclass
-class Pipeline:
-    """What the phases need from the data side."""
+class DeviceSide:
+    """How a host batch becomes the model's input on the device: the copy (asynchronous from
+    pinned memory), then nvJPEG decode and GPU augmentation when the run asks for them."""
 
-    loader: DataLoader | None
-    to_device: Callable  # (batch) -> (x, y) on the device, ready for the model, or None
-    device_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # for the compute phase
+    device: str
+    pin: bool  # the loader pins its batches: the copy can be non-blocking
+    channels_last: bool
+    decode: DeviceDecode | None = None  # dataset.decode_on=device
+    augment: DeviceAugment | None = None  # dataset.augment_on=device (or decode_on=device)
+
+    def copy(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # non_blocking only pays off from pinned memory; from pageable memory the copy is
+        # synchronous either way
+        return x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
+
+    def labels(self, y: torch.Tensor) -> torch.Tensor:
+        """The labels of a batch decoded on the device."""
+        if self.device != "cuda":
+            return y.to(self.device)
+        # the bytes are read by nvJPEG from host memory (no pinning, see _loader_kwargs), but
+        # the labels are pinned here so their copy is asynchronous like the images': from
+        # pageable memory .to() would block the host until the copy is done. Safe to let go of
+        # the pinned tensor at once: the caching host allocator records an event on the copy's
+        # stream and reuses the block only after it.
+        return y.pin_memory().to(self.device, non_blocking=True)
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """Augment on the device, then the memory format the model runs in."""
+        if self.augment is not None:
+            x = self.augment(x)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+
+@dataclass
+class Pipeline:
+    """What the phases need from the data side: endless batches, each moved to the device
+    (`to_device`), and one batch kept on the device for the compute phase (`device_batch`)."""
+
+    loader: DataLoader | None  # None: device_synthetic
+    side: DeviceSide | None  # None: the batches are on the device already (device_synthetic)
     info: dict = field(default_factory=dict)
+    on_corrupt: str = "skip"
     skipped: int = 0
     epoch: int = 0  # epochs started (DistributedSampler.set_epoch)
     empty_in_a_row: int = 0  # batches in a row in which nothing decoded
+    fixed: tuple[torch.Tensor, torch.Tensor] | None = None  # the compute phase's batch
     # live loader iterators (weak: an abandoned one must still be collected, which is what
     # stops its workers), so shutdown() can stop the workers of those still alive
     _iters: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
@@ -178,6 +216,52 @@ class Pipeline:
             it = iter(self.loader)
             self._iters.add(it)
             yield from it
+
+    def to_device(self, batch):
+        """(x, y) on the device, ready for the model, or None when nothing of the batch
+        decoded (dataset.on_corrupt=skip)."""
+        if self.side is None:
+            return batch
+        x, y, skipped = batch
+        self.skipped += skipped
+        if x is None:
+            return None
+        if self.side.decode is not None:
+            x, y = self._decode(x, y)
+            if x is None:
+                return None
+            y = self.side.labels(y)
+        else:
+            x, y = self.side.copy(x, y)
+        return self.side.finish(x), y
+
+    def _decode(self, jpegs: JpegBatch, y: torch.Tensor):
+        """nvJPEG decode of a batch; images it refuses are skipped (their places refilled by
+        the others) or fail the run, as dataset.on_corrupt says."""
+        x, failed = self.side.decode(jpegs.blobs())
+        if failed:
+            if self.on_corrupt == "fail":
+                raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
+            self.skipped += len(failed)
+            if x is None:
+                self.empty_in_a_row += 1
+                if self.empty_in_a_row * len(jpegs) >= MAX_SUBSTITUTES:
+                    raise nothing_decodes(self.empty_in_a_row * len(jpegs), jpegs.names[0],
+                                          "the device JPEG decoder refused it")
+                return None, None
+            x, y = refill(x, y, failed)
+        self.empty_in_a_row = 0
+        return x, y
+
+    def device_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compute phase's batch: one real batch from this pipeline, kept on the device."""
+        if self.fixed is None:
+            for batch in self.batches():
+                moved = self.to_device(batch)
+                if moved is not None:
+                    self.fixed = moved
+                    break
+        return self.fixed
 
     def shutdown(self) -> None:
         its = list(self._iters)
@@ -241,8 +325,6 @@ def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Data
         info.update(samples=len(labels), classes=len(classes), root=str(root))
         return TensorImages(images, labels, cpu_tf)
     if kind == "custom":  # the team's own Dataset class (gpubench.parts.custom_data)
-        from gpubench.parts import custom_data
-
         return custom_data.build(s, cpu_tf, info)
     raise ConfigError(  # unreachable: the Enum admits nothing else
         "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10, custom"
@@ -259,141 +341,98 @@ def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.T
     return x[fill], y_ok[fill]
 
 
-def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
-    """The data side of one run, on s.device. `shard=(rank, world)` under torchrun: each rank
-    loads its own share of the dataset (DistributedSampler), as data-parallel training does."""
-    dset, ld, device = s.dataset, s.loader, s.device
-    kind = dset.name
-    size = dset.image_size
-    src = source_size(size)
-    bs = ld.batch_size
-    on_device_aug = dset.augment_on == "device"
-    device_decode = dset.decode_on == "device"
-    on_corrupt = dset.on_corrupt
-    seed = s.bench.seed
-    info: dict = {"dataset": kind}
+def _device_synthetic(s: Settings, info: dict) -> Pipeline:
+    """One random batch made on the device: zero data cost, the compute bound."""
+    dset, bs, size = s.dataset, s.loader.batch_size, s.dataset.image_size
+    g = torch.Generator().manual_seed(s.bench.seed)
+    x = torch.randn((bs, 3, size, size), generator=g).to(s.device)
+    y = torch.randint(0, dset.num_classes, (bs,), generator=g).to(s.device)
+    fmt = torch.channels_last if s.channels_last else torch.contiguous_format
+    return Pipeline(loader=None, side=None, info=info, fixed=(x.contiguous(memory_format=fmt), y))
 
-    if kind == "device_synthetic":
-        ncls = dset.num_classes
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn((bs, 3, size, size), generator=g).to(device)
-        y = torch.randint(0, ncls, (bs,), generator=g).to(device)
-        fmt = torch.channels_last if s.channels_last else torch.contiguous_format
-        x = x.contiguous(memory_format=fmt)
-        return Pipeline(loader=None, to_device=lambda b: b, device_batch=lambda: (x, y), info=info)
 
-    loader_kw = loader_settings(ld, device)
-    if device_decode:
+def _loader_kwargs(s: Settings) -> dict:
+    kwargs = loader_settings(s.loader, s.device)
+    if s.dataset.decode_on == "device":
         # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
         # buffers: pinning them here would cost a page-locked copy for nothing (the labels
-        # are pinned on their own in to_device)
-        loader_kw["pin_memory"] = False
-    # Host-side transform: the full train augmentation, or decode-to-fixed-size when the cache
-    # (preload) or the device (augment_on=device) takes the uint8 images
-    fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(size)
+        # are pinned on their own in DeviceSide.labels)
+        kwargs["pin_memory"] = False
+    return kwargs
+
+
+def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, int]:
+    """The dataset the DataLoader reads, and how many samples the preload skipped as corrupt.
+    The host transform is the full train augmentation, or decode-to-fixed-size when the cache
+    (preload) or the device (augment_on=device) takes the uint8 images."""
+    dset = s.dataset
+    src = source_size(dset.image_size)
+    on_device_aug = dset.augment_on == "device"
+    fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(dset.image_size)
     ds = _build_dataset(s, src, fixed_tf if (on_device_aug or dset.preload) else train_tf,
-                        device_decode, info)
-    skipped_at_build = 0
+                        dset.decode_on == "device", info)
+    skipped = 0
     if dset.preload:
         preload_kw = {k: v for k, v in loader_kw.items() if k in ("multiprocessing_context",)}
-        images, labels, secs, skipped_at_build = preload(ds, src, loader_kw["num_workers"], preload_kw)
-        info.update(preload_seconds=secs, preload_bytes=images.numel(),
-                    preload_skipped=skipped_at_build)
+        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"], preload_kw)
+        info.update(preload_seconds=secs, preload_bytes=images.numel(), preload_skipped=skipped)
         ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
-
-    if kind in IN_MEMORY_POOLS:
+    if dset.name in IN_MEMORY_POOLS:
         ds = Cycled(ds, max(len(ds), CYCLED_EPOCH))
     check_batch_fits(s, len(ds))  # a resource check: the dataset's length is known only here
+    return ds, skipped
+
+
+def _data_loader(s: Settings, ds: Dataset, loader_kw: dict,
+                 shard: tuple[int, int] | None) -> DataLoader:
+    seed = s.bench.seed
     sampler = None
     if shard is not None and shard[1] > 1:
         from torch.utils.data.distributed import DistributedSampler
 
         sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
                                      seed=seed, drop_last=True)
-    from gpubench.parts.custom_data import collate_fn as team_collate
-
-    loader = DataLoader(
+    return DataLoader(
         ds,
-        batch_size=bs,
+        batch_size=s.loader.batch_size,
         shuffle=sampler is None,
         sampler=sampler,
-        drop_last=ld.drop_last,
-        collate_fn=team_collate(s.dataset) or collate_skipping,
+        drop_last=s.loader.drop_last,
+        collate_fn=custom_data.collate_fn(s.dataset) or collate_skipping,
         # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible
         generator=torch.Generator().manual_seed(seed),
         **loader_kw,
     )
-    pin = loader_kw["pin_memory"]
-    decode = DeviceDecode(src, device) if device_decode else None
-    augment = DeviceAugment(size, device, seed) if (on_device_aug or device_decode) else None
-    channels_last = s.channels_last
-    # to_device and device_batch close over the pipeline (skip counts): set just below
-    pipe = Pipeline(loader=loader, to_device=None, device_batch=None, info=info,
-                    skipped=skipped_at_build)
 
-    def decode_on_device(jpegs: JpegBatch, y: torch.Tensor):
-        x, failed = decode(jpegs.blobs())
-        if failed:
-            if on_corrupt == "fail":
-                raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
-            pipe.skipped += len(failed)
-            if x is None:
-                pipe.empty_in_a_row += 1
-                if pipe.empty_in_a_row * len(jpegs) >= MAX_SUBSTITUTES:
-                    raise nothing_decodes(pipe.empty_in_a_row * len(jpegs), jpegs.names[0],
-                                          "the device JPEG decoder refused it")
-                return None, None
-            x, y = refill(x, y, failed)
-        pipe.empty_in_a_row = 0
-        return x, y
 
-    def to_device(batch):
-        x, y, skipped = batch
-        pipe.skipped += skipped
-        if x is None:
-            return None
-        if decode is not None:
-            x, y = decode_on_device(x, y)
-            if x is None:
-                return None
-            if device == "cuda":
-                # the bytes are read by nvJPEG from host memory (no pinning, see above), but
-                # the labels are pinned here so their copy is asynchronous like the images':
-                # from pageable memory .to() would block the host until the copy is done.
-                # Safe to let go of the pinned tensor at once: the caching host allocator
-                # records an event on the copy's stream and reuses the block only after it.
-                y = y.pin_memory().to(device, non_blocking=True)
-            else:
-                y = y.to(device)
-        else:
-            # non_blocking only pays off from pinned memory; from pageable memory the copy is
-            # synchronous either way
-            x = x.to(device, non_blocking=pin)
-            y = y.to(device, non_blocking=pin)
-        if augment is not None:
-            x = augment(x)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+def _device_side(s: Settings, pin: bool) -> DeviceSide:
+    dset, device = s.dataset, s.device
+    src = source_size(dset.image_size)
+    device_decode = dset.decode_on == "device"
+    return DeviceSide(
+        device, pin, s.channels_last,
+        decode=DeviceDecode(src, device) if device_decode else None,
+        augment=(DeviceAugment(dset.image_size, device, s.bench.seed)
+                 if (dset.augment_on == "device" or device_decode) else None),
+    )
 
-    fixed: list = []
 
-    def device_batch():
-        # the compute phase's batch: one real batch from this pipeline, kept on the device
-        if not fixed:
-            for batch in pipe.batches():
-                moved = to_device(batch)
-                if moved is not None:
-                    fixed.append(moved)
-                    break
-        return fixed[0]
-
-    pipe.to_device, pipe.device_batch = to_device, device_batch
+def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
+    """The data side of one run, on s.device. `shard=(rank, world)` under torchrun: each rank
+    loads its own share of the dataset (DistributedSampler), as data-parallel training does."""
+    info: dict = {"dataset": s.dataset.name}
+    if s.dataset.name == "device_synthetic":
+        return _device_synthetic(s, info)
+    loader_kw = _loader_kwargs(s)
+    ds, skipped = _host_dataset(s, loader_kw, info)
+    side = _device_side(s, loader_kw["pin_memory"])
+    bs = s.loader.batch_size
     info.update(
         samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
         num_workers=loader_kw["num_workers"],
-        decode_on="device" if device_decode else "cpu",
-        augment_on="device" if augment is not None else "cpu",
-        batches_per_epoch=math.floor(len(ds) / bs) if ld.drop_last else math.ceil(len(ds) / bs),
+        decode_on="device" if side.decode is not None else "cpu",
+        augment_on="device" if side.augment is not None else "cpu",
+        batches_per_epoch=math.floor(len(ds) / bs) if s.loader.drop_last else math.ceil(len(ds) / bs),
     )
-    return pipe
+    return Pipeline(_data_loader(s, ds, loader_kw, shard), side, info,
+                    on_corrupt=s.dataset.on_corrupt, skipped=skipped)

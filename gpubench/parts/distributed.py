@@ -32,6 +32,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as tdist
 
+from gpubench.core.exits import ExitCode
+
 log = logging.getLogger(__name__)
 
 # Longer than any legitimate gap between two collectives of one run (a slow rank's compile or
@@ -42,8 +44,6 @@ FAILED_KEY = "gpubench/failed"
 ACK_KEY = "gpubench/failure_seen"
 ACK_WAIT_S = 5.0
 WATCH_EVERY_S = 0.25
-# exit status of a rank ended because another rank failed
-EXIT_PEER_FAILED = 3
 
 
 def timeout_s() -> float:
@@ -150,7 +150,7 @@ class Dist:
                         store.set(f"{ACK_KEY}/{self.rank}", "1")
                     finally:
                         # the main thread sits in a collective that will never complete
-                        os._exit(EXIT_PEER_FAILED)
+                        os._exit(ExitCode.PEER_FAILED)
 
         self._watcher = threading.Thread(target=poll, name="gpubench-peers", daemon=True)
         self._watcher.start()

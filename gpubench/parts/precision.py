@@ -101,21 +101,35 @@ def resolve_precision(name: str, device: str) -> PrecisionPlan:
     raise ValueError(f"unknown precision {name!r}")
 
 
-def apply_backend_flags(plan: PrecisionPlan) -> None:
+def _remember_user_flags() -> None:
+    """Keep the process's own flags before gpubench first changes them, so a later
+    torch_default run in this process (a sweep's next trial) gets the user's flags back."""
+    global _USER_FLAGS
+    if _USER_FLAGS is None:
+        _USER_FLAGS = _read_flags()
+
+
+def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:
     """Set the flags the plan asks for; torch_default puts back the user's own.
 
     fp32 means fp32: cuDNN allows TF32 convolutions by default, so it is switched off
-    explicitly, otherwise 'fp32' on Ampere+ silently measures TF32."""
-    global _USER_FLAGS
+    explicitly, otherwise 'fp32' on Ampere+ silently measures TF32.
+
+    `cudnn_benchmark` (bench.cudnn_benchmark): time every cuDNN convolution algorithm at the
+    first call of each input shape and keep the fastest. The search runs in the warm-up (whose
+    steps are not measured); with shapes that keep changing it would run again and again. No
+    effect without cuDNN. None leaves the flag as the plan sets it."""
     if plan.tf32 is None:
         if _USER_FLAGS is not None:
             _write_flags(_USER_FLAGS)
-        return
-    if _USER_FLAGS is None:
-        _USER_FLAGS = _read_flags()
-    # benchmark mode picks the fastest conv algorithm for fixed shapes, as tuned training
-    # jobs do (torch_default keeps PyTorch's own choice, off)
-    _write_flags({"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32, "cudnn_benchmark": True})
+    else:
+        _remember_user_flags()
+        # benchmark mode picks the fastest conv algorithm for fixed shapes, as tuned training
+        # jobs do (torch_default keeps PyTorch's own choice, off)
+        _write_flags({"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32, "cudnn_benchmark": True})
+    if cudnn_benchmark is not None:
+        _remember_user_flags()
+        torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
 
 
 def make_grad_scaler(plan: PrecisionPlan, device: str):

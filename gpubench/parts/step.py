@@ -92,24 +92,6 @@ def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
                           f"auto or for_loop here ({name}: {str(e).splitlines()[0]})") from e
 
 
-def set_cudnn_benchmark(on: bool | None) -> None:
-    """cudnn.benchmark: time every cuDNN convolution algorithm at the first call of each input
-    shape and keep the fastest. The search runs in the warm-up (whose steps are not measured);
-    with shapes that keep changing it would run again and again. No effect without cuDNN.
-    None leaves the flag as the precision plan set it (gpubench/precision.py); call this after
-    apply_backend_flags."""
-    if on is None:
-        return
-    from gpubench.parts import precision
-
-    if precision._USER_FLAGS is None:
-        # remember the process's own flags before the first change, as apply_backend_flags
-        # does, so a later torch_default run in this process (a sweep's next trial) gets the
-        # user's flag back instead of this run's
-        precision._USER_FLAGS = precision._read_flags()
-    torch.backends.cudnn.benchmark = bool(on)
-
-
 def _no_sync(model: nn.Module):
     # DistributedDataParallel all-reduces gradients at every backward; on micro-batches that
     # do not step the optimizer that traffic is wasted, so DDP's no_sync() skips it there (the

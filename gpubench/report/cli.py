@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import parse_where, where
+from gpubench.core.exits import ExitCode
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
 from gpubench.report.write import (
@@ -51,7 +52,7 @@ def _tolerance(text: str) -> float:
     return v
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> ExitCode:
     p = OneLineParser(prog="python -m gpubench.report", description=__doc__.split("\n")[0])
     p.add_argument("source", nargs="?",
                    help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     src = Path(a.source).expanduser()
     if not src.is_dir() and looks_like_path(a.source):
         print(f"gpubench.report: no such folder: {a.source}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     # a bare name is a folder only when it holds runs: `gpubench` in the project's root is the
     # package, and the default MLflow experiment
     if src.is_dir() and (looks_like_path(a.source) or (src / "sweep.json").is_file()
@@ -98,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
                 sweep_report(src, a.tolerance, conditions=conditions)
         except NothingToReport as e:
             print(e, file=sys.stderr)
-            return 1
-        return 0
+            return ExitCode.FAILED
+        return ExitCode.OK
     rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study, conditions)
     if not rows:
         print(f"gpubench.report: no runs with results.json{matching(conditions)} in experiment "
               f"{a.source!r}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
     write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance)
-    return 0
+    return ExitCode.OK

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from gpubench.analysis.select import left_out
+from gpubench.core.exits import ExitCode
 from gpubench.core.files import read_json
 from gpubench.core.record import RESULTS_FILE, RunRecord
 
@@ -273,13 +274,13 @@ class _Sink:
 
 
 def main(experiment: str | None = None, uri: str | None = None,
-         prices_path: str | None = None) -> int:
+         prices_path: str | None = None) -> ExitCode:
     prices = load_prices(prices_path)
     records = mlflow_records(experiment or DEFAULT_EXPERIMENT, uri)
     groups = compare_rows(records, prices)
     if not groups:
         print(f"gpubench.report: nothing to compare: no feasible run with results.json in "
               f"experiment {experiment or DEFAULT_EXPERIMENT!r}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     print(tables(groups), end="")
-    return 0
+    return ExitCode.OK

@@ -6,13 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpubench.analysis.labels import phase_title
 from gpubench.core.record import RunRecord
-
-PHASE_TITLES = {
-    "loader": "loader (data bound)",
-    "compute": "compute (device bound)",
-    "e2e": "e2e (training)",
-}
 
 
 def _gib(b) -> str:
@@ -35,34 +30,34 @@ def _interval(ph: dict) -> str:
     return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}"
 
 
-def print_result(result, console: Console | None = None) -> None:
-    """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
-    rec: RunRecord = getattr(result, "record", result)
-    notes = getattr(result, "notes", [])
-    con = console or Console(highlight=False)
-    if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
-        con.width = max(con.width, 120)
-    d = rec.to_dict()
+def title(d: dict) -> str:
+    """The run in one line: model, data, batch, workers, precision, device."""
     cfg, env = d["config"], d["env"]
-    title = (
+    workers = cfg["loader"]["num_workers"]
+    return (
         f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
         f"{cfg['dataset']['image_size']}px, batch {cfg['loader']['batch_size']}, "
-        f"{cfg['loader']['num_workers']} worker{'' if cfg['loader']['num_workers'] == 1 else 's'}, "
+        f"{workers} worker{'' if workers == 1 else 's'}, "
         f"{cfg['precision']['name']}"
         f"{', channels_last' if cfg['channels_last'] else ''}"
         f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
         f" | {env['device_name']} ({env['device']})"
         + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
     )
-    t = Table(title=title, title_justify="left")
-    for col in ("phase", "images/s", rec.interval_label, "step p50 ms", "step p95 ms", "data wait",
+
+
+def phase_table(d: dict, interval_label: str, heading: str) -> Table:
+    """One row per measured phase: throughput with its interval, step times, data wait, steps,
+    peak memory."""
+    t = Table(title=heading, title_justify="left")
+    for col in ("phase", "images/s", interval_label, "step p50 ms", "step p95 ms", "data wait",
                 "steps (windows)", "peak mem"):
         t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col == "phase")
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
         ips = ph["images_per_sec"]
         t.add_row(
-            PHASE_TITLES.get(name, name),
+            phase_title(name),
             "-" if ips is None else f"{ips:,.1f}",
             _interval(ph),
             _ms(ph["step_time_p50_s"]),
@@ -71,77 +66,102 @@ def print_result(result, console: Console | None = None) -> None:
             f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})",
             _gib(mem),
         )
-    if d["phases"]:
-        con.print(t)
-    else:  # ended before its first window: the title alone, no empty table
-        con.print(title)
-    if any(ph["truncated"] for ph in d["phases"].values()):
-        con.print("  * window closed by bench.max_seconds before bench.steps")
+    return t
+
+
+def _memory_line(d: dict) -> str:
     if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
-        con.print(f"peak memory: not measured (ceiling {_pct(d['memory_ceiling'])} of "
-                  f"{_gib(d['device_memory_bytes'])})")
-    else:
-        con.print(
-            f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
+        return (f"peak memory: not measured (ceiling {_pct(d['memory_ceiling'])} of "
+                f"{_gib(d['device_memory_bytes'])})")
+    return (f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
             f"{_gib(d['device_memory_bytes'])} ({d['memory_source']}; ceiling "
             f"{_pct(d['memory_ceiling'])})")
+
+
+def _device_lines(d: dict) -> list[str]:
+    """GPU and host CPU use, the preload, the data read rate, MFU."""
+    out = []
     if d.get("gpu_util_mean") is not None:
         e = d.get("energy_per_image_j")
-        con.print(
+        out.append(
             f"GPU util mean {d['gpu_util_mean']:.0f}% (max {d['gpu_util_max']:.0f}%), memory util "
             f"{d['gpu_mem_util_mean']:.0f}%, power {d['power_mean_w']:.0f} W"
-            + (f", {e:.3f} J/image" if e is not None else "")
-        )
+            + (f", {e:.3f} J/image" if e is not None else ""))
     if d.get("host_cpu_util_mean") is not None:
         workers = d.get("workers_cpu_util_mean")
         split = "" if workers is None else (
             f": main {d['main_cpu_util_mean']:.0f}%, workers {workers:.0f}%")
-        con.print(
-            f"host CPU {d['host_cpu_util_mean']:.0f}% of {env['cpu_count']} cores; this run's "
-            f"processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; peak RSS "
-            f"{_gib(d['peak_rss_bytes'])} (main + workers)"
-        )
+        out.append(
+            f"host CPU {d['host_cpu_util_mean']:.0f}% of {d['env']['cpu_count']} cores; this "
+            f"run's processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; peak "
+            f"RSS {_gib(d['peak_rss_bytes'])} (main + workers)")
     info = d.get("data_info") or {}
     if info.get("preload_seconds") is not None:
-        con.print(f"preload: {_gib(info.get('preload_bytes'))} decoded into RAM in "
-                  f"{info['preload_seconds']:.1f} s (once, before the phases)")
+        out.append(f"preload: {_gib(info.get('preload_bytes'))} decoded into RAM in "
+                   f"{info['preload_seconds']:.1f} s (once, before the phases)")
     if d.get("read_mb_per_s") and d["config"]["dataset"]["name"] in ("imagefolder", "cifar10"):
-        con.print(f"data read: {d['read_mb_per_s']:.1f} MB/s during the loader phase")
+        out.append(f"data read: {d['read_mb_per_s']:.1f} MB/s during the loader phase")
     if d.get("mfu") is not None:
-        con.print(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")
+        out.append(f"MFU {d['mfu']:.1%} ({d['achieved_tflops']:.1f} TFLOP/s achieved)")
     elif d.get("achieved_tflops") is not None:
-        con.print(f"{d['achieved_tflops'] * 1e3:.1f} GFLOP/s achieved (no peak known for this device: no MFU)")
+        out.append(f"{d['achieved_tflops'] * 1e3:.1f} GFLOP/s achieved (no peak known for this "
+                   "device: no MFU)")
+    return out
+
+
+def lines(d: dict, notes: list[str]) -> list[str]:
+    """What the table does not show: memory, device and host use, the profile, notes, skipped
+    samples (rich markup)."""
+    out = []
+    if any(ph["truncated"] for ph in d["phases"].values()):
+        out.append("  * window closed by bench.max_seconds before bench.steps")
+    out += [_memory_line(d), *_device_lines(d)]
     prof = d.get("profile")
     if prof:
         ops = ", ".join(f"{o['name']} {o['self_ms_per_step']:.2f} ms" for o in prof["top_ops"][:3])
-        con.print(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")
-        con.print(f"  trace: {prof['trace']} (open in https://ui.perfetto.dev)")
-    for note in notes:
-        con.print(f"[dim]info: {note}[/dim]")
+        out.append(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")
+        out.append(f"  trace: {prof['trace']} (open in https://ui.perfetto.dev)")
+    out += [f"[dim]info: {note}[/dim]" for note in notes]
     if d.get("skipped_samples"):
-        con.print(f"[yellow]{d['skipped_samples']} corrupt samples skipped[/yellow]")
+        out.append(f"[yellow]{d['skipped_samples']} corrupt samples skipped[/yellow]")
+    return out
+
+
+def verdict(d: dict) -> list[str]:
+    """The status when not ok, the narrowest pipe (or why there is none) and the advice, as
+    rich markup lines; none when the run ended before measuring anything."""
     status = d["status"]
+    out = []
     if status != "ok":
-        con.print(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
+        out.append(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
     if d.get("measurement_stable") is False:
-        con.print("[yellow]measurement unstable:[/yellow]")
-        for r in d.get("noise_reasons") or []:
-            con.print(f"  - {escape(r)}")
+        out.append("[yellow]measurement unstable:[/yellow]")
+        out += [f"  - {escape(r)}" for r in d.get("noise_reasons") or []]
         lean = d.get("verdict_leaning")
-        con.print("[bold]narrowest pipe: inconclusive[/bold]"
-                  + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
+        out.append("[bold]narrowest pipe: inconclusive[/bold]"
+                   + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
     elif not d["phases"] and status != "ok":
-        return _paths(con, rec, d)  # it ended before measuring: no pipe to name, no advice
+        return out  # it ended before measuring: no pipe to name, no advice
     else:
-        con.print(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
+        out.append(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
     if d["bottleneck"] == "inconclusive" and d["advice"]:
-        con.print("to get a verdict:")
-    for i, a in enumerate(d["advice"], 1):
-        con.print(f"  {i}. {escape(a)}")
-    _paths(con, rec, d)
+        out.append("to get a verdict:")
+    out += [f"  {i}. {escape(a)}" for i, a in enumerate(d["advice"], 1)]
+    return out
 
 
-def _paths(con: Console, rec: RunRecord, d: dict) -> None:
+def print_result(result, console: Console | None = None) -> None:
+    """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
+    rec: RunRecord = getattr(result, "record", result)
+    con = console or Console(highlight=False)
+    if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
+        con.width = max(con.width, 120)
+    d = rec.to_dict()
+    heading = title(d)
+    # ended before its first window: the title alone, no empty table
+    con.print(phase_table(d, rec.interval_label, heading) if d["phases"] else heading)
+    for line in [*lines(d, getattr(result, "notes", [])), *verdict(d)]:
+        con.print(line)
     con.print(f"[dim]results: {rec.path}[/dim]")
     if d.get("picture"):
         con.print(f"[dim]picture: {d['picture']}[/dim]")

@@ -16,7 +16,7 @@ from typing import Any
 from gpubench.analysis.recommend import HOW_MEASURED
 from gpubench.config.overrides import format_value
 from gpubench.core.files import flatten
-from gpubench.core.record import RunRecord
+from gpubench.core.record import HEADLINE_ORDER, RunRecord
 from gpubench.core.stats import holding
 
 BOUND_PHASES = ("loader", "compute")
@@ -90,12 +90,8 @@ def phase_ips(row, phase: str) -> float | None:
     ph = rec.phases.get(phase)
     v = ph.images_per_sec if ph is not None else None
     if v is None:
-        v = getattr(rec, _FIELD[phase])
+        v = rec.phase_figure(phase)[0]
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
-
-
-_FIELD = {"loader": "loader_images_per_sec", "compute": "compute_images_per_sec",
-          "e2e": "images_per_sec"}
 
 
 def phase_interval(row, phase: str) -> tuple[float, float] | None:
@@ -106,7 +102,7 @@ def phase_interval(row, phase: str) -> tuple[float, float] | None:
         return None
     rec = record_of(row)
     ph = rec.phases.get(phase)
-    ci = (ph.images_per_sec_ci if ph is not None else None) or getattr(rec, _FIELD[phase] + "_ci")
+    ci = (ph.images_per_sec_ci if ph is not None else None) or rec.phase_figure(phase)[1]
     return holding(ci, v)
 
 
@@ -121,11 +117,11 @@ def headline_phase(rows) -> str:
     `throughput`), by majority over rows that measured one; e2e when none says."""
     votes = Counter()
     for r in rows:
-        for phase in ("e2e", "compute", "loader"):
+        for phase in HEADLINE_ORDER:
             if phase_ips(r, phase) is not None:
                 votes[phase] += 1
                 break
-    return votes.most_common(1)[0][0] if votes else "e2e"
+    return votes.most_common(1)[0][0] if votes else HEADLINE_ORDER[0]
 
 
 def is_int(v: Any) -> bool:

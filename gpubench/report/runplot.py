@@ -18,19 +18,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
 from gpubench.core.record import PHASE_NAMES, RunRecord
 
 PICTURE_FILE = "run.png"
-PHASE_LABELS = {"loader": "loader only", "compute": "compute only", "e2e": "end-to-end"}
 # one colour per pipe, shared by the bars and the traces so the eye pairs them
 PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green"}
-VERDICT_WORDS = {
-    "data": "the data side (loader) is the narrowest pipe",
-    "compute": "compute is the narrowest pipe",
-    "overlap": "loading and compute do not overlap",
-    "inconclusive": "inconclusive: no confident verdict",
-    "unknown": "no verdict: not enough phases measured",
-}
 
 
 def _num(v: Any) -> float | None:
@@ -51,9 +44,8 @@ def _phase_figures(record: RunRecord, name: str) -> tuple[float | None, list[flo
     ph = record.phases.get(name)
     if ph is not None and _num(ph.images_per_sec) is not None:
         return _num(ph.images_per_sec), _interval(ph.images_per_sec_ci)
-    top = {"loader": "loader_", "compute": "compute_", "e2e": ""}[name]
-    return (_num(getattr(record, f"{top}images_per_sec")),
-            _interval(getattr(record, f"{top}images_per_sec_ci")))
+    value, ci = record.phase_figure(name)
+    return _num(value), _interval(ci)
 
 
 def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
@@ -68,7 +60,7 @@ def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
 
 def _title(record: RunRecord) -> str:
     verdict = record.bottleneck or "unknown"
-    head = VERDICT_WORDS.get(verdict, f"verdict: {verdict}")
+    head = verdict_sentence(verdict)
     margin = _num(record.verdict_margin)
     if margin is not None:
         head += f" (clear of the rule's threshold by {margin:.0%})"
@@ -120,7 +112,7 @@ def run_picture_data(record: RunRecord) -> dict:
         ips, ci = _phase_figures(record, name)
         if ips is None:
             continue
-        bars.append({"phase": name, "label": PHASE_LABELS[name], "images_per_sec": ips,
+        bars.append({"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": ips,
                      "ci": ci})
     bound_v = _num(record.extra.get("e2e_bound_images_per_sec"))
     bound = ({"images_per_sec": bound_v, "label": "combined bound (what e2e can reach)"}
@@ -210,7 +202,7 @@ def _draw_traces(ax, d: dict) -> None:
     for name, t in d["traces"].items():
         w, s = t["warmup_ms"], t["steps_ms"]
         ax.plot(range(len(w) + len(s)), [*w, *s], color=PHASE_COLORS[name], linewidth=1.0,
-                marker=".", markersize=3, label=PHASE_LABELS[name])
+                marker=".", markersize=3, label=PHASE_WORDS[name].short)
         longest_warmup = max(longest_warmup, len(w))
     if longest_warmup:
         # shaded to the longest warm-up: phases share the warm-up step count in practice

@@ -1,23 +1,22 @@
 """One benchmark run: resolve the settings, build once, measure the phases in interleaved windows, judge.
 
 `Benchmark(cfg).run()` is the whole run behind `python -m gpubench`; tests call `measure_run`
-or `run_benchmark`. The run's record (gpubench/record.py) is written to results.json before
+or `run_benchmark`. The run's record (core/record.py) is written to results.json before
 any work and after every window, so a crash, an OOM, Ctrl-C or SIGTERM never loses what was
 already measured, and it is written before any tracking server is contacted.
 
 Why interleaved windows: each phase is measured as `bench.repeats` windows in the order
 loader, compute, e2e, loader, compute, e2e, ...; a slow drift (another process, a warming
 device) then hits every phase alike instead of one, and the windows of a phase give it an
-interval (gpubench/stats.py).
+interval (core/stats.py).
 
-Why one module of this size: the Benchmark's build, windows and single try/finally are one
-control flow, read top to bottom; figures and the verdict are in summary.py, arithmetic in
-stats.py.
+The Benchmark's build, windows and single try/finally are one control flow, read top to
+bottom; figures and the verdict are in run/summary.py, fault injection in run/faults.py, merging
+windows and ranks in run/merge.py, arithmetic in core/stats.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import math
@@ -37,7 +36,6 @@ from gpubench.core.secrets import mask_tree
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed
 from gpubench.parts.data import CorruptImage, build_pipeline
-from gpubench.parts.distributed import Dist
 from gpubench.parts.measure import run_window
 from gpubench.parts.models import build_model, maybe_compile, prepare_model
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
@@ -46,9 +44,10 @@ from gpubench.parts.step import (
     count_step_flops_split,
     is_oom,
     make_optimizer,
-    set_cudnn_benchmark,
     step_figures,
 )
+from gpubench.run import merge
+from gpubench.run.faults import Faults
 from gpubench.run.summary import summarize
 from gpubench.telemetry import env
 from gpubench.telemetry.monitor import Monitor, MonitorSummary
@@ -99,19 +98,6 @@ def output_dir(out_dir: str | Path | None) -> Path:
     return p
 
 
-def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
-    """The run's throughput under torchrun: all ranks' images over the slowest rank's window
-    (data-parallel training steps together, so the slowest rank sets the pace). Step times and
-    data wait stay rank 0's."""
-    images = dist.gather(stats.images)
-    seconds = dist.gather(stats.seconds)
-    per_rank = dist.gather(stats.images_per_sec)
-    merged = dataclasses.replace(stats, images=sum(images), seconds=max(seconds),
-                                 images_per_sec=sum(images) / max(seconds))
-    merged.ranks_images_per_sec = per_rank
-    return merged
-
-
 def one_line_error(e: BaseException) -> str:
     """An error as one line: a DataLoader worker's error carries the worker's whole traceback
     in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); keep
@@ -120,26 +106,6 @@ def one_line_error(e: BaseException) -> str:
     if len(lines) > 1:
         return f"{type(e).__name__}: {lines[0]} ... {lines[-1]}"[:1000]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:1000]
-
-
-def _merge(summaries: list[MonitorSummary]) -> MonitorSummary:
-    """A phase's telemetry over all its windows: samples pooled, seconds and energy summed.
-    Byte counters restart at each window: later windows' are offset by the earlier totals, so
-    the pooled counters stay cumulative."""
-    samples, base = [], {"read_bytes": 0, "disk_read_bytes": 0}
-    for s in summaries:
-        last = dict(base)
-        for x in s.samples:
-            moved = {k: getattr(x, k) + base[k] for k in base if getattr(x, k) is not None}
-            samples.append(dataclasses.replace(x, **moved))
-            last.update(moved)
-        base = last
-    energy = [s.energy_j for s in summaries]
-    return MonitorSummary(
-        samples=samples,
-        seconds=sum(s.seconds for s in summaries),
-        energy_j=sum(energy) if energy and all(e is not None for e in energy) else None,
-    )
 
 
 class Benchmark:
@@ -158,6 +124,7 @@ class Benchmark:
         random.seed(b.seed)
         torch.manual_seed(b.seed)
         self.phases = list(s.phases)
+        self.faults = Faults(s.fault, self.dist.rank)
         self.repeats = min(b.repeats, b.steps)
         self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
         # results.json never holds a password (tracking.uri may carry user:pw@)
@@ -199,8 +166,7 @@ class Benchmark:
         s, device, rec = self.settings, self.device, self.record
         b = s.bench
         self.plan = resolve_precision(s.precision, device)
-        apply_backend_flags(self.plan)
-        set_cudnn_benchmark(b.cudnn_benchmark)
+        apply_backend_flags(self.plan, b.cudnn_benchmark)
         shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
         self.pipe = build_pipeline(s, shard)
         rec.data_info = self.pipe.info
@@ -215,20 +181,9 @@ class Benchmark:
                 rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
-                                  s.fault.oom_above_batch if self.fault_here else None,
+                                  self.faults.oom_above_batch,
                                   b.grad_accum_steps, b.host_metrics_every)
-        self._maybe_fail(0)
-
-    @property
-    def fault_here(self) -> bool:
-        """Injected faults hit this rank (fault.rank: one rank only under torchrun)."""
-        return distributed.fault_hits(self.settings.fault.rank, self.dist.rank)
-
-    def _maybe_fail(self, windows: int) -> None:
-        """Fault injection: a runtime error after `fault.fail_after_windows` windows."""
-        f = self.settings.fault
-        if f.fail_message and self.fault_here and windows == f.fail_after_windows:
-            raise RuntimeError(f.fail_message)
+        self.faults.maybe_fail(0)
 
     def _check_width(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         """A label at or past the classifier's width fails deep inside the loss (a device-side
@@ -249,17 +204,8 @@ class Benchmark:
 
         loader: fetch from the DataLoader, copy to the device, no model. compute: the same step
         on one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
-        pipe, step, fault = self.pipe, self.step, self.settings.fault
-        stall_every = fault.stall_every if self.fault_here else None
-        stall_s = fault.stall_s
-        calls = [0]
-
-        def stall() -> None:
-            # fault injection: an interruption of the kind another process causes
-            calls[0] += 1
-            if stall_every and calls[0] % stall_every == 0:
-                time.sleep(stall_s)
-
+        pipe, step = self.pipe, self.step
+        stall = self.faults.staller()
         if name == "compute":
             x, y = pipe.device_batch()
             n = int(y.shape[0])
@@ -326,11 +272,9 @@ class Benchmark:
             # every rank reached this window's end healthy before figures are gathered (a
             # failed rank announces itself instead, and Dist.watch ends the others)
             dist.agree(None)
-            # energy of every rank's GPU (the sampler reads this rank's only)
-            energies = dist.gather(held[0].energy_j)
-            self.energy_all[name] = (None if any(e is None for e in energies) else
-                                     (self.energy_all.get(name) or 0.0) + sum(energies))
-            stats = across_ranks(stats, dist)
+            self.energy_all[name] = merge.energy_across_ranks(
+                held[0].energy_j, dist, self.energy_all.get(name))
+            stats = merge.across_ranks(stats, dist)
         self.windows[name].append(stats)
         self.telemetry[name].append(held[0])
         mem = self.memory.setdefault(name, {})
@@ -342,34 +286,15 @@ class Benchmark:
         return stats
 
     def _record_phase(self, name: str) -> None:
-        ws, tel = self.windows[name], _merge(self.telemetry[name])
-        pooled = pool(ws)
-        for w, t in zip(pooled["windows"], self.telemetry[name], strict=True):
-            d = t.as_dict()
-            w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
-            w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
-            w["samples"] = d["samples"]
-        if self.device != "cuda":
-            # on a CPU the host clock already gives data wait: "device idle" would repeat it
-            pooled["device_idle_fraction"] = pooled["device_work_seconds_per_image"] = None
-        elif name == "loader":
-            # the copy, decode and augment the device does for the data side: in e2e they run
-            # on the training stream, one after the other with the step (the combined bound)
-            pooled["device_data_seconds_per_image"] = pooled["device_work_seconds_per_image"]
-        telemetry = tel.as_dict()
+        ws, summaries = self.windows[name], self.telemetry[name]
+        merged = merge.telemetry(summaries)
+        pooled = merge.phase_record_fields(pool(ws), summaries, self.device, name)
+        telemetry = merged.as_dict()
         if name in self.energy_all:
             telemetry["energy_j_all_ranks"] = self.energy_all[name]
         self.record.phases[name] = PhaseRecord.from_dict(
             pooled | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
-        series = {
-            "warmup_step_times_s": ws[0].warmup_step_times_s,
-            "step_times_s": [t for w in ws for t in w.step_times_s],
-            "window_steps": [w.steps for w in ws],
-        }
-        if tel.samples:
-            series["telemetry"] = [
-                {k: v for k, v in vars(s).items() if v is not None} for s in tel.samples]
-        self.record.series[name] = series
+        self.record.series[name] = merge.series(ws, merged)
         self.save()
 
     def measure(self) -> None:
@@ -379,7 +304,7 @@ class Benchmark:
             for name in self.phases:
                 self.run_phase(name)
                 done += 1
-                self._maybe_fail(done)
+                self.faults.maybe_fail(done)
         if self.settings.bench.profile:
             from gpubench.telemetry.profile import profile_steps
 
@@ -400,16 +325,7 @@ class Benchmark:
         self.save()
         interrupted: BaseException | None = None
         status, error = Status.ok, None
-
-        def peer_failed(peer_status: str, message: str) -> None:
-            # on the watcher thread, which then ends this process: record it first
-            if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
-                rec.status = Status.oom if peer_status == "oom" else (
-                    Status.killed if peer_status == "killed" else Status.failed)
-                rec.error = f"another rank failed: {message}"
-                self.save()
-
-        self.dist.watch(peer_failed)
+        self.dist.watch(self._peer_failed)
         gpulog = self._start_gpulog()
         try:
             self.measure()
@@ -433,13 +349,14 @@ class Benchmark:
                 status, error = Status.failed, one_line_error(e)
         finally:
             self.monitor.stop()
-            if gpulog is not None:
-                gpulog.stop()
-                rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
-                                            "gpm": gpulog.gpm is not None,
-                                            "note": gpulog.note or None}
-                if not rec.path.exists():  # bad input found while building: nothing is kept
-                    gpulog.path.unlink(missing_ok=True)
+            self._stop_gpulog(gpulog)
+        self._finish(status, error)
+        return interrupted
+
+    def _finish(self, status: Status, error: str | None) -> None:
+        """After the phases, whatever ended them: tell the other ranks, free the run's parts,
+        judge what was measured, and write the final record."""
+        rec = self.record
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
         figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
@@ -458,10 +375,19 @@ class Benchmark:
                      f"{rec.memory_ceiling:.0%}")
         rec.status, rec.error = status, error
         self.save()
-        return interrupted
+
+    def _peer_failed(self, peer_status: str, message: str) -> None:
+        """Another torchrun rank failed. Called on the watcher thread, which then ends this
+        process: record it first."""
+        if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
+            rec = self.record
+            rec.status = Status.oom if peer_status == "oom" else (
+                Status.killed if peer_status == "killed" else Status.failed)
+            rec.error = f"another rank failed: {message}"
+            self.save()
 
     def _start_gpulog(self):
-        """gpu_metrics.csv beside results.json, the whole run long (gpubench/gpulog.py); rank
+        """gpu_metrics.csv beside results.json, the whole run long (telemetry/gpulog.py); rank
         0's device only, with the sampler (bench.monitor)."""
         b = self.settings.bench
         if not (b.monitor and self.dist.main):
@@ -470,12 +396,22 @@ class Benchmark:
 
         return GpuLog(self.device, self.out, b.monitor_interval_s).start()
 
+    def _stop_gpulog(self, gpulog) -> None:
+        if gpulog is None:
+            return
+        gpulog.stop()
+        rec = self.record
+        rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
+                                    "gpm": gpulog.gpm is not None, "note": gpulog.note or None}
+        if not rec.path.exists():  # bad input found while building: nothing is kept
+            gpulog.path.unlink(missing_ok=True)
+
     def _release(self) -> None:
         if self.pipe is not None:
             self.pipe.shutdown()
-        # the pipeline's closures refer back to it (a cycle holding the loader, the dataset's
-        # pool and the compute phase's device batch): let go of it here, not when the caller
-        # drops the Benchmark, so the collection below frees it too
+        # the pipeline holds the loader, the dataset's pool and the compute phase's device
+        # batch, and the phases' functions refer to it: let go of it here, not when the
+        # caller drops the Benchmark, so the collection below frees it too
         self.pipe = self.step = None
         self.functions = {}
         # free this run's reference cycles now (a model, its optimizer and compiled graphs hold
@@ -494,7 +430,7 @@ class Benchmark:
 
 def _picture(bench: Benchmark) -> None:
     """run.png beside results.json: the three pipes with their intervals and the step times
-    (gpubench/runplot.py). A picture that fails costs nothing measured."""
+    (report/runplot.py). A picture that fails costs nothing measured."""
     if not bench.record.phases:
         return
     try:

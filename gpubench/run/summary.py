@@ -10,6 +10,7 @@ import os
 
 from gpubench.analysis import noise
 from gpubench.analysis.verdict import Knobs, judge
+from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES
 from gpubench.parts.precision import resolve_precision
 from gpubench.telemetry import env
 from gpubench.telemetry.nvml import energy_per_image, memory_gate_bytes
@@ -30,8 +31,7 @@ def _peak(key: str, rows: list[dict]):
 def figures(rec, device: str) -> None:
     """Headline throughputs with intervals, step times, memory, telemetry, MFU."""
     ph = rec.phases
-    for attr, name in (("loader_images_per_sec", "loader"), ("compute_images_per_sec", "compute"),
-                       ("images_per_sec", "e2e")):
+    for name, attr in PHASE_FIGURE.items():
         p = ph.get(name)
         setattr(rec, attr, p.images_per_sec if p else None)
         setattr(rec, attr + "_ci", p.images_per_sec_ci if p else None)
@@ -86,7 +86,7 @@ def figures(rec, device: str) -> None:
 
 
 def validity(bench) -> list[str]:
-    """Every named check over every measured phase (gpubench/noise.py)."""
+    """Every named check over every measured phase (analysis/noise.py)."""
     rec, ld = bench.record, bench.settings.loader
     reasons: list[str] = []
     loads = []
@@ -131,8 +131,7 @@ def summarize(bench) -> None:
         ceiling=s.memory.ceiling,
         is_conv="vit" not in s.model.name,
     )
-    intervals = {"loader": rec.loader_images_per_sec_ci, "compute": rec.compute_images_per_sec_ci,
-                 "e2e": rec.images_per_sec_ci}
+    intervals = {name: rec.phase_figure(name)[1] for name in PHASE_NAMES}
     loader = rec.phases.get("loader")
     device_data = loader.extra.get("device_data_seconds_per_image") if loader else None
     if device_data and rec.compute_images_per_sec:

@@ -31,11 +31,11 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: str) -> RunRe
     if rec is None:
         err = f"{type(job_error).__name__}: {job_error}" if job_error else "no results.json"
         return record.missing(out_dir, err, rung=rung)
-    if rec.status is Status.running:
-        died = rec.stale
-        rec.status = Status.killed if died else Status.failed
-        rec.error = rec.error or ("its process died mid-measurement" if died
-                                  else "the job ended without finishing its record")
+    if rec.status is Status.running and rec.stale:
+        rec.mark_dead()
+    elif rec.status is Status.running:
+        rec.status = Status.failed
+        rec.error = rec.error or "the job ended without finishing its record"
     elif job_error is not None and rec.status is Status.ok:
         rec.status, rec.error = Status.failed, f"{type(job_error).__name__}: {job_error}"
     if rec.status is Status.ok and not (math.isfinite(rec.throughput) and rec.throughput > 0):
@@ -50,7 +50,7 @@ def mark_stale_runs(sweep_dir: Path) -> int:
     for d in record.find_runs(sweep_dir):
         rec = record.load(d)
         if rec is not None and rec.stale:
-            rec.status, rec.error = Status.killed, "its process died mid-measurement"
+            rec.mark_dead()
             rec.save()
             n += 1
     return n

@@ -6,13 +6,14 @@ import logging
 import sys
 from pathlib import Path
 
+from gpubench.core.exits import ExitCode
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.store import uri_problem
 from gpubench.tracking.sync import sync
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> ExitCode:
     ap = OneLineParser(prog="python -m gpubench.tracking",
                                  description="MLflow tracking for gpubench runs.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.timeout <= 0:
         ap.error(f"--timeout: {a.timeout} is not a positive number of seconds")
     counts = sync(a.dir, a.uri, a.experiment, a.timeout)
-    return 1 if counts["failed"] else 0
+    return ExitCode.FAILED if counts["failed"] else ExitCode.OK
 
 
 if __name__ == "__main__":

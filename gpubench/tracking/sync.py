@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from gpubench.core import record
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.runs import (
     MARKER_FILE,
@@ -70,14 +70,6 @@ def _run_default_uri(run_dir: Path) -> str:
     return default_uri()
 
 
-def mark_dead(rec: RunRecord) -> None:
-    """A record left running by a dead process: killed, with what it measured kept."""
-    rec.status = Status.killed
-    rec.error = rec.error or (f"process {rec.pid} on {rec.host} ended without a final status "
-                              "(killed: kill -9 or out of host memory)")
-    rec.save()
-
-
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
          timeout_s: float = 10.0, out=sys.stdout) -> dict[str, int]:
     """Upload every run under `root` that is not in MLflow yet; returns counts by outcome."""
@@ -87,7 +79,8 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     for run_dir in found:
         rec = record.load(run_dir)
         if rec is not None and rec.stale:
-            mark_dead(rec)
+            rec.mark_dead()
+            rec.save()
             print(f"marked {run_dir} killed: its process is gone", file=out)
         if rec is None or not rec.run_uid or not rec.status.final:
             print(f"skip {run_dir}: no final status (still running, or unreadable)", file=out)

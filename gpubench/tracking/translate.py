@@ -20,6 +20,7 @@ import math
 import re
 import time
 
+from gpubench.analysis.labels import verdict_tag
 from gpubench.core.files import flatten
 from gpubench.core.record import PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
@@ -84,7 +85,6 @@ EFFICIENCY = {
     "efficiency/gpu_util_mean": "gpu_util_mean",
     "efficiency/power_mean_w": "power_mean_w",
 }
-VERDICT_WORDS = {"data": "data-bound", "compute": "compute-bound"}
 # the description of an experiment gpubench creates, shown above its runs table
 EXPERIMENT_NOTE = """gpubench runs: each run's name reads `images/sec · verdict · \
 model-bsN-wN-precision`. To sort and compare, add the columns `images_per_sec`, \
@@ -230,7 +230,7 @@ def verdict_word(rec: RunRecord) -> str:
     if not rec.status.measured:
         return rec.status.value
     b = rec.bottleneck or "unknown"
-    word = VERDICT_WORDS.get(b, b)
+    word = verdict_tag(b)
     if rec.status is Status.over_ceiling:
         word += ", over ceiling"
     return word

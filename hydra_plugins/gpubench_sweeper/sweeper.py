@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.errors import ConfigError
 from gpubench.config.keys import check_keys, keys
 from gpubench.config.uris import STORAGE_SCHEMES, check_uri
+from gpubench.core.exits import ExitCode
 from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
@@ -78,7 +79,7 @@ class GpubenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from gpubench.cli.errors import release_stderr
+        from gpubench.cli.gate import release_stderr
 
         release_stderr()  # composed fine: what follows (Optuna's log lines too) is no compose error
         try:
@@ -89,7 +90,7 @@ class GpubenchSweeper(Sweeper):
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"gpubench: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            raise SystemExit(ExitCode.BAD_INPUT) from None
 
     def _sweep(self, arguments: list[str]) -> Any:
         from gpubench.search.jobs import Jobs, mark_stale_runs

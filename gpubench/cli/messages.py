@@ -1,0 +1,126 @@
+"""One line and an exit status for the exception that ended a command.
+
+Hydra and OmegaConf raise typed exceptions whose attributes carry what the line needs: a config
+group that has no such option (MissingConfigException: `missing_cfg_file`, `options`), a value
+of the wrong type (ValidationError: `full_key`, `value`, and the node it was meant for). Those
+are read, not their message text; the message is printed as it is only where no attribute says
+more (its first line).
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from enum import Enum
+
+from hydra.errors import HydraException, InstantiationException, MissingConfigException
+from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode
+from omegaconf.errors import OmegaConfBaseException, ValidationError
+
+from gpubench.config.errors import ConfigError
+from gpubench.core.exits import ExitCode
+from gpubench.core.files import WriteError
+
+# what a value must be, by the type it was meant for
+_KINDS: dict[type, str] = {int: "an integer", float: "a number", bool: "true or false"}
+_NODE_TYPES: dict[type, type] = {IntegerNode: int, FloatNode: float, BooleanNode: bool}
+# lines of Hydra's report that never explain the error: the override wrapper, the search path
+_NOT_THE_REASON = ("Set the environment", "Config search path", "Error merging")
+
+
+def root_cause(ex: BaseException) -> BaseException:
+    """The error under Hydra's wrappers: instantiating the sweeper or a callback wraps whatever
+    its constructor raised in an InstantiationException whose text is 'Error in call to target'."""
+    seen = set()
+    while isinstance(ex, InstantiationException) and ex.__cause__ is not None and id(ex) not in seen:
+        seen.add(id(ex))
+        ex = ex.__cause__
+    return ex
+
+
+def flat(text: str) -> str:
+    """A message of several lines as one."""
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _expected_type(bad: ValidationError) -> type | None:
+    """The type the refused value was meant to have: the node's (an Enum, int, float, bool), or
+    a list's element type for an element (`bench.phases[1]`)."""
+    node = bad.child_node
+    if isinstance(node, EnumNode):
+        return node.enum_type
+    for node_type, t in _NODE_TYPES.items():
+        if isinstance(node, node_type):
+            return t
+    if node is None and typing.get_origin(bad.ref_type) is list:
+        (element,) = typing.get_args(bad.ref_type) or (None,)
+        return element
+    return None
+
+
+def _allowed(t: type | None) -> str | None:
+    if isinstance(t, type) and issubclass(t, Enum):
+        # the names, as OmegaConf accepts them on the command line
+        return "one of " + ", ".join(t.__members__)
+    return _KINDS.get(t) if t is not None else None
+
+
+def _first_line(*reports: str) -> str:
+    """The first line of Hydra's report that says what went wrong."""
+    text = "\n".join(reports)
+    for ln in text.splitlines():
+        if ln.strip() and not ln.startswith((" ", "\t")) and not ln.startswith(_NOT_THE_REASON):
+            return ln.strip()
+    return text.strip()
+
+
+def hydra_line(ex: HydraException | OmegaConfBaseException) -> str:
+    """One line for an error of composing the config (a bad override, a missing option)."""
+    if isinstance(ex, MissingConfigException) and ex.options is not None and \
+            "/" in (ex.missing_cfg_file or ""):
+        group, _, value = ex.missing_cfg_file.rpartition("/")
+        return f"{group}={value} is not allowed: one of {', '.join(ex.options)}"
+    # Hydra wraps OmegaConf's error of merging an override: the key and value are the cause's
+    cause = ex.__cause__ if isinstance(ex.__cause__, OmegaConfBaseException) else None
+    bad = ex if isinstance(ex, OmegaConfBaseException) else cause
+    key = bad.full_key if bad is not None else None
+    if key and isinstance(bad, ValidationError) and bad.value is not None:
+        allowed = _allowed(_expected_type(bad))
+        if allowed:
+            return f"{key}={bad.value} is not allowed: {allowed}"
+    line = _first_line(str(ex), *([str(cause)] if cause is not None else []))
+    return f"{key}: {line}" if key else line
+
+
+def argparse_line(output: str) -> str | None:
+    """argparse's reason from what it printed ("usage: ...", then "prog: error: why"), or None
+    when the output is not argparse's."""
+    m = re.search(r"^\S+: error: (.+)$", output, re.MULTILINE)
+    if m and output.lstrip().startswith("usage:"):
+        return f"{m.group(1)} (see gpubench --help)"
+    return None
+
+
+def held_line(output: str) -> str:
+    """One line for a failure known only from what it printed (argparse exits after printing)."""
+    return argparse_line(output) or _first_line(output)
+
+
+def describe(ex: BaseException) -> tuple[str, ExitCode]:
+    """One line and an exit status for the exception that ended the command."""
+    ex = root_cause(ex)
+    if isinstance(ex, ConfigError):
+        return str(ex), ExitCode.BAD_INPUT
+    if isinstance(ex, (HydraException, OmegaConfBaseException)):
+        return flat(hydra_line(ex)), ExitCode.BAD_INPUT
+    if isinstance(ex, WriteError):  # already one line: the path, the reason, the free space
+        return str(ex), ExitCode.FAILED
+    if isinstance(ex, OSError):
+        # the path is the useful part: "[Errno 30] Read-only file system: '/x'" reads backwards
+        where = f"{ex.filename}: " if ex.filename and str(ex.filename) not in str(ex.strerror) else ""
+        return f"{where}{flat(ex.strerror or str(ex))} ({type(ex).__name__})", ExitCode.FAILED
+    if isinstance(ex, ValueError) and str(ex).strip():
+        # a setting refused by the sweeper or a library (a search space, a sampler): its own
+        # message names it. Other types (TypeError, KeyError...) keep their name: a failure.
+        return flat(str(ex)), ExitCode.BAD_INPUT
+    return f"{type(ex).__name__}: {flat(str(ex))}", ExitCode.FAILED

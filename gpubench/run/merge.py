@@ -1,0 +1,87 @@
+"""Merging a phase's pieces into one figure: its windows' telemetry into one summary, and under
+torchrun the ranks' windows into the run's throughput."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gpubench.core.stats import WindowStats
+from gpubench.parts.distributed import Dist
+from gpubench.telemetry.monitor import MonitorSummary
+
+# byte counters the sampler restarts at each window
+_COUNTERS = ("read_bytes", "disk_read_bytes")
+
+
+def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
+    """The run's throughput under torchrun: all ranks' images over the slowest rank's window
+    (data-parallel training steps together, so the slowest rank sets the pace). Step times and
+    data wait stay rank 0's."""
+    images = dist.gather(stats.images)
+    seconds = dist.gather(stats.seconds)
+    per_rank = dist.gather(stats.images_per_sec)
+    merged = dataclasses.replace(stats, images=sum(images), seconds=max(seconds),
+                                 images_per_sec=sum(images) / max(seconds))
+    merged.ranks_images_per_sec = per_rank
+    return merged
+
+
+def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None) -> float | None:
+    """Every rank's GPU energy in this window added to `before` (the phase's earlier windows);
+    None once any rank could not read its own (the sampler reads this rank's GPU only)."""
+    energies = dist.gather(energy_j)
+    if any(e is None for e in energies):
+        return None
+    return (before or 0.0) + sum(energies)
+
+
+def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
+    """A phase's telemetry over all its windows: samples pooled, seconds and energy summed.
+    Byte counters restart at each window: later windows' are offset by the earlier totals, so
+    the pooled counters stay cumulative."""
+    samples, base = [], dict.fromkeys(_COUNTERS, 0)
+    for s in summaries:
+        last = dict(base)
+        for x in s.samples:
+            moved = {k: getattr(x, k) + base[k] for k in base if getattr(x, k) is not None}
+            samples.append(dataclasses.replace(x, **moved))
+            last.update(moved)
+        base = last
+    energy = [s.energy_j for s in summaries]
+    return MonitorSummary(
+        samples=samples,
+        seconds=sum(s.seconds for s in summaries),
+        energy_j=sum(energy) if energy and all(e is not None for e in energy) else None,
+    )
+
+
+def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: str,
+                        name: str) -> dict:
+    """The pooled windows of one phase (core.stats.pool) with each window's CPU figures from
+    its telemetry, and the device-side data figures that make sense on this device."""
+    for w, t in zip(pooled["windows"], summaries, strict=True):
+        d = t.as_dict()
+        w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
+        w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
+        w["samples"] = d["samples"]
+    if device != "cuda":
+        # on a CPU the host clock already gives data wait: "device idle" would repeat it
+        pooled["device_idle_fraction"] = pooled["device_work_seconds_per_image"] = None
+    elif name == "loader":
+        # the copy, decode and augment the device does for the data side: in e2e they run
+        # on the training stream, one after the other with the step (the combined bound)
+        pooled["device_data_seconds_per_image"] = pooled["device_work_seconds_per_image"]
+    return pooled
+
+
+def series(windows: list[WindowStats], merged: MonitorSummary) -> dict:
+    """A phase's step times (warm-up, measured, per window) and its telemetry samples."""
+    out = {
+        "warmup_step_times_s": windows[0].warmup_step_times_s,
+        "step_times_s": [t for w in windows for t in w.step_times_s],
+        "window_steps": [w.steps for w in windows],
+    }
+    if merged.samples:
+        out["telemetry"] = [
+            {k: v for k, v in vars(s).items() if v is not None} for s in merged.samples]
+    return out
