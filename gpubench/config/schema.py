@@ -15,7 +15,6 @@ that runs before Hydra builds anything.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,6 +25,10 @@ from urllib.parse import urlsplit
 from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from gpubench.core.ranges import range_last
+from gpubench.core.secrets import mask_secrets
+from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES
 
 
 def _config_dir() -> Path:
@@ -324,11 +327,9 @@ def auto_sizes(device: str) -> tuple[int, int]:
 # ---------------------------------------------------------------- URIs
 
 # MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
-TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
-                    "databricks-uc", "uc")
+TRACKING_SCHEMES = ("http", "https", "file", *MLFLOW_SQL_SCHEMES, "databricks", "databricks-uc", "uc")
 # Optuna's RDB storage takes a SQLAlchemy URL
-STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
-_SQLALCHEMY = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+STORAGE_SCHEMES = SQL_SCHEMES
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
@@ -336,12 +337,6 @@ def check_tracking_uri(uri: Any) -> None:
     """tracking.uri (with tracking=mlflow): the one call site for its form, from `settings.resolve`
     and from `InputCheck` (before an MLflow parent run exists)."""
     check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
-
-
-def _hide_password(text: str) -> str:
-    """The URI as an error line may show it: a password in `user:pw@host` replaced by ***
-    (by pattern, not by parsing: the URI is malformed, or it would not be in an error)."""
-    return re.sub(r"([^:/@]+):([^@/]+)@", r"\1:***@", text)
 
 
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
@@ -352,7 +347,7 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
     try:
         _check_uri(key, str(uri), schemes, path_ok)
     except ConfigError as e:  # the line names the URI, never its password
-        raise ConfigError(e.key, _hide_password(str(e.value)), e.allowed) from None
+        raise ConfigError(e.key, mask_secrets(str(e.value)), e.allowed) from None
 
 
 def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
@@ -366,7 +361,7 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
         raise ConfigError(key, text, allowed)
     scheme, rest = m.group(1).lower(), m.group(2)
     base, _, driver = scheme.partition("+")
-    if base not in schemes or (driver and base not in _SQLALCHEMY):
+    if base not in schemes or (driver and base not in SQL_SCHEMES):
         raise ConfigError(key, text, allowed + (" (+driver for databases)" if driver else ""))
     parts = urlsplit(text)
     try:
@@ -381,7 +376,7 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
     if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
         raise ConfigError(key, text, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
                           + (" or sqlite://" if key != "tracking.uri" else ""))
-    if base in _SQLALCHEMY and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
+    if base in SQL_SCHEMES and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
         raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
     if base == "file" and not parts.path:
         raise ConfigError(key, text, "file:///absolute/folder")
@@ -425,8 +420,8 @@ def _swept_values(o) -> list:
     if isinstance(v, IntervalSweep):
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
-        n = math.ceil((v.stop - v.start) / v.step) if v.step else 0
-        return [v.start, v.start + (n - 1) * v.step] if n > 0 else []
+        last = range_last(v.start, v.stop, v.step)
+        return [v.start, last] if last is not None else []
     return list(o.sweep_iterator())
 
 

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.schema import ConfigError
 from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
 from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
-from gpubench.core.secrets import mask_tree
+from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed
 from gpubench.parts.data import CorruptImage, build_pipeline
@@ -161,7 +161,7 @@ class Benchmark:
         self.repeats = min(b.repeats, b.steps)
         self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
         # results.json never holds a password (tracking.uri may carry user:pw@)
-        rec = RunRecord.start(self.out, mask_tree(plain(s.config)), env.facts(self.device),
+        rec = RunRecord.start(self.out, mask_secrets(plain(s.config)), env.facts(self.device),
                               s.memory.ceiling, self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)

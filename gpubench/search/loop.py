@@ -122,9 +122,9 @@ class Search:
         kept = []
         for t in asked:
             if S.claim_is_within(self.study, t.number, self.n_trials):
-                t.set_user_attr("worker", S.claimed_by(t.number))  # a resume on this host sees it die
+                S.set_attr(t, "worker", S.claimed_by(t.number))  # a resume on this host sees it die
                 if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
-                    t.set_user_attr("device", os.environ["CUDA_VISIBLE_DEVICES"])
+                    S.set_attr(t, "device", os.environ["CUDA_VISIBLE_DEVICES"])
                 kept.append(t)
             else:
                 S.abandon(self.shared, t.number, requeue=None)

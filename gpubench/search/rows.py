@@ -12,6 +12,7 @@ from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommen
 from gpubench.analysis.select import training_rows
 from gpubench.core.files import read_json
 from gpubench.core.record import RunRecord, Status, find_runs, load, missing
+from gpubench.core.secrets import without_masked_password
 
 log = logging.getLogger("gpubench")
 
@@ -58,7 +59,8 @@ def _load_study(name: str, storage: str):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=name, storage=storage)
+    # sweep.json holds the URL masked: the driver takes the password from the environment
+    study = optuna.load_study(study_name=name, storage=without_masked_password(storage))
     return rows_of_study(study), study
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from gpubench.core.files import read_json, write_json
+from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import RESULTS_FILE, RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
@@ -125,7 +125,7 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     size = rec.knob("dataset.image_size")
     digest = hashlib.sha1(json.dumps(rec.knob("dataset"), sort_keys=True, default=str).encode())
     c.log_inputs(rid, [DatasetInput(
-        Dataset(name=f"{ds} {size}px" if size else ds, digest=digest.hexdigest()[:8],
+        Dataset(name=mask_secrets(f"{ds} {size}px" if size else ds), digest=digest.hexdigest()[:8],
                 source_type="gpubench", source=mask_secrets(ds)),
         [InputTag("mlflow.data.context", "benchmark")])])
 
@@ -153,18 +153,18 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
     write_json(run_dir / MARKER_FILE, {
         "run_uid": run_uid,
         "synced": run_id is not None,
-        "tracking_uri": mask_secrets(uri),
+        "tracking_uri": uri,  # write_json masks it
         "experiment": experiment,
         "experiment_id": experiment_id,
         "run_id": run_id,
-        "error": mask_secrets(error),
+        "error": error,
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
 
 
 def write_config(run_dir: Path, rec: RunRecord) -> None:
     text = yaml.safe_dump(rec.config or {}, sort_keys=False)
-    (run_dir / CONFIG_FILE).write_text(mask_secrets(text))
+    write_text(run_dir / CONFIG_FILE, text)
 
 
 def sweep_of(run_dir: Path) -> Path | None:

@@ -66,15 +66,16 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
         tags = {
             "sweep_uid": uid,
             "sweep_dir": str(sweep_dir),
-            "overrides": mask_secrets(" ".join(overrides)),
+            "overrides": " ".join(overrides),
             "sweeper": sweeper,
             "mlflow.source.name": "gpubench",
             "mlflow.source.type": "LOCAL",
             "mlflow.user": user(),
         }
         run = store.client.create_run(
-            store.experiment_id, run_name=name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}",
-            tags={k: str(v)[:T.MAX_TAG_VALUE] for k, v in tags.items() if v},
+            store.experiment_id,
+            run_name=mask_secrets(name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"),
+            tags={k: mask_secrets(str(v))[:T.MAX_TAG_VALUE] for k, v in tags.items() if v},
         )
         rid = run.info.run_id
         params = [Param(k, v) for k, v in _sweep_params(overrides, sweeper_params).items()]
@@ -172,7 +173,8 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
     study = read(sweep_dir / "sweep.json").get("study")
     if study:  # one parent per worker, all tagged with the study they searched together
         tags.append(RunTag("study", str(study)[:T.MAX_TAG_VALUE]))
-    c.log_batch(parent_id, metrics=metrics, tags=tags)
+    c.log_batch(parent_id, metrics=metrics,
+                tags=[RunTag(t.key, mask_secrets(t.value)[:T.MAX_TAG_VALUE]) for t in tags])
     if (sweep_dir / "multirun.yaml").is_file():
         log_file(c, parent_id, sweep_dir / "multirun.yaml")
     c.set_terminated(parent_id, status or ("KILLED" if interrupted else "FINISHED"))

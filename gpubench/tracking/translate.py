@@ -240,7 +240,7 @@ def run_name(run, name: str | None = None) -> str:
     """`tracking.run_name` when set; else the knobs, the throughput and the verdict, which the
     runs table shows without any column set-up."""
     if name:
-        return name
+        return mask_secrets(name)
     rec = as_record(run)
     model = str(rec.knob("model.name") or str(rec.knob("model._target_")).rsplit(".", 1)[-1])
     parts = [model, f"bs{rec.knob('loader.batch_size')}", f"w{rec.knob('loader.num_workers')}",

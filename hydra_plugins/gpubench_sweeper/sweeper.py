@@ -24,6 +24,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
+from gpubench.core.secrets import mask_secrets
+from gpubench.core.uris import SQL_SCHEMES
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -49,7 +51,7 @@ def check_storage(url: str | None) -> None:
         u = make_url(str(url))
     except (ArgumentError, ValueError):
         raise SweeperConfigError("storage", url, allowed) from None
-    if u.get_backend_name() not in ("sqlite", "postgresql", "mysql", "oracle", "mssql"):
+    if u.get_backend_name() not in SQL_SCHEMES:
         raise SweeperConfigError("storage", url, allowed)
 
 
@@ -176,7 +178,7 @@ class GpubenchSweeper(Sweeper):
         manifest.update(study_name=name, storage=storage, study=name, n_trials=self.n_trials)
         os.environ[STUDY_ENV] = name
         if storage is not None:  # the command a team watches the shared study with
-            print(f"watch the study: optuna-dashboard '{_shown(storage)}'", flush=True)
+            print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
         steps, full = self.screen.steps, self.config.bench.steps
         screened = steps is not None and full is not None and int(steps) < int(full)
         screen = Screen(int(steps) if screened else None, float(self.screen.keep),
@@ -208,11 +210,3 @@ class GpubenchSweeper(Sweeper):
             log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
         except Exception as e:  # the measurements are on disk; a report can be made later
             log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
-
-
-def _shown(url: str) -> str:
-    """The storage URL with any password masked (the command is printed to logs)."""
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    return u.render_as_string(hide_password=True) if u.password else url
