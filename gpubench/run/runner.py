@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.schema import ConfigError
 from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
+from gpubench.core.pipe import batches_in_flight
 from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
@@ -292,8 +293,7 @@ class Benchmark:
         if name == "compute" or self.pipe.loader is None:
             return 1
         ld = self.settings.loader
-        ready = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
-        return ready + 1
+        return batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
 
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first one warms up until steps are steady)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from optuna.distributions import (
 )
 
 from gpubench.config.overrides import format_value
+from gpubench.core.ranges import range_last
 
 
 class SearchSpaceError(ValueError):
@@ -126,12 +126,10 @@ def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
     if step == 0:
         raise SearchSpaceError(f"{text}: a step of 0 is not allowed; allowed: range(a,b[,step]) "
                                "with step != 0")
-    n = math.ceil((stop - start) / step)
-    if n <= 0:
+    last = range_last(start, stop, step)
+    if last is None:
         raise SearchSpaceError(f"{text} is empty; allowed: range(a,b[,step]) with a < b for a "
                                "positive step (b excluded, as in Python), a > b for a negative one")
-    # the stop value is excluded, as in Python: the last point is start + (n-1)*step
-    last = start + (n - 1) * step
     low, high = (start, last) if step > 0 else (last, start)
     step = abs(step)
     if all(isinstance(x, int) for x in (start, stop, step)):
