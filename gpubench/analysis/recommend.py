@@ -16,7 +16,7 @@ from typing import Any
 from gpubench.analysis.select import left_out
 from gpubench.config.schema import FaultConfig
 from gpubench.core.files import flatten
-from gpubench.core.record import RunRecord
+from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import holding, median, median_interval
 
 TOLERANCE = 0.05
@@ -124,7 +124,7 @@ class Row:
         return str(self.record.dir) if self.record.dir is not None else None
 
     @property
-    def rung(self) -> str:
+    def rung(self) -> Rung:
         return self.record.rung
 
     @property

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import yaml
 
 from gpubench.config.overrides import format_value
-from gpubench.core.record import RunRecord
+from gpubench.core.record import Rung, RunRecord
 
 
 class Row(Protocol):
@@ -33,9 +33,9 @@ def left_out(rec: RunRecord) -> str | None:
     screen measured too few steps, and a loader-only or compute-only run measured no training
     step (no e2e figure: its objective is another phase's). A run that crashed before its e2e
     phase stays: it is a failed training measurement, ranked as infeasible."""
-    if rec.rung == "probe":
+    if rec.rung == Rung.probe:
         return "max-batch probes"
-    if rec.rung == "screen":
+    if rec.rung == Rung.screen:
         return "screens"
     phases = rec.knob("bench.phases")
     if rec.images_per_sec is None and (

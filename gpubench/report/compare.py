@@ -35,7 +35,7 @@ import yaml
 
 from gpubench.analysis.select import left_out
 from gpubench.core.files import read_json
-from gpubench.core.record import RESULTS_FILE, RunRecord
+from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -149,7 +149,7 @@ def mlflow_records(experiment: str, uri: str | None = None,
                     if not rec.env.get("device_name"):
                         rec.env["device_name"] = run.data.tags.get("device_name")
                     # a max-batch probe or a screen: the rung its sweep gave the job
-                    rec.rung = run.data.tags.get("rung") or rec.extra.get("rung") or rec.rung
+                    rec.rung = Rung.of(run.data.tags.get("rung") or rec.rung)
                     rec.extra["mlflow_run_id"] = rid
                     out.append(rec)
             token = page.token

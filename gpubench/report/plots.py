@@ -49,7 +49,7 @@ def _record(row) -> RunRecord:
     rec = getattr(row, "record", None)
     if isinstance(rec, RunRecord):
         return rec
-    return RunRecord.from_dict(getattr(row, "data", None) or {}, rung=getattr(row, "rung", "run"))
+    return RunRecord.from_dict(getattr(row, "data", None) or {}, rung=getattr(row, "rung", None))
 
 
 # the knobs the plots draw, by the report's short name and by their config key

@@ -46,7 +46,7 @@ from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.schema import CONFIG_DIR
 from gpubench.core.files import read_json, write_text
-from gpubench.core.record import SHORT_RUNGS
+from gpubench.core.record import Rung
 from gpubench.core.secrets import mask_secrets
 from gpubench.search.rows import load_dir
 
@@ -138,7 +138,7 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
             "-" if r.record.measurement_stable is None and not r.confirms
             else ("yes" if r.stable else "NO"),
             # a confirmed row's figures pool its re-measurements: say how many
-            r.rung + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
+            f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
             *(_fmt(r.flat.get(k)) for k in keys),
         ])
     return head, body
@@ -172,7 +172,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     # max-batch search's probes), the table still shows what was measured
     kept, notes = training_rows(rows)
     # the plots still show the same setup's screens and probes (hollow, never on a curve)
-    shown = kept + [r for r in rows if r.rung in SHORT_RUNGS
+    shown = kept + [r for r in rows if Rung.of(r.rung).short
                     and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
     rows = kept or rows
     keys = varying(rows)

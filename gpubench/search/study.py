@@ -41,7 +41,7 @@ import optuna
 from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import Rung, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 
 log = logging.getLogger("gpubench.sweep")
@@ -385,12 +385,12 @@ def copy_result(study, trial, prev: FrozenTrial) -> None:
         study.tell(trial, state=TrialState.FAIL)
 
 
-def record(trial, rec, rung: str) -> None:
+def record(trial, rec, rung: Rung) -> None:
     """What the report and a later resume need, stored on the trial before it is told."""
     set_attr(trial, "status", str(rec.status))
-    set_attr(trial, "rung", rung)
+    set_attr(trial, "rung", rung.value)
     set_attr(trial, "dir", str(rec.dir))
-    if rung == "screen":
+    if rung == Rung.screen:
         set_attr(trial, "screen_dir", str(rec.dir))
         set_attr(trial, "screen_throughput", rec.throughput)
     set_attr(trial, "throughput", rec.throughput)

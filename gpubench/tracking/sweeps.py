@@ -107,11 +107,11 @@ def interrupted(sweep_dir: Path, records: list[RunRecord]) -> bool:
 
 def jobs(sweep_dir: Path) -> list[RunRecord]:
     """Every job's record, with the rung the manifest gives it (screen, probe, full)."""
-    rungs = {str(Path(j["dir"]).resolve()): j.get("rung") or "run"
+    rungs = {str(Path(j["dir"]).resolve()): j.get("rung")
              for j in read(sweep_dir / MANIFEST).get("jobs") or [] if j.get("dir")}
     out = []
     for d in record.find_runs(sweep_dir):
-        rec = record.load(d, rung=rungs.get(str(Path(d).resolve()), "run"))
+        rec = record.load(d, rung=rungs.get(str(Path(d).resolve())))
         if rec is not None:
             out.append(rec)
     return out
