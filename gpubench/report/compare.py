@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from gpubench.analysis.select import left_out
+from gpubench.analysis.select import left_out, workload_text
 from gpubench.core.files import read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
 
@@ -162,12 +162,6 @@ def device_of(rec: RunRecord) -> str:
     return str(rec.env.get("device_name") or rec.env.get("device") or "unknown device")
 
 
-def workload_of(rec: RunRecord) -> str:
-    model = rec.knob("model._target_") or rec.knob("model.name") or "?"
-    return (f"model {model}, dataset {rec.knob('dataset.name') or '?'}, "
-            f"{rec.knob('dataset.image_size') or '?'} px")
-
-
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
     """{workload: one DeviceRow per device, fastest first}. Per device the fastest feasible run
     among its longest measurements (`bench.steps`): a sweep's short screens never stand for a
@@ -177,7 +171,7 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
         # a loader-only run's figure is its loader's, a probe's a few steps': no device's
         # training throughput
         if r.feasible and left_out(r) is None:
-            groups.setdefault(workload_of(r), {}).setdefault(device_of(r), []).append(r)
+            groups.setdefault(workload_text(r), {}).setdefault(device_of(r), []).append(r)
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(groups.items()):
         rows = []

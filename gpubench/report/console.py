@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpubench.analysis.select import setup_text
 from gpubench.core.record import RunRecord
 
 PHASE_TITLES = {
@@ -43,15 +44,9 @@ def print_result(result, console: Console | None = None) -> None:
     if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
         con.width = max(con.width, 120)
     d = rec.to_dict()
-    cfg, env = d["config"], d["env"]
+    env = d["env"]
     title = (
-        f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
-        f"{cfg['dataset']['image_size']}px, batch {cfg['loader']['batch_size']}, "
-        f"{cfg['loader']['num_workers']} worker{'' if cfg['loader']['num_workers'] == 1 else 's'}, "
-        f"{cfg['precision']['name']}"
-        f"{', channels_last' if cfg['channels_last'] else ''}"
-        f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
-        f" | {env['device_name']} ({env['device']})"
+        f"gpubench: {setup_text(rec)} | {env['device_name']} ({env['device']})"
         + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
     )
     t = Table(title=title, title_justify="left")

@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gpubench.analysis.select import KNOBS
 from gpubench.core.record import RunRecord
 
 log = logging.getLogger("gpubench")
@@ -52,15 +53,10 @@ def _record(row) -> RunRecord:
     return RunRecord.from_dict(getattr(row, "data", None) or {}, rung=getattr(row, "rung", None))
 
 
-# the knobs the plots draw, by the report's short name and by their config key
-DOTTED = {"batch_size": "loader.batch_size", "num_workers": "loader.num_workers",
-          "precision": "precision.name"}
-
-
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`), whether the row's `knob()` takes the report's
-    short names or config keys (`loader.batch_size`)."""
-    for key in (name, DOTTED[name]):
+    """A knob by its short name (`batch_size`, gpubench.analysis.select.KNOBS), whether the
+    row's `knob()` takes short names or config keys (`loader.batch_size`)."""
+    for key in (name, *KNOBS[name]):
         try:
             v = row.knob(key)
         except KeyError:  # a row that knows only the other spelling

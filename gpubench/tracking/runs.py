@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from gpubench.analysis.select import knob_of
 from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import RESULTS_FILE, RunRecord
 from gpubench.core.secrets import mask_secrets
@@ -121,8 +122,8 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     for i in range(0, len(metrics), METRICS_PER_BATCH):
         c.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
     # the runs table's Dataset column is shown by default: name the data the run read
-    ds = str(rec.knob("dataset.name") or "dataset")
-    size = rec.knob("dataset.image_size")
+    ds = str(knob_of(rec.knob, "dataset") or "dataset")
+    size = knob_of(rec.knob, "image_size")
     digest = hashlib.sha1(json.dumps(rec.knob("dataset"), sort_keys=True, default=str).encode())
     c.log_inputs(rid, [DatasetInput(
         Dataset(name=mask_secrets(f"{ds} {size}px" if size else ds), digest=digest.hexdigest()[:8],
