@@ -68,7 +68,7 @@ def write_text(path: Path, text: str) -> None:
     text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             # on disk before the rename: after a power loss the file is the old or the new one

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
-from gpubench.core.uris import sqlite_path
+from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 from gpubench.tracking.translate import EXPERIMENT_NOTE
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
@@ -40,7 +40,7 @@ class TrackingUnavailable(RuntimeError):
 def default_uri(cwd: str | Path | None = None) -> str:
     """The embedded store: sqlite under <cwd>/outputs, no server needed."""
     db = Path(cwd or Path.cwd()).resolve() / "outputs" / "mlflow.db"
-    return f"sqlite:///{db}"
+    return f"{SQLITE_PREFIX}{db}"
 
 
 def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:

@@ -23,6 +23,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.core.files import write_json, write_text
 from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.uris import SQL_SCHEMES
@@ -146,7 +147,7 @@ class GpubenchSweeper(Sweeper):
         space = parse_search_space(arguments, self.params, self.hydra_context.config_loader)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # as Hydra's, masked
         stale = mark_stale_runs(sweep_dir)
         if stale:
             log.info("%d run(s) left running by a process that died: recorded as killed", stale)
@@ -188,7 +189,6 @@ class GpubenchSweeper(Sweeper):
                poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
-        from gpubench.core.files import write_json
         from gpubench.search.maxbatch import run_max_batch, summary_lines
 
         mb = self.max_batch
