@@ -33,15 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.schema import ConfigError
 from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
 from gpubench.core.pipe import batches_in_flight
-from gpubench.core.record import (
-    RESULTS_FILE,
-    RUNG_ENV,
-    STUDY_ENV,
-    PhaseRecord,
-    Rung,
-    RunRecord,
-    Status,
-)
+from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed
@@ -182,7 +174,7 @@ class Benchmark:
         if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
             rec.extra["study"] = os.environ[STUDY_ENV]
         if os.environ.get(RUNG_ENV):  # a sweeper's job: screen, full, confirm or probe
-            rec.extra["rung"] = Rung.of(os.environ[RUNG_ENV]).value
+            rec.extra["rung"] = os.environ[RUNG_ENV]
         self.record = rec
         self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
