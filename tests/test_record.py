@@ -9,7 +9,16 @@ import socket
 
 import pytest
 
-from gpubench.core.record import OOM_CONSTRAINT, RunRecord, Status, find_runs, load, missing
+from gpubench.core.record import (
+    OOM_CONSTRAINT,
+    SHORT_RUNGS,
+    Rung,
+    RunRecord,
+    Status,
+    find_runs,
+    load,
+    missing,
+)
 
 
 def make(status="ok", e2e=100.0, compute=120.0, loader=400.0, peak=0.5, ceiling=0.8,
@@ -111,3 +120,12 @@ def test_throughput_interval_is_the_headline_phases_and_holds_the_figure():
     loader_only = make(e2e=None, compute=None, loader=400.0)
     loader_only.loader_images_per_sec_ci = [380.0, 410.0]
     assert loader_only.throughput_interval == (380.0, 410.0)
+
+
+def test_a_records_rung_is_the_readers_else_its_own():
+    d = {"run_uid": "x", "status": "ok", "rung": "screen"}  # written by a sweeper's job
+    assert RunRecord.from_dict(d).rung is Rung.screen and not RunRecord.from_dict(d).full
+    assert RunRecord.from_dict(d, rung="full").rung is Rung.full  # sweep.json says otherwise
+    assert RunRecord.from_dict(d | {"rung": "from-a-newer-version"}).rung is Rung.run
+    assert RunRecord.from_dict({"run_uid": "x", "status": "ok"}).rung is Rung.run
+    assert SHORT_RUNGS == (Rung.screen, Rung.probe)

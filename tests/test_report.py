@@ -373,6 +373,29 @@ def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended
     assert "--where" in notes[0]
 
 
+def test_a_custom_models_class_is_its_setup_everywhere():
+    """`model=custom` names every team model `custom`: its class tells two apart, in the
+    report's ranking, the machine comparison, the console title and the MLflow run name."""
+    from gpubench.analysis.select import setup_text, training_rows, workload_text
+    from gpubench.report.compare import compare_rows
+    from gpubench.tracking.translate import run_name
+
+    mine, theirs = trained("custom", 300.0, 1), trained("custom", 900.0, 2)
+    mine.record.config["model"]["_target_"] = "team.nets.Small"
+    theirs.record.config["model"]["_target_"] = "team.nets.Large"
+    for r in (mine, theirs):
+        r.flat = {}
+        r.__post_init__()
+    kept, notes = training_rows([mine, theirs])
+    assert kept == [theirs]  # the newest setup only: never ranked against the other class
+    assert "model._target_=team.nets.Small" in notes[0] and "--where model._target_=" in notes[0]
+    assert workload_text(mine.record) == "model team.nets.Small, dataset synthetic, 64 px"
+    assert set(compare_rows([mine.record, theirs.record], {})) == {
+        workload_text(mine.record), workload_text(theirs.record)}
+    assert setup_text(mine.record).startswith("team.nets.Small on synthetic 64px, batch 64")
+    assert run_name(mine.record).endswith("· Small-bs64-w2-fp32")
+
+
 def test_where_filters_rows_before_anything_else():
     from gpubench.analysis.select import parse_where, where
 

@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from gpubench.core.stats import median_interval, percentile, pool, settled, stats_from
+from gpubench.core.pipe import batches_in_flight, serial_rate
+from gpubench.core.ranges import range_last
+from gpubench.core.stats import median, median_interval, percentile, pool, settled, stats_from
 
 
 def test_percentile_matches_linear_interpolation():
@@ -62,3 +64,27 @@ def test_an_interval_is_widened_to_hold_its_figure(ci, value, expected):
     from gpubench.core.stats import holding
 
     assert holding(ci, value) == expected
+
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    assert median([4.0, 1.0, 10.0, 2.0]) == 3.0  # not the upper middle value (4)
+    assert median([3.0, 1.0, 2.0]) == 2.0
+
+
+@pytest.mark.parametrize("start, stop, step, last", [
+    (0, 4, 1, 3), (8, 33, 8, 32), (8, 32, 8, 24), (10, 0, -3, 1), (0.5, 1.0, 0.2, 0.9),
+    (4, 4, 1, None), (4, 0, 1, None), (0, 4, 0, None),
+])
+def test_a_hydra_range_ends_before_its_stop(start, stop, step, last):
+    got = range_last(start, stop, step)
+    assert got == pytest.approx(last) if last is not None else got is None
+    if isinstance(step, int) and step:  # as Python's range
+        assert got == (list(range(start, stop, step)) or [None])[-1]
+
+
+def test_batches_in_flight_and_the_serial_rate():
+    assert batches_in_flight(0, 4) == 0  # no workers: the main process makes each batch
+    assert batches_in_flight(3, None) == 6  # torch's prefetch_factor when unset
+    assert batches_in_flight(3, 4) == 12
+    # 100 img/s of compute plus 5 ms of device data work per image, one after the other
+    assert serial_rate(100.0, 0.005) == pytest.approx(1 / (0.01 + 0.005))

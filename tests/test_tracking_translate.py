@@ -115,6 +115,13 @@ def test_params_are_masked_and_spelled_as_overrides():
     ("mail bob@example.com", "mail bob@example.com"),
     ("db?user=a&password=pw&x=1", "db?user=a&password=***&x=1"),
     ("'storage=mysql://root:toor@127.0.0.1/optuna'", "'storage=mysql://root:***@127.0.0.1/optuna'"),
+    # malformed URIs, as the error line that rejects them shows them
+    ("postgresql:bob:pw@db/x", "postgresql:bob:***@db/x"),
+    ("bob:pw@db", "bob:***@db"),
+    ("git@github.com:org/repo", "git@github.com:org/repo"),
+    # a tree: a config, a manifest
+    ({"best": {"overrides": ["tracking.uri=http://u:pw@h", 3]}, "n": (1.5, "a:b@c")},
+     {"best": {"overrides": ["tracking.uri=http://u:***@h", 3]}, "n": (1.5, "a:***@c")}),
 ])
 def test_mask_secrets(text, masked):
     assert mask_secrets(text) == masked

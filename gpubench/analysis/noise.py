@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpubench.core.stats import CONFIDENCE
+from gpubench.core.stats import CONFIDENCE, median
 
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: the
 # compute phase repeats one batch on the device, so its steps are alike unless something
@@ -71,8 +71,7 @@ def step_checks(phase: str, steps: list[float], cv: float | None) -> list[str]:
         out.append(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT}): the device did "
                    "not run steadily")
     if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
-        s = sorted(steps)
-        med = s[len(s) // 2]
+        med = median(steps)
         slow = [t for t in steps if med > 0 and t > max(SLOW_FACTOR * med, med + 4 * JITTER_S)]
         if slow and len(slow) <= SLOW_SHARE * len(steps):
             out.append(f"{phase}: {len(slow)} of {len(steps)} steps took over "

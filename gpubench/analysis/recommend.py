@@ -13,28 +13,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpubench.analysis.select import left_out
+from gpubench.analysis.select import knob_of, left_out
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import RunRecord
+from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import holding, median, median_interval
 
 TOLERANCE = 0.05
-
-
-# short names for the knobs the report reasons about, and where they live in the config
-KNOBS = {
-    "batch_size": "loader.batch_size",
-    "num_workers": "loader.num_workers",
-    "precision": "precision.name",
-    "pin_memory": "loader.pin_memory",
-    "prefetch_factor": "loader.prefetch_factor",
-    "preload": "dataset.preload",
-    "channels_last": "channels_last",
-    "compile": "compile",
-    "model": "model.name",
-    "image_size": "dataset.image_size",
-}
 
 
 # sections of the config a recommendation consists of; bench (how to measure), tracking and
@@ -121,7 +106,7 @@ class Row:
         return str(self.record.dir) if self.record.dir is not None else None
 
     @property
-    def rung(self) -> str:
+    def rung(self) -> Rung:
         return self.record.rung
 
     @property
@@ -149,8 +134,8 @@ class Row:
         return bool(self.confirms) and self.stable
 
     def knob(self, name: str) -> Any:
-        key = KNOBS[name]
-        v = self.flat.get(key)
+        """A knob by its short name (gpubench.analysis.select.KNOBS)."""
+        v = knob_of(self.flat.get, name)
         if v is None and name == "precision":  # a study's param is the group, not the key
             v = self.flat.get("precision")
         return v

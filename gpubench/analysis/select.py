@@ -1,20 +1,28 @@
-"""Which runs a report compares: full training measurements of one training setup.
+"""Which runs a report compares: full training measurements of one training setup; and the one
+table of knobs by short name, what identifies a setup and how a setup is written out.
 
 An experiment collects runs of many kinds (loader-only runs, max-batch probes, a sweep's screens,
 full training runs) and setups (models, datasets, image sizes). Their throughputs are no speeds
 of one thing: the report ranks and recommends full training measurements of one setup, and says
 in one line what it left out (gpubench.report); `--where KEY=VALUE` picks rows first.
+
+A setup is its model, dataset and image size (SETUP_OF). A team's own model or dataset
+(`model=custom model._target_=my_team.Net`) is its class: the group's name is only `custom`,
+which would make every custom model one setup. The console's title, the run picture, the MLflow
+run name, the report's notes and the machine comparison all write a setup out through
+`setup_text` and `workload_text`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import yaml
 
 from gpubench.config.overrides import format_value
-from gpubench.core.record import RunRecord
+from gpubench.core.record import Rung, RunRecord
 
 
 class Row(Protocol):
@@ -24,8 +32,73 @@ class Row(Protocol):
     flat: dict[str, Any]
 
 
-# what makes two runs the same training setup: the report never ranks one against another
-SETUP_OF = ("model.name", "dataset.name", "dataset.image_size")
+# short names for the knobs gpubench reasons about and shows (the report, MLflow's params and
+# run name, the plots), and their config keys: the first one set is the knob's value
+KNOBS: dict[str, tuple[str, ...]] = {
+    "model": ("model._target_", "model.name"),
+    "dataset": ("dataset._target_", "dataset.name"),
+    "image_size": ("dataset.image_size",),
+    "batch_size": ("loader.batch_size",),
+    "num_workers": ("loader.num_workers",),
+    "pin_memory": ("loader.pin_memory",),
+    "prefetch_factor": ("loader.prefetch_factor",),
+    "persistent_workers": ("loader.persistent_workers",),
+    "precision": ("precision.name",),
+    "channels_last": ("channels_last",),
+    "compile": ("compile",),
+    "preload": ("dataset.preload",),
+    "augment_on": ("dataset.augment_on",),
+    "decode_on": ("dataset.decode_on",),
+    "optimizer": ("bench.optimizer",),
+}
+
+# what makes two runs the same training setup (knobs): the report never ranks one against another
+SETUP_OF = ("model", "dataset", "image_size")
+
+
+def knob_key(get: Callable[[str], Any], name: str) -> str:
+    """The config key that holds knob `name` (its first key set; the last one when none is)."""
+    keys = KNOBS[name]
+    return next((k for k in keys if get(k) is not None), keys[-1])
+
+
+def knob_of(get: Callable[[str], Any], name: str) -> Any:
+    """Knob `name` read with `get` (a record's `knob`, a row's `flat.get`)."""
+    return get(knob_key(get, name))
+
+
+def setup_text(rec: RunRecord, compact: bool = False) -> str:
+    """A run's setup written out: `resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16,
+    channels_last` (a title), or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name: the
+    class name of a custom model)."""
+    def k(name: str) -> Any:
+        return knob_of(rec.knob, name)
+
+    model, workers, compiled = k("model"), k("num_workers"), k("compile")
+    compiled = None if compiled in (None, "off", False) else compiled
+    if compact:
+        parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}", f"w{workers}",
+                 str(k("precision"))]
+        parts += ["cl"] if k("channels_last") else []
+        parts += [f"compile-{compiled}"] if compiled else []
+        return "-".join(parts)
+    # a record written before its config was complete leaves parts out rather than print None
+    head = " ".join(p for p in (str(model or "?"), k("dataset") and f"on {k('dataset')}",
+                                k("image_size") and f"{k('image_size')}px") if p)
+    parts = [head,
+             k("batch_size") is not None and f"batch {k('batch_size')}",
+             workers is not None and f"{workers} worker{'' if workers == 1 else 's'}",
+             k("precision") and str(k("precision")),
+             k("channels_last") and "channels_last",
+             compiled and f"compile={compiled}"]
+    return ", ".join(p for p in parts if p)
+
+
+def workload_text(rec: RunRecord) -> str:
+    """What identifies the run's setup (SETUP_OF), written out: `model resnet50, dataset
+    imagenet, 224 px`."""
+    model, dataset, size = (knob_of(rec.knob, n) for n in SETUP_OF)
+    return f"model {model or '?'}, dataset {dataset or '?'}, {size or '?'} px"
 
 
 def left_out(rec: RunRecord) -> str | None:
@@ -33,9 +106,9 @@ def left_out(rec: RunRecord) -> str | None:
     screen measured too few steps, and a loader-only or compute-only run measured no training
     step (no e2e figure: its objective is another phase's). A run that crashed before its e2e
     phase stays: it is a failed training measurement, ranked as infeasible."""
-    if rec.rung == "probe":
+    if rec.rung == Rung.probe:
         return "max-batch probes"
-    if rec.rung == "screen":
+    if rec.rung == Rung.screen:
         return "screens"
     phases = rec.knob("bench.phases")
     if rec.images_per_sec is None and (
@@ -80,7 +153,7 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
 
 
 def setup_of(r: Row) -> tuple:
-    return tuple(r.flat.get(k) for k in SETUP_OF)
+    return tuple(knob_of(r.flat.get, k) for k in SETUP_OF)
 
 
 def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
@@ -104,16 +177,19 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     if len(groups) > 1:
         newest = max(kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)
-        others = [f"{_setup_name(k)} ({len(g)} run(s))" for k, g in groups.items() if k != mine]
-        other = next(k for k in groups if k != mine)
-        i = next(i for i, (a, b) in enumerate(zip(mine, other, strict=True)) if a != b)
-        notes.append(f"ranked only {_setup_name(mine)} (the newest run's setup); other setups: "
+        others = [f"{_setup_name(g[0])} ({len(g)} run(s))" for k, g in groups.items() if k != mine]
+        other = next(g[0] for k, g in groups.items() if k != mine)
+        name = next(n for n, a, b in zip(SETUP_OF, mine, setup_of(other), strict=True) if a != b)
+        key = knob_key(other.flat.get, name)
+        notes.append(f"ranked only {_setup_name(newest)} (the newest run's setup); other setups: "
                      f"{'; '.join(others)}; pick one with --where, e.g. --where "
-                     f"{SETUP_OF[i]}={format_value(other[i])}")
+                     f"{key}={format_value(other.flat.get(key))}")
         kept = groups[mine]
     return kept, notes
 
 
-def _setup_name(key: tuple) -> str:
-    return " ".join(f"{k}={format_value(v) if v is not None else '?'}"
-                    for k, v in zip(SETUP_OF, key, strict=True))
+def _setup_name(r: Row) -> str:
+    """The row's setup as --where would pick it: `model.name=tiny dataset.name=synthetic ...`."""
+    keys = [knob_key(r.flat.get, n) for n in SETUP_OF]
+    return " ".join(f"{k}={format_value(r.flat.get(k)) if r.flat.get(k) is not None else '?'}"
+                    for k in keys)

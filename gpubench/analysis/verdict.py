@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpubench.config.schema import is_amp
+from gpubench.core.pipe import serial_rate
 from gpubench.core.record import PHASE_NAMES
 from gpubench.core.stats import holding, median, median_interval
 
@@ -65,15 +66,13 @@ def smaller(a: Est, b: Est) -> Est:
 def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
     """On a GPU the loader's device-side work (H2D copy, nvJPEG decode, GPU augment) runs on
     the training stream in e2e, one after the other with the step: e2e can reach at most
-    1 / (1/compute + device data time per image), not compute itself."""
+    gpubench.core.pipe.serial_rate of compute and the device data time per image, not compute
+    itself."""
     if device_data_s_per_image is None:
         return compute
-
-    def f(c: float, d: float) -> float:
-        return 1.0 / (1.0 / c + d)
-
     d = device_data_s_per_image
-    return Est(f(compute.value, d.value), f(compute.lo, d.hi), f(compute.hi, d.lo))
+    return Est(serial_rate(compute.value, d.value), serial_rate(compute.lo, d.hi),
+               serial_rate(compute.hi, d.lo))
 
 
 @dataclass
@@ -419,12 +418,7 @@ def _loader_rows(rows) -> dict[int, float]:
             w, ips = r
         if w is not None and _ok(ips):
             per.setdefault(int(w), []).append(float(ips))
-    out = {}
-    for w, v in per.items():
-        s = sorted(v)
-        mid = len(s) // 2
-        out[w] = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-    return out
+    return {w: median(v) for w, v in per.items()}
 
 
 def fewest_workers(rows, compute_images_per_sec: float | None,

@@ -9,7 +9,6 @@ gpubench.config.settings (resolve), which every job applies.
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import is_dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from gpubench.config.keys import check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import KEYS
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
+from gpubench.core.ranges import range_last
 
 # `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
 OPTIONAL_GROUPS = ("sweep", "experiment")
@@ -57,8 +57,8 @@ def _swept_values(o) -> list:
     if isinstance(v, IntervalSweep):
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
-        n = math.ceil((v.stop - v.start) / v.step) if v.step else 0
-        return [v.start, v.start + (n - 1) * v.step] if n > 0 else []
+        last = range_last(v.start, v.stop, v.step)
+        return [v.start, last] if last is not None else []
     return list(o.sweep_iterator())
 
 

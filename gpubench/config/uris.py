@@ -9,13 +9,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpubench.config.errors import ConfigError
+from gpubench.core.secrets import mask_secrets
+from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES
 
 # MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
-TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
-                    "databricks-uc", "uc")
+TRACKING_SCHEMES = ("http", "https", "file", *MLFLOW_SQL_SCHEMES, "databricks", "databricks-uc", "uc")
 # Optuna's RDB storage takes a SQLAlchemy URL
-STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
-_SQLALCHEMY = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+STORAGE_SCHEMES = SQL_SCHEMES
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
@@ -23,12 +23,6 @@ def check_tracking_uri(uri: Any) -> None:
     """tracking.uri (with tracking=mlflow): the one call site for its form, from `settings.resolve`
     and from `InputCheck` (before an MLflow parent run exists)."""
     check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
-
-
-def _hide_password(text: str) -> str:
-    """The URI as an error line may show it: a password in `user:pw@host` replaced by ***
-    (by pattern, not by parsing: the URI is malformed, or it would not be in an error)."""
-    return re.sub(r"([^:/@]+):([^@/]+)@", r"\1:***@", text)
 
 
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
@@ -39,7 +33,7 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
     try:
         _check_uri(key, str(uri), schemes, path_ok)
     except ConfigError as e:  # the line names the URI, never its password
-        raise ConfigError(e.key, _hide_password(str(e.value)), e.allowed) from None
+        raise ConfigError(e.key, mask_secrets(str(e.value)), e.allowed) from None
 
 
 def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
@@ -53,7 +47,7 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
         raise ConfigError(key, text, allowed)
     scheme, rest = m.group(1).lower(), m.group(2)
     base, _, driver = scheme.partition("+")
-    if base not in schemes or (driver and base not in _SQLALCHEMY):
+    if base not in schemes or (driver and base not in SQL_SCHEMES):
         raise ConfigError(key, text, allowed + (" (+driver for databases)" if driver else ""))
     parts = urlsplit(text)
     try:
@@ -68,7 +62,7 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
     if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
         raise ConfigError(key, text, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
                           + (" or sqlite://" if key != "tracking.uri" else ""))
-    if base in _SQLALCHEMY and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
+    if base in SQL_SCHEMES and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
         raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
     if base == "file" and not parts.path:
         raise ConfigError(key, text, "file:///absolute/folder")

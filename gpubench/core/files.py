@@ -1,5 +1,9 @@
 """Small file helpers shared by the runner, tracking, the sweeper and the report. No torch
-import here: tracking and the report load without it."""
+import here: tracking and the report load without it.
+
+`write_json` and `write_text` are how gpubench writes a file: atomically, and masked
+(gpubench.core.secrets.mask_secrets): a tracking URI or a storage URL may carry a password, and
+no file gpubench writes holds one."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import shutil
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from gpubench.core.secrets import mask_secrets
 
 
 def _default(o):
@@ -47,16 +53,22 @@ def free_space(path: Path) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write-then-rename: a kill mid-write leaves the previous complete file, never half of one.
+    """`data` as JSON (NaN and inf as null), written as `write_text` writes."""
+    write_text(path, json.dumps(finite(data), indent=2, default=_default, allow_nan=False))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write-then-rename, masked: a kill mid-write leaves the previous complete file, never half
+    of one, and no password reaches the disk.
 
     The temporary file is unique to this process (two writers never share one) and is removed
     when the write fails (a full disk, a file size limit), so no `.tmp` is ever left behind;
     the error is a WriteError naming the path and the free space."""
     path = Path(path)
-    text = json.dumps(finite(data), indent=2, default=_default, allow_nan=False)
+    text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             # on disk before the rename: after a power loss the file is the old or the new one

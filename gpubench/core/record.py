@@ -39,8 +39,6 @@ SCHEMA_VERSION = 2
 # a constraint value for a run that ran out of memory or measured nothing: worse than any
 # over-ceiling run (peak fraction - ceiling < 1), so samplers rank it as the most infeasible
 OOM_CONSTRAINT = 1.0
-# rungs measured too briefly to rank speed by: a sweep's screen and a max-batch probe
-SHORT_RUNGS = ("screen", "probe")
 PHASE_NAMES = ("loader", "compute", "e2e")
 # the phase whose figures stand for the run: the first of these it measured
 HEADLINE_ORDER = ("e2e", "compute", "loader")
@@ -54,6 +52,37 @@ STUDY_ENV = "GPUBENCH_STUDY"
 # the job keeps it in its record (`extra["rung"]`, an MLflow tag), so a report read from MLflow
 # tells a max-batch probe or a screen from a full measurement as a sweep dir's manifest does
 RUNG_ENV = "GPUBENCH_RUNG"
+
+
+class Rung(str, Enum):
+    """How a sweep measured a job: the one spelling of the environment variable (RUNG_ENV),
+    the record's `extra["rung"]`, its MLflow tag, sweep.json's jobs and Optuna's user attrs."""
+
+    run = "run"  # not a gpubench sweeper's job: a single run or a grid sweep's job
+    screen = "screen"  # a short first look at a trial (hydra.sweeper.screen.steps)
+    full = "full"  # the trial measured at full length
+    confirm = "confirm"  # a top trial measured again, interleaved (hydra.sweeper.confirm)
+    probe = "probe"  # a max-batch search's probe
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def short(self) -> bool:
+        """Measured too briefly to rank speed by."""
+        return self in (Rung.screen, Rung.probe)
+
+    @classmethod
+    def of(cls, value: Any) -> Rung:
+        """The rung a file, a tag or the environment names; missing or unknown (written by
+        another version): a plain run."""
+        try:
+            return cls(value) if value else cls.run
+        except ValueError:
+            return cls.run
+
+
+SHORT_RUNGS = tuple(r for r in Rung if r.short)
 
 
 class Status(str, Enum):
@@ -213,7 +242,10 @@ class RunRecord:
     extra: dict = field(default_factory=dict, repr=False)
     # where it was read from / is written to, and how a sweep measured it (not serialized)
     dir: Path | None = field(default=None, repr=False, compare=False)
-    rung: str = field(default="run", repr=False, compare=False)
+    rung: Rung = field(default=Rung.run, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.rung = Rung.of(self.rung)
 
     # ------------------------------------------------------------------ creating, reading
 
@@ -227,7 +259,10 @@ class RunRecord:
         )
 
     @classmethod
-    def from_dict(cls, d: dict, run_dir: Path | None = None, rung: str = "run") -> RunRecord:
+    def from_dict(cls, d: dict, run_dir: Path | None = None, rung: Rung | str | None = None
+                  ) -> RunRecord:
+        """`rung`: how the reader's sweep measured it (sweep.json, Optuna); by default the one
+        the job recorded itself (`rung` in results.json, from RUNG_ENV)."""
         known = _fields(cls) - {"extra", "dir", "rung"}
         kw = {k: v for k, v in d.items() if k in known}
         known |= {"objective"}  # derived, never read back
@@ -246,7 +281,8 @@ class RunRecord:
             kw["memory_ceiling"] = float(
                 (kw.get("config") or {}).get("memory", {}).get("ceiling") or 1.0)
         return cls(**kw, extra={k: v for k, v in d.items() if k not in known},
-                   dir=Path(run_dir) if run_dir is not None else None, rung=rung)
+                   dir=Path(run_dir) if run_dir is not None else None,
+                   rung=Rung.of(rung or d.get("rung")))
 
     def to_dict(self) -> dict:
         out = {}
@@ -343,7 +379,7 @@ class RunRecord:
     @property
     def full(self) -> bool:
         """A full-length measurement, not a short screen or a max-batch probe."""
-        return self.rung not in SHORT_RUNGS
+        return not Rung.of(self.rung).short
 
     def fits_under(self, reserve: float) -> bool:
         """A max-batch probe fits when it ran (no OOM, no error) and its peak memory stays
@@ -385,7 +421,7 @@ class RunRecord:
                                     "status (killed: kill -9 or out of host memory)")
 
 
-def load(run_dir: str | Path, rung: str = "run") -> RunRecord | None:
+def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | None:
     """The record in `run_dir` (or the path to a results.json), None when missing or unreadable."""
     p = Path(run_dir)
     if p.name == RESULTS_FILE:
@@ -396,9 +432,10 @@ def load(run_dir: str | Path, rung: str = "run") -> RunRecord | None:
     return RunRecord.from_dict(d, p, rung)
 
 
-def missing(run_dir: str | Path, error: str, rung: str = "run") -> RunRecord:
+def missing(run_dir: str | Path, error: str, rung: Rung | str | None = None) -> RunRecord:
     """A stand-in for a job that left no readable results.json: failed, with the reason."""
-    return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir), rung=rung)
+    return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir),
+                     rung=Rung.of(rung))
 
 
 def find_runs(root: str | Path) -> list[Path]:

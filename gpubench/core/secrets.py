@@ -1,10 +1,12 @@
-"""Credentials never leave the process in clear: `mask_secrets(text)` for anything written or
-logged, `split_credentials(uri)` to move a URL's `user:password@` into the environment.
+"""Credentials never leave the process in clear: `mask_secrets` is the one masking function,
+for anything written or logged; `split_credentials(uri)` moves a URL's `user:password@` into the
+environment.
 
 Tracking URIs and Optuna storages are URLs that may carry a password (`postgresql://u:pw@db/x`,
-`http://u:pw@mlflow:5000`). Everything gpubench writes (marker files, MLflow params, tags and
-artifacts) or prints (warnings) goes through `mask_secrets`. Torch-free and dependency-free, so
-any module may import it.
+`http://u:pw@mlflow:5000`). Everything gpubench writes (results.json, sweep.json and every other
+file through gpubench.core.files, MLflow params, tags and artifacts, Optuna user attributes) or
+prints (warnings, error lines, log records) goes through `mask_secrets`. Torch-free and
+dependency-free, so any module may import it.
 """
 
 from __future__ import annotations
@@ -19,28 +21,29 @@ MASK = "***"
 
 # scheme://user:password@  -> scheme://user:***@   (the user name is kept: it helps debugging)
 # (greedy up to the last @ before the path: an unencoded @ inside the password stays hidden;
-# Hydra escapes the colons of an override as `\:` when it logs or saves it)
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s/@:'\"\\]*\\?:)([^\s/'\"]+)(@)")
+# Hydra escapes the colons of an override as `\:` when it logs or saves it). The scheme and its
+# slashes are optional: a malformed URI (`postgresql:u:pw@db`, `u:pw@db`) is shown in the error
+# line that rejects it, and keeps its password hidden there too.
+_USERINFO = re.compile(r"((?:\b[A-Za-z][A-Za-z0-9+.\-]*\\?:/{0,2})?[^\s/@:'\"\\]*\\?:)"
+                       r"([^\s/'\"]+)(@)")
 # ?password=...&  or  &token=...  in a URL's query (psycopg, some object stores)
 _QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|secret|access_key|secret_key)=)([^&\s'\"]+)",
                     re.IGNORECASE)
 
 
-def mask_secrets(text):
-    """`text` with every URL password (userinfo or query) replaced by ***. Non-strings are
-    returned as they are, so callers can pass any value."""
-    if not isinstance(text, str) or ("@" not in text and "=" not in text):
-        return text
-    return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", text))
-
-
-def mask_tree(obj):
-    """A JSON-like tree (a config as a dict) with every string masked."""
+def mask_secrets(obj):
+    """`obj` with every URL password (userinfo or query) replaced by ***: a string, or a
+    JSON-like tree (dicts, lists, tuples: a config, a manifest) with every string in it masked.
+    Anything else is returned as it is, so callers can pass any value."""
     if isinstance(obj, dict):
-        return {k: mask_tree(v) for k, v in obj.items()}
+        return {k: mask_secrets(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [mask_tree(v) for v in obj]
-    return mask_secrets(obj)
+        return [mask_secrets(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(mask_secrets(v) for v in obj)
+    if not isinstance(obj, str) or ("@" not in obj and "=" not in obj):
+        return obj
+    return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", obj))
 
 
 def split_credentials(uri: str) -> tuple[str, str | None, str | None]:

@@ -35,6 +35,8 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def median(xs: list[float]) -> float:
+    """The conventional median: the middle value, or the mean of the two middle ones (NaN for
+    no values). The one median of gpubench: steps, windows, pooled runs, workers."""
     return percentile(xs, 50)
 
 

@@ -33,10 +33,10 @@ from typing import Any
 
 import yaml
 
-from gpubench.analysis.select import left_out
+from gpubench.analysis.select import left_out, workload_text
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import read_json
-from gpubench.core.record import RESULTS_FILE, RunRecord
+from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -150,7 +150,7 @@ def mlflow_records(experiment: str, uri: str | None = None,
                     if not rec.env.get("device_name"):
                         rec.env["device_name"] = run.data.tags.get("device_name")
                     # a max-batch probe or a screen: the rung its sweep gave the job
-                    rec.rung = run.data.tags.get("rung") or rec.extra.get("rung") or rec.rung
+                    rec.rung = Rung.of(run.data.tags.get("rung") or rec.rung)
                     rec.extra["mlflow_run_id"] = rid
                     out.append(rec)
             token = page.token
@@ -163,12 +163,6 @@ def device_of(rec: RunRecord) -> str:
     return str(rec.env.get("device_name") or rec.env.get("device") or "unknown device")
 
 
-def workload_of(rec: RunRecord) -> str:
-    model = rec.knob("model._target_") or rec.knob("model.name") or "?"
-    return (f"model {model}, dataset {rec.knob('dataset.name') or '?'}, "
-            f"{rec.knob('dataset.image_size') or '?'} px")
-
-
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
     """{workload: one DeviceRow per device, fastest first}. Per device the fastest feasible run
     among its longest measurements (`bench.steps`): a sweep's short screens never stand for a
@@ -178,7 +172,7 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
         # a loader-only run's figure is its loader's, a probe's a few steps': no device's
         # training throughput
         if r.feasible and left_out(r) is None:
-            groups.setdefault(workload_of(r), {}).setdefault(device_of(r), []).append(r)
+            groups.setdefault(workload_text(r), {}).setdefault(device_of(r), []).append(r)
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(groups.items()):
         rows = []

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpubench.analysis.labels import phase_title
+from gpubench.analysis.select import setup_text
 from gpubench.core.record import RunRecord
 
 
@@ -30,20 +31,11 @@ def _interval(ph: dict) -> str:
     return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}"
 
 
-def title(d: dict) -> str:
-    """The run in one line: model, data, batch, workers, precision, device."""
-    cfg, env = d["config"], d["env"]
-    workers = cfg["loader"]["num_workers"]
-    return (
-        f"gpubench: {cfg['model']['name']} on {cfg['dataset']['name']} "
-        f"{cfg['dataset']['image_size']}px, batch {cfg['loader']['batch_size']}, "
-        f"{workers} worker{'' if workers == 1 else 's'}, "
-        f"{cfg['precision']['name']}"
-        f"{', channels_last' if cfg['channels_last'] else ''}"
-        f"{'' if cfg['compile'] == 'off' else ', compile=' + str(cfg['compile'])}"
-        f" | {env['device_name']} ({env['device']})"
-        + (f", torchrun x{d['world_size']}" if d.get("world_size", 1) > 1 else "")
-    )
+def title(rec: RunRecord) -> str:
+    """The run in one line: its setup (model, data, batch, workers, precision), the device."""
+    env, world = rec.env, rec.world_size or 1
+    return (f"gpubench: {setup_text(rec)} | {env['device_name']} ({env['device']})"
+            + (f", torchrun x{world}" if world > 1 else ""))
 
 
 def phase_table(d: dict, interval_label: str, heading: str) -> Table:
@@ -157,7 +149,7 @@ def print_result(result, console: Console | None = None) -> None:
     if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
         con.width = max(con.width, 120)
     d = rec.to_dict()
-    heading = title(d)
+    heading = title(rec)
     # ended before its first window: the title alone, no empty table
     con.print(phase_table(d, rec.interval_label, heading) if d["phases"] else heading)
     for line in [*lines(d, getattr(result, "notes", [])), *verdict(d)]:

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from gpubench.analysis.recommend import HOW_MEASURED
+from gpubench.analysis.select import KNOBS
 from gpubench.config.overrides import format_value
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, RunRecord
@@ -46,15 +47,10 @@ def record_of(row) -> RunRecord:
     return RunRecord.from_dict(getattr(row, "data", None) or {}, rung=getattr(row, "rung", "run"))
 
 
-# the knobs the plots draw, by the report's short name and by their config key
-DOTTED = {"batch_size": "loader.batch_size", "num_workers": "loader.num_workers",
-          "precision": "precision.name"}
-
-
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`), whether the row's `knob()` takes the report's
-    short names or config keys (`loader.batch_size`)."""
-    for key in (name, DOTTED[name]):
+    """A knob by its short name (`batch_size`, gpubench.analysis.select.KNOBS), whether the
+    row's `knob()` takes short names or config keys (`loader.batch_size`)."""
+    for key in (name, *KNOBS[name]):
         try:
             v = row.knob(key)
         except KeyError:  # a row that knows only the other spelling
@@ -209,7 +205,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
     Returns the lines as (label, runs, one per value, sorted) and the rest (runs of groups with
     one value, groups past MAX_LINES, slower repeats at one value). The recommended run's
     group comes first, then by the group's fastest run."""
-    keys = held_fixed(rows, DOTTED[name])
+    keys = held_fixed(rows, KNOBS[name][0])
     groups = group_by(rows, lambda r: tuple(repr(_knobs(r).get(k)) for k in keys))
     lines, rest = [], []
     for rs in groups.values():

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
+from gpubench.analysis.select import setup_text
 from gpubench.core.record import PHASE_NAMES, RunRecord
 
 PICTURE_FILE = "run.png"
@@ -83,17 +84,8 @@ def _title(record: RunRecord) -> str:
 
 
 def _setup(record: RunRecord) -> str:
-    model = record.knob("model._target_") or record.knob("model.name")
-    parts = [
-        str(record.env.get("device_name") or record.env.get("device") or ""),
-        f"model {model}" if model else "",
-        f"dataset {record.knob('dataset.name')}" if record.knob("dataset.name") else "",
-        f"batch {record.knob('loader.batch_size')}" if record.knob("loader.batch_size") else "",
-        f"workers {record.knob('loader.num_workers')}"
-        if record.knob("loader.num_workers") is not None else "",
-        str(record.knob("precision.name") or ""),
-    ]
-    return ", ".join(p for p in parts if p)
+    device = str(record.env.get("device_name") or record.env.get("device") or "")
+    return ", ".join(p for p in (device, setup_text(record)) if p)
 
 
 def run_picture_data(record: RunRecord) -> dict:

@@ -20,6 +20,7 @@ measured faster, pin_memory on, then the smallest batch size and the fewest load
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import re
@@ -44,8 +45,9 @@ from gpubench.analysis.recommend import (
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.files import read_json
-from gpubench.core.record import SHORT_RUNGS
+from gpubench.core.files import read_json, write_text
+from gpubench.core.record import Rung
+from gpubench.core.secrets import mask_secrets
 from gpubench.search.rows import load_dir
 
 log = logging.getLogger("gpubench")
@@ -136,7 +138,7 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
             "-" if r.record.measurement_stable is None and not r.confirms
             else ("yes" if r.stable else "NO"),
             # a confirmed row's figures pool its re-measurements: say how many
-            r.rung + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
+            f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
             *(_fmt(r.flat.get(k)) for k in keys),
         ])
     return head, body
@@ -170,17 +172,18 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     # max-batch search's probes), the table still shows what was measured
     kept, notes = training_rows(rows)
     # the plots still show the same setup's screens and probes (hollow, never on a curve)
-    shown = kept + [r for r in rows if r.rung in SHORT_RUNGS
+    shown = kept + [r for r in rows if Rung.of(r.rung).short
                     and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
     rows = kept or rows
     keys = varying(rows)
     files: list[Path] = []
     head, body = table_rows(rows, keys)
-    with open(out_dir / "ranking.csv", "w", newline="") as f:
-        csv.writer(f).writerows([head, *body])
+    table = io.StringIO(newline="")
+    csv.writer(table).writerows([head, *body])
+    write_text(out_dir / "ranking.csv", table.getvalue())
     files.append(out_dir / "ranking.csv")
     text = print_table(head, body, f"gpubench sweep: {source}", out=None if not quiet else _Null())
-    (out_dir / "ranking.txt").write_text(text)
+    write_text(out_dir / "ranking.txt", text)
     files.append(out_dir / "ranking.txt")
 
     rec = recommend(rows, tolerance)
@@ -196,7 +199,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)
         yml = exp_dir / f"{EXPERIMENT_NAME}.yaml"
-        yml.write_text(experiment_yaml(rec.chosen, source, rec))
+        write_text(yml, experiment_yaml(rec.chosen, source, rec))
         files.append(yml)
         cmd = rerun_command(out_dir)
         summary.update(
@@ -223,10 +226,10 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     files.append(out_dir / "summary.json")
     if not quiet:
-        print("\n".join(lines))
+        print(mask_secrets("\n".join(lines)))
     return files
 
 

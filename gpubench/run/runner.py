@@ -31,8 +31,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
+from gpubench.core.pipe import batches_in_flight
 from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
-from gpubench.core.secrets import mask_tree
+from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed
 from gpubench.parts.data import CorruptImage, build_pipeline
@@ -128,7 +129,7 @@ class Benchmark:
         self.repeats = min(b.repeats, b.steps)
         self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
         # results.json never holds a password (tracking.uri may carry user:pw@)
-        rec = RunRecord.start(self.out, mask_tree(plain(s.config)), env.facts(self.device),
+        rec = RunRecord.start(self.out, mask_secrets(plain(s.config)), env.facts(self.device),
                               s.memory.ceiling, self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)
@@ -238,8 +239,7 @@ class Benchmark:
         if name == "compute" or self.pipe.loader is None:
             return 1
         ld = self.settings.loader
-        ready = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
-        return ready + 1
+        return batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
 
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first one warms up until steps are steady)."""

@@ -10,6 +10,7 @@ import os
 
 from gpubench.analysis import noise
 from gpubench.analysis.verdict import Knobs, judge
+from gpubench.core.pipe import batches_in_flight, serial_rate
 from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES
 from gpubench.parts.precision import resolve_precision
 from gpubench.telemetry import env
@@ -90,7 +91,7 @@ def validity(bench) -> list[str]:
     rec, ld = bench.record, bench.settings.loader
     reasons: list[str] = []
     loads = []
-    in_flight = ld.num_workers * (ld.prefetch_factor or 2) if ld.num_workers else 0
+    in_flight = batches_in_flight(ld.num_workers, ld.prefetch_factor)
     for name, p in rec.phases.items():
         steps = rec.series.get(name, {}).get("step_times_s", [])
         reasons += noise.step_checks(name, steps, p.step_time_cv)
@@ -135,8 +136,7 @@ def summarize(bench) -> None:
     loader = rec.phases.get("loader")
     device_data = loader.extra.get("device_data_seconds_per_image") if loader else None
     if device_data and rec.compute_images_per_sec:
-        rec.extra["e2e_bound_images_per_sec"] = 1.0 / (
-            1.0 / rec.compute_images_per_sec + device_data)
+        rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)
     v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
               rec.data_wait_fraction, knobs, intervals, reasons,
               noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),

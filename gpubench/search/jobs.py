@@ -23,7 +23,7 @@ class SweepAborted(RuntimeError):
     pass
 
 
-def read_job(out_dir: Path, job_error: BaseException | None, rung: str) -> RunRecord:
+def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:
     """The record a job left. A job that raised after measuring is failed; a record still
     `running` once the job returned was left by a process that died (kill -9, the OOM killer):
     killed when that process is gone, failed otherwise. A non-finite throughput is failed."""
@@ -65,12 +65,12 @@ class Jobs:
         self.returns: list = []
 
     def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
-        rung = [lab.get("rung", "run") for lab in labels]
+        rung = [record.Rung.of(lab.get("rung")) for lab in labels]
         first = self._reserve(len(batch))
         # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
         before = os.environ.get(record.RUNG_ENV)
         if len(set(rung)) == 1:
-            os.environ[record.RUNG_ENV] = rung[0]
+            os.environ[record.RUNG_ENV] = rung[0].value
         else:
             os.environ.pop(record.RUNG_ENV, None)
         try:

@@ -28,6 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from gpubench.core.record import Rung, load
 from gpubench.search import study as S
 from gpubench.search.jobs import Jobs
 from gpubench.search.manifest import Manifest
@@ -122,9 +123,9 @@ class Search:
         kept = []
         for t in asked:
             if S.claim_is_within(self.study, t.number, self.n_trials):
-                t.set_user_attr("worker", S.claimed_by(t.number))  # a resume on this host sees it die
+                S.set_attr(t, "worker", S.claimed_by(t.number))  # a resume on this host sees it die
                 if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
-                    t.set_user_attr("device", os.environ["CUDA_VISIBLE_DEVICES"])
+                    S.set_attr(t, "device", os.environ["CUDA_VISIBLE_DEVICES"])
                 kept.append(t)
             else:
                 S.abandon(self.shared, t.number, requeue=None)
@@ -138,11 +139,11 @@ class Search:
             extra = [f"bench.steps={self.screen.steps}", *self.screen.overrides]
             recs = self.jobs.launch(
                 [self.space.overrides(t.params, extra) for t in trials],
-                [{"trial": t.number, "rung": "screen"} for t in trials],
+                [{"trial": t.number, "rung": Rung.screen} for t in trials],
             )
             full = []
             for t, rec in zip(trials, recs, strict=True):
-                S.record(t, rec, "screen")
+                S.record(t, rec, Rung.screen)
                 if rec.status.crashed or not rec.feasible:
                     self._tell(t, rec)
                     continue
@@ -156,10 +157,10 @@ class Search:
         if full:
             recs = self.jobs.launch(
                 [self.space.overrides(t.params) for t in full],
-                [{"trial": t.number, "rung": "full"} for t in full],
+                [{"trial": t.number, "rung": Rung.full} for t in full],
             )
             for t, rec in zip(full, recs, strict=True):
-                S.record(t, rec, "full")
+                S.record(t, rec, Rung.full)
                 self._tell(t, rec)
 
     def _tell(self, trial, rec, pruned: bool = False) -> None:
@@ -184,12 +185,10 @@ class Search:
 
     def _candidates(self) -> list:
         """The confirm step's trials: the fastest feasible full-length ones, by their records."""
-        from gpubench.core.record import load
-
         found = []
         for t in S.measured_trials(self.study):
             a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
-            rec = load(a["dir"], a.get("rung", "full")) if a.get("dir") else None
+            rec = load(a["dir"], a.get("rung") or Rung.full) if a.get("dir") else None
             if rec is not None and rec.feasible and rec.full:
                 found.append((rec.throughput, t))
         found.sort(key=lambda p: -p[0])
@@ -211,7 +210,7 @@ class Search:
                         continue
                     with S.holding_claim(self.shared, t.number, rnd, me):
                         [rec] = self.jobs.launch([self.space.overrides(t.params)],
-                                                 [{"trial": t.number, "rung": "confirm"}])
+                                                 [{"trial": t.number, "rung": Rung.confirm}])
                     S.add_confirm_dir(self.study, t.number, rnd, rec.dir, me)
                     log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
                              self.confirm.rounds, t.number, rec.throughput, rec.status)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.core.files import read_json, write_json
+from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 
 MANIFEST = "sweep.json"
 
@@ -27,12 +28,12 @@ MANIFEST = "sweep.json"
 def absolute_storage(url: str | None) -> str | None:
     """A relative sqlite URL made absolute (and its folder created), so the study is found again
     from the sweep manifest whatever the reader's working directory."""
-    prefix = "sqlite:///"
-    if not url or not url.startswith(prefix) or url.startswith(prefix + "/"):
+    path = sqlite_path(url) if url else None
+    if path is None or path.is_absolute():
         return url
-    path = Path(url[len(prefix):]).resolve()
+    path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return prefix + str(path)
+    return SQLITE_PREFIX + str(path)
 
 
 def read(sweep_dir: Path) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from gpubench.config.errors import ConfigError
-from gpubench.core.record import RunRecord
+from gpubench.core.record import Rung, RunRecord
 from gpubench.search.jobs import Jobs
 from gpubench.search.space import SearchSpace
 
@@ -95,7 +95,7 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
 
     def fits(b: int) -> bool:
         rec = jobs.launch([space.overrides({}, [*overrides, f"loader.batch_size={b}"])],
-                          [{"rung": "probe", "batch_size": b}])[0]
+                          [{"rung": Rung.probe, "batch_size": b}])[0]
         found.append((b, rec))
         ok = rec.fits_under(reserve)
         mem = "?" if rec.peak_memory_fraction is None else f"{rec.peak_memory_fraction:.1%}"

@@ -11,7 +11,8 @@ from typing import Any
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommend, row_of
 from gpubench.analysis.select import training_rows
 from gpubench.core.files import read_json
-from gpubench.core.record import RunRecord, Status, find_runs, load, missing
+from gpubench.core.record import Rung, RunRecord, Status, find_runs, load, missing
+from gpubench.core.secrets import without_masked_password
 
 log = logging.getLogger("gpubench")
 
@@ -27,21 +28,22 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
             log.warning("study %s not readable (%s): reading the files", manifest["study_name"], e)
     jobs = {j["dir"]: j for j in manifest.get("jobs", [])}
     # a trial measured in full also left its screen's folder: one row per trial
-    measured_in_full = {j.get("trial") for j in jobs.values() if j.get("rung") == "full"}
+    measured_in_full = {j.get("trial") for j in jobs.values()
+                        if Rung.of(j.get("rung")) is Rung.full}
     rows, confirms, full_rows = [], {}, {}
     for d in sorted(find_runs(sweep_dir), key=_job_order):
         job = jobs.get(str(d), {})
-        rung = job.get("rung", "run")
-        rec = load(d, rung)
+        rec = load(d, job.get("rung"))
+        rung = rec.rung if rec is not None else Rung.of(job.get("rung"))
         if rec is None or not rec.status.final:
             continue
-        if rung == "screen" and job.get("trial") in measured_in_full:
+        if rung is Rung.screen and job.get("trial") in measured_in_full:
             continue
-        if rung == "confirm":  # pooled into its trial's row, not a row of its own
+        if rung is Rung.confirm:  # pooled into its trial's row, not a row of its own
             confirms.setdefault(job.get("trial"), []).append(rec)
             continue
         rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
-        if rung == "full":
+        if rung is Rung.full:
             full_rows[job.get("trial")] = rows[-1]
     for trial, recs in confirms.items():
         if trial in full_rows:
@@ -58,7 +60,8 @@ def _load_study(name: str, storage: str):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=name, storage=storage)
+    # sweep.json holds the URL masked: the driver takes the password from the environment
+    study = optuna.load_study(study_name=name, storage=without_masked_password(storage))
     return rows_of_study(study), study
 
 
@@ -73,7 +76,7 @@ def rows_of_study(study) -> list[Row]:
     # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
     for t in measured_trials(study):
         a = t.user_attrs
-        rung = "screen" if t.state == TrialState.PRUNED else a.get("rung", "full")
+        rung = Rung.screen if t.state == TrialState.PRUNED else Rung.of(a.get("rung") or Rung.full)
         rec = load(a["dir"], rung) if a.get("dir") else None
         if rec is not None:
             rows.append(row_of(rec, str(t.number)))
@@ -86,7 +89,7 @@ def rows_of_study(study) -> list[Row]:
             rows.append(Row(str(t.number), rec, dict(t.params)))
         # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
         # that did not measure, so the trial is not called confirmed on fewer figures
-        rows[-1].confirms = [load(d, "confirm") or missing(d, "confirm record gone", "confirm")
+        rows[-1].confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)
                              for d in confirm_dirs(study, t.number)]
     return rows
 

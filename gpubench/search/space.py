@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from optuna.distributions import (
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.overrides import format_value
+from gpubench.core.ranges import range_last
 
 # --------------------------------------------------------------------------- search space
 
@@ -121,12 +121,10 @@ def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
     text = f"range({start},{stop},{step})"
     if step == 0:
         raise ConfigError(name, text, "range(a,b[,step]) with step != 0")
-    n = math.ceil((stop - start) / step)
-    if n <= 0:
+    last = range_last(start, stop, step)
+    if last is None:
         raise ConfigError(name, text, "a range that is not empty: range(a,b[,step]) with a < b for "
                           "a positive step (b excluded, as in Python), a > b for a negative one")
-    # the stop value is excluded, as in Python: the last point is start + (n-1)*step
-    last = start + (n - 1) * step
     low, high = (start, last) if step > 0 else (last, start)
     step = abs(step)
     if all(isinstance(x, int) for x in (start, stop, step)):

@@ -41,7 +41,8 @@ import optuna
 from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import Rung, RunRecord, Status
+from gpubench.core.secrets import mask_secrets
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -101,7 +102,7 @@ def open_storage(url: str, heartbeat_interval: int | None, grace_period: int | N
         except Exception as e:  # sqlalchemy IntegrityError/ProgrammingError while racing
             last = e
             time.sleep(0.2 * (attempt + 1))
-    raise RuntimeError(f"storage {url} could not be opened: {last}") from last
+    raise RuntimeError(mask_secrets(f"storage {url} could not be opened: {last}")) from last
 
 
 def open_study(name: str, url: str | None, heartbeat_interval: int | None = None,
@@ -360,12 +361,18 @@ def split_duplicates(study, trials: list) -> tuple[list, list]:
     return fresh, dups
 
 
+def set_attr(owner, key: str, value) -> None:
+    """A trial's or a study's user attribute, masked: the storage may be a shared database that
+    others read (an error message or a path may name a URL with its password)."""
+    owner.set_user_attr(key, mask_secrets(value))
+
+
 def copy_result(study, trial, prev: FrozenTrial) -> None:
     """Tell a duplicate trial what its twin measured, without running it (a twin still being
     measured elsewhere: FAIL, which samplers ignore; it never counts as measured)."""
     for k, v in prev.user_attrs.items():
-        trial.set_user_attr(k, v)
-    trial.set_user_attr("duplicate_of", prev.number)
+        set_attr(trial, k, v)
+    set_attr(trial, "duplicate_of", prev.number)
     for k, v in prev.constraints.items():
         trial.set_constraint(k, v)
     if prev.state == TrialState.COMPLETE:
@@ -378,19 +385,19 @@ def copy_result(study, trial, prev: FrozenTrial) -> None:
         study.tell(trial, state=TrialState.FAIL)
 
 
-def record(trial, rec, rung: str) -> None:
+def record(trial, rec, rung: Rung) -> None:
     """What the report and a later resume need, stored on the trial before it is told."""
-    trial.set_user_attr("status", str(rec.status))
-    trial.set_user_attr("rung", rung)
-    trial.set_user_attr("dir", str(rec.dir))
-    if rung == "screen":
-        trial.set_user_attr("screen_dir", str(rec.dir))
-        trial.set_user_attr("screen_throughput", rec.throughput)
-    trial.set_user_attr("throughput", rec.throughput)
-    trial.set_user_attr("peak_memory_fraction", rec.peak_memory_fraction)
-    trial.set_user_attr("memory_ceiling", rec.memory_ceiling)
+    set_attr(trial, "status", str(rec.status))
+    set_attr(trial, "rung", rung.value)
+    set_attr(trial, "dir", str(rec.dir))
+    if rung == Rung.screen:
+        set_attr(trial, "screen_dir", str(rec.dir))
+        set_attr(trial, "screen_throughput", rec.throughput)
+    set_attr(trial, "throughput", rec.throughput)
+    set_attr(trial, "peak_memory_fraction", rec.peak_memory_fraction)
+    set_attr(trial, "memory_ceiling", rec.memory_ceiling)
     if rec.error:
-        trial.set_user_attr("error", str(rec.error)[:1000])
+        set_attr(trial, "error", str(rec.error)[:1000])
 
 
 # The confirm step's measurements, as study user attrs (Optuna refuses attributes on a finished
@@ -419,7 +426,7 @@ def confirm_done(study, number: int, rnd: int) -> bool:
 
 
 def add_confirm_dir(study, number: int, rnd: int, run_dir, me: str | None = None) -> None:
-    study.set_user_attr(CONFIRM_ATTR.format(number, rnd, me or this_worker()), str(run_dir))
+    set_attr(study, CONFIRM_ATTR.format(number, rnd, me or this_worker()), str(run_dir))
 
 
 def this_worker() -> str:
@@ -452,7 +459,7 @@ def claim_confirm(shared: Shared, number: int, rnd: int, me: str | None = None) 
     holder = study.user_attrs.get(key)
     if isinstance(holder, dict) and holder.get("by") != me and not _claim_gone(holder, shared.grace_s):
         return False
-    study.set_user_attr(key, {"by": me, "at": time.time()})
+    set_attr(study, key, {"by": me, "at": time.time()})
     return (study.user_attrs.get(key) or {}).get("by") == me
 
 
@@ -467,14 +474,14 @@ def holding_claim(shared: Shared, number: int, rnd: int, me: str | None = None):
     try:
         if shared.heartbeat_interval:
             with _every(shared.heartbeat_interval,
-                        lambda: study.set_user_attr(key, {"by": me, "at": time.time()}),
+                        lambda: set_attr(study, key, {"by": me, "at": time.time()}),
                         "gpubench-confirm-claim"):
                 yield
         else:
             yield
     except BaseException:
         try:
-            study.set_user_attr(key, None)
+            set_attr(study, key, None)
         except Exception as e:  # the claim then goes stale instead
             log.debug("confirm claim not given back: %s", e)
         raise

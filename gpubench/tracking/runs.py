@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from gpubench.core.files import read_json, write_json
+from gpubench.analysis.select import knob_of
+from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import RESULTS_FILE, RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
@@ -121,11 +122,11 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     for i in range(0, len(metrics), METRICS_PER_BATCH):
         c.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
     # the runs table's Dataset column is shown by default: name the data the run read
-    ds = str(rec.knob("dataset.name") or "dataset")
-    size = rec.knob("dataset.image_size")
+    ds = str(knob_of(rec.knob, "dataset") or "dataset")
+    size = knob_of(rec.knob, "image_size")
     digest = hashlib.sha1(json.dumps(rec.knob("dataset"), sort_keys=True, default=str).encode())
     c.log_inputs(rid, [DatasetInput(
-        Dataset(name=f"{ds} {size}px" if size else ds, digest=digest.hexdigest()[:8],
+        Dataset(name=mask_secrets(f"{ds} {size}px" if size else ds), digest=digest.hexdigest()[:8],
                 source_type="gpubench", source=mask_secrets(ds)),
         [InputTag("mlflow.data.context", "benchmark")])])
 
@@ -153,18 +154,18 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
     write_json(run_dir / MARKER_FILE, {
         "run_uid": run_uid,
         "synced": run_id is not None,
-        "tracking_uri": mask_secrets(uri),
+        "tracking_uri": uri,  # write_json masks it
         "experiment": experiment,
         "experiment_id": experiment_id,
         "run_id": run_id,
-        "error": mask_secrets(error),
+        "error": error,
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
 
 
 def write_config(run_dir: Path, rec: RunRecord) -> None:
     text = yaml.safe_dump(rec.config or {}, sort_keys=False)
-    (run_dir / CONFIG_FILE).write_text(mask_secrets(text))
+    write_text(run_dir / CONFIG_FILE, text)
 
 
 def sweep_of(run_dir: Path) -> Path | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 from gpubench.tracking.translate import EXPERIMENT_NOTE
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
@@ -39,7 +40,7 @@ class TrackingUnavailable(RuntimeError):
 def default_uri(cwd: str | Path | None = None) -> str:
     """The embedded store: sqlite under <cwd>/outputs, no server needed."""
     db = Path(cwd or Path.cwd()).resolve() / "outputs" / "mlflow.db"
-    return f"sqlite:///{db}"
+    return f"{SQLITE_PREFIX}{db}"
 
 
 def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
@@ -63,16 +64,10 @@ def uri_problem(uri: str | None) -> str | None:
     return None
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):])
-    return None
-
-
 def artifact_location(uri: str) -> str | None:
     """Artifacts of a sqlite store sit beside the database (outputs/mlartifacts); MLflow's own
     default would be ./mlruns under whatever the current directory happens to be."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     return (db.parent / "mlartifacts").resolve().as_uri() if db else None
 
 
@@ -181,7 +176,7 @@ class Store:
             logging.getLogger(name).setLevel(logging.WARNING)
         connect, _ = _credentials(uri)
         _probe(connect, timeout_s)
-        db = _sqlite_path(connect)
+        db = sqlite_path(connect)
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not the dir
         self.uri, self.experiment = mask_secrets(uri), experiment

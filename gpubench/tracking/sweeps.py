@@ -66,15 +66,16 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
         tags = {
             "sweep_uid": uid,
             "sweep_dir": str(sweep_dir),
-            "overrides": mask_secrets(" ".join(overrides)),
+            "overrides": " ".join(overrides),
             "sweeper": sweeper,
             "mlflow.source.name": "gpubench",
             "mlflow.source.type": "LOCAL",
             "mlflow.user": user(),
         }
         run = store.client.create_run(
-            store.experiment_id, run_name=name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}",
-            tags={k: str(v)[:T.MAX_TAG_VALUE] for k, v in tags.items() if v},
+            store.experiment_id,
+            run_name=mask_secrets(name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"),
+            tags={k: mask_secrets(str(v))[:T.MAX_TAG_VALUE] for k, v in tags.items() if v},
         )
         rid = run.info.run_id
         params = [Param(k, v) for k, v in _sweep_params(overrides, sweeper_params).items()]
@@ -106,11 +107,11 @@ def interrupted(sweep_dir: Path, records: list[RunRecord]) -> bool:
 
 def jobs(sweep_dir: Path) -> list[RunRecord]:
     """Every job's record, with the rung the manifest gives it (screen, probe, full)."""
-    rungs = {str(Path(j["dir"]).resolve()): j.get("rung") or "run"
+    rungs = {str(Path(j["dir"]).resolve()): j.get("rung")
              for j in read(sweep_dir / MANIFEST).get("jobs") or [] if j.get("dir")}
     out = []
     for d in record.find_runs(sweep_dir):
-        rec = record.load(d, rung=rungs.get(str(Path(d).resolve()), "run"))
+        rec = record.load(d, rung=rungs.get(str(Path(d).resolve())))
         if rec is not None:
             out.append(rec)
     return out
@@ -172,7 +173,8 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
     study = read(sweep_dir / "sweep.json").get("study")
     if study:  # one parent per worker, all tagged with the study they searched together
         tags.append(RunTag("study", str(study)[:T.MAX_TAG_VALUE]))
-    c.log_batch(parent_id, metrics=metrics, tags=tags)
+    c.log_batch(parent_id, metrics=metrics,
+                tags=[RunTag(t.key, mask_secrets(t.value)[:T.MAX_TAG_VALUE]) for t in tags])
     if (sweep_dir / "multirun.yaml").is_file():
         log_file(c, parent_id, sweep_dir / "multirun.yaml")
     c.set_terminated(parent_id, status or ("KILLED" if interrupted else "FINISHED"))

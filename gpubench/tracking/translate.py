@@ -21,6 +21,7 @@ import re
 import time
 
 from gpubench.analysis.labels import verdict_tag
+from gpubench.analysis.select import KNOBS, knob_of, setup_text
 from gpubench.core.files import flatten
 from gpubench.core.record import PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
@@ -43,25 +44,6 @@ MAX_TAG_VALUE = 8000
 MAX_KEY = 250
 # metric names with ( % @ are rejected by MLflow; keep names plain
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
-
-# the knobs people compare on, by plain name (also in the run name)
-KNOBS = {
-    "model": ("model._target_", "model.name"),
-    "dataset": ("dataset.name",),
-    "image_size": ("dataset.image_size",),
-    "batch_size": ("loader.batch_size",),
-    "num_workers": ("loader.num_workers",),
-    "pin_memory": ("loader.pin_memory",),
-    "prefetch_factor": ("loader.prefetch_factor",),
-    "persistent_workers": ("loader.persistent_workers",),
-    "precision": ("precision.name",),
-    "channels_last": ("channels_last",),
-    "compile": ("compile",),
-    "preload": ("dataset.preload",),
-    "augment_on": ("dataset.augment_on",),
-    "decode_on": ("dataset.decode_on",),
-    "optimizer": ("bench.optimizer",),
-}
 
 # per phase: the summary figures worth a chart (the rest stays in results.json)
 PHASE_FIGURES = ("images_per_sec", "data_wait_fraction", "step_time_p50_s", "step_time_p95_s",
@@ -109,19 +91,12 @@ def param_str(v) -> str:
     return str(v)
 
 
-def _first(rec: RunRecord, dotted: tuple[str, ...]):
-    for d in dotted:
-        v = rec.knob(d)
-        if v is not None:
-            return v
-    return None
-
-
 def run_params(run) -> dict[str, str]:
-    """The knobs by plain name, the device, then the whole resolved config (dotted keys).
-    Values are masked: a tracking URI or a storage URL may carry a password."""
+    """The knobs by plain name (gpubench.analysis.select.KNOBS), the device, then the whole
+    resolved config (dotted keys). Values are masked: a tracking URI or a storage URL may carry
+    a password."""
     rec = as_record(run)
-    params = {k: _first(rec, paths) for k, paths in KNOBS.items()}
+    params = {k: knob_of(rec.knob, k) for k in KNOBS}
     params["device"] = rec.env.get("device")
     params |= flatten(rec.config)
     return {key(k): mask_secrets(param_str(v))[:MAX_PARAM_VALUE] for k, v in params.items()}
@@ -240,16 +215,9 @@ def run_name(run, name: str | None = None) -> str:
     """`tracking.run_name` when set; else the knobs, the throughput and the verdict, which the
     runs table shows without any column set-up."""
     if name:
-        return name
+        return mask_secrets(name)
     rec = as_record(run)
-    model = str(rec.knob("model.name") or str(rec.knob("model._target_")).rsplit(".", 1)[-1])
-    parts = [model, f"bs{rec.knob('loader.batch_size')}", f"w{rec.knob('loader.num_workers')}",
-             str(rec.knob("precision.name"))]
-    if rec.knob("channels_last"):
-        parts.append("cl")
-    if rec.knob("compile") not in (None, "off", False):
-        parts.append(f"compile-{rec.knob('compile')}")
-    knobs = "-".join(parts)
+    knobs = setup_text(rec, compact=True)
     # figures first: a narrow Run Name column still shows the throughput and the verdict
     if rec.status.measured and _number(rec.images_per_sec):
         return f"{rec.images_per_sec:.0f} img/s · {verdict_word(rec)} · {knobs}"

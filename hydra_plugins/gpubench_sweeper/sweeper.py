@@ -27,7 +27,9 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.keys import check_keys, keys
 from gpubench.config.uris import STORAGE_SCHEMES, check_uri
 from gpubench.core.exits import ExitCode
+from gpubench.core.files import write_json, write_text
 from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
+from gpubench.core.secrets import mask_secrets
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
 log = logging.getLogger("gpubench.sweep")
@@ -102,7 +104,7 @@ class GpubenchSweeper(Sweeper):
         space = parse_search_space(arguments, self.params, self.hydra_context.config_loader)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # as Hydra's, masked
         stale = mark_stale_runs(sweep_dir)
         if stale:
             log.info("%d run(s) left running by a process that died: recorded as killed", stale)
@@ -134,7 +136,7 @@ class GpubenchSweeper(Sweeper):
         manifest.update(study_name=name, storage=storage, study=name, n_trials=self.n_trials)
         os.environ[STUDY_ENV] = name
         if storage is not None:  # the command a team watches the shared study with
-            print(f"watch the study: optuna-dashboard '{_shown(storage)}'", flush=True)
+            print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
         steps, full = self.screen.steps, self.config.bench.steps
         screened = steps is not None and full is not None and int(steps) < int(full)
         screen = Screen(int(steps) if screened else None, float(self.screen.keep),
@@ -144,7 +146,6 @@ class GpubenchSweeper(Sweeper):
                poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
-        from gpubench.core.files import write_json
         from gpubench.search.maxbatch import run_max_batch, summary_lines
 
         mb = self.max_batch
@@ -173,10 +174,3 @@ def _member(enum: type[Enum], v: Any) -> Enum:
     config.py its plugin scan loaded), a caller its name."""
     return enum[v.name if isinstance(v, Enum) else v]
 
-
-def _shown(url: str) -> str:
-    """The storage URL with any password masked (the command is printed to logs)."""
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    return u.render_as_string(hide_password=True) if u.password else url

@@ -1,0 +1,29 @@
+"""Which URLs name a database, and where a sqlite URL's file is: the one answer for the config
+checks, the tracking store, the sweeper's storage and the sweep manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+# SQLAlchemy databases an Optuna RDB storage opens (a driver may follow: postgresql+psycopg)
+SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
+# MLflow's SQL tracking stores: the same less oracle, which MLflow's store does not support
+MLFLOW_SQL_SCHEMES = tuple(s for s in SQL_SCHEMES if s != "oracle")
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+def sql_backend(url: str) -> str | None:
+    """The database a URL names (`postgresql` for postgresql+psycopg://...), None when it
+    names none of SQL_SCHEMES."""
+    base = urlsplit(str(url)).scheme.lower().partition("+")[0]
+    return base if base in SQL_SCHEMES else None
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file a `sqlite:///path` URL names (relative to the working directory unless it
+    starts with a fourth slash), None for any other URL."""
+    if str(url).startswith(SQLITE_PREFIX):
+        return Path(str(url)[len(SQLITE_PREFIX):])
+    return None
