@@ -44,16 +44,21 @@ def test_interval_wholly_above_the_line_is_conclusive_with_its_margin():
     assert "95% [91%-98%]" in v.reason  # the ratio with its interval
 
 
-@pytest.mark.parametrize("e2e_lo,expected", [
-    (TRACKS * 100 + 0.5, "compute"),  # just above the line: conclusive
-    (TRACKS * 100 - 0.5, "inconclusive"),  # just below: straddles it
+@pytest.mark.parametrize("e2e_lo,overlap_open", [
+    (TRACKS * 100 + 0.5, False),  # just above the line: both questions decided
+    (TRACKS * 100 - 0.5, True),  # just below: how much overlap costs is left open
 ])
-def test_the_tracks_line_at_its_edge(e2e_lo, expected):
+def test_the_tracks_line_at_its_edge(e2e_lo, overlap_open):
+    """The loader 10x compute decides the narrowest pipe whatever e2e's interval does; e2e
+    straddling the 85% line leaves open only how much overlap costs, and says so."""
     v = classify(1000, 100, 95, intervals={"loader": [1000, 1000], "compute": [100, 100],
                                            "e2e": [e2e_lo, 97]})
-    assert v.bottleneck == expected
-    if expected == "inconclusive":
-        assert v.leaning == "compute" and "straddles" in v.reason
+    assert v.bottleneck == "compute"
+    assert (v.open_ratio is not None) == overlap_open
+    assert v.overlap_loss.lo == pytest.approx(0.03) and v.overlap_loss.hi == pytest.approx(
+        1 - e2e_lo / 100)
+    if overlap_open:
+        assert "overlap costs 3%-16%" in v.reason and "left open" in v.reason
 
 
 def test_loader_near_compute_straddles_the_data_line():
@@ -148,12 +153,45 @@ def test_paired_windows_cancel_drift_that_separate_intervals_count_twice():
     figures = dict(loader=5000.0, compute=107.5, e2e=0.95 * 107.5)
     ivs = {"loader": [5000, 5000], "compute": [100, 120], "e2e": [95, 114]}
     apart = classify(**figures, intervals=ivs)
-    assert apart.bottleneck == "inconclusive"  # 95/120 = 0.79: straddles 85%
+    # 95/120 = 0.79: the overlap question straddles 85% (the loader still decides the pipe)
+    assert apart.bottleneck == "compute" and apart.open_ratio is not None
     paired = classify(**figures, intervals=ivs,
                       windows={"loader": loader, "compute": compute, "e2e": e2e})
     assert paired.bottleneck == "compute" and paired.ratio.lo == pytest.approx(0.95)
+    assert paired.open_ratio is None
     # one round where e2e fell to 60% of compute still leaves [min, max] across the line
     e2e[2] = 0.6 * compute[2]
     v = classify(**figures, intervals=ivs,
                  windows={"loader": loader, "compute": compute, "e2e": e2e})
-    assert v.bottleneck == "inconclusive" and v.leaning == "compute"
+    assert v.bottleneck == "compute" and v.open_ratio is not None
+
+
+def test_the_narrowest_pipe_is_answered_when_only_overlap_is_open():
+    """The idle-machine case: loader 2,232 [1,905-3,125] against compute 56.7 [51.7-58.7] is
+    compute-bound beyond doubt, though e2e's ratio 93% [82%-106%] straddles the 85% line: the
+    answer is compute-bound with overlap costing 0-18%, not inconclusive."""
+    v = classify(2232, 56.7, 52.7, intervals={"loader": [1905, 3125], "compute": [51.7, 58.7],
+                                              "e2e": [48.0, 56.0]})
+    assert v.bottleneck == "compute" and v.margin > 0
+    assert v.overlap_loss.lo == 0.0 and 0.1 < v.overlap_loss.hi < 0.25
+    assert "overlap costs 0%-" in v.reason
+
+
+def test_inconclusive_only_when_the_pipe_question_is_open_too():
+    v = classify(95, 100, 80, intervals={"loader": [85, 105], "compute": [98, 102],
+                                         "e2e": [70, 95]})
+    assert v.bottleneck == "inconclusive" and v.open_ratio is not None
+    assert v.open_line == WELL_BELOW
+
+
+@pytest.mark.parametrize("ratio, line, repeats, expected", [
+    # the side of the interval that crosses the line must shrink to the distance from it:
+    ((0.93, 0.82, 1.06), 0.85, 6, 14),  # 0.11 reaches 0.08 across: 6 x (0.11/0.08)^2 x 1.2
+    ((0.80, 0.70, 0.90), 0.85, 6, 29),  # 0.10 up against 0.05: 6 x 4 x 1.2
+    ((0.85, 0.80, 0.90), 0.85, 6, None),  # on the line: no number of windows tells
+    ((0.90, 0.50, 1.30), 0.85, 6, None),  # would need far more than 100
+])
+def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, expected):
+    from gpubench.analysis.verdict import Est, windows_to_decide
+
+    assert windows_to_decide(Est(*ratio), line, repeats) == expected

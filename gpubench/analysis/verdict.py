@@ -88,6 +88,13 @@ class Verdict:
     undecided: str | None = None
     # what the rule leaned to when it could not decide
     leaning: str | None = None
+    # the share of the narrower bound e2e loses to imperfect overlap (1 - e2e/bound, at least
+    # 0), with its interval; None when e2e or a bound was not measured
+    overlap_loss: Est | None = None
+    # the ratio a question left open by wide intervals rests on, and the line it straddles:
+    # what `windows_to_decide` needs
+    open_ratio: Est | None = None
+    open_line: float | None = None
 
 
 def _ok(x) -> bool:
@@ -131,7 +138,8 @@ def _data_or_compute(loader: Est, compute: Est, tail: str, supply: Est | None = 
     lean = "data" if s.value < WELL_BELOW else "compute"
     why = (f"the loader ({_fmt(loader)} img/s) is {s.pm()} of compute ({_fmt(compute)}): its "
            f"interval straddles the {WELL_BELOW:.0%} line between data- and compute-bound")
-    return Verdict("inconclusive", why, ratio=s, margin=None, undecided=why, leaning=lean)
+    return Verdict("inconclusive", why, ratio=s, margin=None, undecided=why, leaning=lean,
+                   open_ratio=s, open_line=WELL_BELOW)
 
 
 @dataclass(frozen=True)
@@ -203,11 +211,12 @@ def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
         return Verdict("overlap", (
             f"overlap: e2e {_fmt(p.e2e)} img/s is {t.pm()} of the narrower bound, {p.narrower} "
             f"at {_fmt(p.bound)}: loading and compute run one after the other instead of "
-            "overlapping"), ratio=t, margin=TRACKS - t.hi)
+            "overlapping"), ratio=t, margin=TRACKS - t.hi, overlap_loss=overlap_loss(t))
     if t.lo < TRACKS:
         return _straddles_tracking(p, r)
     v = _data_or_compute(p.loader, p.compute_bound, f"; e2e {_fmt(p.e2e)} tracks it ({t.pm()})",
                          r.supply)
+    v.overlap_loss = overlap_loss(t)
     if v.bottleneck == "compute":
         v.reason = (f"compute-bound: e2e {_fmt(p.e2e)} img/s is {r.of_compute.pm()} of "
                     f"{p.compute_name} {_fmt(p.compute_bound)}; the loader ({_fmt(p.loader)}) "
@@ -219,17 +228,56 @@ def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
 
 
 def _straddles_tracking(p: Pipes, r: Ratios) -> Verdict:
-    """e2e's interval straddles the line between tracking a bound and poor overlap: no
-    verdict, and the lean of what it is nearer to."""
+    """e2e's interval straddles the line between tracking a bound and poor overlap. Two
+    questions were folded into one here, and each gets what its own interval decides: which
+    pipe is narrowest (the loader against compute's bound) and how much e2e loses to imperfect
+    overlap (1 - e2e/bound: its interval, which may reach 0). Only when the first is open too
+    is the run inconclusive, with what it leans to."""
     t = r.tracking
+    loss = overlap_loss(t)
+    pipe = _data_or_compute(p.loader, p.compute_bound, "", r.supply)
+    costs = (f"overlap costs {loss.lo:.0%}-{loss.hi:.0%} (e2e {_fmt(p.e2e)} img/s is {t.pm()} "
+             f"of it; whether it loses more than {1 - TRACKS:.0%} is left open by the intervals)")
+    if pipe.bottleneck == "compute":
+        pipe.reason = (f"compute-bound: the loader ({_fmt(p.loader)} img/s) keeps up with "
+                       f"{p.compute_name} {_fmt(p.compute_bound)} ({r.supply.pm()} of it); "
+                       + costs)
+    elif pipe.bottleneck == "data":
+        pipe.reason = (f"data-bound: the loader delivers {_fmt(p.loader)} img/s, "
+                       f"{r.supply.pm()} of what {p.compute_name} takes "
+                       f"({_fmt(p.compute_bound)}); " + costs)
+    if pipe.bottleneck in ("data", "compute"):
+        pipe.overlap_loss, pipe.open_ratio, pipe.open_line = loss, t, TRACKS
+        return pipe
     why = (f"e2e {_fmt(p.e2e)} img/s is {t.pm()} of the narrower bound ({p.narrower}, "
            f"{_fmt(p.bound)}): its interval straddles the {TRACKS:.0%} line between "
-           "tracking a bound and losing time to poor overlap")
-    lean = "overlap" if t.value < TRACKS else None
-    if lean is None:
-        inner = _data_or_compute(p.loader, p.compute_bound, "", r.supply)
-        lean = inner.leaning if inner.bottleneck == "inconclusive" else inner.bottleneck
-    return Verdict("inconclusive", why, ratio=t, undecided=why, leaning=lean)
+           "tracking a bound and losing time to poor overlap, and the loader's share of "
+           f"compute ({r.supply.pm()}) straddles the {WELL_BELOW:.0%} line")
+    lean = "overlap" if t.value < TRACKS else pipe.leaning
+    return Verdict("inconclusive", why, ratio=t, undecided=why, leaning=lean, overlap_loss=loss,
+                   open_ratio=r.supply, open_line=WELL_BELOW)
+
+
+def overlap_loss(tracking: Est) -> Est:
+    """The share of the narrower bound e2e loses: 1 - e2e/bound, never below 0 (e2e at or
+    above its bound loses nothing)."""
+    return Est(max(0.0, 1.0 - tracking.value), max(0.0, 1.0 - tracking.hi),
+               max(0.0, 1.0 - tracking.lo))
+
+
+def windows_to_decide(ratio: Est, line: float, repeats: int, most: int = 100) -> int | None:
+    """How many windows would put `ratio`'s interval wholly on one side of `line`, from the
+    spread measured: an interval of the median narrows about as 1/sqrt(windows), so its side
+    that reaches across the line must shrink to the figure's distance from the line. None when
+    the figure sits on the line (no number of windows would tell) or more than `most` would
+    be needed."""
+    reach = ratio.value - ratio.lo if line < ratio.value else ratio.hi - ratio.value
+    gap = abs(ratio.value - line)
+    if reach <= 0 or gap <= 0.005 * line:
+        return None
+    need = math.ceil(repeats * (reach / gap) ** 2 * 1.2)  # 20% spare: the estimate is rough
+    need = max(need, repeats + 1)
+    return need if need <= most else None
 
 
 def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verdict:
@@ -372,23 +420,48 @@ def judge(
     remedies: list[str] | None = None,
     device_data_s_per_image=None,
     windows: dict | None = None,
+    repeats: int | None = None,
+    steps: int | None = None,
 ) -> Verdict:
     """The verdict and its advice. A run whose measurement was disturbed (`noise_reasons`)
     gets no confident verdict, whatever its figures say: `inconclusive`, with the reasons and
-    what to do about them (`remedies`), and what the figures leaned to."""
+    what to do about them (`remedies`), and what the figures leaned to. A question left open
+    only by wide intervals gets the number of windows that would decide it (`repeats` windows
+    of `steps` in all were measured)."""
     v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
                  windows)
     if noise_reasons and v.bottleneck not in ("unknown",):
         lean = v.leaning if v.bottleneck == "inconclusive" else v.bottleneck
         v = Verdict("inconclusive", "measurement unstable: " + "; ".join(noise_reasons)
                     + (f" (the figures lean to {lean})" if lean else ""),
-                    ratio=v.ratio, undecided="unstable", leaning=lean)
-    if v.bottleneck == "inconclusive":
-        v.advice = (remedies or [])[:3] or [
-            "bench.repeats=10 bench.steps=100: more and longer windows narrow the intervals"]
+                    ratio=v.ratio, undecided="unstable", leaning=lean,
+                    overlap_loss=v.overlap_loss)
+        v.advice = (remedies or [])[:3] or [_MORE_WINDOWS]
         return v
-    v.advice = advise(v.bottleneck, knobs)
+    decide = _to_decide(v, repeats, steps)
+    if v.bottleneck == "inconclusive":
+        v.advice = [decide] if decide else (remedies or [])[:3] or [_MORE_WINDOWS]
+        return v
+    v.advice = advise(v.bottleneck, knobs) + ([decide] if decide else [])
     return v
+
+
+_MORE_WINDOWS = "bench.repeats=10 bench.steps=100: more and longer windows narrow the intervals"
+
+
+def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None:
+    """The command that would settle the question `v` leaves open, from the spread measured."""
+    if v.open_ratio is None or not repeats or not steps:
+        return None
+    what = ("whether overlap costs more than "
+            f"{1 - TRACKS:.0%}" if v.bottleneck != "inconclusive" else "the verdict")
+    n = windows_to_decide(v.open_ratio, v.open_line, repeats)
+    if n is None:
+        return (f"{what}: the figure sits too near the {v.open_line:.0%} line for more windows "
+                "to tell in reasonable time; the difference is too small to matter")
+    per_window = -(-steps // repeats)
+    return (f"bench.repeats={n} bench.steps={n * per_window}: about {n} windows of "
+            f"{per_window} steps would decide {what} (from the spread measured)")
 
 
 # ---------------------------------------------------------------- how many loader workers

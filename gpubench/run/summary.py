@@ -142,7 +142,8 @@ def summarize(bench) -> None:
               noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
               device_data_s_per_image=device_data,
               windows={n: [w.get("images_per_sec") for w in p.windows]
-                       for n, p in rec.phases.items()})
+                       for n, p in rec.phases.items()},
+              repeats=bench.repeats, steps=s.bench.steps)
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
     if v.ratio is not None:
@@ -150,6 +151,9 @@ def summarize(bench) -> None:
         rec.extra["verdict_ratio_ci"] = [v.ratio.lo, v.ratio.hi]
     if v.leaning:
         rec.extra["verdict_leaning"] = v.leaning
+    if v.overlap_loss is not None:  # the share of the narrower bound e2e loses to overlap
+        rec.extra["overlap_loss"] = v.overlap_loss.value
+        rec.extra["overlap_loss_ci"] = [v.overlap_loss.lo, v.overlap_loss.hi]
     if competitors:
         rec.extra["competing_processes"] = competitors
 
