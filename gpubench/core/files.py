@@ -4,6 +4,7 @@ import here: tracking and the report load without it."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -86,3 +87,84 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+# ------------------------------------------------------------------ links out of a folder
+# A folder gpubench was given (a run folder to upload, a sweep folder to report on) may hold
+# symbolic links that lead elsewhere: `traces -> /home/me/private`. Following them would upload
+# or overwrite files the user never pointed gpubench at, so readers keep to `inside` and writers
+# to `write_text` / `check_no_links`.
+
+
+class LinkError(OSError):
+    """A path gpubench will not follow or write through: one line naming it and its target."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def inside(path: str | Path, root: str | Path) -> bool:
+    """Whether `path`, with every symbolic link on the way followed, lies in `root` (itself
+    resolved): a link that stays inside is fine, one that leads out is not."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except (ValueError, OSError, RuntimeError):  # outside, unreadable, or a link loop
+        return False
+    return True
+
+
+def files_inside(folder: str | Path, root: str | Path | None = None) -> list[Path]:
+    """The regular files under `folder` that lie in `root` (default: `folder`) once links are
+    followed, in a stable order. Linked folders are not entered (a link loop cannot hang it);
+    a linked file is kept only when it points inside."""
+    folder = Path(folder)
+    root = folder if root is None else Path(root)
+    if not inside(folder, root):
+        return []
+    out = []
+    for dirpath, dirnames, names in os.walk(folder):  # followlinks=False: links to folders stay
+        dirnames.sort()
+        out += [p for n in sorted(names) if (p := Path(dirpath) / n).is_file() and inside(p, root)]
+    return out
+
+
+def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
+    """A folder gpubench writes its own files into: `folder` (under `root`, default itself) is
+    reached without a symbolic link out of `root` and holds no symbolic link, so every file
+    written there stays there and replaces only gpubench's own. Raises LinkError naming the
+    first offending path and where it leads; returns `folder`, made absolute."""
+    folder = Path(folder).absolute()
+    root = folder if root is None else Path(root).absolute()
+    q = root
+    for part in folder.relative_to(root).parts:  # a component may be a link, if it stays inside
+        q = q / part
+        if q.is_symlink() and not inside(q, root):
+            raise LinkError(errno.EXDEV, f"a symbolic link out of {root} (to {q.resolve()}); "
+                            "gpubench writes only inside the folder it was given", str(q))
+    for dirpath, dirnames, names in os.walk(folder):  # followlinks=False
+        for n in sorted(dirnames + names):
+            if (p := Path(dirpath) / n).is_symlink():
+                raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(p)}) where "
+                                "gpubench writes its own files; remove it, or write elsewhere",
+                                str(p))
+    return folder
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a file gpubench owns: never through a symbolic link (LinkError: the link and what it
+    points at are left as they are), and write-then-rename, so a kill mid-write leaves the
+    previous complete file. Returns the path."""
+    path = Path(path)
+    if path.is_symlink():
+        raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does not "
+                        "write through links: remove it", str(path))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "x") as f:  # "x": never an existing file (nor a link planted under this name)
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})", str(path)) from e
+    return path

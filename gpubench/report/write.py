@@ -20,6 +20,7 @@ measured faster, pin_memory on, then the smallest batch size and the fewest load
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import re
@@ -44,7 +45,7 @@ from gpubench.analysis.recommend import (
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.schema import CONFIG_DIR
-from gpubench.core.files import read_json
+from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.record import SHORT_RUNGS
 from gpubench.search.rows import load_dir
 
@@ -165,6 +166,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     was made from) is kept in summary.json so an unchanged sweep is not reported twice."""
     from gpubench.report import plots as report_plots
 
+    check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
     out_dir.mkdir(parents=True, exist_ok=True)
     # rank and recommend full training measurements of one setup; when there are none (a
     # max-batch search's probes), the table still shows what was measured
@@ -176,12 +178,11 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     keys = varying(rows)
     files: list[Path] = []
     head, body = table_rows(rows, keys)
-    with open(out_dir / "ranking.csv", "w", newline="") as f:
-        csv.writer(f).writerows([head, *body])
-    files.append(out_dir / "ranking.csv")
+    table = io.StringIO(newline="")
+    csv.writer(table).writerows([head, *body])
+    files.append(write_text(out_dir / "ranking.csv", table.getvalue()))
     text = print_table(head, body, f"gpubench sweep: {source}", out=None if not quiet else _Null())
-    (out_dir / "ranking.txt").write_text(text)
-    files.append(out_dir / "ranking.txt")
+    files.append(write_text(out_dir / "ranking.txt", text))
 
     rec = recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
@@ -196,7 +197,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)
         yml = exp_dir / f"{EXPERIMENT_NAME}.yaml"
-        yml.write_text(experiment_yaml(rec.chosen, source, rec))
+        write_text(yml, experiment_yaml(rec.chosen, source, rec))
         files.append(yml)
         cmd = rerun_command(out_dir)
         summary.update(
@@ -223,8 +224,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    files.append(out_dir / "summary.json")
+    files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
     if not quiet:
         print("\n".join(lines))
     return files
@@ -261,10 +261,11 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
-    out = sweep_dir / REPORT_DIR
+    out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir)  # before anything is read there
     stamp = _fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
     old = read_json(out / "summary.json") or {}
-    if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
+    if old.get("fingerprint") == stamp and all(Path(f).is_file() and inside(f, out)
+                                               for f in old.get("files", [])):
         if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
             print((out / "ranking.txt").read_text().rstrip("\n"))
             print("\n".join(old.get("lines") or []))
