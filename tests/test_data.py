@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT, compose_config, run_cli
 from torch.utils.data import DataLoader
 
-from gpubench.analysis.verdict import fewest_workers
+from gpubench.analysis.workers import fewest_workers
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import resolve
 from gpubench.parts.augment import MEAN, STD, DeviceAugment, DeviceDecode, cpu_fixed_size

@@ -328,10 +328,10 @@ def why_not_best(r: Row) -> str:
 
 
 def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
-    """The loader phase's view (gpubench.analysis.verdict.fewest_workers): how many workers out-run
+    """The loader phase's view (gpubench.analysis.workers.fewest_workers): how many workers out-run
     compute at the chosen setup's batch size (the loader phase runs no model, so all
     precisions count)."""
-    from gpubench.analysis.verdict import fewest_workers
+    from gpubench.analysis.workers import fewest_workers
 
     same = [
         {"num_workers": r.knob("num_workers"),

@@ -38,9 +38,9 @@ class Est:
     def of(cls, x, ci=None) -> Est | None:
         if isinstance(x, Est):
             return x
-        if not _ok(x):
+        if not positive(x):
             return None
-        if ci and _ok(ci[0]) and _ok(ci[1]):
+        if ci and positive(ci[0]) and positive(ci[1]):
             return cls(float(x), *holding(ci, float(x)))
         return cls(float(x), float(x), float(x))
 
@@ -97,7 +97,8 @@ class Verdict:
     open_line: float | None = None
 
 
-def _ok(x) -> bool:
+def positive(x) -> bool:
+    """A measured figure: not None, not NaN, above zero."""
     return x is not None and not (isinstance(x, float) and math.isnan(x)) and x > 0
 
 
@@ -120,7 +121,7 @@ def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[floa
         return None
     k = min(len(windows[n]) for n in names)
     out = {n: list(windows[n][:k]) for n in names}
-    if k < 2 or not all(_ok(x) for n in names for x in out[n]):
+    if k < 2 or not all(positive(x) for n in names for x in out[n]):
         return None
     return out
 
@@ -462,67 +463,3 @@ def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None
     per_window = -(-steps // repeats)
     return (f"bench.repeats={n} bench.steps={n * per_window}: about {n} windows of "
             f"{per_window} steps would decide {what} (from the spread measured)")
-
-
-# ---------------------------------------------------------------- how many loader workers
-
-# a loader must clear compute by this fraction to count as unblocking it: runs of the same
-# config differ by several percent, and e2e loses a little more to the hand-over
-WORKERS_TOLERANCE = 0.05
-
-
-@dataclass
-class WorkersPick:
-    num_workers: int | None  # None: nothing measured to choose from
-    loader_images_per_sec: float | None
-    unblocks: bool  # True: this loader out-runs compute (the GPU is no longer starved)
-    reason: str
-
-
-def _loader_rows(rows) -> dict[int, float]:
-    """{num_workers: median loader images/sec} from (num_workers, ips) pairs or mappings with
-    `num_workers` and `loader_images_per_sec` keys; repeats of a worker count are pooled by
-    their median, unmeasured ones (None, NaN, <= 0) dropped."""
-    per: dict[int, list[float]] = {}
-    for r in rows:
-        if isinstance(r, dict):
-            w, ips = r.get("num_workers"), r.get("loader_images_per_sec")
-        else:
-            w, ips = r
-        if w is not None and _ok(ips):
-            per.setdefault(int(w), []).append(float(ips))
-    return {w: median(v) for w, v in per.items()}
-
-
-def fewest_workers(rows, compute_images_per_sec: float | None,
-                   tolerance: float = WORKERS_TOLERANCE) -> WorkersPick:
-    """The fewest loader workers whose loader throughput exceeds compute by `tolerance`
-    (reference article 003: set workers to the minimum that unblocks the GPU; each extra
-    worker costs RAM for nothing). When no worker count gets there, the best available: the
-    fewest workers within `tolerance` of the highest loader throughput (the plateau's start),
-    with the reason the data side stays the bottleneck."""
-    loader = _loader_rows(rows)
-    if not loader:
-        return WorkersPick(None, None, False, "no loader throughput measured")
-    if _ok(compute_images_per_sec):
-        need = compute_images_per_sec * (1 + tolerance)
-        for w in sorted(loader):
-            if loader[w] >= need:
-                fewer = [x for x in loader if x < w]
-                below = (f"; with {max(fewer)}: {loader[max(fewer)]:.1f}" if fewer
-                         else "; no fewer were measured")
-                return WorkersPick(w, loader[w], True, (
-                    f"{w} workers load {loader[w]:.1f} img/s, above compute "
-                    f"{compute_images_per_sec:.1f} by more than {tolerance:.0%}{below}"
-                ))
-    best = max(loader.values())
-    w = min(x for x in loader if loader[x] >= best * (1 - tolerance))
-    plateau = f"{w} workers load {loader[w]:.1f} img/s, within {tolerance:.0%} of the best ({best:.1f})"
-    if not _ok(compute_images_per_sec):
-        return WorkersPick(w, loader[w], False, f"compute throughput not measured; {plateau}")
-    return WorkersPick(w, loader[w], False, (
-        f"no worker count measured out-runs compute {compute_images_per_sec:.1f} img/s; "
-        f"{plateau}, {loader[w] / compute_images_per_sec:.0%} of compute: the data side stays "
-        "the bottleneck (next: dataset.preload=true, dataset.augment_on=device, more CPU cores "
-        "per GPU)"
-    ))

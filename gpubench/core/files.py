@@ -8,6 +8,7 @@ no file gpubench writes holds one."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -57,18 +58,25 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(finite(data), indent=2, default=_default, allow_nan=False))
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write-then-rename, masked: a kill mid-write leaves the previous complete file, never half
-    of one, and no password reaches the disk.
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a file gpubench owns; returns its path. Write-then-rename, masked: a kill mid-write
+    leaves the previous complete file, never half of one, and no password reaches the disk.
+    Never through a symbolic link (LinkError: the link and what it points at are left as they
+    are).
 
     The temporary file is unique to this process (two writers never share one) and is removed
     when the write fails (a full disk, a file size limit), so no `.tmp` is ever left behind;
     the error is a WriteError naming the path and the free space."""
     path = Path(path)
+    if path.is_symlink():
+        raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does not "
+                        "write through links: remove it", str(path))
     text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with contextlib.suppress(FileNotFoundError):  # a leftover (or a link) of this name
+            tmp.unlink()
+        with open(tmp, "x", encoding="utf-8") as f:  # "x": never through an existing file
             f.write(text)
             f.flush()
             # on disk before the rename: after a power loss the file is the old or the new one
@@ -78,6 +86,7 @@ def write_text(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})", str(path)) from e
+    return path
 
 
 def read_json(path: Path) -> dict | None:
@@ -98,3 +107,64 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+# ------------------------------------------------------------------ links out of a folder
+# A folder gpubench was given (a run folder to upload, a sweep folder to report on) may hold
+# symbolic links that lead elsewhere: `traces -> /home/me/private`. Following them would upload
+# or overwrite files the user never pointed gpubench at, so readers keep to `inside` and writers
+# to `write_text` / `check_no_links`.
+
+
+class LinkError(OSError):
+    """A path gpubench will not follow or write through: one line naming it and its target."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def inside(path: str | Path, root: str | Path) -> bool:
+    """Whether `path`, with every symbolic link on the way followed, lies in `root` (itself
+    resolved): a link that stays inside is fine, one that leads out is not."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except (ValueError, OSError, RuntimeError):  # outside, unreadable, or a link loop
+        return False
+    return True
+
+
+def files_inside(folder: str | Path, root: str | Path | None = None) -> list[Path]:
+    """The regular files under `folder` that lie in `root` (default: `folder`) once links are
+    followed, in a stable order. Linked folders are not entered (a link loop cannot hang it);
+    a linked file is kept only when it points inside."""
+    folder = Path(folder)
+    root = folder if root is None else Path(root)
+    if not inside(folder, root):
+        return []
+    out = []
+    for dirpath, dirnames, names in os.walk(folder):  # followlinks=False: links to folders stay
+        dirnames.sort()
+        out += [p for n in sorted(names) if (p := Path(dirpath) / n).is_file() and inside(p, root)]
+    return out
+
+
+def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
+    """A folder gpubench writes its own files into: `folder` (under `root`, default itself) is
+    reached without a symbolic link out of `root` and holds no symbolic link, so every file
+    written there stays there and replaces only gpubench's own. Raises LinkError naming the
+    first offending path and where it leads; returns `folder`, made absolute."""
+    folder = Path(folder).absolute()
+    root = folder if root is None else Path(root).absolute()
+    q = root
+    for part in folder.relative_to(root).parts:  # a component may be a link, if it stays inside
+        q = q / part
+        if q.is_symlink() and not inside(q, root):
+            raise LinkError(errno.EXDEV, f"a symbolic link out of {root} (to {q.resolve()}); "
+                            "gpubench writes only inside the folder it was given", str(q))
+    for dirpath, dirnames, names in os.walk(folder):  # followlinks=False
+        for n in sorted(dirnames + names):
+            if (p := Path(dirpath) / n).is_symlink():
+                raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(p)}) where "
+                                "gpubench writes its own files; remove it, or write elsewhere",
+                                str(p))
+    return folder

@@ -19,6 +19,9 @@ Without `dataset.transform` gpubench's train transform runs on the image (Random
 With it, the team's transform takes the image (HWC arrays already turned into CHW tensors) and
 must return a float CHW tensor; gpubench's transform is then not applied.
 
+The Dataset class and every `_target_` of the transform and collate nodes are resolved and
+checked before any is called (gpubench/parts/targets.py: a config is code).
+
 Sample 0 is checked in the main process while the pipeline is built, so a Dataset that breaks
 the contract stops the run with one line before anything is measured. Every later sample is
 checked too (a few type tests, no copy), inside the workers.
@@ -26,16 +29,16 @@ checked too (a few type tests, no copy), inside the workers.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Dataset as DatasetSettings
 from gpubench.config.settings import Settings, node_set, plain
+from gpubench.parts import targets
 
 CONTRACT = ("__getitem__ returning (image, label): image a uint8 CHW/HWC tensor or array with 3 "
             "channels, a float CHW tensor in [0, 1] or a PIL image; label an int in "
@@ -130,6 +133,7 @@ def _instantiate(node: dict, key: str):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    targets.callable_node(node, key)  # every _target_ in it checked before any is called
     try:
         # a DictConfig again: instantiate reads `_target_`, `_partial_` and nested nodes from
         # it as from the composed config (the settings hold it as a read-only view)
@@ -140,15 +144,6 @@ def _instantiate(node: dict, key: str):
                           f"an importable callable taking the given keys ({cause})") from e
 
 
-def _import(path: str):
-    """`pkg.module.Class` imported. Not hydra.utils.get_class: that logs its own multi-line
-    ERROR before raising, and bad input must stay one line."""
-    module, _, name = path.rpartition(".")
-    if not module:
-        raise ImportError(f"{path!r} is not a dotted path (package.module.Class)")
-    return getattr(importlib.import_module(module), name)
-
-
 def build(s: Settings, default_transform, info: dict) -> Dataset:
     """The team's dataset, checked on sample 0. `default_transform` is what gpubench would run
     on a built-in dataset's images (the train transform, or decode-to-fixed-size for preload
@@ -157,21 +152,14 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
     dset = s.dataset
     target = dset._target_
     own_tf = node_set(dset.transform)
-    try:
-        cls = _import(str(target))
-    except Exception as e:
-        raise ConfigError("dataset._target_", target, f"an importable Dataset class "
-                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
+    cls = targets.dataset_class(target)  # checked before it is called: a config is code
     kwargs = plain(dset.kwargs)  # a writable copy, lists as lists
     try:
         inner = cls(**kwargs)
     except TypeError as e:
         raise ConfigError("dataset.kwargs", kwargs, f"arguments {target} accepts ({e})") from e
-    if isinstance(inner, IterableDataset) or not hasattr(inner, "__getitem__") \
-            or not hasattr(inner, "__len__"):
-        raise ConfigError("dataset._target_", target,
-                          "a map-style Dataset (with __len__ and __getitem__; iterable datasets "
-                          "cannot be shuffled or sharded the same way)")
+    if not hasattr(inner, "__len__"):  # torch's Dataset has __getitem__ but no __len__
+        raise ConfigError("dataset._target_", target, "a map-style Dataset with __len__")
     transform = _instantiate(dset.transform, "dataset.transform") if own_tf else default_transform
     if not callable(transform):
         raise ConfigError("dataset.transform._target_", dset.transform["_target_"],

@@ -5,12 +5,15 @@ and torch.compile."""
 from __future__ import annotations
 
 import inspect
+import re
 
 import torch
 from torch import nn
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import CHECKPOINT_WIRED, Settings, plain
+from gpubench.config.settings import CHECKPOINT_WIRED, Settings, check_classes, plain
+from gpubench.parts import targets
+from gpubench.parts.step import is_oom
 
 
 class TinyNet(nn.Module):
@@ -48,18 +51,10 @@ def build_model(s: Settings) -> nn.Module:
     kwargs = plain(m.kwargs)  # a writable copy, lists as lists: the settings stay as resolved
     target = m._target_
     if target:
-        from hydra.utils import get_class
-
-        try:
-            cls = get_class(target)
-        except Exception as e:
-            raise ConfigError("model._target_", target, "an importable nn.Module class path") from e
+        cls = targets.model_class(target)  # checked before it is called: a config is code
         if _accepts(cls, "num_classes"):
             kwargs.setdefault("num_classes", n)
-        model = cls(**kwargs)
-        if not isinstance(model, nn.Module):
-            raise ConfigError("model._target_", target, "a class whose instances are nn.Module")
-        return model
+        return cls(**kwargs)
     if m.name == "tiny":
         model = TinyNet(num_classes=n, **kwargs)
     else:
@@ -68,10 +63,54 @@ def build_model(s: Settings) -> nn.Module:
         if str(m.name).startswith("vit_"):
             # torchvision's ViTs take their input size as a constructor argument
             kwargs.setdefault("image_size", s.dataset.image_size)
+            check_patch(m.name, kwargs["image_size"], "dataset.image_size"
+                        if kwargs["image_size"] == s.dataset.image_size else "model.kwargs.image_size")
         model = torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
     if m.checkpointing:
         apply_checkpointing(model, m.name)
     return model
+
+
+def check_patch(name: str, image_size: int, key: str) -> None:
+    """A ViT cuts its input into patch x patch squares: torchvision asserts the size divides
+    ("Input shape indivisible by patch size!") with no key named."""
+    found = re.fullmatch(r"vit_[a-z]+_(\d+)", name)
+    if found and image_size % int(found[1]):
+        patch = int(found[1])
+        raise ConfigError(key, image_size, f"a multiple of {patch} with model.name={name} (its "
+                          f"patch size), e.g. {max(patch, image_size // patch * patch)}")
+
+
+def check_output(model: nn.Module, x: torch.Tensor, s: Settings) -> None:
+    """One forward on (up to) two images of the first batch, before any phase: a model that
+    does not take the dataset's images, returns a tuple or the wrong shape, or is narrower than
+    the dataset's classes would otherwise fail at the first loss, after the loader phase was
+    measured. Training mode, as the step runs it (some models return extra outputs there);
+    eval mode for a batch of one, which batch norm cannot train on."""
+    m, ds = s.model, s.dataset
+    key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
+    took = (f"with dataset={ds.name} batches of {tuple(x.shape[1:])} "
+            f"(dataset.image_size={ds.image_size})")
+    probe = x[:2]
+    was_training = model.training
+    model.train(len(probe) > 1)
+    try:
+        with torch.no_grad():
+            out = model(probe)
+    except Exception as e:
+        if is_oom(e, str(x.device.type)):  # two images that do not fit: the run's OOM, not input
+            raise
+        cause = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(key, value, f"a model whose forward runs {took} ({cause})") from e
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != len(probe):
+        got = (f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor)
+               else f"{type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+        raise ConfigError(key, value, f"a model whose forward returns one logits tensor (batch, "
+                          f"classes) {took}; it returned {got} for {len(probe)} image(s)")
+    check_classes(int(out.shape[-1]), ds.num_classes,
+                  "model._target_" if m._target_ else "model.num_classes", m._target_ or m.num_classes)
 
 
 class Checkpointed(nn.Module):

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import parse_where, where
 from gpubench.core.exits import ExitCode
+from gpubench.core.files import LinkError
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
 from gpubench.report.write import (
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> ExitCode:
         except NothingToReport as e:
             print(e, file=sys.stderr)
             return ExitCode.FAILED
+        except LinkError as e:  # a link out of the folder, or where the report writes
+            print(f"gpubench.report: {e}", file=sys.stderr)
+            return ExitCode.FAILED
         return ExitCode.OK
     rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study, conditions)
     if not rows:
@@ -107,5 +111,9 @@ def main(argv: list[str] | None = None) -> ExitCode:
               f"{a.source!r}", file=sys.stderr)
         return ExitCode.FAILED
     out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
-    write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance)
+    try:
+        write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance)
+    except LinkError as e:
+        print(f"gpubench.report: {e}", file=sys.stderr)
+        return ExitCode.FAILED
     return ExitCode.OK

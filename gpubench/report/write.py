@@ -45,7 +45,7 @@ from gpubench.analysis.recommend import (
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.files import read_json, write_text
+from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.record import Rung
 from gpubench.core.secrets import mask_secrets
 from gpubench.search.rows import load_dir
@@ -167,6 +167,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     was made from) is kept in summary.json so an unchanged sweep is not reported twice."""
     from gpubench.report import plots as report_plots
 
+    check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
     out_dir.mkdir(parents=True, exist_ok=True)
     # rank and recommend full training measurements of one setup; when there are none (a
     # max-batch search's probes), the table still shows what was measured
@@ -180,11 +181,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     head, body = table_rows(rows, keys)
     table = io.StringIO(newline="")
     csv.writer(table).writerows([head, *body])
-    write_text(out_dir / "ranking.csv", table.getvalue())
-    files.append(out_dir / "ranking.csv")
+    files.append(write_text(out_dir / "ranking.csv", table.getvalue()))
     text = print_table(head, body, f"gpubench sweep: {source}", out=None if not quiet else _Null())
-    write_text(out_dir / "ranking.txt", text)
-    files.append(out_dir / "ranking.txt")
+    files.append(write_text(out_dir / "ranking.txt", text))
 
     rec = recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
@@ -226,8 +225,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
-    write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-    files.append(out_dir / "summary.json")
+    files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
     if not quiet:
         print(mask_secrets("\n".join(lines)))
     return files
@@ -264,10 +262,11 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
-    out = sweep_dir / REPORT_DIR
+    out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir)  # before anything is read there
     stamp = _fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
     old = read_json(out / "summary.json") or {}
-    if old.get("fingerprint") == stamp and all(Path(f).is_file() for f in old.get("files", [])):
+    if old.get("fingerprint") == stamp and all(Path(f).is_file() and inside(f, out)
+                                               for f in old.get("files", [])):
         if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
             print((out / "ranking.txt").read_text().rstrip("\n"))
             print("\n".join(old.get("lines") or []))

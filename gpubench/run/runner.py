@@ -30,15 +30,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import Settings, check_classes, check_resources, plain, resolve
+from gpubench.config.settings import Settings, check_resources, plain, resolve
 from gpubench.core.pipe import batches_in_flight
 from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
-from gpubench.parts import distributed
+from gpubench.parts import distributed, targets
 from gpubench.parts.data import CorruptImage, build_pipeline
 from gpubench.parts.measure import run_window
-from gpubench.parts.models import build_model, maybe_compile, prepare_model
+from gpubench.parts.models import build_model, check_output, maybe_compile, prepare_model
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
 from gpubench.parts.step import (
     TrainStep,
@@ -117,6 +117,7 @@ class Benchmark:
         # alone, then those that look at this machine's disk and RAM
         s = resolve(cfg)
         check_resources(s)
+        targets.check(s)  # the code the config names: resolved and checked, none of it called
         self.settings: Settings = s
         b = s.bench
         self.device = s.device
@@ -174,7 +175,7 @@ class Benchmark:
         if "compute" in self.phases or "e2e" in self.phases:
             model = prepare_model(build_model(s), device, s.channels_last)
             x, y = self.pipe.device_batch()
-            self._check_width(model, x)
+            check_output(model, x, s)  # one forward: shape, tuple, width, before any phase
             opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
             if b.flops:
                 split = count_step_flops_split(model, self.plan, device, x, y)
@@ -185,20 +186,6 @@ class Benchmark:
                                   self.faults.oom_above_batch,
                                   b.grad_accum_steps, b.host_metrics_every)
         self.faults.maybe_fail(0)
-
-    def _check_width(self, model: torch.nn.Module, x: torch.Tensor) -> None:
-        """A label at or past the classifier's width fails deep inside the loss (a device-side
-        assert on CUDA) after the loader phase ran: check the output width before any work."""
-        n = self.settings.dataset.num_classes
-        model.eval()  # one image: batch-norm cannot train on a batch of 1
-        try:
-            with torch.no_grad():
-                width = int(model(x[:1]).shape[-1])
-        finally:
-            model.train()
-        m = self.settings.model
-        check_classes(width, n, "model._target_" if m._target_ else "model.num_classes",
-                      m._target_ or m.num_classes)
 
     def _functions(self, name: str):
         """(fetch, work) for one phase; `work` returns the images it processed.

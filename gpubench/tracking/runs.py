@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from gpubench.analysis.select import knob_of
-from gpubench.core.files import read_json, write_json, write_text
+from gpubench.core.files import inside, read_json, write_json, write_text
 from gpubench.core.record import RESULTS_FILE, RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
@@ -56,8 +56,18 @@ def user() -> str | None:
         return None
 
 
-def log_file(client, run_id: str, path: Path, artifact_path: str | None = None) -> None:
-    """Upload one file; a text file that holds a password goes up as a masked copy."""
+def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
+             root: Path | None = None) -> bool:
+    """Upload one file; a text file that holds a password goes up as a masked copy. A file
+    that is a link out of `root` (default: its own folder) is not read: one warning line, and
+    False."""
+    root = Path(path).parent if root is None else root
+    if not inside(path, root):
+        print(f"gpubench: warning: not uploaded: {path} is a link out of {root} "
+              f"(to {Path(path).resolve()})", file=sys.stderr, flush=True)
+        return False
+    if not path.is_file():  # a dangling link
+        return False
     if path.suffix in TEXT_SUFFIXES and path.stat().st_size <= MASK_LIMIT:
         text = path.read_text(errors="replace")
         masked = mask_secrets(text)
@@ -66,15 +76,25 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None) 
                 copy = Path(tmp) / path.name
                 copy.write_text(masked)
                 client.log_artifact(run_id, str(copy), artifact_path)
-            return
+            return True
     client.log_artifact(run_id, str(path), artifact_path)
+    return True
 
 
-def log_dir(client, run_id: str, folder: Path, artifact_path: str) -> None:
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            sub = p.parent.relative_to(folder).as_posix()
-            log_file(client, run_id, p, artifact_path if sub == "." else f"{artifact_path}/{sub}")
+def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -> None:
+    """The files under `folder`, each only if it lies in `root` once links are followed
+    (linked folders are not entered)."""
+    if not inside(folder, root):
+        log_file(client, run_id, folder, root=root)  # the warning line; nothing is read
+        return
+    for dirpath, dirnames, names in os.walk(folder):  # followlinks=False
+        dirnames.sort()
+        for n in sorted(names) + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            p = Path(dirpath) / n
+            if p.is_file() or not inside(p, root):  # a link out is named in a warning
+                sub = p.parent.relative_to(folder).as_posix()
+                log_file(client, run_id, p, artifact_path if sub == "." else
+                         f"{artifact_path}/{sub}", root)
 
 
 def _epoch_ms(stamp: str | None) -> int | None:
@@ -85,9 +105,11 @@ def _epoch_ms(stamp: str | None) -> int | None:
 
 
 def _artifacts(run_dir: Path) -> tuple[list[Path], list[Path]]:
-    files = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g) if p.is_file()}
+    """Files and folders to upload beside the record. What is a link out of the run folder
+    (`traces -> /elsewhere`) is among them, for log_file/log_dir to name and skip."""
+    files = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g) if p.is_file() or p.is_symlink()}
     files -= {run_dir / MARKER_FILE}
-    dirs = [run_dir / d for d in ARTIFACT_DIRS if (run_dir / d).is_dir()]
+    dirs = [run_dir / d for d in ARTIFACT_DIRS if (run_dir / d).is_dir() or (run_dir / d).is_symlink()]
     return sorted(files), dirs
 
 
@@ -114,7 +136,7 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
         c.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
     metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
     log_csv = run_dir / GPU_LOG
-    if log_csv.is_file():  # the nvidia-smi-style log as series (gpu_metrics/...)
+    if log_csv.is_file() and inside(log_csv, run_dir):  # the nvidia-smi-style log as series (gpu_metrics/...)
         from gpubench.telemetry.gpulog import series
 
         metrics += [Metric(k, v, ts or int(time.time() * 1000), step)
@@ -130,16 +152,17 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
                 source_type="gpubench", source=mask_secrets(ds)),
         [InputTag("mlflow.data.context", "benchmark")])])
 
-    log_file(c, rid, run_dir / RESULTS_FILE)
+    # nothing out of the run folder is read, whatever links it holds
+    log_file(c, rid, run_dir / RESULTS_FILE, root=run_dir)
     if (run_dir / CONFIG_FILE).is_file():
-        log_file(c, rid, run_dir / CONFIG_FILE)
+        log_file(c, rid, run_dir / CONFIG_FILE, root=run_dir)
     if (run_dir / ".hydra").is_dir():
-        log_dir(c, rid, run_dir / ".hydra", "hydra")
+        log_dir(c, rid, run_dir / ".hydra", "hydra", run_dir)
     files, dirs = _artifacts(run_dir)
     for f in files:
-        log_file(c, rid, f)
+        log_file(c, rid, f, root=run_dir)
     for d in dirs:
-        log_dir(c, rid, d, d.name)
+        log_dir(c, rid, d, d.name, run_dir)
 
     end = start + int(rec.seconds * 1000) if start and rec.seconds else None
     c.set_terminated(rid, T.RUN_STATUS[rec.status], end_time=end)

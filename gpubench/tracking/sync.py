@@ -6,7 +6,8 @@ run, which is created here when the sweep itself never reached MLflow.
 
 Only gpubench run folders are read: MLflow artifact stores hold uploaded copies of
 results.json (`find_runs` skips mlartifacts/ and mlruns/; a server's `--artifacts-destination`
-can be any folder, so `<run id>/artifacts/` paths are skipped too). A results.json left
+can be any folder, so `<run id>/artifacts/` paths are skipped too). Nothing a symbolic link
+leads to outside a run folder is read or uploaded (`upload` names each such link in a warning). A results.json left
 `running` by a process that no longer exists (kill -9, the OOM killer) is marked `killed`, its
 measured phases kept, saved, then uploaded.
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 import yaml
 
 from gpubench.core import record
-from gpubench.core.record import RunRecord
+from gpubench.core.files import inside
+from gpubench.core.record import RESULTS_FILE, RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.runs import (
     MARKER_FILE,
@@ -77,6 +79,10 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     todo: dict[tuple[str, str], list[RunRecord]] = {}
     found = gpubench_runs(Path(root))
     for run_dir in found:
+        if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
+            print(f"skip {run_dir}: its {RESULTS_FILE} is a link out of the run folder", file=out)
+            counts["skipped"] += 1
+            continue
         rec = record.load(run_dir)
         if rec is not None and rec.stale:
             rec.mark_dead()
