@@ -12,24 +12,21 @@ from enum import Enum
 from typing import Any
 
 from gpubench.config.keys import Key
+from gpubench.config.overrides import format_value
 
 BEGIN = "<!-- key tables: written by scripts/config_table.py from the schema; edit the schema -->"
 END = "<!-- end of the key tables -->"
 
 
 def shown(v: Any) -> str:
-    """A default as a command line or YAML writes it."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
+    """A default as a command line or YAML writes it (scalars: gpubench.config.overrides)."""
     if isinstance(v, Enum):
         return v.name
     if isinstance(v, (list, tuple)):
         return f"[{', '.join(shown(x) for x in v)}]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {shown(x)}" for k, x in v.items()) + "}"
-    return str(v)
+    return format_value(v)
 
 
 def _cell(text: str) -> str:
