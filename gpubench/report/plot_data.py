@@ -20,6 +20,9 @@ function of gpubench.report.plot_rules where it is more than a line here):
   run flagged itself the title says there is no line (no front) and why;
 - short screens and max-batch probes are apart too (hollow grey), never on a curve or front;
 - a plot is made only when its knob varied (two or more values);
+- loader-only runs plotted against their workers carry their setup's compute bound (the
+  report's workers answer, gpubench.report.loader_answer) as a band across the plot: its
+  interval, its figure, and the line a loader's low end must clear (the margin above it);
 - on a CPU the memory figure is the summed RSS of the main process and its loader workers
   (pages they share count once per process: an upper bound), against host RAM, and says so;
   a memory ceiling far right of every run is named under the Pareto plot, not drawn;
@@ -76,11 +79,14 @@ def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[d
                                   if star else [])
 
 
-def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False) -> dict | None:
+def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
+               band=None) -> dict | None:
     """Throughput against knob `name`: lines of runs that differ in it alone, each point with
     its interval, the loader/compute bounds of the first line's runs; flagged runs, other
     groups' lone runs and short ones as separate points. Full-length feasible measurements
-    only on lines (as the recommendation). None when the knob did not vary over them."""
+    only on lines (as the recommendation). None when the knob did not vary over them.
+    `band`: a row -> the compute bound drawn across the first line (y, lo, hi, threshold,
+    margin, label), or None."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -101,7 +107,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False) -> di
             if pts:
                 bounds[p] = pts
         lines.append({"label": label, "points": [_pt(r, knob(r, name)) for r in rs],
-                      "bounds": bounds})
+                      "bounds": bounds, "band": band(rs[0]) if band and i == 0 else None})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
     star = None
     if chosen is not None and knob(chosen, name) is not None:
@@ -126,9 +132,11 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False) -> di
         "log2": log2,
     }
     d["integer_x"] = all(is_int(x) for x in d["xticks"])
+    bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for ln in lines
+             if (b := ln["band"])]
     _y_axis(d, [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                             for b in v]]
-            + d["rest"] + d["short"], rows)
+            + d["rest"] + d["short"] + bands, rows)
     return d
 
 
