@@ -12,7 +12,8 @@ loader-only multirun measured itself (gpubench.run.compute_bound, `<sweep dir>/c
 compute or full run among the rows, and runs named with `--compute`. Several are pooled as
 their median inside the widest interval (Rate.envelope). A setup without one says how to
 measure it. Runs that flagged their own measurement (noise_reasons) are left out of the rule
-and named.
+and named; when every run of a side flagged itself (a busy machine), those whose flaw can only
+slow or widen them are judged and the answer starts `unconfirmed`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from gpubench.report.plot_rules import flag_kind, flag_reasons
 # the overrides a compute measurement drops from a loader job's command line: it measures the
 # compute phase alone, and the loader's workers do not change it
 NOT_FOR_COMPUTE = ("loader.num_workers", "bench.phases")
+# flaws that make a loader window read high (batches made before it began, a window cut short):
+# such a run never answers; others (disturbed, too few windows) slow or widen it
+INFLATES = ("queue-timed", "cut short")
 
 
 @dataclass
@@ -50,15 +54,29 @@ class Group:
     """The loader-only runs of one setup (every knob but the workers) and their answer."""
 
     rows: list[Row]
-    flagged: list[Row]  # of those, runs that flagged their own measurement: not in the rule
+    used: list[Row]  # the runs the rule judged
     pick: WorkersPick
     sources: list[RunRecord] = field(default_factory=list)  # the compute bound's measurements
     failed: list[RunRecord] = field(default_factory=list)  # compute runs that measured nothing
 
     @property
-    def unconfirmed(self) -> bool:
+    def flagged(self) -> list[Row]:
+        """Runs that flagged their own measurement."""
+        return [r for r in self.rows if flag_reasons(r)]
+
+    @property
+    def flagged_bound(self) -> bool:
         """The bound rests on compute runs that all flagged their own measurement."""
         return bool(self.sources) and all(m.measurement_stable is False for m in self.sources)
+
+    @property
+    def flagged_loader(self) -> bool:
+        """Every loader run flagged itself: the rule judged flagged ones."""
+        return any(flag_reasons(r) for r in self.used)
+
+    @property
+    def unconfirmed(self) -> bool:
+        return self.flagged_bound or self.flagged_loader
 
     @property
     def setup(self) -> str:
@@ -80,10 +98,10 @@ class LoaderAnswer:
         for g in self.groups:
             if any(r is row for r in g.rows) and g.pick.compute is not None:
                 c = g.pick.compute
-                flag = " (flagged: unconfirmed)" if g.unconfirmed else ""
+                flag = " (flagged: unconfirmed)" if g.flagged_bound else ""
                 return {"y": c.value, "lo": c.lo, "hi": c.hi, "threshold": g.pick.threshold,
                         "margin": g.pick.tolerance,
-                        "label": f"compute bound{flag}, same model, batch, precision: "
+                        "label": f"compute bound{flag}, same model/batch/precision:\n"
                                  f"{c.text()} img/s"}
         return None
 
@@ -98,7 +116,8 @@ class LoaderAnswer:
                 "compute": None if c is None else [c.value, c.lo, c.hi],
                 "compute_from": [str(r.dir) for r in g.sources],
                 "unconfirmed": g.unconfirmed,
-                "left_out_flagged": [x.label for x in g.flagged],
+                "flagged": [x.label for x in g.flagged],
+                "judged": [x.label for x in g.used],
                 "answer": p.answer(),
             })
         return out
@@ -220,12 +239,15 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         sources = [m for k, m in measured if k == key]
         sources = [m for m in sources if m.measurement_stable is not False] or sources
         bound = Rate.envelope([compute_rate(m) for m in sources]) if sources else None
-        flagged = [r for r in rs if flag_reasons(r)]
+        # the same for the loader runs: the unflagged ones; when every run flagged itself (a
+        # busy machine), those whose flaw only slows or widens them, and the answer says so
+        done = [r for r in rs if r.record.status.measured]
+        used = [r for r in done if not flag_reasons(r)] or [
+            r for r in done if not any(flag_kind(x) in INFLATES for x in flag_reasons(r))]
         good = [{"num_workers": r.knob("num_workers"),
                  "loader_images_per_sec": r.record.loader_images_per_sec,
-                 "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci}
-                for r in rs if not flag_reasons(r) and r.record.status.measured]
-        groups.append(Group(rs, flagged, fewest_workers(good, bound, tolerance), sources,
+                 "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci} for r in used]
+        groups.append(Group(rs, used, fewest_workers(good, bound, tolerance), sources,
                             [m for k, m in tried if k == key]))
     return LoaderAnswer(loaders, groups, _lines(groups, source))
 
@@ -241,18 +263,23 @@ def _lines(groups: list[Group], source: str) -> list[str]:
     for g in groups:
         out.append(f"  {g.setup}, {len(g.rows)} loader run(s):")
         if g.pick.num_workers is None and g.flagged:
-            out.append("  workers: no answer: every loader run that measured flagged its own "
-                       "measurement (a longer bench.steps, bench.repeats >= 6, a quiet machine)")
+            out.append("  workers: no answer: every loader run that measured read high (queue-"
+                       "timed or cut short: a longer bench.steps)")
         elif g.unconfirmed:
-            out.append(f"  unconfirmed, the compute bound flagged its own measurement "
-                       f"({_kinds([x for m in g.sources for x in m.noise_reasons])}): rerun on "
-                       f"a quiet machine to confirm; {g.pick.answer()}")
+            why = [w for w, on in (("every loader run", g.flagged_loader),
+                                   ("the compute bound", g.flagged_bound)) if on]
+            their = "their" if len(why) > 1 else "its"
+            out.append(f"  unconfirmed, {' and '.join(why)} flagged {their} own measurement: "
+                       f"rerun on a quiet machine to confirm; {g.pick.answer()}")
         else:
             out.append(f"  {g.pick.answer()}")
-        if g.flagged:
-            out.append("    left out, flagged their own measurement: " + "; ".join(
-                f"run {r.label} ({r.knob('num_workers')} worker(s): {_kinds(flag_reasons(r))})"
-                for r in g.flagged))
+        judged = {id(r) for r in g.used}
+        for head, rs in (("judged, though flagged", [r for r in g.flagged if id(r) in judged]),
+                         ("left out, flagged", [r for r in g.flagged if id(r) not in judged])):
+            if rs:
+                out.append(f"    {head}: " + "; ".join(
+                    f"run {r.label} ({r.knob('num_workers')} worker(s): "
+                    f"{_kinds(flag_reasons(r))})" for r in rs))
         for m in g.sources:
             seen = "measured once for this setup by the sweep" if m.dir is not None and \
                 m.dir.parent.name == COMPUTE_DIR else "a run of this setup"

@@ -85,8 +85,8 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
     its interval, the loader/compute bounds of the first line's runs; flagged runs, other
     groups' lone runs and short ones as separate points. Full-length feasible measurements
     only on lines (as the recommendation). None when the knob did not vary over them.
-    `band`: a row -> the compute bound drawn across the first line (y, lo, hi, threshold,
-    margin, label), or None."""
+    `band`: a row -> the compute bound drawn across the plot (y, lo, hi, threshold, margin,
+    label), or None: the first line's runs', else the flagged runs'."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -107,7 +107,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
             if pts:
                 bounds[p] = pts
         lines.append({"label": label, "points": [_pt(r, knob(r, name)) for r in rs],
-                      "bounds": bounds, "band": band(rs[0]) if band and i == 0 else None})
+                      "bounds": bounds})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
     star = None
     if chosen is not None and knob(chosen, name) is not None:
@@ -132,19 +132,22 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
         "log2": log2,
     }
     d["integer_x"] = all(is_int(x) for x in d["xticks"])
-    bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for ln in lines
-             if (b := ln["band"])]
+    # the bound of the first line's runs (of the flagged runs' when there is no line: the
+    # report's answer still judges them, unconfirmed)
+    anchor = groups[0][1][0] if groups else (flagged or full)[0]
+    d["band"] = band(anchor) if band else None
+    bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
     _y_axis(d, [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                             for b in v]]
-            + d["rest"] + d["short"] + bands, rows)
+            + d["rest"] + d["short"], rows, bands)
     return d
 
 
-def _y_axis(d: dict, points: list[dict], rows) -> None:
+def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     """The y range from every point but the flagged ones (they must not set the scale: a
     queue-timed loader run read 10x the rest); a flagged point past the top is drawn at the
     edge (`off_scale`) with its figure beside it. With nothing but flagged points, they set it."""
-    basis = _basis(points, d["flagged"], d["star"])
+    basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
     # a loader 20x faster than the training loop would flatten the curve that matters onto

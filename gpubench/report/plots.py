@@ -190,13 +190,13 @@ def _draw_curve(d: dict, out: Path) -> Path:
         fixed = f" ({ln['label']})" if ln["label"] else ""
         _points(ax, ln["points"], line=True, marker="o", color=c, zorder=4,  # over its bounds
                 label=f"{d['phase']}{fixed}")
-        if ln.get("band"):
-            _band(ax, ln["band"], c)
         for p, pts in ln["bounds"].items():
             ls, m = styles[p]
             _points(ax, pts, line=True, linestyle=ls, marker=m, color=c, alpha=0.75, zorder=3,
                     # indented under its line's entry: the bounds belong to that line's runs
                     label=f"{p} only, same runs" if one else f"    {p} only, same runs")
+    if d.get("band"):
+        _band(ax, d["band"], colors[0])
     taken = Counter(p["x"] for ln in d["lines"] for p in ln["points"])
     _lone(ax, d["rest"], taken=taken, marker="o", markersize=5, color="dimgrey", zorder=2,
           label=f"{d['phase']}, other settings (no line: not comparable)")
@@ -223,7 +223,7 @@ def _band(ax, b: dict, color) -> None:
                label=f"{b['label']} (band: its interval)")
     ax.axhline(b["y"], color=color, linewidth=1, alpha=0.6, zorder=1)
     ax.axhline(b["threshold"], color=color, linestyle="--", linewidth=1, zorder=1,
-               label=f"to clear: a loader's low end above compute's high end + {b['margin']:.0%}")
+               label=f"to clear: a loader's low end above\ncompute's high end + {b['margin']:.0%}")
 
 
 def _draw_memory(d: dict, out: Path) -> Path:
