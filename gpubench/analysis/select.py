@@ -117,6 +117,14 @@ def left_out(rec: RunRecord) -> str | None:
     return None
 
 
+def loader_only(rec: RunRecord) -> bool:
+    """A run that measured the loader phase alone (`bench.phases=[loader]`): left out of the
+    training ranking (left_out), it answers how many loader workers out-run compute
+    (gpubench.analysis.workers, the report's workers answer)."""
+    phases = rec.knob("bench.phases")
+    return isinstance(phases, list) and set(phases) == {"loader"} and rec.full
+
+
 def parse_where(items: list[str] | None) -> dict[str, str]:
     """`--where KEY=VALUE` options as {dotted key: value}; one line on a malformed one."""
     out = {}

@@ -1,17 +1,86 @@
 """How many loader workers: the fewest whose loader rate out-runs compute (reference article 003:
 set workers to the minimum that unblocks the GPU; each extra worker costs host RAM for nothing).
-Pure functions of measured figures."""
+Pure functions of measured figures.
+
+The rule judges intervals against intervals, as the verdict does: a worker count clears compute
+when the low end of its loader interval is above the high end of compute's interval times
+(1 + tolerance). A loader run is compared only with a compute measurement of the same compute
+setup (`compute_setup`: model, image size, batch size, precision, ...), the one a loader-only
+multirun measures once per setup (gpubench.run.compute_bound) or one named to the report.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from gpubench.analysis.select import knob_of
 from gpubench.analysis.verdict import positive
-from gpubench.core.stats import median
+from gpubench.core.stats import holding, median
 
 # a loader must clear compute by this fraction to count as unblocking it: runs of the same
 # config differ by several percent, and e2e loses a little more to the hand-over
 WORKERS_TOLERANCE = 0.05
+
+# the folder of a sweep dir where a loader-only multirun keeps its compute measurements
+COMPUTE_DIR = "compute"
+
+# what the compute phase's figure depends on (the training step on one batch kept on the
+# device): knobs by short name (gpubench.analysis.select.KNOBS), then plain config keys; the
+# loader's own knobs (workers, pinning, prefetch) and the dataset's files do not change it
+COMPUTE_KNOBS = ("model", "image_size", "batch_size", "precision", "channels_last", "compile",
+                 "optimizer")
+COMPUTE_KEYS = ("dataset.num_classes", "bench.grad_accum_steps")
+
+# what a data side that stays the bottleneck can try next (docs/data.md)
+NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A throughput with its 95% interval (lo <= value <= hi; lo == hi: one window, no spread)."""
+
+    value: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def of(cls, value: Any, ci: Any = None) -> Rate | None:
+        """A measured figure and its interval (widened to hold the figure); None unmeasured."""
+        if not positive(value):
+            return None
+        lo, hi = holding(ci if ci else None, float(value))
+        return cls(float(value), lo, hi)
+
+    @classmethod
+    def pooled(cls, rates: list[Rate]) -> Rate:
+        """Repeats of one measurement: the median of their figures and of each interval end."""
+        return cls(median([r.value for r in rates]), median([r.lo for r in rates]),
+                   median([r.hi for r in rates]))
+
+    @classmethod
+    def envelope(cls, rates: list[Rate]) -> Rate:
+        """Several measurements of one bound: the median figure inside the widest interval (a
+        bound read from any of them must not look tighter than each one says)."""
+        return cls(median([r.value for r in rates]), min(r.lo for r in rates),
+                   max(r.hi for r in rates))
+
+    def text(self) -> str:
+        """`812 [790-840]`, or `812` with no spread."""
+        if self.lo == self.hi:
+            return _n(self.value)
+        return f"{_n(self.value)} [{_n(self.lo)}-{_n(self.hi)}]"
+
+
+def _n(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}"
+
+
+def _w(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'}"
 
 
 @dataclass
@@ -20,52 +89,131 @@ class WorkersPick:
     loader_images_per_sec: float | None
     unblocks: bool  # True: this loader out-runs compute (the GPU is no longer starved)
     reason: str
+    tolerance: float = WORKERS_TOLERANCE
+    # every worker count's loader rate (repeats pooled), and the bound they were judged against
+    rates: dict[int, Rate] = field(default_factory=dict)
+    compute: Rate | None = None
+
+    def margin(self, w: int) -> tuple[float, float, float] | None:
+        """How far worker count `w`'s loader clears compute, (figure, low, high): loader over
+        compute minus 1, its low end from the loader's low end over compute's high end."""
+        r, c = self.rates.get(w), self.compute
+        if r is None or c is None:
+            return None
+        return r.value / c.value - 1, r.lo / c.hi - 1, r.hi / c.lo - 1
+
+    @property
+    def threshold(self) -> float | None:
+        """The low end a loader interval must exceed: compute's high end times (1 + tolerance)."""
+        return None if self.compute is None else self.compute.hi * (1 + self.tolerance)
+
+    def answer(self) -> str:
+        """The workers answer as the report prints it, with the intervals and the margin:
+        `workers: 2 (loader 812 [790-840] img/s clears compute 540 [520-555] by 50% [42%-62%],
+        more than the 5% margin); 1 worker: 480 [460-500] does not (...)`."""
+        if self.num_workers is None:
+            return "workers: no loader throughput measured"
+        c, tol = self.compute, self.tolerance
+        if self.unblocks:
+            w, r = self.num_workers, self.rates[self.num_workers]
+            m, lo, hi = self.margin(w)
+            fewer = [x for x in self.rates if x < w]
+            if fewer:
+                f = max(fewer)
+                below = (f"{_w(f)}: {self.rates[f].text()} does not (its low end "
+                         f"{_n(self.rates[f].lo)} is not above {_n(self.threshold)}, compute's "
+                         f"high end + {tol:.0%})")
+            else:
+                below = "no fewer were measured"
+            return (f"workers: {w} (loader {r.text()} img/s clears compute {c.text()} by "
+                    f"{m:.0%} [{lo:.0%}-{hi:.0%}], more than the {tol:.0%} margin); {below}")
+        w = self.num_workers
+        plateau = (f"the loader levels off from {_w(w)}: {self.rates[w].text()} img/s, within "
+                   f"{tol:.0%} of the best")
+        if c is None:
+            return f"workers: no compute bound to compare with; {plateau}"
+        top = max(self.rates, key=lambda x: self.rates[x].value)
+        m, lo, hi = self.margin(top)
+        counts = ", ".join(str(x) for x in sorted(self.rates))
+        head = (f"workers: none of {counts} clears compute {c.text()} img/s by {tol:.0%} (a "
+                f"low end above {_n(self.threshold)}); the fastest, {_w(top)}, loads "
+                f"{self.rates[top].text()} = {1 + m:.0%} [{1 + lo:.0%}-{1 + hi:.0%}] of compute")
+        if self.rates[top].hi < c.lo:
+            return f"{head}: the data side stays the bottleneck (next: {NEXT_STEPS}); {plateau}"
+        return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
+                f"bench.steps) or try more workers; {plateau}")
 
 
-def _loader_rows(rows) -> dict[int, float]:
-    """{num_workers: median loader images/sec} from (num_workers, ips) pairs or mappings with
-    `num_workers` and `loader_images_per_sec` keys; repeats of a worker count are pooled by
-    their median, unmeasured ones (None, NaN, <= 0) dropped."""
-    per: dict[int, list[float]] = {}
+def _loader_rows(rows) -> dict[int, Rate]:
+    """{num_workers: loader rate} from (num_workers, ips[, interval]) tuples or mappings with
+    `num_workers`, `loader_images_per_sec` and optionally `loader_images_per_sec_ci` keys;
+    repeats of a worker count pooled (Rate.pooled), unmeasured ones (None, NaN, <= 0) dropped."""
+    per: dict[int, list[Rate]] = {}
     for r in rows:
         if isinstance(r, dict):
-            w, ips = r.get("num_workers"), r.get("loader_images_per_sec")
+            w, ips, ci = (r.get("num_workers"), r.get("loader_images_per_sec"),
+                          r.get("loader_images_per_sec_ci"))
         else:
-            w, ips = r
-        if w is not None and positive(ips):
-            per.setdefault(int(w), []).append(float(ips))
-    return {w: median(v) for w, v in per.items()}
+            w, ips, ci = (*r, None)[:3]
+        rate = Rate.of(ips, ci)
+        if w is not None and rate is not None:
+            per.setdefault(int(w), []).append(rate)
+    return {w: Rate.pooled(v) for w, v in per.items()}
 
 
-def fewest_workers(rows, compute_images_per_sec: float | None,
+def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
                    tolerance: float = WORKERS_TOLERANCE) -> WorkersPick:
-    """The fewest loader workers whose loader throughput exceeds compute by `tolerance`
-    (reference article 003: set workers to the minimum that unblocks the GPU; each extra
-    worker costs RAM for nothing). When no worker count gets there, the best available: the
-    fewest workers within `tolerance` of the highest loader throughput (the plateau's start),
-    with the reason the data side stays the bottleneck."""
+    """The fewest loader workers whose loader throughput clears compute by `tolerance`: the
+    low end of its loader interval above compute's high end times (1 + tolerance); figures
+    without an interval are their own (reference article 003: set workers to the minimum that
+    unblocks the GPU; each extra worker costs RAM for nothing). When no worker count gets
+    there, the best available: the fewest workers within `tolerance` of the highest loader
+    throughput (the plateau's start), with the reason the data side stays the bottleneck.
+    `compute_images_per_sec`: a figure, a Rate (with its interval) or None (not measured)."""
     loader = _loader_rows(rows)
+    compute = (compute_images_per_sec if isinstance(compute_images_per_sec, Rate)
+               else Rate.of(compute_images_per_sec))
     if not loader:
-        return WorkersPick(None, None, False, "no loader throughput measured")
-    if positive(compute_images_per_sec):
-        need = compute_images_per_sec * (1 + tolerance)
+        return WorkersPick(None, None, False, "no loader throughput measured", tolerance,
+                           loader, compute)
+    if compute is not None:
+        need = compute.hi * (1 + tolerance)
         for w in sorted(loader):
-            if loader[w] >= need:
+            if loader[w].lo >= need:
                 fewer = [x for x in loader if x < w]
-                below = (f"; with {max(fewer)}: {loader[max(fewer)]:.1f}" if fewer
+                below = (f"; with {max(fewer)}: {loader[max(fewer)].value:.1f}" if fewer
                          else "; no fewer were measured")
-                return WorkersPick(w, loader[w], True, (
-                    f"{w} workers load {loader[w]:.1f} img/s, above compute "
-                    f"{compute_images_per_sec:.1f} by more than {tolerance:.0%}{below}"
-                ))
-    best = max(loader.values())
-    w = min(x for x in loader if loader[x] >= best * (1 - tolerance))
-    plateau = f"{w} workers load {loader[w]:.1f} img/s, within {tolerance:.0%} of the best ({best:.1f})"
-    if not positive(compute_images_per_sec):
-        return WorkersPick(w, loader[w], False, f"compute throughput not measured; {plateau}")
-    return WorkersPick(w, loader[w], False, (
-        f"no worker count measured out-runs compute {compute_images_per_sec:.1f} img/s; "
-        f"{plateau}, {loader[w] / compute_images_per_sec:.0%} of compute: the data side stays "
-        "the bottleneck (next: dataset.preload=true, dataset.augment_on=device, more CPU cores "
-        "per GPU)"
-    ))
+                return WorkersPick(w, loader[w].value, True, (
+                    f"{w} workers load {loader[w].value:.1f} img/s, above compute "
+                    f"{compute.value:.1f} by more than {tolerance:.0%}{below}"
+                ), tolerance, loader, compute)
+    best = max(r.value for r in loader.values())
+    w = min(x for x in loader if loader[x].value >= best * (1 - tolerance))
+    ips = loader[w].value
+    plateau = f"{w} workers load {ips:.1f} img/s, within {tolerance:.0%} of the best ({best:.1f})"
+    if compute is None:
+        return WorkersPick(w, ips, False, f"compute throughput not measured; {plateau}",
+                           tolerance, loader, compute)
+    return WorkersPick(w, ips, False, (
+        f"no worker count measured out-runs compute {compute.value:.1f} img/s; "
+        f"{plateau}, {ips / compute.value:.0%} of compute: the data side stays "
+        f"the bottleneck (next: {NEXT_STEPS})"
+    ), tolerance, loader, compute)
+
+
+def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:
+    """What a compute measurement must share with a loader run to bound it: COMPUTE_KNOBS and
+    COMPUTE_KEYS read with `get` (a record's `knob`, a row's `flat.get`), and the device."""
+    return (tuple((n, knob_of(get, n)) for n in COMPUTE_KNOBS)
+            + tuple((k, get(k)) for k in COMPUTE_KEYS) + (("device", device),))
+
+
+def compute_dir_name(setup: tuple[tuple[str, Any], ...]) -> str:
+    """A folder name for one compute setup: readable, and unique by a digest of all of it
+    (`tiny-32px-bs32-fp32-cpu-1a2b3c4d`)."""
+    s = dict(setup)
+    model = str(s.get("model") or "model").rsplit(".", 1)[-1]
+    head = f"{model}-{s.get('image_size')}px-bs{s.get('batch_size')}-{s.get('precision')}-" \
+           f"{s.get('device')}"
+    digest = hashlib.sha1(repr(setup).encode()).hexdigest()[:8]
+    return re.sub(r"[^\w.\-]", "_", head) + f"-{digest}"

@@ -15,6 +15,7 @@ from gpubench.core.exits import ExitCode
 from gpubench.core.files import LinkError
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
+from gpubench.report.loader_answer import read_compute, sweep_compute
 from gpubench.report.write import (
     NothingToReport,
     load_mlflow,
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> ExitCode:
     p.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="only runs whose config has KEY=VALUE (repeatable), e.g. "
                    "--where model.name=resnet50")
+    p.add_argument("--compute", action="append", metavar="RUN",
+                   help="a run (folder or results.json) that measured the compute phase at the "
+                   "setup of this sweep's loader-only runs: the bound of the workers answer "
+                   "(repeatable; see docs/report.md)")
     a = p.parse_args(argv)
     conditions = parse_where(a.where)
     if a.compare is not None:
@@ -95,9 +100,11 @@ def main(argv: list[str] | None = None) -> ExitCode:
                     raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
                                           f"(results.json){matching(conditions)} under "
                                           f"{src.resolve()}")
-                write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance)
+                write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance,
+                             found=sweep_compute(src.resolve(), rows),
+                             named=read_compute(a.compute))
             else:
-                sweep_report(src, a.tolerance, conditions=conditions)
+                sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute)
         except NothingToReport as e:
             print(e, file=sys.stderr)
             return ExitCode.FAILED
@@ -112,7 +119,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
         return ExitCode.FAILED
     out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
     try:
-        write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance)
+        write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance,
+                     named=read_compute(a.compute))
     except LinkError as e:
         print(f"gpubench.report: {e}", file=sys.stderr)
         return ExitCode.FAILED

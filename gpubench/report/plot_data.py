@@ -20,6 +20,9 @@ function of gpubench.report.plot_rules where it is more than a line here):
   run flagged itself the title says there is no line (no front) and why;
 - short screens and max-batch probes are apart too (hollow grey), never on a curve or front;
 - a plot is made only when its knob varied (two or more values);
+- loader-only runs plotted against their workers carry their setup's compute bound (the
+  report's workers answer, gpubench.report.loader_answer) as a band across the plot: its
+  interval, its figure, and the line a loader's low end must clear (the margin above it);
 - on a CPU the memory figure is the summed RSS of the main process and its loader workers
   (pages they share count once per process: an upper bound), against host RAM, and says so;
   a memory ceiling far right of every run is named under the Pareto plot, not drawn;
@@ -76,11 +79,14 @@ def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[d
                                   if star else [])
 
 
-def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False) -> dict | None:
+def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
+               band=None) -> dict | None:
     """Throughput against knob `name`: lines of runs that differ in it alone, each point with
     its interval, the loader/compute bounds of the first line's runs; flagged runs, other
     groups' lone runs and short ones as separate points. Full-length feasible measurements
-    only on lines (as the recommendation). None when the knob did not vary over them."""
+    only on lines (as the recommendation). None when the knob did not vary over them.
+    `band`: a row -> the compute bound drawn across the plot (y, lo, hi, threshold, margin,
+    label), or None: the first line's runs', else the flagged runs'."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -126,17 +132,22 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False) -> di
         "log2": log2,
     }
     d["integer_x"] = all(is_int(x) for x in d["xticks"])
+    # the bound of the first line's runs (of the flagged runs' when there is no line: the
+    # report's answer still judges them, unconfirmed)
+    anchor = groups[0][1][0] if groups else (flagged or full)[0]
+    d["band"] = band(anchor) if band else None
+    bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
     _y_axis(d, [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                             for b in v]]
-            + d["rest"] + d["short"], rows)
+            + d["rest"] + d["short"], rows, bands)
     return d
 
 
-def _y_axis(d: dict, points: list[dict], rows) -> None:
+def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     """The y range from every point but the flagged ones (they must not set the scale: a
     queue-timed loader run read 10x the rest); a flagged point past the top is drawn at the
     edge (`off_scale`) with its figure beside it. With nothing but flagged points, they set it."""
-    basis = _basis(points, d["flagged"], d["star"])
+    basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
     # a loader 20x faster than the training loop would flatten the curve that matters onto

@@ -7,6 +7,8 @@ only draws that data:
 - throughput points with whiskers (their 95% interval), one solid line per group of runs that
   differ in the plotted knob alone, the loader-only and compute-only bounds of the first
   group's runs dotted and dashed in its colour;
+- a compute bound (a loader-only sweep's workers answer) as a shaded band of its interval
+  across the plot, its figure solid, and the line a loader's low end must clear dashed;
 - runs of other groups as small grey points; flagged runs hollow red, a point past the top of
   the axis drawn at the edge with its figure; short screens and probes hollow grey;
 - the recommended run as a gold star under its point; the legend outside the axes, on the
@@ -193,6 +195,8 @@ def _draw_curve(d: dict, out: Path) -> Path:
             _points(ax, pts, line=True, linestyle=ls, marker=m, color=c, alpha=0.75, zorder=3,
                     # indented under its line's entry: the bounds belong to that line's runs
                     label=f"{p} only, same runs" if one else f"    {p} only, same runs")
+    if d.get("band"):
+        _band(ax, d["band"], colors[0])
     taken = Counter(p["x"] for ln in d["lines"] for p in ln["points"])
     _lone(ax, d["rest"], taken=taken, marker="o", markersize=5, color="dimgrey", zorder=2,
           label=f"{d['phase']}, other settings (no line: not comparable)")
@@ -210,6 +214,16 @@ def _draw_curve(d: dict, out: Path) -> Path:
     ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, out)
+
+
+def _band(ax, b: dict, color) -> None:
+    """The compute bound across the plot: its interval shaded, its figure, and the line a
+    loader interval's low end must clear (compute's high end plus the margin)."""
+    ax.axhspan(b["lo"], b["hi"], color=color, alpha=0.12, zorder=1,
+               label=f"{b['label']} (band: its interval)")
+    ax.axhline(b["y"], color=color, linewidth=1, alpha=0.6, zorder=1)
+    ax.axhline(b["threshold"], color=color, linestyle="--", linewidth=1, zorder=1,
+               label=f"to clear: a loader's low end above\ncompute's high end + {b['margin']:.0%}")
 
 
 def _draw_memory(d: dict, out: Path) -> Path:
@@ -296,13 +310,15 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     return _save(fig, out)
 
 
-def plot_all(rows, out_dir: Path, rec, study=None) -> list[Path]:
+def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:
+    """The sweep's pictures; `band`: a loader-only row -> its setup's compute bound, drawn
+    across the workers plot (gpubench.report.loader_answer)."""
     made = []
     for name, png, xlabel, log2 in (
         ("batch_size", "throughput_vs_batch.png", "batch size", True),
         ("num_workers", "throughput_vs_workers.png", "loader workers", False),
     ):
-        d = curve_data(rows, name, xlabel, rec, log2)
+        d = curve_data(rows, name, xlabel, rec, log2, band if name == "num_workers" else None)
         if d is not None:
             made.append(_draw_curve(d, out_dir / png))
     d = memory_data(rows)

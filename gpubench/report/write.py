@@ -46,8 +46,9 @@ from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
-from gpubench.core.record import Rung
+from gpubench.core.record import Rung, RunRecord
 from gpubench.core.secrets import mask_secrets
+from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.search.rows import load_dir
 
 log = logging.getLogger("gpubench")
@@ -162,9 +163,12 @@ def print_table(head, body, title: str, out=None, limit: int = 25) -> str:
 
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
-                 fingerprint: list | None = None) -> list[Path]:
+                 fingerprint: list | None = None, found: list[RunRecord] = (),
+                 named: list[RunRecord] = ()) -> list[Path]:
     """Everything the report makes; returns the files written. `fingerprint` (what the report
-    was made from) is kept in summary.json so an unchanged sweep is not reported twice."""
+    was made from) is kept in summary.json so an unchanged sweep is not reported twice.
+    `found` and `named`: compute runs for the workers answer of loader-only runs (the sweep's
+    compute folder, `--compute`; gpubench.report.loader_answer)."""
     from gpubench.report import plots as report_plots
 
     check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
@@ -172,6 +176,12 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     # rank and recommend full training measurements of one setup; when there are none (a
     # max-batch search's probes), the table still shows what was measured
     kept, notes = training_rows(rows)
+    answer = loader_answer(rows, list(found), list(named), source)
+    if answer is not None and not kept:
+        # a loader-only sweep: its table and plots are its loader runs, its answer the workers'
+        notes = [f"no training ranking: no run measured a training step (e2e); the table lists "
+                 f"the {len(answer.rows)} loader-only run(s) by loader img/s"]
+        rows = answer.rows
     # the plots still show the same setup's screens and probes (hollow, never on a curve)
     shown = kept + [r for r in rows if Rung.of(r.rung).short
                     and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
@@ -189,11 +199,13 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
     lines = list(notes)
-    if rec is None:
+    if rec is None and (kept or answer is None):
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
                      "failed)" if kept else
                      "no recommendation: no full training measurement (only screens, max-batch "
                      "probes or runs without an e2e phase)")
+    elif rec is None:  # a loader-only sweep: its answer (below) is the workers'
+        pass
     else:
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)
@@ -220,7 +232,11 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             f"recommended config: {yml}",
             f"rerun it: {cmd}",
         ]
-    files += report_plots.plot_all(shown, out_dir, rec, study)
+    if answer is not None:
+        lines += answer.lines
+        summary["workers"] = answer.summary()
+    files += report_plots.plot_all(shown, out_dir, rec, study,
+                                   band=answer.band if answer is not None else None)
     summary["files"] = [str(f) for f in files]
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
@@ -256,14 +272,18 @@ class NothingToReport(FileNotFoundError):
 
 
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
-                 quiet: bool = False, conditions: dict[str, str] | None = None) -> list[Path]:
+                 quiet: bool = False, conditions: dict[str, str] | None = None,
+                 compute: list[str] | None = None) -> list[Path]:
     """The report of a sweep dir (its rows matching `conditions`, --where), written to
-    `<sweep_dir>/report/`; returns its files."""
+    `<sweep_dir>/report/`; returns its files. `compute`: runs named with --compute."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
+    named = read_compute(compute)
+    found = sweep_compute(sweep_dir, rows)
     out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir)  # before anything is read there
-    stamp = _fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
+    stamp = (_fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
+             + [[str(r.path), r.path.stat().st_mtime_ns] for r in [*found, *named]])
     old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() and inside(f, out)
                                                for f in old.get("files", [])):
@@ -275,7 +295,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     if not rows:
         raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
                               f"(results.json){matching(conditions)} under {sweep_dir}")
-    return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp)
+    return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp,
+                        found=found, named=named)
 
 
 def matching(conditions: dict[str, str] | None) -> str:

@@ -47,7 +47,7 @@ from gpubench.parts.step import (
     make_optimizer,
     step_figures,
 )
-from gpubench.run import merge
+from gpubench.run import compute_bound, merge
 from gpubench.run.faults import Faults
 from gpubench.run.summary import summarize
 from gpubench.telemetry import env
@@ -462,6 +462,22 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
             # (no .hydra/ folder, no HydraConfig): the settings keep no hydra node
             task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
             result.tracked = tracking.log_result(bench.settings.tracking, result, task)
+        if interrupted is None:
+            _compute_bound(cfg, bench)
     if interrupted is not None:
         raise interrupted
     return result
+
+
+def _compute_bound(cfg: DictConfig, bench: Benchmark) -> None:
+    """A loader-only job of a multirun: the first of its setup also measures the compute phase
+    once, the bound of the report's workers answer (run/compute_bound.py)."""
+    where = compute_bound.claim(bench.settings.phases, bench.record, bench.dist.enabled)
+    if where is None:
+        return
+    try:
+        done = measure_run(compute_bound.compute_config(cfg), where)
+    except ConfigError as e:  # the loader job stands; the report says how to measure it
+        print(f"gpubench: the sweep's compute bound was not measured: {e}")
+        return
+    print(compute_bound.line(done.record))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from gpubench.analysis.workers import COMPUTE_DIR
 from gpubench.core import record
 from gpubench.core.files import write_json
 from gpubench.core.record import RunRecord, Status
@@ -111,6 +112,8 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
              for j in read(sweep_dir / MANIFEST).get("jobs") or [] if j.get("dir")}
     out = []
     for d in record.find_runs(sweep_dir):
+        if Path(d).parent == Path(sweep_dir) / COMPUTE_DIR:  # a loader-only sweep's compute
+            continue  # bound (gpubench.run.compute_bound): measured beside the jobs, not one
         rec = record.load(d, rung=rungs.get(str(Path(d).resolve())))
         if rec is not None:
             out.append(rec)

@@ -1,0 +1,297 @@
+"""The report's workers answer: how many loader workers a setup needs, from its loader-only runs.
+
+A loader-only sweep (`python -m gpubench -m 'bench.phases=[loader]' loader.num_workers=0,1,2`)
+measures no training step, so the training ranking leaves its runs out (analysis.select); this
+module answers the question such a sweep is run for instead, with the one rule of
+gpubench.analysis.workers (`fewest_workers`): the fewest workers whose loader interval clears
+the compute bound's interval by the margin.
+
+The compute bound of a setup (analysis.workers.compute_setup: model, image size, batch size,
+precision, ...) is every compute measurement of that setup the report was given: the one a
+loader-only multirun measured itself (gpubench.run.compute_bound, `<sweep dir>/compute/`), a
+compute or full run among the rows, and runs named with `--compute`. Several are pooled as
+their median inside the widest interval (Rate.envelope). A setup without one says how to
+measure it. Runs that flagged their own measurement (noise_reasons) are left out of the rule
+and named; when every run of a side flagged itself (a busy machine), those whose flaw can only
+slow or widen them are judged and the answer starts `unconfirmed`.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpubench.analysis.recommend import HOW_MEASURED, Row
+from gpubench.analysis.select import knob_key, loader_only, setup_text
+from gpubench.analysis.workers import (
+    COMPUTE_DIR,
+    COMPUTE_KNOBS,
+    WORKERS_TOLERANCE,
+    Rate,
+    WorkersPick,
+    compute_setup,
+    fewest_workers,
+)
+from gpubench.config.overrides import format_value
+from gpubench.config.paths import CONFIG_DIR
+from gpubench.core.record import RunRecord, find_runs, load
+from gpubench.report.plot_rules import flag_kind, flag_reasons
+
+# the overrides a compute measurement drops from a loader job's command line: it measures the
+# compute phase alone, and the loader's workers do not change it
+NOT_FOR_COMPUTE = ("loader.num_workers", "bench.phases")
+# flaws that make a loader window read high (batches made before it began, a window cut short):
+# such a run never answers; others (disturbed, too few windows) slow or widen it
+INFLATES = ("queue-timed", "cut short")
+
+
+@dataclass
+class Group:
+    """The loader-only runs of one setup (every knob but the workers) and their answer."""
+
+    rows: list[Row]
+    used: list[Row]  # the runs the rule judged
+    pick: WorkersPick
+    sources: list[RunRecord] = field(default_factory=list)  # the compute bound's measurements
+    failed: list[RunRecord] = field(default_factory=list)  # compute runs that measured nothing
+
+    @property
+    def flagged(self) -> list[Row]:
+        """Runs that flagged their own measurement."""
+        return [r for r in self.rows if flag_reasons(r)]
+
+    @property
+    def flagged_bound(self) -> bool:
+        """The bound rests on compute runs that all flagged their own measurement."""
+        return bool(self.sources) and all(m.measurement_stable is False for m in self.sources)
+
+    @property
+    def flagged_loader(self) -> bool:
+        """Every loader run flagged itself: the rule judged flagged ones."""
+        return any(flag_reasons(r) for r in self.used)
+
+    @property
+    def unconfirmed(self) -> bool:
+        return self.flagged_bound or self.flagged_loader
+
+    @property
+    def setup(self) -> str:
+        """The setup without its workers: `tiny on synthetic 32px, batch 32, torch_default`."""
+        rec = self.rows[0].record
+        cfg = copy.deepcopy(rec.config)
+        (cfg.get("loader") or {}).pop("num_workers", None)
+        return f"{setup_text(RunRecord(config=cfg))} ({rec.env.get('device') or '?'})"
+
+
+@dataclass
+class LoaderAnswer:
+    rows: list[Row]  # every loader-only run: what the report's table and plots show
+    groups: list[Group]
+    lines: list[str]
+
+    def band(self, row) -> dict | None:
+        """The compute bound of a loader-only row's setup, as the workers plot draws it."""
+        for g in self.groups:
+            if any(r is row for r in g.rows) and g.pick.compute is not None:
+                c = g.pick.compute
+                flag = " (flagged: unconfirmed)" if g.flagged_bound else ""
+                return {"y": c.value, "lo": c.lo, "hi": c.hi, "threshold": g.pick.threshold,
+                        "margin": g.pick.tolerance,
+                        "label": f"compute bound{flag}, same model/batch/precision:\n"
+                                 f"{c.text()} img/s"}
+        return None
+
+    def summary(self) -> list[dict]:
+        out = []
+        for g in self.groups:
+            p, c = g.pick, g.pick.compute
+            out.append({
+                "setup": g.setup, "num_workers": p.num_workers, "unblocks": p.unblocks,
+                "margin_required": p.tolerance,
+                "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
+                "compute": None if c is None else [c.value, c.lo, c.hi],
+                "compute_from": [str(r.dir) for r in g.sources],
+                "unconfirmed": g.unconfirmed,
+                "flagged": [x.label for x in g.flagged],
+                "judged": [x.label for x in g.used],
+                "answer": p.answer(),
+            })
+        return out
+
+
+def _group_key(r: Row) -> tuple:
+    """Every knob of the run but its workers and how it was measured."""
+    return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
+                        if k != "loader.num_workers" and not k.startswith(HOW_MEASURED)))
+
+
+def _compute_key(rec: RunRecord) -> tuple:
+    return compute_setup(rec.knob, rec.env.get("device"))
+
+
+def compute_rate(rec: RunRecord) -> Rate | None:
+    return Rate.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci) \
+        if rec.status.measured else None
+
+
+def read_compute(paths: list[str] | None) -> list[RunRecord]:
+    """The runs named with `--compute` (a run folder or its results.json): one line for a path
+    that holds no run or a run without a compute figure."""
+    out = []
+    for p in paths or []:
+        rec = load(Path(p).expanduser())
+        if rec is None:
+            raise SystemExit(f"gpubench.report: --compute {p}: no results.json there (a run "
+                             "folder or its results.json is allowed)")
+        if compute_rate(rec) is None:
+            phases = format_value(rec.knob("bench.phases"))
+            raise SystemExit(f"gpubench.report: --compute {p}: it measured no compute phase "
+                             f"(status {rec.status}, bench.phases={phases}); name a run with "
+                             "bench.phases=[compute] or a full run")
+        out.append(rec)
+    return out
+
+
+def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
+    """The compute measurements a loader-only multirun left in `<sweep dir>/compute/` that are
+    not rows already (a study's rows come from its database, not the folder)."""
+    have = {str(r.record.dir) for r in rows}
+    root = sweep_dir / COMPUTE_DIR
+    recs = [load(d) for d in find_runs(root)] if root.is_dir() else []
+    return [r for r in recs if r is not None and str(r.dir) not in have]
+
+
+def _differs(rec: RunRecord, key: tuple) -> str:
+    """The first knob where a --compute run differs from a loader setup."""
+    for (name, mine), (_, want) in zip(_compute_key(rec), key, strict=True):
+        if mine != want:
+            return f"its {name} {format_value(mine)} is not the loader runs' {format_value(want)}"
+    return "it matches"
+
+
+def _compute_command(row: Row) -> str:
+    """`python -m gpubench ... 'bench.phases=[compute]'`: the loader job's own command line
+    (its .hydra/overrides.yaml) without its workers and phases; its compute knobs without one."""
+    overrides = None
+    if row.record.dir is not None:
+        try:
+            overrides = yaml.safe_load((Path(row.record.dir) / ".hydra" / "overrides.yaml")
+                                       .read_text())
+        except (OSError, yaml.YAMLError):
+            overrides = None
+    if isinstance(overrides, list):
+        keep = [o for o in map(str, overrides)
+                if not o.startswith(("hydra.", "hydra/"))
+                and o.partition("=")[0].lstrip("+~") not in NOT_FOR_COMPUTE]
+    else:  # a run read from MLflow: its compute knobs as overrides (a group by its name)
+        keep = []
+        for n in COMPUTE_KNOBS:
+            k = knob_key(row.flat.get, n)
+            v = row.flat.get(k)
+            group, _, leaf = k.partition(".")
+            if v is not None:
+                named_group = leaf == "name" and (CONFIG_DIR / group / f"{v}.yaml").is_file()
+                keep.append(f"{group if named_group else k}={format_value(v)}")
+    return " ".join(["python -m gpubench", *map(shlex.quote, keep),
+                     shlex.quote("bench.phases=[compute]")])
+
+
+def _report_command(source: str) -> str:
+    src = source.removeprefix("mlflow experiment ")
+    return f"python -m gpubench.report {shlex.quote(src)} --compute <that run's folder>"
+
+
+def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
+                  source: str, tolerance: float = WORKERS_TOLERANCE) -> LoaderAnswer | None:
+    """The workers answer of the loader-only rows among `rows`, against the compute bounds of
+    the rows, of `found` (the sweep's compute folder) and of `named` (`--compute`); None
+    without loader-only rows. A named run that bounds none of the setups is one line
+    (SystemExit): it was named to be used."""
+    loaders = [r for r in rows if loader_only(r.record)]
+    if not loaders:
+        return None
+    sets: dict[tuple, list[Row]] = {}
+    for r in loaders:
+        sets.setdefault(_group_key(r), []).append(r)
+    keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets.values()}
+    for rec in named:
+        if _compute_key(rec) not in keys.values():
+            raise SystemExit(f"gpubench.report: --compute {rec.dir}: it bounds no loader-only "
+                             f"run here: {_differs(rec, next(iter(keys.values())))}")
+    extra = [*found, *named]
+    # a run named with --compute may also be a row or in the sweep's compute folder: once
+    unique = {str(m.dir) if m.dir is not None else id(m): m
+              for m in [*(r.record for r in rows), *extra]}
+    measured = [(_compute_key(m), m) for m in unique.values()
+                if not loader_only(m) and compute_rate(m) is not None]
+    tried = [(_compute_key(m), m) for m in unique.values()
+             if m.knob("bench.phases") == ["compute"] and not m.status.measured]
+    groups = []
+    for rs in sets.values():
+        key = keys[id(rs[0])]
+        # a compute run that flagged itself reads low when disturbed (a loader then clears it
+        # too easily): the unflagged ones make the bound; flagged ones only when nothing else
+        # measured it, and the answer then says it is unconfirmed
+        sources = [m for k, m in measured if k == key]
+        sources = [m for m in sources if m.measurement_stable is not False] or sources
+        bound = Rate.envelope([compute_rate(m) for m in sources]) if sources else None
+        # the same for the loader runs: the unflagged ones; when every run flagged itself (a
+        # busy machine), those whose flaw only slows or widens them, and the answer says so
+        done = [r for r in rs if r.record.status.measured]
+        used = [r for r in done if not flag_reasons(r)] or [
+            r for r in done if not any(flag_kind(x) in INFLATES for x in flag_reasons(r))]
+        good = [{"num_workers": r.knob("num_workers"),
+                 "loader_images_per_sec": r.record.loader_images_per_sec,
+                 "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci} for r in used]
+        groups.append(Group(rs, used, fewest_workers(good, bound, tolerance), sources,
+                            [m for k, m in tried if k == key]))
+    return LoaderAnswer(loaders, groups, _lines(groups, source))
+
+
+def _kinds(reasons: list[str]) -> str:
+    """Noise reasons in a word or two each (`too few windows, queue-timed`)."""
+    return ", ".join(dict.fromkeys(flag_kind(x) for x in reasons)) or "unstable"
+
+
+def _lines(groups: list[Group], source: str) -> list[str]:
+    out = [f"workers answer (loader-only runs; the fewest workers whose loader interval clears "
+           f"the compute bound's interval by {groups[0].pick.tolerance:.0%}):"]
+    for g in groups:
+        out.append(f"  {g.setup}, {len(g.rows)} loader run(s):")
+        if g.pick.num_workers is None and g.flagged:
+            out.append("  workers: no answer: every loader run that measured read high (queue-"
+                       "timed or cut short: a longer bench.steps)")
+        elif g.unconfirmed:
+            why = [w for w, on in (("every loader run", g.flagged_loader),
+                                   ("the compute bound", g.flagged_bound)) if on]
+            their = "their" if len(why) > 1 else "its"
+            out.append(f"  unconfirmed, {' and '.join(why)} flagged {their} own measurement: "
+                       f"rerun on a quiet machine to confirm; {g.pick.answer()}")
+        else:
+            out.append(f"  {g.pick.answer()}")
+        judged = {id(r) for r in g.used}
+        for head, rs in (("judged, though flagged", [r for r in g.flagged if id(r) in judged]),
+                         ("left out, flagged", [r for r in g.flagged if id(r) not in judged])):
+            if rs:
+                out.append(f"    {head}: " + "; ".join(
+                    f"run {r.label} ({r.knob('num_workers')} worker(s): "
+                    f"{_kinds(flag_reasons(r))})" for r in rs))
+        for m in g.sources:
+            seen = "measured once for this setup by the sweep" if m.dir is not None and \
+                m.dir.parent.name == COMPUTE_DIR else "a run of this setup"
+            note = "" if m.measurement_stable is not False else (
+                f"; flagged its own measurement: {_kinds(m.noise_reasons)}")
+            out.append(f"    compute bound from {m.dir} ({seen}: {compute_rate(m).text()} "
+                       f"img/s{note})")
+        if g.pick.compute is None:
+            for m in g.failed:
+                out.append(f"    the sweep's compute measurement did not measure: {m.dir} "
+                           f"(status {m.status}: {m.error or 'no error recorded'})")
+            out.append("    to answer: measure compute once at this setup, then name that run:")
+            out.append(f"      {_compute_command(g.rows[0])}")
+            out.append(f"      {_report_command(source)}")
+    return out

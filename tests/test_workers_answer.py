@@ -1,0 +1,229 @@
+"""The workers answer of a loader-only sweep: the fewest workers whose loader interval clears the
+compute bound's interval by the margin (gpubench.analysis.workers), the compute bound found in
+the sweep or named with --compute (gpubench.report.loader_answer), measured once per setup by
+the multirun itself (gpubench.run.compute_bound), and the plot's band."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpubench.analysis.recommend import Row
+from gpubench.analysis.select import loader_only, training_rows
+from gpubench.analysis.workers import COMPUTE_DIR, Rate, fewest_workers
+from gpubench.core.record import RunRecord, Status
+from gpubench.report.loader_answer import loader_answer
+from gpubench.report.plot_data import curve_data
+from gpubench.report.write import write_report
+from gpubench.run.compute_bound import claim_in
+from tests.conftest import TINY, run_cli
+
+# article 003's shape: 0 and 1 workers starve the device, 2 and 4 feed it
+LOADER = {0: (300.0, [280.0, 320.0]), 1: (600.0, [560.0, 640.0]), 2: (812.0, [790.0, 840.0]),
+          4: (830.0, [800.0, 850.0])}
+
+
+def config(workers: int, phases: list[str], batch: int = 32) -> dict:
+    return {"model": {"name": "resnet18"},
+            "dataset": {"name": "synthetic", "image_size": 32, "num_classes": 10},
+            "loader": {"batch_size": batch, "num_workers": workers},
+            "precision": {"name": "fp32"}, "channels_last": False, "compile": "off",
+            "bench": {"phases": phases, "optimizer": "sgd", "grad_accum_steps": 1}}
+
+
+def loader_row(w: int, ips: float, ci, reasons=(), batch: int = 32) -> Row:
+    rec = RunRecord(status=Status.ok, loader_images_per_sec=ips, loader_images_per_sec_ci=ci,
+                    config=config(w, ["loader"], batch), env={"device": "cuda"},
+                    measurement_stable=False if reasons else True, noise_reasons=list(reasons))
+    return Row(str(w), rec)
+
+
+def compute_run(ips: float, ci, tmp: Path, name: str = "c", batch: int = 32) -> RunRecord:
+    return RunRecord(status=Status.ok, compute_images_per_sec=ips, compute_images_per_sec_ci=ci,
+                     config=config(0, ["compute"], batch), env={"device": "cuda"},
+                     measurement_stable=True, dir=tmp / name)
+
+
+def rows() -> list[Row]:
+    return [loader_row(w, ips, ci) for w, (ips, ci) in LOADER.items()]
+
+
+def dict_rows() -> list[dict]:
+    return [{"num_workers": w, "loader_images_per_sec": ips, "loader_images_per_sec_ci": ci}
+            for w, (ips, ci) in LOADER.items()]
+
+
+# ------------------------------------------------------------------ the rule, on intervals
+
+
+def test_the_fewest_workers_whose_low_end_clears_computes_high_end_by_the_margin():
+    pick = fewest_workers(dict_rows(), Rate(540.0, 520.0, 555.0))
+    assert (pick.num_workers, pick.unblocks) == (2, True)
+    # 1 worker's figure (600) is above 540 x 1.05, its low end (560) not above 555 x 1.05
+    assert pick.answer() == (
+        "workers: 2 (loader 812 [790-840] img/s clears compute 540 [520-555] by 50% [42%-62%], "
+        "more than the 5% margin); 1 worker: 600 [560-640] does not (its low end 560 is not "
+        "above 583, compute's high end + 5%)")
+    # on figures alone the same rows pick 1 worker: the intervals are what decide
+    assert fewest_workers([(w, ips) for w, (ips, _) in LOADER.items()], 540.0).num_workers == 1
+
+
+def test_none_clears_says_whether_the_data_side_is_surely_the_bottleneck():
+    below = fewest_workers(dict_rows(), Rate(900.0, 880.0, 920.0))
+    assert not below.unblocks and below.num_workers == 2  # the plateau: 812 within 5% of 830
+    assert below.answer().startswith("workers: none of 0, 1, 2, 4 clears compute 900 [880-920]")
+    assert "the data side stays the bottleneck" in below.answer()
+    # 4 workers' 830 [800-850] against 800 [780-830]: not cleared, not surely below either
+    close = fewest_workers(dict_rows(), Rate(800.0, 780.0, 830.0))
+    assert not close.unblocks and "not decided" in close.answer()
+    assert "stays the bottleneck" not in close.answer()
+
+
+# ------------------------------------------------------------------ the report's answer
+
+
+def test_a_loader_only_sweep_without_compute_says_how_to_get_it():
+    ans = loader_answer(rows(), [], [], "/sweeps/a")
+    assert all(loader_only(r.record) for r in ans.rows) and len(ans.groups) == 1
+    text = "\n".join(ans.lines)
+    assert "workers: no compute bound to compare with" in text
+    # the command that measures it at the same setup, and the report that then answers
+    assert ("python -m gpubench model=resnet18 dataset.image_size=32 loader.batch_size=32 "
+            "precision=fp32 channels_last=false compile=off bench.optimizer=sgd "
+            "'bench.phases=[compute]'") in text
+    assert "python -m gpubench.report /sweeps/a --compute" in text
+    assert ans.summary()[0]["compute"] is None and ans.band(ans.rows[0]) is None
+    # the training ranking still leaves the loader runs out
+    assert training_rows(rows())[0] == []
+
+
+def test_the_bound_comes_from_the_sweep_or_the_command_line(tmp_path):
+    a = compute_run(540.0, [520.0, 555.0], tmp_path, "a")
+    ans = loader_answer(rows(), [a], [], "/sweeps/a")
+    assert ans.groups[0].pick.num_workers == 2 and ans.groups[0].sources == [a]
+    assert f"compute bound from {a.dir}" in "\n".join(ans.lines)
+    band = ans.band(ans.rows[0])
+    assert (band["y"], band["lo"], band["hi"]) == (540.0, 520.0, 555.0)
+    # two measurements of the bound: the median inside the widest interval
+    b = compute_run(560.0, [530.0, 760.0], tmp_path, "b")
+    both = loader_answer(rows(), [a], [b], "/sweeps/a").groups[0].pick
+    assert (both.compute.value, both.compute.lo, both.compute.hi) == (550.0, 520.0, 760.0)
+    assert both.num_workers == 4  # 790 is not above 760 x 1.05 = 798; 800 is
+    # a named run of another batch size bounds nothing here: one line naming the knob
+    other = compute_run(300.0, [290.0, 310.0], tmp_path, "o", batch=64)
+    with pytest.raises(SystemExit, match="batch_size 64 is not the loader runs' 32"):
+        loader_answer(rows(), [], [other], "/sweeps/a")
+
+
+def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
+    queue = "loader: windows 1, 2 of fewer batches than the workers hold in flight (...)"
+    flagged = [loader_row(0, 300.0, [280.0, 320.0]),
+               loader_row(1, 17945.0, [17000.0, 19000.0], reasons=[queue]),
+               loader_row(2, 812.0, [790.0, 840.0])]
+    ans = loader_answer(flagged, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
+    assert ans.groups[0].pick.num_workers == 2
+    assert "left out, flagged: run 1 (1 worker(s): queue-timed)" in "\n".join(ans.lines)
+    # every run flagged (a busy machine): the disturbed ones are judged, unconfirmed; a
+    # queue-timed one reads high and never is
+    busy = "other processes used CPU while the host was busy: loader windows 2, 3"
+    flagged = [loader_row(w, ips, ci, reasons=[busy]) for w, (ips, ci) in LOADER.items()]
+    flagged.append(loader_row(1, 17945.0, [17000.0, 19000.0], reasons=[queue]))
+    ans = loader_answer(flagged, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
+    assert ans.groups[0].pick.num_workers == 2 and len(ans.groups[0].used) == 4
+    text = "\n".join(ans.lines)
+    assert ("  unconfirmed, every loader run flagged its own measurement: rerun on a quiet "
+            "machine to confirm; workers: 2 (") in text
+    assert "left out, flagged: run 1 (1 worker(s): queue-timed)" in text
+    only_high = [loader_row(1, 17945.0, [17000.0, 19000.0], reasons=[queue])]
+    ans = loader_answer(only_high, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
+    assert ans.groups[0].pick.num_workers is None
+    assert "workers: no answer: every loader run that measured read high" in "\n".join(ans.lines)
+    # a disturbed compute run reads low: it makes no bound beside an undisturbed one ...
+    low = compute_run(100.0, [80.0, 200.0], tmp_path, "low")
+    low.measurement_stable, low.noise_reasons = False, ["other processes used CPU ..."]
+    good = compute_run(540.0, [520.0, 555.0], tmp_path, "good")
+    ans = loader_answer(rows(), [low, good], [], "x")
+    assert ans.groups[0].sources == [good] and ans.groups[0].pick.num_workers == 2
+    # ... and alone, it answers only as unconfirmed
+    ans = loader_answer(rows(), [low], [], "x")
+    line = next(x for x in ans.lines if "workers: 0" in x)
+    assert line.startswith("  unconfirmed, the compute bound flagged its own measurement: ")
+    assert ans.summary()[0]["unconfirmed"] and "flagged" in ans.band(ans.rows[0])["label"]
+
+
+def test_the_workers_plot_draws_the_bound_across_it(tmp_path):
+    ans = loader_answer(rows(), [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
+    d = curve_data(ans.rows, "num_workers", "loader workers", band=ans.band)
+    assert d["phase"] == "loader" and d["band"]["threshold"] == pytest.approx(582.75)
+    assert d["ymax"] > 850.0
+    # every run flagged: no line, the bound still drawn (the answer judges them, unconfirmed)
+    busy = [loader_row(w, ips, ci, reasons=["other processes used CPU ..."])
+            for w, (ips, ci) in LOADER.items()]
+    ans = loader_answer(busy, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
+    d = curve_data(ans.rows, "num_workers", "loader workers", band=ans.band)
+    assert not d["lines"] and d["band"]["y"] == 540.0
+    files = write_report(rows(), tmp_path / "rep", "x", quiet=True,
+                         found=[compute_run(540.0, [520.0, 555.0], tmp_path)])
+    assert tmp_path / "rep" / "throughput_vs_workers.png" in files
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["workers"][0]["num_workers"] == 2 and "recommended" not in summary
+    assert not any("no recommendation" in x for x in summary["lines"])
+
+
+def test_one_job_of_a_setup_claims_its_compute_measurement(tmp_path):
+    rec = RunRecord(status=Status.ok, config=config(0, ["loader"]), env={"device": "cpu"},
+                    dir=tmp_path / "0")
+    got, start = [], threading.Barrier(8)
+
+    def one():
+        start.wait()
+        got.append(claim_in(tmp_path, rec))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [p for p in got if p is not None]
+    assert len(got) == 8 and len(won) == 1 and won[0].parent == tmp_path / COMPUTE_DIR
+    assert won[0].with_suffix(".claim").read_text().strip() == str(tmp_path / "0")
+    # another batch size is another setup: its own claim
+    other = RunRecord(status=Status.ok, config=config(0, ["loader"], 64), env={"device": "cpu"})
+    assert claim_in(tmp_path, other) not in (None, won[0])
+
+
+# ------------------------------------------------------------------ through the CLI
+
+
+@pytest.mark.slow
+def test_a_loader_only_multirun_measures_its_bound_once_and_the_report_answers(tmp_path):
+    sweep = tmp_path / "sweep"
+    # 6 windows of 3 steps: more than the 1 x 2 batches one worker holds in flight, and enough
+    # windows for a 95% interval, so the runs do not flag themselves for their length
+    p = run_cli("-m", *TINY, "bench.steps=18", "bench.repeats=6", "bench.phases=[loader]",
+                "loader.num_workers=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("compute bound for this sweep's workers answer") == 1
+    measured = list((sweep / COMPUTE_DIR).glob("*/results.json"))
+    assert len(measured) == 1 and len(list((sweep / COMPUTE_DIR).glob("*.claim"))) == 1
+    assert json.loads(measured[0].read_text())["config"]["bench"]["phases"] == ["compute"]
+
+    rep = subprocess.run([sys.executable, "-m", "gpubench.report", str(sweep)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    out = rep.stdout
+    assert "no recommendation" not in out and "workers answer" in out
+    assert f"compute bound from {measured[0].parent}" in out
+    summary = json.loads((sweep / "report" / "summary.json").read_text())
+    (group,) = summary["workers"]
+    assert group["compute"] is not None and set(group["loader"]) <= {"0", "1"}
+    # an answer of the rule, with the bound's interval (unconfirmed when the machine was busy)
+    assert group["answer"] in out
+    assert group["answer"].startswith(("workers: 0 (", "workers: 1 (", "workers: none of"))
+    assert f"compute {Rate(*group['compute']).text()}" in group["answer"]
+    assert (sweep / "report" / "throughput_vs_workers.png").stat().st_size > 0
