@@ -80,6 +80,12 @@ def test_name_leads_with_verdict_and_throughput():
     assert T.run_name(record()) == "data 1750img/s resnet50-bs128-w8-amp_bf16-cl"
     assert T.run_name(record(bottleneck="compute")).startswith("compute 1750img/s ")
     assert T.run_name(record(bottleneck="inconclusive")).startswith("inconclusive 1750img/s ")
+    # an inconclusive verdict that leans: the lean with a question mark, short enough to leave
+    # the figure in view at 1280 px (about 20 characters)
+    leans = record(bottleneck="inconclusive", verdict_leaning="compute")
+    assert T.run_name(leans).startswith("compute? 1750img/s ")
+    assert T.run_tags(leans)["verdict"] == "inconclusive"
+    assert T.headline(leans).startswith("**inconclusive (leans to compute)** · 1750 [")
     # the figure is rounded to what its interval supports: +-5% keeps 3 figures
     odd = record(images_per_sec=812.3, images_per_sec_ci=[771.7, 852.9], bottleneck="compute")
     assert T.run_name(odd) == "compute 812img/s resnet50-bs128-w8-amp_bf16-cl"

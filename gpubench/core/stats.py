@@ -248,7 +248,8 @@ def supported_place(value: float, ci) -> int | None:
 
     The rule: one digit below the interval's half-width taken as a share of the value, so the
     last digit kept is the first one the interval leaves uncertain: +-5% keeps 3 significant
-    figures (812.3 [771.7-852.9] -> 812), +-0.5% keeps 4, +-50% keeps 2; never fewer than 1.
+    figures (812.3 [771.7-852.9] -> 812 [772-853], the bounds at the figure's place), +-0.5%
+    keeps 4, +-50% keeps 2; never fewer than 1.
     Every figure shown or logged beside its interval (MLflow's metrics and names, the run's
     description) is rounded by this one rule; results.json keeps the raw value."""
     if ci is None or len(ci) < 2 or not all(_finite(x) for x in (value, ci[0], ci[1])):

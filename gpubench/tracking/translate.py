@@ -78,10 +78,11 @@ EFFICIENCY = {
 }
 # the description of an experiment gpubench creates, shown above its runs table
 EXPERIMENT_NOTE = """gpubench runs: each run's name reads `verdict images/sec \
-model-bsN-wN-precision` (images/sec rounded to what its 95% interval supports). To sort and \
-compare, add the columns `images_per_sec` (Metrics) and `verdict` (Tags) from **Columns**; a \
-run's description starts with the verdict and the figure with its interval, then its picture. \
-A sweep is one parent run with a child run per job."""
+model-bsN-wN-precision`, images/sec rounded to what its 95% interval supports (`compute?`: \
+inconclusive, leaning to compute). To sort and compare, add the columns `images_per_sec` \
+(Metrics) and `verdict` (Tags) from **Columns**; a run's description starts with the verdict \
+and the figure with its interval, then its picture. A sweep is one parent run with a child run \
+per job."""
 
 
 def as_record(run) -> RunRecord:
@@ -120,6 +121,21 @@ def _number(v) -> float | None:
     return None
 
 
+# throughputs are logged rounded to what their intervals support: a table of runs then shows
+# 812, not 812.3061; results.json keeps the raw figures
+def shown_images_per_sec(rec: RunRecord) -> float | None:
+    """The run's end-to-end images/sec as MLflow shows it (the `images_per_sec` metric)."""
+    return round_at(rec.images_per_sec, supported_place(rec.images_per_sec, rec.images_per_sec_ci))
+
+
+def shown_objective(rec: RunRecord) -> float:
+    """The objective as MLflow shows it: the throughput it is, rounded alike (0 stays 0)."""
+    objective = rec.objective
+    if objective and objective == rec.throughput:
+        return round_at(objective, supported_place(objective, rec.throughput_interval))
+    return objective
+
+
 def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
     """(name, value, step, timestamp_ms), grouped by prefix (see the module's docstring).
     Per-step series sit under their phase: `<phase>/step_time_s`, `<phase>/step_images_per_sec`
@@ -133,15 +149,9 @@ def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, i
         if x is not None:
             out.append((key(name), x, step, ts))
 
-    # throughputs rounded to what their intervals support: a table of runs then shows 812,
-    # not 812.3061; results.json keeps the raw figures
-    place = supported_place(rec.images_per_sec, rec.images_per_sec_ci)
-    add("images_per_sec", round_at(rec.images_per_sec, place))
+    add("images_per_sec", shown_images_per_sec(rec))
     if rec.status.final:
-        objective = rec.objective
-        if objective and objective == rec.throughput:
-            objective = round_at(objective, supported_place(objective, rec.throughput_interval))
-        add("objective", objective)
+        add("objective", shown_objective(rec))
     add("verdict/margin", rec.verdict_margin)
     for name, field in {**MEMORY, **EFFICIENCY}.items():
         add(name, getattr(rec, field))
@@ -222,23 +232,33 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
 
 
 def lead_word(rec: RunRecord) -> str:
-    """The word a run's name starts with, and its `verdict` tag: the verdict in one word
-    (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or the status of a run that
-    measured nothing (`oom`, `failed`, `killed`)."""
+    """The verdict in one word (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or
+    the status of a run that measured nothing (`oom`, `failed`, `killed`): the `verdict` tag."""
     if not rec.status.measured:
         return rec.status.value
     return labels.verdict_word(rec.bottleneck or "unknown")
 
 
+def _leaning(rec: RunRecord) -> str | None:
+    """What an inconclusive verdict leans to (`compute`), when it leans."""
+    lean = rec.extra.get("verdict_leaning")
+    if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
+        return labels.verdict_word(lean)
+    return None
+
+
 def run_name(run, name: str | None = None) -> str:
     """`tracking.run_name` when set; else the verdict, the throughput (rounded to what its
     interval supports) and the knobs: `compute 812img/s resnet50-bs128-w8-amp_bf16`. The
-    runs table's name column shows about 25 characters at a laptop's width: the verdict and
-    the figure come first, the knobs (also in the params) are what it cuts."""
+    runs table's name column shows about 20 characters at 1280 px: the verdict and the figure
+    come first, the knobs (also in the params) are what it cuts. An inconclusive verdict that
+    leans reads as the lean with a question mark (`compute? 812img/s`), short enough to leave
+    the figure in view."""
     if name:
         return mask_secrets(name)
     rec = as_record(run)
-    parts = [lead_word(rec)]
+    lean = _leaning(rec)
+    parts = [f"{lean}?" if lean else lead_word(rec)]
     ips = rec.images_per_sec
     if rec.status.measured and _number(ips):
         parts.append(f"{text_at(ips, supported_place(ips, rec.images_per_sec_ci), '.0f')}img/s")
@@ -249,7 +269,7 @@ def run_name(run, name: str | None = None) -> str:
 
 
 def _figure(v, ci) -> str:
-    """`812 [771-853]`: the figure and its interval to the place the interval supports."""
+    """`812 [772-853]`: the figure and its interval to the place the interval supports."""
     at = supported_place(v, ci)
     if at is None or not ci or len(ci) != 2:
         return text_at(v, None)
@@ -259,8 +279,10 @@ def _figure(v, ci) -> str:
 def headline(rec: RunRecord) -> str:
     """The description's first line: the verdict, the run's figure with its interval, what
     overlap costs and whether the measurement was stable, e.g.
-    `**compute-bound** · 812 [771-853] img/s end-to-end · overlap costs 0%-18%`."""
+    `**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
     word = labels.verdict_tag(rec.bottleneck or "unknown")
+    if _leaning(rec):
+        word += f" (leans to {_leaning(rec)})"
     if rec.status is Status.over_ceiling:
         word += ", over ceiling"
     parts = [f"**{word}**"]
