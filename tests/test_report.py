@@ -393,7 +393,7 @@ def test_a_custom_models_class_is_its_setup_everywhere():
     assert set(compare_rows([mine.record, theirs.record], {})) == {
         workload_text(mine.record), workload_text(theirs.record)}
     assert setup_text(mine.record).startswith("team.nets.Small on synthetic 64px, batch 64")
-    assert run_name(mine.record).endswith("· Small-bs64-w2-fp32")
+    assert run_name(mine.record).endswith(" Small-bs64-w2-fp32")
 
 
 def test_where_filters_rows_before_anything_else():

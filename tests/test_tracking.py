@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT, TINY, compose_config, free_port, run_cli
 
 from gpubench import tracking
+from gpubench.core.stats import round_at, supported_place, text_at
 from gpubench.run.runner import run_benchmark
 from gpubench.tracking import sync
 
@@ -26,6 +27,11 @@ TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last overri
 @pytest.fixture(scope="module", autouse=True)
 def _boot_server(mlflow_server):
     """Start the server when this module starts: it boots while the first tests run."""
+
+
+def shown(value, ci):
+    """A throughput as MLflow shows it: rounded to what its interval supports."""
+    return round_at(value, supported_place(value, ci))
 
 
 def client(uri: str):
@@ -82,27 +88,36 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     assert set(runs) == {result.data["run_uid"], failed.data["run_uid"]}
     run, d = runs[result.data["run_uid"]], result.data
 
-    # the runs table shows the name without set-up: knobs, throughput, verdict
+    # the runs table shows the name without set-up: verdict (or its lean), throughput rounded
+    # to its interval, knobs
     assert run.info.status == "FINISHED"
-    verdict = {"data": "data-bound", "compute": "compute-bound"}.get(d["bottleneck"],
-                                                                    d["bottleneck"])
-    assert run.info.run_name == f"{d['images_per_sec']:.0f} img/s · {verdict} · tiny-bs4-w0-torch_default"
+    ips = text_at(d["images_per_sec"], supported_place(d["images_per_sec"],
+                                                       d["images_per_sec_ci"]), ".0f")
+    lead = (f"{d['verdict_leaning']}?" if d["bottleneck"] == "inconclusive"
+            and d.get("verdict_leaning") else d["bottleneck"])
+    assert run.info.run_name == f"{lead} {ips}img/s tiny-bs4-w0-torch_default"
+    assert run.data.tags["verdict"] == d["bottleneck"]
     p = run.data.params
     assert (p["model"], p["dataset"], p["batch_size"], p["num_workers"]) == ("tiny", "synthetic", "4", "0")
     assert (p["precision"], p["device"], p["image_size"], p["pin_memory"]) == ("torch_default", "cpu", "16", "true")
     assert p["loader.batch_size"] == "4" and p["bench.phases"] == '["loader", "compute", "e2e"]'
     m = run.data.metrics
-    for name, key in (("images_per_sec", "images_per_sec"), ("objective", "objective"),
+    # throughputs rounded to what their intervals support; results.json keeps the raw
+    for name, key in (("images_per_sec", "images_per_sec"),
                       ("loader/images_per_sec", "loader_images_per_sec"),
-                      ("compute/images_per_sec", "compute_images_per_sec"),
-                      ("memory/peak_bytes", "peak_memory_bytes"),
+                      ("compute/images_per_sec", "compute_images_per_sec")):
+        assert m[name] == pytest.approx(shown(d[key], d[f"{key}_ci"])), name
+    assert m["objective"] == m["images_per_sec"]
+    for name, key in (("memory/peak_bytes", "peak_memory_bytes"),
                       ("efficiency/flops_per_step", "flops_per_step"),
                       ("e2e/step_time_p50_s", "step_time_p50_s")):
         assert m[name] == pytest.approx(d[key]), name
     # grouped names only: the two sort keys stay unprefixed, the rest sits under a section
     assert {k for k in m if "/" not in k} == {"images_per_sec", "objective"}
     for phase in ("loader", "compute", "e2e"):
-        assert m[f"{phase}/images_per_sec"] == pytest.approx(d["phases"][phase]["images_per_sec"])
+        ph = d["phases"][phase]
+        assert m[f"{phase}/images_per_sec"] == pytest.approx(
+            shown(ph["images_per_sec"], ph["images_per_sec_ci"]))
         assert m[f"{phase}/peak_rss_bytes"] == d["phases"][phase]["telemetry"]["peak_rss_bytes"]
 
     # the warm-up curve: one point per step, warm-up first, images/s = batch / step time
@@ -120,7 +135,10 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     assert t["torch"] == d["env"]["torch"] and t["cpu_count"] == str(os.cpu_count())
     assert t["host"] == d["env"]["host"] and t["gpubench_version"] == "0.1.0"
     note = t["mlflow.note.content"]
-    assert note.startswith(f"![run picture](get-artifact?path=run.png&run_uuid={run.info.run_id})")
+    # the fold MLflow shows (100 px): the verdict and the figure first, then the picture
+    head, _, picture = note.splitlines()[:3]
+    assert head.startswith("**") and "img/s end-to-end" in head
+    assert picture == f"![run picture](get-artifact?path=run.png&run_uuid={run.info.run_id})"
     assert d["bottleneck"] in note and "| e2e |" in note
     assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["synthetic 16px"]
 
@@ -149,7 +167,8 @@ def test_remote_server(mlflow_server, tmp_path, monkeypatch):
     (run,) = runs_of(url, "remote")
     assert run.info.run_name == "first" and run.info.status == "FINISHED"
     assert run.data.tags["run_uid"] == result.data["run_uid"]
-    assert run.data.metrics["images_per_sec"] == pytest.approx(result.data["images_per_sec"])
+    assert run.data.metrics["images_per_sec"] == pytest.approx(
+        shown(result.data["images_per_sec"], result.data["images_per_sec_ci"]))
     # artifacts went through the server into its own artifact folder, not a local one
     assert {"results.json", "resolved_config.yaml"} <= artifact_paths(client(url), run.info.run_id)
     assert list(mlflow_server.artifacts.rglob("results.json"))

@@ -6,6 +6,7 @@ import pytest
 
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
+from gpubench.core.stats import round_at, supported_place, text_at
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import uri_problem
 
@@ -27,6 +28,7 @@ def record(status=Status.ok, **kw) -> RunRecord:
     }
     d = {
         "run_uid": "u1", "status": status.value, "images_per_sec": 1750.0,
+        "images_per_sec_ci": [1750 * 0.95, 1750 * 1.05],
         "loader_images_per_sec": 1800.0, "compute_images_per_sec": 3100.0,
         "bottleneck": "data", "reason": "the loader delivers 58% of compute",
         "verdict_margin": 0.42, "measurement_stable": True, "advice": ["more workers"],
@@ -54,7 +56,7 @@ def test_metrics_are_grouped_by_prefix():
         "images_per_sec", "objective", "e2e", "loader", "compute", "memory", "efficiency",
         "verdict", "data"}
     assert m[("loader/images_per_sec", 0)] == 1800.0
-    assert m[("e2e/images_per_sec_ci_low", 0)] == pytest.approx(1750 * 0.95)
+    assert m[("e2e/images_per_sec_ci_low", 0)] == 1660.0  # 1662.5, rounded to its interval
     assert m[("memory/peak_fraction", 0)] == 0.5 and m[("efficiency/mfu", 0)] == 0.31
     assert m[("verdict/margin", 0)] == 0.42 and m[("objective", 0)] == 1750.0
     # per-step series under their phase, warm-up first: batch / step time
@@ -72,28 +74,88 @@ def test_objective_follows_the_record():
     assert "objective" not in {k for k, *_ in running}
 
 
-def test_name_shows_knobs_throughput_and_verdict():
-    assert T.run_name(record()) == "1750 img/s · data-bound · resnet50-bs128-w8-amp_bf16-cl"
-    assert T.run_name(record(bottleneck="inconclusive")).startswith("1750 img/s · inconclusive ·")
+def test_name_leads_with_verdict_and_throughput():
+    """The runs table's name column shows about 25 characters at 1280-1600 px: the verdict
+    and the throughput first, the knobs last."""
+    assert T.run_name(record()) == "data 1750img/s resnet50-bs128-w8-amp_bf16-cl"
+    assert T.run_name(record(bottleneck="compute")).startswith("compute 1750img/s ")
+    assert T.run_name(record(bottleneck="inconclusive")).startswith("inconclusive 1750img/s ")
+    # an inconclusive verdict that leans: the lean with a question mark, short enough to leave
+    # the figure in view at 1280 px (about 20 characters)
+    leans = record(bottleneck="inconclusive", verdict_leaning="compute")
+    assert T.run_name(leans).startswith("compute? 1750img/s ")
+    assert T.run_tags(leans)["verdict"] == "inconclusive"
+    assert T.headline(leans).startswith("**inconclusive (leans to compute)** · 1750 [")
+    # the figure is rounded to what its interval supports: +-5% keeps 3 figures
+    odd = record(images_per_sec=812.3, images_per_sec_ci=[771.7, 852.9], bottleneck="compute")
+    assert T.run_name(odd) == "compute 812img/s resnet50-bs128-w8-amp_bf16-cl"
+    wide = record(images_per_sec=646.79, images_per_sec_ci=[184.4, 828.7])
+    assert T.run_name(wide).startswith("data 650img/s ")
     assert T.run_name(record(Status.over_ceiling, peak_memory_fraction=0.95)).startswith(
-        "1750 img/s · data-bound, over ceiling ·")
-    assert T.run_name(record(Status.oom)) == "oom · resnet50-bs128-w8-amp_bf16-cl"
+        "data 1750img/s over-ceiling resnet50")
+    assert T.run_name(record(Status.oom)) == "oom resnet50-bs128-w8-amp_bf16-cl"
     assert T.run_name(record(), "mine") == "mine"
 
 
 def test_tags_and_description():
-    rec = record(measurement_stable=False, noise_reasons=["host CPU busy"])
+    rec = record(measurement_stable=False, noise_reasons=["host CPU busy"],
+                 overlap_loss=0.05, overlap_loss_ci=[0.0, 0.18])
     tags = T.run_tags(rec, "tracking.uri=http://u:pw@h:5000", "alice")
+    # the short column a user pins, first: the run page lists the tags in this order
+    assert next(iter(tags)) == "verdict" and tags["verdict"] == "data"
+    assert T.run_tags(record(Status.oom))["verdict"] == "oom"
     assert tags["bottleneck"] == "data" and tags["measurement_stable"] == "false"
     assert tags["status"] == "ok" and tags["mlflow.user"] == "alice"
     assert "pw" not in tags["overrides"] and "u:***@h" in tags["overrides"]
-    note = T.describe(rec, "abc", picture=True)
-    assert note.splitlines()[0] == "![run picture](get-artifact?path=run.png&run_uuid=abc)"
-    assert "**data-bound** (margin 42%)" in note and "host CPU busy" in note
-    assert "| loader | 1800.0 | 1710.0 - 1890.0 | 40% |" in note and "1. more workers" in note
+    note = T.describe(rec, "abc", picture=True).splitlines()
+    # what the collapsed description box (100 px) shows: the verdict and the figure first
+    assert note[0] == ("**data-bound** · 1750 [1660-1840] img/s end-to-end · overlap costs "
+                       "0%-18% · measurement not stable")
+    assert note[2] == "![run picture](get-artifact?path=run.png&run_uuid=abc)"
+    text = "\n".join(note)
+    assert "the loader delivers 58% of compute" in text and "host CPU busy" in text
+    assert "| loader | 1800 | 1710 - 1890 | 40% |" in text and "1. more workers" in text
     assert "![" not in T.describe(rec, "abc", picture=False)
     failed = T.describe(record(Status.failed, error="boom"))
     assert failed.startswith("**failed**: boom") and "| phase |" not in failed
+
+
+def test_a_figure_without_interval_is_not_rounded():
+    rec = record(images_per_sec=1753.4, images_per_sec_ci=None)
+    assert T.run_name(rec).startswith("data 1753img/s ")
+    assert dict((k, v) for k, v, *_ in T.run_metrics(rec))["images_per_sec"] == 1753.4
+    assert T.headline(rec).startswith("**data-bound** · 1753.4 img/s end-to-end")
+
+
+def test_throughput_metrics_are_rounded_to_their_interval_and_results_keep_the_raw():
+    rec = record(images_per_sec=812.3, images_per_sec_ci=[771.7, 852.9])
+    rec.phases["loader"].images_per_sec = 1812.34
+    rec.phases["loader"].images_per_sec_ci = [1803.3, 1821.4]  # +-0.5%: 4 figures
+    m = dict((k, v) for k, v, *_ in T.run_metrics(rec))
+    assert m["images_per_sec"] == 812.0 and m["objective"] == 812.0
+    assert m["loader/images_per_sec"] == 1812.0
+    assert (m["loader/images_per_sec_ci_low"], m["loader/images_per_sec_ci_high"]) == (
+        1803.0, 1821.0)
+    assert m["e2e/images_per_sec_ci_low"] == 1660.0  # 1662.5 at +-5%: 3 figures
+    # figures without an interval are logged as measured
+    assert m["e2e/data_wait_fraction"] == 0.4 and m["e2e/gpu_util_mean"] == 55.0
+    assert rec.to_dict()["images_per_sec"] == 812.3
+
+
+@pytest.mark.parametrize("value, ci, text", [
+    (812.3, (771.7, 852.9), "812"),          # +-5%: 3 significant figures
+    (1753.4, (1665.7, 1841.1), "1750"),      # +-5%: 3 significant figures
+    (1812.34, (1803.3, 1821.4), "1812"),     # +-0.5%: 4
+    (646.79, (184.4, 828.7), "650"),         # +-50%: 2
+    (0.012345, (0.0117, 0.0130), "0.0123"),  # small figures keep their decimals
+    (5.2, (0.0, 1000.0), "5"),               # never fewer than 1 figure
+    (812.3, None, "812.3"),                  # no interval: nothing to round to
+    (812.3, (812.3, 812.3), "812.3"),        # a single window: no spread
+])
+def test_the_rounding_rule(value, ci, text):
+    at = supported_place(value, ci)
+    assert text_at(value, at) == text
+    assert round_at(value, at) == float(text)
 
 
 def test_params_are_masked_and_spelled_as_overrides():

@@ -21,21 +21,31 @@ PHASE_WORDS = {
 
 @dataclass(frozen=True)
 class VerdictWords:
-    tag: str  # a run's name and description in MLflow: `2410 img/s · data-bound · ...`
+    word: str  # MLflow's run name and `verdict` tag: `data 2410img/s resnet50-...`
+    tag: str  # the headline of a run's description in MLflow: `**data-bound** 2410 [...]`
     sentence: str  # the run picture's title
 
 
 VERDICT_WORDS = {
-    "data": VerdictWords(tag="data-bound", sentence="the data side (loader) is the narrowest pipe"),
-    "compute": VerdictWords(tag="compute-bound", sentence="compute is the narrowest pipe"),
-    "overlap": VerdictWords(tag="overlap", sentence="loading and compute do not overlap"),
-    "inconclusive": VerdictWords(tag="inconclusive", sentence="inconclusive: no confident verdict"),
-    "unknown": VerdictWords(tag="unknown", sentence="no verdict: not enough phases measured"),
+    "data": VerdictWords(word="data", tag="data-bound",
+                         sentence="the data side (loader) is the narrowest pipe"),
+    "compute": VerdictWords(word="compute", tag="compute-bound",
+                            sentence="compute is the narrowest pipe"),
+    "overlap": VerdictWords(word="overlap", tag="overlap",
+                            sentence="loading and compute do not overlap"),
+    "inconclusive": VerdictWords(word="inconclusive", tag="inconclusive",
+                                 sentence="inconclusive: no confident verdict"),
+    "unknown": VerdictWords(word="unknown", tag="unknown",
+                            sentence="no verdict: not enough phases measured"),
 }
 
 
 def phase_title(name: str) -> str:
     return PHASE_WORDS[name].title if name in PHASE_WORDS else name
+
+
+def verdict_word(bottleneck: str) -> str:
+    return VERDICT_WORDS[bottleneck].word if bottleneck in VERDICT_WORDS else bottleneck
 
 
 def verdict_tag(bottleneck: str) -> str:

@@ -237,3 +237,44 @@ def pool(windows: list[WindowStats]) -> dict:
         "device_work_seconds_per_image": (sum(busy) / images if images and None not in busy
                                           else None),
     }
+
+
+# ---------------------------------------------------------------- figures rounded to their interval
+
+
+def supported_place(value: float, ci) -> int | None:
+    """The decimal place (10**place) of the last digit of `value` that its interval `ci`
+    (lo, hi, ...) supports; None without an interval (no spread measured: nothing to round to).
+
+    The rule: one digit below the interval's half-width taken as a share of the value, so the
+    last digit kept is the first one the interval leaves uncertain: +-5% keeps 3 significant
+    figures (812.3 [771.7-852.9] -> 812 [772-853], the bounds at the figure's place), +-0.5%
+    keeps 4, +-50% keeps 2; never fewer than 1.
+    Every figure shown or logged beside its interval (MLflow's metrics and names, the run's
+    description) is rounded by this one rule; results.json keeps the raw value."""
+    if ci is None or len(ci) < 2 or not all(_finite(x) for x in (value, ci[0], ci[1])):
+        return None
+    half = abs(float(ci[1]) - float(ci[0])) / 2
+    if value == 0 or half == 0:
+        return None
+    digits = max(1, 1 - math.floor(math.log10(half / abs(value))))
+    return math.floor(math.log10(abs(value))) - digits + 1
+
+
+def round_at(x: float, place: int | None) -> float:
+    """`x` rounded to 10**place (unchanged for None)."""
+    if place is None or not _finite(x):
+        return x
+    return float(round(x, -place))
+
+
+def text_at(x: float, place: int | None, default: str = ".1f") -> str:
+    """`x` written to 10**place, without an exponent: '812', '1250', '0.0123'; with no place,
+    in the `default` format."""
+    if place is None:
+        return format(x, default)
+    return f"{round_at(x, place):.{max(0, -place)}f}"
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -161,9 +161,11 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
     best = best_job(sweep_dir, recs)
     if best is not None and best.dir is not None:
         child = read(best.dir / MARKER_FILE).get("run_id")
-        metrics.append(Metric("best_objective", float(best.objective), now, 0))
+        # as the best run's own metrics show them: rounded to what their intervals support
+        metrics.append(Metric("best_objective", float(T.shown_objective(best)), now, 0))
         if best.images_per_sec is not None:
-            metrics.append(Metric("best_images_per_sec", float(best.images_per_sec), now, 0))
+            metrics.append(Metric("best_images_per_sec", float(T.shown_images_per_sec(best)),
+                                  now, 0))
         tags += [RunTag("best_run_dir", str(best.dir)),
                  RunTag("best_run_name", T.run_name(best)[:T.MAX_TAG_VALUE])]
         if child:

@@ -1,13 +1,21 @@
 """A run record as MLflow sees it: params, metrics, tags, a run name and a description.
 
 Pure functions of a `RunRecord` (or the results.json dict it reads): no MLflow, no I/O, so each
-is unit-tested without a server. What the MLflow UI shows without any set-up decides the shape:
+is unit-tested without a server. What the MLflow UI shows without any set-up, at a laptop's
+width (1280-1600 px), decides the shape:
 
 - the runs table shows the run name, creation time, dataset and source by default (metrics,
-  params and tags hide behind the column picker), so the name carries the main knobs, the
-  throughput and the verdict: `2410 img/s · data-bound · resnet50-bs128-w8-amp_bf16`;
-- the run page leads with its description (tag `mlflow.note.content`, Markdown, images
-  allowed), so it starts with the run's picture, then the verdict, the phases and the advice;
+  params and tags hide behind the column picker), and its name column shows about 25
+  characters; so the name leads with the verdict and the throughput, the knobs last:
+  `compute 812img/s resnet50-bs128-w8-amp_bf16`;
+- the run page's title is the run name; its description (tag `mlflow.note.content`, Markdown)
+  sits below the tags and shows 100 px before "Show more", and MLflow's sanitizer drops an
+  image's width and height: so the description's first line is the verdict and the figure
+  with its interval, then the run's picture (full size behind "Show more"), the reason, the
+  phases and the advice;
+- the columns a user pins are short: the `verdict` tag and the `images_per_sec` metric;
+- every throughput logged beside its interval is rounded to what the interval supports
+  (gpubench.core.stats.supported_place); results.json keeps the raw figures;
 - the chart view groups metrics by the prefix before `/`: one section per phase (`e2e/`,
   `loader/`, `compute/`), plus `memory/` and `efficiency/`; only `images_per_sec` and
   `objective` stay unprefixed, the two figures runs are sorted by.
@@ -20,11 +28,12 @@ import math
 import re
 import time
 
-from gpubench.analysis.labels import verdict_tag
+from gpubench.analysis import labels
 from gpubench.analysis.select import KNOBS, knob_of, setup_text
 from gpubench.core.files import flatten
-from gpubench.core.record import PHASE_NAMES, RunRecord, Status
+from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
+from gpubench.core.stats import round_at, supported_place, text_at
 
 # an MLflow run's status for each record status
 RUN_STATUS = {
@@ -68,10 +77,12 @@ EFFICIENCY = {
     "efficiency/power_mean_w": "power_mean_w",
 }
 # the description of an experiment gpubench creates, shown above its runs table
-EXPERIMENT_NOTE = """gpubench runs: each run's name reads `images/sec · verdict · \
-model-bsN-wN-precision`. To sort and compare, add the columns `images_per_sec`, \
-`tags.bottleneck` and `tags.measurement_stable` from **Columns**; a run's page starts with its \
-picture. A sweep is one parent run with a child run per job."""
+EXPERIMENT_NOTE = """gpubench runs: each run's name reads `verdict images/sec \
+model-bsN-wN-precision`, images/sec rounded to what its 95% interval supports (`compute?`: \
+inconclusive, leaning to compute). To sort and compare, add the columns `images_per_sec` \
+(Metrics) and `verdict` (Tags) from **Columns**; a run's description starts with the verdict \
+and the figure with its interval, then its picture. A sweep is one parent run with a child run \
+per job."""
 
 
 def as_record(run) -> RunRecord:
@@ -110,6 +121,21 @@ def _number(v) -> float | None:
     return None
 
 
+# throughputs are logged rounded to what their intervals support: a table of runs then shows
+# 812, not 812.3061; results.json keeps the raw figures
+def shown_images_per_sec(rec: RunRecord) -> float | None:
+    """The run's end-to-end images/sec as MLflow shows it (the `images_per_sec` metric)."""
+    return round_at(rec.images_per_sec, supported_place(rec.images_per_sec, rec.images_per_sec_ci))
+
+
+def shown_objective(rec: RunRecord) -> float:
+    """The objective as MLflow shows it: the throughput it is, rounded alike (0 stays 0)."""
+    objective = rec.objective
+    if objective and objective == rec.throughput:
+        return round_at(objective, supported_place(objective, rec.throughput_interval))
+    return objective
+
+
 def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
     """(name, value, step, timestamp_ms), grouped by prefix (see the module's docstring).
     Per-step series sit under their phase: `<phase>/step_time_s`, `<phase>/step_images_per_sec`
@@ -123,21 +149,23 @@ def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, i
         if x is not None:
             out.append((key(name), x, step, ts))
 
-    add("images_per_sec", rec.images_per_sec)
+    add("images_per_sec", shown_images_per_sec(rec))
     if rec.status.final:
-        add("objective", rec.objective)
+        add("objective", shown_objective(rec))
     add("verdict/margin", rec.verdict_margin)
     for name, field in {**MEMORY, **EFFICIENCY}.items():
         add(name, getattr(rec, field))
     add("data/skipped_samples", rec.skipped_samples)
 
     for phase, ph in rec.phases.items():
-        for k in PHASE_FIGURES:
-            add(f"{phase}/{k}", getattr(ph, k, None))
         ci = ph.images_per_sec_ci or []
+        at = supported_place(ph.images_per_sec, ci)
+        for k in PHASE_FIGURES:
+            v = getattr(ph, k, None)
+            add(f"{phase}/{k}", round_at(v, at) if k == "images_per_sec" else v)
         if len(ci) == 2:
-            add(f"{phase}/images_per_sec_ci_low", ci[0])
-            add(f"{phase}/images_per_sec_ci_high", ci[1])
+            add(f"{phase}/images_per_sec_ci_low", round_at(ci[0], at))
+            add(f"{phase}/images_per_sec_ci_high", round_at(ci[1], at))
         tel = {**ph.telemetry, **ph.memory}
         for k in PHASE_TELEMETRY:
             add(f"{phase}/{k}", tel.get(k))
@@ -168,6 +196,8 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
     env = rec.env
     stable = rec.measurement_stable
     tags = {
+        # first: the run page lists tags in this order, above the description
+        "verdict": lead_word(rec),
         "run_uid": rec.run_uid,
         "status": rec.status.value,
         "bottleneck": rec.bottleneck,
@@ -201,27 +231,75 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
             if v not in (None, "")}
 
 
-def verdict_word(rec: RunRecord) -> str:
+def lead_word(rec: RunRecord) -> str:
+    """The verdict in one word (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or
+    the status of a run that measured nothing (`oom`, `failed`, `killed`): the `verdict` tag."""
     if not rec.status.measured:
         return rec.status.value
-    b = rec.bottleneck or "unknown"
-    word = verdict_tag(b)
-    if rec.status is Status.over_ceiling:
-        word += ", over ceiling"
-    return word
+    return labels.verdict_word(rec.bottleneck or "unknown")
+
+
+def _leaning(rec: RunRecord) -> str | None:
+    """What an inconclusive verdict leans to (`compute`), when it leans."""
+    lean = rec.extra.get("verdict_leaning")
+    if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
+        return labels.verdict_word(lean)
+    return None
 
 
 def run_name(run, name: str | None = None) -> str:
-    """`tracking.run_name` when set; else the knobs, the throughput and the verdict, which the
-    runs table shows without any column set-up."""
+    """`tracking.run_name` when set; else the verdict, the throughput (rounded to what its
+    interval supports) and the knobs: `compute 812img/s resnet50-bs128-w8-amp_bf16`. The
+    runs table's name column shows about 20 characters at 1280 px: the verdict and the figure
+    come first, the knobs (also in the params) are what it cuts. An inconclusive verdict that
+    leans reads as the lean with a question mark (`compute? 812img/s`), short enough to leave
+    the figure in view."""
     if name:
         return mask_secrets(name)
     rec = as_record(run)
-    knobs = setup_text(rec, compact=True)
-    # figures first: a narrow Run Name column still shows the throughput and the verdict
-    if rec.status.measured and _number(rec.images_per_sec):
-        return f"{rec.images_per_sec:.0f} img/s · {verdict_word(rec)} · {knobs}"
-    return f"{verdict_word(rec)} · {knobs}"
+    lean = _leaning(rec)
+    parts = [f"{lean}?" if lean else lead_word(rec)]
+    ips = rec.images_per_sec
+    if rec.status.measured and _number(ips):
+        parts.append(f"{text_at(ips, supported_place(ips, rec.images_per_sec_ci), '.0f')}img/s")
+    if rec.status is Status.over_ceiling:
+        parts.append("over-ceiling")
+    parts.append(setup_text(rec, compact=True))
+    return " ".join(parts)
+
+
+def _figure(v, ci) -> str:
+    """`812 [772-853]`: the figure and its interval to the place the interval supports."""
+    at = supported_place(v, ci)
+    if at is None or not ci or len(ci) != 2:
+        return text_at(v, None)
+    return f"{text_at(v, at)} [{text_at(ci[0], at)}-{text_at(ci[1], at)}]"
+
+
+def headline(rec: RunRecord) -> str:
+    """The description's first line: the verdict, the run's figure with its interval, what
+    overlap costs and whether the measurement was stable, e.g.
+    `**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
+    word = labels.verdict_tag(rec.bottleneck or "unknown")
+    if _leaning(rec):
+        word += f" (leans to {_leaning(rec)})"
+    if rec.status is Status.over_ceiling:
+        word += ", over ceiling"
+    parts = [f"**{word}**"]
+    for phase in HEADLINE_ORDER:
+        v, ci = rec.phase_figure(phase)
+        if _number(v):
+            words = labels.PHASE_WORDS.get(phase)
+            parts.append(f"{_figure(v, ci)} img/s {words.short if words else phase}")
+            break
+    loss, loss_ci = rec.extra.get("overlap_loss"), rec.extra.get("overlap_loss_ci")
+    if _number(loss):
+        lo, hi = loss_ci if isinstance(loss_ci, list) and len(loss_ci) == 2 else (loss, loss)
+        span = f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}-{hi:.0%}"
+        parts.append(f"overlap costs {span}")
+    if rec.measurement_stable is False:
+        parts.append("measurement not stable")
+    return " · ".join(parts)
 
 
 def _fmt(v, spec=".1f") -> str:
@@ -229,16 +307,17 @@ def _fmt(v, spec=".1f") -> str:
 
 
 def describe(run, run_id: str | None = None, picture: bool = False) -> str:
-    """The run's description (Markdown): its picture (an image served by the tracking server's
-    `get-artifact` route, relative so it works behind a path prefix), the verdict, a table of
-    the phases and the advice."""
+    """The run's description (Markdown): the headline (what the collapsed box shows), the
+    run's picture (an image served by the tracking server's `get-artifact` route, relative so
+    it works behind a path prefix), the reason, a table of the phases and the advice."""
     rec = as_record(run)
     lines = []
-    if picture and run_id:
-        lines += [f"![run picture](get-artifact?path={PICTURE}&run_uuid={run_id})", ""]
     if rec.status.measured:
-        margin = f" (margin {rec.verdict_margin:.0%})" if _number(rec.verdict_margin) else ""
-        lines.append(f"**{verdict_word(rec)}**{margin}: {rec.reason or ''}".rstrip(": "))
+        lines.append(headline(rec))
+        if picture and run_id:
+            lines += ["", f"![run picture](get-artifact?path={PICTURE}&run_uuid={run_id})"]
+        if rec.reason:
+            lines += ["", rec.reason]
         if rec.measurement_stable is False:
             lines.append(f"\nmeasurement not stable: {'; '.join(rec.noise_reasons) or 'noisy'}")
         rows = ["", f"| phase | images/sec | {rec.interval_label} | data wait |",
@@ -248,8 +327,11 @@ def describe(run, run_id: str | None = None, picture: bool = False) -> str:
             if ph is None:
                 continue
             ci = ph.images_per_sec_ci or []
-            interval = f"{_fmt(ci[0])} - {_fmt(ci[1])}" if len(ci) == 2 else "-"
-            rows.append(f"| {name} | {_fmt(ph.images_per_sec)} | {interval} | "
+            at = supported_place(ph.images_per_sec, ci)
+            value = "-" if _number(ph.images_per_sec) is None else text_at(ph.images_per_sec, at)
+            interval = (f"{text_at(ci[0], at)} - {text_at(ci[1], at)}"
+                        if len(ci) == 2 and _number(ci[0]) and _number(ci[1]) else "-")
+            rows.append(f"| {name} | {value} | {interval} | "
                         f"{_fmt(ph.data_wait_fraction, '.0%')} |")
         if len(rows) > 3:
             lines += rows
