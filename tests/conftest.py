@@ -14,6 +14,12 @@ from gpubench.config.paths import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# One torch thread per process (set before any test imports torch; workers and subprocesses
+# inherit it): the suite runs two workers, each starting `python -m gpubench` runs, and torch's
+# default of one thread per core made them spin against each other for the same two cores
+# (on the 2-core box: about a quarter more CPU and wall time). An explicit setting wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # A run that takes well under a second on a slow 2-core CPU: tiny CNN, 16 px, 2 measured steps.
 TINY = [
     "model=tiny",
@@ -38,10 +44,28 @@ def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
         )
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """Workers for `-n auto` (the default, pyproject's addopts): one per core, at least 2 (the
+    slow tests mostly wait on subprocesses and servers), at most 8 (each worker may start a
+    server and `python -m gpubench` runs of its own)."""
+    return min(8, max(2, os.cpu_count() or 1))
+
+
+# fixtures that start a real server: a test using one is `slow` whether or not it says so
+SERVER_FIXTURES = {"mlflow_server"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA: skipped (not failed) on machines without it, like CI."""
+    """Tests on a real server are `slow` (this runs before `-m` selects), and the slow tests
+    run first: the long ones start at once on every worker and the many short ones fill the
+    gaps at the end, rather than one long test left running alone. `gpu` tests need CUDA:
+    skipped (not failed) on machines without it, like CI."""
     import torch
 
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: file order kept within
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -141,6 +141,7 @@ def test_loader_only_mode(folder, tmp_path, workers):
     assert r.data["flops_per_step"] is None  # no model was built
 
 
+@pytest.mark.slow  # `python -m gpubench` in a subprocess
 def test_loader_workers_sweep_cli(folder, tmp_path):
     """The documented multirun: one loader-only job per worker count, then the pick."""
     from conftest import TINY
@@ -228,6 +229,7 @@ def test_corrupt_file_fails_naming_it(tmp_path, workers):
     assert any(str(p) in err for p in bad)
 
 
+@pytest.mark.slow  # `python -m gpubench` in a subprocess
 def test_corrupt_file_fail_cli_exits_never_hangs(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=1)
     proc = run_cli("model=tiny", "dataset=imagefolder", f"dataset.root={root}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import re
 import time
+from datetime import datetime
 
 import pytest
 
@@ -29,15 +30,28 @@ def test_header_is_nvidia_smis():
 
 
 def test_host_figures_at_the_interval(tmp_path):
-    log = GpuLog("cpu", tmp_path, 0.05).start()
-    time.sleep(0.6)
+    # the stamps come from an injected clock, one tick per row; when each row is taken is
+    # noted on the real clock: rows are at least an interval apart (load only delays them)
+    t0, taken = 1764000000.0, []
+
+    def clock():
+        taken.append(time.monotonic())
+        return t0 + 0.25 * len(taken)
+
+    log = GpuLog("cpu", tmp_path, 0.05, clock=clock).start()
+    deadline = time.monotonic() + 60
+    while log.rows < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
     log.stop()
     rows = _rows(tmp_path / GPU_METRICS_FILE)
     assert tuple(rows[0]) == COLUMNS
     body = rows[1:]
-    # 0.6 s at 0.05 s: about 12 rows; generous bounds for a loaded 2-core machine
-    assert 4 <= len(body) <= 14, len(body)
-    assert log.rows == len(body)
+    assert len(body) >= 6 and log.rows == len(body) == len(taken)  # 5 or more, then stop's
+    gaps = [b - a for a, b in zip(taken[:-2], taken[1:-1], strict=True)]  # stop's row: early
+    assert min(gaps) >= 0.045, gaps
+    want = [datetime.fromtimestamp(t0 + 0.25 * (i + 1)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+            for i in range(len(body))]
+    assert [r[0] for r in body] == want
     for r in body:
         row = dict(zip(COLUMNS, r, strict=True))
         assert STAMP.match(row["timestamp"]), row["timestamp"]
@@ -48,8 +62,13 @@ def test_host_figures_at_the_interval(tmp_path):
         # no host counterpart: left empty rather than filled with a different quantity
         assert row["utilization.memory [%]"] == row["power.draw [W]"] == ""
         assert row["clocks_throttle_reasons.active"] == ""
-    stamps = [r[0] for r in body]
-    assert stamps == sorted(stamps)
+
+
+def test_shortest_log_still_has_one_row(tmp_path):
+    log = GpuLog("cpu", tmp_path, 10.0).start()
+    log.stop()  # long before the first interval ends
+    rows = _rows(tmp_path / GPU_METRICS_FILE)
+    assert tuple(rows[0]) == COLUMNS and len(rows) == 2 and log.rows == 1
 
 
 def test_host_cpu_column_sees_a_busy_thread(tmp_path):

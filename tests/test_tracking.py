@@ -24,11 +24,6 @@ from gpubench.tracking import sync
 TRACKED = [*TINY, "tracking=mlflow"]  # TINY turns tracking off; the last override wins
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _boot_server(mlflow_server):
-    """Start the server when this module starts: it boots while the first tests run."""
-
-
 def shown(value, ci):
     """A throughput as MLflow shows it: rounded to what its interval supports."""
     return round_at(value, supported_place(value, ci))
@@ -156,6 +151,7 @@ def test_embedded_default_store(tmp_path, monkeypatch):
     assert marker["synced"] and marker["run_id"] == run.info.run_id
 
 
+@pytest.mark.slow
 def test_remote_server(mlflow_server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     url = mlflow_server.url
@@ -178,20 +174,22 @@ def test_remote_server(mlflow_server, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_server_down_then_sync_exactly_once(mlflow_server, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
     proc = run_cli(*TRACKED, f"tracking.uri={dead}", "tracking.experiment=offline", cwd=tmp_path)
-    took = time.monotonic() - t0
     assert proc.returncode == 3, proc.stderr  # measured and kept, not tracked
     warnings = [ln for ln in proc.stderr.splitlines() if "tracking.uri" in ln]
     assert len(warnings) == 1, proc.stderr
     assert f"tracking.uri={dead}" in warnings[0]
     assert "python -m gpubench.tracking sync" in warnings[0]
-    assert took < 60  # no retry storm against a dead server
     (results,) = tmp_path.glob("outputs/runs/*/*/results.json")
     data = json.loads(results.read_text())
     assert data["status"] == "ok" and data["images_per_sec"] > 0
-    assert json.loads((results.parent / tracking.MARKER_FILE).read_text())["synced"] is False
-    assert (results.parent / tracking.CONFIG_FILE).is_file()
+    marker, config = results.parent / tracking.MARKER_FILE, results.parent / tracking.CONFIG_FILE
+    assert json.loads(marker.read_text())["synced"] is False
+    # no retry storm against a dead server: the tracking attempt (from the config written
+    # before any store is contacted to the marker written on failure) is one refused
+    # connection, not MLflow's retries with backoff (minutes); the run's own time aside, so
+    # a loaded machine cannot make it fail
+    assert marker.stat().st_mtime - config.stat().st_mtime < 30
 
     # the server is back (here: a live one). An upload that broke half-way left a RUNNING run
     # with the same run_uid: sync replaces it rather than adding a second one.

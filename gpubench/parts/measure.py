@@ -20,10 +20,12 @@ __all__ = ["Clock", "WindowStats", "percentile", "run_window", "stats_from", "wa
 
 
 class Clock:
-    """Marks on the device timeline (CUDA events) or the host clock (CPU)."""
+    """Marks on the device timeline (CUDA events) or the host clock (CPU). `now` is the host
+    clock (seconds): window edges, data wait and the time caps read it, and CPU marks too."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, now: Callable[[], float] = time.perf_counter):
         self.cuda = device == "cuda"
+        self.now = now
 
     def sync(self) -> None:
         if self.cuda:
@@ -34,7 +36,7 @@ class Clock:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()  # queued on the current stream: costs no sync
             return ev
-        return time.perf_counter()
+        return self.now()
 
     def deltas(self, marks: list) -> list[float]:
         """Seconds between consecutive marks; call only after sync()."""
@@ -49,7 +51,7 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
     until `stats.settled` (bounded by max_steps and max_s); otherwise exactly `min_steps` (a
     pinned warm-up, or a re-warm between windows that drains what the loader buffered).
     Returns (step times, seconds, settled: None when not judged)."""
-    perf = time.perf_counter
+    perf = clock.now
     # max_steps == min_steps pins a fixed warm-up: nothing to judge
     judge = max_steps is not None and max_steps > min_steps
     limit = max(min_steps, max_steps or 0)
@@ -94,23 +96,25 @@ def run_window(
     warmup_max_steps: int | None = None,
     on_open: Callable[[], None] | None = None,
     on_close: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> WindowStats:
-    """Warm up (see `warm_up`), then one measured window of up to `steps` steps."""
-    clock = Clock(device)
-    perf = time.perf_counter
-    warm_times, warm_s, warm_ok = warm_up(fetch, work, clock, warmup_steps, warmup_max_steps,
+    """Warm up (see `warm_up`), then one measured window of up to `steps` steps. `clock` is the
+    host clock in seconds (tests pass one they advance themselves)."""
+    marker = Clock(device, clock)
+    perf = clock
+    warm_times, warm_s, warm_ok = warm_up(fetch, work, marker, warmup_steps, warmup_max_steps,
                                           warmup_max_s)
 
     # --- the measured window
     # Edge sync: all warm-up work is done on the device before the window opens.
-    clock.sync()
+    marker.sync()
     if on_open:
         on_open()
     wait = 0.0
     images = 0
     truncated = False
     t0 = perf()
-    marks = [clock.mark()]
+    marks = [marker.mark()]
     # a mark when each step's work is handed to the device: on CUDA it executes when the
     # stream reaches it, so start(i) - end(i-1) is the device waiting for the host (idle), and
     # end(i) - start(i) the device time of work(i) (in the loader phase: copy, decode, augment)
@@ -119,22 +123,22 @@ def run_window(
         a = perf()
         batch = fetch()
         wait += perf() - a  # host blocked on the data side
-        starts.append(clock.mark())
+        starts.append(marker.mark())
         images += work(batch)  # images in this batch, known on the host (no sync)
-        marks.append(clock.mark())
+        marks.append(marker.mark())
         if perf() - t0 > max_s and i + 1 < steps:
             truncated = True
             break
     # Edge sync: the window closes when the device has finished every step it was given.
-    clock.sync()
+    marker.sync()
     window_s = perf() - t0
     if on_close:
         on_close()
-    stats = stats_from(phase, batch_size, images, clock.deltas(marks), window_s, wait,
+    stats = stats_from(phase, batch_size, images, marker.deltas(marks), window_s, wait,
                        warm_times, warm_s, truncated, warm_ok)
     n = len(starts)
     stats.device_idle_s = sum(max(0.0, d) for d in (
-        clock.deltas([marks[i], starts[i]])[0] for i in range(n)))
-    stats.device_work_s = sum(max(0.0, clock.deltas([starts[i], marks[i + 1]])[0])
+        marker.deltas([marks[i], starts[i]])[0] for i in range(n)))
+    stats.device_work_s = sum(max(0.0, marker.deltas([starts[i], marks[i + 1]])[0])
                               for i in range(n))
     return stats

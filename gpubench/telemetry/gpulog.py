@@ -28,6 +28,7 @@ import csv
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -117,8 +118,10 @@ class Gpm:
 class GpuLog:
     """Writes gpu_metrics.csv from a background thread between start() and stop()."""
 
-    def __init__(self, device: str, out_dir: Path, interval_s: float):
+    def __init__(self, device: str, out_dir: Path, interval_s: float,
+                 clock: Callable[[], float] = time.time):
         self.device, self.interval = device, max(0.05, float(interval_s))
+        self.clock = clock  # the rows' timestamps (wall-clock seconds since the epoch)
         self.path = Path(out_dir) / GPU_METRICS_FILE
         self.nv = self.handle = self.gpm = None
         self.mig = False
@@ -198,7 +201,7 @@ class GpuLog:
         }
 
     def sample(self) -> dict:
-        row = {"timestamp": timestamp(), "name": self.name}
+        row = {"timestamp": timestamp(self.clock()), "name": self.name}
         row.update(self._gpu_row() if self.handle is not None else self._host_row())
         return row
 
