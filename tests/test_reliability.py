@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_cli
+import torch
+from conftest import ROOT, TINY, compose_config, run_cli
+
+from gpubench.run.runner import measure_run
 
 TINY_NO_TRACKING = [a for a in TINY if not a.startswith("tracking=")]
 
@@ -254,3 +257,41 @@ def test_a_bad_swept_key_or_value_stops_the_sweep_before_any_trial(tmp_path, swe
     assert len(lines) == 1 and lines[0].startswith(f"gpubench: error: {key}"), p.stderr
     assert allowed in lines[0]
     assert not (tmp_path / "sweep").exists()
+
+
+# ------------------------------------------------------------------ a diverging model
+
+
+class DivergesAt(torch.nn.Module):
+    """Logits turn NaN from the `at`-th training forward on (counted with gradients on: the
+    output check before the phases runs without), the way a too-high learning rate ends."""
+
+    def __init__(self, num_classes: int = 10, at: int = 3):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, num_classes)
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        out = self.fc(x.float().mean((2, 3)))
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls >= self.at:
+                out = out * float("nan")
+        return out
+
+
+def test_a_loss_that_turns_nan_fails_the_run_naming_the_step(tmp_path):
+    """Before: NaN steps were measured and the run ended `ok`. The loss is read at each window's
+    closing edge (no sync per step): failed, naming the micro-batches and the phase, with the
+    phases measured before it kept."""
+    cfg = compose_config("model=custom", "model._target_=test_reliability.DivergesAt",
+                         "bench.flops=false", "bench.phases=[loader,compute,e2e]")
+    rec = measure_run(cfg, tmp_path).record
+    # compute: warm-up 1 + 1 step (forwards 1, 2); e2e: its warm-up is forward 3
+    assert rec.status.value == "failed"
+    assert rec.error == ("NonFiniteLoss: the loss became nan between micro-batch 3 and 4 (e2e "
+                         "phase, window 1): the model diverges (a lower bench.lr, or check the "
+                         "model)")
+    assert set(rec.phases) == {"loader", "compute"}  # measured before it: kept
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["status"] == "failed" and "micro-batch 3" in saved["error"]

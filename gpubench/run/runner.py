@@ -146,6 +146,7 @@ class Benchmark:
         self.record = rec
         self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
+        self.notes += s.notes  # what resolve decided for the config (worker-only keys)
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
         self.memory: dict[str, dict] = {}
@@ -255,6 +256,8 @@ class Benchmark:
             on_open=lambda: (dist.barrier(), self.monitor.start()),
             on_close=lambda: held.append(self.monitor.stop()),
         )
+        if name != "loader":  # after the window's closing sync: reading the loss waits for nothing
+            self.step.check_loss(f"{name} phase, window {len(self.windows[name]) + 1}")
         if dist.enabled:
             # every rank reached this window's end healthy before figures are gathered (a
             # failed rank announces itself instead, and Dist.watch ends the others)
