@@ -551,7 +551,7 @@ def test_stores_under_a_file_are_one_line_before_any_work(compose_cfg, tmp_path)
     with pytest.raises(ConfigError) as err:
         check_before_work(compose_cfg("sweep=throughput",
                                       f"hydra.sweeper.storage=sqlite:///{afile}/x.db", hydra=True))
-    assert str(err.value) == (f"hydra.sweeper.storage='{afile}/x.db' is not allowed: a path "
+    assert str(err.value) == (f"hydra.sweeper.storage='sqlite:///{afile}/x.db' is not allowed: a path "
                               f"whose folders can be made ({afile} is a file)")
     check_before_work(compose_cfg("sweep=throughput",
                                   f"hydra.sweeper.storage=sqlite:///{tmp_path}/new/x.db",

@@ -47,6 +47,11 @@ SINGLE = [
     ("model.num_classes=5", "model.num_classes=5", "10 classes"),
     ("--bogus", "unrecognized arguments: --bogus", "--help"),
     ("compile=fast", "compile=fast", "max_autotune"),
+    # issue 20: Hydra's lexer error, a key added with +, a name MLflow refuses after measuring
+    ("model.name=résnet50", "model.name='résnet50'", "quote anything else: key='value'); "
+     "model.name takes one of resnet50"),
+    ("+loader.nosuch=1", "loader.nosuch=1", "loader.num_workers"),
+    ("tracking.experiment=''", "tracking.experiment=''", "not blank"),
 ]
 SWEEP = "-m hydra/sweeper=gpubench hydra.sweeper.storage=null"
 MULTI = [
@@ -56,6 +61,10 @@ MULTI = [
      "hydra.sweeper.storage='notaurl'", "sqlite"),
     (f"{SWEEP} loader.batch_size=range(8,4)", "range(8,4", "empty"),
     (f"{SWEEP}", "nothing to search", "choice"),
+    # issue 20: before, every trial failed and the sweep exited 0
+    (f"{SWEEP} loader.batch_size=interval(2,8)", "'interval(2,8)'", "range(2,9)"),
+    (f"{SWEEP} loader.batch_size=choice(2,4) hydra.sweeper.screen.overrides=[garbage]",
+     "hydra.sweeper.screen.overrides[0]='garbage'", "key=value"),
 ]
 
 

@@ -14,17 +14,19 @@ from gpubench.config.errors import ConfigError
 from gpubench.core.pipe import batches_in_flight
 
 
-def check_local_store(key: str, path: Path | None, folder: bool = False) -> None:
+def check_local_store(key: str, path: Path | None, folder: bool = False,
+                      value: str | None = None) -> None:
     """A store on this disk (a sqlite file; an MLflow folder with `folder`) that can be made:
     no existing file stands where one of its folders must be. It would otherwise fail only when
-    the study or the run is opened (a sweep: in three tracebacks; a run: after measuring)."""
+    the study or the run is opened (a sweep: in three tracebacks; a run: after measuring).
+    `value`: the key's value as given (the URI), for the error line."""
     if path is None:
         return
     path = Path(os.path.expanduser(str(path))).absolute()
     for p in ([path] if folder else []) + list(path.parents):
         if p.exists():
             if not p.is_dir():
-                raise ConfigError(key, str(path), f"a path whose folders can be made ({p} is a "
+                raise ConfigError(key, value or str(path), f"a path whose folders can be made ({p} is a "
                                                   "file)")
             return
 
@@ -66,7 +68,7 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
     if per_image is not None and ds.num_samples * per_image > half:
         most = half // per_image
         if most < 1:
-            _too_large(size, half / per_image, where)
+            _too_large(size, half / per_image, f"for one image of dataset={ds.name}'s pool {where}")
         raise ConfigError("dataset.num_samples", ds.num_samples,
                           f"an integer in [1, {most}] for dataset={ds.name} at {size} px {where}")
     # a batch as the host holds it: float32 after the host transforms, uint8 at the stored
@@ -76,15 +78,17 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
         ld.num_workers, ld.prefetch_factor) + 2
     if held * ld.batch_size * per_sample > half:
         most = half // (held * per_sample)
-        if most < 1:
-            _too_large(size, half / (held * per_sample), where)
+        if most < 1:  # the image size is what to lower, for the batch size asked for
+            _too_large(size, half / (held * ld.batch_size * per_sample),
+                       f"with loader.batch_size={ld.batch_size} {where}")
         raise ConfigError("loader.batch_size", ld.batch_size,
                           f"an integer in [1, {most}] at {size} px with {held} batch(es) in "
                           f"host memory at once {where}")
 
 
 def _too_large(size: int, fits: float, where: str) -> None:
-    """Not even one image fits (`fits` < 1: the fraction of one that does): the image size is
-    what to lower. Bytes grow as the side squared."""
+    """Not even one image fits: the image size is what to lower, to the side at which what was
+    measured against the budget (`fits` of it fits now) would fit. Bytes grow as the side
+    squared."""
     most = max(8, int(size * fits ** 0.5))
     raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {where}")

@@ -221,7 +221,7 @@ def check_before_work(cfg: DictConfig) -> None:
     storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)
     if isinstance(storage, str):
         check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)
-        check_local_store("hydra.sweeper.storage", sqlite_path(storage))
+        check_local_store("hydra.sweeper.storage", sqlite_path(storage), value=storage)
 
 
 class InputCheck(Callback):

@@ -439,7 +439,7 @@ def check_resources(s: Settings) -> None:
                           f"an integer in [1, {cpus}] on this machine ({cpus} cores)")
     check_memory_sizes(ds, ld, free)
     if s.tracking.backend == "mlflow" and s.tracking.uri is not None:
-        check_local_store("tracking.uri", *local_store(s.tracking.uri))
+        check_local_store("tracking.uri", *local_store(s.tracking.uri), value=s.tracking.uri)
 
 
 def check_preload_fits(n: int, size: int) -> None:
