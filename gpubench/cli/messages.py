@@ -116,6 +116,10 @@ def override_line(ex: OverrideParseException) -> str:
     lexer = str(ex.message).startswith(LexerNoViableAltException.__name__)
     syntax = UNQUOTED if lexer else "choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}"
     line = f"{key}={value!r} is not allowed: a value in Hydra's override syntax ({syntax})"
+    if not lexer:  # Hydra's reason (a type a function refused, a missing bracket) says more
+        reason = [ln.strip() for ln in str(ex.message).splitlines()
+                  if ln.strip() and not ln.startswith(("See https", "Error parsing override"))]
+        line += f" (Hydra: {'; '.join(reason)[:200]})" if reason else ""
     if key == "model.name":
         names = known_models()
         close = difflib.get_close_matches(value, names, n=6, cutoff=0.6)

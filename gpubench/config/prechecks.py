@@ -25,7 +25,14 @@ from gpubench.config.footprint import check_local_store
 from gpubench.config.keys import INT, Key, check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import KEYS, check_known_key, check_known_keys
-from gpubench.config.settings import check_model_name
+from gpubench.config.settings import (
+    EXPERIMENT_NAME_MAX,
+    RUN_NAME_MAX,
+    check_interpolations,
+    check_model_name,
+    check_name,
+    check_phases,
+)
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
 from gpubench.core.uris import sqlite_path
@@ -63,8 +70,9 @@ def _swept_values(o) -> list:
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
         ends = (v.start, v.stop, v.step)
-        if not all(math.isfinite(x) for x in ends):
-            raise ConfigError(o.key_or_group, _text(o), "a range(a,b[,step]) with finite numbers")
+        if not all(math.isfinite(x) for x in ends) or not v.step:
+            raise ConfigError(o.key_or_group, _text(o), "a range(a,b[,step]) with finite numbers "
+                                                        "and a step that is not 0")
         last = range_last(v.start, v.stop, v.step)
         return [v.start, last] if last is not None else []
     return list(o.sweep_iterator())
@@ -96,11 +104,18 @@ def _keys(node: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
 UNQUOTED = "unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: key='value'"
 
 
+def _parser() -> OverridesParser:
+    # with Hydra's config loader where there is one: glob(...) lists the config's own keys
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() \
+        else None
+    return OverridesParser.create(config_loader=loader)
+
+
 def parse(text: str, key: str) -> Any:
     """One override parsed by Hydra's own parser; a malformed one is a ConfigError naming
     `key` (the list or mapping it came from)."""
     try:
-        return OverridesParser.create().parse_overrides([text])[0]
+        return _parser().parse_overrides([text])[0]
     except HydraException:
         raise ConfigError(key, text, f"an override in Hydra's syntax, key=value ({UNQUOTED})"
                           ) from None
@@ -113,6 +128,12 @@ def _check_value(k: Key, v: Any) -> None:
     k.check(v)
     if k.name == "model.name":
         check_model_name(v)
+    elif k.name == "bench.phases":
+        check_phases(v)
+    elif k.name == "tracking.experiment":
+        check_name(k.name, v, EXPERIMENT_NAME_MAX)
+    elif k.name == "tracking.run_name" and v is not None:
+        check_name(k.name, v, RUN_NAME_MAX, nullable=True)
 
 
 def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) -> None:
@@ -160,7 +181,7 @@ def check_sweep_overrides(cfg: DictConfig) -> None:
     task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
-        overrides = OverridesParser.create().parse_overrides(task)
+        overrides = _parser().parse_overrides(task)
     except HydraException:
         return
     overrides += [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
@@ -195,6 +216,9 @@ def check_extra_overrides(cfg: DictConfig) -> None:
                 raise ConfigError(key, str(text), f"{e.key}: {e.allowed}") from None
 
 
+STUDY_NAME_MAX = 512
+
+
 def check_sweeper(cfg: DictConfig) -> None:
     """hydra.sweeper's own keys against their declarations, when the sweeper's config is a typed
     schema (gpubench's GpubenchSweeperConf, found from the node's type): a negative seed is one
@@ -205,6 +229,9 @@ def check_sweeper(cfg: DictConfig) -> None:
     schema = OmegaConf.get_type(node)
     if schema is not None and is_dataclass(schema):
         check_keys(node, keys(schema, "hydra.sweeper."))
+        name = node.get("study_name")
+        if name is not None:  # Optuna's limit: an indexed column of 512 characters
+            check_name("hydra.sweeper.study_name", name, STUDY_NAME_MAX, nullable=True)
 
 
 def check_before_work(cfg: DictConfig) -> None:
@@ -212,6 +239,7 @@ def check_before_work(cfg: DictConfig) -> None:
     creates a run dir, a sweeper or an MLflow parent run: group names, swept keys and values,
     the sweeper's own keys, and URIs."""
     check_choices(cfg)
+    check_interpolations(cfg)
     check_known_keys(cfg)
     check_sweep_overrides(cfg)
     check_sweeper(cfg)

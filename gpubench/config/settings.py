@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, make_dataclass
 from enum import Enum
@@ -32,10 +31,11 @@ from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store, check_memory_sizes
-from gpubench.config.keys import keys
+from gpubench.config.keys import EXPERIMENT_NAME_MAX, RUN_NAME_MAX, check_name, keys
 from gpubench.config.schema import (
     BenchSettings,
     DatasetConfig,
@@ -265,6 +265,7 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
 def resolve(cfg: DictConfig) -> Settings:
     """The frozen settings of a composed config, after every rule that needs neither the disk
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
+    check_interpolations(cfg)
     check_known_keys(cfg)  # no key under gpubench's groups that the schema does not declare
     check_ranges(cfg)  # every key's declared range or choices
     check_start_method(_plain(cfg.loader.multiprocessing_context))
@@ -284,8 +285,7 @@ def resolve(cfg: DictConfig) -> Settings:
     if b.monitor_interval_s > b.max_seconds:
         raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
                           f"<= bench.max_seconds ({b.max_seconds:g}): a window needs a sample")
-    if not s.phases:
-        raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
+    check_phases(s.phases)
     _check_step(s)
     if s.tracking.backend == "mlflow":
         check_tracking_uri(s.tracking.uri)
@@ -297,21 +297,30 @@ def resolve(cfg: DictConfig) -> Settings:
     return s
 
 
-# MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
-# a run's name is its mlflow.runName, stored in a 250-character column
-EXPERIMENT_NAME_MAX, RUN_NAME_MAX = 500, 250
+def check_interpolations(cfg: DictConfig) -> None:
+    """Every ${...} of the run's config resolves (Hydra's own node aside: a sweeper's holds
+    values only a job fills in). One that does not would fail every job, and inside Hydra's
+    callbacks it would only be a warning."""
+    run = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    try:
+        OmegaConf.to_container(run, resolve=True)
+    except InterpolationResolutionError as e:
+        node: Any = cfg
+        for part in str(e.full_key or "").split("."):
+            node = node._get_node(part) if isinstance(node, DictConfig) and part in node else None
+        raw = node._value() if node is not None else None
+        reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(e.full_key or "config", raw,
+                          f"an interpolation that resolves ({reason})") from None
 
 
-def check_name(key: str, value: Any, most: int, nullable: bool = False) -> None:
-    """An MLflow name: text that is not blank, with no control characters (a newline, a tab),
-    at most `most` characters. MLflow refuses an empty experiment name only when the run is
-    logged, after the measurement; the rest it stores, to show blank or broken rows."""
-    allowed = (f"{'null or ' if nullable else ''}a name that is not blank, at most {most} "
-               "characters, without control characters")
-    if not isinstance(value, str) or not value.strip() or len(value) > most:
-        raise ConfigError(key, value, allowed)
-    if any(unicodedata.category(c).startswith("C") for c in value):
-        raise ConfigError(key, value, allowed)
+def check_phases(phases: Any) -> None:
+    """bench.phases: not empty, each phase once (a phase listed twice would be measured twice
+    per round into the same record, its windows pooled as if they were one phase's)."""
+    names = [_plain(p) for p in phases]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError("bench.phases", names, "a non-empty list of loader, compute, e2e, "
+                                                 "each at most once")
 
 
 def _check_model(s: Settings) -> None:
