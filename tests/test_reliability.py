@@ -289,18 +289,22 @@ class DivergesAt(torch.nn.Module):
         return out
 
 
-def test_a_loss_that_turns_nan_fails_the_run_naming_the_step(tmp_path):
-    """Before: NaN steps were measured and the run ended `ok`. The loss is read at each window's
-    closing edge (no sync per step): failed, naming the micro-batches and the phase, with the
-    phases measured before it kept."""
+@pytest.mark.parametrize("at, where", [
+    (3, "at micro-batch 3 (e2e phase, window 1, warm-up)"),  # read after each warm-up sync
+    (4, "at micro-batch 4 (e2e phase, window 1)"),  # read at the window's closing sync
+])
+def test_a_loss_that_turns_nan_fails_the_run_naming_the_step(tmp_path, at, where):
+    """Before: NaN steps were measured and the run ended `ok`. The loss is read only where the
+    device was synchronized anyway (no sync per measured step): failed, naming the micro-batch
+    and the phase, with the phases measured before it kept."""
     cfg = compose_config("model=custom", "model._target_=test_reliability.DivergesAt",
-                         "bench.flops=false", "bench.phases=[loader,compute,e2e]")
+                         f"+model.kwargs.at={at}", "bench.flops=false",
+                         "bench.phases=[loader,compute,e2e]")
     rec = measure_run(cfg, tmp_path).record
-    # compute: warm-up 1 + 1 step (forwards 1, 2); e2e: its warm-up is forward 3
+    # compute: warm-up 1 + 1 step (forwards 1, 2); e2e: warm-up (3), its first window step (4)
     assert rec.status.value == "failed"
-    assert rec.error == ("NonFiniteLoss: the loss became nan between micro-batch 3 and 4 (e2e "
-                         "phase, window 1): the model diverges (a lower bench.lr, or check the "
-                         "model)")
+    assert rec.error == (f"NonFiniteLoss: the loss became nan {where}: the model diverges (a "
+                         "lower bench.lr, or check the model)")
     assert set(rec.phases) == {"loader", "compute"}  # measured before it: kept
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["status"] == "failed" and "micro-batch 3" in saved["error"]
+    assert saved["status"] == "failed" and f"micro-batch {at}" in saved["error"]

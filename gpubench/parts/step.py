@@ -192,10 +192,11 @@ class TrainStep:
             return
         value = float(self.last_loss.detach().float().item())
         if not math.isfinite(value):
-            raise NonFiniteLoss(
-                f"the loss became {value} between micro-batch {self.finite_at + 1} and "
-                f"{self.micro_batches} ({where}): the model diverges (a lower bench.lr, or "
-                "check the model)")
+            first, last = self.finite_at + 1, self.micro_batches
+            when = f"at micro-batch {last}" if first == last else \
+                f"between micro-batch {first} and {last}"
+            raise NonFiniteLoss(f"the loss became {value} {when} ({where}): the model diverges "
+                                "(a lower bench.lr, or check the model)")
         self.finite_at = self.micro_batches
 
     def _read_metrics(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
