@@ -518,7 +518,7 @@ def test_the_sweepers_override_lists_are_checked_like_the_command_line(compose_c
          "syntax, key=value"),
         ("hydra.sweeper.screen.overrides=['bench.phases=[e2e]','bench.stps=3']",
          "hydra.sweeper.screen.overrides[1]='bench.stps=3' is not allowed: bench.stps: a key "
-         "of the config (close: bench.steps"),
+         "gpubench declares (close: bench.steps"),
         ("hydra.sweeper.screen.overrides=['bench.steps=0']",
          "hydra.sweeper.screen.overrides[0]='bench.steps=0' is not allowed: bench.steps: an "
          "integer in [1, 10000000]"),

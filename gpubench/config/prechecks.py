@@ -155,6 +155,8 @@ def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) 
     if o.is_add() or o.is_force_add():
         check_known_key(key, _text(o))
     elif OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+        # under gpubench's groups a new key is refused too: name the declared ones
+        check_known_key(key, _text(o))
         close = difflib.get_close_matches(key, _keys(cfg, skip=("hydra",)), n=3)
         hint = f" (close: {', '.join(close)})" if close else ""
         raise ConfigError(key, _text(o), f"a key of the config{' to sweep' if sweep else ''}"
