@@ -204,9 +204,10 @@ def test_machine_bounds(compose_cfg):
     check_all(compose_cfg(f"loader.num_workers={most}"))
     with pytest.raises(ConfigError, match=r"loader.num_workers.*on this machine"):
         check_all(compose_cfg(f"loader.num_workers={most + 1}"))
-    check_all(compose_cfg(f"loader.worker_threads={cpus}"))
+    # with a worker: with none, worker_threads is resolved to 1 (it acts on nothing)
+    check_all(compose_cfg("loader.num_workers=1", f"loader.worker_threads={cpus}"))
     with pytest.raises(ConfigError, match=r"loader.worker_threads.*on this machine"):
-        check_all(compose_cfg(f"loader.worker_threads={cpus + 1}"))
+        check_all(compose_cfg("loader.num_workers=1", f"loader.worker_threads={cpus + 1}"))
     # 10 million 4096 px images: no machine holds that pool in RAM
     with pytest.raises(ConfigError, match=r"dataset.num_samples.*RAM free"):
         check_all(compose_cfg("dataset.num_samples=10000000", "dataset.image_size=4096"))
@@ -451,3 +452,204 @@ def test_swept_values_are_held_to_the_keys_choices(compose_cfg):
     assert str(err.value) == "bench.optimizer='lion' is not allowed: one of sgd, adamw"
     cfg.hydra.overrides.task = ["bench.optimizer=sgd,adamw", "compile=off,max_autotune"]
     check_before_work(cfg)
+
+
+# ------------------------------------------------------------------ issue 20: accepted, meaningless, or a traceback
+
+def test_keys_the_schema_does_not_declare_are_refused_under_gpubenchs_groups(compose_cfg):
+    """`+key=value` adds a key Hydra never checks: under gpubench's groups it would be recorded,
+    compared and recommended while acting on nothing."""
+    from gpubench.config.prechecks import check_before_work
+
+    for override, key, hint in (("+loader.nosuch=1", "loader.nosuch", "loader.batch_size"),
+                                ("+loader.num_worker=2", "loader.num_worker",
+                                 "close: loader.num_workers"),
+                                ("+bench.stpes=9", "bench.stpes", "close: bench.steps"),
+                                ("+memory.extra.deep=1", "memory.extra", "memory.ceiling")):
+        with pytest.raises(ConfigError) as err:
+            resolve(compose_cfg(override))
+        assert err.value.key == key and hint in str(err.value), str(err.value)
+        with pytest.raises(ConfigError):  # and before a sweep's first trial
+            check_before_work(compose_cfg(override, hydra=True))
+    # free-form mappings and top-level keys of one's own (for interpolations) stay open
+    check_all(compose_cfg("+model.kwargs.depth=3", "+dataset.kwargs.x.y=1", "+my_root=/data"))
+    cfg = compose_cfg(hydra=True)
+    cfg.hydra.overrides.task = ["+loader.nosuch=choice(1,2)"]  # a swept new key
+    with pytest.raises(ConfigError, match=r"^loader.nosuch='choice\(1,2\)' is not allowed"):
+        check_before_work(cfg)
+
+
+@pytest.mark.parametrize("swept, line", [
+    ("loader.batch_size=interval(8,32)", "loader.batch_size='interval(8,32)' is not allowed: "
+     "range(8,33) or choice(...) for an integer key (an interval samples real numbers)"),
+    ("dataset.image_size=tag(log,interval(16,64))", "range(16,65)"),
+    ("loader.pin_memory=interval(0,1)", "choice(...) of true or false"),
+    ("loader.batch_size=range(8,inf)", "loader.batch_size='range(8,inf)' is not allowed: a "
+     "range(a,b[,step]) with finite numbers"),
+    ("bench.lr=range(0.1,nan,0.1)", "with finite numbers"),
+    ("dataset.image_size=choice(32,inf)",
+     "dataset.image_size=inf is not allowed: null or an integer in [8, 65535]"),
+    ("bench.lr=interval(1e-4,inf)", "bench.lr=inf is not allowed"),
+    ("bench.lr=choice(0.1,abc)", "bench.lr='abc' is not allowed: a number in [1e-12, 10]"),
+    ("loader.pin_memory=choice(true,maybe)",
+     "loader.pin_memory='maybe' is not allowed: true or false"),
+    ("model.name=choice(resnet18,resnet51)", "model.name='resnet51' is not allowed: a "
+     "torchvision classification model or 'tiny' (close: resnet101"),
+])
+def test_swept_values_that_no_trial_can_take_stop_the_sweep_first(compose_cfg, swept, line):
+    """Each of these made every trial fail (and the sweep exit 0), or crashed the check."""
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg(hydra=True)
+    cfg.hydra.overrides.task = [swept]
+    with pytest.raises(ConfigError) as err:
+        check_before_work(cfg)
+    assert line in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_sweepers_override_lists_are_checked_like_the_command_line(compose_cfg):
+    """hydra.sweeper.screen.overrides and max_batch.overrides: parsed by Hydra's parser, their
+    keys and values checked before any trial (before: every screen failed, the sweep exit 0)."""
+    from gpubench.config.prechecks import check_before_work
+
+    for override, line in (
+        ("hydra.sweeper.screen.overrides=[garbage]",
+         "hydra.sweeper.screen.overrides[0]='garbage' is not allowed: an override in Hydra's "
+         "syntax, key=value"),
+        ("hydra.sweeper.screen.overrides=['bench.phases=[e2e]','bench.stps=3']",
+         "hydra.sweeper.screen.overrides[1]='bench.stps=3' is not allowed: bench.stps: a key "
+         "gpubench declares (close: bench.steps"),
+        ("hydra.sweeper.screen.overrides=['bench.steps=0']",
+         "hydra.sweeper.screen.overrides[0]='bench.steps=0' is not allowed: bench.steps: an "
+         "integer in [1, 10000000]"),
+        ("hydra.sweeper.max_batch.overrides=['loader.batch_size=choice(1,2)']",
+         "hydra.sweeper.max_batch.overrides[0]='loader.batch_size=choice(1,2)' is not allowed: "
+         "a plain override key=value"),
+        ("hydra.sweeper.max_batch.overrides=['precision=fp64']",
+         "hydra.sweeper.max_batch.overrides[0]='precision=fp64' is not allowed: precision: one "
+         "of amp_bf16"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            check_before_work(compose_cfg("sweep=throughput", override, hydra=True))
+        assert str(err.value).startswith(line), str(err.value)
+    check_before_work(compose_cfg("sweep=throughput", "hydra.sweeper.screen.overrides=["
+                                  "'bench.phases=[e2e]','bench.steps=5','+model.kwargs.w=2']",
+                                  hydra=True))
+    cfg = compose_cfg("sweep=throughput", hydra=True)
+    cfg.hydra.sweeper.params["loader.batch_size"] = "choice(2,"  # a preset's broken entry
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.params.loader.batch_size="):
+        check_before_work(cfg)
+
+
+def test_stores_under_a_file_are_one_line_before_any_work(compose_cfg, tmp_path):
+    """A sqlite storage or tracking store whose folder is a file: before, three tracebacks (a
+    sweep) or a failure when the run was logged, after measuring."""
+    from gpubench.config.prechecks import check_before_work
+
+    afile = tmp_path / "some_file.txt"
+    afile.write_text("")
+    with pytest.raises(ConfigError) as err:
+        check_before_work(compose_cfg("sweep=throughput",
+                                      f"hydra.sweeper.storage=sqlite:///{afile}/x.db", hydra=True))
+    assert str(err.value) == (f"hydra.sweeper.storage='sqlite:///{afile}/x.db' is not allowed: a path "
+                              f"whose folders can be made ({afile} is a file)")
+    check_before_work(compose_cfg("sweep=throughput",
+                                  f"hydra.sweeper.storage=sqlite:///{tmp_path}/new/x.db",
+                                  hydra=True))
+    for uri in (f"sqlite:///{afile}/mlflow.db", f"file://{afile}", str(afile / "mlruns")):
+        s = resolve(compose_cfg("tracking=mlflow", f"tracking.uri={uri}"))  # no disk in resolve
+        with pytest.raises(ConfigError) as err:
+            check_resources(s)
+        assert err.value.key == "tracking.uri" and f"({afile} is a file)" in str(err.value)
+    check_resources(resolve(compose_cfg("tracking=mlflow", f"tracking.uri={tmp_path}/mlruns")))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("tracking.experiment=''", "tracking.experiment"),
+    ("tracking.experiment='   '", "tracking.experiment"),
+    ("tracking.experiment='a\tb'", "tracking.experiment"),  # a tab, as the shell passes it
+    (f"tracking.experiment={'x' * 501}", "tracking.experiment"),
+    ("tracking.run_name=''", "tracking.run_name"),
+    (f"tracking.run_name={'x' * 251}", "tracking.run_name"),
+])
+def test_tracking_names_mlflow_refuses_or_garbles_fail_in_resolve(compose_cfg, override, key):
+    """Before: an empty experiment failed when the run was logged, 55 s after the start."""
+    with pytest.raises(ConfigError) as err:
+        resolve(compose_cfg(override))
+    assert err.value.key == key and "not blank" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_names_mlflow_takes_pass(compose_cfg):
+    resolve(compose_cfg("tracking.experiment='team/résnet 50'", f"tracking.run_name={'x' * 250}"))
+
+
+@pytest.mark.parametrize("override, line", [
+    ("model.name=résnet50", "model.name='résnet50' is not allowed: a value in Hydra's override "
+     "syntax (unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: "
+     "key='value'); model.name takes one of resnet50, "),
+    ("bench.lr=1e-3µ", "bench.lr='1e-3µ' is not allowed: a value in Hydra's override syntax "
+     "(unquoted: ASCII letters"),
+    ("loader.batch_size=choice(2,", "loader.batch_size='choice(2,' is not allowed: a value in "
+     "Hydra's override syntax (choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}) (Hydra: "
+     "no viable alternative at input 'choice(2,'); loader.batch_size takes null or an integer "
+     "in [1, 65536]"),
+    ("garbage", "'garbage' is not allowed: an override key=value in Hydra's syntax"),
+])
+def test_overrides_hydras_lexer_refuses_say_what_is_allowed(compose_cfg, override, line):
+    with pytest.raises(Exception) as err:
+        compose_cfg(override)
+    got, code = describe(err.value)
+    assert got.startswith(line) and code == 2 and "\n" not in got, got
+
+
+@pytest.mark.parametrize("overrides, task, line", [
+    (["bench.phases=[loader,loader]"], None, "bench.phases=['loader', 'loader'] is not allowed: "
+     "a non-empty list of loader, compute, e2e, each at most once"),
+    (["model.num_classes=${dataset.nosuch}"], None, "model.num_classes='${dataset.nosuch}' is "
+     "not allowed: an interpolation that resolves (Interpolation key 'dataset.nosuch' not found)"),
+    (["sweep=throughput", "hydra.sweeper.study_name=''"], None, "hydra.sweeper.study_name='' is "
+     "not allowed: null or a name that is not blank, at most 512 characters"),
+    ([], ["bench.phases=choice([loader],[])"], "bench.phases=[] is not allowed"),
+    ([], ["tracking.experiment=choice(a,'')"], "tracking.experiment='' is not allowed"),
+    ([], ["bench.steps=range(1,10,0)"], "bench.steps='range(1,10,0)' is not allowed: a "
+     "range(a,b[,step]) with finite numbers and a step that is not 0"),
+])
+def test_more_inputs_of_the_same_kinds(compose_cfg, overrides, task, line):
+    """Tried beyond the issue's list: each was accepted (a duplicated phase measured twice into
+    one record; a blank study name; a sweep whose every trial failed) or, for the interpolation,
+    a Hydra warning out of the input check, then a failure in every job."""
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg(*overrides, hydra=True)
+    if task is not None:
+        cfg.hydra.overrides.task = task
+    with pytest.raises(ConfigError) as err:
+        check_before_work(cfg)
+        check_all(cfg)
+    assert str(err.value).startswith(line), str(err.value)
+
+
+def test_a_function_hydra_refuses_names_hydras_reason(compose_cfg):
+    with pytest.raises(Exception) as err:
+        compose_cfg("loader.batch_size=choice()")
+    assert describe(err.value)[0].startswith(
+        "loader.batch_size='choice()' is not allowed: a value in Hydra's override syntax "
+        "(choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}) (Hydra: ValueError while "
+        "evaluating 'choice()': empty choice is not legal)")
+
+
+def test_sync_flags_take_what_their_keys_take(tmp_path, capsys):
+    """--timeout and --experiment stand for tracking.timeout_s and tracking.experiment: nan,
+    inf and a blank name were taken (a blank name failed at the first upload)."""
+    from gpubench.tracking.__main__ import main
+
+    for argv, line in ((["--timeout", "nan"], "--timeout='nan' is not allowed: a number in "
+                        "[0.1, 3600] (as tracking.timeout_s)"),
+                       (["--timeout", "inf"], "--timeout='inf' is not allowed"),
+                       (["--experiment", " "], "--experiment=' ' is not allowed: a name that "
+                        "is not blank")):
+        with pytest.raises(SystemExit) as done:
+            main(["sync", str(tmp_path), *argv])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and line in err and err.count("\n") == 1, err
+    assert main(["sync", str(tmp_path), "--timeout", "5", "--experiment", "team a"]) == 0

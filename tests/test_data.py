@@ -190,10 +190,13 @@ def test_preload_run_reports_time_and_ram(folder, tmp_path):
 
 def test_preload_larger_than_free_ram_is_refused(folder, tmp_path):
     free = psutil.virtual_memory().available
-    # an image side at which 18 cached images need twice the free RAM; refused before decoding
-    side = int((2 * free / (3 * 18)) ** 0.5 * 7 / 8) + 1
+    # an image side at which 18 cached images need 1.1 x the free RAM (the cache may take 80%),
+    # while two float32 batches of one image fit in half of it (check_resources' batch rule:
+    # 0.37 of the free RAM); refused before decoding
+    side = int((1.1 * free / (3 * 18)) ** 0.5 * 7 / 8) + 1
     with pytest.raises(ConfigError, match="dataset.preload") as e:
-        measure_run(cfg_for(folder, "dataset.preload=true", f"dataset.image_size={side}"), tmp_path)
+        measure_run(cfg_for(folder, "dataset.preload=true", f"dataset.image_size={side}",
+                            "loader.batch_size=1"), tmp_path)
     assert "GiB" in str(e.value) and "\n" not in str(e.value)
 
 

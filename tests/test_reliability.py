@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_cli
+import torch
+from conftest import ROOT, TINY, compose_config, run_cli
+
+from gpubench.run.runner import measure_run
 
 TINY_NO_TRACKING = [a for a in TINY if not a.startswith("tracking=")]
 
@@ -44,6 +47,11 @@ SINGLE = [
     ("model.num_classes=5", "model.num_classes=5", "10 classes"),
     ("--bogus", "unrecognized arguments: --bogus", "--help"),
     ("compile=fast", "compile=fast", "max_autotune"),
+    # issue 20: Hydra's lexer error, a key added with +, a name MLflow refuses after measuring
+    ("model.name=résnet50", "model.name='résnet50'", "quote anything else: key='value'); "
+     "model.name takes one of resnet50"),
+    ("+loader.nosuch=1", "loader.nosuch=1", "loader.num_workers"),
+    ("tracking.experiment=''", "tracking.experiment=''", "not blank"),
 ]
 SWEEP = "-m hydra/sweeper=gpubench hydra.sweeper.storage=null"
 MULTI = [
@@ -53,6 +61,10 @@ MULTI = [
      "hydra.sweeper.storage='notaurl'", "sqlite"),
     (f"{SWEEP} loader.batch_size=range(8,4)", "range(8,4", "empty"),
     (f"{SWEEP}", "nothing to search", "choice"),
+    # issue 20: before, every trial failed and the sweep exited 0
+    (f"{SWEEP} loader.batch_size=interval(2,8)", "'interval(2,8)'", "range(2,9)"),
+    (f"{SWEEP} loader.batch_size=choice(2,4) hydra.sweeper.screen.overrides=[garbage]",
+     "hydra.sweeper.screen.overrides[0]='garbage'", "key=value"),
 ]
 
 
@@ -254,3 +266,45 @@ def test_a_bad_swept_key_or_value_stops_the_sweep_before_any_trial(tmp_path, swe
     assert len(lines) == 1 and lines[0].startswith(f"gpubench: error: {key}"), p.stderr
     assert allowed in lines[0]
     assert not (tmp_path / "sweep").exists()
+
+
+# ------------------------------------------------------------------ a diverging model
+
+
+class DivergesAt(torch.nn.Module):
+    """Logits turn NaN from the `at`-th training forward on (counted with gradients on: the
+    output check before the phases runs without), the way a too-high learning rate ends."""
+
+    def __init__(self, num_classes: int = 10, at: int = 3):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, num_classes)
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        out = self.fc(x.float().mean((2, 3)))
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls >= self.at:
+                out = out * float("nan")
+        return out
+
+
+@pytest.mark.parametrize("at, where", [
+    (3, "at micro-batch 3 (e2e phase, window 1, warm-up)"),  # read after each warm-up sync
+    (4, "at micro-batch 4 (e2e phase, window 1)"),  # read at the window's closing sync
+])
+def test_a_loss_that_turns_nan_fails_the_run_naming_the_step(tmp_path, at, where):
+    """Before: NaN steps were measured and the run ended `ok`. The loss is read only where the
+    device was synchronized anyway (no sync per measured step): failed, naming the micro-batch
+    and the phase, with the phases measured before it kept."""
+    cfg = compose_config("model=custom", "model._target_=test_reliability.DivergesAt",
+                         f"+model.kwargs.at={at}", "bench.flops=false",
+                         "bench.phases=[loader,compute,e2e]")
+    rec = measure_run(cfg, tmp_path).record
+    # compute: warm-up 1 + 1 step (forwards 1, 2); e2e: warm-up (3), its first window step (4)
+    assert rec.status.value == "failed"
+    assert rec.error == (f"NonFiniteLoss: the loss became nan {where}: the model diverges (a "
+                         "lower bench.lr, or check the model)")
+    assert set(rec.phases) == {"loader", "compute"}  # measured before it: kept
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["status"] == "failed" and f"micro-batch {at}" in saved["error"]

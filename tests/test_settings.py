@@ -111,8 +111,9 @@ GOLDEN = {
                 "transform": {}, "collate": {}},
     "model": {"name": "tiny", "num_classes": 10, "_target_": None, "kwargs": {},
               "checkpointing": False},
-    "loader": {"batch_size": 16, "num_workers": 0, "pin_memory": True, "prefetch_factor": 2,
-               "persistent_workers": True, "drop_last": True, "multiprocessing_context": None,
+    # 0 workers: the worker-only keys as the DataLoader has them (settings.WORKER_ONLY)
+    "loader": {"batch_size": 16, "num_workers": 0, "pin_memory": True, "prefetch_factor": None,
+               "persistent_workers": False, "drop_last": True, "multiprocessing_context": None,
                "worker_threads": 1},
     "precision": {"name": "torch_default"},
     "bench": {"device": "cpu", "phases": ["loader", "compute", "e2e"], "warmup_steps": 1,
@@ -148,7 +149,9 @@ def test_every_schema_key_reaches_the_settings(compose_cfg):
     schema = {f.name for f in dataclasses.fields(config.BenchConfig)}
     roots = {f.name for f in dataclasses.fields(Settings)} - set(GROUPS)
     assert schema - set(GROUPS) <= roots  # precision, channels_last, compile
-    cfg = compose_cfg("bench.optimizer=adamw", "tracking.backend=none", "dataset.on_corrupt=fail")
+    # with a worker: with none, the worker-only keys are resolved (test_worker_only_keys...)
+    cfg = compose_cfg("bench.optimizer=adamw", "tracking.backend=none", "dataset.on_corrupt=fail",
+                      "loader.num_workers=1")
     s = resolve(cfg)
     for group, cls in GROUPS.items():
         node = OmegaConf.structured(config.BenchConfig)[group]
@@ -221,9 +224,19 @@ def test_bad_input_fails_in_resolve_naming_the_key(compose_cfg, overrides, key):
 # (overrides, key): resolve passes; this machine's limits fail in check_resources
 TOO_BIG = [
     ("loader.num_workers=1024", "loader.num_workers"),
-    ("loader.worker_threads=1024", "loader.worker_threads"),
+    ("loader.num_workers=1 loader.worker_threads=1024", "loader.worker_threads"),
     # 10 million 4096 px images: no machine holds that pool in RAM
     ("dataset.num_samples=10000000 dataset.image_size=4096", "dataset.num_samples"),
+    # the same for fake_jpeg's pool of JPEGs (before: encoded until the machine gave out)
+    ("dataset=fake_jpeg dataset.num_samples=10000000 dataset.image_size=1024",
+     "dataset.num_samples"),
+    # one image of the pool (74,897 px stored: 16 GiB) is more than half of any RAM here
+    ("dataset.num_samples=1 dataset.image_size=65535", "dataset.image_size"),
+    # device_synthetic's one batch is made on the host: 4 x 51 GiB of float32
+    ("dataset=device_synthetic dataset.image_size=65535", "dataset.image_size"),
+    # the batches in flight: 65536 images of 224 px are 147 GiB of float32 each
+    ("loader.batch_size=65536 dataset.image_size=224 dataset.num_samples=1",
+     "loader.batch_size"),
 ]
 
 
@@ -271,6 +284,8 @@ def test_a_runs_results_json_holds_the_composed_config(compose_cfg, tmp_path):
     held = json.loads((tmp_path / "results.json").read_text())["config"]
     want = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     want["dataset"]["image_size"] = 32  # auto_sizes("cpu"); loader.batch_size=4 as given
+    # loader.num_workers=0: the worker-only keys as the DataLoader had them
+    want["loader"].update(prefetch_factor=None, persistent_workers=False)
     assert held == want and held["model"]["kwargs"] == {"width": 4}
 
 
@@ -291,3 +306,26 @@ def test_sizes_follow_the_device_asked_for_without_its_rules(compose_cfg, monkey
     with pytest.raises(ConfigError) as e:
         sizes(compose_cfg("loader.batch_size=0"))
     assert e.value.key == "loader.batch_size"
+
+
+def test_worker_only_keys_are_resolved_with_no_workers_and_said_so(compose_cfg):
+    """With loader.num_workers=0 the DataLoader takes no worker-only option: they are recorded
+    as it has them (a report then never recommends a prefetch_factor that did nothing), with a
+    note where the config asked for another value than the default."""
+    s = resolve(compose_cfg("loader.num_workers=0", "loader.prefetch_factor=4",
+                            "loader.persistent_workers=true", "loader.worker_threads=2",
+                            "loader.multiprocessing_context=spawn"))
+    ld = s.loader
+    assert (ld.prefetch_factor, ld.persistent_workers, ld.worker_threads,
+            ld.multiprocessing_context) == (None, False, 1, None)
+    assert s.config["loader"]["prefetch_factor"] is None  # what results.json records
+    assert s.notes == (
+        "loader.prefetch_factor=4 acts only with loader worker processes: recorded as null "
+        "with loader.num_workers=0",
+        "loader.multiprocessing_context=spawn acts only with loader worker processes: recorded "
+        "as null with loader.num_workers=0",
+        "loader.worker_threads=2 acts only with loader worker processes: recorded as 1 with "
+        "loader.num_workers=0")
+    assert resolve(compose_cfg("loader.num_workers=0")).notes == ()  # the defaults: no note
+    s = resolve(compose_cfg("loader.num_workers=1", "loader.prefetch_factor=4"))
+    assert (s.loader.prefetch_factor, s.loader.persistent_workers, s.notes) == (4, True, ())

@@ -9,15 +9,25 @@ more (its first line).
 
 from __future__ import annotations
 
+import difflib
 import re
 import typing
 from enum import Enum
 
-from hydra.errors import HydraException, InstantiationException, MissingConfigException
+from antlr4.error.Errors import LexerNoViableAltException
+from hydra.errors import (
+    HydraException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from gpubench.config.errors import ConfigError
+from gpubench.config.prechecks import UNQUOTED
+from gpubench.config.schema import KEYS
+from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import WriteError
 
@@ -92,6 +102,32 @@ def hydra_line(ex: HydraException | OmegaConfBaseException) -> str:
     return f"{key}: {line}" if key else line
 
 
+def override_line(ex: OverrideParseException) -> str:
+    """One line for an override Hydra's parser refused (its attribute `override` is the text):
+    a character its lexer does not take unquoted (an accent, a space) or a broken sweep. Says
+    what the syntax allows and what the key takes; for model.name, the models."""
+    text = ex.override or ""
+    key, eq, value = text.partition("=")
+    key = key.strip().lstrip("+~")
+    if not eq:
+        return f"{text!r} is not allowed: an override key=value in Hydra's syntax ({UNQUOTED})"
+    # a character the lexer does not take: Hydra raises this from None and keeps the lexer
+    # error's type only as the first word of its message
+    lexer = str(ex.message).startswith(LexerNoViableAltException.__name__)
+    syntax = UNQUOTED if lexer else "choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}"
+    line = f"{key}={value!r} is not allowed: a value in Hydra's override syntax ({syntax})"
+    if not lexer:  # Hydra's reason (a type a function refused, a missing bracket) says more
+        reason = [ln.strip() for ln in str(ex.message).splitlines()
+                  if ln.strip() and not ln.startswith(("See https", "Error parsing override"))]
+        line += f" (Hydra: {'; '.join(reason)[:200]})" if reason else ""
+    if key == "model.name":
+        names = known_models()
+        close = difflib.get_close_matches(value, names, n=6, cutoff=0.6)
+        return line + f"; model.name takes one of {', '.join(close or names)}"
+    declared = next((k for k in KEYS if k.name == key), None)
+    return line + (f"; {key} takes {declared.allowed}" if declared is not None else "")
+
+
 def argparse_line(output: str) -> str | None:
     """argparse's reason from what it printed ("usage: ...", then "prog: error: why"), or None
     when the output is not argparse's."""
@@ -111,6 +147,8 @@ def describe(ex: BaseException) -> tuple[str, ExitCode]:
     ex = root_cause(ex)
     if isinstance(ex, ConfigError):
         return str(ex), ExitCode.BAD_INPUT
+    if isinstance(ex, OverrideParseException):
+        return override_line(ex), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
         return flat(hydra_line(ex)), ExitCode.BAD_INPUT
     if isinstance(ex, WriteError):  # already one line: the path, the reason, the free space

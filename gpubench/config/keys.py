@@ -20,6 +20,7 @@ import dataclasses
 import math
 import types
 import typing
+import unicodedata
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any
@@ -70,6 +71,23 @@ def check_range(key: str, value: Any, kind: str, low: float | None, high: float 
         raise ConfigError(key, value, allowed)
     # written as "not inside" so NaN (which compares False to everything) is rejected too
     if not ((low is None or value >= low) and (high is None or value <= high)):
+        raise ConfigError(key, value, allowed)
+
+
+# MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
+# a run's name is its mlflow.runName, stored in a 250-character column
+EXPERIMENT_NAME_MAX, RUN_NAME_MAX = 500, 250
+
+
+def check_name(key: str, value: Any, most: int, nullable: bool = False) -> None:
+    """A name MLflow (or Optuna) keeps: text that is not blank, with no control characters (a newline, a tab),
+    at most `most` characters. MLflow refuses an empty experiment name only when the run is
+    logged, after the measurement; the rest it stores, to show blank or broken rows."""
+    allowed = (f"{'null or ' if nullable else ''}a name that is not blank, at most {most} "
+               "characters, without control characters")
+    if not isinstance(value, str) or not value.strip() or len(value) > most:
+        raise ConfigError(key, value, allowed)
+    if any(unicodedata.category(c).startswith("C") for c in value):
         raise ConfigError(key, value, allowed)
 
 

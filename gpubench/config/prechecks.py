@@ -9,21 +9,33 @@ gpubench.config.settings (resolve), which every job applies.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import is_dataclass
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, RangeSweep
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.keys import check_keys, keys
+from gpubench.config.footprint import check_local_store
+from gpubench.config.keys import INT, Key, check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.config.schema import KEYS
+from gpubench.config.schema import KEYS, check_known_key, check_known_keys
+from gpubench.config.settings import (
+    EXPERIMENT_NAME_MAX,
+    RUN_NAME_MAX,
+    check_interpolations,
+    check_model_name,
+    check_name,
+    check_phases,
+)
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
+from gpubench.core.uris import sqlite_path
 
 # `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
 OPTIONAL_GROUPS = ("sweep", "experiment")
@@ -57,9 +69,18 @@ def _swept_values(o) -> list:
     if isinstance(v, IntervalSweep):
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
+        ends = (v.start, v.stop, v.step)
+        if not all(math.isfinite(x) for x in ends) or not v.step:
+            raise ConfigError(o.key_or_group, _text(o), "a range(a,b[,step]) with finite numbers "
+                                                        "and a step that is not 0")
         last = range_last(v.start, v.stop, v.step)
         return [v.start, last] if last is not None else []
     return list(o.sweep_iterator())
+
+
+def _text(o) -> str:
+    """The value of an override as it was typed."""
+    return o.input_line.split("=", 1)[-1] if o.input_line else str(o.value())
 
 
 def _keys(node: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
@@ -78,42 +99,126 @@ def _keys(node: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
+# what Hydra's lexer takes unquoted; anything else (an accent, a space, a comma in a value)
+# must be quoted
+UNQUOTED = "unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: key='value'"
+
+
+def _parser() -> OverridesParser:
+    # with Hydra's config loader where there is one: glob(...) lists the config's own keys
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() \
+        else None
+    return OverridesParser.create(config_loader=loader)
+
+
+def parse(text: str, key: str) -> Any:
+    """One override parsed by Hydra's own parser; a malformed one is a ConfigError naming
+    `key` (the list or mapping it came from)."""
+    try:
+        return _parser().parse_overrides([text])[0]
+    except HydraException:
+        raise ConfigError(key, text, f"an override in Hydra's syntax, key=value ({UNQUOTED})"
+                          ) from None
+
+
+def _check_value(k: Key, v: Any) -> None:
+    """One value of a declared key: its range or choices, its type, a known model."""
+    if k.type is bool and not isinstance(v, bool):
+        raise ConfigError(k.name, v, k.allowed)
+    k.check(v)
+    if k.name == "model.name":
+        check_model_name(v)
+    elif k.name == "bench.phases":
+        check_phases(v)
+    elif k.name == "tracking.experiment":
+        check_name(k.name, v, EXPERIMENT_NAME_MAX)
+    elif k.name == "tracking.run_name" and v is not None:
+        check_name(k.name, v, RUN_NAME_MAX, nullable=True)
+
+
+def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) -> None:
+    """A parsed override's key exists (or is added under a free-form mapping), and each value
+    it names is one its key takes: a misspelled key or a value out of range would otherwise
+    fail every trial, one by one."""
+    key = o.key_or_group
+    if o.is_delete() or key.startswith(("hydra.", "hydra/")):
+        return
+    sweep = o.is_sweep_override()
+    values = _swept_values(o) if sweep else [o.value()]
+    if key in groups:
+        options = group_options(key)
+        for v in values:
+            if str(v) not in options:
+                raise ConfigError(key, v, f"one of {', '.join(options)} (conf/{key}/ or a "
+                                          "--config-dir)")
+        return
+    if o.is_add() or o.is_force_add():
+        check_known_key(key, _text(o))
+    elif OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+        # under gpubench's groups a new key is refused too: name the declared ones
+        check_known_key(key, _text(o))
+        close = difflib.get_close_matches(key, _keys(cfg, skip=("hydra",)), n=3)
+        hint = f" (close: {', '.join(close)})" if close else ""
+        raise ConfigError(key, _text(o), f"a key of the config{' to sweep' if sweep else ''}"
+                                         f"{hint}; +{key}=... adds a new one")
+    k = declared.get(key)
+    if k is None:
+        return
+    if isinstance(o.value(), IntervalSweep) and k.kind == INT:
+        v = o.value()
+        raise ConfigError(key, _text(o), f"range({int(v.start)},{int(v.end) + 1}) or choice(...) "
+                                         "for an integer key (an interval samples real numbers)")
+    if isinstance(o.value(), IntervalSweep) and k.kind is None:
+        raise ConfigError(key, _text(o), f"choice(...) of {k.allowed} (an interval samples "
+                                         "numbers)")
+    for v in values:
+        _check_value(k, v)
+
+
 def check_sweep_overrides(cfg: DictConfig) -> None:
-    """Every swept key of a multirun (`key=a,b`, `choice(...)`, `range(...)`, `interval(...)`,
-    on the command line or in hydra.sweeper.params) names a key of the config or a config
-    group, and its values are in the key's range or choices (its declaration in the schema) or
-    among the group's options: a misspelled key or a value out of range would otherwise fail
-    every trial, one by one."""
+    """Every override of a multirun (the command line's and hydra.sweeper.params, sweeps and
+    plain ones) names a key of the config or a config group, and its values are in the key's
+    range, type or choices (its declaration in the schema) or among the group's options; a
+    numeric sweep has finite ends, and an integer key is never swept with an interval."""
     task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
-    texts = task + [f"{k}={v}" for k, v in params.items()]
-    try:
-        overrides = OverridesParser.create().parse_overrides(texts)
-    except Exception:  # Hydra itself reports a malformed override
+    try:  # Hydra itself reports a malformed command-line override, before this runs
+        overrides = _parser().parse_overrides(task)
+    except HydraException:
         return
+    overrides += [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
     groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
     declared = {k.name: k for k in KEYS}
     for o in overrides:
-        key = o.key_or_group
-        if (not o.is_sweep_override() or o.is_add() or o.is_force_add() or o.is_delete()
-                or key.startswith(("hydra.", "hydra/"))):
-            continue
-        values = _swept_values(o)
-        if key in groups:
-            options = group_options(key)
-            for v in values:
-                if str(v) not in options:
-                    raise ConfigError(key, v, f"one of {', '.join(options)} (conf/{key}/ or a "
-                                              "--config-dir)")
-            continue
-        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-            close = difflib.get_close_matches(key, _keys(cfg, skip=("hydra",)), n=3)
-            hint = f" (close: {', '.join(close)})" if close else ""
-            raise ConfigError(key, o.input_line.split("=", 1)[-1] if o.input_line else values,
-                              f"a key of the config to sweep{hint}; +{key}=... adds a new one")
-        if key in declared:
-            for v in values:
-                declared[key].check(v)
+        if o.is_sweep_override() or isinstance(o.value(), ChoiceSweep):
+            _check_override(cfg, o, groups, declared)
+
+
+# the sweeper's lists of plain overrides applied to some of its jobs
+EXTRA_OVERRIDES = ("screen.overrides", "max_batch.overrides")
+
+
+def check_extra_overrides(cfg: DictConfig) -> None:
+    """hydra.sweeper.screen.overrides (a screen's jobs) and max_batch.overrides (the probes):
+    each parsed by Hydra's parser and its key and value checked like a command-line override's,
+    before any trial (a bad one would fail every screened trial and the sweep exit 0)."""
+    groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    declared = {k.name: k for k in KEYS}
+    for name in EXTRA_OVERRIDES:
+        texts = OmegaConf.select(cfg, f"hydra.sweeper.{name}", default=None)
+        for i, text in enumerate(texts or []):
+            key = f"hydra.sweeper.{name}[{i}]"
+            o = parse(str(text), key)
+            if o.is_sweep_override():
+                raise ConfigError(key, str(text), "a plain override key=value (the sweeper "
+                                                  "chooses the swept values)")
+            try:
+                _check_override(cfg, o, groups, declared)
+            except ConfigError as e:  # which list it came from, and the key in it
+                raise ConfigError(key, str(text), f"{e.key}: {e.allowed}") from None
+
+
+STUDY_NAME_MAX = 512
 
 
 def check_sweeper(cfg: DictConfig) -> None:
@@ -126,6 +231,9 @@ def check_sweeper(cfg: DictConfig) -> None:
     schema = OmegaConf.get_type(node)
     if schema is not None and is_dataclass(schema):
         check_keys(node, keys(schema, "hydra.sweeper."))
+        name = node.get("study_name")
+        if name is not None:  # Optuna's limit: an indexed column of 512 characters
+            check_name("hydra.sweeper.study_name", name, STUDY_NAME_MAX, nullable=True)
 
 
 def check_before_work(cfg: DictConfig) -> None:
@@ -133,13 +241,17 @@ def check_before_work(cfg: DictConfig) -> None:
     creates a run dir, a sweeper or an MLflow parent run: group names, swept keys and values,
     the sweeper's own keys, and URIs."""
     check_choices(cfg)
+    check_interpolations(cfg)
+    check_known_keys(cfg)
     check_sweep_overrides(cfg)
     check_sweeper(cfg)
+    check_extra_overrides(cfg)
     if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
         check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
     storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)
     if isinstance(storage, str):
         check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)
+        check_local_store("hydra.sweeper.storage", sqlite_path(storage), value=storage)
 
 
 class InputCheck(Callback):

@@ -11,6 +11,7 @@ gpubench.config.settings; the checks on Hydra's own node in gpubench.config.prec
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.config.errors import ConfigError
 from gpubench.config.keys import Key, check_keys, keys, setting
 
 
@@ -112,8 +114,9 @@ class DatasetConfig:
     num_classes: int = setting(1000, "labels in the dataset (model.num_classes follows it)",
                                bounds=(1, 1_000_000))
     num_samples: int = setting(
-        512, "images in the in-memory pools (synthetic, fake_jpeg), cycled; synthetic: the pool "
-        "(samples x 3 x size² bytes) must fit in half of the free RAM", bounds=(1, 10_000_000))
+        512, "images in the in-memory pools (synthetic, fake_jpeg), cycled; the pool (synthetic: "
+        "samples x 3 x (8/7 x size)² bytes; fake_jpeg: their JPEGs) must fit in half of the free "
+        "RAM", bounds=(1, 10_000_000))
     root: str | None = setting(None, "the folder imagefolder and cifar10 read (never downloaded)",
                                allowed="null or an existing folder")
     jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
@@ -164,17 +167,18 @@ class LoaderConfig:
         2, "DataLoader worker processes; at most 4 per usable core and 256 MiB of free RAM each "
            "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024))
     pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)")
-    prefetch_factor: int | None = setting(2, "batches each worker prepares ahead",
-                                          bounds=(1, 64))
-    persistent_workers: bool = setting(True, "keep the workers between epochs and phases")
+    prefetch_factor: int | None = setting(2, "batches each worker prepares ahead; null with 0 "
+                                             "workers", bounds=(1, 64))
+    persistent_workers: bool = setting(True, "keep the workers between epochs and phases; false "
+                                             "with 0 workers")
     drop_last: bool = setting(True, "every measured step is a full batch")
     multiprocessing_context: str | None = setting(
         None, "the workers' start method; null: the platform's default (fork on Linux: workers "
-              "share preloaded tensors for free)",
+              "share preloaded tensors for free); null with 0 workers",
         allowed="null or a start method of this platform (fork, spawn, forkserver)")
     worker_threads: int = setting(
         1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
-           "usable cores", bounds=(1, 1024))
+           "usable cores; 1 with 0 workers", bounds=(1, 1024))
 
 
 @dataclass
@@ -250,8 +254,12 @@ class TrackingConfig:
         allowed="null, http(s)://host[:port], file:///folder, sqlite:///path.db, "
                 "postgresql[+driver]://..., mysql[+driver]://..., mssql[+driver]://..., "
                 "databricks[://profile] or a local folder")
-    experiment: str = setting("gpubench", "the MLflow experiment")
-    run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup")
+    experiment: str = setting("gpubench", "the MLflow experiment",
+                              allowed="a name that is not blank, at most 500 characters, without "
+                                      "control characters")
+    run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup",
+                                   allowed="null or a name that is not blank, at most 250 "
+                                           "characters, without control characters")
     timeout_s: float = setting(10.0, "seconds to wait for a tracking server before giving up "
                                      "(results stay on disk)", bounds=(0.1, 3600))
 
@@ -308,6 +316,51 @@ def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
     """Every key with bounds or choices (or `only` these) against its declaration. The bounds
     that depend on the machine are checked in settings.check_resources."""
     check_keys(cfg, KEYS, only)
+
+
+# gpubench's groups (dataset, model, loader, ...): every key under them is declared above
+GROUP_NAMES: frozenset[str] = frozenset(k.name.split(".")[0] for k in KEYS if "." in k.name)
+# free-form mappings: a team's own constructor arguments and instantiate nodes, any keys
+FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
+
+
+NAMES: frozenset[str] = frozenset(k.name for k in KEYS)
+
+
+def check_known_key(key: str, value: Any) -> None:
+    """A key under one of gpubench's groups must be one the schema declares (entries of a
+    free-form mapping such as model.kwargs aside): `+loader.nosuch=1` would otherwise be
+    carried along, recorded and compared, and act on nothing. Top-level keys of your own stay
+    allowed: a team config may keep values there for interpolations."""
+    group = key.split(".")[0]
+    if key in NAMES or key.startswith(FREE_FORM) or group not in GROUP_NAMES:
+        return
+    names = [k.name for k in KEYS if k.name.startswith(f"{group}.")]  # declaration order
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.7)
+    hint = f"close: {', '.join(close)}" if close else f"one of {', '.join(names)}"
+    raise ConfigError(key, value, f"a key gpubench declares ({hint}); a custom class's own "
+                                  "arguments go under model.kwargs or dataset.kwargs")
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key under gpubench's groups in a composed config, against the declarations."""
+    for group in sorted(GROUP_NAMES):
+        node = cfg._get_node(group) if group in cfg else None
+        if isinstance(node, DictConfig):
+            _check_node(node, f"{group}.")
+
+
+def _check_node(node: DictConfig, prefix: str) -> None:
+    for k in node.keys():
+        key, child = f"{prefix}{k}", node._get_node(k)
+        if f"{key}." in FREE_FORM:
+            continue  # a free-form mapping: any keys
+        if isinstance(child, DictConfig) and any(n.startswith(f"{key}.") for n in NAMES):
+            _check_node(child, f"{key}.")
+        else:
+            value = (OmegaConf.to_container(child, resolve=False)
+                     if isinstance(child, DictConfig) else child._value())
+            check_known_key(key, value)
 
 
 def auto_sizes(device: str) -> tuple[int, int]:

@@ -21,6 +21,7 @@ settings' fields are derived from the schema's declarations (config.schema), not
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, make_dataclass
@@ -30,9 +31,11 @@ from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.keys import keys
+from gpubench.config.footprint import check_local_store, check_memory_sizes
+from gpubench.config.keys import EXPERIMENT_NAME_MAX, RUN_NAME_MAX, check_name, keys
 from gpubench.config.schema import (
     BenchSettings,
     DatasetConfig,
@@ -42,10 +45,11 @@ from gpubench.config.schema import (
     ModelConfig,
     TrackingConfig,
     auto_sizes,
+    check_known_keys,
     check_ranges,
     to_container,
 )
-from gpubench.config.uris import check_tracking_uri
+from gpubench.config.uris import check_tracking_uri, local_store
 
 # ---------------------------------------------------------------- the settings (frozen)
 # One class per config group, with the group's keys as the schema declares them; Enums are
@@ -96,6 +100,8 @@ class Settings:
     # what results.json's "config" and the MLflow params hold (Enums by name, as OmegaConf
     # writes them)
     config: Mapping
+    # what resolve decided for the user that the user should hear about (one line each)
+    notes: tuple[str, ...] = ()
 
 
 GROUPS = {"dataset": Dataset, "model": Model, "loader": Loader, "bench": Bench,
@@ -155,16 +161,43 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     return device, image_size, batch_size
 
 
+# Loader keys that act only through worker processes, and what each holds without any: torch's
+# DataLoader refuses prefetch_factor and persistent_workers with num_workers=0 and starts no
+# process. With 0 workers they are resolved to these values (recorded so, and so compared and
+# recommended by a report), with a note when the config asked for something else than the
+# schema's default: the alternative, refusing them, would fail every 0-worker trial of a sweep
+# that also sweeps them.
+WORKER_ONLY: dict[str, Any] = {"prefetch_factor": None, "persistent_workers": False,
+                               "multiprocessing_context": None, "worker_threads": 1}
+_LOADER_DEFAULTS = {k.path: _plain(k.default) for k in keys(LoaderConfig)}
+
+
+def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The worker-only keys' values with 0 workers, and a note for each one set on purpose."""
+    if loader.num_workers != 0:
+        return {}, ()
+    notes = []
+    for key, inert in WORKER_ONLY.items():
+        given = _plain(loader.get(key))
+        if given != inert and given != _LOADER_DEFAULTS[key]:
+            notes.append(f"loader.{key}={given} acts only with loader worker processes: "
+                         f"recorded as {'null' if inert is None else str(inert).lower()} "
+                         "with loader.num_workers=0")
+    return dict(WORKER_ONLY), tuple(notes)
+
+
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
     # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
     # job fills in, which would not resolve here)
     config = to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
                           if "hydra" in cfg else cfg)
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
+    inert, notes = _without_workers(cfg.loader)
+    config["loader"].update(inert)
     return Settings(
         dataset=_group(Dataset, cfg.dataset, image_size=image_size),
         model=_group(Model, cfg.model),
-        loader=_group(Loader, cfg.loader, batch_size=batch_size),
+        loader=_group(Loader, cfg.loader, batch_size=batch_size, **inert),
         bench=_group(Bench, cfg.bench),
         memory=_group(Memory, cfg.memory),
         tracking=_group(Tracking, cfg.tracking),
@@ -175,6 +208,7 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
         compile=_plain(cfg.compile),
         phases=tuple(_plain(p) for p in cfg.bench.phases),
         config=frozen(config),
+        notes=notes,
     )
 
 
@@ -231,7 +265,10 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
 def resolve(cfg: DictConfig) -> Settings:
     """The frozen settings of a composed config, after every rule that needs neither the disk
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
+    check_interpolations(cfg)
+    check_known_keys(cfg)  # no key under gpubench's groups that the schema does not declare
     check_ranges(cfg)  # every key's declared range or choices
+    check_start_method(_plain(cfg.loader.multiprocessing_context))
     device, image_size, batch_size = sizes(cfg)
     if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
@@ -248,13 +285,42 @@ def resolve(cfg: DictConfig) -> Settings:
     if b.monitor_interval_s > b.max_seconds:
         raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
                           f"<= bench.max_seconds ({b.max_seconds:g}): a window needs a sample")
-    if not s.phases:
-        raise ConfigError("bench.phases", [], "a non-empty list of loader, compute, e2e")
+    check_phases(s.phases)
     _check_step(s)
     if s.tracking.backend == "mlflow":
         check_tracking_uri(s.tracking.uri)
+    # checked with any backend: a run kept on disk is uploaded later under the same names
+    check_name("tracking.experiment", s.tracking.experiment, EXPERIMENT_NAME_MAX)
+    if s.tracking.run_name is not None:
+        check_name("tracking.run_name", s.tracking.run_name, RUN_NAME_MAX, nullable=True)
     _check_data(s)
     return s
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Every ${...} of the run's config resolves (Hydra's own node aside: a sweeper's holds
+    values only a job fills in). One that does not would fail every job, and inside Hydra's
+    callbacks it would only be a warning."""
+    run = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    try:
+        OmegaConf.to_container(run, resolve=True)
+    except InterpolationResolutionError as e:
+        node: Any = cfg
+        for part in str(e.full_key or "").split("."):
+            node = node._get_node(part) if isinstance(node, DictConfig) and part in node else None
+        raw = node._value() if node is not None else None
+        reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(e.full_key or "config", raw,
+                          f"an interpolation that resolves ({reason})") from None
+
+
+def check_phases(phases: Any) -> None:
+    """bench.phases: not empty, each phase once (a phase listed twice would be measured twice
+    per round into the same record, its windows pooled as if they were one phase's)."""
+    names = [_plain(p) for p in phases]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError("bench.phases", names, "a non-empty list of loader, compute, e2e, "
+                                                 "each at most once")
 
 
 def _check_model(s: Settings) -> None:
@@ -263,13 +329,21 @@ def _check_model(s: Settings) -> None:
         return
     if m.name == "custom":
         raise ConfigError("model._target_", None, "a dotted nn.Module class path, e.g. my_team.models.MyNet")
-    names = known_models()
-    if m.name not in names:
-        close = [n for n in names if n.startswith(str(m.name)[:4])][:6]
-        hint = f" (close: {', '.join(close)})" if close else ""
-        raise ConfigError("model.name", m.name, f"a torchvision classification model or 'tiny'{hint}")
+    check_model_name(m.name)
     # a torchvision model gets model.num_classes outputs: every label must have one
     check_classes(m.num_classes, s.dataset.num_classes)
+
+
+def check_model_name(name: Any) -> None:
+    """model.name is one of torchvision's classifiers or tiny; the error names close ones."""
+    names = known_models()
+    if name in names:
+        return
+    close = [n for n in names if n.startswith(str(name)[:4])][:6]
+    if not close:  # a typo early in the name (an accent, a letter swapped)
+        close = difflib.get_close_matches(str(name), names, n=6, cutoff=0.6)
+    hint = f" (close: {', '.join(close)})" if close else ""
+    raise ConfigError("model.name", name, f"a torchvision classification model or 'tiny'{hint}")
 
 
 def _check_step(s: Settings) -> None:
@@ -316,7 +390,11 @@ def _check_data(s: Settings) -> None:
             # both replace the host transform with gpubench's fixed-size decode and crop
             raise ConfigError("dataset.transform._target_", ds.transform["_target_"],
                               "unset with dataset.preload=true or dataset.augment_on=device")
-    ctx = s.loader.multiprocessing_context
+
+
+def check_start_method(ctx: str | None) -> None:
+    """loader.multiprocessing_context is a start method of this platform (checked even with 0
+    workers, where it is then recorded as null: a misspelled one is an error either way)."""
     if ctx is not None:
         # the standard library's list: torch.multiprocessing re-exports the same function
         import multiprocessing
@@ -352,7 +430,8 @@ def available_ram() -> int:
 
 def check_resources(s: Settings) -> None:
     """The rules that look at this machine: the dataset's folder, workers against cores and
-    free RAM, the synthetic pool against free RAM. Run once, before any work."""
+    free RAM, the in-memory pools and the batches in flight against free RAM, a local tracking
+    store's folders (config.footprint). Run once, before any work."""
     ds, ld = s.dataset, s.loader
     if ds.name in ("imagefolder", "cifar10"):
         if not Path(os.path.expanduser(str(ds.root))).is_dir():
@@ -367,14 +446,9 @@ def check_resources(s: Settings) -> None:
     if ld.worker_threads > cpus:
         raise ConfigError("loader.worker_threads", ld.worker_threads,
                           f"an integer in [1, {cpus}] on this machine ({cpus} cores)")
-    if ds.name == "synthetic":  # its pool is uint8 images held in RAM
-        size = ds.image_size
-        pool = ds.num_samples * 3 * size * size
-        if pool > free // 2:
-            most_samples = max(1, (free // 2) // (3 * size * size))
-            raise ConfigError("dataset.num_samples", ds.num_samples,
-                              f"an integer in [1, {most_samples}] at {size} px on this machine "
-                              f"(the pool must fit in half of the {free / 2**30:.1f} GiB RAM free)")
+    check_memory_sizes(ds, ld, free)
+    if s.tracking.backend == "mlflow" and s.tracking.uri is not None:
+        check_local_store("tracking.uri", *local_store(s.tracking.uri), value=s.tracking.uri)
 
 
 def check_preload_fits(n: int, size: int) -> None:

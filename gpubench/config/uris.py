@@ -5,12 +5,13 @@ opened, after the measurement."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from gpubench.config.errors import ConfigError
 from gpubench.core.secrets import mask_secrets
-from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES
+from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES, sqlite_path
 
 # MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
 TRACKING_SCHEMES = ("http", "https", "file", *MLFLOW_SQL_SCHEMES, "databricks", "databricks-uc", "uc")
@@ -66,3 +67,17 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
         raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
     if base == "file" and not parts.path:
         raise ConfigError(key, text, "file:///absolute/folder")
+
+
+def local_store(uri: str) -> tuple[Path | None, bool]:
+    """(the path, whether it is a folder) of a tracking store on this disk: a sqlite file, a
+    file:/// folder or a bare folder path; (None, False) for a server or a remote database."""
+    db = sqlite_path(uri)
+    if db is not None:
+        return db, False
+    m = _SCHEME.match(uri)
+    if m is None or len(m.group(1)) == 1:  # a bare path (or a Windows drive letter)
+        return Path(uri), True
+    if m.group(1).lower() == "file":
+        return Path(urlsplit(uri).path), True
+    return None, False

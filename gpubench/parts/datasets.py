@@ -17,13 +17,9 @@ import torch
 from torch.utils.data import Dataset
 
 from gpubench.config.errors import ConfigError
+from gpubench.config.footprint import source_size  # noqa: F401 (the RAM rules use it too)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-def source_size(image_size: int) -> int:
-    """Stored image side before the random crop (256 for 224, as in ImageNet training)."""
-    return int(round(image_size * 8 / 7))
 
 
 # ------------------------------------------------------------------------------ bad input

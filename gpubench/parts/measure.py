@@ -46,11 +46,14 @@ class Clock:
 
 
 def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
-            max_s: float) -> tuple[list[float], float, bool | None]:
+            max_s: float, on_step: Callable[[], None] | None = None
+            ) -> tuple[list[float], float, bool | None]:
     """Run steps until they are steady: at least `min_steps`; with `max_steps` above it, on
     until `stats.settled` (bounded by max_steps and max_s); otherwise exactly `min_steps` (a
     pinned warm-up, or a re-warm between windows that drains what the loader buffered).
-    Returns (step times, seconds, settled: None when not judged)."""
+    `on_step`: called after each step's closing sync (the runner reads the loss there: the
+    device is idle, so it waits for nothing). Returns (step times, seconds, settled: None when
+    not judged)."""
     perf = clock.now
     # max_steps == min_steps pins a fixed warm-up: nothing to judge
     judge = max_steps is not None and max_steps > min_steps
@@ -70,6 +73,8 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
         b = clock.mark()
         clock.sync()
         times.extend(clock.deltas([a, b]))
+        if on_step:
+            on_step()
         n += 1
         if n < floor:
             continue
@@ -97,13 +102,14 @@ def run_window(
     on_open: Callable[[], None] | None = None,
     on_close: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    on_warm_step: Callable[[], None] | None = None,
 ) -> WindowStats:
     """Warm up (see `warm_up`), then one measured window of up to `steps` steps. `clock` is the
     host clock in seconds (tests pass one they advance themselves)."""
     marker = Clock(device, clock)
     perf = clock
     warm_times, warm_s, warm_ok = warm_up(fetch, work, marker, warmup_steps, warmup_max_steps,
-                                          warmup_max_s)
+                                          warmup_max_s, on_warm_step)
 
     # --- the measured window
     # Edge sync: all warm-up work is done on the device before the window opens.

@@ -4,6 +4,7 @@ phases measure exactly the same work)."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import nn
@@ -79,6 +80,12 @@ def is_oom(exc: BaseException, device: str = "cuda") -> bool:
     return kind == "host" and device != "cuda"
 
 
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite: the model diverged (a learning rate too high,
+    fp16 overflow, a bad custom model). Steps on NaN weights go on running, at a speed no real
+    training job has, so the run fails instead of reporting them."""
+
+
 def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
                    ) -> torch.optim.Optimizer:
     kwargs = {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True},
@@ -138,6 +145,9 @@ class TrainStep:
         self.host_metrics: dict[str, float] = {}  # the last loss/accuracy read on the host
         self.host_metrics_reads = 0
         self.ranges = False  # named profiler ranges (gpubench/profile.py turns them on)
+        # the last micro-batch's loss, left on the device; read only by check_loss, after a sync
+        self.last_loss: torch.Tensor | None = None
+        self.finite_at = 0  # the micro-batch whose loss check_loss last found finite
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.oom_above_batch is not None and x.shape[0] > self.oom_above_batch:
@@ -150,6 +160,7 @@ class TrainStep:
             with _range("gpubench/forward", self.ranges), self.plan.autocast(self.device):
                 logits = self.model(x)
                 loss = self.criterion(logits, y)
+            self.last_loss = loss  # a reference: no copy, no kernel, no sync
             if self.metrics_every and self.micro_batches % self.metrics_every == 0:
                 self._read_metrics(loss, logits, y)
             if self.accum > 1:
@@ -168,6 +179,25 @@ class TrainStep:
                 self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
+
+    def check_loss(self, where: str) -> None:
+        """Raise NonFiniteLoss if the last micro-batch's loss is NaN or infinite.
+
+        Call it only right after a device sync (a window's closing edge): the loss is computed
+        by then, so reading it waits for nothing. Never per step: an .item() there would
+        synchronize every step and hide the very host/device overlap the phases measure. The
+        last loss speaks for the window: NaN gradients make NaN weights, whose every later loss
+        is NaN (a step that GradScaler skips for an fp16 overflow recovers, as in training)."""
+        if self.last_loss is None:
+            return
+        value = float(self.last_loss.detach().float().item())
+        if not math.isfinite(value):
+            first, last = self.finite_at + 1, self.micro_batches
+            when = f"at micro-batch {last}" if first == last else \
+                f"between micro-batch {first} and {last}"
+            raise NonFiniteLoss(f"the loss became {value} {when} ({where}): the model diverges "
+                                "(a lower bench.lr, or check the model)")
+        self.finite_at = self.micro_batches
 
     def _read_metrics(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
         """What many training loops do every k steps: the loss and the batch accuracy as Python

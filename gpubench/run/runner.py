@@ -146,6 +146,7 @@ class Benchmark:
         self.record = rec
         self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
+        self.notes += s.notes  # what resolve decided for the config (worker-only keys)
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
         self.memory: dict[str, dict] = {}
@@ -246,6 +247,10 @@ class Benchmark:
             # the first step compiles, with reduce-overhead the second records the CUDA graph
             # and the third is its first replay: the window starts on replays only
             warm = max(warm, 3)
+        # the loss is read only where the device has just been synchronized: after each
+        # warm-up step (which syncs to time itself) and after the window's closing sync
+        where = f"{name} phase, window {len(self.windows[name]) + 1}"
+        check = (lambda: self.step.check_loss(f"{where}, warm-up")) if name != "loader" else None
         stats = run_window(
             name, *self.functions[name], self.settings.loader.batch_size, device,
             warm if first else self._rewarm_steps(name),
@@ -254,7 +259,10 @@ class Benchmark:
             # all ranks open their windows together
             on_open=lambda: (dist.barrier(), self.monitor.start()),
             on_close=lambda: held.append(self.monitor.stop()),
+            on_warm_step=check,
         )
+        if check is not None:
+            self.step.check_loss(where)
         if dist.enabled:
             # every rank reached this window's end healthy before figures are gathered (a
             # failed rank announces itself instead, and Dist.watch ends the others)

@@ -6,6 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
+from gpubench.config.flags import flag
 from gpubench.core.exits import ExitCode
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.secrets import mask_secrets
@@ -20,8 +21,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
     s = sub.add_parser("sync", help="upload runs under DIR that did not reach MLflow")
     s.add_argument("dir", help="an outputs dir, a sweep dir or one run dir")
     s.add_argument("--uri", help="tracking URI (default: the one each run was meant for)")
-    s.add_argument("--experiment", help="experiment name (default: each run's own)")
-    s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a server")
+    s.add_argument("--experiment", type=flag("tracking.experiment", "--experiment"), help="experiment name (default: each run's own)")
+    s.add_argument("--timeout", type=flag("tracking.timeout_s", "--timeout"), default=10.0, help="seconds to wait for a server")
     a = ap.parse_args(argv)
     if not Path(a.dir).is_dir():
         ap.error(f"DIR: not a folder: {a.dir}")

@@ -1,0 +1,94 @@
+"""What a run holds in host RAM whatever its model, and where its stores go on disk: rules of
+`settings.check_resources`, which looks at this machine before any work. Kept apart from the
+settings so each reads whole: the in-memory pools (synthetic, fake_jpeg), the batches in flight,
+a store's folders.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gpubench.config.errors import ConfigError
+from gpubench.core.pipe import batches_in_flight
+
+
+def check_local_store(key: str, path: Path | None, folder: bool = False,
+                      value: str | None = None) -> None:
+    """A store on this disk (a sqlite file; an MLflow folder with `folder`) that can be made:
+    no existing file stands where one of its folders must be. It would otherwise fail only when
+    the study or the run is opened (a sweep: in three tracebacks; a run: after measuring).
+    `value`: the key's value as given (the URI), for the error line."""
+    if path is None:
+        return
+    path = Path(os.path.expanduser(str(path))).absolute()
+    for p in ([path] if folder else []) + list(path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(key, value or str(path), f"a path whose folders can be made ({p} is a "
+                                                  "file)")
+            return
+
+
+def source_size(image_size: int) -> int:
+    """Stored image side before the random crop (256 for 224, as in ImageNet training): what
+    the in-memory pools and a preload cache hold."""
+    return int(round(image_size * 8 / 7))
+
+
+# fake_jpeg's JPEGs of gpubench's smooth random images, measured with PIL (largest of 4, sizes
+# 18 to 1024 px): at most 0.41 bytes per raw byte at quality <= 90, 0.77 above, plus a header
+# (~600 bytes, which dominates below 36 px). The bound keeps a margin over both.
+JPEG_RATIO = {90: 0.45, 100: 0.8}
+JPEG_HEADER_BYTES = 1024
+
+
+def _pool_image_bytes(ds) -> int | None:
+    """Bytes one image of an in-memory pool holds (None: the dataset holds no pool)."""
+    raw = 3 * source_size(ds.image_size) ** 2
+    if ds.name == "synthetic":  # uint8 images
+        return raw
+    if ds.name == "fake_jpeg":
+        return int(raw * JPEG_RATIO[90 if ds.jpeg_quality <= 90 else 100]) + JPEG_HEADER_BYTES
+    return None
+
+
+def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
+    """What a run holds in host RAM whatever the model, against half of the free RAM (the model,
+    the workers and the OS need the rest): the in-memory pools (synthetic, fake_jpeg: made
+    before anything is measured, and with sizes no machine holds they would run until killed)
+    and the batches in flight (the workers' queue, the batch the step holds, its pinned copy;
+    device_synthetic makes its one batch on the host first). `ds`, `ld`: the settings'
+    dataset and loader groups."""
+    size = ds.image_size
+    half = free // 2
+    where = f"on this machine (half of the {free / 2**30:.1f} GiB RAM free)"
+    per_image = _pool_image_bytes(ds)
+    if per_image is not None and ds.num_samples * per_image > half:
+        most = half // per_image
+        if most < 1:
+            _too_large(size, half / per_image, f"for one image of dataset={ds.name}'s pool {where}")
+        raise ConfigError("dataset.num_samples", ds.num_samples,
+                          f"an integer in [1, {most}] for dataset={ds.name} at {size} px {where}")
+    # a batch as the host holds it: float32 after the host transforms, uint8 at the stored
+    # size when the device augments
+    per_sample = 3 * source_size(size) ** 2 if ds.augment_on == "device" else 4 * 3 * size * size
+    held = 1 if ds.name == "device_synthetic" else batches_in_flight(
+        ld.num_workers, ld.prefetch_factor) + 2
+    if held * ld.batch_size * per_sample > half:
+        most = half // (held * per_sample)
+        if most < 1:  # the image size is what to lower, for the batch size asked for
+            _too_large(size, half / (held * ld.batch_size * per_sample),
+                       f"with loader.batch_size={ld.batch_size} {where}")
+        raise ConfigError("loader.batch_size", ld.batch_size,
+                          f"an integer in [1, {most}] at {size} px with {held} batch(es) in "
+                          f"host memory at once {where}")
+
+
+def _too_large(size: int, fits: float, where: str) -> None:
+    """Not even one image fits: the image size is what to lower, to the side at which what was
+    measured against the budget (`fits` of it fits now) would fit. Bytes grow as the side
+    squared."""
+    most = max(8, int(size * fits ** 0.5))
+    raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {where}")
