@@ -162,6 +162,7 @@ class Search:
             for t, rec in zip(full, recs, strict=True):
                 S.record(t, rec, Rung.full)
                 self._tell(t, rec)
+        self.jobs.raise_unsaved()
 
     def _tell(self, trial, rec, pruned: bool = False) -> None:
         from optuna.trial import TrialState

@@ -1,0 +1,152 @@
+"""Faults a sweep or an upload meets (issue 20, items 5 to 9): nothing measured lost, nothing
+uploaded twice, one line where a command ends. docs/reliability.md lists the same cases with the
+command and what a user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpubench.core import record
+from gpubench.core.record import Status
+from gpubench.search.jobs import mark_stale_runs, read_job
+from gpubench.search.study import measured_trials
+from tests.conftest import TINY, run_cli
+
+SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    """A real run's results.json (the tiny model, all three phases)."""
+    tmp = tmp_path_factory.mktemp("measured")
+    p = run_cli(*TINY, f"hydra.run.dir={tmp / 'run'}", cwd=tmp)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((tmp / "run" / "results.json").read_text())
+
+
+def _left_running(measured: dict, where: Path, pid: int, drop: tuple[str, ...] = ()) -> Path:
+    """The record a run leaves when it dies after saving its last phase, before its final
+    status (a full disk refuses the final write): `running`, every phase saved, no summary."""
+    data = {**measured, "status": "running", "error": None, "pid": pid,
+            "host": socket.gethostname(), "objective": None}
+    for k in ("images_per_sec", "images_per_sec_ci", "bottleneck", "reason"):
+        data[k] = None
+    data["phases"] = {k: v for k, v in measured["phases"].items() if k not in drop}
+    where.mkdir(parents=True)
+    (where / "results.json").write_text(json.dumps(data))
+    return where
+
+
+# ------------------------------------------------------------------ 5: a measured job lost
+
+
+@pytest.mark.slow
+def test_a_resume_keeps_a_record_whose_every_phase_was_saved(measured, tmp_path):
+    dead = _dead_pid()
+    whole = _left_running(measured, tmp_path / "0", dead)
+    cut = _left_running(measured, tmp_path / "1", dead, drop=("e2e",))
+    alive = _left_running(measured, tmp_path / "2", os.getpid(), drop=("e2e",))
+
+    assert mark_stale_runs(tmp_path) == 1  # only the one that died mid-measurement
+    rec = record.load(whole)
+    assert rec.status is Status.ok and rec.error is None
+    assert rec.throughput == pytest.approx(measured["phases"]["e2e"]["images_per_sec"])
+    assert rec.objective > 0 and "ended before its final status" in rec.extra["recovered"]
+    assert record.load(cut).status is Status.killed
+    assert record.load(alive).status is Status.running  # its process is alive: left alone
+    done = _left_running(measured, tmp_path / "3", dead)
+    (done / "results.json").write_text(json.dumps({**measured, "pid": dead}))
+    assert mark_stale_runs(tmp_path) == 0 and record.load(done).status is Status.ok
+
+
+@pytest.mark.slow
+def test_a_job_whose_final_write_failed_is_told_as_measured(measured, tmp_path):
+    """In-process (Hydra's basic launcher) the job's own process is the sweeper: alive, yet
+    the job is over; its record holds every phase."""
+    d = _left_running(measured, tmp_path / "0", os.getpid())
+    err = OSError(28, "No space left on device")
+    rec = read_job(d, err, record.Rung.full)
+    assert rec.status is Status.ok and rec.feasible and rec.throughput > 0
+    d = _left_running(measured, tmp_path / "1", os.getpid(), drop=("e2e",))
+    assert read_job(d, err, record.Rung.full).status is Status.failed
+
+
+def _wait(cond, proc, what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended before {what}: {proc.communicate()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _jobs_listed(path: Path) -> int:
+    try:
+        return len(json.loads(path.read_text()).get("jobs", []))
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.slow
+def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
+    """sweep.json refused after the second job measured (a full disk): the job is told to the
+    study before the sweep stops, and the same command run again measures only what is left."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY, "tracking=none",
+            f"hydra.sweep.dir={sweep}", f"hydra.sweeper.storage=sqlite:///{tmp_path}/study.db",
+            # each phase lasts its 1 s cap: a job is ~3 s, time to refuse the manifest
+            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=choice(2,4,8)",
+            "hydra.sweeper.n_trials=3", "hydra.sweeper.screen.steps=null",
+            "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    manifest = sweep / "sweep.json"
+    try:
+        _wait(lambda: _jobs_listed(manifest) == 1, proc, "the first job")
+        kept = manifest.read_text()
+        # a folder where sweep.json was: every later write of it fails, as on a full disk
+        manifest.unlink()
+        (manifest / "x").mkdir(parents=True)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if ln.startswith("gpubench")]
+    assert proc.returncode == 1 and lines == [lines[0]], err[-2000:]
+    assert "sweep.json" in lines[0]
+    study = optuna.load_study(study_name=json.loads(kept)["study_name"],
+                              storage=f"sqlite:///{tmp_path}/study.db")
+    assert len(measured_trials(study)) == 2  # the job measured after the refusal is kept
+
+    (manifest / "x").rmdir()
+    manifest.rmdir()
+    manifest.write_text(kept)
+    p = run_cli(*args, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    study = optuna.load_study(study_name=json.loads(kept)["study_name"],
+                              storage=f"sqlite:///{tmp_path}/study.db")
+    done = measured_trials(study)
+    assert len(done) == 3 and not [t for t in study.trials if t.state == TrialState.RUNNING]
+    # three configurations, three jobs: none measured twice
+    assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+    assert sorted(t.params["loader.batch_size"] for t in done) == [2, 4, 8]
