@@ -150,3 +150,136 @@ def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
     # three configurations, three jobs: none measured twice
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert sorted(t.params["loader.batch_size"] for t in done) == [2, 4, 8]
+
+
+# ------------------------------------------------------------------ 6: uploaded twice
+
+def _run_record(run_dir: Path, uid: str, pid: int | None, status: str = "ok") -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({
+        "run_uid": uid, "status": status, "images_per_sec": 100.0,
+        "phases": {"e2e": {"phase": "e2e", "batch_size": 4, "images_per_sec": 100.0}},
+        "config": {"model": {"name": "tiny"}, "loader": {"batch_size": 4},
+                   "precision": {"name": "fp32"}, "tracking": {"experiment": "gpubench"}},
+        "pid": pid, "host": socket.gethostname()}))
+    return run_dir
+
+
+def _runs(uri: str, experiment: str = "gpubench") -> list:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    return c.search_runs([exp.experiment_id]) if exp else []
+
+
+_HOLD = ("import sys, time; from pathlib import Path; from gpubench.tracking.runs import "
+         "claim_upload; assert claim_upload(Path(sys.argv[1])) is None; print('held', flush=True); "
+         "time.sleep(600)")
+
+
+@pytest.mark.slow
+def test_an_upload_is_claimed_once_whoever_starts_it(tmp_path):
+    from gpubench.tracking.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = _run_record(tmp_path / "out" / "run", "claimed1", _dead_pid())
+    # another process (the run itself, or a second sync) is uploading it: left alone
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        counts = sync(tmp_path / "out", uri=uri)
+        assert counts["uploaded"] == 0 and counts["skipped"] == 1 and not _runs(uri)
+    finally:
+        holder.kill()
+        holder.wait()
+    # its claimer died mid-upload: the claim is taken over, the run uploaded once
+    assert sync(tmp_path / "out", uri=uri)["uploaded"] == 1
+    assert not (run / "mlflow.claim").exists()
+    assert sync(tmp_path / "out", uri=uri)["uploaded"] == 0
+    assert [r.data.tags["run_uid"] for r in _runs(uri)] == ["claimed1"]
+
+
+@pytest.mark.slow
+def test_syncs_started_together_upload_a_run_once(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from gpubench.tracking.store import open_store
+
+    with open_store(uri, "gpubench"):  # the store exists: only the upload races
+        pass
+    for i in range(4):
+        _run_record(tmp_path / "out" / str(i), f"together{i}", _dead_pid())
+    cmd = [sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"), "--uri", uri]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    uids = sorted(r.data.tags["run_uid"] for r in _runs(uri))
+    assert uids == [f"together{i}" for i in range(4)], uids  # each run once
+
+
+@pytest.mark.slow
+def test_sync_leaves_a_live_process_and_its_sweep_alone(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from gpubench.tracking import sweeps
+    from gpubench.tracking.store import open_store
+    from gpubench.tracking.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
+    sweeps.mark_ended(sweep, False)  # this process is the sweep, running
+    with open_store(uri, "gpubench") as store:
+        parent = sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"])
+    # a job that ended but has not uploaded itself yet (its process is this one, alive)
+    _run_record(sweep / "0", "live0", os.getpid())
+    counts = sync(sweep, uri=uri)
+    assert counts["uploaded"] == 0 and counts["skipped"] == 1
+    assert MlflowClient(tracking_uri=uri).get_run(parent).info.status == "RUNNING"
+
+
+# ------------------------------------------------------------------ 7: two workers, one store
+
+_OPEN = ("import sys; from gpubench.tracking.store import open_store\n"
+         "with open_store(sys.argv[1], 'gpubench') as s: print(s.experiment_id)")
+
+
+@pytest.mark.slow
+def test_processes_creating_one_sqlite_store_at_once_all_succeed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    procs = [subprocess.Popen([sys.executable, "-c", _OPEN, uri], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e[-1500:] for _, e in outs]
+    assert len({o.strip() for o, _ in outs}) == 1  # one experiment
+
+
+@pytest.mark.slow
+def test_sync_attaches_jobs_uploaded_without_their_parent(tmp_path):
+    """The worker that lost the store-creation race ran its sweep without a parent: each job
+    uploaded itself alone. sync gives the sweep its parent and the jobs to it."""
+    from gpubench.tracking import sweeps
+    from gpubench.tracking.runs import PARENT_FILE, upload, write_marker
+    from gpubench.tracking.store import open_store
+    from gpubench.tracking.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
+    sweeps.mark_ended(sweep, True)  # the sweep ended; its parent was never created
+    with open_store(uri, "gpubench") as store:
+        for i in range(2):
+            d = _run_record(sweep / str(i), f"orphan{i}", _dead_pid())
+            rid = upload(store, record.load(d), d, None)
+            write_marker(d, f"orphan{i}", store.uri, store.experiment, rid, store.experiment_id)
+    sync(sweep, uri=uri)
+    parent = json.loads((sweep / PARENT_FILE).read_text())["run_id"]
+    runs = {r.info.run_id: r for r in _runs(uri)}
+    assert runs[parent].info.status == "FINISHED"
+    children = [r for r in runs.values() if r.info.run_id != parent]
+    assert sorted(r.data.tags["run_uid"] for r in children) == ["orphan0", "orphan1"]
+    assert {r.data.tags.get("mlflow.parentRunId") for r in children} == {parent}
