@@ -283,3 +283,63 @@ def test_sync_attaches_jobs_uploaded_without_their_parent(tmp_path):
     children = [r for r in runs.values() if r.info.run_id != parent]
     assert sorted(r.data.tags["run_uid"] for r in children) == ["orphan0", "orphan1"]
     assert {r.data.tags.get("mlflow.parentRunId") for r in children} == {parent}
+
+
+# ------------------------------------------------------------------ 8: read-only folders
+
+@pytest.fixture
+def read_only():
+    """Makes a folder read-only for the commands under test: by its mode for a normal user,
+    by a read-only bind mount for root (whom modes do not stop)."""
+    mounted: list[Path] = []
+
+    def make(path: Path) -> None:
+        if os.geteuid() != 0:
+            for p in [path, *path.rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+            return
+        for cmd in (["mount", "--bind", str(path), str(path)],
+                    ["mount", "-o", "remount,bind,ro", str(path)]):
+            if subprocess.run(cmd, capture_output=True).returncode != 0:
+                if mounted or cmd[1] == "-o":
+                    subprocess.run(["umount", str(path)], capture_output=True)
+                pytest.skip("root, and no read-only bind mount allowed here")
+        mounted.append(path)
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def _stderr_lines(p) -> list[str]:
+    return [ln for ln in p.stderr.splitlines() if ln.strip()]
+
+
+@pytest.mark.slow
+def test_report_on_a_read_only_sweep_is_one_line(measured, tmp_path, read_only):
+    sweep = tmp_path / "sweep"
+    for i in range(2):
+        (sweep / str(i)).mkdir(parents=True)
+        (sweep / str(i) / "results.json").write_text(json.dumps(measured))
+    read_only(sweep)
+    cmd = [sys.executable, "-m", "gpubench.report", str(sweep)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = _stderr_lines(p)
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert str(sweep) in lines[0] and "read-only" in lines[0] and "--out DIR" in lines[0]
+    p = subprocess.run([*cmd, "--out", str(tmp_path / "elsewhere")], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and (tmp_path / "elsewhere" / "ranking.csv").is_file(), p.stderr
+
+
+@pytest.mark.slow
+def test_sync_meeting_a_read_only_stale_run_is_one_line(tmp_path, read_only):
+    run = _run_record(tmp_path / "out" / "run", "ro1", _dead_pid(), status="running")
+    read_only(run)
+    p = subprocess.run([sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"),
+                        "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                       capture_output=True, text=True, timeout=300)
+    lines = _stderr_lines(p)
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert str(run / "results.json") in lines[0] and "read-only" in lines[0]
+    assert json.loads((run / "results.json").read_text())["status"] == "running"  # untouched
