@@ -343,3 +343,41 @@ def test_sync_meeting_a_read_only_stale_run_is_one_line(tmp_path, read_only):
     assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
     assert str(run / "results.json") in lines[0] and "read-only" in lines[0]
     assert json.loads((run / "results.json").read_text())["status"] == "running"  # untouched
+
+
+# ------------------------------------------------------------------ 9: a damaged file
+
+@pytest.mark.slow
+def test_a_damaged_sweep_json_or_results_json_is_named_kept_and_read_around(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY, "tracking=none",
+            f"hydra.sweep.dir={sweep}", f"hydra.sweeper.storage=sqlite:///{tmp_path}/study.db",
+            "loader.batch_size=choice(2,4,8)", "hydra.sweeper.screen.steps=null",
+            "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
+    p = run_cli(*args, "hydra.sweeper.n_trials=2", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    manifest, results = sweep / "sweep.json", sweep / "0" / "results.json"
+    cut = manifest.read_text()[: len(manifest.read_text()) // 2]  # a crash mid-write
+    manifest.write_text(cut)
+    results.write_text(results.read_text()[:200])
+
+    p = subprocess.run([sys.executable, "-m", "gpubench.report", str(sweep)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"{manifest} is damaged" in p.stderr and "reading study" in p.stderr
+    assert f"{results} is damaged" in p.stderr and "what the study kept" in p.stderr
+    ranking = (sweep / "report" / "ranking.csv").read_text().splitlines()
+    assert len(ranking) == 1 + 2, ranking  # both trials, the damaged one from the study
+
+    p = run_cli(*args, "hydra.sweeper.n_trials=3", cwd=tmp_path)  # the same sweep, resumed
+    assert p.returncode == 0, p.stderr[-2000:]
+    said = p.stdout + p.stderr  # the sweeper's log lines go where Hydra's logging sends them
+    assert f"{manifest} is damaged" in said and "kept as sweep.json.damaged" in said, said
+    assert "2 of 2 job(s) matched to their trials" in said, said
+    assert (sweep / "sweep.json.damaged").read_text() == cut  # never overwritten uncopied
+    jobs = json.loads(manifest.read_text())["jobs"]
+    # the two read back from their folders with their trials, then the new job (a sampled
+    # duplicate of a measured trial takes a number without a job)
+    assert sorted((j["num"], j.get("trial")) for j in jobs)[:2] == [(0, 0), (1, 1)]
+    assert [j["num"] for j in jobs if j.get("trial", 0) >= 2] == [2]
+    assert results.read_text().startswith("{") and len(results.read_text()) == 200  # untouched

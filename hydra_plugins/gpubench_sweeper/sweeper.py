@@ -130,6 +130,7 @@ class GpubenchSweeper(Sweeper):
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
         shared = S.open_study(name, storage, self.heartbeat_interval, self.grace_period)
+        manifest.from_study(shared.study)  # a damaged sweep.json: each job's trial again
         # a resumed sweep (or a second worker) must not replay the same random sequence
         seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
         shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
