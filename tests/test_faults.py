@@ -83,8 +83,15 @@ def test_a_job_whose_final_write_failed_is_told_as_measured(measured, tmp_path):
     err = OSError(28, "No space left on device")
     rec = read_job(d, err, record.Rung.full)
     assert rec.status is Status.ok and rec.feasible and rec.throughput > 0
+    # refused before its last phase: failed by its disk, so asked again (not the config's fault)
     d = _left_running(measured, tmp_path / "1", os.getpid(), drop=("e2e",))
-    assert read_job(d, err, record.Rung.full).status is Status.failed
+    rec = read_job(d, err, record.Rung.full)
+    assert rec.status is Status.failed and rec.extra.get("requeue")
+    assert "No space left on device" in rec.error
+    # the resume, once that process is gone: the outcome the study was told, not `killed`
+    d = _left_running(measured, tmp_path / "dead" / "1", _dead_pid(), drop=("e2e",))
+    assert mark_stale_runs(tmp_path / "dead", {str(d): ("failed", rec.error)}) == 0
+    assert record.load(d).status is Status.failed and record.load(d).error == rec.error
 
 
 def _wait(cond, proc, what: str, timeout: float = 180.0) -> None:

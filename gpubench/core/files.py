@@ -109,6 +109,12 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def damaged(path: str | Path) -> bool:
+    """A file that is there but not a JSON object (cut short by a crash, edited by hand): not
+    the same as no file."""
+    return Path(path).is_file() and not isinstance(read_json(path), dict)
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """{'loader': {'batch_size': 8}} -> {'loader.batch_size': 8}; empty dicts stay as values."""
     out: dict[str, Any] = {}

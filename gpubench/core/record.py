@@ -438,14 +438,16 @@ class RunRecord:
                                     "status (killed: kill -9 or out of host memory)")
 
     def recover(self, why: str) -> None:
-        """A complete record whose final status was never written: the phases' figures on top
-        where missing, then `finish` as ok (no verdict: it needs the run's settings)."""
-        for name, attr in PHASE_FIGURE.items():
-            p = self.phases.get(name)
-            if p is not None and getattr(self, attr) is None:
+        """A complete record whose final status was never written, kept as measured: `finish`
+        as ok, with no verdict (it needs the run's settings) and its checks marked not run."""
+        for name, attr in PHASE_FIGURE.items():  # figures an older runner left to the summary
+            if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
                 setattr(self, attr, p.images_per_sec)
                 setattr(self, attr + "_ci", p.images_per_sec_ci)
         self.finish(Status.ok, None)
+        if self.measurement_stable is None:  # never ranked above a run whose checks ran
+            self.measurement_stable = False
+            self.noise_reasons.append("not checked: the run ended before its validity checks")
         self.extra["recovered"] = f"{why}; every phase was measured and saved: kept as measured"
 
 
@@ -471,13 +473,6 @@ def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | Non
     if not isinstance(d, dict):
         return None
     return RunRecord.from_dict(d, p, rung)
-
-
-def damaged(run_dir: str | Path) -> bool:
-    """A results.json is there but not a readable record (cut short, edited): not missing."""
-    p = Path(run_dir)
-    p = p if p.name == RESULTS_FILE else p / RESULTS_FILE
-    return p.is_file() and not isinstance(read_json(p), dict)
 
 
 def missing(run_dir: str | Path, error: str, rung: Rung | str | None = None) -> RunRecord:

@@ -7,16 +7,20 @@ each job is an ordinary gpubench run that writes its results.json, read here thr
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 from pathlib import Path
 
 from gpubench.core import record
+from gpubench.core.files import damaged
 from gpubench.core.record import RunRecord, Status
 from gpubench.search.manifest import Manifest, reserve_job_dir
 
 log = logging.getLogger("gpubench.sweep")
+# a job that failed on these failed for its disk, not its configuration
+DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 class SweepAborted(RuntimeError):
@@ -30,7 +34,7 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
     the OOM killer), failed otherwise. A non-finite throughput is failed."""
     rec = record.load(out_dir, rung=rung)
     if rec is None:
-        if record.damaged(out_dir):
+        if damaged(Path(out_dir) / record.RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): the job counts as failed",
                         Path(out_dir) / record.RESULTS_FILE)
         err = f"{type(job_error).__name__}: {job_error}" if job_error else "no results.json"
@@ -42,7 +46,11 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
         rec.mark_dead()
     elif rec.status is Status.running:
         rec.status = Status.failed
-        rec.error = rec.error or "the job ended without finishing its record"
+        rec.error = rec.error or "the job ended without finishing its record" + (
+            f" ({type(job_error).__name__}: {job_error})" if job_error else "")
+        if isinstance(job_error, OSError) and job_error.errno in DISK_ERRORS:
+            # the disk failed it, not its configuration: measured again by the next invocation
+            rec.extra["requeue"] = True
     elif job_error is not None and rec.status is Status.ok:
         rec.status, rec.error = Status.failed, f"{type(job_error).__name__}: {job_error}"
     if rec.status is Status.ok and not (math.isfinite(rec.throughput) and rec.throughput > 0):
@@ -50,17 +58,23 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
     return rec
 
 
-def mark_stale_runs(sweep_dir: Path) -> int:
+def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | None = None
+                    ) -> int:
     """Records left `running` in this sweep dir by a process that no longer exists are settled
     (RunRecord.mark_dead), so a resumed sweep and its report see them for what they are: kept
-    as measured when every phase was saved, killed otherwise. A record whose status is final,
-    or whose process is alive, is left alone. Returns how many were marked killed."""
+    as measured when every phase was saved; else the outcome the study was told for its folder
+    (`told`: dir -> status, error; a job that failed writing its record, on a full disk), else
+    killed. A record whose status is final, or whose process is alive, is left alone. Returns
+    how many were marked killed."""
     killed = 0
     for d in record.find_runs(sweep_dir):
         rec = record.load(d)
         if rec is None or not rec.stale:
             continue
         rec.mark_dead()
+        if rec.status is Status.killed and str(d) in (told or {}):
+            status, error = told[str(d)]
+            rec.status, rec.error = record.Status(status), error or rec.error
         rec.save()
         if rec.status is Status.killed:
             killed += 1

@@ -169,6 +169,10 @@ class Search:
 
         what = f"trial {trial.number} ({S.describe(trial.params)})"
         # set once, with the measurement the trial is told (the screen for a pruned one)
+        if rec.extra.get("requeue"):  # failed by its disk (full): as after Ctrl-C, asked again
+            S.abandon(self.shared, trial.number, requeue=True)
+            log.warning("%s: %s; queued again for the next invocation", what, rec.error)
+            return
         trial.set_constraint(S.MEMORY, rec.constraint)
         if rec.status.crashed:
             self.study.tell(trial, state=TrialState.FAIL)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpubench.core.files import read_json, write_json
+from gpubench.core.files import damaged, read_json, write_json
 from gpubench.core.record import find_runs, load
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 
@@ -44,11 +44,6 @@ def absolute_storage(url: str | None) -> str | None:
 
 # what a damaged sweep.json still names: the study its trials are in
 _SALVAGED = re.compile(r'"(mode|study_name|storage|study)":\s*("(?:[^"\\]|\\.)*")')
-
-
-def damaged(path: Path) -> bool:
-    """A file that is there but not a JSON object (cut short by a crash, edited by hand)."""
-    return Path(path).is_file() and not isinstance(read_json(path), dict)
 
 
 def read(sweep_dir: Path) -> dict:

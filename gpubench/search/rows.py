@@ -10,10 +10,10 @@ from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommend, row_of
 from gpubench.analysis.select import training_rows
+from gpubench.core.files import damaged
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Status, find_runs, load, missing
-from gpubench.core.record import damaged as record_damaged
 from gpubench.core.secrets import without_masked_password
-from gpubench.search.manifest import MANIFEST, damaged
+from gpubench.search.manifest import MANIFEST
 from gpubench.search.manifest import read as read_manifest
 
 log = logging.getLogger("gpubench")
@@ -42,7 +42,7 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         job = jobs.get(str(d), {})
         rec = load(d, job.get("rung"))
         rung = rec.rung if rec is not None else Rung.of(job.get("rung"))
-        if rec is None and record_damaged(d):
+        if rec is None and damaged(d / RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): not in the report", d / RESULTS_FILE)
         if rec is None or not rec.status.final:
             continue
@@ -87,7 +87,7 @@ def rows_of_study(study) -> list[Row]:
         a = t.user_attrs
         rung = Rung.screen if t.state == TrialState.PRUNED else Rung.of(a.get("rung") or Rung.full)
         rec = load(a["dir"], rung) if a.get("dir") else None
-        if rec is None and a.get("dir") and record_damaged(a["dir"]):
+        if rec is None and a.get("dir") and damaged(Path(a["dir"]) / RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): trial %d's row is what the study kept "
                         "(status %s, %s img/s)", Path(a["dir"]) / RESULTS_FILE, t.number,
                         a.get("status"), a.get("throughput"))

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from gpubench.core import record
-from gpubench.core.files import inside, refusal
+from gpubench.core.files import damaged, inside, refusal
 from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.runs import (
@@ -89,7 +89,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
             counts["skipped"] += 1
             continue
         rec = record.load(run_dir)
-        if rec is None and record.damaged(run_dir):
+        if rec is None and damaged(run_dir / RESULTS_FILE):
             print(f"gpubench: warning: {run_dir / RESULTS_FILE} is damaged (not valid JSON): "
                   "not uploaded, left as it is", file=sys.stderr)
             counts["failed"] += 1
