@@ -121,6 +121,9 @@ def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
         killed = write_run(sweep / "0", "job0", Status.killed)
         upload(store, killed, killed.dir, parent)
     write_run(sweep / "1", "job1", Status.running, pid=dead_pid())  # kill -9 of the sweep
+    # the sweep's process, recorded by mark_ended, is the one killed (a live one is left alone)
+    info = json.loads((sweep / PARENT_FILE).read_text())
+    (sweep / PARENT_FILE).write_text(json.dumps(info | {"pid": dead_pid()}))
     sync(sweep, uri=uri)
     info = json.loads((sweep / PARENT_FILE).read_text())
     assert info["finished"] and info["interrupted"]

@@ -53,6 +53,18 @@ def free_space(path: Path) -> str:
     return "free space unknown"
 
 
+# what a folder that refuses writes answers: permissions, a read-only mount
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def refusal(path: str | Path, e: OSError) -> str:
+    """Why `path` could not be written, for one line: read-only, or the error's own reason."""
+    why = e.strerror or type(e).__name__
+    if e.errno in READ_ONLY:
+        return f"{path} is read-only ({why.split(' (')[0]})"
+    return f"cannot write {path} ({why})"
+
+
 def write_json(path: Path, data: Any) -> None:
     """`data` as JSON (NaN and inf as null), written as `write_text` writes."""
     write_text(path, json.dumps(finite(data), indent=2, default=_default, allow_nan=False))
@@ -95,6 +107,12 @@ def read_json(path: Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+def damaged(path: str | Path) -> bool:
+    """A file that is there but not a JSON object (cut short by a crash, edited by hand): not
+    the same as no file."""
+    return Path(path).is_file() and not isinstance(read_json(path), dict)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -402,23 +402,66 @@ class RunRecord:
     @property
     def stale(self) -> bool:
         """Left `running` by a process that no longer exists on this host (kill -9, the OOM
-        killer). A record from another host, or without a pid, cannot be judged: False."""
-        if self.status is not Status.running or not self.pid or self.host != socket.gethostname():
+        killer, a full disk). Final, from another host, or without a pid: never stale."""
+        if self.status is not Status.running or not self.pid:
             return False
+        return process_alive(self.host, int(self.pid)) is False
+
+    @property
+    def complete(self) -> bool:
+        """Every phase its config asks for was saved with all its windows: a whole measurement,
+        even when its process died writing the final status (a full disk)."""
+        bench = (self.config or {}).get("bench") or {}
         try:
-            os.kill(int(self.pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # exists, owned by someone else
+            windows = max(1, min(int(bench.get("repeats") or 1), int(bench.get("steps") or 1)))
+        except (TypeError, ValueError, AttributeError):  # not a record's config
             return False
-        return False
+        return bool(bench.get("phases")) and all(
+            n in self.phases and len(self.phases[n].windows) >= windows for n in bench["phases"])
+
+    def finish(self, status: Status, error: str | None) -> None:
+        """The final status: ok above the memory ceiling is over_ceiling (measured, infeasible)."""
+        frac = self.peak_memory_fraction
+        if status is Status.ok and _ok_number(frac) and frac > self.memory_ceiling:
+            status = Status.over_ceiling
+            error = (f"peak memory {frac:.1%} of the device > memory.ceiling "
+                     f"{self.memory_ceiling:.0%}")
+        self.status, self.error = status, error
 
     def mark_dead(self) -> None:
-        """A record left `running` by a process that no longer exists (`stale`): killed, with
-        what it measured kept. The caller saves it."""
+        """A record left `running` by a process that no longer exists (`stale`): kept as
+        measured when `complete`, else killed with what it measured. The caller saves it."""
+        if self.complete:
+            return self.recover(f"process {self.pid} on {self.host} ended before its final status")
         self.status = Status.killed
         self.error = self.error or (f"process {self.pid} on {self.host} ended without a final "
                                     "status (killed: kill -9 or out of host memory)")
+
+    def recover(self, why: str) -> None:
+        """A complete record whose final status was never written, kept as measured: `finish`
+        as ok, with no verdict (it needs the run's settings) and its checks marked not run."""
+        for name, attr in PHASE_FIGURE.items():  # figures an older runner left to the summary
+            if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
+                setattr(self, attr, p.images_per_sec)
+                setattr(self, attr + "_ci", p.images_per_sec_ci)
+        self.finish(Status.ok, None)
+        if self.measurement_stable is None:  # never ranked above a run whose checks ran
+            self.measurement_stable = False
+            self.noise_reasons.append("not checked: the run ended before its validity checks")
+        self.extra["recovered"] = f"{why}; every phase was measured and saved: kept as measured"
+
+
+def process_alive(host: str | None, pid: int) -> bool | None:
+    """Whether process `pid` of `host` exists; None when that cannot be told from here."""
+    if not host or host != socket.gethostname():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (ProcessLookupError, OverflowError, ValueError):  # gone, or not a pid at all
+        return False
+    return True
 
 
 def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | None:

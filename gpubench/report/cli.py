@@ -12,7 +12,7 @@ from pathlib import Path
 from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import parse_where, where
 from gpubench.core.exits import ExitCode
-from gpubench.core.files import LinkError
+from gpubench.core.files import READ_ONLY, LinkError, refusal
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
 from gpubench.report.loader_answer import read_compute, sweep_compute
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
         except LinkError as e:  # a link out of the folder, or where the report writes
             print(f"gpubench.report: {e}", file=sys.stderr)
             return ExitCode.FAILED
+        except OSError as e:  # a read-only sweep folder, a full disk
+            return _refused(e, src)
         return ExitCode.OK
     rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study, conditions)
     if not rows:
@@ -124,4 +126,13 @@ def main(argv: list[str] | None = None) -> ExitCode:
     except LinkError as e:
         print(f"gpubench.report: {e}", file=sys.stderr)
         return ExitCode.FAILED
+    except OSError as e:
+        return _refused(e, out)
     return ExitCode.OK
+
+
+def _refused(e: OSError, where: Path) -> ExitCode:
+    """One line for a report that could not be written: the path, why, and where else."""
+    hint = "; write the report elsewhere: --out DIR" if e.errno in READ_ONLY else ""
+    print(f"gpubench.report: {refusal(e.filename or where, e)}{hint}", file=sys.stderr)
+    return ExitCode.FAILED

@@ -49,7 +49,7 @@ from gpubench.parts.step import (
 )
 from gpubench.run import compute_bound, merge
 from gpubench.run.faults import Faults
-from gpubench.run.summary import summarize
+from gpubench.run.summary import figures, summarize
 from gpubench.telemetry import env
 from gpubench.telemetry.monitor import Monitor, MonitorSummary
 
@@ -290,6 +290,9 @@ class Benchmark:
         self.record.phases[name] = PhaseRecord.from_dict(
             pooled | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
         self.record.series[name] = merge.series(ws, merged)
+        # the top-level figures after every phase: a run that dies writing its final status
+        # (a full disk) leaves a record a resume or `sync` keeps as measured (RunRecord.recover)
+        figures(self.record, self.device)
         self.save()
 
     def measure(self) -> None:
@@ -363,12 +366,7 @@ class Benchmark:
         except Exception as e:  # a verdict that fails must not cost the measurement
             log.debug("summary failed", exc_info=True)
             rec.reason = f"summary failed: {type(e).__name__}: {e}"
-        frac = rec.peak_memory_fraction
-        if status is Status.ok and frac is not None and frac > rec.memory_ceiling:
-            status = Status.over_ceiling
-            error = (f"peak memory {frac:.1%} of the device > memory.ceiling "
-                     f"{rec.memory_ceiling:.0%}")
-        rec.status, rec.error = status, error
+        rec.finish(status, error)
         self.save()
 
     def _peer_failed(self, peer_status: str, message: str) -> None:

@@ -7,16 +7,20 @@ each job is an ordinary gpubench run that writes its results.json, read here thr
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 from pathlib import Path
 
 from gpubench.core import record
+from gpubench.core.files import damaged
 from gpubench.core.record import RunRecord, Status
 from gpubench.search.manifest import Manifest, reserve_job_dir
 
 log = logging.getLogger("gpubench.sweep")
+# a job that failed on these failed for its disk, not its configuration
+DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 class SweepAborted(RuntimeError):
@@ -25,17 +29,28 @@ class SweepAborted(RuntimeError):
 
 def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:
     """The record a job left. A job that raised after measuring is failed; a record still
-    `running` once the job returned was left by a process that died (kill -9, the OOM killer):
-    killed when that process is gone, failed otherwise. A non-finite throughput is failed."""
+    `running` once the job returned is kept as measured when every phase was saved (the job
+    died writing its final status: a full disk), else killed when its process is gone (kill -9,
+    the OOM killer), failed otherwise. A non-finite throughput is failed."""
     rec = record.load(out_dir, rung=rung)
     if rec is None:
+        if damaged(Path(out_dir) / record.RESULTS_FILE):
+            log.warning("%s is damaged (not valid JSON): the job counts as failed",
+                        Path(out_dir) / record.RESULTS_FILE)
         err = f"{type(job_error).__name__}: {job_error}" if job_error else "no results.json"
         return record.missing(out_dir, err, rung=rung)
-    if rec.status is Status.running and rec.stale:
+    if rec.status is Status.running and rec.complete:
+        why = f"{type(job_error).__name__}: {job_error}" if job_error else "the job ended"
+        rec.recover(f"its final status was not written ({why})")
+    elif rec.status is Status.running and rec.stale:
         rec.mark_dead()
     elif rec.status is Status.running:
         rec.status = Status.failed
-        rec.error = rec.error or "the job ended without finishing its record"
+        rec.error = rec.error or "the job ended without finishing its record" + (
+            f" ({type(job_error).__name__}: {job_error})" if job_error else "")
+        if isinstance(job_error, OSError) and job_error.errno in DISK_ERRORS:
+            # the disk failed it, not its configuration: measured again by the next invocation
+            rec.extra["requeue"] = True
     elif job_error is not None and rec.status is Status.ok:
         rec.status, rec.error = Status.failed, f"{type(job_error).__name__}: {job_error}"
     if rec.status is Status.ok and not (math.isfinite(rec.throughput) and rec.throughput > 0):
@@ -43,19 +58,29 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
     return rec
 
 
-def mark_stale_runs(sweep_dir: Path) -> int:
-    """Records left `running` in this sweep dir by a process that no longer exists are saved as
-    killed, so a resumed sweep and its report see them for what they are."""
-    n = 0
+def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | None = None
+                    ) -> int:
+    """Records left `running` in this sweep dir by a process that no longer exists are settled
+    (RunRecord.mark_dead), so a resumed sweep and its report see them for what they are: kept
+    as measured when every phase was saved; else the outcome the study was told for its folder
+    (`told`: dir -> status, error; a job that failed writing its record, on a full disk), else
+    killed. A record whose status is final, or whose process is alive, is left alone. Returns
+    how many were marked killed."""
+    killed = 0
     for d in record.find_runs(sweep_dir):
         rec = record.load(d)
-        if rec is not None and rec.stale:
-            rec.mark_dead()
-            rec.save()
-            n += 1
-    return n
-
-
+        if rec is None or not rec.stale:
+            continue
+        rec.mark_dead()
+        if rec.status is Status.killed and str(d) in (told or {}):
+            status, error = told[str(d)]
+            rec.status, rec.error = record.Status(status), error or rec.error
+        rec.save()
+        if rec.status is Status.killed:
+            killed += 1
+        else:
+            log.info("%s: %s", rec.path, rec.extra.get("recovered"))
+    return killed
 class Jobs:
     """Runs batches of override lists through a Hydra launcher, one record per job."""
 
@@ -63,8 +88,10 @@ class Jobs:
         self.launcher, self.manifest = launcher, manifest
         self.max_failures, self.failures = int(max_failures), 0
         self.returns: list = []
+        self.unsaved: OSError | None = None
 
     def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
+        self.raise_unsaved()  # no job is started after sweep.json failed
         rung = [record.Rung.of(lab.get("rung")) for lab in labels]
         first = self._reserve(len(batch))
         # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
@@ -95,8 +122,18 @@ class Jobs:
             rec = read_job(out_dir, error, rung[i])
             out.append(rec)
             self.manifest.add_job(first + i, out_dir, str(rec.status), **labels[i])
-        self.manifest.save()
+        try:
+            self.manifest.save()
+        except OSError as e:  # a full disk: the caller tells what was measured, then raises
+            self.unsaved = e
         return out
+
+    def raise_unsaved(self) -> None:
+        """The error of a sweep.json that could not be written, once the jobs' measurements
+        are told to the study (a full disk must not cost what was measured)."""
+        e, self.unsaved = self.unsaved, None
+        if e is not None:
+            raise e
 
     def _reserve(self, n: int) -> int:
         """n consecutive job numbers whose folders this process created (see manifest)."""

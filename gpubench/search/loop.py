@@ -94,17 +94,20 @@ class Search:
                 # other workers hold the last slots: wait for one to end (or look for stale ones)
                 S.wait_for_running(self.study, {t.number for t in running}, self.poll_s)
                 continue
-            trials = self._claim(min(self.n_jobs, free))
-            fresh, dups = S.split_duplicates(self.study, trials)
-            in_a_row = 0 if fresh else in_a_row + len(dups)
+            # every trial asked, from the moment it is asked: a Ctrl-C while claiming leaves
+            # none of them RUNNING either
+            held: list = []
+            dup_numbers: set[int] = set()
             try:
+                trials = self._claim(min(self.n_jobs, free), held)
+                fresh, dups = S.split_duplicates(self.study, trials)
+                dup_numbers = {t.number for t, _ in dups}
+                in_a_row = 0 if fresh else in_a_row + len(dups)
                 with S.heartbeat(self.shared, [t.number for t in fresh]):
                     self._measure(fresh)
             except BaseException:  # Ctrl-C or an abort: leave nothing RUNNING behind
-                for t in fresh:  # as after kill -9: measured by the next invocation
-                    S.abandon(self.shared, t.number, requeue=True)
-                for t, _ in dups:
-                    S.abandon(self.shared, t.number)
+                for t in held:  # as after kill -9: measured by the next invocation
+                    S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
                 raise
             for t, prev in dups:
                 S.copy_result(self.study, t, self.study.trials[prev])
@@ -115,13 +118,14 @@ class Search:
         confirmed = self._confirm()
         return self._summarize(confirmed)
 
-    def _claim(self, n: int) -> list:
-        """Ask n trials and keep those within the free slots (gpubench.search.study.claim_is_within);
-        a claim past them is given back, its parameters queued again if they came from the
-        queue (a retry must not be lost)."""
-        asked = [S.ask(self.study, self.space.distributions) for _ in range(n)]
+    def _claim(self, n: int, held: list) -> list:
+        """Ask n trials (each added to `held` as it is asked) and keep those within the free
+        slots (gpubench.search.study.claim_is_within); a claim past them is given back, its
+        parameters queued again if they came from the queue (a retry must not be lost)."""
+        for _ in range(n):
+            held.append(S.ask(self.study, self.space.distributions))
         kept = []
-        for t in asked:
+        for t in held:
             if S.claim_is_within(self.study, t.number, self.n_trials):
                 S.set_attr(t, "worker", S.claimed_by(t.number))  # a resume on this host sees it die
                 if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
@@ -162,12 +166,17 @@ class Search:
             for t, rec in zip(full, recs, strict=True):
                 S.record(t, rec, Rung.full)
                 self._tell(t, rec)
+        self.jobs.raise_unsaved()
 
     def _tell(self, trial, rec, pruned: bool = False) -> None:
         from optuna.trial import TrialState
 
         what = f"trial {trial.number} ({S.describe(trial.params)})"
         # set once, with the measurement the trial is told (the screen for a pruned one)
+        if rec.extra.get("requeue"):  # failed by its disk (full): as after Ctrl-C, asked again
+            S.abandon(self.shared, trial.number, requeue=True)
+            log.warning("%s: %s; queued again for the next invocation", what, rec.error)
+            return
         trial.set_constraint(S.MEMORY, rec.constraint)
         if rec.status.crashed:
             self.study.tell(trial, state=TrialState.FAIL)

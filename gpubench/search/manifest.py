@@ -13,16 +13,22 @@ Give each worker its own `hydra.sweep.dir` (docs/scaling.md).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
+import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
-from gpubench.core.files import read_json, write_json
+from gpubench.core.files import damaged, read_json, write_json
+from gpubench.core.record import find_runs, load
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 
 MANIFEST = "sweep.json"
+log = logging.getLogger("gpubench.sweep")
 
 
 def absolute_storage(url: str | None) -> str | None:
@@ -36,8 +42,34 @@ def absolute_storage(url: str | None) -> str | None:
     return SQLITE_PREFIX + str(path)
 
 
+# what a damaged sweep.json still names: the study its trials are in
+_SALVAGED = re.compile(r'"(mode|study_name|storage|study)":\s*("(?:[^"\\]|\\.)*")')
+
+
 def read(sweep_dir: Path) -> dict:
-    return read_json(Path(sweep_dir) / MANIFEST) or {}
+    """sweep.json; of a damaged one, the study it names (from what is left of its text)."""
+    path = Path(sweep_dir) / MANIFEST
+    if not damaged(path):
+        return read_json(path) or {}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return {}
+    found: dict = {}
+    for k, v in _SALVAGED.findall(text):  # the first of each: the top level comes first
+        found.setdefault(k, json.loads(v))
+    return found
+
+
+def keep_damaged(path: Path) -> Path:
+    """A copy of a damaged file beside it (`<name>.damaged`, numbered when one exists) before
+    gpubench writes over it: what it held is never lost."""
+    copy = path.with_name(path.name + ".damaged")
+    n = 1
+    while copy.exists():
+        copy, n = path.with_name(f"{path.name}.damaged.{n}"), n + 1
+    shutil.copyfile(path, copy)
+    return copy
 
 
 def reserve_job_dir(sweep_dir: Path) -> int:
@@ -65,6 +97,45 @@ class Manifest:
             "mode": mode, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "worker": f"{socket.gethostname()}:{os.getpid()}",
         }
+        self.recovered = False
+        if damaged(self.path):
+            self._recover()
+
+    def _recover(self) -> None:
+        """A damaged sweep.json: kept as a copy; its jobs read back from their folders (each
+        results.json names its rung and status); `from_study` adds their trials."""
+        copy = keep_damaged(self.path)
+        for d in find_runs(self.sweep_dir):
+            if d.parent == self.sweep_dir and d.name.isdigit():
+                rec = load(d)  # None when its results.json is damaged too: the study tells
+                self.jobs.append({"num": int(d.name), "dir": str(d),
+                                  "rung": rec.rung.value if rec else None,
+                                  "status": str(rec.status) if rec else None})
+        self.recovered = True
+        log.warning("%s is damaged (not valid JSON): kept as %s; %d job(s) read back from their "
+                    "folders", self.path, copy.name, len(self.jobs))
+
+    def from_study(self, study) -> None:
+        """The trial of each job read back after damage, from the study's user attributes (the
+        folder each trial was measured in)."""
+        if not self.recovered:
+            return
+        by_dir = {}
+        for t in study.get_trials(deepcopy=False):
+            for k in ("dir", "screen_dir"):
+                if t.user_attrs.get(k):
+                    by_dir[str(t.user_attrs[k])] = t
+        matched = 0
+        for job in self.jobs:
+            t = by_dir.get(job["dir"])
+            if t is not None:
+                matched += 1
+                job["trial"] = t.number
+                job["rung"] = job["rung"] or t.user_attrs.get("rung")
+                job["status"] = job["status"] or t.user_attrs.get("status")
+        log.warning("%s: %d of %d job(s) matched to their trials in study %s", self.path,
+                    matched, len(self.jobs), study.study_name)
+        self.save()
 
     def update(self, **kw: Any) -> None:
         self.data.update(kw)

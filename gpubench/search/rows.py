@@ -10,9 +10,11 @@ from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommend, row_of
 from gpubench.analysis.select import training_rows
-from gpubench.core.files import read_json
-from gpubench.core.record import Rung, RunRecord, Status, find_runs, load, missing
+from gpubench.core.files import damaged
+from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Status, find_runs, load, missing
 from gpubench.core.secrets import without_masked_password
+from gpubench.search.manifest import MANIFEST
+from gpubench.search.manifest import read as read_manifest
 
 log = logging.getLogger("gpubench")
 
@@ -20,7 +22,12 @@ log = logging.getLogger("gpubench")
 def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     """Rows of a sweep dir and its Optuna study (None for grid sweeps and max-batch searches).
     A gpubench-sweeper study may span several invocations (resumes): all its trials count."""
-    manifest = read_json(sweep_dir / "sweep.json") or {}
+    manifest = read_manifest(sweep_dir)
+    if damaged(sweep_dir / MANIFEST):
+        log.warning("%s is damaged (not valid JSON)%s", sweep_dir / MANIFEST,
+                    f": reading study {manifest['study_name']}, which it still names"
+                    if manifest.get("study_name") and manifest.get("storage") else
+                    ": reading the job folders")
     if manifest.get("study_name") and manifest.get("storage"):
         try:
             return _load_study(manifest["study_name"], manifest["storage"])
@@ -35,6 +42,8 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         job = jobs.get(str(d), {})
         rec = load(d, job.get("rung"))
         rung = rec.rung if rec is not None else Rung.of(job.get("rung"))
+        if rec is None and damaged(d / RESULTS_FILE):
+            log.warning("%s is damaged (not valid JSON): not in the report", d / RESULTS_FILE)
         if rec is None or not rec.status.final:
             continue
         if rung is Rung.screen and job.get("trial") in measured_in_full:
@@ -72,12 +81,16 @@ def rows_of_study(study) -> list[Row]:
 
     from gpubench.search.study import confirm_dirs, measured_trials
 
-    rows = []
+    rows, from_study = [], []
     # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
     for t in measured_trials(study):
         a = t.user_attrs
         rung = Rung.screen if t.state == TrialState.PRUNED else Rung.of(a.get("rung") or Rung.full)
         rec = load(a["dir"], rung) if a.get("dir") else None
+        if rec is None and a.get("dir") and damaged(Path(a["dir"]) / RESULTS_FILE):
+            log.warning("%s is damaged (not valid JSON): trial %d's row is what the study kept "
+                        "(status %s, %s img/s)", Path(a["dir"]) / RESULTS_FILE, t.number,
+                        a.get("status"), a.get("throughput"))
         if rec is not None:
             rows.append(row_of(rec, str(t.number)))
         else:  # its folder is gone: what the study kept
@@ -87,10 +100,16 @@ def rows_of_study(study) -> list[Row]:
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
             rows.append(Row(str(t.number), rec, dict(t.params)))
+            from_study.append(rows[-1])
         # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
         # that did not measure, so the trial is not called confirmed on fewer figures
         rows[-1].confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)
                              for d in confirm_dirs(study, t.number)]
+    # the study keeps a trial's swept keys only: the keys the search held fixed (the model,
+    # dataset, image size the report groups by) are those of a trial whose record is there
+    fixed = next((r.flat for r in rows if r.record.config), None)
+    for r in from_study if fixed else ():
+        r.flat = {**fixed, **r.flat}
     return rows
 
 

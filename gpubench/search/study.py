@@ -137,6 +137,15 @@ def ask(study, distributions):
 # ---------------------------------------------------------------------- trial sets
 
 
+def told_dirs(study) -> dict[str, tuple[str, str | None]]:
+    """The outcome the study recorded for each job folder (trial attrs `dir`, `status`,
+    `error`): what a resume writes into a record its job could not finish (a full disk)."""
+    return {str(t.user_attrs["dir"]): (str(t.user_attrs["status"]), t.user_attrs.get("error"))
+            for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("dir") and t.user_attrs.get("status") in Status.__members__
+            and t.user_attrs["status"] != "running"}
+
+
 def key(params: dict) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 

@@ -8,11 +8,13 @@ Text artifacts are uploaded masked (a tracking URI or storage URL may carry a pa
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -23,7 +25,7 @@ import yaml
 
 from gpubench.analysis.select import knob_of
 from gpubench.core.files import inside, read_json, write_json, write_text
-from gpubench.core.record import RESULTS_FILE, RunRecord
+from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
@@ -32,6 +34,7 @@ log = logging.getLogger("gpubench")
 
 MARKER_FILE = "mlflow.json"  # beside results.json: where and whether the run reached MLflow
 PARENT_FILE = "mlflow_parent.json"  # in a sweep dir: the sweep's parent run
+CLAIM_FILE = "mlflow.claim"  # beside results.json while one process uploads the run
 CONFIG_FILE = "resolved_config.yaml"  # the config as measured (auto sizes filled in)
 # the sweep's parent run id, for jobs launched in this process (Hydra's basic launcher)
 PARENT_ENV = "GPUBENCH_MLFLOW_PARENT_RUN_ID"
@@ -173,7 +176,7 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
 
 
 def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=None,
-                 experiment_id=None, error=None) -> None:
+                 experiment_id=None, error=None, parent_id=None) -> None:
     write_json(run_dir / MARKER_FILE, {
         "run_uid": run_uid,
         "synced": run_id is not None,
@@ -181,9 +184,63 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
         "experiment": experiment,
         "experiment_id": experiment_id,
         "run_id": run_id,
+        # the sweep's parent it was uploaded under (sync attaches a job uploaded without one)
+        "parent_run_id": parent_id,
         "error": error,
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
+
+
+# ------------------------------------------------------------------ one upload per run
+# The run's own process uploads it as it ends; `sync` uploads what missed MLflow. Both may reach
+# the same run at once (sync started while a run uploads itself): whoever creates the claim file
+# first (O_CREAT | O_EXCL: atomic, also on NFS v3+) uploads; the other leaves the run alone. A
+# claim whose process is gone (kill -9 mid-upload) is taken over; a claim from another host is
+# respected, since nothing here can tell whether that process lives.
+
+
+def claim_upload(run_dir: Path) -> str | None:
+    """Take the upload of this run: None when this process holds it now, else who does
+    (host:pid). Release it with `release_upload`."""
+    path = Path(run_dir) / CLAIM_FILE
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = read(path)
+            who = f"{holder.get('host')}:{holder.get('pid')}"
+            pid = holder.get("pid")
+            if not isinstance(pid, int) or process_alive(holder.get("host"), pid) is not False:
+                # alive, on another host, or being written this instant (empty): respected
+                return who
+            _take_over(path, holder)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                       "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+        return None
+    return "another process"
+
+
+def _take_over(path: Path, dead: dict) -> None:
+    """Remove a dead claimer's claim. It is renamed aside first and checked: a process that
+    took it over a moment earlier has written its own, which is put back."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}.dead")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:  # another process removed it first
+        return
+    if read(aside) != dead:  # a live claim, made since we read the dead one: restore it
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+    aside.unlink(missing_ok=True)
+
+
+def release_upload(run_dir: Path) -> None:
+    """Give the claim back (only this process's own)."""
+    path = Path(run_dir) / CLAIM_FILE
+    if read(path).get("pid") == os.getpid() and read(path).get("host") == socket.gethostname():
+        path.unlink(missing_ok=True)
 
 
 def write_config(run_dir: Path, rec: RunRecord) -> None:
@@ -262,16 +319,25 @@ def log_result(t, result, task=None) -> bool:
     uri = resolve_uri(t.uri)
     rec = _record_of(result)
     run_dir = Path(rec.dir)
+    parent = job_parent(run_dir)
     try:
         write_config(run_dir, rec)  # on disk before any store is contacted
-        with open_store(uri, t.experiment, float(t.timeout_s)) as store:
-            rid = upload(store, rec, run_dir, job_parent(run_dir), t.run_name,
-                         read_overrides(run_dir, task))
+        holder = claim_upload(run_dir)
+        if holder is not None:  # `sync` is uploading it right now: one MLflow run per run
+            log.info("MLflow: %s is being uploaded by %s", run_dir, holder)
+            return True
+        try:
+            with open_store(uri, t.experiment, float(t.timeout_s)) as store:
+                rid = upload(store, rec, run_dir, parent, t.run_name, read_overrides(run_dir, task))
+            write_marker(run_dir, rec.run_uid, uri, t.experiment, rid, store.experiment_id,
+                         parent_id=parent)
+        finally:
+            release_upload(run_dir)
     except Exception as e:  # a tracking failure must never cost the measurement
         log.debug("MLflow upload failed", exc_info=True)
-        write_marker(run_dir, rec.run_uid, uri, t.experiment, error=f"{type(e).__name__}: {e}")
+        with contextlib.suppress(OSError):  # a folder that refuses writes: the warning says it
+            write_marker(run_dir, rec.run_uid, uri, t.experiment, error=f"{type(e).__name__}: {e}")
         warn(uri, e, run_dir)
         return False
-    write_marker(run_dir, rec.run_uid, uri, t.experiment, rid, store.experiment_id)
     log.info("MLflow run %s: %s", rid, ui_hint(uri, store.experiment_id, rid))
     return True

@@ -14,6 +14,8 @@ attempts left behind) and KILLED when the sweep was interrupted before its end.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +25,7 @@ import yaml
 from gpubench.analysis.workers import COMPUTE_DIR
 from gpubench.core import record
 from gpubench.core.files import write_json
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import RunRecord, Status, process_alive
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.runs import (
@@ -92,9 +94,23 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
 
 def mark_ended(sweep_dir: Path, ended: bool) -> None:
     """Whether the sweep itself ran to its end, recorded whether or not MLflow was reached:
-    `sync` closes a parent KILLED only for a sweep that did not end."""
+    `sync` closes a parent KILLED only for a sweep that did not end, and leaves the parent of a
+    sweep whose process still runs (its pid and host, recorded at its start) alone."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_json(sweep_dir / PARENT_FILE, read(sweep_dir / PARENT_FILE) | {"ended": ended})
+    owner = {} if ended else {"pid": os.getpid(), "host": socket.gethostname()}
+    write_json(sweep_dir / PARENT_FILE, read(sweep_dir / PARENT_FILE) | {"ended": ended, **owner})
+
+
+def live(sweep_dir: Path) -> bool:
+    """The sweep's process still runs on this host (it closes its parent itself): the one that
+    started it (the parent file) or gpubench's sweeper writing its sweep.json."""
+    info = read(sweep_dir / PARENT_FILE)
+    if info.get("ended"):
+        return False
+    owners = [(info.get("host"), info.get("pid"))]
+    host, _, pid = str(read(sweep_dir / MANIFEST).get("worker") or "").rpartition(":")
+    owners.append((host, int(pid) if pid.isdigit() else None))
+    return any(isinstance(p, int) and process_alive(h, p) for h, p in owners)
 
 
 def interrupted(sweep_dir: Path, records: list[RunRecord]) -> bool:

@@ -22,22 +22,26 @@ from pathlib import Path
 import yaml
 
 from gpubench.core import record
-from gpubench.core.files import inside
-from gpubench.core.record import RESULTS_FILE, RunRecord
+from gpubench.core.files import damaged, inside, refusal
+from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking.runs import (
+    CLAIM_FILE,
     MARKER_FILE,
     PARENT_FILE,
+    claim_upload,
     read,
     read_overrides,
+    release_upload,
     sweep_of,
     upload,
     write_marker,
 )
 from gpubench.tracking.store import Store, default_uri, open_store
-from gpubench.tracking.sweeps import close_sweep, interrupted, jobs, open_sweep
+from gpubench.tracking.sweeps import close_sweep, interrupted, jobs, live, open_sweep
 
 log = logging.getLogger("gpubench")
+PARENT_TAG = "mlflow.parentRunId"
 
 # <experiment>/<run id>/artifacts/ (a run's) or <experiment>/models/m-<id>/artifacts/ (a model's)
 _STORE_RUN = re.compile(r"[0-9a-f]{32}|m-[0-9a-f]{32}")
@@ -77,6 +81,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     """Upload every run under `root` that is not in MLflow yet; returns counts by outcome."""
     counts = {"uploaded": 0, "present": 0, "skipped": 0, "failed": 0}
     todo: dict[tuple[str, str], list[RunRecord]] = {}
+    orphans: dict[tuple[str, str], list[RunRecord]] = {}  # uploaded, but not under their sweep
     found = gpubench_runs(Path(root))
     for run_dir in found:
         if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
@@ -84,15 +89,31 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
             counts["skipped"] += 1
             continue
         rec = record.load(run_dir)
+        if rec is None and damaged(run_dir / RESULTS_FILE):
+            print(f"gpubench: warning: {run_dir / RESULTS_FILE} is damaged (not valid JSON): "
+                  "not uploaded, left as it is", file=sys.stderr)
+            counts["failed"] += 1
+            continue
         if rec is not None and rec.stale:
             rec.mark_dead()
-            rec.save()
-            print(f"marked {run_dir} killed: its process is gone", file=out)
+            try:
+                rec.save()
+            except OSError as e:  # a read-only folder: the record stays as the run left it
+                print(f"gpubench: error: {refusal(rec.path, e)}: not marked {rec.status} nor "
+                      "uploaded", file=sys.stderr)
+                counts["failed"] += 1
+                continue
+            print(f"marked {run_dir} {rec.status}: its process is gone", file=out)
         if rec is None or not rec.run_uid or not rec.status.final:
             print(f"skip {run_dir}: no final status (still running, or unreadable)", file=out)
             counts["skipped"] += 1
             continue
         marker, tcfg = read(run_dir / MARKER_FILE), rec.config.get("tracking") or {}
+        if not marker and rec.pid and process_alive(rec.host, int(rec.pid)):
+            # its own process lives (a job of a running sweep): it uploads the run itself
+            print(f"skip {run_dir}: its process {rec.pid} is alive and uploads it", file=out)
+            counts["skipped"] += 1
+            continue
         if uri is None and tcfg.get("backend") == "none":
             # measured with tracking=none: it named no store of its own (its tracking.uri was
             # never used, nor checked); `--uri` uploads it on purpose
@@ -102,19 +123,23 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
         target = (mask_secrets(uri or marker.get("tracking_uri") or tcfg.get("uri")
                                or _run_default_uri(run_dir)),
                   experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench")
+        # connect with the URI as given on the command line (it may carry its password)
+        key = (uri or target[0], target[1])
         if marker.get("synced") and (marker.get("tracking_uri"), marker.get("experiment")) == target:
+            if _orphan(run_dir, marker, target):  # a sweep job uploaded without its parent
+                orphans.setdefault(key, []).append(rec)
             counts["present"] += 1
             continue
-        # connect with the URI as given on the command line (it may carry its password)
-        todo.setdefault((uri or target[0], target[1]), []).append(rec)
+        todo.setdefault(key, []).append(rec)
 
-    for (t_uri, t_exp), recs in todo.items():
+    for key in {**todo, **orphans}:
+        recs = todo.get(key, [])
         try:
-            with open_store(t_uri, t_exp, timeout_s) as store:
-                _sync_into(store, recs, counts, out)
+            with open_store(*key, timeout_s) as store:
+                _sync_into(store, recs, orphans.get(key, []), counts, out)
         except Exception as e:  # report it, go on with the other targets
             log.debug("sync failed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: MLflow not reached at {t_uri} ({e}); "
+            print(mask_secrets(f"gpubench: warning: MLflow not reached at {key[0]} ({e}); "
                                f"{len(recs)} run(s) not synced"), file=sys.stderr)
             counts["failed"] += len(recs)
     _close_open_sweeps(found, uri, timeout_s)
@@ -122,11 +147,25 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     return counts
 
 
+def _orphan(run_dir: Path, marker: dict, target: tuple[str, str]) -> bool:
+    """A sweep's job uploaded without the sweep's parent (its worker lost the store-creation
+    race, or the parent was not reached): its marker names no parent, or not the sweep's. A
+    marker written before parents were recorded in it is checked in the store."""
+    sweep = sweep_of(run_dir)
+    if sweep is None:
+        return False
+    info = read(sweep / PARENT_FILE)
+    same = (info.get("tracking_uri"), info.get("experiment")) == target
+    known = info.get("run_id") if info.get("synced") and same else None
+    return marker.get("parent_run_id") != known if known else not marker.get("parent_run_id")
+
+
 def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> None:
-    """Parent runs left RUNNING (the sweep was interrupted before its end callback)."""
+    """Parent runs left RUNNING (the sweep was interrupted before its end callback); a sweep
+    whose process still runs closes its own."""
     for sweep in sorted({sweep_of(d) for d in found} - {None}):
         info = read(sweep / PARENT_FILE)
-        if not info.get("synced") or info.get("finished") or (
+        if not info.get("synced") or info.get("finished") or live(sweep) or (
                 uri is not None and mask_secrets(uri) != info["tracking_uri"]):
             continue
         try:
@@ -138,14 +177,12 @@ def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> 
                   file=sys.stderr)
 
 
-def _sync_into(store: Store, recs: list[RunRecord], counts: dict, out) -> None:
-    from mlflow.entities import RunStatus
-
+def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], counts: dict,
+               out) -> None:
     parents: dict[Path, str] = {}
-    for rec in recs:
-        run_dir = Path(rec.dir)
-        sweep = sweep_of(run_dir)
-        if sweep and sweep not in parents:
+
+    def parent_of(sweep: Path) -> str:
+        if sweep not in parents:
             info = read(sweep / PARENT_FILE)
             if info.get("synced") and (info.get("tracking_uri"), info.get("experiment")) == (
                     store.uri, store.experiment):
@@ -153,18 +190,71 @@ def _sync_into(store: Store, recs: list[RunRecord], counts: dict, out) -> None:
             else:
                 ov, sweeper, sp = _sweep_overrides(sweep)
                 parents[sweep] = open_sweep(store, sweep, ov, sweeper, sp)
-        rid = None
-        for r in store.find("run_uid", rec.run_uid):
-            if RunStatus.is_terminated(RunStatus.from_string(r.info.status)):
-                rid = r.info.run_id  # uploaded before; only the marker missed it
-            else:
-                store.client.delete_run(r.info.run_id)  # a half-done upload: replace it
-        if rid:
-            counts["present"] += 1
-        else:
-            rid = upload(store, rec, run_dir, parents.get(sweep), overrides=read_overrides(run_dir))
-            counts["uploaded"] += 1
-            print(f"uploaded {run_dir} -> run {rid}", file=out)
-        write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid, store.experiment_id)
+        return parents[sweep]
+
+    for rec in recs:
+        run_dir = Path(rec.dir)
+        try:
+            holder = claim_upload(run_dir)
+        except OSError as e:  # a folder that refuses the claim file refuses the marker too
+            print(f"gpubench: error: {refusal(run_dir / CLAIM_FILE, e)}: not uploaded",
+                  file=sys.stderr)
+            counts["failed"] += 1
+            continue
+        if holder is not None:  # its own process (or another sync) is uploading it now
+            print(f"skip {run_dir}: being uploaded by {holder}", file=out)
+            counts["skipped"] += 1
+            continue
+        try:
+            _upload_one(store, rec, run_dir, parent_of, counts, out)
+        finally:
+            release_upload(run_dir)
+    for rec in orphans:
+        run_dir, sweep = Path(rec.dir), sweep_of(Path(rec.dir))
+        marker = read(run_dir / MARKER_FILE)
+        parent = store.client.get_run(marker["run_id"]).data.tags.get(PARENT_TAG)
+        if parent is None:
+            parent = parent_of(sweep)
+            store.client.set_tag(marker["run_id"], PARENT_TAG, parent)
+            print(f"attached {run_dir} (run {marker['run_id']}) to its sweep's parent run "
+                  f"{parent}", file=out)
+        write_marker(run_dir, rec.run_uid, store.uri, store.experiment, marker["run_id"],
+                     store.experiment_id, parent_id=parent)
     for sweep, pid in parents.items():
-        close_sweep(store, sweep, pid, interrupted(sweep, jobs(sweep)))
+        if not live(sweep):  # a running sweep ends its parent itself
+            close_sweep(store, sweep, pid, interrupted(sweep, jobs(sweep)))
+
+
+def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict,
+                out) -> None:
+    """One claimed run: uploaded unless it is in the store already (the marker, written by
+    whoever held the claim before, or its run_uid)."""
+    from mlflow.entities import RunStatus
+
+    marker = read(run_dir / MARKER_FILE)
+    if marker.get("synced") and (marker.get("tracking_uri"), marker.get("experiment")) == (
+            store.uri, store.experiment):
+        counts["present"] += 1  # uploaded by its own process while this sync looked
+        return
+    sweep = sweep_of(run_dir)
+    parent = parent_of(sweep) if sweep else None
+    rid = None
+    for r in store.find("run_uid", rec.run_uid):
+        if RunStatus.is_terminated(RunStatus.from_string(r.info.status)):
+            rid = r.info.run_id  # uploaded before; only the marker missed it
+            if parent and r.data.tags.get(PARENT_TAG) != parent:
+                store.client.set_tag(rid, PARENT_TAG, parent)
+        else:
+            store.client.delete_run(r.info.run_id)  # a half-done upload: replace it
+    if rid:
+        counts["present"] += 1
+    else:
+        rid = upload(store, rec, run_dir, parent, overrides=read_overrides(run_dir))
+        counts["uploaded"] += 1
+        print(f"uploaded {run_dir} -> run {rid}", file=out)
+    try:
+        write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid, store.experiment_id,
+                     parent_id=parent)
+    except OSError as e:  # uploaded; a later sync finds it by its run_uid
+        print(f"gpubench: warning: {refusal(run_dir / MARKER_FILE, e)}: uploaded as run {rid}, "
+              "without its marker", file=sys.stderr)

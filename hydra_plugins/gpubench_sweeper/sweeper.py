@@ -95,7 +95,7 @@ class GpubenchSweeper(Sweeper):
             raise SystemExit(ExitCode.BAD_INPUT) from None
 
     def _sweep(self, arguments: list[str]) -> Any:
-        from gpubench.search.jobs import Jobs, mark_stale_runs
+        from gpubench.search.jobs import Jobs
         from gpubench.search.manifest import Manifest
         from gpubench.search.space import parse_search_space
 
@@ -105,9 +105,8 @@ class GpubenchSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # as Hydra's, masked
-        stale = mark_stale_runs(sweep_dir)
-        if stale:
-            log.info("%d run(s) left running by a process that died: recorded as killed", stale)
+        if self.mode.value == "max_batch":  # a search's study knows more: see _optimize
+            _mark_stale(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
         jobs = Jobs(self.launcher, manifest, self.max_failures)
         try:
@@ -130,6 +129,8 @@ class GpubenchSweeper(Sweeper):
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
         shared = S.open_study(name, storage, self.heartbeat_interval, self.grace_period)
+        manifest.from_study(shared.study)  # a damaged sweep.json: each job's trial again
+        _mark_stale(manifest.sweep_dir, S.told_dirs(shared.study))
         # a resumed sweep (or a second worker) must not replay the same random sequence
         seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
         shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
@@ -167,6 +168,14 @@ class GpubenchSweeper(Sweeper):
             log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
         except Exception as e:  # the measurements are on disk; a report can be made later
             log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
+
+
+def _mark_stale(sweep_dir: Path, told: dict | None = None) -> None:
+    from gpubench.search.jobs import mark_stale_runs
+
+    stale = mark_stale_runs(sweep_dir, told)
+    if stale:
+        log.info("%d run(s) left running by a process that died: recorded as killed", stale)
 
 
 def _member(enum: type[Enum], v: Any) -> Enum:

@@ -1,0 +1,390 @@
+"""Faults a sweep or an upload meets (issue 20, items 5 to 9): nothing measured lost, nothing
+uploaded twice, one line where a command ends. docs/reliability.md lists the same cases with the
+command and what a user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpubench.core import record
+from gpubench.core.record import Status
+from gpubench.search.jobs import mark_stale_runs, read_job
+from gpubench.search.study import measured_trials
+from tests.conftest import TINY, run_cli
+
+SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    """A real run's results.json (the tiny model, all three phases)."""
+    tmp = tmp_path_factory.mktemp("measured")
+    p = run_cli(*TINY, f"hydra.run.dir={tmp / 'run'}", cwd=tmp)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((tmp / "run" / "results.json").read_text())
+
+
+def _left_running(measured: dict, where: Path, pid: int, drop: tuple[str, ...] = ()) -> Path:
+    """The record a run leaves when it dies after saving its last phase, before its final
+    status (a full disk refuses the final write): `running`, every phase saved, no summary."""
+    data = {**measured, "status": "running", "error": None, "pid": pid,
+            "host": socket.gethostname(), "objective": None}
+    for k in ("images_per_sec", "images_per_sec_ci", "bottleneck", "reason"):
+        data[k] = None
+    data["phases"] = {k: v for k, v in measured["phases"].items() if k not in drop}
+    where.mkdir(parents=True)
+    (where / "results.json").write_text(json.dumps(data))
+    return where
+
+
+# ------------------------------------------------------------------ 5: a measured job lost
+
+
+@pytest.mark.slow
+def test_a_resume_keeps_a_record_whose_every_phase_was_saved(measured, tmp_path):
+    dead = _dead_pid()
+    whole = _left_running(measured, tmp_path / "0", dead)
+    cut = _left_running(measured, tmp_path / "1", dead, drop=("e2e",))
+    alive = _left_running(measured, tmp_path / "2", os.getpid(), drop=("e2e",))
+
+    assert mark_stale_runs(tmp_path) == 1  # only the one that died mid-measurement
+    rec = record.load(whole)
+    assert rec.status is Status.ok and rec.error is None
+    assert rec.throughput == pytest.approx(measured["phases"]["e2e"]["images_per_sec"])
+    assert rec.objective > 0 and "ended before its final status" in rec.extra["recovered"]
+    assert record.load(cut).status is Status.killed
+    assert record.load(alive).status is Status.running  # its process is alive: left alone
+    done = _left_running(measured, tmp_path / "3", dead)
+    (done / "results.json").write_text(json.dumps({**measured, "pid": dead}))
+    assert mark_stale_runs(tmp_path) == 0 and record.load(done).status is Status.ok
+
+
+@pytest.mark.slow
+def test_a_job_whose_final_write_failed_is_told_as_measured(measured, tmp_path):
+    """In-process (Hydra's basic launcher) the job's own process is the sweeper: alive, yet
+    the job is over; its record holds every phase."""
+    d = _left_running(measured, tmp_path / "0", os.getpid())
+    err = OSError(28, "No space left on device")
+    rec = read_job(d, err, record.Rung.full)
+    assert rec.status is Status.ok and rec.feasible and rec.throughput > 0
+    # refused before its last phase: failed by its disk, so asked again (not the config's fault)
+    d = _left_running(measured, tmp_path / "1", os.getpid(), drop=("e2e",))
+    rec = read_job(d, err, record.Rung.full)
+    assert rec.status is Status.failed and rec.extra.get("requeue")
+    assert "No space left on device" in rec.error
+    # the resume, once that process is gone: the outcome the study was told, not `killed`
+    d = _left_running(measured, tmp_path / "dead" / "1", _dead_pid(), drop=("e2e",))
+    assert mark_stale_runs(tmp_path / "dead", {str(d): ("failed", rec.error)}) == 0
+    assert record.load(d).status is Status.failed and record.load(d).error == rec.error
+
+
+def _wait(cond, proc, what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended before {what}: {proc.communicate()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _jobs_listed(path: Path) -> int:
+    try:
+        return len(json.loads(path.read_text()).get("jobs", []))
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.slow
+def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
+    """sweep.json refused after the second job measured (a full disk): the job is told to the
+    study before the sweep stops, and the same command run again measures only what is left."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY, "tracking=none",
+            f"hydra.sweep.dir={sweep}", f"hydra.sweeper.storage=sqlite:///{tmp_path}/study.db",
+            # each phase lasts its 1 s cap: a job is ~3 s, time to refuse the manifest
+            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=choice(2,4,8)",
+            "hydra.sweeper.n_trials=3", "hydra.sweeper.screen.steps=null",
+            "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    manifest = sweep / "sweep.json"
+    try:
+        _wait(lambda: _jobs_listed(manifest) == 1, proc, "the first job")
+        kept = manifest.read_text()
+        # a folder where sweep.json was: every later write of it fails, as on a full disk
+        manifest.unlink()
+        (manifest / "x").mkdir(parents=True)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if ln.startswith("gpubench")]
+    assert proc.returncode == 1 and lines == [lines[0]], err[-2000:]
+    assert "sweep.json" in lines[0]
+    study = optuna.load_study(study_name=json.loads(kept)["study_name"],
+                              storage=f"sqlite:///{tmp_path}/study.db")
+    assert len(measured_trials(study)) == 2  # the job measured after the refusal is kept
+
+    (manifest / "x").rmdir()
+    manifest.rmdir()
+    manifest.write_text(kept)
+    p = run_cli(*args, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    study = optuna.load_study(study_name=json.loads(kept)["study_name"],
+                              storage=f"sqlite:///{tmp_path}/study.db")
+    done = measured_trials(study)
+    assert len(done) == 3 and not [t for t in study.trials if t.state == TrialState.RUNNING]
+    # three configurations, three jobs: none measured twice
+    assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+    assert sorted(t.params["loader.batch_size"] for t in done) == [2, 4, 8]
+
+
+# ------------------------------------------------------------------ 6: uploaded twice
+
+def _run_record(run_dir: Path, uid: str, pid: int | None, status: str = "ok") -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({
+        "run_uid": uid, "status": status, "images_per_sec": 100.0,
+        "phases": {"e2e": {"phase": "e2e", "batch_size": 4, "images_per_sec": 100.0}},
+        "config": {"model": {"name": "tiny"}, "loader": {"batch_size": 4},
+                   "precision": {"name": "fp32"}, "tracking": {"experiment": "gpubench"}},
+        "pid": pid, "host": socket.gethostname()}))
+    return run_dir
+
+
+def _runs(uri: str, experiment: str = "gpubench") -> list:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    return c.search_runs([exp.experiment_id]) if exp else []
+
+
+_HOLD = ("import sys, time; from pathlib import Path; from gpubench.tracking.runs import "
+         "claim_upload; assert claim_upload(Path(sys.argv[1])) is None; print('held', flush=True); "
+         "time.sleep(600)")
+
+
+@pytest.mark.slow
+def test_an_upload_is_claimed_once_whoever_starts_it(tmp_path):
+    from gpubench.tracking.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = _run_record(tmp_path / "out" / "run", "claimed1", _dead_pid())
+    # another process (the run itself, or a second sync) is uploading it: left alone
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        counts = sync(tmp_path / "out", uri=uri)
+        assert counts["uploaded"] == 0 and counts["skipped"] == 1 and not _runs(uri)
+    finally:
+        holder.kill()
+        holder.wait()
+    # its claimer died mid-upload: the claim is taken over, the run uploaded once
+    assert sync(tmp_path / "out", uri=uri)["uploaded"] == 1
+    assert not (run / "mlflow.claim").exists()
+    assert sync(tmp_path / "out", uri=uri)["uploaded"] == 0
+    assert [r.data.tags["run_uid"] for r in _runs(uri)] == ["claimed1"]
+
+
+@pytest.mark.slow
+def test_syncs_started_together_upload_a_run_once(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from gpubench.tracking.store import open_store
+
+    with open_store(uri, "gpubench"):  # the store exists: only the upload races
+        pass
+    for i in range(4):
+        _run_record(tmp_path / "out" / str(i), f"together{i}", _dead_pid())
+    cmd = [sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"), "--uri", uri]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    uids = sorted(r.data.tags["run_uid"] for r in _runs(uri))
+    assert uids == [f"together{i}" for i in range(4)], uids  # each run once
+
+
+@pytest.mark.slow
+def test_sync_leaves_a_live_process_and_its_sweep_alone(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from gpubench.tracking import sweeps
+    from gpubench.tracking.store import open_store
+    from gpubench.tracking.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
+    sweeps.mark_ended(sweep, False)  # this process is the sweep, running
+    with open_store(uri, "gpubench") as store:
+        parent = sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"])
+    # a job that ended but has not uploaded itself yet (its process is this one, alive)
+    _run_record(sweep / "0", "live0", os.getpid())
+    counts = sync(sweep, uri=uri)
+    assert counts["uploaded"] == 0 and counts["skipped"] == 1
+    assert MlflowClient(tracking_uri=uri).get_run(parent).info.status == "RUNNING"
+
+
+# ------------------------------------------------------------------ 7: two workers, one store
+
+_OPEN = ("import sys; from gpubench.tracking.store import open_store\n"
+         "with open_store(sys.argv[1], 'gpubench') as s: print(s.experiment_id)")
+
+
+@pytest.mark.slow
+def test_processes_creating_one_sqlite_store_at_once_all_succeed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    procs = [subprocess.Popen([sys.executable, "-c", _OPEN, uri], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e[-1500:] for _, e in outs]
+    assert len({o.strip() for o, _ in outs}) == 1  # one experiment
+
+
+@pytest.mark.slow
+def test_sync_attaches_jobs_uploaded_without_their_parent(tmp_path):
+    """The worker that lost the store-creation race ran its sweep without a parent: each job
+    uploaded itself alone. sync gives the sweep its parent and the jobs to it."""
+    from gpubench.tracking import sweeps
+    from gpubench.tracking.runs import PARENT_FILE, upload, write_marker
+    from gpubench.tracking.store import open_store
+    from gpubench.tracking.sync import sync
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
+    sweeps.mark_ended(sweep, True)  # the sweep ended; its parent was never created
+    with open_store(uri, "gpubench") as store:
+        for i in range(2):
+            d = _run_record(sweep / str(i), f"orphan{i}", _dead_pid())
+            rid = upload(store, record.load(d), d, None)
+            write_marker(d, f"orphan{i}", store.uri, store.experiment, rid, store.experiment_id)
+    sync(sweep, uri=uri)
+    parent = json.loads((sweep / PARENT_FILE).read_text())["run_id"]
+    runs = {r.info.run_id: r for r in _runs(uri)}
+    assert runs[parent].info.status == "FINISHED"
+    children = [r for r in runs.values() if r.info.run_id != parent]
+    assert sorted(r.data.tags["run_uid"] for r in children) == ["orphan0", "orphan1"]
+    assert {r.data.tags.get("mlflow.parentRunId") for r in children} == {parent}
+
+
+# ------------------------------------------------------------------ 8: read-only folders
+
+@pytest.fixture
+def read_only():
+    """Makes a folder read-only for the commands under test: by its mode for a normal user,
+    by a read-only bind mount for root (whom modes do not stop)."""
+    mounted: list[Path] = []
+
+    def make(path: Path) -> None:
+        if os.geteuid() != 0:
+            for p in [path, *path.rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+            return
+        for cmd in (["mount", "--bind", str(path), str(path)],
+                    ["mount", "-o", "remount,bind,ro", str(path)]):
+            if subprocess.run(cmd, capture_output=True).returncode != 0:
+                if mounted or cmd[1] == "-o":
+                    subprocess.run(["umount", str(path)], capture_output=True)
+                pytest.skip("root, and no read-only bind mount allowed here")
+        mounted.append(path)
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def _stderr_lines(p) -> list[str]:
+    return [ln for ln in p.stderr.splitlines() if ln.strip()]
+
+
+@pytest.mark.slow
+def test_report_on_a_read_only_sweep_is_one_line(measured, tmp_path, read_only):
+    sweep = tmp_path / "sweep"
+    for i in range(2):
+        (sweep / str(i)).mkdir(parents=True)
+        (sweep / str(i) / "results.json").write_text(json.dumps(measured))
+    read_only(sweep)
+    cmd = [sys.executable, "-m", "gpubench.report", str(sweep)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = _stderr_lines(p)
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert str(sweep) in lines[0] and "read-only" in lines[0] and "--out DIR" in lines[0]
+    p = subprocess.run([*cmd, "--out", str(tmp_path / "elsewhere")], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and (tmp_path / "elsewhere" / "ranking.csv").is_file(), p.stderr
+
+
+@pytest.mark.slow
+def test_sync_meeting_a_read_only_stale_run_is_one_line(tmp_path, read_only):
+    run = _run_record(tmp_path / "out" / "run", "ro1", _dead_pid(), status="running")
+    read_only(run)
+    p = subprocess.run([sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"),
+                        "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                       capture_output=True, text=True, timeout=300)
+    lines = _stderr_lines(p)
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert str(run / "results.json") in lines[0] and "read-only" in lines[0]
+    assert json.loads((run / "results.json").read_text())["status"] == "running"  # untouched
+
+
+# ------------------------------------------------------------------ 9: a damaged file
+
+@pytest.mark.slow
+def test_a_damaged_sweep_json_or_results_json_is_named_kept_and_read_around(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY, "tracking=none",
+            f"hydra.sweep.dir={sweep}", f"hydra.sweeper.storage=sqlite:///{tmp_path}/study.db",
+            "loader.batch_size=choice(2,4,8)", "hydra.sweeper.screen.steps=null",
+            "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
+    p = run_cli(*args, "hydra.sweeper.n_trials=2", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    manifest, results = sweep / "sweep.json", sweep / "0" / "results.json"
+    cut = manifest.read_text()[: len(manifest.read_text()) // 2]  # a crash mid-write
+    manifest.write_text(cut)
+    results.write_text(results.read_text()[:200])
+
+    p = subprocess.run([sys.executable, "-m", "gpubench.report", str(sweep)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"{manifest} is damaged" in p.stderr and "reading study" in p.stderr
+    assert f"{results} is damaged" in p.stderr and "what the study kept" in p.stderr
+    ranking = (sweep / "report" / "ranking.csv").read_text().splitlines()
+    assert len(ranking) == 1 + 2, ranking  # both trials, the damaged one from the study
+
+    p = run_cli(*args, "hydra.sweeper.n_trials=3", cwd=tmp_path)  # the same sweep, resumed
+    assert p.returncode == 0, p.stderr[-2000:]
+    said = p.stdout + p.stderr  # the sweeper's log lines go where Hydra's logging sends them
+    assert f"{manifest} is damaged" in said and "kept as sweep.json.damaged" in said, said
+    assert "2 of 2 job(s) matched to their trials" in said, said
+    assert (sweep / "sweep.json.damaged").read_text() == cut  # never overwritten uncopied
+    jobs = json.loads(manifest.read_text())["jobs"]
+    # the two read back from their folders with their trials, then the new job (a sampled
+    # duplicate of a measured trial takes a number without a job)
+    assert sorted((j["num"], j.get("trial")) for j in jobs)[:2] == [(0, 0), (1, 1)]
+    assert [j["num"] for j in jobs if j.get("trial", 0) >= 2] == [2]
+    assert results.read_text().startswith("{") and len(results.read_text()) == 200  # untouched
