@@ -17,7 +17,7 @@ from gpubench.cli.errors import Exit, one_line_errors
 from gpubench.cli.gate import hold_stderr, release_stderr
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.exits import ExitCode
+from gpubench.core.exits import ExitCode, quiet_broken_pipe
 
 
 def _multirun() -> bool:
@@ -55,6 +55,8 @@ def _job(cfg: DictConfig) -> float:
     _settle()
     if result.status in ("oom", "failed") and not _multirun():
         raise Exit(ExitCode.FAILED)
+    if result.status == "over_ceiling" and not _multirun():  # a sweep's trial: finished
+        raise Exit(ExitCode.OVER_CEILING)
     if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
         raise Exit(ExitCode.NOT_TRACKED)
     return result.objective
@@ -73,7 +75,7 @@ def _settle() -> None:
 
 def cli() -> None:
     try:
-        with one_line_errors():
+        with quiet_broken_pipe(), one_line_errors():
             main()
     except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
         from gpubench.cli.callbacks import EXIT

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY, run_cli
@@ -59,3 +64,74 @@ def test_cli_oom_single_run_exits_nonzero_and_keeps_results(tmp_path):
 
 
 # Ctrl-C and SIGTERM: tests/test_reliability.py
+
+
+# ------------------------------------------------------------------ exit codes a script can trust
+
+
+def test_mistyped_key_names_the_close_key(compose_cfg):
+    from gpubench.cli.messages import describe
+
+    for override, line in (
+            ("loader.batchsize=32", "loader.batchsize=32 is not allowed: a key of the config "
+             "(close: loader.batch_size); +loader.batchsize=... adds a new one"),
+            # the first part mistyped: Hydra's error names `lodaer` only
+            ("lodaer.batch_size=3", "lodaer.batch_size=3 is not allowed: a key of the config "
+             "(close: loader.batch_size); +lodaer.batch_size=... adds a new one"),
+            ("chanels_last=true", "chanels_last=true is not allowed: a key of the config "
+             "(close: channels_last); +chanels_last=... adds a new one")):
+        with pytest.raises(Exception) as err:
+            compose_cfg(override)
+        assert describe(err.value) == (line, 2)
+
+
+@pytest.mark.slow
+def test_cli_mistyped_key_in_a_single_run_suggests_the_close_key(tmp_path):
+    proc = run_cli(*TINY, "loader.batchsize=32", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "gpubench: error: loader.batchsize=32 is not allowed: a key of the config (close: "
+        "loader.batch_size); +loader.batchsize=... adds a new one"]
+
+
+@pytest.mark.slow
+def test_cli_over_ceiling_exits_5_with_advice_and_a_sweep_goes_on(tmp_path):
+    from gpubench.core.exits import ExitCode
+
+    proc = run_cli(*TINY, "memory.ceiling=0.0001", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OVER_CEILING == 5, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "status: over_ceiling" in out and "to fit under memory.ceiling:" in out
+    assert "loader.batch_size=2: a smaller batch" in out  # TINY's batch is 4
+    assert "model.checkpointing=true" in out and "precision=amp_bf16" in out
+    # in a multirun the job is a finished trial: the sweep goes on, the command ends 0
+    proc = run_cli("-m", *TINY, "memory.ceiling=0.0001", "loader.batch_size=2,4",
+                   "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    statuses = [json.loads(p.read_text())["status"]
+                for p in sorted((tmp_path / "sweep").glob("*/results.json"))]
+    assert statuses == ["over_ceiling", "over_ceiling"]
+
+
+def _into_closed_pipe(*args: str, cwd) -> subprocess.CompletedProcess:
+    """`python ARGS | head` where head has already gone: every write to stdout fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+        return subprocess.run([sys.executable, *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, cwd=cwd, env=env, timeout=300)
+    finally:
+        os.close(write)
+
+
+@pytest.mark.slow
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    from gpubench.core.exits import ExitCode
+
+    proc = _into_closed_pipe("-m", "gpubench", "--help", cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")
+    assert ExitCode.BROKEN_PIPE == 141  # as a shell reports a writer that SIGPIPE ended
+    shutil.copytree(Path(__file__).parent / "golden" / "fixtures" / "sweep", tmp_path / "sweep")
+    proc = _into_closed_pipe("-m", "gpubench.report", "sweep", cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")

@@ -110,7 +110,8 @@ def test_hydra_errors_condense_to_one_line(compose_cfg):
         (["bench.phases=[loader,fast]"],
          "bench.phases[1]=fast is not allowed: one of loader, compute, e2e"),
         (["loader.batch_size={a:1}"], "loader.batch_size={'a': 1} is not allowed: an integer"),
-        (["loader.batchsize=32"], "loader.batchsize: Could not override 'loader.batchsize'."),
+        (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key of the config "
+         "(close: loader.batch_size); +loader.batchsize=... adds a new one"),
     ):
         with pytest.raises(Exception) as err:
             compose_cfg(*overrides)

@@ -4,19 +4,22 @@ composes back into the configuration it was measured with."""
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend
+from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend, varying
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import to_container
+from gpubench.core.files import flatten
 from gpubench.core.record import RunRecord, Status
-from gpubench.report.write import sweep_report
+from gpubench.report.write import print_table, screen_rows, sweep_report
 from gpubench.search.rows import load_dir
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 
 def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True,
@@ -165,6 +168,33 @@ def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
     assert sweep_report(sweep, quiet=True) and (report / "pareto.png").stat().st_mtime_ns == mtime
 
 
+def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
+    # the golden sweep measured 6 windows of 6 steps after 1 warm-up step: not the defaults,
+    # so a recommended.yaml without `bench` reruns another measurement
+    sweep = tmp_path / "sweep"
+    shutil.copytree(ROOT / "tests" / "golden" / "fixtures" / "sweep", sweep)
+    sweep_report(sweep, quiet=True)
+    report = sweep / "report"
+    summary = json.loads((report / "summary.json").read_text())
+    measured = json.loads((Path(summary["recommended"]["dir"]) / "results.json").read_text())
+    # what `python -m gpubench -cd <report dir> experiment=recommended` composes
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        default = to_container(compose("bench"))
+        rerun = to_container(compose("bench", overrides=[
+            "experiment=recommended", f"hydra.searchpath=[file://{report}]"]))
+    assert default["bench"] != measured["config"]["bench"]  # else this test would prove nothing
+
+    def what_ran(cfg: dict) -> dict:
+        return {k: v for k, v in flatten(cfg).items() if not k.startswith(("tracking.", "fault."))}
+
+    assert what_ran(rerun) == what_ran(measured["config"])
+    yml = (report / "experiment" / "recommended.yaml").read_text()
+    assert "# bench: the sweep's own measurement (6 windows of 6 steps on each of" in yml
+    assert "bench.steps=24 bench.repeats=10" in yml  # how to measure longer
+    assert any(line.startswith("  (it measures as the sweep did: 6 windows of 6 steps on")
+               for line in summary["lines"])
+
+
 def test_within_tolerance_is_judged_on_intervals():
     best = row(256, 2, ips=100.0, ci=[98.0, 102.0])
     tight = row(64, 2, ips=97.0, ci=[96.0, 98.0])  # surely within 5%
@@ -192,6 +222,47 @@ def test_an_unstable_fastest_run_is_not_recommended_unconfirmed():
     assert ranked([lucky, steady])[0] is steady
     alone = recommend([lucky])  # nothing confirmed: a recommendation marked as such
     assert alone.chosen is lucky and any(x.startswith("UNCONFIRMED") for x in alone.reasons)
+
+
+def test_the_fastest_figure_left_out_is_said_in_english():
+    lucky = row(128, 2, ips=1718.0, ci=[1500.0, 1900.0], stable=False)
+    steady = row(64, 2, ips=1711.0, ci=[1619.0, 1827.0], stable=True)
+    (line,) = [x for x in recommend([lucky, steady]).reasons if x.startswith("the fastest")]
+    assert line.endswith("; it is not recommended until a rerun on a quiet machine confirms it")
+    assert "not recommended unconfirmed" not in line
+
+
+def test_ranking_fits_120_columns_and_says_why_a_slower_row_ranks_first():
+    # a GPU sweep's knobs, MLflow run ids, an over-ceiling row, a confirmed row: the printed
+    # ranking keeps to 120 columns and each line says why it ranks where it does
+    def wide(label, ips, stable, batch, precision, workers=8, status="ok"):
+        config = {"loader": {"batch_size": batch, "num_workers": workers, "pin_memory": True},
+                  "precision": {"name": precision}, "channels_last": workers > 4}
+        rec = RunRecord(status=Status(status), images_per_sec=ips,
+                        images_per_sec_ci=[ips * 0.9, ips * 1.1], peak_memory_fraction=0.71,
+                        memory_ceiling=0.8, config=config, env={"device": "cuda"},
+                        measurement_stable=stable, rung="full", gpu_util_mean=97.5,
+                        bottleneck="inconclusive")
+        return Row(label, rec)
+
+    disturbed = wide("0a1b2c3d", 1718.0, False, 256, "torch_default", workers=16)
+    steady = wide("4e5f6a7b", 1711.0, True, 128, "amp_bf16")
+    steady.confirms = [_again(steady, 1711.0, [1619.0, 1827.0], stable=True)]
+    over = wide("8c9d0e1f", 12345.6, True, 1024, "amp_bf16", workers=2, status="over_ceiling")
+    rows = [disturbed, steady, over]
+    head, body = screen_rows(rows, varying(rows))
+    text = print_table(head, body, "gpubench sweep: outputs/multirun/2026-11-23/10-00-00",
+                       out=io.StringIO())
+    table = text[:text.index("ranked:")]
+    assert max(len(ln.rstrip()) for ln in table.splitlines()) <= 120, table
+    assert "…" not in text  # no figure cut
+    assert {"batch\nsize", "num\nworkers", "precision", "channels\nlast"} <= set(head)
+    lines = {ln.split()[1]: ln for ln in text.splitlines() if ln[:1].isdigit()}
+    assert list(lines) == ["4e5f6a7b", "0a1b2c3d", "8c9d0e1f"], table  # 1711 above 1718
+    assert lines["4e5f6a7b"].split()[2] == "confirmed"
+    assert lines["0a1b2c3d"].split()[2] == "disturbed"  # why it ranks below a slower row
+    assert lines["8c9d0e1f"].split()[2] == "over_ceiling"
+    assert "stable or confirmed before disturbed" in text
 
 
 def _again(r: Row, ips, ci=None, stable=None, status="ok") -> RunRecord:
@@ -525,3 +596,21 @@ def test_a_meaningless_tolerance_is_one_line_and_exit_2(value, capsys):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
     assert err.count("\n") == 0 and f"--tolerance={value} is not allowed: a number in [0, 1)" in err
+
+
+def test_console_in_a_log_folds_no_line_and_keeps_the_table_within_120_columns():
+    from rich.console import Console
+
+    from gpubench.report.console import print_result
+
+    rec = RunRecord.from_dict(json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json")
+                                         .read_text()), run_dir=Path("RUN"))
+    buf = io.StringIO()  # not a terminal: `python -m gpubench > log.txt`
+    print_result(rec, Console(file=buf, width=80, highlight=False, color_system=None))
+    out = buf.getvalue().splitlines()
+    (verdict,) = [i for i, ln in enumerate(out) if ln.startswith("narrowest pipe:")]
+    assert out[verdict].endswith("instead of overlapping")  # one line, however long
+    assert out[verdict + 1].startswith("  1. loader.num_workers=2")
+    table = [ln for ln in out if ln[:1] in "┏┃┡│└"]
+    assert len(table) == 7 and max(len(ln) for ln in table) <= 120  # one header line
+    assert "steps (windows)" in table[1]

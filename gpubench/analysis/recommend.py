@@ -27,6 +27,13 @@ TOLERANCE = 0.05
 SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compile", "memory")
 
 
+# what a recommended config holds: the setup and `bench` as the chosen run measured it (steps,
+# windows, warm-up, phases, seed, and the step's own knobs: optimizer, grad_accum_steps,
+# cudnn_benchmark). Without `bench`, a rerun measures the defaults' length and lands outside
+# the interval the recommendation was made on. Tracking and fault injection stay out.
+RERUN_KEYS = (*SETUP_KEYS, "bench")
+
+
 # not knobs: how long a run measured differs between screen and full measurements
 NOT_KNOBS = ("bench.", "tracking.", "fault.")
 
@@ -127,6 +134,20 @@ class Row:
             return False
         ivs = [m.throughput_interval for m in ms]
         return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
+
+    @property
+    def steadiness(self) -> str:
+        """Why the row ranks where it does among feasible rows, in a word: `stable` (or
+        `confirmed` once re-measured alike), `disturbed` (a measurement found itself disturbed
+        or did not measure), `disagreed` (re-measurements whose intervals share no figure), `-`
+        (not judged: a record written before the checks)."""
+        if self.record.measurement_stable is None and not self.confirms:
+            return "-"
+        if self.stable:
+            return "confirmed" if self.confirms else "stable"
+        if any(m.measurement_stable is False or not m.status.measured for m in self.measurements):
+            return "disturbed"
+        return "disagreed"
 
     @property
     def confirmed(self) -> bool:
@@ -269,8 +290,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
         reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} img/s, "
-                       f"{why_not_best(fastest)}: not recommended unconfirmed; rerun it on a "
-                       "quiet machine")
+                       f"{why_not_best(fastest)}; it is not recommended until a rerun on a "
+                       "quiet machine confirms it")
     near = [r for r in ok if near_best(r, best, tolerance)]
     lead = 1 if reasons and reasons[0].startswith("UNCONFIRMED") else 0
     reasons.insert(lead, f"fastest {'stable ' if best.stable else ''}feasible: {with_interval(best)} img/s; {len(near)} configuration(s)"

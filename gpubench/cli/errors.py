@@ -68,6 +68,11 @@ def one_line_errors():
             # `raise SystemExit(...) from None`: whoever exited has said why already
             raise
         cause, held = _cause(e), stderr.held()
+        if isinstance(cause, BrokenPipeError):
+            # the reader of stdout went away (`| head`): no line, no report; the entry's
+            # quiet_broken_pipe ends the command with BROKEN_PIPE
+            stderr.release(keep=before_report(held, cause))
+            raise cause from None
         if cause is None and not held.strip():
             raise
         if cause is not None:

@@ -15,17 +15,24 @@ import typing
 from enum import Enum
 
 from antlr4.error.Errors import LexerNoViableAltException
+from hydra.core.override_parser.types import Override
 from hydra.errors import (
+    ConfigCompositionException,
     HydraException,
     InstantiationException,
     MissingConfigException,
     OverrideParseException,
 )
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.prechecks import UNQUOTED
+from gpubench.config.prechecks import UNQUOTED, _keys
 from gpubench.config.schema import KEYS
 from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
@@ -84,12 +91,48 @@ def _first_line(*reports: str) -> str:
     return text.strip()
 
 
+def _applied_override(ex: BaseException) -> Override | None:
+    """The override Hydra was applying when `ex` was raised. Hydra's exception for a key the
+    config lacks carries neither the override's full key nor its value (its cause names the
+    first missing part only: `lodaer` of `lodaer.batch_size=3`); the Override object it was
+    applying is a local of the frame that raised, the innermost one that holds one."""
+    found, tb = None, ex.__traceback__
+    while tb is not None:
+        found = next((v for v in tb.tb_frame.f_locals.values() if isinstance(v, Override)),
+                     found)
+        tb = tb.tb_next
+    return found
+
+
+def missing_key_line(ex: ConfigCompositionException) -> str | None:
+    """An override of a key the config does not have (`loader.batchsize=32`), as the multirun
+    check says it (gpubench.config.prechecks): the key, the value, the close keys, and how to
+    add a new one; None for any other composition error."""
+    cause = ex.__cause__
+    if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        return None
+    o = _applied_override(ex)
+    key = o.key_or_group if o is not None else cause.full_key
+    # the whole config, as far as it was composed: the missing key's parent leads to its root
+    root = cause.parent_node._get_root() if cause.parent_node is not None else None
+    known = _keys(root, skip=("hydra",)) if root is not None else [k.name for k in KEYS]
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = f" (close: {', '.join(close)})" if close else ""
+    # the value as it was typed (`true`, not Python's True)
+    typed = f"={o.input_line.partition('=')[2]}" if o is not None and o.input_line else ""
+    return f"{key}{typed} is not allowed: a key of the config{hint}; +{key}=... adds a new one"
+
+
 def hydra_line(ex: HydraException | OmegaConfBaseException) -> str:
     """One line for an error of composing the config (a bad override, a missing option)."""
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
         return f"{group}={value} is not allowed: one of {', '.join(ex.options)}"
+    if isinstance(ex, ConfigCompositionException):
+        line = missing_key_line(ex)
+        if line is not None:
+            return line
     # Hydra wraps OmegaConf's error of merging an override: the key and value are the cause's
     cause = ex.__cause__ if isinstance(ex.__cause__, OmegaConfBaseException) else None
     bad = ex if isinstance(ex, OmegaConfBaseException) else cause

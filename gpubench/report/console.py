@@ -8,6 +8,8 @@ from rich.table import Table
 
 from gpubench.analysis.labels import phase_title
 from gpubench.analysis.select import setup_text
+from gpubench.config.schema import is_amp
+from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
 from gpubench.core.record import RunRecord
 
 
@@ -42,7 +44,8 @@ def phase_table(d: dict, interval_label: str, heading: str) -> Table:
     """One row per measured phase: throughput with its interval, step times, data wait, steps,
     peak memory."""
     t = Table(title=heading, title_justify="left")
-    for col in ("phase", "images/s", interval_label, "step p50 ms", "step p95 ms", "data wait",
+    # step times as p50/p95 ms: the table keeps within 120 columns, a log's width
+    for col in ("phase", "images/s", interval_label, "p50 ms", "p95 ms", "data wait",
                 "steps (windows)", "peak mem"):
         t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col == "phase")
     for name, ph in d["phases"].items():
@@ -126,6 +129,8 @@ def verdict(d: dict) -> list[str]:
     out = []
     if status != "ok":
         out.append(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
+    if status == "over_ceiling":
+        out += [escape(line) for line in ceiling_advice(d)]
     if d.get("measurement_stable") is False:
         out.append("[yellow]measurement unstable:[/yellow]")
         out += [f"  - {escape(r)}" for r in d.get("noise_reasons") or []]
@@ -142,18 +147,45 @@ def verdict(d: dict) -> list[str]:
     return out
 
 
+def ceiling_advice(d: dict) -> list[str]:
+    """What brings a run over memory.ceiling under it, each as the override to try: a smaller
+    batch (activations grow with it), activation checkpointing where the model has it wired,
+    mixed precision (half-size activations); the ones the run already used are left out."""
+    cfg = d.get("config") or {}
+    model, loader = cfg.get("model") or {}, cfg.get("loader") or {}
+    precision = (cfg.get("precision") or {}).get("name")
+    batch = loader.get("batch_size")
+    out = []
+    if isinstance(batch, int) and batch > 1:
+        out.append(f"loader.batch_size={batch // 2}: a smaller batch (activations grow with it; "
+                   "python -m gpubench sweep=max_batch finds the largest that fits)")
+    if not model.get("checkpointing"):
+        if model.get("_target_") is None and checkpointable(model.get("name", "")):
+            out.append("model.checkpointing=true: recompute activations in backward instead "
+                       "of keeping them (some compute for much less memory)")
+        else:
+            out.append(f"(activation checkpointing is not available here: {CHECKPOINT_WIRED})")
+    if precision is not None and not is_amp(precision):
+        out.append("precision=amp_bf16 (or amp_fp16): mixed precision halves the activations")
+    return ["to fit under memory.ceiling:", *(f"  - {a}" for a in out)]
+
+
 def print_result(result, console: Console | None = None) -> None:
     """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
     rec: RunRecord = getattr(result, "record", result)
     con = console or Console(highlight=False)
-    if not con.is_terminal:  # logs and pipes: wide enough that the table is not folded
+    # a log or a pipe (`> log.txt`): lines are never folded (a terminal folds what it shows
+    # itself), and the table gets the 120 columns it is made to fit
+    log = not con.is_terminal
+    if log:
         con.width = max(con.width, 120)
     d = rec.to_dict()
     heading = title(rec)
     # ended before its first window: the title alone, no empty table
-    con.print(phase_table(d, rec.interval_label, heading) if d["phases"] else heading)
+    con.print(phase_table(d, rec.interval_label, heading) if d["phases"] else heading,
+              soft_wrap=log and not d["phases"])
     for line in [*lines(d, getattr(result, "notes", [])), *verdict(d)]:
-        con.print(line)
-    con.print(f"[dim]results: {rec.path}[/dim]")
+        con.print(line, soft_wrap=log)
+    con.print(f"[dim]results: {rec.path}[/dim]", soft_wrap=log)
     if d.get("picture"):
-        con.print(f"[dim]picture: {d['picture']}[/dim]")
+        con.print(f"[dim]picture: {d['picture']}[/dim]", soft_wrap=log)

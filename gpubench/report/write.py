@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from gpubench.analysis.recommend import (
-    SETUP_KEYS,
+    RERUN_KEYS,
     TOLERANCE,
     Recommendation,
     Row,
@@ -42,7 +42,7 @@ from gpubench.analysis.recommend import (
     varying,
     with_interval,
 )
-from gpubench.analysis.select import setup_of, training_rows, where
+from gpubench.analysis.select import KNOBS, setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
@@ -94,10 +94,27 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
     return out
 
 
+def measurement_text(cfg: dict) -> str:
+    """How a run measured, in words: `6 windows of 24 steps on each of loader, compute, e2e`."""
+    b = cfg.get("bench") or {}
+    phases = ", ".join(b.get("phases") or ()) or "?"
+    return f"{b.get('repeats', '?')} windows of {b.get('steps', '?')} steps on each of {phases}"
+
+
+def longer_text(cfg: dict) -> str:
+    """The overrides that measure the recommended setup longer than the sweep did."""
+    b = cfg.get("bench") or {}
+    steps, repeats = b.get("steps"), b.get("repeats")
+    if not isinstance(steps, int) or not isinstance(repeats, int):
+        return "bench.steps=... bench.repeats=..."
+    return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
+
+
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
-    """The row's setup as a `# @package _global_` overlay that composes back into it."""
+    """The row's setup and measurement as a `# @package _global_` overlay that composes back
+    into the config the row was measured with (tracking and fault injection left out)."""
     cfg = row.record.config
-    setup = {k: cfg[k] for k in SETUP_KEYS if k in cfg}
+    setup = {k: cfg[k] for k in RERUN_KEYS if k in cfg}
     groups = []
     for group, value in (("dataset", setup.get("dataset", {}).get("name")),
                          ("model", setup.get("model", {}).get("name")),
@@ -107,6 +124,11 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
     if rec is not None:
         head += [f"#   {line}" for line in rec.reasons]
+    if "bench" in setup:
+        head += [f"# bench: the sweep's own measurement ({measurement_text(cfg)}), so a rerun's "
+                 "figure compares with the interval above;",
+                 f"#   to measure longer, add {longer_text(cfg)} to the rerun command "
+                 "(narrower intervals, no longer the sweep's measurement)"]
     body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
     return "\n".join(head) + "\n" + body
 
@@ -123,11 +145,23 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    util_key = "gpu_util_mean" if any(r.record.gpu_util_mean is not None for r in rows) \
+# the ranking's order, said under the printed table: why a slower row can rank above a faster one
+# the ranking's order, said under the printed table: why a slower row can rank above a faster
+# one (gpubench.analysis.recommend.ranked)
+RANK_ORDER = ("ranked: feasible first (status), full length before screens, stable or confirmed "
+              "before disturbed or disagreed, then img/s")
+
+
+def _util_key(rows: list[Row]) -> str:
+    return "gpu_util_mean" if any(r.record.gpu_util_mean is not None for r in rows) \
         else "process_cpu_util_mean"
+
+
+def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
+    """ranking.csv: every column, the swept knobs by their config keys, ranked."""
+    util_key = _util_key(rows)
     head = ["#", "run", "status", "img/s", "95% interval", "mem %", "gpu util %"
-            if util_key.startswith("gpu") else "cpu util %", "verdict", "stable", "rung", *keys]
+            if util_key.startswith("gpu") else "cpu util %", "verdict", "measured", "rung", *keys]
     body = []
     for i, r in enumerate(ranked(rows), 1):
         lo, hi = r.interval
@@ -135,9 +169,7 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
             str(i), r.label, r.status,
             f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:.1f}-{hi:.1f}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
-            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
-            "-" if r.record.measurement_stable is None and not r.confirms
-            else ("yes" if r.stable else "NO"),
+            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck), r.steadiness,
             # a confirmed row's figures pool its re-measurements: say how many
             f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
             *(_fmt(r.flat.get(k)) for k in keys),
@@ -145,17 +177,55 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
     return head, body
 
 
+def knob_header(key: str) -> str:
+    """A swept key by its short knob name (gpubench.analysis.select.KNOBS), else the key; words
+    on lines of their own (`batch\\nsize`), so a header is no wider than its values need."""
+    name = next((n for n, ks in KNOBS.items() if key in ks), key)
+    return name.replace("_", "\n")
+
+
+def screen_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The printed ranking, made to fit 120 columns: ranking.csv's rows with `status` saying
+    why each ranks where it does (a feasible row's steadiness, else its status), the rung only
+    when rows differ in it, intervals without decimals above 100 img/s, knobs by short name."""
+    util_key = _util_key(rows)
+    with_rung = len({r.rung for r in rows}) > 1
+    head = ["#", "run", "status", "img/s", "95% interval", "mem %",
+            "gpu %" if util_key.startswith("gpu") else "cpu %", "verdict",
+            *(["rung"] if with_rung else []), *(knob_header(k) for k in keys)]
+    body = []
+    for i, r in enumerate(ranked(rows), 1):
+        lo, hi = r.interval
+        fmt = ".0f" if hi >= 100 else ".1f"
+        why = r.status if r.status != "ok" or r.steadiness == "-" else r.steadiness
+        body.append([
+            str(i), r.label, why, f"{r.throughput:.1f}",
+            "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
+            "-" if r.peak is None else f"{100 * r.peak:.1f}",
+            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
+            *([str(r.rung)] if with_rung else []),
+            *(_fmt(r.flat.get(k)) for k in keys),
+        ])
+    return head, body
+
+
 def print_table(head, body, title: str, out=None, limit: int = 25) -> str:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title)
+    # no vertical rules: two spaces between columns leave the width to the figures
+    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+              collapse_padding=True)
     for h in head:
-        t.add_column(h, justify="right" if h in ("#", "img/s", "mem %") else "left")
+        t.add_column(h, justify="right" if h in ("#", "img/s", "mem %") else "left",
+                     overflow="fold")  # a cell too wide wraps; it is never cut
     for b in body[:limit]:
         t.add_row(*b)
-    console = Console(file=out or sys.stdout, width=200, record=True)
+    # 120 columns, a terminal's or a log's width
+    console = Console(file=out or sys.stdout, width=120, record=True)
     console.print(t)
+    console.print(RANK_ORDER, soft_wrap=True)
     if len(body) > limit:
         console.print(f"... {len(body) - limit} more in ranking.csv")
     return console.export_text()
@@ -188,11 +258,13 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     rows = kept or rows
     keys = varying(rows)
     files: list[Path] = []
-    head, body = table_rows(rows, keys)
     table = io.StringIO(newline="")
+    head, body = table_rows(rows, keys)
     csv.writer(table).writerows([head, *body])
     files.append(write_text(out_dir / "ranking.csv", table.getvalue()))
-    text = print_table(head, body, f"gpubench sweep: {source}", out=None if not quiet else _Null())
+    head, body = screen_rows(rows, keys)
+    title = f"gpubench sweep: {source}"
+    text = print_table(head, body, title, out=_Null())
     files.append(write_text(out_dir / "ranking.txt", text))
 
     rec = recommend(rows, tolerance)
@@ -231,6 +303,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             *(f"  - {x}" for x in rec.reasons),
             f"recommended config: {yml}",
             f"rerun it: {cmd}",
+            f"  (it measures as the sweep did: {measurement_text(rec.chosen.record.config)}; "
+            f"add {longer_text(rec.chosen.record.config)} to measure longer)",
         ]
     if answer is not None:
         lines += answer.lines
@@ -242,7 +316,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
     files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
-    if not quiet:
+    if not quiet:  # after every file is written: a reader that stops early (`| head`) costs none
+        print_table(head, body, title)
         print(mask_secrets("\n".join(lines)))
     return files
 
