@@ -664,6 +664,15 @@ def _wait_for_jobs(tmp: Path, proc, n: int) -> None:
             return
 
 
+def _wait_for_results(tmp: Path, proc, n: int) -> None:
+    """Until n job folders hold a results.json (a job writes it after its first window)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list((tmp / "sweep").glob("*/results.json"))) >= n:
+            return
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_ctrl_c_leaves_no_running_trial(tmp_path):
     cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
@@ -678,7 +687,9 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_jobs(tmp_path, proc, 1)
-        time.sleep(0.5)  # into the next trial's ~3 s
+        # into the next trial's ~3 s: once it has written its first phase (a fixed sleep here
+        # fell between the trials on a loaded machine, and nothing was interrupted)
+        _wait_for_results(tmp_path, proc, 2)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
