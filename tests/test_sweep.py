@@ -579,7 +579,8 @@ def test_oom_trials_are_infeasible_and_the_sweep_goes_on(tmp_path):
         assert by_batch[b].value > 0 and by_batch[b].constraints["memory"] <= 0
     assert study.best_trial.params["loader.batch_size"] in (2, 4)
     report = tmp_path / "sweep" / "report"
-    assert (report / "importance.png").is_file()  # 4 completed trials with a varied parameter
+    # 4 completed trials are too few for parameter importance (it needs 8: report.plot_rules)
+    assert not (report / "importance.png").exists()
     rec = json.loads((report / "summary.json").read_text())["recommended"]
     assert rec["overrides"] in (["loader.batch_size=2"], ["loader.batch_size=4"])
 
