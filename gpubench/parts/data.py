@@ -263,12 +263,23 @@ class Pipeline:
                     break
         return self.fixed
 
-    def shutdown(self) -> None:
+    def _live_iters(self) -> list:
         its = list(self._iters)
         persistent = getattr(self.loader, "_iterator", None)
         if persistent is not None:
             its.append(persistent)
-        for it in its:
+        return its
+
+    def worker_pids(self) -> set[int]:
+        """The pids of this pipeline's DataLoader workers: the processes the loader's host
+        figures add up. Other children of this process (an MLflow server a notebook started,
+        torch.compile's compile workers) are not loader workers. `_workers` is the iterator's
+        list of worker processes (torch 1.x to 2.11 alike)."""
+        return {w.pid for it in self._live_iters() for w in getattr(it, "_workers", ())
+                if w.pid is not None}
+
+    def shutdown(self) -> None:
+        for it in self._live_iters():
             stop = getattr(it, "_shutdown_workers", None)
             if stop is not None:
                 stop()

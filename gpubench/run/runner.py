@@ -144,7 +144,9 @@ class Benchmark:
         if os.environ.get(RUNG_ENV):  # a sweeper's job: screen, full, confirm or probe
             rec.extra["rung"] = os.environ[RUNG_ENV]
         self.record = rec
-        self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor)
+        self.monitor = Monitor(
+            self.device, b.monitor_interval_s, b.monitor,
+            worker_pids=lambda: self.pipe.worker_pids() if self.pipe is not None else ())
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
         self.notes += s.notes  # what resolve decided for the config (worker-only keys)
         self.windows: dict[str, list[WindowStats]] = {}

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import psutil
 
@@ -163,8 +164,11 @@ def _thread_io(tid: int) -> tuple[int, int]:
 class Monitor:
     """Start before a window opens, stop after it closes; `stop()` returns the summary."""
 
-    def __init__(self, device: str, interval: float = 0.2, enabled: bool = True):
+    def __init__(self, device: str, interval: float = 0.2, enabled: bool = True,
+                 worker_pids: Callable[[], Iterable[int]] | None = None):
         self.interval = interval
+        # the loader's workers (and what they start); None: every child of this process
+        self.worker_pids = worker_pids
         self.enabled = enabled
         self.handle = None
         self.nvml: Nvml | None = None
@@ -218,14 +222,26 @@ class Monitor:
     def _processes(self, fresh: bool = False) -> list[psutil.Process]:
         gone = any(not p.is_running() for p in self._procs.values())
         if fresh or gone or time.monotonic() - self._listed_at > self.LIST_EVERY_S:
-            try:
-                current = [self.proc, *self.proc.children(recursive=True)]
-            except psutil.Error:
-                current = [self.proc]
+            current = [self.proc, *self._workers()]
             # keep Process objects between samples: cpu_percent() measures since the last call
             self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
             self._listed_at = time.monotonic()
         return list(self._procs.values())
+
+    def _workers(self) -> list[psutil.Process]:
+        if self.worker_pids is None:
+            try:
+                return self.proc.children(recursive=True)
+            except psutil.Error:
+                return []
+        found: list[psutil.Process] = []
+        for pid in set(self.worker_pids()):
+            try:
+                w = psutil.Process(pid)
+                found += [w, *w.children(recursive=True)]
+            except psutil.Error:  # a worker that exited since the loader listed it
+                continue
+        return found
 
     def _read_io(self, p: psutil.Process) -> None:
         try:
