@@ -120,6 +120,26 @@ def test_the_bound_comes_from_the_sweep_or_the_command_line(tmp_path):
         loader_answer(rows(), [], [other], "/sweeps/a")
 
 
+def test_a_zero_worker_run_joins_every_worker_only_setting_of_its_setup(tmp_path):
+    def row(w: int, ips: float, ci, prefetch) -> Row:
+        r = loader_row(w, ips, ci)
+        # as resolve records them: worker-only keys inert with 0 workers
+        r.record.config["loader"] |= {"prefetch_factor": prefetch,
+                                      "persistent_workers": False}
+        return Row(str(w), r.record)
+
+    rs = [row(0, *LOADER[0], None), row(1, *LOADER[1], 2), row(2, *LOADER[2], 2),
+          row(1, 500.0, [480.0, 520.0], 4), row(2, 700.0, [680.0, 720.0], 4)]
+    ans = loader_answer(rs, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "/s")
+    by_prefetch = {g.rows[-1].knob("prefetch_factor"): g for g in ans.groups}
+    assert set(by_prefetch) == {2, 4}
+    for g in ans.groups:  # the 0-worker run is in both, as the baseline of each
+        assert sorted(r.knob("num_workers") for r in g.rows) == [0, 1, 2]
+    assert by_prefetch[2].pick.num_workers == 2 and by_prefetch[4].pick.num_workers == 2
+    # the one setting of a plain 0,1,2 sweep: one group, not a 0-worker group of its own
+    assert len(loader_answer(rs[:3], [], [], "/s").groups) == 1
+
+
 def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
     queue = "loader: windows 1, 2 of fewer batches than the workers hold in flight (...)"
     flagged = [loader_row(0, 300.0, [280.0, 320.0]),
@@ -220,9 +240,9 @@ def test_a_loader_only_multirun_measures_its_bound_once_and_the_report_answers(t
     assert "no recommendation" not in out and "workers answer" in out
     assert f"compute bound from {measured[0].parent}" in out
     summary = json.loads((sweep / "report" / "summary.json").read_text())
-    # the group the compute bound was measured for (one per setup the report saw)
-    group = next(g for g in summary["workers"] if g["compute"] is not None)
-    assert group["compute"] is not None and set(group["loader"]) <= {"0", "1"}
+    # one setup: the 0-worker run (its worker-only keys recorded inert) is in the 1-worker's
+    [group] = summary["workers"]
+    assert group["compute"] is not None and set(group["loader"]) == {"0", "1"}
     # an answer of the rule, with the bound's interval (unconfirmed when the machine was busy)
     assert group["answer"] in out
     assert group["answer"].startswith(("workers: 0 (", "workers: 1 (", "workers: none of"))

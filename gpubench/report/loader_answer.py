@@ -38,6 +38,7 @@ from gpubench.analysis.workers import (
 )
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
+from gpubench.config.settings import WORKER_ONLY
 from gpubench.core.record import RunRecord, find_runs, load
 from gpubench.report.plot_rules import flag_kind, flag_reasons
 
@@ -123,10 +124,35 @@ class LoaderAnswer:
         return out
 
 
-def _group_key(r: Row) -> tuple:
-    """Every knob of the run but its workers and how it was measured."""
+# the loader keys that act only with worker processes: a 0-worker run records them inert
+# (config.settings.WORKER_ONLY), so it belongs with every worker-only setting of its setup
+_WORKER_ONLY = {f"loader.{k}" for k in WORKER_ONLY}
+
+
+def _group_key(r: Row, worker_only: bool = False) -> tuple:
+    """Every knob of the run but its workers and how it was measured; the worker-only ones
+    alone with `worker_only`, left out without."""
     return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
-                        if k != "loader.num_workers" and not k.startswith(HOW_MEASURED)))
+                        if k != "loader.num_workers" and not k.startswith(HOW_MEASURED)
+                        and (k in _WORKER_ONLY) == worker_only))
+
+
+def _groups(loaders: list[Row]) -> list[list[Row]]:
+    """The loader-only rows by setup: one group per setting of every knob but the workers. A
+    0-worker row joins each worker-only setting (prefetch, persistence...) of its setup, which
+    it does not have."""
+    sets: dict[tuple, list[Row]] = {}
+    for r in loaders:
+        sets.setdefault(_group_key(r), []).append(r)
+    out = []
+    for rs in sets.values():
+        none = [r for r in rs if r.knob("num_workers") == 0]
+        some: dict[tuple, list[Row]] = {}
+        for r in rs:
+            if r.knob("num_workers") != 0:
+                some.setdefault(_group_key(r, worker_only=True), []).append(r)
+        out += [none + g for g in some.values()] or [none]
+    return out
 
 
 def _compute_key(rec: RunRecord) -> tuple:
@@ -214,10 +240,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
-    sets: dict[tuple, list[Row]] = {}
-    for r in loaders:
-        sets.setdefault(_group_key(r), []).append(r)
-    keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets.values()}
+    sets = _groups(loaders)
+    keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets}
     for rec in named:
         if _compute_key(rec) not in keys.values():
             raise SystemExit(f"gpubench.report: --compute {rec.dir}: it bounds no loader-only "
@@ -231,7 +255,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     tried = [(_compute_key(m), m) for m in unique.values()
              if m.knob("bench.phases") == ["compute"] and not m.status.measured]
     groups = []
-    for rs in sets.values():
+    for rs in sets:
         key = keys[id(rs[0])]
         # a compute run that flagged itself reads low when disturbed (a loader then clears it
         # too easily): the unflagged ones make the bound; flagged ones only when nothing else
