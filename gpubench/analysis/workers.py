@@ -161,6 +161,13 @@ def _loader_rows(rows) -> dict[int, Rate]:
     return {w: Rate.pooled(v) for w, v in per.items()}
 
 
+def clears(loader: Rate, compute: Rate, tolerance: float = WORKERS_TOLERANCE) -> bool:
+    """A loader unblocks compute: the low end of its interval is above compute's high end
+    times (1 + tolerance). Interval against interval, as the verdict judges: a loader whose
+    figure alone is above does not count while the intervals leave it open."""
+    return loader.lo >= compute.hi * (1 + tolerance)
+
+
 def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
                    tolerance: float = WORKERS_TOLERANCE) -> WorkersPick:
     """The fewest loader workers whose loader throughput clears compute by `tolerance`: the
@@ -177,9 +184,8 @@ def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
         return WorkersPick(None, None, False, "no loader throughput measured", tolerance,
                            loader, compute)
     if compute is not None:
-        need = compute.hi * (1 + tolerance)
         for w in sorted(loader):
-            if loader[w].lo >= need:
+            if clears(loader[w], compute, tolerance):
                 fewer = [x for x in loader if x < w]
                 below = (f"; with {max(fewer)}: {loader[max(fewer)].value:.1f}" if fewer
                          else "; no fewer were measured")

@@ -52,6 +52,9 @@ STUDY_ENV = "GPUBENCH_STUDY"
 # the job keeps it in its record (`extra["rung"]`, an MLflow tag), so a report read from MLflow
 # tells a max-batch probe or a screen from a full measurement as a sweep dir's manifest does
 RUNG_ENV = "GPUBENCH_RUNG"
+# set by sweep=pipes for its jobs: its compute pipe measures every compute bound itself, so a
+# loader-only job must not measure one again (gpubench.run.compute_bound)
+BOUNDS_MEASURED_ENV = "GPUBENCH_BOUNDS_MEASURED"
 
 
 class Rung(str, Enum):

@@ -49,6 +49,7 @@ from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.record import Rung, RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
+from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import load_dir
 
 log = logging.getLogger("gpubench")
@@ -234,17 +235,20 @@ def print_table(head, body, title: str, out=None, limit: int = 25) -> str:
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
                  fingerprint: list | None = None, found: list[RunRecord] = (),
-                 named: list[RunRecord] = ()) -> list[Path]:
+                 named: list[RunRecord] = (), pipes: dict | None = None) -> list[Path]:
     """Everything the report makes; returns the files written. `fingerprint` (what the report
     was made from) is kept in summary.json so an unchanged sweep is not reported twice.
     `found` and `named`: compute runs for the workers answer of loader-only runs (the sweep's
-    compute folder, `--compute`; gpubench.report.loader_answer)."""
+    compute folder, `--compute`; gpubench.report.loader_answer). `pipes`: the path of a
+    sweep=pipes search (pipes.json), told first and drawn (gpubench.report.pipes_plot)."""
     from gpubench.report import plots as report_plots
+    from gpubench.search.pipes import lines as pipes_lines
 
     check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
     out_dir.mkdir(parents=True, exist_ok=True)
     # rank and recommend full training measurements of one setup; when there are none (a
     # max-batch search's probes), the table still shows what was measured
+    all_rows = rows
     kept, notes = training_rows(rows)
     answer = loader_answer(rows, list(found), list(named), source)
     if answer is not None and not kept:
@@ -271,6 +275,10 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
     lines = list(notes)
+    if pipes:
+        lines = ["search path (sweep=pipes, each pipe on its own, then joined):",
+                 *(f"  {x}" for x in pipes_lines(pipes)), *lines]
+        summary["pipes"] = pipes
     if rec is None and (kept or answer is None):
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
                      "failed)" if kept else
@@ -311,6 +319,11 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         summary["workers"] = answer.summary()
     files += report_plots.plot_all(shown, out_dir, rec, study,
                                    band=answer.band if answer is not None else None)
+    if pipes:
+        from gpubench.analysis.workers import WORKERS_TOLERANCE
+        from gpubench.report.pipes_plot import plot_pipes
+
+        files += plot_pipes(all_rows, pipes, out_dir, WORKERS_TOLERANCE)
     summary["files"] = [str(f) for f in files]
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:
@@ -371,7 +384,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
         raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
                               f"(results.json){matching(conditions)} under {sweep_dir}")
     return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp,
-                        found=found, named=named)
+                        found=found, named=named, pipes=read_json(sweep_dir / PIPES_FILE))
 
 
 def matching(conditions: dict[str, str] | None) -> str:

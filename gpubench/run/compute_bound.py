@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gpubench.analysis.workers import COMPUTE_DIR, Rate, compute_dir_name, compute_setup
 from gpubench.core.files import check_no_links
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import BOUNDS_MEASURED_ENV, RunRecord, Status
 
 
 def _sweep_dir() -> Path | None:
@@ -45,6 +45,8 @@ def claim(phases, record: RunRecord, distributed: bool) -> Path | None:
     """The folder where this job measures its setup's compute bound, when it is a loader-only
     job of a multirun that measured, and the first of its setup to claim it; None otherwise."""
     if tuple(phases) != ("loader",) or record.status is not Status.ok or distributed:
+        return None
+    if os.environ.get(BOUNDS_MEASURED_ENV):  # sweep=pipes measured it in its compute pipe
         return None
     sweep = _sweep_dir()
     return None if sweep is None else claim_in(sweep, record)

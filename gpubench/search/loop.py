@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gpubench.core.record import Rung, load
 from gpubench.search import study as S
@@ -66,6 +67,10 @@ class Search:
     # seconds between looks at the study while other workers hold every slot
     poll_s: float = 1.0
     confirm: Confirm | None = None
+    # sweep=pipes: stop before n_trials once this holds (gpubench.search.pipes), and the stage
+    # each job is recorded under in sweep.json
+    stop: Callable[[], bool] | None = None
+    labels: dict = field(default_factory=dict)
 
     @property
     def study(self):
@@ -84,6 +89,8 @@ class Search:
             running = S.running_trials(self.study)
             left = self.n_trials - len(measured)
             done = {S.key(t.params) for t in measured}
+            if self.stop is not None and measured and self.stop():
+                break
             if left <= 0 or (size is not None and len(done) >= size):
                 if size is not None and len(done) >= size and left > 0:
                     log.info("all %d configurations of the search space are measured", size)
@@ -143,7 +150,7 @@ class Search:
             extra = [f"bench.steps={self.screen.steps}", *self.screen.overrides]
             recs = self.jobs.launch(
                 [self.space.overrides(t.params, extra) for t in trials],
-                [{"trial": t.number, "rung": Rung.screen} for t in trials],
+                [{"trial": t.number, "rung": Rung.screen, **self.labels} for t in trials],
             )
             full = []
             for t, rec in zip(trials, recs, strict=True):
@@ -161,7 +168,7 @@ class Search:
         if full:
             recs = self.jobs.launch(
                 [self.space.overrides(t.params) for t in full],
-                [{"trial": t.number, "rung": Rung.full} for t in full],
+                [{"trial": t.number, "rung": Rung.full, **self.labels} for t in full],
             )
             for t, rec in zip(full, recs, strict=True):
                 S.record(t, rec, Rung.full)
@@ -219,7 +226,8 @@ class Search:
                         continue
                     with S.holding_claim(self.shared, t.number, rnd, me):
                         [rec] = self.jobs.launch([self.space.overrides(t.params)],
-                                                 [{"trial": t.number, "rung": Rung.confirm}])
+                                                 [{"trial": t.number, "rung": Rung.confirm,
+                                                   **self.labels}])
                     S.add_confirm_dir(self.study, t.number, rnd, rec.dir, me)
                     log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
                              self.confirm.rounds, t.number, rec.throughput, rec.status)

@@ -28,6 +28,7 @@ from gpubench.core.record import find_runs, load
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 
 MANIFEST = "sweep.json"
+PIPES_FILE = "pipes.json"  # sweep=pipes: the path its search took (gpubench.search.pipes)
 log = logging.getLogger("gpubench.sweep")
 
 

@@ -28,7 +28,13 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
                     f": reading study {manifest['study_name']}, which it still names"
                     if manifest.get("study_name") and manifest.get("storage") else
                     ": reading the job folders")
-    if manifest.get("study_name") and manifest.get("storage"):
+    if manifest.get("studies") and manifest.get("storage"):  # sweep=pipes: a study per stage
+        try:
+            return _load_studies(manifest["studies"], manifest["storage"],
+                                 manifest.get("pipes_study") or "")
+        except Exception as e:
+            log.warning("studies of %s not readable (%s): reading the files", sweep_dir, e)
+    elif manifest.get("study_name") and manifest.get("storage"):
         try:
             return _load_study(manifest["study_name"], manifest["storage"])
         except Exception as e:  # a moved or deleted database: the files are still here
@@ -74,9 +80,25 @@ def _load_study(name: str, storage: str):
     return rows_of_study(study), study
 
 
-def rows_of_study(study) -> list[Row]:
+def _load_studies(names: list[str], storage: str, base: str):
+    """The rows of every stage's study (sweep=pipes), labelled by stage (`compute-3`); the join
+    stage's trials keep their numbers. The study returned is the join's (the recommendation's)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rows, join = [], None
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=without_masked_password(storage))
+        stage = name[len(base):].lstrip("-") if name.startswith(base) else name
+        prefix = "" if stage == "join" else f"{stage}-"
+        rows += rows_of_study(study, prefix)
+        join = study if stage == "join" else join
+    return rows, join
+
+
+def rows_of_study(study, prefix: str = "") -> list[Row]:
     """One row per measured trial of a gpubench-sweeper study, its confirm step's records
-    attached (gpubench.search.study.confirm_dirs)."""
+    attached (gpubench.search.study.confirm_dirs); labels are `prefix` + the trial number."""
     from optuna.trial import TrialState
 
     from gpubench.search.study import confirm_dirs, measured_trials
@@ -92,14 +114,14 @@ def rows_of_study(study) -> list[Row]:
                         "(status %s, %s img/s)", Path(a["dir"]) / RESULTS_FILE, t.number,
                         a.get("status"), a.get("throughput"))
         if rec is not None:
-            rows.append(row_of(rec, str(t.number)))
+            rows.append(row_of(rec, f"{prefix}{t.number}"))
         else:  # its folder is gone: what the study kept
             status = a.get("status", "failed" if t.state == TrialState.FAIL else "ok")
             rec = RunRecord(status=Status(status) if status in Status.__members__ else
                             Status.failed, images_per_sec=a.get("throughput"),
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
-            rows.append(Row(str(t.number), rec, dict(t.params)))
+            rows.append(Row(f"{prefix}{t.number}", rec, dict(t.params)))
             from_study.append(rows[-1])
         # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
         # that did not measure, so the trial is not called confirmed on fewer figures

@@ -27,8 +27,8 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import psutil
 

@@ -20,6 +20,7 @@ from gpubench.config.keys import setting
 class Mode(str, Enum):
     optuna = "optuna"  # maximize e2e images/sec under memory.ceiling
     max_batch = "max_batch"  # the largest batch that fits
+    pipes = "pipes"  # each pipe on its own (compute-only, loader-only), then joined end to end
 
 
 class Sampler(str, Enum):
@@ -60,12 +61,47 @@ class MaxBatchConf:
         help="a probe measures memory, not speed: a few steps reach the peak")
 
 
+# the swept keys that are the data pipe's (the loader's rate depends on them, the compute
+# phase's does not); every other swept key is a compute knob
+DATA_KEYS = ["loader.num_workers", "loader.pin_memory", "loader.prefetch_factor",
+             "loader.persistent_workers", "loader.worker_threads",
+             "loader.multiprocessing_context", "dataset.preload", "dataset.decode_on",
+             "dataset.augment_on"]
+
+
+@dataclass
+class PipesConf:
+    data_keys: list[str] = setting(
+        factory=lambda: list(DATA_KEYS),
+        help="mode=pipes: the swept keys searched by loader-only trials; the other swept keys "
+             "are searched by compute-only trials")
+    compute_trials: int = setting(
+        16, "compute-only trials at most; a compute space this small or smaller is measured "
+            "whole", bounds=(1, None))
+    keep: int = setting(2, "compute settings kept for the data pipe: the fastest, the smallest "
+                           "batch within 5% of it, then the next fastest", bounds=(1, None))
+    data_trials: int = setting(
+        12, "loader-only trials at most per kept compute setting, cheapest setting first",
+        bounds=(1, None))
+    join_trials: int = setting(
+        4, "pairings measured end to end at most (one per kept setting, then the next data "
+           "setting where the pipes contend)", bounds=(1, None))
+    compute_overrides: list[str] = setting(
+        factory=lambda: ["bench.phases=[compute]", "loader.num_workers=0"],
+        help="overrides of a compute-only trial (the compute phase trains on one batch kept "
+             "on the device: no loader worker is needed)")
+    data_overrides: list[str] = setting(
+        factory=lambda: ["bench.phases=[loader]"], help="overrides of a loader-only trial")
+
+
 @dataclass
 class GpubenchSweeperConf:
     _target_: str = setting("hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper",
                             "the sweeper class Hydra builds")
     mode: Mode = setting(Mode.optuna, "optuna: maximize e2e images/sec under memory.ceiling; "
-                                      "max_batch: the largest batch that fits")
+                                      "max_batch: the largest batch that fits; pipes: compute "
+                                      "and data pipes searched on their own, then joined "
+                                      "([sweeps.md](sweeps.md#sweeppipes))")
     n_trials: int = setting(20, "measured trials to reach, over all invocations",
                             bounds=(1, None))
     n_jobs: int = setting(1, "trials launched together; keep 1 unless the launcher puts each "
@@ -99,6 +135,7 @@ class GpubenchSweeperConf:
     screen: ScreenConf = field(default_factory=ScreenConf)
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     max_batch: MaxBatchConf = field(default_factory=MaxBatchConf)
+    pipes: PipesConf = field(default_factory=PipesConf)
     params: dict[str, Any] = setting(
         factory=dict, help="the search space in override syntax ({loader.batch_size: "
                            "'choice(32,64,128)'}); command-line overrides of the same key win")

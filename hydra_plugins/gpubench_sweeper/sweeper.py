@@ -27,8 +27,8 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.keys import check_keys, keys
 from gpubench.config.uris import STORAGE_SCHEMES, check_uri
 from gpubench.core.exits import ExitCode
-from gpubench.core.files import write_json, write_text
-from gpubench.core.record import STUDY_ENV  # torch-free: jobs tag their runs with their study
+from gpubench.core.files import read_json, write_json, write_text
+from gpubench.core.record import BOUNDS_MEASURED_ENV, STUDY_ENV  # torch-free
 from gpubench.core.secrets import mask_secrets
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
@@ -40,7 +40,8 @@ class GpubenchSweeper(Sweeper):
                  storage: str | None, sampler, seed: int | None, n_startup_trials: int,
                  max_failures: int, heartbeat_interval: int, grace_period: int | None,
                  screen: DictConfig, max_batch: DictConfig, params: DictConfig | None,
-                 report: bool, confirm: DictConfig | None = None) -> None:
+                 report: bool, confirm: DictConfig | None = None,
+                 pipes: DictConfig | None = None) -> None:
         # checked in sweep(), not here: Hydra wraps an error raised while instantiating into a
         # multi-line report
         self.mode, self.sampler = mode, sampler
@@ -50,6 +51,7 @@ class GpubenchSweeper(Sweeper):
         self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
         self.screen, self.max_batch = screen, max_batch
         self.confirm = confirm if confirm is not None else {"top": 3, "rounds": 2}
+        self.pipes = pipes
         self.params = {str(k): v for k, v in (params or {}).items()}
         self.report = bool(report)
         self.hydra_context: HydraContext | None = None
@@ -64,7 +66,7 @@ class GpubenchSweeper(Sweeper):
                                                   "storage", "sampler", "seed", "n_startup_trials",
                                                   "max_failures", "heartbeat_interval",
                                                   "grace_period", "screen", "confirm", "max_batch",
-                                                  "params", "report")}
+                                                  "params", "report", "pipes")}
         check_keys(settings, keys(GpubenchSweeperConf, "hydra.sweeper."))
         self.mode, self.sampler = _member(Mode, self.mode), _member(Sampler, self.sampler)
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
@@ -112,6 +114,8 @@ class GpubenchSweeper(Sweeper):
         try:
             if self.mode.value == "max_batch":
                 self._max_batch(jobs, space, manifest)
+            elif self.mode.value == "pipes":
+                self._pipes(jobs, space, manifest)
             else:
                 self._optimize(jobs, space, manifest)
         finally:
@@ -145,6 +149,60 @@ class GpubenchSweeper(Sweeper):
         confirm = Confirm(int(self.confirm["top"]), int(self.confirm["rounds"]))
         Search(shared, space, jobs, manifest, self.n_trials, self.n_jobs, screen,
                poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
+
+    def _open(self, name: str, manifest):
+        """A study of this sweep's storage, its sampler seeded as _optimize seeds it."""
+        from gpubench.search import study as S
+        from gpubench.search.manifest import absolute_storage
+
+        shared = S.open_study(name, absolute_storage(self.storage), self.heartbeat_interval,
+                              self.grace_period)
+        manifest.from_study(shared.study)
+        seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
+        shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
+        return shared
+
+    def _pipes(self, jobs, space, manifest) -> None:
+        from gpubench.search.loop import Confirm, Screen, Search
+        from gpubench.search.manifest import absolute_storage
+        from gpubench.search.pipes import PIPES_FILE, Pipes, Plan
+
+        space.require_swept()
+        name = self.study_name or space.study_name()
+        storage = absolute_storage(self.storage)
+        opened: dict = {}  # one Shared per stage: an in-memory study lives in its object
+
+        def open_study(stage: str):
+            if stage not in opened:
+                opened[stage] = self._open(stage, manifest)
+                manifest.update(studies=list(opened))
+            return opened[stage]
+
+        _mark_stale(manifest.sweep_dir)
+        manifest.update(study_name=f"{name}-join", storage=storage, study=f"{name}-join",
+                        pipes_study=name, n_trials=None)
+        os.environ[STUDY_ENV] = name
+        os.environ[BOUNDS_MEASURED_ENV] = "1"
+        if storage is not None:
+            print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
+        no_screen = Screen(None, 1.0, 0, [])
+        poll = min(float(self.heartbeat_interval), 5.0)
+
+        def search(shared, sub, n, stage, stop=None, confirm=None):
+            return Search(shared, sub, jobs, manifest, n, self.n_jobs, no_screen, poll_s=poll,
+                          confirm=confirm, stop=stop, labels={"stage": stage})
+
+        p = self.pipes
+        plan = Plan(tuple(p.data_keys), int(p.compute_trials), int(p.keep), int(p.data_trials),
+                    int(p.join_trials), list(p.compute_overrides), list(p.data_overrides))
+        confirm = Confirm(0, int(self.confirm["rounds"]))
+
+        def write(result: dict) -> None:
+            write_json(manifest.sweep_dir / PIPES_FILE, result)
+            manifest.update(pipes=result)
+
+        earlier = (read_json(manifest.sweep_dir / PIPES_FILE) or {}).get("wall_s") or {}
+        Pipes(plan, space, name, open_study, search, confirm, write, earlier=earlier).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
         from gpubench.search.maxbatch import run_max_batch, summary_lines

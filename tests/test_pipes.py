@@ -1,0 +1,256 @@
+"""sweep=pipes (gpubench.search.pipes): the rules on constructed records, then the whole search
+through the CLI: compute pipe, data pipe, join, report, resume after kill -9, two workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import TINY, run_cli
+
+from gpubench.analysis.recommend import Row
+from gpubench.analysis.workers import Rate
+from gpubench.core.record import RunRecord, Status
+from gpubench.search.pipes import (
+    _effective,
+    choose_data,
+    contends,
+    cost,
+    grid,
+    keep_compute,
+    lines,
+    split,
+)
+from gpubench.search.space import parse_search_space
+from gpubench.search.study import measured_trials
+
+DATA_KEYS = ("loader.num_workers", "loader.pin_memory", "loader.prefetch_factor",
+             "dataset.preload")
+
+
+def compute_row(batch: int, ips: float, ci, status=Status.ok, peak=0.3) -> tuple[dict, Row]:
+    rec = RunRecord(status=status, compute_images_per_sec=ips, compute_images_per_sec_ci=ci,
+                    peak_memory_fraction=peak, memory_ceiling=0.8,
+                    config={"loader": {"batch_size": batch}, "bench": {"phases": ["compute"]}})
+    return {"loader.batch_size": batch}, Row(str(batch), rec)
+
+
+def loader_row(params: dict, ips: float, ci) -> tuple[dict, Row]:
+    rec = RunRecord(status=Status.ok, loader_images_per_sec=ips, loader_images_per_sec_ci=ci,
+                    config={"bench": {"phases": ["loader"]}})
+    return params, Row("x", rec)
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def test_split_puts_data_keys_on_the_data_pipe_and_the_rest_on_compute():
+    space = parse_search_space(["loader.batch_size=choice(32,64)", "precision=choice(fp32,amp_bf16)",
+                                "loader.num_workers=choice(0,2)", "dataset.preload=choice(false,true)",
+                                "model=resnet18"])
+    compute, data = split(space, DATA_KEYS)
+    assert [p.name for p in compute.params] == ["loader.batch_size", "precision"]
+    assert [p.name for p in data.params] == ["loader.num_workers", "dataset.preload"]
+    assert compute.fixed == data.fixed == ["model=resnet18"]
+    assert len(grid(compute.params)) == 4 and len(grid(data.params)) == 4
+    assert grid(parse_search_space(["bench.max_seconds=interval(1,2)"]).params) is None
+
+
+def test_data_settings_are_ordered_cheapest_first():
+    space = parse_search_space(["loader.num_workers=choice(4,0,2)",
+                                "dataset.preload=choice(true,false)",
+                                "loader.prefetch_factor=choice(4,2)"])
+    points = sorted(_effective(grid(space.params)), key=lambda p: cost(p, space.params))
+    # fewer workers first; at equal workers no preload first, then the smaller prefetch
+    assert [(p["loader.num_workers"], p["dataset.preload"]) for p in points[:2]] == [
+        (0, False), (0, True)]
+    assert [(p["loader.num_workers"], p["dataset.preload"], p["loader.prefetch_factor"])
+            for p in points[2:4]] == [(2, False, 2), (2, False, 4)]
+    # with 0 workers prefetch is inert: one 0-worker point per preload value, not two
+    assert len(points) == 2 + 2 * 2 * 2
+    assert sum(p["loader.num_workers"] == 0 for p in points) == 2
+
+
+def test_keep_compute_takes_the_fastest_and_the_smallest_batch_near_it():
+    rows = [compute_row(32, 900.0, [880, 920]), compute_row(64, 1000.0, [980, 1020]),
+            compute_row(128, 1010.0, [990, 1030]), compute_row(256, 0.0, None, Status.oom)]
+    kept = keep_compute(rows, "loader.batch_size", 0.05, 2)
+    assert [k.params["loader.batch_size"] for k in kept] == [128, 64]
+    assert kept[0].why == "the fastest compute setting" and "smallest batch" in kept[1].why
+    assert (kept[0].rate.lo, kept[0].rate.hi) == (990, 1030)
+    # keep=1: the fastest alone; an OOM or over-ceiling setting is never kept
+    assert [k.params["loader.batch_size"] for k in keep_compute(rows, "loader.batch_size", 0.05, 1)] == [128]
+    over = [compute_row(512, 5000.0, [4900, 5100], Status.over_ceiling, peak=0.95), *rows]
+    assert keep_compute(over, "loader.batch_size", 0.05, 3)[0].params["loader.batch_size"] == 128
+
+
+def test_choose_data_takes_the_cheapest_setting_whose_interval_clears():
+    space = parse_search_space(["loader.num_workers=choice(0,1,2,4)"]).params
+    bound = Rate(500.0, 480.0, 520.0)  # to clear: a low end above 520 x 1.05 = 546
+    rows = [loader_row({"loader.num_workers": 0}, 300.0, [290, 310]),
+            # above the bound on its figure, not on its interval: not cleared
+            loader_row({"loader.num_workers": 1}, 560.0, [500, 600]),
+            loader_row({"loader.num_workers": 2}, 700.0, [660, 740]),
+            loader_row({"loader.num_workers": 4}, 900.0, [860, 940])]
+    fed = choose_data(rows, space, bound, 0.05)
+    assert fed.params == {"loader.num_workers": 2} and fed.clears
+    m = fed.summary()["margin"]
+    assert m[0] == pytest.approx(0.4) and m[1] == pytest.approx(660 / 520 - 1)
+    # the next setting that clears, past the chosen one (the join's next try)
+    nxt = choose_data(rows, space, bound, 0.05, after=cost(fed.params, space))
+    assert nxt.params == {"loader.num_workers": 4}
+    # none clears: the fastest, and clears False
+    slow = choose_data(rows[:2], space, bound, 0.05)
+    assert slow.params == {"loader.num_workers": 1} and not slow.clears
+
+
+def test_a_join_that_falls_short_of_both_pipes_is_contention():
+    narrower = Rate(500.0, 490.0, 510.0)
+    assert contends(Rate(400.0, 390.0, 410.0), narrower, 0.05)
+    # within the hand-over's tolerance, or an interval reaching the bound: no contention
+    assert not contends(Rate(470.0, 460.0, 480.0), narrower, 0.05)
+    assert not contends(Rate(400.0, 300.0, 500.0), narrower, 0.05)
+
+
+def test_the_path_is_told_in_a_few_lines():
+    result = {
+        "compute": {"trials": 4, "exhaustive": True, "kept": [
+            {"params": {"loader.batch_size": 64}, "rate": [1000, 980, 1020],
+             "why": "the fastest compute setting", "peak_memory_fraction": 0.41}]},
+        "data": [{"for": {"loader.batch_size": 64}, "trials": 3, "study": "s-data-1",
+                  "params": {"loader.num_workers": 2}, "rate": [1200, 1150, 1250],
+                  "clears": True, "margin": [0.2, 0.127, 0.276]}],
+        "join": {"pairings": [{"compute": {"loader.batch_size": 64},
+                               "data": {"loader.num_workers": 2}, "e2e": [700, 680, 720],
+                               "narrower": "compute", "bound": [1000, 980, 1020],
+                               "contends": True}]},
+        "wall_s": {"compute": 40.2, "data": 20.0, "join": 61.0}}
+    text = "\n".join(lines(result))
+    assert "compute pipe: 4 compute-only trial(s), every setting" in text
+    assert "kept batch_size=64: 1000 [980-1020] img/s, peak memory 41%" in text
+    assert "num_workers=2: 1200 [1150-1250] img/s clears compute by 20% [13%-28%]" in text
+    assert "e2e 700 [680-720] img/s, 70% of the narrower pipe (compute 1000 [980-1020])" in text
+    assert "the pipes contend" in text and "time: compute 40 s, data 20 s, join 61 s" in text
+
+
+# ------------------------------------------------------------------ the search, through the CLI
+
+SPACE = ["loader.batch_size=choice(4,8)", "precision=fp32", "channels_last=false",
+         "bench.cudnn_benchmark=false", "loader.num_workers=choice(0,1)",
+         "loader.pin_memory=false", "loader.prefetch_factor=2"]
+PIPES = [*[o for o in TINY if not o.startswith(("bench.steps", "tracking="))],
+         "bench.steps=4", "hydra.sweeper.confirm.rounds=1"]
+
+
+def _cmd(tmp: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "gpubench", "sweep=pipes", *PIPES, *SPACE,
+            f"hydra.sweep.dir={tmp / 'sweep'}",
+            f"hydra.sweeper.storage=sqlite:///{tmp / 'optuna.db'}", *extra]
+
+
+def _jobs(sweep: Path) -> list[dict]:
+    return json.loads((sweep / "sweep.json").read_text())["jobs"]
+
+
+def _studies(tmp: Path) -> dict[str, optuna.Study]:
+    m = json.loads((tmp / "sweep" / "sweep.json").read_text())
+    return {n.rsplit("-", 1)[-1] if "-data-" not in n else "data-" + n.rsplit("-", 1)[-1]:
+            optuna.load_study(study_name=n, storage=m["storage"]) for n in m["studies"]}
+
+
+@pytest.mark.slow
+def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
+    p = run_cli(*_cmd(tmp_path, "tracking=mlflow",
+                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}")[3:], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    jobs = _jobs(sweep)
+    by_stage = {s: [j for j in jobs if j.get("stage") == s] for s in ("compute", "data", "join")}
+    # every compute setting once (2 batch sizes), compute-only
+    assert len(by_stage["compute"]) == 2
+    for j in by_stage["compute"]:
+        cfg = json.loads((Path(j["dir"]) / "results.json").read_text())["config"]
+        assert cfg["bench"]["phases"] == ["compute"]
+    # loader-only trials at the kept settings' batch sizes, at most the 2 data points each
+    result = json.loads((sweep / "pipes.json").read_text())
+    kept = [k["params"]["loader.batch_size"] for k in result["compute"]["kept"]]
+    data_batches = set()
+    for j in by_stage["data"]:
+        cfg = json.loads((Path(j["dir"]) / "results.json").read_text())["config"]
+        assert cfg["bench"]["phases"] == ["loader"]
+        data_batches.add(cfg["loader"]["batch_size"])
+    assert data_batches == set(kept) and len(by_stage["data"]) <= 2 * len(kept)
+    # each pairing end to end, then once more in the confirm round
+    assert len(by_stage["join"]) == 2 * len(result["join"]["pairings"])
+    assert not (sweep / "compute").exists()  # the compute pipe's runs are the bounds
+    # the report tells the path and draws both pipes; its recommendation is a joined run
+    report = sweep / "report"
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["lines"][0].startswith("search path (sweep=pipes")
+    assert any("compute pipe: 2 compute-only trial(s), every setting" in x
+               for x in summary["lines"])
+    assert "search path (sweep=pipes" in p.stdout
+    for png in ("compute_pipe.png", "data_pipe.png"):
+        assert (report / png).stat().st_size > 0
+    rec = summary["recommended"]
+    assert rec["dir"] in {j["dir"] for j in by_stage["join"]}
+    assert (report / "experiment" / "recommended.yaml").is_file()
+    # MLflow: one parent, every job a child of it
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and len(runs) == 1 + len(jobs)
+
+
+def _wait_for(pred, proc, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(tmp_path):
+    def stage_started(stage: str) -> bool:
+        try:
+            return any(j.get("stage") == stage for j in _jobs(tmp_path / "sweep"))
+        except (OSError, ValueError, KeyError):
+            return False
+
+    cmd = _cmd(tmp_path, "tracking=none", "hydra.sweeper.report=false")
+    a = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(lambda: stage_started("data"), a)
+    finally:
+        os.killpg(a.pid, signal.SIGKILL)  # as `kill -9`: nothing gets to clean up
+        a.wait()
+    # the same command twice at once: a resume and a second worker on the same studies
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [q.communicate(timeout=600) for q in procs]
+    for q, (_, err) in zip(procs, outs, strict=True):
+        assert q.returncode == 0, err[-3000:]
+    studies = _studies(tmp_path)
+    compute = measured_trials(studies["compute"])
+    # each compute setting measured once over the three processes: none lost, none twice
+    assert sorted(t.params["loader.batch_size"] for t in compute) == [4, 8]
+    for name, st in studies.items():
+        done = measured_trials(st)
+        keys = [json.dumps(t.params, sort_keys=True) for t in done]
+        assert len(keys) == len(set(keys)), f"{name}: a point measured twice"
+        assert all(t.state != optuna.trial.TrialState.RUNNING for t in st.trials)
+    result = json.loads((tmp_path / "sweep" / "pipes.json").read_text())
+    assert result["join"]["pairings"] and result["best"]["e2e"][0] > 0
