@@ -23,6 +23,7 @@ from gpubench.search.pipes import (
     choose_data,
     contends,
     cost,
+    data_walk,
     grid,
     keep_compute,
     lines,
@@ -109,6 +110,36 @@ def test_choose_data_takes_the_cheapest_setting_whose_interval_clears():
     # none clears: the fastest, and clears False
     slow = choose_data(rows[:2], space, bound, 0.05)
     assert slow.params == {"loader.num_workers": 1} and not slow.clears
+
+
+def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
+    space = parse_search_space(["loader.num_workers=choice(0,1,2,4)",
+                                "loader.pin_memory=choice(false,true)",
+                                "loader.prefetch_factor=choice(2,4)"]).params
+    points = sorted(_effective(grid(space)), key=lambda p: cost(p, space))
+    bound = Rate(500.0, 490.0, 510.0)  # to clear: a low end above 535.5
+    # the loader's rate: 200 per worker, +150 with pinned memory (a made-up host)
+    def rate(p):
+        v = 100 + 200 * p["loader.num_workers"] + 150 * p["loader.pin_memory"]
+        return v, [v - 10, v + 10]
+
+    measured = []
+    order = []
+    while todo := data_walk(points, space, measured, bound, 0.05):
+        for p in todo:
+            order.append((p["loader.num_workers"], p["loader.pin_memory"],
+                          p["loader.prefetch_factor"]))
+            measured.append(loader_row(p, *rate(p)))
+            if not data_walk(points, space, measured, bound, 0.05):
+                break
+    # the workers walk at the cheapest other keys: 2 workers load 500 [490-510], short of
+    # 535.5; 4 load 900 and clear. Then one key turned at 2 workers, cheapest first: pinned
+    # memory (650 [640-660]) clears, so prefetch 4 is never measured
+    assert order[:4] == [(0, False, 2), (1, False, 2), (2, False, 2), (4, False, 2)]
+    assert order[4] == (2, True, 2) and len(order) == 5
+    fed = choose_data(measured, space, bound, 0.05)
+    assert (fed.params["loader.num_workers"], fed.params["loader.pin_memory"]) == (2, True)
+    # the whole data space has 1 + 3 x 2 x 2 = 13 settings: the walk measured 5
 
 
 def test_a_join_that_falls_short_of_both_pipes_is_contention():

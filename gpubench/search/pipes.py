@@ -71,6 +71,7 @@ class Plan:
     join_trials: int
     compute_overrides: list[str]
     data_overrides: list[str]
+    join_overrides: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE  # the knee: the smallest batch within this of the fastest
     margin: float = WORKERS_TOLERANCE  # a loader clears a bound by this
 
@@ -211,6 +212,52 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Rate,
     return Fed(p, x, False, bound, margin)
 
 
+def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
+              bound: Rate, margin: float) -> list[dict]:
+    """The data points to measure next, in order, given the measured `rows` (empty: done).
+
+    1. The workers walk: each worker count with every other data key at its cheapest value,
+       fewest workers first, one at a time, up to the first whose interval clears `bound`.
+    2. Then the turns: settings with one other key turned (preload, prefetch, pinning, ...),
+       cheapest first, at the next fewer worker count when one cleared (a worker fewer may
+       clear with a cheaper key turned), at the most workers when none did (a turned key may
+       be what clears). The walk is done when a turn clears or every turn is measured.
+    The data keys' cost order (CHEAP_FIRST) makes this the cheapest clearing setting along
+    these lines, in a few trials where the whole data space has many."""
+    done = {S.key(p): r for p, r in rows}
+    workers = sorted({p.get("loader.num_workers", 0) for p in points})
+
+    def base(w: int) -> dict:
+        return min((p for p in points if p.get("loader.num_workers", 0) == w),
+                   key=lambda p: cost(p, space))
+
+    def ok(p: dict) -> bool:
+        r = done.get(S.key(p))
+        x = rate_of(r) if r is not None else None
+        return x is not None and clears(x, bound, margin)
+
+    cleared_at = None
+    for w in workers:
+        b = base(w)
+        if S.key(b) not in done:
+            return [b]
+        if ok(b):
+            cleared_at = w
+            break
+    if cleared_at is None:
+        at = workers[-1]
+    elif cleared_at == workers[0]:
+        return []  # the fewest workers at the cheapest setting: nothing is cheaper
+    else:
+        at = workers[workers.index(cleared_at) - 1]
+    b = base(at)
+    turns = sorted((p for p in points if p.get("loader.num_workers", 0) == at
+                    and sum(p[key] != b[key] for key in b) == 1), key=lambda p: cost(p, space))
+    if any(ok(p) for p in turns):
+        return []
+    return [p for p in turns if S.key(p) not in done]
+
+
 def contends(e2e: Rate, narrower: Rate, tolerance: float) -> bool:
     """The joined run falls short of both pipes: even its interval's high end is below the
     narrower pipe's low end by more than `tolerance` (the hand-over alone costs a little)."""
@@ -297,53 +344,67 @@ class Pipes:
         space = fixed_space(data, k.params, self.plan.data_overrides)
         shared = self.open_study(f"{self.name}-data-{short_hash(k.params)}")
         points = grid(space.params)
-        if points is None:  # a continuous data key: Optuna samples it, within the budget
-            return shared, space, []
-        points = _effective(points)
-        points.sort(key=lambda p: cost(p, space.params))
-        for p in points[: self.plan.data_trials]:
-            _enqueue(shared, p)
+        if points is None:
+            from gpubench.config.errors import ConfigError
+
+            raise ConfigError("hydra.sweeper.params", [p.name for p in space.params],
+                              "data keys as choice(...) or integer range(...) with sweep=pipes "
+                              "(its data pipe walks them in cost order)")
+        points = sorted(_effective(points), key=lambda p: cost(p, space.params))
         return shared, space, points
+
+    def _measure(self, shared: S.Shared, space: SearchSpace, todo: list[dict],
+                 stop: Callable[[], bool]) -> None:
+        """Measure `todo` (queued in this order) within the data budget, until `stop`."""
+        done = len(_rows(shared))
+        todo = todo[: max(self.plan.data_trials - done, 0)]
+        if not todo:
+            return
+        for p in todo:
+            _enqueue(shared, p)
+        self.search(shared, space, done + len(todo), "data", stop=stop).run()
 
     def _data(self, _data: SearchSpace, k: Kept, after: tuple | None = None) -> Fed | None:
         shared, space, points = self._data_study(k)
-        budget = min(self.plan.data_trials, len(points) or self.plan.data_trials)
+        params = space.params
 
-        def found() -> bool:
-            # stop at the cheapest clearing setting once every cheaper one is measured: with
-            # several workers a later point may finish first
+        def fed() -> Fed | None:
+            return choose_data(_rows(shared), params, k.rate, self.plan.margin, after)
+
+        def walked() -> bool:  # stop: the walk has found what it looks for
+            return not data_walk(points, params, _rows(shared), k.rate, self.plan.margin)
+
+        if after is not None:  # the join's next try: the next setting past the chosen one
+            measured = {S.key(p) for p, _ in _rows(shared)}
+            nxt = [p for p in points if cost(p, params) > after and S.key(p) not in measured]
+            self._measure(shared, space, nxt[:1], lambda: False)
+            return fed()
+        while True:
             rows = _rows(shared)
-            fed = choose_data(rows, space.params, k.rate, self.plan.margin, after)
-            if fed is None or not fed.clears:
-                return False
-            done = {S.key(p) for p, _ in rows}
-            mine = cost(fed.params, space.params)
-            return all(S.key(p) in done for p in points[:budget]
-                       if cost(p, space.params) < mine and (after is None
-                                                            or cost(p, space.params) > after))
-
-        n = budget
-        if after is not None:  # a further setting: past the ones measured so far
-            n = min(len(_rows(shared)) + 1, len(points) or budget)
-            if n > self.plan.data_trials:
-                return None
-        self.search(shared, space, n, "data", stop=found).run()
+            todo = data_walk(points, params, rows, k.rate, self.plan.margin)
+            if not todo or len(rows) >= self.plan.data_trials:
+                break
+            before = len(rows)
+            self._measure(shared, space, todo, walked)
+            if len(_rows(shared)) == before:  # nothing more could be measured (failures)
+                break
         rows = _rows(shared)
-        fed = choose_data(rows, space.params, k.rate, self.plan.margin, after)
-        if fed is not None and after is None:
+        f = fed()
+        if f is not None:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
-                 **fed.summary()})
+                 **f.summary()})
             self.write(self.result)
-            verb = "clears" if fed.clears else "does not clear"
+            verb = "clears" if f.clears else "does not clear"
             log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),
-                     S.describe(fed.params), fed.rate.text(), verb, k.rate.text())
-        return fed
+                     S.describe(f.params), f.rate.text(), verb, k.rate.text())
+        return f
 
     # ---------------------------------------------------------------- 3. join
 
     def _join(self, data: SearchSpace, kept: list[Kept], fed: list[Fed | None]) -> None:
         shared = self.open_study(f"{self.name}-join")
+        space = fixed_space(self.space, {}, self.plan.join_overrides)
         pairs = [(k, f) for k, f in zip(kept, fed, strict=True) if f is not None]
         joined: list[dict] = []
         tried = 0
@@ -351,7 +412,7 @@ class Pipes:
             for k, f in pairs:
                 _enqueue(shared, {**k.params, **f.params})
             tried += len(pairs)
-            self.search(shared, self.space, tried, "join",
+            self.search(shared, space, tried, "join",
                         confirm=replace(self.confirm, top=tried)).run()
             by_key = {S.key(p): r for p, r in _rows(shared)}
             nxt = []

@@ -92,6 +92,10 @@ class PipesConf:
              "on the device: no loader worker is needed)")
     data_overrides: list[str] = setting(
         factory=lambda: ["bench.phases=[loader]"], help="overrides of a loader-only trial")
+    join_overrides: list[str] = setting(
+        factory=lambda: ["bench.phases=[e2e]"],
+        help="overrides of a pairing's end-to-end runs (each pipe was measured on its own "
+             "already); [] measures all three phases again")
 
 
 @dataclass

@@ -194,7 +194,8 @@ class GpubenchSweeper(Sweeper):
 
         p = self.pipes
         plan = Plan(tuple(p.data_keys), int(p.compute_trials), int(p.keep), int(p.data_trials),
-                    int(p.join_trials), list(p.compute_overrides), list(p.data_overrides))
+                    int(p.join_trials), list(p.compute_overrides), list(p.data_overrides),
+                    list(p.join_overrides))
         confirm = Confirm(0, int(self.confirm["rounds"]))
 
         def write(result: dict) -> None:
