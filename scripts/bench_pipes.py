@@ -13,7 +13,7 @@ between the runs does not enter).
 
 simulate: replays each strategy's choices over a table of per-phase figures (loader, compute,
 e2e with their intervals) per configuration: the grid measures all, TPE is Optuna's sampler
-with the sweeper's settings on the e2e column, pipes is gpubench.search.pipes' own rules
+with the sweeper's settings on the e2e column, pipes is gpubench.search.pipe_rules
 (keep_compute, choose_data, contends) on the compute and loader columns, then the e2e column
 for its pairings. Cost is in phase measurements: a full run measures 3 (loader, compute, e2e),
 a compute-only or loader-only run 1, a confirm round of a pairing 3. `--table DIR` reads a
@@ -41,12 +41,13 @@ sys.path.insert(0, str(ROOT))
 from gpubench.analysis.recommend import Row  # noqa: E402
 from gpubench.analysis.workers import WORKERS_TOLERANCE, Rate  # noqa: E402
 from gpubench.core.record import RunRecord, Status, find_runs, load  # noqa: E402
-from gpubench.search.pipes import (  # noqa: E402
+from gpubench.search.pipe_rules import (  # noqa: E402
     _effective,
     choose_data,
     contends,
     cost,
     data_walk,
+    join_bound,
     keep_compute,
 )
 from gpubench.search.space import parse_search_space  # noqa: E402
@@ -82,7 +83,8 @@ def _grid_table(sweep: Path) -> dict[tuple, RunRecord]:
     return {_config_of(r): r for r in (load(d) for d in find_runs(sweep)) if r is not None}
 
 
-def real(reps: int, out: Path) -> list[dict]:
+def real(reps: int, out: Path, only: list[str] | None = None, first: int = 0,
+         tag: str = "") -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     space = [_choice(k, v) for k, v in AXES.items()]
     grid = ["gpubench", "-m", *FIXED, *(f"{k}={','.join(str(x).lower() for x in v)}"
@@ -90,12 +92,15 @@ def real(reps: int, out: Path) -> list[dict]:
     tpe = ["gpubench", "sweep=throughput", *FIXED, *space, "hydra.sweeper.n_trials=8"]
     pipes = ["gpubench", "sweep=pipes", *FIXED, *space]
     rows = []
-    for rep in range(reps):
+    for rep in range(first, first + reps):
         order = [("grid", grid), ("tpe", tpe), ("pipes", pipes)]
         order = order if rep % 2 == 0 else order[::-1]
         walls, dirs = {}, {}
         for name, cmd in order:
-            d = out / f"{name}-{rep}"
+            d = out / f"{name}-{rep}{tag if only and name in only else ''}"
+            if only and name not in only:  # an earlier repetition's run of it is compared
+                dirs[name] = d
+                continue
             extra = [f"hydra.sweep.dir={d}"]
             if name != "grid":
                 extra += [f"hydra.sweeper.storage=sqlite:///{d}.db", f"hydra.sweeper.seed={rep}"]
@@ -107,6 +112,8 @@ def real(reps: int, out: Path) -> list[dict]:
         table = _grid_table(dirs["grid"])
         best = max(r.images_per_sec or 0.0 for r in table.values())
         for name, d in dirs.items():
+            if only and name not in only:
+                continue
             summary = json.loads((d / "report" / "summary.json").read_text())
             rec = load(Path(summary["recommended"]["dir"]))
             at_grid = table[_config_of(rec)].images_per_sec
@@ -116,11 +123,14 @@ def real(reps: int, out: Path) -> list[dict]:
                 k = j.get("stage") or j.get("rung") or "full"
                 kinds[k] = kinds.get(k, 0) + 1
             rows.append({"rep": rep, "strategy": name, "wall_s": round(walls[name], 1),
+                         "grid": str(dirs["grid"]),
                          "jobs": kinds or {"full": len(table)},
                          "recommended": dict(zip(AXES, _config_of(rec), strict=True)),
                          "grid_e2e_of_recommended": at_grid, "grid_best": best,
                          "of_best": at_grid / best})
-    (out / "real.json").write_text(json.dumps(rows, indent=2))
+    with open(out / "real.jsonl", "a") as f:  # every repetition kept, across invocations
+        for x in rows:
+            f.write(json.dumps(x) + "\n")
     return rows
 
 
@@ -153,7 +163,9 @@ def gpu_model(seed: int = 0) -> tuple[dict, list[str]]:
         load_ = (110 if w == 0 else 177 * min(w, 8) ** 0.75) * (1.04 if p["loader.pin_memory"]
                                                                 else 1.0)
         load_ *= 1.0 + 0.01 * (p["loader.prefetch_factor"] > 2)
-        e2e = min(comp, load_) * (0.93 if w else 0.85)  # overlap lost; none with 0 workers
+        # with workers the pipes overlap (a little lost at the hand-over); with 0 workers the
+        # main process loads, then steps: the serial bound
+        e2e = min(comp, load_) * 0.95 if w else 0.97 / (1 / comp + 1 / load_)
         noise = lambda v: v * (1 + rng.gauss(0, 0.015))  # noqa: E731
         status = "ok" if mem <= 0.8 else "oom"
         table[pt] = {"params": p, "status": status, "loader": noise(load_),
@@ -191,7 +203,7 @@ def _row(entry: dict, phase: str) -> Row:
 def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep: int = 2,
               join_trials: int = 4, compute_trials: int = 16,
               data_trials: int = 12) -> tuple[dict, int]:
-    """gpubench.search.pipes' rules over the table: (the recommended entry, phase measurements)."""
+    """gpubench.search.pipe_rules over the table: (the recommended entry, phase measurements)."""
     ckeys = [a for a in axes if a not in DATA]
     dkeys = [a for a in axes if a in DATA]
     space = parse_search_space([_choice(k, sorted({e["params"][k] for e in table.values()},
@@ -235,7 +247,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
             e2e = _row(e, "e2e")
             if e2e.throughput > best_e2e:
                 best, best_e2e = e, e2e.throughput
-            narrower = min((k.rate, fed.rate), key=lambda r: r.value)
+            _, narrower = join_bound(k.rate, fed.rate, fed.params.get("loader.num_workers", 1))
             r = Rate.of(e2e.throughput, list(e2e.interval))
             if r is None or not contends(r, narrower, 0.05):
                 break
@@ -317,17 +329,24 @@ def main(argv: list[str]) -> int:
     r = sub.add_parser("real")
     r.add_argument("--reps", type=int, default=2)
     r.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_pipes")
+    r.add_argument("--only", nargs="+", choices=["grid", "tpe", "pipes"],
+                   help="run these alone, compared with the grid of the same repetition number "
+                        "measured earlier in --out")
+    r.add_argument("--first", type=int, default=0, help="the first repetition's number")
+    r.add_argument("--tag", default="", help="with --only: a suffix of the new runs' folders")
     s = sub.add_parser("simulate")
     s.add_argument("--table", type=Path)
     s.add_argument("--model", choices=["gpu"])
     s.add_argument("--seeds", type=int, default=20)
     a = ap.parse_args(argv)
     if a.what == "real":
-        rows = real(a.reps, a.out.resolve())
+        rows = real(a.reps, a.out.resolve(), a.only, a.first, a.tag)
         for x in rows:
             print(json.dumps(x))
         for name in ("grid", "tpe", "pipes"):
             w = [x["wall_s"] for x in rows if x["strategy"] == name]
+            if not w:
+                continue
             b = [x["of_best"] for x in rows if x["strategy"] == name]
             print(f"{name}: wall median {statistics.median(w):.0f} s (range {min(w):.0f}-"
                   f"{max(w):.0f}), recommended at {min(b):.0%}-{max(b):.0%} of the grid's best")

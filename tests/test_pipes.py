@@ -18,13 +18,14 @@ from conftest import TINY, run_cli
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.workers import Rate
 from gpubench.core.record import RunRecord, Status
-from gpubench.search.pipes import (
+from gpubench.search.pipe_rules import (
     _effective,
     choose_data,
     contends,
     cost,
     data_walk,
     grid,
+    join_bound,
     keep_compute,
     lines,
     split,
@@ -142,6 +143,18 @@ def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
     # the whole data space has 1 + 3 x 2 x 2 = 13 settings: the walk measured 5
 
 
+def test_a_zero_worker_join_is_bounded_by_load_then_step():
+    compute, loader = Rate(230.0, 228.0, 232.0), Rate(2500.0, 2450.0, 2550.0)
+    name, b = join_bound(compute, loader, 0)
+    assert name == "serial" and b.value == pytest.approx(1 / (1 / 230 + 1 / 2500))
+    # 209 img/s with 0 workers is what loading then stepping allows: no contention
+    assert not contends(Rate(209.0, 207.0, 210.0), b, 0.05)
+    # with a worker the pipes overlap: the narrower pipe is the bound, and 190 falls short
+    name, b = join_bound(compute, loader, 1)
+    assert (name, b) == ("compute", compute)
+    assert contends(Rate(190.0, 188.0, 192.0), b, 0.05)
+
+
 def test_a_join_that_falls_short_of_both_pipes_is_contention():
     narrower = Rate(500.0, 490.0, 510.0)
     assert contends(Rate(400.0, 390.0, 410.0), narrower, 0.05)
@@ -242,6 +255,17 @@ def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
     assert len(parents) == 1 and len(runs) == 1 + len(jobs)
 
 
+@pytest.mark.slow
+def test_pipes_without_a_data_knob_is_one_line_before_any_job(tmp_path):
+    fixed = [o.replace("choice(0,1)", "0") for o in SPACE]
+    p = run_cli("sweep=pipes", *PIPES, *fixed, "tracking=none",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert p.returncode == 2, p.stderr[-2000:]
+    [line] = [x for x in p.stderr.splitlines() if x.strip()]
+    assert line.startswith("gpubench: error: hydra.sweeper.params") and "none is a data knob" in line
+    assert not [d for d in (tmp_path / "sweep").iterdir() if d.name.isdigit()]
+
+
 def _wait_for(pred, proc, timeout: float = 240) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -284,4 +308,5 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
         assert len(keys) == len(set(keys)), f"{name}: a point measured twice"
         assert all(t.state != optuna.trial.TrialState.RUNNING for t in st.trials)
     result = json.loads((tmp_path / "sweep" / "pipes.json").read_text())
-    assert result["join"]["pairings"] and result["best"]["e2e"][0] > 0
+    assert result["join"]["pairings"] and result["recommended"]["e2e"][0] > 0
+    assert set(result["recommended"]["params"]) == {"loader.batch_size", "loader.num_workers"}

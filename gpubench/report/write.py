@@ -242,7 +242,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     compute folder, `--compute`; gpubench.report.loader_answer). `pipes`: the path of a
     sweep=pipes search (pipes.json), told first and drawn (gpubench.report.pipes_plot)."""
     from gpubench.report import plots as report_plots
-    from gpubench.search.pipes import lines as pipes_lines
+    from gpubench.search.pipe_rules import lines as pipes_lines
 
     check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
     out_dir.mkdir(parents=True, exist_ok=True)

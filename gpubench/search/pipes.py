@@ -27,37 +27,36 @@ queued or measured, in the same order.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
-from gpubench.analysis.workers import WORKERS_TOLERANCE, Rate, clears
+from gpubench.analysis.workers import WORKERS_TOLERANCE
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
-from gpubench.search.manifest import PIPES_FILE  # noqa: F401 (where the sweeper writes it)
-from gpubench.search.space import Param, SearchSpace
+from gpubench.search.pipe_rules import (
+    Fed,
+    Kept,
+    _effective,
+    choose_data,
+    contends,
+    cost,
+    data_walk,
+    fixed_space,
+    grid,
+    join_bound,
+    keep_compute,
+    lines,
+    rate_of,
+    short_hash,
+    split,
+)
+from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
-
-# the data keys' cost order: a setting is cheaper than another when it is lower on the first of
-# these keys where they differ (fewer workers, then no preload, then CPU decode, ...): each
-# step down costs the host less RAM, fewer processes or less device work. Values by this rank;
-# a key not listed ranks after these, by its choice's position.
-CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {
-    "loader.num_workers": lambda v: v,
-    "dataset.preload": lambda v: bool(v),
-    "dataset.decode_on": lambda v: v != "cpu",
-    "dataset.augment_on": lambda v: v != "cpu",
-    "loader.prefetch_factor": lambda v: -1 if v is None else v,
-    "loader.persistent_workers": lambda v: bool(v),
-    "loader.pin_memory": lambda v: bool(v),
-}
 
 
 @dataclass
@@ -74,194 +73,6 @@ class Plan:
     join_overrides: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE  # the knee: the smallest batch within this of the fastest
     margin: float = WORKERS_TOLERANCE  # a loader clears a bound by this
-
-
-def split(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, SearchSpace]:
-    """(compute knobs, data knobs): the swept keys named in data_keys are the data pipe's."""
-    data = [p for p in space.params if p.name in data_keys]
-    compute = [p for p in space.params if p.name not in data_keys]
-    return SearchSpace(compute, list(space.fixed)), SearchSpace(data, list(space.fixed))
-
-
-def grid(params: list[Param]) -> list[dict[str, Any]] | None:
-    """Every point of a space of choices and integer ranges, in the order written; None when a
-    key is continuous."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    axes = []
-    for p in params:
-        d = p.dist
-        if isinstance(d, CategoricalDistribution):
-            axes.append(list(d.choices))
-        elif isinstance(d, IntDistribution) and not d.log:
-            axes.append(list(range(d.low, d.high + 1, d.step)))
-        else:
-            return None
-    return [dict(zip([p.name for p in params], pt, strict=True)) for pt in itertools.product(*axes)]
-
-
-def cost(params: dict[str, Any], space: list[Param]) -> tuple:
-    """A data setting's cost rank (CHEAP_FIRST; other keys by their choice's position)."""
-    order = {p.name: p for p in space}
-    head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
-    rest = tuple(_position(order[k], v) for k, v in sorted(params.items())
-                 if k not in CHEAP_FIRST and k in order)
-    return head + rest
-
-
-def _rank(fn: Callable[[Any], Any], v: Any) -> tuple:
-    try:
-        return (0, fn(v))
-    except TypeError:  # a value of another type than the key's (a string for a number)
-        return (1, str(v))
-
-
-def _position(p: Param, v: Any) -> int:
-    choices = getattr(p.dist, "choices", None)
-    return list(choices).index(v) if choices is not None and v in choices else 0
-
-
-def fixed_space(space: SearchSpace, values: dict[str, Any], extra: list[str]) -> SearchSpace:
-    """`space` with `values` (another pipe's setting) and `extra` fixed on every job."""
-    named = {p.name: p for p in space.params}
-    pinned = [named[k].override(v) if k in named else f"{k}={v}" for k, v in values.items()]
-    return SearchSpace([p for p in space.params if p.name not in values],
-                       [*space.fixed, *pinned, *extra])
-
-
-def short_hash(values: dict[str, Any]) -> str:
-    return hashlib.sha1(S.key(values).encode()).hexdigest()[:8]
-
-
-# ---------------------------------------------------------------------- judgements
-
-
-def rate_of(row: Row) -> Rate | None:
-    """A row's throughput with its interval (pooled over its confirm step once re-measured)."""
-    if not (row.feasible and row.record.status.measured):
-        return None
-    return Rate.of(row.throughput, list(row.interval))
-
-
-@dataclass
-class Kept:
-    """A compute setting kept for the data pipe: its params, its bound and why it was kept."""
-
-    params: dict[str, Any]
-    rate: Rate
-    why: str
-    peak: float | None = None
-
-    def summary(self) -> dict:
-        return {"params": self.params, "rate": [self.rate.value, self.rate.lo, self.rate.hi],
-                "why": self.why, "peak_memory_fraction": self.peak}
-
-
-def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
-                 keep: int) -> list[Kept]:
-    """The fastest feasible compute setting, and the smallest batch whose figure is within
-    `tolerance` of it (the knee: as fast, with less memory and a smaller step), up to `keep`."""
-    rated = [(p, r, rate_of(r)) for p, r in rows]
-    rated = [(p, r, x) for p, r, x in rated if x is not None]
-    if not rated:
-        return []
-    best_p, best_r, best = max(rated, key=lambda t: t[2].value)
-    out = [Kept(best_p, best, "the fastest compute setting", best_r.peak)]
-    near = [(p, r, x) for p, r, x in rated if x.value >= best.value * (1 - tolerance)]
-    if batch_key in best_p:
-        knee_p, knee_r, knee = min(near, key=lambda t: (t[0].get(batch_key, 0), -t[2].value))
-        if knee_p != best_p and keep > 1:
-            out.append(Kept(knee_p, knee, f"the smallest batch within {tolerance:.0%} of the "
-                                          "fastest", knee_r.peak))
-    for p, r, x in sorted(rated, key=lambda t: -t[2].value):  # more, when asked for more
-        if len(out) >= keep:
-            break
-        if all(p != k.params for k in out):
-            out.append(Kept(p, x, "the next fastest", r.peak))
-    return out[:max(keep, 1)]
-
-
-@dataclass
-class Fed:
-    """A data setting chosen to feed one kept compute setting."""
-
-    params: dict[str, Any]
-    rate: Rate
-    clears: bool
-    bound: Rate
-    margin: float
-
-    def summary(self) -> dict:
-        c, r = self.bound, self.rate
-        return {"params": self.params, "rate": [r.value, r.lo, r.hi], "clears": self.clears,
-                "margin": [r.value / c.value - 1, r.lo / c.hi - 1, r.hi / c.lo - 1]}
-
-
-def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Rate,
-                margin: float, after: tuple | None = None) -> Fed | None:
-    """The cheapest measured data setting whose loader interval clears `bound` by `margin`
-    (above `after` in cost, when given); else the fastest loader (clears False)."""
-    rated = [(cost(p, space), p, rate_of(r)) for p, r in rows]
-    rated = sorted([t for t in rated if t[2] is not None], key=lambda t: t[0])
-    for c, p, x in rated:
-        if (after is None or c > after) and clears(x, bound, margin):
-            return Fed(p, x, True, bound, margin)
-    if after is not None or not rated:
-        return None
-    _, p, x = max(rated, key=lambda t: t[2].value)
-    return Fed(p, x, False, bound, margin)
-
-
-def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
-              bound: Rate, margin: float) -> list[dict]:
-    """The data points to measure next, in order, given the measured `rows` (empty: done).
-
-    1. The workers walk: each worker count with every other data key at its cheapest value,
-       fewest workers first, one at a time, up to the first whose interval clears `bound`.
-    2. Then the turns: settings with one other key turned (preload, prefetch, pinning, ...),
-       cheapest first, at the next fewer worker count when one cleared (a worker fewer may
-       clear with a cheaper key turned), at the most workers when none did (a turned key may
-       be what clears). The walk is done when a turn clears or every turn is measured.
-    The data keys' cost order (CHEAP_FIRST) makes this the cheapest clearing setting along
-    these lines, in a few trials where the whole data space has many."""
-    done = {S.key(p): r for p, r in rows}
-    workers = sorted({p.get("loader.num_workers", 0) for p in points})
-
-    def base(w: int) -> dict:
-        return min((p for p in points if p.get("loader.num_workers", 0) == w),
-                   key=lambda p: cost(p, space))
-
-    def ok(p: dict) -> bool:
-        r = done.get(S.key(p))
-        x = rate_of(r) if r is not None else None
-        return x is not None and clears(x, bound, margin)
-
-    cleared_at = None
-    for w in workers:
-        b = base(w)
-        if S.key(b) not in done:
-            return [b]
-        if ok(b):
-            cleared_at = w
-            break
-    if cleared_at is None:
-        at = workers[-1]
-    elif cleared_at == workers[0]:
-        return []  # the fewest workers at the cheapest setting: nothing is cheaper
-    else:
-        at = workers[workers.index(cleared_at) - 1]
-    b = base(at)
-    turns = sorted((p for p in points if p.get("loader.num_workers", 0) == at
-                    and sum(p[key] != b[key] for key in b) == 1), key=lambda p: cost(p, space))
-    if any(ok(p) for p in turns):
-        return []
-    return [p for p in turns if S.key(p) not in done]
-
-
-def contends(e2e: Rate, narrower: Rate, tolerance: float) -> bool:
-    """The joined run falls short of both pipes: even its interval's high end is below the
-    narrower pipe's low end by more than `tolerance` (the hand-over alone costs a little)."""
-    return e2e.hi < narrower.lo * (1 - tolerance)
 
 
 # ---------------------------------------------------------------------- the search
@@ -419,11 +230,12 @@ class Pipes:
             for k, f in pairs:
                 row = by_key.get(S.key({**k.params, **f.params}))
                 e2e = rate_of(row) if row is not None else None
-                narrower = min((k.rate, f.rate), key=lambda r: r.value)
+                name, narrower = join_bound(k.rate, f.rate,
+                                            f.params.get("loader.num_workers", 1))
                 short = e2e is not None and contends(e2e, narrower, self.plan.tolerance)
                 joined.append({"compute": k.params, "data": f.params,
                                "e2e": None if e2e is None else [e2e.value, e2e.lo, e2e.hi],
-                               "narrower": "compute" if narrower is k.rate else "data",
+                               "narrower": name,
                                "bound": [narrower.value, narrower.lo, narrower.hi],
                                "contends": short})
                 if short and tried < self.plan.join_trials:
@@ -434,13 +246,14 @@ class Pipes:
                     if alt is not None and alt.clears:
                         nxt.append((k, alt))
             pairs = nxt[: max(self.plan.join_trials - tried, 0)]
-        best = recommend([r for _, r in _rows(shared)])
+        rows = _rows(shared)
+        rec = recommend([r for _, r in rows])
         self.result["join"] = {"study": shared.study.study_name, "pairings": joined}
-        if best is not None:
-            self.result["best"] = {"params": best.best.flat and {
-                k: best.best.flat.get(k) for k in (p.name for p in self.space.params)},
-                "e2e": [best.best.throughput, *best.best.interval],
-                "confirmed": best.best.confirmed, "dir": best.best.dir}
+        if rec is not None:  # the report's rule: the smallest batch, fewest workers near the best
+            params = next(p for p, r in rows if r is rec.chosen)
+            self.result["recommended"] = {
+                "params": params, "e2e": [rec.chosen.throughput, *rec.chosen.interval],
+                "confirmed": rec.chosen.confirmed, "dir": rec.chosen.dir}
 
 
 def _enqueue(shared: S.Shared, params: dict) -> None:
@@ -450,22 +263,6 @@ def _enqueue(shared: S.Shared, params: dict) -> None:
             for t in shared.study.get_trials(deepcopy=False)}  # a queued trial's are fixed_params
     if S.key(params) not in held:
         shared.study.enqueue_trial(params)
-
-
-def _effective(points: list[dict]) -> list[dict]:
-    """The data points that differ as runs: with 0 workers the worker-only keys are inert
-    (gpubench.config.settings.WORKER_ONLY), so one 0-worker point per other setting."""
-    from gpubench.config.settings import WORKER_ONLY
-
-    inert = {f"loader.{k}" for k in WORKER_ONLY}
-    out, seen = [], set()
-    for p in points:
-        as_run = {k: (None if k in inert and p.get("loader.num_workers") == 0 else v)
-                  for k, v in p.items()}
-        if S.key(as_run) not in seen:
-            seen.add(S.key(as_run))
-            out.append(p)
-    return out
 
 
 def _batch_first(p: dict) -> tuple:
@@ -478,46 +275,3 @@ def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
 
     measured = {str(t.number): dict(t.params) for t in S.measured_trials(shared.study)}
     return [(measured[r.label], r) for r in rows_of_study(shared.study) if r.label in measured]
-
-
-def _setting(params: dict[str, Any]) -> str:
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items()) or "as composed"
-
-
-def lines(result: dict) -> list[str]:
-    """The path the search took, in a few lines (the sweeper's log, the report)."""
-    out = []
-    c = result.get("compute")
-    if c:
-        how = "every setting" if c.get("exhaustive") else "sampled"
-        out.append(f"compute pipe: {c['trials']} compute-only trial(s), {how}")
-        for k in c["kept"]:
-            peak = k.get("peak_memory_fraction")
-            mem = f", peak memory {peak:.0%}" if isinstance(peak, (int, float)) else ""
-            out.append(f"  kept {_setting(k['params'])}: {Rate(*k['rate']).text()} img/s{mem} "
-                       f"({k['why']})")
-    for d in result.get("data", []):
-        r, m = Rate(*d["rate"]), d["margin"]
-        if d["clears"]:
-            verdict = (f"clears compute by {m[0]:.0%} [{m[1]:.0%}-{m[2]:.0%}], the cheapest "
-                       "setting that does")
-        else:
-            verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
-                       "dataset.preload=true, dataset.augment_on=device, more CPU cores)")
-        out.append(f"data pipe for {_setting(d['for'])}: {d['trials']} loader-only trial(s); "
-                   f"{_setting(d['params'])}: {r.text()} img/s {verdict}")
-    j = result.get("join")
-    if j:
-        for p in j["pairings"]:
-            if p["e2e"] is None:
-                out.append(f"join {_setting({**p['compute'], **p['data']})}: not measured")
-                continue
-            e, b = Rate(*p["e2e"]), Rate(*p["bound"])
-            share = e.value / b.value
-            tail = (": the pipes contend (both fall short together)" if p["contends"] else "")
-            out.append(f"join {_setting({**p['compute'], **p['data']})}: e2e {e.text()} img/s, "
-                       f"{share:.0%} of the narrower pipe ({p['narrower']} {b.text()}){tail}")
-    w = result.get("wall_s")
-    if w:
-        out.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in w.items()))
-    return out

@@ -164,8 +164,8 @@ class GpubenchSweeper(Sweeper):
 
     def _pipes(self, jobs, space, manifest) -> None:
         from gpubench.search.loop import Confirm, Screen, Search
-        from gpubench.search.manifest import absolute_storage
-        from gpubench.search.pipes import PIPES_FILE, Pipes, Plan
+        from gpubench.search.manifest import PIPES_FILE, absolute_storage
+        from gpubench.search.pipes import Pipes, Plan
 
         space.require_swept()
         name = self.study_name or space.study_name()
