@@ -261,51 +261,43 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
     return best, spent
 
 
-def _sampled(by_compute: dict, ckeys: list[str], seed: int, n: int) -> list[tuple]:
-    """The compute settings TPE proposes in n trials, on the compute column."""
+def _tpe(points: dict[tuple, float], axes: list[str], seed: int, n: int) -> dict[tuple, float]:
+    """The points (tuples of `axes` values -> their figure) the sweeper's TPE sampler measures
+    in n distinct trials (a point proposed again is not measured again), with their figures."""
     import optuna
 
     from gpubench.search.study import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    choices = {c: sorted({ck[i] for ck in by_compute}, key=str) for i, c in enumerate(ckeys)}
-    dists = {c: optuna.distributions.CategoricalDistribution(v) for c, v in choices.items()}
+    choices = {a: sorted({pt[i] for pt in points}, key=str) for i, a in enumerate(axes)}
+    dists = {a: optuna.distributions.CategoricalDistribution(v) for a, v in choices.items()}
     study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed, 5))
     seen: dict[tuple, float] = {}
     for _ in range(2000):
-        if len(seen) >= n:
+        if len(seen) >= min(n, len(points)):
             break
         t = study.ask(dists)
-        ck = tuple(t.params[c] for c in ckeys)
-        e = by_compute[ck][0]
-        seen.setdefault(ck, e["compute"] if e["status"] == "ok" else 0.0)
-        study.tell(t, seen[ck])
-    return list(seen)
+        pt = tuple(t.params[a] for a in axes)
+        seen.setdefault(pt, points[pt])
+        study.tell(t, seen[pt])
+    return seen
+
+
+def _figure(e: dict, phase: str) -> float:
+    return e[phase] if e["status"] == "ok" else 0.0
+
+
+def _sampled(by_compute: dict, ckeys: list[str], seed: int, n: int) -> list[tuple]:
+    """The compute settings TPE proposes in n trials, on the compute column."""
+    return list(_tpe({ck: _figure(es[0], "compute") for ck, es in by_compute.items()}, ckeys,
+                     seed, n))
 
 
 def sim_tpe(table: dict, axes: list[str], seed: int, n_trials: int = 30, top: int = 3,
             rounds: int = 2) -> tuple[dict, int]:
-    import optuna
-
-    from gpubench.search.study import make_sampler
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    choices = {a: sorted({e["params"][a] for e in table.values()}, key=str) for a in axes}
-    dists = {a: optuna.distributions.CategoricalDistribution(v) for a, v in choices.items()}
-    study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed, 5))
-    seen: dict[tuple, float] = {}
-    tries = 0
-    while len(seen) < min(n_trials, len(table)) and tries < 2000:
-        tries += 1
-        t = study.ask(dists)
-        pt = tuple(t.params[a] for a in axes)
-        if pt not in seen:
-            e = table[pt]
-            seen[pt] = e["e2e"] if e["status"] == "ok" else 0.0
-        study.tell(t, seen[pt])
+    seen = _tpe({pt: _figure(e, "e2e") for pt, e in table.items()}, axes, seed, n_trials)
     spent = 3 * len(seen) + 3 * rounds * min(top, len(seen))
-    best = max(seen, key=seen.get)
-    return table[best], spent
+    return table[max(seen, key=seen.get)], spent
 
 
 def simulate(table: dict, axes: list[str], seeds: int) -> dict:

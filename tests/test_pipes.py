@@ -17,9 +17,11 @@ from conftest import TINY, run_cli
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.workers import Rate
+from gpubench.config.errors import ConfigError
 from gpubench.core.record import RunRecord, Status
 from gpubench.search.pipe_rules import (
     _effective,
+    check_space,
     choose_data,
     contends,
     cost,
@@ -63,6 +65,21 @@ def test_split_puts_data_keys_on_the_data_pipe_and_the_rest_on_compute():
     assert compute.fixed == data.fixed == ["model=resnet18"]
     assert len(grid(compute.params)) == 4 and len(grid(data.params)) == 4
     assert grid(parse_search_space(["bench.max_seconds=interval(1,2)"]).params) is None
+
+
+def test_a_pipes_space_needs_a_knob_of_each_pipe_and_a_data_grid():
+    with pytest.raises(ConfigError, match="none is a data knob"):
+        check_space(parse_search_space(["loader.batch_size=choice(32,64)"]), DATA_KEYS)
+    with pytest.raises(ConfigError, match="none is a compute knob"):
+        check_space(parse_search_space(["loader.num_workers=choice(0,2)"]), DATA_KEYS)
+    continuous = parse_search_space(["loader.batch_size=choice(32,64)",
+                                     "bench.max_seconds=interval(1,2)"])
+    with pytest.raises(ConfigError, match=r"data keys as choice\(...\)"):
+        check_space(continuous, ("bench.max_seconds",))
+    compute, data = check_space(parse_search_space(["loader.batch_size=choice(32,64)",
+                                                    "loader.num_workers=choice(0,2)"]), DATA_KEYS)
+    assert ([p.name for p in compute.params], [p.name for p in data.params]) == (
+        ["loader.batch_size"], ["loader.num_workers"])
 
 
 def test_data_settings_are_ordered_cheapest_first():
@@ -263,6 +280,7 @@ def test_pipes_without_a_data_knob_is_one_line_before_any_job(tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     [line] = [x for x in p.stderr.splitlines() if x.strip()]
     assert line.startswith("gpubench: error: hydra.sweeper.params") and "none is a data knob" in line
+    assert "watch the study" not in p.stdout  # refused before any study is opened
     assert not [d for d in (tmp_path / "sweep").iterdir() if d.name.isdigit()]
 
 

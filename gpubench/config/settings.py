@@ -170,6 +170,15 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
 WORKER_ONLY: dict[str, Any] = {"prefetch_factor": None, "persistent_workers": False,
                                "multiprocessing_context": None, "worker_threads": 1}
 _LOADER_DEFAULTS = {k.path: _plain(k.default) for k in keys(LoaderConfig)}
+WORKER_ONLY_KEYS = frozenset(f"loader.{k}" for k in WORKER_ONLY)  # as dotted config keys
+
+
+def as_run(values: dict[str, Any]) -> dict[str, Any]:
+    """Dotted config values as they act: with loader.num_workers=0 the worker-only keys act
+    not at all, so they are left out (two such settings are one run)."""
+    if values.get("loader.num_workers") != 0:
+        return dict(values)
+    return {k: v for k, v in values.items() if k not in WORKER_ONLY_KEYS}
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from torchvision.transforms import v2
 
 # torchvision.transforms is imported where it is used: it pulls in torch._dynamo (1.3 s at
-# import here), which a run of a tiny model on synthetic or preloaded data never needs
+# import here), which a command that stops at a bad key, or a run on device_synthetic data,
+# never needs
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

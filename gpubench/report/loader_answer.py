@@ -38,7 +38,7 @@ from gpubench.analysis.workers import (
 )
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.config.settings import WORKER_ONLY
+from gpubench.config.settings import WORKER_ONLY_KEYS
 from gpubench.core.record import RunRecord, find_runs, load
 from gpubench.report.plot_rules import flag_kind, flag_reasons
 
@@ -126,7 +126,6 @@ class LoaderAnswer:
 
 # the loader keys that act only with worker processes: a 0-worker run records them inert
 # (config.settings.WORKER_ONLY), so it belongs with every worker-only setting of its setup
-_WORKER_ONLY = {f"loader.{k}" for k in WORKER_ONLY}
 
 
 def _group_key(r: Row, worker_only: bool = False) -> tuple:
@@ -134,7 +133,7 @@ def _group_key(r: Row, worker_only: bool = False) -> tuple:
     alone with `worker_only`, left out without."""
     return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
                         if k != "loader.num_workers" and not k.startswith(HOW_MEASURED)
-                        and (k in _WORKER_ONLY) == worker_only))
+                        and (k in WORKER_ONLY_KEYS) == worker_only))
 
 
 def _groups(loaders: list[Row]) -> list[list[Row]]:

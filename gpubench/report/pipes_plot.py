@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.analysis.recommend import Row
-from gpubench.config.settings import WORKER_ONLY
+from gpubench.config.settings import as_run
 from gpubench.core.record import Status
 from gpubench.report.plots import _plt, _save, _whiskers, _x_axis
 
@@ -63,13 +63,6 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
     return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs}
 
 
-def _as_run(p: dict[str, Any]) -> dict[str, Any]:
-    """A data setting as it runs: with 0 workers the worker-only keys are inert."""
-    if p.get(WORKERS) != 0:
-        return dict(p)
-    return {k: v for k, v in p.items() if k.removeprefix("loader.") not in WORKER_ONLY}
-
-
 def data_panels(rows: list[Row], result: dict) -> list[dict]:
     """One panel per kept compute setting: its loader runs by data setting, its bound. A
     0-worker run joins each line of its other keys' values (it has no worker-only ones)."""
@@ -77,29 +70,29 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
     for d in result.get("data", []):
         stage = d["study"].split("-data-", 1)[-1]
         keys = sorted(d["params"])
-        chosen = _as_run(d["params"])
+        chosen = as_run(d["params"])
         points = []
         for r in rows:
             if not r.label.startswith(f"data-{stage}-") or r.record.loader_images_per_sec is None:
                 continue
-            p = _as_run(_params(r, keys))
+            p = as_run(_params(r, keys))
             ci = r.record.loader_images_per_sec_ci or [r.record.loader_images_per_sec] * 2
             points.append((p, {"x": p.get(WORKERS, 0), "y": r.record.loader_images_per_sec,
                                "lo": ci[0], "hi": ci[1], "chosen": p == chosen}))
         if not points:
             continue
-        series: dict[str, list[dict]] = {}
+        # a line per setting of the other keys: (one of its settings, its points)
+        lines: dict[str, tuple[dict, list[dict]]] = {}
         for p, q in points:
             if p.get(WORKERS) != 0:
-                series.setdefault(_name(p, WORKERS), []).append(q)
+                lines.setdefault(_name(p, WORKERS), (p, []))[1].append(q)
         for p, q in points:
             if p.get(WORKERS) == 0:
-                joins = [n for n, (pp, _) in ((n, next((pp, qq) for pp, qq in points
-                                                      if _name(pp, WORKERS) == n))
-                                              for n in series)
+                joins = [n for n, (pp, _) in lines.items()
                          if all(pp.get(k) == v for k, v in p.items() if k != WORKERS)]
                 for n in joins or [_name(p, WORKERS)]:
-                    series.setdefault(n, []).append(q)
+                    lines.setdefault(n, (p, []))[1].append(q)
+        series = {n: pts for n, (_, pts) in lines.items()}
         for pts in series.values():
             pts.sort(key=lambda q: q["x"])
         kept = next((k for k in result["compute"]["kept"] if k["params"] == d["for"]), None)

@@ -39,6 +39,27 @@ def split(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, 
     return SearchSpace(compute, list(space.fixed)), SearchSpace(data, list(space.fixed))
 
 
+def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace,
+                                                                         SearchSpace]:
+    """The (compute, data) split of a sweep=pipes space, before any work: ConfigError when a
+    pipe has no swept key, or a data key is continuous (the data pipe walks a grid)."""
+    from gpubench.config.errors import ConfigError
+
+    space.require_swept()
+    compute, data = split(space, data_keys)
+    names = [p.name for p in space.params]
+    if not compute.params or not data.params:
+        missing = "compute" if not compute.params else "data"
+        raise ConfigError("hydra.sweeper.params", names,
+                          f"swept keys of both pipes: none is a {missing} knob (data knobs: "
+                          f"hydra.sweeper.pipes.data_keys = {list(data_keys)})")
+    if grid(data.params) is None:
+        raise ConfigError("hydra.sweeper.params", names,
+                          "data keys as choice(...) or integer range(...) with sweep=pipes "
+                          "(its data pipe walks them in cost order)")
+    return compute, data
+
+
 def grid(params: list[Param]) -> list[dict[str, Any]] | None:
     """Every point of a space of choices and integer ranges, in the order written; None when a
     key is continuous."""
@@ -234,17 +255,14 @@ def contends(e2e: Rate, bound: Rate, tolerance: float) -> bool:
 
 
 def _effective(points: list[dict]) -> list[dict]:
-    """The data points that differ as runs: with 0 workers the worker-only keys are inert
-    (gpubench.config.settings.WORKER_ONLY), so one 0-worker point per other setting."""
-    from gpubench.config.settings import WORKER_ONLY
+    """The data points that differ as runs (gpubench.config.settings.as_run): one 0-worker
+    point per setting of the other keys."""
+    from gpubench.config.settings import as_run
 
-    inert = {f"loader.{k}" for k in WORKER_ONLY}
     out, seen = [], set()
     for p in points:
-        as_run = {k: (None if k in inert and p.get("loader.num_workers") == 0 else v)
-                  for k, v in p.items()}
-        if S.key(as_run) not in seen:
-            seen.add(S.key(as_run))
+        if S.key(as_run(p)) not in seen:
+            seen.add(S.key(as_run(p)))
             out.append(p)
     return out
 

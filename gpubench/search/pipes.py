@@ -27,7 +27,6 @@ queued or measured, in the same order.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from gpubench.search.pipe_rules import (
     Fed,
     Kept,
     _effective,
+    check_space,
     choose_data,
     contends,
     cost,
@@ -97,15 +97,7 @@ class Pipes:
         wall[stage] = round(float(self.earlier.get(stage, 0.0)) + time.monotonic() - since, 1)
 
     def run(self) -> dict:
-        self.space.require_swept()
-        compute, data = split(self.space, self.plan.data_keys)
-        if not compute.params or not data.params:
-            from gpubench.config.errors import ConfigError
-
-            missing = "compute" if not compute.params else "data"
-            raise ConfigError("hydra.sweeper.params", [p.name for p in self.space.params],
-                              f"swept keys of both pipes: none is a {missing} knob (data knobs: "
-                              f"hydra.sweeper.pipes.data_keys = {list(self.plan.data_keys)})")
+        compute, _ = check_space(self.space, self.plan.data_keys)
         t0 = time.monotonic()
         kept = self._compute(compute)
         self._spent("compute", t0)
@@ -114,10 +106,10 @@ class Pipes:
             self.write(self.result)
             return self.result
         t1 = time.monotonic()
-        fed = [self._data(data, k) for k in kept]
+        fed = [self._data(k) for k in kept]
         self._spent("data", t1)
         t2 = time.monotonic()
-        self._join(data, kept, fed)
+        self._join(kept, fed)
         self._spent("join", t2)
         self.write(self.result)
         for line in lines(self.result):
@@ -133,7 +125,7 @@ class Pipes:
         exhaustive = points is not None and len(points) <= self.plan.compute_trials
         if exhaustive:
             # every setting, smallest batch first: a study's queue is kept across workers
-            for p in sorted(points, key=lambda p: _batch_first(p)):
+            for p in sorted(points, key=lambda p: (p.get("loader.batch_size", 0), S.key(p))):
                 _enqueue(shared, p)
         n = len(points) if exhaustive else self.plan.compute_trials
         self.search(shared, space, n, "compute").run()
@@ -154,13 +146,7 @@ class Pipes:
         _, data = split(self.space, self.plan.data_keys)
         space = fixed_space(data, k.params, self.plan.data_overrides)
         shared = self.open_study(f"{self.name}-data-{short_hash(k.params)}")
-        points = grid(space.params)
-        if points is None:
-            from gpubench.config.errors import ConfigError
-
-            raise ConfigError("hydra.sweeper.params", [p.name for p in space.params],
-                              "data keys as choice(...) or integer range(...) with sweep=pipes "
-                              "(its data pipe walks them in cost order)")
+        points = grid(space.params)  # a grid: check_space refused a continuous data key
         points = sorted(_effective(points), key=lambda p: cost(p, space.params))
         return shared, space, points
 
@@ -175,9 +161,12 @@ class Pipes:
             _enqueue(shared, p)
         self.search(shared, space, done + len(todo), "data", stop=stop).run()
 
-    def _data(self, _data: SearchSpace, k: Kept, after: tuple | None = None) -> Fed | None:
+    def _data(self, k: Kept, past: dict | None = None) -> Fed | None:
+        """The data setting chosen for k; with `past` (a setting chosen before), the next
+        setting in cost order after it, measured now."""
         shared, space, points = self._data_study(k)
         params = space.params
+        after = None if past is None else cost(past, params)
 
         def fed() -> Fed | None:
             return choose_data(_rows(shared), params, k.rate, self.plan.margin, after)
@@ -213,7 +202,7 @@ class Pipes:
 
     # ---------------------------------------------------------------- 3. join
 
-    def _join(self, data: SearchSpace, kept: list[Kept], fed: list[Fed | None]) -> None:
+    def _join(self, kept: list[Kept], fed: list[Fed | None]) -> None:
         shared = self.open_study(f"{self.name}-join")
         space = fixed_space(self.space, {}, self.plan.join_overrides)
         pairs = [(k, f) for k, f in zip(kept, fed, strict=True) if f is not None]
@@ -242,7 +231,7 @@ class Pipes:
                     log.info("join: %s falls short of both pipes (%s img/s against %s): the "
                              "pipes contend; trying the next data setting",
                              S.describe({**k.params, **f.params}), e2e.text(), narrower.text())
-                    alt = self._data(data, k, after=cost(f.params, self._data_study(k)[1].params))
+                    alt = self._data(k, past=f.params)
                     if alt is not None and alt.clears:
                         nxt.append((k, alt))
             pairs = nxt[: max(self.plan.join_trials - tried, 0)]
@@ -263,10 +252,6 @@ def _enqueue(shared: S.Shared, params: dict) -> None:
             for t in shared.study.get_trials(deepcopy=False)}  # a queued trial's are fixed_params
     if S.key(params) not in held:
         shared.study.enqueue_trial(params)
-
-
-def _batch_first(p: dict) -> tuple:
-    return (p.get("loader.batch_size", 0), json.dumps(p, sort_keys=True, default=str))
 
 
 def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:

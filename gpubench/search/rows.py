@@ -71,27 +71,23 @@ def _job_order(d: Path):
     return (0, int(n), "") if n.isdigit() else (1, 0, str(d))
 
 
-def _load_study(name: str, storage: str):
+def _load_study(name: str, storage: str, prefix: str = ""):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # sweep.json holds the URL masked: the driver takes the password from the environment
     study = optuna.load_study(study_name=name, storage=without_masked_password(storage))
-    return rows_of_study(study), study
+    return rows_of_study(study, prefix), study
 
 
 def _load_studies(names: list[str], storage: str, base: str):
     """The rows of every stage's study (sweep=pipes), labelled by stage (`compute-3`); the join
     stage's trials keep their numbers. The study returned is the join's (the recommendation's)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows, join = [], None
     for name in names:
-        study = optuna.load_study(study_name=name, storage=without_masked_password(storage))
         stage = name[len(base):].lstrip("-") if name.startswith(base) else name
-        prefix = "" if stage == "join" else f"{stage}-"
-        rows += rows_of_study(study, prefix)
+        found, study = _load_study(name, storage, "" if stage == "join" else f"{stage}-")
+        rows += found
         join = study if stage == "join" else join
     return rows, join
 

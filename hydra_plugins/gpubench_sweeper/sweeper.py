@@ -132,16 +132,10 @@ class GpubenchSweeper(Sweeper):
         space.require_swept()  # before a study is made for nothing
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
-        shared = S.open_study(name, storage, self.heartbeat_interval, self.grace_period)
-        manifest.from_study(shared.study)  # a damaged sweep.json: each job's trial again
+        shared = self._open(name, manifest)
         _mark_stale(manifest.sweep_dir, S.told_dirs(shared.study))
-        # a resumed sweep (or a second worker) must not replay the same random sequence
-        seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
-        shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
         manifest.update(study_name=name, storage=storage, study=name, n_trials=self.n_trials)
-        os.environ[STUDY_ENV] = name
-        if storage is not None:  # the command a team watches the shared study with
-            print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
+        _announce(name, storage)
         steps, full = self.screen.steps, self.config.bench.steps
         screened = steps is not None and full is not None and int(steps) < int(full)
         screen = Screen(int(steps) if screened else None, float(self.screen.keep),
@@ -151,23 +145,27 @@ class GpubenchSweeper(Sweeper):
                poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
 
     def _open(self, name: str, manifest):
-        """A study of this sweep's storage, its sampler seeded as _optimize seeds it."""
+        """A study of this sweep's storage (created or loaded), its sampler seeded."""
         from gpubench.search import study as S
         from gpubench.search.manifest import absolute_storage
 
         shared = S.open_study(name, absolute_storage(self.storage), self.heartbeat_interval,
                               self.grace_period)
-        manifest.from_study(shared.study)
+        manifest.from_study(shared.study)  # a damaged sweep.json: each job's trial again
+        # a resumed sweep (or a second worker) must not replay the same random sequence
         seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
         shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
         return shared
 
     def _pipes(self, jobs, space, manifest) -> None:
+        from gpubench.search import study as S
         from gpubench.search.loop import Confirm, Screen, Search
         from gpubench.search.manifest import PIPES_FILE, absolute_storage
+        from gpubench.search.manifest import read as read_manifest
+        from gpubench.search.pipe_rules import check_space
         from gpubench.search.pipes import Pipes, Plan
 
-        space.require_swept()
+        check_space(space, tuple(self.pipes.data_keys))  # before a study is made for nothing
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
         opened: dict = {}  # one Shared per stage: an in-memory study lives in its object
@@ -178,13 +176,16 @@ class GpubenchSweeper(Sweeper):
                 manifest.update(studies=list(opened))
             return opened[stage]
 
-        _mark_stale(manifest.sweep_dir)
+        # what an earlier invocation's stages were told of their jobs (read before this one
+        # writes sweep.json), so a job left running is settled as its study knows it
+        told: dict = {}
+        for stage in read_manifest(manifest.sweep_dir).get("studies") or []:
+            told |= S.told_dirs(open_study(stage).study)
+        _mark_stale(manifest.sweep_dir, told)
         manifest.update(study_name=f"{name}-join", storage=storage, study=f"{name}-join",
                         pipes_study=name, n_trials=None)
-        os.environ[STUDY_ENV] = name
         os.environ[BOUNDS_MEASURED_ENV] = "1"
-        if storage is not None:
-            print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
+        _announce(name, storage)
         no_screen = Screen(None, 1.0, 0, [])
         poll = min(float(self.heartbeat_interval), 5.0)
 
@@ -227,6 +228,13 @@ class GpubenchSweeper(Sweeper):
             log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
         except Exception as e:  # the measurements are on disk; a report can be made later
             log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
+
+
+def _announce(name: str, storage: str | None) -> None:
+    """The study the jobs tag their runs with, and the command a team watches it with."""
+    os.environ[STUDY_ENV] = name
+    if storage is not None:
+        print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
 
 
 def _mark_stale(sweep_dir: Path, told: dict | None = None) -> None:
