@@ -79,14 +79,41 @@ def compose_cfg():
     return compose_config
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300):
-    """`python -m gpubench ARGS` in a subprocess, from `cwd` (outputs land under it)."""
+def cli_env(env: dict | None = None) -> dict:
+    """The environment a CLI test's command gets: the test's own, less HYDRA_FULL_ERROR."""
     e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     e.update(PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "gpubench", *args],
-        cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout,
-    )
+    return e
+
+
+def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "gpubench",
+              **popen):
+    """`python -m MODULE ARGS` started as its own process by this worker's zygote
+    (tests/zygote.py: a forked child of a process that imported torch once), used like
+    `subprocess.Popen` (stdout/stderr as Popen takes them)."""
+    from tests.zygote import zygote
+
+    return zygote().popen(module, args, cwd=cwd, env=cli_env(env), **popen)
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300,
+            module: str = "gpubench", fresh: bool = False,
+            **limits) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` as a process of its own, from `cwd` (outputs land under it).
+    `fresh`: a new interpreter rather than the zygote's fork, for a test of what the command
+    imports or how a new interpreter starts. `limits`: start_cli's affinity and fsize."""
+    if fresh:
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env),
+                              capture_output=True, text=True, timeout=timeout)
+    proc = start_cli(*args, cwd=cwd, env=env, module=module, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True, **limits)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 # ------------------------------------------------------------------ MLflow (tests/test_tracking.py)
@@ -163,16 +190,12 @@ def start_two_job_sweep(tmp: Path, *overrides: str):
     results.json) once that job has measured its first phase: a moment inside the sweep
     for a signal or a fault."""
     import json
-    import os
-    import subprocess
-    import sys
     import time
 
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpubench", "-m", *[o for o in TINY if o != "tracking=none"],
-         *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=3"],
-        cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = start_cli(
+        "-m", *[o for o in TINY if o != "tracking=none"],
+        *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=3",
+        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:

@@ -6,11 +6,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, start_cli
 
 
 @pytest.mark.slow
@@ -113,25 +112,27 @@ def test_cli_over_ceiling_exits_5_with_advice_and_a_sweep_goes_on(tmp_path):
     assert statuses == ["over_ceiling", "over_ceiling"]
 
 
-def _into_closed_pipe(*args: str, cwd) -> subprocess.CompletedProcess:
-    """`python ARGS | head` where head has already gone: every write to stdout fails."""
+def _into_closed_pipe(module: str, *args: str, cwd) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS | head` where head has already gone: every write to stdout
+    fails."""
     read, write = os.pipe()
     os.close(read)
     try:
-        env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-        return subprocess.run([sys.executable, *args], stdout=write, stderr=subprocess.PIPE,
-                              text=True, cwd=cwd, env=env, timeout=300)
+        proc = start_cli(*args, module=module, cwd=cwd, stdout=write, stderr=subprocess.PIPE,
+                         text=True)
     finally:
         os.close(write)
+    _, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
 
 
 @pytest.mark.slow
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     from gpubench.core.exits import ExitCode
 
-    proc = _into_closed_pipe("-m", "gpubench", "--help", cwd=tmp_path)
+    proc = _into_closed_pipe("gpubench", "--help", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")
     assert ExitCode.BROKEN_PIPE == 141  # as a shell reports a writer that SIGPIPE ended
     shutil.copytree(Path(__file__).parent / "golden" / "fixtures" / "sweep", tmp_path / "sweep")
-    proc = _into_closed_pipe("-m", "gpubench.report", "sweep", cwd=tmp_path)
+    proc = _into_closed_pipe("gpubench.report", "sweep", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")

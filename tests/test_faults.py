@@ -20,7 +20,7 @@ from gpubench.core import record
 from gpubench.core.record import Status
 from gpubench.search.jobs import mark_stale_runs, read_job
 from gpubench.search.study import measured_trials
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_cli, start_cli
 
 SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
 
@@ -124,9 +124,8 @@ def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
             "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=choice(2,4,8)",
             "hydra.sweeper.n_trials=3", "hydra.sweeper.screen.steps=null",
             "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli(*args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True)
     manifest = sweep / "sweep.json"
     try:
         _wait(lambda: _jobs_listed(manifest) == 1, proc, "the first job")
@@ -217,8 +216,8 @@ def test_syncs_started_together_upload_a_run_once(tmp_path):
         pass
     for i in range(4):
         _run_record(tmp_path / "out" / str(i), f"together{i}", _dead_pid())
-    cmd = [sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"), "--uri", uri]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [start_cli("sync", tmp_path / "out", "--uri", uri, module="gpubench.tracking",
+                       cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
@@ -329,13 +328,12 @@ def test_report_on_a_read_only_sweep_is_one_line(measured, tmp_path, read_only):
         (sweep / str(i)).mkdir(parents=True)
         (sweep / str(i) / "results.json").write_text(json.dumps(measured))
     read_only(sweep)
-    cmd = [sys.executable, "-m", "gpubench.report", str(sweep)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    p = run_cli(str(sweep), module="gpubench.report", cwd=tmp_path)
     lines = _stderr_lines(p)
     assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
     assert str(sweep) in lines[0] and "read-only" in lines[0] and "--out DIR" in lines[0]
-    p = subprocess.run([*cmd, "--out", str(tmp_path / "elsewhere")], capture_output=True,
-                       text=True, timeout=300)
+    p = run_cli(str(sweep), "--out", str(tmp_path / "elsewhere"), module="gpubench.report",
+                cwd=tmp_path)
     assert p.returncode == 0 and (tmp_path / "elsewhere" / "ranking.csv").is_file(), p.stderr
 
 
@@ -343,9 +341,8 @@ def test_report_on_a_read_only_sweep_is_one_line(measured, tmp_path, read_only):
 def test_sync_meeting_a_read_only_stale_run_is_one_line(tmp_path, read_only):
     run = _run_record(tmp_path / "out" / "run", "ro1", _dead_pid(), status="running")
     read_only(run)
-    p = subprocess.run([sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"),
-                        "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
-                       capture_output=True, text=True, timeout=300)
+    p = run_cli("sync", str(tmp_path / "out"), "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                module="gpubench.tracking", cwd=tmp_path)
     lines = _stderr_lines(p)
     assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
     assert str(run / "results.json") in lines[0] and "read-only" in lines[0]
@@ -368,8 +365,7 @@ def test_a_damaged_sweep_json_or_results_json_is_named_kept_and_read_around(tmp_
     manifest.write_text(cut)
     results.write_text(results.read_text()[:200])
 
-    p = subprocess.run([sys.executable, "-m", "gpubench.report", str(sweep)],
-                       capture_output=True, text=True, timeout=300)
+    p = run_cli(str(sweep), module="gpubench.report", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert f"{manifest} is damaged" in p.stderr and "reading study" in p.stderr
     assert f"{results} is damaged" in p.stderr and "what the study kept" in p.stderr

@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, start_cli
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.workers import Rate
@@ -211,7 +210,7 @@ PIPES = [*[o for o in TINY if not o.startswith(("bench.steps", "tracking="))],
 
 
 def _cmd(tmp: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "gpubench", "sweep=pipes", *PIPES, *SPACE,
+    return ["sweep=pipes", *PIPES, *SPACE,
             f"hydra.sweep.dir={tmp / 'sweep'}",
             f"hydra.sweeper.storage=sqlite:///{tmp / 'optuna.db'}", *extra]
 
@@ -229,7 +228,7 @@ def _studies(tmp: Path) -> dict[str, optuna.Study]:
 @pytest.mark.slow
 def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
     p = run_cli(*_cmd(tmp_path, "tracking=mlflow",
-                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}")[3:], cwd=tmp_path)
+                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"), cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     sweep = tmp_path / "sweep"
     jobs = _jobs(sweep)
@@ -303,16 +302,16 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
             return False
 
     cmd = _cmd(tmp_path, "tracking=none", "hydra.sweeper.report=false")
-    a = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+    a = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                  start_new_session=True)
     try:
         _wait_for(lambda: stage_started("data"), a)
     finally:
         os.killpg(a.pid, signal.SIGKILL)  # as `kill -9`: nothing gets to clean up
         a.wait()
     # the same command twice at once: a resume and a second worker on the same studies
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [start_cli(*cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True) for _ in range(2)]
     outs = [q.communicate(timeout=600) for q in procs]
     for q, (_, err) in zip(procs, outs, strict=True):
         assert q.returncode == 0, err[-3000:]

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from gpubench.core import record
 from gpubench.search.study import measured_trials, worker_pid
-from tests.conftest import TINY
+from tests.conftest import TINY, start_cli
 from tests.test_postgres import postgres  # noqa: F401  (the module's real server)
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
     # long: each phase stops at its 1 s cap whatever the machine's speed, so a trial lasts
     # seconds, time enough to be killed in the middle of one; otherwise TINY's 2 steps
     length = ["bench.steps=1000000", "bench.max_seconds=1"] if long else []
-    cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
+    cmd = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp / name}",
            *length, "bench.phases=[e2e]",
            "loader.batch_size=range(1,33)",
@@ -46,10 +46,8 @@ def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
            f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.screen.steps=null",
            "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0",  # trials, not confirms
            "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=5", *extra]
-    e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | (env or {})
-    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
-    return subprocess.Popen(cmd, cwd=tmp, env=e, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+    return start_cli(*cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     text=True, affinity=None if cpu is None else [cpu])
 
 
 def _load(storage: str, study: str):

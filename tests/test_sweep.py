@@ -33,7 +33,7 @@ from gpubench.search.study import (
     screen_passes,
     split_duplicates,
 )
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_cli, start_cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -604,10 +604,9 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
     args = ["loader.batch_size=range(1,9)", "precision=choice(fp32,amp_bf16)",
             "hydra.sweeper.n_trials=5", "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
             "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0"]  # resume of trials
-    cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
+    cmd = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_measured(tmp_path, proc, 2)
     finally:
@@ -676,16 +675,15 @@ def _wait_for_results(tmp: Path, proc, n: int) -> None:
 
 @pytest.mark.slow
 def test_ctrl_c_leaves_no_running_trial(tmp_path):
-    cmd = [sys.executable, "-m", "gpubench", "-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
+    cmd = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}",
            # each phase lasts its 1 s cap, whatever the machine's speed: a trial is ~3 s long
            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
            "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false",
            "hydra.sweeper.confirm.top=0"]
-    # SIGINT as the default: a shell running the tests in the background may ignore it
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (the zygote's child raises KeyboardInterrupt on SIGINT even where a shell running the
+    # tests in the background ignores it)
+    proc = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_jobs(tmp_path, proc, 1)
         # into the next trial's ~3 s: once it has written its first phase (a fixed sleep here

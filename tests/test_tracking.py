@@ -198,10 +198,8 @@ def test_server_down_then_sync_exactly_once(mlflow_server, tmp_path):
     exp_id = c.create_experiment("offline")
     c.create_run(exp_id, tags={"run_uid": data["run_uid"]}, run_name="half-done")
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpubench.tracking", "sync", "outputs", "--uri", url],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
+    proc = run_cli("sync", "outputs", "--uri", url, module="gpubench.tracking", cwd=tmp_path,
+                   timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "1 uploaded" in proc.stdout
     again = sync.sync(tmp_path / "outputs", uri=url)

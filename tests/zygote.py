@@ -1,0 +1,329 @@
+"""`python -m MODULE ARGS` as a real process of its own, without paying its imports each time.
+
+Each CLI test used to start a fresh interpreter, and each paid about 3 s of imports on a 2-core
+machine (torch 1.4 s, torchvision 1.3 s) before its sub-second tiny run: 85 of them were most
+of the suite's time. A zygote is one process per test worker that imports torch, torchvision,
+Hydra, Optuna, MLflow, matplotlib and gpubench once, then forks a child for each command.
+
+What stays real: each command is its own process (its own pid, exit status, signals, `kill -9`,
+cwd, environment, stdin/stdout/stderr handed over as file descriptors), it runs the module's
+`__main__` as `python -m` does (runpy, `sys.argv[0]` the module's file), and it ends through the
+interpreter's atexit handlers (MLflow's, logging's) before its exit status is reported. What
+differs from a fresh interpreter: the modules above are already imported, so an environment
+variable read at import time is the zygote's (torch's OpenMP thread count: the suite pins one
+thread for every process anyway) and a test of what a command imports, or of a fresh
+interpreter's start-up, runs a real `python` (`run_cli(..., fresh=True)`).
+
+Why fork is safe here: the zygote never starts a thread (checked before it serves) nor touches
+CUDA, so a child inherits no held lock and no device context; DataLoader workers are forked the
+same way from every training process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRELOAD = ("torch", "torchvision", "torchvision.transforms.v2", "torchvision.models",
+           "hydra", "omegaconf", "optuna", "mlflow", "matplotlib.pyplot", "psutil",
+           "gpubench.run.runner", "gpubench.report.cli", "gpubench.report.plots",
+           "gpubench.tracking.runs", "gpubench.search.loop",
+           "hydra_plugins.gpubench_sweeper.sweeper")  # no __main__ module: importing runs it
+
+
+# ---------------------------------------------------------------------------- the zygote itself
+
+
+def _child(conn: socket.socket, listener: socket.socket, req: dict, fds: list[int]) -> None:
+    """In the forked child: become `python -m MODULE ARGS`, then exit as the interpreter does."""
+    code = 1
+    try:
+        listener.close()
+        conn.close()
+        if req.get("new_session"):  # Popen's start_new_session
+            os.setsid()
+        if req.get("affinity") is not None:  # the cores it may run on
+            os.sched_setaffinity(0, set(req["affinity"]))
+        if req.get("fsize") is not None:  # the largest file it may write (a full disk)
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, (req["fsize"], req["fsize"]))
+        for target, fd in enumerate(fds):  # stdin, stdout, stderr
+            os.dup2(fd, target)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # as a new interpreter sets it up (unless its parent ignored SIGINT): Ctrl-C raises
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(req["cwd"])
+        sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+        os.environ.clear()
+        os.environ.update(req["env"])
+        extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[1:1] = [os.path.abspath(p) for p in extra]  # where python puts PYTHONPATH
+        import numpy as np
+
+        np.random.seed()  # a fresh interpreter's numpy draws from the OS; Python's random
+        # reseeds itself after a fork, numpy does not
+        import runpy
+
+        sys.argv = ["-m", *req["args"]]
+        try:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def serve(path: str) -> None:
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    try:
+        from hydra.core.plugins import Plugins
+
+        Plugins.instance()  # the plugin scan, once
+    except Exception:
+        pass
+    if threading.active_count() != 1:  # a thread's held lock would stay held in every child
+        raise SystemExit(f"zygote: {threading.active_count()} threads after the imports")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(64)
+    os.rename(path + ".tmp", path)  # the client waits for this name: ready
+    running: dict[int, socket.socket] = {}
+    while True:
+        readable, _, _ = select.select([listener], [], [], 0.05)
+        if readable:
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            req = json.loads(msg.decode())
+            if req.get("stop"):
+                return
+            pid = os.fork()
+            if pid == 0:
+                _child(conn, listener, req, fds)
+            for fd in set(fds):
+                os.close(fd)
+            conn.sendall(f"{pid}\n".encode())
+            running[pid] = conn
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass  # the test went away
+                conn.close()
+
+
+# ----------------------------------------------------------------------------- the test's side
+
+
+class Forked:
+    """A child of the zygote, used like `subprocess.Popen`: pid, poll, wait, kill,
+    send_signal, communicate, and `stdout`/`stderr` pipes when asked for."""
+
+    def __init__(self, args, conn: socket.socket, stdout, stderr, text: bool):
+        self.args, self._conn, self.returncode = args, conn, None
+        self.pid = int(self._line(None))
+        self.stdout, self.stderr, self._text = stdout, stderr, text
+
+    def _line(self, timeout: float | None) -> str:
+        self._conn.settimeout(timeout)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = self._conn.recv(64)
+            if not chunk:
+                raise RuntimeError("the zygote went away")
+            buf += chunk
+        return buf.decode().strip()
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                self.wait(0.001)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None):
+        if self.returncode is None:
+            try:
+                self.returncode = int(self._line(timeout))
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None):
+        """Read both pipes to their end (as Popen does, so a chatty child never blocks)."""
+        out: dict[int, bytes] = {}
+        streams = [s for s in (self.stdout, self.stderr) if s is not None]
+        for s in streams:
+            out[s.fileno()] = b""
+        live = [s.fileno() for s in streams]
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while live:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            ready, _, _ = select.select(live, [], [], left)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    out[fd] += chunk
+                else:
+                    live.remove(fd)
+        self.wait(None if deadline is None else max(0.001, deadline - time.monotonic()))
+        res = []
+        for s in (self.stdout, self.stderr):
+            if s is None:
+                res.append(None)
+                continue
+            data = out[s.fileno()]
+            s.close()
+            res.append(data.decode(errors="replace") if self._text else data)
+        return tuple(res)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.poll() is None:
+            self.kill()
+            self.wait()
+
+
+class Zygote:
+    def __init__(self):
+        self._dir = tempfile.mkdtemp(prefix="gpubench-zygote-")
+        self.path = os.path.join(self._dir, "sock")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-u", __file__, self.path], env=env,
+                                     stdin=subprocess.DEVNULL, cwd=self._dir)
+        atexit.register(self.stop)
+
+    def _connect(self) -> socket.socket:
+        import time
+
+        deadline = time.monotonic() + 300
+        while not os.path.exists(self.path):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the zygote did not start (exit {self.proc.returncode})")
+            time.sleep(0.05)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.path)
+        return s
+
+    def popen(self, module: str, args, *, cwd, env: dict, stdout=None, stderr=None,
+              text: bool = False, start_new_session: bool = False,
+              affinity: list[int] | None = None, fsize: int | None = None) -> Forked:
+        """Start `python -m MODULE ARGS`: stdout/stderr as Popen takes them (None inherits,
+        subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT for stderr, a file or fd);
+        `affinity` pins it to those cores, `fsize` caps the size of any file it writes."""
+        close: list[int] = []
+        devnull = os.open(os.devnull, os.O_RDWR)
+        close.append(devnull)
+
+        def fd_for(spec, default: int):
+            if spec is None:
+                return default, None
+            if spec == subprocess.DEVNULL:
+                return devnull, None
+            if spec == subprocess.PIPE:
+                r, w = os.pipe()
+                close.append(w)
+                return w, os.fdopen(r, "r" if text else "rb")
+            return (spec if isinstance(spec, int) else spec.fileno()), None
+
+        out_fd, out_pipe = fd_for(stdout, 1)
+        if stderr == subprocess.STDOUT:
+            err_fd, err_pipe = out_fd, None
+        else:
+            err_fd, err_pipe = fd_for(stderr, 2)
+        req = {"module": module, "args": [str(a) for a in args], "cwd": str(cwd),
+               "env": dict(env), "new_session": start_new_session,
+               "affinity": affinity, "fsize": fsize}
+        conn = self._connect()
+        try:
+            socket.send_fds(conn, [json.dumps(req).encode()], [devnull, out_fd, err_fd])
+        finally:
+            for fd in close:
+                os.close(fd)
+        return Forked(["python", "-m", module, *req["args"]], conn, out_pipe, err_pipe, text)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                s = self._connect()
+                socket.send_fds(s, [json.dumps({"stop": True}).encode()], [])
+                s.close()
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+        import shutil
+
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_ZYGOTE: Zygote | None = None
+
+
+def zygote() -> Zygote:
+    """This test worker's zygote, started on first use (a few seconds, once)."""
+    global _ZYGOTE
+    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
+        _ZYGOTE = Zygote()
+    return _ZYGOTE
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    serve(sys.argv[1])
