@@ -22,6 +22,7 @@ from gpubench.search.pipe_rules import (
     _effective,
     check_space,
     choose_data,
+    confirm_top,
     contends,
     cost,
     data_walk,
@@ -51,7 +52,30 @@ def loader_row(params: dict, ips: float, ci) -> tuple[dict, Row]:
     return params, Row("x", rec)
 
 
+def e2e_row(ips: float, ci, stable: bool = True) -> Row:
+    rec = RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=ci,
+                    measurement_stable=stable, config={"bench": {"phases": ["e2e"]}})
+    return Row(str(ips), rec)
+
+
 # ------------------------------------------------------------------ the rules
+
+
+def test_the_join_confirms_only_pairings_one_measurement_leaves_open():
+    # overlapping but within 5% of each other: either is an accepted answer, no rounds
+    assert confirm_top([e2e_row(100.0, [95, 105]), e2e_row(97.0, [93, 101])], 0.05) == 0
+    # more than 5% apart but the intervals part: ordered by one measurement each
+    assert confirm_top([e2e_row(100.0, [98, 102]), e2e_row(80.0, [78, 82])], 0.05) == 0
+    # more than 5% apart and overlapping: both re-measured
+    assert confirm_top([e2e_row(80.0, [70, 95]), e2e_row(100.0, [90, 110])], 0.05) == 2
+    # the leader down to the last open one, a settled one between them included
+    rows = [e2e_row(100.0, [90, 110]), e2e_row(98.0, [97, 99]), e2e_row(50.0, [49, 51]),
+            e2e_row(85.0, [75, 91])]
+    assert confirm_top(rows, 0.05) == 3
+    # one pairing: re-measured only when its own run was disturbed; nothing measured: none
+    assert confirm_top([e2e_row(100.0, [98, 102])], 0.05) == 0
+    assert confirm_top([e2e_row(100.0, [98, 102], stable=False)], 0.05) == 1
+    assert confirm_top([], 0.05) == 0
 
 
 def test_split_puts_data_keys_on_the_data_pipe_and_the_rest_on_compute():
@@ -247,8 +271,14 @@ def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
         assert cfg["bench"]["phases"] == ["loader"]
         data_batches.add(cfg["loader"]["batch_size"])
     assert data_batches == set(kept) and len(by_stage["data"]) <= 2 * len(kept)
-    # each pairing end to end, then once more in the confirm round
-    assert len(by_stage["join"]) == 2 * len(result["join"]["pairings"])
+    # each pairing end to end once; the confirm round (rounds=1) re-measures the top pairings
+    # that those runs leave open, by the rule on their first measurements
+    full = [j for j in by_stage["join"] if j["rung"] == "full"]
+    assert len(full) == len(result["join"]["pairings"])
+    firsts = [Row(j["dir"], RunRecord.from_dict(
+        json.loads((Path(j["dir"]) / "results.json").read_text()))) for j in full]
+    top = confirm_top(firsts, 0.05)
+    assert len(by_stage["join"]) - len(full) == top
     assert not (sweep / "compute").exists()  # the compute pipe's runs are the bounds
     # the report tells the path and draws both pipes; its recommendation is a joined run
     report = sweep / "report"

@@ -254,6 +254,25 @@ def contends(e2e: Rate, bound: Rate, tolerance: float) -> bool:
     return e2e.hi < bound.lo * (1 - tolerance)
 
 
+def confirm_top(rows: list[Row], tolerance: float) -> int:
+    """How many of the join's pairings, fastest first, its confirm rounds re-measure: none
+    when one measurement each settles the answer, else the leader down to the last pairing
+    left open. Open: a pairing whose interval reaches the leader's (the measurements cannot
+    order them) while its median is more than `tolerance` below the leader's (the order
+    matters: within the tolerance either is an answer the recommendation accepts, and it takes
+    the cheaper). A leader whose own measurement was disturbed is re-measured too."""
+    ranked = sorted((r for r in rows if rate_of(r) is not None),
+                    key=lambda r: r.throughput, reverse=True)
+    if not ranked:
+        return 0
+    lead = ranked[0]
+    last = 0 if lead.stable else 1
+    for i, r in enumerate(ranked[1:], start=1):
+        if r.interval[1] >= lead.interval[0] and r.throughput < (1 - tolerance) * lead.throughput:
+            last = i + 1
+    return last
+
+
 def _effective(points: list[dict]) -> list[dict]:
     """The data points that differ as runs (gpubench.config.settings.as_run): one 0-worker
     point per setting of the other keys."""

@@ -12,8 +12,9 @@ A training step is two pipes, and each can be measured without the other (refere
    the cheapest setting whose loader interval clears the bound by the margin is found (low end
    above the bound's high end x (1 + margin), as the workers answer judges), or the budget ends
    (then the fastest loader: the data side stays the narrower pipe, and the path says so).
-3. join: each pairing measured end to end, then again in interleaved rounds (the confirm
-   step). A pairing whose e2e falls short of both pipes (its interval's high end below the
+3. join: each pairing measured end to end; then, only where those measurements leave the
+   answer open (pairings whose intervals overlap while their medians are more than the
+   tolerance apart), again in interleaved rounds (the confirm step). A pairing whose e2e falls short of both pipes (its interval's high end below the
    narrower pipe's low end by more than the tolerance) shows the pipes contend (loader
    workers taking the host's cores, pinned memory): the next clearing data setting is tried,
    within `join_trials`.
@@ -42,6 +43,7 @@ from gpubench.search.pipe_rules import (
     _effective,
     check_space,
     choose_data,
+    confirm_top,
     contends,
     cost,
     data_walk,
@@ -212,8 +214,13 @@ class Pipes:
             for k, f in pairs:
                 _enqueue(shared, {**k.params, **f.params})
             tried += len(pairs)
-            self.search(shared, space, tried, "join",
-                        confirm=replace(self.confirm, top=tried)).run()
+            self.search(shared, space, tried, "join", confirm=replace(self.confirm, top=0)).run()
+            # confirm rounds only where one measurement each leaves the answer open (the same
+            # rows on a resume: the same decision)
+            top = confirm_top([r for _, r in _rows(shared)], self.plan.tolerance)
+            if top:
+                self.search(shared, space, tried, "join",
+                            confirm=replace(self.confirm, top=top)).run()
             by_key = {S.key(p): r for p, r in _rows(shared)}
             nxt = []
             for k, f in pairs:
