@@ -16,7 +16,8 @@ e2e with their intervals) per configuration: the grid measures all, TPE is Optun
 with the sweeper's settings on the e2e column, pipes is gpubench.search.pipe_rules
 (keep_compute, choose_data, contends) on the compute and loader columns, then the e2e column
 for its pairings. Cost is in phase measurements: a full run measures 3 (loader, compute, e2e),
-a compute-only or loader-only run 1, a confirm round of a pairing 3. `--table DIR` reads a
+a compute-only, loader-only or e2e-only run 1 (a join's confirm round of a pairing is an
+e2e-only run; the join confirms only the pairings its first runs leave open). `--table DIR` reads a
 real grid's results.json files; `--model gpu` builds a 1,200-configuration table from a model
 of a T4-class GPU fed by a 8-core host (reference article 003's figures: compute ~260 img/s
 with AMP at batch 128, one loader worker ~177 img/s, four ~440), a model and not a
@@ -44,6 +45,7 @@ from gpubench.core.record import RunRecord, Status, find_runs, load  # noqa: E40
 from gpubench.search.pipe_rules import (  # noqa: E402
     _effective,
     choose_data,
+    confirm_top,
     contends,
     cost,
     data_walk,
@@ -222,6 +224,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
     kept = keep_compute(crows, "loader.batch_size", 0.05, keep)
     best, best_e2e = None, -1.0
     pairings = 0
+    joined: list[Row] = []
     for k in kept:
         entries = by_compute[tuple(k.params[c] for c in ckeys)]
         drows = sorted(((({d: e["params"][d] for d in dkeys}), e) for e in entries),
@@ -242,9 +245,10 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
         fed = choose_data(measured, space, k.rate, WORKERS_TOLERANCE)
         while fed is not None and pairings < join_trials:
             pairings += 1
-            spent += 1 + rounds  # e2e-only runs (hydra.sweeper.pipes.join_overrides)
+            spent += 1  # an e2e-only run (hydra.sweeper.pipes.join_overrides)
             e = next(e for dp, e in drows if dp == fed.params)
             e2e = _row(e, "e2e")
+            joined.append(e2e)
             if e2e.throughput > best_e2e:
                 best, best_e2e = e, e2e.throughput
             _, narrower = join_bound(k.rate, fed.rate, fed.params.get("loader.num_workers", 1))
@@ -258,6 +262,8 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
             spent += 1
             measured.append((rest[0][0], _row(rest[0][1], "loader")))
             fed = choose_data(measured, space, k.rate, WORKERS_TOLERANCE, after=after)
+    # the confirm rounds, only for the pairings the first runs leave open (as the search)
+    spent += rounds * confirm_top(joined, 0.05)
     return best, spent
 
 

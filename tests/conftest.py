@@ -144,10 +144,16 @@ class MlflowServer:
     folder. It is started at once; `url` waits for /health (10-20 s here), so tests that do
     not need it run while it boots."""
 
-    def __init__(self, root: Path, args: tuple[str, ...] = (), env: dict | None = None):
-        self.root, self.port = root, free_port()
+    def __init__(self, root: Path, args: tuple[str, ...] = (), env: dict | None = None,
+                 attach: dict | None = None):
+        self.root = root
         self.artifacts = root / "artifacts"
         self.log = root / "server.log"
+        self._up = False
+        if attach is not None:  # one another test worker started (shared())
+            self.port, self.pid, self.proc = attach["port"], attach["pid"], None
+            return
+        self.port = free_port()
         # no job workers; `args`/`env` for variants such as the basic-auth app
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
         with open(self.log, "w") as log:
@@ -158,7 +164,16 @@ class MlflowServer:
                  "--artifacts-destination", str(self.artifacts), *args],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
-        self._up = False
+        self.pid = self.proc.pid
+
+    def _alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     @property
     def url(self) -> str:
@@ -168,7 +183,7 @@ class MlflowServer:
         base = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while not self._up:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if not self._alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"mlflow server did not come up:\n{self.log.read_text()[-3000:]}")
             try:
                 urllib.request.urlopen(f"{base}/health", timeout=2).close()
@@ -189,10 +204,90 @@ class MlflowServer:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    srv = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
-    yield srv
-    srv.stop()
+def mlflow_server():
+    """One server for the whole test run, whichever worker asks first (shared())."""
+    def start(root: Path) -> dict:
+        root.mkdir()
+        srv = MlflowServer(root)
+        return {"root": str(root), "port": srv.port, "pid": srv.pid}
+
+    info = shared("mlflow_server", start)
+    return MlflowServer(Path(info["root"]), attach=info)
+
+
+# -------------------------------------------------- what every test worker of one run shares
+
+SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # the folder; set by the run's first process
+
+
+def pytest_configure(config):
+    """The process that runs the session (xdist's controller, or the only process with -n 0)
+    makes the folder every worker's shared() resources live in: workers inherit it."""
+    if not hasattr(config, "workerinput") and SHARED_ENV not in os.environ:
+        import tempfile
+
+        os.environ[SHARED_ENV] = config._gpubench_shared = tempfile.mkdtemp(
+            prefix="gpubench-tests-")
+
+
+def pytest_unconfigure(config):
+    """After every worker has finished: stop what shared() started, then drop the folder."""
+    import json
+    import shutil
+    import signal
+    import time
+
+    folder = getattr(config, "_gpubench_shared", None)
+    if folder is None:
+        return
+    pids = []
+    for info in Path(folder).glob("*.json"):
+        try:
+            pids.append(int(json.loads(info.read_text())["pid"]))
+        except (OSError, ValueError, KeyError):
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.killpg(pid, sig)  # each runs in a session of its own: its children too
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 20
+        while sig == signal.SIGTERM and time.monotonic() < deadline and any(
+                _running(p) for p in pids):
+            time.sleep(0.1)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop(SHARED_ENV, None)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a finished child of this process is a zombie until reaped
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def shared(name: str, start) -> dict:
+    """A resource the whole test run shares (a server, the zygote), started once by whichever
+    worker asks first: `start(folder)` starts it in a session of its own and returns what
+    others need to reach it (a dict with its `pid`); the others read that back. The session's
+    own process stops it when every worker is done (pytest_unconfigure)."""
+    import fcntl
+    import json
+
+    folder = Path(os.environ[SHARED_ENV])
+    info = folder / f"{name}.json"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starts it, the others wait, then read
+        if not info.exists():
+            tmp = info.with_suffix(".tmp")
+            tmp.write_text(json.dumps(start(folder / name)))
+            tmp.rename(info)
+        return json.loads(info.read_text())
 
 
 def start_two_job_sweep(tmp: Path, *overrides: str):

@@ -263,21 +263,38 @@ class Forked:
 
 
 class Zygote:
-    def __init__(self):
-        self._dir = tempfile.mkdtemp(prefix="gpubench-zygote-")
-        self.path = os.path.join(self._dir, "sock")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-u", __file__, self.path], env=env,
-                                     stdin=subprocess.DEVNULL, cwd=self._dir)
-        atexit.register(self.stop)
+    """The test's handle on a zygote: its socket and pid. `launch` starts one."""
+
+    def __init__(self, path: str, pid: int, proc: subprocess.Popen | None = None):
+        self.path, self.pid, self.proc = path, pid, proc
+
+    @staticmethod
+    def launch(folder: Path) -> dict:
+        """Start a zygote serving on a socket in `folder`, in a session of its own (whoever
+        stops it stops its running children too); what a test needs to reach it."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = str(folder / "sock")
+        proc = subprocess.Popen([sys.executable, "-u", __file__, path],
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True)
+        return {"path": path, "pid": proc.pid, "proc": proc}
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     def _connect(self) -> socket.socket:
         import time
 
         deadline = time.monotonic() + 300
         while not os.path.exists(self.path):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the zygote did not start (exit {self.proc.returncode})")
+            if not self.alive() or time.monotonic() > deadline:
+                raise RuntimeError("the zygote did not start")
             time.sleep(0.05)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(self.path)
@@ -321,27 +338,41 @@ class Zygote:
         return Forked(["python", "-m", module, *req["args"]], conn, out_pipe, err_pipe, text)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.alive():
             try:
                 s = self._connect()
                 socket.send_fds(s, [json.dumps({"stop": True}).encode()], [])
                 s.close()
-                self.proc.wait(timeout=10)
+                if self.proc is not None:
+                    self.proc.wait(timeout=10)
             except Exception:
-                self.proc.kill()
-        import shutil
-
-        shutil.rmtree(self._dir, ignore_errors=True)
+                os.killpg(self.pid, signal.SIGKILL)
 
 
 _ZYGOTE: Zygote | None = None
 
 
 def zygote() -> Zygote:
-    """This test worker's zygote, started on first use (a few seconds, once)."""
+    """The test run's zygote, started on first use (a few seconds, once): one for every test
+    worker of the run (tests/conftest.py shared(), which stops it when the run ends), or this
+    process's own when run outside pytest's session."""
     global _ZYGOTE
-    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
-        _ZYGOTE = Zygote()
+    if _ZYGOTE is None or not _ZYGOTE.alive():
+        if "GPUBENCH_TESTS_SHARED" in os.environ:
+            from tests.conftest import shared
+
+            started: dict = {}
+
+            def launch(folder: Path) -> dict:
+                started.update(Zygote.launch(folder))
+                return {k: v for k, v in started.items() if k != "proc"}
+
+            info = shared("zygote", launch)
+            _ZYGOTE = Zygote(info["path"], info["pid"], started.get("proc"))
+        else:
+            info = Zygote.launch(Path(tempfile.mkdtemp(prefix="gpubench-zygote-")))
+            _ZYGOTE = Zygote(info["path"], info["pid"], info["proc"])
+            atexit.register(_ZYGOTE.stop)
     return _ZYGOTE
 
 
