@@ -99,9 +99,10 @@ def cli_env(env: dict | None = None) -> dict:
 
 def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "gpubench",
               **popen):
-    """`python -m MODULE ARGS` started as its own process by this worker's zygote
+    """`python -m MODULE ARGS` started as its own process by the test run's zygote
     (tests/zygote.py: a forked child of a process that imported torch once), used like
-    `subprocess.Popen` (stdout/stderr as Popen takes them)."""
+    `subprocess.Popen` (stdout/stderr as Popen takes them); `code=CODE`: `python -c CODE
+    ARGS`."""
     from tests.zygote import zygote
 
     return zygote().popen(module, args, cwd=cwd, env=cli_env(env), **popen)

@@ -191,8 +191,8 @@ def test_an_upload_is_claimed_once_whoever_starts_it(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = _run_record(tmp_path / "out" / "run", "claimed1", _dead_pid())
     # another process (the run itself, or a second sync) is uploading it: left alone
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = start_cli(str(run), code=_HOLD, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
+                       text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         counts = sync(tmp_path / "out", uri=uri)
@@ -256,8 +256,8 @@ _OPEN = ("import sys; from gpubench.tracking.store import open_store\n"
 @pytest.mark.slow
 def test_processes_creating_one_sqlite_store_at_once_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
-    procs = [subprocess.Popen([sys.executable, "-c", _OPEN, uri], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [start_cli(uri, code=_OPEN, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e[-1500:] for _, e in outs]
     assert len({o.strip() for o, _ in outs}) == 1  # one experiment

@@ -78,9 +78,13 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict, fds: list[in
         # reseeds itself after a fork, numpy does not
         import runpy
 
-        sys.argv = ["-m", *req["args"]]
         try:
-            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            if req.get("code") is not None:  # python -c CODE ARGS
+                sys.argv = ["-c", *req["args"]]
+                exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__"})
+            else:
+                sys.argv = ["-m", *req["args"]]
+                runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -300,10 +304,12 @@ class Zygote:
         s.connect(self.path)
         return s
 
-    def popen(self, module: str, args, *, cwd, env: dict, stdout=None, stderr=None,
+    def popen(self, module: str | None, args, *, cwd, env: dict, stdout=None, stderr=None,
               text: bool = False, start_new_session: bool = False,
-              affinity: list[int] | None = None, fsize: int | None = None) -> Forked:
-        """Start `python -m MODULE ARGS`: stdout/stderr as Popen takes them (None inherits,
+              affinity: list[int] | None = None, fsize: int | None = None,
+              code: str | None = None) -> Forked:
+        """Start `python -m MODULE ARGS` (or `python -c CODE ARGS` when `code` is given):
+        stdout/stderr as Popen takes them (None inherits,
         subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT for stderr, a file or fd);
         `affinity` pins it to those cores, `fsize` caps the size of any file it writes."""
         close: list[int] = []
@@ -326,7 +332,7 @@ class Zygote:
             err_fd, err_pipe = out_fd, None
         else:
             err_fd, err_pipe = fd_for(stderr, 2)
-        req = {"module": module, "args": [str(a) for a in args], "cwd": str(cwd),
+        req = {"module": module, "code": code, "args": [str(a) for a in args], "cwd": str(cwd),
                "env": dict(env), "new_session": start_new_session,
                "affinity": affinity, "fsize": fsize}
         conn = self._connect()
@@ -335,7 +341,8 @@ class Zygote:
         finally:
             for fd in close:
                 os.close(fd)
-        return Forked(["python", "-m", module, *req["args"]], conn, out_pipe, err_pipe, text)
+        head = ["-c", code] if code is not None else ["-m", module]
+        return Forked(["python", *head, *req["args"]], conn, out_pipe, err_pipe, text)
 
     def stop(self) -> None:
         if self.alive():
