@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, compose_config, free_port, run_cli
+from conftest import ROOT, TINY, compose_config, free_port, run_cli, start_cli
 
 from gpubench import tracking
 from gpubench.core.stats import round_at, supported_place, text_at
@@ -255,14 +255,11 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_is_a_killed_run(mlflow_server, tmp_path):
     url = mlflow_server.url
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpubench", *TRACKED, f"tracking.uri={url}",
-         "tracking.experiment=interrupted", "bench.steps=1000000", "bench.max_seconds=5"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = start_cli(*TRACKED, f"tracking.uri={url}", "tracking.experiment=interrupted",
+                     "bench.steps=1000000", "bench.max_seconds=3", cwd=tmp_path,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    # each phase is capped at 5 s: interrupt once the first one is on disk, in the second
+    # each phase is capped at 3 s: interrupt once the first one is on disk, in the second
     while time.monotonic() < deadline:
         found = list(tmp_path.glob("outputs/runs/*/*/results.json"))
         if found and json.loads(found[0].read_text())["phases"]:

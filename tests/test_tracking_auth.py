@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 from conftest import ROOT, MlflowServer
@@ -48,13 +46,15 @@ def test_password_uri_connects_and_is_never_written(auth_server, tmp_path, monke
     host = auth_server.url.removeprefix("http://")
     good, bad = f"http://admin:{PASSWORD}@{host}", f"http://admin:wrong@{host}"
     tiny_run(tmp_path / "out" / "r", good)
-    cli = [sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out")]
+    from conftest import run_cli
 
-    proc = subprocess.run([*cli, "--uri", bad], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    def cli(uri: str):
+        return run_cli("sync", str(tmp_path / "out"), "--uri", uri, module="gpubench.tracking",
+                       cwd=ROOT, timeout=120)
+
+    proc = cli(bad)
     assert proc.returncode == 1 and "401" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([*cli, "--uri", good], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = cli(good)
     assert proc.returncode == 0 and "1 uploaded" in proc.stdout, proc.stderr
     for text in (proc.stdout + proc.stderr, (tmp_path / "out" / "r" / MARKER_FILE).read_text()):
         assert PASSWORD not in text and "wrong" not in text
