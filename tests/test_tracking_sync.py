@@ -15,6 +15,7 @@ from gpubench.core import record
 from gpubench.core.record import RunRecord, Status
 from gpubench.tracking import MARKER_FILE, PARENT_FILE, open_store, sweeps, upload
 from gpubench.tracking.sync import in_artifact_store, sync
+from tests.conftest import run_cli, start_cli
 
 
 def write_run(run_dir: Path, uid: str, status=Status.ok, pid=None, uri=None, **kw) -> RunRecord:
@@ -152,10 +153,8 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     secret_uri = f"http://bob:s3cr3t-pw@{host}"
     rec = write_run(tmp_path / "out" / "r", "cred1", uri=secret_uri)
     (rec.dir / "gpubench.log").write_text(f"tracking.uri={secret_uri}\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpubench.tracking", "sync", str(tmp_path / "out"),
-         "--uri", secret_uri, "--experiment", "creds"],
-        capture_output=True, text=True, timeout=120)
+    proc = run_cli("sync", str(tmp_path / "out"), "--uri", secret_uri, "--experiment", "creds",
+                   module="gpubench.tracking", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "s3cr3t" not in proc.stdout + proc.stderr
     marker = json.loads((rec.dir / MARKER_FILE).read_text())
@@ -180,9 +179,8 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     (["sync", ".", "--bogus"], "unrecognized arguments: --bogus"),
     (["push"], "invalid choice: 'push'"),
 ])
-def test_cli_bad_input_is_one_line(args, needle):
-    proc = subprocess.run([sys.executable, "-m", "gpubench.tracking", *args],
-                          capture_output=True, text=True, timeout=60)
+def test_cli_bad_input_is_one_line(args, needle, tmp_path):
+    proc = run_cli(*args, module="gpubench.tracking", cwd=tmp_path, timeout=60)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
@@ -203,7 +201,7 @@ def test_cli_sweep_killed_then_resumed_parent_finished(tmp_path):
     import signal
     import time
 
-    from conftest import TINY, run_cli
+    from conftest import TINY
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
@@ -212,8 +210,7 @@ def test_cli_sweep_killed_then_resumed_parent_finished(tmp_path):
             "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
             "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
             "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0"]
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_cli(*args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:

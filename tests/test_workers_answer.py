@@ -6,8 +6,6 @@ the multirun itself (gpubench.run.compute_bound), and the plot's band."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -233,8 +231,7 @@ def test_a_loader_only_multirun_measures_its_bound_once_and_the_report_answers(t
     assert len(measured) == 1 and len(list((sweep / COMPUTE_DIR).glob("*.claim"))) == 1
     assert json.loads(measured[0].read_text())["config"]["bench"]["phases"] == ["compute"]
 
-    rep = subprocess.run([sys.executable, "-m", "gpubench.report", str(sweep)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    rep = run_cli(str(sweep), module="gpubench.report", cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr[-3000:]
     out = rep.stdout
     assert "no recommendation" not in out and "workers answer" in out
