@@ -108,6 +108,19 @@ def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "gpu
     return zygote().popen(module, args, cwd=cwd, env=cli_env(env), **popen)
 
 
+def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
+    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`: torchrun itself forked
+    from the zygote, and each rank it starts a `tests/zygote_client.py` that has the zygote
+    fork the rank (torchrun still starts, watches, signals and ends every rank process)."""
+    from tests.zygote import zygote
+
+    z = zygote()
+    return run_cli("--standalone", f"--nproc_per_node={nproc}",
+                   str(ROOT / "tests" / "zygote_client.py"), "gpubench", *args,
+                   module="torch.distributed.run", cwd=cwd, timeout=timeout,
+                   env={"GPUBENCH_ZYGOTE": z.path})
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300,
             module: str = "gpubench", fresh: bool = False,
             **limits) -> subprocess.CompletedProcess:

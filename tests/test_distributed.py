@@ -4,24 +4,16 @@ results.json from rank 0 with the run's throughput summed over ranks."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import TINY, torchrun
 
 pytestmark = pytest.mark.slow
 
 
 def test_torchrun_two_ranks(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "gpubench", *TINY, "bench.steps=4", "hydra.run.dir=outputs/ddp"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
+    proc = torchrun(*TINY, "bench.steps=4", "hydra.run.dir=outputs/ddp", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("narrowest pipe:") == 1  # only rank 0 reports
     data = json.loads((tmp_path / "outputs" / "ddp" / "results.json").read_text())
@@ -48,14 +40,9 @@ def test_fault_on_one_rank_ends_both_promptly(tmp_path, fault, status, text):
     group's timeout), record it in results.json and exit; rank 1 exits too."""
     import time
 
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "gpubench", *TINY, "bench.steps=4", "hydra.run.dir=outputs/ddp", fault,
-         "fault.rank=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170,
-    )
+    proc = torchrun(*TINY, "bench.steps=4", "hydra.run.dir=outputs/ddp", fault, "fault.rank=1",
+                    cwd=tmp_path, timeout=170)
     took = time.monotonic() - t0
     assert proc.returncode != 0
     data = json.loads((tmp_path / "outputs" / "ddp" / "results.json").read_text())

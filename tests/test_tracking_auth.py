@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, MlflowServer
@@ -21,18 +22,25 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow_auth")
-    (root / "auth.ini").write_text(
-        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
-        f"database_uri = sqlite:///{root / 'auth.db'}\nadmin_username = admin\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    srv = MlflowServer(root, ("--app-name", "basic-auth"), {
-        "MLFLOW_AUTH_CONFIG_PATH": str(root / "auth.ini"), "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": "gpubench-test"})
-    yield srv
-    srv.stop()
+@pytest.fixture(scope="session")
+def auth_server():
+    """One password-protected server for the test run, whichever worker asks first."""
+    from conftest import shared
+
+    def start(root: Path) -> dict:
+        root.mkdir()
+        (root / "auth.ini").write_text(
+            "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+            f"database_uri = sqlite:///{root / 'auth.db'}\nadmin_username = admin\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        srv = MlflowServer(root, ("--app-name", "basic-auth"), {
+            "MLFLOW_AUTH_CONFIG_PATH": str(root / "auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": "gpubench-test"})
+        return {"root": str(root), "port": srv.port, "pid": srv.pid}
+
+    info = shared("mlflow_auth", start)
+    return MlflowServer(Path(info["root"]), attach=info)
 
 
 def tiny_run(run_dir, uri):
