@@ -181,13 +181,9 @@ class MlflowServer:
         self.pid = self.proc.pid
 
     def _alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        from tests.zygote import alive
+
+        return alive(self.pid, self.proc)
 
     @property
     def url(self) -> str:

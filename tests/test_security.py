@@ -99,6 +99,7 @@ def test_a_process_spawning_target_is_refused_before_it_is_called(compose_cfg, t
     assert not (tmp_path / "run" / "results.json").exists()  # nothing measured, nothing left
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_the_reported_command_in_one_line_exit_2(tmp_path):
     """The command from the report, `subprocess.Popen` with a shell: exit 2, one line on
     stderr, and the shell never started (the marker is looked for after the process ended)."""

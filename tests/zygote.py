@@ -266,6 +266,18 @@ class Forked:
             self.wait()
 
 
+def alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
+    """A process still runs: its Popen's word when this process started it (which also reaps
+    it), else whether the pid exists (a process another test worker started)."""
+    if proc is not None:
+        return proc.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class Zygote:
     """The test's handle on a zygote: its socket and pid. `launch` starts one."""
 
@@ -284,13 +296,7 @@ class Zygote:
         return {"path": path, "pid": proc.pid, "proc": proc}
 
     def alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return alive(self.pid, self.proc)
 
     def _connect(self) -> socket.socket:
         import time
