@@ -236,8 +236,10 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and SHARED_ENV not in os.environ:
         import tempfile
 
+        # a Unix socket's path holds at most 107 bytes: a long TMPDIR gives way to /tmp
+        base = tempfile.gettempdir() if len(tempfile.gettempdir()) < 60 else "/tmp"
         os.environ[SHARED_ENV] = config._gpubench_shared = tempfile.mkdtemp(
-            prefix="gpubench-tests-")
+            prefix="gpubench-tests-", dir=base)
 
 
 def pytest_unconfigure(config):
