@@ -206,11 +206,17 @@ def _draw_traces(ax, d: dict) -> None:
     if d["trace_log_y"]:
         from matplotlib.ticker import LogFormatter
 
+        class PlainLog(LogFormatter):
+            """LogFormatter's choice of which ticks get a label, written as plain numbers (0.1,
+            6, 60): the log axis' default writes 6x10^1 in math text, harder to read, and its
+            layout was a fifth of the picture's time; LogFormatter itself writes 1e-01."""
+
+            def __call__(self, x, pos=None):
+                return f"{x:g}" if super().__call__(x, pos) else ""
+
         ax.set_yscale("log")
-        # plain numbers (60, 20, 6) where the log axis' default writes 6x10^1 in math text:
-        # easier to read, and its math-text layout was a fifth of the picture's time
-        ax.yaxis.set_major_formatter(LogFormatter())
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_major_formatter(PlainLog())
+        ax.yaxis.set_minor_formatter(PlainLog(labelOnlyBase=False))
         ax.set_ylabel("step time, ms (log scale)")
     else:
         ax.set_ylim(bottom=0)
