@@ -118,7 +118,7 @@ def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
     return run_cli("--standalone", f"--nproc_per_node={nproc}",
                    str(ROOT / "tests" / "zygote_client.py"), "gpubench", *args,
                    module="torch.distributed.run", cwd=cwd, timeout=timeout,
-                   env={"GPUBENCH_ZYGOTE": z.path})
+                   env={"GPUBENCH_ZYGOTE": z.path, "GPUBENCH_ZYGOTE_PID": str(z.pid)})
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300,
@@ -249,6 +249,8 @@ def pytest_unconfigure(config):
     import signal
     import time
 
+    from tests.zygote import alive
+
     folder = getattr(config, "_gpubench_shared", None)
     if folder is None:
         return
@@ -266,21 +268,10 @@ def pytest_unconfigure(config):
                 pass
         deadline = time.monotonic() + 20
         while sig == signal.SIGTERM and time.monotonic() < deadline and any(
-                _running(p) for p in pids):
+                alive(p) for p in pids):
             time.sleep(0.1)
     shutil.rmtree(folder, ignore_errors=True)
     os.environ.pop(SHARED_ENV, None)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a finished child of this process is a zombie until reaped
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return True
 
 
 def shared(name: str, start) -> dict:

@@ -184,19 +184,20 @@ class Forked:
     send_signal, communicate, and `stdout`/`stderr` pipes when asked for."""
 
     def __init__(self, args, conn: socket.socket, stdout, stderr, text: bool):
-        self.args, self._conn, self.returncode = args, conn, None
+        self.args, self._conn, self.returncode, self._buf = args, conn, None, b""
         self.pid = int(self._line(None))
         self.stdout, self.stderr, self._text = stdout, stderr, text
 
     def _line(self, timeout: float | None) -> str:
+        """The zygote's next line; what arrived before a timeout is kept for the next call."""
         self._conn.settimeout(timeout)
-        buf = b""
-        while not buf.endswith(b"\n"):
+        while b"\n" not in self._buf:
             chunk = self._conn.recv(64)
             if not chunk:
                 raise RuntimeError("the zygote went away")
-            buf += chunk
-        return buf.decode().strip()
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode().strip()
 
     def poll(self):
         if self.returncode is None:
@@ -267,15 +268,19 @@ class Forked:
 
 
 def alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
-    """A process still runs: its Popen's word when this process started it (which also reaps
-    it), else whether the pid exists (a process another test worker started)."""
+    """A process still runs: its Popen's word when this process holds one (which also reaps
+    it), else whether the pid exists and, when it is a child of this process, has not ended
+    (a zombie until reaped)."""
     if proc is not None:
         return proc.poll() is None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:  # another process's child (another test worker started it)
+        return True
 
 
 class Zygote:

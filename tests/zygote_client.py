@@ -1,6 +1,7 @@
 """`python tests/zygote_client.py MODULE ARGS`: `python -m MODULE ARGS` forked from the test
-run's zygote (tests/zygote.py, its socket in GPUBENCH_ZYGOTE), for a launcher that starts its
-worker processes itself (torchrun starts `python SCRIPT ARGS` per rank).
+run's zygote (tests/zygote.py; its socket and pid in GPUBENCH_ZYGOTE and GPUBENCH_ZYGOTE_PID),
+for a launcher that starts its worker processes itself (torchrun starts `python SCRIPT ARGS`
+per rank).
 
 This process imports nothing heavy: it hands the zygote its environment (torchrun's RANK,
 WORLD_SIZE, MASTER_ADDR, ... included), cwd and streams, passes on every signal the launcher
@@ -11,33 +12,27 @@ fresh interpreter (see tests/zygote.py for what differs).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zygote import Zygote  # noqa: E402  (the standard library only)
 
 
 def main() -> None:
-    module, args = sys.argv[1], sys.argv[2:]
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(os.environ["GPUBENCH_ZYGOTE"])
-    req = {"module": module, "code": None, "args": args, "cwd": os.getcwd(),
-           "env": dict(os.environ)}
-    socket.send_fds(conn, [json.dumps(req).encode()], [0, 1, 2])
-    f = conn.makefile("r")
-    pid = int(f.readline())
+    z = Zygote(os.environ["GPUBENCH_ZYGOTE"], int(os.environ["GPUBENCH_ZYGOTE_PID"]))
+    child = z.popen(sys.argv[1], sys.argv[2:], cwd=os.getcwd(), env=dict(os.environ))
 
-    def forward(sig, _frame):
-        try:
-            os.kill(pid, sig)
+    def forward(sig, _frame):  # os.kill, not child.send_signal: that reads the socket the
+        try:  # interrupted wait below is reading
+            os.kill(child.pid, sig)
         except ProcessLookupError:
             pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
-    line = f.readline()  # the child's exit status, once it has ended
-    rc = int(line) if line.strip() else 1
+    rc = child.wait()
     if rc < 0:  # ended by a signal: end this process the same way
         signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)

@@ -124,13 +124,10 @@ class LoaderAnswer:
         return out
 
 
-# the loader keys that act only with worker processes: a 0-worker run records them inert
-# (config.settings.WORKER_ONLY), so it belongs with every worker-only setting of its setup
-
-
 def _group_key(r: Row, worker_only: bool = False) -> tuple:
     """Every knob of the run but its workers and how it was measured; the worker-only ones
-    alone with `worker_only`, left out without."""
+    (config.settings.WORKER_ONLY_KEYS: a 0-worker run records them inert, so it belongs with
+    every worker-only setting of its setup) alone with `worker_only`, left out without."""
     return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
                         if k != "loader.num_workers" and not k.startswith(HOW_MEASURED)
                         and (k in WORKER_ONLY_KEYS) == worker_only))

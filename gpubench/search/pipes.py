@@ -14,8 +14,9 @@ A training step is two pipes, and each can be measured without the other (refere
    (then the fastest loader: the data side stays the narrower pipe, and the path says so).
 3. join: each pairing measured end to end; then, only where those measurements leave the
    answer open (pairings whose intervals overlap while their medians are more than the
-   tolerance apart), again in interleaved rounds (the confirm step). A pairing whose e2e falls short of both pipes (its interval's high end below the
-   narrower pipe's low end by more than the tolerance) shows the pipes contend (loader
+   tolerance apart), again in interleaved rounds (the confirm step). A pairing whose e2e
+   falls short of both pipes (its interval's high end below the narrower pipe's low end by
+   more than the tolerance) shows the pipes contend (loader
    workers taking the host's cores, pinned memory): the next clearing data setting is tried,
    within `join_trials`.
 
@@ -209,6 +210,7 @@ class Pipes:
         space = fixed_space(self.space, {}, self.plan.join_overrides)
         pairs = [(k, f) for k, f in zip(kept, fed, strict=True) if f is not None]
         joined: list[dict] = []
+        rows: list[tuple[dict, Row]] = []
         tried = 0
         while pairs:
             for k, f in pairs:
@@ -217,11 +219,13 @@ class Pipes:
             self.search(shared, space, tried, "join", confirm=replace(self.confirm, top=0)).run()
             # confirm rounds only where one measurement each leaves the answer open (the same
             # rows on a resume: the same decision)
-            top = confirm_top([r for _, r in _rows(shared)], self.plan.tolerance)
+            rows = _rows(shared)
+            top = confirm_top([r for _, r in rows], self.plan.tolerance)
             if top:
                 self.search(shared, space, tried, "join",
                             confirm=replace(self.confirm, top=top)).run()
-            by_key = {S.key(p): r for p, r in _rows(shared)}
+                rows = _rows(shared)  # pooled with the rounds
+            by_key = {S.key(p): r for p, r in rows}
             nxt = []
             for k, f in pairs:
                 row = by_key.get(S.key({**k.params, **f.params}))
@@ -242,7 +246,6 @@ class Pipes:
                     if alt is not None and alt.clears:
                         nxt.append((k, alt))
             pairs = nxt[: max(self.plan.join_trials - tried, 0)]
-        rows = _rows(shared)
         rec = recommend([r for _, r in rows])
         self.result["join"] = {"study": shared.study.study_name, "pairings": joined}
         if rec is not None:  # the report's rule: the smallest batch, fewest workers near the best
