@@ -37,11 +37,70 @@ TINY = [
 ]
 
 
-def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
+def _compose(overrides: tuple[str, ...], hydra: bool):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
-        return compose(
-            "bench", overrides=[*(TINY if tiny else []), *overrides], return_hydra_config=hydra
-        )
+        return compose("bench", overrides=list(overrides), return_hydra_config=hydra)
+
+
+_BASES: dict = {}  # composed configs of group choices alone, by override list
+_WHOLE: dict = {}  # configs composed with their hydra node, by overrides and folder
+
+
+def _value_overrides(overrides: tuple[str, ...]):
+    """Split Hydra overrides into group choices and the `key=value` changes applied after the
+    defaults are composed; None where any is something else (a sweep, +, ~, a package)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    groups, values = [], []
+    for line, o in zip(overrides, OverridesParser.create().parse_overrides(list(overrides)),
+                       strict=True):
+        if o.type != OverrideType.CHANGE or o.package is not None or o.is_sweep_override():
+            return None
+        key = o.key_or_group
+        if "." not in key and (CONFIG_DIR / key).is_dir():
+            groups.append(line)  # `model=tiny`: a choice in the defaults list
+        elif key.split(".")[0] == "hydra":
+            return None  # Hydra reads some while composing (hydra.searchpath)
+        else:
+            values.append(o)
+    return tuple(groups), values
+
+
+def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
+    """The config `python -m gpubench OVERRIDES` composes (TINY first unless `tiny=False`).
+
+    Composing from the YAML files costs 0.1 s, a third of the quick suite's time over some
+    360 calls. So the group choices are composed once and kept, and value changes applied to
+    a copy the way Hydra's compose applies them after its defaults (its override grammar,
+    then OmegaConf.update with merge: hydra/_internal/config_loader_impl.py
+    _apply_overrides_to_config). Anything else, or a value that fails to apply, composes the
+    whole config, so errors are Hydra's own. test_config checks both give the same config.
+    With its hydra node (`hydra=True`) a config is composed once per override list and
+    folder, and each call gets a copy."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    full = (*(TINY if tiny else []), *overrides)
+    if hydra:  # the hydra node names the overrides and the folder: kept whole, by both
+        key = (full, os.getcwd())
+        if key not in _WHOLE:
+            _WHOLE[key] = _compose(full, True)
+        return copy.deepcopy(_WHOLE[key])
+    split = _value_overrides(full)
+    if split is None:
+        return _compose(full, hydra)
+    groups, values = split
+    if groups not in _BASES:
+        _BASES[groups] = _compose(groups, False)
+    cfg = copy.deepcopy(_BASES[groups])
+    try:
+        for o in values:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    except Exception:  # Hydra words its own failures: compose, for its exception
+        return _compose(full, False)
+    return cfg
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -90,6 +149,26 @@ def compose_cfg():
     return compose_config
 
 
+# the test now running (pytest_runtest_protocol): what starts a process checks it is `slow`
+_RUNNING: list = []
+
+
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING.append(item)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _RUNNING.clear()
+
+
+def _must_be_slow(what: str) -> None:
+    """Starting a process, a server or the zygote makes a test `slow` (README: `pytest -m
+    "not slow"` is the quick, in-process part): one that is not marked fails here, naming it."""
+    if _RUNNING and "slow" not in _RUNNING[-1].keywords:
+        pytest.fail(f"{_RUNNING[-1].nodeid} starts {what}: mark it @pytest.mark.slow",
+                    pytrace=False)
+
+
 def cli_env(env: dict | None = None) -> dict:
     """The environment a CLI test's command gets: the test's own, less HYDRA_FULL_ERROR."""
     e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
@@ -105,6 +184,7 @@ def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "gpu
     ARGS`."""
     from tests.zygote import zygote
 
+    _must_be_slow(f"`python -m {module}`")
     return zygote().popen(module, args, cwd=cwd, env=cli_env(env), **popen)
 
 
@@ -128,6 +208,7 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
     `fresh`: a new interpreter rather than the zygote's fork, for a test of what the command
     imports or how a new interpreter starts. `limits`: start_cli's affinity and fsize."""
     if fresh:
+        _must_be_slow(f"a fresh `python -m {module}`")
         return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env),
                               capture_output=True, text=True, timeout=timeout)
     proc = start_cli(*args, cwd=cwd, env=env, module=module, stdout=subprocess.PIPE,
@@ -151,6 +232,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_TEMPLATE: list[Path] = []  # this process' migrated, empty sqlite store
+
+
+def sqlite_store(path: Path) -> str:
+    """The URI of an MLflow sqlite store at `path`, as MLflow makes one on first use, without
+    its 1.2 s of schema migrations each time (11 stores: 13 s of the quick suite): a store is
+    migrated once per test process, its default experiment deleted, and copied; MLflow then
+    finds its schema current and creates the default experiment itself (artifacts under the
+    test's own folder, as a new store's). Where creating the store is what a test checks, it
+    lets gpubench make it."""
+    import shutil
+    import sqlite3
+    import tempfile
+
+    if not _TEMPLATE:
+        from mlflow.tracking import MlflowClient
+
+        t = Path(tempfile.mkdtemp(prefix="store-", dir=os.environ.get(SHARED_ENV))) / "mlflow.db"
+        MlflowClient(tracking_uri=f"sqlite:///{t}").search_experiments()
+        with sqlite3.connect(t) as db:
+            db.execute("DELETE FROM experiments WHERE experiment_id = 0")
+        _TEMPLATE.append(t)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_TEMPLATE[0], path)
+    return f"sqlite:///{path}"
 
 
 class MlflowServer:
@@ -232,7 +340,12 @@ SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # the folder; set by the run's first proce
 
 def pytest_configure(config):
     """The process that runs the session (xdist's controller, or the only process with -n 0)
-    makes the folder every worker's shared() resources live in: workers inherit it."""
+    makes the folder every worker's shared() resources live in: workers inherit it. A worker
+    registers its quick end (_end_quickly) before any library registers its own."""
+    if hasattr(config, "workerinput"):
+        import atexit
+
+        atexit.register(_end_quickly)
     if not hasattr(config, "workerinput") and SHARED_ENV not in os.environ:
         import tempfile
 
@@ -242,8 +355,36 @@ def pytest_configure(config):
             prefix="gpubench-tests-", dir=base)
 
 
+_DONE: list = []  # set once a worker has finished its session (pytest_unconfigure)
+
+
+def _end_quickly() -> None:
+    """An xdist worker's last act, registered first (so it runs last, after every library's
+    exit handler): once the worker has finished, it ends without freeing every module, which
+    took about 3 s of the quick suite's ~70, time the session waits for. Its status is not
+    read: its results went over its channel, and a worker that fails before finishing exits
+    as usual."""
+    if _DONE:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _finish_worker() -> None:
+    """pytest's own end of a process collects five times over (its check for exceptions
+    raised in __del__): 3 s in a worker, over everything its runs left behind. One collection
+    still reports those exceptions (the hook is pytest's until after it); what is left is then
+    frozen, and pytest's five go quickly."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _DONE.append(True)
+
+
 def pytest_unconfigure(config):
-    """After every worker has finished: stop what shared() started, then drop the folder."""
+    """After every worker has finished: stop what shared() started, then drop the folder. A
+    worker ends quickly (_finish_worker, _end_quickly)."""
     import json
     import shutil
     import signal
@@ -251,6 +392,8 @@ def pytest_unconfigure(config):
 
     from tests.zygote import alive
 
+    if hasattr(config, "workerinput"):
+        _finish_worker()
     folder = getattr(config, "_gpubench_shared", None)
     if folder is None:
         return

@@ -4,6 +4,7 @@ sqlite MLflow store under tmp_path with runs logged by MlflowClient (results.jso
 from __future__ import annotations
 
 import pytest
+from conftest import sqlite_store
 
 from gpubench.core.record import PhaseRecord, RunRecord, Status
 from gpubench.report import cli as report_cli
@@ -30,7 +31,7 @@ def store(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = sqlite_store(tmp / "mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("cmp", artifact_location=(tmp / "artifacts").as_uri())
     runs = [

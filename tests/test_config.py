@@ -144,6 +144,32 @@ def _outside(kind, low, high):
     return out
 
 
+def test_the_suites_quick_compose_gives_what_hydras_compose_gives():
+    """conftest's compose_config composes the group choices once and applies value changes
+    to a copy: for every kind of override the tests use, the config (or the exception) is the
+    one Hydra's compose gives from the files."""
+    from conftest import TINY, _compose, compose_config
+
+    seen = []
+    for o in (["loader.batch_size=7"], ["memory.ceiling=0.5", "model=resnet18"],
+              ["bench.max_seconds=nan", "precision=amp_bf16"], ["bench.phases=[loader,e2e]"],
+              ["model.name=resnet50", "model=custom", "dataset.num_classes=3"],
+              ["memory.ceiling=null"], ["loader.prefetch_factor=1e400"],
+              ["loader.batch_size=abc"], ["bench.seed=4294967296", "loader=default", "model=vit_b_16"],
+              ["model=tiny", "model.num_classes=2", "loader.batch_size=2"]):
+        try:
+            want = OmegaConf.to_yaml(_compose((*TINY, *o), False))  # YAML: nan reads as .nan
+        except Exception as e:
+            with pytest.raises(type(e)) as got:
+                compose_config(*o)
+            assert str(got.value) == str(e), o
+            seen.append("refused")
+            continue
+        assert OmegaConf.to_yaml(compose_config(*o)) == want, o
+        seen.append("equal")
+    assert set(seen) == {"refused", "equal"}, seen  # both paths were compared
+
+
 def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
     checked = 0
     for k in RANGES:
@@ -157,19 +183,24 @@ def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
     assert checked >= 2 * len(RANGES) - 2
 
 
+# what another key must be for each bound of these to be allowed
+BOUND_NEEDS = {"model.num_classes": ("dataset.num_classes=1",),  # covers the dataset's classes
+               "bench.max_seconds": ("bench.monitor=false",)}  # a sample per window otherwise
+
+
 def test_every_numeric_key_accepts_its_bounds(compose_cfg):
+    base = ("model.num_classes=1000000", "bench.max_seconds=86400")
     for k in RANGES:
         key, (low, high) = k.name, k.bounds
         if k.nullable:
-            check_all(compose_cfg(f"{key}=null"))
+            check_all(compose_cfg(*base, f"{key}=null"))
         if key.startswith(("loader.num_workers", "loader.worker_threads", "dataset.num_samples",
                            "dataset.image_size", "bench.monitor_interval_s",
                            "bench.warmup_steps", "bench.warmup_max_steps")):
             continue  # bounded by the machine or by another key too: tested below
         for ok in (low, high):
             if ok is not None:
-                check_all(compose_cfg(f"{key}={ok}", "model.num_classes=1000000",
-                                     "bench.max_seconds=86400"))
+                check_all(compose_cfg(*base, *BOUND_NEEDS.get(key, ()), f"{key}={ok}"))
 
 
 def test_every_ranged_key_is_in_the_config_and_the_docs_tables_are_current(compose_cfg):

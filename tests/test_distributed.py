@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tests.conftest import TINY, torchrun
+from conftest import TINY, torchrun
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import TINY, run_cli, start_cli
 from optuna.trial import TrialState
 
 from gpubench.core import record
 from gpubench.core.record import Status
 from gpubench.search.jobs import mark_stale_runs, read_job
 from gpubench.search.study import measured_trials
-from tests.conftest import TINY, run_cli, start_cli
 
 SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
 

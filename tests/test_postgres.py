@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TINY, run_cli, start_two_job_sweep
 
 from gpubench.search.study import measured_trials
-from tests.conftest import TINY, run_cli, start_two_job_sweep
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,10 @@ import gc
 import weakref
 
 import pytest
+from conftest import compose_config
 
 from gpubench.__main__ import _settle
 from gpubench.run import runner
-from tests.conftest import compose_config
 
 
 @pytest.fixture

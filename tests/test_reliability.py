@@ -205,7 +205,7 @@ def test_sigterm_during_a_sweep_ends_its_mlflow_parent_killed(tmp_path):
     """Hydra calls the end-of-sweep callback only when the sweep returns: the parent run of a
     sweep stopped by SIGTERM must still end (KILLED, with the jobs measured so far), not stay
     RUNNING until someone runs `sync`."""
-    from tests.conftest import start_two_job_sweep
+    from conftest import start_two_job_sweep
 
     proc, _ = start_two_job_sweep(tmp_path, "tracking=mlflow")
     proc.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, run_cli, sqlite_store
 from hydra import compose, initialize_config_dir
 
 from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend, varying
@@ -19,7 +20,6 @@ from gpubench.core.files import flatten
 from gpubench.core.record import RunRecord, Status
 from gpubench.report.write import print_table, screen_rows, sweep_report
 from gpubench.search.rows import load_dir
-from tests.conftest import ROOT, run_cli
 
 
 def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True,
@@ -321,10 +321,10 @@ def test_the_mlflow_report_pools_a_sweeps_confirm_runs(tmp_path):
     does, not keep one of the measurements and drop the rest."""
     import statistics
 
+    from conftest import TINY
     from mlflow.tracking import MlflowClient
 
     from gpubench.report.write import load_mlflow
-    from tests.conftest import TINY
 
     p = run_cli("-m", "hydra/sweeper=gpubench", *[o for o in TINY if not o.startswith("tracking=")],
                 "tracking=mlflow", "loader.batch_size=choice(2,4)", "hydra.sweeper.n_trials=2",
@@ -518,7 +518,7 @@ def test_a_mistyped_folder_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "gpubench").mkdir()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        main(["gpubench", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+        main(["gpubench", "--tracking-uri", sqlite_store(tmp_path / "mlflow.db")])
     assert "no MLflow experiment 'gpubench'" in str(e.value)
 
 
@@ -528,7 +528,7 @@ def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatc
 
     from gpubench.report.cli import main
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
     parent = client.create_run(exp).info.run_id
@@ -563,10 +563,10 @@ def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatc
 def test_an_experiments_report_leaves_max_batch_probes_out(tmp_path, capsys):
     """A max-batch search logged to the same MLflow experiment as a training run: its probes are
     tagged with their rung and the experiment's report ranks the training run only."""
+    from conftest import TINY
     from mlflow.tracking import MlflowClient
 
     from gpubench.report.cli import main
-    from tests.conftest import TINY
 
     tiny = [o for o in TINY if not o.startswith("tracking=")]
     p = run_cli(*tiny, "tracking=mlflow", cwd=tmp_path)

@@ -191,10 +191,10 @@ def test_a_run_that_failed_before_measuring_prints_no_verdict_and_no_advice(tmp_
     to get a verdict' advice that has nothing to do with why it failed."""
     import io
 
+    from conftest import compose_config
     from rich.console import Console
 
     from gpubench.report.console import print_result
-    from tests.conftest import compose_config
 
     r = measure_run(compose_config("fault.fail_message=boom"), tmp_path)
     assert r.status == "failed" and not r.record.phases

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import TINY, start_cli
 from optuna.trial import TrialState
 
 from gpubench.core import record
 from gpubench.search.study import measured_trials, worker_pid
-from tests.conftest import TINY, start_cli
 from tests.test_postgres import postgres  # noqa: F401  (the module's real server)
 
 pytestmark = pytest.mark.slow
@@ -171,7 +171,7 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path):
 
 def test_slurm_preset_names_gpus_partition_and_time_limit():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from tests.conftest import compose_config
+    from conftest import compose_config
 
     cfg = compose_config("hydra/launcher=slurm", "hydra.launcher.partition=gpu",
                          "hydra.launcher.timeout_min=30", "hydra.launcher.gpus_per_task=1",

@@ -4,8 +4,7 @@ sweep folder (sweep.json's best overrides, job records, Hydra's copies, the repo
 from __future__ import annotations
 
 import pytest
-
-from tests.conftest import TINY, run_cli
+from conftest import TINY, run_cli
 
 PASSWORD = "pw-4a7c1e"  # noqa: S105 - a marker to search for, not a credential
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, sqlite_store
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -236,7 +236,7 @@ def test_sync_uploads_nothing_a_link_leads_to_outside_the_run(tmp_path, capsys):
     (run / "profiler").mkdir()  # a link that stays inside the run is followed as before
     (run / "profiler" / "step.json").write_text("OWN-TRACE")
     (run / "own.log").symlink_to(run / "profiler" / "step.json")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     assert sync(tmp_path / "outputs", uri=uri, experiment="links")["uploaded"] == 1
     files = uploaded(uri, tmp_path / "download")
     assert not any("PRIVATE" in text for text in files.values()), sorted(files)
@@ -252,7 +252,7 @@ def test_sync_does_not_read_a_results_file_linked_from_outside(tmp_path):
     run = tmp_path / "outputs" / "run"
     run.mkdir(parents=True)
     (run / "results.json").symlink_to(tmp_path / "elsewhere" / "results.json")
-    counts = sync(tmp_path / "outputs", uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    counts = sync(tmp_path / "outputs", uri=sqlite_store(tmp_path / "mlflow.db"))
     assert counts == {"uploaded": 0, "present": 0, "skipped": 1, "failed": 0}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import TINY, run_cli, start_cli
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -33,7 +34,6 @@ from gpubench.search.study import (
     screen_passes,
     split_duplicates,
 )
-from tests.conftest import TINY, run_cli, start_cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

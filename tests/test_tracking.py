@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, compose_config, free_port, run_cli, start_cli
+from conftest import ROOT, TINY, compose_config, free_port, run_cli, sqlite_store, start_cli
 
 from gpubench import tracking
 from gpubench.core.stats import round_at, supported_place, text_at
@@ -292,7 +292,7 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
         (sweep / str(i)).mkdir(parents=True)
         rec.save()
     write_json(sweep / "sweep.json", {"best": {"dir": str(sweep / "0")}})
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     with tracking.open_store(uri, "sweeps") as store:
         parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8,16"])
         tracking.close_sweep(store, sweep, parent)

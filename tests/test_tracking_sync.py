@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, sqlite_store, start_cli
 
 from gpubench.core import record
 from gpubench.core.record import RunRecord, Status
 from gpubench.tracking import MARKER_FILE, PARENT_FILE, open_store, sweeps, upload
 from gpubench.tracking.sync import in_artifact_store, sync
-from tests.conftest import run_cli, start_cli
 
 
 def write_run(run_dir: Path, uid: str, status=Status.ok, pid=None, uri=None, **kw) -> RunRecord:
@@ -50,7 +50,7 @@ def all_runs(uri, experiment="gpubench"):
 
 
 def test_dead_running_record_is_killed_kept_and_uploaded(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     dead = write_run(tmp_path / "out" / "dead", "dead1", Status.running, pid=dead_pid())
     write_run(tmp_path / "out" / "alive", "alive1", Status.running, pid=None)  # cannot be judged
     counts = sync(tmp_path / "out", uri=uri)
@@ -67,7 +67,7 @@ def test_untracked_runs_are_left_alone_unless_a_uri_is_given(tmp_path):
     """A run measured with tracking=none named no store (its tracking.uri, whatever it says,
     was never used nor checked): `sync` without --uri leaves it be instead of failing on it;
     with --uri it is uploaded on purpose."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     tracked = write_run(tmp_path / "out" / "tracked", "t1", uri=uri)
     untracked = write_run(tmp_path / "out" / "untracked", "u1", uri="htp:/never-checked")
     untracked.config["tracking"]["backend"] = "none"
@@ -82,7 +82,7 @@ def test_untracked_runs_are_left_alone_unless_a_uri_is_given(tmp_path):
 
 
 def test_artifact_store_copies_are_not_runs(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     out = tmp_path / "out"
     write_run(out / "runs" / "a", "real1")
     rid = "0123456789abcdef0123456789abcdef"
@@ -97,7 +97,7 @@ def test_artifact_store_copies_are_not_runs(tmp_path):
 
 
 def test_quotes_in_identity_do_not_break_search(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     uids = ["it's", 'say "hi"', "x' or tags.run_uid != '"]
     for i, uid in enumerate(uids):
         write_run(tmp_path / "out" / str(i), uid)
@@ -112,7 +112,7 @@ def test_quotes_in_identity_do_not_break_search(tmp_path):
 def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
     """The callback's sequence: the first attempt is killed (no end), `sync` closes it KILLED;
     the resume into the same dir reopens the same parent, adds its jobs, ends FINISHED."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
@@ -171,6 +171,7 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     assert sync(tmp_path / "out")["present"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["sync", "/no/such/dir"], "not a folder"),
     (["sync", ".", "--timeout", "0"], "--timeout"),

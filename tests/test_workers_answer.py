@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import TINY, run_cli
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import loader_only, training_rows
@@ -19,7 +20,6 @@ from gpubench.report.loader_answer import loader_answer
 from gpubench.report.plot_data import curve_data
 from gpubench.report.write import write_report
 from gpubench.run.compute_bound import claim_in
-from tests.conftest import TINY, run_cli
 
 # article 003's shape: 0 and 1 workers starve the device, 2 and 4 feed it
 LOADER = {0: (300.0, [280.0, 320.0]), 1: (600.0, [560.0, 640.0]), 2: (812.0, [790.0, 840.0]),

@@ -377,7 +377,7 @@ def zygote() -> Zygote:
     global _ZYGOTE
     if _ZYGOTE is None or not _ZYGOTE.alive():
         if "GPUBENCH_TESTS_SHARED" in os.environ:
-            from tests.conftest import shared
+            from conftest import shared
 
             started: dict = {}
 

@@ -214,8 +214,9 @@ class BenchSettings:
                         bounds=(0, 2**32 - 1))
     monitor: bool = setting(True, "sample NVML and the host in a thread during each window")
     monitor_interval_s: float = setting(
-        0.2, "the sampling period; at most bench.max_seconds (a window needs a sample); the "
-             "floor: at 0 the sampler busy-looped on the host it measures", bounds=(0.05, 60))
+        0.2, "the sampling period; at most bench.max_seconds when bench.monitor is on (a window "
+             "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",
+        bounds=(0.05, 60))
     flops: bool = setting(True, "count one step's FLOPs once, for MFU")
     optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw")
     optimizer_impl: OptimizerImpl = setting(

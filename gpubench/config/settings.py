@@ -291,7 +291,7 @@ def resolve(cfg: DictConfig) -> Settings:
     if b.warmup_max_steps < b.warmup_steps:
         raise ConfigError("bench.warmup_max_steps", b.warmup_max_steps,
                           f">= bench.warmup_steps ({b.warmup_steps})")
-    if b.monitor_interval_s > b.max_seconds:
+    if b.monitor and b.monitor_interval_s > b.max_seconds:  # no sampler, no sample needed
         raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
                           f"<= bench.max_seconds ({b.max_seconds:g}): a window needs a sample")
     check_phases(s.phases)
