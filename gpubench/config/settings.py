@@ -293,7 +293,8 @@ def resolve(cfg: DictConfig) -> Settings:
                           f">= bench.warmup_steps ({b.warmup_steps})")
     if b.monitor and b.monitor_interval_s > b.max_seconds:  # no sampler, no sample needed
         raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
-                          f"<= bench.max_seconds ({b.max_seconds:g}): a window needs a sample")
+                          f"<= bench.max_seconds ({b.max_seconds:g}) while bench.monitor is on: a "
+                          "window needs a sample")
     check_phases(s.phases)
     _check_step(s)
     if s.tracking.backend == "mlflow":
