@@ -14,6 +14,10 @@ from gpubench.config.paths import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# `from tests.conftest import ...` would load a second copy of this module, whose record of
+# the running test (_RUNNING) is empty: both names are this one module
+sys.modules.setdefault("tests.conftest", sys.modules[__name__])
+
 # One torch thread per process (set before any test imports torch; workers and subprocesses
 # inherit it): the suite runs two workers, each starting `python -m gpubench` runs, and torch's
 # default of one thread per core made them spin against each other for the same two cores
@@ -58,13 +62,29 @@ def _value_overrides(overrides: tuple[str, ...]):
         if o.type != OverrideType.CHANGE or o.package is not None or o.is_sweep_override():
             return None
         key = o.key_or_group
+        if key.split(".")[0].split("/")[0] == "hydra" or isinstance(o.value(), dict):
+            return None  # Hydra reads some while composing (hydra.searchpath); `model={...}`
+            # on a group is a value Hydra applies in command-line order
         if "." not in key and (CONFIG_DIR / key).is_dir():
             groups.append(line)  # `model=tiny`: a choice in the defaults list
-        elif key.split(".")[0] == "hydra":
-            return None  # Hydra reads some while composing (hydra.searchpath)
         else:
             values.append(o)
     return tuple(groups), values
+
+
+def _with_values(groups: tuple[str, ...], values: list):
+    """The composed group choices (composed once, a copy each time) with the value changes
+    applied as Hydra applies them; raises what OmegaConf raises."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    if groups not in _BASES:
+        _BASES[groups] = _compose(groups, False)
+    cfg = copy.deepcopy(_BASES[groups])
+    for o in values:
+        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    return cfg
 
 
 def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
@@ -80,8 +100,6 @@ def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
     folder, and each call gets a copy."""
     import copy
 
-    from omegaconf import OmegaConf
-
     full = (*(TINY if tiny else []), *overrides)
     if hydra:  # the hydra node names the overrides and the folder: kept whole, by both
         key = (full, os.getcwd())
@@ -91,16 +109,10 @@ def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
     split = _value_overrides(full)
     if split is None:
         return _compose(full, hydra)
-    groups, values = split
-    if groups not in _BASES:
-        _BASES[groups] = _compose(groups, False)
-    cfg = copy.deepcopy(_BASES[groups])
     try:
-        for o in values:
-            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        return _with_values(*split)
     except Exception:  # Hydra words its own failures: compose, for its exception
         return _compose(full, False)
-    return cfg
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -124,7 +136,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: file order kept within
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order kept within
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -164,7 +176,7 @@ def pytest_runtest_logfinish(nodeid, location):
 def _must_be_slow(what: str) -> None:
     """Starting a process, a server or the zygote makes a test `slow` (README: `pytest -m
     "not slow"` is the quick, in-process part): one that is not marked fails here, naming it."""
-    if _RUNNING and "slow" not in _RUNNING[-1].keywords:
+    if _RUNNING and _RUNNING[-1].get_closest_marker("slow") is None:
         pytest.fail(f"{_RUNNING[-1].nodeid} starts {what}: mark it @pytest.mark.slow",
                     pytrace=False)
 
@@ -194,6 +206,7 @@ def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
     fork the rank (torchrun still starts, watches, signals and ends every rank process)."""
     from tests.zygote import zygote
 
+    _must_be_slow("torchrun")
     z = zygote()
     return run_cli("--standalone", f"--nproc_per_node={nproc}",
                    str(ROOT / "tests" / "zygote_client.py"), "gpubench", *args,
@@ -241,9 +254,10 @@ def sqlite_store(path: Path) -> str:
     """The URI of an MLflow sqlite store at `path`, as MLflow makes one on first use, without
     its 1.2 s of schema migrations each time (11 stores: 13 s of the quick suite): a store is
     migrated once per test process, its default experiment deleted, and copied; MLflow then
-    finds its schema current and creates the default experiment itself (artifacts under the
-    test's own folder, as a new store's). Where creating the store is what a test checks, it
+    finds its schema current and creates the default experiment itself (its artifacts under
+    the folder the store is opened from, as a new store's). Where creating the store is what a test checks, it
     lets gpubench make it."""
+    import contextlib
     import shutil
     import sqlite3
     import tempfile
@@ -253,7 +267,7 @@ def sqlite_store(path: Path) -> str:
 
         t = Path(tempfile.mkdtemp(prefix="store-", dir=os.environ.get(SHARED_ENV))) / "mlflow.db"
         MlflowClient(tracking_uri=f"sqlite:///{t}").search_experiments()
-        with sqlite3.connect(t) as db:
+        with contextlib.closing(sqlite3.connect(t)) as db, db:  # closed, after its commit
             db.execute("DELETE FROM experiments WHERE experiment_id = 0")
         _TEMPLATE.append(t)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -359,12 +373,16 @@ _DONE: list = []  # set once a worker has finished its session (pytest_unconfigu
 
 
 def _end_quickly() -> None:
-    """An xdist worker's last act, registered first (so it runs last, after every library's
-    exit handler): once the worker has finished, it ends without freeing every module, which
-    took about 3 s of the quick suite's ~70, time the session waits for. Its status is not
-    read: its results went over its channel, and a worker that fails before finishing exits
-    as usual."""
-    if _DONE:
+    """An xdist worker's exit handler, registered as it is configured: it runs after those
+    of everything imported later (torch, MLflow, matplotlib: exit handlers run last-registered
+    first) and skips the few registered before it (logging's flush, done here by hand). Once
+    the worker has finished, it ends without freeing every module, which took about 3 s of
+    the quick suite's ~70, time the session waits for. Its status is not read: its results
+    went over its channel before, and a worker that fails before finishing exits as usual."""
+    if _DONE and "coverage" not in sys.modules:  # coverage.py saves its data at exit
+        import logging
+
+        logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

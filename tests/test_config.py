@@ -146,28 +146,45 @@ def _outside(kind, low, high):
 
 def test_the_suites_quick_compose_gives_what_hydras_compose_gives():
     """conftest's compose_config composes the group choices once and applies value changes
-    to a copy: for every kind of override the tests use, the config (or the exception) is the
-    one Hydra's compose gives from the files."""
-    from conftest import TINY, _compose, compose_config
+    to a copy: for every kind of override the tests use, the config is the one Hydra's
+    compose gives from the files (its values, struct flag and schema type), and what Hydra
+    refuses the quick path refuses on its own too (before its fallback to Hydra)."""
+    from conftest import TINY, _compose, _value_overrides, _with_values, compose_config
 
     seen = []
-    for o in (["loader.batch_size=7"], ["memory.ceiling=0.5", "model=resnet18"],
-              ["bench.max_seconds=nan", "precision=amp_bf16"], ["bench.phases=[loader,e2e]"],
-              ["model.name=resnet50", "model=custom", "dataset.num_classes=3"],
-              ["memory.ceiling=null"], ["loader.prefetch_factor=1e400"],
-              ["loader.batch_size=abc"], ["bench.seed=4294967296", "loader=default", "model=vit_b_16"],
-              ["model=tiny", "model.num_classes=2", "loader.batch_size=2"]):
+    for tiny, o in [
+        (True, ["loader.batch_size=7"]), (True, ["memory.ceiling=0.5", "model=resnet18"]),
+        (True, ["bench.max_seconds=nan", "precision=amp_bf16"]),
+        (True, ["bench.phases=[loader,e2e]"]), (False, []), (False, ["loader.batch_size=3"]),
+        (True, ["model.name=resnet50", "model=custom", "dataset.num_classes=3"]),
+        (True, ["loader.batch_size=3", "loader.batch_size=5"]),  # the last one wins
+        (True, ["bench.seed=4294967296", "loader=default", "model=vit_b_16"]),
+        (True, ["model=tiny", "model.num_classes=2", "loader.batch_size=2"]),
+        (True, ["model.name=resnet18", "model={name: resnet50}"]),  # a dict on a group
+        (True, ["hydra/sweeper=gpubench"]),
+        (True, ["memory.ceiling=null"]), (True, ["loader.prefetch_factor=1e400"]),
+        (True, ["loader.batch_size=abc"]),
+    ]:
+        full = (*(TINY if tiny else []), *o)
         try:
-            want = OmegaConf.to_yaml(_compose((*TINY, *o), False))  # YAML: nan reads as .nan
+            want = _compose(full, False)
         except Exception as e:
             with pytest.raises(type(e)) as got:
-                compose_config(*o)
+                compose_config(*o, tiny=tiny)
             assert str(got.value) == str(e), o
+            split = _value_overrides(full)
+            if split is not None:  # the quick path fails by itself, not only by falling back
+                with pytest.raises(Exception):  # noqa: B017 - OmegaConf's, not Hydra's wording
+                    _with_values(*split)
             seen.append("refused")
             continue
-        assert OmegaConf.to_yaml(compose_config(*o)) == want, o
-        seen.append("equal")
-    assert set(seen) == {"refused", "equal"}, seen  # both paths were compared
+        got = compose_config(*o, tiny=tiny)
+        assert OmegaConf.to_yaml(got) == OmegaConf.to_yaml(want), o  # YAML: nan reads as .nan
+        assert (OmegaConf.is_struct(got), OmegaConf.get_type(got)) == (
+            OmegaConf.is_struct(want), OmegaConf.get_type(want)), o
+        seen.append("equal" if _value_overrides(full) is None else "equal, quickly")
+    # what both paths gave was compared, and most of it took the quick path
+    assert {"refused", "equal, quickly"} <= set(seen) and seen.count("equal, quickly") >= 8, seen
 
 
 def test_every_numeric_key_rejects_values_outside_its_range(compose_cfg):
