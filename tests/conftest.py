@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order kept within
+    # stable: file order kept within each part
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -247,7 +249,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_TEMPLATE: list[Path] = []  # this process' migrated, empty sqlite store
+@functools.cache
+def _template_store() -> Path:
+    """This process' MLflow sqlite store, migrated, without its default experiment."""
+    import contextlib
+    import sqlite3
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    t = Path(tempfile.mkdtemp(prefix="store-", dir=os.environ.get(SHARED_ENV))) / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{t}").search_experiments()
+    with contextlib.closing(sqlite3.connect(t)) as db, db:  # closed, after its commit
+        db.execute("DELETE FROM experiments WHERE experiment_id = 0")
+    return t
 
 
 def sqlite_store(path: Path) -> str:
@@ -255,23 +270,12 @@ def sqlite_store(path: Path) -> str:
     its 1.2 s of schema migrations each time (11 stores: 13 s of the quick suite): a store is
     migrated once per test process, its default experiment deleted, and copied; MLflow then
     finds its schema current and creates the default experiment itself (its artifacts under
-    the folder the store is opened from, as a new store's). Where creating the store is what a test checks, it
-    lets gpubench make it."""
-    import contextlib
+    the folder the store is opened from, as a new store's). Where creating the store is what
+    a test checks, it lets gpubench make it."""
     import shutil
-    import sqlite3
-    import tempfile
 
-    if not _TEMPLATE:
-        from mlflow.tracking import MlflowClient
-
-        t = Path(tempfile.mkdtemp(prefix="store-", dir=os.environ.get(SHARED_ENV))) / "mlflow.db"
-        MlflowClient(tracking_uri=f"sqlite:///{t}").search_experiments()
-        with contextlib.closing(sqlite3.connect(t)) as db, db:  # closed, after its commit
-            db.execute("DELETE FROM experiments WHERE experiment_id = 0")
-        _TEMPLATE.append(t)
     path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_TEMPLATE[0], path)
+    shutil.copyfile(_template_store(), path)
     return f"sqlite:///{path}"
 
 
@@ -355,7 +359,8 @@ SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # the folder; set by the run's first proce
 def pytest_configure(config):
     """The process that runs the session (xdist's controller, or the only process with -n 0)
     makes the folder every worker's shared() resources live in: workers inherit it. A worker
-    registers its quick end (_end_quickly) before any library registers its own."""
+    registers its quick end (_end_quickly) before the libraries the tests import register
+    theirs."""
     if hasattr(config, "workerinput"):
         import atexit
 

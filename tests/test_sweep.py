@@ -542,11 +542,11 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
 
 @pytest.mark.slow
 def test_confirm_step_never_takes_a_pruned_trials_screen_for_a_full_run(tmp_path):
-    # every screen step (no warm-up) sleeps 1 s (fault.stall_*), twenty times a tiny step even on a loaded
-    # machine (50 ms was not: a batch-2 step slowed by load screened below batch 1 and nothing
-    # was pruned), so a screen's throughput is about its batch size per second; with the seeded
-    # random sampler's fixed order (2, 8, 1, repeats, then 4) batch 1, screened below 2 and 8,
-    # is pruned every time. Full runs are not stalled: their speed decides nothing here.
+    # every screen step (no warm-up) sleeps 1 s (fault.stall_*), twenty times a tiny step even
+    # on a loaded machine (50 ms was not: a batch-2 step slowed by load screened below batch 1
+    # and nothing was pruned), so a screen's throughput is about its batch size per second; with
+    # the seeded random sampler's fixed order (2, 8, 1, repeats, then 4) batch 1, screened below
+    # 2 and 8, is pruned every time. Full runs are not stalled: their speed decides nothing here.
     p = _sweep(tmp_path, "loader.batch_size=choice(1,2,4,8)", "bench.steps=3",
                "hydra.sweeper.screen.overrides=['bench.phases=[e2e]','fault.stall_every=1',"
                "'fault.stall_s=1','bench.warmup_steps=0','bench.warmup_max_steps=0']",

@@ -16,9 +16,8 @@ A training step is two pipes, and each can be measured without the other (refere
    answer open (pairings whose intervals overlap while their medians are more than the
    tolerance apart), again in interleaved rounds (the confirm step). A pairing whose e2e
    falls short of both pipes (its interval's high end below the narrower pipe's low end by
-   more than the tolerance) shows the pipes contend (loader
-   workers taking the host's cores, pinned memory): the next clearing data setting is tried,
-   within `join_trials`.
+   more than the tolerance) shows the pipes contend (loader workers taking the host's cores,
+   pinned memory): the next clearing data setting is tried, within `join_trials`.
 
 Each stage is a gpubench.search.loop.Search on a study of its own in the sweep's storage
 (`<study>-compute`, `<study>-data-<setting>`, `<study>-join`), so resume after a kill,
