@@ -42,6 +42,26 @@ TINY = [
 ]
 
 
+# Every configuration a `gpu` test composes, declared at its module's top through gpu_config:
+# the CPU suite resolves each one as a CUDA machine would (tests/test_gpu_configs.py), so a
+# rule change that would refuse one fails here rather than first on a lent GPU. `{tmp}` in a
+# value stands for the test's tmp_path (at(); the CPU check fills such a folder with images).
+GPU_CONFIGS: dict[str, tuple[str, ...]] = {}
+
+
+def gpu_config(name: str, *overrides: str) -> tuple[str, ...]:
+    """Register the overrides a `gpu` test composes (TINY comes first, as compose_config adds
+    it) under `name`, and return them."""
+    if GPU_CONFIGS.setdefault(name, overrides) != overrides:
+        raise ValueError(f"two gpu configurations named {name}")
+    return overrides
+
+
+def at(overrides: tuple[str, ...], tmp: Path) -> tuple[str, ...]:
+    """A registered configuration with `{tmp}` replaced by a test's folder."""
+    return tuple(o.replace("{tmp}", str(tmp)) for o in overrides)
+
+
 def _compose(overrides: tuple[str, ...], hydra: bool):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         return compose("bench", overrides=list(overrides), return_hydra_config=hydra)

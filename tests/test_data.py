@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import ROOT, compose_config, run_cli
+from conftest import ROOT, at, compose_config, gpu_config, run_cli
 from torch.utils.data import DataLoader
 
 from gpubench.analysis.workers import fewest_workers
@@ -405,12 +405,16 @@ def test_device_decode_logic_on_cpu(folder, tmp_path):
     assert failed == [1] and torch.equal(x2, x[[0, 2]])
 
 
+DECODE_ON_DEVICE = gpu_config(
+    "data.decode_on_device", "dataset=imagefolder", "dataset.root={tmp}", "bench.device=cuda",
+    "dataset.decode_on=device", "loader.num_workers=2", "loader.batch_size=4", "bench.steps=4")
+
+
 @pytest.mark.gpu
 def test_decode_on_device_run(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=7)
     bad[1].unlink()  # keep one corrupt JPEG: truncated bytes reach nvJPEG
-    cfg = cfg_for(root, "bench.device=cuda", "dataset.decode_on=device", "loader.num_workers=2",
-                  "loader.batch_size=4", "bench.steps=4")
+    cfg = compose_config(*at(DECODE_ON_DEVICE, root))
     r = measure_run(cfg, tmp_path / "out")
     assert r.status == "ok", r.data["error"]
     assert r.data["data_info"]["decode_on"] == "device"

@@ -8,14 +8,21 @@ import os
 
 import pytest
 import torch
+from conftest import at, compose_config, gpu_config
 
 from gpubench.parts import precision
 from gpubench.run.runner import measure_run
 
 pytestmark = pytest.mark.gpu
 
-GPU = ["bench.device=cuda", "model=resnet18", "dataset.image_size=64", "loader.batch_size=32",
-       "bench.steps=10", "bench.warmup_steps=3"]
+GPU = ("bench.device=cuda", "model=resnet18", "dataset.image_size=64", "loader.batch_size=32",
+       "bench.steps=10", "bench.warmup_steps=3", "bench.warmup_max_steps=50")
+DECODE = gpu_config("gpu_checks.device_decode", "dataset=imagefolder", "dataset.root={tmp}",
+                    "bench.device=cuda", "dataset.decode_on=device", "loader.num_workers=2",
+                    "dataset.image_size=32")
+DEFAULT_FLAGS = gpu_config("gpu_checks.torch_default", *GPU, "bench.phases=[compute]")
+ENERGY = gpu_config("gpu_checks.energy", *GPU, "bench.phases=[e2e]", "dataset=device_synthetic",
+                    "bench.steps=400")
 
 
 def test_real_device_oom_reads_as_device():  # finding 10
@@ -94,16 +101,13 @@ def test_device_decode_labels_pinned_and_on_device(tmp_path):  # findings 8, 14
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from conftest import compose_config
     from make_imagefolder import make_imagefolder
 
     from gpubench.config.settings import resolve
     from gpubench.parts.data import build_pipeline
 
-    make_imagefolder(tmp_path / "f", classes=2, per_class=8, size=48, seed=4)
-    cfg = compose_config("dataset=imagefolder", f"dataset.root={tmp_path / 'f'}",
-                         "bench.device=cuda", "dataset.decode_on=device", "loader.num_workers=2",
-                         "dataset.image_size=32")
+    make_imagefolder(tmp_path, classes=2, per_class=8, size=48, seed=4)
+    cfg = compose_config(*at(DECODE, tmp_path))
     pipe = build_pipeline(resolve(cfg))  # bench.device=cuda
     try:
         batch = next(pipe.batches())
@@ -116,7 +120,7 @@ def test_device_decode_labels_pinned_and_on_device(tmp_path):  # findings 8, 14
 
 def test_torch_default_leaves_flags_and_mfu_mixes(compose_cfg, tmp_path):  # finding 2
     user = precision.user_flags()
-    d = measure_run(compose_cfg(*GPU, "bench.phases=[compute]"), tmp_path).data
+    d = measure_run(compose_cfg(*DEFAULT_FLAGS), tmp_path).data
     assert d["config"]["precision"]["name"] == "torch_default"
     assert precision._read_flags() == user
     assert d["flops_by_kind"]["conv"] > 0 and d["mfu"] is not None and 0 < d["mfu"] < 1
@@ -137,8 +141,7 @@ def test_compile_reset_releases_cuda_graph_pools():  # finding 4
 
 
 def test_memory_outside_torch_and_energy(compose_cfg, tmp_path):  # findings 9, 15
-    d = measure_run(compose_cfg(*GPU, "bench.phases=[e2e]", "dataset=device_synthetic",
-                                "bench.steps=400"), tmp_path).data
+    d = measure_run(compose_cfg(*ENERGY), tmp_path).data
     tel, mem = d["phases"]["e2e"]["telemetry"], d["phases"]["e2e"]["memory"]
     assert tel["device_used_peak_bytes"] > mem["torch_peak_reserved_bytes"]
     assert tel["non_torch_peak_bytes"] > 100 * 2**20  # the CUDA context alone is more
