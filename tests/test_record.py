@@ -12,12 +12,15 @@ import pytest
 from gpubench.core.record import (
     OOM_CONSTRAINT,
     SHORT_RUNGS,
+    PhaseRecord,
     Rung,
     RunRecord,
     Status,
     find_runs,
+    interval_label_of,
     load,
     missing,
+    window_plan,
 )
 
 
@@ -129,3 +132,21 @@ def test_a_records_rung_is_the_readers_else_its_own():
     assert RunRecord.from_dict(d | {"rung": "from-a-newer-version"}).rung is Rung.run
     assert RunRecord.from_dict({"run_uid": "x", "status": "ok"}).rung is Rung.run
     assert SHORT_RUNGS == (Rung.screen, Rung.probe)
+
+
+def test_window_plan_splits_the_phase_steps_over_its_windows():
+    assert window_plan(24, 6) == (6, 4)
+    assert window_plan(6, 6) == (6, 1)  # a sweep's bench.steps=6: one step a window, not six
+    assert window_plan(25, 6) == (6, 5)  # rounded up: never fewer steps than asked
+    assert window_plan(2, 6) == (2, 1)  # never more windows than steps
+
+
+def test_a_table_of_runs_names_the_coverage_its_intervals_have():
+    def with_coverage(c):
+        return make(phases={"e2e": PhaseRecord.from_dict(
+            {"images_per_sec_ci": [90.0, 110.0], "images_per_sec_ci_coverage": c})})
+
+    assert interval_label_of([with_coverage(0.95), with_coverage(0.95)]) == "95% interval"
+    assert interval_label_of([with_coverage(0.75)]) == "75% interval"  # 3 windows
+    assert interval_label_of([with_coverage(0.95), with_coverage(0.75)]) == \
+        "interval (coverage differs by run)"

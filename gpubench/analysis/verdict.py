@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from gpubench.config.schema import is_amp
 from gpubench.core.pipe import serial_rate
-from gpubench.core.record import PHASE_NAMES
+from gpubench.core.record import PHASE_NAMES, window_plan
 from gpubench.core.stats import holding, median, median_interval
 
 # e2e "tracks" a bound when it reaches this fraction of it
@@ -460,6 +460,6 @@ def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None
     if n is None:
         return (f"{what}: the figure sits too near the {v.open_line:.0%} line for more windows "
                 "to tell in reasonable time; the difference is too small to matter")
-    per_window = -(-steps // repeats)
+    per_window = window_plan(steps, repeats)[1]
     return (f"bench.repeats={n} bench.steps={n * per_window}: about {n} windows of "
             f"{per_window} steps would decide {what} (from the spread measured)")

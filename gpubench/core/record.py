@@ -416,7 +416,7 @@ class RunRecord:
         even when its process died writing the final status (a full disk)."""
         bench = (self.config or {}).get("bench") or {}
         try:
-            windows = max(1, min(int(bench.get("repeats") or 1), int(bench.get("steps") or 1)))
+            windows = window_plan(bench.get("steps") or 1, bench.get("repeats") or 1)[0]
         except (TypeError, ValueError, AttributeError):  # not a record's config
             return False
         return bool(bench.get("phases")) and all(
@@ -452,6 +452,23 @@ class RunRecord:
             self.measurement_stable = False
             self.noise_reasons.append("not checked: the run ended before its validity checks")
         self.extra["recovered"] = f"{why}; every phase was measured and saved: kept as measured"
+
+
+def window_plan(steps: int, repeats: int) -> tuple[int, int]:
+    """(windows, steps per window) of a phase measured with bench.steps and bench.repeats:
+    never more windows than steps, and the steps split evenly, rounded up (the one rule the
+    runner measures by and every reader of a run describes it with)."""
+    windows = max(1, min(int(repeats), int(steps)))
+    return windows, max(1, -(-int(steps) // windows))
+
+
+def interval_label_of(records: list[RunRecord]) -> str:
+    """The interval a table or axis of several runs shows: their shared label ('95%
+    interval'), or one that says the coverage differs by run (a run of 3 windows reaches 75%)."""
+    labels = sorted({r.interval_label for r in records if r.status.measured})
+    if len(labels) > 1:
+        return "interval (coverage differs by run)"
+    return labels[0] if labels else f"{CONFIDENCE:.0%} interval"
 
 
 def process_alive(host: str | None, pid: int) -> bool | None:

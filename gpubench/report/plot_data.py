@@ -33,6 +33,7 @@ function of gpubench.report.plot_rules where it is more than a line here):
 
 from __future__ import annotations
 
+from gpubench.core.record import interval_label_of
 from gpubench.report.plot_rules import (
     BOUND_PHASES,
     FRONT_LABEL,
@@ -156,8 +157,7 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
     for p in d["flagged"]:
         p["off_scale"] = p["y"] > ymax
-    labels = sorted({record_of(r).interval_label for r in rows if record_of(r).status.measured})
-    whisker = labels[0] if len(labels) == 1 else "interval (coverage differs by run)"
+    whisker = interval_label_of([record_of(r) for r in rows])
     d.update(log_y=log_y, ymin=ymin, ymax=ymax,
              ylabel=f"{d['phase']} images/sec (whiskers: {whisker})"
                     + (", log scale" if log_y else ""))
@@ -244,7 +244,6 @@ def pareto_data(rows, rec=None) -> dict | None:
     d["ymax"] = HEADROOM * max(max(p["hi"], p["y"]) for p in basis)
     for p in d["flagged"]:
         p["off_scale"] = p["y"] > d["ymax"]
-    labels = sorted({record_of(r).interval_label for r in full})
-    whisker = labels[0] if len(labels) == 1 else "interval (coverage differs by run)"
+    whisker = interval_label_of([record_of(r) for r in full])
     d["ylabel"] = f"{d['phase']} images/sec (whiskers: {whisker})"
     return d

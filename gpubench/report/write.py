@@ -46,7 +46,7 @@ from gpubench.analysis.select import KNOBS, setup_of, training_rows, where
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
-from gpubench.core.record import Rung, RunRecord
+from gpubench.core.record import Rung, RunRecord, interval_label_of, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.search.manifest import PIPES_FILE
@@ -96,10 +96,16 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
 
 
 def measurement_text(cfg: dict) -> str:
-    """How a run measured, in words: `6 windows of 24 steps on each of loader, compute, e2e`."""
+    """How a run measured, in words: `6 windows of 4 steps on each of loader, compute, e2e`
+    (bench.steps=24 bench.repeats=6: the steps are the phase's, split over its windows)."""
     b = cfg.get("bench") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
-    return f"{b.get('repeats', '?')} windows of {b.get('steps', '?')} steps on each of {phases}"
+    try:
+        windows, per_window = window_plan(b["steps"], b["repeats"])
+    except (KeyError, TypeError, ValueError):  # not a record's config
+        return f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on {phases}"
+    return (f"{windows} window{'s' * (windows != 1)} of {per_window} step{'s' * (per_window != 1)}"
+            f" on each of {phases}")
 
 
 def longer_text(cfg: dict) -> str:
@@ -161,7 +167,8 @@ def _util_key(rows: list[Row]) -> str:
 def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
     """ranking.csv: every column, the swept knobs by their config keys, ranked."""
     util_key = _util_key(rows)
-    head = ["#", "run", "status", "img/s", "95% interval", "mem %", "gpu util %"
+    head = ["#", "run", "status", "img/s", interval_label_of([r.record for r in rows]), "mem %",
+            "gpu util %"
             if util_key.startswith("gpu") else "cpu util %", "verdict", "measured", "rung", *keys]
     body = []
     for i, r in enumerate(ranked(rows), 1):
@@ -191,7 +198,7 @@ def screen_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[
     when rows differ in it, intervals without decimals above 100 img/s, knobs by short name."""
     util_key = _util_key(rows)
     with_rung = len({r.rung for r in rows}) > 1
-    head = ["#", "run", "status", "img/s", "95% interval", "mem %",
+    head = ["#", "run", "status", "img/s", interval_label_of([r.record for r in rows]), "mem %",
             "gpu %" if util_key.startswith("gpu") else "cpu %", "verdict",
             *(["rung"] if with_rung else []), *(knob_header(k) for k in keys)]
     body = []

@@ -71,6 +71,9 @@ class Search:
     # each job is recorded under in sweep.json
     stop: Callable[[], bool] | None = None
     labels: dict = field(default_factory=dict)
+    # whether this search's best is the sweep's (sweep.json `best`): sweep=pipes' compute and
+    # loader-only stages measure one pipe each, so only its join (end to end) names the best
+    writes_best: bool = True
 
     @property
     def study(self):
@@ -269,5 +272,6 @@ class Search:
                    "dir": best.user_attrs.get("dir"), **extra}
             log.info("best feasible: trial %d, %.1f img/s: %s", best.number, value,
                      " ".join(out["overrides"]))
-        self.manifest.update(measured_trials=len(measured), **({"best": out} if out else {}))
+        self.manifest.update(measured_trials=len(measured),
+                             **({"best": out} if out and self.writes_best else {}))
         return out

@@ -191,7 +191,8 @@ class GpubenchSweeper(Sweeper):
 
         def search(shared, sub, n, stage, stop=None, confirm=None):
             return Search(shared, sub, jobs, manifest, n, self.n_jobs, no_screen, poll_s=poll,
-                          confirm=confirm, stop=stop, labels={"stage": stage})
+                          confirm=confirm, stop=stop, labels={"stage": stage},
+                          writes_best=stage == "join")
 
         p = self.pipes
         plan = Plan(tuple(p.data_keys), int(p.compute_trials), int(p.keep), int(p.data_trials),
