@@ -105,7 +105,7 @@ def _check_study(tmp: Path, storage: str, study: str, killed: int) -> None:
         t.params["loader.batch_size"] for t in measured)
 
 
-def _three_workers_one_killed(tmp: Path, storage: str, study: str, n: int) -> None:
+def _workers_one_killed(tmp: Path, storage: str, study: str, n: int) -> None:
     procs = [_worker(tmp, f"w{i}", storage, study) for i in range(n)]
     victim = procs[0]
     killed = _wait_for_running_trial_of(victim, storage, study)
@@ -120,11 +120,11 @@ def _three_workers_one_killed(tmp: Path, storage: str, study: str, n: int) -> No
 
 
 def test_three_workers_on_postgres_one_killed(tmp_path, postgres):  # noqa: F811
-    _three_workers_one_killed(tmp_path, postgres("optuna"), "scale3", 3)
+    _workers_one_killed(tmp_path, postgres("optuna"), "scale3", 3)
 
 
 def test_two_workers_on_sqlite_one_killed(tmp_path):
-    _three_workers_one_killed(tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}", "scale2", 2)
+    _workers_one_killed(tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}", "scale2", 2)
 
 
 def test_one_worker_per_device_never_two_trials_on_one_device(tmp_path):
