@@ -91,3 +91,64 @@ def test_agree_across_two_gloo_processes():
         p.join(timeout=60)
     assert got == [(0, None, "rank 1: OutOfMemoryError: injected"),
                    (1, None, "rank 1: OutOfMemoryError: injected")]
+
+
+def _warmup_worker(rank: int, world: int, port: int, out) -> None:
+    """One rank of a window under torchrun, on a clock of its own: rank 0's steps are steady a
+    step before rank 1's, and rank 1's are twice as fast (its window needs more steps to last
+    bench.min_window_s). Each step all-reduces like DDP's backward, and the window opens with
+    the runner's barrier: ranks one step apart would mismatch the two and fail or hang."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as tdist
+
+    from gpubench.parts.distributed import Dist
+    from gpubench.parts.measure import run_window
+
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=world, timeout=timedelta(seconds=30))
+    d = Dist(rank, world, rank, True, "cpu")
+    t = [1000.0]
+    times = iter([1.0] + [0.5] * rank + [1 / (64 * (rank + 1))] * 1000)
+
+    def work(_):
+        grads = torch.ones(4)
+        tdist.all_reduce(grads)  # what DDP does inside every step
+        t[0] += next(times)
+        return 1
+
+    s = run_window("compute", lambda: None, work, 1, "cpu", warmup_steps=1, steps=3,
+                   warmup_max_s=30, max_s=30, warmup_max_steps=40, clock=lambda: t[0],
+                   on_open=d.barrier, min_s=0.5, ranks=d)
+    ok = d.agree(None)  # the runner's end-of-window check: every rank got here
+    out.put((rank, s.warmup_steps, s.warmup_settled, s.steps, ok))
+    d.close()
+
+
+def test_ranks_end_warmup_and_windows_together_over_gloo():
+    """Two gloo processes whose own warm-up judgements differ by a step run the same warm-up
+    steps and the same window steps, and the run ends normally (bounded: no hang)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_warmup_worker, args=(r, 2, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    # alone, rank 0 would stop warm-up at step 9 and rank 1 at 10 (tests/test_measure.py);
+    # rank 1's steps of 1/128 s need 64 to last 0.5 s, rank 0's 32: both run 64
+    assert got == [(0, 10, True, 64, None), (1, 10, True, 64, None)]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.telemetry.env import PEAK_TFLOPS, facts, mixed_peak_flops, peak_flops
+from gpubench.telemetry.env import (
+    PEAK_TFLOPS,
+    device_peaks,
+    facts,
+    mfu_peak,
+    mixed_peak_flops,
+    peak_flops,
+)
 
 
 @pytest.mark.parametrize(
@@ -14,20 +21,21 @@ from gpubench.telemetry.env import PEAK_TFLOPS, facts, mixed_peak_flops, peak_fl
         ("NVIDIA H100 PCIe", "bf16", 756.0),
         ("NVIDIA H200", "tf32", 494.7),
         ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
-        ("NVIDIA L40S", "fp16", 362.0),
-        ("NVIDIA L40", "fp16", 181.0),
+        ("NVIDIA L40S", "fp16", 362.05),
+        ("NVIDIA L40", "fp16", 181.05),
         ("NVIDIA L4", "bf16", 121.0),
         ("Tesla T4", "fp16", 65.0),
         # form factors with their own clocks: never the SXM row
         ("NVIDIA H200 NVL", "bf16", 835.5),
         ("NVIDIA H200", "bf16", 989.4),
-        ("NVIDIA H100 NVL", "bf16", 835.0),
+        ("NVIDIA H100 NVL", "bf16", 835.5),  # 1,671 sparse on the data sheet
         ("NVIDIA GH200 480GB", "bf16", 989.4),
         ("Tesla V100-PCIE-16GB", "fp16", 112.0),
         ("Tesla V100-PCIE-32GB", "fp32", 14.0),
         ("Tesla V100-SXM2-16GB", "fp16", 125.0),
         ("Tesla V100S-PCIE-32GB", "fp16", 130.0),
         ("NVIDIA B200", "bf16", 2250.0),
+        ("NVIDIA B200", "fp32", 75.0),  # HGX B200's per-GPU column; GB200's GPU runs 80
         ("NVIDIA GB200", "bf16", 2500.0),
         ("NVIDIA A10G", "fp32", 31.2),
         ("NVIDIA L40S", "tf32", 183.0),
@@ -66,6 +74,48 @@ def test_unlisted_v100_form_factor_gets_no_mfu():
     assert peak_flops("Tesla V100-SXM3-32GB", "fp16") is None
 
 
+# What torch.cuda.get_device_name and get_device_properties(i).multi_processor_count report
+# on MIG instances: the parent's name with the profile, and the slice's own SMs
+@pytest.mark.parametrize("name, sms, whole", [
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", 14, 108),
+    ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 42, 108),
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, 132),
+    ("NVIDIA H100 80GB HBM3 MIG 7g.80gb", 132, 132),
+])
+def test_a_mig_slice_gets_its_share_of_the_peak(name, sms, whole):
+    full = peak_flops(name.split(" MIG")[0], "bf16")
+    assert peak_flops(name, "bf16", sms) == pytest.approx(full * sms / whole)
+    by_math = {"bf16": 9.0, "fp32": 1.0}  # every math scales alike, so the mixed peak too
+    assert mixed_peak_flops(name, by_math, sms) == pytest.approx(
+        mixed_peak_flops(name.split(" MIG")[0], by_math) * sms / whole)
+
+
+def test_a_mig_slice_without_its_count_gets_no_peak():
+    name = "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+    assert peak_flops(name, "bf16") is None  # never the whole A100's 312
+    pk, why = mfu_peak(name, {"bf16": 1e12})
+    assert pk is None and "MIG" in why
+    # the whole GPU without a count: its row, as before (records from older runs)
+    assert peak_flops("NVIDIA A100-SXM4-40GB", "bf16") == pytest.approx(312e12)
+
+
+def test_the_count_decides_against_the_row():
+    # a cut-down part under a known name (RTX 4090 D: 114 of the 4090's 128 SMs, same clocks)
+    assert peak_flops("NVIDIA GeForce RTX 4090 D", "fp16", 114) == pytest.approx(165.2e12 * 114 / 128)
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", 132) == pytest.approx(989.4e12)
+    # more SMs than the row's whole GPU: the row is not this device
+    peaks, why = device_peaks("NVIDIA H100 PCIe", 132)
+    assert peaks is None and "114" in why
+    assert mfu_peak("Some Future GPU", {"bf16": 1.0}) == (None, "no peak-FLOPs row for 'Some Future GPU'")
+    pk, why = mfu_peak("Tesla T4", {"bf16": 1.0}, 40)
+    assert pk is None and "bf16" in why
+
+
+def test_every_row_names_its_whole_gpus_multiprocessors():
+    for pattern, row in PEAK_TFLOPS:
+        assert isinstance(row["sms"], int) and 40 <= row["sms"] <= 148, pattern
+
+
 def test_mixed_peak_weights_each_kind_by_its_time():
     # A100: tf32 156, fp32 19.5 TFLOP/s. 90% of FLOPs in tf32 convs, 10% in fp32 matmuls
     pk = mixed_peak_flops("NVIDIA A100-SXM4-80GB", {"tf32": 9e12, "fp32": 1e12})
@@ -80,6 +130,7 @@ def test_cpu_facts():
     f = facts("cpu")
     assert f["device"] == "cpu" and f["cpu_count"] >= 1 and f["torch"]
     assert f["device_memory_bytes"] > 0 and f["driver"] is None
+    assert "multiprocessors" not in f  # a CUDA device's own count only
 
 
 def test_a_cpu_run_names_no_cuda_or_cudnn_it_did_not_use():

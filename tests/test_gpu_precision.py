@@ -1,26 +1,57 @@
 """Precision plans on a CPU: torch_default leaves PyTorch's flags alone (and puts them back
-after another precision changed them in the same process), the maths MFU divides by follow the
-flags, and a step's FLOPs split into convolutions and matmuls."""
+after another precision changed them in the same process), cudnn.benchmark follows
+bench.cudnn_benchmark alone whatever the precision, the TF32 flags read right whichever API
+the process set them with, the maths MFU divides by follow the flags, and a step's FLOPs split
+into convolutions and matmuls."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
 
 from gpubench.parts import precision
 from gpubench.parts.models import TinyNet
-from gpubench.parts.precision import apply_backend_flags, resolve_precision
+from gpubench.parts.precision import (
+    apply_backend_flags,
+    backend_flags,
+    resolve_precision,
+)
 from gpubench.parts.step import count_step_flops, count_step_flops_split
 from gpubench.telemetry.env import mixed_peak_flops
+
+PRECISIONS = ("torch_default", "fp32", "tf32", "amp_fp16", "amp_bf16")
+# torch >= 2.9: the per-operation fp32_precision settings beside the legacy allow_tf32 flags
+NEW_API = hasattr(torch.backends.cudnn, "conv")
+
+
+@contextlib.contextmanager
+def process_flags_restored():
+    """Every TF32 and benchmark setting of the process as it was, afterwards: the legacy flags
+    and, on torch >= 2.9, the new API's generic, cuda and per-operation precisions."""
+    b = torch.backends
+    legacy = precision._read_flags()
+    nodes = []
+    if NEW_API:
+        nodes = [(b, b.fp32_precision), (b.cudnn, b.cudnn.fp32_precision),
+                 (b.cuda.matmul, b.cuda.matmul.fp32_precision),
+                 (b.cudnn.conv, b.cudnn.conv.fp32_precision),
+                 (b.cudnn.rnn, b.cudnn.rnn.fp32_precision)]
+    try:
+        yield
+    finally:
+        precision._write_flags(legacy)
+        for node, value in nodes:  # parents first: the getters resolve through them
+            node.fp32_precision = value
 
 
 @pytest.fixture
 def fresh_flags(monkeypatch):
     """A process in which gpubench has not touched the flags yet; the flags restored after."""
-    saved = precision._read_flags()
     monkeypatch.setattr(precision, "_USER_FLAGS", None)
-    yield
-    precision._write_flags(saved)
+    with process_flags_restored():
+        yield
 
 
 def flags():
@@ -33,12 +64,79 @@ def test_torch_default_leaves_flags_alone(fresh_flags):
     apply_backend_flags(resolve_precision("torch_default", "cuda"))
     assert flags() == user
     apply_backend_flags(resolve_precision("fp32", "cuda"))
-    assert flags() == {"matmul_tf32": False, "cudnn_tf32": False, "cudnn_benchmark": True}
+    # cudnn.benchmark stays the user's: the precision sets the maths only
+    assert flags() == {"matmul_tf32": False, "cudnn_tf32": False, "cudnn_benchmark": False}
     # a later run in the same process (Hydra's basic launcher): the user's flags come back
     apply_backend_flags(resolve_precision("torch_default", "cuda"))
     assert flags() == user
     apply_backend_flags(resolve_precision("tf32", "cuda"))
     assert flags()["matmul_tf32"] and flags()["cudnn_tf32"]
+
+
+@pytest.mark.parametrize("users", [False, True])
+def test_cudnn_benchmark_is_one_setting_for_every_precision(fresh_flags, users):
+    """A precision sweep must change the maths alone: cudnn.benchmark follows
+    bench.cudnn_benchmark (null: the process's own flag), the same for every precision, run
+    after run in one process."""
+    precision._write_flags({"matmul_tf32": False, "cudnn_tf32": True, "cudnn_benchmark": users})
+    for setting in (None, True, False, None):
+        expected = users if setting is None else setting
+        for name in PRECISIONS:
+            apply_backend_flags(resolve_precision(name, "cuda"), setting)
+            assert torch.backends.cudnn.benchmark is expected, (name, setting)
+            want = backend_flags(resolve_precision(name, "cuda"), setting,
+                                 precision.user_flags())
+            assert want["cudnn_benchmark"] is expected, (name, setting)
+    # and the maths still follow the precision
+    apply_backend_flags(resolve_precision("tf32", "cuda"), None)
+    assert flags()["matmul_tf32"] and flags()["cudnn_tf32"]
+    apply_backend_flags(resolve_precision("torch_default", "cuda"), None)
+    assert flags() == {"matmul_tf32": False, "cudnn_tf32": True, "cudnn_benchmark": users}
+
+
+def test_legacy_flags_read_where_the_new_api_is_absent():
+    """torch 2.4 to 2.8 have no fp32_precision: the legacy allow_tf32 getter is read (a node
+    without the attribute stands for that torch)."""
+    assert precision._tf32_on(lambda: object(), lambda: True) is True
+    assert precision._tf32_on(lambda: object(), lambda: False) is False
+
+
+@pytest.mark.skipif(not NEW_API, reason="this torch has no fp32_precision API (< 2.9)")
+def test_flags_read_after_the_process_set_only_the_new_api(fresh_flags):
+    """A user's process that set TF32 through torch >= 2.9's per-operation API only: the legacy
+    getters raise ("mix of the legacy and new APIs"), the flags still read, as the kernels see
+    them, and a run's changes leave both APIs agreeing."""
+    b = torch.backends
+    b.cuda.matmul.fp32_precision = "tf32"
+    with pytest.raises(RuntimeError, match="legacy and new"):
+        bool(b.cuda.matmul.allow_tf32)  # what _read_flags used to do
+    assert flags()["matmul_tf32"] is True
+    b.cudnn.conv.fp32_precision = "ieee"
+    with pytest.raises(RuntimeError, match="legacy and new"):
+        bool(b.cudnn.allow_tf32)
+    assert flags()["cudnn_tf32"] is False
+    plan = resolve_precision("torch_default", "cuda")
+    assert (plan.conv_math, plan.matmul_math) == ("fp32", "tf32")
+    apply_backend_flags(resolve_precision("fp32", "cuda"))
+    assert flags()["matmul_tf32"] is False and flags()["cudnn_tf32"] is False
+    assert not b.cuda.matmul.allow_tf32 and not b.cudnn.allow_tf32  # the APIs agree again
+    apply_backend_flags(resolve_precision("torch_default", "cuda"))
+    assert (flags()["matmul_tf32"], flags()["cudnn_tf32"]) == (True, False)  # the user's
+
+
+@pytest.mark.skipif(not NEW_API, reason="this torch has no fp32_precision API (< 2.9)")
+def test_fp32_means_fp32_under_a_generic_tf32_setting(fresh_flags):
+    """torch.backends.fp32_precision="tf32" reaches every operation left at "none": fp32 must
+    set convolutions to ieee outright, not leave them to inherit TF32."""
+    b = torch.backends
+    for node in (b.cudnn, b.cuda.matmul, b.cudnn.conv, b.cudnn.rnn):  # a process that set
+        node.fp32_precision = "none"  # the generic precision alone (earlier runs set these)
+    b.fp32_precision = "tf32"
+    assert flags()["cudnn_tf32"] and flags()["matmul_tf32"]
+    apply_backend_flags(resolve_precision("fp32", "cuda"))
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert not flags()["cudnn_tf32"] and not flags()["matmul_tf32"]
 
 
 def test_torch_default_math_follows_pytorchs_defaults(fresh_flags):

@@ -1,4 +1,5 @@
-"""gpu_metrics.csv: nvidia-smi's columns, one row per sampler interval, host figures on a CPU."""
+"""gpu_metrics.csv: nvidia-smi's columns, one row per sampler interval, host figures on a CPU;
+the GPU columns against a test NVML (tests/fake_nvml.py)."""
 
 from __future__ import annotations
 
@@ -130,7 +131,8 @@ def test_gpu_columns_filled(tmp_path):
     assert tuple(rows[0][: len(COLUMNS)]) == COLUMNS
     body = [dict(zip(rows[0], r, strict=True)) for r in rows[1:]]
     assert len(body) >= 5
-    assert "NVIDIA" in body[0]["name"] or body[0]["name"]
+    # the driver's name as text (older nvidia-ml-py returns bytes: never b'...')
+    assert body[0]["name"] and not body[0]["name"].startswith(("b'", 'b"'))
     assert max(float(r["utilization.gpu [%]"]) for r in body) > 50
     assert int(body[-1]["memory.used [MiB]"]) > 64  # the 64 MiB matrix at least
     assert float(body[-1]["clocks.current.sm [MHz]"]) > 0
@@ -165,3 +167,52 @@ def test_series_for_tracking(tmp_path):
     ts = [t for *_, t in pts]
     assert max(ts) - min(ts) == 1000  # one second apart, milliseconds kept
     assert series(tmp_path / "missing.csv") == []
+
+
+def _fake_gpu(uuid=None, **kw):
+    from gpubench.telemetry.nvml import NvmlDevice, find_handle
+    from tests.fake_nvml import GPU_UUID, Clock, FakeNvml, Load
+
+    # 2 s at 100 W, then busy at 400 W: read 0.3 s after the step
+    nv = FakeNvml(Load((2.0, 0.2, 100.0), (2.0, 1.0, 400.0)), Clock(2.3), **kw)
+    return nv, NvmlDevice(nv, *find_handle(nv, uuid or GPU_UUID))
+
+
+def test_gpu_row_reads_the_samplers_fields(tmp_path):
+    """The log's GPU columns come from the window sampler's reads (nvml.read_fields): instant
+    power where the driver has it, the board's name as text."""
+    nv, dev = _fake_gpu()
+    log = GpuLog("cuda", tmp_path, 0.1, clock=lambda: 1764000000.0, gpu=dev)
+    assert log.name == "NVIDIA H100 80GB HBM3"
+    assert "no GPM" in log.note and log.gpm is None  # an Ampere-like board
+    row = log.sample()
+    assert row["power.draw [W]"] == 400.0  # instant: the 1 s average would read 190 W
+    assert row["utilization.gpu [%]"] == 100 and row["utilization.memory [%]"] == 50
+    assert row["memory.used [MiB]"] == 5 * 1024 and row["memory.free [MiB]"] == 75 * 1024
+    assert row["clocks_throttle_reasons.active"] == "0x0000000000000004"
+    assert row["clocks.current.sm [MHz]"] == 1980
+
+
+def test_older_bindings_give_bytes_names_decoded_and_averaged_power(tmp_path):
+    nv, dev = _fake_gpu(old_bindings=True)
+    assert isinstance(nv.nvmlDeviceGetName(dev.handle), bytes)  # what older nvidia-ml-py does
+    log = GpuLog("cuda", tmp_path, 0.1, gpu=dev)
+    assert log.name == "NVIDIA H100 80GB HBM3"  # not "b'NVIDIA H100 80GB HBM3'"
+    row = log.sample()
+    assert row["name"] == log.name
+    assert row["power.draw [W]"] == pytest.approx(190.0)  # nvmlDeviceGetPowerUsage's mean
+    assert row["clocks_throttle_reasons.active"] == "0x0000000000000004"  # the old call's name
+
+
+def test_mig_row_has_memory_and_no_whole_gpu_columns(tmp_path):
+    from tests.fake_nvml import MIG_UUID
+
+    nv, dev = _fake_gpu(MIG_UUID)
+    log = GpuLog("cuda", tmp_path, 0.1, gpu=dev)
+    assert log.mig and "MIG" in log.note and "MIG" in log.name
+    row = log.sample()
+    assert row["memory.used [MiB]"] == 2 * 1024
+    assert row["power.draw [W]"] is None and row["utilization.gpu [%]"] is None
+    assert "clocks_throttle_reasons.active" not in row
+    assert not {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues",
+                "nvmlDeviceGetCurrentClocksEventReasons"} & set(nv.calls)

@@ -1,6 +1,8 @@
-"""NVML read field by field, MIG instances, per-process device memory, the memory gate and
-energy arithmetic. The driver is stood in for by a small fake of the pynvml calls used (no
-GPU here); what is tested is gpubench.telemetry.nvml's logic around them."""
+"""NVML readings against a test NVML with the driver's documented semantics (tests/fake_nvml.py:
+a scripted load on an injected clock): fields read one by one, MIG instances, instant power,
+readings that straddle a window's start, energy from the counter over short windows, and the
+memory gate and energy arithmetic. The window sampler (Monitor) is driven tick by tick on the
+injected clock; no real sleeps."""
 
 from __future__ import annotations
 
@@ -8,8 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpubench.run import merge
+from gpubench.telemetry.monitor import Monitor, MonitorSummary, Sample
 from gpubench.telemetry.nvml import (
-    MIN_ENERGY_COUNTER_S,
+    NVML_AVERAGING_S,
+    POWER_AVERAGE,
+    POWER_INSTANT,
+    NvmlDevice,
     energy_per_image,
     find_handle,
     memory_gate_bytes,
@@ -17,86 +24,199 @@ from gpubench.telemetry.nvml import (
     read_fields,
     window_energy_j,
 )
+from tests.fake_nvml import GPU_UUID, MIG_UUID, Clock, FakeNvml, Load
+
+BARE = GPU_UUID.removeprefix("GPU-")
 
 
-class FakeNvml:
-    """The pynvml calls gpubench makes, with chosen fields raising NotSupported."""
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, devices: dict[str, str], unsupported=(), processes=()):
-        self.devices, self.unsupported, self.processes = devices, set(unsupported), processes
-        self.calls: list[str] = []
-
-    def _call(self, name, value):
-        self.calls.append(name)
-        if name in self.unsupported:
-            raise self.NVMLError("Not Supported")
-        return value
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        if uuid not in self.devices:
-            raise self.NVMLError("Not Found")
-        return self.devices[uuid]
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return self._call("util", SimpleNamespace(gpu=87, memory=40))
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return self._call("memory", SimpleNamespace(used=5 * 2**30, total=80 * 2**30))
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return self._call("power", 312_500)  # milliwatts
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return self._call("processes", list(self.processes))
+def gpu(nv: FakeNvml, uuid: str = GPU_UUID) -> NvmlDevice:
+    h, mig = find_handle(nv, uuid)
+    return NvmlDevice(nv, h, mig)
 
 
-UUID = "3f5a1b2c-0000-1111-2222-333344445555"
+def monitor(nv: FakeNvml, uuid: str = GPU_UUID) -> Monitor:
+    # host figures for this process only (no child listing): the GPU side is under test
+    return Monitor("cpu", 0.2, worker_pids=lambda: (), gpu=gpu(nv, uuid), clock=nv.clock)
 
 
-def test_one_unsupported_field_keeps_the_others():
-    nv = FakeNvml({f"GPU-{UUID}": "h"}, unsupported={"util"})
-    values, errors = read_fields(nv, "h")
-    assert values == {"gpu_mem_used": 5 * 2**30, "power_w": 312.5}
-    assert set(errors) == {"gpu_util", "mem_util"} and "Not Supported" in errors["gpu_util"]
-    nv = FakeNvml({}, unsupported={"power", "memory"})
-    values, errors = read_fields(nv, "h")
-    assert values == {"gpu_util": 87.0, "mem_util": 40.0} and set(errors) == {"gpu_mem_used", "power_w"}
+def window(m: Monitor, clock: Clock, start: float, seconds: float, every: float = 0.2
+           ) -> MonitorSummary:
+    """One measurement window from `start` on the injected clock, a sample every `every`
+    (half a period off the window's start, so no sample sits on a load's edge)."""
+    clock.t = start
+    m.open()
+    for k in range(round(seconds / every)):
+        clock.t = start + (k + 0.5) * every
+        m.tick()
+    clock.t = start + seconds
+    return m.close()
 
 
-def test_whole_gpu_uuid_and_mig_uuid_are_both_found():
-    nv = FakeNvml({f"GPU-{UUID}": "whole"})
-    assert find_handle(nv, UUID) == ("whole", False)
-    nv = FakeNvml({f"MIG-{UUID}": "instance", "GPU-0": "physical0"})
-    assert find_handle(nv, UUID) == ("instance", True)
-    assert find_handle(nv, f"MIG-{UUID}") == ("instance", True)
-    # an unknown UUID finds nothing: never the physical GPU 0 and its other tenants
+# ------------------------------------------------------------------ handles and fields
+
+def test_whole_gpu_and_mig_uuids_are_found_never_an_index():
+    nv = FakeNvml(Load(), Clock())
+    assert find_handle(nv, BARE) == (nv.devices[GPU_UUID], False)
+    assert find_handle(nv, MIG_UUID.removeprefix("MIG-")) == (nv.devices[MIG_UUID], True)
+    assert find_handle(nv, MIG_UUID) == (nv.devices[MIG_UUID], True)
+    # an unknown UUID finds nothing (NVMLError_NotFound): never the physical GPU 0
     assert find_handle(nv, "aaaaaaaa-0000-0000-0000-000000000000") == (None, False)
 
 
-def test_mig_instance_reads_no_whole_gpu_fields():
-    nv = FakeNvml({}, unsupported={"util"})  # what NVML answers on a MIG instance
-    values, errors = read_fields(nv, "instance", mig=True)
-    assert "power" not in nv.calls
-    assert values == {"gpu_mem_used": 5 * 2**30}
+def test_mig_instance_reads_its_memory_and_no_whole_gpu_field():
+    nv = FakeNvml(Load((10.0, 1.0, 300.0)), Clock(1.0), mig_mem_used=3 * 2**30)
+    values, errors = read_fields(*gpu(nv, MIG_UUID))
+    assert values == {"gpu_mem_used": 3 * 2**30, "gpu_mem_free": 7 * 2**30}
     assert set(errors) == {"gpu_util", "mem_util", "power_w"}
+    assert "Not Supported" in errors["gpu_util"]  # NVMLError_NotSupported, as NVML answers
+    # whole-GPU readings are not even asked for (they would include other tenants)
+    assert not {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues"} & set(nv.calls)
+
+    m = monitor(nv, MIG_UUID)
+    summ = window(m, nv.clock, 2.0, 2.0).as_dict()
+    assert "MIG" in m.gpu_note
+    assert summ["nvml_memory_used_bytes"] == 3 * 2**30
+    assert summ["power_mean_w"] is summ["energy_j"] is summ["gpu_util_mean"] is None
+    assert summ["gpu_util_note"] is None  # nothing was dropped: there was nothing to read
+    assert {"gpu_util", "power_w"} <= set(summ["nvml_unsupported"])
+    assert "nvmlDeviceGetTotalEnergyConsumption" not in nv.calls
+
+
+def test_whole_gpu_reads_every_field():
+    nv = FakeNvml(Load((10.0, 1.0, 300.0)), Clock(5.0), processes=[(10, 3 * 2**30)])
+    values, errors = read_fields(*gpu(nv), 10)
+    assert errors == {}
+    assert values == {"gpu_util": 100.0, "mem_util": 50.0, "gpu_mem_used": 5 * 2**30,
+                      "gpu_mem_free": 75 * 2**30, "power_w": 300.0,
+                      "power_source": POWER_INSTANT, "process_mem_used": 3 * 2**30}
+
+
+def test_instant_power_is_preferred_and_the_average_is_the_fallback():
+    # 100 W for 2 s, then 400 W: 0.3 s after the step the 1 s average still reads
+    # 0.7 x 100 + 0.3 x 400 = 190 W, the instant reading 400 W
+    load = Load((2.0, 0.2, 100.0), (2.0, 1.0, 400.0))
+    for kw, want in (({}, (400.0, POWER_INSTANT)),
+                     ({"instant": False}, (190.0, POWER_AVERAGE)),  # driver without the field
+                     ({"old_bindings": True}, (190.0, POWER_AVERAGE))):  # no field constant
+        nv = FakeNvml(load, Clock(2.3), update_s=0.05, **kw)
+        values, _ = read_fields(*gpu(nv))
+        assert (values["power_w"], values["power_source"]) == pytest.approx(want), kw
 
 
 def test_process_memory_is_this_pid_only():
-    procs = [SimpleNamespace(pid=10, usedGpuMemory=3 * 2**30),
-             SimpleNamespace(pid=11, usedGpuMemory=7 * 2**30),
-             SimpleNamespace(pid=12, usedGpuMemory=None)]
-    nv = FakeNvml({}, processes=procs)
-    assert process_memory(nv, "h", 10) == 3 * 2**30
-    assert process_memory(nv, "h", 12) is None  # the driver withholds it
-    assert process_memory(nv, "h", 99) is None  # a PID namespace hides ours
-    values, _ = read_fields(nv, "h", pid=11)
-    assert values["process_mem_used"] == 7 * 2**30
-    values, _ = read_fields(nv, "h", pid=99)
-    assert "process_mem_used" not in values
+    nv = FakeNvml(Load(), Clock(), processes=[(10, 3 * 2**30), (11, 7 * 2**30), (12, None)])
+    h = gpu(nv).handle
+    assert process_memory(nv, h, 10) == 3 * 2**30
+    assert process_memory(nv, h, 12) is None  # the driver withholds it
+    assert process_memory(nv, h, 99) is None  # a PID namespace hides ours
+    assert read_fields(nv, h, pid=11)[0]["process_mem_used"] == 7 * 2**30
+    assert "process_mem_used" not in read_fields(nv, h, pid=99)[0]
 
+
+# ------------------------------------------------------------------ window alignment
+
+@pytest.mark.parametrize("instant", [False, True])
+def test_a_window_after_a_busy_phase_reads_its_own_idle_gpu(instant):
+    """A busy phase (100%, 300 W) ends as an idle window (60 W) opens: NVML's readings in the
+    window's first second still average over the busy phase and are dropped."""
+    nv = FakeNvml(Load((5.03, 1.0, 300.0), idle_w=60.0), Clock(), util_period_s=0.5,
+                  instant=instant)
+    summ = window(monitor(nv), nv.clock, 5.03, 2.0)
+    d = summ.as_dict()
+    # kept: readings from t0 + 1 s on, whose periods lie inside the window
+    assert d["gpu_util_mean"] == 0.0 and d["gpu_util_max"] == 0.0
+    # samples at t0 + 0.1, 0.3, ... 1.9 s: the five in the first second are dropped
+    assert d["nvml_samples_dropped"] == 5 == sum(
+        1 for s in summ.samples if s.t - 5.03 < NVML_AVERAGING_S)
+    # kept averages cover only the window; instant power is kept throughout (the idle draw)
+    assert d["power_mean_w"] == pytest.approx(60.0)
+    assert d["power_source"] == (POWER_INSTANT if instant else POWER_AVERAGE)
+    kept = [s.power_w for s in summ.samples if s.power_w is not None]
+    assert len(kept) == len(summ.samples) - (0 if instant else d["nvml_samples_dropped"])
+
+
+def test_a_window_shorter_than_the_averaging_reads_no_utilization_and_says_why():
+    nv = FakeNvml(Load((5.0, 1.0, 300.0)), Clock(), instant=False)
+    d = window(monitor(nv), nv.clock, 5.0, 0.6).as_dict()
+    assert d["gpu_util_mean"] is None and d["power_mean_w"] is None
+    assert "1 s" in d["gpu_util_note"] and "3 NVML utilization readings" in d["gpu_util_note"]
+    assert d["nvml_memory_used_bytes"] == 5 * 2**30  # memory is no average: kept
+    assert d["energy_source"] == "counter" and d["energy_j"] == pytest.approx(0.6 * 60, abs=3)
+
+
+# ------------------------------------------------------------------ energy
+
+def alternating(n: int, other_s: float, other_w: float, win_s: float, win_w: float) -> Load:
+    """n times: another phase (`other_s` at `other_w`), then a measured window's load."""
+    return Load(*[p for _ in range(n) for p in ((other_s, 0.3, other_w), (win_s, 1.0, win_w))])
+
+
+@pytest.mark.parametrize("update_s", [0.02, 0.1])
+def test_energy_over_short_windows_is_the_counters(update_s):
+    """Eight 0.25 s windows at 300 W between 0.37 s phases at 80 W: each window's energy is
+    the counter's difference, within one counter update of the scripted 75 J (whole mJ,
+    refreshed every `update_s`), and the phase's is their sum."""
+    n, other_s, win_s = 8, 0.37, 0.25
+    nv = FakeNvml(alternating(n, other_s, 80.0, win_s, 300.0), Clock(), update_s=update_s,
+                  instant=False)
+    m = monitor(nv)
+    summaries = [window(m, nv.clock, other_s + i * (other_s + win_s), win_s, every=0.05)
+                 for i in range(n)]
+    one_update = 300.0 * update_s + 0.001
+    for s in summaries:
+        assert s.energy_source == "counter"
+        assert s.energy_j == pytest.approx(300.0 * win_s, abs=one_update)
+        assert s.as_dict()["power_mean_w"] is None  # every 1 s average straddled: dropped
+    phase = merge.telemetry(summaries)
+    assert phase.energy_source == "counter"
+    assert phase.energy_j == pytest.approx(n * 300.0 * win_s, abs=n * one_update)
+    assert phase.as_dict()["energy_j"] == phase.energy_j
+
+
+def test_without_a_counter_energy_is_instant_power_x_time():
+    nv = FakeNvml(Load((1.0, 0.2, 80.0), (0.25, 1.0, 300.0)), Clock(), energy=False)
+    s = window(monitor(nv), nv.clock, 1.0, 0.25, every=0.05)
+    assert (s.energy_j, s.energy_source) == (pytest.approx(75.0), "power_x_time")
+    # without instant power too, every reading of a 0.25 s window straddles: no figure
+    nv = FakeNvml(nv.load, Clock(), energy=False, instant=False)
+    s = window(monitor(nv), nv.clock, 1.0, 0.25, every=0.05)
+    assert s.energy_j is None and s.energy_source is None
+
+
+def test_window_energy_rules():
+    # the counter whatever the window's length, 0 included (an update may not have come)
+    assert window_energy_j(1_000.0, 26_000.0, 250.0, 0.1) == (pytest.approx(25.0), "counter")
+    assert window_energy_j(1_000.0, 1_000.0, 250.0, 0.01) == (0.0, "counter")
+    # a counter that went backwards (driver reloaded) is no reading
+    assert window_energy_j(9_000.0, 1_000.0, 250.0, 0.1) == (pytest.approx(25.0), "power_x_time")
+    assert window_energy_j(None, None, None, 5.0) == (None, None)
+
+
+def test_phase_energy_is_none_when_a_window_has_none_and_sources_are_named():
+    def summ(e, src, dropped=0, unsupported=(), used=None):
+        return MonitorSummary(samples=[Sample(0.0, 0.0, 0.0, 0)], seconds=1.0, energy_j=e,
+                              energy_source=src, nvml_dropped=dropped,
+                              nvml_unsupported=list(unsupported), device_used_source=used)
+
+    merged = merge.telemetry([summ(10.0, "counter", 2, ["power_w"], "nvml_process"),
+                              summ(5.0, "power_x_time", 1, ["gpu_util"])])
+    d = merged.as_dict()
+    assert d["energy_j"] == 15.0 and d["energy_source"] == "counter+power_x_time"
+    assert d["nvml_samples_dropped"] == 3 and d["nvml_unsupported"] == ["gpu_util", "power_w"]
+    assert d["device_used_source"] == "nvml_process"
+    assert merge.telemetry([summ(10.0, "counter"), summ(None, None)]).energy_j is None
+
+
+def test_energy_across_ranks_sums_every_rank_and_stays_unknown_once_unknown():
+    two = SimpleNamespace(gather=lambda v: [v, 2 * v] if v is not None else [None, 1.0])
+    assert merge.energy_across_ranks(10.0, two, None) == 30.0  # first window: 10 + 20
+    assert merge.energy_across_ranks(10.0, two, 30.0, first=False) == 60.0
+    assert merge.energy_across_ranks(None, two, 30.0, first=False) is None
+    # an earlier window had no figure: the later windows alone would undercount the phase
+    assert merge.energy_across_ranks(10.0, two, None, first=False) is None
+
+
+# ------------------------------------------------------------------ arithmetic
 
 def test_memory_gate_takes_the_larger():
     gib = 2**30
@@ -112,12 +232,3 @@ def test_energy_per_image_counts_every_rank():
     assert energy_per_image([100.0, 110.0], [1000, 1000]) == pytest.approx(0.105)
     assert energy_per_image([100.0, None], [1000, 1000]) is None
     assert energy_per_image([], []) is None
-
-
-def test_window_energy_uses_the_counter_only_over_long_windows():
-    assert window_energy_j(1_000.0, 301_000.0, 250.0, 1.2) == pytest.approx(300.0)
-    # a 0.1 s window: the counter may not have moved; power x time instead
-    assert window_energy_j(1_000.0, 1_000.0, 250.0, 0.1) == pytest.approx(25.0)
-    assert window_energy_j(1_000.0, 9_000.0, 250.0, MIN_ENERGY_COUNTER_S / 2) == pytest.approx(
-        250.0 * MIN_ENERGY_COUNTER_S / 2)
-    assert window_energy_j(None, None, None, 5.0) is None

@@ -204,3 +204,129 @@ def test_a_run_that_failed_before_measuring_prints_no_verdict_and_no_advice(tmp_
     assert "status: failed" in out and "boom" in out
     assert "peak memory: not measured" in out
     assert "narrowest pipe" not in out and "to get a verdict" not in out and "┏" not in out
+
+
+# ------------------------------------------------------------------ bench.min_window_s
+
+
+def test_min_window_s_resolves_per_device(compose_cfg):
+    """null: 2 s on CUDA with the sampler on (NVML's 1 s averages need the room), 0 on a CPU
+    (the default CPU run is not lengthened) and with the sampler off; never past a window's
+    cap; a given value as given, refused past the cap."""
+    from gpubench.config.settings import GPU_MIN_WINDOW_S, min_window_s, resolve
+
+    s = resolve(compose_cfg())
+    assert s.bench.min_window_s == 0.0 and s.config["bench"]["min_window_s"] == 0.0
+    bench = compose_cfg().bench  # TINY: 2 steps, so 2 windows of 30 s each at most
+    assert min_window_s(bench, "cuda") == GPU_MIN_WINDOW_S == 2.0
+    assert min_window_s(compose_cfg("bench.monitor=false").bench, "cuda") == 0.0
+    assert min_window_s(compose_cfg("bench.max_seconds=2").bench, "cuda") == 1.0  # the cap
+    assert resolve(compose_cfg("bench.min_window_s=0.5")).bench.min_window_s == 0.5
+    with pytest.raises(ConfigError, match=r"bench.min_window_s=40.*<= a window's time cap.*30 s"):
+        resolve(compose_cfg("bench.min_window_s=40"))
+    with pytest.raises(ConfigError, match=r"bench.min_window_s=-1"):
+        resolve(compose_cfg("bench.min_window_s=-1"))
+
+
+def test_windows_last_min_window_s(compose_cfg, tmp_path):
+    # one step per window, run on until the window has lasted 0.1 s on the host clock
+    r = measure_run(compose_cfg("bench.phases=[compute]", "bench.min_window_s=0.1"), tmp_path)
+    assert r.status == "ok", r.data["error"]
+    for w in r.data["phases"]["compute"]["windows"]:
+        assert w["seconds"] >= 0.1 and w["steps"] > 1 and not w["truncated"]
+
+
+# ------------------------------------------------------------------ a host-blocking decode
+
+
+def jpeg_batch(n: int, broken: bool = False):
+    """A loader batch for device decode: n small JPEGs (or n byte strings that are none)."""
+    import torch
+    from torchvision.io import encode_jpeg
+
+    from gpubench.parts.data import JpegBatch
+
+    g = torch.Generator().manual_seed(0)
+    blobs = [torch.full((64,), 7, dtype=torch.uint8) if broken else
+             encode_jpeg(torch.randint(0, 256, (3, 20, 24), dtype=torch.uint8, generator=g))
+             for _ in range(n)]
+    offsets = torch.tensor([0] + [int(b.numel()) for b in blobs]).cumsum(0)
+    return JpegBatch(torch.cat(blobs), offsets, [f"{i}.jpg" for i in range(n)]), torch.arange(n), 0
+
+
+def test_a_rank_whose_batch_failed_to_decode_still_takes_its_step():
+    """e2e under torchrun: the step is DDP's all-reduce, so a batch none of whose images decoded
+    is replaced by the next one that does (one rank skipping would hang the others); alone, the
+    step is skipped. The pipeline still gives up on a source where nothing decodes."""
+    from gpubench.parts.augment import DeviceDecode
+    from gpubench.parts.data import DeviceSide, Pipeline
+    from gpubench.parts.datasets import CorruptImage
+    from gpubench.run.runner import moved_batch
+
+    def pipe():
+        return Pipeline(None, DeviceSide("cpu", False, False, decode=DeviceDecode(16, "cpu")))
+
+    p, later = pipe(), iter([jpeg_batch(2, broken=True), jpeg_batch(2)])
+    x, y = moved_batch(p, later, jpeg_batch(2, broken=True), None, must_step=True)
+    assert x.shape == (2, 3, 16, 16) and p.skipped == 4
+    p = pipe()
+    assert moved_batch(p, iter([jpeg_batch(2)]), jpeg_batch(2, broken=True), None,
+                       must_step=False) is None
+    endless = iter(lambda: jpeg_batch(2, broken=True), None)
+    with pytest.raises(CorruptImage):
+        moved_batch(pipe(), endless, jpeg_batch(2, broken=True), None, must_step=True)
+
+
+def test_device_decode_marks_where_device_work_starts():
+    """The pipeline's device decode tells the window where the decode returned (on CUDA nvJPEG
+    blocks the host for all of it): the window then keeps that host time apart from the device
+    work that follows (resize, crop), once per batch; the copy path reports none."""
+    import torch
+
+    from gpubench.parts.augment import DeviceDecode
+    from gpubench.parts.data import DeviceSide, Pipeline
+    from gpubench.parts.measure import DeviceStart, run_window
+
+    batch = jpeg_batch(3)
+    start, calls = DeviceStart(), []
+
+    def after_decode():
+        calls.append(1)
+        start()
+
+    decoding = Pipeline(None, DeviceSide("cpu", False, False, decode=DeviceDecode(16, "cpu")))
+
+    def work(b):
+        x, y = decoding.to_device(b, after_decode=after_decode)
+        assert x.shape == (3, 3, 16, 16)
+        return len(y)
+
+    s = run_window("loader", lambda: batch, work, 3, "cpu", warmup_steps=1, steps=2,
+                   warmup_max_s=30, max_s=30, device_start=start)
+    assert len(calls) == 3  # once per batch: the warm-up step's and the window's two
+    assert s.host_blocked_s is not None and s.host_blocked_s > 0 and s.device_work_s > 0
+    copying = Pipeline(None, DeviceSide("cpu", False, False))
+    plain_batch = (torch.zeros(2, 3, 8, 8), torch.arange(2), 0)
+    s = run_window("loader", lambda: plain_batch,
+                   lambda b: len(copying.to_device(b, after_decode=start)[1]), 2, "cpu",
+                   warmup_steps=0, steps=2, warmup_max_s=30, max_s=30, device_start=start)
+    assert s.host_blocked_s is None
+
+
+def test_loader_record_keeps_host_decode_apart_on_cuda():
+    """The serial bound's device data work is what queues on the training stream; a decode
+    that blocked the host is recorded beside it, never in it."""
+    from gpubench.core.stats import pool, stats_from
+    from gpubench.run.merge import phase_record_fields
+    from gpubench.telemetry.monitor import MonitorSummary
+
+    w = stats_from("loader", 4, 8, [0.05, 0.05], 0.1, 0.02, [], 0.0, False)
+    w.device_idle_s, w.device_work_s, w.host_blocked_s = 0.06, 0.004, 0.05
+    rec = phase_record_fields(pool([w]), [MonitorSummary(samples=[], seconds=0.1)], "cuda",
+                              "loader")
+    assert rec["device_data_seconds_per_image"] == pytest.approx(0.0005)
+    assert rec["host_decode_seconds_per_image"] == pytest.approx(0.00625)
+    assert "host_blocked_seconds_per_image" not in rec
+    cpu = phase_record_fields(pool([w]), [MonitorSummary(samples=[], seconds=0.1)], "cpu",
+                              "loader")
+    assert "host_decode_seconds_per_image" not in cpu and "device_data_seconds_per_image" not in cpu

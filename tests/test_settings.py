@@ -118,7 +118,8 @@ GOLDEN = {
     "precision": {"name": "torch_default"},
     "bench": {"device": "cpu", "phases": ["loader", "compute", "e2e"], "warmup_steps": 1,
               "warmup_max_steps": 1, "steps": 2, "repeats": 6, "warmup_max_seconds": 60.0,
-              "max_seconds": 60.0, "seed": 0, "monitor": True, "monitor_interval_s": 0.05,
+              "max_seconds": 60.0, "min_window_s": 0.0, "seed": 0, "monitor": True,
+              "monitor_interval_s": 0.05,
               "flops": True, "optimizer": "sgd", "optimizer_impl": "auto", "lr": 0.01,
               "grad_accum_steps": 1, "cudnn_benchmark": None, "host_metrics_every": 0,
               "profile": False, "profile_steps": 3},
@@ -150,8 +151,9 @@ def test_every_schema_key_reaches_the_settings(compose_cfg):
     roots = {f.name for f in dataclasses.fields(Settings)} - set(GROUPS)
     assert schema - set(GROUPS) <= roots  # precision, channels_last, compile
     # with a worker: with none, the worker-only keys are resolved (test_worker_only_keys...)
+    # bench.min_window_s set: null resolves to a number (0 on a CPU), as image_size does
     cfg = compose_cfg("bench.optimizer=adamw", "tracking.backend=none", "dataset.on_corrupt=fail",
-                      "loader.num_workers=1")
+                      "loader.num_workers=1", "bench.min_window_s=0.5")
     s = resolve(cfg)
     for group, cls in GROUPS.items():
         node = OmegaConf.structured(config.BenchConfig)[group]
@@ -297,6 +299,7 @@ def test_a_runs_results_json_holds_the_composed_config(compose_cfg, tmp_path):
     held = json.loads((tmp_path / "results.json").read_text())["config"]
     want = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     want["dataset"]["image_size"] = 32  # auto_sizes("cpu"); loader.batch_size=4 as given
+    want["bench"]["min_window_s"] = 0.0  # null: no minimum on a CPU (settings.min_window_s)
     # loader.num_workers=0: the worker-only keys as the DataLoader had them
     want["loader"].update(prefetch_factor=None, persistent_workers=False)
     assert held == want and held["model"]["kwargs"] == {"width": 4}

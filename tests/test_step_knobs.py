@@ -154,6 +154,29 @@ def test_checkpointing_gives_the_same_gradients(compose_cfg):
     assert torch.allclose(plain.fc.weight.grad, ckpt.fc.weight.grad, atol=1e-6)
 
 
+def test_checkpointing_leaves_the_model_flops_as_they_are(compose_cfg):
+    """MFU divides the model's FLOPs: the count with model.checkpointing is the count without
+    it, although the device runs each checkpointed stage's forward twice (the recomputation in
+    backward, which a count taken as the step runs does include)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gpubench.parts.step import count_step_flops_split
+
+    x, y = _batch(4)
+    plan = resolve_precision("fp32", "cpu")
+    counts = {}
+    for ckpt in (False, True):
+        cfg = compose_cfg("model.num_classes=10")
+        cfg.model.checkpointing = ckpt
+        counts[ckpt] = count_step_flops_split(build_model(resolve(cfg)).train(), plan, "cpu", x, y)
+    assert counts[True] == counts[False] and counts[True]["conv"] > 0
+    # the hardware's count of the same checkpointed step: the features' forward once more
+    ckpt_model = build_model(resolve(cfg)).train()
+    with FlopCounterMode(display=False) as hw:
+        torch.nn.functional.cross_entropy(ckpt_model(x), y).backward()
+    assert hw.get_total_flops() > counts[True]["total"]
+
+
 def test_tiny_run_with_every_knob(compose_cfg, tmp_path):
     rec = measure_run(compose_cfg(
         "model.checkpointing=true", "bench.grad_accum_steps=2", "bench.optimizer=adamw",
@@ -202,13 +225,13 @@ def test_checkpointing_keeps_far_less_for_backward():
     assert ckpt < plain / 4, (plain, ckpt)
 
 
-def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path):
+def test_cudnn_benchmark_follows_the_key_alone(compose_cfg, tmp_path):
     import torch
 
     from gpubench.parts.precision import user_flags
 
     before = torch.backends.cudnn.benchmark
-    # the process's own flag as torch_default restores it (earlier runs in this process may
+    # the process's own flag as a null key restores it (earlier runs in this process may
     # have left the live flag otherwise)
     users = user_flags()["cudnn_benchmark"]
     try:
@@ -217,10 +240,11 @@ def test_cudnn_benchmark_follows_the_key_or_the_precision(compose_cfg, tmp_path)
         assert on.extra["step"]["cudnn_benchmark"] is True
         off = measure_run(compose_cfg("bench.cudnn_benchmark=false", "precision=fp32",
                                       "bench.phases=[compute]"), tmp_path / "off").record
-        assert off.extra["step"]["cudnn_benchmark"] is False  # the key beats fp32's default
+        assert off.extra["step"]["cudnn_benchmark"] is False
         plan = measure_run(compose_cfg("precision=fp32", "bench.phases=[compute]"),
                            tmp_path / "plan").record
-        assert plan.extra["step"]["cudnn_benchmark"] is True  # null: as fp32 sets it
+        # null: the process's own flag, fp32 or not (a precision sweep changes the maths only)
+        assert plan.extra["step"]["cudnn_benchmark"] is users
         # a later torch_default run in the same process (a sweep's next trial) gets the
         # process's own flag back, not the last run's
         user = measure_run(compose_cfg("bench.phases=[compute]"), tmp_path / "user").record

@@ -210,6 +210,13 @@ class BenchSettings:
                                         bounds=(0.001, 86_400))
     max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
                                        "device", bounds=(0.001, 86_400))
+    min_window_s: float | None = setting(
+        None, "a measured window runs on past its share of bench.steps until it has lasted this "
+              "long, so NVML's readings (utilization averaged over 1/6-1 s, power over 1 s) "
+              "describe the window, not the phase before; null: 2 s on CUDA with bench.monitor "
+              "on, else 0 (off); at most a window's cap, bench.max_seconds / bench.repeats. "
+              "Under torchrun the step count is fixed before each window from the last step time",
+        bounds=(0, 3600))
     seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
                         bounds=(0, 2**32 - 1))
     monitor: bool = setting(True, "sample NVML and the host in a thread during each window")
@@ -227,8 +234,8 @@ class BenchSettings:
         1, "micro-batches per optimizer step (effective batch: loader.batch_size x this); "
            "images/sec counts every micro-batch", bounds=(1, 1024))
     cudnn_benchmark: bool | None = setting(
-        None, "torch.backends.cudnn.benchmark; null: as the precision sets it (on for fp32, tf32, "
-              "amp_*; the process's own flag for torch_default)")
+        None, "torch.backends.cudnn.benchmark, the same for every precision (a precision "
+              "comparison changes one thing); null: the process's own flag (PyTorch's: off)")
     host_metrics_every: int = setting(
         0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
            "many training loops do; 0: never", bounds=(0, 100_000))

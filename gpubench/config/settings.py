@@ -50,6 +50,7 @@ from gpubench.config.schema import (
     to_container,
 )
 from gpubench.config.uris import check_tracking_uri, local_store
+from gpubench.telemetry.nvml import NVML_AVERAGING_S
 
 # ---------------------------------------------------------------- the settings (frozen)
 # One class per config group, with the group's keys as the schema declares them; Enums are
@@ -75,8 +76,9 @@ def _frozen_group(name: str, schema: type, drop: tuple[str, ...] = (), **types: 
 Dataset = _frozen_group("Dataset", DatasetConfig, image_size=int)
 Model = _frozen_group("Model", ModelConfig)
 Loader = _frozen_group("Loader", LoaderConfig, batch_size=int)
-# bench.* without device and phases: resolved, they are Settings.device and .phases
-Bench = _frozen_group("Bench", BenchSettings, drop=("device", "phases"))
+# bench.* without device and phases: resolved, they are Settings.device and .phases;
+# min_window_s resolved for the device (`min_window_s`)
+Bench = _frozen_group("Bench", BenchSettings, drop=("device", "phases"), min_window_s=float)
 Memory = _frozen_group("Memory", MemoryConfig)
 Tracking = _frozen_group("Tracking", TrackingConfig)
 Fault = _frozen_group("Fault", FaultConfig)
@@ -195,6 +197,32 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
     return dict(WORKER_ONLY), tuple(notes)
 
 
+# bench.min_window_s=null on CUDA with the sampler on. NVML's readings average over up to
+# NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s), so those of a
+# window's first NVML_AVERAGING_S still describe the phase before it and the sampler drops
+# them (telemetry/monitor.py): twice that leaves as long again whose readings describe the
+# window alone.
+GPU_MIN_WINDOW_S = 2 * NVML_AVERAGING_S
+
+
+def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
+    """A measured window's time cap: a phase's bench.max_seconds shared by its windows
+    (bench.repeats of them, at most bench.steps)."""
+    return max_seconds / min(repeats, steps)
+
+
+def min_window_s(bench: DictConfig, device: str) -> float:
+    """bench.min_window_s as it acts: the given value; with null, GPU_MIN_WINDOW_S on CUDA with
+    bench.monitor on (no longer than a window's cap), else 0: a CPU has no NVML readings to
+    make readable, and a CPU run must not get longer for them."""
+    given = _plain(bench.min_window_s)
+    if given is not None:
+        return float(given)
+    if device != "cuda" or not bench.monitor:
+        return 0.0
+    return min(GPU_MIN_WINDOW_S, window_cap_s(bench.max_seconds, bench.repeats, bench.steps))
+
+
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
     # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
     # job fills in, which would not resolve here)
@@ -203,11 +231,13 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
+    window_s = min_window_s(cfg.bench, device)
+    config["bench"]["min_window_s"] = window_s
     return Settings(
         dataset=_group(Dataset, cfg.dataset, image_size=image_size),
         model=_group(Model, cfg.model),
         loader=_group(Loader, cfg.loader, batch_size=batch_size, **inert),
-        bench=_group(Bench, cfg.bench),
+        bench=_group(Bench, cfg.bench, min_window_s=window_s),
         memory=_group(Memory, cfg.memory),
         tracking=_group(Tracking, cfg.tracking),
         fault=_group(Fault, cfg.fault),
@@ -291,6 +321,11 @@ def resolve(cfg: DictConfig) -> Settings:
     if b.warmup_max_steps < b.warmup_steps:
         raise ConfigError("bench.warmup_max_steps", b.warmup_max_steps,
                           f">= bench.warmup_steps ({b.warmup_steps})")
+    cap = window_cap_s(b.max_seconds, b.repeats, b.steps)
+    if b.min_window_s > cap:
+        raise ConfigError("bench.min_window_s", b.min_window_s,
+                          f"<= a window's time cap, bench.max_seconds / bench.repeats "
+                          f"({cap:g} s), or null")
     if b.monitor and b.monitor_interval_s > b.max_seconds:  # no sampler, no sample needed
         raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
                           f"<= bench.max_seconds ({b.max_seconds:g}) while bench.monitor is on: a "

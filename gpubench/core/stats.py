@@ -112,6 +112,10 @@ class WindowStats:
     # and the device time of the work itself (on CUDA: events; on a CPU: the host clock)
     device_idle_s: float | None = None
     device_work_s: float | None = None
+    # host time the steps' work spent blocked before its device work could be queued (nvJPEG
+    # decode: torchvision synchronizes its own stream, parts/measure.py DeviceStart); None when
+    # no step's work has such a part
+    host_blocked_s: float | None = None
 
     def summary(self) -> dict:
         d = asdict(self)
@@ -182,6 +186,26 @@ def settled(times: list[float], k: int = SETTLE_K, tol: float = SETTLE_TOLERANCE
     return b > 0 and abs(a - b) <= tol * b
 
 
+def steady_step_s(times: list[float], k: int = SETTLE_K) -> float | None:
+    """The step time warm-up ended at: the mean of its last `k` steps, the first (compile,
+    autotune, lazy init) left out; None with no step after the first."""
+    body = times[1:][-k:]
+    return sum(body) / len(body) if body else None
+
+
+def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -> int:
+    """The steps of a window whose length must be fixed before it opens (under torchrun every
+    rank runs the same count: none may stop on its own clock): `steps`, or as many more as last
+    `min_s` at `step_s` seconds a step, but no more than fit in the window's cap `cap_s`. With
+    no step time known, `steps`."""
+    if min_s <= 0 or step_s is None or not math.isfinite(step_s) or step_s <= 0:
+        return steps
+    need = math.ceil(min_s / step_s)
+    if math.isfinite(cap_s):
+        need = min(need, math.floor(cap_s / step_s))
+    return max(steps, need)
+
+
 # ---------------------------------------------------------------- windows pooled into a phase
 
 
@@ -198,6 +222,7 @@ def pool(windows: list[WindowStats]) -> dict:
     ci = median_interval(ips)
     idle = [w.device_idle_s for w in windows]
     busy = [w.device_work_s for w in windows]
+    blocked = [w.host_blocked_s for w in windows]
     images = sum(w.images for w in windows)
     ranks = None
     if first.ranks_images_per_sec is not None:
@@ -236,6 +261,8 @@ def pool(windows: list[WindowStats]) -> dict:
                                  else None),
         "device_work_seconds_per_image": (sum(busy) / images if images and None not in busy
                                           else None),
+        "host_blocked_seconds_per_image": (sum(blocked) / images
+                                           if images and None not in blocked else None),
     }
 
 

@@ -8,6 +8,7 @@ batch at once, which moves that work off a host whose workers cannot keep up.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -129,10 +130,17 @@ class DeviceDecode:
                 im.record_stream(main)
         return imgs
 
-    def __call__(self, blobs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
+    def __call__(self, blobs: list[torch.Tensor], after_decode: Callable[[], None] | None = None
+                 ) -> tuple[torch.Tensor | None, list[int]]:
+        """`after_decode`: called once the decode has returned, before the resize and crop are
+        queued: torchvision's CUDA decode_jpeg blocks the host until nvJPEG is done (it
+        synchronizes its own stream at both ends, decode_jpegs_cuda.cpp), so the device work
+        that queues on the training stream starts there (parts/measure.py DeviceStart)."""
         from torchvision.transforms import v2
 
         imgs = self._decode(blobs)
+        if after_decode is not None:
+            after_decode()
         failed = [i for i, im in enumerate(imgs) if im is None]
         fixed = [
             v2.functional.center_crop(

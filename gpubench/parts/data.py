@@ -16,7 +16,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -53,6 +53,7 @@ from gpubench.parts.datasets import (  # noqa: F401  (re-exported: the data side
     source_size,
     substitute_order,
 )
+from gpubench.parts.oom import pin_host
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,9 @@ class DeviceSide:
         # pageable memory .to() would block the host until the copy is done. Safe to let go of
         # the pinned tensor at once: the caching host allocator records an event on the copy's
         # stream and reuses the block only after it.
-        return y.pin_memory().to(self.device, non_blocking=True)
+        # pin_host: a pinning failure is the host's page-locked memory running out, told
+        # apart from a device OOM by its type (oom.PinnedMemoryError)
+        return pin_host(y).to(self.device, non_blocking=True)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         """Augment on the device, then the memory format the model runs in."""
@@ -217,9 +220,11 @@ class Pipeline:
             self._iters.add(it)
             yield from it
 
-    def to_device(self, batch):
+    def to_device(self, batch, after_decode: Callable[[], None] | None = None):
         """(x, y) on the device, ready for the model, or None when nothing of the batch
-        decoded (dataset.on_corrupt=skip)."""
+        decoded (dataset.on_corrupt=skip). `after_decode`: called when a device decode has
+        returned, before any of the batch's work is queued on the training stream (nvJPEG
+        blocks the host for the whole decode: parts/measure.py DeviceStart)."""
         if self.side is None:
             return batch
         x, y, skipped = batch
@@ -227,7 +232,7 @@ class Pipeline:
         if x is None:
             return None
         if self.side.decode is not None:
-            x, y = self._decode(x, y)
+            x, y = self._decode(x, y, after_decode)
             if x is None:
                 return None
             y = self.side.labels(y)
@@ -235,10 +240,11 @@ class Pipeline:
             x, y = self.side.copy(x, y)
         return self.side.finish(x), y
 
-    def _decode(self, jpegs: JpegBatch, y: torch.Tensor):
+    def _decode(self, jpegs: JpegBatch, y: torch.Tensor,
+                after_decode: Callable[[], None] | None = None):
         """nvJPEG decode of a batch; images it refuses are skipped (their places refilled by
         the others) or fail the run, as dataset.on_corrupt says."""
-        x, failed = self.side.decode(jpegs.blobs())
+        x, failed = self.side.decode(jpegs.blobs(), after_decode)
         if failed:
             if self.on_corrupt == "fail":
                 raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")

@@ -18,6 +18,10 @@ until NCCL's watchdog fires (10 minutes by default) with no status written. Thre
   before its figures are gathered), a flag all-reduced with MAX says whether any rank failed,
   and only then are the messages gathered: one small all-reduce in the common case.
 The process group's own timeout is short (PROCESS_GROUP_TIMEOUT_S) as a last resort.
+
+Healthy ranks must also run the same number of steps (a rank one step ahead sits in a barrier
+while another is in DDP's all-reduce): `all_done` (MIN) ends warm-up on the ranks' common
+decision and `most` (MAX) fixes a window's step count before it opens (parts/measure.py).
 """
 
 from __future__ import annotations
@@ -86,17 +90,40 @@ class Dist:
         tdist.all_gather_object(out, value)
         return out
 
+    def _reduce(self, value: int, op) -> int:
+        """One integer all-reduced over the ranks (the same answer on every rank). On NCCL the
+        tensor lives on the device and `.item()` waits for the all-reduce, which waits for the
+        work queued on the current stream: a device sync. Call it only where one costs nothing
+        measured (warm-up, which syncs every step; before a window opens; after it closes)."""
+        # NCCL reduces device tensors only; gloo host tensors
+        dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
+        t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
+        tdist.all_reduce(t, op=op)
+        return int(t.item())
+
+    def all_done(self, done: bool) -> bool:
+        """Collective: True only when every rank says done (a MIN all-reduce). The ranks' common
+        decision where each rank would otherwise stop on its own judgement (warm-up: its own
+        step times and clock): a rank that stopped a step early would sit in `barrier()` while
+        the others are in DDP's all-reduce, and NCCL would mismatch the two. Without torchrun:
+        this rank's own answer."""
+        if not self.enabled:
+            return bool(done)
+        return bool(self._reduce(bool(done), tdist.ReduceOp.MIN))
+
+    def most(self, n: int) -> int:
+        """Collective: the largest of the ranks' `n` (a MAX all-reduce); `n` without torchrun."""
+        if not self.enabled:
+            return int(n)
+        return self._reduce(n, tdist.ReduceOp.MAX)
+
     def agree(self, error: str | None) -> str | None:
         """Collective: None if every rank passes error=None, else "rank R: its error" of the
         first failed rank (the same answer on every rank). Call it only where all ranks call
         it in the same order."""
         if not self.enabled:
             return error
-        # NCCL reduces device tensors only; gloo host tensors
-        dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
-        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=dev)
-        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
-        if int(flag.item()) == 0:
+        if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:
             return None
         errors: list = [None] * self.world
         tdist.all_gather_object(errors, error)

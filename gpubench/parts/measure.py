@@ -4,19 +4,37 @@ A window runs `fetch()` (host side: blocking on the next batch is *data wait*) t
 (transfer + train step, launched asynchronously on a GPU; returns the batch's image count)
 step after step. Per-step times come from CUDA events recorded on the stream after each step,
 read only after the closing sync, so no step ever waits for the device; on a CPU every op is
-synchronous and the host clock is exact. The arithmetic lives in gpubench/stats.py.
+synchronous and the host clock is exact. The arithmetic lives in gpubench/core/stats.py.
+
+Under torchrun every rank must run the same number of steps, warm-up included: a rank one step
+ahead would sit in the window's barrier while another is in DDP's all-reduce, and NCCL would
+mismatch them (the run hangs until the watchdog). So no rank stops on its own judgement: warm-up
+ends when all ranks say done (`Ranks.all_done` after every warm-up step, where the device is
+synchronized anyway), and a window's length is fixed before it opens (`Ranks.most`), with no
+time cap inside it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
-from gpubench.core.stats import MIN_AFTER_FIRST, WindowStats, percentile, settled, stats_from
+from gpubench.core.stats import (
+    MIN_AFTER_FIRST,
+    WindowStats,
+    percentile,
+    settled,
+    stats_from,
+    steady_step_s,
+    window_steps,
+)
 
-__all__ = ["Clock", "WindowStats", "percentile", "run_window", "stats_from", "warm_up"]
+__all__ = ["Clock", "DeviceStart", "Ranks", "WindowStats", "percentile", "run_window",
+           "stats_from", "warm_up"]
 
 
 class Clock:
@@ -45,23 +63,74 @@ class Clock:
         return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
+class Ranks(Protocol):
+    """The ranks' common decisions (gpubench.parts.distributed.Dist under torchrun)."""
+
+    def all_done(self, done: bool) -> bool: ...
+
+    def most(self, n: int) -> int: ...
+
+
+class DeviceStart:
+    """Where a step's device work begins when its work blocks the host first.
+
+    torchvision's CUDA `decode_jpeg` decodes on its own pool stream and synchronizes that stream
+    before and after (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp,
+    CUDAJpegDecoder::decode_images: `cudaStreamSynchronize(stream)` at both ends; the caller's
+    stream only waits on an event after it): the host is blocked for the whole decode and none
+    of it queues on the training stream. An event recorded before the call would time that
+    host-blocked decode (loader phase), or in e2e the previous step's kernels the device runs
+    meanwhile. So the work calls this object when such a part returns: the window then takes
+    the step's device start from there, and counts the host time before it as host-blocked.
+    Outside a window (warm-up, profiling) a call does nothing."""
+
+    def __init__(self) -> None:
+        self._clock: Clock | None = None
+        self.at = 0.0  # host clock at the step's device start
+        self.mark = None  # the step's device start mark
+        self.moved = False  # the work reported a host-blocking part in this window
+
+    def arm(self, clock: Clock) -> None:
+        """By the window, for its measured steps."""
+        self._clock, self.moved = clock, False
+
+    def disarm(self) -> None:
+        self._clock = None
+
+    def begin(self) -> float:
+        """By the window, right before a step's work: the device start as it is by default."""
+        self.at, self.mark = self._clock.now(), self._clock.mark()
+        return self.at
+
+    def __call__(self) -> None:
+        """By the work, when its host-blocking part has returned."""
+        if self._clock is not None:
+            self.at, self.mark = self._clock.now(), self._clock.mark()
+            self.moved = True
+
+
 def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
-            max_s: float, on_step: Callable[[], None] | None = None
-            ) -> tuple[list[float], float, bool | None]:
+            max_s: float, on_step: Callable[[], None] | None = None,
+            agree: Callable[[bool], bool] = bool) -> tuple[list[float], float, bool | None]:
     """Run steps until they are steady: at least `min_steps`; with `max_steps` above it, on
     until `stats.settled` (bounded by max_steps and max_s); otherwise exactly `min_steps` (a
     pinned warm-up, or a re-warm between windows that drains what the loader buffered).
     `on_step`: called after each step's closing sync (the runner reads the loss there: the
-    device is idle, so it waits for nothing). Returns (step times, seconds, settled: None when
-    not judged)."""
+    device is idle, so it waits for nothing). `agree`: this rank's "done" to the ranks' common
+    decision (`Ranks.all_done` under torchrun; itself otherwise), asked after every step from
+    the floor on, so every rank runs the same number of steps; a rank's own "done" holds once
+    said (a settled judgement that a later step would undo must not keep the others waiting).
+    Returns (step times, seconds, settled: None when not judged; whether this rank's own
+    judgement found the steps steady)."""
     perf = clock.now
     # max_steps == min_steps pins a fixed warm-up: nothing to judge
     judge = max_steps is not None and max_steps > min_steps
     limit = max(min_steps, max_steps or 0)
-    # at least MIN_AFTER_FIRST steps after the first, whatever the time cap (compile, graphs)
+    # at least MIN_AFTER_FIRST steps after the first, whatever the time cap (compile, graphs);
+    # floor and limit come from the config alone, so they are the same on every rank
     floor = min(limit, max(min_steps, MIN_AFTER_FIRST + 1)) if judge else min_steps
     times: list[float] = []
-    done = False
+    mine = ok = False  # this rank's judgement: done, and done because steady
     t0 = perf()
     n = 0
     while n < limit:
@@ -78,14 +147,14 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
         n += 1
         if n < floor:
             continue
-        if judge and settled(times):
-            done = True
+        if not mine:
+            if judge and settled(times):
+                mine = ok = True
+            elif not judge or perf() - t0 > max_s:
+                mine = True  # pinned warm-up done, or out of time
+        if agree(mine):
             break
-        if not judge and n >= min_steps:
-            break
-        if perf() - t0 > max_s:
-            break
-    return times, perf() - t0, (done if judge else None)
+    return times, perf() - t0, (ok if judge else None)
 
 
 def run_window(
@@ -103,38 +172,70 @@ def run_window(
     on_close: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     on_warm_step: Callable[[], None] | None = None,
+    min_s: float = 0.0,
+    ranks: Ranks | None = None,
+    step_s: float | None = None,
+    device_start: DeviceStart | None = None,
 ) -> WindowStats:
-    """Warm up (see `warm_up`), then one measured window of up to `steps` steps. `clock` is the
-    host clock in seconds (tests pass one they advance themselves)."""
+    """Warm up (see `warm_up`), then one measured window of `steps` steps, run on until it has
+    lasted `min_s` (bench.min_window_s: NVML's readings average over up to 1 s, so a shorter
+    window's would mostly describe the phase before), closed early by the time cap `max_s`.
+    `clock` is the host clock in seconds (tests pass one they advance themselves).
+
+    Under torchrun (`ranks`), warm-up ends on the ranks' common decision, and the window's
+    length is fixed before it opens: `steps`, or more to last `min_s` at `step_s` seconds a
+    step (the caller's, from the phase's last window; else the step time warm-up ended at),
+    the largest count of any rank, with no time cap inside (a rank that stopped on its own clock
+    would leave the others in DDP's all-reduce). Deciding inside the window would cost a device
+    sync per step under NCCL (Dist._reduce). `device_start`: the object the work calls after a
+    host-blocking part (DeviceStart)."""
     marker = Clock(device, clock)
     perf = clock
     warm_times, warm_s, warm_ok = warm_up(fetch, work, marker, warmup_steps, warmup_max_steps,
-                                          warmup_max_s, on_warm_step)
+                                          warmup_max_s, on_warm_step,
+                                          ranks.all_done if ranks is not None else bool)
+    if ranks is not None:
+        est = step_s if step_s is not None else steady_step_s(warm_times)
+        steps = ranks.most(window_steps(steps, min_s, est, max_s))
+        min_s, max_s = 0.0, math.inf
 
     # --- the measured window
     # Edge sync: all warm-up work is done on the device before the window opens.
     marker.sync()
     if on_open:
         on_open()
-    wait = 0.0
+    start = device_start if device_start is not None else DeviceStart()
+    start.arm(marker)
+    wait = blocked = 0.0
     images = 0
     truncated = False
     t0 = perf()
     marks = [marker.mark()]
     # a mark when each step's work is handed to the device: on CUDA it executes when the
     # stream reaches it, so start(i) - end(i-1) is the device waiting for the host (idle), and
-    # end(i) - start(i) the device time of work(i) (in the loader phase: copy, decode, augment)
+    # end(i) - start(i) the device time of work(i) (in the loader phase: copy, augment, and
+    # what follows a host-blocking decode; see DeviceStart)
     starts = []
-    for i in range(steps):
-        a = perf()
-        batch = fetch()
-        wait += perf() - a  # host blocked on the data side
-        starts.append(marker.mark())
-        images += work(batch)  # images in this batch, known on the host (no sync)
-        marks.append(marker.mark())
-        if perf() - t0 > max_s and i + 1 < steps:
-            truncated = True
-            break
+    try:
+        while True:
+            a = perf()
+            batch = fetch()
+            wait += perf() - a  # host blocked on the data side
+            h = start.begin()
+            images += work(batch)  # images in this batch, known on the host (no sync)
+            blocked += start.at - h  # host blocked inside the work (0 unless it said so)
+            starts.append(start.mark)
+            marks.append(marker.mark())
+            n, elapsed = len(starts), perf() - t0
+            # the host clock is a lower bound of the window's length: the closing sync can
+            # only add to it, so a window closed here has lasted at least min_s
+            if n >= steps and elapsed >= min_s:
+                break
+            if elapsed > max_s:
+                truncated = n < steps
+                break
+    finally:
+        start.disarm()
     # Edge sync: the window closes when the device has finished every step it was given.
     marker.sync()
     window_s = perf() - t0
@@ -147,4 +248,5 @@ def run_window(
         marker.deltas([marks[i], starts[i]])[0] for i in range(n)))
     stats.device_work_s = sum(max(0.0, marker.deltas([starts[i], marks[i + 1]])[0])
                               for i in range(n))
+    stats.host_blocked_s = blocked if start.moved else None
     return stats

@@ -4,6 +4,7 @@ and torch.compile."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 
@@ -13,7 +14,7 @@ from torch import nn
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import CHECKPOINT_WIRED, Settings, check_classes, plain
 from gpubench.parts import targets
-from gpubench.parts.step import is_oom
+from gpubench.parts.oom import is_oom
 
 
 class TinyNet(nn.Module):
@@ -125,9 +126,10 @@ class Checkpointed(nn.Module):
     def __init__(self, inner: nn.Module):
         super().__init__()
         self.inner = inner
+        self.recompute = True  # off only while the model's FLOPs are counted (without_recompute)
 
     def forward(self, *args):
-        if self.training and torch.is_grad_enabled():
+        if self.recompute and self.training and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
 
             return checkpoint(self.inner, *args, use_reentrant=False)
@@ -150,6 +152,21 @@ def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
     for parent, attr in stages:
         setattr(parent, attr, Checkpointed(getattr(parent, attr)))
     return model
+
+
+@contextlib.contextmanager
+def without_recompute(model: nn.Module):
+    """The model run as if it had no activation checkpointing, for counting its FLOPs: a count
+    taken with checkpointing on would include each stage's forward twice (the recomputation in
+    backward), which are hardware FLOPs, not the model's (MFU divides the model's)."""
+    stages = [m for m in model.modules() if isinstance(m, Checkpointed)]
+    for m in stages:
+        m.recompute = False
+    try:
+        yield model
+    finally:
+        for m in stages:
+            m.recompute = True
 
 
 def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Module:

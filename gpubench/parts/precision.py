@@ -2,11 +2,13 @@
 `resolve_precision`): the autocast dtype, whether a GradScaler is used, the TF32 flags, and
 which math convolutions and matmuls really run in (for MFU's peak).
 
-`torch_default` (the default) leaves PyTorch's backend flags as the user's process has them,
-so the run measures what a plain training job runs: on Ampere and newer, PyTorch's defaults
-run convolutions in TF32 (torch.backends.cudnn.allow_tf32=True) and matmuls in full fp32
-(torch.backends.cuda.matmul.allow_tf32=False), and cudnn.benchmark off. `fp32` turns TF32 off
-for both (strict fp32, 2-3x slower convolutions there), `tf32` on for both.
+`torch_default` (the default) leaves PyTorch's TF32 flags as the user's process has them, so
+the run measures what a plain training job runs: on Ampere and newer, PyTorch's defaults run
+convolutions in TF32 (torch.backends.cudnn.allow_tf32=True) and matmuls in full fp32
+(torch.backends.cuda.matmul.allow_tf32=False). `fp32` turns TF32 off for both (strict fp32,
+2-3x slower convolutions there), `tf32` on for both. cudnn.benchmark is not the precision's:
+bench.cudnn_benchmark sets it alike for every precision (null: the process's own flag), so a
+precision comparison changes the maths alone, not cuDNN's algorithm search with it.
 """
 
 from __future__ import annotations
@@ -55,20 +57,50 @@ class PrecisionPlan:
 _USER_FLAGS: dict | None = None
 
 
+def _fp32_precision(node) -> str | None:
+    """torch >= 2.9's per-operation TF32 setting ("tf32", "ieee" or "none") as PyTorch resolves
+    it (the operation's own, else its backend's, else the generic one: Context::float32Precision
+    in aten/src/ATen/Context.cpp); None on a torch without that API (2.4 to 2.8)."""
+    try:
+        return str(node().fp32_precision)
+    except AttributeError:  # cuBLASModule: "Unknown attribute"; cudnn: no `conv`/`rnn` module
+        return None
+
+
+def _tf32_on(node, legacy) -> bool:
+    precision = _fp32_precision(node)
+    if precision is None:
+        return bool(legacy())
+    # torch >= 2.9: read the new API, which is what the kernels consult (cuBLAS's math mode in
+    # CublasHandlePool.cpp / CUDABlas.cpp: float32Precision(CUDA, MATMUL) == TF32; cuDNN
+    # convolutions: allowTF32CuDNN(Float32Op::CONV)). The legacy getters raise a RuntimeError
+    # once a process has set the new API for some operations only ("you have used mix of the
+    # legacy and new APIs": Context::allowTF32CuBLAS / allowTF32CuDNN check the two agree).
+    return precision == "tf32"
+
+
 def _read_flags() -> dict:
     return {
-        "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_tf32": _tf32_on(lambda: torch.backends.cuda.matmul,
+                                lambda: torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_tf32": _tf32_on(lambda: torch.backends.cudnn.conv,
+                               lambda: torch.backends.cudnn.allow_tf32),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
     }
 
 
 def _write_flags(f: dict) -> None:
-    # The legacy allow_tf32 setters exist from torch 1.7 to today (2.9+ maps them onto the
-    # newer fp32_precision settings), so they serve every torch >= 2.4 this runs on. They are
-    # plain process-wide flags: setting them without a GPU is harmless (and testable).
+    # The legacy allow_tf32 setters exist from torch 1.7 to today and on 2.9+ set the new API
+    # too (Context::setAllowTF32CuBLAS: the matmul precision and the legacy flag together), so
+    # both views agree afterwards and neither getter raises. They are plain process-wide flags:
+    # setting them without a GPU is harmless (and testable).
     torch.backends.cuda.matmul.allow_tf32 = f["matmul_tf32"]
     torch.backends.cudnn.allow_tf32 = f["cudnn_tf32"]
+    if not f["cudnn_tf32"] and _fp32_precision(lambda: torch.backends.cudnn.conv) is not None:
+        # setAllowTF32CuDNN(false) leaves conv and rnn at "none", which inherits a generic
+        # torch.backends.fp32_precision="tf32" the process may have set: say ieee outright
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     torch.backends.cudnn.benchmark = f["cudnn_benchmark"]
 
 
@@ -109,27 +141,34 @@ def _remember_user_flags() -> None:
         _USER_FLAGS = _read_flags()
 
 
-def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:
-    """Set the flags the plan asks for; torch_default puts back the user's own.
+def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict) -> dict:
+    """The flags a run uses: TF32 as the precision says (torch_default: the user's own), and
+    cudnn.benchmark from bench.cudnn_benchmark alone, whatever the precision (null: the user's
+    own), so runs that differ in precision differ in nothing else.
 
     fp32 means fp32: cuDNN allows TF32 convolutions by default, so it is switched off
     explicitly, otherwise 'fp32' on Ampere+ silently measures TF32.
 
-    `cudnn_benchmark` (bench.cudnn_benchmark): time every cuDNN convolution algorithm at the
-    first call of each input shape and keep the fastest. The search runs in the warm-up (whose
-    steps are not measured); with shapes that keep changing it would run again and again. No
-    effect without cuDNN. None leaves the flag as the plan sets it."""
-    if plan.tf32 is None:
-        if _USER_FLAGS is not None:
-            _write_flags(_USER_FLAGS)
-    else:
+    cudnn.benchmark: time every cuDNN convolution algorithm at the first call of each input
+    shape and keep the fastest. The search runs in the warm-up (whose steps are not measured);
+    with shapes that keep changing it would run again and again. No effect without cuDNN."""
+    tf32 = plan.tf32
+    return {
+        "matmul_tf32": user["matmul_tf32"] if tf32 is None else tf32,
+        "cudnn_tf32": user["cudnn_tf32"] if tf32 is None else tf32,
+        "cudnn_benchmark": user["cudnn_benchmark"] if cudnn_benchmark is None
+        else bool(cudnn_benchmark),
+    }
+
+
+def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:
+    """Set the flags `backend_flags` gives; a run that asks for the user's own flags after
+    another run changed them (in one process) gets them back. Nothing is written while the
+    flags already are what the run wants."""
+    want = backend_flags(plan, cudnn_benchmark, user_flags())
+    if want != _read_flags():
         _remember_user_flags()
-        # benchmark mode picks the fastest conv algorithm for fixed shapes, as tuned training
-        # jobs do (torch_default keeps PyTorch's own choice, off)
-        _write_flags({"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32, "cudnn_benchmark": True})
-    if cudnn_benchmark is not None:
-        _remember_user_flags()
-        torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
+        _write_flags(want)
 
 
 def make_grad_scaler(plan: PrecisionPlan, device: str):

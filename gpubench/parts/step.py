@@ -10,74 +10,9 @@ import torch
 from torch import nn
 
 from gpubench.config.errors import ConfigError
+from gpubench.parts.models import without_recompute
+from gpubench.parts.oom import OOM_ERRORS
 from gpubench.parts.precision import PrecisionPlan, make_grad_scaler
-
-OOM_ERRORS: tuple[type[BaseException], ...] = (
-    getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
-    torch.cuda.OutOfMemoryError,
-)
-
-# What ran out, read from the error's text (the whole chain: a DataLoader worker or the pin
-# thread re-raises the original message inside its own). Checked in this order, first match wins.
-# - "pinned": page-locked host memory for H2D copies (the CachingHostAllocator's cudaHostAlloc,
-#   reported by C10_CUDA_CHECK as a plain "CUDA error: out of memory", so only where it happened
-#   tells it apart): host RAM / the pin limit, never the device's memory.
-# - "device": the caching allocator's OutOfMemoryError, and memory that libraries take with
-#   their own cudaMalloc outside it (cuBLAS/cuDNN handles and workspaces, cuFFT, cuSOLVER,
-#   cuSPARSE, nvJPEG, the CUDA runtime itself) which fail near the limit with status codes.
-# - "host": the CPU allocator (c10's alloc_cpu: posix_memalign failing) and Python's MemoryError.
-OOM_MESSAGES: tuple[tuple[str, str], ...] = (
-    ("in pin memory thread", "pinned"),
-    ("cudahostalloc", "pinned"),
-    ("cachinghostallocator", "pinned"),
-    ("pinned memory", "pinned"),
-    ("cuda out of memory", "device"),
-    ("cublas_status_alloc_failed", "device"),
-    ("cudnn_status_alloc_failed", "device"),
-    ("cufft_alloc_failed", "device"),
-    ("cusolver_status_alloc_failed", "device"),
-    ("cusparse_status_alloc_failed", "device"),
-    ("nvjpeg_status_allocator_failure", "device"),
-    ("cuda error: out of memory", "device"),
-    ("cudaerrormemoryallocation", "device"),
-    ("defaultcpuallocator: can't allocate memory", "host"),
-    ("defaultcpuallocator: not enough memory", "host"),
-    ("cannot allocate memory", "host"),
-    ("out of memory", "device"),
-)
-
-
-def _chain_text(exc: BaseException) -> str:
-    parts, seen, e = [], set(), exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        parts.append(str(e))
-        e = e.__cause__ or e.__context__
-    return "\n".join(parts).lower()
-
-
-def oom_kind(exc: BaseException) -> str | None:
-    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None: not a memory
-    error."""
-    text = _chain_text(exc)
-    for needle, kind in OOM_MESSAGES:
-        if needle in text:
-            return kind
-    if isinstance(exc, OOM_ERRORS):  # the caching allocator's own type, whatever its text
-        return "device"
-    if isinstance(exc, MemoryError):
-        return "host"
-    return None
-
-
-def is_oom(exc: BaseException, device: str = "cuda") -> bool:
-    """Did the benchmarked device run out of memory (status "oom", a point a sweep treats as
-    too big)? On a CPU run the host RAM is that device; a pinned-host failure never is: it is
-    a host limit that a smaller batch would not cure the same way."""
-    kind = oom_kind(exc)
-    if kind == "device":
-        return True
-    return kind == "host" and device != "cuda"
 
 
 class NonFiniteLoss(RuntimeError):
@@ -238,13 +173,18 @@ def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, x
     """FLOPs of one forward+backward on this batch, counted once by torch's FlopCounterMode
     (2 per multiply-add), as {"conv", "matmul", "total"}: convolutions and matmuls can run at
     different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls), so MFU's peak needs
-    the split. None if the counter cannot run this model."""
+    the split. None if the counter cannot run this model.
+
+    These are the model's FLOPs, the numerator of MFU: with model.checkpointing the stages are
+    counted without their recomputation (which the device does run: hardware FLOPs would add
+    about one forward of each checkpointed stage), so checkpointing shows as a lower MFU at the
+    same model, as the time it costs."""
     from torch.utils.flop_counter import FlopCounterMode
 
     crit = nn.CrossEntropyLoss()
     try:
         counter = FlopCounterMode(display=False)
-        with counter:
+        with counter, without_recompute(model):
             with plan.autocast(device):
                 loss = crit(model(x), y)
             loss.backward()

@@ -26,19 +26,26 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
     return merged
 
 
-def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None) -> float | None:
-    """Every rank's GPU energy in this window added to `before` (the phase's earlier windows);
-    None once any rank could not read its own (the sampler reads this rank's GPU only)."""
+def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None,
+                        first: bool = True) -> float | None:
+    """Every rank's GPU energy in this window (each from its own counter's difference, see
+    nvml.window_energy_j) added to `before`, the phase's earlier windows; None once any rank
+    could not read its own in any window (the sampler reads this rank's GPU only). `first`:
+    this is the phase's first window; after it, `before` None means an earlier window had no
+    figure, and a sum of the later ones alone would undercount the phase."""
     energies = dist.gather(energy_j)
-    if any(e is None for e in energies):
+    if any(e is None for e in energies) or (before is None and not first):
         return None
     return (before or 0.0) + sum(energies)
 
 
 def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
-    """A phase's telemetry over all its windows: samples pooled, seconds and energy summed.
-    Byte counters restart at each window: later windows' are offset by the earlier totals, so
-    the pooled counters stay cumulative."""
+    """A phase's telemetry over all its windows: samples pooled (each window's readings that
+    straddle its start already dropped), seconds summed, energy the sum of the windows'
+    energies: their counter differences wherever the counter was read, whatever each window's
+    length, so the phase's error stays within one counter update per window; None if any
+    window has no figure. Byte counters restart at each window: later windows' are offset by
+    the earlier totals, so the pooled counters stay cumulative."""
     samples, base = [], dict.fromkeys(_COUNTERS, 0)
     for s in summaries:
         last = dict(base)
@@ -48,10 +55,17 @@ def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
             last.update(moved)
         base = last
     energy = [s.energy_j for s in summaries]
+    known = bool(energy) and all(e is not None for e in energy)
+    sources = sorted({s.energy_source for s in summaries if s.energy_source})
+    used = [s.device_used_source for s in summaries if s.device_used_source]
     return MonitorSummary(
         samples=samples,
         seconds=sum(s.seconds for s in summaries),
-        energy_j=sum(energy) if energy and all(e is not None for e in energy) else None,
+        energy_j=sum(energy) if known else None,
+        energy_source="+".join(sources) if known else None,
+        device_used_source=used[-1] if used else None,
+        nvml_unsupported=sorted({k for s in summaries for k in s.nvml_unsupported}),
+        nvml_dropped=sum(s.nvml_dropped for s in summaries),
     )
 
 
@@ -64,13 +78,19 @@ def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: s
         w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
         w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
         w["samples"] = d["samples"]
+    blocked = pooled.pop("host_blocked_seconds_per_image", None)
     if device != "cuda":
         # on a CPU the host clock already gives data wait: "device idle" would repeat it
         pooled["device_idle_fraction"] = pooled["device_work_seconds_per_image"] = None
     elif name == "loader":
-        # the copy, decode and augment the device does for the data side: in e2e they run
-        # on the training stream, one after the other with the step (the combined bound)
+        # the device work of the data side that queues on the training stream (the copy, the
+        # resize, crop and augment after a decode): in e2e it runs there one after the other
+        # with the step (the combined bound). An nvJPEG decode is not in it: it runs on
+        # torchvision's own stream with the host blocked (parts/measure.py DeviceStart), so it
+        # is the host's cost, in the loader phase's own rate, and kept apart here
         pooled["device_data_seconds_per_image"] = pooled["device_work_seconds_per_image"]
+        if blocked is not None:
+            pooled["host_decode_seconds_per_image"] = blocked
     return pooled
 
 

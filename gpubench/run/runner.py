@@ -30,23 +30,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import Settings, check_resources, plain, resolve
+from gpubench.config.settings import Settings, check_resources, plain, resolve, window_cap_s
 from gpubench.core.pipe import batches_in_flight
 from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed, targets
 from gpubench.parts.data import CorruptImage, build_pipeline
-from gpubench.parts.measure import run_window
+from gpubench.parts.measure import DeviceStart, run_window
 from gpubench.parts.models import build_model, check_output, maybe_compile, prepare_model
+from gpubench.parts.oom import is_oom
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
-from gpubench.parts.step import (
-    TrainStep,
-    count_step_flops_split,
-    is_oom,
-    make_optimizer,
-    step_figures,
-)
+from gpubench.parts.step import TrainStep, count_step_flops_split, make_optimizer, step_figures
 from gpubench.run import compute_bound, merge
 from gpubench.run.faults import Faults
 from gpubench.run.summary import figures, summarize
@@ -109,6 +104,18 @@ def one_line_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:1000]
 
 
+def moved_batch(pipe, batches, batch, after_decode, must_step: bool):
+    """`batch` on the device, or None when none of its samples decoded (on_corrupt=skip) and
+    the step may be skipped. With `must_step` (e2e under torchrun: the step is DDP's all-reduce,
+    and a rank that skipped it would leave the others waiting there) the next batches are taken
+    until one decodes; the pipeline stops the run after MAX_SUBSTITUTES images in a row that did
+    not (parts/data.py), so this ends."""
+    moved = pipe.to_device(batch, after_decode=after_decode)
+    while moved is None and must_step:
+        moved = pipe.to_device(next(batches), after_decode=after_decode)
+    return moved
+
+
 class Benchmark:
     """One run: build once (data, model, step), then `run_phase` window by window."""
 
@@ -155,6 +162,9 @@ class Benchmark:
         self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
         self.pipe = self.step = None
         self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
+        # the work's "device work starts here" after a host-blocking nvJPEG decode: armed by
+        # run_window for its measured steps only (parts/measure.py DeviceStart)
+        self.device_start = DeviceStart()
         self.t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ record
@@ -209,8 +219,11 @@ class Benchmark:
             return (lambda: (x, y)), compute_only
         batches = pipe.batches()
 
+        # under torchrun e2e's step is a collective (DDP's all-reduce): every rank must take it
+        must_step = name == "e2e" and self.dist.enabled
+
         def load_or_train(batch):
-            moved = pipe.to_device(batch)
+            moved = moved_batch(pipe, batches, batch, self.device_start, must_step)
             if moved is None:  # every sample of this batch failed to decode (on_corrupt=skip)
                 return 0
             if name == "e2e":
@@ -241,9 +254,6 @@ class Benchmark:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         held: list[MonitorSummary] = []
-        # under torchrun every rank must run the same number of steps (a rank that stopped
-        # early would leave the others waiting in DDP's all-reduce): no time cap there
-        cap = math.inf if dist.enabled else b.max_seconds / self.repeats
         warm = b.warmup_steps
         if self.settings.compile != "off":
             # the first step compiles, with reduce-overhead the second records the CUDA graph
@@ -253,15 +263,23 @@ class Benchmark:
         # warm-up step (which syncs to time itself) and after the window's closing sync
         where = f"{name} phase, window {len(self.windows[name]) + 1}"
         check = (lambda: self.step.check_loss(f"{where}, warm-up")) if name != "loader" else None
+        last = None if first else self.windows[name][-1]
         stats = run_window(
             name, *self.functions[name], self.settings.loader.batch_size, device,
             warm if first else self._rewarm_steps(name),
-            self.steps_per_window, b.warmup_max_seconds, cap,
+            self.steps_per_window, b.warmup_max_seconds,
+            window_cap_s(b.max_seconds, b.repeats, b.steps),
             warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
             # all ranks open their windows together
             on_open=lambda: (dist.barrier(), self.monitor.start()),
             on_close=lambda: held.append(self.monitor.stop()),
             on_warm_step=check,
+            min_s=b.min_window_s,
+            # under torchrun: warm-up ends and a window's length is fixed by all ranks together
+            # (parts/measure.py), a later window's length planned from the last one's step time
+            ranks=dist if dist.enabled else None,
+            step_s=last.seconds / last.steps if last is not None and last.steps else None,
+            device_start=self.device_start,
         )
         if check is not None:
             self.step.check_loss(where)
@@ -270,7 +288,7 @@ class Benchmark:
             # failed rank announces itself instead, and Dist.watch ends the others)
             dist.agree(None)
             self.energy_all[name] = merge.energy_across_ranks(
-                held[0].energy_j, dist, self.energy_all.get(name))
+                held[0].energy_j, dist, self.energy_all.get(name), first=first)
             stats = merge.across_ranks(stats, dist)
         self.windows[name].append(stats)
         self.telemetry[name].append(held[0])

@@ -81,9 +81,14 @@ def figures(rec, device: str) -> None:
         rec.achieved_tflops = achieved / 1e12
         plan = resolve_precision(rec.config["precision"]["name"], device)
         split = rec.extra.get("flops_by_kind") or {"conv": rec.flops_per_step, "matmul": 0.0}
-        pk = env.mixed_peak_flops(rec.env.get("device_name", ""), plan.flops_by_math(
-            split["conv"], split["matmul"])) if device == "cuda" else None
+        # the peak of the multiprocessors this device has (a MIG slice has a share of the
+        # GPU's); no peak, no MFU, and the reason beside it
+        pk, why = env.mfu_peak(
+            rec.env.get("device_name", ""), plan.flops_by_math(split["conv"], split["matmul"]),
+            rec.env.get("multiprocessors")) if device == "cuda" else (None, None)
         rec.mfu = achieved / pk if pk else None
+        if why:
+            rec.extra["mfu_note"] = why
 
 
 def validity(bench) -> list[str]:
@@ -134,6 +139,10 @@ def summarize(bench) -> None:
     )
     intervals = {name: rec.phase_figure(name)[1] for name in PHASE_NAMES}
     loader = rec.phases.get("loader")
+    # the serial bound: the step and the data side's device work on one stream, one after the
+    # other. Only work that queues on the training stream counts (run/merge.py): an nvJPEG
+    # decode blocks the host on torchvision's own stream while the device runs the queued step,
+    # so it bounds e2e through the loader phase's host-side rate, not through this sum
     device_data = loader.extra.get("device_data_seconds_per_image") if loader else None
     if device_data and rec.compute_images_per_sec:
         rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)

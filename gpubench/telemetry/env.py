@@ -16,57 +16,107 @@ import torch
 # tensor cores: these are half of it. Rows are regular expressions over the name CUDA reports
 # (torch.cuda.get_device_name), matched case-insensitively, most specific first; a form factor
 # with other clocks/power (PCIe, NVL) has its own row, so "H200 NVL" never reads the SXM row.
+# `sms` is the whole GPU's streaming multiprocessors: the peak is per-SM rate x SMs x clock, so
+# a MIG slice or a cut-down part sold under the same name (fewer SMs, same clocks) gets the
+# peak scaled by its own multiprocessor count (see device_peaks).
 # Unknown devices get no MFU rather than a made-up one.
+# Sources: H100 SXM/PCIe, H100 NVL (TF32 835, BF16/FP16 1,671 sparse), H200
+# SXM/NVL, GH200 (its GPU is H100 SXM-class): NVIDIA's H100, H200 and GH200 data sheets;
+# B200 and GB200: the per-GPU columns of NVIDIA's HGX B200 / GB200 NVL72 specifications
+# (HGX B200: FP32 75, TF32 2.2 P, BF16 4.5 P sparse; GB200: 80, 2.5 P, 5 P); A100, A10, L4,
+# L40, L40S (BF16 362.05 / 733 sparse), V100, T4: their data sheets; RTX 4090 / 3090: the Ada
+# and Ampere GeForce whitepapers (fp16 with fp32 accumulation). A10G is AWS's part with no
+# NVIDIA data sheet: its row repeats A10's figures, unverified (80 SMs: one per RT core, of
+# which AWS lists 80 for it against A10's 72).
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    (r"\bGB200\b", {"fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0}),
-    (r"\bB200\b", {"fp32": 80.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0}),
+    (r"\bGB200\b", {"sms": 148, "fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0}),
+    (r"\bB200\b", {"sms": 148, "fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0}),
     # GH200's GPU is an H100 SXM-class part (989 dense bf16), not an H200
-    (r"\bGH200\b", {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
-    (r"\bH200 NVL\b", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
-    (r"\bH200\b", {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
-    (r"\bH100 PCIe\b", {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0}),
-    (r"\bH100 NVL\b", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.0, "bf16": 835.0}),
-    (r"\bH100\b", {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
-    (r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
-    (r"\bL40S\b", {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0}),
-    (r"\bL40\b", {"fp32": 90.5, "tf32": 90.5, "fp16": 181.0, "bf16": 181.0}),
-    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
-    (r"\bA10G\b", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
-    (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
-    (r"\bRTX 4090\b", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2}),
-    (r"\bRTX 3090\b", {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0}),
+    (r"\bGH200\b", {"sms": 132, "fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
+    (r"\bH200 NVL\b", {"sms": 132, "fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
+    (r"\bH200\b", {"sms": 132, "fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
+    (r"\bH100 PCIe\b", {"sms": 114, "fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0}),
+    (r"\bH100 NVL\b", {"sms": 132, "fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
+    (r"\bH100\b", {"sms": 132, "fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
+    (r"\bA100\b", {"sms": 108, "fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
+    (r"\bL40S\b", {"sms": 142, "fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05}),
+    (r"\bL40\b", {"sms": 142, "fp32": 90.5, "tf32": 90.5, "fp16": 181.05, "bf16": 181.05}),
+    (r"\bL4\b", {"sms": 58, "fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
+    (r"\bA10G\b", {"sms": 80, "fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
+    (r"\bA10\b", {"sms": 72, "fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
+    (r"\bRTX 4090\b", {"sms": 128, "fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2}),
+    (r"\bRTX 3090\b", {"sms": 82, "fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0}),
     # Volta: no tf32 or bf16 units (tf32 math falls back to fp32). The PCIe card runs lower
     # clocks than SXM2 (14 / 112 vs 15.7 / 125); V100S PCIe is faster than both.
-    (r"\bV100S\b", {"fp32": 16.4, "tf32": 16.4, "fp16": 130.0}),
-    (r"\bV100-PCIE\b|\bV100 PCIe\b", {"fp32": 14.0, "tf32": 14.0, "fp16": 112.0}),
-    (r"\bV100-SXM2\b|\bV100 SXM2\b", {"fp32": 15.7, "tf32": 15.7, "fp16": 125.0}),
-    (r"\bT4\b", {"fp32": 8.1, "tf32": 8.1, "fp16": 65.0}),
+    (r"\bV100S\b", {"sms": 80, "fp32": 16.4, "tf32": 16.4, "fp16": 130.0}),
+    (r"\bV100-PCIE\b|\bV100 PCIe\b", {"sms": 80, "fp32": 14.0, "tf32": 14.0, "fp16": 112.0}),
+    (r"\bV100-SXM2\b|\bV100 SXM2\b", {"sms": 80, "fp32": 15.7, "tf32": 15.7, "fp16": 125.0}),
+    (r"\bT4\b", {"sms": 40, "fp32": 8.1, "tf32": 8.1, "fp16": 65.0}),
 ]
 
-
-def peak_flops(device_name: str, math_kind: str) -> float | None:
-    for pattern, table in PEAK_TFLOPS:
-        if re.search(pattern, device_name, re.IGNORECASE):
-            tf = table.get(math_kind)
-            return tf * 1e12 if tf else None
-    return None
+# A MIG instance reports the parent's name with its profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+_MIG = re.compile(r"\bMIG\b")
 
 
-def mixed_peak_flops(device_name: str, flops_by_math: dict[str, float]) -> float | None:
+def device_peaks(device_name: str, multiprocessors: int | None = None
+                 ) -> tuple[dict[str, float] | None, str | None]:
+    """The device's dense peaks in FLOP/s by math, and why there are none when there are none.
+
+    `multiprocessors` is the device's own count (torch.cuda.get_device_properties(i).
+    multi_processor_count; a MIG slice reports its slice's). Fewer than the row's whole GPU:
+    the peak scales by the ratio (a 1g.5gb slice of an A100 has 14 of 108 SMs at the same
+    clocks). More than the row: the row is not this device, no peak. A MIG name without a
+    count: no peak (the whole GPU's would understate a small slice's MFU several-fold)."""
+    row = next((r for p, r in PEAK_TFLOPS if re.search(p, device_name, re.IGNORECASE)), None)
+    if row is None:
+        return None, f"no peak-FLOPs row for {device_name!r}"
+    sms = int(row["sms"])
+    if multiprocessors is None:
+        if _MIG.search(device_name):
+            return None, f"{device_name}: a MIG slice, and its multiprocessor count is unknown"
+        scale = 1.0
+    elif multiprocessors > sms:
+        return None, (f"{device_name} reports {multiprocessors} multiprocessors, more than the "
+                      f"{sms} of the row it matched")
+    else:
+        scale = multiprocessors / sms
+    return {k: v * 1e12 * scale for k, v in row.items() if k != "sms"}, None
+
+
+def peak_flops(device_name: str, math_kind: str, multiprocessors: int | None = None
+               ) -> float | None:
+    peaks, _ = device_peaks(device_name, multiprocessors)
+    return peaks.get(math_kind) if peaks else None
+
+
+def mixed_peak_flops(device_name: str, flops_by_math: dict[str, float],
+                     multiprocessors: int | None = None) -> float | None:
     """The peak for a step whose FLOPs run at different maths (say convolutions in tf32 and
     matmuls in fp32 under PyTorch's defaults): the rate at which the whole step would run if
     each part ran at its own peak, total / sum(part / its peak). None if any part's peak is
     unknown."""
+    return mfu_peak(device_name, flops_by_math, multiprocessors)[0]
+
+
+def mfu_peak(device_name: str, flops_by_math: dict[str, float],
+             multiprocessors: int | None = None) -> tuple[float | None, str | None]:
+    """mixed_peak_flops with the reason when there is no peak (for the record beside a
+    missing MFU)."""
+    peaks, why = device_peaks(device_name, multiprocessors)
+    if peaks is None:
+        return None, why
     total, seconds = 0.0, 0.0
     for math_kind, fl in flops_by_math.items():
         if fl <= 0:
             continue
-        pk = peak_flops(device_name, math_kind)
+        pk = peaks.get(math_kind)
         if not pk:
-            return None
+            return None, f"no {math_kind} peak for {device_name}"
         total += fl
         seconds += fl / pk
-    return total / seconds if seconds > 0 else None
+    if seconds <= 0:
+        return None, "no FLOPs counted"
+    return total / seconds, None
 
 
 def _pkg(name: str) -> str | None:
@@ -139,6 +189,8 @@ def facts(device: str) -> dict:
         "git_commit": git_commit(),
     }
     if device == "cuda":
-        cap = torch.cuda.get_device_capability()
-        d["compute_capability"] = f"{cap[0]}.{cap[1]}"
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        d["compute_capability"] = f"{props.major}.{props.minor}"
+        # this device's own SMs (a MIG slice's, not its parent's): MFU's peak scales by them
+        d["multiprocessors"] = int(props.multi_processor_count)
     return d

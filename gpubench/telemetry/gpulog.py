@@ -17,6 +17,13 @@ however few SMs, so a GPU running one small kernel at a time reads 100%. GPM's S
 (share of SMs busy) and tensor activity say how much of the chip did work; when they exist
 the docs and the advice should read those (docs/profiling.md).
 
+The GPU columns come from the same field reads as the window sampler (nvml.read_fields):
+`power.draw` holds NVML's instant power where the driver gives it (what nvidia-smi prints as
+`power.draw.instant`), else nvmlDeviceGetPowerUsage (nvidia-smi's `power.draw`: a 1 s mean on
+Ampere and newer); `utilization.gpu` averages over NVML's own sample period (1/6 s to 1 s), so
+a row describes up to a second before its timestamp. On a MIG instance power, clocks' throttle
+reasons and GPM are left empty (NVML gives them for the whole GPU, or not at all).
+
 On a CPU run the same columns hold the host's figures: the CPU model, host CPU use, RAM in
 use and available, the current CPU clock; utilization.memory, power.draw and the throttle
 reasons have no host counterpart and stay empty.
@@ -33,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from gpubench.telemetry.nvml import Nvml
+from gpubench.telemetry.nvml import Nvml, NvmlDevice, device_name, read_fields
 
 log = logging.getLogger(__name__)
 
@@ -119,48 +126,56 @@ class GpuLog:
     """Writes gpu_metrics.csv from a background thread between start() and stop()."""
 
     def __init__(self, device: str, out_dir: Path, interval_s: float,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, gpu: NvmlDevice | None = None):
+        """`gpu` stands in for the device's NVML binding in tests; on CUDA it is found for
+        the current device."""
         self.device, self.interval = device, max(0.05, float(interval_s))
         self.clock = clock  # the rows' timestamps (wall-clock seconds since the epoch)
         self.path = Path(out_dir) / GPU_METRICS_FILE
-        self.nv = self.handle = self.gpm = None
-        self.mig = False
+        self.gpu: NvmlDevice | None = None
+        self.gpm = None
         self.note = ""  # why the GPU columns or GPM are missing, for the run's notes
         self.name = cpu_name()
-        if device == "cuda":
-            self._open_nvml()
+        if gpu is not None or device == "cuda":
+            self._open_nvml(gpu)
         self.columns = COLUMNS + (tuple(c for c, _ in GPM_COLUMNS) if self.gpm else ())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rows = 0
 
-    def _open_nvml(self) -> None:
-        import torch
+    @property
+    def mig(self) -> bool:
+        return self.gpu is not None and self.gpu.mig
 
-        nvml = Nvml.get()
-        self.handle = nvml.handle_for(torch.cuda.current_device())
-        if self.handle is None:
-            self.note = nvml.reason
-            return
-        self.nv, self.mig = nvml.pynvml, bool(getattr(nvml, "mig", False))
-        try:
-            self.name = str(self.nv.nvmlDeviceGetName(self.handle))
-        except self.nv.NVMLError:
-            self.name = torch.cuda.get_device_name()
+    def _open_nvml(self, gpu: NvmlDevice | None) -> None:
+        if gpu is None:
+            import torch
+
+            nvml = Nvml.get()
+            gpu = nvml.device_for(torch.cuda.current_device())
+            if gpu is None:
+                self.note = nvml.reason
+                return
+        self.gpu = gpu
+        name = device_name(gpu)  # decoded: older nvidia-ml-py returns bytes
+        if name is None:
+            import torch
+
+            name = torch.cuda.get_device_name()
+        self.name = name
         if self.mig:
             # GPM on a MIG instance needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
             self.note = "GPM metrics not sampled on a MIG instance"
             return
         try:
-            self.gpm = Gpm(self.nv, self.handle)
+            self.gpm = Gpm(gpu.nv, gpu.handle)
         except Exception as e:
             self.note = f"GPM metrics not sampled: {e}"
 
     # ------------------------------------------------------------------ rows
 
     def _gpu_row(self) -> dict:
-        nv, h = self.nv, self.handle
-        row: dict = {}
+        nv, h = self.gpu.nv, self.gpu.handle
 
         def one(fn):
             try:
@@ -168,15 +183,17 @@ class GpuLog:
             except nv.NVMLError:  # NotSupported on this board or on a MIG instance
                 return None
 
-        u = one(lambda: nv.nvmlDeviceGetUtilizationRates(h))
-        if u is not None:
-            row["utilization.gpu [%]"], row["utilization.memory [%]"] = int(u.gpu), int(u.memory)
-        m = one(lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        if m is not None:
-            row["memory.used [MiB]"], row["memory.free [MiB]"] = m.used // MIB, m.free // MIB
+        # utilization, memory and power as the window sampler reads them (MIG: no power)
+        v, _ = read_fields(*self.gpu)
+        mib = {k: v[k] // MIB for k in ("gpu_mem_used", "gpu_mem_free") if k in v}
+        row: dict = {
+            "utilization.gpu [%]": int(v["gpu_util"]) if "gpu_util" in v else None,
+            "utilization.memory [%]": int(v["mem_util"]) if "mem_util" in v else None,
+            "memory.used [MiB]": mib.get("gpu_mem_used"),
+            "memory.free [MiB]": mib.get("gpu_mem_free"),
+            "power.draw [W]": v.get("power_w"),
+        }
         if not self.mig:  # whole-GPU figures: other tenants' included on a MIG instance
-            p = one(lambda: nv.nvmlDeviceGetPowerUsage(h))
-            row["power.draw [W]"] = p / 1000.0 if p is not None else None
             # renamed "clocks event reasons" in newer NVML; the old name is kept as an alias
             reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 nv.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -202,7 +219,7 @@ class GpuLog:
 
     def sample(self) -> dict:
         row = {"timestamp": timestamp(self.clock()), "name": self.name}
-        row.update(self._gpu_row() if self.handle is not None else self._host_row())
+        row.update(self._gpu_row() if self.gpu is not None else self._host_row())
         return row
 
     # ------------------------------------------------------------------ thread

@@ -1,8 +1,8 @@
 """Telemetry sampled in a background thread while a measurement window runs.
 
 Nothing here touches the training hot path: the thread wakes every `interval` seconds, reads
-NVML (GPU utilization, memory, power, energy, each field on its own: gpubench/nvml.py), the
-device memory this process has in use, and psutil (host CPU; CPU, RSS and bytes read of
+NVML (GPU utilization, memory, power, each field on its own: telemetry/nvml.py), the device
+memory this process has in use, and psutil (host CPU; CPU, RSS and bytes read of
 the main process and of its DataLoader workers, apart), and goes back to sleep. Without an
 NVIDIA driver the GPU fields are absent and one info line says so.
 
@@ -18,6 +18,13 @@ than whole-disk counters that other processes on the host also move:
   folder sits in the page cache, or where the kernel does not account it).
 With persistent_workers=false, workers restart each epoch; one counts from the first sample
 that sees it to its last one.
+
+NVML's utilization and (on Ampere and newer) nvmlDeviceGetPowerUsage average over up to
+NVML_AVERAGING_S before the moment they are read: a reading taken sooner than that after the
+window opened describes the phase before it, and is dropped (drop_straddling). Energy comes from
+the driver's counter read at the window's two ends (nvml.window_energy_j). The arithmetic is in
+plain functions over the samples and the window's ends (drop_straddling, finish_window); the
+thread only takes samples, from an injected clock and NVML binding in tests (tests/fake_nvml.py).
 """
 
 from __future__ import annotations
@@ -33,9 +40,13 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpubench.telemetry.nvml import (  # noqa: F401  (Nvml re-exported: env.facts reads the driver)
+    AVERAGED_FIELDS,
     GPU_FIELDS,
-    MIN_ENERGY_COUNTER_S,
+    NVML_AVERAGING_S,
+    POWER_AVERAGE,
     Nvml,
+    NvmlDevice,
+    energy_mj,
     energy_per_image,
     memory_gate_bytes,
     read_fields,
@@ -66,6 +77,8 @@ class Sample:
     # cudaMemGetInfo), and torch's reserved bytes at the same moment
     device_used: int | None = None
     torch_reserved: int | None = None
+    # which power reading power_w is (nvml.POWER_INSTANT / POWER_AVERAGE)
+    power_source: str | None = None
 
 
 @dataclass
@@ -75,6 +88,13 @@ class MonitorSummary:
     energy_j: float | None = None
     device_used_source: str | None = None
     nvml_unsupported: list[str] = field(default_factory=list)
+    # how energy_j was had: nvml.ENERGY_COUNTER, ENERGY_POWER_X_TIME, or both ("+") over a
+    # phase's windows; the counter's reads at the window's ends (mJ), for a window
+    energy_source: str | None = None
+    energy_counter_mj: tuple[float, float] | None = None
+    # samples whose averaged NVML readings were dropped: taken within NVML_AVERAGING_S of
+    # their window's start, they describe the phase before it
+    nvml_dropped: int = 0
 
     def _vals(self, name: str) -> list[float]:
         return [getattr(s, name) for s in self.samples if getattr(s, name) is not None]
@@ -94,7 +114,9 @@ class MonitorSummary:
             "gpu_mem_util_mean": self.mean("mem_util"),
             "nvml_memory_used_bytes": self.max("gpu_mem_used"),
             "power_mean_w": self.mean("power_w"),
+            "power_source": self.power_source(),
             "energy_j": self.energy_j,
+            "energy_source": self.energy_source,
             "host_cpu_util_mean": self.mean("host_cpu"),
             "process_cpu_util_mean": self.mean("procs_cpu"),
             "peak_rss_bytes": self.max("rss"),
@@ -111,8 +133,27 @@ class MonitorSummary:
             "device_used_source": self.device_used_source,
             "non_torch_peak_bytes": self.non_torch_peak(),
             "nvml_unsupported": self.nvml_unsupported or None,
+            "nvml_samples_dropped": self.nvml_dropped or None,
+            "gpu_util_note": self.gpu_util_note(),
             "samples": len(self.samples),
         }
+
+    def power_source(self) -> str | None:
+        """The power reading the samples hold: `instant` (NVML_FI_DEV_POWER_INSTANT) or
+        `average` (nvmlDeviceGetPowerUsage, a 1 s mean on Ampere and newer)."""
+        got = sorted({s.power_source for s in self.samples if s.power_source is not None})
+        return "+".join(got) or None
+
+    def gpu_util_note(self) -> str | None:
+        """Why there is no utilization figure though NVML gave readings: every one was taken
+        within NVML_AVERAGING_S of its window's start (the window was too short to be read)."""
+        unread = self.mean("gpu_util") is None and "gpu_util" not in self.nvml_unsupported
+        if self.nvml_dropped and unread:
+            return (f"all {self.nvml_dropped} NVML utilization readings were taken within "
+                    f"{NVML_AVERAGING_S:g} s of their window's start, where NVML's average "
+                    f"still covers the phase before; a GPU window must last longer than "
+                    f"{NVML_AVERAGING_S:g} s to be read")
+        return None
 
     def non_torch_peak(self) -> int | None:
         """The most device memory seen in use outside torch's caching allocator (context,
@@ -161,28 +202,63 @@ def _thread_io(tid: int) -> tuple[int, int]:
         return 0, 0
 
 
+def drop_straddling(samples: list[Sample], t0: float,
+                    averaging_s: float = NVML_AVERAGING_S) -> int:
+    """Blank, in place, the averaged NVML readings (utilization; power where it is the 1 s
+    average) of the samples taken less than `averaging_s` after the window opened at `t0`:
+    they average over time before the window, i.e. over the previous phase. Instant power,
+    memory and the host's figures stay. Returns how many samples lost a reading."""
+    dropped = 0
+    for s in samples:
+        if s.t - t0 >= averaging_s:
+            continue
+        names = AVERAGED_FIELDS + (("power_w",) if s.power_source == POWER_AVERAGE else ())
+        if any(getattr(s, n) is not None for n in names):
+            dropped += 1
+            for n in names:
+                setattr(s, n, None)
+    return dropped
+
+
+def finish_window(summ: MonitorSummary, t0: float, t1: float, e0_mj: float | None,
+                  e1_mj: float | None) -> MonitorSummary:
+    """A window's summary from its samples and its two ends (times on the sampler's clock,
+    energy counter reads): straddling readings dropped, then the energy (the counter's
+    difference, else the mean kept power x the window's length)."""
+    summ.seconds = t1 - t0
+    summ.nvml_dropped = drop_straddling(summ.samples, t0)
+    if e0_mj is not None and e1_mj is not None:
+        summ.energy_counter_mj = (e0_mj, e1_mj)
+    summ.energy_j, summ.energy_source = window_energy_j(
+        e0_mj, e1_mj, summ.mean("power_w"), summ.seconds)
+    return summ
+
+
 class Monitor:
-    """Start before a window opens, stop after it closes; `stop()` returns the summary."""
+    """Start before a window opens, stop after it closes; `stop()` returns the summary.
+
+    `gpu` and `clock` stand in for the device's NVML binding and the time in tests; on CUDA
+    the binding is found for the current device."""
 
     def __init__(self, device: str, interval: float = 0.2, enabled: bool = True,
-                 worker_pids: Callable[[], Iterable[int]] | None = None):
+                 worker_pids: Callable[[], Iterable[int]] | None = None,
+                 gpu: NvmlDevice | None = None, clock: Callable[[], float] = time.perf_counter):
         self.interval = interval
         # the loader's workers (and what they start); None: every child of this process
         self.worker_pids = worker_pids
         self.enabled = enabled
-        self.handle = None
+        self.clock = clock
+        self.gpu = gpu if enabled else None
         self.nvml: Nvml | None = None
-        self.mig = False
         self.cuda_index: int | None = None
-        if enabled and device == "cuda":
+        if enabled and device == "cuda" and gpu is None:
             import torch
 
             # the sampler thread reads device memory by this explicit index: a new thread's
             # current CUDA device is 0, not the rank's device torchrun set in the main thread
             self.cuda_index = torch.cuda.current_device()
             self.nvml = Nvml.get()
-            self.handle = self.nvml.handle_for(self.cuda_index)
-            self.mig = bool(getattr(self.nvml, "mig", False))
+            self.gpu = self.nvml.device_for(self.cuda_index)
         self._unsupported: dict[str, str] = {}
         self.proc = psutil.Process(os.getpid())
         self._procs: dict[int, psutil.Process] = {}
@@ -193,11 +269,17 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._tid: int | None = None  # the sampler thread's native id while it runs
         self._summary = MonitorSummary()
+        self._t0 = 0.0
+        self._e0: float | None = None
+
+    @property
+    def mig(self) -> bool:
+        return self.gpu is not None and self.gpu.mig
 
     @property
     def gpu_note(self) -> str | None:
         """One info line when GPU fields will be absent."""
-        if self.handle is not None:
+        if self.gpu is not None:
             if self.mig:
                 return ("MIG instance: its memory is sampled, power and energy are not (NVML "
                         "gives them for the whole GPU, other tenants included)")
@@ -205,14 +287,6 @@ class Monitor:
         if self.nvml is not None:
             return self.nvml.reason
         return "no NVIDIA GPU in use: GPU utilization/power absent; host CPU and RSS reported"
-
-    def _energy_mj(self) -> float | None:
-        if self.handle is None or self.mig:  # a MIG instance: whole-GPU energy only
-            return None
-        try:  # Volta and newer: a cumulative counter, exact where integrating power is not
-            return float(self.nvml.pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
-        except Exception:
-            return None
 
     # Listing children reads /proc/<pid>/stat of every process on the host (1.5 ms with 80
     # processes here, far more on a busy node) while holding the GIL, so the list is refreshed
@@ -273,16 +347,16 @@ class Monitor:
                 workers_rss += rss
                 workers += 1
         s = Sample(
-            time.perf_counter(), psutil.cpu_percent(None), main_cpu + workers_cpu,
+            self.clock(), psutil.cpu_percent(None), main_cpu + workers_cpu,
             int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss), int(workers_rss),
             workers,
         )
         if self._io is not None and self._io.last:
             s.read_bytes, s.disk_read_bytes = self._io.totals()
         values: dict = {}
-        if self.handle is not None:
-            values, errors = read_fields(self.nvml.pynvml, self.handle, self.mig, self.proc.pid)
-            for k in GPU_FIELDS:
+        if self.gpu is not None:
+            values, errors = read_fields(*self.gpu, self.proc.pid)
+            for k in (*GPU_FIELDS, "power_source"):
                 setattr(s, k, values.get(k))
             for k, why in errors.items():
                 if k not in self._unsupported:
@@ -309,24 +383,44 @@ class Monitor:
             log.debug("device memory not read: %s", e)
             return None, None
 
+    # ------------------------------------------------------------------ the window
+
+    def open(self) -> None:
+        """The window's start: fresh summary, baselines, the energy counter's first read."""
+        self._summary = MonitorSummary()
+        if self._io is not None:
+            self._io.reset()
+        self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
+        self._e0 = energy_mj(self.gpu)
+        self._t0 = self.clock()
+
+    def tick(self, fresh: bool = False) -> None:
+        self._summary.samples.append(self.sample(fresh))
+
+    def ends(self) -> tuple[float, float | None]:
+        """The window's end: the time and the energy counter's read."""
+        return self.clock(), energy_mj(self.gpu)
+
+    def close(self, ends: tuple[float, float | None] | None = None) -> MonitorSummary:
+        """The window's summary, closing now or at `ends` (read earlier, by stop)."""
+        t1, e1 = ends or self.ends()
+        self._summary.nvml_unsupported = sorted(self._unsupported)
+        return finish_window(self._summary, self._t0, t1, self._e0, e1)
+
     def _run(self) -> None:
         # the sampler's own /proc reads land in the main process's I/O counters: its thread's
         # counters (/proc/self/task/<tid>/io) are taken back out
         self._tid = threading.get_native_id()
         while not self._stop.wait(self.interval):
-            self._summary.samples.append(self.sample())
-        self._summary.samples.append(self.sample(fresh=True))  # a short window gets one too
+            self.tick()
+        self.tick(fresh=True)  # a short window gets one too
         self._tid = None
 
     def start(self) -> None:
         self._summary = MonitorSummary()
         if not self.enabled:
             return
-        if self._io is not None:
-            self._io.reset()
-        self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
-        self._e0 = self._energy_mj()
-        self._t0 = time.perf_counter()
+        self.open()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpubench-monitor", daemon=True)
         self._thread.start()
@@ -334,13 +428,11 @@ class Monitor:
     def stop(self) -> MonitorSummary:
         if self._thread is None:
             return self._summary
+        # the window's end is now: read before the sampler's last sample and join, which
+        # take a few ms after the window closed (the counter moves every 20-100 ms)
+        ends = self.ends()
         self._stop.set()
         self._thread.join()
         self._thread = None
-        summ = self._summary
-        summ.seconds = time.perf_counter() - self._t0
-        e1 = self._energy_mj()
-        summ.nvml_unsupported = sorted(self._unsupported)
-        summ.energy_j = window_energy_j(self._e0, e1, summ.mean("power_w"), summ.seconds)
-        return summ
+        return self.close(ends)
 

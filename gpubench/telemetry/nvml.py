@@ -1,8 +1,51 @@
 """NVML for the benchmarked GPU: its handle (by UUID, MIG instances included), its fields read
 one by one, and the device-memory and energy arithmetic built on them. Everything degrades to
-None without a driver; no function here raises for a missing reading."""
+None without a driver; no function here raises for a missing reading.
+
+What NVML's readings cover (NVML API reference, nvml.h of the R5xx drivers; nvidia-ml-py's
+pynvml.py for the Python bindings):
+- nvmlDeviceGetUtilizationRates: "percent of time over the past sample period during which one
+  or more kernels was executing"; "each sample period may be between 1 second and 1/6 second,
+  depending on the product" (nvmlUtilization_t). "On MIG-enabled GPUs, querying device
+  utilization rates is not currently supported" (NotSupported on a MIG handle).
+- nvmlDeviceGetPowerUsage: milliwatts; "on Ampere (except GA100) or newer GPUs, the API returns
+  power averaged over 1 sec interval. On GA100 and older architectures, instantaneous power is
+  returned. See NVML_FI_DEV_POWER_AVERAGE and NVML_FI_DEV_POWER_INSTANT".
+- NVML_FI_DEV_POWER_INSTANT (186, read with nvmlDeviceGetFieldValues): "Current GPU power,
+  supported on all architectures", milliwatts in value.uiVal; the call succeeds and each
+  field carries its own nvmlReturn. Older nvidia-ml-py releases lack the constant.
+- nvmlDeviceGetTotalEnergyConsumption: "total energy consumption for this GPU in millijoules
+  (mJ) since the driver was last reloaded", Volta and newer; the driver refreshes it every
+  20-100 ms (PETSc's notes on PetscLogGpuEnergyMeter), in whole millijoules.
+- nvmlDeviceGetHandleByUUID takes "GPU-..." and "MIG-..." UUIDs; a MIG handle has its own
+  memory but no utilization, power or energy of its own.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple
+
+# The longest period an averaged NVML reading covers: utilization's sample period (1/6 s to
+# 1 s by product) and nvmlDeviceGetPowerUsage's 1 s average on Ampere and newer. A reading
+# taken less than this after a window opened describes (partly) what ran before it, so the
+# window drops it (drop_straddling in monitor.py), and a GPU window shorter than this has no
+# utilization at all. Where utilization's period is a fixed grid of P seconds, a reading is
+# up to 2P old at its start: exact for P <= 0.5 s; a product with P near 1 s can still leak up
+# to 2P - 1 s of the previous phase into the first kept readings (docs/gpu.md, NVML readings).
+NVML_AVERAGING_S = 1.0
+
+# readings averaged over NVML_AVERAGING_S (power only when it comes from the 1 s average)
+AVERAGED_FIELDS = ("gpu_util", "mem_util")
+POWER_INSTANT = "instant"  # NVML_FI_DEV_POWER_INSTANT
+POWER_AVERAGE = "average"  # nvmlDeviceGetPowerUsage: a 1 s mean on Ampere and newer
+
+
+class NvmlDevice(NamedTuple):
+    """One device's NVML binding (the pynvml module, or a stand-in for it), handle and kind."""
+
+    nv: object
+    handle: object
+    mig: bool = False
 
 
 class Nvml:
@@ -14,6 +57,7 @@ class Nvml:
         self.handle = None
         self.reason = ""
         self.driver = None
+        self.mig = False
         try:
             import pynvml  # from the nvidia-ml-py package
 
@@ -51,6 +95,10 @@ class Nvml:
             self.reason = f"NVML has no device with UUID {uuid}: GPU telemetry not sampled"
         return handle
 
+    def device_for(self, torch_index: int) -> NvmlDevice | None:
+        handle = self.handle_for(torch_index)
+        return None if handle is None else NvmlDevice(self.pynvml, handle, self.mig)
+
 
 def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
     """(handle, is_mig) for a UUID as CUDA prints it (bare, or already prefixed)."""
@@ -67,13 +115,15 @@ def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
 # Fields read from NVML, each in its own try: one NotSupported (MIG instances have no
 # utilization or power counters of their own; some boards lack power readings) must not drop
 # the others. On a MIG instance the fields NVML would only give for the whole GPU (power,
-# energy: other tenants included) are not read at all.
+# energy: other tenants included) are not read at all. The window sampler (monitor.py) and
+# the run's log (gpulog.py) both read through here.
 GPU_FIELDS = ("gpu_util", "mem_util", "gpu_mem_used", "power_w")
 WHOLE_GPU_ONLY = ("power_w", "energy")
 
 
 def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[dict, dict]:
-    """({field: value} for the fields that read, {field: error text} for those that did not)."""
+    """({field: value} for the fields that read, {field: error text} for those that did not).
+    `power_source` says which power reading `power_w` is (POWER_INSTANT or POWER_AVERAGE)."""
     values: dict = {}
     errors: dict = {}
 
@@ -91,16 +141,47 @@ def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[
         u = nv.nvmlDeviceGetUtilizationRates(handle)
         return float(u.gpu), float(u.memory)
 
+    def memory():
+        m = nv.nvmlDeviceGetMemoryInfo(handle)
+        return int(m.used), int(m.free)
+
     one(("gpu_util", "mem_util"), util)
-    one(("gpu_mem_used",), lambda: int(nv.nvmlDeviceGetMemoryInfo(handle).used))
+    one(("gpu_mem_used", "gpu_mem_free"), memory)
     if mig:
         errors["power_w"] = "a MIG instance has no power reading of its own"
     else:
-        one(("power_w",), lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0)
+        one(("power_w", "power_source"), lambda: read_power(nv, handle))
     if pid is not None:
         one(("process_mem_used",), lambda: process_memory(nv, handle, pid))
     values = {k: v for k, v in values.items() if v is not None}
     return values, errors
+
+
+def read_power(nv, handle) -> tuple[float, str]:
+    """(watts, source): the instant reading where the bindings and the driver give it, else
+    nvmlDeviceGetPowerUsage (a 1 s mean on Ampere and newer, instant on older GPUs; NVML does
+    not say which, so it is treated as averaged). Raises NVMLError when neither reads."""
+    field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)  # absent in older nvidia-ml-py
+    if field is not None:
+        try:
+            v = nv.nvmlDeviceGetFieldValues(handle, [field])[0]
+            if v.nvmlReturn == 0:  # NVML_SUCCESS; an unknown field fails on its own, not the call
+                return v.value.uiVal / 1000.0, POWER_INSTANT
+        except nv.NVMLError:  # a driver without nvmlDeviceGetFieldValues
+            pass
+    return nv.nvmlDeviceGetPowerUsage(handle) / 1000.0, POWER_AVERAGE
+
+
+def energy_mj(dev: NvmlDevice | None) -> float | None:
+    """The driver's energy counter (mJ since it loaded; Volta and newer), or None: none on a
+    MIG instance (the counter is the whole GPU's, other tenants included), nor where the
+    board lacks it."""
+    if dev is None or dev.mig:
+        return None
+    try:
+        return float(dev.nv.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+    except dev.nv.NVMLError:
+        return None
 
 
 def process_memory(nv, handle, pid: int) -> int | None:
@@ -113,6 +194,14 @@ def process_memory(nv, handle, pid: int) -> int | None:
         if p.pid == pid and p.usedGpuMemory is not None:
             used = (used or 0) + int(p.usedGpuMemory)
     return used
+
+
+def device_name(dev: NvmlDevice) -> str | None:
+    """The board's name; older nvidia-ml-py returns bytes (printed b'...' by str())."""
+    try:
+        return _str(dev.nv.nvmlDeviceGetName(dev.handle))
+    except dev.nv.NVMLError:
+        return None
 
 
 def _str(v) -> str:
@@ -140,18 +229,25 @@ def energy_per_image(energies_j: list[float | None], images: list[int]) -> float
     return sum(energies_j) / sum(images)
 
 
-# The NVML energy counter is updated by the driver every few tens of milliseconds (and in
-# whole millijoules): over a window shorter than this its difference can be 0 or one update
-# off, so the mean sampled power x the window's length is used instead.
-MIN_ENERGY_COUNTER_S = 1.0
+ENERGY_COUNTER = "counter"
+ENERGY_POWER_X_TIME = "power_x_time"
 
 
 def window_energy_j(e0_mj: float | None, e1_mj: float | None, mean_power_w: float | None,
-                    seconds: float) -> float | None:
-    """Energy of a window: the driver's counter where the window is long enough for it,
-    else (or without a counter) the mean sampled power x the window's length."""
-    if e0_mj is not None and e1_mj is not None and seconds >= MIN_ENERGY_COUNTER_S and e1_mj > e0_mj:
-        return (e1_mj - e0_mj) / 1000.0
+                    seconds: float) -> tuple[float | None, str | None]:
+    """(energy, source) of one window: the driver's counter whenever it was read at both ends,
+    whatever the window's length, else the mean sampled power x the window's length.
+
+    The counter moves in whole millijoules every 20-100 ms, so one window's difference can be
+    off by up to one update's energy (a 0.25 s window's difference may even be 0 on an idle
+    GPU), but the errors do not grow when windows are summed: each read lags the truth by less
+    than one update, and a phase's energy, the sum of its windows' differences, stays within
+    one update per window. Mean power x time, in contrast, is biased wherever the readings
+    average over time before the window (a 1 s mean) and is kept only where there is no
+    counter (GPUs before Volta). A counter that went backwards (a driver reload) is no
+    reading."""
+    if e0_mj is not None and e1_mj is not None and e1_mj >= e0_mj:
+        return (e1_mj - e0_mj) / 1000.0, ENERGY_COUNTER
     if mean_power_w is not None:
-        return mean_power_w * seconds
-    return None
+        return mean_power_w * seconds, ENERGY_POWER_X_TIME
+    return None, None

@@ -57,8 +57,9 @@ class MaxBatchConf:
                                          "of the composed config", bounds=(1, None))
     limit: int = setting(4096, "never probe above this", bounds=(1, None))
     overrides: list[str] = setting(
-        factory=lambda: ["bench.warmup_steps=1", "bench.steps=3"],
-        help="a probe measures memory, not speed: a few steps reach the peak")
+        factory=lambda: ["bench.warmup_steps=1", "bench.steps=3", "bench.min_window_s=0"],
+        help="a probe measures memory, not speed: a few steps reach the peak, in windows as "
+             "short as they take")
 
 
 # the swept keys that are the data pipe's (the loader's rate depends on them, the compute

@@ -1,0 +1,136 @@
+"""Out of memory, told apart by what ran out: the device's memory (a batch too big for it: a
+sweep's infeasible point), the host's RAM, or page-locked host memory (a host limit a smaller
+batch does not cure the same way). Read from the error's type, its text and where it was
+raised, never from one alone."""
+
+from __future__ import annotations
+
+import torch
+
+OOM_ERRORS: tuple[type[BaseException], ...] = (
+    getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+    torch.cuda.OutOfMemoryError,
+)
+
+
+class PinnedMemoryError(RuntimeError):
+    """Page-locking host memory for an asynchronous host-to-device copy ran out: host RAM or the
+    locked-memory limit, not the GPU's memory. The original error is its __cause__.
+
+    Why a type of its own: PyTorch's CUDA host allocator (aten/src/ATen/cuda/
+    CachingHostAllocator.cpp, allocate_host_memory_slowpath) calls
+    C10_CUDA_CHECK(cudaHostAlloc(...)), and c10_cuda_check_implementation (c10/cuda/
+    CUDAException.cpp) words a failure as "CUDA error: out of memory", the very text a failed
+    cudaMalloc in a CUDA library gives: only where the error was raised tells them apart."""
+
+
+def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
+    """`t` in page-locked host memory; an allocation failure while pinning is re-raised as a
+    PinnedMemoryError (other errors as they are). `pin` is the pinning call (a test passes one
+    that raises a recorded error instead of allocating)."""
+    try:
+        return pin(t)
+    except RuntimeError as e:
+        if _what_ran_out(e) is None:  # not a memory failure: nothing to re-label
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PinnedMemoryError(
+            f"pinning {t.numel() * t.element_size()} bytes of host memory failed ({first}): "
+            "page-locked host RAM ran out, not the GPU's memory (a smaller loader.batch_size "
+            "or prefetch_factor, fewer workers, or loader.pin_memory=false)") from e
+
+
+# What ran out, read from the error's text (the whole chain: a DataLoader worker or the pin
+# thread re-raises the original message inside its own), or from its type where the text says
+# nothing. Checked in this order, first match wins. The texts are PyTorch's own (see
+# tests/test_oom.py for each one's source).
+# - "device": the caching allocator's OutOfMemoryError ("CUDA out of memory. Tried to
+#   allocate", c10/cuda/CUDACachingAllocator.cpp; "MPS backend out of memory", MPSAllocator),
+#   and memory that libraries take with their own cudaMalloc outside it (cuBLAS/cuDNN handles
+#   and workspaces, cuFFT, cuSOLVER, cuSPARSE, nvJPEG, the CUDA runtime itself) which fail near
+#   the limit with ALLOC_FAILED status codes or C10_CUDA_CHECK's "CUDA error: out of memory".
+#   cuDNN's CUDNN_STATUS_NOT_INITIALIZED is not here: cudnnCreate returns it when the CUDA
+#   runtime failed to initialise, for whatever reason (a driver mismatch as much as memory).
+# - "host": the CPU allocator (c10/core/impl/alloc_cpu.cpp: posix_memalign failing) and
+#   Python's MemoryError.
+# Where it ran out ("pinned": page-locked host memory) is not in the text: see _while_pinning.
+OOM_MESSAGES: tuple[tuple[str, str], ...] = (
+    ("cuda out of memory", "device"),
+    ("cublas_status_alloc_failed", "device"),
+    ("cudnn_status_alloc_failed", "device"),
+    ("cufft_alloc_failed", "device"),
+    ("cusolver_status_alloc_failed", "device"),
+    ("cusparse_status_alloc_failed", "device"),
+    ("nvjpeg_status_allocator_failure", "device"),
+    ("cuda error: out of memory", "device"),
+    ("cudaerrormemoryallocation", "device"),
+    ("defaultcpuallocator: can't allocate memory", "host"),
+    ("defaultcpuallocator: not enough memory", "host"),
+    ("cannot allocate memory", "host"),
+    ("out of memory", "device"),
+)
+
+# torch.utils.data's pinning: DataLoader(pin_memory=True) pins each batch with this module's
+# pin_memory(), in the main thread with num_workers=0 (_SingleProcessDataLoaderIter._next_data)
+# or in its pin thread with workers (_pin_memory_loop), whose failure comes back wrapped by
+# ExceptionWrapper(where="in pin memory thread for device N") and is re-raised in the main
+# thread as "Caught <type> in pin memory thread for device N.\nOriginal Traceback ...".
+_PIN_MODULE = "torch.utils.data._utils.pin_memory"
+_PIN_THREAD = "in pin memory thread"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out, seen, e = [], set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _what_ran_out(exc: BaseException) -> str | None:
+    """"device", "host" or None, from the texts and types of the error's chain."""
+    chain = _chain(exc)
+    text = "\n".join(str(e) for e in chain).lower()
+    for needle, kind in OOM_MESSAGES:
+        if needle in text:
+            return kind
+    if any(isinstance(e, OOM_ERRORS) for e in chain):  # the allocator's type, whatever its text
+        return "device"
+    if any(isinstance(e, MemoryError) for e in chain):
+        return "host"
+    return None
+
+
+def _while_pinning(exc: BaseException) -> bool:
+    """Was the error raised while pinning host memory? gpubench's own pinning says so by type;
+    the DataLoader's by the frames it passed through (main-thread pinning) or by its pin
+    thread's wrapper (the only trace a thread's error keeps after crossing the queue)."""
+    for e in _chain(exc):
+        if isinstance(e, PinnedMemoryError) or _PIN_THREAD in str(e):
+            return True
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_globals.get("__name__") == _PIN_MODULE:
+                return True
+            tb = tb.tb_next
+    return False
+
+
+def oom_kind(exc: BaseException) -> str | None:
+    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None: not a memory
+    error."""
+    kind = _what_ran_out(exc)
+    if kind is not None and _while_pinning(exc):
+        return "pinned"
+    return kind
+
+
+def is_oom(exc: BaseException, device: str = "cuda") -> bool:
+    """Did the benchmarked device run out of memory (status "oom", a point a sweep treats as
+    too big)? On a CPU run the host RAM is that device; a pinned-host failure never is: it is
+    a host limit that a smaller batch would not cure the same way."""
+    kind = oom_kind(exc)
+    if kind == "device":
+        return True
+    return kind == "host" and device != "cuda"
