@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpubench.analysis.recommend import Row  # noqa: E402
-from gpubench.analysis.workers import WORKERS_TOLERANCE, Rate  # noqa: E402
+from gpubench.analysis.workers import TOLERANCE, Rate  # noqa: E402
 from gpubench.core.record import RunRecord, Status, find_runs, load  # noqa: E402
 from gpubench.search.pipe_rules import (  # noqa: E402
     _effective,
@@ -233,16 +233,16 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
         entry = {json.dumps(dp, sort_keys=True, default=str): e for dp, e in drows}
         measured = []
         while len(measured) < data_trials:  # the search's walk (gpubench.search.pipes)
-            todo = data_walk(points, space, measured, k.rate, WORKERS_TOLERANCE)
+            todo = data_walk(points, space, measured, k.rate, TOLERANCE)
             if not todo:
                 break
             for dp in todo[: data_trials - len(measured)]:
                 spent += 1
                 measured.append((dp, _row(entry[json.dumps(dp, sort_keys=True, default=str)],
                                           "loader")))
-                if not data_walk(points, space, measured, k.rate, WORKERS_TOLERANCE):
+                if not data_walk(points, space, measured, k.rate, TOLERANCE):
                     break
-        fed = choose_data(measured, space, k.rate, WORKERS_TOLERANCE)
+        fed = choose_data(measured, space, k.rate, TOLERANCE)
         while fed is not None and pairings < join_trials:
             pairings += 1
             spent += 1  # an e2e-only run (hydra.sweeper.pipes.join_overrides)
@@ -261,7 +261,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
                 break
             spent += 1
             measured.append((rest[0][0], _row(rest[0][1], "loader")))
-            fed = choose_data(measured, space, k.rate, WORKERS_TOLERANCE, after=after)
+            fed = choose_data(measured, space, k.rate, TOLERANCE, after=after)
     # the confirm rounds, only for the pairings the first runs leave open (as the search)
     spent += rounds * confirm_top(joined, 0.05)
     return best, spent

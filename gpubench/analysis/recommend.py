@@ -19,6 +19,9 @@ from gpubench.core.files import flatten
 from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import holding, median, median_interval
 
+# the one tolerance of the judgements over throughputs: how far below the fastest a
+# recommended setup may be, and by how much a loader must clear compute to count as unblocking
+# it (runs of one config differ by several percent; e2e loses a little more to the hand-over)
 TOLERANCE = 0.05
 
 

@@ -17,13 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import knob_of
 from gpubench.analysis.verdict import positive
 from gpubench.core.stats import holding, median
-
-# a loader must clear compute by this fraction to count as unblocking it: runs of the same
-# config differ by several percent, and e2e loses a little more to the hand-over
-WORKERS_TOLERANCE = 0.05
 
 # the folder of a sweep dir where a loader-only multirun keeps its compute measurements
 COMPUTE_DIR = "compute"
@@ -89,7 +86,7 @@ class WorkersPick:
     loader_images_per_sec: float | None
     unblocks: bool  # True: this loader out-runs compute (the GPU is no longer starved)
     reason: str
-    tolerance: float = WORKERS_TOLERANCE
+    tolerance: float = TOLERANCE
     # every worker count's loader rate (repeats pooled), and the bound they were judged against
     rates: dict[int, Rate] = field(default_factory=dict)
     compute: Rate | None = None
@@ -161,7 +158,7 @@ def _loader_rows(rows) -> dict[int, Rate]:
     return {w: Rate.pooled(v) for w, v in per.items()}
 
 
-def clears(loader: Rate, compute: Rate, tolerance: float = WORKERS_TOLERANCE) -> bool:
+def clears(loader: Rate, compute: Rate, tolerance: float = TOLERANCE) -> bool:
     """A loader unblocks compute: the low end of its interval is above compute's high end
     times (1 + tolerance). Interval against interval, as the verdict judges: a loader whose
     figure alone is above does not count while the intervals leave it open."""
@@ -169,7 +166,7 @@ def clears(loader: Rate, compute: Rate, tolerance: float = WORKERS_TOLERANCE) ->
 
 
 def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
-                   tolerance: float = WORKERS_TOLERANCE) -> WorkersPick:
+                   tolerance: float = TOLERANCE) -> WorkersPick:
     """The fewest loader workers whose loader throughput clears compute by `tolerance`: the
     low end of its loader interval above compute's high end times (1 + tolerance); figures
     without an interval are their own (reference article 003: set workers to the minimum that

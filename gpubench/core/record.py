@@ -20,7 +20,6 @@ Why one module of this size: the record's fields and the one definition of what 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.core.files import read_json, write_json
-from gpubench.core.stats import CONFIDENCE, holding
+from gpubench.core.stats import CONFIDENCE, finite_number, holding
 
 RESULTS_FILE = "results.json"
 # 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
@@ -173,7 +172,7 @@ class PhaseRecord:
 
 
 def _ok_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return finite_number(v) is not None
 
 
 @dataclass

@@ -303,5 +303,13 @@ def text_at(x: float, place: int | None, default: str = ".1f") -> str:
     return f"{round_at(x, place):.{max(0, -place)}f}"
 
 
+def finite_number(v) -> float | None:
+    """`v` as a float when it is a finite int or float (a bool is no figure), else None: the one
+    test of "was this measured" that every reader of a record applies."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
 def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return finite_number(x) is not None

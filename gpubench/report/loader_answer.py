@@ -30,7 +30,7 @@ from gpubench.analysis.select import knob_key, loader_only, setup_text
 from gpubench.analysis.workers import (
     COMPUTE_DIR,
     COMPUTE_KNOBS,
-    WORKERS_TOLERANCE,
+    TOLERANCE,
     Rate,
     WorkersPick,
     compute_setup,
@@ -228,7 +228,7 @@ def _report_command(source: str) -> str:
 
 
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
-                  source: str, tolerance: float = WORKERS_TOLERANCE) -> LoaderAnswer | None:
+                  source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
     """The workers answer of the loader-only rows among `rows`, against the compute bounds of
     the rows, of `found` (the sweep's compute folder) and of `named` (`--compute`); None
     without loader-only rows. A named run that bounds none of the setups is one line

@@ -14,27 +14,21 @@ while per-step rates overweight the fastest steps.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
 from gpubench.analysis.select import setup_text
 from gpubench.core.record import PHASE_NAMES, RunRecord
+from gpubench.core.stats import finite_number
 
 PICTURE_FILE = "run.png"
 # one colour per pipe, shared by the bars and the traces so the eye pairs them
 PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green"}
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
-
-
 def _interval(ci: Any) -> list[float] | None:
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(x) is not None for x in ci):
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(finite_number(x) is not None for x in ci):
         return [float(ci[0]), float(ci[1])]
     return None
 
@@ -43,10 +37,10 @@ def _phase_figures(record: RunRecord, name: str) -> tuple[float | None, list[flo
     """A phase's images/sec and interval: its phase record, else the run's headline keys (an
     older results.json keeps only those)."""
     ph = record.phases.get(name)
-    if ph is not None and _num(ph.images_per_sec) is not None:
-        return _num(ph.images_per_sec), _interval(ph.images_per_sec_ci)
+    if ph is not None and finite_number(ph.images_per_sec) is not None:
+        return finite_number(ph.images_per_sec), _interval(ph.images_per_sec_ci)
     value, ci = record.phase_figure(name)
-    return _num(value), _interval(ci)
+    return finite_number(value), _interval(ci)
 
 
 def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
@@ -62,7 +56,7 @@ def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
 def _title(record: RunRecord) -> str:
     verdict = record.bottleneck or "unknown"
     head = verdict_sentence(verdict)
-    margin = _num(record.verdict_margin)
+    margin = finite_number(record.verdict_margin)
     if margin is not None:
         head += f" (clear of the rule's threshold by {margin:.0%})"
     lean = record.extra.get("verdict_leaning")
@@ -106,7 +100,7 @@ def run_picture_data(record: RunRecord) -> dict:
             continue
         bars.append({"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": ips,
                      "ci": ci})
-    bound_v = _num(record.extra.get("e2e_bound_images_per_sec"))
+    bound_v = finite_number(record.extra.get("e2e_bound_images_per_sec"))
     bound = ({"images_per_sec": bound_v, "label": "combined bound (what e2e can reach)"}
              if bound_v is not None else None)
     traces = {}
@@ -125,7 +119,7 @@ def run_picture_data(record: RunRecord) -> dict:
 
 
 def _ms(times) -> list[float | None]:
-    return [1000.0 * t if _num(t) is not None and t > 0 else None for t in (times or [])]
+    return [1000.0 * t if finite_number(t) is not None and t > 0 else None for t in (times or [])]
 
 
 def plot_run(record: RunRecord, out: Path) -> Path:

@@ -327,10 +327,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     files += report_plots.plot_all(shown, out_dir, rec, study,
                                    band=answer.band if answer is not None else None)
     if pipes:
-        from gpubench.analysis.workers import WORKERS_TOLERANCE
         from gpubench.report.pipes_plot import plot_pipes
 
-        files += plot_pipes(all_rows, pipes, out_dir, WORKERS_TOLERANCE)
+        files += plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
     summary["files"] = [str(f) for f in files]
     summary["lines"] = lines  # printed again when the report is up to date (cached)
     if fingerprint is not None:

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
-from gpubench.analysis.workers import WORKERS_TOLERANCE
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
 from gpubench.search.pipe_rules import (
@@ -74,7 +73,7 @@ class Plan:
     data_overrides: list[str]
     join_overrides: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE  # the knee: the smallest batch within this of the fastest
-    margin: float = WORKERS_TOLERANCE  # a loader clears a bound by this
+    margin: float = TOLERANCE  # a loader clears a bound by this
 
 
 # ---------------------------------------------------------------------- the search

@@ -24,7 +24,6 @@ width (1280-1600 px), decides the shape:
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 
@@ -33,7 +32,7 @@ from gpubench.analysis.select import KNOBS, knob_of, setup_text
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
-from gpubench.core.stats import round_at, supported_place, text_at
+from gpubench.core.stats import finite_number, round_at, supported_place, text_at
 
 # an MLflow run's status for each record status
 RUN_STATUS = {
@@ -114,11 +113,8 @@ def run_params(run) -> dict[str, str]:
 
 
 def _number(v) -> float | None:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)) and math.isfinite(v):
-        return float(v)
-    return None
+    """A metric's value: a flag logs as 0/1, any other finite figure as itself."""
+    return float(v) if isinstance(v, bool) else finite_number(v)
 
 
 # throughputs are logged rounded to what their intervals support: a table of runs then shows
