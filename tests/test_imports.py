@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "report": ("core", "config", "analysis", "search", "tracking"),
     "run": ("core", "config", "parts", "telemetry", "analysis", "tracking", "report"),
     "cli": ("core", "config", "analysis", "search", "tracking", "report", "run"),
+    "check": ("core", "config", "parts", "telemetry", "analysis", "run", "cli"),
     "gpubench": ("core", "config", "cli", "run"),
     "hydra_plugins": ("core", "config", "search", "report", "cli"),
 }

@@ -232,3 +232,12 @@ def test_energy_per_image_counts_every_rank():
     assert energy_per_image([100.0, 110.0], [1000, 1000]) == pytest.approx(0.105)
     assert energy_per_image([100.0, None], [1000, 1000]) is None
     assert energy_per_image([], []) is None
+
+
+def test_the_default_gpu_window_outlasts_nvmls_averaging_twice():
+    """bench.min_window_s=null on CUDA (config.settings, which may not import telemetry) leaves
+    as long again as the readings the sampler drops at a window's start."""
+    from gpubench.config.settings import GPU_MIN_WINDOW_S
+    from gpubench.telemetry.nvml import NVML_AVERAGING_S
+
+    assert GPU_MIN_WINDOW_S >= 2 * NVML_AVERAGING_S

@@ -17,13 +17,7 @@ from gpubench.analysis.select import knob_of, left_out
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Rung, RunRecord
-from gpubench.core.stats import holding, median, median_interval
-
-# the one tolerance of the judgements over throughputs: how far below the fastest a
-# recommended setup may be, and by how much a loader must clear compute to count as unblocking
-# it (runs of one config differ by several percent; e2e loses a little more to the hand-over)
-TOLERANCE = 0.05
-
+from gpubench.core.stats import TOLERANCE, holding, median, median_interval
 
 # sections of the config a recommendation consists of; bench (how to measure), tracking and
 # fault injection are not part of a training setup

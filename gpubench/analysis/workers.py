@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import knob_of
 from gpubench.analysis.verdict import positive
-from gpubench.core.stats import holding, median
+from gpubench.core.stats import TOLERANCE, holding, median
 
 # the folder of a sweep dir where a loader-only multirun keeps its compute measurements
 COMPUTE_DIR = "compute"

@@ -50,7 +50,6 @@ from gpubench.config.schema import (
     to_container,
 )
 from gpubench.config.uris import check_tracking_uri, local_store
-from gpubench.telemetry.nvml import NVML_AVERAGING_S
 
 # ---------------------------------------------------------------- the settings (frozen)
 # One class per config group, with the group's keys as the schema declares them; Enums are
@@ -202,7 +201,7 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
 # window's first NVML_AVERAGING_S still describe the phase before it and the sampler drops
 # them (telemetry/monitor.py): twice that leaves as long again whose readings describe the
 # window alone.
-GPU_MIN_WINDOW_S = 2 * NVML_AVERAGING_S
+GPU_MIN_WINDOW_S = 2.0  # 2 x telemetry.nvml.NVML_AVERAGING_S (held so by tests/test_nvml.py)
 
 
 def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:

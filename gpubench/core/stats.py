@@ -22,6 +22,10 @@ from dataclasses import asdict, dataclass, field
 from math import comb
 
 CONFIDENCE = 0.95
+# the one tolerance of the judgements over throughputs: how far below the fastest a
+# recommended setup may be, and by how much a loader must clear compute to count as unblocking
+# it (runs of one config differ by several percent; e2e loses a little more to the hand-over)
+TOLERANCE = 0.05
 
 
 def percentile(xs: list[float], q: float) -> float:

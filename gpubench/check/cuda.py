@@ -1,0 +1,177 @@
+"""The checks that need a CUDA device: thin measurements whose judgement is in
+gpubench.check.rules (tested on a CPU with recorded figures).
+
+NVML is reached through gpubench.telemetry.nvml.Nvml (its handle, found by UUID) and then called
+directly, with the semantics nvml.h documents (read in the NVML API reference and the bindings
+that copy its comments): nvmlDeviceGetUtilizationRates, "percent of time over the past sample
+period during which one or more kernels was executing", the period between 1/6 s and 1 s by
+product; nvmlDeviceGetPowerUsage in mW (an average over 1 s on Ampere and newer);
+nvmlDeviceGetTotalEnergyConsumption, "total energy consumption for this GPU in millijoules (mJ)
+since the driver was last reloaded", Volta and newer; nvmlDeviceGetMemoryInfo in bytes (on a
+MIG instance, the instance's).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from gpubench.check import rules
+from gpubench.check.rules import Judgement, skipped
+from gpubench.core.stats import median
+from gpubench.parts.measure import run_window
+from gpubench.telemetry import env
+from gpubench.telemetry.nvml import Nvml
+
+NAMES = ("utilization", "energy", "memory", "peak", "sync")
+BUSY_S, IDLE_S = 4.0, 2.0
+# NVML's readings average over up to 1 s: reads start this long into a window, so they describe
+# the window and not what ran before it
+SETTLE_S = 1.2
+READ_EVERY_S = 0.1
+ALLOC_BYTES = 2 * 2**30
+
+
+def _half() -> tuple[str, torch.dtype]:
+    # bf16 needs Ampere or newer; before it the tensor cores' half type is fp16
+    return ("bf16", torch.bfloat16) if torch.cuda.is_bf16_supported() else ("fp16", torch.float16)
+
+
+def _read(fn, *args):
+    """An NVML reading, or None where the device does not support it."""
+    try:
+        return fn(*args)
+    except Exception:  # pynvml.NVMLError_NotSupported and kin; never fail a check on a read
+        return None
+
+
+def busy_and_idle(nv, handle) -> tuple[Judgement, Judgement]:
+    """Back-to-back matmuls for BUSY_S (utilization read, power integrated against the energy
+    counter over the part after SETTLE_S), then nothing queued for IDLE_S (utilization read
+    after SETTLE_S)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=_half()[1])
+    c = torch.empty_like(a)
+    util, readings = [], []
+    torch.cuda.synchronize()
+    t0, last = time.perf_counter(), 0.0
+    while time.perf_counter() - t0 < BUSY_S:
+        for _ in range(32):
+            torch.matmul(a, a, out=c)
+        now = time.perf_counter() - t0
+        if now > SETTLE_S and now - last >= READ_EVERY_S:  # read while the 32 just queued run
+            last = now
+            u = _read(nv.nvmlDeviceGetUtilizationRates, handle)
+            util.append(u.gpu if u is not None else None)
+            readings.append((now, _read(nv.nvmlDeviceGetPowerUsage, handle),
+                             _read(nv.nvmlDeviceGetTotalEnergyConsumption, handle)))
+        # bounded queue: the host's clock stays within 32 matmuls of the device's, so the
+        # readings above describe what the device runs now
+        torch.cuda.synchronize()
+    idle = []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < IDLE_S:
+        time.sleep(READ_EVERY_S)
+        if time.perf_counter() - t0 > SETTLE_S:
+            u = _read(nv.nvmlDeviceGetUtilizationRates, handle)
+            idle.append(u.gpu if u is not None else None)
+    del a, c
+    return rules.utilization(_median(util), _median(idle)), rules.energy_readings(readings)
+
+
+def _median(xs: list) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return median(vals) if vals else None
+
+
+def memory(nv, handle, index: int) -> Judgement:
+    """torch's reserved and NVML's used memory around one ALLOC_BYTES allocation."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    info = _read(nv.nvmlDeviceGetMemoryInfo, handle)
+    if info is None:
+        return skipped("memory", "NVML gave no memory reading")
+    before = (torch.cuda.memory_reserved(index), int(info.used))
+    block = torch.empty(ALLOC_BYTES, dtype=torch.uint8, device="cuda")  # one cudaMalloc'd segment
+    torch.cuda.synchronize()
+    after = (torch.cuda.memory_reserved(index), int(nv.nvmlDeviceGetMemoryInfo(handle).used))
+    del block
+    torch.cuda.empty_cache()
+    return rules.memory((before[0], after[0]), (before[1], after[1]))
+
+
+def _matmul_rate(dtype: torch.dtype, n: int = 8192) -> float:
+    """FLOP/s of an n x n x n matmul, timed by CUDA events over about half a second."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    c = torch.empty_like(a)
+    for _ in range(3):  # cuBLAS picks its kernel and the clocks come up
+        torch.matmul(a, a, out=c)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.matmul(a, a, out=c)
+    end.record()
+    end.synchronize()  # one matmul's time sizes the timed run
+    reps = min(200, max(5, math.ceil(0.5 / (start.elapsed_time(end) / 1e3))))
+    start.record()
+    for _ in range(reps):
+        torch.matmul(a, a, out=c)
+    end.record()
+    end.synchronize()  # elapsed_time needs both events complete
+    return 2.0 * n**3 * reps / (start.elapsed_time(end) / 1e3)
+
+
+def peak(index: int) -> Judgement:
+    """Large matmuls against the table's peak for this device, as MFU reads it (scaled to the
+    multiprocessors a MIG slice has)."""
+    name = torch.cuda.get_device_name(index)
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    half, dtype = _half()
+    rows = [(half, _matmul_rate(dtype), env.peak_flops(name, half, sms))]
+    # fp32 matmuls on TF32 tensor cores, through the public setting every torch since 1.12 has
+    # (torch.set_float32_matmul_precision's documentation: with "high", CUDA float32 matmuls
+    # use TensorFloat32), put back as it was
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        rows.append(("tf32", _matmul_rate(torch.float32), env.peak_flops(name, "tf32", sms)))
+    finally:
+        torch.set_float32_matmul_precision(old)
+    return rules.peak(name, rows)
+
+
+def sync_timing(rounds: int = 5, steps: int = 20) -> Judgement:
+    """gpubench's window (parts.measure.run_window: edge syncs, events per step) against the
+    same steps each followed by a synchronize, timed on the host clock, alternated."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=_half()[1])
+    c = torch.empty_like(a)
+
+    def work(_batch) -> int:
+        for _ in range(8):
+            torch.matmul(a, a, out=c)
+        return 1
+
+    window, synced = [], []
+    for r in range(rounds):
+        ws = run_window("compute", lambda: None, work, 1, "cuda", 3 if r == 0 else 1, steps,
+                        60.0, math.inf)
+        window.append(ws.images_per_sec)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            work(None)
+            torch.cuda.synchronize()  # the extra synchronize: each step timed to its end
+        synced.append(steps / (time.perf_counter() - t0))
+    return rules.agree("sync", window, synced, unit="steps/s", names=("window", "synced"))
+
+
+def cuda_checks(index: int):
+    """Each CUDA check's judgement, in NAMES order, as it finishes."""
+    nv = Nvml.get()
+    handle = nv.handle_for(index)
+    if handle is None:
+        yield from (skipped(n, nv.reason) for n in ("utilization", "energy", "memory"))
+    else:
+        yield from busy_and_idle(nv.pynvml, handle)
+        yield memory(nv.pynvml, handle, index)
+    yield peak(index)
+    yield sync_timing()

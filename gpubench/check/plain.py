@@ -1,0 +1,99 @@
+"""The reference: a training step and a loader loop written the way a user's own loop is, timed
+with nothing but a clock and a synchronize at each window's edges.
+
+Only the parts gpubench must share with it to measure the same work come from gpubench: the
+model as `build_model` builds it (the same architecture, checkpointing, kwargs), its device and
+memory format (`prepare_model`), the optimizer (`make_optimizer`) and the precision's autocast
+dtype and loss scaling (`resolve_precision`; its backend flags are process-wide and already set
+by gpubench's build). The step, the loss, the optimizer call, the warm-up and the timing are
+written here, independently of gpubench.parts.step and gpubench.parts.measure: those are what
+is checked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from torch.nn import functional as F
+
+from gpubench.config.settings import Settings
+from gpubench.parts.models import build_model, prepare_model
+from gpubench.parts.precision import resolve_precision
+from gpubench.parts.step import make_optimizer
+
+
+def sync(device: str) -> None:
+    # CUDA kernels run asynchronously: without a synchronize the clock would stop while
+    # queued work is still running. On a CPU every op has finished when it returns.
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(work: Callable[[], int], steps: int, device: str, warm: int = 0) -> tuple[int, float]:
+    """(images, seconds) of `steps` calls of `work` (each returns its images), after `warm`
+    untimed calls."""
+    for _ in range(warm):
+        work()
+    sync(device)  # the warm-up's work is done before the clock starts
+    t0 = time.perf_counter()
+    images = 0
+    for _ in range(steps):
+        images += work()
+    sync(device)  # every timed step's work is done before the clock stops
+    return images, time.perf_counter() - t0
+
+
+class PlainStep:
+    """forward, cross-entropy, backward, optimizer step on one batch kept on the device."""
+
+    def __init__(self, s: Settings, x: torch.Tensor, y: torch.Tensor):
+        b, device = s.bench, s.device
+        model = prepare_model(build_model(s), device, s.channels_last)
+        if s.compile != "off":
+            # torch.compile directly: gpubench's maybe_compile first resets dynamo's state,
+            # which would throw away the compiled model of the run this is compared with
+            model = torch.compile(model, mode=None if s.compile == "default" else s.compile)
+        self.model, self.x, self.y, self.device = model, x, y, device
+        self.opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
+        plan = resolve_precision(s.precision, device)
+        self.dtype = plan.autocast_dtype
+        self.scaler = torch.amp.GradScaler(device) if plan.grad_scaler else None
+        self.accum, self.every, self.calls = b.grad_accum_steps, b.host_metrics_every, 0
+
+    def __call__(self) -> int:
+        self.calls += 1
+        auto = torch.autocast(self.device, self.dtype) if self.dtype is not None else nullcontext()
+        with auto:
+            logits = self.model(self.x)
+            loss = F.cross_entropy(logits, self.y)
+        if self.every and self.calls % self.every == 0:  # as bench.host_metrics_every asks
+            self.host = (loss.item(), (logits.argmax(1) == self.y).float().mean().item())
+        if self.accum > 1:
+            loss = loss / self.accum
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        if self.calls % self.accum == 0:
+            if self.scaler is not None:
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        return int(self.y.shape[0])
+
+
+def plain_copy(device: str, pin: bool, channels_last: bool) -> Callable[[object], int]:
+    """A loader batch (images, labels, skipped) copied to the device as a training loop does;
+    returns its images."""
+    def move(batch) -> int:
+        x, y, _ = batch
+        if x is None:  # nothing of this batch decoded (dataset.on_corrupt=skip)
+            return 0
+        x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return int(y.shape[0])
+
+    return move

@@ -1,0 +1,123 @@
+"""`python -m gpubench.check [overrides]`: whether gpubench's numbers hold on this machine.
+
+The config is composed as a run's is (conf/, the same Hydra overrides: model, batch, precision,
+...), then each check runs and prints one line with its figures and PASS, FAIL or `skipped:
+why`, as soon as it finishes. The exit status is 0 only when every check that ran passed (1
+otherwise, 2 for bad input, with one line naming the key as the main command gives it).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from gpubench.check import rules
+from gpubench.check.rules import Judgement
+from gpubench.config.errors import ConfigError
+from gpubench.config.paths import CONFIG_DIR
+from gpubench.config.settings import Settings, resolve
+from gpubench.core.exits import ExitCode, quiet_broken_pipe
+
+USAGE = """usage: python -m gpubench.check [key=value ...]
+
+Checks gpubench's figures on this machine, with the overrides a run takes (model=resnet18
+loader.batch_size=64 precision=amp_bf16 ...): compute and loader phases against plain loops,
+the verdict on two cases with a known answer, and on CUDA the NVML readings, the peak table and
+the window timing. Exit status 0 only when every check that ran passed."""
+
+
+def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
+    """Every check's judgement, in order, as each finishes."""
+    from gpubench.check.cases import verdict_checks
+    from gpubench.check.pipes import compute_check, loader_check
+
+    compute = compute_check(cfg, out)
+    yield compute
+    loader = loader_check(cfg, out, s.dataset.name)
+    yield loader
+    batch = s.loader.batch_size
+    step_s = batch / compute.figures["reference"] if compute.figures.get("reference") else None
+    batch_s = batch / loader.figures["reference"] if loader.figures.get("reference") else None
+    yield from verdict_checks(cfg, s, out, step_s, batch_s)
+    if s.device != "cuda":
+        from gpubench.check.cuda import NAMES
+
+        yield from (rules.skipped(n, "no CUDA device") for n in NAMES)
+        return
+    import torch
+
+    from gpubench.check.cuda import cuda_checks
+
+    yield from cuda_checks(torch.cuda.current_device())
+
+
+def run_checks(cfg: DictConfig, emit: Callable[[str], None] = print) -> list[Judgement]:
+    """All checks on a composed config; each line goes to `emit` as it is judged. Runs are
+    written to a scratch folder, removed afterwards. Raises ConfigError for bad input."""
+    s = resolve(cfg)
+    out: list[Judgement] = []
+    with tempfile.TemporaryDirectory(prefix="gpubench-check-") as tmp:
+        for j in checks(cfg, s, Path(tmp)):
+            out.append(j)
+            emit(rules.line(j))
+    return out
+
+
+def title(s: Settings) -> str:
+    ld = s.loader
+    return (f"gpubench check: {s.model._target_ or s.model.name} on {s.dataset.name} "
+            f"{s.dataset.image_size}px, batch {ld.batch_size}, {ld.num_workers} workers, "
+            f"{s.precision} | {s.device}")
+
+
+def compose_args(args: list[str]) -> DictConfig:
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        return compose("bench", overrides=args)
+
+
+def _error(line: str, code: int) -> int:
+    print(f"gpubench check: error: {line}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> int:
+    """The command: compose, check, print; returns the exit status."""
+    from gpubench.cli.messages import describe
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        emit(USAGE)
+        return ExitCode.OK
+    if any(a in ("-m", "--multirun") for a in args):
+        return _error("-m is not allowed: the check runs one configuration (no sweep)",
+                      ExitCode.BAD_INPUT)
+    t0 = time.perf_counter()
+    try:
+        cfg = compose_args(args)
+        emit(title(resolve(cfg)))
+        judged = run_checks(cfg, emit)
+    except KeyboardInterrupt:
+        return _error("interrupted", ExitCode.SIGINT)
+    except ConfigError as e:
+        return _error(str(e), ExitCode.BAD_INPUT)
+    except Exception as e:  # Hydra's and OmegaConf's errors of composing: one line, as the CLI's
+        line, code = describe(e)
+        if code != ExitCode.BAD_INPUT:
+            raise
+        return _error(line, code)
+    counts = {k: sum(j.status == k for j in judged) for k in ("PASS", "FAIL", "skipped")}
+    emit(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['skipped']} skipped in "
+         f"{time.perf_counter() - t0:.0f} s")
+    return rules.exit_code(judged)
+
+
+def cli() -> None:
+    with quiet_broken_pipe():
+        code = main()
+    sys.exit(code)

@@ -1,0 +1,208 @@
+"""`python -m gpubench.check`: every PASS/FAIL rule on recorded figures (the CUDA checks' rules
+too, so they are exercised on a CPU), the whole check in-process on a tiny CPU config, and a
+stalled step that must fail it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY, run_cli
+
+from gpubench.check import cases, rules
+from gpubench.check.suite import main, run_checks
+from gpubench.config.settings import resolve
+from gpubench.telemetry import env
+
+# the tiny CNN at 64 px, batch 16, 6 windows of 16 steps (a step or a batch of about 2 ms here)
+# and the sampler at its default period: windows of tens of milliseconds, in which gpubench's
+# fixed costs per window and per step stay under the 5% the rule allows (at 32 px, batch 8 and
+# TINY's 0.05 s sampling period, batches of 1 ms, its loader read 4-7% slower than the plain
+# loop: a real cost at that scale, which the check reports)
+CHECK = ["dataset.image_size=64", "loader.batch_size=16", "bench.steps=96",
+         "+model.kwargs.width=16", "bench.monitor_interval_s=0.2"]
+CUDA = ("utilization", "energy", "memory", "peak", "sync")
+
+# Recorded on the 2-core CPU machine (resnet50, 32 px, batch 16, 2 workers), img/s per window
+# of gpubench.check.pipes.Alternated: gpubench's compute windows and the plain loop's
+QUIET = ([169.5, 160.6, 159.2, 159.7, 160.4, 157.2], [156.7, 158.7, 159.4, 160.4, 155.7, 160.6])
+# the same with fault.stall_every=2 fault.stall_s=0.2: only gpubench's step stalls
+STALLED = ([75.0, 78.0, 77.4, 78.5, 78.9, 78.9], [164.3, 167.1, 169.6, 169.2, 154.0, 169.0])
+# loader windows (2 workers, 128 px) on a busy machine: ratios 0.94 to 1.38, median 1.17
+NOISY = ([4989, 4476, 3699, 4415, 4975, 3222], [4053, 3538, 3390, 3963, 3601, 3415])
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def test_agree_passes_figures_within_five_percent():
+    j = rules.agree("compute", *QUIET)
+    assert j.passed is True and "within 5%" in j.detail
+    assert j.figures["rounds"] == 6 and 0.95 <= j.figures["ratio"] <= 1.05
+
+
+def test_agree_fails_a_stalled_tool():
+    j = rules.agree("compute", *STALLED)
+    assert j.passed is False
+    assert j.figures["ratio_hi"] < 0.95 and "-53%" in j.detail
+
+
+def test_agree_passes_a_difference_the_windows_do_not_resolve():
+    j = rules.agree("loader", *NOISY)
+    assert j.figures["ratio"] > 1.05  # more than 5% off...
+    assert j.figures["ratio_lo"] <= 1.0 <= j.figures["ratio_hi"]  # ...but within the spread
+    assert j.passed is True and "interval holds 1" in j.detail
+
+
+def test_agree_fails_a_tool_that_reads_too_fast():
+    plain = QUIET[1]
+    j = rules.agree("loader", [1.3 * x for x in plain], plain)
+    assert j.passed is False and "+30%" in j.detail
+
+
+def test_agree_with_one_round_has_only_the_tolerance():
+    assert rules.agree("c", [100.0], [104.0]).passed is True
+    assert rules.agree("c", [100.0], [110.0]).passed is False
+    assert rules.agree("c", [], []).passed is False
+
+
+def test_verdict_case_passes_the_known_answer_and_skips_a_disturbed_miss():
+    assert rules.verdict_case("data-stall", "data", "data", "data-bound: ...", {}).passed is True
+    miss = rules.verdict_case("data-stall", "data", "compute", "compute-bound: ...", {})
+    assert miss.passed is False
+    disturbed = rules.verdict_case("data-stall", "data", "inconclusive (leaning data)", "...",
+                                   {}, ["other processes used CPU while the host was busy"])
+    assert disturbed.passed is None and "disturbed" in disturbed.detail
+
+
+def test_utilization_rule():
+    assert rules.utilization(99.0, 0.0).passed is True
+    assert rules.utilization(42.0, 0.0).passed is False  # kernels ran but NVML says idle
+    busy_idle = rules.utilization(100.0, 37.0)  # nothing queued, yet busy: another tenant
+    assert busy_idle.passed is False and "another process" in busy_idle.detail
+    assert rules.utilization(None, 0.0).passed is None
+
+
+def test_energy_rule():
+    assert rules.energy(1203.4, 1187.9, 2.7).passed is True
+    assert rules.energy(601.7, 1187.9, 2.7).passed is False  # a counter at half the power
+    assert rules.energy(None, 1187.9, 2.7).passed is None  # MIG, or before Volta
+
+
+def test_energy_from_readings_integrates_power_against_the_counter():
+    # a steady 300 W read every 0.1 s for 2.8 s, the counter (mJ) moving 30 J per 0.1 s
+    steady = [(1.2 + 0.1 * i, 300_000, 5_000_000 + 30_000 * i) for i in range(29)]
+    j = rules.energy_readings(steady)
+    assert j.passed is True and j.figures["integrated_j"] == pytest.approx(840.0)
+    assert j.figures["seconds"] == pytest.approx(2.8)
+    # a counter that moves half as fast as the power says (the wrong device, or a stale one)
+    half = [(s, p, 5_000_000 + 15_000 * i) for i, (s, p, _) in enumerate(steady)]
+    assert rules.energy_readings(half).passed is False
+    assert rules.energy_readings([(s, p, None) for s, p, _ in steady]).passed is None
+
+
+def test_memory_rule():
+    gib = 2**30
+    ok = rules.memory((0, 2 * gib), (int(1.1 * gib), int(3.12 * gib)))
+    assert ok.passed is True
+    assert rules.memory((0, 2 * gib), (int(1.1 * gib), int(1.1 * gib))).passed is False
+    # NVML reads below what torch holds: the wrong device's figure (MIG, a remapped index)
+    below = rules.memory((gib, 3 * gib), (int(0.5 * gib), int(2.5 * gib)))
+    assert below.passed is False and "below" in below.detail
+
+
+def test_peak_rule_against_the_table():
+    name = "NVIDIA H100 80GB HBM3"
+    bf16, tf32 = env.peak_flops(name, "bf16"), env.peak_flops(name, "tf32")
+    assert rules.peak(name, [("bf16", 0.75 * bf16, bf16), ("tf32", 0.7 * tf32, tf32)]).passed
+    above = rules.peak(name, [("bf16", 1.2 * bf16, bf16)])
+    assert above.passed is False and "too low" in above.detail
+    sparse = rules.peak(name, [("bf16", 0.75 * bf16, 2 * bf16)])  # the 2:4 sparse figure
+    assert sparse.passed is False and "sparse" in sparse.detail
+    assert rules.peak("Some GPU", [("bf16", 1e14, None)]).passed is None
+
+
+def test_line_and_exit_code():
+    ran = [rules.Judgement("a", True, {}, "x"), rules.skipped("b", "no CUDA device")]
+    assert rules.exit_code(ran) == 0
+    assert rules.exit_code([*ran, rules.Judgement("c", False, {}, "y")]) == 1
+    assert rules.line(ran[0]).split()[:2] == ["a", "PASS"]
+    assert rules.line(ran[1]).endswith("skipped: no CUDA device")
+
+
+# ------------------------------------------------------------------ the constructed cases
+
+
+@pytest.mark.parametrize("workers, late, prefetch", [(2, 4 * 0.03, 1), (0, 20 * 0.03, None)])
+def test_the_data_case_slows_its_source_by_a_known_factor(compose_cfg, workers, late, prefetch):
+    cfg = compose_cfg(*CHECK, f"loader.num_workers={workers}")
+    s = resolve(cfg)
+    case, got = cases.data_case(cfg, s, step_s=0.03)
+    c = resolve(case)  # the constructed config is one gpubench accepts
+    assert got == pytest.approx(late)
+    assert c.dataset.name == "custom" and c.dataset._target_.endswith(".PacedImages")
+    assert c.loader.num_workers == min(1, workers) and c.loader.prefetch_factor == prefetch
+    # one source (a worker, or the main process) makes whole batches: late over the batch
+    assert c.dataset.kwargs["delay_s"] == pytest.approx(late / s.loader.batch_size)
+    assert c.fault.stall_every is None and c.bench.repeats == cases.WINDOWS
+
+
+def test_the_step_case_stalls_every_step_past_the_slower_pipe(compose_cfg):
+    cfg = compose_cfg(*CHECK, "fault.stall_every=3")
+    s = resolve(cfg)
+    case, stall = cases.step_case(cfg, s, step_s=0.01, batch_s=0.004)
+    c = resolve(case)
+    assert stall == pytest.approx(20 * 0.01)  # no workers: the serial factor
+    assert c.fault.stall_every == 1 and c.fault.stall_s == pytest.approx(stall)
+    assert cases.step_case(cfg, s, step_s=0.0001, batch_s=None)[1] == cases.MIN_STALL_S
+
+
+def test_paced_images_keep_the_sample_contract():
+    ds = cases.PacedImages(size=8, delay_s=0.0, classes=3, length=10)
+    x, y = ds[4]
+    assert len(ds) == 10 and x.dtype == torch.uint8 and tuple(x.shape) == (3, 8, 8) and y == 1
+
+
+# ------------------------------------------------------------------ the check, run
+
+
+def test_the_check_passes_on_a_tiny_cpu_config(compose_cfg):
+    lines: list[str] = []
+    judged = run_checks(compose_cfg(*CHECK), emit=lines.append)
+    ran = {j.name: j for j in judged if j.passed is not None}
+    assert set(ran) == {"compute", "loader", "data-stall", "step-stall"}, lines
+    assert all(j.passed for j in ran.values()), "\n".join(lines)
+    assert ran["data-stall"].figures["answer"] == "data"
+    assert ran["step-stall"].figures["answer"] == "compute"
+    assert len(lines) == len(judged) == 9
+    if not torch.cuda.is_available():
+        assert [(j.name, j.status, j.detail) for j in judged if j.passed is None] == \
+            [(n, "skipped", "no CUDA device") for n in CUDA]
+
+
+def test_a_stalled_step_fails_the_compute_check_and_the_exit_status():
+    lines: list[str] = []
+    code = main([*TINY, *CHECK, "fault.stall_every=2", "fault.stall_s=0.05"], emit=lines.append)
+    assert code == 1, "\n".join(lines)
+    status = {ln.split()[0]: ln.split()[1] for ln in lines[1:-1]}
+    assert status["compute"] == "FAIL"  # the plain loop has no fault: gpubench reads slower
+    assert status["loader"] == "PASS"  # the stall is in the step only
+    assert lines[-1].startswith("3 passed, 1 failed")
+
+
+@pytest.mark.parametrize("override, key", [("loader.batch_size=abc", "loader.batch_size"),
+                                           ("loader.batchsize=3", "loader.batchsize"),
+                                           ("bench.steps=0", "bench.steps")])
+def test_bad_input_is_one_line_and_exit_status_2(capsys, override, key):
+    assert main([*TINY, override], emit=lambda _: None) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpubench check: error: {key}"), err
+
+
+@pytest.mark.slow
+def test_python_m_gpubench_check(tmp_path):
+    p = run_cli(*TINY, *CHECK, module="gpubench.check", cwd=tmp_path, fresh=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout.splitlines()
+    assert out[0].startswith("gpubench check: tiny on synthetic 64px, batch 16")
+    assert out[-1].startswith("4 passed, 0 failed")
+    assert not list(tmp_path.iterdir())  # runs went to a scratch folder, now gone
