@@ -44,6 +44,7 @@ from gpubench.config.settings import Settings
 from gpubench.core.pipe import batches_in_flight
 from gpubench.core.record import PHASE_NAMES, RunRecord
 from gpubench.run.runner import measure_run
+from gpubench.run.summary import rule_figures
 
 DATA_STALL = 4.0
 STEP_STALL = 2.0
@@ -122,14 +123,9 @@ def step_case(cfg: DictConfig, s: Settings, step_s: float, batch_s: float | None
 
 
 def rule_answer(rec: RunRecord):
-    """The verdict rule (analysis.verdict.classify) on a run's measured figures, with the
-    arguments run/summary.py gives it, less the validity checks."""
-    loader = rec.phases.get("loader")
-    return classify(
-        rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
-        rec.data_wait_fraction, {n: rec.phase_figure(n)[1] for n in PHASE_NAMES},
-        loader.extra.get("device_data_seconds_per_image") if loader else None,
-        {n: [w.get("images_per_sec") for w in p.windows] for n, p in rec.phases.items()})
+    """The verdict rule (analysis.verdict.classify) on a run's measured figures, as the run's
+    own verdict reads them (run/summary.rule_figures), less the validity checks."""
+    return classify(**rule_figures(rec))
 
 
 def disturbed(rec: RunRecord, in_flight: int) -> list[str]:

@@ -2,7 +2,7 @@
 `Judgement`, so every PASS/FAIL rule is tested on a CPU with recorded figures; the code that
 measures (gpubench.check.pipes, .cases, .cuda) stays thin.
 
-The rules, stated once (docs: /tmp/check_doc.md, merged into docs/gpu.md):
+The rules, stated once (docs/gpu.md, "The self-check"):
 
 - `agree` (compute, loader, sync): two timings of the same work measured in alternated windows
   (tool, reference, tool, reference, ...), so a drift of a shared machine hits both. Each round
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpubench.core.stats import holding, median, median_interval
+# agree(): the largest difference that passes whatever the intervals say, the tolerance every
+# judgement over throughputs uses
+from gpubench.core.stats import TOLERANCE, holding, median, median_interval
 
-TOLERANCE = 0.05  # agree(): the largest difference that passes whatever the intervals say
 # utilization(): NVML's utilization is the share of its sample period (1/6 s to 1 s, by product)
 # in which a kernel ran; a loop of back-to-back matmuls keeps one running, nothing queued none
 BUSY_MIN = 80.0

@@ -50,6 +50,7 @@ from gpubench.config.schema import (
     to_container,
 )
 from gpubench.config.uris import check_tracking_uri, local_store
+from gpubench.core.record import window_plan
 
 # ---------------------------------------------------------------- the settings (frozen)
 # One class per config group, with the group's keys as the schema declares them; Enums are
@@ -206,8 +207,8 @@ GPU_MIN_WINDOW_S = 2.0  # 2 x telemetry.nvml.NVML_AVERAGING_S (held so by tests/
 
 def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
     """A measured window's time cap: a phase's bench.max_seconds shared by its windows
-    (bench.repeats of them, at most bench.steps)."""
-    return max_seconds / min(repeats, steps)
+    (bench.repeats of them, at most bench.steps: core.record.window_plan)."""
+    return max_seconds / window_plan(steps, repeats)[0]
 
 
 def min_window_s(bench: DictConfig, device: str) -> float:

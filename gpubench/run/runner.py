@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import os
 import random
 import time
@@ -32,7 +31,15 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Settings, check_resources, plain, resolve, window_cap_s
 from gpubench.core.pipe import batches_in_flight
-from gpubench.core.record import RESULTS_FILE, RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status
+from gpubench.core.record import (
+    RESULTS_FILE,
+    RUNG_ENV,
+    STUDY_ENV,
+    PhaseRecord,
+    RunRecord,
+    Status,
+    window_plan,
+)
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed, targets
@@ -134,8 +141,7 @@ class Benchmark:
         torch.manual_seed(b.seed)
         self.phases = list(s.phases)
         self.faults = Faults(s.fault, self.dist.rank)
-        self.repeats = min(b.repeats, b.steps)
-        self.steps_per_window = max(1, math.ceil(b.steps / self.repeats))
+        self.repeats, self.steps_per_window = window_plan(b.steps, b.repeats)
         # results.json never holds a password (tracking.uri may carry user:pw@)
         rec = RunRecord.start(self.out, mask_secrets(plain(s.config)), env.facts(self.device),
                               s.memory.ceiling, self.dist.world)

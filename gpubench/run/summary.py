@@ -112,6 +112,23 @@ def validity(bench) -> list[str]:
     return reasons
 
 
+def rule_figures(rec) -> dict:
+    """What the verdict rule (analysis.verdict.classify) reads of a record, by its parameter
+    names: each phase's figure, their intervals, e2e's data wait, the loader's device data time
+    per image, and every window's figure (the ratios are taken pairwise over interleaved
+    rounds). The run's own verdict and gpubench.check's known-answer cases read the same."""
+    loader = rec.phases.get("loader")
+    return {
+        "loader": rec.loader_images_per_sec, "compute": rec.compute_images_per_sec,
+        "e2e": rec.images_per_sec, "data_wait_fraction": rec.data_wait_fraction,
+        "intervals": {name: rec.phase_figure(name)[1] for name in PHASE_NAMES},
+        "device_data_s_per_image": (loader.extra.get("device_data_seconds_per_image")
+                                    if loader else None),
+        "windows": {n: [w.get("images_per_sec") for w in p.windows]
+                    for n, p in rec.phases.items()},
+    }
+
+
 def summarize(bench) -> None:
     rec, s, device = bench.record, bench.settings, bench.device
     figures(rec, device)
@@ -137,21 +154,16 @@ def summarize(bench) -> None:
         ceiling=s.memory.ceiling,
         is_conv="vit" not in s.model.name,
     )
-    intervals = {name: rec.phase_figure(name)[1] for name in PHASE_NAMES}
-    loader = rec.phases.get("loader")
+    rule = rule_figures(rec)
     # the serial bound: the step and the data side's device work on one stream, one after the
     # other. Only work that queues on the training stream counts (run/merge.py): an nvJPEG
     # decode blocks the host on torchvision's own stream while the device runs the queued step,
     # so it bounds e2e through the loader phase's host-side rate, not through this sum
-    device_data = loader.extra.get("device_data_seconds_per_image") if loader else None
+    device_data = rule["device_data_s_per_image"]
     if device_data and rec.compute_images_per_sec:
         rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)
-    v = judge(rec.loader_images_per_sec, rec.compute_images_per_sec, rec.images_per_sec,
-              rec.data_wait_fraction, knobs, intervals, reasons,
-              noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
-              device_data_s_per_image=device_data,
-              windows={n: [w.get("images_per_sec") for w in p.windows]
-                       for n, p in rec.phases.items()},
+    v = judge(**rule, knobs=knobs, noise_reasons=reasons,
+              remedies=noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
               repeats=bench.repeats, steps=s.bench.steps)
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin

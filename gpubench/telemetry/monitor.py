@@ -89,9 +89,8 @@ class MonitorSummary:
     device_used_source: str | None = None
     nvml_unsupported: list[str] = field(default_factory=list)
     # how energy_j was had: nvml.ENERGY_COUNTER, ENERGY_POWER_X_TIME, or both ("+") over a
-    # phase's windows; the counter's reads at the window's ends (mJ), for a window
+    # phase's windows
     energy_source: str | None = None
-    energy_counter_mj: tuple[float, float] | None = None
     # samples whose averaged NVML readings were dropped: taken within NVML_AVERAGING_S of
     # their window's start, they describe the phase before it
     nvml_dropped: int = 0
@@ -227,8 +226,6 @@ def finish_window(summ: MonitorSummary, t0: float, t1: float, e0_mj: float | Non
     difference, else the mean kept power x the window's length)."""
     summ.seconds = t1 - t0
     summ.nvml_dropped = drop_straddling(summ.samples, t0)
-    if e0_mj is not None and e1_mj is not None:
-        summ.energy_counter_mj = (e0_mj, e1_mj)
     summ.energy_j, summ.energy_source = window_energy_j(
         e0_mj, e1_mj, summ.mean("power_w"), summ.seconds)
     return summ
