@@ -22,7 +22,7 @@ from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf  # noqa: E
 
 def generated() -> str:
     sweeper = [k for k in keys(GpubenchSweeperConf, "hydra.sweeper.") if k.path != "_target_"]
-    return section(KEYS) + "\n\n" + section(sweeper)
+    return section(KEYS, roles=True) + "\n\n" + section(sweeper)
 
 
 def main(argv: list[str]) -> int:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpubench.analysis.select import knob_of, left_out
+from gpubench.config.keys import Role
+from gpubench.config.knobs import compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Rung, RunRecord
@@ -31,15 +33,6 @@ SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compi
 RERUN_KEYS = (*SETUP_KEYS, "bench")
 
 
-# not knobs: how long a run measured differs between screen and full measurements
-NOT_KNOBS = ("bench.", "tracking.", "fault.")
-
-
-# how long and how a run was measured and tracked (dotted prefixes): runs of one setup that
-# differ only in these are repeats of one measurement (latest_per_setup pools them); any other
-# difference (optimizer, grad_accum_steps, lr, cudnn_benchmark, phases...) is another run
-HOW_MEASURED = ("bench.steps", "bench.repeats", "bench.warmup_", "bench.max_seconds",
-                "bench.seed", "bench.monitor", "bench.profile", "tracking.")
 
 
 # fault injection as configured by default (none): a run with any other value is a test of a
@@ -152,7 +145,7 @@ class Row:
         return bool(self.confirms) and self.stable
 
     def knob(self, name: str) -> Any:
-        """A knob by its short name (gpubench.analysis.select.KNOBS)."""
+        """A knob by its short name (gpubench.config.knobs.SHORT)."""
         v = knob_of(self.flat.get, name)
         if v is None and name == "precision":  # a study's param is the group, not the key
             v = self.flat.get("precision")
@@ -197,7 +190,7 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
 
 
 def _what_ran(rec: RunRecord) -> dict[str, Any]:
-    return {k: v for k, v in flatten(rec.config or {}).items() if not k.startswith(HOW_MEASURED)}
+    return {k: v for k, v in flatten(rec.config or {}).items() if role(k) is not Role.measure}
 
 
 def faulted(rec: RunRecord) -> bool:
@@ -208,18 +201,19 @@ def faulted(rec: RunRecord) -> bool:
 
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
     """`rec` measured the same thing as `of` again: the whole config equal except how long and
-    how it was measured and tracked (HOW_MEASURED), on the same device model, and neither had
+    how it was measured and tracked (Role.measure), on the same device model, and neither had
     fault injection."""
     return (rec.env.get("device_name") == of.env.get("device_name")
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
 
 
 def varying(rows: list[Row]) -> list[str]:
-    """Config keys that differ between rows: the swept knobs, in a stable order."""
+    """Config keys that differ between rows: the swept knobs (any key that tells runs apart:
+    gpubench.config.knobs.compared), in a stable order."""
     keys: dict[str, set] = {}
     for r in rows:
         for k, v in r.flat.items():
-            if not k.startswith(NOT_KNOBS):
+            if compared(k):
                 keys.setdefault(k, set()).add(json.dumps(v, default=str))
     return [k for k, vals in keys.items() if len(vals) > 1 or any(k not in r.flat for r in rows)]
 

@@ -1,12 +1,12 @@
-"""Which runs a report compares: full training measurements of one training setup; and the one
-table of knobs by short name, what identifies a setup and how a setup is written out.
+"""Which runs a report compares: full training measurements of one training setup; reading
+knobs by short name (gpubench.config.knobs.SHORT), and how a setup is written out.
 
 An experiment collects runs of many kinds (loader-only runs, max-batch probes, a sweep's screens,
 full training runs) and setups (models, datasets, image sizes). Their throughputs are no speeds
 of one thing: the report ranks and recommends full training measurements of one setup, and says
 in one line what it left out (gpubench.report); `--where KEY=VALUE` picks rows first.
 
-A setup is its model, dataset and image size (SETUP_OF). A team's own model or dataset
+A setup is its workload: every key the schema declares as one (gpubench.config.knobs.role). A team's own model or dataset
 (`model=custom model._target_=my_team.Net`) is its class: the group's name is only `custom`,
 which would make every custom model one setup. The console's title, the run picture, the MLflow
 run name, the report's notes and the machine comparison all write a setup out through
@@ -15,12 +15,15 @@ run name, the report's notes and the machine comparison all write a setup out th
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import yaml
 
+from gpubench.config.keys import Role
+from gpubench.config.knobs import SETUP_SHORT, SHORT, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Rung, RunRecord
 
@@ -32,33 +35,12 @@ class Row(Protocol):
     flat: dict[str, Any]
 
 
-# short names for the knobs gpubench reasons about and shows (the report, MLflow's params and
-# run name, the plots), and their config keys: the first one set is the knob's value
-KNOBS: dict[str, tuple[str, ...]] = {
-    "model": ("model._target_", "model.name"),
-    "dataset": ("dataset._target_", "dataset.name"),
-    "image_size": ("dataset.image_size",),
-    "batch_size": ("loader.batch_size",),
-    "num_workers": ("loader.num_workers",),
-    "pin_memory": ("loader.pin_memory",),
-    "prefetch_factor": ("loader.prefetch_factor",),
-    "persistent_workers": ("loader.persistent_workers",),
-    "precision": ("precision.name",),
-    "channels_last": ("channels_last",),
-    "compile": ("compile",),
-    "preload": ("dataset.preload",),
-    "augment_on": ("dataset.augment_on",),
-    "decode_on": ("dataset.decode_on",),
-    "optimizer": ("bench.optimizer",),
-}
-
-# what makes two runs the same training setup (knobs): the report never ranks one against another
-SETUP_OF = ("model", "dataset", "image_size")
 
 
 def knob_key(get: Callable[[str], Any], name: str) -> str:
-    """The config key that holds knob `name` (its first key set; the last one when none is)."""
-    keys = KNOBS[name]
+    """The config key that holds knob `name` (its first key set; the last one when none is); a
+    name with no short form is its key."""
+    keys = SHORT.get(name, (name,))
     return next((k for k in keys if get(k) is not None), keys[-1])
 
 
@@ -95,9 +77,8 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
 
 
 def workload_text(rec: RunRecord) -> str:
-    """What identifies the run's setup (SETUP_OF), written out: `model resnet50, dataset
-    imagenet, 224 px`."""
-    model, dataset, size = (knob_of(rec.knob, n) for n in SETUP_OF)
+    """What identifies the run's setup, written out: `model resnet50, dataset imagenet, 224 px`."""
+    model, dataset, size = (knob_of(rec.knob, n) for n in ("model", "dataset", "image_size"))
     return f"model {model or '?'}, dataset {dataset or '?'}, {size or '?'} px"
 
 
@@ -160,14 +141,17 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
     return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
 
 
-def setup_of(r: Row) -> tuple:
-    return tuple(knob_of(r.flat.get, k) for k in SETUP_OF)
+def setup_of(r: Row) -> tuple[tuple[str, str], ...]:
+    """The row's workload (every key gpubench.config.knobs.role calls so: model, dataset, image
+    size, classes, phases, a team's own keys), sorted: rows that differ here train other things."""
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str))
+                        for k, v in r.flat.items() if role(k) is Role.workload))
 
 
 def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     """The rows the report ranks and recommends from, and what it says about the others: full
-    training measurements only, of one training setup (SETUP_OF): the newest run's. Throughputs
-    of different models or image sizes are no speeds of one thing."""
+    training measurements only, of one workload (setup_of): the newest run's. Throughputs of
+    different models, image sizes or class counts are no speeds of one thing."""
     kept, out = [], {}
     for r in rows:
         why = left_out(r.record)
@@ -185,19 +169,29 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     if len(groups) > 1:
         newest = max(kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)
-        others = [f"{_setup_name(g[0])} ({len(g)} run(s))" for k, g in groups.items() if k != mine]
+        others = [f"{_setup_name(g[0], newest)} ({len(g)} run(s))"
+                  for k, g in groups.items() if k != mine]
         other = next(g[0] for k, g in groups.items() if k != mine)
-        name = next(n for n, a, b in zip(SETUP_OF, mine, setup_of(other), strict=True) if a != b)
-        key = knob_key(other.flat.get, name)
-        notes.append(f"ranked only {_setup_name(newest)} (the newest run's setup); other setups: "
+        key = _differing(newest, other)[0]
+        notes.append(f"ranked only {_setup_name(newest, other)} (the newest run's setup); other setups: "
                      f"{'; '.join(others)}; pick one with --where, e.g. --where "
                      f"{key}={format_value(other.flat.get(key))}")
         kept = groups[mine]
     return kept, notes
 
 
-def _setup_name(r: Row) -> str:
-    """The row's setup as --where would pick it: `model.name=tiny dataset.name=synthetic ...`."""
-    keys = [knob_key(r.flat.get, n) for n in SETUP_OF]
+def _differing(r: Row, other: Row) -> list[str]:
+    """The workload keys whose values differ between two rows, the shown ones first."""
+    a, b = dict(setup_of(r)), dict(setup_of(other))
+    shown = [knob_key(r.flat.get, n) for n in SETUP_SHORT]
+    return sorted((k for k in a.keys() | b.keys() if a.get(k) != b.get(k)),
+                  key=lambda k: (k not in shown, k))
+
+
+def _setup_name(r: Row, other: Row) -> str:
+    """The row's setup as --where would pick it: `model.name=tiny dataset.name=synthetic ...`,
+    with every other key where it differs from `other`'s."""
+    keys = list(dict.fromkeys([knob_key(r.flat.get, n) for n in ("model", "dataset", "image_size")]
+                              + _differing(r, other)))
     return " ".join(f"{k}={format_value(r.flat.get(k)) if r.flat.get(k) is not None else '?'}"
                     for k in keys)

@@ -19,17 +19,12 @@ from typing import Any
 
 from gpubench.analysis.select import knob_of
 from gpubench.analysis.verdict import positive
+from gpubench.config.knobs import COMPUTE
 from gpubench.core.stats import TOLERANCE, holding, median
 
 # the folder of a sweep dir where a loader-only multirun keeps its compute measurements
 COMPUTE_DIR = "compute"
 
-# what the compute phase's figure depends on (the training step on one batch kept on the
-# device): knobs by short name (gpubench.analysis.select.KNOBS), then plain config keys; the
-# loader's own knobs (workers, pinning, prefetch) and the dataset's files do not change it
-COMPUTE_KNOBS = ("model", "image_size", "batch_size", "precision", "channels_last", "compile",
-                 "optimizer")
-COMPUTE_KEYS = ("dataset.num_classes", "bench.grad_accum_steps")
 
 # what a data side that stays the bottleneck can try next (docs/data.md)
 NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
@@ -204,10 +199,10 @@ def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:
-    """What a compute measurement must share with a loader run to bound it: COMPUTE_KNOBS and
-    COMPUTE_KEYS read with `get` (a record's `knob`, a row's `flat.get`), and the device."""
-    return (tuple((n, knob_of(get, n)) for n in COMPUTE_KNOBS)
-            + tuple((k, get(k)) for k in COMPUTE_KEYS) + (("device", device),))
+    """What a compute measurement must share with a loader run to bound it: every key the
+    compute phase's figure depends on (gpubench.config.knobs.COMPUTE) read with `get` (a
+    record's `knob`), and the device."""
+    return tuple((n, knob_of(get, n)) for n in COMPUTE) + (("device", device),)
 
 
 def compute_dir_name(setup: tuple[tuple[str, Any], ...]) -> str:

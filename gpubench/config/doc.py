@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
-from gpubench.config.keys import Key
+from gpubench.config.keys import ACTIVE, Key
 from gpubench.config.overrides import format_value
 
 BEGIN = "<!-- key tables: written by scripts/config_table.py from the schema; edit the schema -->"
@@ -33,21 +33,30 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def table(declared: Iterable[Key]) -> str:
-    lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+def role(k: Key) -> str:
+    """A key's part in comparing runs (config.keys.Knob), as the docs' role column says it."""
+    parts = [k.knob.role.value] + ([k.knob.pipe.value] if k.knob.pipe else [])
+    parts += ["0 workers: " + shown(k.knob.inert)] if k.knob.inert != ACTIVE else []
+    return ", ".join(parts + (["CUDA only"] if k.knob.cuda_only else []))
+
+
+def table(declared: Iterable[Key], roles: bool = False) -> str:
+    lines = ["| key | default | allowed | " + ("role | " if roles else "") + "meaning |",
+             "|---|---|---|---|" + ("---|" if roles else "")]
     for k in declared:
         lines.append(f"| `{k.name}` | `{_cell(shown(k.default))}` | {_cell(k.allowed)} | "
-                     f"{_cell(k.help)} |")
+                     + (f"{role(k)} | " if roles else "") + f"{_cell(k.help)} |")
     return "\n".join(lines)
 
 
-def section(declared: Iterable[Key]) -> str:
+def section(declared: Iterable[Key], roles: bool = False) -> str:
     """One table per group (the keys' dotted prefix), in declaration order; top-level keys
     under "top level"."""
     groups: dict[str, list[Key]] = {}
     for k in declared:
         groups.setdefault(k.name.rpartition(".")[0], []).append(k)
-    parts = [f"### {f'`{g}`' if g else 'top level'}\n\n{table(ks)}" for g, ks in groups.items()]
+    parts = [f"### {f'`{g}`' if g else 'top level'}\n\n{table(ks, roles)}"
+             for g, ks in groups.items()]
     return "\n\n".join(parts)
 
 

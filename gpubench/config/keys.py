@@ -30,17 +30,57 @@ from gpubench.config.errors import ConfigError
 INT, FLOAT = "an integer", "a number"
 
 
+class Role(str, Enum):
+    """What a key is to a comparison of runs (gpubench.config.knobs reads it)."""
+
+    workload = "workload"  # what is trained: runs that differ here are other setups, never
+    # ranked together, never changed by a recommendation (a key declared without a role)
+    knob = "knob"  # a setting of the same training: searched, ranked, recommended
+    measure = "measure"  # how long and how a run was measured and tracked: runs that differ
+    # only here measured the same thing again (a report pools them)
+    fault = "fault"  # fault injection, for tests: a run with any is never pooled with others
+
+
+class Pipe(str, Enum):
+    """Which phase's figure a key changes: compute (the step on a batch kept on the device; the
+    data side's too) or data (the loader's alone: loader-only trials search it)."""
+
+    compute = "compute"
+    data = "data"
+
+
+ACTIVE = "active"  # Knob.inert of a key that acts without loader workers too
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """A key's part in comparing runs, declared on its schema field (`setting(knob=...)`)."""
+
+    role: Role = Role.workload
+    pipe: Pipe | None = None
+    short: str | None = None  # its name where shown: report columns, MLflow params, run names
+    # a data knob's cost order: (rank among keys, the value's rank); a setting is cheaper than
+    # another when it is lower on the first ranked key where they differ
+    cheap: tuple[int, Any] | None = None
+    inert: Any = ACTIVE  # a key that acts only through loader workers: its value with none
+    cuda_only: bool = False  # no effect on a CPU-only run
+
+
 def setting(default: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple[float | None, float | None] | None = None, *,
-            factory: Any = dataclasses.MISSING, allowed: str | None = None) -> Any:
+            factory: Any = dataclasses.MISSING, allowed: str | None = None,
+            knob: Knob | None = None) -> Any:
     """A schema field with its declaration: `default` (or `factory` for a list or dict), a
-    one-line `help`, numeric `bounds`, and `allowed`: the docs' wording of a rule that a check
-    in code applies (a model name torchvision knows, a URI), where the type alone says too little."""
+    one-line `help`, numeric `bounds`, `allowed`: the docs' wording of a rule that a check
+    in code applies (a model name torchvision knows, a URI), where the type alone says too
+    little, and `knob`: its part in comparing runs (the section's ROLE when not given)."""
     meta: dict[str, Any] = {"help": help}
     if bounds is not None:
         meta["bounds"] = bounds
     if allowed is not None:
         meta["allowed"] = allowed
+    if knob is not None:
+        meta["knob"] = knob
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -107,6 +147,7 @@ class Key:
     bounds: tuple[float | None, float | None] | None = None
     item: Any = None  # a list's item type (bench.phases: Phase)
     wording: str | None = None  # setting(allowed=...): the docs' text of a rule checked in code
+    knob: Knob = Knob()  # setting(knob=...), else its section's ROLE
 
     @property
     def kind(self) -> str | None:
@@ -182,9 +223,11 @@ def _unwrap(tp: Any) -> tuple[Any, bool, Any]:
 
 
 def keys(schema: type, prefix: str = "") -> list[Key]:
-    """Every key a schema dataclass declares, nested groups walked, in declaration order."""
+    """Every key a schema dataclass declares, nested groups walked, in declaration order. A
+    section's class attribute ROLE is the role of its keys that declare no knob."""
     out: list[Key] = []
     hints = typing.get_type_hints(schema)
+    section = Knob(getattr(schema, "ROLE", Role.workload))
     for f in dataclasses.fields(schema):
         tp, nullable, item = _unwrap(hints[f.name])
         if dataclasses.is_dataclass(tp):
@@ -195,7 +238,8 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
         out.append(Key(name=f"{prefix}{f.name}", path=f.name, type=tp, nullable=nullable,
                        default=default, help=f.metadata.get("help", ""),
                        bounds=f.metadata.get("bounds"), item=item,
-                       wording=f.metadata.get("allowed")))
+                       wording=f.metadata.get("allowed"),
+                       knob=f.metadata.get("knob", section)))
     return out
 
 

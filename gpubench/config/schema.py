@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.keys import Key, check_keys, keys, setting
+from gpubench.config.keys import Key, Knob, Pipe, Role, check_keys, keys, setting
 
 
 class Choice(str, Enum):
@@ -99,6 +99,23 @@ class Backend(Choice):
     none = "none"
 
 
+# the knobs' declarations (gpubench.config.keys.Knob): how long and how a run was measured;
+# a data knob's value rank for the cost order (cheapest first)
+MEASURE = Knob(Role.measure)
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _on_device(v: Any) -> bool:  # CPU work before device work: the device's time is the scarce one
+    return v != "cpu"
+
+
+def _none_first(v: Any) -> int:
+    return -1 if v is None else v
+
+
 @dataclass
 class DatasetConfig:
     name: DatasetKind = setting(
@@ -107,12 +124,12 @@ class DatasetConfig:
         "device_synthetic: one fixed batch already on the device (the compute bound); fake_jpeg: "
         "in-memory JPEGs decoded with PIL per sample; imagefolder: a folder of class sub-folders; "
         "cifar10: CIFAR-10's python files from a local root; custom: your own Dataset class "
-        "([data.md](data.md))")
+        "([data.md](data.md))", knob=Knob(Role.workload, Pipe.data, short="dataset"))
     image_size: int | None = setting(
         None, "side of the training crop; null: 224 on a GPU, 32 on a CPU. The upper bound is "
-        "JPEG's largest side; the RAM checks bound the in-memory pools", bounds=(8, 65_535))
+        "JPEG's largest side; the RAM checks bound the in-memory pools", bounds=(8, 65_535), knob=Knob(Role.workload, Pipe.compute, short="image_size"))
     num_classes: int = setting(1000, "labels in the dataset (model.num_classes follows it)",
-                               bounds=(1, 1_000_000))
+                               bounds=(1, 1_000_000), knob=Knob(Role.workload, Pipe.compute))
     num_samples: int = setting(
         512, "images in the in-memory pools (synthetic, fake_jpeg), cycled; the pool (synthetic: "
         "samples x 3 x (8/7 x size)² bytes; fake_jpeg: their JPEGs) must fit in half of the free "
@@ -121,15 +138,15 @@ class DatasetConfig:
                                allowed="null or an existing folder")
     jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
     preload: bool = setting(False, "decode the whole dataset once into a shared uint8 tensor in "
-                                   "RAM, then only augment per step (must fit in 80% of free RAM)")
+                                   "RAM, then only augment per step (must fit in 80% of free RAM)", knob=Knob(Role.knob, Pipe.data, short="preload", cheap=(2, bool)))
     augment_on: Where = setting(Where.cpu, "device: ship uint8 batches, crop/flip/normalize on "
-                                           "the device")
+                                           "the device", knob=Knob(Role.knob, Pipe.data, short="augment_on", cheap=(4, _on_device)))
     decode_on: Where = setting(Where.cpu, "device: decode JPEGs on the GPU (nvJPEG); CUDA, "
-                                          "imagefolder and fake_jpeg only")
+                                          "imagefolder and fake_jpeg only", knob=Knob(Role.knob, Pipe.data, short="decode_on", cheap=(3, _on_device)))
     on_corrupt: OnCorrupt = setting(OnCorrupt.skip, "skip (and count) or fail on an image that "
                                                     "does not decode")
     _target_: str | None = setting(None, "dataset=custom: your Dataset class as a dotted path "
-                                         "(my_team.data.MyDataset)")
+                                         "(my_team.data.MyDataset)", knob=Knob(Role.workload, Pipe.data, short="dataset"))
     kwargs: dict[str, Any] = setting(factory=dict, help="dataset=custom: its constructor's "
                                                         "arguments")
     transform: dict[str, Any] = setting(
@@ -143,42 +160,42 @@ class DatasetConfig:
 class ModelConfig:
     name: str = setting("resnet50", "a torchvision classification model "
                                     "(torchvision.models.list_models()) or tiny",
-                        allowed="a torchvision classifier's name or tiny")
+                        allowed="a torchvision classifier's name or tiny", knob=Knob(Role.workload, Pipe.compute, short="model"))
     num_classes: int = setting("${dataset.num_classes}",
                                "classifier outputs: at least dataset.num_classes (one per label)",
-                               bounds=(1, 1_000_000))
+                               bounds=(1, 1_000_000), knob=Knob(Role.workload, Pipe.compute))
     _target_: str | None = setting(
         None, "your own nn.Module class (model=custom model._target_=my_team.nets.Net); it gets "
-              "num_classes if it takes one")
+              "num_classes if it takes one", knob=Knob(Role.workload, Pipe.compute, short="model"))
     kwargs: dict[str, Any] = setting(factory=dict, help="model._target_'s other constructor "
-                                                        "arguments")
+                                                        "arguments", knob=Knob(Role.workload, Pipe.compute))
     checkpointing: bool = setting(
         False, "activation checkpointing over the model's stages (a ResNet's layers, each ViT "
                "block, tiny's features): less memory, about one more forward; torchvision "
-               "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only")
+               "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only", knob=Knob(Role.knob, Pipe.compute))
 
 
 @dataclass
 class LoaderConfig:
     batch_size: int | None = setting(
         None, "null: 128 on a GPU, 16 on a CPU; at most the dataset's size with drop_last "
-              "(checked when the data is built)", bounds=(1, 65_536))
+              "(checked when the data is built)", bounds=(1, 65_536), knob=Knob(Role.knob, Pipe.compute, short="batch_size"))
     num_workers: int = setting(
         2, "DataLoader worker processes; at most 4 per usable core and 256 MiB of free RAM each "
-           "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024))
-    pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)")
+           "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024), knob=Knob(Role.knob, Pipe.data, short="num_workers", cheap=(1, _same)))
+    pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)", knob=Knob(Role.knob, Pipe.data, short="pin_memory", cheap=(7, bool), cuda_only=True))
     prefetch_factor: int | None = setting(2, "batches each worker prepares ahead; null with 0 "
-                                             "workers", bounds=(1, 64))
+                                             "workers", bounds=(1, 64), knob=Knob(Role.knob, Pipe.data, short="prefetch_factor", cheap=(5, _none_first), inert=None))
     persistent_workers: bool = setting(True, "keep the workers between epochs and phases; false "
-                                             "with 0 workers")
+                                             "with 0 workers", knob=Knob(Role.knob, Pipe.data, short="persistent_workers", cheap=(6, bool), inert=False))
     drop_last: bool = setting(True, "every measured step is a full batch")
     multiprocessing_context: str | None = setting(
         None, "the workers' start method; null: the platform's default (fork on Linux: workers "
               "share preloaded tensors for free); null with 0 workers",
-        allowed="null or a start method of this platform (fork, spawn, forkserver)")
+        allowed="null or a start method of this platform (fork, spawn, forkserver)", knob=Knob(Role.knob, Pipe.data, inert=None))
     worker_threads: int = setting(
         1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
-           "usable cores; 1 with 0 workers", bounds=(1, 1024))
+           "usable cores; 1 with 0 workers", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.data, inert=1))
 
 
 @dataclass
@@ -186,7 +203,7 @@ class PrecisionConfig:
     name: PrecisionName = setting(
         PrecisionName.torch_default,
         "torch_default: PyTorch's own TF32 flags, what a plain job runs; fp32: strict, TF32 off; "
-        "tf32; amp_fp16 (CUDA only); amp_bf16")
+        "tf32; amp_fp16 (CUDA only); amp_bf16", knob=Knob(Role.knob, Pipe.compute, short="precision"))
 
 
 @dataclass
@@ -196,57 +213,58 @@ class BenchSettings:
                                   help="the phases measured, in order; not empty")
     warmup_steps: int = setting(
         5, "steps run before measuring: at least these, then on until steps are steady; at most "
-           "bench.warmup_max_steps", bounds=(0, 10_000))
+           "bench.warmup_max_steps", bounds=(0, 10_000), knob=MEASURE)
     warmup_max_steps: int = setting(50, "the warm-up's most steps; at least bench.warmup_steps",
-                                    bounds=(0, 10_000))
+                                    bounds=(0, 10_000), knob=MEASURE)
     steps: int = setting(
         50, "measured steps per phase, split into bench.repeats windows of equal length: rounded "
             "up to a multiple of them (50 steps in 6 windows measure 54)",
-        bounds=(1, 10_000_000))
+        bounds=(1, 10_000_000), knob=MEASURE)
     repeats: int = setting(
         6, "windows per phase, interleaved across the phases (loader, compute, e2e, loader, ...): "
-           "they give each phase its 95% interval; at most bench.steps", bounds=(1, 100))
+           "they give each phase its 95% interval; at most bench.steps", bounds=(1, 100), knob=MEASURE)
     warmup_max_seconds: float = setting(60.0, "wall-clock cap of a phase's warm-up",
-                                        bounds=(0.001, 86_400))
+                                        bounds=(0.001, 86_400), knob=MEASURE)
     max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
-                                       "device", bounds=(0.001, 86_400))
+                                       "device", bounds=(0.001, 86_400), knob=MEASURE)
     min_window_s: float | None = setting(
         None, "a measured window runs on past its share of bench.steps until it has lasted this "
               "long, so NVML's readings (utilization averaged over 1/6-1 s, power over 1 s) "
               "describe the window, not the phase before; null: 2 s on CUDA with bench.monitor "
               "on, else 0 (off); at most a window's cap, bench.max_seconds / bench.repeats. "
               "Under torchrun the step count is fixed before each window from the last step time",
-        bounds=(0, 3600))
+        bounds=(0, 3600), knob=MEASURE)
     seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
-                        bounds=(0, 2**32 - 1))
-    monitor: bool = setting(True, "sample NVML and the host in a thread during each window")
+                        bounds=(0, 2**32 - 1), knob=MEASURE)
+    monitor: bool = setting(True, "sample NVML and the host in a thread during each window", knob=MEASURE)
     monitor_interval_s: float = setting(
         0.2, "the sampling period; at most bench.max_seconds when bench.monitor is on (a window "
              "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",
-        bounds=(0.05, 60))
-    flops: bool = setting(True, "count one step's FLOPs once, for MFU")
-    optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw")
+        bounds=(0.05, 60), knob=MEASURE)
+    flops: bool = setting(True, "count one step's FLOPs once, for MFU", knob=MEASURE)
+    optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw", knob=Knob(Role.knob, Pipe.compute, short="optimizer"))
     optimizer_impl: OptimizerImpl = setting(
         OptimizerImpl.auto, "auto: torch's choice (foreach on CUDA); for_loop, foreach, fused "
-                            "force one; foreach and fused only where torch has their kernels")
+                            "force one; foreach and fused only where torch has their kernels", knob=Knob(Role.knob, Pipe.compute))
     lr: float = setting(0.01, "the optimizer's learning rate", bounds=(1e-12, 10))
     grad_accum_steps: int = setting(
         1, "micro-batches per optimizer step (effective batch: loader.batch_size x this); "
-           "images/sec counts every micro-batch", bounds=(1, 1024))
+           "images/sec counts every micro-batch", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.compute))
     cudnn_benchmark: bool | None = setting(
         None, "torch.backends.cudnn.benchmark, the same for every precision (a precision "
-              "comparison changes one thing); null: the process's own flag (PyTorch's: off)")
+              "comparison changes one thing); null: the process's own flag (PyTorch's: off)", knob=Knob(Role.knob, Pipe.compute, cuda_only=True))
     host_metrics_every: int = setting(
         0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
-           "many training loops do; 0: never", bounds=(0, 100_000))
+           "many training loops do; 0: never", bounds=(0, 100_000), knob=Knob(Role.workload, Pipe.compute))
     profile: bool = setting(False, "after the measured windows, a torch.profiler trace of "
                                    "bench.profile_steps e2e steps (never timed): traces/ beside "
-                                   "results.json, logged to MLflow ([profiling.md](profiling.md))")
-    profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000))
+                                   "results.json, logged to MLflow ([profiling.md](profiling.md))", knob=MEASURE)
+    profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000), knob=MEASURE)
 
 
 @dataclass
 class MemoryConfig:
+    ROLE = Role.measure  # the ceiling judges a run, it does not change it
     # any fraction > 0: a tiny one forces over_ceiling
     ceiling: float = setting(0.8, "fraction of device memory a config may peak at and still be "
                                   "feasible", bounds=(1e-6, 1.0))
@@ -256,6 +274,7 @@ class MemoryConfig:
 
 @dataclass
 class TrackingConfig:
+    ROLE = Role.measure
     backend: Backend = setting(Backend.mlflow, "where runs are logged ([tracking.md](tracking.md))")
     uri: str | None = setting(
         None, "the MLflow store; null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)",
@@ -275,6 +294,8 @@ class TrackingConfig:
 @dataclass
 class FaultConfig:
     """Fault injection for testing recovery paths (never set in real runs)."""
+
+    ROLE = Role.fault
 
     oom_above_batch: int | None = setting(
         None, "testing: an out-of-memory error in the train step for larger batches",
@@ -301,9 +322,9 @@ class BenchConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
-    channels_last: bool = setting(False, "NHWC memory format for model and input")
+    channels_last: bool = setting(False, "NHWC memory format for model and input", knob=Knob(Role.knob, Pipe.compute, short="channels_last"))
     compile: CompileMode = setting(CompileMode.off, "torch.compile's mode (compile time falls in "
-                                                    "the warm-up, reported as first_step_s)")
+                                                    "the warm-up, reported as first_step_s)", knob=Knob(Role.knob, Pipe.compute, short="compile"))
 
 
 def register_configs() -> None:

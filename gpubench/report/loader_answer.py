@@ -25,20 +25,20 @@ from pathlib import Path
 
 import yaml
 
-from gpubench.analysis.recommend import HOW_MEASURED, Row
+from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
 from gpubench.analysis.workers import (
     COMPUTE_DIR,
-    COMPUTE_KNOBS,
     TOLERANCE,
     Rate,
     WorkersPick,
     compute_setup,
     fewest_workers,
 )
+from gpubench.config.keys import Role
+from gpubench.config.knobs import COMPUTE, WORKER_ONLY, role
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.config.settings import WORKER_ONLY_KEYS
 from gpubench.core.record import RunRecord, find_runs, load
 from gpubench.report.plot_rules import flag_kind, flag_reasons
 
@@ -126,11 +126,11 @@ class LoaderAnswer:
 
 def _group_key(r: Row, worker_only: bool = False) -> tuple:
     """Every knob of the run but its workers and how it was measured; the worker-only ones
-    (config.settings.WORKER_ONLY_KEYS: a 0-worker run records them inert, so it belongs with
+    (gpubench.config.knobs.WORKER_ONLY: a 0-worker run records them inert, so it belongs with
     every worker-only setting of its setup) alone with `worker_only`, left out without."""
     return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
-                        if k != "loader.num_workers" and not k.startswith(HOW_MEASURED)
-                        and (k in WORKER_ONLY_KEYS) == worker_only))
+                        if k != "loader.num_workers" and role(k) is not Role.measure
+                        and (k in WORKER_ONLY) == worker_only))
 
 
 def _groups(loaders: list[Row]) -> list[list[Row]]:
@@ -211,7 +211,7 @@ def _compute_command(row: Row) -> str:
                 and o.partition("=")[0].lstrip("+~") not in NOT_FOR_COMPUTE]
     else:  # a run read from MLflow: its compute knobs as overrides (a group by its name)
         keep = []
-        for n in COMPUTE_KNOBS:
+        for n in COMPUTE:
             k = knob_key(row.flat.get, n)
             v = row.flat.get(k)
             group, _, leaf = k.partition(".")

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gpubench.analysis.recommend import HOW_MEASURED
-from gpubench.analysis.select import KNOBS
+from gpubench.config.knobs import CUDA_ONLY, SHORT, compared
 from gpubench.config.overrides import format_value
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, RunRecord
@@ -29,9 +28,6 @@ MAX_LINES = 6
 # Optuna's importance from fewer trials than this ranks noise: with 6 knobs and 4 trials most
 # knobs were sampled at one value or two, and one disturbed trial moves every bar
 MIN_IMPORTANCE_TRIALS = 8
-# knobs with no effect on a CPU-only run: pinned memory is for copies to a GPU (the loader
-# pins only with device cuda), cudnn.benchmark tunes cuDNN's convolutions
-CUDA_ONLY_KNOBS = ("loader.pin_memory", "bench.cudnn_benchmark")
 # on a CPU, precisions run the math their autocast dtype says; fp32, tf32 and torch_default
 # differ only in CUDA's TF32 flags
 CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
@@ -48,9 +44,9 @@ def record_of(row) -> RunRecord:
 
 
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`, gpubench.analysis.select.KNOBS), whether the
+    """A knob by its short name (`batch_size`, gpubench.config.knobs.SHORT), whether the
     row's `knob()` takes short names or config keys (`loader.batch_size`)."""
-    for key in (name, *KNOBS[name]):
+    for key in (name, *SHORT[name]):
         try:
             v = row.knob(key)
         except KeyError:  # a row that knows only the other spelling
@@ -175,10 +171,10 @@ def flagged_label(rows) -> str:
 
 
 def _knobs(row) -> dict[str, Any]:
-    """What the run ran, as dotted config keys: every key except how long and how it was
-    measured and tracked (HOW_MEASURED), so measured knobs like bench.cudnn_benchmark count."""
+    """What the run ran, as dotted config keys: every key that tells runs apart
+    (gpubench.config.knobs.compared: the report's table has a column for each that varies)."""
     cfg = flatten(record_of(row).config or {})
-    return {k: v for k, v in cfg.items() if not k.startswith(HOW_MEASURED)}
+    return {k: v for k, v in cfg.items() if compared(k)}
 
 
 def held_fixed(rows, key: str) -> list[str]:
@@ -205,7 +201,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
     Returns the lines as (label, runs, one per value, sorted) and the rest (runs of groups with
     one value, groups past MAX_LINES, slower repeats at one value). The recommended run's
     group comes first, then by the group's fastest run."""
-    keys = held_fixed(rows, KNOBS[name][0])
+    keys = held_fixed(rows, SHORT[name][0])
     groups = group_by(rows, lambda r: tuple(repr(_knobs(r).get(k)) for k in keys))
     lines, rest = [], []
     for rs in groups.values():
@@ -254,7 +250,7 @@ def inert_knobs(params: list[dict], devices: set[str]) -> list[str]:
     if not devices or devices - {"cpu"}:
         return []
     names = {k for p in params for k in p}
-    out = [k for k in names if k.lstrip("+") in CUDA_ONLY_KNOBS]
+    out = [k for k in names if k.lstrip("+") in CUDA_ONLY]
     for k in names:
         if k.lstrip("+") in ("precision", "precision.name"):
             maths = {CPU_MATH.get(str(p[k]), "fp32") for p in params if k in p}

@@ -42,7 +42,8 @@ from gpubench.analysis.recommend import (
     varying,
     with_interval,
 )
-from gpubench.analysis.select import KNOBS, setup_of, training_rows, where
+from gpubench.analysis.select import setup_of, training_rows, where
+from gpubench.config.knobs import SHORT
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
@@ -186,9 +187,9 @@ def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[s
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short knob name (gpubench.analysis.select.KNOBS), else the key; words
+    """A swept key by its short knob name (gpubench.config.knobs.SHORT), else the key; words
     on lines of their own (`batch\\nsize`), so a header is no wider than its values need."""
-    name = next((n for n, ks in KNOBS.items() if key in ks), key)
+    name = next((n for n, ks in SHORT.items() if key in ks), key)
     return name.replace("_", "\n")
 
 

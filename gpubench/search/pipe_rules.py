@@ -13,23 +13,10 @@ from typing import Any
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.workers import Rate, clears
+from gpubench.config.knobs import CHEAP_FIRST
 from gpubench.core.pipe import serial_rate
 from gpubench.search import study as S
 from gpubench.search.space import Param, SearchSpace
-
-# the data keys' cost order: a setting is cheaper than another when it is lower on the first of
-# these keys where they differ (fewer workers, then no preload, then CPU decode, ...): each
-# step down costs the host less RAM, fewer processes or less device work. Values by this rank;
-# a key not listed ranks after these, by its choice's position.
-CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {
-    "loader.num_workers": lambda v: v,
-    "dataset.preload": lambda v: bool(v),
-    "dataset.decode_on": lambda v: v != "cpu",
-    "dataset.augment_on": lambda v: v != "cpu",
-    "loader.prefetch_factor": lambda v: -1 if v is None else v,
-    "loader.persistent_workers": lambda v: bool(v),
-    "loader.pin_memory": lambda v: bool(v),
-}
 
 
 def split(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, SearchSpace]:
@@ -78,7 +65,8 @@ def grid(params: list[Param]) -> list[dict[str, Any]] | None:
 
 
 def cost(params: dict[str, Any], space: list[Param]) -> tuple:
-    """A data setting's cost rank (CHEAP_FIRST; other keys by their choice's position)."""
+    """A data setting's cost rank (gpubench.config.knobs.CHEAP_FIRST: fewer workers, then no
+    preload, then CPU decode, ...; other keys by their choice's position)."""
     order = {p.name: p for p in space}
     head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
     rest = tuple(_position(order[k], v) for k, v in sorted(params.items())

@@ -28,7 +28,8 @@ import re
 import time
 
 from gpubench.analysis import labels
-from gpubench.analysis.select import KNOBS, knob_of, setup_text
+from gpubench.analysis.select import knob_of, setup_text
+from gpubench.config.knobs import SHORT
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
@@ -102,11 +103,11 @@ def param_str(v) -> str:
 
 
 def run_params(run) -> dict[str, str]:
-    """The knobs by plain name (gpubench.analysis.select.KNOBS), the device, then the whole
+    """The knobs by plain name (gpubench.config.knobs.SHORT), the device, then the whole
     resolved config (dotted keys). Values are masked: a tracking URI or a storage URL may carry
     a password."""
     rec = as_record(run)
-    params = {k: knob_of(rec.knob, k) for k in KNOBS}
+    params = {k: knob_of(rec.knob, k) for k in SHORT}
     params["device"] = rec.env.get("device")
     params |= flatten(rec.config)
     return {key(k): mask_secrets(param_str(v))[:MAX_PARAM_VALUE] for k, v in params.items()}

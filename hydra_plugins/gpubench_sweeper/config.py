@@ -15,6 +15,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from gpubench.config.keys import setting
+from gpubench.config.knobs import DATA_KEYS
 
 
 class Mode(str, Enum):
@@ -62,12 +63,6 @@ class MaxBatchConf:
              "short as they take")
 
 
-# the swept keys that are the data pipe's (the loader's rate depends on them, the compute
-# phase's does not); every other swept key is a compute knob
-DATA_KEYS = ["loader.num_workers", "loader.pin_memory", "loader.prefetch_factor",
-             "loader.persistent_workers", "loader.worker_threads",
-             "loader.multiprocessing_context", "dataset.preload", "dataset.decode_on",
-             "dataset.augment_on"]
 
 
 @dataclass

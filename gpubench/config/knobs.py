@@ -1,0 +1,75 @@
+"""The knobs, as the schema declares them: every list of keys a reader of runs needs, derived
+from each key's one declaration (gpubench.config.keys.Knob on its schema field).
+
+Adding a knob is one edit: its field in gpubench.config.schema with `knob=Knob(...)`. From
+there it is searched by the right trials of `sweep=pipes` (DATA_KEYS), ordered by cost
+(CHEAP_FIRST), held inert without workers (WORKER_ONLY), ranked and recommended (`role`),
+named in tables, plots and MLflow (SHORT), bound into a compute measurement (COMPUTE), and
+left out of a CPU picture's comparison when it acts only on CUDA (CUDA_ONLY).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpubench.config.keys import ACTIVE, Key, Pipe, Role, keys
+from gpubench.config.schema import BenchConfig
+
+KEYS: dict[str, Key] = {k.name: k for k in keys(BenchConfig)}
+
+# short name -> its keys, a `_target_` first: a team's own class, when set, names the thing
+SHORT: dict[str, tuple[str, ...]] = {}
+for _k in KEYS.values():
+    if _k.knob.short:
+        SHORT[_k.knob.short] = tuple(sorted((*SHORT.get(_k.knob.short, ()), _k.name),
+                                            key=lambda n: not n.endswith("._target_")))
+
+# the short names that identify a setup where it is written out (a title, --where's hint)
+SETUP_SHORT = tuple(n for n, ks in SHORT.items() if KEYS[ks[0]].knob.role is Role.workload)
+
+# the swept keys of the data pipe (the loader's rate depends on them, the compute phase's not)
+DATA_KEYS = tuple(n for n, k in KEYS.items()
+                  if k.knob.role is Role.knob and k.knob.pipe is Pipe.data)
+
+# the data keys' cost order, cheapest first, with each one's value rank
+CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {
+    n: KEYS[n].knob.cheap[1]
+    for n in sorted((n for n in DATA_KEYS if KEYS[n].knob.cheap), key=lambda n: KEYS[n].knob.cheap[0])}
+
+# loader keys that act only through worker processes -> their value with none (by loader path)
+WORKER_ONLY: dict[str, Any] = {k.path: k.knob.inert for k in KEYS.values()
+                               if k.knob.inert is not ACTIVE}
+
+# keys with no effect on a CPU-only run
+CUDA_ONLY = tuple(n for n, k in KEYS.items() if k.knob.cuda_only)
+
+# what the compute phase's figure depends on: by short name where a key has one, else the key
+COMPUTE = tuple(dict.fromkeys(k.knob.short or n for n, k in KEYS.items()
+                              if k.knob.pipe is Pipe.compute))
+
+
+def declared(key: str) -> Key | None:
+    """The declaration a dotted config key falls under: its own, that of the dict-valued key it
+    sits in (`model.kwargs.width`), or a group's `name` (`precision`, a study's param)."""
+    k = key.lstrip("+")
+    if f"{k}.name" in KEYS:
+        return KEYS[f"{k}.name"]
+    while k:
+        if k in KEYS:
+            return KEYS[k]
+        k = k.rpartition(".")[0]
+    return None
+
+
+def role(key: str) -> Role:
+    """A config key's role; a key gpubench does not declare (a team's `+key`) is workload: a
+    recommendation never changes what it does not know."""
+    d = declared(key)
+    return d.knob.role if d else Role.workload
+
+
+def compared(key: str) -> bool:
+    """A key that tells two runs apart (workload or knob): not how they were measured or
+    tracked, and no fault injection."""
+    return role(key) in (Role.workload, Role.knob)

@@ -1,0 +1,99 @@
+"""The knob registry (gpubench.config.knobs): every reader takes a key's part in comparing runs
+from its one declaration, so the table, the plots, the pooling of repeats, the setup split, the
+sweeper's data pipe and the cost order cannot disagree about a key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from optuna.distributions import CategoricalDistribution
+
+from gpubench.analysis.recommend import Row, repeats, varying
+from gpubench.analysis.select import training_rows
+from gpubench.config import knobs
+from gpubench.config.keys import Role
+from gpubench.core.record import RunRecord, Status
+from gpubench.report.plot_rules import held_fixed
+from gpubench.search.pipe_rules import cost
+from gpubench.search.space import Param
+
+
+def _set(cfg: dict, dotted: str, value) -> None:
+    *head, leaf = dotted.split(".")
+    for part in head:
+        cfg = cfg.setdefault(part, {})
+    cfg[leaf] = value
+
+
+def _pair(key: str) -> tuple[Row, Row]:
+    """Two runs of one setup that differ in `key` alone."""
+    base = {"model": {"name": "tiny"}, "dataset": {"name": "synthetic", "image_size": 32},
+            "loader": {"batch_size": 16, "num_workers": 2}, "precision": {"name": "fp32"},
+            "bench": {"steps": 50}}
+    rows = []
+    for i, value in enumerate(("a-value", "another")):
+        cfg = copy.deepcopy(base)
+        _set(cfg, key, value)
+        rec = RunRecord(status=Status.ok, images_per_sec=100.0 + i, peak_memory_fraction=0.3,
+                        memory_ceiling=0.8, config=cfg, env={"device": "cuda"},
+                        started_at=f"2026-11-24T10:0{i}:00")
+        rows.append(Row(f"r{i}", rec))
+    return rows[0], rows[1]
+
+
+@pytest.mark.parametrize("key", sorted(knobs.KEYS))
+def test_every_reader_takes_a_keys_role_from_its_declaration(key):
+    """One key varied between two runs: the ranking's columns, the plots' lines, the pooling
+    of repeats and the split into setups each follow the key's declared role."""
+    a, b = _pair(key)
+    role = knobs.KEYS[key].knob.role
+    shown = role in (Role.workload, Role.knob)
+    assert (key in varying([a, b])) == shown  # a column of the ranking
+    along = "loader.num_workers" if key == "loader.batch_size" else "loader.batch_size"
+    assert (key in held_fixed([a, b], along)) == shown  # a line of a plot
+    # how long and how it was measured: the two are one measurement, pooled as repeats;
+    # fault injection is never pooled; anything else is another run
+    assert repeats(a.record, b.record) == (role is Role.measure)
+    # another workload is never ranked beside this one
+    assert len(training_rows([a, b])[0]) == (1 if role is Role.workload else 2)
+
+
+def test_a_swept_optimizer_is_a_column_and_a_line():
+    """Issue 28, finding 1: bench.optimizer split the plots' lines but got no column."""
+    a, b = _pair("bench.optimizer")
+    assert varying([a, b]) == ["bench.optimizer"]
+    assert held_fixed([a, b], "loader.batch_size") == ["bench.optimizer"]
+
+
+def test_the_lists_are_the_declarations():
+    from gpubench.config.settings import WORKER_ONLY_KEYS
+    from hydra_plugins.gpubench_sweeper.config import PipesConf
+
+    assert PipesConf().data_keys == list(knobs.DATA_KEYS)
+    assert "loader.num_workers" in knobs.DATA_KEYS and "loader.batch_size" not in knobs.DATA_KEYS
+    assert WORKER_ONLY_KEYS == {"loader.prefetch_factor", "loader.persistent_workers",
+                                "loader.multiprocessing_context", "loader.worker_threads"}
+    assert set(knobs.CUDA_ONLY) == {"loader.pin_memory", "bench.cudnn_benchmark"}
+    # the compute phase's setup holds what the step depends on, not the loader's knobs
+    assert {"model", "batch_size", "precision", "dataset.num_classes",
+            "bench.grad_accum_steps"} <= set(knobs.COMPUTE)
+    assert not {"num_workers", "pin_memory", "preload"} & set(knobs.COMPUTE)
+    assert knobs.SHORT["model"] == ("model._target_", "model.name")  # a team's class first
+    assert knobs.role("model.kwargs.width") is Role.workload  # under a declared dict key
+    assert knobs.role("precision") is Role.knob  # a study's param is the group
+    assert knobs.role("+my_team.flag") is Role.workload  # unknown: never recommended away
+
+
+def test_the_cost_order_is_the_declared_one():
+    """Fewer workers first, whatever else differs; then no preload; then CPU decode."""
+    space = [Param(k, k, CategoricalDistribution(v)) for k, v in (
+        ("loader.num_workers", [0, 1, 2]), ("dataset.preload", [False, True]),
+        ("dataset.decode_on", ["cpu", "device"]))]
+    settings = [{"loader.num_workers": w, "dataset.preload": p, "dataset.decode_on": d}
+                for w in (2, 1, 0) for p in (True, False) for d in ("device", "cpu")]
+    ordered = sorted(settings, key=lambda s: cost(s, space))
+    assert ordered[0] == {"loader.num_workers": 0, "dataset.preload": False,
+                          "dataset.decode_on": "cpu"}
+    assert [s["loader.num_workers"] for s in ordered] == [0] * 4 + [1] * 4 + [2] * 4
+    assert ordered[1]["dataset.preload"] is False and ordered[2]["dataset.preload"] is True
