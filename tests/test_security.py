@@ -15,6 +15,7 @@ from conftest import run_cli, sqlite_store
 from torch import nn
 from torch.utils.data import Dataset
 
+from gpubench.cli.callbacks import MlflowSweepCallback
 from gpubench.config.errors import ConfigError
 from gpubench.core.files import LinkError, check_no_links, write_text
 from gpubench.core.record import RunRecord
@@ -314,6 +315,120 @@ def test_write_text_replaces_gpubench_s_own_file_and_refuses_a_link(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]  # no temp file left
     with pytest.raises(LinkError):
         check_no_links(tmp_path)
+
+
+# ------------------------------------------------------------------ links in a run's own folder
+# What gpubench or Hydra writes for a run or a sweep: the run folder is refused before anything is
+# written (the callback runs before Hydra's run_job), and gpubench's writers refuse a link each.
+RUN_FILES = ("gpu_metrics.csv", "gpubench.log", "run.png", "results.json", "resolved_config.yaml",
+             "mlflow.json", "mlflow.claim", "sweep.json", "multirun.yaml")
+RUN_DIRS = (".hydra", "report", "traces", "compute")
+
+
+def victims(tmp_path: Path) -> tuple[Path, Path]:
+    outside = tmp_path / "outside"
+    (outside / "folder").mkdir(parents=True)
+    (outside / "victim").write_text("precious")
+    return outside / "victim", outside / "folder"
+
+
+def refused(call, config) -> str:
+    with pytest.raises(SystemExit) as e:
+        call(config)
+    assert isinstance(e.value.code, ConfigError), e.value.code
+    return str(e.value.code)
+
+
+@pytest.mark.parametrize("name", RUN_FILES + RUN_DIRS)
+def test_a_run_folder_holding_a_link_is_refused_before_anything_is_written(compose_cfg, tmp_path,
+                                                                           name):
+    victim, folder = victims(tmp_path)
+    run = tmp_path / "outputs" / "run"
+    run.mkdir(parents=True)
+    (run / name).symlink_to(folder if name in RUN_DIRS else victim)
+    cfg = compose_cfg(f"hydra.run.dir={run}", hydra=True)
+    msg = refused(MlflowSweepCallback().on_run_start, cfg)
+    assert msg.startswith(f"hydra.run.dir='{run}' is not allowed: a folder holding no symbolic link")
+    assert f"{run / name}: a symbolic link (to {victim if name not in RUN_DIRS else folder})" in msg
+    assert "\n" not in msg
+    assert victim.read_text() == "precious" and not any(folder.iterdir())
+
+
+def test_a_sweep_folder_is_refused_for_a_link_in_any_job_s_folder(compose_cfg, tmp_path):
+    victim, folder = victims(tmp_path)
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    cfg = compose_cfg(f"hydra.sweep.dir={sweep}", hydra=True)
+    MlflowSweepCallback().on_multirun_start(cfg)  # a folder of its own: the sweep starts
+    (sweep / "0" / "gpubench.log").symlink_to(victim)  # a resumed sweep's job
+    assert f"{sweep / '0' / 'gpubench.log'}: a symbolic link" in refused(
+        MlflowSweepCallback().on_multirun_start, cfg)
+    (sweep / "0" / "gpubench.log").unlink()
+    (sweep / "1").symlink_to(folder)  # where the next job's folder goes
+    assert f"{sweep / '1'}: a symbolic link" in refused(MlflowSweepCallback().on_multirun_start, cfg)
+    assert victim.read_text() == "precious" and not any(folder.iterdir())
+
+
+def test_a_run_folder_reached_through_a_link_is_the_user_s_choice(compose_cfg, tmp_path):
+    """The rule is about links inside the folder: `outputs -> /big/disk` is where the user
+    keeps runs."""
+    (tmp_path / "disk" / "run").mkdir(parents=True)
+    (tmp_path / "outputs").symlink_to(tmp_path / "disk")
+    MlflowSweepCallback().on_run_start(compose_cfg(f"hydra.run.dir={tmp_path / 'outputs' / 'run'}",
+                                                   hydra=True))
+
+
+def test_the_gpu_log_and_the_run_picture_refuse_a_link(tmp_path):
+    """Written in place while the run goes (the csv) or by the report (run.png): each refuses a
+    link put in its place after the folder was checked."""
+    from gpubench.report.runplot import plot_run
+    from gpubench.telemetry.gpulog import GpuLog
+
+    victim, _ = victims(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "gpu_metrics.csv").symlink_to(victim)
+    with pytest.raises(LinkError):
+        GpuLog("cpu", run, 0.05).start()
+    (run / "run.png").symlink_to(victim)
+    rec = RunRecord.from_dict({"status": "ok", "phases": {"loader": {
+        "phase": "loader", "batch_size": 4, "images_per_sec": 250.0}}}, run)
+    with pytest.raises(LinkError):
+        plot_run(rec, run)
+    assert victim.read_text() == "precious"
+    assert plot_run(rec, tmp_path / "own").stat().st_size > 0  # a folder of its own: drawn
+
+
+def test_sync_does_not_claim_a_run_through_a_linked_claim_file(tmp_path):
+    from gpubench.tracking.runs import claim_upload
+
+    victim, _ = victims(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "mlflow.claim").symlink_to(victim)
+    with pytest.raises(LinkError):  # sync says `not uploaded` for an OSError here
+        claim_upload(run)
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.slow  # the process is the subject: Hydra's own writes come before the task
+def test_the_cli_writes_nothing_through_links_in_its_run_or_sweep_folder(tmp_path):
+    victim, folder = victims(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "gpu_metrics.csv").symlink_to(victim)
+    (run / "gpubench.log").symlink_to(victim)
+    (run / ".hydra").symlink_to(folder)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "0").symlink_to(folder)
+    for args, key, where in ((("bench.steps=2",), "hydra.run.dir", run),
+                             (("-m", "bench.steps=2,3"), "hydra.sweep.dir", sweep)):
+        p = run_cli(*args, "tracking=none", "bench.device=cpu", f"{key}={where}", cwd=tmp_path)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert lines[0].startswith(f"gpubench: error: {key}='{where}' is not allowed"), lines
+        assert victim.read_text() == "precious" and not any(folder.iterdir())
 
 
 if sys.platform == "win32":  # symbolic links need privileges there

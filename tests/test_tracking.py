@@ -314,3 +314,43 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
                                       "jobs": [{"dir": str(sweep / str(i)), "rung": "probe"}
                                                for i in range(2)]})
     assert recommendation(sweep) is None and tracking.best_job(sweep).dir == sweep / "0"
+
+
+def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
+    """The claim is a file lock (filelock): a second claimer is told who holds it; released, it
+    is gone and free; a claim file nobody holds (its process died: the kernel dropped its lock)
+    is taken. A real process killed mid-upload: tests/test_faults.py."""
+    import socket
+
+    from gpubench.tracking.runs import CLAIM_FILE, claim_upload, release_upload
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert claim_upload(run) is None
+    assert claim_upload(run) == f"{socket.gethostname()}:{os.getpid()}"  # held: left alone
+    release_upload(run)
+    assert not (run / CLAIM_FILE).exists()
+    (run / CLAIM_FILE).write_text("vm:4242")  # left by a process that is gone
+    assert claim_upload(run) is None
+    release_upload(run)
+    release_upload(run)  # only a claim this process holds is given back
+
+
+def test_retry_tries_again_and_raises_the_last_error():
+    from gpubench.core.files import retry
+
+    waits, calls = [], []
+
+    def collides_twice():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError(f"table exists ({len(calls)})")
+        return "made"
+
+    assert retry(collides_twice, 3, 0.5, sleep=waits.append) == "made" and waits == [0.5, 1.0]
+    calls.clear()
+    with pytest.raises(RuntimeError, match=r"\(2\)"):
+        retry(collides_twice, 2, 0.5, sleep=waits.append)
+    with pytest.raises(KeyError):  # another error is not a collision: raised at once
+        retry(lambda: {}["x"], 3, 0.5, errors=RuntimeError, sleep=waits.append)
+    assert waits == [0.5, 1.0, 0.5]

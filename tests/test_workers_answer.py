@@ -19,6 +19,7 @@ from gpubench.core.record import RunRecord, Status
 from gpubench.report.loader_answer import loader_answer
 from gpubench.report.plot_data import curve_data
 from gpubench.report.write import write_report
+from gpubench.run import compute_bound
 from gpubench.run.compute_bound import claim_in
 
 # article 003's shape: 0 and 1 workers starve the device, 2 and 4 feed it
@@ -90,10 +91,11 @@ def test_a_loader_only_sweep_without_compute_says_how_to_get_it():
     assert all(loader_only(r.record) for r in ans.rows) and len(ans.groups) == 1
     text = "\n".join(ans.lines)
     assert "workers: no compute bound to compare with" in text
-    # the command that measures it at the same setup, and the report that then answers
-    assert ("python -m gpubench model=resnet18 dataset.image_size=32 loader.batch_size=32 "
-            "precision=fp32 channels_last=false compile=off bench.optimizer=sgd "
-            "'bench.phases=[compute]'") in text
+    # the command that measures it at the same setup (every key the compute phase depends on,
+    # gpubench.config.knobs.COMPUTE), and the report that then answers
+    assert ("python -m gpubench dataset.image_size=32 dataset.num_classes=10 model=resnet18 "
+            "loader.batch_size=32 precision=fp32 bench.optimizer=sgd bench.grad_accum_steps=1 "
+            "channels_last=false compile=off 'bench.phases=[compute]'") in text
     assert "python -m gpubench.report /sweeps/a --compute" in text
     assert ans.summary()[0]["compute"] is None and ans.band(ans.rows[0]) is None
     # the training ranking still leaves the loader runs out
@@ -213,6 +215,23 @@ def test_one_job_of_a_setup_claims_its_compute_measurement(tmp_path):
     # another batch size is another setup: its own claim
     other = RunRecord(status=Status.ok, config=config(0, ["loader"], 64), env={"device": "cpu"})
     assert claim_in(tmp_path, other) not in (None, won[0])
+
+    def claimer_ends():  # what the kernel does to the lock of a process that ends
+        held = next(c for c in compute_bound._CLAIMS if c.lock_file == str(claim_file))
+        compute_bound._CLAIMS.remove(held)
+        held.release()
+
+    # its claimer died mid-measurement, leaving a record `running`: the next job takes it over
+    claim_file = won[0].with_suffix(".claim")
+    assert claim_in(tmp_path, rec) is None  # held: left to it
+    claimer_ends()
+    won[0].mkdir()
+    (won[0] / "results.json").write_text(json.dumps({"status": "running"}))
+    assert claim_in(tmp_path, rec) == won[0]
+    # measured: never again, held or not (a resumed sweep)
+    claimer_ends()
+    (won[0] / "results.json").write_text(json.dumps({"status": "ok"}))
+    assert claim_in(tmp_path, rec) is None
 
 
 # ------------------------------------------------------------------ through the CLI

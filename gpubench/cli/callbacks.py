@@ -6,7 +6,9 @@ in parallel would otherwise race to create a new sqlite store ("table ... alread
 Jobs find the parent through an environment variable (jobs run in this process, as with Hydra's
 basic launcher) or through the parent file in the sweep dir (launchers that run jobs elsewhere).
 
-Imported by every run, so it stays light: MLflow is loaded only when a sweep is tracked.
+It also refuses, before anything is written, a run or sweep folder that holds a symbolic link
+(`own_folder`). Imported by every run, so it stays light: MLflow is loaded only when a sweep is
+tracked.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.config.errors import ConfigError
 from gpubench.core.exits import ExitCode
+from gpubench.core.files import LinkError, check_no_links
 from gpubench.core.secrets import mask_files, mask_logging
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
@@ -47,10 +51,25 @@ def _sweep_dir(config: DictConfig) -> Path:
     return Path(str(config.hydra.sweep.dir)).absolute()
 
 
+def own_folder(key: str, folder: Path) -> None:
+    """The folder of a run (`hydra.run.dir`) or a sweep (`hydra.sweep.dir`, its jobs' folders
+    inside it) holds no symbolic link, or the command ends here: one line naming the link, exit
+    2. Checked here because Hydra writes `.hydra/*.yaml` and opens the log file there in run_job
+    (hydra/core/utils.py), and calls on_run_start / on_multirun_start before run_job and before
+    building the sweeper (hydra/_internal/hydra.py, Hydra 1.3)."""
+    try:
+        check_no_links(folder)
+    except LinkError as e:
+        # a SystemExit carrying the ConfigError: Hydra turns an Exception raised in a callback
+        # into a warning and carries on (as in gpubench.config.prechecks.InputCheck)
+        raise SystemExit(ConfigError(key, str(folder), f"a folder holding no symbolic link ({e})")) from None
+
+
 class MlflowSweepCallback(Callback):
     # Hydra's launchers log each job's overrides, a tracking URI or storage URL with its
     # password among them: masked from the start of a run or a multirun
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        own_folder("hydra.run.dir", Path(str(config.hydra.run.dir)).absolute())
         mask_logging()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -65,6 +84,7 @@ class MlflowSweepCallback(Callback):
         mask_files(files)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        own_folder("hydra.sweep.dir", _sweep_dir(config))
         mask_logging()
         if not _tracked(config):
             return

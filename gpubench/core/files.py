@@ -3,7 +3,10 @@ import here: tracking and the report load without it.
 
 `write_json` and `write_text` are how gpubench writes a file: atomically, and masked
 (gpubench.core.secrets.mask_secrets): a tracking URI or a storage URL may carry a password, and
-no file gpubench writes holds one."""
+no file gpubench writes holds one; `open_own` opens a file written in place (a log, a picture).
+None writes through a symbolic link (`refuse_link`); a run or sweep folder holding one is
+refused before anything is written there (`check_no_links`, from gpubench.cli.callbacks).
+Locks are filelock's (`try_lock`); `retry` is the one loop that tries again."""
 
 from __future__ import annotations
 
@@ -13,11 +16,17 @@ import json
 import math
 import os
 import shutil
+import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from filelock import FileLock, Timeout
 
 from gpubench.core.secrets import mask_secrets
+
+T = TypeVar("T")
 
 
 def _default(o):
@@ -79,10 +88,7 @@ def write_text(path: str | Path, text: str) -> Path:
     The temporary file is unique to this process (two writers never share one) and is removed
     when the write fails (a full disk, a file size limit), so no `.tmp` is ever left behind;
     the error is a WriteError naming the path and the free space."""
-    path = Path(path)
-    if path.is_symlink():
-        raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does not "
-                        "write through links: remove it", str(path))
+    path = refuse_link(path)
     text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -99,6 +105,24 @@ def write_text(path: str | Path, text: str) -> Path:
             tmp.unlink()
         raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})", str(path)) from e
     return path
+
+
+def refuse_link(path: str | Path) -> Path:
+    """`path`, unless it is a symbolic link: LinkError naming it and its target (the one rule
+    every gpubench writer keeps; the link and what it points at are left as they are)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does not "
+                        "write through links: remove it", str(path))
+    return path
+
+
+def open_own(path: str | Path, mode: str = "w", **kw):
+    """A file gpubench writes in place (the GPU log's rows as they come, a picture), opened
+    for writing, never through a symbolic link: `refuse_link`, and O_NOFOLLOW for a link put
+    there in between (the open then fails with ELOOP)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    return open(os.open(refuse_link(path), flags, 0o644), mode, **kw)
 
 
 def read_json(path: Path) -> dict | None:
@@ -186,3 +210,41 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
                                 "gpubench writes its own files; remove it, or write elsewhere",
                                 str(p))
     return folder
+
+
+# ------------------------------------------------------------------ locks and retries
+# A lock is a file lock of the `filelock` library: fcntl.flock on POSIX, which the kernel
+# releases when the process holding it ends, kill -9 included. A holder that died never blocks
+# the next one, and nothing here guesses from a recorded pid whether it lives. filelock (read in
+# 4.2.12, _unix.py) opens the lock file with O_NOFOLLOW and without O_TRUNC, so a link in its
+# place is refused (ELOOP) and a claimer that loses never empties the holder's note; a lock won
+# on a file unlinked meanwhile is tried again (_finalize_locked_fd: st_nlink 0).
+
+
+def try_lock(path: str | Path, note: str = "") -> FileLock | None:
+    """`path`'s lock taken now, or None while another holds it (another process, or another
+    lock of this one on the same file): a claim that does not wait. `note` is written into the
+    lock file once it is held (who holds it, for whoever finds it taken). `.release()` it."""
+    def write_note(fd: int) -> None:
+        os.ftruncate(fd, os.pwrite(fd, note.encode(), 0))
+
+    lock = FileLock(refuse_link(path), thread_local=False, on_acquired=write_note)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        return None
+    return lock
+
+
+def retry(fn: Callable[[], T], attempts: int, wait_s: float,
+          errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+          sleep: Callable[[float], Any] = time.sleep) -> T:
+    """`fn()`, tried again while it raises one of `errors`, `attempts` times in all, waiting
+    wait_s, 2 wait_s, ... between tries: another process creating the same database at that
+    moment collides once, and a later try finds it made. The last try's error is raised."""
+    for n in range(1, attempts):
+        try:
+            return fn()
+        except errors:
+            sleep(wait_s * n)
+    return fn()

@@ -4,10 +4,12 @@
 workers out-run compute, so the report needs a compute measurement at the same setup
 (gpubench.analysis.workers.compute_setup: model, image size, batch size, precision, ...). The
 first loader-only job of each setup to finish in the multirun measures it: after its own loader
-run, it creates `<sweep dir>/compute/<setup>.claim` (O_EXCL: of jobs running in parallel,
+run, it takes `<sweep dir>/compute/<setup>.claim` (a file lock: of jobs running in parallel,
 exactly one gets it) and measures the compute phase alone, with its own config but
 `bench.phases=[compute]`, into `<sweep dir>/compute/<setup>/`. The report pools what it finds
-there into the bound (gpubench.report.loader_answer).
+there into the bound (gpubench.report.loader_answer). The claim is held until the job's process
+ends; a later job of the setup leaves it while it is held or once the setup is measured, and
+takes it over from a claimer that died mid-measurement (the kernel released its lock).
 
 After the loader run, not before: with Hydra's sequential launcher nothing else runs while it
 measures (parallel jobs on one device disturb each other anyway). Not under torchrun (the
@@ -24,8 +26,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gpubench.analysis.workers import COMPUTE_DIR, Rate, compute_dir_name, compute_setup
-from gpubench.core.files import check_no_links
-from gpubench.core.record import BOUNDS_MEASURED_ENV, RunRecord, Status
+from gpubench.core.files import check_no_links, read_json, try_lock
+from gpubench.core.record import BOUNDS_MEASURED_ENV, RESULTS_FILE, RunRecord, Status
+
+# the claims this process holds: released when it ends (a job of the basic launcher shares its
+# process with the later jobs, which then find the claim held and leave it)
+_CLAIMS: list = []
 
 
 def _sweep_dir() -> Path | None:
@@ -53,18 +59,17 @@ def claim(phases, record: RunRecord, distributed: bool) -> Path | None:
 
 
 def claim_in(sweep: Path, record: RunRecord) -> Path | None:
-    """`<sweep>/compute/<setup>` for the first caller of this record's compute setup (the claim
-    file is created with O_EXCL: one winner among parallel jobs); None for every later one."""
+    """`<sweep>/compute/<setup>` for the first caller of this record's compute setup; None for
+    every later one (see the module docstring)."""
     name = compute_dir_name(compute_setup(record.knob, record.env.get("device")))
     root = sweep / COMPUTE_DIR
     root.mkdir(exist_ok=True)
     check_no_links(root, sweep)  # nothing claimed or written through a link out of the sweep
-    try:
-        fd = os.open(root / f"{name}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:  # another job of this setup measures it, or has
-        return None
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{record.dir}\n")
+    status = (read_json(root / name / RESULTS_FILE) or {}).get("status", Status.running.value)
+    lock = try_lock(root / f"{name}.claim", f"{record.dir}\n") if status == Status.running.value else None
+    if lock is None:
+        return None  # measured (a resumed sweep), or being measured by another job
+    _CLAIMS.append(lock)
     return root / name
 
 

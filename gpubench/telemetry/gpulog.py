@@ -40,6 +40,7 @@ from pathlib import Path
 
 import psutil
 
+from gpubench.core.files import open_own
 from gpubench.telemetry.nvml import Nvml, NvmlDevice, device_name, read_fields
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ class GpuLog:
         self._write(w, f)  # the run's last moments, and one row even for the shortest run
 
     def start(self) -> GpuLog:
-        f = open(self.path, "w", newline="")
+        f = open_own(self.path, "w", newline="")  # never through a symbolic link
         self._file = f
         self._thread = threading.Thread(target=self._loop, args=(f,), name="gpubench-gpulog",
                                         daemon=True)

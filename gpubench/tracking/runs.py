@@ -22,10 +22,11 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from filelock import FileLock
 
 from gpubench.analysis.select import knob_of
-from gpubench.core.files import inside, read_json, write_json, write_text
-from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
+from gpubench.core.files import inside, read_json, try_lock, write_json, write_text
+from gpubench.core.record import RESULTS_FILE, RunRecord
 from gpubench.core.secrets import mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
@@ -193,54 +194,34 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
 
 # ------------------------------------------------------------------ one upload per run
 # The run's own process uploads it as it ends; `sync` uploads what missed MLflow. Both may reach
-# the same run at once (sync started while a run uploads itself): whoever creates the claim file
-# first (O_CREAT | O_EXCL: atomic, also on NFS v3+) uploads; the other leaves the run alone. A
-# claim whose process is gone (kill -9 mid-upload) is taken over; a claim from another host is
-# respected, since nothing here can tell whether that process lives.
+# the same run at once (sync started while a run uploads itself): whoever holds the run's claim
+# (`mlflow.claim`, a file lock: gpubench.core.files.try_lock) uploads; the other leaves the run
+# alone. The claim of a process that died mid-upload (kill -9) is free again: the kernel
+# released its lock with the process.
+_CLAIMS: dict[Path, FileLock] = {}  # the runs this process is uploading
 
 
 def claim_upload(run_dir: Path) -> str | None:
     """Take the upload of this run: None when this process holds it now, else who does
     (host:pid). Release it with `release_upload`."""
     path = Path(run_dir) / CLAIM_FILE
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = read(path)
-            who = f"{holder.get('host')}:{holder.get('pid')}"
-            pid = holder.get("pid")
-            if not isinstance(pid, int) or process_alive(holder.get("host"), pid) is not False:
-                # alive, on another host, or being written this instant (empty): respected
-                return who
-            _take_over(path, holder)
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": socket.gethostname(),
-                       "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
-        return None
-    return "another process"
-
-
-def _take_over(path: Path, dead: dict) -> None:
-    """Remove a dead claimer's claim. It is renamed aside first and checked: a process that
-    took it over a moment earlier has written its own, which is put back."""
-    aside = path.with_name(f".{path.name}.{os.getpid()}.dead")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:  # another process removed it first
-        return
-    if read(aside) != dead:  # a live claim, made since we read the dead one: restore it
-        with contextlib.suppress(FileExistsError):
-            os.link(aside, path)
-    aside.unlink(missing_ok=True)
+    lock = try_lock(path, note=f"{socket.gethostname()}:{os.getpid()}")
+    if lock is None:
+        with contextlib.suppress(OSError):  # released and removed this instant
+            return path.read_text().strip() or "another process"
+        return "another process"
+    _CLAIMS[Path(run_dir)] = lock
+    return None
 
 
 def release_upload(run_dir: Path) -> None:
-    """Give the claim back (only this process's own)."""
-    path = Path(run_dir) / CLAIM_FILE
-    if read(path).get("pid") == os.getpid() and read(path).get("host") == socket.gethostname():
-        path.unlink(missing_ok=True)
+    """Give the claim back (only this process's own). Its file is removed while still held: a
+    process that opened it meanwhile finds it unlinked and opens a new one (filelock checks the
+    locked file's link count), so no two ever hold the claim."""
+    lock = _CLAIMS.pop(Path(run_dir), None)
+    if lock is not None:
+        Path(lock.lock_file).unlink(missing_ok=True)
+        lock.release()
 
 
 def write_config(run_dir: Path, rec: RunRecord) -> None:

@@ -18,12 +18,14 @@ import math
 import os
 import re
 import socket
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from filelock import FileLock
+
+from gpubench.core.files import retry
 from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 from gpubench.tracking.translate import EXPERIMENT_NOTE
@@ -32,7 +34,6 @@ from gpubench.tracking.translate import EXPERIMENT_NOTE
 _PLAIN_VALUE = re.compile(r"[\w.\-:]+")
 _PLAIN_KEY = re.compile(r"[\w.]+")
 PAGE = 1000
-log = logging.getLogger("gpubench")
 
 
 class TrackingUnavailable(RuntimeError):
@@ -170,23 +171,6 @@ def _probe(uri: str, timeout_s: float) -> None:
 CREATE_ATTEMPTS = 3
 
 
-@contextlib.contextmanager
-def _creation_lock(db: Path | None):
-    """Held while a sqlite store is opened (and created when new): `<db>.lock`, an advisory
-    lock the system releases when its holder dies. No-op for server stores."""
-    if db is None:
-        yield
-        return
-    import fcntl  # POSIX only; MLflow's sqlite stores are used on Linux and macOS here
-
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 class Store:
     """An MLflow client bound to one tracking URI and one experiment (created if new).
     `uri` is what gpubench records and prints (masked); the client gets the real one."""
@@ -205,20 +189,18 @@ class Store:
         self.uri, self.experiment = mask_secrets(uri), experiment
         # MLflow creates a new store's tables and runs its migrations on first use: two
         # processes doing it at once collide ("table ... already exists", "Online migration
-        # expected to match one row"). On sqlite one process at a time does it (a lock file
-        # beside the database); on a server database the loser tries again once the winner
-        # has made the tables.
-        for attempt in range(CREATE_ATTEMPTS):
-            try:
-                with _creation_lock(db):
-                    self.client = MlflowClient(tracking_uri=connect)
-                    self.experiment_id = self._experiment_id(experiment, connect, description)
-                break
-            except Exception:
-                if attempt == CREATE_ATTEMPTS - 1:
-                    raise
-                log.debug("store creation collided, trying again", exc_info=True)
-                time.sleep(0.5 * (attempt + 1))
+        # expected to match one row"). On sqlite one process at a time does it, holding
+        # `<db>.lock` (a file lock the kernel releases if its holder dies, so a process killed
+        # here never blocks the next); on a server database the loser tries again once the
+        # winner has made the tables.
+        lock = FileLock(f"{db}.lock", thread_local=False) if db else contextlib.nullcontext()
+
+        def create() -> None:
+            with lock:
+                self.client = MlflowClient(tracking_uri=connect)
+                self.experiment_id = self._experiment_id(experiment, connect, description)
+
+        retry(create, CREATE_ATTEMPTS, wait_s=0.5)
 
     def _experiment_id(self, name: str, connect: str, description: str | None) -> str:
         from mlflow.exceptions import MlflowException
