@@ -76,11 +76,13 @@ def test_password_uri_connects_and_is_never_written(auth_server, tmp_path, monke
     assert not any(PASSWORD in v for v in [*run.data.params.values(), *run.data.tags.values()])
     stored = c.download_artifacts(run.info.run_id, "results.json", str(tmp_path))
     assert PASSWORD not in open(stored).read() and "admin:***@" in open(stored).read()
-    # later, from the marker's masked URI alone: the password comes from the environment
+    # later, to the server named without a password (never from the marker's URI alone):
+    # the password comes from the environment, and the marker's masked URI is the same store
     (tmp_path / "out" / "r" / MARKER_FILE).write_text(
         json.dumps(json.loads((tmp_path / "out" / "r" / MARKER_FILE).read_text())
                    | {"synced": False}))
-    assert sync(tmp_path / "out")["present"] == 1
+    assert sync(tmp_path / "out")["skipped"] == 1  # the marker's store is not followed
+    assert sync(tmp_path / "out", uri=auth_server.url)["present"] == 1
 
 
 def test_tracked_multirun_with_password_uri(auth_server, tmp_path, monkeypatch):

@@ -3,15 +3,19 @@ dead runs, artifact-store copies, quotes in identities, credentials, resumed swe
 
 from __future__ import annotations
 
+import http.server
+import io
 import json
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from conftest import run_cli, sqlite_store, start_cli
 
+from gpubench.config.errors import ConfigError
 from gpubench.core import record
 from gpubench.core.record import RunRecord, Status
 from gpubench.tracking import MARKER_FILE, PARENT_FILE, open_store, sweeps, upload
@@ -67,18 +71,105 @@ def test_untracked_runs_are_left_alone_unless_a_uri_is_given(tmp_path):
     """A run measured with tracking=none named no store (its tracking.uri, whatever it says,
     was never used nor checked): `sync` without --uri leaves it be instead of failing on it;
     with --uri it is uploaded on purpose."""
-    uri = sqlite_store(tmp_path / "mlflow.db")
-    tracked = write_run(tmp_path / "out" / "tracked", "t1", uri=uri)
-    untracked = write_run(tmp_path / "out" / "untracked", "u1", uri="htp:/never-checked")
+    uri = sqlite_store(tmp_path / "outputs" / "mlflow.db")  # the default store of outputs/
+    tracked = write_run(tmp_path / "outputs" / "tracked", "t1", uri=uri)
+    untracked = write_run(tmp_path / "outputs" / "untracked", "u1", uri="htp:/never-checked")
     untracked.config["tracking"]["backend"] = "none"
     untracked.save()
     tracked.config["tracking"]["backend"] = "mlflow"
     tracked.save()
-    assert sync(tmp_path / "out") == {"uploaded": 1, "present": 0, "skipped": 1, "failed": 0}
+    assert sync(tmp_path / "outputs") == {"uploaded": 1, "present": 0, "skipped": 1, "failed": 0}
     assert [r.data.tags["run_uid"] for r in all_runs(uri)] == ["t1"]
-    assert sync(tmp_path / "out", uri=uri) == {"uploaded": 1, "present": 1, "skipped": 0,
-                                               "failed": 0}
+    assert sync(tmp_path / "outputs", uri=uri) == {"uploaded": 1, "present": 1, "skipped": 0,
+                                                   "failed": 0}
     assert sorted(r.data.tags["run_uid"] for r in all_runs(uri)) == ["t1", "u1"]
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """A tracking server's stand-in that notes every request (path, Authorization header)."""
+
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        Recorder.seen.append((self.path, self.headers.get("Authorization")))
+        self.send_response(200)
+        self.end_headers()
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.fixture
+def recording_server():
+    Recorder.seen = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch,
+                                                          recording_server):
+    """Copied run folders whose mlflow.json / results.json name another host (with or without
+    a password) or a sqlite path: without --uri nothing is sent there (the user's
+    MLFLOW_TRACKING_* credentials least of all) and no database is made; each store is named
+    once, with the --uri that uploads its runs. With --uri, the runs go where the user said."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "env-s3cret")
+    evil_db = tmp_path / "elsewhere" / "evil.db"
+    host_pw = recording_server.replace("://", "://bob:pw-in-file@")
+    cases = {"host": recording_server, "host_pw": host_pw, "db": f"sqlite:///{evil_db}",
+             "file": f"file://{tmp_path / 'elsewhere' / 'mlruns'}"}
+    out = tmp_path / "copied"
+    for name, uri in cases.items():
+        rec = write_run(out / name, f"uid-{name}", uri=uri)
+        (rec.dir / MARKER_FILE).write_text(json.dumps(
+            {"synced": False, "tracking_uri": uri, "experiment": "gpubench"}))
+    write_run(out / "config_only", "uid-config", uri=recording_server)  # results.json alone
+
+    said = io.StringIO()
+    counts = sync(out, out=said)
+    text = said.getvalue()
+    assert Recorder.seen == [] and not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "outputs").exists()  # nor anything made in the default store
+    assert counts == {"uploaded": 0, "present": 0, "skipped": 5, "failed": 0}
+    assert f"skip 3 run(s) recorded for {recording_server}:" in text  # one line per store
+    assert f"--uri '{recording_server}' uploads them there" in text
+    assert f"--uri 'sqlite:///{evil_db}'" in text and "pw-in-file" not in text
+    # a store no --uri takes (MLflow 3 refuses file stores) is not offered as the way out
+    assert "(MLflow 3 refuses file stores" in text and "--uri 'file:" not in text
+
+    mine = sqlite_store(tmp_path / "mine.db")
+    assert sync(out, uri=mine)["uploaded"] == 5
+    assert Recorder.seen == [] and not (tmp_path / "elsewhere").exists()
+    assert len(all_runs(mine)) == 5
+
+
+def test_sync_against_a_server_that_never_answers_is_bounded(tmp_path, capsys):
+    """A server that accepts and never answers (a listening socket nobody reads) and a port
+    that refuses: one warning line each, the password masked, within the timeout."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshakes; no reply ever comes
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refused_port = closed.getsockname()[1]
+    closed.close()
+    write_run(tmp_path / "out" / "r", "never1")
+    try:
+        for port, why in ((silent.getsockname()[1], "timed out"), (refused_port, "refused")):
+            counts = sync(tmp_path / "out", uri=f"http://bob:pw-9f3@127.0.0.1:{port}",
+                          timeout_s=0.5)
+            err = capsys.readouterr().err
+            assert counts["failed"] == 1 and why in err, err
+            assert len(err.strip().splitlines()) == 1 and "pw-9f3" not in err
+    finally:
+        silent.close()
 
 
 def test_artifact_store_copies_are_not_runs(tmp_path):
@@ -167,8 +258,9 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     for name in ("results.json", "gpubench.log"):
         text = Path(c.download_artifacts(run.info.run_id, name, str(tmp_path))).read_text()
         assert "s3cr3t" not in text and "bob:***@" in text
-    # a later sync from the marker alone (masked URI) still reaches the server
-    assert sync(tmp_path / "out")["present"] == 1
+    # a later sync to the server named without its password: the marker's masked URI is the
+    # same store, so the run is found there (the marker alone is never followed)
+    assert sync(tmp_path / "out", uri=mlflow_server.url)["present"] == 1
 
 
 @pytest.mark.slow
@@ -177,6 +269,8 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     (["sync", ".", "--timeout", "0"], "--timeout"),
     (["sync", ".", "--uri", "htp:/bad::uri"], "not a tracking URI"),
     (["sync", ".", "--uri", "http://bob:pw@host:port"], "--uri 'http://bob:***@host:port'"),
+    (["sync", ".", "--uri", "file:///tmp/mlruns"], "MLflow 3 refuses file stores"),
+    (["sync", ".", "--uri", "./mlruns"], "use sqlite:///path/mlflow.db"),
     (["sync", ".", "--bogus"], "unrecognized arguments: --bogus"),
     (["push"], "invalid choice: 'push'"),
 ])
@@ -237,3 +331,25 @@ def test_cli_sweep_killed_then_resumed_parent_finished(tmp_path):
     children = {r.data.tags["run_uid"] for r in runs if r.data.tags.get("mlflow.parentRunId") == parent}
     assert children == uids and len(uids) >= 4  # every job of both attempts (a killed one too)
     assert all(record.load(d).status.final for d in record.find_runs(sweep))
+
+
+@pytest.mark.parametrize("uri", ["file:///tmp/mlruns", "mlruns", "./mlruns", "/abs/mlruns",
+                                 "file:", "databricks-uc", "uc:http://host:8080"])
+def test_a_store_mlflow_refuses_is_refused_before_measuring(compose_cfg, monkeypatch, uri):
+    """MLflow 3.17 refuses its file store (unless MLFLOW_ALLOW_FILE_STORE is true) and Unity
+    Catalog as a tracking URI: both were accepted, measured, then exit 3. Refused when the
+    settings resolve (before any work), one line saying what to use; with MLflow's own opt-in
+    set, a file store is taken as MLflow takes it."""
+    from gpubench.config.settings import resolve
+    from gpubench.tracking.store import uri_problem
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError) as err:
+        resolve(compose_cfg("tracking=mlflow", f"tracking.uri='{uri}'"))
+    msg = str(err.value)
+    assert err.value.key == "tracking.uri" and "\n" not in msg
+    assert uri_problem(uri)  # `sync --uri` and `report --tracking-uri` by the same rule
+    file_store = not uri.startswith(("databricks", "uc"))
+    assert ("sqlite:///path/mlflow.db" in msg) == file_store
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert (uri_problem(uri) is None) == (file_store and uri != "file:")

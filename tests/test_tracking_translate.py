@@ -200,7 +200,7 @@ def test_credentials_leave_the_http_url():
     None, "", "http://127.0.0.1:5000", "https://bob:pw@mlflow.example/prefix",
     "sqlite:///tmp/mlflow.db", "postgresql+psycopg://bob@db:5432/mlflow",
     "postgresql+psycopg://postgres:@/postgres?host=/tmp/pg", "mysql://u@h/db",
-    "file:///tmp/mlruns", "databricks"])
+    "databricks"])
 def test_tracking_uris_accepted(uri):
     assert uri_problem(uri) is None
 

@@ -4,6 +4,7 @@ opened, after the measurement."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,17 +14,43 @@ from gpubench.config.errors import ConfigError
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES, sqlite_path
 
-# MLflow tracking stores: its REST server, a local folder, or a SQLAlchemy database
-TRACKING_SCHEMES = ("http", "https", "file", *MLFLOW_SQL_SCHEMES, "databricks", "databricks-uc", "uc")
+# The tracking stores MLflow 3.17 opens: its REST server, a SQLAlchemy database, Databricks.
+# Its file store (`file:`, a bare folder path) raises "in maintenance mode" unless
+# MLFLOW_ALLOW_FILE_STORE is true (mlflow/store/tracking/file_store.py, FileStore.__init__), and
+# its Unity Catalog schemes (databricks-uc, uc) always raise as tracking URIs
+# (mlflow/tracking/_tracking_service/utils.py, _get_databricks_uc_rest_store): accepted here,
+# either would fail only after the measurement.
+TRACKING_SCHEMES = ("http", "https", *MLFLOW_SQL_SCHEMES, "databricks")
+FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"
+FILE_STORE_REFUSED = (" (MLflow 3 refuses file stores, `file:` or a folder path: use "
+                      "sqlite:///path/mlflow.db, where `mlflow migrate-filestore` moves an old "
+                      f"./mlruns, or set {FILE_STORE_OPT_IN}=true)")
 # Optuna's RDB storage takes a SQLAlchemy URL
 STORAGE_SCHEMES = SQL_SCHEMES
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
+def file_store_allowed() -> bool:
+    """MLflow's own opt-in to its file store, read as MLflow reads a boolean variable
+    (mlflow/environment_variables.py, _BooleanEnvironmentVariable: "true" or "1")."""
+    return os.environ.get(FILE_STORE_OPT_IN, "").strip().lower() in ("true", "1")
+
+
 def check_tracking_uri(uri: Any) -> None:
-    """tracking.uri (with tracking=mlflow): the one call site for its form, from `settings.resolve`
-    and from `InputCheck` (before an MLflow parent run exists)."""
-    check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
+    """tracking.uri (with tracking=mlflow, `sync --uri`, `report --tracking-uri`): the one rule
+    for its form, from `settings.resolve` and from `InputCheck` (before an MLflow parent run
+    exists): the stores MLflow opens, a file store only where MLflow would open it."""
+    if uri == "databricks":  # store names, not paths (mlflow/tracking/registry.py)
+        return
+    named = uri in ("databricks-uc", "uc")
+    file_ok = file_store_allowed() and not named
+    try:
+        check_uri("tracking.uri", uri, TRACKING_SCHEMES + ("file",) * file_ok, path_ok=file_ok)
+    except ConfigError as e:
+        if not (file_ok or named) and str(uri).strip() and local_store(str(uri))[1]:
+            # `file:` or a bare path: say what to use instead
+            raise ConfigError(e.key, e.value, e.allowed + FILE_STORE_REFUSED) from None
+        raise
 
 
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:

@@ -46,6 +46,13 @@ def mask_secrets(obj):
     return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", obj))
 
 
+def error_text(e: BaseException) -> str:
+    """An exception as a message's cause: its whole text on one line (never cut mid-sentence),
+    masked; its type's name when it has no text. MLflow's and the drivers' errors span lines
+    and may quote the URL they were given."""
+    return mask_secrets(" ".join(str(e).split())) or type(e).__name__
+
+
 def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
     """(uri without `user:password@`, user, password) for http(s) URIs; other URIs unchanged.
     MLflow's REST client takes credentials from MLFLOW_TRACKING_USERNAME/PASSWORD, not from

@@ -4,7 +4,7 @@ checks, the tracking store, the sweeper's storage and the sweep manifest."""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 # SQLAlchemy databases an Optuna RDB storage opens (a driver may follow: postgresql+psycopg)
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
@@ -27,3 +27,17 @@ def sqlite_path(url: str) -> Path | None:
     if str(url).startswith(SQLITE_PREFIX):
         return Path(str(url)[len(SQLITE_PREFIX):])
     return None
+
+
+def same_store(a: str | None, b: str | None) -> bool:
+    """Whether two tracking URIs name one store: compared without their `user:password@` (a
+    URI read back from a file has its password masked) and with the host's case folded."""
+    if not a or not b:
+        return False
+
+    def bare(uri: str) -> str:
+        parts = urlsplit(uri)
+        host = parts.netloc.rpartition("@")[2].lower()
+        return urlunsplit(parts._replace(scheme=parts.scheme.lower(), netloc=host)).rstrip("/")
+
+    return bare(str(a)) == bare(str(b))

@@ -9,18 +9,26 @@ checked to be of the kind its key takes, and only then called:
 |---|---|
 | `model._target_` | a subclass of `torch.nn.Module` |
 | `dataset._target_` | a subclass of `torch.utils.data.Dataset`, not an `IterableDataset` |
-| `_target_` in `dataset.transform` / `dataset.collate` (nested nodes too) | a class or a function |
+| `_target_` in `dataset.transform` / `dataset.collate` (nested nodes too) | a class or a function of `torchvision.transforms` or torch's collate functions (`torch.utils.data.default_collate`); a subclass of `torch.nn.Module` (a transform as a module, any library's); or a class or a function of the team's own code |
 
-and for all of them: not defined in Python's standard library (`os.system`, `subprocess.Popen`,
+The team's own code is a module whose file lies outside the folders installed libraries live in
+(site-packages, dist-packages, the standard library's) and outside gpubench: a repository on
+PYTHONPATH, the working folder, an editable install. Any other library's function is refused
+(`mlflow.utils.process._exec_cmd`, `numpy.save`, `torch.save`): each can act on its arguments
+(run a command, write a file) the moment Hydra calls it, and none is a transform; wrapping one
+in a function of the team's own code is the way to use it on purpose.
+
+For all of them: not defined in Python's standard library (`os.system`, `subprocess.Popen`,
 `shutil.rmtree`, `builtins.eval`: the process, shell and file callables live there, and no
 model, dataset, transform or collate function does). A path into the standard library is refused
-before it is imported; an object reached through a module that re-exports one (`torch.os.system`)
-is refused by the module that defines it.
+before it is imported; every object is judged by the module that defines it, so a module that
+re-exports one (`torch.os.system`, a team module's `from mlflow... import _exec_cmd`) does not
+change its verdict.
 
 This stops a typo or a wrong kind with one line before anything runs, and keeps a config from
-calling the standard library's process and file functions through these keys. It is not a
-sandbox: the team's module runs when it is imported and its class when it is built, so run
-only configs you trust (docs/guide.md, "Trust").
+calling library functions through these keys. It is not a sandbox: the team's module runs when
+it is imported and its class when it is built, so run only configs you trust (docs/guide.md,
+"Trust").
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import site
 import sys
-from collections.abc import Iterator, Mapping
+import sysconfig
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -44,7 +55,17 @@ NOT_STDLIB = "not from Python's standard library"
 MODEL = f"an nn.Module subclass given as a dotted path (e.g. my_team.models.MyNet), {NOT_STDLIB}"
 DATASET = (f"a map-style torch.utils.data.Dataset subclass given as a dotted path (e.g. "
            f"my_team.data.MyDataset), {NOT_STDLIB}")
-CALLABLE = f"a class or a function given as a dotted path (e.g. my_team.data.collate), {NOT_STDLIB}"
+CALLABLE = ("a class or function of torchvision.transforms, torch.utils.data.default_collate, "
+            "an nn.Module subclass, or a class or function of your own code, as a dotted path "
+            "(e.g. my_team.data.collate)")
+# the libraries whose transforms and collate functions a config may name directly
+TRANSFORM_LIBRARIES = ("torchvision.transforms", "torch.utils.data._utils.collate")
+# where installed libraries live (this interpreter's, and any site-packages on the path)
+LIBRARY_DIRS = frozenset(Path(p).resolve() for p in (
+    *site.getsitepackages(), site.getusersitepackages(),
+    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))))
+LIBRARY_DIR_NAMES = ("site-packages", "dist-packages")
+GPUBENCH_PACKAGES = ("gpubench", "hydra_plugins")  # gpubench's distribution: a library here
 
 
 def _top(module: str | None) -> str:
@@ -67,6 +88,8 @@ def locate(key: str, path: Any, allowed: str) -> Any:
     if not isinstance(path, str) or not DOTTED.fullmatch(text):
         raise ConfigError(key, path, allowed)
     parts = text.split(".")
+    # imported here rather than by hydra.utils.get_object, which logs an ERROR (3 lines on
+    # stderr) for a path that does not import before it raises
     if parts[0] in STDLIB:  # refused before the import: some stdlib modules act on import
         raise ConfigError(key, text, f"{allowed} ({parts[0]} is in the standard library)")
     try:
@@ -80,9 +103,7 @@ def locate(key: str, path: Any, allowed: str) -> Any:
         cause = " ".join(f"{type(e).__name__}: {e}".split())[:200]
         raise ConfigError(key, text, f"{allowed} ({cause})") from e
     # `torch.os.system` is os.system: judge the object by the module that defines it
-    defined_in = getattr(obj, "__name__", None) if inspect.ismodule(obj) \
-        else getattr(obj, "__module__", None)
-    if _top(defined_in) in STDLIB:
+    if _top(_defined_in(obj)) in STDLIB:
         raise ConfigError(key, text, f"{allowed} (it is {_describe(obj)}, in the standard library)")
     return obj
 
@@ -115,19 +136,50 @@ def _targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
         for k, v in node.items():
             if k != "_target_":
                 yield from _targets(v, f"{key}.{k}")
-    elif isinstance(node, (list, tuple)):
+    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):  # a ListConfig too
         for i, v in enumerate(node):
             yield from _targets(v, f"{key}[{i}]")
 
 
+def _defined_in(obj: Any) -> str:
+    return (getattr(obj, "__name__", None) if inspect.ismodule(obj)
+            else getattr(obj, "__module__", None)) or ""
+
+
+def team_code(module_name: str) -> bool:
+    """Whether a module is the team's own code: loaded from a file outside every installed
+    library folder (LIBRARY_DIRS, or any site-packages / dist-packages on the path), and not
+    gpubench's (an editable install of it lies outside them too). A module with no file (built
+    into the interpreter or an extension's namespace) is not."""
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    if not file or _top(module_name) in GPUBENCH_PACKAGES:
+        return False
+    return not any(d in LIBRARY_DIRS or d.name in LIBRARY_DIR_NAMES
+                   for d in Path(file).resolve().parents)
+
+
+def transform_kind(obj: Any) -> str | None:
+    """Why `obj` may not be a transform or collate `_target_` (None when it may): see the
+    module's table."""
+    if inspect.isclass(obj) and issubclass(obj, nn.Module):
+        return None
+    if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+        return f"it is {_describe(obj)}"
+    module = _defined_in(obj)
+    if any(module == lib or module.startswith(lib + ".") for lib in TRANSFORM_LIBRARIES) \
+            or team_code(module):
+        return None
+    return (f"it is {_describe(obj)}, an installed library: call it from a function of your "
+            "own code")
+
+
 def callable_node(node: Mapping, key: str) -> None:
-    """Every `_target_` of an instantiate node (dataset.transform, dataset.collate) is a class
-    or a function outside the standard library; raises ConfigError naming the first that is
-    not."""
+    """Every `_target_` of an instantiate node (dataset.transform, dataset.collate) is of the
+    kind transform_kind allows; raises ConfigError naming the first that is not."""
     for k, target in _targets(node, key):
-        obj = locate(k, target, CALLABLE)
-        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
-            raise ConfigError(k, target, f"{CALLABLE} (it is {_describe(obj)})")
+        why = transform_kind(locate(k, target, CALLABLE))
+        if why:
+            raise ConfigError(k, target, f"{CALLABLE} ({why})")
 
 
 def check(s: Settings) -> None:

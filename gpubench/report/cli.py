@@ -5,16 +5,20 @@ or `--compare`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from pathlib import Path
 
 from gpubench.analysis.recommend import TOLERANCE
-from gpubench.analysis.select import parse_where, where
+from gpubench.analysis.select import WhereError, parse_where, where
+from gpubench.config.flags import flag
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import READ_ONLY, LinkError, refusal
 from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
+from gpubench.core.secrets import error_text, mask_logging, mask_secrets
+from gpubench.core.uris import sqlite_path
 from gpubench.report.loader_answer import read_compute, sweep_compute
 from gpubench.report.write import (
     NothingToReport,
@@ -63,6 +67,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
     p.add_argument("--out", help="report folder (default: <sweep dir>/report, or "
                    "outputs/reports/<experiment> for MLflow)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: gpubench's)")
+    p.add_argument("--timeout", type=flag("tracking.timeout_s", "--timeout"), default=10.0,
+                   help="MLflow: seconds to wait for each answer of the tracking server")
     p.add_argument("--parent", help="MLflow: only the children of this (sweep) run")
     p.add_argument("--study", help="MLflow: the jobs of every worker of this Optuna study")
     p.add_argument("--compare", nargs="?", const="", default=None, metavar="EXPERIMENT",
@@ -77,62 +83,105 @@ def main(argv: list[str] | None = None) -> ExitCode:
                    "setup of this sweep's loader-only runs: the bound of the workers answer "
                    "(repeatable; see docs/report.md)")
     a = p.parse_args(argv)
-    conditions = parse_where(a.where)
+    mask_logging()  # MLflow's and urllib3's log lines name the URI too
+    try:
+        return _report(p, a, parse_where(a.where))
+    except (WhereError, NothingToReport) as e:  # each is its own one line
+        print(mask_secrets(str(e)), file=sys.stderr)
+    except LinkError as e:  # a link out of the folder, or where the report writes
+        print(f"gpubench.report: {e}", file=sys.stderr)
+    except OSError as e:  # a read-only folder, a full disk: the path, why, and where else
+        hint = "; write the report elsewhere: --out DIR" if e.errno in READ_ONLY else ""
+        print(f"gpubench.report: {refusal(e.filename or a.out or a.source, e)}{hint}",
+              file=sys.stderr)
+    return ExitCode.FAILED
+
+
+def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCode:
+    if a.tracking_uri is not None:
+        from gpubench.tracking.store import uri_problem
+
+        problem = uri_problem(a.tracking_uri)
+        if problem:
+            p.error(f"--tracking-uri={mask_secrets(a.tracking_uri)!r} is not allowed: {problem}")
+    if a.prices is not None and a.compare is None:
+        p.error("--prices: only with --compare")
     if a.compare is not None:
         from gpubench.report import compare
 
-        return compare.main(a.compare or a.source, a.tracking_uri, a.prices)
+        return _from_mlflow(a.tracking_uri, a.timeout,
+                            lambda uri: compare.main(a.compare or a.source, uri, a.prices))
     if a.source is None:
         p.error("a sweep dir or an MLflow experiment is required")
     src = Path(a.source).expanduser()
     if not src.is_dir() and looks_like_path(a.source):
-        print(f"gpubench.report: no such folder: {a.source}", file=sys.stderr)
-        return ExitCode.FAILED
+        raise NothingToReport(f"gpubench.report: no such folder: {a.source}")
     # a bare name is a folder only when it holds runs: `gpubench` in the project's root is the
     # package, and the default MLflow experiment
     if src.is_dir() and (looks_like_path(a.source) or (src / "sweep.json").is_file()
                          or find_runs(src)):
-        try:
-            if a.out:
-                rows, study = load_dir(src.resolve())
-                rows = where(rows, conditions)
-                if not rows:
-                    raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
-                                          f"(results.json){matching(conditions)} under "
-                                          f"{src.resolve()}")
-                write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance,
-                             found=sweep_compute(src.resolve(), rows),
-                             named=read_compute(a.compute))
-            else:
-                sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute)
-        except NothingToReport as e:
-            print(e, file=sys.stderr)
-            return ExitCode.FAILED
-        except LinkError as e:  # a link out of the folder, or where the report writes
-            print(f"gpubench.report: {e}", file=sys.stderr)
-            return ExitCode.FAILED
-        except OSError as e:  # a read-only sweep folder, a full disk
-            return _refused(e, src)
+        mlflow_only = [f for f, v in (("--tracking-uri", a.tracking_uri), ("--parent", a.parent),
+                                      ("--study", a.study)) if v is not None]
+        if mlflow_only:  # never ignored silently
+            p.error(f"{', '.join(mlflow_only)}: for an MLflow experiment, not a folder of runs "
+                    f"({a.source})")
+        if not a.out:
+            sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute)
+            return ExitCode.OK
+        rows, study = load_dir(src.resolve())
+        rows = where(rows, conditions)
+        if not rows:
+            raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
+                                  f"(results.json){matching(conditions)} under {src.resolve()}")
+        write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance,
+                     found=sweep_compute(src.resolve(), rows), named=read_compute(a.compute))
         return ExitCode.OK
-    rows = load_mlflow(a.source, a.tracking_uri, a.parent, a.study, conditions)
+    rows = _from_mlflow(a.tracking_uri, a.timeout, lambda uri: load_mlflow(
+        a.source, uri, a.parent, a.study, conditions))
     if not rows:
-        print(f"gpubench.report: no runs with results.json{matching(conditions)} in experiment "
-              f"{a.source!r}", file=sys.stderr)
-        return ExitCode.FAILED
+        raise NothingToReport(f"gpubench.report: no runs with results.json"
+                              f"{matching(conditions)} in experiment {a.source!r}")
     out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
-    try:
-        write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance,
-                     named=read_compute(a.compute))
-    except LinkError as e:
-        print(f"gpubench.report: {e}", file=sys.stderr)
-        return ExitCode.FAILED
-    except OSError as e:
-        return _refused(e, out)
+    write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance,
+                 named=read_compute(a.compute))
     return ExitCode.OK
 
 
-def _refused(e: OSError, where: Path) -> ExitCode:
-    """One line for a report that could not be written: the path, why, and where else."""
-    hint = "; write the report elsewhere: --out DIR" if e.errno in READ_ONLY else ""
-    print(f"gpubench.report: {refusal(e.filename or where, e)}{hint}", file=sys.stderr)
-    return ExitCode.FAILED
+@contextlib.contextmanager
+def _bounded(uri: str, timeout_s: float):
+    """The URI to hand MLflow, with every network wait bounded while it is used: one /health
+    probe within timeout_s (a server that is down, or accepts and never answers, fails here),
+    and MLflow's own requests held to timeout_s and 2 retries instead of its 120 s and 7
+    (mlflow/utils/rest_utils.py reads MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES at every
+    request). Credentials move from the URL to MLFLOW_TRACKING_USERNAME/PASSWORD, as for
+    uploads (gpubench.tracking.store)."""
+    from gpubench.tracking import store
+
+    connect, env = store._credentials(uri)
+    with store._environment(timeout_s, env):
+        store._probe(connect, timeout_s)
+        yield connect
+
+
+def _from_mlflow(uri: str | None, timeout_s: float, read):
+    """`read(uri)` against the MLflow store `uri` (default: gpubench's embedded one), every
+    wait bounded. A store that cannot be read raises NothingToReport with one line, its
+    password masked. A report reads: a sqlite store that does not exist is not made."""
+    from gpubench.tracking.store import resolve_uri
+
+    uri = resolve_uri(uri)
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise NothingToReport(f"gpubench.report: no MLflow store at {db} (nothing tracked "
+                              "there; --tracking-uri names another store, or give a sweep folder)")
+    try:
+        with _bounded(uri, timeout_s) as connect:
+            return read(connect)
+    except WhereError:  # not the store's doing
+        raise
+    except SystemExit as e:  # the report's own one-line refusals
+        if isinstance(e.code, str):
+            raise NothingToReport(e.code) from None
+        raise
+    except Exception as e:
+        raise NothingToReport(f"gpubench.report: MLflow at {uri}: {error_text(e)}") from e

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Settings, check_resources, plain, resolve, window_cap_s
+from gpubench.core.files import check_no_links
 from gpubench.core.pipe import batches_in_flight
 from gpubench.core.record import (
     RESULTS_FILE,
@@ -98,7 +99,9 @@ def output_dir(out_dir: str | Path | None) -> Path:
         except ValueError:  # not under @hydra.main: a fresh folder under ./outputs
             p = Path("outputs") / "runs" / time.strftime("%Y-%m-%d/%H-%M-%S")
     p.mkdir(parents=True, exist_ok=True)
-    return p
+    # a run called without Hydra (tests, scripts, gpubench.check) keeps the no-links rule
+    # too; under Hydra the callbacks checked it before Hydra wrote anything (cli.callbacks)
+    return check_no_links(p)
 
 
 def one_line_error(e: BaseException) -> str:

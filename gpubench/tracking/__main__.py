@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> ExitCode:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
     s = sub.add_parser("sync", help="upload runs under DIR that did not reach MLflow")
     s.add_argument("dir", help="an outputs dir, a sweep dir or one run dir")
-    s.add_argument("--uri", help="tracking URI (default: the one each run was meant for)")
+    s.add_argument("--uri", help="tracking URI to upload to (default: the embedded store of "
+                   "each run's outputs folder, <outputs>/mlflow.db; a store a run folder names is "
+                   "shown, never connected to)")
     s.add_argument("--experiment", type=flag("tracking.experiment", "--experiment"), help="experiment name (default: each run's own)")
     s.add_argument("--timeout", type=flag("tracking.timeout_s", "--timeout"), default=10.0, help="seconds to wait for a server")
     a = ap.parse_args(argv)

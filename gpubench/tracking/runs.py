@@ -27,7 +27,7 @@ from filelock import FileLock
 from gpubench.analysis.select import knob_of
 from gpubench.core.files import inside, read_json, try_lock, write_json, write_text
 from gpubench.core.record import RESULTS_FILE, RunRecord
-from gpubench.core.secrets import mask_secrets
+from gpubench.core.secrets import error_text, mask_secrets
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
 
@@ -235,10 +235,12 @@ def sweep_of(run_dir: Path) -> Path | None:
 
 def warn(uri: str, err: BaseException, run_dir: Path) -> None:
     where = sweep_of(run_dir) or run_dir  # a sweep's jobs are synced together with it
-    msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    # sync uploads only where the user says (never to the store a folder names): the hint
+    # names this store
     print(mask_secrets(
-        f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} ({msg}); its results "
-        f"are kept in {run_dir}; upload them later: python -m gpubench.tracking sync {where}"),
+        f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} ({error_text(err)}); "
+        f"its results are kept in {run_dir}; upload them later: "
+        f"python -m gpubench.tracking sync {where} --uri {uri}"),
         file=sys.stderr, flush=True)
 
 

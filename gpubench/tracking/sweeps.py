@@ -203,11 +203,12 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
     write_json(sweep_dir / PARENT_FILE, info | {"finished": True, "interrupted": interrupted})
 
 
-def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path],
-                    timeout_s: float = 10.0, uri: str | None = None) -> None:
+def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path], timeout_s: float,
+                    uri: str) -> None:
     """Attach files (a sweep report, plots) to the sweep's parent run, masked. `uri`: the
-    tracking URI as configured (the parent file holds it masked, without its password)."""
+    tracking URI as configured; the one the parent file records is never followed (a folder
+    can name any store: gpubench.tracking.sync)."""
     info = read(sweep_dir / PARENT_FILE)
-    with open_store(uri or info["tracking_uri"], info["experiment"], timeout_s) as store:
+    with open_store(uri, info["experiment"], timeout_s) as store:
         for f in files:
             log_file(store.client, parent_id, Path(f))

@@ -10,6 +10,13 @@ can be any folder, so `<run id>/artifacts/` paths are skipped too). Nothing a sy
 leads to outside a run folder is read or uploaded (`upload` names each such link in a warning). A results.json left
 `running` by a process that no longer exists (kill -9, the OOM killer) is marked `killed`, its
 measured phases kept, saved, then uploaded.
+
+Where runs go is the user's word only: `--uri`, else the embedded store of the outputs folder
+the run lies in (`_run_default_uri`). The store a run folder records (mlflow.json, results.json's
+config, mlflow_parent.json) is compared with that, never connected to: a copied folder could
+name any host (and be sent MLFLOW_TRACKING_USERNAME/PASSWORD) or any path (and have a database
+made there). A run recorded for another store is skipped, with one line per store naming it
+and the `--uri` that uploads it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import yaml
 from gpubench.core import record
 from gpubench.core.files import damaged, inside, refusal
 from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
-from gpubench.core.secrets import mask_secrets
+from gpubench.core.secrets import error_text, mask_secrets
+from gpubench.core.uris import same_store
 from gpubench.tracking.runs import (
     CLAIM_FILE,
     MARKER_FILE,
@@ -37,7 +45,7 @@ from gpubench.tracking.runs import (
     upload,
     write_marker,
 )
-from gpubench.tracking.store import Store, default_uri, open_store
+from gpubench.tracking.store import Store, default_uri, open_store, uri_problem
 from gpubench.tracking.sweeps import close_sweep, interrupted, jobs, live, open_sweep
 
 log = logging.getLogger("gpubench")
@@ -76,12 +84,20 @@ def _run_default_uri(run_dir: Path) -> str:
     return default_uri()
 
 
+def _in_store(info: dict, uri: str, experiment: str) -> bool:
+    """A marker (or a sweep's parent file) saying its run reached this store and experiment."""
+    return bool(info.get("synced")) and same_store(info.get("tracking_uri"), uri) and \
+        info.get("experiment") == experiment
+
+
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
          timeout_s: float = 10.0, out=sys.stdout) -> dict[str, int]:
-    """Upload every run under `root` that is not in MLflow yet; returns counts by outcome."""
+    """Upload every run under `root` that is not in MLflow yet to `uri` (default: the embedded
+    store of each run's outputs folder); returns counts by outcome."""
     counts = {"uploaded": 0, "present": 0, "skipped": 0, "failed": 0}
     todo: dict[tuple[str, str], list[RunRecord]] = {}
     orphans: dict[tuple[str, str], list[RunRecord]] = {}  # uploaded, but not under their sweep
+    elsewhere: dict[str, int] = {}  # runs recorded for another store than the destination
     found = gpubench_runs(Path(root))
     for run_dir in found:
         if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
@@ -120,17 +136,28 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
             print(f"skip {run_dir}: run with tracking=none (--uri uploads it)", file=out)
             counts["skipped"] += 1
             continue
-        target = (mask_secrets(uri or marker.get("tracking_uri") or tcfg.get("uri")
-                               or _run_default_uri(run_dir)),
-                  experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench")
-        # connect with the URI as given on the command line (it may carry its password)
-        key = (uri or target[0], target[1])
-        if marker.get("synced") and (marker.get("tracking_uri"), marker.get("experiment")) == target:
-            if _orphan(run_dir, marker, target):  # a sweep job uploaded without its parent
-                orphans.setdefault(key, []).append(rec)
+        dest = uri or _run_default_uri(run_dir)
+        recorded = marker.get("tracking_uri") or tcfg.get("uri")
+        if uri is None and recorded and not same_store(recorded, dest):
+            # the folder names another store: shown, never followed (see the module's doc)
+            shown = next((k for k in elsewhere if same_store(k, recorded)),
+                         mask_secrets(str(recorded)))
+            elsewhere[shown] = elsewhere.get(shown, 0) + 1
+            counts["skipped"] += 1
+            continue
+        name = experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench"
+        if _in_store(marker, dest, name):
+            if _orphan(run_dir, marker, dest, name):  # a sweep job uploaded without its parent
+                orphans.setdefault((dest, name), []).append(rec)
             counts["present"] += 1
             continue
-        todo.setdefault(key, []).append(rec)
+        todo.setdefault((dest, name), []).append(rec)
+    for shown, n in elsewhere.items():
+        problem = uri_problem(shown)  # a file store MLflow 3 refuses: say what to use instead
+        print(f"skip {n} run(s) recorded for {shown}: a store named in a run folder is not "
+              "followed; " + (f"--uri {shown!r} uploads them there" if not problem else
+                              f"it is not a tracking URI ({problem}); --uri URI uploads them"),
+              file=out)
 
     for key in {**todo, **orphans}:
         recs = todo.get(key, [])
@@ -139,15 +166,16 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
                 _sync_into(store, recs, orphans.get(key, []), counts, out)
         except Exception as e:  # report it, go on with the other targets
             log.debug("sync failed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: MLflow not reached at {key[0]} ({e}); "
-                               f"{len(recs)} run(s) not synced"), file=sys.stderr)
+            print(mask_secrets(f"gpubench: warning: MLflow not reached at {key[0]} "
+                               f"({error_text(e)}); {len(recs)} run(s) not synced"),
+                  file=sys.stderr)
             counts["failed"] += len(recs)
     _close_open_sweeps(found, uri, timeout_s)
     print(", ".join(f"{v} {k}" for k, v in counts.items()), file=out)
     return counts
 
 
-def _orphan(run_dir: Path, marker: dict, target: tuple[str, str]) -> bool:
+def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
     """A sweep's job uploaded without the sweep's parent (its worker lost the store-creation
     race, or the parent was not reached): its marker names no parent, or not the sweep's. A
     marker written before parents were recorded in it is checked in the store."""
@@ -155,26 +183,26 @@ def _orphan(run_dir: Path, marker: dict, target: tuple[str, str]) -> bool:
     if sweep is None:
         return False
     info = read(sweep / PARENT_FILE)
-    same = (info.get("tracking_uri"), info.get("experiment")) == target
-    known = info.get("run_id") if info.get("synced") and same else None
+    known = info.get("run_id") if _in_store(info, uri, experiment) else None
     return marker.get("parent_run_id") != known if known else not marker.get("parent_run_id")
 
 
 def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> None:
-    """Parent runs left RUNNING (the sweep was interrupted before its end callback); a sweep
-    whose process still runs closes its own."""
+    """Parent runs left RUNNING (the sweep was interrupted before its end callback), in the
+    destination store only; a sweep whose process still runs closes its own."""
     for sweep in sorted({sweep_of(d) for d in found} - {None}):
         info = read(sweep / PARENT_FILE)
-        if not info.get("synced") or info.get("finished") or live(sweep) or (
-                uri is not None and mask_secrets(uri) != info["tracking_uri"]):
+        dest = uri or _run_default_uri(sweep)
+        if not _in_store(info, dest, info.get("experiment")) or info.get("finished") or \
+                live(sweep):
             continue
         try:
-            with open_store(uri or info["tracking_uri"], info["experiment"], timeout_s) as store:
+            with open_store(dest, info["experiment"], timeout_s) as store:
                 close_sweep(store, sweep, info["run_id"], interrupted(sweep, jobs(sweep)))
         except Exception as e:  # the runs are in; only the sweep summary waits
             log.debug("closing sweep failed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: sweep {sweep} not closed in MLflow ({e})"),
-                  file=sys.stderr)
+            print(mask_secrets(f"gpubench: warning: sweep {sweep} not closed in MLflow "
+                               f"({error_text(e)})"), file=sys.stderr)
 
 
 def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], counts: dict,
@@ -184,8 +212,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
     def parent_of(sweep: Path) -> str:
         if sweep not in parents:
             info = read(sweep / PARENT_FILE)
-            if info.get("synced") and (info.get("tracking_uri"), info.get("experiment")) == (
-                    store.uri, store.experiment):
+            if _in_store(info, store.uri, store.experiment):
                 parents[sweep] = info["run_id"]
             else:
                 ov, sweeper, sp = _sweep_overrides(sweep)
@@ -232,8 +259,7 @@ def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: 
     from mlflow.entities import RunStatus
 
     marker = read(run_dir / MARKER_FILE)
-    if marker.get("synced") and (marker.get("tracking_uri"), marker.get("experiment")) == (
-            store.uri, store.experiment):
+    if _in_store(marker, store.uri, store.experiment):
         counts["present"] += 1  # uploaded by its own process while this sync looked
         return
     sweep = sweep_of(run_dir)
