@@ -51,7 +51,7 @@ def one_run(out: Path, overrides: list[str], loaded: bool) -> dict:
     d = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     return {"loaded": loaded, "wall_s": wall, "rc": p.returncode, "status": d.get("status"),
             "bottleneck": d.get("bottleneck"), "stable": d.get("measurement_stable"),
-            "reasons": d.get("noise_reasons") or [], "e2e": d.get("images_per_sec"),
+            "reasons": [r["text"] if isinstance(r, dict) else r for r in d.get("noise_reasons") or []], "e2e": d.get("images_per_sec"),
             "compute": d.get("compute_images_per_sec")}
 
 

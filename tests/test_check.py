@@ -74,6 +74,24 @@ def test_verdict_case_passes_the_known_answer_and_skips_a_disturbed_miss():
     assert disturbed.passed is None and "disturbed" in disturbed.detail
 
 
+def test_the_verdict_cases_drop_by_kind_the_reasons_their_short_design_gives():
+    """3 windows (a 75% interval) and loader windows shorter than the batches in flight are
+    the cases' design; what is left says the run was disturbed, whatever its words."""
+    from gpubench.core.record import Flaw, Reason, RunRecord
+
+    busy = Reason(Flaw.disturbed, "other processes used CPU while the host was busy")
+    rec = RunRecord(noise_reasons=[Reason(Flaw.few_windows, "e2e: 3 windows give a 75% ..."),
+                                   Reason(Flaw.queue, "loader: windows 1, 2 of fewer ..."),
+                                   busy, Reason(Flaw.gpu, "e2e: GPU clocks throttled 40%")])
+    assert cases.disturbed(rec) == [busy.text, "e2e: GPU clocks throttled 40%"]
+    assert cases.disturbed(RunRecord(noise_reasons=rec.noise_reasons[:2])) == []
+
+
+def test_agree_writes_each_figure_with_its_interval():
+    j = rules.agree("compute", *QUIET)
+    assert "gpubench 160.1 [157.2-169.5] img/s, plain 159.1 [155.7-160.6]: ratio 1.005 [" in j.detail
+
+
 def test_utilization_rule():
     assert rules.utilization(99.0, 0.0).passed is True
     assert rules.utilization(42.0, 0.0).passed is False  # kernels ran but NVML says idle

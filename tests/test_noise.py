@@ -6,25 +6,31 @@ import pytest
 
 from gpubench.analysis.noise import (
     WindowLoad,
+    gpu_checks,
+    interval_checks,
     load_checks,
     other_cores,
+    queue_checks,
+    remedies,
     step_checks,
     window_checks,
 )
+from gpubench.core.record import Flaw, Reason, RunRecord
 
 
 def test_steady_compute_steps_pass_and_spread_or_stalls_do_not():
     assert step_checks("compute", [0.1] * 20, 0.02) == []
-    assert "vary" in step_checks("compute", [0.1] * 20, 0.5)[0]
+    [vary] = step_checks("compute", [0.1] * 20, 0.5)
+    assert vary.kind is Flaw.disturbed and "vary" in vary.text
     stalled = [0.1] * 18 + [2.0, 2.5]
-    assert any("interrupted" in r for r in step_checks("e2e", stalled, 0.9))
+    assert any("interrupted" in r.text for r in step_checks("e2e", stalled, 0.9))
     # a loader's bursts are its rhythm, not an interruption
     assert step_checks("loader", [0.0, 0.0, 0.0, 0.4] * 5, 1.7) == []
     # millisecond steps jitter by a scheduler tick on an idle host: not a disturbance
     ms = [0.003] * 11 + [0.012]
     assert step_checks("compute", ms, 0.6) == [] and step_checks("e2e", ms, 0.6) == []
     # half the steps slow is a rhythm (two modes of the workload), not a few interruptions
-    assert not any("interrupted" in r for r in step_checks("e2e", [0.1, 0.5] * 10, 0.6))
+    assert not any("interrupted" in r.text for r in step_checks("e2e", [0.1, 0.5] * 10, 0.6))
 
 
 def test_competition_counts_only_on_a_busy_host():
@@ -33,7 +39,8 @@ def test_competition_counts_only_on_a_busy_host():
     busy = [WindowLoad("e2e", 0, 100.0, 160.0, 5, 1.0, 2.0),
             WindowLoad("e2e", 1, 100.0, 198.0, 5, 1.0, 2.0)]
     reasons = load_checks(busy, 2)
-    assert len(reasons) == 1 and "e2e window 1 " in reasons[0] and "0.4 cores" in reasons[0]
+    [r] = reasons
+    assert r.kind is Flaw.disturbed and "e2e window 1 " in r.text and "0.4 cores" in r.text
     # a neighbour on a host with idle cores takes nothing from the run
     assert load_checks([WindowLoad("e2e", 0, 50.0, 100.0, 5, 1.0)], 8) == []
     assert load_checks([WindowLoad("e2e", 0, None, None, 0, 1.0)], 2) == []
@@ -45,6 +52,39 @@ def test_competition_counts_only_on_a_busy_host():
 
 def test_cut_windows_and_unsettled_warmup_are_named():
     ws = [{"truncated": False}, {"truncated": True}]
-    reasons = window_checks("compute", ws, False, 50)
-    assert "window 2 cut short" in reasons[0] and "did not settle within 50" in reasons[1]
+    cut, warm = window_checks("compute", ws, False, 50)
+    assert cut.kind is Flaw.cut_short and "window 2 cut short" in cut.text
+    assert warm.kind is Flaw.warmup and "did not settle within 50" in warm.text
     assert window_checks("compute", [{"truncated": False}], None, 5) == []
+
+
+def test_remedies_follow_the_reasons_kinds_not_their_words():
+    """What to do is read from each reason's kind: a busy host asks for an idle machine, a
+    shared or throttled GPU for one of its own, warm-up for a longer one; every remedy list
+    ends by measuring longer, from the run's own bench.steps and bench.repeats."""
+    [few] = interval_checks("e2e", [{}] * 3, 0.75)
+    [queue] = queue_checks("loader", [{"steps": 2}], 8)
+    [gpu] = gpu_checks("e2e", {"throttled_fraction": 0.5, "throttle_reasons": "power"})
+    assert (few.kind, queue.kind, gpu.kind) == (Flaw.few_windows, Flaw.queue, Flaw.gpu)
+    busy = Reason(Flaw.disturbed, "words that say nothing")
+    out = remedies([busy, gpu, Reason(Flaw.warmup, "")], ["stress (pid 7) 99%"], 6, 6)
+    assert out[0].startswith("rerun on an idle machine (stress (pid 7) 99% competed)")
+    assert out[1].startswith("a GPU of its own")
+    assert out[2].startswith("bench.steps=24 bench.repeats=10:")
+    assert out[3].startswith("bench.warmup_max_steps higher")
+    # a sentence that mentions other processes is no competition unless its kind says so
+    assert remedies([Reason(Flaw.few_windows, "other processes interrupted")], [], 6, 6) == [
+        "bench.steps=24 bench.repeats=10: more and longer windows narrow the intervals"]
+
+
+def test_reasons_round_trip_through_results_json_and_old_ones_still_load():
+    rec = RunRecord(noise_reasons=[Reason(Flaw.queue, "loader: window 1 ...")])
+    d = rec.to_dict()
+    assert d["noise_reasons"] == [{"kind": "queue", "text": "loader: window 1 ..."}]
+    assert RunRecord.from_dict(d).noise_reasons == rec.noise_reasons
+    # a record written before reasons had kinds: its sentences, read as `other`
+    old = RunRecord.from_dict({"status": "ok", "noise_reasons": ["loader: ... in flight ..."]})
+    assert old.noise_reasons == [Reason(Flaw.other, "loader: ... in flight ...")]
+    # a kind a newer version wrote: other, its text kept
+    new = RunRecord.from_dict({"noise_reasons": [{"kind": "cosmic_rays", "text": "t"}]})
+    assert new.noise_reasons == [Reason(Flaw.other, "t")]

@@ -12,6 +12,7 @@ import pytest
 from gpubench.core.record import (
     OOM_CONSTRAINT,
     SHORT_RUNGS,
+    Bottleneck,
     PhaseRecord,
     Rung,
     RunRecord,
@@ -19,6 +20,7 @@ from gpubench.core.record import (
     find_runs,
     interval_label_of,
     load,
+    longer,
     missing,
     window_plan,
 )
@@ -150,3 +152,23 @@ def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     assert interval_label_of([with_coverage(0.75)]) == "75% interval"  # 3 windows
     assert interval_label_of([with_coverage(0.95), with_coverage(0.75)]) == \
         "interval (coverage differs by run)"
+
+
+def test_the_verdict_is_an_enum_written_as_its_word():
+    rec = RunRecord.from_dict({"status": "ok", "bottleneck": "data"})
+    assert rec.bottleneck is Bottleneck.data and json.loads(json.dumps(rec.to_dict()))[
+        "bottleneck"] == "data"
+    assert f"{rec.bottleneck}-bound" == "data-bound"
+    # none recorded stays none; a word another version wrote reads as unknown
+    assert RunRecord.from_dict({}).bottleneck is None
+    assert RunRecord.from_dict({"bottleneck": "balanced"}).bottleneck is Bottleneck.unknown
+
+
+def test_measure_longer_is_one_rule():
+    """Every "measure longer" (the report's rerun line, the remedies of a disturbed run, the
+    verdict's fallback) is four times the steps in at least 10 windows."""
+    assert longer(6, 6) == "bench.steps=24 bench.repeats=10"
+    assert longer(50, 20) == "bench.steps=200 bench.repeats=20"
+    steps, repeats = 50, 6
+    assert window_plan(4 * steps, 10)[1] > window_plan(steps, repeats)[1]  # longer windows
+    assert longer(None, 6) == "bench.steps=... bench.repeats=..."  # not a record's config

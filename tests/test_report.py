@@ -17,7 +17,7 @@ from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend, vary
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import to_container
 from gpubench.core.files import flatten
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import Flaw, Reason, RunRecord, Status
 from gpubench.report.write import print_table, screen_rows, sweep_report
 from gpubench.search.rows import load_dir
 
@@ -196,6 +196,17 @@ def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
     assert "bench.steps=24 bench.repeats=10" in yml  # how to measure longer
     assert any(line.startswith("  (it measures as the sweep did: 6 windows of 1 step on")
                for line in summary["lines"])
+
+
+def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
+    """The report's `(run 3: loader.batch_size=8)`; with no knob that varied (one setting
+    ranked, as a sweep=pipes join can leave), the run alone, never `(run 0: )`."""
+    from gpubench.report.write import run_text
+
+    r = row(8, 2)
+    assert run_text(r, ["loader.batch_size", "loader.num_workers"]) == (
+        f"run {r.label}: loader.batch_size=8 loader.num_workers=2")
+    assert run_text(r, []) == f"run {r.label}"
 
 
 def test_within_tolerance_is_judged_on_intervals():
@@ -471,7 +482,7 @@ def test_a_custom_models_class_is_its_setup_everywhere():
 
 
 def test_where_filters_rows_before_anything_else():
-    from gpubench.analysis.select import parse_where, where
+    from gpubench.analysis.select import WhereError, parse_where, where
 
     rows = [trained("tiny", 100.0, 1), trained("resnet50", 50.0, 2, batch=32),
             trained("resnet50", 60.0, 3, precision="amp_bf16")]
@@ -480,12 +491,25 @@ def test_where_filters_rows_before_anything_else():
     assert where(rows, cond) == [rows[2]]
     assert where(rows, {}) == rows
     for bad in (["model.name"], ["=x"]):
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(WhereError) as e:
             parse_where(bad)
         assert bad[0] in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(SystemExit) as e:  # a typo: one line naming it and the close keys
+    with pytest.raises(WhereError) as e:  # a typo: one line naming it and the close keys
         where(rows, {"model.nme": "tiny"})
     assert "model.nme" in str(e.value) and "model.name" in str(e.value)
+
+
+@pytest.mark.parametrize("where", ["model.name", "model.nme=tiny"])
+def test_a_bad_where_is_one_line_from_the_command(where, tmp_path, capsys):
+    """analysis.select raises its typed error; the report's command line prints its one line
+    and exits 1, as for a folder with nothing to report."""
+    from gpubench.report.cli import main
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(ROOT / "tests" / "golden" / "fixtures" / "sweep", sweep)
+    assert main([str(sweep), "--where", where]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("gpubench.report: --where ") and where.partition("=")[0] in line
 
 
 def test_the_fastest_figures_true_reason_is_given():
@@ -499,7 +523,7 @@ def test_the_fastest_figures_true_reason_is_given():
     assert "unconfirmed" in why and "unstable" not in why
     # disturbed on its own measurement: unstable, with its noise reasons
     noisy = row(128, 2, ips=4483.4, stable=False)
-    noisy.record.noise_reasons = ["host CPU busy 97%"]
+    noisy.record.noise_reasons = [Reason(Flaw.disturbed, "host CPU busy 97%")]
     [why] = [x for x in recommend([noisy, steady]).reasons if noisy.label in x]
     assert "measured unstable (host CPU busy 97%)" in why
     # re-measured and found to disagree
@@ -520,9 +544,8 @@ def test_a_mistyped_folder_is_one_line(tmp_path, capsys, monkeypatch):
     # MLflow experiment of that name
     (tmp_path / "gpubench").mkdir()
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as e:
-        main(["gpubench", "--tracking-uri", sqlite_store(tmp_path / "mlflow.db")])
-    assert "no MLflow experiment 'gpubench'" in str(e.value)
+    assert main(["gpubench", "--tracking-uri", sqlite_store(tmp_path / "mlflow.db")]) == 1
+    assert "no MLflow experiment 'gpubench'" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from gpubench.analysis import recommend
-from gpubench.core.record import PhaseRecord, RunRecord, Status
+from gpubench.core.record import Flaw, PhaseRecord, Reason, RunRecord, Status
 from gpubench.report import cli as report_cli
 from gpubench.report import plots as report_plots
 from gpubench.report.plot_data import curve_data, memory_data, pareto_data
@@ -25,9 +25,10 @@ from gpubench.report.plot_rules import (
     inert_knobs,
 )
 
-QUEUE = ("loader: windows 1, 2 of fewer batches than the workers hold in flight (16 = "
-         "loader.num_workers x loader.prefetch_factor): timed batches made before the window "
-         "began (bench.steps >= 16 x bench.repeats)")
+QUEUE = Reason(Flaw.queue, "loader: windows 1, 2 of fewer batches than the workers hold in "
+               "flight (16 = loader.num_workers x loader.prefetch_factor): timed batches made "
+               "before the window began (bench.steps >= 16 x bench.repeats)")
+BUSY = Reason(Flaw.disturbed, "other processes used CPU")
 
 
 def run(batch=16, workers=2, prec="fp32", e2e=100.0, loader=150.0, compute=120.0, peak=0.5,
@@ -154,7 +155,7 @@ def test_flagged_runs_are_hollow_never_joined_never_a_bound_nor_the_scale():
     assert d["xticks"] == [0, 1, 2, 8]  # still on the axis
     # in an e2e sweep the flagged run's loader figure is no bound either
     rows = rows_of(run(batch=16, loader=150), run(batch=32, loader=160),
-                   run(batch=64, e2e=140, loader=99999, noise=["other processes used CPU"]))
+                   run(batch=64, e2e=140, loader=99999, noise=[BUSY]))
     d = curve_data(rows, "batch_size", "batch size", log2=True)
     assert xs(d["lines"][0]["bounds"]["loader"]) == [16, 32]
     assert "disturbed" in d["flagged_label"]
@@ -164,7 +165,7 @@ def test_flagged_runs_are_hollow_never_joined_never_a_bound_nor_the_scale():
 
 
 def test_every_run_flagged_draws_no_line_and_no_front_and_says_why():
-    rows = rows_of(*(run(batch=b, e2e=v, noise=["other processes used CPU"], device="cpu",
+    rows = rows_of(*(run(batch=b, e2e=v, noise=[BUSY], device="cpu",
                          peak=p, ci={"e2e": [v / 2, 2 * v]})
                      for b, v, p in ((16, 40, 0.034), (32, 110, 0.074), (32, 75, 0.036))))
     rec = recommend.recommend(rows)

@@ -109,7 +109,8 @@ def test_stalled_steps_make_an_unstable_run_with_its_reason(compose_cfg, tmp_pat
     d = result.data
     assert d["status"] == "ok" and d["measurement_stable"] is False
     # named for what it saw in the step times (a few interrupted steps, or their spread)
-    assert any("interrupted" in r or "step times vary" in r for r in d["noise_reasons"])
+    assert any(r["kind"] == "disturbed" and ("interrupted" in r["text"] or "step times vary"
+               in r["text"]) for r in d["noise_reasons"])
     assert d["bottleneck"] == "inconclusive" and d["advice"]
 
 

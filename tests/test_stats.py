@@ -8,7 +8,15 @@ import pytest
 
 from gpubench.core.pipe import batches_in_flight, serial_rate
 from gpubench.core.ranges import range_last
-from gpubench.core.stats import median, median_interval, percentile, pool, settled, stats_from
+from gpubench.core.stats import (
+    Est,
+    median,
+    median_interval,
+    percentile,
+    pool,
+    settled,
+    stats_from,
+)
 
 
 def test_percentile_matches_linear_interpolation():
@@ -88,3 +96,26 @@ def test_batches_in_flight_and_the_serial_rate():
     assert batches_in_flight(3, 4) == 12
     # 100 img/s of compute plus 5 ms of device data work per image, one after the other
     assert serial_rate(100.0, 0.005) == pytest.approx(1 / (0.01 + 0.005))
+
+
+def test_one_estimate_its_ratio_and_its_rendering():
+    """Est is every "x [lo-hi]" of gpubench: built from a figure and its interval (widened to
+    hold the figure), divided interval-conservatively, written one way in any number format."""
+    loader, compute = Est.of(812.3, [790.0, 840.0]), Est.of(540.0, (520.0, 555.0))
+    assert f"{loader}" == "812 [790-840]" and f"{loader:.1f}" == "812.3 [790.0-840.0]"
+    share = loader.over(compute)
+    assert (share.lo, share.hi) == (pytest.approx(790 / 555), pytest.approx(840 / 520))
+    assert f"{share:.0%}" == "150% [142%-162%]"
+    # no spread: the figure alone; each number by its own size without a spec
+    assert f"{Est.of(41.52)}" == "41.5" and f"{Est(105.0, 95.0, 115.0)}" == "105 [95.0-115]"
+    # the interval widened to hold its figure, or dropped when an end was not measured
+    assert Est.of(100.0, [110.0, 120.0]) == Est(100.0, 100.0, 120.0)
+    assert Est.of(100.0, [0.0, 120.0]).exact and Est.of(100.0, [None, 1.0]).exact
+    assert Est.of(0.0) is None and Est.of(float("nan")) is None and Est.of(None) is None
+    # windows' figures: their median and its order-statistic interval
+    assert Est.median_of([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == Est(3.5, 1.0, 6.0)
+    assert Est.median_of([2.0]).exact
+    # repeats pooled by medians; several measurements of a bound inside the widest interval
+    a, b, c = Est(10.0, 9.0, 11.0), Est(12.0, 8.0, 13.0), Est(11.0, 10.0, 12.0)
+    assert Est.pooled([a, b, c]) == Est(11.0, 9.0, 12.0)
+    assert Est.envelope([a, b, c]) == Est(11.0, 8.0, 13.0)

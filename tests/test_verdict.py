@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.analysis.verdict import TRACKS, WELL_BELOW, Est, Knobs, advise, classify, judge
+from gpubench.analysis.verdict import TRACKS, WELL_BELOW, Knobs, advise, classify, judge
+from gpubench.core.record import Bottleneck, Flaw, Reason
+from gpubench.core.stats import Est
 
 
 def knobs(**kw):
@@ -91,10 +93,15 @@ def test_combined_bound_with_device_data_work():
 def test_an_unstable_run_gets_no_confident_verdict():
     clean = judge(440, 260, 255, 0.01, knobs())
     assert clean.bottleneck == "compute" and clean.advice
-    noisy = judge(440, 260, 255, 0.01, knobs(), noise_reasons=["compute step times vary"],
+    vary = Reason(Flaw.disturbed, "compute step times vary")
+    noisy = judge(440, 260, 255, 0.01, knobs(), noise_reasons=[vary],
                   remedies=["rerun on an idle machine"])
-    assert noisy.bottleneck == "inconclusive" and noisy.leaning == "compute"
+    assert noisy.bottleneck is Bottleneck.inconclusive and noisy.leaning is Bottleneck.compute
     assert noisy.advice == ["rerun on an idle machine"] and "step times vary" in noisy.reason
+    # no remedies given: measure longer, from the run's own length (core.record.longer)
+    alone = judge(440, 260, 255, 0.01, knobs(), noise_reasons=[vary], repeats=6, steps=6)
+    assert alone.advice == ["bench.steps=24 bench.repeats=10: more and longer windows narrow "
+                            "the intervals"]
 
 
 def test_verdict_reads_figures_only_not_utilization():
@@ -192,6 +199,6 @@ def test_inconclusive_only_when_the_pipe_question_is_open_too():
     ((0.90, 0.50, 1.30), 0.85, 6, None),  # would need far more than 100
 ])
 def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, expected):
-    from gpubench.analysis.verdict import Est, windows_to_decide
+    from gpubench.analysis.verdict import windows_to_decide
 
     assert windows_to_decide(Est(*ratio), line, repeats) == expected

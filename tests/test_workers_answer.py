@@ -15,7 +15,7 @@ from conftest import TINY, run_cli
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import loader_only, training_rows
 from gpubench.analysis.workers import COMPUTE_DIR, Rate, fewest_workers
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import Flaw, Reason, RunRecord, Status
 from gpubench.report.loader_answer import loader_answer
 from gpubench.report.plot_data import curve_data
 from gpubench.report.write import write_report
@@ -141,7 +141,8 @@ def test_a_zero_worker_run_joins_every_worker_only_setting_of_its_setup(tmp_path
 
 
 def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
-    queue = "loader: windows 1, 2 of fewer batches than the workers hold in flight (...)"
+    queue = Reason(Flaw.queue, "loader: windows 1, 2 of fewer batches than the workers hold in "
+                               "flight (...)")
     flagged = [loader_row(0, 300.0, [280.0, 320.0]),
                loader_row(1, 17945.0, [17000.0, 19000.0], reasons=[queue]),
                loader_row(2, 812.0, [790.0, 840.0])]
@@ -165,7 +166,8 @@ def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
     assert "workers: no answer: every loader run that measured read high" in "\n".join(ans.lines)
     # a disturbed compute run reads low: it makes no bound beside an undisturbed one ...
     low = compute_run(100.0, [80.0, 200.0], tmp_path, "low")
-    low.measurement_stable, low.noise_reasons = False, ["other processes used CPU ..."]
+    low.measurement_stable = False
+    low.noise_reasons = [Reason(Flaw.disturbed, "other processes used CPU ...")]
     good = compute_run(540.0, [520.0, 555.0], tmp_path, "good")
     ans = loader_answer(rows(), [low, good], [], "x")
     assert ans.groups[0].sources == [good] and ans.groups[0].pick.num_workers == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpubench.core.record import Bottleneck
+
 
 @dataclass(frozen=True)
 class PhaseWords:
@@ -27,16 +29,16 @@ class VerdictWords:
 
 
 VERDICT_WORDS = {
-    "data": VerdictWords(word="data", tag="data-bound",
-                         sentence="the data side (loader) is the narrowest pipe"),
-    "compute": VerdictWords(word="compute", tag="compute-bound",
-                            sentence="compute is the narrowest pipe"),
-    "overlap": VerdictWords(word="overlap", tag="overlap",
-                            sentence="loading and compute do not overlap"),
-    "inconclusive": VerdictWords(word="inconclusive", tag="inconclusive",
-                                 sentence="inconclusive: no confident verdict"),
-    "unknown": VerdictWords(word="unknown", tag="unknown",
-                            sentence="no verdict: not enough phases measured"),
+    Bottleneck.data: VerdictWords(word="data", tag="data-bound",
+                                  sentence="the data side (loader) is the narrowest pipe"),
+    Bottleneck.compute: VerdictWords(word="compute", tag="compute-bound",
+                                     sentence="compute is the narrowest pipe"),
+    Bottleneck.overlap: VerdictWords(word="overlap", tag="overlap",
+                                     sentence="loading and compute do not overlap"),
+    Bottleneck.inconclusive: VerdictWords(word="inconclusive", tag="inconclusive",
+                                          sentence="inconclusive: no confident verdict"),
+    Bottleneck.unknown: VerdictWords(word="unknown", tag="unknown",
+                                     sentence="no verdict: not enough phases measured"),
 }
 
 
@@ -44,15 +46,19 @@ def phase_title(name: str) -> str:
     return PHASE_WORDS[name].title if name in PHASE_WORDS else name
 
 
-def verdict_word(bottleneck: str) -> str:
-    return VERDICT_WORDS[bottleneck].word if bottleneck in VERDICT_WORDS else bottleneck
+def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
+    """The words of a verdict (none recorded: unknown's); a word another version wrote is
+    unknown too (Bottleneck.of)."""
+    return VERDICT_WORDS[Bottleneck.of(bottleneck) or Bottleneck.unknown]
 
 
-def verdict_tag(bottleneck: str) -> str:
-    return VERDICT_WORDS[bottleneck].tag if bottleneck in VERDICT_WORDS else bottleneck
+def verdict_word(bottleneck: Bottleneck | str | None) -> str:
+    return verdict_words(bottleneck).word
 
 
-def verdict_sentence(bottleneck: str) -> str:
-    if bottleneck in VERDICT_WORDS:
-        return VERDICT_WORDS[bottleneck].sentence
-    return f"verdict: {bottleneck}"
+def verdict_tag(bottleneck: Bottleneck | str | None) -> str:
+    return verdict_words(bottleneck).tag
+
+
+def verdict_sentence(bottleneck: Bottleneck | str | None) -> str:
+    return verdict_words(bottleneck).sentence

@@ -1,7 +1,8 @@
 """Named validity checks: was this measurement disturbed? Pure functions of a run's phases.
 
-Each check returns reason strings (results.json `noise_reasons`); a run with none is
-`measurement_stable`. A disturbed run gets no confident verdict (gpubench/verdict.py). The
+Each check returns `Reason`s, a kind and its sentence (results.json `noise_reasons`), read by
+their kind everywhere; a run with none is
+`measurement_stable`. A disturbed run gets no confident verdict (gpubench.analysis.verdict). The
 thresholds are stated in docs/guide.md ("Is the measurement stable?") with why each is where
 it is; none is tuned to one machine.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpubench.core.record import Flaw, Reason, longer
 from gpubench.core.stats import CONFIDENCE, median
 
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: the
@@ -62,25 +64,25 @@ def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -
     return max(0.0, host_cpu / 100.0 * cpu_count - run_cpu / 100.0)
 
 
-def step_checks(phase: str, steps: list[float], cv: float | None) -> list[str]:
+def step_checks(phase: str, steps: list[float], cv: float | None) -> list[Reason]:
     out = []
     # a spread needs steps to be judged: two or three steps say nothing about steadiness
     mean = sum(steps) / len(steps) if steps else 0.0
     if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
             and cv > CV_LIMIT and cv * mean > JITTER_S):
-        out.append(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT}): the device did "
-                   "not run steadily")
+        out.append(Reason(Flaw.disturbed, f"compute step times vary (std/mean {cv:.2f} > "
+                          f"{CV_LIMIT}): the device did not run steadily"))
     if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
         med = median(steps)
         slow = [t for t in steps if med > 0 and t > max(SLOW_FACTOR * med, med + 4 * JITTER_S)]
         if slow and len(slow) <= SLOW_SHARE * len(steps):
-            out.append(f"{phase}: {len(slow)} of {len(steps)} steps took over "
-                       f"{SLOW_FACTOR:.0f}x the median (max {max(slow) * 1e3:.0f} ms vs "
-                       f"{med * 1e3:.0f} ms): interrupted steps")
+            out.append(Reason(Flaw.disturbed, f"{phase}: {len(slow)} of {len(steps)} steps "
+                              f"took over {SLOW_FACTOR:.0f}x the median (max "
+                              f"{max(slow) * 1e3:.0f} ms vs {med * 1e3:.0f} ms): interrupted steps"))
     return out
 
 
-def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[str]:
+def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
     """Windows during which other processes competed for a saturated host and this run got
     less CPU than it could use (a single-threaded run beside a neighbour on a 2-core host
     loses nothing)."""
@@ -100,23 +102,25 @@ def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[str]:
         worst = max(o for _, o in ws)
         parts.append(f"{phase} window{'s' if len(ws) > 1 else ''} "
                      f"{', '.join(str(i) for i, _ in ws)} (up to {worst:.1f} cores)")
-    return [f"other processes used CPU while the host was busy: {'; '.join(parts)}"]
+    return [Reason(Flaw.disturbed,
+                   f"other processes used CPU while the host was busy: {'; '.join(parts)}")]
 
 
 def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
-                  warmup_steps: int) -> list[str]:
+                  warmup_steps: int) -> list[Reason]:
     out = []
     cut = [i + 1 for i, w in enumerate(windows) if w.get("truncated")]
     if cut:
-        out.append(f"{phase}: window{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut))} "
-                   "cut short by bench.max_seconds before bench.steps")
+        out.append(Reason(Flaw.cut_short, f"{phase}: window{'s' if len(cut) > 1 else ''} "
+                          f"{', '.join(map(str, cut))} cut short by bench.max_seconds before "
+                          "bench.steps"))
     if warmup_settled is False:
-        out.append(f"{phase}: warm-up did not settle within {warmup_steps} steps "
-                   "(bench.warmup_max_steps / bench.warmup_max_seconds)")
+        out.append(Reason(Flaw.warmup, f"{phase}: warm-up did not settle within {warmup_steps} "
+                          "steps (bench.warmup_max_steps / bench.warmup_max_seconds)"))
     return out
 
 
-def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> list[str]:
+def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> list[Reason]:
     """A phase's interval is for the median of its windows, by order statistics: 6 windows
     reach 95%, fewer cannot (5: 94%, 4: 88%, 3: 75%, 2: 50%; 1: no interval at all). A verdict
     on such an interval would claim a confidence the run does not have."""
@@ -124,11 +128,12 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
     what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
-    return [f"{phase}: {n} window{'s' if n != 1 else ''} give{'s' if n == 1 else ''} {what}, "
-            f"not {CONFIDENCE:.0%} (bench.repeats >= 6 and bench.steps >= 6)"]
+    return [Reason(Flaw.few_windows, f"{phase}: {n} window{'s' if n != 1 else ''} "
+                   f"give{'s' if n == 1 else ''} {what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 "
+                   "and bench.steps >= 6)")]
 
 
-def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[str]:
+def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason]:
     """Loader workers hold up to num_workers x prefetch_factor batches in flight, and they
     arrive in bursts (workers finish together): a loader window of fewer batches than that can
     be served from batches made before it began (one window of 2 batches of 128 measured
@@ -138,22 +143,24 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[str]:
     short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
     if not short:
         return []
-    return [f"loader: window{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} of "
-            f"fewer batches than the workers hold in flight ({in_flight} = loader.num_workers x "
-            "loader.prefetch_factor): timed batches made before the window began "
-            f"(bench.steps >= {in_flight} x bench.repeats)"]
+    return [Reason(Flaw.queue, f"loader: window{'s' if len(short) > 1 else ''} "
+                   f"{', '.join(map(str, short))} of fewer batches than the workers hold in "
+                   f"flight ({in_flight} = loader.num_workers x loader.prefetch_factor): timed "
+                   f"batches made before the window began (bench.steps >= {in_flight} x "
+                   "bench.repeats)")]
 
 
-def gpu_checks(phase: str, telemetry: dict) -> list[str]:
+def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
     """Signals the sampler reads from NVML where the device gives them."""
     out = []
     thr = telemetry.get("throttled_fraction")
     if thr is not None and thr > 0.1:
         why = telemetry.get("throttle_reasons") or "clocks"
-        out.append(f"{phase}: GPU clocks throttled {thr:.0%} of the window ({why})")
+        out.append(Reason(Flaw.gpu, f"{phase}: GPU clocks throttled {thr:.0%} of the window "
+                          f"({why})"))
     other = telemetry.get("gpu_other_processes_max")
     if other:
-        out.append(f"{phase}: {other} other process(es) ran on the GPU")
+        out.append(Reason(Flaw.gpu, f"{phase}: {other} other process(es) ran on the GPU"))
     return out
 
 
@@ -184,17 +191,22 @@ def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> 
     return [f"{name} (pid {pid}) {cpu:.0f}%" for cpu, name, pid in rows[:n] if cpu >= 10]
 
 
-def remedies(reasons: list[str], competitors: list[str], repeats: int, steps: int) -> list[str]:
-    """What to do about an inconclusive run, most useful first."""
+def more_windows(steps, repeats) -> str:
+    """The advice to measure longer (core.record.longer) and why."""
+    return f"{longer(steps, repeats)}: more and longer windows narrow the intervals"
+
+
+def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps: int
+             ) -> list[str]:
+    """What to do about an inconclusive run, most useful first, by the reasons' kinds."""
+    kinds = {r.kind for r in reasons}
     out = []
-    text = " ".join(reasons)
-    if "other processes" in text or "interrupted" in text or "vary" in text:
+    if Flaw.disturbed in kinds:
         who = f" ({', '.join(competitors)} competed)" if competitors else ""
         out.append(f"rerun on an idle machine{who}: the run shares its cores with other work")
-    if "GPU" in text:
+    if Flaw.gpu in kinds:
         out.append("a GPU of its own: other processes or throttled clocks change its speed")
-    out.append(f"bench.repeats={max(2 * repeats, 10)} bench.steps={max(2 * steps, 100)}: more "
-               "and longer windows narrow the intervals")
-    if "warm-up did not settle" in text:
+    out.append(more_windows(steps, repeats))
+    if Flaw.warmup in kinds:
         out.append("bench.warmup_max_steps higher: steps were still changing when measuring began")
     return out

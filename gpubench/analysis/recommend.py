@@ -19,7 +19,7 @@ from gpubench.config.knobs import compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Rung, RunRecord
-from gpubench.core.stats import TOLERANCE, holding, median, median_interval
+from gpubench.core.stats import TOLERANCE, Est, holding, median, median_interval
 
 # sections of the config a recommendation consists of; bench (how to measure), tracking and
 # fault injection are not part of a training setup
@@ -233,8 +233,7 @@ class Recommendation:
 
 
 def with_interval(r: Row) -> str:
-    lo, hi = r.interval
-    return f"{r.throughput:.1f}" if lo == hi else f"{r.throughput:.1f} [{lo:.1f}-{hi:.1f}]"
+    return f"{Est(r.throughput, *r.interval):.1f}"
 
 
 def near_best(r: Row, best: Row, tolerance: float) -> bool:
@@ -330,7 +329,7 @@ def why_not_best(r: Row) -> str:
     it was measured once while the confirm step re-measured other trials."""
     own = r.record
     if own.measurement_stable is False:
-        why = ", ".join(own.noise_reasons) or "noise_reasons not recorded"
+        why = ", ".join(r.text for r in own.noise_reasons) or "noise_reasons not recorded"
         return f"was measured unstable ({why})"
     if r.confirms and not r.stable:
         return (f"was not confirmed: its {len(r.confirms)} re-measurement(s) by the confirm step "

@@ -106,13 +106,18 @@ def loader_only(rec: RunRecord) -> bool:
     return isinstance(phases, list) and set(phases) == {"loader"} and rec.full
 
 
+class WhereError(ValueError):
+    """A `--where` that picks nothing it could: its one line (the report's command line
+    prints it and exits 1)."""
+
+
 def parse_where(items: list[str] | None) -> dict[str, str]:
-    """`--where KEY=VALUE` options as {dotted key: value}; one line on a malformed one."""
+    """`--where KEY=VALUE` options as {dotted key: value}; WhereError on a malformed one."""
     out = {}
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
-            raise SystemExit(f"gpubench.report: --where {item!r} is not allowed: KEY=VALUE with "
+            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: KEY=VALUE with "
                              "a dotted config key, e.g. --where model.name=resnet50")
         out[key.strip()] = value.strip()
     return out
@@ -130,13 +135,13 @@ def _matches(v: Any, want: str) -> bool:
 
 def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
     """The rows whose config has every KEY=VALUE of `conditions` (before anything else). A key
-    that no row has is a typo: one line naming it and keys that exist."""
+    that no row has is a typo: WhereError, naming it and keys that exist."""
     for key in conditions:
         if rows and not any(key in r.flat for r in rows):
             import difflib
 
             close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
-            raise SystemExit(f"gpubench.report: --where {key}: no run has this config key"
+            raise WhereError(f"gpubench.report: --where {key}: no run has this config key"
                              + (f" (close: {', '.join(close)})" if close else ""))
     return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpubench.analysis.noise import more_windows
 from gpubench.config.schema import is_amp
 from gpubench.core.pipe import serial_rate
-from gpubench.core.record import PHASE_NAMES, window_plan
-from gpubench.core.stats import holding, median, median_interval
+from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan
+from gpubench.core.stats import Est, positive
 
 # e2e "tracks" a bound when it reaches this fraction of it
 TRACKS = 0.85
@@ -24,39 +25,6 @@ TRACKS = 0.85
 WELL_BELOW = 0.9
 # with single windows (no interval), e2e this far above its bound is a broken measurement
 ABOVE_BOUND = 0.10
-
-
-@dataclass(frozen=True)
-class Est:
-    """A measured figure with its interval (lo == value == hi when there is none)."""
-
-    value: float
-    lo: float
-    hi: float
-
-    @classmethod
-    def of(cls, x, ci=None) -> Est | None:
-        if isinstance(x, Est):
-            return x
-        if not positive(x):
-            return None
-        if ci and positive(ci[0]) and positive(ci[1]):
-            return cls(float(x), *holding(ci, float(x)))
-        return cls(float(x), float(x), float(x))
-
-    @property
-    def exact(self) -> bool:
-        return self.lo == self.hi
-
-    def over(self, other: Est) -> Est:
-        """self / other, its interval from the two intervals' extremes (conservative)."""
-        return Est(self.value / other.value, self.lo / other.hi, self.hi / other.lo)
-
-    def pm(self) -> str:
-        """'94% [91%-97%]' (as a share, with its interval), or '94%' without one."""
-        if self.exact:
-            return f"{self.value:.0%}"
-        return f"{self.value:.0%} [{self.lo:.0%}-{self.hi:.0%}]"
 
 
 def smaller(a: Est, b: Est) -> Est:
@@ -77,17 +45,15 @@ def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
 
 @dataclass
 class Verdict:
-    bottleneck: str  # data | compute | overlap | inconclusive | unknown
+    bottleneck: Bottleneck
     reason: str
     advice: list[str] = field(default_factory=list)
     # the ratio the verdict rests on (e2e / bound, or loader / compute) and its interval
     ratio: Est | None = None
     # how far that ratio's interval stays clear of the rule's threshold (share; > 0 conclusive)
     margin: float | None = None
-    # why the rule could not decide (straddled threshold, e2e above its bound); None otherwise
-    undecided: str | None = None
     # what the rule leaned to when it could not decide
-    leaning: str | None = None
+    leaning: Bottleneck | None = None
     # the share of the narrower bound e2e loses to imperfect overlap (1 - e2e/bound, at least
     # 0), with its interval; None when e2e or a bound was not measured
     overlap_loss: Est | None = None
@@ -95,23 +61,6 @@ class Verdict:
     # what `windows_to_decide` needs
     open_ratio: Est | None = None
     open_line: float | None = None
-
-
-def positive(x) -> bool:
-    """A measured figure: not None, not NaN, above zero."""
-    return x is not None and not (isinstance(x, float) and math.isnan(x)) and x > 0
-
-
-def _fmt(e: Est) -> str:
-    return f"{e.value:.1f}" if e.exact else f"{e.value:.1f} [{e.lo:.1f}-{e.hi:.1f}]"
-
-
-def _ratio_of(values: list[float]) -> Est:
-    """Per-window ratios (window i of one phase over window i of another, measured side by
-    side in the same round): their median and its order-statistic interval. Pairing cancels
-    what drifts between rounds, which the two phases' own intervals would count twice."""
-    v = median(values)
-    return Est(v, *holding(median_interval(values), v))
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
@@ -131,16 +80,16 @@ def _data_or_compute(loader: Est, compute: Est, tail: str, supply: Est | None = 
     line is data-bound, at or above it compute-bound, an interval across it inconclusive."""
     s = supply or loader.over(compute)
     if s.hi < WELL_BELOW:
-        return Verdict("data", (
-            f"data-bound: the loader delivers {_fmt(loader)} img/s, {s.pm()} of what compute "
-            f"takes ({_fmt(compute)}){tail}"), ratio=s, margin=WELL_BELOW - s.hi)
+        return Verdict(Bottleneck.data, (
+            f"data-bound: the loader delivers {loader:.1f} img/s, {s:.0%} of what compute "
+            f"takes ({compute:.1f}){tail}"), ratio=s, margin=WELL_BELOW - s.hi)
     if s.lo >= WELL_BELOW:
-        return Verdict("compute", "", ratio=s, margin=s.lo - WELL_BELOW)
-    lean = "data" if s.value < WELL_BELOW else "compute"
-    why = (f"the loader ({_fmt(loader)} img/s) is {s.pm()} of compute ({_fmt(compute)}): its "
+        return Verdict(Bottleneck.compute, "", ratio=s, margin=s.lo - WELL_BELOW)
+    lean = Bottleneck.data if s.value < WELL_BELOW else Bottleneck.compute
+    why = (f"the loader ({loader:.1f} img/s) is {s:.0%} of compute ({compute:.1f}): its "
            f"interval straddles the {WELL_BELOW:.0%} line between data- and compute-bound")
-    return Verdict("inconclusive", why, ratio=s, margin=None, undecided=why, leaning=lean,
-                   open_ratio=s, open_line=WELL_BELOW)
+    return Verdict(Bottleneck.inconclusive, why, ratio=s, leaning=lean, open_ratio=s,
+                   open_line=WELL_BELOW)
 
 
 @dataclass(frozen=True)
@@ -188,9 +137,9 @@ class Ratios:
                        p.e2e.over(p.compute_bound))
         bounds = [combined_bound(Est.of(c), device_data).value for c in paired["compute"]]
         rounds = list(zip(paired["loader"], bounds, paired["e2e"], strict=True))
-        return cls(_ratio_of([e / min(x, b) for x, b, e in rounds]),
-                   _ratio_of([x / b for x, b, _ in rounds]),
-                   _ratio_of([e / b for _, b, e in rounds]))
+        return cls(Est.median_of([e / min(x, b) for x, b, e in rounds]),
+                   Est.median_of([x / b for x, b, _ in rounds]),
+                   Est.median_of([e / b for _, b, e in rounds]))
 
 
 def _above_bound(tracking: Est) -> bool:
@@ -204,26 +153,26 @@ def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
     disturbed run; well below it: no overlap), then which bound it tracks."""
     t = r.tracking
     if _above_bound(t):
-        why = (f"e2e {_fmt(p.e2e)} img/s is above its own upper bound, {p.narrower} at "
-               f"{_fmt(p.bound)} ({t.pm()}): impossible in a steady run, so something "
+        why = (f"e2e {p.e2e:.1f} img/s is above its own upper bound, {p.narrower} at "
+               f"{p.bound:.1f} ({t:.0%}): impossible in a steady run, so something "
                "disturbed the measurement")
-        return Verdict("inconclusive", why, ratio=t, undecided=why)
+        return Verdict(Bottleneck.inconclusive, why, ratio=t)
     if t.hi < TRACKS:
-        return Verdict("overlap", (
-            f"overlap: e2e {_fmt(p.e2e)} img/s is {t.pm()} of the narrower bound, {p.narrower} "
-            f"at {_fmt(p.bound)}: loading and compute run one after the other instead of "
+        return Verdict(Bottleneck.overlap, (
+            f"overlap: e2e {p.e2e:.1f} img/s is {t:.0%} of the narrower bound, {p.narrower} "
+            f"at {p.bound:.1f}: loading and compute run one after the other instead of "
             "overlapping"), ratio=t, margin=TRACKS - t.hi, overlap_loss=overlap_loss(t))
     if t.lo < TRACKS:
         return _straddles_tracking(p, r)
-    v = _data_or_compute(p.loader, p.compute_bound, f"; e2e {_fmt(p.e2e)} tracks it ({t.pm()})",
+    v = _data_or_compute(p.loader, p.compute_bound, f"; e2e {p.e2e:.1f} tracks it ({t:.0%})",
                          r.supply)
     v.overlap_loss = overlap_loss(t)
-    if v.bottleneck == "compute":
-        v.reason = (f"compute-bound: e2e {_fmt(p.e2e)} img/s is {r.of_compute.pm()} of "
-                    f"{p.compute_name} {_fmt(p.compute_bound)}; the loader ({_fmt(p.loader)}) "
+    if v.bottleneck is Bottleneck.compute:
+        v.reason = (f"compute-bound: e2e {p.e2e:.1f} img/s is {r.of_compute:.0%} of "
+                    f"{p.compute_name} {p.compute_bound:.1f}; the loader ({p.loader:.1f}) "
                     "keeps up")
         v.ratio, v.margin = t, min(v.margin, t.lo - TRACKS)
-    elif v.bottleneck == "data":
+    elif v.bottleneck is Bottleneck.data:
         v.margin = min(v.margin, t.lo - TRACKS)
     return v
 
@@ -237,25 +186,25 @@ def _straddles_tracking(p: Pipes, r: Ratios) -> Verdict:
     t = r.tracking
     loss = overlap_loss(t)
     pipe = _data_or_compute(p.loader, p.compute_bound, "", r.supply)
-    costs = (f"overlap costs {loss.lo:.0%}-{loss.hi:.0%} (e2e {_fmt(p.e2e)} img/s is {t.pm()} "
+    costs = (f"overlap costs {loss.lo:.0%}-{loss.hi:.0%} (e2e {p.e2e:.1f} img/s is {t:.0%} "
              f"of it; whether it loses more than {1 - TRACKS:.0%} is left open by the intervals)")
-    if pipe.bottleneck == "compute":
-        pipe.reason = (f"compute-bound: the loader ({_fmt(p.loader)} img/s) keeps up with "
-                       f"{p.compute_name} {_fmt(p.compute_bound)} ({r.supply.pm()} of it); "
+    if pipe.bottleneck is Bottleneck.compute:
+        pipe.reason = (f"compute-bound: the loader ({p.loader:.1f} img/s) keeps up with "
+                       f"{p.compute_name} {p.compute_bound:.1f} ({r.supply:.0%} of it); "
                        + costs)
-    elif pipe.bottleneck == "data":
-        pipe.reason = (f"data-bound: the loader delivers {_fmt(p.loader)} img/s, "
-                       f"{r.supply.pm()} of what {p.compute_name} takes "
-                       f"({_fmt(p.compute_bound)}); " + costs)
-    if pipe.bottleneck in ("data", "compute"):
+    elif pipe.bottleneck is Bottleneck.data:
+        pipe.reason = (f"data-bound: the loader delivers {p.loader:.1f} img/s, "
+                       f"{r.supply:.0%} of what {p.compute_name} takes "
+                       f"({p.compute_bound:.1f}); " + costs)
+    if pipe.bottleneck in (Bottleneck.data, Bottleneck.compute):
         pipe.overlap_loss, pipe.open_ratio, pipe.open_line = loss, t, TRACKS
         return pipe
-    why = (f"e2e {_fmt(p.e2e)} img/s is {t.pm()} of the narrower bound ({p.narrower}, "
-           f"{_fmt(p.bound)}): its interval straddles the {TRACKS:.0%} line between "
+    why = (f"e2e {p.e2e:.1f} img/s is {t:.0%} of the narrower bound ({p.narrower}, "
+           f"{p.bound:.1f}): its interval straddles the {TRACKS:.0%} line between "
            "tracking a bound and losing time to poor overlap, and the loader's share of "
-           f"compute ({r.supply.pm()}) straddles the {WELL_BELOW:.0%} line")
-    lean = "overlap" if t.value < TRACKS else pipe.leaning
-    return Verdict("inconclusive", why, ratio=t, undecided=why, leaning=lean, overlap_loss=loss,
+           f"compute ({r.supply:.0%}) straddles the {WELL_BELOW:.0%} line")
+    lean = Bottleneck.overlap if t.value < TRACKS else pipe.leaning
+    return Verdict(Bottleneck.inconclusive, why, ratio=t, leaning=lean, overlap_loss=loss,
                    open_ratio=r.supply, open_line=WELL_BELOW)
 
 
@@ -286,10 +235,10 @@ def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verd
     paired = _paired(windows, ("loader", "compute"))
     supply = None
     if paired:
-        supply = _ratio_of([x / c for x, c in zip(paired["loader"], paired["compute"], strict=True)])
+        supply = Est.median_of([x / c for x, c in zip(paired["loader"], paired["compute"], strict=True)])
     v = _data_or_compute(loader, compute, " (e2e not measured)", supply)
-    if v.bottleneck == "compute":
-        v.reason = (f"compute-bound: loader {_fmt(loader)} vs compute {_fmt(compute)} img/s "
+    if v.bottleneck is Bottleneck.compute:
+        v.reason = (f"compute-bound: loader {loader:.1f} vs compute {compute:.1f} img/s "
                     "(e2e not measured)")
     return v
 
@@ -297,8 +246,8 @@ def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verd
 def _from_data_wait(fraction: float) -> Verdict:
     """e2e alone: how much of the loop waits on data."""
     if fraction > 0.25:
-        return Verdict("data", f"the loop waits on data {fraction:.0%} of the time")
-    return Verdict("compute", f"the loop waits on data only {fraction:.0%} of the time")
+        return Verdict(Bottleneck.data, f"the loop waits on data {fraction:.0%} of the time")
+    return Verdict(Bottleneck.compute, f"the loop waits on data only {fraction:.0%} of the time")
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
@@ -321,7 +270,7 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
         return _loader_and_compute(loader_ips, compute_ips, windows)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
         return _from_data_wait(data_wait_fraction)
-    return Verdict("unknown", "not enough phases measured to compare (run loader, compute and e2e)")
+    return Verdict(Bottleneck.unknown, "not enough phases measured to compare (run loader, compute and e2e)")
 
 
 @dataclass
@@ -344,22 +293,23 @@ class Knobs:
     is_conv: bool = True
 
 
-def advise(bottleneck: str, k: Knobs) -> list[str]:
+def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
     """1-3 concrete next steps, most effective first (reference articles 000, 001, 003)."""
+    bottleneck = Bottleneck(bottleneck)
     out: list[str] = []
     gpu = k.device == "cuda"
-    if bottleneck == "overlap" and not gpu and k.num_workers > 0:
+    if bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0:
         out.append(
             f"on a CPU the {k.num_workers} loader workers take cores from the model itself "
             f"({k.cpu_count} cores here): this gap is contention; on a GPU the two overlap"
         )
-    if bottleneck in ("data", "overlap"):
+    if bottleneck in (Bottleneck.data, Bottleneck.overlap):
         if k.num_workers == 0:
             out.append(
                 "loader.num_workers=2 or more: with 0 workers the main process loads each batch "
                 "while the device waits (article 003: >= 2 workers gave ~1.5x)"
             )
-        elif k.num_workers < k.cpu_count and bottleneck == "data":
+        elif k.num_workers < k.cpu_count and bottleneck is Bottleneck.data:
             out.append(
                 f"loader.num_workers={min(k.cpu_count, max(2 * k.num_workers, k.num_workers + 1))}"
                 f" (now {k.num_workers}, host has {k.cpu_count} cores); sweep it with "
@@ -375,12 +325,12 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
             )
         if gpu and k.augment_on == "cpu":
             out.append("dataset.augment_on=device: crop/flip/normalize on the GPU, not in workers")
-        if bottleneck == "data" and k.num_workers >= k.cpu_count:
+        if bottleneck is Bottleneck.data and k.num_workers >= k.cpu_count:
             out.append(
                 "the host's cores are all loading: a host with more CPU per GPU "
                 "(article 003: marry the right CPU/RAM to the GPU)"
             )
-    if bottleneck == "compute":
+    if bottleneck is Bottleneck.compute:
         if k.precision in ("torch_default", "fp32", "tf32"):
             if gpu:
                 out.append(
@@ -405,7 +355,7 @@ def advise(bottleneck: str, k: Knobs) -> list[str]:
             )
         if not gpu:
             out.append("this ran on the CPU: on a GPU the compute bound is far higher")
-    if bottleneck == "unknown":
+    if bottleneck is Bottleneck.unknown:
         out.append("bench.phases=[loader,compute,e2e] to get a verdict")
     return out[:3]
 
@@ -417,7 +367,7 @@ def judge(
     data_wait_fraction: float | None,
     knobs: Knobs,
     intervals: dict | None = None,
-    noise_reasons: list[str] | None = None,
+    noise_reasons: list[Reason] | None = None,
     remedies: list[str] | None = None,
     device_data_s_per_image=None,
     windows: dict | None = None,
@@ -431,23 +381,20 @@ def judge(
     of `steps` in all were measured)."""
     v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
                  windows)
-    if noise_reasons and v.bottleneck not in ("unknown",):
-        lean = v.leaning if v.bottleneck == "inconclusive" else v.bottleneck
-        v = Verdict("inconclusive", "measurement unstable: " + "; ".join(noise_reasons)
+    if noise_reasons and v.bottleneck is not Bottleneck.unknown:
+        lean = v.leaning if v.bottleneck is Bottleneck.inconclusive else v.bottleneck
+        v = Verdict(Bottleneck.inconclusive, "measurement unstable: "
+                    + "; ".join(r.text for r in noise_reasons)
                     + (f" (the figures lean to {lean})" if lean else ""),
-                    ratio=v.ratio, undecided="unstable", leaning=lean,
-                    overlap_loss=v.overlap_loss)
-        v.advice = (remedies or [])[:3] or [_MORE_WINDOWS]
+                    ratio=v.ratio, leaning=lean, overlap_loss=v.overlap_loss)
+        v.advice = (remedies or [])[:3] or [more_windows(steps, repeats)]
         return v
     decide = _to_decide(v, repeats, steps)
-    if v.bottleneck == "inconclusive":
-        v.advice = [decide] if decide else (remedies or [])[:3] or [_MORE_WINDOWS]
+    if v.bottleneck is Bottleneck.inconclusive:
+        v.advice = [decide] if decide else (remedies or [])[:3] or [more_windows(steps, repeats)]
         return v
     v.advice = advise(v.bottleneck, knobs) + ([decide] if decide else [])
     return v
-
-
-_MORE_WINDOWS = "bench.repeats=10 bench.steps=100: more and longer windows narrow the intervals"
 
 
 def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None:
@@ -455,7 +402,7 @@ def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None
     if v.open_ratio is None or not repeats or not steps:
         return None
     what = ("whether overlap costs more than "
-            f"{1 - TRACKS:.0%}" if v.bottleneck != "inconclusive" else "the verdict")
+            f"{1 - TRACKS:.0%}" if v.bottleneck is not Bottleneck.inconclusive else "the verdict")
     n = windows_to_decide(v.open_ratio, v.open_line, repeats)
     if n is None:
         return (f"{what}: the figure sits too near the {v.open_line:.0%} line for more windows "

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubench.analysis.select import knob_of
-from gpubench.analysis.verdict import positive
 from gpubench.config.knobs import COMPUTE
-from gpubench.core.stats import TOLERANCE, holding, median
+from gpubench.core.stats import TOLERANCE, Est, figure
 
 # the folder of a sweep dir where a loader-only multirun keeps its compute measurements
 COMPUTE_DIR = "compute"
@@ -30,44 +29,8 @@ COMPUTE_DIR = "compute"
 NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
 
 
-@dataclass(frozen=True)
-class Rate:
-    """A throughput with its 95% interval (lo <= value <= hi; lo == hi: one window, no spread)."""
-
-    value: float
-    lo: float
-    hi: float
-
-    @classmethod
-    def of(cls, value: Any, ci: Any = None) -> Rate | None:
-        """A measured figure and its interval (widened to hold the figure); None unmeasured."""
-        if not positive(value):
-            return None
-        lo, hi = holding(ci if ci else None, float(value))
-        return cls(float(value), lo, hi)
-
-    @classmethod
-    def pooled(cls, rates: list[Rate]) -> Rate:
-        """Repeats of one measurement: the median of their figures and of each interval end."""
-        return cls(median([r.value for r in rates]), median([r.lo for r in rates]),
-                   median([r.hi for r in rates]))
-
-    @classmethod
-    def envelope(cls, rates: list[Rate]) -> Rate:
-        """Several measurements of one bound: the median figure inside the widest interval (a
-        bound read from any of them must not look tighter than each one says)."""
-        return cls(median([r.value for r in rates]), min(r.lo for r in rates),
-                   max(r.hi for r in rates))
-
-    def text(self) -> str:
-        """`812 [790-840]`, or `812` with no spread."""
-        if self.lo == self.hi:
-            return _n(self.value)
-        return f"{_n(self.value)} [{_n(self.lo)}-{_n(self.hi)}]"
-
-
-def _n(v: float) -> str:
-    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}"
+# the one estimate type, by the name the search and the scripts still import (to go)
+Rate = Est
 
 
 def _w(n: int) -> str:
@@ -82,16 +45,8 @@ class WorkersPick:
     reason: str
     tolerance: float = TOLERANCE
     # every worker count's loader rate (repeats pooled), and the bound they were judged against
-    rates: dict[int, Rate] = field(default_factory=dict)
-    compute: Rate | None = None
-
-    def margin(self, w: int) -> tuple[float, float, float] | None:
-        """How far worker count `w`'s loader clears compute, (figure, low, high): loader over
-        compute minus 1, its low end from the loader's low end over compute's high end."""
-        r, c = self.rates.get(w), self.compute
-        if r is None or c is None:
-            return None
-        return r.value / c.value - 1, r.lo / c.hi - 1, r.hi / c.lo - 1
+    rates: dict[int, Est] = field(default_factory=dict)
+    compute: Est | None = None
 
     @property
     def threshold(self) -> float | None:
@@ -107,59 +62,59 @@ class WorkersPick:
         c, tol = self.compute, self.tolerance
         if self.unblocks:
             w, r = self.num_workers, self.rates[self.num_workers]
-            m, lo, hi = self.margin(w)
+            share = r.over(c)  # loader over compute: its margin is this minus 1
             fewer = [x for x in self.rates if x < w]
             if fewer:
                 f = max(fewer)
-                below = (f"{_w(f)}: {self.rates[f].text()} does not (its low end "
-                         f"{_n(self.rates[f].lo)} is not above {_n(self.threshold)}, compute's "
-                         f"high end + {tol:.0%})")
+                below = (f"{_w(f)}: {self.rates[f]} does not (its low end "
+                         f"{figure(self.rates[f].lo)} is not above {figure(self.threshold)}, "
+                         f"compute's high end + {tol:.0%})")
             else:
                 below = "no fewer were measured"
-            return (f"workers: {w} (loader {r.text()} img/s clears compute {c.text()} by "
-                    f"{m:.0%} [{lo:.0%}-{hi:.0%}], more than the {tol:.0%} margin); {below}")
+            margin = Est(share.value - 1, share.lo - 1, share.hi - 1)
+            return (f"workers: {w} (loader {r} img/s clears compute {c} by {margin:.0%}, more "
+                    f"than the {tol:.0%} margin); {below}")
         w = self.num_workers
-        plateau = (f"the loader levels off from {_w(w)}: {self.rates[w].text()} img/s, within "
+        plateau = (f"the loader levels off from {_w(w)}: {self.rates[w]} img/s, within "
                    f"{tol:.0%} of the best")
         if c is None:
             return f"workers: no compute bound to compare with; {plateau}"
         top = max(self.rates, key=lambda x: self.rates[x].value)
-        m, lo, hi = self.margin(top)
         counts = ", ".join(str(x) for x in sorted(self.rates))
-        head = (f"workers: none of {counts} clears compute {c.text()} img/s by {tol:.0%} (a "
-                f"low end above {_n(self.threshold)}); the fastest, {_w(top)}, loads "
-                f"{self.rates[top].text()} = {1 + m:.0%} [{1 + lo:.0%}-{1 + hi:.0%}] of compute")
+        head = (f"workers: none of {counts} clears compute {c} img/s by {tol:.0%} (a low end "
+                f"above {figure(self.threshold)}); the fastest, {_w(top)}, loads "
+                f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if self.rates[top].hi < c.lo:
             return f"{head}: the data side stays the bottleneck (next: {NEXT_STEPS}); {plateau}"
         return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
                 f"bench.steps) or try more workers; {plateau}")
 
 
-def _loader_rows(rows) -> dict[int, Rate]:
+def _loader_rows(rows) -> dict[int, Est]:
     """{num_workers: loader rate} from (num_workers, ips[, interval]) tuples or mappings with
     `num_workers`, `loader_images_per_sec` and optionally `loader_images_per_sec_ci` keys;
-    repeats of a worker count pooled (Rate.pooled), unmeasured ones (None, NaN, <= 0) dropped."""
-    per: dict[int, list[Rate]] = {}
+    repeats of a worker count pooled (Est.pooled), unmeasured ones (None, NaN, <= 0) dropped."""
+    per: dict[int, list[Est]] = {}
     for r in rows:
         if isinstance(r, dict):
             w, ips, ci = (r.get("num_workers"), r.get("loader_images_per_sec"),
                           r.get("loader_images_per_sec_ci"))
         else:
             w, ips, ci = (*r, None)[:3]
-        rate = Rate.of(ips, ci)
+        rate = Est.of(ips, ci)
         if w is not None and rate is not None:
             per.setdefault(int(w), []).append(rate)
-    return {w: Rate.pooled(v) for w, v in per.items()}
+    return {w: Est.pooled(v) for w, v in per.items()}
 
 
-def clears(loader: Rate, compute: Rate, tolerance: float = TOLERANCE) -> bool:
+def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
     """A loader unblocks compute: the low end of its interval is above compute's high end
     times (1 + tolerance). Interval against interval, as the verdict judges: a loader whose
     figure alone is above does not count while the intervals leave it open."""
     return loader.lo >= compute.hi * (1 + tolerance)
 
 
-def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
+def fewest_workers(rows, compute_images_per_sec: float | Est | None,
                    tolerance: float = TOLERANCE) -> WorkersPick:
     """The fewest loader workers whose loader throughput clears compute by `tolerance`: the
     low end of its loader interval above compute's high end times (1 + tolerance); figures
@@ -167,10 +122,9 @@ def fewest_workers(rows, compute_images_per_sec: float | Rate | None,
     unblocks the GPU; each extra worker costs RAM for nothing). When no worker count gets
     there, the best available: the fewest workers within `tolerance` of the highest loader
     throughput (the plateau's start), with the reason the data side stays the bottleneck.
-    `compute_images_per_sec`: a figure, a Rate (with its interval) or None (not measured)."""
+    `compute_images_per_sec`: a figure, an Est (with its interval) or None (not measured)."""
     loader = _loader_rows(rows)
-    compute = (compute_images_per_sec if isinstance(compute_images_per_sec, Rate)
-               else Rate.of(compute_images_per_sec))
+    compute = Est.of(compute_images_per_sec)
     if not loader:
         return WorkersPick(None, None, False, "no loader throughput measured", tolerance,
                            loader, compute)

@@ -36,13 +36,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
-from gpubench.analysis import noise
 from gpubench.analysis.verdict import classify
 from gpubench.check.rules import Judgement, skipped, verdict_case
 from gpubench.config.schema import FaultConfig
 from gpubench.config.settings import Settings
 from gpubench.core.pipe import batches_in_flight
-from gpubench.core.record import PHASE_NAMES, RunRecord
+from gpubench.core.record import PHASE_NAMES, Flaw, RunRecord, Status
 from gpubench.run.runner import measure_run
 from gpubench.run.summary import rule_figures
 
@@ -128,28 +127,27 @@ def rule_answer(rec: RunRecord):
     return classify(**rule_figures(rec))
 
 
-def disturbed(rec: RunRecord, in_flight: int) -> list[str]:
-    """The run's validity reasons (run/summary.py) less those its short design always gives
-    (3 windows give a 75% interval; windows shorter than the batches in flight): what is
+# the validity reasons these short runs always give by design (3 windows give a 75% interval;
+# windows shorter than the batches in flight)
+BY_DESIGN = (Flaw.few_windows, Flaw.queue)
+
+
+def disturbed(rec: RunRecord) -> list[str]:
+    """The run's validity reasons (run/summary.py) less those its short design gives: what is
     left says something disturbed it (other processes, interrupted steps, throttling)."""
-    by_design = {r for n, p in rec.phases.items()
-                 for r in (noise.interval_checks(n, p.windows, p.images_per_sec_ci_coverage)
-                           + noise.queue_checks(n, p.windows, in_flight))}
-    return [r for r in rec.noise_reasons if r not in by_design]
+    return [r.text for r in rec.noise_reasons if r.kind not in BY_DESIGN]
 
 
 def _run(name: str, expected: str, case: DictConfig, out: Path, what: str) -> Judgement:
     rec = measure_run(case, out / name).record
-    if rec.status.value != "ok":
-        return Judgement(name, False, {}, f"{what}: the run ended {rec.status.value}: {rec.error}")
+    if rec.status is not Status.ok:
+        return Judgement(name, False, {}, f"{what}: the run ended {rec.status}: {rec.error}")
     v = rule_answer(rec)
     figures = {n: rec.phase_figure(n)[0] for n in PHASE_NAMES}
     if v.ratio is not None:
         figures.update(ratio=v.ratio.value, ratio_lo=v.ratio.lo, ratio_hi=v.ratio.hi)
-    ld = case.loader
     answer = v.bottleneck if v.leaning is None else f"{v.bottleneck} (leaning {v.leaning})"
-    j = verdict_case(name, expected, answer, v.reason, figures,
-                     disturbed(rec, batches_in_flight(ld.num_workers, ld.prefetch_factor)))
+    j = verdict_case(name, expected, answer, v.reason, figures, disturbed(rec))
     return Judgement(j.name, j.passed, j.figures, f"{what}: {j.detail}")
 
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.check import plain
 from gpubench.check.rules import Judgement, agree, skipped
 from gpubench.core.pipe import batches_in_flight
+from gpubench.core.record import Status
 from gpubench.run.runner import Benchmark
 
 
@@ -102,8 +103,8 @@ def _compare(cfg: DictConfig, out: Path, phase: str) -> Judgement:
     if interrupted is not None:
         raise interrupted
     rec = bench.record
-    if rec.status.value != "ok":
-        return Judgement(phase, False, {}, f"the run ended {rec.status.value}: {rec.error}")
+    if rec.status is not Status.ok:
+        return Judgement(phase, False, {}, f"the run ended {rec.status}: {rec.error}")
     return agree(phase, [w.images_per_sec for w in bench.windows.get(phase, [])], bench.plain)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 # agree(): the largest difference that passes whatever the intervals say, the tolerance every
 # judgement over throughputs uses
-from gpubench.core.stats import TOLERANCE, holding, median, median_interval
+from gpubench.core.stats import TOLERANCE, Est
 
 # utilization(): NVML's utilization is the share of its sample period (1/6 s to 1 s, by product)
 # in which a kernel ran; a loop of back-to-back matmuls keeps one running, nothing queued none
@@ -69,17 +69,6 @@ def exit_code(judgements: list[Judgement]) -> int:
     return 0 if all(j.passed is not False for j in judgements) else 1
 
 
-def _est(values: list[float]) -> tuple[float, float, float]:
-    """(median, lo, hi) of windows' figures; lo == hi == median with fewer than 2."""
-    m = median(values)
-    lo, hi = holding(median_interval(values), m)
-    return m, lo, hi
-
-
-def _fmt(m: float, lo: float, hi: float, digits: int = 1) -> str:
-    return f"{m:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
-
-
 def agree(name: str, tool: list[float], reference: list[float], unit: str = "img/s",
           names: tuple[str, str] = ("gpubench", "plain"), tolerance: float = TOLERANCE
           ) -> Judgement:
@@ -90,17 +79,18 @@ def agree(name: str, tool: list[float], reference: list[float], unit: str = "img
         return Judgement(name, False, {}, f"nothing measured ({names[0]} {tool}, {names[1]} "
                          f"{reference})")
     ratios = [t / r for t, r in pairs]
-    t, r, q = _est([p[0] for p in pairs]), _est([p[1] for p in pairs]), _est(ratios)
-    within = abs(q[0] - 1.0) <= tolerance
-    held = q[1] <= 1.0 <= q[2] and len(ratios) > 1
+    t, r = Est.median_of([p[0] for p in pairs]), Est.median_of([p[1] for p in pairs])
+    q = Est.median_of(ratios)
+    within = abs(q.value - 1.0) <= tolerance
+    held = q.lo <= 1.0 <= q.hi and len(ratios) > 1
     passed = within or held
-    figures = {"tool": t[0], "tool_lo": t[1], "tool_hi": t[2], "reference": r[0],
-               "reference_lo": r[1], "reference_hi": r[2], "ratio": q[0], "ratio_lo": q[1],
-               "ratio_hi": q[2], "rounds": len(ratios)}
+    figures = {"tool": t.value, "tool_lo": t.lo, "tool_hi": t.hi, "reference": r.value,
+               "reference_lo": r.lo, "reference_hi": r.hi, "ratio": q.value, "ratio_lo": q.lo,
+               "ratio_hi": q.hi, "rounds": len(ratios)}
     why = (f"within {tolerance:.0%}" if within else "its interval holds 1" if held
-           else f"{q[0] - 1:+.0%}, beyond {tolerance:.0%} and the interval")
-    detail = (f"{names[0]} {_fmt(*t)} {unit}, {names[1]} {_fmt(*r)}: ratio {_fmt(*q, digits=3)}"
-              f" over {len(ratios)} alternated rounds ({why})")
+           else f"{q.value - 1:+.0%}, beyond {tolerance:.0%} and the interval")
+    detail = (f"{names[0]} {t:.1f} {unit}, {names[1]} {r:.1f}: ratio {q:.3f} over "
+              f"{len(ratios)} alternated rounds ({why})")
     return Judgement(name, passed, figures, detail)
 
 

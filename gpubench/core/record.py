@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.core.files import read_json, write_json
-from gpubench.core.stats import CONFIDENCE, finite_number, holding
+from gpubench.core.stats import CONFIDENCE, finite, holding, positive
 
 RESULTS_FILE = "results.json"
 # 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
@@ -56,7 +56,23 @@ RUNG_ENV = "GPUBENCH_RUNG"
 BOUNDS_MEASURED_ENV = "GPUBENCH_BOUNDS_MEASURED"
 
 
-class Rung(str, Enum):
+class Word(str, Enum):
+    """A closed set of words, each written as its value (f-strings, logs, results.json, tags)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def read(cls, value: Any, default: Any = None) -> Any:
+        """The member `value` names; `default` for one this version does not know (none, or a
+        word another version wrote)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return default
+
+
+class Rung(Word):
     """How a sweep measured a job: the one spelling of the environment variable (RUNG_ENV),
     the record's `extra["rung"]`, its MLflow tag, sweep.json's jobs and Optuna's user attrs."""
 
@@ -65,9 +81,6 @@ class Rung(str, Enum):
     full = "full"  # the trial measured at full length
     confirm = "confirm"  # a top trial measured again, interleaved (hydra.sweeper.confirm)
     probe = "probe"  # a max-batch search's probe
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def short(self) -> bool:
@@ -78,25 +91,19 @@ class Rung(str, Enum):
     def of(cls, value: Any) -> Rung:
         """The rung a file, a tag or the environment names; missing or unknown (written by
         another version): a plain run."""
-        try:
-            return cls(value) if value else cls.run
-        except ValueError:
-            return cls.run
+        return cls.read(value, cls.run)
 
 
 SHORT_RUNGS = tuple(r for r in Rung if r.short)
 
 
-class Status(str, Enum):
+class Status(Word):
     running = "running"  # being measured; left by a process that died (see `stale`)
     ok = "ok"
     oom = "oom"
     over_ceiling = "over_ceiling"  # measured fine, peak memory above memory.ceiling
     failed = "failed"
     killed = "killed"  # Ctrl-C, SIGTERM, or found dead (kill -9, the OOM killer)
-
-    def __str__(self) -> str:  # f-strings and logs show the plain value
-        return self.value
 
     @property
     def final(self) -> bool:
@@ -113,11 +120,51 @@ class Status(str, Enum):
         return self in (Status.failed, Status.killed, Status.running)
 
 
-def _status(v: Any) -> Status:
-    try:
-        return Status(str(v.value if isinstance(v, Enum) else v))
-    except ValueError:
-        return Status.failed
+class Bottleneck(Word):
+    """The verdict: which pipe is narrowest (gpubench.analysis.verdict), or why none is named.
+    The words a reader sees for each are gpubench.analysis.labels'."""
+
+    data = "data"
+    compute = "compute"
+    overlap = "overlap"  # loading and compute run one after the other
+    inconclusive = "inconclusive"  # the intervals or a disturbed run leave it open
+    unknown = "unknown"  # not enough phases measured
+
+    @classmethod
+    def of(cls, value: Any) -> Bottleneck | None:
+        """The verdict a record names: none, or unknown for a word another version wrote."""
+        return None if value is None else cls.read(value, cls.unknown)
+
+
+class Flaw(Word):
+    """What a noise reason (gpubench.analysis.noise) says is wrong with a measurement."""
+
+    disturbed = "disturbed"  # other work competed: busy host, step times vary, interrupted steps
+    gpu = "gpu"  # throttled clocks, other processes on the GPU
+    cut_short = "cut_short"  # windows closed by bench.max_seconds
+    warmup = "warmup"  # warm-up did not settle
+    few_windows = "few_windows"  # too few windows for a 95% interval
+    queue = "queue"  # loader windows shorter than the batches in flight: they timed the queue
+    unconfirmed = "unconfirmed"  # the confirm step's re-measurements disturbed or disagreed
+    unchecked = "unchecked"  # the checks never ran
+    other = "other"  # a reason written as text alone (an older record)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """A noise reason: its kind (what readers decide by) and its sentence (what they show)."""
+
+    kind: Flaw
+    text: str
+
+    @classmethod
+    def of(cls, v: Any) -> Reason:
+        """As results.json stores it ({kind, text}); a plain string (an older record) is `other`."""
+        if isinstance(v, Reason):
+            return v
+        if isinstance(v, dict):
+            return cls(Flaw.read(v.get("kind"), Flaw.other), str(v.get("text", "")))
+        return cls(Flaw.other, str(v))
 
 
 def _fields(cls) -> set[str]:
@@ -171,10 +218,6 @@ class PhaseRecord:
         return d | self.extra
 
 
-def _ok_number(v: Any) -> bool:
-    return finite_number(v) is not None
-
-
 @dataclass
 class RunRecord:
     """A run as results.json stores it (same keys, plus `schema_version`)."""
@@ -191,13 +234,12 @@ class RunRecord:
     loader_images_per_sec_ci: list[float] | None = None
     compute_images_per_sec: float | None = None
     compute_images_per_sec_ci: list[float] | None = None
-    # the verdict: data | compute | overlap | inconclusive | unknown
-    bottleneck: str | None = None
+    bottleneck: Bottleneck | None = None
     reason: str | None = None
     verdict_margin: float | None = None
     advice: list[str] = field(default_factory=list)
     measurement_stable: bool | None = None
-    noise_reasons: list[str] = field(default_factory=list)
+    noise_reasons: list[Reason] = field(default_factory=list)
     step_time_p50_s: float | None = None
     step_time_p95_s: float | None = None
     data_wait_fraction: float | None = None
@@ -248,6 +290,8 @@ class RunRecord:
 
     def __post_init__(self) -> None:
         self.rung = Rung.of(self.rung)
+        self.bottleneck = Bottleneck.of(self.bottleneck)
+        self.noise_reasons = [Reason.of(r) for r in self.noise_reasons]
 
     # ------------------------------------------------------------------ creating, reading
 
@@ -268,13 +312,13 @@ class RunRecord:
         known = _fields(cls) - {"extra", "dir", "rung"}
         kw = {k: v for k, v in d.items() if k in known}
         known |= {"objective"}  # derived, never read back
-        kw["status"] = _status(d.get("status", "failed"))
+        kw["status"] = Status.read(d.get("status"), Status.failed)
         kw["schema_version"] = int(d.get("schema_version") or 1)
         kw["phases"] = {
             name: PhaseRecord.from_dict(p) for name, p in (d.get("phases") or {}).items()
         }
         for k in ("advice", "noise_reasons"):
-            kw[k] = list(d.get(k) or [])
+            kw[k] = list(d.get(k) or [])  # reasons typed by __post_init__
         for k in ("series", "data_info", "config", "env"):
             kw[k] = dict(d.get(k) or {})
         if not kw.get("run_uid"):
@@ -296,6 +340,8 @@ class RunRecord:
                 v = v.value
             elif f.name == "phases":
                 v = {k: p.to_dict() for k, p in v.items()}
+            elif f.name == "noise_reasons":
+                v = [dataclasses.asdict(r) for r in v]
             out[f.name] = v
         out["objective"] = self.objective if self.status.final else None
         return out | self.extra
@@ -327,7 +373,7 @@ class RunRecord:
         if not self.status.measured:
             return 0.0
         for v, _ in self.phase_figures():
-            if _ok_number(v) and v > 0:
+            if positive(v):
                 return float(v)
         return 0.0
 
@@ -365,7 +411,7 @@ class RunRecord:
         be read (monitor off on a CPU) has shown no excess: 0.0."""
         if self.status is Status.oom:
             return OOM_CONSTRAINT
-        if not _ok_number(self.peak_memory_fraction):
+        if not finite(self.peak_memory_fraction):
             return 0.0 if self.status is Status.ok else OOM_CONSTRAINT
         return float(self.peak_memory_fraction) - float(self.memory_ceiling)
 
@@ -388,7 +434,7 @@ class RunRecord:
         under ceiling x (1 - reserve); the reserve absorbs what a longer run allocates later."""
         if not self.status.measured:
             return False
-        if not _ok_number(self.peak_memory_fraction):
+        if not finite(self.peak_memory_fraction):
             return self.status is Status.ok
         return self.peak_memory_fraction <= self.memory_ceiling * (1.0 - reserve)
 
@@ -424,7 +470,7 @@ class RunRecord:
     def finish(self, status: Status, error: str | None) -> None:
         """The final status: ok above the memory ceiling is over_ceiling (measured, infeasible)."""
         frac = self.peak_memory_fraction
-        if status is Status.ok and _ok_number(frac) and frac > self.memory_ceiling:
+        if status is Status.ok and finite(frac) and frac > self.memory_ceiling:
             status = Status.over_ceiling
             error = (f"peak memory {frac:.1%} of the device > memory.ceiling "
                      f"{self.memory_ceiling:.0%}")
@@ -449,7 +495,8 @@ class RunRecord:
         self.finish(Status.ok, None)
         if self.measurement_stable is None:  # never ranked above a run whose checks ran
             self.measurement_stable = False
-            self.noise_reasons.append("not checked: the run ended before its validity checks")
+            self.noise_reasons.append(Reason(
+                Flaw.unchecked, "not checked: the run ended before its validity checks"))
         self.extra["recovered"] = f"{why}; every phase was measured and saved: kept as measured"
 
 
@@ -459,6 +506,15 @@ def window_plan(steps: int, repeats: int) -> tuple[int, int]:
     runner measures by and every reader of a run describes it with)."""
     windows = max(1, min(int(repeats), int(steps)))
     return windows, max(1, -(-int(steps) // windows))
+
+
+def longer(steps: Any, repeats: Any) -> str:
+    """The overrides that measure longer than bench.steps and bench.repeats did: four times the
+    steps, in at least 10 windows (an interval of the median narrows with more windows, a
+    window's figure steadies with more steps). The one "measure longer" of every advice."""
+    if not isinstance(steps, int) or not isinstance(repeats, int):
+        return "bench.steps=... bench.repeats=..."
+    return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
 
 
 def interval_label_of(records: list[RunRecord]) -> str:

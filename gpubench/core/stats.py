@@ -77,6 +77,71 @@ def holding(ci, value: float) -> tuple[float, float]:
     return min(float(ci[0]), value), max(float(ci[1]), value)
 
 
+def figure(v: float, spec: str = "") -> str:
+    """A figure as gpubench writes it: in `spec`, else without decimals from 100 up and with
+    one below (`812`, `41.5`)."""
+    return format(v, spec or (".0f" if abs(v) >= 100 else ".1f"))
+
+
+@dataclass(frozen=True)
+class Est:
+    """A measured figure with its interval (lo <= value <= hi; lo == hi: no spread measured):
+    the one estimate of gpubench (a phase's throughput, a ratio, a loader rate, a compute bound),
+    with its one ratio (`over`) and its one rendering (`format(e, spec)`: `812 [790-840]`)."""
+
+    value: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def of(cls, x, ci=None) -> Est | None:
+        """A measured figure and its interval (widened to hold the figure, `holding`); None when
+        `x` measured nothing. An interval whose ends are not both measured is none."""
+        if isinstance(x, Est):
+            return x
+        if not positive(x):
+            return None
+        ci = ci if ci and positive(ci[0]) and positive(ci[1]) else None
+        return cls(float(x), *holding(ci, float(x)))
+
+    @classmethod
+    def median_of(cls, values: list[float]) -> Est:
+        """Windows' figures (or per-round ratios): their median and its order-statistic
+        interval; exact with fewer than two."""
+        m = median(values)
+        return cls(m, *holding(median_interval(values), m))
+
+    @classmethod
+    def pooled(cls, ests: list[Est]) -> Est:
+        """Repeats of one measurement: the median of their figures and of each interval end."""
+        return cls(median([e.value for e in ests]), median([e.lo for e in ests]),
+                   median([e.hi for e in ests]))
+
+    @classmethod
+    def envelope(cls, ests: list[Est]) -> Est:
+        """Several measurements of one bound: the median figure inside the widest interval (a
+        bound read from any of them must not look tighter than each one says)."""
+        return cls(median([e.value for e in ests]), min(e.lo for e in ests),
+                   max(e.hi for e in ests))
+
+    @property
+    def exact(self) -> bool:
+        return self.lo == self.hi
+
+    def over(self, other: Est) -> Est:
+        """self / other, its interval from the two intervals' extremes (conservative)."""
+        return Est(self.value / other.value, self.lo / other.hi, self.hi / other.lo)
+
+    def __format__(self, spec: str) -> str:
+        """`x [lo-hi]`, or `x` with no spread, each number a `figure` (`.0%`: `94% [91%-97%]`)."""
+        if self.exact:
+            return figure(self.value, spec)
+        return f"{figure(self.value, spec)} [{figure(self.lo, spec)}-{figure(self.hi, spec)}]"
+
+    def text(self) -> str:
+        return format(self)
+
+
 def spread(xs: list[float]) -> tuple[float, float]:
     """(mean, std/mean) of step times; NaN where there are none (or the mean is not > 0)."""
     n = len(xs)
@@ -283,7 +348,7 @@ def supported_place(value: float, ci) -> int | None:
     keeps 4, +-50% keeps 2; never fewer than 1.
     Every figure shown or logged beside its interval (MLflow's metrics and names, the run's
     description) is rounded by this one rule; results.json keeps the raw value."""
-    if ci is None or len(ci) < 2 or not all(_finite(x) for x in (value, ci[0], ci[1])):
+    if ci is None or len(ci) < 2 or not all(finite(x) for x in (value, ci[0], ci[1])):
         return None
     half = abs(float(ci[1]) - float(ci[0])) / 2
     if value == 0 or half == 0:
@@ -294,7 +359,7 @@ def supported_place(value: float, ci) -> int | None:
 
 def round_at(x: float, place: int | None) -> float:
     """`x` rounded to 10**place (unchanged for None)."""
-    if place is None or not _finite(x):
+    if place is None or not finite(x):
         return x
     return float(round(x, -place))
 
@@ -315,5 +380,11 @@ def finite_number(v) -> float | None:
     return None
 
 
-def _finite(x) -> bool:
+def finite(x) -> bool:
+    """`x` is a measured number (finite_number)."""
     return finite_number(x) is not None
+
+
+def positive(x) -> bool:
+    """A measured figure: finite and above zero (not None, NaN or a bool)."""
+    return finite(x) and x > 0

@@ -23,7 +23,6 @@ EXAMPLE_PRICES below are used and every table says so.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from gpubench.analysis.select import left_out, workload_text
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
+from gpubench.core.stats import positive
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -64,7 +64,7 @@ class DeviceRow:
     @property
     def images_per_joule(self) -> float | None:
         e = self.record.energy_per_image_j
-        return 1.0 / e if isinstance(e, (int, float)) and math.isfinite(e) and e > 0 else None
+        return 1.0 / e if positive(e) else None
 
     @property
     def images_per_dollar(self) -> float | None:
@@ -95,7 +95,7 @@ def load_prices(path: str | Path | None) -> dict[str, float]:
 
 
 def _price(key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    if not positive(v):
         raise SystemExit(f"gpubench.report: {key}={v!r} is not allowed: a price in US dollars "
                          "per hour, a number > 0")
     return float(v)

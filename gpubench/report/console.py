@@ -10,7 +10,7 @@ from gpubench.analysis.labels import phase_title
 from gpubench.analysis.select import setup_text
 from gpubench.config.schema import is_amp
 from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
-from gpubench.core.record import RunRecord
+from gpubench.core.record import Bottleneck, RunRecord, Status
 
 
 def _gib(b) -> str:
@@ -122,36 +122,34 @@ def lines(d: dict, notes: list[str]) -> list[str]:
     return out
 
 
-def verdict(d: dict) -> list[str]:
+def verdict(rec: RunRecord) -> list[str]:
     """The status when not ok, the narrowest pipe (or why there is none) and the advice, as
     rich markup lines; none when the run ended before measuring anything."""
-    status = d["status"]
     out = []
-    if status != "ok":
-        out.append(f"[bold red]status: {status}[/bold red] {d.get('error') or ''}")
-    if status == "over_ceiling":
-        out += [escape(line) for line in ceiling_advice(d)]
-    if d.get("measurement_stable") is False:
+    if rec.status is not Status.ok:
+        out.append(f"[bold red]status: {rec.status}[/bold red] {rec.error or ''}")
+    if rec.status is Status.over_ceiling:
+        out += [escape(line) for line in ceiling_advice(rec.config)]
+    if rec.measurement_stable is False:
         out.append("[yellow]measurement unstable:[/yellow]")
-        out += [f"  - {escape(r)}" for r in d.get("noise_reasons") or []]
-        lean = d.get("verdict_leaning")
+        out += [f"  - {escape(r.text)}" for r in rec.noise_reasons]
+        lean = rec.extra.get("verdict_leaning")
         out.append("[bold]narrowest pipe: inconclusive[/bold]"
                    + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
-    elif not d["phases"] and status != "ok":
+    elif not rec.phases and rec.status is not Status.ok:
         return out  # it ended before measuring: no pipe to name, no advice
     else:
-        out.append(f"[bold]narrowest pipe: {d['bottleneck']}[/bold] - {escape(d['reason'] or '')}")
-    if d["bottleneck"] == "inconclusive" and d["advice"]:
+        out.append(f"[bold]narrowest pipe: {rec.bottleneck}[/bold] - {escape(rec.reason or '')}")
+    if rec.bottleneck is Bottleneck.inconclusive and rec.advice:
         out.append("to get a verdict:")
-    out += [f"  {i}. {escape(a)}" for i, a in enumerate(d["advice"], 1)]
+    out += [f"  {i}. {escape(a)}" for i, a in enumerate(rec.advice, 1)]
     return out
 
 
-def ceiling_advice(d: dict) -> list[str]:
+def ceiling_advice(cfg: dict) -> list[str]:
     """What brings a run over memory.ceiling under it, each as the override to try: a smaller
     batch (activations grow with it), activation checkpointing where the model has it wired,
     mixed precision (half-size activations); the ones the run already used are left out."""
-    cfg = d.get("config") or {}
     model, loader = cfg.get("model") or {}, cfg.get("loader") or {}
     precision = (cfg.get("precision") or {}).get("name")
     batch = loader.get("batch_size")
@@ -184,7 +182,7 @@ def print_result(result, console: Console | None = None) -> None:
     # ended before its first window: the title alone, no empty table
     con.print(phase_table(d, rec.interval_label, heading) if d["phases"] else heading,
               soft_wrap=log and not d["phases"])
-    for line in [*lines(d, getattr(result, "notes", [])), *verdict(d)]:
+    for line in [*lines(d, getattr(result, "notes", [])), *verdict(rec)]:
         con.print(line, soft_wrap=log)
     con.print(f"[dim]results: {rec.path}[/dim]", soft_wrap=log)
     if d.get("picture"):

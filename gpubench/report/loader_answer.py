@@ -10,7 +10,7 @@ The compute bound of a setup (analysis.workers.compute_setup: model, image size,
 precision, ...) is every compute measurement of that setup the report was given: the one a
 loader-only multirun measured itself (gpubench.run.compute_bound, `<sweep dir>/compute/`), a
 compute or full run among the rows, and runs named with `--compute`. Several are pooled as
-their median inside the widest interval (Rate.envelope). A setup without one says how to
+their median inside the widest interval (Est.envelope). A setup without one says how to
 measure it. Runs that flagged their own measurement (noise_reasons) are left out of the rule
 and named; when every run of a side flagged itself (a busy machine), those whose flaw can only
 slow or widen them are judged and the answer starts `unconfirmed`.
@@ -30,7 +30,6 @@ from gpubench.analysis.select import knob_key, loader_only, setup_text
 from gpubench.analysis.workers import (
     COMPUTE_DIR,
     TOLERANCE,
-    Rate,
     WorkersPick,
     compute_setup,
     fewest_workers,
@@ -39,7 +38,8 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, WORKER_ONLY, role
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.record import RunRecord, find_runs, load
+from gpubench.core.record import Flaw, Reason, RunRecord, find_runs, load
+from gpubench.core.stats import Est
 from gpubench.report.plot_rules import flag_kind, flag_reasons
 
 # the overrides a compute measurement drops from a loader job's command line: it measures the
@@ -47,7 +47,7 @@ from gpubench.report.plot_rules import flag_kind, flag_reasons
 NOT_FOR_COMPUTE = ("loader.num_workers", "bench.phases")
 # flaws that make a loader window read high (batches made before it began, a window cut short):
 # such a run never answers; others (disturbed, too few windows) slow or widen it
-INFLATES = ("queue-timed", "cut short")
+INFLATES = (Flaw.queue, Flaw.cut_short)
 
 
 @dataclass
@@ -103,7 +103,7 @@ class LoaderAnswer:
                 return {"y": c.value, "lo": c.lo, "hi": c.hi, "threshold": g.pick.threshold,
                         "margin": g.pick.tolerance,
                         "label": f"compute bound{flag}, same model/batch/precision:\n"
-                                 f"{c.text()} img/s"}
+                                 f"{c} img/s"}
         return None
 
     def summary(self) -> list[dict]:
@@ -155,8 +155,8 @@ def _compute_key(rec: RunRecord) -> tuple:
     return compute_setup(rec.knob, rec.env.get("device"))
 
 
-def compute_rate(rec: RunRecord) -> Rate | None:
-    return Rate.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci) \
+def compute_rate(rec: RunRecord) -> Est | None:
+    return Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci) \
         if rec.status.measured else None
 
 
@@ -258,12 +258,12 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         # measured it, and the answer then says it is unconfirmed
         sources = [m for k, m in measured if k == key]
         sources = [m for m in sources if m.measurement_stable is not False] or sources
-        bound = Rate.envelope([compute_rate(m) for m in sources]) if sources else None
+        bound = Est.envelope([compute_rate(m) for m in sources]) if sources else None
         # the same for the loader runs: the unflagged ones; when every run flagged itself (a
         # busy machine), those whose flaw only slows or widens them, and the answer says so
         done = [r for r in rs if r.record.status.measured]
         used = [r for r in done if not flag_reasons(r)] or [
-            r for r in done if not any(flag_kind(x) in INFLATES for x in flag_reasons(r))]
+            r for r in done if not any(x.kind in INFLATES for x in flag_reasons(r))]
         good = [{"num_workers": r.knob("num_workers"),
                  "loader_images_per_sec": r.record.loader_images_per_sec,
                  "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci} for r in used]
@@ -272,7 +272,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     return LoaderAnswer(loaders, groups, _lines(groups, source))
 
 
-def _kinds(reasons: list[str]) -> str:
+def _kinds(reasons: list[Reason]) -> str:
     """Noise reasons in a word or two each (`too few windows, queue-timed`)."""
     return ", ".join(dict.fromkeys(flag_kind(x) for x in reasons)) or "unstable"
 
@@ -305,7 +305,7 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                 m.dir.parent.name == COMPUTE_DIR else "a run of this setup"
             note = "" if m.measurement_stable is not False else (
                 f"; flagged its own measurement: {_kinds(m.noise_reasons)}")
-            out.append(f"    compute bound from {m.dir} ({seen}: {compute_rate(m).text()} "
+            out.append(f"    compute bound from {m.dir} ({seen}: {compute_rate(m)} "
                        f"img/s{note})")
         if g.pick.compute is None:
             for m in g.failed:

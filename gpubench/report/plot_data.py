@@ -33,7 +33,7 @@ function of gpubench.report.plot_rules where it is more than a line here):
 
 from __future__ import annotations
 
-from gpubench.core.record import interval_label_of
+from gpubench.core.record import Status, interval_label_of
 from gpubench.report.plot_rules import (
     BOUND_PHASES,
     FRONT_LABEL,
@@ -166,16 +166,16 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
 def memory_data(rows) -> dict | None:
     """Peak memory against batch size; None unless the batch size varied."""
     pts = [r for r in rows if knob(r, "batch_size") is not None
-           and (peak_of(r) is not None or status_of(r) == "oom")]
+           and (peak_of(r) is not None or status_of(r) is Status.oom)]
     if len({knob(r, "batch_size") for r in pts}) < 2:
         return None
-    fine = [r for r in pts if status_of(r) != "oom" and peak_of(r) is not None]
+    fine = [r for r in pts if status_of(r) is not Status.oom and peak_of(r) is not None]
     groups = {}
     for prec, rs in sorted(group_by([r for r in fine if r.full], precision_of).items()):
         groups[prec] = {"xs": [knob(r, "batch_size") for r in rs],
                         "ys": [100 * peak_of(r) for r in rs]}
     short = [r for r in fine if not r.full]
-    oom = [r for r in pts if status_of(r) == "oom"]
+    oom = [r for r in pts if status_of(r) is Status.oom]
     axis = memory_axis(pts)
     return {
         "groups": groups,

@@ -16,8 +16,8 @@ from typing import Any
 from gpubench.config.knobs import CUDA_ONLY, SHORT, compared
 from gpubench.config.overrides import format_value
 from gpubench.core.files import flatten
-from gpubench.core.record import HEADLINE_ORDER, RunRecord
-from gpubench.core.stats import holding
+from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord, Status
+from gpubench.core.stats import holding, positive
 
 BOUND_PHASES = ("loader", "compute")
 SHORT_LABEL = "short screen / probe (not ranked)"
@@ -58,9 +58,8 @@ def knob(row, name: str) -> Any:
     return None
 
 
-def status_of(row) -> str:
-    st = getattr(row, "status", None)
-    return str(st if st is not None else record_of(row).status)
+def status_of(row) -> Status:
+    return record_of(row).status
 
 
 def peak_of(row) -> float | None:
@@ -83,7 +82,7 @@ def phase_ips(row, phase: str) -> float | None:
     v = ph.images_per_sec if ph is not None else None
     if v is None:
         v = rec.phase_figure(phase)[0]
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+    return float(v) if positive(v) else None
 
 
 def phase_interval(row, phase: str) -> tuple[float, float] | None:
@@ -134,7 +133,7 @@ def group_by(rows, key) -> dict:
 # --------------------------------------------------------------------------- the rules
 
 
-def flag_reasons(row) -> list[str]:
+def flag_reasons(row) -> list[Reason]:
     """Why a measured run's figures are not to be read as a bound: the reasons it found in its
     own measurement (noise_reasons), or its confirm step's re-measurements disturbed or in
     disagreement (`Row.stable`). Empty for a run that found nothing."""
@@ -143,25 +142,21 @@ def flag_reasons(row) -> list[str]:
         return []
     reasons = list(rec.noise_reasons)
     if rec.measurement_stable is False and not reasons:
-        reasons = ["measurement unstable (reasons not recorded)"]
+        reasons = [Reason(Flaw.other, "measurement unstable (reasons not recorded)")]
     if not reasons and getattr(row, "stable", True) is False:
-        reasons = ["re-measured by the confirm step: disturbed, failed or disagreed"]
+        reasons = [Reason(Flaw.unconfirmed,
+                          "re-measured by the confirm step: disturbed, failed or disagreed")]
     return reasons
 
 
-def flag_kind(reason: str) -> str:
-    """A noise reason (gpubench.analysis.noise) in a word or two for a legend."""
-    if "in flight" in reason:
-        return "queue-timed"
-    if "cut short" in reason:
-        return "cut short"
-    if "warm-up did not settle" in reason:
-        return "warm-up unsettled"
-    if "interval, not" in reason:
-        return "too few windows"
-    if "confirm step" in reason:
-        return "unconfirmed"
-    return "disturbed"
+# a noise reason's kind in a word or two for a legend; any other kind: "disturbed"
+FLAW_WORDS = {Flaw.queue: "queue-timed", Flaw.cut_short: "cut short",
+              Flaw.warmup: "warm-up unsettled", Flaw.few_windows: "too few windows",
+              Flaw.unconfirmed: "unconfirmed"}
+
+
+def flag_kind(reason: Reason) -> str:
+    return FLAW_WORDS.get(reason.kind, "disturbed")
 
 
 def flagged_label(rows) -> str:

@@ -19,8 +19,9 @@ from typing import Any
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
 from gpubench.analysis.select import setup_text
-from gpubench.core.record import PHASE_NAMES, RunRecord
-from gpubench.core.stats import finite_number
+from gpubench.core.files import open_own
+from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status
+from gpubench.core.stats import finite, finite_number, positive
 
 PICTURE_FILE = "run.png"
 # one colour per pipe, shared by the bars and the traces so the eye pairs them
@@ -28,7 +29,7 @@ PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green
 
 
 def _interval(ci: Any) -> list[float] | None:
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(finite_number(x) is not None for x in ci):
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(map(finite, ci)):
         return [float(ci[0]), float(ci[1])]
     return None
 
@@ -54,22 +55,22 @@ def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
 
 
 def _title(record: RunRecord) -> str:
-    verdict = record.bottleneck or "unknown"
+    verdict = record.bottleneck or Bottleneck.unknown
     head = verdict_sentence(verdict)
     margin = finite_number(record.verdict_margin)
     if margin is not None:
         head += f" (clear of the rule's threshold by {margin:.0%})"
     lean = record.extra.get("verdict_leaning")
-    if verdict == "inconclusive" and lean:
+    if verdict is Bottleneck.inconclusive and lean:
         head += f"; the figures lean to {lean}"
-    if record.status.value != "ok":
-        head = f"[{record.status.value}] " + head
+    if record.status is not Status.ok:
+        head = f"[{record.status}] " + head
     if record.measurement_stable is False:
         n = len(record.noise_reasons)
-        first = record.noise_reasons[0] if n else "runs disagree"
+        first = record.noise_reasons[0].text if n else "runs disagree"
         tail = _wrap(f"measurement unstable ({n} reason{'s' if n != 1 else ''}, see "
                      f"results.json): {first}")
-    elif verdict in ("data", "compute", "overlap") and record.reason:
+    elif verdict in (Bottleneck.data, Bottleneck.compute, Bottleneck.overlap) and record.reason:
         tail = _wrap(record.reason)
     else:
         tail = ""
@@ -119,7 +120,7 @@ def run_picture_data(record: RunRecord) -> dict:
 
 
 def _ms(times) -> list[float | None]:
-    return [1000.0 * t if finite_number(t) is not None and t > 0 else None for t in (times or [])]
+    return [1000.0 * t if positive(t) else None for t in (times or [])]
 
 
 def plot_run(record: RunRecord, out: Path) -> Path:
@@ -140,7 +141,8 @@ def plot_run(record: RunRecord, out: Path) -> Path:
         _draw_traces(axes[1][0], d)
     fig.suptitle(d["title"], fontsize=10, ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with open_own(path, "wb") as f:  # never through a symbolic link
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

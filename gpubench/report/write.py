@@ -47,7 +47,7 @@ from gpubench.config.knobs import SHORT
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
-from gpubench.core.record import Rung, RunRecord, interval_label_of, window_plan
+from gpubench.core.record import Rung, RunRecord, Status, interval_label_of, longer, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.search.manifest import PIPES_FILE
@@ -112,10 +112,15 @@ def measurement_text(cfg: dict) -> str:
 def longer_text(cfg: dict) -> str:
     """The overrides that measure the recommended setup longer than the sweep did."""
     b = cfg.get("bench") or {}
-    steps, repeats = b.get("steps"), b.get("repeats")
-    if not isinstance(steps, int) or not isinstance(repeats, int):
-        return "bench.steps=... bench.repeats=..."
-    return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
+    return longer(b.get("steps"), b.get("repeats"))
+
+
+def run_text(row: Row, keys: list[str]) -> str:
+    """A row as the user finds it: `run 3: loader.batch_size=8`, its label (job folder, trial
+    number or MLflow run id) and the swept knobs that set it apart; `run 0` alone when none
+    varied (never `run 0: `)."""
+    over = " ".join(overrides_of(row, keys))
+    return f"run {row.label}" + (f": {over}" if over else "")
 
 
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
@@ -206,7 +211,8 @@ def screen_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[
     for i, r in enumerate(ranked(rows), 1):
         lo, hi = r.interval
         fmt = ".0f" if hi >= 100 else ".1f"
-        why = r.status if r.status != "ok" or r.steadiness == "-" else r.steadiness
+        st = r.record.status
+        why = str(st) if st is not Status.ok or r.steadiness == "-" else r.steadiness
         body.append([
             str(i), r.label, why, f"{r.throughput:.1f}",
             "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
@@ -312,10 +318,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             reasons=rec.reasons, command=cmd,
         )
         lines += [
-            f"fastest feasible: {with_interval(rec.best)} img/s  (run {rec.best.label}: "
-            f"{' '.join(overrides_of(rec.best, keys))})",
-            f"recommended:      {with_interval(rec.chosen)} img/s  (run {rec.chosen.label}: "
-            f"{' '.join(overrides_of(rec.chosen, keys))})",
+            f"fastest feasible: {with_interval(rec.best)} img/s  ({run_text(rec.best, keys)})",
+            f"recommended:      {with_interval(rec.chosen)} img/s  ({run_text(rec.chosen, keys)})",
             *(f"  - {x}" for x in rec.reasons),
             f"recommended config: {yml}",
             f"rerun it: {cmd}",

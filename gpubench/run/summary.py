@@ -11,7 +11,7 @@ import os
 from gpubench.analysis import noise
 from gpubench.analysis.verdict import Knobs, judge
 from gpubench.core.pipe import batches_in_flight, serial_rate
-from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES
+from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES, Flaw, Reason
 from gpubench.parts.precision import resolve_precision
 from gpubench.telemetry import env
 from gpubench.telemetry.nvml import energy_per_image, memory_gate_bytes
@@ -91,10 +91,10 @@ def figures(rec, device: str) -> None:
             rec.extra["mfu_note"] = why
 
 
-def validity(bench) -> list[str]:
+def validity(bench) -> list[Reason]:
     """Every named check over every measured phase (analysis/noise.py)."""
     rec, ld = bench.record, bench.settings.loader
-    reasons: list[str] = []
+    reasons: list[Reason] = []
     loads = []
     in_flight = batches_in_flight(ld.num_workers, ld.prefetch_factor)
     for name, p in rec.phases.items():
@@ -136,7 +136,7 @@ def summarize(bench) -> None:
     rec.noise_reasons = reasons
     rec.measurement_stable = not reasons if rec.phases else None
     competitors: list[str] = []
-    if any("other processes" in r or "interrupted" in r or "vary" in r for r in reasons):
+    if any(r.kind is Flaw.disturbed for r in reasons):
         competitors = noise.top_other_processes(_own_pids())
     knobs = Knobs(
         device=device,

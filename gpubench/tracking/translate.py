@@ -316,7 +316,7 @@ def describe(run, run_id: str | None = None, picture: bool = False) -> str:
         if rec.reason:
             lines += ["", rec.reason]
         if rec.measurement_stable is False:
-            lines.append(f"\nmeasurement not stable: {'; '.join(rec.noise_reasons) or 'noisy'}")
+            lines.append(f"\nmeasurement not stable: {'; '.join(r.text for r in rec.noise_reasons) or 'noisy'}")
         rows = ["", f"| phase | images/sec | {rec.interval_label} | data wait |",
                 "|---|---|---|---|"]
         for name in PHASE_NAMES:
