@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -220,66 +219,6 @@ def test_a_waiting_worker_wakes_when_the_other_workers_trial_ends(tmp_path):
     assert time.monotonic() - t1 >= 0.3
 
 
-def test_confirm_claims_are_shared_and_never_lost(tmp_path):
-    """Several workers reach the confirm step together: a round claimed by a live worker is
-    left to it; a measured round is never measured again; a round whose worker is gone is
-    taken over: at once when it died on this host, or was interrupted (it gives the claim
-    back), after the grace period without a beat when it was on another host. A round two
-    workers both measured keeps both folders."""
-    from gpubench.search.study import (
-        CONFIRM_CLAIM,
-        add_confirm_dir,
-        claim_confirm,
-        confirm_dirs,
-        holding_claim,
-        open_study,
-    )
-
-    shared = open_study("c", f"sqlite:///{tmp_path / 's.db'}", heartbeat_interval=1,
-                        grace_period=3)
-    study = shared.study
-    host = __import__("socket").gethostname()
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    try:
-        other = f"{host}:{live.pid}"
-        assert claim_confirm(shared, 0, 0, me=other)           # the other worker takes round 0
-        assert not claim_confirm(shared, 0, 0)                 # alive and beating: left to it
-        assert claim_confirm(shared, 0, 1)                     # round 1 is free: ours
-        assert not claim_confirm(shared, 0, 1, me=other)       # and not theirs
-        add_confirm_dir(study, 0, 1, "/runs/b")
-        assert not claim_confirm(shared, 0, 0)                 # round 1 done, round 0 still theirs
-        add_confirm_dir(study, 0, 0, "/runs/a", me=other)
-        add_confirm_dir(study, 0, 0, "/runs/a2")               # measured twice: both kept
-        dirs = confirm_dirs(study, 0)                         # in round order
-        assert sorted(dirs[:2]) == ["/runs/a", "/runs/a2"] and dirs[2:] == ["/runs/b"]
-        assert not claim_confirm(shared, 0, 1)                 # measured: never again
-        # a worker of this host that died: taken over at once
-        assert claim_confirm(shared, 1, 0, me=f"{host}:{dead.pid}")
-        assert claim_confirm(shared, 1, 0)
-        # a worker on another host: kept while it beats, taken over once it stopped beating
-        assert claim_confirm(shared, 2, 0, me="node-b:4242")
-        assert not claim_confirm(shared, 2, 0)
-        study.set_user_attr(CONFIRM_CLAIM.format(2, 0),        # its last beat 10 s ago
-                            {"by": "node-b:4242", "at": time.time() - 10})
-        assert claim_confirm(shared, 2, 0)
-        # interrupted while measuring: the claim is given back, the next worker takes it
-        with pytest.raises(KeyboardInterrupt):
-            assert claim_confirm(shared, 3, 0, me=other)
-            with holding_claim(shared, 3, 0, me=other):
-                raise KeyboardInterrupt
-        assert claim_confirm(shared, 3, 0)
-    finally:
-        live.kill()
-        live.wait()
-    # without heartbeats nothing says a worker on another host stopped: its claim stands
-    quiet = open_study("q", f"sqlite:///{tmp_path / 'q.db'}")
-    assert claim_confirm(quiet, 0, 0, me="node-b:4242")
-    quiet.study.set_user_attr(CONFIRM_CLAIM.format(0, 0), {"by": "node-b:4242", "at": 0.0})
-    assert not claim_confirm(quiet, 0, 0)
-
-
 def test_two_workers_share_the_confirm_step(tmp_path):
     """Both workers reach the confirm step of one study: together they measure each round of
     each top trial, and do not each measure all of them (2 x top x rounds jobs)."""
@@ -293,14 +232,13 @@ def test_two_workers_share_the_confirm_step(tmp_path):
     jobs = [j for i in range(2)
             for j in json.loads((tmp_path / f"w{i}" / "sweep.json").read_text())["jobs"]
             if j["rung"] == "confirm"]
-    assert 4 <= len(jobs) < 8, jobs  # a claim race in the same milliseconds may add one
-    study = _load(storage, "c")
+    assert 4 <= len(jobs) < 8, jobs  # a queueing race in the same milliseconds may add one
     numbers = {j["trial"] for j in jobs}
     assert len(numbers) == 2
-    kept = []
+    kept, rounds = [], confirm_dirs("c", storage)
     for n in numbers:  # every round of each top trial, kept in the study for the report
-        dirs = confirm_dirs(study, n)
+        dirs = rounds[n]
         assert len(dirs) >= 2 and set(dirs) <= {j["dir"] for j in jobs}
         kept += dirs
-    # every confirm job is kept, once: a round the claim race measured twice is pooled too
+    # every confirm job is kept, once: a round the race measured twice is pooled too
     assert sorted(kept) == sorted(j["dir"] for j in jobs)

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -279,38 +280,45 @@ def test_max_batch_edges():
 # ---------------------------------------------------------------------------- study helpers
 
 
+# a pid no process can have (above Linux's largest, 2^22): its worker is gone, without a fork
+GONE_PID = 2**31 - 1
+
+
+def _gone(t) -> None:
+    """Trial t as asked by a process of this host that has died since."""
+    t.set_user_attr("worker", f"{socket.gethostname()}:{GONE_PID}:{t.number}")
+
+
 @pytest.mark.slow
 def test_only_a_trial_that_stopped_beating_is_failed_and_retried(tmp_path):
-    from gpubench.search.study import ask, claimed_by, fail_stale, heartbeat
+    from gpubench.search.study import ask, fail_stale, heartbeat
 
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     space = parse_search_space(["loader.batch_size=range(1,100)"])
     # two workers on one study; sqlite's clock has 1 s resolution: a grace of 4 s
     a = open_study("s", storage, heartbeat_interval=1, grace_period=4)
     b = open_study("s", storage, heartbeat_interval=1, grace_period=4)
-    done = ask(a.study, space.distributions)
+    done = ask(a, space.distributions)
     a.study.tell(done, 1.0)
-    # claimed by a live process (this one), so only its silent heartbeat can give it away:
-    # as a worker on another machine that beat once, then lost its power
-    dead = ask(a.study, space.distributions)
-    dead.set_user_attr("worker", claimed_by(dead.number))
-    with heartbeat(a, [dead.number]):
-        pass
-    orphan = ask(a.study, space.distributions)  # asked, never claimed nor beating
-    live = ask(b.study, space.distributions)
-    live.set_user_attr("worker", claimed_by(live.number))
+    # asked by a live process (this one), so only its silent heartbeat can give it away: as a
+    # worker on another machine that lost its power right after asking (ask beats once)
+    dead = ask(a, space.distributions)
+    killed = ask(a, space.distributions)
+    _gone(killed)
+    live = ask(b, space.distributions)
+    assert fail_stale(b) == 1  # its process is gone: at once, not after the grace period
     with heartbeat(b, [live.number]):  # b keeps beating through the grace period
         time.sleep(6)
-        assert fail_stale(a) == 2  # a live worker's trial is never touched
+        assert fail_stale(a) == 1  # a live worker's trial is never touched
     trials = b.study.get_trials()
     assert trials[dead.number].state == TrialState.FAIL
-    assert trials[orphan.number].state == TrialState.FAIL
+    assert trials[killed.number].state == TrialState.FAIL
     assert trials[live.number].state == TrialState.RUNNING
     assert fail_stale(b) == 0  # failed once, retried once
     assert [t.number for t in measured_trials(b.study)] == [done.number]
-    retries = [ask(b.study, space.distributions) for _ in range(2)]  # the queue comes first
+    retries = [ask(b, space.distributions) for _ in range(2)]  # the queue comes first
     assert sorted(t.params["loader.batch_size"] for t in retries) == sorted(
-        t.params["loader.batch_size"] for t in (dead, orphan))
+        t.params["loader.batch_size"] for t in (dead, killed))
     assert all(t.number > live.number for t in retries)
 
 
@@ -333,8 +341,16 @@ def test_ctrl_c_queues_the_running_trial_again():
     assert abandon(shared, t.number, requeue=True)
     assert not abandon(shared, t.number, requeue=True)  # only a RUNNING trial
     assert study.trials[t.number].user_attrs["interrupted"]
-    retry = study.ask(space.distributions)
-    assert retry.params == t.params and retry.user_attrs["retry_of"] == t.number
+    retry = study.ask(space.distributions)  # queued again by Optuna's retry callback
+    assert retry.params == t.params and "interrupted" not in retry.user_attrs
+    assert study.trials[retry.number].system_attrs["retry_history"] == [t.number]
+    # a claim given back (requeue=None) is queued again only when it came from the queue
+    study.enqueue_trial({"loader.batch_size": 8})
+    queued, sampled = study.ask(space.distributions), study.ask(space.distributions)
+    assert abandon(shared, queued.number, requeue=None)
+    assert abandon(shared, sampled.number, requeue=None)
+    assert [w.params for w in study.get_trials(states=(TrialState.WAITING,))] == [queued.params]
+    assert measured_trials(study) == []
 
 
 def test_a_claim_past_the_last_slot_is_given_back(tmp_path):
@@ -343,10 +359,10 @@ def test_a_claim_past_the_last_slot_is_given_back(tmp_path):
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     a, b = open_study("s", storage, 1, 4), open_study("s", storage, 1, 4)
     space = parse_search_space(["x=range(0,100)"])
-    first = ask(a.study, space.distributions)
+    first = ask(a, space.distributions)
     a.study.tell(first, 1.0)
     # n_trials=2: one slot left, two workers ask for it at once
-    ta, tb = ask(a.study, space.distributions), ask(b.study, space.distributions)
+    ta, tb = ask(a, space.distributions), ask(b, space.distributions)
     assert claim_is_within(a.study, ta.number, 2)
     assert not claim_is_within(b.study, tb.number, 2)
     assert claim_is_within(b.study, tb.number, 3)  # with n_trials=3 both fit
@@ -365,6 +381,51 @@ def test_a_twin_of_another_workers_live_trial_is_not_run(tmp_path):
     # the other worker (lower number) does not yield to mine
     fresh, dups = split_duplicates(study, [other])
     assert fresh == [other] and dups == []
+
+
+def test_confirm_rounds_are_shared_and_never_lost(tmp_path):
+    """Several workers reach the confirm step together: each round is queued once, interleaved,
+    and Optuna's queue hands it to one worker; a round whose worker died on this host, or was
+    interrupted (Ctrl-C), is queued again at once with its trial and round; a round measured
+    twice (two workers queueing it in the same milliseconds) keeps both folders."""
+    from gpubench.search.study import abandon, ask, confirm_dirs, fail_stale, queue_rounds
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    space = parse_search_space(["x=range(0,100)"])
+    a, b = open_study("c", url, 1, 60), open_study("c", url, 1, 60)  # no beat goes stale here
+    top = []
+    for x in (5, 7):
+        a.study.enqueue_trial({"x": x})
+        t = ask(a, space.distributions)
+        a.study.tell(t, float(x))
+        top.append(a.study.trials[t.number])
+    ca = queue_rounds(a, top, 2)
+    cb = queue_rounds(b, top, 2)  # the second worker queues nothing again
+
+    def waiting():
+        return [(w.user_attrs["confirm_of"], w.user_attrs["round"])
+                for w in cb.study.get_trials(states=(TrialState.WAITING,))]
+
+    def measure(c, r, d):
+        r.set_user_attr("dir", d)
+        c.study.tell(r, 1.0)
+
+    assert waiting() == [(0, 0), (1, 0), (0, 1), (1, 1)]  # A, B, A, B
+    r0, r1 = ask(ca, space.distributions), ask(cb, space.distributions)
+    assert (r0.params, r1.params) == ({"x": 5}, {"x": 7})
+    _gone(r1)  # b's worker died on this host; a (this process) is alive
+    assert fail_stale(ca) == 1
+    r2 = ask(ca, space.distributions)
+    assert abandon(ca, r2.number, requeue=True)  # Ctrl-C while measuring round 1 of A
+    assert waiting() == [(1, 1), (1, 0), (0, 1)]
+    measure(ca, r0, "/runs/a0")
+    cb.study.enqueue_trial({"x": 5}, user_attrs={"confirm_of": 0, "round": 0})  # the race
+    for d in ("/runs/b1", "/runs/b0", "/runs/a1", "/runs/a0bis"):
+        measure(cb, ask(cb, space.distributions), d)
+    assert waiting() == [] and not cb.study.get_trials(states=(TrialState.RUNNING,))
+    assert confirm_dirs("c", url) == {0: ["/runs/a0", "/runs/a0bis", "/runs/a1"],
+                                      1: ["/runs/b0", "/runs/b1"]}
+    assert confirm_dirs("none", url) == {}  # no confirm step ran
 
 
 def test_screen_cut_counts_pruned_screens_too():
@@ -511,8 +572,9 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
         assert j["dir"] not in {x["dir"] for x in full}
         # not a trial: no trial of the study (duplicates included) holds it
         assert j["dir"] not in {t.user_attrs.get("dir") for t in study.trials}
+    kept = confirm_dirs(manifest["study_name"], manifest["storage"])
     for n in top:
-        assert confirm_dirs(study, n) == [j["dir"] for j in confirm if j["trial"] == n]
+        assert kept[n] == [j["dir"] for j in confirm if j["trial"] == n]
     # best: the report's reference, a confirmed trial whenever one measured alike again
     rows = {r.label: r for r in load_dir(sweep)[0]}
     assert len(rows) == 4 and all(bool(rows[str(n)].confirms) == (n in top) for n in recs)
@@ -527,7 +589,7 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
     import statistics
 
     figures = [recs[top[0]].throughput,
-               *(record.load(d).throughput for d in confirm_dirs(study, top[0]))]
+               *(record.load(d).throughput for d in kept[top[0]])]
     assert pooled.throughput == pytest.approx(statistics.median(figures))
     ranking = (sweep / "report" / "ranking.csv").read_text().splitlines()
     shown = [line.split(",") for line in ranking[1:] if line.split(",")[1] == str(top[0])]
@@ -634,7 +696,7 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
     for t in study.trials:  # a trial the kill interrupted was asked again, not lost
         assert t.state != TrialState.RUNNING
         if t.user_attrs.get("interrupted"):
-            assert any(x.user_attrs.get("retry_of") == t.number for x in measured)
+            assert any(t.number in x.system_attrs.get("retry_history", ()) for x in measured)
     # the report reads the whole study: both invocations, one row per measured trial
     from gpubench.report.write import sweep_report
 
@@ -706,7 +768,8 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
     assert [t.user_attrs.get("interrupted") for t in own] == [None, True, None]
     # the interrupted configuration is queued for the next invocation, as after kill -9
     queued = own[2]
-    assert queued.state == TrialState.WAITING and queued.user_attrs["retry_of"] == own[1].number
+    assert queued.state == TrialState.WAITING
+    assert queued.system_attrs["retry_history"] == [own[1].number]
 
 
 @pytest.mark.slow

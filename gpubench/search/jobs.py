@@ -93,7 +93,7 @@ class Jobs:
     def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
         self.raise_unsaved()  # no job is started after sweep.json failed
         rung = [record.Rung.of(lab.get("rung")) for lab in labels]
-        first = self._reserve(len(batch))
+        first = reserve_job_dir(self.manifest.sweep_dir, len(batch))
         # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
         before = os.environ.get(record.RUNG_ENV)
         if len(set(rung)) == 1:
@@ -134,18 +134,6 @@ class Jobs:
         e, self.unsaved = self.unsaved, None
         if e is not None:
             raise e
-
-    def _reserve(self, n: int) -> int:
-        """n consecutive job numbers whose folders this process created (see manifest)."""
-        sweep_dir = self.manifest.sweep_dir
-        while True:
-            first = reserve_job_dir(sweep_dir)
-            try:
-                for i in range(1, n):
-                    (sweep_dir / str(first + i)).mkdir()
-                return first
-            except FileExistsError:  # another worker took one: an empty folder stays behind
-                continue
 
     def count_failure(self, what: str, error: str | None) -> None:
         self.failures += 1

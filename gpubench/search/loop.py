@@ -7,25 +7,24 @@
   `max_failures` trials failed in this invocation
 - screening: each trial is first measured `screen.steps` steps; a trial whose screen is in the
   top `screen.keep` fraction of all screens so far is measured at full length, the rest end PRUNED
-- several workers on one study: see gpubench.search.study (claims, heartbeats, retries). A worker that
-  finds every slot taken by other workers' live trials waits for them: one of them may die, and
-  its trial is then retried here
+- several workers on one study: see gpubench.search.study (heartbeats, retries, slots). A worker
+  that finds every slot taken by other workers' live trials waits for them: one of them may die,
+  and its trial is then retried here
 - a sampled configuration already measured (or being measured by another worker) is not run
   again: the trial gets the earlier result (attr `duplicate_of`) and does not count
 - confirm step: once n_trials are measured, the `confirm.top` fastest feasible full-length trials
   are launched again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift and a busy
   neighbour hit them alike rather than one of them), one job each, rung "confirm". These jobs
-  are not trials (not told to Optuna, not counted); their folders are kept in the study
-  (gpubench.search.study.confirm_dirs), so a resumed sweep runs only the rounds still missing, and
-  workers reaching the step together share its rounds (gpubench.search.study.claim_confirm). `best`
-  is then the fastest confirmed trial on the median of all its measurements (gpubench.analysis.recommend.Row)
+  are not trials of the search (not counted): they are the rounds of a study of its own
+  (gpubench.search.study.queue_rounds), which Optuna's queue shares among workers, and a
+  resumed sweep runs only the rounds still missing. `best` is then the fastest confirmed trial
+  on the median of all its measurements (gpubench.analysis.recommend.Row)
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -113,7 +112,9 @@ class Search:
                 fresh, dups = S.split_duplicates(self.study, trials)
                 dup_numbers = {t.number for t, _ in dups}
                 in_a_row = 0 if fresh else in_a_row + len(dups)
-                with S.heartbeat(self.shared, [t.number for t in fresh]):
+                # the twins beat too until resolved: a worker killed meanwhile leaves none of
+                # its trials RUNNING for good
+                with S.heartbeat(self.shared, [t.number for t in trials]):
                     self._measure(fresh)
             except BaseException:  # Ctrl-C or an abort: leave nothing RUNNING behind
                 for t in held:  # as after kill -9: measured by the next invocation
@@ -133,11 +134,10 @@ class Search:
         slots (gpubench.search.study.claim_is_within); a claim past them is given back, its
         parameters queued again if they came from the queue (a retry must not be lost)."""
         for _ in range(n):
-            held.append(S.ask(self.study, self.space.distributions))
+            held.append(S.ask(self.shared, self.space.distributions))
         kept = []
         for t in held:
             if S.claim_is_within(self.study, t.number, self.n_trials):
-                S.set_attr(t, "worker", S.claimed_by(t.number))  # a resume on this host sees it die
                 if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
                     S.set_attr(t, "device", os.environ["CUDA_VISIBLE_DEVICES"])
                 kept.append(t)
@@ -217,29 +217,38 @@ class Search:
         """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""
         if self.confirm is None or self.confirm.top <= 0:
             return []
-        top, me = self._candidates(), S.this_worker()
+        from optuna.trial import TrialState
+
+        top = self._candidates()
+        c = S.queue_rounds(self.shared, top, self.confirm.rounds)
         while True:
-            elsewhere = False  # rounds another live worker is measuring
-            for rnd in range(self.confirm.rounds):
-                for t in top:  # one round: each candidate once, in the same order every round
-                    if S.confirm_done(self.study, t.number, rnd):
-                        continue  # measured already (resume, or another worker)
-                    if not S.claim_confirm(self.shared, t.number, rnd, me):
-                        elsewhere = True
-                        continue
-                    with S.holding_claim(self.shared, t.number, rnd, me):
-                        [rec] = self.jobs.launch([self.space.overrides(t.params)],
-                                                 [{"trial": t.number, "rung": Rung.confirm,
-                                                   **self.labels}])
-                    S.add_confirm_dir(self.study, t.number, rnd, rec.dir, me)
-                    log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1,
-                             self.confirm.rounds, t.number, rec.throughput, rec.status)
-            # wait for the other workers' rounds before judging the best (or take them over
-            # once their claims go stale); without heartbeats a claim from another host never
-            # does, so this worker then judges on what is measured so far
-            if not elsewhere or self.shared.grace_s is None:
-                break
-            time.sleep(self.poll_s)
+            if S.fail_stale(c):
+                log.info("confirm rounds of a worker that stopped beating: queued again")
+            if not c.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                # wait for the other workers' rounds before judging the best (or take them
+                # over once they go stale); in memory, no other process holds one
+                running = S.running_trials(c.study)
+                if not running or not c.beating:
+                    break
+                S.wait_for_running(c.study, {t.number for t in running}, self.poll_s)
+                continue
+            t = S.ask(c, self.space.distributions)
+            if "confirm_of" not in t.user_attrs:  # the queue emptied between look and ask
+                S.abandon(c, t.number)
+                continue
+            n, rnd = t.user_attrs["confirm_of"], t.user_attrs["round"]
+            try:
+                with S.heartbeat(c, [t.number]):
+                    [rec] = self.jobs.launch([self.space.overrides(t.params)],
+                                             [{"trial": n, "rung": Rung.confirm, **self.labels}])
+            except BaseException:  # Ctrl-C: the round is queued again, as after kill -9
+                S.abandon(c, t.number, requeue=True)
+                raise
+            S.set_attr(t, "dir", str(rec.dir))
+            ok = rec.status.measured  # a failed round is still one of the trial's measurements
+            c.study.tell(t, rec.throughput if ok else None, state=None if ok else TrialState.FAIL)
+            log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1, self.confirm.rounds,
+                     n, rec.throughput, rec.status)
         return [t.number for t in top]
 
     def _summarize(self, confirmed: list[int]) -> dict | None:
@@ -253,7 +262,7 @@ class Search:
             from gpubench.analysis.recommend import recommend
             from gpubench.search.rows import rows_of_study
 
-            rec = recommend(rows_of_study(self.study))
+            rec = recommend(rows_of_study(self.study, self.shared.storage))
             if rec is not None:
                 pick = rec.best
                 best = next(t for t in measured if t.number == int(pick.label))

@@ -73,16 +73,18 @@ def keep_damaged(path: Path) -> Path:
     return copy
 
 
-def reserve_job_dir(sweep_dir: Path) -> int:
-    """The next free job number, its folder created here: numbers continue after the folders
-    already there (a resumed sweep must not overwrite earlier jobs), and mkdir is atomic, so
-    two processes sharing a sweep dir never get the same number."""
+def reserve_job_dir(sweep_dir: Path, n: int = 1) -> int:
+    """The first of n consecutive free job numbers, their folders created here: numbers continue
+    after the folders already there (a resumed sweep must not overwrite earlier jobs), and mkdir
+    is atomic, so two processes sharing a sweep dir never get the same number (one that lost a
+    race tries again after the folders there; an empty folder it made may stay behind)."""
     while True:
         nums = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-        n = max(nums, default=-1) + 1
+        first = max(nums, default=-1) + 1
         try:
-            (sweep_dir / str(n)).mkdir()
-            return n
+            for i in range(n):
+                (sweep_dir / str(first + i)).mkdir()
+            return first
         except FileExistsError:
             continue
 

@@ -127,7 +127,7 @@ class Pipes:
         if exhaustive:
             # every setting, smallest batch first: a study's queue is kept across workers
             for p in sorted(points, key=lambda p: (p.get("loader.batch_size", 0), S.key(p))):
-                _enqueue(shared, p)
+                shared.study.enqueue_trial(p, skip_if_exists=True)
         n = len(points) if exhaustive else self.plan.compute_trials
         self.search(shared, space, n, "compute").run()
         rows = _rows(shared)
@@ -159,7 +159,7 @@ class Pipes:
         if not todo:
             return
         for p in todo:
-            _enqueue(shared, p)
+            shared.study.enqueue_trial(p, skip_if_exists=True)
         self.search(shared, space, done + len(todo), "data", stop=stop).run()
 
     def _data(self, k: Kept, past: dict | None = None) -> Fed | None:
@@ -212,7 +212,7 @@ class Pipes:
         tried = 0
         while pairs:
             for k, f in pairs:
-                _enqueue(shared, {**k.params, **f.params})
+                shared.study.enqueue_trial({**k.params, **f.params}, skip_if_exists=True)
             tried += len(pairs)
             self.search(shared, space, tried, "join", confirm=replace(self.confirm, top=0)).run()
             # confirm rounds only where one measurement each leaves the answer open (the same
@@ -253,18 +253,10 @@ class Pipes:
                 "confirmed": rec.chosen.confirmed, "dir": rec.chosen.dir}
 
 
-def _enqueue(shared: S.Shared, params: dict) -> None:
-    """Queue a point unless the study holds it already (queued, running or measured: a resumed
-    or second worker queues nothing twice)."""
-    held = {S.key(t.params or t.system_attrs.get("fixed_params") or {})
-            for t in shared.study.get_trials(deepcopy=False)}  # a queued trial's are fixed_params
-    if S.key(params) not in held:
-        shared.study.enqueue_trial(params)
-
-
 def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
     """(params, row) of every measured trial of a stage's study."""
     from gpubench.search.rows import rows_of_study
 
     measured = {str(t.number): dict(t.params) for t in S.measured_trials(shared.study)}
-    return [(measured[r.label], r) for r in rows_of_study(shared.study) if r.label in measured]
+    return [(measured[r.label], r) for r in rows_of_study(shared.study, shared.storage)
+            if r.label in measured]

@@ -76,8 +76,9 @@ def _load_study(name: str, storage: str, prefix: str = ""):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # sweep.json holds the URL masked: the driver takes the password from the environment
-    study = optuna.load_study(study_name=name, storage=without_masked_password(storage))
-    return rows_of_study(study, prefix), study
+    url = without_masked_password(storage)
+    study = optuna.load_study(study_name=name, storage=url)
+    return rows_of_study(study, url, prefix), study
 
 
 def _load_studies(names: list[str], storage: str, base: str):
@@ -92,14 +93,16 @@ def _load_studies(names: list[str], storage: str, base: str):
     return rows, join
 
 
-def rows_of_study(study, prefix: str = "") -> list[Row]:
+def rows_of_study(study, storage, prefix: str = "") -> list[Row]:
     """One row per measured trial of a gpubench-sweeper study, its confirm step's records
-    attached (gpubench.search.study.confirm_dirs); labels are `prefix` + the trial number."""
+    attached (gpubench.search.study.confirm_dirs: the rounds' study in the same `storage`, a URL
+    or the storage object); labels are `prefix` + the trial number."""
     from optuna.trial import TrialState
 
     from gpubench.search.study import confirm_dirs, measured_trials
 
     rows, from_study = [], []
+    confirms = confirm_dirs(study.study_name, storage)
     # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
     for t in measured_trials(study):
         a = t.user_attrs
@@ -122,7 +125,7 @@ def rows_of_study(study, prefix: str = "") -> list[Row]:
         # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
         # that did not measure, so the trial is not called confirmed on fewer figures
         rows[-1].confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)
-                             for d in confirm_dirs(study, t.number)]
+                             for d in confirms.get(t.number, ())]
     # the study keeps a trial's swept keys only: the keys the search held fixed (the model,
     # dataset, image size the report groups by) are those of a trial whose record is there
     fixed = next((r.flat for r in rows if r.record.config), None)

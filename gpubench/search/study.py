@@ -1,73 +1,84 @@
 """The Optuna study of a search: opening it (race-safe, with heartbeats), and what its trials mean.
 
-Everything that touches Optuna's storage lives here, behind public Optuna API: the storage object
-is built by us (`optuna.storages.RDBStorage`), so trial ids are looked up through the storage's
-public methods rather than read from private attributes of Study or Trial.
+Everything that touches Optuna's storage lives here, behind public Optuna API where it has one:
+the storage object is built by us (`optuna.storages.RDBStorage`), so trial ids are looked up
+through the storage's public methods rather than read from private attributes of Study or Trial.
 
-Several workers (processes, machines) may run the same search on one RDB study at once:
+Several workers (processes, machines) may run the same search on one RDB study at once. Optuna
+does the leases: each measured trial beats with Optuna's own heartbeat thread (`heartbeat`);
+`fail_stale` runs Optuna's `fail_stale_trials`, which fails a RUNNING trial whose heartbeat is
+older than `grace_period`, and the storage's `RetryHeartbeatStaleTrialCallback` queues its
+parameters again, for whichever worker asks next; a live worker's trial is never touched. What
+is ours, because Optuna has no such thing (see each): the slot check that keeps all workers
+together at n_trials (`claim_is_within`), failing at once the trial of a process of this host
+that is gone (`fail_stale`), and what counts as measured (`measured_trials`: finished, and
+neither interrupted, nor a duplicate resolved without running, nor a trial that was retried).
 
-- a worker claims a trial (asks one) only while measured + running trials < n_trials, then
-  checks again; a claim past the last slot is given back (see `claim_is_within`);
-- while a worker measures, a thread records the trial's heartbeat every `heartbeat_interval`
-  seconds; a RUNNING trial whose heartbeat is older than `grace_period` belongs to a worker that
-  died (kill -9, a lost machine). `fail_stale` fails it and Optuna's
-  `RetryHeartbeatStaleTrialCallback` queues its parameters again, for whichever worker asks next.
-  A live worker's trial is never touched;
-- a trial counts as measured (`measured_trials`) when it finished and was neither interrupted
-  (Ctrl-C), nor a duplicate resolved without running, nor a stale trial that was retried.
-
-Optuna is imported lazily by the callers' first use: Hydra imports the plugin on every run.
-
-Why one module of this size: every touch of Optuna's storage (creation races, heartbeats,
-claims, retries) is kept behind this one module's public functions.
+The confirm step's rounds are trials of a study of their own (`queue_rounds`), so the same queue,
+heartbeats and retries share them among workers.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import logging
 import math
 import os
 import socket
-import threading
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 
 import optuna
 from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+
+# the thread Study.optimize beats with (optuna/study/_optimize.py, `_run_trial`: `with
+# get_heartbeat_thread(trial._trial_id, study._storage)`); a module Optuna marks private, used
+# because it is what optimize does around an objective, and it works around any block
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
-from gpubench.core.record import Rung, RunRecord, Status
+from gpubench.core.files import retry
+from gpubench.core.record import Rung, Status, process_alive
 from gpubench.core.secrets import mask_secrets
-
-log = logging.getLogger("gpubench.sweep")
 
 # the constraint's name in Optuna: peak memory fraction - memory.ceiling, <= 0 is feasible
 MEMORY = "memory"
-# attempts at creating/loading a study that several workers create at the same moment
+# attempts at creating/loading a storage or a study that several workers create at once
 OPEN_ATTEMPTS = 10
+# the confirm step's study: the search's study name and this
+ROUNDS = "-confirm"
+
+
+@contextmanager
+def _quiet():
+    """Optuna 5 calls heartbeats, fail_stale_trials and the retry callback "experimental" (they
+    are since 2.x), and `ask` outside `optimize` warns that heartbeats are meant for it: we beat
+    around each measurement ourselves (`heartbeat`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", "Heartbeat of storage")
+        yield
+
+
+with _quiet():
+    # Optuna's re-queueing of a failed trial (parameters, attributes, `retry_history`): for a
+    # stale one (the storage's callback) and for one given up on Ctrl-C (`abandon`) alike
+    RETRY = RetryHeartbeatStaleTrialCallback()
 
 
 @dataclass
 class Shared:
-    """A study with the storage object it was opened on (None: in memory, one process)."""
+    """A study with the storage object it was opened on (in memory: one process)."""
 
     study: optuna.Study
     # built here and handed to create_study, so its public methods reach trials by id
     storage: RDBStorage | InMemoryStorage
-    heartbeat_interval: int | None
 
     @property
-    def grace_s(self) -> float | None:
-        """Seconds without a beat after which a worker's trial (or confirm claim) is taken for
-        abandoned; None without heartbeats."""
-        if not self.heartbeat_interval:
-            return None
-        return self.storage.grace_period or 2 * self.heartbeat_interval
+    def beating(self) -> bool:
+        """Heartbeats on (every RDB storage here: hydra.sweeper.heartbeat_interval >= 1)."""
+        return isinstance(self.storage, RDBStorage) and bool(self.storage.heartbeat_interval)
 
     def trial_id(self, number: int) -> int:
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
@@ -84,54 +95,47 @@ def make_sampler(name: str, seed: int | None, n_startup_trials: int):
 
 def open_storage(url: str, heartbeat_interval: int | None, grace_period: int | None):
     """An RDB storage with heartbeats on. Several workers creating a fresh database at once
-    can collide on its tables: a later attempt finds them made."""
-    last: Exception | None = None
-    for attempt in range(OPEN_ATTEMPTS):
-        try:
-            # heartbeats and the retry callback are "experimental" in Optuna 5 (since 2.x)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                if not heartbeat_interval:
-                    return RDBStorage(url)
-                # the callback that re-queues a stale trial's parameters is the one of the
-                # installed Optuna: RetryHeartbeatStaleTrialCallback (RetryFailedTrialCallback
-                # before 4.9, deprecated since)
-                return RDBStorage(
-                    url, heartbeat_interval=int(heartbeat_interval), grace_period=grace_period,
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback())
-        except Exception as e:  # sqlalchemy IntegrityError/ProgrammingError while racing
-            last = e
-            time.sleep(0.2 * (attempt + 1))
-    raise RuntimeError(mask_secrets(f"storage {url} could not be opened: {last}")) from last
+    can collide on its tables (sqlalchemy IntegrityError, ProgrammingError): a later attempt
+    finds them made."""
+    def make() -> RDBStorage:
+        with _quiet():
+            return RDBStorage(url, heartbeat_interval=heartbeat_interval,
+                              grace_period=grace_period, heartbeat_stale_trial_callback=RETRY)
+    try:
+        return retry(make, OPEN_ATTEMPTS, 0.2)
+    except Exception as e:  # the URL may carry a password
+        raise RuntimeError(mask_secrets(f"storage {url} could not be opened: {e}")) from e
 
 
 def open_study(name: str, url: str | None, heartbeat_interval: int | None = None,
                grace_period: int | None = None) -> Shared:
-    """Create the study or load it. `create_study(load_if_exists=True)` run by several workers at
-    once can fail in all but one with an integrity error (the name is unique): load it then."""
+    """Create the study or load it."""
     storage = open_storage(url, heartbeat_interval, grace_period) if url else InMemoryStorage()
-    last: Exception | None = None
-    for attempt in range(OPEN_ATTEMPTS):
-        try:
-            study = optuna.create_study(
-                storage=storage, study_name=name, direction="maximize", load_if_exists=True,
-                # the screen's cut is screen_passes(), not an Optuna pruner
-                pruner=optuna.pruners.NopPruner(),
-            )
-            return Shared(study, storage, heartbeat_interval if url else None)
-        except (optuna.exceptions.DuplicatedStudyError, optuna.exceptions.StorageInternalError,
-                KeyError) as e:
-            last = e  # another worker created it between our lookup and our insert
-            time.sleep(0.1 * (attempt + 1))
-    raise RuntimeError(f"study {name!r} could neither be created nor loaded: {last}") from last
+    return _open(name, storage)
 
 
-def ask(study, distributions):
-    """A trial with its parameters. Optuna warns that heartbeats are meant for `optimize`; we
-    record them ourselves around each measurement (`heartbeat`), so the warning is moot."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return study.ask(distributions)
+def _open(name: str, storage) -> Shared:
+    """`create_study(load_if_exists=True)` run by several workers at once can fail in all but
+    one (the name is unique: another worker created it between our lookup and our insert):
+    load it then."""
+    def make() -> Shared:
+        return Shared(optuna.create_study(
+            storage=storage, study_name=name, direction="maximize", load_if_exists=True,
+            pruner=optuna.pruners.NopPruner()), storage)  # the screen's cut: screen_passes()
+    return retry(make, OPEN_ATTEMPTS, 0.1, (optuna.exceptions.DuplicatedStudyError,
+                                            optuna.exceptions.StorageInternalError, KeyError))
+
+
+def ask(shared: Shared, distributions):
+    """A trial with its parameters, claimed by this process (attr `worker`), with one beat at
+    once: Optuna's stale check passes over a trial that never beat, so a worker killed before
+    its heartbeat thread starts would leave it RUNNING for good."""
+    with _quiet():
+        t = shared.study.ask(distributions)
+    if shared.beating:
+        shared.storage.record_heartbeat(shared.trial_id(t.number))
+    set_attr(t, "worker", claimed_by(t.number))
+    return t
 
 
 # ---------------------------------------------------------------------- trial sets
@@ -155,7 +159,8 @@ def describe(params: dict) -> str:
 
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
-    """Numbers of stale trials whose parameters were queued again by the retry callback."""
+    """Numbers of failed trials whose parameters Optuna's retry callback queued again (stale,
+    or given up on Ctrl-C): each retry's `retry_history`."""
     out: set[int] = set()
     for t in trials:
         out.update(t.system_attrs.get("retry_history", ()))
@@ -164,7 +169,7 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
 
 def measured_trials(study) -> list[FrozenTrial]:
     """Finished trials that count toward n_trials: not interrupted, not a duplicate, not a
-    stale trial that another worker retries."""
+    trial that was retried."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     return [
@@ -193,8 +198,8 @@ def wait_for_running(study, numbers: set[int], timeout_s: float, look_s: float =
 
 
 def claimed_by(number: int) -> str:
-    """host:pid:trial of this sweep process for a trial it claims (attr `worker`). The trial
-    number is part of it because Optuna's retry callback copies a stale trial's attributes onto
+    """host:pid:trial of this sweep process for a trial it asked (attr `worker`). The trial
+    number is part of it because Optuna's retry callback copies a failed trial's attributes onto
     its retry: a copied value names another trial and is ignored."""
     return f"{socket.gethostname()}:{os.getpid()}:{number}"
 
@@ -206,54 +211,38 @@ def worker_pid(t: FrozenTrial) -> int | None:
     return int(parts[1])
 
 
-def _worker_gone(t: FrozenTrial, grace_s: float) -> bool:
-    """The claiming process is known dead: same host, no such pid (the run record's rule). A
-    trial no worker claimed (its process died between asking and claiming, or an older
-    gpubench left it; a retry still carries its stale original's claim) has no heartbeat either, which Optuna never calls stale: it is taken for
-    dead once it has been RUNNING for the grace period."""
-    pid = worker_pid(t)
-    if pid is None:
-        if t.datetime_start is None:
-            return False
-        return (datetime.now() - t.datetime_start).total_seconds() > grace_s
-    return _process_gone(str(t.user_attrs["worker"]).rsplit(":", 2)[0], pid)
-
-
-def _process_gone(host: str, pid: int) -> bool:
-    """Known dead: a process of this host that no longer exists (the run record's rule; a
-    process on another host cannot be checked from here)."""
-    return RunRecord(status=Status.running, pid=pid, host=host).stale
-
-
 def fail_stale(shared: Shared) -> int:
-    """Fail trials whose worker is gone and queue them again (the storage's retry callback):
-    those whose heartbeat is older than the grace period, and at once those claimed by a
-    process of this host that no longer exists (a resume right after kill -9 need not wait out
-    the grace period). Returns how many RUNNING trials were failed. No-op without heartbeats."""
-    if not shared.heartbeat_interval:
+    """Fail the trials of workers that are gone and queue them again (RETRY, the storage's
+    callback). Optuna's `fail_stale_trials` takes those whose heartbeat is older than the grace
+    period. It knows only time, so a trial whose worker was a process of this host that no
+    longer exists is failed here first, at once: a resume right after kill -9 need not wait out
+    the grace period (60 s by default). Returns how many RUNNING trials were failed. No-op
+    without heartbeats (in memory: one process)."""
+    if not shared.beating:
         return 0
     study, storage = shared.study, shared.storage
-    grace = shared.grace_s
     before = {t.number for t in running_trials(study)}
     for t in running_trials(study):
-        if not _worker_gone(t, grace):
+        pid = worker_pid(t)
+        if pid is None or process_alive(t.user_attrs["worker"].rsplit(":", 2)[0], pid) is not False:
             continue
         tid = shared.trial_id(t.number)
         try:
-            if not storage.set_trial_state_values(tid, TrialState.FAIL):
-                continue
+            if storage.set_trial_state_values(tid, TrialState.FAIL):
+                RETRY(study, storage.get_trial(tid))  # as fail_stale_trials does with its own
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker was first
             continue
-        # the same callback Optuna's fail_stale_trials runs on a stale trial
-        storage.get_heartbeat_stale_trial_callback()(study, copy.deepcopy(storage.get_trial(tid)))
-    with warnings.catch_warnings():  # fail_stale_trials is "experimental" in Optuna 5
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with _quiet():
         optuna.storages.fail_stale_trials(study)
     return len(before - {t.number for t in running_trials(study)})
 
 
 def claim_is_within(study, number: int, n_trials: int) -> bool:
     """After asking trial `number`: is it one of the first n_trials - measured running trials?
+    Optuna's own limit cannot say: `MaxTrialsCallback(n, states)` counts trials in those states
+    after one ends and calls `study.stop()`, which only ends `optimize`; it neither sees the
+    trials other workers are measuring (each worker would take one more: up to workers - 1 over
+    n) nor tells interrupted, duplicate and retried trials from measured ones.
     Two workers may both see a free slot and ask at once; both then see each other's RUNNING
     trial here, and the later-numbered one gives its claim back. The only overshoot left is two
     claims whose own check runs before the other's claim is stored (milliseconds apart): at
@@ -264,66 +253,34 @@ def claim_is_within(study, number: int, n_trials: int) -> bool:
 
 
 def abandon(shared: Shared, number: int, requeue: bool | None = False) -> bool:
-    """End a RUNNING trial as FAIL, marked `interrupted` so it does not count as measured;
-    with `requeue`, its parameters are queued again (attr `retry_of`); with None, only when it
-    came from the queue (a retry or an enqueued point: losing it would lose that point).
-    False if it was not RUNNING."""
-    s = shared.storage
-    tid = shared.trial_id(number)
-    t = s.get_trial(tid)
+    """End a RUNNING trial as FAIL, marked `interrupted` so it does not count as measured; with
+    `requeue`, Optuna's retry callback queues its parameters and attributes again (the retry's
+    `retry_history` names this trial); with None, only when it came from the queue (a retry or
+    an enqueued point: losing it would lose that point). False if it was not RUNNING."""
+    s, tid = shared.storage, shared.trial_id(number)
+    t = s.get_trial(tid)  # as it was asked: its retry must not inherit `interrupted`
     if t.state != TrialState.RUNNING:
         return False
-    s.set_trial_user_attr(tid, "interrupted", True)
     try:
+        s.set_trial_user_attr(tid, "interrupted", True)
         s.set_trial_state_values(tid, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale meanwhile
         return False
-    if requeue is None:
-        requeue = bool({"fixed_params", "failed_trial"} & set(t.system_attrs)
-                       or "retry_of" in t.user_attrs)
-    if requeue:
-        shared.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+    if requeue or (requeue is None and {"fixed_params", "failed_trial"} & set(t.system_attrs)):
+        RETRY(shared.study, t)
     return True
 
 
 @contextmanager
 def heartbeat(shared: Shared, numbers: list[int]):
-    """Beat for these trials while the block runs (a daemon thread: a process that dies stops
-    beating, which is the point)."""
-    if not shared.heartbeat_interval or not numbers:
+    """Optuna's heartbeat thread for each of these trials while the block runs (a no-op without
+    heartbeats). As in `optimize`, a beat the database refuses ends that thread: the trial then
+    goes stale after grace_period, which is why grace_period must stay above a database's worst
+    pause (docs/scaling.md)."""
+    with ExitStack() as beating:
+        for n in numbers:
+            beating.enter_context(get_heartbeat_thread(shared.trial_id(n), shared.storage))
         yield
-        return
-    ids = [shared.trial_id(n) for n in numbers]
-
-    def beat() -> None:
-        for tid in ids:
-            shared.storage.record_heartbeat(tid)
-
-    beat()  # the first beat before any work, so the trial is never beat-less
-    with _every(shared.heartbeat_interval, beat, "gpubench-heartbeat"):
-        yield
-
-
-@contextmanager
-def _every(interval: float, fn, name: str):
-    """Call fn every `interval` seconds while the block runs, from a daemon thread: a process
-    that dies stops calling it, which is the point of a heartbeat."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(interval):
-            try:
-                fn()
-            except Exception as e:  # a blip of the database: the next beat may pass
-                log.debug("%s: beat not recorded: %s", name, e)
-
-    th = threading.Thread(target=loop, name=name, daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join()
 
 
 # ---------------------------------------------------------------------- screen, duplicates
@@ -409,88 +366,37 @@ def record(trial, rec, rung: Rung) -> None:
         set_attr(trial, "error", str(rec.error)[:1000])
 
 
-# The confirm step's measurements, as study user attrs (Optuna refuses attributes on a finished
-# trial, and confirmations run after their trial was told): one key per job,
-# confirm_dir:<trial>:<round>:<worker>, never a list read and written back, and never a key two
-# workers could both write (either would lose a folder); and the claim of a round by the worker
-# measuring it, confirm_claim:<trial>:<round> = {"by": host:pid, "at": unix time of its last beat}.
-CONFIRM_ATTR = "confirm_dir:{}:{}:{}"
-CONFIRM_CLAIM = "confirm_claim:{}:{}"
-OLD_CONFIRM_ATTR = "confirm_dirs:{}"  # a list, as gpubench 0.1 kept it: still read on resume
+# ---------------------------------------------------------------------- the confirm step
 
 
-def confirm_dirs(study, number: int) -> list[str]:
-    """Trial `number`'s confirm folders, in round order (a round two workers both measured
-    gives two)."""
-    attrs = study.user_attrs
-    prefix = f"confirm_dir:{number}:"
-    keyed = sorted((int(k.split(":")[2]), k, v) for k, v in attrs.items() if k.startswith(prefix))
-    return [*attrs.get(OLD_CONFIRM_ATTR.format(number), []), *(v for _, _, v in keyed)]
+def queue_rounds(shared: Shared, top: list[FrozenTrial], rounds: int) -> Shared:
+    """The confirm step's study (`<study>-confirm`, same storage), its rounds queued: each of
+    `top`'s parameters `rounds` times, interleaved (A, B, C, A, B, C), as trials with attrs
+    `confirm_of` (the trial's number) and `round`. Optuna's queue then hands each round to one
+    worker, its heartbeats and retries give a dead worker's round to the next, and a resume
+    finds them queued or measured. A study of its own: the search's `ask` never takes a round,
+    and a round is no trial of the search (not counted, not learnt from). A round already in the
+    study is not queued again (`enqueue_trial(skip_if_exists=True)` cannot tell rounds apart:
+    they share their parameters); of two workers queueing the same round in the same
+    milliseconds both may stay, and both measurements are pooled."""
+    c = _open(shared.study.study_name + ROUNDS, shared.storage)
+    for rnd in range(rounds):
+        for t in top:
+            if not any(r.user_attrs.get("confirm_of") == t.number and r.user_attrs.get("round")
+                       == rnd for r in c.study.get_trials(deepcopy=False)):
+                c.study.enqueue_trial(t.params, user_attrs={"confirm_of": t.number, "round": rnd})
+    return c
 
 
-def confirm_done(study, number: int, rnd: int) -> bool:
-    attrs = study.user_attrs
-    return (len(attrs.get(OLD_CONFIRM_ATTR.format(number), [])) > rnd
-            or any(k.startswith(f"confirm_dir:{number}:{rnd}:") for k in attrs))
-
-
-def add_confirm_dir(study, number: int, rnd: int, run_dir, me: str | None = None) -> None:
-    set_attr(study, CONFIRM_ATTR.format(number, rnd, me or this_worker()), str(run_dir))
-
-
-def this_worker() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _claim_gone(holder: object, grace_s: float | None) -> bool:
-    """A claim whose worker is known dead (this host, no such pid) or, with heartbeats, has not
-    beaten for the grace period (a worker on another host, or one stopped without a word)."""
-    if not isinstance(holder, dict) or not holder.get("by"):
-        return True  # released (Ctrl-C), or not a claim at all
-    host, _, pid = str(holder["by"]).rpartition(":")
-    if pid.isdigit() and _process_gone(host, int(pid)):
-        return True
-    return grace_s is not None and time.time() - float(holder.get("at") or 0) > grace_s
-
-
-def claim_confirm(shared: Shared, number: int, rnd: int, me: str | None = None) -> bool:
-    """Take round `rnd` of trial `number`'s confirmation for this worker. False when it is
-    measured already (a resume) or claimed by another worker that is alive (see _claim_gone):
-    several workers reaching the confirm step together share its rounds instead of each
-    measuring all of them. The claim is written, then read back: of two workers claiming at
-    once, the later write wins and only its worker sees itself there. The one overlap left, a
-    claim written after the other's read-back (milliseconds), measures a round twice; both
-    measurements are kept (one key per job) and pooled."""
-    study, me = shared.study, me or this_worker()
-    if confirm_done(study, number, rnd):
-        return False
-    key = CONFIRM_CLAIM.format(number, rnd)
-    holder = study.user_attrs.get(key)
-    if isinstance(holder, dict) and holder.get("by") != me and not _claim_gone(holder, shared.grace_s):
-        return False
-    set_attr(study, key, {"by": me, "at": time.time()})
-    return (study.user_attrs.get(key) or {}).get("by") == me
-
-
-@contextmanager
-def holding_claim(shared: Shared, number: int, rnd: int, me: str | None = None):
-    """While this worker measures a claimed round: the claim beats with the trials' heartbeat
-    interval (so a worker that dies, on any host, loses it after the grace period), and is
-    given back at once when the measurement is interrupted (Ctrl-C: the next worker or a
-    resume takes it without waiting)."""
-    study, me = shared.study, me or this_worker()
-    key = CONFIRM_CLAIM.format(number, rnd)
+def confirm_dirs(study_name: str, storage) -> dict[int, list[str]]:
+    """Each confirmed trial's confirm folders, in round order (a round two workers both measured
+    gives two): the measured rounds of `<study_name>-confirm` in `storage` (a URL or the storage
+    object), none when it does not exist."""
     try:
-        if shared.heartbeat_interval:
-            with _every(shared.heartbeat_interval,
-                        lambda: set_attr(study, key, {"by": me, "at": time.time()}),
-                        "gpubench-confirm-claim"):
-                yield
-        else:
-            yield
-    except BaseException:
-        try:
-            set_attr(study, key, None)
-        except Exception as e:  # the claim then goes stale instead
-            log.debug("confirm claim not given back: %s", e)
-        raise
+        rounds = optuna.load_study(study_name=study_name + ROUNDS, storage=storage)
+    except KeyError:  # no confirm step ran
+        return {}
+    out: dict[int, list[str]] = {}
+    for r in sorted(measured_trials(rounds), key=lambda r: (r.user_attrs["round"], r.number)):
+        out.setdefault(r.user_attrs["confirm_of"], []).append(r.user_attrs["dir"])
+    return out

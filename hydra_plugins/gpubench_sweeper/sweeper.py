@@ -4,7 +4,7 @@ Hydra builds it from `GpubenchSweeperConf` (config.py); `sweep()` checks the set
 study and hands over to the library, which launches every trial as an ordinary Hydra job through
 the configured launcher (so callbacks such as the MLflow one see it as a child run) and reads its
 results.json through gpubench.core.record. What a sweep does per trial, on resume, and with several
-workers on one study is written in gpubench/search.py and gpubench/study.py.
+workers on one study is written in gpubench/search/loop.py and gpubench/search/study.py.
 
 Imported by Hydra's plugin scan on every run: Optuna and SQLAlchemy load only when a sweep starts.
 """
