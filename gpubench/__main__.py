@@ -13,11 +13,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from gpubench.cli.errors import Exit, one_line_errors
-from gpubench.cli.gate import hold_stderr, release_stderr
+from gpubench.cli.errors import Exit, JobFailed, one_line_errors
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.exits import ExitCode, quiet_broken_pipe
+from gpubench.core.record import Status
 
 
 def _multirun() -> bool:
@@ -29,11 +29,12 @@ def _multirun() -> bool:
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="bench")
 def main(cfg: DictConfig) -> float:
-    release_stderr()
     try:
         return _job(cfg)
-    finally:
-        hold_stderr()
+    except Exception as e:
+        if _multirun():  # the sweeper counts a failed job (gpubench.search.jobs)
+            raise
+        raise JobFailed from e  # one line, from gpubench.cli.errors
 
 
 def _job(cfg: DictConfig) -> float:
@@ -53,9 +54,9 @@ def _job(cfg: DictConfig) -> float:
         print(f"gpubench: error: {e}", file=sys.stderr)
         return 0.0
     _settle()
-    if result.status in ("oom", "failed") and not _multirun():
+    if result.status in (Status.oom, Status.failed) and not _multirun():
         raise Exit(ExitCode.FAILED)
-    if result.status == "over_ceiling" and not _multirun():  # a sweep's trial: finished
+    if result.status is Status.over_ceiling and not _multirun():  # a sweep's trial: finished
         raise Exit(ExitCode.OVER_CEILING)
     if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
         raise Exit(ExitCode.NOT_TRACKED)

@@ -156,7 +156,7 @@ def errors_text() -> str:
             settings.check_resources(s)
             lines.append(f"{' '.join(ov)}\n  -> accepted")
         except Exception as e:  # noqa: BLE001 - every error is a golden line
-            msg, code = errors.describe(e)
+            msg, code = errors.describe(e, ov)
             lines.append(f"{' '.join(ov)}\n  -> {int(code)} {msg}")
     return "\n".join(lines) + "\n"
 

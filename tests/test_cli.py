@@ -1,11 +1,15 @@
-"""The real command line: `python -m gpubench` in a subprocess, from a fresh directory."""
+"""The real command line: `python -m gpubench` in a subprocess, from a fresh directory; its
+error layer in this process, through Hydra's own main."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,16 +85,71 @@ def test_mistyped_key_names_the_close_key(compose_cfg):
              "(close: channels_last); +chanels_last=... adds a new one")):
         with pytest.raises(Exception) as err:
             compose_cfg(override)
-        assert describe(err.value) == (line, 2)
+        assert describe(err.value, [override]) == (line, 2)
 
 
-@pytest.mark.slow
-def test_cli_mistyped_key_in_a_single_run_suggests_the_close_key(tmp_path):
-    proc = run_cli(*TINY, "loader.batchsize=32", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "gpubench: error: loader.batchsize=32 is not allowed: a key of the config (close: "
-        "loader.batch_size); +loader.batchsize=... adds a new one"]
+@pytest.fixture
+def sigterm_kept():
+    """one_line_errors installs gpubench's SIGTERM handler: this process gets its own back."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key of the config (close: "
+     "loader.batch_size); +loader.batchsize=... adds a new one"),
+    (["lodaer.batch_size=3"], "lodaer.batch_size=3 is not allowed: a key of the config (close: "
+     "loader.batch_size); +lodaer.batch_size=... adds a new one"),
+    (["precision=fp64"],
+     "precision=fp64 is not allowed: one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
+    (["--bogus"], "unrecognized arguments: --bogus (see gpubench --help)"),
+])
+def test_hydras_main_fails_in_one_line(monkeypatch, tmp_path, capsys, sigterm_kept, argv, line):
+    """Hydra's own main, in this process: it raises what it caught (HYDRA_FULL_ERROR=1 inside
+    the error layer only), argparse's error is raised too, and stderr holds the one line."""
+    from gpubench.__main__ import main
+    from gpubench.cli.errors import one_line_errors
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["gpubench", *TINY, *argv])
+    with pytest.raises(SystemExit) as done, one_line_errors():
+        main()
+    assert done.value.code == 2 and capsys.readouterr().err == f"gpubench: error: {line}\n"
+    assert "HYDRA_FULL_ERROR" not in os.environ and not list(tmp_path.iterdir())
+
+
+def test_the_error_layer_unwraps_a_job_and_passes_exits_through(monkeypatch, capsys,
+                                                                sigterm_kept):
+    from gpubench.cli.errors import JobFailed, one_line_errors, overrides
+    from gpubench.config.errors import ConfigError
+
+    monkeypatch.setattr(sys, "argv", ["gpubench"])  # the layer reads the command line
+
+    def ended(raise_it) -> tuple[object, str]:
+        with pytest.raises(BaseException) as done, one_line_errors():
+            raise_it()
+        return getattr(done.value, "code", done.value), capsys.readouterr().err
+
+    def job():  # a single run's bad input, carried past Hydra's run_job
+        raise JobFailed from ConfigError("loader.batch_size", 0, "an integer in [1, 65536]")
+
+    def explained():  # raise ... from None after printing: the line is printed already
+        print("gpubench: error: range(8,4,1) is empty", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    def reader_gone():
+        raise JobFailed from BrokenPipeError()
+
+    assert ended(job) == (2, "gpubench: error: loader.batch_size=0 is not allowed: an integer "
+                             "in [1, 65536]\n")
+    assert ended(explained) == (2, "gpubench: error: range(8,4,1) is empty\n")
+    code, err = ended(reader_gone)  # quiet_broken_pipe's to end: no line
+    assert isinstance(code, BrokenPipeError) and err == ""
+    assert overrides(["-m", "a=1", "b=2"]) == ["a=1", "b=2"]
+    with pytest.raises(argparse.ArgumentError, match="unrecognized arguments: --x"):
+        overrides(["--x"])
 
 
 @pytest.mark.slow

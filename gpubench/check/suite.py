@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> 
     except ConfigError as e:
         return _error(str(e), ExitCode.BAD_INPUT)
     except Exception as e:  # Hydra's and OmegaConf's errors of composing: one line, as the CLI's
-        line, code = describe(e)
+        line, code = describe(e, args)
         if code != ExitCode.BAD_INPUT:
             raise
         return _error(line, code)

@@ -1,12 +1,11 @@
 """The command line's error layer: every error that ends `gpubench` is one line on stderr.
 
-Hydra reports a failure over several lines (a trimmed traceback, or a composition report plus a
-hint about HYDRA_FULL_ERROR) and exits 1; argparse prints its usage line before its reason. While
-Hydra composes the config and between jobs, stderr is held back (gpubench.cli.gate); a job's own
-output goes straight through. When the command fails, the held report is dropped and one line is
-printed instead, built from the exception Hydra caught (gpubench.cli.messages) or from argparse's
-reason. With HYDRA_FULL_ERROR=1 nothing is held back and tracebacks show. Ctrl-C and SIGTERM end
-the command with one line too (gpubench.cli.signals).
+Hydra runs with HYDRA_FULL_ERROR=1, its own switch for raising what it caught instead of
+printing a multi-line report (hydra/_internal/utils.py run_and_report); the command line is
+parsed first by Hydra's own parser, its error raised instead of printed after the usage. The
+exception becomes one line (gpubench.cli.messages). HYDRA_FULL_ERROR=1 set by the user catches
+nothing: tracebacks show. Ctrl-C and SIGTERM end the command with one line too
+(gpubench.cli.signals).
 """
 
 from __future__ import annotations
@@ -16,11 +15,14 @@ import os
 import sys
 from contextlib import contextmanager
 
-from gpubench.cli.gate import Gate, before_report, stderr
-from gpubench.cli.messages import describe, held_line
+from hydra._internal.utils import get_args_parser
+
+from gpubench.cli.messages import describe
 from gpubench.cli.signals import install_sigterm, interrupted_line
 from gpubench.config.errors import ConfigError
 from gpubench.core.exits import ExitCode
+
+FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
 class Exit(SystemExit):
@@ -30,59 +32,55 @@ class Exit(SystemExit):
         super().__init__(code)
 
 
-def _cause(e: SystemExit) -> BaseException | None:
-    """The exception a SystemExit reports: bad input carried out of a Hydra callback is its code
-    (a ConfigError); Hydra's run_and_report calls sys.exit(1) inside its `except`, so the
-    exception it caught is the SystemExit's __context__; argparse exits after printing (no
-    exception to read)."""
-    if isinstance(e.code, ConfigError):
-        return e.code
-    cause = e.__context__
-    if isinstance(cause, (SystemExit, KeyboardInterrupt, argparse.ArgumentError)):
-        return None
-    return cause
+class JobFailed(BaseException):
+    """A single run's exception (its __cause__), carried past Hydra's run_job: as an Exception,
+    Hydra would keep it and print "Error executing job" before raising it again."""
+
+
+def overrides(argv: list[str] | None = None) -> list[str]:
+    """The command's overrides, as Hydra's own parser reads the command line; a flag it does not
+    know raises argparse.ArgumentError instead of printing the usage and exiting."""
+    parser = get_args_parser()
+
+    def error(message: str):
+        raise argparse.ArgumentError(None, message)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser.parse_args(argv).overrides
 
 
 @contextmanager
 def one_line_errors():
     """Around the whole command: one line for any error (see the module docstring)."""
     install_sigterm()
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    if os.environ.get(FULL_ERROR) == "1":
         yield
         return
-    real = sys.stderr
-    stderr.gate = sys.stderr = Gate(real)
+    given: list[str] = []
+    before, os.environ[FULL_ERROR] = os.environ.get(FULL_ERROR), "1"
     try:
+        given = overrides()
         yield
-    except Exit:
-        raise
     except KeyboardInterrupt as e:
-        stderr.release()
         line, code = interrupted_line(e)
-        print(line, file=real)
+        print(line, file=sys.stderr)
         raise SystemExit(code) from None
     except SystemExit as e:
-        if e.code in (ExitCode.OK, None):
+        if not isinstance(e.code, ConfigError):  # an exit code, or Python's, passed through
             raise
-        if e.__suppress_context__ and not isinstance(e.code, ConfigError):
-            # `raise SystemExit(...) from None`: whoever exited has said why already
-            raise
-        cause, held = _cause(e), stderr.held()
-        if isinstance(cause, BrokenPipeError):
-            # the reader of stdout went away (`| head`): no line, no report; the entry's
+        # bad input carried out of a Hydra callback (gpubench.config.prechecks.InputCheck)
+        print(f"gpubench: error: {e.code}", file=sys.stderr)
+        raise SystemExit(ExitCode.BAD_INPUT) from None
+    except (Exception, JobFailed) as e:
+        ex = e.__cause__ if isinstance(e, JobFailed) else e
+        if isinstance(ex, BrokenPipeError):
+            # the reader of stdout went away (`| head`): no line; the entry's
             # quiet_broken_pipe ends the command with BROKEN_PIPE
-            stderr.release(keep=before_report(held, cause))
-            raise cause from None
-        if cause is None and not held.strip():
-            raise
-        if cause is not None:
-            line, code = describe(cause)
-        else:
-            line, code = held_line(held), ExitCode.BAD_INPUT
-        stderr.release(keep=before_report(held, cause))
-        print(f"gpubench: error: {line}", file=real)
+            raise ex from None
+        line, code = describe(ex, given)
+        print(f"gpubench: error: {line}", file=sys.stderr)
         raise SystemExit(code) from None
     finally:
-        stderr.release()
-        sys.stderr = real
-        stderr.gate = None
+        os.environ.pop(FULL_ERROR)
+        if before is not None:
+            os.environ[FULL_ERROR] = before

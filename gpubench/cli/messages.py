@@ -2,20 +2,22 @@
 
 Hydra and OmegaConf raise typed exceptions whose attributes carry what the line needs: a config
 group that has no such option (MissingConfigException: `missing_cfg_file`, `options`), a value
-of the wrong type (ValidationError: `full_key`, `value`, and the node it was meant for). Those
-are read, not their message text; the message is printed as it is only where no attribute says
-more (its first line).
+of the wrong type (ValidationError: `full_key`, `value`, and the node it was meant for), an
+override the parser refused (OverrideParseException: `override`). Those are read, not their
+message text; a message is printed only where no attribute says more (its first line). The
+command's own overrides name the value of a key the config lacks (Hydra's exception does not).
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
-import re
 import typing
+from collections.abc import Sequence
 from enum import Enum
 
 from antlr4.error.Errors import LexerNoViableAltException
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import (
     ConfigCompositionException,
     HydraException,
@@ -41,8 +43,6 @@ from gpubench.core.files import WriteError
 # what a value must be, by the type it was meant for
 _KINDS: dict[type, str] = {int: "an integer", float: "a number", bool: "true or false"}
 _NODE_TYPES: dict[type, type] = {IntegerNode: int, FloatNode: float, BooleanNode: bool}
-# lines of Hydra's report that never explain the error: the override wrapper, the search path
-_NOT_THE_REASON = ("Set the environment", "Config search path", "Error merging")
 
 
 def root_cause(ex: BaseException) -> BaseException:
@@ -58,6 +58,12 @@ def root_cause(ex: BaseException) -> BaseException:
 def flat(text: str) -> str:
     """A message of several lines as one."""
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def first_line(ex: BaseException) -> str:
+    """An exception's reason: the first line of its message (OmegaConf's next lines are the key
+    and the node's type; Hydra's, the search path)."""
+    return next((ln.strip() for ln in str(ex).splitlines() if ln.strip()), type(ex).__name__)
 
 
 def _expected_type(bad: ValidationError) -> type | None:
@@ -82,37 +88,19 @@ def _allowed(t: type | None) -> str | None:
     return _KINDS.get(t) if t is not None else None
 
 
-def _first_line(*reports: str) -> str:
-    """The first line of Hydra's report that says what went wrong."""
-    text = "\n".join(reports)
-    for ln in text.splitlines():
-        if ln.strip() and not ln.startswith((" ", "\t")) and not ln.startswith(_NOT_THE_REASON):
-            return ln.strip()
-    return text.strip()
-
-
-def _applied_override(ex: BaseException) -> Override | None:
-    """The override Hydra was applying when `ex` was raised. Hydra's exception for a key the
-    config lacks carries neither the override's full key nor its value (its cause names the
-    first missing part only: `lodaer` of `lodaer.batch_size=3`); the Override object it was
-    applying is a local of the frame that raised, the innermost one that holds one."""
-    found, tb = None, ex.__traceback__
-    while tb is not None:
-        found = next((v for v in tb.tb_frame.f_locals.values() if isinstance(v, Override)),
-                     found)
-        tb = tb.tb_next
-    return found
-
-
-def missing_key_line(ex: ConfigCompositionException) -> str | None:
+def missing_key_line(ex: ConfigCompositionException, overrides: Sequence[str] = ()) -> str | None:
     """An override of a key the config does not have (`loader.batchsize=32`), as the multirun
     check says it (gpubench.config.prechecks): the key, the value, the close keys, and how to
     add a new one; None for any other composition error."""
     cause = ex.__cause__
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
-    o = _applied_override(ex)
-    key = o.key_or_group if o is not None else cause.full_key
+    # the cause names the missing key, or its first missing part only (`lodaer` of
+    # `lodaer.batch_size=3`): the override applied is the command's first that names it
+    missing = cause.full_key
+    o = next((o for o in OverridesParser.create().parse_overrides(list(overrides))
+              if o.key_or_group == missing or o.key_or_group.startswith(f"{missing}.")), None)
+    key = o.key_or_group if o is not None else missing
     # the whole config, as far as it was composed: the missing key's parent leads to its root
     root = cause.parent_node._get_root() if cause.parent_node is not None else None
     known = _keys(root, skip=("hydra",)) if root is not None else [k.name for k in KEYS]
@@ -123,14 +111,14 @@ def missing_key_line(ex: ConfigCompositionException) -> str | None:
     return f"{key}{typed} is not allowed: a key of the config{hint}; +{key}=... adds a new one"
 
 
-def hydra_line(ex: HydraException | OmegaConfBaseException) -> str:
+def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = ()) -> str:
     """One line for an error of composing the config (a bad override, a missing option)."""
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
         return f"{group}={value} is not allowed: one of {', '.join(ex.options)}"
     if isinstance(ex, ConfigCompositionException):
-        line = missing_key_line(ex)
+        line = missing_key_line(ex, overrides)
         if line is not None:
             return line
     # Hydra wraps OmegaConf's error of merging an override: the key and value are the cause's
@@ -141,7 +129,7 @@ def hydra_line(ex: HydraException | OmegaConfBaseException) -> str:
         allowed = _allowed(_expected_type(bad))
         if allowed:
             return f"{key}={bad.value} is not allowed: {allowed}"
-    line = _first_line(str(ex), *([str(cause)] if cause is not None else []))
+    line = first_line(bad if bad is not None else ex)
     return f"{key}: {line}" if key else line
 
 
@@ -154,15 +142,15 @@ def override_line(ex: OverrideParseException) -> str:
     key = key.strip().lstrip("+~")
     if not eq:
         return f"{text!r} is not allowed: an override key=value in Hydra's syntax ({UNQUOTED})"
-    # a character the lexer does not take: Hydra raises this from None and keeps the lexer
-    # error's type only as the first word of its message
-    lexer = str(ex.message).startswith(LexerNoViableAltException.__name__)
+    # Hydra raises this from None over the parser's own HydraException (its reason), raised
+    # while the lexer's error was handled for a character the lexer does not take
+    # (hydra/core/override_parser/overrides_parser.py parse_overrides, HydraErrorListener)
+    reason = ex.__context__
+    lexer = isinstance(getattr(reason, "__context__", None), LexerNoViableAltException)
     syntax = UNQUOTED if lexer else "choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}"
     line = f"{key}={value!r} is not allowed: a value in Hydra's override syntax ({syntax})"
-    if not lexer:  # Hydra's reason (a type a function refused, a missing bracket) says more
-        reason = [ln.strip() for ln in str(ex.message).splitlines()
-                  if ln.strip() and not ln.startswith(("See https", "Error parsing override"))]
-        line += f" (Hydra: {'; '.join(reason)[:200]})" if reason else ""
+    if not lexer and reason is not None:  # a type a function refused, a missing bracket
+        line += f" (Hydra: {flat(str(reason))[:200]})"
     if key == "model.name":
         names = known_models()
         close = difflib.get_close_matches(value, names, n=6, cutoff=0.6)
@@ -171,29 +159,18 @@ def override_line(ex: OverrideParseException) -> str:
     return line + (f"; {key} takes {declared.allowed}" if declared is not None else "")
 
 
-def argparse_line(output: str) -> str | None:
-    """argparse's reason from what it printed ("usage: ...", then "prog: error: why"), or None
-    when the output is not argparse's."""
-    m = re.search(r"^\S+: error: (.+)$", output, re.MULTILINE)
-    if m and output.lstrip().startswith("usage:"):
-        return f"{m.group(1)} (see gpubench --help)"
-    return None
-
-
-def held_line(output: str) -> str:
-    """One line for a failure known only from what it printed (argparse exits after printing)."""
-    return argparse_line(output) or _first_line(output)
-
-
-def describe(ex: BaseException) -> tuple[str, ExitCode]:
-    """One line and an exit status for the exception that ended the command."""
+def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, ExitCode]:
+    """One line and an exit status for the exception that ended the command; `overrides`: the
+    command's (they name the value of a key the config lacks)."""
     ex = root_cause(ex)
     if isinstance(ex, ConfigError):
         return str(ex), ExitCode.BAD_INPUT
+    if isinstance(ex, argparse.ArgumentError):  # the command line itself: no such flag
+        return f"{ex} (see gpubench --help)", ExitCode.BAD_INPUT
     if isinstance(ex, OverrideParseException):
         return override_line(ex), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
-        return flat(hydra_line(ex)), ExitCode.BAD_INPUT
+        return flat(hydra_line(ex, overrides)), ExitCode.BAD_INPUT
     if isinstance(ex, WriteError):  # already one line: the path, the reason, the free space
         return str(ex), ExitCode.FAILED
     if isinstance(ex, OSError):

@@ -1,5 +1,5 @@
 """gpubench's configuration: the schema (every key declared once), the checks derived from it, the
-frozen settings, the checks before Hydra runs.
+read-only settings, the checks before Hydra runs.
 
 Importing the package registers the schema in Hydra's ConfigStore: conf/bench.yaml's defaults
 name it (`gpubench_schema`), so whatever composes gpubench's configs (CONFIG_DIR from

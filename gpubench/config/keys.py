@@ -6,8 +6,7 @@ each key once, on its field: the type is the annotation, the rest is `setting(..
     steps: int = setting(50, "measured steps per phase", bounds=(1, 10_000_000))
 
 `keys(cls)` reads them back as `Key`s, and everything else takes them from there: the range and
-choice checks (`Key.check`, `check_keys`), the docs table (gpubench.config.doc), the frozen
-settings' fields (gpubench.config.settings). An Enum annotation is the key's choices; a numeric
+choice checks (`Key.check`, `check_keys`), the docs table (gpubench.config.doc), the read-only settings (gpubench.config.settings). An Enum annotation is the key's choices; a numeric
 key has `bounds` (low, high; None is open); `None` in the annotation makes null allowed.
 
 Kept free of Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin

@@ -1,13 +1,13 @@
-"""The composed config turned, once, into frozen and fully resolved settings; every input rule.
+"""The composed config turned, once, into read-only and fully resolved settings; every input rule.
 
     compose (Hydra) ─► resolve(cfg) -> Settings ─► check_resources(settings) ─► Benchmark
 
 `resolve` runs every rule that needs neither the disk nor the machine's RAM (ranges, cross-key
 rules, a device that exists, a known model, the train step's knobs, tracking, the dataset's
 combinations) and fills what the config leaves to the device (dataset.image_size,
-loader.batch_size when null: `sizes`). Enums arrive as their values (plain str), mappings as
-read-only views (`plain` copies them back), so nothing downstream reads the DictConfig or an
-Enum again.
+loader.batch_size when null: `sizes`). The settings are OmegaConf's own read-only DictConfig of
+the resolved values: Enums arrive as their values (plain str; `plain` copies a node back into
+writable dicts and lists), so nothing downstream reads the composed config or an Enum again.
 `check_resources` is the one explicit step for the rules that look at this machine: folders
 that must exist, loader workers against cores and free RAM, in-memory pools against free RAM.
 Two resource rules need the built dataset's length and run where it is known (data.py), but
@@ -16,34 +16,26 @@ classes a folder holds).
 
 Torch-free at import (torch and torchvision are imported lazily by the device and model-name
 rules); raises config.ConfigError, one line naming the key, the value and what is allowed. The
-settings' fields are derived from the schema's declarations (config.schema), not written again.
+settings' groups are the composed config's (config.schema declares them), not written again.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, make_dataclass
 from enum import Enum
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from gpubench.config import knobs
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store, check_memory_sizes
 from gpubench.config.keys import EXPERIMENT_NAME_MAX, RUN_NAME_MAX, check_name, keys
 from gpubench.config.schema import (
-    BenchSettings,
-    DatasetConfig,
-    FaultConfig,
     LoaderConfig,
-    MemoryConfig,
-    ModelConfig,
-    TrackingConfig,
     auto_sizes,
     check_known_keys,
     check_ranges,
@@ -52,95 +44,28 @@ from gpubench.config.schema import (
 from gpubench.config.uris import check_tracking_uri, local_store
 from gpubench.core.record import window_plan
 
-# ---------------------------------------------------------------- the settings (frozen)
-# One class per config group, with the group's keys as the schema declares them; Enums are
-# stored as their values. Mappings are read-only views all the way down (lists as tuples): a rule
-# checked once cannot be undone by a reader writing into them. `plain` gives a writable copy
-# where one is needed.
-
-
-def _settled(k) -> Any:
-    """A key's type in the settings: an Enum as its value (str), a mapping read-only, a list as a
-    tuple."""
-    tp = {dict: Mapping, list: tuple}.get(k.type, str if k.choices else k.type)
-    return tp | None if k.nullable else tp
-
-
-def _frozen_group(name: str, schema: type, drop: tuple[str, ...] = (), **types: Any) -> type:
-    """The frozen settings class of a schema group: its keys, `drop` left out, `types` replacing
-    a key's type (the device-sized keys are never None once resolved)."""
-    return make_dataclass(name, [(k.path, types.get(k.path, _settled(k))) for k in keys(schema)
-                                 if k.path not in drop], frozen=True, slots=True)
-
-
-Dataset = _frozen_group("Dataset", DatasetConfig, image_size=int)
-Model = _frozen_group("Model", ModelConfig)
-Loader = _frozen_group("Loader", LoaderConfig, batch_size=int)
-# bench.* without device and phases: resolved, they are Settings.device and .phases;
-# min_window_s resolved for the device (`min_window_s`)
-Bench = _frozen_group("Bench", BenchSettings, drop=("device", "phases"), min_window_s=float)
-Memory = _frozen_group("Memory", MemoryConfig)
-Tracking = _frozen_group("Tracking", TrackingConfig)
-Fault = _frozen_group("Fault", FaultConfig)
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    dataset: Dataset
-    model: Model
-    loader: Loader
-    bench: Bench
-    memory: Memory
-    tracking: Tracking
-    fault: Fault
-    device: str  # "cuda" or "cpu" (bench.device=auto resolved)
-    precision: str  # precision.name
-    channels_last: bool
-    compile: str  # torch.compile's mode string: off, default, reduce-overhead, max-autotune
-    phases: tuple[str, ...]
-    # the composed config with the device-sized keys filled in, read-only: `plain(config)` is
-    # what results.json's "config" and the MLflow params hold (Enums by name, as OmegaConf
-    # writes them)
-    config: Mapping
-    # what resolve decided for the user that the user should hear about (one line each)
-    notes: tuple[str, ...] = ()
-
-
-GROUPS = {"dataset": Dataset, "model": Model, "loader": Loader, "bench": Bench,
-          "memory": Memory, "tracking": Tracking, "fault": Fault}
-
-
-def frozen(v: Any) -> Any:
-    """A plain tree (dicts, lists) as read-only views: mappings as MappingProxyType, lists as
-    tuples, all the way down."""
-    if isinstance(v, Mapping):
-        return MappingProxyType({k: frozen(x) for k, x in v.items()})
-    if isinstance(v, (list, tuple)):
-        return tuple(frozen(x) for x in v)
-    return v
-
-
-def plain(v: Any) -> Any:
-    """A frozen tree as plain, writable dicts and lists again (JSON, YAML, OmegaConf.create and
-    a team's own classes take those)."""
-    if isinstance(v, Mapping):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    return v
+# ---------------------------------------------------------------- the settings (read-only)
+# The composed config's groups with the resolved values, then what resolve decided: `device`
+# (bench.device=auto resolved), `precision` (precision.name), `channels_last`, `compile`
+# (torch.compile's mode string: off, default, reduce-overhead, max-autotune), `phases`, `config`
+# (the composed config with the device-sized keys filled in, Enums by name as OmegaConf writes
+# them: what results.json's "config" and the MLflow params hold) and `notes` (what resolve
+# decided for the user that the user should hear about, one line each). bench.device and
+# bench.phases are left out of the bench group: resolved, they are `device` and `phases`.
+# Read-only all the way down (OmegaConf's readonly flag): a rule checked once cannot be undone by a
+# reader writing into it.
+Settings = DictConfig
+Dataset = Loader = Fault = DictConfig  # a group of the settings, as its readers annotate it
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, Enum):
-        return v.value
-    if isinstance(v, (DictConfig, ListConfig)):
-        return frozen(OmegaConf.to_container(v, resolve=True))
-    return v
+    return v.value if isinstance(v, Enum) else v
 
 
-def _group(cls: type, node: DictConfig, **given: Any):
-    return cls(**{f.name: given[f.name] if f.name in given else _plain(node.get(f.name))
-                  for f in fields(cls)})
+def plain(v: Any) -> Any:
+    """A settings node as plain, writable dicts and lists (JSON, YAML, OmegaConf.create and a
+    team's own classes take those)."""
+    return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
 SIZED_KEYS = ("dataset.image_size", "loader.batch_size")
@@ -169,32 +94,43 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
 # recommended by a report), with a note when the config asked for something else than the
 # schema's default: the alternative, refusing them, would fail every 0-worker trial of a sweep
 # that also sweeps them.
-WORKER_ONLY: dict[str, Any] = {"prefetch_factor": None, "persistent_workers": False,
-                               "multiprocessing_context": None, "worker_threads": 1}
+WORKER_ONLY_KEYS = frozenset(knobs.WORKER_ONLY)  # declared in the schema (Knob.inert)
+WORKER_ONLY: dict[str, Any] = {k.partition(".")[2]: v for k, v in knobs.WORKER_ONLY.items()}
+# the same rule for thread workers (loader.worker_type=thread), for the worker-only keys that act
+# through worker processes alone: no start method, threads started with each epoch (torchdata's
+# nodes have no persistent workers), one torch thread each (torchdata/nodes/_apply_udf.py)
+PROCESS_ONLY = ("multiprocessing_context", "persistent_workers", "worker_threads")
 _LOADER_DEFAULTS = {k.path: _plain(k.default) for k in keys(LoaderConfig)}
-WORKER_ONLY_KEYS = frozenset(f"loader.{k}" for k in WORKER_ONLY)  # as dotted config keys
+
+
+def _inert(workers: Any, kind: Any) -> tuple[tuple[str, ...], str]:
+    """The loader keys that do not act with these workers, and why, as a note says it."""
+    if workers == 0:
+        return tuple(WORKER_ONLY), "with loader.num_workers=0"
+    if _plain(kind) == "thread":
+        return PROCESS_ONLY, "with loader.worker_type=thread"
+    return (), ""
 
 
 def as_run(values: dict[str, Any]) -> dict[str, Any]:
     """Dotted config values as they act: with loader.num_workers=0 the worker-only keys act
-    not at all, so they are left out (two such settings are one run)."""
-    if values.get("loader.num_workers") != 0:
-        return dict(values)
-    return {k: v for k, v in values.items() if k not in WORKER_ONLY_KEYS}
+    not at all (with thread workers the process-only ones), so they are left out (two such
+    settings are one run)."""
+    inert = _inert(values.get("loader.num_workers"), values.get("loader.worker_type"))[0]
+    return {k: v for k, v in values.items() if k.removeprefix("loader.") not in inert}
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The worker-only keys' values with 0 workers, and a note for each one set on purpose."""
-    if loader.num_workers != 0:
-        return {}, ()
+    """The worker-only keys' values where they do not act (0 workers; the process-only ones
+    with thread workers), and a note for each one set on purpose."""
+    inert, why = _inert(loader.num_workers, loader.get("worker_type"))
     notes = []
-    for key, inert in WORKER_ONLY.items():
-        given = _plain(loader.get(key))
-        if given != inert and given != _LOADER_DEFAULTS[key]:
+    for key in inert:
+        given, value = _plain(loader.get(key)), WORKER_ONLY[key]
+        if given != value and given != _LOADER_DEFAULTS[key]:
             notes.append(f"loader.{key}={given} acts only with loader worker processes: "
-                         f"recorded as {'null' if inert is None else str(inert).lower()} "
-                         "with loader.num_workers=0")
-    return dict(WORKER_ONLY), tuple(notes)
+                         f"recorded as {'null' if value is None else str(value).lower()} {why}")
+    return {k: WORKER_ONLY[k] for k in inert}, tuple(notes)
 
 
 # bench.min_window_s=null on CUDA with the sampler on. NVML's readings average over up to
@@ -231,24 +167,14 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
-    window_s = min_window_s(cfg.bench, device)
-    config["bench"]["min_window_s"] = window_s
-    return Settings(
-        dataset=_group(Dataset, cfg.dataset, image_size=image_size),
-        model=_group(Model, cfg.model),
-        loader=_group(Loader, cfg.loader, batch_size=batch_size, **inert),
-        bench=_group(Bench, cfg.bench, min_window_s=window_s),
-        memory=_group(Memory, cfg.memory),
-        tracking=_group(Tracking, cfg.tracking),
-        fault=_group(Fault, cfg.fault),
-        device=device,
-        precision=_plain(cfg.precision.name),
-        channels_last=bool(cfg.channels_last),
-        compile=_plain(cfg.compile),
-        phases=tuple(_plain(p) for p in cfg.bench.phases),
-        config=frozen(config),
-        notes=notes,
-    )
+    config["bench"]["min_window_s"] = min_window_s(cfg.bench, device)
+    # the groups' Enums written by name are their values (tests/test_settings.py holds them so);
+    # compile's are not: its value is torch.compile's mode string
+    bench = {k: v for k, v in config["bench"].items() if k not in ("device", "phases")}
+    return OmegaConf.create(
+        {**config, "bench": bench, "device": device, "precision": config["precision"]["name"],
+         "compile": _plain(cfg.compile), "phases": config["bench"]["phases"], "config": config,
+         "notes": list(notes)}, flags={"readonly": True})
 
 
 # ---------------------------------------------------------------- resolve: rules without disk/RAM
@@ -302,7 +228,7 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
 
 
 def resolve(cfg: DictConfig) -> Settings:
-    """The frozen settings of a composed config, after every rule that needs neither the disk
+    """The read-only settings of a composed config, after every rule that needs neither the disk
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
     check_interpolations(cfg)
     check_known_keys(cfg)  # no key under gpubench's groups that the schema does not declare
@@ -529,5 +455,5 @@ def check_found_classes(s: Settings, n: int, where: str) -> None:
             raise ConfigError(key, int(value), f">= {n} ({where})")
 
 
-__all__ = ["Settings", "check_batch_fits", "frozen", "plain", "sizes", "check_classes", "check_found_classes",
+__all__ = ["Settings", "check_batch_fits", "plain", "sizes", "check_classes", "check_found_classes",
            "check_preload_fits", "check_resources", "resolve"]

@@ -80,8 +80,8 @@ class Result:
         return self.record.path
 
     @property
-    def status(self) -> str:
-        return self.record.status.value
+    def status(self) -> Status:
+        return self.record.status
 
     @property
     def objective(self) -> float:
@@ -164,7 +164,7 @@ class Benchmark:
             self.device, b.monitor_interval_s, b.monitor,
             worker_pids=lambda: self.pipe.worker_pids() if self.pipe is not None else ())
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
-        self.notes += s.notes  # what resolve decided for the config (worker-only keys)
+        self.notes += list(s.notes)  # what resolve decided for the config (worker-only keys)
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
         self.memory: dict[str, dict] = {}

@@ -83,9 +83,6 @@ class GpubenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from gpubench.cli.gate import release_stderr
-
-        release_stderr()  # composed fine: what follows (Optuna's log lines too) is no compose error
         try:
             return self._sweep(arguments)
         # a sweeper key, the search space, or a key the sweeper itself reads (max batch's
