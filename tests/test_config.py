@@ -128,7 +128,12 @@ from gpubench.config.settings import (  # noqa: E402
     check_classes,
     usable_cpus,
 )
-from gpubench.config.uris import STORAGE_SCHEMES, TRACKING_SCHEMES, check_uri  # noqa: E402
+from gpubench.config.uris import (  # noqa: E402
+    STORAGE_SCHEMES,
+    TRACKING_SCHEMES,
+    check_tracking_uri,
+    check_uri,
+)
 
 
 def _outside(kind, low, high):
@@ -282,8 +287,7 @@ def test_model_outputs_must_cover_the_classes(compose_cfg):
 
 GOOD_TRACKING = [
     "http://127.0.0.1:5000", "https://mlflow.example.com/base", "http://user:pw@host:80",
-    "sqlite:///outputs/mlflow.db", "sqlite:////abs/mlflow.db", "file:///tmp/mlruns", "mlruns",
-    "./mlruns", "/abs/mlruns", "postgresql://u:p@db:5432/mlflow",
+    "sqlite:///outputs/mlflow.db", "sqlite:////abs/mlflow.db", "postgresql://u:p@db:5432/mlflow",
     "postgresql+psycopg://postgres:@/postgres?host=/tmp/x", "mysql+pymysql://u@h/db", "databricks",
     "databricks://profile",
 ]
@@ -292,14 +296,23 @@ BAD_TRACKING = [
     "sqlite:/x.db", "sqlite:x.db", "postgresql:db", "ftp://host/x", "file:", "http://my host",
     "", "redis://host", "http+x://host",
 ]
+# MLflow 3.17 opens a file store only with MLFLOW_ALLOW_FILE_STORE=true (its own opt-in)
+FILE_STORES = ["file:///tmp/mlruns", "mlruns", "./mlruns", "/abs/mlruns"]
 GOOD_STORAGE = ["sqlite:///outputs/optuna.db", "sqlite://", "postgresql+psycopg://u@h:5432/db",
                 "mysql://u:p@h/db"]
 BAD_STORAGE = ["notaurl", "optuna.db", "http://host/db", "sqlite:/x.db", "postgresql://h:x/db"]
 
 
-def test_uris():
+def test_uris(monkeypatch):
     for uri in GOOD_TRACKING:
         check_uri("tracking.uri", uri, TRACKING_SCHEMES, path_ok=True)
+    for uri in FILE_STORES:  # refused, saying what to use, unless MLflow's opt-in is set
+        with pytest.raises(ConfigError, match="sqlite:///path/mlflow.db"):
+            check_tracking_uri(uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for uri in FILE_STORES:
+        check_tracking_uri(uri)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     for uri in GOOD_STORAGE:
         check_uri("hydra.sweeper.storage", uri, STORAGE_SCHEMES)
     for key, bad, schemes, path_ok in (
@@ -558,9 +571,10 @@ def test_the_sweepers_override_lists_are_checked_like_the_command_line(compose_c
         check_before_work(cfg)
 
 
-def test_stores_under_a_file_are_one_line_before_any_work(compose_cfg, tmp_path):
+def test_stores_under_a_file_are_one_line_before_any_work(compose_cfg, tmp_path, monkeypatch):
     """A sqlite storage or tracking store whose folder is a file: before, three tracebacks (a
     sweep) or a failure when the run was logged, after measuring."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # file stores among the cases
     from gpubench.config.prechecks import check_before_work
 
     afile = tmp_path / "some_file.txt"
