@@ -195,6 +195,31 @@ def pytest_runtest_logfinish(nodeid, location):
     _RUNNING.clear()
 
 
+# what starts a process, as the interpreter's audit events name it (PEP 578): a quick test
+# that starts one by any path (DataLoader workers, a subprocess, a library's helper) fails, not
+# only one that goes through the helpers below
+_PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
+                             "os.spawn", "os.system", "os.exec"})
+_STARTED: list[str] = []
+
+
+def _audit(event: str, args) -> None:
+    if event in _PROCESS_EVENTS and _RUNNING and _RUNNING[-1].get_closest_marker("slow") is None:
+        _STARTED.append(event)
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_process(request):
+    _STARTED.clear()
+    yield
+    if _STARTED and request.node.get_closest_marker("slow") is None:
+        pytest.fail(f"{request.node.nodeid} started a process ({_STARTED[0]}): mark it "
+                    "@pytest.mark.slow", pytrace=False)
+
+
 def _must_be_slow(what: str) -> None:
     """Starting a process, a server or the zygote makes a test `slow` (README: `pytest -m
     "not slow"` is the quick, in-process part): one that is not marked fails here, naming it."""

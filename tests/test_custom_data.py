@@ -159,6 +159,7 @@ def test_bad_custom_config_is_one_line(compose_cfg, tmp_path, extra, key):
     assert str(e.value).startswith(key) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_later_sample_breaking_the_contract_in_a_worker_fails_the_run_in_one_line(
         compose_cfg, tmp_path):
     cfg = compose_cfg(*custom("+dataset.kwargs.kind=big_label", "+dataset.kwargs.from_index=1",

@@ -151,3 +151,44 @@ def test_the_cpu_is_named_by_its_model(tmp_path):
     info.write_text("processor\t: 0\n")
     assert cpu_model(str(info)) is None
     assert cpu_model(str(tmp_path / "absent")) is None
+
+
+def test_the_commit_is_read_from_git_files_without_starting_git(tmp_path):
+    """HEAD naming a ref in its file, in packed-refs, a detached HEAD, a worktree's gitdir and
+    commondir; no checkout: None (env.facts runs on every run: no `git` process per run)."""
+    from gpubench.telemetry.env import git_commit
+
+    sha, other = "a" * 40, "b" * 40
+    repo = tmp_path / "repo"
+    (repo / ".git" / "refs" / "heads").mkdir(parents=True)
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (repo / "sub" / "dir").mkdir(parents=True)
+    assert git_commit(str(repo / "sub" / "dir")) is None  # a ref with no commit yet
+    (repo / ".git" / "packed-refs").write_text(f"# pack-refs\n{other} refs/heads/x\n"
+                                               f"{sha} refs/heads/main\n")
+    assert git_commit(str(repo / "sub" / "dir")) == sha  # from a folder below the checkout
+    (repo / ".git" / "refs" / "heads" / "main").write_text(other + "\n")
+    assert git_commit(str(repo)) == other  # the loose ref wins over packed-refs
+    (repo / ".git" / "HEAD").write_text(sha + "\n")
+    assert git_commit(str(repo)) == sha  # detached
+    wt = tmp_path / "wt"
+    (repo / ".git" / "worktrees" / "wt").mkdir(parents=True)
+    (repo / ".git" / "worktrees" / "wt" / "HEAD").write_text("ref: refs/heads/main\n")
+    (repo / ".git" / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    wt.mkdir()
+    (wt / ".git").write_text(f"gitdir: {repo / '.git' / 'worktrees' / 'wt'}\n")
+    assert git_commit(str(wt)) == other
+    assert git_commit(str(tmp_path)) is None  # no checkout above it
+
+
+def test_facts_start_no_process(tmp_path, monkeypatch):
+    """What a run records of its machine is read, never asked of another process (`uname -p`
+    behind platform.platform(), `git rev-parse`): a quick test starting one fails (conftest)."""
+    import platform
+
+    from gpubench.telemetry.env import facts, platform_text
+
+    monkeypatch.chdir(tmp_path)
+    f = facts("cpu")
+    assert f["platform"] == platform_text() and f["platform"].startswith(platform.system())
+    assert f["device_name"]

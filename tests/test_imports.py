@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gpubench", "hydra_plugins")
 
@@ -148,6 +150,7 @@ TORCH_FREE = ("gpubench.core.record", "gpubench.core.stats", "gpubench.core.file
               "gpubench.report.cli", "gpubench.tracking.translate")
 
 
+@pytest.mark.slow
 def test_records_and_reports_load_without_torch():
     code = ("import sys\n"
             + "".join(f"import {m}\n" for m in TORCH_FREE)

@@ -53,6 +53,7 @@ def all_runs(uri, experiment="gpubench"):
     return c.search_runs([c.get_experiment_by_name(experiment).experiment_id])
 
 
+@pytest.mark.slow
 def test_dead_running_record_is_killed_kept_and_uploaded(tmp_path):
     uri = sqlite_store(tmp_path / "mlflow.db")
     dead = write_run(tmp_path / "out" / "dead", "dead1", Status.running, pid=dead_pid())
@@ -200,6 +201,7 @@ def test_quotes_in_identity_do_not_break_search(tmp_path):
     assert sorted(r.data.tags["run_uid"] for r in all_runs(uri)) == sorted(uids)
 
 
+@pytest.mark.slow
 def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
     """The callback's sequence: the first attempt is killed (no end), `sync` closes it KILLED;
     the resume into the same dir reopens the same parent, adds its jobs, ends FINISHED."""

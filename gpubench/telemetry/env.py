@@ -6,8 +6,8 @@ import os
 import platform
 import re
 import socket
-import subprocess
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import torch
 
@@ -127,26 +127,52 @@ def _pkg(name: str) -> str | None:
 
 
 def git_commit(cwd: str | None = None) -> str | None:
-    """The commit of the user's working directory, when it is a git checkout."""
+    """The commit of the user's working directory, when it is a git checkout: read from its
+    .git (HEAD, the ref's file or packed-refs; a worktree's `gitdir:` and `commondir`), not by
+    `git rev-parse`, which starts a process from this one (torch loaded) on every run."""
+    here = Path(cwd or os.getcwd()).absolute()
+    git = next((f / ".git" for f in (here, *here.parents) if (f / ".git").exists()), None)
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
+        if git is not None and git.is_file():  # a worktree or submodule: "gitdir: <path>"
+            git = git.parent / git.read_text().strip().removeprefix("gitdir:").strip()
+        if git is None:
+            return None
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head or None  # a detached HEAD holds the commit
+        ref = head.removeprefix("ref:").strip()
+        common = git / (git / "commondir").read_text().strip() if (git / "commondir").is_file() \
+            else git
+        for base in (git, common):
+            if (base / ref).is_file():
+                return (base / ref).read_text().strip() or None
+        for line in (common / "packed-refs").read_text().splitlines():
+            sha, _, name = line.partition(" ")
+            if name == ref:
+                return sha
+    except OSError:
+        pass
+    return None
+
+
+def platform_text() -> str:
+    """platform.platform()'s text (`Linux-6.1.0-x86_64-with-glibc2.36`) without its read of
+    uname's processor, which on Linux starts `uname -p` from this process."""
+    libc, version = platform.libc_ver()
+    head = "-".join(p for p in (platform.system(), platform.release(), platform.machine()) if p)
+    return f"{head}-with-{libc}{version}" if libc else head
 
 
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name(torch.cuda.current_device())
-    return cpu_model() or platform.processor() or platform.machine() or "cpu"
+    return cpu_model() or platform.machine() or "cpu"
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """The CPU as its owner knows it ('AMD EPYC 7B13', 'Intel(R) Xeon(R) ...'): two machines
     of one architecture ('x86_64') are different devices in a comparison. Linux only; None
-    elsewhere, where platform.processor() is the best there is."""
+    elsewhere (platform.processor() starts a process to ask)."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -184,7 +210,7 @@ def facts(device: str) -> dict:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "host": socket.gethostname(),
-        "platform": platform.platform(),
+        "platform": platform_text(),
         "gpubench": _pkg("gpubench"),
         "git_commit": git_commit(),
     }

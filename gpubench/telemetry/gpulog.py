@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import platform
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from pathlib import Path
 import psutil
 
 from gpubench.core.files import open_own
+from gpubench.telemetry.env import cpu_model
 from gpubench.telemetry.nvml import Nvml, NvmlDevice, device_name, read_fields
 
 log = logging.getLogger(__name__)
@@ -68,18 +70,6 @@ def timestamp(t: float | None = None) -> str:
     """nvidia-smi's timestamp format: 2026/11/22 00:17:01.123 (local time)."""
     t = time.time() if t is None else t
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "cpu"
 
 
 def _fmt(v) -> str:
@@ -136,7 +126,7 @@ class GpuLog:
         self.gpu: NvmlDevice | None = None
         self.gpm = None
         self.note = ""  # why the GPU columns or GPM are missing, for the run's notes
-        self.name = cpu_name()
+        self.name = cpu_model() or platform.machine() or "cpu"
         if gpu is not None or device == "cuda":
             self._open_nvml(gpu)
         self.columns = COLUMNS + (tuple(c for c, _ in GPM_COLUMNS) if self.gpm else ())
