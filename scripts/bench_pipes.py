@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpubench.analysis.recommend import Row  # noqa: E402
-from gpubench.analysis.workers import TOLERANCE, Rate  # noqa: E402
 from gpubench.core.record import RunRecord, Status, find_runs, load  # noqa: E402
+from gpubench.core.stats import TOLERANCE, Est  # noqa: E402
 from gpubench.search.pipe_rules import (  # noqa: E402
     _effective,
     choose_data,
@@ -252,7 +252,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
             if e2e.throughput > best_e2e:
                 best, best_e2e = e, e2e.throughput
             _, narrower = join_bound(k.rate, fed.rate, fed.params.get("loader.num_workers", 1))
-            r = Rate.of(e2e.throughput, list(e2e.interval))
+            r = Est.of(e2e.throughput, list(e2e.interval))
             if r is None or not contends(r, narrower, 0.05):
                 break
             after = cost(fed.params, space)

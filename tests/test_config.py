@@ -101,7 +101,10 @@ def test_cuda_only_settings_on_cpu(compose_cfg, override, key):
 
 def test_hydra_errors_condense_to_one_line(compose_cfg):
     """Read from the exceptions' types and attributes: a group without that option, a value
-    that is not one of an Enum's names (a list element too), a value that is no integer."""
+    that is not one of an Enum's names (a list element too), a value of the wrong type (what
+    the key takes: its declaration, found from the typed node it was meant for, the sweeper's
+    too), a key the config lacks (under gpubench's groups: the declared ones, never a `+key`
+    that would be refused), a declared key deleted."""
     for overrides, line in (
         (["precision=fp64"],
          "precision=fp64 is not allowed: one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
@@ -109,9 +112,20 @@ def test_hydra_errors_condense_to_one_line(compose_cfg):
          "compile=fast is not allowed: one of off, default, reduce_overhead, max_autotune"),
         (["bench.phases=[loader,fast]"],
          "bench.phases[1]=fast is not allowed: one of loader, compute, e2e"),
-        (["loader.batch_size={a:1}"], "loader.batch_size={'a': 1} is not allowed: an integer"),
-        (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key of the config "
-         "(close: loader.batch_size); +loader.batchsize=... adds a new one"),
+        (["loader.batch_size={a:1}"],
+         "loader.batch_size={a:1} is not allowed: null or an integer in [1, 65536]"),
+        (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key gpubench declares "
+         "(close: loader.batch_size); a custom class's own arguments go under model.kwargs or "
+         "dataset.kwargs"),
+        # issue 29: "Cannot assign int to Dict[str, Any]", "is not Optional", "does not exist"
+        (["dataset.kwargs=5"], "dataset.kwargs=5 is not allowed: a mapping"),
+        (["loader.persistent_workers=null"],
+         "loader.persistent_workers=null is not allowed: true or false"),
+        (["~loader.batch_size"], "~loader.batch_size is not allowed: a key gpubench declares is "
+         "set, not deleted: loader.batch_size=... takes null or an integer in [1, 65536]"),
+        (["bench.lr=[1,2]"], "bench.lr=[1,2] is not allowed: a number in [1e-12, 10]"),
+        (["hydra/sweeper=gpubench", "hydra.sweeper.seed=abc"],
+         "hydra.sweeper.seed=abc is not allowed: null or an integer in [0, 4294967295]"),
     ):
         with pytest.raises(Exception) as err:
             compose_cfg(*overrides)
@@ -372,8 +386,9 @@ def test_describe_unwraps_hydra_and_names_paths():
 
 def test_wrong_types_are_one_line_with_the_type(compose_cfg):
 
-    for override, line in (("loader.batch_size=abc", "loader.batch_size=abc is not allowed: an integer"),
-                           ("bench.lr=fast", "bench.lr=fast is not allowed: a number"),
+    for override, line in (("loader.batch_size=abc",
+                            "loader.batch_size=abc is not allowed: null or an integer in [1, 65536]"),
+                           ("bench.lr=fast", "bench.lr=fast is not allowed: a number in [1e-12, 10]"),
                            ("channels_last=maybe", "channels_last=maybe is not allowed: true or false")):
         with pytest.raises(Exception) as err:
             compose_cfg(override)
@@ -525,6 +540,11 @@ def test_keys_the_schema_does_not_declare_are_refused_under_gpubenchs_groups(com
      "loader.pin_memory='maybe' is not allowed: true or false"),
     ("model.name=choice(resnet18,resnet51)", "model.name='resnet51' is not allowed: a "
      "torchvision classification model or 'tiny' (close: resnet101"),
+    # issue 29: a sweep of sweeps printed a ChoiceSweep(...) repr as the value
+    ("loader.batch_size=choice(8,16),choice(4)", "loader.batch_size='choice(8,16),choice(4)' "
+     "is not allowed: one sweep of plain values: a,b,c, choice(a,b), range(a,b) or "
+     "interval(a,b), not a sweep of sweeps"),
+    ("precision=choice(fp32,tf32),fp32", "not a sweep of sweeps"),  # a group's too
 ])
 def test_swept_values_that_no_trial_can_take_stop_the_sweep_first(compose_cfg, swept, line):
     """Each of these made every trial fail (and the sweep exit 0), or crashed the check."""
@@ -684,3 +704,134 @@ def test_sync_flags_take_what_their_keys_take(tmp_path, capsys):
         err = capsys.readouterr().err
         assert done.value.code == 2 and line in err and err.count("\n") == 1, err
     assert main(["sync", str(tmp_path), "--timeout", "5", "--experiment", "team a"]) == 0
+
+
+@pytest.mark.parametrize("content", [b"x", b"notes\n" * 100])
+def test_a_store_path_holding_another_file_is_refused_and_kept(tmp_path, content):
+    """A sqlite store's path naming a file that is no database: refused, the file untouched
+    (SQLite took a 1-byte file for a new database and wrote over it)."""
+    from gpubench.config.footprint import check_local_store
+
+    f = tmp_path / "notes.db"
+    f.write_bytes(content)
+    with pytest.raises(ConfigError, match="holds something else"):
+        check_local_store("hydra.sweeper.storage", f, value=f"sqlite:///{f}")
+    assert f.read_bytes() == content
+    f.write_bytes(b"")  # an empty file is a new database to SQLite: taken
+    check_local_store("hydra.sweeper.storage", f)
+    import sqlite3
+
+    db = tmp_path / "real.db"
+    sqlite3.connect(db).execute("create table t (x)").connection.commit()
+    check_local_store("tracking.uri", db)
+
+
+# ------------------------------------------------------------------ issue 29: one rule each
+
+
+def test_a_boolean_key_takes_a_boolean_as_written(compose_cfg):
+    """OmegaConf's BooleanNode takes 2, 'yes' and '0' (2 composes as true), so the rule applies
+    to the values as written: every override (a plain one, a sweep, the sweeper's params and
+    override lists), and every YAML file (test_a_team_folder_is_searched_first...)."""
+    from gpubench.config.prechecks import check_before_work
+
+    assert compose_cfg("model.checkpointing=2").model.checkpointing is True  # the conversion
+    for task in (["model.checkpointing=2"], ["channels_last=2"], ["loader.persistent_workers=2"],
+                 ["loader.pin_memory='yes'"], ["loader.drop_last=choice(true,0)"]):
+        cfg = compose_cfg(hydra=True)
+        cfg.hydra.overrides.task = task
+        with pytest.raises(ConfigError) as err:
+            check_before_work(cfg)
+        assert str(err.value).endswith("is not allowed: true or false"), str(err.value)
+        assert err.value.key == task[0].partition("=")[0]
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.screen.overrides\[0\]='channels_last=1'"
+                                          r" is not allowed: channels_last: true or false"):
+        check_before_work(compose_cfg("sweep=throughput",
+                                      "hydra.sweeper.screen.overrides=['channels_last=1']",
+                                      hydra=True))
+    cfg = compose_cfg(hydra=True)  # an interpolation is judged by its result; null where allowed
+    cfg.hydra.overrides.task = ["channels_last=${model.checkpointing}", "model.checkpointing=true",
+                                "bench.cudnn_benchmark=null"]
+    check_before_work(cfg)
+
+
+@pytest.fixture
+def team(tmp_path, monkeypatch):
+    """A team's config folder, as `gpubench -cd DIR` makes it the primary one
+    (gpubench.__main__.team_first), and a compose of gpubench's `bench` from it."""
+    from hydra import compose, initialize_config_dir
+
+    folder = tmp_path / "team_conf"
+    (folder / "model").mkdir(parents=True)
+    monkeypatch.setattr("gpubench.cli.TEAM_DIR", str(folder))
+
+    def composed(*overrides: str):
+        with initialize_config_dir(version_base="1.3", config_dir=str(folder)):
+            return compose("bench", overrides=["tracking=none", *overrides])
+
+    composed.folder = folder
+    return composed
+
+
+def test_a_team_folder_is_searched_first_and_each_file_checked_as_read(team):
+    """docs/configuration.md: files in a team's folder are found before gpubench's own. Before,
+    Hydra's --config-dir searched it after gpubench's folder: a team's model/tiny.yaml, broken
+    or not, was never read. Every file gpubench reads is checked as written, naming the file."""
+    tiny = team.folder / "model" / "tiny.yaml"
+    tiny.write_text("name: tiny\nnum_classes: ${dataset.num_classes}\ncheckpointing: true\n")
+    assert team("model=tiny").model.checkpointing is True  # the team's file, not gpubench's
+    assert team("model=resnet18").model.name == "resnet18"  # gpubench's own options follow
+    for text, line in (
+            (b"name: tiny\n  bad: [unclosed\n", "model='tiny' is not allowed: a YAML file "
+             "gpubench can read (mapping values are not allowed here in \"{f}\", line 2"),
+            (bytes(range(128, 256)), "model='tiny' is not allowed: a YAML file gpubench can read "
+             "({f}: 'utf-8' codec can't decode byte 0x80 in position 0"),
+            (b"name: tiny\ncheckpointing: 2\n", "model.checkpointing=2 is not allowed: true or "
+             "false (in {f})"),
+            (b"name: tiny\nextra_key: 1\n", "model.extra_key=1 is not allowed: a key gpubench "
+             "declares (one of model.name,")):
+        tiny.write_bytes(text)
+        with pytest.raises(ConfigError) as err:
+            team("model=tiny")
+        assert str(err.value).startswith(line.format(f=tiny)), str(err.value)
+    tiny.unlink()
+    overlay = team.folder / "experiment" / "ours.yaml"  # a _global_ overlay: keys at the root
+    overlay.parent.mkdir()
+    overlay.write_text("# @package _global_\nchannels_last: 1\n")
+    with pytest.raises(ConfigError, match=r"^channels_last=1 is not allowed: true or false \(in "):
+        team("experiment=ours")
+    overlay.write_text("# @package _global_\nchannels_last: true\nloader:\n  pin_memory: false\n")
+    assert team("experiment=ours").loader.pin_memory is False
+
+
+def test_long_values_are_cut_in_every_line(compose_cfg):
+    """A 20,000-character value was echoed whole; Python's own limit on an integer's digits
+    named no override."""
+    from gpubench.config.errors import SHOWN
+
+    long = "a" * 20_000
+    line = str(ConfigError("tracking.experiment", long, "a name"))
+    assert len(line) < SHOWN + 60 and "…" in line and line.endswith("' is not allowed: a name")
+    digits = "9" * 20_000
+    with pytest.raises(Exception) as err:
+        compose_cfg(f"loader.batch_size={digits}")
+    got, code = describe(err.value, [f"loader.batch_size={digits}"])
+    assert got.startswith("loader.batch_size='999") and "…" in got and len(got) < 800, got
+    assert got.endswith("loader.batch_size takes null or an integer in [1, 65536]") and code == 2
+    with pytest.raises(Exception) as err:  # Hydra looks for precision/<value>.yaml
+        compose_cfg(f"precision={long}")
+    got, code = describe(err.value, [f"precision={long}"])
+    assert got.startswith("precision='aaa") and "a name the file system takes" in got, got
+    assert len(got) < 400 and code == 2
+
+
+def test_repeats_are_recorded_as_the_windows_that_ran(compose_cfg):
+    """bench.repeats=13 with bench.steps=12 measured 12 windows (core.record.window_plan) and
+    recorded 13: the settings hold what runs, with a note when more were asked for on purpose."""
+    s = resolve(compose_cfg("bench.steps=12", "bench.repeats=13"))
+    assert (s.bench.repeats, s.config["bench"]["repeats"]) == (12, 12)
+    assert list(s.notes) == ["bench.repeats=13 with bench.steps=12: 12 windows of one step ran, "
+                             "recorded as bench.repeats=12"]
+    s = resolve(compose_cfg("bench.steps=2"))  # the schema's 6 repeats: recorded as 2, quietly
+    assert s.bench.repeats == 2 and not list(s.notes)
+    assert resolve(compose_cfg("bench.steps=12", "bench.repeats=4")).bench.repeats == 4

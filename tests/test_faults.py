@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,9 +25,8 @@ SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
 
 
 def _dead_pid() -> int:
-    """The pid of a process that has exited (and was reaped)."""
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True).stdout)
+    """A pid no process has: the kernel's pid_max (every pid is below it)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -384,3 +382,254 @@ def test_a_damaged_sweep_json_or_results_json_is_named_kept_and_read_around(tmp_
     assert sorted((j["num"], j.get("trial")) for j in jobs)[:2] == [(0, 0), (1, 1)]
     assert [j["num"] for j in jobs if j.get("trial", 0) >= 2] == [2]
     assert results.read_text().startswith("{") and len(results.read_text()) == 200  # untouched
+
+
+# ------------------------------------------------------------------ 10: a storage that does not open
+
+def _sweep_on(tmp: Path, url: str, *extra: str):
+    return run_cli("-m", "hydra/sweeper=gpubench", *SWEEP_TINY, "tracking=none",
+                   f"hydra.sweep.dir={tmp / 'sweep'}", f"hydra.sweeper.storage={url}",
+                   "loader.batch_size=choice(2,4)", "hydra.sweeper.screen.steps=null",
+                   "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", *extra, cwd=tmp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["refused", "not a database", "locked"])
+def test_a_sweep_whose_storage_does_not_open_is_one_line(tmp_path, kind):
+    """PostgreSQL down, a file that is no database, a lock another process holds: one line
+    naming the storage (password masked) and the database's reason, exit 1, no job (before:
+    100-150 lines of traceback, or a minute of retries)."""
+    import sqlite3
+
+    from conftest import free_port
+
+    db = tmp_path / "study.db"
+    url, reason, lock = f"sqlite:///{db}", "", None
+    if kind == "refused":
+        url = f"postgresql+psycopg://u:secretpw@127.0.0.1:{free_port()}/db"
+        reason = "Connection refused"
+    elif kind == "not a database":
+        db.write_text("a spreadsheet, not a database")
+        reason = "file is not a database"
+    else:
+        optuna.create_study(storage=url, study_name="held")
+        lock = sqlite3.connect(db, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
+        reason = "database is locked"
+    try:
+        p = _sweep_on(tmp_path, url)
+    finally:
+        if lock is not None:
+            lock.close()
+    lines = _stderr_lines(p)
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert "could not be opened" in lines[0] and reason in lines[0], lines[0]
+    assert "secretpw" not in p.stdout + p.stderr
+    assert not list((tmp_path / "sweep").glob("*/results.json"))
+
+
+@pytest.mark.slow
+def test_a_resume_whose_study_is_on_a_read_only_mount_is_one_line(tmp_path, read_only):
+    store = tmp_path / "store"
+    store.mkdir()
+    url = f"sqlite:///{store / 'study.db'}"
+    p = _sweep_on(tmp_path, url, "hydra.sweeper.n_trials=1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    read_only(store)
+    p = _sweep_on(tmp_path, url, "hydra.sweeper.n_trials=2")
+    lines = _stderr_lines(p)
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert "could not be opened: attempt to write a readonly database" in lines[0], lines[0]
+    assert len(json.loads((tmp_path / "sweep" / "sweep.json").read_text())["jobs"]) == 1
+
+
+# ------------------------------------------------------------------ 11: issue 29: a run folder
+# that holds a run, SIGHUP, a second Ctrl-C (a hang: tests/test_watchdog.py)
+
+def _refused(call, cfg) -> str:
+    from gpubench.config.errors import ConfigError
+
+    with pytest.raises(SystemExit) as e:
+        call(cfg)
+    assert isinstance(e.value.code, ConfigError), e.value.code
+    return str(e.value.code)
+
+
+def test_a_folder_holding_an_earlier_run_is_refused_before_anything_is_written(compose_cfg,
+                                                                             tmp_path):
+    from gpubench.cli.callbacks import MlflowSweepCallback
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text('{"status": "ok", "phases": {"e2e": {}}}')  # or damaged
+    msg = _refused(MlflowSweepCallback().on_run_start,
+                   compose_cfg(f"hydra.run.dir={run}", hydra=True))
+    assert msg == (f"hydra.run.dir='{run}' is not allowed: a folder holding no earlier run "
+                   f"({run / 'results.json'} is one, never written over); leave hydra.run.dir "
+                   "unset for a new timestamped folder, or move that run away")
+    assert sorted(p.name for p in run.iterdir()) == ["results.json"]
+    for blank in ("''", "' '"):  # Hydra would write into the current folder
+        msg = _refused(MlflowSweepCallback().on_run_start,
+                       compose_cfg(f"hydra.run.dir={blank}", hydra=True))
+        assert msg.startswith(f"hydra.run.dir={blank} is not allowed: a folder path (blank "
+                              "writes into the current folder"), msg
+    # a run in a folder below is not written over: the folder is the user's to choose
+    MlflowSweepCallback().on_run_start(compose_cfg(f"hydra.run.dir={tmp_path}", hydra=True))
+
+
+def test_a_sweep_folder_holding_runs_is_resumed_only_by_the_sweeper_that_adds_folders(
+        compose_cfg, tmp_path):
+    from gpubench.cli.callbacks import RESUMING_SWEEPER, MlflowSweepCallback
+    from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf
+
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    MlflowSweepCallback().on_multirun_start(compose_cfg(f"hydra.sweep.dir={sweep}", hydra=True))
+    (sweep / "0" / "results.json").write_text("{}")
+    msg = _refused(MlflowSweepCallback().on_multirun_start,
+                   compose_cfg(f"hydra.sweep.dir={sweep}", hydra=True))  # Hydra's basic sweeper
+    assert f"({sweep / '0' / 'results.json'} is one, never written over: this sweeper numbers " \
+           "its jobs from 0); leave hydra.sweep.dir unset" in msg, msg
+    # gpubench's sweeper resumes it: its jobs take new folders (manifest.reserve_job_dir)
+    MlflowSweepCallback().on_multirun_start(
+        compose_cfg("sweep=batch", f"hydra.sweep.dir={sweep}", hydra=True))
+    assert RESUMING_SWEEPER == GpubenchSweeperConf._target_
+    assert "a folder path" in _refused(MlflowSweepCallback().on_multirun_start,
+                                       compose_cfg("hydra.sweep.dir=''", hydra=True))
+
+
+@pytest.fixture
+def handlers():
+    """The process's signal handlers, put back after a test that changes them."""
+    import signal
+
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                             signal.SIGCHLD)}
+    yield
+    for s, h in kept.items():
+        signal.signal(s, h)
+
+
+def test_sighup_ends_a_run_as_sigterm_does_and_nohup_keeps_it_ignored(handlers, tmp_path):
+    import signal
+
+    from gpubench.cli import signals
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # started under nohup
+    signals.install_sigterm()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is signals._on_signal
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signals.install_sigterm()
+    with pytest.raises(signals.Terminated) as e:
+        signal.raise_signal(signal.SIGHUP)  # a dropped ssh session
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # a second one: the cleanup goes on
+    e.value.run_dir = _run_record(tmp_path / "run", "hup1", os.getpid(), status="killed")
+    assert signals.interrupted_line(e.value) == (
+        "gpubench: interrupted by SIGHUP; status killed, 1 measured phase(s) kept in "
+        f"{tmp_path / 'run' / 'results.json'}", 128 + signal.SIGHUP)
+    assert signals.killed_by_signal(128 + signal.SIGHUP) and not signals.killed_by_signal(1)
+
+
+def test_a_second_signal_waits_until_the_record_is_final_then_goes_on(handlers):
+    import signal
+
+    from gpubench.run.ending import Hold
+
+    hold = Hold()
+    with hold:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # the first ends measuring
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C again while the record is made final
+        signal.raise_signal(signal.SIGHUP)  # (its default action would end this process)
+    assert hold.late == [signal.SIGINT, signal.SIGHUP]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    with pytest.raises(KeyboardInterrupt):
+        hold.replay()  # then it goes on: the caller skipped the upload
+    hold = Hold()
+    with hold:
+        hold.arm()  # measuring ended by itself: the first signal waits too
+        signal.raise_signal(signal.SIGTERM)
+    assert hold.late == [signal.SIGTERM]
+
+
+def test_what_a_stopped_run_kept_and_how_to_upload_it(tmp_path):
+    from gpubench.run.ending import kept
+
+    run = _run_record(tmp_path / "run", "kept1", os.getpid(), status="killed")
+    line = f"status killed, 1 measured phase(s) kept in {run / 'results.json'}"
+    assert kept(run) == line  # not tracked: nothing to upload
+    data = json.loads((run / "results.json").read_text())
+    data["config"]["tracking"] |= {"backend": "mlflow", "uri": "http://u:pw@host:5000"}
+    data["picture"] = str(run / "run.png")
+    (run / "results.json").write_text(json.dumps(data))
+    assert kept(run) == (f"{line} and run.png; not in MLflow: python -m gpubench.tracking sync "
+                         f"{run} --uri http://u:***@host:5000")
+    (run / "mlflow.json").write_text(json.dumps({"synced": True, "run_id": "abc"}))
+    assert kept(run) == f"{line} and run.png"
+    assert kept(tmp_path) is None
+
+
+@pytest.mark.slow  # Hydra's own writes come before the task: the process is the subject
+def test_a_rerun_into_a_run_or_sweep_folder_writes_nothing_there(tmp_path):
+    run = tmp_path / "run"
+    p = run_cli(*TINY, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    (tmp_path / "empty").mkdir()
+    for args, key, where, cwd in (((f"hydra.run.dir={run}",), "hydra.run.dir", run, tmp_path),
+                                  (("hydra.run.dir=''",), "hydra.run.dir", "", tmp_path / "empty"),
+                                  (("-m", "bench.steps=2,3", f"hydra.sweep.dir={run.parent}"),
+                                   "hydra.sweep.dir", run.parent, tmp_path)):
+        p = run_cli(*args, *TINY, cwd=cwd)
+        lines = _stderr_lines(p)
+        assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+        assert lines[0].startswith(f"gpubench: error: {key}='{where}' is not allowed"), lines
+    assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
+    assert not any((tmp_path / "empty").iterdir())
+
+
+@pytest.mark.slow
+def test_sighup_leaves_the_run_killed_with_one_line(tmp_path):
+    import signal
+
+    from test_reliability import _start_and_wait_for_loader
+
+    proc, results = _start_and_wait_for_loader(tmp_path, "tracking=none")
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 128 + signal.SIGHUP and len(lines) == 1, err
+    assert lines[0].startswith("gpubench: interrupted by SIGHUP; status killed"), lines
+    data = json.loads(results.read_text())
+    assert data["status"] == "killed" and data["error"] == "interrupted by SIGHUP"
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_keeps_the_record_the_picture_and_says_how_to_upload(tmp_path):
+    """The second Ctrl-C comes while the run is ending (its picture, its upload to a server
+    that never answers): the record is final, run.png drawn, the upload skipped, one line."""
+    import signal
+
+    from test_reliability import _start_and_wait_for_loader
+
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc, results = _start_and_wait_for_loader(
+            tmp_path, "tracking=mlflow", f"tracking.uri={uri}", "tracking.timeout_s=120")
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 120
+        while not (results.parent / "run.png").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - started < 60  # not the upload's 120 s
+    lines = [ln for ln in err.splitlines() if ln.startswith("gpubench")]
+    assert proc.returncode == 128 + signal.SIGINT and len(lines) == 1, err
+    assert lines[0] == (f"gpubench: interrupted by Ctrl-C; status killed, 1 measured phase(s) "
+                        f"kept in {results} and run.png; not in MLflow: python -m "
+                        f"gpubench.tracking sync {results.parent} --uri {uri}"), lines
+    assert json.loads(results.read_text())["status"] == "killed"

@@ -15,9 +15,9 @@ import pytest
 from conftest import TINY, run_cli, start_cli
 
 from gpubench.analysis.recommend import Row
-from gpubench.analysis.workers import Rate
 from gpubench.config.errors import ConfigError
 from gpubench.core.record import RunRecord, Status
+from gpubench.core.stats import Est
 from gpubench.search.pipe_rules import (
     _effective,
     check_space,
@@ -135,7 +135,7 @@ def test_keep_compute_takes_the_fastest_and_the_smallest_batch_near_it():
 
 def test_choose_data_takes_the_cheapest_setting_whose_interval_clears():
     space = parse_search_space(["loader.num_workers=choice(0,1,2,4)"]).params
-    bound = Rate(500.0, 480.0, 520.0)  # to clear: a low end above 520 x 1.05 = 546
+    bound = Est(500.0, 480.0, 520.0)  # to clear: a low end above 520 x 1.05 = 546
     rows = [loader_row({"loader.num_workers": 0}, 300.0, [290, 310]),
             # above the bound on its figure, not on its interval: not cleared
             loader_row({"loader.num_workers": 1}, 560.0, [500, 600]),
@@ -158,7 +158,7 @@ def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
                                 "loader.pin_memory=choice(false,true)",
                                 "loader.prefetch_factor=choice(2,4)"]).params
     points = sorted(_effective(grid(space)), key=lambda p: cost(p, space))
-    bound = Rate(500.0, 490.0, 510.0)  # to clear: a low end above 535.5
+    bound = Est(500.0, 490.0, 510.0)  # to clear: a low end above 535.5
     # the loader's rate: 200 per worker, +150 with pinned memory (a made-up host)
     def rate(p):
         v = 100 + 200 * p["loader.num_workers"] + 150 * p["loader.pin_memory"]
@@ -184,23 +184,23 @@ def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
 
 
 def test_a_zero_worker_join_is_bounded_by_load_then_step():
-    compute, loader = Rate(230.0, 228.0, 232.0), Rate(2500.0, 2450.0, 2550.0)
+    compute, loader = Est(230.0, 228.0, 232.0), Est(2500.0, 2450.0, 2550.0)
     name, b = join_bound(compute, loader, 0)
     assert name == "serial" and b.value == pytest.approx(1 / (1 / 230 + 1 / 2500))
     # 209 img/s with 0 workers is what loading then stepping allows: no contention
-    assert not contends(Rate(209.0, 207.0, 210.0), b, 0.05)
+    assert not contends(Est(209.0, 207.0, 210.0), b, 0.05)
     # with a worker the pipes overlap: the narrower pipe is the bound, and 190 falls short
     name, b = join_bound(compute, loader, 1)
     assert (name, b) == ("compute", compute)
-    assert contends(Rate(190.0, 188.0, 192.0), b, 0.05)
+    assert contends(Est(190.0, 188.0, 192.0), b, 0.05)
 
 
 def test_a_join_that_falls_short_of_both_pipes_is_contention():
-    narrower = Rate(500.0, 490.0, 510.0)
-    assert contends(Rate(400.0, 390.0, 410.0), narrower, 0.05)
+    narrower = Est(500.0, 490.0, 510.0)
+    assert contends(Est(400.0, 390.0, 410.0), narrower, 0.05)
     # within the hand-over's tolerance, or an interval reaching the bound: no contention
-    assert not contends(Rate(470.0, 460.0, 480.0), narrower, 0.05)
-    assert not contends(Rate(400.0, 300.0, 500.0), narrower, 0.05)
+    assert not contends(Est(470.0, 460.0, 480.0), narrower, 0.05)
+    assert not contends(Est(400.0, 300.0, 500.0), narrower, 0.05)
 
 
 def test_the_path_is_told_in_a_few_lines():

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -177,6 +176,44 @@ def test_good_sweeper_settings_pass():
     assert s.sampler.value == "random" and s.mode.value == "optuna"
 
 
+def _override_lists() -> list[str]:
+    """Every list of overrides the sweeper declares it adds to some jobs (a key `*overrides`)."""
+    from gpubench.config.keys import keys
+    from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf
+
+    return [k.name for k in keys(GpubenchSweeperConf, "hydra.sweeper.")
+            if k.name.endswith("overrides")]
+
+
+def test_the_sweeper_declares_its_override_lists():
+    assert {"hydra.sweeper.screen.overrides", "hydra.sweeper.max_batch.overrides",
+            "hydra.sweeper.pipes.compute_overrides", "hydra.sweeper.pipes.data_overrides",
+            "hydra.sweeper.pipes.join_overrides"} <= set(_override_lists())
+
+
+@pytest.mark.parametrize("name", _override_lists())
+@pytest.mark.parametrize("bad,allowed", [
+    ("garbage", "an override in Hydra's syntax"), ("bench.stps=3", "close: bench.steps"),
+    ("bench.steps=0", "bench.steps: an integer in [1, "),
+    ("loader.batch_size=choice(2,4)", "a plain override key=value"),
+])
+def test_every_override_list_of_the_sweeper_is_checked_before_any_trial(compose_cfg, name, bad,
+                                                                       allowed):
+    """A bad override in any list the sweeper adds to its jobs would fail every such job: it is
+    refused in one line before Hydra builds the sweeper (gpubench.config.prechecks)."""
+    from omegaconf import OmegaConf
+
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg("hydra/sweeper=gpubench", hydra=True)
+    check_before_work(cfg)  # the declared defaults pass
+    OmegaConf.update(cfg, name, ["bench.warmup_steps=1", bad])
+    with pytest.raises(ConfigError) as e:
+        check_before_work(cfg)
+    line = str(e.value)
+    assert line.startswith(f"{name}[1]={bad!r} is not allowed: ") and allowed in line, line
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("args,key", [
     (["hydra.sweeper.n_trials=0", "loader.batch_size=choice(2,4)"], "hydra.sweeper.n_trials=0"),
@@ -186,6 +223,8 @@ def test_good_sweeper_settings_pass():
      "hydra.sweeper.confirm.top=-1"),
     (["bench.steps=2"], "hydra.sweeper.params"),
     (["loader.batch_size=range(8,4)"], "loader.batch_size='range(8,4"),
+    (["sweep=pipes", "hydra.sweeper.pipes.compute_overrides=[garbage]"],
+     "hydra.sweeper.pipes.compute_overrides[0]='garbage'"),
 ])
 def test_bad_sweeps_fail_in_one_line_before_any_job(tmp_path, args, key):
     p = _sweep(tmp_path, *args)
@@ -210,6 +249,11 @@ def test_max_batch_fails_in_one_line_on_the_keys_it_reads_before_any_probe(tmp_p
 # ---------------------------------------------------------------------------- outcomes
 
 
+def dead_pid() -> int:
+    """A pid no process has: the kernel's pid_max (every pid is below it)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
 def _results(tmp: Path, name: str, **data) -> Path:
     d = tmp / name
     d.mkdir()
@@ -217,6 +261,7 @@ def _results(tmp: Path, name: str, **data) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_job_records_as_the_sweeper_reads_them(tmp_path):
     ok = read_job(_results(tmp_path, "ok", status="ok", images_per_sec=100.0,
                            peak_memory_fraction=0.5), None, "full")
@@ -237,11 +282,7 @@ def test_job_records_as_the_sweeper_reads_them(tmp_path):
                                peak_memory_fraction=0.1), ValueError("late"), "full")
     assert raised.status is Status.failed and "late" in raised.error
     # left running by a process that is gone (kill -9): killed, not measured
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    import socket
-
-    left = read_job(_results(tmp_path, "left", status="running", pid=int(dead),
+    left = read_job(_results(tmp_path, "left", status="running", pid=dead_pid(),
                              host=socket.gethostname()), None, "full")
     assert left.status is Status.killed and left.status.crashed
     # still running in a live process (the job returned without finishing it): failed
@@ -254,6 +295,60 @@ def test_fits_under_keeps_the_reserve(tmp_path):
     at = read_job(_results(tmp_path, "a", status="ok", images_per_sec=1.0,
                            peak_memory_fraction=0.77), None, "probe")
     assert at.fits_under(reserve=0.0) and not at.fits_under(reserve=0.05)  # 0.8 x 0.95 = 0.76
+
+
+class RecordingLauncher:
+    """Stands in for Hydra's launcher: each job leaves the results.json its run would have
+    written (given in order), and returns as Hydra's jobs do."""
+
+    def __init__(self, sweep: Path, records: list[dict]) -> None:
+        self.sweep, self.records = sweep, records
+
+    def launch(self, batch, initial_job_idx: int):
+        from hydra.core.utils import JobReturn, JobStatus
+        from omegaconf import OmegaConf
+
+        out = []
+        for i in range(len(batch)):
+            d = self.sweep / str(initial_job_idx + i)
+            (d / "results.json").write_text(json.dumps({"memory_ceiling": 0.8,
+                                                        **self.records.pop(0)}))
+            hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(d)}}})
+            out.append(JobReturn(hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED,
+                                 _return_value=0.0))
+        return out
+
+
+FAILED = {"status": "failed", "error": "RuntimeError: boom at http://u:pw@host:5000"}
+OOM = {"status": "oom", "peak_memory_fraction": 0.9, "error": "OutOfMemoryError: injected"}
+MEASURED = {"status": "ok", "images_per_sec": 10.0, "peak_memory_fraction": 0.1}
+OVER = {"status": "over_ceiling", "images_per_sec": 10.0, "peak_memory_fraction": 0.9}
+
+
+@pytest.mark.parametrize("outcomes,failed", [
+    ([FAILED, FAILED], True), ([FAILED, OOM], True), ([OOM], True),
+    ([FAILED, MEASURED], False), ([OOM, OVER], False), ([], False),
+])
+def test_a_sweep_that_measured_nothing_has_failed(tmp_path, outcomes, failed):
+    """docs/sweeps.md "When a sweep fails": an invocation whose jobs all failed or ran out of
+    memory fails (exit 1); one measurement is enough (an OOM is a memory search's answer); an
+    invocation with nothing left to run has not failed."""
+    from gpubench.search.jobs import Jobs, SweepFailed
+    from gpubench.search.manifest import Manifest
+
+    jobs = Jobs(RecordingLauncher(tmp_path, list(outcomes)), Manifest(tmp_path, "optuna"), 10)
+    for _ in outcomes:
+        jobs.launch([["loader.batch_size=2"]], [{"trial": 0, "rung": "full"}])
+    if not failed:
+        jobs.check_measured()
+        return
+    with pytest.raises(SweepFailed) as e:
+        jobs.check_measured()
+    line = str(e.value)
+    assert line.startswith("no job of this sweep measured (") and "\n" not in line
+    assert outcomes[-1]["error"].split(" at ")[0] in line and ":pw@" not in line, line
+    assert ("u:***@host" in line) == (outcomes[-1] is FAILED)  # its password masked
+    assert str(tmp_path / "sweep.json") in line
 
 
 # ---------------------------------------------------------------------------- max batch
@@ -331,6 +426,64 @@ def test_concurrent_study_creation_loads_the_winner(tmp_path):
     shared[0].study.enqueue_trial({"x": 1})
     assert all(len(s.study.trials) == 1 for s in shared)  # one study, seen by all
     assert len(optuna.get_all_study_names(storage)) == 1
+
+
+def test_a_storage_that_does_not_open_is_one_line_at_once(tmp_path, caplog):
+    """A server that refuses, a file that is no database, a folder that is not there: one line
+    naming the storage (its password masked) and the database's own reason, without the
+    retries a creation race gets; the report reads the job folders instead."""
+    from conftest import free_port
+
+    from gpubench.search.jobs import SweepFailed
+    from gpubench.search.rows import load_dir
+
+    (tmp_path / "notadb.db").write_text("a spreadsheet, not a database")
+    cases = [(f"postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/db", "Connection refused"),
+             (f"sqlite:///{tmp_path / 'notadb.db'}", "file is not a database"),
+             (f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}", "unable to open database file")]
+    for url, reason in cases:
+        with pytest.raises(SweepFailed) as e:
+            open_study("s", url, 1, 4)
+        line = str(e.value)
+        assert line.startswith("the study storage ") and "could not be opened: " in line
+        assert reason in line and "\n" not in line and "[SQL" not in line and ":pw@" not in line
+    # a sweep whose sweep.json names such a storage: the report warns in one line, reads files
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    d = _results(sweep, "0", status="ok", images_per_sec=5.0, peak_memory_fraction=0.1)
+    (sweep / "sweep.json").write_text(json.dumps({
+        "mode": "optuna", "study_name": "s", "storage": cases[1][0],
+        "jobs": [{"num": 0, "dir": str(d), "trial": 0, "rung": "full", "status": "ok"}]}))
+    rows, study = load_dir(sweep)
+    assert study is None and [r.label for r in rows] == ["0"]
+    [warning] = [r.getMessage() for r in caplog.records if "not readable" in r.getMessage()]
+    assert "file is not a database" in warning and "\n" not in warning
+
+
+def test_a_studys_rows_are_labelled_by_their_job_folders(tmp_path):
+    """The user finds a run by its job folder's name, not by Optuna's trial number: the two part
+    as soon as a trial is screened, confirmed or resumed. A trial naming no folder keeps its
+    number; each row keeps its trial's number (with its stage's prefix) as `trial`."""
+    import shutil
+
+    from gpubench.search.rows import trial_rows
+
+    shared = open_study("s", None)
+    dist = {"loader.batch_size": CategoricalDistribution([2, 4, 8])}
+    for batch, folder in ((2, "5"), (4, "8"), (8, None)):
+        t = shared.study.ask(dist)
+        t.set_user_attr("status", "ok")
+        t.set_user_attr("throughput", 10.0 * batch)
+        if folder is not None:
+            d = _results(tmp_path, folder, status="ok", images_per_sec=10.0 * batch,
+                         peak_memory_fraction=0.1, config={"loader": {"batch_size": batch}})
+            t.set_user_attr("dir", str(d))
+        shared.study.tell(t, 10.0 * batch)
+    shutil.rmtree(tmp_path / "8")  # a folder gone since: the study's figures, under its name
+    rows = trial_rows(shared.study, shared.storage, prefix="compute-")
+    assert [(t.number, r.label, r.trial) for t, r in rows] == [
+        (0, "5", "compute-0"), (1, "8", "compute-1"), (2, "compute-2", "compute-2")]
+    assert [r.throughput for _, r in rows] == [20.0, 40.0, 80.0]
 
 
 def test_ctrl_c_queues_the_running_trial_again():
@@ -576,23 +729,26 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
     for n in top:
         assert kept[n] == [j["dir"] for j in confirm if j["trial"] == n]
     # best: the report's reference, a confirmed trial whenever one measured alike again
-    rows = {r.label: r for r in load_dir(sweep)[0]}
-    assert len(rows) == 4 and all(bool(rows[str(n)].confirms) == (n in top) for n in recs)
+    # each trial's row, named by the folder of its full measurement (as the user finds it)
+    by_label = {r.label: r for r in load_dir(sweep)[0]}
+    rows = {j["trial"]: by_label[Path(j["dir"]).name] for j in full}
+    assert len(by_label) == 4 and all(bool(rows[n].confirms) == (n in top) for n in recs)
+    assert all(rows[n].trial == str(n) for n in recs)
     best = manifest["best"]
-    stable_top = [n for n in top if rows[str(n)].stable]
+    stable_top = [n for n in top if rows[n].stable]
     assert best["confirmed"] == bool(stable_top)
     if stable_top:
         assert best["trial"] in stable_top and best["measurements"] == 3
-        assert best["value"] == max(rows[str(n)].throughput for n in stable_top)
+        assert best["value"] == max(rows[n].throughput for n in stable_top)
     # the report's ranking shows the pooled figure of a confirmed trial
-    pooled = rows[str(top[0])]
+    pooled = rows[top[0]]
     import statistics
 
     figures = [recs[top[0]].throughput,
                *(record.load(d).throughput for d in kept[top[0]])]
     assert pooled.throughput == pytest.approx(statistics.median(figures))
     ranking = (sweep / "report" / "ranking.csv").read_text().splitlines()
-    shown = [line.split(",") for line in ranking[1:] if line.split(",")[1] == str(top[0])]
+    shown = [line.split(",") for line in ranking[1:] if line.split(",")[1] == pooled.label]
     assert [(c[3], c[9]) for c in shown] == [(f"{pooled.throughput:.1f}", "full+2 confirm")]
 
     # the same command again: the study is complete and confirmed, nothing is launched
@@ -660,6 +816,18 @@ def test_failed_trials_are_recorded_up_to_the_limit(tmp_path):
     assert [t.state for t in measured] == [TrialState.FAIL] * 2  # the second crossed the limit
     assert all("boom" in t.user_attrs["error"] for t in study.trials)
     assert all(t.state == TrialState.FAIL for t in study.trials)
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_jobs_all_fail_exits_1_in_one_line(tmp_path):
+    """Under max_failures, yet nothing measured: the sweep failed (before: exit 0)."""
+    p = _sweep(tmp_path, "loader.batch_size=choice(2,4)", "fault.fail_message=boom",
+               "hydra.sweeper.n_trials=2", "hydra.sweeper.screen.steps=null")
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
+    assert "no job of this sweep measured (2 failed)" in errors[0] and "boom" in errors[0]
+    assert "Traceback" not in p.stderr and not (tmp_path / "sweep" / "report").exists()
+    assert len(json.loads((tmp_path / "sweep" / "sweep.json").read_text())["jobs"]) == 2
 
 
 @pytest.mark.slow
@@ -831,6 +999,36 @@ def test_max_batch_checks_its_own_keys_before_any_probe(compose_cfg, override, k
     assert e.value.key == key and "\n" not in line and line.startswith(f"{key}=")
 
 
+@pytest.mark.parametrize("text,why", [
+    ("cut {", "not valid JSON"), ("[]", "not a JSON object"), ('{"mode": "optuna"}',
+                                                                  "no list of jobs"),
+    ('{"mode": "optuna", "jobs": 5}', "jobs: not a list"), ('{"mode": 1, "jobs": []}',
+                                                            "mode: not a str"),
+    ('{"mode": "optuna", "jobs": [{"x": 1}]}', "a job without its dir and num"),
+    ('{"mode": "pipes", "jobs": [], "studies": 3, "storage": "sqlite:///x.db"}',
+     "studies: not a list"),
+])
+def test_a_sweep_json_of_another_shape_is_damaged_kept_and_read_around(tmp_path, caplog, text,
+                                                                       why):
+    """Valid JSON of another shape (edited by hand, another tool's) is damaged like a file cut
+    short: the report warns in one line and reads the job folders; a resume keeps a copy and
+    reads its jobs back from their folders."""
+    from gpubench.search.manifest import Manifest, problem
+    from gpubench.search.rows import load_dir
+
+    _results(tmp_path, "0", status="ok", images_per_sec=5.0, peak_memory_fraction=0.1)
+    (tmp_path / "sweep.json").write_text(text)
+    assert problem(tmp_path) == why
+    rows, study = load_dir(tmp_path)
+    assert [r.label for r in rows] == ["0"] and study is None
+    assert any(f"is damaged ({why})" in r.getMessage() for r in caplog.records)
+    m = Manifest(tmp_path, "optuna")
+    assert (tmp_path / "sweep.json.damaged").read_text() == text
+    assert [(j["num"], j["status"]) for j in m.jobs] == [(0, "ok")]
+    m.save()
+    assert problem(tmp_path) is None
+
+
 def test_job_folders_are_reserved_once_across_threads(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -842,14 +1040,12 @@ def test_job_folders_are_reserved_once_across_threads(tmp_path):
     assert sorted(nums) == list(range(4, 44))
 
 
+@pytest.mark.slow
 def test_runs_left_running_by_a_dead_process_are_saved_as_killed(tmp_path):
-    import socket
-
     from gpubench.core.record import load
     from gpubench.search.jobs import mark_stale_runs
 
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True).stdout)
+    dead = dead_pid()
     host = socket.gethostname()
     _results(tmp_path, "dead", status="running", pid=dead, host=host)
     _results(tmp_path, "alive", status="running", pid=os.getpid(), host=host)

@@ -2,22 +2,26 @@
 
 Hydra and OmegaConf raise typed exceptions whose attributes carry what the line needs: a config
 group that has no such option (MissingConfigException: `missing_cfg_file`, `options`), a value
-of the wrong type (ValidationError: `full_key`, `value`, and the node it was meant for), an
-override the parser refused (OverrideParseException: `override`). Those are read, not their
-message text; a message is printed only where no attribute says more (its first line). The
-command's own overrides name the value of a key the config lacks (Hydra's exception does not).
+of the wrong type (ValidationError: `full_key`, `value`, and the typed node it was meant for,
+whose schema declares what the key takes), a key the config lacks (ConfigKeyError), an override
+the parser refused (OverrideParseException: `override`). Those are read, not their message
+text; a message is printed only where no attribute says more (its first line). The command's
+own overrides, parsed by Hydra's parser, name the value as it was typed, a deleted key, and the
+override the parser cannot read. Every bad-input line is a ConfigError's (gpubench.config.errors:
+values cut to a readable length).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
-import typing
+import errno
 from collections.abc import Sequence
-from enum import Enum
 
 from antlr4.error.Errors import LexerNoViableAltException
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import (
     ConfigCompositionException,
     HydraException,
@@ -25,7 +29,7 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
-from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode
+from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -33,16 +37,17 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from gpubench.config.errors import ConfigError
+from gpubench.config.errors import NOTHING, ConfigError, cut
+from gpubench.config.keys import Key, keys
 from gpubench.config.prechecks import UNQUOTED, _keys
-from gpubench.config.schema import KEYS
+from gpubench.config.schema import KEYS, check_known_key
 from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
-from gpubench.core.files import WriteError
+from gpubench.core.files import LinkError, WriteError
+from gpubench.search.jobs import SweepFailed
 
-# what a value must be, by the type it was meant for
-_KINDS: dict[type, str] = {int: "an integer", float: "a number", bool: "true or false"}
-_NODE_TYPES: dict[type, type] = {IntegerNode: int, FloatNode: float, BooleanNode: bool}
+DECLARED = {k.name: k for k in KEYS}
+LONGEST = 400  # a line of a message that is not gpubench's own: its start and end
 
 
 def root_cause(ex: BaseException) -> BaseException:
@@ -56,8 +61,8 @@ def root_cause(ex: BaseException) -> BaseException:
 
 
 def flat(text: str) -> str:
-    """A message of several lines as one."""
-    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    """A message of several lines as one, at most LONGEST characters."""
+    return cut("; ".join(part.strip() for part in str(text).splitlines() if part.strip()), LONGEST)
 
 
 def first_line(ex: BaseException) -> str:
@@ -66,49 +71,69 @@ def first_line(ex: BaseException) -> str:
     return next((ln.strip() for ln in str(ex).splitlines() if ln.strip()), type(ex).__name__)
 
 
-def _expected_type(bad: ValidationError) -> type | None:
-    """The type the refused value was meant to have: the node's (an Enum, int, float, bool), or
-    a list's element type for an element (`bench.phases[1]`)."""
-    node = bad.child_node
-    if isinstance(node, EnumNode):
-        return node.enum_type
-    for node_type, t in _NODE_TYPES.items():
-        if isinstance(node, node_type):
-            return t
-    if node is None and typing.get_origin(bad.ref_type) is list:
-        (element,) = typing.get_args(bad.ref_type) or (None,)
-        return element
-    return None
+def _parsed(overrides: Sequence[str]) -> list[Override]:
+    try:
+        return OverridesParser.create().parse_overrides(list(overrides))
+    except (HydraException, ValueError):  # an override the parser refuses: unparsable() names it
+        return []
 
 
-def _allowed(t: type | None) -> str | None:
-    if isinstance(t, type) and issubclass(t, Enum):
-        # the names, as OmegaConf accepts them on the command line
-        return "one of " + ", ".join(t.__members__)
-    return _KINDS.get(t) if t is not None else None
+def _typed(o: Override) -> str:
+    """An override's value as it was typed (`true`, not Python's True)."""
+    return (o.input_line or "").partition("=")[2]
 
 
-def missing_key_line(ex: ConfigCompositionException, overrides: Sequence[str] = ()) -> str | None:
-    """An override of a key the config does not have (`loader.batchsize=32`), as the multirun
-    check says it (gpubench.config.prechecks): the key, the value, the close keys, and how to
-    add a new one; None for any other composition error."""
-    cause = ex.__cause__
+def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
+    """The declaration of the key a refused value was meant for, read from its typed parent
+    node's schema (a gpubench group, the sweeper's, Hydra's own), and whether the value was a
+    list's element (`bench.phases[1]`)."""
+    node, name, element = bad.parent_node, bad.key, False
+    if isinstance(node, ListConfig):
+        node, name, element = node._get_parent(), node._key(), True
+    schema = OmegaConf.get_type(node) if node is not None else None
+    if not dataclasses.is_dataclass(schema):
+        return None
+    try:
+        declared = keys(schema)
+    except (NameError, TypeError):  # a schema whose annotations do not resolve here
+        return None
+    return next(((k, element) for k in declared if k.path == name), None)
+
+
+def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
+    """A key the config does not have (`loader.batchsize=32`, a team YAML's `extra_key`):
+    under gpubench's groups, the keys the schema declares, close ones first; elsewhere the
+    close keys of the config and how to add a new one. None for any other composition error."""
+    cause = ex.__cause__ or ex.__context__  # an override's error is the cause, a file's the context
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
     # the cause names the missing key, or its first missing part only (`lodaer` of
     # `lodaer.batch_size=3`): the override applied is the command's first that names it
     missing = cause.full_key
-    o = next((o for o in OverridesParser.create().parse_overrides(list(overrides))
-              if o.key_or_group == missing or o.key_or_group.startswith(f"{missing}.")), None)
+    o = next((o for o in parsed if o.key_or_group == missing
+              or o.key_or_group.startswith(f"{missing}.")), None)
     key = o.key_or_group if o is not None else missing
+    value, typed = (o.value(), _typed(o)) if o is not None else (None, None)
+    try:
+        check_known_key(key, value)  # the schema's one rule for keys under its groups
+    except ConfigError as e:
+        return ConfigError(key, value, e.allowed, typed)
     # the whole config, as far as it was composed: the missing key's parent leads to its root
     root = cause.parent_node._get_root() if cause.parent_node is not None else None
-    known = _keys(root, skip=("hydra",)) if root is not None else [k.name for k in KEYS]
+    known = _keys(root, skip=("hydra",)) if root is not None else list(DECLARED)
     close = difflib.get_close_matches(key, known, n=3)
     hint = f" (close: {', '.join(close)})" if close else ""
-    # the value as it was typed (`true`, not Python's True)
-    typed = f"={o.input_line.partition('=')[2]}" if o is not None and o.input_line else ""
-    return f"{key}{typed} is not allowed: a key of the config{hint}; +{key}=... adds a new one"
+    return ConfigError(key, value, f"a key of the config{hint}; +{key}=... adds a new one", typed)
+
+
+def deleted_line(parsed: list[Override]) -> ConfigError | None:
+    """`~loader.batch_size`: a declared key is always in the config; it is set, never deleted."""
+    o = next((o for o in parsed if o.is_delete() and o.key_or_group in DECLARED), None)
+    if o is None:
+        return None
+    k = DECLARED[o.key_or_group]
+    return ConfigError(f"~{k.name}", NOTHING, f"a key gpubench declares is set, not deleted: "
+                                              f"{k.name}=... takes {k.allowed}")
 
 
 def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = ()) -> str:
@@ -116,47 +141,70 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
-        return f"{group}={value} is not allowed: one of {', '.join(ex.options)}"
+        return str(ConfigError(group, value, f"one of {', '.join(ex.options)}", value))
+    parsed = _parsed(overrides)
     if isinstance(ex, ConfigCompositionException):
-        line = missing_key_line(ex, overrides)
+        line = missing_key_line(ex, parsed) or deleted_line(parsed)
         if line is not None:
-            return line
+            return str(line)
     # Hydra wraps OmegaConf's error of merging an override: the key and value are the cause's
-    cause = ex.__cause__ if isinstance(ex.__cause__, OmegaConfBaseException) else None
-    bad = ex if isinstance(ex, OmegaConfBaseException) else cause
+    cause = ex.__cause__ or ex.__context__
+    bad = ex if isinstance(ex, OmegaConfBaseException) else \
+        cause if isinstance(cause, OmegaConfBaseException) else None
+    declared = _declared(bad) if isinstance(bad, ValidationError) else None
+    if declared is not None:
+        k, element = declared
+        allowed = f"one of {', '.join(k.choices.__members__)}" if element and k.choices else \
+            k.allowed
+        o = next((o for o in parsed if o.key_or_group == bad.full_key), None)
+        return str(ConfigError(bad.full_key, bad.value, allowed,
+                               _typed(o) if o is not None else str(bad.value)))
     key = bad.full_key if bad is not None else None
-    if key and isinstance(bad, ValidationError) and bad.value is not None:
-        allowed = _allowed(_expected_type(bad))
-        if allowed:
-            return f"{key}={bad.value} is not allowed: {allowed}"
     line = first_line(bad if bad is not None else ex)
-    return f"{key}: {line}" if key else line
+    return flat(f"{key}: {line}" if key else line)
 
 
-def override_line(ex: OverrideParseException) -> str:
-    """One line for an override Hydra's parser refused (its attribute `override` is the text):
-    a character its lexer does not take unquoted (an accent, a space) or a broken sweep. Says
-    what the syntax allows and what the key takes; for model.name, the models."""
-    text = ex.override or ""
+def override_line(text: str, reason: BaseException | None) -> str:
+    """One line for an override Hydra's parser cannot read (`text`, `reason` the parser's own
+    error): a character its lexer does not take unquoted (an accent, a space), a broken sweep,
+    a number Python will not convert. Says what the syntax allows and what the key takes; for
+    model.name, the models."""
     key, eq, value = text.partition("=")
     key = key.strip().lstrip("+~")
     if not eq:
-        return f"{text!r} is not allowed: an override key=value in Hydra's syntax ({UNQUOTED})"
-    # Hydra raises this from None over the parser's own HydraException (its reason), raised
-    # while the lexer's error was handled for a character the lexer does not take
-    # (hydra/core/override_parser/overrides_parser.py parse_overrides, HydraErrorListener)
-    reason = ex.__context__
+        return str(ConfigError(repr(text), NOTHING,
+                               f"an override key=value in Hydra's syntax ({UNQUOTED})"))
+    # Hydra raises its OverrideParseException from None over the parser's own HydraException
+    # (the reason), raised while the lexer's error was handled for a character the lexer does
+    # not take (hydra/core/override_parser/overrides_parser.py parse_overrides,
+    # HydraErrorListener)
     lexer = isinstance(getattr(reason, "__context__", None), LexerNoViableAltException)
     syntax = UNQUOTED if lexer else "choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}"
-    line = f"{key}={value!r} is not allowed: a value in Hydra's override syntax ({syntax})"
+    allowed = f"a value in Hydra's override syntax ({syntax})"
     if not lexer and reason is not None:  # a type a function refused, a missing bracket
-        line += f" (Hydra: {flat(str(reason))[:200]})"
+        allowed += f" (Hydra: {flat(str(reason))[:200]})"
     if key == "model.name":
         names = known_models()
         close = difflib.get_close_matches(value, names, n=6, cutoff=0.6)
-        return line + f"; model.name takes one of {', '.join(close or names)}"
-    declared = next((k for k in KEYS if k.name == key), None)
-    return line + (f"; {key} takes {declared.allowed}" if declared is not None else "")
+        return str(ConfigError(key, value, allowed + f"; model.name takes one of "
+                                                     f"{', '.join(close or names)}"))
+    declared = DECLARED.get(key)
+    return str(ConfigError(key, value, allowed + (f"; {key} takes {declared.allowed}"
+                                                  if declared is not None else "")))
+
+
+def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
+    """The first of the command's overrides Hydra's parser cannot read alone, and why: its
+    ValueError (an integer of 20,000 digits) names no override."""
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as e:
+            return text, e.__context__
+        except ValueError as e:
+            return text, e
+    return None
 
 
 def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, ExitCode]:
@@ -168,16 +216,28 @@ def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, Exi
     if isinstance(ex, argparse.ArgumentError):  # the command line itself: no such flag
         return f"{ex} (see gpubench --help)", ExitCode.BAD_INPUT
     if isinstance(ex, OverrideParseException):
-        return override_line(ex), ExitCode.BAD_INPUT
+        return override_line(ex.override or "", ex.__context__), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
-        return flat(hydra_line(ex, overrides)), ExitCode.BAD_INPUT
-    if isinstance(ex, WriteError):  # already one line: the path, the reason, the free space
+        return hydra_line(ex, overrides), ExitCode.BAD_INPUT
+    if isinstance(ex, (WriteError, LinkError, SweepFailed)):  # already one line (the path,
+        # the reason, the free space; the link and its target; the sweep's counts)
         return str(ex), ExitCode.FAILED
+    if isinstance(ex, OSError) and ex.errno == errno.ENAMETOOLONG:
+        # a value made a path: a group's option (Hydra looks for its file), a folder
+        o = next((o for o in _parsed(overrides) if isinstance(o.value(), str) and o.value()
+                  and o.value() in str(ex.filename)), None)
+        if o is not None:
+            return str(ConfigError(o.key_or_group, o.value(), "a name the file system takes "
+                                   "(a path's names at most 255 characters)")), ExitCode.BAD_INPUT
     if isinstance(ex, OSError):
         # the path is the useful part: "[Errno 30] Read-only file system: '/x'" reads backwards
-        where = f"{ex.filename}: " if ex.filename and str(ex.filename) not in str(ex.strerror) else ""
+        where = f"{cut(str(ex.filename))}: " if ex.filename and \
+            str(ex.filename) not in str(ex.strerror) else ""
         return f"{where}{flat(ex.strerror or str(ex))} ({type(ex).__name__})", ExitCode.FAILED
     if isinstance(ex, ValueError) and str(ex).strip():
+        refused = unparsable(overrides)  # Hydra's parser raised it, naming no override
+        if refused is not None:
+            return override_line(*refused), ExitCode.BAD_INPUT
         # a setting refused by the sweeper or a library (a search space, a sampler): its own
         # message names it. Other types (TypeError, KeyError...) keep their name: a failure.
         return flat(str(ex)), ExitCode.BAD_INPUT

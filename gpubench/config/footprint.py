@@ -13,6 +13,8 @@ from typing import Any
 from gpubench.config.errors import ConfigError
 from gpubench.core.pipe import batches_in_flight
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database
+
 
 def check_local_store(key: str, path: Path | None, folder: bool = False,
                       value: str | None = None) -> None:
@@ -23,6 +25,13 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
     if path is None:
         return
     path = Path(os.path.expanduser(str(path))).absolute()
+    if not folder and path.is_file() and path.stat().st_size:
+        # SQLite would take a file shorter than its header for a new database and write one
+        # over it (a 1-byte notes.db was replaced so): a file that is no database is kept
+        with open(path, "rb") as f:
+            if f.read(16) != SQLITE_HEADER:
+                raise ConfigError(key, value or str(path), f"a SQLite database or a new file "
+                                  f"({path} holds something else)")
     for p in ([path] if folder else []) + list(path.parents):
         if p.exists():
             if not p.is_dir():

@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep, Sweep
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -122,9 +122,7 @@ def parse(text: str, key: str) -> Any:
 
 
 def _check_value(k: Key, v: Any) -> None:
-    """One value of a declared key: its range or choices, its type, a known model."""
-    if k.type is bool and not isinstance(v, bool):
-        raise ConfigError(k.name, v, k.allowed)
+    """One value of a declared key: its type, range or choices, a known model."""
     k.check(v)
     if k.name == "model.name":
         check_model_name(v)
@@ -145,6 +143,9 @@ def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) 
         return
     sweep = o.is_sweep_override()
     values = _swept_values(o) if sweep else [o.value()]
+    if any(isinstance(v, Sweep) for v in values):  # `choice(8,16),choice(4)`
+        raise ConfigError(key, _text(o), "one sweep of plain values: a,b,c, choice(a,b), "
+                                         "range(a,b) or interval(a,b), not a sweep of sweeps")
     if key in groups:
         options = group_options(key)
         for v in values:
@@ -175,11 +176,12 @@ def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) 
         _check_value(k, v)
 
 
-def check_sweep_overrides(cfg: DictConfig) -> None:
-    """Every override of a multirun (the command line's and hydra.sweeper.params, sweeps and
-    plain ones) names a key of the config or a config group, and its values are in the key's
-    range, type or choices (its declaration in the schema) or among the group's options; a
-    numeric sweep has finite ends, and an integer key is never swept with an interval."""
+def check_overrides(cfg: DictConfig) -> None:
+    """Every override (the command line's and hydra.sweeper.params): a plain one's value has its
+    key's type as written (Key.check_type: the composed config shows 2 as true); a sweep names a
+    key of the config or a config group, and its values are in the key's range, type or
+    choices (its declaration in the schema) or among the group's options; a numeric sweep has
+    finite ends, and an integer key is never swept with an interval."""
     task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
@@ -192,22 +194,59 @@ def check_sweep_overrides(cfg: DictConfig) -> None:
     for o in overrides:
         if o.is_sweep_override() or isinstance(o.value(), ChoiceSweep):
             _check_override(cfg, o, groups, declared)
+        elif o.key_or_group in declared and not o.is_delete():
+            declared[o.key_or_group].check_type(o.value())
+
+
+def _leaves(node: Any, prefix: str = ""):
+    """(dotted key, value) of every value under a mapping of plain containers."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], node
+
+
+def check_written(raw: DictConfig, package: str, where: str) -> None:
+    """The values a YAML file writes, as read and before they are merged into the typed schema
+    (which turns `checkpointing: 2` into true), `package` the prefix its keys go under ('model';
+    '' for the primary config and a _global_ overlay): a key under gpubench's groups is one the
+    schema declares, and a boolean key's value is true or false (Key.check_type). The config
+    search path's file source (hydra_plugins.gpubench_searchpath) calls it on every file it
+    reads: gpubench's own, a team's. `where`: the file, as the line names it."""
+    values = OmegaConf.to_container(raw, resolve=False)
+    if not isinstance(values, dict):
+        return  # Hydra's own line: a config is a mapping
+    values.pop("defaults", None)  # Hydra's defaults list, not a value
+    for part in reversed([p for p in package.split(".") if p]):
+        values = {part: values}
+    declared = {k.name: k for k in KEYS}
+    try:
+        check_known_keys(OmegaConf.create(values))
+        for key, value in _leaves(values):
+            if key in declared:
+                declared[key].check_type(value)
+    except ConfigError as e:
+        raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
 # the sweeper's lists of plain overrides applied to some of its jobs
-EXTRA_OVERRIDES = ("screen.overrides", "max_batch.overrides")
-
-
 def check_extra_overrides(cfg: DictConfig) -> None:
-    """hydra.sweeper.screen.overrides (a screen's jobs) and max_batch.overrides (the probes):
-    each parsed by Hydra's parser and its key and value checked like a command-line override's,
-    before any trial (a bad one would fail every screened trial and the sweep exit 0)."""
+    """Every override list the sweeper declares (a key of its schema named `*overrides`: a
+    screen's jobs, the max-batch probes, each pipe's trials): each parsed by Hydra's parser and
+    its key and value checked like a command-line override's, before any trial (a bad one would
+    fail every trial it reaches)."""
+    node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if schema is None or not is_dataclass(schema):
+        return
     groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
     declared = {k.name: k for k in KEYS}
-    for name in EXTRA_OVERRIDES:
-        texts = OmegaConf.select(cfg, f"hydra.sweeper.{name}", default=None)
-        for i, text in enumerate(texts or []):
-            key = f"hydra.sweeper.{name}[{i}]"
+    for k in keys(schema, "hydra.sweeper."):
+        if not k.name.endswith("overrides"):
+            continue
+        for i, text in enumerate(OmegaConf.select(cfg, k.name, default=None) or []):
+            key = f"{k.name}[{i}]"
             o = parse(str(text), key)
             if o.is_sweep_override():
                 raise ConfigError(key, str(text), "a plain override key=value (the sweeper "
@@ -243,7 +282,7 @@ def check_before_work(cfg: DictConfig) -> None:
     check_choices(cfg)
     check_interpolations(cfg)
     check_known_keys(cfg)
-    check_sweep_overrides(cfg)
+    check_overrides(cfg)
     check_sweeper(cfg)
     check_extra_overrides(cfg)
     if OmegaConf.select(cfg, "tracking.backend") == "mlflow":

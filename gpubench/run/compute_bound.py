@@ -25,9 +25,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gpubench.analysis.workers import COMPUTE_DIR, Rate, compute_dir_name, compute_setup
+from gpubench.analysis.workers import COMPUTE_DIR, compute_dir_name, compute_setup
 from gpubench.core.files import check_no_links, read_json, try_lock
 from gpubench.core.record import BOUNDS_MEASURED_ENV, RESULTS_FILE, RunRecord, Status
+from gpubench.core.stats import Est
 
 # the claims this process holds: released when it ends (a job of the basic launcher shares its
 # process with the later jobs, which then find the claim held and leave it)
@@ -84,9 +85,9 @@ def compute_config(cfg: DictConfig) -> DictConfig:
 
 def line(record: RunRecord) -> str:
     """What the job prints once the bound is measured (or why it is not)."""
-    rate = Rate.of(record.compute_images_per_sec, record.compute_images_per_sec_ci)
+    rate = Est.of(record.compute_images_per_sec, record.compute_images_per_sec_ci)
     if record.status is not Status.ok or rate is None:
         return (f"gpubench: the sweep's compute bound was not measured ({record.status}: "
                 f"{record.error or 'no compute figure'}); {record.dir}")
-    return (f"gpubench: compute bound for this sweep's workers answer: {rate.text()} img/s, "
+    return (f"gpubench: compute bound for this sweep's workers answer: {rate} img/s, "
             f"measured once for this setup: {record.dir}")

@@ -11,11 +11,13 @@ import errno
 import logging
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 from gpubench.core import record
 from gpubench.core.files import damaged
 from gpubench.core.record import RunRecord, Status
+from gpubench.core.secrets import error_text
 from gpubench.search.manifest import Manifest, reserve_job_dir
 
 log = logging.getLogger("gpubench.sweep")
@@ -23,8 +25,13 @@ log = logging.getLogger("gpubench.sweep")
 DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
-class SweepAborted(RuntimeError):
-    pass
+class SweepFailed(RuntimeError):
+    """A sweep that ends without a measurement to show: more failed trials than max_failures,
+    no job measured, a study storage that does not open. Its message is one line (exit 1),
+    the password of any URL in it masked."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(error_text(message))
 
 
 def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:
@@ -89,6 +96,8 @@ class Jobs:
         self.max_failures, self.failures = int(max_failures), 0
         self.returns: list = []
         self.unsaved: OSError | None = None
+        self.outcomes: Counter[Status] = Counter()  # this invocation's jobs, by status
+        self.last_error: str | None = None
 
     def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
         self.raise_unsaved()  # no job is started after sweep.json failed
@@ -104,9 +113,9 @@ class Jobs:
             rets = self.launcher.launch(batch, initial_job_idx=first)
         except Exception as e:  # the launcher itself broke: every job of the batch failed
             log.error("launcher failed: %s", e)
-            return [record.missing(self.manifest.sweep_dir / str(first + i),
-                                   f"launcher: {type(e).__name__}: {e}", rung=rung[i])
-                    for i in range(len(batch))]
+            return self._count([record.missing(self.manifest.sweep_dir / str(first + i),
+                                               f"launcher: {type(e).__name__}: {e}",
+                                               rung=rung[i]) for i in range(len(batch))])
         finally:
             if before is None:
                 os.environ.pop(record.RUNG_ENV, None)
@@ -126,7 +135,23 @@ class Jobs:
             self.manifest.save()
         except OSError as e:  # a full disk: the caller tells what was measured, then raises
             self.unsaved = e
-        return out
+        return self._count(out)
+
+    def _count(self, recs: list[RunRecord]) -> list[RunRecord]:
+        for rec in recs:
+            self.outcomes[rec.status] += 1
+            self.last_error = rec.error or self.last_error
+        return recs
+
+    def check_measured(self) -> None:
+        """The rule of a failed sweep (docs/sweeps.md, "When a sweep fails"): an invocation that
+        ran jobs of which none measured (ok or over the ceiling; out of memory is an answer of
+        a memory search, not a measurement) has failed. One that ran none (its study was
+        complete already, other workers took the last slots) has not."""
+        if self.outcomes and not any(s.measured for s in self.outcomes):
+            counts = ", ".join(f"{n} {s}" for s, n in self.outcomes.items())
+            raise SweepFailed(f"no job of this sweep measured ({counts}); last error: "
+                              f"{self.last_error}; {self.manifest.path}")
 
     def raise_unsaved(self) -> None:
         """The error of a sweep.json that could not be written, once the jobs' measurements
@@ -141,7 +166,7 @@ class Jobs:
                     error)
         if self.failures > self.max_failures:
             self.manifest.update(aborted=f"more than {self.max_failures} failed trials")
-            raise SweepAborted(
+            raise SweepFailed(
                 f"{self.failures} failed trials (hydra.sweeper.max_failures={self.max_failures}); "
                 f"last error: {error}"
             )

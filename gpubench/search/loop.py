@@ -220,6 +220,8 @@ class Search:
         from optuna.trial import TrialState
 
         top = self._candidates()
+        if not top:  # nothing measured in full and feasible: nothing to confirm
+            return []
         c = S.queue_rounds(self.shared, top, self.confirm.rounds)
         while True:
             if S.fail_stale(c):
@@ -260,12 +262,13 @@ class Search:
         value, extra = None if best is None else best.value, {}
         if confirmed:  # the report's reference: the fastest stable confirmed trial
             from gpubench.analysis.recommend import recommend
-            from gpubench.search.rows import rows_of_study
+            from gpubench.search.rows import trial_rows
 
-            rec = recommend(rows_of_study(self.study, self.shared.storage))
+            rows = trial_rows(self.study, self.shared.storage)
+            rec = recommend([r for _, r in rows])
             if rec is not None:
                 pick = rec.best
-                best = next(t for t in measured if t.number == int(pick.label))
+                best = next(t for t, r in rows if r is pick)
                 value = pick.throughput
                 extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
                          "measurements": len(pick.pooled)}

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpubench.core.files import damaged, read_json, write_json
+from gpubench.core.files import read_json, write_json
 from gpubench.core.record import find_runs, load
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 
@@ -43,14 +43,43 @@ def absolute_storage(url: str | None) -> str | None:
     return SQLITE_PREFIX + str(path)
 
 
+# each key's type in the sweep.json gpubench writes (null allowed); `jobs` is always there
+_TYPES = {"mode": str, "started_at": str, "worker": str, "study_name": str, "storage": str,
+          "study": str, "pipes_study": str, "n_trials": int, "measured_trials": int,
+          "jobs": list, "studies": list, "best": dict, "max_batch": dict, "pipes": dict,
+          "aborted": str}
 # what a damaged sweep.json still names: the study its trials are in
 _SALVAGED = re.compile(r'"(mode|study_name|storage|study)":\s*("(?:[^"\\]|\\.)*")')
 
 
-def read(sweep_dir: Path) -> dict:
-    """sweep.json; of a damaged one, the study it names (from what is left of its text)."""
+def problem(sweep_dir: Path) -> str | None:
+    """Why a sweep dir's sweep.json is not one gpubench wrote (cut short by a crash, edited by
+    hand, another tool's), or None (it is, or there is none): the one test every reader of
+    sweep.json goes through, so a file of another shape is damaged, never half read."""
     path = Path(sweep_dir) / MANIFEST
-    if not damaged(path):
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return "not valid JSON" if data is None else "not a JSON object"
+    for k, t in _TYPES.items():
+        if data.get(k) is not None and not isinstance(data[k], t):
+            return f"{k}: not a {t.__name__}"
+    if not isinstance(data.get("jobs"), list):
+        return "no list of jobs"
+    if not all(isinstance(j, dict) and isinstance(j.get("dir"), str)
+               and isinstance(j.get("num"), int) for j in data["jobs"]):
+        return "a job without its dir and num"
+    if not all(isinstance(n, str) for n in data.get("studies") or []):
+        return "studies: not a list of names"
+    return None
+
+
+def read(sweep_dir: Path) -> dict:
+    """sweep.json; of a damaged one (`problem`), the study it names (from what is left of its
+    text)."""
+    path = Path(sweep_dir) / MANIFEST
+    if problem(sweep_dir) is None:
         return read_json(path) or {}
     try:
         text = path.read_text(errors="replace")
@@ -101,10 +130,11 @@ class Manifest:
             "worker": f"{socket.gethostname()}:{os.getpid()}",
         }
         self.recovered = False
-        if damaged(self.path):
-            self._recover()
+        why = problem(self.sweep_dir)
+        if why is not None:
+            self._recover(why)
 
-    def _recover(self) -> None:
+    def _recover(self, why: str) -> None:
         """A damaged sweep.json: kept as a copy; its jobs read back from their folders (each
         results.json names its rung and status); `from_study` adds their trials."""
         copy = keep_damaged(self.path)
@@ -115,8 +145,8 @@ class Manifest:
                                   "rung": rec.rung.value if rec else None,
                                   "status": str(rec.status) if rec else None})
         self.recovered = True
-        log.warning("%s is damaged (not valid JSON): kept as %s; %d job(s) read back from their "
-                    "folders", self.path, copy.name, len(self.jobs))
+        log.warning("%s is damaged (%s): kept as %s; %d job(s) read back from their folders",
+                    self.path, why, copy.name, len(self.jobs))
 
     def from_study(self, study) -> None:
         """The trial of each job read back after damage, from the study's user attributes (the

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubench.analysis.recommend import Row
-from gpubench.analysis.workers import Rate, clears
+from gpubench.analysis.workers import clears
 from gpubench.config.knobs import CHEAP_FIRST
 from gpubench.core.pipe import serial_rate
+from gpubench.core.stats import Est
 from gpubench.search import study as S
 from gpubench.search.space import Param, SearchSpace
 
@@ -101,11 +102,11 @@ def short_hash(values: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------- judgements
 
 
-def rate_of(row: Row) -> Rate | None:
+def rate_of(row: Row) -> Est | None:
     """A row's throughput with its interval (pooled over its confirm step once re-measured)."""
     if not (row.feasible and row.record.status.measured):
         return None
-    return Rate.of(row.throughput, list(row.interval))
+    return Est.of(row.throughput, list(row.interval))
 
 
 @dataclass
@@ -113,7 +114,7 @@ class Kept:
     """A compute setting kept for the data pipe: its params, its bound and why it was kept."""
 
     params: dict[str, Any]
-    rate: Rate
+    rate: Est
     why: str
     peak: float | None = None
 
@@ -151,18 +152,18 @@ class Fed:
     """A data setting chosen to feed one kept compute setting."""
 
     params: dict[str, Any]
-    rate: Rate
+    rate: Est
     clears: bool
-    bound: Rate
+    bound: Est
     margin: float
 
     def summary(self) -> dict:
-        c, r = self.bound, self.rate
+        r, share = self.rate, self.rate.over(self.bound)
         return {"params": self.params, "rate": [r.value, r.lo, r.hi], "clears": self.clears,
-                "margin": [r.value / c.value - 1, r.lo / c.hi - 1, r.hi / c.lo - 1]}
+                "margin": [share.value - 1, share.lo - 1, share.hi - 1]}
 
 
-def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Rate,
+def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
                 margin: float, after: tuple | None = None) -> Fed | None:
     """The cheapest measured data setting whose loader interval clears `bound` by `margin`
     (above `after` in cost, when given); else the fastest loader (clears False)."""
@@ -178,7 +179,7 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Rate,
 
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
-              bound: Rate, margin: float) -> list[dict]:
+              bound: Est, margin: float) -> list[dict]:
     """The data points to measure next, in order, given the measured `rows` (empty: done).
 
     1. The workers walk: each worker count with every other data key at its cheapest value,
@@ -223,19 +224,19 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
     return [p for p in turns if S.key(p) not in done]
 
 
-def join_bound(compute: Rate, loader: Rate, workers: int) -> tuple[str, Rate]:
+def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
     """What a pairing's e2e can reach, and its name: with loader workers the two pipes overlap,
     so the narrower one; with 0 workers the main process loads each batch between two steps,
     so the serial bound 1/(1/compute + 1/loader) (gpubench.core.pipe.serial_rate)."""
     if workers:
         return min((("compute", compute), ("data", loader)), key=lambda t: t[1].value)
-    serial = Rate(*(serial_rate(c, 1.0 / x) for c, x in ((compute.value, loader.value),
+    serial = Est(*(serial_rate(c, 1.0 / x) for c, x in ((compute.value, loader.value),
                                                          (compute.lo, loader.lo),
                                                          (compute.hi, loader.hi))))
     return "serial", serial
 
 
-def contends(e2e: Rate, bound: Rate, tolerance: float) -> bool:
+def contends(e2e: Est, bound: Est, tolerance: float) -> bool:
     """The joined run falls short of what its pipes allow together (join_bound): even its
     interval's high end is below the bound's low end by more than `tolerance` (the hand-over
     alone costs a little)."""
@@ -288,31 +289,30 @@ def lines(result: dict) -> list[str]:
         for k in c["kept"]:
             peak = k.get("peak_memory_fraction")
             mem = f", peak memory {peak:.0%}" if isinstance(peak, (int, float)) else ""
-            out.append(f"  kept {_setting(k['params'])}: {Rate(*k['rate']).text()} img/s{mem} "
+            out.append(f"  kept {_setting(k['params'])}: {Est(*k['rate'])} img/s{mem} "
                        f"({k['why']})")
     for d in result.get("data", []):
-        r, m = Rate(*d["rate"]), d["margin"]
+        r = Est(*d["rate"])
         if d["clears"]:
-            verdict = (f"clears compute by {m[0]:.0%} [{m[1]:.0%}-{m[2]:.0%}], the cheapest "
-                       "setting that does")
+            verdict = f"clears compute by {Est(*d['margin']):.0%}, the cheapest setting that does"
         else:
             verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
                        "dataset.preload=true, dataset.augment_on=device, more CPU cores)")
         out.append(f"data pipe for {_setting(d['for'])}: {d['trials']} loader-only trial(s); "
-                   f"{_setting(d['params'])}: {r.text()} img/s {verdict}")
+                   f"{_setting(d['params'])}: {r} img/s {verdict}")
     j = result.get("join")
     if j:
         for p in j["pairings"]:
             if p["e2e"] is None:
                 out.append(f"join {_setting({**p['compute'], **p['data']})}: not measured")
                 continue
-            e, b = Rate(*p["e2e"]), Rate(*p["bound"])
+            e, b = Est(*p["e2e"]), Est(*p["bound"])
             share = e.value / b.value
             tail = (": the pipes contend (both fall short together)" if p["contends"] else "")
             what = ("the serial bound (0 workers: load, then step)" if p["narrower"] == "serial"
                     else "the narrower pipe")
-            out.append(f"join {_setting({**p['compute'], **p['data']})}: e2e {e.text()} img/s, "
-                       f"{share:.0%} of {what} ({p['narrower']} {b.text()}){tail}")
+            out.append(f"join {_setting({**p['compute'], **p['data']})}: e2e {e} img/s, "
+                       f"{share:.0%} of {what} ({p['narrower']} {b}){tail}")
     w = result.get("wall_s")
     if w:
         out.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in w.items()))

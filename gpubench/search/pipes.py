@@ -137,7 +137,7 @@ class Pipes:
             None, "exhaustive": exhaustive, "kept": [k.summary() for k in kept]}
         self.write(self.result)
         for k in kept:
-            log.info("compute pipe: %s: %s img/s, %s", S.describe(k.params), k.rate.text(), k.why)
+            log.info("compute pipe: %s: %s img/s, %s", S.describe(k.params), format(k.rate), k.why)
         return kept
 
     # ---------------------------------------------------------------- 2. data pipe
@@ -198,7 +198,7 @@ class Pipes:
             self.write(self.result)
             verb = "clears" if f.clears else "does not clear"
             log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),
-                     S.describe(f.params), f.rate.text(), verb, k.rate.text())
+                     S.describe(f.params), format(f.rate), verb, format(k.rate))
         return f
 
     # ---------------------------------------------------------------- 3. join
@@ -239,7 +239,7 @@ class Pipes:
                 if short and tried < self.plan.join_trials:
                     log.info("join: %s falls short of both pipes (%s img/s against %s): the "
                              "pipes contend; trying the next data setting",
-                             S.describe({**k.params, **f.params}), e2e.text(), narrower.text())
+                             S.describe({**k.params, **f.params}), format(e2e), format(narrower))
                     alt = self._data(k, past=f.params)
                     if alt is not None and alt.clears:
                         nxt.append((k, alt))
@@ -255,8 +255,6 @@ class Pipes:
 
 def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
     """(params, row) of every measured trial of a stage's study."""
-    from gpubench.search.rows import rows_of_study
+    from gpubench.search.rows import trial_rows
 
-    measured = {str(t.number): dict(t.params) for t in S.measured_trials(shared.study)}
-    return [(measured[r.label], r) for r in rows_of_study(shared.study, shared.storage)
-            if r.label in measured]
+    return [(dict(t.params), r) for t, r in trial_rows(shared.study, shared.storage)]

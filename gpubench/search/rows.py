@@ -12,8 +12,8 @@ from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommen
 from gpubench.analysis.select import training_rows
 from gpubench.core.files import damaged
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Status, find_runs, load, missing
-from gpubench.core.secrets import without_masked_password
-from gpubench.search.manifest import MANIFEST
+from gpubench.core.secrets import error_text, without_masked_password
+from gpubench.search.manifest import MANIFEST, problem
 from gpubench.search.manifest import read as read_manifest
 
 log = logging.getLogger("gpubench")
@@ -22,9 +22,9 @@ log = logging.getLogger("gpubench")
 def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     """Rows of a sweep dir and its Optuna study (None for grid sweeps and max-batch searches).
     A gpubench-sweeper study may span several invocations (resumes): all its trials count."""
-    manifest = read_manifest(sweep_dir)
-    if damaged(sweep_dir / MANIFEST):
-        log.warning("%s is damaged (not valid JSON)%s", sweep_dir / MANIFEST,
+    manifest, why = read_manifest(sweep_dir), problem(sweep_dir)
+    if why is not None:
+        log.warning("%s is damaged (%s)%s", sweep_dir / MANIFEST, why,
                     f": reading study {manifest['study_name']}, which it still names"
                     if manifest.get("study_name") and manifest.get("storage") else
                     ": reading the job folders")
@@ -33,12 +33,14 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
             return _load_studies(manifest["studies"], manifest["storage"],
                                  manifest.get("pipes_study") or "")
         except Exception as e:
-            log.warning("studies of %s not readable (%s): reading the files", sweep_dir, e)
+            log.warning("studies of %s not readable (%s): reading the files", sweep_dir,
+                        error_text(e))
     elif manifest.get("study_name") and manifest.get("storage"):
         try:
             return _load_study(manifest["study_name"], manifest["storage"])
         except Exception as e:  # a moved or deleted database: the files are still here
-            log.warning("study %s not readable (%s): reading the files", manifest["study_name"], e)
+            log.warning("study %s not readable (%s): reading the files", manifest["study_name"],
+                        error_text(e))
     jobs = {j["dir"]: j for j in manifest.get("jobs", [])}
     # a trial measured in full also left its screen's folder: one row per trial
     measured_in_full = {j.get("trial") for j in jobs.values()
@@ -74,16 +76,19 @@ def _job_order(d: Path):
 def _load_study(name: str, storage: str, prefix: str = ""):
     import optuna
 
+    from gpubench.search.study import open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # sweep.json holds the URL masked: the driver takes the password from the environment
-    url = without_masked_password(storage)
-    study = optuna.load_study(study_name=name, storage=url)
-    return rows_of_study(study, url, prefix), study
+    store = open_storage(without_masked_password(storage))
+    study = optuna.load_study(study_name=name, storage=store)
+    return [r for _, r in trial_rows(study, store, prefix)], study
 
 
 def _load_studies(names: list[str], storage: str, base: str):
-    """The rows of every stage's study (sweep=pipes), labelled by stage (`compute-3`); the join
-    stage's trials keep their numbers. The study returned is the join's (the recommendation's)."""
+    """The rows of every stage's study (sweep=pipes), each `trial` named by its stage
+    (`compute-3`: the report's pipe plots select by it), the join stage's by number alone.
+    The study returned is the join's (the recommendation's)."""
     rows, join = [], None
     for name in names:
         stage = name[len(base):].lstrip("-") if name.startswith(base) else name
@@ -93,19 +98,23 @@ def _load_studies(names: list[str], storage: str, base: str):
     return rows, join
 
 
-def rows_of_study(study, storage, prefix: str = "") -> list[Row]:
-    """One row per measured trial of a gpubench-sweeper study, its confirm step's records
-    attached (gpubench.search.study.confirm_dirs: the rounds' study in the same `storage`, a URL
-    or the storage object); labels are `prefix` + the trial number."""
+def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
+    """(trial, row) for every measured trial of a gpubench-sweeper study, its confirm step's
+    records attached (gpubench.search.study.confirm_dirs: the rounds' study in the same
+    `storage`, a URL or the storage object). A row is labelled by its job folder's name, the
+    name a user finds the run by on disk; its `trial` is `prefix` + the trial number (the label
+    where the trial names no folder)."""
     from optuna.trial import TrialState
 
     from gpubench.search.study import confirm_dirs, measured_trials
 
-    rows, from_study = [], []
+    out, from_study = [], []
     confirms = confirm_dirs(study.study_name, storage)
     # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
     for t in measured_trials(study):
         a = t.user_attrs
+        trial = f"{prefix}{t.number}"
+        label = Path(a["dir"]).name if a.get("dir") else trial
         rung = Rung.screen if t.state == TrialState.PRUNED else Rung.of(a.get("rung") or Rung.full)
         rec = load(a["dir"], rung) if a.get("dir") else None
         if rec is None and a.get("dir") and damaged(Path(a["dir"]) / RESULTS_FILE):
@@ -113,25 +122,26 @@ def rows_of_study(study, storage, prefix: str = "") -> list[Row]:
                         "(status %s, %s img/s)", Path(a["dir"]) / RESULTS_FILE, t.number,
                         a.get("status"), a.get("throughput"))
         if rec is not None:
-            rows.append(row_of(rec, f"{prefix}{t.number}"))
+            row = Row(label, rec, trial=trial)
         else:  # its folder is gone: what the study kept
             status = a.get("status", "failed" if t.state == TrialState.FAIL else "ok")
             rec = RunRecord(status=Status(status) if status in Status.__members__ else
                             Status.failed, images_per_sec=a.get("throughput"),
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
-            rows.append(Row(f"{prefix}{t.number}", rec, dict(t.params)))
-            from_study.append(rows[-1])
+            row = Row(label, rec, dict(t.params), trial=trial)
+            from_study.append(row)
         # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
         # that did not measure, so the trial is not called confirmed on fewer figures
-        rows[-1].confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)
-                             for d in confirms.get(t.number, ())]
+        row.confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)
+                        for d in confirms.get(t.number, ())]
+        out.append((t, row))
     # the study keeps a trial's swept keys only: the keys the search held fixed (the model,
     # dataset, image size the report groups by) are those of a trial whose record is there
-    fixed = next((r.flat for r in rows if r.record.config), None)
+    fixed = next((r.flat for _, r in out if r.record.config), None)
     for r in from_study if fixed else ():
         r.flat = {**fixed, **r.flat}
-    return rows
+    return out
 
 
 def recommendation(sweep_dir: Path, tolerance: float = TOLERANCE) -> Recommendation | None:

@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from gpubench.core.files import retry
 from gpubench.core.record import Rung, Status, process_alive
 from gpubench.core.secrets import mask_secrets
+from gpubench.search.jobs import SweepFailed
 
 # the constraint's name in Optuna: peak memory fraction - memory.ceiling, <= 0 is feasible
 MEMORY = "memory"
@@ -93,25 +94,49 @@ def make_sampler(name: str, seed: int | None, n_startup_trials: int):
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
 
 
-def open_storage(url: str, heartbeat_interval: int | None, grace_period: int | None):
-    """An RDB storage with heartbeats on. Several workers creating a fresh database at once
+def open_storage(url: str, heartbeat_interval: int | None = None,
+                 grace_period: int | None = None) -> RDBStorage:
+    """An RDB storage with heartbeats on. The database is reached and read once first: a
+    server that is down, a file that is no database, a lock another process holds fail there,
+    at once, as one line (SweepFailed). Then several workers creating a fresh database at once
     can collide on its tables (sqlalchemy IntegrityError, ProgrammingError): a later attempt
     finds them made."""
+    import sqlalchemy
+
     def make() -> RDBStorage:
         with _quiet():
             return RDBStorage(url, heartbeat_interval=heartbeat_interval,
                               grace_period=grace_period, heartbeat_stale_trial_callback=RETRY)
+
     try:
+        engine = sqlalchemy.create_engine(url)
+        try:
+            sqlalchemy.inspect(engine).get_table_names()
+        finally:
+            engine.dispose()
         return retry(make, OPEN_ATTEMPTS, 0.2)
-    except Exception as e:  # the URL may carry a password
-        raise RuntimeError(mask_secrets(f"storage {url} could not be opened: {e}")) from e
+    except Exception as e:
+        raise cannot_open(url, e) from e
+
+
+def cannot_open(url: str | None, e: BaseException) -> SweepFailed:
+    """The one line of a storage that does not open: the URL (masked) and the database's own
+    reason, the innermost cause under Optuna's and SQLAlchemy's wrappers (whose text adds the
+    SQL and a link)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return SweepFailed(f"the study storage {url} could not be opened: {e}")
 
 
 def open_study(name: str, url: str | None, heartbeat_interval: int | None = None,
                grace_period: int | None = None) -> Shared:
-    """Create the study or load it."""
+    """Create the study or load it (SweepFailed when its storage does not open or take it: a
+    database on a read-only mount)."""
     storage = open_storage(url, heartbeat_interval, grace_period) if url else InMemoryStorage()
-    return _open(name, storage)
+    try:
+        return _open(name, storage)
+    except optuna.exceptions.OptunaError as e:
+        raise cannot_open(url, e) from e
 
 
 def _open(name: str, storage) -> Shared:

@@ -27,6 +27,7 @@ from gpubench.core import record
 from gpubench.core.files import write_json
 from gpubench.core.record import RunRecord, Status, process_alive
 from gpubench.core.secrets import mask_secrets
+from gpubench.search import manifest
 from gpubench.tracking import translate as T
 from gpubench.tracking.runs import (
     MARKER_FILE,
@@ -40,7 +41,6 @@ from gpubench.tracking.runs import (
 from gpubench.tracking.store import Store, open_store
 
 log = logging.getLogger("gpubench")
-MANIFEST = "sweep.json"  # written by gpubench's sweeper: its jobs (dir, rung) and its best
 
 
 def _sweep_params(overrides: list[str], sweeper_params: dict | None) -> dict[str, str]:
@@ -108,7 +108,7 @@ def live(sweep_dir: Path) -> bool:
     if info.get("ended"):
         return False
     owners = [(info.get("host"), info.get("pid"))]
-    host, _, pid = str(read(sweep_dir / MANIFEST).get("worker") or "").rpartition(":")
+    host, _, pid = str(manifest.read(sweep_dir).get("worker") or "").rpartition(":")
     owners.append((host, int(pid) if pid.isdigit() else None))
     return any(isinstance(p, int) and process_alive(h, p) for h, p in owners)
 
@@ -125,7 +125,7 @@ def interrupted(sweep_dir: Path, records: list[RunRecord]) -> bool:
 def jobs(sweep_dir: Path) -> list[RunRecord]:
     """Every job's record, with the rung the manifest gives it (screen, probe, full)."""
     rungs = {str(Path(j["dir"]).resolve()): j.get("rung")
-             for j in read(sweep_dir / MANIFEST).get("jobs") or [] if j.get("dir")}
+             for j in manifest.read(sweep_dir).get("jobs") or [] if j.get("dir")}
     out = []
     for d in record.find_runs(sweep_dir):
         if Path(d).parent == Path(sweep_dir) / COMPUTE_DIR:  # a loader-only sweep's compute
@@ -149,7 +149,7 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
         rec = None
     if rec is not None and rec.chosen.record.dir is not None:
         return rec.chosen.record
-    chosen = (read(sweep_dir / MANIFEST).get("best") or {}).get("dir")
+    chosen = (manifest.read(sweep_dir).get("best") or {}).get("dir")
     if chosen:
         rec = record.load(chosen)
         if rec is not None:
@@ -191,7 +191,7 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
             tags.append(RunTag("best_overrides", ov[:T.MAX_TAG_VALUE]))
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),
                    "best_config.yaml")
-    study = read(sweep_dir / "sweep.json").get("study")
+    study = manifest.read(sweep_dir).get("study")
     if study:  # one parent per worker, all tagged with the study they searched together
         tags.append(RunTag("study", str(study)[:T.MAX_TAG_VALUE]))
     c.log_batch(parent_id, metrics=metrics,

@@ -1,7 +1,9 @@
 """Settings of the gpubench sweeper, selected with `hydra/sweeper=gpubench`: each key declared
 once, with gpubench.config.keys.setting, like the run's keys. gpubench.config.prechecks checks
 them (found from the `hydra.sweeper` node's type) before Hydra builds anything; the docs table
-of docs/configuration.md is written from them (scripts/config_table.py).
+of docs/configuration.md is written from them (scripts/config_table.py). A key named
+`*overrides` is a list of overrides the sweeper adds to some of its jobs: each is checked like a
+command-line override before any trial, found by that name (a new list is checked too).
 
 Imported by Hydra's plugin scan on every run, so it stays free of heavy imports (no Optuna here).
 """
@@ -61,8 +63,6 @@ class MaxBatchConf:
         factory=lambda: ["bench.warmup_steps=1", "bench.steps=3", "bench.min_window_s=0"],
         help="a probe measures memory, not speed: a few steps reach the peak, in windows as "
              "short as they take")
-
-
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.errors import ConfigError
 from gpubench.config.keys import check_keys, keys
 from gpubench.config.uris import STORAGE_SCHEMES, check_uri
-from gpubench.core.exits import ExitCode
 from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import BOUNDS_MEASURED_ENV, STUDY_ENV  # torch-free
 from gpubench.core.secrets import mask_secrets
@@ -83,17 +81,9 @@ class GpubenchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        try:
-            return self._sweep(arguments)
-        # a sweeper key, the search space, or a key the sweeper itself reads (max batch's
-        # memory.*, its first probe)
-        except ConfigError as e:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            print(f"gpubench: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(ExitCode.BAD_INPUT) from None
-
-    def _sweep(self, arguments: list[str]) -> Any:
+        """The search; what ends it early is one line from gpubench.cli.errors: a ConfigError
+        (a sweeper key, the search space, a key the sweeper reads: exit 2) or a SweepFailed
+        (docs/sweeps.md, "When a sweep fails": exit 1)."""
         from gpubench.search.jobs import Jobs
         from gpubench.search.manifest import Manifest
         from gpubench.search.space import parse_search_space
@@ -117,6 +107,7 @@ class GpubenchSweeper(Sweeper):
                 self._optimize(jobs, space, manifest)
         finally:
             manifest.save()
+        jobs.check_measured()  # nothing measured: nothing to report either
         if self.report:
             self._write_report(sweep_dir)
         return jobs.returns
