@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -209,6 +210,10 @@ def _audit(event: str, args) -> None:
 
 
 sys.addaudithook(_audit)
+# Python asks `uname -p` (a process) the first time anything reads the processor, as MLflow's
+# telemetry module does at import: asked once here, before any test, so no quick test is
+# blamed for a library's first import
+platform.uname().processor  # noqa: B018
 
 
 @pytest.fixture(autouse=True)

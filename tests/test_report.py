@@ -128,6 +128,68 @@ def test_sweep_dir_without_its_study_has_one_row_per_trial(tmp_path):
     assert sorted((r.label, r.rung) for r in rows) == [("1", "full"), ("2", "screen")]
 
 
+def test_where_the_loader_check_names_fewer_workers_one_line_says_the_training_run_decides():
+    """The team sweep: 0 workers load 16,819.9 img/s in the loader phase alone, far above
+    compute, while training with 0 workers (the main process loads between steps) is slow; the
+    recommendation picks 1. One line says which answer decides and why."""
+    def run(workers, e2e, loader):
+        r = row(16, workers, ips=e2e, ci=[0.99 * e2e, 1.01 * e2e], stable=True, device="cpu")
+        r.record.loader_images_per_sec, r.record.compute_images_per_sec = loader, 5000.0
+        return r
+
+    rows = [run(0, 2500.0, 16819.9), run(1, 4900.0, 17000.0), run(2, 5000.0, 17100.0)]
+    rec = recommend(rows)
+    assert rec.chosen.knob("num_workers") == 1
+    (check,) = [x for x in rec.reasons if x.startswith("loader check")]
+    assert "0 workers out-run compute" in check and "16819.9" in check
+    assert check.endswith("the training measurement decides, 1 worker")
+    assert "main process loads each batch between steps" in check
+    # where they agree, the loader check says so in its own words, once
+    same = [run(1, 4900.0, 17000.0), run(2, 5000.0, 17100.0)]
+    (check,) = [x for x in recommend(same).reasons if x.startswith("loader check")]
+    assert "decides" not in check and check.startswith("loader check: 1 worker loads 17000.0")
+
+
+def test_a_parent_of_sweeps_of_two_workloads_never_recommends_a_workload_change(tmp_path,
+                                                                               capsys):
+    """`python -m gpubench.report outputs/multirun` over sweeps of 10 and 1000 classes: the
+    faster 10-class runs are no speed of the 1000-class setup. The report ranks the newest
+    run's workload only, its recommendation changes knobs only, each run is named by its folder
+    under the one reported, and the report says it wrote a new folder."""
+    from gpubench.config.keys import Role
+    from gpubench.config.knobs import role
+
+    for sweep, classes, started in (("10-00-00", 10, 1), ("11-00-00", 1000, 5)):
+        for job, (batch, ips) in enumerate([(16, 900.0 if classes == 10 else 300.0),
+                                            (32, 950.0 if classes == 10 else 320.0)]):
+            d = tmp_path / "multirun" / sweep / str(job)
+            d.mkdir(parents=True)
+            RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=[ips, ips],
+                      peak_memory_fraction=0.1, memory_ceiling=0.8, measurement_stable=True,
+                      config={"model": {"name": "tiny", "num_classes": classes},
+                              "dataset": {"name": "synthetic", "image_size": 32,
+                                          "num_classes": classes},
+                              "loader": {"batch_size": batch, "num_workers": 0},
+                              "precision": {"name": "fp32"},
+                              "bench": {"steps": 24, "repeats": 6}},
+                      env={"device": "cpu"}, started_at=f"2026-11-21T{started + job:02d}:00:00",
+                      dir=d).save()
+    parent = tmp_path / "multirun"
+    sweep_report(parent)
+    printed = capsys.readouterr().out
+    summary = json.loads((parent / "report" / "summary.json").read_text())
+    assert summary["rows"] == 2  # the 1000-class runs, the newest
+    for pick in (summary["best"], summary["recommended"]):
+        keys = [o.partition("=")[0] for o in pick["overrides"]]
+        assert keys and all(role(k) is Role.knob for k in keys), pick["overrides"]
+        assert pick["label"].startswith("11-00-00/")  # the run's folder, as found on disk
+    assert "ranked only" in printed and "dataset.num_classes=10" in printed  # --where hint
+    assert f"report: {parent / 'report'} (a new folder)" in printed
+    sweep_report(parent)  # up to date: no new folder, the table printed again
+    again = capsys.readouterr().out
+    assert "(a new folder)" not in again and "11-00-00/1" in again
+
+
 @pytest.mark.slow
 def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
     sweep = tmp_path / "grid"
@@ -198,6 +260,17 @@ def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
                for line in summary["lines"])
 
 
+def test_the_measurement_is_said_as_the_runner_made_it():
+    from gpubench.report.write import measurement_text
+
+    cfg = {"bench": {"steps": 50, "repeats": 6, "phases": ["loader", "e2e"]},
+           "loader": {"num_workers": 8, "prefetch_factor": 2}}
+    assert measurement_text(cfg) == ("6 windows of 9 steps on each of loader, e2e, the "
+                                     "loader's of 48 (3x the batches its workers hold in flight)")
+    cfg["loader"]["num_workers"] = 0
+    assert measurement_text(cfg) == "6 windows of 9 steps on each of loader, e2e"
+
+
 def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
     """The report's `(run 3: loader.batch_size=8)`; with no knob that varied (one setting
     ranked, as a sweep=pipes join can leave), the run alone, never `(run 0: )`."""
@@ -246,12 +319,15 @@ def test_the_fastest_figure_left_out_is_said_in_english():
     assert "not recommended unconfirmed" not in line
 
 
-def test_ranking_fits_120_columns_and_says_why_a_slower_row_ranks_first():
-    # a GPU sweep's knobs, MLflow run ids, an over-ceiling row, a confirmed row: the printed
-    # ranking keeps to 120 columns and each line says why it ranks where it does
-    def wide(label, ips, stable, batch, precision, workers=8, status="ok"):
-        config = {"loader": {"batch_size": batch, "num_workers": workers, "pin_memory": True},
-                  "precision": {"name": precision}, "channels_last": workers > 4}
+def _wide_rows() -> list[Row]:
+    """A GPU sweep's knobs at their widest: MLflow run ids and a folder path, an over-ceiling
+    row, a confirmed row, six-figure intervals, long precision names."""
+    def wide(label, ips, stable, batch, precision, workers=8, status="ok", kind="process"):
+        config = {"loader": {"batch_size": batch, "num_workers": workers,
+                             "pin_memory": workers > 4, "worker_type": kind,
+                             "prefetch_factor": workers // 2 or None},
+                  "precision": {"name": precision}, "channels_last": workers > 4,
+                  "bench": {"optimizer": "adamw" if workers > 4 else "sgd"}}
         rec = RunRecord(status=Status(status), images_per_sec=ips,
                         images_per_sec_ci=[ips * 0.9, ips * 1.1], peak_memory_fraction=0.71,
                         memory_ceiling=0.8, config=config, env={"device": "cuda"},
@@ -259,24 +335,53 @@ def test_ranking_fits_120_columns_and_says_why_a_slower_row_ranks_first():
                         bottleneck="inconclusive")
         return Row(label, rec)
 
-    disturbed = wide("0a1b2c3d", 1718.0, False, 256, "torch_default", workers=16)
-    steady = wide("4e5f6a7b", 1711.0, True, 128, "amp_bf16")
+    disturbed = wide("2026-11-21/10-00-00/13", 5467.5, False, 256, "torch_default", 16)
+    steady = wide("4e5f6a7b", 1711.0, True, 128, "amp_bf16", kind="thread")
     steady.confirms = [_again(steady, 1711.0, [1619.0, 1827.0], stable=True)]
-    over = wide("8c9d0e1f", 12345.6, True, 1024, "amp_bf16", workers=2, status="over_ceiling")
-    rows = [disturbed, steady, over]
-    head, body = screen_rows(rows, varying(rows))
-    text = print_table(head, body, "gpubench sweep: outputs/multirun/2026-11-23/10-00-00",
-                       out=io.StringIO())
-    table = text[:text.index("ranked:")]
-    assert max(len(ln.rstrip()) for ln in table.splitlines()) <= 120, table
-    assert "…" not in text  # no figure cut
-    assert {"batch\nsize", "num\nworkers", "precision", "channels\nlast"} <= set(head)
-    lines = {ln.split()[1]: ln for ln in text.splitlines() if ln[:1].isdigit()}
-    assert list(lines) == ["4e5f6a7b", "0a1b2c3d", "8c9d0e1f"], table  # 1711 above 1718
-    assert lines["4e5f6a7b"].split()[2] == "confirmed"
-    assert lines["0a1b2c3d"].split()[2] == "disturbed"  # why it ranks below a slower row
-    assert lines["8c9d0e1f"].split()[2] == "over_ceiling"
-    assert "stable or confirmed before disturbed" in text
+    over = wide("8c9d0e1f", 123456.6, True, 1024, "amp_bf16", workers=2, status="over_ceiling")
+    return [disturbed, steady, over]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_ranking_never_splits_a_figure_or_a_value(width, terminal):
+    """In a terminal or piped, at 80 or 120 columns: every figure and value of a row stays
+    whole on the row's line, or moves below the table as key=value, or its column is named as
+    left out; nothing is cut; a slower row ranks first and says why."""
+    from rich.console import Console
+
+    from gpubench.report.write import knob_header
+
+    rows = _wide_rows()
+    keys = varying(rows)
+    head, body = screen_rows(rows, keys)
+    buf = io.StringIO()
+    print_table(head, body, "gpubench sweep: outputs/multirun/2026-11-23/10-00-00",
+                Console(file=buf, width=width, force_terminal=terminal, color_system=None))
+    text = buf.getvalue()
+    assert "…" not in text
+    lines = text.splitlines()
+    table = lines[1:1 + next(i for i, ln in enumerate(lines[1:]) if not ln.strip()
+                             or ln.startswith(("  1.", "(left out", "ranked:")))]
+    assert table and max(len(ln.rstrip()) for ln in table) <= width, text
+    left = next((ln for ln in lines if ln.startswith("(left out")), "")
+    tokens = text.split()
+    names = {c: knob_header(k).replace("\n", "_") for c, k in enumerate(keys, len(head) - len(keys))}
+    for b in body:
+        (line,) = [ln for ln in table if ln.split()[:2] == b[:2]]  # one line per row
+        for c, value in enumerate(b):
+            shown = value in line.split()
+            moved = c in names and f"{names[c]}={value}" in tokens
+            dropped = head[c].replace("\n", " ") in left
+            assert shown or moved or dropped, (head[c], value, text)
+    order = [ln.split()[1] for ln in table if ln[:1].isdigit()]
+    assert order == ["4e5f6a7b", "2026-11-21/10-00-00/13", "8c9d0e1f"]  # 1711 above 5467
+    status = {ln.split()[1]: ln.split()[2] for ln in table if ln[:1].isdigit()}
+    assert status == {"4e5f6a7b": "confirmed", "2026-11-21/10-00-00/13": "disturbed",
+                      "8c9d0e1f": "over_ceiling"}
+    assert "stable or confirmed before" in " ".join(tokens)
+    if width == 120:  # a log's width keeps the figures and the first knobs in the table
+        assert "95%" in table[0] and "batch" in table[0] and "workers" in table[1]
 
 
 def _again(r: Row, ips, ci=None, stable=None, status="ok") -> RunRecord:
@@ -478,7 +583,7 @@ def test_a_custom_models_class_is_its_setup_everywhere():
     assert set(compare_rows([mine.record, theirs.record], {})) == {
         workload_text(mine.record), workload_text(theirs.record)}
     assert setup_text(mine.record).startswith("team.nets.Small on synthetic 64px, batch 64")
-    assert run_name(mine.record).endswith(" Small-bs64-w2-fp32")
+    assert run_name(mine.record).startswith("Small-bs64-w2-fp32 ")
 
 
 def test_where_filters_rows_before_anything_else():
@@ -624,19 +729,31 @@ def test_a_meaningless_tolerance_is_one_line_and_exit_2(value, capsys):
     assert err.count("\n") == 0 and f"--tolerance={value} is not allowed: a number in [0, 1)" in err
 
 
-def test_console_in_a_log_folds_no_line_and_keeps_the_table_within_120_columns():
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_run_table_never_splits_a_figure_and_a_log_folds_no_line(width, terminal):
     from rich.console import Console
 
     from gpubench.report.console import print_result
 
     rec = RunRecord.from_dict(json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json")
                                          .read_text()), run_dir=Path("RUN"))
-    buf = io.StringIO()  # not a terminal: `python -m gpubench > log.txt`
-    print_result(rec, Console(file=buf, width=80, highlight=False, color_system=None))
-    out = buf.getvalue().splitlines()
-    (verdict,) = [i for i, ln in enumerate(out) if ln.startswith("narrowest pipe:")]
-    assert out[verdict].endswith("instead of overlapping")  # one line, however long
-    assert out[verdict + 1].startswith("  1. loader.num_workers=2")
+    buf = io.StringIO()  # a terminal, or not: `python -m gpubench > log.txt`
+    print_result(rec, Console(file=buf, width=width, force_terminal=terminal, highlight=False,
+                              color_system=None))
+    text = buf.getvalue()
+    out = text.splitlines()
     table = [ln for ln in out if ln[:1] in "┏┃┡│└"]
-    assert len(table) == 7 and max(len(ln) for ln in table) <= 120  # one header line
-    assert "steps (windows)" in table[1]
+    assert len(table) == 7 and max(len(ln) for ln in table) <= width  # one header line
+    assert "…" not in text
+    for figure in ("1,265.3", "1,173-1,945", "1,456.8", "184.4-828.7", "646.8"):
+        assert sum(figure in ln for ln in table) == 1, figure
+    left = [ln for ln in out if ln.startswith("(p")]
+    if width == 80:  # what gave way is named
+        assert left and "p95 ms" in left[0]
+    else:
+        assert not left and "steps (windows)" in table[1]
+    if not terminal:
+        (verdict,) = [i for i, ln in enumerate(out) if ln.startswith("narrowest pipe:")]
+        assert out[verdict].endswith("instead of overlapping")  # one line, however long
+        assert out[verdict + 1].startswith("  1. loader.num_workers=2")

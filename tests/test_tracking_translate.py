@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpubench.core.record import RunRecord, Status
@@ -74,27 +76,45 @@ def test_objective_follows_the_record():
     assert "objective" not in {k for k, *_ in running}
 
 
-def test_name_leads_with_verdict_and_throughput():
-    """The runs table's name column shows about 25 characters at 1280-1600 px: the verdict
-    and the throughput first, the knobs last."""
-    assert T.run_name(record()) == "data 1750img/s resnet50-bs128-w8-amp_bf16-cl"
-    assert T.run_name(record(bottleneck="compute")).startswith("compute 1750img/s ")
-    assert T.run_name(record(bottleneck="inconclusive")).startswith("inconclusive 1750img/s ")
-    # an inconclusive verdict that leans: the lean with a question mark, short enough to leave
-    # the figure in view at 1280 px (about 20 characters)
+def test_name_is_the_setup_then_the_throughput():
+    """The setup leads (runs of one experiment differ there), then the figure rounded to its
+    interval; the verdict is a column of its own, never a word of the name."""
+    assert T.run_name(record()) == "resnet50-bs128-w8-amp_bf16-cl 1750img/s"
     leans = record(bottleneck="inconclusive", verdict_leaning="compute")
-    assert T.run_name(leans).startswith("compute? 1750img/s ")
+    assert T.run_name(leans) == "resnet50-bs128-w8-amp_bf16-cl 1750img/s"
     assert T.run_tags(leans)["verdict"] == "inconclusive"
     assert T.headline(leans).startswith("**inconclusive (leans to compute)** · 1750 [")
     # the figure is rounded to what its interval supports: +-5% keeps 3 figures
     odd = record(images_per_sec=812.3, images_per_sec_ci=[771.7, 852.9], bottleneck="compute")
-    assert T.run_name(odd) == "compute 812img/s resnet50-bs128-w8-amp_bf16-cl"
+    assert T.run_name(odd) == "resnet50-bs128-w8-amp_bf16-cl 812img/s"
     wide = record(images_per_sec=646.79, images_per_sec_ci=[184.4, 828.7])
-    assert T.run_name(wide).startswith("data 650img/s ")
-    assert T.run_name(record(Status.over_ceiling, peak_memory_fraction=0.95)).startswith(
-        "data 1750img/s over-ceiling resnet50")
-    assert T.run_name(record(Status.oom)) == "oom resnet50-bs128-w8-amp_bf16-cl"
+    assert T.run_name(wide).endswith(" 650img/s")
+    assert T.run_name(record(Status.over_ceiling, peak_memory_fraction=0.95)) == (
+        "resnet50-bs128-w8-amp_bf16-cl 1750img/s over-ceiling")
+    assert T.run_name(record(Status.oom)) == "resnet50-bs128-w8-amp_bf16-cl oom"
     assert T.run_name(record(), "mine") == "mine"
+
+
+def test_the_experiments_view_shows_what_runs_log():
+    """A new experiment opens its runs table with the throughput and the verdict as columns:
+    each column the saved view names is a metric or a tag every measured run logs."""
+    tags = T.experiment_tags(now_ms=5)
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tags["mlflow.note.content"].startswith(f"**Views → {T.VIEW}**")
+    view = json.loads(tags[f"mlflow.sharedViewState.{T.VIEW}"])
+    assert (view["name"], view["createdAt"]) == (T.VIEW, 5)
+    state = json.loads(view["state"])
+    rec = record()
+    logged = {"metrics": {k for k, *_ in T.run_metrics(rec)}, "tags": set(T.run_tags(rec))}
+    columns = [c.partition(".")[::2] for c in state["selectedColumns"]]
+    assert columns == [("metrics", "`images_per_sec`"), ("tags", "`verdict`")]
+    assert all(name.strip("`") in logged[kind] for kind, name in columns)
+    # beside the name, created and duration; the name's column wide enough for the name
+    assert state["columnOrder"] == [T.NAME_COLUMN, "runDateAndNestInfo", "duration",
+                                    *state["selectedColumns"]]
+    assert state["columnWidths"] == T.VIEW_WIDTHS and set(T.VIEW_WIDTHS) <= set(state["columnOrder"])
+    assert T.page("3") == "#/experiments/3/runs?viewStateShareKey=gpubench&workflowType=machine_learning"
+    assert T.page("3", "r1") == "#/experiments/3/runs/r1?workflowType=machine_learning"
 
 
 def test_tags_and_description():
@@ -122,7 +142,7 @@ def test_tags_and_description():
 
 def test_a_figure_without_interval_is_not_rounded():
     rec = record(images_per_sec=1753.4, images_per_sec_ci=None)
-    assert T.run_name(rec).startswith("data 1753img/s ")
+    assert T.run_name(rec).endswith(" 1753img/s")
     assert dict((k, v) for k, v, *_ in T.run_metrics(rec))["images_per_sec"] == 1753.4
     assert T.headline(rec).startswith("**data-bound** · 1753.4 img/s end-to-end")
 
@@ -162,6 +182,8 @@ def test_params_are_masked_and_spelled_as_overrides():
     p = T.run_params(record())
     assert p["batch_size"] == "128" and p["model"] == "resnet50" and p["device"] == "cuda"
     assert p["pin_memory"] == "true" and p["bench.phases"] == '["loader", "compute", "e2e"]'
+    # one column per knob: its dotted keys are under its plain name
+    assert not {"loader.batch_size", "model.name", "precision.name"} & set(p)
     assert p["tracking.uri"] == "postgresql+psycopg://bob:***@db:5432/mlflow"
     assert not any("hunter2" in v for v in p.values())
     # a dict from results.json works the same as the record
@@ -213,6 +235,8 @@ def test_malformed_tracking_uris_rejected(uri):
     assert problem and "\n" not in problem and ("://" in problem or "scheme" in problem)
 
 
+@pytest.mark.slow
+@pytest.mark.slow  # a fresh interpreter: its logging is replaced as Hydra's jobs do
 def test_log_records_are_masked_whatever_the_handlers():
     import subprocess
     import sys

@@ -96,8 +96,8 @@ def load_prices(path: str | Path | None) -> dict[str, float]:
 
 def _price(key: str, v: Any) -> float:
     if not positive(v):
-        raise SystemExit(f"gpubench.report: {key}={v!r} is not allowed: a price in US dollars "
-                         "per hour, a number > 0")
+        raise SystemExit(f"gpubench.report: {key}={v!r} is not allowed: it must be a price "
+                         "in US dollars per hour, a number > 0")
     return float(v)
 
 
@@ -119,10 +119,11 @@ def mlflow_records(experiment: str, uri: str | None = None,
     """The run records (results.json artifacts) of an experiment's runs matching
     `filter_string` (built by the caller from checked values only); sweep parents and runs
     without the artifact are skipped. Each record's `extra["mlflow_run_id"]` names its run."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
+
+    from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
 
     if uri is None:
-        from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
 
         uri = resolve_uri(None)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

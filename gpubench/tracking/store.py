@@ -28,7 +28,19 @@ from filelock import FileLock
 from gpubench.core.files import retry
 from gpubench.core.secrets import mask_secrets, split_credentials, without_masked_password
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
-from gpubench.tracking.translate import EXPERIMENT_NOTE
+from gpubench.tracking.translate import experiment_tags, page
+
+
+def no_telemetry() -> None:
+    """MLflow 3 sends usage telemetry to mlflow-telemetry.io unless told not to (read in 3.17:
+    mlflow/telemetry/utils.py is_telemetry_disabled, mlflow/telemetry/constant.py). gpubench
+    sends nothing where its user did not say: off unless the user set the variable themselves
+    (MLFLOW_DISABLE_TELEMETRY=false turns it back on). Called as this module loads: every MLflow
+    import of gpubench's comes after it."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+no_telemetry()
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
 _PLAIN_VALUE = re.compile(r"[\w.\-:]+")
@@ -75,11 +87,11 @@ def artifact_location(uri: str) -> str | None:
 
 
 def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    route = page(experiment_id, run_id)  # the training view, gpubench's saved columns
     uri = mask_secrets(uri)
     if uri.startswith(("http://", "https://")):
-        return f"{split_credentials(uri)[0].rstrip('/')}/{page}"
-    return f"`mlflow ui --backend-store-uri {uri}`, then {page}"
+        return f"{split_credentials(uri)[0].rstrip('/')}/{route}"
+    return f"`mlflow ui --backend-store-uri {uri}`, then {route}"
 
 
 def _credentials(uri: str) -> tuple[str, dict[str, str]]:
@@ -175,8 +187,7 @@ class Store:
     """An MLflow client bound to one tracking URI and one experiment (created if new).
     `uri` is what gpubench records and prints (masked); the client gets the real one."""
 
-    def __init__(self, uri: str, experiment: str, timeout_s: float = 10.0,
-                 description: str | None = EXPERIMENT_NOTE):
+    def __init__(self, uri: str, experiment: str, timeout_s: float = 10.0):
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow"):  # store creation chatter at INFO; keep warnings
@@ -198,26 +209,24 @@ class Store:
         def create() -> None:
             with lock:
                 self.client = MlflowClient(tracking_uri=connect)
-                self.experiment_id = self._experiment_id(experiment, connect, description)
+                self.experiment_id = self._experiment_id(experiment, connect)
 
         retry(create, CREATE_ATTEMPTS, wait_s=0.5)
 
-    def _experiment_id(self, name: str, connect: str, description: str | None) -> str:
+    def _experiment_id(self, name: str, connect: str) -> str:
         from mlflow.exceptions import MlflowException
 
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
-        try:
-            eid = self.client.create_experiment(name, artifact_location=artifact_location(connect))
+        try:  # its description, kind and runs-table view only on experiments gpubench creates
+            return self.client.create_experiment(name, artifact_location=artifact_location(connect),
+                                                 tags=experiment_tags())
         except MlflowException:  # created by another process meanwhile
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return exp.experiment_id
-        if description:  # only on experiments gpubench creates: never overwrite a team's own
-            self.client.set_experiment_tag(eid, "mlflow.note.content", description)
-        return eid
 
     def find(self, tag: str, value: str) -> list:
         """Live (not deleted) runs of this experiment whose tag `tag` equals `value` exactly.
@@ -238,8 +247,7 @@ class Store:
 
 
 @contextlib.contextmanager
-def open_store(uri: str, experiment: str, timeout_s: float = 10.0,
-               description: str | None = EXPERIMENT_NOTE):
+def open_store(uri: str, experiment: str, timeout_s: float = 10.0):
     _, env = _credentials(uri)
     with _environment(timeout_s, env):
-        yield Store(uri, experiment, timeout_s, description)
+        yield Store(uri, experiment, timeout_s)

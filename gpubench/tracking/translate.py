@@ -1,19 +1,20 @@
-"""A run record as MLflow sees it: params, metrics, tags, a run name and a description.
+"""A run record as MLflow sees it: params, metrics, tags, a run name and a description; and
+the experiment gpubench creates for them.
 
 Pure functions of a `RunRecord` (or the results.json dict it reads): no MLflow, no I/O, so each
-is unit-tested without a server. What the MLflow UI shows without any set-up, at a laptop's
-width (1280-1600 px), decides the shape:
+is unit-tested without a server. What MLflow 3.17's UI shows at 1440 px decides the shape:
 
-- the runs table shows the run name, creation time, dataset and source by default (metrics,
-  params and tags hide behind the column picker), and its name column shows about 25
-  characters; so the name leads with the verdict and the throughput, the knobs last:
-  `compute 812img/s resnet50-bs128-w8-amp_bf16`;
+- the runs table shows Run Name, Created, Dataset, Duration, Source and Models, metrics and
+  tags only once picked under Columns: an experiment is created with a saved view of it
+  (`experiment_tags`) whose columns are the `images_per_sec` metric and the `verdict` tag;
+- the run name is the setup, then the throughput: `resnet50-bs128-w8-amp_bf16 812img/s`
+  (runs differ in their setup; chart legends show the name); the verdict is its own column,
+  never a word of the name that could read as one;
 - the run page's title is the run name; its description (tag `mlflow.note.content`, Markdown)
   sits below the tags and shows 100 px before "Show more", and MLflow's sanitizer drops an
   image's width and height: so the description's first line is the verdict and the figure
   with its interval, then the run's picture (full size behind "Show more"), the reason, the
   phases and the advice;
-- the columns a user pins are short: the `verdict` tag and the `images_per_sec` metric;
 - every throughput logged beside its interval is rounded to what the interval supports
   (gpubench.core.stats.supported_place); results.json keeps the raw figures;
 - the chart view groups metrics by the prefix before `/`: one section per phase (`e2e/`,
@@ -76,13 +77,44 @@ EFFICIENCY = {
     "efficiency/gpu_util_mean": "gpu_util_mean",
     "efficiency/power_mean_w": "power_mean_w",
 }
-# the description of an experiment gpubench creates, shown above its runs table
-EXPERIMENT_NOTE = """gpubench runs: each run's name reads `verdict images/sec \
-model-bsN-wN-precision`, images/sec rounded to what its 95% interval supports (`compute?`: \
-inconclusive, leaning to compute). To sort and compare, add the columns `images_per_sec` \
-(Metrics) and `verdict` (Tags) from **Columns**; a run's description starts with the verdict \
-and the figure with its interval, then its picture. A sweep is one parent run with a child run \
-per job."""
+# MLflow 3.17.2's UI, read in its bundle (mlflow/server/js/build/static/js): a saved view of the
+# runs table is an experiment tag `mlflow.sharedViewState.<key>` = {name, createdAt, state}
+# (chunk 3448), `state` the page's UI state as JSON (module 1395: `selectedColumns`,
+# `columnOrder`, `columnWidths`, a column named by its sort key), opened by
+# `?viewStateShareKey=<key>`. The GenAI or training view comes from the URL's `workflowType` or
+# the browser's last choice (module 31080: its switch is on as built, so the experiment tag
+# `mlflow.experimentKind` is not read there; the tag still says what the experiment holds).
+VIEW = "gpubench"  # the saved view's key and name
+VIEW_COLUMNS = ("metrics.`images_per_sec`", "tags.`verdict`")
+NAME_COLUMN = "attributes.`Run Name`"
+# px: a setup and its figure under a sweep's parent, the metric's whole name; so that at 1440 px
+# the verdict stays in view with the UI's assistant panel open
+VIEW_WIDTHS = {NAME_COLUMN: 320, "runDateAndNestInfo": 135, VIEW_COLUMNS[0]: 125}
+UI_QUERY = "workflowType=machine_learning"  # the training view, whatever the browser chose last
+EXPERIMENT_NOTE = f"""**Views → {VIEW}**: each run's images/sec and verdict as columns. A run's \
+name is its setup and images/sec (`resnet50-bs128-w8-amp_bf16 812img/s`, rounded to what its \
+interval supports); its page starts with the verdict and the figure with its interval, then its \
+picture. A sweep is one parent run with a child run per job."""
+
+
+def experiment_tags(now_ms: int | None = None) -> dict[str, str]:
+    """The tags an experiment is created with: its description (shown above the runs table),
+    its kind (training runs) and the saved view of its runs table (the name, created,
+    duration, images/sec and verdict columns; Dataset, Source and Models left out)."""
+    state = {"selectedColumns": list(VIEW_COLUMNS),
+             "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", "duration", *VIEW_COLUMNS],
+             "columnWidths": VIEW_WIDTHS}
+    view = {"name": VIEW, "createdAt": now_ms or int(time.time() * 1000), "state": json.dumps(state)}
+    return {"mlflow.note.content": EXPERIMENT_NOTE,
+            "mlflow.experimentKind": "custom_model_development",
+            f"mlflow.sharedViewState.{VIEW}": json.dumps(view)}
+
+
+def page(experiment_id: str, run_id: str | None = None) -> str:
+    """The UI's route to a run's page, or to the runs table in gpubench's saved view."""
+    if run_id:
+        return f"#/experiments/{experiment_id}/runs/{run_id}?{UI_QUERY}"
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW}&{UI_QUERY}"
 
 
 def as_record(run) -> RunRecord:
@@ -103,13 +135,14 @@ def param_str(v) -> str:
 
 
 def run_params(run) -> dict[str, str]:
-    """The knobs by plain name (gpubench.config.knobs.SHORT), the device, then the whole
-    resolved config (dotted keys). Values are masked: a tracking URI or a storage URL may carry
-    a password."""
+    """The knobs by plain name (gpubench.config.knobs.SHORT), the device, then the rest of the
+    resolved config (dotted keys; a knob's own keys are its plain name's, one column per knob).
+    Values are masked: a tracking URI or a storage URL may carry a password."""
     rec = as_record(run)
     params = {k: knob_of(rec.knob, k) for k in SHORT}
     params["device"] = rec.env.get("device")
-    params |= flatten(rec.config)
+    named = {k for keys in SHORT.values() for k in keys}
+    params |= {k: v for k, v in flatten(rec.config).items() if k not in named}
     return {key(k): mask_secrets(param_str(v))[:MAX_PARAM_VALUE] for k, v in params.items()}
 
 
@@ -193,8 +226,11 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
     env = rec.env
     stable = rec.measurement_stable
     tags = {
-        # first: the run page lists tags in this order, above the description
-        "verdict": lead_word(rec),
+        # first: the run page lists tags in this order, above the description. One word
+        # (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or the status of a run that
+        # measured nothing (`oom`, `failed`, `killed`): a column of the saved view
+        "verdict": (labels.verdict_word(rec.bottleneck or "unknown") if rec.status.measured
+                    else rec.status.value),
         "run_uid": rec.run_uid,
         "status": rec.status.value,
         "bottleneck": rec.bottleneck,
@@ -228,14 +264,6 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
             if v not in (None, "")}
 
 
-def lead_word(rec: RunRecord) -> str:
-    """The verdict in one word (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or
-    the status of a run that measured nothing (`oom`, `failed`, `killed`): the `verdict` tag."""
-    if not rec.status.measured:
-        return rec.status.value
-    return labels.verdict_word(rec.bottleneck or "unknown")
-
-
 def _leaning(rec: RunRecord) -> str | None:
     """What an inconclusive verdict leans to (`compute`), when it leans."""
     lean = rec.extra.get("verdict_leaning")
@@ -245,25 +273,21 @@ def _leaning(rec: RunRecord) -> str | None:
 
 
 def run_name(run, name: str | None = None) -> str:
-    """`tracking.run_name` when set; else the verdict, the throughput (rounded to what its
-    interval supports) and the knobs: `compute 812img/s resnet50-bs128-w8-amp_bf16`. The
-    runs table's name column shows about 20 characters at 1280 px: the verdict and the figure
-    come first, the knobs (also in the params) are what it cuts. An inconclusive verdict that
-    leans reads as the lean with a question mark (`compute? 812img/s`), short enough to leave
-    the figure in view."""
+    """`tracking.run_name` when set; else the setup, then the throughput rounded to what its
+    interval supports (`resnet50-bs128-w8-amp_bf16 812img/s`), `over-ceiling` for a run above
+    the memory ceiling, or the status of a run that measured nothing (`... oom`)."""
     if name:
         return mask_secrets(name)
     rec = as_record(run)
-    lean = _leaning(rec)
-    parts = [f"{lean}?" if lean else lead_word(rec)]
+    parts = [setup_text(rec, compact=True)]
     ips = rec.images_per_sec
-    if rec.status.measured and _number(ips):
+    if not rec.status.measured:
+        parts.append(rec.status.value)
+    elif _number(ips):
         parts.append(f"{text_at(ips, supported_place(ips, rec.images_per_sec_ci), '.0f')}img/s")
     if rec.status is Status.over_ceiling:
         parts.append("over-ceiling")
-    parts.append(setup_text(rec, compact=True))
     return " ".join(parts)
-
 
 def _figure(v, ci) -> str:
     """`812 [772-853]`: the figure and its interval to the place the interval supports."""
