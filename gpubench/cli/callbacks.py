@@ -6,9 +6,9 @@ in parallel would otherwise race to create a new sqlite store ("table ... alread
 Jobs find the parent through an environment variable (jobs run in this process, as with Hydra's
 basic launcher) or through the parent file in the sweep dir (launchers that run jobs elsewhere).
 
-It also refuses, before anything is written, a run or sweep folder that holds a symbolic link
-(`own_folder`). Imported by every run, so it stays light: MLflow is loaded only when a sweep is
-tracked.
+It also refuses, before anything is written, a run or sweep folder that is blank, holds a
+symbolic link, or holds an earlier run this command would write over (`own_folder`). Imported by
+every run, so it stays light: MLflow is loaded only when a sweep is tracked.
 """
 
 from __future__ import annotations
@@ -25,19 +25,24 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
-from gpubench.core.exits import ExitCode
 from gpubench.core.files import LinkError, check_no_links
+from gpubench.core.record import RESULTS_FILE, find_runs
 from gpubench.core.secrets import mask_files, mask_logging
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
-# parent closed at exit is KILLED after an interrupt (ExitCode.SIGINT, SIGTERM), FAILED after an error
+# parent closed at exit is KILLED after an interrupt (Ctrl-C, SIGTERM, SIGHUP), FAILED after an error
 EXIT: dict[str, int | None] = {}
 # seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
 CLOSE_GRACE_S = 5.0
 # when each sweep of this process began (its report made since then was printed already)
 _STARTED: dict[str, float] = {}
+# the sweeper whose jobs always take new numbered folders (gpubench.search.manifest
+# reserve_job_dir), so a sweep folder holding runs is resumed, never written over; the others
+# (Hydra's basic sweeper, ...) number their jobs from 0 in every invocation
+RESUMING_SWEEPER = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
 
 log = logging.getLogger("gpubench")
 
@@ -51,25 +56,42 @@ def _sweep_dir(config: DictConfig) -> Path:
     return Path(str(config.hydra.sweep.dir)).absolute()
 
 
-def own_folder(key: str, folder: Path) -> None:
+def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
     """The folder of a run (`hydra.run.dir`) or a sweep (`hydra.sweep.dir`, its jobs' folders
-    inside it) holds no symbolic link, or the command ends here: one line naming the link, exit
-    2. Checked here because Hydra writes `.hydra/*.yaml` and opens the log file there in run_job
+    inside it), or the command ends here with one line, exit 2: not blank (Hydra would write
+    into the current folder), holding no symbolic link, and holding no earlier run this command
+    would write over: a run's results.json at the folder's top, or, for a sweep (unless
+    `resumes`), any run inside it. Nothing measured is written over unless the user moves it.
+    Checked here because Hydra writes `.hydra/*.yaml` and opens the log file there in run_job
     (hydra/core/utils.py), and calls on_run_start / on_multirun_start before run_job and before
-    building the sweeper (hydra/_internal/hydra.py, Hydra 1.3)."""
+    building the sweeper (hydra/_internal/hydra.py, Hydra 1.3). A SystemExit carrying the
+    ConfigError: Hydra turns an Exception raised in a callback into a warning and carries on
+    (as in gpubench.config.prechecks.InputCheck)."""
+    if value is None or not str(value).strip():
+        raise SystemExit(ConfigError(key, value, "a folder path (blank writes into the current "
+                                     f"folder); leave {key} unset for a new timestamped folder"))
+    folder = Path(str(value)).absolute()
     try:
         check_no_links(folder)
     except LinkError as e:
-        # a SystemExit carrying the ConfigError: Hydra turns an Exception raised in a callback
-        # into a warning and carries on (as in gpubench.config.prechecks.InputCheck)
         raise SystemExit(ConfigError(key, str(folder), f"a folder holding no symbolic link ({e})")) from None
+    if key == "hydra.run.dir":
+        earlier = [folder] if (folder / RESULTS_FILE).exists() else []
+    else:
+        earlier = [] if resumes else find_runs(folder)
+    if earlier:
+        why = "" if key == "hydra.run.dir" else ": this sweeper numbers its jobs from 0"
+        raise SystemExit(ConfigError(key, str(folder), (
+            f"a folder holding no earlier run ({earlier[0] / RESULTS_FILE} is one, never written "
+            f"over{why}); leave {key} unset for a new timestamped folder, or move that run away")))
+    return folder
 
 
 class MlflowSweepCallback(Callback):
     # Hydra's launchers log each job's overrides, a tracking URI or storage URL with its
     # password among them: masked from the start of a run or a multirun
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        own_folder("hydra.run.dir", Path(str(config.hydra.run.dir)).absolute())
+        own_folder("hydra.run.dir", config.hydra.run.dir)
         mask_logging()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -84,7 +106,8 @@ class MlflowSweepCallback(Callback):
         mask_files(files)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        own_folder("hydra.sweep.dir", _sweep_dir(config))
+        own_folder("hydra.sweep.dir", config.hydra.sweep.dir,
+                   OmegaConf.select(config, "hydra.sweeper._target_") == RESUMING_SWEEPER)
         mask_logging()
         if not _tracked(config):
             return
@@ -134,7 +157,7 @@ class MlflowSweepCallback(Callback):
 
         sweep_dir, rid, uri, experiment, timeout_s = open_
         code = EXIT.get("code")
-        status = "KILLED" if code is None or code in (ExitCode.SIGINT, ExitCode.SIGTERM) else "FAILED"
+        status = "KILLED" if code is None or killed_by_signal(code) else "FAILED"
         failed: list[BaseException] = []
 
         def close() -> None:

@@ -11,6 +11,7 @@ nothing: tracebacks show. Ctrl-C and SIGTERM end the command with one line too
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from contextlib import contextmanager
@@ -63,7 +64,8 @@ def one_line_errors():
         yield
     except KeyboardInterrupt as e:
         line, code = interrupted_line(e)
-        print(line, file=sys.stderr)
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: keep 129
+            print(line, file=sys.stderr)
         raise SystemExit(code) from None
     except SystemExit as e:
         if not isinstance(e.code, ConfigError):  # an exit code, or Python's, passed through

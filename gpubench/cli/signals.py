@@ -1,68 +1,68 @@
-"""Ctrl-C and SIGTERM (what schedulers, `timeout` and Kubernetes send) end a command the same way:
-the runner marks the run `killed` and keeps its phases, and the entry prints one line naming the
-run's folder and exits 128 + the signal."""
+"""Ctrl-C, SIGTERM (what schedulers, `timeout` and Kubernetes send) and SIGHUP (a dropped ssh
+session, a closed terminal) end a command the same way: the runner marks the run `killed` and
+keeps its phases, and the entry prints one line naming what the run kept and how to upload it
+(gpubench.run.ending.kept), then exits 128 + the signal. A later signal waits until the run's
+record is final (gpubench.run.ending.Hold)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
-from gpubench.core import record
 from gpubench.core.exits import ExitCode
+from gpubench.run.ending import ENDING_SIGNALS, expect_worker_deaths, kept
+
+# the words the one line names each ending signal by
+NAMES = dict(zip(ENDING_SIGNALS, ("Ctrl-C", "SIGTERM", "SIGHUP"), strict=True))
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread as a KeyboardInterrupt: every path that handles
-    Ctrl-C (the runner marks the run killed and keeps its phases) handles it too."""
+    """SIGTERM or SIGHUP, raised in the main thread as a KeyboardInterrupt: every path that
+    handles Ctrl-C (the runner marks the run killed and keeps its phases) handles it too. Its
+    text is the signal's name."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(NAMES[signum])
+        self.signum = signum
 
 
 _main_pid: int | None = None
 
 
-def _ignore_signal(signum, frame) -> None:
-    # a Python-level no-op rather than SIG_DFL: a SIGCHLD already pending when the handler
-    # changes still finds a Python handler to call
-    return
-
-
-def _on_sigterm(signum, frame) -> None:
+def _on_signal(signum, frame) -> None:
     if os.getpid() != _main_pid:
         # a forked child inherited this handler (DataLoader workers replace it with torch's
         # own): it ends the way it did before, at once
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
         return
-    # `timeout`, Slurm and a terminal signal the whole process group, so DataLoader workers get
-    # this SIGTERM too and die of it (torch's worker handler exits quietly only when the parent
-    # sent it). torch's SIGCHLD handler in this process would then raise "DataLoader worker ...
-    # killed by signal" halfway through marking the run killed, replacing this interrupt. The
-    # run is ending: worker deaths from here on are expected, so SIGCHLD is no longer watched.
-    signal.signal(signal.SIGCHLD, _ignore_signal)
-    # Further SIGTERMs are ignored so the cleanup this one starts (results.json, MLflow) can
-    # finish; SIGKILL still ends the process at once.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated("SIGTERM")
+    expect_worker_deaths()
+    # Further signals of this kind are ignored so the cleanup this one starts (results.json,
+    # MLflow) can finish; SIGKILL still ends the process at once.
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated(signum)
 
 
 def install_sigterm() -> None:
-    # Python runs signal handlers in the main thread only, which is where the runner waits, so
-    # the exception lands where Ctrl-C's would.
+    """SIGTERM and SIGHUP raise Terminated. Python runs signal handlers in the main thread
+    only, which is where the runner waits, so the exception lands where Ctrl-C's would. A
+    signal this process was started ignoring (`nohup`'s SIGHUP) stays ignored."""
     global _main_pid
     _main_pid = os.getpid()
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for s in ENDING_SIGNALS:
+        if s != signal.SIGINT and signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _on_signal)
 
 
-def interrupted_line(e: KeyboardInterrupt) -> tuple[str, ExitCode]:
-    """The one line and exit status of a command that Ctrl-C or SIGTERM ended."""
-    if isinstance(e, Terminated):
-        name, code = "SIGTERM", ExitCode.SIGTERM
-    else:
-        name, code = "Ctrl-C", ExitCode.SIGINT
+def killed_by_signal(code: int | None) -> bool:
+    """Whether a command's exit status says one of the ending signals stopped it."""
+    return code is not None and code - 128 in NAMES
+
+
+def interrupted_line(e: KeyboardInterrupt) -> tuple[str, int]:
+    """The one line and exit status (128 + the signal) of a command that a signal ended."""
+    signum = getattr(e, "signum", signal.SIGINT)
     run_dir = getattr(e, "run_dir", None)  # set by the entry when a run was under way
-    rec = record.load(run_dir) if run_dir else None
-    kept = ""
-    if rec is not None:
-        kept = (f"; status {rec.status.value}, {len(rec.phases)} measured phase(s) kept in "
-                f"{Path(run_dir) / record.RESULTS_FILE}")
-    return f"gpubench: interrupted by {name}{kept}", code
+    what = kept(run_dir) if run_dir else None
+    return (f"gpubench: interrupted by {NAMES[signum]}" + (f"; {what}" if what else ""),
+            ExitCode(128 + signum))

@@ -28,14 +28,15 @@ class ExitCode(IntEnum):
     # 128 + the signal, as a shell reports a process that a signal ended
     SIGINT = 128 + signal.SIGINT
     SIGTERM = 128 + signal.SIGTERM
+    SIGHUP = 128 + signal.SIGHUP  # the terminal went away (a dropped ssh session)
     # the reader of stdout went away (`gpubench --help | head`): what a shell reports for a
     # writer that SIGPIPE ended; Python ignores SIGPIPE and raises BrokenPipeError instead
     BROKEN_PIPE = 128 + signal.SIGPIPE
 
     @property
     def interrupted(self) -> bool:
-        """Ctrl-C or SIGTERM ended the command."""
-        return self in (ExitCode.SIGINT, ExitCode.SIGTERM)
+        """Ctrl-C, SIGTERM or SIGHUP ended the command."""
+        return self in (ExitCode.SIGINT, ExitCode.SIGTERM, ExitCode.SIGHUP)
 
 
 @contextmanager

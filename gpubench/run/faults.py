@@ -18,6 +18,7 @@ class Faults:
     def __init__(self, fault: Fault, rank: int) -> None:
         self.fault = fault
         self.here = fault_hits(fault.rank, rank)
+        self.sleep = time.sleep  # how a stall passes: a test's stand-in moves its own clock
 
     @property
     def oom_above_batch(self) -> int | None:
@@ -41,6 +42,6 @@ class Faults:
             nonlocal calls
             calls += 1
             if every and calls % every == 0:
-                time.sleep(seconds)
+                self.sleep(seconds)
 
         return stall

@@ -21,6 +21,8 @@ import gc
 import logging
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Settings, check_resources, plain, resolve, window_cap_s
 from gpubench.core.files import check_no_links
-from gpubench.core.pipe import batches_in_flight
+from gpubench.core.pipe import batches_in_flight, loader_window_steps
 from gpubench.core.record import (
     RESULTS_FILE,
     RUNG_ENV,
@@ -51,14 +53,18 @@ from gpubench.parts.oom import is_oom
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
 from gpubench.parts.step import TrainStep, count_step_flops_split, make_optimizer, step_figures
 from gpubench.run import compute_bound, merge
+from gpubench.run.ending import Hold, kept
 from gpubench.run.faults import Faults
 from gpubench.run.summary import figures, summarize
+from gpubench.run.watchdog import Watchdog, hang_limit_s
 from gpubench.telemetry import env
 from gpubench.telemetry.monitor import Monitor, MonitorSummary
 
 log = logging.getLogger("gpubench")
 
 __all__ = ["RESULTS_FILE", "Benchmark", "Result", "measure_run", "run_benchmark"]
+
+SAVE_WAIT_S = 10.0  # a hung run's last write waits this long for one under way
 
 @dataclass
 class Result:
@@ -175,14 +181,23 @@ class Benchmark:
         # run_window for its measured steps only (parts/measure.py DeviceStart)
         self.device_start = DeviceStart()
         self.t0 = time.perf_counter()
+        # Ctrl-C, SIGTERM, SIGHUP after the first wait until the record is final (run/ending.py);
+        # a step that never returns ends the run as hung (run/watchdog.py), whose last write of
+        # the record is the last one (_saving)
+        self.hold = Hold()
+        self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
+                                 self._end_hung)
+        self._saving = threading.Lock()
+        self._gpulog = None
 
     # ------------------------------------------------------------------ record
 
     def save(self) -> None:
         if not self.dist.main:  # one results.json per run, from rank 0
             return
-        self.record.seconds = time.perf_counter() - self.t0
-        self.record.save()
+        with self._saving:
+            self.record.seconds = time.perf_counter() - self.t0
+            self.record.save()
 
     # ------------------------------------------------------------------ build
 
@@ -196,13 +211,15 @@ class Benchmark:
         rec.data_info = self.pipe.info
         if "compute" in self.phases or "e2e" in self.phases:
             model = prepare_model(build_model(s), device, s.channels_last)
-            x, y = self.pipe.device_batch()
-            check_output(model, x, s)  # one forward: shape, tuple, width, before any phase
-            opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
-            if b.flops:
-                split = count_step_flops_split(model, self.plan, device, x, y)
-                rec.flops_per_step = split and split["total"]
-                rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
+            with self.watchdog.watching("building", "taking a first batch and checking the "
+                                        "model on it (one forward, the FLOP count)"):
+                x, y = self.pipe.device_batch()
+                check_output(model, x, s)  # one forward: shape, tuple, width, before any phase
+                opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
+                if b.flops:
+                    split = count_step_flops_split(model, self.plan, device, x, y)
+                    rec.flops_per_step = split and split["total"]
+                    rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
                                   self.faults.oom_above_batch,
@@ -253,12 +270,24 @@ class Benchmark:
         ld = self.settings.loader
         return batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
 
+    def _window_steps(self, name: str) -> int:
+        """bench.steps' share of a window; a loader window of at least a few times the batches
+        its workers hold in flight (core.pipe.loader_window_steps): a window gpubench sized
+        never times the queue."""
+        if name != "loader":
+            return self.steps_per_window
+        ld = self.settings.loader
+        return loader_window_steps(self.steps_per_window, ld.num_workers, ld.prefetch_factor)
+
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first one warms up until steps are steady)."""
         b, dist, device = self.settings.bench, self.dist, self.device
+        where = f"{name} phase, window {len(self.windows.get(name, ())) + 1}"
+        self.watchdog.at(where)
         if name not in self.windows:
             self.windows[name], self.telemetry[name] = [], []
-            self.functions[name] = self._functions(name)
+            self.functions[name] = self.watchdog.phase(name, *self._functions(name),
+                                                       compiled=self.settings.compile != "off")
         first = not self.windows[name]
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -270,13 +299,12 @@ class Benchmark:
             warm = max(warm, 3)
         # the loss is read only where the device has just been synchronized: after each
         # warm-up step (which syncs to time itself) and after the window's closing sync
-        where = f"{name} phase, window {len(self.windows[name]) + 1}"
         check = (lambda: self.step.check_loss(f"{where}, warm-up")) if name != "loader" else None
         last = None if first else self.windows[name][-1]
         stats = run_window(
             name, *self.functions[name], self.settings.loader.batch_size, device,
             warm if first else self._rewarm_steps(name),
-            self.steps_per_window, b.warmup_max_seconds,
+            self._window_steps(name), b.warmup_max_seconds,
             window_cap_s(b.max_seconds, b.repeats, b.steps),
             warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
             # all ranks open their windows together
@@ -332,6 +360,7 @@ class Benchmark:
                 self.run_phase(name)
                 done += 1
                 self.faults.maybe_fail(done)
+        self.watchdog.at(None)  # the windows are done: nothing after them is watched
         if self.settings.bench.profile:
             from gpubench.telemetry.profile import profile_steps
 
@@ -346,18 +375,20 @@ class Benchmark:
 
     def run(self) -> BaseException | None:
         """Measure and write the record, whatever happens. Returns the interrupt (Ctrl-C,
-        SIGTERM) when there was one, for the caller to re-raise once the run is reported;
-        bad input found while building (a ConfigError) is raised."""
+        SIGTERM, SIGHUP) when there was one, for the caller to re-raise once the run is
+        reported; bad input found while building (a ConfigError) is raised. Inside `self.hold`
+        (the callers below) a later signal waits until the record is final."""
         rec = self.record
         self.save()
         interrupted: BaseException | None = None
         status, error = Status.ok, None
         self.dist.watch(self._peer_failed)
-        gpulog = self._start_gpulog()
+        gpulog = self._gpulog = self._start_gpulog()
+        self.watchdog.start()
         try:
             self.measure()
-        except KeyboardInterrupt as e:
-            status, error, interrupted = Status.killed, "interrupted (Ctrl-C or SIGTERM)", e
+        except KeyboardInterrupt as e:  # gpubench.cli.signals' Terminated names its signal
+            status, error, interrupted = Status.killed, f"interrupted by {e or 'Ctrl-C'}", e
         except CorruptImage as e:
             status, error = Status.failed, str(e)
         except ConfigError as e:
@@ -375,6 +406,8 @@ class Benchmark:
                 log.debug("run failed", exc_info=True)
                 status, error = Status.failed, one_line_error(e)
         finally:
+            self.hold.arm()  # measuring is over: a signal from here waits (run/ending.py)
+            self.watchdog.stop()
             self.monitor.stop()
             self._stop_gpulog(gpulog)
         self._finish(status, error)
@@ -407,6 +440,27 @@ class Benchmark:
                 Status.killed if peer_status == "killed" else Status.failed)
             rec.error = f"another rank failed: {message}"
             self.save()
+
+    def _hung(self, line: str) -> str:
+        """The watchdog found the run hung (run/watchdog.py): on its thread, the main thread
+        stuck, just before the process ends. The record is written failed, the last write
+        (the lock is never released). Returns the line to print."""
+        if not self._saving.acquire(timeout=SAVE_WAIT_S):  # stuck writing it (a hung mount)
+            return f"{line}; its record was not written: the run is stuck writing it"
+        if self.dist.main:
+            self.record.finish(Status.failed, f"hung: {line}")
+            self.record.seconds = time.perf_counter() - self.t0
+            self.record.save()
+        self.dist.announce("failed", f"hung: {line}")
+        return f"{line}; {kept(self.out)}" if self.dist.main else line
+
+    def _end_hung(self) -> None:
+        """What would outlive a hung run's process: the loader's workers (the stuck one may be
+        among them) are killed, the GPU log's rows put on disk (the process ends unflushed)."""
+        for pid in self.pipe.worker_pids() if self.pipe is not None else ():
+            os.kill(pid, signal.SIGKILL)
+        if self._gpulog is not None:
+            self._gpulog.stop()
 
     def _start_gpulog(self):
         """gpu_metrics.csv beside results.json, the whole run long (telemetry/gpulog.py); rank
@@ -471,36 +525,43 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     "oom" / "failed" and whatever windows finished. Ctrl-C / SIGTERM mark it "killed" and
     re-raise once results.json is written."""
     bench = Benchmark(cfg, out_dir)
-    interrupted = bench.run()
+    with bench.hold:
+        interrupted = bench.run()
     if interrupted is not None:
         raise interrupted
+    bench.hold.replay()
     return Result(bench.record, bench.notes, main=bench.dist.main)
 
 
 def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
                   quiet: bool = False) -> Result:
     """The whole run: measure (results.json first), then the console summary and tracking.
-    An interrupted run is reported (and tracked, as KILLED) before the interrupt goes on."""
+    An interrupted run is reported (and tracked, as KILLED) before the interrupt goes on; a
+    signal that came while its record was made final and its picture drawn skips the upload
+    (`python -m gpubench.tracking sync` does it later) and then goes on."""
     bench = Benchmark(cfg, out_dir)
-    interrupted = bench.run()
-    result = Result(bench.record, bench.notes, main=bench.dist.main)
+    with bench.hold:
+        interrupted = bench.run()
+        result = Result(bench.record, bench.notes, main=bench.dist.main)
+        if result.main:
+            _picture(bench)
     if result.main:
-        _picture(bench)
         if not quiet:
             from gpubench.report.console import print_result
 
             print_result(result)
-        if bench.settings.tracking.backend != "none":
+        if bench.settings.tracking.backend != "none" and not bench.hold.late:
             from gpubench import tracking
 
             # the composed config's override list, for a config composed outside a Hydra run
             # (no .hydra/ folder, no HydraConfig): the settings keep no hydra node
             task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
             result.tracked = tracking.log_result(bench.settings.tracking, result, task)
-        if interrupted is None:
+        if interrupted is None and not bench.hold.late:
             _compute_bound(cfg, bench)
     if interrupted is not None:
         raise interrupted
+    bench.hold.replay()
     return result
 
 

@@ -233,14 +233,18 @@ def sweep_of(run_dir: Path) -> Path | None:
     return run_dir.parent if (run_dir.parent / "multirun.yaml").is_file() else None
 
 
+def sync_command(run_dir: Path, uri: str) -> str:
+    """The command that uploads a run later: its sweep's folder (a sweep's jobs are synced
+    together with it), and the store (sync uploads only where the user says, never to the
+    store a folder names)."""
+    return f"python -m gpubench.tracking sync {sweep_of(run_dir) or run_dir} --uri {uri}"
+
+
 def warn(uri: str, err: BaseException, run_dir: Path) -> None:
-    where = sweep_of(run_dir) or run_dir  # a sweep's jobs are synced together with it
-    # sync uploads only where the user says (never to the store a folder names): the hint
-    # names this store
     print(mask_secrets(
         f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} ({error_text(err)}); "
         f"its results are kept in {run_dir}; upload them later: "
-        f"python -m gpubench.tracking sync {where} --uri {uri}"),
+        f"{sync_command(run_dir, uri)}"),
         file=sys.stderr, flush=True)
 
 

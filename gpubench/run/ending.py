@@ -1,0 +1,112 @@
+"""A run stopped from outside still ends with its record final, and says what it kept.
+
+Ctrl-C, SIGTERM and SIGHUP (a dropped ssh session) end a run's measuring. What follows (the
+record made final, its picture drawn) takes seconds, and a second signal meanwhile (Ctrl-C
+pressed again) must not cut it short: `Hold`, around a run, lets the first signal through and
+keeps later ones waiting until the record is final and pictured; a signal that waited skips
+what may be skipped (the upload, which `sync` does later) and then ends the command as it would
+have. `kept` is the one sentence about what a stopped run left and how to upload it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from gpubench.core import record
+from gpubench.core.files import read_json
+from gpubench.core.secrets import mask_secrets
+
+# the signals that end a run the way Ctrl-C does (gpubench.cli.signals names them)
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _ignore_signal(signum, frame) -> None:
+    # a Python-level no-op rather than SIG_DFL: a SIGCHLD already pending when the handler
+    # changes still finds a Python handler to call
+    return
+
+
+def expect_worker_deaths() -> None:
+    """The run is ending on a signal: `timeout`, Slurm, a terminal and a dropped session signal
+    the whole process group, so DataLoader workers die of it too, and torch's SIGCHLD handler in
+    this process would raise "DataLoader worker ... killed by signal" halfway through making the
+    record final. From here on a worker's death is expected: SIGCHLD is no longer watched."""
+    signal.signal(signal.SIGCHLD, _ignore_signal)
+
+
+class Hold:
+    """Around a run (`with bench.hold:`): Ctrl-C, SIGTERM and SIGHUP act as they did until the
+    first one, or `arm()` once measuring is over; from then until the block ends, they wait in
+    `late`, so the record is made final and its picture drawn whatever else arrives. `replay()`
+    then delivers a waiting signal as it would have been. Python runs signal handlers in the
+    main thread only: entered from another thread it changes nothing."""
+
+    def __init__(self) -> None:
+        self.late: list[int] = []
+        self.armed = False
+        self._before: dict = {}
+
+    def __enter__(self) -> Hold:
+        if threading.current_thread() is threading.main_thread():
+            for s in ENDING_SIGNALS:
+                if signal.getsignal(s) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                    self._before[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._before.items():
+            # one the delivered handler changed meanwhile stays as it left it (gpubench's
+            # SIGTERM handler ignores later SIGTERMs, so the cleanup it starts can finish)
+            if signal.getsignal(s) == self._on_signal:
+                signal.signal(s, handler)
+        self._before = {}
+
+    def arm(self) -> None:
+        """Measuring is over: a signal from here waits."""
+        self.armed = True
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.armed:
+            self.late.append(signum)
+            expect_worker_deaths()
+            return
+        self.armed = True  # the first signal ends measuring; the next ones wait
+        _deliver(signum, self._before[signum], frame)
+
+    def replay(self) -> None:
+        """A signal that waited, delivered now through the handler in place (Ctrl-C's
+        KeyboardInterrupt, gpubench's SIGTERM and SIGHUP handlers, or the default action)."""
+        if self.late:
+            _deliver(self.late[0], signal.getsignal(self.late[0]), None)
+
+
+def _deliver(signum: int, handler, frame) -> None:
+    if callable(handler):
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+
+def kept(run_dir: str | Path) -> str | None:
+    """What a stopped run left in `run_dir`, for its one line: status, measured phases, the
+    record's path and picture, and, when it was to be tracked and MLflow does not have it, the
+    command that uploads it. None when the folder holds no record."""
+    rec = record.load(run_dir)
+    if rec is None:
+        return None
+    run_dir = Path(run_dir)
+    text = (f"status {rec.status.value}, {len(rec.phases)} measured phase(s) kept in "
+            f"{run_dir / record.RESULTS_FILE}")
+    if rec.extra.get("picture"):
+        text += f" and {Path(rec.extra['picture']).name}"
+    tracking = (rec.config or {}).get("tracking") or {}
+    if tracking.get("backend", "none") != "none":
+        from gpubench.tracking.runs import MARKER_FILE, sync_command
+        from gpubench.tracking.store import resolve_uri
+
+        if not (read_json(run_dir / MARKER_FILE) or {}).get("synced"):
+            text += f"; not in MLflow: {sync_command(run_dir, resolve_uri(tracking.get('uri')))}"
+    return mask_secrets(text)

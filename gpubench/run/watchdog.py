@@ -1,0 +1,179 @@
+"""The watchdog: a run whose step never returns still ends, with its record final.
+
+bench.max_seconds and bench.warmup_max_seconds bound a phase between its steps: a window closes
+once its time is up, but only when a step returns. A step that never returns (a dataset's
+`__getitem__` waiting on a dead mount, a model's forward in an endless loop, a kernel that never
+finishes) would hold the run forever. So a thread watches for signs of life: a window starting,
+each batch's fetch and each step entered and left. When none comes for `hang_limit_s` (twice a
+phase's whole budget, 2 x (bench.warmup_max_seconds + bench.max_seconds), at least HANG_MIN_S:
+no step of a run that keeps to its budget comes near it), the run is hung, and in this order:
+the run's own handler writes the record `failed` with one line naming the phase, the window, the
+step and what it was doing (nothing measured is lost), the stacks of every thread go to the run's
+log (faulthandler) while they are still where the run hung, the run's second handler ends what
+would outlive the process (the loader's workers: the stuck one may be among them), the line goes
+to stderr, and the process ends, exit code 1. Only ending the process from here is sure: the
+main thread may be stuck in C code that never returns to Python. This thread still runs then
+when that code lets the GIL go, as a device sync waiting on a kernel that never ends does
+(torch.cuda.synchronize releases it: torch/csrc/cuda/Module.cpp, THCPModule_cudaSynchronize,
+`pybind11::gil_scoped_release`), and a DataLoader's wait for a worker (a queue read with a
+timeout, in Python).
+
+Not watched, because their time has no bound of its own: building the dataset and the model
+(a folder's scan, a pool's encoding take as long as their size), a compiled phase's train steps
+(torch.compile's compiles and recompiles; the fetches around them still are), profiling, and
+what follows the last window (a tracking upload has its own bound, tracking.timeout_s).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from gpubench.core.exits import ExitCode
+
+log = logging.getLogger("gpubench")
+
+HANG_MIN_S = 60.0  # a worker's start, a device's first step (cuDNN's autotuning) stay under it
+POLL_S = 1.0
+
+# what a call is doing, and how the time after it is named
+FETCH = ("fetching its batch (the DataLoader: the dataset's __getitem__, its transform, the "
+         "collate)", "fetching its batch")
+MOVE = ("moving its batch to the device",) * 2
+STEP = ("in its train step (the model's forward and backward, the optimizer)", "its train step")
+
+
+def hang_limit_s(warmup_max_seconds: float, max_seconds: float) -> float:
+    """How long a run may go without a sign of life before it counts as hung."""
+    return max(HANG_MIN_S, 2.0 * (warmup_max_seconds + max_seconds))
+
+
+class Watchdog:
+    """Watches one run. The runner names where it is (`at`), wraps a phase's functions
+    (`phase`) and a region of its build (`watching`); `start` runs the thread that polls,
+    `stop` ends it. `on_hang(line)` writes the record and returns the line to print, `on_end()`
+    ends what would outlive the process; `clock`, `exit` and `poll_s=None` (no thread: the
+    caller polls) are for tests."""
+
+    def __init__(self, limit_s: float, on_hang: Callable[[str], str | None],
+                 on_end: Callable[[], object] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic,
+                 exit: Callable[[int], object] = os._exit, poll_s: float | None = POLL_S) -> None:
+        self.limit_s, self.on_hang, self.on_end = limit_s, on_hang, on_end
+        self.clock, self.exit, self.poll_s = clock, exit, poll_s
+        # (where, step, doing, since): replaced whole, so the thread reads one consistent state;
+        # where None: not watching; doing None: inside a call that is not watched
+        self._state: tuple[str | None, int, str | None, float] = (None, 0, None, 0.0)
+        self._fired = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ what the run is doing
+
+    def at(self, where: str | None) -> None:
+        """The run is now here (a phase's window, a part of the build); None: not watched."""
+        self._state = (where, 0, "stuck before its first step", self.clock())
+
+    def _set(self, step: int, doing: str | None) -> None:
+        self._state = (self._state[0], step, doing, self.clock())
+
+    def wrapped(self, fn: Callable, doing: tuple[str, str], watched: bool = True,
+                counts: bool = False) -> Callable:
+        """`fn`, its calls signs of life: `doing[0]` until it returns (not watched when not
+        `watched`), then after `doing[1]`. `counts`: each call is the next step."""
+        def call(*args):
+            step = self._state[1] + counts
+            self._set(step, f"stuck {doing[0]}" if watched else None)
+            try:
+                return fn(*args)
+            finally:
+                self._set(step, f"stuck after {doing[1]}")
+        return call
+
+    def phase(self, name: str, fetch: Callable, work: Callable, compiled: bool
+              ) -> tuple[Callable, Callable]:
+        """A phase's (fetch, work) as the window calls them, watched; a compiled phase's train
+        step is not (its compiles have no bound), its fetch is."""
+        return (self.wrapped(fetch, FETCH, counts=True),
+                self.wrapped(work, MOVE if name == "loader" else STEP,
+                             watched=not (compiled and name != "loader")))
+
+    @contextmanager
+    def watching(self, where: str, doing: str) -> Iterator[None]:
+        """A region watched as one step (`doing` at `where`), not watched after it."""
+        self.at(where)
+        self._set(0, f"stuck {doing}")
+        try:
+            yield
+        finally:
+            self.at(None)
+
+    # ------------------------------------------------------------------ the rule
+
+    def check(self) -> str | None:
+        """The line saying the run is hung, or None while it is not."""
+        where, step, doing, since = self._state
+        if where is None or doing is None:
+            return None
+        waited = self.clock() - since
+        if waited <= self.limit_s:
+            return None
+        at = f"{where}, step {step}" if step else where
+        return (f"{at}: {doing} for {waited:.0f} s (the hang limit: {self.limit_s:.0f} s, "
+                f"2 x (bench.warmup_max_seconds + bench.max_seconds), at least {HANG_MIN_S:.0f})")
+
+    # ------------------------------------------------------------------ the thread
+
+    def start(self) -> Watchdog:
+        if self.poll_s is not None and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="gpubench-watchdog",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.at(None)
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """Ends the process when the run is hung (see the module docstring); once."""
+        line = self.check()
+        if line is None or not self._fired.acquire(blocking=False):
+            return
+        try:  # the record first: nothing measured is lost
+            line = self.on_hang(line) or line
+        except Exception as e:
+            line = f"{line} (its record not written: {type(e).__name__}: {e})"
+        logs = [h for h in logging.getLogger().handlers + log.handlers  # the run's log file
+                if isinstance(h, logging.FileHandler) and h.stream is not None
+                and h.baseFilename != os.devnull]
+        if logs:
+            line += f"; the threads' stacks are in {logs[0].baseFilename}"
+        log.error("hung: %s", line)
+        for h in logs:
+            h.flush()
+        try:  # faulthandler writes to the file descriptor itself, without Python's buffers
+            faulthandler.dump_traceback(file=logs[0].stream if logs else sys.stderr,
+                                        all_threads=True)
+        except (AttributeError, OSError, ValueError):  # a stream without a file descriptor
+            pass
+        try:
+            self.on_end()
+        except Exception as e:
+            log.error("hung: not everything ended: %s: %s", type(e).__name__, e)
+        print(f"gpubench: error: hung: {line}", file=sys.stderr, flush=True)
+        self.exit(ExitCode.FAILED)
