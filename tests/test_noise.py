@@ -88,3 +88,43 @@ def test_reasons_round_trip_through_results_json_and_old_ones_still_load():
     # a kind a newer version wrote: other, its text kept
     new = RunRecord.from_dict({"noise_reasons": [{"kind": "cosmic_rays", "text": "t"}]})
     assert new.noise_reasons == [Reason(Flaw.other, "t")]
+
+
+def test_stalls_in_windows_too_short_to_judge_are_too_short_not_disturbed():
+    """A run with bench.steps=12: windows of 9 ms, one step of 202 ms among 6 ms ones. In a
+    window that short the sampler sees no competition and one hiccup is most of a window:
+    the run was too short, and the remedy is longer windows, not another machine."""
+    stalled = [0.006] * 11 + [0.202]
+    [r] = step_checks("e2e", stalled, 2.0, window_s=0.009)
+    assert r.kind is Flaw.too_short and "in windows of 9 ms, too short" in r.text
+    [r] = step_checks("e2e", stalled, 2.0, window_s=0.8)  # long windows: a real interruption
+    assert r.kind is Flaw.disturbed and r.text.endswith("interrupted steps")
+    out = remedies([Reason(Flaw.too_short, "")], [], 6, 12)
+    assert out[0].startswith("bench.min_window_s=0.5:")
+    assert not any("idle machine" in x for x in out)
+
+
+def _bench(windows_s: float, host_cpu: float, run_cpu: float):
+    """What `run.summary.validity` reads of a run: its record and its loader settings."""
+    from types import SimpleNamespace
+
+    from gpubench.core.record import PhaseRecord
+
+    window = {"seconds": windows_s, "steps": 2, "host_cpu_util_mean": host_cpu,
+              "process_cpu_util_mean": run_cpu, "samples": 5}
+    rec = RunRecord(env={"cpu_count": 2}, extra={"cpu_demand_cores": 2.0},
+                    phases={"e2e": PhaseRecord("e2e", 16, windows=[dict(window)] * 6,
+                                               images_per_sec_ci_coverage=0.97)},
+                    series={"e2e": {"step_times_s": [0.006] * 11 + [0.202]}})
+    loader = SimpleNamespace(num_workers=0, prefetch_factor=None)
+    return SimpleNamespace(record=rec, settings=SimpleNamespace(loader=loader))
+
+
+def test_a_run_that_saw_competition_is_disturbed_whatever_its_windows():
+    from gpubench.run.summary import validity
+
+    # short windows, a quiet host: the stall is the shortness's
+    assert [r.kind for r in validity(_bench(0.009, 20.0, 100.0))] == [Flaw.too_short]
+    # windows the sampler can judge saw another process take a core: the stall is its doing
+    kinds = [r.kind for r in validity(_bench(0.6, 100.0, 120.0))]
+    assert kinds == [Flaw.disturbed, Flaw.disturbed]

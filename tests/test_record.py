@@ -97,6 +97,7 @@ def test_old_and_broken_files(tmp_path):
     assert m.status is Status.failed and not m.feasible and m.constraint == OOM_CONSTRAINT
 
 
+@pytest.mark.slow
 def test_stale_only_when_its_process_is_gone(tmp_path):
     import subprocess
     import sys
@@ -172,3 +173,24 @@ def test_measure_longer_is_one_rule():
     steps, repeats = 50, 6
     assert window_plan(4 * steps, 10)[1] > window_plan(steps, repeats)[1]  # longer windows
     assert longer(None, 6) == "bench.steps=... bench.repeats=..."  # not a record's config
+
+
+def test_a_loader_window_gpubench_sizes_never_times_the_queue():
+    """README example 3 with 8 workers: bench.steps=50 in 6 windows is 9 steps a window, and 16
+    batches are in flight. gpubench sizes each loader window to a few times that, so the
+    queue check (analysis.noise.queue_checks) never flags a window it chose."""
+    from gpubench.analysis.noise import queue_checks
+    from gpubench.core.pipe import QUEUE_WINDOWS, batches_in_flight, loader_window_steps
+
+    assert loader_window_steps(9, 8, 2) == QUEUE_WINDOWS * 16 >= 3 * 16
+    assert loader_window_steps(9, 0, None) == 9  # no workers: nothing in flight
+    assert loader_window_steps(60, 2, 2) == 60  # bench.steps' share when it is more
+    for workers in range(17):
+        for prefetch in (None, 1, 2, 4):
+            for steps, repeats in ((12, 6), (50, 6), (6, 6), (1, 1)):
+                per = window_plan(steps, repeats)[1]
+                window = {"steps": loader_window_steps(per, workers, prefetch)}
+                assert queue_checks("loader", [window] * 6,
+                                    batches_in_flight(workers, prefetch)) == []
+    # a window of fewer batches than in flight (cut short, or an older run) still is flagged
+    assert queue_checks("loader", [{"steps": 9}], 16)

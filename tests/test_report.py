@@ -150,6 +150,15 @@ def test_where_the_loader_check_names_fewer_workers_one_line_says_the_training_r
     assert "decides" not in check and check.startswith("loader check: 1 worker loads 17000.0")
 
 
+def test_a_loader_far_above_compute_is_said_in_times_not_thousands_of_percent():
+    from gpubench.analysis.workers import clears_by
+    from gpubench.core.stats import Est
+
+    assert clears_by(Est(0.5, 0.42, 0.62)) == "by 50% [42%-62%]"
+    # 6192% [149%-209139%]: a percentage that large is no figure a reader takes in
+    assert clears_by(Est(61.92, 1.49, 2091.39)) == "62.9 [2.5-2092] times over"
+
+
 def test_a_parent_of_sweeps_of_two_workloads_never_recommends_a_workload_change(tmp_path,
                                                                                capsys):
     """`python -m gpubench.report outputs/multirun` over sweeps of 10 and 1000 classes: the
@@ -250,7 +259,8 @@ def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
         return {k: v for k, v in flatten(cfg).items() if not k.startswith(("tracking.", "fault."))}
 
     # keys added since the fixture's sweep was recorded compose as their defaults
-    newer = {"bench.min_window_s": None}
+    newer = {"bench.min_window_s": None, "loader.worker_type": "process", "loader.in_order": True,
+             "step.name": "classification", "step._target_": None, "step.takes": "output"}
     assert what_ran(rerun) == {**newer, **what_ran(measured["config"])}
     yml = (report / "experiment" / "recommended.yaml").read_text()
     # bench.steps=6 over bench.repeats=6: one step per window, not the phase's six

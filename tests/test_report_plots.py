@@ -83,7 +83,8 @@ def test_curve_draws_loader_and_compute_of_the_same_best_runs():
     assert ys(bf16["bounds"]["compute"]) == [400, 700] and ys(bf16["bounds"]["loader"]) == [141, 142]
     assert fp32["bounds"] == {}
     assert ys(d["rest"]) == [90]
-    assert d["phase"] == "e2e" and d["ylabel"].startswith("e2e images/sec")
+    # the axis holds e2e and the loader-only and compute-only bounds: it names no one phase
+    assert d["phase"] == "e2e" and d["ylabel"].startswith("images/sec (whiskers")
     assert d["xticks"] == [16, 32, 64]
     assert d["ymax"] > 700  # the tallest bound fits under the top
     assert not d["log_y"] and d["ymin"] == 0.0
@@ -161,7 +162,8 @@ def test_flagged_runs_are_hollow_never_joined_never_a_bound_nor_the_scale():
     assert "disturbed" in d["flagged_label"]
     assert not d["flagged"][0]["off_scale"]  # 140 is inside the scale: drawn where it is
     p = pareto_data(rows)
-    assert ys(p["front"]) == [100] and ys(p["flagged"]) == [140]
+    # the two unflagged runs peak alike: no front, the fastest answers
+    assert ys(p["front"]) == [] and ys(p["best"]) == [100] and ys(p["flagged"]) == [140]
 
 
 def test_every_run_flagged_draws_no_line_and_no_front_and_says_why():
@@ -171,12 +173,13 @@ def test_every_run_flagged_draws_no_line_and_no_front_and_says_why():
     rec = recommend.recommend(rows)
     d = curve_data(rows, "batch_size", "batch size", rec, log2=True)
     assert d["lines"] == [] and len(d["flagged"]) == 3
-    assert "no line, every full run flagged" in d["title"]
+    assert d["title"].startswith("How does e2e throughput change with the batch size?\n")
+    assert "no line: every full run flagged" in d["title"]
     # drawn with its point, which is moved aside from its neighbour, and labelled unconfirmed
     assert d["star"]["lone"] and d["star"]["flagged"]
     assert d["ymax"] >= 220  # with nothing else measured, the flagged runs set the scale
     p = pareto_data(rows, rec)
-    assert p["front"] == [] and p["title"].startswith("no front")
+    assert p["front"] == [] and "\nno front: every full run flagged" in p["title"]
     # a ceiling (0.9) 12x the largest peak would squeeze the runs to the left edge: named only
     assert not p["ceiling_in_view"] and "memory.ceiling (90%)" in p["note"]
 
@@ -188,6 +191,45 @@ def test_pareto_legend_says_what_the_front_is_made_of():
     assert p["front_label"] == FRONT_LABEL
     assert "no other full run is both faster and smaller in peak memory" in FRONT_LABEL
     assert ys(p["front"]) == [100, 120]
+
+
+def test_a_pareto_chart_draws_a_trade_off_only_where_there_is_one():
+    # two runs alike in memory (4.99% and 5.04% of host RAM): no front through the noise
+    alike = rows_of(run(batch=16, e2e=100, peak=0.0499, device="cpu"),
+                    run(batch=32, e2e=120, peak=0.0504, device="cpu"))
+    p = pareto_data(alike)
+    assert p["front"] == [] and "no trade-off" in p["title"] and "4.99-5.04%" in p["title"]
+    assert p["title"].startswith("How much peak memory does more speed cost?")
+    assert [b["run"] for b in p["best"]] == ["1"]  # the answer, named as on disk
+    # the fastest is also the smallest: one run, no line, no legend entry for one
+    p = pareto_data(rows_of(run(batch=16, e2e=130, peak=0.3), run(batch=32, e2e=120, peak=0.6)))
+    assert p["front"] == [] and "run 0 is both the fastest and the smallest" in p["title"]
+    # a real trade-off: the front, its runs labelled
+    p = pareto_data(rows_of(run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.6)))
+    assert [q["run"] for q in p["front"]] == ["0", "1"] and p["best"] == []
+
+
+def test_zero_workers_join_every_line_of_their_setup():
+    """README example 3: process and thread workers, and 0 workers, where the kind of worker
+    (and prefetching) does nothing: the 0-worker run starts both lines, labelled by the
+    workers' kind, not drawn apart as 'other settings'."""
+    rows = rows_of(*(run(workers=w, e2e=None, compute=None, loader=100.0 * (w + 1) + k,
+                         device="cpu", loader_more={"worker_type": kind})
+                     for w in (1, 2) for k, kind in enumerate(("process", "thread"))),
+                   run(workers=0, e2e=None, compute=None, loader=90.0, device="cpu"))
+    for r in rows:
+        r.record.config["loader"].update(r.record.config.pop("loader_more", {}))
+        if r.knob("num_workers") == 0:  # as the run records it: inert without workers
+            r.record.config["loader"].update(worker_type="process", prefetch_factor=None)
+        else:
+            r.record.config["loader"]["prefetch_factor"] = 2
+        r.flat = {}
+        r.__post_init__()
+    d = curve_data(rows, "num_workers", "loader workers")
+    assert {ln["label"]: xs(ln["points"]) for ln in d["lines"]} == {
+        "worker_type=process": [0, 1, 2], "worker_type=thread": [0, 1, 2]}
+    assert d["rest"] == []
+    assert d["title"].startswith("How many loader workers does the data side need?")
 
 
 def test_cpu_memory_says_summed_rss_not_device_memory():
@@ -223,8 +265,14 @@ def test_importance_needs_enough_trials_and_knobs_that_act_on_the_device():
     assert importance_params(only_inert, {"cpu"}) == ([], "1 parameter(s) varied and can act "
                                                       "on this device, 2 needed")
     title = importance_title(8, used, sorted(trials[0]), inert_knobs(trials, {"cpu"}))
-    assert title == ("from 8 complete trials; left out, no effect on a CPU: "
-                     "bench.cudnn_benchmark, loader.pin_memory, precision")
+    assert title == ("Which knobs moved e2e throughput most?\nfrom the study's 8 complete "
+                     "trials; left out, no effect on a CPU: bench.cudnn_benchmark, "
+                     "loader.pin_memory, precision")
+    # a resumed study of disturbed runs: its count is said against the ranking's, and their
+    # noise is ranked too
+    assert ("from the study's 9 complete trials (the ranking holds 6 runs), 6 of them flagged "
+            "their own measurement") in importance_title(9, used, sorted(trials[0]), flagged=6,
+                                                         ranked=6)
 
 
 def _study(n):
@@ -385,3 +433,35 @@ def test_rows_backed_by_run_records_plot_the_same():
         assert f(new) == f(old)
     lines = curve_data(new, "batch_size", "batch size")["lines"]
     assert [xs(ln["points"]) for ln in lines] == [[32], [16, 32]]  # the fastest group first
+
+
+def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_readable(
+        tmp_path):
+    """sweep=pipes on a CPU: compute_pipe.png names memory as % of host RAM, as every other
+    picture does; a data walk that stopped at its first setting left one point per kept
+    compute setting, drawn as columns of one picture rather than a panel per point."""
+    from gpubench.report.pipes_plot import compute_data, data_panels, plot_pipes
+
+    def stage(trial, rec, label):
+        r = row(rec, label)
+        r.trial = trial
+        return r
+
+    rows = [stage(f"compute-{i}", run(batch=b, e2e=None, loader=None, compute=c, device="cpu",
+                                      peak=0.05, ci={"compute": [0.9 * c, 1.1 * c]}), str(i))
+            for i, (b, c) in enumerate(((16, 480.0), (32, 730.0), (64, 770.0)))]
+    result = {"compute": {"kept": [{"params": {"loader.batch_size": b}, "rate": [c, lo, hi]}
+                                   for b, c, lo, hi in ((64, 770, 693, 847), (32, 730, 657, 803))]},
+              "data": []}
+    for k, (b, ips) in enumerate(((64, 8168.0), (32, 7919.0))):
+        result["data"].append({"for": {"loader.batch_size": b}, "study": f"s-data-{k}",
+                               "params": {"loader.num_workers": 0}, "clears": True})
+        rows.append(stage(f"data-{k}-0", run(batch=b, workers=0, e2e=None, compute=None,
+                                             loader=ips, device="cpu"), str(3 + k)))
+    c = compute_data(rows, result)
+    assert c["memory_label"].endswith("% of host RAM")
+    assert sum(q["kept"] for pts in c["series"].values() for q in pts) == 2
+    panels = data_panels(rows, result)
+    assert [sum(len(v) for v in p["series"].values()) for p in panels] == [1, 1]
+    made = plot_pipes(rows, result, tmp_path, 0.05)
+    assert {p.name for p in made} == {"compute_pipe.png", "data_pipe.png"}

@@ -56,15 +56,31 @@ def test_missing_phase_is_not_drawn_and_old_records_fall_back_to_headline_keys()
     assert d["traces"] == {}
 
 
-def test_title_names_verdict_margin_and_noise():
+def test_title_asks_its_question_and_answers_in_words_with_every_reason_listed():
+    from gpubench.core.record import Flaw, Reason
+
     t = run_picture_data(make_record(margin=0.62))["title"]
-    assert "data side" in t and "threshold by 62%" in t
-    t = run_picture_data(make_record(bottleneck="inconclusive", margin=None, stable=False,
-                                     noise=["host CPU busy 97%"]))["title"]
-    assert "inconclusive" in t and "threshold by" not in t
-    assert "measurement unstable (1 reason, see results.json): host CPU busy 97%" in t
+    assert t.startswith("Which pipe limits training? the data side") and "threshold" not in t
+    reasons = [Reason(Flaw.queue, "loader: windows 1, 2 timed the queue"),
+               Reason(Flaw.disturbed, "compute step times vary"),
+               Reason(Flaw.disturbed, "other processes used CPU"),
+               Reason(Flaw.too_short, "e2e: 1 of 12 steps took over 3x the median")]
+    d = run_picture_data(make_record(bottleneck="inconclusive", margin=None, stable=False,
+                                     noise=reasons))
+    assert "inconclusive" in d["title"] and "4 reasons, listed below" in d["title"]
+    assert "results.json" not in d["title"]
+    # the title counts them; every one is drawn under the picture
+    assert [r.splitlines()[0] for r in d["reasons"]] == [f"- {r.text}" for r in reasons]
+    assert d["flagged"]
+    assert not run_picture_data(make_record())["reasons"]
     t = run_picture_data(make_record(status=Status.over_ceiling, bottleneck="compute"))["title"]
-    assert t.startswith("[over_ceiling] compute")
+    assert t.startswith("[over_ceiling] Which pipe limits training? compute")
+
+
+def test_a_hundredfold_span_turns_the_axis_logarithmic():
+    # a loader at 9,300 img/s beside compute at 30: on a linear axis compute and e2e are slivers
+    assert run_picture_data(make_record(loader=9300.0, compute=29.8, e2e=28.0))["log_x"]
+    assert not run_picture_data(make_record(loader=120.0, compute=150.0, e2e=110.0))["log_x"]
 
 
 def test_traces_are_step_times_with_warmup_apart():

@@ -75,6 +75,9 @@ def test_loader_near_compute_straddles_the_data_line():
 def test_e2e_above_its_own_bound_is_a_broken_measurement_not_tracking():
     v = classify(4888, 142, 4888.5)  # single windows: more than 10% above
     assert v.bottleneck == "inconclusive" and "above its own upper bound" in v.reason
+    # what cannot be is a flaw of the measurement: the run records it as a noise reason
+    assert v.impossible.startswith("e2e 4888.5 img/s is above its own upper bound")
+    assert classify(1000, 100, 90).impossible is None
     v = classify(1000, 100, 103, intervals={"loader": [990, 1010], "compute": [99, 101],
                                             "e2e": [102, 104]})  # intervals apart
     assert v.bottleneck == "inconclusive"
@@ -148,6 +151,8 @@ def test_data_advice_is_ordered_most_effective_first():
 
 
 def test_cpu_overlap_names_core_contention():
+    one = advise("overlap", knobs(device="cpu", num_workers=1, cpu_count=2))[0]
+    assert "the loader's 1 worker takes cores" in one  # never "the 1 loader workers"
     a = advise("overlap", knobs(device="cpu", num_workers=2, cpu_count=2))
     assert "take cores from the model" in a[0]
 

@@ -148,7 +148,7 @@ def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
                loader_row(2, 812.0, [790.0, 840.0])]
     ans = loader_answer(flagged, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
     assert ans.groups[0].pick.num_workers == 2
-    assert "left out, flagged: run 1 (1 worker(s): queue-timed)" in "\n".join(ans.lines)
+    assert "left out, flagged: run 1 (1 worker: queue-timed)" in "\n".join(ans.lines)
     # every run flagged (a busy machine): the disturbed ones are judged, unconfirmed; a
     # queue-timed one reads high and never is
     busy = "other processes used CPU while the host was busy: loader windows 2, 3"
@@ -159,7 +159,7 @@ def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
     text = "\n".join(ans.lines)
     assert ("  unconfirmed, every loader run flagged its own measurement: rerun on a quiet "
             "machine to confirm; workers: 2 (") in text
-    assert "left out, flagged: run 1 (1 worker(s): queue-timed)" in text
+    assert "left out, flagged: run 1 (1 worker: queue-timed)" in text
     only_high = [loader_row(1, 17945.0, [17000.0, 19000.0], reasons=[queue])]
     ans = loader_answer(only_high, [compute_run(540.0, [520.0, 555.0], tmp_path)], [], "x")
     assert ans.groups[0].pick.num_workers is None

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from gpubench.core.record import Flaw, Reason, longer
-from gpubench.core.stats import CONFIDENCE, median
+from gpubench.core.stats import CONFIDENCE, median, positive
 
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: the
 # compute phase repeats one batch on the device, so its steps are alike unless something
@@ -64,21 +64,40 @@ def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -
     return max(0.0, host_cpu / 100.0 * cpu_count - run_cpu / 100.0)
 
 
-def step_checks(phase: str, steps: list[float], cv: float | None) -> list[Reason]:
+def window_seconds(windows: list[dict]) -> float | None:
+    """A phase's median window length in seconds; None when none was timed."""
+    secs = [w["seconds"] for w in windows if positive(w.get("seconds"))]
+    return median(secs) if secs else None
+
+
+def finding(what: str, why: str, window_s: float | None) -> Reason:
+    """A sign that something disturbed a phase: `what: why`; in windows shorter than
+    MIN_LOAD_WINDOW_S (`window_s`, the phase's median window) the sampler cannot see
+    competition and one passing hiccup is much of a window, so the same sign is `too_short`,
+    mended by longer windows rather than by another machine."""
+    if window_s is not None and window_s < MIN_LOAD_WINDOW_S:
+        return Reason(Flaw.too_short, f"{what} in windows of {window_s * 1e3:.0f} ms, too short "
+                                      "to tell a passing hiccup from a disturbed run")
+    return Reason(Flaw.disturbed, f"{what}: {why}")
+
+
+def step_checks(phase: str, steps: list[float], cv: float | None,
+                window_s: float | None = None) -> list[Reason]:
+    """Steps that vary or stall (`window_s`: the phase's median window, `finding`)."""
     out = []
     # a spread needs steps to be judged: two or three steps say nothing about steadiness
     mean = sum(steps) / len(steps) if steps else 0.0
     if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
             and cv > CV_LIMIT and cv * mean > JITTER_S):
-        out.append(Reason(Flaw.disturbed, f"compute step times vary (std/mean {cv:.2f} > "
-                          f"{CV_LIMIT}): the device did not run steadily"))
+        out.append(finding(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT})",
+                           "the device did not run steadily", window_s))
     if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
         med = median(steps)
         slow = [t for t in steps if med > 0 and t > max(SLOW_FACTOR * med, med + 4 * JITTER_S)]
         if slow and len(slow) <= SLOW_SHARE * len(steps):
-            out.append(Reason(Flaw.disturbed, f"{phase}: {len(slow)} of {len(steps)} steps "
-                              f"took over {SLOW_FACTOR:.0f}x the median (max "
-                              f"{max(slow) * 1e3:.0f} ms vs {med * 1e3:.0f} ms): interrupted steps"))
+            out.append(finding(f"{phase}: {len(slow)} of {len(steps)} steps took over "
+                               f"{SLOW_FACTOR:.0f}x the median (max {max(slow) * 1e3:.0f} ms vs "
+                               f"{med * 1e3:.0f} ms)", "interrupted steps", window_s))
     return out
 
 
@@ -143,11 +162,12 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
     short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
     if not short:
         return []
+    # gpubench sizes loader windows above this (core.pipe.loader_window_steps): only a window
+    # cut short, or a run measured before that rule, gets here
     return [Reason(Flaw.queue, f"loader: window{'s' if len(short) > 1 else ''} "
                    f"{', '.join(map(str, short))} of fewer batches than the workers hold in "
                    f"flight ({in_flight} = loader.num_workers x loader.prefetch_factor): timed "
-                   f"batches made before the window began (bench.steps >= {in_flight} x "
-                   "bench.repeats)")]
+                   "batches made before the window began")]
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
@@ -201,6 +221,9 @@ def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps:
     """What to do about an inconclusive run, most useful first, by the reasons' kinds."""
     kinds = {r.kind for r in reasons}
     out = []
+    if Flaw.too_short in kinds:
+        out.append(f"bench.min_window_s={MIN_LOAD_WINDOW_S}: windows that long show whether "
+                   "other work competed, and a passing hiccup is a small part of each")
     if Flaw.disturbed in kinds:
         who = f" ({', '.join(competitors)} competed)" if competitors else ""
         out.append(f"rerun on an idle machine{who}: the run shares its cores with other work")

@@ -18,12 +18,13 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Rung, RunRecord
+from gpubench.core.record import Flaw, Rung, RunRecord
 from gpubench.core.stats import TOLERANCE, Est, holding, median, median_interval
 
 # sections of the config a recommendation consists of; bench (how to measure), tracking and
 # fault injection are not part of a training setup
-SETUP_KEYS = ("dataset", "model", "loader", "precision", "channels_last", "compile", "memory")
+SETUP_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last", "compile",
+              "memory")
 
 
 # what a recommended config holds: the setup and `bench` as the chosen run measured it (steps,
@@ -45,12 +46,14 @@ class Row:
     """One measured configuration: a run record (gpubench/record.py decides what its status,
     throughput and feasibility mean) and its config as dotted keys."""
 
-    label: str  # trial number, job folder or MLflow run id
+    label: str  # how the user finds it: its job folder, else a trial number or MLflow run id
     record: RunRecord
     flat: dict[str, Any] = field(default_factory=dict)
     # the sweep's confirm step: the same configuration measured again, interleaved with the
     # other top trials; when present, the figures below pool them with the record
     confirms: list[RunRecord] = field(default_factory=list)
+    # its study's label (a trial number, `compute-3`) when `label` names its folder instead
+    trial: str | None = None
 
     def __post_init__(self) -> None:
         if not self.flat:
@@ -128,14 +131,21 @@ class Row:
     @property
     def steadiness(self) -> str:
         """Why the row ranks where it does among feasible rows, in a word: `stable` (or
-        `confirmed` once re-measured alike), `disturbed` (a measurement found itself disturbed
-        or did not measure), `disagreed` (re-measurements whose intervals share no figure), `-`
-        (not judged: a record written before the checks)."""
+        `confirmed` once re-measured alike), `too short` (its only flaw: windows too brief to
+        judge), `disturbed` (a measurement found itself disturbed or did not measure),
+        `disagreed` (re-measurements whose intervals share no figure), `-` (not judged: a
+        record written before the checks)."""
         if self.record.measurement_stable is None and not self.confirms:
             return "-"
         if self.stable:
             return "confirmed" if self.confirms else "stable"
-        if any(m.measurement_stable is False or not m.status.measured for m in self.measurements):
+        flawed = [m for m in self.measurements
+                  if m.measurement_stable is False or not m.status.measured]
+        if flawed and all(m.status.measured and m.noise_reasons
+                          and all(r.kind is Flaw.too_short for r in m.noise_reasons)
+                          for m in flawed):
+            return "too short"
+        if flawed:
             return "disturbed"
         return "disagreed"
 
@@ -267,8 +277,9 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     reasons = []
     if full and not ok:
         ok = full
-        reasons.append("UNCONFIRMED: every measurement found itself disturbed (noise_reasons); "
-                       "rerun the recommended config on a quiet machine before trusting it")
+        reasons.append("UNCONFIRMED: every measurement flagged itself (disturbed or too short: "
+                       "noise_reasons); rerun the recommended config on a quiet machine, with "
+                       "longer windows where too short, before trusting it")
     if not ok:
         return None
     # once the confirm step ran, the reference is the fastest confirmed configuration: a trial
@@ -319,7 +330,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     reasons.append(f"{' and '.join(picked) or 'no batch size or workers recorded: the fastest'}"
                    f" within {tolerance:.0%}: {with_interval(chosen)} img/s, "
                    f"{chosen.throughput / best.throughput:.0%} of the fastest")
-    reasons += _workers_check(rows, chosen)
+    reasons += _workers_check(rows, chosen, best, tolerance)
     return Recommendation(best, chosen, tolerance, reasons)
 
 
@@ -338,17 +349,40 @@ def why_not_best(r: Row) -> str:
             "re-measured other trials, not this one")
 
 
-def _workers_check(rows: list[Row], chosen: Row) -> list[str]:
-    """The loader phase's view (gpubench.analysis.workers.fewest_workers): how many workers out-run
-    compute at the chosen setup's batch size (the loader phase runs no model, so all
-    precisions count)."""
-    from gpubench.analysis.workers import fewest_workers
+def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) -> list[str]:
+    """The loader phase's view (gpubench.analysis.workers.fewest_workers): how many workers
+    out-run compute at the chosen setup's batch size (the loader phase runs no model, so all
+    precisions count), in one line. Where it names another worker count than the recommendation,
+    the line says which decides: training measured end to end, since the loader phase alone
+    leaves out what training adds (with 0 workers the main process loads between steps)."""
+    from gpubench.analysis.workers import fewest_workers, workers
 
-    same = [
-        {"num_workers": r.knob("num_workers"),
-         "loader_images_per_sec": r.record.loader_images_per_sec}
-        for r in rows
-        if r.knob("batch_size") == chosen.knob("batch_size") and r.record.status.measured
-    ]
-    pick = fewest_workers(same, chosen.record.compute_images_per_sec)
-    return [f"loader check: {pick.reason}"] if pick.num_workers is not None else []
+    batch = chosen.knob("batch_size")
+    same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured]
+    pick = fewest_workers([{"num_workers": r.knob("num_workers"),
+                            "loader_images_per_sec": r.record.loader_images_per_sec}
+                           for r in same], chosen.record.compute_images_per_sec, tolerance)
+    mine, theirs = chosen.knob("num_workers"), pick.num_workers
+    if theirs is None:
+        return []
+    if not pick.unblocks or mine is None or theirs == mine:
+        return [f"loader check: {pick.reason}"]
+    loads = (f"the loader phase alone has {workers(theirs)} out-run compute "
+             f"({pick.loader_images_per_sec:.1f} img/s against "
+             f"{pick.compute.value:.1f})")
+    if theirs > mine:
+        return [f"loader check: {loads}, yet training with {workers(mine)} came within "
+                f"{tolerance:.0%} of the fastest: the training measurement decides"]
+    trained = [r for r in same if r.feasible and r.full and r.knob("num_workers") == theirs
+               and left_out(r.record) is None]
+    serial = " (with 0 workers the main process loads each batch between steps)" \
+        if theirs == 0 else ""
+    if not trained:
+        return [f"loader check: {loads}, but training with {workers(theirs)} was not "
+                f"measured: {workers(mine)} is the fewest measured end to end within "
+                f"{tolerance:.0%}; measure loader.num_workers={theirs} end to end to try fewer"]
+    t = max(trained, key=lambda r: r.throughput)
+    return [f"loader check: {loads}, but training with {workers(theirs)} measured "
+            f"{with_interval(t)} img/s, {t.throughput / best.throughput:.0%} of the fastest, "
+            f"not within {tolerance:.0%} on its interval{serial}: the training measurement "
+            f"decides, {workers(mine)}"]

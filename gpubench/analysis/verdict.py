@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpubench.analysis.noise import more_windows
+from gpubench.analysis.workers import workers
 from gpubench.config.schema import is_amp
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan
@@ -25,6 +26,7 @@ TRACKS = 0.85
 WELL_BELOW = 0.9
 # with single windows (no interval), e2e this far above its bound is a broken measurement
 ABOVE_BOUND = 0.10
+IMPOSSIBLE = "impossible in a steady run, so something disturbed the measurement"
 
 
 def smaller(a: Est, b: Est) -> Est:
@@ -61,6 +63,9 @@ class Verdict:
     # what `windows_to_decide` needs
     open_ratio: Est | None = None
     open_line: float | None = None
+    # what the figures show cannot be in a steady run (e2e above its own bound): a sign the
+    # measurement was disturbed, which the run records as a noise reason (run.summary)
+    impossible: str | None = None
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
@@ -153,10 +158,9 @@ def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
     disturbed run; well below it: no overlap), then which bound it tracks."""
     t = r.tracking
     if _above_bound(t):
-        why = (f"e2e {p.e2e:.1f} img/s is above its own upper bound, {p.narrower} at "
-               f"{p.bound:.1f} ({t:.0%}): impossible in a steady run, so something "
-               "disturbed the measurement")
-        return Verdict(Bottleneck.inconclusive, why, ratio=t)
+        what = (f"e2e {p.e2e:.1f} img/s is above its own upper bound, {p.narrower} at "
+                f"{p.bound:.1f} ({t:.0%})")
+        return Verdict(Bottleneck.inconclusive, f"{what}: {IMPOSSIBLE}", ratio=t, impossible=what)
     if t.hi < TRACKS:
         return Verdict(Bottleneck.overlap, (
             f"overlap: e2e {p.e2e:.1f} img/s is {t:.0%} of the narrower bound, {p.narrower} "
@@ -300,7 +304,8 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
     gpu = k.device == "cuda"
     if bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0:
         out.append(
-            f"on a CPU the {k.num_workers} loader workers take cores from the model itself "
+            f"on a CPU the loader's {workers(k.num_workers)} take{'s' * (k.num_workers == 1)} "
+            "cores from the model itself "
             f"({k.cpu_count} cores here): this gap is contention; on a GPU the two overlap"
         )
     if bottleneck in (Bottleneck.data, Bottleneck.overlap):

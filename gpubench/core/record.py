@@ -140,6 +140,7 @@ class Flaw(Word):
     """What a noise reason (gpubench.analysis.noise) says is wrong with a measurement."""
 
     disturbed = "disturbed"  # other work competed: busy host, step times vary, interrupted steps
+    too_short = "too_short"  # steps varied in windows too brief to tell a passing hiccup from that
     gpu = "gpu"  # throttled clocks, other processes on the GPU
     cut_short = "cut_short"  # windows closed by bench.max_seconds
     warmup = "warmup"  # warm-up did not settle

@@ -101,6 +101,8 @@ def locate(key: str, path: Any, allowed: str) -> Any:
                 obj = importlib.import_module(".".join(parts[: i + 1]))
     except Exception as e:  # the team's module failed to import: its error, on one line
         cause = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        if isinstance(e, ModuleNotFoundError) and e.name == parts[0]:  # the team's package
+            cause += " (is its folder on PYTHONPATH? e.g. PYTHONPATH=. python -m gpubench ...)"
         raise ConfigError(key, text, f"{allowed} ({cause})") from e
     # `torch.os.system` is os.system: judge the object by the module that defines it
     if _top(_defined_in(obj)) in STDLIB:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -10,7 +12,7 @@ from gpubench.analysis.labels import phase_title
 from gpubench.analysis.select import setup_text
 from gpubench.config.schema import is_amp
 from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
-from gpubench.core.record import Bottleneck, RunRecord, Status
+from gpubench.core.record import Bottleneck, Flaw, RunRecord, Status
 
 
 def _gib(b) -> str:
@@ -40,18 +42,38 @@ def title(rec: RunRecord) -> str:
             + (f", torchrun x{world}" if world > 1 else ""))
 
 
-def phase_table(d: dict, interval_label: str, heading: str) -> Table:
+def fit(make: Callable[[list[int]], Table], columns: int, drop: Sequence[int], width: int
+        ) -> tuple[Table, list[int]]:
+    """The table of `columns` columns with as many as fit `width` without folding or cutting a
+    cell: columns are left out in `drop`'s order until rich measures its natural width within
+    `width` (a figure split over two lines, or cut to `1,26…`, reads as another figure).
+    `make(shown)` builds the table of those columns. Returns it and the columns left out."""
+    measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
+    out: list[int] = []
+    for i in (None, *drop):
+        if i is not None:
+            out.append(i)
+        table = make([c for c in range(columns) if c not in out])
+        if measure(table).maximum <= width:
+            break
+    return table, out
+
+
+# the phase table's columns, and the order they give way in a narrow terminal: the tail of the
+# step times, memory (the line under the table says it), the step counts, then the rest
+PHASE_COLUMNS = ("phase", "images/s", "interval", "p50 ms", "p95 ms", "data wait",
+                 "steps (windows)", "peak mem")
+PHASE_DROP = (4, 7, 6, 3, 5)
+
+
+def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Table, list[str]]:
     """One row per measured phase: throughput with its interval, step times, data wait, steps,
-    peak memory."""
-    t = Table(title=heading, title_justify="left")
-    # step times as p50/p95 ms: the table keeps within 120 columns, a log's width
-    for col in ("phase", "images/s", interval_label, "p50 ms", "p95 ms", "data wait",
-                "steps (windows)", "peak mem"):
-        t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=col == "phase")
+    peak memory; the columns that do not fit `width` left out (and named)."""
+    rows = []
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
         ips = ph["images_per_sec"]
-        t.add_row(
+        rows.append([
             phase_title(name),
             "-" if ips is None else f"{ips:,.1f}",
             _interval(ph),
@@ -60,8 +82,19 @@ def phase_table(d: dict, interval_label: str, heading: str) -> Table:
             _pct(ph["data_wait_fraction"]) if name == "e2e" else "",
             f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})",
             _gib(mem),
-        )
-    return t
+        ])
+    head = [*PHASE_COLUMNS[:2], interval_label, *PHASE_COLUMNS[3:]]
+
+    def make(shown: list[int]) -> Table:
+        t = Table()
+        for c in shown:
+            t.add_column(head[c], justify="left" if c == 0 else "right", no_wrap=True)
+        for r in rows:
+            t.add_row(*(r[c] for c in shown))
+        return t
+
+    table, out = fit(make, len(head), PHASE_DROP, width)
+    return table, [head[c] for c in out]
 
 
 def _memory_line(d: dict) -> str:
@@ -134,8 +167,11 @@ def verdict(rec: RunRecord) -> list[str]:
         out.append("[yellow]measurement unstable:[/yellow]")
         out += [f"  - {escape(r.text)}" for r in rec.noise_reasons]
         lean = rec.extra.get("verdict_leaning")
+        short = all(r.kind is Flaw.too_short for r in rec.noise_reasons)
         out.append("[bold]narrowest pipe: inconclusive[/bold]"
-                   + (f" (the figures lean to {lean}, but the run was disturbed)" if lean else ""))
+                   + (f" (the figures lean to {lean}, but the "
+                      f"{'windows were too short' if short else 'run was disturbed'})"
+                      if lean else ""))
     elif not rec.phases and rec.status is not Status.ok:
         return out  # it ended before measuring: no pipe to name, no advice
     else:
@@ -173,15 +209,20 @@ def print_result(result, console: Console | None = None) -> None:
     rec: RunRecord = getattr(result, "record", result)
     con = console or Console(highlight=False)
     # a log or a pipe (`> log.txt`): lines are never folded (a terminal folds what it shows
-    # itself), and the table gets the 120 columns it is made to fit
+    # itself); the table fits the console's width, a terminal's also when piped (rich reads
+    # it from stdin or stderr), else COLUMNS or 80: no figure is split or cut
     log = not con.is_terminal
-    if log:
-        con.width = max(con.width, 120)
     d = rec.to_dict()
     heading = title(rec)
-    # ended before its first window: the title alone, no empty table
-    con.print(phase_table(d, rec.interval_label, heading) if d["phases"] else heading,
-              soft_wrap=log and not d["phases"])
+    out: list[str] = []
+    # the title apart from the table: the table's width would fold it (`AMD\nEPYC`)
+    con.print(heading, soft_wrap=log)
+    if d["phases"]:  # ended before its first window: the title alone, no empty table
+        table, out = phase_table(d, rec.interval_label, con.width)
+        con.print(table)
+    if out:
+        con.print(f"[dim]({', '.join(out)}: in results.json; a wider terminal shows them)[/dim]",
+                  soft_wrap=log)
     for line in [*lines(d, getattr(result, "notes", [])), *verdict(rec)]:
         con.print(line, soft_wrap=log)
     con.print(f"[dim]results: {rec.path}[/dim]", soft_wrap=log)

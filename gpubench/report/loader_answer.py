@@ -33,6 +33,7 @@ from gpubench.analysis.workers import (
     WorkersPick,
     compute_setup,
     fewest_workers,
+    workers,
 )
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, WORKER_ONLY, role
@@ -167,8 +168,8 @@ def read_compute(paths: list[str] | None) -> list[RunRecord]:
     for p in paths or []:
         rec = load(Path(p).expanduser())
         if rec is None:
-            raise SystemExit(f"gpubench.report: --compute {p}: no results.json there (a run "
-                             "folder or its results.json is allowed)")
+            raise SystemExit(f"gpubench.report: --compute {p}: no results.json there (it must be "
+                             "a run folder or its results.json)")
         if compute_rate(rec) is None:
             phases = format_value(rec.knob("bench.phases"))
             raise SystemExit(f"gpubench.report: --compute {p}: it measured no compute phase "
@@ -298,7 +299,7 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                          ("left out, flagged", [r for r in g.flagged if id(r) not in judged])):
             if rs:
                 out.append(f"    {head}: " + "; ".join(
-                    f"run {r.label} ({r.knob('num_workers')} worker(s): "
+                    f"run {r.label} ({workers(r.knob('num_workers'))}: "
                     f"{_kinds(flag_reasons(r))})" for r in rs))
         for m in g.sources:
             seen = "measured once for this setup by the sweep" if m.dir is not None and \

@@ -3,20 +3,24 @@
 - compute_pipe.png: each compute setting's compute-only img/s (whiskers: its 95% interval)
   and its peak memory against batch size, one line per setting of the other compute knobs;
   the kept settings starred, memory.ceiling dashed, an OOM as a red cross at the top;
-- data_pipe.png: per kept compute setting, the loader-only img/s of each data setting against
-  loader workers, with that setting's compute bound across the panel (its interval shaded,
-  the line a loader's low end must clear dashed) and the chosen data setting starred.
+- data_pipe.png: a column per kept compute setting: its compute bound as a band (its interval,
+  the line a loader's low end must clear dashed) and the loader-only img/s of each data setting
+  the walk tried there, named, the chosen one starred.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from gpubench.analysis.recommend import Row
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status
+from gpubench.report.plot_data import CEILING_VIEW
+from gpubench.report.plot_rules import flag_reasons, memory_axis
 from gpubench.report.plots import _plt, _save, _whiskers, _x_axis
+from gpubench.report.runplot import plain_log
 
 BATCH, WORKERS = "loader.batch_size", "loader.num_workers"
 
@@ -39,11 +43,12 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
         return None
     keys = sorted(kept[0])
     series: dict[str, list[dict]] = {}
-    ooms, ceiling = [], 1.0
+    ooms, ceiling, mine = [], 1.0, []
     for r in rows:
-        if not r.label.startswith("compute-") or r.record.compute_images_per_sec is None \
+        if not (r.trial or r.label).startswith("compute-") or r.record.compute_images_per_sec is None \
                 and r.record.status is not Status.oom:
             continue
+        mine.append(r)
         p = _params(r, keys)
         if p.get(BATCH) is None:
             continue
@@ -54,13 +59,16 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
         ci = r.record.compute_images_per_sec_ci or [r.record.compute_images_per_sec] * 2
         series.setdefault(_name(p, BATCH), []).append(
             {"x": p[BATCH], "y": r.record.compute_images_per_sec, "lo": ci[0], "hi": ci[1],
-             "mem": None if r.peak is None else 100 * r.peak, "kept": p in kept})
+             "mem": None if r.peak is None else 100 * r.peak, "kept": p in kept,
+             "flagged": bool(flag_reasons(r))})
     if not series:
         return None
     for pts in series.values():
         pts.sort(key=lambda q: q["x"])
     xs = sorted({q["x"] for pts in series.values() for q in pts} | set(ooms))
-    return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs}
+    # the memory figure as every picture names it: device memory, or summed RSS of host RAM
+    return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs,
+            "memory_label": memory_axis(mine)["label"]}
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:
@@ -73,7 +81,7 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
         chosen = as_run(d["params"])
         points = []
         for r in rows:
-            if not r.label.startswith(f"data-{stage}-") or r.record.loader_images_per_sec is None:
+            if not (r.trial or r.label).startswith(f"data-{stage}-") or r.record.loader_images_per_sec is None:
                 continue
             p = as_run(_params(r, keys))
             ci = r.record.loader_images_per_sec_ci or [r.record.loader_images_per_sec] * 2
@@ -112,56 +120,101 @@ def _draw_compute(d: dict, out: Path) -> Path:
         mem = [q for q in pts if q["mem"] is not None]
         mx.plot([q["x"] for q in mem], [q["mem"] for q in mem], marker="o",
                 color=line.get_color(), label=name)
+    flagged = [q for pts in d["series"].values() for q in pts if q["flagged"]]
+    if flagged:  # a run that flagged its own measurement: ringed, as the other pictures do
+        ax.plot([q["x"] for q in flagged], [q["y"] for q in flagged], marker="o", markersize=12,
+                markerfacecolor="none", markeredgecolor="tab:red", linestyle="none", zorder=4,
+                label="flagged its own measurement")
     kept = [q for pts in d["series"].values() for q in pts if q["kept"]]
     ax.plot([q["x"] for q in kept], [q["y"] for q in kept], marker="*", markersize=18,
             color="gold", markeredgecolor="black", linestyle="none", zorder=1,
             label="kept for the data pipe")
+    mems = [q["mem"] for pts in d["series"].values() for q in pts if q["mem"] is not None]
+    # a ceiling far above every run (a CPU's RSS is a few % of host RAM) would flatten them
+    # onto the axis: it is named in the title instead, as pareto.png does
+    far = bool(mems) and not d["ooms"] and d["ceiling"] > CEILING_VIEW * max(mems)
     if d["ooms"]:
         mx.scatter(d["ooms"], [104] * len(d["ooms"]), marker="x", color="red", s=60,
                    clip_on=False, label="out of memory")
-    mx.axhline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
-    for a, ylabel in ((ax, "compute-only images/sec"), (mx, "peak memory, % of the device")):
+    if not far:
+        mx.axhline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
+    for a, ylabel in ((ax, "compute-only images/sec"),
+                      (mx, textwrap.fill(d["memory_label"], 40))):
         _x_axis(a, d["xticks"], log2=True, integer=True)
         a.set_xlabel("batch size")
-        a.set_ylabel(ylabel)
+        a.set_ylabel(ylabel, fontsize=9)
         a.grid(alpha=0.3)
     ax.set_ylim(bottom=0)
-    mx.set_ylim(0, 108)
-    ax.set_title("compute pipe: what the device allows", fontsize=10)
-    mx.set_title("memory of the training step", fontsize=10)
+    mx.set_ylim(0, 1.3 * max(mems) if far else 108)
+    ax.set_title("What does the device allow?\ncompute-only img/s by batch size, a line per "
+                 "setting of the other knobs", fontsize=10)
+    mx.set_title("...at what peak memory?" + (f"\n(memory.ceiling, {d['ceiling']:.0f}%, is far "
+                                              "above every run)" if far else ""), fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     mx.legend(fontsize=8, loc="upper left")
     return _save(fig, out)
 
 
 def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
+    """One axis, a column per kept compute setting: its compute bound as a band (its interval,
+    the line a loader's low end must clear dashed) and the loader-only figure of every data
+    setting the walk tried there, side by side and named. A walk that stops at the first
+    setting that clears leaves one point a setting: columns, not a panel each, keep that
+    readable."""
     plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.6), squeeze=False)
-    for ax, p in zip(axes[0], panels, strict=True):
-        for name, pts in p["series"].items():
-            line, = ax.plot([q["x"] for q in pts], [q["y"] for q in pts], marker="v",
-                            linestyle=":", label=f"loader-only: {name}")
-            _whiskers(ax, pts, {"color": line.get_color(), "zorder": 3})
-        chosen = [q for pts in p["series"].values() for q in pts if q["chosen"]]
-        ax.plot([q["x"] for q in chosen], [q["y"] for q in chosen], marker="*", markersize=18,
-                color="gold", markeredgecolor="black", linestyle="none", zorder=1,
-                label="chosen: the cheapest that clears" if p["clears"] else
-                "chosen: none clears, the fastest")
+    fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    every: list[float] = []
+    starred: set[str] = set()  # one legend entry per kind of star
+    for i, p in enumerate(panels):
         if p["bound"]:
             y, lo, hi = p["bound"]
-            ax.axhspan(lo, hi, color="tab:orange", alpha=0.15, zorder=1,
-                       label=f"compute bound {y:.0f} (band: its interval)")
-            ax.axhline(y, color="tab:orange", linewidth=1, alpha=0.7, zorder=1)
-            ax.axhline(hi * (1 + margin), color="tab:orange", linestyle="--", linewidth=1,
-                       label=f"to clear: a loader's low end above\ncompute's high end + "
-                             f"{margin:.0%}")
-        _x_axis(ax, p["xticks"], log2=False, integer=True)
-        ax.set_xlabel("loader workers")
-        ax.set_ylabel("loader-only images/sec")
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"data pipe for {p['title']}", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+            ax.fill_between([i - 0.42, i + 0.42], lo, hi, color="tab:orange", alpha=0.15,
+                            zorder=1, label="compute bound of that setting (band: its "
+                                            "interval)" if i == 0 else None)
+            ax.hlines(y, i - 0.42, i + 0.42, color="tab:orange", linewidth=1, zorder=1)
+            ax.hlines(hi * (1 + margin), i - 0.42, i + 0.42, color="tab:orange",
+                      linestyle="--", linewidth=1, zorder=1,
+                      label=f"to clear: a loader's low end above compute's high end + "
+                            f"{margin:.0%}" if i == 0 else None)
+            every += [lo, hi * (1 + margin)]
+        pts = [(name, q) for name, qs in p["series"].items() for q in qs]
+        pts = list({(q["x"], q["y"]): (name, q) for name, q in pts}.values())  # 0 workers once
+        for k, (name, q) in enumerate(sorted(pts, key=lambda t: (t[1]["x"], t[0]))):
+            x = i + (k - (len(pts) - 1) / 2) * min(0.2, 0.7 / max(1, len(pts)))
+            c = colors[k % len(colors)]
+            pt = {**q, "x": x}
+            if q["chosen"]:
+                star = ("chosen: the cheapest that clears" if p["clears"] else
+                        "chosen: none clears, the fastest")
+                ax.plot([x], [q["y"]], marker="*", markersize=18, color="gold",
+                        markeredgecolor="black", linestyle="none", zorder=2,
+                        label=None if star in starred else star)
+                starred.add(star)
+            ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
+            _whiskers(ax, [pt], {"color": c, "zorder": 3})
+            what = f"{q['x']} worker{'s' * (q['x'] != 1)}" + (
+                "" if name == "as composed" else f"\n{name}")
+            ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=7, color=c)
+            every += [q["lo"], q["hi"]]
+    ax.set_xticks(range(len(panels)), [p["title"].replace(", ", "\n") for p in panels],
+                  fontsize=8)
+    ax.set_xlim(-0.6, len(panels) - 0.4)
+    lo, hi = min(v for v in every if v > 0), max(every)
+    if hi > 20 * lo:
+        ax.set_yscale("log")
+        plain_log(ax.yaxis, lo, hi)
+        ax.set_ylim(lo / 1.5, hi * 2.0)
+    else:
+        ax.set_ylim(0, hi * 1.25)
+    ax.set_xlabel("kept compute setting (from compute_pipe.png)")
+    ax.set_ylabel("loader-only images/sec (whiskers: interval)")
+    ax.set_title("Which data setting keeps up with compute?\nper kept compute setting: each "
+                 "data setting the walk tried, cheapest first, against that setting's bound",
+                 fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return _save(fig, out)
 
 

@@ -33,7 +33,10 @@ function of gpubench.report.plot_rules where it is more than a line here):
 
 from __future__ import annotations
 
+import textwrap
+
 from gpubench.core.record import Status, interval_label_of
+from gpubench.core.stats import TOLERANCE
 from gpubench.report.plot_rules import (
     BOUND_PHASES,
     FRONT_LABEL,
@@ -55,6 +58,7 @@ from gpubench.report.plot_rules import (
     status_of,
 )
 
+PARETO_QUESTION = "How much peak memory does more speed cost?"
 # headroom above the highest point: the star and the top markers stay inside the axes
 HEADROOM = 1.15
 # the Pareto plot draws the memory ceiling when it lies within this factor of the largest peak
@@ -125,10 +129,9 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
         "star": star,
         "phase": phase,
         "xlabel": xlabel,
-        "title": (f"{phase} throughput by {xlabel}: a line joins runs that differ in {xlabel} "
-                  "alone") if lines else
-                 (f"{phase} throughput by {xlabel}: no line, every full run flagged its own "
-                  "measurement (rerun on a quiet machine)"),
+        "title": question(name, phase) + "\n" + (
+            f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
+            else "no line: every full run flagged its own measurement (rerun on a quiet machine)"),
         "xticks": sorted({knob(r, name) for r in full} | {knob(r, name) for r in short}),
         "log2": log2,
     }
@@ -142,6 +145,14 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                                                             for b in v]]
             + d["rest"] + d["short"], rows, bands)
     return d
+
+
+def question(name: str, phase: str) -> str:
+    """The question a throughput picture answers, first in its title."""
+    if name == "num_workers":
+        return ("How many loader workers does the data side need?" if phase == "loader"
+                else "How many loader workers does training need?")
+    return f"How does {phase} throughput change with the batch size?"
 
 
 def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
@@ -158,9 +169,11 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     for p in d["flagged"]:
         p["off_scale"] = p["y"] > ymax
     whisker = interval_label_of([record_of(r) for r in rows])
+    # beside the bounds of the same runs the axis holds more than the headline phase
+    what = "images/sec" if any(ln["bounds"] for ln in d["lines"]) else \
+        f"{d['phase']} images/sec"
     d.update(log_y=log_y, ymin=ymin, ymax=ymax,
-             ylabel=f"{d['phase']} images/sec (whiskers: {whisker})"
-                    + (", log scale" if log_y else ""))
+             ylabel=f"{what} (whiskers: {whisker})" + (", log scale" if log_y else ""))
 
 
 def memory_data(rows) -> dict | None:
@@ -203,6 +216,10 @@ def pareto_data(rows, rec=None) -> dict | None:
         if r.throughput > top:
             front.append(r)
             top = r.throughput
+    # peaks within TOLERANCE of each other are one figure measured several times (4.99-5.04%
+    # of host RAM): a front through them would draw noise as a trade-off
+    peaks = [100 * peak_of(r) for r in full]
+    alike = max(peaks) - min(peaks) <= TOLERANCE * max(peaks)
     short = [r for r in pts if not r.full]
 
     chosen = rec.chosen if rec is not None else None
@@ -239,8 +256,31 @@ def pareto_data(rows, rec=None) -> dict | None:
     if not d["ceiling_in_view"]:
         d["note"] = "; ".join(x for x in (
             d["note"], f"memory.ceiling ({d['ceiling']:.0f}%) is far right of every run") if x)
-    d["title"] = None if front else ("no front: every full run flagged its own measurement "
-                                     "(rerun on a quiet machine)")
+    fastest = max(good or full, key=lambda r: r.throughput)
+    flagged_all = ("every full run flagged its own measurement (rerun on a quiet machine)"
+                   if not good else "")
+    if alike:
+        why = (f"no trade-off: every full run peaks at {min(peaks):.2f}-{max(peaks):.2f}% (alike "
+               f"within {TOLERANCE:.0%}), so the fastest, run {fastest.label}, is the answer"
+               + (f"; {flagged_all}" if flagged_all else ""))
+    elif not front:
+        why = f"no front: {flagged_all}"
+    elif len(front) == 1:
+        why = (f"no trade-off: run {fastest.label} is both the fastest and the smallest in peak "
+               "memory")
+    else:
+        why = "the line: runs no other full run beats on both speed and peak memory"
+    d["title"] = f"{PARETO_QUESTION}\n" + textwrap.fill(why, 95)
+    if alike or len(front) < 2:  # no trade-off to draw: no line, no legend entry for one
+        d["front"] = []
+    d["best"] = [_pt(fastest, 100 * peak_of(fastest), chosen)] if good and not d["front"] \
+        else []
+    # alike peaks on an axis of their own hundredths would look far apart: a span of at least
+    # a quarter of the largest keeps them as close as they are
+    mid, shown = (max(peaks) + min(peaks)) / 2, [100 * peak_of(r) for r in pts]
+    shown += [1.03 * d["ceiling"]] if d["ceiling_in_view"] else []
+    d["xlim"] = (max(0.0, min(mid - max(peaks) / 8, *shown)),
+                 max(mid + max(peaks) / 8, *shown)) if alike else None
     d["ymax"] = HEADROOM * max(max(p["hi"], p["y"]) for p in basis)
     for p in d["flagged"]:
         p["off_scale"] = p["y"] > d["ymax"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gpubench.config.knobs import CUDA_ONLY, SHORT, compared
+from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared
 from gpubench.config.overrides import format_value
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord, Status
@@ -150,7 +150,7 @@ def flag_reasons(row) -> list[Reason]:
 
 
 # a noise reason's kind in a word or two for a legend; any other kind: "disturbed"
-FLAW_WORDS = {Flaw.queue: "queue-timed", Flaw.cut_short: "cut short",
+FLAW_WORDS = {Flaw.queue: "queue-timed", Flaw.cut_short: "cut short", Flaw.too_short: "too short",
               Flaw.warmup: "warm-up unsettled", Flaw.few_windows: "too few windows",
               Flaw.unconfirmed: "unconfirmed"}
 
@@ -194,31 +194,52 @@ def group_label(row, keys: list[str]) -> str:
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
     """Runs that may be joined along knob `name`: grouped by every other knob that varied.
     Returns the lines as (label, runs, one per value, sorted) and the rest (runs of groups with
-    one value, groups past MAX_LINES, slower repeats at one value). The recommended run's
-    group comes first, then by the group's fastest run."""
-    keys = held_fixed(rows, SHORT[name][0])
-    groups = group_by(rows, lambda r: tuple(repr(_knobs(r).get(k)) for k in keys))
-    lines, rest = [], []
+    one value, groups past MAX_LINES, slower repeats at one value). Along the workers, a
+    0-worker run joins every line of its setup: its worker-only knobs (prefetch, thread or
+    process workers...) are inert (gpubench.config.knobs.WORKER_ONLY), not another setting.
+    The recommended run's group comes first, then by the group's fastest run."""
+    along = SHORT[name][0]
+    zero = [r for r in rows if along == "loader.num_workers" and knob(r, name) == 0]
+    some = [r for r in rows if not any(r is z for z in zero)]
+    # what the lines hold fixed: what varied among the runs with workers, and what else sets
+    # a 0-worker run apart (its model, its batch), never its inert worker-only knobs
+    keys = sorted(set(held_fixed(some, along)) | {
+        k for k in held_fixed(rows, along) if k not in WORKER_ONLY}) if zero else \
+        held_fixed(rows, along)
+    groups = group_by(some or zero, lambda r: tuple(repr(_knobs(r).get(k)) for k in keys))
+    for z in zero if some else ():
+        joins = [g for g in groups.values()
+                 if all(repr(_knobs(z).get(k)) == repr(_knobs(g[0]).get(k))
+                        for k in keys if k not in WORKER_ONLY)]
+        for g in joins or [groups.setdefault(("zero", id(z)), [])]:
+            g.append(z)
+    lines, rest, seen = [], [], set()
     for rs in groups.values():
         best: dict = {}
         for r in rs:
             x = knob(r, name)
             if x not in best or r.throughput > best[x].throughput:
                 best[x] = r
-        rest += [r for r in rs if best[knob(r, name)] is not r]
+        rest += [r for r in rs if best[knob(r, name)] is not r and id(r) not in seen]
+        seen |= {id(r) for r in rs}
         lines.append([best[x] for x in sorted(best)])
 
     def rank(line):
         return (not any(r is chosen for r in line), -max(r.throughput for r in line))
 
     lines.sort(key=rank)
-    out = []
+    out, drawn = [], set()
     for i, line in enumerate(lines):
         # the first group is always a line (also a lone point: it carries the bounds)
         if i == 0 or (len(line) > 1 and len(out) < MAX_LINES):
-            out.append((group_label(line[0], keys), line))
+            # labelled by a run with workers: a 0-worker run's worker-only knobs are inert
+            named = next((r for r in line if not any(r is z for z in zero)), line[0])
+            out.append((group_label(named, keys), line))
+            drawn |= {id(r) for r in line}
         else:
             rest += line
+    # a 0-worker run on a drawn line is no lone point beside it too
+    rest = list({id(r): r for r in rest if id(r) not in drawn}.values())
     return out, rest
 
 
@@ -268,11 +289,22 @@ def importance_params(params: list[dict], devices: set[str],
     return varied, None
 
 
+IMPORTANCE_QUESTION = "Which knobs moved {phase} throughput most?"
+
+
 def importance_title(n_trials: int, used: list[str], swept: list[str],
-                     inert: list[str] = ()) -> str:
-    """The importance picture's title: how many trials it rests on, and what it left out."""
+                     inert: list[str] = (), flagged: int = 0, phase: str = "e2e",
+                     ranked: int | None = None) -> str:
+    """The importance picture's title: its question, how many of the study's trials it rests on
+    (and the report's ranked runs, where they differ: a resumed study keeps earlier trials),
+    how many of them flagged their own measurement (noise ranks as well as a knob), and what
+    it left out."""
     left = sorted(set(swept) - set(used) - set(inert))
-    out = [f"from {n_trials} complete trials"]
+    out = [IMPORTANCE_QUESTION.format(phase=phase) + "\n"
+           + f"from the study's {n_trials} complete trials"
+           + (f" (the ranking holds {ranked} runs)" if ranked not in (None, n_trials) else "")
+           + (f", {flagged} of them flagged their own measurement: their noise is ranked "
+              "too, so read it as a hint" if flagged else "")]
     if inert:
         out.append(f"left out, no effect on a CPU: {', '.join(sorted(inert))}")
     if left:

@@ -26,11 +26,13 @@ from matplotlib import transforms
 from gpubench.report.plot_data import curve_data, memory_data, pareto_data
 from gpubench.report.plot_rules import (
     SHORT_LABEL,
+    flag_reasons,
     headline_phase,
     importance_params,
     importance_title,
     inert_knobs,
 )
+from gpubench.report.runplot import plain_log
 
 log = logging.getLogger("gpubench")
 
@@ -136,7 +138,7 @@ def _lone(ax, pts: list[dict], y_of=None, near: float = 0.0, flagged: bool = Fal
     share an x, each with its whisker and, above it, its run number (the ranking's `run`)."""
     label = kw.pop("label")
     if label and any(p.get("run") is not None for p in pts):
-        label += "\n(number: its run in ranking.txt)"
+        label += "\n(label: its run, as ranking.txt names it)"
     for i, (p, dx) in enumerate(zip(pts, _dodge(pts, near, taken), strict=True)):
         shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=dx, units="points")
         y = p["y"] if y_of is None else y_of(p)
@@ -210,6 +212,7 @@ def _draw_curve(d: dict, out: Path) -> Path:
     ax.set_title(d["title"], fontsize=10)
     if d["log_y"]:
         ax.set_yscale("log")
+        plain_log(ax.yaxis, d["ymin"], d["ymax"])
     ax.set_ylim(d["ymin"], d["ymax"])
     ax.grid(alpha=0.3)
     _legend(ax)
@@ -241,6 +244,7 @@ def _draw_memory(d: dict, out: Path) -> Path:
     ax.set_xlabel("batch size")
     ax.set_ylabel(d["ylabel"], fontsize=9)
     ax.set_ylim(0, 108)  # room above 100% for the OOM crosses
+    ax.set_title("Which batch sizes fit under the memory ceiling?", fontsize=10)
     ax.grid(alpha=0.3)
     _note(ax, d["note"])
     _legend(ax)
@@ -260,15 +264,20 @@ def _draw_pareto(d: dict, out: Path) -> Path:
     if front:
         ax.step([p["x"] for p in front], [p["y"] for p in front], where="post", color="black",
                 alpha=0.6, zorder=2, label=d["front_label"].replace(": ", ":\n", 1))
+    for p in front + d["best"]:  # the runs the picture answers with, named as on disk
+        ax.annotate(f"run {p['run']}", (p["x"], p["y"]), xytext=(0, 9), ha="center",
+                    textcoords="offset points", fontsize=7.5,
+                    bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85))
     if d["ceiling_in_view"]:
         ax.axvline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
-    if d["title"]:
-        ax.set_title(d["title"], fontsize=10)
+    ax.set_title(d["title"], fontsize=10)
     _star(ax, d["star"])
     ax.set_xlabel(d["xlabel"], fontsize=9)
     ax.set_ylabel(d["ylabel"], fontsize=9)
     ax.set_ylim(0, d["ymax"])
     ax.margins(x=0.08)
+    if d["xlim"]:
+        ax.set_xlim(*d["xlim"])
     ax.grid(alpha=0.3)
     _note(ax, d["note"])
     _legend(ax)
@@ -305,7 +314,13 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     ax.set_xlabel(f"importance for {phase} images/sec (Optuna; sums to 1)")
     swept = sorted({k for t in done for k in t.params})
     inert = inert_knobs([t.params for t in done], devices)
-    ax.set_title(importance_title(len(done), params, swept, inert), fontsize=9, wrap=True)
+    # trials whose run flagged its own measurement: their noise is ranked as well as a knob
+    noisy = {str(r.record.dir) for r in rows
+             if getattr(r, "record", None) and r.record.dir is not None and flag_reasons(r)}
+    flagged = sum(str(t.user_attrs["dir"]) in noisy for t in done if t.user_attrs.get("dir"))
+    ranked = sum(1 for r in rows if getattr(r, "full", False)) if rows else None
+    ax.set_title(importance_title(len(done), params, swept, inert, flagged, phase, ranked),
+                 fontsize=9, wrap=True)
     ax.grid(alpha=0.3, axis="x")
     return _save(fig, out)
 

@@ -1,13 +1,16 @@
-"""One picture per run that answers "why is my GPU idle?": `run.png` beside results.json.
+"""One picture per run that answers "which pipe limits training?": `run.png` beside results.json.
 
-Top: the three measured pipes as bars (loader only, compute only, end-to-end) with their 95%
-intervals, and the combined bound e2e can reach when the run recorded one. The narrowest pipe
-is the shortest bar; the title names the verdict, its margin and whether the measurement was
-steady enough to trust. Bottom: each phase's step times against the step index, the warm-up
-steps shaded, as reference article 003 plots its curves per batch: a curve still falling after
-the shaded part says the warm-up was too short; spikes are stalls (a slow batch, a busy host).
-Step times rather than per-step images/sec: their mean is what the pooled throughput inverts,
-while per-step rates overweight the fastest steps.
+Top: the three measured pipes (loader only, compute only, end-to-end) as points with their
+intervals, and the combined bound e2e can reach when the run recorded one: the comparison the
+verdict rests on, e2e against what the pipes allow, each with its interval. The figures can span
+a hundredfold (a loader at 9,300 img/s beside compute at 30), so the axis turns logarithmic
+when they do: equal ratios, equal distances, and no pipe shrinks to a sliver. A run whose
+measurement was flagged (noise_reasons) is drawn hollow and says so, each reason listed under
+the picture. Bottom: each phase's step times against the step index, the warm-up steps shaded,
+as reference article 003 plots its curves per batch: a curve still falling after the shaded part
+says the warm-up was too short; spikes are stalls (a slow batch, a busy host). Step times rather
+than per-step images/sec: their mean is what the pooled throughput inverts, while per-step rates
+overweight the fastest steps.
 
 `run_picture_data` is the pure part (what is drawn, checked by the tests); `plot_run` draws it.
 """
@@ -54,12 +57,16 @@ def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
     return "\n".join(out)
 
 
+QUESTION = "Which pipe limits training?"
+# the top axis turns logarithmic when the figures span more than this factor
+LOG_SPAN = 3.0
+
+
 def _title(record: RunRecord) -> str:
+    """The question, the verdict, why (its reason, or that the measurement was flagged) and the
+    setup: the verdict's words a newcomer reads, no rule margins."""
     verdict = record.bottleneck or Bottleneck.unknown
-    head = verdict_sentence(verdict)
-    margin = finite_number(record.verdict_margin)
-    if margin is not None:
-        head += f" (clear of the rule's threshold by {margin:.0%})"
+    head = f"{QUESTION} {verdict_sentence(verdict)}"
     lean = record.extra.get("verdict_leaning")
     if verdict is Bottleneck.inconclusive and lean:
         head += f"; the figures lean to {lean}"
@@ -67,9 +74,8 @@ def _title(record: RunRecord) -> str:
         head = f"[{record.status}] " + head
     if record.measurement_stable is False:
         n = len(record.noise_reasons)
-        first = record.noise_reasons[0].text if n else "runs disagree"
-        tail = _wrap(f"measurement unstable ({n} reason{'s' if n != 1 else ''}, see "
-                     f"results.json): {first}")
+        tail = (f"measurement flagged, not to be trusted: {n} reason{'s' if n != 1 else ''}, "
+                "listed below" if n else "measurement flagged: the runs disagree")
     elif verdict in (Bottleneck.data, Bottleneck.compute, Bottleneck.overlap) and record.reason:
         tail = _wrap(record.reason)
     else:
@@ -114,9 +120,16 @@ def run_picture_data(record: RunRecord) -> dict:
     # a first step that compiles or autotunes can be 100x the rest: a log axis keeps both
     # readable
     log_y = bool(every) and max(every) > 20 * min(every)
+    ends = [v for b in bars for v in (b["ci"] or [b["images_per_sec"]]) if v > 0]
+    flagged = record.measurement_stable is False
     return {"bars": bars, "bound": bound, "title": _title(record), "traces": traces,
             "trace_log_y": log_y, "verdict": record.bottleneck,
-            "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label}
+            "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label,
+            # a hundredfold span on a linear axis leaves the slower pipes as slivers
+            "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends),
+            "flagged": flagged,
+            "reasons": [_wrap(f"- {r.text}", 2, 110) for r in record.noise_reasons]
+            if flagged else []}
 
 
 def _ms(times) -> list[float | None]:
@@ -135,19 +148,25 @@ def plot_run(record: RunRecord, out: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     d = run_picture_data(record)
     rows = 2 if d["traces"] else 1
-    fig, axes = plt.subplots(rows, 1, figsize=(7.5, 7.6 if rows == 2 else 4.4), squeeze=False)
-    _draw_bars(axes[0][0], d)
+    fig, axes = plt.subplots(rows, 1, figsize=(7.5, 7.6 if rows == 2 else 4.4), squeeze=False,
+                             height_ratios=[1.0, 1.3] if rows == 2 else None)
+    _draw_pipes(axes[0][0], d)
     if rows == 2:
         _draw_traces(axes[1][0], d)
     fig.suptitle(d["title"], fontsize=10, ha="center")
     fig.tight_layout()
+    if d["reasons"]:  # under the picture, each reason whole: the title only counts them
+        fig.text(0.01, 0.0, "why the measurement is flagged:\n" + "\n".join(d["reasons"]),
+                 fontsize=7.5, va="top", ha="left", color="tab:red")
     with open_own(path, "wb") as f:  # never through a symbolic link
         fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def _draw_bars(ax, d: dict) -> None:
+def _draw_pipes(ax, d: dict) -> None:
+    """Each pipe a point with its interval as whiskers, the combined bound dashed; hollow when
+    the measurement was flagged."""
     bars = d["bars"]
     if not bars:
         ax.text(0.5, 0.5, "no phase measured a throughput", ha="center", va="center",
@@ -155,34 +174,54 @@ def _draw_bars(ax, d: dict) -> None:
         ax.set_axis_off()
         return
     ys = list(range(len(bars)))[::-1]  # pipe order top to bottom: loader, compute, e2e
-    vals = [b["images_per_sec"] for b in bars]
-    ax.barh(ys, vals, color=[PHASE_COLORS[b["phase"]] for b in bars], alpha=0.85)
     for y, b in zip(ys, bars, strict=True):
+        color, v = PHASE_COLORS[b["phase"]], b["images_per_sec"]
         if b["ci"]:  # a single-window phase has no interval: no whisker rather than a fake one
             # max(0, ...): a point estimate just outside its own interval (a skewed
             # estimator) would give a negative length, which matplotlib rejects
-            lo = max(0.0, b["images_per_sec"] - b["ci"][0])
-            hi = max(0.0, b["ci"][1] - b["images_per_sec"])
-            ax.errorbar([b["images_per_sec"]], [y], xerr=[[lo], [hi]], color="black",
-                        capsize=5, elinewidth=1.5)
-    ax.set_yticks(ys, [b["label"] for b in bars])
-    top = max([b["ci"][1] if b["ci"] else b["images_per_sec"] for b in bars]
-              + ([d["bound"]["images_per_sec"]] if d["bound"] else []))
-    for y, b in zip(ys, bars, strict=True):
-        ci = f"  [{b['ci'][0]:.0f}, {b['ci'][1]:.0f}]" if b["ci"] else ""
-        right = b["ci"][1] if b["ci"] else b["images_per_sec"]  # past the whisker's cap
-        ax.text(right + 0.03 * top, y, f"{b['images_per_sec']:.1f}{ci}", va="center",
-                fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+            ax.errorbar([v], [y], xerr=[[max(0.0, v - b["ci"][0])], [max(0.0, b["ci"][1] - v)]],
+                        color=color, capsize=6, elinewidth=2, zorder=2)
+        ax.plot([v], [y], marker="o", markersize=11, color=color, zorder=3,
+                markerfacecolor="white" if d["flagged"] else color, markeredgewidth=2)
+    # each figure under its pipe's name: beside the point it would run into the legend
+    ax.set_yticks(ys, [f"{b['label']}\n{b['images_per_sec']:,.1f}"
+                       + (f" [{b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}]" if b["ci"] else "")
+                       for b in bars], fontsize=9)
+    ends = [x for b in bars for x in (b["ci"] or [b["images_per_sec"]])]
+    ends += [d["bound"]["images_per_sec"]] if d["bound"] else []
+    lo, hi = min(ends), max(ends)
     if d["bound"]:
         ax.axvline(d["bound"]["images_per_sec"], color="black", linestyle="--", linewidth=1.2,
-                   label=f"combined bound\n(what e2e can reach)\n{d['bound']['images_per_sec']:.1f} img/s")
-        # outside the axes, as below: inside it would cover the bars it is about
+                   label=f"combined bound\n(what e2e can reach)\n"
+                         f"{d['bound']['images_per_sec']:,.1f} img/s")
+        # outside the axes, as below: inside it would cover the points it is about
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
-    ax.set_xlim(0, 1.3 * top)  # room for the value labels right of the longest bar
+    if d["log_x"]:
+        ax.set_xscale("log")
+        plain_log(ax.xaxis, lo, hi)
+        ax.set_xlim(lo / 1.6, hi * 1.6)
+    else:
+        ax.set_xlim(0, 1.15 * hi)
     ax.set_ylim(-0.6, len(bars) - 0.4)
-    ax.set_xlabel("images/sec" + (f" (whisker: {d['interval_label']} over repeated windows)"
-                                  if d["intervals"] else " (one window per phase: no interval)"))
+    what = (f"whiskers: {d['interval_label']} over repeated windows" if d["intervals"]
+            else "one window per phase: no interval")
+    ax.set_xlabel(f"images/sec ({what}" + ("; log scale" if d["log_x"] else "") + ")")
     ax.grid(alpha=0.3, axis="x")
+    if d["flagged"]:
+        ax.text(0.99, 0.02, "flagged: hollow points, not to be trusted", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8, color="tab:red")
+
+
+def plain_log(axis, lo: float, hi: float) -> None:
+    """A log axis labelled with plain numbers (0.1, 2, 50, 3,000) at 1-2-5 steps, or at powers
+    of ten past two decades: matplotlib's default writes 6x10^1 in math text and labels the
+    minor ticks of a short range until they overlap."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    subs = (1.0,) if hi > 100 * lo else (1.0, 2.0, 5.0)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _draw_traces(ax, d: dict) -> None:
@@ -200,23 +239,15 @@ def _draw_traces(ax, d: dict) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step (warm-up first, then the measured steps)")
     if d["trace_log_y"]:
-        from matplotlib.ticker import LogFormatter
-
-        class PlainLog(LogFormatter):
-            """LogFormatter's choice of which ticks get a label, written as plain numbers (0.1,
-            6, 60): the log axis' default writes 6x10^1 in math text, harder to read, and its
-            layout was a fifth of the picture's time; LogFormatter itself writes 1e-01."""
-
-            def __call__(self, x, pos=None):
-                return f"{x:g}" if super().__call__(x, pos) else ""
-
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(PlainLog())
-        ax.yaxis.set_minor_formatter(PlainLog(labelOnlyBase=False))
+        every = [t for tr in d["traces"].values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
+        plain_log(ax.yaxis, min(every), max(every))
         ax.set_ylabel("step time, ms (log scale)")
     else:
         ax.set_ylim(bottom=0)
         ax.set_ylabel("step time, ms")
     ax.grid(alpha=0.3)
+    ax.set_title("step times: steady after the warm-up? (spikes: a stall, a busy host)",
+                 fontsize=9)
     # outside the axes: a legend must not cover the steps it explains
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

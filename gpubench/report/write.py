@@ -24,7 +24,6 @@ import io
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +42,12 @@ from gpubench.analysis.recommend import (
     with_interval,
 )
 from gpubench.analysis.select import setup_of, training_rows, where
-from gpubench.config.knobs import SHORT
+from gpubench.config.keys import Role
+from gpubench.config.knobs import SHORT, role
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
+from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
 from gpubench.core.record import Rung, RunRecord, Status, interval_label_of, longer, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
@@ -68,11 +69,11 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
     only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
     artifact (sweep parents) are skipped."""
     if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
-        raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: an MLflow run id "
-                         "(32 hex digits)")
+        raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: it must be an "
+                         "MLflow run id (32 hex digits)")
     if study and not re.fullmatch(r"[\w.\-]+", study):
-        raise SystemExit(f"gpubench.report: --study={study!r} is not allowed: letters, digits, "
-                         "'.', '_' or '-'")
+        raise SystemExit(f"gpubench.report: --study={study!r} is not allowed: it must be "
+                         "letters, digits, '.', '_' or '-'")
     filt = " and ".join(([f"tags.mlflow.parentRunId = '{parent}'"] if parent else [])
                         + ([f"tags.study = '{study}'"] if study else []))
     from gpubench.report.compare import mlflow_records
@@ -98,15 +99,23 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
 
 def measurement_text(cfg: dict) -> str:
     """How a run measured, in words: `6 windows of 4 steps on each of loader, compute, e2e`
-    (bench.steps=24 bench.repeats=6: the steps are the phase's, split over its windows)."""
-    b = cfg.get("bench") or {}
+    (bench.steps=24 bench.repeats=6: the steps are the phase's, split over its windows), with
+    the loader's own length where its workers' batches in flight made it longer
+    (core.pipe.loader_window_steps)."""
+    b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
         windows, per_window = window_plan(b["steps"], b["repeats"])
+        loader = loader_window_steps(per_window, int(ld.get("num_workers") or 0),
+                                     ld.get("prefetch_factor"))
     except (KeyError, TypeError, ValueError):  # not a record's config
         return f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on {phases}"
-    return (f"{windows} window{'s' * (windows != 1)} of {per_window} step{'s' * (per_window != 1)}"
+    text = (f"{windows} window{'s' * (windows != 1)} of {per_window} step{'s' * (per_window != 1)}"
             f" on each of {phases}")
+    if loader > per_window and "loader" in (b.get("phases") or ()):
+        text += (f", the loader's of {loader} ({QUEUE_WINDOWS}x the batches its workers hold "
+                 "in flight)")
+    return text
 
 
 def longer_text(cfg: dict) -> str:
@@ -129,9 +138,8 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     cfg = row.record.config
     setup = {k: cfg[k] for k in RERUN_KEYS if k in cfg}
     groups = []
-    for group, value in (("dataset", setup.get("dataset", {}).get("name")),
-                         ("model", setup.get("model", {}).get("name")),
-                         ("precision", setup.get("precision", {}).get("name"))):
+    for group, value in ((g, (setup.get(g) or {}).get("name"))
+                         for g in ("dataset", "model", "precision", "step")):
         if value is not None and (CONFIG_DIR / group / f"{value}.yaml").is_file():
             groups.append({f"override /{group}": value})
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
@@ -158,11 +166,18 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-# the ranking's order, said under the printed table: why a slower row can rank above a faster one
 # the ranking's order, said under the printed table: why a slower row can rank above a faster
 # one (gpubench.analysis.recommend.ranked)
 RANK_ORDER = ("ranked: feasible first (status), full length before screens, stable or confirmed "
-              "before disturbed or disagreed, then img/s")
+              "before too short, disturbed or disagreed, then img/s")
+# the printed ranking's columns that give way in a narrow terminal, in order: the figures of
+# context first; then the knobs, moved below the table; then the status and the interval. The
+# rank, the run and its img/s always stay
+GIVES_WAY_FIRST = ("gpu %", "cpu %", "mem %", "rung", "verdict")
+GIVES_WAY_LAST = ("status", "interval")
+STAYS = ("#", "run", "img/s")
+# the width of ranking.txt: a log's
+FILE_WIDTH = 120
 
 
 def _util_key(rows: list[Row]) -> str:
@@ -199,12 +214,13 @@ def knob_header(key: str) -> str:
 
 
 def screen_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    """The printed ranking, made to fit 120 columns: ranking.csv's rows with `status` saying
-    why each ranks where it does (a feasible row's steadiness, else its status), the rung only
-    when rows differ in it, intervals without decimals above 100 img/s, knobs by short name."""
+    """The printed ranking: ranking.csv's rows with `status` saying why each ranks where it
+    does (a feasible row's steadiness, else its status), the rung only when rows differ in it,
+    intervals without decimals above 100 img/s, knobs by short name, headers a word a line."""
     util_key = _util_key(rows)
     with_rung = len({r.rung for r in rows}) > 1
-    head = ["#", "run", "status", "img/s", interval_label_of([r.record for r in rows]), "mem %",
+    head = ["#", "run", "status", "img/s",
+            interval_label_of([r.record for r in rows]).replace(" ", "\n"), "mem %",
             "gpu %" if util_key.startswith("gpu") else "cpu %", "verdict",
             *(["rung"] if with_rung else []), *(knob_header(k) for k in keys)]
     body = []
@@ -224,26 +240,71 @@ def screen_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[
     return head, body
 
 
-def print_table(head, body, title: str, out=None, limit: int = 25) -> str:
+def _name(header: str) -> str:
+    """A printed header on one line: `batch_size`, `95% interval`."""
+    return header.replace("\n", " " if "%" in header or "interval" in header else "_")
+
+
+def _kind(header: str) -> str:
+    return "interval" if "interval" in header else header
+
+
+def print_table(head: list[str], body: list[list[str]], title: str, console=None,
+                limit: int = 25) -> None:
+    """The ranking on `console` (stdout by default), fitted to its width so no figure or value
+    is split or cut (gpubench.report.console.fit): columns of context give way first, then the
+    knobs move below the table, a line per run, then the status and the interval."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    # no vertical rules: two spaces between columns leave the width to the figures
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-              collapse_padding=True)
-    for h in head:
-        t.add_column(h, justify="right" if h in ("#", "img/s", "mem %") else "left",
-                     overflow="fold")  # a cell too wide wraps; it is never cut
-    for b in body[:limit]:
-        t.add_row(*b)
-    # 120 columns, a terminal's or a log's width
-    console = Console(file=out or sys.stdout, width=120, record=True)
-    console.print(t)
-    console.print(RANK_ORDER, soft_wrap=True)
+    from gpubench.report.console import fit
+
+    con = console or Console(highlight=False)
+    log = not con.is_terminal  # a pipe or a file: lines whole, the reader's viewer wraps them
+    shown_rows = body[:limit]
+    knobs = [c for c, h in enumerate(head)
+             if _kind(h) not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
+    order = ([c for k in GIVES_WAY_FIRST for c, h in enumerate(head) if _kind(h) == k]
+             + knobs[::-1]
+             + [c for k in GIVES_WAY_LAST for c, h in enumerate(head) if _kind(h) == k])
+
+    def make(shown: list[int]) -> Table:
+        # no vertical rules: two spaces between columns leave the width to the figures
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+        for c in shown:
+            t.add_column(head[c], justify="right" if head[c] in ("#", "img/s", "mem %")
+                         else "left", no_wrap=True)
+        for b in shown_rows:  # as text: a value such as [loader,e2e] is no markup
+            t.add_row(*(Text(b[c]) for c in shown))
+        return t
+
+    table, out = fit(make, len(head), order, con.width)
+    con.print(Text(title), soft_wrap=True)  # a path is a value too: never folded
+    con.print(table)
+    moved = [c for c in knobs if c in out]
+    below = [f"  {b[0]}. run {b[1]}: " + " ".join(f"{_name(head[c])}={b[c]}" for c in moved)
+             for b in shown_rows] if moved else []
+    left = [_name(head[c]) for c in out if c not in knobs]
+    if left:
+        below.append(f"(left out at {con.width} columns: {', '.join(left)}; ranking.csv has "
+                     "every column)")
+    below.append(RANK_ORDER)
     if len(body) > limit:
-        console.print(f"... {len(body) - limit} more in ranking.csv")
-    return console.export_text()
+        below.append(f"... {len(body) - limit} more in ranking.csv")
+    for line in below:
+        con.print(Text(line), soft_wrap=log)
+
+
+def table_text(head: list[str], body: list[list[str]], title: str) -> str:
+    """The ranking as ranking.txt keeps it: a log's width, plain text."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    print_table(head, body, title, Console(file=buf, width=FILE_WIDTH, color_system=None,
+                                           highlight=False))
+    return buf.getvalue()
 
 
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
@@ -259,6 +320,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     from gpubench.search.pipe_rules import lines as pipes_lines
 
     check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
+    new = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     # rank and recommend full training measurements of one setup; when there are none (a
     # max-batch search's probes), the table still shows what was measured
@@ -282,8 +344,10 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     files.append(write_text(out_dir / "ranking.csv", table.getvalue()))
     head, body = screen_rows(rows, keys)
     title = f"gpubench sweep: {source}"
-    text = print_table(head, body, title, out=_Null())
-    files.append(write_text(out_dir / "ranking.txt", text))
+    files.append(write_text(out_dir / "ranking.txt", table_text(head, body, title)))
+    # a recommendation changes knobs only: the workload (model, data, classes...) is the
+    # user's, and the rows ranked share it (analysis.select.training_rows)
+    knobs = [k for k in keys if role(k) is Role.knob]
 
     rec = recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
@@ -310,11 +374,11 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         summary.update(
             best={"label": rec.best.label, "images_per_sec": rec.best.throughput,
                   "images_per_sec_ci": list(rec.best.interval),
-                  "dir": rec.best.dir, "overrides": overrides_of(rec.best, keys)},
+                  "dir": rec.best.dir, "overrides": overrides_of(rec.best, knobs)},
             recommended={"label": rec.chosen.label, "images_per_sec": rec.chosen.throughput,
                          "images_per_sec_ci": list(rec.chosen.interval),
                          "peak_memory_fraction": rec.chosen.peak, "dir": rec.chosen.dir,
-                         "overrides": overrides_of(rec.chosen, keys), "yaml": str(yml)},
+                         "overrides": overrides_of(rec.chosen, knobs), "yaml": str(yml)},
             reasons=rec.reasons, command=cmd,
         )
         lines += [
@@ -336,22 +400,16 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
 
         files += plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
     summary["files"] = [str(f) for f in files]
-    summary["lines"] = lines  # printed again when the report is up to date (cached)
+    # printed again when the report is up to date (cached), the table at the reader's width
+    summary["lines"], summary["table"] = lines, {"title": title, "head": head, "body": body}
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
     files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
     if not quiet:  # after every file is written: a reader that stops early (`| head`) costs none
         print_table(head, body, title)
         print(mask_secrets("\n".join(lines)))
+        print(f"report: {out_dir}" + (" (a new folder)" if new else ""))
     return files
-
-
-class _Null:
-    def write(self, s):
-        return len(s)
-
-    def flush(self):
-        pass
 
 
 def _fingerprint(rows: list[Row], sweep_dir: Path) -> list:
@@ -378,6 +436,10 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
+    for r in rows:  # named as the user finds it: its folder under this one (`10-00-00/3`)
+        folder = on_disk(r, sweep_dir)
+        if folder is not None and folder != r.label:
+            r.trial, r.label = r.trial or r.label, folder
     named = read_compute(compute)
     found = sweep_compute(sweep_dir, rows)
     out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir)  # before anything is read there
@@ -387,7 +449,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     if old.get("fingerprint") == stamp and all(Path(f).is_file() and inside(f, out)
                                                for f in old.get("files", [])):
         if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
-            print((out / "ranking.txt").read_text().rstrip("\n"))
+            t = old.get("table") or {}
+            print_table(t.get("head") or [], t.get("body") or [], t.get("title") or "")
             print("\n".join(old.get("lines") or []))
             print(f"(report up to date: {out})")
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
@@ -396,6 +459,17 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                               f"(results.json){matching(conditions)} under {sweep_dir}")
     return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp,
                         found=found, named=named, pipes=read_json(sweep_dir / PIPES_FILE))
+
+
+def on_disk(row: Row, root: Path) -> str | None:
+    """The row's run folder relative to the folder reported on (`3` in a multirun folder, not
+    the study's trial number; `2026-11-21/10-00-00/3` under a parent of sweeps); None for a run
+    elsewhere or the folder itself."""
+    d = row.record.dir
+    if d is None or not inside(d, root):
+        return None
+    rel = Path(d).resolve().relative_to(root)
+    return None if rel == Path(".") else rel.as_posix()
 
 
 def matching(conditions: dict[str, str] | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from gpubench.analysis import noise
-from gpubench.analysis.verdict import Knobs, judge
+from gpubench.analysis.verdict import IMPOSSIBLE, Knobs, judge
 from gpubench.core.pipe import batches_in_flight, serial_rate
 from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES, Flaw, Reason
 from gpubench.parts.precision import resolve_precision
@@ -92,24 +92,26 @@ def figures(rec, device: str) -> None:
 
 
 def validity(bench) -> list[Reason]:
-    """Every named check over every measured phase (analysis/noise.py)."""
+    """Every named check over every measured phase (analysis/noise.py). Steps that vary or
+    stall in windows too short to judge are `too_short` (noise.finding) unless the sampler saw
+    other processes compete during the run: then they are what that competition did."""
     rec, ld = bench.record, bench.settings.loader
     reasons: list[Reason] = []
-    loads = []
     in_flight = batches_in_flight(ld.num_workers, ld.prefetch_factor)
+    loads = [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"), w.get("process_cpu_util_mean"),
+                              w.get("samples") or 0, w.get("seconds") or 0.0,
+                              rec.extra.get("cpu_demand_cores"))
+             for name, p in rec.phases.items() for i, w in enumerate(p.windows)]
+    competed = noise.load_checks(loads, int(rec.env.get("cpu_count") or os.cpu_count() or 1))
     for name, p in rec.phases.items():
         steps = rec.series.get(name, {}).get("step_times_s", [])
-        reasons += noise.step_checks(name, steps, p.step_time_cv)
+        window_s = None if competed else noise.window_seconds(p.windows)
+        reasons += noise.step_checks(name, steps, p.step_time_cv, window_s)
         reasons += noise.window_checks(name, p.windows, p.warmup_settled, p.warmup_steps)
         reasons += noise.interval_checks(name, p.windows, p.images_per_sec_ci_coverage)
         reasons += noise.queue_checks(name, p.windows, in_flight)
         reasons += noise.gpu_checks(name, p.telemetry)
-        loads += [noise.WindowLoad(name, i, w.get("host_cpu_util_mean"),
-                                   w.get("process_cpu_util_mean"), w.get("samples") or 0,
-                                   w.get("seconds") or 0.0, rec.extra.get("cpu_demand_cores"))
-                  for i, w in enumerate(p.windows)]
-    reasons += noise.load_checks(loads, int(rec.env.get("cpu_count") or os.cpu_count() or 1))
-    return reasons
+    return reasons + competed
 
 
 def rule_figures(rec) -> dict:
@@ -162,9 +164,21 @@ def summarize(bench) -> None:
     device_data = rule["device_data_s_per_image"]
     if device_data and rec.compute_images_per_sec:
         rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)
-    v = judge(**rule, knobs=knobs, noise_reasons=reasons,
-              remedies=noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
-              repeats=bench.repeats, steps=s.bench.steps)
+    def verdict():
+        return judge(**rule, knobs=knobs, noise_reasons=reasons,
+                     remedies=noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
+                     repeats=bench.repeats, steps=s.bench.steps)
+
+    v = verdict()
+    if v.impossible:  # e2e above its own bound: a flawed measurement, judged as one
+        e2e = rec.phases.get("e2e")
+        short = e2e and not any(r.kind is Flaw.disturbed for r in reasons)
+        reasons.append(noise.finding(v.impossible, IMPOSSIBLE,
+                                     noise.window_seconds(e2e.windows) if short else None))
+        rec.measurement_stable = False
+        if reasons[-1].kind is Flaw.disturbed and not competitors:  # who, as above
+            competitors = noise.top_other_processes(_own_pids())
+        v = verdict()
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
     if v.ratio is not None:

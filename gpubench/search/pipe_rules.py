@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubench.analysis.recommend import Row
-from gpubench.analysis.workers import clears
+from gpubench.analysis.workers import clears, clears_by
 from gpubench.config.knobs import CHEAP_FIRST
 from gpubench.core.pipe import serial_rate
 from gpubench.core.stats import Est
@@ -294,7 +294,7 @@ def lines(result: dict) -> list[str]:
     for d in result.get("data", []):
         r = Est(*d["rate"])
         if d["clears"]:
-            verdict = f"clears compute by {Est(*d['margin']):.0%}, the cheapest setting that does"
+            verdict = f"clears compute {clears_by(Est(*d['margin']))}, the cheapest setting that does"
         else:
             verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
                        "dataset.preload=true, dataset.augment_on=device, more CPU cores)")
