@@ -107,6 +107,7 @@ def test_make_imagefolder_is_deterministic_real_jpegs(tmp_path):
 # ------------------------------------------------------------------ runs on a folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_imagefolder_three_phases(folder, tmp_path, workers):
     # a child of this process that is not a loader worker (a server a notebook started,
@@ -140,6 +141,7 @@ def test_imagefolder_three_phases(folder, tmp_path, workers):
         assert tel["workers_peak_rss_bytes"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_loader_only_mode(folder, tmp_path, workers):
     with deadline(120):
@@ -176,6 +178,7 @@ def test_loader_workers_sweep_cli(folder, tmp_path):
 # ------------------------------------------------------------------ preload
 
 
+@pytest.mark.slow
 def test_preload_equals_lazy_loading(folder):
     samples, _ = scan_imagefolder(folder)
     ds = ImageFiles(samples, cpu_fixed_size(SRC), "fail")
@@ -189,6 +192,7 @@ def test_preload_equals_lazy_loading(folder):
     assert labels.tolist() == [y for _, y in lazy] == [label for _, label in samples]
 
 
+@pytest.mark.slow
 def test_preload_run_reports_time_and_ram(folder, tmp_path):
     r = measure_run(cfg_for(folder, "dataset.preload=true", "loader.num_workers=2",
                             "bench.phases=[loader,e2e]"), tmp_path)
@@ -212,6 +216,7 @@ def test_preload_larger_than_free_ram_is_refused(folder, tmp_path):
 # ------------------------------------------------------------------ bad input
 
 
+@pytest.mark.slow
 def test_corrupt_files_are_skipped_and_counted(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=3)
     cfg = cfg_for(root, "loader.num_workers=2", "loader.drop_last=false", "loader.batch_size=2")
@@ -228,6 +233,7 @@ def test_corrupt_files_are_skipped_and_counted(tmp_path):
     assert sizes == [2, 2, 1] and pipe.skipped >= len(bad) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_corrupt_file_fails_naming_it(tmp_path, workers):
     root, bad = corrupt_folder(tmp_path / "f", good=1)
@@ -367,9 +373,9 @@ def test_augment_on_device_batch_shape_dtype(folder, tmp_path):
     cfg = cfg_for(folder, "dataset.augment_on=device", "loader.num_workers=0")
     pipe = build_pipeline(resolve(cfg))
     try:
-        batch = next(pipe.batches())
-        assert batch[0].dtype == torch.uint8 and batch[0].shape == (4, 3, SRC, SRC)
-        x, y = pipe.to_device(batch)
+        item = next(pipe.batches())
+        assert item[0][0].dtype == torch.uint8 and item[0][0].shape == (4, 3, SRC, SRC)
+        x, y = pipe.to_device(item)
     finally:
         pipe.shutdown()
     assert x.shape == (4, 3, SIZE, SIZE) and x.dtype == torch.float32 and torch.isfinite(x).all()
@@ -450,11 +456,11 @@ def test_fewest_workers_rule():
 
 def test_collate_counts_skipped_samples():
     x = torch.zeros(3, 4, 4)
-    out, y, skipped = collate_skipping([(x, 1), None, (x + 1, 2)])
+    (out, y), skipped = collate_skipping([(x, 1), None, (x + 1, 2)])
     assert out.shape == (2, 3, 4, 4) and y.tolist() == [1, 2] and skipped == 1
-    assert collate_skipping([None, None]) == (None, None, 2)
+    assert collate_skipping([None, None]) == (None, 2)
     loader = DataLoader([(x, 0)] * 3, batch_size=2, collate_fn=collate_skipping)
-    assert [s for _, _, s in loader] == [0, 0]
+    assert [s for _, s in loader] == [0, 0]
 
 
 def test_in_memory_pools_cycle_through_one_long_epoch(compose_cfg):
@@ -480,6 +486,7 @@ def all_corrupt_folder(root: Path, n: int = 40) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("phases", ["[loader]", "[loader,compute,e2e]"])
 def test_all_corrupt_folder_fails_never_hangs(tmp_path, workers, phases):
@@ -501,12 +508,13 @@ def test_substitutes_are_distinct_and_bounded():
     assert substitute_order(0, 1000, 3)[1] != 1
 
 
+@pytest.mark.slow
 def test_jpeg_bytes_collate_to_one_flat_tensor(folder):
     files = sorted(folder.rglob("*.jpg"))[:5]
     ds = ImageFiles([(str(p), 0) for p in files], None, "skip", raw=True)
     loader = DataLoader(ds, batch_size=5, num_workers=1, collate_fn=collate_skipping)
     with deadline(120):
-        jpegs, y, skipped = next(iter(loader))
+        (jpegs, y), skipped = next(iter(loader))
     assert isinstance(jpegs.data, torch.Tensor) and jpegs.data.dtype == torch.uint8
     assert jpegs.data.dim() == 1 and jpegs.offsets.tolist()[0] == 0 and skipped == 0
     assert jpegs.data.numel() == sum(p.stat().st_size for p in files)
@@ -527,6 +535,6 @@ def test_distributed_sampler_epoch_advances(folder):
     cfg = cfg_for(folder, "loader.num_workers=0", "loader.batch_size=3")
     pipe = build_pipeline(resolve(cfg), shard=(0, 2))  # 18 images: 9 per rank, 3 batches
     it = pipe.batches()
-    epochs = [[next(it)[1].tolist() for _ in range(3)] for _ in range(2)]
+    epochs = [[next(it)[0][1].tolist() for _ in range(3)] for _ in range(2)]
     assert pipe.loader.sampler.epoch == 1
     assert epochs[0] != epochs[1]  # a new shuffle each epoch, as set_epoch gives

@@ -292,3 +292,117 @@ def test_step_sweep_preset_composes():
                            "bench.host_metrics_every", "model.checkpointing"}
     thr = compose_config("sweep=throughput", hydra=True).hydra.sweeper.params
     assert thr["bench.cudnn_benchmark"] == "choice(false,true)"
+
+
+# ------------------------------------------------------------------ step=custom: the team's loss
+
+
+def smooth_loss(output, targets):
+    """A team's loss of (output, targets): cross-entropy with label smoothing."""
+    return torch.nn.functional.cross_entropy(output, targets, label_smoothing=0.1)
+
+
+def per_sample_loss(output, targets):
+    """A loss that forgot its reduction: one value per sample, no scalar."""
+    return torch.nn.functional.cross_entropy(output, targets, reduction="none")
+
+
+def model_batch_loss(model, batch):
+    """step.takes=batch: the model and the whole batch."""
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+HERE = "test_step_knobs"
+
+
+def test_the_teams_loss_trains_on_tuple_batches(compose_cfg, tmp_path):
+    rec = measure_run(compose_cfg("step=custom", f"step._target_={HERE}.smooth_loss",
+                                  "bench.host_metrics_every=1"), tmp_path).record
+    assert rec.status.value == "ok" and set(rec.phases) == {"loader", "compute", "e2e"}
+    assert rec.flops_per_step and rec.flops_per_step > 0  # counted through the team's loss
+    assert set(rec.extra["step"]["host_metrics_last"]) == {"loss"}  # no accuracy: not logits
+
+
+def test_a_loss_of_the_model_and_the_batch(compose_cfg):
+    from gpubench.parts.step import make_loss
+
+    s = resolve(compose_cfg("step=custom", f"step._target_={HERE}.model_batch_loss",
+                            "step.takes=batch"))
+    model = build_model(s)
+    opt = make_optimizer(model, "sgd", 0.01)
+    step = TrainStep(model, resolve_precision("fp32", "cpu"), "cpu", opt, loss=make_loss(s.step))
+    w0 = model.fc.weight.detach().clone()
+    step(_batch())  # one argument: the batch as the loader made it
+    assert not torch.equal(model.fc.weight, w0) and step.last_loss.ndim == 0
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ((f"step._target_={HERE}.per_sample_loss",),
+     f"step._target_='{HERE}.per_sample_loss' is not allowed: a loss function of your own code "
+     "as a dotted path (e.g. my_team.train.loss) or an nn.Module loss class, returning a scalar "
+     "tensor (it returned a torch.float32 tensor of shape (4,))"),
+    ((), "step._target_=None is not allowed: a loss function of your own code"),
+    (("step._target_=torch.nn.functional.cross_entropy",),
+     "step._target_='torch.nn.functional.cross_entropy' is not allowed: a loss function of your "
+     "own code"),
+    ((f"step._target_={HERE}.smooth_loss", "dataset=device_synthetic", "step.takes=output",
+      "+step.nothing=1"), "step.nothing=1 is not allowed"),
+])
+def test_a_bad_custom_step_is_one_line_naming_its_key(compose_cfg, tmp_path, overrides, line):
+    with pytest.raises(ConfigError) as e:
+        measure_run(compose_cfg("step=custom", *overrides), tmp_path)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_a_library_loss_class_is_built_and_used(compose_cfg, tmp_path):
+    r = measure_run(compose_cfg("step=custom", "step._target_=torch.nn.CrossEntropyLoss",
+                                "bench.phases=[compute]"), tmp_path)
+    assert r.status == "ok"
+
+
+@pytest.fixture
+def team_conf(monkeypatch):
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "team_conf"))
+    return ROOT / "examples" / "team_conf"
+
+
+@pytest.mark.parametrize("workers", ["loader.num_workers=0",
+                                     "loader.worker_type=thread loader.num_workers=1"])
+def test_the_segmentation_example_trains_on_dict_batches(team_conf, tmp_path, workers):
+    """examples/team_conf: dict samples, dict batches moved to the device whole, the team's
+    loss(model, batch); every phase measured and a verdict."""
+    from conftest import compose_config
+
+    cfg = compose_config(f"hydra.searchpath=[file://{team_conf}]", "experiment=team_segmentation",
+                         "bench.steps=6", "bench.device=cpu", "tracking=none", *workers.split(),
+                         tiny=False)
+    r = measure_run(cfg, tmp_path)
+    assert r.status == "ok", r.data.get("error")
+    assert set(r.data["phases"]) == {"loader", "compute", "e2e"} and r.data["bottleneck"]
+    assert r.data["data_info"]["transform"] == "none: step=custom"
+
+
+def test_the_teams_own_samples_refuse_gpubenchs_image_keys(team_conf, compose_cfg):
+    from gpubench.parts.data import build_pipeline
+
+    cfg = compose_cfg(f"hydra.searchpath=[file://{team_conf}]", "dataset=shapes",
+                      "step=segmentation", "dataset.preload=true")
+    with pytest.raises(ConfigError) as e:
+        build_pipeline(resolve(cfg))
+    assert str(e.value) == ("dataset.preload=True is not allowed: its default with step=custom "
+                            "on dataset=custom: your Dataset's samples go to your collate and "
+                            "loss as they are")
+
+
+def test_any_torchvision_classifier_by_name(compose_cfg):
+    from gpubench.parts.models import check_output
+
+    s = resolve(compose_cfg("model.name=resnet34"))
+    model = build_model(s).train()
+    check_output(model, _batch(2), s)  # a torchvision classifier's logits, 10 wide
+    with pytest.raises(ConfigError) as e:
+        resolve(compose_cfg("model.name=resnet35"))
+    assert "close: resnet101, resnet152, resnet18, resnet34, resnet50" in str(e.value)

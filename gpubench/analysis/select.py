@@ -58,8 +58,10 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
 
     model, workers, compiled = k("model"), k("num_workers"), k("compile")
     compiled = None if compiled in (None, "off", False) else compiled
+    thread = "thread " if workers and k("worker_type") == "thread" else ""  # processes: unsaid
     if compact:
-        parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}", f"w{workers}",
+        parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}",
+                 f"w{workers}{'t' if thread else ''}",
                  str(k("precision"))]
         parts += ["cl"] if k("channels_last") else []
         parts += [f"compile-{compiled}"] if compiled else []
@@ -69,7 +71,7 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
                                 k("image_size") and f"{k('image_size')}px") if p)
     parts = [head,
              k("batch_size") is not None and f"batch {k('batch_size')}",
-             workers is not None and f"{workers} worker{'' if workers == 1 else 's'}",
+             workers is not None and f"{workers} {thread}worker{'' if workers == 1 else 's'}",
              k("precision") and str(k("precision")),
              k("channels_last") and "channels_last",
              compiled and f"compile={compiled}"]

@@ -85,12 +85,13 @@ class PlainStep:
 
 
 def plain_copy(device: str, pin: bool, channels_last: bool) -> Callable[[object], int]:
-    """A loader batch (images, labels, skipped) copied to the device as a training loop does;
+    """A loader item ((images, labels), skipped) copied to the device as a training loop does;
     returns its images."""
-    def move(batch) -> int:
-        x, y, _ = batch
-        if x is None:  # nothing of this batch decoded (dataset.on_corrupt=skip)
+    def move(item) -> int:
+        batch, _ = item
+        if batch is None:  # nothing of this batch decoded (dataset.on_corrupt=skip)
             return 0
+        x, y = batch
         x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

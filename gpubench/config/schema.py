@@ -3,8 +3,8 @@ range or choices and a one-line description (gpubench.config.keys.setting).
 
 Hydra composes `conf/bench.yaml` on top of `BenchConfig` (registered in the ConfigStore as
 `gpubench_schema`), so a wrong type or an unknown Enum name fails at compose time. From the
-declarations come the range checks (`check_ranges`, applied by settings.resolve), the frozen
-settings' fields (gpubench.config.settings) and the key table of docs/configuration.md
+declarations come the range checks (`check_ranges`, applied by settings.resolve), the read-only
+settings (gpubench.config.settings) and the key table of docs/configuration.md
 (gpubench.config.doc). The rules that need more than one key, the disk or the machine are in
 gpubench.config.settings; the checks on Hydra's own node in gpubench.config.prechecks.
 """
@@ -99,6 +99,21 @@ class Backend(Choice):
     none = "none"
 
 
+class WorkerType(Choice):
+    process = "process"  # torch's DataLoader: a process per worker
+    thread = "thread"  # torchdata.nodes: threads in the main process (gpubench.parts.thread_loader)
+
+
+class StepKind(Choice):
+    classification = "classification"  # cross-entropy on the model's logits
+    custom = "custom"  # the team's loss function: step._target_ (gpubench.parts.step.Loss)
+
+
+class StepTakes(Choice):
+    output = "output"  # loss(model(inputs), targets): a batch of (inputs, targets)
+    batch = "batch"  # loss(model, batch): a model that computes its own loss
+
+
 # the knobs' declarations (gpubench.config.keys.Knob): how long and how a run was measured;
 # a data knob's value rank for the cost order (cheapest first)
 MEASURE = Knob(Role.measure)
@@ -114,6 +129,14 @@ def _on_device(v: Any) -> bool:  # CPU work before device work: the device's tim
 
 def _none_first(v: Any) -> int:
     return -1 if v is None else v
+
+
+def _thread_first(v: Any) -> bool:  # a thread holds no process of its own (RAM, start-up)
+    return v != WorkerType.thread
+
+
+def _true_first(v: Any) -> bool:  # in order: the sampler's, reproducible
+    return not v
 
 
 @dataclass
@@ -196,6 +219,19 @@ class LoaderConfig:
     worker_threads: int = setting(
         1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
            "usable cores; 1 with 0 workers", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.data, inert=1))
+    worker_type: WorkerType = setting(
+        WorkerType.process, "process: torch's DataLoader, a process per worker; thread: "
+        "torchdata.nodes, loader.num_workers threads in the main process running the same "
+        "Dataset, transform and collate (one torch thread each; the start method, "
+        "persistent_workers and worker_threads do not act: recorded as with 0 workers); "
+        "process with 0 workers ([data.md](data.md#thread-workers))",
+        knob=Knob(Role.knob, Pipe.data, short="worker_type", cheap=(8, _thread_first),
+                  inert=WorkerType.process.value))
+    in_order: bool = setting(
+        True, "batches in the sampler's order; false: each batch as soon as a worker has it, so "
+              "a slow sample holds back no other (process workers need torch >= 2.6); true "
+              "with 0 workers", knob=Knob(Role.knob, Pipe.data, short="in_order",
+                                          cheap=(9, _true_first), inert=True))
 
 
 @dataclass
@@ -204,6 +240,22 @@ class PrecisionConfig:
         PrecisionName.torch_default,
         "torch_default: PyTorch's own TF32 flags, what a plain job runs; fp32: strict, TF32 off; "
         "tf32; amp_fp16 (CUDA only); amp_bf16", knob=Knob(Role.knob, Pipe.compute, short="precision"))
+
+
+@dataclass
+class StepConfig:
+    name: StepKind = setting(
+        StepKind.classification, "classification: cross-entropy on the model's logits; custom: "
+        "your loss function, step._target_ ([data.md](data.md#your-own-training-step))",
+        knob=Knob(Role.workload, Pipe.compute))
+    _target_: str | None = setting(
+        None, "step=custom: your loss function as a dotted path (my_team.train.loss), returning "
+              "a scalar tensor", knob=Knob(Role.workload, Pipe.compute))
+    takes: StepTakes = setting(
+        StepTakes.output, "step=custom: output: loss(model(inputs), targets), the batch an "
+        "(inputs, targets) pair; batch: loss(model, batch), for a model that computes its own "
+        "loss (the batch a tuple or a dict, moved to the device whole)",
+        knob=Knob(Role.workload, Pipe.compute))
 
 
 @dataclass
@@ -222,7 +274,8 @@ class BenchSettings:
         bounds=(1, 10_000_000), knob=MEASURE)
     repeats: int = setting(
         6, "windows per phase, interleaved across the phases (loader, compute, e2e, loader, ...): "
-           "they give each phase its 95% interval; at most bench.steps", bounds=(1, 100), knob=MEASURE)
+           "they give each phase its 95% interval; at most bench.steps (more are recorded as "
+           "bench.steps: a window is at least one step)", bounds=(1, 100), knob=MEASURE)
     warmup_max_seconds: float = setting(60.0, "wall-clock cap of a phase's warm-up",
                                         bounds=(0.001, 86_400), knob=MEASURE)
     max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
@@ -278,9 +331,10 @@ class TrackingConfig:
     backend: Backend = setting(Backend.mlflow, "where runs are logged ([tracking.md](tracking.md))")
     uri: str | None = setting(
         None, "the MLflow store; null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)",
-        allowed="null, http(s)://host[:port], file:///folder, sqlite:///path.db, "
-                "postgresql[+driver]://..., mysql[+driver]://..., mssql[+driver]://..., "
-                "databricks[://profile] or a local folder")
+        allowed="null, http(s)://host[:port], sqlite:///path.db, postgresql[+driver]://..., "
+                "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; file:///folder "
+                "or a local folder only with MLFLOW_ALLOW_FILE_STORE=true (MLflow 3.17 refuses "
+                "its file store otherwise)")
     experiment: str = setting("gpubench", "the MLflow experiment",
                               allowed="a name that is not blank, at most 500 characters, without "
                                       "control characters")
@@ -318,6 +372,7 @@ class BenchConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    step: StepConfig = field(default_factory=StepConfig)
     bench: BenchSettings = field(default_factory=BenchSettings)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -108,17 +108,20 @@ def as_label(label: Any, num_classes: int, where: str) -> int:
 
 
 class TeamDataset(Dataset):
-    """The team's Dataset with the contract checked and the transform applied per sample."""
+    """The team's Dataset with the contract checked and the transform applied per sample; with
+    `own` samples (step=custom) the samples as the Dataset returns them."""
 
-    def __init__(self, inner: Dataset, transform, num_classes: int, name: str):
+    def __init__(self, inner: Dataset, transform, num_classes: int, name: str, own=False):
         self.inner, self.transform = inner, transform
-        self.num_classes, self.name = num_classes, name
+        self.num_classes, self.name, self.own = num_classes, name, own
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __getitem__(self, i: int):
         sample = self.inner[i]
+        if self.own:  # step=custom: for the team's collate and loss (gpubench.parts.step.Loss)
+            return sample
         where = f"{self.name}[{i}]"
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
             raise SampleContractError(f"{CONTRACT_PREFIX}{where} returned {_describe(sample)}"
@@ -165,7 +168,8 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
         raise ConfigError("dataset.transform._target_", dset.transform["_target_"],
                           "a callable transform, or a factory returning one (_partial_: true for "
                           "a plain function)")
-    ds = TeamDataset(inner, transform, dset.num_classes, cls.__name__)
+    own = s.step.name == "custom"  # data.own_samples refused gpubench's image keys then
+    ds = TeamDataset(inner, transform, dset.num_classes, cls.__name__, own)
     if len(ds) == 0:
         raise ConfigError("dataset.kwargs", kwargs, f"arguments giving {target} samples (it has none)")
     try:
@@ -173,7 +177,8 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
     except SampleContractError as e:
         raise ConfigError("dataset._target_", target, f"a Dataset {CONTRACT} ({e})") from e
     info.update(samples=len(ds), target=str(target),
-                transform=str(dset.transform["_target_"]) if own_tf else "gpubench")
+                transform=str(dset.transform["_target_"]) if own_tf else
+                "none: step=custom" if own else "gpubench")
     return ds
 
 
@@ -191,7 +196,7 @@ def collate_fn(dataset: DatasetSettings):
 
 
 class TeamCollate:
-    """The team's collate in the shape the pipeline takes: (images, labels, samples skipped).
+    """The team's collate in the shape the pipeline takes: ((images, labels), samples skipped).
     A class at module level, so spawn/forkserver workers can unpickle it."""
 
     def __init__(self, fn):
@@ -203,4 +208,4 @@ class TeamCollate:
                 and all(isinstance(t, torch.Tensor) for t in out)):
             raise SampleContractError(f"{CONTRACT_PREFIX}dataset.collate returned "
                                       f"{_describe(out)}; expected (images, labels) tensors")
-        return out[0], out[1], 0
+        return (out[0], out[1]), 0

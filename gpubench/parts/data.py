@@ -1,16 +1,22 @@
-"""The data side of a run: the DataLoader, batches, preload, and moving a batch onto the device.
+"""The data side of a run: the loader, batches, preload, and moving a batch onto the device.
 
 The datasets themselves are in gpubench.parts.datasets (re-exported here). `device_synthetic` is the
 exception on purpose: one batch already on the device, zero data cost, the compute bound.
 
 `build_pipeline` puts a run's data side together in steps, one function each: the loader's
-keyword arguments, the host dataset (with its preload cache), the DataLoader, and the device side
+keyword arguments, the host dataset (with its preload cache), the loader (torch's DataLoader with
+worker processes, or thread workers: gpubench.parts.thread_loader), and the device side
 (`DeviceSide`: decode, copy, augment on the device) that `Pipeline.to_device` applies to a batch.
+
+A loader yields `(batch, skipped)`: the collated batch (None when none of its samples decoded)
+and the samples that did not decode. A batch is an `(images, labels)` pair, or with step=custom
+on dataset=custom whatever the team's collate makes (a tuple, a dict), moved to the device whole.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import os
@@ -22,7 +28,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torch.utils._pytree import tree_map_only
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+    get_worker_info,
+)
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import (
@@ -31,6 +45,8 @@ from gpubench.config.settings import (
     check_batch_fits,
     check_found_classes,
     check_preload_fits,
+    node_set,
+    plain,
 )
 from gpubench.parts import custom_data
 from gpubench.parts.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
@@ -54,6 +70,7 @@ from gpubench.parts.datasets import (  # noqa: F401  (re-exported: the data side
     substitute_order,
 )
 from gpubench.parts.oom import pin_host
+from gpubench.parts.thread_loader import ThreadLoader
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +111,9 @@ def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_skipping(batch):
-    """(x, y, skipped): the samples that decoded, collated, and how many failed to decode
-    (substituted by others, or None where a dataset gives up on a sample).
+    """((x, y), skipped): the samples that decoded, collated, and how many failed to decode
+    (substituted by others, or None where a dataset gives up on a sample); (None, skipped)
+    when none did.
 
     default_collate is used for the tensors on purpose: inside a worker it stacks straight
     into shared memory, where a plain torch.stack would cost one more copy per batch on its
@@ -104,24 +122,43 @@ def collate_skipping(batch):
     kept = [b for b in batch if b is not None]
     skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
     if not kept:
-        return None, None, skipped
+        return None, skipped
     if len(kept[0]) == 3:  # raw JPEG bytes for device decode
         blobs, ys, names = zip(*kept, strict=True)
         lengths = torch.tensor([0] + [b.numel() for b in blobs], dtype=torch.int64)
         return (JpegBatch(_flat_bytes(list(blobs)), lengths.cumsum(0), list(names)),
-                torch.as_tensor(ys), skipped)
-    x, y = default_collate([tuple(b) for b in kept])
-    return x, y, skipped
+                torch.as_tensor(ys)), skipped
+    return tuple(default_collate([tuple(b) for b in kept])), skipped
+
+
+class OwnCollate:
+    """The team's own samples (step=custom on dataset=custom) collated by its function, else
+    torch's default_collate (tuples stay tuples, dicts dicts), as (batch, nothing skipped). A
+    class at module level, so spawn/forkserver workers can unpickle it."""
+
+    def __init__(self, fn=default_collate):
+        self.fn = fn
+
+    def __call__(self, batch):
+        return self.fn(batch), 0
+
+
+def is_pair(batch) -> bool:
+    """An (images, labels) batch: augmentation and channels_last act on its images."""
+    return isinstance(batch, (tuple, list)) and len(batch) == 2 and \
+        isinstance(batch[0], torch.Tensor)
 
 
 # ------------------------------------------------------------------------------ preload
 
 
 def preload(
-    ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None
+    ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None,
+    threads: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """Decode every sample once into a shared uint8 [N,3,S,S] tensor (reference article 000,
-    Method 1). Refuses, before decoding anything, when it would not fit in free RAM.
+    Method 1), with the run's kind of workers (`threads`: loader.worker_type=thread). Refuses,
+    before decoding anything, when it would not fit in free RAM.
     Returns (images, labels, seconds, samples skipped as corrupt)."""
     n = len(ds)
     check_preload_fits(n, size)  # a resource check: the dataset's length is known only here
@@ -130,15 +167,18 @@ def preload(
     # per-worker copy (a plain tensor would be copied when first pickled to a spawned worker).
     images = torch.empty((n, 3, size, size), dtype=torch.uint8).share_memory_()
     labels = torch.empty((n,), dtype=torch.int64).share_memory_()
-    loader = DataLoader(
-        ds, batch_size=64, num_workers=num_workers, collate_fn=collate_skipping,
-        **(loader_kwargs or {}),
-    )
+    if threads and num_workers:
+        loader = ThreadLoader(ds, SequentialSampler(ds), 64, False, collate_skipping,
+                              num_workers, None)
+    else:
+        loader = DataLoader(ds, batch_size=64, num_workers=num_workers,
+                            collate_fn=collate_skipping, **(loader_kwargs or {}))
     i = skipped = 0
-    for x, y, s in loader:
+    for batch, s in loader:
         skipped += s
-        if x is None:
+        if batch is None:
             continue
+        x, y = batch
         images[i : i + len(y)] = x
         labels[i : i + len(y)] = y
         i += len(y)
@@ -159,10 +199,12 @@ class DeviceSide:
     decode: DeviceDecode | None = None  # dataset.decode_on=device
     augment: DeviceAugment | None = None  # dataset.augment_on=device (or decode_on=device)
 
-    def copy(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def copy(self, batch):
+        """Every tensor of the batch on the device, the batch's structure kept."""
         # non_blocking only pays off from pinned memory; from pageable memory the copy is
         # synchronous either way
-        return x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
+        return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=self.pin),
+                             batch)
 
     def labels(self, y: torch.Tensor) -> torch.Tensor:
         """The labels of a batch decoded on the device."""
@@ -191,7 +233,7 @@ class Pipeline:
     """What the phases need from the data side: endless batches, each moved to the device
     (`to_device`), and one batch kept on the device for the compute phase (`device_batch`)."""
 
-    loader: DataLoader | None  # None: device_synthetic
+    loader: DataLoader | ThreadLoader | None  # None: device_synthetic
     side: DeviceSide | None  # None: the batches are on the device already (device_synthetic)
     info: dict = field(default_factory=dict)
     on_corrupt: str = "skip"
@@ -220,24 +262,28 @@ class Pipeline:
             self._iters.add(it)
             yield from it
 
-    def to_device(self, batch, after_decode: Callable[[], None] | None = None):
-        """(x, y) on the device, ready for the model, or None when nothing of the batch
-        decoded (dataset.on_corrupt=skip). `after_decode`: called when a device decode has
-        returned, before any of the batch's work is queued on the training stream (nvJPEG
-        blocks the host for the whole decode: parts/measure.py DeviceStart)."""
+    def to_device(self, item, after_decode: Callable[[], None] | None = None):
+        """A loader's `(batch, skipped)` as the batch on the device, ready for the model
+        ((x, y), or the team's own batch), or None when nothing of the batch decoded
+        (dataset.on_corrupt=skip). `after_decode`: called when a device decode has returned,
+        before any of the batch's work is queued on the training stream (nvJPEG blocks the
+        host for the whole decode: parts/measure.py DeviceStart)."""
         if self.side is None:
-            return batch
-        x, y, skipped = batch
+            return item
+        batch, skipped = item
         self.skipped += skipped
-        if x is None:
+        if batch is None:
             return None
         if self.side.decode is not None:
-            x, y = self._decode(x, y, after_decode)
+            x, y = self._decode(*batch, after_decode)
             if x is None:
                 return None
             y = self.side.labels(y)
         else:
-            x, y = self.side.copy(x, y)
+            batch = self.side.copy(batch)
+            if not is_pair(batch):  # the team's own batch: as its collate made it
+                return batch
+            x, y = batch
         return self.side.finish(x), y
 
     def _decode(self, jpegs: JpegBatch, y: torch.Tensor,
@@ -259,7 +305,7 @@ class Pipeline:
         self.empty_in_a_row = 0
         return x, y
 
-    def device_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def device_batch(self):
         """The compute phase's batch: one real batch from this pipeline, kept on the device."""
         if self.fixed is None:
             for batch in self.batches():
@@ -284,7 +330,16 @@ class Pipeline:
         return {w.pid for it in self._live_iters() for w in getattr(it, "_workers", ())
                 if w.pid is not None}
 
+    def worker_tids(self) -> set[int]:
+        """The native ids of the loader's worker threads (loader.worker_type=thread): inside
+        this process, their CPU is its threads' (none with worker processes)."""
+        tids = getattr(self.loader, "worker_tids", None)
+        return tids() if tids is not None else set()
+
     def shutdown(self) -> None:
+        if isinstance(self.loader, ThreadLoader):
+            self.loader.shutdown()
+            return
         for it in self._live_iters():
             stop = getattr(it, "_shutdown_workers", None)
             if stop is not None:
@@ -301,6 +356,13 @@ def loader_settings(ld: Loader, device: str) -> dict:
     kwargs: dict = dict(num_workers=workers, pin_memory=ld.pin_memory and device == "cuda")
     if workers == 0:  # the DataLoader rejects the worker-only options without workers
         return kwargs
+    if not ld.in_order and ld.worker_type == "process":
+        # DataLoader's in_order came with torch 2.6 (pytorch/pytorch#141833)
+        if "in_order" not in inspect.signature(DataLoader.__init__).parameters:
+            raise ConfigError("loader.in_order", False, f"true with process workers on torch "
+                              f"{torch.__version__} (its DataLoader has no in_order before 2.6), "
+                              "or loader.worker_type=thread")
+        kwargs["in_order"] = False
     kwargs.update(
         prefetch_factor=ld.prefetch_factor,
         persistent_workers=ld.persistent_workers,
@@ -391,7 +453,8 @@ def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, in
     skipped = 0
     if dset.preload:
         preload_kw = {k: v for k, v in loader_kw.items() if k in ("multiprocessing_context",)}
-        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"], preload_kw)
+        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"], preload_kw,
+                                                s.loader.worker_type == "thread")
         info.update(preload_seconds=secs, preload_bytes=images.numel(), preload_skipped=skipped)
         ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
     if dset.name in IN_MEMORY_POOLS:
@@ -400,26 +463,48 @@ def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, in
     return ds, skipped
 
 
-def _data_loader(s: Settings, ds: Dataset, loader_kw: dict,
-                 shard: tuple[int, int] | None) -> DataLoader:
-    seed = s.bench.seed
-    sampler = None
+def own_samples(s: Settings) -> bool:
+    """step=custom on dataset=custom: the team's samples go to its collate as its Dataset
+    returns them (a segmentation pair, a dict), so what works on gpubench's (image, label)
+    samples is refused with one line."""
+    d = s.dataset
+    if not (s.step.name == "custom" and d.name == "custom"):
+        return False
+    for key, value, on in (("dataset.transform", plain(d.transform), node_set(d.transform)),
+                           ("dataset.preload", True, d.preload),
+                           ("dataset.augment_on", "device", d.augment_on == "device"),
+                           ("dataset.decode_on", "device", d.decode_on == "device")):
+        if on:
+            raise ConfigError(key, value, "its default with step=custom on dataset=custom: "
+                              "your Dataset's samples go to your collate and loss as they are")
+    return True
+
+
+def _collate(s: Settings, own: bool):
+    team = custom_data.collate_fn(s.dataset)  # dataset.collate, held to (images, labels)
+    if own:  # the team's own samples: its function (or torch's), its batches as they come
+        return OwnCollate(team.fn) if team is not None else OwnCollate()
+    return team or collate_skipping
+
+
+def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, int] | None,
+                 own: bool) -> DataLoader | ThreadLoader:
+    ld, seed = s.loader, s.bench.seed
+    # seeds the shuffle order and each worker process's torch/random/numpy seeds: reproducible
+    g = torch.Generator().manual_seed(seed)
+    sampler: torch.utils.data.Sampler = RandomSampler(ds, generator=g)
     if shard is not None and shard[1] > 1:
         from torch.utils.data.distributed import DistributedSampler
 
         sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
                                      seed=seed, drop_last=True)
-    return DataLoader(
-        ds,
-        batch_size=s.loader.batch_size,
-        shuffle=sampler is None,
-        sampler=sampler,
-        drop_last=s.loader.drop_last,
-        collate_fn=custom_data.collate_fn(s.dataset) or collate_skipping,
-        # seeds the shuffle order and each worker's torch/random/numpy seeds: reproducible
-        generator=torch.Generator().manual_seed(seed),
-        **loader_kw,
-    )
+    collate = _collate(s, own)
+    if ld.worker_type == "thread" and loader_kw["num_workers"]:
+        return ThreadLoader(ds, sampler, ld.batch_size, ld.drop_last, collate,
+                            loader_kw["num_workers"], ld.prefetch_factor, ld.in_order,
+                            loader_kw["pin_memory"])
+    return DataLoader(ds, batch_size=ld.batch_size, sampler=sampler, drop_last=ld.drop_last,
+                      collate_fn=collate, generator=g, **loader_kw)
 
 
 def _device_side(s: Settings, pin: bool) -> DeviceSide:
@@ -440,6 +525,7 @@ def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipelin
     info: dict = {"dataset": s.dataset.name}
     if s.dataset.name == "device_synthetic":
         return _device_synthetic(s, info)
+    own = own_samples(s)  # refuses gpubench's image handling on the team's own samples
     loader_kw = _loader_kwargs(s)
     ds, skipped = _host_dataset(s, loader_kw, info)
     side = _device_side(s, loader_kw["pin_memory"])
@@ -451,5 +537,5 @@ def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipelin
         augment_on="device" if side.augment is not None else "cpu",
         batches_per_epoch=math.floor(len(ds) / bs) if s.loader.drop_last else math.ceil(len(ds) / bs),
     )
-    return Pipeline(_data_loader(s, ds, loader_kw, shard), side, info,
+    return Pipeline(_data_loader(s, ds, loader_kw, shard, own), side, info,
                     on_corrupt=s.dataset.on_corrupt, skipped=skipped)

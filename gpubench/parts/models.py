@@ -82,12 +82,32 @@ def check_patch(name: str, image_size: int, key: str) -> None:
                           f"patch size), e.g. {max(patch, image_size // patch * patch)}")
 
 
-def check_output(model: nn.Module, x: torch.Tensor, s: Settings) -> None:
-    """One forward on (up to) two images of the first batch, before any phase: a model that
-    does not take the dataset's images, returns a tuple or the wrong shape, or is narrower than
-    the dataset's classes would otherwise fail at the first loss, after the loader phase was
-    measured. Training mode, as the step runs it (some models return extra outputs there);
-    eval mode for a batch of one, which batch norm cannot train on."""
+def _cause(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+
+
+def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
+    """One forward on (up to) two images of the first batch (`batch`, or its images), before
+    any phase: a model that does not take the dataset's images, returns a tuple or the wrong
+    shape, or is narrower than the dataset's classes would otherwise fail at the first loss,
+    after the loader phase was measured. Training mode, as the step runs it (some models
+    return extra outputs there); eval mode for a batch of one, which batch norm cannot train
+    on. With the team's own loss (`loss`, gpubench.parts.step.Loss of step=custom) the check
+    is that loss on the whole batch: one line naming step._target_ unless it runs and returns
+    a scalar tensor."""
+    if loss is not None and loss.target is not None:
+        try:
+            with torch.no_grad():
+                loss(model, batch)
+        except ConfigError:
+            raise
+        except Exception as e:
+            if is_oom(e, s.device):
+                raise
+            raise ConfigError("step._target_", loss.target, "a loss that runs on this run's "
+                              f"model and batches ({_cause(e)})") from e
+        return
+    x = batch if isinstance(batch, torch.Tensor) else batch[0]
     m, ds = s.model, s.dataset
     key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     took = (f"with dataset={ds.name} batches of {tuple(x.shape[1:])} "
@@ -101,8 +121,7 @@ def check_output(model: nn.Module, x: torch.Tensor, s: Settings) -> None:
     except Exception as e:
         if is_oom(e, str(x.device.type)):  # two images that do not fit: the run's OOM, not input
             raise
-        cause = " ".join(f"{type(e).__name__}: {e}".split())[:200]
-        raise ConfigError(key, value, f"a model whose forward runs {took} ({cause})") from e
+        raise ConfigError(key, value, f"a model whose forward runs {took} ({_cause(e)})") from e
     finally:
         model.train(was_training)
     if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != len(probe):

@@ -1,15 +1,20 @@
 """One training step, shared by the compute and e2e phases (and by nothing else, so the two
-phases measure exactly the same work)."""
+phases measure exactly the same work), and the loss it trains on: step=classification's
+cross-entropy or the team's own function (step=custom, `Loss`)."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from gpubench.config.errors import ConfigError
+from gpubench.parts import targets
 from gpubench.parts.models import without_recompute
 from gpubench.parts.oom import OOM_ERRORS
 from gpubench.parts.precision import PrecisionPlan, make_grad_scaler
@@ -32,6 +37,66 @@ def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
     except (RuntimeError, ValueError) as e:  # e.g. an older torch without this fused kernel
         raise ConfigError("bench.optimizer_impl", impl,
                           f"auto or for_loop here ({name}: {str(e).splitlines()[0]})") from e
+
+
+def images_in(batch) -> int:
+    """Samples in a batch: the first dimension of its first tensor (a pair's images, a
+    dict's first entry)."""
+    return int(next(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)).shape[0])
+
+
+LOSS = ("a loss function of your own code as a dotted path (e.g. my_team.train.loss) or an "
+        "nn.Module loss class, returning a scalar tensor")
+
+
+class Loss:
+    """How a batch becomes the loss: cross-entropy on the model's logits (step=classification),
+    or the team's function `fn` (step=custom): fn(model(inputs), targets) for an (inputs,
+    targets) batch (step.takes=output), fn(model, batch) for a model that computes its own loss
+    (step.takes=batch, the batch a tuple or a dict). `target`: step._target_, named by the one
+    line a loss that is no scalar tensor gets."""
+
+    def __init__(self, fn=None, takes: str = "output", target: str | None = None):
+        self.fn = fn if fn is not None else nn.CrossEntropyLoss()
+        self.takes, self.target = takes, target
+
+    def __call__(self, model: nn.Module, batch) -> tuple[torch.Tensor, Any]:
+        """(loss, the model's output; None where the team's function ran the model)."""
+        if self.takes == "batch":
+            out, loss = None, self.fn(model, batch)
+        else:
+            x, y = self.pair(batch)
+            out = model(x)
+            loss = self.fn(out, y)
+        if self.target is not None:
+            self.check(loss)
+        return loss, out
+
+    def pair(self, batch) -> tuple[Any, Any]:
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return batch[0], batch[1]
+        raise ConfigError("step.takes", self.takes, f"batch for batches that are not (inputs, "
+                          f"targets) pairs (this one is a {type(batch).__name__})")
+
+    def check(self, loss: Any) -> None:
+        """A scalar tensor, what backward() takes: shape and type only, no device sync."""
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1
+                and loss.is_floating_point()):
+            got = (f"a {loss.dtype} tensor of shape {tuple(loss.shape)}"
+                   if isinstance(loss, torch.Tensor) else type(loss).__name__)
+            raise ConfigError("step._target_", self.target, f"{LOSS} (it returned {got})")
+
+
+def make_loss(step) -> Loss:
+    """The run's loss from its step settings; the team's target resolved and checked before
+    it is called (gpubench.parts.targets: a config is code)."""
+    if step.name != "custom":
+        return Loss()
+    fn = targets.locate("step._target_", step._target_, LOSS)
+    why = targets.transform_kind(fn)  # the team's own code, or an nn.Module class
+    if why or not callable(fn):
+        raise ConfigError("step._target_", step._target_, f"{LOSS} ({why or 'not callable'})")
+    return Loss(fn() if inspect.isclass(fn) else fn, step.takes, step._target_)
 
 
 def _no_sync(model: nn.Module):
@@ -68,10 +133,11 @@ class TrainStep:
         oom_above_batch: int | None = None,
         grad_accum_steps: int = 1,
         host_metrics_every: int = 0,
+        loss: Loss | None = None,
     ):
         self.model, self.plan, self.device, self.opt = model, plan, device, optimizer
         self.scaler = make_grad_scaler(plan, device)
-        self.criterion = nn.CrossEntropyLoss()
+        self.loss = loss or Loss()
         self.oom_above_batch = oom_above_batch
         self.accum = max(1, int(grad_accum_steps))
         self.metrics_every = max(0, int(host_metrics_every))
@@ -84,20 +150,22 @@ class TrainStep:
         self.last_loss: torch.Tensor | None = None
         self.finite_at = 0  # the micro-batch whose loss check_loss last found finite
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        if self.oom_above_batch is not None and x.shape[0] > self.oom_above_batch:
+    def __call__(self, *batch) -> None:
+        """One micro-batch: the batch on the device, as one argument (a pair or the team's
+        dict) or as (x, y)."""
+        batch = batch[0] if len(batch) == 1 else batch
+        if self.oom_above_batch is not None and images_in(batch) > self.oom_above_batch:
             # fault injection, for testing the recovery path without a real device
-            raise OOM_ERRORS[0](f"injected: batch {x.shape[0]} > fault.oom_above_batch")
+            raise OOM_ERRORS[0](f"injected: batch {images_in(batch)} > fault.oom_above_batch")
         self.micro_batches += 1
         boundary = self.micro_batches % self.accum == 0
         sync = contextlib.nullcontext() if boundary else _no_sync(self.model)
         with sync:
             with _range("gpubench/forward", self.ranges), self.plan.autocast(self.device):
-                logits = self.model(x)
-                loss = self.criterion(logits, y)
+                loss, out = self.loss(self.model, batch)
             self.last_loss = loss  # a reference: no copy, no kernel, no sync
             if self.metrics_every and self.micro_batches % self.metrics_every == 0:
-                self._read_metrics(loss, logits, y)
+                self._read_metrics(loss, out, batch)
             if self.accum > 1:
                 loss = loss / self.accum  # the accumulated gradient is the micro-batches' mean
             with _range("gpubench/backward", self.ranges):
@@ -134,14 +202,16 @@ class TrainStep:
                                 "(a lower bench.lr, or check the model)")
         self.finite_at = self.micro_batches
 
-    def _read_metrics(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
-        """What many training loops do every k steps: the loss and the batch accuracy as Python
-        floats. Each .item() waits for the device to finish everything queued so far."""
+    def _read_metrics(self, loss: torch.Tensor, out, batch) -> None:
+        """What many training loops do every k steps: the loss and (a classifier's) batch
+        accuracy as Python floats. Each .item() waits for the device to finish everything
+        queued so far."""
         with _range("gpubench/host_metrics", self.ranges), torch.no_grad():
-            self.host_metrics = {
-                "loss": float(loss.detach().float().item()),
-                "accuracy": float((logits.argmax(dim=1) == y).float().mean().item()),
-            }
+            self.host_metrics = {"loss": float(loss.detach().float().item())}
+            if self.loss.target is None:  # step=classification: logits against labels
+                y = batch[1]
+                self.host_metrics["accuracy"] = float(
+                    (out.argmax(dim=1) == y).float().mean().item())
         self.host_metrics_reads += 1
 
 
@@ -168,9 +238,10 @@ def step_figures(record, step: TrainStep | None) -> dict | None:
     }
 
 
-def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, x, y
-                           ) -> dict[str, float] | None:
-    """FLOPs of one forward+backward on this batch, counted once by torch's FlopCounterMode
+def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, *batch,
+                           loss: Loss | None = None) -> dict[str, float] | None:
+    """FLOPs of one forward+backward on this batch (one argument, or x, y) with the run's
+    `loss` (cross-entropy when None), counted once by torch's FlopCounterMode
     (2 per multiply-add), as {"conv", "matmul", "total"}: convolutions and matmuls can run at
     different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls), so MFU's peak needs
     the split. None if the counter cannot run this model.
@@ -181,13 +252,14 @@ def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, x
     same model, as the time it costs."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    crit = nn.CrossEntropyLoss()
+    batch = batch[0] if len(batch) == 1 else batch
+    loss_of = loss or Loss()
     try:
         counter = FlopCounterMode(display=False)
         with counter, without_recompute(model):
             with plan.autocast(device):
-                loss = crit(model(x), y)
-            loss.backward()
+                value = loss_of(model, batch)[0]
+            value.backward()
         counts = counter.get_flop_counts().get("Global", {})
     except Exception:
         return None
@@ -200,7 +272,8 @@ def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, x
     return {"conv": conv, "matmul": total - conv, "total": total}
 
 
-def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, x, y) -> float | None:
+def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, *batch,
+                     loss: Loss | None = None) -> float | None:
     """Total FLOPs of one forward+backward (see count_step_flops_split)."""
-    split = count_step_flops_split(model, plan, device, x, y)
+    split = count_step_flops_split(model, plan, device, *batch, loss=loss)
     return split["total"] if split else None

@@ -81,12 +81,19 @@ class Group:
         return self.flagged_bound or self.flagged_loader
 
     @property
+    def kind(self) -> str | None:
+        """loader.worker_type of the runs with workers (process or thread)."""
+        return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
+
+    @property
     def setup(self) -> str:
-        """The setup without its workers: `tiny on synthetic 32px, batch 32, torch_default`."""
+        """The setup without its workers: `tiny on synthetic 32px, batch 32, torch_default`
+        (`, thread workers` where the workers are threads)."""
         rec = self.rows[0].record
         cfg = copy.deepcopy(rec.config)
         (cfg.get("loader") or {}).pop("num_workers", None)
-        return f"{setup_text(RunRecord(config=cfg))} ({rec.env.get('device') or '?'})"
+        threads = ", thread workers" if self.kind == "thread" else ""
+        return f"{setup_text(RunRecord(config=cfg))}{threads} ({rec.env.get('device') or '?'})"
 
 
 @dataclass
@@ -112,7 +119,8 @@ class LoaderAnswer:
         for g in self.groups:
             p, c = g.pick, g.pick.compute
             out.append({
-                "setup": g.setup, "num_workers": p.num_workers, "unblocks": p.unblocks,
+                "setup": g.setup, "worker_type": g.kind, "num_workers": p.num_workers,
+                "unblocks": p.unblocks,
                 "margin_required": p.tolerance,
                 "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
                 "compute": None if c is None else [c.value, c.lo, c.hi],
@@ -278,6 +286,25 @@ def _kinds(reasons: list[Reason]) -> str:
     return ", ".join(dict.fromkeys(flag_kind(x) for x in reasons)) or "unstable"
 
 
+def _kind_lines(groups: list[Group]) -> list[str]:
+    """Which kind of workers, for a setup measured with both: the fewest workers of either
+    kind that clear compute; at the same count threads (config.knobs.CHEAP_FIRST: no process
+    per worker)."""
+    setups: dict[tuple, list[Group]] = {}
+    for g in groups:
+        setups.setdefault(_group_key(g.rows[0]), []).append(g)
+    out = []
+    for gs in setups.values():
+        clear = [g for g in gs if g.kind and g.pick.unblocks]
+        if len({g.kind for g in gs if g.kind}) > 1 and clear:
+            best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
+            n = best.pick.num_workers
+            out.append(f"  which kind: {best.kind}, {n} worker{'' if n == 1 else 's'}: the "
+                       "fewest workers of either kind whose loader clears compute (at the same "
+                       "count, threads: no process per worker)")
+    return out
+
+
 def _lines(groups: list[Group], source: str) -> list[str]:
     out = [f"workers answer (loader-only runs; the fewest workers whose loader interval clears "
            f"the compute bound's interval by {groups[0].pick.tolerance:.0%}):"]
@@ -315,4 +342,4 @@ def _lines(groups: list[Group], source: str) -> list[str]:
             out.append("    to answer: measure compute once at this setup, then name that run:")
             out.append(f"      {_compute_command(g.rows[0])}")
             out.append(f"      {_report_command(source)}")
-    return out
+    return out + _kind_lines(groups)

@@ -51,7 +51,14 @@ from gpubench.parts.measure import DeviceStart, run_window
 from gpubench.parts.models import build_model, check_output, maybe_compile, prepare_model
 from gpubench.parts.oom import is_oom
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
-from gpubench.parts.step import TrainStep, count_step_flops_split, make_optimizer, step_figures
+from gpubench.parts.step import (
+    TrainStep,
+    count_step_flops_split,
+    images_in,
+    make_loss,
+    make_optimizer,
+    step_figures,
+)
 from gpubench.run import compute_bound, merge
 from gpubench.run.ending import Hold, kept
 from gpubench.run.faults import Faults
@@ -168,7 +175,8 @@ class Benchmark:
         self.record = rec
         self.monitor = Monitor(
             self.device, b.monitor_interval_s, b.monitor,
-            worker_pids=lambda: self.pipe.worker_pids() if self.pipe is not None else ())
+            worker_pids=lambda: self.pipe.worker_pids() if self.pipe is not None else (),
+            worker_tids=lambda: self.pipe.worker_tids() if self.pipe is not None else ())
         self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
         self.notes += list(s.notes)  # what resolve decided for the config (worker-only keys)
         self.windows: dict[str, list[WindowStats]] = {}
@@ -213,17 +221,18 @@ class Benchmark:
             model = prepare_model(build_model(s), device, s.channels_last)
             with self.watchdog.watching("building", "taking a first batch and checking the "
                                         "model on it (one forward, the FLOP count)"):
-                x, y = self.pipe.device_batch()
-                check_output(model, x, s)  # one forward: shape, tuple, width, before any phase
+                batch = self.pipe.device_batch()
+                loss = make_loss(s.step)  # the team's loss (step=custom) resolved, not called
+                check_output(model, batch, s, loss)  # one forward: shape, width, loss's type
                 opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
                 if b.flops:
-                    split = count_step_flops_split(model, self.plan, device, x, y)
+                    split = count_step_flops_split(model, self.plan, device, batch, loss=loss)
                     rec.flops_per_step = split and split["total"]
                     rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
                                   self.faults.oom_above_batch,
-                                  b.grad_accum_steps, b.host_metrics_every)
+                                  b.grad_accum_steps, b.host_metrics_every, loss)
         self.faults.maybe_fail(0)
 
     def _functions(self, name: str):
@@ -234,15 +243,15 @@ class Benchmark:
         pipe, step = self.pipe, self.step
         stall = self.faults.staller()
         if name == "compute":
-            x, y = pipe.device_batch()
-            n = int(y.shape[0])
+            fixed = pipe.device_batch()
+            n = images_in(fixed)
 
             def compute_only(batch):
                 stall()
-                step(*batch)
+                step(batch)
                 return n
 
-            return (lambda: (x, y)), compute_only
+            return (lambda: fixed), compute_only
         batches = pipe.batches()
 
         # under torchrun e2e's step is a collective (DDP's all-reduce): every rank must take it
@@ -254,8 +263,8 @@ class Benchmark:
                 return 0
             if name == "e2e":
                 stall()
-                step(*moved)
-            return int(moved[1].shape[0])
+                step(moved)
+            return images_in(moved)
 
         return (lambda: next(batches)), load_or_train
 

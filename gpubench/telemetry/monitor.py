@@ -67,6 +67,7 @@ class Sample:
     main_rss: int = 0
     workers_rss: int = 0
     workers: int = 0
+    worker_threads: int = 0  # the loader's worker threads seen (loader.worker_type=thread)
     read_bytes: int | None = None  # since the window opened (cumulative)
     disk_read_bytes: int | None = None
     gpu_util: float | None = None
@@ -120,7 +121,8 @@ class MonitorSummary:
             "process_cpu_util_mean": self.mean("procs_cpu"),
             "peak_rss_bytes": self.max("rss"),
             "main_cpu_util_mean": self.mean("main_cpu"),
-            "workers_cpu_util_mean": self.mean("workers_cpu") if self.max("workers") else None,
+            "workers_cpu_util_mean": self.mean("workers_cpu")
+            if self.max("workers") or self.max("worker_threads") else None,
             "main_peak_rss_bytes": self.max("main_rss"),
             "workers_peak_rss_bytes": self.max("workers_rss") if self.max("workers") else None,
             "workers_max": self.max("workers"),
@@ -239,10 +241,16 @@ class Monitor:
 
     def __init__(self, device: str, interval: float = 0.2, enabled: bool = True,
                  worker_pids: Callable[[], Iterable[int]] | None = None,
-                 gpu: NvmlDevice | None = None, clock: Callable[[], float] = time.perf_counter):
+                 gpu: NvmlDevice | None = None, clock: Callable[[], float] = time.perf_counter,
+                 worker_tids: Callable[[], Iterable[int]] | None = None):
         self.interval = interval
         # the loader's workers (and what they start); None: every child of this process
         self.worker_pids = worker_pids
+        # the loader's worker threads inside this process (loader.worker_type=thread): their
+        # CPU is counted as the workers', out of the main process's
+        self.worker_tids = worker_tids
+        self._thread_cpu: tuple[float, dict[int, float]] = (time.monotonic(), {})  # at the
+        # last sample: the time, and each worker thread's CPU seconds
         self.enabled = enabled
         self.clock = clock
         self.gpu = gpu if enabled else None
@@ -326,9 +334,26 @@ class Monitor:
             chars, disk = chars - own_chars, disk - own_disk
         self._io.update(p.pid, chars, disk)
 
+    def _threads_cpu(self) -> tuple[float, int]:
+        """The worker threads' CPU since the last sample, in % of one core as psutil's
+        cpu_percent, and how many there are: their user + system time from /proc/self/task
+        (psutil.Process.threads); a thread started since counts from its start, one that
+        ended since is lost."""
+        tids = set(self.worker_tids()) if self.worker_tids is not None else set()
+        if not tids:
+            return 0.0, 0
+        try:
+            now = {t.id: t.user_time + t.system_time for t in self.proc.threads() if t.id in tids}
+        except psutil.Error:
+            return 0.0, 0
+        (then, last), at = self._thread_cpu, time.monotonic()
+        self._thread_cpu = (at, now)
+        used = sum(v - last.get(tid, 0.0) for tid, v in now.items())
+        return (max(0.0, 100.0 * used / (at - then)) if at > then else 0.0), len(now)
+
     def sample(self, fresh: bool = False) -> Sample:
         main_cpu = main_rss = workers_cpu = workers_rss = 0.0
-        workers = 0
+        workers = threads = 0
         for p in self._processes(fresh):
             try:
                 with p.oneshot():  # one read of /proc/<pid>/stat for both figures
@@ -338,7 +363,10 @@ class Monitor:
             except psutil.Error:  # a worker that exited between listing and reading
                 continue
             if p.pid == self.proc.pid:
-                main_cpu, main_rss = cpu, rss
+                used, threads = self._threads_cpu()  # the loader's threads, in this process
+                used = min(cpu, used)
+                main_cpu, main_rss = cpu - used, rss
+                workers_cpu += used
             else:
                 workers_cpu += cpu
                 workers_rss += rss
@@ -346,7 +374,7 @@ class Monitor:
         s = Sample(
             self.clock(), psutil.cpu_percent(None), main_cpu + workers_cpu,
             int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss), int(workers_rss),
-            workers,
+            workers, threads,
         )
         if self._io is not None and self._io.last:
             s.read_bytes, s.disk_read_bytes = self._io.totals()
