@@ -11,7 +11,7 @@ import gc
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gpubench.cli.errors import Exit, JobFailed, one_line_errors
 from gpubench.config.errors import ConfigError
@@ -74,9 +74,50 @@ def _settle() -> None:
     gc.freeze()
 
 
+def help_config(*, _root_: DictConfig) -> str:
+    """`--help`'s config, `${gpubench_help_config:}` in bench.yaml's hydra.help.template: the
+    job's keys as Hydra's help prints them (hydra/_internal/hydra.py get_help), without the keys
+    for tests a user never sets (Role.fault). `$` doubled: the template is a string.Template."""
+    from gpubench.config.keys import Role
+    from gpubench.config.schema import KEYS
+
+    hidden = {"hydra"} | {k.name.partition(".")[0] for k in KEYS if k.knob.role is Role.fault}
+    shown = OmegaConf.masked_copy(_root_, [k for k in _root_ if k not in hidden])
+    return OmegaConf.to_yaml(shown).replace("$", "$$")
+
+
+OmegaConf.register_new_resolver("gpubench_help_config", help_config, replace=True)
+
+
+def team_first(argv: list[str]) -> list[str]:
+    """The command line with `-cd DIR` (`--config-dir DIR`) made the primary config folder,
+    `--config-path DIR`: the search path plugin puts gpubench's own folder after it
+    (hydra_plugins.gpubench_searchpath), so DIR's files are found first, as documented. Hydra's
+    own --config-dir would search DIR after gpubench's folder: a team's model/tiny.yaml never
+    read. Unchanged with an explicit --config-path (the user's own primary folder)."""
+    import os
+
+    import gpubench.cli
+
+    out = list(argv)
+    if any(a.partition("=")[0] in ("-cp", "--config-path") for a in out):
+        return out
+    for i, a in enumerate(out):
+        flag, eq, folder = a.partition("=")
+        if flag == "-cd" or ("--config-dir".startswith(flag) and flag.startswith("--config-d")):
+            folder = folder if eq else (out[i + 1] if i + 1 < len(out) else "")
+            if not os.path.isdir(folder):
+                raise ConfigError("--config-dir", folder, "a folder of config files")
+            gpubench.cli.TEAM_DIR = os.path.abspath(folder)
+            out[i:i + (1 if eq else 2)] = ["--config-path", gpubench.cli.TEAM_DIR]
+            break
+    return out
+
+
 def cli() -> None:
     try:
         with quiet_broken_pipe(), one_line_errors():
+            sys.argv[1:] = team_first(sys.argv[1:])
             main()
     except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
         from gpubench.cli.callbacks import EXIT

@@ -107,7 +107,7 @@ case $part in
       python3 -m gpubench.check fault.stall_every=2 fault.stall_s=0.05
     finish ;;
   review)
-    pytests "gpu-marked tests" -m gpu tests/test_gpu.py tests/test_gpu_checks.py tests/test_data.py
+    pytests "gpu-marked tests" -m gpu tests/gpu/test_gpu.py tests/gpu/test_gpu_checks.py tests/parts/test_data.py
     finish ;;
   precision) # finding 2: the default must measure what users run (TF32 convs on Ampere+)
     for p in torch_default fp32 tf32 amp_bf16; do
@@ -168,7 +168,7 @@ case $part in
       'r["peak_memory_bytes"] >= ph(r, "compute", "telemetry")["device_used_peak_bytes"]' $runs/r50
     finish ;;
   step) # the train step's knobs and where its time goes (docs/profiling.md)
-    pytests "gpu_metrics.csv on this GPU" -m gpu tests/test_gpulog.py -s
+    pytests "gpu_metrics.csv on this GPU" -m gpu tests/telemetry/test_gpulog.py -s
     S="$R50 dataset=device_synthetic precision=amp_bf16 channels_last=true loader.batch_size=128 bench.steps=30 'bench.phases=[compute]'"
     gb $R50 dataset=fake_jpeg dataset.num_samples=1024 loader.num_workers=4 precision=amp_bf16 \
       channels_last=true loader.batch_size=128 'bench.phases=[e2e]' bench.steps=20 \

@@ -39,7 +39,7 @@ from omegaconf.errors import (
 
 from gpubench.config.errors import NOTHING, ConfigError, cut
 from gpubench.config.keys import Key, keys
-from gpubench.config.prechecks import UNQUOTED, _keys
+from gpubench.config.prechecks import UNQUOTED, _keys, group_hint
 from gpubench.config.schema import KEYS, check_known_key
 from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
@@ -141,7 +141,8 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
-        return str(ConfigError(group, value, f"one of {', '.join(ex.options)}", value))
+        return str(ConfigError(group, value, f"one of {', '.join(ex.options)}"
+                               f"{group_hint(group, value)}", value))
     parsed = _parsed(overrides)
     if isinstance(ex, ConfigCompositionException):
         line = missing_key_line(ex, parsed) or deleted_line(parsed)
@@ -156,7 +157,10 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
         k, element = declared
         allowed = f"one of {', '.join(k.choices.__members__)}" if element and k.choices else \
             k.allowed
-        o = next((o for o in parsed if o.key_or_group == bad.full_key), None)
+        # the override OmegaConf refused: the one of that key whose value it was given (a
+        # key set twice, `loader.batch_size=4 ... loader.batch_size=abc`, fails at the second)
+        same = [o for o in parsed if o.key_or_group == bad.full_key]
+        o = next((o for o in same if str(o.value()) == str(bad.value)), same[-1] if same else None)
         return str(ConfigError(bad.full_key, bad.value, allowed,
                                _typed(o) if o is not None else str(bad.value)))
     key = bad.full_key if bad is not None else None

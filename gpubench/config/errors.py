@@ -6,10 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
+# the most characters of a value a line shows: a 20,000-character override is echoed as its
+# start, an ellipsis, its end
+SHOWN = 200
+
+
+def cut(text: str, most: int = SHOWN) -> str:
+    """`text` at most `most` characters long, the middle replaced by an ellipsis."""
+    return text if len(text) <= most else f"{text[:most * 3 // 4]}…{text[-(most // 4):]}"
+
+
+NOTHING = object()  # the value of a key refused whatever it holds (`~key`): the line names the key
+
 
 class ConfigError(ValueError):
-    """Bad input: one line naming the key, the bad value and what is allowed."""
+    """Bad input: one line naming the key, the bad value and what is allowed; `typed`: the
+    value as the command line wrote it, shown instead of its repr."""
 
-    def __init__(self, key: str, value: Any, allowed: str):
+    def __init__(self, key: str, value: Any, allowed: str, typed: str | None = None):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}={value!r} is not allowed: {allowed}")
+        shown = "" if value is NOTHING else f"={cut(repr(value) if typed is None else typed)}"
+        super().__init__(f"{cut(key)}{shown} is not allowed: {allowed}")

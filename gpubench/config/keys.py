@@ -177,11 +177,23 @@ class Key:
 
     @property
     def checked(self) -> bool:
-        """A key `check` has a rule for: a range, or choices."""
-        return self.bounds is not None or self.choices is not None
+        """A key `check` has a rule for: a range, choices, or a boolean's type."""
+        return self.bounds is not None or self.choices is not None or self.type is bool
+
+    def check_type(self, value: Any) -> None:
+        """The value as written (an override, a YAML file), before OmegaConf converts it: a
+        boolean key takes true or false. OmegaConf's BooleanNode takes 2, 'yes' and '0' as well
+        (omegaconf/nodes.py BooleanNode._validate_and_convert_impl, 2.3), so the composed
+        config no longer shows what was written: gpubench.config.prechecks applies this to the
+        overrides and every YAML file as it is read. An interpolation is judged by its result."""
+        interpolation = isinstance(value, str) and "${" in value
+        if self.type is bool and not (isinstance(value, bool) or interpolation
+                                      or (value is None and self.nullable)):
+            raise ConfigError(self.name, value, self.allowed)
 
     def check(self, value: Any) -> None:
-        """Raise ConfigError when `value` is outside the key's range or choices."""
+        """Raise ConfigError when `value` is outside the key's type, range or choices."""
+        self.check_type(value)
         if self.bounds is not None:
             check_range(self.name, value, self.kind or FLOAT, *self.bounds, self.nullable)
             return

@@ -32,6 +32,7 @@ from gpubench.config.settings import (
     check_model_name,
     check_name,
     check_phases,
+    known_models,
 )
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
@@ -46,6 +47,14 @@ def group_options(group: str) -> list[str]:
     if GlobalHydra.instance().is_initialized():
         return list(GlobalHydra.instance().config_loader().get_group_options(group))
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def group_hint(group: str, value: Any) -> str:
+    """What an unknown option of a group may have meant: `model=resnet34` names a torchvision
+    model, which model.name takes (the model group's options are gpubench's presets)."""
+    if group == "model" and str(value) in known_models():
+        return f"; use model.name={value}"
+    return ""
 
 
 def check_choices(cfg: DictConfig) -> None:
@@ -151,7 +160,7 @@ def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) 
         for v in values:
             if str(v) not in options:
                 raise ConfigError(key, v, f"one of {', '.join(options)} (conf/{key}/ or a "
-                                          "--config-dir)")
+                                          f"--config-dir){group_hint(key, v)}")
         return
     if o.is_add() or o.is_force_add():
         check_known_key(key, _text(o))

@@ -11,8 +11,8 @@ writable dicts and lists), so nothing downstream reads the composed config or an
 `check_resources` is the one explicit step for the rules that look at this machine: folders
 that must exist, loader workers against cores and free RAM, in-memory pools against free RAM.
 Two resource rules need the built dataset's length and run where it is known (data.py), but
-are written here: `check_batch_fits`, `check_preload_fits` (and `check_found_classes` for the
-classes a folder holds).
+are written here: `check_batch_fits`, `check_preload_fits`, `check_sampled` (and
+`check_found_classes` for the classes a folder holds).
 
 Torch-free at import (torch and torchvision are imported lazily by the device and model-name
 rules); raises config.ConfigError, one line naming the key, the value and what is allowed. The
@@ -35,6 +35,7 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store, check_memory_sizes
 from gpubench.config.keys import EXPERIMENT_NAME_MAX, RUN_NAME_MAX, check_name, keys
 from gpubench.config.schema import (
+    BenchSettings,
     LoaderConfig,
     auto_sizes,
     check_known_keys,
@@ -159,6 +160,17 @@ def min_window_s(bench: DictConfig, device: str) -> float:
     return min(GPU_MIN_WINDOW_S, window_cap_s(bench.max_seconds, bench.repeats, bench.steps))
 
 
+def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
+    """bench.repeats as it acts: the windows that run (core.record.window_plan: at most
+    bench.steps, each window at least one step), recorded so; a note when the config asked for
+    more on purpose (a value other than the schema's default)."""
+    windows = window_plan(bench.steps, bench.repeats)[0]
+    if windows == bench.repeats or bench.repeats == BenchSettings.repeats:
+        return windows, ()
+    return windows, (f"bench.repeats={bench.repeats} with bench.steps={bench.steps}: {windows} "
+                     f"windows of one step ran, recorded as bench.repeats={windows}",)
+
+
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
     # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
     # job fills in, which would not resolve here)
@@ -168,13 +180,14 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
     config["bench"]["min_window_s"] = min_window_s(cfg.bench, device)
+    config["bench"]["repeats"], ran = _windows(cfg.bench)
     # the groups' Enums written by name are their values (tests/test_settings.py holds them so);
     # compile's are not: its value is torch.compile's mode string
     bench = {k: v for k, v in config["bench"].items() if k not in ("device", "phases")}
     return OmegaConf.create(
         {**config, "bench": bench, "device": device, "precision": config["precision"]["name"],
          "compile": _plain(cfg.compile), "phases": config["bench"]["phases"], "config": config,
-         "notes": list(notes)}, flags={"readonly": True})
+         "notes": [*notes, *ran]}, flags={"readonly": True})
 
 
 # ---------------------------------------------------------------- resolve: rules without disk/RAM
@@ -437,6 +450,23 @@ def check_preload_fits(n: int, size: int) -> None:
             "a smaller folder)")
 
 
+# RandomSampler draws each epoch's order as torch.randperm(n).tolist() (torch/utils/data/
+# sampler.py RandomSampler.__iter__, torch 2.4 to 2.14): 8 bytes an index in the tensor, about
+# 36 more in the list of Python ints
+SAMPLED_BYTES = 44
+
+
+def check_sampled(n: int, key: str, value: Any) -> None:
+    """A dataset's length against the order shuffling it holds, in half of the free RAM: a
+    custom Dataset's __len__ of 10**15 would exhaust memory in the sampler. A resource check
+    run where the built dataset's length is known (parts.custom_data)."""
+    most = available_ram() // 2 // SAMPLED_BYTES
+    if n > most:
+        raise ConfigError(key, value, f"a Dataset of at most {most} samples on this machine "
+                                      f"(its __len__ is {n}; shuffling holds {SAMPLED_BYTES} "
+                                      "bytes a sample, in half of the free RAM)")
+
+
 def check_batch_fits(s: Settings, n: int) -> None:
     """loader.batch_size against the built dataset's `n` samples: with drop_last a batch larger
     than the dataset never comes. A resource check run where the length is known (data.py)."""
@@ -456,4 +486,4 @@ def check_found_classes(s: Settings, n: int, where: str) -> None:
 
 
 __all__ = ["Settings", "check_batch_fits", "plain", "sizes", "check_classes", "check_found_classes",
-           "check_preload_fits", "check_resources", "resolve"]
+           "check_preload_fits", "check_resources", "check_sampled", "resolve"]

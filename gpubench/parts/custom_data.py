@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Dataset as DatasetSettings
-from gpubench.config.settings import Settings, node_set, plain
+from gpubench.config.settings import Settings, check_sampled, node_set, plain
 from gpubench.parts import targets
 
 CONTRACT = ("__getitem__ returning (image, label): image a uint8 CHW/HWC tensor or array with 3 "
@@ -170,8 +170,14 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
                           "a plain function)")
     own = s.step.name == "custom"  # data.own_samples refused gpubench's image keys then
     ds = TeamDataset(inner, transform, dset.num_classes, cls.__name__, own)
-    if len(ds) == 0:
+    try:
+        n = len(ds)  # len() takes a count up to sys.maxsize, not below 0
+    except (OverflowError, ValueError, TypeError) as e:
+        raise ConfigError("dataset._target_", target, f"a Dataset whose __len__ is its number "
+                                                      f"of samples ({e})") from e
+    if n == 0:
         raise ConfigError("dataset.kwargs", kwargs, f"arguments giving {target} samples (it has none)")
+    check_sampled(n, "dataset._target_", target)  # the sampler's order fits in RAM
     try:
         ds[0]  # in the main process: a broken contract is one line before any measuring
     except SampleContractError as e:

@@ -10,6 +10,7 @@ import re
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import CHECKPOINT_WIRED, Settings, check_classes, plain
@@ -95,6 +96,17 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
     on. With the team's own loss (`loss`, gpubench.parts.step.Loss of step=custom) the check
     is that loss on the whole batch: one line naming step._target_ unless it runs and returns
     a scalar tensor."""
+    m, ds = s.model, s.dataset
+    key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(key, value, "a model with parameters to train (it has none)")
+    # one sync, once, before any phase: the first batch's images (every float tensor of it)
+    if not all(bool(torch.isfinite(t).all()) for t in tree_leaves(batch)
+               if isinstance(t, torch.Tensor) and t.is_floating_point()):
+        raise ConfigError(*(("dataset._target_", ds._target_) if ds._target_ else
+                            ("dataset.name", ds.name)),
+                          "a dataset whose images are finite numbers (the first batch holds NaN "
+                          "or infinity)")
     if loss is not None and loss.target is not None:
         try:
             with torch.no_grad():
@@ -108,8 +120,6 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
                               f"model and batches ({_cause(e)})") from e
         return
     x = batch if isinstance(batch, torch.Tensor) else batch[0]
-    m, ds = s.model, s.dataset
-    key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     took = (f"with dataset={ds.name} batches of {tuple(x.shape[1:])} "
             f"(dataset.image_size={ds.image_size})")
     probe = x[:2]

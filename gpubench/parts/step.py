@@ -35,6 +35,8 @@ def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
             return torch.optim.AdamW(model.parameters(), lr=lr, **kwargs)
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, **kwargs)
     except (RuntimeError, ValueError) as e:  # e.g. an older torch without this fused kernel
+        if impl == "auto":  # torch's own choice: not a setting to blame
+            raise
         raise ConfigError("bench.optimizer_impl", impl,
                           f"auto or for_loop here ({name}: {str(e).splitlines()[0]})") from e
 
@@ -198,6 +200,10 @@ class TrainStep:
             first, last = self.finite_at + 1, self.micro_batches
             when = f"at micro-batch {last}" if first == last else \
                 f"between micro-batch {first} and {last}"
+            if last <= self.accum:  # its forward ran on the initial weights: no divergence
+                raise NonFiniteLoss(f"the loss was {value} {when} ({where}), before any weight "
+                                    "update: the batches (check the dataset's images and "
+                                    "labels) or the model's forward give non-finite values")
             raise NonFiniteLoss(f"the loss became {value} {when} ({where}): the model diverges "
                                 "(a lower bench.lr, or check the model)")
         self.finite_at = self.micro_batches

@@ -107,10 +107,12 @@ GOLDEN = {
     # 0 workers: the worker-only keys as the DataLoader has them (settings.WORKER_ONLY)
     "loader": {"batch_size": 16, "num_workers": 0, "pin_memory": True, "prefetch_factor": None,
                "persistent_workers": False, "drop_last": True, "multiprocessing_context": None,
-               "worker_threads": 1},
+               "worker_threads": 1, "worker_type": "process", "in_order": True},
     "precision": {"name": "torch_default"},
+    "step": {"name": "classification", "_target_": None, "takes": "output"},
+    # bench.repeats: the windows that ran (the schema's 6, at most bench.steps: window_plan)
     "bench": {"device": "cpu", "phases": ["loader", "compute", "e2e"], "warmup_steps": 1,
-              "warmup_max_steps": 1, "steps": 2, "repeats": 6, "warmup_max_seconds": 60.0,
+              "warmup_max_steps": 1, "steps": 2, "repeats": 2, "warmup_max_seconds": 60.0,
               "max_seconds": 60.0, "min_window_s": 0.0, "seed": 0, "monitor": True,
               "monitor_interval_s": 0.05,
               "flops": True, "optimizer": "sgd", "optimizer_impl": "auto", "lr": 0.01,
@@ -142,8 +144,10 @@ def test_every_schema_key_reaches_the_settings(compose_cfg):
     resolved at the top (precision, device, phases) and are not in their groups."""
     # with a worker: with none, the worker-only keys are resolved (test_worker_only_keys...)
     # bench.min_window_s set: null resolves to a number (0 on a CPU), as image_size does
+    # bench.steps >= bench.repeats: the repeats asked for are the windows that run
     cfg = compose_cfg("bench.optimizer=adamw", "tracking.backend=none", "dataset.on_corrupt=fail",
-                      "loader.num_workers=1", "bench.min_window_s=0.5", "bench.device=cpu")
+                      "loader.num_workers=1", "bench.min_window_s=0.5", "bench.device=cpu",
+                      "bench.steps=6")
     s = resolve(cfg)
     moved = {"precision.name": "precision", "bench.device": "device", "bench.phases": "phases"}
     for k in KEYS:
@@ -265,6 +269,20 @@ def test_rules_that_need_the_datasets_length(compose_cfg):
         check_preload_fits(10**9, 4096)
 
 
+def test_a_datasets_length_fits_the_order_shuffling_holds(monkeypatch):
+    """A custom Dataset's __len__ of 10**15 (10**30 ended in OverflowError): the sampler's
+    permutation of every index, in half of the free RAM (a stand-in for the machine's)."""
+    from gpubench.config.settings import SAMPLED_BYTES, check_sampled
+
+    monkeypatch.setattr("gpubench.config.settings.available_ram", lambda: 2 * SAMPLED_BYTES * 1000)
+    check_sampled(1000, "dataset._target_", "team.Data")
+    with pytest.raises(ConfigError) as e:
+        check_sampled(1001, "dataset._target_", "team.Data")
+    assert str(e.value) == ("dataset._target_='team.Data' is not allowed: a Dataset of at most "
+                            "1000 samples on this machine (its __len__ is 1001; shuffling holds "
+                            "44 bytes a sample, in half of the free RAM)")
+
+
 def test_a_sweepers_config_resolves_without_hydras_node(compose_cfg):
     """The sweeper resolves its composed config (max batch's first probe): Hydra's node there
     holds values only a job fills in (hydra.job.num); the run's config never includes it."""
@@ -290,6 +308,7 @@ def test_a_runs_results_json_holds_the_composed_config(compose_cfg, tmp_path):
     want["bench"]["min_window_s"] = 0.0  # null: no minimum on a CPU (settings.min_window_s)
     # loader.num_workers=0: the worker-only keys as the DataLoader had them
     want["loader"].update(prefetch_factor=None, persistent_workers=False)
+    want["bench"]["repeats"] = 2  # the windows that ran: bench.steps=2 (settings._windows)
     assert held == want and held["model"]["kwargs"] == {"width": 4}
 
 

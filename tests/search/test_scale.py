@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from gpubench.core import record
 from gpubench.search.study import measured_trials, worker_pid
-from tests.test_postgres import postgres  # noqa: F401  (the module's real server)
+from tests.search.test_postgres import postgres  # noqa: F401  (the module's real server)
 
 pytestmark = pytest.mark.slow
 optuna.logging.set_verbosity(optuna.logging.WARNING)

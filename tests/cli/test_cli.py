@@ -76,8 +76,10 @@ def test_mistyped_key_names_the_close_key(compose_cfg):
     from gpubench.cli.messages import describe
 
     for override, line in (
-            ("loader.batchsize=32", "loader.batchsize=32 is not allowed: a key of the config "
-             "(close: loader.batch_size); +loader.batchsize=... adds a new one"),
+            # under gpubench's groups: the declared keys, never a `+key` that is then refused
+            ("loader.batchsize=32", "loader.batchsize=32 is not allowed: a key gpubench declares "
+             "(close: loader.batch_size); a custom class's own arguments go under model.kwargs "
+             "or dataset.kwargs"),
             # the first part mistyped: Hydra's error names `lodaer` only
             ("lodaer.batch_size=3", "lodaer.batch_size=3 is not allowed: a key of the config "
              "(close: loader.batch_size); +lodaer.batch_size=... adds a new one"),
@@ -97,13 +99,17 @@ def sigterm_kept():
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key of the config (close: "
-     "loader.batch_size); +loader.batchsize=... adds a new one"),
+    (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key gpubench declares (close: "
+     "loader.batch_size); a custom class's own arguments go under model.kwargs or dataset.kwargs"),
     (["lodaer.batch_size=3"], "lodaer.batch_size=3 is not allowed: a key of the config (close: "
      "loader.batch_size); +lodaer.batch_size=... adds a new one"),
     (["precision=fp64"],
      "precision=fp64 is not allowed: one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
     (["--bogus"], "unrecognized arguments: --bogus (see gpubench --help)"),
+    # a key given twice (TINY sets loader.batch_size first): the value refused is named
+    (["loader.batch_size=abc"],
+     "loader.batch_size=abc is not allowed: null or an integer in [1, 65536]"),
+    (["bench.device=tpu"], "bench.device=tpu is not allowed: one of auto, cuda, cpu"),
 ])
 def test_hydras_main_fails_in_one_line(monkeypatch, tmp_path, capsys, sigterm_kept, argv, line):
     """Hydra's own main, in this process: it raises what it caught (HYDRA_FULL_ERROR=1 inside
@@ -118,6 +124,49 @@ def test_hydras_main_fails_in_one_line(monkeypatch, tmp_path, capsys, sigterm_ke
         main()
     assert done.value.code == 2 and capsys.readouterr().err == f"gpubench: error: {line}\n"
     assert "HYDRA_FULL_ERROR" not in os.environ and not list(tmp_path.iterdir())
+
+
+def test_a_team_folder_given_with_cd_is_found_first(monkeypatch, tmp_path, capsys, sigterm_kept):
+    """`-cd DIR` becomes the primary config folder, gpubench's own after it
+    (hydra_plugins.gpubench_searchpath): the team's model/tiny.yaml is read, and a bad value in
+    it is one line naming the file. Before, gpubench's tiny.yaml was found first and the
+    team's never read."""
+    from gpubench.__main__ import main, team_first
+    from gpubench.cli.errors import one_line_errors
+    from gpubench.config.errors import ConfigError
+
+    team = tmp_path / "team"
+    (team / "model").mkdir(parents=True)
+    (team / "model" / "tiny.yaml").write_text("name: tiny\ncheckpointing: 2\n")
+    monkeypatch.setattr("gpubench.cli.TEAM_DIR", None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    argv = team_first(["-cd", "team", *TINY])
+    assert argv == ["--config-path", str(team), *TINY]
+    monkeypatch.setattr(sys, "argv", ["gpubench", *argv])
+    with pytest.raises(SystemExit) as done, one_line_errors():
+        main()
+    assert done.value.code == 2 and capsys.readouterr().err == (
+        f"gpubench: error: model.checkpointing=2 is not allowed: true or false (in "
+        f"{team / 'model' / 'tiny.yaml'})\n")
+    assert team_first(["--config-dir=team", "-m"]) == ["--config-path", str(team), "-m"]
+    assert team_first(["-cp", "own", "-cd", "team"]) == ["-cp", "own", "-cd", "team"]
+    with pytest.raises(ConfigError, match="^--config-dir='nope' is not allowed: a folder"):
+        team_first(["-cd", "nope"])
+
+
+def test_help_leaves_out_the_keys_for_tests(compose_cfg):
+    """`--help` printed the fault group, keys for tests a user never sets: bench.yaml's help
+    template prints the config through gpubench's resolver, which leaves them out."""
+    import string
+
+    import gpubench.__main__  # noqa: F401 - registers the resolver
+
+    cfg = compose_cfg(hydra=True)
+    cfg.hydra.help.template = "${gpubench_help_config:}"
+    shown = string.Template(cfg.hydra.help.template).substitute()  # as Hydra's get_help does
+    assert "\nloader:\n" in shown and "${dataset.num_classes}" in shown
+    assert "fault" not in [line.partition(":")[0] for line in shown.splitlines()]
 
 
 def test_the_error_layer_unwraps_a_job_and_passes_exits_through(monkeypatch, capsys,
@@ -192,6 +241,6 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     proc = _into_closed_pipe("gpubench", "--help", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")
     assert ExitCode.BROKEN_PIPE == 141  # as a shell reports a writer that SIGPIPE ended
-    shutil.copytree(Path(__file__).parent / "golden" / "fixtures" / "sweep", tmp_path / "sweep")
+    shutil.copytree(Path(__file__).resolve().parents[1] / "golden" / "fixtures" / "sweep", tmp_path / "sweep")
     proc = _into_closed_pipe("gpubench.report", "sweep", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")

@@ -80,7 +80,7 @@ def test_nvjpeg_side_stream_output_is_right_while_the_stream_is_busy(tmp_path): 
 
     from gpubench.parts.augment import DeviceDecode
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     from make_imagefolder import make_imagefolder
 
     make_imagefolder(tmp_path, classes=1, per_class=16, size=96, quality=90, seed=3)
@@ -103,7 +103,7 @@ def test_device_decode_labels_pinned_and_on_device(tmp_path):  # findings 8, 14
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     from make_imagefolder import make_imagefolder
 
     from gpubench.config.settings import resolve

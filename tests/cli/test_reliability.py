@@ -96,6 +96,7 @@ def test_run_dir_that_cannot_be_created_names_the_path(tmp_path):
 
 # ------------------------------------------------------------------ a nearly full disk
 
+@pytest.mark.slow
 def test_write_json_failure_leaves_old_file_and_no_tmp(tmp_path):
     target = tmp_path / "results.json"
     target.write_text('{"status": "running"}')
@@ -303,3 +304,74 @@ def test_a_loss_that_turns_nan_fails_the_run_naming_the_step(tmp_path, at, where
     assert set(rec.phases) == {"loader", "compute"}  # measured before it: kept
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["status"] == "failed" and f"micro-batch {at}" in saved["error"]
+
+
+# ------------------------------------------------------------------ issue 29: blamed on the right key
+
+
+class NoParameters(torch.nn.Module):
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, x):
+        return x.flatten(1)[:, :self.num_classes] * 1.0
+
+
+class NaNImages(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3, 16, 16), float("nan")), i % 10
+
+
+class Endless(NaNImages):
+    def __len__(self):
+        return 10**30
+
+
+@pytest.mark.parametrize("overrides, line", [
+    # was: bench.optimizer_impl='auto' is not allowed ... (optimizer got an empty parameter list)
+    (("model=custom", "model._target_=test_reliability.NoParameters"),
+     "model._target_='test_reliability.NoParameters' is not allowed: a model with parameters to "
+     "train (it has none)"),
+    # was: the loader measured, then NonFiniteLoss "the model diverges"
+    (("dataset=custom", "dataset._target_=test_reliability.NaNImages"),
+     "dataset._target_='test_reliability.NaNImages' is not allowed: a dataset whose images are "
+     "finite numbers (the first batch holds NaN or infinity)"),
+    # was: OverflowError: cannot fit 'int' into an index-sized integer
+    (("dataset=custom", "dataset._target_=test_reliability.Endless"),
+     "dataset._target_='test_reliability.Endless' is not allowed: a Dataset whose __len__ is its "
+     "number of samples (cannot fit 'int' into an index-sized integer)"),
+])
+def test_a_team_class_is_blamed_on_its_own_key_before_any_phase(tmp_path, overrides, line):
+    from gpubench.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        measure_run(compose_config(*overrides, "bench.flops=false"), tmp_path)
+    assert str(err.value) == line
+    assert not (tmp_path / "results.json").exists() or json.loads(
+        (tmp_path / "results.json").read_text())["phases"] == {}
+
+
+def test_an_optimizer_that_torch_refuses_is_blamed_on_optimizer_impl_only_when_set():
+    from gpubench.config.errors import ConfigError
+    from gpubench.parts.step import make_optimizer
+
+    with pytest.raises(ValueError, match="empty parameter list") as err:
+        make_optimizer(NoParameters(), "sgd", 0.1, "auto")
+    assert not isinstance(err.value, ConfigError)
+
+
+def test_a_loss_that_is_nan_before_any_update_blames_the_batches_or_the_forward(tmp_path):
+    """The first micro-batch's loss ran on the initial weights: NaN there is no divergence, and
+    bench.lr no remedy (was: "the model diverges (a lower bench.lr, or check the model)")."""
+    cfg = compose_config("model=custom", "model._target_=test_reliability.DivergesAt",
+                         "+model.kwargs.at=1", "bench.flops=false", "bench.phases=[compute]")
+    rec = measure_run(cfg, tmp_path).record
+    assert rec.status.value == "failed"
+    assert rec.error == ("NonFiniteLoss: the loss was nan at micro-batch 1 (compute phase, "
+                         "window 1, warm-up), before any weight update: the batches (check the "
+                         "dataset's images and labels) or the model's forward give non-finite "
+                         "values")

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from gpubench.config.paths import CONFIG_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEAM = ROOT / "examples" / "team_conf"
 
 

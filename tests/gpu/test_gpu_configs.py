@@ -24,10 +24,12 @@ COMPOSERS = {"compose_cfg", "compose_config", "cfg_for", "_compose"}
 
 
 def gpu_modules() -> list[Path]:
-    return sorted(p for p in TESTS.glob("test_*.py") if "mark.gpu" in p.read_text())
+    return sorted(p for p in TESTS.rglob("test_*.py") if "mark.gpu" in p.read_text())
 
 
 for _path in gpu_modules():  # their gpu_config calls fill GPU_CONFIGS at import
+    if str(_path.parent) not in sys.path:  # a layer's folder, as pytest's own import adds it
+        sys.path.insert(0, str(_path.parent))
     importlib.import_module(_path.stem)
 
 

@@ -1,0 +1,69 @@
+"""gpubench's config search path: a team's folder before gpubench's own, each file checked as read.
+
+`python -m gpubench -cd DIR` makes DIR the primary config folder (gpubench.__main__) and this
+plugin puts gpubench's own folder right after it, so a team's `model/tiny.yaml` is found before
+gpubench's, as docs/configuration.md says. Hydra's own --config-dir puts DIR after the primary
+folder (hydra/_internal/utils.py _run_hydra, add_conf_dir, 1.3.8), where a file of the same name
+as one of gpubench's is never read.
+
+Both folders are read through `Files`, Hydra's file source with one step added: the values each
+file writes are checked as written (gpubench.config.prechecks.check_written: a key the schema
+does not declare, `checkpointing: 2`), and a file that cannot be read (not UTF-8, broken YAML)
+is named by its one line. The plugin changes gpubench's search path alone (its primary folder
+gpubench's, or the team's that gpubench's command line named: gpubench.cli.TEAM_DIR); any
+other Hydra application in the environment keeps its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+from hydra._internal.core_plugins.file_config_source import FileConfigSource
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.plugins.config_source import ConfigLoadError, ConfigResult
+from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+SCHEME = "gpubench"
+
+
+class Files(FileConfigSource):
+    """A folder of YAML files, read as Hydra reads them, then checked."""
+
+    @staticmethod
+    def scheme() -> str:
+        return SCHEME
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        from gpubench.config.errors import ConfigError
+        from gpubench.config.prechecks import check_written
+
+        where = os.path.join(self.path, self._normalize_file_name(config_path))
+        group, _, name = config_path.rpartition("/")
+        try:
+            result = super().load_config(config_path)
+        except ConfigLoadError:  # no such file: Hydra's to report
+            raise
+        except (OSError, ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+            reason = " ".join(str(e).split())  # YAML's names the file and line
+            raise ConfigError(group or "--config-name", name, "a YAML file gpubench can read ("
+                              f"{reason if where in reason else f'{where}: {reason}'})") from None
+        # the keys' prefix as Hydra places them: the group's by default (hydra 1.1's _group_)
+        package = (result.header.get("package") or "_group_").replace(
+            "_group_", group.replace("/", ".")).replace("_global_", "")
+        check_written(result.config, package.strip("."), where)
+        return result
+
+
+class SearchPath(SearchPathPlugin):
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        from gpubench.cli import TEAM_DIR
+        from gpubench.config.paths import CONFIG_DIR
+
+        main = next((e for e in search_path.get_path() if e.provider == "main"), None)
+        folder = main.path.removeprefix("file://") if main is not None else None
+        if folder is None or folder not in (str(CONFIG_DIR), TEAM_DIR):
+            return
+        main.path = f"{SCHEME}://{folder}"
+        if folder != str(CONFIG_DIR):
+            search_path.append("gpubench", f"{SCHEME}://{CONFIG_DIR}", anchor="main")
