@@ -408,9 +408,9 @@ def test_a_sweep_whose_storage_does_not_open_is_one_line(tmp_path, kind):
     if kind == "refused":
         url = f"postgresql+psycopg://u:secretpw@127.0.0.1:{free_port()}/db"
         reason = "Connection refused"
-    elif kind == "not a database":
+    elif kind == "not a database":  # refused as bad input, before any work, the file kept
         db.write_text("a spreadsheet, not a database")
-        reason = "file is not a database"
+        reason = "holds something else"
     else:
         optuna.create_study(storage=url, study_name="held")
         lock = sqlite3.connect(db, isolation_level=None)
@@ -422,9 +422,13 @@ def test_a_sweep_whose_storage_does_not_open_is_one_line(tmp_path, kind):
         if lock is not None:
             lock.close()
     lines = _stderr_lines(p)
-    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
-    assert "could not be opened" in lines[0] and reason in lines[0], lines[0]
+    bad_input = kind == "not a database"
+    assert p.returncode == (2 if bad_input else 1) and len(lines) == 1, p.stderr[-2000:]
+    assert ("is not allowed" if bad_input else "could not be opened") in lines[0], lines[0]
+    assert reason in lines[0], lines[0]
     assert "secretpw" not in p.stdout + p.stderr
+    if bad_input:
+        assert db.read_text() == "a spreadsheet, not a database"
     assert not list((tmp_path / "sweep").glob("*/results.json"))
 
 

@@ -201,7 +201,8 @@ def test_a_dataset_that_never_returns_ends_the_process_and_its_worker(tmp_path):
                 "+dataset.kwargs.after=12", f"+dataset.kwargs.pid_file={pid_file}",
                 "bench.phases=[loader]", "loader.num_workers=1", code=_HUNG_RUN, module=None,
                 cwd=tmp_path, timeout=120,
-                env={"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])})
+                env={"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "run"), str(ROOT / "tests"),
+                                                   str(ROOT)])})
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 1 and re.match(
         rf"gpubench: error: hung: loader phase, window \d+, step \d+: stuck {re.escape(FETCH[0])}",
