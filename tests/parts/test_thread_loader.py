@@ -273,7 +273,7 @@ def test_the_monitor_counts_worker_threads_as_workers():
     worker = threading.Thread(target=busy, daemon=True)
     worker.start()
     try:
-        mon = Monitor("cpu", worker_tids=lambda: tids)
+        mon = Monitor("cpu", worker_pids=lambda: [], worker_tids=lambda: tids)  # no process
         mon.sample(fresh=True)  # the baselines
         ready.set()
         done.wait()
