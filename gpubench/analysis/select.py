@@ -119,7 +119,7 @@ def parse_where(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
-            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: KEY=VALUE with "
+            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: it must be KEY=VALUE with "
                              "a dotted config key, e.g. --where model.name=resnet50")
         out[key.strip()] = value.strip()
     return out

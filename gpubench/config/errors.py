@@ -26,4 +26,4 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, allowed: str, typed: str | None = None):
         self.key, self.value, self.allowed = key, value, allowed
         shown = "" if value is NOTHING else f"={cut(repr(value) if typed is None else typed)}"
-        super().__init__(f"{cut(key)}{shown} is not allowed: {allowed}")
+        super().__init__(f"{cut(key)}{shown} is not allowed: it must be {allowed}")

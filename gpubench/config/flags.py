@@ -31,7 +31,7 @@ def flag(key: str, name: str) -> Callable[[str], Any]:
                 check_name(key, value, NAMES[key])
         except (ValueError, ConfigError):  # ConfigError is a ValueError too: its allowed text
             raise argparse.ArgumentTypeError(
-                f"{name}={text!r} is not allowed: {k.allowed} (as {key})") from None
+                f"{name}={text!r} is not allowed: it must be {k.allowed} (as {key})") from None
         return value
 
     return convert

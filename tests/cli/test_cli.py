@@ -77,13 +77,13 @@ def test_mistyped_key_names_the_close_key(compose_cfg):
 
     for override, line in (
             # under gpubench's groups: the declared keys, never a `+key` that is then refused
-            ("loader.batchsize=32", "loader.batchsize=32 is not allowed: a key gpubench declares "
+            ("loader.batchsize=32", "loader.batchsize=32 is not allowed: it must be a key gpubench declares "
              "(close: loader.batch_size); a custom class's own arguments go under model.kwargs "
              "or dataset.kwargs"),
             # the first part mistyped: Hydra's error names `lodaer` only
-            ("lodaer.batch_size=3", "lodaer.batch_size=3 is not allowed: a key of the config "
+            ("lodaer.batch_size=3", "lodaer.batch_size=3 is not allowed: it must be a key of the config "
              "(close: loader.batch_size); +lodaer.batch_size=... adds a new one"),
-            ("chanels_last=true", "chanels_last=true is not allowed: a key of the config "
+            ("chanels_last=true", "chanels_last=true is not allowed: it must be a key of the config "
              "(close: channels_last); +chanels_last=... adds a new one")):
         with pytest.raises(Exception) as err:
             compose_cfg(override)
@@ -99,17 +99,17 @@ def sigterm_kept():
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key gpubench declares (close: "
+    (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: it must be a key gpubench declares (close: "
      "loader.batch_size); a custom class's own arguments go under model.kwargs or dataset.kwargs"),
-    (["lodaer.batch_size=3"], "lodaer.batch_size=3 is not allowed: a key of the config (close: "
+    (["lodaer.batch_size=3"], "lodaer.batch_size=3 is not allowed: it must be a key of the config (close: "
      "loader.batch_size); +lodaer.batch_size=... adds a new one"),
     (["precision=fp64"],
-     "precision=fp64 is not allowed: one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
+     "precision=fp64 is not allowed: it must be one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
     (["--bogus"], "unrecognized arguments: --bogus (see gpubench --help)"),
     # a key given twice (TINY sets loader.batch_size first): the value refused is named
     (["loader.batch_size=abc"],
-     "loader.batch_size=abc is not allowed: null or an integer in [1, 65536]"),
-    (["bench.device=tpu"], "bench.device=tpu is not allowed: one of auto, cuda, cpu"),
+     "loader.batch_size=abc is not allowed: it must be null or an integer in [1, 65536]"),
+    (["bench.device=tpu"], "bench.device=tpu is not allowed: it must be one of auto, cuda, cpu"),
 ])
 def test_hydras_main_fails_in_one_line(monkeypatch, tmp_path, capsys, sigterm_kept, argv, line):
     """Hydra's own main, in this process: it raises what it caught (HYDRA_FULL_ERROR=1 inside
@@ -147,11 +147,11 @@ def test_a_team_folder_given_with_cd_is_found_first(monkeypatch, tmp_path, capsy
     with pytest.raises(SystemExit) as done, one_line_errors():
         main()
     assert done.value.code == 2 and capsys.readouterr().err == (
-        f"gpubench: error: model.checkpointing=2 is not allowed: true or false (in "
+        f"gpubench: error: model.checkpointing=2 is not allowed: it must be true or false (in "
         f"{team / 'model' / 'tiny.yaml'})\n")
     assert team_first(["--config-dir=team", "-m"]) == ["--config-path", str(team), "-m"]
     assert team_first(["-cp", "own", "-cd", "team"]) == ["-cp", "own", "-cd", "team"]
-    with pytest.raises(ConfigError, match="^--config-dir='nope' is not allowed: a folder"):
+    with pytest.raises(ConfigError, match="^--config-dir='nope' is not allowed: it must be a folder"):
         team_first(["-cd", "nope"])
 
 
@@ -191,7 +191,7 @@ def test_the_error_layer_unwraps_a_job_and_passes_exits_through(monkeypatch, cap
     def reader_gone():
         raise JobFailed from BrokenPipeError()
 
-    assert ended(job) == (2, "gpubench: error: loader.batch_size=0 is not allowed: an integer "
+    assert ended(job) == (2, "gpubench: error: loader.batch_size=0 is not allowed: it must be an integer "
                              "in [1, 65536]\n")
     assert ended(explained) == (2, "gpubench: error: range(8,4,1) is empty\n")
     code, err = ended(reader_gone)  # quiet_broken_pipe's to end: no line

@@ -334,15 +334,15 @@ class Endless(NaNImages):
 @pytest.mark.parametrize("overrides, line", [
     # was: bench.optimizer_impl='auto' is not allowed ... (optimizer got an empty parameter list)
     (("model=custom", "model._target_=test_reliability.NoParameters"),
-     "model._target_='test_reliability.NoParameters' is not allowed: a model with parameters to "
+     "model._target_='test_reliability.NoParameters' is not allowed: it must be a model with parameters to "
      "train (it has none)"),
     # was: the loader measured, then NonFiniteLoss "the model diverges"
     (("dataset=custom", "dataset._target_=test_reliability.NaNImages"),
-     "dataset._target_='test_reliability.NaNImages' is not allowed: a dataset whose images are "
+     "dataset._target_='test_reliability.NaNImages' is not allowed: it must be a dataset whose images are "
      "finite numbers (the first batch holds NaN or infinity)"),
     # was: OverflowError: cannot fit 'int' into an index-sized integer
     (("dataset=custom", "dataset._target_=test_reliability.Endless"),
-     "dataset._target_='test_reliability.Endless' is not allowed: a Dataset whose __len__ is its "
+     "dataset._target_='test_reliability.Endless' is not allowed: it must be a Dataset whose __len__ is its "
      "number of samples (cannot fit 'int' into an index-sized integer)"),
 ])
 def test_a_team_class_is_blamed_on_its_own_key_before_any_phase(tmp_path, overrides, line):

@@ -111,7 +111,7 @@ def test_the_cli_refuses_the_reported_command_in_one_line_exit_2(tmp_path):
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        "gpubench: error: model._target_='subprocess.Popen' is not allowed: an nn.Module"), p.stderr
+        "gpubench: error: model._target_='subprocess.Popen' is not allowed: it must be an nn.Module"), p.stderr
     assert not marker.exists()
 
 
@@ -348,7 +348,7 @@ def test_a_run_folder_holding_a_link_is_refused_before_anything_is_written(compo
     (run / name).symlink_to(folder if name in RUN_DIRS else victim)
     cfg = compose_cfg(f"hydra.run.dir={run}", hydra=True)
     msg = refused(MlflowSweepCallback().on_run_start, cfg)
-    assert msg.startswith(f"hydra.run.dir='{run}' is not allowed: a folder holding no symbolic link")
+    assert msg.startswith(f"hydra.run.dir='{run}' is not allowed: it must be a folder holding no symbolic link")
     assert f"{run / name}: a symbolic link (to {victim if name not in RUN_DIRS else folder})" in msg
     assert "\n" not in msg
     assert victim.read_text() == "precious" and not any(folder.iterdir())

@@ -107,25 +107,25 @@ def test_hydra_errors_condense_to_one_line(compose_cfg):
     that would be refused), a declared key deleted."""
     for overrides, line in (
         (["precision=fp64"],
-         "precision=fp64 is not allowed: one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
+         "precision=fp64 is not allowed: it must be one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
         (["compile=fast"],
-         "compile=fast is not allowed: one of off, default, reduce_overhead, max_autotune"),
+         "compile=fast is not allowed: it must be one of off, default, reduce_overhead, max_autotune"),
         (["bench.phases=[loader,fast]"],
-         "bench.phases[1]=fast is not allowed: one of loader, compute, e2e"),
+         "bench.phases[1]=fast is not allowed: it must be one of loader, compute, e2e"),
         (["loader.batch_size={a:1}"],
-         "loader.batch_size={a:1} is not allowed: null or an integer in [1, 65536]"),
-        (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: a key gpubench declares "
+         "loader.batch_size={a:1} is not allowed: it must be null or an integer in [1, 65536]"),
+        (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: it must be a key gpubench declares "
          "(close: loader.batch_size); a custom class's own arguments go under model.kwargs or "
          "dataset.kwargs"),
         # issue 29: "Cannot assign int to Dict[str, Any]", "is not Optional", "does not exist"
-        (["dataset.kwargs=5"], "dataset.kwargs=5 is not allowed: a mapping"),
+        (["dataset.kwargs=5"], "dataset.kwargs=5 is not allowed: it must be a mapping"),
         (["loader.persistent_workers=null"],
-         "loader.persistent_workers=null is not allowed: true or false"),
-        (["~loader.batch_size"], "~loader.batch_size is not allowed: a key gpubench declares is "
+         "loader.persistent_workers=null is not allowed: it must be true or false"),
+        (["~loader.batch_size"], "~loader.batch_size is not allowed: it must be a key gpubench declares is "
          "set, not deleted: loader.batch_size=... takes null or an integer in [1, 65536]"),
-        (["bench.lr=[1,2]"], "bench.lr=[1,2] is not allowed: a number in [1e-12, 10]"),
+        (["bench.lr=[1,2]"], "bench.lr=[1,2] is not allowed: it must be a number in [1e-12, 10]"),
         (["hydra/sweeper=gpubench", "hydra.sweeper.seed=abc"],
-         "hydra.sweeper.seed=abc is not allowed: null or an integer in [0, 4294967295]"),
+         "hydra.sweeper.seed=abc is not allowed: it must be null or an integer in [0, 4294967295]"),
     ):
         with pytest.raises(Exception) as err:
             compose_cfg(*overrides)
@@ -387,9 +387,9 @@ def test_describe_unwraps_hydra_and_names_paths():
 def test_wrong_types_are_one_line_with_the_type(compose_cfg):
 
     for override, line in (("loader.batch_size=abc",
-                            "loader.batch_size=abc is not allowed: null or an integer in [1, 65536]"),
-                           ("bench.lr=fast", "bench.lr=fast is not allowed: a number in [1e-12, 10]"),
-                           ("channels_last=maybe", "channels_last=maybe is not allowed: true or false")):
+                            "loader.batch_size=abc is not allowed: it must be null or an integer in [1, 65536]"),
+                           ("bench.lr=fast", "bench.lr=fast is not allowed: it must be a number in [1e-12, 10]"),
+                           ("channels_last=maybe", "channels_last=maybe is not allowed: it must be true or false")):
         with pytest.raises(Exception) as err:
             compose_cfg(override)
         assert describe(err.value) == (line, 2)
@@ -437,10 +437,10 @@ def test_every_numeric_key_of_the_schema_has_a_range():
 # ------------------------------------------------------------------ choices (Enums) and the sweeper's keys
 
 @pytest.mark.parametrize("override, line", [
-    ("bench.optimizer=lion", "bench.optimizer=lion is not allowed: one of sgd, adamw"),
+    ("bench.optimizer=lion", "bench.optimizer=lion is not allowed: it must be one of sgd, adamw"),
     ("bench.optimizer_impl=apex",
-     "bench.optimizer_impl=apex is not allowed: one of auto, for_loop, foreach, fused"),
-    ("tracking.backend=wandb", "tracking.backend=wandb is not allowed: one of mlflow, none"),
+     "bench.optimizer_impl=apex is not allowed: it must be one of auto, for_loop, foreach, fused"),
+    ("tracking.backend=wandb", "tracking.backend=wandb is not allowed: it must be one of mlflow, none"),
 ])
 def test_string_choices_are_enums_refused_at_compose_in_one_line(compose_cfg, override, line):
     from gpubench.cli.errors import describe
@@ -458,22 +458,22 @@ def test_choices_are_checked_on_an_untyped_config_too(compose_cfg):
     cfg.bench.optimizer = "lion"
     with pytest.raises(ConfigError) as err:
         resolve(cfg)
-    assert str(err.value) == "bench.optimizer='lion' is not allowed: one of sgd, adamw"
+    assert str(err.value) == "bench.optimizer='lion' is not allowed: it must be one of sgd, adamw"
     cfg.bench.optimizer = "adamw"
     cfg.bench.phases = ["e2e", "nosuch"]
     with pytest.raises(ConfigError) as err:
         resolve(cfg)
-    assert str(err.value) == "bench.phases[1]='nosuch' is not allowed: one of loader, compute, e2e"
+    assert str(err.value) == "bench.phases[1]='nosuch' is not allowed: it must be one of loader, compute, e2e"
 
 
 @pytest.mark.parametrize("override, line", [
     ("hydra.sweeper.seed=-1",
-     "hydra.sweeper.seed=-1 is not allowed: null or an integer in [0, 4294967295]"),
-    ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 is not allowed: an integer >= 1"),
-    ("hydra.sweeper.screen.keep=0", "hydra.sweeper.screen.keep=0.0 is not allowed: "
+     "hydra.sweeper.seed=-1 is not allowed: it must be null or an integer in [0, 4294967295]"),
+    ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 is not allowed: it must be an integer >= 1"),
+    ("hydra.sweeper.screen.keep=0", "hydra.sweeper.screen.keep=0.0 is not allowed: it must be "
                                     "a number in [1e-06, 1]"),
     ("hydra.sweeper.confirm.rounds=0",
-     "hydra.sweeper.confirm.rounds=0 is not allowed: an integer >= 1"),
+     "hydra.sweeper.confirm.rounds=0 is not allowed: it must be an integer >= 1"),
 ])
 def test_the_sweepers_keys_are_checked_before_hydra_builds_it(compose_cfg, override, line):
     """The same declarations and ConfigError as the run's keys, on the typed hydra.sweeper node,
@@ -494,7 +494,7 @@ def test_swept_values_are_held_to_the_keys_choices(compose_cfg):
     cfg.hydra.overrides.task = ["bench.optimizer=sgd,lion"]
     with pytest.raises(ConfigError) as err:
         check_before_work(cfg)
-    assert str(err.value) == "bench.optimizer='lion' is not allowed: one of sgd, adamw"
+    assert str(err.value) == "bench.optimizer='lion' is not allowed: it must be one of sgd, adamw"
     cfg.hydra.overrides.task = ["bench.optimizer=sgd,adamw", "compile=off,max_autotune"]
     check_before_work(cfg)
 
@@ -525,24 +525,24 @@ def test_keys_the_schema_does_not_declare_are_refused_under_gpubenchs_groups(com
 
 
 @pytest.mark.parametrize("swept, line", [
-    ("loader.batch_size=interval(8,32)", "loader.batch_size='interval(8,32)' is not allowed: "
+    ("loader.batch_size=interval(8,32)", "loader.batch_size='interval(8,32)' is not allowed: it must be "
      "range(8,33) or choice(...) for an integer key (an interval samples real numbers)"),
     ("dataset.image_size=tag(log,interval(16,64))", "range(16,65)"),
     ("loader.pin_memory=interval(0,1)", "choice(...) of true or false"),
-    ("loader.batch_size=range(8,inf)", "loader.batch_size='range(8,inf)' is not allowed: a "
+    ("loader.batch_size=range(8,inf)", "loader.batch_size='range(8,inf)' is not allowed: it must be a "
      "range(a,b[,step]) with finite numbers"),
     ("bench.lr=range(0.1,nan,0.1)", "with finite numbers"),
     ("dataset.image_size=choice(32,inf)",
-     "dataset.image_size=inf is not allowed: null or an integer in [8, 65535]"),
+     "dataset.image_size=inf is not allowed: it must be null or an integer in [8, 65535]"),
     ("bench.lr=interval(1e-4,inf)", "bench.lr=inf is not allowed"),
-    ("bench.lr=choice(0.1,abc)", "bench.lr='abc' is not allowed: a number in [1e-12, 10]"),
+    ("bench.lr=choice(0.1,abc)", "bench.lr='abc' is not allowed: it must be a number in [1e-12, 10]"),
     ("loader.pin_memory=choice(true,maybe)",
-     "loader.pin_memory='maybe' is not allowed: true or false"),
-    ("model.name=choice(resnet18,resnet51)", "model.name='resnet51' is not allowed: a "
+     "loader.pin_memory='maybe' is not allowed: it must be true or false"),
+    ("model.name=choice(resnet18,resnet51)", "model.name='resnet51' is not allowed: it must be a "
      "torchvision classification model or 'tiny' (close: resnet101"),
     # issue 29: a sweep of sweeps printed a ChoiceSweep(...) repr as the value
     ("loader.batch_size=choice(8,16),choice(4)", "loader.batch_size='choice(8,16),choice(4)' "
-     "is not allowed: one sweep of plain values: a,b,c, choice(a,b), range(a,b) or "
+     "is not allowed: it must be one sweep of plain values: a,b,c, choice(a,b), range(a,b) or "
      "interval(a,b), not a sweep of sweeps"),
     ("precision=choice(fp32,tf32),fp32", "not a sweep of sweeps"),  # a group's too
 ])
@@ -564,19 +564,19 @@ def test_the_sweepers_override_lists_are_checked_like_the_command_line(compose_c
 
     for override, line in (
         ("hydra.sweeper.screen.overrides=[garbage]",
-         "hydra.sweeper.screen.overrides[0]='garbage' is not allowed: an override in Hydra's "
+         "hydra.sweeper.screen.overrides[0]='garbage' is not allowed: it must be an override in Hydra's "
          "syntax, key=value"),
         ("hydra.sweeper.screen.overrides=['bench.phases=[e2e]','bench.stps=3']",
-         "hydra.sweeper.screen.overrides[1]='bench.stps=3' is not allowed: bench.stps: a key "
+         "hydra.sweeper.screen.overrides[1]='bench.stps=3' is not allowed: it must be bench.stps: a key "
          "gpubench declares (close: bench.steps"),
         ("hydra.sweeper.screen.overrides=['bench.steps=0']",
-         "hydra.sweeper.screen.overrides[0]='bench.steps=0' is not allowed: bench.steps: an "
+         "hydra.sweeper.screen.overrides[0]='bench.steps=0' is not allowed: it must be bench.steps: an "
          "integer in [1, 10000000]"),
         ("hydra.sweeper.max_batch.overrides=['loader.batch_size=choice(1,2)']",
-         "hydra.sweeper.max_batch.overrides[0]='loader.batch_size=choice(1,2)' is not allowed: "
+         "hydra.sweeper.max_batch.overrides[0]='loader.batch_size=choice(1,2)' is not allowed: it must be "
          "a plain override key=value"),
         ("hydra.sweeper.max_batch.overrides=['precision=fp64']",
-         "hydra.sweeper.max_batch.overrides[0]='precision=fp64' is not allowed: precision: one "
+         "hydra.sweeper.max_batch.overrides[0]='precision=fp64' is not allowed: it must be precision: one "
          "of amp_bf16"),
     ):
         with pytest.raises(ConfigError) as err:
@@ -602,7 +602,7 @@ def test_stores_under_a_file_are_one_line_before_any_work(compose_cfg, tmp_path,
     with pytest.raises(ConfigError) as err:
         check_before_work(compose_cfg("sweep=throughput",
                                       f"hydra.sweeper.storage=sqlite:///{afile}/x.db", hydra=True))
-    assert str(err.value) == (f"hydra.sweeper.storage='sqlite:///{afile}/x.db' is not allowed: a path "
+    assert str(err.value) == (f"hydra.sweeper.storage='sqlite:///{afile}/x.db' is not allowed: it must be a path "
                               f"whose folders can be made ({afile} is a file)")
     check_before_work(compose_cfg("sweep=throughput",
                                   f"hydra.sweeper.storage=sqlite:///{tmp_path}/new/x.db",
@@ -635,16 +635,16 @@ def test_names_mlflow_takes_pass(compose_cfg):
 
 
 @pytest.mark.parametrize("override, line", [
-    ("model.name=résnet50", "model.name='résnet50' is not allowed: a value in Hydra's override "
+    ("model.name=résnet50", "model.name='résnet50' is not allowed: it must be a value in Hydra's override "
      "syntax (unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: "
      "key='value'); model.name takes one of resnet50, "),
-    ("bench.lr=1e-3µ", "bench.lr='1e-3µ' is not allowed: a value in Hydra's override syntax "
+    ("bench.lr=1e-3µ", "bench.lr='1e-3µ' is not allowed: it must be a value in Hydra's override syntax "
      "(unquoted: ASCII letters"),
-    ("loader.batch_size=choice(2,", "loader.batch_size='choice(2,' is not allowed: a value in "
+    ("loader.batch_size=choice(2,", "loader.batch_size='choice(2,' is not allowed: it must be a value in "
      "Hydra's override syntax (choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}) (Hydra: "
      "no viable alternative at input 'choice(2,'); loader.batch_size takes null or an integer "
      "in [1, 65536]"),
-    ("garbage", "'garbage' is not allowed: an override key=value in Hydra's syntax"),
+    ("garbage", "'garbage' is not allowed: it must be an override key=value in Hydra's syntax"),
 ])
 def test_overrides_hydras_lexer_refuses_say_what_is_allowed(compose_cfg, override, line):
     with pytest.raises(Exception) as err:
@@ -654,15 +654,15 @@ def test_overrides_hydras_lexer_refuses_say_what_is_allowed(compose_cfg, overrid
 
 
 @pytest.mark.parametrize("overrides, task, line", [
-    (["bench.phases=[loader,loader]"], None, "bench.phases=['loader', 'loader'] is not allowed: "
+    (["bench.phases=[loader,loader]"], None, "bench.phases=['loader', 'loader'] is not allowed: it must be "
      "a non-empty list of loader, compute, e2e, each at most once"),
     (["model.num_classes=${dataset.nosuch}"], None, "model.num_classes='${dataset.nosuch}' is "
-     "not allowed: an interpolation that resolves (Interpolation key 'dataset.nosuch' not found)"),
+     "not allowed: it must be an interpolation that resolves (Interpolation key 'dataset.nosuch' not found)"),
     (["sweep=throughput", "hydra.sweeper.study_name=''"], None, "hydra.sweeper.study_name='' is "
-     "not allowed: null or a name that is not blank, at most 512 characters"),
+     "not allowed: it must be null or a name that is not blank, at most 512 characters"),
     ([], ["bench.phases=choice([loader],[])"], "bench.phases=[] is not allowed"),
     ([], ["tracking.experiment=choice(a,'')"], "tracking.experiment='' is not allowed"),
-    ([], ["bench.steps=range(1,10,0)"], "bench.steps='range(1,10,0)' is not allowed: a "
+    ([], ["bench.steps=range(1,10,0)"], "bench.steps='range(1,10,0)' is not allowed: it must be a "
      "range(a,b[,step]) with finite numbers and a step that is not 0"),
 ])
 def test_more_inputs_of_the_same_kinds(compose_cfg, overrides, task, line):
@@ -684,7 +684,7 @@ def test_a_function_hydra_refuses_names_hydras_reason(compose_cfg):
     with pytest.raises(Exception) as err:
         compose_cfg("loader.batch_size=choice()")
     assert describe(err.value)[0].startswith(
-        "loader.batch_size='choice()' is not allowed: a value in Hydra's override syntax "
+        "loader.batch_size='choice()' is not allowed: it must be a value in Hydra's override syntax "
         "(choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}) (Hydra: ValueError while "
         "evaluating 'choice()': empty choice is not legal)")
 
@@ -694,10 +694,10 @@ def test_sync_flags_take_what_their_keys_take(tmp_path, capsys):
     inf and a blank name were taken (a blank name failed at the first upload)."""
     from gpubench.tracking.__main__ import main
 
-    for argv, line in ((["--timeout", "nan"], "--timeout='nan' is not allowed: a number in "
+    for argv, line in ((["--timeout", "nan"], "--timeout='nan' is not allowed: it must be a number in "
                         "[0.1, 3600] (as tracking.timeout_s)"),
                        (["--timeout", "inf"], "--timeout='inf' is not allowed"),
-                       (["--experiment", " "], "--experiment=' ' is not allowed: a name that "
+                       (["--experiment", " "], "--experiment=' ' is not allowed: it must be a name that "
                         "is not blank")):
         with pytest.raises(SystemExit) as done:
             main(["sync", str(tmp_path), *argv])
@@ -742,10 +742,10 @@ def test_a_boolean_key_takes_a_boolean_as_written(compose_cfg):
         cfg.hydra.overrides.task = task
         with pytest.raises(ConfigError) as err:
             check_before_work(cfg)
-        assert str(err.value).endswith("is not allowed: true or false"), str(err.value)
+        assert str(err.value).endswith("is not allowed: it must be true or false"), str(err.value)
         assert err.value.key == task[0].partition("=")[0]
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.screen.overrides\[0\]='channels_last=1'"
-                                          r" is not allowed: channels_last: true or false"):
+                                          r" is not allowed: it must be channels_last: true or false"):
         check_before_work(compose_cfg("sweep=throughput",
                                       "hydra.sweeper.screen.overrides=['channels_last=1']",
                                       hydra=True))
@@ -782,13 +782,13 @@ def test_a_team_folder_is_searched_first_and_each_file_checked_as_read(team):
     assert team("model=tiny").model.checkpointing is True  # the team's file, not gpubench's
     assert team("model=resnet18").model.name == "resnet18"  # gpubench's own options follow
     for text, line in (
-            (b"name: tiny\n  bad: [unclosed\n", "model='tiny' is not allowed: a YAML file "
+            (b"name: tiny\n  bad: [unclosed\n", "model='tiny' is not allowed: it must be a YAML file "
              "gpubench can read (mapping values are not allowed here in \"{f}\", line 2"),
-            (bytes(range(128, 256)), "model='tiny' is not allowed: a YAML file gpubench can read "
+            (bytes(range(128, 256)), "model='tiny' is not allowed: it must be a YAML file gpubench can read "
              "({f}: 'utf-8' codec can't decode byte 0x80 in position 0"),
-            (b"name: tiny\ncheckpointing: 2\n", "model.checkpointing=2 is not allowed: true or "
+            (b"name: tiny\ncheckpointing: 2\n", "model.checkpointing=2 is not allowed: it must be true or "
              "false (in {f})"),
-            (b"name: tiny\nextra_key: 1\n", "model.extra_key=1 is not allowed: a key gpubench "
+            (b"name: tiny\nextra_key: 1\n", "model.extra_key=1 is not allowed: it must be a key gpubench "
              "declares (one of model.name,")):
         tiny.write_bytes(text)
         with pytest.raises(ConfigError) as err:
@@ -798,7 +798,7 @@ def test_a_team_folder_is_searched_first_and_each_file_checked_as_read(team):
     overlay = team.folder / "experiment" / "ours.yaml"  # a _global_ overlay: keys at the root
     overlay.parent.mkdir()
     overlay.write_text("# @package _global_\nchannels_last: 1\n")
-    with pytest.raises(ConfigError, match=r"^channels_last=1 is not allowed: true or false \(in "):
+    with pytest.raises(ConfigError, match=r"^channels_last=1 is not allowed: it must be true or false \(in "):
         team("experiment=ours")
     overlay.write_text("# @package _global_\nchannels_last: true\nloader:\n  pin_memory: false\n")
     assert team("experiment=ours").loader.pin_memory is False
@@ -811,7 +811,7 @@ def test_long_values_are_cut_in_every_line(compose_cfg):
 
     long = "a" * 20_000
     line = str(ConfigError("tracking.experiment", long, "a name"))
-    assert len(line) < SHOWN + 60 and "…" in line and line.endswith("' is not allowed: a name")
+    assert len(line) < SHOWN + 60 and "…" in line and line.endswith("' is not allowed: it must be a name")
     digits = "9" * 20_000
     with pytest.raises(Exception) as err:
         compose_cfg(f"loader.batch_size={digits}")

@@ -167,7 +167,7 @@ def test_resolve_never_looks_at_the_disk(compose_cfg, tmp_path):
     with pytest.raises(ConfigError) as e:
         check_resources(s)
     assert e.value.key == "dataset.root" and str(e.value) == (
-        f"dataset.root='{missing}' is not allowed: an existing folder")
+        f"dataset.root='{missing}' is not allowed: it must be an existing folder")
     (tmp_path / "file").write_text("x")  # a file is not a folder
     with pytest.raises(ConfigError, match="dataset.root"):
         check_resources(resolve(compose_cfg("dataset=cifar10", f"dataset.root={tmp_path / 'file'}")))
@@ -225,7 +225,7 @@ def test_bad_input_fails_in_resolve_naming_the_key(compose_cfg, overrides, key):
         resolve(compose_cfg(*overrides.split()))
     assert e.value.key == key, str(e.value)
     line = str(e.value)
-    assert "\n" not in line and line.startswith(f"{key}=") and "is not allowed: " in line
+    assert "\n" not in line and line.startswith(f"{key}=") and "is not allowed: it must be " in line
 
 
 # (overrides, key): resolve passes; this machine's limits fail in check_resources
@@ -278,7 +278,7 @@ def test_a_datasets_length_fits_the_order_shuffling_holds(monkeypatch):
     check_sampled(1000, "dataset._target_", "team.Data")
     with pytest.raises(ConfigError) as e:
         check_sampled(1001, "dataset._target_", "team.Data")
-    assert str(e.value) == ("dataset._target_='team.Data' is not allowed: a Dataset of at most "
+    assert str(e.value) == ("dataset._target_='team.Data' is not allowed: it must be a Dataset of at most "
                             "1000 samples on this machine (its __len__ is 1001; shuffling holds "
                             "44 bytes a sample, in half of the free RAM)")
 

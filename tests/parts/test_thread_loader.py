@@ -126,9 +126,9 @@ def test_worker_type_and_in_order_are_inert_without_workers(compose_cfg):
 
 
 @pytest.mark.parametrize("override, line", [
-    ("loader.worker_type=fibers", "loader.worker_type=fibers is not allowed: one of process, "
+    ("loader.worker_type=fibers", "loader.worker_type=fibers is not allowed: it must be one of process, "
                                   "thread"),
-    ("loader.in_order=maybe", "loader.in_order=maybe is not allowed: true or false"),
+    ("loader.in_order=maybe", "loader.in_order=maybe is not allowed: it must be true or false"),
 ])
 def test_bad_values_are_one_line(compose_cfg, override, line):
     from gpubench.cli.messages import describe
@@ -142,7 +142,7 @@ def test_without_torchdata_thread_workers_are_one_line(compose_cfg, monkeypatch)
     monkeypatch.setitem(sys.modules, "torchdata.nodes", None)  # an import that fails
     with pytest.raises(ConfigError) as e:
         build_pipeline(resolve(thread_cfg()))
-    assert str(e.value).startswith("loader.worker_type='thread' is not allowed: process here")
+    assert str(e.value).startswith("loader.worker_type='thread' is not allowed: it must be process here")
     assert "pip install torchdata" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -157,7 +157,7 @@ def test_out_of_order_process_workers_need_a_dataloader_that_takes_it(compose_cf
     monkeypatch.setattr(data, "DataLoader", Torch25Loader)
     with pytest.raises(ConfigError) as e:
         data.loader_settings(s.loader, "cpu")
-    assert str(e.value).startswith("loader.in_order=False is not allowed: true with process "
+    assert str(e.value).startswith("loader.in_order=False is not allowed: it must be true with process "
                                    "workers on torch")
     s = resolve(compose_cfg("loader.num_workers=2", "loader.in_order=false",
                             "loader.worker_type=thread"))

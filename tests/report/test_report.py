@@ -736,7 +736,7 @@ def test_a_meaningless_tolerance_is_one_line_and_exit_2(value, capsys):
         main(["some/dir", "--tolerance", value])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
-    assert err.count("\n") == 0 and f"--tolerance={value} is not allowed: a number in [0, 1)" in err
+    assert err.count("\n") == 0 and f"--tolerance={value} is not allowed: it must be a number in [0, 1)" in err
 
 
 @pytest.mark.parametrize("width", [80, 120])

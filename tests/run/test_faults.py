@@ -468,14 +468,14 @@ def test_a_folder_holding_an_earlier_run_is_refused_before_anything_is_written(c
     (run / "results.json").write_text('{"status": "ok", "phases": {"e2e": {}}}')  # or damaged
     msg = _refused(MlflowSweepCallback().on_run_start,
                    compose_cfg(f"hydra.run.dir={run}", hydra=True))
-    assert msg == (f"hydra.run.dir='{run}' is not allowed: a folder holding no earlier run "
+    assert msg == (f"hydra.run.dir='{run}' is not allowed: it must be a folder holding no earlier run "
                    f"({run / 'results.json'} is one, never written over); leave hydra.run.dir "
                    "unset for a new timestamped folder, or move that run away")
     assert sorted(p.name for p in run.iterdir()) == ["results.json"]
     for blank in ("''", "' '"):  # Hydra would write into the current folder
         msg = _refused(MlflowSweepCallback().on_run_start,
                        compose_cfg(f"hydra.run.dir={blank}", hydra=True))
-        assert msg.startswith(f"hydra.run.dir={blank} is not allowed: a folder path (blank "
+        assert msg.startswith(f"hydra.run.dir={blank} is not allowed: it must be a folder path (blank "
                               "writes into the current folder"), msg
     # a run in a folder below is not written over: the folder is the user's to choose
     MlflowSweepCallback().on_run_start(compose_cfg(f"hydra.run.dir={tmp_path}", hydra=True))

@@ -211,7 +211,7 @@ def test_every_override_list_of_the_sweeper_is_checked_before_any_trial(compose_
     with pytest.raises(ConfigError) as e:
         check_before_work(cfg)
     line = str(e.value)
-    assert line.startswith(f"{name}[1]={bad!r} is not allowed: ") and allowed in line, line
+    assert line.startswith(f"{name}[1]={bad!r} is not allowed: it must be ") and allowed in line, line
 
 
 @pytest.mark.slow
