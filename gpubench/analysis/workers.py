@@ -29,9 +29,6 @@ COMPUTE_DIR = "compute"
 NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
 
 
-# the one estimate type, by the name the search and the scripts still import (to go)
-Rate = Est
-
 
 def workers(n: int) -> str:
     """`1 worker`, `2 workers`."""

@@ -37,6 +37,7 @@ def role(k: Key) -> str:
     """A key's part in comparing runs (config.keys.Knob), as the docs' role column says it."""
     parts = [k.knob.role.value] + ([k.knob.pipe.value] if k.knob.pipe else [])
     parts += ["0 workers: " + shown(k.knob.inert)] if k.knob.inert != ACTIVE else []
+    parts += ["process workers only"] if k.knob.process_only else []
     return ", ".join(parts + (["CUDA only"] if k.knob.cuda_only else []))
 
 

@@ -63,6 +63,7 @@ class Knob:
     cheap: tuple[int, Any] | None = None
     inert: Any = ACTIVE  # a key that acts only through loader workers: its value with none
     cuda_only: bool = False  # no effect on a CPU-only run
+    process_only: bool = False  # acts through worker processes alone (inert with threads)
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "",

@@ -41,6 +41,9 @@ CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {
 WORKER_ONLY: dict[str, Any] = {k.path: k.knob.inert for k in KEYS.values()
                                if k.knob.inert is not ACTIVE}
 
+# worker-only keys that act through worker processes alone: inert with thread workers too
+PROCESS_ONLY = tuple(n for n, k in KEYS.items() if k.knob.process_only)
+
 # keys with no effect on a CPU-only run
 CUDA_ONLY = tuple(n for n, k in KEYS.items() if k.knob.cuda_only)
 

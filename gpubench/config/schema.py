@@ -210,15 +210,15 @@ class LoaderConfig:
     prefetch_factor: int | None = setting(2, "batches each worker prepares ahead; null with 0 "
                                              "workers", bounds=(1, 64), knob=Knob(Role.knob, Pipe.data, short="prefetch_factor", cheap=(5, _none_first), inert=None))
     persistent_workers: bool = setting(True, "keep the workers between epochs and phases; false "
-                                             "with 0 workers", knob=Knob(Role.knob, Pipe.data, short="persistent_workers", cheap=(6, bool), inert=False))
+                                             "with 0 workers", knob=Knob(Role.knob, Pipe.data, short="persistent_workers", cheap=(6, bool), inert=False, process_only=True))
     drop_last: bool = setting(True, "every measured step is a full batch")
     multiprocessing_context: str | None = setting(
         None, "the workers' start method; null: the platform's default (fork on Linux: workers "
               "share preloaded tensors for free); null with 0 workers",
-        allowed="null or a start method of this platform (fork, spawn, forkserver)", knob=Knob(Role.knob, Pipe.data, inert=None))
+        allowed="null or a start method of this platform (fork, spawn, forkserver)", knob=Knob(Role.knob, Pipe.data, inert=None, process_only=True))
     worker_threads: int = setting(
         1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
-           "usable cores; 1 with 0 workers", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.data, inert=1))
+           "usable cores; 1 with 0 workers", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.data, inert=1, process_only=True))
     worker_type: WorkerType = setting(
         WorkerType.process, "process: torch's DataLoader, a process per worker; thread: "
         "torchdata.nodes, loader.num_workers threads in the main process running the same "

@@ -100,7 +100,7 @@ WORKER_ONLY: dict[str, Any] = {k.partition(".")[2]: v for k, v in knobs.WORKER_O
 # the same rule for thread workers (loader.worker_type=thread), for the worker-only keys that act
 # through worker processes alone: no start method, threads started with each epoch (torchdata's
 # nodes have no persistent workers), one torch thread each (torchdata/nodes/_apply_udf.py)
-PROCESS_ONLY = ("multiprocessing_context", "persistent_workers", "worker_threads")
+PROCESS_ONLY = tuple(k.partition(".")[2] for k in knobs.PROCESS_ONLY)  # declared: Knob.process_only
 _LOADER_DEFAULTS = {k.path: _plain(k.default) for k in keys(LoaderConfig)}
 
 

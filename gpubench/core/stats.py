@@ -138,9 +138,6 @@ class Est:
             return figure(self.value, spec)
         return f"{figure(self.value, spec)} [{figure(self.lo, spec)}-{figure(self.hi, spec)}]"
 
-    def text(self) -> str:
-        return format(self)
-
 
 def spread(xs: list[float]) -> tuple[float, float]:
     """(mean, std/mean) of step times; NaN where there are none (or the mean is not > 0)."""

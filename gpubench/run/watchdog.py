@@ -87,13 +87,16 @@ class Watchdog:
                 counts: bool = False) -> Callable:
         """`fn`, its calls signs of life: `doing[0]` until it returns (not watched when not
         `watched`), then after `doing[1]`. `counts`: each call is the next step."""
+        # the two texts made once: each call (every fetch and step of a window) only stores them
+        during, after = (f"stuck {doing[0]}" if watched else None), f"stuck after {doing[1]}"
+
         def call(*args):
             step = self._state[1] + counts
-            self._set(step, f"stuck {doing[0]}" if watched else None)
+            self._set(step, during)
             try:
                 return fn(*args)
             finally:
-                self._set(step, f"stuck after {doing[1]}")
+                self._set(step, after)
         return call
 
     def phase(self, name: str, fetch: Callable, work: Callable, compiled: bool

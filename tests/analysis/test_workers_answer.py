@@ -14,8 +14,9 @@ from conftest import TINY, run_cli
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import loader_only, training_rows
-from gpubench.analysis.workers import COMPUTE_DIR, Rate, fewest_workers
+from gpubench.analysis.workers import COMPUTE_DIR, fewest_workers
 from gpubench.core.record import Flaw, Reason, RunRecord, Status
+from gpubench.core.stats import Est
 from gpubench.report.loader_answer import loader_answer
 from gpubench.report.plot_data import curve_data
 from gpubench.report.write import write_report
@@ -61,7 +62,7 @@ def dict_rows() -> list[dict]:
 
 
 def test_the_fewest_workers_whose_low_end_clears_computes_high_end_by_the_margin():
-    pick = fewest_workers(dict_rows(), Rate(540.0, 520.0, 555.0))
+    pick = fewest_workers(dict_rows(), Est(540.0, 520.0, 555.0))
     assert (pick.num_workers, pick.unblocks) == (2, True)
     # 1 worker's figure (600) is above 540 x 1.05, its low end (560) not above 555 x 1.05
     assert pick.answer() == (
@@ -73,12 +74,12 @@ def test_the_fewest_workers_whose_low_end_clears_computes_high_end_by_the_margin
 
 
 def test_none_clears_says_whether_the_data_side_is_surely_the_bottleneck():
-    below = fewest_workers(dict_rows(), Rate(900.0, 880.0, 920.0))
+    below = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0))
     assert not below.unblocks and below.num_workers == 2  # the plateau: 812 within 5% of 830
     assert below.answer().startswith("workers: none of 0, 1, 2, 4 clears compute 900 [880-920]")
     assert "the data side stays the bottleneck" in below.answer()
     # 4 workers' 830 [800-850] against 800 [780-830]: not cleared, not surely below either
-    close = fewest_workers(dict_rows(), Rate(800.0, 780.0, 830.0))
+    close = fewest_workers(dict_rows(), Est(800.0, 780.0, 830.0))
     assert not close.unblocks and "not decided" in close.answer()
     assert "stays the bottleneck" not in close.answer()
 
@@ -264,5 +265,5 @@ def test_a_loader_only_multirun_measures_its_bound_once_and_the_report_answers(t
     # an answer of the rule, with the bound's interval (unconfirmed when the machine was busy)
     assert group["answer"] in out
     assert group["answer"].startswith(("workers: 0 (", "workers: 1 (", "workers: none of"))
-    assert f"compute {Rate(*group['compute']).text()}" in group["answer"]
+    assert f"compute {Est(*group['compute'])}" in group["answer"]
     assert (sweep / "report" / "throughput_vs_workers.png").stat().st_size > 0
