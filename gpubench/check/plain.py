@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from gpubench.config.settings import Settings
-from gpubench.parts.models import build_model, prepare_model
+from gpubench.parts.models import build_model, prepare_model, step_marker
 from gpubench.parts.precision import resolve_precision
 from gpubench.parts.step import make_optimizer
 
@@ -57,6 +57,8 @@ class PlainStep:
             # which would throw away the compiled model of the run this is compared with
             model = torch.compile(model, mode=None if s.compile == "default" else s.compile)
         self.model, self.x, self.y, self.device = model, x, y, device
+        # a user's loop under a CUDA-graph compile mode marks each iteration, as PyTorch asks
+        self.mark_step = step_marker(s.compile)
         self.opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
         plan = resolve_precision(s.precision, device)
         self.dtype = plan.autocast_dtype
@@ -65,6 +67,8 @@ class PlainStep:
 
     def __call__(self) -> int:
         self.calls += 1
+        if self.mark_step is not None:
+            self.mark_step()
         auto = torch.autocast(self.device, self.dtype) if self.dtype is not None else nullcontext()
         with auto:
             logits = self.model(self.x)

@@ -232,6 +232,19 @@ def reset_compile_state(device: str) -> None:
         torch.cuda.empty_cache()  # ...and from it to the device
 
 
+# torch.compile's modes that record CUDA graphs (CUDA-graph trees). A training loop marks
+# each iteration's start in them, or the backward of a step can read an output that a later
+# replay overwrote ("accessing tensor output of CUDAGraphs that has been overwritten by a
+# subsequent run": seen on an H100 with torch 2.11, docs/gpu.md)
+GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+
+
+def step_marker(mode: str):
+    """What a training step calls before each forward of a model compiled with `mode`:
+    torch.compiler.cudagraph_mark_step_begin for the CUDA-graph modes, else None."""
+    return torch.compiler.cudagraph_mark_step_begin if mode in GRAPH_MODES else None
+
+
 def maybe_compile(model: nn.Module, mode: str) -> nn.Module:
     """`mode`: Settings.compile, torch.compile's own mode string, or "off"."""
     # every run starts from a clean compile state, compiled or not: an eager run after a

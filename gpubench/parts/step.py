@@ -136,6 +136,7 @@ class TrainStep:
         grad_accum_steps: int = 1,
         host_metrics_every: int = 0,
         loss: Loss | None = None,
+        mark_step=None,
     ):
         self.model, self.plan, self.device, self.opt = model, plan, device, optimizer
         self.scaler = make_grad_scaler(plan, device)
@@ -151,6 +152,7 @@ class TrainStep:
         # the last micro-batch's loss, left on the device; read only by check_loss, after a sync
         self.last_loss: torch.Tensor | None = None
         self.finite_at = 0  # the micro-batch whose loss check_loss last found finite
+        self.mark_step = mark_step  # models.step_marker: a new iteration for CUDA-graph trees
 
     def __call__(self, *batch) -> None:
         """One micro-batch: the batch on the device, as one argument (a pair or the team's
@@ -159,6 +161,10 @@ class TrainStep:
         if self.oom_above_batch is not None and images_in(batch) > self.oom_above_batch:
             # fault injection, for testing the recovery path without a real device
             raise OOM_ERRORS[0](f"injected: batch {images_in(batch)} > fault.oom_above_batch")
+        if self.mark_step is not None and self.micro_batches % self.accum == 0:
+            # a new optimizer step: the last one's graph outputs (its gradients were handed to
+            # the optimizer and set to None) are dead; a host-side counter, no kernel, no sync
+            self.mark_step()
         self.micro_batches += 1
         boundary = self.micro_batches % self.accum == 0
         sync = contextlib.nullcontext() if boundary else _no_sync(self.model)

@@ -48,7 +48,13 @@ from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed, targets
 from gpubench.parts.data import CorruptImage, build_pipeline
 from gpubench.parts.measure import DeviceStart, run_window
-from gpubench.parts.models import build_model, check_output, maybe_compile, prepare_model
+from gpubench.parts.models import (
+    build_model,
+    check_output,
+    maybe_compile,
+    prepare_model,
+    step_marker,
+)
 from gpubench.parts.oom import is_oom
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
 from gpubench.parts.step import (
@@ -232,7 +238,8 @@ class Benchmark:
             compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
             self.step = TrainStep(compiled, self.plan, device, opt,
                                   self.faults.oom_above_batch,
-                                  b.grad_accum_steps, b.host_metrics_every, loss)
+                                  b.grad_accum_steps, b.host_metrics_every, loss,
+                                  step_marker(s.compile))
         self.faults.maybe_fail(0)
 
     def _functions(self, name: str):

@@ -420,6 +420,7 @@ DECODE_ON_DEVICE = gpu_config(
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # the DataLoader's worker processes
 def test_decode_on_device_run(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=7)
     bad[1].unlink()  # keep one corrupt JPEG: truncated bytes reach nvJPEG
