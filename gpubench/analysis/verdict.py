@@ -18,7 +18,7 @@ from gpubench.analysis.workers import workers
 from gpubench.config.schema import is_amp
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan
-from gpubench.core.stats import Est, positive
+from gpubench.core.stats import TOLERANCE, Est, positive
 
 # e2e "tracks" a bound when it reaches this fraction of it
 TRACKS = 0.85
@@ -148,9 +148,17 @@ class Ratios:
 
 
 def _above_bound(tracking: Est) -> bool:
-    """e2e above what the pipes allow: its interval wholly above 1, or a single window more
-    than ABOVE_BOUND above it."""
-    return tracking.lo > 1.0 if not tracking.exact else tracking.value > 1.0 + ABOVE_BOUND
+    """e2e above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single
+    window more than ABOVE_BOUND above it.
+
+    Not above 1 alone: each bound is a phase measured on its own, and e2e may beat it by a
+    few percent without anything being disturbed (in the loader phase the main process waits
+    for each batch's copy to the device, which in e2e overlaps the step). On an H100 e2e
+    read 103% [100%-125%] of the loader phase and, at batch 256, 100.03% [100.0%-100.1%] of
+    compute: intervals that narrow put any such offset wholly above 1 (docs/gpu.md)."""
+    if tracking.exact:
+        return tracking.value > 1.0 + ABOVE_BOUND
+    return tracking.lo > 1.0 + TOLERANCE
 
 
 def _three_pipes(p: Pipes, r: Ratios) -> Verdict:

@@ -78,12 +78,34 @@ def test_e2e_above_its_own_bound_is_a_broken_measurement_not_tracking():
     # what cannot be is a flaw of the measurement: the run records it as a noise reason
     assert v.impossible.startswith("e2e 4888.5 img/s is above its own upper bound")
     assert classify(1000, 100, 90).impossible is None
-    v = classify(1000, 100, 103, intervals={"loader": [990, 1010], "compute": [99, 101],
-                                            "e2e": [102, 104]})  # intervals apart
-    assert v.bottleneck == "inconclusive"
+    v = classify(1000, 100, 108, intervals={"loader": [990, 1010], "compute": [99, 101],
+                                            "e2e": [107, 109]})  # wholly above 105%
+    assert v.bottleneck == "inconclusive" and v.impossible
     # within the intervals' reach it is plain tracking
     assert classify(1000, 100, 103, intervals={"loader": [990, 1010], "compute": [95, 105],
                                                "e2e": [100, 106]}).bottleneck == "compute"
+
+
+# seen on an H100 (docs/gpu.md): phases measured apart differ by a few percent, so e2e may
+# sit just above its bound with an interval too narrow to reach 100%
+@pytest.mark.parametrize("loader,compute,e2e,expected", [
+    # the default run: 2 workers feed resnet50; e2e 103% [100%-125%] of the loader, pairwise
+    ({"loader": [875.1, 968.8, 897.3, 920.7, 1080.4, 1078.9]},
+     {"compute": [1806.5, 1806.9, 1807.9, 1807.3, 1807.3, 1807.7]},
+     {"e2e": [1093.7, 974.2, 930.2, 957.7, 1083.1, 1112.6]}, "data"),
+    # batch 256 on a synthetic batch already on the device: e2e 100.03% of compute
+    ({"loader": [6.0e6, 6.8e6, 9.6e6]}, {"compute": [3980.9, 3981.0, 3980.1]},
+     {"e2e": [3981.9, 3982.8, 3981.4]}, "compute"),
+])
+def test_e2e_a_few_percent_above_a_bound_measured_apart_tracks_it(loader, compute, e2e,
+                                                                   expected):
+    windows = {**loader, **compute, **e2e}
+    med = {k: sorted(v)[len(v) // 2] for k, v in windows.items()}
+    v = classify(med["loader"], med["compute"], med["e2e"], windows=windows)
+    assert v.bottleneck == expected and v.impossible is None
+    # e2e's share of its bound lies wholly above 100% (nothing lost to overlap), and still
+    # no flaw: within the tolerance
+    assert v.overlap_loss.hi == 0
 
 
 def test_combined_bound_with_device_data_work():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -375,3 +376,41 @@ def test_a_loss_that_is_nan_before_any_update_blames_the_batches_or_the_forward(
                          "window 1, warm-up), before any weight update: the batches (check the "
                          "dataset's images and labels) or the model's forward give non-finite "
                          "values")
+
+
+@pytest.mark.slow
+def test_sighup_leaves_the_run_killed_with_one_line(tmp_path):
+    proc, results = _start_and_wait_for_loader(tmp_path, "tracking=none")
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 128 + signal.SIGHUP and len(lines) == 1, err
+    assert lines[0].startswith("gpubench: interrupted by SIGHUP; status killed"), lines
+    data = json.loads(results.read_text())
+    assert data["status"] == "killed" and data["error"] == "interrupted by SIGHUP"
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_keeps_the_record_the_picture_and_says_how_to_upload(tmp_path):
+    """The second Ctrl-C comes while the run is ending (its picture, its upload to a server
+    that never answers): the record is final, run.png drawn, the upload skipped, one line."""
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc, results = _start_and_wait_for_loader(
+            tmp_path, "tracking=mlflow", f"tracking.uri={uri}", "tracking.timeout_s=120")
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 120
+        while not (results.parent / "run.png").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - started < 60  # not the upload's 120 s
+    lines = [ln for ln in err.splitlines() if ln.startswith("gpubench")]
+    assert proc.returncode == 128 + signal.SIGINT and len(lines) == 1, err
+    assert lines[0] == (f"gpubench: interrupted by Ctrl-C; status killed, 1 measured phase(s) "
+                        f"kept in {results} and run.png; not in MLflow: python -m "
+                        f"gpubench.tracking sync {results.parent} --uri {uri}"), lines
+    assert json.loads(results.read_text())["status"] == "killed"
