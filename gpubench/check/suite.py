@@ -39,7 +39,7 @@ def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
 
     compute = compute_check(cfg, out)
     yield compute
-    loader = loader_check(cfg, out, s.dataset.name)
+    loader = loader_check(cfg, out, s)
     yield loader
     batch = s.loader.batch_size
     step_s = batch / compute.figures["reference"] if compute.figures.get("reference") else None
