@@ -112,8 +112,17 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
     missing = cause.full_key
     o = next((o for o in parsed if o.key_or_group == missing
               or o.key_or_group.startswith(f"{missing}.")), None)
+    if o is None:  # else the nearest parent given a value (not `dataset=custom` for dataset.x)
+        o = max((o for o in parsed if missing.startswith(f"{o.key_or_group}.")),
+                key=lambda o: len(o.key_or_group), default=None)
     key = o.key_or_group if o is not None else missing
     value, typed = (o.value(), _typed(o)) if o is not None else (None, None)
+    if o is not None and missing.startswith(f"{key}."):
+        # a mapping given to the parent (`dataset.collate={_target_: ...}`): the missing key
+        # and the value the mapping holds for it
+        for part in missing[len(key) + 1:].split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        key, typed = missing, None
     try:
         check_known_key(key, value)  # the schema's one rule for keys under its groups
     except ConfigError as e:

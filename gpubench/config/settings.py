@@ -368,6 +368,17 @@ def _check_data(s: Settings) -> None:
                               "false with decode_on=device (the cache holds decoded pixels)")
     if ds.augment_on == "device" and kind == "device_synthetic":
         raise ConfigError("dataset.augment_on", "device", "cpu for device_synthetic (no augment)")
+    if kind != "custom":
+        # only a custom dataset reads them: set on another, they would be ignored in silence
+        for key, value in (("dataset._target_", ds._target_),
+                           ("dataset.transform._target_", ds.transform.get("_target_")),
+                           ("dataset.collate._target_", ds.collate.get("_target_"))):
+            if value:
+                raise ConfigError(key, value, f"unset with dataset={kind} (dataset=custom "
+                                  "reads it)")
+    if s.step.name != "custom" and s.step._target_:
+        raise ConfigError("step._target_", s.step._target_,
+                          f"unset with step={s.step.name} (step=custom reads it)")
     if kind == "custom":
         if not ds._target_:
             raise ConfigError("dataset._target_", ds._target_, "a dotted Dataset class path with "

@@ -47,10 +47,6 @@ def images_in(batch) -> int:
     return int(next(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)).shape[0])
 
 
-LOSS = ("a loss function of your own code as a dotted path (e.g. my_team.train.loss) or an "
-        "nn.Module loss class, returning a scalar tensor")
-
-
 class Loss:
     """How a batch becomes the loss: cross-entropy on the model's logits (step=classification),
     or the team's function `fn` (step=custom): fn(model(inputs), targets) for an (inputs,
@@ -86,7 +82,8 @@ class Loss:
                 and loss.is_floating_point()):
             got = (f"a {loss.dtype} tensor of shape {tuple(loss.shape)}"
                    if isinstance(loss, torch.Tensor) else type(loss).__name__)
-            raise ConfigError("step._target_", self.target, f"{LOSS} (it returned {got})")
+            raise ConfigError("step._target_", self.target,
+                              f"{targets.LOSS} (it returned {got})")
 
 
 def make_loss(step) -> Loss:
@@ -94,10 +91,7 @@ def make_loss(step) -> Loss:
     it is called (gpubench.parts.targets: a config is code)."""
     if step.name != "custom":
         return Loss()
-    fn = targets.locate("step._target_", step._target_, LOSS)
-    why = targets.transform_kind(fn)  # the team's own code, or an nn.Module class
-    if why or not callable(fn):
-        raise ConfigError("step._target_", step._target_, f"{LOSS} ({why or 'not callable'})")
+    fn = targets.loss_function(step._target_)
     return Loss(fn() if inspect.isclass(fn) else fn, step.takes, step._target_)
 
 

@@ -1,7 +1,7 @@
 """Code a config names, checked before it is called.
 
 A config is code, as Hydra's own configs are: `model._target_`, `dataset._target_` and every
-`_target_` inside `dataset.transform` and `dataset.collate` name Python objects gpubench calls
+`_target_` inside `dataset.transform` and `dataset.collate`, and `step._target_`, name Python objects gpubench calls
 with arguments from the config. Each is resolved first (its module imported, nothing called),
 checked to be of the kind its key takes, and only then called:
 
@@ -9,6 +9,7 @@ checked to be of the kind its key takes, and only then called:
 |---|---|
 | `model._target_` | a subclass of `torch.nn.Module` |
 | `dataset._target_` | a subclass of `torch.utils.data.Dataset`, not an `IterableDataset` |
+| `step._target_` | a function of the team's own code or a subclass of `torch.nn.Module` |
 | `_target_` in `dataset.transform` / `dataset.collate` (nested nodes too) | a class or a function of `torchvision.transforms` or torch's collate functions (`torch.utils.data.default_collate`); a subclass of `torch.nn.Module` (a transform as a module, any library's); or a class or a function of the team's own code |
 
 The team's own code is a module whose file lies outside the folders installed libraries live in
@@ -55,6 +56,8 @@ NOT_STDLIB = "not from Python's standard library"
 MODEL = f"an nn.Module subclass given as a dotted path (e.g. my_team.models.MyNet), {NOT_STDLIB}"
 DATASET = (f"a map-style torch.utils.data.Dataset subclass given as a dotted path (e.g. "
            f"my_team.data.MyDataset), {NOT_STDLIB}")
+LOSS = ("a loss function of your own code as a dotted path (e.g. my_team.train.loss) or an "
+        "nn.Module loss class, returning a scalar tensor")
 CALLABLE = ("a class or function of torchvision.transforms, torch.utils.data.default_collate, "
             "an nn.Module subclass, or a class or function of your own code, as a dotted path "
             "(e.g. my_team.data.collate)")
@@ -184,10 +187,21 @@ def callable_node(node: Mapping, key: str) -> None:
             raise ConfigError(k, target, f"{CALLABLE} ({why})")
 
 
+def loss_function(target: Any) -> Any:
+    """step._target_ (step=custom): the team's own function or an nn.Module class."""
+    fn = locate("step._target_", target, LOSS)
+    why = transform_kind(fn)
+    if why or not callable(fn):
+        raise ConfigError("step._target_", target, f"{LOSS} ({why or 'not callable'})")
+    return fn
+
+
 def check(s: Settings) -> None:
     """Every code reference of the run, resolved and checked before any of it is called."""
     if s.model._target_:
         model_class(s.model._target_)
+    if s.step.name == "custom":
+        loss_function(s.step._target_)
     ds = s.dataset
     if ds.name == "custom":
         dataset_class(ds._target_)

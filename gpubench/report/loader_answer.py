@@ -299,6 +299,10 @@ def _kind_lines(groups: list[Group]) -> list[str]:
         if len({g.kind for g in gs if g.kind}) > 1 and clear:
             best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
             n = best.pick.num_workers
+            if not n:  # no worker of either kind: the kind does not matter
+                out.append("  which kind: neither, 0 workers: the main process alone loads "
+                           "faster than compute")
+                continue
             out.append(f"  which kind: {best.kind}, {n} worker{'' if n == 1 else 's'}: the "
                        "fewest workers of either kind whose loader clears compute (at the same "
                        "count, threads: no process per worker)")

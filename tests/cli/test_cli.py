@@ -110,6 +110,11 @@ def sigterm_kept():
     (["loader.batch_size=abc"],
      "loader.batch_size=abc is not allowed: it must be null or an integer in [1, 65536]"),
     (["bench.device=tpu"], "bench.device=tpu is not allowed: it must be one of auto, cuda, cpu"),
+    # a mapping given to the parent: the key it adds and its value, not the group's `dataset=`
+    (["dataset=custom", "dataset.collate={_target_:numpy.save}"],
+     "dataset.collate._target_='numpy.save' is not allowed: it must be a key of the config "
+     "(close: dataset._target_, dataset.collate, step._target_); +dataset.collate._target_=... "
+     "adds a new one"),
 ])
 def test_hydras_main_fails_in_one_line(monkeypatch, tmp_path, capsys, sigterm_kept, argv, line):
     """Hydra's own main, in this process: it raises what it caught (HYDRA_FULL_ERROR=1 inside

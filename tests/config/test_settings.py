@@ -196,6 +196,11 @@ BAD = [
     ("dataset=custom dataset._target_=team.Data +dataset.transform._target_=team.tf "
      "dataset.augment_on=device", "dataset.transform._target_"),
     ("loader.num_workers=0 loader.multiprocessing_context=threads", "loader.multiprocessing_context"),
+    # keys only dataset=custom and step=custom read: on another choice they would be ignored
+    ("+dataset.transform._target_=os.system", "dataset.transform._target_"),
+    ("dataset=fake_jpeg +dataset.collate._target_=team.collate", "dataset.collate._target_"),
+    ("dataset=synthetic dataset._target_=team.Data", "dataset._target_"),
+    ("step._target_=team.loss", "step._target_"),
     pytest.param("precision=amp_fp16", "precision", marks=NO_CUDA),
     pytest.param("bench.device=cuda", "bench.device", marks=NO_CUDA),
     pytest.param("dataset=fake_jpeg dataset.decode_on=device", "dataset.decode_on", marks=NO_CUDA),

@@ -252,6 +252,11 @@ def test_the_workers_answer_names_the_kind_and_the_count(tmp_path):
                                 "no process per worker)")
     assert {(g["worker_type"], g["num_workers"]) for g in answer.summary()} == \
         {("process", 2), ("thread", 2)}
+    # the main process alone clears compute: no kind to pick
+    loaders[0] = Row("process0", run(0, "process", 700.0))
+    answer = loader_answer(loaders, [bound], [], str(tmp_path))
+    assert answer.lines[-1] == ("  which kind: neither, 0 workers: the main process alone "
+                                "loads faster than compute")
 
 
 def test_the_monitor_counts_worker_threads_as_workers():
