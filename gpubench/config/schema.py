@@ -289,7 +289,7 @@ class BenchSettings:
         bounds=(0, 3600), knob=MEASURE)
     seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
                         bounds=(0, 2**32 - 1), knob=MEASURE)
-    monitor: bool = setting(True, "sample NVML and the host in a thread during each window", knob=MEASURE)
+    monitor: bool = setting(True, "sample NVML and the host in one thread: each window's figures, and gpu_metrics.csv for the whole run", knob=MEASURE)
     monitor_interval_s: float = setting(
         0.2, "the sampling period; at most bench.max_seconds when bench.monitor is on (a window "
              "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",

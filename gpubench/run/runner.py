@@ -71,6 +71,7 @@ from gpubench.run.faults import Faults
 from gpubench.run.summary import figures, summarize
 from gpubench.run.watchdog import Watchdog, hang_limit_s
 from gpubench.telemetry import env
+from gpubench.telemetry.gpulog import GpuLog
 from gpubench.telemetry.monitor import Monitor, MonitorSummary
 
 log = logging.getLogger("gpubench")
@@ -202,7 +203,6 @@ class Benchmark:
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
                                  self._end_hung)
         self._saving = threading.Lock()
-        self._gpulog = None
 
     # ------------------------------------------------------------------ record
 
@@ -324,7 +324,7 @@ class Benchmark:
             window_cap_s(b.max_seconds, b.repeats, b.steps),
             warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
             # all ranks open their windows together
-            on_open=lambda: (dist.barrier(), self.monitor.start()),
+            on_open=lambda: (dist.barrier(), self.monitor.open()),
             on_close=lambda: held.append(self.monitor.stop()),
             on_warm_step=check,
             min_s=b.min_window_s,
@@ -399,7 +399,10 @@ class Benchmark:
         interrupted: BaseException | None = None
         status, error = Status.ok, None
         self.dist.watch(self._peer_failed)
-        gpulog = self._gpulog = self._start_gpulog()
+        # the sampler thread (bench.monitor), the whole run long, its ticks writing
+        # gpu_metrics.csv beside results.json (telemetry/gpulog.py): rank 0's device only
+        csv = self.settings.bench.monitor and self.dist.main
+        self.monitor.begin(GpuLog(self.device, self.out, gpu=self.monitor.gpu) if csv else None)
         self.watchdog.start()
         try:
             self.measure()
@@ -425,7 +428,7 @@ class Benchmark:
             self.hold.arm()  # measuring is over: a signal from here waits (run/ending.py)
             self.watchdog.stop()
             self.monitor.stop()
-            self._stop_gpulog(gpulog)
+            self._stop_gpulog(self.monitor.end())
         self._finish(status, error)
         return interrupted
 
@@ -475,23 +478,11 @@ class Benchmark:
         among them) are killed, the GPU log's rows put on disk (the process ends unflushed)."""
         for pid in self.pipe.worker_pids() if self.pipe is not None else ():
             os.kill(pid, signal.SIGKILL)
-        if self._gpulog is not None:
-            self._gpulog.stop()
+        self.monitor.end()
 
-    def _start_gpulog(self):
-        """gpu_metrics.csv beside results.json, the whole run long (telemetry/gpulog.py); rank
-        0's device only, with the sampler (bench.monitor)."""
-        b = self.settings.bench
-        if not (b.monitor and self.dist.main):
-            return None
-        from gpubench.telemetry.gpulog import GpuLog
-
-        return GpuLog(self.device, self.out, b.monitor_interval_s).start()
-
-    def _stop_gpulog(self, gpulog) -> None:
+    def _stop_gpulog(self, gpulog: GpuLog | None) -> None:  # the log, closed by monitor.end()
         if gpulog is None:
             return
-        gpulog.stop()
         rec = self.record
         rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
                                     "gpm": gpulog.gpm is not None, "note": gpulog.note or None}

@@ -193,7 +193,7 @@ def device_memory_bytes(device: str) -> int:
 
 
 def facts(device: str) -> dict:
-    from gpubench.telemetry.monitor import Nvml
+    from gpubench.telemetry.nvml import Nvml
 
     d = {
         "device": device,

@@ -1,7 +1,8 @@
 """gpu_metrics.csv: the log `nvidia-smi --query-gpu=... --format=csv -l 1` would write, per run.
 
-One row per sampler interval (`bench.monitor_interval_s`) from the run's start to its end,
-warm-up and build included, written and flushed row by row so a crashed run keeps its log.
+One row per tick of the run's sampler (telemetry/monitor.py, every `bench.monitor_interval_s`)
+from the run's start to its end, warm-up and build included, written and flushed row by row so
+a crashed run keeps its log.
 The columns are nvidia-smi's for
 
     timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free,power.draw,
@@ -17,8 +18,8 @@ however few SMs, so a GPU running one small kernel at a time reads 100%. GPM's S
 (share of SMs busy) and tensor activity say how much of the chip did work; when they exist
 the docs and the advice should read those (docs/profiling.md).
 
-The GPU columns come from the same field reads as the window sampler (nvml.read_fields):
-`power.draw` holds NVML's instant power where the driver gives it (what nvidia-smi prints as
+The GPU columns are the sampler's own field reads (nvml.read_fields), the ones its window
+takes too: `power.draw` holds NVML's instant power where the driver gives it (what nvidia-smi prints as
 `power.draw.instant`), else nvmlDeviceGetPowerUsage (nvidia-smi's `power.draw`: a 1 s mean on
 Ampere and newer); `utilization.gpu` averages over NVML's own sample period (1/6 s to 1 s), so
 a row describes up to a second before its timestamp. On a MIG instance power, clocks' throttle
@@ -34,7 +35,6 @@ from __future__ import annotations
 import csv
 import logging
 import platform
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +43,7 @@ import psutil
 
 from gpubench.core.files import open_own
 from gpubench.telemetry.env import cpu_model
-from gpubench.telemetry.nvml import Nvml, NvmlDevice, device_name, read_fields
+from gpubench.telemetry.nvml import Nvml, NvmlDevice, device_name
 
 log = logging.getLogger(__name__)
 
@@ -114,58 +114,38 @@ class Gpm:
 
 
 class GpuLog:
-    """Writes gpu_metrics.csv from a background thread between start() and stop()."""
+    """gpu_metrics.csv between start() and stop(): one row per write() of the run's sampler."""
 
-    def __init__(self, device: str, out_dir: Path, interval_s: float,
-                 clock: Callable[[], float] = time.time, gpu: NvmlDevice | None = None):
-        """`gpu` stands in for the device's NVML binding in tests; on CUDA it is found for
-        the current device."""
-        self.device, self.interval = device, max(0.05, float(interval_s))
+    def __init__(self, device: str, out_dir: Path, clock: Callable[[], float] = time.time,
+                 gpu: NvmlDevice | None = None):
+        """`gpu`: the device's NVML binding, the sampler's (Monitor.gpu); None: the host's
+        figures (on CUDA without NVML, with NVML's reason as the note)."""
         self.clock = clock  # the rows' timestamps (wall-clock seconds since the epoch)
         self.path = Path(out_dir) / GPU_METRICS_FILE
-        self.gpu: NvmlDevice | None = None
-        self.gpm = None
+        self.gpu, self.gpm, self.rows = gpu, None, 0
         self.note = ""  # why the GPU columns or GPM are missing, for the run's notes
         self.name = cpu_model() or platform.machine() or "cpu"
-        if gpu is not None or device == "cuda":
-            self._open_nvml(gpu)
+        if gpu is None and device == "cuda":
+            self.note = Nvml.get().reason
+        elif gpu is not None:
+            import torch
+
+            # decoded (older nvidia-ml-py returns bytes), else CUDA's name for it
+            self.name = device_name(gpu) or torch.cuda.get_device_name()
+            if gpu.mig:  # GPM here needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
+                self.note = "GPM metrics not sampled on a MIG instance"
+            else:
+                try:
+                    self.gpm = Gpm(gpu.nv, gpu.handle)
+                except Exception as e:
+                    self.note = f"GPM metrics not sampled: {e}"
         self.columns = COLUMNS + (tuple(c for c, _ in GPM_COLUMNS) if self.gpm else ())
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.rows = 0
-
-    @property
-    def mig(self) -> bool:
-        return self.gpu is not None and self.gpu.mig
-
-    def _open_nvml(self, gpu: NvmlDevice | None) -> None:
-        if gpu is None:
-            import torch
-
-            nvml = Nvml.get()
-            gpu = nvml.device_for(torch.cuda.current_device())
-            if gpu is None:
-                self.note = nvml.reason
-                return
-        self.gpu = gpu
-        name = device_name(gpu)  # decoded: older nvidia-ml-py returns bytes
-        if name is None:
-            import torch
-
-            name = torch.cuda.get_device_name()
-        self.name = name
-        if self.mig:
-            # GPM on a MIG instance needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
-            self.note = "GPM metrics not sampled on a MIG instance"
-            return
-        try:
-            self.gpm = Gpm(gpu.nv, gpu.handle)
-        except Exception as e:
-            self.note = f"GPM metrics not sampled: {e}"
 
     # ------------------------------------------------------------------ rows
 
-    def _gpu_row(self) -> dict:
+    def _gpu_row(self, v: dict) -> dict:
+        """The row from the sampler's field reads `v` (utilization, memory and power: its
+        window's own; MIG: no power), and the log's own: clocks, throttle reasons, GPM."""
         nv, h = self.gpu.nv, self.gpu.handle
 
         def one(fn):
@@ -174,8 +154,6 @@ class GpuLog:
             except nv.NVMLError:  # NotSupported on this board or on a MIG instance
                 return None
 
-        # utilization, memory and power as the window sampler reads them (MIG: no power)
-        v, _ = read_fields(*self.gpu)
         mib = {k: v[k] // MIB for k in ("gpu_mem_used", "gpu_mem_free") if k in v}
         row: dict = {
             "utilization.gpu [%]": int(v["gpu_util"]) if "gpu_util" in v else None,
@@ -184,7 +162,7 @@ class GpuLog:
             "memory.free [MiB]": mib.get("gpu_mem_free"),
             "power.draw [W]": v.get("power_w"),
         }
-        if not self.mig:  # whole-GPU figures: other tenants' included on a MIG instance
+        if not self.gpu.mig:  # whole-GPU figures: other tenants' included on a MIG instance
             # renamed "clocks event reasons" in newer NVML; the old name is kept as an alias
             reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 nv.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -198,60 +176,38 @@ class GpuLog:
                 pass
         return row
 
-    def _host_row(self) -> dict:
+    def _host_row(self, host_cpu: float) -> dict:
         vm = psutil.virtual_memory()
         freq = psutil.cpu_freq()
         return {
-            "utilization.gpu [%]": psutil.cpu_percent(None),  # whole host, since the last row
+            "utilization.gpu [%]": host_cpu,  # whole host, since the sampler's last tick
             "memory.used [MiB]": (vm.total - vm.available) // MIB,
             "memory.free [MiB]": vm.available // MIB,
             "clocks.current.sm [MHz]": round(freq.current) if freq else None,
         }
 
-    def sample(self) -> dict:
-        row = {"timestamp": timestamp(self.clock()), "name": self.name}
-        row.update(self._gpu_row() if self.gpu is not None else self._host_row())
-        return row
+    def start(self) -> GpuLog:
+        self._file = open_own(self.path, "w", newline="")  # never through a symbolic link
+        self._w = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
+        self._w.writeheader()
+        self._file.flush()
+        return self
 
-    # ------------------------------------------------------------------ thread
-
-    def _write(self, w, f) -> None:
+    def write(self, host_cpu: float, values: dict) -> None:
+        """One row from one tick's readings: the host's CPU and the GPU's NVML fields."""
         try:
-            w.writerow({k: _fmt(v) for k, v in self.sample().items()})
-            f.flush()  # a crashed run keeps every row written so far
+            row = {"timestamp": timestamp(self.clock()), "name": self.name}
+            row.update(self._gpu_row(values) if self.gpu else self._host_row(host_cpu))
+            self._w.writerow({k: _fmt(v) for k, v in row.items()})
+            self._file.flush()  # a crashed run keeps every row written so far
             self.rows += 1
         except Exception as e:  # a failing reading must never stop the run
             log.debug("gpu_metrics row failed: %s", e)
 
-    def _loop(self, f) -> None:
-        w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
-        w.writeheader()
-        f.flush()
-        # the host CPU figure and GPM are rates since the previous reading (psutil keeps one
-        # baseline per thread): prime it here, so every row covers a whole interval
-        psutil.cpu_percent(None)
-        while not self._stop.wait(self.interval):
-            self._write(w, f)
-        self._write(w, f)  # the run's last moments, and one row even for the shortest run
-
-    def start(self) -> GpuLog:
-        f = open_own(self.path, "w", newline="")  # never through a symbolic link
-        self._file = f
-        self._thread = threading.Thread(target=self._loop, args=(f,), name="gpubench-gpulog",
-                                        daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> Path | None:
-        if self._thread is None:
-            return None
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self._thread = None
+    def stop(self) -> None:
         self._file.close()
         if self.gpm is not None:
             self.gpm.close()
-        return self.path
 
 
 def _metric_name(column: str) -> str:

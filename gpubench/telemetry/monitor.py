@@ -1,10 +1,11 @@
-"""Telemetry sampled in a background thread while a measurement window runs.
+"""The run's one sampler thread: each tick reads the device and the host once, for the open
+measurement window's samples and for gpu_metrics.csv's row (telemetry/gpulog.py).
 
 Nothing here touches the training hot path: the thread wakes every `interval` seconds, reads
-NVML (GPU utilization, memory, power, each field on its own: telemetry/nvml.py), the device
-memory this process has in use, and psutil (host CPU; CPU, RSS and bytes read of
-the main process and of its DataLoader workers, apart), and goes back to sleep. Without an
-NVIDIA driver the GPU fields are absent and one info line says so.
+NVML (GPU utilization, memory, power, each field on its own: telemetry/nvml.py) and psutil's
+host CPU; inside a window also the device memory this process has in use and the CPU, RSS and
+bytes read of the main process and of its DataLoader workers, apart; then it goes back to
+sleep. Without an NVIDIA driver the GPU fields are absent and one info line says so.
 
 Workers are the run's child processes (DataLoader workers; with spawn/forkserver the start-up
 helper process too). Their RSS counts pages shared with the main process (a forked or shared
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpubench.telemetry.nvml import (  # noqa: F401  (Nvml re-exported: env.facts reads the driver)
+from gpubench.telemetry.nvml import (
     AVERAGED_FIELDS,
     GPU_FIELDS,
     NVML_AVERAGING_S,
@@ -47,8 +48,6 @@ from gpubench.telemetry.nvml import (  # noqa: F401  (Nvml re-exported: env.fact
     Nvml,
     NvmlDevice,
     energy_mj,
-    energy_per_image,
-    memory_gate_bytes,
     read_fields,
     window_energy_j,
 )
@@ -234,7 +233,8 @@ def finish_window(summ: MonitorSummary, t0: float, t1: float, e0_mj: float | Non
 
 
 class Monitor:
-    """Start before a window opens, stop after it closes; `stop()` returns the summary.
+    """`begin()` starts the run's sampler thread (with gpu_metrics.csv's log or none), `end()`
+    stops it; `open()` opens a window, `stop()` closes it and returns its summary.
 
     `gpu` and `clock` stand in for the device's NVML binding and the time in tests; on CUDA
     the binding is found for the current device."""
@@ -270,9 +270,15 @@ class Monitor:
         self._listed_at = -math.inf
         # per-process I/O counters: Linux and Windows have them, macOS does not
         self._io = _IoTally() if hasattr(self.proc, "io_counters") else None
-        self._stop = threading.Event()
+        # gpu_metrics.csv's gpulog.GpuLog, written by the ticks (not imported here: gpulog
+        # imports env, which imports this module)
+        self.log = None
+        # held by each tick and by the main thread opening and closing a window (an RLock)
+        self._cv = threading.Condition()
+        self._running = self._open = self._closing = False
         self._thread: threading.Thread | None = None
         self._tid: int | None = None  # the sampler thread's native id while it runs
+        self._values: dict = {}  # the last tick's NVML fields, for the log's row
         self._summary = MonitorSummary()
         self._t0 = 0.0
         self._e0: float | None = None
@@ -351,10 +357,12 @@ class Monitor:
         used = sum(v - last.get(tid, 0.0) for tid, v in now.items())
         return (max(0.0, 100.0 * used / (at - then)) if at > then else 0.0), len(now)
 
-    def sample(self, fresh: bool = False) -> Sample:
+    def sample(self, fresh: bool = False, window: bool = True) -> Sample:
+        """One reading: the host's CPU and the GPU's fields; for a window (`window`) also the
+        run's processes and this process's device memory."""
         main_cpu = main_rss = workers_cpu = workers_rss = 0.0
         workers = threads = 0
-        for p in self._processes(fresh):
+        for p in self._processes(fresh) if window else ():
             try:
                 with p.oneshot():  # one read of /proc/<pid>/stat for both figures
                     cpu, rss = p.cpu_percent(None), p.memory_info().rss
@@ -380,14 +388,15 @@ class Monitor:
             s.read_bytes, s.disk_read_bytes = self._io.totals()
         values: dict = {}
         if self.gpu is not None:
-            values, errors = read_fields(*self.gpu, self.proc.pid)
+            values, errors = read_fields(*self.gpu, self.proc.pid if window else None)
             for k in (*GPU_FIELDS, "power_source"):
                 setattr(s, k, values.get(k))
             for k, why in errors.items():
                 if k not in self._unsupported:
                     log.debug("NVML %s not read: %s", k, why)
                     self._unsupported[k] = why
-        if self.cuda_index is not None:
+        self._values = values
+        if window and self.cuda_index is not None:
             s.torch_reserved, s.device_used = self._device_memory(values.get("process_mem_used"))
         return s
 
@@ -412,52 +421,98 @@ class Monitor:
 
     def open(self) -> None:
         """The window's start: fresh summary, baselines, the energy counter's first read."""
-        self._summary = MonitorSummary()
-        if self._io is not None:
-            self._io.reset()
-        self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
-        self._e0 = energy_mj(self.gpu)
-        self._t0 = self.clock()
+        with self._cv:
+            self._summary = MonitorSummary()
+            if not self.enabled:
+                return
+            if self._io is not None:
+                self._io.reset()
+            self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
+            self._e0 = energy_mj(self.gpu)
+            self._t0 = self.clock()
+            self._open = True
 
-    def tick(self, fresh: bool = False) -> None:
-        self._summary.samples.append(self.sample(fresh))
-
-    def ends(self) -> tuple[float, float | None]:
-        """The window's end: the time and the energy counter's read."""
-        return self.clock(), energy_mj(self.gpu)
+    def tick(self, fresh: bool = False, row: bool = True) -> None:
+        """One reading serves both: the open window's sample, and the log's row (`row`)."""
+        with self._cv:
+            log_ = self.log if row else None
+            if not (self._open or log_):
+                return
+            s = self.sample(fresh, window=self._open)
+            if self._open:
+                self._summary.samples.append(s)
+            if log_ is not None:
+                log_.write(s.host_cpu, self._values)
 
     def close(self, ends: tuple[float, float | None] | None = None) -> MonitorSummary:
-        """The window's summary, closing now or at `ends` (read earlier, by stop)."""
-        t1, e1 = ends or self.ends()
-        self._summary.nvml_unsupported = sorted(self._unsupported)
-        return finish_window(self._summary, self._t0, t1, self._e0, e1)
+        """The window's summary, closing now or at `ends` (its time and energy counter's read,
+        taken earlier by stop)."""
+        t1, e1 = ends or (self.clock(), energy_mj(self.gpu))
+        with self._cv:
+            self._open = False
+            self._summary.nvml_unsupported = sorted(self._unsupported)
+            return finish_window(self._summary, self._t0, t1, self._e0, e1)
+
+    def stop(self) -> MonitorSummary:
+        if not self._open:
+            return self._summary
+        # the window's end is now: read before the sampler takes the window's last sample,
+        # a few ms after it closed (the counter moves every 20-100 ms)
+        ends = self.clock(), energy_mj(self.gpu)
+        with self._cv:
+            if self._running:  # the sampler thread takes it: its own /proc reads subtracted
+                self._closing = True
+                self._cv.notify_all()
+                self._cv.wait_for(lambda: not self._closing)
+            else:  # no sampler thread (begin() not called, or ended): taken here
+                self.tick(fresh=True, row=False)
+            return self.close(ends)
+
+    # ------------------------------------------------------------------ the run's thread
 
     def _run(self) -> None:
         # the sampler's own /proc reads land in the main process's I/O counters: its thread's
         # counters (/proc/self/task/<tid>/io) are taken back out
         self._tid = threading.get_native_id()
-        while not self._stop.wait(self.interval):
-            self.tick()
-        self.tick(fresh=True)  # a short window gets one too
+        # host CPU: psutil.cpu_percent(None) is the share since the last call on the same thread
+        # (its baseline is kept per threading.current_thread().ident: psutil/__init__.py), so
+        # every tick's covers the interval since the previous tick, a window's first included
+        psutil.cpu_percent(None)
+        with self._cv:
+            while True:
+                self._cv.wait_for(lambda: self._closing or not self._running, self.interval)
+                closing, last = self._closing, not (self._closing or self._running)
+                try:  # a tick; a window's last sample (no row: the log keeps its interval);
+                    # the run's last moments (a row even for the shortest run)
+                    self.tick(fresh=closing or last, row=not closing)
+                except Exception as e:  # never stops the run, nor a window's close
+                    log.debug("sample failed: %s", e)
+                self._closing = False
+                self._cv.notify_all()
+                if last:
+                    break
         self._tid = None
 
-    def start(self) -> None:
-        self._summary = MonitorSummary()
+    def begin(self, log=None) -> None:
+        """Start the run's sampler thread; with `log`, each tick writes gpu_metrics.csv's row."""
         if not self.enabled:
             return
-        self.open()
-        self._stop.clear()
+        self.log = log.start() if log is not None else None
+        self._running = True
         self._thread = threading.Thread(target=self._run, name="gpubench-monitor", daemon=True)
         self._thread.start()
 
-    def stop(self) -> MonitorSummary:
-        if self._thread is None:
-            return self._summary
-        # the window's end is now: read before the sampler's last sample and join, which
-        # take a few ms after the window closed (the counter moves every 20-100 ms)
-        ends = self.ends()
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-        return self.close(ends)
-
+    def end(self):
+        """Stop the sampler after its last row; returns the log, closed (None without one, or
+        once ended)."""
+        if self._thread is not None:
+            self._running = False
+            if self._cv.acquire(timeout=10):  # not held by a tick stuck in a hung driver
+                self._cv.notify_all()
+                self._cv.release()
+            self._thread.join(timeout=10)
+            self._thread = None
+        done, self.log = self.log, None
+        if done is not None:
+            done.stop()
+        return done

@@ -115,8 +115,8 @@ def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
 # Fields read from NVML, each in its own try: one NotSupported (MIG instances have no
 # utilization or power counters of their own; some boards lack power readings) must not drop
 # the others. On a MIG instance the fields NVML would only give for the whole GPU (power,
-# energy: other tenants included) are not read at all. The window sampler (monitor.py) and
-# the run's log (gpulog.py) both read through here.
+# energy: other tenants included) are not read at all. The run's sampler (monitor.py) reads
+# through here once per tick, for its window and for gpu_metrics.csv's row (gpulog.py).
 GPU_FIELDS = ("gpu_util", "mem_util", "gpu_mem_used", "power_w")
 WHOLE_GPU_ONLY = ("power_w", "energy")
 

@@ -389,7 +389,7 @@ def test_the_gpu_log_and_the_run_picture_refuse_a_link(tmp_path):
     run.mkdir()
     (run / "gpu_metrics.csv").symlink_to(victim)
     with pytest.raises(LinkError):
-        GpuLog("cpu", run, 0.05).start()
+        GpuLog("cpu", run).start()
     (run / "run.png").symlink_to(victim)
     rec = RunRecord.from_dict({"status": "ok", "phases": {"loader": {
         "phase": "loader", "batch_size": 4, "images_per_sec": 250.0}}}, run)

@@ -57,8 +57,7 @@ def test_this_gpu_has_a_peak_row():  # finding 11
 
 
 def test_nvml_fields_one_by_one_for_this_device():  # finding 12
-    from gpubench.telemetry.monitor import Nvml
-    from gpubench.telemetry.nvml import read_fields
+    from gpubench.telemetry.nvml import Nvml, read_fields
 
     torch.empty(1, device="cuda")  # a context, so this process shows in NVML's list
     nvml = Nvml.get()

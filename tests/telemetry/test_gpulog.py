@@ -1,10 +1,13 @@
-"""gpu_metrics.csv: nvidia-smi's columns, one row per sampler interval, host figures on a CPU;
-the GPU columns against a test NVML (tests/fake_nvml.py)."""
+"""gpu_metrics.csv: nvidia-smi's columns, one row per tick of the run's sampler, host figures
+on a CPU; the GPU columns against a test NVML (tests/fake_nvml.py), from the same reading as the
+open window's sample."""
 
 from __future__ import annotations
 
 import csv
+import itertools
 import re
+import threading
 import time
 from datetime import datetime
 
@@ -12,6 +15,7 @@ import pytest
 
 from gpubench.run.runner import measure_run
 from gpubench.telemetry.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog, series
+from gpubench.telemetry.monitor import Monitor
 
 HEADER = ("timestamp, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
           "memory.free [MiB], power.draw [W], clocks.current.sm [MHz], "
@@ -22,6 +26,11 @@ STAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{3}$")
 def _rows(path):
     with open(path, newline="") as f:
         return list(csv.reader(f))
+
+
+def _sampler(interval, gpu=None, clock=time.perf_counter) -> Monitor:
+    # host figures for this process only (no child listing)
+    return Monitor("cpu", interval, worker_pids=lambda: (), gpu=gpu, clock=clock)
 
 
 def test_header_is_nvidia_smis():
@@ -39,11 +48,12 @@ def test_host_figures_at_the_interval(tmp_path):
         taken.append(time.monotonic())
         return t0 + 0.25 * len(taken)
 
-    log = GpuLog("cpu", tmp_path, 0.05, clock=clock).start()
+    m = _sampler(0.05)
+    m.begin(GpuLog("cpu", tmp_path, clock=clock))
     deadline = time.monotonic() + 60
-    while log.rows < 5 and time.monotonic() < deadline:
+    while m.log.rows < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
-    log.stop()
+    log = m.end()
     rows = _rows(tmp_path / GPU_METRICS_FILE)
     assert tuple(rows[0]) == COLUMNS
     body = rows[1:]
@@ -66,8 +76,9 @@ def test_host_figures_at_the_interval(tmp_path):
 
 
 def test_shortest_log_still_has_one_row(tmp_path):
-    log = GpuLog("cpu", tmp_path, 10.0).start()
-    log.stop()  # long before the first interval ends
+    m = _sampler(10.0)
+    m.begin(GpuLog("cpu", tmp_path))
+    log = m.end()  # long before the first interval ends
     rows = _rows(tmp_path / GPU_METRICS_FILE)
     assert tuple(rows[0]) == COLUMNS and len(rows) == 2 and log.rows == 1
 
@@ -87,9 +98,10 @@ def test_host_cpu_column_sees_a_busy_thread(tmp_path):
         spinner = threading.Thread(target=spin)
         if busy:
             spinner.start()
-        log = GpuLog("cpu", d, 0.2).start()
+        m = _sampler(0.2)
+        m.begin(GpuLog("cpu", d))
         time.sleep(1.0)
-        log.stop()
+        m.end()
         stop.set()
         if busy:
             spinner.join()
@@ -121,12 +133,16 @@ def test_gpu_columns_filled(tmp_path):
     from gpubench.telemetry.gpulog import GPM_COLUMNS
 
     x = torch.randn(4096, 4096, device="cuda")
-    log = GpuLog("cuda", tmp_path, 0.1).start()
+    m = Monitor("cuda", 0.1)
+    m.begin(GpuLog("cuda", tmp_path, gpu=m.gpu))
+    m.open()  # a window on the same sampler: its samples and the rows are the same readings
     t0 = time.time()
-    while time.time() - t0 < 1.5:  # keep the GPU busy so utilization and GPM read non-zero
+    while time.time() - t0 < 2.5:  # keep the GPU busy so utilization and GPM read non-zero
         x = (x @ x).clamp_(-1, 1)
     torch.cuda.synchronize()
-    log.stop()
+    window = m.stop()
+    log = m.end()
+    assert window.max("gpu_util") > 50 and window.energy_j, window.as_dict()
     rows = _rows(tmp_path / GPU_METRICS_FILE)
     assert tuple(rows[0][: len(COLUMNS)]) == COLUMNS
     body = [dict(zip(rows[0], r, strict=True)) for r in rows[1:]]
@@ -136,7 +152,7 @@ def test_gpu_columns_filled(tmp_path):
     assert max(float(r["utilization.gpu [%]"]) for r in body) > 50
     assert int(body[-1]["memory.used [MiB]"]) > 64  # the 64 MiB matrix at least
     assert float(body[-1]["clocks.current.sm [MHz]"]) > 0
-    if not log.mig:
+    if not m.mig:
         assert float(body[-1]["power.draw [W]"]) > 0
         assert re.match(r"^0x[0-9A-F]{16}$", body[-1]["clocks_throttle_reasons.active"])
     if log.gpm is not None:  # Hopper and newer
@@ -178,29 +194,68 @@ def _fake_gpu(uuid=None, **kw):
     return nv, NvmlDevice(nv, *find_handle(nv, uuid or GPU_UUID))
 
 
+def _row(tmp_path, dev):
+    """gpu_metrics.csv's one row from a run whose sampler ticks once (its last)."""
+    m = _sampler(60.0, gpu=dev)
+    m.begin(GpuLog("cuda", tmp_path, gpu=dev))
+    log = m.end()
+    rows = _rows(log.path)
+    assert len(rows) == 2 and log.rows == 1
+    return log, dict(zip(rows[0], rows[1], strict=True))
+
+
 def test_gpu_row_reads_the_samplers_fields(tmp_path):
-    """The log's GPU columns come from the window sampler's reads (nvml.read_fields): instant
-    power where the driver has it, the board's name as text."""
+    """The log's GPU columns come from the sampler's reads (nvml.read_fields): instant power
+    where the driver has it, the board's name as text."""
     nv, dev = _fake_gpu()
-    log = GpuLog("cuda", tmp_path, 0.1, clock=lambda: 1764000000.0, gpu=dev)
-    assert log.name == "NVIDIA H100 80GB HBM3"
+    log, row = _row(tmp_path, dev)
+    assert log.name == row["name"] == "NVIDIA H100 80GB HBM3"
     assert "no GPM" in log.note and log.gpm is None  # an Ampere-like board
-    row = log.sample()
-    assert row["power.draw [W]"] == 400.0  # instant: the 1 s average would read 190 W
-    assert row["utilization.gpu [%]"] == 100 and row["utilization.memory [%]"] == 50
-    assert row["memory.used [MiB]"] == 5 * 1024 and row["memory.free [MiB]"] == 75 * 1024
+    assert row["power.draw [W]"] == "400.00"  # instant: the 1 s average would read 190 W
+    assert row["utilization.gpu [%]"] == "100" and row["utilization.memory [%]"] == "50"
+    assert row["memory.used [MiB]"] == str(5 * 1024)
+    assert row["memory.free [MiB]"] == str(75 * 1024)
     assert row["clocks_throttle_reasons.active"] == "0x0000000000000004"
-    assert row["clocks.current.sm [MHz]"] == 1980
+    assert row["clocks.current.sm [MHz]"] == "1980"
+
+
+def test_one_reading_serves_the_window_and_the_row(tmp_path):
+    """With a window open, a tick reads NVML once for both outputs; the window's last sample
+    is the sampler thread's, at stop(), and adds no row; end() writes the run's last row."""
+    nv, dev = _fake_gpu()
+    ticks, on = itertools.count(), {}
+
+    def clock():  # the sampler's time, noting which thread read it
+        t = float(next(ticks))
+        on[t] = threading.current_thread().name
+        return t
+
+    m = _sampler(60.0, gpu=dev, clock=clock)  # no tick of its own before end()
+    m.begin(GpuLog("cuda", tmp_path, gpu=dev))
+    m.open()
+    before = nv.calls.count("nvmlDeviceGetUtilizationRates")
+    m.tick()
+    assert nv.calls.count("nvmlDeviceGetUtilizationRates") == before + 1
+    window = m.stop()
+    assert m.log.rows == 1  # the tick's; the window's last sample wrote none
+    log = m.end()
+    assert log.rows == 2 and m.end() is None  # the run's last row; ended once
+    first, last = window.samples
+    assert on[first.t] == "MainThread" and on[last.t] == "gpubench-monitor"
+    row = dict(zip(COLUMNS, _rows(log.path)[1], strict=True))
+    assert (first.gpu_util, first.power_w) == (100.0, 400.0)
+    assert (row["utilization.gpu [%]"], row["power.draw [W]"]) == ("100", "400.00")
+    m.open()  # no sampler thread any more: stop() takes the window's last sample itself
+    (alone,) = m.stop().samples
+    assert on[alone.t] == "MainThread"
 
 
 def test_older_bindings_give_bytes_names_decoded_and_averaged_power(tmp_path):
     nv, dev = _fake_gpu(old_bindings=True)
     assert isinstance(nv.nvmlDeviceGetName(dev.handle), bytes)  # what older nvidia-ml-py does
-    log = GpuLog("cuda", tmp_path, 0.1, gpu=dev)
-    assert log.name == "NVIDIA H100 80GB HBM3"  # not "b'NVIDIA H100 80GB HBM3'"
-    row = log.sample()
-    assert row["name"] == log.name
-    assert row["power.draw [W]"] == pytest.approx(190.0)  # nvmlDeviceGetPowerUsage's mean
+    log, row = _row(tmp_path, dev)
+    assert log.name == row["name"] == "NVIDIA H100 80GB HBM3"  # not "b'NVIDIA H100 ...'"
+    assert float(row["power.draw [W]"]) == pytest.approx(190.0)  # nvmlDeviceGetPowerUsage's
     assert row["clocks_throttle_reasons.active"] == "0x0000000000000004"  # the old call's name
 
 
@@ -208,11 +263,10 @@ def test_mig_row_has_memory_and_no_whole_gpu_columns(tmp_path):
     from tests.fake_nvml import MIG_UUID
 
     nv, dev = _fake_gpu(MIG_UUID)
-    log = GpuLog("cuda", tmp_path, 0.1, gpu=dev)
-    assert log.mig and "MIG" in log.note and "MIG" in log.name
-    row = log.sample()
-    assert row["memory.used [MiB]"] == 2 * 1024
-    assert row["power.draw [W]"] is None and row["utilization.gpu [%]"] is None
-    assert "clocks_throttle_reasons.active" not in row
+    log, row = _row(tmp_path, dev)
+    assert log.gpu.mig and "MIG" in log.note and "MIG" in log.name
+    assert row["memory.used [MiB]"] == str(2 * 1024)
+    assert row["power.draw [W]"] == row["utilization.gpu [%]"] == ""
+    assert row["clocks_throttle_reasons.active"] == ""
     assert not {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues",
                 "nvmlDeviceGetCurrentClocksEventReasons"} & set(nv.calls)
