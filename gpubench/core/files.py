@@ -175,21 +175,6 @@ def inside(path: str | Path, root: str | Path) -> bool:
     return True
 
 
-def files_inside(folder: str | Path, root: str | Path | None = None) -> list[Path]:
-    """The regular files under `folder` that lie in `root` (default: `folder`) once links are
-    followed, in a stable order. Linked folders are not entered (a link loop cannot hang it);
-    a linked file is kept only when it points inside."""
-    folder = Path(folder)
-    root = folder if root is None else Path(root)
-    if not inside(folder, root):
-        return []
-    out = []
-    for dirpath, dirnames, names in os.walk(folder):  # followlinks=False: links to folders stay
-        dirnames.sort()
-        out += [p for n in sorted(names) if (p := Path(dirpath) / n).is_file() and inside(p, root)]
-    return out
-
-
 def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
     """A folder gpubench writes its own files into: `folder` (under `root`, default itself) is
     reached without a symbolic link out of `root` and holds no symbolic link, so every file

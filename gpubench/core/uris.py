@@ -14,13 +14,6 @@ MLFLOW_SQL_SCHEMES = tuple(s for s in SQL_SCHEMES if s != "oracle")
 SQLITE_PREFIX = "sqlite:///"
 
 
-def sql_backend(url: str) -> str | None:
-    """The database a URL names (`postgresql` for postgresql+psycopg://...), None when it
-    names none of SQL_SCHEMES."""
-    base = urlsplit(str(url)).scheme.lower().partition("+")[0]
-    return base if base in SQL_SCHEMES else None
-
-
 def sqlite_path(url: str) -> Path | None:
     """The file a `sqlite:///path` URL names (relative to the working directory unless it
     starts with a fourth slash), None for any other URL."""
