@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -73,6 +74,15 @@ from gpubench.parts.oom import pin_host
 from gpubench.parts.thread_loader import ThreadLoader
 
 log = logging.getLogger(__name__)
+# torch warns (twice per iterator) when loader.num_workers exceeds its suggested count; a sweep
+# of workers asks for such counts on purpose, and the run reports what they cost (host CPU,
+# this run's processes, the workers' share): the warning only repeats what the figures show
+def quiet_worker_count_warning() -> None:
+    warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
+                            UserWarning)
+
+
+quiet_worker_count_warning()
 
 
 # ------------------------------------------------------------------------------ batches

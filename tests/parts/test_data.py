@@ -542,3 +542,22 @@ def test_distributed_sampler_epoch_advances(folder):
     epochs = [[next(it)[0][1].tolist() for _ in range(3)] for _ in range(2)]
     assert pipe.loader.sampler.epoch == 1
     assert epochs[0] != epochs[1]  # a new shuffle each epoch, as set_epoch gives
+
+
+def test_more_workers_than_cores_runs_without_torchs_warning():
+    """A sweep asks for more workers than cores on purpose and reports their cost: torch's
+    warning about the count is filtered where gpubench builds its loaders (no worker starts:
+    the check is the DataLoader's own method)."""
+    import os
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    from gpubench.parts.data import quiet_worker_count_warning
+
+    many = DataLoader(list(range(4)), num_workers=(os.cpu_count() or 1) + 8)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")  # every warning recorded, none shown once only...
+        quiet_worker_count_warning()  # ...but the one gpubench filters
+        many.check_worker_number_rationality()
+    assert not [w for w in seen if "worker processes" in str(w.message)]
