@@ -158,7 +158,8 @@ def question(name: str, phase: str) -> str:
 def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     """The y range from every point but the flagged ones (they must not set the scale: a
     queue-timed loader run read 10x the rest); a flagged point past the top is drawn at the
-    edge (`off_scale`) with its figure beside it. With nothing but flagged points, they set it."""
+    edge (`off_scale`: "above") with its figure beside it, one under a log axis's floor likewise
+    ("below"). With nothing but flagged points, they set it."""
     basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
@@ -166,8 +167,8 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     # the axis: a log axis keeps both readable
     log_y = min(ys) > 0 and max(ys) > LOG_SPAN * min(ys)
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
-    for p in d["flagged"]:
-        p["off_scale"] = p["y"] > ymax
+    for p in d["flagged"]:  # past either end: drawn at that edge, with its figure
+        p["off_scale"] = "above" if p["y"] > ymax else "below" if p["y"] < ymin else False
     whisker = interval_label_of([record_of(r) for r in rows])
     # beside the bounds of the same runs the axis holds more than the headline phase
     what = "images/sec" if any(ln["bounds"] for ln in d["lines"]) else \
@@ -283,7 +284,7 @@ def pareto_data(rows, rec=None) -> dict | None:
                  max(mid + max(peaks) / 8, *shown)) if alike else None
     d["ymax"] = HEADROOM * max(max(p["hi"], p["y"]) for p in basis)
     for p in d["flagged"]:
-        p["off_scale"] = p["y"] > d["ymax"]
+        p["off_scale"] = "above" if p["y"] > d["ymax"] else False
     whisker = interval_label_of([record_of(r) for r in full])
     d["ylabel"] = f"{d['phase']} images/sec (whiskers: {whisker})"
     return d

@@ -18,6 +18,7 @@ only draws that data:
 from __future__ import annotations
 
 import logging
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -54,8 +55,22 @@ def _figure():
     return _plt().subplots(figsize=(10.4, 4.8))
 
 
+# a legend line's most characters: a setup of six knobs on one line (about 110) made the legend
+# wider than the axes, and the saved picture's tight box left the axes a sliver
+LEGEND_CHARS = 52
+
+
+def wrapped(label: str, width: int = LEGEND_CHARS) -> str:
+    """A legend label broken into lines of at most `width` characters, at spaces (its own line
+    breaks kept)."""
+    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
+                     for line in label.split("\n"))
+
+
 def _legend(ax, **kw) -> None:
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, [wrapped(t) for t in labels], loc="upper left",
+              bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw)
 
 
 def _save(fig, path: Path) -> Path:
@@ -159,22 +174,29 @@ def _lone(ax, pts: list[dict], y_of=None, near: float = 0.0, flagged: bool = Fal
 
 
 def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
-    """Flagged runs hollow red, never joined; one past the top at the edge, its figure beside."""
+    """Flagged runs hollow red, never joined; one past the top or under a log axis's floor at
+    that edge, its figure beside."""
     on = [p for p in d["flagged"] if not p.get("off_scale")]
-    off = [p for p in d["flagged"] if p.get("off_scale")]
     style = dict(marker="o", markersize=8, markerfacecolor="none", markeredgecolor="tab:red",
                  color="tab:red", zorder=2)
     _lone(ax, on, near=near, flagged=True, taken=taken, **style, label=d["flagged_label"])
-    edge = d["ymax"] / (1.12 if d.get("log_y") else 1.03)
-    # the figure and run number under the marker, narrow enough for the last tick's point
-    _lone(ax, [{**p, "run": None} for p in off], y_of=lambda p: edge, near=near, flagged=True,
-          taken=taken,
-          **{**style, "marker": "^"}, label=None if on else d["flagged_label"])
-    for p, dx in zip(off, _dodge(off, near, taken), strict=True):
-        run = f"run {p['run']}\n" if p.get("run") is not None else ""
-        ax.annotate(f"{run}{p['y']:,.0f}\noff scale", (p["x"], edge), xytext=(dx, -8),
-                    textcoords="offset points", fontsize=7, color="tab:red", ha="center",
-                    va="top")
+    step = 1.12 if d.get("log_y") else 1.03
+    labelled = bool(on)
+    for side, edge, marker, dy, va in (("above", d["ymax"] / step, "^", -8, "top"),
+                                       ("below", d.get("ymin", 0.0) * step, "v", 8, "bottom")):
+        off = [p for p in d["flagged"] if p.get("off_scale") == side]
+        if not off:
+            continue
+        # the figure and run number inside the axes, beside the marker at the edge
+        _lone(ax, [{**p, "run": None} for p in off], y_of=lambda p, e=edge: e, near=near,
+              flagged=True, taken=taken, **{**style, "marker": marker},
+              label=None if labelled else d["flagged_label"])
+        labelled = True
+        for p, dx in zip(off, _dodge(off, near, taken), strict=True):
+            run = f"run {p['run']}\n" if p.get("run") is not None else ""
+            ax.annotate(f"{run}{p['y']:,.0f}\noff scale", (p["x"], edge), xytext=(dx, dy),
+                        textcoords="offset points", fontsize=7, color="tab:red", ha="center",
+                        va=va)
 
 
 def _note(ax, text: str | None) -> None:

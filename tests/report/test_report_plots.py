@@ -353,6 +353,30 @@ def test_star_and_top_point_fit_under_the_axis_top():
     assert p["star"] == {"x": 30.0, "y": 100, "lone": False, "flagged": False} and p["ymax"] >= 1.1 * 101
 
 
+def test_a_flagged_run_under_a_log_axis_floor_is_drawn_at_the_floor(tmp_path):
+    rows = rows_of(run(batch=64, e2e=300, loader=8000), run(batch=128, e2e=350, loader=8100),
+                   run(batch=256, e2e=5, noise=[BUSY]))
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert d["log_y"] and d["ymin"] > 5 and d["flagged"][0]["off_scale"] == "below"
+    drawn = report_plots._draw_curve(d, tmp_path / "t.png")
+    texts = [t.get_text() for t in _texts_of(report_plots, d, tmp_path)]
+    assert drawn.exists() and any("5\noff scale" in t for t in texts), texts
+
+
+def _texts_of(plots, d, tmp_path):
+    """The annotations a curve picture holds (drawn again, kept open to read them)."""
+    import matplotlib.pyplot as plt
+
+    close = plt.close
+    figs = []
+    plt.close = lambda fig=None: figs.append(fig)  # keep the figure for reading
+    try:
+        plots._draw_curve(d, tmp_path / "again.png")
+    finally:
+        plt.close = close
+    return [t for ax in figs[0].axes for t in ax.texts]
+
+
 def test_png_files_with_few_trials(tmp_path):
     rows = rows_of(run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.6),
                    run(batch=48, e2e=125, peak=0.95, status=Status.over_ceiling),
