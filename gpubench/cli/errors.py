@@ -55,7 +55,12 @@ def one_line_errors():
     """Around the whole command: one line for any error (see the module docstring)."""
     install_sigterm()
     if os.environ.get(FULL_ERROR) == "1":
-        yield
+        try:
+            yield
+        except SystemExit as e:
+            if isinstance(e.code, ConfigError):  # a callback's bad input: its traceback, as asked
+                raise e.code from None
+            raise
         return
     given: list[str] = []
     before, os.environ[FULL_ERROR] = os.environ.get(FULL_ERROR), "1"

@@ -33,6 +33,7 @@ from gpubench.config.settings import (
     check_name,
     check_phases,
     known_models,
+    resolve,
 )
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
@@ -307,15 +308,20 @@ class InputCheck(Callback):
     before the sweeper is built and before any other callback (the MLflow parent run) starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config)
+        # a single run's settings too: Hydra makes the run's folder (its .hydra, the log) before
+        # the job resolves them, so bad input would leave an empty run behind. A multirun's
+        # jobs each differ: the sweeper checks its override lists (check_sweeper)
+        self._check(config, settings=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config)
 
     @staticmethod
-    def _check(config: DictConfig) -> None:
+    def _check(config: DictConfig, settings: bool = False) -> None:
         try:
             check_before_work(config)
+            if settings:
+                resolve(config)
         except ConfigError as e:
             # a SystemExit carrying the ConfigError: Hydra turns an Exception raised in a
             # callback into a warning and carries on; this ends the command, and
