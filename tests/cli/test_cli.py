@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -71,10 +72,16 @@ def test_mistyped_key_names_the_close_key(compose_cfg):
 
 @pytest.fixture
 def sigterm_kept():
-    """one_line_errors installs gpubench's SIGTERM handler: this process gets its own back."""
+    """one_line_errors installs gpubench's SIGTERM handler, and Hydra's main configures
+    logging (a handler on the root logger writing to this test's captured stderr, closed once
+    it ends): this process gets its own back."""
     before = signal.getsignal(signal.SIGTERM)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     yield
     signal.signal(signal.SIGTERM, before)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.mark.parametrize("argv, line", [

@@ -555,9 +555,9 @@ def test_more_workers_than_cores_runs_without_torchs_warning():
 
     from gpubench.parts.data import quiet_worker_count_warning
 
-    many = DataLoader(list(range(4)), num_workers=(os.cpu_count() or 1) + 8)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")  # every warning recorded, none shown once only...
         quiet_worker_count_warning()  # ...but the one gpubench filters
+        many = DataLoader(list(range(4)), num_workers=(os.cpu_count() or 1) + 8)
         many.check_worker_number_rationality()
     assert not [w for w in seen if "worker processes" in str(w.message)]
