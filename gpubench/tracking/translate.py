@@ -91,10 +91,11 @@ NAME_COLUMN = "attributes.`Run Name`"
 # the verdict stays in view with the UI's assistant panel open
 VIEW_WIDTHS = {NAME_COLUMN: 320, "runDateAndNestInfo": 135, VIEW_COLUMNS[0]: 125}
 UI_QUERY = "workflowType=machine_learning"  # the training view, whatever the browser chose last
-EXPERIMENT_NOTE = f"""**Views → {VIEW}**: each run's images/sec and verdict as columns. A run's \
-name is its setup and images/sec (`resnet50-bs128-w8-amp_bf16 812img/s`, rounded to what its \
-interval supports); its page starts with the verdict and the figure with its interval, then its \
-picture. A sweep is one parent run with a child run per job."""
+# what the first line says: MLflow folds the description to about a line and a half at 1440 px
+EXPERIMENT_NOTE = f"""**Views → {VIEW}**: images/sec and verdict as columns; a sweep is a parent \
+run with a child per job. A run's name is its setup and images/sec \
+(`resnet50-bs128-w8-amp_bf16 812img/s`, rounded to what its interval supports); its page starts \
+with the verdict and the figure with its interval, then its picture."""
 
 
 def experiment_tags(now_ms: int | None = None) -> dict[str, str]:
