@@ -34,6 +34,7 @@ PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green
 # the picture's resolution: 7.5 in wide at 92 dpi, bounding box included, fits MLflow's run page
 DPI = 92
 
+
 def _interval(ci: Any) -> list[float] | None:
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(map(finite, ci)):
         return [float(ci[0]), float(ci[1])]
