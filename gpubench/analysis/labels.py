@@ -4,6 +4,7 @@ the run picture, and MLflow's run names and descriptions all read them from here
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from gpubench.core.record import Bottleneck
 
@@ -62,3 +63,79 @@ def verdict_tag(bottleneck: Bottleneck | str | None) -> str:
 
 def verdict_sentence(bottleneck: Bottleneck | str | None) -> str:
     return verdict_words(bottleneck).sentence
+
+
+# what the compute- and data-bound sentences add when e2e's interval straddles the tracking line
+_COSTS = ("; overlap costs {loss.lo:.0%}-{loss.hi:.0%} (e2e {e2e:.1f} img/s is {tracking:.0%} "
+          "of it; whether it loses more than {loses:.0%} is left open by the intervals)")
+# e2e above what the pipes allow: what the figures show, and why it flags the measurement
+ABOVE_OWN_BOUND = ("e2e {e2e:.1f} img/s is above its own upper bound, {narrower} at {bound:.1f} "
+                   "({tracking:.0%})")
+IMPOSSIBLE = "impossible in a steady run, so something disturbed the measurement"
+_DATA = "data-bound: the loader delivers {loader:.1f} img/s, {supply:.0%} of what"
+
+
+class Case(Enum):
+    """Why the verdict rule (analysis.verdict) decided as it did. The rule keeps the case and
+    the figures it rests on (Est, thresholds); each case's value is the sentence a reader sees,
+    filled from those figures (`compute` is the bound the loader is compared with: compute,
+    or compute plus the device's data work, `compute_name`)."""
+
+    data_tracks = _DATA + " compute takes ({compute:.1f}); e2e {e2e:.1f} tracks it ({tracking:.0%})"
+    data_no_e2e = _DATA + " compute takes ({compute:.1f}) (e2e not measured)"
+    data_open_overlap = _DATA + " {compute_name} takes ({compute:.1f})" + _COSTS
+    compute_tracks = ("compute-bound: e2e {e2e:.1f} img/s is {of_compute:.0%} of {compute_name} "
+                      "{compute:.1f}; the loader ({loader:.1f}) keeps up")
+    compute_no_e2e = ("compute-bound: loader {loader:.1f} vs compute {compute:.1f} img/s "
+                      "(e2e not measured)")
+    compute_open_overlap = ("compute-bound: the loader ({loader:.1f} img/s) keeps up with "
+                            "{compute_name} {compute:.1f} ({supply:.0%} of it)" + _COSTS)
+    overlap = ("overlap: e2e {e2e:.1f} img/s is {tracking:.0%} of the narrower bound, {narrower} "
+               "at {bound:.1f}: loading and compute run one after the other instead of "
+               "overlapping")
+    supply_open = ("the loader ({loader:.1f} img/s) is {supply:.0%} of compute ({compute:.1f}): "
+                   "its interval straddles the {well_below:.0%} line between data- and "
+                   "compute-bound")
+    both_open = ("e2e {e2e:.1f} img/s is {tracking:.0%} of the narrower bound ({narrower}, "
+                 "{bound:.1f}): its interval straddles the {tracks:.0%} line between tracking a "
+                 "bound and losing time to poor overlap, and the loader's share of compute "
+                 "({supply:.0%}) straddles the {well_below:.0%} line")
+    above_bound = ABOVE_OWN_BOUND + ": " + IMPOSSIBLE
+    waits_on_data = "the loop waits on data {wait:.0%} of the time"
+    waits_little = "the loop waits on data only {wait:.0%} of the time"
+    unstable = "measurement unstable: {flaws}"
+    unstable_leaning = "measurement unstable: {flaws} (the figures lean to {lean})"
+    too_few_phases = "not enough phases measured to compare (run loader, compute and e2e)"
+
+
+class Step(Enum):
+    """A next step the advice (analysis.verdict.next_steps) can name, most effective first in
+    the rule; each value is the line a reader sees, filled from the run's settings
+    (reference articles 000, 001, 003)."""
+
+    contention = ("on a CPU the loader's {workers} take{s} cores from the model itself "
+                  "({cpu_count} cores here): this gap is contention; on a GPU the two overlap")
+    workers_from_zero = ("loader.num_workers=2 or more: with 0 workers the main process loads "
+                         "each batch while the device waits (article 003: >= 2 workers gave "
+                         "~1.5x)")
+    more_workers = ("loader.num_workers={more_workers} (now {num_workers}, host has {cpu_count} "
+                    "cores); sweep it with `-m bench.phases=[loader] loader.num_workers=...` and "
+                    "keep the fewest that out-run compute")
+    pin_memory = "loader.pin_memory=true: pinned host memory makes the copy asynchronous"
+    preload = ("dataset.preload=true: decode once into RAM, then only augment per step "
+               "(article 000, Method 1)")
+    augment_on_device = ("dataset.augment_on=device: crop/flip/normalize on the GPU, not in "
+                         "workers")
+    more_cpu = ("the host's cores are all loading: a host with more CPU per GPU (article 003: "
+                "marry the right CPU/RAM to the GPU)")
+    amp = ("precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x in article "
+           "003")
+    amp_on_cpu = ("precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster only "
+                  "on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)")
+    channels_last = "channels_last=true: tensor-core convolutions prefer NHWC"
+    compile = "compile=default: torch.compile fuses the elementwise ops between convs"
+    larger_batch = ("loader.batch_size={double_batch}: memory peaks at {memory_fraction:.0%} of "
+                    "the device (ceiling {ceiling:.0%}); a larger batch may raise throughput "
+                    "while compute-bound, keep the smallest that gets near the peak")
+    on_cpu = "this ran on the CPU: on a GPU the compute bound is far higher"
+    all_phases = "bench.phases=[loader,compute,e2e] to get a verdict"

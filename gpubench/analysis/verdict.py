@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpubench.analysis.labels import ABOVE_OWN_BOUND, IMPOSSIBLE, Case, Step  # noqa: F401 (run.summary)
 from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import workers
 from gpubench.config.schema import is_amp
@@ -26,7 +27,6 @@ TRACKS = 0.85
 WELL_BELOW = 0.9
 # with single windows (no interval), e2e this far above its bound is a broken measurement
 ABOVE_BOUND = 0.10
-IMPOSSIBLE = "impossible in a steady run, so something disturbed the measurement"
 
 
 def smaller(a: Est, b: Est) -> Est:
@@ -48,7 +48,10 @@ def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
 @dataclass
 class Verdict:
     bottleneck: Bottleneck
-    reason: str
+    # why, as data: the case the rule decided and the figures it rests on (Est, shares, names);
+    # `reason` turns them into the sentence a reader sees (analysis.labels.Case)
+    case: Case
+    figures: dict = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
     # the ratio the verdict rests on (e2e / bound, or loader / compute) and its interval
     ratio: Est | None = None
@@ -63,9 +66,19 @@ class Verdict:
     # what `windows_to_decide` needs
     open_ratio: Est | None = None
     open_line: float | None = None
-    # what the figures show cannot be in a steady run (e2e above its own bound): a sign the
-    # measurement was disturbed, which the run records as a noise reason (run.summary)
-    impossible: str | None = None
+
+    @property
+    def reason(self) -> str:
+        return self.case.value.format(**self.figures, tracks=TRACKS, well_below=WELL_BELOW,
+                                      loses=1 - TRACKS)
+
+    @property
+    def impossible(self) -> str | None:
+        """What the figures show cannot be in a steady run (e2e above its own bound): a sign
+        the measurement was disturbed, which the run records as a noise reason (run.summary)."""
+        if self.case is not Case.above_bound:
+            return None
+        return ABOVE_OWN_BOUND.format(**self.figures)
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
@@ -80,21 +93,18 @@ def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[floa
     return out
 
 
-def _data_or_compute(loader: Est, compute: Est, tail: str, supply: Est | None = None) -> Verdict:
-    """Data- or compute-bound from the loader's share of compute (`supply`): well below the
-    line is data-bound, at or above it compute-bound, an interval across it inconclusive."""
-    s = supply or loader.over(compute)
+def _data_or_compute(figures: dict, data: Case, compute: Case) -> Verdict:
+    """Data- or compute-bound from the loader's share of compute (`figures["supply"]`): well
+    below the line is data-bound (`data`), at or above it compute-bound (`compute`), an
+    interval across it inconclusive."""
+    s = figures["supply"]
     if s.hi < WELL_BELOW:
-        return Verdict(Bottleneck.data, (
-            f"data-bound: the loader delivers {loader:.1f} img/s, {s:.0%} of what compute "
-            f"takes ({compute:.1f}){tail}"), ratio=s, margin=WELL_BELOW - s.hi)
+        return Verdict(Bottleneck.data, data, figures, ratio=s, margin=WELL_BELOW - s.hi)
     if s.lo >= WELL_BELOW:
-        return Verdict(Bottleneck.compute, "", ratio=s, margin=s.lo - WELL_BELOW)
+        return Verdict(Bottleneck.compute, compute, figures, ratio=s, margin=s.lo - WELL_BELOW)
     lean = Bottleneck.data if s.value < WELL_BELOW else Bottleneck.compute
-    why = (f"the loader ({loader:.1f} img/s) is {s:.0%} of compute ({compute:.1f}): its "
-           f"interval straddles the {WELL_BELOW:.0%} line between data- and compute-bound")
-    return Verdict(Bottleneck.inconclusive, why, ratio=s, leaning=lean, open_ratio=s,
-                   open_line=WELL_BELOW)
+    return Verdict(Bottleneck.inconclusive, Case.supply_open, figures, ratio=s, leaning=lean,
+                   open_ratio=s, open_line=WELL_BELOW)
 
 
 @dataclass(frozen=True)
@@ -114,14 +124,13 @@ class Pipes:
         compute_bound = combined_bound(compute, device_data)
         return cls(loader, compute, e2e, compute_bound, smaller(loader, compute_bound))
 
-    @property
-    def compute_name(self) -> str:
-        return "compute" if self.compute_bound is self.compute else "compute + device data work"
-
-    @property
-    def narrower(self) -> str:
-        """Which bound is the narrower one, in words."""
-        return "the loader" if self.loader.value <= self.compute_bound.value else self.compute_name
+    def figures(self, r: Ratios) -> dict:
+        """What the sentences of the three-pipe cases quote (analysis.labels.Case)."""
+        name = "compute" if self.compute_bound is self.compute else "compute + device data work"
+        narrower = "the loader" if self.loader.value <= self.compute_bound.value else name
+        return dict(loader=self.loader, compute=self.compute_bound, compute_name=name,
+                    e2e=self.e2e, bound=self.bound, narrower=narrower, tracking=r.tracking,
+                    supply=r.supply, of_compute=r.of_compute, loss=overlap_loss(r.tracking))
 
 
 @dataclass(frozen=True)
@@ -164,60 +173,37 @@ def _above_bound(tracking: Est) -> bool:
 def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
     """The rule with all three phases: e2e against the narrower bound first (above it: a
     disturbed run; well below it: no overlap), then which bound it tracks."""
-    t = r.tracking
+    t, f = r.tracking, p.figures(r)
     if _above_bound(t):
-        what = (f"e2e {p.e2e:.1f} img/s is above its own upper bound, {p.narrower} at "
-                f"{p.bound:.1f} ({t:.0%})")
-        return Verdict(Bottleneck.inconclusive, f"{what}: {IMPOSSIBLE}", ratio=t, impossible=what)
+        return Verdict(Bottleneck.inconclusive, Case.above_bound, f, ratio=t)
     if t.hi < TRACKS:
-        return Verdict(Bottleneck.overlap, (
-            f"overlap: e2e {p.e2e:.1f} img/s is {t:.0%} of the narrower bound, {p.narrower} "
-            f"at {p.bound:.1f}: loading and compute run one after the other instead of "
-            "overlapping"), ratio=t, margin=TRACKS - t.hi, overlap_loss=overlap_loss(t))
+        return Verdict(Bottleneck.overlap, Case.overlap, f, ratio=t, margin=TRACKS - t.hi,
+                       overlap_loss=f["loss"])
     if t.lo < TRACKS:
-        return _straddles_tracking(p, r)
-    v = _data_or_compute(p.loader, p.compute_bound, f"; e2e {p.e2e:.1f} tracks it ({t:.0%})",
-                         r.supply)
-    v.overlap_loss = overlap_loss(t)
+        return _straddles_tracking(f)
+    v = _data_or_compute(f, Case.data_tracks, Case.compute_tracks)
+    v.overlap_loss = f["loss"]
     if v.bottleneck is Bottleneck.compute:
-        v.reason = (f"compute-bound: e2e {p.e2e:.1f} img/s is {r.of_compute:.0%} of "
-                    f"{p.compute_name} {p.compute_bound:.1f}; the loader ({p.loader:.1f}) "
-                    "keeps up")
         v.ratio, v.margin = t, min(v.margin, t.lo - TRACKS)
     elif v.bottleneck is Bottleneck.data:
         v.margin = min(v.margin, t.lo - TRACKS)
     return v
 
 
-def _straddles_tracking(p: Pipes, r: Ratios) -> Verdict:
+def _straddles_tracking(f: dict) -> Verdict:
     """e2e's interval straddles the line between tracking a bound and poor overlap. Two
     questions were folded into one here, and each gets what its own interval decides: which
     pipe is narrowest (the loader against compute's bound) and how much e2e loses to imperfect
     overlap (1 - e2e/bound: its interval, which may reach 0). Only when the first is open too
     is the run inconclusive, with what it leans to."""
-    t = r.tracking
-    loss = overlap_loss(t)
-    pipe = _data_or_compute(p.loader, p.compute_bound, "", r.supply)
-    costs = (f"overlap costs {loss.lo:.0%}-{loss.hi:.0%} (e2e {p.e2e:.1f} img/s is {t:.0%} "
-             f"of it; whether it loses more than {1 - TRACKS:.0%} is left open by the intervals)")
-    if pipe.bottleneck is Bottleneck.compute:
-        pipe.reason = (f"compute-bound: the loader ({p.loader:.1f} img/s) keeps up with "
-                       f"{p.compute_name} {p.compute_bound:.1f} ({r.supply:.0%} of it); "
-                       + costs)
-    elif pipe.bottleneck is Bottleneck.data:
-        pipe.reason = (f"data-bound: the loader delivers {p.loader:.1f} img/s, "
-                       f"{r.supply:.0%} of what {p.compute_name} takes "
-                       f"({p.compute_bound:.1f}); " + costs)
+    t = f["tracking"]
+    pipe = _data_or_compute(f, Case.data_open_overlap, Case.compute_open_overlap)
     if pipe.bottleneck in (Bottleneck.data, Bottleneck.compute):
-        pipe.overlap_loss, pipe.open_ratio, pipe.open_line = loss, t, TRACKS
+        pipe.overlap_loss, pipe.open_ratio, pipe.open_line = f["loss"], t, TRACKS
         return pipe
-    why = (f"e2e {p.e2e:.1f} img/s is {t:.0%} of the narrower bound ({p.narrower}, "
-           f"{p.bound:.1f}): its interval straddles the {TRACKS:.0%} line between "
-           "tracking a bound and losing time to poor overlap, and the loader's share of "
-           f"compute ({r.supply:.0%}) straddles the {WELL_BELOW:.0%} line")
     lean = Bottleneck.overlap if t.value < TRACKS else pipe.leaning
-    return Verdict(Bottleneck.inconclusive, why, ratio=t, leaning=lean, overlap_loss=loss,
-                   open_ratio=r.supply, open_line=WELL_BELOW)
+    return Verdict(Bottleneck.inconclusive, Case.both_open, f, ratio=t, leaning=lean,
+                   overlap_loss=f["loss"], open_ratio=f["supply"], open_line=WELL_BELOW)
 
 
 def overlap_loss(tracking: Est) -> Est:
@@ -245,21 +231,19 @@ def windows_to_decide(ratio: Est, line: float, repeats: int, most: int = 100) ->
 def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verdict:
     """Without e2e: which of the two bounds is narrower."""
     paired = _paired(windows, ("loader", "compute"))
-    supply = None
+    supply = loader.over(compute)
     if paired:
-        supply = Est.median_of([x / c for x, c in zip(paired["loader"], paired["compute"], strict=True)])
-    v = _data_or_compute(loader, compute, " (e2e not measured)", supply)
-    if v.bottleneck is Bottleneck.compute:
-        v.reason = (f"compute-bound: loader {loader:.1f} vs compute {compute:.1f} img/s "
-                    "(e2e not measured)")
-    return v
+        supply = Est.median_of([x / c for x, c in zip(paired["loader"], paired["compute"],
+                                                      strict=True)])
+    f = dict(loader=loader, compute=compute, supply=supply)
+    return _data_or_compute(f, Case.data_no_e2e, Case.compute_no_e2e)
 
 
 def _from_data_wait(fraction: float) -> Verdict:
     """e2e alone: how much of the loop waits on data."""
     if fraction > 0.25:
-        return Verdict(Bottleneck.data, f"the loop waits on data {fraction:.0%} of the time")
-    return Verdict(Bottleneck.compute, f"the loop waits on data only {fraction:.0%} of the time")
+        return Verdict(Bottleneck.data, Case.waits_on_data, dict(wait=fraction))
+    return Verdict(Bottleneck.compute, Case.waits_little, dict(wait=fraction))
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
@@ -282,7 +266,7 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
         return _loader_and_compute(loader_ips, compute_ips, windows)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
         return _from_data_wait(data_wait_fraction)
-    return Verdict(Bottleneck.unknown, "not enough phases measured to compare (run loader, compute and e2e)")
+    return Verdict(Bottleneck.unknown, Case.too_few_phases)
 
 
 @dataclass
@@ -305,72 +289,41 @@ class Knobs:
     is_conv: bool = True
 
 
-def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
-    """1-3 concrete next steps, most effective first (reference articles 000, 001, 003)."""
+def next_steps(bottleneck: Bottleneck | str, k: Knobs) -> list[Step]:
+    """The next steps for a verdict and the current settings, most effective first."""
     bottleneck = Bottleneck(bottleneck)
-    out: list[str] = []
-    gpu = k.device == "cuda"
-    if bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0:
-        out.append(
-            f"on a CPU the loader's {workers(k.num_workers)} take{'s' * (k.num_workers == 1)} "
-            "cores from the model itself "
-            f"({k.cpu_count} cores here): this gap is contention; on a GPU the two overlap"
-        )
-    if bottleneck in (Bottleneck.data, Bottleneck.overlap):
-        if k.num_workers == 0:
-            out.append(
-                "loader.num_workers=2 or more: with 0 workers the main process loads each batch "
-                "while the device waits (article 003: >= 2 workers gave ~1.5x)"
-            )
-        elif k.num_workers < k.cpu_count and bottleneck is Bottleneck.data:
-            out.append(
-                f"loader.num_workers={min(k.cpu_count, max(2 * k.num_workers, k.num_workers + 1))}"
-                f" (now {k.num_workers}, host has {k.cpu_count} cores); sweep it with "
-                "`-m bench.phases=[loader] loader.num_workers=...` and keep the fewest that "
-                "out-run compute"
-            )
-        if gpu and not k.pin_memory:
-            out.append("loader.pin_memory=true: pinned host memory makes the copy asynchronous")
-        if k.dataset in ("imagefolder", "fake_jpeg", "cifar10") and not k.preload:
-            out.append(
-                "dataset.preload=true: decode once into RAM, then only augment per step "
-                "(article 000, Method 1)"
-            )
-        if gpu and k.augment_on == "cpu":
-            out.append("dataset.augment_on=device: crop/flip/normalize on the GPU, not in workers")
-        if bottleneck is Bottleneck.data and k.num_workers >= k.cpu_count:
-            out.append(
-                "the host's cores are all loading: a host with more CPU per GPU "
-                "(article 003: marry the right CPU/RAM to the GPU)"
-            )
+    gpu, starved = k.device == "cuda", bottleneck in (Bottleneck.data, Bottleneck.overlap)
+    rules = [
+        (Step.contention, bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0),
+        (Step.workers_from_zero, starved and k.num_workers == 0),
+        (Step.more_workers, bottleneck is Bottleneck.data and 0 < k.num_workers < k.cpu_count),
+        (Step.pin_memory, starved and gpu and not k.pin_memory),
+        (Step.preload, starved and k.dataset in ("imagefolder", "fake_jpeg", "cifar10")
+         and not k.preload),
+        (Step.augment_on_device, starved and gpu and k.augment_on == "cpu"),
+        (Step.more_cpu, bottleneck is Bottleneck.data and k.num_workers >= k.cpu_count),
+    ]
     if bottleneck is Bottleneck.compute:
-        if k.precision in ("torch_default", "fp32", "tf32"):
-            if gpu:
-                out.append(
-                    "precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x "
-                    "in article 003"
-                )
-            else:
-                out.append(
-                    "precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster "
-                    "only on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)"
-                )
-        if gpu and k.is_conv and not k.channels_last and is_amp(k.precision):
-            out.append("channels_last=true: tensor-core convolutions prefer NHWC")
-        if gpu and k.compile == "off":
-            out.append("compile=default: torch.compile fuses the elementwise ops between convs")
         frac = k.memory_fraction
-        if frac is not None and frac < 0.6 * k.ceiling:
-            out.append(
-                f"loader.batch_size={2 * k.batch_size}: memory peaks at {frac:.0%} of the "
-                f"device (ceiling {k.ceiling:.0%}); a larger batch may raise throughput while "
-                "compute-bound, keep the smallest that gets near the peak"
-            )
-        if not gpu:
-            out.append("this ran on the CPU: on a GPU the compute bound is far higher")
-    if bottleneck is Bottleneck.unknown:
-        out.append("bench.phases=[loader,compute,e2e] to get a verdict")
-    return out[:3]
+        rules += [
+            (Step.amp if gpu else Step.amp_on_cpu,
+             k.precision in ("torch_default", "fp32", "tf32")),
+            (Step.channels_last, gpu and k.is_conv and not k.channels_last
+             and is_amp(k.precision)),
+            (Step.compile, gpu and k.compile == "off"),
+            (Step.larger_batch, frac is not None and frac < 0.6 * k.ceiling),
+            (Step.on_cpu, not gpu),
+        ]
+    rules.append((Step.all_phases, bottleneck is Bottleneck.unknown))
+    return [step for step, applies in rules if applies][:3]
+
+
+def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
+    """1-3 concrete next steps in words, filled from the settings."""
+    n = k.num_workers
+    figures = dict(vars(k), workers=workers(n), s="s" * (n == 1), double_batch=2 * k.batch_size,
+                   more_workers=min(k.cpu_count, max(2 * n, n + 1)))
+    return [step.value.format(**figures) for step in next_steps(bottleneck, k)]
 
 
 def judge(
@@ -396,9 +349,8 @@ def judge(
                  windows)
     if noise_reasons and v.bottleneck is not Bottleneck.unknown:
         lean = v.leaning if v.bottleneck is Bottleneck.inconclusive else v.bottleneck
-        v = Verdict(Bottleneck.inconclusive, "measurement unstable: "
-                    + "; ".join(r.text for r in noise_reasons)
-                    + (f" (the figures lean to {lean})" if lean else ""),
+        v = Verdict(Bottleneck.inconclusive, Case.unstable_leaning if lean else Case.unstable,
+                    dict(flaws="; ".join(r.text for r in noise_reasons), lean=lean),
                     ratio=v.ratio, leaning=lean, overlap_loss=v.overlap_loss)
         v.advice = (remedies or [])[:3] or [more_windows(steps, repeats)]
         return v

@@ -229,3 +229,30 @@ def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, 
     from gpubench.analysis.verdict import windows_to_decide
 
     assert windows_to_decide(Est(*ratio), line, repeats) == expected
+
+
+def test_every_case_is_reached_and_its_sentence_filled_from_the_figures_the_rule_keeps():
+    """The rule keeps its judgement as data (a Case and the figures it rests on) and the words
+    come from the case's sentence: each case is reachable, and each sentence finds every figure
+    it names among those the rule kept (a sentence naming a figure no rule supplies fails)."""
+    import random
+
+    from gpubench.analysis.labels import Case
+
+    rng, seen = random.Random(7), {}
+    for _ in range(4000):
+        def phase():
+            v, w = rng.uniform(10, 1000), rng.choice([0.0, rng.uniform(0.0, 0.3)])
+            return v, [v * (1 - w), v * (1 + w)]
+        (lv, li), (cv, ci), (ev, ei) = phase(), phase(), phase()
+        loader, e2e = rng.choice([lv, lv, None]), rng.choice([ev, ev, None])
+        wait = rng.choice([None, 0.1, 0.5])
+        noise = rng.choice([None, [Reason(Flaw.disturbed, "step times vary")]])
+        v = judge(loader, cv, e2e, wait, knobs(), {"loader": li, "compute": ci, "e2e": ei},
+                  noise, device_data_s_per_image=rng.choice([None, 1 / rng.uniform(100, 5000)]))
+        assert v.reason.startswith(v.case.value.split("{")[0])
+        seen[v.case] = v
+    assert set(seen) == set(Case)
+    compute = seen[Case.compute_tracks]
+    assert isinstance(compute.figures["tracking"], Est) and compute.bottleneck == "compute"
+    assert seen[Case.above_bound].impossible in seen[Case.above_bound].reason
