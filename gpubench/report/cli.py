@@ -5,7 +5,6 @@ or `--compare`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 from pathlib import Path
@@ -31,8 +30,7 @@ from gpubench.search.rows import load_dir
 
 
 def looks_like_path(source: str) -> bool:
-    """A source written as a folder (a path separator, or starting with '.' or '~'), not an
-    MLflow experiment name."""
+    """A source written as a folder, not an MLflow experiment name."""
     return "/" in source or "\\" in source or source.startswith((".", "~"))
 
 
@@ -45,8 +43,7 @@ def mlflow_out_dir(experiment: str, parent: str | None, study: str | None) -> Pa
 
 
 def _tolerance(text: str) -> float:
-    """A share below the fastest: finite, in [0, 1) (nan and inf compare false with everything,
-    so they would silently recommend nothing or anything)."""
+    """A share below the fastest in [0, 1) (nan would silently recommend nothing)."""
     try:
         v = float(text)
     except ValueError:
@@ -147,35 +144,23 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     return ExitCode.OK
 
 
-@contextlib.contextmanager
-def _bounded(uri: str, timeout_s: float):
-    """The URI to hand MLflow, with every network wait bounded while it is used: one /health
-    probe within timeout_s (a server that is down, or accepts and never answers, fails here),
-    and MLflow's own requests held to timeout_s and 2 retries instead of its 120 s and 7
-    (mlflow/utils/rest_utils.py reads MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES at every
-    request). Credentials move from the URL to MLFLOW_TRACKING_USERNAME/PASSWORD, as for
-    uploads (gpubench.tracking.store)."""
+def _from_mlflow(uri: str | None, timeout_s: float, read):
+    """`read(uri)` against the MLflow store `uri` (default: gpubench's), every network wait
+    bounded as for uploads (gpubench.tracking.store): one /health probe within timeout_s, and
+    MLflow's requests held to timeout_s and 2 retries instead of its 120 s and 7; credentials
+    moved from the URL to MLFLOW_TRACKING_USERNAME/PASSWORD. A store that cannot be read is one
+    line (NothingToReport); a sqlite store that does not exist is not made."""
     from gpubench.tracking import store
 
-    connect, env = store._credentials(uri)
-    with store._environment(timeout_s, env):
-        store._probe(connect, timeout_s)
-        yield connect
-
-
-def _from_mlflow(uri: str | None, timeout_s: float, read):
-    """`read(uri)` against the MLflow store `uri` (default: gpubench's embedded one), every
-    wait bounded. A store that cannot be read raises NothingToReport with one line, its
-    password masked. A report reads: a sqlite store that does not exist is not made."""
-    from gpubench.tracking.store import resolve_uri
-
-    uri = resolve_uri(uri)
+    uri = store.resolve_uri(uri)
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         raise NothingToReport(f"gpubench.report: no MLflow store at {db} (nothing tracked "
                               "there; --tracking-uri names another store, or give a sweep folder)")
     try:
-        with _bounded(uri, timeout_s) as connect:
+        connect, env = store._credentials(uri)
+        with store._environment(timeout_s, env):
+            store._probe(connect, timeout_s)
             return read(connect)
     except WhereError:  # not the store's doing
         raise

@@ -2,27 +2,16 @@
 
     python -m gpubench.report --compare [experiment] [--prices prices.yaml] [--tracking-uri URI]
 
-Reads the results.json artifacts of an MLflow experiment's runs (default experiment:
-`gpubench`), groups them by workload (model, dataset, image size: devices are only compared on
-the same work) and by device name, and keeps per device its fastest feasible full-length run;
-only full training measurements count (an e2e phase measured: no loader-only run, max-batch
-probe or screen). For each device it prints images/sec, images per joule (where the run measured energy) and
-images per dollar from `cost.usd_per_hour`, then each device against the cheapest one:
-reference article 003's "7x the price for 3x the throughput" as a table.
-
-Prices are the user's: a YAML with
-
-    cost:
-      usd_per_hour:
-        Tesla T4: 0.35          # a device name as results.json's env.device_name says it,
-        V100: 2.48              # or a part of it ("V100" matches "Tesla V100-SXM2-16GB")
-
-given with --prices (or a `cost.usd_per_hour` mapping in the runs' own config). Without one the
-EXAMPLE_PRICES below are used and every table says so.
+Per workload (devices are only compared on the same work) and device: its fastest feasible
+full training measurement from an MLflow experiment's results.json artifacts, its images/sec,
+images per joule and per dollar (`cost.usd_per_hour`, from --prices or the runs' config, else
+EXAMPLE_PRICES, said so), and each device against the cheapest: reference article 003's "7x the
+price for 3x the throughput" as a table (docs/report.md).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import tempfile
@@ -50,7 +39,6 @@ EXAMPLE_PRICES = {"T4": 0.35, "V100": 2.48}
 @dataclass
 class DeviceRow:
     """One device's best feasible run on one workload, and what it costs."""
-
     device: str
     runs: int
     record: RunRecord
@@ -73,9 +61,6 @@ class DeviceRow:
         return self.images_per_sec * 3600.0 / self.usd_per_hour
 
 
-# --------------------------------------------------------------------------- prices
-
-
 def load_prices(path: str | Path | None) -> dict[str, float]:
     """`cost.usd_per_hour` from a YAML file; one line naming the key on a bad value."""
     if path is None:
@@ -91,14 +76,15 @@ def load_prices(path: str | Path | None) -> dict[str, float]:
     if not isinstance(table, dict) or not table:
         raise SystemExit(f"gpubench.report: --prices {path}: needs cost.usd_per_hour, a mapping "
                          "of device name to US dollars per hour")
-    return {str(k): _price(f"cost.usd_per_hour.{k}", v) for k, v in table.items()}
+    return _prices(table)
 
 
-def _price(key: str, v: Any) -> float:
-    if not positive(v):
-        raise SystemExit(f"gpubench.report: {key}={v!r} is not allowed: it must be a price "
-                         "in US dollars per hour, a number > 0")
-    return float(v)
+def _prices(table: dict[Any, Any]) -> dict[str, float]:
+    for k, v in table.items():
+        if not positive(v):
+            raise SystemExit(f"gpubench.report: cost.usd_per_hour.{k}={v!r} is not allowed: it "
+                             "must be a price in US dollars per hour, a number > 0")
+    return {str(k): float(v) for k, v in table.items()}
 
 
 def price_for(device: str, table: dict[str, float]) -> float | None:
@@ -111,21 +97,16 @@ def price_for(device: str, table: dict[str, float]) -> float | None:
     return table[max(hits, key=len)] if hits else None
 
 
-# --------------------------------------------------------------------------- runs
-
-
 def mlflow_records(experiment: str, uri: str | None = None,
                    filter_string: str = "") -> list[RunRecord]:
     """The run records (results.json artifacts) of an experiment's runs matching
-    `filter_string` (built by the caller from checked values only); sweep parents and runs
-    without the artifact are skipped. Each record's `extra["mlflow_run_id"]` names its run."""
+    `filter_string` (built by the caller from checked values only), each naming its run in
+    `extra["mlflow_run_id"]`; runs without the artifact (sweep parents) are skipped."""
     from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
 
     from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
 
-    if uri is None:
-
-        uri = resolve_uri(None)
+    uri = uri or resolve_uri(None)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
@@ -165,9 +146,8 @@ def device_of(rec: RunRecord) -> str:
 
 
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
-    """{workload: one DeviceRow per device, fastest first}. Per device the fastest feasible run
-    among its longest measurements (`bench.steps`): a sweep's short screens never stand for a
-    device beside a full measurement."""
+    """{workload: one DeviceRow per device, fastest first}: the fastest feasible run among its
+    longest measurements (`bench.steps`), so a short screen never stands for a device."""
     groups: dict[str, dict[str, list[RunRecord]]] = {}
     for r in records:
         # a loader-only run's figure is its loader's, a probe's a few steps': no device's
@@ -196,12 +176,8 @@ def _steps(r: RunRecord) -> int:
 
 
 def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
-    table: dict[str, float] = {}
-    for r in recs:
-        t = r.knob("cost.usd_per_hour")
-        if isinstance(t, dict):
-            table.update({str(k): _price(f"cost.usd_per_hour.{k}", v) for k, v in t.items()})
-    return table
+    tables = [t for r in recs if isinstance(t := r.knob("cost.usd_per_hour"), dict)]
+    return _prices({k: v for t in tables for k, v in t.items()})
 
 
 def versus(rows: list[DeviceRow]) -> list[dict]:
@@ -222,9 +198,6 @@ def versus(rows: list[DeviceRow]) -> list[dict]:
     return out
 
 
-# --------------------------------------------------------------------------- printing
-
-
 def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -233,7 +206,7 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=_Sink(), width=200, record=True)
+    console = Console(file=io.StringIO(), width=200, record=True)
     for work, rows in groups.items():
         vs = versus(rows)
         t = Table(title=f"devices on {work}",
@@ -258,14 +231,6 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
             console.print(f"prices marked example are list prices from {EXAMPLE_PRICES_DATE}, "
                           "not yours: pass --prices with cost.usd_per_hour per device")
     return console.export_text()
-
-
-class _Sink:
-    def write(self, s):
-        return len(s)
-
-    def flush(self):
-        pass
 
 
 def main(experiment: str | None = None, uri: str | None = None,

@@ -44,10 +44,9 @@ def title(rec: RunRecord) -> str:
 
 def fit(make: Callable[[list[int]], Table], columns: int, drop: Sequence[int], width: int
         ) -> tuple[Table, list[int]]:
-    """The table of `columns` columns with as many as fit `width` without folding or cutting a
-    cell: columns are left out in `drop`'s order until rich measures its natural width within
-    `width` (a figure split over two lines, or cut to `1,26…`, reads as another figure).
-    `make(shown)` builds the table of those columns. Returns it and the columns left out."""
+    """`make(shown columns)` with columns left out in `drop`'s order until its natural width
+    fits `width` (a figure split or cut to `1,26…` reads as another figure); also returns the
+    columns left out."""
     measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
     out: list[int] = []
     for i in (None, *drop):
@@ -67,8 +66,7 @@ PHASE_DROP = (4, 7, 6, 3, 5)
 
 
 def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Table, list[str]]:
-    """One row per measured phase: throughput with its interval, step times, data wait, steps,
-    peak memory; the columns that do not fit `width` left out (and named)."""
+    """One row per measured phase; the columns that do not fit `width` left out (and named)."""
     rows = []
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
@@ -107,7 +105,6 @@ def _memory_line(d: dict) -> str:
 
 
 def _device_lines(d: dict) -> list[str]:
-    """GPU and host CPU use, the preload, the data read rate, MFU."""
     out = []
     if d.get("gpu_util_mean") is not None:
         e = d.get("energy_per_image_j")
@@ -138,8 +135,7 @@ def _device_lines(d: dict) -> list[str]:
 
 
 def lines(d: dict, notes: list[str]) -> list[str]:
-    """What the table does not show: memory, device and host use, the profile, notes, skipped
-    samples (rich markup)."""
+    """What the table does not show, as rich markup."""
     out = []
     if any(ph["truncated"] for ph in d["phases"].values()):
         out.append("  * window closed by bench.max_seconds before bench.steps")
@@ -156,8 +152,7 @@ def lines(d: dict, notes: list[str]) -> list[str]:
 
 
 def verdict(rec: RunRecord) -> list[str]:
-    """The status when not ok, the narrowest pipe (or why there is none) and the advice, as
-    rich markup lines; none when the run ended before measuring anything."""
+    """The status when not ok, the narrowest pipe (or why none) and the advice (rich markup)."""
     out = []
     if rec.status is not Status.ok:
         out.append(f"[bold red]status: {rec.status}[/bold red] {rec.error or ''}")
@@ -183,9 +178,7 @@ def verdict(rec: RunRecord) -> list[str]:
 
 
 def ceiling_advice(cfg: dict) -> list[str]:
-    """What brings a run over memory.ceiling under it, each as the override to try: a smaller
-    batch (activations grow with it), activation checkpointing where the model has it wired,
-    mixed precision (half-size activations); the ones the run already used are left out."""
+    """The overrides that bring a run over memory.ceiling under it, but those it already used."""
     model, loader = cfg.get("model") or {}, cfg.get("loader") or {}
     precision = (cfg.get("precision") or {}).get("name")
     batch = loader.get("batch_size")

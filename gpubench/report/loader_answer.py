@@ -1,19 +1,10 @@
-"""The report's workers answer: how many loader workers a setup needs, from its loader-only runs.
+"""The report's workers answer: how many loader workers a setup needs, from its loader-only runs
+(the rule: gpubench.analysis.workers.fewest_workers).
 
-A loader-only sweep (`python -m gpubench -m 'bench.phases=[loader]' loader.num_workers=0,1,2`)
-measures no training step, so the training ranking leaves its runs out (analysis.select); this
-module answers the question such a sweep is run for instead, with the one rule of
-gpubench.analysis.workers (`fewest_workers`): the fewest workers whose loader interval clears
-the compute bound's interval by the margin.
-
-The compute bound of a setup (analysis.workers.compute_setup: model, image size, batch size,
-precision, ...) is every compute measurement of that setup the report was given: the one a
-loader-only multirun measured itself (gpubench.run.compute_bound, `<sweep dir>/compute/`), a
-compute or full run among the rows, and runs named with `--compute`. Several are pooled as
-their median inside the widest interval (Est.envelope). A setup without one says how to
-measure it. Runs that flagged their own measurement (noise_reasons) are left out of the rule
-and named; when every run of a side flagged itself (a busy machine), those whose flaw can only
-slow or widen them are judged and the answer starts `unconfirmed`.
+The compute bound of a setup is every compute measurement of it the report was given (the
+sweep's `compute/` folder, compute or full runs among the rows, `--compute` runs), pooled with
+Est.envelope. Runs that flagged their own measurement are left out and named; when every run of
+a side flagged itself, those whose flaw only slows or widens them are judged, `unconfirmed`.
 """
 
 from __future__ import annotations
@@ -38,10 +29,9 @@ from gpubench.analysis.workers import (
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, WORKER_ONLY, role
 from gpubench.config.overrides import format_value
-from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.record import Flaw, Reason, RunRecord, find_runs, load
 from gpubench.core.stats import Est
-from gpubench.report.plot_rules import flag_kind, flag_reasons
+from gpubench.report.plot_rules import as_override, flag_kind, flag_reasons, group_by
 
 # the overrides a compute measurement drops from a loader job's command line: it measures the
 # compute phase alone, and the loader's workers do not change it
@@ -63,7 +53,6 @@ class Group:
 
     @property
     def flagged(self) -> list[Row]:
-        """Runs that flagged their own measurement."""
         return [r for r in self.rows if flag_reasons(r)]
 
     @property
@@ -82,13 +71,12 @@ class Group:
 
     @property
     def kind(self) -> str | None:
-        """loader.worker_type of the runs with workers (process or thread)."""
+        """loader.worker_type of the runs with workers."""
         return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
 
     @property
     def setup(self) -> str:
-        """The setup without its workers: `tiny on synthetic 32px, batch 32, torch_default`
-        (`, thread workers` where the workers are threads)."""
+        """The setup without its workers (`, thread workers` where they are threads)."""
         rec = self.rows[0].record
         cfg = copy.deepcopy(rec.config)
         (cfg.get("loader") or {}).pop("num_workers", None)
@@ -135,27 +123,20 @@ class LoaderAnswer:
 
 def _group_key(r: Row, worker_only: bool = False) -> tuple:
     """Every knob of the run but its workers and how it was measured; the worker-only ones
-    (gpubench.config.knobs.WORKER_ONLY: a 0-worker run records them inert, so it belongs with
-    every worker-only setting of its setup) alone with `worker_only`, left out without."""
+    (inert in a 0-worker run) alone with `worker_only`, left out without."""
     return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
                         if k != "loader.num_workers" and role(k) is not Role.measure
                         and (k in WORKER_ONLY) == worker_only))
 
 
 def _groups(loaders: list[Row]) -> list[list[Row]]:
-    """The loader-only rows by setup: one group per setting of every knob but the workers. A
-    0-worker row joins each worker-only setting (prefetch, persistence...) of its setup, which
-    it does not have."""
-    sets: dict[tuple, list[Row]] = {}
-    for r in loaders:
-        sets.setdefault(_group_key(r), []).append(r)
+    """The loader-only rows by setup, one group per setting of every knob but the workers; a
+    0-worker row joins each worker-only setting of its setup."""
     out = []
-    for rs in sets.values():
+    for rs in group_by(loaders, _group_key).values():
         none = [r for r in rs if r.knob("num_workers") == 0]
-        some: dict[tuple, list[Row]] = {}
-        for r in rs:
-            if r.knob("num_workers") != 0:
-                some.setdefault(_group_key(r, worker_only=True), []).append(r)
+        some = group_by([r for r in rs if r.knob("num_workers") != 0],
+                        lambda r: _group_key(r, worker_only=True))
         out += [none + g for g in some.values()] or [none]
     return out
 
@@ -170,8 +151,7 @@ def compute_rate(rec: RunRecord) -> Est | None:
 
 
 def read_compute(paths: list[str] | None) -> list[RunRecord]:
-    """The runs named with `--compute` (a run folder or its results.json): one line for a path
-    that holds no run or a run without a compute figure."""
+    """The runs named with `--compute`: one line for a path without a run or a compute figure."""
     out = []
     for p in paths or []:
         rec = load(Path(p).expanduser())
@@ -188,8 +168,7 @@ def read_compute(paths: list[str] | None) -> list[RunRecord]:
 
 
 def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
-    """The compute measurements a loader-only multirun left in `<sweep dir>/compute/` that are
-    not rows already (a study's rows come from its database, not the folder)."""
+    """The compute runs in `<sweep dir>/compute/` that are not rows already."""
     have = {str(r.record.dir) for r in rows}
     root = sweep_dir / COMPUTE_DIR
     recs = [load(d) for d in find_runs(root)] if root.is_dir() else []
@@ -205,8 +184,8 @@ def _differs(rec: RunRecord, key: tuple) -> str:
 
 
 def _compute_command(row: Row) -> str:
-    """`python -m gpubench ... 'bench.phases=[compute]'`: the loader job's own command line
-    (its .hydra/overrides.yaml) without its workers and phases; its compute knobs without one."""
+    """The loader job's own command line (.hydra/overrides.yaml) without its workers and phases
+    (else its compute knobs), measuring `bench.phases=[compute]`."""
     overrides = None
     if row.record.dir is not None:
         try:
@@ -218,15 +197,9 @@ def _compute_command(row: Row) -> str:
         keep = [o for o in map(str, overrides)
                 if not o.startswith(("hydra.", "hydra/"))
                 and o.partition("=")[0].lstrip("+~") not in NOT_FOR_COMPUTE]
-    else:  # a run read from MLflow: its compute knobs as overrides (a group by its name)
-        keep = []
-        for n in COMPUTE:
-            k = knob_key(row.flat.get, n)
-            v = row.flat.get(k)
-            group, _, leaf = k.partition(".")
-            if v is not None:
-                named_group = leaf == "name" and (CONFIG_DIR / group / f"{v}.yaml").is_file()
-                keep.append(f"{group if named_group else k}={format_value(v)}")
+    else:  # a run read from MLflow: its compute knobs as overrides
+        keys = [knob_key(row.flat.get, n) for n in COMPUTE]
+        keep = [as_override(k, row.flat[k]) for k in keys if row.flat.get(k) is not None]
     return " ".join(["python -m gpubench", *map(shlex.quote, keep),
                      shlex.quote("bench.phases=[compute]")])
 
@@ -238,10 +211,9 @@ def _report_command(source: str) -> str:
 
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
                   source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
-    """The workers answer of the loader-only rows among `rows`, against the compute bounds of
-    the rows, of `found` (the sweep's compute folder) and of `named` (`--compute`); None
-    without loader-only rows. A named run that bounds none of the setups is one line
-    (SystemExit): it was named to be used."""
+    """The workers answer of the loader-only rows among `rows` (None without any), against the
+    compute bounds of the rows, `found` and `named`. A named run that bounds no setup is one
+    line (SystemExit): it was named to be used."""
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
@@ -282,19 +254,14 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
 
 
 def _kinds(reasons: list[Reason]) -> str:
-    """Noise reasons in a word or two each (`too few windows, queue-timed`)."""
     return ", ".join(dict.fromkeys(flag_kind(x) for x in reasons)) or "unstable"
 
 
 def _kind_lines(groups: list[Group]) -> list[str]:
-    """Which kind of workers, for a setup measured with both: the fewest workers of either
-    kind that clear compute; at the same count threads (config.knobs.CHEAP_FIRST: no process
-    per worker)."""
-    setups: dict[tuple, list[Group]] = {}
-    for g in groups:
-        setups.setdefault(_group_key(g.rows[0]), []).append(g)
+    """For a setup measured with both kinds of workers: the fewest of either that clear
+    compute; at the same count threads (no process per worker)."""
     out = []
-    for gs in setups.values():
+    for gs in group_by(groups, lambda g: _group_key(g.rows[0])).values():
         clear = [g for g in gs if g.kind and g.pick.unblocks]
         if len({g.kind for g in gs if g.kind}) > 1 and clear:
             best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))

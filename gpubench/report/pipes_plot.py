@@ -1,11 +1,7 @@
 """The pictures of a `sweep=pipes` search (gpubench.search.pipes), from its rows and pipes.json:
-
-- compute_pipe.png: each compute setting's compute-only img/s (whiskers: its 95% interval)
-  and its peak memory against batch size, one line per setting of the other compute knobs;
-  the kept settings starred, memory.ceiling dashed, an OOM as a red cross at the top;
-- data_pipe.png: a column per kept compute setting: its compute bound as a band (its interval,
-  the line a loader's low end must clear dashed) and the loader-only img/s of each data setting
-  the walk tried there, named, the chosen one starred.
+compute_pipe.png (each compute setting's img/s and peak memory against batch size, the kept
+ones starred) and data_pipe.png (per kept compute setting, its bound and the loader-only img/s
+of each data setting the walk tried there, the chosen one starred).
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from gpubench.analysis.recommend import Row
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status
 from gpubench.report.plot_data import CEILING_VIEW
-from gpubench.report.plot_rules import flag_reasons, memory_axis
+from gpubench.report.plot_rules import flag_reasons, memory_axis, phase_est
 from gpubench.report.plots import _plt, _save, _whiskers, _x_axis
 from gpubench.report.runplot import plain_log
 
@@ -45,7 +41,8 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
     series: dict[str, list[dict]] = {}
     ooms, ceiling, mine = [], 1.0, []
     for r in rows:
-        if not (r.trial or r.label).startswith("compute-") or r.record.compute_images_per_sec is None \
+        e = phase_est(r.record, "compute")
+        if not (r.trial or r.label).startswith("compute-") or e is None \
                 and r.record.status is not Status.oom:
             continue
         mine.append(r)
@@ -56,9 +53,8 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
         if r.record.status is Status.oom:
             ooms.append(p[BATCH])
             continue
-        ci = r.record.compute_images_per_sec_ci or [r.record.compute_images_per_sec] * 2
         series.setdefault(_name(p, BATCH), []).append(
-            {"x": p[BATCH], "y": r.record.compute_images_per_sec, "lo": ci[0], "hi": ci[1],
+            {"x": p[BATCH], "y": e.value, "lo": e.lo, "hi": e.hi,
              "mem": None if r.peak is None else 100 * r.peak, "kept": p in kept,
              "flagged": bool(flag_reasons(r))})
     if not series:
@@ -81,28 +77,23 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
         chosen = as_run(d["params"])
         points = []
         for r in rows:
-            if not (r.trial or r.label).startswith(f"data-{stage}-") or r.record.loader_images_per_sec is None:
+            e = phase_est(r.record, "loader")
+            if not (r.trial or r.label).startswith(f"data-{stage}-") or e is None:
                 continue
             p = as_run(_params(r, keys))
-            ci = r.record.loader_images_per_sec_ci or [r.record.loader_images_per_sec] * 2
-            points.append((p, {"x": p.get(WORKERS, 0), "y": r.record.loader_images_per_sec,
-                               "lo": ci[0], "hi": ci[1], "chosen": p == chosen}))
+            points.append((p, {"x": p.get(WORKERS, 0), "y": e.value, "lo": e.lo, "hi": e.hi,
+                               "chosen": p == chosen}))
         if not points:
             continue
-        # a line per setting of the other keys: (one of its settings, its points)
+        # a line per setting of the other keys: (one of its settings, its points), the 0-worker
+        # runs last, each joining every line it matches
         lines: dict[str, tuple[dict, list[dict]]] = {}
-        for p, q in points:
-            if p.get(WORKERS) != 0:
-                lines.setdefault(_name(p, WORKERS), (p, []))[1].append(q)
-        for p, q in points:
-            if p.get(WORKERS) == 0:
-                joins = [n for n, (pp, _) in lines.items()
-                         if all(pp.get(k) == v for k, v in p.items() if k != WORKERS)]
-                for n in joins or [_name(p, WORKERS)]:
-                    lines.setdefault(n, (p, []))[1].append(q)
-        series = {n: pts for n, (_, pts) in lines.items()}
-        for pts in series.values():
-            pts.sort(key=lambda q: q["x"])
+        for p, q in sorted(points, key=lambda t: t[0].get(WORKERS) == 0):
+            joins = [n for n, (pp, _) in lines.items() if p.get(WORKERS) == 0
+                     and all(pp.get(k) == v for k, v in p.items() if k != WORKERS)]
+            for n in joins or [_name(p, WORKERS)]:
+                lines.setdefault(n, (p, []))[1].append(q)
+        series = {n: sorted(pts, key=lambda q: q["x"]) for n, (_, pts) in lines.items()}
         kept = next((k for k in result["compute"]["kept"] if k["params"] == d["for"]), None)
         bound = kept["rate"] if kept else None
         panels.append({"title": _name(d["for"], ""), "series": series, "bound": bound,
@@ -156,11 +147,8 @@ def _draw_compute(d: dict, out: Path) -> Path:
 
 
 def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
-    """One axis, a column per kept compute setting: its compute bound as a band (its interval,
-    the line a loader's low end must clear dashed) and the loader-only figure of every data
-    setting the walk tried there, side by side and named. A walk that stops at the first
-    setting that clears leaves one point a setting: columns, not a panel each, keep that
-    readable."""
+    """A column per kept compute setting (a walk that stops at the first setting that clears
+    leaves one point a setting: columns, not a panel each, keep that readable)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

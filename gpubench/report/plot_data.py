@@ -1,34 +1,17 @@
-"""What the sweep report's pictures show, as plain data (gpubench.report.plots draws it).
+"""What the sweep report's pictures show, as plain data (gpubench.report.plots draws it); each
+function takes the report's rows and decides points, whiskers, lines, labels and axis ranges,
+with the rules of gpubench.report.plot_rules:
 
-Each function takes the report's rows (`gpubench.analysis.recommend.Row`, or any row with a
-`record`, `knob()`, `throughput`, `feasible` and `full`) and decides the points, whiskers,
-lines, labels and axis ranges; the tests check these on constructed rows. The rules (each a
-function of gpubench.report.plot_rules where it is more than a line here):
-
-- a throughput point carries its 95% interval as a whisker: the row's (`Row.interval`: the
-  confirm step's when it ran, else the run's own over its windows), and each loader/compute
-  bound its phase's interval over that phase's windows;
-- a line joins only runs that differ in the plotted knob alone: runs are grouped by every
-  other knob that varied (whatever the report's `varying` shows, and measured knobs such as
-  bench.cudnn_benchmark), one line per group, labelled by what the group holds fixed; the
-  loader/compute bounds are drawn for one group (the recommended run's), so each bound sits
-  beside the very runs it limits;
-- a run that flagged itself (noise_reasons: disturbed, queue-timed, cut short, too few windows;
-  or a confirm step that disagreed) is drawn apart, hollow, never joined into a line nor drawn
-  as a bound, and does not set the axis range (one read 17,945 img/s against ~1,500 for the
-  rest): past the top it is drawn at the edge with its figure written beside it; when every
-  run flagged itself the title says there is no line (no front) and why;
-- short screens and max-batch probes are apart too (hollow grey), never on a curve or front;
-- a plot is made only when its knob varied (two or more values);
-- loader-only runs plotted against their workers carry their setup's compute bound (the
-  report's workers answer, gpubench.report.loader_answer) as a band across the plot: its
-  interval, its figure, and the line a loader's low end must clear (the margin above it);
-- on a CPU the memory figure is the summed RSS of the main process and its loader workers
-  (pages they share count once per process: an upper bound), against host RAM, and says so;
-  a memory ceiling far right of every run is named under the Pareto plot, not drawn;
-- parameter importance needs `MIN_IMPORTANCE_TRIALS` complete trials and two knobs, and leaves
-  out knobs that cannot act on the device every run used (on a CPU: pin_memory,
-  cudnn.benchmark, and precisions that differ only in CUDA's TF32 flags).
+- a point's whisker is the row's interval (the confirm step's when it ran), a bound's its
+  phase's; a line joins only runs that differ in the plotted knob alone, the bounds drawn for
+  one group (the recommended run's), beside the very runs they limit;
+- a run that flagged itself is drawn apart, hollow, never joined nor a bound, and does not set
+  the axis range (one read 17,945 img/s against ~1,500): past an end it is drawn at the edge
+  with its figure; short screens and max-batch probes are apart too (hollow grey);
+- a plot is made only when its knob varied; loader-only runs against their workers carry
+  their setup's compute bound as a band (the report's workers answer);
+- on a CPU the memory figure is the summed RSS of the main process and its workers, and says
+  so; a memory ceiling far right of every run is named under the Pareto plot, not drawn.
 """
 
 from __future__ import annotations
@@ -50,12 +33,7 @@ from gpubench.report.plot_rules import (
     knob,
     line_groups,
     memory_axis,
-    peak_of,
-    phase_interval,
-    phase_ips,
-    precision_of,
-    record_of,
-    status_of,
+    phase_est,
 )
 
 PARETO_QUESTION = "How much peak memory does more speed cost?"
@@ -67,7 +45,8 @@ CEILING_VIEW = 2.5
 LOG_SPAN = 20.0
 
 
-# --------------------------------------------------------------------------- the data
+def _peak(row) -> float | None:
+    return row.record.peak_memory_fraction
 
 
 def _pt(row, x, chosen=None) -> dict:
@@ -75,6 +54,14 @@ def _pt(row, x, chosen=None) -> dict:
     # `run`: the ranking's run column, written beside a lone point so it can be looked up
     return {"x": x, "y": row.throughput, "lo": lo, "hi": hi, "run": getattr(row, "label", None),
             "chosen": row is chosen}
+
+
+def _star(chosen, x, apart: list, flagged: list) -> dict | None:
+    """The recommended run's star; a point apart is drawn moved aside, its star with it."""
+    if chosen is None or x is None:
+        return None
+    return {"x": x, "y": chosen.throughput, "lone": any(r is chosen for r in apart),
+            "flagged": any(r is chosen for r in flagged)}
 
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
@@ -86,12 +73,10 @@ def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[d
 
 def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                band=None) -> dict | None:
-    """Throughput against knob `name`: lines of runs that differ in it alone, each point with
-    its interval, the loader/compute bounds of the first line's runs; flagged runs, other
-    groups' lone runs and short ones as separate points. Full-length feasible measurements
-    only on lines (as the recommendation). None when the knob did not vary over them.
-    `band`: a row -> the compute bound drawn across the plot (y, lo, hi, threshold, margin,
-    label), or None: the first line's runs', else the flagged runs'."""
+    """Throughput against knob `name`: lines of full feasible runs that differ in it alone, the
+    loader/compute bounds of the first line's runs; flagged, other groups' and short runs as
+    separate points. None when the knob did not vary. `band`: a row -> the compute bound
+    drawn across the plot (y, lo, hi, threshold, margin, label)."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -102,24 +87,14 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
     groups, rest = line_groups(good, name, chosen) if good else ([], [])
     lines = []
     for i, (label, rs) in enumerate(groups):
-        bounds = {}
-        for p in BOUND_PHASES:
-            # the bounds of one group only: each bound must sit beside the runs it limits
-            if p == phase or i > 0:
-                continue
-            pts = [{"x": knob(r, name), "y": phase_ips(r, p), "lo": iv[0], "hi": iv[1]}
-                   for r in rs if (iv := phase_interval(r, p)) is not None]
-            if pts:
-                bounds[p] = pts
+        # the bounds of one group only: each bound must sit beside the runs it limits
+        bounds = {p: pts for p in BOUND_PHASES if i == 0 and p != phase and (pts := [
+            {"x": knob(r, name), "y": e.value, "lo": e.lo, "hi": e.hi}
+            for r in rs if (e := phase_est(r.record, p)) is not None])}
         lines.append({"label": label, "points": [_pt(r, knob(r, name)) for r in rs],
                       "bounds": bounds})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
-    star = None
-    if chosen is not None and knob(chosen, name) is not None:
-        star = {"x": knob(chosen, name), "y": chosen.throughput}
-    if star is not None:  # a point apart is drawn moved aside: its star is drawn with it
-        star["lone"] = any(r is chosen for r in rest + flagged)
-        star["flagged"] = any(r is chosen for r in flagged)
+    star = _star(chosen, chosen and knob(chosen, name), rest + flagged, flagged)
     d = {
         "lines": lines,
         "rest": [_pt(r, knob(r, name), chosen) for r in rest],
@@ -156,10 +131,8 @@ def question(name: str, phase: str) -> str:
 
 
 def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
-    """The y range from every point but the flagged ones (they must not set the scale: a
-    queue-timed loader run read 10x the rest); a flagged point past the top is drawn at the
-    edge (`off_scale`: "above") with its figure beside it, one under a log axis's floor likewise
-    ("below"). With nothing but flagged points, they set it."""
+    """The y range from every point but the flagged ones (`_basis`); a flagged point past
+    either end is drawn at that edge (`off_scale`: "above" or "below") with its figure."""
     basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
@@ -169,7 +142,7 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
     for p in d["flagged"]:  # past either end: drawn at that edge, with its figure
         p["off_scale"] = "above" if p["y"] > ymax else "below" if p["y"] < ymin else False
-    whisker = interval_label_of([record_of(r) for r in rows])
+    whisker = interval_label_of([r.record for r in rows])
     # beside the bounds of the same runs the axis holds more than the headline phase
     what = "images/sec" if any(ln["bounds"] for ln in d["lines"]) else \
         f"{d['phase']} images/sec"
@@ -180,22 +153,21 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
 def memory_data(rows) -> dict | None:
     """Peak memory against batch size; None unless the batch size varied."""
     pts = [r for r in rows if knob(r, "batch_size") is not None
-           and (peak_of(r) is not None or status_of(r) is Status.oom)]
+           and (_peak(r) is not None or r.record.status is Status.oom)]
     if len({knob(r, "batch_size") for r in pts}) < 2:
         return None
-    fine = [r for r in pts if status_of(r) is not Status.oom and peak_of(r) is not None]
-    groups = {}
-    for prec, rs in sorted(group_by([r for r in fine if r.full], precision_of).items()):
-        groups[prec] = {"xs": [knob(r, "batch_size") for r in rs],
-                        "ys": [100 * peak_of(r) for r in rs]}
-    short = [r for r in fine if not r.full]
-    oom = [r for r in pts if status_of(r) is Status.oom]
+    fine = [r for r in pts if r.record.status is not Status.oom and _peak(r) is not None]
+
+    def xy(rs: list) -> dict:  # an OOM's peak is the whole device
+        return {"xs": [knob(r, "batch_size") for r in rs],
+                "ys": [100.0 if r.record.status is Status.oom else 100 * _peak(r) for r in rs]}
+
+    by_precision = group_by([r for r in fine if r.full], lambda r: str(knob(r, "precision") or "?"))
     axis = memory_axis(pts)
     return {
-        "groups": groups,
-        "short": {"xs": [knob(r, "batch_size") for r in short], "ys": [100 * peak_of(r) for r in short]},
-        # an OOM's peak is the whole device
-        "oom": {"xs": [knob(r, "batch_size") for r in oom], "ys": [100.0] * len(oom)},
+        "groups": {prec: xy(rs) for prec, rs in sorted(by_precision.items())},
+        "short": xy([r for r in fine if not r.full]),
+        "oom": xy([r for r in pts if r.record.status is Status.oom]),
         "ceiling": 100 * ceiling_of(rows),
         "xticks": sorted({knob(r, "batch_size") for r in pts}),
         "ylabel": axis["label"],
@@ -206,34 +178,29 @@ def memory_data(rows) -> dict | None:
 def pareto_data(rows, rec=None) -> dict | None:
     """Throughput against peak memory for full measurements; the front is what no other
     unflagged full run beats on both. None with fewer than two full measured points."""
-    pts = [r for r in rows if r.throughput > 0 and peak_of(r) is not None]
+    pts = [r for r in rows if r.throughput > 0 and _peak(r) is not None]
     full = [r for r in pts if r.full]
     if len(full) < 2:
         return None
     flagged = [r for r in full if flag_reasons(r)]
     good = [r for r in full if not flag_reasons(r)]
     front, top = [], -1.0
-    for r in sorted(good, key=lambda r: (peak_of(r), -r.throughput)):
+    for r in sorted(good, key=lambda r: (_peak(r), -r.throughput)):
         if r.throughput > top:
             front.append(r)
             top = r.throughput
     # peaks within TOLERANCE of each other are one figure measured several times (4.99-5.04%
     # of host RAM): a front through them would draw noise as a trade-off
-    peaks = [100 * peak_of(r) for r in full]
+    peaks = [100 * _peak(r) for r in full]
     alike = max(peaks) - min(peaks) <= TOLERANCE * max(peaks)
     short = [r for r in pts if not r.full]
 
     chosen = rec.chosen if rec is not None else None
 
     def xy(rs):
-        return [_pt(r, 100 * peak_of(r), chosen) for r in rs]
+        return [_pt(r, 100 * _peak(r), chosen) for r in rs]
 
-    star = None
-    if chosen is not None and peak_of(chosen) is not None:
-        # a flagged point may be drawn moved aside from a neighbour: its star is drawn with it
-        star = {"x": 100 * peak_of(chosen), "y": chosen.throughput,
-                "lone": any(r is chosen for r in flagged),
-                "flagged": any(r is chosen for r in flagged)}
+    star = _star(chosen, chosen and _peak(chosen) and 100 * _peak(chosen), flagged, flagged)
     axis = memory_axis(pts)
     d = {
         "feasible": xy([r for r in good if r.feasible]),
@@ -252,7 +219,7 @@ def pareto_data(rows, rec=None) -> dict | None:
     basis = _basis(d["feasible"] + d["infeasible"] + d["short"], d["flagged"], star)
     # a ceiling far right of every run (a CPU's RSS is a few % of host RAM) would squeeze the
     # runs into one clump at the left edge: it is named in a note instead of drawn
-    most = max(100 * peak_of(r) for r in pts)
+    most = max(100 * _peak(r) for r in pts)
     d["ceiling_in_view"] = d["ceiling"] <= CEILING_VIEW * most
     if not d["ceiling_in_view"]:
         d["note"] = "; ".join(x for x in (
@@ -274,17 +241,17 @@ def pareto_data(rows, rec=None) -> dict | None:
     d["title"] = f"{PARETO_QUESTION}\n" + textwrap.fill(why, 95)
     if alike or len(front) < 2:  # no trade-off to draw: no line, no legend entry for one
         d["front"] = []
-    d["best"] = [_pt(fastest, 100 * peak_of(fastest), chosen)] if good and not d["front"] \
+    d["best"] = [_pt(fastest, 100 * _peak(fastest), chosen)] if good and not d["front"] \
         else []
     # alike peaks on an axis of their own hundredths would look far apart: a span of at least
     # a quarter of the largest keeps them as close as they are
-    mid, shown = (max(peaks) + min(peaks)) / 2, [100 * peak_of(r) for r in pts]
+    mid, shown = (max(peaks) + min(peaks)) / 2, [100 * _peak(r) for r in pts]
     shown += [1.03 * d["ceiling"]] if d["ceiling_in_view"] else []
     d["xlim"] = (max(0.0, min(mid - max(peaks) / 8, *shown)),
                  max(mid + max(peaks) / 8, *shown)) if alike else None
     d["ymax"] = HEADROOM * max(max(p["hi"], p["y"]) for p in basis)
     for p in d["flagged"]:
         p["off_scale"] = "above" if p["y"] > d["ymax"] else False
-    whisker = interval_label_of([record_of(r) for r in full])
+    whisker = interval_label_of([r.record for r in full])
     d["ylabel"] = f"{d['phase']} images/sec (whiskers: {whisker})"
     return d

@@ -1,11 +1,7 @@
-"""The rules behind the sweep report's pictures, each a pure function of rows: which runs
+"""The rules behind the sweep report's pictures, each a pure function of rows (the report's
+`Row`, or any row with a `record`, `knob()`, `throughput`, `feasible` and `full`): which runs
 flagged themselves, which runs a line may join, what a memory figure is, which knobs an
-importance plot may rank; and how a row's figures are read (gpubench.report.plot_data builds
-each picture's data from these, gpubench.report.plots draws it).
-
-Rows are the report's rows (`gpubench.analysis.recommend.Row`, or any row with a `record`,
-`knob()`, `throughput`, `feasible` and `full`); their run record is read through `row.record`
-when present, else rebuilt from the row's results.json dict.
+importance plot may rank (gpubench.report.plot_data builds each picture's data from these).
 """
 
 from __future__ import annotations
@@ -15,9 +11,10 @@ from typing import Any
 
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared
 from gpubench.config.overrides import format_value
+from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import flatten
-from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord, Status
-from gpubench.core.stats import holding, positive
+from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord
+from gpubench.core.stats import Est
 
 BOUND_PHASES = ("loader", "compute")
 SHORT_LABEL = "short screen / probe (not ranked)"
@@ -36,91 +33,57 @@ CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 # --------------------------------------------------------------------------- reading rows
 
 
-def record_of(row) -> RunRecord:
-    rec = getattr(row, "record", None)
-    if isinstance(rec, RunRecord):
-        return rec
-    return RunRecord.from_dict(getattr(row, "data", None) or {}, rung=getattr(row, "rung", "run"))
-
-
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`, gpubench.config.knobs.SHORT), whether the
-    row's `knob()` takes short names or config keys (`loader.batch_size`)."""
+    """A knob by its short name (`batch_size`), whether the row's `knob()` takes short names or
+    config keys; a config section (by key, `precision` is the {name: ...} node) is no value."""
     for key in (name, *SHORT[name]):
-        try:
-            v = row.knob(key)
-        except KeyError:  # a row that knows only the other spelling
-            continue
-        # a config section is no knob value: by config key "precision" is the whole
-        # {name: ...} node, its value is precision.name
+        v = row.knob(key)
         if v is not None and not isinstance(v, (dict, list)):
             return v
     return None
 
 
-def status_of(row) -> Status:
-    return record_of(row).status
-
-
-def peak_of(row) -> float | None:
-    peak = getattr(row, "peak", None)
-    return peak if peak is not None else record_of(row).peak_memory_fraction
-
-
 def ceiling_of(rows) -> float:
-    def one(r):
-        c = getattr(r, "ceiling", None)
-        return float(c if c is not None else record_of(r).memory_ceiling)
-
-    return Counter(one(r) for r in rows).most_common(1)[0][0]
+    return Counter(float(r.record.memory_ceiling) for r in rows).most_common(1)[0][0]
 
 
-def phase_ips(row, phase: str) -> float | None:
-    """A row's images/sec in one phase (None when that phase did not measure)."""
-    rec = record_of(row)
+def phase_est(rec: RunRecord, phase: str) -> Est | None:
+    """A phase's images/sec with its interval: its phase record's, else the run's headline keys
+    (an older results.json keeps only those); None when the phase did not measure."""
     ph = rec.phases.get(phase)
-    v = ph.images_per_sec if ph is not None else None
-    if v is None:
-        v = rec.phase_figure(phase)[0]
-    return float(v) if positive(v) else None
-
-
-def phase_interval(row, phase: str) -> tuple[float, float] | None:
-    """A phase's 95% interval over its windows (holding its figure); the figure itself when
-    the phase measured one window; None when it did not measure."""
-    v = phase_ips(row, phase)
-    if v is None:
-        return None
-    rec = record_of(row)
-    ph = rec.phases.get(phase)
-    ci = (ph.images_per_sec_ci if ph is not None else None) or rec.phase_figure(phase)[1]
-    return holding(ci, v)
+    if ph is not None and ph.images_per_sec is not None:
+        return Est.of(ph.images_per_sec, ph.images_per_sec_ci)
+    return Est.of(*rec.phase_figure(phase))
 
 
 def interval(row) -> tuple[float, float]:
-    """The 95% interval of a row's throughput, as the ranking prints it (`Row.interval`)."""
-    iv = getattr(row, "interval", None)
-    return tuple(iv) if iv is not None else record_of(row).throughput_interval
+    """A row's throughput interval as the ranking prints it (`Row.interval`: pooled once
+    confirmed)."""
+    return tuple(getattr(row, "interval", None) or row.record.throughput_interval)
 
 
 def headline_phase(rows) -> str:
-    """The phase the rows' throughput is (e2e, else compute, else loader, as RunRecord's
-    `throughput`), by majority over rows that measured one; e2e when none says."""
-    votes = Counter()
-    for r in rows:
-        for phase in HEADLINE_ORDER:
-            if phase_ips(r, phase) is not None:
-                votes[phase] += 1
-                break
+    """The phase the rows' throughput is (RunRecord's `throughput` order), by majority; e2e when
+    none says."""
+    votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None)
+                    for r in rows)
+    votes.pop(None, None)
     return votes.most_common(1)[0][0] if votes else HEADLINE_ORDER[0]
+
+
+def group_of(key: str, value: Any) -> str:
+    """A `<group>.name` key set to one of the group's configs: the group; else the key."""
+    group, _, leaf = key.partition(".")
+    return group if leaf == "name" and (CONFIG_DIR / group / f"{value}.yaml").is_file() else key
+
+
+def as_override(key: str, value: Any) -> str:
+    """A command-line override, a group by its config's name (`precision=amp_bf16`)."""
+    return f"{group_of(key, value)}={format_value(value)}"
 
 
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def precision_of(r) -> str:
-    return str(knob(r, "precision") or "?")
 
 
 def group_by(rows, key) -> dict:
@@ -137,7 +100,7 @@ def flag_reasons(row) -> list[Reason]:
     """Why a measured run's figures are not to be read as a bound: the reasons it found in its
     own measurement (noise_reasons), or its confirm step's re-measurements disturbed or in
     disagreement (`Row.stable`). Empty for a run that found nothing."""
-    rec = record_of(row)
+    rec = row.record
     if not rec.status.measured:
         return []
     reasons = list(rec.noise_reasons)
@@ -166,9 +129,8 @@ def flagged_label(rows) -> str:
 
 
 def _knobs(row) -> dict[str, Any]:
-    """What the run ran, as dotted config keys: every key that tells runs apart
-    (gpubench.config.knobs.compared: the report's table has a column for each that varies)."""
-    cfg = flatten(record_of(row).config or {})
+    """What the run ran: every config key that tells runs apart (config.knobs.compared)."""
+    cfg = flatten(row.record.config or {})
     return {k: v for k, v in cfg.items() if compared(k)}
 
 
@@ -180,24 +142,18 @@ def held_fixed(rows, key: str) -> list[str]:
     return [k for k in keys if k != key and len({repr(f.get(k)) for f in flats}) > 1]
 
 
-def short_key(key: str) -> str:
-    """`loader.num_workers` -> `num_workers`, `precision.name` -> `precision`."""
-    parts = key.split(".")
-    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
-
-
 def group_label(row, keys: list[str]) -> str:
+    """`num_workers=2, precision=fp32`: `precision.name` by its group."""
     f = _knobs(row)
-    return ", ".join(f"{short_key(k)}={format_value(f.get(k))}" for k in keys)
+    return ", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}={format_value(f.get(k))}"
+                     for k in keys)
 
 
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
-    """Runs that may be joined along knob `name`: grouped by every other knob that varied.
-    Returns the lines as (label, runs, one per value, sorted) and the rest (runs of groups with
-    one value, groups past MAX_LINES, slower repeats at one value). Along the workers, a
-    0-worker run joins every line of its setup: its worker-only knobs (prefetch, thread or
-    process workers...) are inert (gpubench.config.knobs.WORKER_ONLY), not another setting.
-    The recommended run's group comes first, then by the group's fastest run."""
+    """Runs that may be joined along knob `name`, grouped by every other knob that varied:
+    the lines as (label, runs one per value), the recommended run's first, then by the fastest;
+    and the rest (lone values, groups past MAX_LINES, slower repeats). Along the workers, a
+    0-worker run joins every line of its setup: its worker-only knobs are inert."""
     along = SHORT[name][0]
     zero = [r for r in rows if along == "loader.num_workers" and knob(r, name) == 0]
     some = [r for r in rows if not any(r is z for z in zero)]
@@ -245,24 +201,22 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
 
 def memory_axis(rows) -> dict:
     """What the peak memory figure is: device memory on a GPU, summed RSS on a CPU."""
-    srcs = {record_of(r).memory_source or ("host_rss" if record_of(r).env.get("device") == "cpu"
-                                         else "device") for r in rows}
+    srcs = {r.record.memory_source or ("host_rss" if r.record.env.get("device") == "cpu"
+                                       else "device") for r in rows}
     if srcs == {"host_rss"}:
         return {"label": "peak RSS, main process + loader workers summed, % of host RAM",
                 "note": "CPU run: summed RSS counts shared pages once per process (an upper "
-                        "bound), not device memory",
-                "host": True}
+                        "bound), not device memory"}
     if "host_rss" in srcs:
         return {"label": "peak memory, % of the device (CPU runs: summed RSS, % of host RAM)",
                 "note": "CPU runs: summed RSS of the main process and its workers (an upper "
-                        "bound)", "host": True}
-    return {"label": "peak memory, % of the device", "note": None, "host": False}
+                        "bound)"}
+    return {"label": "peak memory, % of the device", "note": None}
 
 
 def inert_knobs(params: list[dict], devices: set[str]) -> list[str]:
-    """Swept parameters that cannot change a run on the device every run used: on a CPU,
-    pin_memory and cudnn.benchmark, and a precision whose values all run the same math there
-    (fp32, tf32, torch_default). Empty when any run used a GPU."""
+    """Swept parameters that cannot act on the device every run used: on a CPU the CUDA-only
+    knobs, and a precision whose values all run the same math there. Empty on a GPU."""
     if not devices or devices - {"cpu"}:
         return []
     names = {k for p in params for k in p}
@@ -295,10 +249,9 @@ IMPORTANCE_QUESTION = "Which knobs moved {phase} throughput most?"
 def importance_title(n_trials: int, used: list[str], swept: list[str],
                      inert: list[str] = (), flagged: int = 0, phase: str = "e2e",
                      ranked: int | None = None) -> str:
-    """The importance picture's title: its question, how many of the study's trials it rests on
-    (and the report's ranked runs, where they differ: a resumed study keeps earlier trials),
-    how many of them flagged their own measurement (noise ranks as well as a knob), and what
-    it left out."""
+    """The importance picture's title: its question, the trials it rests on (and the ranked
+    runs, where a resumed study kept earlier trials), how many flagged their own measurement
+    (noise ranks as well as a knob), and what it left out."""
     left = sorted(set(swept) - set(used) - set(inert))
     out = [IMPORTANCE_QUESTION.format(phase=phase) + "\n"
            + f"from the study's {n_trials} complete trials"

@@ -1,18 +1,8 @@
-"""PNG plots of a sweep report (matplotlib's Agg backend: no display needed).
-
-What each picture shows is decided by the pure functions of gpubench.report.plot_data and
-plot_rules (tested on constructed rows; plot_data's docstring lists the rules); this module
-only draws that data:
-
-- throughput points with whiskers (their 95% interval), one solid line per group of runs that
-  differ in the plotted knob alone, the loader-only and compute-only bounds of the first
-  group's runs dotted and dashed in its colour;
-- a compute bound (a loader-only sweep's workers answer) as a shaded band of its interval
-  across the plot, its figure solid, and the line a loader's low end must clear dashed;
-- runs of other groups as small grey points; flagged runs hollow red, a point past the top of
-  the axis drawn at the edge with its figure; short screens and probes hollow grey;
-- the recommended run as a gold star under its point; the legend outside the axes, on the
-  right, so it covers nothing.
+"""PNG plots of a sweep report (matplotlib's Agg backend: no display needed). What each picture
+shows is decided by the pure functions of gpubench.report.plot_data (tested on constructed
+rows); this module only draws it: points with whiskers, a line per group of runs that differ in
+the plotted knob alone, bounds dotted and dashed, flagged runs hollow red, screens hollow grey,
+the recommended run a gold star under its point, the legend outside the axes.
 """
 
 from __future__ import annotations
@@ -37,8 +27,6 @@ from gpubench.report.runplot import plain_log
 
 log = logging.getLogger("gpubench")
 
-# --------------------------------------------------------------------------- drawing
-
 
 def _plt():
     # matplotlib is imported when a picture is drawn: the report's text needs none of it
@@ -61,8 +49,7 @@ LEGEND_CHARS = 52
 
 
 def wrapped(label: str, width: int = LEGEND_CHARS) -> str:
-    """A legend label broken into lines of at most `width` characters, at spaces (its own line
-    breaks kept)."""
+    """A legend label broken at spaces into lines of at most `width` characters."""
     return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
                      for line in label.split("\n"))
 
@@ -71,6 +58,18 @@ def _legend(ax, **kw) -> None:
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles, [wrapped(t) for t in labels], loc="upper left",
               bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw)
+
+
+def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str | None = None,
+            xsize: float | None = None) -> Path:
+    ax.set_xlabel(xlabel, fontsize=xsize)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if note:
+        ax.text(0.0, -0.16, note, transform=ax.transAxes, fontsize=8, va="top", color="dimgray")
+    _legend(ax)
+    return _save(fig, out)
 
 
 def _save(fig, path: Path) -> Path:
@@ -199,11 +198,6 @@ def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
                         va=va)
 
 
-def _note(ax, text: str | None) -> None:
-    if text:
-        ax.text(0.0, -0.16, text, transform=ax.transAxes, fontsize=8, va="top", color="dimgray")
-
-
 def _draw_curve(d: dict, out: Path) -> Path:
     fig, ax = _figure()
     colors = _plt().rcParams["axes.prop_cycle"].by_key()["color"]
@@ -229,16 +223,11 @@ def _draw_curve(d: dict, out: Path) -> Path:
     _flagged(ax, d, taken=taken + Counter(p["x"] for p in d["rest"]))
     _star(ax, d["star"])
     _x_axis(ax, d["xticks"], d["log2"], d["integer_x"])
-    ax.set_xlabel(d["xlabel"])
-    ax.set_ylabel(d["ylabel"], fontsize=9)
-    ax.set_title(d["title"], fontsize=10)
     if d["log_y"]:
         ax.set_yscale("log")
         plain_log(ax.yaxis, d["ymin"], d["ymax"])
     ax.set_ylim(d["ymin"], d["ymax"])
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _save(fig, out)
+    return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"])
 
 
 def _band(ax, b: dict, color) -> None:
@@ -263,14 +252,9 @@ def _draw_memory(d: dict, out: Path) -> Path:
                    clip_on=False, label="out of memory")
     ax.axhline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
     _x_axis(ax, d["xticks"], log2=True, integer=True)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel(d["ylabel"], fontsize=9)
     ax.set_ylim(0, 108)  # room above 100% for the OOM crosses
-    ax.set_title("Which batch sizes fit under the memory ceiling?", fontsize=10)
-    ax.grid(alpha=0.3)
-    _note(ax, d["note"])
-    _legend(ax)
-    return _save(fig, out)
+    return _finish(fig, ax, out, "Which batch sizes fit under the memory ceiling?", "batch size",
+                   d["ylabel"], d["note"])
 
 
 def _draw_pareto(d: dict, out: Path) -> Path:
@@ -292,23 +276,17 @@ def _draw_pareto(d: dict, out: Path) -> Path:
                     bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85))
     if d["ceiling_in_view"]:
         ax.axvline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
-    ax.set_title(d["title"], fontsize=10)
     _star(ax, d["star"])
-    ax.set_xlabel(d["xlabel"], fontsize=9)
-    ax.set_ylabel(d["ylabel"], fontsize=9)
     ax.set_ylim(0, d["ymax"])
     ax.margins(x=0.08)
     if d["xlim"]:
         ax.set_xlim(*d["xlim"])
-    ax.grid(alpha=0.3)
-    _note(ax, d["note"])
-    _legend(ax)
-    return _save(fig, out)
+    return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"], d["note"], xsize=9)
 
 
 def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     """Optuna's parameter importance over the knobs that can act on the runs' device, from
-    enough complete trials (plot_data.importance_params); the trial count on the picture."""
+    enough complete trials (plot_rules.importance_params)."""
     # optuna is imported only when a study is plotted: a grid sweep's report needs none of it
     import optuna
     from optuna.trial import TrialState
@@ -349,7 +327,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
 
 def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:
     """The sweep's pictures; `band`: a loader-only row -> its setup's compute bound, drawn
-    across the workers plot (gpubench.report.loader_answer)."""
+    across the workers plot."""
     made = []
     for name, png, xlabel, log2 in (
         ("batch_size", "throughput_vs_batch.png", "batch size", True),

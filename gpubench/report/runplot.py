@@ -1,54 +1,31 @@
 """One picture per run that answers "which pipe limits training?": `run.png` beside results.json.
 
-Top: the three measured pipes (loader only, compute only, end-to-end) as points with their
-intervals, and the combined bound e2e can reach when the run recorded one: the comparison the
-verdict rests on, e2e against what the pipes allow, each with its interval. The figures can span
-a hundredfold (a loader at 9,300 img/s beside compute at 30), so the axis turns logarithmic
-when they do: equal ratios, equal distances, and no pipe shrinks to a sliver. A run whose
-measurement was flagged (noise_reasons) is drawn hollow and says so, each reason listed under
-the picture. Bottom: each phase's step times against the step index, the warm-up steps shaded,
-as reference article 003 plots its curves per batch: a curve still falling after the shaded part
-says the warm-up was too short; spikes are stalls (a slow batch, a busy host). Step times rather
-than per-step images/sec: their mean is what the pooled throughput inverts, while per-step rates
-overweight the fastest steps.
+Top: the three pipes (loader only, compute only, end-to-end) as points with their intervals and
+the combined bound e2e can reach, on a log axis when they span a hundredfold (no pipe shrinks to
+a sliver); hollow when the measurement was flagged, each reason under the picture. Bottom: each
+phase's step times, warm-up shaded (reference article 003): a curve still falling after it says
+the warm-up was too short; spikes are stalls. Step times, not per-step rates: their mean is
+what the pooled throughput inverts.
 
-`run_picture_data` is the pure part (what is drawn, checked by the tests); `plot_run` draws it.
+`run_picture_data` is the pure part (checked by the tests); `plot_run` draws it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
 from gpubench.analysis.select import setup_text
 from gpubench.core.files import open_own
 from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status
-from gpubench.core.stats import finite, finite_number, positive
+from gpubench.core.stats import finite_number, positive
+from gpubench.report.plot_rules import phase_est
 
 PICTURE_FILE = "run.png"
 # one colour per pipe, shared by the bars and the traces so the eye pairs them
 PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green"}
-
-
 # the picture's resolution: 7.5 in wide at 92 dpi, bounding box included, fits MLflow's run page
 DPI = 92
-
-
-def _interval(ci: Any) -> list[float] | None:
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(map(finite, ci)):
-        return [float(ci[0]), float(ci[1])]
-    return None
-
-
-def _phase_figures(record: RunRecord, name: str) -> tuple[float | None, list[float] | None]:
-    """A phase's images/sec and interval: its phase record, else the run's headline keys (an
-    older results.json keeps only those)."""
-    ph = record.phases.get(name)
-    if ph is not None and finite_number(ph.images_per_sec) is not None:
-        return finite_number(ph.images_per_sec), _interval(ph.images_per_sec_ci)
-    value, ci = record.phase_figure(name)
-    return finite_number(value), _interval(ci)
 
 
 def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
@@ -94,23 +71,12 @@ def _setup(record: RunRecord) -> str:
 
 
 def run_picture_data(record: RunRecord) -> dict:
-    """What the picture shows, as plain data:
-
-    - `bars`: one per measured phase, in pipe order: {phase, label, images_per_sec, ci}
-      (ci is [lo, hi] or None when the phase ran a single window);
-    - `bound`: {images_per_sec, label} the combined bound for e2e, or None when not recorded;
-    - `title`: the verdict line(s);
-    - `traces`: {phase: {warmup_ms: [step times], steps_ms: [...]}} for the phases that kept
-      their step times (None for a step the clock could not resolve), `trace_log_y` when they
-      span more than 20x.
-    """
-    bars = []
-    for name in PHASE_NAMES:
-        ips, ci = _phase_figures(record, name)
-        if ips is None:
-            continue
-        bars.append({"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": ips,
-                     "ci": ci})
+    """What the picture shows, as plain data: `bars` (one per measured phase in pipe order,
+    `ci` None for a single window), the combined `bound` for e2e, the `title`, and `traces`
+    (step times in ms per phase, None for a step the clock could not resolve)."""
+    bars = [{"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": e.value,
+             "ci": None if e.exact else [e.lo, e.hi]}
+            for name in PHASE_NAMES if (e := phase_est(record, name)) is not None]
     bound_v = finite_number(record.extra.get("e2e_bound_images_per_sec"))
     bound = ({"images_per_sec": bound_v, "label": "combined bound (what e2e can reach)"}
              if bound_v is not None else None)
@@ -142,9 +108,8 @@ def _ms(times) -> list[float | None]:
 
 def plot_run(record: RunRecord, out: Path) -> Path:
     """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path). About
-    690 px wide (7.5 in at DPI): MLflow's run page shows it in the description, which takes
-    the picture's width as its least, and at 1440 px the page fits beside "About this run"
-    only up to about 700 px (843 px, at 110 dpi, pushed the run id and tags off the screen)."""
+    690 px wide: MLflow's run page takes the picture's width as the description's least, and
+    at 1440 px fits beside "About this run" only up to about 700 px."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,9 +149,8 @@ def _draw_pipes(ax, d: dict) -> None:
     for y, b in zip(ys, bars, strict=True):
         color, v = PHASE_COLORS[b["phase"]], b["images_per_sec"]
         if b["ci"]:  # a single-window phase has no interval: no whisker rather than a fake one
-            # max(0, ...): a point estimate just outside its own interval (a skewed
-            # estimator) would give a negative length, which matplotlib rejects
-            ax.errorbar([v], [y], xerr=[[max(0.0, v - b["ci"][0])], [max(0.0, b["ci"][1] - v)]],
+            # (the interval holds its figure, core.stats.holding: no negative length)
+            ax.errorbar([v], [y], xerr=[[v - b["ci"][0]], [b["ci"][1] - v]],
                         color=color, capsize=6, elinewidth=2, zorder=2)
         ax.plot([v], [y], marker="o", markersize=11, color=color, zorder=3,
                 markerfacecolor="white" if d["flagged"] else color, markeredgewidth=2)
@@ -220,9 +184,8 @@ def _draw_pipes(ax, d: dict) -> None:
 
 
 def plain_log(axis, lo: float, hi: float) -> None:
-    """A log axis labelled with plain numbers (0.1, 2, 50, 3,000) at 1-2-5 steps, or at powers
-    of ten past two decades: matplotlib's default writes 6x10^1 in math text and labels the
-    minor ticks of a short range until they overlap."""
+    """A log axis labelled with plain numbers (0.1, 2, 3,000) at 1-2-5 steps, or at powers of
+    ten past two decades: matplotlib's default writes 6x10^1 and crowds a short range."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     subs = (1.0,) if hi > 100 * lo else (1.0, 2.0, 5.0)

@@ -1,20 +1,10 @@
 """Sweep report: ranking, the recommended configuration, plots, a rerunnable experiment YAML.
 
-    python -m gpubench.report outputs/multirun/2026-11-21/10-00-00      # a sweep dir
-    python -m gpubench.report gpubench --parent <run id>                 # an MLflow experiment
-
-Reads the results.json of every job (grid sweeps from Hydra's basic sweeper, gpubench sweeper
-studies, max-batch probes) or the results.json artifacts of MLflow runs. Writes into
-`<sweep dir>/report/`: ranking.csv and ranking.txt, summary.json, PNG plots, and
-`experiment/recommended.yaml`, rerun with `python -m gpubench -cd <report dir> experiment=recommended`.
-
-It ranks full training measurements (an e2e phase measured: no loader-only or compute-only run,
-max-batch probe or screen) of one training setup (model, dataset, image size: the newest run's
-unless `--where KEY=VALUE` picks the rows), and says in one line what it left out.
-
-The recommendation follows reference article 003: among feasible configurations (status ok,
-peak memory under memory.ceiling) within `tolerance` (5%) of the fastest, keep AMP on when AMP
-measured faster, pin_memory on, then the smallest batch size and the fewest loader workers.
+Reads the results.json of every job of a sweep dir (or an MLflow experiment's artifacts) and
+writes into `<sweep dir>/report/`: ranking.csv and ranking.txt, summary.json, PNG plots and
+`experiment/recommended.yaml`. It ranks full training measurements of one setup
+(gpubench.analysis.select) and recommends as reference article 003 does
+(gpubench.analysis.recommend).
 """
 
 from __future__ import annotations
@@ -44,30 +34,25 @@ from gpubench.analysis.recommend import (
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
-from gpubench.config.overrides import format_value
-from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
 from gpubench.core.record import Rung, RunRecord, Status, interval_label_of, longer, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
+from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import load_dir
 
 log = logging.getLogger("gpubench")
 
-
 REPORT_DIR = "report"
-
-
 EXPERIMENT_NAME = "recommended"
 
 
 def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
                 study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
-    """Rows from the results.json artifacts of an MLflow experiment's runs (children of `parent`
-    only, or the jobs of every worker of one Optuna `study`, when given). Runs without that
-    artifact (sweep parents) are skipped."""
+    """Rows from an MLflow experiment's results.json artifacts (only the children of `parent`,
+    or the jobs of one Optuna `study`, when given)."""
     if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
         raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: it must be an "
                          "MLflow run id (32 hex digits)")
@@ -85,23 +70,12 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
 def overrides_of(row: Row, keys: list[str]) -> list[str]:
     """The row's swept knobs as command-line overrides (`precision=amp_bf16` for a group)."""
-    out = []
-    for k in keys:
-        if k not in row.flat:
-            continue
-        v = row.flat[k]
-        group, _, leaf = k.partition(".")
-        if leaf == "name" and (CONFIG_DIR / group / f"{v}.yaml").is_file():
-            k = group
-        out.append(f"{k}={format_value(v)}")
-    return out
+    return [as_override(k, row.flat[k]) for k in keys if k in row.flat]
 
 
 def measurement_text(cfg: dict) -> str:
-    """How a run measured, in words: `6 windows of 4 steps on each of loader, compute, e2e`
-    (bench.steps=24 bench.repeats=6: the steps are the phase's, split over its windows), with
-    the loader's own length where its workers' batches in flight made it longer
-    (core.pipe.loader_window_steps)."""
+    """How a run measured: `6 windows of 4 steps on each of loader, compute, e2e` (the phase's
+    steps split over its windows), and the loader's own longer windows (core.pipe)."""
     b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
@@ -119,15 +93,13 @@ def measurement_text(cfg: dict) -> str:
 
 
 def longer_text(cfg: dict) -> str:
-    """The overrides that measure the recommended setup longer than the sweep did."""
     b = cfg.get("bench") or {}
     return longer(b.get("steps"), b.get("repeats"))
 
 
 def run_text(row: Row, keys: list[str]) -> str:
-    """A row as the user finds it: `run 3: loader.batch_size=8`, its label (job folder, trial
-    number or MLflow run id) and the swept knobs that set it apart; `run 0` alone when none
-    varied (never `run 0: `)."""
+    """`run 3: loader.batch_size=8`: its label and the swept knobs that set it apart; `run 0`
+    alone when none varied (never `run 0: `)."""
     over = " ".join(overrides_of(row, keys))
     return f"run {row.label}" + (f": {over}" if over else "")
 
@@ -137,11 +109,9 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     into the config the row was measured with (tracking and fault injection left out)."""
     cfg = row.record.config
     setup = {k: cfg[k] for k in RERUN_KEYS if k in cfg}
-    groups = []
-    for group, value in ((g, (setup.get(g) or {}).get("name"))
-                         for g in ("dataset", "model", "precision", "step")):
-        if value is not None and (CONFIG_DIR / group / f"{value}.yaml").is_file():
-            groups.append({f"override /{group}": value})
+    groups = [{f"override /{g}": v} for g in ("dataset", "model", "precision", "step")
+              if (v := (setup.get(g) or {}).get("name")) is not None
+              and group_of(f"{g}.name", v) == g]
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
     if rec is not None:
         head += [f"#   {line}" for line in rec.reasons]
@@ -152,10 +122,6 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
                  "(narrower intervals, no longer the sweep's measurement)"]
     body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
     return "\n".join(head) + "\n" + body
-
-
-def rerun_command(report_dir: Path) -> str:
-    return f"python -m gpubench -cd {report_dir.resolve()} experiment={EXPERIMENT_NAME}"
 
 
 def _fmt(v: Any) -> str:
@@ -180,68 +146,47 @@ STAYS = ("#", "run", "img/s")
 FILE_WIDTH = 120
 
 
-def _util_key(rows: list[Row]) -> str:
-    return "gpu_util_mean" if any(r.record.gpu_util_mean is not None for r in rows) \
-        else "process_cpu_util_mean"
-
-
-def table_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    """ranking.csv: every column, the swept knobs by their config keys, ranked."""
-    util_key = _util_key(rows)
-    head = ["#", "run", "status", "img/s", interval_label_of([r.record for r in rows]), "mem %",
-            "gpu util %"
-            if util_key.startswith("gpu") else "cpu util %", "verdict", "measured", "rung", *keys]
+def table_rows(rows: list[Row], keys: list[str], screen: bool = False
+               ) -> tuple[list[str], list[list[str]]]:
+    """ranking.csv: every column, knobs by config key. `screen`, the printed ranking: `status`
+    says why each row ranks where it does (a feasible row's steadiness), the rung only when rows
+    differ in it, intervals without decimals above 100 img/s, knobs by short name."""
+    gpu = any(r.record.gpu_util_mean is not None for r in rows)
+    util = "gpu_util_mean" if gpu else "process_cpu_util_mean"
+    label = interval_label_of([r.record for r in rows])
+    with_rung = not screen or len({r.rung for r in rows}) > 1
+    head = ["#", "run", "status", "img/s", label.replace(" ", "\n") if screen else label,
+            "mem %", ("gpu" if gpu else "cpu") + (" %" if screen else " util %"), "verdict",
+            *([] if screen else ["measured"]), *(["rung"] if with_rung else []),
+            *(knob_header(k) if screen else k for k in keys)]
     body = []
     for i, r in enumerate(ranked(rows), 1):
         lo, hi = r.interval
+        fmt = ".0f" if screen and hi >= 100 else ".1f"
+        steady = r.record.status is Status.ok and r.steadiness != "-"
         body.append([
-            str(i), r.label, r.status,
-            f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:.1f}-{hi:.1f}",
+            str(i), r.label,
+            r.status if not screen else r.steadiness if steady else str(r.record.status),
+            f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
-            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck), r.steadiness,
+            _fmt(getattr(r.record, util)), _fmt(r.record.bottleneck),
+            *([] if screen else [r.steadiness]),
             # a confirmed row's figures pool its re-measurements: say how many
-            f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms else ""),
+            *([f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms and not screen
+                              else "")] if with_rung else []),
             *(_fmt(r.flat.get(k)) for k in keys),
         ])
     return head, body
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short knob name (gpubench.config.knobs.SHORT), else the key; words
-    on lines of their own (`batch\\nsize`), so a header is no wider than its values need."""
+    """A swept key by its short knob name, a word a line (`batch\\nsize`): no wider than its
+    values need."""
     name = next((n for n, ks in SHORT.items() if key in ks), key)
     return name.replace("_", "\n")
 
 
-def screen_rows(rows: list[Row], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    """The printed ranking: ranking.csv's rows with `status` saying why each ranks where it
-    does (a feasible row's steadiness, else its status), the rung only when rows differ in it,
-    intervals without decimals above 100 img/s, knobs by short name, headers a word a line."""
-    util_key = _util_key(rows)
-    with_rung = len({r.rung for r in rows}) > 1
-    head = ["#", "run", "status", "img/s",
-            interval_label_of([r.record for r in rows]).replace(" ", "\n"), "mem %",
-            "gpu %" if util_key.startswith("gpu") else "cpu %", "verdict",
-            *(["rung"] if with_rung else []), *(knob_header(k) for k in keys)]
-    body = []
-    for i, r in enumerate(ranked(rows), 1):
-        lo, hi = r.interval
-        fmt = ".0f" if hi >= 100 else ".1f"
-        st = r.record.status
-        why = str(st) if st is not Status.ok or r.steadiness == "-" else r.steadiness
-        body.append([
-            str(i), r.label, why, f"{r.throughput:.1f}",
-            "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
-            "-" if r.peak is None else f"{100 * r.peak:.1f}",
-            _fmt(getattr(r.record, util_key)), _fmt(r.record.bottleneck),
-            *([str(r.rung)] if with_rung else []),
-            *(_fmt(r.flat.get(k)) for k in keys),
-        ])
-    return head, body
-
-
 def _name(header: str) -> str:
-    """A printed header on one line: `batch_size`, `95% interval`."""
     return header.replace("\n", " " if "%" in header or "interval" in header else "_")
 
 
@@ -252,8 +197,7 @@ def _kind(header: str) -> str:
 def print_table(head: list[str], body: list[list[str]], title: str, console=None,
                 limit: int = 25) -> None:
     """The ranking on `console` (stdout by default), fitted to its width so no figure or value
-    is split or cut (gpubench.report.console.fit): columns of context give way first, then the
-    knobs move below the table, a line per run, then the status and the interval."""
+    is split or cut (gpubench.report.console.fit)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -298,7 +242,6 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
 
 
 def table_text(head: list[str], body: list[list[str]], title: str) -> str:
-    """The ranking as ranking.txt keeps it: a log's width, plain text."""
     from rich.console import Console
 
     buf = io.StringIO()
@@ -311,11 +254,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
                  fingerprint: list | None = None, found: list[RunRecord] = (),
                  named: list[RunRecord] = (), pipes: dict | None = None) -> list[Path]:
-    """Everything the report makes; returns the files written. `fingerprint` (what the report
-    was made from) is kept in summary.json so an unchanged sweep is not reported twice.
-    `found` and `named`: compute runs for the workers answer of loader-only runs (the sweep's
-    compute folder, `--compute`; gpubench.report.loader_answer). `pipes`: the path of a
-    sweep=pipes search (pipes.json), told first and drawn (gpubench.report.pipes_plot)."""
+    """Everything the report makes; returns the files written. `fingerprint`: what the report
+    was made from (summary.json), so an unchanged sweep is not reported twice. `found`, `named`:
+    compute runs for the loader-only workers answer. `pipes`: a sweep=pipes path (pipes.json)."""
     from gpubench.report import plots as report_plots
     from gpubench.search.pipe_rules import lines as pipes_lines
 
@@ -342,7 +283,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     head, body = table_rows(rows, keys)
     csv.writer(table).writerows([head, *body])
     files.append(write_text(out_dir / "ranking.csv", table.getvalue()))
-    head, body = screen_rows(rows, keys)
+    head, body = table_rows(rows, keys, screen=True)
     title = f"gpubench sweep: {source}"
     files.append(write_text(out_dir / "ranking.txt", table_text(head, body, title)))
     # a recommendation changes knobs only: the workload (model, data, classes...) is the
@@ -357,30 +298,23 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         lines = ["search path (sweep=pipes, each pipe on its own, then joined):",
                  *(f"  {x}" for x in pipes_lines(pipes)), *lines]
         summary["pipes"] = pipes
-    if rec is None and (kept or answer is None):
-        lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
-                     "failed)" if kept else
-                     "no recommendation: no full training measurement (only screens, max-batch "
-                     "probes or runs without an e2e phase)")
-    elif rec is None:  # a loader-only sweep: its answer (below) is the workers'
-        pass
-    else:
+    if rec is not None:
         exp_dir = out_dir / "experiment"
         exp_dir.mkdir(exist_ok=True)
         yml = exp_dir / f"{EXPERIMENT_NAME}.yaml"
         write_text(yml, experiment_yaml(rec.chosen, source, rec))
         files.append(yml)
-        cmd = rerun_command(out_dir)
-        summary.update(
-            best={"label": rec.best.label, "images_per_sec": rec.best.throughput,
-                  "images_per_sec_ci": list(rec.best.interval),
-                  "dir": rec.best.dir, "overrides": overrides_of(rec.best, knobs)},
-            recommended={"label": rec.chosen.label, "images_per_sec": rec.chosen.throughput,
-                         "images_per_sec_ci": list(rec.chosen.interval),
-                         "peak_memory_fraction": rec.chosen.peak, "dir": rec.chosen.dir,
-                         "overrides": overrides_of(rec.chosen, knobs), "yaml": str(yml)},
-            reasons=rec.reasons, command=cmd,
-        )
+        cmd = f"python -m gpubench -cd {out_dir.resolve()} experiment={EXPERIMENT_NAME}"
+
+        def entry(r: Row, **more) -> dict:
+            return {"label": r.label, "images_per_sec": r.throughput,
+                    "images_per_sec_ci": list(r.interval), **more, "dir": r.dir,
+                    "overrides": overrides_of(r, knobs)}
+
+        summary.update(best=entry(rec.best),
+                       recommended={**entry(rec.chosen, peak_memory_fraction=rec.chosen.peak),
+                                    "yaml": str(yml)},
+                       reasons=rec.reasons, command=cmd)
         lines += [
             f"fastest feasible: {with_interval(rec.best)} img/s  ({run_text(rec.best, keys)})",
             f"recommended:      {with_interval(rec.chosen)} img/s  ({run_text(rec.chosen, keys)})",
@@ -390,6 +324,11 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             f"  (it measures as the sweep did: {measurement_text(rec.chosen.record.config)}; "
             f"add {longer_text(rec.chosen.record.config)} to measure longer)",
         ]
+    elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
+        lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
+                     "failed)" if kept else
+                     "no recommendation: no full training measurement (only screens, max-batch "
+                     "probes or runs without an e2e phase)")
     if answer is not None:
         lines += answer.lines
         summary["workers"] = answer.summary()
@@ -413,8 +352,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
 
 
 def _fingerprint(rows: list[Row], sweep_dir: Path) -> list:
-    """What the report was made from: a second call (the MLflow callback after the sweeper)
-    reuses the files when nothing changed."""
+    """What the report was made from: a second call reuses the files when nothing changed."""
     parts = []
     for r in rows:
         p = Path(r.dir or "") / "results.json"
@@ -431,7 +369,7 @@ class NothingToReport(FileNotFoundError):
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False, conditions: dict[str, str] | None = None,
                  compute: list[str] | None = None) -> list[Path]:
-    """The report of a sweep dir (its rows matching `conditions`, --where), written to
+    """The report of a sweep dir (its rows matching `conditions`, --where) into
     `<sweep_dir>/report/`; returns its files. `compute`: runs named with --compute."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
@@ -462,9 +400,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to the folder reported on (`3` in a multirun folder, not
-    the study's trial number; `2026-11-21/10-00-00/3` under a parent of sweeps); None for a run
-    elsewhere or the folder itself."""
+    """The row's run folder relative to `root` (`3`, not the study's trial number); None for a
+    run elsewhere or the folder itself."""
     d = row.record.dir
     if d is None or not inside(d, root):
         return None

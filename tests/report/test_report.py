@@ -18,7 +18,7 @@ from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import to_container
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, Reason, RunRecord, Status
-from gpubench.report.write import print_table, screen_rows, sweep_report
+from gpubench.report.write import print_table, sweep_report, table_rows
 from gpubench.search.rows import load_dir
 
 
@@ -364,7 +364,7 @@ def test_the_ranking_never_splits_a_figure_or_a_value(width, terminal):
 
     rows = _wide_rows()
     keys = varying(rows)
-    head, body = screen_rows(rows, keys)
+    head, body = table_rows(rows, keys, screen=True)
     buf = io.StringIO()
     print_table(head, body, "gpubench sweep: outputs/multirun/2026-11-23/10-00-00",
                 Console(file=buf, width=width, force_terminal=terminal, color_system=None))
