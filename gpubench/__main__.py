@@ -1,9 +1,6 @@
-"""`python -m gpubench` / `gpubench`: the only Hydra entry point, kept thin.
-
-It hands the composed config to `run_benchmark` and returns the e2e images/sec as a finite
-float, so any Hydra sweeper can maximize it. Errors, Ctrl-C and SIGTERM end the command with one
-line (gpubench.cli.errors).
-"""
+"""`python -m gpubench` / `gpubench`: the only Hydra entry point. It returns the e2e images/sec
+as a finite float, so any Hydra sweeper can maximize it; errors, Ctrl-C and SIGTERM end the
+command with one line (gpubench.cli.errors)."""
 
 from __future__ import annotations
 
@@ -64,20 +61,17 @@ def _job(cfg: DictConfig) -> float:
 
 
 def _settle() -> None:
-    """After a job, before the next one of a sweep in this process: the finished run is out of
-    reach, so one collection frees all of it (its cycles included), and what survives
-    (modules, Hydra's and the sweeper's own objects) is frozen: later collections, the one each
-    run makes to free device memory among them, walk only what a run creates (a full pass over
-    torch's objects takes 0.17 s on a 2-core machine). Never while a run is alive or an
-    exception holds its frames: what is frozen is never collected."""
+    """After a job: one collection frees the finished run, and what survives (modules, Hydra's
+    and the sweeper's objects) is frozen, so later collections (each run's, to free device
+    memory) walk only what a run creates (a full pass over torch's objects: 0.17 s on 2 cores).
+    Never while a run is alive or an exception holds its frames: what is frozen stays."""
     gc.collect()
     gc.freeze()
 
 
 def help_config(*, _root_: DictConfig) -> str:
-    """`--help`'s config, `${gpubench_help_config:}` in bench.yaml's hydra.help.template: the
-    job's keys as Hydra's help prints them (hydra/_internal/hydra.py get_help), without the keys
-    for tests a user never sets (Role.fault). `$` doubled: the template is a string.Template."""
+    """`--help`'s config (`${gpubench_help_config:}` in bench.yaml's hydra.help.template)
+    without the keys for tests (Role.fault). `$` doubled: the template is a string.Template."""
     from gpubench.config.keys import Role
     from gpubench.config.schema import KEYS
 
@@ -90,11 +84,9 @@ OmegaConf.register_new_resolver("gpubench_help_config", help_config, replace=Tru
 
 
 def team_first(argv: list[str]) -> list[str]:
-    """The command line with `-cd DIR` (`--config-dir DIR`) made the primary config folder,
-    `--config-path DIR`: the search path plugin puts gpubench's own folder after it
-    (hydra_plugins.gpubench_searchpath), so DIR's files are found first, as documented. Hydra's
-    own --config-dir would search DIR after gpubench's folder: a team's model/tiny.yaml never
-    read. Unchanged with an explicit --config-path (the user's own primary folder)."""
+    """`-cd DIR` (`--config-dir DIR`) made the primary config folder, `--config-path DIR`, so
+    DIR's files are found before gpubench's (hydra_plugins.gpubench_searchpath): Hydra's own
+    --config-dir searches DIR after them. Unchanged with an explicit --config-path."""
     import os
 
     import gpubench.cli
@@ -125,11 +117,9 @@ def cli() -> None:
         EXIT["code"] = e.code if isinstance(e.code, int) else ExitCode.FAILED
         raise
     finally:
-        # Everything is written and closed by now; what is left is the interpreter's shutdown,
-        # whose garbage-collection passes walk every object torch and torchvision created
-        # (0.8 s of a 2-core machine's CPU; 0.15 s frozen). Freezing moves them out of the
-        # collector's sight only: destructors, atexit handlers (MLflow's, logging's) and
-        # stream flushes all still run. A sweep worker pays this once per process.
+        # The interpreter's shutdown collections walk every object torch created (0.8 s of a
+        # 2-core machine's CPU; 0.15 s frozen). Freezing hides them from the collector only:
+        # destructors, atexit handlers and stream flushes still run.
         gc.freeze()
 
 

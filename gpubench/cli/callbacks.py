@@ -1,14 +1,10 @@
 """Hydra callback: a multirun becomes one MLflow parent run with one child run per job.
 
-Registered in conf/bench.yaml under `hydra.callbacks`. The parent run, and with it the store and
-the experiment, are created here in the launching process before any job starts: jobs running
-in parallel would otherwise race to create a new sqlite store ("table ... already exists").
-Jobs find the parent through an environment variable (jobs run in this process, as with Hydra's
-basic launcher) or through the parent file in the sweep dir (launchers that run jobs elsewhere).
-
-It also refuses, before anything is written, a run or sweep folder that is blank, holds a
-symbolic link, or holds an earlier run this command would write over (`own_folder`). Imported by
-every run, so it stays light: MLflow is loaded only when a sweep is tracked.
+The parent run (with the store and experiment) is created here, in the launching process,
+before any job starts: parallel jobs would otherwise race to create a new sqlite store. Jobs
+find it through an environment variable or the parent file in the sweep dir. It also refuses a
+run or sweep folder this command must not write into (`own_folder`). MLflow is loaded only when
+a sweep is tracked: every run imports this module.
 """
 
 from __future__ import annotations
@@ -27,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
-from gpubench.core.files import LinkError, check_no_links
+from gpubench.core.files import LinkError, check_no_links, mask_files
 from gpubench.core.record import RESULTS_FILE, find_runs
-from gpubench.core.secrets import mask_files, mask_logging
+from gpubench.core.secrets import mask_logging, mask_secrets
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
@@ -47,6 +43,10 @@ RESUMING_SWEEPER = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
 log = logging.getLogger("gpubench")
 
 
+def _warn(text: str) -> None:
+    print(mask_secrets(f"gpubench: warning: {text}"), file=sys.stderr, flush=True)
+
+
 def _tracked(config: DictConfig) -> bool:
     return config.get("tracking", {}).get("backend", "none") != "none"
 
@@ -57,16 +57,12 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
-    """The folder of a run (`hydra.run.dir`) or a sweep (`hydra.sweep.dir`, its jobs' folders
-    inside it), or the command ends here with one line, exit 2: not blank (Hydra would write
-    into the current folder), holding no symbolic link, and holding no earlier run this command
-    would write over: a run's results.json at the folder's top, or, for a sweep (unless
-    `resumes`), any run inside it. Nothing measured is written over unless the user moves it.
-    Checked here because Hydra writes `.hydra/*.yaml` and opens the log file there in run_job
-    (hydra/core/utils.py), and calls on_run_start / on_multirun_start before run_job and before
-    building the sweeper (hydra/_internal/hydra.py, Hydra 1.3). A SystemExit carrying the
-    ConfigError: Hydra turns an Exception raised in a callback into a warning and carries on
-    (as in gpubench.config.prechecks.InputCheck)."""
+    """The folder of a run (`hydra.run.dir`) or a sweep (`hydra.sweep.dir`), or the command
+    ends with one line, exit 2: not blank (Hydra would write into the current folder), no
+    symbolic link, no earlier run this command would write over (a sweep's unless `resumes`).
+    Checked here: Hydra calls on_run_start / on_multirun_start before run_job writes
+    `.hydra/*.yaml` there (hydra/_internal/hydra.py, Hydra 1.3). A SystemExit carrying the
+    ConfigError: Hydra turns an Exception raised in a callback into a warning."""
     if value is None or not str(value).strip():
         raise SystemExit(ConfigError(key, value, "a folder path (blank writes into the current "
                                      f"folder); leave {key} unset for a new timestamped folder"))
@@ -95,8 +91,8 @@ class MlflowSweepCallback(Callback):
         mask_logging()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Hydra has just saved the job's config and overrides (and the sweeper its
-        multirun.yaml): the copies on disk keep no password."""
+        # Hydra has just saved the job's config and overrides (and the sweeper its
+        # multirun.yaml): the copies on disk keep no password
         hc = config.get("hydra") or {}
         out, sub = hc.get("runtime", {}).get("output_dir"), hc.get("output_subdir")
         files = [Path(str(out), str(sub), f) for f in HYDRA_FILES] if out and sub else []
@@ -112,7 +108,6 @@ class MlflowSweepCallback(Callback):
         if not _tracked(config):
             return
         from gpubench import tracking
-        from gpubench.core.secrets import mask_secrets
 
         t = config.tracking
         uri = tracking.resolve_uri(t.uri)
@@ -124,17 +119,12 @@ class MlflowSweepCallback(Callback):
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = tracking.open_sweep(
-                    store,
-                    sweep_dir,
-                    list(config.hydra.overrides.task),
-                    sweeper.get("_target_"),
+                    store, sweep_dir, list(config.hydra.overrides.task), sweeper.get("_target_"),
                     OmegaConf.to_container(params) if params is not None else None,
-                    t.get("run_name"),
-                )
+                    t.get("run_name"))
         except Exception as e:  # jobs still run; each keeps its results for `sync`
             log.debug("MLflow parent run not created", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: MLflow not reached at tracking.uri={uri} "
-                               f"({e}); the sweep runs untracked"), file=sys.stderr, flush=True)
+            _warn(f"MLflow not reached at tracking.uri={uri} ({e}); the sweep runs untracked")
             return
         os.environ[tracking.PARENT_ENV] = rid
         # Hydra calls on_multirun_end only when the sweep returns: Ctrl-C, SIGTERM or an error
@@ -144,16 +134,13 @@ class MlflowSweepCallback(Callback):
         atexit.register(self._close_interrupted)
 
     def _close_interrupted(self) -> None:
-        """The parent of a sweep that never reached on_multirun_end, ended with the jobs
-        measured so far (its best among them), as `sync` would end it later: KILLED after
-        Ctrl-C or SIGTERM, FAILED after an error. Bounded in time: a tracking server that is
-        down must not hold the exit (after SIGTERM a scheduler's grace period is short, and a
-        second SIGTERM is ignored); what is not closed here `sync` closes."""
+        """The parent of a sweep that never reached on_multirun_end, ended as `sync` would end
+        it: KILLED after a signal, FAILED after an error. Bounded in time: a server that is down
+        must not hold the exit (after SIGTERM a scheduler's grace period is short)."""
         open_, self._open = getattr(self, "_open", None), None
         if open_ is None:
             return
         from gpubench import tracking
-        from gpubench.core.secrets import mask_secrets
 
         sweep_dir, rid, uri, experiment, timeout_s = open_
         code = EXIT.get("code")
@@ -184,13 +171,11 @@ class MlflowSweepCallback(Callback):
         except KeyboardInterrupt:
             why = "skipped"
         if why is not None:
-            print(mask_secrets(f"gpubench: warning: the sweep's MLflow parent run was not closed "
-                               f"({why}); python -m gpubench.tracking sync {sweep_dir}"),
-                  file=sys.stderr, flush=True)
+            _warn(f"the sweep's MLflow parent run was not closed ({why}); "
+                  f"python -m gpubench.tracking sync {sweep_dir}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
-        from gpubench.core.secrets import mask_secrets
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
         self._open = None  # the sweep returned: closed FINISHED below, not at exit
@@ -205,27 +190,23 @@ class MlflowSweepCallback(Callback):
             _sweep_report(sweep_dir, parent_id, tracking.resolve_uri(t.uri), float(t.timeout_s))
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: sweep report not made ({e})"),
-                  file=sys.stderr, flush=True)
+            _warn(f"sweep report not made ({e})")
         try:
             with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
                                      float(t.timeout_s)) as store:
                 tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: sweep summary not logged to MLflow ({e}); "
-                               f"python -m gpubench.tracking sync {sweep_dir}"),
-                  file=sys.stderr, flush=True)
+            _warn(f"sweep summary not logged to MLflow ({e}); "
+                  f"python -m gpubench.tracking sync {sweep_dir}")
 
 
 def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
-    """The sweep report (ranking, plots, recommended config) as artifacts of the parent run.
-    The gpubench sweeper has usually made it already; then its files are reused as they are."""
+    """The sweep report as artifacts of the parent run; one the gpubench sweeper made in this
+    process since the sweep began was printed already (a grid sweep's is printed here)."""
     from gpubench import tracking
     from gpubench.report.write import REPORT_DIR, sweep_report
 
-    # the gpubench sweeper printed its report a moment ago: made in this process since the
-    # sweep began, it is not printed a second time (a grid sweep's report is printed here)
     made = sweep_dir / REPORT_DIR / "summary.json"
     quiet = made.is_file() and made.stat().st_mtime >= _STARTED.get(str(sweep_dir), float("inf"))
     files = [Path(f) for f in sweep_report(sweep_dir, quiet=quiet)]

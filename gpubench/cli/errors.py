@@ -1,11 +1,8 @@
 """The command line's error layer: every error that ends `gpubench` is one line on stderr.
 
 Hydra runs with HYDRA_FULL_ERROR=1, its own switch for raising what it caught instead of
-printing a multi-line report (hydra/_internal/utils.py run_and_report); the command line is
-parsed first by Hydra's own parser, its error raised instead of printed after the usage. The
-exception becomes one line (gpubench.cli.messages). HYDRA_FULL_ERROR=1 set by the user catches
-nothing: tracebacks show. Ctrl-C and SIGTERM end the command with one line too
-(gpubench.cli.signals).
+printing a report (hydra/_internal/utils.py run_and_report); the exception becomes one line
+(gpubench.cli.messages). HYDRA_FULL_ERROR=1 set by the user catches nothing: tracebacks show.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ class JobFailed(BaseException):
 
 
 def overrides(argv: list[str] | None = None) -> list[str]:
-    """The command's overrides, as Hydra's own parser reads the command line; a flag it does not
-    know raises argparse.ArgumentError instead of printing the usage and exiting."""
+    """The command's overrides, by Hydra's own parser; an unknown flag raises ArgumentError."""
     parser = get_args_parser()
 
     def error(message: str):

@@ -1,14 +1,10 @@
 """One line and an exit status for the exception that ended a command.
 
-Hydra and OmegaConf raise typed exceptions whose attributes carry what the line needs: a config
-group that has no such option (MissingConfigException: `missing_cfg_file`, `options`), a value
-of the wrong type (ValidationError: `full_key`, `value`, and the typed node it was meant for,
-whose schema declares what the key takes), a key the config lacks (ConfigKeyError), an override
-the parser refused (OverrideParseException: `override`). Those are read, not their message
-text; a message is printed only where no attribute says more (its first line). The command's
-own overrides, parsed by Hydra's parser, name the value as it was typed, a deleted key, and the
-override the parser cannot read. Every bad-input line is a ConfigError's (gpubench.config.errors:
-values cut to a readable length).
+Hydra's and OmegaConf's typed exceptions carry what the line needs in their attributes (a
+missing option's `options`, a refused value's `full_key`, `value` and typed parent node, a
+missing key, an override the parser refused): those are read, not their message text, which is
+printed (its first line) only where no attribute says more. The command's own overrides, parsed
+by Hydra's parser, give the value as it was typed. Every bad-input line is a ConfigError's.
 """
 
 from __future__ import annotations
@@ -39,20 +35,19 @@ from omegaconf.errors import (
 
 from gpubench.config.errors import NOTHING, ConfigError, cut
 from gpubench.config.keys import Key, keys
-from gpubench.config.prechecks import UNQUOTED, _keys, group_hint
-from gpubench.config.schema import KEYS, check_known_key
+from gpubench.config.prechecks import UNQUOTED, group_hint
+from gpubench.config.schema import BY_NAME as DECLARED
+from gpubench.config.schema import check_known_key, config_keys
 from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import LinkError, WriteError
 from gpubench.search.jobs import SweepFailed
 
-DECLARED = {k.name: k for k in KEYS}
 LONGEST = 400  # a line of a message that is not gpubench's own: its start and end
 
 
 def root_cause(ex: BaseException) -> BaseException:
-    """The error under Hydra's wrappers: instantiating the sweeper or a callback wraps whatever
-    its constructor raised in an InstantiationException whose text is 'Error in call to target'."""
+    """The error under Hydra's InstantiationException ('Error in call to target')."""
     seen = set()
     while isinstance(ex, InstantiationException) and ex.__cause__ is not None and id(ex) not in seen:
         seen.add(id(ex))
@@ -66,8 +61,8 @@ def flat(text: str) -> str:
 
 
 def first_line(ex: BaseException) -> str:
-    """An exception's reason: the first line of its message (OmegaConf's next lines are the key
-    and the node's type; Hydra's, the search path)."""
+    """The first line of an exception's message (OmegaConf's next lines are the key and the
+    node's type; Hydra's, the search path)."""
     return next((ln.strip() for ln in str(ex).splitlines() if ln.strip()), type(ex).__name__)
 
 
@@ -84,9 +79,8 @@ def _typed(o: Override) -> str:
 
 
 def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
-    """The declaration of the key a refused value was meant for, read from its typed parent
-    node's schema (a gpubench group, the sweeper's, Hydra's own), and whether the value was a
-    list's element (`bench.phases[1]`)."""
+    """The declaration of the key a refused value was meant for, from its typed parent node's
+    schema, and whether the value was a list's element (`bench.phases[1]`)."""
     node, name, element = bad.parent_node, bad.key, False
     if isinstance(node, ListConfig):
         node, name, element = node._get_parent(), node._key(), True
@@ -101,9 +95,8 @@ def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
 
 
 def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
-    """A key the config does not have (`loader.batchsize=32`, a team YAML's `extra_key`):
-    under gpubench's groups, the keys the schema declares, close ones first; elsewhere the
-    close keys of the config and how to add a new one. None for any other composition error."""
+    """A key the config does not have (`loader.batchsize=32`, a team YAML's `extra_key`): the
+    close keys and how to add one. None for any other composition error."""
     cause = ex.__cause__ or ex.__context__  # an override's error is the cause, a file's the context
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
@@ -129,7 +122,7 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
         return ConfigError(key, value, e.allowed, typed)
     # the whole config, as far as it was composed: the missing key's parent leads to its root
     root = cause.parent_node._get_root() if cause.parent_node is not None else None
-    known = _keys(root, skip=("hydra",)) if root is not None else list(DECLARED)
+    known = config_keys(root) if root is not None else list(DECLARED)
     close = difflib.get_close_matches(key, known, n=3)
     hint = f" (close: {', '.join(close)})" if close else ""
     return ConfigError(key, value, f"a key of the config{hint}; +{key}=... adds a new one", typed)
@@ -178,10 +171,8 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
 
 
 def override_line(text: str, reason: BaseException | None) -> str:
-    """One line for an override Hydra's parser cannot read (`text`, `reason` the parser's own
-    error): a character its lexer does not take unquoted (an accent, a space), a broken sweep,
-    a number Python will not convert. Says what the syntax allows and what the key takes; for
-    model.name, the models."""
+    """One line for an override Hydra's parser cannot read (`reason`: the parser's own error):
+    what the syntax allows and what the key takes."""
     key, eq, value = text.partition("=")
     key = key.strip().lstrip("+~")
     if not eq:
@@ -207,8 +198,8 @@ def override_line(text: str, reason: BaseException | None) -> str:
 
 
 def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
-    """The first of the command's overrides Hydra's parser cannot read alone, and why: its
-    ValueError (an integer of 20,000 digits) names no override."""
+    """The first override Hydra's parser cannot read alone, and why: its ValueError (an
+    integer of 20,000 digits) names no override."""
     parser = OverridesParser.create()
     for text in overrides:
         try:
@@ -221,8 +212,7 @@ def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
 
 
 def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, ExitCode]:
-    """One line and an exit status for the exception that ended the command; `overrides`: the
-    command's (they name the value of a key the config lacks)."""
+    """One line and an exit status for the exception that ended the command."""
     ex = root_cause(ex)
     if isinstance(ex, ConfigError):
         return str(ex), ExitCode.BAD_INPUT

@@ -1,8 +1,6 @@
-"""Ctrl-C, SIGTERM (what schedulers, `timeout` and Kubernetes send) and SIGHUP (a dropped ssh
-session, a closed terminal) end a command the same way: the runner marks the run `killed` and
-keeps its phases, and the entry prints one line naming what the run kept and how to upload it
-(gpubench.run.ending.kept), then exits 128 + the signal. A later signal waits until the run's
-record is final (gpubench.run.ending.Hold)."""
+"""Ctrl-C, SIGTERM (schedulers, `timeout`, Kubernetes) and SIGHUP (a dropped ssh session) end a
+command the same way: the runner marks the run `killed` and keeps its phases, the entry prints
+one line naming what the run kept (gpubench.run.ending.kept) and exits 128 + the signal."""
 
 from __future__ import annotations
 
@@ -17,9 +15,7 @@ NAMES = dict(zip(ENDING_SIGNALS, ("Ctrl-C", "SIGTERM", "SIGHUP"), strict=True))
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread as a KeyboardInterrupt: every path that
-    handles Ctrl-C (the runner marks the run killed and keeps its phases) handles it too. Its
-    text is the signal's name."""
+    """SIGTERM or SIGHUP as a KeyboardInterrupt: every path that handles Ctrl-C handles it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(NAMES[signum])
@@ -44,9 +40,8 @@ def _on_signal(signum, frame) -> None:
 
 
 def install_sigterm() -> None:
-    """SIGTERM and SIGHUP raise Terminated. Python runs signal handlers in the main thread
-    only, which is where the runner waits, so the exception lands where Ctrl-C's would. A
-    signal this process was started ignoring (`nohup`'s SIGHUP) stays ignored."""
+    """SIGTERM and SIGHUP raise Terminated in the main thread (where Python runs handlers and
+    the runner waits); one this process was started ignoring (`nohup`'s SIGHUP) stays so."""
     global _main_pid
     _main_pid = os.getpid()
     for s in ENDING_SIGNALS:

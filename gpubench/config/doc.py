@@ -1,9 +1,6 @@
-"""The key tables of docs/configuration.md, written from the keys' declarations (config.keys).
-
-scripts/config_table.py writes them between the markers below; tests/test_config.py fails when
-the doc's tables differ from what the declarations give (a key added, a default or range changed
-without the doc following).
-"""
+"""The key tables of docs/configuration.md, written from the keys' declarations by
+scripts/config_table.py between the markers below; tests/config/test_config.py fails when the
+doc differs from what the declarations give."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """What a run holds in host RAM whatever its model, and where its stores go on disk: rules of
-`settings.check_resources`, which looks at this machine before any work. Kept apart from the
-settings so each reads whole: the in-memory pools (synthetic, fake_jpeg), the batches in flight,
-a store's folders.
-"""
+`settings.check_resources`, which looks at this machine before any work."""
 
 from __future__ import annotations
 
@@ -18,9 +15,8 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 d
 
 def check_local_store(key: str, path: Path | None, folder: bool = False,
                       value: str | None = None) -> None:
-    """A store on this disk (a sqlite file; an MLflow folder with `folder`) that can be made:
-    no existing file stands where one of its folders must be. It would otherwise fail only when
-    the study or the run is opened (a sweep: in three tracebacks; a run: after measuring).
+    """A store on this disk (a sqlite file; a folder with `folder`) that can be made: no file
+    stands where one of its folders must be (it would fail only when opened, after measuring).
     `value`: the key's value as given (the URI), for the error line."""
     if path is None:
         return
@@ -41,8 +37,7 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
 
 
 def source_size(image_size: int) -> int:
-    """Stored image side before the random crop (256 for 224, as in ImageNet training): what
-    the in-memory pools and a preload cache hold."""
+    """Stored image side before the random crop (256 for 224, as in ImageNet training)."""
     return int(round(image_size * 8 / 7))
 
 
@@ -64,12 +59,9 @@ def _pool_image_bytes(ds) -> int | None:
 
 
 def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
-    """What a run holds in host RAM whatever the model, against half of the free RAM (the model,
-    the workers and the OS need the rest): the in-memory pools (synthetic, fake_jpeg: made
-    before anything is measured, and with sizes no machine holds they would run until killed)
-    and the batches in flight (the workers' queue, the batch the step holds, its pinned copy;
-    device_synthetic makes its one batch on the host first). `ds`, `ld`: the settings'
-    dataset and loader groups."""
+    """The in-memory pools (made before anything is measured: sizes no machine holds would run
+    until killed) and the batches in flight (the workers' queue, the step's batch, its pinned
+    copy) against half of the free RAM (the model, the workers and the OS need the rest)."""
     size = ds.image_size
     half = free // 2
     where = f"on this machine (half of the {free / 2**30:.1f} GiB RAM free)"
@@ -96,8 +88,7 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
 
 
 def _too_large(size: int, fits: float, where: str) -> None:
-    """Not even one image fits: the image size is what to lower, to the side at which what was
-    measured against the budget (`fits` of it fits now) would fit. Bytes grow as the side
-    squared."""
+    """Not even one image fits: lower the image size to the side at which it would (`fits` of
+    it fits now; bytes grow as the side squared)."""
     most = max(8, int(size * fits ** 0.5))
     raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {where}")

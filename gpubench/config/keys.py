@@ -1,16 +1,13 @@
 """One declaration per config key, and what is derived from it.
 
-A schema dataclass (gpubench.config.schema.BenchConfig, the sweeper's GpubenchSweeperConf) declares
-each key once, on its field: the type is the annotation, the rest is `setting(...)`:
+A schema dataclass (config.schema.BenchConfig, the sweeper's GpubenchSweeperConf) declares each
+key once, on its field: the type is the annotation, the rest is `setting(...)`:
 
     steps: int = setting(50, "measured steps per phase", bounds=(1, 10_000_000))
 
-`keys(cls)` reads them back as `Key`s, and everything else takes them from there: the range and
-choice checks (`Key.check`, `check_keys`), the docs table (gpubench.config.doc), the read-only settings (gpubench.config.settings). An Enum annotation is the key's choices; a numeric
-key has `bounds` (low, high; None is open); `None` in the annotation makes null allowed.
-
-Kept free of Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin
-scan, on every run.
+`keys(cls)` reads them back as `Key`s, whence the checks, the docs table and the settings. An
+Enum annotation is the key's choices; `None` in the annotation makes null allowed. Kept free of
+Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin scan.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import math
 import types
 import typing
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -69,19 +66,14 @@ class Knob:
 def setting(default: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple[float | None, float | None] | None = None, *,
             factory: Any = dataclasses.MISSING, allowed: str | None = None,
-            knob: Knob | None = None) -> Any:
-    """A schema field with its declaration: `default` (or `factory` for a list or dict), a
-    one-line `help`, numeric `bounds`, `allowed`: the docs' wording of a rule that a check
-    in code applies (a model name torchvision knows, a URI), where the type alone says too
-    little, and `knob`: its part in comparing runs (the section's ROLE when not given)."""
-    meta: dict[str, Any] = {"help": help}
-    if bounds is not None:
-        meta["bounds"] = bounds
-    if allowed is not None:
-        meta["allowed"] = allowed
-    if knob is not None:
-        meta["knob"] = knob
-    return dataclasses.field(default=default, default_factory=factory, metadata=meta)
+            knob: Knob | None = None, rule: Callable[[str, Any, bool], None] | None = None) -> Any:
+    """A schema field with its declaration: a one-line `help`, numeric `bounds` (low, high;
+    None is open), `allowed`: the docs' wording of a rule that a check in code applies (a model
+    name torchvision knows, a URI), `knob`: its part in comparing runs (the section's ROLE when
+    not given), `rule(key, value, nullable)`: a check beyond the type, range and choices."""
+    meta = {"help": help, "bounds": bounds, "allowed": allowed, "knob": knob, "rule": rule}
+    return dataclasses.field(default=default, default_factory=factory,
+                             metadata={k: v for k, v in meta.items() if v is not None})
 
 
 def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
@@ -100,35 +92,28 @@ def allowed_range(kind: str, low: float | None, high: float | None, nullable: bo
 
 def check_range(key: str, value: Any, kind: str, low: float | None, high: float | None,
                 nullable: bool = False) -> None:
-    allowed = allowed_range(kind, low, high, nullable)
-    if value is None:
-        if not nullable:
-            raise ConfigError(key, value, allowed)
+    if value is None and nullable:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(key, value, allowed)
-    if kind == INT and (not math.isfinite(value) or float(value) != int(value)):
-        raise ConfigError(key, value, allowed)
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    whole = number and (kind != INT or (math.isfinite(value) and float(value) == int(value)))
     # written as "not inside" so NaN (which compares False to everything) is rejected too
-    if not ((low is None or value >= low) and (high is None or value <= high)):
-        raise ConfigError(key, value, allowed)
-
-
-# MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
-# a run's name is its mlflow.runName, stored in a 250-character column
-EXPERIMENT_NAME_MAX, RUN_NAME_MAX = 500, 250
+    if not (whole and (low is None or value >= low) and (high is None or value <= high)):
+        raise ConfigError(key, value, allowed_range(kind, low, high, nullable))
 
 
 def check_name(key: str, value: Any, most: int, nullable: bool = False) -> None:
-    """A name MLflow (or Optuna) keeps: text that is not blank, with no control characters (a newline, a tab),
-    at most `most` characters. MLflow refuses an empty experiment name only when the run is
+    """A name MLflow (or Optuna) keeps: not blank, no control characters (a newline, a tab), at
+    most `most` characters. MLflow refuses an empty experiment name only when the run is
     logged, after the measurement; the rest it stores, to show blank or broken rows."""
-    allowed = (f"{'null or ' if nullable else ''}a name that is not blank, at most {most} "
-               "characters, without control characters")
-    if not isinstance(value, str) or not value.strip() or len(value) > most:
-        raise ConfigError(key, value, allowed)
-    if any(unicodedata.category(c).startswith("C") for c in value):
-        raise ConfigError(key, value, allowed)
+    if not isinstance(value, str) or not value.strip() or len(value) > most or any(
+            unicodedata.category(c).startswith("C") for c in value):
+        raise ConfigError(key, value, f"{'null or ' if nullable else ''}a name that is not "
+                          f"blank, at most {most} characters, without control characters")
+
+
+def name_rule(most: int) -> Callable[[str, Any, bool], None]:
+    """The `rule` of a key holding a name MLflow or Optuna keeps (check_name)."""
+    return lambda key, value, nullable: check_name(key, value, most, nullable)
 
 
 _TYPE_TEXT = {bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}
@@ -148,6 +133,7 @@ class Key:
     item: Any = None  # a list's item type (bench.phases: Phase)
     wording: str | None = None  # setting(allowed=...): the docs' text of a rule checked in code
     knob: Knob = Knob()  # setting(knob=...), else its section's ROLE
+    rule: Callable[[str, Any, bool], None] | None = None  # setting(rule=...)
 
     @property
     def kind(self) -> str | None:
@@ -178,37 +164,39 @@ class Key:
 
     @property
     def checked(self) -> bool:
-        """A key `check` has a rule for: a range, choices, or a boolean's type."""
-        return self.bounds is not None or self.choices is not None or self.type is bool
+        """A key `check` has a rule for: a range, choices, a boolean's type, its own rule."""
+        return (self.bounds is not None or self.choices is not None or self.type is bool
+                or self.rule is not None)
 
     def check_type(self, value: Any) -> None:
-        """The value as written (an override, a YAML file), before OmegaConf converts it: a
-        boolean key takes true or false. OmegaConf's BooleanNode takes 2, 'yes' and '0' as well
-        (omegaconf/nodes.py BooleanNode._validate_and_convert_impl, 2.3), so the composed
-        config no longer shows what was written: gpubench.config.prechecks applies this to the
-        overrides and every YAML file as it is read. An interpolation is judged by its result."""
+        """The value as written, before OmegaConf converts it: a boolean key takes true or false.
+        OmegaConf's BooleanNode takes 2, 'yes' and '0' as well (omegaconf/nodes.py
+        BooleanNode._validate_and_convert_impl, 2.3), so config.prechecks applies this to the
+        overrides and YAML files as read. An interpolation is judged by its result."""
         interpolation = isinstance(value, str) and "${" in value
         if self.type is bool and not (isinstance(value, bool) or interpolation
                                       or (value is None and self.nullable)):
             raise ConfigError(self.name, value, self.allowed)
 
     def check(self, value: Any) -> None:
-        """Raise ConfigError when `value` is outside the key's type, range or choices."""
+        """Raise ConfigError when `value` is outside the key's type, range, choices or rule."""
         self.check_type(value)
         if self.bounds is not None:
             check_range(self.name, value, self.kind or FLOAT, *self.bounds, self.nullable)
             return
-        enum = self.choices
-        if enum is None or (value is None and self.nullable):
+        if value is None and self.nullable:
             return
-        if self.type is list:
+        enum, names = self.choices, ", ".join(getattr(self.choices, "__members__", ()))
+        if enum is not None and self.type is list:
             if not isinstance(value, Iterable) or isinstance(value, (str, bytes, Mapping)):
                 raise ConfigError(self.name, value, self.allowed)
-            for i, v in enumerate(value):
-                if not _is_member(enum, v):
-                    raise ConfigError(f"{self.name}[{i}]", v, f"one of {', '.join(enum.__members__)}")
-        elif not _is_member(enum, value):
+            bad = next((i for i, v in enumerate(value) if not _is_member(enum, v)), None)
+            if bad is not None:
+                raise ConfigError(f"{self.name}[{bad}]", value[bad], f"one of {names}")
+        elif enum is not None and not _is_member(enum, value):
             raise ConfigError(self.name, value, self.allowed)
+        if self.rule is not None:
+            self.rule(self.name, value, self.nullable)
 
 
 def _is_member(enum: type[Enum], value: Any) -> bool:
@@ -235,8 +223,7 @@ def _unwrap(tp: Any) -> tuple[Any, bool, Any]:
 
 
 def keys(schema: type, prefix: str = "") -> list[Key]:
-    """Every key a schema dataclass declares, nested groups walked, in declaration order. A
-    section's class attribute ROLE is the role of its keys that declare no knob."""
+    """Every key a schema dataclass declares, in order; a section's ROLE is its keys' default."""
     out: list[Key] = []
     hints = typing.get_type_hints(schema)
     section = Knob(getattr(schema, "ROLE", Role.workload))
@@ -250,7 +237,7 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
         out.append(Key(name=f"{prefix}{f.name}", path=f.name, type=tp, nullable=nullable,
                        default=default, help=f.metadata.get("help", ""),
                        bounds=f.metadata.get("bounds"), item=item,
-                       wording=f.metadata.get("allowed"),
+                       wording=f.metadata.get("allowed"), rule=f.metadata.get("rule"),
                        knob=f.metadata.get("knob", section)))
     return out
 
@@ -273,8 +260,8 @@ def lookup(node: Any, path: str, default: Any = _ABSENT) -> Any:
 
 
 def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = None) -> None:
-    """Every declared key with a range or choices, checked against its value in `node` (a config
-    node, a mapping, an object); `only`: these key names alone. The first bad one raises."""
+    """Every declared key with a rule, checked against its value in `node` (a config node, a
+    mapping, an object); `only`: these key names alone."""
     wanted = None if only is None else set(only)
     for k in declared:
         if k.checked and (wanted is None or k.name in wanted):

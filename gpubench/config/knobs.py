@@ -1,22 +1,18 @@
-"""The knobs, as the schema declares them: every list of keys a reader of runs needs, derived
-from each key's one declaration (gpubench.config.keys.Knob on its schema field).
-
-Adding a knob is one edit: its field in gpubench.config.schema with `knob=Knob(...)`. From
-there it is searched by the right trials of `sweep=pipes` (DATA_KEYS), ordered by cost
-(CHEAP_FIRST), held inert without workers (WORKER_ONLY), ranked and recommended (`role`),
-named in tables, plots and MLflow (SHORT), bound into a compute measurement (COMPUTE), and
-left out of a CPU picture's comparison when it acts only on CUDA (CUDA_ONLY).
-"""
+"""The knobs: every list of keys a reader of runs needs, derived from each key's one declaration
+(config.keys.Knob on its schema field). Adding a knob is one edit: its field in config.schema
+with `knob=Knob(...)`; from there it is searched (DATA_KEYS), ordered by cost (CHEAP_FIRST),
+held inert without workers (WORKER_ONLY), ranked and recommended (`role`), named (SHORT), bound
+into a compute measurement (COMPUTE), left out of a CPU comparison (CUDA_ONLY)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from gpubench.config.keys import ACTIVE, Key, Pipe, Role, keys
-from gpubench.config.schema import BenchConfig
+from gpubench.config.keys import ACTIVE, Key, Pipe, Role
+from gpubench.config.schema import BY_NAME
 
-KEYS: dict[str, Key] = {k.name: k for k in keys(BenchConfig)}
+KEYS: dict[str, Key] = BY_NAME
 
 # short name -> its keys, a `_target_` first: a team's own class, when set, names the thing
 SHORT: dict[str, tuple[str, ...]] = {}
@@ -37,7 +33,7 @@ CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {
     n: KEYS[n].knob.cheap[1]
     for n in sorted((n for n in DATA_KEYS if KEYS[n].knob.cheap), key=lambda n: KEYS[n].knob.cheap[0])}
 
-# loader keys that act only through worker processes -> their value with none (by loader path)
+# loader keys that act only through worker processes -> their value with none
 WORKER_ONLY: dict[str, Any] = {k.path: k.knob.inert for k in KEYS.values()
                                if k.knob.inert is not ACTIVE}
 

@@ -1,10 +1,7 @@
-"""The checks that run on Hydra's whole composed config (its `hydra` node included) before Hydra
-creates anything: group names, swept keys and values, the sweeper's own keys, URIs.
-
-`InputCheck` is listed first in bench.yaml's hydra.callbacks, so it runs before a run dir, the
-sweeper or the MLflow parent run exists. The rules on the run's own config are in
-gpubench.config.settings (resolve), which every job applies.
-"""
+"""The checks on Hydra's whole composed config (its `hydra` node included) before Hydra
+creates anything: group names, swept keys and values, the sweeper's own keys, URIs. `InputCheck`
+is listed first in bench.yaml's hydra.callbacks, so it runs before a run dir, the sweeper or the
+MLflow parent run exists."""
 
 from __future__ import annotations
 
@@ -22,19 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
-from gpubench.config.keys import INT, Key, check_keys, keys
+from gpubench.config.keys import INT, check_keys, check_name, keys
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.config.schema import KEYS, check_known_key, check_known_keys
-from gpubench.config.settings import (
-    EXPERIMENT_NAME_MAX,
-    RUN_NAME_MAX,
-    check_interpolations,
-    check_model_name,
-    check_name,
-    check_phases,
-    known_models,
-    resolve,
-)
+from gpubench.config.schema import BY_NAME, check_known_key, check_known_keys, config_keys, walk
+from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
 from gpubench.core.uris import sqlite_path
@@ -59,6 +47,7 @@ def group_hint(group: str, value: Any) -> str:
 
 
 def check_choices(cfg: DictConfig) -> None:
+    """The optional groups' chosen options exist."""
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
     for group in OPTIONAL_GROUPS:
         name = choices.get(group)
@@ -93,22 +82,6 @@ def _text(o) -> str:
     return o.input_line.split("=", 1)[-1] if o.input_line else str(o.value())
 
 
-def _keys(node: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
-    """Every dotted key under `node` (nodes read unresolved), the top-level `skip` left out."""
-    if not isinstance(node, DictConfig):
-        return []
-    out = []
-    for k in node.keys():
-        if k in skip:
-            continue
-        key = f"{prefix}{k}"
-        out.append(key)
-        child = node._get_node(k)
-        if isinstance(child, DictConfig):
-            out += _keys(child, key + ".")
-    return out
-
-
 # what Hydra's lexer takes unquoted; anything else (an accent, a space, a comma in a value)
 # must be quoted
 UNQUOTED = "unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: key='value'"
@@ -131,20 +104,7 @@ def parse(text: str, key: str) -> Any:
                           ) from None
 
 
-def _check_value(k: Key, v: Any) -> None:
-    """One value of a declared key: its type, range or choices, a known model."""
-    k.check(v)
-    if k.name == "model.name":
-        check_model_name(v)
-    elif k.name == "bench.phases":
-        check_phases(v)
-    elif k.name == "tracking.experiment":
-        check_name(k.name, v, EXPERIMENT_NAME_MAX)
-    elif k.name == "tracking.run_name" and v is not None:
-        check_name(k.name, v, RUN_NAME_MAX, nullable=True)
-
-
-def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) -> None:
+def _check_override(cfg: DictConfig, o, groups: dict) -> None:
     """A parsed override's key exists (or is added under a free-form mapping), and each value
     it names is one its key takes: a misspelled key or a value out of range would otherwise
     fail every trial, one by one."""
@@ -168,11 +128,11 @@ def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) 
     elif OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
         # under gpubench's groups a new key is refused too: name the declared ones
         check_known_key(key, _text(o))
-        close = difflib.get_close_matches(key, _keys(cfg, skip=("hydra",)), n=3)
+        close = difflib.get_close_matches(key, config_keys(cfg), n=3)
         hint = f" (close: {', '.join(close)})" if close else ""
         raise ConfigError(key, _text(o), f"a key of the config{' to sweep' if sweep else ''}"
                                          f"{hint}; +{key}=... adds a new one")
-    k = declared.get(key)
+    k = BY_NAME.get(key)
     if k is None:
         return
     if isinstance(o.value(), IntervalSweep) and k.kind == INT:
@@ -183,15 +143,15 @@ def _check_override(cfg: DictConfig, o, groups: dict, declared: dict[str, Key]) 
         raise ConfigError(key, _text(o), f"choice(...) of {k.allowed} (an interval samples "
                                          "numbers)")
     for v in values:
-        _check_value(k, v)
+        k.check(v)
+        if k.name == "model.name":
+            check_model_name(v)
 
 
 def check_overrides(cfg: DictConfig) -> None:
     """Every override (the command line's and hydra.sweeper.params): a plain one's value has its
-    key's type as written (Key.check_type: the composed config shows 2 as true); a sweep names a
-    key of the config or a config group, and its values are in the key's range, type or
-    choices (its declaration in the schema) or among the group's options; a numeric sweep has
-    finite ends, and an integer key is never swept with an interval."""
+    key's type as written (the composed config shows 2 as true); a sweep's key and values are
+    ones the config takes (_check_override)."""
     task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
@@ -200,58 +160,43 @@ def check_overrides(cfg: DictConfig) -> None:
         return
     overrides += [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
     groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    declared = {k.name: k for k in KEYS}
     for o in overrides:
         if o.is_sweep_override() or isinstance(o.value(), ChoiceSweep):
-            _check_override(cfg, o, groups, declared)
-        elif o.key_or_group in declared and not o.is_delete():
-            declared[o.key_or_group].check_type(o.value())
-
-
-def _leaves(node: Any, prefix: str = ""):
-    """(dotted key, value) of every value under a mapping of plain containers."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}{k}.")
-    else:
-        yield prefix[:-1], node
+            _check_override(cfg, o, groups)
+        elif o.key_or_group in BY_NAME and not o.is_delete():
+            BY_NAME[o.key_or_group].check_type(o.value())
 
 
 def check_written(raw: DictConfig, package: str, where: str) -> None:
     """The values a YAML file writes, as read and before they are merged into the typed schema
-    (which turns `checkpointing: 2` into true), `package` the prefix its keys go under ('model';
-    '' for the primary config and a _global_ overlay): a key under gpubench's groups is one the
-    schema declares, and a boolean key's value is true or false (Key.check_type). The config
-    search path's file source (hydra_plugins.gpubench_searchpath) calls it on every file it
-    reads: gpubench's own, a team's. `where`: the file, as the line names it."""
+    (which turns `checkpointing: 2` into true): its keys declared, a boolean's value true or
+    false. `package`: the prefix its keys go under ('model'; '' for the primary config and a
+    _global_ overlay); `where`: the file, as the line names it. Called by the config search
+    path's file source (hydra_plugins.gpubench_searchpath) on every file it reads."""
     values = OmegaConf.to_container(raw, resolve=False)
     if not isinstance(values, dict):
         return  # Hydra's own line: a config is a mapping
     values.pop("defaults", None)  # Hydra's defaults list, not a value
     for part in reversed([p for p in package.split(".") if p]):
         values = {part: values}
-    declared = {k.name: k for k in KEYS}
     try:
-        check_known_keys(OmegaConf.create(values))
-        for key, value in _leaves(values):
-            if key in declared:
-                declared[key].check_type(value)
+        check_known_keys(written := OmegaConf.create(values))
+        for key, node in walk(written):
+            if key in BY_NAME and not isinstance(node, DictConfig):
+                BY_NAME[key].check_type(node._value())
     except ConfigError as e:
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
-# the sweeper's lists of plain overrides applied to some of its jobs
 def check_extra_overrides(cfg: DictConfig) -> None:
     """Every override list the sweeper declares (a key of its schema named `*overrides`: a
-    screen's jobs, the max-batch probes, each pipe's trials): each parsed by Hydra's parser and
-    its key and value checked like a command-line override's, before any trial (a bad one would
-    fail every trial it reaches)."""
+    screen's jobs, the max-batch probes, each pipe's trials), checked like the command line's
+    before any trial (a bad one would fail every trial it reaches)."""
     node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     if schema is None or not is_dataclass(schema):
         return
     groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    declared = {k.name: k for k in KEYS}
     for k in keys(schema, "hydra.sweeper."):
         if not k.name.endswith("overrides"):
             continue
@@ -262,7 +207,7 @@ def check_extra_overrides(cfg: DictConfig) -> None:
                 raise ConfigError(key, str(text), "a plain override key=value (the sweeper "
                                                   "chooses the swept values)")
             try:
-                _check_override(cfg, o, groups, declared)
+                _check_override(cfg, o, groups)
             except ConfigError as e:  # which list it came from, and the key in it
                 raise ConfigError(key, str(text), f"{e.key}: {e.allowed}") from None
 
@@ -286,9 +231,7 @@ def check_sweeper(cfg: DictConfig) -> None:
 
 
 def check_before_work(cfg: DictConfig) -> None:
-    """What can be checked on the whole composed config (with its `hydra` node) before Hydra
-    creates a run dir, a sweeper or an MLflow parent run: group names, swept keys and values,
-    the sweeper's own keys, and URIs."""
+    """Every check of this module, on the whole composed config (its `hydra` node included)."""
     check_choices(cfg)
     check_interpolations(cfg)
     check_known_keys(cfg)

@@ -12,6 +12,7 @@ gpubench.config.settings; the checks on Hydra's own node in gpubench.config.prec
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -20,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.keys import Key, Knob, Pipe, Role, check_keys, keys, setting
+from gpubench.config.keys import Key, Knob, Pipe, Role, check_keys, keys, name_rule, setting
 
 
 class Choice(str, Enum):
@@ -28,90 +29,38 @@ class Choice(str, Enum):
     the composed DictConfig compares with plain strings; the settings hold the values."""
 
 
-class DatasetKind(Choice):
-    synthetic = "synthetic"
-    device_synthetic = "device_synthetic"
-    fake_jpeg = "fake_jpeg"
-    imagefolder = "imagefolder"
-    cifar10 = "cifar10"
-    custom = "custom"  # the team's own Dataset class: dataset._target_ (gpubench.parts.custom_data)
+def _choice(name: str, values: str) -> Any:
+    """A Choice Enum of these values, each named as a command line takes it (`-` as `_`)."""
+    return Choice(name, [(v.replace("-", "_"), v) for v in values.split()], module=__name__)
 
 
-class Where(Choice):
-    cpu = "cpu"
-    device = "device"
-
-
-class OnCorrupt(Choice):
-    skip = "skip"
-    fail = "fail"
-
-
-class PrecisionName(Choice):
-    torch_default = "torch_default"
-    fp32 = "fp32"
-    tf32 = "tf32"
-    amp_fp16 = "amp_fp16"
-    amp_bf16 = "amp_bf16"
+# custom: the team's own Dataset class, dataset._target_ (gpubench.parts.custom_data)
+DatasetKind = _choice("DatasetKind",
+                      "synthetic device_synthetic fake_jpeg imagefolder cifar10 custom")
+Where = _choice("Where", "cpu device")
+OnCorrupt = _choice("OnCorrupt", "skip fail")
+PrecisionName = _choice("PrecisionName", "torch_default fp32 tf32 amp_fp16 amp_bf16")
+# the names are what a command line takes, the values torch.compile's mode strings
+CompileMode = _choice("CompileMode", "off default reduce-overhead max-autotune")
+DeviceKind = _choice("DeviceKind", "auto cuda cpu")
+Phase = _choice("Phase", "loader compute e2e")
+Optimizer = _choice("Optimizer", "sgd adamw")  # sgd: momentum 0.9
+# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); the others
+# force one implementation (gpubench.parts.step.make_optimizer)
+OptimizerImpl = _choice("OptimizerImpl", "auto for_loop foreach fused")
+Backend = _choice("Backend", "mlflow none")
+# process: torch's DataLoader, a process per worker; thread: torchdata.nodes, threads in the
+# main process (gpubench.parts.thread_loader)
+WorkerType = _choice("WorkerType", "process thread")
+# custom: the team's loss function, step._target_ (gpubench.parts.step.Loss)
+StepKind = _choice("StepKind", "classification custom")
+# output: loss(model(inputs), targets); batch: loss(model, batch), a model computing its own loss
+StepTakes = _choice("StepTakes", "output batch")
 
 
 def is_amp(precision: str) -> bool:
     """Mixed precision: the step runs under autocast (amp_fp16, amp_bf16)."""
-    return precision in (PrecisionName.amp_fp16.value, PrecisionName.amp_bf16.value)
-
-
-class CompileMode(Choice):
-    # the names are what a command line takes, the values torch.compile's mode strings
-    off = "off"
-    default = "default"
-    reduce_overhead = "reduce-overhead"
-    max_autotune = "max-autotune"
-
-
-class DeviceKind(Choice):
-    auto = "auto"
-    cuda = "cuda"
-    cpu = "cpu"
-
-
-class Phase(Choice):
-    loader = "loader"
-    compute = "compute"
-    e2e = "e2e"
-
-
-class Optimizer(Choice):
-    sgd = "sgd"  # momentum 0.9
-    adamw = "adamw"
-
-
-class OptimizerImpl(Choice):
-    # auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); the others
-    # force one implementation (gpubench.parts.step.make_optimizer)
-    auto = "auto"
-    for_loop = "for_loop"
-    foreach = "foreach"
-    fused = "fused"
-
-
-class Backend(Choice):
-    mlflow = "mlflow"
-    none = "none"
-
-
-class WorkerType(Choice):
-    process = "process"  # torch's DataLoader: a process per worker
-    thread = "thread"  # torchdata.nodes: threads in the main process (gpubench.parts.thread_loader)
-
-
-class StepKind(Choice):
-    classification = "classification"  # cross-entropy on the model's logits
-    custom = "custom"  # the team's loss function: step._target_ (gpubench.parts.step.Loss)
-
-
-class StepTakes(Choice):
-    output = "output"  # loss(model(inputs), targets): a batch of (inputs, targets)
-    batch = "batch"  # loss(model, batch): a model that computes its own loss
+    return precision in ("amp_fp16", "amp_bf16")
 
 
 # the knobs' declarations (gpubench.config.keys.Knob): how long and how a run was measured;
@@ -137,6 +86,14 @@ def _thread_first(v: Any) -> bool:  # a thread holds no process of its own (RAM,
 
 def _true_first(v: Any) -> bool:  # in order: the sampler's, reproducible
     return not v
+
+
+def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
+    """bench.phases: not empty, each phase once (a phase listed twice would be measured twice
+    per round into the same record, its windows pooled as if they were one phase's)."""
+    names = [p.value if isinstance(p, Enum) else p for p in phases]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(key, names, "a non-empty list of loader, compute, e2e, each at most once")
 
 
 @dataclass
@@ -262,7 +219,8 @@ class StepConfig:
 class BenchSettings:
     device: DeviceKind = setting(DeviceKind.auto, "auto: CUDA when this machine has it")
     phases: list[Phase] = setting(factory=lambda: [Phase.loader, Phase.compute, Phase.e2e],
-                                  help="the phases measured, in order; not empty")
+                                  help="the phases measured, in order; not empty",
+                                  rule=check_phases)
     warmup_steps: int = setting(
         5, "steps run before measuring: at least these, then on until steps are steady; at most "
            "bench.warmup_max_steps", bounds=(0, 10_000), knob=MEASURE)
@@ -325,6 +283,11 @@ class MemoryConfig:
                              bounds=(0.0, 0.99))
 
 
+# MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
+# a run's name is its mlflow.runName, stored in a 250-character column
+EXPERIMENT_NAME_MAX, RUN_NAME_MAX = 500, 250
+
+
 @dataclass
 class TrackingConfig:
     ROLE = Role.measure
@@ -335,12 +298,14 @@ class TrackingConfig:
                 "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; file:///folder "
                 "or a local folder only with MLFLOW_ALLOW_FILE_STORE=true (MLflow 3.17 refuses "
                 "its file store otherwise)")
+    # checked with any backend: a run kept on disk is uploaded later under the same names
     experiment: str = setting("gpubench", "the MLflow experiment",
                               allowed="a name that is not blank, at most 500 characters, without "
-                                      "control characters")
+                                      "control characters", rule=name_rule(EXPERIMENT_NAME_MAX))
     run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup",
                                    allowed="null or a name that is not blank, at most 250 "
-                                           "characters, without control characters")
+                                           "characters, without control characters",
+                                   rule=name_rule(RUN_NAME_MAX))
     timeout_s: float = setting(10.0, "seconds to wait for a tracking server before giving up "
                                      "(results stay on disk)", bounds=(0.1, 3600))
 
@@ -382,18 +347,18 @@ class BenchConfig:
                                                     "the warm-up, reported as first_step_s)", knob=Knob(Role.knob, Pipe.compute, short="compile"))
 
 
-def register_configs() -> None:
-    cs = ConfigStore.instance()
-    # One typed root: each group's YAML is merged into its typed field (BenchConfig.dataset is
-    # a DatasetConfig, ...), so group options need no schema of their own.
-    cs.store(name="gpubench_schema", node=BenchConfig)
-
-
-register_configs()
+# One typed root: each group's YAML is merged into its typed field (BenchConfig.dataset is a
+# DatasetConfig, ...), so group options need no schema of their own.
+ConfigStore.instance().store(name="gpubench_schema", node=BenchConfig)
 
 # Every key of a run, as declared above; RANGES: the numeric ones (each has bounds)
 KEYS: tuple[Key, ...] = tuple(keys(BenchConfig))
 RANGES: tuple[Key, ...] = tuple(k for k in KEYS if k.bounds is not None)
+BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+# gpubench's groups (dataset, model, loader, ...): every key under them is declared above
+GROUP_NAMES: frozenset[str] = frozenset(k.name.split(".")[0] for k in KEYS if "." in k.name)
+# free-form mappings: a team's own constructor arguments and instantiate nodes, any keys
+FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
 
 
 def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
@@ -402,22 +367,13 @@ def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
     check_keys(cfg, KEYS, only)
 
 
-# gpubench's groups (dataset, model, loader, ...): every key under them is declared above
-GROUP_NAMES: frozenset[str] = frozenset(k.name.split(".")[0] for k in KEYS if "." in k.name)
-# free-form mappings: a team's own constructor arguments and instantiate nodes, any keys
-FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
-
-
-NAMES: frozenset[str] = frozenset(k.name for k in KEYS)
-
-
 def check_known_key(key: str, value: Any) -> None:
     """A key under one of gpubench's groups must be one the schema declares (entries of a
     free-form mapping such as model.kwargs aside): `+loader.nosuch=1` would otherwise be
     carried along, recorded and compared, and act on nothing. Top-level keys of your own stay
     allowed: a team config may keep values there for interpolations."""
     group = key.split(".")[0]
-    if key in NAMES or key.startswith(FREE_FORM) or group not in GROUP_NAMES:
+    if key in BY_NAME or key.startswith(FREE_FORM) or group not in GROUP_NAMES:
         return
     names = [k.name for k in KEYS if k.name.startswith(f"{group}.")]  # declaration order
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.7)
@@ -426,25 +382,26 @@ def check_known_key(key: str, value: Any) -> None:
                                   "arguments go under model.kwargs or dataset.kwargs")
 
 
+def walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, node) of everything under a config node, parents first, read unresolved."""
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            child = node._get_node(k)
+            yield f"{prefix}{k}", child
+            yield from walk(child, f"{prefix}{k}.")
+
+
+def config_keys(cfg: Any) -> list[str]:
+    """Every dotted key of a composed config, Hydra's own node left out."""
+    return [k for k, _ in walk(cfg) if k.partition(".")[0] != "hydra"]
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Every key under gpubench's groups in a composed config, against the declarations."""
     for group in sorted(GROUP_NAMES):
-        node = cfg._get_node(group) if group in cfg else None
-        if isinstance(node, DictConfig):
-            _check_node(node, f"{group}.")
-
-
-def _check_node(node: DictConfig, prefix: str) -> None:
-    for k in node.keys():
-        key, child = f"{prefix}{k}", node._get_node(k)
-        if f"{key}." in FREE_FORM:
-            continue  # a free-form mapping: any keys
-        if isinstance(child, DictConfig) and any(n.startswith(f"{key}.") for n in NAMES):
-            _check_node(child, f"{key}.")
-        else:
-            value = (OmegaConf.to_container(child, resolve=False)
-                     if isinstance(child, DictConfig) else child._value())
-            check_known_key(key, value)
+        for key, node in walk(cfg._get_node(group) if group in cfg else None, f"{group}."):
+            check_known_key(key, OmegaConf.to_container(node, resolve=False)
+                            if isinstance(node, DictConfig) else node._value())
 
 
 def auto_sizes(device: str) -> tuple[int, int]:

@@ -2,21 +2,11 @@
 
     compose (Hydra) ─► resolve(cfg) -> Settings ─► check_resources(settings) ─► Benchmark
 
-`resolve` runs every rule that needs neither the disk nor the machine's RAM (ranges, cross-key
-rules, a device that exists, a known model, the train step's knobs, tracking, the dataset's
-combinations) and fills what the config leaves to the device (dataset.image_size,
-loader.batch_size when null: `sizes`). The settings are OmegaConf's own read-only DictConfig of
-the resolved values: Enums arrive as their values (plain str; `plain` copies a node back into
-writable dicts and lists), so nothing downstream reads the composed config or an Enum again.
-`check_resources` is the one explicit step for the rules that look at this machine: folders
-that must exist, loader workers against cores and free RAM, in-memory pools against free RAM.
-Two resource rules need the built dataset's length and run where it is known (data.py), but
-are written here: `check_batch_fits`, `check_preload_fits`, `check_sampled` (and
-`check_found_classes` for the classes a folder holds).
-
-Torch-free at import (torch and torchvision are imported lazily by the device and model-name
-rules); raises config.ConfigError, one line naming the key, the value and what is allowed. The
-settings' groups are the composed config's (config.schema declares them), not written again.
+`resolve` runs every rule that needs neither the disk nor the machine's RAM and fills what the
+config leaves to the device (`sizes`). `check_resources` is the one step for the rules that look
+at this machine. Four resource rules need the built dataset's length and run where it is known
+(parts.data): `check_batch_fits`, `check_preload_fits`, `check_sampled`, `check_found_classes`.
+Torch-free at import; every rule raises config.ConfigError, one line naming the key.
 """
 
 from __future__ import annotations
@@ -30,31 +20,18 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from gpubench.config import knobs
+from gpubench.config import knobs, schema
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store, check_memory_sizes
-from gpubench.config.keys import EXPERIMENT_NAME_MAX, RUN_NAME_MAX, check_name, keys
-from gpubench.config.schema import (
-    BenchSettings,
-    LoaderConfig,
-    auto_sizes,
-    check_known_keys,
-    check_ranges,
-    to_container,
-)
 from gpubench.config.uris import check_tracking_uri, local_store
 from gpubench.core.record import window_plan
 
-# ---------------------------------------------------------------- the settings (read-only)
-# The composed config's groups with the resolved values, then what resolve decided: `device`
-# (bench.device=auto resolved), `precision` (precision.name), `channels_last`, `compile`
-# (torch.compile's mode string: off, default, reduce-overhead, max-autotune), `phases`, `config`
-# (the composed config with the device-sized keys filled in, Enums by name as OmegaConf writes
-# them: what results.json's "config" and the MLflow params hold) and `notes` (what resolve
-# decided for the user that the user should hear about, one line each). bench.device and
-# bench.phases are left out of the bench group: resolved, they are `device` and `phases`.
-# Read-only all the way down (OmegaConf's readonly flag): a rule checked once cannot be undone by a
-# reader writing into it.
+# The settings: OmegaConf's own read-only DictConfig (a rule checked once cannot be undone by a
+# reader writing into it) of the composed config's groups with the resolved values, Enums as
+# their values, then what resolve decided: `device`, `precision` (precision.name), `compile`
+# (torch.compile's mode string), `phases` (bench.device and bench.phases leave the bench group),
+# `config` (the composed config with the sized keys filled in, Enums by name: what results.json
+# and the MLflow params hold) and `notes` (what resolve decided that the user should hear).
 Settings = DictConfig
 Dataset = Loader = Fault = DictConfig  # a group of the settings, as its readers annotate it
 
@@ -74,14 +51,12 @@ SIZED_KEYS = ("dataset.image_size", "loader.batch_size")
 
 def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     """(device, image_size, batch_size) of a composed config: bench.device as asked (auto: CUDA
-    when this machine has it), the null keys sized by that device (config.auto_sizes). Sizing
-    only, with no availability rule: a sweeper on a login node without a GPU sizes the first
-    probe of jobs that run on GPU nodes (gpubench.search.maxbatch.start_batch). `resolve` takes its
-    device from here and then applies the rules."""
-    check_ranges(cfg, only=SIZED_KEYS)
+    when this machine has it), the null keys sized by that device. Sizing only, with no
+    availability rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
+    schema.check_ranges(cfg, only=SIZED_KEYS)
     want = _plain(cfg.bench.device)
     device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
-    image_size, batch_size = auto_sizes(device)
+    image_size, batch_size = schema.auto_sizes(device)
     if cfg.dataset.image_size is not None:
         image_size = int(cfg.dataset.image_size)
     if cfg.loader.batch_size is not None:
@@ -89,69 +64,59 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     return device, image_size, batch_size
 
 
-# Loader keys that act only through worker processes, and what each holds without any: torch's
-# DataLoader refuses prefetch_factor and persistent_workers with num_workers=0 and starts no
-# process. With 0 workers they are resolved to these values (recorded so, and so compared and
-# recommended by a report), with a note when the config asked for something else than the
-# schema's default: the alternative, refusing them, would fail every 0-worker trial of a sweep
-# that also sweeps them.
-WORKER_ONLY_KEYS = frozenset(knobs.WORKER_ONLY)  # declared in the schema (Knob.inert)
-WORKER_ONLY: dict[str, Any] = {k.partition(".")[2]: v for k, v in knobs.WORKER_ONLY.items()}
-# the same rule for thread workers (loader.worker_type=thread), for the worker-only keys that act
-# through worker processes alone: no start method, threads started with each epoch (torchdata's
-# nodes have no persistent workers), one torch thread each (torchdata/nodes/_apply_udf.py)
-PROCESS_ONLY = tuple(k.partition(".")[2] for k in knobs.PROCESS_ONLY)  # declared: Knob.process_only
-_LOADER_DEFAULTS = {k.path: _plain(k.default) for k in keys(LoaderConfig)}
-
-
+# Loader keys that act only through worker processes (Knob.inert): torch's DataLoader refuses
+# prefetch_factor and persistent_workers with num_workers=0. With 0 workers they are resolved to
+# their inert values (recorded so, and so compared and recommended by a report), with a note
+# when the config asked for another value than the default: refusing them would fail every
+# 0-worker trial of a sweep that also sweeps them. The same for thread workers and the keys that
+# act through worker processes alone (Knob.process_only): no start method, threads started with
+# each epoch (torchdata's nodes have no persistent workers), one torch thread each
+# (torchdata/nodes/_apply_udf.py).
 def _inert(workers: Any, kind: Any) -> tuple[tuple[str, ...], str]:
     """The loader keys that do not act with these workers, and why, as a note says it."""
     if workers == 0:
-        return tuple(WORKER_ONLY), "with loader.num_workers=0"
+        return tuple(knobs.WORKER_ONLY), "with loader.num_workers=0"
     if _plain(kind) == "thread":
-        return PROCESS_ONLY, "with loader.worker_type=thread"
+        return knobs.PROCESS_ONLY, "with loader.worker_type=thread"
     return (), ""
 
 
 def as_run(values: dict[str, Any]) -> dict[str, Any]:
-    """Dotted config values as they act: with loader.num_workers=0 the worker-only keys act
-    not at all (with thread workers the process-only ones), so they are left out (two such
-    settings are one run)."""
+    """Dotted config values as they act: the keys inert with these workers left out (two
+    settings that differ only there are one run)."""
     inert = _inert(values.get("loader.num_workers"), values.get("loader.worker_type"))[0]
-    return {k: v for k, v in values.items() if k.removeprefix("loader.") not in inert}
+    return {k: v for k, v in values.items() if k not in inert}
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The worker-only keys' values where they do not act (0 workers; the process-only ones
-    with thread workers), and a note for each one set on purpose."""
+    """The inert loader keys' values, by key inside the loader, and a note for each set on
+    purpose."""
     inert, why = _inert(loader.num_workers, loader.get("worker_type"))
-    notes = []
+    values, notes = {}, []
     for key in inert:
-        given, value = _plain(loader.get(key)), WORKER_ONLY[key]
-        if given != value and given != _LOADER_DEFAULTS[key]:
-            notes.append(f"loader.{key}={given} acts only with loader worker processes: "
+        name, value = key.partition(".")[2], knobs.WORKER_ONLY[key]
+        given = _plain(loader.get(name))
+        if given != value and given != _plain(knobs.KEYS[key].default):
+            notes.append(f"{key}={given} acts only with loader worker processes: "
                          f"recorded as {'null' if value is None else str(value).lower()} {why}")
-    return {k: WORKER_ONLY[k] for k in inert}, tuple(notes)
+        values[name] = value
+    return values, tuple(notes)
 
 
 # bench.min_window_s=null on CUDA with the sampler on. NVML's readings average over up to
-# NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s), so those of a
-# window's first NVML_AVERAGING_S still describe the phase before it and the sampler drops
-# them (telemetry/monitor.py): twice that leaves as long again whose readings describe the
-# window alone.
+# NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s): the sampler drops a
+# window's first NVML_AVERAGING_S (telemetry/monitor.py); twice that leaves as long again.
 GPU_MIN_WINDOW_S = 2.0  # 2 x telemetry.nvml.NVML_AVERAGING_S (held so by tests/test_nvml.py)
 
 
 def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
-    """A measured window's time cap: a phase's bench.max_seconds shared by its windows
-    (bench.repeats of them, at most bench.steps: core.record.window_plan)."""
+    """A measured window's time cap: a phase's bench.max_seconds shared by its windows."""
     return max_seconds / window_plan(steps, repeats)[0]
 
 
 def min_window_s(bench: DictConfig, device: str) -> float:
-    """bench.min_window_s as it acts: the given value; with null, GPU_MIN_WINDOW_S on CUDA with
-    bench.monitor on (no longer than a window's cap), else 0: a CPU has no NVML readings to
-    make readable, and a CPU run must not get longer for them."""
+    """bench.min_window_s as it acts; null: GPU_MIN_WINDOW_S on CUDA with bench.monitor on (at
+    most a window's cap), else 0 (a CPU has no NVML readings to make readable)."""
     given = _plain(bench.min_window_s)
     if given is not None:
         return float(given)
@@ -161,11 +126,10 @@ def min_window_s(bench: DictConfig, device: str) -> float:
 
 
 def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
-    """bench.repeats as it acts: the windows that run (core.record.window_plan: at most
-    bench.steps, each window at least one step), recorded so; a note when the config asked for
-    more on purpose (a value other than the schema's default)."""
+    """bench.repeats as it acts: the windows that run (at most bench.steps), with a note when
+    the config asked for more on purpose (a value other than the default)."""
     windows = window_plan(bench.steps, bench.repeats)[0]
-    if windows == bench.repeats or bench.repeats == BenchSettings.repeats:
+    if windows == bench.repeats or bench.repeats == schema.BenchSettings.repeats:
         return windows, ()
     return windows, (f"bench.repeats={bench.repeats} with bench.steps={bench.steps}: {windows} "
                      f"windows of one step ran, recorded as bench.repeats={windows}",)
@@ -174,23 +138,20 @@ def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
     # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
     # job fills in, which would not resolve here)
-    config = to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-                          if "hydra" in cfg else cfg)
+    config = schema.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+                                 if "hydra" in cfg else cfg)
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
     config["bench"]["min_window_s"] = min_window_s(cfg.bench, device)
     config["bench"]["repeats"], ran = _windows(cfg.bench)
-    # the groups' Enums written by name are their values (tests/test_settings.py holds them so);
-    # compile's are not: its value is torch.compile's mode string
+    # the groups' Enums by name are their values; compile's value is torch.compile's mode
     bench = {k: v for k, v in config["bench"].items() if k not in ("device", "phases")}
     return OmegaConf.create(
         {**config, "bench": bench, "device": device, "precision": config["precision"]["name"],
          "compile": _plain(cfg.compile), "phases": config["bench"]["phases"], "config": config,
          "notes": [*notes, *ran]}, flags={"readonly": True})
 
-
-# ---------------------------------------------------------------- resolve: rules without disk/RAM
 
 TINY_MODELS = ("tiny",)
 # models whose stages gpubench/models.py apply_checkpointing knows how to wrap
@@ -215,9 +176,8 @@ def checkpointable(name: str) -> bool:
 
 
 def impl_devices(impl: str) -> list[str] | None:
-    """Device types that have the kernels for an optimizer implementation, as torch lists
-    them (None: any device). Elsewhere torch either raises (fused) or runs foreach as a slow
-    per-tensor fallback, so forcing them there would benchmark something nobody runs."""
+    """Device types with kernels for an optimizer implementation, as torch lists them (None:
+    any). Elsewhere torch raises (fused) or runs a slow per-tensor fallback (foreach)."""
     if impl not in ("foreach", "fused"):
         return None
     from torch.optim import optimizer as o
@@ -230,10 +190,9 @@ def impl_devices(impl: str) -> list[str] | None:
 
 def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
                   value: Any = None) -> None:
-    """A classifier narrower than the dataset's classes fails at the first loss ("Target 617 is
-    out of bounds", a device-side assert on CUDA) after the loader was already measured.
-    `resolve` calls this with model.num_classes (torchvision models); the runner with the built
-    model's output width (a custom `_target_`, key model._target_), before any phase."""
+    """A classifier narrower than the dataset's classes fails at the first loss (a device-side
+    assert on CUDA), after the loader was measured: `resolve` checks model.num_classes, the
+    runner a custom model's output width."""
     if width < num_classes:
         raise ConfigError(key, width if value is None else value,
                           f"a model whose output width covers the dataset's {num_classes} classes "
@@ -244,8 +203,8 @@ def resolve(cfg: DictConfig) -> Settings:
     """The read-only settings of a composed config, after every rule that needs neither the disk
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
     check_interpolations(cfg)
-    check_known_keys(cfg)  # no key under gpubench's groups that the schema does not declare
-    check_ranges(cfg)  # every key's declared range or choices
+    schema.check_known_keys(cfg)  # no key under gpubench's groups that the schema does not declare
+    schema.check_ranges(cfg)  # every key's declared range or choices
     check_start_method(_plain(cfg.loader.multiprocessing_context))
     device, image_size, batch_size = sizes(cfg)
     if device == "cuda" and not cuda_available():
@@ -269,22 +228,16 @@ def resolve(cfg: DictConfig) -> Settings:
         raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
                           f"<= bench.max_seconds ({b.max_seconds:g}) while bench.monitor is on: a "
                           "window needs a sample")
-    check_phases(s.phases)
     _check_step(s)
     if s.tracking.backend == "mlflow":
         check_tracking_uri(s.tracking.uri)
-    # checked with any backend: a run kept on disk is uploaded later under the same names
-    check_name("tracking.experiment", s.tracking.experiment, EXPERIMENT_NAME_MAX)
-    if s.tracking.run_name is not None:
-        check_name("tracking.run_name", s.tracking.run_name, RUN_NAME_MAX, nullable=True)
     _check_data(s)
     return s
 
 
 def check_interpolations(cfg: DictConfig) -> None:
-    """Every ${...} of the run's config resolves (Hydra's own node aside: a sweeper's holds
-    values only a job fills in). One that does not would fail every job, and inside Hydra's
-    callbacks it would only be a warning."""
+    """Every ${...} of the run's config resolves (Hydra's node aside: a sweeper's holds values
+    only a job fills in); one that does not would fail every job."""
     run = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
     try:
         OmegaConf.to_container(run, resolve=True)
@@ -296,15 +249,6 @@ def check_interpolations(cfg: DictConfig) -> None:
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
                           f"an interpolation that resolves ({reason})") from None
-
-
-def check_phases(phases: Any) -> None:
-    """bench.phases: not empty, each phase once (a phase listed twice would be measured twice
-    per round into the same record, its windows pooled as if they were one phase's)."""
-    names = [_plain(p) for p in phases]
-    if not names or len(set(names)) != len(names):
-        raise ConfigError("bench.phases", names, "a non-empty list of loader, compute, e2e, "
-                                                 "each at most once")
 
 
 def _check_model(s: Settings) -> None:
@@ -333,7 +277,6 @@ def check_model_name(name: Any) -> None:
 
 
 def _check_step(s: Settings) -> None:
-    """The train step's knobs (gpubench/step.py, gpubench/models.py)."""
     impl, device = s.bench.optimizer_impl, s.device
     devices = impl_devices(impl)
     if devices is not None and device not in devices:
@@ -390,18 +333,14 @@ def _check_data(s: Settings) -> None:
 
 
 def check_start_method(ctx: str | None) -> None:
-    """loader.multiprocessing_context is a start method of this platform (checked even with 0
-    workers, where it is then recorded as null: a misspelled one is an error either way)."""
+    """A start method of this platform (checked with 0 workers too: a misspelling is wrong)."""
     if ctx is not None:
-        # the standard library's list: torch.multiprocessing re-exports the same function
-        import multiprocessing
+        import multiprocessing  # torch.multiprocessing re-exports the same function
 
         methods = multiprocessing.get_all_start_methods()
         if ctx not in methods:
             raise ConfigError("loader.multiprocessing_context", ctx, f"null or one of {methods}")
 
-
-# ---------------------------------------------------------------- this machine: disk and RAM
 
 # A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
 # process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
@@ -426,9 +365,7 @@ def available_ram() -> int:
 
 
 def check_resources(s: Settings) -> None:
-    """The rules that look at this machine: the dataset's folder, workers against cores and
-    free RAM, the in-memory pools and the batches in flight against free RAM, a local tracking
-    store's folders (config.footprint). Run once, before any work."""
+    """The rules that look at this machine (folders, cores, free RAM), once before any work."""
     ds, ld = s.dataset, s.loader
     if ds.name in ("imagefolder", "cifar10"):
         if not Path(os.path.expanduser(str(ds.root))).is_dir():
@@ -449,8 +386,7 @@ def check_resources(s: Settings) -> None:
 
 
 def check_preload_fits(n: int, size: int) -> None:
-    """dataset.preload: the decoded cache of `n` images at `size` px against free RAM. A resource
-    check run where the built dataset's length is known (data.preload), before decoding."""
+    """dataset.preload: the decoded cache of `n` images at `size` px against free RAM."""
     need, free = n * 3 * size * size, available_ram()
     # 80%: the run itself (model, optimizer, worker batches) needs the rest
     if need > 0.8 * free:
@@ -469,8 +405,7 @@ SAMPLED_BYTES = 44
 
 def check_sampled(n: int, key: str, value: Any) -> None:
     """A dataset's length against the order shuffling it holds, in half of the free RAM: a
-    custom Dataset's __len__ of 10**15 would exhaust memory in the sampler. A resource check
-    run where the built dataset's length is known (parts.custom_data)."""
+    custom Dataset's __len__ of 10**15 would exhaust memory in the sampler."""
     most = available_ram() // 2 // SAMPLED_BYTES
     if n > most:
         raise ConfigError(key, value, f"a Dataset of at most {most} samples on this machine "
@@ -479,22 +414,17 @@ def check_sampled(n: int, key: str, value: Any) -> None:
 
 
 def check_batch_fits(s: Settings, n: int) -> None:
-    """loader.batch_size against the built dataset's `n` samples: with drop_last a batch larger
-    than the dataset never comes. A resource check run where the length is known (data.py)."""
+    """With drop_last, a batch larger than the dataset's `n` samples never comes."""
     if n < s.loader.batch_size and s.loader.drop_last:
         raise ConfigError("loader.batch_size", s.loader.batch_size,
                           f"<= {n} (the dataset size) with drop_last")
 
 
 def check_found_classes(s: Settings, n: int, where: str) -> None:
-    """The classes found on disk (folders, CIFAR-10 labels) against dataset.num_classes and
-    model.num_classes: a label at or past the classifier's width fails deep inside the loss (a
-    device-side assert on CUDA). Run where the dataset was read (data.py)."""
+    """The classes found on disk against dataset.num_classes and model.num_classes: a label past
+    the classifier's width fails deep inside the loss (a device-side assert on CUDA)."""
     for key, value in (("dataset.num_classes", s.dataset.num_classes),
                        ("model.num_classes", s.model.num_classes)):
         if value is not None and int(value) < n:
             raise ConfigError(key, int(value), f">= {n} ({where})")
 
-
-__all__ = ["Settings", "check_batch_fits", "plain", "sizes", "check_classes", "check_found_classes",
-           "check_preload_fits", "check_resources", "check_sampled", "resolve"]

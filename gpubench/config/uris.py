@@ -37,9 +37,8 @@ def file_store_allowed() -> bool:
 
 
 def check_tracking_uri(uri: Any) -> None:
-    """tracking.uri (with tracking=mlflow, `sync --uri`, `report --tracking-uri`): the one rule
-    for its form, from `settings.resolve` and from `InputCheck` (before an MLflow parent run
-    exists): the stores MLflow opens, a file store only where MLflow would open it."""
+    """tracking.uri (also `sync --uri`, `report --tracking-uri`): a store MLflow opens, a file
+    store only where MLflow would open it."""
     if uri == "databricks":  # store names, not paths (mlflow/tracking/registry.py)
         return
     named = uri in ("databricks-uc", "uc")
@@ -54,8 +53,7 @@ def check_tracking_uri(uri: Any) -> None:
 
 
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
-    """Reject a malformed URI before any work (it would otherwise fail only when the run is
-    logged or the study opened). `path_ok`: a bare local path is a store too (MLflow's)."""
+    """Reject a malformed URI before any work; `path_ok`: a bare local path is a store too."""
     if uri is None:
         return
     try:
@@ -97,8 +95,8 @@ def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> 
 
 
 def local_store(uri: str) -> tuple[Path | None, bool]:
-    """(the path, whether it is a folder) of a tracking store on this disk: a sqlite file, a
-    file:/// folder or a bare folder path; (None, False) for a server or a remote database."""
+    """(the path, whether it is a folder) of a tracking store on this disk; (None, False) for a
+    server or a remote database."""
     db = sqlite_path(uri)
     if db is not None:
         return db, False

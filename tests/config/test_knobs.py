@@ -67,12 +67,12 @@ def test_a_swept_optimizer_is_a_column_and_a_line():
 
 
 def test_the_lists_are_the_declarations():
-    from gpubench.config.settings import WORKER_ONLY_KEYS
+    from gpubench.config.knobs import WORKER_ONLY
     from hydra_plugins.gpubench_sweeper.config import PipesConf
 
     assert PipesConf().data_keys == list(knobs.DATA_KEYS)
     assert "loader.num_workers" in knobs.DATA_KEYS and "loader.batch_size" not in knobs.DATA_KEYS
-    assert WORKER_ONLY_KEYS >= {"loader.prefetch_factor", "loader.persistent_workers",
+    assert set(WORKER_ONLY) >= {"loader.prefetch_factor", "loader.persistent_workers",
                                 "loader.multiprocessing_context", "loader.worker_threads"}
     assert set(knobs.CUDA_ONLY) == {"loader.pin_memory", "bench.cudnn_benchmark"}
     # the compute phase's setup holds what the step depends on, not the loader's knobs
@@ -97,3 +97,29 @@ def test_the_cost_order_is_the_declared_one():
                           "dataset.decode_on": "cpu"}
     assert [s["loader.num_workers"] for s in ordered] == [0] * 4 + [1] * 4 + [2] * 4
     assert ordered[1]["dataset.preload"] is False and ordered[2]["dataset.preload"] is True
+
+
+def test_a_keys_own_rule_is_on_its_declaration():
+    """A rule beyond type, range and choices (`setting(rule=...)`) is applied wherever the key
+    is checked: resolve, a swept value, a flag standing for the key."""
+    import argparse
+
+    from gpubench.config.errors import ConfigError
+    from gpubench.config.flags import flag
+
+    assert {k.name for k in knobs.KEYS.values() if k.rule} == {
+        "bench.phases", "tracking.experiment", "tracking.run_name"}
+    for key, bad in (("bench.phases", ["e2e", "loader", "e2e"]), ("bench.phases", []),
+                     ("tracking.experiment", " "), ("tracking.run_name", "a\tb"),
+                     ("tracking.run_name", "x" * 251)):
+        with pytest.raises(ConfigError) as e:
+            knobs.KEYS[key].check(bad)
+        assert e.value.key == key
+    knobs.KEYS["tracking.run_name"].check(None)  # null allowed: the rule is not asked
+    knobs.KEYS["bench.phases"].check(["compute", "e2e"])
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^--experiment=' ' is not allowed: "
+                       r"it must be a name that is not blank, .* \(as tracking.experiment\)$"):
+        flag("tracking.experiment", "--experiment")(" ")
+    # the choices are checked before the rule: the bad element is named
+    with pytest.raises(ConfigError, match=r"^bench.phases\[1\]='nope' is not allowed"):
+        knobs.KEYS["bench.phases"].check(["e2e", "nope", "e2e"])

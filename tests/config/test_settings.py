@@ -104,7 +104,7 @@ GOLDEN = {
                 "transform": {}, "collate": {}},
     "model": {"name": "tiny", "num_classes": 10, "_target_": None, "kwargs": {},
               "checkpointing": False},
-    # 0 workers: the worker-only keys as the DataLoader has them (settings.WORKER_ONLY)
+    # 0 workers: the worker-only keys as the DataLoader has them (knobs.WORKER_ONLY)
     "loader": {"batch_size": 16, "num_workers": 0, "pin_memory": True, "prefetch_factor": None,
                "persistent_workers": False, "drop_last": True, "multiprocessing_context": None,
                "worker_threads": 1, "worker_type": "process", "in_order": True},
