@@ -1,26 +1,17 @@
-"""Where a profiled step's time goes, read from the profiler's Chrome trace.
+"""Where a profiled step's time goes, read from the profiler's Chrome trace (telemetry/profile.py).
 
-The trace (gpubench/profile.py) holds, per active step, a `ProfilerStep#N` range and the named
-ranges gpubench adds: `gpubench/data` (the DataLoader's __next__), `gpubench/step`, and inside
-the train step `gpubench/forward`, `gpubench/backward`, `gpubench/optimizer` and, when per-step
-host metrics are on, `gpubench/host_metrics`. On a GPU it also holds the device's kernels,
-copies and memsets, each with the correlation id of the CUDA runtime call that launched it.
-
-Figures are seconds per step, averaged over the active steps:
-- host parts (every device): data, forward, backward, optimizer, host_metrics, each the mean
-  of its range. On a CPU these are the work itself; on a GPU they are the time the host spent
-  launching (and, at a sync, waiting). `unattributed_s` is what none of them covers (the copy
-  to the device, Python between the ranges, the profiler's own step bookkeeping); the parts
-  add up to `step_s` within `TOLERANCE` when the ranges cover the step as they should.
-- device parts (CUDA): `device_busy_s`, the union of kernel, copy and memset intervals (two
-  overlapping kernels count once); `device_idle_s`, the rest of the step, when the device
-  waited on the host; `device_forward_s`/`_backward_s`/`_optimizer_s`, kernel time launched
-  from inside each host range; `h2d_copy_s`, host-to-device copy time, and
-  `h2d_overlap_fraction`, the share of it that ran while a kernel ran (1.0: copies hidden
-  behind compute; 0.0: compute waited for them).
-
-Holistic Trace Analysis computes these and more from the same trace (docs/profiling.md);
-this module keeps the core install free of it.
+The trace holds, per active step, a `ProfilerStep#N` range and gpubench's named ranges
+(`gpubench/data`, `gpubench/step`, and inside the step `forward`, `backward`, `optimizer`,
+`host_metrics`); on a GPU also the kernels, copies and memsets, each with the correlation id of
+the CUDA runtime call that launched it. Figures are seconds per step, averaged over the steps:
+- host parts: each range's mean (on a GPU, the host's launching and waiting time);
+  `unattributed_s` is what none covers (the copy to the device, Python between ranges); the
+  parts must cover the step within `TOLERANCE` for the breakdown to be trusted (`covered`).
+- device parts (CUDA): `device_busy_s`, the union of kernel, copy and memset intervals;
+  `device_idle_s`, the rest of the step (the device waited on the host); kernel time launched
+  from inside each host range; H2D copy time and the share of it that overlapped a kernel.
+Holistic Trace Analysis computes these and more (docs/profiling.md); the core install stays
+free of it.
 """
 
 from __future__ import annotations

@@ -11,18 +11,15 @@ from pathlib import Path
 
 import torch
 
-# Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets: fp32 on CUDA cores, tf32 / fp16 /
-# bf16 on tensor cores (fp16 with fp32 accumulation). Data sheets quote the sparse figure for
-# tensor cores: these are half of it. Rows are regular expressions over the name CUDA reports
-# (torch.cuda.get_device_name), matched case-insensitively, most specific first; a form factor
-# with other clocks/power (PCIe, NVL) has its own row, so "H200 NVL" never reads the SXM row.
-# `sms` is the whole GPU's streaming multiprocessors: the peak is per-SM rate x SMs x clock, so
-# a MIG slice or a cut-down part sold under the same name (fewer SMs, same clocks) gets the
-# peak scaled by its own multiprocessor count (see device_peaks).
-# Unknown devices get no MFU rather than a made-up one.
-# Sources: H100 SXM/PCIe, H100 NVL (TF32 835, BF16/FP16 1,671 sparse), H200
-# SXM/NVL, GH200 (its GPU is H100 SXM-class): NVIDIA's H100, H200 and GH200 data sheets;
-# B200 and GB200: the per-GPU columns of NVIDIA's HGX B200 / GB200 NVL72 specifications
+# Dense (no sparsity) peak TFLOP/s: fp32 on CUDA cores, tf32 / fp16 / bf16 on tensor cores (fp16
+# with fp32 accumulation; data sheets quote tensor cores sparse: these are half). Rows are
+# regular expressions over torch.cuda.get_device_name, case-insensitive, most specific first
+# (a PCIe or NVL form factor has its own clocks and row). `sms`: the whole GPU's multiprocessors,
+# so a MIG slice or cut-down part gets the peak scaled by its own count (device_peaks). Unknown
+# devices get no MFU rather than a made-up one. Sources: H100 SXM/PCIe, H100 NVL (TF32 835,
+# BF16/FP16 1,671 sparse), H200 SXM/NVL, GH200 (its GPU is H100 SXM-class): NVIDIA's H100,
+# H200 and GH200 data sheets; B200 and GB200: the per-GPU columns of NVIDIA's HGX B200 /
+# GB200 NVL72 specifications
 # (HGX B200: FP32 75, TF32 2.2 P, BF16 4.5 P sparse; GB200: 80, 2.5 P, 5 P); A100, A10, L4,
 # L40, L40S (BF16 362.05 / 733 sparse), V100, T4: their data sheets; RTX 4090 / 3090: the Ada
 # and Ampere GeForce whitepapers (fp16 with fp32 accumulation). A10G is AWS's part with no
@@ -60,13 +57,10 @@ _MIG = re.compile(r"\bMIG\b")
 
 def device_peaks(device_name: str, multiprocessors: int | None = None
                  ) -> tuple[dict[str, float] | None, str | None]:
-    """The device's dense peaks in FLOP/s by math, and why there are none when there are none.
-
-    `multiprocessors` is the device's own count (torch.cuda.get_device_properties(i).
-    multi_processor_count; a MIG slice reports its slice's). Fewer than the row's whole GPU:
-    the peak scales by the ratio (a 1g.5gb slice of an A100 has 14 of 108 SMs at the same
-    clocks). More than the row: the row is not this device, no peak. A MIG name without a
-    count: no peak (the whole GPU's would understate a small slice's MFU several-fold)."""
+    """The device's dense peaks in FLOP/s by math, or None and why. `multiprocessors`: the
+    device's own count (a MIG slice reports its slice's); fewer than the row's: the peak scales
+    by the ratio (an A100 1g.5gb slice has 14 of 108 SMs at the same clocks); more: not this
+    device. A MIG name without a count: no peak (the whole GPU's would understate its MFU)."""
     row = next((r for p, r in PEAK_TFLOPS if re.search(p, device_name, re.IGNORECASE)), None)
     if row is None:
         return None, f"no peak-FLOPs row for {device_name!r}"
@@ -91,17 +85,14 @@ def peak_flops(device_name: str, math_kind: str, multiprocessors: int | None = N
 
 def mixed_peak_flops(device_name: str, flops_by_math: dict[str, float],
                      multiprocessors: int | None = None) -> float | None:
-    """The peak for a step whose FLOPs run at different maths (say convolutions in tf32 and
-    matmuls in fp32 under PyTorch's defaults): the rate at which the whole step would run if
-    each part ran at its own peak, total / sum(part / its peak). None if any part's peak is
-    unknown."""
+    """mfu_peak without the reason."""
     return mfu_peak(device_name, flops_by_math, multiprocessors)[0]
 
 
 def mfu_peak(device_name: str, flops_by_math: dict[str, float],
              multiprocessors: int | None = None) -> tuple[float | None, str | None]:
-    """mixed_peak_flops with the reason when there is no peak (for the record beside a
-    missing MFU)."""
+    """The peak for a step whose FLOPs run at different maths (convolutions in tf32, matmuls in
+    fp32 under PyTorch's defaults): total / sum(part / its peak), or None and why."""
     peaks, why = device_peaks(device_name, multiprocessors)
     if peaks is None:
         return None, why

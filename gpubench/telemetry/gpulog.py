@@ -1,49 +1,34 @@
-"""gpu_metrics.csv: the log `nvidia-smi --query-gpu=... --format=csv -l 1` would write, per run.
+"""gpu_metrics.csv: the log `nvidia-smi --query-gpu=... --format=csv,nounits -l 1` would write,
+per run: one row per tick of the run's sampler (telemetry/monitor.py), warm-up and build
+included, flushed row by row so a crashed run keeps its log; nvidia-smi's header (COLUMNS), so
+the file loads straight into pandas. Where NVML's GPM metrics exist (Hopper and newer, not on a
+MIG instance) four more columns follow, each a percentage over the interval since the last row.
 
-One row per tick of the run's sampler (telemetry/monitor.py, every `bench.monitor_interval_s`)
-from the run's start to its end, warm-up and build included, written and flushed row by row so
-a crashed run keeps its log.
-The columns are nvidia-smi's for
-
-    timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free,power.draw,
-    clocks.sm,clocks_throttle_reasons.active
-
-with its header (units in brackets) and the values without units, as `--format=csv,nounits`
-prints them, so the file loads straight into pandas. Where NVML's GPM metrics exist (Hopper
-and newer, not on a MIG instance) four more columns follow: SM activity, SM occupancy, tensor
-activity and DRAM bandwidth, each a percentage over the interval since the previous row.
-
-Which to trust: `utilization.gpu` is the share of time at least one kernel was running, on
-however few SMs, so a GPU running one small kernel at a time reads 100%. GPM's SM activity
-(share of SMs busy) and tensor activity say how much of the chip did work; when they exist
-the docs and the advice should read those (docs/profiling.md).
-
-The GPU columns are the sampler's own field reads (nvml.read_fields), the ones its window
-takes too: `power.draw` holds NVML's instant power where the driver gives it (what nvidia-smi prints as
-`power.draw.instant`), else nvmlDeviceGetPowerUsage (nvidia-smi's `power.draw`: a 1 s mean on
-Ampere and newer); `utilization.gpu` averages over NVML's own sample period (1/6 s to 1 s), so
-a row describes up to a second before its timestamp. On a MIG instance power, clocks' throttle
-reasons and GPM are left empty (NVML gives them for the whole GPU, or not at all).
-
-On a CPU run the same columns hold the host's figures: the CPU model, host CPU use, RAM in
-use and available, the current CPU clock; utilization.memory, power.draw and the throttle
-reasons have no host counterpart and stay empty.
+Which to trust: `utilization.gpu` is the share of time at least one kernel ran, on however few
+SMs (one small kernel at a time reads 100%); GPM's SM and tensor activity say how much of the
+chip did work (docs/profiling.md). The GPU columns are the sampler's own field reads
+(nvml.read_fields): `power.draw` is NVML's instant power where the driver gives it (nvidia-smi's
+`power.draw.instant`), else nvmlDeviceGetPowerUsage. On a MIG instance power, throttle reasons
+and GPM stay empty (NVML gives them for the whole GPU, or not at all). On a CPU run the columns
+hold the host's figures (CPU model, CPU use, RAM used and available, CPU clock); the others
+have no host counterpart and stay empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
-import platform
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import psutil
 
 from gpubench.core.files import open_own
-from gpubench.telemetry.env import cpu_model
-from gpubench.telemetry.nvml import Nvml, NvmlDevice, device_name
+from gpubench.telemetry.env import device_name
+from gpubench.telemetry.nvml import Nvml, NvmlDevice, gpu_name
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +49,11 @@ GPM_COLUMNS = (
     ("gpm.dram_bandwidth [%]", 10),
 )
 MIB = 2**20
-
-
-def timestamp(t: float | None = None) -> str:
-    """nvidia-smi's timestamp format: 2026/11/22 00:17:01.123 (local time)."""
-    t = time.time() if t is None else t
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
+STAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's: 2026/11/22 00:17:01.123 (local time, ms)
 
 
 def _fmt(v) -> str:
-    if v is None:
-        return ""
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
+    return "" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 class Gpm:
@@ -83,7 +61,6 @@ class Gpm:
 
     def __init__(self, nv, handle):
         self.nv, self.handle = nv, handle
-        self.prev = self.cur = None
         support = nv.nvmlGpmQueryDeviceSupport(handle)  # raises NVMLError where GPM is unknown
         if not support.isSupportedDevice:
             raise RuntimeError("this GPU has no GPM metrics (Hopper and newer have them)")
@@ -101,16 +78,13 @@ class Gpm:
             req.metrics[i].metricId = metric
         nv.nvmlGpmMetricsGet(req)
         self.prev, self.cur = self.cur, self.prev  # this sample opens the next interval
-        return {name: (float(req.metrics[i].value) if req.metrics[i].nvmlReturn == 0 else None)
+        return {name: float(m.value) if (m := req.metrics[i]).nvmlReturn == 0 else None
                 for i, (name, _) in enumerate(GPM_COLUMNS)}
 
     def close(self) -> None:
         for s in (self.prev, self.cur):
-            if s is not None:
-                try:
-                    self.nv.nvmlGpmSampleFree(s)
-                except Exception:
-                    pass
+            with contextlib.suppress(Exception):
+                self.nv.nvmlGpmSampleFree(s)
 
 
 class GpuLog:
@@ -118,20 +92,19 @@ class GpuLog:
 
     def __init__(self, device: str, out_dir: Path, clock: Callable[[], float] = time.time,
                  gpu: NvmlDevice | None = None):
-        """`gpu`: the device's NVML binding, the sampler's (Monitor.gpu); None: the host's
-        figures (on CUDA without NVML, with NVML's reason as the note)."""
+        """`gpu`: the sampler's NVML binding (Monitor.gpu); None: the host's figures."""
         self.clock = clock  # the rows' timestamps (wall-clock seconds since the epoch)
         self.path = Path(out_dir) / GPU_METRICS_FILE
         self.gpu, self.gpm, self.rows = gpu, None, 0
         self.note = ""  # why the GPU columns or GPM are missing, for the run's notes
-        self.name = cpu_model() or platform.machine() or "cpu"
+        self.name = device_name("cpu")
         if gpu is None and device == "cuda":
             self.note = Nvml.get().reason
         elif gpu is not None:
             import torch
 
             # decoded (older nvidia-ml-py returns bytes), else CUDA's name for it
-            self.name = device_name(gpu) or torch.cuda.get_device_name()
+            self.name = gpu_name(gpu) or torch.cuda.get_device_name()
             if gpu.mig:  # GPM here needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
                 self.note = "GPM metrics not sampled on a MIG instance"
             else:
@@ -141,11 +114,9 @@ class GpuLog:
                     self.note = f"GPM metrics not sampled: {e}"
         self.columns = COLUMNS + (tuple(c for c, _ in GPM_COLUMNS) if self.gpm else ())
 
-    # ------------------------------------------------------------------ rows
-
     def _gpu_row(self, v: dict) -> dict:
-        """The row from the sampler's field reads `v` (utilization, memory and power: its
-        window's own; MIG: no power), and the log's own: clocks, throttle reasons, GPM."""
+        """The row from the sampler's field reads `v`, and the log's own: clocks, throttle
+        reasons, GPM."""
         nv, h = self.gpu.nv, self.gpu.handle
 
         def one(fn):
@@ -170,10 +141,8 @@ class GpuLog:
             row["clocks_throttle_reasons.active"] = f"0x{r:016X}" if r is not None else None
         row["clocks.current.sm [MHz]"] = one(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
         if self.gpm is not None:
-            try:
+            with contextlib.suppress(Exception):
                 row.update(self.gpm.read())
-            except Exception:
-                pass
         return row
 
     def _host_row(self, host_cpu: float) -> dict:
@@ -196,7 +165,8 @@ class GpuLog:
     def write(self, host_cpu: float, values: dict) -> None:
         """One row from one tick's readings: the host's CPU and the GPU's NVML fields."""
         try:
-            row = {"timestamp": timestamp(self.clock()), "name": self.name}
+            row = {"timestamp": datetime.fromtimestamp(self.clock()).strftime(STAMP)[:-3],
+                   "name": self.name}
             row.update(self._gpu_row(values) if self.gpu else self._host_row(host_cpu))
             self._w.writerow({k: _fmt(v) for k, v in row.items()})
             self._file.flush()  # a crashed run keeps every row written so far
@@ -220,8 +190,8 @@ def _metric_name(column: str) -> str:
 
 def series(path: Path) -> list[tuple[str, float, int, int]]:
     """The file's numeric columns as MLflow series: (name, value, step, timestamp_ms), one step
-    per row, for a tracking store to log beside the file itself. Throttle reasons (a hex bit
-    mask) are read as their integer value; empty cells are skipped."""
+    per row. Throttle reasons (a hex bit mask) are read as their integer value; empty cells are
+    skipped."""
     out: list[tuple[str, float, int, int]] = []
     try:
         f = open(path, newline="")
@@ -230,8 +200,7 @@ def series(path: Path) -> list[tuple[str, float, int, int]]:
     with f:
         for step, row in enumerate(csv.DictReader(f)):
             try:
-                t = time.mktime(time.strptime(row["timestamp"][:19], "%Y/%m/%d %H:%M:%S"))
-                ts = int((t + float("0." + row["timestamp"][20:23])) * 1000)
+                ts = round(datetime.strptime(row["timestamp"], STAMP).timestamp() * 1000)
             except (KeyError, ValueError):
                 ts = 0
             for col, v in row.items():

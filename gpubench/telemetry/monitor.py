@@ -2,30 +2,21 @@
 measurement window's samples and for gpu_metrics.csv's row (telemetry/gpulog.py).
 
 Nothing here touches the training hot path: the thread wakes every `interval` seconds, reads
-NVML (GPU utilization, memory, power, each field on its own: telemetry/nvml.py) and psutil's
-host CPU; inside a window also the device memory this process has in use and the CPU, RSS and
-bytes read of the main process and of its DataLoader workers, apart; then it goes back to
-sleep. Without an NVIDIA driver the GPU fields are absent and one info line says so.
+NVML (telemetry/nvml.py) and psutil's host CPU; inside a window also this process's device
+memory and the CPU, RSS and bytes read of the main process and of its loader workers, apart.
 
-Workers are the run's child processes (DataLoader workers; with spawn/forkserver the start-up
-helper process too). Their RSS counts pages shared with the main process (a forked or shared
-preload cache) once per process, so summed RSS overstates the RAM really used.
-
-Bytes read come from each process's own I/O counters (/proc/<pid>/io), which is more specific
-than whole-disk counters that other processes on the host also move:
-- `read_mb_per_s`: bytes the run's processes read (read(2): the dataset's files, from the page
-  cache or the disk; also a few KB/s of the sampler's own /proc reads);
-- `disk_read_mb_per_s`: the part that the storage device itself had to deliver (0 when the
-  folder sits in the page cache, or where the kernel does not account it).
-With persistent_workers=false, workers restart each epoch; one counts from the first sample
-that sees it to its last one.
+Workers' RSS counts pages shared with the main process (a forked preload cache) once per
+process, so summed RSS overstates the RAM really used. Bytes read come from each process's own
+counters (/proc/<pid>/io), not whole-disk counters other processes move: `read_mb_per_s` is
+what the run read (page cache or disk), `disk_read_mb_per_s` the part the storage device had to
+deliver. A worker counts from the first sample that sees it (persistent_workers=false restarts
+them each epoch).
 
 NVML's utilization and (on Ampere and newer) nvmlDeviceGetPowerUsage average over up to
-NVML_AVERAGING_S before the moment they are read: a reading taken sooner than that after the
-window opened describes the phase before it, and is dropped (drop_straddling). Energy comes from
-the driver's counter read at the window's two ends (nvml.window_energy_j). The arithmetic is in
-plain functions over the samples and the window's ends (drop_straddling, finish_window); the
-thread only takes samples, from an injected clock and NVML binding in tests (tests/fake_nvml.py).
+NVML_AVERAGING_S before they are read: a reading taken sooner than that after the window opened
+describes the phase before it, and is dropped (drop_straddling). The arithmetic is in plain
+functions (drop_straddling, finish_window); tests drive the thread on an injected clock and
+NVML binding (tests/fake_nvml.py).
 """
 
 from __future__ import annotations
@@ -77,8 +68,7 @@ class Sample:
     # cudaMemGetInfo), and torch's reserved bytes at the same moment
     device_used: int | None = None
     torch_reserved: int | None = None
-    # which power reading power_w is (nvml.POWER_INSTANT / POWER_AVERAGE)
-    power_source: str | None = None
+    power_source: str | None = None  # nvml.POWER_INSTANT / POWER_AVERAGE
 
 
 @dataclass
@@ -88,11 +78,9 @@ class MonitorSummary:
     energy_j: float | None = None
     device_used_source: str | None = None
     nvml_unsupported: list[str] = field(default_factory=list)
-    # how energy_j was had: nvml.ENERGY_COUNTER, ENERGY_POWER_X_TIME, or both ("+") over a
-    # phase's windows
+    # nvml.ENERGY_COUNTER, ENERGY_POWER_X_TIME, or both ("+") over a phase's windows
     energy_source: str | None = None
-    # samples whose averaged NVML readings were dropped: taken within NVML_AVERAGING_S of
-    # their window's start, they describe the phase before it
+    # samples whose averaged NVML readings were dropped (drop_straddling)
     nvml_dropped: int = 0
 
     def _vals(self, name: str) -> list[float]:
@@ -113,7 +101,9 @@ class MonitorSummary:
             "gpu_mem_util_mean": self.mean("mem_util"),
             "nvml_memory_used_bytes": self.max("gpu_mem_used"),
             "power_mean_w": self.mean("power_w"),
-            "power_source": self.power_source(),
+            # instant (NVML_FI_DEV_POWER_INSTANT) or average (nvmlDeviceGetPowerUsage)
+            "power_source": "+".join(sorted({s.power_source for s in self.samples
+                                             if s.power_source is not None})) or None,
             "energy_j": self.energy_j,
             "energy_source": self.energy_source,
             "host_cpu_util_mean": self.mean("host_cpu"),
@@ -138,15 +128,8 @@ class MonitorSummary:
             "samples": len(self.samples),
         }
 
-    def power_source(self) -> str | None:
-        """The power reading the samples hold: `instant` (NVML_FI_DEV_POWER_INSTANT) or
-        `average` (nvmlDeviceGetPowerUsage, a 1 s mean on Ampere and newer)."""
-        got = sorted({s.power_source for s in self.samples if s.power_source is not None})
-        return "+".join(got) or None
-
     def gpu_util_note(self) -> str | None:
-        """Why there is no utilization figure though NVML gave readings: every one was taken
-        within NVML_AVERAGING_S of its window's start (the window was too short to be read)."""
+        """Why there is no utilization figure though NVML gave readings."""
         unread = self.mean("gpu_util") is None and "gpu_util" not in self.nvml_unsupported
         if self.nvml_dropped and unread:
             return (f"all {self.nvml_dropped} NVML utilization readings were taken within "
@@ -164,32 +147,7 @@ class MonitorSummary:
 
     def _rate(self, name: str) -> float | None:
         total = self.max(name)  # cumulative counters: the largest is the last
-        if total is None or self.seconds <= 0:
-            return None
-        return total / self.seconds / 1e6
-
-
-class _IoTally:
-    """Bytes read by a set of processes since a start, from per-process counters. Each process
-    counts from the first sample that sees it: a worker born inside a window first reads
-    ~0.25 MB of its own start-up, which is not the dataset's; one that exits keeps what it had
-    read at its last sample."""
-
-    def __init__(self) -> None:
-        self.base: dict[int, tuple[int, int]] = {}
-        self.last: dict[int, tuple[int, int]] = {}
-
-    def reset(self) -> None:
-        self.base, self.last = {}, {}
-
-    def update(self, pid: int, chars: int, disk: int) -> None:
-        self.base.setdefault(pid, (chars, disk))
-        self.last[pid] = (chars, disk)
-
-    def totals(self) -> tuple[int, int]:
-        chars = sum(self.last[p][0] - self.base[p][0] for p in self.last)
-        disk = sum(self.last[p][1] - self.base[p][1] for p in self.last)
-        return chars, disk
+        return None if total is None or self.seconds <= 0 else total / self.seconds / 1e6
 
 
 def _thread_io(tid: int) -> tuple[int, int]:
@@ -205,9 +163,8 @@ def _thread_io(tid: int) -> tuple[int, int]:
 def drop_straddling(samples: list[Sample], t0: float,
                     averaging_s: float = NVML_AVERAGING_S) -> int:
     """Blank, in place, the averaged NVML readings (utilization; power where it is the 1 s
-    average) of the samples taken less than `averaging_s` after the window opened at `t0`:
-    they average over time before the window, i.e. over the previous phase. Instant power,
-    memory and the host's figures stay. Returns how many samples lost a reading."""
+    average) of samples taken less than `averaging_s` after the window opened at `t0`: they
+    average over the previous phase. Returns how many samples lost a reading."""
     dropped = 0
     for s in samples:
         if s.t - t0 >= averaging_s:
@@ -222,9 +179,7 @@ def drop_straddling(samples: list[Sample], t0: float,
 
 def finish_window(summ: MonitorSummary, t0: float, t1: float, e0_mj: float | None,
                   e1_mj: float | None) -> MonitorSummary:
-    """A window's summary from its samples and its two ends (times on the sampler's clock,
-    energy counter reads): straddling readings dropped, then the energy (the counter's
-    difference, else the mean kept power x the window's length)."""
+    """A window's summary from its samples and its two ends (sampler clock, energy counter)."""
     summ.seconds = t1 - t0
     summ.nvml_dropped = drop_straddling(summ.samples, t0)
     summ.energy_j, summ.energy_source = window_energy_j(
@@ -234,25 +189,25 @@ def finish_window(summ: MonitorSummary, t0: float, t1: float, e0_mj: float | Non
 
 class Monitor:
     """`begin()` starts the run's sampler thread (with gpu_metrics.csv's log or none), `end()`
-    stops it; `open()` opens a window, `stop()` closes it and returns its summary.
+    stops it; `open()` opens a window, `stop()` closes it and returns its summary. `gpu` and
+    `clock` stand in for NVML and the time in tests; on CUDA the binding is found for the
+    current device."""
 
-    `gpu` and `clock` stand in for the device's NVML binding and the time in tests; on CUDA
-    the binding is found for the current device."""
+    # Listing processes reads /proc/<pid>/stat of every process on the host (1.5 ms with 80
+    # processes, far more on a busy node) holding the GIL: refreshed at most this often, and at
+    # once when a known worker has gone or at a window's edges
+    LIST_EVERY_S = 1.0
 
     def __init__(self, device: str, interval: float = 0.2, enabled: bool = True,
-                 worker_pids: Callable[[], Iterable[int]] | None = None,
+                 worker_pids: Callable[[], Iterable[int]] = tuple,
                  gpu: NvmlDevice | None = None, clock: Callable[[], float] = time.perf_counter,
-                 worker_tids: Callable[[], Iterable[int]] | None = None):
-        self.interval = interval
-        # the loader's workers (and what they start); None: every child of this process
-        self.worker_pids = worker_pids
-        # the loader's worker threads inside this process (loader.worker_type=thread): their
-        # CPU is counted as the workers', out of the main process's
-        self.worker_tids = worker_tids
-        self._thread_cpu: tuple[float, dict[int, float]] = (time.monotonic(), {})  # at the
-        # last sample: the time, and each worker thread's CPU seconds
-        self.enabled = enabled
-        self.clock = clock
+                 worker_tids: Callable[[], Iterable[int]] = tuple):
+        self.interval, self.enabled, self.clock = interval, enabled, clock
+        # the loader's worker processes (and what they start), and its worker threads inside
+        # this process (loader.worker_type=thread: their CPU is the workers', not the main's)
+        self.worker_pids, self.worker_tids = worker_pids, worker_tids
+        # at the last sample: the time, and each worker thread's CPU seconds
+        self._thread_cpu: tuple[float, dict[int, float]] = (time.monotonic(), {})
         self.gpu = gpu if enabled else None
         self.nvml: Nvml | None = None
         self.cuda_index: int | None = None
@@ -268,11 +223,13 @@ class Monitor:
         self.proc = psutil.Process(os.getpid())
         self._procs: dict[int, psutil.Process] = {}
         self._listed_at = -math.inf
-        # per-process I/O counters: Linux and Windows have them, macOS does not
-        self._io = _IoTally() if hasattr(self.proc, "io_counters") else None
-        # gpu_metrics.csv's gpulog.GpuLog, written by the ticks (not imported here: gpulog
-        # imports env, which imports this module)
-        self.log = None
+        # per-process I/O counters (Linux and Windows; not macOS): pid -> (chars, disk) at the
+        # first and at the last sample that saw it. A worker born inside a window first reads
+        # ~0.25 MB of its own start-up, not the dataset's; one that exits keeps its last count
+        self._io = hasattr(self.proc, "io_counters")
+        self._io_base: dict[int, tuple[int, int]] = {}
+        self._io_last: dict[int, tuple[int, int]] = {}
+        self.log = None  # gpu_metrics.csv's gpulog.GpuLog (gpulog imports env, env this)
         # held by each tick and by the main thread opening and closing a window (an RLock)
         self._cv = threading.Condition()
         self._running = self._open = self._closing = False
@@ -284,49 +241,29 @@ class Monitor:
         self._e0: float | None = None
 
     @property
-    def mig(self) -> bool:
-        return self.gpu is not None and self.gpu.mig
-
-    @property
     def gpu_note(self) -> str | None:
         """One info line when GPU fields will be absent."""
         if self.gpu is not None:
-            if self.mig:
-                return ("MIG instance: its memory is sampled, power and energy are not (NVML "
-                        "gives them for the whole GPU, other tenants included)")
-            return None
+            return ("MIG instance: its memory is sampled, power and energy are not (NVML gives "
+                    "them for the whole GPU, other tenants included)") if self.gpu.mig else None
         if self.nvml is not None:
             return self.nvml.reason
         return "no NVIDIA GPU in use: GPU utilization/power absent; host CPU and RSS reported"
 
-    # Listing children reads /proc/<pid>/stat of every process on the host (1.5 ms with 80
-    # processes here, far more on a busy node) while holding the GIL, so the list is refreshed
-    # at most this often, and at once when a known worker has gone or at a window's edges.
-    LIST_EVERY_S = 1.0
-
     def _processes(self, fresh: bool = False) -> list[psutil.Process]:
         gone = any(not p.is_running() for p in self._procs.values())
         if fresh or gone or time.monotonic() - self._listed_at > self.LIST_EVERY_S:
-            current = [self.proc, *self._workers()]
+            current = [self.proc]
+            for pid in set(self.worker_pids()):
+                try:
+                    w = psutil.Process(pid)
+                    current += [w, *w.children(recursive=True)]
+                except psutil.Error:  # a worker that exited since the loader listed it
+                    continue
             # keep Process objects between samples: cpu_percent() measures since the last call
             self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
             self._listed_at = time.monotonic()
         return list(self._procs.values())
-
-    def _workers(self) -> list[psutil.Process]:
-        if self.worker_pids is None:
-            try:
-                return self.proc.children(recursive=True)
-            except psutil.Error:
-                return []
-        found: list[psutil.Process] = []
-        for pid in set(self.worker_pids()):
-            try:
-                w = psutil.Process(pid)
-                found += [w, *w.children(recursive=True)]
-            except psutil.Error:  # a worker that exited since the loader listed it
-                continue
-        return found
 
     def _read_io(self, p: psutil.Process) -> None:
         try:
@@ -338,14 +275,13 @@ class Monitor:
         if p.pid == self.proc.pid and self._tid is not None:
             own_chars, own_disk = _thread_io(self._tid)
             chars, disk = chars - own_chars, disk - own_disk
-        self._io.update(p.pid, chars, disk)
+        self._io_base.setdefault(p.pid, (chars, disk))
+        self._io_last[p.pid] = (chars, disk)
 
     def _threads_cpu(self) -> tuple[float, int]:
-        """The worker threads' CPU since the last sample, in % of one core as psutil's
-        cpu_percent, and how many there are: their user + system time from /proc/self/task
-        (psutil.Process.threads); a thread started since counts from its start, one that
-        ended since is lost."""
-        tids = set(self.worker_tids()) if self.worker_tids is not None else set()
+        """The worker threads' CPU since the last sample (% of one core, as cpu_percent) and
+        how many there are, from /proc/self/task; a thread that ended since is lost."""
+        tids = set(self.worker_tids())
         if not tids:
             return 0.0, 0
         try:
@@ -366,7 +302,7 @@ class Monitor:
             try:
                 with p.oneshot():  # one read of /proc/<pid>/stat for both figures
                     cpu, rss = p.cpu_percent(None), p.memory_info().rss
-                if self._io is not None:
+                if self._io:
                     self._read_io(p)
             except psutil.Error:  # a worker that exited between listing and reading
                 continue
@@ -384,8 +320,10 @@ class Monitor:
             int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss), int(workers_rss),
             workers, threads,
         )
-        if self._io is not None and self._io.last:
-            s.read_bytes, s.disk_read_bytes = self._io.totals()
+        if self._io_last:
+            s.read_bytes, s.disk_read_bytes = (
+                sum(self._io_last[p][i] - self._io_base[p][i] for p in self._io_last)
+                for i in (0, 1))
         values: dict = {}
         if self.gpu is not None:
             values, errors = read_fields(*self.gpu, self.proc.pid if window else None)
@@ -425,8 +363,7 @@ class Monitor:
             self._summary = MonitorSummary()
             if not self.enabled:
                 return
-            if self._io is not None:
-                self._io.reset()
+            self._io_base, self._io_last = {}, {}
             self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
             self._e0 = energy_mj(self.gpu)
             self._t0 = self.clock()

@@ -2,27 +2,22 @@
 one by one, and the device-memory and energy arithmetic built on them. Everything degrades to
 None without a driver; no function here raises for a missing reading.
 
-What NVML's readings cover (NVML API reference, nvml.h of the R5xx drivers; nvidia-ml-py's
-pynvml.py for the Python bindings):
+What the readings cover (NVML API reference, nvml.h of the R5xx drivers; nvidia-ml-py's pynvml):
 - nvmlDeviceGetUtilizationRates: "percent of time over the past sample period during which one
-  or more kernels was executing"; "each sample period may be between 1 second and 1/6 second,
-  depending on the product" (nvmlUtilization_t). "On MIG-enabled GPUs, querying device
-  utilization rates is not currently supported" (NotSupported on a MIG handle).
-- nvmlDeviceGetPowerUsage: milliwatts; "on Ampere (except GA100) or newer GPUs, the API returns
-  power averaged over 1 sec interval. On GA100 and older architectures, instantaneous power is
-  returned. See NVML_FI_DEV_POWER_AVERAGE and NVML_FI_DEV_POWER_INSTANT".
-- NVML_FI_DEV_POWER_INSTANT (186, read with nvmlDeviceGetFieldValues): "Current GPU power,
-  supported on all architectures", milliwatts in value.uiVal; the call succeeds and each
-  field carries its own nvmlReturn. Older nvidia-ml-py releases lack the constant.
-- nvmlDeviceGetTotalEnergyConsumption: "total energy consumption for this GPU in millijoules
-  (mJ) since the driver was last reloaded", Volta and newer; the driver refreshes it every
-  20-100 ms (PETSc's notes on PetscLogGpuEnergyMeter), in whole millijoules.
+  or more kernels was executing", a period "between 1 second and 1/6 second, depending on the
+  product"; NotSupported on a MIG handle.
+- nvmlDeviceGetPowerUsage (mW): "on Ampere (except GA100) or newer GPUs, the API returns power
+  averaged over 1 sec interval"; NVML_FI_DEV_POWER_INSTANT (field 186, nvmlDeviceGetFieldValues,
+  each field with its own nvmlReturn) is the current power on all architectures.
+- nvmlDeviceGetTotalEnergyConsumption: mJ "since the driver was last reloaded", Volta and newer,
+  refreshed every 20-100 ms (PETSc's notes on PetscLogGpuEnergyMeter).
 - nvmlDeviceGetHandleByUUID takes "GPU-..." and "MIG-..." UUIDs; a MIG handle has its own
   memory but no utilization, power or energy of its own.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 # The longest period an averaged NVML reading covers: utilization's sample period (1/6 s to
@@ -41,8 +36,7 @@ POWER_AVERAGE = "average"  # nvmlDeviceGetPowerUsage: a 1 s mean on Ampere and n
 
 
 class NvmlDevice(NamedTuple):
-    """One device's NVML binding (the pynvml module, or a stand-in for it), handle and kind."""
-
+    """One device's NVML binding (the pynvml module, or a stand-in), handle and kind."""
     nv: object
     handle: object
     mig: bool = False
@@ -51,13 +45,8 @@ class NvmlDevice(NamedTuple):
 class Nvml:
     """One NVML handle for the benchmarked device, or None with the reason."""
 
-    _instance: Nvml | None = None
-
     def __init__(self) -> None:
-        self.handle = None
-        self.reason = ""
-        self.driver = None
-        self.mig = False
+        self.reason, self.driver, self.mig = "", None, False
         try:
             import pynvml  # from the nvidia-ml-py package
 
@@ -65,22 +54,18 @@ class Nvml:
             pynvml.nvmlInit()
             self.driver = _str(pynvml.nvmlSystemGetDriverVersion())
         except Exception as e:  # NVMLError_LibraryNotFound without a driver, ImportError, ...
-            self.reason = f"NVML unavailable ({type(e).__name__}): GPU utilization/power not sampled"
+            self.reason = (f"NVML unavailable ({type(e).__name__}): GPU utilization/power not "
+                           "sampled")
 
     @classmethod
+    @functools.cache  # one nvmlInit per process
     def get(cls) -> Nvml:
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
+        return cls()
 
     def handle_for(self, torch_index: int):
-        """The NVML handle of CUDA device `torch_index`, or None (with self.reason).
-
-        NVML's index order can differ from CUDA's (CUDA_VISIBLE_DEVICES, PCI order), so the
-        device is found by UUID. CUDA reports the UUID bare; NVML wants it prefixed "GPU-" for
-        a whole GPU and "MIG-" for a MIG instance, so both are tried. There is no fallback to
-        an NVML index: on a MIG instance or under a remapped CUDA_VISIBLE_DEVICES, index i is
-        another (or the whole) GPU, and its figures would include other tenants."""
+        """The NVML handle of CUDA device `torch_index`, or None (with self.reason). Found by
+        UUID, never by index: NVML's order can differ from CUDA's (CUDA_VISIBLE_DEVICES, PCI
+        order), and on a MIG instance index i is the whole GPU, other tenants included."""
         if self.driver is None:
             return None
         try:
@@ -96,12 +81,13 @@ class Nvml:
         return handle
 
     def device_for(self, torch_index: int) -> NvmlDevice | None:
-        handle = self.handle_for(torch_index)
-        return None if handle is None else NvmlDevice(self.pynvml, handle, self.mig)
+        h = self.handle_for(torch_index)
+        return None if h is None else NvmlDevice(self.pynvml, h, self.mig)
 
 
 def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
-    """(handle, is_mig) for a UUID as CUDA prints it (bare, or already prefixed)."""
+    """(handle, is_mig) for a UUID as CUDA prints it: bare (NVML wants "GPU-" for a whole GPU,
+    "MIG-" for a MIG instance: both are tried), or already prefixed."""
     bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
     tries = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{bare}", f"MIG-{bare}"]
     for u in tries:
@@ -112,18 +98,15 @@ def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
     return None, False
 
 
-# Fields read from NVML, each in its own try: one NotSupported (MIG instances have no
-# utilization or power counters of their own; some boards lack power readings) must not drop
-# the others. On a MIG instance the fields NVML would only give for the whole GPU (power,
-# energy: other tenants included) are not read at all. The run's sampler (monitor.py) reads
-# through here once per tick, for its window and for gpu_metrics.csv's row (gpulog.py).
+# read by the sampler (monitor.py) once per tick, for its window and gpu_metrics.csv's row
 GPU_FIELDS = ("gpu_util", "mem_util", "gpu_mem_used", "power_w")
-WHOLE_GPU_ONLY = ("power_w", "energy")
 
 
 def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[dict, dict]:
-    """({field: value} for the fields that read, {field: error text} for those that did not).
-    `power_source` says which power reading `power_w` is (POWER_INSTANT or POWER_AVERAGE)."""
+    """({field: value} for the fields that read, {field: error text} for those that did not),
+    each in its own try: one NotSupported (a MIG instance, a board without power readings) must
+    not drop the others. On a MIG instance the whole-GPU fields (power: other tenants included)
+    are not read at all. `power_source`: POWER_INSTANT or POWER_AVERAGE."""
     values: dict = {}
     errors: dict = {}
 
@@ -137,30 +120,22 @@ def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[
         for n, v in zip(names, got if len(names) > 1 else (got,), strict=True):
             values[n] = v
 
-    def util():
-        u = nv.nvmlDeviceGetUtilizationRates(handle)
-        return float(u.gpu), float(u.memory)
-
-    def memory():
-        m = nv.nvmlDeviceGetMemoryInfo(handle)
-        return int(m.used), int(m.free)
-
-    one(("gpu_util", "mem_util"), util)
-    one(("gpu_mem_used", "gpu_mem_free"), memory)
+    one(("gpu_util", "mem_util"), lambda: (
+        float((u := nv.nvmlDeviceGetUtilizationRates(handle)).gpu), float(u.memory)))
+    one(("gpu_mem_used", "gpu_mem_free"), lambda: (
+        int((m := nv.nvmlDeviceGetMemoryInfo(handle)).used), int(m.free)))
     if mig:
         errors["power_w"] = "a MIG instance has no power reading of its own"
     else:
         one(("power_w", "power_source"), lambda: read_power(nv, handle))
     if pid is not None:
         one(("process_mem_used",), lambda: process_memory(nv, handle, pid))
-    values = {k: v for k, v in values.items() if v is not None}
-    return values, errors
+    return {k: v for k, v in values.items() if v is not None}, errors
 
 
 def read_power(nv, handle) -> tuple[float, str]:
     """(watts, source): the instant reading where the bindings and the driver give it, else
-    nvmlDeviceGetPowerUsage (a 1 s mean on Ampere and newer, instant on older GPUs; NVML does
-    not say which, so it is treated as averaged). Raises NVMLError when neither reads."""
+    nvmlDeviceGetPowerUsage (treated as averaged: NVML does not say which it is)."""
     field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)  # absent in older nvidia-ml-py
     if field is not None:
         try:
@@ -173,9 +148,8 @@ def read_power(nv, handle) -> tuple[float, str]:
 
 
 def energy_mj(dev: NvmlDevice | None) -> float | None:
-    """The driver's energy counter (mJ since it loaded; Volta and newer), or None: none on a
-    MIG instance (the counter is the whole GPU's, other tenants included), nor where the
-    board lacks it."""
+    """The driver's energy counter (mJ), or None: none on a MIG instance (the whole GPU's,
+    other tenants included), nor where the board lacks it."""
     if dev is None or dev.mig:
         return None
     try:
@@ -185,10 +159,9 @@ def energy_mj(dev: NvmlDevice | None) -> float | None:
 
 
 def process_memory(nv, handle, pid: int) -> int | None:
-    """Device memory in use by process `pid` (context, cuBLAS/cuDNN workspaces, NCCL and
-    nvJPEG buffers included, which torch's allocator counters leave out). None where NVML
-    does not say: a PID namespace (containers) hides the host PID, or the driver withholds the
-    figure (usedGpuMemory None)."""
+    """Device memory in use by process `pid` (context and library workspaces included, which
+    torch's allocator counters leave out). None where a PID namespace (containers) hides the
+    host PID, or the driver withholds the figure (usedGpuMemory None)."""
     used = None
     for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
         if p.pid == pid and p.usedGpuMemory is not None:
@@ -196,7 +169,7 @@ def process_memory(nv, handle, pid: int) -> int | None:
     return used
 
 
-def device_name(dev: NvmlDevice) -> str | None:
+def gpu_name(dev: NvmlDevice) -> str | None:
     """The board's name; older nvidia-ml-py returns bytes (printed b'...' by str())."""
     try:
         return _str(dev.nv.nvmlDeviceGetName(dev.handle))
@@ -212,18 +185,17 @@ def memory_gate_bytes(torch_peak_reserved: int | None, device_used_peak: int | N
                       non_torch_peak: int | None) -> int | None:
     """Device memory a run needs, for the memory ceiling: the larger of torch's peak reserved
     bytes plus what lives outside its allocator, and the peak sampled in use. Sampling can
-    miss the instant of torch's peak (exact from its own counters), while the memory outside
-    the allocator is close to constant once warm, so their sum is the tighter bound."""
-    vals = [v for v in (device_used_peak,) if v is not None]
+    miss torch's peak (exact from its own counters), while the memory outside the allocator is
+    close to constant once warm, so their sum is the tighter bound."""
+    vals = [] if device_used_peak is None else [device_used_peak]
     if torch_peak_reserved is not None:
         vals.append(torch_peak_reserved + (non_torch_peak or 0))
     return max(vals) if vals else None
 
 
 def energy_per_image(energies_j: list[float | None], images: list[int]) -> float | None:
-    """Energy per image under torchrun: every rank's GPU energy over every rank's images (rank
-    0's energy over all ranks' images undercounts by the world size). None if any rank has no
-    energy figure."""
+    """Every rank's GPU energy over every rank's images (rank 0's alone undercounts by the world
+    size); None if any rank has no figure."""
     if not energies_j or any(e is None for e in energies_j) or sum(images) <= 0:
         return None
     return sum(energies_j) / sum(images)
@@ -238,14 +210,11 @@ def window_energy_j(e0_mj: float | None, e1_mj: float | None, mean_power_w: floa
     """(energy, source) of one window: the driver's counter whenever it was read at both ends,
     whatever the window's length, else the mean sampled power x the window's length.
 
-    The counter moves in whole millijoules every 20-100 ms, so one window's difference can be
-    off by up to one update's energy (a 0.25 s window's difference may even be 0 on an idle
-    GPU), but the errors do not grow when windows are summed: each read lags the truth by less
-    than one update, and a phase's energy, the sum of its windows' differences, stays within
-    one update per window. Mean power x time, in contrast, is biased wherever the readings
-    average over time before the window (a 1 s mean) and is kept only where there is no
-    counter (GPUs before Volta). A counter that went backwards (a driver reload) is no
-    reading."""
+    The counter moves in whole mJ every 20-100 ms, so one window's difference is off by up to
+    one update, but a phase's sum of differences stays within one update per window. Mean
+    power x time is biased where readings average over time before the window (a 1 s mean):
+    kept only without a counter (before Volta). A counter that went backwards (a driver
+    reload) is no reading."""
     if e0_mj is not None and e1_mj is not None and e1_mj >= e0_mj:
         return (e1_mj - e0_mj) / 1000.0, ENERGY_COUNTER
     if mean_power_w is not None:

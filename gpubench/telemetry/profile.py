@@ -1,12 +1,8 @@
-"""An optional PyTorch profiler trace of a few steps, taken after the measured windows.
-
-Profiling slows what it watches, so it never overlaps a measurement: with `bench.profile=true`
-the run measures its phases as usual, then runs a few more e2e steps under torch.profiler
-(schedule wait 1, warm-up 1, active N, as reference article 002 sets it up) and writes a
-Chrome/Perfetto trace and the top operators beside results.json. Data loading and the train
-step are marked as `gpubench/data` and `gpubench/step` ranges on the timeline, and inside the
-step (only while profiling) `gpubench/forward`, `gpubench/backward`, `gpubench/optimizer`;
-from those, gpubench/breakdown.py says where the step's time goes (`profile.breakdown`).
+"""An optional PyTorch profiler trace of a few steps, taken after the measured windows
+(profiling slows what it watches, so it never overlaps a measurement): with `bench.profile=true`
+a few more e2e steps run under torch.profiler (wait 1, warm-up 1, active N) with `gpubench/...`
+ranges, and a Chrome/Perfetto trace, the top operators and the breakdown (telemetry/breakdown.py)
+land beside results.json.
 """
 
 from __future__ import annotations
@@ -27,7 +23,8 @@ log = logging.getLogger("gpubench")
 def _self_time_us(avg, cuda: bool) -> float:
     # torch >= 2.4 names the device figure self_device_time_total (self_cuda_time_total before)
     if cuda:
-        return float(getattr(avg, "self_device_time_total", getattr(avg, "self_cuda_time_total", 0)))
+        return float(getattr(avg, "self_device_time_total",
+                             getattr(avg, "self_cuda_time_total", 0)))
     return float(avg.self_cpu_time_total)
 
 
@@ -78,7 +75,8 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
         for line in lines(parts):
             log.info(line)
 
-    averages = [a for a in prof.key_averages() if not a.key.startswith(("gpubench/", "ProfilerStep"))]
+    averages = [a for a in prof.key_averages()
+                if not a.key.startswith(("gpubench/", "ProfilerStep"))]
     averages.sort(key=lambda a: _self_time_us(a, cuda), reverse=True)
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     try:

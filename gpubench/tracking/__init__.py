@@ -1,13 +1,7 @@
 """MLflow tracking: every run (and every sweep, as a parent run) lands in MLflow, nothing is lost.
-
-- `translate`: a RunRecord as params, metrics, tags, run name and description (pure);
-- `store`: the connection (URI, timeouts, credentials) and the experiment;
-- `runs`: one run's upload, its marker file, `log_result` for the runner;
-- `sweeps`: a sweep's parent run, its best job, its end;
-- `sync`: offline upload of what missed MLflow (`python -m gpubench.tracking sync DIR`).
-
-MLflow stays optional: it is imported only inside functions, so `tracking=none` never loads it.
-The names below are the package's public face for the runner, the callbacks and the report.
+`translate` (a record as MLflow sees it, pure), `store` (the connection), `runs` (one run's
+upload and marker), `sweeps` (a sweep's parent run), `sync` (offline upload of what missed
+MLflow). MLflow is imported only inside functions, so `tracking=none` never loads it.
 """
 
 from gpubench.tracking.runs import (

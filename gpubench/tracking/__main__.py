@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> ExitCode:
     s.add_argument("--uri", help="tracking URI to upload to (default: the embedded store of "
                    "each run's outputs folder, <outputs>/mlflow.db; a store a run folder names is "
                    "shown, never connected to)")
-    s.add_argument("--experiment", type=flag("tracking.experiment", "--experiment"), help="experiment name (default: each run's own)")
-    s.add_argument("--timeout", type=flag("tracking.timeout_s", "--timeout"), default=10.0, help="seconds to wait for a server")
+    s.add_argument("--experiment", type=flag("tracking.experiment", "--experiment"),
+                   help="experiment name (default: each run's own)")
+    s.add_argument("--timeout", type=flag("tracking.timeout_s", "--timeout"), default=10.0,
+                   help="seconds to wait for a server")
     a = ap.parse_args(argv)
     if not Path(a.dir).is_dir():
         ap.error(f"DIR: not a folder: {a.dir}")

@@ -1,9 +1,8 @@
 """One run into MLflow: upload a record with its artifacts, and leave a marker beside it.
 
-A run is measured and results.json written before MLflow is contacted. `log_result` uploads
-params, metrics, tags, the description and artifacts, and writes `mlflow.json` beside
-results.json saying whether (and as which run) it got there; `sync` uploads what it missed.
-Text artifacts are uploaded masked (a tracking URI or storage URL may carry a password).
+results.json is written before MLflow is contacted; `log_result` uploads the run and writes
+`mlflow.json` beside it saying whether (and as which run) it got there, for `sync` to upload
+what it missed. Text artifacts go up masked (a URI or storage URL may carry a password).
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ ARTIFACT_DIRS = ("traces", "profiler", "plots")
 GPU_LOG = "gpu_metrics.csv"  # written by gpubench/gpulog.py beside results.json
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
 MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
-PARAMS_PER_BATCH = 100
-METRICS_PER_BATCH = 1000
+BATCH = {"params": 100, "metrics": 1000}  # MLflow's log_batch limits
+
 
 def read(path: Path) -> dict:
     return read_json(path) or {}
@@ -60,11 +59,17 @@ def user() -> str | None:
         return None
 
 
+def log_batches(client, run_id: str, **items: list) -> None:
+    """Params or metrics in batches of at most MLflow's limit per call."""
+    for kind, values in items.items():
+        for i in range(0, len(values), BATCH[kind]):
+            client.log_batch(run_id, **{kind: values[i:i + BATCH[kind]]})
+
+
 def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
              root: Path | None = None) -> bool:
-    """Upload one file; a text file that holds a password goes up as a masked copy. A file
-    that is a link out of `root` (default: its own folder) is not read: one warning line, and
-    False."""
+    """Upload one file, a text file holding a password as a masked copy. A link out of `root`
+    (default: its own folder) is not read: one warning line, and False."""
     root = Path(path).parent if root is None else root
     if not inside(path, root):
         print(f"gpubench: warning: not uploaded: {path} is a link out of {root} "
@@ -86,8 +91,8 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
 
 
 def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -> None:
-    """The files under `folder`, each only if it lies in `root` once links are followed
-    (linked folders are not entered)."""
+    """The files under `folder` that lie in `root` once links are followed (linked folders
+    are not entered)."""
     if not inside(folder, root):
         log_file(client, run_id, folder, root=root)  # the warning line; nothing is read
         return
@@ -108,19 +113,10 @@ def _epoch_ms(stamp: str | None) -> int | None:
         return None
 
 
-def _artifacts(run_dir: Path) -> tuple[list[Path], list[Path]]:
-    """Files and folders to upload beside the record. What is a link out of the run folder
-    (`traces -> /elsewhere`) is among them, for log_file/log_dir to name and skip."""
-    files = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g) if p.is_file() or p.is_symlink()}
-    files -= {run_dir / MARKER_FILE}
-    dirs = [run_dir / d for d in ARTIFACT_DIRS if (run_dir / d).is_dir() or (run_dir / d).is_symlink()]
-    return sorted(files), dirs
-
-
 def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
            name: str | None = None, overrides: str | None = None) -> str:
-    """One complete MLflow run from a record; returns its run id. The run is marked
-    terminated last, so a run still RUNNING in MLflow is an upload that broke half-way."""
+    """One complete MLflow run from a record; returns its run id. Marked terminated last: a run
+    still RUNNING in MLflow is an upload that broke half-way."""
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 
     rec = T.as_record(run)
@@ -135,18 +131,15 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     picture = (run_dir / T.PICTURE).is_file()
     c.set_tag(rid, "mlflow.note.content", T.describe(rec, rid, picture))
 
-    params = [Param(k, v) for k, v in T.run_params(rec).items()]
-    for i in range(0, len(params), PARAMS_PER_BATCH):
-        c.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
     metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
     log_csv = run_dir / GPU_LOG
-    if log_csv.is_file() and inside(log_csv, run_dir):  # the nvidia-smi-style log as series (gpu_metrics/...)
+    if log_csv.is_file() and inside(log_csv, run_dir):  # the nvidia-smi-style log as series
         from gpubench.telemetry.gpulog import series
 
         metrics += [Metric(k, v, ts or int(time.time() * 1000), step)
                     for k, v, step, ts in series(log_csv)]
-    for i in range(0, len(metrics), METRICS_PER_BATCH):
-        c.log_batch(rid, metrics=metrics[i:i + METRICS_PER_BATCH])
+    log_batches(c, rid, params=[Param(k, v) for k, v in T.run_params(rec).items()],
+                metrics=metrics)
     # the runs table's Dataset column is shown by default: name the data the run read
     ds = str(knob_of(rec.knob, "dataset") or "dataset")
     size = knob_of(rec.knob, "image_size")
@@ -156,24 +149,23 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
                 source_type="gpubench", source=mask_secrets(ds)),
         [InputTag("mlflow.data.context", "benchmark")])])
 
-    # nothing out of the run folder is read, whatever links it holds
+    # nothing out of the run folder is read, whatever links it holds: a link out
+    # (`traces -> /elsewhere`) is listed for log_file/log_dir to name and skip
     log_file(c, rid, run_dir / RESULTS_FILE, root=run_dir)
     if (run_dir / CONFIG_FILE).is_file():
         log_file(c, rid, run_dir / CONFIG_FILE, root=run_dir)
     if (run_dir / ".hydra").is_dir():
         log_dir(c, rid, run_dir / ".hydra", "hydra", run_dir)
-    files, dirs = _artifacts(run_dir)
-    for f in files:
+    files = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g) if p.is_file() or p.is_symlink()}
+    for f in sorted(files - {run_dir / MARKER_FILE}):
         log_file(c, rid, f, root=run_dir)
-    for d in dirs:
-        log_dir(c, rid, d, d.name, run_dir)
+    for d in (run_dir / d for d in ARTIFACT_DIRS):
+        if d.is_dir() or d.is_symlink():
+            log_dir(c, rid, d, d.name, run_dir)
 
     end = start + int(rec.seconds * 1000) if start and rec.seconds else None
     c.set_terminated(rid, T.RUN_STATUS[rec.status], end_time=end)
     return rid
-
-
-# ------------------------------------------------------------------ marker files
 
 
 def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=None,
@@ -202,8 +194,7 @@ _CLAIMS: dict[Path, FileLock] = {}  # the runs this process is uploading
 
 
 def claim_upload(run_dir: Path) -> str | None:
-    """Take the upload of this run: None when this process holds it now, else who does
-    (host:pid). Release it with `release_upload`."""
+    """Take the upload of this run: None when this process holds it now, else who does."""
     path = Path(run_dir) / CLAIM_FILE
     lock = try_lock(path, note=f"{socket.gethostname()}:{os.getpid()}")
     if lock is None:
@@ -215,18 +206,13 @@ def claim_upload(run_dir: Path) -> str | None:
 
 
 def release_upload(run_dir: Path) -> None:
-    """Give the claim back (only this process's own). Its file is removed while still held: a
-    process that opened it meanwhile finds it unlinked and opens a new one (filelock checks the
-    locked file's link count), so no two ever hold the claim."""
+    """Give this process's claim back. Its file is removed while still held: a process that
+    opened it meanwhile finds it unlinked and opens a new one (filelock checks the locked
+    file's link count), so no two ever hold the claim."""
     lock = _CLAIMS.pop(Path(run_dir), None)
     if lock is not None:
         Path(lock.lock_file).unlink(missing_ok=True)
         lock.release()
-
-
-def write_config(run_dir: Path, rec: RunRecord) -> None:
-    text = yaml.safe_dump(rec.config or {}, sort_keys=False)
-    write_text(run_dir / CONFIG_FILE, text)
 
 
 def sweep_of(run_dir: Path) -> Path | None:
@@ -234,21 +220,9 @@ def sweep_of(run_dir: Path) -> Path | None:
 
 
 def sync_command(run_dir: Path, uri: str) -> str:
-    """The command that uploads a run later: its sweep's folder (a sweep's jobs are synced
-    together with it), and the store (sync uploads only where the user says, never to the
-    store a folder names)."""
+    """The command that uploads a run later: its sweep's folder (synced together), and the
+    store (sync uploads only where the user says)."""
     return f"python -m gpubench.tracking sync {sweep_of(run_dir) or run_dir} --uri {uri}"
-
-
-def warn(uri: str, err: BaseException, run_dir: Path) -> None:
-    print(mask_secrets(
-        f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} ({error_text(err)}); "
-        f"its results are kept in {run_dir}; upload them later: "
-        f"{sync_command(run_dir, uri)}"),
-        file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------ a run of this process
 
 
 def read_overrides(run_dir: Path, task=None) -> str | None:
@@ -257,12 +231,10 @@ def read_overrides(run_dir: Path, task=None) -> str | None:
     f = run_dir / ".hydra" / "overrides.yaml"
     if f.is_file():
         return mask_secrets(" ".join(yaml.safe_load(f.read_text()) or []))
-    try:
+    with contextlib.suppress(ImportError, ValueError):
         from hydra.core.hydra_config import HydraConfig
 
         return mask_secrets(" ".join(HydraConfig.get().overrides.task))
-    except (ImportError, ValueError):
-        pass
     return mask_secrets(" ".join(task)) if task is not None else None
 
 
@@ -279,36 +251,21 @@ def job_parent(run_dir: Path) -> str | None:
         sweep_dirs = [Path(hc.sweep.dir), run_dir.parent]
     except (ImportError, ValueError):
         return None
-    if os.environ.get(PARENT_ENV):
-        return os.environ[PARENT_ENV]
-    for d in sweep_dirs:
-        p = read(d / PARENT_FILE)
-        if p.get("run_id"):
-            return p["run_id"]
-    return None
-
-
-def _record_of(result) -> RunRecord:
-    """The runner hands a RunRecord (with its dir), or a result holding one or its dict."""
-    if isinstance(result, RunRecord):
-        return result
-    inner = getattr(result, "record", None) or getattr(result, "data", None)
-    if isinstance(inner, RunRecord):
-        return inner
-    return RunRecord.from_dict(inner, Path(result.path).parent)
+    return os.environ.get(PARENT_ENV) or next(
+        (rid for d in sweep_dirs if (rid := read(d / PARENT_FILE).get("run_id"))), None)
 
 
 def log_result(t, result, task=None) -> bool:
-    """Upload one finished (or killed) run with its tracking settings `t` (settings.Tracking);
-    `task`: the override list of a config composed outside a Hydra run (read_overrides). Never
-    raises: on any failure it prints one warning line, marks the run unsynced and returns False
-    (its results stay on disk for `sync`)."""
+    """Upload one finished (or killed) run (`result`: a RunRecord, or the runner's Result) with
+    its tracking settings `t`; `task`: see read_overrides. Never raises: on a failure it prints
+    one warning line, marks the run unsynced and returns False (results stay for `sync`)."""
     uri = resolve_uri(t.uri)
-    rec = _record_of(result)
+    rec = result if isinstance(result, RunRecord) else result.record
     run_dir = Path(rec.dir)
     parent = job_parent(run_dir)
     try:
-        write_config(run_dir, rec)  # on disk before any store is contacted
+        # the config as measured, on disk before any store is contacted
+        write_text(run_dir / CONFIG_FILE, yaml.safe_dump(rec.config or {}, sort_keys=False))
         holder = claim_upload(run_dir)
         if holder is not None:  # `sync` is uploading it right now: one MLflow run per run
             log.info("MLflow: %s is being uploaded by %s", run_dir, holder)
@@ -324,7 +281,10 @@ def log_result(t, result, task=None) -> bool:
         log.debug("MLflow upload failed", exc_info=True)
         with contextlib.suppress(OSError):  # a folder that refuses writes: the warning says it
             write_marker(run_dir, rec.run_uid, uri, t.experiment, error=f"{type(e).__name__}: {e}")
-        warn(uri, e, run_dir)
+        print(mask_secrets(
+            f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} "
+            f"({error_text(e)}); its results are kept in {run_dir}; upload them later: "
+            f"{sync_command(run_dir, uri)}"), file=sys.stderr, flush=True)
         return False
     log.info("MLflow run %s: %s", rid, ui_hint(uri, store.experiment_id, rid))
     return True

@@ -1,12 +1,10 @@
 """The connection to an MLflow tracking store: where runs go, how long to wait, credentials.
-
 MLflow is imported inside functions only: `tracking=none` never loads it.
 
-Credentials: an http(s) URI's `user:password@` is moved into MLFLOW_TRACKING_USERNAME /
-MLFLOW_TRACKING_PASSWORD while gpubench talks to the server (MLflow's REST client reads them
-there; left in the URL, the host name would be `user:pw@host`), and the /health probe sends them
-as basic auth. Database URIs keep theirs (SQLAlchemy needs them in the URL) unless the password
-comes from the environment (PGPASSWORD, ~/.pgpass). Anything written or printed is masked.
+Credentials: an http(s) URI's `user:password@` moves into MLFLOW_TRACKING_USERNAME / _PASSWORD
+while gpubench talks to the server (MLflow's REST client reads them there; left in the URL, the
+host would be `user:pw@host`), and the /health probe sends them as basic auth. Database URIs
+keep theirs (SQLAlchemy needs them in the URL). Anything written or printed is masked.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ from gpubench.tracking.translate import experiment_tags, page
 
 def no_telemetry() -> None:
     """MLflow 3 sends usage telemetry to mlflow-telemetry.io unless told not to (read in 3.17:
-    mlflow/telemetry/utils.py is_telemetry_disabled, mlflow/telemetry/constant.py). gpubench
-    sends nothing where its user did not say: off unless the user set the variable themselves
-    (MLFLOW_DISABLE_TELEMETRY=false turns it back on). Called as this module loads: every MLflow
-    import of gpubench's comes after it."""
+    mlflow/telemetry/utils.py is_telemetry_disabled): off unless the user set the variable.
+    Called as this module loads, before any MLflow import of gpubench's."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
@@ -45,7 +41,6 @@ no_telemetry()
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
 _PLAIN_VALUE = re.compile(r"[\w.\-:]+")
 _PLAIN_KEY = re.compile(r"[\w.]+")
-PAGE = 1000
 
 
 class TrackingUnavailable(RuntimeError):
@@ -62,18 +57,15 @@ def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
     return str(uri) if uri else default_uri(cwd)
 
 
-
 def uri_problem(uri: str | None) -> str | None:
-    """What is wrong with a tracking URI, before any work (None when it can be used): the one
-    rule, gpubench.config.uris.check_tracking_uri (forms MLflow accepts, or a local path). Checks
-    the form only; whether a server answers is for the probe. The text never holds a password."""
+    """What is wrong with a tracking URI's form (None when it can be used; whether a server
+    answers is the probe's): config.uris.check_tracking_uri's reason, never a password."""
     from gpubench.config.errors import ConfigError
     from gpubench.config.uris import check_tracking_uri
 
-    if not uri:  # the embedded default store
-        return None
     try:
-        check_tracking_uri(uri)
+        if uri:  # else the embedded default store
+            check_tracking_uri(uri)
     except ConfigError as e:
         return e.allowed
     return None
@@ -96,14 +88,9 @@ def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
 
 def _credentials(uri: str) -> tuple[str, dict[str, str]]:
     """The URI to hand MLflow and the environment it needs for credentials."""
-    uri = without_masked_password(uri)
-    clean, user, pw = split_credentials(uri)
-    env = {}
-    if user is not None:
-        env["MLFLOW_TRACKING_USERNAME"] = user
-    if pw is not None:
-        env["MLFLOW_TRACKING_PASSWORD"] = pw
-    return clean, env
+    clean, *pair = split_credentials(without_masked_password(uri))
+    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    return clean, {k: v for k, v in zip(names, pair, strict=True) if v is not None}
 
 
 @contextlib.contextmanager
@@ -232,18 +219,15 @@ class Store:
         """Live (not deleted) runs of this experiment whose tag `tag` equals `value` exactly.
         The value comes from a file (results.json, a marker): it never enters a filter string
         unless it is plain, so a quote in it cannot break or widen the search."""
+        from mlflow.utils import get_results_from_paginated_fn
+
         if not _PLAIN_KEY.fullmatch(tag):
             raise ValueError(f"tag name {tag!r}: letters, digits, _ and . only")
         value = str(value)
         filt = f"tags.{tag} = '{value}'" if _PLAIN_VALUE.fullmatch(value) else ""
-        found, token = [], None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filt, max_results=PAGE,
-                                           page_token=token)
-            found += [r for r in page if r.data.tags.get(tag) == value]
-            token = page.token
-            if not token:
-                return found
+        runs = get_results_from_paginated_fn(lambda n, token: self.client.search_runs(
+            [self.experiment_id], filt, max_results=n, page_token=token), 1000)
+        return [r for r in runs if r.data.tags.get(tag) == value]
 
 
 @contextlib.contextmanager

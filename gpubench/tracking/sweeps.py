@@ -1,14 +1,8 @@
 """A sweep in MLflow: one parent run, one child run per job.
 
 The parent is opened before the first job (by the Hydra callback, or by `sync` for a sweep that
-never reached MLflow) and closed at the end with the best job. The best job is the sweep report's
-recommendation (gpubench.report: full training measurements of one setup, stable and
-confirmed first), so the parent and the report attached to it agree; without one, the sweep's
-own choice when its manifest names one, else the feasible full-length record with the highest
-objective: feasibility and objective are `RunRecord`'s, never re-derived here.
-
-A parent ends FINISHED when its sweep completed (a resumed sweep included, whatever earlier
-attempts left behind) and KILLED when the sweep was interrupted before its end.
+never reached MLflow) and closed at the end with the best job (best_job), FINISHED when its
+sweep completed (a resumed one included) and KILLED when it was interrupted before its end.
 """
 
 from __future__ import annotations
@@ -31,8 +25,8 @@ from gpubench.search import manifest
 from gpubench.tracking import translate as T
 from gpubench.tracking.runs import (
     MARKER_FILE,
-    PARAMS_PER_BATCH,
     PARENT_FILE,
+    log_batches,
     log_file,
     read,
     read_overrides,
@@ -43,20 +37,11 @@ from gpubench.tracking.store import Store, open_store
 log = logging.getLogger("gpubench")
 
 
-def _sweep_params(overrides: list[str], sweeper_params: dict | None) -> dict[str, str]:
-    params = {}
-    for o in overrides:
-        k, _, v = o.partition("=")
-        params[T.key(k.lstrip("+~"))] = mask_secrets(v)[:T.MAX_PARAM_VALUE]
-    for k, v in (sweeper_params or {}).items():
-        params[T.key(str(k))] = mask_secrets(str(v))[:T.MAX_PARAM_VALUE]
-    return params
-
-
 def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str | None = None,
                sweeper_params: dict | None = None, name: str | None = None) -> str:
     """The sweep's parent run (found again by its sweep_uid when the sweep is resumed into the
-    same dir, or created), recorded in the sweep dir's parent file; returns its run id."""
+    same dir, or created), recorded in the sweep dir's parent file; returns its run id. Its
+    params: the overrides, then the sweeper's search space."""
     from mlflow.entities import Param
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -66,24 +51,17 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
     if found:
         rid = found[0].info.run_id
     else:
-        tags = {
-            "sweep_uid": uid,
-            "sweep_dir": str(sweep_dir),
-            "overrides": " ".join(overrides),
-            "sweeper": sweeper,
-            "mlflow.source.name": "gpubench",
-            "mlflow.source.type": "LOCAL",
-            "mlflow.user": user(),
-        }
+        tags = {"sweep_uid": uid, "sweep_dir": str(sweep_dir), "overrides": " ".join(overrides),
+                "sweeper": sweeper, "mlflow.user": user()} | T.SOURCE
         run = store.client.create_run(
             store.experiment_id,
             run_name=mask_secrets(name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"),
-            tags={k: mask_secrets(str(v))[:T.MAX_TAG_VALUE] for k, v in tags.items() if v},
-        )
+            tags=T.tag_values(tags))
         rid = run.info.run_id
-        params = [Param(k, v) for k, v in _sweep_params(overrides, sweeper_params).items()]
-        for i in range(0, len(params), PARAMS_PER_BATCH):
-            store.client.log_batch(rid, params=params[i:i + PARAMS_PER_BATCH])
+        space = [(k.lstrip("+~"), v) for k, _, v in (o.partition("=") for o in overrides)]
+        space += (sweeper_params or {}).items()
+        params = {T.key(str(k)): mask_secrets(str(v))[:T.MAX_PARAM_VALUE] for k, v in space}
+        log_batches(store.client, rid, params=[Param(k, v) for k, v in params.items()])
     # open again (a resume): not finished until this attempt's end closes it
     write_json(sweep_dir / PARENT_FILE, info | {
         "sweep_uid": uid, "tracking_uri": store.uri, "experiment": store.experiment,
@@ -137,9 +115,9 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
 
 
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
-    """The report's recommendation over the sweep dir's rows (gpubench.analysis.recommend.recommend: one
-    rule, so the parent never names a run its own report rejects); when the report has none,
-    the sweep manifest's best, else the feasible full-length job with the highest objective."""
+    """The sweep report's recommendation (one rule, so the parent never names a run its own
+    report rejects); without one, the sweep manifest's best, else the feasible full-length job
+    with the highest objective (feasibility and objective are RunRecord's)."""
     from gpubench.search.rows import recommendation
 
     try:
@@ -168,40 +146,28 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
 
     c = store.client
     recs = jobs(sweep_dir)
-    now = int(time.time() * 1000)
-    metrics = [
-        Metric("jobs", float(len(recs)), now, 0),
-        Metric("jobs_ok", float(sum(r.status is Status.ok for r in recs)), now, 0),
-    ]
-    tags = []
+    figures = {"jobs": len(recs), "jobs_ok": sum(r.status is Status.ok for r in recs)}
+    tags: dict = {}
     best = best_job(sweep_dir, recs)
     if best is not None and best.dir is not None:
-        child = read(best.dir / MARKER_FILE).get("run_id")
         # as the best run's own metrics show them: rounded to what their intervals support
-        metrics.append(Metric("best_objective", float(T.shown_objective(best)), now, 0))
+        figures["best_objective"] = T.shown_objective(best)
         if best.images_per_sec is not None:
             # best_* for the record; images_per_sec and verdict also under the names the
             # runs table's gpubench view shows as columns, so the parent's row answers too
-            shown = float(T.shown_images_per_sec(best))
-            metrics += [Metric("best_images_per_sec", shown, now, 0),
-                        Metric("images_per_sec", shown, now, 0)]
-            verdict = T.run_tags(best).get("verdict")
-            if verdict:
-                tags.append(RunTag("verdict", verdict))
-        tags += [RunTag("best_run_dir", str(best.dir)),
-                 RunTag("best_run_name", T.run_name(best)[:T.MAX_TAG_VALUE])]
-        if child:
-            tags.append(RunTag("best_run_id", child))
-        ov = read_overrides(best.dir)
-        if ov is not None:
-            tags.append(RunTag("best_overrides", ov[:T.MAX_TAG_VALUE]))
+            figures["best_images_per_sec"] = figures["images_per_sec"] = \
+                T.shown_images_per_sec(best)
+            tags["verdict"] = T.run_tags(best).get("verdict")
+        tags |= {"best_run_dir": best.dir, "best_run_name": T.run_name(best),
+                 "best_run_id": read(best.dir / MARKER_FILE).get("run_id"),
+                 "best_overrides": read_overrides(best.dir)}
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),
                    "best_config.yaml")
-    study = manifest.read(sweep_dir).get("study")
-    if study:  # one parent per worker, all tagged with the study they searched together
-        tags.append(RunTag("study", str(study)[:T.MAX_TAG_VALUE]))
-    c.log_batch(parent_id, metrics=metrics,
-                tags=[RunTag(t.key, mask_secrets(t.value)[:T.MAX_TAG_VALUE]) for t in tags])
+    # one parent per worker, all tagged with the study they searched together
+    tags["study"] = manifest.read(sweep_dir).get("study")
+    now = int(time.time() * 1000)
+    c.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()],
+                tags=[RunTag(k, v) for k, v in T.tag_values(tags).items()])
     if (sweep_dir / "multirun.yaml").is_file():
         log_file(c, parent_id, sweep_dir / "multirun.yaml")
     c.set_terminated(parent_id, status or ("KILLED" if interrupted else "FINISHED"))

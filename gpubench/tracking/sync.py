@@ -1,22 +1,17 @@
 """Upload runs that did not reach MLflow: `python -m gpubench.tracking sync <outputs dir>`.
 
-A run's `run_uid` is its identity in MLflow, so syncing twice, or after an upload that broke
-half-way (a run left RUNNING), never leaves duplicates. Sweep jobs go under their sweep's parent
-run, which is created here when the sweep itself never reached MLflow.
-
-Only gpubench run folders are read: MLflow artifact stores hold uploaded copies of
-results.json (`find_runs` skips mlartifacts/ and mlruns/; a server's `--artifacts-destination`
-can be any folder, so `<run id>/artifacts/` paths are skipped too). Nothing a symbolic link
-leads to outside a run folder is read or uploaded (`upload` names each such link in a warning). A results.json left
-`running` by a process that no longer exists (kill -9, the OOM killer) is marked `killed`, its
-measured phases kept, saved, then uploaded.
+A run's `run_uid` is its identity in MLflow: syncing twice, or after an upload that broke
+half-way (a run left RUNNING), leaves no duplicates. Sweep jobs go under their sweep's parent
+run, created here when the sweep never reached MLflow. Only gpubench run folders are read (not
+MLflow artifact stores' copies of results.json: `in_artifact_store`), and nothing a link leads
+to outside a run folder. A results.json left `running` by a process that is gone (kill -9, the
+OOM killer) is marked `killed`, saved, then uploaded.
 
 Where runs go is the user's word only: `--uri`, else the embedded store of the outputs folder
-the run lies in (`_run_default_uri`). The store a run folder records (mlflow.json, results.json's
-config, mlflow_parent.json) is compared with that, never connected to: a copied folder could
-name any host (and be sent MLFLOW_TRACKING_USERNAME/PASSWORD) or any path (and have a database
-made there). A run recorded for another store is skipped, with one line per store naming it
-and the `--uri` that uploads it.
+the run lies in. The store a run folder records (mlflow.json, results.json's config,
+mlflow_parent.json) is compared with that, never connected to: a copied folder could name any
+host (and be sent MLFLOW_TRACKING_USERNAME/PASSWORD) or any path (and have a database made
+there). Such a run is skipped, with one line per store naming the `--uri` that uploads it.
 """
 
 from __future__ import annotations
@@ -56,13 +51,11 @@ _STORE_RUN = re.compile(r"[0-9a-f]{32}|m-[0-9a-f]{32}")
 
 
 def in_artifact_store(run_dir: Path) -> bool:
+    """Under `<run id>/artifacts/` (find_runs skips mlartifacts/ and mlruns/, but a server's
+    --artifacts-destination can be any folder)."""
     parts = Path(run_dir).resolve().parts
     return any(p == "artifacts" and _STORE_RUN.fullmatch(prev)
                for prev, p in zip(parts, parts[1:], strict=False))
-
-
-def gpubench_runs(root: Path) -> list[Path]:
-    return [d for d in record.find_runs(root) if not in_artifact_store(d)]
 
 
 def _sweep_overrides(sweep_dir: Path) -> tuple[list[str], str | None, dict | None]:
@@ -72,12 +65,12 @@ def _sweep_overrides(sweep_dir: Path) -> tuple[list[str], str | None, dict | Non
         mr = {}
     h = mr.get("hydra") or {}
     sweeper = h.get("sweeper") or {}
-    return (h.get("overrides") or {}).get("task") or [], sweeper.get("_target_"), sweeper.get("params")
+    task = (h.get("overrides") or {}).get("task") or []
+    return task, sweeper.get("_target_"), sweeper.get("params")
 
 
 def _run_default_uri(run_dir: Path) -> str:
-    """The embedded store a run with tracking.uri=null was meant for: <its outputs/>/mlflow.db
-    (the run dir sits under outputs/ of the directory it was started from)."""
+    """The embedded store a run with tracking.uri=null was meant for: <its outputs/>/mlflow.db."""
     for d in run_dir.resolve().parents:
         if d.name == "outputs":
             return default_uri(d.parent)
@@ -98,7 +91,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     todo: dict[tuple[str, str], list[RunRecord]] = {}
     orphans: dict[tuple[str, str], list[RunRecord]] = {}  # uploaded, but not under their sweep
     elsewhere: dict[str, int] = {}  # runs recorded for another store than the destination
-    found = gpubench_runs(Path(root))
+    found = [d for d in record.find_runs(Path(root)) if not in_artifact_store(d)]
     for run_dir in found:
         if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
             print(f"skip {run_dir}: its {RESULTS_FILE} is a link out of the run folder", file=out)

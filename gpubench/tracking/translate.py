@@ -1,25 +1,17 @@
 """A run record as MLflow sees it: params, metrics, tags, a run name and a description; and
-the experiment gpubench creates for them.
+the experiment gpubench creates for them. Pure functions of a `RunRecord` (or its dict): no
+MLflow, no I/O. What MLflow 3.17's UI shows at 1440 px decides the shape:
 
-Pure functions of a `RunRecord` (or the results.json dict it reads): no MLflow, no I/O, so each
-is unit-tested without a server. What MLflow 3.17's UI shows at 1440 px decides the shape:
-
-- the runs table shows Run Name, Created, Dataset, Duration, Source and Models, metrics and
-  tags only once picked under Columns: an experiment is created with a saved view of it
-  (`experiment_tags`) whose columns are the `images_per_sec` metric and the `verdict` tag;
-- the run name is the setup, then the throughput: `resnet50-bs128-w8-amp_bf16 812img/s`
-  (runs differ in their setup; chart legends show the name); the verdict is its own column,
-  never a word of the name that could read as one;
-- the run page's title is the run name; its description (tag `mlflow.note.content`, Markdown)
-  sits below the tags and shows 100 px before "Show more", and MLflow's sanitizer drops an
-  image's width and height: so the description's first line is the verdict and the figure
-  with its interval, then the run's picture (full size behind "Show more"), the reason, the
-  phases and the advice;
-- every throughput logged beside its interval is rounded to what the interval supports
-  (gpubench.core.stats.supported_place); results.json keeps the raw figures;
-- the chart view groups metrics by the prefix before `/`: one section per phase (`e2e/`,
-  `loader/`, `compute/`), plus `memory/` and `efficiency/`; only `images_per_sec` and
-  `objective` stay unprefixed, the two figures runs are sorted by.
+- the runs table shows metrics and tags only once picked under Columns: an experiment is
+  created with a saved view (`experiment_tags`) whose columns are `images_per_sec` and `verdict`;
+- the run name is the setup, then the throughput (`resnet50-bs128-w8-amp_bf16 812img/s`: chart
+  legends show it); the verdict is its own column, never a word of the name;
+- the description (`mlflow.note.content`, Markdown) shows 100 px before "Show more" and loses
+  an image's size: its first line is the verdict and the figure with its interval, then the
+  run's picture, the reason, the phases and the advice;
+- throughputs are logged rounded to what their interval supports (core.stats.supported_place);
+- the chart view groups metrics by the prefix before `/` (a phase, `memory/`, `efficiency/`);
+  only `images_per_sec` and `objective`, the figures runs are sorted by, stay unprefixed.
 """
 
 from __future__ import annotations
@@ -47,6 +39,7 @@ RUN_STATUS = {
 }
 
 PICTURE = "run.png"  # the run's picture, written beside results.json
+SOURCE = {"mlflow.source.name": "gpubench", "mlflow.source.type": "LOCAL"}
 
 # MLflow limits (mlflow.utils.validation)
 MAX_PARAM_VALUE = 6000
@@ -62,14 +55,12 @@ PHASE_TELEMETRY = ("gpu_util_mean", "power_mean_w", "host_cpu_util_mean", "peak_
 # the monitor's samples drawn over time: is the device busy, is the host the limit
 TELEMETRY_SERIES = ("gpu_util", "mem_util", "gpu_mem_used", "power_w", "host_cpu", "procs_cpu",
                     "rss")
-MEMORY = {
+RECORD_FIGURES = {  # metric name: the RunRecord field
     "memory/peak_fraction": "peak_memory_fraction",
     "memory/peak_bytes": "peak_memory_bytes",
     "memory/torch_peak_allocated_bytes": "torch_peak_allocated_bytes",
     "memory/torch_peak_reserved_bytes": "torch_peak_reserved_bytes",
     "memory/device_bytes": "device_memory_bytes",
-}
-EFFICIENCY = {
     "efficiency/mfu": "mfu",
     "efficiency/achieved_tflops": "achieved_tflops",
     "efficiency/flops_per_step": "flops_per_step",
@@ -105,7 +96,8 @@ def experiment_tags(now_ms: int | None = None) -> dict[str, str]:
     state = {"selectedColumns": list(VIEW_COLUMNS),
              "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", "duration", *VIEW_COLUMNS],
              "columnWidths": VIEW_WIDTHS}
-    view = {"name": VIEW, "createdAt": now_ms or int(time.time() * 1000), "state": json.dumps(state)}
+    view = {"name": VIEW, "createdAt": now_ms or int(time.time() * 1000),
+            "state": json.dumps(state)}
     return {"mlflow.note.content": EXPERIMENT_NOTE,
             "mlflow.experimentKind": "custom_model_development",
             f"mlflow.sharedViewState.{VIEW}": json.dumps(view)}
@@ -116,6 +108,12 @@ def page(experiment_id: str, run_id: str | None = None) -> str:
     if run_id:
         return f"#/experiments/{experiment_id}/runs/{run_id}?{UI_QUERY}"
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW}&{UI_QUERY}"
+
+
+def tag_values(tags: dict) -> dict[str, str]:
+    """Tags as MLflow takes them: set ones only, masked, within its length limit."""
+    return {k: mask_secrets(str(v))[:MAX_TAG_VALUE] for k, v in tags.items()
+            if v not in (None, "")}
 
 
 def as_record(run) -> RunRecord:
@@ -184,7 +182,7 @@ def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, i
     if rec.status.final:
         add("objective", shown_objective(rec))
     add("verdict/margin", rec.verdict_margin)
-    for name, field in {**MEMORY, **EFFICIENCY}.items():
+    for name, field in RECORD_FIGURES.items():
         add(name, getattr(rec, field))
     add("data/skipped_samples", rec.skipped_samples)
 
@@ -239,15 +237,8 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
         "error": rec.error,
         "device_name": env.get("device_name"),
         "device_kind": env.get("device"),
-        "driver": env.get("driver"),
-        "cuda": env.get("cuda"),
-        "cudnn": env.get("cudnn"),
-        "torch": env.get("torch"),
-        "torchvision": env.get("torchvision"),
-        "python": env.get("python"),
-        "cpu_count": env.get("cpu_count"),
-        "host": env.get("host"),
-        "platform": env.get("platform"),
+        **{k: env.get(k) for k in ("driver", "cuda", "cudnn", "torch", "torchvision", "python",
+                                   "cpu_count", "host", "platform")},
         "gpubench_version": env.get("gpubench"),
         "git_commit": env.get("git_commit"),
         "overrides": overrides,
@@ -256,21 +247,11 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
         # the sweeper's rung (screen, full, confirm, probe): a report from MLflow tells a short
         # measurement from a full one by it
         "rung": rec.extra.get("rung"),
-        "mlflow.source.name": "gpubench",
-        "mlflow.source.type": "LOCAL",
+        **SOURCE,
         "mlflow.source.git.commit": env.get("git_commit"),
         "mlflow.user": user,
     }
-    return {k: mask_secrets(str(v))[:MAX_TAG_VALUE] for k, v in tags.items()
-            if v not in (None, "")}
-
-
-def _leaning(rec: RunRecord) -> str | None:
-    """What an inconclusive verdict leans to (`compute`), when it leans."""
-    lean = rec.extra.get("verdict_leaning")
-    if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
-        return labels.verdict_word(lean)
-    return None
+    return tag_values(tags)
 
 
 def run_name(run, name: str | None = None) -> str:
@@ -303,8 +284,9 @@ def headline(rec: RunRecord) -> str:
     overlap costs and whether the measurement was stable, e.g.
     `**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
     word = labels.verdict_tag(rec.bottleneck or "unknown")
-    if _leaning(rec):
-        word += f" (leans to {_leaning(rec)})"
+    lean = rec.extra.get("verdict_leaning")  # what an inconclusive verdict leans to
+    if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
+        word += f" (leans to {labels.verdict_word(lean)})"
     if rec.status is Status.over_ceiling:
         word += ", over ceiling"
     parts = [f"**{word}**"]
@@ -324,10 +306,6 @@ def headline(rec: RunRecord) -> str:
     return " · ".join(parts)
 
 
-def _fmt(v, spec=".1f") -> str:
-    return "-" if _number(v) is None else format(v, spec)
-
-
 def describe(run, run_id: str | None = None, picture: bool = False) -> str:
     """The run's description (Markdown): the headline (what the collapsed box shows), the
     run's picture (an image served by the tracking server's `get-artifact` route, relative so
@@ -341,20 +319,19 @@ def describe(run, run_id: str | None = None, picture: bool = False) -> str:
         if rec.reason:
             lines += ["", rec.reason]
         if rec.measurement_stable is False:
-            lines.append(f"\nmeasurement not stable: {'; '.join(r.text for r in rec.noise_reasons) or 'noisy'}")
+            why = "; ".join(r.text for r in rec.noise_reasons) or "noisy"
+            lines.append(f"\nmeasurement not stable: {why}")
         rows = ["", f"| phase | images/sec | {rec.interval_label} | data wait |",
                 "|---|---|---|---|"]
-        for name in PHASE_NAMES:
-            ph = rec.phases.get(name)
-            if ph is None:
-                continue
+        for name, ph in ((n, rec.phases[n]) for n in PHASE_NAMES if n in rec.phases):
             ci = ph.images_per_sec_ci or []
             at = supported_place(ph.images_per_sec, ci)
             value = "-" if _number(ph.images_per_sec) is None else text_at(ph.images_per_sec, at)
             interval = (f"{text_at(ci[0], at)} - {text_at(ci[1], at)}"
                         if len(ci) == 2 and _number(ci[0]) and _number(ci[1]) else "-")
-            rows.append(f"| {name} | {value} | {interval} | "
-                        f"{_fmt(ph.data_wait_fraction, '.0%')} |")
+            wait = ph.data_wait_fraction
+            wait = "-" if _number(wait) is None else format(wait, ".0%")
+            rows.append(f"| {name} | {value} | {interval} | {wait} |")
         if len(rows) > 3:
             lines += rows
     else:

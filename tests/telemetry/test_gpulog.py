@@ -152,7 +152,7 @@ def test_gpu_columns_filled(tmp_path):
     assert max(float(r["utilization.gpu [%]"]) for r in body) > 50
     assert int(body[-1]["memory.used [MiB]"]) > 64  # the 64 MiB matrix at least
     assert float(body[-1]["clocks.current.sm [MHz]"]) > 0
-    if not m.mig:
+    if not m.gpu.mig:
         assert float(body[-1]["power.draw [W]"]) > 0
         assert re.match(r"^0x[0-9A-F]{16}$", body[-1]["clocks_throttle_reasons.active"])
     if log.gpm is not None:  # Hopper and newer
