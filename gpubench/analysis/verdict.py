@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpubench.analysis.labels import ABOVE_OWN_BOUND, IMPOSSIBLE, Case, Step  # noqa: F401 (run.summary)
+from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step
 from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import workers
 from gpubench.config.schema import is_amp

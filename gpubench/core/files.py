@@ -1,12 +1,9 @@
-"""Small file helpers shared by the runner, tracking, the sweeper and the report. No torch
-import here: tracking and the report load without it.
+"""File helpers shared by the runner, tracking, the sweeper and the report (no torch import).
 
-`write_json` and `write_text` are how gpubench writes a file: atomically, and masked
-(gpubench.core.secrets.mask_secrets): a tracking URI or a storage URL may carry a password, and
-no file gpubench writes holds one; `open_own` opens a file written in place (a log, a picture).
-None writes through a symbolic link (`refuse_link`); a run or sweep folder holding one is
-refused before anything is written there (`check_no_links`, from gpubench.cli.callbacks).
-Locks are filelock's (`try_lock`); `retry` is the one loop that tries again."""
+`write_json`/`write_text` write atomically and masked (core.secrets: no file gpubench writes
+holds a password); `open_own` opens a file written in place (a log, a picture). None writes
+through a symbolic link (`refuse_link`); a folder holding one is refused before anything is
+written there (`check_no_links`). Locks are filelock's (`try_lock`); `retry` tries again."""
 
 from __future__ import annotations
 
@@ -29,10 +26,6 @@ from gpubench.core.secrets import mask_secrets
 T = TypeVar("T")
 
 
-def _default(o):
-    return o.value if isinstance(o, Enum) else str(o)
-
-
 def finite(v: Any) -> Any:
     """NaN and inf are not JSON: stored as null (a figure that could not be measured)."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -52,16 +45,6 @@ class WriteError(OSError):
         return f"cannot write {self.filename}: {self.strerror}"
 
 
-def free_space(path: Path) -> str:
-    """Free space on the filesystem holding `path`, for error lines."""
-    for p in (Path(path), *Path(path).parents):
-        try:
-            return f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on its filesystem"
-        except OSError:
-            continue
-    return "free space unknown"
-
-
 # what a folder that refuses writes answers: permissions, a read-only mount
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -76,18 +59,15 @@ def refusal(path: str | Path, e: OSError) -> str:
 
 def write_json(path: Path, data: Any) -> None:
     """`data` as JSON (NaN and inf as null), written as `write_text` writes."""
-    write_text(path, json.dumps(finite(data), indent=2, default=_default, allow_nan=False))
+    write_text(path, json.dumps(finite(data), indent=2, allow_nan=False,
+                                default=lambda o: o.value if isinstance(o, Enum) else str(o)))
 
 
 def write_text(path: str | Path, text: str) -> Path:
     """Write a file gpubench owns; returns its path. Write-then-rename, masked: a kill mid-write
-    leaves the previous complete file, never half of one, and no password reaches the disk.
-    Never through a symbolic link (LinkError: the link and what it points at are left as they
-    are).
-
-    The temporary file is unique to this process (two writers never share one) and is removed
-    when the write fails (a full disk, a file size limit), so no `.tmp` is ever left behind;
-    the error is a WriteError naming the path and the free space."""
+    leaves the previous complete file, and no password reaches the disk; never through a
+    symbolic link (LinkError). The temporary file is this process's own and is removed when the
+    write fails (a full disk): the error is a WriteError naming the path and the free space."""
     path = refuse_link(path)
     text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -103,13 +83,17 @@ def write_text(path: str | Path, text: str) -> Path:
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})", str(path)) from e
+        # the free space where it was going, for the error line (a full disk is the usual cause)
+        free = next((f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on its filesystem"
+                     for p in (path.parent, *path.parent.parents) if p.exists()),
+                    "free space unknown")
+        raise WriteError(e.errno, f"{e.strerror or e} ({free})", str(path)) from e
     return path
 
 
 def refuse_link(path: str | Path) -> Path:
     """`path`, unless it is a symbolic link: LinkError naming it and its target (the one rule
-    every gpubench writer keeps; the link and what it points at are left as they are)."""
+    every gpubench writer keeps)."""
     path = Path(path)
     if path.is_symlink():
         raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does not "
@@ -118,9 +102,8 @@ def refuse_link(path: str | Path) -> Path:
 
 
 def open_own(path: str | Path, mode: str = "w", **kw):
-    """A file gpubench writes in place (the GPU log's rows as they come, a picture), opened
-    for writing, never through a symbolic link: `refuse_link`, and O_NOFOLLOW for a link put
-    there in between (the open then fails with ELOOP)."""
+    """A file gpubench writes in place (the GPU log, a picture), never through a symbolic link:
+    `refuse_link`, and O_NOFOLLOW for a link put there in between (the open fails: ELOOP)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
     return open(os.open(refuse_link(path), flags, 0o644), mode, **kw)
 
@@ -134,8 +117,7 @@ def read_json(path: Path) -> dict | None:
 
 
 def damaged(path: str | Path) -> bool:
-    """A file that is there but not a JSON object (cut short by a crash, edited by hand): not
-    the same as no file."""
+    """A file that is there but not a JSON object (cut short by a crash, edited by hand)."""
     return Path(path).is_file() and not isinstance(read_json(path), dict)
 
 
@@ -176,10 +158,9 @@ def inside(path: str | Path, root: str | Path) -> bool:
 
 
 def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
-    """A folder gpubench writes its own files into: `folder` (under `root`, default itself) is
-    reached without a symbolic link out of `root` and holds no symbolic link, so every file
-    written there stays there and replaces only gpubench's own. Raises LinkError naming the
-    first offending path and where it leads; returns `folder`, made absolute."""
+    """`folder` (under `root`, default itself), made absolute, once it is reached without a
+    symbolic link out of `root` and holds none: every file written there stays there and
+    replaces only gpubench's own. Else LinkError naming the first offending path."""
     folder = Path(folder).absolute()
     root = folder if root is None else Path(root).absolute()
     q = root
@@ -207,9 +188,8 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
 
 
 def try_lock(path: str | Path, note: str = "") -> FileLock | None:
-    """`path`'s lock taken now, or None while another holds it (another process, or another
-    lock of this one on the same file): a claim that does not wait. `note` is written into the
-    lock file once it is held (who holds it, for whoever finds it taken). `.release()` it."""
+    """`path`'s lock taken now, or None while another holds it (a claim that does not wait);
+    `note` (who holds it) is written into the lock file once it is held. `.release()` it."""
     def write_note(fd: int) -> None:
         os.ftruncate(fd, os.pwrite(fd, note.encode(), 0))
 
@@ -224,12 +204,22 @@ def try_lock(path: str | Path, note: str = "") -> FileLock | None:
 def retry(fn: Callable[[], T], attempts: int, wait_s: float,
           errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
           sleep: Callable[[float], Any] = time.sleep) -> T:
-    """`fn()`, tried again while it raises one of `errors`, `attempts` times in all, waiting
-    wait_s, 2 wait_s, ... between tries: another process creating the same database at that
-    moment collides once, and a later try finds it made. The last try's error is raised."""
+    """`fn()`, `attempts` times in all while it raises one of `errors`, waiting wait_s,
+    2 wait_s, ... between (another process creating the same database collides once)."""
     for n in range(1, attempts):
         try:
             return fn()
         except errors:
             sleep(wait_s * n)
     return fn()
+
+
+def mask_files(paths) -> None:
+    """Rewrite text files that hold a password with it masked; missing files are skipped."""
+    for p in map(Path, paths):
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if mask_secrets(text) != text:
+            write_text(p, text)

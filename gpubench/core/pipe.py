@@ -1,5 +1,5 @@
-"""Arithmetic of the input pipe, written once: how many batches the loader holds ready, and the
-most a training step can reach when the loader's device work runs on its stream."""
+"""Arithmetic of the input pipe, written once: the batches the loader holds ready, and the most
+a step can reach when the loader's device work runs on its stream."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ def batches_in_flight(num_workers: int, prefetch_factor: int | None) -> int:
 
 
 def loader_window_steps(steps: int, num_workers: int, prefetch_factor: int | None) -> int:
-    """The steps of one loader window: `steps` (bench.steps' share of a window,
-    core.record.window_plan), or QUEUE_WINDOWS times the batches in flight when that is more,
-    so the window length gpubench chooses is never why a loader window timed the queue."""
+    """`steps` (bench.steps' share of a window), or QUEUE_WINDOWS times the batches in flight
+    when more: the window length gpubench chooses is never why a loader window timed the queue."""
     return max(steps, QUEUE_WINDOWS * batches_in_flight(num_workers, prefetch_factor))
 
 

@@ -1,20 +1,11 @@
 """The one record of a run: what results.json holds, and what it means.
 
-Every reader of a run (the runner that writes it, the console, the sweeper, the report, MLflow
-tracking and sync, the scripts) goes through `RunRecord`: `load(run_dir)` reads it, `save()`
-writes it atomically. The meaning of a run for a search lives here and nowhere else:
-
-- `throughput`: the training throughput it measured (e2e, else compute, else loader), also when
-  its status makes it infeasible (an over-ceiling run still measured its speed);
-- `constraint`: peak memory fraction - memory ceiling (<= 0 is feasible; an OOM or a run that
-  measured nothing is `OOM_CONSTRAINT`, worse than any measured overshoot);
-- `feasible`: status ok, a positive throughput, the constraint met;
-- `objective`: what a sweeper maximizes, the throughput when feasible and 0.0 otherwise.
-
-No torch import here: the sweeper, the report and tracking load without it.
-
-Why one module of this size: the record's fields and the one definition of what they mean
-(feasible, constraint, objective, stale) belong in one place every reader imports.
+Every reader of a run (runner, console, sweeper, report, tracking, scripts) goes through
+`RunRecord`: `load(run_dir)` reads it, `save()` writes it atomically. What a run means for a
+search is defined here only: `throughput` (e2e, else compute, else loader; also when its status
+makes it infeasible), `constraint` (peak memory fraction - ceiling, <= 0 feasible; an OOM or a
+run that measured nothing is `OOM_CONSTRAINT`), `feasible` and `objective` (the throughput when
+feasible, else 0.0). No torch import: the sweeper, the report and tracking load without it.
 """
 
 from __future__ import annotations
@@ -44,12 +35,11 @@ HEADLINE_ORDER = ("e2e", "compute", "loader")
 # each phase's throughput as a top-level field of the record (its interval: the same + "_ci")
 PHASE_FIGURE = {"loader": "loader_images_per_sec", "compute": "compute_images_per_sec",
                 "e2e": "images_per_sec"}
-# set by the gpubench sweeper for its jobs: the Optuna study they belong to (kept in the record
-# as `study`, an MLflow tag, so every worker's jobs of one search are found together)
+# set by the gpubench sweeper for its jobs: the Optuna study they belong to (the record's
+# `study`, an MLflow tag, so every worker's jobs of one search are found together)
 STUDY_ENV = "GPUBENCH_STUDY"
-# set by the gpubench sweeper around a batch of jobs of one rung (screen, full, confirm, probe):
-# the job keeps it in its record (`extra["rung"]`, an MLflow tag), so a report read from MLflow
-# tells a max-batch probe or a screen from a full measurement as a sweep dir's manifest does
+# set by the gpubench sweeper around a batch of jobs of one rung: kept as `extra["rung"]` (an
+# MLflow tag), so a report read from MLflow tells a probe or a screen from a full measurement
 RUNG_ENV = "GPUBENCH_RUNG"
 # set by sweep=pipes for its jobs: its compute pipe measures every compute bound itself, so a
 # loader-only job must not measure one again (gpubench.run.compute_bound)
@@ -64,8 +54,7 @@ class Word(str, Enum):
 
     @classmethod
     def read(cls, value: Any, default: Any = None) -> Any:
-        """The member `value` names; `default` for one this version does not know (none, or a
-        word another version wrote)."""
+        """The member `value` names; `default` for a word this version does not know."""
         try:
             return cls(value)
         except ValueError:
@@ -73,8 +62,8 @@ class Word(str, Enum):
 
 
 class Rung(Word):
-    """How a sweep measured a job: the one spelling of the environment variable (RUNG_ENV),
-    the record's `extra["rung"]`, its MLflow tag, sweep.json's jobs and Optuna's user attrs."""
+    """How a sweep measured a job: the one spelling of RUNG_ENV, the record's `extra["rung"]`,
+    its MLflow tag, sweep.json's jobs and Optuna's user attrs."""
 
     run = "run"  # not a gpubench sweeper's job: a single run or a grid sweep's job
     screen = "screen"  # a short first look at a trial (hydra.sweeper.screen.steps)
@@ -89,8 +78,7 @@ class Rung(Word):
 
     @classmethod
     def of(cls, value: Any) -> Rung:
-        """The rung a file, a tag or the environment names; missing or unknown (written by
-        another version): a plain run."""
+        """Missing or unknown (written by another version): a plain run."""
         return cls.read(value, cls.run)
 
 
@@ -121,8 +109,7 @@ class Status(Word):
 
 
 class Bottleneck(Word):
-    """The verdict: which pipe is narrowest (gpubench.analysis.verdict), or why none is named.
-    The words a reader sees for each are gpubench.analysis.labels'."""
+    """The verdict (gpubench.analysis.verdict): which pipe is narrowest, or why none is named."""
 
     data = "data"
     compute = "compute"
@@ -132,7 +119,7 @@ class Bottleneck(Word):
 
     @classmethod
     def of(cls, value: Any) -> Bottleneck | None:
-        """The verdict a record names: none, or unknown for a word another version wrote."""
+        """None stays none; a word another version wrote is unknown."""
         return None if value is None else cls.read(value, cls.unknown)
 
 
@@ -168,16 +155,35 @@ class Reason:
         return cls(Flaw.other, str(v))
 
 
-def _fields(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+class _Keys:
+    """A record's fields as the keys of its JSON object: keys it does not know go to `extra`
+    and back, so a file written by a newer version keeps them."""
+
+    LOCAL = ("extra",)  # fields that are no keys of the file
+
+    @classmethod
+    def _keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name not in cls.LOCAL]
+
+    def _values(self) -> dict:
+        return {k: getattr(self, k) for k in self._keys()}
+
+    @classmethod
+    def _split(cls, d: dict, derived: tuple[str, ...] = ()) -> tuple[dict, dict]:
+        keys = cls._keys()
+        return ({k: d[k] for k in keys if k in d},
+                {k: v for k, v in d.items() if k not in keys and k not in derived})
+
+    def to_dict(self) -> dict:
+        return self._values() | self.extra
 
 
 @dataclass
-class PhaseRecord:
+class PhaseRecord(_Keys):
     """One measured phase (loader, compute or e2e): all its windows pooled."""
 
-    phase: str
-    batch_size: int
+    phase: str = "?"
+    batch_size: int = 0
     steps: int = 0
     images: int = 0
     seconds: float | None = None
@@ -208,20 +214,15 @@ class PhaseRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> PhaseRecord:
-        known = _fields(cls) - {"extra"}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw.setdefault("phase", d.get("phase", "?"))
-        kw.setdefault("batch_size", d.get("batch_size") or 0)
-        return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
-
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        return d | self.extra
+        kw, extra = cls._split(d)
+        return cls(**kw, extra=extra)
 
 
 @dataclass
-class RunRecord:
-    """A run as results.json stores it (same keys, plus `schema_version`)."""
+class RunRecord(_Keys):
+    """A run as results.json stores it (same keys, plus `schema_version` and `objective`)."""
+
+    LOCAL = ("extra", "dir", "rung")
 
     run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     status: Status = Status.running
@@ -310,42 +311,25 @@ class RunRecord:
                   ) -> RunRecord:
         """`rung`: how the reader's sweep measured it (sweep.json, Optuna); by default the one
         the job recorded itself (`rung` in results.json, from RUNG_ENV)."""
-        known = _fields(cls) - {"extra", "dir", "rung"}
-        kw = {k: v for k, v in d.items() if k in known}
-        known |= {"objective"}  # derived, never read back
+        kw, extra = cls._split(d, derived=("objective",))
+        kw |= {k: dict(d.get(k) or {}) for k in ("series", "data_info", "config", "env")}
+        kw |= {k: list(d.get(k) or []) for k in ("advice", "noise_reasons")}
+        kw["phases"] = {n: PhaseRecord.from_dict(p) for n, p in (d.get("phases") or {}).items()}
         kw["status"] = Status.read(d.get("status"), Status.failed)
         kw["schema_version"] = int(d.get("schema_version") or 1)
-        kw["phases"] = {
-            name: PhaseRecord.from_dict(p) for name, p in (d.get("phases") or {}).items()
-        }
-        for k in ("advice", "noise_reasons"):
-            kw[k] = list(d.get(k) or [])  # reasons typed by __post_init__
-        for k in ("series", "data_info", "config", "env"):
-            kw[k] = dict(d.get(k) or {})
-        if not kw.get("run_uid"):
-            kw["run_uid"] = ""
+        kw["run_uid"] = kw.get("run_uid") or ""
         if kw.get("memory_ceiling") is None:
-            kw["memory_ceiling"] = float(
-                (kw.get("config") or {}).get("memory", {}).get("ceiling") or 1.0)
-        return cls(**kw, extra={k: v for k, v in d.items() if k not in known},
-                   dir=Path(run_dir) if run_dir is not None else None,
+            kw["memory_ceiling"] = float(kw["config"].get("memory", {}).get("ceiling") or 1.0)
+        return cls(**kw, extra=extra, dir=Path(run_dir) if run_dir is not None else None,
                    rung=Rung.of(rung or d.get("rung")))
 
     def to_dict(self) -> dict:
-        out = {}
-        for f in dataclasses.fields(self):
-            if f.name in ("extra", "dir", "rung"):
-                continue
-            v = getattr(self, f.name)
-            if f.name == "status":
-                v = v.value
-            elif f.name == "phases":
-                v = {k: p.to_dict() for k, p in v.items()}
-            elif f.name == "noise_reasons":
-                v = [dataclasses.asdict(r) for r in v]
-            out[f.name] = v
-        out["objective"] = self.objective if self.status.final else None
-        return out | self.extra
+        return self._values() | {
+            "status": self.status.value,
+            "phases": {k: p.to_dict() for k, p in self.phases.items()},
+            "noise_reasons": [dataclasses.asdict(r) for r in self.noise_reasons],
+            "objective": self.objective if self.status.final else None,
+        } | self.extra
 
     @property
     def path(self) -> Path:
@@ -362,28 +346,21 @@ class RunRecord:
     @property
     def headline(self) -> PhaseRecord | None:
         """The phase whose figures stand for the run: e2e, else compute, else loader."""
-        for name in HEADLINE_ORDER:
-            if name in self.phases:
-                return self.phases[name]
-        return None
+        return next((self.phases[n] for n in HEADLINE_ORDER if n in self.phases), None)
 
     @property
     def throughput(self) -> float:
-        """Training images/sec measured (0.0 when it measured none, or its status makes the
-        figures meaningless): e2e, else compute, else loader."""
+        """Training images/sec measured: the first positive of the headline order; 0.0 when
+        none, or when its status makes the figures meaningless."""
         if not self.status.measured:
             return 0.0
-        for v, _ in self.phase_figures():
-            if positive(v):
-                return float(v)
-        return 0.0
+        return next((float(v) for v, _ in self.phase_figures() if positive(v)), 0.0)
 
     def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
         """A phase's top-level throughput and its interval."""
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
 
     def phase_figures(self) -> list[tuple[float | None, list[float] | None]]:
-        """The phases' top-level throughputs with their intervals, in headline order."""
         return [self.phase_figure(name) for name in HEADLINE_ORDER]
 
     @property
@@ -392,24 +369,21 @@ class RunRecord:
         windows gave them less (3 windows: '75% interval'): never a confidence the run lacks."""
         covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
                   if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
-        low = min(covers, default=CONFIDENCE)
-        return f"{min(low, CONFIDENCE):.0%} interval"
+        return f"{min([*covers, CONFIDENCE]):.0%} interval"
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
-        """The 95% interval of `throughput` (its median's, over the phase's windows), widened
-        to hold the figure; the figure itself when the run measured a single window."""
+        """The interval of `throughput` (its median's, over the phase's windows), widened to
+        hold the figure; the figure itself when the run measured a single window."""
         t = self.throughput
-        for value, ci in self.phase_figures():
-            if value is not None and value == t and ci:
-                return holding(ci, t)
-        return t, t
+        return next((holding(ci, t) for v, ci in self.phase_figures()
+                     if v is not None and v == t and ci), (t, t))
 
     @property
     def constraint(self) -> float:
-        """Peak memory fraction - ceiling: <= 0 is feasible. An OOM, or a run that failed
-        without a memory figure, is infeasible by definition. An ok run whose peak could not
-        be read (monitor off on a CPU) has shown no excess: 0.0."""
+        """Peak memory fraction - ceiling. An OOM, or a run that failed without a memory
+        figure, is infeasible by definition; an ok run whose peak could not be read (monitor
+        off on a CPU) has shown no excess: 0.0."""
         if self.status is Status.oom:
             return OOM_CONSTRAINT
         if not finite(self.peak_memory_fraction):
@@ -431,8 +405,8 @@ class RunRecord:
         return not Rung.of(self.rung).short
 
     def fits_under(self, reserve: float) -> bool:
-        """A max-batch probe fits when it ran (no OOM, no error) and its peak memory stays
-        under ceiling x (1 - reserve); the reserve absorbs what a longer run allocates later."""
+        """A max-batch probe fits when it ran and its peak memory stays under ceiling x
+        (1 - reserve); the reserve absorbs what a longer run allocates later."""
         if not self.status.measured:
             return False
         if not finite(self.peak_memory_fraction):
@@ -443,9 +417,7 @@ class RunRecord:
         """A config value by its dotted key (`loader.batch_size`), None when absent."""
         node: Any = self.config
         for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
+            node = node.get(part) if isinstance(node, dict) else None
         return node
 
     @property
@@ -478,8 +450,8 @@ class RunRecord:
         self.status, self.error = status, error
 
     def mark_dead(self) -> None:
-        """A record left `running` by a process that no longer exists (`stale`): kept as
-        measured when `complete`, else killed with what it measured. The caller saves it."""
+        """A `stale` record: kept as measured when `complete`, else killed with what it
+        measured. The caller saves it."""
         if self.complete:
             return self.recover(f"process {self.pid} on {self.host} ended before its final status")
         self.status = Status.killed
@@ -487,8 +459,8 @@ class RunRecord:
                                     "status (killed: kill -9 or out of host memory)")
 
     def recover(self, why: str) -> None:
-        """A complete record whose final status was never written, kept as measured: `finish`
-        as ok, with no verdict (it needs the run's settings) and its checks marked not run."""
+        """A complete record whose final status was never written, kept as measured: ok, with
+        no verdict (it needs the run's settings) and its checks marked not run."""
         for name, attr in PHASE_FIGURE.items():  # figures an older runner left to the summary
             if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
                 setattr(self, attr, p.images_per_sec)
@@ -502,25 +474,23 @@ class RunRecord:
 
 
 def window_plan(steps: int, repeats: int) -> tuple[int, int]:
-    """(windows, steps per window) of a phase measured with bench.steps and bench.repeats:
-    never more windows than steps, and the steps split evenly, rounded up (the one rule the
-    runner measures by and every reader of a run describes it with)."""
+    """(windows, steps per window) of a phase: never more windows than steps, the steps split
+    evenly, rounded up (the one rule the runner measures by and every reader describes it with)."""
     windows = max(1, min(int(repeats), int(steps)))
     return windows, max(1, -(-int(steps) // windows))
 
 
 def longer(steps: Any, repeats: Any) -> str:
-    """The overrides that measure longer than bench.steps and bench.repeats did: four times the
-    steps, in at least 10 windows (an interval of the median narrows with more windows, a
-    window's figure steadies with more steps). The one "measure longer" of every advice."""
+    """The one "measure longer" of every advice: four times the steps, in at least 10 windows
+    (an interval of the median narrows with more windows, a window steadies with more steps)."""
     if not isinstance(steps, int) or not isinstance(repeats, int):
         return "bench.steps=... bench.repeats=..."
     return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
 
 
 def interval_label_of(records: list[RunRecord]) -> str:
-    """The interval a table or axis of several runs shows: their shared label ('95%
-    interval'), or one that says the coverage differs by run (a run of 3 windows reaches 75%)."""
+    """The interval a table or axis of several runs shows: their shared label, or one that says
+    the coverage differs by run (a run of 3 windows reaches 75%)."""
     labels = sorted({r.interval_label for r in records if r.status.measured})
     if len(labels) > 1:
         return "interval (coverage differs by run)"
@@ -543,18 +513,18 @@ def process_alive(host: str | None, pid: int) -> bool | None:
 def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | None:
     """The record in `run_dir` (or the path to a results.json), None when missing or unreadable."""
     p = Path(run_dir)
-    if p.name == RESULTS_FILE:
-        p = p.parent
+    p = p.parent if p.name == RESULTS_FILE else p
     d = read_json(p / RESULTS_FILE)
-    if not isinstance(d, dict):
-        return None
-    return RunRecord.from_dict(d, p, rung)
+    return RunRecord.from_dict(d, p, rung) if isinstance(d, dict) else None
 
 
 def missing(run_dir: str | Path, error: str, rung: Rung | str | None = None) -> RunRecord:
     """A stand-in for a job that left no readable results.json: failed, with the reason."""
     return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir),
                      rung=Rung.of(rung))
+
+
+STORE_DIRS = ("mlartifacts", "mlruns")
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -566,6 +536,3 @@ def find_runs(root: str | Path) -> list[Path]:
         if RESULTS_FILE in files:
             found.append(Path(dirpath))
     return found
-
-
-STORE_DIRS = ("mlartifacts", "mlruns")

@@ -1,20 +1,13 @@
-"""Credentials never leave the process in clear: `mask_secrets` is the one masking function,
-for anything written or logged; `split_credentials(uri)` moves a URL's `user:password@` into the
-environment.
-
-Tracking URIs and Optuna storages are URLs that may carry a password (`postgresql://u:pw@db/x`,
-`http://u:pw@mlflow:5000`). Everything gpubench writes (results.json, sweep.json and every other
-file through gpubench.core.files, MLflow params, tags and artifacts, Optuna user attributes) or
-prints (warnings, error lines, log records) goes through `mask_secrets`. Torch-free and
-dependency-free, so any module may import it.
+"""Credentials never leave the process in clear. Tracking URIs and Optuna storages may carry
+a password (`postgresql://u:pw@db/x`); everything gpubench writes (files, MLflow params, tags
+and artifacts, Optuna user attributes) or prints goes through `mask_secrets`, the one masking
+function. Dependency-free, so any module may import it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -32,15 +25,12 @@ _QUERY = re.compile(r"([?&](?:password|passwd|pwd|token|secret|access_key|secret
 
 
 def mask_secrets(obj):
-    """`obj` with every URL password (userinfo or query) replaced by ***: a string, or a
-    JSON-like tree (dicts, lists, tuples: a config, a manifest) with every string in it masked.
-    Anything else is returned as it is, so callers can pass any value."""
+    """`obj` with every URL password (userinfo or query) replaced by ***: a string, or every
+    string of a JSON-like tree (dicts, lists, tuples); anything else as it is."""
     if isinstance(obj, dict):
         return {k: mask_secrets(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [mask_secrets(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(mask_secrets(v) for v in obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(mask_secrets(v) for v in obj)
     if not isinstance(obj, str) or ("@" not in obj and "=" not in obj):
         return obj
     return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", obj))
@@ -67,11 +57,9 @@ def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
 
 
 def without_masked_password(uri: str) -> str:
-    """A URI read back from a file gpubench wrote has its password masked; drop the mask so
-    the driver falls back to the environment (PGPASSWORD, ~/.pgpass, MLFLOW_TRACKING_PASSWORD)
-    instead of sending *** as the password."""
+    """A URI read back from a file gpubench wrote, its mask dropped: the driver then falls
+    back to the environment (PGPASSWORD, ~/.pgpass) instead of sending *** as the password."""
     return uri.replace(f":{MASK}@", "@")
-
 
 
 def mask_logging() -> None:
@@ -95,18 +83,3 @@ def mask_logging() -> None:
 
     masked.masks_secrets = True
     logging.setLogRecordFactory(masked)
-
-
-def mask_files(paths) -> None:
-    """Rewrite text files that hold a password with it masked (write-then-rename: a kill
-    mid-write leaves the previous file). Missing files are skipped."""
-    for p in map(Path, paths):
-        try:
-            text = p.read_text()
-        except (OSError, UnicodeDecodeError):
-            continue
-        clean = mask_secrets(text)
-        if clean != text:
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(clean)
-            os.replace(tmp, p)

@@ -1,18 +1,14 @@
 """Arithmetic on measured times: percentiles, one window's figures, windows pooled into a phase
-with a confidence interval, and when warm-up has settled. Pure functions (no torch), so every
-rule here is tested on constructed timings.
+with an interval, when warm-up has settled. Pure functions (no torch), tested on constructed
+timings.
 
-Why windows, and why an order-statistic interval (docs/guide.md, "Intervals"):
-- Steps are not independent samples: a DataLoader delivers in bursts (one worker's batch, then
-  the next), and a disturbance (another process, a throttled clock) lasts for many steps. A
-  step-level interval would be far too narrow. Windows of several steps, interleaved across
-  phases, are the units: each is one independent look at the phase's throughput.
-- With 4-10 windows neither a t-interval (assumes normal windows; one disturbed window drags the
-  mean) nor a bootstrap (needs dozens of values) is trustworthy. The interval for the median
-  from order statistics is distribution-free: for n windows, [x_(k), x_(n+1-k)] covers the true
-  median with probability 1 - 2 P(Binomial(n, 1/2) < k). We take the narrowest such interval
-  with coverage >= 95%, and report the exact coverage; with fewer than 6 windows no interval
-  reaches 95%, so [min, max] is reported with its (lower) coverage.
+Why windows, and why an order-statistic interval (docs/guide.md, "Intervals"): steps are not
+independent (a DataLoader delivers in bursts, a disturbance lasts many steps), so windows of
+several steps, interleaved across phases, are the units. With 4-10 windows neither a t-interval
+(one disturbed window drags the mean) nor a bootstrap (needs dozens of values) is trustworthy;
+the order-statistic interval for the median is distribution-free: [x_(k), x_(n+1-k)] covers it
+with probability 1 - 2 P(Binomial(n, 1/2) < k). The narrowest with coverage >= 95% is taken,
+its exact coverage reported; below 6 windows none reaches 95%: [min, max] with its coverage.
 """
 
 from __future__ import annotations
@@ -44,11 +40,6 @@ def median(xs: list[float]) -> float:
     return percentile(xs, 50)
 
 
-def _binom_below(n: int, k: int) -> float:
-    """P(Binomial(n, 1/2) < k)."""
-    return sum(comb(n, i) for i in range(k)) / 2**n
-
-
 def median_interval(xs: list[float], confidence: float = CONFIDENCE
                     ) -> tuple[float, float, float] | None:
     """(low, high, coverage): the narrowest order-statistic interval for the median whose
@@ -58,13 +49,16 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
     n = len(vals)
     if n < 2:
         return None
-    best = (vals[0], vals[-1], 1 - 2 * _binom_below(n, 1))
+    def cover(k: int) -> float:  # 1 - 2 P(Binomial(n, 1/2) < k)
+        return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2**n
+
+    best = (vals[0], vals[-1], cover(1))
     for k in range(2, n // 2 + 1):
-        cover = 1 - 2 * _binom_below(n, k)
-        if cover < confidence:
+        if cover(k) < confidence:
             break
-        best = (vals[k - 1], vals[n - k], cover)
+        best = (vals[k - 1], vals[n - k], cover(k))
     return best
+
 
 
 def holding(ci, value: float) -> tuple[float, float]:
@@ -86,8 +80,7 @@ def figure(v: float, spec: str = "") -> str:
 @dataclass(frozen=True)
 class Est:
     """A measured figure with its interval (lo <= value <= hi; lo == hi: no spread measured):
-    the one estimate of gpubench (a phase's throughput, a ratio, a loader rate, a compute bound),
-    with its one ratio (`over`) and its one rendering (`format(e, spec)`: `812 [790-840]`)."""
+    the one estimate of gpubench, with its one ratio (`over`) and rendering (`812 [790-840]`)."""
 
     value: float
     lo: float
@@ -95,8 +88,8 @@ class Est:
 
     @classmethod
     def of(cls, x, ci=None) -> Est | None:
-        """A measured figure and its interval (widened to hold the figure, `holding`); None when
-        `x` measured nothing. An interval whose ends are not both measured is none."""
+        """Widened to hold the figure (`holding`); None when `x` measured nothing. An interval
+        whose ends are not both measured is none."""
         if isinstance(x, Est):
             return x
         if not positive(x):
@@ -106,8 +99,7 @@ class Est:
 
     @classmethod
     def median_of(cls, values: list[float]) -> Est:
-        """Windows' figures (or per-round ratios): their median and its order-statistic
-        interval; exact with fewer than two."""
+        """Their median and its order-statistic interval; exact with fewer than two."""
         m = median(values)
         return cls(m, *holding(median_interval(values), m))
 
@@ -184,49 +176,25 @@ class WindowStats:
     host_blocked_s: float | None = None
 
     def summary(self) -> dict:
-        d = asdict(self)
-        d.pop("step_times_s")
-        d.pop("warmup_step_times_s")
-        return d
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("step_times_s", "warmup_step_times_s")}
 
 
-def stats_from(
-    phase: str,
-    batch_size: int,
-    images: int,
-    step_times: list[float],
-    window_s: float,
-    wait_s: float,
-    warmup_times: list[float],
-    warmup_s: float,
-    truncated: bool,
-    warmup_settled: bool | None = None,
-) -> WindowStats:
+def stats_from(phase: str, batch_size: int, images: int, step_times: list[float], window_s: float,
+               wait_s: float, warmup_times: list[float], warmup_s: float, truncated: bool,
+               warmup_settled: bool | None = None) -> WindowStats:
     """Throughput is images over the whole window between the two edge syncs, not the mean of
     per-step rates, so gaps between steps count against it as they do in training."""
-    n = len(step_times)
     mean, cv = spread(step_times)
     return WindowStats(
-        phase=phase,
-        batch_size=batch_size,
-        steps=n,
-        images=images,
-        seconds=window_s,
+        phase, batch_size, len(step_times), images, window_s,
         images_per_sec=(images / window_s) if window_s > 0 else math.nan,
-        data_wait_s=wait_s,
-        data_wait_fraction=(wait_s / window_s) if window_s > 0 else math.nan,
-        step_time_p50_s=percentile(step_times, 50),
-        step_time_p95_s=percentile(step_times, 95),
-        step_time_mean_s=mean,
-        step_time_cv=cv,
-        warmup_steps=len(warmup_times),
-        warmup_seconds=warmup_s,
-        first_step_s=(warmup_times or step_times or [math.nan])[0],
-        truncated=truncated,
-        warmup_settled=warmup_settled,
-        step_times_s=step_times,
-        warmup_step_times_s=warmup_times,
-    )
+        data_wait_s=wait_s, data_wait_fraction=(wait_s / window_s) if window_s > 0 else math.nan,
+        step_time_p50_s=percentile(step_times, 50), step_time_p95_s=percentile(step_times, 95),
+        step_time_mean_s=mean, step_time_cv=cv,
+        warmup_steps=len(warmup_times), warmup_seconds=warmup_s,
+        first_step_s=(warmup_times or step_times or [math.nan])[0], truncated=truncated,
+        warmup_settled=warmup_settled, step_times_s=step_times, warmup_step_times_s=warmup_times)
 
 
 # ---------------------------------------------------------------- warm-up
@@ -275,6 +243,16 @@ def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -
 # ---------------------------------------------------------------- windows pooled into a phase
 
 
+# each window's own figures a phase keeps (PhaseRecord.windows)
+WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
+               "data_wait_fraction", "ranks_images_per_sec")
+
+
+def _share(parts: list, total: float) -> float | None:
+    """sum(parts) / total; None when a part is unknown or there is no total."""
+    return sum(parts) / total if total > 0 and None not in parts else None
+
+
 def pool(windows: list[WindowStats]) -> dict:
     """A phase's figures from its windows: the median window throughput and its interval;
     step-time percentiles over all measured steps; data wait over all windows' time."""
@@ -283,52 +261,29 @@ def pool(windows: list[WindowStats]) -> dict:
     steps = [t for w in windows for t in w.step_times_s]
     seconds = sum(w.seconds for w in windows)
     wait = sum(w.data_wait_s for w in windows)
-    n = len(steps)
+    images = sum(w.images for w in windows)
     mean, cv = spread(steps)
     ci = median_interval(ips)
-    idle = [w.device_idle_s for w in windows]
-    busy = [w.device_work_s for w in windows]
-    blocked = [w.host_blocked_s for w in windows]
-    images = sum(w.images for w in windows)
     ranks = None
     if first.ranks_images_per_sec is not None:
-        per = list(zip(*(w.ranks_images_per_sec for w in windows), strict=True))
+        per = zip(*(w.ranks_images_per_sec for w in windows), strict=True)
         ranks = [median(list(r)) for r in per]
     return {
-        "phase": first.phase,
-        "batch_size": first.batch_size,
-        "steps": n,
-        "images": images,
-        "seconds": seconds,
-        "images_per_sec": median(ips),
+        "phase": first.phase, "batch_size": first.batch_size, "steps": len(steps),
+        "images": images, "seconds": seconds, "images_per_sec": median(ips),
         "images_per_sec_ci": None if ci is None else [ci[0], ci[1]],
         "images_per_sec_ci_coverage": None if ci is None else ci[2],
         "repeats": len(windows),
-        "windows": [
-            {"images": w.images, "seconds": w.seconds, "images_per_sec": w.images_per_sec,
-             "steps": w.steps, "step_time_cv": w.step_time_cv, "truncated": w.truncated,
-             "data_wait_fraction": w.data_wait_fraction,
-             "ranks_images_per_sec": w.ranks_images_per_sec}
-            for w in windows
-        ],
-        "data_wait_s": wait,
-        "data_wait_fraction": wait / seconds if seconds > 0 else math.nan,
-        "step_time_p50_s": percentile(steps, 50),
-        "step_time_p95_s": percentile(steps, 95),
-        "step_time_mean_s": mean,
-        "step_time_cv": cv,
-        "warmup_steps": first.warmup_steps,
-        "warmup_seconds": first.warmup_seconds,
-        "warmup_settled": first.warmup_settled,
-        "first_step_s": first.first_step_s,
-        "truncated": any(w.truncated for w in windows),
-        "ranks_images_per_sec": ranks,
-        "device_idle_fraction": (sum(idle) / seconds if seconds > 0 and None not in idle
-                                 else None),
-        "device_work_seconds_per_image": (sum(busy) / images if images and None not in busy
-                                          else None),
-        "host_blocked_seconds_per_image": (sum(blocked) / images
-                                           if images and None not in blocked else None),
+        "windows": [{k: getattr(w, k) for k in WINDOW_KEYS} for w in windows],
+        "data_wait_s": wait, "data_wait_fraction": wait / seconds if seconds > 0 else math.nan,
+        "step_time_p50_s": percentile(steps, 50), "step_time_p95_s": percentile(steps, 95),
+        "step_time_mean_s": mean, "step_time_cv": cv,
+        "warmup_steps": first.warmup_steps, "warmup_seconds": first.warmup_seconds,
+        "warmup_settled": first.warmup_settled, "first_step_s": first.first_step_s,
+        "truncated": any(w.truncated for w in windows), "ranks_images_per_sec": ranks,
+        "device_idle_fraction": _share([w.device_idle_s for w in windows], seconds),
+        "device_work_seconds_per_image": _share([w.device_work_s for w in windows], images),
+        "host_blocked_seconds_per_image": _share([w.host_blocked_s for w in windows], images),
     }
 
 
@@ -337,14 +292,10 @@ def pool(windows: list[WindowStats]) -> dict:
 
 def supported_place(value: float, ci) -> int | None:
     """The decimal place (10**place) of the last digit of `value` that its interval `ci`
-    (lo, hi, ...) supports; None without an interval (no spread measured: nothing to round to).
-
-    The rule: one digit below the interval's half-width taken as a share of the value, so the
-    last digit kept is the first one the interval leaves uncertain: +-5% keeps 3 significant
-    figures (812.3 [771.7-852.9] -> 812 [772-853], the bounds at the figure's place), +-0.5%
-    keeps 4, +-50% keeps 2; never fewer than 1.
-    Every figure shown or logged beside its interval (MLflow's metrics and names, the run's
-    description) is rounded by this one rule; results.json keeps the raw value."""
+    supports; None without an interval. The last digit kept is the first one the interval
+    leaves uncertain: +-5% keeps 3 significant figures (812.3 [771.7-852.9] -> 812 [772-853]),
+    +-0.5% keeps 4, +-50% keeps 2; never fewer than 1. Every figure logged beside its interval
+    (MLflow's metrics and names, the run's description) is rounded by this one rule."""
     if ci is None or len(ci) < 2 or not all(finite(x) for x in (value, ci[0], ci[1])):
         return None
     half = abs(float(ci[1]) - float(ci[0])) / 2

@@ -1,20 +1,13 @@
 """A loader-only multirun measures its compute bound itself, once per setup.
 
-`python -m gpubench -m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8` asks how many
-workers out-run compute, so the report needs a compute measurement at the same setup
-(gpubench.analysis.workers.compute_setup: model, image size, batch size, precision, ...). The
-first loader-only job of each setup to finish in the multirun measures it: after its own loader
-run, it takes `<sweep dir>/compute/<setup>.claim` (a file lock: of jobs running in parallel,
-exactly one gets it) and measures the compute phase alone, with its own config but
-`bench.phases=[compute]`, into `<sweep dir>/compute/<setup>/`. The report pools what it finds
-there into the bound (gpubench.report.loader_answer). The claim is held until the job's process
-ends; a later job of the setup leaves it while it is held or once the setup is measured, and
-takes it over from a claimer that died mid-measurement (the kernel released its lock).
-
-After the loader run, not before: with Hydra's sequential launcher nothing else runs while it
-measures (parallel jobs on one device disturb each other anyway). Not under torchrun (the
-ranks would all have to measure it), and not outside a Hydra multirun: a single loader-only
-run is measured as asked, and `python -m gpubench.report DIR --compute RUN` names a bound.
+`-m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8` asks how many workers out-run compute,
+so the report needs compute measured at the same setup (analysis.workers.compute_setup). The
+first loader-only job of a setup to finish takes `<sweep dir>/compute/<setup>.claim` (a file
+lock: exactly one job gets it, held until its process ends, taken over from a claimer that died)
+and measures the compute phase alone into `<sweep dir>/compute/<setup>/`; the report pools it
+(report.loader_answer). After the loader run, not before: with Hydra's sequential launcher
+nothing else runs meanwhile. Not under torchrun (every rank would have to measure it), nor
+outside a multirun (`python -m gpubench.report DIR --compute RUN` names a bound there).
 """
 
 from __future__ import annotations
@@ -35,19 +28,6 @@ from gpubench.core.stats import Est
 _CLAIMS: list = []
 
 
-def _sweep_dir() -> Path | None:
-    """The multirun's sweep dir; None outside a Hydra multirun."""
-    from hydra.core.hydra_config import HydraConfig  # hydra's state, read only inside a job
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return None
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
-        return None
-    return Path(hc.sweep.dir).resolve()
-
-
 def claim(phases, record: RunRecord, distributed: bool) -> Path | None:
     """The folder where this job measures its setup's compute bound, when it is a loader-only
     job of a multirun that measured, and the first of its setup to claim it; None otherwise."""
@@ -55,21 +35,25 @@ def claim(phases, record: RunRecord, distributed: bool) -> Path | None:
         return None
     if os.environ.get(BOUNDS_MEASURED_ENV):  # sweep=pipes measured it in its compute pipe
         return None
-    sweep = _sweep_dir()
-    return None if sweep is None else claim_in(sweep, record)
+    from hydra.core.hydra_config import HydraConfig  # hydra's state, read only inside a job
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return claim_in(Path(HydraConfig.get().sweep.dir).resolve(), record)
 
 
 def claim_in(sweep: Path, record: RunRecord) -> Path | None:
-    """`<sweep>/compute/<setup>` for the first caller of this record's compute setup; None for
-    every later one (see the module docstring)."""
+    """`<sweep>/compute/<setup>` for the first caller of this record's setup, else None."""
     name = compute_dir_name(compute_setup(record.knob, record.env.get("device")))
     root = sweep / COMPUTE_DIR
     root.mkdir(exist_ok=True)
     check_no_links(root, sweep)  # nothing claimed or written through a link out of the sweep
-    status = (read_json(root / name / RESULTS_FILE) or {}).get("status", Status.running.value)
-    lock = try_lock(root / f"{name}.claim", f"{record.dir}\n") if status == Status.running.value else None
+    if (read_json(root / name / RESULTS_FILE) or {}).get("status", Status.running) != Status.running:
+        return None  # measured (a resumed sweep)
+    lock = try_lock(root / f"{name}.claim", f"{record.dir}\n")
     if lock is None:
-        return None  # measured (a resumed sweep), or being measured by another job
+        return None  # being measured by another job
     _CLAIMS.append(lock)
     return root / name
 

@@ -1,11 +1,9 @@
 """A run stopped from outside still ends with its record final, and says what it kept.
 
-Ctrl-C, SIGTERM and SIGHUP (a dropped ssh session) end a run's measuring. What follows (the
-record made final, its picture drawn) takes seconds, and a second signal meanwhile (Ctrl-C
-pressed again) must not cut it short: `Hold`, around a run, lets the first signal through and
-keeps later ones waiting until the record is final and pictured; a signal that waited skips
-what may be skipped (the upload, which `sync` does later) and then ends the command as it would
-have. `kept` is the one sentence about what a stopped run left and how to upload it.
+Ctrl-C, SIGTERM and SIGHUP end a run's measuring; making the record final and drawing its
+picture takes seconds, and a second signal meanwhile must not cut it short: `Hold` lets the
+first signal through and keeps later ones waiting until then (a signal that waited skips the
+upload, which `sync` does later). `kept` says what a stopped run left and how to upload it.
 """
 
 from __future__ import annotations
@@ -22,26 +20,21 @@ from gpubench.core.secrets import mask_secrets
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _ignore_signal(signum, frame) -> None:
-    # a Python-level no-op rather than SIG_DFL: a SIGCHLD already pending when the handler
-    # changes still finds a Python handler to call
-    return
-
-
 def expect_worker_deaths() -> None:
     """The run is ending on a signal: `timeout`, Slurm, a terminal and a dropped session signal
     the whole process group, so DataLoader workers die of it too, and torch's SIGCHLD handler in
     this process would raise "DataLoader worker ... killed by signal" halfway through making the
     record final. From here on a worker's death is expected: SIGCHLD is no longer watched."""
-    signal.signal(signal.SIGCHLD, _ignore_signal)
+    # a Python-level no-op rather than SIG_DFL: a SIGCHLD already pending when the handler
+    # changes still finds a Python handler to call
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
 
 class Hold:
-    """Around a run (`with bench.hold:`): Ctrl-C, SIGTERM and SIGHUP act as they did until the
-    first one, or `arm()` once measuring is over; from then until the block ends, they wait in
-    `late`, so the record is made final and its picture drawn whatever else arrives. `replay()`
-    then delivers a waiting signal as it would have been. Python runs signal handlers in the
-    main thread only: entered from another thread it changes nothing."""
+    """Around a run (`with bench.hold:`): the ending signals act as they did until the first
+    one, or `arm()`; from then until the block ends they wait in `late`, and `replay()` then
+    delivers one. Python runs signal handlers in the main thread only: entered from another
+    thread it changes nothing."""
 
     def __init__(self) -> None:
         self.late: list[int] = []
@@ -63,8 +56,7 @@ class Hold:
                 signal.signal(s, handler)
         self._before = {}
 
-    def arm(self) -> None:
-        """Measuring is over: a signal from here waits."""
+    def arm(self) -> None:  # measuring is over: a signal from here waits
         self.armed = True
 
     def _on_signal(self, signum, frame) -> None:
@@ -76,8 +68,7 @@ class Hold:
         _deliver(signum, self._before[signum], frame)
 
     def replay(self) -> None:
-        """A signal that waited, delivered now through the handler in place (Ctrl-C's
-        KeyboardInterrupt, gpubench's SIGTERM and SIGHUP handlers, or the default action)."""
+        """A signal that waited, delivered now through the handler in place (or the default)."""
         if self.late:
             _deliver(self.late[0], signal.getsignal(self.late[0]), None)
 
@@ -91,9 +82,8 @@ def _deliver(signum: int, handler, frame) -> None:
 
 
 def kept(run_dir: str | Path) -> str | None:
-    """What a stopped run left in `run_dir`, for its one line: status, measured phases, the
-    record's path and picture, and, when it was to be tracked and MLflow does not have it, the
-    command that uploads it. None when the folder holds no record."""
+    """What a stopped run left in `run_dir` (status, phases, the record and its picture, and
+    the command that uploads it when MLflow does not have it); None without a record."""
     rec = record.load(run_dir)
     if rec is None:
         return None

@@ -1,10 +1,10 @@
-"""Fault injection (the `fault.*` keys): the failures a real run meets, on demand, so tests and
-the docs' reliability table can show what a run does with them. An out-of-memory error above a
-batch size (in the train step), a runtime error after some windows, and stalls of the kind
-another process causes. Under torchrun `fault.rank` limits them to one rank."""
+"""Fault injection (the `fault.*` keys): the failures a real run meets (an OOM above a batch size,
+a runtime error after some windows, stalls), on demand, for tests and the docs' reliability
+table. Under torchrun `fault.rank` limits them to one rank."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -22,7 +22,7 @@ class Faults:
 
     @property
     def oom_above_batch(self) -> int | None:
-        """The train step raises an out-of-memory error above this batch size (None: never)."""
+        """The train step raises an OOM above this batch size (None: never)."""
         return self.fault.oom_above_batch if self.here else None
 
     def maybe_fail(self, windows: int) -> None:
@@ -32,16 +32,12 @@ class Faults:
             raise RuntimeError(f.fail_message)
 
     def staller(self) -> Callable[[], None]:
-        """A function to call before each step: every `fault.stall_every`-th call sleeps
-        `fault.stall_s` (an interruption of the kind another process causes)."""
+        """Called before each step: every `fault.stall_every`-th call sleeps `fault.stall_s`."""
         every = self.fault.stall_every if self.here else None
-        seconds = self.fault.stall_s
-        calls = 0
+        calls = itertools.count(1)
 
         def stall() -> None:
-            nonlocal calls
-            calls += 1
-            if every and calls % every == 0:
-                self.sleep(seconds)
+            if every and next(calls) % every == 0:
+                self.sleep(self.fault.stall_s)
 
         return stall

@@ -28,11 +28,10 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
 
 def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None,
                         first: bool = True) -> float | None:
-    """Every rank's GPU energy in this window (each from its own counter's difference, see
-    nvml.window_energy_j) added to `before`, the phase's earlier windows; None once any rank
-    could not read its own in any window (the sampler reads this rank's GPU only). `first`:
-    this is the phase's first window; after it, `before` None means an earlier window had no
-    figure, and a sum of the later ones alone would undercount the phase."""
+    """Every rank's GPU energy in this window (nvml.window_energy_j) added to `before`, the
+    phase's earlier windows; None once any rank could not read its own in any window. After
+    the `first` window, `before` None means an earlier one had no figure: a sum of the later
+    ones alone would undercount the phase."""
     energies = dist.gather(energy_j)
     if any(e is None for e in energies) or (before is None and not first):
         return None
@@ -40,12 +39,10 @@ def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None
 
 
 def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
-    """A phase's telemetry over all its windows: samples pooled (each window's readings that
-    straddle its start already dropped), seconds summed, energy the sum of the windows'
-    energies: their counter differences wherever the counter was read, whatever each window's
-    length, so the phase's error stays within one counter update per window; None if any
-    window has no figure. Byte counters restart at each window: later windows' are offset by
-    the earlier totals, so the pooled counters stay cumulative."""
+    """A phase's telemetry over all its windows: samples pooled, seconds summed, energy the sum
+    of the windows' counter differences (the phase's error stays within one counter update per
+    window; None if any window has none). Byte counters restart at each window: later windows'
+    are offset by the earlier totals, so the pooled counters stay cumulative."""
     samples, base = [], dict.fromkeys(_COUNTERS, 0)
     for s in summaries:
         last = dict(base)
@@ -71,13 +68,11 @@ def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
 
 def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: str,
                         name: str) -> dict:
-    """The pooled windows of one phase (core.stats.pool) with each window's CPU figures from
-    its telemetry, and the device-side data figures that make sense on this device."""
+    """A phase's pooled windows (core.stats.pool) with each window's CPU figures, and the
+    device-side data figures that make sense on this device."""
     for w, t in zip(pooled["windows"], summaries, strict=True):
         d = t.as_dict()
-        w["host_cpu_util_mean"] = d["host_cpu_util_mean"]
-        w["process_cpu_util_mean"] = d["process_cpu_util_mean"]
-        w["samples"] = d["samples"]
+        w |= {k: d[k] for k in ("host_cpu_util_mean", "process_cpu_util_mean", "samples")}
     blocked = pooled.pop("host_blocked_seconds_per_image", None)
     if device != "cuda":
         # on a CPU the host clock already gives data wait: "device idle" would repeat it

@@ -1,18 +1,10 @@
 """One benchmark run: resolve the settings, build once, measure the phases in interleaved windows, judge.
 
-`Benchmark(cfg).run()` is the whole run behind `python -m gpubench`; tests call `measure_run`
-or `run_benchmark`. The run's record (core/record.py) is written to results.json before
-any work and after every window, so a crash, an OOM, Ctrl-C or SIGTERM never loses what was
-already measured, and it is written before any tracking server is contacted.
-
-Why interleaved windows: each phase is measured as `bench.repeats` windows in the order
-loader, compute, e2e, loader, compute, e2e, ...; a slow drift (another process, a warming
-device) then hits every phase alike instead of one, and the windows of a phase give it an
-interval (core/stats.py).
-
-The Benchmark's build, windows and single try/finally are one control flow, read top to
-bottom; figures and the verdict are in run/summary.py, fault injection in run/faults.py, merging
-windows and ranks in run/merge.py, arithmetic in core/stats.py.
+The record (core/record.py) is written to results.json before any work and after every window,
+so a crash, an OOM, Ctrl-C or SIGTERM never loses what was measured, and before any tracking
+server is contacted. Windows are interleaved (loader, compute, e2e, loader, ...): a slow drift
+(another process, a warming device) then hits every phase alike, and a phase's windows give it
+an interval (core/stats.py). Figures and the verdict: run/summary.py; merging: run/merge.py.
 """
 
 from __future__ import annotations
@@ -31,18 +23,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import Settings, check_resources, plain, resolve, window_cap_s
+from gpubench.config.settings import check_resources, plain, resolve, window_cap_s
 from gpubench.core.files import check_no_links
 from gpubench.core.pipe import batches_in_flight, loader_window_steps
-from gpubench.core.record import (
-    RESULTS_FILE,
-    RUNG_ENV,
-    STUDY_ENV,
-    PhaseRecord,
-    RunRecord,
-    Status,
-    window_plan,
-)
+from gpubench.core.record import RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed, targets
@@ -76,9 +60,8 @@ from gpubench.telemetry.monitor import Monitor, MonitorSummary
 
 log = logging.getLogger("gpubench")
 
-__all__ = ["RESULTS_FILE", "Benchmark", "Result", "measure_run", "run_benchmark"]
-
 SAVE_WAIT_S = 10.0  # a hung run's last write waits this long for one under way
+
 
 @dataclass
 class Result:
@@ -128,10 +111,9 @@ def one_line_error(e: BaseException) -> str:
     """An error as one line: a DataLoader worker's error carries the worker's whole traceback
     in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); keep
     its first line and the exception the traceback ends with."""
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    if len(lines) > 1:
-        return f"{type(e).__name__}: {lines[0]} ... {lines[-1]}"[:1000]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:1000]
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+    text = f"{lines[0]} ... {lines[-1]}" if len(lines) > 1 else lines[0]
+    return f"{type(e).__name__}: {text}"[:1000]
 
 
 def moved_batch(pipe, batches, batch, after_decode, must_step: bool):
@@ -152,11 +134,10 @@ class Benchmark:
     def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
         # bad input raises ConfigError here, before any work: first the rules on the config
         # alone, then those that look at this machine's disk and RAM
-        s = resolve(cfg)
+        s = self.settings = resolve(cfg)
         check_resources(s)
         targets.check(s)  # the code the config names: resolved and checked, none of it called
-        self.settings: Settings = s
-        b = s.bench
+        b, ld = s.bench, s.loader
         self.device = s.device
         self.dist = distributed.from_env(self.device)
         self.out = output_dir(out_dir)
@@ -166,20 +147,19 @@ class Benchmark:
         self.faults = Faults(s.fault, self.dist.rank)
         self.repeats, self.steps_per_window = window_plan(b.steps, b.repeats)
         # results.json never holds a password (tracking.uri may carry user:pw@)
-        rec = RunRecord.start(self.out, mask_secrets(plain(s.config)), env.facts(self.device),
-                              s.memory.ceiling, self.dist.world)
+        rec = self.record = RunRecord.start(self.out, mask_secrets(plain(s.config)),
+                                            env.facts(self.device), s.memory.ceiling,
+                                            self.dist.world)
         rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
         rec.device_memory_bytes = env.device_memory_bytes(self.device)
         # cores the run can keep busy: torch's threads in the main process plus one per loader
         # worker (each limited to worker_threads), at most the host's (the competition check)
-        ld = s.loader
         rec.extra["cpu_demand_cores"] = min(
             os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
-        if os.environ.get(STUDY_ENV):  # a job of a study: every worker's jobs share the tag
-            rec.extra["study"] = os.environ[STUDY_ENV]
-        if os.environ.get(RUNG_ENV):  # a sweeper's job: screen, full, confirm or probe
-            rec.extra["rung"] = os.environ[RUNG_ENV]
-        self.record = rec
+        # a study's job (every worker's jobs share the tag); a sweeper's rung (screen, full, ...)
+        for key, var in (("study", STUDY_ENV), ("rung", RUNG_ENV)):
+            if os.environ.get(var):
+                rec.extra[key] = os.environ[var]
         self.monitor = Monitor(
             self.device, b.monitor_interval_s, b.monitor,
             worker_pids=lambda: self.pipe.worker_pids() if self.pipe is not None else (),
@@ -204,8 +184,6 @@ class Benchmark:
                                  self._end_hung)
         self._saving = threading.Lock()
 
-    # ------------------------------------------------------------------ record
-
     def save(self) -> None:
         if not self.dist.main:  # one results.json per run, from rank 0
             return
@@ -220,8 +198,8 @@ class Benchmark:
         b = s.bench
         self.plan = resolve_precision(s.precision, device)
         apply_backend_flags(self.plan, b.cudnn_benchmark)
-        shard = (self.dist.rank, self.dist.world) if self.dist.enabled else None
-        self.pipe = build_pipeline(s, shard)
+        self.pipe = build_pipeline(s, (self.dist.rank, self.dist.world) if self.dist.enabled
+                                   else None)
         rec.data_info = self.pipe.info
         if "compute" in self.phases or "e2e" in self.phases:
             model = prepare_model(build_model(s), device, s.channels_last)
@@ -236,17 +214,15 @@ class Benchmark:
                     rec.flops_per_step = split and split["total"]
                     rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
             compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
-            self.step = TrainStep(compiled, self.plan, device, opt,
-                                  self.faults.oom_above_batch,
+            self.step = TrainStep(compiled, self.plan, device, opt, self.faults.oom_above_batch,
                                   b.grad_accum_steps, b.host_metrics_every, loss,
                                   step_marker(s.compile))
         self.faults.maybe_fail(0)
 
     def _functions(self, name: str):
-        """(fetch, work) for one phase; `work` returns the images it processed.
-
-        loader: fetch from the DataLoader, copy to the device, no model. compute: the same step
-        on one batch kept on the device, so fetch costs nothing. e2e: fetch, copy, step."""
+        """(fetch, work) for one phase; `work` returns the images it processed. loader: fetch,
+        copy to the device, no model; compute: the step on one batch kept on the device (fetch
+        costs nothing); e2e: fetch, copy, step."""
         pipe, step = self.pipe, self.step
         stall = self.faults.staller()
         if name == "compute":
@@ -260,7 +236,6 @@ class Benchmark:
 
             return (lambda: fixed), compute_only
         batches = pipe.batches()
-
         # under torchrun e2e's step is a collective (DDP's all-reduce): every rank must take it
         must_step = name == "e2e" and self.dist.enabled
 
@@ -277,23 +252,25 @@ class Benchmark:
 
     # ------------------------------------------------------------------ measure
 
-    def _rewarm_steps(self, name: str) -> int:
-        """Steps before each later window of a phase: the loader kept prefetching while other
-        phases ran, and those ready batches would flatter the window; one step also re-primes
-        the step itself."""
-        if name == "compute" or self.pipe.loader is None:
-            return 1
-        ld = self.settings.loader
-        return batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
-
-    def _window_steps(self, name: str) -> int:
-        """bench.steps' share of a window; a loader window of at least a few times the batches
-        its workers hold in flight (core.pipe.loader_window_steps): a window gpubench sized
-        never times the queue."""
-        if name != "loader":
-            return self.steps_per_window
-        ld = self.settings.loader
-        return loader_window_steps(self.steps_per_window, ld.num_workers, ld.prefetch_factor)
+    def _window_steps(self, name: str, first: bool) -> tuple[int, int]:
+        """(warm-up steps, measured steps) of a window. Before a later window the loader's
+        ready batches are drained: it kept prefetching while other phases ran, and those would
+        flatter the window (one step also re-primes the step itself). A loader window spans at
+        least a few times the batches in flight (core.pipe.loader_window_steps): a window
+        gpubench sized never times the queue."""
+        b, ld = self.settings.bench, self.settings.loader
+        if first:
+            # compiled: the first step compiles, with reduce-overhead the second records the
+            # CUDA graph and the third is its first replay: the window starts on replays only
+            warm = max(b.warmup_steps, 3) if self.settings.compile != "off" else b.warmup_steps
+        elif name == "compute" or self.pipe.loader is None:
+            warm = 1
+        else:
+            warm = batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
+        steps = self.steps_per_window
+        if name == "loader":
+            steps = loader_window_steps(steps, ld.num_workers, ld.prefetch_factor)
+        return warm, steps
 
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first one warms up until steps are steady)."""
@@ -308,20 +285,14 @@ class Benchmark:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         held: list[MonitorSummary] = []
-        warm = b.warmup_steps
-        if self.settings.compile != "off":
-            # the first step compiles, with reduce-overhead the second records the CUDA graph
-            # and the third is its first replay: the window starts on replays only
-            warm = max(warm, 3)
+        warm, steps = self._window_steps(name, first)
         # the loss is read only where the device has just been synchronized: after each
         # warm-up step (which syncs to time itself) and after the window's closing sync
         check = (lambda: self.step.check_loss(f"{where}, warm-up")) if name != "loader" else None
         last = None if first else self.windows[name][-1]
         stats = run_window(
-            name, *self.functions[name], self.settings.loader.batch_size, device,
-            warm if first else self._rewarm_steps(name),
-            self._window_steps(name), b.warmup_max_seconds,
-            window_cap_s(b.max_seconds, b.repeats, b.steps),
+            name, *self.functions[name], self.settings.loader.batch_size, device, warm, steps,
+            b.warmup_max_seconds, window_cap_s(b.max_seconds, b.repeats, b.steps),
             warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
             # all ranks open their windows together
             on_open=lambda: (dist.barrier(), self.monitor.open()),
@@ -356,12 +327,12 @@ class Benchmark:
     def _record_phase(self, name: str) -> None:
         ws, summaries = self.windows[name], self.telemetry[name]
         merged = merge.telemetry(summaries)
-        pooled = merge.phase_record_fields(pool(ws), summaries, self.device, name)
         telemetry = merged.as_dict()
         if name in self.energy_all:
             telemetry["energy_j_all_ranks"] = self.energy_all[name]
         self.record.phases[name] = PhaseRecord.from_dict(
-            pooled | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
+            merge.phase_record_fields(pool(ws), summaries, self.device, name)
+            | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
         self.record.series[name] = merge.series(ws, merged)
         # the top-level figures after every phase: a run that dies writing its final status
         # (a full disk) leaves a record a resume or `sync` keeps as measured (RunRecord.recover)
@@ -370,12 +341,9 @@ class Benchmark:
 
     def measure(self) -> None:
         self.build()
-        done = 0
-        for _ in range(self.repeats):
-            for name in self.phases:
-                self.run_phase(name)
-                done += 1
-                self.faults.maybe_fail(done)
+        for done in range(1, self.repeats * len(self.phases) + 1):
+            self.run_phase(self.phases[(done - 1) % len(self.phases)])
+            self.faults.maybe_fail(done)
         self.watchdog.at(None)  # the windows are done: nothing after them is watched
         if self.settings.bench.profile:
             from gpubench.telemetry.profile import profile_steps
@@ -391,9 +359,9 @@ class Benchmark:
 
     def run(self) -> BaseException | None:
         """Measure and write the record, whatever happens. Returns the interrupt (Ctrl-C,
-        SIGTERM, SIGHUP) when there was one, for the caller to re-raise once the run is
-        reported; bad input found while building (a ConfigError) is raised. Inside `self.hold`
-        (the callers below) a later signal waits until the record is final."""
+        SIGTERM, SIGHUP) for the caller to re-raise once the run is reported; a ConfigError
+        found while building is raised. Inside `self.hold` a later signal waits until the
+        record is final."""
         rec = self.record
         self.save()
         interrupted: BaseException | None = None
@@ -438,12 +406,12 @@ class Benchmark:
         rec = self.record
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
-        figures = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
-        if figures is not None:
-            rec.extra["step"] = figures
+        step = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
+        if step is not None:
+            rec.extra["step"] = step
         self._release()
         try:
-            self.summarize()
+            summarize(self)
         except Exception as e:  # a verdict that fails must not cost the measurement
             log.debug("summary failed", exc_info=True)
             rec.reason = f"summary failed: {type(e).__name__}: {e}"
@@ -454,10 +422,9 @@ class Benchmark:
         """Another torchrun rank failed. Called on the watcher thread, which then ends this
         process: record it first."""
         if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
-            rec = self.record
-            rec.status = Status.oom if peer_status == "oom" else (
-                Status.killed if peer_status == "killed" else Status.failed)
-            rec.error = f"another rank failed: {message}"
+            self.record.status = {"oom": Status.oom, "killed": Status.killed}.get(
+                peer_status, Status.failed)
+            self.record.error = f"another rank failed: {message}"
             self.save()
 
     def _hung(self, line: str) -> str:
@@ -483,10 +450,10 @@ class Benchmark:
     def _stop_gpulog(self, gpulog: GpuLog | None) -> None:  # the log, closed by monitor.end()
         if gpulog is None:
             return
-        rec = self.record
-        rec.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
-                                    "gpm": gpulog.gpm is not None, "note": gpulog.note or None}
-        if not rec.path.exists():  # bad input found while building: nothing is kept
+        self.record.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
+                                            "gpm": gpulog.gpm is not None,
+                                            "note": gpulog.note or None}
+        if not self.record.path.exists():  # bad input found while building: nothing is kept
             gpulog.path.unlink(missing_ok=True)
 
     def _release(self) -> None:
@@ -504,25 +471,29 @@ class Benchmark:
             torch.cuda.empty_cache()
         self.dist.close()
 
-    # ------------------------------------------------------------------ summary
 
-    def summarize(self) -> None:
-        """The top-level figures, the validity checks and the verdict, from the phases."""
-        summarize(self)
+def _run(cfg: DictConfig, out_dir: str | Path | None, report=None) -> Result:
+    """Measure inside the Benchmark's Hold; `report(bench, result, interrupted)` (rank 0) once
+    the record is final and pictured, before the interrupt goes on."""
+    bench = Benchmark(cfg, out_dir)
+    with bench.hold:
+        interrupted = bench.run()
+        result = Result(bench.record, bench.notes, main=bench.dist.main)
+        if report is not None and result.main and bench.record.phases:
+            # run.png beside results.json (report/runplot.py): one that fails costs nothing
+            try:
+                from gpubench.report.runplot import plot_run
 
-
-def _picture(bench: Benchmark) -> None:
-    """run.png beside results.json: the three pipes with their intervals and the step times
-    (report/runplot.py). A picture that fails costs nothing measured."""
-    if not bench.record.phases:
-        return
-    try:
-        from gpubench.report.runplot import plot_run
-
-        bench.record.extra["picture"] = str(plot_run(bench.record, bench.out))
-        bench.save()
-    except Exception as e:
-        log.warning("run picture not drawn: %s", e)
+                bench.record.extra["picture"] = str(plot_run(bench.record, bench.out))
+                bench.save()
+            except Exception as e:
+                log.warning("run picture not drawn: %s", e)
+    if report is not None and result.main:
+        report(bench, result, interrupted)
+    if interrupted is not None:
+        raise interrupted
+    bench.hold.replay()
+    return result
 
 
 def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
@@ -531,13 +502,7 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
     Out-of-memory and other runtime errors do not raise: they end the run with status
     "oom" / "failed" and whatever windows finished. Ctrl-C / SIGTERM mark it "killed" and
     re-raise once results.json is written."""
-    bench = Benchmark(cfg, out_dir)
-    with bench.hold:
-        interrupted = bench.run()
-    if interrupted is not None:
-        raise interrupted
-    bench.hold.replay()
-    return Result(bench.record, bench.notes, main=bench.dist.main)
+    return _run(cfg, out_dir)
 
 
 def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
@@ -546,13 +511,8 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
     An interrupted run is reported (and tracked, as KILLED) before the interrupt goes on; a
     signal that came while its record was made final and its picture drawn skips the upload
     (`python -m gpubench.tracking sync` does it later) and then goes on."""
-    bench = Benchmark(cfg, out_dir)
-    with bench.hold:
-        interrupted = bench.run()
-        result = Result(bench.record, bench.notes, main=bench.dist.main)
-        if result.main:
-            _picture(bench)
-    if result.main:
+
+    def report(bench: Benchmark, result: Result, interrupted) -> None:
         if not quiet:
             from gpubench.report.console import print_result
 
@@ -566,10 +526,8 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
             result.tracked = tracking.log_result(bench.settings.tracking, result, task)
         if interrupted is None and not bench.hold.late:
             _compute_bound(cfg, bench)
-    if interrupted is not None:
-        raise interrupted
-    bench.hold.replay()
-    return result
+
+    return _run(cfg, out_dir, report)
 
 
 def _compute_bound(cfg: DictConfig, bench: Benchmark) -> None:

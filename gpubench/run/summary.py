@@ -1,15 +1,13 @@
-"""A measured run's top-level figures, validity checks and verdict, filled into its record.
-
-Kept apart from the runner so the run's control flow reads in one sitting; it reads what the
-runner measured (the record's phases, the windows' telemetry) and writes only the record.
-"""
+"""A measured run's top-level figures, validity checks and verdict, filled into its record
+from what the runner measured (the record's phases, the windows' telemetry)."""
 
 from __future__ import annotations
 
 import os
 
 from gpubench.analysis import noise
-from gpubench.analysis.verdict import IMPOSSIBLE, Knobs, judge
+from gpubench.analysis.labels import IMPOSSIBLE
+from gpubench.analysis.verdict import Knobs, judge
 from gpubench.core.pipe import batches_in_flight, serial_rate
 from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES, Flaw, Reason
 from gpubench.parts.precision import resolve_precision
@@ -25,8 +23,7 @@ HEADLINE_TELEMETRY = (
 
 
 def _peak(key: str, rows: list[dict]):
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return max(vals) if vals else None
+    return max((r[key] for r in rows if r.get(key) is not None), default=None)
 
 
 def figures(rec, device: str) -> None:
@@ -140,22 +137,10 @@ def summarize(bench) -> None:
     competitors: list[str] = []
     if any(r.kind is Flaw.disturbed for r in reasons):
         competitors = noise.top_other_processes(_own_pids())
-    knobs = Knobs(
-        device=device,
-        num_workers=s.loader.num_workers,
-        cpu_count=os.cpu_count() or 1,
-        pin_memory=s.loader.pin_memory,
-        preload=s.dataset.preload,
-        augment_on=s.dataset.augment_on,
-        precision=s.precision,
-        channels_last=s.channels_last,
-        compile=s.compile,
-        batch_size=s.loader.batch_size,
-        dataset=s.dataset.name,
-        memory_fraction=rec.peak_memory_fraction,
-        ceiling=s.memory.ceiling,
-        is_conv="vit" not in s.model.name,
-    )
+    ld, ds = s.loader, s.dataset
+    knobs = Knobs(device, ld.num_workers, os.cpu_count() or 1, ld.pin_memory, ds.preload,
+                  ds.augment_on, s.precision, s.channels_last, s.compile, ld.batch_size, ds.name,
+                  rec.peak_memory_fraction, s.memory.ceiling, is_conv="vit" not in s.model.name)
     rule = rule_figures(rec)
     # the serial bound: the step and the data side's device work on one stream, one after the
     # other. Only work that queues on the training stream counts (run/merge.py): an nvJPEG
@@ -181,14 +166,12 @@ def summarize(bench) -> None:
         v = verdict()
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
-    if v.ratio is not None:
-        rec.extra["verdict_ratio"] = v.ratio.value
-        rec.extra["verdict_ratio_ci"] = [v.ratio.lo, v.ratio.hi]
+    # overlap_loss: the share of the narrower bound e2e loses to overlap
+    for key, est in (("verdict_ratio", v.ratio), ("overlap_loss", v.overlap_loss)):
+        if est is not None:
+            rec.extra[key], rec.extra[key + "_ci"] = est.value, [est.lo, est.hi]
     if v.leaning:
         rec.extra["verdict_leaning"] = v.leaning
-    if v.overlap_loss is not None:  # the share of the narrower bound e2e loses to overlap
-        rec.extra["overlap_loss"] = v.overlap_loss.value
-        rec.extra["overlap_loss_ci"] = [v.overlap_loss.lo, v.overlap_loss.hi]
     if competitors:
         rec.extra["competing_processes"] = competitors
 

@@ -1,27 +1,20 @@
 """The watchdog: a run whose step never returns still ends, with its record final.
 
-bench.max_seconds and bench.warmup_max_seconds bound a phase between its steps: a window closes
-once its time is up, but only when a step returns. A step that never returns (a dataset's
-`__getitem__` waiting on a dead mount, a model's forward in an endless loop, a kernel that never
-finishes) would hold the run forever. So a thread watches for signs of life: a window starting,
-each batch's fetch and each step entered and left. When none comes for `hang_limit_s` (twice a
-phase's whole budget, 2 x (bench.warmup_max_seconds + bench.max_seconds), at least HANG_MIN_S:
-no step of a run that keeps to its budget comes near it), the run is hung, and in this order:
-the run's own handler writes the record `failed` with one line naming the phase, the window, the
-step and what it was doing (nothing measured is lost), the stacks of every thread go to the run's
-log (faulthandler) while they are still where the run hung, the run's second handler ends what
-would outlive the process (the loader's workers: the stuck one may be among them), the line goes
-to stderr, and the process ends, exit code 1. Only ending the process from here is sure: the
-main thread may be stuck in C code that never returns to Python. This thread still runs then
-when that code lets the GIL go, as a device sync waiting on a kernel that never ends does
+bench.max_seconds bounds a phase between its steps; a step that never returns (a dataset read
+on a dead mount, an endless forward, a kernel that never finishes) would hold the run forever.
+A thread watches for signs of life (a window starting, each fetch and step entered and left);
+after none for `hang_limit_s` the run's handler writes the record `failed` with one line naming
+where it hung, every thread's stack goes to the run's log (faulthandler), what would outlive the
+process is ended (the loader's workers), the line goes to stderr, and the process exits 1. Only
+ending the process is sure: the main thread may be stuck in C code. This thread still runs when
+that code lets the GIL go, as a device sync waiting on a kernel that never ends does
 (torch.cuda.synchronize releases it: torch/csrc/cuda/Module.cpp, THCPModule_cudaSynchronize,
-`pybind11::gil_scoped_release`), and a DataLoader's wait for a worker (a queue read with a
-timeout, in Python).
+`pybind11::gil_scoped_release`), and during a DataLoader's wait for a worker (a Python queue
+read with a timeout).
 
-Not watched, because their time has no bound of its own: building the dataset and the model
-(a folder's scan, a pool's encoding take as long as their size), a compiled phase's train steps
-(torch.compile's compiles and recompiles; the fetches around them still are), profiling, and
-what follows the last window (a tracking upload has its own bound, tracking.timeout_s).
+Not watched, their time having no bound of its own: building the dataset and the model, a
+compiled phase's train steps (torch.compile's compiles; the fetches around them still are),
+profiling, and what follows the last window (a tracking upload has tracking.timeout_s).
 """
 
 from __future__ import annotations
@@ -50,16 +43,16 @@ STEP = ("in its train step (the model's forward and backward, the optimizer)", "
 
 
 def hang_limit_s(warmup_max_seconds: float, max_seconds: float) -> float:
-    """How long a run may go without a sign of life before it counts as hung."""
+    """Twice a phase's whole budget, at least HANG_MIN_S: no step of a run that keeps to its
+    budget comes near it."""
     return max(HANG_MIN_S, 2.0 * (warmup_max_seconds + max_seconds))
 
 
 class Watchdog:
-    """Watches one run. The runner names where it is (`at`), wraps a phase's functions
-    (`phase`) and a region of its build (`watching`); `start` runs the thread that polls,
-    `stop` ends it. `on_hang(line)` writes the record and returns the line to print, `on_end()`
-    ends what would outlive the process; `clock`, `exit` and `poll_s=None` (no thread: the
-    caller polls) are for tests."""
+    """Watches one run: the runner names where it is (`at`), wraps a phase's functions (`phase`)
+    and a region of its build (`watching`). `on_hang(line)` writes the record and returns the
+    line to print, `on_end()` ends what would outlive the process; `clock`, `exit` and
+    `poll_s=None` (no thread: the caller polls) are for tests."""
 
     def __init__(self, limit_s: float, on_hang: Callable[[str], str | None],
                  on_end: Callable[[], object] = lambda: None,
@@ -73,8 +66,6 @@ class Watchdog:
         self._fired = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    # ------------------------------------------------------------------ what the run is doing
 
     def at(self, where: str | None) -> None:
         """The run is now here (a phase's window, a part of the build); None: not watched."""
@@ -101,8 +92,8 @@ class Watchdog:
 
     def phase(self, name: str, fetch: Callable, work: Callable, compiled: bool
               ) -> tuple[Callable, Callable]:
-        """A phase's (fetch, work) as the window calls them, watched; a compiled phase's train
-        step is not (its compiles have no bound), its fetch is."""
+        """A phase's (fetch, work), watched; a compiled phase's train step is not (its compiles
+        have no bound), its fetch is."""
         return (self.wrapped(fetch, FETCH, counts=True),
                 self.wrapped(work, MOVE if name == "loader" else STEP,
                              watched=not (compiled and name != "loader")))
@@ -117,8 +108,6 @@ class Watchdog:
         finally:
             self.at(None)
 
-    # ------------------------------------------------------------------ the rule
-
     def check(self) -> str | None:
         """The line saying the run is hung, or None while it is not."""
         where, step, doing, since = self._state
@@ -130,8 +119,6 @@ class Watchdog:
         at = f"{where}, step {step}" if step else where
         return (f"{at}: {doing} for {waited:.0f} s (the hang limit: {self.limit_s:.0f} s, "
                 f"2 x (bench.warmup_max_seconds + bench.max_seconds), at least {HANG_MIN_S:.0f})")
-
-    # ------------------------------------------------------------------ the thread
 
     def start(self) -> Watchdog:
         if self.poll_s is not None and self._thread is None:
