@@ -72,10 +72,9 @@ class Alternated(Benchmark):
         s = self.settings
         if first:
             self._plain_step = plain.PlainStep(s, *self.pipe.device_batch())
-        # the first window warms as gpubench's least warm-up does (3 steps when compiled: compile,
-        # graph recording, first replay); later ones run one step: the model sat idle while
-        # gpubench's window ran
-        warm = max(s.bench.warmup_steps, 3 if s.compile != "off" else 1) if first else 1
+        # warmed as gpubench's own window is (at least one step: the model sat idle while
+        # gpubench's window ran)
+        warm = max(1, self._window_steps("compute", first)[0])
         images, seconds = plain.timed(self._plain_step, steps, self.device, warm)
         return images / seconds
 
