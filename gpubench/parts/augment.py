@@ -1,9 +1,6 @@
-"""Train-time transforms, on the host (per sample) or on the device (per batch).
-
-The host path is the standard ImageNet recipe with torchvision.transforms.v2. The device path
-ships fixed-size uint8 images and does the random-resized crop, flip and normalize for the whole
-batch at once, which moves that work off a host whose workers cannot keep up.
-"""
+"""Train-time transforms, on the host (per sample: the ImageNet recipe, transforms.v2) or on
+the device (per batch: fixed-size uint8 images cropped, flipped and normalized at once, which
+moves that work off a host whose workers cannot keep up)."""
 
 from __future__ import annotations
 
@@ -13,12 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: it pulls in torch._dynamo (1.3 s at import here)
     from torchvision.transforms import v2
-
-# torchvision.transforms is imported where it is used: it pulls in torch._dynamo (1.3 s at
-# import here), which a command that stops at a bad key, or a run on device_synthetic data,
-# never needs
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -27,24 +20,17 @@ STD = (0.229, 0.224, 0.225)
 def cpu_train_transform(image_size: int) -> v2.Compose:
     from torchvision.transforms import v2
 
-    return v2.Compose(
-        [
-            v2.ToImage(),
-            v2.RandomResizedCrop(image_size, antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(MEAN, STD),
-        ]
-    )
+    return v2.Compose([v2.ToImage(), v2.RandomResizedCrop(image_size, antialias=True),
+                       v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(MEAN, STD)])
 
 
 def cpu_fixed_size(size: int) -> v2.Compose:
     """Decode-side only: a square uint8 image of side `size` (for preload or device augment)."""
     from torchvision.transforms import v2
 
-    return v2.Compose(
-        [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.uint8)]
-    )
+    return v2.Compose([v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size),
+                       v2.ToDtype(torch.uint8)])
 
 
 class DeviceAugment:
@@ -59,8 +45,7 @@ class DeviceAugment:
 
     def boxes(self, n: int, h: int, w: int) -> torch.Tensor:
         area = h * w * torch.empty(n).uniform_(0.08, 1.0, generator=self.g)
-        log_r = torch.empty(n).uniform_(math.log(3 / 4), math.log(4 / 3), generator=self.g)
-        r = torch.exp(log_r)
+        r = torch.empty(n).uniform_(math.log(3 / 4), math.log(4 / 3), generator=self.g).exp()
         cw = torch.sqrt(area * r).clamp(max=w)
         ch = torch.sqrt(area / r).clamp(max=h)
         x0 = torch.rand(n, generator=self.g) * (w - cw)
@@ -81,19 +66,15 @@ class DeviceAugment:
 
 
 class DeviceDecode:
-    """nvJPEG decode of a batch of JPEG byte tensors on the GPU, each resized (shorter side) and
-    centre-cropped to one square size so the batch stacks for DeviceAugment.
-
-    Works on any device torchvision's decode_jpeg accepts (the CPU too, which is how its logic is
-    tested without a GPU). A batch that fails to decode is retried image by image so one bad
-    file costs one sample, not the batch: returns (images, indices of the failed inputs).
-    """
+    """nvJPEG decode of a batch of JPEG byte tensors, each resized (shorter side) and centre-
+    cropped to one square size so the batch stacks. Works on any device decode_jpeg accepts (the
+    CPU too: its logic is tested without a GPU). A batch that fails to decode is retried image by
+    image, so one bad file costs one sample, not the batch."""
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device
-        self.side = None
-        if torch.device(device).type == "cuda":
-            self.side = torch.cuda.Stream(device=device)
+        cuda = torch.device(device).type == "cuda"
+        self.side = torch.cuda.Stream(device=device) if cuda else None
 
     def _decode_list(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -132,21 +113,16 @@ class DeviceDecode:
 
     def __call__(self, blobs: list[torch.Tensor], after_decode: Callable[[], None] | None = None
                  ) -> tuple[torch.Tensor | None, list[int]]:
-        """`after_decode`: called once the decode has returned, before the resize and crop are
-        queued: torchvision's CUDA decode_jpeg blocks the host until nvJPEG is done (it
-        synchronizes its own stream at both ends, decode_jpegs_cuda.cpp), so the device work
-        that queues on the training stream starts there (parts/measure.py DeviceStart)."""
+        """(images, indices of the failed inputs). `after_decode`: called once the decode has
+        returned, before the resize and crop are queued: the CUDA decode blocks the host until
+        nvJPEG is done, so the device work on the training stream starts there (DeviceStart)."""
         from torchvision.transforms import v2
 
         imgs = self._decode(blobs)
         if after_decode is not None:
             after_decode()
         failed = [i for i, im in enumerate(imgs) if im is None]
-        fixed = [
-            v2.functional.center_crop(
-                v2.functional.resize(im, self.size, antialias=True), [self.size, self.size]
-            )
-            for im in imgs
-            if im is not None
-        ]
+        crop = v2.functional.center_crop
+        fixed = [crop(v2.functional.resize(im, self.size, antialias=True), [self.size] * 2)
+                 for im in imgs if im is not None]
         return (torch.stack(fixed) if fixed else None), failed

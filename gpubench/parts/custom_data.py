@@ -1,30 +1,11 @@
-"""The team's own data pipeline: `dataset=custom dataset._target_=my_team.data.MyDataset`.
+"""The team's own data pipeline: `dataset=custom dataset._target_=my_team.data.MyDataset`, built
+with `dataset.kwargs`, with the team's transform (`dataset.transform`) and collate
+(`dataset.collate`) as Hydra instantiate nodes, measured through the same loader, compute and e2e
+phases as the built-in datasets: the loader is gpubench's, what one sample costs is the team's.
 
-gpubench builds the team's map-style Dataset class with `dataset.kwargs` (as `model._target_`
-and `model.kwargs` work), optionally the team's transform (`dataset.transform`) and collate
-function (`dataset.collate`), both Hydra instantiate nodes, and measures it through the same
-loader, compute and e2e phases as the built-in datasets: the DataLoader, its workers and
-pinning are gpubench's; what one sample costs is the team's.
-
-The sample contract (docs/data.md): `__getitem__(i)` returns `(image, label)` where
-
-- image is a uint8 tensor or numpy array, CHW or HWC with 3 channels (decoded pixels, as
-  `torchvision.io.decode_image` or PIL give them), a float CHW tensor with values in [0, 1], or
-  a PIL image;
-- label is an int (a Python int, or a 0-d integer tensor or numpy integer) in
-  [0, dataset.num_classes).
-
-Without `dataset.transform` gpubench's train transform runs on the image (RandomResizedCrop to
-`dataset.image_size`, flip, normalize), so `preload` and `augment_on=device` work unchanged.
-With it, the team's transform takes the image (HWC arrays already turned into CHW tensors) and
-must return a float CHW tensor; gpubench's transform is then not applied.
-
-The Dataset class and every `_target_` of the transform and collate nodes are resolved and
-checked before any is called (gpubench/parts/targets.py: a config is code).
-
-Sample 0 is checked in the main process while the pipeline is built, so a Dataset that breaks
-the contract stops the run with one line before anything is measured. Every later sample is
-checked too (a few type tests, no copy), inside the workers.
+The sample contract is docs/data.md's. Sample 0 is checked in the main process while the
+pipeline is built, so a Dataset that breaks it stops the run with one line before anything is
+measured; every later sample is checked too (a few type tests, no copy), inside the workers.
 """
 
 from __future__ import annotations
@@ -33,12 +14,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import Dataset as DatasetSettings
 from gpubench.config.settings import Settings, check_sampled, node_set, plain
 from gpubench.parts import targets
+from gpubench.parts.datasets import WorkerError
 
 CONTRACT = ("__getitem__ returning (image, label): image a uint8 CHW/HWC tensor or array with 3 "
             "channels, a float CHW tensor in [0, 1] or a PIL image; label an int in "
@@ -46,17 +27,10 @@ CONTRACT = ("__getitem__ returning (image, label): image a uint8 CHW/HWC tensor 
 CONTRACT_PREFIX = "dataset=custom sample contract: "
 
 
-class SampleContractError(ValueError):
-    """A sample that breaks the contract. Raised in a DataLoader worker, torch re-raises it in
-    the main process built from the worker's whole traceback text; str() keeps the one line
-    that says what was wrong."""
+class SampleContractError(WorkerError, ValueError):
+    """A sample that breaks the contract."""
 
-    def __str__(self) -> str:
-        text = super().__str__()
-        for line in reversed(text.splitlines()):
-            if CONTRACT_PREFIX in line:
-                return line[line.index(CONTRACT_PREFIX):].strip()
-        return text
+    PREFIXES = (CONTRACT_PREFIX,)
 
 
 def _describe(x: Any) -> str:
@@ -65,30 +39,30 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
+def _broken(where: str, what: str) -> SampleContractError:
+    return SampleContractError(f"{CONTRACT_PREFIX}{where}: {what}")
+
+
 def as_chw(image: Any, where: str) -> Any:
-    """The image as the transforms take it: a CHW tensor (uint8 or float), or the PIL image.
-    Raises SampleContractError naming what was found."""
+    """The image as the transforms take it: a CHW tensor (uint8 or float), or the PIL image."""
+    from PIL import Image
+
     if isinstance(image, np.ndarray):
         image = torch.from_numpy(np.ascontiguousarray(image))
-    if isinstance(image, torch.Tensor):
-        if image.ndim == 3 and image.shape[0] != 3 and image.shape[-1] == 3:
-            if image.dtype != torch.uint8:
-                raise SampleContractError(f"{CONTRACT_PREFIX}{where}: a float image must be CHW "
-                                          f"(got {_describe(image)})")
-            return image.permute(2, 0, 1)  # HWC -> CHW, a view: the transform copies anyway
-        if image.ndim == 3 and image.shape[0] == 3 and (
-                image.dtype == torch.uint8 or image.is_floating_point()):
-            return image
-        raise SampleContractError(f"{CONTRACT_PREFIX}{where}: image is {_describe(image)}; "
-                                  "expected uint8 CHW/HWC or float CHW with 3 channels")
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - torchvision depends on Pillow
-        Image = None
-    if Image is not None and isinstance(image, Image.Image):
+    if isinstance(image, Image.Image):
         return image.convert("RGB") if image.mode != "RGB" else image
-    raise SampleContractError(f"{CONTRACT_PREFIX}{where}: image is {_describe(image)}; expected "
-                              "a tensor, a numpy array or a PIL image")
+    if not isinstance(image, torch.Tensor):
+        raise _broken(where, f"image is {_describe(image)}; expected a tensor, a numpy array "
+                      "or a PIL image")
+    if image.ndim == 3 and image.shape[0] != 3 and image.shape[-1] == 3:
+        if image.dtype != torch.uint8:
+            raise _broken(where, f"a float image must be CHW (got {_describe(image)})")
+        return image.permute(2, 0, 1)  # HWC -> CHW, a view: the transform copies anyway
+    if image.ndim == 3 and image.shape[0] == 3 and (
+            image.dtype == torch.uint8 or image.is_floating_point()):
+        return image
+    raise _broken(where, f"image is {_describe(image)}; expected uint8 CHW/HWC or float CHW "
+                  "with 3 channels")
 
 
 def as_label(label: Any, num_classes: int, where: str) -> int:
@@ -99,11 +73,11 @@ def as_label(label: Any, num_classes: int, where: str) -> int:
     if isinstance(label, np.integer):
         label = int(label)
     if not isinstance(label, int) or isinstance(label, bool):
-        raise SampleContractError(f"{CONTRACT_PREFIX}{where}: label is {_describe(label)} "
-                                  f"({label!r:.40}); expected an int class index")
+        raise _broken(where, f"label is {_describe(label)} ({label!r:.40}); expected an int "
+                      "class index")
     if not 0 <= label < num_classes:
-        raise SampleContractError(f"{CONTRACT_PREFIX}{where}: label {label} is outside "
-                                  f"[0, {num_classes}) (raise dataset.num_classes)")
+        raise _broken(where, f"label {label} is outside [0, {num_classes}) (raise "
+                      "dataset.num_classes)")
     return label
 
 
@@ -124,34 +98,37 @@ class TeamDataset(Dataset):
             return sample
         where = f"{self.name}[{i}]"
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+            length = f" of length {len(sample)}" if isinstance(sample, (tuple, list)) else ""
             raise SampleContractError(f"{CONTRACT_PREFIX}{where} returned {_describe(sample)}"
-                                      f"{f' of length {len(sample)}' if isinstance(sample, (tuple, list)) else ''}; "
-                                      "expected (image, label)")
+                                      f"{length}; expected (image, label)")
         image, label = sample
-        x = self.transform(as_chw(image, where))
-        return x, as_label(label, self.num_classes, where)
+        return self.transform(as_chw(image, where)), as_label(label, self.num_classes, where)
 
 
-def _instantiate(node: dict, key: str):
+def _instantiate(node: dict, key: str, allowed: str):
+    """The object an instantiate node makes, every _target_ in it checked before any is
+    called; one line naming `key` unless it is callable."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    targets.callable_node(node, key)  # every _target_ in it checked before any is called
+    targets.callable_node(node, key)
     try:
         # a DictConfig again: instantiate reads `_target_`, `_partial_` and nested nodes from
         # it as from the composed config (the settings hold it as a read-only view)
-        return instantiate(OmegaConf.create(plain(node)))
+        made = instantiate(OmegaConf.create(plain(node)))
     except Exception as e:  # an import error or bad arguments: one line naming the key
         cause = " ".join(str(e.__cause__ or e).split())[:300]
         raise ConfigError(f"{key}._target_", node.get("_target_"),
                           f"an importable callable taking the given keys ({cause})") from e
+    if not callable(made):
+        raise ConfigError(f"{key}._target_", node["_target_"], allowed)
+    return made
 
 
 def build(s: Settings, default_transform, info: dict) -> Dataset:
     """The team's dataset, checked on sample 0. `default_transform` is what gpubench would run
     on a built-in dataset's images (the train transform, or decode-to-fixed-size for preload
-    and augment_on=device). dataset._target_ being set, and the transform's combinations, are
-    settings.resolve's rules."""
+    and augment_on=device)."""
     dset = s.dataset
     target = dset._target_
     own_tf = node_set(dset.transform)
@@ -163,53 +140,55 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
         raise ConfigError("dataset.kwargs", kwargs, f"arguments {target} accepts ({e})") from e
     if not hasattr(inner, "__len__"):  # torch's Dataset has __getitem__ but no __len__
         raise ConfigError("dataset._target_", target, "a map-style Dataset with __len__")
-    transform = _instantiate(dset.transform, "dataset.transform") if own_tf else default_transform
-    if not callable(transform):
-        raise ConfigError("dataset.transform._target_", dset.transform["_target_"],
-                          "a callable transform, or a factory returning one (_partial_: true for "
-                          "a plain function)")
+    transform = _instantiate(dset.transform, "dataset.transform", "a callable transform, or a "
+                             "factory returning one (_partial_: true for a plain function)"
+                             ) if own_tf else default_transform
     own = s.step.name == "custom"  # data.own_samples refused gpubench's image keys then
     ds = TeamDataset(inner, transform, dset.num_classes, cls.__name__, own)
     try:
         n = len(ds)  # len() takes a count up to sys.maxsize, not below 0
     except (OverflowError, ValueError, TypeError) as e:
         raise ConfigError("dataset._target_", target, f"a Dataset whose __len__ is its number "
-                                                      f"of samples ({e})") from e
+                          f"of samples ({e})") from e
     if n == 0:
-        raise ConfigError("dataset.kwargs", kwargs, f"arguments giving {target} samples (it has none)")
+        raise ConfigError("dataset.kwargs", kwargs, f"arguments giving {target} samples (it has "
+                          "none)")
     check_sampled(n, "dataset._target_", target)  # the sampler's order fits in RAM
     try:
         ds[0]  # in the main process: a broken contract is one line before any measuring
     except SampleContractError as e:
         raise ConfigError("dataset._target_", target, f"a Dataset {CONTRACT} ({e})") from e
-    info.update(samples=len(ds), target=str(target),
+    info.update(samples=n, target=str(target),
                 transform=str(dset.transform["_target_"]) if own_tf else
                 "none: step=custom" if own else "gpubench")
     return ds
 
 
-def collate_fn(dataset: DatasetSettings):
-    """The team's collate function (`dataset.collate`), or None for gpubench's own."""
-    node = dataset.collate
-    if dataset.name != "custom" or not node_set(node):
-        return None
-    fn = _instantiate(node, "dataset.collate")
-    if not callable(fn):
-        raise ConfigError("dataset.collate._target_", node["_target_"],
-                          "a collate function (a list of (image, label) -> (images, labels)); "
-                          "_partial_: true for a plain function")
-    return TeamCollate(fn)
+def collate(s: Settings, own: bool):
+    """The team's collate (`dataset.collate`) held to (images, labels), or with its `own`
+    samples (step=custom) its collate or torch's, the batches as they come; None: gpubench's."""
+    node = s.dataset.collate
+    fn = None
+    if s.dataset.name == "custom" and node_set(node):
+        fn = _instantiate(node, "dataset.collate", "a collate function (a list of (image, "
+                          "label) -> (images, labels)); _partial_: true for a plain function")
+    if own:
+        return TeamCollate(fn or default_collate, pairs=False)
+    return TeamCollate(fn) if fn is not None else None
 
 
 class TeamCollate:
-    """The team's collate in the shape the pipeline takes: ((images, labels), samples skipped).
-    A class at module level, so spawn/forkserver workers can unpickle it."""
+    """The team's collate in the shape the pipeline takes: (batch, nothing skipped), the batch
+    held to an (images, labels) pair of tensors unless `pairs` is off. A class at module level,
+    so spawn/forkserver workers can unpickle it."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, pairs: bool = True):
+        self.fn, self.pairs = fn, pairs
 
     def __call__(self, batch):
         out = self.fn(batch)
+        if not self.pairs:
+            return out, 0
         if not (isinstance(out, (tuple, list)) and len(out) == 2
                 and all(isinstance(t, torch.Tensor) for t in out)):
             raise SampleContractError(f"{CONTRACT_PREFIX}dataset.collate returned "

@@ -1,24 +1,13 @@
-"""The data side of a run: the loader, batches, preload, and moving a batch onto the device.
-
-The datasets themselves are in gpubench.parts.datasets (re-exported here). `device_synthetic` is the
-exception on purpose: one batch already on the device, zero data cost, the compute bound.
-
-`build_pipeline` puts a run's data side together in steps, one function each: the loader's
-keyword arguments, the host dataset (with its preload cache), the loader (torch's DataLoader with
-worker processes, or thread workers: gpubench.parts.thread_loader), and the device side
-(`DeviceSide`: decode, copy, augment on the device) that `Pipeline.to_device` applies to a batch.
-
-A loader yields `(batch, skipped)`: the collated batch (None when none of its samples decoded)
-and the samples that did not decode. A batch is an `(images, labels)` pair, or with step=custom
-on dataset=custom whatever the team's collate makes (a tuple, a dict), moved to the device whole.
+"""The data side of a run: the loader (DataLoader, or thread workers), preload, and the device
+side that moves a batch onto the device (copy, nvJPEG decode, augment). A loader yields
+`(batch, skipped)`: the batch (None when none of its samples decoded) and how many samples did
+not decode; with step=custom on dataset=custom the batch is whatever the team's collate makes.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import math
 import os
 import time
 import warnings
@@ -30,54 +19,22 @@ from typing import NamedTuple
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import (
-    DataLoader,
-    Dataset,
-    RandomSampler,
-    SequentialSampler,
-    default_collate,
-    get_worker_info,
-)
+from torch.utils.data import DataLoader, Dataset, default_collate
 
+from gpubench.config import settings
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import (
-    Loader,
-    Settings,
-    check_batch_fits,
-    check_found_classes,
-    check_preload_fits,
-    node_set,
-    plain,
-)
-from gpubench.parts import custom_data
+from gpubench.config.settings import Loader, Settings
+from gpubench.parts import custom_data, datasets
 from gpubench.parts.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
-from gpubench.parts.datasets import (  # noqa: F401  (re-exported: the data side's one import point)
-    CYCLED_EPOCH,
-    IN_MEMORY_POOLS,
-    MAX_SUBSTITUTES,
-    CorruptImage,
-    Cycled,
-    ImageFiles,
-    JpegBytesDataset,
-    SyntheticDataset,
-    TensorImages,
-    corrupt,
-    encode_jpeg_pool,
-    mean_file_bytes,
-    nothing_decodes,
-    read_cifar10,
-    scan_imagefolder,
-    source_size,
-    substitute_order,
-)
+from gpubench.parts.datasets import CorruptImage, Cycled, TensorImages  # noqa: F401 (runner's)
 from gpubench.parts.oom import pin_host
 from gpubench.parts.thread_loader import ThreadLoader
 
-log = logging.getLogger(__name__)
-# torch warns (twice per iterator) when loader.num_workers exceeds its suggested count; a sweep
-# of workers asks for such counts on purpose, and the run reports what they cost (host CPU,
-# this run's processes, the workers' share): the warning only repeats what the figures show
+
 def quiet_worker_count_warning() -> None:
+    # torch warns (twice per iterator) when loader.num_workers exceeds its suggested count; a
+    # sweep of workers asks for such counts on purpose, and the run reports what they cost:
+    # the warning only repeats what the figures show
     warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
                             UserWarning)
 
@@ -85,16 +42,10 @@ def quiet_worker_count_warning() -> None:
 quiet_worker_count_warning()
 
 
-# ------------------------------------------------------------------------------ batches
-
-
 class JpegBatch(NamedTuple):
-    """Raw JPEG bytes of a batch as ONE flat uint8 tensor plus offsets (image i is
-    data[offsets[i]:offsets[i+1]]), with names for error lines.
-
-    One tensor, not one per image: each tensor a worker sends to the main process is a shared
-    memory segment with its own file descriptor, so per-image tensors cost a segment per image
-    (slow, and "too many open files" at large batches); this costs one per batch."""
+    """Raw JPEG bytes of a batch as ONE flat uint8 tensor plus offsets, with names for error
+    lines: each tensor a worker sends is a shared memory segment with its own file descriptor,
+    so per-image tensors would cost one per image ("too many open files" at large batches)."""
 
     data: torch.Tensor
     offsets: torch.Tensor
@@ -104,15 +55,14 @@ class JpegBatch(NamedTuple):
         return len(self.names)
 
     def blobs(self) -> list[torch.Tensor]:
-        """Per-image views of the flat tensor (no copy): contiguous 1-D uint8, what
-        decode_jpeg takes."""
+        """Per-image views (no copy): contiguous 1-D uint8, what decode_jpeg takes."""
         o = self.offsets.tolist()
         return [self.data[o[i] : o[i + 1]] for i in range(len(o) - 1)]
 
 
 def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
     out = None
-    if get_worker_info() is not None:
+    if torch.utils.data.get_worker_info() is not None:
         # as default_collate does: inside a worker, write straight into shared memory, so
         # sending the batch to the main process costs no extra copy
         n, elem = sum(b.numel() for b in blobs), blobs[0]
@@ -121,14 +71,9 @@ def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_skipping(batch):
-    """((x, y), skipped): the samples that decoded, collated, and how many failed to decode
-    (substituted by others, or None where a dataset gives up on a sample); (None, skipped)
-    when none did.
-
-    default_collate is used for the tensors on purpose: inside a worker it stacks straight
-    into shared memory, where a plain torch.stack would cost one more copy per batch on its
-    way to the main process.
-    """
+    """((x, y), skipped): the samples that decoded, collated (default_collate: inside a worker
+    it stacks straight into shared memory), and how many did not; (None, skipped) when none
+    did."""
     kept = [b for b in batch if b is not None]
     skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
     if not kept:
@@ -141,61 +86,42 @@ def collate_skipping(batch):
     return tuple(default_collate([tuple(b) for b in kept])), skipped
 
 
-class OwnCollate:
-    """The team's own samples (step=custom on dataset=custom) collated by its function, else
-    torch's default_collate (tuples stay tuples, dicts dicts), as (batch, nothing skipped). A
-    class at module level, so spawn/forkserver workers can unpickle it."""
-
-    def __init__(self, fn=default_collate):
-        self.fn = fn
-
-    def __call__(self, batch):
-        return self.fn(batch), 0
-
-
-def is_pair(batch) -> bool:
-    """An (images, labels) batch: augmentation and channels_last act on its images."""
-    return isinstance(batch, (tuple, list)) and len(batch) == 2 and \
-        isinstance(batch[0], torch.Tensor)
-
-
-# ------------------------------------------------------------------------------ preload
-
-
 def preload(
     ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None,
     threads: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, float, int]:
-    """Decode every sample once into a shared uint8 [N,3,S,S] tensor (reference article 000,
-    Method 1), with the run's kind of workers (`threads`: loader.worker_type=thread). Refuses,
-    before decoding anything, when it would not fit in free RAM.
-    Returns (images, labels, seconds, samples skipped as corrupt)."""
+    """Decode every sample once into a shared uint8 [N,3,S,S] tensor with the run's kind of
+    workers. Returns (images, labels, seconds, samples skipped as corrupt)."""
     n = len(ds)
-    check_preload_fits(n, size)  # a resource check: the dataset's length is known only here
+    settings.check_preload_fits(n, size)  # a resource check: the length is known only here
     t0 = time.perf_counter()
-    # Shared memory from the start: forked workers then read the cache in place, with no
-    # per-worker copy (a plain tensor would be copied when first pickled to a spawned worker).
+    # Shared memory from the start: workers read the cache in place, with no per-worker copy
     images = torch.empty((n, 3, size, size), dtype=torch.uint8).share_memory_()
     labels = torch.empty((n,), dtype=torch.int64).share_memory_()
     if threads and num_workers:
-        loader = ThreadLoader(ds, SequentialSampler(ds), 64, False, collate_skipping,
-                              num_workers, None)
+        order = torch.utils.data.SequentialSampler(ds)
+        loader = ThreadLoader(ds, order, 64, False, collate_skipping, num_workers, None)
     else:
         loader = DataLoader(ds, batch_size=64, num_workers=num_workers,
                             collate_fn=collate_skipping, **(loader_kwargs or {}))
     i = skipped = 0
     for batch, s in loader:
         skipped += s
-        if batch is None:
-            continue
-        x, y = batch
-        images[i : i + len(y)] = x
-        labels[i : i + len(y)] = y
-        i += len(y)
+        if batch is not None:
+            x, y = batch
+            images[i : i + len(y)], labels[i : i + len(y)] = x, y
+            i += len(y)
     return images[:i], labels[:i], time.perf_counter() - t0, skipped
 
 
-# ------------------------------------------------------------------------------ pipeline
+def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, ...]:
+    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones
+    are repeated to fill the gaps, with their labels, so the step never sees a smaller batch
+    (which would re-run cuDNN's autotune or recompile inside the window)."""
+    bad = set(failed)
+    y_ok = y[[i for i in range(len(y)) if i not in bad]]
+    fill = [i % len(y_ok) for i in range(len(y))]
+    return x[fill], y_ok[fill]
 
 
 @dataclass
@@ -210,7 +136,6 @@ class DeviceSide:
     augment: DeviceAugment | None = None  # dataset.augment_on=device (or decode_on=device)
 
     def copy(self, batch):
-        """Every tensor of the batch on the device, the batch's structure kept."""
         # non_blocking only pays off from pinned memory; from pageable memory the copy is
         # synchronous either way
         return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=self.pin),
@@ -220,28 +145,22 @@ class DeviceSide:
         """The labels of a batch decoded on the device."""
         if self.device != "cuda":
             return y.to(self.device)
-        # the bytes are read by nvJPEG from host memory (no pinning, see _loader_kwargs), but
-        # the labels are pinned here so their copy is asynchronous like the images': from
-        # pageable memory .to() would block the host until the copy is done. Safe to let go of
-        # the pinned tensor at once: the caching host allocator records an event on the copy's
-        # stream and reuses the block only after it.
-        # pin_host: a pinning failure is the host's page-locked memory running out, told
-        # apart from a device OOM by its type (oom.PinnedMemoryError)
+        # pinned so the copy is asynchronous (from pageable memory .to() blocks the host); the
+        # pinned tensor may go at once: the caching host allocator reuses its block only after
+        # an event recorded on the copy's stream. pin_host: a pinning failure by its own type
         return pin_host(y).to(self.device, non_blocking=True)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         """Augment on the device, then the memory format the model runs in."""
         if self.augment is not None:
             x = self.augment(x)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
 
 @dataclass
 class Pipeline:
-    """What the phases need from the data side: endless batches, each moved to the device
-    (`to_device`), and one batch kept on the device for the compute phase (`device_batch`)."""
+    """What the phases need from the data side: endless batches, each moved to the device, and
+    one batch kept on the device for the compute phase."""
 
     loader: DataLoader | ThreadLoader | None  # None: device_synthetic
     side: DeviceSide | None  # None: the batches are on the device already (device_synthetic)
@@ -273,11 +192,8 @@ class Pipeline:
             yield from it
 
     def to_device(self, item, after_decode: Callable[[], None] | None = None):
-        """A loader's `(batch, skipped)` as the batch on the device, ready for the model
-        ((x, y), or the team's own batch), or None when nothing of the batch decoded
-        (dataset.on_corrupt=skip). `after_decode`: called when a device decode has returned,
-        before any of the batch's work is queued on the training stream (nvJPEG blocks the
-        host for the whole decode: parts/measure.py DeviceStart)."""
+        """A loader's `(batch, skipped)` on the device, or None when nothing of it decoded.
+        `after_decode`: called when a device decode has returned (measure.DeviceStart)."""
         if self.side is None:
             return item
         batch, skipped = item
@@ -291,24 +207,24 @@ class Pipeline:
             y = self.side.labels(y)
         else:
             batch = self.side.copy(batch)
-            if not is_pair(batch):  # the team's own batch: as its collate made it
-                return batch
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                    and isinstance(batch[0], torch.Tensor)):
+                return batch  # the team's own batch: as its collate made it
             x, y = batch
         return self.side.finish(x), y
 
-    def _decode(self, jpegs: JpegBatch, y: torch.Tensor,
-                after_decode: Callable[[], None] | None = None):
+    def _decode(self, jpegs: JpegBatch, y: torch.Tensor, after_decode=None):
         """nvJPEG decode of a batch; images it refuses are skipped (their places refilled by
         the others) or fail the run, as dataset.on_corrupt says."""
         x, failed = self.side.decode(jpegs.blobs(), after_decode)
         if failed:
             if self.on_corrupt == "fail":
-                raise corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
+                raise datasets.corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
             self.skipped += len(failed)
             if x is None:
                 self.empty_in_a_row += 1
-                if self.empty_in_a_row * len(jpegs) >= MAX_SUBSTITUTES:
-                    raise nothing_decodes(self.empty_in_a_row * len(jpegs), jpegs.names[0],
+                if self.empty_in_a_row * len(jpegs) >= datasets.MAX_SUBSTITUTES:
+                    raise datasets.nothing_decodes(self.empty_in_a_row * len(jpegs), jpegs.names[0],
                                           "the device JPEG decoder refused it")
                 return None, None
             x, y = refill(x, y, failed)
@@ -316,40 +232,29 @@ class Pipeline:
         return x, y
 
     def device_batch(self):
-        """The compute phase's batch: one real batch from this pipeline, kept on the device."""
+        """The compute phase's batch: one real batch, kept on the device."""
         if self.fixed is None:
-            for batch in self.batches():
-                moved = self.to_device(batch)
-                if moved is not None:
-                    self.fixed = moved
-                    break
+            self.fixed = next(m for m in map(self.to_device, self.batches()) if m is not None)
         return self.fixed
 
     def _live_iters(self) -> list:
-        its = list(self._iters)
         persistent = getattr(self.loader, "_iterator", None)
-        if persistent is not None:
-            its.append(persistent)
-        return its
+        return [*self._iters, *([persistent] if persistent is not None else [])]
 
     def worker_pids(self) -> set[int]:
-        """The pids of this pipeline's DataLoader workers: the processes the loader's host
-        figures add up. Other children of this process (an MLflow server a notebook started,
-        torch.compile's compile workers) are not loader workers. `_workers` is the iterator's
-        list of worker processes (torch 1.x to 2.11 alike)."""
+        """The pids of this pipeline's DataLoader workers (the iterators' `_workers`), not other
+        children of this process (torch.compile's compile workers, say)."""
         return {w.pid for it in self._live_iters() for w in getattr(it, "_workers", ())
                 if w.pid is not None}
 
     def worker_tids(self) -> set[int]:
-        """The native ids of the loader's worker threads (loader.worker_type=thread): inside
-        this process, their CPU is its threads' (none with worker processes)."""
+        """The native ids of the loader's worker threads (loader.worker_type=thread)."""
         tids = getattr(self.loader, "worker_tids", None)
         return tids() if tids is not None else set()
 
     def shutdown(self) -> None:
         if isinstance(self.loader, ThreadLoader):
-            self.loader.shutdown()
-            return
+            return self.loader.shutdown()
         for it in self._live_iters():
             stop = getattr(it, "_shutdown_workers", None)
             if stop is not None:
@@ -373,114 +278,75 @@ def loader_settings(ld: Loader, device: str) -> dict:
                               f"{torch.__version__} (its DataLoader has no in_order before 2.6), "
                               "or loader.worker_type=thread")
         kwargs["in_order"] = False
-    kwargs.update(
-        prefetch_factor=ld.prefetch_factor,
-        persistent_workers=ld.persistent_workers,
-        multiprocessing_context=ld.multiprocessing_context,
-    )
-    threads = ld.worker_threads
-    if threads != 1:
+    kwargs.update(prefetch_factor=ld.prefetch_factor, persistent_workers=ld.persistent_workers,
+                  multiprocessing_context=ld.multiprocessing_context)
+    if ld.worker_threads != 1:
         # torch already gives each worker one thread (N workers each spawning a thread per
         # core would oversubscribe the host); only a different wish needs an init function,
         # a module-level partial so spawn/forkserver workers can unpickle it
-        kwargs["worker_init_fn"] = functools.partial(_set_threads, threads)
+        kwargs["worker_init_fn"] = functools.partial(_set_threads, ld.worker_threads)
     return kwargs
 
 
 def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Dataset:
     dset = s.dataset
-    kind = dset.name
-    ncls, seed = dset.num_classes, s.bench.seed
+    kind, ncls, seed = dset.name, dset.num_classes, s.bench.seed
     if kind == "synthetic":
-        return SyntheticDataset(dset.num_samples, src, ncls, cpu_tf, seed)
+        return datasets.synthetic(dset.num_samples, src, ncls, cpu_tf, seed)
     if kind == "fake_jpeg":
         t0 = time.perf_counter()
-        blobs = encode_jpeg_pool(dset.num_samples, src, dset.jpeg_quality, seed)
+        blobs = datasets.encode_jpeg_pool(dset.num_samples, src, dset.jpeg_quality, seed)
         g = torch.Generator().manual_seed(seed)
         labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
         info["jpeg_pool_seconds"] = time.perf_counter() - t0
         info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
-        return JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
-    root = Path(os.path.expanduser(str(dset.root)))
-    if kind == "imagefolder":
-        samples, classes = scan_imagefolder(root)
-        check_found_classes(s, len(classes), f"class folders in {root}")
-        info.update(files=len(samples), classes=len(classes), root=str(root))
-        info["mean_file_bytes"] = mean_file_bytes([p for p, _ in samples])
-        return ImageFiles(samples, cpu_tf, dset.on_corrupt, raw=raw)
-    if kind == "cifar10":
-        images, labels, classes = read_cifar10(root)
-        check_found_classes(s, max(len(classes), int(labels.max()) + 1), f"CIFAR-10 labels in {root}")
-        info.update(samples=len(labels), classes=len(classes), root=str(root))
-        return TensorImages(images, labels, cpu_tf)
+        return datasets.JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
     if kind == "custom":  # the team's own Dataset class (gpubench.parts.custom_data)
         return custom_data.build(s, cpu_tf, info)
-    raise ConfigError(  # unreachable: the Enum admits nothing else
-        "dataset.name", kind, "synthetic, device_synthetic, fake_jpeg, imagefolder, cifar10, custom"
-    )
-
-
-def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones
-    (x, in order) are repeated to fill the gaps, with their labels, so the step never sees a
-    smaller batch (which would re-run cuDNN's autotune or recompile inside the window)."""
-    bad = set(failed)
-    y_ok = y[[i for i in range(len(y)) if i not in bad]]
-    fill = [i % len(y_ok) for i in range(len(y))]
-    return x[fill], y_ok[fill]
-
-
-def _device_synthetic(s: Settings, info: dict) -> Pipeline:
-    """One random batch made on the device: zero data cost, the compute bound."""
-    dset, bs, size = s.dataset, s.loader.batch_size, s.dataset.image_size
-    g = torch.Generator().manual_seed(s.bench.seed)
-    x = torch.randn((bs, 3, size, size), generator=g).to(s.device)
-    y = torch.randint(0, dset.num_classes, (bs,), generator=g).to(s.device)
-    fmt = torch.channels_last if s.channels_last else torch.contiguous_format
-    return Pipeline(loader=None, side=None, info=info, fixed=(x.contiguous(memory_format=fmt), y))
-
-
-def _loader_kwargs(s: Settings) -> dict:
-    kwargs = loader_settings(s.loader, s.device)
-    if s.dataset.decode_on == "device":
-        # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
-        # buffers: pinning them here would cost a page-locked copy for nothing (the labels
-        # are pinned on their own in DeviceSide.labels)
-        kwargs["pin_memory"] = False
-    return kwargs
+    root = Path(os.path.expanduser(str(dset.root)))
+    if kind == "imagefolder":
+        samples, classes = datasets.scan_imagefolder(root)
+        settings.check_found_classes(s, len(classes), f"class folders in {root}")
+        info.update(files=len(samples), classes=len(classes), root=str(root),
+                    mean_file_bytes=datasets.mean_file_bytes([p for p, _ in samples]))
+        return datasets.ImageFiles(samples, cpu_tf, dset.on_corrupt, raw=raw)
+    images, labels, classes = datasets.read_cifar10(root)  # cifar10: the Enum admits nothing else
+    settings.check_found_classes(s, max(len(classes), int(labels.max()) + 1),
+                                 f"CIFAR-10 labels in {root}")
+    info.update(samples=len(labels), classes=len(classes), root=str(root))
+    return TensorImages(images, labels, cpu_tf)
 
 
 def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, int]:
-    """The dataset the DataLoader reads, and how many samples the preload skipped as corrupt.
-    The host transform is the full train augmentation, or decode-to-fixed-size when the cache
-    (preload) or the device (augment_on=device) takes the uint8 images."""
+    """The dataset the loader reads, and how many samples the preload skipped as corrupt; its
+    transform decodes to a fixed size when preload or augment_on=device takes uint8 images."""
     dset = s.dataset
-    src = source_size(dset.image_size)
+    src = datasets.source_size(dset.image_size)
     on_device_aug = dset.augment_on == "device"
     fixed_tf, train_tf = cpu_fixed_size(src), cpu_train_transform(dset.image_size)
     ds = _build_dataset(s, src, fixed_tf if (on_device_aug or dset.preload) else train_tf,
                         dset.decode_on == "device", info)
     skipped = 0
     if dset.preload:
-        preload_kw = {k: v for k, v in loader_kw.items() if k in ("multiprocessing_context",)}
-        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"], preload_kw,
+        context = {k: v for k, v in loader_kw.items() if k == "multiprocessing_context"}
+        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"], context,
                                                 s.loader.worker_type == "thread")
         info.update(preload_seconds=secs, preload_bytes=images.numel(), preload_skipped=skipped)
         ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)
-    if dset.name in IN_MEMORY_POOLS:
-        ds = Cycled(ds, max(len(ds), CYCLED_EPOCH))
-    check_batch_fits(s, len(ds))  # a resource check: the dataset's length is known only here
+    if dset.name in datasets.IN_MEMORY_POOLS:
+        ds = Cycled(ds, max(len(ds), datasets.CYCLED_EPOCH))
+    settings.check_batch_fits(s, len(ds))  # a resource check: the length is known only here
     return ds, skipped
 
 
 def own_samples(s: Settings) -> bool:
-    """step=custom on dataset=custom: the team's samples go to its collate as its Dataset
-    returns them (a segmentation pair, a dict), so what works on gpubench's (image, label)
-    samples is refused with one line."""
+    """step=custom on dataset=custom: the team's samples go to its collate as they are, so
+    what works on gpubench's (image, label) samples is refused with one line."""
     d = s.dataset
     if not (s.step.name == "custom" and d.name == "custom"):
         return False
-    for key, value, on in (("dataset.transform", plain(d.transform), node_set(d.transform)),
+    tf = d.transform
+    for key, value, on in (("dataset.transform", settings.plain(tf), settings.node_set(tf)),
                            ("dataset.preload", True, d.preload),
                            ("dataset.augment_on", "device", d.augment_on == "device"),
                            ("dataset.decode_on", "device", d.decode_on == "device")):
@@ -490,25 +356,17 @@ def own_samples(s: Settings) -> bool:
     return True
 
 
-def _collate(s: Settings, own: bool):
-    team = custom_data.collate_fn(s.dataset)  # dataset.collate, held to (images, labels)
-    if own:  # the team's own samples: its function (or torch's), its batches as they come
-        return OwnCollate(team.fn) if team is not None else OwnCollate()
-    return team or collate_skipping
-
-
 def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, int] | None,
-                 own: bool) -> DataLoader | ThreadLoader:
+                 collate) -> DataLoader | ThreadLoader:
     ld, seed = s.loader, s.bench.seed
     # seeds the shuffle order and each worker process's torch/random/numpy seeds: reproducible
     g = torch.Generator().manual_seed(seed)
-    sampler: torch.utils.data.Sampler = RandomSampler(ds, generator=g)
+    sampler: torch.utils.data.Sampler = torch.utils.data.RandomSampler(ds, generator=g)
     if shard is not None and shard[1] > 1:
         from torch.utils.data.distributed import DistributedSampler
 
         sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
                                      seed=seed, drop_last=True)
-    collate = _collate(s, own)
     if ld.worker_type == "thread" and loader_kw["num_workers"]:
         return ThreadLoader(ds, sampler, ld.batch_size, ld.drop_last, collate,
                             loader_kw["num_workers"], ld.prefetch_factor, ld.in_order,
@@ -517,35 +375,36 @@ def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, in
                       collate_fn=collate, generator=g, **loader_kw)
 
 
-def _device_side(s: Settings, pin: bool) -> DeviceSide:
-    dset, device = s.dataset, s.device
-    src = source_size(dset.image_size)
-    device_decode = dset.decode_on == "device"
-    return DeviceSide(
-        device, pin, s.channels_last,
-        decode=DeviceDecode(src, device) if device_decode else None,
-        augment=(DeviceAugment(dset.image_size, device, s.bench.seed)
-                 if (dset.augment_on == "device" or device_decode) else None),
-    )
-
-
 def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
     """The data side of one run, on s.device. `shard=(rank, world)` under torchrun: each rank
     loads its own share of the dataset (DistributedSampler), as data-parallel training does."""
-    info: dict = {"dataset": s.dataset.name}
-    if s.dataset.name == "device_synthetic":
-        return _device_synthetic(s, info)
+    dset, device, bs = s.dataset, s.device, s.loader.batch_size
+    info: dict = {"dataset": dset.name}
+    if dset.name == "device_synthetic":  # one random batch made on the device
+        g = torch.Generator().manual_seed(s.bench.seed)
+        size = dset.image_size
+        x = torch.randn((bs, 3, size, size), generator=g).to(device)
+        y = torch.randint(0, dset.num_classes, (bs,), generator=g).to(device)
+        fmt = torch.channels_last if s.channels_last else torch.contiguous_format
+        return Pipeline(None, None, info, fixed=(x.contiguous(memory_format=fmt), y))
     own = own_samples(s)  # refuses gpubench's image handling on the team's own samples
-    loader_kw = _loader_kwargs(s)
+    loader_kw = loader_settings(s.loader, device)
+    decode = dset.decode_on == "device"
+    if decode:
+        # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
+        # buffers: pinning them here would cost a page-locked copy for nothing (the labels
+        # are pinned on their own in DeviceSide.labels)
+        loader_kw["pin_memory"] = False
     ds, skipped = _host_dataset(s, loader_kw, info)
-    side = _device_side(s, loader_kw["pin_memory"])
-    bs = s.loader.batch_size
-    info.update(
-        samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
-        num_workers=loader_kw["num_workers"],
-        decode_on="device" if side.decode is not None else "cpu",
-        augment_on="device" if side.augment is not None else "cpu",
-        batches_per_epoch=math.floor(len(ds) / bs) if s.loader.drop_last else math.ceil(len(ds) / bs),
-    )
-    return Pipeline(_data_loader(s, ds, loader_kw, shard, own), side, info,
-                    on_corrupt=s.dataset.on_corrupt, skipped=skipped)
+    augment = dset.augment_on == "device" or decode
+    src = datasets.source_size(dset.image_size)
+    side = DeviceSide(device, loader_kw["pin_memory"], s.channels_last,
+                      DeviceDecode(src, device) if decode else None,
+                      DeviceAugment(dset.image_size, device, s.bench.seed) if augment else None)
+    info.update(samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
+                num_workers=loader_kw["num_workers"],
+                decode_on="device" if decode else "cpu", augment_on="device" if augment else "cpu",
+                batches_per_epoch=len(ds) // bs if s.loader.drop_last else -(-len(ds) // bs))
+    collate = custom_data.collate(s, own) or collate_skipping
+    return Pipeline(_data_loader(s, ds, loader_kw, shard, collate), side, info,
+                    on_corrupt=dset.on_corrupt, skipped=skipped)

@@ -20,30 +20,30 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import source_size  # noqa: F401 (the RAM rules use it too)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-# ------------------------------------------------------------------------------ bad input
-
-
 FAIL_PREFIX = "dataset.on_corrupt=fail: "
 SKIP_PREFIX = "dataset.on_corrupt=skip: "
 
 
-class CorruptImage(Exception):
-    """A sample that does not decode, with dataset.on_corrupt=fail; or, with skip, a dataset
-    in which no substitute decodes either (an all-corrupt folder must fail, never hang).
+class WorkerError(Exception):
+    """An error a DataLoader worker raises: torch re-raises it in the main process built from
+    the worker's whole traceback text; str() keeps the last line that holds one of PREFIXES."""
 
-    Raised in a DataLoader worker, torch re-raises it in the main process built from the
-    worker's whole traceback text; str() keeps the one line that names the file.
-    """
+    PREFIXES: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         text = super().__str__()
         for line in reversed(text.splitlines()):
-            for prefix in (FAIL_PREFIX, SKIP_PREFIX):
+            for prefix in self.PREFIXES:
                 if prefix in line:
                     return line[line.index(prefix) :].strip()
         return text
+
+
+class CorruptImage(WorkerError):
+    """A sample that does not decode, with dataset.on_corrupt=fail; or, with skip, a dataset
+    in which no substitute decodes either (an all-corrupt folder must fail, never hang)."""
+
+    PREFIXES = (FAIL_PREFIX, SKIP_PREFIX)
 
 
 def corrupt(path: str, why: object) -> CorruptImage:
@@ -51,10 +51,8 @@ def corrupt(path: str, why: object) -> CorruptImage:
 
 
 def nothing_decodes(tried: int, path: str, why: object) -> CorruptImage:
-    return CorruptImage(
-        f"{SKIP_PREFIX}{tried} files tried in a row do not decode (e.g. {path}: {why}); "
-        "dataset.root must hold decodable images"
-    )
+    return CorruptImage(f"{SKIP_PREFIX}{tried} files tried in a row do not decode (e.g. "
+                        f"{path}: {why}); dataset.root must hold decodable images")
 
 
 # With on_corrupt=skip a sample that does not decode is replaced by another one, so batches
@@ -68,8 +66,8 @@ SUBSTITUTE_HOP = 1_000_003
 
 
 class Substituted(tuple):
-    """A sample standing in for `skipped` samples that did not decode (read by the collate,
-    which runs in the same worker: the attribute never needs to be pickled)."""
+    """A sample standing in for `skipped` samples that did not decode (read by the collate in
+    the same worker: the attribute never needs to be pickled)."""
 
     skipped: int = 0
 
@@ -80,24 +78,26 @@ def substitute_order(i: int, n: int, tries: int) -> list[int]:
     return [(i + k * hop) % n for k in range(min(tries, n))]
 
 
-# ------------------------------------------------------------------------------ datasets
+class TensorImages(Dataset):
+    """uint8 images held in one tensor (CIFAR arrays, a preload cache, a synthetic pool); per
+    step only the transform runs. Shared memory lets workers read it without copies."""
 
-
-class SyntheticDataset(Dataset):
-    """A pool of random uint8 images made once on the host; each sample goes through the
-    transform like a decoded image would."""
-
-    def __init__(self, n: int, size: int, num_classes: int, transform, seed: int):
-        g = torch.Generator().manual_seed(seed)
-        self.images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
-        self.labels = torch.randint(0, num_classes, (n,), generator=g)
-        self.transform = transform
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+        self.images, self.labels, self.transform = images, labels, transform
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int):
         return self.transform(self.images[i]), int(self.labels[i])
+
+
+def synthetic(n: int, size: int, num_classes: int, transform, seed: int) -> TensorImages:
+    """A pool of random uint8 images made once on the host, each sample transformed like a
+    decoded image."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
+    return TensorImages(images, torch.randint(0, num_classes, (n,), generator=g), transform)
 
 
 # The in-memory pools stand in for a large dataset: an epoch of 512 images would end every few
@@ -120,23 +120,19 @@ class Cycled(Dataset):
         return self.pool[i % self.n]
 
 
-def _smooth_image(size: int, g: torch.Generator) -> torch.Tensor:
-    # Low-frequency colour fields plus grain: JPEG size and decode cost close to a photo's,
-    # where pure noise would be several times larger and slower to decode.
-    coarse = torch.rand((1, 3, 8, 8), generator=g) * 255
-    img = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bicubic")
-    img = img + torch.randn((1, 3, size, size), generator=g) * 12
-    return img.clamp(0, 255).to(torch.uint8)[0]
-
-
 def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
     from PIL import Image
 
     g = torch.Generator().manual_seed(seed)
     pool = []
     for _ in range(n):
-        arr = _smooth_image(size, g).permute(1, 2, 0).numpy()
+        # Low-frequency colour fields plus grain: JPEG size and decode cost close to a photo's,
+        # where pure noise would be several times larger and slower to decode.
+        coarse = torch.rand((1, 3, 8, 8), generator=g) * 255
+        img = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bicubic")
+        img = img + torch.randn((1, 3, size, size), generator=g) * 12
         buf = io.BytesIO()
+        arr = img.clamp(0, 255).to(torch.uint8)[0].permute(1, 2, 0).numpy()
         Image.fromarray(arr).save(buf, format="JPEG", quality=quality)
         pool.append(buf.getvalue())
     return pool
@@ -175,7 +171,8 @@ class ImageFiles(Dataset):
     (on_corrupt=fail), never a hang."""
 
     def __init__(self, samples: list[tuple[str, int]], transform, on_corrupt: str, raw=False):
-        self.samples, self.transform, self.on_corrupt, self.raw = samples, transform, on_corrupt, raw
+        self.samples, self.transform, self.raw = samples, transform, raw
+        self.on_corrupt = on_corrupt
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -210,51 +207,36 @@ class ImageFiles(Dataset):
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
     """(path, class index) for every image under root/<class>/ (nested folders too), classes
     sorted by name as torchvision's ImageFolder does; hidden folders are not classes."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     if not root.is_dir():
         raise ConfigError("dataset.root", str(root), "an existing folder")
     classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith("."))
     if not classes:
-        raise ConfigError(
-            "dataset.root", str(root), "a folder of class sub-folders of images (none found)"
-        )
-    samples = []
-    for idx, c in enumerate(classes):
-        for dirpath, dirnames, files in os.walk(root / c, followlinks=True):
-            dirnames.sort()
-            for f in sorted(files):
-                if f.lower().endswith(IMG_EXTENSIONS):
-                    samples.append((os.path.join(dirpath, f), idx))
+        raise ConfigError("dataset.root", str(root),
+                          "a folder of class sub-folders of images (none found)")
+    samples = make_dataset(str(root), {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS,
+                           allow_empty=True)  # an empty class is allowed, all empty are not
     if not samples:
-        raise ConfigError(
-            "dataset.root", str(root), "class sub-folders holding image files (all are empty)"
-        )
+        raise ConfigError("dataset.root", str(root),
+                          "class sub-folders holding image files (all are empty)")
     return samples, classes
 
 
 def mean_file_bytes(paths: list[str], sample: int = 1000) -> float:
     """Mean file size from an even sample of the files: a stat per file of a million-image
     folder would cost seconds before the run even starts."""
-    step = max(1, len(paths) // sample)
-    picked = paths[::step]
+    picked = paths[:: max(1, len(paths) // sample)]
     return sum(os.path.getsize(p) for p in picked) / len(picked)
 
 
-# --- CIFAR-10 in its python-pickle format (cifar-10-batches-py/)
-#
-# Read here rather than by torchvision.datasets.CIFAR10: that class checks every file's md5
-# against the official download (`_check_integrity`) and refuses anything else, a re-export or
-# a subset included. The format is the same: each data_batch_N is a pickled dict with "data"
-# (N x 3072 uint8, channel-planar 32x32) and "labels"; batches.meta holds "label_names".
-# Like torchvision, this unpickles the files: read only CIFAR folders you trust.
-
+# CIFAR-10 in its python-pickle format (cifar-10-batches-py/), read here rather than by
+# torchvision.datasets.CIFAR10: that class checks every file's md5 against the official
+# download and refuses anything else, a re-export or a subset included. Each data_batch_N is a
+# pickled dict with "data" (N x 3072 uint8, channel-planar 32x32) and "labels"; batches.meta
+# holds "label_names". Like torchvision, this unpickles the files: read only folders you trust.
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
-
-
-def _cifar_error(root: Path, what: str) -> ConfigError:
-    return ConfigError("dataset.root", str(root), f"a CIFAR-10 python folder ({what})")
 
 
 def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -262,10 +244,13 @@ def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     folder holding cifar-10-batches-py/ (torchvision's convention) or that folder itself."""
     import numpy as np
 
+    def error(what: str) -> ConfigError:
+        return ConfigError("dataset.root", str(root), f"a CIFAR-10 python folder ({what})")
+
     folder = root / CIFAR_DIR if (root / CIFAR_DIR).is_dir() else root
     missing = [n for n in CIFAR_TRAIN if not (folder / n).is_file()]
     if missing:
-        raise _cifar_error(root, f"{CIFAR_DIR}/ lacks {', '.join(missing)}")
+        raise error(f"{CIFAR_DIR}/ lacks {', '.join(missing)}")
     images, labels = [], []
     for name in CIFAR_TRAIN:
         try:
@@ -274,9 +259,9 @@ def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
             data = np.asarray(entry["data"], dtype=np.uint8)
             ys = entry["labels"] if "labels" in entry else entry["fine_labels"]
         except Exception as e:
-            raise _cifar_error(root, f"{name} does not read: {type(e).__name__}: {e}") from e
+            raise error(f"{name} does not read: {type(e).__name__}: {e}") from e
         if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(ys) != len(data):
-            raise _cifar_error(root, f"{name}: data {data.shape} vs {len(ys)} labels")
+            raise error(f"{name}: data {data.shape} vs {len(ys)} labels")
         images.append(data.reshape(-1, 3, 32, 32))
         labels.extend(ys)
     classes = [str(i) for i in range(max(labels, default=-1) + 1)]
@@ -286,17 +271,3 @@ def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
             classes = list(pickle.load(f, encoding="latin1").get("label_names", classes))
     x = torch.from_numpy(np.concatenate(images)).contiguous()
     return x, torch.as_tensor(labels, dtype=torch.int64), classes
-
-
-class TensorImages(Dataset):
-    """uint8 images held in one tensor (CIFAR arrays or a preload cache); per step only the
-    augmentation runs. The tensor lives in shared memory so workers read it without copies."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        return self.transform(self.images[i]), int(self.labels[i])

@@ -1,27 +1,17 @@
 """Running under torchrun: one process per GPU, DistributedDataParallel, a sharded loader.
 
-gpubench schedules nothing itself: `torchrun --nproc_per_node=N -m gpubench ...` starts the
-processes and sets RANK / WORLD_SIZE / LOCAL_RANK; each process measures its own windows,
-opened together (a barrier), and the run's throughput is all images over the slowest rank's
-window. Only rank 0 writes results.json, prints and logs to MLflow. Without torchrun
-(WORLD_SIZE unset or 1) every function here is a no-op.
+`torchrun --nproc_per_node=N -m gpubench ...` starts the processes; each measures its own
+windows, opened together (a barrier), and the run's throughput is all images over the slowest
+rank's window. Only rank 0 writes results.json, prints and logs. Without torchrun (WORLD_SIZE
+unset or 1) every method here is a no-op.
 
-A rank that fails (an OOM, any error) must not leave the others waiting inside a collective
-until NCCL's watchdog fires (10 minutes by default) with no status written. Three parts:
-- `announce(status, error)`: the failing rank writes its error into the process group's key-value
-  store (TCP, outside NCCL/gloo) and does no further collective, since its peers may be
-  blocked inside a different one (a DDP all-reduce mid-step) that it would mismatch;
-- `watch(on_failure)`: a thread on every rank polls that key; on a peer's failure it calls
-  `on_failure(message)` (rank 0 records the status in results.json) and ends the process: the
-  main thread is blocked in C++ inside a collective that Python cannot interrupt;
-- `agree(error)`: at a point every healthy rank reaches in the same order (a window's end,
-  before its figures are gathered), a flag all-reduced with MAX says whether any rank failed,
-  and only then are the messages gathered: one small all-reduce in the common case.
-The process group's own timeout is short (PROCESS_GROUP_TIMEOUT_S) as a last resort.
-
-Healthy ranks must also run the same number of steps (a rank one step ahead sits in a barrier
-while another is in DDP's all-reduce): `all_done` (MIN) ends warm-up on the ranks' common
-decision and `most` (MAX) fixes a window's step count before it opens (parts/measure.py).
+A rank that fails must not leave the others waiting inside a collective until NCCL's watchdog
+fires (10 minutes) with no status written: it `announce`s its error in the process group's
+key-value store (TCP, outside NCCL/gloo) and does no further collective (its peers may be
+blocked inside a different one); a `watch` thread on every rank polls that key and ends the
+process (its main thread is blocked in C++ inside a collective Python cannot interrupt); at a
+point every healthy rank reaches in the same order, `agree` all-reduces a failed flag. The
+process group's own timeout is short (PROCESS_GROUP_TIMEOUT_S) as a last resort.
 """
 
 from __future__ import annotations
@@ -50,13 +40,18 @@ ACK_WAIT_S = 5.0
 WATCH_EVERY_S = 0.25
 
 
+def _store():
+    from torch.distributed.distributed_c10d import _get_default_store  # torchrun only
+
+    return _get_default_store()
+
+
 def timeout_s() -> float:
     return float(os.environ.get("GPUBENCH_DIST_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))
 
 
 def fault_hits(fault_rank: int | None, rank: int) -> bool:
-    """Whether an injected fault (fault.*) applies to this rank: all ranks when fault.rank is
-    null, only that one otherwise."""
+    """Whether an injected fault (fault.*) applies to this rank (fault.rank null: all)."""
     return fault_rank is None or int(fault_rank) == rank
 
 
@@ -82,7 +77,7 @@ class Dist:
         if self.enabled:
             tdist.barrier()
 
-    def gather(self, value: float) -> list[float]:
+    def gather(self, value):
         """The value of every rank, in rank order (the same list on all ranks)."""
         if not self.enabled:
             return [value]
@@ -91,10 +86,9 @@ class Dist:
         return out
 
     def _reduce(self, value: int, op) -> int:
-        """One integer all-reduced over the ranks (the same answer on every rank). On NCCL the
-        tensor lives on the device and `.item()` waits for the all-reduce, which waits for the
-        work queued on the current stream: a device sync. Call it only where one costs nothing
-        measured (warm-up, which syncs every step; before a window opens; after it closes)."""
+        """One integer all-reduced over the ranks. On NCCL `.item()` waits for the all-reduce,
+        which waits for the work queued on the current stream: a device sync. Call it only
+        where one costs nothing measured (warm-up, before a window opens, after it closes)."""
         # NCCL reduces device tensors only; gloo host tensors
         dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
         t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
@@ -102,25 +96,19 @@ class Dist:
         return int(t.item())
 
     def all_done(self, done: bool) -> bool:
-        """Collective: True only when every rank says done (a MIN all-reduce). The ranks' common
-        decision where each rank would otherwise stop on its own judgement (warm-up: its own
-        step times and clock): a rank that stopped a step early would sit in `barrier()` while
-        the others are in DDP's all-reduce, and NCCL would mismatch the two. Without torchrun:
-        this rank's own answer."""
-        if not self.enabled:
-            return bool(done)
-        return bool(self._reduce(bool(done), tdist.ReduceOp.MIN))
+        """Collective: True only when every rank says done (a MIN all-reduce), where each rank
+        would otherwise stop on its own judgement (warm-up): a rank that stopped a step early
+        would sit in `barrier()` while the others are in DDP's all-reduce."""
+        return bool(self._reduce(done, tdist.ReduceOp.MIN) if self.enabled else done)
 
     def most(self, n: int) -> int:
-        """Collective: the largest of the ranks' `n` (a MAX all-reduce); `n` without torchrun."""
-        if not self.enabled:
-            return int(n)
-        return self._reduce(n, tdist.ReduceOp.MAX)
+        """Collective: the largest of the ranks' `n` (a MAX all-reduce)."""
+        return self._reduce(n, tdist.ReduceOp.MAX) if self.enabled else int(n)
 
     def agree(self, error: str | None) -> str | None:
         """Collective: None if every rank passes error=None, else "rank R: its error" of the
-        first failed rank (the same answer on every rank). Call it only where all ranks call
-        it in the same order."""
+        first failed rank. Call it only where all ranks call it in the same order: one small
+        all-reduce in the common case, the messages gathered only on a failure."""
         if not self.enabled:
             return error
         if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:
@@ -128,11 +116,6 @@ class Dist:
         errors: list = [None] * self.world
         tdist.all_gather_object(errors, error)
         return next(f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None)
-
-    def _store(self):
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        return _get_default_store()
 
     def announce(self, status: str, error: str, wait_s: float = ACK_WAIT_S) -> None:
         """Tell the other ranks, through the store, that this rank failed (no collective), and
@@ -144,7 +127,7 @@ class Dist:
         # on another rank's news meanwhile (all ranks get Ctrl-C at once under torchrun)
         self._stop.set()
         try:
-            store = self._store()
+            store = _store()
             store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
             acks = [f"{ACK_KEY}/{r}" for r in range(self.world) if r != self.rank]
             store.wait(acks, timedelta(seconds=wait_s))
@@ -153,11 +136,10 @@ class Dist:
 
     def watch(self, on_failure: Callable[[str, str], None]) -> None:
         """Start the thread that ends this process when another rank announces a failure,
-        after `on_failure(status, message)` has recorded it (the failed rank's run status,
-        "oom" say, and "rank R: its error")."""
+        after `on_failure(status, message)` has recorded it ("oom", "rank R: its error")."""
         if not self.enabled or self._watcher is not None:
             return
-        store = self._store()
+        store = _store()
 
         def poll() -> None:
             while not self._stop.wait(WATCH_EVERY_S):

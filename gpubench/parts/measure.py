@@ -2,16 +2,14 @@
 
 A window runs `fetch()` (host side: blocking on the next batch is *data wait*) then `work(batch)`
 (transfer + train step, launched asynchronously on a GPU; returns the batch's image count)
-step after step. Per-step times come from CUDA events recorded on the stream after each step,
-read only after the closing sync, so no step ever waits for the device; on a CPU every op is
-synchronous and the host clock is exact. The arithmetic lives in gpubench/core/stats.py.
+step after step. Per-step times come from CUDA events recorded after each step, read only after
+the closing sync, so no step ever waits for the device; on a CPU every op is synchronous and the
+host clock is exact. The arithmetic lives in gpubench/core/stats.py.
 
 Under torchrun every rank must run the same number of steps, warm-up included: a rank one step
 ahead would sit in the window's barrier while another is in DDP's all-reduce, and NCCL would
-mismatch them (the run hangs until the watchdog). So no rank stops on its own judgement: warm-up
-ends when all ranks say done (`Ranks.all_done` after every warm-up step, where the device is
-synchronized anyway), and a window's length is fixed before it opens (`Ranks.most`), with no
-time cap inside it.
+hang until its watchdog. So warm-up ends when all ranks say done (`Ranks.all_done`, where the
+device is synchronized anyway), and a window's length is fixed before it opens (`Ranks.most`).
 """
 
 from __future__ import annotations
@@ -26,41 +24,36 @@ import torch
 from gpubench.core.stats import (
     MIN_AFTER_FIRST,
     WindowStats,
-    percentile,
     settled,
     stats_from,
     steady_step_s,
     window_steps,
 )
 
-__all__ = ["Clock", "DeviceStart", "Ranks", "WindowStats", "percentile", "run_window",
-           "stats_from", "warm_up"]
-
 
 class Clock:
-    """Marks on the device timeline (CUDA events) or the host clock (CPU). `now` is the host
-    clock (seconds): window edges, data wait and the time caps read it, and CPU marks too."""
+    """Marks on the device timeline (CUDA events) or the host clock `now` (CPU)."""
 
     def __init__(self, device: str, now: Callable[[], float] = time.perf_counter):
-        self.cuda = device == "cuda"
-        self.now = now
+        self.cuda, self.now = device == "cuda", now
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
 
     def mark(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()  # queued on the current stream: costs no sync
-            return ev
-        return self.now()
+        if not self.cuda:
+            return self.now()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()  # queued on the current stream: costs no sync
+        return ev
 
     def deltas(self, marks: list) -> list[float]:
         """Seconds between consecutive marks; call only after sync()."""
+        pairs = zip(marks, marks[1:], strict=False)
         if self.cuda:
-            return [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:], strict=False)]
-        return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+            return [a.elapsed_time(b) / 1000.0 for a, b in pairs]
+        return [b - a for a, b in pairs]
 
 
 class Ranks(Protocol):
@@ -74,15 +67,12 @@ class Ranks(Protocol):
 class DeviceStart:
     """Where a step's device work begins when its work blocks the host first.
 
-    torchvision's CUDA `decode_jpeg` decodes on its own pool stream and synchronizes that stream
-    before and after (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp,
-    CUDAJpegDecoder::decode_images: `cudaStreamSynchronize(stream)` at both ends; the caller's
-    stream only waits on an event after it): the host is blocked for the whole decode and none
-    of it queues on the training stream. An event recorded before the call would time that
-    host-blocked decode (loader phase), or in e2e the previous step's kernels the device runs
-    meanwhile. So the work calls this object when such a part returns: the window then takes
-    the step's device start from there, and counts the host time before it as host-blocked.
-    Outside a window (warm-up, profiling) a call does nothing."""
+    torchvision's CUDA `decode_jpeg` synchronizes its own pool stream before and after the
+    decode (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, CUDAJpegDecoder::decode_images:
+    `cudaStreamSynchronize(stream)` at both ends): the host is blocked for the whole decode and
+    none of it queues on the training stream. So the work calls this object when such a part
+    returns: the window takes the step's device start from there, and counts the host time
+    before it as host-blocked. Outside a window (warm-up, profiling) a call does nothing."""
 
     def __init__(self) -> None:
         self._clock: Clock | None = None
@@ -91,7 +81,6 @@ class DeviceStart:
         self.moved = False  # the work reported a host-blocking part in this window
 
     def arm(self, clock: Clock) -> None:
-        """By the window, for its measured steps."""
         self._clock, self.moved = clock, False
 
     def disarm(self) -> None:
@@ -105,7 +94,7 @@ class DeviceStart:
     def __call__(self) -> None:
         """By the work, when its host-blocking part has returned."""
         if self._clock is not None:
-            self.at, self.mark = self._clock.now(), self._clock.mark()
+            self.begin()
             self.moved = True
 
 
@@ -113,18 +102,13 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
             max_s: float, on_step: Callable[[], None] | None = None,
             agree: Callable[[bool], bool] = bool) -> tuple[list[float], float, bool | None]:
     """Run steps until they are steady: at least `min_steps`; with `max_steps` above it, on
-    until `stats.settled` (bounded by max_steps and max_s); otherwise exactly `min_steps` (a
-    pinned warm-up, or a re-warm between windows that drains what the loader buffered).
-    `on_step`: called after each step's closing sync (the runner reads the loss there: the
-    device is idle, so it waits for nothing). `agree`: this rank's "done" to the ranks' common
-    decision (`Ranks.all_done` under torchrun; itself otherwise), asked after every step from
-    the floor on, so every rank runs the same number of steps; a rank's own "done" holds once
-    said (a settled judgement that a later step would undo must not keep the others waiting).
-    Returns (step times, seconds, settled: None when not judged; whether this rank's own
-    judgement found the steps steady)."""
+    until `stats.settled` (bounded by max_steps and max_s); otherwise exactly `min_steps`.
+    `on_step`: called after each step's closing sync (the device is idle: reading the loss
+    waits for nothing). `agree`: the ranks' common decision from this rank's "done", asked after
+    every step from the floor on; a rank's own "done" holds once said. Returns (step times,
+    seconds, whether this rank found the steps steady: None when not judged)."""
     perf = clock.now
-    # max_steps == min_steps pins a fixed warm-up: nothing to judge
-    judge = max_steps is not None and max_steps > min_steps
+    judge = max_steps is not None and max_steps > min_steps  # else a pinned warm-up
     limit = max(min_steps, max_steps or 0)
     # at least MIN_AFTER_FIRST steps after the first, whatever the time cap (compile, graphs);
     # floor and limit come from the config alone, so they are the same on every rank
@@ -132,8 +116,7 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
     times: list[float] = []
     mine = ok = False  # this rank's judgement: done, and done because steady
     t0 = perf()
-    n = 0
-    while n < limit:
+    for n in range(1, limit + 1):
         # Edge sync per warm-up step: warm-up is not measured, and reading each step's time
         # is what tells when steps have become steady (a sync here costs nothing we report).
         clock.sync()
@@ -144,53 +127,35 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
         times.extend(clock.deltas([a, b]))
         if on_step:
             on_step()
-        n += 1
         if n < floor:
             continue
         if not mine:
-            if judge and settled(times):
-                mine = ok = True
-            elif not judge or perf() - t0 > max_s:
-                mine = True  # pinned warm-up done, or out of time
+            ok = judge and settled(times)
+            mine = ok or not judge or perf() - t0 > max_s
         if agree(mine):
             break
     return times, perf() - t0, (ok if judge else None)
 
 
-def run_window(
-    phase: str,
-    fetch: Callable[[], object],
-    work: Callable[[object], int],
-    batch_size: int,
-    device: str,
-    warmup_steps: int,
-    steps: int,
-    warmup_max_s: float,
-    max_s: float,
-    warmup_max_steps: int | None = None,
-    on_open: Callable[[], None] | None = None,
-    on_close: Callable[[], None] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-    on_warm_step: Callable[[], None] | None = None,
-    min_s: float = 0.0,
-    ranks: Ranks | None = None,
-    step_s: float | None = None,
-    device_start: DeviceStart | None = None,
-) -> WindowStats:
+def run_window(phase: str, fetch: Callable[[], object], work: Callable[[object], int],
+               batch_size: int, device: str, warmup_steps: int, steps: int,
+               warmup_max_s: float, max_s: float, warmup_max_steps: int | None = None,
+               on_open: Callable[[], None] | None = None,
+               on_close: Callable[[], None] | None = None,
+               clock: Callable[[], float] = time.perf_counter,
+               on_warm_step: Callable[[], None] | None = None, min_s: float = 0.0,
+               ranks: Ranks | None = None, step_s: float | None = None,
+               device_start: DeviceStart | None = None) -> WindowStats:
     """Warm up (see `warm_up`), then one measured window of `steps` steps, run on until it has
-    lasted `min_s` (bench.min_window_s: NVML's readings average over up to 1 s, so a shorter
-    window's would mostly describe the phase before), closed early by the time cap `max_s`.
-    `clock` is the host clock in seconds (tests pass one they advance themselves).
+    lasted `min_s` (NVML's readings average over up to 1 s), closed early by the time cap
+    `max_s`. `clock` is the host clock in seconds (tests pass one they advance themselves).
 
-    Under torchrun (`ranks`), warm-up ends on the ranks' common decision, and the window's
-    length is fixed before it opens: `steps`, or more to last `min_s` at `step_s` seconds a
-    step (the caller's, from the phase's last window; else the step time warm-up ended at),
-    the largest count of any rank, with no time cap inside (a rank that stopped on its own clock
-    would leave the others in DDP's all-reduce). Deciding inside the window would cost a device
-    sync per step under NCCL (Dist._reduce). `device_start`: the object the work calls after a
-    host-blocking part (DeviceStart)."""
+    Under torchrun (`ranks`) the window's length is fixed before it opens: `steps`, or more to
+    last `min_s` at `step_s` seconds a step (else the step time warm-up ended at), the largest
+    count of any rank, with no time cap inside: deciding inside the window would cost a device
+    sync per step under NCCL (Dist._reduce). `device_start`: what the work calls after a
+    host-blocking part."""
     marker = Clock(device, clock)
-    perf = clock
     warm_times, warm_s, warm_ok = warm_up(fetch, work, marker, warmup_steps, warmup_max_steps,
                                           warmup_max_s, on_warm_step,
                                           ranks.all_done if ranks is not None else bool)
@@ -199,7 +164,6 @@ def run_window(
         steps = ranks.most(window_steps(steps, min_s, est, max_s))
         min_s, max_s = 0.0, math.inf
 
-    # --- the measured window
     # Edge sync: all warm-up work is done on the device before the window opens.
     marker.sync()
     if on_open:
@@ -209,24 +173,23 @@ def run_window(
     wait = blocked = 0.0
     images = 0
     truncated = False
-    t0 = perf()
+    t0 = clock()
     marks = [marker.mark()]
     # a mark when each step's work is handed to the device: on CUDA it executes when the
     # stream reaches it, so start(i) - end(i-1) is the device waiting for the host (idle), and
-    # end(i) - start(i) the device time of work(i) (in the loader phase: copy, augment, and
-    # what follows a host-blocking decode; see DeviceStart)
+    # end(i) - start(i) the device time of work(i)
     starts = []
     try:
         while True:
-            a = perf()
+            a = clock()
             batch = fetch()
-            wait += perf() - a  # host blocked on the data side
+            wait += clock() - a  # host blocked on the data side
             h = start.begin()
             images += work(batch)  # images in this batch, known on the host (no sync)
             blocked += start.at - h  # host blocked inside the work (0 unless it said so)
             starts.append(start.mark)
             marks.append(marker.mark())
-            n, elapsed = len(starts), perf() - t0
+            n, elapsed = len(starts), clock() - t0
             # the host clock is a lower bound of the window's length: the closing sync can
             # only add to it, so a window closed here has lasted at least min_s
             if n >= steps and elapsed >= min_s:
@@ -238,15 +201,14 @@ def run_window(
         start.disarm()
     # Edge sync: the window closes when the device has finished every step it was given.
     marker.sync()
-    window_s = perf() - t0
+    window_s = clock() - t0
     if on_close:
         on_close()
     stats = stats_from(phase, batch_size, images, marker.deltas(marks), window_s, wait,
                        warm_times, warm_s, truncated, warm_ok)
-    n = len(starts)
-    stats.device_idle_s = sum(max(0.0, d) for d in (
-        marker.deltas([marks[i], starts[i]])[0] for i in range(n)))
-    stats.device_work_s = sum(max(0.0, marker.deltas([starts[i], marks[i + 1]])[0])
-                              for i in range(n))
+    idle = [marker.deltas([m, s])[0] for m, s in zip(marks, starts, strict=False)]
+    busy = [marker.deltas([s, m])[0] for s, m in zip(starts, marks[1:], strict=True)]
+    stats.device_idle_s = sum(max(0.0, d) for d in idle)
+    stats.device_work_s = sum(max(0.0, d) for d in busy)
     stats.host_blocked_s = blocked if start.moved else None
     return stats

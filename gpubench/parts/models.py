@@ -19,8 +19,7 @@ from gpubench.parts.oom import is_oom
 
 
 class TinyNet(nn.Module):
-    """A very small CNN: enough layers to exercise conv, norm, pooling and a classifier, cheap
-    enough that a CPU test step takes milliseconds."""
+    """A very small CNN (conv, norm, pooling, a classifier): a CPU test step takes ms."""
 
     def __init__(self, num_classes: int = 10, width: int = 8):
         super().__init__()
@@ -39,14 +38,6 @@ class TinyNet(nn.Module):
         return self.fc(torch.flatten(self.features(x), 1))
 
 
-def _accepts(cls, name: str) -> bool:
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def build_model(s: Settings) -> nn.Module:
     m = s.model
     n = m.num_classes
@@ -54,7 +45,11 @@ def build_model(s: Settings) -> nn.Module:
     target = m._target_
     if target:
         cls = targets.model_class(target)  # checked before it is called: a config is code
-        if _accepts(cls, "num_classes"):
+        try:
+            params = inspect.signature(cls).parameters
+        except (TypeError, ValueError):  # no signature to read: pass it
+            params = {"num_classes": None}
+        if "num_classes" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
             kwargs.setdefault("num_classes", n)
         return cls(**kwargs)
     if m.name == "tiny":
@@ -65,8 +60,9 @@ def build_model(s: Settings) -> nn.Module:
         if str(m.name).startswith("vit_"):
             # torchvision's ViTs take their input size as a constructor argument
             kwargs.setdefault("image_size", s.dataset.image_size)
-            check_patch(m.name, kwargs["image_size"], "dataset.image_size"
-                        if kwargs["image_size"] == s.dataset.image_size else "model.kwargs.image_size")
+            size = kwargs["image_size"]
+            check_patch(m.name, size, "dataset.image_size" if size == s.dataset.image_size
+                        else "model.kwargs.image_size")
         model = torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
     if m.checkpointing:
         apply_checkpointing(model, m.name)
@@ -83,19 +79,13 @@ def check_patch(name: str, image_size: int, key: str) -> None:
                           f"patch size), e.g. {max(patch, image_size // patch * patch)}")
 
 
-def _cause(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
-
-
 def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
-    """One forward on (up to) two images of the first batch (`batch`, or its images), before
-    any phase: a model that does not take the dataset's images, returns a tuple or the wrong
-    shape, or is narrower than the dataset's classes would otherwise fail at the first loss,
-    after the loader phase was measured. Training mode, as the step runs it (some models
-    return extra outputs there); eval mode for a batch of one, which batch norm cannot train
-    on. With the team's own loss (`loss`, gpubench.parts.step.Loss of step=custom) the check
-    is that loss on the whole batch: one line naming step._target_ unless it runs and returns
-    a scalar tensor."""
+    """One forward on (up to) two images of the first batch, before any phase: a model that
+    does not take the dataset's images, returns the wrong shape or is narrower than the
+    dataset's classes would otherwise fail at the first loss, after the loader phase was
+    measured. Training mode, as the step runs it; eval mode for a batch of one, which batch
+    norm cannot train on. With the team's own loss (step=custom) the check is that loss on the
+    whole batch."""
     m, ds = s.model, s.dataset
     key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     if not any(p.requires_grad for p in model.parameters()):
@@ -117,7 +107,7 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
             if is_oom(e, s.device):
                 raise
             raise ConfigError("step._target_", loss.target, "a loss that runs on this run's "
-                              f"model and batches ({_cause(e)})") from e
+                              f"model and batches ({targets.cause(e)})") from e
         return
     x = batch if isinstance(batch, torch.Tensor) else batch[0]
     took = (f"with dataset={ds.name} batches of {tuple(x.shape[1:])} "
@@ -131,26 +121,24 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
     except Exception as e:
         if is_oom(e, str(x.device.type)):  # two images that do not fit: the run's OOM, not input
             raise
-        raise ConfigError(key, value, f"a model whose forward runs {took} ({_cause(e)})") from e
+        raise ConfigError(key, value, f"a model whose forward runs {took} "
+                          f"({targets.cause(e)})") from e
     finally:
         model.train(was_training)
     if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != len(probe):
-        got = (f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor)
-               else f"{type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else \
+            type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
         raise ConfigError(key, value, f"a model whose forward returns one logits tensor (batch, "
                           f"classes) {took}; it returned {got} for {len(probe)} image(s)")
-    check_classes(int(out.shape[-1]), ds.num_classes,
-                  "model._target_" if m._target_ else "model.num_classes", m._target_ or m.num_classes)
+    check_classes(int(out.shape[-1]), ds.num_classes, *(("model._target_", m._target_)
+                  if m._target_ else ("model.num_classes", m.num_classes)))
 
 
 class Checkpointed(nn.Module):
-    """One stage whose activations are not kept for backward but recomputed there
-    (torch.utils.checkpoint): less memory for activations, about one more forward of compute.
-
-    use_reentrant=False is the variant PyTorch recommends (works with torch.compile, with inputs
-    that need no grad, and with DDP); the RNG state is saved and restored by default, so
-    dropout in a ViT block recomputes the same mask. BatchNorm's running statistics are
-    updated again by the recomputation: harmless for a throughput benchmark."""
+    """One stage whose activations are recomputed in backward (torch.utils.checkpoint): less
+    memory, about one more forward of compute. use_reentrant=False is the variant PyTorch
+    recommends (torch.compile, DDP, inputs needing no grad); the RNG state is restored, so
+    dropout recomputes the same mask."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -167,8 +155,7 @@ class Checkpointed(nn.Module):
 
 def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
     """Wrap the model's stages in `Checkpointed`, in place: a ResNet's layer1..layer4, each of
-    a ViT's encoder blocks, the tiny CNN's features. The stem and the head stay as they are:
-    their activations are small and recomputing them buys nothing."""
+    a ViT's encoder blocks, the tiny CNN's features (stem and head: small activations)."""
     stages = []
     if hasattr(model, "layer4"):  # torchvision ResNet, Wide ResNet, ResNeXt
         stages = [(model, f"layer{i}") for i in range(1, 5)]
@@ -185,9 +172,8 @@ def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
 
 @contextlib.contextmanager
 def without_recompute(model: nn.Module):
-    """The model run as if it had no activation checkpointing, for counting its FLOPs: a count
-    taken with checkpointing on would include each stage's forward twice (the recomputation in
-    backward), which are hardware FLOPs, not the model's (MFU divides the model's)."""
+    """The model run without recomputation, for counting its FLOPs: the recomputation's are
+    hardware FLOPs, not the model's (MFU divides the model's)."""
     stages = [m for m in model.modules() if isinstance(m, Checkpointed)]
     for m in stages:
         m.recompute = False
@@ -208,13 +194,11 @@ def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Modu
 def reset_compile_state(device: str) -> None:
     """Forget everything torch.compile learnt in this process, as a fresh process would.
 
-    Hydra's basic launcher runs every job of a multirun in one process: without this, dynamo's
-    caches carry over from trial to trial (each new batch size recompiles until the recompile
-    limit, then falls back to eager), and CUDA-graph trees keep their private memory pools,
-    which torch.cuda.empty_cache() cannot release while the trees hold them, so later trials
-    look bigger than they are. torch._dynamo.reset() clears the caches (and, from torch 2.6 or
-    so, the CUDA-graph trees too when CUDA is initialized); on older torch the trees are reset
-    explicitly. A process that never imported dynamo has nothing to reset."""
+    Hydra's basic launcher runs every job of a multirun in one process: dynamo's caches would
+    carry over (each new batch size recompiles until the limit, then runs eager), and CUDA-graph
+    trees keep private memory pools empty_cache() cannot release, so later trials look bigger.
+    torch._dynamo.reset() clears the caches (from torch 2.6 or so the trees too); on older
+    torch the trees are reset explicitly."""
     import gc
     import sys
 
@@ -240,15 +224,13 @@ GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 
 
 def step_marker(mode: str):
-    """What a training step calls before each forward of a model compiled with `mode`:
-    torch.compiler.cudagraph_mark_step_begin for the CUDA-graph modes, else None."""
+    """What a training step calls before each forward of a model compiled with `mode`."""
     return torch.compiler.cudagraph_mark_step_begin if mode in GRAPH_MODES else None
 
 
 def maybe_compile(model: nn.Module, mode: str) -> nn.Module:
     """`mode`: Settings.compile, torch.compile's own mode string, or "off"."""
-    # every run starts from a clean compile state, compiled or not: an eager run after a
-    # compiled one must not carry its CUDA-graph pools
+    # a clean compile state, compiled or not: an eager run must not carry earlier graph pools
     reset_compile_state(str(next(model.parameters(), torch.empty(0)).device.type))
     if mode == "off":
         return model

@@ -7,27 +7,22 @@ from __future__ import annotations
 
 import torch
 
-OOM_ERRORS: tuple[type[BaseException], ...] = (
-    getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
-    torch.cuda.OutOfMemoryError,
-)
+# torch.OutOfMemoryError (torch >= 2.5; MPS's too) and the CUDA allocator's
+OOM_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+              torch.cuda.OutOfMemoryError)
 
 
 class PinnedMemoryError(RuntimeError):
-    """Page-locking host memory for an asynchronous host-to-device copy ran out: host RAM or the
-    locked-memory limit, not the GPU's memory. The original error is its __cause__.
-
-    Why a type of its own: PyTorch's CUDA host allocator (aten/src/ATen/cuda/
-    CachingHostAllocator.cpp, allocate_host_memory_slowpath) calls
-    C10_CUDA_CHECK(cudaHostAlloc(...)), and c10_cuda_check_implementation (c10/cuda/
-    CUDAException.cpp) words a failure as "CUDA error: out of memory", the very text a failed
-    cudaMalloc in a CUDA library gives: only where the error was raised tells them apart."""
+    """Page-locking host memory for an asynchronous copy ran out: host RAM or the locked-memory
+    limit, not the GPU's memory. A type of its own because PyTorch's CUDA host allocator
+    (aten/src/ATen/cuda/CachingHostAllocator.cpp) calls C10_CUDA_CHECK(cudaHostAlloc(...)),
+    whose failure reads "CUDA error: out of memory" (c10/cuda/CUDAException.cpp), the very text
+    a failed cudaMalloc gives: only where the error was raised tells them apart."""
 
 
 def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
-    """`t` in page-locked host memory; an allocation failure while pinning is re-raised as a
-    PinnedMemoryError (other errors as they are). `pin` is the pinning call (a test passes one
-    that raises a recorded error instead of allocating)."""
+    """`t` in page-locked host memory; an allocation failure is re-raised as a
+    PinnedMemoryError. `pin`: the pinning call (a test's raises a recorded error)."""
     try:
         return pin(t)
     except RuntimeError as e:
@@ -43,7 +38,7 @@ def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
 # What ran out, read from the error's text (the whole chain: a DataLoader worker or the pin
 # thread re-raises the original message inside its own), or from its type where the text says
 # nothing. Checked in this order, first match wins. The texts are PyTorch's own (see
-# tests/test_oom.py for each one's source).
+# tests/parts/test_oom.py for each one's source).
 # - "device": the caching allocator's OutOfMemoryError ("CUDA out of memory. Tried to
 #   allocate", c10/cuda/CUDACachingAllocator.cpp; "MPS backend out of memory", MPSAllocator),
 #   and memory that libraries take with their own cudaMalloc outside it (cuBLAS/cuDNN handles
@@ -80,9 +75,8 @@ _PIN_THREAD = "in pin memory thread"
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
-    out, seen, e = [], set(), exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    out, e = [], exc
+    while e is not None and all(e is not o for o in out):
         out.append(e)
         e = e.__cause__ or e.__context__
     return out
@@ -92,14 +86,11 @@ def _what_ran_out(exc: BaseException) -> str | None:
     """"device", "host" or None, from the texts and types of the error's chain."""
     chain = _chain(exc)
     text = "\n".join(str(e) for e in chain).lower()
-    for needle, kind in OOM_MESSAGES:
-        if needle in text:
-            return kind
-    if any(isinstance(e, OOM_ERRORS) for e in chain):  # the allocator's type, whatever its text
-        return "device"
-    if any(isinstance(e, MemoryError) for e in chain):
-        return "host"
-    return None
+    kinds = [kind for needle, kind in OOM_MESSAGES if needle in text]
+    # else the allocator's type, whatever its text
+    kinds += [kind for types, kind in ((OOM_ERRORS, "device"), (MemoryError, "host"))
+              if any(isinstance(e, types) for e in chain)]
+    return kinds[0] if kinds else None
 
 
 def _while_pinning(exc: BaseException) -> bool:
@@ -118,12 +109,9 @@ def _while_pinning(exc: BaseException) -> bool:
 
 
 def oom_kind(exc: BaseException) -> str | None:
-    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None: not a memory
-    error."""
+    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None."""
     kind = _what_ran_out(exc)
-    if kind is not None and _while_pinning(exc):
-        return "pinned"
-    return kind
+    return "pinned" if kind is not None and _while_pinning(exc) else kind
 
 
 def is_oom(exc: BaseException, device: str = "cuda") -> bool:
@@ -131,6 +119,4 @@ def is_oom(exc: BaseException, device: str = "cuda") -> bool:
     too big)? On a CPU run the host RAM is that device; a pinned-host failure never is: it is
     a host limit that a smaller batch would not cure the same way."""
     kind = oom_kind(exc)
-    if kind == "device":
-        return True
-    return kind == "host" and device != "cuda"
+    return kind == "device" or (kind == "host" and device != "cuda")

@@ -1,14 +1,12 @@
-"""Resolve a precision name into what the train step needs (in the spirit of timm's
-`resolve_precision`): the autocast dtype, whether a GradScaler is used, the TF32 flags, and
-which math convolutions and matmuls really run in (for MFU's peak).
+"""Resolve a precision name into what the train step needs (as timm's `resolve_precision`):
+the autocast dtype, whether a GradScaler is used, the TF32 flags, and which math convolutions and
+matmuls really run in (for MFU's peak).
 
-`torch_default` (the default) leaves PyTorch's TF32 flags as the user's process has them, so
-the run measures what a plain training job runs: on Ampere and newer, PyTorch's defaults run
-convolutions in TF32 (torch.backends.cudnn.allow_tf32=True) and matmuls in full fp32
-(torch.backends.cuda.matmul.allow_tf32=False). `fp32` turns TF32 off for both (strict fp32,
-2-3x slower convolutions there), `tf32` on for both. cudnn.benchmark is not the precision's:
-bench.cudnn_benchmark sets it alike for every precision (null: the process's own flag), so a
-precision comparison changes the maths alone, not cuDNN's algorithm search with it.
+`torch_default` leaves PyTorch's TF32 flags as the user's process has them, so the run measures
+what a plain training job runs (on Ampere+: TF32 convolutions, fp32 matmuls). `fp32` turns TF32
+off for both (cuDNN allows TF32 convolutions by default: 'fp32' would silently measure TF32),
+`tf32` on for both. cudnn.benchmark is not the precision's: bench.cudnn_benchmark sets it alike
+for every precision, so a precision comparison changes the maths alone.
 """
 
 from __future__ import annotations
@@ -115,43 +113,31 @@ def _fp32_math(tf32_on: bool, device: str) -> str:
     return "tf32" if tf32_on and device == "cuda" else "fp32"
 
 
+# name: (autocast dtype, its math, TF32 flags: None leaves the user's own)
+PRECISIONS = {
+    TORCH_DEFAULT: (None, None, None),
+    "fp32": (None, None, False),
+    "tf32": (None, None, True),
+    "amp_fp16": (torch.float16, "fp16", True),
+    "amp_bf16": (torch.bfloat16, "bf16", True),  # fp32's exponent range: no loss scaling
+}
+
+
 def resolve_precision(name: str, device: str) -> PrecisionPlan:
-    if name == TORCH_DEFAULT:
-        f = user_flags()
-        return PrecisionPlan(name, None, False, None, _fp32_math(f["cudnn_tf32"], device),
-                             _fp32_math(f["matmul_tf32"], device))
-    if name == "fp32":
-        return PrecisionPlan(name, None, False, False, "fp32", "fp32")
-    if name == "tf32":
-        m = _fp32_math(True, device)
-        return PrecisionPlan(name, None, False, True, m, m)
-    if name == "amp_fp16":
-        return PrecisionPlan(name, torch.float16, device == "cuda", True, "fp16", "fp16")
-    if name == "amp_bf16":
-        # bf16 has fp32's exponent range: no loss scaling needed
-        return PrecisionPlan(name, torch.bfloat16, False, True, "bf16", "bf16")
-    raise ValueError(f"unknown precision {name!r}")
-
-
-def _remember_user_flags() -> None:
-    """Keep the process's own flags before gpubench first changes them, so a later
-    torch_default run in this process (a sweep's next trial) gets the user's flags back."""
-    global _USER_FLAGS
-    if _USER_FLAGS is None:
-        _USER_FLAGS = _read_flags()
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}")
+    dtype, math, tf32 = PRECISIONS[name]
+    f = user_flags() if tf32 is None else {"cudnn_tf32": tf32, "matmul_tf32": tf32}
+    return PrecisionPlan(name, dtype, dtype == torch.float16 and device == "cuda", tf32,
+                         math or _fp32_math(f["cudnn_tf32"], device),
+                         math or _fp32_math(f["matmul_tf32"], device))
 
 
 def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict) -> dict:
     """The flags a run uses: TF32 as the precision says (torch_default: the user's own), and
-    cudnn.benchmark from bench.cudnn_benchmark alone, whatever the precision (null: the user's
-    own), so runs that differ in precision differ in nothing else.
-
-    fp32 means fp32: cuDNN allows TF32 convolutions by default, so it is switched off
-    explicitly, otherwise 'fp32' on Ampere+ silently measures TF32.
-
-    cudnn.benchmark: time every cuDNN convolution algorithm at the first call of each input
-    shape and keep the fastest. The search runs in the warm-up (whose steps are not measured);
-    with shapes that keep changing it would run again and again. No effect without cuDNN."""
+    cudnn.benchmark from bench.cudnn_benchmark alone (null: the user's own), so runs that differ
+    in precision differ in nothing else. cudnn.benchmark's algorithm search runs in the warm-up,
+    whose steps are not measured."""
     tf32 = plan.tf32
     return {
         "matmul_tf32": user["matmul_tf32"] if tf32 is None else tf32,
@@ -162,16 +148,15 @@ def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict)
 
 
 def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:
-    """Set the flags `backend_flags` gives; a run that asks for the user's own flags after
-    another run changed them (in one process) gets them back. Nothing is written while the
-    flags already are what the run wants."""
+    """Set the flags `backend_flags` gives (nothing written while they already are). The user's
+    own are kept before gpubench first changes them: a later torch_default run in this process
+    (a sweep's next trial) gets them back."""
+    global _USER_FLAGS
     want = backend_flags(plan, cudnn_benchmark, user_flags())
     if want != _read_flags():
-        _remember_user_flags()
+        _USER_FLAGS = _USER_FLAGS or _read_flags()
         _write_flags(want)
 
 
 def make_grad_scaler(plan: PrecisionPlan, device: str):
-    if not plan.grad_scaler:
-        return None
-    return torch.amp.GradScaler(device)
+    return torch.amp.GradScaler(device) if plan.grad_scaler else None

@@ -1,34 +1,18 @@
 """Code a config names, checked before it is called.
 
-A config is code, as Hydra's own configs are: `model._target_`, `dataset._target_` and every
-`_target_` inside `dataset.transform` and `dataset.collate`, and `step._target_`, name Python objects gpubench calls
-with arguments from the config. Each is resolved first (its module imported, nothing called),
-checked to be of the kind its key takes, and only then called:
-
-| key | allowed |
-|---|---|
-| `model._target_` | a subclass of `torch.nn.Module` |
-| `dataset._target_` | a subclass of `torch.utils.data.Dataset`, not an `IterableDataset` |
-| `step._target_` | a function of the team's own code or a subclass of `torch.nn.Module` |
-| `_target_` in `dataset.transform` / `dataset.collate` (nested nodes too) | a class or a function of `torchvision.transforms` or torch's collate functions (`torch.utils.data.default_collate`); a subclass of `torch.nn.Module` (a transform as a module, any library's); or a class or a function of the team's own code |
-
-The team's own code is a module whose file lies outside the folders installed libraries live in
-(site-packages, dist-packages, the standard library's) and outside gpubench: a repository on
-PYTHONPATH, the working folder, an editable install. Any other library's function is refused
-(`mlflow.utils.process._exec_cmd`, `numpy.save`, `torch.save`): each can act on its arguments
-(run a command, write a file) the moment Hydra calls it, and none is a transform; wrapping one
-in a function of the team's own code is the way to use it on purpose.
-
-For all of them: not defined in Python's standard library (`os.system`, `subprocess.Popen`,
-`shutil.rmtree`, `builtins.eval`: the process, shell and file callables live there, and no
-model, dataset, transform or collate function does). A path into the standard library is refused
-before it is imported; every object is judged by the module that defines it, so a module that
-re-exports one (`torch.os.system`, a team module's `from mlflow... import _exec_cmd`) does not
-change its verdict.
+A config is code, as Hydra's own configs are: `model._target_` (an nn.Module subclass),
+`dataset._target_` (a map-style Dataset subclass), `step._target_` (a function of the team's own
+code or an nn.Module class) and every `_target_` inside `dataset.transform` and
+`dataset.collate` (a class or function of torchvision.transforms or torch's collate, an
+nn.Module subclass, or the team's own code) name Python objects gpubench calls with arguments
+from the config. Each is resolved first (imported, nothing called), checked to be of its key's
+kind and not from the standard library, and only then called. The team's own code is a module
+whose file lies outside every installed library folder and outside gpubench; every object is
+judged by the module that defines it, so a re-export (`torch.os.system`) changes nothing.
 
 This stops a typo or a wrong kind with one line before anything runs, and keeps a config from
-calling library functions through these keys. It is not a sandbox: the team's module runs when
-it is imported and its class when it is built, so run only configs you trust (docs/guide.md,
+calling library functions (which can run a command or write a file the moment Hydra calls
+them) through these keys. It is not a sandbox: run only configs you trust (docs/guide.md,
 "Trust").
 """
 
@@ -83,10 +67,14 @@ def _describe(obj: Any) -> str:
     return f"{type(obj).__name__} from {getattr(obj, '__module__', None) or '?'}"
 
 
+def cause(e: BaseException) -> str:
+    """An error as one short line, for the parenthesis of a ConfigError."""
+    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+
+
 def locate(key: str, path: Any, allowed: str) -> Any:
-    """The object `path` names, imported but not called. Raises ConfigError (key, path and
-    `allowed`) when the path is not dotted, points into the standard library, or does not
-    import."""
+    """The object `path` names, imported but not called; one line naming `key` when the path
+    is not dotted, points into the standard library, or does not import."""
     text = str(path)
     if not isinstance(path, str) or not DOTTED.fullmatch(text):
         raise ConfigError(key, path, allowed)
@@ -103,32 +91,32 @@ def locate(key: str, path: Any, allowed: str) -> Any:
             else:  # a submodule not imported yet
                 obj = importlib.import_module(".".join(parts[: i + 1]))
     except Exception as e:  # the team's module failed to import: its error, on one line
-        cause = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        why = cause(e)
         if isinstance(e, ModuleNotFoundError) and e.name == parts[0]:  # the team's package
-            cause += " (is its folder on PYTHONPATH? e.g. PYTHONPATH=. python -m gpubench ...)"
-        raise ConfigError(key, text, f"{allowed} ({cause})") from e
+            why += " (is its folder on PYTHONPATH? e.g. PYTHONPATH=. python -m gpubench ...)"
+        raise ConfigError(key, text, f"{allowed} ({why})") from e
     # `torch.os.system` is os.system: judge the object by the module that defines it
     if _top(_defined_in(obj)) in STDLIB:
         raise ConfigError(key, text, f"{allowed} (it is {_describe(obj)}, in the standard library)")
     return obj
 
 
-def model_class(target: Any) -> type:
-    key = "model._target_"
-    cls = locate(key, target, MODEL)
-    if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
-        raise ConfigError(key, target, f"{MODEL} (it is {_describe(cls)})")
+def _subclass(key: str, target: Any, allowed: str, base: type) -> type:
+    cls = locate(key, target, allowed)
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise ConfigError(key, target, f"{allowed} (it is {_describe(cls)})")
     return cls
 
 
+def model_class(target: Any) -> type:
+    return _subclass("model._target_", target, MODEL, nn.Module)
+
+
 def dataset_class(target: Any) -> type:
-    key = "dataset._target_"
-    cls = locate(key, target, DATASET)
-    if not (inspect.isclass(cls) and issubclass(cls, Dataset)):
-        raise ConfigError(key, target, f"{DATASET} (it is {_describe(cls)})")
+    cls = _subclass("dataset._target_", target, DATASET, Dataset)
     if issubclass(cls, IterableDataset):
-        raise ConfigError(key, target, f"{DATASET} (an IterableDataset cannot be shuffled or "
-                          "sharded the same way)")
+        raise ConfigError("dataset._target_", target, f"{DATASET} (an IterableDataset cannot "
+                          "be shuffled or sharded the same way)")
     return cls
 
 
@@ -153,9 +141,8 @@ def _defined_in(obj: Any) -> str:
 
 def team_code(module_name: str) -> bool:
     """Whether a module is the team's own code: loaded from a file outside every installed
-    library folder (LIBRARY_DIRS, or any site-packages / dist-packages on the path), and not
-    gpubench's (an editable install of it lies outside them too). A module with no file (built
-    into the interpreter or an extension's namespace) is not."""
+    library folder, and not gpubench's (an editable install of it lies outside them too). A
+    module with no file (built into the interpreter) is not."""
     file = getattr(sys.modules.get(module_name), "__file__", None)
     if not file or _top(module_name) in GPUBENCH_PACKAGES:
         return False
@@ -164,8 +151,7 @@ def team_code(module_name: str) -> bool:
 
 
 def transform_kind(obj: Any) -> str | None:
-    """Why `obj` may not be a transform or collate `_target_` (None when it may): see the
-    module's table."""
+    """Why `obj` may not be a transform or collate `_target_` (None when it may)."""
     if inspect.isclass(obj) and issubclass(obj, nn.Module):
         return None
     if not (inspect.isclass(obj) or inspect.isroutine(obj)):
@@ -179,8 +165,8 @@ def transform_kind(obj: Any) -> str | None:
 
 
 def callable_node(node: Mapping, key: str) -> None:
-    """Every `_target_` of an instantiate node (dataset.transform, dataset.collate) is of the
-    kind transform_kind allows; raises ConfigError naming the first that is not."""
+    """Every `_target_` of an instantiate node is of a kind transform_kind allows; one line
+    naming the first that is not."""
     for k, target in _targets(node, key):
         why = transform_kind(locate(k, target, CALLABLE))
         if why:

@@ -1,20 +1,13 @@
 """loader.worker_type=thread: the run's Dataset, sampler and collate read by `loader.num_workers`
-threads of the main process, through torchdata.nodes, where torch's DataLoader starts processes.
+threads of the main process through torchdata.nodes, where torch's DataLoader starts processes.
 
-A worker makes whole batches, as a DataLoader worker does: the sampler's indices are cut into
-batches (Batcher), and each thread reads its batch's samples and collates them
-(ParallelMapper(method="thread")); a pinning thread follows on CUDA (PinMemory), then a queue
-of ready batches (Prefetcher). The batches held ahead are the DataLoader's,
-core.pipe.batches_in_flight: `num_workers` being made (the mapper's max_concurrent) and
-`num_workers x (prefetch_factor - 1)` ready, so the runner's re-warm drains them alike.
-
-What threads change: no process to start or fork (start-up), no copy of the batch between
-processes, one address space (no per-worker RSS); and the Python parts of `__getitem__` share
-one interpreter lock, so a pure-Python transform scales worse than with processes, while PIL's
-decode and torch's ops release it. torchdata's worker threads each run one torch thread
-(torchdata/nodes/_apply_udf.py calls torch.set_num_threads(1) in each): an OpenMP setting of
-the calling thread, so the training thread keeps its own (ATen/ParallelOpenMP.cpp:
-get_num_threads returns omp_get_max_threads(), a per-thread value).
+A worker makes whole batches, as a DataLoader worker does (Batcher, then ParallelMapper with
+method="thread"); a pinning thread follows on CUDA (PinMemory), then a queue of ready batches
+(Prefetcher). The batches held ahead are the DataLoader's (core.pipe.batches_in_flight), so the
+runner's re-warm drains them alike. Threads start nothing, copy no batch between processes and
+share one address space; the Python parts of `__getitem__` share one interpreter lock. Each
+worker thread runs one torch thread (torchdata/nodes/_apply_udf.py: torch.set_num_threads(1), a
+per-thread OpenMP setting, ATen/ParallelOpenMP.cpp), so the training thread keeps its own.
 """
 
 from __future__ import annotations
@@ -28,6 +21,7 @@ from torch.utils.data import Dataset, Sampler
 
 from gpubench.config.errors import ConfigError
 from gpubench.core.pipe import batches_in_flight
+from gpubench.parts.targets import cause
 
 
 def nodes():
@@ -36,10 +30,9 @@ def nodes():
     try:
         import torchdata.nodes as tn
     except Exception as e:
-        cause = " ".join(f"{type(e).__name__}: {e}".split())[:200]
         raise ConfigError("loader.worker_type", "thread", f"process here: thread workers need "
                           f"torchdata.nodes (pip install torchdata) with torch "
-                          f"{torch.__version__} ({cause})") from e
+                          f"{torch.__version__} ({cause(e)})") from e
     return tn
 
 
@@ -74,15 +67,13 @@ class ThreadLoader:
         return iter(self.loader)
 
     def worker_tids(self) -> set[int]:
-        """The native ids of the threads that made this epoch's batches (the loader's share of
-        the process's CPU, read per thread: /proc/self/task/<tid>)."""
+        """The native ids of the threads that made this epoch's batches (/proc/self/task/<tid>)."""
         return set(self._tids)
 
     def shutdown(self) -> None:
         """Stop every thread now, sources first (a stopped source ends the thread reading it).
-        torchdata 0.11 has no public close: each node's iterator stops its threads when
-        collected (torchdata/nodes/map.py: _ParallelMapperIter._shutdown and
-        _SingleThreadedMapper._shutdown, called from __del__); this calls the same."""
+        torchdata 0.11 has no public close: this calls what each node's iterator calls when
+        collected (torchdata/nodes/map.py: _ParallelMapperIter._shutdown, from __del__)."""
         chain, node = [], self.root
         while node is not None:
             chain.append(node)

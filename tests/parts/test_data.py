@@ -22,15 +22,11 @@ from gpubench.analysis.workers import fewest_workers
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import resolve
 from gpubench.parts.augment import MEAN, STD, DeviceAugment, DeviceDecode, cpu_fixed_size
-from gpubench.parts.data import (
+from gpubench.parts.data import build_pipeline, collate_skipping, loader_settings, preload, refill
+from gpubench.parts.datasets import (
     MAX_SUBSTITUTES,
     ImageFiles,
-    build_pipeline,
-    collate_skipping,
-    loader_settings,
-    preload,
     read_cifar10,
-    refill,
     scan_imagefolder,
     source_size,
     substitute_order,
@@ -469,7 +465,7 @@ def test_collate_counts_skipped_samples():
 
 def test_in_memory_pools_cycle_through_one_long_epoch(compose_cfg):
     """A 32-image pool must not end an epoch (and drain the workers) every 8 batches."""
-    from gpubench.parts.data import CYCLED_EPOCH, Cycled, build_pipeline
+    from gpubench.parts.datasets import CYCLED_EPOCH, Cycled
 
     cfg = compose_cfg("dataset.num_samples=32", "loader.batch_size=4", "dataset.image_size=16")
     pipe = build_pipeline(resolve(cfg))
@@ -561,3 +557,35 @@ def test_more_workers_than_cores_runs_without_torchs_warning():
         many = DataLoader(list(range(4)), num_workers=(os.cpu_count() or 1) + 8)
         many.check_worker_number_rationality()
     assert not [w for w in seen if "worker processes" in str(w.message)]
+
+
+def test_worker_errors_keep_their_one_line():
+    """torch re-raises a worker's error in the main process built from the worker's whole
+    traceback text (ExceptionWrapper.reraise): str() keeps the one line that names the sample,
+    for a corrupt file and a broken sample contract alike."""
+    from torch._utils import ExceptionWrapper
+
+    from gpubench.parts.custom_data import SampleContractError, as_label
+    from gpubench.parts.datasets import CorruptImage, corrupt
+
+    def reraised(make):
+        try:
+            make()
+        except Exception:
+            wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+        with pytest.raises(Exception) as e:
+            wrapped.reraise()
+        assert "Original Traceback" in e.value.args[0]  # the text torch built
+        return e.value
+
+    def bad_file():
+        raise corrupt("/d/c0/a.jpg", "truncated")
+
+    e = reraised(bad_file)
+    assert isinstance(e, CorruptImage)
+    assert str(e) == "dataset.on_corrupt=fail: cannot decode /d/c0/a.jpg: truncated"
+    e = reraised(lambda: as_label(12, 10, "Mine[3]"))
+    assert isinstance(e, SampleContractError) and isinstance(e, ValueError)
+    assert str(e) == ("dataset=custom sample contract: Mine[3]: label 12 is outside [0, 10) "
+                      "(raise dataset.num_classes)")
+    assert str(SampleContractError("no prefix here")) == "no prefix here"

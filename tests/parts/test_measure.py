@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from gpubench.parts.measure import run_window, stats_from
+from gpubench.core.stats import stats_from
+from gpubench.parts.measure import run_window
 
 
 def test_stats_throughput_is_images_over_window_not_mean_of_rates():
