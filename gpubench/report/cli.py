@@ -50,8 +50,8 @@ def _tolerance(text: str) -> float:
         v = math.nan
     if not (0.0 <= v < 1.0):
         raise argparse.ArgumentTypeError(
-            f"--tolerance={text} is not allowed: it must be a number in [0, 1) (0.05 = within 5% of the "
-            "fastest)")
+            f"--tolerance={text} is not allowed: it must be a number in [0, 1) (0.05 = within 5% "
+            "of the fastest)")
     return v
 
 

@@ -56,18 +56,15 @@ class DeviceRow:
 
     @property
     def images_per_dollar(self) -> float | None:
-        if not self.usd_per_hour:
-            return None
-        return self.images_per_sec * 3600.0 / self.usd_per_hour
+        return self.images_per_sec * 3600.0 / self.usd_per_hour if self.usd_per_hour else None
 
 
 def load_prices(path: str | Path | None) -> dict[str, float]:
     """`cost.usd_per_hour` from a YAML file; one line naming the key on a bad value."""
     if path is None:
         return {}
-    p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         why = " ".join(str(e).split())  # YAML errors span lines: the message stays one
         raise SystemExit(f"gpubench.report: --prices {path}: not a readable YAML file "
@@ -160,13 +157,11 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
         for dev, recs in devices.items():
             longest = max(_steps(r) for r in recs)
             best = max((r for r in recs if _steps(r) == longest), key=lambda r: r.throughput)
-            own = _own_prices(recs)
-            usd, src = price_for(dev, prices), "yours"
-            if usd is None:
-                usd = price_for(dev, own)
-            if usd is None:
-                usd, src = price_for(dev, EXAMPLE_PRICES), f"example ({EXAMPLE_PRICES_DATE})"
-            rows.append(DeviceRow(dev, len(recs), best, usd, src if usd is not None else "-"))
+            usd, src = next(((u, src) for table, src in (
+                (prices, "yours"), (_own_prices(recs), "yours"),
+                (EXAMPLE_PRICES, f"example ({EXAMPLE_PRICES_DATE})"))
+                if (u := price_for(dev, table)) is not None), (None, "-"))
+            rows.append(DeviceRow(dev, len(recs), best, usd, src))
         out[work] = sorted(rows, key=lambda d: -d.images_per_sec)
     return out
 
@@ -193,18 +188,17 @@ def versus(rows: list[DeviceRow]) -> list[dict]:
         value = (d.images_per_dollar / base.images_per_dollar
                  if d.images_per_dollar and base.images_per_dollar else None)
         out.append({"device": d.device, "baseline": base.device,
-                    "basis": "the cheapest" if priced else "the slowest; no prices", "price_x": price,
+                    "basis": "the cheapest" if priced else "the slowest; no prices",
+                    "price_x": price,
                     "throughput_x": speed, "images_per_dollar_x": value})
     return out
-
-
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
 
 
 def tables(groups: dict[str, list[DeviceRow]]) -> str:
     from rich.console import Console
     from rich.table import Table
+
+    from gpubench.report.console import dash
 
     console = Console(file=io.StringIO(), width=200, record=True)
     for work, rows in groups.items():
@@ -218,9 +212,9 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
             t.add_row(d.device, str(d.runs), f"{d.images_per_sec:.1f}",
                       str(d.record.knob("loader.batch_size") or "-"),
                       str(d.record.knob("precision.name") or "-"),
-                      _f(d.images_per_joule, ".2f"), _f(d.usd_per_hour, ".2f"), d.price_source,
-                      _f(d.images_per_dollar, ",.0f"), _f(v["price_x"], ".1f"),
-                      f"{v['throughput_x']:.1f}", _f(v["images_per_dollar_x"], ".2f"))
+                      dash(d.images_per_joule, ".2f"), dash(d.usd_per_hour, ".2f"), d.price_source,
+                      dash(d.images_per_dollar, ",.0f"), dash(v["price_x"], ".1f"),
+                      f"{v['throughput_x']:.1f}", dash(v["images_per_dollar_x"], ".2f"))
         console.print(t)
         for d, v in zip(rows, vs, strict=True):
             if d.device != v["baseline"] and v["price_x"] is not None:

@@ -15,24 +15,18 @@ from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
 from gpubench.core.record import Bottleneck, Flaw, RunRecord, Status
 
 
+def dash(v, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    """`v` scaled and formatted, "-" when there is none."""
+    return "-" if v is None else f"{v * scale:{spec}}{unit}"
+
+
 def _gib(b) -> str:
-    return "-" if b is None else f"{b / 2**30:.2f} GiB"
+    return dash(b, ".2f", 2**-30, " GiB")
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
-def _ms(s) -> str:
-    return "-" if s is None else f"{s * 1e3:.1f}"
-
-
-def _interval(ph: dict) -> str:
-    ci = ph.get("images_per_sec_ci")
-    if not ci:
-        return "-"
-    fmt = ",.0f" if ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
-    return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}"
+def _interval(ci) -> str:
+    fmt = ",.0f" if ci and ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
+    return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}" if ci else "-"
 
 
 def title(rec: RunRecord) -> str:
@@ -44,9 +38,8 @@ def title(rec: RunRecord) -> str:
 
 def fit(make: Callable[[list[int]], Table], columns: int, drop: Sequence[int], width: int
         ) -> tuple[Table, list[int]]:
-    """`make(shown columns)` with columns left out in `drop`'s order until its natural width
-    fits `width` (a figure split or cut to `1,26…` reads as another figure); also returns the
-    columns left out."""
+    """`make(shown columns)` and the columns left out, in `drop`'s order, until its natural
+    width fits `width` (a figure split or cut to `1,26…` reads as another figure)."""
     measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
     out: list[int] = []
     for i in (None, *drop):
@@ -70,16 +63,12 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
     rows = []
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
-        ips = ph["images_per_sec"]
         rows.append([
-            phase_title(name),
-            "-" if ips is None else f"{ips:,.1f}",
-            _interval(ph),
-            _ms(ph["step_time_p50_s"]),
-            _ms(ph["step_time_p95_s"]),
-            _pct(ph["data_wait_fraction"]) if name == "e2e" else "",
-            f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})",
-            _gib(mem),
+            phase_title(name), dash(ph["images_per_sec"], ",.1f"),
+            _interval(ph.get("images_per_sec_ci")),
+            dash(ph["step_time_p50_s"], ".1f", 1e3), dash(ph["step_time_p95_s"], ".1f", 1e3),
+            dash(ph["data_wait_fraction"], ".0%") if name == "e2e" else "",
+            f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})", _gib(mem),
         ])
     head = [*PHASE_COLUMNS[:2], interval_label, *PHASE_COLUMNS[3:]]
 
@@ -96,12 +85,11 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
 
 
 def _memory_line(d: dict) -> str:
+    ceiling, of = dash(d["memory_ceiling"], ".0%"), _gib(d["device_memory_bytes"])
     if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
-        return (f"peak memory: not measured (ceiling {_pct(d['memory_ceiling'])} of "
-                f"{_gib(d['device_memory_bytes'])})")
-    return (f"peak memory {_gib(d['peak_memory_bytes'])} = {_pct(d['peak_memory_fraction'])} of "
-            f"{_gib(d['device_memory_bytes'])} ({d['memory_source']}; ceiling "
-            f"{_pct(d['memory_ceiling'])})")
+        return f"peak memory: not measured (ceiling {ceiling} of {of})"
+    return (f"peak memory {_gib(d['peak_memory_bytes'])} = {dash(d['peak_memory_fraction'], '.0%')}"
+            f" of {of} ({d['memory_source']}; ceiling {ceiling})")
 
 
 def _device_lines(d: dict) -> list[str]:

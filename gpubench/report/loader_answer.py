@@ -1,10 +1,9 @@
 """The report's workers answer: how many loader workers a setup needs, from its loader-only runs
-(the rule: gpubench.analysis.workers.fewest_workers).
-
-The compute bound of a setup is every compute measurement of it the report was given (the
-sweep's `compute/` folder, compute or full runs among the rows, `--compute` runs), pooled with
-Est.envelope. Runs that flagged their own measurement are left out and named; when every run of
-a side flagged itself, those whose flaw only slows or widens them are judged, `unconfirmed`.
+(the rule: analysis.workers.fewest_workers) against its compute bound: every compute measurement
+of the setup the report was given (the sweep's `compute/` folder, compute or full runs among
+the rows, `--compute` runs), pooled with Est.envelope. Runs that flagged their own measurement
+are left out and named; when every run of a side flagged itself, those whose flaw only slows or
+widens them are judged, `unconfirmed`.
 """
 
 from __future__ import annotations
@@ -27,11 +26,18 @@ from gpubench.analysis.workers import (
     workers,
 )
 from gpubench.config.keys import Role
-from gpubench.config.knobs import COMPUTE, WORKER_ONLY, role
+from gpubench.config.knobs import COMPUTE, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Flaw, Reason, RunRecord, find_runs, load
 from gpubench.core.stats import Est
-from gpubench.report.plot_rules import as_override, flag_kind, flag_reasons, group_by
+from gpubench.report.plot_rules import (
+    as_override,
+    flag_kind,
+    flag_reasons,
+    group_by,
+    knob_part,
+    worker_groups,
+)
 
 # the overrides a compute measurement drops from a loader job's command line: it measures the
 # compute phase alone, and the loader's workers do not change it
@@ -121,24 +127,10 @@ class LoaderAnswer:
         return out
 
 
-def _group_key(r: Row, worker_only: bool = False) -> tuple:
-    """Every knob of the run but its workers and how it was measured; the worker-only ones
-    (inert in a 0-worker run) alone with `worker_only`, left out without."""
-    return tuple(sorted((k, repr(v)) for k, v in r.flat.items()
-                        if k != "loader.num_workers" and role(k) is not Role.measure
-                        and (k in WORKER_ONLY) == worker_only))
-
-
-def _groups(loaders: list[Row]) -> list[list[Row]]:
-    """The loader-only rows by setup, one group per setting of every knob but the workers; a
-    0-worker row joins each worker-only setting of its setup."""
-    out = []
-    for rs in group_by(loaders, _group_key).values():
-        none = [r for r in rs if r.knob("num_workers") == 0]
-        some = group_by([r for r in rs if r.knob("num_workers") != 0],
-                        lambda r: _group_key(r, worker_only=True))
-        out += [none + g for g in some.values()] or [none]
-    return out
+def _knobs(r: Row) -> dict:
+    """Every knob of the run but its workers and how it was measured."""
+    return {k: v for k, v in r.flat.items()
+            if k != "loader.num_workers" and role(k) is not Role.measure}
 
 
 def _compute_key(rec: RunRecord) -> tuple:
@@ -204,11 +196,6 @@ def _compute_command(row: Row) -> str:
                      shlex.quote("bench.phases=[compute]")])
 
 
-def _report_command(source: str) -> str:
-    src = source.removeprefix("mlflow experiment ")
-    return f"python -m gpubench.report {shlex.quote(src)} --compute <that run's folder>"
-
-
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
                   source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
     """The workers answer of the loader-only rows among `rows` (None without any), against the
@@ -217,7 +204,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
-    sets = _groups(loaders)
+    sets = worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
     keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets}
     for rec in named:
         if _compute_key(rec) not in keys.values():
@@ -261,7 +248,7 @@ def _kind_lines(groups: list[Group]) -> list[str]:
     """For a setup measured with both kinds of workers: the fewest of either that clear
     compute; at the same count threads (no process per worker)."""
     out = []
-    for gs in group_by(groups, lambda g: _group_key(g.rows[0])).values():
+    for gs in group_by(groups, lambda g: knob_part(_knobs(g.rows[0]))).values():
         clear = [g for g in gs if g.kind and g.pick.unblocks]
         if len({g.kind for g in gs if g.kind}) > 1 and clear:
             best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
@@ -312,5 +299,6 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                            f"(status {m.status}: {m.error or 'no error recorded'})")
             out.append("    to answer: measure compute once at this setup, then name that run:")
             out.append(f"      {_compute_command(g.rows[0])}")
-            out.append(f"      {_report_command(source)}")
+            src = shlex.quote(source.removeprefix("mlflow experiment "))
+            out.append(f"      python -m gpubench.report {src} --compute <that run's folder>")
     return out + _kind_lines(groups)

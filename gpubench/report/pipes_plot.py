@@ -14,8 +14,8 @@ from gpubench.analysis.recommend import Row
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status
 from gpubench.report.plot_data import CEILING_VIEW
-from gpubench.report.plot_rules import flag_reasons, memory_axis, phase_est
-from gpubench.report.plots import _plt, _save, _whiskers, _x_axis
+from gpubench.report.plot_rules import flag_reasons, memory_axis, phase_est, worker_groups
+from gpubench.report.plots import _band, _plt, _save, _whiskers, _x_axis
 from gpubench.report.runplot import plain_log
 
 BATCH, WORKERS = "loader.batch_size", "loader.num_workers"
@@ -68,8 +68,7 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:
-    """One panel per kept compute setting: its loader runs by data setting, its bound. A
-    0-worker run joins each line of its other keys' values (it has no worker-only ones)."""
+    """One panel per kept compute setting: its loader runs by data setting, its bound."""
     panels = []
     for d in result.get("data", []):
         stage = d["study"].split("-data-", 1)[-1]
@@ -85,15 +84,11 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
                                "chosen": p == chosen}))
         if not points:
             continue
-        # a line per setting of the other keys: (one of its settings, its points), the 0-worker
-        # runs last, each joining every line it matches
-        lines: dict[str, tuple[dict, list[dict]]] = {}
-        for p, q in sorted(points, key=lambda t: t[0].get(WORKERS) == 0):
-            joins = [n for n, (pp, _) in lines.items() if p.get(WORKERS) == 0
-                     and all(pp.get(k) == v for k, v in p.items() if k != WORKERS)]
-            for n in joins or [_name(p, WORKERS)]:
-                lines.setdefault(n, (p, []))[1].append(q)
-        series = {n: sorted(pts, key=lambda q: q["x"]) for n, (_, pts) in lines.items()}
+        # a line per setting of the other keys, named by a run with workers
+        groups = worker_groups(points, lambda t: t[0].get(WORKERS),
+                               lambda t: {k: v for k, v in t[0].items() if k != WORKERS})
+        series = {_name(next((p for p, _ in g if p.get(WORKERS) != 0), g[0][0]), WORKERS):
+                  sorted((q for _, q in g), key=lambda q: q["x"]) for g in groups}
         kept = next((k for k in result["compute"]["kept"] if k["params"] == d["for"]), None)
         bound = kept["rate"] if kept else None
         panels.append({"title": _name(d["for"], ""), "series": series, "bound": bound,
@@ -155,17 +150,12 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
     every: list[float] = []
     starred: set[str] = set()  # one legend entry per kind of star
     for i, p in enumerate(panels):
-        if p["bound"]:
+        if p["bound"]:  # over its own column (-0.6 to len(panels) - 0.4 across the axes)
             y, lo, hi = p["bound"]
-            ax.fill_between([i - 0.42, i + 0.42], lo, hi, color="tab:orange", alpha=0.15,
-                            zorder=1, label="compute bound of that setting (band: its "
-                                            "interval)" if i == 0 else None)
-            ax.hlines(y, i - 0.42, i + 0.42, color="tab:orange", linewidth=1, zorder=1)
-            ax.hlines(hi * (1 + margin), i - 0.42, i + 0.42, color="tab:orange",
-                      linestyle="--", linewidth=1, zorder=1,
-                      label=f"to clear: a loader's low end above compute's high end + "
-                            f"{margin:.0%}" if i == 0 else None)
-            every += [lo, hi * (1 + margin)]
+            band = {"y": y, "lo": lo, "hi": hi, "threshold": hi * (1 + margin), "margin": margin}
+            _band(ax, band, "tab:orange", "compute bound of that setting" if i == 0 else None,
+                  (i + 0.18) / len(panels), (i + 1.02) / len(panels))
+            every += [lo, band["threshold"]]
         pts = [(name, q) for name, qs in p["series"].items() for q in qs]
         pts = list({(q["x"], q["y"]): (name, q) for name, q in pts}.values())  # 0 workers once
         for k, (name, q) in enumerate(sorted(pts, key=lambda t: (t[1]["x"], t[0]))):

@@ -1,6 +1,5 @@
-"""What the sweep report's pictures show, as plain data (gpubench.report.plots draws it); each
-function takes the report's rows and decides points, whiskers, lines, labels and axis ranges,
-with the rules of gpubench.report.plot_rules:
+"""What the sweep report's pictures show, as plain data (report.plots draws it), by the rules
+of report.plot_rules:
 
 - a point's whisker is the row's interval (the confirm step's when it ran), a bound's its
   phase's; a line joins only runs that differ in the plotted knob alone, the bounds drawn for
@@ -28,7 +27,6 @@ from gpubench.report.plot_rules import (
     flagged_label,
     group_by,
     headline_phase,
-    interval,
     is_int,
     knob,
     line_groups,
@@ -45,14 +43,10 @@ CEILING_VIEW = 2.5
 LOG_SPAN = 20.0
 
 
-def _peak(row) -> float | None:
-    return row.record.peak_memory_fraction
-
-
 def _pt(row, x, chosen=None) -> dict:
-    lo, hi = interval(row)
+    lo, hi = row.interval  # the ranking's: pooled once confirmed
     # `run`: the ranking's run column, written beside a lone point so it can be looked up
-    return {"x": x, "y": row.throughput, "lo": lo, "hi": hi, "run": getattr(row, "label", None),
+    return {"x": x, "y": row.throughput, "lo": lo, "hi": hi, "run": row.label,
             "chosen": row is chosen}
 
 
@@ -153,14 +147,14 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
 def memory_data(rows) -> dict | None:
     """Peak memory against batch size; None unless the batch size varied."""
     pts = [r for r in rows if knob(r, "batch_size") is not None
-           and (_peak(r) is not None or r.record.status is Status.oom)]
+           and (r.peak is not None or r.record.status is Status.oom)]
     if len({knob(r, "batch_size") for r in pts}) < 2:
         return None
-    fine = [r for r in pts if r.record.status is not Status.oom and _peak(r) is not None]
+    fine = [r for r in pts if r.record.status is not Status.oom and r.peak is not None]
 
     def xy(rs: list) -> dict:  # an OOM's peak is the whole device
         return {"xs": [knob(r, "batch_size") for r in rs],
-                "ys": [100.0 if r.record.status is Status.oom else 100 * _peak(r) for r in rs]}
+                "ys": [100.0 if r.record.status is Status.oom else 100 * r.peak for r in rs]}
 
     by_precision = group_by([r for r in fine if r.full], lambda r: str(knob(r, "precision") or "?"))
     axis = memory_axis(pts)
@@ -178,29 +172,29 @@ def memory_data(rows) -> dict | None:
 def pareto_data(rows, rec=None) -> dict | None:
     """Throughput against peak memory for full measurements; the front is what no other
     unflagged full run beats on both. None with fewer than two full measured points."""
-    pts = [r for r in rows if r.throughput > 0 and _peak(r) is not None]
+    pts = [r for r in rows if r.throughput > 0 and r.peak is not None]
     full = [r for r in pts if r.full]
     if len(full) < 2:
         return None
     flagged = [r for r in full if flag_reasons(r)]
     good = [r for r in full if not flag_reasons(r)]
     front, top = [], -1.0
-    for r in sorted(good, key=lambda r: (_peak(r), -r.throughput)):
+    for r in sorted(good, key=lambda r: (r.peak, -r.throughput)):
         if r.throughput > top:
             front.append(r)
             top = r.throughput
     # peaks within TOLERANCE of each other are one figure measured several times (4.99-5.04%
     # of host RAM): a front through them would draw noise as a trade-off
-    peaks = [100 * _peak(r) for r in full]
+    peaks = [100 * r.peak for r in full]
     alike = max(peaks) - min(peaks) <= TOLERANCE * max(peaks)
     short = [r for r in pts if not r.full]
 
     chosen = rec.chosen if rec is not None else None
 
     def xy(rs):
-        return [_pt(r, 100 * _peak(r), chosen) for r in rs]
+        return [_pt(r, 100 * r.peak, chosen) for r in rs]
 
-    star = _star(chosen, chosen and _peak(chosen) and 100 * _peak(chosen), flagged, flagged)
+    star = _star(chosen, chosen and chosen.peak and 100 * chosen.peak, flagged, flagged)
     axis = memory_axis(pts)
     d = {
         "feasible": xy([r for r in good if r.feasible]),
@@ -219,7 +213,7 @@ def pareto_data(rows, rec=None) -> dict | None:
     basis = _basis(d["feasible"] + d["infeasible"] + d["short"], d["flagged"], star)
     # a ceiling far right of every run (a CPU's RSS is a few % of host RAM) would squeeze the
     # runs into one clump at the left edge: it is named in a note instead of drawn
-    most = max(100 * _peak(r) for r in pts)
+    most = max(100 * r.peak for r in pts)
     d["ceiling_in_view"] = d["ceiling"] <= CEILING_VIEW * most
     if not d["ceiling_in_view"]:
         d["note"] = "; ".join(x for x in (
@@ -241,11 +235,11 @@ def pareto_data(rows, rec=None) -> dict | None:
     d["title"] = f"{PARETO_QUESTION}\n" + textwrap.fill(why, 95)
     if alike or len(front) < 2:  # no trade-off to draw: no line, no legend entry for one
         d["front"] = []
-    d["best"] = [_pt(fastest, 100 * _peak(fastest), chosen)] if good and not d["front"] \
+    d["best"] = [_pt(fastest, 100 * fastest.peak, chosen)] if good and not d["front"] \
         else []
     # alike peaks on an axis of their own hundredths would look far apart: a span of at least
     # a quarter of the largest keeps them as close as they are
-    mid, shown = (max(peaks) + min(peaks)) / 2, [100 * _peak(r) for r in pts]
+    mid, shown = (max(peaks) + min(peaks)) / 2, [100 * r.peak for r in pts]
     shown += [1.03 * d["ceiling"]] if d["ceiling_in_view"] else []
     d["xlim"] = (max(0.0, min(mid - max(peaks) / 8, *shown)),
                  max(mid + max(peaks) / 8, *shown)) if alike else None

@@ -1,7 +1,6 @@
-"""The rules behind the sweep report's pictures, each a pure function of rows (the report's
-`Row`, or any row with a `record`, `knob()`, `throughput`, `feasible` and `full`): which runs
-flagged themselves, which runs a line may join, what a memory figure is, which knobs an
-importance plot may rank (gpubench.report.plot_data builds each picture's data from these).
+"""The rules behind the sweep report's pictures, each a pure function of the report's rows
+(analysis.recommend.Row): which runs flagged themselves, which runs a line may join, what a
+memory figure is, which knobs an importance plot may rank (report.plot_data uses them).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def knob(row, name: str) -> Any:
 
 
 def ceiling_of(rows) -> float:
-    return Counter(float(r.record.memory_ceiling) for r in rows).most_common(1)[0][0]
+    return Counter(float(r.ceiling) for r in rows).most_common(1)[0][0]
 
 
 def phase_est(rec: RunRecord, phase: str) -> Est | None:
@@ -54,12 +53,6 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
     if ph is not None and ph.images_per_sec is not None:
         return Est.of(ph.images_per_sec, ph.images_per_sec_ci)
     return Est.of(*rec.phase_figure(phase))
-
-
-def interval(row) -> tuple[float, float]:
-    """A row's throughput interval as the ranking prints it (`Row.interval`: pooled once
-    confirmed)."""
-    return tuple(getattr(row, "interval", None) or row.record.throughput_interval)
 
 
 def headline_phase(rows) -> str:
@@ -106,7 +99,7 @@ def flag_reasons(row) -> list[Reason]:
     reasons = list(rec.noise_reasons)
     if rec.measurement_stable is False and not reasons:
         reasons = [Reason(Flaw.other, "measurement unstable (reasons not recorded)")]
-    if not reasons and getattr(row, "stable", True) is False:
+    if not reasons and not row.stable:
         reasons = [Reason(Flaw.unconfirmed,
                           "re-measured by the confirm step: disturbed, failed or disagreed")]
     return reasons
@@ -149,54 +142,58 @@ def group_label(row, keys: list[str]) -> str:
                      for k in keys)
 
 
+def knob_part(values: dict, worker_only: bool = False) -> tuple:
+    """The worker-only knobs of `values` (by config key), or every other one, as a key."""
+    return tuple(sorted((k, repr(v)) for k, v in values.items()
+                        if (k in WORKER_ONLY) == worker_only))
+
+
+def worker_groups(items: list, workers, values) -> list[list]:
+    """`items` by their knobs but the workers (`values`: item -> {key: value}) and, among those
+    with workers, by their worker-only knobs; a 0-worker item joins every group of its setup,
+    first: without workers its worker-only knobs are inert. The workers answer, the workers
+    plot and the pipes plot group by this one rule."""
+    out = []
+    for rs in group_by(items, lambda r: knob_part(values(r))).values():
+        zero = [r for r in rs if workers(r) == 0]
+        some = group_by([r for r in rs if workers(r) != 0], lambda r: knob_part(values(r), True))
+        out += [zero + g for g in some.values()] or [zero]
+    return out
+
+
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
     """Runs that may be joined along knob `name`, grouped by every other knob that varied:
     the lines as (label, runs one per value), the recommended run's first, then by the fastest;
-    and the rest (lone values, groups past MAX_LINES, slower repeats). Along the workers, a
-    0-worker run joins every line of its setup: its worker-only knobs are inert."""
+    and the rest (lone values, groups past MAX_LINES, slower repeats)."""
     along = SHORT[name][0]
-    zero = [r for r in rows if along == "loader.num_workers" and knob(r, name) == 0]
-    some = [r for r in rows if not any(r is z for z in zero)]
+
+    def workers(r):
+        return knob(r, name) if along == "loader.num_workers" else None
+
     # what the lines hold fixed: what varied among the runs with workers, and what else sets
     # a 0-worker run apart (its model, its batch), never its inert worker-only knobs
-    keys = sorted(set(held_fixed(some, along)) | {
-        k for k in held_fixed(rows, along) if k not in WORKER_ONLY}) if zero else \
-        held_fixed(rows, along)
-    groups = group_by(some or zero, lambda r: tuple(repr(_knobs(r).get(k)) for k in keys))
-    for z in zero if some else ():
-        joins = [g for g in groups.values()
-                 if all(repr(_knobs(z).get(k)) == repr(_knobs(g[0]).get(k))
-                        for k in keys if k not in WORKER_ONLY)]
-        for g in joins or [groups.setdefault(("zero", id(z)), [])]:
-            g.append(z)
-    lines, rest, seen = [], [], set()
-    for rs in groups.values():
+    fixed = held_fixed([r for r in rows if workers(r) != 0], along)
+    keys = [k for k in held_fixed(rows, along) if k not in WORKER_ONLY or k in fixed]
+    lines, rest = [], {}  # rest by id: a 0-worker run is in every line of its setup
+    for rs in worker_groups(rows, workers, lambda r: {k: _knobs(r).get(k) for k in keys}):
         best: dict = {}
-        for r in rs:
-            x = knob(r, name)
-            if x not in best or r.throughput > best[x].throughput:
-                best[x] = r
-        rest += [r for r in rs if best[knob(r, name)] is not r and id(r) not in seen]
-        seen |= {id(r) for r in rs}
+        for r in sorted(rs, key=lambda r: -r.throughput):  # the fastest run of each value
+            best.setdefault(knob(r, name), r)
+        rest.update({id(r): r for r in rs if best[knob(r, name)] is not r})
         lines.append([best[x] for x in sorted(best)])
-
-    def rank(line):
-        return (not any(r is chosen for r in line), -max(r.throughput for r in line))
-
-    lines.sort(key=rank)
-    out, drawn = [], set()
+    lines.sort(key=lambda ln: (not any(r is chosen for r in ln), -max(r.throughput for r in ln)))
+    out = []
     for i, line in enumerate(lines):
         # the first group is always a line (also a lone point: it carries the bounds)
         if i == 0 or (len(line) > 1 and len(out) < MAX_LINES):
             # labelled by a run with workers: a 0-worker run's worker-only knobs are inert
-            named = next((r for r in line if not any(r is z for z in zero)), line[0])
+            named = next((r for r in line if workers(r) != 0), line[0])
             out.append((group_label(named, keys), line))
-            drawn |= {id(r) for r in line}
         else:
-            rest += line
+            rest.update({id(r): r for r in line})
     # a 0-worker run on a drawn line is no lone point beside it too
-    rest = list({id(r): r for r in rest if id(r) not in drawn}.values())
-    return out, rest
+    drawn = {id(r) for _, line in out for r in line}
+    return out, [r for k, r in rest.items() if k not in drawn]
 
 
 def memory_axis(rows) -> dict:

@@ -146,56 +146,51 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
     return out
 
 
-def _lone(ax, pts: list[dict], y_of=None, near: float = 0.0, flagged: bool = False,
-          taken=None, **kw) -> None:
+def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=None,
+          edge=None, **kw) -> None:
     """Points never joined into a line (other settings, flagged runs): side by side where they
-    share an x, each with its whisker and, above it, its run number (the ranking's `run`)."""
+    share an x, each with its whisker and, above it, its run number (the ranking's `run`); at
+    `edge` (y, text offset, alignment), runs past that end of the axis, with their figure."""
     label = kw.pop("label")
-    if label and any(p.get("run") is not None for p in pts):
+    if label and edge is None and any(p.get("run") is not None for p in pts):
         label += "\n(label: its run, as ranking.txt names it)"
     for i, (p, dx) in enumerate(zip(pts, _dodge(pts, near, taken), strict=True)):
         shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=dx, units="points")
-        y = p["y"] if y_of is None else y_of(p)
+        y, run = (p["y"], p.get("run")) if edge is None else (edge[0], None)
         if p.get("chosen"):  # the star rings its point where the point is drawn
             _star(ax, {"x": p["x"], "y": y, "flagged": flagged}, transform=shift)
         ax.plot([p["x"]], [y], linestyle="none", transform=shift,
                 label=label if i == 0 else None, **kw)
-        if y_of is None:
+        if edge is None:
             _whiskers(ax, [p], kw, shift)
         # drawn in shifted coordinates, which autoscaling ignores: the point still counts
         ax.update_datalim([(p["x"], y)] + ([(p["x"], p["lo"]), (p["x"], p["hi"])]
-                                           if y_of is None else []))
-        if p.get("run") is not None:  # on a white patch: legible over a whisker
-            ax.annotate(str(p["run"]), (p["x"], y), xytext=(dx, 11), ha="center",
+                                           if edge is None else []))
+        if run is not None:  # on a white patch: legible over a whisker
+            ax.annotate(str(run), (p["x"], y), xytext=(dx, 11), ha="center",
                         textcoords="offset points", fontsize=7, color=kw.get("color"),
                         bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85),
                         zorder=3)  # under the lines (4): a label never hides a point
+        elif edge is not None:  # the figure and run number inside the axes, by the marker
+            named = f"run {p['run']}\n" if p.get("run") is not None else ""
+            ax.annotate(f"{named}{p['y']:,.0f}\noff scale", (p["x"], y), xytext=(dx, edge[1]),
+                        textcoords="offset points", fontsize=7, color="tab:red", ha="center",
+                        va=edge[2])
 
 
 def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
     """Flagged runs hollow red, never joined; one past the top or under a log axis's floor at
     that edge, its figure beside."""
-    on = [p for p in d["flagged"] if not p.get("off_scale")]
-    style = dict(marker="o", markersize=8, markerfacecolor="none", markeredgecolor="tab:red",
-                 color="tab:red", zorder=2)
-    _lone(ax, on, near=near, flagged=True, taken=taken, **style, label=d["flagged_label"])
     step = 1.12 if d.get("log_y") else 1.03
-    labelled = bool(on)
-    for side, edge, marker, dy, va in (("above", d["ymax"] / step, "^", -8, "top"),
-                                       ("below", d.get("ymin", 0.0) * step, "v", 8, "bottom")):
-        off = [p for p in d["flagged"] if p.get("off_scale") == side]
-        if not off:
-            continue
-        # the figure and run number inside the axes, beside the marker at the edge
-        _lone(ax, [{**p, "run": None} for p in off], y_of=lambda p, e=edge: e, near=near,
-              flagged=True, taken=taken, **{**style, "marker": marker},
-              label=None if labelled else d["flagged_label"])
-        labelled = True
-        for p, dx in zip(off, _dodge(off, near, taken), strict=True):
-            run = f"run {p['run']}\n" if p.get("run") is not None else ""
-            ax.annotate(f"{run}{p['y']:,.0f}\noff scale", (p["x"], edge), xytext=(dx, dy),
-                        textcoords="offset points", fontsize=7, color="tab:red", ha="center",
-                        va=va)
+    label = d["flagged_label"]
+    for side, marker, edge in ((False, "o", None), ("above", "^", (d["ymax"] / step, -8, "top")),
+                               ("below", "v", (d.get("ymin", 0.0) * step, 8, "bottom"))):
+        pts = [p for p in d["flagged"] if (p.get("off_scale") or False) == side]
+        if pts:
+            _lone(ax, pts, near=near, flagged=True, taken=taken, edge=edge, marker=marker,
+                  markersize=8, markerfacecolor="none", markeredgecolor="tab:red",
+                  color="tab:red", zorder=2, label=label)
+            label = None
 
 
 def _draw_curve(d: dict, out: Path) -> Path:
@@ -214,7 +209,7 @@ def _draw_curve(d: dict, out: Path) -> Path:
                     # indented under its line's entry: the bounds belong to that line's runs
                     label=f"{p} only, same runs" if one else f"    {p} only, same runs")
     if d.get("band"):
-        _band(ax, d["band"], colors[0])
+        _band(ax, d["band"], colors[0], d["band"]["label"])
     taken = Counter(p["x"] for ln in d["lines"] for p in ln["points"])
     _lone(ax, d["rest"], taken=taken, marker="o", markersize=5, color="dimgrey", zorder=2,
           label=f"{d['phase']}, other settings (no line: not comparable)")
@@ -230,14 +225,16 @@ def _draw_curve(d: dict, out: Path) -> Path:
     return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"])
 
 
-def _band(ax, b: dict, color) -> None:
-    """The compute bound across the plot: its interval shaded, its figure, and the line a
-    loader interval's low end must clear (compute's high end plus the margin)."""
-    ax.axhspan(b["lo"], b["hi"], color=color, alpha=0.12, zorder=1,
-               label=f"{b['label']} (band: its interval)")
-    ax.axhline(b["y"], color=color, linewidth=1, alpha=0.6, zorder=1)
-    ax.axhline(b["threshold"], color=color, linestyle="--", linewidth=1, zorder=1,
-               label=f"to clear: a loader's low end above\ncompute's high end + {b['margin']:.0%}")
+def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float = 1.0) -> None:
+    """A compute bound across the plot (or from `xmin` to `xmax`, axes fractions): its interval
+    shaded, its figure, and the line a loader interval's low end must clear (compute's high
+    end plus the margin)."""
+    ax.axhspan(b["lo"], b["hi"], xmin, xmax, color=color, alpha=0.12, zorder=1,
+               label=label and f"{label} (band: its interval)")
+    ax.axhline(b["y"], xmin, xmax, color=color, linewidth=1, alpha=0.6, zorder=1)
+    ax.axhline(b["threshold"], xmin, xmax, color=color, linestyle="--", linewidth=1, zorder=1,
+               label=label and "to clear: a loader's low end above\ncompute's high end + "
+                               f"{b['margin']:.0%}")
 
 
 def _draw_memory(d: dict, out: Path) -> Path:
@@ -292,7 +289,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    devices = {r.record.env.get("device") for r in rows if getattr(r, "record", None)} - {None}
+    devices = {r.record.env.get("device") for r in rows} - {None}
     params, why = importance_params([t.params for t in done], devices)
     if why:
         log.info("parameter importance skipped: %s", why)
@@ -315,10 +312,9 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     swept = sorted({k for t in done for k in t.params})
     inert = inert_knobs([t.params for t in done], devices)
     # trials whose run flagged its own measurement: their noise is ranked as well as a knob
-    noisy = {str(r.record.dir) for r in rows
-             if getattr(r, "record", None) and r.record.dir is not None and flag_reasons(r)}
+    noisy = {str(r.record.dir) for r in rows if r.record.dir is not None and flag_reasons(r)}
     flagged = sum(str(t.user_attrs["dir"]) in noisy for t in done if t.user_attrs.get("dir"))
-    ranked = sum(1 for r in rows if getattr(r, "full", False)) if rows else None
+    ranked = sum(1 for r in rows if r.full) if rows else None
     ax.set_title(importance_title(len(done), params, swept, inert, flagged, phase, ranked),
                  fontsize=9, wrap=True)
     ax.grid(alpha=0.3, axis="x")

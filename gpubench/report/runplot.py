@@ -87,13 +87,14 @@ def run_picture_data(record: RunRecord) -> dict:
         if warm or steps:
             traces[name] = {"warmup_ms": warm, "steps_ms": steps}
     every = [t for tr in traces.values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
+    span = (min(every), max(every)) if every else None
     # a first step that compiles or autotunes can be 100x the rest: a log axis keeps both
     # readable
-    log_y = bool(every) and max(every) > 20 * min(every)
+    log_y = bool(every) and span[1] > 20 * span[0]
     ends = [v for b in bars for v in (b["ci"] or [b["images_per_sec"]]) if v > 0]
     flagged = record.measurement_stable is False
     return {"bars": bars, "bound": bound, "title": _title(record), "traces": traces,
-            "trace_log_y": log_y, "verdict": record.bottleneck,
+            "trace_log_y": log_y, "trace_span": span, "verdict": record.bottleneck,
             "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label,
             # a hundredfold span on a linear axis leaves the slower pipes as slivers
             "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends),
@@ -210,8 +211,7 @@ def _draw_traces(ax, d: dict) -> None:
     ax.set_xlabel("step (warm-up first, then the measured steps)")
     if d["trace_log_y"]:
         ax.set_yscale("log")
-        every = [t for tr in d["traces"].values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
-        plain_log(ax.yaxis, min(every), max(every))
+        plain_log(ax.yaxis, *d["trace_span"])
         ax.set_ylabel("step time, ms (log scale)")
     else:
         ax.set_ylim(bottom=0)

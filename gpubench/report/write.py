@@ -83,7 +83,8 @@ def measurement_text(cfg: dict) -> str:
         loader = loader_window_steps(per_window, int(ld.get("num_workers") or 0),
                                      ld.get("prefetch_factor"))
     except (KeyError, TypeError, ValueError):  # not a record's config
-        return f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on {phases}"
+        return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
+                f"{phases}")
     text = (f"{windows} window{'s' * (windows != 1)} of {per_window} step{'s' * (per_window != 1)}"
             f" on each of {phases}")
     if loader > per_window and "loader" in (b.get("phases") or ()):

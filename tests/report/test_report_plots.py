@@ -431,32 +431,12 @@ def test_nothing_to_report_is_one_line_and_nonzero(tmp_path, capsys, layout):
     assert not (sweep / "report").exists()
 
 
-class RecordRow:
-    """A row that is only a view of its RunRecord, knobs by config key (as the report's Row
-    moves onto RunRecord): the plots must read it the same as today's Row."""
-
-    def __init__(self, rec: RunRecord, label: str, rung: str = "run"):
-        rec.rung = self.rung = rung
-        self.record, self.label = rec, label
-
-    throughput = property(lambda self: self.record.throughput)
-    feasible = property(lambda self: self.record.feasible)
-    full = property(lambda self: self.record.full)
-
-    def knob(self, name):
-        return self.record.knob(name)
-
-
-def test_rows_backed_by_run_records_plot_the_same():
+def test_lines_are_ordered_fastest_group_first():
     recs = [run(batch=16, e2e=100, peak=0.3), run(batch=32, e2e=120, peak=0.6),
             run(batch=64, e2e=None, status=Status.oom, peak=None),
             run(batch=32, prec="amp_bf16", e2e=150, peak=0.5)]
-    old, new = rows_of(*recs), [RecordRow(r, str(i)) for i, r in enumerate(recs)]
-    for f in (lambda rs: curve_data(rs, "batch_size", "batch size", log2=True),
-              memory_data, pareto_data):
-        assert f(new) == f(old)
-    lines = curve_data(new, "batch_size", "batch size")["lines"]
-    assert [xs(ln["points"]) for ln in lines] == [[32], [16, 32]]  # the fastest group first
+    lines = curve_data(rows_of(*recs), "batch_size", "batch size")["lines"]
+    assert [xs(ln["points"]) for ln in lines] == [[32], [16, 32]]
 
 
 def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_readable(
