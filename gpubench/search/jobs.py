@@ -1,9 +1,5 @@
-"""Launching a sweep's jobs through a Hydra launcher and reading back what each one measured.
-
-The launcher is whatever `hydra/launcher` selects (basic, submitit_local, submitit_slurm, ...);
-each job is an ordinary gpubench run that writes its results.json, read here through
-`gpubench.core.record` (never re-deriving what a status means).
-"""
+"""Launching a sweep's jobs through Hydra's configured launcher (basic, submitit, ...) and reading
+back the results.json each one wrote, through gpubench.core.record."""
 
 from __future__ import annotations
 
@@ -40,26 +36,25 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
     died writing its final status: a full disk), else killed when its process is gone (kill -9,
     the OOM killer), failed otherwise. A non-finite throughput is failed."""
     rec = record.load(out_dir, rung=rung)
+    err = f"{type(job_error).__name__}: {job_error}" if job_error else None
     if rec is None:
         if damaged(Path(out_dir) / record.RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): the job counts as failed",
                         Path(out_dir) / record.RESULTS_FILE)
-        err = f"{type(job_error).__name__}: {job_error}" if job_error else "no results.json"
-        return record.missing(out_dir, err, rung=rung)
+        return record.missing(out_dir, err or "no results.json", rung=rung)
     if rec.status is Status.running and rec.complete:
-        why = f"{type(job_error).__name__}: {job_error}" if job_error else "the job ended"
-        rec.recover(f"its final status was not written ({why})")
+        rec.recover(f"its final status was not written ({err or 'the job ended'})")
     elif rec.status is Status.running and rec.stale:
         rec.mark_dead()
     elif rec.status is Status.running:
         rec.status = Status.failed
         rec.error = rec.error or "the job ended without finishing its record" + (
-            f" ({type(job_error).__name__}: {job_error})" if job_error else "")
+            f" ({err})" if err else "")
         if isinstance(job_error, OSError) and job_error.errno in DISK_ERRORS:
             # the disk failed it, not its configuration: measured again by the next invocation
             rec.extra["requeue"] = True
-    elif job_error is not None and rec.status is Status.ok:
-        rec.status, rec.error = Status.failed, f"{type(job_error).__name__}: {job_error}"
+    elif err and rec.status is Status.ok:
+        rec.status, rec.error = Status.failed, err
     if rec.status is Status.ok and not (math.isfinite(rec.throughput) and rec.throughput > 0):
         rec.status, rec.error = Status.failed, rec.error or "measured no throughput"
     return rec
@@ -67,12 +62,10 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
 
 def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | None = None
                     ) -> int:
-    """Records left `running` in this sweep dir by a process that no longer exists are settled
-    (RunRecord.mark_dead), so a resumed sweep and its report see them for what they are: kept
-    as measured when every phase was saved; else the outcome the study was told for its folder
-    (`told`: dir -> status, error; a job that failed writing its record, on a full disk), else
-    killed. A record whose status is final, or whose process is alive, is left alone. Returns
-    how many were marked killed."""
+    """Settle the records left `running` in this sweep dir by a process that no longer exists
+    (RunRecord.mark_dead): kept as measured when every phase was saved, else the outcome the
+    study was told for its folder (`told`: dir -> status, error; a job that failed writing its
+    record on a full disk), else killed. Returns how many were marked killed."""
     killed = 0
     for d in record.find_runs(sweep_dir):
         rec = record.load(d)
@@ -88,6 +81,8 @@ def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | N
         else:
             log.info("%s: %s", rec.path, rec.extra.get("recovered"))
     return killed
+
+
 class Jobs:
     """Runs batches of override lists through a Hydra launcher, one record per job."""
 
@@ -122,10 +117,10 @@ class Jobs:
             else:
                 os.environ[record.RUNG_ENV] = before
         self.returns.append(rets)
+        from hydra.core.utils import JobStatus  # Hydra's, loaded: the launcher ran
+
         out = []
         for i, r in enumerate(rets):
-            from hydra.core.utils import JobStatus
-
             error = r._return_value if r.status == JobStatus.FAILED else None
             out_dir = Path(str(r.hydra_cfg.hydra.runtime.output_dir))
             rec = read_job(out_dir, error, rung[i])
@@ -144,18 +139,16 @@ class Jobs:
         return recs
 
     def check_measured(self) -> None:
-        """The rule of a failed sweep (docs/sweeps.md, "When a sweep fails"): an invocation that
-        ran jobs of which none measured (ok or over the ceiling; out of memory is an answer of
-        a memory search, not a measurement) has failed. One that ran none (its study was
-        complete already, other workers took the last slots) has not."""
+        """docs/sweeps.md, "When a sweep fails": an invocation whose jobs all ran without
+        measuring (out of memory is not a measurement) has failed; one that ran none has not."""
         if self.outcomes and not any(s.measured for s in self.outcomes):
             counts = ", ".join(f"{n} {s}" for s, n in self.outcomes.items())
             raise SweepFailed(f"no job of this sweep measured ({counts}); last error: "
                               f"{self.last_error}; {self.manifest.path}")
 
     def raise_unsaved(self) -> None:
-        """The error of a sweep.json that could not be written, once the jobs' measurements
-        are told to the study (a full disk must not cost what was measured)."""
+        """The error of a sweep.json that could not be written, raised once the jobs'
+        measurements are told to the study (a full disk must not cost what was measured)."""
         e, self.unsaved = self.unsaved, None
         if e is not None:
             raise e

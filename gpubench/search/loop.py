@@ -1,24 +1,18 @@
 """The search loop: ask Optuna for a configuration, launch it as a job, read its record, tell.
 
-- feasible trial: COMPLETE, value = throughput, constraint = peak fraction - ceiling <= 0
-- over the ceiling: COMPLETE with its measured speed and a positive constraint (infeasible)
-- out of memory: COMPLETE, value 0.0, constraint OOM_CONSTRAINT (infeasible)
-- any other error, no results.json: FAIL with the message; the sweep goes on until more than
-  `max_failures` trials failed in this invocation
-- screening: each trial is first measured `screen.steps` steps; a trial whose screen is in the
-  top `screen.keep` fraction of all screens so far is measured at full length, the rest end PRUNED
-- several workers on one study: see gpubench.search.study (heartbeats, retries, slots). A worker
-  that finds every slot taken by other workers' live trials waits for them: one of them may die,
-  and its trial is then retried here
-- a sampled configuration already measured (or being measured by another worker) is not run
-  again: the trial gets the earlier result (attr `duplicate_of`) and does not count
-- confirm step: once n_trials are measured, the `confirm.top` fastest feasible full-length trials
-  are launched again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift and a busy
-  neighbour hit them alike rather than one of them), one job each, rung "confirm". These jobs
-  are not trials of the search (not counted): they are the rounds of a study of its own
-  (gpubench.search.study.queue_rounds), which Optuna's queue shares among workers, and a
-  resumed sweep runs only the rounds still missing. `best` is then the fastest confirmed trial
-  on the median of all its measurements (gpubench.analysis.recommend.Row)
+- feasible: COMPLETE, value = throughput, constraint = peak fraction - ceiling <= 0; over the
+  ceiling: COMPLETE with its speed and a positive constraint; out of memory: value 0.0,
+  constraint OOM_CONSTRAINT; any other error: FAIL, until more than `max_failures` failed
+- screen: each trial is first measured `screen.steps` steps; one whose screen is in the top
+  `screen.keep` of all screens so far is measured in full, the rest end PRUNED
+- a configuration measured already (or being measured by another worker) is not run again: the
+  trial gets the earlier result (attr `duplicate_of`) and does not count
+- several workers: gpubench.search.study. A worker that finds every slot held by other workers'
+  live trials waits for them: one may die, and its trial is then retried here
+- confirm: once n_trials are measured, the `confirm.top` fastest feasible full trials are run
+  again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift hits them alike), as the
+  rounds of a study of their own (study.queue_rounds); `best` is then the fastest confirmed
+  trial on all its measurements (gpubench.analysis.recommend)
 """
 
 from __future__ import annotations
@@ -27,6 +21,8 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from optuna.trial import TrialState
 
 from gpubench.core.record import Rung, load
 from gpubench.search import study as S
@@ -66,12 +62,10 @@ class Search:
     # seconds between looks at the study while other workers hold every slot
     poll_s: float = 1.0
     confirm: Confirm | None = None
-    # sweep=pipes: stop before n_trials once this holds (gpubench.search.pipes), and the stage
-    # each job is recorded under in sweep.json
+    # sweep=pipes: stop before n_trials once this holds, and the stage each job is recorded under
     stop: Callable[[], bool] | None = None
     labels: dict = field(default_factory=dict)
-    # whether this search's best is the sweep's (sweep.json `best`): sweep=pipes' compute and
-    # loader-only stages measure one pipe each, so only its join (end to end) names the best
+    # whether this search's best is sweep.json's `best`: of sweep=pipes' stages, the join only
     writes_best: bool = True
 
     @property
@@ -84,8 +78,7 @@ class Search:
         size = self.space.size()
         in_a_row = 0
         while True:
-            stale = S.fail_stale(self.shared)
-            if stale:
+            if stale := S.fail_stale(self.shared):
                 log.info("%d trial(s) of a worker that stopped beating: queued again", stale)
             measured = S.measured_trials(self.study)
             running = S.running_trials(self.study)
@@ -103,8 +96,8 @@ class Search:
                 # other workers hold the last slots: wait for one to end (or look for stale ones)
                 S.wait_for_running(self.study, {t.number for t in running}, self.poll_s)
                 continue
-            # every trial asked, from the moment it is asked: a Ctrl-C while claiming leaves
-            # none of them RUNNING either
+            # every trial held from the moment it is asked: a Ctrl-C while claiming leaves none
+            # of them RUNNING either
             held: list = []
             dup_numbers: set[int] = set()
             try:
@@ -116,8 +109,8 @@ class Search:
                 # its trials RUNNING for good
                 with S.heartbeat(self.shared, [t.number for t in trials]):
                     self._measure(fresh)
-            except BaseException:  # Ctrl-C or an abort: leave nothing RUNNING behind
-                for t in held:  # as after kill -9: measured by the next invocation
+            except BaseException:  # Ctrl-C or an abort: as after kill -9, measured next time
+                for t in held:
                     S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
                 raise
             for t, prev in dups:
@@ -126,13 +119,11 @@ class Search:
                 log.info("the sampler proposed only measured configurations %d times in a row: "
                          "stopping", in_a_row)
                 break
-        confirmed = self._confirm()
-        return self._summarize(confirmed)
+        return self._summarize(self._confirm())
 
     def _claim(self, n: int, held: list) -> list:
-        """Ask n trials (each added to `held` as it is asked) and keep those within the free
-        slots (gpubench.search.study.claim_is_within); a claim past them is given back, its
-        parameters queued again if they came from the queue (a retry must not be lost)."""
+        """Ask n trials (each added to `held` as it is asked), keep those within the free slots
+        (study.claim_is_within) and give the others back."""
         for _ in range(n):
             held.append(S.ask(self.shared, self.space.distributions))
         kept = []
@@ -145,18 +136,16 @@ class Search:
                 S.abandon(self.shared, t.number, requeue=None)
         return kept
 
+    def _launch(self, trials: list, rung: Rung, extra: tuple | list = ()) -> list:
+        return self.jobs.launch([self.space.overrides(t.params, extra) for t in trials],
+                                [{"trial": t.number, "rung": rung, **self.labels} for t in trials])
+
     def _measure(self, trials: list) -> None:
-        if not trials:
-            return
         full = trials
-        if self.screen.steps is not None:
+        if trials and self.screen.steps is not None:
             extra = [f"bench.steps={self.screen.steps}", *self.screen.overrides]
-            recs = self.jobs.launch(
-                [self.space.overrides(t.params, extra) for t in trials],
-                [{"trial": t.number, "rung": Rung.screen, **self.labels} for t in trials],
-            )
             full = []
-            for t, rec in zip(trials, recs, strict=True):
+            for t, rec in zip(trials, self._launch(trials, Rung.screen, extra), strict=True):
                 S.record(t, rec, Rung.screen)
                 if rec.status.crashed or not rec.feasible:
                     self._tell(t, rec)
@@ -169,38 +158,30 @@ class Search:
                 else:
                     self._tell(t, rec, pruned=True)
         if full:
-            recs = self.jobs.launch(
-                [self.space.overrides(t.params) for t in full],
-                [{"trial": t.number, "rung": Rung.full, **self.labels} for t in full],
-            )
-            for t, rec in zip(full, recs, strict=True):
+            for t, rec in zip(full, self._launch(full, Rung.full), strict=True):
                 S.record(t, rec, Rung.full)
                 self._tell(t, rec)
         self.jobs.raise_unsaved()
 
     def _tell(self, trial, rec, pruned: bool = False) -> None:
-        from optuna.trial import TrialState
-
         what = f"trial {trial.number} ({S.describe(trial.params)})"
-        # set once, with the measurement the trial is told (the screen for a pruned one)
         if rec.extra.get("requeue"):  # failed by its disk (full): as after Ctrl-C, asked again
             S.abandon(self.shared, trial.number, requeue=True)
             log.warning("%s: %s; queued again for the next invocation", what, rec.error)
             return
+        # set once, with the measurement the trial is told (the screen for a pruned one)
         trial.set_constraint(S.MEMORY, rec.constraint)
         if rec.status.crashed:
             self.study.tell(trial, state=TrialState.FAIL)
             self.jobs.count_failure(what, rec.error)
-            return
-        if pruned:
+        elif pruned:
             self.study.tell(trial, state=TrialState.PRUNED)
             log.info("%s: %.1f img/s in the screen, below the cut: pruned", what, rec.throughput)
-            return
-        # an over-ceiling or OOM trial is told its measured speed; the constraint ranks it
-        self.study.tell(trial, rec.throughput)
-        mem = "?" if rec.peak_memory_fraction is None else f"{rec.peak_memory_fraction:.1%}"
-        log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput, mem,
-                 rec.status if rec.feasible else f"{rec.status}, infeasible")
+        else:  # an over-ceiling or OOM trial is told its speed; the constraint ranks it
+            self.study.tell(trial, rec.throughput)
+            mem = "?" if rec.peak_memory_fraction is None else f"{rec.peak_memory_fraction:.1%}"
+            log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput,
+                     mem, rec.status if rec.feasible else f"{rec.status}, infeasible")
 
     def _candidates(self) -> list:
         """The confirm step's trials: the fastest feasible full-length ones, by their records."""
@@ -215,12 +196,8 @@ class Search:
 
     def _confirm(self) -> list[int]:
         """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""
-        if self.confirm is None or self.confirm.top <= 0:
-            return []
-        from optuna.trial import TrialState
-
-        top = self._candidates()
-        if not top:  # nothing measured in full and feasible: nothing to confirm
+        top = self._candidates() if self.confirm is not None and self.confirm.top > 0 else []
+        if not top:  # no step, or nothing measured in full and feasible
             return []
         c = S.queue_rounds(self.shared, top, self.confirm.rounds)
         while True:
@@ -254,9 +231,8 @@ class Search:
         return [t.number for t in top]
 
     def _summarize(self, confirmed: list[int]) -> dict | None:
-        measured = S.measured_trials(self.study)
         try:
-            best = self.study.best_trial
+            best = self.study.best_trial  # feasible only (Optuna reads the constraints)
         except ValueError:
             best = None
         value, extra = None if best is None else best.value, {}
@@ -265,8 +241,7 @@ class Search:
             from gpubench.search.rows import trial_rows
 
             rows = trial_rows(self.study, self.shared.storage)
-            rec = recommend([r for _, r in rows])
-            if rec is not None:
+            if (rec := recommend([r for _, r in rows])) is not None:
                 pick = rec.best
                 best = next(t for t, r in rows if r is pick)
                 value = pick.throughput
@@ -284,6 +259,6 @@ class Search:
                    "dir": best.user_attrs.get("dir"), **extra}
             log.info("best feasible: trial %d, %.1f img/s: %s", best.number, value,
                      " ".join(out["overrides"]))
-        self.manifest.update(measured_trials=len(measured),
+        self.manifest.update(measured_trials=len(S.measured_trials(self.study)),
                              **({"best": out} if out and self.writes_best else {}))
         return out

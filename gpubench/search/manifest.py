@@ -1,14 +1,8 @@
-"""sweep.json: what a gpubench sweep did, written after every job so a crash loses nothing.
-
-Keys: `mode` (optuna | max_batch), `started_at`, `worker` (host:pid of the process that writes
-it), `study_name`, `storage` and `study` (the tag value that names one search across all its
-workers: MLflow runs and reports group by it), `n_trials`, `jobs` (one entry per job: `num`,
-`dir`, `trial`, `rung`, `status`), `best`, `max_batch`, `measured_trials`, `aborted`.
-
-One sweep dir belongs to one worker at a time (Hydra's default dir has a per-second timestamp,
-so workers started in the same second share it): job folders are reserved with an atomic mkdir,
-so two processes never write into one job folder, while the manifest itself is last-writer-wins.
-Give each worker its own `hydra.sweep.dir` (docs/scaling.md).
+"""sweep.json: what a gpubench sweep did (its keys: `_TYPES`), written after every job so a
+crash loses nothing. `study` names one search across all its workers (MLflow runs and reports
+group by it); `worker` is host:pid of the process that writes it. Job folders are reserved with
+an atomic mkdir, so two processes never write into one; sweep.json itself is last-writer-wins:
+one sweep dir per worker (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -33,8 +27,8 @@ log = logging.getLogger("gpubench.sweep")
 
 
 def absolute_storage(url: str | None) -> str | None:
-    """A relative sqlite URL made absolute (and its folder created), so the study is found again
-    from the sweep manifest whatever the reader's working directory."""
+    """A relative sqlite URL made absolute (its folder created): sweep.json finds the study
+    again from any working directory."""
     path = sqlite_path(url) if url else None
     if path is None or path.is_absolute():
         return url
@@ -53,9 +47,9 @@ _SALVAGED = re.compile(r'"(mode|study_name|storage|study)":\s*("(?:[^"\\]|\\.)*"
 
 
 def problem(sweep_dir: Path) -> str | None:
-    """Why a sweep dir's sweep.json is not one gpubench wrote (cut short by a crash, edited by
-    hand, another tool's), or None (it is, or there is none): the one test every reader of
-    sweep.json goes through, so a file of another shape is damaged, never half read."""
+    """Why a sweep dir's sweep.json is not one gpubench wrote (cut short, edited by hand), or
+    None (it is, or there is none): every reader goes through it, so a file of another shape is
+    damaged, never half read."""
     path = Path(sweep_dir) / MANIFEST
     if not path.is_file():
         return None
@@ -76,8 +70,7 @@ def problem(sweep_dir: Path) -> str | None:
 
 
 def read(sweep_dir: Path) -> dict:
-    """sweep.json; of a damaged one (`problem`), the study it names (from what is left of its
-    text)."""
+    """sweep.json; of a damaged one, the study it names (from what is left of its text)."""
     path = Path(sweep_dir) / MANIFEST
     if problem(sweep_dir) is None:
         return read_json(path) or {}
@@ -92,8 +85,7 @@ def read(sweep_dir: Path) -> dict:
 
 
 def keep_damaged(path: Path) -> Path:
-    """A copy of a damaged file beside it (`<name>.damaged`, numbered when one exists) before
-    gpubench writes over it: what it held is never lost."""
+    """A copy of a damaged file beside it (`<name>.damaged[.n]`) before gpubench writes over it."""
     copy = path.with_name(path.name + ".damaged")
     n = 1
     while copy.exists():
@@ -103,10 +95,9 @@ def keep_damaged(path: Path) -> Path:
 
 
 def reserve_job_dir(sweep_dir: Path, n: int = 1) -> int:
-    """The first of n consecutive free job numbers, their folders created here: numbers continue
-    after the folders already there (a resumed sweep must not overwrite earlier jobs), and mkdir
-    is atomic, so two processes sharing a sweep dir never get the same number (one that lost a
-    race tries again after the folders there; an empty folder it made may stay behind)."""
+    """The first of n consecutive free job numbers, their folders created: after the folders
+    there (a resume never overwrites a job), and mkdir is atomic, so two processes never get the
+    same number (the loser tries again; an empty folder it made may stay behind)."""
     while True:
         nums = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
         first = max(nums, default=-1) + 1
@@ -135,8 +126,8 @@ class Manifest:
             self._recover(why)
 
     def _recover(self, why: str) -> None:
-        """A damaged sweep.json: kept as a copy; its jobs read back from their folders (each
-        results.json names its rung and status); `from_study` adds their trials."""
+        """A damaged sweep.json: kept as a copy, its jobs read back from their folders;
+        `from_study` adds their trials."""
         copy = keep_damaged(self.path)
         for d in find_runs(self.sweep_dir):
             if d.parent == self.sweep_dir and d.name.isdigit():
@@ -149,15 +140,11 @@ class Manifest:
                     self.path, why, copy.name, len(self.jobs))
 
     def from_study(self, study) -> None:
-        """The trial of each job read back after damage, from the study's user attributes (the
-        folder each trial was measured in)."""
+        """The trial of each job read back after damage (the folders the study's trials name)."""
         if not self.recovered:
             return
-        by_dir = {}
-        for t in study.get_trials(deepcopy=False):
-            for k in ("dir", "screen_dir"):
-                if t.user_attrs.get(k):
-                    by_dir[str(t.user_attrs[k])] = t
+        by_dir = {str(t.user_attrs[k]): t for t in study.get_trials(deepcopy=False)
+                  for k in ("dir", "screen_dir") if t.user_attrs.get(k)}
         matched = 0
         for job in self.jobs:
             t = by_dir.get(job["dir"])

@@ -1,9 +1,5 @@
-"""The largest batch size whose peak memory stays under memory.ceiling x (1 - memory.reserve).
-
-`find_max_batch` is the search itself (doubling, then bisection) over any `fits(batch)`;
-`run_max_batch` measures each probe as a short job and returns the result (sweep's max_batch.json);
-the Hydra sweeper shows it. Nothing here prints.
-"""
+"""The largest batch size whose peak memory stays under memory.ceiling x (1 - memory.reserve):
+`find_max_batch` searches any `fits(batch)`; `run_max_batch` measures each probe as a job."""
 
 from __future__ import annotations
 
@@ -30,56 +26,35 @@ class Probe:
 def find_max_batch(
     fits: Callable[[int], bool], start: int, limit: int
 ) -> tuple[int | None, list[Probe]]:
-    """Largest batch size in [1, limit] for which `fits(b)`, assuming memory grows with batch
-    size: double from `start` until the first batch that does not fit (or halve down if `start`
-    already does not), then bisect between the last fit and the first miss. Returns the size
-    (None if even 1 does not fit) and the probes in the order they ran."""
+    """Largest batch size in [1, limit] for which `fits(b)`, memory growing with batch size:
+    double from `start` up to the first miss (or halve down while it misses), then bisect
+    between the last fit and the first miss. The size (None if even 1 misses), the probes."""
     if start < 1 or limit < 1:
         raise ValueError("start and limit must be >= 1")
     probes: list[Probe] = []
-
-    def probe(b: int) -> bool:
-        ok = bool(fits(b))
-        probes.append(Probe(b, ok))
-        return ok
-
-    b = min(start, limit)
-    lo, hi = (b, None) if probe(b) else (None, b)
-    while lo is not None and hi is None:  # grow
-        if lo >= limit:
-            return lo, probes
-        b = min(lo * 2, limit)
-        lo, hi = (b, None) if probe(b) else (lo, b)
-    while lo is None:  # shrink
-        if hi <= 1:
-            return None, probes
-        b = hi // 2
-        lo, hi = (b, hi) if probe(b) else (None, b)
-    while hi - lo > 1:  # bisect: lo fits, hi does not
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if probe(mid) else (lo, mid)
-    return lo, probes
+    lo, hi, b = 0, None, min(start, limit)  # lo fits (0: none yet), hi misses (None: none yet)
+    while True:
+        probes.append(Probe(b, bool(fits(b))))
+        lo, hi = (b, hi) if probes[-1].fits else (lo, b)
+        if hi is None and lo < limit:  # grow
+            b = min(lo * 2, limit)
+        elif hi is not None and lo == 0 and hi > 1:  # shrink
+            b = hi // 2
+        elif hi is not None and lo and hi - lo > 1:  # bisect
+            b = (lo + hi) // 2
+        else:
+            return lo or None, probes
 
 
 def start_batch(cfg: DictConfig, start: int | None) -> int:
-    """The first probe: the configured start, else the run's own batch size as the runner
-    sizes it (by device when null: gpubench.config.settings.sizes). Sizing only: the sweeper may run
-    where the jobs' device is not (a login node without a GPU launching to GPU nodes), and
-    each probe job applies every rule on its own machine."""
+    """The first probe: the configured start, else the run's own batch size as the runner sizes
+    it (gpubench.config.settings.sizes). Sizing only: the sweeper may run where the jobs' device
+    is not (a login node launching to GPU nodes); each probe applies every rule on its own."""
     if start is not None:
         return int(start)
     from gpubench.config.settings import sizes
 
     return sizes(cfg)[2]
-
-
-def check_memory(cfg: DictConfig) -> tuple[float, float]:
-    """(memory.ceiling, memory.reserve), checked against their ranges before any probe: the
-    search's threshold is made of them."""
-    from gpubench.config.schema import check_ranges
-
-    check_ranges(cfg, only=("memory.ceiling", "memory.reserve"))
-    return float(cfg.memory.ceiling), float(cfg.memory.reserve)
 
 
 def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | None,
@@ -89,7 +64,11 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
         raise ConfigError("hydra.sweeper.mode", "max_batch", "fixed overrides only: it searches "
                           "loader.batch_size itself (swept: "
                           f"{', '.join(p.name for p in space.params)})")
-    ceiling, reserve = check_memory(cfg)
+    from gpubench.config.schema import check_ranges
+
+    # the threshold is made of these: checked against their ranges before any probe
+    check_ranges(cfg, only=("memory.ceiling", "memory.reserve"))
+    ceiling, reserve = float(cfg.memory.ceiling), float(cfg.memory.reserve)
     first = start_batch(cfg, start)
     found: list[tuple[int, RunRecord]] = []
 

@@ -1,7 +1,5 @@
-"""The rules of sweep=pipes (gpubench.search.pipes), free of the search: which swept keys are
-each pipe's, the data settings' cost order and walk, what the compute pipe keeps, which data
-setting feeds it, what a joined run is judged against, and the path told in a few lines.
-Pure functions of search spaces and rows (scripts/bench_pipes.py replays them over tables)."""
+"""The rules of sweep=pipes (gpubench.search.pipes) as pure functions of search spaces and rows
+(scripts/bench_pipes.py replays them over tables)."""
 
 from __future__ import annotations
 
@@ -21,7 +19,7 @@ from gpubench.search.space import Param, SearchSpace
 
 
 def split(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, SearchSpace]:
-    """(compute knobs, data knobs): the swept keys named in data_keys are the data pipe's."""
+    """(compute knobs, data knobs)."""
     data = [p for p in space.params if p.name in data_keys]
     compute = [p for p in space.params if p.name not in data_keys]
     return SearchSpace(compute, list(space.fixed)), SearchSpace(data, list(space.fixed))
@@ -29,8 +27,8 @@ def split(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, 
 
 def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace,
                                                                          SearchSpace]:
-    """The (compute, data) split of a sweep=pipes space, before any work: ConfigError when a
-    pipe has no swept key, or a data key is continuous (the data pipe walks a grid)."""
+    """The (compute, data) split; ConfigError when a pipe has no swept key, or a data key is
+    continuous (the data pipe walks a grid)."""
     from gpubench.config.errors import ConfigError
 
     space.require_swept()
@@ -49,8 +47,7 @@ def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchS
 
 
 def grid(params: list[Param]) -> list[dict[str, Any]] | None:
-    """Every point of a space of choices and integer ranges, in the order written; None when a
-    key is continuous."""
+    """Every point of a space of choices and integer ranges; None when a key is continuous."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     axes = []
@@ -66,8 +63,8 @@ def grid(params: list[Param]) -> list[dict[str, Any]] | None:
 
 
 def cost(params: dict[str, Any], space: list[Param]) -> tuple:
-    """A data setting's cost rank (gpubench.config.knobs.CHEAP_FIRST: fewer workers, then no
-    preload, then CPU decode, ...; other keys by their choice's position)."""
+    """A data setting's cost rank: CHEAP_FIRST's keys first (fewer workers, then no preload,
+    ...), other keys by their choice's position."""
     order = {p.name: p for p in space}
     head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
     rest = tuple(_position(order[k], v) for k, v in sorted(params.items())
@@ -111,7 +108,7 @@ def rate_of(row: Row) -> Est | None:
 
 @dataclass
 class Kept:
-    """A compute setting kept for the data pipe: its params, its bound and why it was kept."""
+    """A compute setting kept for the data pipe, with its bound and why it was kept."""
 
     params: dict[str, Any]
     rate: Est
@@ -125,13 +122,13 @@ class Kept:
 
 def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
                  keep: int) -> list[Kept]:
-    """The fastest feasible compute setting, and the smallest batch whose figure is within
-    `tolerance` of it (the knee: as fast, with less memory and a smaller step), up to `keep`."""
-    rated = [(p, r, rate_of(r)) for p, r in rows]
-    rated = [(p, r, x) for p, r, x in rated if x is not None]
+    """The fastest feasible compute setting, the smallest batch within `tolerance` of it (the
+    knee: as fast, with less memory), then the next fastest, up to `keep`."""
+    rated = sorted(((p, r, x) for p, r in rows if (x := rate_of(r)) is not None),
+                   key=lambda t: -t[2].value)  # stable: of equal figures, the first measured
     if not rated:
         return []
-    best_p, best_r, best = max(rated, key=lambda t: t[2].value)
+    best_p, best_r, best = rated[0]
     out = [Kept(best_p, best, "the fastest compute setting", best_r.peak)]
     near = [(p, r, x) for p, r, x in rated if x.value >= best.value * (1 - tolerance)]
     if batch_key in best_p:
@@ -139,12 +136,10 @@ def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
         if knee_p != best_p and keep > 1:
             out.append(Kept(knee_p, knee, f"the smallest batch within {tolerance:.0%} of the "
                                           "fastest", knee_r.peak))
-    for p, r, x in sorted(rated, key=lambda t: -t[2].value):  # more, when asked for more
-        if len(out) >= keep:
-            break
-        if all(p != k.params for k in out):
+    for p, r, x in rated[1:]:  # more, when asked for more
+        if len(out) < keep and all(p != k.params for k in out):
             out.append(Kept(p, x, "the next fastest", r.peak))
-    return out[:max(keep, 1)]
+    return out
 
 
 @dataclass
@@ -180,16 +175,12 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
               bound: Est, margin: float) -> list[dict]:
-    """The data points to measure next, in order, given the measured `rows` (empty: done).
-
-    1. The workers walk: each worker count with every other data key at its cheapest value,
-       fewest workers first, one at a time, up to the first whose interval clears `bound`.
-    2. Then the turns: settings with one other key turned (preload, prefetch, pinning, ...),
-       cheapest first, at the next fewer worker count when one cleared (a worker fewer may
-       clear with a cheaper key turned), at the most workers when none did (a turned key may
-       be what clears). The walk is done when a turn clears or every turn is measured.
-    The data keys' cost order (CHEAP_FIRST) makes this the cheapest clearing setting along
-    these lines, in a few trials where the whole data space has many."""
+    """The data points to measure next, given the measured `rows` (empty: done). 1. Each
+    worker count with the other keys at their cheapest, fewest first, up to the first that
+    clears `bound`. 2. The turns: one other key turned, cheapest first, at a worker fewer than
+    the first that cleared (a cheaper key may make up for it), at the most workers when none
+    did; done when a turn clears or all are measured. The cheapest clearing setting along
+    these lines, in a few trials where the data space has many."""
     done = {S.key(p): r for p, r in rows}
     workers = sorted({p.get("loader.num_workers", 0) for p in points})
 
@@ -225,9 +216,8 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
 
 
 def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
-    """What a pairing's e2e can reach, and its name: with loader workers the two pipes overlap,
-    so the narrower one; with 0 workers the main process loads each batch between two steps,
-    so the serial bound 1/(1/compute + 1/loader) (gpubench.core.pipe.serial_rate)."""
+    """What a pairing's e2e can reach, and its name: with loader workers the pipes overlap (the
+    narrower one); with 0 workers each batch is loaded between two steps (the serial bound)."""
     if workers:
         return min((("compute", compute), ("data", loader)), key=lambda t: t[1].value)
     serial = Est(*(serial_rate(c, 1.0 / x) for c, x in ((compute.value, loader.value),
@@ -237,19 +227,16 @@ def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
 
 
 def contends(e2e: Est, bound: Est, tolerance: float) -> bool:
-    """The joined run falls short of what its pipes allow together (join_bound): even its
-    interval's high end is below the bound's low end by more than `tolerance` (the hand-over
-    alone costs a little)."""
+    """The joined run falls short of its join_bound: even its high end is below the bound's
+    low end by more than `tolerance` (the hand-over alone costs a little)."""
     return e2e.hi < bound.lo * (1 - tolerance)
 
 
 def confirm_top(rows: list[Row], tolerance: float) -> int:
-    """How many of the join's pairings, fastest first, its confirm rounds re-measure: none
-    when one measurement each settles the answer, else the leader down to the last pairing
-    left open. Open: a pairing whose interval reaches the leader's (the measurements cannot
-    order them) while its median is more than `tolerance` below the leader's (the order
-    matters: within the tolerance either is an answer the recommendation accepts, and it takes
-    the cheaper). A leader whose own measurement was disturbed is re-measured too."""
+    """How many of the join's pairings, fastest first, its confirm rounds re-measure: the
+    leader down to the last pairing left open, whose interval reaches the leader's while its
+    median is more than `tolerance` below (within it, either is an answer); an unstable leader
+    is re-measured too."""
     ranked = sorted((r for r in rows if rate_of(r) is not None),
                     key=lambda r: r.throughput, reverse=True)
     if not ranked:
@@ -263,16 +250,13 @@ def confirm_top(rows: list[Row], tolerance: float) -> int:
 
 
 def _effective(points: list[dict]) -> list[dict]:
-    """The data points that differ as runs (gpubench.config.settings.as_run): one 0-worker
-    point per setting of the other keys."""
+    """The data points that differ as runs (settings.as_run: one 0-worker point per setting)."""
     from gpubench.config.settings import as_run
 
-    out, seen = [], set()
+    first: dict[str, dict] = {}
     for p in points:
-        if S.key(as_run(p)) not in seen:
-            seen.add(S.key(as_run(p)))
-            out.append(p)
-    return out
+        first.setdefault(S.key(as_run(p)), p)
+    return list(first.values())
 
 
 def _setting(params: dict[str, Any]) -> str:

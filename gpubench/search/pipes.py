@@ -1,29 +1,20 @@
-"""`sweep=pipes`: search each pipe on its own, then join them (docs/sweeps.md).
+"""`sweep=pipes`: search each pipe on its own, then join them (docs/sweeps.md#sweeppipes).
 
-A training step is two pipes, and each can be measured without the other (reference article
-003: measure the loader, then the model, then fix the narrower one):
-
-1. compute pipe: compute-only trials (`bench.phases=[compute]`) over the compute knobs (every
-   swept key that is not a data key), under memory.ceiling: every setting when the space is
-   within `compute_trials`, else Optuna's sampler. Kept: the fastest setting, and the smallest
-   batch within the tolerance of it (the knee), each with its compute interval: the bound.
-2. data pipe: for each kept setting, loader-only trials over the data keys at that setting,
-   cheapest first (fewest workers, then no preload, then CPU decode and augment, ...), until
-   the cheapest setting whose loader interval clears the bound by the margin is found (low end
-   above the bound's high end x (1 + margin), as the workers answer judges), or the budget ends
-   (then the fastest loader: the data side stays the narrower pipe, and the path says so).
-3. join: each pairing measured end to end; then, only where those measurements leave the
-   answer open (pairings whose intervals overlap while their medians are more than the
-   tolerance apart), again in interleaved rounds (the confirm step). A pairing whose e2e
-   falls short of both pipes (its interval's high end below the narrower pipe's low end by
-   more than the tolerance) shows the pipes contend (loader workers taking the host's cores,
-   pinned memory): the next clearing data setting is tried, within `join_trials`.
+1. compute pipe: compute-only trials over the compute knobs (every swept key that is not a
+   data key): every setting when the space is within `compute_trials`, else Optuna's sampler.
+   Kept: the fastest setting and the smallest batch within the tolerance of it, each with its
+   compute interval: the bound.
+2. data pipe: for each kept setting, loader-only trials over the data keys, cheapest first,
+   until the cheapest setting whose loader interval clears the bound by the margin is found, or
+   the budget ends (then the fastest loader: the data side stays the narrower pipe).
+3. join: each pairing measured end to end, then again in interleaved rounds where those
+   measurements leave the answer open; a pairing whose e2e falls short of both pipes shows the
+   pipes contend: the next clearing data setting is tried, within `join_trials`.
 
 Each stage is a gpubench.search.loop.Search on a study of its own in the sweep's storage
-(`<study>-compute`, `<study>-data-<setting>`, `<study>-join`), so resume after a kill,
-heartbeats, several workers and the failure budget work in each as in any sweep. A stage's
-points are queued in the study (skip_if_exists), so a resumed or second worker finds them
-queued or measured, in the same order.
+(`<study>-compute`, `<study>-data-<setting>`, `<study>-join`), so resume, heartbeats, several
+workers and the failure budget work as in any sweep; a stage's points are queued in its study
+(`enqueue_trial(skip_if_exists=True)`), so a resumed or second worker finds them in order.
 """
 
 from __future__ import annotations
@@ -34,27 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
+from gpubench.search import pipe_rules as R
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
-from gpubench.search.pipe_rules import (
-    Fed,
-    Kept,
-    _effective,
-    check_space,
-    choose_data,
-    confirm_top,
-    contends,
-    cost,
-    data_walk,
-    fixed_space,
-    grid,
-    join_bound,
-    keep_compute,
-    lines,
-    rate_of,
-    short_hash,
-    split,
-)
 from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
@@ -62,7 +35,7 @@ log = logging.getLogger("gpubench.sweep")
 
 @dataclass
 class Plan:
-    """The pipes settings (hydra.sweeper.pipes.*), as the search reads them."""
+    """The pipes settings (hydra.sweeper.pipes.*)."""
 
     data_keys: tuple[str, ...]
     compute_trials: int
@@ -74,9 +47,6 @@ class Plan:
     join_overrides: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE  # the knee: the smallest batch within this of the fastest
     margin: float = TOLERANCE  # a loader clears a bound by this
-
-
-# ---------------------------------------------------------------------- the search
 
 
 @dataclass
@@ -98,7 +68,7 @@ class Pipes:
         wall[stage] = round(float(self.earlier.get(stage, 0.0)) + time.monotonic() - since, 1)
 
     def run(self) -> dict:
-        compute, _ = check_space(self.space, self.plan.data_keys)
+        compute, _ = R.check_space(self.space, self.plan.data_keys)
         t0 = time.monotonic()
         kept = self._compute(compute)
         self._spent("compute", t0)
@@ -113,16 +83,14 @@ class Pipes:
         self._join(kept, fed)
         self._spent("join", t2)
         self.write(self.result)
-        for line in lines(self.result):
+        for line in R.lines(self.result):
             log.info("%s", line)
         return self.result
 
-    # ---------------------------------------------------------------- 1. compute pipe
-
-    def _compute(self, compute: SearchSpace) -> list[Kept]:
-        space = fixed_space(compute, {}, self.plan.compute_overrides)
+    def _compute(self, compute: SearchSpace) -> list[R.Kept]:
+        space = R.fixed_space(compute, {}, self.plan.compute_overrides)
         shared = self.open_study(f"{self.name}-compute")
-        points = grid(space.params)
+        points = R.grid(space.params)
         exhaustive = points is not None and len(points) <= self.plan.compute_trials
         if exhaustive:
             # every setting, smallest batch first: a study's queue is kept across workers
@@ -131,7 +99,7 @@ class Pipes:
         n = len(points) if exhaustive else self.plan.compute_trials
         self.search(shared, space, n, "compute").run()
         rows = _rows(shared)
-        kept = keep_compute(rows, "loader.batch_size", self.plan.tolerance, self.plan.keep)
+        kept = R.keep_compute(rows, "loader.batch_size", self.plan.tolerance, self.plan.keep)
         self.result["compute"] = {
             "study": shared.study.study_name, "trials": len(rows), "space": len(points or []) or
             None, "exhaustive": exhaustive, "kept": [k.summary() for k in kept]}
@@ -140,58 +108,42 @@ class Pipes:
             log.info("compute pipe: %s: %s img/s, %s", S.describe(k.params), format(k.rate), k.why)
         return kept
 
-    # ---------------------------------------------------------------- 2. data pipe
-
-    def _data_study(self, k: Kept) -> tuple[S.Shared, SearchSpace, list[dict]]:
-        """The data pipe's study for kept setting k, its space, and its points cheapest first."""
-        _, data = split(self.space, self.plan.data_keys)
-        space = fixed_space(data, k.params, self.plan.data_overrides)
-        shared = self.open_study(f"{self.name}-data-{short_hash(k.params)}")
-        points = grid(space.params)  # a grid: check_space refused a continuous data key
-        points = sorted(_effective(points), key=lambda p: cost(p, space.params))
-        return shared, space, points
-
     def _measure(self, shared: S.Shared, space: SearchSpace, todo: list[dict],
                  stop: Callable[[], bool]) -> None:
         """Measure `todo` (queued in this order) within the data budget, until `stop`."""
         done = len(_rows(shared))
         todo = todo[: max(self.plan.data_trials - done, 0)]
-        if not todo:
-            return
         for p in todo:
             shared.study.enqueue_trial(p, skip_if_exists=True)
-        self.search(shared, space, done + len(todo), "data", stop=stop).run()
+        if todo:
+            self.search(shared, space, done + len(todo), "data", stop=stop).run()
 
-    def _data(self, k: Kept, past: dict | None = None) -> Fed | None:
+    def _data(self, k: R.Kept, past: dict | None = None) -> R.Fed | None:
         """The data setting chosen for k; with `past` (a setting chosen before), the next
         setting in cost order after it, measured now."""
-        shared, space, points = self._data_study(k)
+        _, data = R.split(self.space, self.plan.data_keys)
+        space = R.fixed_space(data, k.params, self.plan.data_overrides)
+        shared = self.open_study(f"{self.name}-data-{R.short_hash(k.params)}")
         params = space.params
-        after = None if past is None else cost(past, params)
+        # a grid: check_space refused a continuous data key
+        points = sorted(R._effective(R.grid(params)), key=lambda p: R.cost(p, params))
+        after = None if past is None else R.cost(past, params)
 
-        def fed() -> Fed | None:
-            return choose_data(_rows(shared), params, k.rate, self.plan.margin, after)
-
-        def walked() -> bool:  # stop: the walk has found what it looks for
-            return not data_walk(points, params, _rows(shared), k.rate, self.plan.margin)
+        def walk() -> list[dict]:  # what the walk measures next (nothing: it found its answer)
+            return R.data_walk(points, params, _rows(shared), k.rate, self.plan.margin)
 
         if after is not None:  # the join's next try: the next setting past the chosen one
             measured = {S.key(p) for p, _ in _rows(shared)}
-            nxt = [p for p in points if cost(p, params) > after and S.key(p) not in measured]
+            nxt = [p for p in points if R.cost(p, params) > after and S.key(p) not in measured]
             self._measure(shared, space, nxt[:1], lambda: False)
-            return fed()
-        while True:
-            rows = _rows(shared)
-            todo = data_walk(points, params, rows, k.rate, self.plan.margin)
-            if not todo or len(rows) >= self.plan.data_trials:
-                break
-            before = len(rows)
-            self._measure(shared, space, todo, walked)
-            if len(_rows(shared)) == before:  # nothing more could be measured (failures)
-                break
+        else:
+            while (todo := walk()) and (before := len(_rows(shared))) < self.plan.data_trials:
+                self._measure(shared, space, todo, lambda: not walk())
+                if len(_rows(shared)) == before:  # nothing more could be measured (failures)
+                    break
         rows = _rows(shared)
-        f = fed()
-        if f is not None:
+        f = R.choose_data(rows, params, k.rate, self.plan.margin, after)
+        if f is not None and after is None:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
                  **f.summary()})
@@ -201,11 +153,9 @@ class Pipes:
                      S.describe(f.params), format(f.rate), verb, format(k.rate))
         return f
 
-    # ---------------------------------------------------------------- 3. join
-
-    def _join(self, kept: list[Kept], fed: list[Fed | None]) -> None:
+    def _join(self, kept: list[R.Kept], fed: list[R.Fed | None]) -> None:
         shared = self.open_study(f"{self.name}-join")
-        space = fixed_space(self.space, {}, self.plan.join_overrides)
+        space = R.fixed_space(self.space, {}, self.plan.join_overrides)
         pairs = [(k, f) for k, f in zip(kept, fed, strict=True) if f is not None]
         joined: list[dict] = []
         rows: list[tuple[dict, Row]] = []
@@ -218,8 +168,7 @@ class Pipes:
             # confirm rounds only where one measurement each leaves the answer open (the same
             # rows on a resume: the same decision)
             rows = _rows(shared)
-            top = confirm_top([r for _, r in rows], self.plan.tolerance)
-            if top:
+            if top := R.confirm_top([r for _, r in rows], self.plan.tolerance):
                 self.search(shared, space, tried, "join",
                             confirm=replace(self.confirm, top=top)).run()
                 rows = _rows(shared)  # pooled with the rounds
@@ -227,10 +176,10 @@ class Pipes:
             nxt = []
             for k, f in pairs:
                 row = by_key.get(S.key({**k.params, **f.params}))
-                e2e = rate_of(row) if row is not None else None
-                name, narrower = join_bound(k.rate, f.rate,
-                                            f.params.get("loader.num_workers", 1))
-                short = e2e is not None and contends(e2e, narrower, self.plan.tolerance)
+                e2e = R.rate_of(row) if row is not None else None
+                name, narrower = R.join_bound(k.rate, f.rate,
+                                              f.params.get("loader.num_workers", 1))
+                short = e2e is not None and R.contends(e2e, narrower, self.plan.tolerance)
                 joined.append({"compute": k.params, "data": f.params,
                                "e2e": None if e2e is None else [e2e.value, e2e.lo, e2e.hi],
                                "narrower": name,

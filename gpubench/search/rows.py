@@ -1,6 +1,5 @@
-"""A sweep's outcome as report rows: the jobs of a sweep dir (sweep.json, results.json) or the
-trials of its Optuna study, and what the report recommends from them.
-"""
+"""A sweep's outcome as report rows: the trials of its Optuna studies, or the jobs of its sweep
+dir (sweep.json, results.json) when there is no study to read."""
 
 from __future__ import annotations
 
@@ -20,27 +19,22 @@ log = logging.getLogger("gpubench")
 
 
 def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
-    """Rows of a sweep dir and its Optuna study (None for grid sweeps and max-batch searches).
-    A gpubench-sweeper study may span several invocations (resumes): all its trials count."""
+    """Rows of a sweep dir and its Optuna study (None for grid sweeps and max-batch searches)."""
     manifest, why = read_manifest(sweep_dir), problem(sweep_dir)
     if why is not None:
         log.warning("%s is damaged (%s)%s", sweep_dir / MANIFEST, why,
                     f": reading study {manifest['study_name']}, which it still names"
                     if manifest.get("study_name") and manifest.get("storage") else
                     ": reading the job folders")
-    if manifest.get("studies") and manifest.get("storage"):  # sweep=pipes: a study per stage
+    pipes = bool(manifest.get("studies"))  # sweep=pipes: a study per stage
+    names = manifest.get("studies") or [manifest.get("study_name")]
+    if names[0] and manifest.get("storage"):
         try:
-            return _load_studies(manifest["studies"], manifest["storage"],
-                                 manifest.get("pipes_study") or "")
-        except Exception as e:
-            log.warning("studies of %s not readable (%s): reading the files", sweep_dir,
-                        error_text(e))
-    elif manifest.get("study_name") and manifest.get("storage"):
-        try:
-            return _load_study(manifest["study_name"], manifest["storage"])
+            return _load_studies(names, manifest["storage"],
+                                 (manifest.get("pipes_study") or "") if pipes else None)
         except Exception as e:  # a moved or deleted database: the files are still here
-            log.warning("study %s not readable (%s): reading the files", manifest["study_name"],
-                        error_text(e))
+            log.warning("%s not readable (%s): reading the files", f"studies of {sweep_dir}"
+                        if pipes else f"study {names[0]}", error_text(e))
     jobs = {j["dir"]: j for j in manifest.get("jobs", [])}
     # a trial measured in full also left its screen's folder: one row per trial
     measured_in_full = {j.get("trial") for j in jobs.values()
@@ -85,25 +79,25 @@ def _load_study(name: str, storage: str, prefix: str = ""):
     return [r for _, r in trial_rows(study, store, prefix)], study
 
 
-def _load_studies(names: list[str], storage: str, base: str):
-    """The rows of every stage's study (sweep=pipes), each `trial` named by its stage
-    (`compute-3`: the report's pipe plots select by it), the join stage's by number alone.
-    The study returned is the join's (the recommendation's)."""
-    rows, join = [], None
+def _load_studies(names: list[str], storage: str, base: str | None):
+    """The rows of these studies and the main one (the join's, or the only one). Of sweep=pipes
+    (`base`: its study name), each row's `trial` is named by its stage (`compute-3`: the pipe
+    plots select by it), the join's by number alone."""
+    rows, main = [], None
     for name in names:
-        stage = name[len(base):].lstrip("-") if name.startswith(base) else name
-        found, study = _load_study(name, storage, "" if stage == "join" else f"{stage}-")
+        stage = None if base is None else name.removeprefix(base).lstrip("-")
+        is_main = stage in (None, "join")
+        found, study = _load_study(name, storage, "" if is_main else f"{stage}-")
         rows += found
-        join = study if stage == "join" else join
-    return rows, join
+        main = study if is_main else main
+    return rows, main
 
 
 def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
-    """(trial, row) for every measured trial of a gpubench-sweeper study, its confirm step's
-    records attached (gpubench.search.study.confirm_dirs: the rounds' study in the same
-    `storage`, a URL or the storage object). A row is labelled by its job folder's name, the
-    name a user finds the run by on disk; its `trial` is `prefix` + the trial number (the label
-    where the trial names no folder)."""
+    """(trial, row) for every measured trial, its confirm rounds' records attached (`storage`:
+    a URL or the storage object). A row is labelled by its job folder's name, the name a user
+    finds it by on disk; its `trial` is `prefix` + the trial number (also the label of a trial
+    that names no folder)."""
     from optuna.trial import TrialState
 
     from gpubench.search.study import confirm_dirs, measured_trials

@@ -1,15 +1,10 @@
-"""Search spaces, free of Hydra's launcher and of Optuna's study: what a sweep may vary.
-
-The search space is written in Hydra's own override syntax, so a command that works with the
-basic sweeper keeps working with the gpubench sweeper:
+"""Search spaces in Hydra's own override syntax, as Optuna distributions: a command that works
+with the basic sweeper keeps working with the gpubench sweeper.
 
     choice(a,b,...)   a categorical (also `a,b,c` and config groups: `precision=choice(fp32,amp_bf16)`)
     range(a,b[,s])    integers (or floats) from a up to b, b excluded, as in Python and Hydra
     interval(a,b)     a continuous float in [a, b]
     tag(log, ...)     sample on a log scale (interval, or range with step 1)
-
-Everything here is a plain function or dataclass. What a run measured is gpubench.core.record's; the
-search loop is gpubench.search.loop, the study helpers gpubench.search.study, max-batch gpubench.search.maxbatch.
 """
 
 from __future__ import annotations
@@ -25,13 +20,12 @@ from optuna.distributions import (
     CategoricalDistribution,
     FloatDistribution,
     IntDistribution,
+    distribution_to_json,
 )
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.overrides import format_value
 from gpubench.core.ranges import range_last
-
-# --------------------------------------------------------------------------- search space
 
 
 @dataclass
@@ -93,27 +87,14 @@ class SearchSpace:
 
     def study_name(self) -> str:
         """A stable name for this exact search: re-running the same command finds its study."""
-        spec = {
-            "params": {p.name: _dist_spec(p.dist) for p in self.params},
-            "fixed": sorted(self.fixed),
-        }
+        spec = {"params": {p.name: json.loads(distribution_to_json(p.dist))
+                           for p in self.params}, "fixed": sorted(self.fixed)}
         digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
         return f"gpubench-{digest[:10]}"
 
 
-def _dist_spec(d: BaseDistribution) -> dict:
-    from optuna.distributions import distribution_to_json
-
-    return json.loads(distribution_to_json(d))
-
-
 def _key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
-
-
-def _is_scalar(v: Any) -> bool:
-    # exact types: Hydra's QuotedString and containers are sampled by their text instead
-    return v is None or type(v) in (bool, int, float, str)
 
 
 def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
@@ -152,7 +133,8 @@ def to_param(override) -> Param:
         labels = list(override.sweep_string_iterator())
         choices, text = [], {}
         for v, label in zip(value.list, labels, strict=True):
-            if _is_scalar(v):
+            # exact types: Hydra's QuotedString and containers are sampled by their text instead
+            if v is None or type(v) in (bool, int, float, str):
                 choices.append(v)
                 if isinstance(v, str):
                     text[v] = label  # keeps quoting of odd strings

@@ -1,17 +1,12 @@
 """gpubench's config search path: a team's folder before gpubench's own, each file checked as read.
 
-`python -m gpubench -cd DIR` makes DIR the primary config folder (gpubench.__main__) and this
-plugin puts gpubench's own folder right after it, so a team's `model/tiny.yaml` is found before
-gpubench's, as docs/configuration.md says. Hydra's own --config-dir puts DIR after the primary
-folder (hydra/_internal/utils.py _run_hydra, add_conf_dir, 1.3.8), where a file of the same name
-as one of gpubench's is never read.
-
-Both folders are read through `Files`, Hydra's file source with one step added: the values each
-file writes are checked as written (gpubench.config.prechecks.check_written: a key the schema
-does not declare, `checkpointing: 2`), and a file that cannot be read (not UTF-8, broken YAML)
-is named by its one line. The plugin changes gpubench's search path alone (its primary folder
-gpubench's, or the team's that gpubench's command line named: gpubench.cli.TEAM_DIR); any
-other Hydra application in the environment keeps its own.
+`python -m gpubench -cd DIR` makes DIR the primary config folder and this plugin puts gpubench's
+own folder right after it, so a team's `model/tiny.yaml` is found first. (Hydra's own
+--config-dir puts DIR after the primary folder, hydra/_internal/utils.py _run_hydra,
+add_conf_dir, 1.3.8, where a file named as one of gpubench's is never read.) Both folders are
+read through `Files`: Hydra's file source, then each file's values checked as written
+(gpubench.config.prechecks.check_written), and a file that cannot be read named in one line.
+Any other Hydra application in the environment keeps its own search path.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Settings of the gpubench sweeper, selected with `hydra/sweeper=gpubench`: each key declared
-once, with gpubench.config.keys.setting, like the run's keys. gpubench.config.prechecks checks
-them (found from the `hydra.sweeper` node's type) before Hydra builds anything; the docs table
-of docs/configuration.md is written from them (scripts/config_table.py). A key named
-`*overrides` is a list of overrides the sweeper adds to some of its jobs: each is checked like a
-command-line override before any trial, found by that name (a new list is checked too).
-
-Imported by Hydra's plugin scan on every run, so it stays free of heavy imports (no Optuna here).
+"""Settings of the gpubench sweeper (`hydra/sweeper=gpubench`), each key declared once with
+gpubench.config.keys.setting: gpubench.config.prechecks checks them before Hydra builds anything
+and docs/configuration.md is written from them. A key named `*overrides` is a list of overrides
+the sweeper adds to some jobs, each checked like a command-line override before any trial.
+Imported by Hydra's plugin scan on every run: no Optuna here.
 """
 
 # no `from __future__ import annotations`: Hydra's plugin scan runs this module outside

@@ -1,10 +1,8 @@
-"""gpubench's Hydra sweeper: the thin front of gpubench.search.loop (Optuna) and gpubench.search.maxbatch.
+"""gpubench's Hydra sweeper: the thin front of gpubench.search (loop, pipes, maxbatch).
 
 Hydra builds it from `GpubenchSweeperConf` (config.py); `sweep()` checks the settings, opens the
-study and hands over to the library, which launches every trial as an ordinary Hydra job through
-the configured launcher (so callbacks such as the MLflow one see it as a child run) and reads its
-results.json through gpubench.core.record. What a sweep does per trial, on resume, and with several
-workers on one study is written in gpubench/search/loop.py and gpubench/search/study.py.
+study and hands over to gpubench.search, which launches every trial as an ordinary Hydra job
+through the configured launcher (so callbacks such as the MLflow one see it as a child run).
 
 Imported by Hydra's plugin scan on every run: Optuna and SQLAlchemy load only when a sweep starts.
 """
@@ -34,38 +32,19 @@ log = logging.getLogger("gpubench.sweep")
 
 
 class GpubenchSweeper(Sweeper):
-    def __init__(self, mode, n_trials: int, n_jobs: int, study_name: str | None,
-                 storage: str | None, sampler, seed: int | None, n_startup_trials: int,
-                 max_failures: int, heartbeat_interval: int, grace_period: int | None,
-                 screen: DictConfig, max_batch: DictConfig, params: DictConfig | None,
-                 report: bool, confirm: DictConfig | None = None,
-                 pipes: DictConfig | None = None) -> None:
-        # checked in sweep(), not here: Hydra wraps an error raised while instantiating into a
-        # multi-line report
-        self.mode, self.sampler = mode, sampler
-        self.n_trials, self.n_jobs, self.max_failures = n_trials, n_jobs, max_failures
-        self.study_name, self.storage, self.seed = study_name, storage, seed
-        self.n_startup_trials = n_startup_trials
-        self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
-        self.screen, self.max_batch = screen, max_batch
-        self.confirm = confirm if confirm is not None else {"top": 3, "rounds": 2}
-        self.pipes = pipes
-        self.params = {str(k): v for k, v in (params or {}).items()}
-        self.report = bool(report)
+    def __init__(self, **settings: Any) -> None:
+        # config.py's keys as attributes, checked in sweep(), not here: Hydra wraps an error
+        # raised while instantiating into a multi-line report
+        vars(self).update(settings)
+        self.params = {str(k): v for k, v in (self.params or {}).items()}
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
 
     def check(self) -> None:
-        """Every setting, before any work; ConfigError names the first bad one. The keys' ranges
-        and choices are their declarations in config.py (gpubench.config.prechecks has checked
-        them once already on a command line); the rules across keys are here."""
-        settings = {k: getattr(self, k) for k in ("mode", "n_trials", "n_jobs", "study_name",
-                                                  "storage", "sampler", "seed", "n_startup_trials",
-                                                  "max_failures", "heartbeat_interval",
-                                                  "grace_period", "screen", "confirm", "max_batch",
-                                                  "params", "report", "pipes")}
-        check_keys(settings, keys(GpubenchSweeperConf, "hydra.sweeper."))
+        """Every setting, before any work; ConfigError names the first bad one: the ranges and
+        choices declared in config.py, then the rules across keys."""
+        check_keys(self, keys(GpubenchSweeperConf, "hydra.sweeper."))
         self.mode, self.sampler = _member(Mode, self.mode), _member(Sampler, self.sampler)
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
             raise ConfigError("hydra.sweeper.grace_period", self.grace_period,
@@ -82,8 +61,7 @@ class GpubenchSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """The search; what ends it early is one line from gpubench.cli.errors: a ConfigError
-        (a sweeper key, the search space, a key the sweeper reads: exit 2) or a SweepFailed
-        (docs/sweeps.md, "When a sweep fails": exit 1)."""
+        (exit 2) or a SweepFailed (docs/sweeps.md, "When a sweep fails": exit 1)."""
         from gpubench.search.jobs import Jobs
         from gpubench.search.manifest import Manifest
         from gpubench.search.space import parse_search_space
@@ -94,17 +72,15 @@ class GpubenchSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # as Hydra's, masked
-        if self.mode.value == "max_batch":  # a search's study knows more: see _optimize
+        if self.mode is Mode.max_batch:  # a search's studies know more: see _search
             _mark_stale(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
         jobs = Jobs(self.launcher, manifest, self.max_failures)
         try:
-            if self.mode.value == "max_batch":
+            if self.mode is Mode.max_batch:
                 self._max_batch(jobs, space, manifest)
-            elif self.mode.value == "pipes":
-                self._pipes(jobs, space, manifest)
             else:
-                self._optimize(jobs, space, manifest)
+                self._search(jobs, space, manifest)
         finally:
             manifest.save()
         jobs.check_measured()  # nothing measured: nothing to report either
@@ -112,25 +88,67 @@ class GpubenchSweeper(Sweeper):
             self._write_report(sweep_dir)
         return jobs.returns
 
-    def _optimize(self, jobs, space, manifest) -> None:
+    def _search(self, jobs, space, manifest) -> None:
+        """mode=optuna: one study; mode=pipes: a study per stage (gpubench.search.pipes)."""
         from gpubench.search import study as S
         from gpubench.search.loop import Confirm, Screen, Search
-        from gpubench.search.manifest import absolute_storage
+        from gpubench.search.manifest import PIPES_FILE, absolute_storage
+        from gpubench.search.manifest import read as read_manifest
+        from gpubench.search.pipe_rules import check_space
+        from gpubench.search.pipes import Pipes, Plan
 
-        space.require_swept()  # before a study is made for nothing
+        pipes = self.mode is Mode.pipes
+        if pipes:  # the space is checked before a study is made for nothing
+            check_space(space, tuple(self.pipes.data_keys))
+        else:
+            space.require_swept()
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
-        shared = self._open(name, manifest)
-        _mark_stale(manifest.sweep_dir, S.told_dirs(shared.study))
-        manifest.update(study_name=name, storage=storage, study=name, n_trials=self.n_trials)
-        _announce(name, storage)
-        steps, full = self.screen.steps, self.config.bench.steps
-        screened = steps is not None and full is not None and int(steps) < int(full)
-        screen = Screen(int(steps) if screened else None, float(self.screen.keep),
-                        int(self.screen.n_startup_trials), list(self.screen.overrides))
-        confirm = Confirm(int(self.confirm["top"]), int(self.confirm["rounds"]))
-        Search(shared, space, jobs, manifest, self.n_trials, self.n_jobs, screen,
-               poll_s=min(float(self.heartbeat_interval), 5.0), confirm=confirm).run()
+        opened: dict = {}  # one Shared per study: an in-memory study lives in its object
+
+        def open_study(study_name: str):
+            if study_name not in opened:
+                opened[study_name] = self._open(study_name, manifest)
+                if pipes:
+                    manifest.update(studies=list(opened))
+            return opened[study_name]
+
+        # what an earlier invocation's studies were told of their jobs (read before this one
+        # writes sweep.json), so a job left running is settled as its study knows it
+        told: dict = {}
+        for n in (read_manifest(manifest.sweep_dir).get("studies") or []) if pipes else [name]:
+            told |= S.told_dirs(open_study(n).study)
+        _mark_stale(manifest.sweep_dir, told)
+        main = f"{name}-join" if pipes else name
+        manifest.update(study_name=main, storage=storage, study=main,
+                        **({"pipes_study": name} if pipes else {}),
+                        n_trials=None if pipes else self.n_trials)
+        os.environ[STUDY_ENV] = name  # the study the jobs tag their runs with
+        if storage is not None:  # the command a team watches it with
+            print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
+        poll = min(float(self.heartbeat_interval), 5.0)
+        confirm = Confirm(**self.confirm)
+        if not pipes:
+            steps, full = self.screen.steps, self.config.bench.steps
+            screened = steps is not None and full is not None and int(steps) < int(full)
+            screen = Screen(**{**self.screen, "steps": int(steps) if screened else None})
+            Search(open_study(name), space, jobs, manifest, self.n_trials, self.n_jobs, screen,
+                   poll_s=poll, confirm=confirm).run()
+            return
+        os.environ[BOUNDS_MEASURED_ENV] = "1"
+
+        def search(shared, sub, n, stage, stop=None, confirm=None):
+            return Search(shared, sub, jobs, manifest, n, self.n_jobs, Screen(None, 1.0, 0, []),
+                          poll_s=poll, confirm=confirm, stop=stop, labels={"stage": stage},
+                          writes_best=stage == "join")
+
+        def write(result: dict) -> None:
+            write_json(manifest.sweep_dir / PIPES_FILE, result)
+            manifest.update(pipes=result)
+
+        earlier = (read_json(manifest.sweep_dir / PIPES_FILE) or {}).get("wall_s") or {}
+        Pipes(Plan(**OmegaConf.to_container(self.pipes)), space, name, open_study, search,
+              confirm, write, earlier=earlier).run()
 
     def _open(self, name: str, manifest):
         """A study of this sweep's storage (created or loaded), its sampler seeded."""
@@ -144,56 +162,6 @@ class GpubenchSweeper(Sweeper):
         seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
         shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
         return shared
-
-    def _pipes(self, jobs, space, manifest) -> None:
-        from gpubench.search import study as S
-        from gpubench.search.loop import Confirm, Screen, Search
-        from gpubench.search.manifest import PIPES_FILE, absolute_storage
-        from gpubench.search.manifest import read as read_manifest
-        from gpubench.search.pipe_rules import check_space
-        from gpubench.search.pipes import Pipes, Plan
-
-        check_space(space, tuple(self.pipes.data_keys))  # before a study is made for nothing
-        name = self.study_name or space.study_name()
-        storage = absolute_storage(self.storage)
-        opened: dict = {}  # one Shared per stage: an in-memory study lives in its object
-
-        def open_study(stage: str):
-            if stage not in opened:
-                opened[stage] = self._open(stage, manifest)
-                manifest.update(studies=list(opened))
-            return opened[stage]
-
-        # what an earlier invocation's stages were told of their jobs (read before this one
-        # writes sweep.json), so a job left running is settled as its study knows it
-        told: dict = {}
-        for stage in read_manifest(manifest.sweep_dir).get("studies") or []:
-            told |= S.told_dirs(open_study(stage).study)
-        _mark_stale(manifest.sweep_dir, told)
-        manifest.update(study_name=f"{name}-join", storage=storage, study=f"{name}-join",
-                        pipes_study=name, n_trials=None)
-        os.environ[BOUNDS_MEASURED_ENV] = "1"
-        _announce(name, storage)
-        no_screen = Screen(None, 1.0, 0, [])
-        poll = min(float(self.heartbeat_interval), 5.0)
-
-        def search(shared, sub, n, stage, stop=None, confirm=None):
-            return Search(shared, sub, jobs, manifest, n, self.n_jobs, no_screen, poll_s=poll,
-                          confirm=confirm, stop=stop, labels={"stage": stage},
-                          writes_best=stage == "join")
-
-        p = self.pipes
-        plan = Plan(tuple(p.data_keys), int(p.compute_trials), int(p.keep), int(p.data_trials),
-                    int(p.join_trials), list(p.compute_overrides), list(p.data_overrides),
-                    list(p.join_overrides))
-        confirm = Confirm(0, int(self.confirm["rounds"]))
-
-        def write(result: dict) -> None:
-            write_json(manifest.sweep_dir / PIPES_FILE, result)
-            manifest.update(pipes=result)
-
-        earlier = (read_json(manifest.sweep_dir / PIPES_FILE) or {}).get("wall_s") or {}
-        Pipes(plan, space, name, open_study, search, confirm, write, earlier=earlier).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
         from gpubench.search.maxbatch import run_max_batch, summary_lines
@@ -219,13 +187,6 @@ class GpubenchSweeper(Sweeper):
             log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
 
 
-def _announce(name: str, storage: str | None) -> None:
-    """The study the jobs tag their runs with, and the command a team watches it with."""
-    os.environ[STUDY_ENV] = name
-    if storage is not None:
-        print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
-
-
 def _mark_stale(sweep_dir: Path, told: dict | None = None) -> None:
     from gpubench.search.jobs import mark_stale_runs
 
@@ -238,4 +199,3 @@ def _member(enum: type[Enum], v: Any) -> Enum:
     """A checked choice as this module's Enum member: Hydra hands a member (of the copy of
     config.py its plugin scan loaded), a caller its name."""
     return enum[v.name if isinstance(v, Enum) else v]
-
