@@ -29,7 +29,7 @@ from gpubench.core.secrets import mask_logging, mask_secrets
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
-# parent closed at exit is KILLED after an interrupt (Ctrl-C, SIGTERM, SIGHUP), FAILED after an error
+# parent closed at exit is KILLED after an interrupt (a signal), FAILED after an error
 EXIT: dict[str, int | None] = {}
 # seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
 CLOSE_GRACE_S = 5.0
@@ -57,12 +57,11 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
-    """The folder of a run (`hydra.run.dir`) or a sweep (`hydra.sweep.dir`), or the command
-    ends with one line, exit 2: not blank (Hydra would write into the current folder), no
-    symbolic link, no earlier run this command would write over (a sweep's unless `resumes`).
-    Checked here: Hydra calls on_run_start / on_multirun_start before run_job writes
-    `.hydra/*.yaml` there (hydra/_internal/hydra.py, Hydra 1.3). A SystemExit carrying the
-    ConfigError: Hydra turns an Exception raised in a callback into a warning."""
+    """A run's or sweep's folder, or one line, exit 2: not blank (Hydra would write into the
+    current folder), no symbolic link, no earlier run to write over (a sweep's unless
+    `resumes`). Hydra calls on_run_start / on_multirun_start before run_job writes
+    `.hydra/*.yaml` (hydra/_internal/hydra.py, 1.3). A SystemExit: Hydra turns an Exception
+    raised in a callback into a warning."""
     if value is None or not str(value).strip():
         raise SystemExit(ConfigError(key, value, "a folder path (blank writes into the current "
                                      f"folder); leave {key} unset for a new timestamped folder"))
@@ -70,7 +69,8 @@ def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
     try:
         check_no_links(folder)
     except LinkError as e:
-        raise SystemExit(ConfigError(key, str(folder), f"a folder holding no symbolic link ({e})")) from None
+        raise SystemExit(ConfigError(key, str(folder),
+                                     f"a folder holding no symbolic link ({e})")) from None
     if key == "hydra.run.dir":
         earlier = [folder] if (folder / RESULTS_FILE).exists() else []
     else:
@@ -96,8 +96,7 @@ class MlflowSweepCallback(Callback):
         hc = config.get("hydra") or {}
         out, sub = hc.get("runtime", {}).get("output_dir"), hc.get("output_subdir")
         files = [Path(str(out), str(sub), f) for f in HYDRA_FILES] if out and sub else []
-        if hc.get("mode") is not None and str(hc.mode.name if hasattr(hc.mode, "name")
-                                              else hc.mode) == "MULTIRUN":
+        if str(getattr(hc.get("mode"), "name", hc.get("mode"))) == "MULTIRUN":
             files.append(_sweep_dir(config) / "multirun.yaml")
         mask_files(files)
 
@@ -134,9 +133,9 @@ class MlflowSweepCallback(Callback):
         atexit.register(self._close_interrupted)
 
     def _close_interrupted(self) -> None:
-        """The parent of a sweep that never reached on_multirun_end, ended as `sync` would end
-        it: KILLED after a signal, FAILED after an error. Bounded in time: a server that is down
-        must not hold the exit (after SIGTERM a scheduler's grace period is short)."""
+        """A sweep's parent that never reached on_multirun_end, ended KILLED after a signal,
+        FAILED after an error. Bounded: a server that is down must not hold the exit (after
+        SIGTERM a scheduler's grace period is short)."""
         open_, self._open = getattr(self, "_open", None), None
         if open_ is None:
             return
@@ -154,6 +153,8 @@ class MlflowSweepCallback(Callback):
             except BaseException as e:
                 failed.append(e)
 
+        # a daemon thread, not concurrent.futures: its executors refuse work inside atexit
+        # ("can't register atexit after shutdown", Python 3.9+) and would hold the exit
         th = threading.Thread(target=close, name="gpubench-close-sweep", daemon=True)
         th.start()
         limit = timeout_s + CLOSE_GRACE_S
@@ -202,8 +203,8 @@ class MlflowSweepCallback(Callback):
 
 
 def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
-    """The sweep report as artifacts of the parent run; one the gpubench sweeper made in this
-    process since the sweep began was printed already (a grid sweep's is printed here)."""
+    """The sweep report as the parent run's artifacts; printed unless the gpubench sweeper made
+    one in this process since the sweep began (a grid sweep's is printed here)."""
     from gpubench import tracking
     from gpubench.report.write import REPORT_DIR, sweep_report
 

@@ -35,9 +35,9 @@ from omegaconf.errors import (
 
 from gpubench.config.errors import NOTHING, ConfigError, cut
 from gpubench.config.keys import Key, keys
-from gpubench.config.prechecks import UNQUOTED, group_hint
+from gpubench.config.prechecks import UNQUOTED, group_hint, typed, unknown_key
 from gpubench.config.schema import BY_NAME as DECLARED
-from gpubench.config.schema import check_known_key, config_keys
+from gpubench.config.schema import config_keys
 from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import LinkError, WriteError
@@ -48,9 +48,7 @@ LONGEST = 400  # a line of a message that is not gpubench's own: its start and e
 
 def root_cause(ex: BaseException) -> BaseException:
     """The error under Hydra's InstantiationException ('Error in call to target')."""
-    seen = set()
-    while isinstance(ex, InstantiationException) and ex.__cause__ is not None and id(ex) not in seen:
-        seen.add(id(ex))
+    while isinstance(ex, InstantiationException) and ex.__cause__ is not None:
         ex = ex.__cause__
     return ex
 
@@ -61,8 +59,7 @@ def flat(text: str) -> str:
 
 
 def first_line(ex: BaseException) -> str:
-    """The first line of an exception's message (OmegaConf's next lines are the key and the
-    node's type; Hydra's, the search path)."""
+    """OmegaConf's next lines are the key and the node's type; Hydra's, the search path."""
     return next((ln.strip() for ln in str(ex).splitlines() if ln.strip()), type(ex).__name__)
 
 
@@ -73,14 +70,9 @@ def _parsed(overrides: Sequence[str]) -> list[Override]:
         return []
 
 
-def _typed(o: Override) -> str:
-    """An override's value as it was typed (`true`, not Python's True)."""
-    return (o.input_line or "").partition("=")[2]
-
-
 def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
-    """The declaration of the key a refused value was meant for, from its typed parent node's
-    schema, and whether the value was a list's element (`bench.phases[1]`)."""
+    """The declaration of a refused value's key, from its parent node's schema, and whether the
+    value was a list's element (`bench.phases[1]`)."""
     node, name, element = bad.parent_node, bad.key, False
     if isinstance(node, ListConfig):
         node, name, element = node._get_parent(), node._key(), True
@@ -95,8 +87,8 @@ def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
 
 
 def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
-    """A key the config does not have (`loader.batchsize=32`, a team YAML's `extra_key`): the
-    close keys and how to add one. None for any other composition error."""
+    """A key the config does not have (`loader.batchsize=32`, a team YAML's `extra_key`); None
+    for any other composition error."""
     cause = ex.__cause__ or ex.__context__  # an override's error is the cause, a file's the context
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
@@ -109,23 +101,17 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
         o = max((o for o in parsed if missing.startswith(f"{o.key_or_group}.")),
                 key=lambda o: len(o.key_or_group), default=None)
     key = o.key_or_group if o is not None else missing
-    value, typed = (o.value(), _typed(o)) if o is not None else (None, None)
+    value, written = (o.value(), typed(o)) if o is not None else (None, None)
     if o is not None and missing.startswith(f"{key}."):
         # a mapping given to the parent (`dataset.collate={_target_: ...}`): the missing key
         # and the value the mapping holds for it
         for part in missing[len(key) + 1:].split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        key, typed = missing, None
-    try:
-        check_known_key(key, value)  # the schema's one rule for keys under its groups
-    except ConfigError as e:
-        return ConfigError(key, value, e.allowed, typed)
+        key, written = missing, None
     # the whole config, as far as it was composed: the missing key's parent leads to its root
     root = cause.parent_node._get_root() if cause.parent_node is not None else None
-    known = config_keys(root) if root is not None else list(DECLARED)
-    close = difflib.get_close_matches(key, known, n=3)
-    hint = f" (close: {', '.join(close)})" if close else ""
-    return ConfigError(key, value, f"a key of the config{hint}; +{key}=... adds a new one", typed)
+    return unknown_key(key, value, config_keys(root) if root is not None else list(DECLARED),
+                       typed=written)
 
 
 def deleted_line(parsed: list[Override]) -> ConfigError | None:
@@ -139,7 +125,7 @@ def deleted_line(parsed: list[Override]) -> ConfigError | None:
 
 
 def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = ()) -> str:
-    """One line for an error of composing the config (a bad override, a missing option)."""
+    """An error of composing the config (a bad override, a missing option)."""
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
@@ -164,15 +150,15 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
         same = [o for o in parsed if o.key_or_group == bad.full_key]
         o = next((o for o in same if str(o.value()) == str(bad.value)), same[-1] if same else None)
         return str(ConfigError(bad.full_key, bad.value, allowed,
-                               _typed(o) if o is not None else str(bad.value)))
+                               typed(o) if o is not None else str(bad.value)))
     key = bad.full_key if bad is not None else None
     line = first_line(bad if bad is not None else ex)
     return flat(f"{key}: {line}" if key else line)
 
 
 def override_line(text: str, reason: BaseException | None) -> str:
-    """One line for an override Hydra's parser cannot read (`reason`: the parser's own error):
-    what the syntax allows and what the key takes."""
+    """An override Hydra's parser cannot read (`reason`: the parser's error): what the syntax
+    allows and what the key takes."""
     key, eq, value = text.partition("=")
     key = key.strip().lstrip("+~")
     if not eq:
@@ -198,8 +184,8 @@ def override_line(text: str, reason: BaseException | None) -> str:
 
 
 def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
-    """The first override Hydra's parser cannot read alone, and why: its ValueError (an
-    integer of 20,000 digits) names no override."""
+    """The first override Hydra's parser cannot read, and why: its ValueError (an integer of
+    20,000 digits) names no override."""
     parser = OverridesParser.create()
     for text in overrides:
         try:
@@ -212,7 +198,6 @@ def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
 
 
 def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, ExitCode]:
-    """One line and an exit status for the exception that ended the command."""
     ex = root_cause(ex)
     if isinstance(ex, ConfigError):
         return str(ex), ExitCode.BAD_INPUT

@@ -31,8 +31,8 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
     for p in ([path] if folder else []) + list(path.parents):
         if p.exists():
             if not p.is_dir():
-                raise ConfigError(key, value or str(path), f"a path whose folders can be made ({p} is a "
-                                                  "file)")
+                raise ConfigError(key, value or str(path),
+                                  f"a path whose folders can be made ({p} is a file)")
             return
 
 

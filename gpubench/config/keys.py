@@ -27,7 +27,7 @@ INT, FLOAT = "an integer", "a number"
 
 
 class Role(str, Enum):
-    """What a key is to a comparison of runs (gpubench.config.knobs reads it)."""
+    """What a key is to a comparison of runs (gpubench.config.knobs)."""
 
     workload = "workload"  # what is trained: runs that differ here are other setups, never
     # ranked together, never changed by a recommendation (a key declared without a role)
@@ -67,10 +67,9 @@ def setting(default: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple[float | None, float | None] | None = None, *,
             factory: Any = dataclasses.MISSING, allowed: str | None = None,
             knob: Knob | None = None, rule: Callable[[str, Any, bool], None] | None = None) -> Any:
-    """A schema field with its declaration: a one-line `help`, numeric `bounds` (low, high;
-    None is open), `allowed`: the docs' wording of a rule that a check in code applies (a model
-    name torchvision knows, a URI), `knob`: its part in comparing runs (the section's ROLE when
-    not given), `rule(key, value, nullable)`: a check beyond the type, range and choices."""
+    """A schema field: `bounds` (low, high; None is open), `allowed`: the docs' wording of a rule
+    checked in code, `knob` (else the section's ROLE), `rule(key, value, nullable)`: a check
+    beyond the type, range and choices."""
     meta = {"help": help, "bounds": bounds, "allowed": allowed, "knob": knob, "rule": rule}
     return dataclasses.field(default=default, default_factory=factory,
                              metadata={k: v for k, v in meta.items() if v is not None})
@@ -81,12 +80,8 @@ def allowed_range(kind: str, low: float | None, high: float | None, nullable: bo
     def fmt(v: float) -> str:
         return str(int(v)) if kind == INT else f"{v:g}"
 
-    if low is not None and high is not None:
-        text = f"{kind} in [{fmt(low)}, {fmt(high)}]"
-    elif low is not None:
-        text = f"{kind} >= {fmt(low)}"
-    else:
-        text = f"{kind} <= {fmt(high)}"
+    text = (f"{kind} in [{fmt(low)}, {fmt(high)}]" if low is not None and high is not None
+            else f"{kind} >= {fmt(low)}" if low is not None else f"{kind} <= {fmt(high)}")
     return f"null or {text}" if nullable else text
 
 
@@ -102,9 +97,9 @@ def check_range(key: str, value: Any, kind: str, low: float | None, high: float 
 
 
 def check_name(key: str, value: Any, most: int, nullable: bool = False) -> None:
-    """A name MLflow (or Optuna) keeps: not blank, no control characters (a newline, a tab), at
-    most `most` characters. MLflow refuses an empty experiment name only when the run is
-    logged, after the measurement; the rest it stores, to show blank or broken rows."""
+    """A name MLflow (or Optuna) keeps: MLflow refuses an empty experiment name only when the
+    run is logged, after the measurement; blanks and control characters it stores, to show
+    blank or broken rows."""
     if not isinstance(value, str) or not value.strip() or len(value) > most or any(
             unicodedata.category(c).startswith("C") for c in value):
         raise ConfigError(key, value, f"{'null or ' if nullable else ''}a name that is not "
@@ -112,7 +107,6 @@ def check_name(key: str, value: Any, most: int, nullable: bool = False) -> None:
 
 
 def name_rule(most: int) -> Callable[[str, Any, bool], None]:
-    """The `rule` of a key holding a name MLflow or Optuna keeps (check_name)."""
     return lambda key, value, nullable: check_name(key, value, most, nullable)
 
 
@@ -164,22 +158,19 @@ class Key:
 
     @property
     def checked(self) -> bool:
-        """A key `check` has a rule for: a range, choices, a boolean's type, its own rule."""
         return (self.bounds is not None or self.choices is not None or self.type is bool
                 or self.rule is not None)
 
     def check_type(self, value: Any) -> None:
-        """The value as written, before OmegaConf converts it: a boolean key takes true or false.
-        OmegaConf's BooleanNode takes 2, 'yes' and '0' as well (omegaconf/nodes.py
-        BooleanNode._validate_and_convert_impl, 2.3), so config.prechecks applies this to the
-        overrides and YAML files as read. An interpolation is judged by its result."""
+        """A boolean key takes true or false as written: OmegaConf's BooleanNode takes 2, 'yes'
+        and '0' too (omegaconf/nodes.py BooleanNode._validate_and_convert_impl, 2.3), so the
+        overrides and YAML files are checked as read. An interpolation is judged by its result."""
         interpolation = isinstance(value, str) and "${" in value
         if self.type is bool and not (isinstance(value, bool) or interpolation
                                       or (value is None and self.nullable)):
             raise ConfigError(self.name, value, self.allowed)
 
     def check(self, value: Any) -> None:
-        """Raise ConfigError when `value` is outside the key's type, range, choices or rule."""
         self.check_type(value)
         if self.bounds is not None:
             check_range(self.name, value, self.kind or FLOAT, *self.bounds, self.nullable)
@@ -246,7 +237,7 @@ _ABSENT = object()
 
 
 def lookup(node: Any, path: str, default: Any = _ABSENT) -> Any:
-    """The value at a dotted `path` of a config node, a mapping or an object's attributes."""
+    """The value at a dotted `path` of a config node, a mapping or an object."""
     for part in path.split("."):
         if isinstance(node, Mapping) or hasattr(node, "keys"):
             if part not in node:
@@ -260,8 +251,7 @@ def lookup(node: Any, path: str, default: Any = _ABSENT) -> Any:
 
 
 def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = None) -> None:
-    """Every declared key with a rule, checked against its value in `node` (a config node, a
-    mapping, an object); `only`: these key names alone."""
+    """Every declared key with a rule (or `only` these) against its value in `node`."""
     wanted = None if only is None else set(only)
     for k in declared:
         if k.checked and (wanted is None or k.name in wanted):

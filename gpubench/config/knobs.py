@@ -29,9 +29,8 @@ DATA_KEYS = tuple(n for n, k in KEYS.items()
                   if k.knob.role is Role.knob and k.knob.pipe is Pipe.data)
 
 # the data keys' cost order, cheapest first, with each one's value rank
-CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {
-    n: KEYS[n].knob.cheap[1]
-    for n in sorted((n for n in DATA_KEYS if KEYS[n].knob.cheap), key=lambda n: KEYS[n].knob.cheap[0])}
+CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {n: KEYS[n].knob.cheap[1] for n in sorted(
+    (n for n in DATA_KEYS if KEYS[n].knob.cheap), key=lambda n: KEYS[n].knob.cheap[0])}
 
 # loader keys that act only through worker processes -> their value with none
 WORKER_ONLY: dict[str, Any] = {k.path: k.knob.inert for k in KEYS.values()

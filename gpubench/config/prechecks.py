@@ -39,8 +39,8 @@ def group_options(group: str) -> list[str]:
 
 
 def group_hint(group: str, value: Any) -> str:
-    """What an unknown option of a group may have meant: `model=resnet34` names a torchvision
-    model, which model.name takes (the model group's options are gpubench's presets)."""
+    """`model=resnet34` names a torchvision model, which model.name takes (the model group's
+    options are gpubench's presets)."""
     if group == "model" and str(value) in known_models():
         return f"; use model.name={value}"
     return ""
@@ -63,23 +63,23 @@ _ABSENT = object()
 
 
 def _swept_values(o) -> list:
-    """The values a sweep override names: every choice, a range's ends, an interval's ends."""
+    """Every choice of a sweep override, a range's or an interval's ends."""
     v = o.value()
     if isinstance(v, IntervalSweep):
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
         ends = (v.start, v.stop, v.step)
         if not all(math.isfinite(x) for x in ends) or not v.step:
-            raise ConfigError(o.key_or_group, _text(o), "a range(a,b[,step]) with finite numbers "
+            raise ConfigError(o.key_or_group, typed(o), "a range(a,b[,step]) with finite numbers "
                                                         "and a step that is not 0")
         last = range_last(v.start, v.stop, v.step)
         return [v.start, last] if last is not None else []
     return list(o.sweep_iterator())
 
 
-def _text(o) -> str:
-    """The value of an override as it was typed."""
-    return o.input_line.split("=", 1)[-1] if o.input_line else str(o.value())
+def typed(o) -> str:
+    """The value of a parsed override as it was typed (`true`, not Python's True)."""
+    return o.input_line.partition("=")[2]
 
 
 # what Hydra's lexer takes unquoted; anything else (an accent, a space, a comma in a value)
@@ -95,8 +95,7 @@ def _parser() -> OverridesParser:
 
 
 def parse(text: str, key: str) -> Any:
-    """One override parsed by Hydra's own parser; a malformed one is a ConfigError naming
-    `key` (the list or mapping it came from)."""
+    """One override by Hydra's parser; a malformed one is a ConfigError naming `key`."""
     try:
         return _parser().parse_overrides([text])[0]
     except HydraException:
@@ -104,17 +103,30 @@ def parse(text: str, key: str) -> Any:
                           ) from None
 
 
+def unknown_key(key: str, value: Any, known: list[str], what: str = "",
+                typed: str | None = None) -> ConfigError:
+    """A key the config lacks: under gpubench's groups, the declared ones; elsewhere the
+    config's close keys (`known`) and how to add one."""
+    try:
+        check_known_key(key, value)
+    except ConfigError as e:
+        return ConfigError(key, value, e.allowed, typed)
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = f" (close: {', '.join(close)})" if close else ""
+    return ConfigError(key, value, f"a key of the config{what}{hint}; +{key}=... adds a new one",
+                       typed)
+
+
 def _check_override(cfg: DictConfig, o, groups: dict) -> None:
-    """A parsed override's key exists (or is added under a free-form mapping), and each value
-    it names is one its key takes: a misspelled key or a value out of range would otherwise
-    fail every trial, one by one."""
+    """A parsed override's key exists and each value it names is one its key takes: a
+    misspelled key or a value out of range would otherwise fail every trial, one by one."""
     key = o.key_or_group
     if o.is_delete() or key.startswith(("hydra.", "hydra/")):
         return
     sweep = o.is_sweep_override()
     values = _swept_values(o) if sweep else [o.value()]
     if any(isinstance(v, Sweep) for v in values):  # `choice(8,16),choice(4)`
-        raise ConfigError(key, _text(o), "one sweep of plain values: a,b,c, choice(a,b), "
+        raise ConfigError(key, typed(o), "one sweep of plain values: a,b,c, choice(a,b), "
                                          "range(a,b) or interval(a,b), not a sweep of sweeps")
     if key in groups:
         options = group_options(key)
@@ -124,23 +136,18 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
                                           f"--config-dir){group_hint(key, v)}")
         return
     if o.is_add() or o.is_force_add():
-        check_known_key(key, _text(o))
+        check_known_key(key, typed(o))
     elif OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-        # under gpubench's groups a new key is refused too: name the declared ones
-        check_known_key(key, _text(o))
-        close = difflib.get_close_matches(key, config_keys(cfg), n=3)
-        hint = f" (close: {', '.join(close)})" if close else ""
-        raise ConfigError(key, _text(o), f"a key of the config{' to sweep' if sweep else ''}"
-                                         f"{hint}; +{key}=... adds a new one")
+        raise unknown_key(key, typed(o), config_keys(cfg), " to sweep" if sweep else "")
     k = BY_NAME.get(key)
     if k is None:
         return
     if isinstance(o.value(), IntervalSweep) and k.kind == INT:
         v = o.value()
-        raise ConfigError(key, _text(o), f"range({int(v.start)},{int(v.end) + 1}) or choice(...) "
+        raise ConfigError(key, typed(o), f"range({int(v.start)},{int(v.end) + 1}) or choice(...) "
                                          "for an integer key (an interval samples real numbers)")
     if isinstance(o.value(), IntervalSweep) and k.kind is None:
-        raise ConfigError(key, _text(o), f"choice(...) of {k.allowed} (an interval samples "
+        raise ConfigError(key, typed(o), f"choice(...) of {k.allowed} (an interval samples "
                                          "numbers)")
     for v in values:
         k.check(v)
@@ -149,9 +156,8 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
 
 
 def check_overrides(cfg: DictConfig) -> None:
-    """Every override (the command line's and hydra.sweeper.params): a plain one's value has its
-    key's type as written (the composed config shows 2 as true); a sweep's key and values are
-    ones the config takes (_check_override)."""
+    """The command line's and hydra.sweeper.params' overrides: a plain one's value has its key's
+    type as written (the composed config shows 2 as true); a sweep's, _check_override."""
     task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
@@ -168,11 +174,10 @@ def check_overrides(cfg: DictConfig) -> None:
 
 
 def check_written(raw: DictConfig, package: str, where: str) -> None:
-    """The values a YAML file writes, as read and before they are merged into the typed schema
-    (which turns `checkpointing: 2` into true): its keys declared, a boolean's value true or
-    false. `package`: the prefix its keys go under ('model'; '' for the primary config and a
-    _global_ overlay); `where`: the file, as the line names it. Called by the config search
-    path's file source (hydra_plugins.gpubench_searchpath) on every file it reads."""
+    """A YAML file's values as read, before the typed schema turns `checkpointing: 2` into true:
+    its keys declared, a boolean true or false. `package`: its keys' prefix ('' for the primary
+    config and a _global_ overlay); `where`: the file. Called by hydra_plugins.
+    gpubench_searchpath on every file it reads."""
     values = OmegaConf.to_container(raw, resolve=False)
     if not isinstance(values, dict):
         return  # Hydra's own line: a config is a mapping
@@ -189,9 +194,8 @@ def check_written(raw: DictConfig, package: str, where: str) -> None:
 
 
 def check_extra_overrides(cfg: DictConfig) -> None:
-    """Every override list the sweeper declares (a key of its schema named `*overrides`: a
-    screen's jobs, the max-batch probes, each pipe's trials), checked like the command line's
-    before any trial (a bad one would fail every trial it reaches)."""
+    """Every override list the sweeper declares (`*overrides` keys of its schema), checked like
+    the command line's before any trial (a bad one would fail every trial it reaches)."""
     node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     if schema is None or not is_dataclass(schema):
@@ -216,8 +220,7 @@ STUDY_NAME_MAX = 512
 
 
 def check_sweeper(cfg: DictConfig) -> None:
-    """hydra.sweeper's own keys against their declarations, when the sweeper's config is a typed
-    schema (gpubench's GpubenchSweeperConf, found from the node's type): a negative seed is one
+    """hydra.sweeper's keys against its typed schema (the node's type): a negative seed is one
     line here, not a traceback after a study was made."""
     node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
     if not isinstance(node, DictConfig):
@@ -231,7 +234,7 @@ def check_sweeper(cfg: DictConfig) -> None:
 
 
 def check_before_work(cfg: DictConfig) -> None:
-    """Every check of this module, on the whole composed config (its `hydra` node included)."""
+    """Every check of this module, on the whole composed config."""
     check_choices(cfg)
     check_interpolations(cfg)
     check_known_keys(cfg)
@@ -247,8 +250,8 @@ def check_before_work(cfg: DictConfig) -> None:
 
 
 class InputCheck(Callback):
-    """Listed first in bench.yaml's hydra.callbacks: Hydra calls it on the composed config
-    before the sweeper is built and before any other callback (the MLflow parent run) starts."""
+    """First in bench.yaml's hydra.callbacks: called before the sweeper is built and before any
+    other callback (the MLflow parent run) starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a single run's settings too: Hydra makes the run's folder (its .hydra, the log) before

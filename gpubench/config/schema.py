@@ -12,9 +12,11 @@ gpubench.config.settings; the checks on Hydra's own node in gpubench.config.prec
 from __future__ import annotations
 
 import difflib
+import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -63,29 +65,10 @@ def is_amp(precision: str) -> bool:
     return precision in ("amp_fp16", "amp_bf16")
 
 
-# the knobs' declarations (gpubench.config.keys.Knob): how long and how a run was measured;
-# a data knob's value rank for the cost order (cheapest first)
-MEASURE = Knob(Role.measure)
-
-
-def _same(v: Any) -> Any:
-    return v
-
-
-def _on_device(v: Any) -> bool:  # CPU work before device work: the device's time is the scarce one
-    return v != "cpu"
-
-
-def _none_first(v: Any) -> int:
-    return -1 if v is None else v
-
-
-def _thread_first(v: Any) -> bool:  # a thread holds no process of its own (RAM, start-up)
-    return v != WorkerType.thread
-
-
-def _true_first(v: Any) -> bool:  # in order: the sampler's, reproducible
-    return not v
+# shorthands of the knobs' declarations (gpubench.config.keys.Knob). A data knob's `cheap`:
+# (its rank among the keys, its value's rank), cheapest first
+WORK, WORK_DATA = (partial(Knob, Role.workload, p) for p in (Pipe.compute, Pipe.data))
+KNOB, DATA_KNOB = (partial(Knob, Role.knob, p) for p in (Pipe.compute, Pipe.data))
 
 
 def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
@@ -96,6 +79,14 @@ def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
         raise ConfigError(key, names, "a non-empty list of loader, compute, e2e, each at most once")
 
 
+def check_start_method(key: str, ctx: Any, nullable: bool = True) -> None:
+    """A start method of this platform (checked with 0 workers too: a misspelling is wrong);
+    torch.multiprocessing re-exports multiprocessing's own function."""
+    methods = multiprocessing.get_all_start_methods()
+    if ctx not in methods:
+        raise ConfigError(key, ctx, f"null or one of {methods}")
+
+
 @dataclass
 class DatasetConfig:
     name: DatasetKind = setting(
@@ -104,12 +95,13 @@ class DatasetConfig:
         "device_synthetic: one fixed batch already on the device (the compute bound); fake_jpeg: "
         "in-memory JPEGs decoded with PIL per sample; imagefolder: a folder of class sub-folders; "
         "cifar10: CIFAR-10's python files from a local root; custom: your own Dataset class "
-        "([data.md](data.md))", knob=Knob(Role.workload, Pipe.data, short="dataset"))
+        "([data.md](data.md))", knob=WORK_DATA(short="dataset"))
     image_size: int | None = setting(
         None, "side of the training crop; null: 224 on a GPU, 32 on a CPU. The upper bound is "
-        "JPEG's largest side; the RAM checks bound the in-memory pools", bounds=(8, 65_535), knob=Knob(Role.workload, Pipe.compute, short="image_size"))
+        "JPEG's largest side; the RAM checks bound the in-memory pools", bounds=(8, 65_535),
+        knob=WORK(short="image_size"))
     num_classes: int = setting(1000, "labels in the dataset (model.num_classes follows it)",
-                               bounds=(1, 1_000_000), knob=Knob(Role.workload, Pipe.compute))
+                               bounds=(1, 1_000_000), knob=WORK())
     num_samples: int = setting(
         512, "images in the in-memory pools (synthetic, fake_jpeg), cycled; the pool (synthetic: "
         "samples x 3 x (8/7 x size)² bytes; fake_jpeg: their JPEGs) must fit in half of the free "
@@ -118,15 +110,20 @@ class DatasetConfig:
                                allowed="null or an existing folder")
     jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
     preload: bool = setting(False, "decode the whole dataset once into a shared uint8 tensor in "
-                                   "RAM, then only augment per step (must fit in 80% of free RAM)", knob=Knob(Role.knob, Pipe.data, short="preload", cheap=(2, bool)))
+                                   "RAM, then only augment per step (must fit in 80% of free RAM)",
+                            knob=DATA_KNOB(short="preload", cheap=(2, bool)))
+    # CPU work before device work: the device's time is the scarce one
     augment_on: Where = setting(Where.cpu, "device: ship uint8 batches, crop/flip/normalize on "
-                                           "the device", knob=Knob(Role.knob, Pipe.data, short="augment_on", cheap=(4, _on_device)))
+                                           "the device",
+                                knob=DATA_KNOB(short="augment_on", cheap=(4, lambda v: v != "cpu")))
     decode_on: Where = setting(Where.cpu, "device: decode JPEGs on the GPU (nvJPEG); CUDA, "
-                                          "imagefolder and fake_jpeg only", knob=Knob(Role.knob, Pipe.data, short="decode_on", cheap=(3, _on_device)))
+                                          "imagefolder and fake_jpeg only",
+                               knob=DATA_KNOB(short="decode_on", cheap=(3, lambda v: v != "cpu")))
     on_corrupt: OnCorrupt = setting(OnCorrupt.skip, "skip (and count) or fail on an image that "
                                                     "does not decode")
-    _target_: str | None = setting(None, "dataset=custom: your Dataset class as a dotted path "
-                                         "(my_team.data.MyDataset)", knob=Knob(Role.workload, Pipe.data, short="dataset"))
+    _target_: str | None = setting(
+        None, "dataset=custom: your Dataset class as a dotted path (my_team.data.MyDataset)",
+        knob=WORK_DATA(short="dataset"))
     kwargs: dict[str, Any] = setting(factory=dict, help="dataset=custom: its constructor's "
                                                         "arguments")
     transform: dict[str, Any] = setting(
@@ -140,55 +137,63 @@ class DatasetConfig:
 class ModelConfig:
     name: str = setting("resnet50", "a torchvision classification model "
                                     "(torchvision.models.list_models()) or tiny",
-                        allowed="a torchvision classifier's name or tiny", knob=Knob(Role.workload, Pipe.compute, short="model"))
+                        allowed="a torchvision classifier's name or tiny", knob=WORK(short="model"))
     num_classes: int = setting("${dataset.num_classes}",
                                "classifier outputs: at least dataset.num_classes (one per label)",
-                               bounds=(1, 1_000_000), knob=Knob(Role.workload, Pipe.compute))
+                               bounds=(1, 1_000_000), knob=WORK())
     _target_: str | None = setting(
         None, "your own nn.Module class (model=custom model._target_=my_team.nets.Net); it gets "
-              "num_classes if it takes one", knob=Knob(Role.workload, Pipe.compute, short="model"))
+              "num_classes if it takes one", knob=WORK(short="model"))
     kwargs: dict[str, Any] = setting(factory=dict, help="model._target_'s other constructor "
-                                                        "arguments", knob=Knob(Role.workload, Pipe.compute))
+                                                        "arguments", knob=WORK())
     checkpointing: bool = setting(
         False, "activation checkpointing over the model's stages (a ResNet's layers, each ViT "
                "block, tiny's features): less memory, about one more forward; torchvision "
-               "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only", knob=Knob(Role.knob, Pipe.compute))
+               "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only", knob=KNOB())
 
 
 @dataclass
 class LoaderConfig:
     batch_size: int | None = setting(
         None, "null: 128 on a GPU, 16 on a CPU; at most the dataset's size with drop_last "
-              "(checked when the data is built)", bounds=(1, 65_536), knob=Knob(Role.knob, Pipe.compute, short="batch_size"))
+              "(checked when the data is built)", bounds=(1, 65_536), knob=KNOB(short="batch_size"))
     num_workers: int = setting(
         2, "DataLoader worker processes; at most 4 per usable core and 256 MiB of free RAM each "
-           "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024), knob=Knob(Role.knob, Pipe.data, short="num_workers", cheap=(1, _same)))
-    pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)", knob=Knob(Role.knob, Pipe.data, short="pin_memory", cheap=(7, bool), cuda_only=True))
-    prefetch_factor: int | None = setting(2, "batches each worker prepares ahead; null with 0 "
-                                             "workers", bounds=(1, 64), knob=Knob(Role.knob, Pipe.data, short="prefetch_factor", cheap=(5, _none_first), inert=None))
-    persistent_workers: bool = setting(True, "keep the workers between epochs and phases; false "
-                                             "with 0 workers", knob=Knob(Role.knob, Pipe.data, short="persistent_workers", cheap=(6, bool), inert=False, process_only=True))
+           "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024),
+        knob=DATA_KNOB(short="num_workers", cheap=(1, int)))
+    pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)",
+                               knob=DATA_KNOB(short="pin_memory", cheap=(7, bool), cuda_only=True))
+    prefetch_factor: int | None = setting(
+        2, "batches each worker prepares ahead; null with 0 workers", bounds=(1, 64),
+        knob=DATA_KNOB(short="prefetch_factor", inert=None,
+                       cheap=(5, lambda v: -1 if v is None else v)))
+    persistent_workers: bool = setting(
+        True, "keep the workers between epochs and phases; false with 0 workers",
+        knob=DATA_KNOB(short="persistent_workers", cheap=(6, bool), inert=False, process_only=True))
     drop_last: bool = setting(True, "every measured step is a full batch")
     multiprocessing_context: str | None = setting(
         None, "the workers' start method; null: the platform's default (fork on Linux: workers "
               "share preloaded tensors for free); null with 0 workers",
-        allowed="null or a start method of this platform (fork, spawn, forkserver)", knob=Knob(Role.knob, Pipe.data, inert=None, process_only=True))
+        allowed="null or a start method of this platform (fork, spawn, forkserver)",
+        rule=check_start_method, knob=DATA_KNOB(inert=None, process_only=True))
     worker_threads: int = setting(
         1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
-           "usable cores; 1 with 0 workers", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.data, inert=1, process_only=True))
+           "usable cores; 1 with 0 workers", bounds=(1, 1024),
+        knob=DATA_KNOB(inert=1, process_only=True))
+    # thread first: a thread holds no process of its own (RAM, start-up)
     worker_type: WorkerType = setting(
         WorkerType.process, "process: torch's DataLoader, a process per worker; thread: "
         "torchdata.nodes, loader.num_workers threads in the main process running the same "
         "Dataset, transform and collate (one torch thread each; the start method, "
         "persistent_workers and worker_threads do not act: recorded as with 0 workers); "
         "process with 0 workers ([data.md](data.md#thread-workers))",
-        knob=Knob(Role.knob, Pipe.data, short="worker_type", cheap=(8, _thread_first),
-                  inert=WorkerType.process.value))
+        knob=DATA_KNOB(short="worker_type", cheap=(8, lambda v: v != "thread"), inert="process"))
+    # in order first: the sampler's, reproducible
     in_order: bool = setting(
         True, "batches in the sampler's order; false: each batch as soon as a worker has it, so "
               "a slow sample holds back no other (process workers need torch >= 2.6); true "
-              "with 0 workers", knob=Knob(Role.knob, Pipe.data, short="in_order",
-                                          cheap=(9, _true_first), inert=True))
+              "with 0 workers",
+        knob=DATA_KNOB(short="in_order", cheap=(9, lambda v: not v), inert=True))
 
 
 @dataclass
@@ -196,7 +201,7 @@ class PrecisionConfig:
     name: PrecisionName = setting(
         PrecisionName.torch_default,
         "torch_default: PyTorch's own TF32 flags, what a plain job runs; fp32: strict, TF32 off; "
-        "tf32; amp_fp16 (CUDA only); amp_bf16", knob=Knob(Role.knob, Pipe.compute, short="precision"))
+        "tf32; amp_fp16 (CUDA only); amp_bf16", knob=KNOB(short="precision"))
 
 
 @dataclass
@@ -204,73 +209,77 @@ class StepConfig:
     name: StepKind = setting(
         StepKind.classification, "classification: cross-entropy on the model's logits; custom: "
         "your loss function, step._target_ ([data.md](data.md#your-own-training-step))",
-        knob=Knob(Role.workload, Pipe.compute))
+        knob=WORK())
     _target_: str | None = setting(
         None, "step=custom: your loss function as a dotted path (my_team.train.loss), returning "
-              "a scalar tensor", knob=Knob(Role.workload, Pipe.compute))
+              "a scalar tensor", knob=WORK())
     takes: StepTakes = setting(
         StepTakes.output, "step=custom: output: loss(model(inputs), targets), the batch an "
         "(inputs, targets) pair; batch: loss(model, batch), for a model that computes its own "
-        "loss (the batch a tuple or a dict, moved to the device whole)",
-        knob=Knob(Role.workload, Pipe.compute))
+        "loss (the batch a tuple or a dict, moved to the device whole)", knob=WORK())
 
 
 @dataclass
 class BenchSettings:
-    device: DeviceKind = setting(DeviceKind.auto, "auto: CUDA when this machine has it")
+    ROLE = Role.measure  # how long and how a run was measured, its keys with a knob aside
+    device: DeviceKind = setting(DeviceKind.auto, "auto: CUDA when this machine has it",
+                                 knob=Knob())
     phases: list[Phase] = setting(factory=lambda: [Phase.loader, Phase.compute, Phase.e2e],
                                   help="the phases measured, in order; not empty",
-                                  rule=check_phases)
+                                  rule=check_phases, knob=Knob())
     warmup_steps: int = setting(
         5, "steps run before measuring: at least these, then on until steps are steady; at most "
-           "bench.warmup_max_steps", bounds=(0, 10_000), knob=MEASURE)
+           "bench.warmup_max_steps", bounds=(0, 10_000))
     warmup_max_steps: int = setting(50, "the warm-up's most steps; at least bench.warmup_steps",
-                                    bounds=(0, 10_000), knob=MEASURE)
+                                    bounds=(0, 10_000))
     steps: int = setting(
         50, "measured steps per phase, split into bench.repeats windows of equal length: rounded "
-            "up to a multiple of them (50 steps in 6 windows measure 54)",
-        bounds=(1, 10_000_000), knob=MEASURE)
+            "up to a multiple of them (50 steps in 6 windows measure 54)", bounds=(1, 10_000_000))
     repeats: int = setting(
         6, "windows per phase, interleaved across the phases (loader, compute, e2e, loader, ...): "
            "they give each phase its 95% interval; at most bench.steps (more are recorded as "
-           "bench.steps: a window is at least one step)", bounds=(1, 100), knob=MEASURE)
+           "bench.steps: a window is at least one step)", bounds=(1, 100))
     warmup_max_seconds: float = setting(60.0, "wall-clock cap of a phase's warm-up",
-                                        bounds=(0.001, 86_400), knob=MEASURE)
+                                        bounds=(0.001, 86_400))
     max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
-                                       "device", bounds=(0.001, 86_400), knob=MEASURE)
+                                       "device", bounds=(0.001, 86_400))
     min_window_s: float | None = setting(
         None, "a measured window runs on past its share of bench.steps until it has lasted this "
               "long, so NVML's readings (utilization averaged over 1/6-1 s, power over 1 s) "
               "describe the window, not the phase before; null: 2 s on CUDA with bench.monitor "
               "on, else 0 (off); at most a window's cap, bench.max_seconds / bench.repeats. "
               "Under torchrun the step count is fixed before each window from the last step time",
-        bounds=(0, 3600), knob=MEASURE)
+        bounds=(0, 3600))
     seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
-                        bounds=(0, 2**32 - 1), knob=MEASURE)
-    monitor: bool = setting(True, "sample NVML and the host in one thread: each window's figures, and gpu_metrics.csv for the whole run", knob=MEASURE)
+                        bounds=(0, 2**32 - 1))
+    monitor: bool = setting(True, "sample NVML and the host in one thread: each window's figures, "
+                                  "and gpu_metrics.csv for the whole run")
     monitor_interval_s: float = setting(
         0.2, "the sampling period; at most bench.max_seconds when bench.monitor is on (a window "
              "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",
-        bounds=(0.05, 60), knob=MEASURE)
-    flops: bool = setting(True, "count one step's FLOPs once, for MFU", knob=MEASURE)
-    optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw", knob=Knob(Role.knob, Pipe.compute, short="optimizer"))
+        bounds=(0.05, 60))
+    flops: bool = setting(True, "count one step's FLOPs once, for MFU")
+    optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw",
+                                   knob=KNOB(short="optimizer"))
     optimizer_impl: OptimizerImpl = setting(
         OptimizerImpl.auto, "auto: torch's choice (foreach on CUDA); for_loop, foreach, fused "
-                            "force one; foreach and fused only where torch has their kernels", knob=Knob(Role.knob, Pipe.compute))
-    lr: float = setting(0.01, "the optimizer's learning rate", bounds=(1e-12, 10))
+                            "force one; foreach and fused only where torch has their kernels",
+        knob=KNOB())
+    lr: float = setting(0.01, "the optimizer's learning rate", bounds=(1e-12, 10), knob=Knob())
     grad_accum_steps: int = setting(
         1, "micro-batches per optimizer step (effective batch: loader.batch_size x this); "
-           "images/sec counts every micro-batch", bounds=(1, 1024), knob=Knob(Role.knob, Pipe.compute))
+           "images/sec counts every micro-batch", bounds=(1, 1024), knob=KNOB())
     cudnn_benchmark: bool | None = setting(
         None, "torch.backends.cudnn.benchmark, the same for every precision (a precision "
-              "comparison changes one thing); null: the process's own flag (PyTorch's: off)", knob=Knob(Role.knob, Pipe.compute, cuda_only=True))
+              "comparison changes one thing); null: the process's own flag (PyTorch's: off)",
+        knob=KNOB(cuda_only=True))
     host_metrics_every: int = setting(
         0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
-           "many training loops do; 0: never", bounds=(0, 100_000), knob=Knob(Role.workload, Pipe.compute))
+           "many training loops do; 0: never", bounds=(0, 100_000), knob=WORK())
     profile: bool = setting(False, "after the measured windows, a torch.profiler trace of "
                                    "bench.profile_steps e2e steps (never timed): traces/ beside "
-                                   "results.json, logged to MLflow ([profiling.md](profiling.md))", knob=MEASURE)
-    profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000), knob=MEASURE)
+                                   "results.json, logged to MLflow ([profiling.md](profiling.md))")
+    profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000))
 
 
 @dataclass
@@ -295,9 +304,9 @@ class TrackingConfig:
     uri: str | None = setting(
         None, "the MLflow store; null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)",
         allowed="null, http(s)://host[:port], sqlite:///path.db, postgresql[+driver]://..., "
-                "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; file:///folder "
-                "or a local folder only with MLFLOW_ALLOW_FILE_STORE=true (MLflow 3.17 refuses "
-                "its file store otherwise)")
+                "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; "
+                "file:///folder or a local folder only with MLFLOW_ALLOW_FILE_STORE=true "
+                "(MLflow 3.17 refuses its file store otherwise)")
     # checked with any backend: a run kept on disk is uploaded later under the same names
     experiment: str = setting("gpubench", "the MLflow experiment",
                               allowed="a name that is not blank, at most 500 characters, without "
@@ -342,9 +351,11 @@ class BenchConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
-    channels_last: bool = setting(False, "NHWC memory format for model and input", knob=Knob(Role.knob, Pipe.compute, short="channels_last"))
+    channels_last: bool = setting(False, "NHWC memory format for model and input",
+                                  knob=KNOB(short="channels_last"))
     compile: CompileMode = setting(CompileMode.off, "torch.compile's mode (compile time falls in "
-                                                    "the warm-up, reported as first_step_s)", knob=Knob(Role.knob, Pipe.compute, short="compile"))
+                                                    "the warm-up, reported as first_step_s)",
+                                   knob=KNOB(short="compile"))
 
 
 # One typed root: each group's YAML is merged into its typed field (BenchConfig.dataset is a

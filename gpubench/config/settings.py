@@ -1,6 +1,6 @@
-"""The composed config turned, once, into read-only and fully resolved settings; every input rule.
+"""The composed config turned, once, into read-only, resolved settings; every input rule.
 
-    compose (Hydra) ─► resolve(cfg) -> Settings ─► check_resources(settings) ─► Benchmark
+    compose (Hydra) ─► resolve(cfg) -> Settings ─► check_resources(s) ─► Benchmark
 
 `resolve` runs every rule that needs neither the disk nor the machine's RAM and fills what the
 config leaves to the device (`sizes`). `check_resources` is the one step for the rules that look
@@ -56,12 +56,8 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     schema.check_ranges(cfg, only=SIZED_KEYS)
     want = _plain(cfg.bench.device)
     device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
-    image_size, batch_size = schema.auto_sizes(device)
-    if cfg.dataset.image_size is not None:
-        image_size = int(cfg.dataset.image_size)
-    if cfg.loader.batch_size is not None:
-        batch_size = int(cfg.loader.batch_size)
-    return device, image_size, batch_size
+    given, auto = (cfg.dataset.image_size, cfg.loader.batch_size), schema.auto_sizes(device)
+    return device, *(a if g is None else int(g) for g, a in zip(given, auto, strict=True))
 
 
 # Loader keys that act only through worker processes (Knob.inert): torch's DataLoader refuses
@@ -89,8 +85,7 @@ def as_run(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The inert loader keys' values, by key inside the loader, and a note for each set on
-    purpose."""
+    """The inert loader keys' values, and a note for each set on purpose."""
     inert, why = _inert(loader.num_workers, loader.get("worker_type"))
     values, notes = {}, []
     for key in inert:
@@ -110,7 +105,7 @@ GPU_MIN_WINDOW_S = 2.0  # 2 x telemetry.nvml.NVML_AVERAGING_S (held so by tests/
 
 
 def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
-    """A measured window's time cap: a phase's bench.max_seconds shared by its windows."""
+    """A window's time cap: a phase's bench.max_seconds shared by its windows."""
     return max_seconds / window_plan(steps, repeats)[0]
 
 
@@ -135,11 +130,14 @@ def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
                      f"windows of one step ran, recorded as bench.repeats={windows}",)
 
 
+def _run(cfg: DictConfig) -> DictConfig:
+    """The config without Hydra's node: a job's has none, a sweeper's has it, with values only
+    a job fills in (they would not resolve here)."""
+    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+
+
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
-    # without Hydra's own node: a job's config has none, a sweeper's has it (with values only a
-    # job fills in, which would not resolve here)
-    config = schema.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-                                 if "hydra" in cfg else cfg)
+    config = schema.to_container(_run(cfg))
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
@@ -160,7 +158,7 @@ CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tin
 
 
 def known_models() -> list[str]:
-    import torchvision
+    import torchvision  # 1.3 s here, most of it torch._dynamo: only when a name is not tiny
 
     return sorted(torchvision.models.list_models(module=torchvision.models)) + list(TINY_MODELS)
 
@@ -177,22 +175,19 @@ def checkpointable(name: str) -> bool:
 
 def impl_devices(impl: str) -> list[str] | None:
     """Device types with kernels for an optimizer implementation, as torch lists them (None:
-    any). Elsewhere torch raises (fused) or runs a slow per-tensor fallback (foreach)."""
+    any; torch/utils/_foreach_utils.py, torch >= 2.2). Elsewhere torch raises (fused) or runs a
+    slow per-tensor fallback (foreach)."""
     if impl not in ("foreach", "fused"):
         return None
-    from torch.optim import optimizer as o
+    from torch.utils import _foreach_utils
 
-    name = f"_get_{impl}_kernels_supported_devices"
-    if hasattr(o, name):
-        return list(getattr(o, name)())
-    return ["cuda"]  # older torch: CUDA only
+    return list(getattr(_foreach_utils, f"_get_{impl}_kernels_supported_devices")())
 
 
 def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
                   value: Any = None) -> None:
     """A classifier narrower than the dataset's classes fails at the first loss (a device-side
-    assert on CUDA), after the loader was measured: `resolve` checks model.num_classes, the
-    runner a custom model's output width."""
+    assert on CUDA), after the loader was measured."""
     if width < num_classes:
         raise ConfigError(key, width if value is None else value,
                           f"a model whose output width covers the dataset's {num_classes} classes "
@@ -203,17 +198,15 @@ def resolve(cfg: DictConfig) -> Settings:
     """The read-only settings of a composed config, after every rule that needs neither the disk
     nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
     check_interpolations(cfg)
-    schema.check_known_keys(cfg)  # no key under gpubench's groups that the schema does not declare
-    schema.check_ranges(cfg)  # every key's declared range or choices
-    check_start_method(_plain(cfg.loader.multiprocessing_context))
+    schema.check_known_keys(cfg)
+    schema.check_ranges(cfg)
     device, image_size, batch_size = sizes(cfg)
     if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
     s = _build(cfg, device, image_size, batch_size)
     if s.precision == "amp_fp16" and device != "cuda":
-        raise ConfigError(
-            "precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"
-        )
+        raise ConfigError("precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU "
+                          "(fp16 autocast needs CUDA)")
     _check_model(s)
     b = s.bench
     if b.warmup_max_steps < b.warmup_steps:
@@ -236,11 +229,9 @@ def resolve(cfg: DictConfig) -> Settings:
 
 
 def check_interpolations(cfg: DictConfig) -> None:
-    """Every ${...} of the run's config resolves (Hydra's node aside: a sweeper's holds values
-    only a job fills in); one that does not would fail every job."""
-    run = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    """Every ${...} of the run's config resolves; one that does not would fail every job."""
     try:
-        OmegaConf.to_container(run, resolve=True)
+        OmegaConf.to_container(_run(cfg), resolve=True)
     except InterpolationResolutionError as e:
         node: Any = cfg
         for part in str(e.full_key or "").split("."):
@@ -256,7 +247,8 @@ def _check_model(s: Settings) -> None:
     if m._target_ is not None:
         return
     if m.name == "custom":
-        raise ConfigError("model._target_", None, "a dotted nn.Module class path, e.g. my_team.models.MyNet")
+        raise ConfigError("model._target_", None,
+                          "a dotted nn.Module class path, e.g. my_team.models.MyNet")
     check_model_name(m.name)
     # a torchvision model gets model.num_classes outputs: every label must have one
     check_classes(m.num_classes, s.dataset.num_classes)
@@ -264,7 +256,7 @@ def _check_model(s: Settings) -> None:
 
 def check_model_name(name: Any) -> None:
     """model.name is one of torchvision's classifiers or tiny; the error names close ones."""
-    if name in TINY_MODELS:  # no torchvision import (1.3 s here, most of it torch._dynamo)
+    if name in TINY_MODELS:
         return
     names = known_models()
     if name in names:
@@ -289,7 +281,8 @@ def _check_step(s: Settings) -> None:
             raise ConfigError("model.checkpointing", True,
                               f"false with model._target_ ({CHECKPOINT_WIRED})")
         if not checkpointable(m.name):
-            raise ConfigError("model.checkpointing", True, f"false for {m.name} ({CHECKPOINT_WIRED})")
+            raise ConfigError("model.checkpointing", True,
+                              f"false for {m.name} ({CHECKPOINT_WIRED})")
 
 
 def node_set(node: dict) -> bool:
@@ -303,7 +296,8 @@ def _check_data(s: Settings) -> None:
         raise ConfigError("dataset.root", ds.root, f"a folder path ({kind} reads local files)")
     if ds.decode_on == "device":
         if s.device != "cuda":
-            raise ConfigError("dataset.decode_on", "device", "cpu (device decode needs CUDA/nvJPEG)")
+            raise ConfigError("dataset.decode_on", "device",
+                              "cpu (device decode needs CUDA/nvJPEG)")
         if kind not in ("imagefolder", "fake_jpeg"):
             raise ConfigError("dataset.decode_on", "device", f"cpu for {kind} (not JPEG files)")
         if ds.preload:
@@ -332,16 +326,6 @@ def _check_data(s: Settings) -> None:
                               "unset with dataset.preload=true or dataset.augment_on=device")
 
 
-def check_start_method(ctx: str | None) -> None:
-    """A start method of this platform (checked with 0 workers too: a misspelling is wrong)."""
-    if ctx is not None:
-        import multiprocessing  # torch.multiprocessing re-exports the same function
-
-        methods = multiprocessing.get_all_start_methods()
-        if ctx not in methods:
-            raise ConfigError("loader.multiprocessing_context", ctx, f"null or one of {methods}")
-
-
 # A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
 # process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
 # exhausted a 24 GiB host).
@@ -352,10 +336,9 @@ WORKERS_PER_CORE = 4
 
 def usable_cpus() -> int:
     """Cores this process may run on (a container's or taskset's share, not the host's)."""
-    try:
+    if hasattr(os, "sched_getaffinity"):  # Linux
         return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1
 
 
 def available_ram() -> int:
@@ -367,16 +350,16 @@ def available_ram() -> int:
 def check_resources(s: Settings) -> None:
     """The rules that look at this machine (folders, cores, free RAM), once before any work."""
     ds, ld = s.dataset, s.loader
-    if ds.name in ("imagefolder", "cifar10"):
-        if not Path(os.path.expanduser(str(ds.root))).is_dir():
-            raise ConfigError("dataset.root", str(ds.root), "an existing folder")
+    if ds.name in ("imagefolder", "cifar10") and not Path(str(ds.root)).expanduser().is_dir():
+        raise ConfigError("dataset.root", str(ds.root), "an existing folder")
     cpus, free = usable_cpus(), available_ram()
     by_ram = free // WORKER_RAM_BYTES
     most = min(WORKERS_PER_CORE * cpus, by_ram)
     if ld.num_workers > most:
         why = (f"{WORKERS_PER_CORE} per core, {cpus} cores" if most < by_ram
                else f"{WORKER_RAM_BYTES >> 20} MiB each, {free / 2**30:.1f} GiB RAM free")
-        raise ConfigError("loader.num_workers", ld.num_workers, f"an integer in [0, {most}] on this machine ({why})")
+        raise ConfigError("loader.num_workers", ld.num_workers,
+                          f"an integer in [0, {most}] on this machine ({why})")
     if ld.worker_threads > cpus:
         raise ConfigError("loader.worker_threads", ld.worker_threads,
                           f"an integer in [1, {cpus}] on this machine ({cpus} cores)")

@@ -108,8 +108,10 @@ def test_a_keys_own_rule_is_on_its_declaration():
     from gpubench.config.flags import flag
 
     assert {k.name for k in knobs.KEYS.values() if k.rule} == {
-        "bench.phases", "tracking.experiment", "tracking.run_name"}
+        "bench.phases", "tracking.experiment", "tracking.run_name",
+        "loader.multiprocessing_context"}
     for key, bad in (("bench.phases", ["e2e", "loader", "e2e"]), ("bench.phases", []),
+                     ("loader.multiprocessing_context", "threads"),
                      ("tracking.experiment", " "), ("tracking.run_name", "a\tb"),
                      ("tracking.run_name", "x" * 251)):
         with pytest.raises(ConfigError) as e:
@@ -117,6 +119,7 @@ def test_a_keys_own_rule_is_on_its_declaration():
         assert e.value.key == key
     knobs.KEYS["tracking.run_name"].check(None)  # null allowed: the rule is not asked
     knobs.KEYS["bench.phases"].check(["compute", "e2e"])
+    knobs.KEYS["loader.multiprocessing_context"].check("spawn")
     with pytest.raises(argparse.ArgumentTypeError, match=r"^--experiment=' ' is not allowed: "
                        r"it must be a name that is not blank, .* \(as tracking.experiment\)$"):
         flag("tracking.experiment", "--experiment")(" ")
