@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
-from gpubench.config.keys import INT, check_keys, check_name, keys
+from gpubench.config.keys import INT, check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import BY_NAME, check_known_key, check_known_keys, config_keys, walk
 from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
@@ -216,9 +216,6 @@ def check_extra_overrides(cfg: DictConfig) -> None:
                 raise ConfigError(key, str(text), f"{e.key}: {e.allowed}") from None
 
 
-STUDY_NAME_MAX = 512
-
-
 def check_sweeper(cfg: DictConfig) -> None:
     """hydra.sweeper's keys against its typed schema (the node's type): a negative seed is one
     line here, not a traceback after a study was made."""
@@ -228,9 +225,6 @@ def check_sweeper(cfg: DictConfig) -> None:
     schema = OmegaConf.get_type(node)
     if schema is not None and is_dataclass(schema):
         check_keys(node, keys(schema, "hydra.sweeper."))
-        name = node.get("study_name")
-        if name is not None:  # Optuna's limit: an indexed column of 512 characters
-            check_name("hydra.sweeper.study_name", name, STUDY_NAME_MAX, nullable=True)
 
 
 def check_before_work(cfg: DictConfig) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from gpubench.config.keys import setting
+from gpubench.config.keys import name_rule, setting
 from gpubench.config.knobs import DATA_KEYS
 
 
@@ -104,9 +104,10 @@ class GpubenchSweeperConf:
     n_jobs: int = setting(1, "trials launched together; keep 1 unless the launcher puts each "
                              "job on its own device: parallel trials on one device corrupt each "
                              "other's throughput", bounds=(1, None))
+    # Optuna's limit: an indexed column of 512 characters
     study_name: str | None = setting(
         None, "null: gpubench-<hash of the search space>, so re-running the same command "
-              "resumes its study")
+              "resumes its study", rule=name_rule(512))
     storage: str | None = setting(
         "sqlite:///outputs/optuna.db",
         "Optuna's RDB storage; null: in memory (not resumable, one worker); a persistent one "
