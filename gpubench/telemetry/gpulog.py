@@ -28,7 +28,7 @@ import psutil
 
 from gpubench.core.files import open_own
 from gpubench.telemetry.env import device_name
-from gpubench.telemetry.nvml import Nvml, NvmlDevice, gpu_name
+from gpubench.telemetry.nvml import Nvml, NvmlDevice, gpu_name, or_none
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,6 @@ GPM_COLUMNS = (
 )
 MIB = 2**20
 STAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's: 2026/11/22 00:17:01.123 (local time, ms)
-
-
-def _fmt(v) -> str:
-    return "" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 class Gpm:
@@ -118,13 +114,6 @@ class GpuLog:
         """The row from the sampler's field reads `v`, and the log's own: clocks, throttle
         reasons, GPM."""
         nv, h = self.gpu.nv, self.gpu.handle
-
-        def one(fn):
-            try:
-                return fn()
-            except nv.NVMLError:  # NotSupported on this board or on a MIG instance
-                return None
-
         mib = {k: v[k] // MIB for k in ("gpu_mem_used", "gpu_mem_free") if k in v}
         row: dict = {
             "utilization.gpu [%]": int(v["gpu_util"]) if "gpu_util" in v else None,
@@ -137,9 +126,10 @@ class GpuLog:
             # renamed "clocks event reasons" in newer NVML; the old name is kept as an alias
             reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 nv.nvmlDeviceGetCurrentClocksThrottleReasons
-            r = one(lambda: reasons(h))
+            r = or_none(nv, lambda: reasons(h))
             row["clocks_throttle_reasons.active"] = f"0x{r:016X}" if r is not None else None
-        row["clocks.current.sm [MHz]"] = one(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        row["clocks.current.sm [MHz]"] = or_none(
+            nv, lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
         if self.gpm is not None:
             with contextlib.suppress(Exception):
                 row.update(self.gpm.read())
@@ -168,7 +158,8 @@ class GpuLog:
             row = {"timestamp": datetime.fromtimestamp(self.clock()).strftime(STAMP)[:-3],
                    "name": self.name}
             row.update(self._gpu_row(values) if self.gpu else self._host_row(host_cpu))
-            self._w.writerow({k: _fmt(v) for k, v in row.items()})
+            self._w.writerow({k: "" if v is None else f"{v:.2f}" if isinstance(v, float)
+                              else str(v) for k, v in row.items()})
             self._file.flush()  # a crashed run keeps every row written so far
             self.rows += 1
         except Exception as e:  # a failing reading must never stop the run

@@ -14,9 +14,8 @@ them each epoch).
 
 NVML's utilization and (on Ampere and newer) nvmlDeviceGetPowerUsage average over up to
 NVML_AVERAGING_S before they are read: a reading taken sooner than that after the window opened
-describes the phase before it, and is dropped (drop_straddling). The arithmetic is in plain
-functions (drop_straddling, finish_window); tests drive the thread on an injected clock and
-NVML binding (tests/fake_nvml.py).
+describes the phase before it, and is dropped (drop_straddling, a plain function). Tests
+drive the thread on an injected clock and NVML binding (tests/fake_nvml.py).
 """
 
 from __future__ import annotations
@@ -31,17 +30,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpubench.telemetry.nvml import (
-    AVERAGED_FIELDS,
-    GPU_FIELDS,
-    NVML_AVERAGING_S,
-    POWER_AVERAGE,
-    Nvml,
-    NvmlDevice,
-    energy_mj,
-    read_fields,
-    window_energy_j,
-)
+from gpubench.telemetry import nvml
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +57,7 @@ class Sample:
     # cudaMemGetInfo), and torch's reserved bytes at the same moment
     device_used: int | None = None
     torch_reserved: int | None = None
-    power_source: str | None = None  # nvml.POWER_INSTANT / POWER_AVERAGE
+    power_source: str | None = None  # nvml.POWER_INSTANT / nvml.POWER_AVERAGE
 
 
 @dataclass
@@ -133,9 +122,9 @@ class MonitorSummary:
         unread = self.mean("gpu_util") is None and "gpu_util" not in self.nvml_unsupported
         if self.nvml_dropped and unread:
             return (f"all {self.nvml_dropped} NVML utilization readings were taken within "
-                    f"{NVML_AVERAGING_S:g} s of their window's start, where NVML's average "
+                    f"{nvml.NVML_AVERAGING_S:g} s of their window's start, where NVML's average "
                     f"still covers the phase before; a GPU window must last longer than "
-                    f"{NVML_AVERAGING_S:g} s to be read")
+                    f"{nvml.NVML_AVERAGING_S:g} s to be read")
         return None
 
     def non_torch_peak(self) -> int | None:
@@ -161,7 +150,7 @@ def _thread_io(tid: int) -> tuple[int, int]:
 
 
 def drop_straddling(samples: list[Sample], t0: float,
-                    averaging_s: float = NVML_AVERAGING_S) -> int:
+                    averaging_s: float = nvml.NVML_AVERAGING_S) -> int:
     """Blank, in place, the averaged NVML readings (utilization; power where it is the 1 s
     average) of samples taken less than `averaging_s` after the window opened at `t0`: they
     average over the previous phase. Returns how many samples lost a reading."""
@@ -169,22 +158,13 @@ def drop_straddling(samples: list[Sample], t0: float,
     for s in samples:
         if s.t - t0 >= averaging_s:
             continue
-        names = AVERAGED_FIELDS + (("power_w",) if s.power_source == POWER_AVERAGE else ())
+        power = ("power_w",) if s.power_source == nvml.POWER_AVERAGE else ()
+        names = nvml.AVERAGED_FIELDS + power
         if any(getattr(s, n) is not None for n in names):
             dropped += 1
             for n in names:
                 setattr(s, n, None)
     return dropped
-
-
-def finish_window(summ: MonitorSummary, t0: float, t1: float, e0_mj: float | None,
-                  e1_mj: float | None) -> MonitorSummary:
-    """A window's summary from its samples and its two ends (sampler clock, energy counter)."""
-    summ.seconds = t1 - t0
-    summ.nvml_dropped = drop_straddling(summ.samples, t0)
-    summ.energy_j, summ.energy_source = window_energy_j(
-        e0_mj, e1_mj, summ.mean("power_w"), summ.seconds)
-    return summ
 
 
 class Monitor:
@@ -200,7 +180,7 @@ class Monitor:
 
     def __init__(self, device: str, interval: float = 0.2, enabled: bool = True,
                  worker_pids: Callable[[], Iterable[int]] = tuple,
-                 gpu: NvmlDevice | None = None, clock: Callable[[], float] = time.perf_counter,
+                 gpu: nvml.NvmlDevice | None = None, clock: Callable[[], float] = time.perf_counter,
                  worker_tids: Callable[[], Iterable[int]] = tuple):
         self.interval, self.enabled, self.clock = interval, enabled, clock
         # the loader's worker processes (and what they start), and its worker threads inside
@@ -209,36 +189,31 @@ class Monitor:
         # at the last sample: the time, and each worker thread's CPU seconds
         self._thread_cpu: tuple[float, dict[int, float]] = (time.monotonic(), {})
         self.gpu = gpu if enabled else None
-        self.nvml: Nvml | None = None
-        self.cuda_index: int | None = None
+        self.nvml = self.cuda_index = None
         if enabled and device == "cuda" and gpu is None:
             import torch
 
             # the sampler thread reads device memory by this explicit index: a new thread's
             # current CUDA device is 0, not the rank's device torchrun set in the main thread
             self.cuda_index = torch.cuda.current_device()
-            self.nvml = Nvml.get()
-            self.gpu = self.nvml.device_for(self.cuda_index)
+            self.nvml = nvml.Nvml.get()
+            h = self.nvml.handle_for(self.cuda_index)
+            self.gpu = None if h is None else nvml.NvmlDevice(self.nvml.pynvml, h, self.nvml.mig)
         self._unsupported: dict[str, str] = {}
         self.proc = psutil.Process(os.getpid())
-        self._procs: dict[int, psutil.Process] = {}
-        self._listed_at = -math.inf
+        self._procs, self._listed_at = {}, -math.inf  # pid -> psutil.Process
         # per-process I/O counters (Linux and Windows; not macOS): pid -> (chars, disk) at the
         # first and at the last sample that saw it. A worker born inside a window first reads
         # ~0.25 MB of its own start-up, not the dataset's; one that exits keeps its last count
         self._io = hasattr(self.proc, "io_counters")
-        self._io_base: dict[int, tuple[int, int]] = {}
-        self._io_last: dict[int, tuple[int, int]] = {}
+        self._io_base, self._io_last = {}, {}
         self.log = None  # gpu_metrics.csv's gpulog.GpuLog (gpulog imports env, env this)
         # held by each tick and by the main thread opening and closing a window (an RLock)
         self._cv = threading.Condition()
         self._running = self._open = self._closing = False
-        self._thread: threading.Thread | None = None
-        self._tid: int | None = None  # the sampler thread's native id while it runs
+        self._thread = self._tid = None  # the sampler thread, its native id while it runs
         self._values: dict = {}  # the last tick's NVML fields, for the log's row
-        self._summary = MonitorSummary()
-        self._t0 = 0.0
-        self._e0: float | None = None
+        self._summary, self._t0, self._e0 = MonitorSummary(), 0.0, None
 
     @property
     def gpu_note(self) -> str | None:
@@ -315,19 +290,17 @@ class Monitor:
                 workers_cpu += cpu
                 workers_rss += rss
                 workers += 1
-        s = Sample(
-            self.clock(), psutil.cpu_percent(None), main_cpu + workers_cpu,
-            int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss), int(workers_rss),
-            workers, threads,
-        )
+        s = Sample(self.clock(), psutil.cpu_percent(None), main_cpu + workers_cpu,
+                   int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss),
+                   int(workers_rss), workers, threads)
         if self._io_last:
             s.read_bytes, s.disk_read_bytes = (
                 sum(self._io_last[p][i] - self._io_base[p][i] for p in self._io_last)
                 for i in (0, 1))
         values: dict = {}
         if self.gpu is not None:
-            values, errors = read_fields(*self.gpu, self.proc.pid if window else None)
-            for k in (*GPU_FIELDS, "power_source"):
+            values, errors = nvml.read_fields(*self.gpu, self.proc.pid if window else None)
+            for k in (*nvml.GPU_FIELDS, "power_source"):
                 setattr(s, k, values.get(k))
             for k, why in errors.items():
                 if k not in self._unsupported:
@@ -342,15 +315,14 @@ class Monitor:
         import torch
 
         try:
-            reserved = int(torch.cuda.memory_reserved(self.cuda_index))
-            if process_used is not None:
-                self._summary.device_used_source = "nvml_process"
-                return reserved, process_used
-            # no per-process figure: the whole device's memory in use, other processes
-            # included (an upper bound, so the gate errs on the safe side)
-            free, total = torch.cuda.mem_get_info(self.cuda_index)
-            self._summary.device_used_source = "mem_get_info_device"
-            return reserved, int(total - free)
+            reserved, source = int(torch.cuda.memory_reserved(self.cuda_index)), "nvml_process"
+            if process_used is None:
+                # no per-process figure: the whole device's memory in use, other processes
+                # included (an upper bound, so the gate errs on the safe side)
+                free, total = torch.cuda.mem_get_info(self.cuda_index)
+                process_used, source = int(total - free), "mem_get_info_device"
+            self._summary.device_used_source = source
+            return reserved, process_used
         except RuntimeError as e:
             log.debug("device memory not read: %s", e)
             return None, None
@@ -365,7 +337,7 @@ class Monitor:
                 return
             self._io_base, self._io_last = {}, {}
             self.sample(fresh=True)  # primes cpu_percent and I/O baselines; covers no interval
-            self._e0 = energy_mj(self.gpu)
+            self._e0 = nvml.energy_mj(self.gpu)
             self._t0 = self.clock()
             self._open = True
 
@@ -384,18 +356,22 @@ class Monitor:
     def close(self, ends: tuple[float, float | None] | None = None) -> MonitorSummary:
         """The window's summary, closing now or at `ends` (its time and energy counter's read,
         taken earlier by stop)."""
-        t1, e1 = ends or (self.clock(), energy_mj(self.gpu))
+        t1, e1 = ends or (self.clock(), nvml.energy_mj(self.gpu))
         with self._cv:
             self._open = False
-            self._summary.nvml_unsupported = sorted(self._unsupported)
-            return finish_window(self._summary, self._t0, t1, self._e0, e1)
+            summ = self._summary
+            summ.nvml_unsupported, summ.seconds = sorted(self._unsupported), t1 - self._t0
+            summ.nvml_dropped = drop_straddling(summ.samples, self._t0)
+            summ.energy_j, summ.energy_source = nvml.window_energy_j(
+                self._e0, e1, summ.mean("power_w"), summ.seconds)
+            return summ
 
     def stop(self) -> MonitorSummary:
         if not self._open:
             return self._summary
         # the window's end is now: read before the sampler takes the window's last sample,
         # a few ms after it closed (the counter moves every 20-100 ms)
-        ends = self.clock(), energy_mj(self.gpu)
+        ends = self.clock(), nvml.energy_mj(self.gpu)
         with self._cv:
             if self._running:  # the sampler thread takes it: its own /proc reads subtracted
                 self._closing = True

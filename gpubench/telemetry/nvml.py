@@ -63,9 +63,9 @@ class Nvml:
         return cls()
 
     def handle_for(self, torch_index: int):
-        """The NVML handle of CUDA device `torch_index`, or None (with self.reason). Found by
-        UUID, never by index: NVML's order can differ from CUDA's (CUDA_VISIBLE_DEVICES, PCI
-        order), and on a MIG instance index i is the whole GPU, other tenants included."""
+        """The NVML handle of CUDA device `torch_index`, or None (with self.reason). By UUID,
+        never by index: NVML's order can differ from CUDA's (CUDA_VISIBLE_DEVICES, PCI order),
+        and on a MIG instance index i is the whole GPU, other tenants included."""
         if self.driver is None:
             return None
         try:
@@ -79,10 +79,6 @@ class Nvml:
         if handle is None:
             self.reason = f"NVML has no device with UUID {uuid}: GPU telemetry not sampled"
         return handle
-
-    def device_for(self, torch_index: int) -> NvmlDevice | None:
-        h = self.handle_for(torch_index)
-        return None if h is None else NvmlDevice(self.pynvml, h, self.mig)
 
 
 def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
@@ -147,15 +143,21 @@ def read_power(nv, handle) -> tuple[float, str]:
     return nv.nvmlDeviceGetPowerUsage(handle) / 1000.0, POWER_AVERAGE
 
 
+def or_none(nv, fn):
+    """fn()'s reading, or None where NVML has none (NotSupported on this board or a MIG
+    instance)."""
+    try:
+        return fn()
+    except nv.NVMLError:
+        return None
+
+
 def energy_mj(dev: NvmlDevice | None) -> float | None:
     """The driver's energy counter (mJ), or None: none on a MIG instance (the whole GPU's,
     other tenants included), nor where the board lacks it."""
     if dev is None or dev.mig:
         return None
-    try:
-        return float(dev.nv.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
-    except dev.nv.NVMLError:
-        return None
+    return or_none(dev.nv, lambda: float(dev.nv.nvmlDeviceGetTotalEnergyConsumption(dev.handle)))
 
 
 def process_memory(nv, handle, pid: int) -> int | None:
@@ -171,10 +173,7 @@ def process_memory(nv, handle, pid: int) -> int | None:
 
 def gpu_name(dev: NvmlDevice) -> str | None:
     """The board's name; older nvidia-ml-py returns bytes (printed b'...' by str())."""
-    try:
-        return _str(dev.nv.nvmlDeviceGetName(dev.handle))
-    except dev.nv.NVMLError:
-        return None
+    return or_none(dev.nv, lambda: _str(dev.nv.nvmlDeviceGetName(dev.handle)))
 
 
 def _str(v) -> str:

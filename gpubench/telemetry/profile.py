@@ -20,14 +20,6 @@ TRACE_DIR = "traces"
 log = logging.getLogger("gpubench")
 
 
-def _self_time_us(avg, cuda: bool) -> float:
-    # torch >= 2.4 names the device figure self_device_time_total (self_cuda_time_total before)
-    if cuda:
-        return float(getattr(avg, "self_device_time_total",
-                             getattr(avg, "self_cuda_time_total", 0)))
-    return float(avg.self_cpu_time_total)
-
-
 def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
                   active: int = 3, top: int = 10, step=None) -> dict:
     """Profile `active` steps of fetch + work; `step` is the TrainStep inside `work`, whose
@@ -75,15 +67,13 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
         for line in lines(parts):
             log.info(line)
 
-    averages = [a for a in prof.key_averages()
-                if not a.key.startswith(("gpubench/", "ProfilerStep"))]
-    averages.sort(key=lambda a: _self_time_us(a, cuda), reverse=True)
+    # torch >= 2.4 names the device figure self_device_time_total (self_cuda_time_total
+    # warns as deprecated there: the FutureWarning quoted in pyg-team/pytorch_geometric#9616)
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
-    try:
-        table = prof.key_averages().table(sort_by=sort_by, row_limit=25)
-    except (AttributeError, KeyError):  # older torch spells the device column self_cuda_time_total
-        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
-    (folder / "top_ops.txt").write_text(table)
+    averages = sorted((a for a in prof.key_averages()
+                       if not a.key.startswith(("gpubench/", "ProfilerStep"))),
+                      key=lambda a: getattr(a, sort_by), reverse=True)
+    (folder / "top_ops.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=25))
     return {
         "trace": str(trace),
         "breakdown": parts,
@@ -92,7 +82,7 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
         "time_kind": "device" if cuda else "cpu",
         "top_ops": [
             {"name": a.key, "calls": int(a.count),
-             "self_ms_per_step": _self_time_us(a, cuda) / 1000.0 / active}
+             "self_ms_per_step": getattr(a, sort_by) / 1000.0 / active}
             for a in averages[:top]
         ],
     }

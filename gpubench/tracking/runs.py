@@ -106,13 +106,6 @@ def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -
                          f"{artifact_path}/{sub}", root)
 
 
-def _epoch_ms(stamp: str | None) -> int | None:
-    try:
-        return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000)
-    except (TypeError, ValueError):
-        return None
-
-
 def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
            name: str | None = None, overrides: str | None = None) -> str:
     """One complete MLflow run from a record; returns its run id. Marked terminated last: a run
@@ -124,7 +117,10 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
     tags = T.run_tags(rec, overrides, user())
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
-    start = _epoch_ms(rec.started_at)
+    try:
+        start = int(datetime.strptime(rec.started_at, "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000)
+    except (TypeError, ValueError):
+        start = None
     created = c.create_run(store.experiment_id, start_time=start, tags=tags,
                            run_name=T.run_name(rec, name))
     rid = created.info.run_id
@@ -151,17 +147,13 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
 
     # nothing out of the run folder is read, whatever links it holds: a link out
     # (`traces -> /elsewhere`) is listed for log_file/log_dir to name and skip
-    log_file(c, rid, run_dir / RESULTS_FILE, root=run_dir)
-    if (run_dir / CONFIG_FILE).is_file():
-        log_file(c, rid, run_dir / CONFIG_FILE, root=run_dir)
-    if (run_dir / ".hydra").is_dir():
-        log_dir(c, rid, run_dir / ".hydra", "hydra", run_dir)
-    files = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g) if p.is_file() or p.is_symlink()}
-    for f in sorted(files - {run_dir / MARKER_FILE}):
-        log_file(c, rid, f, root=run_dir)
-    for d in (run_dir / d for d in ARTIFACT_DIRS):
-        if d.is_dir() or d.is_symlink():
-            log_dir(c, rid, d, d.name, run_dir)
+    globbed = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g)} - {run_dir / MARKER_FILE}
+    for f in (run_dir / RESULTS_FILE, run_dir / CONFIG_FILE, *sorted(globbed)):
+        if f.is_file() or f.is_symlink():
+            log_file(c, rid, f, root=run_dir)
+    for d, name in ((".hydra", "hydra"), *((d, d) for d in ARTIFACT_DIRS)):
+        if (run_dir / d).is_dir() or (run_dir / d).is_symlink():
+            log_dir(c, rid, run_dir / d, name, run_dir)
 
     end = start + int(rec.seconds * 1000) if start and rec.seconds else None
     c.set_terminated(rid, T.RUN_STATUS[rec.status], end_time=end)

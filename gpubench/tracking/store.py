@@ -40,7 +40,6 @@ no_telemetry()
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
 _PLAIN_VALUE = re.compile(r"[\w.\-:]+")
-_PLAIN_KEY = re.compile(r"[\w.]+")
 
 
 class TrackingUnavailable(RuntimeError):
@@ -69,13 +68,6 @@ def uri_problem(uri: str | None) -> str | None:
     except ConfigError as e:
         return e.allowed
     return None
-
-
-def artifact_location(uri: str) -> str | None:
-    """Artifacts of a sqlite store sit beside the database (outputs/mlartifacts); MLflow's own
-    default would be ./mlruns under whatever the current directory happens to be."""
-    db = sqlite_path(uri)
-    return (db.parent / "mlartifacts").resolve().as_uri() if db else None
 
 
 def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
@@ -192,37 +184,28 @@ class Store:
         # here never blocks the next); on a server database the loser tries again once the
         # winner has made the tables.
         lock = FileLock(f"{db}.lock", thread_local=False) if db else contextlib.nullcontext()
+        # a sqlite store's artifacts sit beside the database (outputs/mlartifacts); MLflow's
+        # own default would be ./mlruns under whatever the current directory happens to be
+        artifacts = (db.parent / "mlartifacts").resolve().as_uri() if db else None
 
         def create() -> None:
             with lock:
                 self.client = MlflowClient(tracking_uri=connect)
-                self.experiment_id = self._experiment_id(experiment, connect)
+                exp = self.client.get_experiment_by_name(experiment)
+                # its description, kind and runs-table view only on experiments gpubench
+                # creates; one another process created meanwhile is found by the next try
+                self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+                    experiment, artifact_location=artifacts,
+                    tags=experiment_tags())
 
         retry(create, CREATE_ATTEMPTS, wait_s=0.5)
 
-    def _experiment_id(self, name: str, connect: str) -> str:
-        from mlflow.exceptions import MlflowException
-
-        exp = self.client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:  # its description, kind and runs-table view only on experiments gpubench creates
-            return self.client.create_experiment(name, artifact_location=artifact_location(connect),
-                                                 tags=experiment_tags())
-        except MlflowException:  # created by another process meanwhile
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
-
     def find(self, tag: str, value: str) -> list:
-        """Live (not deleted) runs of this experiment whose tag `tag` equals `value` exactly.
-        The value comes from a file (results.json, a marker): it never enters a filter string
-        unless it is plain, so a quote in it cannot break or widen the search."""
+        """Live (not deleted) runs of this experiment whose tag `tag` (a name of gpubench's)
+        equals `value` exactly. The value comes from a file (results.json, a marker): it never
+        enters a filter string unless it is plain, so a quote cannot break or widen the search."""
         from mlflow.utils import get_results_from_paginated_fn
 
-        if not _PLAIN_KEY.fullmatch(tag):
-            raise ValueError(f"tag name {tag!r}: letters, digits, _ and . only")
         value = str(value)
         filt = f"tags.{tag} = '{value}'" if _PLAIN_VALUE.fullmatch(value) else ""
         runs = get_results_from_paginated_fn(lambda n, token: self.client.search_runs(

@@ -22,16 +22,8 @@ from gpubench.core.files import write_json
 from gpubench.core.record import RunRecord, Status, process_alive
 from gpubench.core.secrets import mask_secrets
 from gpubench.search import manifest
+from gpubench.tracking import runs
 from gpubench.tracking import translate as T
-from gpubench.tracking.runs import (
-    MARKER_FILE,
-    PARENT_FILE,
-    log_batches,
-    log_file,
-    read,
-    read_overrides,
-    user,
-)
 from gpubench.tracking.store import Store, open_store
 
 log = logging.getLogger("gpubench")
@@ -45,14 +37,14 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
     from mlflow.entities import Param
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    info = read(sweep_dir / PARENT_FILE)
+    info = runs.read(sweep_dir / runs.PARENT_FILE)
     uid = info.get("sweep_uid") or uuid.uuid4().hex
     found = store.find("sweep_uid", uid)
     if found:
         rid = found[0].info.run_id
     else:
         tags = {"sweep_uid": uid, "sweep_dir": str(sweep_dir), "overrides": " ".join(overrides),
-                "sweeper": sweeper, "mlflow.user": user()} | T.SOURCE
+                "sweeper": sweeper, "mlflow.user": runs.user()} | T.SOURCE
         run = store.client.create_run(
             store.experiment_id,
             run_name=mask_secrets(name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"),
@@ -61,9 +53,9 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
         space = [(k.lstrip("+~"), v) for k, _, v in (o.partition("=") for o in overrides)]
         space += (sweeper_params or {}).items()
         params = {T.key(str(k)): mask_secrets(str(v))[:T.MAX_PARAM_VALUE] for k, v in space}
-        log_batches(store.client, rid, params=[Param(k, v) for k, v in params.items()])
+        runs.log_batches(store.client, rid, params=[Param(k, v) for k, v in params.items()])
     # open again (a resume): not finished until this attempt's end closes it
-    write_json(sweep_dir / PARENT_FILE, info | {
+    write_json(sweep_dir / runs.PARENT_FILE, info | {
         "sweep_uid": uid, "tracking_uri": store.uri, "experiment": store.experiment,
         "experiment_id": store.experiment_id, "run_id": rid, "synced": True, "finished": False,
     })
@@ -76,28 +68,20 @@ def mark_ended(sweep_dir: Path, ended: bool) -> None:
     sweep whose process still runs (its pid and host, recorded at its start) alone."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     owner = {} if ended else {"pid": os.getpid(), "host": socket.gethostname()}
-    write_json(sweep_dir / PARENT_FILE, read(sweep_dir / PARENT_FILE) | {"ended": ended, **owner})
+    path = sweep_dir / runs.PARENT_FILE
+    write_json(path, runs.read(path) | {"ended": ended, **owner})
 
 
 def live(sweep_dir: Path) -> bool:
     """The sweep's process still runs on this host (it closes its parent itself): the one that
     started it (the parent file) or gpubench's sweeper writing its sweep.json."""
-    info = read(sweep_dir / PARENT_FILE)
+    info = runs.read(sweep_dir / runs.PARENT_FILE)
     if info.get("ended"):
         return False
     owners = [(info.get("host"), info.get("pid"))]
     host, _, pid = str(manifest.read(sweep_dir).get("worker") or "").rpartition(":")
     owners.append((host, int(pid) if pid.isdigit() else None))
     return any(isinstance(p, int) and process_alive(h, p) for h, p in owners)
-
-
-def interrupted(sweep_dir: Path, records: list[RunRecord]) -> bool:
-    """Not ended by its own end callback; without that record (a sweep run untracked), a job
-    left killed or running says so."""
-    ended = read(sweep_dir / PARENT_FILE).get("ended")
-    if ended is not None:
-        return not ended
-    return any(r.status in (Status.killed, Status.running) for r in records)
 
 
 def jobs(sweep_dir: Path) -> list[RunRecord]:
@@ -137,15 +121,21 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
     return max(ranked, key=lambda r: r.objective, default=None)
 
 
-def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool = False,
+def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool | None = None,
                 status: str | None = None) -> None:
     """Log the best child's id, config and throughput to the parent run, and end it:
     FINISHED when the sweep completed, KILLED when it was interrupted before its end (or
-    `status`, e.g. FAILED for a sweep that ended on an error)."""
+    `status`, e.g. FAILED for a sweep that ended on an error). `interrupted` None: not ended
+    by its own end callback (mark_ended); without that record (a sweep run untracked), a job
+    left killed or running says so."""
     from mlflow.entities import Metric, RunTag
 
     c = store.client
     recs = jobs(sweep_dir)
+    if interrupted is None:
+        ended = runs.read(sweep_dir / runs.PARENT_FILE).get("ended")
+        interrupted = not ended if ended is not None else \
+            any(r.status in (Status.killed, Status.running) for r in recs)
     figures = {"jobs": len(recs), "jobs_ok": sum(r.status is Status.ok for r in recs)}
     tags: dict = {}
     best = best_job(sweep_dir, recs)
@@ -159,8 +149,8 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
                 T.shown_images_per_sec(best)
             tags["verdict"] = T.run_tags(best).get("verdict")
         tags |= {"best_run_dir": best.dir, "best_run_name": T.run_name(best),
-                 "best_run_id": read(best.dir / MARKER_FILE).get("run_id"),
-                 "best_overrides": read_overrides(best.dir)}
+                 "best_run_id": runs.read(best.dir / runs.MARKER_FILE).get("run_id"),
+                 "best_overrides": runs.read_overrides(best.dir)}
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),
                    "best_config.yaml")
     # one parent per worker, all tagged with the study they searched together
@@ -169,10 +159,10 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
     c.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()],
                 tags=[RunTag(k, v) for k, v in T.tag_values(tags).items()])
     if (sweep_dir / "multirun.yaml").is_file():
-        log_file(c, parent_id, sweep_dir / "multirun.yaml")
+        runs.log_file(c, parent_id, sweep_dir / "multirun.yaml")
     c.set_terminated(parent_id, status or ("KILLED" if interrupted else "FINISHED"))
-    info = read(sweep_dir / PARENT_FILE)
-    write_json(sweep_dir / PARENT_FILE, info | {"finished": True, "interrupted": interrupted})
+    info = runs.read(sweep_dir / runs.PARENT_FILE)
+    write_json(sweep_dir / runs.PARENT_FILE, info | {"finished": True, "interrupted": interrupted})
 
 
 def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path], timeout_s: float,
@@ -180,7 +170,7 @@ def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path], timeout_
     """Attach files (a sweep report, plots) to the sweep's parent run, masked. `uri`: the
     tracking URI as configured; the one the parent file records is never followed (a folder
     can name any store: gpubench.tracking.sync)."""
-    info = read(sweep_dir / PARENT_FILE)
+    info = runs.read(sweep_dir / runs.PARENT_FILE)
     with open_store(uri, info["experiment"], timeout_s) as store:
         for f in files:
-            log_file(store.client, parent_id, Path(f))
+            runs.log_file(store.client, parent_id, Path(f))

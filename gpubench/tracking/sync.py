@@ -28,20 +28,9 @@ from gpubench.core.files import damaged, inside, refusal
 from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
 from gpubench.core.secrets import error_text, mask_secrets
 from gpubench.core.uris import same_store
-from gpubench.tracking.runs import (
-    CLAIM_FILE,
-    MARKER_FILE,
-    PARENT_FILE,
-    claim_upload,
-    read,
-    read_overrides,
-    release_upload,
-    sweep_of,
-    upload,
-    write_marker,
-)
+from gpubench.tracking import runs
 from gpubench.tracking.store import Store, default_uri, open_store, uri_problem
-from gpubench.tracking.sweeps import close_sweep, interrupted, jobs, live, open_sweep
+from gpubench.tracking.sweeps import close_sweep, live, open_sweep
 
 log = logging.getLogger("gpubench")
 PARENT_TAG = "mlflow.parentRunId"
@@ -58,17 +47,6 @@ def in_artifact_store(run_dir: Path) -> bool:
                for prev, p in zip(parts, parts[1:], strict=False))
 
 
-def _sweep_overrides(sweep_dir: Path) -> tuple[list[str], str | None, dict | None]:
-    try:
-        mr = yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        mr = {}
-    h = mr.get("hydra") or {}
-    sweeper = h.get("sweeper") or {}
-    task = (h.get("overrides") or {}).get("task") or []
-    return task, sweeper.get("_target_"), sweeper.get("params")
-
-
 def _run_default_uri(run_dir: Path) -> str:
     """The embedded store a run with tracking.uri=null was meant for: <its outputs/>/mlflow.db."""
     for d in run_dir.resolve().parents:
@@ -83,6 +61,46 @@ def _in_store(info: dict, uri: str, experiment: str) -> bool:
         info.get("experiment") == experiment
 
 
+def _triage(run_dir: Path, uri: str | None, experiment: str | None, out) -> tuple[str, object]:
+    """What sync does with one run folder: (outcome, detail). `skipped`: why; `elsewhere`: the
+    store the folder names; `todo`, `present`, `orphan` (present, not under its sweep's
+    parent): ((store, experiment), record)."""
+    if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
+        return "skipped", f"its {RESULTS_FILE} is a link out of the run folder"
+    rec = record.load(run_dir)
+    if rec is None and damaged(run_dir / RESULTS_FILE):
+        print(f"gpubench: warning: {run_dir / RESULTS_FILE} is damaged (not valid JSON): "
+              "not uploaded, left as it is", file=sys.stderr)
+        return "failed", None
+    if rec is not None and rec.stale:
+        rec.mark_dead()
+        try:
+            rec.save()
+        except OSError as e:  # a read-only folder: the record stays as the run left it
+            print(f"gpubench: error: {refusal(rec.path, e)}: not marked {rec.status} nor "
+                  "uploaded", file=sys.stderr)
+            return "failed", None
+        print(f"marked {run_dir} {rec.status}: its process is gone", file=out)
+    if rec is None or not rec.run_uid or not rec.status.final:
+        return "skipped", "no final status (still running, or unreadable)"
+    marker, tcfg = runs.read(run_dir / runs.MARKER_FILE), rec.config.get("tracking") or {}
+    if not marker and rec.pid and process_alive(rec.host, int(rec.pid)):
+        # its own process lives (a job of a running sweep): it uploads the run itself
+        return "skipped", f"its process {rec.pid} is alive and uploads it"
+    if uri is None and tcfg.get("backend") == "none":
+        # measured with tracking=none: it named no store of its own (its tracking.uri was
+        # never used, nor checked); `--uri` uploads it on purpose
+        return "skipped", "run with tracking=none (--uri uploads it)"
+    dest = uri or _run_default_uri(run_dir)
+    recorded = marker.get("tracking_uri") or tcfg.get("uri")
+    if uri is None and recorded and not same_store(recorded, dest):
+        return "elsewhere", recorded  # shown, never followed (see the module's doc)
+    name = experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench"
+    if not _in_store(marker, dest, name):
+        return "todo", ((dest, name), rec)
+    return ("orphan" if _orphan(run_dir, marker, dest, name) else "present"), ((dest, name), rec)
+
+
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
          timeout_s: float = 10.0, out=sys.stdout) -> dict[str, int]:
     """Upload every run under `root` that is not in MLflow yet to `uri` (default: the embedded
@@ -93,58 +111,17 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     elsewhere: dict[str, int] = {}  # runs recorded for another store than the destination
     found = [d for d in record.find_runs(Path(root)) if not in_artifact_store(d)]
     for run_dir in found:
-        if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
-            print(f"skip {run_dir}: its {RESULTS_FILE} is a link out of the run folder", file=out)
-            counts["skipped"] += 1
-            continue
-        rec = record.load(run_dir)
-        if rec is None and damaged(run_dir / RESULTS_FILE):
-            print(f"gpubench: warning: {run_dir / RESULTS_FILE} is damaged (not valid JSON): "
-                  "not uploaded, left as it is", file=sys.stderr)
-            counts["failed"] += 1
-            continue
-        if rec is not None and rec.stale:
-            rec.mark_dead()
-            try:
-                rec.save()
-            except OSError as e:  # a read-only folder: the record stays as the run left it
-                print(f"gpubench: error: {refusal(rec.path, e)}: not marked {rec.status} nor "
-                      "uploaded", file=sys.stderr)
-                counts["failed"] += 1
-                continue
-            print(f"marked {run_dir} {rec.status}: its process is gone", file=out)
-        if rec is None or not rec.run_uid or not rec.status.final:
-            print(f"skip {run_dir}: no final status (still running, or unreadable)", file=out)
-            counts["skipped"] += 1
-            continue
-        marker, tcfg = read(run_dir / MARKER_FILE), rec.config.get("tracking") or {}
-        if not marker and rec.pid and process_alive(rec.host, int(rec.pid)):
-            # its own process lives (a job of a running sweep): it uploads the run itself
-            print(f"skip {run_dir}: its process {rec.pid} is alive and uploads it", file=out)
-            counts["skipped"] += 1
-            continue
-        if uri is None and tcfg.get("backend") == "none":
-            # measured with tracking=none: it named no store of its own (its tracking.uri was
-            # never used, nor checked); `--uri` uploads it on purpose
-            print(f"skip {run_dir}: run with tracking=none (--uri uploads it)", file=out)
-            counts["skipped"] += 1
-            continue
-        dest = uri or _run_default_uri(run_dir)
-        recorded = marker.get("tracking_uri") or tcfg.get("uri")
-        if uri is None and recorded and not same_store(recorded, dest):
-            # the folder names another store: shown, never followed (see the module's doc)
-            shown = next((k for k in elsewhere if same_store(k, recorded)),
-                         mask_secrets(str(recorded)))
+        outcome, detail = _triage(run_dir, uri, experiment, out)
+        if outcome == "skipped":
+            print(f"skip {run_dir}: {detail}", file=out)
+        elif outcome == "elsewhere":
+            shown = next((k for k in elsewhere if same_store(k, detail)),
+                         mask_secrets(str(detail)))
             elsewhere[shown] = elsewhere.get(shown, 0) + 1
-            counts["skipped"] += 1
-            continue
-        name = experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench"
-        if _in_store(marker, dest, name):
-            if _orphan(run_dir, marker, dest, name):  # a sweep job uploaded without its parent
-                orphans.setdefault((dest, name), []).append(rec)
-            counts["present"] += 1
-            continue
-        todo.setdefault((dest, name), []).append(rec)
+        elif outcome in ("todo", "orphan"):
+            (todo if outcome == "todo" else orphans).setdefault(detail[0], []).append(detail[1])
+        if outcome != "todo":
+            counts[{"elsewhere": "skipped", "orphan": "present"}.get(outcome, outcome)] += 1
     for shown, n in elsewhere.items():
         problem = uri_problem(shown)  # a file store MLflow 3 refuses: say what to use instead
         print(f"skip {n} run(s) recorded for {shown}: a store named in a run folder is not "
@@ -172,10 +149,10 @@ def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
     """A sweep's job uploaded without the sweep's parent (its worker lost the store-creation
     race, or the parent was not reached): its marker names no parent, or not the sweep's. A
     marker written before parents were recorded in it is checked in the store."""
-    sweep = sweep_of(run_dir)
+    sweep = runs.sweep_of(run_dir)
     if sweep is None:
         return False
-    info = read(sweep / PARENT_FILE)
+    info = runs.read(sweep / runs.PARENT_FILE)
     known = info.get("run_id") if _in_store(info, uri, experiment) else None
     return marker.get("parent_run_id") != known if known else not marker.get("parent_run_id")
 
@@ -183,15 +160,15 @@ def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
 def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> None:
     """Parent runs left RUNNING (the sweep was interrupted before its end callback), in the
     destination store only; a sweep whose process still runs closes its own."""
-    for sweep in sorted({sweep_of(d) for d in found} - {None}):
-        info = read(sweep / PARENT_FILE)
+    for sweep in sorted({runs.sweep_of(d) for d in found} - {None}):
+        info = runs.read(sweep / runs.PARENT_FILE)
         dest = uri or _run_default_uri(sweep)
         if not _in_store(info, dest, info.get("experiment")) or info.get("finished") or \
                 live(sweep):
             continue
         try:
             with open_store(dest, info["experiment"], timeout_s) as store:
-                close_sweep(store, sweep, info["run_id"], interrupted(sweep, jobs(sweep)))
+                close_sweep(store, sweep, info["run_id"])
         except Exception as e:  # the runs are in; only the sweep summary waits
             log.debug("closing sweep failed", exc_info=True)
             print(mask_secrets(f"gpubench: warning: sweep {sweep} not closed in MLflow "
@@ -204,20 +181,25 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
 
     def parent_of(sweep: Path) -> str:
         if sweep not in parents:
-            info = read(sweep / PARENT_FILE)
+            info = runs.read(sweep / runs.PARENT_FILE)
             if _in_store(info, store.uri, store.experiment):
                 parents[sweep] = info["run_id"]
-            else:
-                ov, sweeper, sp = _sweep_overrides(sweep)
-                parents[sweep] = open_sweep(store, sweep, ov, sweeper, sp)
+            else:  # the sweep's parent, made from its multirun.yaml
+                try:
+                    h = (yaml.safe_load((sweep / "multirun.yaml").read_text()) or {}).get("hydra")
+                except (OSError, yaml.YAMLError):
+                    h = None
+                h, sp = h or {}, (h or {}).get("sweeper") or {}
+                parents[sweep] = open_sweep(store, sweep, (h.get("overrides") or {}).get("task")
+                                            or [], sp.get("_target_"), sp.get("params"))
         return parents[sweep]
 
     for rec in recs:
         run_dir = Path(rec.dir)
         try:
-            holder = claim_upload(run_dir)
+            holder = runs.claim_upload(run_dir)
         except OSError as e:  # a folder that refuses the claim file refuses the marker too
-            print(f"gpubench: error: {refusal(run_dir / CLAIM_FILE, e)}: not uploaded",
+            print(f"gpubench: error: {refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded",
                   file=sys.stderr)
             counts["failed"] += 1
             continue
@@ -228,21 +210,21 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
         try:
             _upload_one(store, rec, run_dir, parent_of, counts, out)
         finally:
-            release_upload(run_dir)
+            runs.release_upload(run_dir)
     for rec in orphans:
-        run_dir, sweep = Path(rec.dir), sweep_of(Path(rec.dir))
-        marker = read(run_dir / MARKER_FILE)
+        run_dir, sweep = Path(rec.dir), runs.sweep_of(Path(rec.dir))
+        marker = runs.read(run_dir / runs.MARKER_FILE)
         parent = store.client.get_run(marker["run_id"]).data.tags.get(PARENT_TAG)
         if parent is None:
             parent = parent_of(sweep)
             store.client.set_tag(marker["run_id"], PARENT_TAG, parent)
             print(f"attached {run_dir} (run {marker['run_id']}) to its sweep's parent run "
                   f"{parent}", file=out)
-        write_marker(run_dir, rec.run_uid, store.uri, store.experiment, marker["run_id"],
-                     store.experiment_id, parent_id=parent)
+        runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, marker["run_id"],
+                          store.experiment_id, parent_id=parent)
     for sweep, pid in parents.items():
         if not live(sweep):  # a running sweep ends its parent itself
-            close_sweep(store, sweep, pid, interrupted(sweep, jobs(sweep)))
+            close_sweep(store, sweep, pid)
 
 
 def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict,
@@ -251,11 +233,11 @@ def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: 
     whoever held the claim before, or its run_uid)."""
     from mlflow.entities import RunStatus
 
-    marker = read(run_dir / MARKER_FILE)
+    marker = runs.read(run_dir / runs.MARKER_FILE)
     if _in_store(marker, store.uri, store.experiment):
         counts["present"] += 1  # uploaded by its own process while this sync looked
         return
-    sweep = sweep_of(run_dir)
+    sweep = runs.sweep_of(run_dir)
     parent = parent_of(sweep) if sweep else None
     rid = None
     for r in store.find("run_uid", rec.run_uid):
@@ -268,12 +250,12 @@ def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: 
     if rid:
         counts["present"] += 1
     else:
-        rid = upload(store, rec, run_dir, parent, overrides=read_overrides(run_dir))
+        rid = runs.upload(store, rec, run_dir, parent, overrides=runs.read_overrides(run_dir))
         counts["uploaded"] += 1
         print(f"uploaded {run_dir} -> run {rid}", file=out)
     try:
-        write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid, store.experiment_id,
-                     parent_id=parent)
+        runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid,
+                          store.experiment_id, parent_id=parent)
     except OSError as e:  # uploaded; a later sync finds it by its run_uid
-        print(f"gpubench: warning: {refusal(run_dir / MARKER_FILE, e)}: uploaded as run {rid}, "
-              "without its marker", file=sys.stderr)
+        print(f"gpubench: warning: {refusal(run_dir / runs.MARKER_FILE, e)}: uploaded as run "
+              f"{rid}, without its marker", file=sys.stderr)

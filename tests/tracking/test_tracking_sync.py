@@ -230,7 +230,7 @@ def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
             rec = write_run(sweep / str(i), uid, images_per_sec=100.0 + i)
             upload(store, rec, rec.dir, parent)
         sweeps.mark_ended(sweep, True)
-        sweeps.close_sweep(store, sweep, parent, interrupted=sweeps.interrupted(sweep, []))
+        sweeps.close_sweep(store, sweep, parent)  # ended, by mark_ended: FINISHED
     p = client(uri).get_run(parent)
     assert p.info.status == "FINISHED"
     children = [r for r in all_runs(uri) if r.info.run_id != parent]
