@@ -13,7 +13,7 @@ between the runs does not enter).
 
 simulate: replays each strategy's choices over a table of per-phase figures (loader, compute,
 e2e with their intervals) per configuration: the grid measures all, TPE is Optuna's sampler
-with the sweeper's settings on the e2e column, pipes is gpubench.search.pipe_rules
+with the sweeper's settings on the e2e column, pipes is gpubench.search.pipes (its rules)
 (keep_compute, choose_data, contends) on the compute and loader columns, then the e2e column
 for its pairings. Cost is in phase measurements: a full run measures 3 (loader, compute, e2e),
 a compute-only, loader-only or e2e-only run 1 (a join's confirm round of a pairing is an
@@ -42,13 +42,13 @@ sys.path.insert(0, str(ROOT))
 from gpubench.analysis.recommend import Row  # noqa: E402
 from gpubench.core.record import RunRecord, Status, find_runs, load  # noqa: E402
 from gpubench.core.stats import TOLERANCE, Est  # noqa: E402
-from gpubench.search.pipe_rules import (  # noqa: E402
-    _effective,
+from gpubench.search.pipes import (  # noqa: E402
     choose_data,
     confirm_top,
     contends,
     cost,
     data_walk,
+    effective,
     join_bound,
     keep_compute,
 )
@@ -205,7 +205,8 @@ def _row(entry: dict, phase: str) -> Row:
 def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep: int = 2,
               join_trials: int = 4, compute_trials: int = 16,
               data_trials: int = 12) -> tuple[dict, int]:
-    """gpubench.search.pipe_rules over the table: (the recommended entry, phase measurements)."""
+    """The rules of gpubench.search.pipes over the table: (the recommended entry, phase
+    measurements)."""
     ckeys = [a for a in axes if a not in DATA]
     dkeys = [a for a in axes if a in DATA]
     space = parse_search_space([_choice(k, sorted({e["params"][k] for e in table.values()},
@@ -229,7 +230,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
         entries = by_compute[tuple(k.params[c] for c in ckeys)]
         drows = sorted(((({d: e["params"][d] for d in dkeys}), e) for e in entries),
                        key=lambda t: cost(t[0], space))
-        points = _effective([dp for dp, _ in drows])
+        points = effective([dp for dp, _ in drows])
         entry = {json.dumps(dp, sort_keys=True, default=str): e for dp, e in drows}
         measured = []
         while len(measured) < data_trials:  # the search's walk (gpubench.search.pipes)

@@ -16,7 +16,10 @@ of report.plot_rules:
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
+from gpubench.analysis.recommend import Row
+from gpubench.config.settings import as_run
 from gpubench.core.record import Status, interval_label_of
 from gpubench.core.stats import TOLERANCE
 from gpubench.report.plot_rules import (
@@ -32,6 +35,7 @@ from gpubench.report.plot_rules import (
     line_groups,
     memory_axis,
     phase_est,
+    worker_groups,
 )
 
 PARETO_QUESTION = "How much peak memory does more speed cost?"
@@ -249,3 +253,87 @@ def pareto_data(rows, rec=None) -> dict | None:
     whisker = interval_label_of([r.record for r in full])
     d["ylabel"] = f"{d['phase']} images/sec (whiskers: {whisker})"
     return d
+
+
+# -------------------------------------------------------- sweep=pipes: from its rows and
+# pipes.json, compute_pipe.png (each compute setting's img/s and peak memory against batch size,
+# the kept ones starred) and data_pipe.png (per kept compute setting, its bound and the
+# loader-only img/s of each data setting the walk tried there, the chosen one starred)
+
+BATCH, WORKERS = "loader.batch_size", "loader.num_workers"
+
+
+def _name(params: dict[str, Any], leave: str) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sorted(params.items())
+                     if k != leave) or "as composed"
+
+
+def _params(row: Row, keys: list[str]) -> dict[str, Any]:
+    return {k: row.flat.get(k) if k in row.flat else row.knob(k.rsplit(".", 1)[-1])
+            for k in keys}
+
+
+def compute_data(rows: list[Row], result: dict) -> dict | None:
+    """Series of the compute pipe's runs: {label: [point]}, the kept points, the ceiling."""
+    c = result.get("compute") or {}
+    kept = [k["params"] for k in c.get("kept", [])]
+    if not kept:
+        return None
+    keys = sorted(kept[0])
+    series: dict[str, list[dict]] = {}
+    ooms, ceiling, mine = [], 1.0, []
+    for r in rows:
+        e = phase_est(r.record, "compute")
+        if not (r.trial or r.label).startswith("compute-") or e is None \
+                and r.record.status is not Status.oom:
+            continue
+        mine.append(r)
+        p = _params(r, keys)
+        if p.get(BATCH) is None:
+            continue
+        ceiling = r.ceiling or ceiling
+        if r.record.status is Status.oom:
+            ooms.append(p[BATCH])
+            continue
+        series.setdefault(_name(p, BATCH), []).append(
+            {"x": p[BATCH], "y": e.value, "lo": e.lo, "hi": e.hi,
+             "mem": None if r.peak is None else 100 * r.peak, "kept": p in kept,
+             "flagged": bool(flag_reasons(r))})
+    if not series:
+        return None
+    for pts in series.values():
+        pts.sort(key=lambda q: q["x"])
+    xs = sorted({q["x"] for pts in series.values() for q in pts} | set(ooms))
+    # the memory figure as every picture names it: device memory, or summed RSS of host RAM
+    return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs,
+            "memory_label": memory_axis(mine)["label"]}
+
+
+def data_panels(rows: list[Row], result: dict) -> list[dict]:
+    """One panel per kept compute setting: its loader runs by data setting, its bound."""
+    panels = []
+    for d in result.get("data", []):
+        stage = d["study"].split("-data-", 1)[-1]
+        keys = sorted(d["params"])
+        chosen = as_run(d["params"])
+        points = []
+        for r in rows:
+            e = phase_est(r.record, "loader")
+            if not (r.trial or r.label).startswith(f"data-{stage}-") or e is None:
+                continue
+            p = as_run(_params(r, keys))
+            points.append((p, {"x": p.get(WORKERS, 0), "y": e.value, "lo": e.lo, "hi": e.hi,
+                               "chosen": p == chosen}))
+        if not points:
+            continue
+        # a line per setting of the other keys, named by a run with workers
+        groups = worker_groups(points, lambda t: t[0].get(WORKERS),
+                               lambda t: {k: v for k, v in t[0].items() if k != WORKERS})
+        series = {_name(next((p for p, _ in g if p.get(WORKERS) != 0), g[0][0]), WORKERS):
+                  sorted((q for _, q in g), key=lambda q: q["x"]) for g in groups}
+        kept = next((k for k in result["compute"]["kept"] if k["params"] == d["for"]), None)
+        bound = kept["rate"] if kept else None
+        panels.append({"title": _name(d["for"], ""), "series": series, "bound": bound,
+                       "clears": d["clears"],
+                       "xticks": sorted({q["x"] for pts in series.values() for q in pts})})
+    return panels

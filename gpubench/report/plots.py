@@ -2,7 +2,8 @@
 shows is decided by the pure functions of gpubench.report.plot_data (tested on constructed
 rows); this module only draws it: points with whiskers, a line per group of runs that differ in
 the plotted knob alone, bounds dotted and dashed, flagged runs hollow red, screens hollow grey,
-the recommended run a gold star under its point, the legend outside the axes.
+the recommended run a gold star under its point, the legend outside the axes. Also a
+sweep=pipes search's two pictures, and the set-up and saving run.png shares (report.runplot).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from pathlib import Path
 
 from matplotlib import transforms
 
-from gpubench.report.plot_data import curve_data, memory_data, pareto_data
+from gpubench.core.files import open_own
+from gpubench.report.plot_data import (
+    CEILING_VIEW,
+    compute_data,
+    curve_data,
+    data_panels,
+    memory_data,
+    pareto_data,
+)
 from gpubench.report.plot_rules import (
     SHORT_LABEL,
     flag_reasons,
@@ -23,12 +32,11 @@ from gpubench.report.plot_rules import (
     importance_title,
     inert_knobs,
 )
-from gpubench.report.runplot import plain_log
 
 log = logging.getLogger("gpubench")
 
 
-def _plt():
+def pyplot():
     # matplotlib is imported when a picture is drawn: the report's text needs none of it
     import matplotlib
 
@@ -40,7 +48,7 @@ def _plt():
 
 def _figure():
     # wide enough for a legend outside the axes, on the right, where it covers nothing
-    return _plt().subplots(figsize=(10.4, 4.8))
+    return pyplot().subplots(figsize=(10.4, 4.8))
 
 
 # a legend line's most characters: a setup of six knobs on one line (about 110) made the legend
@@ -69,14 +77,32 @@ def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str 
     if note:
         ax.text(0.0, -0.16, note, transform=ax.transAxes, fontsize=8, va="top", color="dimgray")
     _legend(ax)
-    return _save(fig, out)
+    return save(fig, out)
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path, dpi: int = 110) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps the outside legend in the file
-    _plt().close(fig)
+    with open_own(path, "wb") as f:  # never through a symbolic link
+        # the tight box keeps the legends outside the axes in the file
+        fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+    pyplot().close(fig)
     return path
+
+
+def plain_log(ax, which: str, lo: float, hi: float) -> None:
+    """The axes' `which` axis ("x", "y") on a log scale labelled with plain numbers (0.1, 2,
+    3,000) at 1-2-5 steps, or at powers of ten past two decades: matplotlib's default writes
+    6x10^1 and crowds a short range."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    subs = (1.0,) if hi > 100 * lo else (1.0, 2.0, 5.0)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 
 
 def _x_axis(ax, xticks, log2: bool, integer: bool) -> None:
@@ -195,7 +221,7 @@ def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
 
 def _draw_curve(d: dict, out: Path) -> Path:
     fig, ax = _figure()
-    colors = _plt().rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     styles = {"loader": (":", "v"), "compute": ("--", "^")}
     one = len(d["lines"]) == 1
     for i, ln in enumerate(d["lines"]):
@@ -219,8 +245,7 @@ def _draw_curve(d: dict, out: Path) -> Path:
     _star(ax, d["star"])
     _x_axis(ax, d["xticks"], d["log2"], d["integer_x"])
     if d["log_y"]:
-        ax.set_yscale("log")
-        plain_log(ax.yaxis, d["ymin"], d["ymax"])
+        plain_log(ax, "y", d["ymin"], d["ymax"])
     ax.set_ylim(d["ymin"], d["ymax"])
     return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"])
 
@@ -281,6 +306,115 @@ def _draw_pareto(d: dict, out: Path) -> Path:
     return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"], d["note"], xsize=9)
 
 
+def _draw_compute(d: dict, out: Path) -> Path:
+    plt = pyplot()
+    fig, (ax, mx) = plt.subplots(1, 2, figsize=(12.4, 4.6))
+    for name, pts in d["series"].items():
+        line, = ax.plot([q["x"] for q in pts], [q["y"] for q in pts], marker="o", label=name)
+        _whiskers(ax, pts, {"color": line.get_color(), "zorder": 3})
+        mem = [q for q in pts if q["mem"] is not None]
+        mx.plot([q["x"] for q in mem], [q["mem"] for q in mem], marker="o",
+                color=line.get_color(), label=name)
+    flagged = [q for pts in d["series"].values() for q in pts if q["flagged"]]
+    if flagged:  # a run that flagged its own measurement: ringed, as the other pictures do
+        ax.plot([q["x"] for q in flagged], [q["y"] for q in flagged], marker="o", markersize=12,
+                markerfacecolor="none", markeredgecolor="tab:red", linestyle="none", zorder=4,
+                label="flagged its own measurement")
+    kept = [q for pts in d["series"].values() for q in pts if q["kept"]]
+    ax.plot([q["x"] for q in kept], [q["y"] for q in kept], marker="*", markersize=18,
+            color="gold", markeredgecolor="black", linestyle="none", zorder=1,
+            label="kept for the data pipe")
+    mems = [q["mem"] for pts in d["series"].values() for q in pts if q["mem"] is not None]
+    # a ceiling far above every run (a CPU's RSS is a few % of host RAM) would flatten them
+    # onto the axis: it is named in the title instead, as pareto.png does
+    far = bool(mems) and not d["ooms"] and d["ceiling"] > CEILING_VIEW * max(mems)
+    if d["ooms"]:
+        mx.scatter(d["ooms"], [104] * len(d["ooms"]), marker="x", color="red", s=60,
+                   clip_on=False, label="out of memory")
+    if not far:
+        mx.axhline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
+    for a, ylabel in ((ax, "compute-only images/sec"),
+                      (mx, textwrap.fill(d["memory_label"], 40))):
+        _x_axis(a, d["xticks"], log2=True, integer=True)
+        a.set_xlabel("batch size")
+        a.set_ylabel(ylabel, fontsize=9)
+        a.grid(alpha=0.3)
+    ax.set_ylim(bottom=0)
+    mx.set_ylim(0, 1.3 * max(mems) if far else 108)
+    ax.set_title("What does the device allow?\ncompute-only img/s by batch size, a line per "
+                 "setting of the other knobs", fontsize=10)
+    mx.set_title("...at what peak memory?" + (f"\n(memory.ceiling, {d['ceiling']:.0f}%, is far "
+                                              "above every run)" if far else ""), fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    mx.legend(fontsize=8, loc="upper left")
+    return save(fig, out)
+
+
+def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
+    """A column per kept compute setting (a walk that stops at the first setting that clears
+    leaves one point a setting: columns, not a panel each, keep that readable)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    every: list[float] = []
+    starred: set[str] = set()  # one legend entry per kind of star
+    for i, p in enumerate(panels):
+        if p["bound"]:  # over its own column (-0.6 to len(panels) - 0.4 across the axes)
+            y, lo, hi = p["bound"]
+            band = {"y": y, "lo": lo, "hi": hi, "threshold": hi * (1 + margin), "margin": margin}
+            _band(ax, band, "tab:orange", "compute bound of that setting" if i == 0 else None,
+                  (i + 0.18) / len(panels), (i + 1.02) / len(panels))
+            every += [lo, band["threshold"]]
+        pts = [(name, q) for name, qs in p["series"].items() for q in qs]
+        pts = list({(q["x"], q["y"]): (name, q) for name, q in pts}.values())  # 0 workers once
+        for k, (name, q) in enumerate(sorted(pts, key=lambda t: (t[1]["x"], t[0]))):
+            x = i + (k - (len(pts) - 1) / 2) * min(0.2, 0.7 / max(1, len(pts)))
+            c = colors[k % len(colors)]
+            pt = {**q, "x": x}
+            if q["chosen"]:
+                star = ("chosen: the cheapest that clears" if p["clears"] else
+                        "chosen: none clears, the fastest")
+                ax.plot([x], [q["y"]], marker="*", markersize=18, color="gold",
+                        markeredgecolor="black", linestyle="none", zorder=2,
+                        label=None if star in starred else star)
+                starred.add(star)
+            ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
+            _whiskers(ax, [pt], {"color": c, "zorder": 3})
+            what = f"{q['x']} worker{'s' * (q['x'] != 1)}" + (
+                "" if name == "as composed" else f"\n{name}")
+            ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=7, color=c)
+            every += [q["lo"], q["hi"]]
+    ax.set_xticks(range(len(panels)), [p["title"].replace(", ", "\n") for p in panels],
+                  fontsize=8)
+    ax.set_xlim(-0.6, len(panels) - 0.4)
+    lo, hi = min(v for v in every if v > 0), max(every)
+    if hi > 20 * lo:
+        plain_log(ax, "y", lo, hi)
+        ax.set_ylim(lo / 1.5, hi * 2.0)
+    else:
+        ax.set_ylim(0, hi * 1.25)
+    ax.set_xlabel("kept compute setting (from compute_pipe.png)")
+    ax.set_ylabel("loader-only images/sec (whiskers: interval)")
+    ax.set_title("Which data setting keeps up with compute?\nper kept compute setting: each "
+                 "data setting the walk tried, cheapest first, against that setting's bound",
+                 fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return save(fig, out)
+
+
+def plot_pipes(rows, result: dict, out_dir: Path, margin: float) -> list[Path]:
+    made = []
+    d = compute_data(rows, result)
+    if d is not None:
+        made.append(_draw_compute(d, out_dir / "compute_pipe.png"))
+    panels = data_panels(rows, result)
+    if panels:
+        made.append(_draw_data(panels, margin, out_dir / "data_pipe.png"))
+    return made
+
+
 def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     """Optuna's parameter importance over the knobs that can act on the runs' device, from
     enough complete trials (plot_rules.importance_params)."""
@@ -304,7 +438,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
         return None
     if not imp:
         return None
-    plt = _plt()
+    plt = pyplot()
     names = list(imp)[::-1]
     fig, ax = plt.subplots(figsize=(6.8, 0.5 * len(names) + 1.8))
     ax.barh(names, [imp[n] for n in names])
@@ -318,7 +452,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     ax.set_title(importance_title(len(done), params, swept, inert, flagged, phase, ranked),
                  fontsize=9, wrap=True)
     ax.grid(alpha=0.3, axis="x")
-    return _save(fig, out)
+    return save(fig, out)
 
 
 def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:

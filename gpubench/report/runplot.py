@@ -16,10 +16,10 @@ from pathlib import Path
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
 from gpubench.analysis.select import setup_text
-from gpubench.core.files import open_own
 from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status
 from gpubench.core.stats import finite_number, positive
 from gpubench.report.plot_rules import phase_est
+from gpubench.report.plots import plain_log, pyplot, save
 
 PICTURE_FILE = "run.png"
 # one colour per pipe, shared by the bars and the traces so the eye pairs them
@@ -111,30 +111,21 @@ def plot_run(record: RunRecord, out: Path) -> Path:
     """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path). About
     690 px wide: MLflow's run page takes the picture's width as the description's least, and
     at 1440 px fits beside "About this run" only up to about 700 px."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out)
     path = out if out.suffix == ".png" else out / PICTURE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     d = run_picture_data(record)
     rows = 2 if d["traces"] else 1
-    fig, axes = plt.subplots(rows, 1, figsize=(7.5, 7.6 if rows == 2 else 4.4), squeeze=False,
+    fig, axes = pyplot().subplots(rows, 1, figsize=(7.5, 7.6 if rows == 2 else 4.4), squeeze=False,
                              height_ratios=[1.0, 1.3] if rows == 2 else None)
     _draw_pipes(axes[0][0], d)
     if rows == 2:
         _draw_traces(axes[1][0], d)
     fig.suptitle(d["title"], fontsize=10, ha="center")
-    fig.tight_layout()
     if d["reasons"]:  # under the picture, each reason whole: the title only counts them
         fig.text(0.01, 0.0, "why the measurement is flagged:\n" + "\n".join(d["reasons"]),
                  fontsize=7.5, va="top", ha="left", color="tab:red")
-    with open_own(path, "wb") as f:  # never through a symbolic link
-        fig.savefig(f, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, path, DPI)  # the layout leaves the figure's text out: it hangs below
 
 
 def _draw_pipes(ax, d: dict) -> None:
@@ -169,8 +160,7 @@ def _draw_pipes(ax, d: dict) -> None:
         # outside the axes, as below: inside it would cover the points it is about
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     if d["log_x"]:
-        ax.set_xscale("log")
-        plain_log(ax.xaxis, lo, hi)
+        plain_log(ax, "x", lo, hi)
         ax.set_xlim(lo / 1.6, hi * 1.6)
     else:
         ax.set_xlim(0, 1.15 * hi)
@@ -182,17 +172,6 @@ def _draw_pipes(ax, d: dict) -> None:
     if d["flagged"]:
         ax.text(0.99, 0.02, "flagged: hollow points, not to be trusted", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8, color="tab:red")
-
-
-def plain_log(axis, lo: float, hi: float) -> None:
-    """A log axis labelled with plain numbers (0.1, 2, 3,000) at 1-2-5 steps, or at powers of
-    ten past two decades: matplotlib's default writes 6x10^1 and crowds a short range."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    subs = (1.0,) if hi > 100 * lo else (1.0, 2.0, 5.0)
-    axis.set_major_locator(LogLocator(base=10, subs=subs))
-    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
-    axis.set_minor_formatter(NullFormatter())
 
 
 def _draw_traces(ax, d: dict) -> None:
@@ -210,8 +189,7 @@ def _draw_traces(ax, d: dict) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step (warm-up first, then the measured steps)")
     if d["trace_log_y"]:
-        ax.set_yscale("log")
-        plain_log(ax.yaxis, *d["trace_span"])
+        plain_log(ax, "y", *d["trace_span"])
         ax.set_ylabel("step time, ms (log scale)")
     else:
         ax.set_ylim(bottom=0)

@@ -259,7 +259,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     was made from (summary.json), so an unchanged sweep is not reported twice. `found`, `named`:
     compute runs for the loader-only workers answer. `pipes`: a sweep=pipes path (pipes.json)."""
     from gpubench.report import plots as report_plots
-    from gpubench.search.pipe_rules import lines as pipes_lines
+    from gpubench.search.pipes import lines as pipes_lines
 
     check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
     new = not out_dir.exists()
@@ -336,9 +336,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     files += report_plots.plot_all(shown, out_dir, rec, study,
                                    band=answer.band if answer is not None else None)
     if pipes:
-        from gpubench.report.pipes_plot import plot_pipes
-
-        files += plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
+        files += report_plots.plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
     summary["files"] = [str(f) for f in files]
     # printed again when the report is up to date (cached), the table at the reader's width
     summary["lines"], summary["table"] = lines, {"title": title, "head": head, "body": body}

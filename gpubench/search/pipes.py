@@ -19,16 +19,23 @@ workers and the failure budget work as in any sweep; a stage's points are queued
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
-from gpubench.search import pipe_rules as R
+from gpubench.analysis.workers import clears, clears_by
+from gpubench.config.knobs import CHEAP_FIRST
+from gpubench.core.pipe import serial_rate
+from gpubench.core.stats import Est
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
-from gpubench.search.space import SearchSpace
+from gpubench.search.space import Param, SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -63,34 +70,38 @@ class Pipes:
     # seconds each stage took in earlier invocations of this sweep (a resume adds to them)
     earlier: dict = field(default_factory=dict)
 
-    def _spent(self, stage: str, since: float) -> None:
+    def _spent(self, stage: str, since: float) -> float:
+        now = time.monotonic()
         wall = self.result.setdefault("wall_s", {})
-        wall[stage] = round(float(self.earlier.get(stage, 0.0)) + time.monotonic() - since, 1)
+        wall[stage] = round(float(self.earlier.get(stage, 0.0)) + now - since, 1)
+        return now
+
+    @cached_property
+    def spaces(self) -> tuple[SearchSpace, SearchSpace]:
+        return check_space(self.space, self.plan.data_keys)
 
     def run(self) -> dict:
-        compute, _ = R.check_space(self.space, self.plan.data_keys)
-        t0 = time.monotonic()
+        compute, _ = self.spaces
+        t = time.monotonic()
         kept = self._compute(compute)
-        self._spent("compute", t0)
+        t = self._spent("compute", t)
         if not kept:
             log.warning("no compute setting ran under the memory ceiling: nothing to feed")
             self.write(self.result)
             return self.result
-        t1 = time.monotonic()
         fed = [self._data(k) for k in kept]
-        self._spent("data", t1)
-        t2 = time.monotonic()
+        t = self._spent("data", t)
         self._join(kept, fed)
-        self._spent("join", t2)
+        self._spent("join", t)
         self.write(self.result)
-        for line in R.lines(self.result):
+        for line in lines(self.result):
             log.info("%s", line)
         return self.result
 
-    def _compute(self, compute: SearchSpace) -> list[R.Kept]:
-        space = R.fixed_space(compute, {}, self.plan.compute_overrides)
+    def _compute(self, compute: SearchSpace) -> list[Kept]:
+        space = fixed_space(compute, {}, self.plan.compute_overrides)
         shared = self.open_study(f"{self.name}-compute")
-        points = R.grid(space.params)
+        points = grid(space.params)
         exhaustive = points is not None and len(points) <= self.plan.compute_trials
         if exhaustive:
             # every setting, smallest batch first: a study's queue is kept across workers
@@ -99,7 +110,7 @@ class Pipes:
         n = len(points) if exhaustive else self.plan.compute_trials
         self.search(shared, space, n, "compute").run()
         rows = _rows(shared)
-        kept = R.keep_compute(rows, "loader.batch_size", self.plan.tolerance, self.plan.keep)
+        kept = keep_compute(rows, "loader.batch_size", self.plan.tolerance, self.plan.keep)
         self.result["compute"] = {
             "study": shared.study.study_name, "trials": len(rows), "space": len(points or []) or
             None, "exhaustive": exhaustive, "kept": [k.summary() for k in kept]}
@@ -118,23 +129,23 @@ class Pipes:
         if todo:
             self.search(shared, space, done + len(todo), "data", stop=stop).run()
 
-    def _data(self, k: R.Kept, past: dict | None = None) -> R.Fed | None:
+    def _data(self, k: Kept, past: dict | None = None) -> Fed | None:
         """The data setting chosen for k; with `past` (a setting chosen before), the next
         setting in cost order after it, measured now."""
-        _, data = R.split(self.space, self.plan.data_keys)
-        space = R.fixed_space(data, k.params, self.plan.data_overrides)
-        shared = self.open_study(f"{self.name}-data-{R.short_hash(k.params)}")
+        _, data = self.spaces
+        space = fixed_space(data, k.params, self.plan.data_overrides)
+        shared = self.open_study(f"{self.name}-data-{short_hash(k.params)}")
         params = space.params
         # a grid: check_space refused a continuous data key
-        points = sorted(R._effective(R.grid(params)), key=lambda p: R.cost(p, params))
-        after = None if past is None else R.cost(past, params)
+        points = sorted(effective(grid(params)), key=lambda p: cost(p, params))
+        after = None if past is None else cost(past, params)
 
         def walk() -> list[dict]:  # what the walk measures next (nothing: it found its answer)
-            return R.data_walk(points, params, _rows(shared), k.rate, self.plan.margin)
+            return data_walk(points, params, _rows(shared), k.rate, self.plan.margin)
 
         if after is not None:  # the join's next try: the next setting past the chosen one
             measured = {S.key(p) for p, _ in _rows(shared)}
-            nxt = [p for p in points if R.cost(p, params) > after and S.key(p) not in measured]
+            nxt = [p for p in points if cost(p, params) > after and S.key(p) not in measured]
             self._measure(shared, space, nxt[:1], lambda: False)
         else:
             while (todo := walk()) and (before := len(_rows(shared))) < self.plan.data_trials:
@@ -142,7 +153,7 @@ class Pipes:
                 if len(_rows(shared)) == before:  # nothing more could be measured (failures)
                     break
         rows = _rows(shared)
-        f = R.choose_data(rows, params, k.rate, self.plan.margin, after)
+        f = choose_data(rows, params, k.rate, self.plan.margin, after)
         if f is not None and after is None:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
@@ -153,9 +164,9 @@ class Pipes:
                      S.describe(f.params), format(f.rate), verb, format(k.rate))
         return f
 
-    def _join(self, kept: list[R.Kept], fed: list[R.Fed | None]) -> None:
+    def _join(self, kept: list[Kept], fed: list[Fed | None]) -> None:
         shared = self.open_study(f"{self.name}-join")
-        space = R.fixed_space(self.space, {}, self.plan.join_overrides)
+        space = fixed_space(self.space, {}, self.plan.join_overrides)
         pairs = [(k, f) for k, f in zip(kept, fed, strict=True) if f is not None]
         joined: list[dict] = []
         rows: list[tuple[dict, Row]] = []
@@ -168,7 +179,7 @@ class Pipes:
             # confirm rounds only where one measurement each leaves the answer open (the same
             # rows on a resume: the same decision)
             rows = _rows(shared)
-            if top := R.confirm_top([r for _, r in rows], self.plan.tolerance):
+            if top := confirm_top([r for _, r in rows], self.plan.tolerance):
                 self.search(shared, space, tried, "join",
                             confirm=replace(self.confirm, top=top)).run()
                 rows = _rows(shared)  # pooled with the rounds
@@ -176,10 +187,10 @@ class Pipes:
             nxt = []
             for k, f in pairs:
                 row = by_key.get(S.key({**k.params, **f.params}))
-                e2e = R.rate_of(row) if row is not None else None
-                name, narrower = R.join_bound(k.rate, f.rate,
+                e2e = rate_of(row) if row is not None else None
+                name, narrower = join_bound(k.rate, f.rate,
                                               f.params.get("loader.num_workers", 1))
-                short = e2e is not None and R.contends(e2e, narrower, self.plan.tolerance)
+                short = e2e is not None and contends(e2e, narrower, self.plan.tolerance)
                 joined.append({"compute": k.params, "data": f.params,
                                "e2e": None if e2e is None else [e2e.value, e2e.lo, e2e.hi],
                                "narrower": name,
@@ -207,3 +218,283 @@ def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
     from gpubench.search.rows import trial_rows
 
     return [(dict(t.params), r) for t, r in trial_rows(shared.study, shared.storage)]
+
+
+# ---------------------------------------------------------------------- the rules: pure
+# functions of search spaces and rows (scripts/bench_pipes.py replays them over tables)
+
+
+def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace,
+                                                                         SearchSpace]:
+    """The (compute, data) split; ConfigError when a pipe has no swept key, or a data key is
+    continuous (the data pipe walks a grid)."""
+    from gpubench.config.errors import ConfigError
+
+    space.require_swept()
+    compute, data = (SearchSpace([p for p in space.params if (p.name in data_keys) is side],
+                                 list(space.fixed)) for side in (False, True))
+    names = [p.name for p in space.params]
+    if not compute.params or not data.params:
+        missing = "compute" if not compute.params else "data"
+        raise ConfigError("hydra.sweeper.params", names,
+                          f"swept keys of both pipes: none is a {missing} knob (data knobs: "
+                          f"hydra.sweeper.pipes.data_keys = {list(data_keys)})")
+    if grid(data.params) is None:
+        raise ConfigError("hydra.sweeper.params", names,
+                          "data keys as choice(...) or integer range(...) with sweep=pipes "
+                          "(its data pipe walks them in cost order)")
+    return compute, data
+
+
+def grid(params: list[Param]) -> list[dict[str, Any]] | None:
+    """Every point of a space of choices and integer ranges; None when a key is continuous."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    axes = []
+    for p in params:
+        d = p.dist
+        if isinstance(d, CategoricalDistribution):
+            axes.append(list(d.choices))
+        elif isinstance(d, IntDistribution) and not d.log:
+            axes.append(list(range(d.low, d.high + 1, d.step)))
+        else:
+            return None
+    return [dict(zip([p.name for p in params], pt, strict=True)) for pt in itertools.product(*axes)]
+
+
+def cost(params: dict[str, Any], space: list[Param]) -> tuple:
+    """A data setting's cost rank: CHEAP_FIRST's keys first (fewer workers, then no preload,
+    ...), other keys by their choice's position."""
+    order = {p.name: p for p in space}
+    head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
+    rest = tuple(_position(order[k], v) for k, v in sorted(params.items())
+                 if k not in CHEAP_FIRST and k in order)
+    return head + rest
+
+
+def _rank(fn: Callable[[Any], Any], v: Any) -> tuple:
+    try:
+        return (0, fn(v))
+    except TypeError:  # a value of another type than the key's (a string for a number)
+        return (1, str(v))
+
+
+def _position(p: Param, v: Any) -> int:
+    choices = getattr(p.dist, "choices", None)
+    return list(choices).index(v) if choices is not None and v in choices else 0
+
+
+def fixed_space(space: SearchSpace, values: dict[str, Any], extra: list[str]) -> SearchSpace:
+    """`space` with `values` (another pipe's setting) and `extra` fixed on every job."""
+    named = {p.name: p for p in space.params}
+    pinned = [named[k].override(v) if k in named else f"{k}={v}" for k, v in values.items()]
+    return SearchSpace([p for p in space.params if p.name not in values],
+                       [*space.fixed, *pinned, *extra])
+
+
+def short_hash(values: dict[str, Any]) -> str:
+    return hashlib.sha1(S.key(values).encode()).hexdigest()[:8]
+
+
+def rate_of(row: Row) -> Est | None:
+    """A row's throughput with its interval (pooled over its confirm step once re-measured)."""
+    if not (row.feasible and row.record.status.measured):
+        return None
+    return Est.of(row.throughput, list(row.interval))
+
+
+@dataclass
+class Kept:
+    """A compute setting kept for the data pipe, with its bound and why it was kept."""
+
+    params: dict[str, Any]
+    rate: Est
+    why: str
+    peak: float | None = None
+
+    def summary(self) -> dict:
+        return {"params": self.params, "rate": [self.rate.value, self.rate.lo, self.rate.hi],
+                "why": self.why, "peak_memory_fraction": self.peak}
+
+
+def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
+                 keep: int) -> list[Kept]:
+    """The fastest feasible compute setting, the smallest batch within `tolerance` of it (the
+    knee: as fast, with less memory), then the next fastest, up to `keep`."""
+    rated = sorted(((p, r, x) for p, r in rows if (x := rate_of(r)) is not None),
+                   key=lambda t: -t[2].value)  # stable: of equal figures, the first measured
+    if not rated:
+        return []
+    best_p, best_r, best = rated[0]
+    out = [Kept(best_p, best, "the fastest compute setting", best_r.peak)]
+    near = [(p, r, x) for p, r, x in rated if x.value >= best.value * (1 - tolerance)]
+    if batch_key in best_p:
+        knee_p, knee_r, knee = min(near, key=lambda t: (t[0].get(batch_key, 0), -t[2].value))
+        if knee_p != best_p and keep > 1:
+            out.append(Kept(knee_p, knee, f"the smallest batch within {tolerance:.0%} of the "
+                                          "fastest", knee_r.peak))
+    for p, r, x in rated[1:]:  # more, when asked for more
+        if len(out) < keep and all(p != k.params for k in out):
+            out.append(Kept(p, x, "the next fastest", r.peak))
+    return out
+
+
+@dataclass
+class Fed:
+    """A data setting chosen to feed one kept compute setting."""
+
+    params: dict[str, Any]
+    rate: Est
+    clears: bool
+    bound: Est
+    margin: float
+
+    def summary(self) -> dict:
+        r, share = self.rate, self.rate.over(self.bound)
+        return {"params": self.params, "rate": [r.value, r.lo, r.hi], "clears": self.clears,
+                "margin": [share.value - 1, share.lo - 1, share.hi - 1]}
+
+
+def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
+                margin: float, after: tuple | None = None) -> Fed | None:
+    """The cheapest measured data setting whose loader interval clears `bound` by `margin`
+    (above `after` in cost, when given); else the fastest loader (clears False)."""
+    rated = [(cost(p, space), p, rate_of(r)) for p, r in rows]
+    rated = sorted([t for t in rated if t[2] is not None], key=lambda t: t[0])
+    for c, p, x in rated:
+        if (after is None or c > after) and clears(x, bound, margin):
+            return Fed(p, x, True, bound, margin)
+    if after is not None or not rated:
+        return None
+    _, p, x = max(rated, key=lambda t: t[2].value)
+    return Fed(p, x, False, bound, margin)
+
+
+def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
+              bound: Est, margin: float) -> list[dict]:
+    """The data points to measure next, given the measured `rows` (empty: done). 1. Each
+    worker count with the other keys at their cheapest, fewest first, up to the first that
+    clears `bound`. 2. The turns: one other key turned, cheapest first, at a worker fewer than
+    the first that cleared (a cheaper key may make up for it), at the most workers when none
+    did; done when a turn clears or all are measured. The cheapest clearing setting along
+    these lines, in a few trials where the data space has many."""
+    done = {S.key(p): r for p, r in rows}
+    workers = sorted({p.get("loader.num_workers", 0) for p in points})
+
+    def base(w: int) -> dict:
+        return min((p for p in points if p.get("loader.num_workers", 0) == w),
+                   key=lambda p: cost(p, space))
+
+    def ok(p: dict) -> bool:
+        r = done.get(S.key(p))
+        x = rate_of(r) if r is not None else None
+        return x is not None and clears(x, bound, margin)
+
+    cleared_at = None
+    for w in workers:
+        b = base(w)
+        if S.key(b) not in done:
+            return [b]
+        if ok(b):
+            cleared_at = w
+            break
+    if cleared_at is None:
+        at = workers[-1]
+    elif cleared_at == workers[0]:
+        return []  # the fewest workers at the cheapest setting: nothing is cheaper
+    else:
+        at = workers[workers.index(cleared_at) - 1]
+    b = base(at)
+    turns = sorted((p for p in points if p.get("loader.num_workers", 0) == at
+                    and sum(p[key] != b[key] for key in b) == 1), key=lambda p: cost(p, space))
+    if any(ok(p) for p in turns):
+        return []
+    return [p for p in turns if S.key(p) not in done]
+
+
+def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
+    """What a pairing's e2e can reach, and its name: with loader workers the pipes overlap (the
+    narrower one); with 0 workers each batch is loaded between two steps (the serial bound)."""
+    if workers:
+        return min((("compute", compute), ("data", loader)), key=lambda t: t[1].value)
+    serial = Est(*(serial_rate(c, 1.0 / x) for c, x in ((compute.value, loader.value),
+                                                         (compute.lo, loader.lo),
+                                                         (compute.hi, loader.hi))))
+    return "serial", serial
+
+
+def contends(e2e: Est, bound: Est, tolerance: float) -> bool:
+    """The joined run falls short of its join_bound: even its high end is below the bound's
+    low end by more than `tolerance` (the hand-over alone costs a little)."""
+    return e2e.hi < bound.lo * (1 - tolerance)
+
+
+def confirm_top(rows: list[Row], tolerance: float) -> int:
+    """How many of the join's pairings, fastest first, its confirm rounds re-measure: the
+    leader down to the last pairing left open, whose interval reaches the leader's while its
+    median is more than `tolerance` below (within it, either is an answer); an unstable leader
+    is re-measured too."""
+    ranked = sorted((r for r in rows if rate_of(r) is not None),
+                    key=lambda r: r.throughput, reverse=True)
+    if not ranked:
+        return 0
+    lead = ranked[0]
+    last = 0 if lead.stable else 1
+    for i, r in enumerate(ranked[1:], start=1):
+        if r.interval[1] >= lead.interval[0] and r.throughput < (1 - tolerance) * lead.throughput:
+            last = i + 1
+    return last
+
+
+def effective(points: list[dict]) -> list[dict]:
+    """The data points that differ as runs (settings.as_run: one 0-worker point per setting)."""
+    from gpubench.config.settings import as_run
+
+    first: dict[str, dict] = {}
+    for p in points:
+        first.setdefault(S.key(as_run(p)), p)
+    return list(first.values())
+
+
+def _setting(params: dict[str, Any]) -> str:
+    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items()) or "as composed"
+
+
+def lines(result: dict) -> list[str]:
+    """The path the search took, in a few lines (the sweeper's log, the report)."""
+    out = []
+    c = result.get("compute")
+    if c:
+        how = "every setting" if c.get("exhaustive") else "sampled"
+        out.append(f"compute pipe: {c['trials']} compute-only trial(s), {how}")
+        for k in c["kept"]:
+            peak = k.get("peak_memory_fraction")
+            mem = f", peak memory {peak:.0%}" if isinstance(peak, (int, float)) else ""
+            out.append(f"  kept {_setting(k['params'])}: {Est(*k['rate'])} img/s{mem} "
+                       f"({k['why']})")
+    for d in result.get("data", []):
+        r = Est(*d["rate"])
+        if d["clears"]:
+            verdict = f"clears compute {clears_by(Est(*d['margin']))}, the cheapest setting that does"
+        else:
+            verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
+                       "dataset.preload=true, dataset.augment_on=device, more CPU cores)")
+        out.append(f"data pipe for {_setting(d['for'])}: {d['trials']} loader-only trial(s); "
+                   f"{_setting(d['params'])}: {r} img/s {verdict}")
+    j = result.get("join")
+    if j:
+        for p in j["pairings"]:
+            if p["e2e"] is None:
+                out.append(f"join {_setting({**p['compute'], **p['data']})}: not measured")
+                continue
+            e, b = Est(*p["e2e"]), Est(*p["bound"])
+            share = e.value / b.value
+            tail = (": the pipes contend (both fall short together)" if p["contends"] else "")
+            what = ("the serial bound (0 workers: load, then step)" if p["narrower"] == "serial"
+                    else "the narrower pipe")
+            out.append(f"join {_setting({**p['compute'], **p['data']})}: e2e {e} img/s, "
+                       f"{share:.0%} of {what} ({p['narrower']} {b}){tail}")
+    w = result.get("wall_s")
+    if w:
+        out.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in w.items()))
+    return out

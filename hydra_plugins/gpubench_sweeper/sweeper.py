@@ -94,8 +94,7 @@ class GpubenchSweeper(Sweeper):
         from gpubench.search.loop import Confirm, Screen, Search
         from gpubench.search.manifest import PIPES_FILE, absolute_storage
         from gpubench.search.manifest import read as read_manifest
-        from gpubench.search.pipe_rules import check_space
-        from gpubench.search.pipes import Pipes, Plan
+        from gpubench.search.pipes import Pipes, Plan, check_space
 
         pipes = self.mode is Mode.pipes
         if pipes:  # the space is checked before a study is made for nothing

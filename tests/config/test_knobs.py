@@ -15,7 +15,7 @@ from gpubench.config import knobs
 from gpubench.config.keys import Role
 from gpubench.core.record import RunRecord, Status
 from gpubench.report.plot_rules import held_fixed
-from gpubench.search.pipe_rules import cost
+from gpubench.search.pipes import cost
 from gpubench.search.space import Param
 
 

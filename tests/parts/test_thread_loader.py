@@ -22,7 +22,7 @@ from gpubench.parts import data
 from gpubench.parts.data import build_pipeline, collate_skipping
 from gpubench.parts.thread_loader import ThreadLoader
 from gpubench.run.runner import measure_run
-from gpubench.search.pipe_rules import cost
+from gpubench.search.pipes import cost
 from gpubench.search.space import Param
 
 sys.path.insert(0, str(ROOT / "scripts"))

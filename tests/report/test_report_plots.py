@@ -444,7 +444,7 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
     """sweep=pipes on a CPU: compute_pipe.png names memory as % of host RAM, as every other
     picture does; a data walk that stopped at its first setting left one point per kept
     compute setting, drawn as columns of one picture rather than a panel per point."""
-    from gpubench.report.pipes_plot import compute_data, data_panels, plot_pipes
+    from gpubench.report.plot_data import compute_data, data_panels
 
     def stage(trial, rec, label):
         r = row(rec, label)
@@ -467,5 +467,5 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
     assert sum(q["kept"] for pts in c["series"].values() for q in pts) == 2
     panels = data_panels(rows, result)
     assert [sum(len(v) for v in p["series"].values()) for p in panels] == [1, 1]
-    made = plot_pipes(rows, result, tmp_path, 0.05)
+    made = report_plots.plot_pipes(rows, result, tmp_path, 0.05)
     assert {p.name for p in made} == {"compute_pipe.png", "data_pipe.png"}

@@ -18,19 +18,18 @@ from gpubench.analysis.recommend import Row
 from gpubench.config.errors import ConfigError
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.stats import Est
-from gpubench.search.pipe_rules import (
-    _effective,
+from gpubench.search.pipes import (
     check_space,
     choose_data,
     confirm_top,
     contends,
     cost,
     data_walk,
+    effective,
     grid,
     join_bound,
     keep_compute,
     lines,
-    split,
 )
 from gpubench.search.space import parse_search_space
 from gpubench.search.study import measured_trials
@@ -82,7 +81,7 @@ def test_split_puts_data_keys_on_the_data_pipe_and_the_rest_on_compute():
     space = parse_search_space(["loader.batch_size=choice(32,64)", "precision=choice(fp32,amp_bf16)",
                                 "loader.num_workers=choice(0,2)", "dataset.preload=choice(false,true)",
                                 "model=resnet18"])
-    compute, data = split(space, DATA_KEYS)
+    compute, data = check_space(space, DATA_KEYS)
     assert [p.name for p in compute.params] == ["loader.batch_size", "precision"]
     assert [p.name for p in data.params] == ["loader.num_workers", "dataset.preload"]
     assert compute.fixed == data.fixed == ["model=resnet18"]
@@ -109,7 +108,7 @@ def test_data_settings_are_ordered_cheapest_first():
     space = parse_search_space(["loader.num_workers=choice(4,0,2)",
                                 "dataset.preload=choice(true,false)",
                                 "loader.prefetch_factor=choice(4,2)"])
-    points = sorted(_effective(grid(space.params)), key=lambda p: cost(p, space.params))
+    points = sorted(effective(grid(space.params)), key=lambda p: cost(p, space.params))
     # fewer workers first; at equal workers no preload first, then the smaller prefetch
     assert [(p["loader.num_workers"], p["dataset.preload"]) for p in points[:2]] == [
         (0, False), (0, True)]
@@ -157,7 +156,7 @@ def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
     space = parse_search_space(["loader.num_workers=choice(0,1,2,4)",
                                 "loader.pin_memory=choice(false,true)",
                                 "loader.prefetch_factor=choice(2,4)"]).params
-    points = sorted(_effective(grid(space)), key=lambda p: cost(p, space))
+    points = sorted(effective(grid(space)), key=lambda p: cost(p, space))
     bound = Est(500.0, 490.0, 510.0)  # to clear: a low end above 535.5
     # the loader's rate: 200 per worker, +150 with pinned memory (a made-up host)
     def rate(p):
