@@ -87,19 +87,16 @@ def _prices(table: dict[Any, Any]) -> dict[str, float]:
 def price_for(device: str, table: dict[str, float]) -> float | None:
     """The exact device name, else the longest key that is part of it (case-insensitive):
     "V100" prices "Tesla V100-SXM2-16GB" without spelling out every variant."""
-    if device in table:
-        return table[device]
-    low = device.lower()
-    hits = [k for k in table if k.lower() in low]
-    return table[max(hits, key=len)] if hits else None
+    hits = [k for k in table if k.lower() in device.lower()]
+    return table[max(hits, key=lambda k: (len(k), k == device))] if hits else None
 
 
 def mlflow_records(experiment: str, uri: str | None = None,
                    filter_string: str = "") -> list[RunRecord]:
-    """The run records (results.json artifacts) of an experiment's runs matching
-    `filter_string` (built by the caller from checked values only), each naming its run in
-    `extra["mlflow_run_id"]`; runs without the artifact (sweep parents) are skipped."""
+    """The results.json of an experiment's runs matching `filter_string` (built by the caller
+    from checked values only), each naming its run in `extra["mlflow_run_id"]`."""
     from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
+    from mlflow.utils import get_results_from_paginated_fn
 
     from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
 
@@ -111,30 +108,26 @@ def mlflow_records(experiment: str, uri: str | None = None,
         exp = client.get_experiment(experiment)
     if exp is None:
         raise SystemExit(f"gpubench.report: no MLflow experiment {experiment!r} at {uri}")
-    out, token = [], None
+    out = []
+    runs = get_results_from_paginated_fn(lambda n, token: client.search_runs(
+        [exp.experiment_id], filter_string, max_results=n, page_token=token), 500)
     with tempfile.TemporaryDirectory() as tmp:
-        while True:
-            page = client.search_runs([exp.experiment_id], filter_string, max_results=500,
-                                      page_token=token)
-            for run in page:
-                rid = run.info.run_id
-                try:
-                    path = client.download_artifacts(rid, RESULTS_FILE, f"{tmp}/{rid}")
-                except Exception:  # a sweep's parent run has no results.json
-                    continue
-                d = read_json(Path(path))
-                if isinstance(d, dict):
-                    rec = RunRecord.from_dict(d)
-                    # the device as the tracking tags name it, when results.json lacks it
-                    if not rec.env.get("device_name"):
-                        rec.env["device_name"] = run.data.tags.get("device_name")
-                    # a max-batch probe or a screen: the rung its sweep gave the job
-                    rec.rung = Rung.of(run.data.tags.get("rung") or rec.rung)
-                    rec.extra["mlflow_run_id"] = rid
-                    out.append(rec)
-            token = page.token
-            if not token:
-                break
+        for run in runs:
+            rid = run.info.run_id
+            try:
+                path = client.download_artifacts(rid, RESULTS_FILE, f"{tmp}/{rid}")
+            except Exception:  # a sweep's parent run has no results.json
+                continue
+            d = read_json(Path(path))
+            if isinstance(d, dict):
+                rec = RunRecord.from_dict(d)
+                # the device as the tracking tags name it, when results.json lacks it
+                if not rec.env.get("device_name"):
+                    rec.env["device_name"] = run.data.tags.get("device_name")
+                # a max-batch probe or a screen: the rung its sweep gave the job
+                rec.rung = Rung.of(run.data.tags.get("rung") or rec.rung)
+                rec.extra["mlflow_run_id"] = rid
+                out.append(rec)
     return out
 
 

@@ -62,13 +62,11 @@ class Group:
         return [r for r in self.rows if flag_reasons(r)]
 
     @property
-    def flagged_bound(self) -> bool:
-        """The bound rests on compute runs that all flagged their own measurement."""
+    def flagged_bound(self) -> bool:  # every compute run of the bound flagged itself
         return bool(self.sources) and all(m.measurement_stable is False for m in self.sources)
 
     @property
-    def flagged_loader(self) -> bool:
-        """Every loader run flagged itself: the rule judged flagged ones."""
+    def flagged_loader(self) -> bool:  # every loader run flagged itself: flagged ones judged
         return any(flag_reasons(r) for r in self.used)
 
     @property
@@ -76,8 +74,7 @@ class Group:
         return self.flagged_bound or self.flagged_loader
 
     @property
-    def kind(self) -> str | None:
-        """loader.worker_type of the runs with workers."""
+    def kind(self) -> str | None:  # loader.worker_type of the runs with workers
         return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
 
     @property
@@ -99,8 +96,7 @@ class LoaderAnswer:
     def band(self, row) -> dict | None:
         """The compute bound of a loader-only row's setup, as the workers plot draws it."""
         for g in self.groups:
-            if any(r is row for r in g.rows) and g.pick.compute is not None:
-                c = g.pick.compute
+            if any(r is row for r in g.rows) and (c := g.pick.compute) is not None:
                 flag = " (flagged: unconfirmed)" if g.flagged_bound else ""
                 return {"y": c.value, "lo": c.lo, "hi": c.hi, "threshold": g.pick.threshold,
                         "margin": g.pick.tolerance,
@@ -143,7 +139,7 @@ def compute_rate(rec: RunRecord) -> Est | None:
 
 
 def read_compute(paths: list[str] | None) -> list[RunRecord]:
-    """The runs named with `--compute`: one line for a path without a run or a compute figure."""
+    """The runs named with `--compute`; one line for a path without a compute figure."""
     out = []
     for p in paths or []:
         rec = load(Path(p).expanduser())
@@ -176,8 +172,8 @@ def _differs(rec: RunRecord, key: tuple) -> str:
 
 
 def _compute_command(row: Row) -> str:
-    """The loader job's own command line (.hydra/overrides.yaml) without its workers and phases
-    (else its compute knobs), measuring `bench.phases=[compute]`."""
+    """The loader job's command line (.hydra/overrides.yaml, else its compute knobs) measuring
+    `bench.phases=[compute]`, without its workers."""
     overrides = None
     if row.record.dir is not None:
         try:
@@ -198,9 +194,8 @@ def _compute_command(row: Row) -> str:
 
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
                   source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
-    """The workers answer of the loader-only rows among `rows` (None without any), against the
-    compute bounds of the rows, `found` and `named`. A named run that bounds no setup is one
-    line (SystemExit): it was named to be used."""
+    """The workers answer of the loader-only `rows` (None without any) against the compute
+    bounds of `rows`, `found` and `named` (a named one that bounds no setup: SystemExit)."""
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
@@ -245,8 +240,7 @@ def _kinds(reasons: list[Reason]) -> str:
 
 
 def _kind_lines(groups: list[Group]) -> list[str]:
-    """For a setup measured with both kinds of workers: the fewest of either that clear
-    compute; at the same count threads (no process per worker)."""
+    """A setup measured with both kinds of workers: the fewest of either that clear compute."""
     out = []
     for gs in group_by(groups, lambda g: knob_part(_knobs(g.rows[0]))).values():
         clear = [g for g in gs if g.kind and g.pick.unblocks]

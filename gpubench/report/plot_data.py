@@ -63,18 +63,17 @@ def _star(chosen, x, apart: list, flagged: list) -> dict | None:
 
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
-    """The points that set the y range: all but the flagged ones (a queue-timed loader run
-    read 10x the rest), and the star; the flagged ones only when nothing else was measured."""
+    """The points that set the y range: all but the flagged ones (a queue-timed loader run read
+    10x the rest) unless nothing else measured, and the star."""
     return (points or flagged) + ([{"y": star["y"], "lo": star["y"], "hi": star["y"]}]
                                   if star else [])
 
 
 def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                band=None) -> dict | None:
-    """Throughput against knob `name`: lines of full feasible runs that differ in it alone, the
-    loader/compute bounds of the first line's runs; flagged, other groups' and short runs as
-    separate points. None when the knob did not vary. `band`: a row -> the compute bound
-    drawn across the plot (y, lo, hi, threshold, margin, label)."""
+    """Throughput against knob `name` (None when it did not vary): lines of full feasible runs
+    that differ in it alone, the bounds of the first line's runs, the other runs as points.
+    `band`: a row -> the compute bound drawn across the plot."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -129,8 +128,7 @@ def question(name: str, phase: str) -> str:
 
 
 def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
-    """The y range from every point but the flagged ones (`_basis`); a flagged point past
-    either end is drawn at that edge (`off_scale`: "above" or "below") with its figure."""
+    """The y range from the `_basis` points; a flagged point past an end is `off_scale` there."""
     basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
@@ -174,8 +172,8 @@ def memory_data(rows) -> dict | None:
 
 
 def pareto_data(rows, rec=None) -> dict | None:
-    """Throughput against peak memory for full measurements; the front is what no other
-    unflagged full run beats on both. None with fewer than two full measured points."""
+    """Throughput against peak memory of full runs (None with fewer than two); the front: what
+    no other unflagged full run beats on both."""
     pts = [r for r in rows if r.throughput > 0 and r.peak is not None]
     full = [r for r in pts if r.full]
     if len(full) < 2:

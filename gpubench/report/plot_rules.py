@@ -47,8 +47,8 @@ def ceiling_of(rows) -> float:
 
 
 def phase_est(rec: RunRecord, phase: str) -> Est | None:
-    """A phase's images/sec with its interval: its phase record's, else the run's headline keys
-    (an older results.json keeps only those); None when the phase did not measure."""
+    """A phase's images/sec with its interval (its phase record's, else the run's headline
+    keys); None when the phase did not measure."""
     ph = rec.phases.get(phase)
     if ph is not None and ph.images_per_sec is not None:
         return Est.of(ph.images_per_sec, ph.images_per_sec_ci)
@@ -56,8 +56,7 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
 
 
 def headline_phase(rows) -> str:
-    """The phase the rows' throughput is (RunRecord's `throughput` order), by majority; e2e when
-    none says."""
+    """The phase the rows' throughput is (RunRecord's `throughput` order), by majority."""
     votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None)
                     for r in rows)
     votes.pop(None, None)
@@ -90,9 +89,8 @@ def group_by(rows, key) -> dict:
 
 
 def flag_reasons(row) -> list[Reason]:
-    """Why a measured run's figures are not to be read as a bound: the reasons it found in its
-    own measurement (noise_reasons), or its confirm step's re-measurements disturbed or in
-    disagreement (`Row.stable`). Empty for a run that found nothing."""
+    """Why a measured run's figures are not to be read as a bound: its own noise_reasons, or its
+    confirm step's re-measurements disturbed or in disagreement (`Row.stable`)."""
     rec = row.record
     if not rec.status.measured:
         return []
@@ -128,8 +126,8 @@ def _knobs(row) -> dict[str, Any]:
 
 
 def held_fixed(rows, key: str) -> list[str]:
-    """The config keys other than `key` whose value differs between `rows`: the knobs a line
-    along `key` must hold fixed."""
+    """The config keys but `key` whose value differs between `rows`: what a line along `key`
+    holds fixed."""
     flats = [_knobs(r) for r in rows]
     keys = sorted({k for f in flats for k in f})
     return [k for k in keys if k != key and len({repr(f.get(k)) for f in flats}) > 1]
@@ -143,7 +141,7 @@ def group_label(row, keys: list[str]) -> str:
 
 
 def knob_part(values: dict, worker_only: bool = False) -> tuple:
-    """The worker-only knobs of `values` (by config key), or every other one, as a key."""
+    """The worker-only knobs of `values` (config key -> value), or every other one, as a key."""
     return tuple(sorted((k, repr(v)) for k, v in values.items()
                         if (k in WORKER_ONLY) == worker_only))
 
@@ -216,20 +214,15 @@ def inert_knobs(params: list[dict], devices: set[str]) -> list[str]:
     knobs, and a precision whose values all run the same math there. Empty on a GPU."""
     if not devices or devices - {"cpu"}:
         return []
-    names = {k for p in params for k in p}
-    out = [k for k in names if k.lstrip("+") in CUDA_ONLY]
-    for k in names:
-        if k.lstrip("+") in ("precision", "precision.name"):
-            maths = {CPU_MATH.get(str(p[k]), "fp32") for p in params if k in p}
-            if len(maths) < 2:
-                out.append(k)
-    return sorted(out)
+    return sorted(k for k in {k for p in params for k in p} if k.lstrip("+") in CUDA_ONLY or (
+        k.lstrip("+") in ("precision", "precision.name")
+        and len({CPU_MATH.get(str(p[k]), "fp32") for p in params if k in p}) < 2))
 
 
 def importance_params(params: list[dict], devices: set[str],
                       min_trials: int = MIN_IMPORTANCE_TRIALS) -> tuple[list[str], str | None]:
-    """The parameters an importance plot may rank, from the complete trials' params: those
-    that varied and can act on the device. ([], why) when there is nothing fair to rank."""
+    """The complete trials' parameters that varied and can act on the device; ([], why) when
+    there is nothing fair to rank."""
     if len(params) < min_trials:
         return [], f"{len(params)} complete trials, {min_trials} needed"
     inert = set(inert_knobs(params, devices))

@@ -62,12 +62,6 @@ def wrapped(label: str, width: int = LEGEND_CHARS) -> str:
                      for line in label.split("\n"))
 
 
-def _legend(ax, **kw) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, [wrapped(t) for t in labels], loc="upper left",
-              bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw)
-
-
 def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str | None = None,
             xsize: float | None = None) -> Path:
     ax.set_xlabel(xlabel, fontsize=xsize)
@@ -76,7 +70,9 @@ def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str 
     ax.grid(alpha=0.3)
     if note:
         ax.text(0.0, -0.16, note, transform=ax.transAxes, fontsize=8, va="top", color="dimgray")
-    _legend(ax)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, [wrapped(t) for t in labels], loc="upper left",
+              bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
     return save(fig, out)
 
 
@@ -90,9 +86,8 @@ def save(fig, path: Path, dpi: int = 110) -> Path:
 
 
 def plain_log(ax, which: str, lo: float, hi: float) -> None:
-    """The axes' `which` axis ("x", "y") on a log scale labelled with plain numbers (0.1, 2,
-    3,000) at 1-2-5 steps, or at powers of ten past two decades: matplotlib's default writes
-    6x10^1 and crowds a short range."""
+    """`which` axis on a log scale in plain numbers (0.1, 2, 3,000) at 1-2-5 steps, or at powers
+    of ten past two decades: matplotlib's default writes 6x10^1 and crowds a short range."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     getattr(ax, f"set_{which}scale")("log")
@@ -101,8 +96,6 @@ def plain_log(ax, which: str, lo: float, hi: float) -> None:
     axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
     axis.set_minor_formatter(NullFormatter())
-
-
 
 
 def _x_axis(ax, xticks, log2: bool, integer: bool) -> None:
@@ -133,8 +126,8 @@ def _star(ax, star, transform=None) -> None:
 
 
 def _points(ax, pts: list[dict], *, line: bool = False, **kw):
-    """Points with their interval as whiskers (none where the interval is the figure itself:
-    a run of one window); joined when `line`."""
+    """Points with their intervals as whiskers (none for a run of one window); joined when
+    `line`."""
     if not pts:
         return
     kw.setdefault("linestyle", "-" if line else "none")
@@ -153,9 +146,8 @@ def _whiskers(ax, pts: list[dict], kw: dict, transform=None) -> None:
 
 
 def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
-    """Sideways offsets in points for points at one x (or within `near` of the previous one,
-    on a continuous axis), so none hides another; right of the places already drawn at that
-    x (`taken`: x -> how many), such as a line's point."""
+    """Sideways offsets (in points) for points at one x, or within `near` of the previous one,
+    so none hides another; right of the `taken` places already drawn there (x -> how many)."""
     taken = taken or {}
     order = sorted(range(len(pts)), key=lambda i: pts[i]["x"])
     clumps: list[list[int]] = []
@@ -205,8 +197,7 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
 
 
 def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
-    """Flagged runs hollow red, never joined; one past the top or under a log axis's floor at
-    that edge, its figure beside."""
+    """Flagged runs hollow red, never joined; one past an end of the axis at that edge."""
     step = 1.12 if d.get("log_y") else 1.03
     label = d["flagged_label"]
     for side, marker, edge in ((False, "o", None), ("above", "^", (d["ymax"] / step, -8, "top")),
@@ -251,9 +242,8 @@ def _draw_curve(d: dict, out: Path) -> Path:
 
 
 def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float = 1.0) -> None:
-    """A compute bound across the plot (or from `xmin` to `xmax`, axes fractions): its interval
-    shaded, its figure, and the line a loader interval's low end must clear (compute's high
-    end plus the margin)."""
+    """A compute bound from `xmin` to `xmax` (axes fractions): its interval shaded, its figure,
+    and the line a loader interval's low end must clear (compute's high end plus the margin)."""
     ax.axhspan(b["lo"], b["hi"], xmin, xmax, color=color, alpha=0.12, zorder=1,
                label=label and f"{label} (band: its interval)")
     ax.axhline(b["y"], xmin, xmax, color=color, linewidth=1, alpha=0.6, zorder=1)
@@ -405,19 +395,14 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
 
 
 def plot_pipes(rows, result: dict, out_dir: Path, margin: float) -> list[Path]:
-    made = []
-    d = compute_data(rows, result)
-    if d is not None:
-        made.append(_draw_compute(d, out_dir / "compute_pipe.png"))
-    panels = data_panels(rows, result)
-    if panels:
-        made.append(_draw_data(panels, margin, out_dir / "data_pipe.png"))
-    return made
+    d, panels = compute_data(rows, result), data_panels(rows, result)
+    return ([_draw_compute(d, out_dir / "compute_pipe.png")] if d is not None else []) + (
+        [_draw_data(panels, margin, out_dir / "data_pipe.png")] if panels else [])
 
 
 def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
-    """Optuna's parameter importance over the knobs that can act on the runs' device, from
-    enough complete trials (plot_rules.importance_params)."""
+    """Optuna's parameter importance of the knobs that can act on the runs' device
+    (plot_rules.importance_params)."""
     # optuna is imported only when a study is plotted: a grid sweep's report needs none of it
     import optuna
     from optuna.trial import TrialState
@@ -456,8 +441,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
 
 
 def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:
-    """The sweep's pictures; `band`: a loader-only row -> its setup's compute bound, drawn
-    across the workers plot."""
+    """The sweep's pictures; `band`: a loader-only row -> its compute bound (workers plot)."""
     made = []
     for name, png, xlabel, log2 in (
         ("batch_size", "throughput_vs_batch.png", "batch size", True),

@@ -12,6 +12,7 @@ what the pooled throughput inverts.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
@@ -29,13 +30,7 @@ DPI = 92
 
 
 def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
-    import textwrap
-
-    out = textwrap.wrap(text, width)
-    if len(out) > lines:
-        out = out[:lines]
-        out[-1] = out[-1][: width - 3] + "..."
-    return "\n".join(out)
+    return "\n".join(textwrap.wrap(text, width, max_lines=lines, placeholder=" ..."))
 
 
 QUESTION = "Which pipe limits training?"

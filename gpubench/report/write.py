@@ -99,8 +99,7 @@ def longer_text(cfg: dict) -> str:
 
 
 def run_text(row: Row, keys: list[str]) -> str:
-    """`run 3: loader.batch_size=8`: its label and the swept knobs that set it apart; `run 0`
-    alone when none varied (never `run 0: `)."""
+    """`run 3: loader.batch_size=8`: its label and the swept knobs that set it apart."""
     over = " ".join(overrides_of(row, keys))
     return f"run {row.label}" + (f": {over}" if over else "")
 
@@ -181,8 +180,7 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short knob name, a word a line (`batch\\nsize`): no wider than its
-    values need."""
+    """A swept key by its short knob name, a word a line: no wider than its values need."""
     name = next((n for n, ks in SHORT.items() if key in ks), key)
     return name.replace("_", "\n")
 
@@ -197,8 +195,7 @@ def _kind(header: str) -> str:
 
 def print_table(head: list[str], body: list[list[str]], title: str, console=None,
                 limit: int = 25) -> None:
-    """The ranking on `console` (stdout by default), fitted to its width so no figure or value
-    is split or cut (gpubench.report.console.fit)."""
+    """The ranking fitted to `console`'s width (stdout's by default): no value split or cut."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -399,8 +396,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to `root` (`3`, not the study's trial number); None for a
-    run elsewhere or the folder itself."""
+    """The row's run folder relative to `root` (`3`, not the study's trial number), if below."""
     d = row.record.dir
     if d is None or not inside(d, root):
         return None

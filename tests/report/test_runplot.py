@@ -73,6 +73,10 @@ def test_title_asks_its_question_and_answers_in_words_with_every_reason_listed()
     assert [r.splitlines()[0] for r in d["reasons"]] == [f"- {r.text}" for r in reasons]
     assert d["flagged"]
     assert not run_picture_data(make_record())["reasons"]
+    # a reason past two lines under the picture is cut there, and says so
+    long = run_picture_data(make_record(stable=False, noise=[Reason(Flaw.disturbed, "x " * 200)]))
+    [cut] = long["reasons"]
+    assert len(cut.splitlines()) == 2 and cut.endswith("...")
     t = run_picture_data(make_record(status=Status.over_ceiling, bottleneck="compute"))["title"]
     assert t.startswith("[over_ceiling] Which pipe limits training? compute")
 
