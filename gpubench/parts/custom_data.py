@@ -66,19 +66,16 @@ def as_chw(image: Any, where: str) -> Any:
 
 
 def as_label(label: Any, num_classes: int, where: str) -> int:
-    if isinstance(label, (torch.Tensor, np.ndarray)) and label.ndim == 0 and not (
-            label.dtype.is_floating_point if isinstance(label, torch.Tensor)
-            else np.issubdtype(label.dtype, np.floating)):
-        label = label.item()
-    if isinstance(label, np.integer):
-        label = int(label)
-    if not isinstance(label, int) or isinstance(label, bool):
+    # a 0-d tensor or array, or a numpy scalar, is one if it holds an int
+    one = isinstance(label, (torch.Tensor, np.ndarray, np.generic)) and label.ndim == 0
+    value = label.item() if one else label
+    if not isinstance(value, int) or isinstance(value, bool):
         raise _broken(where, f"label is {_describe(label)} ({label!r:.40}); expected an int "
                       "class index")
-    if not 0 <= label < num_classes:
-        raise _broken(where, f"label {label} is outside [0, {num_classes}) (raise "
+    if not 0 <= value < num_classes:
+        raise _broken(where, f"label {value} is outside [0, {num_classes}) (raise "
                       "dataset.num_classes)")
-    return label
+    return value
 
 
 class TeamDataset(Dataset):

@@ -56,8 +56,7 @@ class JpegBatch(NamedTuple):
 
     def blobs(self) -> list[torch.Tensor]:
         """Per-image views (no copy): contiguous 1-D uint8, what decode_jpeg takes."""
-        o = self.offsets.tolist()
-        return [self.data[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+        return list(self.data.tensor_split(self.offsets[1:-1].tolist()))
 
 
 def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
@@ -249,16 +248,13 @@ class Pipeline:
 
     def worker_tids(self) -> set[int]:
         """The native ids of the loader's worker threads (loader.worker_type=thread)."""
-        tids = getattr(self.loader, "worker_tids", None)
-        return tids() if tids is not None else set()
+        return getattr(self.loader, "worker_tids", set)()
 
     def shutdown(self) -> None:
         if isinstance(self.loader, ThreadLoader):
             return self.loader.shutdown()
         for it in self._live_iters():
-            stop = getattr(it, "_shutdown_workers", None)
-            if stop is not None:
-                stop()
+            getattr(it, "_shutdown_workers", lambda: None)()
 
 
 def _set_threads(threads: int, worker_id: int) -> None:
@@ -300,7 +296,8 @@ def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Data
         labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
         info["jpeg_pool_seconds"] = time.perf_counter() - t0
         info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
-        return datasets.JpegBytesDataset(blobs, labels, cpu_tf, raw=raw)
+        samples = list(zip(blobs, labels, strict=True))  # in memory: ImageFiles reads bytes too
+        return datasets.ImageFiles(samples, cpu_tf, dset.on_corrupt, raw=raw)
     if kind == "custom":  # the team's own Dataset class (gpubench.parts.custom_data)
         return custom_data.build(s, cpu_tf, info)
     root = Path(os.path.expanduser(str(dset.root)))

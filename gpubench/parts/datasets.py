@@ -11,6 +11,7 @@ import io
 import math
 import os
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -32,11 +33,8 @@ class WorkerError(Exception):
 
     def __str__(self) -> str:
         text = super().__str__()
-        for line in reversed(text.splitlines()):
-            for prefix in self.PREFIXES:
-                if prefix in line:
-                    return line[line.index(prefix) :].strip()
-        return text
+        found = re.findall(f"(?:{'|'.join(map(re.escape, self.PREFIXES))}).*", text)
+        return found[-1].strip() if found else text
 
 
 class CorruptImage(WorkerError):
@@ -146,45 +144,32 @@ def _jpeg_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-class JpegBytesDataset(Dataset):
-    """In-memory JPEG bytes: decoded per sample with PIL, or (raw) handed on as bytes for
-    device decode, as (bytes, label, name)."""
-
-    def __init__(self, blobs: list[bytes], labels: list[int], transform, raw: bool = False):
-        self.blobs, self.labels, self.transform, self.raw = blobs, labels, transform, raw
-
-    def __len__(self) -> int:
-        return len(self.blobs)
-
-    def __getitem__(self, i: int):
-        if self.raw:
-            return _jpeg_tensor(self.blobs[i]), self.labels[i], f"fake_jpeg[{i}]"
-        from PIL import Image
-
-        img = Image.open(io.BytesIO(self.blobs[i])).convert("RGB")
-        return self.transform(img), self.labels[i]
-
-
 class ImageFiles(Dataset):
-    """(path, label) samples read from disk; a file that fails to decode is replaced by another
-    file and counted (on_corrupt=skip; see MAX_SUBSTITUTES) or stops the run naming the file
-    (on_corrupt=fail), never a hang."""
+    """(source, label) samples, a source a file's path or JPEG bytes in memory (fake_jpeg),
+    decoded per sample with PIL, or (raw) handed on as (bytes, label, name) for device decode.
+    One that fails to decode is replaced by another and counted (on_corrupt=skip; see
+    MAX_SUBSTITUTES) or stops the run naming it (on_corrupt=fail), never a hang."""
 
-    def __init__(self, samples: list[tuple[str, int]], transform, on_corrupt: str, raw=False):
+    def __init__(self, samples: list[tuple[str | bytes, int]], transform, on_corrupt: str,
+                 raw=False):
         self.samples, self.transform, self.raw = samples, transform, raw
         self.on_corrupt = on_corrupt
 
     def __len__(self) -> int:
         return len(self.samples)
 
+    def _name(self, i: int) -> str:
+        src = self.samples[i][0]
+        return f"fake_jpeg[{i}]" if isinstance(src, bytes) else src
+
     def _load(self, i: int):
-        path, label = self.samples[i]
+        src, label = self.samples[i]
         if self.raw:
-            with open(path, "rb") as f:
-                return _jpeg_tensor(f.read()), label, path
+            data = src if isinstance(src, bytes) else Path(src).read_bytes()
+            return _jpeg_tensor(data), label, self._name(i)
         from PIL import Image
 
-        with Image.open(path) as im:
+        with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
             img = im.convert("RGB")  # forces the full decode: truncation shows up here
         return self.transform(img), label
 
@@ -196,8 +181,8 @@ class ImageFiles(Dataset):
                 sample = Substituted(self._load(j))
             except Exception as e:  # PIL raises several types for truncated / non-image files
                 if self.on_corrupt == "fail":
-                    raise corrupt(self.samples[j][0], e) from e
-                first_error = first_error or (self.samples[j][0], e)
+                    raise corrupt(self._name(j), e) from e
+                first_error = first_error or (self._name(j), e)
                 continue
             sample.skipped = skipped
             return sample

@@ -113,9 +113,7 @@ class Dist:
             return error
         if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:
             return None
-        errors: list = [None] * self.world
-        tdist.all_gather_object(errors, error)
-        return next(f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None)
+        return next(f"rank {r}: {e}" for r, e in enumerate(self.gather(error)) if e is not None)
 
     def announce(self, status: str, error: str, wait_s: float = ACK_WAIT_S) -> None:
         """Tell the other ranks, through the store, that this rank failed (no collective), and

@@ -8,8 +8,8 @@ host clock is exact. The arithmetic lives in gpubench/core/stats.py.
 
 Under torchrun every rank must run the same number of steps, warm-up included: a rank one step
 ahead would sit in the window's barrier while another is in DDP's all-reduce, and NCCL would
-hang until its watchdog. So warm-up ends when all ranks say done (`Ranks.all_done`, where the
-device is synchronized anyway), and a window's length is fixed before it opens (`Ranks.most`).
+hang until its watchdog. So warm-up ends when all ranks say done (`Dist.all_done`, where the
+device is synchronized anyway), and a window's length is fixed before it opens (`Dist.most`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +29,9 @@ from gpubench.core.stats import (
     steady_step_s,
     window_steps,
 )
+
+if TYPE_CHECKING:
+    from gpubench.parts.distributed import Dist
 
 
 class Clock:
@@ -56,19 +59,10 @@ class Clock:
         return [b - a for a, b in pairs]
 
 
-class Ranks(Protocol):
-    """The ranks' common decisions (gpubench.parts.distributed.Dist under torchrun)."""
-
-    def all_done(self, done: bool) -> bool: ...
-
-    def most(self, n: int) -> int: ...
-
-
 class DeviceStart:
-    """Where a step's device work begins when its work blocks the host first.
-
-    torchvision's CUDA `decode_jpeg` synchronizes its own pool stream before and after the
-    decode (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, CUDAJpegDecoder::decode_images:
+    """Where a step's device work begins when its work blocks the host first. torchvision's
+    CUDA `decode_jpeg` synchronizes its own pool stream before and after the decode
+    (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, CUDAJpegDecoder::decode_images:
     `cudaStreamSynchronize(stream)` at both ends): the host is blocked for the whole decode and
     none of it queues on the training stream. So the work calls this object when such a part
     returns: the window takes the step's device start from there, and counts the host time
@@ -86,13 +80,11 @@ class DeviceStart:
     def disarm(self) -> None:
         self._clock = None
 
-    def begin(self) -> float:
-        """By the window, right before a step's work: the device start as it is by default."""
+    def begin(self) -> float:  # by the window, right before a step's work
         self.at, self.mark = self._clock.now(), self._clock.mark()
         return self.at
 
-    def __call__(self) -> None:
-        """By the work, when its host-blocking part has returned."""
+    def __call__(self) -> None:  # by the work, when its host-blocking part has returned
         if self._clock is not None:
             self.begin()
             self.moved = True
@@ -144,7 +136,7 @@ def run_window(phase: str, fetch: Callable[[], object], work: Callable[[object],
                on_close: Callable[[], None] | None = None,
                clock: Callable[[], float] = time.perf_counter,
                on_warm_step: Callable[[], None] | None = None, min_s: float = 0.0,
-               ranks: Ranks | None = None, step_s: float | None = None,
+               ranks: Dist | None = None, step_s: float | None = None,
                device_start: DeviceStart | None = None) -> WindowStats:
     """Warm up (see `warm_up`), then one measured window of `steps` steps, run on until it has
     lasted `min_s` (NVML's readings average over up to 1 s), closed early by the time cap

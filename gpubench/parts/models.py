@@ -5,8 +5,10 @@ and torch.compile."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import re
+import sys
 
 import torch
 from torch import nn
@@ -80,12 +82,10 @@ def check_patch(name: str, image_size: int, key: str) -> None:
 
 
 def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
-    """One forward on (up to) two images of the first batch, before any phase: a model that
-    does not take the dataset's images, returns the wrong shape or is narrower than the
-    dataset's classes would otherwise fail at the first loss, after the loader phase was
-    measured. Training mode, as the step runs it; eval mode for a batch of one, which batch
-    norm cannot train on. With the team's own loss (step=custom) the check is that loss on the
-    whole batch."""
+    """One forward on (up to) two images of the first batch (the team's loss on the whole batch
+    with step=custom), before any phase: a model that does not take the dataset's images would
+    otherwise fail at the first loss, after the loader phase was measured. Training mode, as the
+    step runs it; eval mode for a batch of one, which batch norm cannot train on."""
     m, ds = s.model, s.dataset
     key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     if not any(p.requires_grad for p in model.parameters()):
@@ -185,33 +185,25 @@ def without_recompute(model: nn.Module):
 
 
 def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Module:
-    model = model.to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return model.train()
+    fmt = torch.channels_last if channels_last else torch.preserve_format
+    return model.to(device, memory_format=fmt).train()
 
 
 def reset_compile_state(device: str) -> None:
-    """Forget everything torch.compile learnt in this process, as a fresh process would.
-
-    Hydra's basic launcher runs every job of a multirun in one process: dynamo's caches would
-    carry over (each new batch size recompiles until the limit, then runs eager), and CUDA-graph
-    trees keep private memory pools empty_cache() cannot release, so later trials look bigger.
-    torch._dynamo.reset() clears the caches (from torch 2.6 or so the trees too); on older
-    torch the trees are reset explicitly."""
-    import gc
-    import sys
-
+    """Forget everything torch.compile learnt in this process, as a fresh process would. Hydra's
+    basic launcher runs every job of a multirun in one process: dynamo's caches would carry over
+    (each new batch size recompiles until the limit, then runs eager), and CUDA-graph trees keep
+    private memory pools empty_cache() cannot release, so later trials look bigger.
+    torch._dynamo.reset() clears the caches (from torch 2.6 or so the trees too); on older torch
+    the trees are reset explicitly."""
     if "torch._dynamo" not in sys.modules:
         return
     torch._dynamo.reset()
     if device == "cuda" and torch.cuda.is_initialized():
-        try:
-            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-        except ImportError:
-            reset_cudagraph_trees = None
-        if reset_cudagraph_trees is not None:
-            reset_cudagraph_trees()  # idempotent: a no-op where reset() already did it
+        # present since CUDA-graph trees came (torch 2.0; torch/_inductor/cudagraph_trees.py)
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()  # idempotent: a no-op where reset() already did it
         gc.collect()  # the freed pools' blocks go back to the caching allocator...
         torch.cuda.empty_cache()  # ...and from it to the device
 

@@ -30,12 +30,6 @@ class PrecisionPlan:
     conv_math: str
     matmul_math: str
 
-    @property
-    def math(self) -> str:
-        """One math for the whole step where one figure is wanted: the convolutions' (they
-        carry nearly all FLOPs of a CNN); see `flops_by_math` for the exact split."""
-        return self.conv_math
-
     def flops_by_math(self, conv_flops: float, matmul_flops: float) -> dict[str, float]:
         """A step's FLOPs keyed by the math they run at, for env.mixed_peak_flops."""
         out: dict[str, float] = {}
@@ -104,7 +98,7 @@ def _write_flags(f: dict) -> None:
 
 def user_flags() -> dict:
     """The user's own flags: as first seen, or as they are if gpubench never changed them."""
-    return dict(_USER_FLAGS) if _USER_FLAGS is not None else _read_flags()
+    return dict(_USER_FLAGS or _read_flags())
 
 
 def _fp32_math(tf32_on: bool, device: str) -> str:
@@ -124,8 +118,6 @@ PRECISIONS = {
 
 
 def resolve_precision(name: str, device: str) -> PrecisionPlan:
-    if name not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}")
     dtype, math, tf32 = PRECISIONS[name]
     f = user_flags() if tf32 is None else {"cudnn_tf32": tf32, "matmul_tf32": tf32}
     return PrecisionPlan(name, dtype, dtype == torch.float16 and device == "cuda", tf32,
@@ -138,13 +130,9 @@ def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict)
     cudnn.benchmark from bench.cudnn_benchmark alone (null: the user's own), so runs that differ
     in precision differ in nothing else. cudnn.benchmark's algorithm search runs in the warm-up,
     whose steps are not measured."""
-    tf32 = plan.tf32
-    return {
-        "matmul_tf32": user["matmul_tf32"] if tf32 is None else tf32,
-        "cudnn_tf32": user["cudnn_tf32"] if tf32 is None else tf32,
-        "cudnn_benchmark": user["cudnn_benchmark"] if cudnn_benchmark is None
-        else bool(cudnn_benchmark),
-    }
+    tf32 = {} if plan.tf32 is None else {"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32}
+    bench = {} if cudnn_benchmark is None else {"cudnn_benchmark": bool(cudnn_benchmark)}
+    return {**user, **tf32, **bench}
 
 
 def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:

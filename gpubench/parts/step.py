@@ -48,9 +48,8 @@ def images_in(batch) -> int:
 
 class Loss:
     """How a batch becomes the loss: cross-entropy on the model's logits (step=classification),
-    or the team's function `fn` (step=custom): fn(model(inputs), targets) (step.takes=output),
-    or fn(model, batch) for a model that computes its own loss (step.takes=batch). `target`:
-    step._target_, named by the one line a loss that is no scalar tensor gets."""
+    or the team's `fn` (step=custom, `target`): fn(model(inputs), targets) (step.takes=output),
+    or fn(model, batch) for a model that computes its own loss (step.takes=batch)."""
 
     def __init__(self, fn=None, takes: str = "output", target: str | None = None):
         self.fn = fn if fn is not None else nn.CrossEntropyLoss()
@@ -84,21 +83,11 @@ def make_loss(step) -> Loss:
     return Loss(fn() if inspect.isclass(fn) else fn, step.takes, step._target_)
 
 
-def _no_sync(model: nn.Module):
-    # DistributedDataParallel all-reduces gradients at every backward; on micro-batches that
-    # do not step the optimizer that traffic is wasted, so DDP's no_sync() skips it there (the
-    # gradients still accumulate locally). Other models have nothing to skip.
-    no_sync = getattr(model, "no_sync", None)
-    return no_sync() if no_sync is not None else contextlib.nullcontext()
-
-
 def _range(name: str, on: bool):
     # named ranges on the profiler's timeline, only while a profile is taken: a
     # record_function costs a dispatcher call even with no profiler listening, which the
     # measured windows must not pay
-    if on:
-        return torch.profiler.record_function(name)
-    return contextlib.nullcontext()
+    return torch.profiler.record_function(name) if on else contextlib.nullcontext()
 
 
 class TrainStep:
@@ -136,7 +125,11 @@ class TrainStep:
             self.mark_step()
         self.micro_batches += 1
         boundary = self.micro_batches % self.accum == 0
-        with contextlib.nullcontext() if boundary else _no_sync(self.model):
+        # DistributedDataParallel all-reduces gradients at every backward; on micro-batches that
+        # do not step the optimizer that traffic is wasted, so DDP's no_sync() skips it there
+        # (the gradients still accumulate locally). Other models have nothing to skip.
+        no_sync = None if boundary else getattr(self.model, "no_sync", None)
+        with no_sync() if no_sync is not None else contextlib.nullcontext():
             with _range("gpubench/forward", self.ranges), self.plan.autocast(self.device):
                 loss, out = self.loss(self.model, batch)
             self.last_loss = loss  # a reference: no copy, no kernel, no sync
@@ -160,12 +153,11 @@ class TrainStep:
         self.optimizer_steps += 1
 
     def check_loss(self, where: str) -> None:
-        """Raise NonFiniteLoss if the last micro-batch's loss is NaN or infinite.
-
-        Call it only right after a device sync (a window's closing edge), so reading the loss
-        waits for nothing; never per step, where an .item() would synchronize every step and
-        hide the overlap the phases measure. The last loss speaks for the window: NaN gradients
-        make NaN weights, whose every later loss is NaN (a step GradScaler skips recovers)."""
+        """Raise NonFiniteLoss if the last micro-batch's loss is NaN or infinite. Call it only
+        right after a device sync (a window's closing edge), so reading the loss waits for
+        nothing; never per step, where an .item() would synchronize every step and hide the
+        overlap the phases measure. The last loss speaks for the window: NaN gradients make NaN
+        weights, whose every later loss is NaN (a step GradScaler skips recovers)."""
         if self.last_loss is None:
             return
         value = float(self.last_loss.detach().float().item())
@@ -216,13 +208,10 @@ def step_figures(record, step: TrainStep | None) -> dict | None:
 
 def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, *batch,
                            loss: Loss | None = None) -> dict[str, float] | None:
-    """FLOPs of one forward+backward on this batch with the run's `loss`, counted by torch's
-    FlopCounterMode (2 per multiply-add), as {"conv", "matmul", "total"}: convolutions and
-    matmuls can run at different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls),
-    so MFU's peak needs the split. None if the counter cannot run this model.
-
-    The model's FLOPs, MFU's numerator: checkpointed stages are counted without their
-    recomputation, so checkpointing shows as a lower MFU, as the time it costs."""
+    """FLOPs of one forward+backward (torch's FlopCounterMode) as {"conv", "matmul", "total"}:
+    they can run at different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls), so
+    MFU's peak needs the split; None if the counter cannot run this model. Checkpointed stages
+    count without their recomputation: checkpointing shows as a lower MFU, as the time it costs."""
     from torch.utils.flop_counter import FlopCounterMode
 
     batch = batch[0] if len(batch) == 1 else batch

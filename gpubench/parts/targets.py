@@ -1,19 +1,14 @@
-"""Code a config names, checked before it is called.
-
-A config is code, as Hydra's own configs are: `model._target_` (an nn.Module subclass),
-`dataset._target_` (a map-style Dataset subclass), `step._target_` (a function of the team's own
-code or an nn.Module class) and every `_target_` inside `dataset.transform` and
-`dataset.collate` (a class or function of torchvision.transforms or torch's collate, an
-nn.Module subclass, or the team's own code) name Python objects gpubench calls with arguments
-from the config. Each is resolved first (imported, nothing called), checked to be of its key's
-kind and not from the standard library, and only then called. The team's own code is a module
-whose file lies outside every installed library folder and outside gpubench; every object is
-judged by the module that defines it, so a re-export (`torch.os.system`) changes nothing.
-
-This stops a typo or a wrong kind with one line before anything runs, and keeps a config from
-calling library functions (which can run a command or write a file the moment Hydra calls
-them) through these keys. It is not a sandbox: run only configs you trust (docs/guide.md,
-"Trust").
+"""Code a config names, checked before it is called: `model._target_` (an nn.Module subclass),
+`dataset._target_` (a map-style Dataset subclass), `step._target_` (the team's function or an
+nn.Module class) and every `_target_` in `dataset.transform` and `dataset.collate` (torchvision's
+transforms, torch's collate, an nn.Module subclass or the team's own code). Each is imported,
+nothing called, checked to be of its key's kind and not from the standard library, and only then
+called. The team's own code: a module whose file lies outside every installed library folder and
+outside gpubench; an object is judged by the module that defines it, so a re-export
+(`torch.os.system`) changes nothing. A typo or a wrong kind stops with one line before anything
+runs, and a config cannot call library functions (which can run a command or write a file the
+moment Hydra calls them) through these keys. Not a sandbox: run only configs you trust
+(docs/guide.md, "Trust").
 """
 
 from __future__ import annotations
