@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -96,25 +97,17 @@ def mfu_peak(device_name: str, flops_by_math: dict[str, float],
     peaks, why = device_peaks(device_name, multiprocessors)
     if peaks is None:
         return None, why
-    total, seconds = 0.0, 0.0
-    for math_kind, fl in flops_by_math.items():
-        if fl <= 0:
-            continue
-        pk = peaks.get(math_kind)
-        if not pk:
-            return None, f"no {math_kind} peak for {device_name}"
-        total += fl
-        seconds += fl / pk
-    if seconds <= 0:
-        return None, "no FLOPs counted"
-    return total / seconds, None
+    parts = {k: fl for k, fl in flops_by_math.items() if fl > 0}
+    missing = next((k for k in parts if not peaks.get(k)), None)
+    if missing or not parts:
+        return None, f"no {missing} peak for {device_name}" if missing else "no FLOPs counted"
+    return sum(parts.values()) / sum(fl / peaks[k] for k, fl in parts.items()), None
 
 
 def _pkg(name: str) -> str | None:
-    try:
+    with contextlib.suppress(PackageNotFoundError):
         return version(name)
-    except PackageNotFoundError:
-        return None
+    return None
 
 
 def git_commit(cwd: str | None = None) -> str | None:
@@ -123,11 +116,11 @@ def git_commit(cwd: str | None = None) -> str | None:
     `git rev-parse`, which starts a process from this one (torch loaded) on every run."""
     here = Path(cwd or os.getcwd()).absolute()
     git = next((f / ".git" for f in (here, *here.parents) if (f / ".git").exists()), None)
-    try:
-        if git is not None and git.is_file():  # a worktree or submodule: "gitdir: <path>"
+    if git is None:
+        return None
+    with contextlib.suppress(OSError):
+        if git.is_file():  # a worktree or submodule: "gitdir: <path>"
             git = git.parent / git.read_text().strip().removeprefix("gitdir:").strip()
-        if git is None:
-            return None
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref:"):
             return head or None  # a detached HEAD holds the commit
@@ -141,8 +134,6 @@ def git_commit(cwd: str | None = None) -> str | None:
             sha, _, name = line.partition(" ")
             if name == ref:
                 return sha
-    except OSError:
-        pass
     return None
 
 
@@ -164,14 +155,11 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """The CPU as its owner knows it ('AMD EPYC 7B13', 'Intel(R) Xeon(R) ...'): two machines
     of one architecture ('x86_64') are different devices in a comparison. Linux only; None
     elsewhere (platform.processor() starts a process to ask)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model name", "cpu model") and value.strip():
-                    return " ".join(value.split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(cpuinfo, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model name", "cpu model") and value.strip():
+                return " ".join(value.split())
     return None
 
 

@@ -111,8 +111,7 @@ class GpuLog:
         self.columns = COLUMNS + (tuple(c for c, _ in GPM_COLUMNS) if self.gpm else ())
 
     def _gpu_row(self, v: dict) -> dict:
-        """The row from the sampler's field reads `v`, and the log's own: clocks, throttle
-        reasons, GPM."""
+        """The row from the sampler's field reads `v`, then clocks, throttle reasons, GPM."""
         nv, h = self.gpu.nv, self.gpu.handle
         mib = {k: v[k] // MIB for k in ("gpu_mem_used", "gpu_mem_free") if k in v}
         row: dict = {
@@ -183,24 +182,23 @@ def series(path: Path) -> list[tuple[str, float, int, int]]:
     """The file's numeric columns as MLflow series: (name, value, step, timestamp_ms), one step
     per row. Throttle reasons (a hex bit mask) are read as their integer value; empty cells are
     skipped."""
-    out: list[tuple[str, float, int, int]] = []
     try:
-        f = open(path, newline="")
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
     except OSError:
-        return out
-    with f:
-        for step, row in enumerate(csv.DictReader(f)):
+        return []
+    out = []
+    for step, row in enumerate(rows):
+        row.pop("name", None)  # the board's, not a figure
+        try:
+            ts = round(datetime.strptime(row.pop("timestamp"), STAMP).timestamp() * 1000)
+        except (KeyError, ValueError):
+            ts = 0
+        for col, v in row.items():
             try:
-                ts = round(datetime.strptime(row["timestamp"], STAMP).timestamp() * 1000)
-            except (KeyError, ValueError):
-                ts = 0
-            for col, v in row.items():
-                if col in ("timestamp", "name") or not v:
-                    continue
-                try:
-                    x = float(int(v, 16)) if v.startswith("0x") else float(v)
-                except ValueError:
-                    continue
-                out.append((_metric_name(col), x, step, ts))
+                x = float(int(v, 16)) if v.startswith("0x") else float(v)
+            except ValueError:  # an empty cell
+                continue
+            out.append((_metric_name(col), x, step, ts))
     return out
 

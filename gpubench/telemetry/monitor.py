@@ -1,21 +1,12 @@
-"""The run's one sampler thread: each tick reads the device and the host once, for the open
-measurement window's samples and for gpu_metrics.csv's row (telemetry/gpulog.py).
-
-Nothing here touches the training hot path: the thread wakes every `interval` seconds, reads
-NVML (telemetry/nvml.py) and psutil's host CPU; inside a window also this process's device
-memory and the CPU, RSS and bytes read of the main process and of its loader workers, apart.
+"""The run's one sampler thread, off the training hot path: every `interval` seconds one read
+of NVML (telemetry/nvml.py) and the host's CPU serves the open window's samples (also device
+memory, and the main process's and its loader workers' CPU, RSS and bytes read, apart) and
+gpu_metrics.csv's row (telemetry/gpulog.py).
 
 Workers' RSS counts pages shared with the main process (a forked preload cache) once per
-process, so summed RSS overstates the RAM really used. Bytes read come from each process's own
-counters (/proc/<pid>/io), not whole-disk counters other processes move: `read_mb_per_s` is
-what the run read (page cache or disk), `disk_read_mb_per_s` the part the storage device had to
-deliver. A worker counts from the first sample that sees it (persistent_workers=false restarts
-them each epoch).
-
-NVML's utilization and (on Ampere and newer) nvmlDeviceGetPowerUsage average over up to
-NVML_AVERAGING_S before they are read: a reading taken sooner than that after the window opened
-describes the phase before it, and is dropped (drop_straddling, a plain function). Tests
-drive the thread on an injected clock and NVML binding (tests/fake_nvml.py).
+process, so summed RSS overstates the RAM used. Bytes read come from each process's own
+counters (/proc/<pid>/io), not whole-disk ones other processes move: `read_mb_per_s` is what
+the run read (page cache or disk), `disk_read_mb_per_s` the part the storage device delivered.
 """
 
 from __future__ import annotations
@@ -118,7 +109,6 @@ class MonitorSummary:
         }
 
     def gpu_util_note(self) -> str | None:
-        """Why there is no utilization figure though NVML gave readings."""
         unread = self.mean("gpu_util") is None and "gpu_util" not in self.nvml_unsupported
         if self.nvml_dropped and unread:
             return (f"all {self.nvml_dropped} NVML utilization readings were taken within "
@@ -254,8 +244,7 @@ class Monitor:
         self._io_last[p.pid] = (chars, disk)
 
     def _threads_cpu(self) -> tuple[float, int]:
-        """The worker threads' CPU since the last sample (% of one core, as cpu_percent) and
-        how many there are, from /proc/self/task; a thread that ended since is lost."""
+        """The worker threads' CPU since the last sample (% of one core) and their count."""
         tids = set(self.worker_tids())
         if not tids:
             return 0.0, 0
@@ -330,7 +319,6 @@ class Monitor:
     # ------------------------------------------------------------------ the window
 
     def open(self) -> None:
-        """The window's start: fresh summary, baselines, the energy counter's first read."""
         with self._cv:
             self._summary = MonitorSummary()
             if not self.enabled:
@@ -354,8 +342,7 @@ class Monitor:
                 log_.write(s.host_cpu, self._values)
 
     def close(self, ends: tuple[float, float | None] | None = None) -> MonitorSummary:
-        """The window's summary, closing now or at `ends` (its time and energy counter's read,
-        taken earlier by stop)."""
+        """The window's summary, closing now or at `ends` (time and energy read by stop)."""
         t1, e1 = ends or (self.clock(), nvml.energy_mj(self.gpu))
         with self._cv:
             self._open = False
@@ -407,7 +394,7 @@ class Monitor:
         self._tid = None
 
     def begin(self, log=None) -> None:
-        """Start the run's sampler thread; with `log`, each tick writes gpu_metrics.csv's row."""
+        """Start the sampler thread; with `log`, each tick writes gpu_metrics.csv's row."""
         if not self.enabled:
             return
         self.log = log.start() if log is not None else None
@@ -416,8 +403,7 @@ class Monitor:
         self._thread.start()
 
     def end(self):
-        """Stop the sampler after its last row; returns the log, closed (None without one, or
-        once ended)."""
+        """Stop the sampler after its last row; returns the log, closed (or None)."""
         if self._thread is not None:
             self._running = False
             if self._cv.acquire(timeout=10):  # not held by a tick stuck in a hung driver

@@ -103,18 +103,13 @@ def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[
     each in its own try: one NotSupported (a MIG instance, a board without power readings) must
     not drop the others. On a MIG instance the whole-GPU fields (power: other tenants included)
     are not read at all. `power_source`: POWER_INSTANT or POWER_AVERAGE."""
-    values: dict = {}
-    errors: dict = {}
+    values, errors = {}, {}
 
     def one(names, fn):
         try:
-            got = fn()
+            values.update(zip(names, fn(), strict=True))
         except nv.NVMLError as e:
-            for n in names:
-                errors[n] = str(e) or type(e).__name__
-            return
-        for n, v in zip(names, got if len(names) > 1 else (got,), strict=True):
-            values[n] = v
+            errors.update(dict.fromkeys(names, str(e) or type(e).__name__))
 
     one(("gpu_util", "mem_util"), lambda: (
         float((u := nv.nvmlDeviceGetUtilizationRates(handle)).gpu), float(u.memory)))
@@ -125,7 +120,7 @@ def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[
     else:
         one(("power_w", "power_source"), lambda: read_power(nv, handle))
     if pid is not None:
-        one(("process_mem_used",), lambda: process_memory(nv, handle, pid))
+        one(("process_mem_used",), lambda: (process_memory(nv, handle, pid),))
     return {k: v for k, v in values.items() if v is not None}, errors
 
 
@@ -144,8 +139,7 @@ def read_power(nv, handle) -> tuple[float, str]:
 
 
 def or_none(nv, fn):
-    """fn()'s reading, or None where NVML has none (NotSupported on this board or a MIG
-    instance)."""
+    """fn()'s reading, or None where NVML has none (NotSupported here, a MIG instance)."""
     try:
         return fn()
     except nv.NVMLError:
@@ -164,11 +158,9 @@ def process_memory(nv, handle, pid: int) -> int | None:
     """Device memory in use by process `pid` (context and library workspaces included, which
     torch's allocator counters leave out). None where a PID namespace (containers) hides the
     host PID, or the driver withholds the figure (usedGpuMemory None)."""
-    used = None
-    for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
-        if p.pid == pid and p.usedGpuMemory is not None:
-            used = (used or 0) + int(p.usedGpuMemory)
-    return used
+    used = [int(p.usedGpuMemory) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)
+            if p.pid == pid and p.usedGpuMemory is not None]
+    return sum(used) if used else None
 
 
 def gpu_name(dev: NvmlDevice) -> str | None:
@@ -186,10 +178,9 @@ def memory_gate_bytes(torch_peak_reserved: int | None, device_used_peak: int | N
     bytes plus what lives outside its allocator, and the peak sampled in use. Sampling can
     miss torch's peak (exact from its own counters), while the memory outside the allocator is
     close to constant once warm, so their sum is the tighter bound."""
-    vals = [] if device_used_peak is None else [device_used_peak]
-    if torch_peak_reserved is not None:
-        vals.append(torch_peak_reserved + (non_torch_peak or 0))
-    return max(vals) if vals else None
+    torch_side = None if torch_peak_reserved is None else \
+        torch_peak_reserved + (non_torch_peak or 0)
+    return max((v for v in (device_used_peak, torch_side) if v is not None), default=None)
 
 
 def energy_per_image(energies_j: list[float | None], images: list[int]) -> float | None:

@@ -53,14 +53,12 @@ def read(path: Path) -> dict:
 
 
 def user() -> str | None:
-    try:
+    with contextlib.suppress(KeyError, OSError):
         return getpass.getuser()
-    except (KeyError, OSError):
-        return None
+    return None
 
 
 def log_batches(client, run_id: str, **items: list) -> None:
-    """Params or metrics in batches of at most MLflow's limit per call."""
     for kind, values in items.items():
         for i in range(0, len(values), BATCH[kind]):
             client.log_batch(run_id, **{kind: values[i:i + BATCH[kind]]})
@@ -91,8 +89,7 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
 
 
 def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -> None:
-    """The files under `folder` that lie in `root` once links are followed (linked folders
-    are not entered)."""
+    """The files under `folder` that lie in `root` once links are followed."""
     if not inside(folder, root):
         log_file(client, run_id, folder, root=root)  # the warning line; nothing is read
         return
@@ -198,9 +195,9 @@ def claim_upload(run_dir: Path) -> str | None:
 
 
 def release_upload(run_dir: Path) -> None:
-    """Give this process's claim back. Its file is removed while still held: a process that
-    opened it meanwhile finds it unlinked and opens a new one (filelock checks the locked
-    file's link count), so no two ever hold the claim."""
+    """Give the claim back. Its file is removed while still held: a process that opened it
+    meanwhile finds it unlinked and opens a new one (filelock checks the locked file's link
+    count), so no two ever hold the claim."""
     lock = _CLAIMS.pop(Path(run_dir), None)
     if lock is not None:
         Path(lock.lock_file).unlink(missing_ok=True)

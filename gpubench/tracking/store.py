@@ -31,8 +31,7 @@ from gpubench.tracking.translate import experiment_tags, page
 
 def no_telemetry() -> None:
     """MLflow 3 sends usage telemetry to mlflow-telemetry.io unless told not to (read in 3.17:
-    mlflow/telemetry/utils.py is_telemetry_disabled): off unless the user set the variable.
-    Called as this module loads, before any MLflow import of gpubench's."""
+    mlflow/telemetry/utils.py is_telemetry_disabled): off unless the user set the variable."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
@@ -57,8 +56,7 @@ def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
 
 
 def uri_problem(uri: str | None) -> str | None:
-    """What is wrong with a tracking URI's form (None when it can be used; whether a server
-    answers is the probe's): config.uris.check_tracking_uri's reason, never a password."""
+    """What is wrong with a tracking URI's form (None when it can be used), never a password."""
     from gpubench.config.errors import ConfigError
     from gpubench.config.uris import check_tracking_uri
 
@@ -79,7 +77,6 @@ def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
 
 
 def _credentials(uri: str) -> tuple[str, dict[str, str]]:
-    """The URI to hand MLflow and the environment it needs for credentials."""
     clean, *pair = split_credentials(without_masked_password(uri))
     names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
     return clean, {k: v for k, v in zip(names, pair, strict=True) if v is not None}
@@ -114,10 +111,9 @@ DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def _probe_db(uri: str, timeout_s: float) -> None:
-    """A database store that does not answer: MLflow retries creating its engine with a
-    doubling sleep (about 100 s in all) before it gives up, holding a finished benchmark (or a
-    sweep's exit) that long. One connection attempt within timeout_s says it first: to the
-    TCP port, or to PostgreSQL's Unix socket (`?host=/dir`)."""
+    """MLflow retries creating a database engine with a doubling sleep (about 100 s in all),
+    holding a finished benchmark that long: one connection within timeout_s, to the TCP port or
+    to PostgreSQL's Unix socket (`?host=/dir`), says first that the store does not answer."""
     parts = urlsplit(uri)
     base = parts.scheme.partition("+")[0]
     if base not in DB_PORTS:
@@ -137,8 +133,7 @@ def _probe_db(uri: str, timeout_s: float) -> None:
 
 
 def _probe(uri: str, timeout_s: float) -> None:
-    """Fail in well under timeout_s when a server is down (connection refused is instant).
-    Sends the credentials MLflow will use, so a server behind basic auth answers."""
+    """Fail within timeout_s when a server is down, sending MLflow's credentials (basic auth)."""
     if not uri.startswith(("http://", "https://")):
         _probe_db(uri, timeout_s)
         return
@@ -201,9 +196,8 @@ class Store:
         retry(create, CREATE_ATTEMPTS, wait_s=0.5)
 
     def find(self, tag: str, value: str) -> list:
-        """Live (not deleted) runs of this experiment whose tag `tag` (a name of gpubench's)
-        equals `value` exactly. The value comes from a file (results.json, a marker): it never
-        enters a filter string unless it is plain, so a quote cannot break or widen the search."""
+        """Live runs of this experiment whose tag `tag` equals `value`. The value comes from a
+        file: it enters the filter only when plain, so a quote cannot break or widen it."""
         from mlflow.utils import get_results_from_paginated_fn
 
         value = str(value)

@@ -31,9 +31,8 @@ log = logging.getLogger("gpubench")
 
 def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str | None = None,
                sweeper_params: dict | None = None, name: str | None = None) -> str:
-    """The sweep's parent run (found again by its sweep_uid when the sweep is resumed into the
-    same dir, or created), recorded in the sweep dir's parent file; returns its run id. Its
-    params: the overrides, then the sweeper's search space."""
+    """The sweep's parent run's id: found by its sweep_uid (a sweep resumed into its dir) or
+    created with the overrides and the sweeper's search space as params; in the parent file."""
     from mlflow.entities import Param
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -63,9 +62,9 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
 
 
 def mark_ended(sweep_dir: Path, ended: bool) -> None:
-    """Whether the sweep itself ran to its end, recorded whether or not MLflow was reached:
-    `sync` closes a parent KILLED only for a sweep that did not end, and leaves the parent of a
-    sweep whose process still runs (its pid and host, recorded at its start) alone."""
+    """Whether the sweep ran to its end, recorded whether or not MLflow was reached: `sync`
+    closes KILLED only the parent of a sweep that did not end and whose process (its pid and
+    host) is gone."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     owner = {} if ended else {"pid": os.getpid(), "host": socket.gethostname()}
     path = sweep_dir / runs.PARENT_FILE
@@ -73,8 +72,8 @@ def mark_ended(sweep_dir: Path, ended: bool) -> None:
 
 
 def live(sweep_dir: Path) -> bool:
-    """The sweep's process still runs on this host (it closes its parent itself): the one that
-    started it (the parent file) or gpubench's sweeper writing its sweep.json."""
+    """The sweep's process (the parent file's, or the sweeper's in sweep.json) runs on this
+    host: it closes its parent itself."""
     info = runs.read(sweep_dir / runs.PARENT_FILE)
     if info.get("ended"):
         return False
@@ -85,7 +84,7 @@ def live(sweep_dir: Path) -> bool:
 
 
 def jobs(sweep_dir: Path) -> list[RunRecord]:
-    """Every job's record, with the rung the manifest gives it (screen, probe, full)."""
+    """Every job's record, with its rung from the manifest (screen, probe, full)."""
     rungs = {str(Path(j["dir"]).resolve()): j.get("rung")
              for j in manifest.read(sweep_dir).get("jobs") or [] if j.get("dir")}
     out = []
@@ -123,11 +122,9 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
 
 def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool | None = None,
                 status: str | None = None) -> None:
-    """Log the best child's id, config and throughput to the parent run, and end it:
-    FINISHED when the sweep completed, KILLED when it was interrupted before its end (or
-    `status`, e.g. FAILED for a sweep that ended on an error). `interrupted` None: not ended
-    by its own end callback (mark_ended); without that record (a sweep run untracked), a job
-    left killed or running says so."""
+    """Log the best child's id, config and throughput to the parent run, and end it FINISHED,
+    KILLED when interrupted, or `status`. `interrupted` None: read from mark_ended's record, else
+    (a sweep run untracked) a job left killed or running says so."""
     from mlflow.entities import Metric, RunTag
 
     c = store.client
@@ -167,9 +164,8 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
 
 def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path], timeout_s: float,
                     uri: str) -> None:
-    """Attach files (a sweep report, plots) to the sweep's parent run, masked. `uri`: the
-    tracking URI as configured; the one the parent file records is never followed (a folder
-    can name any store: gpubench.tracking.sync)."""
+    """Attach files (a sweep report, plots) to the sweep's parent run, masked, at the configured
+    `uri`: the one the parent file records is never followed (see gpubench.tracking.sync)."""
     info = runs.read(sweep_dir / runs.PARENT_FILE)
     with open_store(uri, info["experiment"], timeout_s) as store:
         for f in files:

@@ -49,14 +49,12 @@ def in_artifact_store(run_dir: Path) -> bool:
 
 def _run_default_uri(run_dir: Path) -> str:
     """The embedded store a run with tracking.uri=null was meant for: <its outputs/>/mlflow.db."""
-    for d in run_dir.resolve().parents:
-        if d.name == "outputs":
-            return default_uri(d.parent)
-    return default_uri()
+    return default_uri(next((d.parent for d in run_dir.resolve().parents
+                             if d.name == "outputs"), None))
 
 
 def _in_store(info: dict, uri: str, experiment: str) -> bool:
-    """A marker (or a sweep's parent file) saying its run reached this store and experiment."""
+    """A marker (or a parent file) saying its run reached this store and experiment."""
     return bool(info.get("synced")) and same_store(info.get("tracking_uri"), uri) and \
         info.get("experiment") == experiment
 
@@ -147,8 +145,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
 
 def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
     """A sweep's job uploaded without the sweep's parent (its worker lost the store-creation
-    race, or the parent was not reached): its marker names no parent, or not the sweep's. A
-    marker written before parents were recorded in it is checked in the store."""
+    race, or the parent was not reached): its marker names no parent, or not the sweep's."""
     sweep = runs.sweep_of(run_dir)
     if sweep is None:
         return False
@@ -158,8 +155,8 @@ def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
 
 
 def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> None:
-    """Parent runs left RUNNING (the sweep was interrupted before its end callback), in the
-    destination store only; a sweep whose process still runs closes its own."""
+    """Close parent runs left RUNNING (an interrupted sweep) in the destination store; a sweep
+    whose process still runs closes its own."""
     for sweep in sorted({runs.sweep_of(d) for d in found} - {None}):
         info = runs.read(sweep / runs.PARENT_FILE)
         dest = uri or _run_default_uri(sweep)
@@ -229,8 +226,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
 
 def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict,
                 out) -> None:
-    """One claimed run: uploaded unless it is in the store already (the marker, written by
-    whoever held the claim before, or its run_uid)."""
+    """One claimed run: uploaded unless in the store already (by its marker or run_uid)."""
     from mlflow.entities import RunStatus
 
     marker = runs.read(run_dir / runs.MARKER_FILE)

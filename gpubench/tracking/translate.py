@@ -90,9 +90,8 @@ with the verdict and the figure with its interval, then its picture."""
 
 
 def experiment_tags(now_ms: int | None = None) -> dict[str, str]:
-    """The tags an experiment is created with: its description (shown above the runs table),
-    its kind (training runs) and the saved view of its runs table (the name, created,
-    duration, images/sec and verdict columns; Dataset, Source and Models left out)."""
+    """An experiment's description, kind and saved runs-table view (name, created, duration,
+    images/sec and verdict; Dataset, Source and Models left out)."""
     state = {"selectedColumns": list(VIEW_COLUMNS),
              "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", "duration", *VIEW_COLUMNS],
              "columnWidths": VIEW_WIDTHS}
@@ -146,7 +145,6 @@ def run_params(run) -> dict[str, str]:
 
 
 def _number(v) -> float | None:
-    """A metric's value: a flag logs as 0/1, any other finite figure as itself."""
     return float(v) if isinstance(v, bool) else finite_number(v)
 
 
@@ -166,9 +164,8 @@ def shown_objective(rec: RunRecord) -> float:
 
 
 def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
-    """(name, value, step, timestamp_ms), grouped by prefix (see the module's docstring).
-    Per-step series sit under their phase: `<phase>/step_time_s`, `<phase>/step_images_per_sec`
-    (warm-up steps first, so the chart shows the warm-up curve) and `<phase>/telemetry/<name>`."""
+    """(name, value, step, timestamp_ms); per-step series under their phase, warm-up steps first
+    (the chart shows the warm-up curve)."""
     rec = as_record(run)
     now_ms = now_ms or int(time.time() * 1000)
     out: list[tuple[str, float, int, int]] = []
@@ -218,9 +215,8 @@ def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, i
 
 
 def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict[str, str]:
-    """Tags: the run's identity, status and verdict (filterable: `tags.bottleneck = 'data'`),
-    the environment, the overrides (masked) and MLflow's own source/user tags. The
-    description (`mlflow.note.content`) is set by `describe` once the run id is known."""
+    """The run's identity, status and verdict (filterable: `tags.bottleneck = 'data'`), the
+    environment, the overrides and MLflow's own source/user tags (the description: describe)."""
     rec = as_record(run)
     env = rec.env
     stable = rec.measurement_stable
@@ -255,9 +251,8 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
 
 
 def run_name(run, name: str | None = None) -> str:
-    """`tracking.run_name` when set; else the setup, then the throughput rounded to what its
-    interval supports (`resnet50-bs128-w8-amp_bf16 812img/s`), `over-ceiling` for a run above
-    the memory ceiling, or the status of a run that measured nothing (`... oom`)."""
+    """`tracking.run_name`, else the setup and the throughput (`resnet50-bs128 812img/s`),
+    `over-ceiling` above the memory ceiling, or the status of a run that measured nothing."""
     if name:
         return mask_secrets(name)
     rec = as_record(run)
@@ -271,6 +266,7 @@ def run_name(run, name: str | None = None) -> str:
         parts.append("over-ceiling")
     return " ".join(parts)
 
+
 def _figure(v, ci) -> str:
     """`812 [772-853]`: the figure and its interval to the place the interval supports."""
     at = supported_place(v, ci)
@@ -280,8 +276,7 @@ def _figure(v, ci) -> str:
 
 
 def headline(rec: RunRecord) -> str:
-    """The description's first line: the verdict, the run's figure with its interval, what
-    overlap costs and whether the measurement was stable, e.g.
+    """The description's first line, e.g.
     `**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
     word = labels.verdict_tag(rec.bottleneck or "unknown")
     lean = rec.extra.get("verdict_leaning")  # what an inconclusive verdict leans to
@@ -307,9 +302,9 @@ def headline(rec: RunRecord) -> str:
 
 
 def describe(run, run_id: str | None = None, picture: bool = False) -> str:
-    """The run's description (Markdown): the headline (what the collapsed box shows), the
-    run's picture (an image served by the tracking server's `get-artifact` route, relative so
-    it works behind a path prefix), the reason, a table of the phases and the advice."""
+    """The run's description (Markdown): the headline, the run's picture (served by the
+    server's `get-artifact` route, relative so it works behind a path prefix), the reason, the
+    phases' table and the advice."""
     rec = as_record(run)
     lines = []
     if rec.status.measured:
