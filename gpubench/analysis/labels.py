@@ -30,16 +30,14 @@ class VerdictWords:
 
 
 VERDICT_WORDS = {
-    Bottleneck.data: VerdictWords(word="data", tag="data-bound",
-                                  sentence="the data side (loader) is the narrowest pipe"),
-    Bottleneck.compute: VerdictWords(word="compute", tag="compute-bound",
-                                     sentence="compute is the narrowest pipe"),
-    Bottleneck.overlap: VerdictWords(word="overlap", tag="overlap",
-                                     sentence="loading and compute do not overlap"),
-    Bottleneck.inconclusive: VerdictWords(word="inconclusive", tag="inconclusive",
-                                          sentence="inconclusive: no confident verdict"),
-    Bottleneck.unknown: VerdictWords(word="unknown", tag="unknown",
-                                     sentence="no verdict: not enough phases measured"),
+    Bottleneck.data: VerdictWords("data", "data-bound",
+                                  "the data side (loader) is the narrowest pipe"),
+    Bottleneck.compute: VerdictWords("compute", "compute-bound", "compute is the narrowest pipe"),
+    Bottleneck.overlap: VerdictWords("overlap", "overlap", "loading and compute do not overlap"),
+    Bottleneck.inconclusive: VerdictWords("inconclusive", "inconclusive",
+                                          "inconclusive: no confident verdict"),
+    Bottleneck.unknown: VerdictWords("unknown", "unknown",
+                                     "no verdict: not enough phases measured"),
 }
 
 

@@ -1,8 +1,7 @@
 """Named validity checks: was this measurement disturbed? Pure functions of a run's phases.
 
-Each check returns `Reason`s, a kind and its sentence (results.json `noise_reasons`), read by
-their kind everywhere; a run with none is
-`measurement_stable`. A disturbed run gets no confident verdict (gpubench.analysis.verdict). The
+Each check returns `Reason`s, a kind and its sentence (results.json `noise_reasons`); a run with
+none is `measurement_stable`, a disturbed one gets no confident verdict (analysis.verdict). The
 thresholds are stated in docs/guide.md ("Is the measurement stable?") with why each is where
 it is; none is tuned to one machine.
 """
@@ -10,6 +9,7 @@ it is; none is tuned to one machine.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from gpubench.core.record import Flaw, Reason, longer
@@ -59,7 +59,7 @@ class WindowLoad:
 
 def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -> float | None:
     """Cores used by processes outside this run: host CPU minus this run's processes."""
-    if host_cpu is None or run_cpu is None or cpu_count < 1:
+    if host_cpu is None or run_cpu is None:
         return None
     return max(0.0, host_cpu / 100.0 * cpu_count - run_cpu / 100.0)
 
@@ -68,6 +68,11 @@ def window_seconds(windows: list[dict]) -> float | None:
     """A phase's median window length in seconds; None when none was timed."""
     secs = [w["seconds"] for w in windows if positive(w.get("seconds"))]
     return median(secs) if secs else None
+
+
+def _windows(numbers: list[int]) -> str:
+    """`window 2`, `windows 1, 3` (numbered from 1)."""
+    return f"window{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
 
 
 def finding(what: str, why: str, window_s: float | None) -> Reason:
@@ -110,19 +115,13 @@ def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
         if o is None or w.samples < 1 or w.seconds < MIN_LOAD_WINDOW_S:
             continue
-        starved = w.demand is None or (w.run_cpu or 0.0) / 100.0 < GOT_SHARE * w.demand
-        if (o >= OTHER_CORES and w.host_cpu is not None and w.host_cpu / 100.0 >= HOST_BUSY
-                and starved):
+        starved = w.demand is None or w.run_cpu / 100.0 < GOT_SHARE * w.demand
+        if o >= OTHER_CORES and w.host_cpu / 100.0 >= HOST_BUSY and starved:
             hit.setdefault(w.phase, []).append((w.index + 1, o))
-    if not hit:
-        return []
-    parts = []
-    for phase, ws in hit.items():
-        worst = max(o for _, o in ws)
-        parts.append(f"{phase} window{'s' if len(ws) > 1 else ''} "
-                     f"{', '.join(str(i) for i, _ in ws)} (up to {worst:.1f} cores)")
-    return [Reason(Flaw.disturbed,
-                   f"other processes used CPU while the host was busy: {'; '.join(parts)}")]
+    parts = [f"{phase} {_windows([i for i, _ in ws])} (up to {max(o for _, o in ws):.1f} cores)"
+             for phase, ws in hit.items()]
+    return [Reason(Flaw.disturbed, "other processes used CPU while the host was busy: "
+                   + "; ".join(parts))] if parts else []
 
 
 def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
@@ -130,9 +129,8 @@ def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
     out = []
     cut = [i + 1 for i, w in enumerate(windows) if w.get("truncated")]
     if cut:
-        out.append(Reason(Flaw.cut_short, f"{phase}: window{'s' if len(cut) > 1 else ''} "
-                          f"{', '.join(map(str, cut))} cut short by bench.max_seconds before "
-                          "bench.steps"))
+        out.append(Reason(Flaw.cut_short, f"{phase}: {_windows(cut)} cut short by "
+                          "bench.max_seconds before bench.steps"))
     if warmup_settled is False:
         out.append(Reason(Flaw.warmup, f"{phase}: warm-up did not settle within {warmup_steps} "
                           "steps (bench.warmup_max_steps / bench.warmup_max_seconds)"))
@@ -164,10 +162,9 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
         return []
     # gpubench sizes loader windows above this (core.pipe.loader_window_steps): only a window
     # cut short, or a run measured before that rule, gets here
-    return [Reason(Flaw.queue, f"loader: window{'s' if len(short) > 1 else ''} "
-                   f"{', '.join(map(str, short))} of fewer batches than the workers hold in "
-                   f"flight ({in_flight} = loader.num_workers x loader.prefetch_factor): timed "
-                   "batches made before the window began")]
+    return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
+                   f"hold in flight ({in_flight} = loader.num_workers x "
+                   "loader.prefetch_factor): timed batches made before the window began")]
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
@@ -187,8 +184,6 @@ def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
 def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> list[str]:
     """The processes outside this run using the most CPU right now: 'name (pid) 85%'. Only
     called once a run was found disturbed, to say which process competed."""
-    import time
-
     import psutil
 
     procs = []

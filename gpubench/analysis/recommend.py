@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from gpubench.analysis.select import knob_of, left_out
+from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
 from gpubench.config.knobs import compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, Rung, RunRecord
+from gpubench.core.record import Flaw, RunRecord
 from gpubench.core.stats import TOLERANCE, Est, holding, median, median_interval
 
 # sections of the config a recommendation consists of; bench (how to measure), tracking and
@@ -33,9 +35,6 @@ SETUP_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last"
 # the interval the recommendation was made on. Tracking and fault injection stay out.
 RERUN_KEYS = (*SETUP_KEYS, "bench")
 
-
-
-
 # fault injection as configured by default (none): a run with any other value is a test of a
 # failure path and never pooled with anything
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
@@ -43,7 +42,7 @@ NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 
 @dataclass
 class Row:
-    """One measured configuration: a run record (gpubench/record.py decides what its status,
+    """One measured configuration: a run record (gpubench.core.record decides what its status,
     throughput and feasibility mean) and its config as dotted keys."""
 
     label: str  # how the user finds it: its job folder, else a trial number or MLflow run id
@@ -72,7 +71,7 @@ class Row:
 
     @property
     def measurements(self) -> list[RunRecord]:
-        """The trial's own record, then its confirm step's re-measurements (gpubench.search.loop)."""
+        """The trial's own record, then its confirm step's re-measurements (search.loop)."""
         return [self.record, *self.confirms]
 
     @property
@@ -89,13 +88,12 @@ class Row:
             return holding(median_interval(self.pooled), self.throughput)
         return self.record.throughput_interval
 
-    @property
-    def peak(self) -> float | None:
-        return self.record.peak_memory_fraction
-
-    @property
-    def ceiling(self) -> float:
-        return self.record.memory_ceiling
+    # the record's own figures, read through the row
+    peak = property(attrgetter("record.peak_memory_fraction"))
+    ceiling = property(attrgetter("record.memory_ceiling"))
+    rung = property(attrgetter("record.rung"))
+    feasible = property(attrgetter("record.feasible"))
+    full = property(attrgetter("record.full"))
 
     @property
     def data(self) -> dict:
@@ -106,26 +104,13 @@ class Row:
         return str(self.record.dir) if self.record.dir is not None else None
 
     @property
-    def rung(self) -> Rung:
-        return self.record.rung
-
-    @property
-    def feasible(self) -> bool:
-        return self.record.feasible
-
-    @property
-    def full(self) -> bool:
-        return self.record.full
-
-    @property
     def stable(self) -> bool:
         """False when the run itself found its measurement disturbed (noise_reasons); once
         confirmed, also when any re-measurement was disturbed or did not measure, or when the
         measurements disagree: their own intervals share no common figure."""
-        ms = self.measurements
-        if any(m.measurement_stable is False or not m.status.measured for m in ms):
+        if any(map(_flawed, self.measurements)):
             return False
-        ivs = [m.throughput_interval for m in ms]
+        ivs = [m.throughput_interval for m in self.measurements]
         return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
 
     @property
@@ -139,15 +124,12 @@ class Row:
             return "-"
         if self.stable:
             return "confirmed" if self.confirms else "stable"
-        flawed = [m for m in self.measurements
-                  if m.measurement_stable is False or not m.status.measured]
-        if flawed and all(m.status.measured and m.noise_reasons
-                          and all(r.kind is Flaw.too_short for r in m.noise_reasons)
-                          for m in flawed):
-            return "too short"
-        if flawed:
-            return "disturbed"
-        return "disagreed"
+        flawed = list(filter(_flawed, self.measurements))
+        if not flawed:
+            return "disagreed"
+        short = all(m.status.measured and m.noise_reasons
+                    and all(r.kind is Flaw.too_short for r in m.noise_reasons) for m in flawed)
+        return "too short" if short else "disturbed"
 
     @property
     def confirmed(self) -> bool:
@@ -164,6 +146,11 @@ class Row:
     @property
     def amp(self) -> bool:
         return is_amp(self.knob("precision"))
+
+
+def _flawed(m: RunRecord) -> bool:
+    """The measurement found itself disturbed, or did not measure."""
+    return m.measurement_stable is False or not m.status.measured
 
 
 def row_of(rec: RunRecord, label: str) -> Row:
@@ -257,11 +244,9 @@ def amp_effect(amp: Row, plain: Row) -> str:
     """'faster', 'slower' or 'same': AMP's best against the best without it, on intervals."""
     if amp.interval[0] > plain.interval[1]:
         return "faster"
+    # single windows (no spread) fall in the two cases above unless the figures are equal
     if amp.interval[1] < plain.interval[0]:
         return "slower"
-    if amp.interval == (amp.throughput, amp.throughput) and plain.interval == (
-            plain.throughput, plain.throughput):  # single windows: the figures decide
-        return "faster" if amp.throughput > plain.throughput else "slower"
     return "same"
 
 
@@ -288,29 +273,29 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     if any(r.confirms for r in rows) and not best.confirmed:
         reasons.append("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
                        "step); rerun the recommended config on a quiet machine before trusting it")
+    near = [r for r in ok if near_best(r, best, tolerance)]
+    # the headline follows the first UNCONFIRMED warning, when there is one
+    reasons.insert(min(1, len(reasons)), f"fastest {'stable ' if best.stable else ''}feasible: "
+                   f"{with_interval(best)} img/s; {len(near)} configuration(s) within "
+                   f"{tolerance:.0%} of it on their intervals")
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
-        reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} img/s, "
-                       f"{why_not_best(fastest)}; it is not recommended until a rerun on a "
+        reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} "
+                       f"img/s, {why_not_best(fastest)}; it is not recommended until a rerun on a "
                        "quiet machine confirms it")
-    near = [r for r in ok if near_best(r, best, tolerance)]
-    lead = 1 if reasons and reasons[0].startswith("UNCONFIRMED") else 0
-    reasons.insert(lead, f"fastest {'stable ' if best.stable else ''}feasible: {with_interval(best)} img/s; {len(near)} configuration(s)"
-                      f" within {tolerance:.0%} of it on their intervals")
     amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
     if amp and plain:
         a = max(amp, key=lambda r: r.throughput)
         p = max(plain, key=lambda r: r.throughput)
         effect = amp_effect(a, p)
-        change = f"{a.throughput / p.throughput - 1:+.1%}"
+        figures = (f"with AMP {with_interval(a)} img/s, without {with_interval(p)} "
+                   f"({a.throughput / p.throughput - 1:+.1%}")
         if effect == "same":
-            reasons.append(f"AMP made no measurable difference: with AMP {with_interval(a)} img/s, without "
-                           f"{with_interval(p)} ({change}, inside the intervals)")
+            reasons.append(f"AMP made no measurable difference: {figures}, inside the intervals)")
         else:
             helps = effect == "faster"
             near = [r for r in near if r.amp == helps] or near
-            reasons.append(f"AMP {'on' if helps else 'off'}: best with AMP {with_interval(a)} img/s, "
-                           f"without {with_interval(p)} ({change})")
+            reasons.append(f"AMP {'on' if helps else 'off'}: best {figures})")
     # pinning only exists for copies to a GPU: on a CPU-only run it is not a knob at all
     on_gpu = any(r.record.env.get("device") == "cuda" for r in near)
     pinned = [r for r in near if r.knob("pin_memory") is True]
@@ -355,21 +340,17 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
     precisions count), in one line. Where it names another worker count than the recommendation,
     the line says which decides: training measured end to end, since the loader phase alone
     leaves out what training adds (with 0 workers the main process loads between steps)."""
-    from gpubench.analysis.workers import fewest_workers, workers
-
     batch = chosen.knob("batch_size")
     same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured]
-    pick = fewest_workers([{"num_workers": r.knob("num_workers"),
-                            "loader_images_per_sec": r.record.loader_images_per_sec}
-                           for r in same], chosen.record.compute_images_per_sec, tolerance)
+    pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec) for r in same],
+                          chosen.record.compute_images_per_sec, tolerance)
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []
     if not pick.unblocks or mine is None or theirs == mine:
         return [f"loader check: {pick.reason}"]
     loads = (f"the loader phase alone has {workers(theirs)} out-run compute "
-             f"({pick.loader_images_per_sec:.1f} img/s against "
-             f"{pick.compute.value:.1f})")
+             f"({pick.loader_images_per_sec:.1f} img/s against {pick.compute.value:.1f})")
     if theirs > mine:
         return [f"loader check: {loads}, yet training with {workers(mine)} came within "
                 f"{tolerance:.0%} of the fastest: the training measurement decides"]

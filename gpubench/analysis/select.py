@@ -6,19 +6,19 @@ full training runs) and setups (models, datasets, image sizes). Their throughput
 of one thing: the report ranks and recommends full training measurements of one setup, and says
 in one line what it left out (gpubench.report); `--where KEY=VALUE` picks rows first.
 
-A setup is its workload: every key the schema declares as one (gpubench.config.knobs.role). A team's own model or dataset
-(`model=custom model._target_=my_team.Net`) is its class: the group's name is only `custom`,
-which would make every custom model one setup. The console's title, the run picture, the MLflow
-run name, the report's notes and the machine comparison all write a setup out through
-`setup_text` and `workload_text`.
+A setup is its workload: every key the schema declares as one (gpubench.config.knobs.role). A
+team's own model or dataset (`model=custom model._target_=my_team.Net`) is its class: the
+group's name is only `custom`, which would make every custom model one setup.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,14 +27,8 @@ from gpubench.config.knobs import SETUP_SHORT, SHORT, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Rung, RunRecord
 
-
-class Row(Protocol):
-    """What selection reads of a report row (gpubench.analysis.recommend.Row): its record and config."""
-
-    record: RunRecord
-    flat: dict[str, Any]
-
-
+if TYPE_CHECKING:  # recommend imports this module
+    from gpubench.analysis.recommend import Row
 
 
 def knob_key(get: Callable[[str], Any], name: str) -> str:
@@ -61,8 +55,7 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
     thread = "thread " if workers and k("worker_type") == "thread" else ""  # processes: unsaid
     if compact:
         parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}",
-                 f"w{workers}{'t' if thread else ''}",
-                 str(k("precision"))]
+                 f"w{workers}{'t' if thread else ''}", str(k("precision"))]
         parts += ["cl"] if k("channels_last") else []
         parts += [f"compile-{compiled}"] if compiled else []
         return "-".join(parts)
@@ -119,8 +112,8 @@ def parse_where(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
-            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: it must be KEY=VALUE with "
-                             "a dotted config key, e.g. --where model.name=resnet50")
+            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: it must be "
+                             "KEY=VALUE with a dotted config key, e.g. --where model.name=resnet50")
         out[key.strip()] = value.strip()
     return out
 
@@ -140,8 +133,6 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
     that no row has is a typo: WhereError, naming it and keys that exist."""
     for key in conditions:
         if rows and not any(key in r.flat for r in rows):
-            import difflib
-
             close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
             raise WhereError(f"gpubench.report: --where {key}: no run has this config key"
                              + (f" (close: {', '.join(close)})" if close else ""))
@@ -159,13 +150,8 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     """The rows the report ranks and recommends from, and what it says about the others: full
     training measurements only, of one workload (setup_of): the newest run's. Throughputs of
     different models, image sizes or class counts are no speeds of one thing."""
-    kept, out = [], {}
-    for r in rows:
-        why = left_out(r.record)
-        if why is None:
-            kept.append(r)
-        else:
-            out[why] = out.get(why, 0) + 1
+    kept = [r for r in rows if left_out(r.record) is None]
+    out = Counter(why for r in rows if (why := left_out(r.record)) is not None)
     notes = []
     if out:
         notes.append(f"left out {sum(out.values())} run(s) that are no full training "
@@ -180,8 +166,8 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
                   for k, g in groups.items() if k != mine]
         other = next(g[0] for k, g in groups.items() if k != mine)
         key = _differing(newest, other)[0]
-        notes.append(f"ranked only {_setup_name(newest, other)} (the newest run's setup); other setups: "
-                     f"{'; '.join(others)}; pick one with --where, e.g. --where "
+        notes.append(f"ranked only {_setup_name(newest, other)} (the newest run's setup); other "
+                     f"setups: {'; '.join(others)}; pick one with --where, e.g. --where "
                      f"{key}={format_value(other.flat.get(key))}")
         kept = groups[mine]
     return kept, notes

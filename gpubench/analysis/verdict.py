@@ -4,8 +4,6 @@ The rule compares three throughputs (reference article 003's method): the loader
 most the data side can deliver, the compute phase the most the device can, and e2e what the
 training loop gets. GPU utilization never decides the verdict: with AMP a GPU at the same
 utilization does ~1.7x the work (article 003), so utilization is context, not evidence.
-
-The rule with intervals, the advice it leads to and the workers pick share their thresholds.
 """
 
 from __future__ import annotations
@@ -94,9 +92,8 @@ def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[floa
 
 
 def _data_or_compute(figures: dict, data: Case, compute: Case) -> Verdict:
-    """Data- or compute-bound from the loader's share of compute (`figures["supply"]`): well
-    below the line is data-bound (`data`), at or above it compute-bound (`compute`), an
-    interval across it inconclusive."""
+    """Data- or compute-bound from the loader's share of compute (`figures["supply"]`), with the
+    case each names; an interval across WELL_BELOW is inconclusive."""
     s = figures["supply"]
     if s.hi < WELL_BELOW:
         return Verdict(Bottleneck.data, data, figures, ratio=s, margin=WELL_BELOW - s.hi)
@@ -233,17 +230,9 @@ def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verd
     paired = _paired(windows, ("loader", "compute"))
     supply = loader.over(compute)
     if paired:
-        supply = Est.median_of([x / c for x, c in zip(paired["loader"], paired["compute"],
-                                                      strict=True)])
+        supply = Est.median_of([x / c for x, c in zip(*paired.values(), strict=True)])
     f = dict(loader=loader, compute=compute, supply=supply)
     return _data_or_compute(f, Case.data_no_e2e, Case.compute_no_e2e)
-
-
-def _from_data_wait(fraction: float) -> Verdict:
-    """e2e alone: how much of the loop waits on data."""
-    if fraction > 0.25:
-        return Verdict(Bottleneck.data, Case.waits_on_data, dict(wait=fraction))
-    return Verdict(Bottleneck.compute, Case.waits_little, dict(wait=fraction))
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
@@ -265,7 +254,10 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
     if loader_ips and compute_ips:
         return _loader_and_compute(loader_ips, compute_ips, windows)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
-        return _from_data_wait(data_wait_fraction)
+        # e2e alone: how much of the loop waits on data
+        if data_wait_fraction > 0.25:
+            return Verdict(Bottleneck.data, Case.waits_on_data, dict(wait=data_wait_fraction))
+        return Verdict(Bottleneck.compute, Case.waits_little, dict(wait=data_wait_fraction))
     return Verdict(Bottleneck.unknown, Case.too_few_phases)
 
 
@@ -326,20 +318,11 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
     return [step.value.format(**figures) for step in next_steps(bottleneck, k)]
 
 
-def judge(
-    loader,
-    compute,
-    e2e,
-    data_wait_fraction: float | None,
-    knobs: Knobs,
-    intervals: dict | None = None,
-    noise_reasons: list[Reason] | None = None,
-    remedies: list[str] | None = None,
-    device_data_s_per_image=None,
-    windows: dict | None = None,
-    repeats: int | None = None,
-    steps: int | None = None,
-) -> Verdict:
+def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
+          intervals: dict | None = None, noise_reasons: list[Reason] | None = None,
+          remedies: list[str] | None = None, device_data_s_per_image=None,
+          windows: dict | None = None, repeats: int | None = None,
+          steps: int | None = None) -> Verdict:
     """The verdict and its advice. A run whose measurement was disturbed (`noise_reasons`)
     gets no confident verdict, whatever its figures say: `inconclusive`, with the reasons and
     what to do about them (`remedies`), and what the figures leaned to. A question left open
@@ -349,16 +332,15 @@ def judge(
                  windows)
     if noise_reasons and v.bottleneck is not Bottleneck.unknown:
         lean = v.leaning if v.bottleneck is Bottleneck.inconclusive else v.bottleneck
+        # no open question: more windows do not decide a disturbed run, its remedies do
         v = Verdict(Bottleneck.inconclusive, Case.unstable_leaning if lean else Case.unstable,
                     dict(flaws="; ".join(r.text for r in noise_reasons), lean=lean),
                     ratio=v.ratio, leaning=lean, overlap_loss=v.overlap_loss)
-        v.advice = (remedies or [])[:3] or [more_windows(steps, repeats)]
-        return v
     decide = _to_decide(v, repeats, steps)
     if v.bottleneck is Bottleneck.inconclusive:
         v.advice = [decide] if decide else (remedies or [])[:3] or [more_windows(steps, repeats)]
-        return v
-    v.advice = advise(v.bottleneck, knobs) + ([decide] if decide else [])
+    else:
+        v.advice = advise(v.bottleneck, knobs) + ([decide] if decide else [])
     return v
 
 

@@ -23,11 +23,8 @@ from gpubench.core.stats import TOLERANCE, Est, figure
 
 # the folder of a sweep dir where a loader-only multirun keeps its compute measurements
 COMPUTE_DIR = "compute"
-
-
 # what a data side that stays the bottleneck can try next (docs/data.md)
 NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
-
 
 
 def workers(n: int) -> str:
@@ -38,13 +35,40 @@ def workers(n: int) -> str:
 @dataclass
 class WorkersPick:
     num_workers: int | None  # None: nothing measured to choose from
-    loader_images_per_sec: float | None
     unblocks: bool  # True: this loader out-runs compute (the GPU is no longer starved)
-    reason: str
     tolerance: float = TOLERANCE
     # every worker count's loader rate (repeats pooled), and the bound they were judged against
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
+
+    @property
+    def loader_images_per_sec(self) -> float | None:
+        return None if self.num_workers is None else self.rates[self.num_workers].value
+
+    def _fewer(self) -> int | None:
+        """The most workers measured below the pick."""
+        return max((x for x in self.rates if x < self.num_workers), default=None)
+
+    @property
+    def reason(self) -> str:
+        """The pick in one line, figures without intervals (the report's loader check)."""
+        w, c, tol = self.num_workers, self.compute, self.tolerance
+        if w is None:
+            return "no loader throughput measured"
+        ips = self.rates[w].value
+        loads = f"{workers(w)} load{'s' * (w == 1)} {ips:.1f} img/s"
+        if self.unblocks:
+            f = self._fewer()
+            below = ("no fewer were measured" if f is None
+                     else f"with {f}: {self.rates[f].value:.1f}")
+            return f"{loads}, above compute {c.value:.1f} by more than {tol:.0%}; {below}"
+        best = max(r.value for r in self.rates.values())
+        plateau = f"{loads}, within {tol:.0%} of the best ({best:.1f})"
+        if c is None:
+            return f"compute throughput not measured; {plateau}"
+        return (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
+                f"{ips / c.value:.0%} of compute: the data side stays the bottleneck (next: "
+                f"{NEXT_STEPS})")
 
     @property
     def threshold(self) -> float | None:
@@ -59,15 +83,10 @@ class WorkersPick:
             return "workers: no loader throughput measured"
         c, tol = self.compute, self.tolerance
         if self.unblocks:
-            w, r = self.num_workers, self.rates[self.num_workers]
-            fewer = [x for x in self.rates if x < w]
-            if fewer:
-                f = max(fewer)
-                below = (f"{workers(f)}: {self.rates[f]} does not (its low end "
-                         f"{figure(self.rates[f].lo)} is not above {figure(self.threshold)}, "
-                         f"compute's high end + {tol:.0%})")
-            else:
-                below = "no fewer were measured"
+            w, r, f = self.num_workers, self.rates[self.num_workers], self._fewer()
+            below = "no fewer were measured" if f is None else (
+                f"{workers(f)}: {self.rates[f]} does not (its low end {figure(self.rates[f].lo)} "
+                f"is not above {figure(self.threshold)}, compute's high end + {tol:.0%})")
             return f"workers: {w} ({clearing(r, c)}, more than the {tol:.0%} margin); {below}"
         w = self.num_workers
         plateau = (f"the loader levels off from {workers(w)}: {self.rates[w]} img/s, within "
@@ -127,41 +146,17 @@ def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,
                    tolerance: float = TOLERANCE) -> WorkersPick:
-    """The fewest loader workers whose loader throughput clears compute by `tolerance`: the
-    low end of its loader interval above compute's high end times (1 + tolerance); figures
-    without an interval are their own (reference article 003: set workers to the minimum that
-    unblocks the GPU; each extra worker costs RAM for nothing). When no worker count gets
-    there, the best available: the fewest workers within `tolerance` of the highest loader
-    throughput (the plateau's start), with the reason the data side stays the bottleneck.
-    `compute_images_per_sec`: a figure, an Est (with its interval) or None (not measured)."""
-    loader = _loader_rows(rows)
-    compute = Est.of(compute_images_per_sec)
-    if not loader:
-        return WorkersPick(None, None, False, "no loader throughput measured", tolerance,
-                           loader, compute)
-    if compute is not None:
-        for w in sorted(loader):
-            if clears(loader[w], compute, tolerance):
-                fewer = [x for x in loader if x < w]
-                below = (f"; with {max(fewer)}: {loader[max(fewer)].value:.1f}" if fewer
-                         else "; no fewer were measured")
-                return WorkersPick(w, loader[w].value, True, (
-                    f"{workers(w)} load{'s' * (w == 1)} {loader[w].value:.1f} img/s, above compute "
-                    f"{compute.value:.1f} by more than {tolerance:.0%}{below}"
-                ), tolerance, loader, compute)
+    """The fewest loader workers that clear compute (`clears`; article 003: the minimum that
+    unblocks the GPU). When none does, the plateau's start: the fewest within `tolerance` of
+    the highest loader throughput. `compute_images_per_sec`: a figure, an Est or None."""
+    loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
+    clear = [w for w in sorted(loader) if compute is not None
+             and clears(loader[w], compute, tolerance)]
+    if clear or not loader:
+        return WorkersPick(clear[0] if clear else None, bool(clear), tolerance, loader, compute)
     best = max(r.value for r in loader.values())
     w = min(x for x in loader if loader[x].value >= best * (1 - tolerance))
-    ips = loader[w].value
-    plateau = (f"{workers(w)} load{'s' * (w == 1)} {ips:.1f} img/s, within {tolerance:.0%} of the "
-               f"best ({best:.1f})")
-    if compute is None:
-        return WorkersPick(w, ips, False, f"compute throughput not measured; {plateau}",
-                           tolerance, loader, compute)
-    return WorkersPick(w, ips, False, (
-        f"no worker count measured out-runs compute {compute.value:.1f} img/s; "
-        f"{plateau}, {ips / compute.value:.0%} of compute: the data side stays "
-        f"the bottleneck (next: {NEXT_STEPS})"
-    ), tolerance, loader, compute)
+    return WorkersPick(w, False, tolerance, loader, compute)
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:

@@ -1,28 +1,23 @@
 """The verdict check: two runs built so that their narrowest pipe is known, measured by gpubench
 end to end (`measure_run`, all three phases), whose verdict must name it.
 
-- data: the user's model, batch and precision, reading `PacedImages` (images held in memory,
-  each sample `delay_s` late) through the existing `dataset=custom` path, with one loader worker
-  that prefetches one batch (none where the user's loader has none). The delay makes a batch
-  DATA_STALL x the plain step's time: the loader delivers a quarter of what compute takes, e2e
-  waits on it: data-bound. One worker delivers its batches evenly (several finish theirs
-  together, in bursts a short window may or may not catch) and holds one in flight, so the
-  windows drained before each one (gpubench's re-warm) cost two batches, not five.
-- step: the user's own config with `fault.stall_every=1`: every compute/e2e step sleeps
-  STEP_STALL x the slower of the plain step and the plain loader batch (run/faults.py): the
-  loader delivers at least twice what compute takes: compute-bound.
+- data: the user's model, batch and precision reading `PacedImages` (each sample `delay_s` late)
+  through `dataset=custom`, with one loader worker prefetching one batch (none where the user's
+  loader has none). A batch takes DATA_STALL x the plain step: the loader delivers a quarter of
+  what compute takes, data-bound. One worker delivers evenly (several finish together, in
+  bursts a short window may or may not catch), so the drain before each window costs 2 batches.
+- step: the user's config with `fault.stall_every=1`: every compute/e2e step sleeps STEP_STALL x
+  the slower of the plain step and batch (run/faults.py): compute-bound.
 
-Without loader workers the main process loads, then steps: e2e is the sum of both, and tracks
-the narrower pipe above the rule's 85% only when that one is much the longer, so both stalls
-are SERIAL_STALL x instead (20/21 of the stall alone; the loop's own work takes some of that).
+Without loader workers e2e is the sum of loading and stepping, and tracks the narrower pipe
+above the rule's 85% only when that one is much the longer: both stalls are SERIAL_STALL x then.
 The margins are wide on purpose: a shared machine that slows one window of compute 3x leaves
 the data case's loader/compute ratio under the rule's 0.9 line.
 
-What is judged is the rule (analysis.verdict.classify) on the run's measured figures. The run's
-own verdict adds its validity checks, which call any run of fewer than 6 windows inconclusive;
-these runs are kept short (3 windows) because their stalls are what they cost. The validity
-checks still tell a disturbed run (other processes, interrupted steps): one whose figures miss
-the known answer is then not judged (rules.verdict_case).
+Judged is the rule (analysis.verdict.classify) on the run's figures, not the run's own verdict:
+its validity checks call any run of fewer than 6 windows inconclusive, and these keep to 3 (their
+stalls are what they cost). A run those checks call disturbed whose figures miss the answer is
+not judged (rules.verdict_case).
 """
 
 from __future__ import annotations
@@ -121,12 +116,6 @@ def step_case(cfg: DictConfig, s: Settings, step_s: float, batch_s: float | None
     return out, stall
 
 
-def rule_answer(rec: RunRecord):
-    """The verdict rule (analysis.verdict.classify) on a run's measured figures, as the run's
-    own verdict reads them (run/summary.rule_figures), less the validity checks."""
-    return classify(**rule_figures(rec))
-
-
 # the validity reasons these short runs always give by design (3 windows give a 75% interval;
 # windows shorter than the batches in flight)
 BY_DESIGN = (Flaw.few_windows, Flaw.queue)
@@ -142,7 +131,7 @@ def _run(name: str, expected: str, case: DictConfig, out: Path, what: str) -> Ju
     rec = measure_run(case, out / name).record
     if rec.status is not Status.ok:
         return Judgement(name, False, {}, f"{what}: the run ended {rec.status}: {rec.error}")
-    v = rule_answer(rec)
+    v = classify(**rule_figures(rec))  # as the run's own verdict reads them, less the checks
     figures = {n: rec.phase_figure(n)[0] for n in PHASE_NAMES}
     if v.ratio is not None:
         figures.update(ratio=v.ratio.value, ratio_lo=v.ratio.lo, ratio_hi=v.ratio.hi)

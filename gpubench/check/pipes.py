@@ -98,7 +98,18 @@ class Alternated(Benchmark):
         return images / seconds
 
 
-def _compare(cfg: DictConfig, out: Path, phase: str) -> Judgement:
+def compare(cfg: DictConfig, out: Path, s: Settings, phase: str) -> Judgement:
+    """gpubench's compute phase against the plain training step on the same batch, or its
+    loader phase against a plain loop over the same DataLoader in windows of at least
+    MIN_LOAD_WINDOW_S. A CPU run's windows have no least length (bench.min_window_s null acts
+    as 0 there): a loader window of 16 small batches lasted about 40 ms, a few scheduler ticks
+    of the 2-core machine its workers share with the main process, and timed when the workers'
+    bursts fell rather than their rate (ratios 0.94 to 1.27 on one machine from run to run)."""
+    if phase == "loader" and s.dataset.name == "device_synthetic":
+        return skipped("loader", "no DataLoader with dataset=device_synthetic")
+    if phase == "loader" and s.bench.min_window_s < MIN_LOAD_WINDOW_S:
+        cfg = copy.deepcopy(cfg)
+        OmegaConf.update(cfg, "bench.min_window_s", MIN_LOAD_WINDOW_S)
     bench = Alternated(cfg, out / phase, phase)
     interrupted = bench.run()
     if interrupted is not None:
@@ -107,23 +118,3 @@ def _compare(cfg: DictConfig, out: Path, phase: str) -> Judgement:
     if rec.status is not Status.ok:
         return Judgement(phase, False, {}, f"the run ended {rec.status}: {rec.error}")
     return agree(phase, [w.images_per_sec for w in bench.windows.get(phase, [])], bench.plain)
-
-
-def compute_check(cfg: DictConfig, out: Path) -> Judgement:
-    """gpubench's compute phase against the plain training step on the same batch."""
-    return _compare(cfg, out, "compute")
-
-
-def loader_check(cfg: DictConfig, out: Path, s: Settings) -> Judgement:
-    """gpubench's loader phase against a plain loop over the same DataLoader, in windows of
-    at least MIN_LOAD_WINDOW_S. A CPU run's windows have no least length (bench.min_window_s
-    null acts as 0 there): a loader window of 16 small batches lasted about 40 ms, a few
-    scheduler ticks of the 2-core machine its workers share with the main process, and timed
-    when the workers' bursts fell rather than their rate (ratios 0.94 to 1.27 on one machine
-    from run to run)."""
-    if s.dataset.name == "device_synthetic":
-        return skipped("loader", "no DataLoader with dataset=device_synthetic")
-    if s.bench.min_window_s < MIN_LOAD_WINDOW_S:
-        cfg = copy.deepcopy(cfg)
-        OmegaConf.update(cfg, "bench.min_window_s", MIN_LOAD_WINDOW_S)
-    return _compare(cfg, out, "loader")

@@ -1,13 +1,11 @@
 """The reference: a training step and a loader loop written the way a user's own loop is, timed
 with nothing but a clock and a synchronize at each window's edges.
 
-Only the parts gpubench must share with it to measure the same work come from gpubench: the
-model as `build_model` builds it (the same architecture, checkpointing, kwargs), its device and
-memory format (`prepare_model`), the optimizer (`make_optimizer`) and the precision's autocast
-dtype and loss scaling (`resolve_precision`; its backend flags are process-wide and already set
-by gpubench's build). The step, the loss, the optimizer call, the warm-up and the timing are
-written here, independently of gpubench.parts.step and gpubench.parts.measure: those are what
-is checked.
+Only what it must share with gpubench to measure the same work comes from gpubench: the model
+(`build_model`, `prepare_model`), the optimizer (`make_optimizer`), the autocast dtype and loss
+scaling (`resolve_precision`; its backend flags are process-wide, set by gpubench's build). The
+step, loss, optimizer call, warm-up and timing are written here, independently of
+gpubench.parts.step and .measure: those are what is checked.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The self-check's judgements: pure functions of measured figures (no torch), each returning a
 `Judgement`, so every PASS/FAIL rule is tested on a CPU with recorded figures; the code that
-measures (gpubench.check.pipes, .cases, .cuda) stays thin.
+measures (gpubench.check.pipes, .cases, .cuda) stays thin. docs/gpu.md ("The self-check")
+states them.
 
-The rules, stated once (docs/gpu.md, "The self-check"):
-
-- `agree` (compute, loader, sync): two timings of the same work measured in alternated windows
-  (tool, reference, tool, reference, ...), so a drift of a shared machine hits both. Each round
-  gives a ratio tool/reference; the ratio's median and its order-statistic interval
-  (core.stats.median_interval, the same interval a run's phases get) are judged: PASS when the
-  median is within TOLERANCE (5%) of 1, or when its interval holds 1 (the two differ by no more
-  than their own windows' spread shows). Anything else is a difference the windows resolve and
-  larger than 5%: FAIL, in either direction (too fast is as wrong as too slow).
-- `verdict_case`: a constructed case's narrowest pipe must be the known one.
-- `utilization`, `energy`, `memory`, `peak`: the NVML and peak-table checks (thresholds below).
+`agree` (compute, loader, sync) judges two timings of the same work measured in alternated
+windows, so a drift of a shared machine hits both: each round gives a ratio tool/reference, and
+the ratios' median and order-statistic interval (core.stats, as a run's phases get) PASS when
+the median is within TOLERANCE (5%) of 1 or the interval holds 1 (no larger difference than the
+windows' own spread). Anything else FAILs, in either direction (too fast is as wrong as slow).
 """
 
 from __future__ import annotations
@@ -115,10 +110,10 @@ def utilization(busy: float | None, idle: float | None) -> Judgement:
     if busy is None or idle is None:
         return skipped("utilization", "NVML gave no utilization reading")
     ok = busy >= BUSY_MIN and idle <= IDLE_MAX
-    why = "" if ok else (f" (busy must read >= {BUSY_MIN:.0f}%" if busy < BUSY_MIN else
-                         f" (idle must read <= {IDLE_MAX:.0f}%: another process on the GPU?")
+    why = "" if ok else (f" (busy must read >= {BUSY_MIN:.0f}%)" if busy < BUSY_MIN else
+                         f" (idle must read <= {IDLE_MAX:.0f}%: another process on the GPU?)")
     return Judgement("utilization", ok, {"busy": busy, "idle": idle},
-                     f"busy window {busy:.0f}%, idle window {idle:.0f}%" + (why + ")" if why else ""))
+                     f"busy window {busy:.0f}%, idle window {idle:.0f}%{why}")
 
 
 def energy(counter_j: float | None, integrated_j: float | None, seconds: float) -> Judgement:
@@ -172,11 +167,10 @@ def peak(device: str, rows: list[tuple[str, float, float | None]]) -> Judgement:
     known = [(m, a, p) for m, a, p in rows if p]
     if not known:
         return skipped("peak", f"no row in the peak table for {device!r} (no MFU either)")
-    parts, ok = [], True
+    ok = all(PEAK_MIN <= a / p <= PEAK_MAX for _, a, p in known)
+    parts = []
     for m, a, p in known:
         share = a / p
-        bad = share > PEAK_MAX or share < PEAK_MIN
-        ok &= not bad
         parts.append(f"{m} {a / 1e12:.1f} of {p / 1e12:.1f} TFLOP/s ({share:.0%})"
                      + (" above the peak: the table's figure is too low" if share > PEAK_MAX
                         else " under half the peak: a sparse figure in the table, or a "

@@ -35,11 +35,11 @@ the window timing. Exit status 0 only when every check that ran passed."""
 def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
     """Every check's judgement, in order, as each finishes."""
     from gpubench.check.cases import verdict_checks
-    from gpubench.check.pipes import compute_check, loader_check
+    from gpubench.check.pipes import compare
 
-    compute = compute_check(cfg, out)
+    compute = compare(cfg, out, s, "compute")
     yield compute
-    loader = loader_check(cfg, out, s)
+    loader = compare(cfg, out, s, "loader")
     yield loader
     batch = s.loader.batch_size
     step_s = batch / compute.figures["reference"] if compute.figures.get("reference") else None
@@ -76,11 +76,6 @@ def title(s: Settings) -> str:
             f"{s.precision} | {s.device}")
 
 
-def compose_args(args: list[str]) -> DictConfig:
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
-        return compose("bench", overrides=args)
-
-
 def _error(line: str, code: int) -> int:
     print(f"gpubench check: error: {line}", file=sys.stderr)
     return code
@@ -99,7 +94,8 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> 
                       ExitCode.BAD_INPUT)
     t0 = time.perf_counter()
     try:
-        cfg = compose_args(args)
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+            cfg = compose("bench", overrides=args)
         emit(title(resolve(cfg)))
         judged = run_checks(cfg, emit)
     except KeyboardInterrupt:
