@@ -72,8 +72,7 @@ def write_text(path: str | Path, text: str) -> Path:
     text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with contextlib.suppress(FileNotFoundError):  # a leftover (or a link) of this name
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)  # a leftover (or a link) of this name
         with open(tmp, "x", encoding="utf-8") as f:  # "x": never through an existing file
             f.write(text)
             f.flush()

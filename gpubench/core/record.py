@@ -1,11 +1,8 @@
 """The one record of a run: what results.json holds, and what it means.
 
-Every reader of a run (runner, console, sweeper, report, tracking, scripts) goes through
-`RunRecord`: `load(run_dir)` reads it, `save()` writes it atomically. What a run means for a
-search is defined here only: `throughput` (e2e, else compute, else loader; also when its status
-makes it infeasible), `constraint` (peak memory fraction - ceiling, <= 0 feasible; an OOM or a
-run that measured nothing is `OOM_CONSTRAINT`), `feasible` and `objective` (the throughput when
-feasible, else 0.0). No torch import: the sweeper, the report and tracking load without it.
+Every reader of a run goes through `RunRecord`: `load(run_dir)` reads it, `save()` writes it
+atomically. What a run means for a search is defined here only: `throughput`, `constraint`,
+`feasible` and `objective`. No torch import: the sweeper, the report and tracking load without it.
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ class Word(str, Enum):
         return self.value
 
     @classmethod
-    def read(cls, value: Any, default: Any = None) -> Any:
-        """The member `value` names; `default` for a word this version does not know."""
+    def read(cls, value: Any, default: Any = None) -> Any:  # `default`: a word unknown here
         try:
             return cls(value)
         except ValueError:
@@ -72,13 +68,11 @@ class Rung(Word):
     probe = "probe"  # a max-batch search's probe
 
     @property
-    def short(self) -> bool:
-        """Measured too briefly to rank speed by."""
+    def short(self) -> bool:  # measured too briefly to rank speed by
         return self in (Rung.screen, Rung.probe)
 
     @classmethod
-    def of(cls, value: Any) -> Rung:
-        """Missing or unknown (written by another version): a plain run."""
+    def of(cls, value: Any) -> Rung:  # missing or unknown (another version's): a plain run
         return cls.read(value, cls.run)
 
 
@@ -98,13 +92,11 @@ class Status(Word):
         return self is not Status.running
 
     @property
-    def measured(self) -> bool:
-        """Its speed figures are real measurements (an over-ceiling run measured fine)."""
+    def measured(self) -> bool:  # real speed figures (an over-ceiling run measured fine)
         return self in (Status.ok, Status.over_ceiling)
 
     @property
-    def crashed(self) -> bool:
-        """No usable measurement: a sweep counts it as a failure, not a data point."""
+    def crashed(self) -> bool:  # no usable measurement: a sweep's failure, not a data point
         return self in (Status.failed, Status.killed, Status.running)
 
 
@@ -118,8 +110,7 @@ class Bottleneck(Word):
     unknown = "unknown"  # not enough phases measured
 
     @classmethod
-    def of(cls, value: Any) -> Bottleneck | None:
-        """None stays none; a word another version wrote is unknown."""
+    def of(cls, value: Any) -> Bottleneck | None:  # another version's word: unknown
         return None if value is None else cls.read(value, cls.unknown)
 
 
@@ -299,12 +290,11 @@ class RunRecord(_Keys):
 
     @classmethod
     def start(cls, run_dir: Path, config: dict, env: dict, memory_ceiling: float,
-              world_size: int = 1) -> RunRecord:
+              world_size: int = 1, **fields: Any) -> RunRecord:
         return cls(
             memory_ceiling=float(memory_ceiling), world_size=world_size, config=config, env=env,
             pid=os.getpid(), host=socket.gethostname(),
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), dir=Path(run_dir),
-        )
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), dir=Path(run_dir), **fields)
 
     @classmethod
     def from_dict(cls, d: dict, run_dir: Path | None = None, rung: Rung | str | None = None
@@ -344,24 +334,22 @@ class RunRecord(_Keys):
     # ------------------------------------------------------------------ what it means
 
     @property
-    def headline(self) -> PhaseRecord | None:
-        """The phase whose figures stand for the run: e2e, else compute, else loader."""
+    def headline(self) -> PhaseRecord | None:  # e2e, else compute, else loader
         return next((self.phases[n] for n in HEADLINE_ORDER if n in self.phases), None)
 
     @property
     def throughput(self) -> float:
-        """Training images/sec measured: the first positive of the headline order; 0.0 when
-        none, or when its status makes the figures meaningless."""
+        """Images/sec: the first positive of the headline order; 0.0 when none, or when its
+        status makes the figures meaningless (infeasible runs keep theirs)."""
         if not self.status.measured:
             return 0.0
         return next((float(v) for v, _ in self.phase_figures() if positive(v)), 0.0)
 
     def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
-        """A phase's top-level throughput and its interval."""
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
 
     def phase_figures(self) -> list[tuple[float | None, list[float] | None]]:
-        return [self.phase_figure(name) for name in HEADLINE_ORDER]
+        return list(map(self.phase_figure, HEADLINE_ORDER))
 
     @property
     def interval_label(self) -> str:
@@ -395,26 +383,23 @@ class RunRecord(_Keys):
         return self.status is Status.ok and self.throughput > 0 and self.constraint <= 0
 
     @property
-    def objective(self) -> float:
-        """What a sweeper maximizes: the throughput when feasible, else 0.0; always finite."""
+    def objective(self) -> float:  # what a sweeper maximizes; always finite
         return self.throughput if self.feasible else 0.0
 
     @property
-    def full(self) -> bool:
-        """A full-length measurement, not a short screen or a max-batch probe."""
+    def full(self) -> bool:  # a full-length measurement, not a screen or a max-batch probe
         return not Rung.of(self.rung).short
 
     def fits_under(self, reserve: float) -> bool:
-        """A max-batch probe fits when it ran and its peak memory stays under ceiling x
-        (1 - reserve); the reserve absorbs what a longer run allocates later."""
+        """A max-batch probe ran and its peak memory stays under ceiling x (1 - reserve): the
+        reserve absorbs what a longer run allocates later."""
         if not self.status.measured:
             return False
         if not finite(self.peak_memory_fraction):
             return self.status is Status.ok
         return self.peak_memory_fraction <= self.memory_ceiling * (1.0 - reserve)
 
-    def knob(self, dotted: str) -> Any:
-        """A config value by its dotted key (`loader.batch_size`), None when absent."""
+    def knob(self, dotted: str) -> Any:  # a config value by its dotted key; None when absent
         node: Any = self.config
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else None
@@ -450,8 +435,7 @@ class RunRecord(_Keys):
         self.status, self.error = status, error
 
     def mark_dead(self) -> None:
-        """A `stale` record: kept as measured when `complete`, else killed with what it
-        measured. The caller saves it."""
+        """A `stale` record: kept as measured when `complete`, else killed (the caller saves)."""
         if self.complete:
             return self.recover(f"process {self.pid} on {self.host} ended before its final status")
         self.status = Status.killed
@@ -475,7 +459,7 @@ class RunRecord(_Keys):
 
 def window_plan(steps: int, repeats: int) -> tuple[int, int]:
     """(windows, steps per window) of a phase: never more windows than steps, the steps split
-    evenly, rounded up (the one rule the runner measures by and every reader describes it with)."""
+    evenly, rounded up (the one rule the runner measures by and readers describe it with)."""
     windows = max(1, min(int(repeats), int(steps)))
     return windows, max(1, -(-int(steps) // windows))
 
@@ -511,7 +495,7 @@ def process_alive(host: str | None, pid: int) -> bool | None:
 
 
 def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | None:
-    """The record in `run_dir` (or the path to a results.json), None when missing or unreadable."""
+    """The record in `run_dir` (or the path to its results.json); None when unreadable."""
     p = Path(run_dir)
     p = p.parent if p.name == RESULTS_FILE else p
     d = read_json(p / RESULTS_FILE)
@@ -519,7 +503,7 @@ def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | Non
 
 
 def missing(run_dir: str | Path, error: str, rung: Rung | str | None = None) -> RunRecord:
-    """A stand-in for a job that left no readable results.json: failed, with the reason."""
+    """A failed stand-in, with the reason, for a job that left no readable results.json."""
     return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir),
                      rung=Rung.of(rung))
 

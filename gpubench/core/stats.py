@@ -14,6 +14,7 @@ its exact coverage reported; below 6 windows none reaches 95%: [min, max] with i
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from math import comb
 
@@ -35,8 +36,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def median(xs: list[float]) -> float:
-    """The conventional median: the middle value, or the mean of the two middle ones (NaN for
-    no values). The one median of gpubench: steps, windows, pooled runs, workers."""
+    """The one median of gpubench (steps, windows, pooled runs, workers); NaN for no values."""
     return percentile(xs, 50)
 
 
@@ -52,13 +52,9 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
     def cover(k: int) -> float:  # 1 - 2 P(Binomial(n, 1/2) < k)
         return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2**n
 
-    best = (vals[0], vals[-1], cover(1))
-    for k in range(2, n // 2 + 1):
-        if cover(k) < confidence:
-            break
-        best = (vals[k - 1], vals[n - k], cover(k))
-    return best
-
+    # the largest k still covering `confidence` (cover falls as k grows); none: [min, max]
+    k = max((k for k in range(2, n // 2 + 1) if cover(k) >= confidence), default=1)
+    return vals[k - 1], vals[n - k], cover(k)
 
 
 def holding(ci, value: float) -> tuple[float, float]:
@@ -72,8 +68,7 @@ def holding(ci, value: float) -> tuple[float, float]:
 
 
 def figure(v: float, spec: str = "") -> str:
-    """A figure as gpubench writes it: in `spec`, else without decimals from 100 up and with
-    one below (`812`, `41.5`)."""
+    """A figure in `spec`, else without decimals from 100 up and with one below (812, 41.5)."""
     return format(v, spec or (".0f" if abs(v) >= 100 else ".1f"))
 
 
@@ -88,8 +83,8 @@ class Est:
 
     @classmethod
     def of(cls, x, ci=None) -> Est | None:
-        """Widened to hold the figure (`holding`); None when `x` measured nothing. An interval
-        whose ends are not both measured is none."""
+        """Widened to hold the figure; None when `x` measured nothing; an interval whose ends
+        are not both measured is none."""
         if isinstance(x, Est):
             return x
         if not positive(x):
@@ -98,8 +93,7 @@ class Est:
         return cls(float(x), *holding(ci, float(x)))
 
     @classmethod
-    def median_of(cls, values: list[float]) -> Est:
-        """Their median and its order-statistic interval; exact with fewer than two."""
+    def median_of(cls, values: list[float]) -> Est:  # exact with fewer than two values
         m = median(values)
         return cls(m, *holding(median_interval(values), m))
 
@@ -120,12 +114,10 @@ class Est:
     def exact(self) -> bool:
         return self.lo == self.hi
 
-    def over(self, other: Est) -> Est:
-        """self / other, its interval from the two intervals' extremes (conservative)."""
+    def over(self, other: Est) -> Est:  # the interval from the extremes (conservative)
         return Est(self.value / other.value, self.lo / other.hi, self.hi / other.lo)
 
-    def __format__(self, spec: str) -> str:
-        """`x [lo-hi]`, or `x` with no spread, each number a `figure` (`.0%`: `94% [91%-97%]`)."""
+    def __format__(self, spec: str) -> str:  # `x [lo-hi]`; `.0%`: `94% [91%-97%]`
         if self.exact:
             return figure(self.value, spec)
         return f"{figure(self.value, spec)} [{figure(self.lo, spec)}-{figure(self.hi, spec)}]"
@@ -133,12 +125,10 @@ class Est:
 
 def spread(xs: list[float]) -> tuple[float, float]:
     """(mean, std/mean) of step times; NaN where there are none (or the mean is not > 0)."""
-    n = len(xs)
-    if not n:
+    if not xs:
         return math.nan, math.nan
-    mean = sum(xs) / n
-    var = sum((t - mean) ** 2 for t in xs) / n
-    return mean, (math.sqrt(var) / mean) if mean > 0 else math.nan
+    mean = statistics.fmean(xs)
+    return mean, statistics.pstdev(xs, mean) / mean if mean > 0 else math.nan
 
 
 @dataclass
@@ -215,8 +205,7 @@ def settled(times: list[float], k: int = SETTLE_K, tol: float = SETTLE_TOLERANCE
     body = times[1:]
     if len(body) < 2 * k:
         return False
-    last, prev = body[-k:], body[-2 * k:-k]
-    a, b = sum(last) / k, sum(prev) / k
+    a, b = statistics.fmean(body[-k:]), statistics.fmean(body[-2 * k:-k])
     return b > 0 and abs(a - b) <= tol * b
 
 
@@ -224,14 +213,13 @@ def steady_step_s(times: list[float], k: int = SETTLE_K) -> float | None:
     """The step time warm-up ended at: the mean of its last `k` steps, the first (compile,
     autotune, lazy init) left out; None with no step after the first."""
     body = times[1:][-k:]
-    return sum(body) / len(body) if body else None
+    return statistics.fmean(body) if body else None
 
 
 def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -> int:
-    """The steps of a window whose length must be fixed before it opens (under torchrun every
-    rank runs the same count: none may stop on its own clock): `steps`, or as many more as last
-    `min_s` at `step_s` seconds a step, but no more than fit in the window's cap `cap_s`. With
-    no step time known, `steps`."""
+    """The steps of a window whose length is fixed before it opens (under torchrun every rank
+    runs the same count: none may stop on its own clock): `steps`, or as many more as last
+    `min_s` at `step_s` seconds a step, but no more than fit in the window's cap `cap_s`."""
     if min_s <= 0 or step_s is None or not math.isfinite(step_s) or step_s <= 0:
         return steps
     need = math.ceil(min_s / step_s)
@@ -264,10 +252,8 @@ def pool(windows: list[WindowStats]) -> dict:
     images = sum(w.images for w in windows)
     mean, cv = spread(steps)
     ci = median_interval(ips)
-    ranks = None
-    if first.ranks_images_per_sec is not None:
-        per = zip(*(w.ranks_images_per_sec for w in windows), strict=True)
-        ranks = [median(list(r)) for r in per]
+    ranks = None if first.ranks_images_per_sec is None else [
+        median(list(r)) for r in zip(*(w.ranks_images_per_sec for w in windows), strict=True)]
     return {
         "phase": first.phase, "batch_size": first.batch_size, "steps": len(steps),
         "images": images, "seconds": seconds, "images_per_sec": median(ips),
@@ -305,8 +291,7 @@ def supported_place(value: float, ci) -> int | None:
     return math.floor(math.log10(abs(value))) - digits + 1
 
 
-def round_at(x: float, place: int | None) -> float:
-    """`x` rounded to 10**place (unchanged for None)."""
+def round_at(x: float, place: int | None) -> float:  # unchanged for no place
     if place is None or not finite(x):
         return x
     return float(round(x, -place))
@@ -329,7 +314,6 @@ def finite_number(v) -> float | None:
 
 
 def finite(x) -> bool:
-    """`x` is a measured number (finite_number)."""
     return finite_number(x) is not None
 
 

@@ -16,7 +16,7 @@ import copy
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from gpubench.analysis.workers import COMPUTE_DIR, compute_dir_name, compute_setup
 from gpubench.core.files import check_no_links, read_json, try_lock
@@ -62,8 +62,7 @@ def compute_config(cfg: DictConfig) -> DictConfig:
     """The job's config measuring the compute phase alone."""
     c = copy.deepcopy(cfg)
     OmegaConf.set_readonly(c, False)
-    with open_dict(c):
-        c.bench.phases = ["compute"]
+    OmegaConf.update(c, "bench.phases", ["compute"])
     return c
 
 

@@ -17,13 +17,11 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
     """The run's throughput under torchrun: all ranks' images over the slowest rank's window
     (data-parallel training steps together, so the slowest rank sets the pace). Step times and
     data wait stay rank 0's."""
-    images = dist.gather(stats.images)
-    seconds = dist.gather(stats.seconds)
-    per_rank = dist.gather(stats.images_per_sec)
-    merged = dataclasses.replace(stats, images=sum(images), seconds=max(seconds),
-                                 images_per_sec=sum(images) / max(seconds))
-    merged.ranks_images_per_sec = per_rank
-    return merged
+    # the same gathers in the same order on every rank (each is a collective)
+    images, seconds = sum(dist.gather(stats.images)), max(dist.gather(stats.seconds))
+    return dataclasses.replace(stats, images=images, seconds=seconds,
+                               images_per_sec=images / seconds,
+                               ranks_images_per_sec=dist.gather(stats.images_per_sec))
 
 
 def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None,
@@ -52,12 +50,11 @@ def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
             last.update(moved)
         base = last
     energy = [s.energy_j for s in summaries]
-    known = bool(energy) and all(e is not None for e in energy)
+    known = bool(energy) and None not in energy
     sources = sorted({s.energy_source for s in summaries if s.energy_source})
     used = [s.device_used_source for s in summaries if s.device_used_source]
     return MonitorSummary(
-        samples=samples,
-        seconds=sum(s.seconds for s in summaries),
+        samples=samples, seconds=sum(s.seconds for s in summaries),
         energy_j=sum(energy) if known else None,
         energy_source="+".join(sources) if known else None,
         device_used_source=used[-1] if used else None,
@@ -91,12 +88,10 @@ def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: s
 
 def series(windows: list[WindowStats], merged: MonitorSummary) -> dict:
     """A phase's step times (warm-up, measured, per window) and its telemetry samples."""
-    out = {
-        "warmup_step_times_s": windows[0].warmup_step_times_s,
-        "step_times_s": [t for w in windows for t in w.step_times_s],
-        "window_steps": [w.steps for w in windows],
-    }
+    out = {"warmup_step_times_s": windows[0].warmup_step_times_s,
+           "step_times_s": [t for w in windows for t in w.step_times_s],
+           "window_steps": [w.steps for w in windows]}
     if merged.samples:
-        out["telemetry"] = [
-            {k: v for k, v in vars(s).items() if v is not None} for s in merged.samples]
+        out["telemetry"] = [{k: v for k, v in vars(s).items() if v is not None}
+                            for s in merged.samples]
     return out

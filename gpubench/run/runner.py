@@ -1,21 +1,22 @@
-"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows, judge.
+"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows.
 
-The record (core/record.py) is written to results.json before any work and after every window,
-so a crash, an OOM, Ctrl-C or SIGTERM never loses what was measured, and before any tracking
-server is contacted. Windows are interleaved (loader, compute, e2e, loader, ...): a slow drift
-(another process, a warming device) then hits every phase alike, and a phase's windows give it
-an interval (core/stats.py). Figures and the verdict: run/summary.py; merging: run/merge.py.
+The record (core/record.py) is written to results.json before any work and after every window
+(and before any tracking server is contacted), so a crash, an OOM or a signal never loses what
+was measured. Windows are interleaved (loader, compute, e2e, loader, ...): a slow drift then
+hits every phase alike, and a phase's windows give it an interval (core/stats.py).
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
-from gpubench.config.settings import check_resources, plain, resolve, window_cap_s
+from gpubench.config.settings import Fault, check_resources, plain, resolve, window_cap_s
 from gpubench.core.files import check_no_links
 from gpubench.core.pipe import batches_in_flight, loader_window_steps
 from gpubench.core.record import RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status, window_plan
@@ -51,7 +52,6 @@ from gpubench.parts.step import (
 )
 from gpubench.run import compute_bound, merge
 from gpubench.run.ending import Hold, kept
-from gpubench.run.faults import Faults
 from gpubench.run.summary import figures, summarize
 from gpubench.run.watchdog import Watchdog, hang_limit_s
 from gpubench.telemetry import env
@@ -109,23 +109,51 @@ def output_dir(out_dir: str | Path | None) -> Path:
 
 def one_line_error(e: BaseException) -> str:
     """An error as one line: a DataLoader worker's error carries the worker's whole traceback
-    in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); keep
-    its first line and the exception the traceback ends with."""
+    in its message; its first line and the exception the traceback ends with are kept."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
     text = f"{lines[0]} ... {lines[-1]}" if len(lines) > 1 else lines[0]
     return f"{type(e).__name__}: {text}"[:1000]
 
 
 def moved_batch(pipe, batches, batch, after_decode, must_step: bool):
-    """`batch` on the device, or None when none of its samples decoded (on_corrupt=skip) and
-    the step may be skipped. With `must_step` (e2e under torchrun: the step is DDP's all-reduce,
-    and a rank that skipped it would leave the others waiting there) the next batches are taken
-    until one decodes; the pipeline stops the run after MAX_SUBSTITUTES images in a row that did
-    not (parts/data.py), so this ends."""
+    """`batch` on the device, or None when none of its samples decoded (on_corrupt=skip). With
+    `must_step` (e2e under torchrun: a rank that skipped DDP's all-reduce would leave the others
+    waiting there) the next batches are taken until one decodes; the pipeline stops the run
+    after MAX_SUBSTITUTES undecodable images in a row (parts/data.py), so this ends."""
     moved = pipe.to_device(batch, after_decode=after_decode)
     while moved is None and must_step:
         moved = pipe.to_device(next(batches), after_decode=after_decode)
     return moved
+
+
+class Faults:
+    """The failures a real run meets (`fault.*`: an OOM above a batch size, a runtime error after
+    some windows, stalls), injected on demand for tests and the docs' reliability table; under
+    torchrun `fault.rank` limits them to one rank."""
+
+    def __init__(self, fault: Fault, rank: int) -> None:
+        self.fault = fault
+        self.here = distributed.fault_hits(fault.rank, rank)
+        # the train step raises an OOM above this batch size (None: never)
+        self.oom_above_batch = fault.oom_above_batch if self.here else None
+        self.sleep = time.sleep  # how a stall passes: a test's stand-in moves its own clock
+
+    def maybe_fail(self, windows: int) -> None:
+        """A runtime error once `fault.fail_after_windows` windows are done (0: while building)."""
+        f = self.fault
+        if f.fail_message and self.here and windows == f.fail_after_windows:
+            raise RuntimeError(f.fail_message)
+
+    def staller(self) -> Callable[[], None]:
+        """Called before each step: every `fault.stall_every`-th call sleeps `fault.stall_s`."""
+        every = self.fault.stall_every if self.here else None
+        calls = itertools.count(1)
+
+        def stall() -> None:
+            if every and next(calls) % every == 0:
+                self.sleep(self.fault.stall_s)
+
+        return stall
 
 
 class Benchmark:
@@ -147,11 +175,10 @@ class Benchmark:
         self.faults = Faults(s.fault, self.dist.rank)
         self.repeats, self.steps_per_window = window_plan(b.steps, b.repeats)
         # results.json never holds a password (tracking.uri may carry user:pw@)
-        rec = self.record = RunRecord.start(self.out, mask_secrets(plain(s.config)),
-                                            env.facts(self.device), s.memory.ceiling,
-                                            self.dist.world)
-        rec.memory_source = "torch_cuda_reserved" if self.device == "cuda" else "host_rss"
-        rec.device_memory_bytes = env.device_memory_bytes(self.device)
+        rec = self.record = RunRecord.start(
+            self.out, mask_secrets(plain(s.config)), env.facts(self.device), s.memory.ceiling,
+            self.dist.world, memory_source="torch_cuda_reserved" if self.device == "cuda"
+            else "host_rss", device_memory_bytes=env.device_memory_bytes(self.device))
         # cores the run can keep busy: torch's threads in the main process plus one per loader
         # worker (each limited to worker_threads), at most the host's (the competition check)
         rec.extra["cpu_demand_cores"] = min(
@@ -160,12 +187,11 @@ class Benchmark:
         for key, var in (("study", STUDY_ENV), ("rung", RUNG_ENV)):
             if os.environ.get(var):
                 rec.extra[key] = os.environ[var]
-        self.monitor = Monitor(
-            self.device, b.monitor_interval_s, b.monitor,
-            worker_pids=lambda: self.pipe.worker_pids() if self.pipe is not None else (),
-            worker_tids=lambda: self.pipe.worker_tids() if self.pipe is not None else ())
-        self.notes = [self.monitor.gpu_note] if self.monitor.gpu_note else []
-        self.notes += list(s.notes)  # what resolve decided for the config (worker-only keys)
+        self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor,
+                               worker_pids=lambda: self._workers("worker_pids"),
+                               worker_tids=lambda: self._workers("worker_tids"))
+        # the sampler's GPU note; what resolve decided for the config (worker-only keys)
+        self.notes = [n for n in (self.monitor.gpu_note, *s.notes) if n]
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
         self.memory: dict[str, dict] = {}
@@ -183,6 +209,9 @@ class Benchmark:
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
                                  self._end_hung)
         self._saving = threading.Lock()
+
+    def _workers(self, what: str):  # the loader's worker pids or tids; none before it is built
+        return getattr(self.pipe, what)() if self.pipe is not None else ()
 
     def save(self) -> None:
         if not self.dist.main:  # one results.json per run, from rank 0
@@ -220,9 +249,8 @@ class Benchmark:
         self.faults.maybe_fail(0)
 
     def _functions(self, name: str):
-        """(fetch, work) for one phase; `work` returns the images it processed. loader: fetch,
-        copy to the device, no model; compute: the step on one batch kept on the device (fetch
-        costs nothing); e2e: fetch, copy, step."""
+        """(fetch, work) for one phase; `work` returns the images it processed. compute steps on
+        one batch kept on the device; loader and e2e fetch and copy, e2e then steps."""
         pipe, step = self.pipe, self.step
         stall = self.faults.staller()
         if name == "compute":
@@ -253,11 +281,10 @@ class Benchmark:
     # ------------------------------------------------------------------ measure
 
     def _window_steps(self, name: str, first: bool) -> tuple[int, int]:
-        """(warm-up steps, measured steps) of a window. Before a later window the loader's
-        ready batches are drained: it kept prefetching while other phases ran, and those would
-        flatter the window (one step also re-primes the step itself). A loader window spans at
-        least a few times the batches in flight (core.pipe.loader_window_steps): a window
-        gpubench sized never times the queue."""
+        """(warm-up steps, measured steps) of a window. Before a later window the loader's ready
+        batches are drained: made while other phases ran, they would flatter the window (one
+        step also re-primes the step itself). A loader window spans a few times the batches in
+        flight (core.pipe.loader_window_steps): a window gpubench sized never times the queue."""
         b, ld = self.settings.bench, self.settings.loader
         if first:
             # compiled: the first step compiles, with reduce-overhead the second records the
@@ -267,21 +294,21 @@ class Benchmark:
             warm = 1
         else:
             warm = batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
-        steps = self.steps_per_window
         if name == "loader":
-            steps = loader_window_steps(steps, ld.num_workers, ld.prefetch_factor)
-        return warm, steps
+            return warm, loader_window_steps(self.steps_per_window, ld.num_workers,
+                                             ld.prefetch_factor)
+        return warm, self.steps_per_window
 
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first one warms up until steps are steady)."""
         b, dist, device = self.settings.bench, self.dist, self.device
         where = f"{name} phase, window {len(self.windows.get(name, ())) + 1}"
         self.watchdog.at(where)
-        if name not in self.windows:
+        first = name not in self.windows
+        if first:
             self.windows[name], self.telemetry[name] = [], []
             self.functions[name] = self.watchdog.phase(name, *self._functions(name),
                                                        compiled=self.settings.compile != "off")
-        first = not self.windows[name]
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         held: list[MonitorSummary] = []
@@ -316,8 +343,8 @@ class Benchmark:
             stats = merge.across_ranks(stats, dist)
         self.windows[name].append(stats)
         self.telemetry[name].append(held[0])
-        mem = self.memory.setdefault(name, {})
         if device == "cuda":
+            mem = self.memory.setdefault(name, {})
             for k, v in (("torch_peak_allocated_bytes", torch.cuda.max_memory_allocated()),
                          ("torch_peak_reserved_bytes", torch.cuda.max_memory_reserved())):
                 mem[k] = max(int(v), mem.get(k, 0))
@@ -360,8 +387,7 @@ class Benchmark:
     def run(self) -> BaseException | None:
         """Measure and write the record, whatever happens. Returns the interrupt (Ctrl-C,
         SIGTERM, SIGHUP) for the caller to re-raise once the run is reported; a ConfigError
-        found while building is raised. Inside `self.hold` a later signal waits until the
-        record is final."""
+        found while building is raised."""
         rec = self.record
         self.save()
         interrupted: BaseException | None = None
@@ -396,14 +422,13 @@ class Benchmark:
             self.hold.arm()  # measuring is over: a signal from here waits (run/ending.py)
             self.watchdog.stop()
             self.monitor.stop()
-            self._stop_gpulog(self.monitor.end())
-        self._finish(status, error)
-        return interrupted
-
-    def _finish(self, status: Status, error: str | None) -> None:
-        """After the phases, whatever ended them: tell the other ranks, free the run's parts,
-        judge what was measured, and write the final record."""
-        rec = self.record
+            if (gpulog := self.monitor.end()) is not None:  # the log, closed by monitor.end()
+                self.record.extra["gpu_metrics"] = {
+                    "file": gpulog.path.name, "rows": gpulog.rows, "gpm": gpulog.gpm is not None,
+                    "note": gpulog.note or None}
+                if not rec.path.exists():  # bad input found while building: nothing is kept
+                    gpulog.path.unlink(missing_ok=True)
+        # whatever ended the phases: tell the other ranks, free the run's parts, judge, write
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
         step = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
@@ -417,6 +442,7 @@ class Benchmark:
             rec.reason = f"summary failed: {type(e).__name__}: {e}"
         rec.finish(status, error)
         self.save()
+        return interrupted
 
     def _peer_failed(self, peer_status: str, message: str) -> None:
         """Another torchrun rank failed. Called on the watcher thread, which then ends this
@@ -428,9 +454,9 @@ class Benchmark:
             self.save()
 
     def _hung(self, line: str) -> str:
-        """The watchdog found the run hung (run/watchdog.py): on its thread, the main thread
-        stuck, just before the process ends. The record is written failed, the last write
-        (the lock is never released). Returns the line to print."""
+        """The watchdog found the run hung (on its thread, just before the process ends): the
+        record is written failed, the last write (the lock is never released). Returns the line
+        to print."""
         if not self._saving.acquire(timeout=SAVE_WAIT_S):  # stuck writing it (a hung mount)
             return f"{line}; its record was not written: the run is stuck writing it"
         if self.dist.main:
@@ -443,18 +469,9 @@ class Benchmark:
     def _end_hung(self) -> None:
         """What would outlive a hung run's process: the loader's workers (the stuck one may be
         among them) are killed, the GPU log's rows put on disk (the process ends unflushed)."""
-        for pid in self.pipe.worker_pids() if self.pipe is not None else ():
+        for pid in self._workers("worker_pids"):
             os.kill(pid, signal.SIGKILL)
         self.monitor.end()
-
-    def _stop_gpulog(self, gpulog: GpuLog | None) -> None:  # the log, closed by monitor.end()
-        if gpulog is None:
-            return
-        self.record.extra["gpu_metrics"] = {"file": gpulog.path.name, "rows": gpulog.rows,
-                                            "gpm": gpulog.gpm is not None,
-                                            "note": gpulog.note or None}
-        if not self.record.path.exists():  # bad input found while building: nothing is kept
-            gpulog.path.unlink(missing_ok=True)
 
     def _release(self) -> None:
         if self.pipe is not None:
@@ -472,9 +489,11 @@ class Benchmark:
         self.dist.close()
 
 
-def _run(cfg: DictConfig, out_dir: str | Path | None, report=None) -> Result:
-    """Measure inside the Benchmark's Hold; `report(bench, result, interrupted)` (rank 0) once
-    the record is final and pictured, before the interrupt goes on."""
+def measure_run(cfg: DictConfig, out_dir: str | Path | None = None, report=None) -> Result:
+    """Validate (raises ConfigError before any work), measure, write results.json. An OOM or a
+    runtime error ends the run "oom" / "failed" with the windows that finished; Ctrl-C or
+    SIGTERM mark it "killed" and re-raise once results.json is written and, given `report`,
+    `report(bench, result, interrupted)` (rank 0) has run on the final, pictured record."""
     bench = Benchmark(cfg, out_dir)
     with bench.hold:
         interrupted = bench.run()
@@ -494,15 +513,6 @@ def _run(cfg: DictConfig, out_dir: str | Path | None, report=None) -> Result:
         raise interrupted
     bench.hold.replay()
     return result
-
-
-def measure_run(cfg: DictConfig, out_dir: str | Path | None = None) -> Result:
-    """Validate (raises ConfigError before any work), measure, write results.json.
-
-    Out-of-memory and other runtime errors do not raise: they end the run with status
-    "oom" / "failed" and whatever windows finished. Ctrl-C / SIGTERM mark it "killed" and
-    re-raise once results.json is written."""
-    return _run(cfg, out_dir)
 
 
 def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
@@ -527,7 +537,7 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
         if interrupted is None and not bench.hold.late:
             _compute_bound(cfg, bench)
 
-    return _run(cfg, out_dir, report)
+    return measure_run(cfg, out_dir, report)
 
 
 def _compute_bound(cfg: DictConfig, bench: Benchmark) -> None:

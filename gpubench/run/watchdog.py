@@ -49,10 +49,9 @@ def hang_limit_s(warmup_max_seconds: float, max_seconds: float) -> float:
 
 
 class Watchdog:
-    """Watches one run: the runner names where it is (`at`), wraps a phase's functions (`phase`)
-    and a region of its build (`watching`). `on_hang(line)` writes the record and returns the
-    line to print, `on_end()` ends what would outlive the process; `clock`, `exit` and
-    `poll_s=None` (no thread: the caller polls) are for tests."""
+    """Watches one run: where it is (`at`), a phase's functions (`phase`), a region of its build
+    (`watching`). `on_hang(line)` writes the record and returns the line to print, `on_end()`
+    ends what would outlive the process; `poll_s=None`: no thread, the caller (a test) polls."""
 
     def __init__(self, limit_s: float, on_hang: Callable[[str], str | None],
                  on_end: Callable[[], object] = lambda: None,
@@ -92,8 +91,7 @@ class Watchdog:
 
     def phase(self, name: str, fetch: Callable, work: Callable, compiled: bool
               ) -> tuple[Callable, Callable]:
-        """A phase's (fetch, work), watched; a compiled phase's train step is not (its compiles
-        have no bound), its fetch is."""
+        """A phase's (fetch, work); a compiled train step is not watched (compiles are unbounded)."""
         return (self.wrapped(fetch, FETCH, counts=True),
                 self.wrapped(work, MOVE if name == "loader" else STEP,
                              watched=not (compiled and name != "loader")))
@@ -108,8 +106,7 @@ class Watchdog:
         finally:
             self.at(None)
 
-    def check(self) -> str | None:
-        """The line saying the run is hung, or None while it is not."""
+    def check(self) -> str | None:  # the line saying the run is hung; None while it is not
         where, step, doing, since = self._state
         if where is None or doing is None:
             return None
