@@ -26,9 +26,6 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 class Exit(SystemExit):
     """A deliberate exit status chosen by the task (oom, failed, not tracked): passed through."""
 
-    def __init__(self, code: ExitCode) -> None:
-        super().__init__(code)
-
 
 class JobFailed(BaseException):
     """A single run's exception (its __cause__), carried past Hydra's run_job: as an Exception,

@@ -46,13 +46,6 @@ from gpubench.search.jobs import SweepFailed
 LONGEST = 400  # a line of a message that is not gpubench's own: its start and end
 
 
-def root_cause(ex: BaseException) -> BaseException:
-    """The error under Hydra's InstantiationException ('Error in call to target')."""
-    while isinstance(ex, InstantiationException) and ex.__cause__ is not None:
-        ex = ex.__cause__
-    return ex
-
-
 def flat(text: str) -> str:
     """A message of several lines as one, at most LONGEST characters."""
     return cut("; ".join(part.strip() for part in str(text).splitlines() if part.strip()), LONGEST)
@@ -198,7 +191,9 @@ def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
 
 
 def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, ExitCode]:
-    ex = root_cause(ex)
+    # the error under Hydra's InstantiationException ('Error in call to target')
+    while isinstance(ex, InstantiationException) and ex.__cause__ is not None:
+        ex = ex.__cause__
     if isinstance(ex, ConfigError):
         return str(ex), ExitCode.BAD_INPUT
     if isinstance(ex, argparse.ArgumentError):  # the command line itself: no such flag

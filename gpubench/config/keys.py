@@ -75,39 +75,17 @@ def setting(default: Any = dataclasses.MISSING, help: str = "",
                              metadata={k: v for k, v in meta.items() if v is not None})
 
 
-def allowed_range(kind: str, low: float | None, high: float | None, nullable: bool) -> str:
-    """The 'allowed' text of a range, as the docs and the error line spell it."""
-    def fmt(v: float) -> str:
-        return str(int(v)) if kind == INT else f"{v:g}"
-
-    text = (f"{kind} in [{fmt(low)}, {fmt(high)}]" if low is not None and high is not None
-            else f"{kind} >= {fmt(low)}" if low is not None else f"{kind} <= {fmt(high)}")
-    return f"null or {text}" if nullable else text
-
-
-def check_range(key: str, value: Any, kind: str, low: float | None, high: float | None,
-                nullable: bool = False) -> None:
-    if value is None and nullable:
-        return
-    number = not isinstance(value, bool) and isinstance(value, (int, float))
-    whole = number and (kind != INT or (math.isfinite(value) and float(value) == int(value)))
-    # written as "not inside" so NaN (which compares False to everything) is rejected too
-    if not (whole and (low is None or value >= low) and (high is None or value <= high)):
-        raise ConfigError(key, value, allowed_range(kind, low, high, nullable))
-
-
-def check_name(key: str, value: Any, most: int, nullable: bool = False) -> None:
+def name_rule(most: int) -> Callable[[str, Any, bool], None]:
     """A name MLflow (or Optuna) keeps: MLflow refuses an empty experiment name only when the
     run is logged, after the measurement; blanks and control characters it stores, to show
     blank or broken rows."""
-    if not isinstance(value, str) or not value.strip() or len(value) > most or any(
-            unicodedata.category(c).startswith("C") for c in value):
-        raise ConfigError(key, value, f"{'null or ' if nullable else ''}a name that is not "
-                          f"blank, at most {most} characters, without control characters")
+    def check(key: str, value: Any, nullable: bool) -> None:
+        if not isinstance(value, str) or not value.strip() or len(value) > most or any(
+                unicodedata.category(c).startswith("C") for c in value):
+            raise ConfigError(key, value, f"{'null or ' if nullable else ''}a name that is not "
+                              f"blank, at most {most} characters, without control characters")
 
-
-def name_rule(most: int) -> Callable[[str, Any, bool], None]:
-    return lambda key, value, nullable: check_name(key, value, most, nullable)
+    return check
 
 
 _TYPE_TEXT = {bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}
@@ -143,9 +121,13 @@ class Key:
     @property
     def allowed(self) -> str:
         """What the key takes, as an error line and the docs table say it."""
-        if self.bounds is not None:
-            return allowed_range(self.kind or FLOAT, *self.bounds, self.nullable)
         null = "null or " if self.nullable else ""
+        if self.bounds is not None:
+            low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
+                         for v in self.bounds)
+            kind = self.kind or FLOAT
+            return null + (f"{kind} in [{low}, {high}]" if low and high
+                           else f"{kind} >= {low}" if low else f"{kind} <= {high}")
         if self.wording is not None:
             return self.wording
         enum = self.choices
@@ -172,11 +154,16 @@ class Key:
 
     def check(self, value: Any) -> None:
         self.check_type(value)
-        if self.bounds is not None:
-            check_range(self.name, value, self.kind or FLOAT, *self.bounds, self.nullable)
-            return
         if value is None and self.nullable:
             return
+        if self.bounds is not None:
+            low, high = self.bounds
+            number = not isinstance(value, bool) and isinstance(value, (int, float))
+            whole = number and (self.kind != INT or (math.isfinite(value)
+                                                     and float(value) == int(value)))
+            # written as "not inside" so NaN (which compares False to everything) is rejected too
+            if not (whole and (low is None or value >= low) and (high is None or value <= high)):
+                raise ConfigError(self.name, value, self.allowed)
         enum, names = self.choices, ", ".join(getattr(self.choices, "__members__", ()))
         if enum is not None and self.type is list:
             if not isinstance(value, Iterable) or isinstance(value, (str, bytes, Mapping)):
@@ -233,20 +220,13 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
     return out
 
 
-_ABSENT = object()
-
-
-def lookup(node: Any, path: str, default: Any = _ABSENT) -> Any:
-    """The value at a dotted `path` of a config node, a mapping or an object."""
+def lookup(node: Any, path: str) -> Any:
+    """The value at a dotted `path` of a config node, a mapping or an object; None if absent."""
     for part in path.split("."):
         if isinstance(node, Mapping) or hasattr(node, "keys"):
-            if part not in node:
-                if default is _ABSENT:
-                    raise KeyError(path)
-                return default
-            node = node[part]
+            node = node[part] if part in node else None
         else:
-            node = getattr(node, part)
+            node = getattr(node, part, None)
     return node
 
 
@@ -255,4 +235,4 @@ def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = 
     wanted = None if only is None else set(only)
     for k in declared:
         if k.checked and (wanted is None or k.name in wanted):
-            k.check(lookup(node, k.path, None))
+            k.check(lookup(node, k.path))

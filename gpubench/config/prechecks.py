@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
-from gpubench.config.keys import INT, check_keys, keys
+from gpubench.config.keys import INT, Key, check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import BY_NAME, check_known_key, check_known_keys, config_keys, walk
 from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
@@ -46,17 +46,12 @@ def group_hint(group: str, value: Any) -> str:
     return ""
 
 
-def check_choices(cfg: DictConfig) -> None:
-    """The optional groups' chosen options exist."""
-    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    for group in OPTIONAL_GROUPS:
-        name = choices.get(group)
-        if name is None:
-            continue
-        options = group_options(group)
-        if name not in options:
-            raise ConfigError(group, name, f"one of {', '.join(options) or '(none)'} "
-                                           f"(conf/{group}/ or a --config-dir)")
+def check_option(group: str, value: Any) -> None:
+    """A group's chosen option exists (an optional group's too: Hydra skips a missing one)."""
+    options = group_options(group)
+    if str(value) not in options:
+        raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/ "
+                                        f"or a --config-dir){group_hint(group, value)}")
 
 
 _ABSENT = object()
@@ -129,11 +124,8 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
         raise ConfigError(key, typed(o), "one sweep of plain values: a,b,c, choice(a,b), "
                                          "range(a,b) or interval(a,b), not a sweep of sweeps")
     if key in groups:
-        options = group_options(key)
         for v in values:
-            if str(v) not in options:
-                raise ConfigError(key, v, f"one of {', '.join(options)} (conf/{key}/ or a "
-                                          f"--config-dir){group_hint(key, v)}")
+            check_option(key, v)
         return
     if o.is_add() or o.is_force_add():
         check_known_key(key, typed(o))
@@ -193,15 +185,18 @@ def check_written(raw: DictConfig, package: str, where: str) -> None:
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
+def _sweeper_keys(cfg: DictConfig) -> list[Key]:
+    """hydra.sweeper's declared keys, from its typed schema (the node's type); none untyped."""
+    node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    return keys(schema, "hydra.sweeper.") if schema is not None and is_dataclass(schema) else []
+
+
 def check_extra_overrides(cfg: DictConfig) -> None:
     """Every override list the sweeper declares (`*overrides` keys of its schema), checked like
     the command line's before any trial (a bad one would fail every trial it reaches)."""
-    node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
-    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-    if schema is None or not is_dataclass(schema):
-        return
     groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    for k in keys(schema, "hydra.sweeper."):
+    for k in _sweeper_keys(cfg):
         if not k.name.endswith("overrides"):
             continue
         for i, text in enumerate(OmegaConf.select(cfg, k.name, default=None) or []):
@@ -216,24 +211,17 @@ def check_extra_overrides(cfg: DictConfig) -> None:
                 raise ConfigError(key, str(text), f"{e.key}: {e.allowed}") from None
 
 
-def check_sweeper(cfg: DictConfig) -> None:
-    """hydra.sweeper's keys against its typed schema (the node's type): a negative seed is one
-    line here, not a traceback after a study was made."""
-    node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
-    if not isinstance(node, DictConfig):
-        return
-    schema = OmegaConf.get_type(node)
-    if schema is not None and is_dataclass(schema):
-        check_keys(node, keys(schema, "hydra.sweeper."))
-
-
 def check_before_work(cfg: DictConfig) -> None:
     """Every check of this module, on the whole composed config."""
-    check_choices(cfg)
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    for group in OPTIONAL_GROUPS:
+        if choices.get(group) is not None:
+            check_option(group, choices[group])
     check_interpolations(cfg)
     check_known_keys(cfg)
     check_overrides(cfg)
-    check_sweeper(cfg)
+    # a negative seed is one line here, not a traceback after a study was made
+    check_keys(OmegaConf.select(cfg, "hydra.sweeper", default=None), _sweeper_keys(cfg))
     check_extra_overrides(cfg)
     if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
         check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
@@ -250,7 +238,7 @@ class InputCheck(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a single run's settings too: Hydra makes the run's folder (its .hydra, the log) before
         # the job resolves them, so bad input would leave an empty run behind. A multirun's
-        # jobs each differ: the sweeper checks its override lists (check_sweeper)
+        # jobs each differ: the sweeper checks its override lists (check_extra_overrides)
         self._check(config, settings=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -362,9 +362,8 @@ class BenchConfig:
 # DatasetConfig, ...), so group options need no schema of their own.
 ConfigStore.instance().store(name="gpubench_schema", node=BenchConfig)
 
-# Every key of a run, as declared above; RANGES: the numeric ones (each has bounds)
+# Every key of a run, as declared above
 KEYS: tuple[Key, ...] = tuple(keys(BenchConfig))
-RANGES: tuple[Key, ...] = tuple(k for k in KEYS if k.bounds is not None)
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 # gpubench's groups (dataset, model, loader, ...): every key under them is declared above
 GROUP_NAMES: frozenset[str] = frozenset(k.name.split(".")[0] for k in KEYS if "." in k.name)

@@ -46,14 +46,11 @@ def plain(v: Any) -> Any:
     return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
-SIZED_KEYS = ("dataset.image_size", "loader.batch_size")
-
-
 def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     """(device, image_size, batch_size) of a composed config: bench.device as asked (auto: CUDA
     when this machine has it), the null keys sized by that device. Sizing only, with no
     availability rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
-    schema.check_ranges(cfg, only=SIZED_KEYS)
+    schema.check_ranges(cfg, only=("dataset.image_size", "loader.batch_size"))
     want = _plain(cfg.bench.device)
     device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
     given, auto = (cfg.dataset.image_size, cfg.loader.batch_size), schema.auto_sizes(device)
@@ -151,7 +148,6 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
          "notes": [*notes, *ran]}, flags={"readonly": True})
 
 
-TINY_MODELS = ("tiny",)
 # models whose stages gpubench/models.py apply_checkpointing knows how to wrap
 CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
 CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tiny"
@@ -160,7 +156,7 @@ CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tin
 def known_models() -> list[str]:
     import torchvision  # 1.3 s here, most of it torch._dynamo: only when a name is not tiny
 
-    return sorted(torchvision.models.list_models(module=torchvision.models)) + list(TINY_MODELS)
+    return sorted(torchvision.models.list_models(module=torchvision.models)) + ["tiny"]
 
 
 def cuda_available() -> bool:
@@ -204,27 +200,12 @@ def resolve(cfg: DictConfig) -> Settings:
     if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
     s = _build(cfg, device, image_size, batch_size)
-    if s.precision == "amp_fp16" and device != "cuda":
-        raise ConfigError("precision", "amp_fp16", "torch_default, fp32, tf32 or amp_bf16 on CPU "
-                          "(fp16 autocast needs CUDA)")
     _check_model(s)
-    b = s.bench
-    if b.warmup_max_steps < b.warmup_steps:
-        raise ConfigError("bench.warmup_max_steps", b.warmup_max_steps,
-                          f">= bench.warmup_steps ({b.warmup_steps})")
-    cap = window_cap_s(b.max_seconds, b.repeats, b.steps)
-    if b.min_window_s > cap:
-        raise ConfigError("bench.min_window_s", b.min_window_s,
-                          f"<= a window's time cap, bench.max_seconds / bench.repeats "
-                          f"({cap:g} s), or null")
-    if b.monitor and b.monitor_interval_s > b.max_seconds:  # no sampler, no sample needed
-        raise ConfigError("bench.monitor_interval_s", b.monitor_interval_s,
-                          f"<= bench.max_seconds ({b.max_seconds:g}) while bench.monitor is on: a "
-                          "window needs a sample")
-    _check_step(s)
+    for bad, key, value, allowed in _rules(s):
+        if bad:
+            raise ConfigError(key, value, allowed)
     if s.tracking.backend == "mlflow":
         check_tracking_uri(s.tracking.uri)
-    _check_data(s)
     return s
 
 
@@ -256,10 +237,7 @@ def _check_model(s: Settings) -> None:
 
 def check_model_name(name: Any) -> None:
     """model.name is one of torchvision's classifiers or tiny; the error names close ones."""
-    if name in TINY_MODELS:
-        return
-    names = known_models()
-    if name in names:
+    if name == "tiny" or name in (names := known_models()):  # tiny: without torchvision
         return
     close = [n for n in names if n.startswith(str(name)[:4])][:6]
     if not close:  # a typo early in the name (an accent, a letter swapped)
@@ -268,62 +246,60 @@ def check_model_name(name: Any) -> None:
     raise ConfigError("model.name", name, f"a torchvision classification model or 'tiny'{hint}")
 
 
-def _check_step(s: Settings) -> None:
-    impl, device = s.bench.optimizer_impl, s.device
-    devices = impl_devices(impl)
-    if devices is not None and device not in devices:
-        raise ConfigError("bench.optimizer_impl", impl,
-                          f"auto or for_loop on {device} (torch has {impl} optimizer kernels "
-                          f"for {', '.join(devices)} only)")
-    m = s.model
-    if m.checkpointing:
-        if m._target_:
-            raise ConfigError("model.checkpointing", True,
-                              f"false with model._target_ ({CHECKPOINT_WIRED})")
-        if not checkpointable(m.name):
-            raise ConfigError("model.checkpointing", True,
-                              f"false for {m.name} ({CHECKPOINT_WIRED})")
-
-
 def node_set(node: dict) -> bool:
     """An instantiate node (dataset.transform, dataset.collate) that names a target."""
     return bool(node) and bool(node.get("_target_"))
 
 
-def _check_data(s: Settings) -> None:
-    ds, kind = s.dataset, s.dataset.name
-    if kind in ("imagefolder", "cifar10") and not ds.root:
-        raise ConfigError("dataset.root", ds.root, f"a folder path ({kind} reads local files)")
-    if ds.decode_on == "device":
-        if s.device != "cuda":
-            raise ConfigError("dataset.decode_on", "device",
-                              "cpu (device decode needs CUDA/nvJPEG)")
-        if kind not in ("imagefolder", "fake_jpeg"):
-            raise ConfigError("dataset.decode_on", "device", f"cpu for {kind} (not JPEG files)")
-        if ds.preload:
-            raise ConfigError("dataset.preload", True,
-                              "false with decode_on=device (the cache holds decoded pixels)")
-    if ds.augment_on == "device" and kind == "device_synthetic":
-        raise ConfigError("dataset.augment_on", "device", "cpu for device_synthetic (no augment)")
-    if kind != "custom":
+def _rules(s: Settings) -> list[tuple[bool, str, Any, str]]:
+    """(broken, key, value, allowed) of each rule across keys, in the order they are checked."""
+    b, m, ds, kind = s.bench, s.model, s.dataset, s.dataset.name
+    cap = window_cap_s(b.max_seconds, b.repeats, b.steps)
+    impl, devices = b.optimizer_impl, impl_devices(b.optimizer_impl)
+    decode = ds.decode_on == "device"
+    return [
+        (s.precision == "amp_fp16" and s.device != "cuda", "precision", "amp_fp16",
+         "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)"),
+        (b.warmup_max_steps < b.warmup_steps, "bench.warmup_max_steps", b.warmup_max_steps,
+         f">= bench.warmup_steps ({b.warmup_steps})"),
+        (b.min_window_s > cap, "bench.min_window_s", b.min_window_s,
+         f"<= a window's time cap, bench.max_seconds / bench.repeats ({cap:g} s), or null"),
+        # no sampler, no sample needed
+        (b.monitor and b.monitor_interval_s > b.max_seconds, "bench.monitor_interval_s",
+         b.monitor_interval_s, f"<= bench.max_seconds ({b.max_seconds:g}) while bench.monitor "
+         "is on: a window needs a sample"),
+        (devices is not None and s.device not in devices, "bench.optimizer_impl", impl,
+         f"auto or for_loop on {s.device} (torch has {impl} optimizer kernels for "
+         f"{', '.join(devices or ())} only)"),
+        (m.checkpointing and bool(m._target_), "model.checkpointing", True,
+         f"false with model._target_ ({CHECKPOINT_WIRED})"),
+        (m.checkpointing and not checkpointable(m.name), "model.checkpointing", True,
+         f"false for {m.name} ({CHECKPOINT_WIRED})"),
+        (kind in ("imagefolder", "cifar10") and not ds.root, "dataset.root", ds.root,
+         f"a folder path ({kind} reads local files)"),
+        (decode and s.device != "cuda", "dataset.decode_on", "device",
+         "cpu (device decode needs CUDA/nvJPEG)"),
+        (decode and kind not in ("imagefolder", "fake_jpeg"), "dataset.decode_on", "device",
+         f"cpu for {kind} (not JPEG files)"),
+        (decode and ds.preload, "dataset.preload", True,
+         "false with decode_on=device (the cache holds decoded pixels)"),
+        (ds.augment_on == "device" and kind == "device_synthetic", "dataset.augment_on",
+         "device", "cpu for device_synthetic (no augment)"),
         # only a custom dataset reads them: set on another, they would be ignored in silence
-        for key, value in (("dataset._target_", ds._target_),
-                           ("dataset.transform._target_", ds.transform.get("_target_")),
-                           ("dataset.collate._target_", ds.collate.get("_target_"))):
-            if value:
-                raise ConfigError(key, value, f"unset with dataset={kind} (dataset=custom "
-                                  "reads it)")
-    if s.step.name != "custom" and s.step._target_:
-        raise ConfigError("step._target_", s.step._target_,
-                          f"unset with step={s.step.name} (step=custom reads it)")
-    if kind == "custom":
-        if not ds._target_:
-            raise ConfigError("dataset._target_", ds._target_, "a dotted Dataset class path with "
-                              "dataset=custom, e.g. my_team.data.MyDataset")
-        if node_set(ds.transform) and (ds.preload or ds.augment_on == "device"):
-            # both replace the host transform with gpubench's fixed-size decode and crop
-            raise ConfigError("dataset.transform._target_", ds.transform["_target_"],
-                              "unset with dataset.preload=true or dataset.augment_on=device")
+        *((kind != "custom" and bool(value), key, value,
+           f"unset with dataset={kind} (dataset=custom reads it)")
+          for key, value in (("dataset._target_", ds._target_),
+                             ("dataset.transform._target_", ds.transform.get("_target_")),
+                             ("dataset.collate._target_", ds.collate.get("_target_")))),
+        (s.step.name != "custom" and bool(s.step._target_), "step._target_", s.step._target_,
+         f"unset with step={s.step.name} (step=custom reads it)"),
+        (kind == "custom" and not ds._target_, "dataset._target_", ds._target_,
+         "a dotted Dataset class path with dataset=custom, e.g. my_team.data.MyDataset"),
+        # both replace the host transform with gpubench's fixed-size decode and crop
+        (kind == "custom" and node_set(ds.transform) and (ds.preload or ds.augment_on == "device"),
+         "dataset.transform._target_", ds.transform.get("_target_"),
+         "unset with dataset.preload=true or dataset.augment_on=device"),
+    ]
 
 
 # A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main

@@ -56,42 +56,37 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
     """Reject a malformed URI before any work; `path_ok`: a bare local path is a store too."""
     if uri is None:
         return
-    try:
-        _check_uri(key, str(uri), schemes, path_ok)
-    except ConfigError as e:  # the line names the URI, never its password
-        raise ConfigError(e.key, mask_secrets(str(e.value)), e.allowed) from None
-
-
-def _check_uri(key: str, text: str, schemes: tuple[str, ...], path_ok: bool) -> None:
+    # the line names the URI, never its password
+    text, shown = str(uri), mask_secrets(str(uri))
     allowed = f"a URI with scheme {', '.join(schemes)}" + (" or a local path" if path_ok else "")
     if not text.strip() or any(c.isspace() for c in text):
-        raise ConfigError(key, text, allowed + " (no spaces)")
+        raise ConfigError(key, shown, allowed + " (no spaces)")
     m = _SCHEME.match(text)
     if m is None or (path_ok and len(m.group(1)) == 1):  # no scheme (or a Windows drive letter)
         if path_ok:
             return
-        raise ConfigError(key, text, allowed)
+        raise ConfigError(key, shown, allowed)
     scheme, rest = m.group(1).lower(), m.group(2)
     base, _, driver = scheme.partition("+")
     if base not in schemes or (driver and base not in SQL_SCHEMES):
-        raise ConfigError(key, text, allowed + (" (+driver for databases)" if driver else ""))
+        raise ConfigError(key, shown, allowed + (" (+driver for databases)" if driver else ""))
     parts = urlsplit(text)
     try:
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
     except ValueError:
-        raise ConfigError(key, text, f"{allowed}, with a numeric port") from None
+        raise ConfigError(key, shown, f"{allowed}, with a numeric port") from None
     if base in ("http", "https") and not parts.hostname:
-        raise ConfigError(key, text, f"{base}://host[:port][/path]")
+        raise ConfigError(key, shown, f"{base}://host[:port][/path]")
     # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:
     # no run logged there would outlive the process
     memory_ok = key != "tracking.uri" and rest == "//"
     if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
-        raise ConfigError(key, text, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        raise ConfigError(key, shown, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
                           + (" or sqlite://" if key != "tracking.uri" else ""))
     if base in SQL_SCHEMES and base != "sqlite" and (not rest.startswith("//") or rest == "//"):
-        raise ConfigError(key, text, f"{scheme}://[user[:password]@]host[:port]/database")
+        raise ConfigError(key, shown, f"{scheme}://[user[:password]@]host[:port]/database")
     if base == "file" and not parts.path:
-        raise ConfigError(key, text, "file:///absolute/folder")
+        raise ConfigError(key, shown, "file:///absolute/folder")
 
 
 def local_store(uri: str) -> tuple[Path | None, bool]:
