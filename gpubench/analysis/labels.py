@@ -51,16 +51,7 @@ def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
     return VERDICT_WORDS[Bottleneck.of(bottleneck) or Bottleneck.unknown]
 
 
-def verdict_word(bottleneck: Bottleneck | str | None) -> str:
-    return verdict_words(bottleneck).word
 
-
-def verdict_tag(bottleneck: Bottleneck | str | None) -> str:
-    return verdict_words(bottleneck).tag
-
-
-def verdict_sentence(bottleneck: Bottleneck | str | None) -> str:
-    return verdict_words(bottleneck).sentence
 
 
 # what the compute- and data-bound sentences add when e2e's interval straddles the tracking line

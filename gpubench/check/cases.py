@@ -7,7 +7,7 @@ end to end (`measure_run`, all three phases), whose verdict must name it.
   what compute takes, data-bound. One worker delivers evenly (several finish together, in
   bursts a short window may or may not catch), so the drain before each window costs 2 batches.
 - step: the user's config with `fault.stall_every=1`: every compute/e2e step sleeps STEP_STALL x
-  the slower of the plain step and batch (run/faults.py): compute-bound.
+  the slower of the plain step and batch (run/runner.py, Faults): compute-bound.
 
 Without loader workers e2e is the sum of loading and stepping, and tracks the narrower pipe
 above the rule's 85% only when that one is much the longer: both stalls are SERIAL_STALL x then.

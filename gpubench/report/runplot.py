@@ -15,7 +15,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from gpubench.analysis.labels import PHASE_WORDS, verdict_sentence
+from gpubench.analysis.labels import PHASE_WORDS, verdict_words
 from gpubench.analysis.select import setup_text
 from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status
 from gpubench.core.stats import finite_number, positive
@@ -42,7 +42,7 @@ def _title(record: RunRecord) -> str:
     """The question, the verdict, why (its reason, or that the measurement was flagged) and the
     setup: the verdict's words a newcomer reads, no rule margins."""
     verdict = record.bottleneck or Bottleneck.unknown
-    head = f"{QUESTION} {verdict_sentence(verdict)}"
+    head = f"{QUESTION} {verdict_words(verdict).sentence}"
     lean = record.extra.get("verdict_leaning")
     if verdict is Bottleneck.inconclusive and lean:
         head += f"; the figures lean to {lean}"

@@ -224,7 +224,7 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
         # first: the run page lists tags in this order, above the description. One word
         # (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or the status of a run that
         # measured nothing (`oom`, `failed`, `killed`): a column of the saved view
-        "verdict": (labels.verdict_word(rec.bottleneck or "unknown") if rec.status.measured
+        "verdict": (labels.verdict_words(rec.bottleneck).word if rec.status.measured
                     else rec.status.value),
         "run_uid": rec.run_uid,
         "status": rec.status.value,
@@ -278,10 +278,10 @@ def _figure(v, ci) -> str:
 def headline(rec: RunRecord) -> str:
     """The description's first line, e.g.
     `**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
-    word = labels.verdict_tag(rec.bottleneck or "unknown")
+    word = labels.verdict_words(rec.bottleneck).tag
     lean = rec.extra.get("verdict_leaning")  # what an inconclusive verdict leans to
     if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
-        word += f" (leans to {labels.verdict_word(lean)})"
+        word += f" (leans to {labels.verdict_words(lean).word})"
     if rec.status is Status.over_ceiling:
         word += ", over ceiling"
     parts = [f"**{word}**"]
