@@ -80,6 +80,8 @@ def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | N
             killed += 1
         else:
             log.info("%s: %s", rec.path, rec.extra.get("recovered"))
+    if killed:
+        log.info("%d run(s) left running by a process that died: recorded as killed", killed)
     return killed
 
 
@@ -96,21 +98,18 @@ class Jobs:
 
     def launch(self, batch: list[list[str]], labels: list[dict]) -> list[RunRecord]:
         self.raise_unsaved()  # no job is started after sweep.json failed
-        rung = [record.Rung.of(lab.get("rung")) for lab in labels]
+        rung = record.Rung.of(labels[0].get("rung"))  # one rung per batch (its callers')
         first = reserve_job_dir(self.manifest.sweep_dir, len(batch))
         # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
         before = os.environ.get(record.RUNG_ENV)
-        if len(set(rung)) == 1:
-            os.environ[record.RUNG_ENV] = rung[0].value
-        else:
-            os.environ.pop(record.RUNG_ENV, None)
+        os.environ[record.RUNG_ENV] = rung.value
         try:
             rets = self.launcher.launch(batch, initial_job_idx=first)
         except Exception as e:  # the launcher itself broke: every job of the batch failed
             log.error("launcher failed: %s", e)
             return self._count([record.missing(self.manifest.sweep_dir / str(first + i),
-                                               f"launcher: {type(e).__name__}: {e}",
-                                               rung=rung[i]) for i in range(len(batch))])
+                                               f"launcher: {type(e).__name__}: {e}", rung=rung)
+                                for i in range(len(batch))])
         finally:
             if before is None:
                 os.environ.pop(record.RUNG_ENV, None)
@@ -122,10 +121,8 @@ class Jobs:
         out = []
         for i, r in enumerate(rets):
             error = r._return_value if r.status == JobStatus.FAILED else None
-            out_dir = Path(str(r.hydra_cfg.hydra.runtime.output_dir))
-            rec = read_job(out_dir, error, rung[i])
-            out.append(rec)
-            self.manifest.add_job(first + i, out_dir, str(rec.status), **labels[i])
+            out.append(read_job(Path(str(r.hydra_cfg.hydra.runtime.output_dir)), error, rung))
+            self.manifest.add_job(first + i, out[-1].dir, str(out[-1].status), **labels[i])
         try:
             self.manifest.save()
         except OSError as e:  # a full disk: the caller tells what was measured, then raises
@@ -133,9 +130,8 @@ class Jobs:
         return self._count(out)
 
     def _count(self, recs: list[RunRecord]) -> list[RunRecord]:
-        for rec in recs:
-            self.outcomes[rec.status] += 1
-            self.last_error = rec.error or self.last_error
+        self.outcomes.update(rec.status for rec in recs)
+        self.last_error = next((r.error for r in reversed(recs) if r.error), self.last_error)
         return recs
 
     def check_measured(self) -> None:

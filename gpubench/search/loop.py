@@ -7,12 +7,10 @@
   `screen.keep` of all screens so far is measured in full, the rest end PRUNED
 - a configuration measured already (or being measured by another worker) is not run again: the
   trial gets the earlier result (attr `duplicate_of`) and does not count
-- several workers: gpubench.search.study. A worker that finds every slot held by other workers'
+- several workers (gpubench.search.study): one that finds every slot held by other workers'
   live trials waits for them: one may die, and its trial is then retried here
-- confirm: once n_trials are measured, the `confirm.top` fastest feasible full trials are run
-  again `confirm.rounds` times, interleaved (A, B, C, A, B, C: drift hits them alike), as the
-  rounds of a study of their own (study.queue_rounds); `best` is then the fastest confirmed
-  trial on all its measurements (gpubench.analysis.recommend)
+- confirm: then the `confirm.top` fastest feasible full trials are run again, interleaved (drift
+  hits them alike: study.queue_rounds); `best` is the fastest confirmed on all its measurements
 """
 
 from __future__ import annotations
@@ -122,8 +120,7 @@ class Search:
         return self._summarize(self._confirm())
 
     def _claim(self, n: int, held: list) -> list:
-        """Ask n trials (each added to `held` as it is asked), keep those within the free slots
-        (study.claim_is_within) and give the others back."""
+        """Ask n trials (into `held` as asked); give back those past the free slots."""
         for _ in range(n):
             held.append(S.ask(self.shared, self.space.distributions))
         kept = []
@@ -191,8 +188,7 @@ class Search:
             rec = load(a["dir"], a.get("rung") or Rung.full) if a.get("dir") else None
             if rec is not None and rec.feasible and rec.full:
                 found.append((rec.throughput, t))
-        found.sort(key=lambda p: -p[0])
-        return [t for _, t in found[: self.confirm.top]]
+        return [t for _, t in sorted(found, key=lambda p: -p[0])[: self.confirm.top]]
 
     def _confirm(self) -> list[int]:
         """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""

@@ -1,15 +1,6 @@
-"""`sweep=pipes`: search each pipe on its own, then join them (docs/sweeps.md#sweeppipes).
-
-1. compute pipe: compute-only trials over the compute knobs (every swept key that is not a
-   data key): every setting when the space is within `compute_trials`, else Optuna's sampler.
-   Kept: the fastest setting and the smallest batch within the tolerance of it, each with its
-   compute interval: the bound.
-2. data pipe: for each kept setting, loader-only trials over the data keys, cheapest first,
-   until the cheapest setting whose loader interval clears the bound by the margin is found, or
-   the budget ends (then the fastest loader: the data side stays the narrower pipe).
-3. join: each pairing measured end to end, then again in interleaved rounds where those
-   measurements leave the answer open; a pairing whose e2e falls short of both pipes shows the
-   pipes contend: the next clearing data setting is tried, within `join_trials`.
+"""`sweep=pipes`: search each pipe on its own, then join them (docs/sweeps.md#sweeppipes):
+compute-only trials keep the fastest settings and their bound; loader-only trials, cheapest
+first, find the cheapest data setting that clears each bound; the pairings run end to end.
 
 Each stage is a gpubench.search.loop.Search on a study of its own in the sweep's storage
 (`<study>-compute`, `<study>-data-<setting>`, `<study>-join`), so resume, heartbeats, several
@@ -24,7 +15,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -191,11 +182,9 @@ class Pipes:
                 name, narrower = join_bound(k.rate, f.rate,
                                               f.params.get("loader.num_workers", 1))
                 short = e2e is not None and contends(e2e, narrower, self.plan.tolerance)
-                joined.append({"compute": k.params, "data": f.params,
-                               "e2e": None if e2e is None else [e2e.value, e2e.lo, e2e.hi],
-                               "narrower": name,
-                               "bound": [narrower.value, narrower.lo, narrower.hi],
-                               "contends": short})
+                joined.append({"compute": k.params, "data": f.params, "narrower": name,
+                               "e2e": None if e2e is None else list(astuple(e2e)),
+                               "bound": list(astuple(narrower)), "contends": short})
                 if short and tried < self.plan.join_trials:
                     log.info("join: %s falls short of both pipes (%s img/s against %s): the "
                              "pipes contend; trying the next data setting",
@@ -313,8 +302,8 @@ class Kept:
     peak: float | None = None
 
     def summary(self) -> dict:
-        return {"params": self.params, "rate": [self.rate.value, self.rate.lo, self.rate.hi],
-                "why": self.why, "peak_memory_fraction": self.peak}
+        return {"params": self.params, "rate": list(astuple(self.rate)), "why": self.why,
+                "peak_memory_fraction": self.peak}
 
 
 def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
@@ -350,9 +339,9 @@ class Fed:
     margin: float
 
     def summary(self) -> dict:
-        r, share = self.rate, self.rate.over(self.bound)
-        return {"params": self.params, "rate": [r.value, r.lo, r.hi], "clears": self.clears,
-                "margin": [share.value - 1, share.lo - 1, share.hi - 1]}
+        share = self.rate.over(self.bound)
+        return {"params": self.params, "rate": list(astuple(self.rate)), "clears": self.clears,
+                "margin": [x - 1 for x in astuple(share)]}
 
 
 def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
@@ -372,12 +361,11 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
               bound: Est, margin: float) -> list[dict]:
-    """The data points to measure next, given the measured `rows` (empty: done). 1. Each
-    worker count with the other keys at their cheapest, fewest first, up to the first that
-    clears `bound`. 2. The turns: one other key turned, cheapest first, at a worker fewer than
-    the first that cleared (a cheaper key may make up for it), at the most workers when none
-    did; done when a turn clears or all are measured. The cheapest clearing setting along
-    these lines, in a few trials where the data space has many."""
+    """The data points to measure next, given the measured `rows` (empty: done): the cheapest
+    clearing setting, in a few trials where the data space has many. 1. Each worker count with
+    the other keys at their cheapest, fewest first, up to the first that clears `bound`. 2. One
+    other key turned, cheapest first, at a worker fewer than that (a cheaper key may make up for
+    it), at the most workers when none cleared; done when a turn clears or all are measured."""
     done = {S.key(p): r for p, r in rows}
     workers = sorted({p.get("loader.num_workers", 0) for p in points})
 
@@ -417,10 +405,8 @@ def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
     narrower one); with 0 workers each batch is loaded between two steps (the serial bound)."""
     if workers:
         return min((("compute", compute), ("data", loader)), key=lambda t: t[1].value)
-    serial = Est(*(serial_rate(c, 1.0 / x) for c, x in ((compute.value, loader.value),
-                                                         (compute.lo, loader.lo),
-                                                         (compute.hi, loader.hi))))
-    return "serial", serial
+    return "serial", Est(*(serial_rate(c, 1.0 / x)
+                           for c, x in zip(astuple(compute), astuple(loader), strict=True)))
 
 
 def contends(e2e: Est, bound: Est, tolerance: float) -> bool:
@@ -439,11 +425,9 @@ def confirm_top(rows: list[Row], tolerance: float) -> int:
     if not ranked:
         return 0
     lead = ranked[0]
-    last = 0 if lead.stable else 1
-    for i, r in enumerate(ranked[1:], start=1):
-        if r.interval[1] >= lead.interval[0] and r.throughput < (1 - tolerance) * lead.throughput:
-            last = i + 1
-    return last
+    open_ = [i + 1 for i, r in enumerate(ranked) if r.interval[1] >= lead.interval[0]
+             and r.throughput < (1 - tolerance) * lead.throughput]
+    return max([0 if lead.stable else 1, *open_])
 
 
 def effective(points: list[dict]) -> list[dict]:

@@ -67,7 +67,10 @@ def _job_order(d: Path):
     return (0, int(n), "") if n.isdigit() else (1, 0, str(d))
 
 
-def _load_study(name: str, storage: str, prefix: str = ""):
+def _load_studies(names: list[str], storage: str, base: str | None):
+    """The rows of these studies and the main one (the join's, or the only one). Of sweep=pipes
+    (`base`: its study name), each row's `trial` is named by its stage (`compute-3`: the pipe
+    plots select by it), the join's by number alone."""
     import optuna
 
     from gpubench.search.study import open_storage
@@ -75,20 +78,12 @@ def _load_study(name: str, storage: str, prefix: str = ""):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # sweep.json holds the URL masked: the driver takes the password from the environment
     store = open_storage(without_masked_password(storage))
-    study = optuna.load_study(study_name=name, storage=store)
-    return [r for _, r in trial_rows(study, store, prefix)], study
-
-
-def _load_studies(names: list[str], storage: str, base: str | None):
-    """The rows of these studies and the main one (the join's, or the only one). Of sweep=pipes
-    (`base`: its study name), each row's `trial` is named by its stage (`compute-3`: the pipe
-    plots select by it), the join's by number alone."""
     rows, main = [], None
     for name in names:
         stage = None if base is None else name.removeprefix(base).lstrip("-")
         is_main = stage in (None, "join")
-        found, study = _load_study(name, storage, "" if is_main else f"{stage}-")
-        rows += found
+        study = optuna.load_study(study_name=name, storage=store)
+        rows += [r for _, r in trial_rows(study, store, "" if is_main else f"{stage}-")]
         main = study if is_main else main
     return rows, main
 

@@ -40,9 +40,7 @@ class Param:
     text: dict[Any, str] = field(default_factory=dict)
 
     def override(self, value: Any) -> str:
-        if value in self.text:
-            return f"{self.key}={self.text[value]}"
-        return f"{self.key}={format_value(value)}"
+        return f"{self.key}={self.text[value] if value in self.text else format_value(value)}"
 
 
 @dataclass
@@ -57,11 +55,8 @@ class SearchSpace:
     def overrides(self, values: dict[str, Any], extra: Iterable[str] = ()) -> list[str]:
         """The job's override list; `extra` (e.g. a short screen) wins over a fixed override."""
         out = {_key_of(o): o for o in self.fixed}
-        for p in self.params:
-            out[p.name] = p.override(values[p.name])
-        for o in extra:
-            out[_key_of(o)] = o
-        return list(out.values())
+        out |= {p.name: p.override(values[p.name]) for p in self.params}
+        return list((out | {_key_of(o): o for o in extra}).values())
 
     def require_swept(self) -> None:
         """An optuna search needs at least one swept key."""
@@ -165,17 +160,10 @@ def parse_search_space(
     """Preset params (`hydra.sweeper.params`) first, command-line overrides on top of them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    merged: dict[str, str] = {}
-    for k, v in (params or {}).items():
-        merged[str(k)] = f"{k}={v}"
-    for a in arguments:
-        merged[_key_of(a)] = a
-    parser = OverridesParser.create(config_loader=config_loader)
-    swept, fixed = [], []
-    for o in parser.parse_overrides(list(merged.values())):
-        if o.is_sweep_override():
-            swept.append(to_param(o))
-        else:
-            fixed.append(o.input_line)
-    return SearchSpace(swept, fixed)
+    merged = {str(k): f"{k}={v}" for k, v in (params or {}).items()}
+    merged |= {_key_of(a): a for a in arguments}
+    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(
+        list(merged.values()))
+    return SearchSpace([to_param(o) for o in parsed if o.is_sweep_override()],
+                       [o.input_line for o in parsed if not o.is_sweep_override()])
 

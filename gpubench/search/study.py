@@ -1,13 +1,10 @@
 """The Optuna study of a search: opening it (race-safe, with heartbeats), and what its trials mean.
 
-The storage object is built here (`RDBStorage`), so trials are reached by id through its public
-methods. Optuna does the leases: each measured trial beats with Optuna's heartbeat thread
-(`heartbeat`), `fail_stale` runs `fail_stale_trials` and the storage's
-`RetryHeartbeatStaleTrialCallback` queues a stale trial's parameters again for whichever worker
-asks next. Ours, because Optuna has no such thing: the slot check that keeps all workers
-together at n_trials (`claim_is_within`), failing at once the trial of a process of this host
-that is gone (`fail_stale`), and what counts as measured (`measured_trials`). The confirm step's
-rounds are trials of a study of their own (`queue_rounds`), shared by the same queue.
+Optuna does the leases: its heartbeat thread (`heartbeat`), `fail_stale_trials` and
+`RetryHeartbeatStaleTrialCallback` (a stale trial's parameters queued again). Ours, because
+Optuna has no such thing: the slot check that keeps all workers together at n_trials
+(`claim_is_within`), failing at once the trial of a dead process of this host (`fail_stale`),
+and what counts as measured (`measured_trials`).
 """
 
 from __future__ import annotations
@@ -163,8 +160,8 @@ def heartbeat(shared: Shared, numbers: list[int]):
 
 
 def told_dirs(study) -> dict[str, tuple[str, str | None]]:
-    """The final status and error the study recorded for each job folder: what a resume writes
-    into a record its job could not finish (a full disk)."""
+    """Each job folder's final (status, error) in the study: for a record its job could not
+    finish (a full disk)."""
     return {str(t.user_attrs["dir"]): (str(t.user_attrs["status"]), t.user_attrs.get("error"))
             for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get("dir") and t.user_attrs.get("status") in Status.__members__
@@ -193,9 +190,8 @@ def running_trials(study) -> list[FrozenTrial]:
 
 
 def wait_for_running(study, numbers: set[int], timeout_s: float, look_s: float = 0.2) -> bool:
-    """Wait, at most timeout_s, until one of these RUNNING trials (other workers' last slots)
-    ends; True when one did. Sleeping out the whole poll would add it to the study's wall time
-    after the study is done; a look is one cheap query of the RUNNING trials."""
+    """Wait, at most timeout_s, until one of these RUNNING trials ends; True when one did. It
+    looks every look_s (one cheap query): sleeping out the whole poll would add to wall time."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(look_s, left))
@@ -211,17 +207,15 @@ def worker_pid(t: FrozenTrial) -> int | None:
 
 
 def fail_stale(shared: Shared) -> int:
-    """Fail the trials of workers that are gone and queue them again; how many RUNNING trials
-    were failed. Optuna's `fail_stale_trials` knows only time (the grace period, 60 s by
-    default), so a trial of a process of this host that no longer exists is failed here first,
-    at once: a resume right after kill -9 need not wait. No-op in memory (one process)."""
-    if not shared.beating:
+    """Fail the trials of workers that are gone and queue them again; how many were failed.
+    Optuna's `fail_stale_trials` knows only time (the grace period), so a trial of a dead
+    process of this host is failed first, at once: a resume after kill -9 need not wait."""
+    if not shared.beating:  # in memory: one process
         return 0
     before = running_trials(shared.study)
     for t in before:
         pid = worker_pid(t)
-        if pid is not None and process_alive(t.user_attrs["worker"].rsplit(":", 2)[0],
-                                              pid) is False:
+        if pid is not None and process_alive(t.user_attrs["worker"].split(":")[0], pid) is False:
             abandon(shared, t.number, requeue=True)
     with _quiet():
         optuna.storages.fail_stale_trials(shared.study)
@@ -279,9 +273,8 @@ def screen_passes(study, value: float, keep: float, n_startup: int) -> bool:
 
 
 def split_duplicates(study, trials: list) -> tuple[list, list]:
-    """(fresh, [(trial, earlier number)]): a trial whose parameters were measured already, are
-    being measured by another worker (a lower-numbered RUNNING trial), or come twice in this
-    batch is not run again but resolved with the earlier trial."""
+    """(fresh, [(trial, earlier number)]): parameters measured already, being measured by
+    another worker (a lower-numbered RUNNING trial) or twice in this batch are not run again."""
     mine = {t.number for t in trials}
     seen = {key(t.params): t.number for t in measured_trials(study)}
     others = [(t.number, key(t.params)) for t in running_trials(study) if t.number not in mine]
@@ -322,7 +315,7 @@ def copy_result(study, trial, prev: FrozenTrial) -> None:
 
 
 def record(trial, rec, rung: Rung) -> None:
-    """What the report and a later resume need, stored on the trial before it is told."""
+    """What the report and a later resume need, stored before the trial is told."""
     attrs = {"status": str(rec.status), "rung": rung.value, "dir": str(rec.dir),
              "throughput": rec.throughput, "peak_memory_fraction": rec.peak_memory_fraction,
              "memory_ceiling": rec.memory_ceiling}
@@ -338,12 +331,11 @@ def record(trial, rec, rung: Rung) -> None:
 
 
 def queue_rounds(shared: Shared, top: list[FrozenTrial], rounds: int) -> Shared:
-    """The confirm step's study (`<study>-confirm`, same storage), each of `top`'s parameters
-    queued `rounds` times, interleaved (A, B, C, A, B, C), with attrs `confirm_of` and `round`.
-    A study of its own: the search's `ask` never takes a round, nor counts or learns from one.
-    `enqueue_trial(skip_if_exists=True)` cannot tell rounds apart (they share their
-    parameters), so a round already there is looked for by its attrs; two workers queueing it
-    in the same milliseconds may both keep it, and both measurements are pooled."""
+    """The confirm step's study (`<study>-confirm`, same storage: the search's `ask` never takes,
+    counts or learns from a round), `top` queued `rounds` times, interleaved (A, B, C, A, B, C),
+    with attrs `confirm_of` and `round`. `enqueue_trial(skip_if_exists=True)` cannot tell rounds
+    apart (same parameters): a round is looked for by its attrs; two workers queueing it at once
+    may both keep it, and both measurements are pooled."""
     c = _open(shared.study.study_name + ROUNDS, shared.storage)
     for rnd in range(rounds):
         for t in top:
@@ -354,8 +346,7 @@ def queue_rounds(shared: Shared, top: list[FrozenTrial], rounds: int) -> Shared:
 
 
 def confirm_dirs(study_name: str, storage) -> dict[int, list[str]]:
-    """Each confirmed trial's confirm folders, in round order: the measured rounds of
-    `<study_name>-confirm` in `storage` (a URL or the storage object)."""
+    """Each confirmed trial's confirm folders, in round order (`storage`: URL or object)."""
     try:
         rounds = optuna.load_study(study_name=study_name + ROUNDS, storage=storage)
     except KeyError:  # no confirm step ran

@@ -62,7 +62,7 @@ class GpubenchSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         """The search; what ends it early is one line from gpubench.cli.errors: a ConfigError
         (exit 2) or a SweepFailed (docs/sweeps.md, "When a sweep fails": exit 1)."""
-        from gpubench.search.jobs import Jobs
+        from gpubench.search.jobs import Jobs, mark_stale_runs
         from gpubench.search.manifest import Manifest
         from gpubench.search.space import parse_search_space
 
@@ -73,7 +73,7 @@ class GpubenchSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # as Hydra's, masked
         if self.mode is Mode.max_batch:  # a search's studies know more: see _search
-            _mark_stale(sweep_dir)
+            mark_stale_runs(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
         jobs = Jobs(self.launcher, manifest, self.max_failures)
         try:
@@ -91,6 +91,7 @@ class GpubenchSweeper(Sweeper):
     def _search(self, jobs, space, manifest) -> None:
         """mode=optuna: one study; mode=pipes: a study per stage (gpubench.search.pipes)."""
         from gpubench.search import study as S
+        from gpubench.search.jobs import mark_stale_runs
         from gpubench.search.loop import Confirm, Screen, Search
         from gpubench.search.manifest import PIPES_FILE, absolute_storage
         from gpubench.search.manifest import read as read_manifest
@@ -106,8 +107,15 @@ class GpubenchSweeper(Sweeper):
         opened: dict = {}  # one Shared per study: an in-memory study lives in its object
 
         def open_study(study_name: str):
+            """A study of this sweep's storage (created or loaded), its sampler seeded."""
             if study_name not in opened:
-                opened[study_name] = self._open(study_name, manifest)
+                shared = opened[study_name] = S.open_study(
+                    study_name, storage, self.heartbeat_interval, self.grace_period)
+                manifest.from_study(shared.study)  # a damaged sweep.json: each job's trial again
+                # a resumed sweep (or a second worker) must not replay the same random sequence
+                seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
+                shared.study.sampler = S.make_sampler(self.sampler.value, seed,
+                                                      self.n_startup_trials)
                 if pipes:
                     manifest.update(studies=list(opened))
             return opened[study_name]
@@ -117,7 +125,7 @@ class GpubenchSweeper(Sweeper):
         told: dict = {}
         for n in (read_manifest(manifest.sweep_dir).get("studies") or []) if pipes else [name]:
             told |= S.told_dirs(open_study(n).study)
-        _mark_stale(manifest.sweep_dir, told)
+        mark_stale_runs(manifest.sweep_dir, told)
         main = f"{name}-join" if pipes else name
         manifest.update(study_name=main, storage=storage, study=main,
                         **({"pipes_study": name} if pipes else {}),
@@ -149,19 +157,6 @@ class GpubenchSweeper(Sweeper):
         Pipes(Plan(**OmegaConf.to_container(self.pipes)), space, name, open_study, search,
               confirm, write, earlier=earlier).run()
 
-    def _open(self, name: str, manifest):
-        """A study of this sweep's storage (created or loaded), its sampler seeded."""
-        from gpubench.search import study as S
-        from gpubench.search.manifest import absolute_storage
-
-        shared = S.open_study(name, absolute_storage(self.storage), self.heartbeat_interval,
-                              self.grace_period)
-        manifest.from_study(shared.study)  # a damaged sweep.json: each job's trial again
-        # a resumed sweep (or a second worker) must not replay the same random sequence
-        seed = None if self.seed is None else int(self.seed) + len(shared.study.trials)
-        shared.study.sampler = S.make_sampler(self.sampler.value, seed, self.n_startup_trials)
-        return shared
-
     def _max_batch(self, jobs, space, manifest) -> None:
         from gpubench.search.maxbatch import run_max_batch, summary_lines
 
@@ -184,14 +179,6 @@ class GpubenchSweeper(Sweeper):
             log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
         except Exception as e:  # the measurements are on disk; a report can be made later
             log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
-
-
-def _mark_stale(sweep_dir: Path, told: dict | None = None) -> None:
-    from gpubench.search.jobs import mark_stale_runs
-
-    stale = mark_stale_runs(sweep_dir, told)
-    if stale:
-        log.info("%d run(s) left running by a process that died: recorded as killed", stale)
 
 
 def _member(enum: type[Enum], v: Any) -> Enum:
