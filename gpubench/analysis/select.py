@@ -18,7 +18,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -27,8 +27,12 @@ from gpubench.config.knobs import SETUP_SHORT, SHORT, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Rung, RunRecord
 
-if TYPE_CHECKING:  # recommend imports this module
-    from gpubench.analysis.recommend import Row
+
+class Row(Protocol):
+    """What selection reads of a report row (analysis.recommend.Row, which imports this)."""
+
+    record: RunRecord
+    flat: dict[str, Any]
 
 
 def knob_key(get: Callable[[str], Any], name: str) -> str:
