@@ -346,14 +346,15 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    left, right = -0.6, len(panels) - 0.4  # the x-limits: a column per setting at 0, 1, ...
     every: list[float] = []
     starred: set[str] = set()  # one legend entry per kind of star
     for i, p in enumerate(panels):
-        if p["bound"]:  # over its own column (-0.6 to len(panels) - 0.4 across the axes)
+        if p["bound"]:  # over its own column, i - 0.42 to i + 0.42, as axes fractions
             y, lo, hi = p["bound"]
             band = {"y": y, "lo": lo, "hi": hi, "threshold": hi * (1 + margin), "margin": margin}
             _band(ax, band, "tab:orange", "compute bound of that setting" if i == 0 else None,
-                  (i + 0.18) / len(panels), (i + 1.02) / len(panels))
+                  *((i + d - left) / (right - left) for d in (-0.42, 0.42)))
             every += [lo, band["threshold"]]
         pts = [(name, q) for name, qs in p["series"].items() for q in qs]
         pts = list({(q["x"], q["y"]): (name, q) for name, q in pts}.values())  # 0 workers once
@@ -377,7 +378,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
             every += [q["lo"], q["hi"]]
     ax.set_xticks(range(len(panels)), [p["title"].replace(", ", "\n") for p in panels],
                   fontsize=8)
-    ax.set_xlim(-0.6, len(panels) - 0.4)
+    ax.set_xlim(left, right)
     lo, hi = min(v for v in every if v > 0), max(every)
     if hi > 20 * lo:
         plain_log(ax, "y", lo, hi)

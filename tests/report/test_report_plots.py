@@ -469,3 +469,23 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
     assert [sum(len(v) for v in p["series"].values()) for p in panels] == [1, 1]
     made = report_plots.plot_pipes(rows, result, tmp_path, 0.05)
     assert {p.name for p in made} == {"compute_pipe.png", "data_pipe.png"}
+
+
+def test_each_compute_band_sits_over_its_own_column(monkeypatch, tmp_path):
+    """data_pipe.png: the band of kept setting i spans i - 0.42 to i + 0.42 on the x-axis,
+    whatever the number of columns (a band given in axes fractions of another width drifts
+    off its column, and past the axes' edge)."""
+    drawn = {}
+    monkeypatch.setattr(report_plots, "save",
+                        lambda fig, path, *a, **k: drawn.update(ax=fig.axes[0]))
+    for n in (1, 3):
+        panels = [{"bound": (100.0, 90.0, 110.0), "series": {}, "clears": False,
+                   "title": f"batch {i}"} for i in range(n)]
+        report_plots._draw_data(panels, 0.05, tmp_path / "data_pipe.png")
+        ax = drawn["ax"]
+        left, right = ax.get_xlim()
+        # axhspan's rectangles: x in axes fractions, read back as data coordinates
+        spans = sorted((round(left + r.get_x() * (right - left), 6),
+                        round(left + (r.get_x() + r.get_width()) * (right - left), 6))
+                       for r in ax.patches)
+        assert spans == [(round(i - 0.42, 6), round(i + 0.42, 6)) for i in range(n)], spans
