@@ -51,9 +51,6 @@ def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
     return VERDICT_WORDS[Bottleneck.of(bottleneck) or Bottleneck.unknown]
 
 
-
-
-
 # what the compute- and data-bound sentences add when e2e's interval straddles the tracking line
 _COSTS = ("; overlap costs {loss.lo:.0%}-{loss.hi:.0%} (e2e {e2e:.1f} img/s is {tracking:.0%} "
           "of it; whether it loses more than {loses:.0%} is left open by the intervals)")

@@ -82,12 +82,19 @@ def write_text(path: str | Path, text: str) -> Path:
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        # the free space where it was going, for the error line (a full disk is the usual cause)
-        free = next((f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on its filesystem"
-                     for p in (path.parent, *path.parent.parents) if p.exists()),
-                    "free space unknown")
-        raise WriteError(e.errno, f"{e.strerror or e} ({free})", str(path)) from e
+        # the free space where it was going (a full disk is the usual cause)
+        raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})",
+                         str(path)) from e
     return path
+
+
+def free_space(path: Path) -> str:
+    """Free space on the filesystem holding `path`, for error lines: the first folder up the
+    tree that answers (one that does not exist, or refuses, raises its own OSError)."""
+    for p in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on its filesystem"
+    return "free space unknown"
 
 
 def refuse_link(path: str | Path) -> Path:

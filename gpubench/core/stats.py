@@ -49,6 +49,7 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
     n = len(vals)
     if n < 2:
         return None
+
     def cover(k: int) -> float:  # 1 - 2 P(Binomial(n, 1/2) < k)
         return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2**n
 
@@ -128,7 +129,10 @@ def spread(xs: list[float]) -> tuple[float, float]:
     if not xs:
         return math.nan, math.nan
     mean = statistics.fmean(xs)
-    return mean, statistics.pstdev(xs, mean) / mean if mean > 0 else math.nan
+    # by hand, not statistics.pstdev: that one computes in exact fractions (slow at every
+    # window's close) and raises on a NaN or inf step time, which must read NaN here
+    std = math.sqrt(statistics.fmean((t - mean) ** 2 for t in xs))
+    return mean, std / mean if mean > 0 else math.nan
 
 
 @dataclass

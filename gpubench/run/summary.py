@@ -149,6 +149,7 @@ def summarize(bench) -> None:
     device_data = rule["device_data_s_per_image"]
     if device_data and rec.compute_images_per_sec:
         rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)
+
     def verdict():
         return judge(**rule, knobs=knobs, noise_reasons=reasons,
                      remedies=noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),

@@ -119,3 +119,13 @@ def test_one_estimate_its_ratio_and_its_rendering():
     a, b, c = Est(10.0, 9.0, 11.0), Est(12.0, 8.0, 13.0), Est(11.0, 10.0, 12.0)
     assert Est.pooled([a, b, c]) == Est(11.0, 9.0, 12.0)
     assert Est.envelope([a, b, c]) == Est(11.0, 8.0, 13.0)
+
+
+def test_spread_of_a_window_with_a_step_time_that_is_not_finite_reads_nan():
+    """A NaN or inf step time gives NaN, not an error at the window's close."""
+    from gpubench.core.stats import spread
+
+    assert math.isnan(spread([0.1, 0.2, math.nan])[1])
+    assert math.isnan(spread([0.1, math.inf])[1])
+    mean, cv = spread([0.1, 0.1, 0.4])
+    assert mean == pytest.approx(0.2) and cv == pytest.approx(math.sqrt(0.02) / 0.2)
