@@ -138,9 +138,13 @@ def summarize(bench) -> None:
     if any(r.kind is Flaw.disturbed for r in reasons):
         competitors = noise.top_other_processes(_own_pids())
     ld, ds = s.loader, s.dataset
-    knobs = Knobs(device, ld.num_workers, os.cpu_count() or 1, ld.pin_memory, ds.preload,
-                  ds.augment_on, s.precision, s.channels_last, s.compile, ld.batch_size, ds.name,
-                  rec.peak_memory_fraction, s.memory.ceiling, is_conv="vit" not in s.model.name)
+    # by name: neighbouring fields share a type, and a positional list swaps them silently
+    knobs = Knobs(device=device, num_workers=ld.num_workers, cpu_count=os.cpu_count() or 1,
+                  pin_memory=ld.pin_memory, preload=ds.preload, augment_on=ds.augment_on,
+                  precision=s.precision, channels_last=s.channels_last, compile=s.compile,
+                  batch_size=ld.batch_size, dataset=ds.name,
+                  memory_fraction=rec.peak_memory_fraction, ceiling=s.memory.ceiling,
+                  is_conv="vit" not in s.model.name)
     rule = rule_figures(rec)
     # the serial bound: the step and the data side's device work on one stream, one after the
     # other. Only work that queues on the training stream counts (run/merge.py): an nvJPEG
@@ -167,12 +171,14 @@ def summarize(bench) -> None:
         v = verdict()
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
-    # overlap_loss: the share of the narrower bound e2e loses to overlap
-    for key, est in (("verdict_ratio", v.ratio), ("overlap_loss", v.overlap_loss)):
-        if est is not None:
-            rec.extra[key], rec.extra[key + "_ci"] = est.value, [est.lo, est.hi]
+    if v.ratio is not None:
+        rec.extra["verdict_ratio"] = v.ratio.value
+        rec.extra["verdict_ratio_ci"] = [v.ratio.lo, v.ratio.hi]
     if v.leaning:
         rec.extra["verdict_leaning"] = v.leaning
+    if v.overlap_loss is not None:  # the share of the narrower bound e2e loses to overlap
+        rec.extra["overlap_loss"] = v.overlap_loss.value
+        rec.extra["overlap_loss_ci"] = [v.overlap_loss.lo, v.overlap_loss.hi]
     if competitors:
         rec.extra["competing_processes"] = competitors
 
