@@ -195,6 +195,8 @@ def series(path: Path) -> list[tuple[str, float, int, int]]:
         except (KeyError, ValueError):
             ts = 0
         for col, v in row.items():
+            if not isinstance(v, str):  # a row cut short by a crash (None), or one too long
+                continue
             try:
                 x = float(int(v, 16)) if v.startswith("0x") else float(v)
             except ValueError:  # an empty cell

@@ -70,10 +70,10 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
     # torch >= 2.4 names the device figure self_device_time_total (self_cuda_time_total
     # warns as deprecated there: the FutureWarning quoted in pyg-team/pytorch_geometric#9616)
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
-    averages = sorted((a for a in prof.key_averages()
-                       if not a.key.startswith(("gpubench/", "ProfilerStep"))),
+    every = prof.key_averages()  # aggregates the whole trace: once
+    averages = sorted((a for a in every if not a.key.startswith(("gpubench/", "ProfilerStep"))),
                       key=lambda a: getattr(a, sort_by), reverse=True)
-    (folder / "top_ops.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=25))
+    (folder / "top_ops.txt").write_text(every.table(sort_by=sort_by, row_limit=25))
     return {
         "trace": str(trace),
         "breakdown": parts,

@@ -270,3 +270,15 @@ def test_mig_row_has_memory_and_no_whole_gpu_columns(tmp_path):
     assert row["clocks_throttle_reasons.active"] == ""
     assert not {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues",
                 "nvmlDeviceGetCurrentClocksEventReasons"} & set(nv.calls)
+
+
+def test_series_of_a_file_whose_last_row_a_crash_cut_short(tmp_path):
+    """A run killed mid-row leaves a short last line (DictReader fills it with None): its
+    cells that were written still count, the missing ones are skipped, nothing raises."""
+    f = tmp_path / GPU_METRICS_FILE
+    f.write_text(",".join(COLUMNS) + "\n"
+                 "2026/11/22 00:17:01.250,NVIDIA H100,87,40,1000,80000,310.50,1980,0x4\n"
+                 "2026/11/22 00:17:02.250,NVIDIA H100,90")
+    by = {(n, s): v for n, v, s, _ in series(f)}
+    assert by[("gpu_metrics/utilization.gpu_pct", 1)] == 90.0
+    assert ("gpu_metrics/power.draw_w", 1) not in by
