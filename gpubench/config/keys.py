@@ -82,9 +82,10 @@ def name_rule(most: int) -> Callable[[str, Any, bool], None]:
     def check(key: str, value: Any, nullable: bool) -> None:
         if not isinstance(value, str) or not value.strip() or len(value) > most or any(
                 unicodedata.category(c).startswith("C") for c in value):
-            raise ConfigError(key, value, f"{'null or ' if nullable else ''}a name that is not "
-                              f"blank, at most {most} characters, without control characters")
+            raise ConfigError(key, value, f"{'null or ' if nullable else ''}{check.allowed}")
 
+    # its wording, for the key's `allowed` (the docs table, --help) as for its error line
+    check.allowed = f"a name that is not blank, at most {most} characters, without control characters"
     return check
 
 
@@ -130,6 +131,8 @@ class Key:
                            else f"{kind} >= {low}" if low else f"{kind} <= {high}")
         if self.wording is not None:
             return self.wording
+        if hasattr(self.rule, "allowed"):  # a rule that says what it takes (name_rule)
+            return null + self.rule.allowed
         enum = self.choices
         if enum is not None:
             names = ", ".join(enum.__members__)

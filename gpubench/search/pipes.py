@@ -131,19 +131,22 @@ class Pipes:
         points = sorted(effective(grid(params)), key=lambda p: cost(p, params))
         after = None if past is None else cost(past, params)
 
-        def walk() -> list[dict]:  # what the walk measures next (nothing: it found its answer)
-            return data_walk(points, params, _rows(shared), k.rate, self.plan.margin)
+        def walk(rows: list) -> list[dict]:  # what the walk measures next (nothing: answered)
+            return data_walk(points, params, rows, k.rate, self.plan.margin)
 
+        rows = _rows(shared)  # each read queries the studies and every trial's results.json
         if after is not None:  # the join's next try: the next setting past the chosen one
-            measured = {S.key(p) for p, _ in _rows(shared)}
+            measured = {S.key(p) for p, _ in rows}
             nxt = [p for p in points if cost(p, params) > after and S.key(p) not in measured]
             self._measure(shared, space, nxt[:1], lambda: False)
+            rows = _rows(shared)
         else:
-            while (todo := walk()) and (before := len(_rows(shared))) < self.plan.data_trials:
-                self._measure(shared, space, todo, lambda: not walk())
-                if len(_rows(shared)) == before:  # nothing more could be measured (failures)
+            while (todo := walk(rows)) and len(rows) < self.plan.data_trials:
+                before = len(rows)
+                self._measure(shared, space, todo, lambda: not walk(_rows(shared)))
+                rows = _rows(shared)
+                if len(rows) == before:  # nothing more could be measured (failures)
                     break
-        rows = _rows(shared)
         f = choose_data(rows, params, k.rate, self.plan.margin, after)
         if f is not None and after is None:
             self.result.setdefault("data", []).append(

@@ -186,14 +186,24 @@ class Store:
         def create() -> None:
             with lock:
                 self.client = MlflowClient(tracking_uri=connect)
-                exp = self.client.get_experiment_by_name(experiment)
-                # its description, kind and runs-table view only on experiments gpubench
-                # creates; one another process created meanwhile is found by the next try
-                self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-                    experiment, artifact_location=artifacts,
-                    tags=experiment_tags())
+                self.experiment_id = self._experiment_id(experiment, artifacts)
 
         retry(create, CREATE_ATTEMPTS, wait_s=0.5)
+
+    def _experiment_id(self, name: str, artifacts: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:  # its description, kind and runs-table view only on experiments gpubench creates
+            return self.client.create_experiment(name, artifact_location=artifacts,
+                                                 tags=experiment_tags())
+        except MlflowException:  # created by another process meanwhile: found at once
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def find(self, tag: str, value: str) -> list:
         """Live runs of this experiment whose tag `tag` equals `value`. The value comes from a

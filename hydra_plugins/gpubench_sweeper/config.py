@@ -104,10 +104,12 @@ class GpubenchSweeperConf:
     n_jobs: int = setting(1, "trials launched together; keep 1 unless the launcher puts each "
                              "job on its own device: parallel trials on one device corrupt each "
                              "other's throughput", bounds=(1, None))
-    # Optuna's limit: an indexed column of 512 characters
+    # Optuna's limit, an indexed column of 512 characters, less the longest suffix the sweeper
+    # adds to it (<name>-data-<8 hex>-confirm: search.pipes, search.study.ROUNDS), so no study
+    # of the search is refused after the search ran
     study_name: str | None = setting(
         None, "null: gpubench-<hash of the search space>, so re-running the same command "
-              "resumes its study", rule=name_rule(512))
+              "resumes its study", rule=name_rule(512 - len("-data-12345678-confirm")))
     storage: str | None = setting(
         "sqlite:///outputs/optuna.db",
         "Optuna's RDB storage; null: in memory (not resumable, one worker); a persistent one "

@@ -661,7 +661,10 @@ def test_overrides_hydras_lexer_refuses_say_what_is_allowed(compose_cfg, overrid
     (["model.num_classes=${dataset.nosuch}"], None, "model.num_classes='${dataset.nosuch}' is "
      "not allowed: it must be an interpolation that resolves (Interpolation key 'dataset.nosuch' not found)"),
     (["sweep=throughput", "hydra.sweeper.study_name=''"], None, "hydra.sweeper.study_name='' is "
-     "not allowed: it must be null or a name that is not blank, at most 512 characters"),
+     "not allowed: it must be null or a name that is not blank, at most 490 characters"),
+    # Optuna's 512, less the suffix of the longest study the sweeper derives from it
+    (["sweep=throughput", f"hydra.sweeper.study_name={'s' * 491}"], None,
+     "hydra.sweeper.study_name='sssss"),
     ([], ["bench.phases=choice([loader],[])"], "bench.phases=[] is not allowed"),
     ([], ["tracking.experiment=choice(a,'')"], "tracking.experiment='' is not allowed"),
     ([], ["bench.steps=range(1,10,0)"], "bench.steps='range(1,10,0)' is not allowed: it must be a "
