@@ -164,8 +164,11 @@ def _steps(r: RunRecord) -> int:
 
 
 def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
-    tables = [t for r in recs if isinstance(t := r.knob("cost.usd_per_hour"), dict)]
-    return _prices({k: v for t in tables for k, v in t.items()})
+    table: dict[str, float] = {}
+    for r in recs:  # each run's table checked whole: a later run's price hides no bad one
+        if isinstance(t := r.knob("cost.usd_per_hour"), dict):
+            table.update(_prices(t))
+    return table
 
 
 def versus(rows: list[DeviceRow]) -> list[dict]:

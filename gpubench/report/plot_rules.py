@@ -50,8 +50,8 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
     """A phase's images/sec with its interval (its phase record's, else the run's headline
     keys); None when the phase did not measure."""
     ph = rec.phases.get(phase)
-    if ph is not None and ph.images_per_sec is not None:
-        return Est.of(ph.images_per_sec, ph.images_per_sec_ci)
+    if ph is not None and (e := Est.of(ph.images_per_sec, ph.images_per_sec_ci)):
+        return e
     return Est.of(*rec.phase_figure(phase))
 
 

@@ -152,3 +152,12 @@ def test_only_training_measurements_stand_for_a_device(store):
     [row] = compare.compare_rows(compare.mlflow_records("mixed", uri), {})[
         "model resnet50, dataset imagefolder, 224 px"]
     assert row.images_per_sec == 260.0 and row.runs == 1
+
+
+def test_a_bad_price_in_one_run_is_refused_even_when_a_later_run_prices_the_same_device():
+    def priced(price):
+        return RunRecord(config={"cost": {"usd_per_hour": {"T4": price}}})
+
+    assert compare._own_prices([priced(0.35), priced(0.5)]) == {"T4": 0.5}
+    with pytest.raises(SystemExit, match=r"cost.usd_per_hour.T4=-1"):
+        compare._own_prices([priced(-1), priced(0.35)])
