@@ -91,9 +91,9 @@ class Alternated(Benchmark):
                 return 0 if moved is None else int(moved[1].shape[0])
         else:
             move = plain.plain_copy(self.device, side.pin, s.channels_last)
-        # drain what the workers made while gpubench's window and this loop were apart: those
-        # ready batches would flatter the window (one more to start on a fresh one)
-        drain = batches_in_flight(s.loader.num_workers, s.loader.prefetch_factor) + 1
+        # drained as gpubench's own later windows are (runner._window_steps): what the workers
+        # made while the two loops were apart would flatter the window
+        drain = self._window_steps("loader", False)[0]
         images, seconds = plain.timed(lambda: move(fetch()), steps, self.device, drain)
         return images / seconds
 
