@@ -12,7 +12,13 @@ from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep, Sweep
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    IntervalSweep,
+    QuotedString,
+    RangeSweep,
+    Sweep,
+)
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -69,7 +75,8 @@ def _swept_values(o) -> list:
                                                         "and a step that is not 0")
         last = range_last(v.start, v.stop, v.step)
         return [v.start, last] if last is not None else []
-    return list(o.sweep_iterator())
+    # a quoted choice ('my run') comes as Hydra's QuotedString: the job gets its text
+    return [v.text if isinstance(v, QuotedString) else v for v in o.sweep_iterator()]
 
 
 def typed(o) -> str:

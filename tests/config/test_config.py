@@ -840,3 +840,16 @@ def test_repeats_are_recorded_as_the_windows_that_ran(compose_cfg):
     s = resolve(compose_cfg("bench.steps=2"))  # the schema's 6 repeats: recorded as 2, quietly
     assert s.bench.repeats == 2 and not list(s.notes)
     assert resolve(compose_cfg("bench.steps=12", "bench.repeats=4")).bench.repeats == 4
+
+
+def test_a_quoted_choice_of_a_sweep_is_checked_as_its_text(compose_cfg):
+    """`tracking.run_name='my run',b`: Hydra hands each quoted choice over as a QuotedString;
+    the check reads its text, as the job will, so a valid name passes and a blank one not."""
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg(hydra=True)
+    cfg.hydra.overrides.task = ["tracking.run_name='my run',b", "bench.optimizer='sgd',adamw"]
+    check_before_work(cfg)
+    cfg.hydra.overrides.task = ["tracking.run_name='',b"]
+    with pytest.raises(ConfigError, match=r"tracking.run_name='' is not allowed"):
+        check_before_work(cfg)
