@@ -15,10 +15,13 @@ import os
 import socket
 import time
 import warnings
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import optuna
+from filelock import FileLock
 from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
 # the thread Study.optimize beats with (optuna/study/_optimize.py, `_run_trial`: `with
@@ -30,6 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 from gpubench.core.files import retry
 from gpubench.core.record import Rung, Status, process_alive
 from gpubench.core.secrets import mask_secrets
+from gpubench.core.uris import sqlite_path
 from gpubench.search.jobs import SweepFailed
 
 # the constraint's name in Optuna: peak memory fraction - memory.ceiling, <= 0 is feasible
@@ -62,10 +66,29 @@ class Shared:
 
     study: optuna.Study
     storage: RDBStorage | InMemoryStorage
+    # RUNNING trials that no `ask` has named yet, by number: when this process first saw each
+    unnamed: dict[int, float] = field(default_factory=dict)
+
+    @cached_property
+    def turn(self) -> FileLock | nullcontext:
+        """Held while a trial changes hands (asked, failed, queued again). Optuna reads a
+        trial's state, then writes it (`SELECT ... FOR UPDATE` on a server database); SQLite
+        has no such lock, so two workers on one file can both pop the same queued trial (both
+        measure it; the second to tell it fails) or both fail a dead worker's trial and queue
+        it twice. On SQLite one gpubench process of the host at a time: a file lock beside the
+        database, which the kernel releases when its holder dies (kill -9 blocks no one)."""
+        db = sqlite_path(getattr(self.storage, "url", ""))
+        return FileLock(f"{db}.turn.lock", thread_local=False) if db else nullcontext()
 
     @property
     def beating(self) -> bool:
         return isinstance(self.storage, RDBStorage) and bool(self.storage.heartbeat_interval)
+
+    @property
+    def grace_s(self) -> float:
+        """Optuna's grace period (RDBStorage: 2 heartbeat intervals unless given)."""
+        s = self.storage
+        return float(s.grace_period or 2 * s.heartbeat_interval)
 
     def trial_id(self, number: int) -> int:
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
@@ -135,9 +158,10 @@ def _open(name: str, storage) -> Shared:
 def ask(shared: Shared, distributions):
     """A trial claimed by this process (attr `worker`: host:pid:trial), with one beat at once:
     Optuna's stale check passes over a trial that never beat, so a worker killed before its
-    heartbeat thread starts would leave it RUNNING for good. The trial number is in `worker`
+    heartbeat thread starts would leave it RUNNING for good (killed before this beat: see
+    fail_stale). The trial number is in `worker`
     because the retry callback copies attributes onto a retry: a copied value names another."""
-    with _quiet():
+    with _quiet(), shared.turn:
         t = shared.study.ask(distributions)
     if shared.beating:
         shared.storage.record_heartbeat(shared.trial_id(t.number))
@@ -206,16 +230,32 @@ def worker_pid(t: FrozenTrial) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[2] == str(t.number) else None
 
 
-def fail_stale(shared: Shared) -> int:
+def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> int:
     """Fail the trials of workers that are gone and queue them again; how many were failed.
     Optuna's `fail_stale_trials` knows only time (the grace period), so a trial of a dead
-    process of this host is failed first, at once: a resume after kill -9 need not wait."""
+    process of this host is failed first, at once: a resume after kill -9 need not wait.
+    Optuna passes over a trial that never beat: one whose worker died between Optuna's ask
+    and `ask`'s first beat would stay RUNNING for good, and every worker would wait on it. A
+    trial `ask` has not named is failed once it stays unnamed a grace period, timed on this
+    process's `clock` from when it first saw it (another host's clock is not this one's)."""
     if not shared.beating:  # in memory: one process
         return 0
+    with shared.turn:
+        return _fail_stale(shared, clock)
+
+
+def _fail_stale(shared: Shared, clock: Callable[[], float]) -> int:
     before = running_trials(shared.study)
+    now = clock()
+    # unnamed: being named this instant, or its worker died asking; seen only while unnamed
+    shared.unnamed = {t.number: shared.unnamed.get(t.number, now) for t in before
+                      if worker_pid(t) is None}
     for t in before:
         pid = worker_pid(t)
-        if pid is not None and process_alive(t.user_attrs["worker"].split(":")[0], pid) is False:
+        if pid is None and now - shared.unnamed[t.number] > shared.grace_s:
+            abandon(shared, t.number, requeue=True)
+        elif pid is not None and process_alive(t.user_attrs["worker"].split(":")[0],
+                                               pid) is False:
             abandon(shared, t.number, requeue=True)
     with _quiet():
         optuna.storages.fail_stale_trials(shared.study)
@@ -239,16 +279,17 @@ def abandon(shared: Shared, number: int, requeue: bool | None = False) -> bool:
     Optuna's retry callback queues its parameters again; with None, only when it came from the
     queue (a retry or an enqueued point must not be lost). False if it was not RUNNING."""
     s, tid = shared.storage, shared.trial_id(number)
-    t = s.get_trial(tid)  # as it was asked: its retry must not inherit `interrupted`
-    if t.state != TrialState.RUNNING:
-        return False
-    try:
-        s.set_trial_user_attr(tid, "interrupted", True)
-        s.set_trial_state_values(tid, TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it meanwhile
-        return False
-    if requeue or (requeue is None and {"fixed_params", "failed_trial"} & set(t.system_attrs)):
-        RETRY(shared.study, t)
+    with shared.turn:
+        t = s.get_trial(tid)  # as it was asked: its retry must not inherit `interrupted`
+        if t.state != TrialState.RUNNING:
+            return False
+        try:
+            s.set_trial_user_attr(tid, "interrupted", True)
+            s.set_trial_state_values(tid, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it meanwhile
+            return False
+        if requeue or (requeue is None and {"fixed_params", "failed_trial"} & set(t.system_attrs)):
+            RETRY(shared.study, t)
     return True
 
 

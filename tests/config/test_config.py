@@ -19,6 +19,7 @@ def check_all(cfg):
     check_resources(s)
     return s
 
+
 GROUPS = {
     group: sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
     for group in ("dataset", "model", "loader", "precision", "tracking")

@@ -159,6 +159,7 @@ def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
     points = sorted(effective(grid(space)), key=lambda p: cost(p, space))
     bound = Est(500.0, 490.0, 510.0)  # to clear: a low end above 535.5
     # the loader's rate: 200 per worker, +150 with pinned memory (a made-up host)
+
     def rate(p):
         v = 100 + 200 * p["loader.num_workers"] + 150 * p["loader.pin_memory"]
         return v, [v - 10, v + 10]
@@ -333,7 +334,10 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
         except (OSError, ValueError, KeyError):
             return False
 
-    cmd = _cmd(tmp_path, "tracking=none", "hydra.sweeper.report=false")
+    # a kill between Optuna's ask and gpubench's first beat leaves a trial that never beat:
+    # failed after the grace period (study.fail_stale), 10 s here rather than a minute
+    cmd = _cmd(tmp_path, "tracking=none", "hydra.sweeper.report=false",
+               "hydra.sweeper.heartbeat_interval=2", "hydra.sweeper.grace_period=10")
     a = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                   start_new_session=True)
     try:

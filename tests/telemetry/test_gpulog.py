@@ -91,6 +91,7 @@ def test_host_cpu_column_sees_a_busy_thread(tmp_path):
         d = tmp_path / str(busy)
         d.mkdir()
         stop = threading.Event()
+
         def spin():
             while not stop.is_set():
                 pass
