@@ -15,6 +15,7 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.exits import ExitCode, quiet_broken_pipe
 from gpubench.core.record import Status
+from gpubench.core.secrets import say
 
 
 def _multirun() -> bool:
@@ -48,7 +49,7 @@ def _job(cfg: DictConfig) -> float:
         if not _multirun():  # raised on: gpubench.cli.errors prints it as one line, BAD_INPUT
             raise
         # one bad job must not end a sweep
-        print(f"gpubench: error: {e}", file=sys.stderr)
+        say(str(e), "error")
         return 0.0
     _settle()
     if result.status in (Status.oom, Status.failed) and not _multirun():

@@ -25,7 +25,7 @@ from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
 from gpubench.core.files import LinkError, check_no_links, mask_files
 from gpubench.core.record import RESULTS_FILE, find_runs
-from gpubench.core.secrets import mask_logging, mask_secrets
+from gpubench.core.secrets import mask_logging, say
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
@@ -41,10 +41,6 @@ _STARTED: dict[str, float] = {}
 RESUMING_SWEEPER = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
 
 log = logging.getLogger("gpubench")
-
-
-def _warn(text: str) -> None:
-    print(mask_secrets(f"gpubench: warning: {text}"), file=sys.stderr, flush=True)
 
 
 def _tracked(config: DictConfig) -> bool:
@@ -123,7 +119,7 @@ class MlflowSweepCallback(Callback):
                     t.get("run_name"))
         except Exception as e:  # jobs still run; each keeps its results for `sync`
             log.debug("MLflow parent run not created", exc_info=True)
-            _warn(f"MLflow not reached at tracking.uri={uri} ({e}); the sweep runs untracked")
+            say(f"MLflow not reached at tracking.uri={uri} ({e}); the sweep runs untracked")
             return
         os.environ[tracking.PARENT_ENV] = rid
         # Hydra calls on_multirun_end only when the sweep returns: Ctrl-C, SIGTERM or an error
@@ -172,7 +168,7 @@ class MlflowSweepCallback(Callback):
         except KeyboardInterrupt:
             why = "skipped"
         if why is not None:
-            _warn(f"the sweep's MLflow parent run was not closed ({why}); "
+            say(f"the sweep's MLflow parent run was not closed ({why}); "
                   f"python -m gpubench.tracking sync {sweep_dir}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -191,14 +187,14 @@ class MlflowSweepCallback(Callback):
             _sweep_report(sweep_dir, parent_id, tracking.resolve_uri(t.uri), float(t.timeout_s))
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
-            _warn(f"sweep report not made ({e})")
+            say(f"sweep report not made ({e})")
         try:
             with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
                                      float(t.timeout_s)) as store:
                 tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
-            _warn(f"sweep summary not logged to MLflow ({e}); "
+            say(f"sweep summary not logged to MLflow ({e}); "
                   f"python -m gpubench.tracking sync {sweep_dir}")
 
 

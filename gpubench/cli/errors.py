@@ -19,6 +19,7 @@ from gpubench.cli.messages import describe
 from gpubench.cli.signals import install_sigterm, interrupted_line
 from gpubench.config.errors import ConfigError
 from gpubench.core.exits import ExitCode
+from gpubench.core.secrets import say
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
 
@@ -69,7 +70,7 @@ def one_line_errors():
         if not isinstance(e.code, ConfigError):  # an exit code, or Python's, passed through
             raise
         # bad input carried out of a Hydra callback (gpubench.config.prechecks.InputCheck)
-        print(f"gpubench: error: {e.code}", file=sys.stderr)
+        say(str(e.code), "error")
         raise SystemExit(ExitCode.BAD_INPUT) from None
     except (Exception, JobFailed) as e:
         ex = e.__cause__ if isinstance(e, JobFailed) else e
@@ -78,7 +79,7 @@ def one_line_errors():
             # quiet_broken_pipe ends the command with BROKEN_PIPE
             raise ex from None
         line, code = describe(ex, given)
-        print(f"gpubench: error: {line}", file=sys.stderr)
+        say(line, "error")
         raise SystemExit(code) from None
     finally:
         os.environ.pop(FULL_ERROR)

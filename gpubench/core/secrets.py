@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -34,6 +35,11 @@ def mask_secrets(obj):
     if not isinstance(obj, str) or ("@" not in obj and "=" not in obj):
         return obj
     return _QUERY.sub(rf"\1{MASK}", _USERINFO.sub(rf"\1{MASK}\3", obj))
+
+
+def say(text: str, level: str = "warning") -> None:
+    """One `gpubench: warning: ...` (or error) line on stderr, masked like everything printed."""
+    print(mask_secrets(f"gpubench: {level}: {text}"), file=sys.stderr, flush=True)
 
 
 def error_text(e: BaseException) -> str:

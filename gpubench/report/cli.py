@@ -158,9 +158,7 @@ def _from_mlflow(uri: str | None, timeout_s: float, read):
         raise NothingToReport(f"gpubench.report: no MLflow store at {db} (nothing tracked "
                               "there; --tracking-uri names another store, or give a sweep folder)")
     try:
-        connect, env = store._credentials(uri)
-        with store._environment(timeout_s, env):
-            store._probe(connect, timeout_s)
+        with store.connection(uri, timeout_s) as connect:
             return read(connect)
     except WhereError:  # not the store's doing
         raise

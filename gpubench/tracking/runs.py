@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -26,7 +25,7 @@ from filelock import FileLock
 from gpubench.analysis.select import knob_of
 from gpubench.core.files import inside, read_json, try_lock, write_json, write_text
 from gpubench.core.record import RESULTS_FILE, RunRecord
-from gpubench.core.secrets import error_text, mask_secrets
+from gpubench.core.secrets import error_text, mask_secrets, say
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
 
@@ -70,8 +69,7 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
     (default: its own folder) is not read: one warning line, and False."""
     root = Path(path).parent if root is None else root
     if not inside(path, root):
-        print(f"gpubench: warning: not uploaded: {path} is a link out of {root} "
-              f"(to {Path(path).resolve()})", file=sys.stderr, flush=True)
+        say(f"not uploaded: {path} is a link out of {root} (to {Path(path).resolve()})")
         return False
     if not path.is_file():  # a dangling link
         return False
@@ -270,10 +268,8 @@ def log_result(t, result, task=None) -> bool:
         log.debug("MLflow upload failed", exc_info=True)
         with contextlib.suppress(OSError):  # a folder that refuses writes: the warning says it
             write_marker(run_dir, rec.run_uid, uri, t.experiment, error=f"{type(e).__name__}: {e}")
-        print(mask_secrets(
-            f"gpubench: warning: run not logged to MLflow at tracking.uri={uri} "
-            f"({error_text(e)}); its results are kept in {run_dir}; upload them later: "
-            f"{sync_command(run_dir, uri)}"), file=sys.stderr, flush=True)
+        say(f"run not logged to MLflow at tracking.uri={uri} ({error_text(e)}); its results are "
+            f"kept in {run_dir}; upload them later: {sync_command(run_dir, uri)}")
         return False
     log.info("MLflow run %s: %s", rid, ui_hint(uri, store.experiment_id, rid))
     return True

@@ -161,13 +161,11 @@ class Store:
     """An MLflow client bound to one tracking URI and one experiment (created if new).
     `uri` is what gpubench records and prints (masked); the client gets the real one."""
 
-    def __init__(self, uri: str, experiment: str, timeout_s: float = 10.0):
+    def __init__(self, uri: str, connect: str, experiment: str):
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow"):  # store creation chatter at INFO; keep warnings
             logging.getLogger(name).setLevel(logging.WARNING)
-        connect, _ = _credentials(uri)
-        _probe(connect, timeout_s)
         db = sqlite_path(connect)
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not the dir
@@ -218,7 +216,17 @@ class Store:
 
 
 @contextlib.contextmanager
-def open_store(uri: str, experiment: str, timeout_s: float = 10.0):
-    _, env = _credentials(uri)
+def connection(uri: str, timeout_s: float = 10.0):
+    """The URL MLflow's client is given for `uri` (its credentials moved to MLflow's variables),
+    within MLflow's limits while the block runs, once the store answered (TrackingUnavailable
+    when it does not within timeout_s)."""
+    connect, env = _credentials(uri)
     with _environment(timeout_s, env):
-        yield Store(uri, experiment, timeout_s)
+        _probe(connect, timeout_s)
+        yield connect
+
+
+@contextlib.contextmanager
+def open_store(uri: str, experiment: str, timeout_s: float = 10.0):
+    with connection(uri, timeout_s) as connect:
+        yield Store(uri, connect, experiment)

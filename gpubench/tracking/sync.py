@@ -26,7 +26,7 @@ import yaml
 from gpubench.core import record
 from gpubench.core.files import damaged, inside, refusal
 from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
-from gpubench.core.secrets import error_text, mask_secrets
+from gpubench.core.secrets import error_text, mask_secrets, say
 from gpubench.core.uris import same_store
 from gpubench.tracking import runs
 from gpubench.tracking.store import Store, default_uri, open_store, uri_problem
@@ -67,16 +67,14 @@ def _triage(run_dir: Path, uri: str | None, experiment: str | None, out) -> tupl
         return "skipped", f"its {RESULTS_FILE} is a link out of the run folder"
     rec = record.load(run_dir)
     if rec is None and damaged(run_dir / RESULTS_FILE):
-        print(f"gpubench: warning: {run_dir / RESULTS_FILE} is damaged (not valid JSON): "
-              "not uploaded, left as it is", file=sys.stderr)
+        say(f"{run_dir / RESULTS_FILE} is damaged (not valid JSON): not uploaded, left as it is")
         return "failed", None
     if rec is not None and rec.stale:
         rec.mark_dead()
         try:
             rec.save()
         except OSError as e:  # a read-only folder: the record stays as the run left it
-            print(f"gpubench: error: {refusal(rec.path, e)}: not marked {rec.status} nor "
-                  "uploaded", file=sys.stderr)
+            say(f"{refusal(rec.path, e)}: not marked {rec.status} nor uploaded", "error")
             return "failed", None
         print(f"marked {run_dir} {rec.status}: its process is gone", file=out)
     if rec is None or not rec.run_uid or not rec.status.final:
@@ -134,9 +132,8 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
                 _sync_into(store, recs, orphans.get(key, []), counts, out)
         except Exception as e:  # report it, go on with the other targets
             log.debug("sync failed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: MLflow not reached at {key[0]} "
-                               f"({error_text(e)}); {len(recs)} run(s) not synced"),
-                  file=sys.stderr)
+            say(f"MLflow not reached at {key[0]} ({error_text(e)}); {len(recs)} run(s) not "
+                "synced")
             counts["failed"] += len(recs)
     _close_open_sweeps(found, uri, timeout_s)
     print(", ".join(f"{v} {k}" for k, v in counts.items()), file=out)
@@ -168,8 +165,7 @@ def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> 
                 close_sweep(store, sweep, info["run_id"])
         except Exception as e:  # the runs are in; only the sweep summary waits
             log.debug("closing sweep failed", exc_info=True)
-            print(mask_secrets(f"gpubench: warning: sweep {sweep} not closed in MLflow "
-                               f"({error_text(e)})"), file=sys.stderr)
+            say(f"sweep {sweep} not closed in MLflow ({error_text(e)})")
 
 
 def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], counts: dict,
@@ -196,8 +192,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
         try:
             holder = runs.claim_upload(run_dir)
         except OSError as e:  # a folder that refuses the claim file refuses the marker too
-            print(f"gpubench: error: {refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded",
-                  file=sys.stderr)
+            say(f"{refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded", "error")
             counts["failed"] += 1
             continue
         if holder is not None:  # its own process (or another sync) is uploading it now
@@ -253,5 +248,5 @@ def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: 
         runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid,
                           store.experiment_id, parent_id=parent)
     except OSError as e:  # uploaded; a later sync finds it by its run_uid
-        print(f"gpubench: warning: {refusal(run_dir / runs.MARKER_FILE, e)}: uploaded as run "
-              f"{rid}, without its marker", file=sys.stderr)
+        say(f"{refusal(run_dir / runs.MARKER_FILE, e)}: uploaded as run {rid}, without its "
+            "marker")
