@@ -62,33 +62,31 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
     """The in-memory pools (made before anything is measured: sizes no machine holds would run
     until killed) and the batches in flight (the workers' queue, the step's batch, its pinned
     copy) against half of the free RAM (the model, the workers and the OS need the rest)."""
-    size = ds.image_size
-    half = free // 2
+    size, half = ds.image_size, free // 2
     where = f"on this machine (half of the {free / 2**30:.1f} GiB RAM free)"
     per_image = _pool_image_bytes(ds)
-    if per_image is not None and ds.num_samples * per_image > half:
-        most = half // per_image
-        if most < 1:
-            _too_large(size, half / per_image, f"for one image of dataset={ds.name}'s pool {where}")
-        raise ConfigError("dataset.num_samples", ds.num_samples,
-                          f"an integer in [1, {most}] for dataset={ds.name} at {size} px {where}")
+    if per_image is not None:
+        _fit("dataset.num_samples", ds.num_samples, per_image, half, size, 1,
+             f"for dataset={ds.name} at {size} px {where}",
+             f"for one image of dataset={ds.name}'s pool {where}")
     # a batch as the host holds it: float32 after the host transforms, uint8 at the stored
     # size when the device augments
     per_sample = 3 * source_size(size) ** 2 if ds.augment_on == "device" else 4 * 3 * size * size
     held = 1 if ds.name == "device_synthetic" else batches_in_flight(
         ld.num_workers, ld.prefetch_factor) + 2
-    if held * ld.batch_size * per_sample > half:
-        most = half // (held * per_sample)
-        if most < 1:  # the image size is what to lower, for the batch size asked for
-            _too_large(size, half / (held * ld.batch_size * per_sample),
-                       f"with loader.batch_size={ld.batch_size} {where}")
-        raise ConfigError("loader.batch_size", ld.batch_size,
-                          f"an integer in [1, {most}] at {size} px with {held} batch(es) in "
-                          f"host memory at once {where}")
+    # when not one batch fits, the image size is what to lower, for the batch size asked for
+    _fit("loader.batch_size", ld.batch_size, held * per_sample, half, size, ld.batch_size,
+         f"at {size} px with {held} batch(es) in host memory at once {where}",
+         f"with loader.batch_size={ld.batch_size} {where}")
 
 
-def _too_large(size: int, fits: float, where: str) -> None:
-    """Not even one image fits: lower the image size to the side at which it would (`fits` of
-    it fits now; bytes grow as the side squared)."""
-    most = max(8, int(size * fits ** 0.5))
-    raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {where}")
+def _fit(key: str, count: int, each: int, half: int, size: int, cut: int, why: str,
+         one: str) -> None:
+    """`count` items of `each` bytes in `half` of the free RAM; when not one fits, the image
+    side at which `cut` of them would (bytes grow as the side squared)."""
+    if count * each <= half:
+        return
+    if half < each:
+        most = max(8, int(size * (half / (cut * each)) ** 0.5))
+        raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {one}")
+    raise ConfigError(key, count, f"an integer in [1, {half // each}] {why}")

@@ -1,12 +1,9 @@
-"""One declaration per config key, and what is derived from it.
-
-A schema dataclass (config.schema.BenchConfig, the sweeper's GpubenchSweeperConf) declares each
-key once, on its field: the type is the annotation, the rest is `setting(...)`:
+"""One declaration per config key: a schema dataclass's field, its type the annotation, the rest
+`setting(...)` (an Enum annotation: its choices; `None` in it: null allowed):
 
     steps: int = setting(50, "measured steps per phase", bounds=(1, 10_000_000))
 
-`keys(cls)` reads them back as `Key`s, whence the checks, the docs table and the settings. An
-Enum annotation is the key's choices; `None` in the annotation makes null allowed. Kept free of
+`keys(cls)` reads them back as `Key`s, whence the checks, the docs table and the settings. Free of
 Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin scan.
 """
 
@@ -64,13 +61,14 @@ class Knob:
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "",
-            bounds: tuple[float | None, float | None] | None = None, *,
+            bounds: tuple[float, float | None] | None = None, *,
             factory: Any = dataclasses.MISSING, allowed: str | None = None,
             knob: Knob | None = None, rule: Callable[[str, Any, bool], None] | None = None) -> Any:
-    """A schema field: `bounds` (low, high; None is open), `allowed`: the docs' wording of a rule
-    checked in code, `knob` (else the section's ROLE), `rule(key, value, nullable)`: a check
+    """A schema field: `bounds` (low, high; high None: open), `allowed`: the docs' wording of a
+    rule checked in code, `knob` (else the section's ROLE), `rule(key, value, nullable)`: a check
     beyond the type, range and choices."""
-    meta = {"help": help, "bounds": bounds, "allowed": allowed, "knob": knob, "rule": rule}
+    # stored under Key's field names: keys() passes them on as they are
+    meta = {"help": help, "bounds": bounds, "wording": allowed, "knob": knob, "rule": rule}
     return dataclasses.field(default=default, default_factory=factory,
                              metadata={k: v for k, v in meta.items() if v is not None})
 
@@ -85,7 +83,8 @@ def name_rule(most: int) -> Callable[[str, Any, bool], None]:
             raise ConfigError(key, value, f"{'null or ' if nullable else ''}{check.allowed}")
 
     # its wording, for the key's `allowed` (the docs table, --help) as for its error line
-    check.allowed = f"a name that is not blank, at most {most} characters, without control characters"
+    check.allowed = (f"a name that is not blank, at most {most} characters, without control "
+                     "characters")
     return check
 
 
@@ -101,8 +100,8 @@ class Key:
     type: Any  # int, float, bool, str, list, dict or an Enum class (None taken out)
     nullable: bool
     default: Any  # the field's default (a factory's product for lists and dicts)
-    help: str
-    bounds: tuple[float | None, float | None] | None = None
+    help: str = ""
+    bounds: tuple[float, float | None] | None = None
     item: Any = None  # a list's item type (bench.phases: Phase)
     wording: str | None = None  # setting(allowed=...): the docs' text of a rule checked in code
     knob: Knob = Knob()  # setting(knob=...), else its section's ROLE
@@ -126,9 +125,8 @@ class Key:
         if self.bounds is not None:
             low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
                          for v in self.bounds)
-            kind = self.kind or FLOAT
-            return null + (f"{kind} in [{low}, {high}]" if low and high
-                           else f"{kind} >= {low}" if low else f"{kind} <= {high}")
+            kind = self.kind or FLOAT  # every bound declared has a low end
+            return null + (f"{kind} in [{low}, {high}]" if high else f"{kind} >= {low}")
         if self.wording is not None:
             return self.wording
         if hasattr(self.rule, "allowed"):  # a rule that says what it takes (name_rule)
@@ -165,7 +163,7 @@ class Key:
             whole = number and (self.kind != INT or (math.isfinite(value)
                                                      and float(value) == int(value)))
             # written as "not inside" so NaN (which compares False to everything) is rejected too
-            if not (whole and (low is None or value >= low) and (high is None or value <= high)):
+            if not (whole and value >= low and (high is None or value <= high)):
                 raise ConfigError(self.name, value, self.allowed)
         enum, names = self.choices, ", ".join(getattr(self.choices, "__members__", ()))
         if enum is not None and self.type is list:
@@ -196,8 +194,7 @@ def _unwrap(tp: Any) -> tuple[Any, bool, Any]:
         tp = args[0] if len(args) == 1 else Any
     origin = typing.get_origin(tp)
     if origin in (list, tuple):
-        args = typing.get_args(tp)
-        return list, nullable, args[0] if args else None
+        return list, nullable, (*typing.get_args(tp), None)[0]
     if origin in (dict, Mapping):
         return dict, nullable, None
     return tp, nullable, None
@@ -216,10 +213,7 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out.append(Key(name=f"{prefix}{f.name}", path=f.name, type=tp, nullable=nullable,
-                       default=default, help=f.metadata.get("help", ""),
-                       bounds=f.metadata.get("bounds"), item=item,
-                       wording=f.metadata.get("allowed"), rule=f.metadata.get("rule"),
-                       knob=f.metadata.get("knob", section)))
+                       default=default, item=item, **{"knob": section, **f.metadata}))
     return out
 
 

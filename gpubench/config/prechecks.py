@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
-from gpubench.config.keys import INT, Key, check_keys, keys
+from gpubench.config.keys import FLOAT, INT, Key, check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import BY_NAME, check_known_key, check_known_keys, config_keys, walk
 from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
@@ -33,14 +33,26 @@ from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
 from gpubench.core.uris import sqlite_path
 
+
+def _at(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key, default=None)
+
+
 # `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
 OPTIONAL_GROUPS = ("sweep", "experiment")
 
 
+def _loader() -> Any:
+    """Hydra's config loader where there is one: it knows every folder on the search path
+    (--config-dir too), and glob(...) in an override lists the config's own keys."""
+    return GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() \
+        else None
+
+
 def group_options(group: str) -> list[str]:
-    """Option names of a config group, from every folder on the search path (--config-dir too)."""
-    if GlobalHydra.instance().is_initialized():
-        return list(GlobalHydra.instance().config_loader().get_group_options(group))
+    """Option names of a config group."""
+    if (loader := _loader()) is not None:
+        return list(loader.get_group_options(group))
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
@@ -89,17 +101,10 @@ def typed(o) -> str:
 UNQUOTED = "unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: key='value'"
 
 
-def _parser() -> OverridesParser:
-    # with Hydra's config loader where there is one: glob(...) lists the config's own keys
-    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() \
-        else None
-    return OverridesParser.create(config_loader=loader)
-
-
 def parse(text: str, key: str) -> Any:
     """One override by Hydra's parser; a malformed one is a ConfigError naming `key`."""
     try:
-        return _parser().parse_overrides([text])[0]
+        return OverridesParser.create(config_loader=_loader()).parse_overrides([text])[0]
     except HydraException:
         raise ConfigError(key, text, f"an override in Hydra's syntax, key=value ({UNQUOTED})"
                           ) from None
@@ -141,30 +146,27 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
     k = BY_NAME.get(key)
     if k is None:
         return
-    if isinstance(o.value(), IntervalSweep) and k.kind == INT:
-        v = o.value()
+    if isinstance(v := o.value(), IntervalSweep) and k.kind != FLOAT:
         raise ConfigError(key, typed(o), f"range({int(v.start)},{int(v.end) + 1}) or choice(...) "
-                                         "for an integer key (an interval samples real numbers)")
-    if isinstance(o.value(), IntervalSweep) and k.kind is None:
-        raise ConfigError(key, typed(o), f"choice(...) of {k.allowed} (an interval samples "
-                                         "numbers)")
+                          "for an integer key (an interval samples real numbers)"
+                          if k.kind == INT else f"choice(...) of {k.allowed} (an interval "
+                          "samples numbers)")
     for v in values:
         k.check(v)
         if k.name == "model.name":
             check_model_name(v)
 
 
-def check_overrides(cfg: DictConfig) -> None:
+def check_overrides(cfg: DictConfig, groups: dict) -> None:
     """The command line's and hydra.sweeper.params' overrides: a plain one's value has its key's
     type as written (the composed config shows 2 as true); a sweep's, _check_override."""
-    task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
-    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    task = list(_at(cfg, "hydra.overrides.task") or [])
+    params = _at(cfg, "hydra.sweeper.params") or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
-        overrides = _parser().parse_overrides(task)
+        overrides = OverridesParser.create(config_loader=_loader()).parse_overrides(task)
     except HydraException:
         return
     overrides += [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
-    groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
     for o in overrides:
         if o.is_sweep_override() or isinstance(o.value(), ChoiceSweep):
             _check_override(cfg, o, groups)
@@ -194,19 +196,16 @@ def check_written(raw: DictConfig, package: str, where: str) -> None:
 
 def _sweeper_keys(cfg: DictConfig) -> list[Key]:
     """hydra.sweeper's declared keys, from its typed schema (the node's type); none untyped."""
-    node = OmegaConf.select(cfg, "hydra.sweeper", default=None)
+    node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     return keys(schema, "hydra.sweeper.") if schema is not None and is_dataclass(schema) else []
 
 
-def check_extra_overrides(cfg: DictConfig) -> None:
+def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> None:
     """Every override list the sweeper declares (`*overrides` keys of its schema), checked like
     the command line's before any trial (a bad one would fail every trial it reaches)."""
-    groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
-    for k in _sweeper_keys(cfg):
-        if not k.name.endswith("overrides"):
-            continue
-        for i, text in enumerate(OmegaConf.select(cfg, k.name, default=None) or []):
+    for k in (k for k in sweeper if k.name.endswith("overrides")):
+        for i, text in enumerate(_at(cfg, k.name) or []):
             key = f"{k.name}[{i}]"
             o = parse(str(text), key)
             if o.is_sweep_override():
@@ -220,19 +219,20 @@ def check_extra_overrides(cfg: DictConfig) -> None:
 
 def check_before_work(cfg: DictConfig) -> None:
     """Every check of this module, on the whole composed config."""
-    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    groups = _at(cfg, "hydra.runtime.choices") or {}
     for group in OPTIONAL_GROUPS:
-        if choices.get(group) is not None:
-            check_option(group, choices[group])
+        if groups.get(group) is not None:
+            check_option(group, groups[group])
     check_interpolations(cfg)
     check_known_keys(cfg)
-    check_overrides(cfg)
+    check_overrides(cfg, groups)
+    sweeper = _sweeper_keys(cfg)
     # a negative seed is one line here, not a traceback after a study was made
-    check_keys(OmegaConf.select(cfg, "hydra.sweeper", default=None), _sweeper_keys(cfg))
-    check_extra_overrides(cfg)
-    if OmegaConf.select(cfg, "tracking.backend") == "mlflow":
-        check_tracking_uri(OmegaConf.select(cfg, "tracking.uri"))
-    storage = OmegaConf.select(cfg, "hydra.sweeper.storage", default=None)
+    check_keys(_at(cfg, "hydra.sweeper"), sweeper)
+    check_extra_overrides(cfg, sweeper, groups)
+    if _at(cfg, "tracking.backend") == "mlflow":
+        check_tracking_uri(_at(cfg, "tracking.uri"))
+    storage = _at(cfg, "hydra.sweeper.storage")
     if isinstance(storage, str):
         check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)
         check_local_store("hydra.sweeper.storage", sqlite_path(storage), value=storage)
@@ -256,7 +256,7 @@ class InputCheck(Callback):
         try:
             check_before_work(config)
             if settings:
-                resolve(config)
+                resolve(config, checked=True)
         except ConfigError as e:
             # a SystemExit carrying the ConfigError: Hydra turns an Exception raised in a
             # callback into a warning and carries on; this ends the command, and

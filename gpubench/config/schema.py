@@ -369,8 +369,8 @@ FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
 
 
 def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
-    """Every key with bounds or choices (or `only` these) against its declaration. The bounds
-    that depend on the machine are checked in settings.check_resources."""
+    """Every key with a rule (or `only` these) against its declaration; those that depend on
+    the machine: settings.check_resources."""
     check_keys(cfg, KEYS, only)
 
 
@@ -415,9 +415,3 @@ def auto_sizes(device: str) -> tuple[int, int]:
     """(image_size, batch_size) for the null 'sized by device' keys: a meaningful default on a
     GPU, a quick one on a CPU (resnet50 at 224 px and batch 128 takes minutes per step there)."""
     return (224, 128) if device == "cuda" else (32, 16)
-
-
-def to_container(cfg: DictConfig) -> dict:
-    """Plain, JSON-friendly dict of the resolved config (Enums by name, as OmegaConf writes
-    them: what results.json's "config" has always held)."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

@@ -97,8 +97,9 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
 
 # bench.min_window_s=null on CUDA with the sampler on. NVML's readings average over up to
 # NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s): the sampler drops a
-# window's first NVML_AVERAGING_S (telemetry/monitor.py); twice that leaves as long again.
-GPU_MIN_WINDOW_S = 2.0  # 2 x telemetry.nvml.NVML_AVERAGING_S (held so by tests/test_nvml.py)
+# window's first NVML_AVERAGING_S (telemetry/monitor.py); twice that leaves as long again
+# (tests/telemetry/test_nvml.py holds it so).
+GPU_MIN_WINDOW_S = 2.0
 
 
 def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
@@ -134,7 +135,8 @@ def _run(cfg: DictConfig) -> DictConfig:
 
 
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
-    config = schema.to_container(_run(cfg))
+    # Enums by name, as OmegaConf writes them: what results.json's "config" has always held
+    config = OmegaConf.to_container(_run(cfg), resolve=True, enum_to_str=True)
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
@@ -148,7 +150,7 @@ def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Se
          "notes": [*notes, *ran]}, flags={"readonly": True})
 
 
-# models whose stages gpubench/models.py apply_checkpointing knows how to wrap
+# models whose stages gpubench/parts/models.py apply_checkpointing knows how to wrap
 CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
 CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tiny"
 
@@ -190,11 +192,14 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
                           f"(dataset.num_classes); it outputs {width}")
 
 
-def resolve(cfg: DictConfig) -> Settings:
+def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
     """The read-only settings of a composed config, after every rule that needs neither the disk
-    nor the RAM. Raises ConfigError before any work; never changes `cfg`."""
-    check_interpolations(cfg)
-    schema.check_known_keys(cfg)
+    nor the RAM. Raises ConfigError before any work; never changes `cfg`. `checked`:
+    prechecks.check_before_work passed on `cfg`, which ran the interpolations', the keys' and
+    tracking.uri's checks: they are not run twice."""
+    if not checked:
+        check_interpolations(cfg)
+        schema.check_known_keys(cfg)
     schema.check_ranges(cfg)
     device, image_size, batch_size = sizes(cfg)
     if device == "cuda" and not cuda_available():
@@ -203,8 +208,11 @@ def resolve(cfg: DictConfig) -> Settings:
     for bad, key, value, allowed in _rules(s):
         if bad:
             raise ConfigError(key, value, allowed)
-    _check_model(s)  # after the table's cheap rules: it imports torchvision (about 1.3 s)
-    if s.tracking.backend == "mlflow":
+    if s.model._target_ is None:  # after the table's cheap rules: torchvision takes about 1.3 s
+        check_model_name(s.model.name)
+        # a torchvision model gets model.num_classes outputs: every label must have one
+        check_classes(s.model.num_classes, s.dataset.num_classes)
+    if s.tracking.backend == "mlflow" and not checked:
         check_tracking_uri(s.tracking.uri)
     return s
 
@@ -221,18 +229,6 @@ def check_interpolations(cfg: DictConfig) -> None:
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
                           f"an interpolation that resolves ({reason})") from None
-
-
-def _check_model(s: Settings) -> None:
-    m = s.model
-    if m._target_ is not None:
-        return
-    if m.name == "custom":
-        raise ConfigError("model._target_", None,
-                          "a dotted nn.Module class path, e.g. my_team.models.MyNet")
-    check_model_name(m.name)
-    # a torchvision model gets model.num_classes outputs: every label must have one
-    check_classes(m.num_classes, s.dataset.num_classes)
 
 
 def check_model_name(name: Any) -> None:
@@ -299,6 +295,8 @@ def _rules(s: Settings) -> list[tuple[bool, str, Any, str]]:
         (kind == "custom" and node_set(ds.transform) and (ds.preload or ds.augment_on == "device"),
          "dataset.transform._target_", ds.transform.get("_target_"),
          "unset with dataset.preload=true or dataset.augment_on=device"),
+        (m._target_ is None and m.name == "custom", "model._target_", None,
+         "a dotted nn.Module class path, e.g. my_team.models.MyNet"),
     ]
 
 

@@ -364,6 +364,28 @@ def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
         check_before_work(compose_cfg("sweep=batch", "hydra.sweeper.storage=notaurl", hydra=True))
 
 
+def test_the_input_check_resolves_a_single_runs_settings_once_checked(compose_cfg):
+    """InputCheck: a single run's settings are resolved after check_before_work, which already
+    ran the interpolations', keys' and tracking.uri's checks (resolve(checked=True) skips them);
+    a multirun's jobs each differ, so its settings are not resolved there."""
+    from gpubench.config.prechecks import InputCheck
+    from gpubench.config.settings import resolve
+
+    cfg = compose_cfg("loader.batch_size=0", hydra=True)
+    with pytest.raises(SystemExit) as err:
+        InputCheck().on_run_start(cfg)
+    assert isinstance(err.value.code, ConfigError) and err.value.code.key == "loader.batch_size"
+    InputCheck().on_multirun_start(cfg)
+    bad_uri = compose_cfg("tracking=mlflow", "tracking.uri=htp:/bad::uri")
+    with pytest.raises(ConfigError, match="tracking.uri"):
+        resolve(bad_uri)
+    assert resolve(bad_uri, checked=True).tracking.uri == "htp:/bad::uri"
+    with pytest.raises(SystemExit) as err:
+        InputCheck().on_run_start(compose_cfg("tracking=mlflow", "tracking.uri=htp:/bad::uri",
+                                              hydra=True))
+    assert err.value.code.key == "tracking.uri"
+
+
 # ------------------------------------------------------------------ errors raised after composition
 
 def test_describe_unwraps_hydra_and_names_paths():
