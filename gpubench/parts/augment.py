@@ -113,9 +113,9 @@ class DeviceDecode:
 
     def __call__(self, blobs: list[torch.Tensor], after_decode: Callable[[], None] | None = None
                  ) -> tuple[torch.Tensor | None, list[int]]:
-        """(images, indices of the failed inputs). `after_decode`: called once the decode has
-        returned, before the resize and crop are queued: the CUDA decode blocks the host until
-        nvJPEG is done, so the device work on the training stream starts there (DeviceStart)."""
+        """(images, indices of the failed inputs). `after_decode`: called when the decode, which
+        blocks the host until nvJPEG is done, has returned: the device work on the training
+        stream starts there (measure.DeviceStart)."""
         from torchvision.transforms import v2
 
         imgs = self._decode(blobs)

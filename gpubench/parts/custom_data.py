@@ -79,20 +79,17 @@ def as_label(label: Any, num_classes: int, where: str) -> int:
 
 
 class TeamDataset(Dataset):
-    """The team's Dataset with the contract checked and the transform applied per sample; with
-    `own` samples (step=custom) the samples as the Dataset returns them."""
+    """The team's Dataset with the contract checked and the transform applied per sample."""
 
-    def __init__(self, inner: Dataset, transform, num_classes: int, name: str, own=False):
+    def __init__(self, inner: Dataset, transform, num_classes: int, name: str):
         self.inner, self.transform = inner, transform
-        self.num_classes, self.name, self.own = num_classes, name, own
+        self.num_classes, self.name = num_classes, name
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __getitem__(self, i: int):
         sample = self.inner[i]
-        if self.own:  # step=custom: for the team's collate and loss (gpubench.parts.step.Loss)
-            return sample
         where = f"{self.name}[{i}]"
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
             length = f" of length {len(sample)}" if isinstance(sample, (tuple, list)) else ""
@@ -103,8 +100,7 @@ class TeamDataset(Dataset):
 
 
 def _instantiate(node: dict, key: str, allowed: str):
-    """The object an instantiate node makes, every _target_ in it checked before any is
-    called; one line naming `key` unless it is callable."""
+    """The callable an instantiate node makes, every _target_ in it checked first."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -114,9 +110,9 @@ def _instantiate(node: dict, key: str, allowed: str):
         # it as from the composed config (the settings hold it as a read-only view)
         made = instantiate(OmegaConf.create(plain(node)))
     except Exception as e:  # an import error or bad arguments: one line naming the key
-        cause = " ".join(str(e.__cause__ or e).split())[:300]
+        why = targets.cause(e.__cause__ or e, typed=False, limit=300)
         raise ConfigError(f"{key}._target_", node.get("_target_"),
-                          f"an importable callable taking the given keys ({cause})") from e
+                          f"an importable callable taking the given keys ({why})") from e
     if not callable(made):
         raise ConfigError(f"{key}._target_", node["_target_"], allowed)
     return made
@@ -140,8 +136,10 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
     transform = _instantiate(dset.transform, "dataset.transform", "a callable transform, or a "
                              "factory returning one (_partial_: true for a plain function)"
                              ) if own_tf else default_transform
-    own = s.step.name == "custom"  # data.own_samples refused gpubench's image keys then
-    ds = TeamDataset(inner, transform, dset.num_classes, cls.__name__, own)
+    # step=custom: the samples as the Dataset returns them, for the team's collate and loss
+    # (data.own_samples refused gpubench's image keys then)
+    own = s.step.name == "custom"
+    ds = inner if own else TeamDataset(inner, transform, dset.num_classes, cls.__name__)
     try:
         n = len(ds)  # len() takes a count up to sys.maxsize, not below 0
     except (OverflowError, ValueError, TypeError) as e:
@@ -175,9 +173,9 @@ def collate(s: Settings, own: bool):
 
 
 class TeamCollate:
-    """The team's collate in the shape the pipeline takes: (batch, nothing skipped), the batch
-    held to an (images, labels) pair of tensors unless `pairs` is off. A class at module level,
-    so spawn/forkserver workers can unpickle it."""
+    """The team's collate as the pipeline takes it: (batch, nothing skipped), the batch held to
+    an (images, labels) pair of tensors unless `pairs` is off. At module level, so spawn and
+    forkserver workers can unpickle it."""
 
     def __init__(self, fn, pairs: bool = True):
         self.fn, self.pairs = fn, pairs

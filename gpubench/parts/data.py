@@ -70,9 +70,8 @@ def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_skipping(batch):
-    """((x, y), skipped): the samples that decoded, collated (default_collate: inside a worker
-    it stacks straight into shared memory), and how many did not; (None, skipped) when none
-    did."""
+    """((x, y), skipped): the samples that decoded, collated, and how many did not; (None,
+    skipped) when none did."""
     kept = [b for b in batch if b is not None]
     skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
     if not kept:
@@ -85,10 +84,8 @@ def collate_skipping(batch):
     return tuple(default_collate([tuple(b) for b in kept])), skipped
 
 
-def preload(
-    ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None,
-    threads: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+def preload(ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None,
+            threads: bool = False) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """Decode every sample once into a shared uint8 [N,3,S,S] tensor with the run's kind of
     workers. Returns (images, labels, seconds, samples skipped as corrupt)."""
     n = len(ds)
@@ -216,19 +213,18 @@ class Pipeline:
         """nvJPEG decode of a batch; images it refuses are skipped (their places refilled by
         the others) or fail the run, as dataset.on_corrupt says."""
         x, failed = self.side.decode(jpegs.blobs(), after_decode)
-        if failed:
-            if self.on_corrupt == "fail":
-                raise datasets.corrupt(jpegs.names[failed[0]], "the device JPEG decoder refused it")
-            self.skipped += len(failed)
-            if x is None:
-                self.empty_in_a_row += 1
-                if self.empty_in_a_row * len(jpegs) >= datasets.MAX_SUBSTITUTES:
-                    raise datasets.nothing_decodes(self.empty_in_a_row * len(jpegs), jpegs.names[0],
-                                          "the device JPEG decoder refused it")
-                return None, None
-            x, y = refill(x, y, failed)
+        why = "the device JPEG decoder refused it"
+        if failed and self.on_corrupt == "fail":
+            raise datasets.corrupt(jpegs.names[failed[0]], why)
+        self.skipped += len(failed)
+        if x is None:
+            self.empty_in_a_row += 1
+            tried = self.empty_in_a_row * len(jpegs)
+            if tried >= datasets.MAX_SUBSTITUTES:
+                raise datasets.nothing_decodes(tried, jpegs.names[0], why)
+            return None, None
         self.empty_in_a_row = 0
-        return x, y
+        return refill(x, y, failed) if failed else (x, y)
 
     def device_batch(self):
         """The compute phase's batch: one real batch, kept on the device."""
@@ -289,17 +285,17 @@ def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Data
     kind, ncls, seed = dset.name, dset.num_classes, s.bench.seed
     if kind == "synthetic":
         return datasets.synthetic(dset.num_samples, src, ncls, cpu_tf, seed)
+    if kind == "custom":  # the team's own Dataset class (gpubench.parts.custom_data)
+        return custom_data.build(s, cpu_tf, info)
     if kind == "fake_jpeg":
         t0 = time.perf_counter()
         blobs = datasets.encode_jpeg_pool(dset.num_samples, src, dset.jpeg_quality, seed)
         g = torch.Generator().manual_seed(seed)
         labels = torch.randint(0, ncls, (len(blobs),), generator=g).tolist()
-        info["jpeg_pool_seconds"] = time.perf_counter() - t0
-        info["jpeg_mean_bytes"] = sum(map(len, blobs)) / len(blobs)
-        samples = list(zip(blobs, labels, strict=True))  # in memory: ImageFiles reads bytes too
-        return datasets.ImageFiles(samples, cpu_tf, dset.on_corrupt, raw=raw)
-    if kind == "custom":  # the team's own Dataset class (gpubench.parts.custom_data)
-        return custom_data.build(s, cpu_tf, info)
+        info.update(jpeg_pool_seconds=time.perf_counter() - t0,
+                    jpeg_mean_bytes=sum(map(len, blobs)) / len(blobs))
+        return datasets.ImageFiles(list(zip(blobs, labels, strict=True)), cpu_tf,
+                                   dset.on_corrupt, raw=raw)
     root = Path(os.path.expanduser(str(dset.root)))
     if kind == "imagefolder":
         samples, classes = datasets.scan_imagefolder(root)
@@ -394,9 +390,9 @@ def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipelin
         loader_kw["pin_memory"] = False
     ds, skipped = _host_dataset(s, loader_kw, info)
     augment = dset.augment_on == "device" or decode
-    src = datasets.source_size(dset.image_size)
     side = DeviceSide(device, loader_kw["pin_memory"], s.channels_last,
-                      DeviceDecode(src, device) if decode else None,
+                      DeviceDecode(datasets.source_size(dset.image_size), device) if decode
+                      else None,
                       DeviceAugment(dset.image_size, device, s.bench.seed) if augment else None)
     info.update(samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
                 num_workers=loader_kw["num_workers"],

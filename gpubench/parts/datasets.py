@@ -1,9 +1,7 @@
-"""Datasets: the samples a run reads, and what happens to one that does not decode.
-
-Every dataset goes through a real transform path, so the loader phase costs what a training
-job's data side costs: random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files
-on disk (imagefolder, cifar10). The DataLoader and the device side are in gpubench.parts.data.
-"""
+"""Datasets: the samples a run reads, and what happens to one that does not decode. Every dataset
+goes through a real transform path, so the loader phase costs what a training job's data side
+costs: random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files on disk
+(imagefolder, cifar10)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,8 @@ class WorkerError(Exception):
 
 
 class CorruptImage(WorkerError):
-    """A sample that does not decode, with dataset.on_corrupt=fail; or, with skip, a dataset
-    in which no substitute decodes either (an all-corrupt folder must fail, never hang)."""
+    """A sample that does not decode (on_corrupt=fail), or with skip a dataset in which no
+    substitute decodes either (an all-corrupt folder must fail, never hang)."""
 
     PREFIXES = (FAIL_PREFIX, SKIP_PREFIX)
 
@@ -91,8 +89,7 @@ class TensorImages(Dataset):
 
 
 def synthetic(n: int, size: int, num_classes: int, transform, seed: int) -> TensorImages:
-    """A pool of random uint8 images made once on the host, each sample transformed like a
-    decoded image."""
+    """A pool of random uint8 images made once on the host, transformed like decoded ones."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
     return TensorImages(images, torch.randint(0, num_classes, (n,), generator=g), transform)
@@ -136,19 +133,11 @@ def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
     return pool
 
 
-def _jpeg_tensor(data: bytes) -> torch.Tensor:
-    # The host only checks the JPEG start marker: decoding is the device's job here, and a
-    # non-JPEG (PNG in an image folder, say) would fail there anyway, without a file name.
-    if not data.startswith(JPEG_MAGIC):
-        raise ValueError("not a JPEG (dataset.decode_on=device reads JPEG files only)")
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
 class ImageFiles(Dataset):
-    """(source, label) samples, a source a file's path or JPEG bytes in memory (fake_jpeg),
-    decoded per sample with PIL, or (raw) handed on as (bytes, label, name) for device decode.
-    One that fails to decode is replaced by another and counted (on_corrupt=skip; see
-    MAX_SUBSTITUTES) or stops the run naming it (on_corrupt=fail), never a hang."""
+    """(source, label) samples, a source a file's path or JPEG bytes (fake_jpeg), decoded per
+    sample with PIL, or (raw) handed on as (bytes, label, name) for device decode. One that
+    fails to decode is replaced by another and counted (on_corrupt=skip; see MAX_SUBSTITUTES)
+    or stops the run naming it (on_corrupt=fail), never a hang."""
 
     def __init__(self, samples: list[tuple[str | bytes, int]], transform, on_corrupt: str,
                  raw=False):
@@ -166,7 +155,11 @@ class ImageFiles(Dataset):
         src, label = self.samples[i]
         if self.raw:
             data = src if isinstance(src, bytes) else Path(src).read_bytes()
-            return _jpeg_tensor(data), label, self._name(i)
+            # only the JPEG start marker is checked here: decoding is the device's job, and a
+            # non-JPEG (a PNG in an image folder) would fail there anyway, without a file name
+            if not data.startswith(JPEG_MAGIC):
+                raise ValueError("not a JPEG (dataset.decode_on=device reads JPEG files only)")
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, self._name(i)
         from PIL import Image
 
         with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:

@@ -46,10 +46,6 @@ def _store():
     return _get_default_store()
 
 
-def timeout_s() -> float:
-    return float(os.environ.get("GPUBENCH_DIST_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))
-
-
 def fault_hits(fault_rank: int | None, rank: int) -> bool:
     """Whether an injected fault (fault.*) applies to this rank (fault.rank null: all)."""
     return fault_rank is None or int(fault_rank) == rank
@@ -78,7 +74,7 @@ class Dist:
             tdist.barrier()
 
     def gather(self, value):
-        """The value of every rank, in rank order (the same list on all ranks)."""
+        """The value of every rank, in rank order, on all ranks."""
         if not self.enabled:
             return [value]
         out: list = [None] * self.world
@@ -87,8 +83,8 @@ class Dist:
 
     def _reduce(self, value: int, op) -> int:
         """One integer all-reduced over the ranks. On NCCL `.item()` waits for the all-reduce,
-        which waits for the work queued on the current stream: a device sync. Call it only
-        where one costs nothing measured (warm-up, before a window opens, after it closes)."""
+        which waits for the work queued on the current stream: a device sync, so only where one
+        costs nothing measured (warm-up, before a window opens, after it closes)."""
         # NCCL reduces device tensors only; gloo host tensors
         dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
         t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
@@ -101,8 +97,7 @@ class Dist:
         would sit in `barrier()` while the others are in DDP's all-reduce."""
         return bool(self._reduce(done, tdist.ReduceOp.MIN) if self.enabled else done)
 
-    def most(self, n: int) -> int:
-        """Collective: the largest of the ranks' `n` (a MAX all-reduce)."""
+    def most(self, n: int) -> int:  # collective: the largest of the ranks' `n`
         return self._reduce(n, tdist.ReduceOp.MAX) if self.enabled else int(n)
 
     def agree(self, error: str | None) -> str | None:
@@ -194,5 +189,6 @@ def from_env(device: str) -> Dist:
         # aborts the communicator (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default since
         # torch 2.2) and ends the process
         tdist.init_process_group("nccl" if device == "cuda" else "gloo",
-                                 timeout=timedelta(seconds=timeout_s()))
+                                 timeout=timedelta(seconds=float(os.environ.get(
+                                     "GPUBENCH_DIST_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))))
     return Dist(rank, world, local, owns, device)

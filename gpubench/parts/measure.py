@@ -51,12 +51,12 @@ class Clock:
         ev.record()  # queued on the current stream: costs no sync
         return ev
 
+    def between(self, a, b) -> float:
+        """Seconds from mark a to mark b; call only after sync()."""
+        return a.elapsed_time(b) / 1000.0 if self.cuda else b - a
+
     def deltas(self, marks: list) -> list[float]:
-        """Seconds between consecutive marks; call only after sync()."""
-        pairs = zip(marks, marks[1:], strict=False)
-        if self.cuda:
-            return [a.elapsed_time(b) / 1000.0 for a, b in pairs]
-        return [b - a for a, b in pairs]
+        return [self.between(a, b) for a, b in zip(marks, marks[1:], strict=False)]
 
 
 class DeviceStart:
@@ -116,7 +116,7 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
         work(fetch())
         b = clock.mark()
         clock.sync()
-        times.extend(clock.deltas([a, b]))
+        times.append(clock.between(a, b))
         if on_step:
             on_step()
         if n < floor:
@@ -198,9 +198,9 @@ def run_window(phase: str, fetch: Callable[[], object], work: Callable[[object],
         on_close()
     stats = stats_from(phase, batch_size, images, marker.deltas(marks), window_s, wait,
                        warm_times, warm_s, truncated, warm_ok)
-    idle = [marker.deltas([m, s])[0] for m, s in zip(marks, starts, strict=False)]
-    busy = [marker.deltas([s, m])[0] for s, m in zip(starts, marks[1:], strict=True)]
-    stats.device_idle_s = sum(max(0.0, d) for d in idle)
-    stats.device_work_s = sum(max(0.0, d) for d in busy)
+    stats.device_idle_s = sum(max(0.0, marker.between(m, s))
+                              for m, s in zip(marks, starts, strict=False))
+    stats.device_work_s = sum(max(0.0, marker.between(s, m))
+                              for s, m in zip(starts, marks[1:], strict=True))
     stats.host_blocked_s = blocked if start.moved else None
     return stats

@@ -82,10 +82,10 @@ def check_patch(name: str, image_size: int, key: str) -> None:
 
 
 def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
-    """One forward on (up to) two images of the first batch (the team's loss on the whole batch
-    with step=custom), before any phase: a model that does not take the dataset's images would
-    otherwise fail at the first loss, after the loader phase was measured. Training mode, as the
-    step runs it; eval mode for a batch of one, which batch norm cannot train on."""
+    """One forward on (up to) two images of the first batch (step=custom: the team's loss on
+    it), before any phase: a model that does not take the dataset's images would otherwise fail
+    after the loader phase was measured. Training mode as the step runs it; eval mode for a
+    batch of one, which batch norm cannot train on."""
     m, ds = s.model, s.dataset
     key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     if not any(p.requires_grad for p in model.parameters()):
@@ -154,8 +154,7 @@ class Checkpointed(nn.Module):
 
 
 def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
-    """Wrap the model's stages in `Checkpointed`, in place: a ResNet's layer1..layer4, each of
-    a ViT's encoder blocks, the tiny CNN's features (stem and head: small activations)."""
+    """Wrap the model's stages in `Checkpointed`, in place (stem and head: small activations)."""
     stages = []
     if hasattr(model, "layer4"):  # torchvision ResNet, Wide ResNet, ResNeXt
         stages = [(model, f"layer{i}") for i in range(1, 5)]
@@ -172,8 +171,8 @@ def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
 
 @contextlib.contextmanager
 def without_recompute(model: nn.Module):
-    """The model run without recomputation, for counting its FLOPs: the recomputation's are
-    hardware FLOPs, not the model's (MFU divides the model's)."""
+    """No recomputation while FLOPs are counted: its FLOPs are hardware's, not the model's
+    (MFU divides the model's)."""
     stages = [m for m in model.modules() if isinstance(m, Checkpointed)]
     for m in stages:
         m.recompute = False
@@ -190,12 +189,11 @@ def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Modu
 
 
 def reset_compile_state(device: str) -> None:
-    """Forget everything torch.compile learnt in this process, as a fresh process would. Hydra's
-    basic launcher runs every job of a multirun in one process: dynamo's caches would carry over
-    (each new batch size recompiles until the limit, then runs eager), and CUDA-graph trees keep
-    private memory pools empty_cache() cannot release, so later trials look bigger.
-    torch._dynamo.reset() clears the caches (from torch 2.6 or so the trees too); on older torch
-    the trees are reset explicitly."""
+    """Forget what torch.compile learnt in this process, as a fresh process would: Hydra's basic
+    launcher runs a whole multirun in one process, where dynamo's caches would carry over (each
+    new batch size recompiles until the limit, then runs eager) and CUDA-graph trees keep pools
+    empty_cache() cannot release (later trials look bigger). torch._dynamo.reset() clears the
+    caches (from torch 2.6 or so the trees too); older torch resets the trees explicitly."""
     if "torch._dynamo" not in sys.modules:
         return
     torch._dynamo.reset()

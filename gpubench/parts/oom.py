@@ -50,18 +50,14 @@ def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
 #   Python's MemoryError.
 # Where it ran out ("pinned": page-locked host memory) is not in the text: see _while_pinning.
 OOM_MESSAGES: tuple[tuple[str, str], ...] = (
-    ("cuda out of memory", "device"),
-    ("cublas_status_alloc_failed", "device"),
-    ("cudnn_status_alloc_failed", "device"),
-    ("cufft_alloc_failed", "device"),
-    ("cusolver_status_alloc_failed", "device"),
-    ("cusparse_status_alloc_failed", "device"),
-    ("nvjpeg_status_allocator_failure", "device"),
-    ("cuda error: out of memory", "device"),
-    ("cudaerrormemoryallocation", "device"),
-    ("defaultcpuallocator: can't allocate memory", "host"),
-    ("defaultcpuallocator: not enough memory", "host"),
-    ("cannot allocate memory", "host"),
+    *((needle, "device") for needle in (
+        "cuda out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+        "cufft_alloc_failed", "cusolver_status_alloc_failed", "cusparse_status_alloc_failed",
+        "nvjpeg_status_allocator_failure", "cuda error: out of memory",
+        "cudaerrormemoryallocation")),
+    *((needle, "host") for needle in (
+        "defaultcpuallocator: can't allocate memory", "defaultcpuallocator: not enough memory",
+        "cannot allocate memory")),
     ("out of memory", "device"),
 )
 

@@ -32,10 +32,9 @@ class PrecisionPlan:
 
     def flops_by_math(self, conv_flops: float, matmul_flops: float) -> dict[str, float]:
         """A step's FLOPs keyed by the math they run at, for env.mixed_peak_flops."""
-        out: dict[str, float] = {}
-        for m, fl in ((self.conv_math, conv_flops), (self.matmul_math, matmul_flops)):
-            out[m] = out.get(m, 0.0) + fl
-        return out
+        if self.conv_math == self.matmul_math:
+            return {self.conv_math: conv_flops + matmul_flops}
+        return {self.conv_math: conv_flops, self.matmul_math: matmul_flops}
 
     def autocast(self, device: str):
         if self.autocast_dtype is None:

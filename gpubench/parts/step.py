@@ -1,6 +1,5 @@
-"""One training step, shared by the compute and e2e phases (and by nothing else, so the two
-phases measure exactly the same work), and the loss it trains on: step=classification's
-cross-entropy or the team's own function (step=custom, `Loss`)."""
+"""One training step, shared by the compute and e2e phases (so the two measure exactly the same
+work), and its loss: step=classification's cross-entropy or the team's own (step=custom)."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
 
 
 def images_in(batch) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
+    """The first dimension of a batch's first tensor."""
     return int(next(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)).shape[0])
 
 
@@ -56,7 +55,7 @@ class Loss:
         self.takes, self.target = takes, target
 
     def __call__(self, model: nn.Module, batch) -> tuple[torch.Tensor, Any]:
-        """(loss, the model's output; None where the team's function ran the model)."""
+        """(loss, the model's output: None where the team's function ran the model)."""
         out = None
         if self.takes == "batch":
             loss = self.fn(model, batch)
@@ -76,7 +75,7 @@ class Loss:
 
 
 def make_loss(step) -> Loss:
-    """The run's loss; the team's target resolved and checked before it is called."""
+    """The run's loss; the team's target checked before it is called."""
     if step.name != "custom":
         return Loss()
     fn = targets.loss_function(step._target_)
@@ -114,7 +113,7 @@ class TrainStep:
         self.mark_step = mark_step  # models.step_marker: a new iteration for CUDA-graph trees
 
     def __call__(self, *batch) -> None:
-        """One micro-batch: the batch on the device, as one argument or as (x, y)."""
+        """One micro-batch on the device, as one argument or as (x, y)."""
         batch = batch[0] if len(batch) == 1 else batch
         if self.oom_above_batch is not None and images_in(batch) > self.oom_above_batch:
             # fault injection, for testing the recovery path without a real device
@@ -174,8 +173,8 @@ class TrainStep:
         self.finite_at = self.micro_batches
 
     def _read_metrics(self, loss: torch.Tensor, out, batch) -> None:
-        """What many training loops do every k steps: the loss and (a classifier's) batch
-        accuracy as Python floats. Each .item() is a device sync: that is the cost shown."""
+        """What many training loops do every k steps: the loss and (a classifier's) accuracy as
+        Python floats. Each .item() is a device sync: that is the cost shown."""
         with _range("gpubench/host_metrics", self.ranges), torch.no_grad():
             self.host_metrics = {"loss": float(loss.detach().float().item())}
             if self.loss.target is None:  # step=classification: logits against labels
@@ -185,8 +184,8 @@ class TrainStep:
 
 
 def step_figures(record, step: TrainStep | None) -> dict | None:
-    """Optimizer steps/sec of the headline phase (e2e, else compute) = micro-batches/sec /
-    grad_accum_steps, and the step's counters."""
+    """The step's counters, and optimizer steps/sec of the headline phase (e2e, else compute):
+    micro-batches/sec / grad_accum_steps."""
     if step is None:
         return None
     phase = record.phases.get("e2e") or record.phases.get("compute")
@@ -235,6 +234,5 @@ def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, *
 
 def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, *batch,
                      loss: Loss | None = None) -> float | None:
-    """Total FLOPs of one forward+backward (see count_step_flops_split)."""
     split = count_step_flops_split(model, plan, device, *batch, loss=loss)
     return split["total"] if split else None

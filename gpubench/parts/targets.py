@@ -1,14 +1,11 @@
-"""Code a config names, checked before it is called: `model._target_` (an nn.Module subclass),
-`dataset._target_` (a map-style Dataset subclass), `step._target_` (the team's function or an
-nn.Module class) and every `_target_` in `dataset.transform` and `dataset.collate` (torchvision's
-transforms, torch's collate, an nn.Module subclass or the team's own code). Each is imported,
-nothing called, checked to be of its key's kind and not from the standard library, and only then
-called. The team's own code: a module whose file lies outside every installed library folder and
-outside gpubench; an object is judged by the module that defines it, so a re-export
-(`torch.os.system`) changes nothing. A typo or a wrong kind stops with one line before anything
-runs, and a config cannot call library functions (which can run a command or write a file the
-moment Hydra calls them) through these keys. Not a sandbox: run only configs you trust
-(docs/guide.md, "Trust").
+"""Code a config names (`model._target_`, `dataset._target_`, `step._target_`, every `_target_`
+in `dataset.transform` and `dataset.collate`), imported, checked to be of its key's kind and not
+from the standard library, and only then called. The team's own code: a module whose file lies
+outside every installed library folder and outside gpubench; an object is judged by the module
+that defines it, so a re-export (`torch.os.system`) changes nothing. A typo or a wrong kind
+stops with one line before anything runs, and a config cannot call library functions (which can
+run a command or write a file the moment Hydra calls them) through these keys. Not a sandbox:
+run only configs you trust (docs/guide.md, "Trust").
 """
 
 from __future__ import annotations
@@ -62,14 +59,14 @@ def _describe(obj: Any) -> str:
     return f"{type(obj).__name__} from {getattr(obj, '__module__', None) or '?'}"
 
 
-def cause(e: BaseException) -> str:
-    """An error as one short line, for the parenthesis of a ConfigError."""
-    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+def cause(e: BaseException, typed: bool = True, limit: int = 200) -> str:
+    """An error as one short line (its type's name first, if `typed`), for a ConfigError."""
+    return " ".join((f"{type(e).__name__}: {e}" if typed else str(e)).split())[:limit]
 
 
 def locate(key: str, path: Any, allowed: str) -> Any:
-    """The object `path` names, imported but not called; one line naming `key` when the path
-    is not dotted, points into the standard library, or does not import."""
+    """The object `path` names, imported but not called; one line naming `key` when it is not
+    dotted, points into the standard library, or does not import."""
     text = str(path)
     if not isinstance(path, str) or not DOTTED.fullmatch(text):
         raise ConfigError(key, path, allowed)
@@ -135,9 +132,8 @@ def _defined_in(obj: Any) -> str:
 
 
 def team_code(module_name: str) -> bool:
-    """Whether a module is the team's own code: loaded from a file outside every installed
-    library folder, and not gpubench's (an editable install of it lies outside them too). A
-    module with no file (built into the interpreter) is not."""
+    """A module loaded from a file outside every installed library folder, and not gpubench's
+    (an editable install of it lies outside them too); one with no file (built in) is not."""
     file = getattr(sys.modules.get(module_name), "__file__", None)
     if not file or _top(module_name) in GPUBENCH_PACKAGES:
         return False
@@ -160,8 +156,7 @@ def transform_kind(obj: Any) -> str | None:
 
 
 def callable_node(node: Mapping, key: str) -> None:
-    """Every `_target_` of an instantiate node is of a kind transform_kind allows; one line
-    naming the first that is not."""
+    """One line naming the first `_target_` of an instantiate node transform_kind refuses."""
     for k, target in _targets(node, key):
         why = transform_kind(locate(k, target, CALLABLE))
         if why:
@@ -178,7 +173,7 @@ def loss_function(target: Any) -> Any:
 
 
 def check(s: Settings) -> None:
-    """Every code reference of the run, resolved and checked before any of it is called."""
+    """Every code reference of the run, checked before any of it is called."""
     if s.model._target_:
         model_class(s.model._target_)
     if s.step.name == "custom":

@@ -26,7 +26,7 @@ from gpubench.parts.targets import cause
 
 def nodes():
     """torchdata.nodes, or one line naming loader.worker_type where it does not import (not
-    installed, or a torchdata that needs a newer torch than this one)."""
+    installed, or needing a newer torch)."""
     try:
         import torchdata.nodes as tn
     except Exception as e:
@@ -57,8 +57,7 @@ class ThreadLoader:
         self.root = node
         self.loader = tn.Loader(node)
 
-    def _batch(self, indices: list[int]):
-        """A worker's job: one batch, read and collated in the worker thread."""
+    def _batch(self, indices: list[int]):  # a worker's job: one batch, read and collated
         self._tids.add(threading.get_native_id())
         return self.collate([self.dataset[i] for i in indices])
 
@@ -66,8 +65,7 @@ class ThreadLoader:
         self._tids.clear()  # a new epoch starts new threads
         return iter(self.loader)
 
-    def worker_tids(self) -> set[int]:
-        """The native ids of the threads that made this epoch's batches (/proc/self/task/<tid>)."""
+    def worker_tids(self) -> set[int]:  # the threads that made this epoch's batches
         return set(self._tids)
 
     def shutdown(self) -> None:
