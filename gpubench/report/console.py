@@ -36,16 +36,21 @@ def title(rec: RunRecord) -> str:
             + (f", torchrun x{world}" if world > 1 else ""))
 
 
-def fit(make: Callable[[list[int]], Table], columns: int, drop: Sequence[int], width: int
-        ) -> tuple[Table, list[int]]:
-    """`make(shown columns)` and the columns left out, in `drop`'s order, until its natural
-    width fits `width` (a figure split or cut to `1,26…` reads as another figure)."""
+def fit(head: list[str], rows: list[list], drop: Sequence[int], width: int,
+        right: Callable[[int], bool], **style) -> tuple[Table, list[int]]:
+    """The table of `rows` under `head` (column c right-aligned where `right(c)`), leaving out
+    columns in `drop`'s order until its natural width fits `width` (a figure split or cut to
+    `1,26…` reads as another figure); with the columns left out."""
     measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
     out: list[int] = []
     for i in (None, *drop):
         if i is not None:
             out.append(i)
-        table = make([c for c in range(columns) if c not in out])
+        table = Table(**style)
+        for c in (shown := [c for c in range(len(head)) if c not in out]):
+            table.add_column(head[c], justify="right" if right(c) else "left", no_wrap=True)
+        for r in rows:
+            table.add_row(*(r[c] for c in shown))
         if measure(table).maximum <= width:
             break
     return table, out
@@ -71,16 +76,7 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
             f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})", _gib(mem),
         ])
     head = [*PHASE_COLUMNS[:2], interval_label, *PHASE_COLUMNS[3:]]
-
-    def make(shown: list[int]) -> Table:
-        t = Table()
-        for c in shown:
-            t.add_column(head[c], justify="left" if c == 0 else "right", no_wrap=True)
-        for r in rows:
-            t.add_row(*(r[c] for c in shown))
-        return t
-
-    table, out = fit(make, len(head), PHASE_DROP, width)
+    table, out = fit(head, rows, PHASE_DROP, width, lambda c: c != 0)
     return table, [head[c] for c in out]
 
 

@@ -105,22 +105,18 @@ class LoaderAnswer:
         return None
 
     def summary(self) -> list[dict]:
-        out = []
-        for g in self.groups:
-            p, c = g.pick, g.pick.compute
-            out.append({
-                "setup": g.setup, "worker_type": g.kind, "num_workers": p.num_workers,
-                "unblocks": p.unblocks,
-                "margin_required": p.tolerance,
-                "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
-                "compute": None if c is None else [c.value, c.lo, c.hi],
-                "compute_from": [str(r.dir) for r in g.sources],
-                "unconfirmed": g.unconfirmed,
-                "flagged": [x.label for x in g.flagged],
-                "judged": [x.label for x in g.used],
-                "answer": p.answer(),
-            })
-        return out
+        return [{
+            "setup": g.setup, "worker_type": g.kind, "num_workers": (p := g.pick).num_workers,
+            "unblocks": p.unblocks,
+            "margin_required": p.tolerance,
+            "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
+            "compute": None if (c := p.compute) is None else [c.value, c.lo, c.hi],
+            "compute_from": [str(r.dir) for r in g.sources],
+            "unconfirmed": g.unconfirmed,
+            "flagged": [x.label for x in g.flagged],
+            "judged": [x.label for x in g.used],
+            "answer": p.answer(),
+        } for g in self.groups]
 
 
 def _knobs(r: Row) -> dict:

@@ -21,7 +21,7 @@ from typing import Any
 from gpubench.analysis.recommend import Row
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status, interval_label_of
-from gpubench.core.stats import TOLERANCE
+from gpubench.core.stats import TOLERANCE, Est
 from gpubench.report.plot_rules import (
     BOUND_PHASES,
     FRONT_LABEL,
@@ -48,10 +48,13 @@ LOG_SPAN = 20.0
 
 
 def _pt(row, x, chosen=None) -> dict:
-    lo, hi = row.interval  # the ranking's: pooled once confirmed
-    # `run`: the ranking's run column, written beside a lone point so it can be looked up
-    return {"x": x, "y": row.throughput, "lo": lo, "hi": hi, "run": row.label,
-            "chosen": row is chosen}
+    # the ranking's interval (pooled once confirmed); `run`: the ranking's run column, written
+    # beside a lone point so it can be looked up
+    return _est(x, Est(row.throughput, *row.interval), run=row.label, chosen=row is chosen)
+
+
+def _est(x, e: Est, **more) -> dict:
+    return {"x": x, "y": e.value, "lo": e.lo, "hi": e.hi, **more}
 
 
 def _star(chosen, x, apart: list, flagged: list) -> dict | None:
@@ -86,8 +89,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
     for i, (label, rs) in enumerate(groups):
         # the bounds of one group only: each bound must sit beside the runs it limits
         bounds = {p: pts for p in BOUND_PHASES if i == 0 and p != phase and (pts := [
-            {"x": knob(r, name), "y": e.value, "lo": e.lo, "hi": e.hi}
-            for r in rs if (e := phase_est(r.record, p)) is not None])}
+            _est(knob(r, name), e) for r in rs if (e := phase_est(r.record, p)) is not None])}
         lines.append({"label": label, "points": [_pt(r, knob(r, name)) for r in rs],
                       "bounds": bounds})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
@@ -293,10 +295,9 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
         if r.record.status is Status.oom:
             ooms.append(p[BATCH])
             continue
-        series.setdefault(_name(p, BATCH), []).append(
-            {"x": p[BATCH], "y": e.value, "lo": e.lo, "hi": e.hi,
-             "mem": None if r.peak is None else 100 * r.peak, "kept": p in kept,
-             "flagged": bool(flag_reasons(r))})
+        series.setdefault(_name(p, BATCH), []).append(_est(
+            p[BATCH], e, mem=None if r.peak is None else 100 * r.peak, kept=p in kept,
+            flagged=bool(flag_reasons(r))))
     if not series:
         return None
     for pts in series.values():
@@ -320,8 +321,7 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
             if not (r.trial or r.label).startswith(f"data-{stage}-") or e is None:
                 continue
             p = as_run(_params(r, keys))
-            points.append((p, {"x": p.get(WORKERS, 0), "y": e.value, "lo": e.lo, "hi": e.hi,
-                               "chosen": p == chosen}))
+            points.append((p, _est(p.get(WORKERS, 0), e, chosen=p == chosen)))
         if not points:
             continue
         # a line per setting of the other keys, named by a run with workers

@@ -1,9 +1,8 @@
-"""PNG plots of a sweep report (matplotlib's Agg backend: no display needed). What each picture
-shows is decided by the pure functions of gpubench.report.plot_data (tested on constructed
-rows); this module only draws it: points with whiskers, a line per group of runs that differ in
-the plotted knob alone, bounds dotted and dashed, flagged runs hollow red, screens hollow grey,
-the recommended run a gold star under its point, the legend outside the axes. Also a
-sweep=pipes search's two pictures, and the set-up and saving run.png shares (report.runplot).
+"""PNG plots of a sweep report (matplotlib's Agg backend: no display needed), a sweep=pipes
+search's two pictures, and the set-up and saving run.png shares (report.runplot). What each
+picture shows is decided by the pure functions of report.plot_data; this module only draws it:
+bounds dotted and dashed, flagged runs hollow red, screens hollow grey, the recommended run a
+gold star under its point, the legend outside the axes.
 """
 
 from __future__ import annotations
@@ -54,6 +53,8 @@ def _figure():
 # a legend line's most characters: a setup of six knobs on one line (about 110) made the legend
 # wider than the axes, and the saved picture's tight box left the axes a sliver
 LEGEND_CHARS = 52
+# under a run's number: legible over a whisker
+LABEL_BOX = dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85)
 
 
 def wrapped(label: str, width: int = LEGEND_CHARS) -> str:
@@ -63,11 +64,11 @@ def wrapped(label: str, width: int = LEGEND_CHARS) -> str:
 
 
 def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str | None = None,
-            xsize: float | None = None) -> Path:
+            xsize: float | None = None, ysize: float | None = 9, grid: str = "both") -> Path:
     ax.set_xlabel(xlabel, fontsize=xsize)
-    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=ysize)
     ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, axis=grid)
     if note:
         ax.text(0.0, -0.16, note, transform=ax.transAxes, fontsize=8, va="top", color="dimgray")
     handles, labels = ax.get_legend_handles_labels()
@@ -114,15 +115,19 @@ def _x_axis(ax, xticks, log2: bool, integer: bool) -> None:
         ax.set_xlim(min(xticks) - 0.08 * span, max(xticks) + 0.08 * span)
 
 
+def _gold(ax, xs, ys, label: str | None, size: float = 18, zorder: float = 1, **kw) -> None:
+    # under the points (zorder 1 < 3) and bigger than them: it rings a point, never hides it
+    ax.plot(xs, ys, marker="*", markersize=size, color="gold", markeredgecolor="black",
+            linestyle="none", zorder=zorder, label=label, **kw)
+
+
 def _star(ax, star, transform=None) -> None:
     if star is None or (star.get("lone") and transform is None):
         return  # a lone point's star is drawn beside that point (_lone), where it was moved
-    # under the points (zorder 1 < 3) and bigger than them: it rings a point, never hides it
-    ax.plot([star["x"]], [star["y"]], marker="*", markersize=20, color="gold",
-            markeredgecolor="black", linestyle="none", zorder=1, clip_on=False,
-            # the report recommends a flagged run only when every run was flagged: UNCONFIRMED
-            label="recommended" + (" (unconfirmed: flagged)" if star.get("flagged") else ""),
-            **({"transform": transform} if transform else {}))
+    # the report recommends a flagged run only when every run was flagged: UNCONFIRMED
+    _gold(ax, [star["x"]], [star["y"]], "recommended" + (
+        " (unconfirmed: flagged)" if star.get("flagged") else ""), 20, clip_on=False,
+        transform=transform or ax.transData)
 
 
 def _points(ax, pts: list[dict], *, line: bool = False, **kw):
@@ -142,7 +147,7 @@ def _whiskers(ax, pts: list[dict], kw: dict, transform=None) -> None:
                     yerr=[[p["y"] - p["lo"] for p in spread], [p["hi"] - p["y"] for p in spread]],
                     fmt="none", capsize=3, elinewidth=1,
                     ecolor=kw.get("markeredgecolor") or kw.get("color"), alpha=kw.get("alpha"),
-                    zorder=kw.get("zorder"), **({"transform": transform} if transform else {}))
+                    zorder=kw.get("zorder"), transform=transform or ax.transData)
 
 
 def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
@@ -184,11 +189,10 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
         # drawn in shifted coordinates, which autoscaling ignores: the point still counts
         ax.update_datalim([(p["x"], y)] + ([(p["x"], p["lo"]), (p["x"], p["hi"])]
                                            if edge is None else []))
-        if run is not None:  # on a white patch: legible over a whisker
+        if run is not None:
             ax.annotate(str(run), (p["x"], y), xytext=(dx, 11), ha="center",
                         textcoords="offset points", fontsize=7, color=kw.get("color"),
-                        bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85),
-                        zorder=3)  # under the lines (4): a label never hides a point
+                        bbox=LABEL_BOX, zorder=3)  # under the lines (4): a label never hides a point
         elif edge is not None:  # the figure and run number inside the axes, by the marker
             named = f"run {p['run']}\n" if p.get("run") is not None else ""
             ax.annotate(f"{named}{p['y']:,.0f}\noff scale", (p["x"], y), xytext=(dx, edge[1]),
@@ -284,8 +288,7 @@ def _draw_pareto(d: dict, out: Path) -> Path:
                 alpha=0.6, zorder=2, label=d["front_label"].replace(": ", ":\n", 1))
     for p in front + d["best"]:  # the runs the picture answers with, named as on disk
         ax.annotate(f"run {p['run']}", (p["x"], p["y"]), xytext=(0, 9), ha="center",
-                    textcoords="offset points", fontsize=7.5,
-                    bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85))
+                    textcoords="offset points", fontsize=7.5, bbox=LABEL_BOX)
     if d["ceiling_in_view"]:
         ax.axvline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
     _star(ax, d["star"])
@@ -311,9 +314,7 @@ def _draw_compute(d: dict, out: Path) -> Path:
                 markerfacecolor="none", markeredgecolor="tab:red", linestyle="none", zorder=4,
                 label="flagged its own measurement")
     kept = [q for pts in d["series"].values() for q in pts if q["kept"]]
-    ax.plot([q["x"] for q in kept], [q["y"] for q in kept], marker="*", markersize=18,
-            color="gold", markeredgecolor="black", linestyle="none", zorder=1,
-            label="kept for the data pipe")
+    _gold(ax, [q["x"] for q in kept], [q["y"] for q in kept], "kept for the data pipe")
     mems = [q["mem"] for pts in d["series"].values() for q in pts if q["mem"] is not None]
     # a ceiling far above every run (a CPU's RSS is a few % of host RAM) would flatten them
     # onto the axis: it is named in the title instead, as pareto.png does
@@ -365,9 +366,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
             if q["chosen"]:
                 star = ("chosen: the cheapest that clears" if p["clears"] else
                         "chosen: none clears, the fastest")
-                ax.plot([x], [q["y"]], marker="*", markersize=18, color="gold",
-                        markeredgecolor="black", linestyle="none", zorder=2,
-                        label=None if star in starred else star)
+                _gold(ax, [x], [q["y"]], None if star in starred else star, zorder=2)
                 starred.add(star)
             ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
             _whiskers(ax, [pt], {"color": c, "zorder": 3})
@@ -385,20 +384,22 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
         ax.set_ylim(lo / 1.5, hi * 2.0)
     else:
         ax.set_ylim(0, hi * 1.25)
-    ax.set_xlabel("kept compute setting (from compute_pipe.png)")
-    ax.set_ylabel("loader-only images/sec (whiskers: interval)")
-    ax.set_title("Which data setting keeps up with compute?\nper kept compute setting: each "
-                 "data setting the walk tried, cheapest first, against that setting's bound",
-                 fontsize=10)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    return save(fig, out)
+    return _finish(fig, ax, out, "Which data setting keeps up with compute?\nper kept compute "
+                   "setting: each data setting the walk tried, cheapest first, against that "
+                   "setting's bound", "kept compute setting (from compute_pipe.png)",
+                   "loader-only images/sec (whiskers: interval)", ysize=None, grid="y")
 
 
 def plot_pipes(rows, result: dict, out_dir: Path, margin: float) -> list[Path]:
-    d, panels = compute_data(rows, result), data_panels(rows, result)
-    return ([_draw_compute(d, out_dir / "compute_pipe.png")] if d is not None else []) + (
-        [_draw_data(panels, margin, out_dir / "data_pipe.png")] if panels else [])
+    return _draw_each(out_dir, (
+        (_draw_compute, "compute_pipe.png", compute_data(rows, result)),
+        (lambda panels, out: _draw_data(panels, margin, out), "data_pipe.png",
+         data_panels(rows, result) or None)))
+
+
+def _draw_each(out_dir: Path, pictures) -> list[Path]:
+    """Each (draw, file name, data) drawn where there is something to draw (data not None)."""
+    return [draw(d, out_dir / name) for draw, name, d in pictures if d is not None]
 
 
 def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
@@ -443,21 +444,13 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
 
 def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:
     """The sweep's pictures; `band`: a loader-only row -> its compute bound (workers plot)."""
-    made = []
-    for name, png, xlabel, log2 in (
-        ("batch_size", "throughput_vs_batch.png", "batch size", True),
-        ("num_workers", "throughput_vs_workers.png", "loader workers", False),
-    ):
-        d = curve_data(rows, name, xlabel, rec, log2, band if name == "num_workers" else None)
-        if d is not None:
-            made.append(_draw_curve(d, out_dir / png))
-    d = memory_data(rows)
-    if d is not None:
-        made.append(_draw_memory(d, out_dir / "memory_vs_batch.png"))
-    d = pareto_data(rows, rec)
-    if d is not None:
-        made.append(_draw_pareto(d, out_dir / "pareto.png"))
+    made = _draw_each(out_dir, (
+        (_draw_curve, "throughput_vs_batch.png",
+         curve_data(rows, "batch_size", "batch size", rec, log2=True)),
+        (_draw_curve, "throughput_vs_workers.png",
+         curve_data(rows, "num_workers", "loader workers", rec, band=band)),
+        (_draw_memory, "memory_vs_batch.png", memory_data(rows)),
+        (_draw_pareto, "pareto.png", pareto_data(rows, rec))))
     if study is not None:
-        made.append(importance(study, out_dir / "importance.png", rows,
-                               phase=headline_phase(rows)))
+        made.append(importance(study, out_dir / "importance.png", rows, headline_phase(rows)))
     return [p for p in made if p is not None]

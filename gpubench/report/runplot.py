@@ -29,13 +29,13 @@ PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green
 DPI = 92
 
 
-def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
-    return "\n".join(textwrap.wrap(text, width, max_lines=lines, placeholder=" ..."))
-
-
 QUESTION = "Which pipe limits training?"
 # the top axis turns logarithmic when the figures span more than this factor
 LOG_SPAN = 3.0
+
+
+def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
+    return "\n".join(textwrap.wrap(text, width, max_lines=lines, placeholder=" ..."))
 
 
 def _title(record: RunRecord) -> str:
@@ -56,13 +56,9 @@ def _title(record: RunRecord) -> str:
         tail = _wrap(record.reason)
     else:
         tail = ""
-    setup = _setup(record)
-    return "\n".join(x for x in (head, tail, setup) if x)
-
-
-def _setup(record: RunRecord) -> str:
     device = str(record.env.get("device_name") or record.env.get("device") or "")
-    return ", ".join(p for p in (device, setup_text(record)) if p)
+    setup = ", ".join(p for p in (device, setup_text(record)) if p)
+    return "\n".join(x for x in (head, tail, setup) if x)
 
 
 def run_picture_data(record: RunRecord) -> dict:

@@ -53,12 +53,11 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                 study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
     """Rows from an MLflow experiment's results.json artifacts (only the children of `parent`,
     or the jobs of one Optuna `study`, when given)."""
-    if parent and not re.fullmatch(r"[0-9a-f]{32}", parent):
-        raise SystemExit(f"gpubench.report: --parent={parent!r} is not allowed: it must be an "
-                         "MLflow run id (32 hex digits)")
-    if study and not re.fullmatch(r"[\w.\-]+", study):
-        raise SystemExit(f"gpubench.report: --study={study!r} is not allowed: it must be "
-                         "letters, digits, '.', '_' or '-'")
+    for name, v, form, what in (
+            ("parent", parent, r"[0-9a-f]{32}", "an MLflow run id (32 hex digits)"),
+            ("study", study, r"[\w.\-]+", "letters, digits, '.', '_' or '-'")):
+        if v and not re.fullmatch(form, v):  # they go into MLflow's filter string
+            raise SystemExit(f"gpubench.report: --{name}={v!r} is not allowed: it must be {what}")
     filt = " and ".join(([f"tags.mlflow.parentRunId = '{parent}'"] if parent else [])
                         + ([f"tags.study = '{study}'"] if study else []))
     from gpubench.report.compare import mlflow_records
@@ -198,7 +197,6 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     """The ranking fitted to `console`'s width (stdout's by default): no value split or cut."""
     from rich import box
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     from gpubench.report.console import fit
@@ -211,18 +209,11 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     order = ([c for k in GIVES_WAY_FIRST for c, h in enumerate(head) if _kind(h) == k]
              + knobs[::-1]
              + [c for k in GIVES_WAY_LAST for c, h in enumerate(head) if _kind(h) == k])
-
-    def make(shown: list[int]) -> Table:
-        # no vertical rules: two spaces between columns leave the width to the figures
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-        for c in shown:
-            t.add_column(head[c], justify="right" if head[c] in ("#", "img/s", "mem %")
-                         else "left", no_wrap=True)
-        for b in shown_rows:  # as text: a value such as [loader,e2e] is no markup
-            t.add_row(*(Text(b[c]) for c in shown))
-        return t
-
-    table, out = fit(make, len(head), order, con.width)
+    # as text: a value such as [loader,e2e] is no markup; no vertical rules: two spaces between
+    # columns leave the width to the figures
+    table, out = fit(head, [[Text(v) for v in b] for b in shown_rows], order, con.width,
+                     lambda c: head[c] in ("#", "img/s", "mem %"), box=box.SIMPLE_HEAD,
+                     show_edge=False, pad_edge=False, collapse_padding=True)
     con.print(Text(title), soft_wrap=True)  # a path is a value too: never folded
     con.print(table)
     moved = [c for c in knobs if c in out]
@@ -276,14 +267,13 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                     and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
     rows = kept or rows
     keys = varying(rows)
-    files: list[Path] = []
     table = io.StringIO(newline="")
     head, body = table_rows(rows, keys)
     csv.writer(table).writerows([head, *body])
-    files.append(write_text(out_dir / "ranking.csv", table.getvalue()))
     head, body = table_rows(rows, keys, screen=True)
     title = f"gpubench sweep: {source}"
-    files.append(write_text(out_dir / "ranking.txt", table_text(head, body, title)))
+    files = [write_text(out_dir / "ranking.csv", table.getvalue()),
+             write_text(out_dir / "ranking.txt", table_text(head, body, title))]
     # a recommendation changes knobs only: the workload (model, data, classes...) is the
     # user's, and the rows ranked share it (analysis.select.training_rows)
     knobs = [k for k in keys if role(k) is Role.knob]
@@ -297,10 +287,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  *(f"  {x}" for x in pipes_lines(pipes)), *lines]
         summary["pipes"] = pipes
     if rec is not None:
-        exp_dir = out_dir / "experiment"
-        exp_dir.mkdir(exist_ok=True)
-        yml = exp_dir / f"{EXPERIMENT_NAME}.yaml"
-        write_text(yml, experiment_yaml(rec.chosen, source, rec))
+        (out_dir / "experiment").mkdir(exist_ok=True)
+        yml = write_text(out_dir / "experiment" / f"{EXPERIMENT_NAME}.yaml",
+                         experiment_yaml(rec.chosen, source, rec))
         files.append(yml)
         cmd = f"python -m gpubench -cd {out_dir.resolve()} experiment={EXPERIMENT_NAME}"
 
@@ -347,15 +336,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     return files
 
 
-def _fingerprint(rows: list[Row], sweep_dir: Path) -> list:
-    """What the report was made from: a second call reuses the files when nothing changed."""
-    parts = []
-    for r in rows:
-        p = Path(r.dir or "") / "results.json"
-        parts.append([r.label, r.status, p.stat().st_mtime_ns if r.dir and p.is_file() else 0])
-    m = sweep_dir / "sweep.json"
-    parts.append(["sweep.json", m.stat().st_mtime_ns if m.is_file() else 0])
-    return parts
+def _mtime(path: Path) -> int:
+    return path.stat().st_mtime_ns if path.is_file() else 0
 
 
 class NothingToReport(FileNotFoundError):
@@ -377,7 +359,10 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     named = read_compute(compute)
     found = sweep_compute(sweep_dir, rows)
     out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir)  # before anything is read there
-    stamp = (_fingerprint(rows, sweep_dir) + [tolerance] + sorted((conditions or {}).items())
+    # what the report was made from: a second call reuses the files when nothing changed
+    stamp = ([[r.label, r.status, _mtime(Path(r.dir) / "results.json") if r.dir else 0]
+              for r in rows] + [["sweep.json", _mtime(sweep_dir / "sweep.json")], tolerance]
+             + sorted((conditions or {}).items())
              + [[str(r.path), r.path.stat().st_mtime_ns] for r in [*found, *named]])
     old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() and inside(f, out)

@@ -12,14 +12,19 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_cli, sqlite_store
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend, varying
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.config.schema import to_container
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, Reason, RunRecord, Status
 from gpubench.report.write import print_table, sweep_report, table_rows
 from gpubench.search.rows import load_dir
+
+
+def _plain(cfg) -> dict:
+    """A config as results.json holds it (Enums by name)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
 def row(batch, workers, precision="fp32", ips=100.0, peak=0.3, status="ok", pin=True,
@@ -230,7 +235,7 @@ def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         cfg = compose("bench", overrides=["experiment=recommended",
                                           f"hydra.searchpath=[file://{report}]"])
-    composed = to_container(cfg)
+    composed = _plain(cfg)
     for key in SETUP_KEYS:
         assert composed[key] == measured["config"][key], key
 
@@ -250,8 +255,8 @@ def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
     measured = json.loads((Path(summary["recommended"]["dir"]) / "results.json").read_text())
     # what `python -m gpubench -cd <report dir> experiment=recommended` composes
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
-        default = to_container(compose("bench"))
-        rerun = to_container(compose("bench", overrides=[
+        default = _plain(compose("bench"))
+        rerun = _plain(compose("bench", overrides=[
             "experiment=recommended", f"hydra.searchpath=[file://{report}]"]))
     assert default["bench"] != measured["config"]["bench"]  # else this test would prove nothing
 
