@@ -362,7 +362,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     # what the report was made from: a second call reuses the files when nothing changed
     stamp = ([[r.label, r.status, _mtime(Path(r.dir) / "results.json") if r.dir else 0]
               for r in rows] + [["sweep.json", _mtime(sweep_dir / "sweep.json")], tolerance]
-             + sorted((conditions or {}).items())
+             + [list(kv) for kv in sorted((conditions or {}).items())]  # as JSON reads it back
              + [[str(r.path), r.path.stat().st_mtime_ns] for r in [*found, *named]])
     old = read_json(out / "summary.json") or {}
     if old.get("fingerprint") == stamp and all(Path(f).is_file() and inside(f, out)

@@ -402,13 +402,15 @@ def _sweep_dir(tmp_path, n=2):
     return tmp_path
 
 
-def test_report_prints_its_summary_also_when_up_to_date(tmp_path, capsys):
+# a --where condition is part of what the report was made from: it must read back as written
+@pytest.mark.parametrize("where", [[], ["--where", "loader.num_workers=2"]])
+def test_report_prints_its_summary_also_when_up_to_date(tmp_path, capsys, where):
     sweep = _sweep_dir(tmp_path / "sweep")
-    assert report_cli.main([str(sweep)]) == 0
+    assert report_cli.main([str(sweep), *where]) == 0
     first = capsys.readouterr().out
     assert "recommended:" in first
     mtime = (sweep / "report" / "summary.json").stat().st_mtime_ns
-    assert report_cli.main([str(sweep)]) == 0
+    assert report_cli.main([str(sweep), *where]) == 0
     second = capsys.readouterr().out
     assert (sweep / "report" / "summary.json").stat().st_mtime_ns == mtime  # cached
     assert "recommended:" in second and "up to date" in second
