@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "golden" / "fixtures"
+FIXED_MTIME_NS = 1_764_000_000 * 10**9  # the fixtures' files, as copied for the report
 
 TINY = ["model=tiny", "dataset.image_size=16", "dataset.num_classes=10",
         "dataset.num_samples=32", "loader.batch_size=4", "loader.num_workers=0",
@@ -165,6 +166,8 @@ def report_dir(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "sweep"
         shutil.copytree(FIXTURES / "sweep", src)
+        for f in src.rglob("*"):  # a checkout's own times would reach the report's fingerprint
+            os.utime(f, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
         rep = Path(tmp) / "rep"
         p = subprocess.run([sys.executable, "-m", "gpubench.report", str(src), "--out", str(rep)],
                            capture_output=True, text=True, cwd=tmp,

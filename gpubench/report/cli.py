@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gpubench.analysis.recommend import TOLERANCE
-from gpubench.analysis.select import WhereError, parse_where, where
+from gpubench.analysis.select import WhereError, parse_where
 from gpubench.config.flags import flag
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import READ_ONLY, LinkError, refusal
@@ -18,7 +18,7 @@ from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
 from gpubench.core.secrets import error_text, mask_logging, mask_secrets
 from gpubench.core.uris import sqlite_path
-from gpubench.report.loader_answer import read_compute, sweep_compute
+from gpubench.report.loader_answer import read_compute
 from gpubench.report.write import (
     NothingToReport,
     load_mlflow,
@@ -26,7 +26,6 @@ from gpubench.report.write import (
     sweep_report,
     write_report,
 )
-from gpubench.search.rows import load_dir
 
 
 def looks_like_path(source: str) -> bool:
@@ -114,16 +113,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
         if mlflow_only:  # never ignored silently
             p.error(f"{', '.join(mlflow_only)}: for an MLflow experiment, not a folder of runs "
                     f"({a.source})")
-        if not a.out:
-            sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute)
-            return ExitCode.OK
-        rows, study = load_dir(src.resolve())
-        rows = where(rows, conditions)
-        if not rows:
-            raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
-                                  f"(results.json){matching(conditions)} under {src.resolve()}")
-        write_report(rows, Path(a.out), str(src.resolve()), study, a.tolerance,
-                     found=sweep_compute(src.resolve(), rows), named=read_compute(a.compute))
+        sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute, out=a.out)
         return ExitCode.OK
     rows = _from_mlflow(a.tracking_uri, a.timeout, lambda uri: load_mlflow(
         a.source, uri, a.parent, a.study, conditions))

@@ -346,9 +346,9 @@ class NothingToReport(FileNotFoundError):
 
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False, conditions: dict[str, str] | None = None,
-                 compute: list[str] | None = None) -> list[Path]:
-    """The report of a sweep dir (its rows matching `conditions`, --where) into
-    `<sweep_dir>/report/`; returns its files. `compute`: runs named with --compute."""
+                 compute: list[str] | None = None, out: str | Path | None = None) -> list[Path]:
+    """The report of a sweep dir (its rows matching `conditions`, --where) into `out`
+    (default `<sweep_dir>/report/`); returns its files. `compute`: runs named with --compute."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
@@ -358,7 +358,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
             r.trial, r.label = r.trial or r.label, folder
     named = read_compute(compute)
     found = sweep_compute(sweep_dir, rows)
-    out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir)  # before anything is read there
+    # before anything is read there; a folder the user named (--out) is theirs
+    out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir) if out is None else Path(out)
     # what the report was made from: a second call reuses the files when nothing changed
     stamp = ([[r.label, r.status, _mtime(Path(r.dir) / "results.json") if r.dir else 0]
               for r in rows] + [["sweep.json", _mtime(sweep_dir / "sweep.json")], tolerance]

@@ -6,6 +6,7 @@ few trials; and `python -m gpubench.report` speaking when its report is up to da
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import optuna
 import pytest
@@ -416,6 +417,19 @@ def test_report_prints_its_summary_also_when_up_to_date(tmp_path, capsys, where)
     assert "recommended:" in second and "up to date" in second
     assert "101.0" in second  # the ranking table too
     assert json.loads((sweep / "report" / "summary.json").read_text())["lines"]
+
+
+def test_a_report_written_elsewhere_is_the_sweeps_own_report(tmp_path, capsys):
+    sweep = _sweep_dir(tmp_path / "sweep")
+    (sweep / "pipes.json").write_text(json.dumps({"wall_s": {"compute": 3.0}}))
+    assert report_cli.main([str(sweep)]) == 0
+    assert report_cli.main([str(sweep), "--out", str(tmp_path / "elsewhere")]) == 0
+    own, there = (json.loads((d / "summary.json").read_text().replace(str(d), "OUT"))
+                  for d in (sweep / "report", tmp_path / "elsewhere"))
+    assert there["lines"] == own["lines"] and there["table"] == own["table"]
+    assert "  time: compute 3 s" in there["lines"]  # the pipes path, read for --out too
+    assert sorted(Path(f).name for f in there["files"]) == sorted(
+        Path(f).name for f in own["files"])
 
 
 @pytest.mark.parametrize("layout", ["empty", "running_only"])
