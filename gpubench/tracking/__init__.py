@@ -10,25 +10,13 @@ from gpubench.tracking.runs import (
     PARENT_ENV,
     PARENT_FILE,
     log_result,
-    read_overrides,
     upload,
-    write_marker,
 )
-from gpubench.tracking.store import (
-    Store,
-    TrackingUnavailable,
-    default_uri,
-    open_store,
-    resolve_uri,
-    ui_hint,
-    uri_problem,
-)
+from gpubench.tracking.store import default_uri, open_store, resolve_uri
 from gpubench.tracking.sweeps import best_job, close_sweep, log_sweep_files, mark_ended, open_sweep
-from gpubench.tracking.translate import RUN_STATUS
 
 __all__ = [
-    "CONFIG_FILE", "MARKER_FILE", "PARENT_ENV", "PARENT_FILE", "RUN_STATUS", "Store",
-    "TrackingUnavailable", "best_job", "close_sweep", "default_uri", "log_result",
-    "log_sweep_files", "mark_ended", "open_store", "open_sweep", "read_overrides",
-    "resolve_uri", "ui_hint", "upload", "uri_problem", "write_marker",
+    "CONFIG_FILE", "MARKER_FILE", "PARENT_ENV", "PARENT_FILE", "best_job", "close_sweep",
+    "default_uri", "log_result", "log_sweep_files", "mark_ended", "open_store", "open_sweep",
+    "resolve_uri", "upload",
 ]

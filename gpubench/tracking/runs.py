@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -74,13 +73,9 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
     if not path.is_file():  # a dangling link
         return False
     if path.suffix in TEXT_SUFFIXES and path.stat().st_size <= MASK_LIMIT:
-        text = path.read_text(errors="replace")
-        masked = mask_secrets(text)
-        if masked != text:
-            with tempfile.TemporaryDirectory() as tmp:
-                copy = Path(tmp) / path.name
-                copy.write_text(masked)
-                client.log_artifact(run_id, str(copy), artifact_path)
+        masked = mask_secrets(text := path.read_text(errors="replace"))
+        if masked != text:  # MLflow writes it to a temporary file and logs that
+            client.log_text(run_id, masked, f"{artifact_path or '.'}/{path.name}")
             return True
     client.log_artifact(run_id, str(path), artifact_path)
     return True

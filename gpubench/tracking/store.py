@@ -76,76 +76,35 @@ def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     return f"`mlflow ui --backend-store-uri {uri}`, then {route}"
 
 
-def _credentials(uri: str) -> tuple[str, dict[str, str]]:
-    clean, *pair = split_credentials(without_masked_password(uri))
-    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    return clean, {k: v for k, v in zip(names, pair, strict=True) if v is not None}
-
-
-@contextlib.contextmanager
-def _environment(timeout_s: float, extra: dict[str, str]):
-    """MLflow's HTTP client retries 7 times with exponential backoff and a 120 s timeout: a
-    dead server would hold a finished benchmark for minutes. Bound it while we talk to it."""
-    limits = {
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout_s))),
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # one line of ours instead
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    } | extra
-    saved = {k: os.environ.get(k) for k in limits}
-    os.environ.update(limits)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 # a database store's port when its URL names none
 DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
-def _probe_db(uri: str, timeout_s: float) -> None:
-    """MLflow retries creating a database engine with a doubling sleep (about 100 s in all),
-    holding a finished benchmark that long: one connection within timeout_s, to the TCP port or
-    to PostgreSQL's Unix socket (`?host=/dir`), says first that the store does not answer."""
+def _probe(uri: str, timeout_s: float) -> None:
+    """Fail within timeout_s when the store does not answer. A server: its /health, sent
+    MLflow's credentials (basic auth). A database: MLflow retries creating its engine with a
+    doubling sleep (about 100 s in all), holding a finished benchmark that long; one connection
+    to the TCP port or to PostgreSQL's Unix socket (`?host=/dir`) says first that it is down."""
     parts = urlsplit(uri)
     base = parts.scheme.partition("+")[0]
-    if base not in DB_PORTS:
-        return
-    port = parts.port or DB_PORTS[base]
+    port = (parts.port or DB_PORTS[base]) if base in DB_PORTS else None
+    sock_dir = parse_qs(parts.query).get("host", [""])[0]
     try:
-        if parts.hostname:
+        if uri.startswith(("http://", "https://")):
+            req = urllib.request.Request(f"{uri.rstrip('/')}/health")
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+            if user is not None:
+                pair = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
+                req.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
+            elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+                req.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+            urllib.request.urlopen(req, timeout=timeout_s).close()
+        elif base in DB_PORTS and parts.hostname:
             socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
-            return
-        sock_dir = parse_qs(parts.query).get("host", [None])[0]
-        if base == "postgresql" and sock_dir and sock_dir.startswith("/"):
+        elif base == "postgresql" and sock_dir.startswith("/"):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sk:
                 sk.settimeout(timeout_s)
                 sk.connect(f"{sock_dir}/.s.PGSQL.{port}")
-    except OSError as e:
-        raise TrackingUnavailable(f"no answer: {mask_secrets(str(e))}") from e
-
-
-def _probe(uri: str, timeout_s: float) -> None:
-    """Fail within timeout_s when a server is down, sending MLflow's credentials (basic auth)."""
-    if not uri.startswith(("http://", "https://")):
-        _probe_db(uri, timeout_s)
-        return
-    req = urllib.request.Request(f"{uri.rstrip('/')}/health")
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
-    if user is not None:
-        pair = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
-        req.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
-    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
-        req.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
-    try:
-        urllib.request.urlopen(req, timeout=timeout_s).close()
     except urllib.error.HTTPError:
         pass  # it answered: reachable (a proxy may not route /health; auth is MLflow's call)
     except (OSError, ValueError) as e:
@@ -220,10 +179,27 @@ def connection(uri: str, timeout_s: float = 10.0):
     """The URL MLflow's client is given for `uri` (its credentials moved to MLflow's variables),
     within MLflow's limits while the block runs, once the store answered (TrackingUnavailable
     when it does not within timeout_s)."""
-    connect, env = _credentials(uri)
-    with _environment(timeout_s, env):
+    connect, *pair = split_credentials(without_masked_password(uri))
+    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    # MLflow's HTTP client retries 7 times with exponential backoff and a 120 s timeout: a dead
+    # server would hold a finished benchmark for minutes. Bounded while we talk to it.
+    env = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout_s))),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # one line of ours instead
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    } | {k: v for k, v in zip(names, pair, strict=True) if v is not None}
+    saved = {k: os.environ[k] for k in env if k in os.environ}
+    os.environ.update(env)
+    try:
         _probe(connect, timeout_s)
         yield connect
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager

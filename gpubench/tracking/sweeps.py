@@ -87,14 +87,10 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
     """Every job's record, with its rung from the manifest (screen, probe, full)."""
     rungs = {str(Path(j["dir"]).resolve()): j.get("rung")
              for j in manifest.read(sweep_dir).get("jobs") or [] if j.get("dir")}
-    out = []
-    for d in record.find_runs(sweep_dir):
-        if Path(d).parent == Path(sweep_dir) / COMPUTE_DIR:  # a loader-only sweep's compute
-            continue  # bound (gpubench.run.compute_bound): measured beside the jobs, not one
-        rec = record.load(d, rung=rungs.get(str(Path(d).resolve())))
-        if rec is not None:
-            out.append(rec)
-    return out
+    # not a loader-only sweep's compute bound (run.compute_bound): measured beside the jobs
+    recs = (record.load(d, rung=rungs.get(str(Path(d).resolve())))
+            for d in record.find_runs(sweep_dir) if Path(d).parent != Path(sweep_dir) / COMPUTE_DIR)
+    return [r for r in recs if r is not None]
 
 
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
@@ -111,10 +107,8 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
     if rec is not None and rec.chosen.record.dir is not None:
         return rec.chosen.record
     chosen = (manifest.read(sweep_dir).get("best") or {}).get("dir")
-    if chosen:
-        rec = record.load(chosen)
-        if rec is not None:
-            return rec
+    if chosen and (rec := record.load(chosen)) is not None:
+        return rec
     ranked = [r for r in (records if records is not None else jobs(sweep_dir))
               if r.full and r.feasible]
     return max(ranked, key=lambda r: r.objective, default=None)

@@ -125,8 +125,6 @@ def key(k: str) -> str:
 
 def param_str(v) -> str:
     # Hydra's own spelling, so a value can be pasted back as an override
-    if isinstance(v, str):
-        return v
     if v is None or isinstance(v, (bool, list, dict)):
         return json.dumps(v)
     return str(v)
