@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import optuna
 from optuna.trial import TrialState
 
 from gpubench.core.record import Rung, load
@@ -30,6 +31,8 @@ from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
 
+# a trial this worker measured, failed meanwhile by another as stale and queued again
+TAKEN_OVER = "%s: taken over by another worker (its heartbeat lapsed); measured again from the queue"
 # this many duplicates in a row means the sampler has nothing new left to propose
 MAX_DUPLICATES_IN_A_ROW = 50
 
@@ -107,6 +110,14 @@ class Search:
                 # its trials RUNNING for good
                 with S.heartbeat(self.shared, [t.number for t in trials]):
                     self._measure(fresh)
+            except optuna.exceptions.UpdateFinishedTrialError as e:
+                # another worker failed one of these as stale (this process or the database
+                # paused past grace_period) and queued it again: its job's folder keeps what
+                # was measured, the retry measures it again; the rest of the batch is given back
+                log.warning(TAKEN_OVER, e)
+                for t in held:
+                    S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
+                continue
             except BaseException:  # Ctrl-C or an abort: as after kill -9, measured next time
                 for t in held:
                     S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
@@ -219,9 +230,14 @@ class Search:
             except BaseException:  # Ctrl-C: the round is queued again, as after kill -9
                 S.abandon(c, t.number, requeue=True)
                 raise
-            S.set_attr(t, "dir", str(rec.dir))
             ok = rec.status.measured  # a failed round is still one of the trial's measurements
-            c.study.tell(t, rec.throughput if ok else None, state=None if ok else TrialState.FAIL)
+            try:
+                S.set_attr(t, "dir", str(rec.dir))
+                c.study.tell(t, rec.throughput if ok else None,
+                             state=None if ok else TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError as e:  # as in run(): its retry
+                log.warning(TAKEN_OVER, e)
+                continue
             log.info("confirm %d/%d of trial %d: %.1f img/s, %s", rnd + 1, self.confirm.rounds,
                      n, rec.throughput, rec.status)
         return [t.number for t in top]

@@ -325,6 +325,39 @@ MEASURED = {"status": "ok", "images_per_sec": 10.0, "peak_memory_fraction": 0.1}
 OVER = {"status": "over_ceiling", "images_per_sec": 10.0, "peak_memory_fraction": 0.9}
 
 
+def test_a_trial_another_worker_took_over_costs_a_retry_not_the_sweep(tmp_path, caplog):
+    """A worker whose trial another worker failed as stale meanwhile (its heartbeats lapsed past
+    grace_period: a pause of this process or of the database) goes on: that trial's retry, from
+    the queue, is measured, and the sweep ends with its n_trials measured."""
+    from gpubench.search.jobs import Jobs
+    from gpubench.search.loop import Screen, Search
+    from gpubench.search.manifest import Manifest
+    from gpubench.search.study import abandon, running_trials
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    mine = open_study("s", url, heartbeat_interval=30, grace_period=60)
+    other = open_study("s", url, heartbeat_interval=30, grace_period=60)
+
+    class TakenOver(RecordingLauncher):
+        def launch(self, batch, initial_job_idx: int):
+            if initial_job_idx == 0:  # while the first job runs, the other worker fails it
+                [t] = running_trials(other.study)
+                assert abandon(other, t.number, requeue=True)
+            return super().launch(batch, initial_job_idx)
+
+    manifest = Manifest(tmp_path, "optuna")
+    jobs = Jobs(TakenOver(tmp_path, [MEASURED] * 3), manifest, max_failures=0)
+    space = parse_search_space(["loader.batch_size=choice(2,4)"])
+    Search(mine, space, jobs, manifest, n_trials=2, n_jobs=1,
+           screen=Screen(None, 1.0, 0, []), poll_s=0.01).run()
+    measured = measured_trials(mine.study)
+    assert sorted(t.params["loader.batch_size"] for t in measured) == [2, 4]
+    assert "taken over by another worker" in caplog.text
+    first = mine.study.trials[0]
+    assert first.state == TrialState.FAIL and first.user_attrs["interrupted"]
+    assert any(0 in t.system_attrs.get("retry_history", ()) for t in measured)
+
+
 @pytest.mark.parametrize("outcomes,failed", [
     ([FAILED, FAILED], True), ([FAILED, OOM], True), ([OOM], True),
     ([FAILED, MEASURED], False), ([OOM, OVER], False), ([], False),
