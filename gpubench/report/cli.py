@@ -33,6 +33,14 @@ def looks_like_path(source: str) -> bool:
     return "/" in source or "\\" in source or source.startswith((".", "~"))
 
 
+def mlflow_out_dir(experiment: str, parent: str | None, study: str | None) -> Path:
+    """outputs/reports/<experiment>, -parent-<first 8 of its id> or -study-<name>: a report
+    of part of an experiment never overwrites the whole experiment's."""
+    name = experiment + (f"-parent-{parent[:8]}" if parent else "") + (
+        f"-study-{study}" if study else "")
+    return Path("outputs") / "reports" / name
+
+
 def _tolerance(text: str) -> float:
     """A share below the fastest in [0, 1) (nan would silently recommend nothing)."""
     try:
@@ -120,11 +128,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     if not rows:
         raise NothingToReport(f"gpubench.report: no runs with results.json"
                               f"{matching(conditions)} in experiment {a.source!r}")
-    # outputs/reports/<experiment>, -parent-<first 8 of its id> or -study-<name>: a report of
-    # part of an experiment never overwrites the whole experiment's
-    out = Path(a.out or Path("outputs") / "reports" / (
-        a.source + (f"-parent-{a.parent[:8]}" if a.parent else "")
-        + (f"-study-{a.study}" if a.study else "")))
+    out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
     write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance,
                  named=read_compute(a.compute))
     return ExitCode.OK

@@ -110,18 +110,16 @@ class Search:
                 # its trials RUNNING for good
                 with S.heartbeat(self.shared, [t.number for t in trials]):
                     self._measure(fresh)
-            except optuna.exceptions.UpdateFinishedTrialError as e:
+            except BaseException as e:  # Ctrl-C or an abort: as after kill -9, measured next time
+                for t in held:
+                    S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
+                if not isinstance(e, optuna.exceptions.UpdateFinishedTrialError):
+                    raise
                 # another worker failed one of these as stale (this process or the database
                 # paused past grace_period) and queued it again: its job's folder keeps what
-                # was measured, the retry measures it again; the rest of the batch is given back
+                # was measured, the retry measures it again; the rest of the batch was given back
                 log.warning(TAKEN_OVER, e)
-                for t in held:
-                    S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
                 continue
-            except BaseException:  # Ctrl-C or an abort: as after kill -9, measured next time
-                for t in held:
-                    S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
-                raise
             for t, prev in dups:
                 S.copy_result(self.study, t, self.study.trials[prev])
             if in_a_row >= MAX_DUPLICATES_IN_A_ROW:

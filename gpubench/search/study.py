@@ -159,8 +159,8 @@ def ask(shared: Shared, distributions):
     """A trial claimed by this process (attr `worker`: host:pid:trial), with one beat at once:
     Optuna's stale check passes over a trial that never beat, so a worker killed before its
     heartbeat thread starts would leave it RUNNING for good (killed before this beat: see
-    fail_stale). The trial number is in `worker`
-    because the retry callback copies attributes onto a retry: a copied value names another."""
+    fail_stale). The trial number is in `worker` because the retry callback copies attributes
+    onto a retry: a copied value names another."""
     with _quiet(), shared.turn:
         t = shared.study.ask(distributions)
     if shared.beating:
@@ -241,25 +241,22 @@ def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> i
     if not shared.beating:  # in memory: one process
         return 0
     with shared.turn:
-        return _fail_stale(shared, clock)
-
-
-def _fail_stale(shared: Shared, clock: Callable[[], float]) -> int:
-    before = running_trials(shared.study)
-    now = clock()
-    # unnamed: being named this instant, or its worker died asking; seen only while unnamed
-    shared.unnamed = {t.number: shared.unnamed.get(t.number, now) for t in before
-                      if worker_pid(t) is None}
-    for t in before:
-        pid = worker_pid(t)
-        if pid is None and now - shared.unnamed[t.number] > shared.grace_s:
-            abandon(shared, t.number, requeue=True)
-        elif pid is not None and process_alive(t.user_attrs["worker"].split(":")[0],
-                                               pid) is False:
-            abandon(shared, t.number, requeue=True)
-    with _quiet():
-        optuna.storages.fail_stale_trials(shared.study)
-    return len({t.number for t in before} - {t.number for t in running_trials(shared.study)})
+        before = running_trials(shared.study)
+        now = clock()
+        # unnamed: being named this instant, or its worker died asking; seen only while unnamed
+        shared.unnamed = {t.number: shared.unnamed.get(t.number, now) for t in before
+                          if worker_pid(t) is None}
+        for t in before:
+            pid = worker_pid(t)
+            if pid is None:  # unnamed for longer than a grace period: its worker died asking
+                gone = now - shared.unnamed[t.number] > shared.grace_s
+            else:  # named by a process of this host that no longer exists
+                gone = process_alive(t.user_attrs["worker"].split(":")[0], pid) is False
+            if gone:
+                abandon(shared, t.number, requeue=True)
+        with _quiet():
+            optuna.storages.fail_stale_trials(shared.study)
+        return len({t.number for t in before} - {t.number for t in running_trials(shared.study)})
 
 
 def claim_is_within(study, number: int, n_trials: int) -> bool:
