@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -352,7 +353,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
-    for r in rows:  # named as the user finds it: its folder under this one (`10-00-00/3`)
+    for r in rows:  # named as the user finds it: its folder seen from this one (`10-00-00/3`)
         folder = on_disk(r, sweep_dir)
         if folder is not None and folder != r.label:
             r.trial, r.label = r.trial or r.label, folder
@@ -382,12 +383,14 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to `root` (`3`, not the study's trial number), if below."""
+    """The row's run folder relative to `root`: `3`, not the study's trial number, and `../b/0`
+    for a job another worker of the study ran in its own sweep dir (its bare folder name would
+    read as this dir's `0`)."""
     d = row.record.dir
-    if d is None or not inside(d, root):
+    if d is None:
         return None
-    rel = Path(d).resolve().relative_to(root)
-    return None if rel == Path(".") else rel.as_posix()
+    rel = Path(os.path.relpath(Path(d).resolve(), root)).as_posix()
+    return None if rel == "." else rel
 
 
 def matching(conditions: dict[str, str] | None) -> str:

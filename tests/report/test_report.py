@@ -772,3 +772,18 @@ def test_the_run_table_never_splits_a_figure_and_a_log_folds_no_line(width, term
         (verdict,) = [i for i, ln in enumerate(out) if ln.startswith("narrowest pipe:")]
         assert out[verdict].endswith("instead of overlapping")  # one line, however long
         assert out[verdict + 1].startswith("  1. loader.num_workers=2")
+
+
+def test_a_row_is_named_by_its_folder_as_seen_from_the_sweep_dir(tmp_path):
+    """A study two workers share holds jobs of both sweep dirs: the other worker's `0` must not
+    read as this dir's `0` (both showed as run 0 in one ranking)."""
+    from gpubench.report.write import on_disk
+
+    def at(d: Path) -> Row:
+        return Row("0", RunRecord(run_uid="", status=Status.ok, dir=d))
+
+    root = tmp_path / "a"
+    assert on_disk(at(root / "0"), root) == "0"
+    assert on_disk(at(root / "10-00-00" / "3"), root) == "10-00-00/3"
+    assert on_disk(at(tmp_path / "b" / "0"), root) == "../b/0"
+    assert on_disk(at(root), root) is None
