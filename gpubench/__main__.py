@@ -1,15 +1,16 @@
-"""`python -m gpubench` / `gpubench`: the only Hydra entry point. It returns the e2e images/sec
-as a finite float, so any Hydra sweeper can maximize it; errors, Ctrl-C and SIGTERM end the
-command with one line (gpubench.cli.errors)."""
+"""`gpubench`, the only Hydra entry point: returns the run's objective (a finite float any
+Hydra sweeper can maximize); errors and signals end it with one line (gpubench.cli.errors)."""
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+import gpubench.cli
 from gpubench.cli.errors import Exit, JobFailed, one_line_errors
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
@@ -40,16 +41,15 @@ def _job(cfg: DictConfig) -> float:
 
     try:
         result = run_benchmark(cfg)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the entry's one line names the run dir
+    except KeyboardInterrupt as e:  # a signal: the entry's one line names the run dir
         from hydra.core.hydra_config import HydraConfig
 
         e.run_dir = HydraConfig.get().runtime.output_dir  # type: ignore[attr-defined]
         raise
     except ConfigError as e:
-        if not _multirun():  # raised on: gpubench.cli.errors prints it as one line, BAD_INPUT
+        if not _multirun():  # gpubench.cli.errors prints it as one line, BAD_INPUT
             raise
-        # one bad job must not end a sweep
-        say(str(e), "error")
+        say(str(e), "error")  # one bad job must not end a sweep
         return 0.0
     _settle()
     if result.status in (Status.oom, Status.failed) and not _multirun():
@@ -62,16 +62,15 @@ def _job(cfg: DictConfig) -> float:
 
 
 def _settle() -> None:
-    """After a job: one collection frees the finished run and what survives is frozen, so later
-    collections (each run's, to free device memory) walk only what a run creates (a full pass
-    over torch's objects: 0.17 s on 2 cores). Never while a run is alive: what is frozen stays."""
+    """After a job, free the run and freeze what survives: later collections (each run's, for
+    device memory) skip torch's objects (0.17 s a pass on 2 cores). Never mid-run: frozen stays."""
     gc.collect()
     gc.freeze()
 
 
 def help_config(*, _root_: DictConfig) -> str:
-    """`--help`'s config (`${gpubench_help_config:}` in bench.yaml's hydra.help.template)
-    without the keys for tests (Role.fault). `$` doubled: the template is a string.Template."""
+    """`--help`'s config (bench.yaml's hydra.help.template) without the test keys (Role.fault);
+    `$` doubled: the template is a string.Template."""
     from gpubench.config.keys import Role
     from gpubench.config.schema import KEYS
 
@@ -84,13 +83,8 @@ OmegaConf.register_new_resolver("gpubench_help_config", help_config, replace=Tru
 
 
 def team_first(argv: list[str]) -> list[str]:
-    """`-cd DIR` made the primary config folder, `--config-path DIR`, so DIR's files are found
-    before gpubench's (hydra_plugins.gpubench_searchpath): Hydra's own --config-dir searches DIR
-    after them. Unchanged with an explicit --config-path."""
-    import os
-
-    import gpubench.cli
-
+    """`-cd DIR` made `--config-path DIR`, so DIR's files come before gpubench's (Hydra's own
+    --config-dir searches DIR after them); unchanged with an explicit --config-path."""
     out = list(argv)
     if any(a.partition("=")[0] in ("-cp", "--config-path") for a in out):
         return out
@@ -117,9 +111,8 @@ def cli() -> None:
         EXIT["code"] = e.code if isinstance(e.code, int) else ExitCode.FAILED
         raise
     finally:
-        # The interpreter's shutdown collections walk every object torch created (0.8 s of a
-        # 2-core machine's CPU; 0.15 s frozen). Freezing hides them from the collector only:
-        # destructors, atexit handlers and stream flushes still run.
+        # shutdown collections walk every object torch made (0.8 s on 2 cores; 0.15 s frozen);
+        # freezing hides them from the collector only: destructors and atexit still run
         gc.freeze()
 
 

@@ -1,5 +1,4 @@
-"""The words a reader sees for the phases and the verdicts, one table each: the console's table,
-the run picture, and MLflow's run names and descriptions all read them from here."""
+"""The words a reader sees for the phases and verdicts (console, run picture, MLflow)."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ def phase_title(name: str) -> str:
 
 
 def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
-    """The words of a verdict (none recorded: unknown's); a word another version wrote is
-    unknown too (Bottleneck.of)."""
+    """The words of a verdict; none recorded, or a word another version wrote: unknown's."""
     return VERDICT_WORDS[Bottleneck.of(bottleneck) or Bottleneck.unknown]
 
 
@@ -62,10 +60,8 @@ _DATA = "data-bound: the loader delivers {loader:.1f} img/s, {supply:.0%} of wha
 
 
 class Case(Enum):
-    """Why the verdict rule (analysis.verdict) decided as it did. The rule keeps the case and
-    the figures it rests on (Est, thresholds); each case's value is the sentence a reader sees,
-    filled from those figures (`compute` is the bound the loader is compared with: compute,
-    or compute plus the device's data work, `compute_name`)."""
+    """Why the verdict rule (analysis.verdict) decided as it did: the sentence a reader sees,
+    filled from the figures it rests on (`compute`: compute's bound, named `compute_name`)."""
 
     data_tracks = _DATA + " compute takes ({compute:.1f}); e2e {e2e:.1f} tracks it ({tracking:.0%})"
     data_no_e2e = _DATA + " compute takes ({compute:.1f}) (e2e not measured)"
@@ -77,8 +73,7 @@ class Case(Enum):
     compute_open_overlap = ("compute-bound: the loader ({loader:.1f} img/s) keeps up with "
                             "{compute_name} {compute:.1f} ({supply:.0%} of it)" + _COSTS)
     overlap = ("overlap: e2e {e2e:.1f} img/s is {tracking:.0%} of the narrower bound, {narrower} "
-               "at {bound:.1f}: loading and compute run one after the other instead of "
-               "overlapping")
+               "at {bound:.1f}: loading and compute run one after the other instead of overlapping")
     supply_open = ("the loader ({loader:.1f} img/s) is {supply:.0%} of compute ({compute:.1f}): "
                    "its interval straddles the {well_below:.0%} line between data- and "
                    "compute-bound")
@@ -95,15 +90,12 @@ class Case(Enum):
 
 
 class Step(Enum):
-    """A next step the advice (analysis.verdict.next_steps) can name, most effective first in
-    the rule; each value is the line a reader sees, filled from the run's settings
-    (reference articles 000, 001, 003)."""
+    """A next step the advice can name (analysis.verdict.next_steps; articles 000, 001, 003)."""
 
     contention = ("on a CPU the loader's {workers} take{s} cores from the model itself "
                   "({cpu_count} cores here): this gap is contention; on a GPU the two overlap")
-    workers_from_zero = ("loader.num_workers=2 or more: with 0 workers the main process loads "
-                         "each batch while the device waits (article 003: >= 2 workers gave "
-                         "~1.5x)")
+    workers_from_zero = ("loader.num_workers=2 or more: with 0 workers the main process loads each "
+                         "batch while the device waits (article 003: >= 2 workers gave ~1.5x)")
     more_workers = ("loader.num_workers={more_workers} (now {num_workers}, host has {cpu_count} "
                     "cores); sweep it with `-m bench.phases=[loader] loader.num_workers=...` and "
                     "keep the fewest that out-run compute")
@@ -114,8 +106,7 @@ class Step(Enum):
                          "workers")
     more_cpu = ("the host's cores are all loading: a host with more CPU per GPU (article 003: "
                 "marry the right CPU/RAM to the GPU)")
-    amp = ("precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x in article "
-           "003")
+    amp = "precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x in article 003"
     amp_on_cpu = ("precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster only "
                   "on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)")
     channels_last = "channels_last=true: tensor-core convolutions prefer NHWC"

@@ -1,50 +1,38 @@
-"""Named validity checks: was this measurement disturbed? Pure functions of a run's phases.
-
-Each check returns `Reason`s, a kind and its sentence (results.json `noise_reasons`); a run with
-none is `measurement_stable`, a disturbed one gets no confident verdict (analysis.verdict). The
-thresholds are stated in docs/guide.md ("Is the measurement stable?") with why each is where
-it is; none is tuned to one machine.
-"""
+"""Named validity checks: was this measurement disturbed (results.json `noise_reasons`)? Why each
+threshold is where it is: docs/guide.md ("Is the measurement stable?")."""
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 
 from gpubench.core.record import Flaw, Reason, longer
 from gpubench.core.stats import CONFIDENCE, median, positive
 
-# compute-phase step-time spread (std/mean) above which the device did not run steadily: the
-# compute phase repeats one batch on the device, so its steps are alike unless something
-# else competes (a quiet CPU run shows ~0.02, a GPU less)
+# compute-phase step-time spread (std/mean) above which the device did not run steadily: it
+# repeats one batch, so its steps are alike unless something competes (a quiet CPU run: ~0.02)
 CV_LIMIT = 0.2
-# the host's own scheduling jitter (a 10 ms tick, slices of a few ms) moves any step by a few
-# milliseconds whatever else runs: a spread or a slow step smaller than this is no evidence of
-# a disturbance (steps of 1-3 ms on a CPU show std/mean 0.2-0.3 on an idle machine). On CUDA
-# the compute steps are timed by events on the device, where this never binds.
+# the host's scheduling jitter (10 ms tick) moves any step by a few ms whatever else runs: a
+# spread or slow step smaller than this is no evidence (1-3 ms CPU steps show std/mean 0.2-0.3
+# on an idle machine); CUDA compute steps are timed by device events, where it never binds
 JITTER_S = 0.005
-# fewer measured steps than this are too few to judge their spread
-MIN_STEPS = 5
-# a "slow step" takes this many times the phase's median; a few of them among fast steps
-# (bimodal: at most SLOW_SHARE of the steps) are interruptions, not the workload's rhythm
+MIN_STEPS = 5  # fewer are too few to judge their spread
+# a "slow step" takes this many times the median; a few (SLOW_SHARE at most) are interruptions
 SLOW_FACTOR = 3.0
 SLOW_SHARE = 0.2
-# other processes' CPU use (in cores) that counts as competition, while the host was this busy
-# (a host with idle cores loses nothing to a neighbour)
+# others' CPU use (cores) that competes while the host is this busy (idle cores lose nothing)
 OTHER_CORES = 0.25
 HOST_BUSY = 0.85
-# CPU shares are counted in scheduler ticks (10 ms on Linux): over a shorter window than this
-# the host's and the run's figures are too coarse to subtract one from the other
+# CPU shares count 10 ms ticks: in shorter windows the host's and run's are too coarse to subtract
 MIN_LOAD_WINDOW_S = 0.5
-# the share of its CPU demand below which a run counts as starved by its neighbours
-GOT_SHARE = 0.9
+GOT_SHARE = 0.9  # the share of its CPU demand below which a run counts as starved
 
 
 @dataclass
 class WindowLoad:
-    """The sampler's view of one window: host CPU (% of all cores), this run's processes
-    (% of one core), and GPU-side signals where NVML gives them."""
+    """The sampler's view of one window: host CPU (% of all cores), this run's (% of one core)."""
 
     phase: str
     index: int
@@ -52,20 +40,17 @@ class WindowLoad:
     run_cpu: float | None
     samples: int = 0
     seconds: float = 0.0
-    # cores this run can keep busy (torch threads + loader workers, at most the host's):
-    # a neighbour only takes from a run that got less than this
+    # cores it can keep busy (torch threads + loader workers): a neighbour takes only from less
     demand: float | None = None
 
 
 def other_cores(host_cpu: float | None, run_cpu: float | None, cpu_count: int) -> float | None:
-    """Cores used by processes outside this run: host CPU minus this run's processes."""
     if host_cpu is None or run_cpu is None:
         return None
     return max(0.0, host_cpu / 100.0 * cpu_count - run_cpu / 100.0)
 
 
 def window_seconds(windows: list[dict]) -> float | None:
-    """A phase's median window length in seconds; None when none was timed."""
     secs = [w["seconds"] for w in windows if positive(w.get("seconds"))]
     return median(secs) if secs else None
 
@@ -76,10 +61,8 @@ def _windows(numbers: list[int]) -> str:
 
 
 def finding(what: str, why: str, window_s: float | None) -> Reason:
-    """A sign that something disturbed a phase: `what: why`; in windows shorter than
-    MIN_LOAD_WINDOW_S (`window_s`, the phase's median window) the sampler cannot see
-    competition and one passing hiccup is much of a window, so the same sign is `too_short`,
-    mended by longer windows rather than by another machine."""
+    """A sign that something disturbed a phase: `what: why`; `too_short` instead in windows
+    (`window_s`: the phase's median) too short to see competition or outlast a hiccup."""
     if window_s is not None and window_s < MIN_LOAD_WINDOW_S:
         return Reason(Flaw.too_short, f"{what} in windows of {window_s * 1e3:.0f} ms, too short "
                                       "to tell a passing hiccup from a disturbed run")
@@ -88,9 +71,8 @@ def finding(what: str, why: str, window_s: float | None) -> Reason:
 
 def step_checks(phase: str, steps: list[float], cv: float | None,
                 window_s: float | None = None) -> list[Reason]:
-    """Steps that vary or stall (`window_s`: the phase's median window, `finding`)."""
+    """Steps that vary or stall (too few steps say nothing about steadiness)."""
     out = []
-    # a spread needs steps to be judged: two or three steps say nothing about steadiness
     mean = sum(steps) / len(steps) if steps else 0.0
     if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
             and cv > CV_LIMIT and cv * mean > JITTER_S):
@@ -107,9 +89,8 @@ def step_checks(phase: str, steps: list[float], cv: float | None,
 
 
 def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
-    """Windows during which other processes competed for a saturated host and this run got
-    less CPU than it could use (a single-threaded run beside a neighbour on a 2-core host
-    loses nothing)."""
+    """Windows where others competed for a saturated host and this run got less CPU than it
+    could use."""
     hit: dict[str, list[tuple[int, float]]] = {}
     for w in loads:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
@@ -138,9 +119,8 @@ def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
 
 
 def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> list[Reason]:
-    """A phase's interval is for the median of its windows, by order statistics: 6 windows
-    reach 95%, fewer cannot (5: 94%, 4: 88%, 3: 75%, 2: 50%; 1: no interval at all). A verdict
-    on such an interval would claim a confidence the run does not have."""
+    """A median's interval by order statistics: 6 windows reach 95%, fewer cannot (5: 94%,
+    4: 88%, 3: 75%, 2: 50%, 1: none); a verdict on it would overclaim."""
     n = len(windows)
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
@@ -151,17 +131,12 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
 
 
 def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason]:
-    """Loader workers hold up to num_workers x prefetch_factor batches in flight, and they
-    arrive in bursts (workers finish together): a loader window of fewer batches than that can
-    be served from batches made before it began (one window of 2 batches of 128 measured
-    1,025,764 img/s with 4 workers on 2 cores), so it times the queue, not the workers."""
-    if phase != "loader" or in_flight <= 0:
-        return []
+    """A loader window of fewer batches than the workers hold in flight times the queue, not
+    the workers (2 batches of 128: 1,025,764 img/s with 4 workers on 2 cores); windows are sized
+    above it (core.pipe.loader_window_steps), so only one cut short or an older run is flagged."""
     short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
-    if not short:
+    if phase != "loader" or not short:
         return []
-    # gpubench sizes loader windows above this (core.pipe.loader_window_steps): only a window
-    # cut short, or a run measured before that rule, gets here
     return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
                    f"hold in flight ({in_flight} = loader.num_workers x "
                    "loader.prefetch_factor): timed batches made before the window began")]
@@ -172,42 +147,31 @@ def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
     out = []
     thr = telemetry.get("throttled_fraction")
     if thr is not None and thr > 0.1:
-        why = telemetry.get("throttle_reasons") or "clocks"
         out.append(Reason(Flaw.gpu, f"{phase}: GPU clocks throttled {thr:.0%} of the window "
-                          f"({why})"))
-    other = telemetry.get("gpu_other_processes_max")
-    if other:
+                          f"({telemetry.get('throttle_reasons') or 'clocks'})"))
+    if other := telemetry.get("gpu_other_processes_max"):
         out.append(Reason(Flaw.gpu, f"{phase}: {other} other process(es) ran on the GPU"))
     return out
 
 
 def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> list[str]:
-    """The processes outside this run using the most CPU right now: 'name (pid) 85%'. Only
-    called once a run was found disturbed, to say which process competed."""
+    """The processes outside this run using the most CPU now: 'name (pid) 85%'."""
     import psutil
 
-    procs = []
-    for p in psutil.process_iter(["pid", "name"]):
-        if p.info["pid"] in exclude:
-            continue
-        try:
-            p.cpu_percent(None)
-            procs.append(p)
-        except psutil.Error:
-            pass
+    procs = [p for p in psutil.process_iter(["pid", "name"]) if p.info["pid"] not in exclude]
+    for p in procs:
+        with suppress(psutil.Error):
+            p.cpu_percent(None)  # the first call only starts the count
     time.sleep(seconds)
     rows = []
     for p in procs:
-        try:
+        with suppress(psutil.Error):
             rows.append((p.cpu_percent(None), p.info["name"], p.info["pid"]))
-        except psutil.Error:
-            pass
     rows.sort(reverse=True)
     return [f"{name} (pid {pid}) {cpu:.0f}%" for cpu, name, pid in rows[:n] if cpu >= 10]
 
 
 def more_windows(steps, repeats) -> str:
-    """The advice to measure longer (core.record.longer) and why."""
     return f"{longer(steps, repeats)}: more and longer windows narrow the intervals"
 
 

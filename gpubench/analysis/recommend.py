@@ -1,10 +1,5 @@
-"""The recommendation rule, shared by the report, the search loop and the sweep's MLflow
-parent: rows of measured configurations, their ranking, and reference article 003's pick.
-
-Among feasible configurations (status ok, peak memory under memory.ceiling) within `tolerance`
-(5%) of the fastest, keep AMP on when AMP measured faster, pin_memory on, then the smallest batch
-size and the fewest loader workers.
-"""
+"""The recommendation rule shared by the report, the search loop and the sweep's MLflow parent:
+rows of measured configurations, their ranking, and reference article 003's pick (`recommend`)."""
 
 from __future__ import annotations
 
@@ -23,72 +18,52 @@ from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, RunRecord
 from gpubench.core.stats import TOLERANCE, Est, holding, median, median_interval
 
-# sections of the config a recommendation consists of; bench (how to measure), tracking and
-# fault injection are not part of a training setup
+# the config sections of a training setup (not bench, tracking or fault injection)
 SETUP_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last", "compile",
               "memory")
-
-
-# what a recommended config holds: the setup and `bench` as the chosen run measured it (steps,
-# windows, warm-up, phases, seed, and the step's own knobs: optimizer, grad_accum_steps,
-# cudnn_benchmark). Without `bench`, a rerun measures the defaults' length and lands outside
-# the interval the recommendation was made on. Tracking and fault injection stay out.
+# a recommended config: the setup and `bench` as the chosen run measured it (without it a rerun
+# measures the defaults' length, outside the interval the recommendation was made on)
 RERUN_KEYS = (*SETUP_KEYS, "bench")
-
-# fault injection as configured by default (none): a run with any other value is a test of a
-# failure path and never pooled with anything
+# no fault injection: a run with any other value tests a failure path, never pooled
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 
 
 @dataclass
 class Row:
-    """One measured configuration: a run record (gpubench.core.record decides what its status,
-    throughput and feasibility mean) and its config as dotted keys."""
+    """One measured configuration: a run record and its config as dotted keys."""
 
     label: str  # how the user finds it: its job folder, else a trial number or MLflow run id
     record: RunRecord
     flat: dict[str, Any] = field(default_factory=dict)
-    # the sweep's confirm step: the same configuration measured again, interleaved with the
-    # other top trials; when present, the figures below pool them with the record
+    # the sweep's confirm step's re-measurements, pooled with the record in the figures below
     confirms: list[RunRecord] = field(default_factory=list)
-    # its study's label (a trial number, `compute-3`) when `label` names its folder instead
-    trial: str | None = None
+    trial: str | None = None  # its study's label (`compute-3`) when `label` names its folder
 
     def __post_init__(self) -> None:
         if not self.flat:
             self.flat = flatten(self.record.config)
 
     @property
-    def status(self) -> str:
-        return self.record.status.value
-
-    @property
     def throughput(self) -> float:
-        """The record's throughput; the median over all measurements once confirmed."""
         if self.confirms and self.pooled:
             return median(self.pooled)
         return self.record.throughput
 
     @property
     def measurements(self) -> list[RunRecord]:
-        """The trial's own record, then its confirm step's re-measurements (search.loop)."""
         return [self.record, *self.confirms]
 
     @property
     def pooled(self) -> list[float]:
-        """Throughputs of every measurement that measured (a crashed confirm has none)."""
         return [m.throughput for m in self.measurements if m.status.measured]
 
     @property
     def interval(self) -> tuple[float, float]:
-        """The 95% interval of the throughput: over the confirm step's measurements when it ran
-        (gpubench.core.stats.median_interval), else the run's own, over its windows; the figure
-        itself when there is nothing to spread over."""
         if self.confirms:
             return holding(median_interval(self.pooled), self.throughput)
         return self.record.throughput_interval
 
-    # the record's own figures, read through the row
+    status = property(attrgetter("record.status.value"))
     peak = property(attrgetter("record.peak_memory_fraction"))
     ceiling = property(attrgetter("record.memory_ceiling"))
     rung = property(attrgetter("record.rung"))
@@ -105,9 +80,7 @@ class Row:
 
     @property
     def stable(self) -> bool:
-        """False when the run itself found its measurement disturbed (noise_reasons); once
-        confirmed, also when any re-measurement was disturbed or did not measure, or when the
-        measurements disagree: their own intervals share no common figure."""
+        """No measurement flawed (_flawed), and their intervals share a common figure."""
         if any(map(_flawed, self.measurements)):
             return False
         ivs = [m.throughput_interval for m in self.measurements]
@@ -115,11 +88,8 @@ class Row:
 
     @property
     def steadiness(self) -> str:
-        """Why the row ranks where it does among feasible rows, in a word: `stable` (or
-        `confirmed` once re-measured alike), `too short` (its only flaw: windows too brief to
-        judge), `disturbed` (a measurement found itself disturbed or did not measure),
-        `disagreed` (re-measurements whose intervals share no figure), `-` (not judged: a
-        record written before the checks)."""
+        """Why the row ranks where it does among feasible rows: `stable`, `confirmed`,
+        `too short` (its only flaw), `disturbed`, `disagreed`, `-` (written before the checks)."""
         if self.record.measurement_stable is None and not self.confirms:
             return "-"
         if self.stable:
@@ -133,11 +103,9 @@ class Row:
 
     @property
     def confirmed(self) -> bool:
-        """Re-measured by the confirm step and found stable."""
         return bool(self.confirms) and self.stable
 
     def knob(self, name: str) -> Any:
-        """A knob by its short name (gpubench.config.knobs.SHORT)."""
         v = knob_of(self.flat.get, name)
         if v is None and name == "precision":  # a study's param is the group, not the key
             v = self.flat.get("precision")
@@ -149,7 +117,6 @@ class Row:
 
 
 def _flawed(m: RunRecord) -> bool:
-    """The measurement found itself disturbed, or did not measure."""
     return m.measurement_stable is False or not m.status.measured
 
 
@@ -158,16 +125,12 @@ def row_of(rec: RunRecord, label: str) -> Row:
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
-    """One row per training setup: an experiment collects screens and full measurements of the
-    same setup, and repeats across sweeps (a sweep's confirm step among them). The row is the
-    newest of the longest measurements; the others of that length that repeat it exactly
-    (`repeats`) are pooled as a sweep dir's confirm jobs are (Row.confirms): dropping them
-    would throw measurements away and let one lucky run stand for the setup."""
+    """One row per training setup: the newest of its longest measurements, with the others of
+    that length that repeat it pooled as confirms (one lucky run must not stand for the setup)."""
     groups: dict[str, list[Row]] = {}
     for r in rows:
         cfg = r.record.config
-        # a loader-only run or a probe is another kind of measurement of the setup: never
-        # the row that stands for (and hides) its training measurement
+        # a loader-only run or a probe must never stand for (and hide) a training measurement
         key = json.dumps({**{k: cfg.get(k) for k in SETUP_KEYS}, "kind": left_out(r.record)},
                          sort_keys=True, default=str)
         groups.setdefault(key, []).append(r)
@@ -191,22 +154,18 @@ def _what_ran(rec: RunRecord) -> dict[str, Any]:
 
 
 def faulted(rec: RunRecord) -> bool:
-    """The run had fault injection configured (any fault.* off its default)."""
     cfg = flatten(rec.config or {})
     return any(cfg.get(k, v) != v for k, v in NO_FAULT.items())
 
 
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
-    """`rec` measured the same thing as `of` again: the whole config equal except how long and
-    how it was measured and tracked (Role.measure), on the same device model, and neither had
-    fault injection."""
+    """`rec` measured what `of` did again (Role.measure keys aside), neither with faults."""
     return (rec.env.get("device_name") == of.env.get("device_name")
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
 
 
 def varying(rows: list[Row]) -> list[str]:
-    """Config keys that differ between rows: the swept knobs (any key that tells runs apart:
-    gpubench.config.knobs.compared), in a stable order."""
+    """The compared config keys (gpubench.config.knobs.compared) that differ between rows."""
     keys: dict[str, set] = {}
     for r in rows:
         for k, v in r.flat.items():
@@ -216,8 +175,6 @@ def varying(rows: list[Row]) -> list[str]:
 
 
 def ranked(rows: list[Row]) -> list[Row]:
-    """Feasible first, full-length measurements before short screens, stable before disturbed,
-    fastest first."""
     return sorted(rows, key=lambda r: (not r.feasible, not r.full, not r.stable, -r.throughput))
 
 
@@ -233,13 +190,6 @@ def with_interval(r: Row) -> str:
     return f"{Est(r.throughput, *r.interval):.1f}"
 
 
-def near_best(r: Row, best: Row, tolerance: float) -> bool:
-    """Within `tolerance` of the best, judged on intervals: even the low end of the row's
-    interval reaches (1 - tolerance) of the best's median. A noisy row that only might be
-    that fast does not qualify, so noise never picks a smaller, slower configuration."""
-    return r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput
-
-
 def amp_effect(amp: Row, plain: Row) -> str:
     """'faster', 'slower' or 'same': AMP's best against the best without it, on intervals."""
     if amp.interval[0] > plain.interval[1]:
@@ -251,29 +201,24 @@ def amp_effect(amp: Row, plain: Row) -> str:
 
 
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
-    """Reference article 003's pick: among full-length, feasible, stable measurements within
-    `tolerance` of the fastest (on intervals), AMP on when it measured faster beyond the
-    intervals, pin_memory on, then the smallest batch and the fewest workers (large batches
-    can hurt the model and take memory; extra workers cost host RAM). A screen or a probe is
-    too short to compare speeds; a run that found its own measurement disturbed is never the
-    recommendation, and the report says when the fastest figure came from one."""
+    """Reference article 003's pick: among full, feasible, stable measurements within
+    `tolerance` of the fastest (on intervals), AMP on when it measured faster, pin_memory on,
+    then the smallest batch (large ones hurt the model) and the fewest workers (host RAM)."""
     full = [r for r in rows if r.feasible and left_out(r.record) is None]
-    ok = [r for r in full if r.stable]
-    reasons = []
-    if full and not ok:
-        ok = full
-        reasons.append("UNCONFIRMED: every measurement flagged itself (disturbed or too short: "
-                       "noise_reasons); rerun the recommended config on a quiet machine, with "
-                       "longer windows where too short, before trusting it")
-    if not ok:
+    if not full:
         return None
-    # once the confirm step ran, the reference is the fastest confirmed configuration: a trial
-    # measured once may have been lucky
+    ok = [r for r in full if r.stable]
+    reasons = [] if ok else ["UNCONFIRMED: every measurement flagged itself (disturbed or too "
+                             "short: noise_reasons); rerun the recommended config on a quiet "
+                             "machine, with longer windows where too short, before trusting it"]
+    ok = ok or full
+    # once confirmed, the fastest confirmed one: a trial measured once may have been lucky
     best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
     if any(r.confirms for r in rows) and not best.confirmed:
         reasons.append("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
                        "step); rerun the recommended config on a quiet machine before trusting it")
-    near = [r for r in ok if near_best(r, best, tolerance)]
+    # on the low end of its interval: noise never picks a smaller, slower configuration
+    near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
     # the headline follows the first UNCONFIRMED warning, when there is one
     reasons.insert(min(1, len(reasons)), f"fastest {'stable ' if best.stable else ''}feasible: "
                    f"{with_interval(best)} img/s; {len(near)} configuration(s) within "
@@ -320,9 +265,6 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
 
 
 def why_not_best(r: Row) -> str:
-    """Why the fastest figure is not the reference, from the row itself: its own measurement
-    found itself disturbed, its confirm step's re-measurements were disturbed or disagreed, or
-    it was measured once while the confirm step re-measured other trials."""
     own = r.record
     if own.measurement_stable is False:
         why = ", ".join(r.text for r in own.noise_reasons) or "noise_reasons not recorded"
@@ -335,11 +277,8 @@ def why_not_best(r: Row) -> str:
 
 
 def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) -> list[str]:
-    """The loader phase's view (gpubench.analysis.workers.fewest_workers): how many workers
-    out-run compute at the chosen setup's batch size (the loader phase runs no model, so all
-    precisions count), in one line. Where it names another worker count than the recommendation,
-    the line says which decides: training measured end to end, since the loader phase alone
-    leaves out what training adds (with 0 workers the main process loads between steps)."""
+    """The loader phase's fewest workers at the chosen batch size (all precisions: it runs no
+    model); where it differs from the pick, training measured end to end decides."""
     batch = chosen.knob("batch_size")
     same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured]
     pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec) for r in same],
@@ -356,13 +295,12 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
                 f"{tolerance:.0%} of the fastest: the training measurement decides"]
     trained = [r for r in same if r.feasible and r.full and r.knob("num_workers") == theirs
                and left_out(r.record) is None]
-    serial = " (with 0 workers the main process loads each batch between steps)" \
-        if theirs == 0 else ""
     if not trained:
         return [f"loader check: {loads}, but training with {workers(theirs)} was not "
                 f"measured: {workers(mine)} is the fewest measured end to end within "
                 f"{tolerance:.0%}; measure loader.num_workers={theirs} end to end to try fewer"]
     t = max(trained, key=lambda r: r.throughput)
+    serial = " (with 0 workers the main process loads each batch between steps)" * (theirs == 0)
     return [f"loader check: {loads}, but training with {workers(theirs)} measured "
             f"{with_interval(t)} img/s, {t.throughput / best.throughput:.0%} of the fastest, "
             f"not within {tolerance:.0%} on its interval{serial}: the training measurement "

@@ -1,15 +1,5 @@
-"""Which runs a report compares: full training measurements of one training setup; reading
-knobs by short name (gpubench.config.knobs.SHORT), and how a setup is written out.
-
-An experiment collects runs of many kinds (loader-only runs, max-batch probes, a sweep's screens,
-full training runs) and setups (models, datasets, image sizes). Their throughputs are no speeds
-of one thing: the report ranks and recommends full training measurements of one setup, and says
-in one line what it left out (gpubench.report); `--where KEY=VALUE` picks rows first.
-
-A setup is its workload: every key the schema declares as one (gpubench.config.knobs.role). A
-team's own model or dataset (`model=custom model._target_=my_team.Net`) is its class: the
-group's name is only `custom`, which would make every custom model one setup.
-"""
+"""Which runs a report compares (`--where`, then full training measurements of one setup: its
+workload keys, so a custom model is its class), knobs by short name, and setups written out."""
 
 from __future__ import annotations
 
@@ -36,8 +26,7 @@ class Row(Protocol):
 
 
 def knob_key(get: Callable[[str], Any], name: str) -> str:
-    """The config key that holds knob `name` (its first key set; the last one when none is); a
-    name with no short form is its key."""
+    """The config key that holds knob `name`: its first key set, else its last (or `name`)."""
     keys = SHORT.get(name, (name,))
     return next((k for k in keys if get(k) is not None), keys[-1])
 
@@ -48,9 +37,8 @@ def knob_of(get: Callable[[str], Any], name: str) -> Any:
 
 
 def setup_text(rec: RunRecord, compact: bool = False) -> str:
-    """A run's setup written out: `resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16,
-    channels_last` (a title), or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name: the
-    class name of a custom model)."""
+    """`resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16, channels_last` (a title),
+    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name)."""
     def k(name: str) -> Any:
         return knob_of(rec.knob, name)
 
@@ -60,32 +48,27 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
     if compact:
         parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}",
                  f"w{workers}{'t' if thread else ''}", str(k("precision"))]
-        parts += ["cl"] if k("channels_last") else []
-        parts += [f"compile-{compiled}"] if compiled else []
+        parts += [p for p in (k("channels_last") and "cl", compiled and f"compile-{compiled}") if p]
         return "-".join(parts)
     # a record written before its config was complete leaves parts out rather than print None
     head = " ".join(p for p in (str(model or "?"), k("dataset") and f"on {k('dataset')}",
                                 k("image_size") and f"{k('image_size')}px") if p)
-    parts = [head,
-             k("batch_size") is not None and f"batch {k('batch_size')}",
+    parts = [head, k("batch_size") is not None and f"batch {k('batch_size')}",
              workers is not None and f"{workers} {thread}worker{'' if workers == 1 else 's'}",
-             k("precision") and str(k("precision")),
-             k("channels_last") and "channels_last",
+             k("precision") and str(k("precision")), k("channels_last") and "channels_last",
              compiled and f"compile={compiled}"]
     return ", ".join(p for p in parts if p)
 
 
 def workload_text(rec: RunRecord) -> str:
-    """What identifies the run's setup, written out: `model resnet50, dataset imagenet, 224 px`."""
+    """`model resnet50, dataset imagenet, 224 px`."""
     model, dataset, size = (knob_of(rec.knob, n) for n in ("model", "dataset", "image_size"))
     return f"model {model or '?'}, dataset {dataset or '?'}, {size or '?'} px"
 
 
 def left_out(rec: RunRecord) -> str | None:
-    """Why a row is no full training measurement (None when it is one): a max-batch probe or a
-    screen measured too few steps, and a loader-only or compute-only run measured no training
-    step (no e2e figure: its objective is another phase's). A run that crashed before its e2e
-    phase stays: it is a failed training measurement, ranked as infeasible."""
+    """Why a row is no full training measurement (None when it is one). A run that crashed
+    before its e2e phase stays: a failed training measurement, ranked as infeasible."""
     if rec.rung == Rung.probe:
         return "max-batch probes"
     if rec.rung == Rung.screen:
@@ -98,16 +81,13 @@ def left_out(rec: RunRecord) -> str | None:
 
 
 def loader_only(rec: RunRecord) -> bool:
-    """A run that measured the loader phase alone (`bench.phases=[loader]`): left out of the
-    training ranking (left_out), it answers how many loader workers out-run compute
-    (gpubench.analysis.workers, the report's workers answer)."""
+    """A full run of the loader phase alone: the report's workers answer reads it."""
     phases = rec.knob("bench.phases")
     return isinstance(phases, list) and set(phases) == {"loader"} and rec.full
 
 
 class WhereError(ValueError):
-    """A `--where` that picks nothing it could: its one line (the report's command line
-    prints it and exits 1)."""
+    """A `--where` that picks nothing it could: its one line (the report exits 1)."""
 
 
 def parse_where(items: list[str] | None) -> dict[str, str]:
@@ -133,8 +113,7 @@ def _matches(v: Any, want: str) -> bool:
 
 
 def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
-    """The rows whose config has every KEY=VALUE of `conditions` (before anything else). A key
-    that no row has is a typo: WhereError, naming it and keys that exist."""
+    """The rows whose config has every KEY=VALUE; a key no row has is a typo: WhereError."""
     for key in conditions:
         if rows and not any(key in r.flat for r in rows):
             close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
@@ -144,22 +123,18 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
 
 
 def setup_of(r: Row) -> tuple[tuple[str, str], ...]:
-    """The row's workload (every key gpubench.config.knobs.role calls so: model, dataset, image
-    size, classes, phases, a team's own keys), sorted: rows that differ here train other things."""
+    """The row's workload keys (gpubench.config.knobs.role): rows that differ train other things."""
     return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str))
                         for k, v in r.flat.items() if role(k) is Role.workload))
 
 
 def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
-    """The rows the report ranks and recommends from, and what it says about the others: full
-    training measurements only, of one workload (setup_of): the newest run's. Throughputs of
-    different models, image sizes or class counts are no speeds of one thing."""
+    """The rows the report ranks (full training measurements of the newest run's workload),
+    and its notes on the others."""
     kept = [r for r in rows if left_out(r.record) is None]
     out = Counter(why for r in rows if (why := left_out(r.record)) is not None)
-    notes = []
-    if out:
-        notes.append(f"left out {sum(out.values())} run(s) that are no full training "
-                     "measurement: " + ", ".join(f"{n} {why}" for why, n in out.items()))
+    notes = [f"left out {sum(out.values())} run(s) that are no full training measurement: "
+             + ", ".join(f"{n} {why}" for why, n in out.items())] if out else []
     groups: dict[tuple, list[Row]] = {}
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)

@@ -1,10 +1,6 @@
-"""Which pipe is narrowest, and what to turn next. Pure functions of measured figures.
-
-The rule compares three throughputs (reference article 003's method): the loader phase is the
-most the data side can deliver, the compute phase the most the device can, and e2e what the
-training loop gets. GPU utilization never decides the verdict: with AMP a GPU at the same
-utilization does ~1.7x the work (article 003), so utilization is context, not evidence.
-"""
+"""Which pipe is narrowest, and what to turn next (reference article 003's method): the loader
+phase is the most the data side can deliver, compute the most the device can, e2e what training
+gets. GPU utilization never decides: with AMP the same utilization does ~1.7x the work."""
 
 from __future__ import annotations
 
@@ -19,12 +15,9 @@ from gpubench.core.pipe import serial_rate
 from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan
 from gpubench.core.stats import TOLERANCE, Est, positive
 
-# e2e "tracks" a bound when it reaches this fraction of it
-TRACKS = 0.85
-# the loader is "well below" compute when it delivers less than this fraction of it
-WELL_BELOW = 0.9
-# with single windows (no interval), e2e this far above its bound is a broken measurement
-ABOVE_BOUND = 0.10
+TRACKS = 0.85  # e2e "tracks" a bound when it reaches this fraction of it
+WELL_BELOW = 0.9  # the loader is "well below" compute under this fraction of it
+ABOVE_BOUND = 0.10  # a single e2e window this far above its bound: a broken measurement
 
 
 def smaller(a: Est, b: Est) -> Est:
@@ -32,10 +25,8 @@ def smaller(a: Est, b: Est) -> Est:
 
 
 def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
-    """On a GPU the loader's device-side work (H2D copy, nvJPEG decode, GPU augment) runs on
-    the training stream in e2e, one after the other with the step: e2e can reach at most
-    gpubench.core.pipe.serial_rate of compute and the device data time per image, not compute
-    itself."""
+    """On a GPU the loader's device-side work (H2D copy, nvJPEG decode, GPU augment) runs in
+    line with the step on the training stream: e2e reaches at most their serial_rate."""
     if device_data_s_per_image is None:
         return compute
     d = device_data_s_per_image
@@ -46,22 +37,14 @@ def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
 @dataclass
 class Verdict:
     bottleneck: Bottleneck
-    # why, as data: the case the rule decided and the figures it rests on (Est, shares, names);
-    # `reason` turns them into the sentence a reader sees (analysis.labels.Case)
-    case: Case
+    case: Case  # why, with the figures it rests on; `reason` words them
     figures: dict = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
-    # the ratio the verdict rests on (e2e / bound, or loader / compute) and its interval
-    ratio: Est | None = None
-    # how far that ratio's interval stays clear of the rule's threshold (share; > 0 conclusive)
-    margin: float | None = None
-    # what the rule leaned to when it could not decide
-    leaning: Bottleneck | None = None
-    # the share of the narrower bound e2e loses to imperfect overlap (1 - e2e/bound, at least
-    # 0), with its interval; None when e2e or a bound was not measured
-    overlap_loss: Est | None = None
-    # the ratio a question left open by wide intervals rests on, and the line it straddles:
-    # what `windows_to_decide` needs
+    ratio: Est | None = None  # the ratio it rests on (e2e / bound, or loader / compute)
+    margin: float | None = None  # how far its interval clears the threshold (> 0: conclusive)
+    leaning: Bottleneck | None = None  # what an undecided rule leaned to
+    overlap_loss: Est | None = None  # 1 - e2e/bound (at least 0); None: not measured
+    # the ratio a question left open by wide intervals rests on, and the line it straddles
     open_ratio: Est | None = None
     open_line: float | None = None
 
@@ -72,28 +55,21 @@ class Verdict:
 
     @property
     def impossible(self) -> str | None:
-        """What the figures show cannot be in a steady run (e2e above its own bound): a sign
-        the measurement was disturbed, which the run records as a noise reason (run.summary)."""
-        if self.case is not Case.above_bound:
-            return None
-        return ABOVE_OWN_BOUND.format(**self.figures)
+        """e2e above its own bound, impossible in a steady run (a noise reason: run.summary)."""
+        return ABOVE_OWN_BOUND.format(**self.figures) if self.case is Case.above_bound else None
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
-    """The phases' per-window throughputs, round by round (cut to the rounds all of them
-    finished), or None when there are fewer than two rounds or a window measured nothing."""
+    """The phases' per-window throughputs of the rounds all finished, if two or more measured."""
     if not windows or any(not windows.get(n) for n in names):
         return None
     k = min(len(windows[n]) for n in names)
     out = {n: list(windows[n][:k]) for n in names}
-    if k < 2 or not all(positive(x) for n in names for x in out[n]):
-        return None
-    return out
+    return out if k >= 2 and all(positive(x) for n in names for x in out[n]) else None
 
 
 def _data_or_compute(figures: dict, data: Case, compute: Case) -> Verdict:
-    """Data- or compute-bound from the loader's share of compute (`figures["supply"]`), with the
-    case each names; an interval across WELL_BELOW is inconclusive."""
+    """Data- or compute-bound from the loader's share of compute; across WELL_BELOW: open."""
     s = figures["supply"]
     if s.hi < WELL_BELOW:
         return Verdict(Bottleneck.data, data, figures, ratio=s, margin=WELL_BELOW - s.hi)
@@ -104,73 +80,39 @@ def _data_or_compute(figures: dict, data: Case, compute: Case) -> Verdict:
                    open_ratio=s, open_line=WELL_BELOW)
 
 
-@dataclass(frozen=True)
-class Pipes:
-    """The three measured pipes and the bounds e2e is judged against."""
-
-    loader: Est
-    compute: Est
-    e2e: Est
-    # what compute allows e2e: compute itself, or compute plus the device's data work
-    compute_bound: Est
-    # the narrower of the loader and compute_bound: the most e2e can reach
-    bound: Est
-
-    @classmethod
-    def of(cls, loader: Est, compute: Est, e2e: Est, device_data: Est | None) -> Pipes:
-        compute_bound = combined_bound(compute, device_data)
-        return cls(loader, compute, e2e, compute_bound, smaller(loader, compute_bound))
-
-    def figures(self, r: Ratios) -> dict:
-        """What the sentences of the three-pipe cases quote (analysis.labels.Case)."""
-        name = "compute" if self.compute_bound is self.compute else "compute + device data work"
-        narrower = "the loader" if self.loader.value <= self.compute_bound.value else name
-        return dict(loader=self.loader, compute=self.compute_bound, compute_name=name,
-                    e2e=self.e2e, bound=self.bound, narrower=narrower, tracking=r.tracking,
-                    supply=r.supply, of_compute=r.of_compute, loss=overlap_loss(r.tracking))
-
-
-@dataclass(frozen=True)
-class Ratios:
-    """The ratios the rule rests on, with their intervals."""
-
-    tracking: Est  # e2e over the narrower bound: does e2e reach what the pipes allow?
-    supply: Est  # the loader over compute's bound: which pipe is narrower?
-    of_compute: Est  # e2e over compute's bound (the compute-bound reason quotes it)
-
-    @classmethod
-    def of(cls, p: Pipes, device_data: Est | None, windows: dict | None) -> Ratios:
-        """From the pipes' intervals, or pairwise from the windows of interleaved rounds when
-        there are at least two."""
-        paired = _paired(windows, PHASE_NAMES)
-        if paired is None:
-            return cls(p.e2e.over(p.bound), p.loader.over(p.compute_bound),
-                       p.e2e.over(p.compute_bound))
+def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
+                  windows: dict | None) -> dict:
+    """The bounds and ratios the three-pipe cases rest on (pairwise from 2+ rounds, if any)."""
+    compute_bound = combined_bound(compute, device_data)
+    bound = smaller(loader, compute_bound)
+    paired = _paired(windows, PHASE_NAMES)
+    if paired is None:
+        tracking, supply, of_compute = (e2e.over(bound), loader.over(compute_bound),
+                                        e2e.over(compute_bound))
+    else:
         bounds = [combined_bound(Est.of(c), device_data).value for c in paired["compute"]]
         rounds = list(zip(paired["loader"], bounds, paired["e2e"], strict=True))
-        return cls(Est.median_of([e / min(x, b) for x, b, e in rounds]),
-                   Est.median_of([x / b for x, b, _ in rounds]),
-                   Est.median_of([e / b for _, b, e in rounds]))
+        tracking = Est.median_of([e / min(x, b) for x, b, e in rounds])
+        supply = Est.median_of([x / b for x, b, _ in rounds])
+        of_compute = Est.median_of([e / b for _, b, e in rounds])
+    name = "compute" if compute_bound is compute else "compute + device data work"
+    narrower = "the loader" if loader.value <= compute_bound.value else name
+    return dict(loader=loader, compute=compute_bound, compute_name=name, e2e=e2e, bound=bound,
+                narrower=narrower, tracking=tracking, supply=supply, of_compute=of_compute,
+                loss=overlap_loss(tracking))
 
 
 def _above_bound(tracking: Est) -> bool:
     """e2e above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single
-    window more than ABOVE_BOUND above it.
-
-    Not above 1 alone: each bound is a phase measured on its own, and e2e may beat it by a
-    few percent without anything being disturbed (in the loader phase the main process waits
-    for each batch's copy to the device, which in e2e overlaps the step). On an H100 e2e
-    read 103% [100%-125%] of the loader phase and, at batch 256, 100.03% [100.0%-100.1%] of
-    compute: intervals that narrow put any such offset wholly above 1 (docs/gpu.md)."""
-    if tracking.exact:
-        return tracking.value > 1.0 + ABOVE_BOUND
-    return tracking.lo > 1.0 + TOLERANCE
+    window more than ABOVE_BOUND above it. Not above 1 alone: e2e may beat a bound measured on
+    its own by a few percent (the loader phase waits for each copy, which e2e overlaps); on an
+    H100 e2e read 100.03% [100.0%-100.1%] of compute at batch 256 (docs/gpu.md)."""
+    return tracking.value > 1.0 + ABOVE_BOUND if tracking.exact else tracking.lo > 1.0 + TOLERANCE
 
 
-def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
-    """The rule with all three phases: e2e against the narrower bound first (above it: a
-    disturbed run; well below it: no overlap), then which bound it tracks."""
-    t, f = r.tracking, p.figures(r)
+def _three_pipes(f: dict) -> Verdict:
+    """e2e against the narrower bound first (above: disturbed), then which bound it tracks."""
+    t = f["tracking"]
     if _above_bound(t):
         return Verdict(Bottleneck.inconclusive, Case.above_bound, f, ratio=t)
     if t.hi < TRACKS:
@@ -188,11 +130,8 @@ def _three_pipes(p: Pipes, r: Ratios) -> Verdict:
 
 
 def _straddles_tracking(f: dict) -> Verdict:
-    """e2e's interval straddles the line between tracking a bound and poor overlap. Two
-    questions were folded into one here, and each gets what its own interval decides: which
-    pipe is narrowest (the loader against compute's bound) and how much e2e loses to imperfect
-    overlap (1 - e2e/bound: its interval, which may reach 0). Only when the first is open too
-    is the run inconclusive, with what it leans to."""
+    """e2e straddles TRACKS: which pipe is narrowest is still decided on its own interval, with
+    the overlap loss's interval; only when that is open too is the run inconclusive."""
     t = f["tracking"]
     pipe = _data_or_compute(f, Case.data_open_overlap, Case.compute_open_overlap)
     if pipe.bottleneck in (Bottleneck.data, Bottleneck.compute):
@@ -204,55 +143,38 @@ def _straddles_tracking(f: dict) -> Verdict:
 
 
 def overlap_loss(tracking: Est) -> Est:
-    """The share of the narrower bound e2e loses: 1 - e2e/bound, never below 0 (e2e at or
-    above its bound loses nothing)."""
-    return Est(max(0.0, 1.0 - tracking.value), max(0.0, 1.0 - tracking.hi),
-               max(0.0, 1.0 - tracking.lo))
+    return Est(*(max(0.0, 1.0 - x) for x in (tracking.value, tracking.hi, tracking.lo)))
 
 
 def windows_to_decide(ratio: Est, line: float, repeats: int, most: int = 100) -> int | None:
-    """How many windows would put `ratio`'s interval wholly on one side of `line`, from the
-    spread measured: an interval of the median narrows about as 1/sqrt(windows), so its side
-    that reaches across the line must shrink to the figure's distance from the line. None when
-    the figure sits on the line (no number of windows would tell) or more than `most` would
-    be needed."""
+    """How many windows would put `ratio`'s interval wholly on one side of `line`: it narrows
+    about as 1/sqrt(windows). None when the figure sits on the line or over `most` are needed."""
     reach = ratio.value - ratio.lo if line < ratio.value else ratio.hi - ratio.value
     gap = abs(ratio.value - line)
     if reach <= 0 or gap <= 0.005 * line:
         return None
-    need = math.ceil(repeats * (reach / gap) ** 2 * 1.2)  # 20% spare: the estimate is rough
-    need = max(need, repeats + 1)
+    # 20% spare: the estimate is rough
+    need = max(math.ceil(repeats * (reach / gap) ** 2 * 1.2), repeats + 1)
     return need if need <= most else None
-
-
-def _loader_and_compute(loader: Est, compute: Est, windows: dict | None) -> Verdict:
-    """Without e2e: which of the two bounds is narrower."""
-    paired = _paired(windows, ("loader", "compute"))
-    supply = loader.over(compute)
-    if paired:
-        supply = Est.median_of([x / c for x, c in zip(*paired.values(), strict=True)])
-    f = dict(loader=loader, compute=compute, supply=supply)
-    return _data_or_compute(f, Case.data_no_e2e, Case.compute_no_e2e)
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
              intervals: dict | None = None, device_data_s_per_image=None,
              windows: dict | None = None) -> Verdict:
-    """The narrowest pipe, judged on intervals. `loader`, `compute`, `e2e` are images/sec (or
-    `Est`); `intervals` maps the same names to [lo, hi]; `windows` to the per-window figures
-    of interleaved rounds, from which the ratios are taken pairwise. A verdict is given only
-    when the interval of the ratio it rests on lies wholly on one side of the rule's
-    threshold; otherwise it is `inconclusive`, with what it leaned to."""
+    """The narrowest pipe from images/sec (or `Est`), `intervals` and `windows` (interleaved
+    rounds): `inconclusive` unless the ratio's interval lies wholly on one side of its line."""
     iv = intervals or {}
-    loader_ips = Est.of(loader, iv.get("loader"))
-    compute_ips = Est.of(compute, iv.get("compute"))
-    e2e_ips = Est.of(e2e, iv.get("e2e"))
+    loader_ips, compute_ips, e2e_ips = (Est.of(x, iv.get(name)) for name, x in
+                                        zip(PHASE_NAMES, (loader, compute, e2e), strict=True))
     if loader_ips and compute_ips and e2e_ips:
         device_data = Est.of(device_data_s_per_image, iv.get("device_data"))
-        pipes = Pipes.of(loader_ips, compute_ips, e2e_ips, device_data)
-        return _three_pipes(pipes, Ratios.of(pipes, device_data, windows))
-    if loader_ips and compute_ips:
-        return _loader_and_compute(loader_ips, compute_ips, windows)
+        return _three_pipes(_pipe_figures(loader_ips, compute_ips, e2e_ips, device_data, windows))
+    if loader_ips and compute_ips:  # without e2e: which of the two bounds is narrower
+        paired = _paired(windows, ("loader", "compute"))
+        supply = (Est.median_of([x / c for x, c in zip(*paired.values(), strict=True)])
+                  if paired else loader_ips.over(compute_ips))
+        return _data_or_compute(dict(loader=loader_ips, compute=compute_ips, supply=supply),
+                                Case.data_no_e2e, Case.compute_no_e2e)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
         # e2e alone: how much of the loop waits on data
         if data_wait_fraction > 0.25:
@@ -282,7 +204,6 @@ class Knobs:
 
 
 def next_steps(bottleneck: Bottleneck | str, k: Knobs) -> list[Step]:
-    """The next steps for a verdict and the current settings, most effective first."""
     bottleneck = Bottleneck(bottleneck)
     gpu, starved = k.device == "cuda", bottleneck in (Bottleneck.data, Bottleneck.overlap)
     rules = [
@@ -300,8 +221,7 @@ def next_steps(bottleneck: Bottleneck | str, k: Knobs) -> list[Step]:
         rules += [
             (Step.amp if gpu else Step.amp_on_cpu,
              k.precision in ("torch_default", "fp32", "tf32")),
-            (Step.channels_last, gpu and k.is_conv and not k.channels_last
-             and is_amp(k.precision)),
+            (Step.channels_last, gpu and k.is_conv and not k.channels_last and is_amp(k.precision)),
             (Step.compile, gpu and k.compile == "off"),
             (Step.larger_batch, frac is not None and frac < 0.6 * k.ceiling),
             (Step.on_cpu, not gpu),
@@ -323,11 +243,9 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
           remedies: list[str] | None = None, device_data_s_per_image=None,
           windows: dict | None = None, repeats: int | None = None,
           steps: int | None = None) -> Verdict:
-    """The verdict and its advice. A run whose measurement was disturbed (`noise_reasons`)
-    gets no confident verdict, whatever its figures say: `inconclusive`, with the reasons and
-    what to do about them (`remedies`), and what the figures leaned to. A question left open
-    only by wide intervals gets the number of windows that would decide it (`repeats` windows
-    of `steps` in all were measured)."""
+    """The verdict and its advice. A disturbed run (`noise_reasons`) is `inconclusive` whatever
+    its figures, advised its `remedies`; a question left open only by wide intervals gets the
+    windows that would decide it (`repeats` windows of `steps` in all were measured)."""
     v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
                  windows)
     if noise_reasons and v.bottleneck is not Bottleneck.unknown:

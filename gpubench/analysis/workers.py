@@ -1,13 +1,5 @@
-"""How many loader workers: the fewest whose loader rate out-runs compute (reference article 003:
-set workers to the minimum that unblocks the GPU; each extra worker costs host RAM for nothing).
-Pure functions of measured figures.
-
-The rule judges intervals against intervals, as the verdict does: a worker count clears compute
-when the low end of its loader interval is above the high end of compute's interval times
-(1 + tolerance). A loader run is compared only with a compute measurement of the same compute
-setup (`compute_setup`: model, image size, batch size, precision, ...), the one a loader-only
-multirun measures once per setup (gpubench.run.compute_bound) or one named to the report.
-"""
+"""How many loader workers: the fewest that out-run compute of the same `compute_setup` (article
+003: the minimum that unblocks the GPU; each extra worker costs host RAM)."""
 
 from __future__ import annotations
 
@@ -21,23 +13,21 @@ from gpubench.analysis.select import knob_of
 from gpubench.config.knobs import COMPUTE
 from gpubench.core.stats import TOLERANCE, Est, figure
 
-# the folder of a sweep dir where a loader-only multirun keeps its compute measurements
-COMPUTE_DIR = "compute"
+COMPUTE_DIR = "compute"  # a loader-only multirun's compute measurements, in its sweep dir
 # what a data side that stays the bottleneck can try next (docs/data.md)
 NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
 
 
 def workers(n: int) -> str:
-    """`1 worker`, `2 workers`."""
     return f"{n} worker{'' if n == 1 else 's'}"
 
 
 @dataclass
 class WorkersPick:
     num_workers: int | None  # None: nothing measured to choose from
-    unblocks: bool  # True: this loader out-runs compute (the GPU is no longer starved)
+    unblocks: bool  # True: this loader out-runs compute
     tolerance: float = TOLERANCE
-    # every worker count's loader rate (repeats pooled), and the bound they were judged against
+    # every worker count's loader rate (repeats pooled), and the bound judged against
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
 
@@ -46,7 +36,6 @@ class WorkersPick:
         return None if self.num_workers is None else self.rates[self.num_workers].value
 
     def _fewer(self) -> int | None:
-        """The most workers measured below the pick."""
         return max((x for x in self.rates if x < self.num_workers), default=None)
 
     @property
@@ -72,23 +61,20 @@ class WorkersPick:
 
     @property
     def threshold(self) -> float | None:
-        """The low end a loader interval must exceed: compute's high end times (1 + tolerance)."""
         return None if self.compute is None else self.compute.hi * (1 + self.tolerance)
 
     def answer(self) -> str:
-        """The workers answer as the report prints it, with the intervals and the margin:
-        `workers: 2 (loader 812 [790-840] img/s clears compute 540 [520-555] by 50% [42%-62%],
-        more than the 5% margin); 1 worker: 480 [460-500] does not (...)`."""
-        if self.num_workers is None:
+        """The report's workers answer, with the intervals and the margin (`clearing`)."""
+        w, c, tol = self.num_workers, self.compute, self.tolerance
+        if w is None:
             return "workers: no loader throughput measured"
-        c, tol = self.compute, self.tolerance
         if self.unblocks:
-            w, r, f = self.num_workers, self.rates[self.num_workers], self._fewer()
+            f = self._fewer()
             below = "no fewer were measured" if f is None else (
                 f"{workers(f)}: {self.rates[f]} does not (its low end {figure(self.rates[f].lo)} "
                 f"is not above {figure(self.threshold)}, compute's high end + {tol:.0%})")
-            return f"workers: {w} ({clearing(r, c)}, more than the {tol:.0%} margin); {below}"
-        w = self.num_workers
+            return (f"workers: {w} ({clearing(self.rates[w], c)}, more than the {tol:.0%} "
+                    f"margin); {below}")
         plateau = (f"the loader levels off from {workers(w)}: {self.rates[w]} img/s, within "
                    f"{tol:.0%} of the best")
         if c is None:
@@ -105,9 +91,8 @@ class WorkersPick:
 
 
 def clears_by(margin: Est) -> str:
-    """How far a loader clears compute, from its margin (loader / compute - 1): `by 50%
-    [42%-62%]`, or in times once a percentage would pass 100% (`10.6 [8.9-96.0] times over`:
-    `by 6192% [149%-209139%]` is hard to read)."""
+    """From the margin (loader / compute - 1): `by 50% [42%-62%]`, or past 100% in times
+    (`10.6 [8.9-96.0] times over`, not the hard to read `by 6192% [149%-209139%]`)."""
     if margin.hi <= 1:
         return f"by {margin:.0%}"
     return f"{Est(margin.value + 1, margin.lo + 1, margin.hi + 1)} times over"
@@ -121,9 +106,8 @@ def clearing(loader: Est, compute: Est) -> str:
 
 
 def _loader_rows(rows) -> dict[int, Est]:
-    """{num_workers: loader rate} from (num_workers, ips[, interval]) tuples or mappings with
-    `num_workers`, `loader_images_per_sec` and optionally `loader_images_per_sec_ci` keys;
-    repeats of a worker count pooled (Est.pooled), unmeasured ones (None, NaN, <= 0) dropped."""
+    """{num_workers: loader rate, repeats pooled} from (num_workers, ips[, interval]) tuples or
+    mappings of those as results.json names them; unmeasured ones (None, NaN, <= 0) dropped."""
     per: dict[int, list[Est]] = {}
     for r in rows:
         if isinstance(r, dict):
@@ -138,17 +122,14 @@ def _loader_rows(rows) -> dict[int, Est]:
 
 
 def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
-    """A loader unblocks compute: the low end of its interval is above compute's high end
-    times (1 + tolerance). Interval against interval, as the verdict judges: a loader whose
-    figure alone is above does not count while the intervals leave it open."""
+    """Interval against interval, `tolerance` to spare: a figure alone above does not count."""
     return loader.lo >= compute.hi * (1 + tolerance)
 
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,
                    tolerance: float = TOLERANCE) -> WorkersPick:
-    """The fewest loader workers that clear compute (`clears`; article 003: the minimum that
-    unblocks the GPU). When none does, the plateau's start: the fewest within `tolerance` of
-    the highest loader throughput. `compute_images_per_sec`: a figure, an Est or None."""
+    """The fewest loader workers that clear compute; when none does, the plateau's start: the
+    fewest within `tolerance` of the highest loader throughput."""
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
@@ -160,18 +141,14 @@ def fewest_workers(rows, compute_images_per_sec: float | Est | None,
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:
-    """What a compute measurement must share with a loader run to bound it: every key the
-    compute phase's figure depends on (gpubench.config.knobs.COMPUTE) read with `get` (a
-    record's `knob`), and the device."""
+    """What a compute measurement must share with a loader run to bound it (`get`: a knob)."""
     return tuple((n, knob_of(get, n)) for n in COMPUTE) + (("device", device),)
 
 
 def compute_dir_name(setup: tuple[tuple[str, Any], ...]) -> str:
-    """A folder name for one compute setup: readable, and unique by a digest of all of it
-    (`tiny-32px-bs32-fp32-cpu-1a2b3c4d`)."""
+    """A readable folder name, unique by a digest: `tiny-32px-bs32-fp32-cpu-1a2b3c4d`."""
     s = dict(setup)
     model = str(s.get("model") or "model").rsplit(".", 1)[-1]
     head = f"{model}-{s.get('image_size')}px-bs{s.get('batch_size')}-{s.get('precision')}-" \
            f"{s.get('device')}"
-    digest = hashlib.sha1(repr(setup).encode()).hexdigest()[:8]
-    return re.sub(r"[^\w.\-]", "_", head) + f"-{digest}"
+    return re.sub(r"[^\w.\-]", "_", head) + f"-{hashlib.sha1(repr(setup).encode()).hexdigest()[:8]}"

@@ -1,28 +1,11 @@
-"""The verdict check: two runs built so that their narrowest pipe is known, measured by gpubench
-end to end (`measure_run`, all three phases), whose verdict must name it.
-
-- data: the user's model, batch and precision reading `PacedImages` (each sample `delay_s` late)
-  through `dataset=custom`, with one loader worker prefetching one batch (none where the user's
-  loader has none). A batch takes DATA_STALL x the plain step: the loader delivers a quarter of
-  what compute takes, data-bound. One worker delivers evenly (several finish together, in
-  bursts a short window may or may not catch), so the drain before each window costs 2 batches.
-- step: the user's config with `fault.stall_every=1`: every compute/e2e step sleeps STEP_STALL x
-  the slower of the plain step and batch (run/runner.py, Faults): compute-bound.
-
-Without loader workers e2e is the sum of loading and stepping, and tracks the narrower pipe
-above the rule's 85% only when that one is much the longer: both stalls are SERIAL_STALL x then.
-The margins are wide on purpose: a shared machine that slows one window of compute 3x leaves
-the data case's loader/compute ratio under the rule's 0.9 line.
-
-Judged is the rule (analysis.verdict.classify) on the run's figures, not the run's own verdict:
-its validity checks call any run of fewer than 6 windows inconclusive, and these keep to 3 (their
-stalls are what they cost). A run those checks call disturbed whose figures miss the answer is
-not judged (rules.verdict_case).
-"""
+"""The verdict check: two runs whose narrowest pipe is known must get it named. data: the user's
+model reading `PacedImages` through at most one worker (several deliver in bursts), each batch
+DATA_STALL x the plain step late; step: every step stalled STEP_STALL x the slower of the two;
+SERIAL_STALL for both without workers (e2e is their sum then). Judged is the rule (classify) on
+the run's figures: its own verdict calls runs under 6 windows inconclusive (these keep to 3)."""
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from pathlib import Path
@@ -32,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
 from gpubench.analysis.verdict import classify
+from gpubench.check.pipes import phase_config
 from gpubench.check.rules import Judgement, skipped, verdict_case
 from gpubench.config.schema import FaultConfig
 from gpubench.config.settings import Settings
@@ -40,18 +24,16 @@ from gpubench.core.record import PHASE_NAMES, Flaw, RunRecord, Status
 from gpubench.run.runner import measure_run
 from gpubench.run.summary import rule_figures
 
-DATA_STALL = 4.0
-STEP_STALL = 2.0
-SERIAL_STALL = 20.0
-# the least stall: below it a sleep's overshoot and the loop's fixed costs (a tiny model's step
-# takes a millisecond) are no longer small beside it
+DATA_STALL, STEP_STALL, SERIAL_STALL = 4.0, 2.0, 20.0
+# below it a sleep's overshoot and the loop's costs (a tiny model's 1 ms step) are not small
 MIN_STALL_S = 0.05
 WINDOWS = 3
+# validity reasons of the short design: 3 windows, shorter than the batches in flight
+BY_DESIGN = (Flaw.few_windows, Flaw.queue)
 
 
 class PacedImages(Dataset):
-    """Random uint8 CHW images held in memory, each sample returned `delay_s` late: a data
-    source of known speed. Long (`length`) so no epoch ends inside a window."""
+    """In-memory random uint8 CHW images, each `delay_s` late: a source of known speed."""
 
     def __init__(self, size: int, delay_s: float, classes: int = 1, length: int = 100_000,
                  pool: int = 8, seed: int = 0):
@@ -63,24 +45,16 @@ class PacedImages(Dataset):
         return self.length
 
     def __getitem__(self, i: int):
-        time.sleep(self.delay_s)  # the slow source this case is built on
+        time.sleep(self.delay_s)
         return self.images[i % len(self.images)], i % self.classes
 
 
 def _short(cfg: DictConfig, workers: int, prefetch: int | None) -> DictConfig:
-    """The user's config measured in WINDOWS short windows, with none of the user's faults:
-    windows of a multiple of the workers (they deliver in bursts of one batch each), the first
-    opened after as many steps as gpubench re-warms the later ones with (the batches in flight
-    drained, and one more)."""
-    out = copy.deepcopy(cfg)
-    per_window = max(2, workers)
+    """The user's config in WINDOWS windows of a multiple of the workers, without faults."""
     warm = max(2, batches_in_flight(workers, prefetch) + 1)
+    out = phase_config(cfg, list(PHASE_NAMES), repeats=WINDOWS, steps=WINDOWS * max(2, workers),
+                       warmup_steps=warm, warmup_max_steps=warm)
     OmegaConf.update(out, "fault", OmegaConf.structured(FaultConfig()), merge=False)
-    for key, value in (("bench.phases", list(PHASE_NAMES)), ("bench.repeats", WINDOWS),
-                       ("bench.steps", WINDOWS * per_window), ("bench.warmup_steps", warm),
-                       ("bench.warmup_max_steps", warm), ("bench.flops", False),
-                       ("bench.profile", False)):
-        OmegaConf.update(out, key, value)
     return out
 
 
@@ -116,14 +90,8 @@ def step_case(cfg: DictConfig, s: Settings, step_s: float, batch_s: float | None
     return out, stall
 
 
-# the validity reasons these short runs always give by design (3 windows give a 75% interval;
-# windows shorter than the batches in flight)
-BY_DESIGN = (Flaw.few_windows, Flaw.queue)
-
-
 def disturbed(rec: RunRecord) -> list[str]:
-    """The run's validity reasons (run/summary.py) less those its short design gives: what is
-    left says something disturbed it (other processes, interrupted steps, throttling)."""
+    """The run's validity reasons less those of its design: what disturbed it."""
     return [r.text for r in rec.noise_reasons if r.kind not in BY_DESIGN]
 
 
@@ -142,7 +110,7 @@ def _run(name: str, expected: str, case: DictConfig, out: Path, what: str) -> Ju
 
 def verdict_checks(cfg: DictConfig, s: Settings, out: Path, step_s: float | None,
                    batch_s: float | None) -> list[Judgement]:
-    """The two cases, sized from the plain loops' step and batch times (seconds)."""
+    """The two cases, sized from the plain loops' step and batch seconds."""
     if step_s is None or not math.isfinite(step_s):
         why = "the compute check measured no plain step time to size the stalls from"
         return [skipped("data-stall", why), skipped("step-stall", why)]

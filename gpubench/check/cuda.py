@@ -1,15 +1,5 @@
-"""The checks that need a CUDA device: thin measurements whose judgement is in
-gpubench.check.rules (tested on a CPU with recorded figures).
-
-NVML is reached through gpubench.telemetry.nvml.Nvml (its handle, found by UUID) and then called
-directly, with the semantics nvml.h documents (read in the NVML API reference and the bindings
-that copy its comments): nvmlDeviceGetUtilizationRates, "percent of time over the past sample
-period during which one or more kernels was executing", the period between 1/6 s and 1 s by
-product; nvmlDeviceGetPowerUsage in mW (an average over 1 s on Ampere and newer);
-nvmlDeviceGetTotalEnergyConsumption, "total energy consumption for this GPU in millijoules (mJ)
-since the driver was last reloaded", Volta and newer; nvmlDeviceGetMemoryInfo in bytes (on a
-MIG instance, the instance's).
-"""
+"""The checks that need a CUDA device, judged in check.rules; NVML is called directly through
+telemetry.nvml.Nvml's handle, with the semantics listed there."""
 
 from __future__ import annotations
 
@@ -27,9 +17,7 @@ from gpubench.telemetry.nvml import Nvml
 
 NAMES = ("utilization", "energy", "memory", "peak", "sync")
 BUSY_S, IDLE_S = 4.0, 2.0
-# NVML's readings average over up to 1 s: reads start this long into a window, so they describe
-# the window and not what ran before it
-SETTLE_S = 1.2
+SETTLE_S = 1.2  # NVML's readings average over up to 1 s: reads start this late in a window
 READ_EVERY_S = 0.1
 ALLOC_BYTES = 2 * 2**30
 
@@ -40,7 +28,6 @@ def _half() -> tuple[str, torch.dtype]:
 
 
 def _read(fn, *args):
-    """An NVML reading, or None where the device does not support it."""
     try:
         return fn(*args)
     except Exception:  # pynvml.NVMLError_NotSupported and kin; never fail a check on a read
@@ -48,9 +35,7 @@ def _read(fn, *args):
 
 
 def busy_and_idle(nv, handle) -> tuple[Judgement, Judgement]:
-    """Back-to-back matmuls for BUSY_S (utilization read, power integrated against the energy
-    counter over the part after SETTLE_S), then nothing queued for IDLE_S (utilization read
-    after SETTLE_S)."""
+    """Back-to-back matmuls for BUSY_S, then nothing queued for IDLE_S, read after SETTLE_S."""
     a = torch.randn(4096, 4096, device="cuda", dtype=_half()[1])
     c = torch.empty_like(a)
     util, readings = [], []
@@ -62,20 +47,16 @@ def busy_and_idle(nv, handle) -> tuple[Judgement, Judgement]:
         now = time.perf_counter() - t0
         if now > SETTLE_S and now - last >= READ_EVERY_S:  # read while the 32 just queued run
             last = now
-            u = _read(nv.nvmlDeviceGetUtilizationRates, handle)
-            util.append(u.gpu if u is not None else None)
+            util.append(getattr(_read(nv.nvmlDeviceGetUtilizationRates, handle), "gpu", None))
             readings.append((now, _read(nv.nvmlDeviceGetPowerUsage, handle),
                              _read(nv.nvmlDeviceGetTotalEnergyConsumption, handle)))
-        # bounded queue: the host's clock stays within 32 matmuls of the device's, so the
-        # readings above describe what the device runs now
+        # bounded queue: the host stays within 32 matmuls of the device, so readings are current
         torch.cuda.synchronize()
-    idle = []
-    t0 = time.perf_counter()
+    idle, t0 = [], time.perf_counter()
     while time.perf_counter() - t0 < IDLE_S:
         time.sleep(READ_EVERY_S)
         if time.perf_counter() - t0 > SETTLE_S:
-            u = _read(nv.nvmlDeviceGetUtilizationRates, handle)
-            idle.append(u.gpu if u is not None else None)
+            idle.append(getattr(_read(nv.nvmlDeviceGetUtilizationRates, handle), "gpu", None))
     del a, c
     return rules.utilization(_median(util), _median(idle)), rules.energy_readings(readings)
 
@@ -102,35 +83,32 @@ def memory(nv, handle, index: int) -> Judgement:
 
 
 def _matmul_rate(dtype: torch.dtype, n: int = 8192) -> float:
-    """FLOP/s of an n x n x n matmul, timed by CUDA events over about half a second."""
+    """FLOP/s of an n x n x n matmul, timed by CUDA events over about 0.5 s."""
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     c = torch.empty_like(a)
     for _ in range(3):  # cuBLAS picks its kernel and the clocks come up
         torch.matmul(a, a, out=c)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.matmul(a, a, out=c)
-    end.record()
-    end.synchronize()  # one matmul's time sizes the timed run
-    reps = min(200, max(5, math.ceil(0.5 / (start.elapsed_time(end) / 1e3))))
-    start.record()
-    for _ in range(reps):
-        torch.matmul(a, a, out=c)
-    end.record()
-    end.synchronize()  # elapsed_time needs both events complete
-    return 2.0 * n**3 * reps / (start.elapsed_time(end) / 1e3)
+
+    def seconds(reps: int) -> float:
+        start.record()
+        for _ in range(reps):
+            torch.matmul(a, a, out=c)
+        end.record()
+        end.synchronize()  # elapsed_time needs both events complete
+        return start.elapsed_time(end) / 1e3
+
+    reps = min(200, max(5, math.ceil(0.5 / seconds(1))))  # one matmul's time sizes the run
+    return 2.0 * n**3 * reps / seconds(reps)
 
 
 def peak(index: int) -> Judgement:
-    """Large matmuls against the table's peak for this device, as MFU reads it (scaled to the
-    multiprocessors a MIG slice has)."""
+    """Large matmuls against the table's peak for this device, as MFU reads it."""
     name = torch.cuda.get_device_name(index)
     sms = torch.cuda.get_device_properties(index).multi_processor_count
     half, dtype = _half()
     rows = [(half, _matmul_rate(dtype), env.peak_flops(name, half, sms))]
-    # fp32 matmuls on TF32 tensor cores, through the public setting every torch since 1.12 has
-    # (torch.set_float32_matmul_precision's documentation: with "high", CUDA float32 matmuls
-    # use TensorFloat32), put back as it was
+    # fp32 matmuls on TF32 tensor cores ("high", torch >= 1.12), put back as it was
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
@@ -141,8 +119,7 @@ def peak(index: int) -> Judgement:
 
 
 def sync_timing(rounds: int = 5, steps: int = 20) -> Judgement:
-    """gpubench's window (parts.measure.run_window: edge syncs, events per step) against the
-    same steps each followed by a synchronize, timed on the host clock, alternated."""
+    """gpubench's window against the same steps each synchronized, alternated."""
     a = torch.randn(4096, 4096, device="cuda", dtype=_half()[1])
     c = torch.empty_like(a)
 

@@ -1,12 +1,6 @@
-"""The reference: a training step and a loader loop written the way a user's own loop is, timed
-with nothing but a clock and a synchronize at each window's edges.
-
-Only what it must share with gpubench to measure the same work comes from gpubench: the model
-(`build_model`, `prepare_model`), the optimizer (`make_optimizer`), the autocast dtype and loss
-scaling (`resolve_precision`; its backend flags are process-wide, set by gpubench's build). The
-step, loss, optimizer call, warm-up and timing are written here, independently of
-gpubench.parts.step and .measure: those are what is checked.
-"""
+"""The reference: a training step and loader loop written as a user's own, timed by a clock and a
+synchronize at window edges. Only the model, optimizer and precision plan come from gpubench:
+parts.step and .measure are what is checked."""
 
 from __future__ import annotations
 
@@ -24,22 +18,18 @@ from gpubench.parts.step import make_optimizer
 
 
 def sync(device: str) -> None:
-    # CUDA kernels run asynchronously: without a synchronize the clock would stop while
-    # queued work is still running. On a CPU every op has finished when it returns.
+    # CUDA kernels run asynchronously: the clock must not stop with work still queued
     if device == "cuda":
         torch.cuda.synchronize()
 
 
 def timed(work: Callable[[], int], steps: int, device: str, warm: int = 0) -> tuple[int, float]:
-    """(images, seconds) of `steps` calls of `work` (each returns its images), after `warm`
-    untimed calls."""
+    """(images, seconds) of `steps` calls of `work` after `warm` untimed ones."""
     for _ in range(warm):
         work()
     sync(device)  # the warm-up's work is done before the clock starts
     t0 = time.perf_counter()
-    images = 0
-    for _ in range(steps):
-        images += work()
+    images = sum(work() for _ in range(steps))
     sync(device)  # every timed step's work is done before the clock stops
     return images, time.perf_counter() - t0
 
@@ -51,8 +41,7 @@ class PlainStep:
         b, device = s.bench, s.device
         model = prepare_model(build_model(s), device, s.channels_last)
         if s.compile != "off":
-            # torch.compile directly: gpubench's maybe_compile first resets dynamo's state,
-            # which would throw away the compiled model of the run this is compared with
+            # not gpubench's maybe_compile: it resets dynamo, dropping the compared run's model
             model = torch.compile(model, mode=None if s.compile == "default" else s.compile)
         self.model, self.x, self.y, self.device = model, x, y, device
         # a user's loop under a CUDA-graph compile mode marks each iteration, as PyTorch asks
@@ -67,8 +56,7 @@ class PlainStep:
         self.calls += 1
         if self.mark_step is not None:
             self.mark_step()
-        auto = torch.autocast(self.device, self.dtype) if self.dtype is not None else nullcontext()
-        with auto:
+        with torch.autocast(self.device, self.dtype) if self.dtype is not None else nullcontext():
             logits = self.model(self.x)
             loss = F.cross_entropy(logits, self.y)
         if self.every and self.calls % self.every == 0:  # as bench.host_metrics_every asks
@@ -87,8 +75,7 @@ class PlainStep:
 
 
 def plain_copy(device: str, pin: bool, channels_last: bool) -> Callable[[object], int]:
-    """A loader item ((images, labels), skipped) copied to the device as a training loop does;
-    returns its images."""
+    """Copies a loader item ((images, labels), skipped) to the device; returns its images."""
     def move(item) -> int:
         batch, _ = item
         if batch is None:  # nothing of this batch decoded (dataset.on_corrupt=skip)

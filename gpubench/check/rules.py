@@ -1,43 +1,25 @@
-"""The self-check's judgements: pure functions of measured figures (no torch), each returning a
-`Judgement`, so every PASS/FAIL rule is tested on a CPU with recorded figures; the code that
-measures (gpubench.check.pipes, .cases, .cuda) stays thin. docs/gpu.md ("The self-check")
-states them.
-
-`agree` (compute, loader, sync) judges two timings of the same work measured in alternated
-windows, so a drift of a shared machine hits both: each round gives a ratio tool/reference, and
-the ratios' median and order-statistic interval (core.stats, as a run's phases get) PASS when
-the median is within TOLERANCE (5%) of 1 or the interval holds 1 (no larger difference than the
-windows' own spread). Anything else FAILs, in either direction (too fast is as wrong as slow).
-"""
+"""The self-check's PASS/FAIL rules: pure functions of figures (no torch), tested on a CPU."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# agree(): the largest difference that passes whatever the intervals say, the tolerance every
-# judgement over throughputs uses
 from gpubench.core.stats import TOLERANCE, Est
 
-# utilization(): NVML's utilization is the share of its sample period (1/6 s to 1 s, by product)
-# in which a kernel ran; a loop of back-to-back matmuls keeps one running, nothing queued none
-BUSY_MIN = 80.0
-IDLE_MAX = 10.0
-# energy(): NVML's power reading is itself an average (over 1 s on Ampere and newer), so power
-# integrated over a window with a steady load agrees with the counter to a few percent
+# utilization(): back-to-back matmuls keep a kernel running all the sample period; idle, none
+BUSY_MIN, IDLE_MAX = 80.0, 10.0
+# energy(): power (a 1 s average) integrated under a steady load agrees with the counter
 ENERGY_TOLERANCE = 0.10
 # memory(): an allocation shows in NVML's used memory as in torch's reserved, within this
 MEMORY_TOLERANCE = 0.05
 MEMORY_SLACK_BYTES = 64 * 2**20  # the driver's page-table and granularity overheads
-# peak(): achieved/peak above 1 is impossible (the table's peak is too low); below half is what
-# a sparse (2:4) figure in the table gives, or a throttled or shared GPU
-PEAK_MAX = 1.0
-PEAK_MIN = 0.5
+# peak(): above 1 the table's figure is too low; under half, sparse (2:4) or a throttled GPU
+PEAK_MAX, PEAK_MIN = 1.0, 0.5
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """One check's outcome: passed True/False, or None when it did not run (skipped)."""
-
+    """One check's outcome; passed None: skipped."""
     name: str
     passed: bool | None
     figures: dict = field(default_factory=dict)
@@ -53,22 +35,20 @@ def skipped(name: str, why: str) -> Judgement:
 
 
 def line(j: Judgement) -> str:
-    """The printed line: name, PASS/FAIL and the figures; `skipped: why` for a check not run."""
     if j.passed is None:
         return f"{j.name:<12} skipped: {j.detail}"
     return f"{j.name:<12} {j.status:<5} {j.detail}"
 
 
 def exit_code(judgements: list[Judgement]) -> int:
-    """0 when every check that ran passed, else 1 (core.exits.ExitCode.FAILED)."""
+    """0 when every check that ran passed, else 1 (ExitCode.FAILED)."""
     return 0 if all(j.passed is not False for j in judgements) else 1
 
 
 def agree(name: str, tool: list[float], reference: list[float], unit: str = "img/s",
-          names: tuple[str, str] = ("gpubench", "plain"), tolerance: float = TOLERANCE
-          ) -> Judgement:
-    """Two rates of the same work from alternated windows (tool[i] and reference[i] measured
-    side by side in round i): see the module docstring for the rule."""
+          names: tuple[str, str] = ("gpubench", "plain")) -> Judgement:
+    """Rates of the same work in alternated windows: PASS when the ratios' median is within
+    TOLERANCE of 1 or their interval holds 1; else FAIL, too fast as too slow."""
     pairs = [(t, r) for t, r in zip(tool, reference, strict=False) if t > 0 and r > 0]
     if not pairs:
         return Judgement(name, False, {}, f"nothing measured ({names[0]} {tool}, {names[1]} "
@@ -76,37 +56,30 @@ def agree(name: str, tool: list[float], reference: list[float], unit: str = "img
     ratios = [t / r for t, r in pairs]
     t, r = Est.median_of([p[0] for p in pairs]), Est.median_of([p[1] for p in pairs])
     q = Est.median_of(ratios)
-    within = abs(q.value - 1.0) <= tolerance
+    within = abs(q.value - 1.0) <= TOLERANCE
     held = q.lo <= 1.0 <= q.hi and len(ratios) > 1
-    passed = within or held
     figures = {"tool": t.value, "tool_lo": t.lo, "tool_hi": t.hi, "reference": r.value,
                "reference_lo": r.lo, "reference_hi": r.hi, "ratio": q.value, "ratio_lo": q.lo,
                "ratio_hi": q.hi, "rounds": len(ratios)}
-    why = (f"within {tolerance:.0%}" if within else "its interval holds 1" if held
-           else f"{q.value - 1:+.0%}, beyond {tolerance:.0%} and the interval")
-    detail = (f"{names[0]} {t:.1f} {unit}, {names[1]} {r:.1f}: ratio {q:.3f} over "
-              f"{len(ratios)} alternated rounds ({why})")
-    return Judgement(name, passed, figures, detail)
+    why = (f"within {TOLERANCE:.0%}" if within else "its interval holds 1" if held
+           else f"{q.value - 1:+.0%}, beyond {TOLERANCE:.0%} and the interval")
+    return Judgement(name, within or held, figures, f"{names[0]} {t:.1f} {unit}, {names[1]} "
+                     f"{r:.1f}: ratio {q:.3f} over {len(ratios)} alternated rounds ({why})")
 
 
 def verdict_case(name: str, expected: str, answer: str, reason: str, figures: dict,
                  disturbed: list[str] | None = None) -> Judgement:
-    """A constructed case whose narrowest pipe is known: the rule must name it. A run that
-    gpubench's own validity checks call disturbed (`disturbed`: other processes, interrupted
-    steps) and whose figures do not name it is not judged (skipped, with what they said), as
-    gpubench gives such a run no verdict either; on a quiet machine the same is a FAIL."""
+    """The answer must name the known pipe; a miss on a `disturbed` run is skipped (no verdict)."""
     figures = {**figures, "expected": expected, "answer": answer}
-    if answer == expected:
-        return Judgement(name, True, figures, f"expected {expected}, got {answer}: {reason}")
-    if disturbed:
+    if disturbed and answer != expected:
         return Judgement(name, None, figures, f"the run was disturbed ({disturbed[0]}), and its "
                          f"figures say {answer}, not {expected}: {reason}")
-    return Judgement(name, False, figures, f"expected {expected}, got {answer}: {reason}")
+    return Judgement(name, answer == expected, figures,
+                     f"expected {expected}, got {answer}: {reason}")
 
 
 def utilization(busy: float | None, idle: float | None) -> Judgement:
-    """NVML's GPU utilization (%) read in a window of back-to-back kernels and in one with
-    nothing queued."""
+    """NVML's GPU utilization (%) with back-to-back kernels and with nothing queued."""
     if busy is None or idle is None:
         return skipped("utilization", "NVML gave no utilization reading")
     ok = busy >= BUSY_MIN and idle <= IDLE_MAX
@@ -117,8 +90,7 @@ def utilization(busy: float | None, idle: float | None) -> Judgement:
 
 
 def energy(counter_j: float | None, integrated_j: float | None, seconds: float) -> Judgement:
-    """The driver's energy counter over a window against its power readings integrated over
-    the same window."""
+    """The energy counter over a window against power integrated over it."""
     if counter_j is None or integrated_j is None or integrated_j <= 0:
         return skipped("energy", "no energy counter or power reading on this device")
     ratio = counter_j / integrated_j
@@ -130,9 +102,7 @@ def energy(counter_j: float | None, integrated_j: float | None, seconds: float) 
 
 
 def energy_readings(readings: list[tuple[float, float | None, float | None]]) -> Judgement:
-    """`energy` from NVML's readings over a window, (seconds, power mW, counter mJ) each taken
-    at one moment: power integrated by the trapezoid rule from the first reading to the last,
-    against the counter's difference between the same two."""
+    """`energy` from (seconds, power mW, counter mJ) readings, by the trapezoid rule."""
     if len(readings) < 2 or any(p is None or e is None for _, p, e in readings):
         return energy(None, None, 0.0)
     integrated_mj = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0, _), (t1, p1, _)
@@ -142,12 +112,10 @@ def energy_readings(readings: list[tuple[float, float | None, float | None]]) ->
 
 
 def memory(reserved: tuple[int, int], used: tuple[int, int]) -> Judgement:
-    """torch's reserved memory and NVML's used memory, before and after one large allocation:
-    NVML sees at least what torch reserved, and the allocation grows both alike."""
+    """(before, after) one allocation: used covers reserved, and both grow alike."""
     d_res, d_used = reserved[1] - reserved[0], used[1] - used[0]
     gib = 2**30
-    slack = max(MEMORY_TOLERANCE * d_res, MEMORY_SLACK_BYTES)
-    grows = abs(d_used - d_res) <= slack
+    grows = abs(d_used - d_res) <= max(MEMORY_TOLERANCE * d_res, MEMORY_SLACK_BYTES)
     covers = used[1] >= reserved[1]
     ok = grows and covers and d_res > 0
     why = [] if ok else [w for w, bad in (
@@ -162,8 +130,7 @@ def memory(reserved: tuple[int, int], used: tuple[int, int]) -> Judgement:
 
 
 def peak(device: str, rows: list[tuple[str, float, float | None]]) -> Judgement:
-    """Large matmuls' achieved FLOP/s against the peak table, per math: (math, achieved,
-    table peak or None). Judged on the maths the table has."""
+    """Achieved FLOP/s against the table's peak, rows of (math, achieved, peak or None)."""
     known = [(m, a, p) for m, a, p in rows if p]
     if not known:
         return skipped("peak", f"no row in the peak table for {device!r} (no MFU either)")

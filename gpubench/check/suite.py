@@ -1,10 +1,4 @@
-"""`python -m gpubench.check [overrides]`: whether gpubench's numbers hold on this machine.
-
-The config is composed as a run's is (conf/, the same Hydra overrides: model, batch, precision,
-...), then each check runs and prints one line with its figures and PASS, FAIL or `skipped:
-why`, as soon as it finishes. The exit status is 0 only when every check that ran passed (1
-otherwise, 2 for bad input, with one line naming the key as the main command gives it).
-"""
+"""`python -m gpubench.check [overrides]`: whether gpubench's numbers hold on this machine."""
 
 from __future__ import annotations
 
@@ -33,33 +27,27 @@ the window timing. Exit status 0 only when every check that ran passed."""
 
 
 def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
-    """Every check's judgement, in order, as each finishes."""
-    from gpubench.check.cases import verdict_checks
-    from gpubench.check.pipes import compare
-
-    compute = compare(cfg, out, s, "compute")
-    yield compute
-    loader = compare(cfg, out, s, "loader")
-    yield loader
-    batch = s.loader.batch_size
-    step_s = batch / compute.figures["reference"] if compute.figures.get("reference") else None
-    batch_s = batch / loader.figures["reference"] if loader.figures.get("reference") else None
-    yield from verdict_checks(cfg, s, out, step_s, batch_s)
-    if s.device != "cuda":
-        from gpubench.check.cuda import NAMES
-
-        yield from (rules.skipped(n, "no CUDA device") for n in NAMES)
-        return
     import torch
 
-    from gpubench.check.cuda import cuda_checks
+    from gpubench.check.cases import verdict_checks
+    from gpubench.check.cuda import NAMES, cuda_checks
+    from gpubench.check.pipes import compare
 
-    yield from cuda_checks(torch.cuda.current_device())
+    seconds = []  # the plain loops' step and batch times
+    for phase in ("compute", "loader"):
+        j = compare(cfg, out, s, phase)
+        yield j
+        reference = j.figures.get("reference")
+        seconds.append(s.loader.batch_size / reference if reference else None)
+    yield from verdict_checks(cfg, s, out, *seconds)
+    if s.device == "cuda":
+        yield from cuda_checks(torch.cuda.current_device())
+    else:
+        yield from (rules.skipped(n, "no CUDA device") for n in NAMES)
 
 
 def run_checks(cfg: DictConfig, emit: Callable[[str], None] = print) -> list[Judgement]:
-    """All checks on a composed config; each line goes to `emit` as it is judged. Runs are
-    written to a scratch folder, removed afterwards. Raises ConfigError for bad input."""
+    """All checks, each line to `emit` as judged; raises ConfigError for bad input."""
     s = resolve(cfg)
     out: list[Judgement] = []
     with tempfile.TemporaryDirectory(prefix="gpubench-check-") as tmp:
@@ -69,22 +57,13 @@ def run_checks(cfg: DictConfig, emit: Callable[[str], None] = print) -> list[Jud
     return out
 
 
-def title(s: Settings) -> str:
-    ld = s.loader
-    return (f"gpubench check: {s.model._target_ or s.model.name} on {s.dataset.name} "
-            f"{s.dataset.image_size}px, batch {ld.batch_size}, {ld.num_workers} workers, "
-            f"{s.precision} | {s.device}")
-
-
 def _error(line: str, code: int) -> int:
     print(f"gpubench check: error: {line}", file=sys.stderr)
     return code
 
 
 def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> int:
-    """The command: compose, check, print; returns the exit status."""
     from gpubench.cli.messages import describe
-
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
         emit(USAGE)
@@ -96,7 +75,10 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> 
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
             cfg = compose("bench", overrides=args)
-        emit(title(resolve(cfg)))
+        s = resolve(cfg)
+        emit(f"gpubench check: {s.model._target_ or s.model.name} on {s.dataset.name} "
+             f"{s.dataset.image_size}px, batch {s.loader.batch_size}, "
+             f"{s.loader.num_workers} workers, {s.precision} | {s.device}")
         judged = run_checks(cfg, emit)
     except KeyboardInterrupt:
         return _error("interrupted", ExitCode.SIGINT)

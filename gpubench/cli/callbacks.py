@@ -1,11 +1,7 @@
-"""Hydra callback: a multirun becomes one MLflow parent run with one child run per job.
-
-The parent run (with the store and experiment) is created here, in the launching process,
-before any job starts: parallel jobs would otherwise race to create a new sqlite store. Jobs
-find it through an environment variable or the parent file in the sweep dir. It also refuses a
-run or sweep folder this command must not write into (`own_folder`). MLflow is loaded only when
-a sweep is tracked: every run imports this module.
-"""
+"""Hydra callback: a multirun is one MLflow parent run with a child per job, the parent made in
+the launching process before any job (parallel jobs would race to create a sqlite store); jobs
+find it by PARENT_ENV or the sweep dir's parent file. It also refuses folders not to write into
+(`own_folder`). MLflow is loaded only for a tracked sweep: every run imports this module."""
 
 from __future__ import annotations
 
@@ -28,16 +24,15 @@ from gpubench.core.record import RESULTS_FILE, find_runs
 from gpubench.core.secrets import mask_logging, say
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
-# the process's exit code once the entry point knows it (gpubench.__main__.cli): an open sweep
-# parent closed at exit is KILLED after an interrupt (a signal), FAILED after an error
+# the process's exit code, set by gpubench.__main__.cli: a sweep parent closed at exit is
+# KILLED after a signal, FAILED after an error
 EXIT: dict[str, int | None] = {}
 # seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
 CLOSE_GRACE_S = 5.0
 # when each sweep of this process began (its report made since then was printed already)
 _STARTED: dict[str, float] = {}
-# the sweeper whose jobs always take new numbered folders (gpubench.search.manifest
-# reserve_job_dir), so a sweep folder holding runs is resumed, never written over; the others
-# (Hydra's basic sweeper, ...) number their jobs from 0 in every invocation
+# the sweeper whose jobs always take new numbered folders (search.manifest reserve_job_dir): a
+# sweep folder holding runs is resumed; the others number their jobs from 0 every time
 RESUMING_SWEEPER = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
 
 log = logging.getLogger("gpubench")
@@ -55,9 +50,8 @@ def _sweep_dir(config: DictConfig) -> Path:
 def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
     """A run's or sweep's folder, or one line, exit 2: not blank (Hydra would write into the
     current folder), no symbolic link, no earlier run to write over (a sweep's unless
-    `resumes`). Hydra calls on_run_start / on_multirun_start before run_job writes
-    `.hydra/*.yaml` (hydra/_internal/hydra.py, 1.3). A SystemExit: Hydra turns an Exception
-    raised in a callback into a warning."""
+    `resumes`). Called before run_job writes `.hydra/*.yaml` (Hydra 1.3); a SystemExit, as
+    Hydra turns a callback's Exception into a warning."""
     if value is None or not str(value).strip():
         raise SystemExit(ConfigError(key, value, "a folder path (blank writes into the current "
                                      f"folder); leave {key} unset for a new timestamped folder"))
@@ -80,15 +74,13 @@ def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
 
 
 class MlflowSweepCallback(Callback):
-    # Hydra's launchers log each job's overrides, a tracking URI or storage URL with its
-    # password among them: masked from the start of a run or a multirun
+    # Hydra's launchers log each job's overrides (a URI with its password): masked from the start
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         own_folder("hydra.run.dir", config.hydra.run.dir)
         mask_logging()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # Hydra has just saved the job's config and overrides (and the sweeper its
-        # multirun.yaml): the copies on disk keep no password
+        # Hydra has just saved the job's config and overrides (the sweeper its multirun.yaml)
         hc = config.get("hydra") or {}
         out, sub = hc.get("runtime", {}).get("output_dir"), hc.get("output_subdir")
         files = [Path(str(out), str(sub), f) for f in HYDRA_FILES] if out and sub else []
@@ -122,16 +114,14 @@ class MlflowSweepCallback(Callback):
             say(f"MLflow not reached at tracking.uri={uri} ({e}); the sweep runs untracked")
             return
         os.environ[tracking.PARENT_ENV] = rid
-        # Hydra calls on_multirun_end only when the sweep returns: Ctrl-C, SIGTERM or an error
-        # would leave the parent RUNNING (until `sync`). atexit runs on every exit but kill -9,
-        # after the interrupt has been reported and the killed job logged.
+        # on_multirun_end runs only when the sweep returns: an interrupt or error would leave the
+        # parent RUNNING. atexit runs on every exit but kill -9, after the killed job is logged.
         self._open = (sweep_dir, rid, uri, str(t.experiment), float(t.timeout_s))
         atexit.register(self._close_interrupted)
 
     def _close_interrupted(self) -> None:
-        """A sweep's parent that never reached on_multirun_end, ended KILLED after a signal,
-        FAILED after an error. Bounded: a server that is down must not hold the exit (after
-        SIGTERM a scheduler's grace period is short)."""
+        """A parent that never reached on_multirun_end, ended KILLED or FAILED (EXIT). Bounded: a
+        server that is down must not hold the exit (a scheduler's grace after SIGTERM is short)."""
         open_, self._open = getattr(self, "_open", None), None
         if open_ is None:
             return
@@ -169,7 +159,7 @@ class MlflowSweepCallback(Callback):
             why = "skipped"
         if why is not None:
             say(f"the sweep's MLflow parent run was not closed ({why}); "
-                  f"python -m gpubench.tracking sync {sweep_dir}")
+                f"python -m gpubench.tracking sync {sweep_dir}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
@@ -183,24 +173,24 @@ class MlflowSweepCallback(Callback):
         if not parent_id:
             return
         t = config.tracking
+        uri = tracking.resolve_uri(t.uri)
         try:
-            _sweep_report(sweep_dir, parent_id, tracking.resolve_uri(t.uri), float(t.timeout_s))
+            _sweep_report(sweep_dir, parent_id, uri, float(t.timeout_s))
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
             say(f"sweep report not made ({e})")
         try:
-            with tracking.open_store(tracking.resolve_uri(t.uri), t.experiment,
-                                     float(t.timeout_s)) as store:
+            with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
             say(f"sweep summary not logged to MLflow ({e}); "
-                  f"python -m gpubench.tracking sync {sweep_dir}")
+                f"python -m gpubench.tracking sync {sweep_dir}")
 
 
 def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
-    """The sweep report as the parent run's artifacts; printed unless the gpubench sweeper made
-    one in this process since the sweep began (a grid sweep's is printed here)."""
+    """The sweep report as the parent's artifacts; printed unless the gpubench sweeper made one
+    in this process since the sweep began."""
     from gpubench import tracking
     from gpubench.report.write import REPORT_DIR, sweep_report
 

@@ -1,9 +1,6 @@
 """The command line's error layer: every error that ends `gpubench` is one line on stderr.
-
-Hydra runs with HYDRA_FULL_ERROR=1, its own switch for raising what it caught instead of
-printing a report (hydra/_internal/utils.py run_and_report); the exception becomes one line
-(gpubench.cli.messages). HYDRA_FULL_ERROR=1 set by the user catches nothing: tracebacks show.
-"""
+Hydra runs with HYDRA_FULL_ERROR=1, so it raises what it caught (hydra/_internal/utils.py
+run_and_report) for gpubench.cli.messages to word; set by the user, tracebacks show."""
 
 from __future__ import annotations
 
@@ -25,16 +22,16 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
 class Exit(SystemExit):
-    """A deliberate exit status chosen by the task (oom, failed, not tracked): passed through."""
+    """An exit status the task chose (oom, failed, not tracked): passed through."""
 
 
 class JobFailed(BaseException):
-    """A single run's exception (its __cause__), carried past Hydra's run_job: as an Exception,
-    Hydra would keep it and print "Error executing job" before raising it again."""
+    """A single run's exception (its __cause__) carried past Hydra's run_job, which prints
+    "Error executing job" for an Exception."""
 
 
 def overrides(argv: list[str] | None = None) -> list[str]:
-    """The command's overrides, by Hydra's own parser; an unknown flag raises ArgumentError."""
+    """The command's overrides, by Hydra's parser; an unknown flag raises ArgumentError."""
     parser = get_args_parser()
 
     def error(message: str):
@@ -46,7 +43,6 @@ def overrides(argv: list[str] | None = None) -> list[str]:
 
 @contextmanager
 def one_line_errors():
-    """Around the whole command: one line for any error (see the module docstring)."""
     install_sigterm()
     if os.environ.get(FULL_ERROR) == "1":
         try:
@@ -75,8 +71,7 @@ def one_line_errors():
     except (Exception, JobFailed) as e:
         ex = e.__cause__ if isinstance(e, JobFailed) else e
         if isinstance(ex, BrokenPipeError):
-            # the reader of stdout went away (`| head`): no line; the entry's
-            # quiet_broken_pipe ends the command with BROKEN_PIPE
+            # the reader of stdout went away: quiet_broken_pipe ends it, no line
             raise ex from None
         line, code = describe(ex, given)
         say(line, "error")

@@ -1,11 +1,6 @@
-"""One line and an exit status for the exception that ended a command.
-
-Hydra's and OmegaConf's typed exceptions carry what the line needs in their attributes (a
-missing option's `options`, a refused value's `full_key`, `value` and typed parent node, a
-missing key, an override the parser refused): those are read, not their message text, which is
-printed (its first line) only where no attribute says more. The command's own overrides, parsed
-by Hydra's parser, give the value as it was typed. Every bad-input line is a ConfigError's.
-"""
+"""One line and an exit status for the exception that ended a command. Hydra's and OmegaConf's
+exceptions are read by their attributes (`options`, `full_key`, `value`, the typed parent node),
+their text only where none says more; the command's overrides give the value as typed."""
 
 from __future__ import annotations
 
@@ -47,7 +42,6 @@ LONGEST = 400  # a line of a message that is not gpubench's own: its start and e
 
 
 def flat(text: str) -> str:
-    """A message of several lines as one, at most LONGEST characters."""
     return cut("; ".join(part.strip() for part in str(text).splitlines() if part.strip()), LONGEST)
 
 
@@ -64,8 +58,8 @@ def _parsed(overrides: Sequence[str]) -> list[Override]:
 
 
 def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
-    """The declaration of a refused value's key, from its parent node's schema, and whether the
-    value was a list's element (`bench.phases[1]`)."""
+    """A refused value's key declaration (its parent node's schema), and whether the value was
+    a list's element (`bench.phases[1]`)."""
     node, name, element = bad.parent_node, bad.key, False
     if isinstance(node, ListConfig):
         node, name, element = node._get_parent(), node._key(), True
@@ -80,13 +74,12 @@ def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
 
 
 def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
-    """A key the config does not have (`loader.batchsize=32`, a team YAML's `extra_key`); None
-    for any other composition error."""
+    """A key the config lacks (`loader.batchsize=32`, a team YAML's `extra_key`), else None."""
     cause = ex.__cause__ or ex.__context__  # an override's error is the cause, a file's the context
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
-    # the cause names the missing key, or its first missing part only (`lodaer` of
-    # `lodaer.batch_size=3`): the override applied is the command's first that names it
+    # the cause names the missing key, or its first missing part (`lodaer` of
+    # `lodaer.batch_size=3`): the override is the command's first that names it
     missing = cause.full_key
     o = next((o for o in parsed if o.key_or_group == missing
               or o.key_or_group.startswith(f"{missing}.")), None)
@@ -108,7 +101,7 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
 
 
 def deleted_line(parsed: list[Override]) -> ConfigError | None:
-    """`~loader.batch_size`: a declared key is always in the config; it is set, never deleted."""
+    """`~loader.batch_size`: a declared key is set, never deleted."""
     o = next((o for o in parsed if o.is_delete() and o.key_or_group in DECLARED), None)
     if o is None:
         return None
@@ -138,8 +131,7 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
         k, element = declared
         allowed = f"one of {', '.join(k.choices.__members__)}" if element and k.choices else \
             k.allowed
-        # the override OmegaConf refused: the one of that key whose value it was given (a
-        # key set twice, `loader.batch_size=4 ... loader.batch_size=abc`, fails at the second)
+        # of a key set twice (`x=4 ... x=abc`), the override whose value OmegaConf refused
         same = [o for o in parsed if o.key_or_group == bad.full_key]
         o = next((o for o in same if str(o.value()) == str(bad.value)), same[-1] if same else None)
         return str(ConfigError(bad.full_key, bad.value, allowed,
@@ -150,17 +142,14 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
 
 
 def override_line(text: str, reason: BaseException | None) -> str:
-    """An override Hydra's parser cannot read (`reason`: the parser's error): what the syntax
-    allows and what the key takes."""
+    """An override Hydra's parser refused (`reason`): what the syntax allows, what the key takes."""
     key, eq, value = text.partition("=")
     key = key.strip().lstrip("+~")
     if not eq:
         return str(ConfigError(repr(text), NOTHING,
                                f"an override key=value in Hydra's syntax ({UNQUOTED})"))
-    # Hydra raises its OverrideParseException from None over the parser's own HydraException
-    # (the reason), raised while the lexer's error was handled for a character the lexer does
-    # not take (hydra/core/override_parser/overrides_parser.py parse_overrides,
-    # HydraErrorListener)
+    # for a character the lexer refuses, the parser's HydraException (the reason) is raised
+    # while the lexer's error is handled (overrides_parser.py parse_overrides, HydraErrorListener)
     lexer = isinstance(getattr(reason, "__context__", None), LexerNoViableAltException)
     syntax = UNQUOTED if lexer else "choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}"
     allowed = f"a value in Hydra's override syntax ({syntax})"
@@ -177,8 +166,8 @@ def override_line(text: str, reason: BaseException | None) -> str:
 
 
 def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
-    """The first override Hydra's parser cannot read, and why: its ValueError (an integer of
-    20,000 digits) names no override."""
+    """The first override Hydra's parser refuses, and why (its ValueError, for an integer of
+    20,000 digits, names no override)."""
     parser = OverridesParser.create()
     for text in overrides:
         try:
@@ -202,8 +191,7 @@ def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, Exi
         return override_line(ex.override or "", ex.__context__), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
         return hydra_line(ex, overrides), ExitCode.BAD_INPUT
-    if isinstance(ex, (WriteError, LinkError, SweepFailed)):  # already one line (the path,
-        # the reason, the free space; the link and its target; the sweep's counts)
+    if isinstance(ex, (WriteError, LinkError, SweepFailed)):  # already one line
         return str(ex), ExitCode.FAILED
     if isinstance(ex, OSError) and ex.errno == errno.ENAMETOOLONG:
         # a value made a path: a group's option (Hydra looks for its file), a folder
@@ -221,7 +209,6 @@ def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, Exi
         refused = unparsable(overrides)  # Hydra's parser raised it, naming no override
         if refused is not None:
             return override_line(*refused), ExitCode.BAD_INPUT
-        # a setting refused by the sweeper or a library (a search space, a sampler): its own
-        # message names it. Other types (TypeError, KeyError...) keep their name: a failure.
+        # a setting the sweeper or a library refused names itself; other types fail by name
         return flat(str(ex)), ExitCode.BAD_INPUT
     return f"{type(ex).__name__}: {flat(str(ex))}", ExitCode.FAILED

@@ -1,6 +1,6 @@
-"""Ctrl-C, SIGTERM (schedulers, `timeout`, Kubernetes) and SIGHUP (a dropped ssh session) end a
-command the same way: the runner marks the run `killed` and keeps its phases, the entry prints
-one line naming what the run kept (gpubench.run.ending.kept) and exits 128 + the signal."""
+"""Ctrl-C, SIGTERM (schedulers, `timeout`) and SIGHUP (a dropped ssh session) end a command
+alike: the run is marked `killed` with its phases kept, one line names what it kept, and the
+command exits 128 + the signal."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ NAMES = dict(zip(ENDING_SIGNALS, ("Ctrl-C", "SIGTERM", "SIGHUP"), strict=True))
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP as a KeyboardInterrupt: every path that handles Ctrl-C handles it."""
+    """SIGTERM or SIGHUP as a KeyboardInterrupt, so every Ctrl-C path handles it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(NAMES[signum])
@@ -27,21 +27,19 @@ _main_pid: int | None = None
 
 def _on_signal(signum, frame) -> None:
     if os.getpid() != _main_pid:
-        # a forked child inherited this handler (DataLoader workers replace it with torch's
-        # own): it ends the way it did before, at once
+        # a forked child inherited this handler (DataLoader workers replace it): it ends at once
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     expect_worker_deaths()
-    # Further signals of this kind are ignored so the cleanup this one starts (results.json,
-    # MLflow) can finish; SIGKILL still ends the process at once.
+    # ignore more of this signal so the cleanup (results.json, MLflow) can finish; SIGKILL won't
     signal.signal(signum, signal.SIG_IGN)
     raise Terminated(signum)
 
 
 def install_sigterm() -> None:
-    """SIGTERM and SIGHUP raise Terminated in the main thread (where Python runs handlers and
-    the runner waits); one this process was started ignoring (`nohup`'s SIGHUP) stays so."""
+    """SIGTERM and SIGHUP raise Terminated in the main thread; one this process was started
+    ignoring (`nohup`'s SIGHUP) stays ignored."""
     global _main_pid
     _main_pid = os.getpid()
     for s in ENDING_SIGNALS:
@@ -50,12 +48,11 @@ def install_sigterm() -> None:
 
 
 def killed_by_signal(code: int | None) -> bool:
-    """Whether a command's exit status says one of the ending signals stopped it."""
     return code is not None and code - 128 in NAMES
 
 
 def interrupted_line(e: KeyboardInterrupt) -> tuple[str, int]:
-    """The one line and exit status (128 + the signal) of a command that a signal ended."""
+    """The one line and exit status (128 + the signal) of a command a signal ended."""
     signum = getattr(e, "signum", signal.SIGINT)
     run_dir = getattr(e, "run_dir", None)  # set by the entry when a run was under way
     what = kept(run_dir) if run_dir else None

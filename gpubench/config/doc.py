@@ -1,6 +1,4 @@
-"""The key tables of docs/configuration.md, written from the keys' declarations by
-scripts/config_table.py between the markers below; tests/config/test_config.py fails when the
-doc differs from what the declarations give."""
+"""docs/configuration.md's key tables, written by scripts/config_table.py between the markers."""
 
 from __future__ import annotations
 
@@ -48,14 +46,12 @@ def table(declared: Iterable[Key], roles: bool = False) -> str:
 
 
 def section(declared: Iterable[Key], roles: bool = False) -> str:
-    """One table per group (the keys' dotted prefix), in declaration order; top-level keys
-    under "top level"."""
+    """One table per group (the keys' dotted prefix, or "top level"), in declaration order."""
     groups: dict[str, list[Key]] = {}
     for k in declared:
         groups.setdefault(k.name.rpartition(".")[0], []).append(k)
-    parts = [f"### {f'`{g}`' if g else 'top level'}\n\n{table(ks, roles)}"
-             for g, ks in groups.items()]
-    return "\n\n".join(parts)
+    return "\n\n".join(f"### {f'`{g}`' if g else 'top level'}\n\n{table(ks, roles)}"
+                       for g, ks in groups.items())
 
 
 def rewrite(doc: str, generated: str) -> str:

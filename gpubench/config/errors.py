@@ -1,22 +1,17 @@
-"""The one error for bad input: a setting, an override, a search space, a sweeper key, a folder
-the config names. Raised before any work where it can be; printed as its one line with exit
-code 2 (gpubench.cli.errors)."""
+"""The one error for bad input, raised before any work where it can be; printed as its one line
+with exit code 2 (gpubench.cli.errors)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# the most characters of a value a line shows: a 20,000-character override is echoed as its
-# start, an ellipsis, its end
-SHOWN = 200
+SHOWN = 200  # the most characters of a value a line shows (its start, an ellipsis, its end)
+NOTHING = object()  # the value of a key refused whatever it holds (`~key`): the line names the key
 
 
 def cut(text: str, most: int = SHOWN) -> str:
     """`text` at most `most` characters long, the middle replaced by an ellipsis."""
     return text if len(text) <= most else f"{text[:most * 3 // 4]}…{text[-(most // 4):]}"
-
-
-NOTHING = object()  # the value of a key refused whatever it holds (`~key`): the line names the key
 
 
 class ConfigError(ValueError):

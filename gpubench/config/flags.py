@@ -1,6 +1,5 @@
-"""Flags of the small commands (`python -m gpubench.tracking sync --timeout S`) that stand for a
-config key: parsed and checked by that key's declaration, so a flag and the key it stands for
-take the same values and refuse them with the same words."""
+"""Flags of the small commands (`sync --timeout S`) that stand for a config key: checked by its
+declaration, so a flag and its key take the same values and refuse them with the same words."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from gpubench.config.schema import BY_NAME
 
 
 def flag(key: str, name: str) -> Callable[[str], Any]:
-    """An argparse `type` for flag `name` standing for config key `key`: the text converted to
-    the key's type and checked by its declaration; refused as `--flag=value is not allowed:
-    ... (as key)`."""
+    """An argparse `type` for flag `name` standing for config key `key`."""
     k = BY_NAME[key]
 
     def convert(text: str) -> Any:

@@ -1,5 +1,4 @@
-"""What a run holds in host RAM whatever its model, and where its stores go on disk: rules of
-`settings.check_resources`, which looks at this machine before any work."""
+"""Rules of `settings.check_resources`: what a run holds in host RAM, where its stores go."""
 
 from __future__ import annotations
 
@@ -16,14 +15,13 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 d
 def check_local_store(key: str, path: Path | None, folder: bool = False,
                       value: str | None = None) -> None:
     """A store on this disk (a sqlite file; a folder with `folder`) that can be made: no file
-    stands where one of its folders must be (it would fail only when opened, after measuring).
-    `value`: the key's value as given (the URI), for the error line."""
+    stands where one of its folders must be (it would fail only when opened, after measuring)."""
     if path is None:
         return
     path = Path(os.path.expanduser(str(path))).absolute()
     if not folder and path.is_file() and path.stat().st_size:
-        # SQLite would take a file shorter than its header for a new database and write one
-        # over it (a 1-byte notes.db was replaced so): a file that is no database is kept
+        # SQLite takes a file shorter than its header for a new database and writes over it (a
+        # 1-byte notes.db was replaced so): a file that is no database is kept
         with open(path, "rb") as f:
             if f.read(16) != SQLITE_HEADER:
                 raise ConfigError(key, value or str(path), f"a SQLite database or a new file "
@@ -41,21 +39,10 @@ def source_size(image_size: int) -> int:
     return int(round(image_size * 8 / 7))
 
 
-# fake_jpeg's JPEGs of gpubench's smooth random images, measured with PIL (largest of 4, sizes
-# 18 to 1024 px): at most 0.41 bytes per raw byte at quality <= 90, 0.77 above, plus a header
-# (~600 bytes, which dominates below 36 px). The bound keeps a margin over both.
-JPEG_RATIO = {90: 0.45, 100: 0.8}
-JPEG_HEADER_BYTES = 1024
-
-
-def _pool_image_bytes(ds) -> int | None:
-    """Bytes one image of an in-memory pool holds (None: the dataset holds no pool)."""
-    raw = 3 * source_size(ds.image_size) ** 2
-    if ds.name == "synthetic":  # uint8 images
-        return raw
-    if ds.name == "fake_jpeg":
-        return int(raw * JPEG_RATIO[90 if ds.jpeg_quality <= 90 else 100]) + JPEG_HEADER_BYTES
-    return None
+# fake_jpeg's JPEGs of gpubench's smooth random images, measured with PIL (largest of 4, 18 to
+# 1024 px): at most 0.41 bytes per raw byte at quality <= 90, 0.77 above, plus a header (~600
+# bytes, dominant below 36 px). The bound keeps a margin over both.
+JPEG_RATIO, JPEG_HEADER_BYTES = {90: 0.45, 100: 0.8}, 1024
 
 
 def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
@@ -64,14 +51,15 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
     copy) against half of the free RAM (the model, the workers and the OS need the rest)."""
     size, half = ds.image_size, free // 2
     where = f"on this machine (half of the {free / 2**30:.1f} GiB RAM free)"
-    per_image = _pool_image_bytes(ds)
-    if per_image is not None:
+    stored = 3 * source_size(size) ** 2  # a uint8 image at its stored size
+    if ds.name in ("synthetic", "fake_jpeg"):  # the in-memory pools: uint8 images or JPEGs
+        per_image = stored if ds.name == "synthetic" else int(
+            stored * JPEG_RATIO[90 if ds.jpeg_quality <= 90 else 100]) + JPEG_HEADER_BYTES
         _fit("dataset.num_samples", ds.num_samples, per_image, half, size, 1,
              f"for dataset={ds.name} at {size} px {where}",
              f"for one image of dataset={ds.name}'s pool {where}")
-    # a batch as the host holds it: float32 after the host transforms, uint8 at the stored
-    # size when the device augments
-    per_sample = 3 * source_size(size) ** 2 if ds.augment_on == "device" else 4 * 3 * size * size
+    # a batch as the host holds it: float32 after the host transforms, uint8 if the device augments
+    per_sample = stored if ds.augment_on == "device" else 4 * 3 * size * size
     held = 1 if ds.name == "device_synthetic" else batches_in_flight(
         ld.num_workers, ld.prefetch_factor) + 2
     # when not one batch fits, the image size is what to lower, for the batch size asked for

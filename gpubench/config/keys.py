@@ -1,11 +1,6 @@
-"""One declaration per config key: a schema dataclass's field, its type the annotation, the rest
-`setting(...)` (an Enum annotation: its choices; `None` in it: null allowed):
-
-    steps: int = setting(50, "measured steps per phase", bounds=(1, 10_000_000))
-
-`keys(cls)` reads them back as `Key`s, whence the checks, the docs table and the settings. Free of
-Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin scan.
-"""
+"""One declaration per config key: a schema dataclass's field, its type the annotation (an Enum:
+its choices; `None` in it: null allowed), the rest `setting(...)`; `keys(cls)` reads them back.
+Free of Hydra and OmegaConf: the sweeper's config module imports it during Hydra's plugin scan."""
 
 from __future__ import annotations
 
@@ -25,19 +20,17 @@ INT, FLOAT = "an integer", "a number"
 
 class Role(str, Enum):
     """What a key is to a comparison of runs (gpubench.config.knobs)."""
-
-    workload = "workload"  # what is trained: runs that differ here are other setups, never
-    # ranked together, never changed by a recommendation (a key declared without a role)
+    # what is trained: runs that differ here are other setups, never ranked together, never
+    # changed by a recommendation (a key declared without a role)
+    workload = "workload"
     knob = "knob"  # a setting of the same training: searched, ranked, recommended
-    measure = "measure"  # how long and how a run was measured and tracked: runs that differ
-    # only here measured the same thing again (a report pools them)
+    measure = "measure"  # how a run was measured and tracked: a report pools runs differing here
     fault = "fault"  # fault injection, for tests: a run with any is never pooled with others
 
 
 class Pipe(str, Enum):
     """Which phase's figure a key changes: compute (the step on a batch kept on the device; the
     data side's too) or data (the loader's alone: loader-only trials search it)."""
-
     compute = "compute"
     data = "data"
 
@@ -48,7 +41,6 @@ ACTIVE = "active"  # Knob.inert of a key that acts without loader workers too
 @dataclasses.dataclass(frozen=True)
 class Knob:
     """A key's part in comparing runs, declared on its schema field (`setting(knob=...)`)."""
-
     role: Role = Role.workload
     pipe: Pipe | None = None
     short: str | None = None  # its name where shown: report columns, MLflow params, run names
@@ -64,25 +56,22 @@ def setting(default: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple[float, float | None] | None = None, *,
             factory: Any = dataclasses.MISSING, allowed: str | None = None,
             knob: Knob | None = None, rule: Callable[[str, Any, bool], None] | None = None) -> Any:
-    """A schema field: `bounds` (low, high; high None: open), `allowed`: the docs' wording of a
-    rule checked in code, `knob` (else the section's ROLE), `rule(key, value, nullable)`: a check
-    beyond the type, range and choices."""
-    # stored under Key's field names: keys() passes them on as they are
+    """A schema field, stored under Key's field names: `bounds` (low, high; high None: open),
+    `allowed`: the docs' wording of a rule checked in code, `knob` (else the section's ROLE),
+    `rule(key, value, nullable)`: a check beyond the type, range and choices."""
     meta = {"help": help, "bounds": bounds, "wording": allowed, "knob": knob, "rule": rule}
     return dataclasses.field(default=default, default_factory=factory,
                              metadata={k: v for k, v in meta.items() if v is not None})
 
 
 def name_rule(most: int) -> Callable[[str, Any, bool], None]:
-    """A name MLflow (or Optuna) keeps: MLflow refuses an empty experiment name only when the
-    run is logged, after the measurement; blanks and control characters it stores, to show
-    blank or broken rows."""
+    """A name MLflow (or Optuna) keeps: MLflow refuses an empty one only when the run is logged,
+    after the measurement; blanks and control characters it stores, to show broken rows."""
     def check(key: str, value: Any, nullable: bool) -> None:
         if not isinstance(value, str) or not value.strip() or len(value) > most or any(
                 unicodedata.category(c).startswith("C") for c in value):
             raise ConfigError(key, value, f"{'null or ' if nullable else ''}{check.allowed}")
 
-    # its wording, for the key's `allowed` (the docs table, --help) as for its error line
     check.allowed = (f"a name that is not blank, at most {most} characters, without control "
                      "characters")
     return check
@@ -94,7 +83,6 @@ _TYPE_TEXT = {bool: "true or false", str: "a string", list: "a list", dict: "a m
 @dataclasses.dataclass(frozen=True)
 class Key:
     """One config key as its schema field declares it."""
-
     name: str  # dotted, as on the command line (with the schema's prefix: hydra.sweeper.seed)
     path: str  # dotted, inside the schema's own node
     type: Any  # int, float, bool, str, list, dict or an Enum class (None taken out)
@@ -131,13 +119,10 @@ class Key:
             return self.wording
         if hasattr(self.rule, "allowed"):  # a rule that says what it takes (name_rule)
             return null + self.rule.allowed
-        enum = self.choices
-        if enum is not None:
+        if (enum := self.choices) is not None:
             names = ", ".join(enum.__members__)
             return f"a list of {names}" if self.type is list else f"{null}one of {names}"
-        if self.kind is not None:
-            return f"{null}{self.kind}"
-        return null + _TYPE_TEXT.get(self.type, "any value")
+        return null + (self.kind or _TYPE_TEXT.get(self.type, "any value"))
 
     @property
     def checked(self) -> bool:
@@ -208,8 +193,8 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
     for f in dataclasses.fields(schema):
         tp, nullable, item = _unwrap(hints[f.name])
         if dataclasses.is_dataclass(tp):
-            for k in keys(tp, f"{prefix}{f.name}."):
-                out.append(dataclasses.replace(k, path=f"{f.name}.{k.path}"))
+            out += [dataclasses.replace(k, path=f"{f.name}.{k.path}")
+                    for k in keys(tp, f"{prefix}{f.name}.")]
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out.append(Key(name=f"{prefix}{f.name}", path=f.name, type=tp, nullable=nullable,

@@ -1,8 +1,5 @@
-"""The knobs: every list of keys a reader of runs needs, derived from each key's one declaration
-(config.keys.Knob on its schema field). Adding a knob is one edit: its field in config.schema
-with `knob=Knob(...)`; from there it is searched (DATA_KEYS), ordered by cost (CHEAP_FIRST),
-held inert without workers (WORKER_ONLY), ranked and recommended (`role`), named (SHORT), bound
-into a compute measurement (COMPUTE), left out of a CPU comparison (CUDA_ONLY)."""
+"""Every list of keys a reader of runs needs, derived from each key's declaration (its schema
+field's `knob=Knob(...)`: adding a knob is that one edit)."""
 
 from __future__ import annotations
 
@@ -20,28 +17,21 @@ for _k in KEYS.values():
     if _k.knob.short:
         SHORT[_k.knob.short] = tuple(sorted((*SHORT.get(_k.knob.short, ()), _k.name),
                                             key=lambda n: not n.endswith("._target_")))
-
 # the short names that identify a setup where it is written out (a title, --where's hint)
 SETUP_SHORT = tuple(n for n, ks in SHORT.items() if KEYS[ks[0]].knob.role is Role.workload)
-
 # the swept keys of the data pipe (the loader's rate depends on them, the compute phase's not)
 DATA_KEYS = tuple(n for n, k in KEYS.items()
                   if k.knob.role is Role.knob and k.knob.pipe is Pipe.data)
-
 # the data keys' cost order, cheapest first, with each one's value rank
 CHEAP_FIRST: dict[str, Callable[[Any], Any]] = {n: KEYS[n].knob.cheap[1] for n in sorted(
     (n for n in DATA_KEYS if KEYS[n].knob.cheap), key=lambda n: KEYS[n].knob.cheap[0])}
-
 # loader keys that act only through worker processes -> their value with none
 WORKER_ONLY: dict[str, Any] = {k.path: k.knob.inert for k in KEYS.values()
                                if k.knob.inert is not ACTIVE}
-
 # worker-only keys that act through worker processes alone: inert with thread workers too
 PROCESS_ONLY = tuple(n for n, k in KEYS.items() if k.knob.process_only)
-
 # keys with no effect on a CPU-only run
 CUDA_ONLY = tuple(n for n, k in KEYS.items() if k.knob.cuda_only)
-
 # what the compute phase's figure depends on: by short name where a key has one, else the key
 COMPUTE = tuple(dict.fromkeys(k.knob.short or n for n, k in KEYS.items()
                               if k.knob.pipe is Pipe.compute))
@@ -61,13 +51,12 @@ def declared(key: str) -> Key | None:
 
 
 def role(key: str) -> Role:
-    """A config key's role; a key gpubench does not declare (a team's `+key`) is workload: a
-    recommendation never changes what it does not know."""
+    """A config key's role; undeclared (a team's `+key`): workload, never changed by a
+    recommendation."""
     d = declared(key)
     return d.knob.role if d else Role.workload
 
 
 def compared(key: str) -> bool:
-    """A key that tells two runs apart (workload or knob): not how they were measured or
-    tracked, and no fault injection."""
+    """A key that tells two runs apart: workload or knob (not measure, not fault)."""
     return role(key) in (Role.workload, Role.knob)

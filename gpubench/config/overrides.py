@@ -1,5 +1,4 @@
-"""Config values as Hydra override text: how gpubench writes a setting back onto a command
-line (the sweeper's sampled values, the report's overrides and recommended config)."""
+"""Config values as Hydra override text (the sweeper's sampled values, the report's overrides)."""
 
 from __future__ import annotations
 

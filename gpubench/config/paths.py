@@ -6,9 +6,8 @@ from pathlib import Path
 
 
 def _config_dir() -> Path:
-    # Absolute, so `python -m gpubench` works from any directory (a relative config_path is
-    # resolved as `pkg://conf` under `python -m` and fails). In a checkout the YAMLs are
-    # ../../conf; in a wheel they are packaged as gpubench/conf.
+    # Absolute: under `python -m` a relative config_path resolves as `pkg://conf` and fails.
+    # A checkout has ../../conf, a wheel gpubench/conf.
     here = Path(__file__).resolve().parent.parent
     for candidate in (here.parent / "conf", here / "conf"):
         if (candidate / "bench.yaml").is_file():

@@ -1,7 +1,5 @@
-"""The checks on Hydra's whole composed config (its `hydra` node included) before Hydra
-creates anything: group names, swept keys and values, the sweeper's own keys, URIs. `InputCheck`
-is listed first in bench.yaml's hydra.callbacks, so it runs before a run dir, the sweeper or the
-MLflow parent run exists."""
+"""The checks on Hydra's whole composed config (its `hydra` node included): group names, swept
+keys and values, the sweeper's own keys, URIs; run by `InputCheck` before Hydra creates anything."""
 
 from __future__ import annotations
 
@@ -33,32 +31,24 @@ from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import range_last
 from gpubench.core.uris import sqlite_path
 
+# `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
+OPTIONAL_GROUPS = ("sweep", "experiment")
+_ABSENT = object()
+
 
 def _at(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, default=None)
 
 
-# `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
-OPTIONAL_GROUPS = ("sweep", "experiment")
-
-
 def _loader() -> Any:
     """Hydra's config loader where there is one: it knows every folder on the search path
     (--config-dir too), and glob(...) in an override lists the config's own keys."""
-    return GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() \
-        else None
-
-
-def group_options(group: str) -> list[str]:
-    """Option names of a config group."""
-    if (loader := _loader()) is not None:
-        return list(loader.get_group_options(group))
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    instance = GlobalHydra.instance()
+    return instance.config_loader() if instance.is_initialized() else None
 
 
 def group_hint(group: str, value: Any) -> str:
-    """`model=resnet34` names a torchvision model, which model.name takes (the model group's
-    options are gpubench's presets)."""
+    """`model=resnet34` names a torchvision model: model.name takes it (the group has presets)."""
     if group == "model" and str(value) in known_models():
         return f"; use model.name={value}"
     return ""
@@ -66,13 +56,12 @@ def group_hint(group: str, value: Any) -> str:
 
 def check_option(group: str, value: Any) -> None:
     """A group's chosen option exists (an optional group's too: Hydra skips a missing one)."""
-    options = group_options(group)
+    loader = _loader()
+    options = (list(loader.get_group_options(group)) if loader is not None
+               else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
     if str(value) not in options:
         raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/ "
                                         f"or a --config-dir){group_hint(group, value)}")
-
-
-_ABSENT = object()
 
 
 def _swept_values(o) -> list:
@@ -96,8 +85,7 @@ def typed(o) -> str:
     return o.input_line.partition("=")[2]
 
 
-# what Hydra's lexer takes unquoted; anything else (an accent, a space, a comma in a value)
-# must be quoted
+# what Hydra's lexer takes unquoted; anything else (an accent, a space, a comma) must be quoted
 UNQUOTED = "unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything else: key='value'"
 
 
@@ -112,8 +100,8 @@ def parse(text: str, key: str) -> Any:
 
 def unknown_key(key: str, value: Any, known: list[str], what: str = "",
                 typed: str | None = None) -> ConfigError:
-    """A key the config lacks: under gpubench's groups, the declared ones; elsewhere the
-    config's close keys (`known`) and how to add one."""
+    """A key the config lacks: under gpubench's groups, the declared ones; elsewhere the close
+    keys of `known` and how to add one."""
     try:
         check_known_key(key, value)
     except ConfigError as e:
@@ -159,7 +147,7 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
 
 def check_overrides(cfg: DictConfig, groups: dict) -> None:
     """The command line's and hydra.sweeper.params' overrides: a plain one's value has its key's
-    type as written (the composed config shows 2 as true); a sweep's, _check_override."""
+    type as written (the composed config shows 2 as true); a sweep's: _check_override."""
     task = list(_at(cfg, "hydra.overrides.task") or [])
     params = _at(cfg, "hydra.sweeper.params") or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
@@ -175,10 +163,8 @@ def check_overrides(cfg: DictConfig, groups: dict) -> None:
 
 
 def check_written(raw: DictConfig, package: str, where: str) -> None:
-    """A YAML file's values as read, before the typed schema turns `checkpointing: 2` into true:
-    its keys declared, a boolean true or false. `package`: its keys' prefix ('' for the primary
-    config and a _global_ overlay); `where`: the file. Called by hydra_plugins.
-    gpubench_searchpath on every file it reads."""
+    """A YAML file's values as read (by hydra_plugins.gpubench_searchpath), before the schema
+    turns `checkpointing: 2` into true. `package`: its keys' prefix ('' for primary, _global_)."""
     values = OmegaConf.to_container(raw, resolve=False)
     if not isinstance(values, dict):
         return  # Hydra's own line: a config is a mapping
@@ -239,13 +225,12 @@ def check_before_work(cfg: DictConfig) -> None:
 
 
 class InputCheck(Callback):
-    """First in bench.yaml's hydra.callbacks: called before the sweeper is built and before any
-    other callback (the MLflow parent run) starts."""
+    """First in bench.yaml's hydra.callbacks: runs before a run dir, the sweeper or any other
+    callback (the MLflow parent run) exists."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # a single run's settings too: Hydra makes the run's folder (its .hydra, the log) before
-        # the job resolves them, so bad input would leave an empty run behind. A multirun's
-        # jobs each differ: the sweeper checks its override lists (check_extra_overrides)
+        # a single run's settings too: Hydra makes the run's folder before the job resolves them
+        # (bad input would leave an empty run). A multirun's jobs differ: check_extra_overrides
         self._check(config, settings=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -258,7 +243,6 @@ class InputCheck(Callback):
             if settings:
                 resolve(config, checked=True)
         except ConfigError as e:
-            # a SystemExit carrying the ConfigError: Hydra turns an Exception raised in a
-            # callback into a warning and carries on; this ends the command, and
-            # gpubench.cli.errors prints the ConfigError as one line, exit 2
+            # Hydra turns an Exception raised in a callback into a warning and carries on: a
+            # SystemExit ends the command (gpubench.cli.errors prints its ConfigError, exit 2)
             raise SystemExit(e) from None

@@ -1,13 +1,6 @@
-"""The typed schema of a gpubench run: every key declared once, with its type, default, allowed
-range or choices and a one-line description (gpubench.config.keys.setting).
-
-Hydra composes `conf/bench.yaml` on top of `BenchConfig` (registered in the ConfigStore as
-`gpubench_schema`), so a wrong type or an unknown Enum name fails at compose time. From the
-declarations come the range checks (`check_ranges`, applied by settings.resolve), the read-only
-settings (gpubench.config.settings) and the key table of docs/configuration.md
-(gpubench.config.doc). The rules that need more than one key, the disk or the machine are in
-gpubench.config.settings; the checks on Hydra's own node in gpubench.config.prechecks.
-"""
+"""The typed schema of a gpubench run: every key declared once (gpubench.config.keys.setting).
+Hydra composes conf/bench.yaml on top of `BenchConfig` (ConfigStore: `gpubench_schema`), so a
+wrong type or an unknown Enum name fails at compose time; rules across keys: config.settings."""
 
 from __future__ import annotations
 
@@ -26,17 +19,13 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.keys import Key, Knob, Pipe, Role, check_keys, keys, name_rule, setting
 
 
-class Choice(str, Enum):
-    """A key's choices. A member equals its value (`Backend.none == "none"`), so code that reads
-    the composed DictConfig compares with plain strings; the settings hold the values."""
-
-
 def _choice(name: str, values: str) -> Any:
-    """A Choice Enum of these values, each named as a command line takes it (`-` as `_`)."""
-    return Choice(name, [(v.replace("-", "_"), v) for v in values.split()], module=__name__)
+    """A key's choices, named as a command line takes them (`-` as `_`). A str Enum: a member
+    equals its value (`Backend.none == "none"`), so readers of the composed DictConfig compare
+    with plain strings; the settings hold the values."""
+    return Enum(name, [(v.replace("-", "_"), v) for v in values.split()], module=__name__, type=str)
 
 
-# custom: the team's own Dataset class, dataset._target_ (gpubench.parts.custom_data)
 DatasetKind = _choice("DatasetKind",
                       "synthetic device_synthetic fake_jpeg imagefolder cifar10 custom")
 Where = _choice("Where", "cpu device")
@@ -46,17 +35,11 @@ PrecisionName = _choice("PrecisionName", "torch_default fp32 tf32 amp_fp16 amp_b
 CompileMode = _choice("CompileMode", "off default reduce-overhead max-autotune")
 DeviceKind = _choice("DeviceKind", "auto cuda cpu")
 Phase = _choice("Phase", "loader compute e2e")
-Optimizer = _choice("Optimizer", "sgd adamw")  # sgd: momentum 0.9
-# auto: torch's own choice (foreach on CUDA, the per-parameter loop elsewhere); the others
-# force one implementation (gpubench.parts.step.make_optimizer)
+Optimizer = _choice("Optimizer", "sgd adamw")
 OptimizerImpl = _choice("OptimizerImpl", "auto for_loop foreach fused")
 Backend = _choice("Backend", "mlflow none")
-# process: torch's DataLoader, a process per worker; thread: torchdata.nodes, threads in the
-# main process (gpubench.parts.thread_loader)
 WorkerType = _choice("WorkerType", "process thread")
-# custom: the team's loss function, step._target_ (gpubench.parts.step.Loss)
 StepKind = _choice("StepKind", "classification custom")
-# output: loss(model(inputs), targets); batch: loss(model, batch), a model computing its own loss
 StepTakes = _choice("StepTakes", "output batch")
 
 
@@ -65,8 +48,7 @@ def is_amp(precision: str) -> bool:
     return precision in ("amp_fp16", "amp_bf16")
 
 
-# shorthands of the knobs' declarations (gpubench.config.keys.Knob). A data knob's `cheap`:
-# (its rank among the keys, its value's rank), cheapest first
+# shorthands of the knobs' declarations (gpubench.config.keys.Knob)
 WORK, WORK_DATA = (partial(Knob, Role.workload, p) for p in (Pipe.compute, Pipe.data))
 KNOB, DATA_KNOB = (partial(Knob, Role.knob, p) for p in (Pipe.compute, Pipe.data))
 
@@ -80,9 +62,8 @@ def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
 
 
 def check_start_method(key: str, ctx: Any, nullable: bool = True) -> None:
-    """A start method of this platform (checked with 0 workers too: a misspelling is wrong);
-    torch.multiprocessing re-exports multiprocessing's own function."""
-    methods = multiprocessing.get_all_start_methods()
+    """A start method of this platform (checked with 0 workers too: a misspelling is wrong)."""
+    methods = multiprocessing.get_all_start_methods()  # torch.multiprocessing's own function
     if ctx not in methods:
         raise ConfigError(key, ctx, f"null or one of {methods}")
 
@@ -90,12 +71,11 @@ def check_start_method(key: str, ctx: Any, nullable: bool = True) -> None:
 @dataclass
 class DatasetConfig:
     name: DatasetKind = setting(
-        DatasetKind.synthetic,
-        "synthetic: random uint8 images made once on the host, through the real train transforms; "
-        "device_synthetic: one fixed batch already on the device (the compute bound); fake_jpeg: "
-        "in-memory JPEGs decoded with PIL per sample; imagefolder: a folder of class sub-folders; "
-        "cifar10: CIFAR-10's python files from a local root; custom: your own Dataset class "
-        "([data.md](data.md))", knob=WORK_DATA(short="dataset"))
+        DatasetKind.synthetic, "synthetic: random uint8 images made once on the host, through "
+        "the real train transforms; device_synthetic: one fixed batch already on the device (the "
+        "compute bound); fake_jpeg: in-memory JPEGs decoded with PIL per sample; imagefolder: a "
+        "folder of class sub-folders; cifar10: CIFAR-10's python files from a local root; custom: "
+        "your own Dataset class ([data.md](data.md))", knob=WORK_DATA(short="dataset"))
     image_size: int | None = setting(
         None, "side of the training crop; null: 224 on a GPU, 32 on a CPU. The upper bound is "
         "JPEG's largest side; the RAM checks bound the in-memory pools", bounds=(8, 65_535),
@@ -109,57 +89,58 @@ class DatasetConfig:
     root: str | None = setting(None, "the folder imagefolder and cifar10 read (never downloaded)",
                                allowed="null or an existing folder")
     jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
-    preload: bool = setting(False, "decode the whole dataset once into a shared uint8 tensor in "
-                                   "RAM, then only augment per step (must fit in 80% of free RAM)",
-                            knob=DATA_KNOB(short="preload", cheap=(2, bool)))
+    preload: bool = setting(
+        False, "decode the whole dataset once into a shared uint8 tensor in RAM, then only "
+        "augment per step (must fit in 80% of free RAM)",
+        knob=DATA_KNOB(short="preload", cheap=(2, bool)))
     # CPU work before device work: the device's time is the scarce one
-    augment_on: Where = setting(Where.cpu, "device: ship uint8 batches, crop/flip/normalize on "
-                                           "the device",
-                                knob=DATA_KNOB(short="augment_on", cheap=(4, lambda v: v != "cpu")))
-    decode_on: Where = setting(Where.cpu, "device: decode JPEGs on the GPU (nvJPEG); CUDA, "
-                                          "imagefolder and fake_jpeg only",
-                               knob=DATA_KNOB(short="decode_on", cheap=(3, lambda v: v != "cpu")))
-    on_corrupt: OnCorrupt = setting(OnCorrupt.skip, "skip (and count) or fail on an image that "
-                                                    "does not decode")
+    augment_on: Where = setting(
+        Where.cpu, "device: ship uint8 batches, crop/flip/normalize on the device",
+        knob=DATA_KNOB(short="augment_on", cheap=(4, lambda v: v != "cpu")))
+    decode_on: Where = setting(
+        Where.cpu, "device: decode JPEGs on the GPU (nvJPEG); CUDA, imagefolder and fake_jpeg only",
+        knob=DATA_KNOB(short="decode_on", cheap=(3, lambda v: v != "cpu")))
+    on_corrupt: OnCorrupt = setting(
+        OnCorrupt.skip, "skip (and count) or fail on an image that does not decode")
     _target_: str | None = setting(
         None, "dataset=custom: your Dataset class as a dotted path (my_team.data.MyDataset)",
         knob=WORK_DATA(short="dataset"))
-    kwargs: dict[str, Any] = setting(factory=dict, help="dataset=custom: its constructor's "
-                                                        "arguments")
+    kwargs: dict[str, Any] = setting(factory=dict,
+                                     help="dataset=custom: its constructor's arguments")
     transform: dict[str, Any] = setting(
         factory=dict, help="dataset=custom: your transform instead of gpubench's, as a Hydra "
-                           "instantiate node ({_target_: ..., its arguments})")
+        "instantiate node ({_target_: ..., its arguments})")
     collate: dict[str, Any] = setting(
         factory=dict, help="dataset=custom: your collate function, as a Hydra instantiate node")
 
 
 @dataclass
 class ModelConfig:
-    name: str = setting("resnet50", "a torchvision classification model "
-                                    "(torchvision.models.list_models()) or tiny",
-                        allowed="a torchvision classifier's name or tiny", knob=WORK(short="model"))
-    num_classes: int = setting("${dataset.num_classes}",
-                               "classifier outputs: at least dataset.num_classes (one per label)",
-                               bounds=(1, 1_000_000), knob=WORK())
+    name: str = setting(
+        "resnet50", "a torchvision classification model (torchvision.models.list_models()) or tiny",
+        allowed="a torchvision classifier's name or tiny", knob=WORK(short="model"))
+    num_classes: int = setting(
+        "${dataset.num_classes}", "classifier outputs: at least dataset.num_classes (one per "
+        "label)", bounds=(1, 1_000_000), knob=WORK())
     _target_: str | None = setting(
         None, "your own nn.Module class (model=custom model._target_=my_team.nets.Net); it gets "
-              "num_classes if it takes one", knob=WORK(short="model"))
-    kwargs: dict[str, Any] = setting(factory=dict, help="model._target_'s other constructor "
-                                                        "arguments", knob=WORK())
+        "num_classes if it takes one", knob=WORK(short="model"))
+    kwargs: dict[str, Any] = setting(
+        factory=dict, help="model._target_'s other constructor arguments", knob=WORK())
     checkpointing: bool = setting(
         False, "activation checkpointing over the model's stages (a ResNet's layers, each ViT "
-               "block, tiny's features): less memory, about one more forward; torchvision "
-               "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only", knob=KNOB())
+        "block, tiny's features): less memory, about one more forward; torchvision "
+        "ResNets/Wide ResNets/ResNeXts, ViTs and tiny only", knob=KNOB())
 
 
 @dataclass
 class LoaderConfig:
     batch_size: int | None = setting(
         None, "null: 128 on a GPU, 16 on a CPU; at most the dataset's size with drop_last "
-              "(checked when the data is built)", bounds=(1, 65_536), knob=KNOB(short="batch_size"))
+        "(checked when the data is built)", bounds=(1, 65_536), knob=KNOB(short="batch_size"))
     num_workers: int = setting(
         2, "DataLoader worker processes; at most 4 per usable core and 256 MiB of free RAM each "
-           "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024),
+        "(a forked worker measured ~410 MiB RSS, mostly shared)", bounds=(0, 1024),
         knob=DATA_KNOB(short="num_workers", cheap=(1, int)))
     pin_memory: bool = setting(True, "pinned host memory and non_blocking copies (GPU only)",
                                knob=DATA_KNOB(short="pin_memory", cheap=(7, bool), cuda_only=True))
@@ -173,12 +154,12 @@ class LoaderConfig:
     drop_last: bool = setting(True, "every measured step is a full batch")
     multiprocessing_context: str | None = setting(
         None, "the workers' start method; null: the platform's default (fork on Linux: workers "
-              "share preloaded tensors for free); null with 0 workers",
+        "share preloaded tensors for free); null with 0 workers",
         allowed="null or a start method of this platform (fork, spawn, forkserver)",
         rule=check_start_method, knob=DATA_KNOB(inert=None, process_only=True))
     worker_threads: int = setting(
         1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
-           "usable cores; 1 with 0 workers", bounds=(1, 1024),
+        "usable cores; 1 with 0 workers", bounds=(1, 1024),
         knob=DATA_KNOB(inert=1, process_only=True))
     # thread first: a thread holds no process of its own (RAM, start-up)
     worker_type: WorkerType = setting(
@@ -191,9 +172,8 @@ class LoaderConfig:
     # in order first: the sampler's, reproducible
     in_order: bool = setting(
         True, "batches in the sampler's order; false: each batch as soon as a worker has it, so "
-              "a slow sample holds back no other (process workers need torch >= 2.6); true "
-              "with 0 workers",
-        knob=DATA_KNOB(short="in_order", cheap=(9, lambda v: not v), inert=True))
+        "a slow sample holds back no other (process workers need torch >= 2.6); true with 0 "
+        "workers", knob=DATA_KNOB(short="in_order", cheap=(9, lambda v: not v), inert=True))
 
 
 @dataclass
@@ -212,7 +192,7 @@ class StepConfig:
         knob=WORK())
     _target_: str | None = setting(
         None, "step=custom: your loss function as a dotted path (my_team.train.loss), returning "
-              "a scalar tensor", knob=WORK())
+        "a scalar tensor", knob=WORK())
     takes: StepTakes = setting(
         StepTakes.output, "step=custom: output: loss(model(inputs), targets), the batch an "
         "(inputs, targets) pair; batch: loss(model, batch), for a model that computes its own "
@@ -229,56 +209,57 @@ class BenchSettings:
                                   rule=check_phases, knob=Knob())
     warmup_steps: int = setting(
         5, "steps run before measuring: at least these, then on until steps are steady; at most "
-           "bench.warmup_max_steps", bounds=(0, 10_000))
+        "bench.warmup_max_steps", bounds=(0, 10_000))
     warmup_max_steps: int = setting(50, "the warm-up's most steps; at least bench.warmup_steps",
                                     bounds=(0, 10_000))
     steps: int = setting(
         50, "measured steps per phase, split into bench.repeats windows of equal length: rounded "
-            "up to a multiple of them (50 steps in 6 windows measure 54)", bounds=(1, 10_000_000))
+        "up to a multiple of them (50 steps in 6 windows measure 54)", bounds=(1, 10_000_000))
     repeats: int = setting(
         6, "windows per phase, interleaved across the phases (loader, compute, e2e, loader, ...): "
-           "they give each phase its 95% interval; at most bench.steps (more are recorded as "
-           "bench.steps: a window is at least one step)", bounds=(1, 100))
+        "they give each phase its 95% interval; at most bench.steps (more are recorded as "
+        "bench.steps: a window is at least one step)", bounds=(1, 100))
     warmup_max_seconds: float = setting(60.0, "wall-clock cap of a phase's warm-up",
                                         bounds=(0.001, 86_400))
-    max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
-                                       "device", bounds=(0.001, 86_400))
+    max_seconds: float = setting(
+        60.0, "wall-clock cap of a phase, so nothing runs away on a slow device",
+        bounds=(0.001, 86_400))
     min_window_s: float | None = setting(
         None, "a measured window runs on past its share of bench.steps until it has lasted this "
-              "long, so NVML's readings (utilization averaged over 1/6-1 s, power over 1 s) "
-              "describe the window, not the phase before; null: 2 s on CUDA with bench.monitor "
-              "on, else 0 (off); at most a window's cap, bench.max_seconds / bench.repeats. "
-              "Under torchrun the step count is fixed before each window from the last step time",
-        bounds=(0, 3600))
+        "long, so NVML's readings (utilization averaged over 1/6-1 s, power over 1 s) describe "
+        "the window, not the phase before; null: 2 s on CUDA with bench.monitor on, else 0 (off); "
+        "at most a window's cap, bench.max_seconds / bench.repeats. Under torchrun the step count "
+        "is fixed before each window from the last step time", bounds=(0, 3600))
     seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
                         bounds=(0, 2**32 - 1))
-    monitor: bool = setting(True, "sample NVML and the host in one thread: each window's figures, "
-                                  "and gpu_metrics.csv for the whole run")
+    monitor: bool = setting(
+        True, "sample NVML and the host in one thread: each window's figures, and gpu_metrics.csv "
+        "for the whole run")
     monitor_interval_s: float = setting(
         0.2, "the sampling period; at most bench.max_seconds when bench.monitor is on (a window "
-             "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",
+        "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",
         bounds=(0.05, 60))
     flops: bool = setting(True, "count one step's FLOPs once, for MFU")
     optimizer: Optimizer = setting(Optimizer.sgd, "sgd (momentum 0.9) or adamw",
                                    knob=KNOB(short="optimizer"))
     optimizer_impl: OptimizerImpl = setting(
         OptimizerImpl.auto, "auto: torch's choice (foreach on CUDA); for_loop, foreach, fused "
-                            "force one; foreach and fused only where torch has their kernels",
-        knob=KNOB())
+        "force one; foreach and fused only where torch has their kernels", knob=KNOB())
     lr: float = setting(0.01, "the optimizer's learning rate", bounds=(1e-12, 10), knob=Knob())
     grad_accum_steps: int = setting(
         1, "micro-batches per optimizer step (effective batch: loader.batch_size x this); "
-           "images/sec counts every micro-batch", bounds=(1, 1024), knob=KNOB())
+        "images/sec counts every micro-batch", bounds=(1, 1024), knob=KNOB())
     cudnn_benchmark: bool | None = setting(
         None, "torch.backends.cudnn.benchmark, the same for every precision (a precision "
-              "comparison changes one thing); null: the process's own flag (PyTorch's: off)",
+        "comparison changes one thing); null: the process's own flag (PyTorch's: off)",
         knob=KNOB(cuda_only=True))
     host_metrics_every: int = setting(
         0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
-           "many training loops do; 0: never", bounds=(0, 100_000), knob=WORK())
-    profile: bool = setting(False, "after the measured windows, a torch.profiler trace of "
-                                   "bench.profile_steps e2e steps (never timed): traces/ beside "
-                                   "results.json, logged to MLflow ([profiling.md](profiling.md))")
+        "many training loops do; 0: never", bounds=(0, 100_000), knob=WORK())
+    profile: bool = setting(
+        False, "after the measured windows, a torch.profiler trace of bench.profile_steps e2e "
+        "steps (never timed): traces/ beside results.json, logged to MLflow "
+        "([profiling.md](profiling.md))")
     profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000))
 
 
@@ -286,15 +267,11 @@ class BenchSettings:
 class MemoryConfig:
     ROLE = Role.measure  # the ceiling judges a run, it does not change it
     # any fraction > 0: a tiny one forces over_ceiling
-    ceiling: float = setting(0.8, "fraction of device memory a config may peak at and still be "
-                                  "feasible", bounds=(1e-6, 1.0))
+    ceiling: float = setting(
+        0.8, "fraction of device memory a config may peak at and still be feasible",
+        bounds=(1e-6, 1.0))
     reserve: float = setting(0.05, "sweep=max_batch keeps this fraction of the ceiling free",
                              bounds=(0.0, 0.99))
-
-
-# MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
-# a run's name is its mlflow.runName, stored in a 250-character column
-EXPERIMENT_NAME_MAX, RUN_NAME_MAX = 500, 250
 
 
 @dataclass
@@ -307,21 +284,20 @@ class TrackingConfig:
                 "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; "
                 "file:///folder or a local folder only with MLFLOW_ALLOW_FILE_STORE=true "
                 "(MLflow 3.17 refuses its file store otherwise)")
-    # checked with any backend: a run kept on disk is uploaded later under the same names
-    experiment: str = setting("gpubench", "the MLflow experiment",
-                              rule=name_rule(EXPERIMENT_NAME_MAX))
+    # checked with any backend: a run kept on disk is uploaded later under the same names.
+    # MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
+    # a run's name is its mlflow.runName, stored in a 250-character column
+    experiment: str = setting("gpubench", "the MLflow experiment", rule=name_rule(500))
     run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup",
-                                   rule=name_rule(RUN_NAME_MAX))
-    timeout_s: float = setting(10.0, "seconds to wait for a tracking server before giving up "
-                                     "(results stay on disk)", bounds=(0.1, 3600))
+                                   rule=name_rule(250))
+    timeout_s: float = setting(
+        10.0, "seconds to wait for a tracking server before giving up (results stay on disk)",
+        bounds=(0.1, 3600))
 
 
 @dataclass
 class FaultConfig:
-    """Fault injection for testing recovery paths (never set in real runs)."""
-
-    ROLE = Role.fault
-
+    ROLE = Role.fault  # fault injection for testing recovery paths (never set in real runs)
     oom_above_batch: int | None = setting(
         None, "testing: an out-of-memory error in the train step for larger batches",
         bounds=(0, None))
@@ -333,8 +309,9 @@ class FaultConfig:
         None, "testing: every k-th compute/e2e step sleeps fault.stall_s (a disturbed run)",
         bounds=(1, None))
     stall_s: float = setting(1.0, "testing: seconds of each stall", bounds=(0, 600))
-    rank: int | None = setting(None, "testing: under torchrun, only this rank gets the faults "
-                                     "(null: every rank)", bounds=(0, None))
+    rank: int | None = setting(
+        None, "testing: under torchrun, only this rank gets the faults (null: every rank)",
+        bounds=(0, None))
 
 
 @dataclass
@@ -350,16 +327,14 @@ class BenchConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     channels_last: bool = setting(False, "NHWC memory format for model and input",
                                   knob=KNOB(short="channels_last"))
-    compile: CompileMode = setting(CompileMode.off, "torch.compile's mode (compile time falls in "
-                                                    "the warm-up, reported as first_step_s)",
-                                   knob=KNOB(short="compile"))
+    compile: CompileMode = setting(
+        CompileMode.off, "torch.compile's mode (compile time falls in the warm-up, reported as "
+        "first_step_s)", knob=KNOB(short="compile"))
 
 
-# One typed root: each group's YAML is merged into its typed field (BenchConfig.dataset is a
-# DatasetConfig, ...), so group options need no schema of their own.
+# One typed root: each group's YAML merges into its typed field (no schema per group option)
 ConfigStore.instance().store(name="gpubench_schema", node=BenchConfig)
 
-# Every key of a run, as declared above
 KEYS: tuple[Key, ...] = tuple(keys(BenchConfig))
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 # gpubench's groups (dataset, model, loader, ...): every key under them is declared above
@@ -369,16 +344,14 @@ FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
 
 
 def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
-    """Every key with a rule (or `only` these) against its declaration; those that depend on
-    the machine: settings.check_resources."""
+    """Every key with a rule (or `only` these); the machine's rules: settings.check_resources."""
     check_keys(cfg, KEYS, only)
 
 
 def check_known_key(key: str, value: Any) -> None:
-    """A key under one of gpubench's groups must be one the schema declares (entries of a
-    free-form mapping such as model.kwargs aside): `+loader.nosuch=1` would otherwise be
-    carried along, recorded and compared, and act on nothing. Top-level keys of your own stay
-    allowed: a team config may keep values there for interpolations."""
+    """A key under one of gpubench's groups is declared (free-form mappings aside):
+    `+loader.nosuch=1` would be recorded and compared, and act on nothing. Top-level keys of
+    your own stay allowed: a team config may keep values there for interpolations."""
     group = key.split(".")[0]
     if key in BY_NAME or key.startswith(FREE_FORM) or group not in GROUP_NAMES:
         return
@@ -412,6 +385,6 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 def auto_sizes(device: str) -> tuple[int, int]:
-    """(image_size, batch_size) for the null 'sized by device' keys: a meaningful default on a
+    """(image_size, batch_size) for the null keys sized by device: a meaningful default on a
     GPU, a quick one on a CPU (resnet50 at 224 px and batch 128 takes minutes per step there)."""
     return (224, 128) if device == "cuda" else (32, 16)

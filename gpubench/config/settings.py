@@ -1,13 +1,6 @@
-"""The composed config turned, once, into read-only, resolved settings; every input rule.
-
-    compose (Hydra) ─► resolve(cfg) -> Settings ─► check_resources(s) ─► Benchmark
-
-`resolve` runs every rule that needs neither the disk nor the machine's RAM and fills what the
-config leaves to the device (`sizes`). `check_resources` is the one step for the rules that look
-at this machine. Four resource rules need the built dataset's length and run where it is known
-(parts.data): `check_batch_fits`, `check_preload_fits`, `check_sampled`, `check_found_classes`.
-Torch-free at import; every rule raises config.ConfigError, one line naming the key.
-"""
+"""The composed config turned, once, into read-only settings (`resolve`: every rule that needs
+neither the disk nor this machine's RAM), the rules that look at this machine (`check_resources`)
+and those that need the built dataset's length (called from parts.data). Torch-free at import."""
 
 from __future__ import annotations
 
@@ -26,12 +19,10 @@ from gpubench.config.footprint import check_local_store, check_memory_sizes
 from gpubench.config.uris import check_tracking_uri, local_store
 from gpubench.core.record import window_plan
 
-# The settings: OmegaConf's own read-only DictConfig (a rule checked once cannot be undone by a
-# reader writing into it) of the composed config's groups with the resolved values, Enums as
-# their values, then what resolve decided: `device`, `precision` (precision.name), `compile`
-# (torch.compile's mode string), `phases` (bench.device and bench.phases leave the bench group),
-# `config` (the composed config with the sized keys filled in, Enums by name: what results.json
-# and the MLflow params hold) and `notes` (what resolve decided that the user should hear).
+# A read-only DictConfig (a rule checked once cannot be undone by a reader writing into it): the
+# groups with resolved values, Enums as values, plus `device`, `precision`, `compile` (its mode
+# string), `phases`, `config` (the composed config with the sized keys filled in, Enums by name:
+# what results.json and MLflow hold) and `notes` (what resolve decided that the user should hear).
 Settings = DictConfig
 Dataset = Loader = Fault = DictConfig  # a group of the settings, as its readers annotate it
 
@@ -41,15 +32,13 @@ def _plain(v: Any) -> Any:
 
 
 def plain(v: Any) -> Any:
-    """A settings node as plain, writable dicts and lists (JSON, YAML, OmegaConf.create and a
-    team's own classes take those)."""
+    """A settings node as plain, writable dicts and lists (for JSON, YAML, a team's classes)."""
     return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
 def sizes(cfg: DictConfig) -> tuple[str, int, int]:
-    """(device, image_size, batch_size) of a composed config: bench.device as asked (auto: CUDA
-    when this machine has it), the null keys sized by that device. Sizing only, with no
-    availability rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
+    """(device, image_size, batch_size): the null keys sized by bench.device (auto: CUDA if here).
+    No availability rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
     schema.check_ranges(cfg, only=("dataset.image_size", "loader.batch_size"))
     want = _plain(cfg.bench.device)
     device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
@@ -57,16 +46,11 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     return device, *(a if g is None else int(g) for g, a in zip(given, auto, strict=True))
 
 
-# Loader keys that act only through worker processes (Knob.inert): torch's DataLoader refuses
-# prefetch_factor and persistent_workers with num_workers=0. With 0 workers they are resolved to
-# their inert values (recorded so, and so compared and recommended by a report), with a note
-# when the config asked for another value than the default: refusing them would fail every
-# 0-worker trial of a sweep that also sweeps them. The same for thread workers and the keys that
-# act through worker processes alone (Knob.process_only): no start method, threads started with
-# each epoch (torchdata's nodes have no persistent workers), one torch thread each
-# (torchdata/nodes/_apply_udf.py).
 def _inert(workers: Any, kind: Any) -> tuple[tuple[str, ...], str]:
-    """The loader keys that do not act with these workers, and why, as a note says it."""
+    """The loader keys that do not act with these workers, and why. torch's DataLoader refuses
+    prefetch_factor and persistent_workers with 0 workers: refusing them here would fail every
+    0-worker trial of a sweep, so they are recorded as their Knob.inert. Thread workers likewise
+    for Knob.process_only (torchdata's nodes: one torch thread each, no persistent workers)."""
     if workers == 0:
         return tuple(knobs.WORKER_ONLY), "with loader.num_workers=0"
     if _plain(kind) == "thread":
@@ -95,15 +79,13 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
     return values, tuple(notes)
 
 
-# bench.min_window_s=null on CUDA with the sampler on. NVML's readings average over up to
-# NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s): the sampler drops a
-# window's first NVML_AVERAGING_S (telemetry/monitor.py); twice that leaves as long again
-# (tests/telemetry/test_nvml.py holds it so).
+# bench.min_window_s=null on CUDA with the sampler on: the sampler drops a window's first
+# NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s; telemetry/monitor.py),
+# twice that leaves as long again (tests/telemetry/test_nvml.py holds it so).
 GPU_MIN_WINDOW_S = 2.0
 
 
 def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
-    """A window's time cap: a phase's bench.max_seconds shared by its windows."""
     return max_seconds / window_plan(steps, repeats)[0]
 
 
@@ -119,8 +101,7 @@ def min_window_s(bench: DictConfig, device: str) -> float:
 
 
 def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
-    """bench.repeats as it acts: the windows that run (at most bench.steps), with a note when
-    the config asked for more on purpose (a value other than the default)."""
+    """bench.repeats as it acts (at most bench.steps), with a note when more were set on purpose."""
     windows = window_plan(bench.steps, bench.repeats)[0]
     if windows == bench.repeats or bench.repeats == schema.BenchSettings.repeats:
         return windows, ()
@@ -129,20 +110,17 @@ def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
 
 
 def _run(cfg: DictConfig) -> DictConfig:
-    """The config without Hydra's node: a job's has none, a sweeper's has it, with values only
-    a job fills in (they would not resolve here)."""
+    """The config without Hydra's node (a sweeper's has values only a job fills in)."""
     return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
 
 
 def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
-    # Enums by name, as OmegaConf writes them: what results.json's "config" has always held
     config = OmegaConf.to_container(_run(cfg), resolve=True, enum_to_str=True)
     config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
     inert, notes = _without_workers(cfg.loader)
     config["loader"].update(inert)
     config["bench"]["min_window_s"] = min_window_s(cfg.bench, device)
     config["bench"]["repeats"], ran = _windows(cfg.bench)
-    # the groups' Enums by name are their values; compile's value is torch.compile's mode
     bench = {k: v for k, v in config["bench"].items() if k not in ("device", "phases")}
     return OmegaConf.create(
         {**config, "bench": bench, "device": device, "precision": config["precision"]["name"],
@@ -172,9 +150,8 @@ def checkpointable(name: str) -> bool:
 
 
 def impl_devices(impl: str) -> list[str] | None:
-    """Device types with kernels for an optimizer implementation, as torch lists them (None:
-    any; torch/utils/_foreach_utils.py, torch >= 2.2). Elsewhere torch raises (fused) or runs a
-    slow per-tensor fallback (foreach)."""
+    """Device types with kernels for an optimizer implementation (None: any; torch >= 2.2's
+    _foreach_utils). Elsewhere torch raises (fused) or runs a slow per-tensor fallback (foreach)."""
     if impl not in ("foreach", "fused"):
         return None
     from torch.utils import _foreach_utils
@@ -193,10 +170,8 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
 
 
 def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
-    """The read-only settings of a composed config, after every rule that needs neither the disk
-    nor the RAM. Raises ConfigError before any work; never changes `cfg`. `checked`:
-    prechecks.check_before_work passed on `cfg`, which ran the interpolations', the keys' and
-    tracking.uri's checks: they are not run twice."""
+    """The read-only settings of a composed config; never changes `cfg`. `checked`:
+    prechecks.check_before_work passed on `cfg` (interpolations, keys, tracking.uri checked)."""
     if not checked:
         check_interpolations(cfg)
         schema.check_known_keys(cfg)
@@ -210,7 +185,6 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
             raise ConfigError(key, value, allowed)
     if s.model._target_ is None:  # after the table's cheap rules: torchvision takes about 1.3 s
         check_model_name(s.model.name)
-        # a torchvision model gets model.num_classes outputs: every label must have one
         check_classes(s.model.num_classes, s.dataset.num_classes)
     if s.tracking.backend == "mlflow" and not checked:
         check_tracking_uri(s.tracking.uri)
@@ -300,12 +274,10 @@ def _rules(s: Settings) -> list[tuple[bool, str, Any, str]]:
     ]
 
 
-# A forked DataLoader worker measured ~410 MiB RSS here, most of it pages shared with the main
-# process; 256 MiB of its own is a conservative share of free RAM per worker (1000 workers
-# exhausted a 24 GiB host).
-WORKER_RAM_BYTES = 256 * 2**20
-# More workers than 4 per core only queue for the same cores (and each holds its batches).
-WORKERS_PER_CORE = 4
+# A forked DataLoader worker measured ~410 MiB RSS, mostly shared with the main process: 256 MiB
+# of its own is a conservative share (1000 workers exhausted a 24 GiB host). More than 4 per core
+# only queue for the same cores (and each holds its batches).
+WORKER_RAM_BYTES, WORKERS_PER_CORE = 256 * 2**20, 4
 
 
 def usable_cpus() -> int:
@@ -347,22 +319,19 @@ def check_preload_fits(n: int, size: int) -> None:
     need, free = n * 3 * size * size, available_ram()
     # 80%: the run itself (model, optimizer, worker batches) needs the rest
     if need > 0.8 * free:
-        raise ConfigError(
-            "dataset.preload", True,
-            f"false here (the cache of {n} images at {size} px needs {need / 2**30:.2f} GiB "
-            f"and only {free / 2**30:.2f} GiB of RAM is free; lower dataset.image_size or use "
-            "a smaller folder)")
+        raise ConfigError("dataset.preload", True, f"false here (the cache of {n} images at {size} "
+                          f"px needs {need / 2**30:.2f} GiB and only {free / 2**30:.2f} GiB of "
+                          "RAM is free; lower dataset.image_size or use a smaller folder)")
 
 
-# RandomSampler draws each epoch's order as torch.randperm(n).tolist() (torch/utils/data/
-# sampler.py RandomSampler.__iter__, torch 2.4 to 2.14): 8 bytes an index in the tensor, about
-# 36 more in the list of Python ints
+# RandomSampler draws each epoch's order as torch.randperm(n).tolist() (torch 2.4 to 2.14): 8
+# bytes an index in the tensor, about 36 more in the list of Python ints
 SAMPLED_BYTES = 44
 
 
 def check_sampled(n: int, key: str, value: Any) -> None:
-    """A dataset's length against the order shuffling it holds, in half of the free RAM: a
-    custom Dataset's __len__ of 10**15 would exhaust memory in the sampler."""
+    """A dataset's length against the order shuffling it holds, in half of the free RAM (a custom
+    Dataset's __len__ of 10**15 would exhaust memory in the sampler)."""
     most = available_ram() // 2 // SAMPLED_BYTES
     if n > most:
         raise ConfigError(key, value, f"a Dataset of at most {most} samples on this machine "

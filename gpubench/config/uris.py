@@ -1,6 +1,5 @@
-"""URIs checked before any work: `tracking.uri` (an MLflow store) and `hydra.sweeper.storage` (an
-Optuna RDB storage). A malformed one would otherwise fail only when the run is logged or the study
-opened, after the measurement."""
+"""`tracking.uri` (an MLflow store) and `hydra.sweeper.storage` (Optuna's) checked before any
+work: a malformed one would fail only when the run is logged or the study opened."""
 
 from __future__ import annotations
 
@@ -14,26 +13,17 @@ from gpubench.config.errors import ConfigError
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES, sqlite_path
 
-# The tracking stores MLflow 3.17 opens: its REST server, a SQLAlchemy database, Databricks.
-# Its file store (`file:`, a bare folder path) raises "in maintenance mode" unless
-# MLFLOW_ALLOW_FILE_STORE is true (mlflow/store/tracking/file_store.py, FileStore.__init__), and
+# The tracking stores MLflow 3.17 opens. Its file store (`file:`, a folder path) raises "in
+# maintenance mode" unless MLFLOW_ALLOW_FILE_STORE is true (file_store.py, FileStore.__init__);
 # its Unity Catalog schemes (databricks-uc, uc) always raise as tracking URIs
-# (mlflow/tracking/_tracking_service/utils.py, _get_databricks_uc_rest_store): accepted here,
-# either would fail only after the measurement.
+# (_tracking_service/utils.py, _get_databricks_uc_rest_store).
 TRACKING_SCHEMES = ("http", "https", *MLFLOW_SQL_SCHEMES, "databricks")
 FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"
 FILE_STORE_REFUSED = (" (MLflow 3 refuses file stores, `file:` or a folder path: use "
                       "sqlite:///path/mlflow.db, where `mlflow migrate-filestore` moves an old "
                       f"./mlruns, or set {FILE_STORE_OPT_IN}=true)")
-# Optuna's RDB storage takes a SQLAlchemy URL
-STORAGE_SCHEMES = SQL_SCHEMES
+STORAGE_SCHEMES = SQL_SCHEMES  # Optuna's RDB storage takes a SQLAlchemy URL
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
-
-
-def file_store_allowed() -> bool:
-    """MLflow's own opt-in to its file store, read as MLflow reads a boolean variable
-    (mlflow/environment_variables.py, _BooleanEnvironmentVariable: "true" or "1")."""
-    return os.environ.get(FILE_STORE_OPT_IN, "").strip().lower() in ("true", "1")
 
 
 def check_tracking_uri(uri: Any) -> None:
@@ -42,7 +32,8 @@ def check_tracking_uri(uri: Any) -> None:
     if uri == "databricks":  # store names, not paths (mlflow/tracking/registry.py)
         return
     named = uri in ("databricks-uc", "uc")
-    file_ok = file_store_allowed() and not named
+    # MLflow's opt-in, read as MLflow reads a boolean (_BooleanEnvironmentVariable: "true", "1")
+    file_ok = not named and os.environ.get(FILE_STORE_OPT_IN, "").strip().lower() in ("true", "1")
     try:
         check_uri("tracking.uri", uri, TRACKING_SCHEMES + ("file",) * file_ok, path_ok=file_ok)
     except ConfigError as e:
@@ -90,8 +81,7 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
 
 
 def local_store(uri: str) -> tuple[Path | None, bool]:
-    """(the path, whether it is a folder) of a tracking store on this disk; (None, False) for a
-    server or a remote database."""
+    """(path, is a folder) of a tracking store on this disk; (None, False): a server, remote DB."""
     db = sqlite_path(uri)
     if db is not None:
         return db, False

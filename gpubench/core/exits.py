@@ -1,5 +1,5 @@
-"""The exit statuses of gpubench's commands: one table, so a script that checks `$?` and the
-code that sets it read the same numbers."""
+"""The exit statuses of gpubench's commands: one table for the code that sets `$?` and the
+scripts that check it."""
 
 from __future__ import annotations
 
@@ -12,38 +12,27 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    # a run or command failed while running (a run's oom or failed status, a report with
-    # nothing to report, uploads that failed)
-    FAILED = 1
-    # bad input: a config key, an override, a command-line argument (what argparse uses too)
-    BAD_INPUT = 2
-    # measured and kept, but the run did not reach MLflow (`python -m gpubench.tracking sync`)
-    NOT_TRACKED = 3
-    # a torchrun rank ended because another rank failed (its main thread sits in a collective
-    # that will never complete)
+    FAILED = 1  # a run's oom or failed status, a report with nothing to report, failed uploads
+    BAD_INPUT = 2  # a config key, an override, a command-line argument (argparse's too)
+    NOT_TRACKED = 3  # measured and kept, but not in MLflow (`python -m gpubench.tracking sync`)
+    # a torchrun rank ended because another failed (its main thread waits in a collective)
     PEER_FAILED = 4
-    # measured fine, but its peak memory is above memory.ceiling: the setting does not fit
-    # (a sweep's job with this status is a finished trial, and the sweep goes on)
+    # measured fine, peak memory above memory.ceiling (a sweep's job: a finished trial)
     OVER_CEILING = 5
-    # 128 + the signal, as a shell reports a process that a signal ended
+    # 128 + the signal, as a shell reports a process a signal ended
     SIGINT = 128 + signal.SIGINT
     SIGTERM = 128 + signal.SIGTERM
     SIGHUP = 128 + signal.SIGHUP  # the terminal went away (a dropped ssh session)
-    # the reader of stdout went away (`gpubench --help | head`): what a shell reports for a
-    # writer that SIGPIPE ended; Python ignores SIGPIPE and raises BrokenPipeError instead
+    # the reader of stdout went away (`gpubench --help | head`): Python ignores SIGPIPE and
+    # raises BrokenPipeError instead
     BROKEN_PIPE = 128 + signal.SIGPIPE
-
-    @property
-    def interrupted(self) -> bool:
-        """Ctrl-C, SIGTERM or SIGHUP ended the command."""
-        return self in (ExitCode.SIGINT, ExitCode.SIGTERM, ExitCode.SIGHUP)
 
 
 @contextmanager
 def quiet_broken_pipe():
-    """Around a command that prints: when the reader of its stdout goes away (`| head`), end
-    with BROKEN_PIPE and no traceback. What is left to print has no reader; stdout is pointed
-    at /dev/null so the interpreter's own flush at exit does not fail a second time."""
+    """Around a command that prints: when its stdout's reader goes away (`| head`), end with
+    BROKEN_PIPE and no traceback; stdout then points at /dev/null, so the interpreter's flush at
+    exit does not fail again."""
     try:
         try:
             yield
@@ -57,6 +46,5 @@ def quiet_broken_pipe():
             raise
     else:
         return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     raise SystemExit(ExitCode.BROKEN_PIPE)

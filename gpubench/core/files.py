@@ -1,9 +1,5 @@
-"""File helpers shared by the runner, tracking, the sweeper and the report (no torch import).
-
-`write_json`/`write_text` write atomically and masked (core.secrets: no file gpubench writes
-holds a password); `open_own` opens a file written in place (a log, a picture). None writes
-through a symbolic link (`refuse_link`); a folder holding one is refused before anything is
-written there (`check_no_links`). Locks are filelock's (`try_lock`); `retry` tries again."""
+"""File helpers (no torch import): atomic, masked writes (`write_text`), never through a
+symbolic link (`refuse_link`, `check_no_links`); locks (`try_lock`) and `retry`."""
 
 from __future__ import annotations
 
@@ -38,19 +34,17 @@ def finite(v: Any) -> Any:
 
 
 class WriteError(OSError):
-    """A file that could not be written: one line naming the path, the reason and the free space
-    where it was going (a full disk is the usual cause)."""
+    """A file that could not be written: one line, the path, the reason and the free space."""
 
     def __str__(self) -> str:
         return f"cannot write {self.filename}: {self.strerror}"
 
 
-# what a folder that refuses writes answers: permissions, a read-only mount
-READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # permissions, a read-only mount
 
 
 def refusal(path: str | Path, e: OSError) -> str:
-    """Why `path` could not be written, for one line: read-only, or the error's own reason."""
+    """Why `path` could not be written: read-only, or the error's own reason."""
     why = e.strerror or type(e).__name__
     if e.errno in READ_ONLY:
         return f"{path} is read-only ({why.split(' (')[0]})"
@@ -58,39 +52,32 @@ def refusal(path: str | Path, e: OSError) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """`data` as JSON (NaN and inf as null), written as `write_text` writes."""
     write_text(path, json.dumps(finite(data), indent=2, allow_nan=False,
                                 default=lambda o: o.value if isinstance(o, Enum) else str(o)))
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write a file gpubench owns; returns its path. Write-then-rename, masked: a kill mid-write
-    leaves the previous complete file, and no password reaches the disk; never through a
-    symbolic link (LinkError). The temporary file is this process's own and is removed when the
-    write fails (a full disk): the error is a WriteError naming the path and the free space."""
+    """Write a file gpubench owns, masked, then rename (a kill mid-write leaves the previous
+    file); returns its path. A failed write (a full disk) removes the temporary: WriteError."""
     path = refuse_link(path)
-    text = mask_secrets(text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.unlink(missing_ok=True)  # a leftover (or a link) of this name
         with open(tmp, "x", encoding="utf-8") as f:  # "x": never through an existing file
-            f.write(text)
+            f.write(mask_secrets(text))
             f.flush()
-            # on disk before the rename: after a power loss the file is the old or the new one
-            os.fsync(f.fileno())
+            os.fsync(f.fileno())  # before the rename: after a power loss, the old file or the new
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        # the free space where it was going (a full disk is the usual cause)
         raise WriteError(e.errno, f"{e.strerror or e} ({free_space(path.parent)})",
                          str(path)) from e
     return path
 
 
 def free_space(path: Path) -> str:
-    """Free space on the filesystem holding `path`, for error lines: the first folder up the
-    tree that answers (one that does not exist, or refuses, raises its own OSError)."""
+    """Free space where `path` is: the first folder up the tree that answers."""
     for p in (path, *path.parents):
         with contextlib.suppress(OSError):
             return f"{shutil.disk_usage(p).free / 2**20:.1f} MiB free on its filesystem"
@@ -98,24 +85,23 @@ def free_space(path: Path) -> str:
 
 
 def refuse_link(path: str | Path) -> Path:
-    """`path`, unless it is a symbolic link: LinkError naming it and its target (the one rule
-    every gpubench writer keeps)."""
+    """`path`, unless it is a symbolic link: LinkError naming it and its target."""
     path = Path(path)
     if path.is_symlink():
-        raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does not "
-                        "write through links: remove it", str(path))
+        raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does "
+                        "not write through links: remove it", str(path))
     return path
 
 
 def open_own(path: str | Path, mode: str = "w", **kw):
-    """A file gpubench writes in place (the GPU log, a picture), never through a symbolic link:
-    `refuse_link`, and O_NOFOLLOW for a link put there in between (the open fails: ELOOP)."""
+    """A file written in place (the GPU log, a picture): O_NOFOLLOW refuses a link put there
+    after `refuse_link` looked (ELOOP)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
     return open(os.open(refuse_link(path), flags, 0o644), mode, **kw)
 
 
 def read_json(path: Path) -> dict | None:
-    """The file's JSON object, or None when it is missing or not (yet) valid JSON."""
+    """The file's JSON, or None when it is missing or not (yet) valid JSON."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -140,10 +126,8 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ links out of a folder
-# A folder gpubench was given (a run folder to upload, a sweep folder to report on) may hold
-# symbolic links that lead elsewhere: `traces -> /home/me/private`. Following them would upload
-# or overwrite files the user never pointed gpubench at, so readers keep to `inside` and writers
-# to `write_text` / `check_no_links`.
+# A folder gpubench was given may hold links elsewhere (`traces -> /home/me/private`): following
+# them would upload or overwrite files nobody pointed it at. Readers keep to `inside`.
 
 
 class LinkError(OSError):
@@ -154,8 +138,7 @@ class LinkError(OSError):
 
 
 def inside(path: str | Path, root: str | Path) -> bool:
-    """Whether `path`, with every symbolic link on the way followed, lies in `root` (itself
-    resolved): a link that stays inside is fine, one that leads out is not."""
+    """Whether `path`, its links followed, lies in `root` (resolved too)."""
     try:
         Path(path).resolve().relative_to(Path(root).resolve())
     except (ValueError, OSError, RuntimeError):  # outside, unreadable, or a link loop
@@ -164,9 +147,8 @@ def inside(path: str | Path, root: str | Path) -> bool:
 
 
 def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
-    """`folder` (under `root`, default itself), made absolute, once it is reached without a
-    symbolic link out of `root` and holds none: every file written there stays there and
-    replaces only gpubench's own. Else LinkError naming the first offending path."""
+    """`folder` (under `root`, default itself) made absolute, when reached without a link out
+    of `root` and holding none; else LinkError naming the first offending path."""
     folder = Path(folder).absolute()
     root = folder if root is None else Path(root).absolute()
     q = root
@@ -185,17 +167,15 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
 
 
 # ------------------------------------------------------------------ locks and retries
-# A lock is a file lock of the `filelock` library: fcntl.flock on POSIX, which the kernel
-# releases when the process holding it ends, kill -9 included. A holder that died never blocks
-# the next one, and nothing here guesses from a recorded pid whether it lives. filelock (read in
-# 4.2.12, _unix.py) opens the lock file with O_NOFOLLOW and without O_TRUNC, so a link in its
-# place is refused (ELOOP) and a claimer that loses never empties the holder's note; a lock won
-# on a file unlinked meanwhile is tried again (_finalize_locked_fd: st_nlink 0).
+# filelock's locks are fcntl.flock on POSIX: the kernel releases one when its holder ends (kill
+# -9 too), so a dead holder never blocks. filelock 4.2.12 (_unix.py) opens with O_NOFOLLOW and
+# without O_TRUNC: a link there is refused (ELOOP), a claimer that loses never empties the
+# holder's note; a lock won on a file unlinked meanwhile is retried (_finalize_locked_fd).
 
 
 def try_lock(path: str | Path, note: str = "") -> FileLock | None:
-    """`path`'s lock taken now, or None while another holds it (a claim that does not wait);
-    `note` (who holds it) is written into the lock file once it is held. `.release()` it."""
+    """`path`'s lock taken now, or None while another holds it; `note` (who holds it) is
+    written into the lock file once held. `.release()` it."""
     def write_note(fd: int) -> None:
         os.ftruncate(fd, os.pwrite(fd, note.encode(), 0))
 
@@ -210,8 +190,8 @@ def try_lock(path: str | Path, note: str = "") -> FileLock | None:
 def retry(fn: Callable[[], T], attempts: int, wait_s: float,
           errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
           sleep: Callable[[float], Any] = time.sleep) -> T:
-    """`fn()`, `attempts` times in all while it raises one of `errors`, waiting wait_s,
-    2 wait_s, ... between (another process creating the same database collides once)."""
+    """`fn()`, `attempts` times in all while it raises `errors`, waiting wait_s, 2 wait_s, ...
+    between (another process creating the same database collides once)."""
     for n in range(1, attempts):
         try:
             return fn()

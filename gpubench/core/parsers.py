@@ -1,6 +1,5 @@
-"""The argument parser of gpubench's small commands (`python -m gpubench.report`,
-`python -m gpubench.tracking`): a bad argument is one line, the reason without the usage block,
-exit 2 (what argparse itself uses for bad input)."""
+"""The argument parser of gpubench's small commands (`python -m gpubench.report`, `... tracking`):
+a bad argument is one line, without the usage block, exit 2 (argparse's own for bad input)."""
 
 from __future__ import annotations
 

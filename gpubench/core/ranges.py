@@ -1,5 +1,5 @@
-"""Hydra's `range(start, stop, step)`: the end is excluded, as in Python. The config's range
-checks and the search space both need its last point; it is computed here only."""
+"""Hydra's `range(start, stop, step)` excludes its end, as Python's: its last point, for the
+config's range checks and the search space."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 
 
 def range_last(start: float, stop: float, step: float) -> float | None:
-    """The last value `range(start, stop, step)` yields (stop excluded), None when the range is
-    empty or its step is 0."""
+    """The last value of `range(start, stop, step)`; None when empty or its step is 0."""
     if not step:
         return None
     n = math.ceil((stop - start) / step)

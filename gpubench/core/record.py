@@ -1,9 +1,6 @@
-"""The one record of a run: what results.json holds, and what it means.
-
-Every reader of a run goes through `RunRecord`: `load(run_dir)` reads it, `save()` writes it
-atomically. What a run means for a search is defined here only: `throughput`, `constraint`,
-`feasible` and `objective`. No torch import: the sweeper, the report and tracking load without it.
-"""
+"""The one record of a run (results.json): `load(run_dir)` reads it, `save()` writes it
+atomically. What a run means for a search (`throughput`, `constraint`, `feasible`, `objective`)
+is defined here only. No torch import: the sweeper, the report and tracking load without it."""
 
 from __future__ import annotations
 
@@ -23,8 +20,8 @@ from gpubench.core.stats import CONFIDENCE, finite, holding, positive
 RESULTS_FILE = "results.json"
 # 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
 SCHEMA_VERSION = 2
-# a constraint value for a run that ran out of memory or measured nothing: worse than any
-# over-ceiling run (peak fraction - ceiling < 1), so samplers rank it as the most infeasible
+# the constraint of a run that ran out of memory or measured nothing: worse than any
+# over-ceiling run (peak fraction - ceiling < 1), so samplers rank it the most infeasible
 OOM_CONSTRAINT = 1.0
 PHASE_NAMES = ("loader", "compute", "e2e")
 # the phase whose figures stand for the run: the first of these it measured
@@ -32,10 +29,10 @@ HEADLINE_ORDER = ("e2e", "compute", "loader")
 # each phase's throughput as a top-level field of the record (its interval: the same + "_ci")
 PHASE_FIGURE = {"loader": "loader_images_per_sec", "compute": "compute_images_per_sec",
                 "e2e": "images_per_sec"}
-# set by the gpubench sweeper for its jobs: the Optuna study they belong to (the record's
-# `study`, an MLflow tag, so every worker's jobs of one search are found together)
+# set by the gpubench sweeper for its jobs: their Optuna study (the record's `study`, an MLflow
+# tag, so every worker's jobs of one search are found together)
 STUDY_ENV = "GPUBENCH_STUDY"
-# set by the gpubench sweeper around a batch of jobs of one rung: kept as `extra["rung"]` (an
+# set by the gpubench sweeper around a batch of one rung's jobs: kept as `extra["rung"]` (an
 # MLflow tag), so a report read from MLflow tells a probe or a screen from a full measurement
 RUNG_ENV = "GPUBENCH_RUNG"
 # set by sweep=pipes for its jobs: its compute pipe measures every compute bound itself, so a
@@ -58,8 +55,7 @@ class Word(str, Enum):
 
 
 class Rung(Word):
-    """How a sweep measured a job: the one spelling of RUNG_ENV, the record's `extra["rung"]`,
-    its MLflow tag, sweep.json's jobs and Optuna's user attrs."""
+    """How a sweep measured a job: RUNG_ENV, `extra["rung"]`, its tag, sweep.json, Optuna's."""
 
     run = "run"  # not a gpubench sweeper's job: a single run or a grid sweep's job
     screen = "screen"  # a short first look at a trial (hydra.sweeper.screen.steps)
@@ -137,8 +133,7 @@ class Reason:
     text: str
 
     @classmethod
-    def of(cls, v: Any) -> Reason:
-        """As results.json stores it ({kind, text}); a plain string (an older record) is `other`."""
+    def of(cls, v: Any) -> Reason:  # as stored ({kind, text}); a plain string (older): `other`
         if isinstance(v, Reason):
             return v
         if isinstance(v, dict):
@@ -147,8 +142,7 @@ class Reason:
 
 
 class _Keys:
-    """A record's fields as the keys of its JSON object: keys it does not know go to `extra`
-    and back, so a file written by a newer version keeps them."""
+    """Fields as JSON keys; unknown keys go to `extra` and back (a newer version's are kept)."""
 
     LOCAL = ("extra",)  # fields that are no keys of the file
 
@@ -179,8 +173,7 @@ class PhaseRecord(_Keys):
     images: int = 0
     seconds: float | None = None
     images_per_sec: float | None = None
-    # 95% interval of images_per_sec over the phase's windows (see docs/guide.md); None with
-    # a single window
+    # 95% interval over the phase's windows (docs/guide.md); None with a single window
     images_per_sec_ci: list[float] | None = None
     images_per_sec_ci_coverage: float | None = None
     repeats: int = 1
@@ -219,8 +212,7 @@ class RunRecord(_Keys):
     status: Status = Status.running
     error: str | None = None
     schema_version: int = SCHEMA_VERSION
-    # headline figures (e2e, loader-only, compute-only images/sec) with their 95% intervals;
-    # `objective` is derived (a property below) and written into results.json beside them
+    # headline figures (e2e, loader-only, compute-only images/sec) with their 95% intervals
     images_per_sec: float | None = None
     images_per_sec_ci: list[float] | None = None
     loader_images_per_sec: float | None = None
@@ -286,8 +278,6 @@ class RunRecord(_Keys):
         self.bottleneck = Bottleneck.of(self.bottleneck)
         self.noise_reasons = [Reason.of(r) for r in self.noise_reasons]
 
-    # ------------------------------------------------------------------ creating, reading
-
     @classmethod
     def start(cls, run_dir: Path, config: dict, env: dict, memory_ceiling: float,
               world_size: int = 1, **fields: Any) -> RunRecord:
@@ -299,8 +289,7 @@ class RunRecord(_Keys):
     @classmethod
     def from_dict(cls, d: dict, run_dir: Path | None = None, rung: Rung | str | None = None
                   ) -> RunRecord:
-        """`rung`: how the reader's sweep measured it (sweep.json, Optuna); by default the one
-        the job recorded itself (`rung` in results.json, from RUNG_ENV)."""
+        """`rung`: how the reader's sweep measured it; by default the job's own (results.json)."""
         kw, extra = cls._split(d, derived=("objective",))
         kw |= {k: dict(d.get(k) or {}) for k in ("series", "data_info", "config", "env")}
         kw |= {k: list(d.get(k) or []) for k in ("advice", "noise_reasons")}
@@ -331,16 +320,13 @@ class RunRecord(_Keys):
         write_json(self.path, self.to_dict())
         return self.path
 
-    # ------------------------------------------------------------------ what it means
-
     @property
     def headline(self) -> PhaseRecord | None:  # e2e, else compute, else loader
         return next((self.phases[n] for n in HEADLINE_ORDER if n in self.phases), None)
 
     @property
     def throughput(self) -> float:
-        """Images/sec: the first positive of the headline order; 0.0 when none, or when its
-        status makes the figures meaningless (infeasible runs keep theirs)."""
+        """Images/sec: the first positive in HEADLINE_ORDER; 0.0 when none or not measured."""
         if not self.status.measured:
             return 0.0
         return next((float(v) for v, _ in self.phase_figures() if positive(v)), 0.0)
@@ -353,25 +339,22 @@ class RunRecord(_Keys):
 
     @property
     def interval_label(self) -> str:
-        """'95% interval', or the lowest coverage the phases' intervals reach when fewer
-        windows gave them less (3 windows: '75% interval'): never a confidence the run lacks."""
+        """'95% interval', or the phases' lowest coverage ('75% interval' with 3 windows)."""
         covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
                   if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
         return f"{min([*covers, CONFIDENCE]):.0%} interval"
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
-        """The interval of `throughput` (its median's, over the phase's windows), widened to
-        hold the figure; the figure itself when the run measured a single window."""
+        """`throughput`'s interval, widened to hold it; the figure itself with one window."""
         t = self.throughput
         return next((holding(ci, t) for v, ci in self.phase_figures()
                      if v is not None and v == t and ci), (t, t))
 
     @property
     def constraint(self) -> float:
-        """Peak memory fraction - ceiling. An OOM, or a run that failed without a memory
-        figure, is infeasible by definition; an ok run whose peak could not be read (monitor
-        off on a CPU) has shown no excess: 0.0."""
+        """Peak memory fraction - ceiling. An OOM, or a failure without a memory figure, is
+        infeasible; an ok run whose peak could not be read (monitor off on a CPU): 0.0."""
         if self.status is Status.oom:
             return OOM_CONSTRAINT
         if not finite(self.peak_memory_fraction):
@@ -391,8 +374,7 @@ class RunRecord(_Keys):
         return not Rung.of(self.rung).short
 
     def fits_under(self, reserve: float) -> bool:
-        """A max-batch probe ran and its peak memory stays under ceiling x (1 - reserve): the
-        reserve absorbs what a longer run allocates later."""
+        """A probe's peak stays under ceiling x (1 - reserve), for what a longer run adds."""
         if not self.status.measured:
             return False
         if not finite(self.peak_memory_fraction):
@@ -407,16 +389,15 @@ class RunRecord(_Keys):
 
     @property
     def stale(self) -> bool:
-        """Left `running` by a process that no longer exists on this host (kill -9, the OOM
-        killer, a full disk). Final, from another host, or without a pid: never stale."""
+        """Left `running` by a process gone from this host (kill -9, the OOM killer, a full
+        disk); never for a final record, another host's, or one without a pid."""
         if self.status is not Status.running or not self.pid:
             return False
         return process_alive(self.host, int(self.pid)) is False
 
     @property
     def complete(self) -> bool:
-        """Every phase its config asks for was saved with all its windows: a whole measurement,
-        even when its process died writing the final status (a full disk)."""
+        """Every phase its config asks for saved with all its windows (final status or not)."""
         bench = (self.config or {}).get("bench") or {}
         try:
             windows = window_plan(bench.get("steps") or 1, bench.get("repeats") or 1)[0]
@@ -443,8 +424,8 @@ class RunRecord(_Keys):
                                     "status (killed: kill -9 or out of host memory)")
 
     def recover(self, why: str) -> None:
-        """A complete record whose final status was never written, kept as measured: ok, with
-        no verdict (it needs the run's settings) and its checks marked not run."""
+        """A complete record that never got its final status, kept as measured: ok, with no
+        verdict (it needs the run's settings) and its checks marked not run."""
         for name, attr in PHASE_FIGURE.items():  # figures an older runner left to the summary
             if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
                 setattr(self, attr, p.images_per_sec)
@@ -458,23 +439,21 @@ class RunRecord(_Keys):
 
 
 def window_plan(steps: int, repeats: int) -> tuple[int, int]:
-    """(windows, steps per window) of a phase: never more windows than steps, the steps split
-    evenly, rounded up (the one rule the runner measures by and readers describe it with)."""
+    """(windows, steps per window) of a phase: at most a window a step, split evenly, rounded up."""
     windows = max(1, min(int(repeats), int(steps)))
     return windows, max(1, -(-int(steps) // windows))
 
 
 def longer(steps: Any, repeats: Any) -> str:
-    """The one "measure longer" of every advice: four times the steps, in at least 10 windows
-    (an interval of the median narrows with more windows, a window steadies with more steps)."""
+    """Every advice's "measure longer": four times the steps, in at least 10 windows (more
+    windows narrow the median's interval, more steps steady a window)."""
     if not isinstance(steps, int) or not isinstance(repeats, int):
         return "bench.steps=... bench.repeats=..."
     return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
 
 
 def interval_label_of(records: list[RunRecord]) -> str:
-    """The interval a table or axis of several runs shows: their shared label, or one that says
-    the coverage differs by run (a run of 3 windows reaches 75%)."""
+    """The interval label of a table or axis of several runs: shared, or "differs by run"."""
     labels = sorted({r.interval_label for r in records if r.status.measured})
     if len(labels) > 1:
         return "interval (coverage differs by run)"
@@ -512,8 +491,8 @@ STORE_DIRS = ("mlartifacts", "mlruns")
 
 
 def find_runs(root: str | Path) -> list[Path]:
-    """Run folders under `root` (each holding a results.json), in a stable order. Artifact
-    stores (MLflow's mlartifacts/, mlruns/) hold uploaded copies, not runs: never entered."""
+    """Run folders under `root` (holding a results.json), in a stable order; MLflow's artifact
+    stores (STORE_DIRS: uploaded copies, not runs) and hidden folders are never entered."""
     found = []
     for dirpath, dirnames, files in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in STORE_DIRS and not d.startswith("."))

@@ -1,15 +1,8 @@
-"""Arithmetic on measured times: percentiles, one window's figures, windows pooled into a phase
-with an interval, when warm-up has settled. Pure functions (no torch), tested on constructed
-timings.
-
-Why windows, and why an order-statistic interval (docs/guide.md, "Intervals"): steps are not
-independent (a DataLoader delivers in bursts, a disturbance lasts many steps), so windows of
-several steps, interleaved across phases, are the units. With 4-10 windows neither a t-interval
-(one disturbed window drags the mean) nor a bootstrap (needs dozens of values) is trustworthy;
-the order-statistic interval for the median is distribution-free: [x_(k), x_(n+1-k)] covers it
-with probability 1 - 2 P(Binomial(n, 1/2) < k). The narrowest with coverage >= 95% is taken,
-its exact coverage reported; below 6 windows none reaches 95%: [min, max] with its coverage.
-"""
+"""Arithmetic on measured times (no torch): a window's figures, windows pooled into a phase with
+an interval, warm-up settling. Steps are not independent (a DataLoader delivers in bursts, a
+disturbance lasts many steps): windows of steps are the units. With 4-10 windows neither a
+t-interval (one disturbed window drags the mean) nor a bootstrap (needs dozens) is trustworthy:
+the median's order-statistic interval is distribution-free (docs/guide.md, "Intervals")."""
 
 from __future__ import annotations
 
@@ -19,9 +12,8 @@ from dataclasses import asdict, dataclass, field
 from math import comb
 
 CONFIDENCE = 0.95
-# the one tolerance of the judgements over throughputs: how far below the fastest a
-# recommended setup may be, and by how much a loader must clear compute to count as unblocking
-# it (runs of one config differ by several percent; e2e loses a little more to the hand-over)
+# how far below the fastest a recommended setup may be, and by how much a loader must clear
+# compute to unblock it (runs of one config differ by several percent; e2e loses a little more)
 TOLERANCE = 0.05
 
 
@@ -42,9 +34,8 @@ def median(xs: list[float]) -> float:
 
 def median_interval(xs: list[float], confidence: float = CONFIDENCE
                     ) -> tuple[float, float, float] | None:
-    """(low, high, coverage): the narrowest order-statistic interval for the median whose
-    coverage is >= `confidence`, or [min, max] with its coverage when none reaches it. None with
-    fewer than 2 values (one window says nothing about spread)."""
+    """(low, high, coverage): the narrowest [x_(k), x_(n+1-k)] covering the median with
+    probability >= `confidence`, else [min, max] (below 6 values); None with fewer than 2."""
     vals = sorted(x for x in xs if x is not None and math.isfinite(x))
     n = len(vals)
     if n < 2:
@@ -59,10 +50,9 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
 
 
 def holding(ci, value: float) -> tuple[float, float]:
-    """An interval (lo, hi, ...) widened where needed to hold its figure; (value, value) with
-    none. The figure beside an interval is not always the statistic the interval is for (a
-    phase's throughput is its images over its seconds, the interval is for its windows'
-    median), and a printed "x [lo-hi]" with x outside [lo, hi] would be read as an error."""
+    """An interval (lo, hi, ...) widened to hold its figure, (value, value) with none: a figure
+    is not always the interval's statistic (images over seconds vs the windows' median), and
+    "x [lo-hi]" with x outside would read as an error."""
     if ci is None:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
@@ -75,8 +65,7 @@ def figure(v: float, spec: str = "") -> str:
 
 @dataclass(frozen=True)
 class Est:
-    """A measured figure with its interval (lo <= value <= hi; lo == hi: no spread measured):
-    the one estimate of gpubench, with its one ratio (`over`) and rendering (`812 [790-840]`)."""
+    """A measured figure in its interval (lo == hi: no spread measured), as `812 [790-840]`."""
 
     value: float
     lo: float
@@ -84,8 +73,7 @@ class Est:
 
     @classmethod
     def of(cls, x, ci=None) -> Est | None:
-        """Widened to hold the figure; None when `x` measured nothing; an interval whose ends
-        are not both measured is none."""
+        """None when `x` measured nothing; an interval with an unmeasured end is none."""
         if isinstance(x, Est):
             return x
         if not positive(x):
@@ -106,8 +94,8 @@ class Est:
 
     @classmethod
     def envelope(cls, ests: list[Est]) -> Est:
-        """Several measurements of one bound: the median figure inside the widest interval (a
-        bound read from any of them must not look tighter than each one says)."""
+        """Measurements of one bound: the median figure in the widest interval (never tighter
+        than any one says)."""
         return cls(median([e.value for e in ests]), min(e.lo for e in ests),
                    max(e.hi for e in ests))
 
@@ -129,8 +117,8 @@ def spread(xs: list[float]) -> tuple[float, float]:
     if not xs:
         return math.nan, math.nan
     mean = statistics.fmean(xs)
-    # by hand, not statistics.pstdev: that one computes in exact fractions (slow at every
-    # window's close) and raises on a NaN or inf step time, which must read NaN here
+    # not statistics.pstdev: exact fractions (slow at every window's close), and it raises on
+    # a NaN or inf step time, which must read NaN here
     std = math.sqrt(statistics.fmean((t - mean) ** 2 for t in xs))
     return mean, std / mean if mean > 0 else math.nan
 
@@ -160,13 +148,12 @@ class WindowStats:
     warmup_step_times_s: list[float] = field(default_factory=list)
     # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
     ranks_images_per_sec: list[float] | None = None
-    # from marks around each step's work: time the device waited for the host between steps,
-    # and the device time of the work itself (on CUDA: events; on a CPU: the host clock)
+    # the device's wait for the host between steps, its time on the work (CUDA events, else the
+    # host clock)
     device_idle_s: float | None = None
     device_work_s: float | None = None
-    # host time the steps' work spent blocked before its device work could be queued (nvJPEG
-    # decode: torchvision synchronizes its own stream, parts/measure.py DeviceStart); None when
-    # no step's work has such a part
+    # host time blocked before the device work could be queued (nvJPEG decode: torchvision
+    # syncs its own stream, parts/measure.py DeviceStart); None when no step has such a part
     host_blocked_s: float | None = None
 
     def summary(self) -> dict:
@@ -177,8 +164,8 @@ class WindowStats:
 def stats_from(phase: str, batch_size: int, images: int, step_times: list[float], window_s: float,
                wait_s: float, warmup_times: list[float], warmup_s: float, truncated: bool,
                warmup_settled: bool | None = None) -> WindowStats:
-    """Throughput is images over the whole window between the two edge syncs, not the mean of
-    per-step rates, so gaps between steps count against it as they do in training."""
+    """Throughput is images over the window between its edge syncs, not a mean of per-step
+    rates: gaps between steps count against it as in training."""
     mean, cv = spread(step_times)
     return WindowStats(
         phase, batch_size, len(step_times), images, window_s,
@@ -193,14 +180,13 @@ def stats_from(phase: str, batch_size: int, images: int, step_times: list[float]
 
 # ---------------------------------------------------------------- warm-up
 
-# warm-up has settled when the mean step time of the last SETTLE_K steps is within
-# SETTLE_TOLERANCE of the mean of the SETTLE_K before them. Means over several steps, not single
-# steps: a DataLoader delivers in bursts, so single loader steps never look alike.
+# warm-up has settled when the mean of the last SETTLE_K step times is within SETTLE_TOLERANCE
+# of the SETTLE_K before them (means: a DataLoader's bursts keep single steps unalike)
 SETTLE_K = 4
 SETTLE_TOLERANCE = 0.15
-# steps after the first that warm-up always runs, whatever its time cap: the first step holds
-# lazy init, cudnn autotuning and torch.compile; CUDA-graph recording (compile=reduce-overhead)
-# and autotuned kernels' first real runs come in the next ones
+# steps after the first that warm-up always runs, whatever its cap: the first holds lazy init,
+# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels' first runs
+# come in the next ones
 MIN_AFTER_FIRST = 2
 
 
@@ -214,16 +200,14 @@ def settled(times: list[float], k: int = SETTLE_K, tol: float = SETTLE_TOLERANCE
 
 
 def steady_step_s(times: list[float], k: int = SETTLE_K) -> float | None:
-    """The step time warm-up ended at: the mean of its last `k` steps, the first (compile,
-    autotune, lazy init) left out; None with no step after the first."""
+    """The mean of warm-up's last `k` step times, the first left out; None without more."""
     body = times[1:][-k:]
     return statistics.fmean(body) if body else None
 
 
 def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -> int:
-    """The steps of a window whose length is fixed before it opens (under torchrun every rank
-    runs the same count: none may stop on its own clock): `steps`, or as many more as last
-    `min_s` at `step_s` seconds a step, but no more than fit in the window's cap `cap_s`."""
+    """A window's steps, fixed before it opens (under torchrun no rank may stop on its own
+    clock): `steps`, or more to last `min_s` at `step_s` a step, no more than fit in `cap_s`."""
     if min_s <= 0 or step_s is None or not math.isfinite(step_s) or step_s <= 0:
         return steps
     need = math.ceil(min_s / step_s)
@@ -233,7 +217,6 @@ def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -
 
 
 # ---------------------------------------------------------------- windows pooled into a phase
-
 
 # each window's own figures a phase keeps (PhaseRecord.windows)
 WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
@@ -246,8 +229,8 @@ def _share(parts: list, total: float) -> float | None:
 
 
 def pool(windows: list[WindowStats]) -> dict:
-    """A phase's figures from its windows: the median window throughput and its interval;
-    step-time percentiles over all measured steps; data wait over all windows' time."""
+    """A phase's figures: the windows' median throughput and its interval; step-time
+    percentiles over all steps; data wait over all windows' time."""
     first = windows[0]
     ips = [w.images_per_sec for w in windows]
     steps = [t for w in windows for t in w.step_times_s]
@@ -279,13 +262,10 @@ def pool(windows: list[WindowStats]) -> dict:
 
 # ---------------------------------------------------------------- figures rounded to their interval
 
-
 def supported_place(value: float, ci) -> int | None:
-    """The decimal place (10**place) of the last digit of `value` that its interval `ci`
-    supports; None without an interval. The last digit kept is the first one the interval
-    leaves uncertain: +-5% keeps 3 significant figures (812.3 [771.7-852.9] -> 812 [772-853]),
-    +-0.5% keeps 4, +-50% keeps 2; never fewer than 1. Every figure logged beside its interval
-    (MLflow's metrics and names, the run's description) is rounded by this one rule."""
+    """The place (10**place) of the first digit of `value` that `ci` leaves uncertain, the rule
+    of every figure logged beside its interval: +-5% keeps 3 figures (812.3 [771.7-852.9] -> 812
+    [772-853]), +-0.5% 4, +-50% 2, never fewer than 1; None without an interval."""
     if ci is None or len(ci) < 2 or not all(finite(x) for x in (value, ci[0], ci[1])):
         return None
     half = abs(float(ci[1]) - float(ci[0])) / 2
@@ -302,16 +282,15 @@ def round_at(x: float, place: int | None) -> float:  # unchanged for no place
 
 
 def text_at(x: float, place: int | None, default: str = ".1f") -> str:
-    """`x` written to 10**place, without an exponent: '812', '1250', '0.0123'; with no place,
-    in the `default` format."""
+    """`x` written to 10**place without an exponent ('812', '0.0123'), else in `default`."""
     if place is None:
         return format(x, default)
     return f"{round_at(x, place):.{max(0, -place)}f}"
 
 
 def finite_number(v) -> float | None:
-    """`v` as a float when it is a finite int or float (a bool is no figure), else None: the one
-    test of "was this measured" that every reader of a record applies."""
+    """`v` as a float when a finite int or float (a bool is no figure), else None: every
+    reader's test of "was this measured"."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
     return None

@@ -1,5 +1,4 @@
-"""Which URLs name a database, and where a sqlite URL's file is: the one answer for the config
-checks, the tracking store, the sweeper's storage and the sweep manifest."""
+"""Which URLs name a database, and where a sqlite URL's file is."""
 
 from __future__ import annotations
 
@@ -15,16 +14,15 @@ SQLITE_PREFIX = "sqlite:///"
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file a `sqlite:///path` URL names (relative to the working directory unless it
-    starts with a fourth slash), None for any other URL."""
+    """The file of a `sqlite:///path` URL (relative unless a fourth slash), else None."""
     if str(url).startswith(SQLITE_PREFIX):
         return Path(str(url)[len(SQLITE_PREFIX):])
     return None
 
 
 def same_store(a: str | None, b: str | None) -> bool:
-    """Whether two tracking URIs name one store: compared without their `user:password@` (a
-    URI read back from a file has its password masked) and with the host's case folded."""
+    """Whether two tracking URIs name one store: without `user:password@` (read back, it is
+    masked), the host's case folded."""
     if not a or not b:
         return False
 

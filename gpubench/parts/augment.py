@@ -1,6 +1,5 @@
-"""Train-time transforms, on the host (per sample: the ImageNet recipe, transforms.v2) or on
-the device (per batch: fixed-size uint8 images cropped, flipped and normalized at once, which
-moves that work off a host whose workers cannot keep up)."""
+"""Train-time transforms: on the host per sample (the ImageNet recipe, transforms.v2), or on the
+device per batch of fixed-size uint8 images (off a host whose workers cannot keep up)."""
 
 from __future__ import annotations
 
@@ -66,10 +65,9 @@ class DeviceAugment:
 
 
 class DeviceDecode:
-    """nvJPEG decode of a batch of JPEG byte tensors, each resized (shorter side) and centre-
-    cropped to one square size so the batch stacks. Works on any device decode_jpeg accepts (the
-    CPU too: its logic is tested without a GPU). A batch that fails to decode is retried image by
-    image, so one bad file costs one sample, not the batch."""
+    """nvJPEG decode of a batch of JPEG byte tensors, each resized and centre-cropped to one
+    square size so the batch stacks (any device decode_jpeg takes: the CPU too, for tests). A
+    batch that fails is retried image by image: one bad file costs one sample, not the batch."""
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device
@@ -93,29 +91,24 @@ class DeviceDecode:
     def _decode(self, blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
         if self.side is None:
             return self._decode_list(blobs)
-        # torchvision's decode_jpegs_cuda allocates the outputs on the *current* stream, then
-        # nvJPEG writes them on torchvision's own pool stream, ordered after nothing of ours:
-        # a block the current stream just freed (still read by queued kernels, since the host
-        # runs ahead) could be handed out and overwritten early. So decode with our side
-        # stream current: the outputs are then allocated on it, where no kernel of ours runs,
-        # and torchvision makes the side stream wait for its decode (event.block).
+        # decode_jpegs_cuda allocates its outputs on the *current* stream, but nvJPEG writes them
+        # on torchvision's pool stream, ordered after nothing of ours: a block the current stream
+        # just freed (still read by queued kernels) could be overwritten early. So our side
+        # stream is current, where no kernel of ours runs (torchvision makes it wait: event.block)
         main = torch.cuda.current_stream(self.side.device)
         self.side.wait_stream(main)  # nothing decoded here may start before the work queued so far
         with torch.cuda.stream(self.side):
             imgs = self._decode_list(blobs)
         main.wait_stream(self.side)  # the step's stream reads the images only once decoded
         for im in imgs:
-            if im is not None:
-                # used on `main` from here on: when freed, the allocator must wait for main's
-                # queued work before reusing the block for the side stream's next decode
+            if im is not None:  # used on main: once freed, reused after main's queued work
                 im.record_stream(main)
         return imgs
 
     def __call__(self, blobs: list[torch.Tensor], after_decode: Callable[[], None] | None = None
                  ) -> tuple[torch.Tensor | None, list[int]]:
-        """(images, indices of the failed inputs). `after_decode`: called when the decode, which
-        blocks the host until nvJPEG is done, has returned: the device work on the training
-        stream starts there (measure.DeviceStart)."""
+        """(images, indices of the failed inputs). `after_decode`: called when the decode (it
+        blocks the host) has returned: the training stream's work starts there (DeviceStart)."""
         from torchvision.transforms import v2
 
         imgs = self._decode(blobs)

@@ -1,12 +1,6 @@
-"""The team's own data pipeline: `dataset=custom dataset._target_=my_team.data.MyDataset`, built
-with `dataset.kwargs`, with the team's transform (`dataset.transform`) and collate
-(`dataset.collate`) as Hydra instantiate nodes, measured through the same loader, compute and e2e
-phases as the built-in datasets: the loader is gpubench's, what one sample costs is the team's.
-
-The sample contract is docs/data.md's. Sample 0 is checked in the main process while the
-pipeline is built, so a Dataset that breaks it stops the run with one line before anything is
-measured; every later sample is checked too (a few type tests, no copy), inside the workers.
-"""
+"""The team's own Dataset (`dataset=custom`), transform and collate (instantiate nodes), through
+gpubench's loader and phases. Every sample is held to docs/data.md's contract (a few type tests,
+no copy), sample 0 while the pipeline is built: a broken Dataset is one line before any work."""
 
 from __future__ import annotations
 
@@ -105,9 +99,7 @@ def _instantiate(node: dict, key: str, allowed: str):
     from omegaconf import OmegaConf
 
     targets.callable_node(node, key)
-    try:
-        # a DictConfig again: instantiate reads `_target_`, `_partial_` and nested nodes from
-        # it as from the composed config (the settings hold it as a read-only view)
+    try:  # a DictConfig again, as instantiate reads it from a composed config
         made = instantiate(OmegaConf.create(plain(node)))
     except Exception as e:  # an import error or bad arguments: one line naming the key
         why = targets.cause(e.__cause__ or e, typed=False, limit=300)
@@ -119,11 +111,9 @@ def _instantiate(node: dict, key: str, allowed: str):
 
 
 def build(s: Settings, default_transform, info: dict) -> Dataset:
-    """The team's dataset, checked on sample 0. `default_transform` is what gpubench would run
-    on a built-in dataset's images (the train transform, or decode-to-fixed-size for preload
-    and augment_on=device)."""
-    dset = s.dataset
-    target = dset._target_
+    """The team's dataset, checked on sample 0. `default_transform`: what gpubench runs on a
+    built-in dataset's images."""
+    dset, target = s.dataset, s.dataset._target_
     own_tf = node_set(dset.transform)
     cls = targets.dataset_class(target)  # checked before it is called: a config is code
     kwargs = plain(dset.kwargs)  # a writable copy, lists as lists
@@ -136,9 +126,7 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
     transform = _instantiate(dset.transform, "dataset.transform", "a callable transform, or a "
                              "factory returning one (_partial_: true for a plain function)"
                              ) if own_tf else default_transform
-    # step=custom: the samples as the Dataset returns them, for the team's collate and loss
-    # (data.own_samples refused gpubench's image keys then)
-    own = s.step.name == "custom"
+    own = s.step.name == "custom"  # the samples as they are, for the team's collate and loss
     ds = inner if own else TeamDataset(inner, transform, dset.num_classes, cls.__name__)
     try:
         n = len(ds)  # len() takes a count up to sys.maxsize, not below 0
@@ -160,8 +148,8 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
 
 
 def collate(s: Settings, own: bool):
-    """The team's collate (`dataset.collate`) held to (images, labels), or with its `own`
-    samples (step=custom) its collate or torch's, the batches as they come; None: gpubench's."""
+    """The team's collate held to (images, labels); with `own` samples (step=custom) its
+    collate or torch's, batches as they come; None: gpubench's."""
     node = s.dataset.collate
     fn = None
     if s.dataset.name == "custom" and node_set(node):
@@ -174,8 +162,7 @@ def collate(s: Settings, own: bool):
 
 class TeamCollate:
     """The team's collate as the pipeline takes it: (batch, nothing skipped), the batch held to
-    an (images, labels) pair of tensors unless `pairs` is off. At module level, so spawn and
-    forkserver workers can unpickle it."""
+    an (images, labels) pair of tensors unless `pairs` is off. Module-level: spawn can pickle it."""
 
     def __init__(self, fn, pairs: bool = True):
         self.fn, self.pairs = fn, pairs

@@ -1,13 +1,12 @@
-"""The data side of a run: the loader (DataLoader, or thread workers), preload, and the device
-side that moves a batch onto the device (copy, nvJPEG decode, augment). A loader yields
-`(batch, skipped)`: the batch (None when none of its samples decoded) and how many samples did
-not decode; with step=custom on dataset=custom the batch is whatever the team's collate makes.
-"""
+"""The data side of a run: the loader (DataLoader or thread workers), preload, and the device side
+(copy, nvJPEG decode, augment). A loader yields (batch or None if nothing decoded, samples that
+did not decode); step=custom on dataset=custom: the batch the team's collate makes."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import time
 import warnings
@@ -32,9 +31,8 @@ from gpubench.parts.thread_loader import ThreadLoader
 
 
 def quiet_worker_count_warning() -> None:
-    # torch warns (twice per iterator) when loader.num_workers exceeds its suggested count; a
-    # sweep of workers asks for such counts on purpose, and the run reports what they cost:
-    # the warning only repeats what the figures show
+    # torch warns (twice per iterator) when loader.num_workers exceeds its suggested count: a
+    # sweep asks for such counts on purpose, and the figures show what they cost
     warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
                             UserWarning)
 
@@ -43,9 +41,8 @@ quiet_worker_count_warning()
 
 
 class JpegBatch(NamedTuple):
-    """Raw JPEG bytes of a batch as ONE flat uint8 tensor plus offsets, with names for error
-    lines: each tensor a worker sends is a shared memory segment with its own file descriptor,
-    so per-image tensors would cost one per image ("too many open files" at large batches)."""
+    """A batch's JPEG bytes as ONE flat uint8 tensor plus offsets (a tensor a worker sends has
+    its own file descriptor: one per image gives "too many open files"), names for errors."""
 
     data: torch.Tensor
     offsets: torch.Tensor
@@ -54,24 +51,21 @@ class JpegBatch(NamedTuple):
     def __len__(self) -> int:  # type: ignore[override]
         return len(self.names)
 
-    def blobs(self) -> list[torch.Tensor]:
-        """Per-image views (no copy): contiguous 1-D uint8, what decode_jpeg takes."""
+    def blobs(self) -> list[torch.Tensor]:  # per-image 1-D views, what decode_jpeg takes
         return list(self.data.tensor_split(self.offsets[1:-1].tolist()))
 
 
 def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
     out = None
     if torch.utils.data.get_worker_info() is not None:
-        # as default_collate does: inside a worker, write straight into shared memory, so
-        # sending the batch to the main process costs no extra copy
+        # as default_collate does: inside a worker, straight into shared memory (no extra copy)
         n, elem = sum(b.numel() for b in blobs), blobs[0]
         out = elem.new(elem._typed_storage()._new_shared(n, device=elem.device)).resize_(n)
     return torch.cat(blobs, out=out)
 
 
 def collate_skipping(batch):
-    """((x, y), skipped): the samples that decoded, collated, and how many did not; (None,
-    skipped) when none did."""
+    """((x, y), skipped): the samples that decoded, collated, and how many did not."""
     kept = [b for b in batch if b is not None]
     skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
     if not kept:
@@ -111,19 +105,16 @@ def preload(ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None
 
 
 def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, ...]:
-    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones
-    are repeated to fill the gaps, with their labels, so the step never sees a smaller batch
-    (which would re-run cuDNN's autotune or recompile inside the window)."""
-    bad = set(failed)
-    y_ok = y[[i for i in range(len(y)) if i not in bad]]
+    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones and
+    their labels repeat to fill the gaps (see datasets.MAX_SUBSTITUTES)."""
+    y_ok = y[[i for i in range(len(y)) if i not in failed]]
     fill = [i % len(y_ok) for i in range(len(y))]
     return x[fill], y_ok[fill]
 
 
 @dataclass
 class DeviceSide:
-    """How a host batch becomes the model's input on the device: the copy (asynchronous from
-    pinned memory), then nvJPEG decode and GPU augmentation when the run asks for them."""
+    """How a host batch becomes the model's input: a copy or nvJPEG decode, GPU augmentation."""
 
     device: str
     pin: bool  # the loader pins its batches: the copy can be non-blocking
@@ -132,22 +123,18 @@ class DeviceSide:
     augment: DeviceAugment | None = None  # dataset.augment_on=device (or decode_on=device)
 
     def copy(self, batch):
-        # non_blocking only pays off from pinned memory; from pageable memory the copy is
-        # synchronous either way
+        # non_blocking only pays off from pinned memory (from pageable it is synchronous anyway)
         return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=self.pin),
                              batch)
 
-    def labels(self, y: torch.Tensor) -> torch.Tensor:
-        """The labels of a batch decoded on the device."""
+    def labels(self, y: torch.Tensor) -> torch.Tensor:  # of a batch decoded on the device
         if self.device != "cuda":
             return y.to(self.device)
-        # pinned so the copy is asynchronous (from pageable memory .to() blocks the host); the
-        # pinned tensor may go at once: the caching host allocator reuses its block only after
-        # an event recorded on the copy's stream. pin_host: a pinning failure by its own type
+        # pinned so the copy is asynchronous; the pinned tensor may go at once: the caching host
+        # allocator reuses its block only after an event recorded on the copy's stream
         return pin_host(y).to(self.device, non_blocking=True)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """Augment on the device, then the memory format the model runs in."""
         if self.augment is not None:
             x = self.augment(x)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
@@ -155,8 +142,7 @@ class DeviceSide:
 
 @dataclass
 class Pipeline:
-    """What the phases need from the data side: endless batches, each moved to the device, and
-    one batch kept on the device for the compute phase."""
+    """Endless batches, each moved to the device, and one kept there for the compute phase."""
 
     loader: DataLoader | ThreadLoader | None  # None: device_synthetic
     side: DeviceSide | None  # None: the batches are on the device already (device_synthetic)
@@ -166,21 +152,15 @@ class Pipeline:
     epoch: int = 0  # epochs started (DistributedSampler.set_epoch)
     empty_in_a_row: int = 0  # batches in a row in which nothing decoded
     fixed: tuple[torch.Tensor, torch.Tensor] | None = None  # the compute phase's batch
-    # live loader iterators (weak: an abandoned one must still be collected, which is what
-    # stops its workers), so shutdown() can stop the workers of those still alive
+    # live loader iterators for shutdown() (weak: collecting an abandoned one stops its workers)
     _iters: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
 
-    def batches(self) -> Iterator:
-        """Endless batches: a phase may need more than one epoch of a small dataset."""
+    def batches(self) -> Iterator:  # endless: a phase may need several epochs
         if self.loader is None:  # device_synthetic: the fixed device batch, zero data cost
-            batch = self.device_batch()
-            while True:
-                yield batch
+            yield from itertools.repeat(self.device_batch())
         while True:
             sampler = getattr(self.loader, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                # DistributedSampler shuffles by seed + epoch: without this every epoch would
-                # repeat the first one's order, as training jobs that forget it do not
+            if hasattr(sampler, "set_epoch"):  # DistributedSampler: a new order each epoch
                 sampler.set_epoch(self.epoch)
             self.epoch += 1
             it = iter(self.loader)
@@ -210,8 +190,7 @@ class Pipeline:
         return self.side.finish(x), y
 
     def _decode(self, jpegs: JpegBatch, y: torch.Tensor, after_decode=None):
-        """nvJPEG decode of a batch; images it refuses are skipped (their places refilled by
-        the others) or fail the run, as dataset.on_corrupt says."""
+        """nvJPEG decode; images it refuses are refilled or fail the run (dataset.on_corrupt)."""
         x, failed = self.side.decode(jpegs.blobs(), after_decode)
         why = "the device JPEG decoder refused it"
         if failed and self.on_corrupt == "fail":
@@ -226,8 +205,7 @@ class Pipeline:
         self.empty_in_a_row = 0
         return refill(x, y, failed) if failed else (x, y)
 
-    def device_batch(self):
-        """The compute phase's batch: one real batch, kept on the device."""
+    def device_batch(self):  # the compute phase's: one real batch, kept on the device
         if self.fixed is None:
             self.fixed = next(m for m in map(self.to_device, self.batches()) if m is not None)
         return self.fixed
@@ -237,13 +215,11 @@ class Pipeline:
         return [*self._iters, *([persistent] if persistent is not None else [])]
 
     def worker_pids(self) -> set[int]:
-        """The pids of this pipeline's DataLoader workers (the iterators' `_workers`), not other
-        children of this process (torch.compile's compile workers, say)."""
+        """This pipeline's DataLoader workers, not other children (torch.compile's workers)."""
         return {w.pid for it in self._live_iters() for w in getattr(it, "_workers", ())
                 if w.pid is not None}
 
-    def worker_tids(self) -> set[int]:
-        """The native ids of the loader's worker threads (loader.worker_type=thread)."""
+    def worker_tids(self) -> set[int]:  # loader.worker_type=thread
         return getattr(self.loader, "worker_tids", set)()
 
     def shutdown(self) -> None:
@@ -259,13 +235,11 @@ def _set_threads(threads: int, worker_id: int) -> None:
 
 def loader_settings(ld: Loader, device: str) -> dict:
     """DataLoader keyword arguments from the loader settings (batch size and sampling aside)."""
-    workers = ld.num_workers
-    kwargs: dict = dict(num_workers=workers, pin_memory=ld.pin_memory and device == "cuda")
-    if workers == 0:  # the DataLoader rejects the worker-only options without workers
+    kwargs: dict = dict(num_workers=ld.num_workers, pin_memory=ld.pin_memory and device == "cuda")
+    if ld.num_workers == 0:  # the DataLoader rejects the worker-only options without workers
         return kwargs
     if not ld.in_order and ld.worker_type == "process":
-        # DataLoader's in_order came with torch 2.6 (pytorch/pytorch#141833)
-        if "in_order" not in inspect.signature(DataLoader.__init__).parameters:
+        if "in_order" not in inspect.signature(DataLoader.__init__).parameters:  # torch < 2.6
             raise ConfigError("loader.in_order", False, f"true with process workers on torch "
                               f"{torch.__version__} (its DataLoader has no in_order before 2.6), "
                               "or loader.worker_type=thread")
@@ -273,9 +247,7 @@ def loader_settings(ld: Loader, device: str) -> dict:
     kwargs.update(prefetch_factor=ld.prefetch_factor, persistent_workers=ld.persistent_workers,
                   multiprocessing_context=ld.multiprocessing_context)
     if ld.worker_threads != 1:
-        # torch already gives each worker one thread (N workers each spawning a thread per
-        # core would oversubscribe the host); only a different wish needs an init function,
-        # a module-level partial so spawn/forkserver workers can unpickle it
+        # torch gives each worker one thread already; a module-level partial pickles for spawn
         kwargs["worker_init_fn"] = functools.partial(_set_threads, ld.worker_threads)
     return kwargs
 
@@ -311,8 +283,8 @@ def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Data
 
 
 def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, int]:
-    """The dataset the loader reads, and how many samples the preload skipped as corrupt; its
-    transform decodes to a fixed size when preload or augment_on=device takes uint8 images."""
+    """The loader's dataset (fixed-size uint8 images for preload or augment_on=device), and the
+    samples preload skipped as corrupt."""
     dset = s.dataset
     src = datasets.source_size(dset.image_size)
     on_device_aug = dset.augment_on == "device"
@@ -333,8 +305,8 @@ def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, in
 
 
 def own_samples(s: Settings) -> bool:
-    """step=custom on dataset=custom: the team's samples go to its collate as they are, so
-    what works on gpubench's (image, label) samples is refused with one line."""
+    """step=custom on dataset=custom: the team's samples go to its collate as they are, so the
+    keys that act on gpubench's (image, label) samples are refused with one line."""
     d = s.dataset
     if not (s.step.name == "custom" and d.name == "custom"):
         return False
@@ -352,8 +324,7 @@ def own_samples(s: Settings) -> bool:
 def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, int] | None,
                  collate) -> DataLoader | ThreadLoader:
     ld, seed = s.loader, s.bench.seed
-    # seeds the shuffle order and each worker process's torch/random/numpy seeds: reproducible
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # the shuffle's and each worker process's seeds
     sampler: torch.utils.data.Sampler = torch.utils.data.RandomSampler(ds, generator=g)
     if shard is not None and shard[1] > 1:
         from torch.utils.data.distributed import DistributedSampler
@@ -369,14 +340,12 @@ def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, in
 
 
 def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
-    """The data side of one run, on s.device. `shard=(rank, world)` under torchrun: each rank
-    loads its own share of the dataset (DistributedSampler), as data-parallel training does."""
+    """The data side of one run. `shard`: (rank, world) under torchrun, a DistributedSampler."""
     dset, device, bs = s.dataset, s.device, s.loader.batch_size
     info: dict = {"dataset": dset.name}
     if dset.name == "device_synthetic":  # one random batch made on the device
         g = torch.Generator().manual_seed(s.bench.seed)
-        size = dset.image_size
-        x = torch.randn((bs, 3, size, size), generator=g).to(device)
+        x = torch.randn((bs, 3, dset.image_size, dset.image_size), generator=g).to(device)
         y = torch.randint(0, dset.num_classes, (bs,), generator=g).to(device)
         fmt = torch.channels_last if s.channels_last else torch.contiguous_format
         return Pipeline(None, None, info, fixed=(x.contiguous(memory_format=fmt), y))
@@ -384,15 +353,13 @@ def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipelin
     loader_kw = loader_settings(s.loader, device)
     decode = dset.decode_on == "device"
     if decode:
-        # nvJPEG reads the JPEG bytes from host memory through its own pinned staging
-        # buffers: pinning them here would cost a page-locked copy for nothing (the labels
-        # are pinned on their own in DeviceSide.labels)
+        # nvJPEG stages the JPEG bytes through its own pinned buffers: pinning them here would
+        # cost a page-locked copy for nothing (DeviceSide.labels pins the labels)
         loader_kw["pin_memory"] = False
     ds, skipped = _host_dataset(s, loader_kw, info)
     augment = dset.augment_on == "device" or decode
-    side = DeviceSide(device, loader_kw["pin_memory"], s.channels_last,
-                      DeviceDecode(datasets.source_size(dset.image_size), device) if decode
-                      else None,
+    decoder = DeviceDecode(datasets.source_size(dset.image_size), device) if decode else None
+    side = DeviceSide(device, loader_kw["pin_memory"], s.channels_last, decoder,
                       DeviceAugment(dset.image_size, device, s.bench.seed) if augment else None)
     info.update(samples=len(ds.pool) if isinstance(ds, Cycled) else len(ds),
                 num_workers=loader_kw["num_workers"],

@@ -1,7 +1,6 @@
-"""Datasets: the samples a run reads, and what happens to one that does not decode. Every dataset
-goes through a real transform path, so the loader phase costs what a training job's data side
-costs: random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files on disk
-(imagefolder, cifar10)."""
+"""Datasets, each through a real transform path (the loader phase costs what a training job's
+data side does): random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files on
+disk (imagefolder, cifar10); and what happens to a sample that does not decode."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ SKIP_PREFIX = "dataset.on_corrupt=skip: "
 
 
 class WorkerError(Exception):
-    """An error a DataLoader worker raises: torch re-raises it in the main process built from
-    the worker's whole traceback text; str() keeps the last line that holds one of PREFIXES."""
+    """An error a DataLoader worker raises, re-raised by torch in the main process with the
+    worker's whole traceback as its text: str() keeps the last line holding one of PREFIXES."""
 
     PREFIXES: tuple[str, ...] = ()
 
@@ -36,8 +35,7 @@ class WorkerError(Exception):
 
 
 class CorruptImage(WorkerError):
-    """A sample that does not decode (on_corrupt=fail), or with skip a dataset in which no
-    substitute decodes either (an all-corrupt folder must fail, never hang)."""
+    """A sample that does not decode (on_corrupt=fail), or with skip no substitute either."""
 
     PREFIXES = (FAIL_PREFIX, SKIP_PREFIX)
 
@@ -51,19 +49,16 @@ def nothing_decodes(tried: int, path: str, why: object) -> CorruptImage:
                         f"{path}: {why}); dataset.root must hold decodable images")
 
 
-# With on_corrupt=skip a sample that does not decode is replaced by another one, so batches
-# keep their size (a smaller batch inside a measured window would re-run cuDNN's autotune or
-# recompile a compiled model). At most this many are tried per sample, then the run fails: a
-# folder whose files are all corrupt must end, with the count and one example path.
+# With on_corrupt=skip a sample that does not decode is replaced by another, so batches keep
+# their size (a smaller batch in a window would re-run cuDNN's autotune or recompile); at most
+# this many tried per sample, then the run fails (an all-corrupt folder must end, not hang).
 MAX_SUBSTITUTES = 32
-# Substitutes hop through the dataset by a large prime, not to the next file: corrupt files
-# cluster (one bad class folder, one truncated copy job), prime hops spread over the folder.
+# a large prime hop, not the next file: corrupt files cluster (one bad class folder)
 SUBSTITUTE_HOP = 1_000_003
 
 
 class Substituted(tuple):
-    """A sample standing in for `skipped` samples that did not decode (read by the collate in
-    the same worker: the attribute never needs to be pickled)."""
+    """A sample standing in for `skipped` ones that did not decode (read in the worker)."""
 
     skipped: int = 0
 
@@ -75,8 +70,7 @@ def substitute_order(i: int, n: int, tries: int) -> list[int]:
 
 
 class TensorImages(Dataset):
-    """uint8 images held in one tensor (CIFAR arrays, a preload cache, a synthetic pool); per
-    step only the transform runs. Shared memory lets workers read it without copies."""
+    """uint8 images in one tensor (CIFAR, a preload cache, a synthetic pool), then transformed."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
         self.images, self.labels, self.transform = images, labels, transform
@@ -95,9 +89,8 @@ def synthetic(n: int, size: int, num_classes: int, transform, seed: int) -> Tens
     return TensorImages(images, torch.randint(0, num_classes, (n,), generator=g), transform)
 
 
-# The in-memory pools stand in for a large dataset: an epoch of 512 images would end every few
-# batches, and each epoch end drains the workers' prefetch queue, a stall a real dataset of a
-# million images has once an hour. So the pool is cycled through one long epoch.
+# The in-memory pools stand in for a large dataset, cycled through one long epoch: each epoch end
+# drains the workers' prefetch queue, a stall a real dataset has once an hour.
 IN_MEMORY_POOLS = ("synthetic", "fake_jpeg")
 CYCLED_EPOCH = 1_000_000
 
@@ -121,8 +114,8 @@ def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
     g = torch.Generator().manual_seed(seed)
     pool = []
     for _ in range(n):
-        # Low-frequency colour fields plus grain: JPEG size and decode cost close to a photo's,
-        # where pure noise would be several times larger and slower to decode.
+        # low-frequency colour fields plus grain: size and decode cost near a photo's (pure
+        # noise is several times larger and slower)
         coarse = torch.rand((1, 3, 8, 8), generator=g) * 255
         img = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bicubic")
         img = img + torch.randn((1, 3, size, size), generator=g) * 12
@@ -134,15 +127,14 @@ def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
 
 
 class ImageFiles(Dataset):
-    """(source, label) samples, a source a file's path or JPEG bytes (fake_jpeg), decoded per
-    sample with PIL, or (raw) handed on as (bytes, label, name) for device decode. One that
-    fails to decode is replaced by another and counted (on_corrupt=skip; see MAX_SUBSTITUTES)
-    or stops the run naming it (on_corrupt=fail), never a hang."""
+    """(source, label) samples, a source a file's path or JPEG bytes (fake_jpeg), decoded with
+    PIL, or (raw) handed on as (bytes, label, name) for device decode. One that fails to decode
+    is replaced and counted (on_corrupt=skip) or stops the run naming it (on_corrupt=fail)."""
 
     def __init__(self, samples: list[tuple[str | bytes, int]], transform, on_corrupt: str,
                  raw=False):
-        self.samples, self.transform, self.raw = samples, transform, raw
-        self.on_corrupt = on_corrupt
+        self.samples, self.transform, self.on_corrupt = samples, transform, on_corrupt
+        self.raw = raw
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -155,8 +147,7 @@ class ImageFiles(Dataset):
         src, label = self.samples[i]
         if self.raw:
             data = src if isinstance(src, bytes) else Path(src).read_bytes()
-            # only the JPEG start marker is checked here: decoding is the device's job, and a
-            # non-JPEG (a PNG in an image folder) would fail there anyway, without a file name
+            # the start marker only (decoding is the device's): a PNG would fail there unnamed
             if not data.startswith(JPEG_MAGIC):
                 raise ValueError("not a JPEG (dataset.decode_on=device reads JPEG files only)")
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, self._name(i)
@@ -183,8 +174,8 @@ class ImageFiles(Dataset):
 
 
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """(path, class index) for every image under root/<class>/ (nested folders too), classes
-    sorted by name as torchvision's ImageFolder does; hidden folders are not classes."""
+    """(path, class index) of every image under root/<class>/ as torchvision's ImageFolder
+    finds them; hidden folders are not classes."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     if not root.is_dir():
@@ -202,24 +193,21 @@ def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
 
 
 def mean_file_bytes(paths: list[str], sample: int = 1000) -> float:
-    """Mean file size from an even sample of the files: a stat per file of a million-image
-    folder would cost seconds before the run even starts."""
+    """Mean file size from an even sample of the files (a stat each of a million costs seconds)."""
     picked = paths[:: max(1, len(paths) // sample)]
     return sum(os.path.getsize(p) for p in picked) / len(picked)
 
 
-# CIFAR-10 in its python-pickle format (cifar-10-batches-py/), read here rather than by
-# torchvision.datasets.CIFAR10: that class checks every file's md5 against the official
-# download and refuses anything else, a re-export or a subset included. Each data_batch_N is a
-# pickled dict with "data" (N x 3072 uint8, channel-planar 32x32) and "labels"; batches.meta
-# holds "label_names". Like torchvision, this unpickles the files: read only folders you trust.
+# CIFAR-10's python-pickle format, read here: torchvision's CIFAR10 refuses a file whose md5 is
+# not the official download's (a subset). data_batch_N: {"data": N x 3072 uint8 channel-planar,
+# "labels"}; batches.meta: "label_names". Unpickled as torchvision does: trusted folders only.
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 
 
 def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """The training split as (uint8 [N,3,32,32], int64 labels [N], class names). `root` is the
-    folder holding cifar-10-batches-py/ (torchvision's convention) or that folder itself."""
+    """The training split as (uint8 [N,3,32,32], int64 labels [N], class names), from `root`
+    or its cifar-10-batches-py/ (torchvision's convention)."""
     import numpy as np
 
     def error(what: str) -> ConfigError:

@@ -1,17 +1,9 @@
-"""Running under torchrun: one process per GPU, DistributedDataParallel, a sharded loader.
-
-`torchrun --nproc_per_node=N -m gpubench ...` starts the processes; each measures its own
-windows, opened together (a barrier), and the run's throughput is all images over the slowest
-rank's window. Only rank 0 writes results.json, prints and logs. Without torchrun (WORLD_SIZE
-unset or 1) every method here is a no-op.
-
-A rank that fails must not leave the others waiting inside a collective until NCCL's watchdog
-fires (10 minutes) with no status written: it `announce`s its error in the process group's
-key-value store (TCP, outside NCCL/gloo) and does no further collective (its peers may be
-blocked inside a different one); a `watch` thread on every rank polls that key and ends the
-process (its main thread is blocked in C++ inside a collective Python cannot interrupt); at a
-point every healthy rank reaches in the same order, `agree` all-reduces a failed flag. The
-process group's own timeout is short (PROCESS_GROUP_TIMEOUT_S) as a last resort.
+"""Running under torchrun: one process per GPU, DistributedDataParallel, a sharded loader; only
+rank 0 writes, prints and logs. Without torchrun (WORLD_SIZE unset or 1) every method is a no-op.
+A failed rank must not leave the others in a collective until NCCL's watchdog (10 minutes): it
+`announce`s its error in the process group's TCP key-value store and runs no more collectives;
+a `watch` thread on every rank polls that key and ends the process (its main thread may be
+blocked in C++ in a collective); `agree` all-reduces a failed flag; a short timeout is the last.
 """
 
 from __future__ import annotations
@@ -30,9 +22,8 @@ from gpubench.core.exits import ExitCode
 
 log = logging.getLogger(__name__)
 
-# Longer than any legitimate gap between two collectives of one run (a slow rank's compile or
-# cuDNN autotune before the first DDP all-reduce), far shorter than NCCL's 10 minutes. Set
-# GPUBENCH_DIST_TIMEOUT_S for models whose compile takes longer.
+# Longer than any legitimate gap between two collectives (a slow rank's compile or cuDNN
+# autotune), far shorter than NCCL's 10 minutes; GPUBENCH_DIST_TIMEOUT_S for longer compiles.
 PROCESS_GROUP_TIMEOUT_S = 180.0
 FAILED_KEY = "gpubench/failed"
 ACK_KEY = "gpubench/failure_seen"
@@ -82,9 +73,8 @@ class Dist:
         return out
 
     def _reduce(self, value: int, op) -> int:
-        """One integer all-reduced over the ranks. On NCCL `.item()` waits for the all-reduce,
-        which waits for the work queued on the current stream: a device sync, so only where one
-        costs nothing measured (warm-up, before a window opens, after it closes)."""
+        """One integer all-reduced over the ranks. On NCCL `.item()` waits for the work queued
+        on the current stream: a device sync, only where it costs nothing measured."""
         # NCCL reduces device tensors only; gloo host tensors
         dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
         t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
@@ -92,9 +82,8 @@ class Dist:
         return int(t.item())
 
     def all_done(self, done: bool) -> bool:
-        """Collective: True only when every rank says done (a MIN all-reduce), where each rank
-        would otherwise stop on its own judgement (warm-up): a rank that stopped a step early
-        would sit in `barrier()` while the others are in DDP's all-reduce."""
+        """Collective: True only when every rank says done (warm-up): a rank that stopped a step
+        early would sit in `barrier()` while the others are in DDP's all-reduce."""
         return bool(self._reduce(done, tdist.ReduceOp.MIN) if self.enabled else done)
 
     def most(self, n: int) -> int:  # collective: the largest of the ranks' `n`
@@ -102,8 +91,7 @@ class Dist:
 
     def agree(self, error: str | None) -> str | None:
         """Collective: None if every rank passes error=None, else "rank R: its error" of the
-        first failed rank. Call it only where all ranks call it in the same order: one small
-        all-reduce in the common case, the messages gathered only on a failure."""
+        first failed rank; the messages are gathered only on a failure."""
         if not self.enabled:
             return error
         if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:
@@ -111,14 +99,11 @@ class Dist:
         return next(f"rank {r}: {e}" for r, e in enumerate(self.gather(error)) if e is not None)
 
     def announce(self, status: str, error: str, wait_s: float = ACK_WAIT_S) -> None:
-        """Tell the other ranks, through the store, that this rank failed (no collective), and
-        wait (bounded) until they have recorded it: torchrun stops every worker as soon as one
-        exits with an error, which must not come before rank 0 has written the status."""
+        """Tell the other ranks through the store that this rank failed, and wait (bounded) for
+        them to record it: torchrun stops every worker once one exits with an error."""
         if not (self.enabled and tdist.is_initialized()):
             return
-        # this rank handles its own failure from here: its watcher must not end the process
-        # on another rank's news meanwhile (all ranks get Ctrl-C at once under torchrun)
-        self._stop.set()
+        self._stop.set()  # not ended by a peer's news meanwhile (all get Ctrl-C at once)
         try:
             store = _store()
             store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
@@ -175,7 +160,7 @@ class Dist:
 
 
 def from_env(device: str) -> Dist:
-    """Join the process group torchrun set up the environment for (NCCL on GPUs, gloo on CPU)."""
+    """Join torchrun's process group (NCCL on GPUs, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
@@ -185,9 +170,8 @@ def from_env(device: str) -> Dist:
         torch.cuda.set_device(local)
     owns = not tdist.is_initialized()
     if owns:
-        # the timeout bounds every collective: gloo raises when it passes; NCCL's watchdog
-        # aborts the communicator (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default since
-        # torch 2.2) and ends the process
+        # the timeout bounds every collective: gloo raises; NCCL's watchdog aborts and ends the
+        # process (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default since torch 2.2)
         tdist.init_process_group("nccl" if device == "cuda" else "gloo",
                                  timeout=timedelta(seconds=float(os.environ.get(
                                      "GPUBENCH_DIST_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))))

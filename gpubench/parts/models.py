@@ -1,6 +1,5 @@
-"""Build the model: a torchvision classifier by name, the `tiny` CNN for tests, or the team's own
-nn.Module through `model._target_`; activation checkpointing over its stages; then memory format
-and torch.compile."""
+"""The model: a torchvision classifier by name, the `tiny` CNN for tests, or the team's own
+nn.Module (`model._target_`); activation checkpointing, memory format and torch.compile."""
 
 from __future__ import annotations
 
@@ -26,14 +25,10 @@ class TinyNet(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 8):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(width),
+            nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width),
             nn.ReLU(inplace=True),
             nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(2 * width),
-            nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(1),
-        )
+            nn.BatchNorm2d(2 * width), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1))
         self.fc = nn.Linear(2 * width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,12 +36,10 @@ class TinyNet(nn.Module):
 
 
 def build_model(s: Settings) -> nn.Module:
-    m = s.model
-    n = m.num_classes
+    m, n = s.model, s.model.num_classes
     kwargs = plain(m.kwargs)  # a writable copy, lists as lists: the settings stay as resolved
-    target = m._target_
-    if target:
-        cls = targets.model_class(target)  # checked before it is called: a config is code
+    if m._target_:
+        cls = targets.model_class(m._target_)  # checked before it is called: a config is code
         try:
             params = inspect.signature(cls).parameters
         except (TypeError, ValueError):  # no signature to read: pass it
@@ -60,8 +53,7 @@ def build_model(s: Settings) -> nn.Module:
         import torchvision
 
         if str(m.name).startswith("vit_"):
-            # torchvision's ViTs take their input size as a constructor argument
-            kwargs.setdefault("image_size", s.dataset.image_size)
+            kwargs.setdefault("image_size", s.dataset.image_size)  # a ViT constructor's argument
             size = kwargs["image_size"]
             check_patch(m.name, size, "dataset.image_size" if size == s.dataset.image_size
                         else "model.kwargs.image_size")
@@ -72,20 +64,17 @@ def build_model(s: Settings) -> nn.Module:
 
 
 def check_patch(name: str, image_size: int, key: str) -> None:
-    """A ViT cuts its input into patch x patch squares: torchvision asserts the size divides
-    ("Input shape indivisible by patch size!") with no key named."""
+    """A ViT's input size must divide into patches: torchvision's assert names no key."""
     found = re.fullmatch(r"vit_[a-z]+_(\d+)", name)
-    if found and image_size % int(found[1]):
-        patch = int(found[1])
+    patch = int(found[1]) if found else 1
+    if image_size % patch:
         raise ConfigError(key, image_size, f"a multiple of {patch} with model.name={name} (its "
                           f"patch size), e.g. {max(patch, image_size // patch * patch)}")
 
 
 def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
-    """One forward on (up to) two images of the first batch (step=custom: the team's loss on
-    it), before any phase: a model that does not take the dataset's images would otherwise fail
-    after the loader phase was measured. Training mode as the step runs it; eval mode for a
-    batch of one, which batch norm cannot train on."""
+    """One forward (step=custom: the team's loss) on up to two images of the first batch, before
+    any phase; eval mode for one image, which batch norm cannot train on."""
     m, ds = s.model, s.dataset
     key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     if not any(p.requires_grad for p in model.parameters()):
@@ -101,10 +90,8 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
         try:
             with torch.no_grad():
                 loss(model, batch)
-        except ConfigError:
-            raise
         except Exception as e:
-            if is_oom(e, s.device):
+            if isinstance(e, ConfigError) or is_oom(e, s.device):
                 raise
             raise ConfigError("step._target_", loss.target, "a loss that runs on this run's "
                               f"model and batches ({targets.cause(e)})") from e
@@ -135,10 +122,8 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
 
 
 class Checkpointed(nn.Module):
-    """One stage whose activations are recomputed in backward (torch.utils.checkpoint): less
-    memory, about one more forward of compute. use_reentrant=False is the variant PyTorch
-    recommends (torch.compile, DDP, inputs needing no grad); the RNG state is restored, so
-    dropout recomputes the same mask."""
+    """A stage recomputed in backward (torch.utils.checkpoint; use_reentrant=False, as PyTorch
+    recommends for torch.compile and DDP; the RNG state is restored for dropout's mask)."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -171,8 +156,7 @@ def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
 
 @contextlib.contextmanager
 def without_recompute(model: nn.Module):
-    """No recomputation while FLOPs are counted: its FLOPs are hardware's, not the model's
-    (MFU divides the model's)."""
+    """No recomputation while FLOPs are counted: MFU divides the model's, not the hardware's."""
     stages = [m for m in model.modules() if isinstance(m, Checkpointed)]
     for m in stages:
         m.recompute = False
@@ -189,16 +173,14 @@ def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Modu
 
 
 def reset_compile_state(device: str) -> None:
-    """Forget what torch.compile learnt in this process, as a fresh process would: Hydra's basic
-    launcher runs a whole multirun in one process, where dynamo's caches would carry over (each
-    new batch size recompiles until the limit, then runs eager) and CUDA-graph trees keep pools
-    empty_cache() cannot release (later trials look bigger). torch._dynamo.reset() clears the
-    caches (from torch 2.6 or so the trees too); older torch resets the trees explicitly."""
+    """Forget torch.compile's state, as a new process would (Hydra's basic launcher runs a
+    multirun in one): dynamo's caches (new batch sizes recompile, then run eager at the limit)
+    and CUDA-graph pools empty_cache() cannot release (later trials would look bigger)."""
     if "torch._dynamo" not in sys.modules:
         return
     torch._dynamo.reset()
     if device == "cuda" and torch.cuda.is_initialized():
-        # present since CUDA-graph trees came (torch 2.0; torch/_inductor/cudagraph_trees.py)
+        # reset() leaves the trees before torch 2.6 or so (they came with 2.0)
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
         reset_cudagraph_trees()  # idempotent: a no-op where reset() already did it
@@ -206,10 +188,9 @@ def reset_compile_state(device: str) -> None:
         torch.cuda.empty_cache()  # ...and from it to the device
 
 
-# torch.compile's modes that record CUDA graphs (CUDA-graph trees). A training loop marks
-# each iteration's start in them, or the backward of a step can read an output that a later
-# replay overwrote ("accessing tensor output of CUDAGraphs that has been overwritten by a
-# subsequent run": seen on an H100 with torch 2.11, docs/gpu.md)
+# torch.compile's modes that record CUDA graphs: a training loop marks each iteration's start, or
+# a backward can read an output a later replay overwrote ("accessing tensor output of CUDAGraphs
+# that has been overwritten by a subsequent run": an H100 with torch 2.11, docs/gpu.md)
 GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 
 
@@ -224,5 +205,4 @@ def maybe_compile(model: nn.Module, mode: str) -> nn.Module:
     reset_compile_state(str(next(model.parameters(), torch.empty(0)).device.type))
     if mode == "off":
         return model
-    # compile happens lazily at the first step, which the warm-up absorbs (and times)
-    return torch.compile(model, mode=None if mode == "default" else mode)
+    return torch.compile(model, mode=None if mode == "default" else mode)  # at warm-up's 1st step

@@ -1,7 +1,6 @@
 """Out of memory, told apart by what ran out: the device's memory (a batch too big for it: a
 sweep's infeasible point), the host's RAM, or page-locked host memory (a host limit a smaller
-batch does not cure the same way). Read from the error's type, its text and where it was
-raised, never from one alone."""
+batch does not cure the same way). Read from the error's type, text and where it was raised."""
 
 from __future__ import annotations
 
@@ -13,11 +12,8 @@ OOM_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
 
 
 class PinnedMemoryError(RuntimeError):
-    """Page-locking host memory for an asynchronous copy ran out: host RAM or the locked-memory
-    limit, not the GPU's memory. A type of its own because PyTorch's CUDA host allocator
-    (aten/src/ATen/cuda/CachingHostAllocator.cpp) calls C10_CUDA_CHECK(cudaHostAlloc(...)),
-    whose failure reads "CUDA error: out of memory" (c10/cuda/CUDAException.cpp), the very text
-    a failed cudaMalloc gives: only where the error was raised tells them apart."""
+    """Page-locking host memory ran out. Its own type: CachingHostAllocator.cpp's failed
+    cudaHostAlloc reads "CUDA error: out of memory", as a failed cudaMalloc does."""
 
 
 def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
@@ -35,20 +31,11 @@ def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
             "or prefetch_factor, fewer workers, or loader.pin_memory=false)") from e
 
 
-# What ran out, read from the error's text (the whole chain: a DataLoader worker or the pin
-# thread re-raises the original message inside its own), or from its type where the text says
-# nothing. Checked in this order, first match wins. The texts are PyTorch's own (see
-# tests/parts/test_oom.py for each one's source).
-# - "device": the caching allocator's OutOfMemoryError ("CUDA out of memory. Tried to
-#   allocate", c10/cuda/CUDACachingAllocator.cpp; "MPS backend out of memory", MPSAllocator),
-#   and memory that libraries take with their own cudaMalloc outside it (cuBLAS/cuDNN handles
-#   and workspaces, cuFFT, cuSOLVER, cuSPARSE, nvJPEG, the CUDA runtime itself) which fail near
-#   the limit with ALLOC_FAILED status codes or C10_CUDA_CHECK's "CUDA error: out of memory".
-#   cuDNN's CUDNN_STATUS_NOT_INITIALIZED is not here: cudnnCreate returns it when the CUDA
-#   runtime failed to initialise, for whatever reason (a driver mismatch as much as memory).
-# - "host": the CPU allocator (c10/core/impl/alloc_cpu.cpp: posix_memalign failing) and
-#   Python's MemoryError.
-# Where it ran out ("pinned": page-locked host memory) is not in the text: see _while_pinning.
+# What ran out, from the text of the error's whole chain (a worker or pin thread re-raises the
+# message inside its own), first match wins; PyTorch's texts (tests/parts/test_oom.py gives each
+# one's source). "device": the caching allocators and libraries' own cudaMalloc (ALLOC_FAILED
+# codes, C10_CUDA_CHECK's "CUDA error: out of memory"); not CUDNN_STATUS_NOT_INITIALIZED, which
+# any failed CUDA init gives. "host": the CPU allocator (alloc_cpu.cpp) and MemoryError.
 OOM_MESSAGES: tuple[tuple[str, str], ...] = (
     *((needle, "device") for needle in (
         "cuda out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
@@ -61,11 +48,9 @@ OOM_MESSAGES: tuple[tuple[str, str], ...] = (
     ("out of memory", "device"),
 )
 
-# torch.utils.data's pinning: DataLoader(pin_memory=True) pins each batch with this module's
-# pin_memory(), in the main thread with num_workers=0 (_SingleProcessDataLoaderIter._next_data)
-# or in its pin thread with workers (_pin_memory_loop), whose failure comes back wrapped by
-# ExceptionWrapper(where="in pin memory thread for device N") and is re-raised in the main
-# thread as "Caught <type> in pin memory thread for device N.\nOriginal Traceback ...".
+# DataLoader(pin_memory=True) pins with this module's pin_memory(), in the main thread without
+# workers, else in its pin thread, whose error is re-raised in the main thread as "Caught <type>
+# in pin memory thread for device N.\nOriginal Traceback ..." (ExceptionWrapper)
 _PIN_MODULE = "torch.utils.data._utils.pin_memory"
 _PIN_THREAD = "in pin memory thread"
 
@@ -79,20 +64,18 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _what_ran_out(exc: BaseException) -> str | None:
-    """"device", "host" or None, from the texts and types of the error's chain."""
+    """"device", "host" or None, from the texts (else the types) of the error's chain."""
     chain = _chain(exc)
     text = "\n".join(str(e) for e in chain).lower()
     kinds = [kind for needle, kind in OOM_MESSAGES if needle in text]
-    # else the allocator's type, whatever its text
     kinds += [kind for types, kind in ((OOM_ERRORS, "device"), (MemoryError, "host"))
               if any(isinstance(e, types) for e in chain)]
     return kinds[0] if kinds else None
 
 
 def _while_pinning(exc: BaseException) -> bool:
-    """Was the error raised while pinning host memory? gpubench's own pinning says so by type;
-    the DataLoader's by the frames it passed through (main-thread pinning) or by its pin
-    thread's wrapper (the only trace a thread's error keeps after crossing the queue)."""
+    """Raised while pinning host memory: gpubench's pinning says so by type, the DataLoader's by
+    the frames it passed through (main thread) or its pin thread's wrapper text."""
     for e in _chain(exc):
         if isinstance(e, PinnedMemoryError) or _PIN_THREAD in str(e):
             return True
@@ -112,7 +95,6 @@ def oom_kind(exc: BaseException) -> str | None:
 
 def is_oom(exc: BaseException, device: str = "cuda") -> bool:
     """Did the benchmarked device run out of memory (status "oom", a point a sweep treats as
-    too big)? On a CPU run the host RAM is that device; a pinned-host failure never is: it is
-    a host limit that a smaller batch would not cure the same way."""
+    too big)? On a CPU run host RAM is that device; a pinned-host failure never is."""
     kind = oom_kind(exc)
     return kind == "device" or (kind == "host" and device != "cuda")

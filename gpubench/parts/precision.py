@@ -1,13 +1,6 @@
-"""Resolve a precision name into what the train step needs (as timm's `resolve_precision`):
-the autocast dtype, whether a GradScaler is used, the TF32 flags, and which math convolutions and
-matmuls really run in (for MFU's peak).
-
-`torch_default` leaves PyTorch's TF32 flags as the user's process has them, so the run measures
-what a plain training job runs (on Ampere+: TF32 convolutions, fp32 matmuls). `fp32` turns TF32
-off for both (cuDNN allows TF32 convolutions by default: 'fp32' would silently measure TF32),
-`tf32` on for both. cudnn.benchmark is not the precision's: bench.cudnn_benchmark sets it alike
-for every precision, so a precision comparison changes the maths alone.
-"""
+"""A precision name resolved (as timm's `resolve_precision`) into the autocast dtype, a GradScaler
+or not, the TF32 flags and the maths convolutions and matmuls run in (MFU's peak). torch_default
+leaves the user's TF32 flags; fp32 turns both off (cuDNN allows TF32 convolutions by default)."""
 
 from __future__ import annotations
 
@@ -16,16 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-TORCH_DEFAULT = "torch_default"
-
 
 @dataclass(frozen=True)
 class PrecisionPlan:
     name: str
     autocast_dtype: torch.dtype | None
     grad_scaler: bool
-    # True/False: set both TF32 flags so; None: leave PyTorch's flags alone (torch_default)
-    tf32: bool | None
+    tf32: bool | None  # both TF32 flags set so; None: PyTorch's flags left alone (torch_default)
     # the rows of the peak-FLOPs table convolutions and matmuls run at (they can differ)
     conv_math: str
     matmul_math: str
@@ -42,16 +32,14 @@ class PrecisionPlan:
         return torch.autocast(device_type=device, dtype=self.autocast_dtype)
 
 
-# The flags as they were before gpubench first changed them (None until then): restored for
-# torch_default, since one process may run several configs (Hydra's basic launcher runs a
-# whole multirun in one process) and an earlier `fp32` run must not leak into a later one.
+# The flags before gpubench first changed them (None until then), restored for torch_default:
+# one process may run several configs (Hydra's basic launcher), and an `fp32` run must not leak.
 _USER_FLAGS: dict | None = None
 
 
 def _fp32_precision(node) -> str | None:
     """torch >= 2.9's per-operation TF32 setting ("tf32", "ieee" or "none") as PyTorch resolves
-    it (the operation's own, else its backend's, else the generic one: Context::float32Precision
-    in aten/src/ATen/Context.cpp); None on a torch without that API (2.4 to 2.8)."""
+    it (Context::float32Precision); None on a torch without that API (2.4 to 2.8)."""
     try:
         return str(node().fp32_precision)
     except AttributeError:  # cuBLASModule: "Unknown attribute"; cudnn: no `conv`/`rnn` module
@@ -60,31 +48,20 @@ def _fp32_precision(node) -> str | None:
 
 def _tf32_on(node, legacy) -> bool:
     precision = _fp32_precision(node)
-    if precision is None:
-        return bool(legacy())
-    # torch >= 2.9: read the new API, which is what the kernels consult (cuBLAS's math mode in
-    # CublasHandlePool.cpp / CUDABlas.cpp: float32Precision(CUDA, MATMUL) == TF32; cuDNN
-    # convolutions: allowTF32CuDNN(Float32Op::CONV)). The legacy getters raise a RuntimeError
-    # once a process has set the new API for some operations only ("you have used mix of the
-    # legacy and new APIs": Context::allowTF32CuBLAS / allowTF32CuDNN check the two agree).
-    return precision == "tf32"
+    # torch >= 2.9: the new API is what the kernels consult, and the legacy getters raise once a
+    # process has set it for some operations only ("you have used mix of the legacy and new APIs")
+    return bool(legacy()) if precision is None else precision == "tf32"
 
 
 def _read_flags() -> dict:
-    return {
-        "matmul_tf32": _tf32_on(lambda: torch.backends.cuda.matmul,
-                                lambda: torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_tf32": _tf32_on(lambda: torch.backends.cudnn.conv,
-                               lambda: torch.backends.cudnn.allow_tf32),
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-    }
+    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
+    return {"matmul_tf32": _tf32_on(lambda: cuda.matmul, lambda: cuda.matmul.allow_tf32),
+            "cudnn_tf32": _tf32_on(lambda: cudnn.conv, lambda: cudnn.allow_tf32),
+            "cudnn_benchmark": bool(cudnn.benchmark)}
 
 
 def _write_flags(f: dict) -> None:
-    # The legacy allow_tf32 setters exist from torch 1.7 to today and on 2.9+ set the new API
-    # too (Context::setAllowTF32CuBLAS: the matmul precision and the legacy flag together), so
-    # both views agree afterwards and neither getter raises. They are plain process-wide flags:
-    # setting them without a GPU is harmless (and testable).
+    # the legacy setters set the new API too on 2.9+: both views agree (harmless without a GPU)
     torch.backends.cuda.matmul.allow_tf32 = f["matmul_tf32"]
     torch.backends.cudnn.allow_tf32 = f["cudnn_tf32"]
     if not f["cudnn_tf32"] and _fp32_precision(lambda: torch.backends.cudnn.conv) is not None:
@@ -101,14 +78,13 @@ def user_flags() -> dict:
 
 
 def _fp32_math(tf32_on: bool, device: str) -> str:
-    # TF32 exists on CUDA tensor cores only (Ampere+; older GPUs fall back to fp32, and the
-    # peak table's tf32 column equals fp32 for them)
+    # TF32 exists on CUDA tensor cores only (older GPUs' tf32 peak equals fp32's in the table)
     return "tf32" if tf32_on and device == "cuda" else "fp32"
 
 
 # name: (autocast dtype, its math, TF32 flags: None leaves the user's own)
 PRECISIONS = {
-    TORCH_DEFAULT: (None, None, None),
+    "torch_default": (None, None, None),
     "fp32": (None, None, False),
     "tf32": (None, None, True),
     "amp_fp16": (torch.float16, "fp16", True),
@@ -125,19 +101,16 @@ def resolve_precision(name: str, device: str) -> PrecisionPlan:
 
 
 def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict) -> dict:
-    """The flags a run uses: TF32 as the precision says (torch_default: the user's own), and
-    cudnn.benchmark from bench.cudnn_benchmark alone (null: the user's own), so runs that differ
-    in precision differ in nothing else. cudnn.benchmark's algorithm search runs in the warm-up,
-    whose steps are not measured."""
+    """The flags a run uses: TF32 as the precision says, cudnn.benchmark as
+    bench.cudnn_benchmark says (its search runs in the unmeasured warm-up); else the user's."""
     tf32 = {} if plan.tf32 is None else {"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32}
     bench = {} if cudnn_benchmark is None else {"cudnn_benchmark": bool(cudnn_benchmark)}
     return {**user, **tf32, **bench}
 
 
 def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:
-    """Set the flags `backend_flags` gives (nothing written while they already are). The user's
-    own are kept before gpubench first changes them: a later torch_default run in this process
-    (a sweep's next trial) gets them back."""
+    """Set the flags `backend_flags` gives (nothing written while they already are), keeping the
+    user's own before the first change for a later torch_default run in this process."""
     global _USER_FLAGS
     want = backend_flags(plan, cudnn_benchmark, user_flags())
     if want != _read_flags():

@@ -1,5 +1,5 @@
-"""One training step, shared by the compute and e2e phases (so the two measure exactly the same
-work), and its loss: step=classification's cross-entropy or the team's own (step=custom)."""
+"""One training step, the same for the compute and e2e phases, and its loss: step=classification's
+cross-entropy or the team's own (step=custom)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from gpubench.parts.precision import PrecisionPlan, make_grad_scaler
 
 
 class NonFiniteLoss(RuntimeError):
-    """The training loss became NaN or infinite: steps on NaN weights go on running, at a speed
-    no real training job has, so the run fails instead of reporting them."""
+    """The training loss became NaN or infinite: steps on NaN weights run at a speed no real
+    training job has, so the run fails instead of reporting them."""
 
 
 def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
@@ -40,15 +40,14 @@ def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
                           f"auto or for_loop here ({name}: {str(e).splitlines()[0]})") from e
 
 
-def images_in(batch) -> int:
-    """The first dimension of a batch's first tensor."""
+def images_in(batch) -> int:  # the first dimension of a batch's first tensor
     return int(next(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)).shape[0])
 
 
 class Loss:
-    """How a batch becomes the loss: cross-entropy on the model's logits (step=classification),
-    or the team's `fn` (step=custom, `target`): fn(model(inputs), targets) (step.takes=output),
-    or fn(model, batch) for a model that computes its own loss (step.takes=batch)."""
+    """A batch's loss: cross-entropy on the logits (step=classification), or the team's `fn`
+    (step=custom, `target`): fn(model(inputs), targets) (step.takes=output) or fn(model, batch)
+    (step.takes=batch)."""
 
     def __init__(self, fn=None, takes: str = "output", target: str | None = None):
         self.fn = fn if fn is not None else nn.CrossEntropyLoss()
@@ -83,16 +82,13 @@ def make_loss(step) -> Loss:
 
 
 def _range(name: str, on: bool):
-    # named ranges on the profiler's timeline, only while a profile is taken: a
-    # record_function costs a dispatcher call even with no profiler listening, which the
-    # measured windows must not pay
+    # only while a profile is taken: a record_function costs a dispatcher call even unheard
     return torch.profiler.record_function(name) if on else contextlib.nullcontext()
 
 
 class TrainStep:
-    """forward, loss, backward and, every `grad_accum_steps` calls (micro-batches), the
-    optimizer step. The loss is never read back unless `host_metrics_every` asks for it:
-    `.item()` synchronizes the device and hides the very overlap measured (that knob's cost)."""
+    """forward, loss, backward and, every `grad_accum_steps` micro-batches, the optimizer step.
+    The loss is read back only as `host_metrics_every` asks: `.item()` syncs the device."""
 
     def __init__(self, model: nn.Module, plan: PrecisionPlan, device: str,
                  optimizer: torch.optim.Optimizer, oom_above_batch: int | None = None,
@@ -107,8 +103,7 @@ class TrainStep:
         self.micro_batches = self.optimizer_steps = self.host_metrics_reads = 0
         self.host_metrics: dict[str, float] = {}  # the last loss/accuracy read on the host
         self.ranges = False  # named profiler ranges (gpubench/profile.py turns them on)
-        # the last micro-batch's loss, left on the device; read only by check_loss, after a sync
-        self.last_loss: torch.Tensor | None = None
+        self.last_loss: torch.Tensor | None = None  # on the device; check_loss reads it
         self.finite_at = 0  # the micro-batch whose loss check_loss last found finite
         self.mark_step = mark_step  # models.step_marker: a new iteration for CUDA-graph trees
 
@@ -116,17 +111,14 @@ class TrainStep:
         """One micro-batch on the device, as one argument or as (x, y)."""
         batch = batch[0] if len(batch) == 1 else batch
         if self.oom_above_batch is not None and images_in(batch) > self.oom_above_batch:
-            # fault injection, for testing the recovery path without a real device
+            # fault injection: the recovery path tested without a real device
             raise OOM_ERRORS[0](f"injected: batch {images_in(batch)} > fault.oom_above_batch")
         if self.mark_step is not None and self.micro_batches % self.accum == 0:
-            # a new optimizer step: the last one's graph outputs (its gradients were handed to
-            # the optimizer and set to None) are dead; a host-side counter, no kernel, no sync
+            # a new optimizer step: the last one's graph outputs are dead; a host-side counter
             self.mark_step()
         self.micro_batches += 1
         boundary = self.micro_batches % self.accum == 0
-        # DistributedDataParallel all-reduces gradients at every backward; on micro-batches that
-        # do not step the optimizer that traffic is wasted, so DDP's no_sync() skips it there
-        # (the gradients still accumulate locally). Other models have nothing to skip.
+        # DDP all-reduces at every backward: no_sync() skips it where the optimizer does not step
         no_sync = None if boundary else getattr(self.model, "no_sync", None)
         with no_sync() if no_sync is not None else contextlib.nullcontext():
             with _range("gpubench/forward", self.ranges), self.plan.autocast(self.device):
@@ -142,8 +134,7 @@ class TrainStep:
             return
         with _range("gpubench/optimizer", self.ranges):
             if self.scaler is not None:
-                # GradScaler.step reads found_inf back to the host: a per-step sync that real
-                # fp16 training pays too, so it stays in the measurement
+                # GradScaler.step reads found_inf back: a per-step sync real fp16 training pays
                 self.scaler.step(self.opt)
                 self.scaler.update()
             else:
@@ -152,11 +143,8 @@ class TrainStep:
         self.optimizer_steps += 1
 
     def check_loss(self, where: str) -> None:
-        """Raise NonFiniteLoss if the last micro-batch's loss is NaN or infinite. Call it only
-        right after a device sync (a window's closing edge), so reading the loss waits for
-        nothing; never per step, where an .item() would synchronize every step and hide the
-        overlap the phases measure. The last loss speaks for the window: NaN gradients make NaN
-        weights, whose every later loss is NaN (a step GradScaler skips recovers)."""
+        """Raise NonFiniteLoss if the last micro-batch's loss (it speaks for the window: NaN
+        weights stay NaN) is not finite. Only right after a device sync: the read waits for none."""
         if self.last_loss is None:
             return
         value = float(self.last_loss.detach().float().item())
@@ -173,8 +161,8 @@ class TrainStep:
         self.finite_at = self.micro_batches
 
     def _read_metrics(self, loss: torch.Tensor, out, batch) -> None:
-        """What many training loops do every k steps: the loss and (a classifier's) accuracy as
-        Python floats. Each .item() is a device sync: that is the cost shown."""
+        """The loss and (a classifier's) accuracy as Python floats, as many training loops read
+        every k steps: each .item() is a device sync, the cost shown."""
         with _range("gpubench/host_metrics", self.ranges), torch.no_grad():
             self.host_metrics = {"loss": float(loss.detach().float().item())}
             if self.loss.target is None:  # step=classification: logits against labels
@@ -184,8 +172,7 @@ class TrainStep:
 
 
 def step_figures(record, step: TrainStep | None) -> dict | None:
-    """The step's counters, and optimizer steps/sec of the headline phase (e2e, else compute):
-    micro-batches/sec / grad_accum_steps."""
+    """The step's counters, and the rates of the headline phase (e2e, else compute)."""
     if step is None:
         return None
     phase = record.phases.get("e2e") or record.phases.get("compute")
@@ -207,10 +194,8 @@ def step_figures(record, step: TrainStep | None) -> dict | None:
 
 def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, *batch,
                            loss: Loss | None = None) -> dict[str, float] | None:
-    """FLOPs of one forward+backward (torch's FlopCounterMode) as {"conv", "matmul", "total"}:
-    they can run at different maths (PyTorch's defaults: TF32 convolutions, fp32 matmuls), so
-    MFU's peak needs the split; None if the counter cannot run this model. Checkpointed stages
-    count without their recomputation: checkpointing shows as a lower MFU, as the time it costs."""
+    """FLOPs of one forward+backward without recomputation as {"conv", "matmul", "total"} (MFU's
+    peak: they can run at different maths); None if FlopCounterMode cannot run this model."""
     from torch.utils.flop_counter import FlopCounterMode
 
     batch = batch[0] if len(batch) == 1 else batch
@@ -225,8 +210,7 @@ def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, *
         return None
     finally:
         model.zero_grad(set_to_none=True)
-    # convolution, _convolution, cudnn_convolution, convolution_backward: cuDNN's math; the
-    # rest the counter knows (mm, addmm, bmm, baddbmm, attention) are cuBLAS-side matmuls
+    # the convolution ops are cuDNN's math; the rest (mm, addmm, bmm, attention) cuBLAS's
     conv = float(sum(v for op, v in counts.items() if "conv" in str(op)))
     total = float(sum(counts.values()))
     return {"conv": conv, "matmul": total - conv, "total": total}

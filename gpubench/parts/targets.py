@@ -1,12 +1,7 @@
 """Code a config names (`model._target_`, `dataset._target_`, `step._target_`, every `_target_`
-in `dataset.transform` and `dataset.collate`), imported, checked to be of its key's kind and not
-from the standard library, and only then called. The team's own code: a module whose file lies
-outside every installed library folder and outside gpubench; an object is judged by the module
-that defines it, so a re-export (`torch.os.system`) changes nothing. A typo or a wrong kind
-stops with one line before anything runs, and a config cannot call library functions (which can
-run a command or write a file the moment Hydra calls them) through these keys. Not a sandbox:
-run only configs you trust (docs/guide.md, "Trust").
-"""
+in `dataset.transform`/`dataset.collate`): imported, checked to be of its key's kind and not from
+the standard library (transforms: nor another library's) before it is called, a wrong one a line.
+Not a sandbox: run only configs you trust (docs/guide.md, "Trust")."""
 
 from __future__ import annotations
 
@@ -71,17 +66,14 @@ def locate(key: str, path: Any, allowed: str) -> Any:
     if not isinstance(path, str) or not DOTTED.fullmatch(text):
         raise ConfigError(key, path, allowed)
     parts = text.split(".")
-    # imported here rather than by hydra.utils.get_object, which logs an ERROR (3 lines on
-    # stderr) for a path that does not import before it raises
+    # not hydra.utils.get_object: it logs an ERROR (3 lines on stderr) before it raises
     if parts[0] in STDLIB:  # refused before the import: some stdlib modules act on import
         raise ConfigError(key, text, f"{allowed} ({parts[0]} is in the standard library)")
     try:
         obj = importlib.import_module(parts[0])
-        for i in range(1, len(parts)):
-            if hasattr(obj, parts[i]):
-                obj = getattr(obj, parts[i])
-            else:  # a submodule not imported yet
-                obj = importlib.import_module(".".join(parts[: i + 1]))
+        for i in range(1, len(parts)):  # an attribute, else a submodule not imported yet
+            obj = getattr(obj, parts[i]) if hasattr(obj, parts[i]) else \
+                importlib.import_module(".".join(parts[: i + 1]))
     except Exception as e:  # the team's module failed to import: its error, on one line
         why = cause(e)
         if isinstance(e, ModuleNotFoundError) and e.name == parts[0]:  # the team's package
@@ -113,8 +105,8 @@ def dataset_class(target: Any) -> type:
 
 
 def _targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
-    """(key, _target_) of every instantiate node in `node`: Hydra instantiates nested nodes
-    (a Compose's list of transforms) before the outer one, so each is checked."""
+    """(key, _target_) of every instantiate node in `node`, nested ones too (Hydra calls a
+    Compose's list of transforms before the Compose)."""
     if isinstance(node, Mapping):
         if "_target_" in node:
             yield f"{key}._target_", node["_target_"]
@@ -133,7 +125,7 @@ def _defined_in(obj: Any) -> str:
 
 def team_code(module_name: str) -> bool:
     """A module loaded from a file outside every installed library folder, and not gpubench's
-    (an editable install of it lies outside them too); one with no file (built in) is not."""
+    (an editable install lies outside them too); one with no file (built in) is not."""
     file = getattr(sys.modules.get(module_name), "__file__", None)
     if not file or _top(module_name) in GPUBENCH_PACKAGES:
         return False

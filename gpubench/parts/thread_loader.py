@@ -1,14 +1,7 @@
-"""loader.worker_type=thread: the run's Dataset, sampler and collate read by `loader.num_workers`
-threads of the main process through torchdata.nodes, where torch's DataLoader starts processes.
-
-A worker makes whole batches, as a DataLoader worker does (Batcher, then ParallelMapper with
-method="thread"); a pinning thread follows on CUDA (PinMemory), then a queue of ready batches
-(Prefetcher). The batches held ahead are the DataLoader's (core.pipe.batches_in_flight), so the
-runner's re-warm drains them alike. Threads start nothing, copy no batch between processes and
-share one address space; the Python parts of `__getitem__` share one interpreter lock. Each
-worker thread runs one torch thread (torchdata/nodes/_apply_udf.py: torch.set_num_threads(1), a
-per-thread OpenMP setting, ATen/ParallelOpenMP.cpp), so the training thread keeps its own.
-"""
+"""loader.worker_type=thread: `loader.num_workers` threads of this process make whole batches
+through torchdata.nodes (Batcher, ParallelMapper, PinMemory on CUDA, Prefetcher), as many held
+ahead as a DataLoader's. Each runs one torch thread (torchdata/nodes/_apply_udf.py:
+torch.set_num_threads(1), a per-thread OpenMP setting): the training thread keeps its own."""
 
 from __future__ import annotations
 
@@ -24,18 +17,6 @@ from gpubench.core.pipe import batches_in_flight
 from gpubench.parts.targets import cause
 
 
-def nodes():
-    """torchdata.nodes, or one line naming loader.worker_type where it does not import (not
-    installed, or needing a newer torch)."""
-    try:
-        import torchdata.nodes as tn
-    except Exception as e:
-        raise ConfigError("loader.worker_type", "thread", f"process here: thread workers need "
-                          f"torchdata.nodes (pip install torchdata) with torch "
-                          f"{torch.__version__} ({cause(e)})") from e
-    return tn
-
-
 class ThreadLoader:
     """Batches from `dataset` in `sampler`'s order (with `in_order`), one epoch per iter(), as a
     DataLoader gives them; `workers` threads (at least 1), `prefetch` batches each ahead."""
@@ -43,7 +24,12 @@ class ThreadLoader:
     def __init__(self, dataset: Dataset, sampler: Sampler, batch_size: int, drop_last: bool,
                  collate: Callable[[list], Any], workers: int, prefetch: int | None,
                  in_order: bool = True, pin: bool = False):
-        tn = nodes()
+        try:  # not installed, or needing a newer torch
+            import torchdata.nodes as tn
+        except Exception as e:
+            raise ConfigError("loader.worker_type", "thread", f"process here: thread workers need "
+                              f"torchdata.nodes (pip install torchdata) with torch "
+                              f"{torch.__version__} ({cause(e)})") from e
         self.dataset, self.collate = dataset, collate
         self._tids: set[int] = set()
         node = tn.Batcher(tn.SamplerWrapper(sampler), batch_size=batch_size, drop_last=drop_last)
@@ -69,9 +55,8 @@ class ThreadLoader:
         return set(self._tids)
 
     def shutdown(self) -> None:
-        """Stop every thread now, sources first (a stopped source ends the thread reading it).
-        torchdata 0.11 has no public close: this calls what each node's iterator calls when
-        collected (torchdata/nodes/map.py: _ParallelMapperIter._shutdown, from __del__)."""
+        """Stop every thread, sources first. torchdata 0.11 has no public close: this calls what
+        a collected iterator does (torchdata/nodes/map.py: _ParallelMapperIter.__del__)."""
         chain, node = [], self.root
         while node is not None:
             chain.append(node)

@@ -1,5 +1,3 @@
-"""`python -m gpubench.report`: see gpubench.report.cli."""
-
 import sys
 
 from gpubench.core.exits import quiet_broken_pipe

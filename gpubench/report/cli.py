@@ -1,6 +1,5 @@
 """`python -m gpubench.report`: the report's command line (a sweep dir, an MLflow experiment,
-or `--compare`).
-"""
+or `--compare`)."""
 
 from __future__ import annotations
 
@@ -19,26 +18,11 @@ from gpubench.core.record import find_runs
 from gpubench.core.secrets import error_text, mask_logging, mask_secrets
 from gpubench.core.uris import sqlite_path
 from gpubench.report.loader_answer import read_compute
-from gpubench.report.write import (
-    NothingToReport,
-    load_mlflow,
-    matching,
-    sweep_report,
-    write_report,
-)
+from gpubench.report.write import NothingToReport, load_mlflow, matching, sweep_report, write_report
 
 
-def looks_like_path(source: str) -> bool:
-    """A source written as a folder, not an MLflow experiment name."""
+def looks_like_path(source: str) -> bool:  # a folder, not an MLflow experiment name
     return "/" in source or "\\" in source or source.startswith((".", "~"))
-
-
-def mlflow_out_dir(experiment: str, parent: str | None, study: str | None) -> Path:
-    """outputs/reports/<experiment>, -parent-<first 8 of its id> or -study-<name>: a report
-    of part of an experiment never overwrites the whole experiment's."""
-    name = experiment + (f"-parent-{parent[:8]}" if parent else "") + (
-        f"-study-{study}" if study else "")
-    return Path("outputs") / "reports" / name
 
 
 def _tolerance(text: str) -> float:
@@ -97,8 +81,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     if a.tracking_uri is not None:
         from gpubench.tracking.store import uri_problem
 
-        problem = uri_problem(a.tracking_uri)
-        if problem:
+        if problem := uri_problem(a.tracking_uri):
             p.error(f"--tracking-uri={mask_secrets(a.tracking_uri)!r} is not allowed: {problem}")
     if a.prices is not None and a.compare is None:
         p.error("--prices: only with --compare")
@@ -112,8 +95,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     src = Path(a.source).expanduser()
     if not src.is_dir() and looks_like_path(a.source):
         raise NothingToReport(f"gpubench.report: no such folder: {a.source}")
-    # a bare name is a folder only when it holds runs: `gpubench` in the project's root is the
-    # package, and the default MLflow experiment
+    # a bare name is a folder only when it holds runs (`gpubench` is the package and an experiment)
     if src.is_dir() and (looks_like_path(a.source) or (src / "sweep.json").is_file()
                          or find_runs(src)):
         mlflow_only = [f for f, v in (("--tracking-uri", a.tracking_uri), ("--parent", a.parent),
@@ -128,23 +110,21 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     if not rows:
         raise NothingToReport(f"gpubench.report: no runs with results.json"
                               f"{matching(conditions)} in experiment {a.source!r}")
-    out = Path(a.out) if a.out else mlflow_out_dir(a.source, a.parent, a.study)
-    write_report(rows, out, f"mlflow experiment {a.source}", None, a.tolerance,
-                 named=read_compute(a.compute))
+    # a report of part of an experiment never overwrites the whole experiment's
+    name = a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
+        f"-study-{a.study}" if a.study else "")
+    write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
+                 f"mlflow experiment {a.source}", None, a.tolerance, named=read_compute(a.compute))
     return ExitCode.OK
 
 
 def _from_mlflow(uri: str | None, timeout_s: float, read):
-    """`read(uri)` against the MLflow store `uri` (default: gpubench's), every network wait
-    bounded as for uploads (gpubench.tracking.store): one /health probe within timeout_s, and
-    MLflow's requests held to timeout_s and 2 retries instead of its 120 s and 7; credentials
-    moved from the URL to MLFLOW_TRACKING_USERNAME/PASSWORD. A store that cannot be read is one
-    line (NothingToReport); a sqlite store that does not exist is not made."""
+    """`read(uri)` with every network wait bounded (tracking.store.connection); a store that
+    cannot be read is one line (NothingToReport); a missing sqlite store is not made."""
     from gpubench.tracking import store
 
     uri = store.resolve_uri(uri)
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
+    if (db := sqlite_path(uri)) is not None and not db.is_file():
         raise NothingToReport(f"gpubench.report: no MLflow store at {db} (nothing tracked "
                               "there; --tracking-uri names another store, or give a sweep folder)")
     try:

@@ -1,13 +1,6 @@
-"""Machines compared by what they deliver per second, per joule and per dollar.
-
-    python -m gpubench.report --compare [experiment] [--prices prices.yaml] [--tracking-uri URI]
-
-Per workload (devices are only compared on the same work) and device: its fastest feasible
-full training measurement from an MLflow experiment's results.json artifacts, its images/sec,
-images per joule and per dollar (`cost.usd_per_hour`, from --prices or the runs' config, else
-EXAMPLE_PRICES, said so), and each device against the cheapest: reference article 003's "7x the
-price for 3x the throughput" as a table (docs/report.md).
-"""
+"""`python -m gpubench.report --compare`: per workload, each device's fastest feasible full
+measurement in an MLflow experiment, its images per second, joule and dollar, and each device
+against the cheapest: reference article 003's "7x the price for 3x the throughput" as a table."""
 
 from __future__ import annotations
 
@@ -30,15 +23,13 @@ from gpubench.core.stats import positive
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
 # (no VM), us-central1, around July 2023, the period of reference article 003 (whose V100 is
-# "7X more expensive" than the T4: 2.48 / 0.35 = 7.1). Only these two, the article's pair; any
-# other device needs the user's price. Prices change: pass your own with --prices.
+# "7X more expensive" than the T4: 2.48 / 0.35 = 7.1); any other device needs the user's price.
 EXAMPLE_PRICES_DATE = "2023-07"
 EXAMPLE_PRICES = {"T4": 0.35, "V100": 2.48}
 
 
 @dataclass
-class DeviceRow:
-    """One device's best feasible run on one workload, and what it costs."""
+class DeviceRow:  # one device's best feasible run on one workload, and what it costs
     device: str
     runs: int
     record: RunRecord
@@ -93,8 +84,8 @@ def price_for(device: str, table: dict[str, float]) -> float | None:
 
 def mlflow_records(experiment: str, uri: str | None = None,
                    filter_string: str = "") -> list[RunRecord]:
-    """The results.json of an experiment's runs matching `filter_string` (built by the caller
-    from checked values only), each naming its run in `extra["mlflow_run_id"]`."""
+    """The results.json of an experiment's runs matching `filter_string` (checked values only),
+    each naming its run in `extra["mlflow_run_id"]`."""
     from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
     from mlflow.utils import get_results_from_paginated_fn
 
@@ -113,26 +104,19 @@ def mlflow_records(experiment: str, uri: str | None = None,
         [exp.experiment_id], filter_string, max_results=n, page_token=token), 500)
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
-            rid = run.info.run_id
+            rid, tags = run.info.run_id, run.data.tags
             try:
                 path = client.download_artifacts(rid, RESULTS_FILE, f"{tmp}/{rid}")
             except Exception:  # a sweep's parent run has no results.json
                 continue
-            d = read_json(Path(path))
-            if isinstance(d, dict):
+            if isinstance(d := read_json(Path(path)), dict):
                 rec = RunRecord.from_dict(d)
-                # the device as the tracking tags name it, when results.json lacks it
-                if not rec.env.get("device_name"):
-                    rec.env["device_name"] = run.data.tags.get("device_name")
-                # a max-batch probe or a screen: the rung its sweep gave the job
-                rec.rung = Rung.of(run.data.tags.get("rung") or rec.rung)
+                # device (when results.json lacks it) and rung (a probe's, a screen's) from tags
+                rec.env["device_name"] = rec.env.get("device_name") or tags.get("device_name")
+                rec.rung = Rung.of(tags.get("rung") or rec.rung)
                 rec.extra["mlflow_run_id"] = rid
                 out.append(rec)
     return out
-
-
-def device_of(rec: RunRecord) -> str:
-    return str(rec.env.get("device_name") or rec.env.get("device") or "unknown device")
 
 
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
@@ -140,10 +124,10 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
     longest measurements (`bench.steps`), so a short screen never stands for a device."""
     groups: dict[str, dict[str, list[RunRecord]]] = {}
     for r in records:
-        # a loader-only run's figure is its loader's, a probe's a few steps': no device's
-        # training throughput
+        # a loader-only run's or a probe's figure is no device's training throughput
         if r.feasible and left_out(r) is None:
-            groups.setdefault(workload_text(r), {}).setdefault(device_of(r), []).append(r)
+            dev = str(r.env.get("device_name") or r.env.get("device") or "unknown device")
+            groups.setdefault(workload_text(r), {}).setdefault(dev, []).append(r)
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(groups.items()):
         rows = []
@@ -172,21 +156,20 @@ def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
 
 
 def versus(rows: list[DeviceRow]) -> list[dict]:
-    """Each device against the cheapest priced one (else the slowest): price ratio, throughput
-    ratio and images-per-dollar ratio, the figures of "7x the price for 3x the throughput"."""
+    """Each device's price, throughput and images-per-dollar ratios to the cheapest (else the
+    slowest): "7x the price for 3x the throughput"."""
     priced = [d for d in rows if d.usd_per_hour]
     base = (min(priced, key=lambda d: d.usd_per_hour) if priced
             else min(rows, key=lambda d: d.images_per_sec))
     out = []
     for d in rows:
         price = d.usd_per_hour / base.usd_per_hour if d.usd_per_hour and base.usd_per_hour else None
-        speed = d.images_per_sec / base.images_per_sec
         value = (d.images_per_dollar / base.images_per_dollar
                  if d.images_per_dollar and base.images_per_dollar else None)
         out.append({"device": d.device, "baseline": base.device,
                     "basis": "the cheapest" if priced else "the slowest; no prices",
-                    "price_x": price,
-                    "throughput_x": speed, "images_per_dollar_x": value})
+                    "price_x": price, "throughput_x": d.images_per_sec / base.images_per_sec,
+                    "images_per_dollar_x": value})
     return out
 
 
@@ -226,8 +209,7 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
 def main(experiment: str | None = None, uri: str | None = None,
          prices_path: str | None = None) -> ExitCode:
     prices = load_prices(prices_path)
-    records = mlflow_records(experiment or DEFAULT_EXPERIMENT, uri)
-    groups = compare_rows(records, prices)
+    groups = compare_rows(mlflow_records(experiment or DEFAULT_EXPERIMENT, uri), prices)
     if not groups:
         print(f"gpubench.report: nothing to compare: no feasible run with results.json in "
               f"experiment {experiment or DEFAULT_EXPERIMENT!r}", file=sys.stderr)

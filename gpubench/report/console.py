@@ -24,13 +24,7 @@ def _gib(b) -> str:
     return dash(b, ".2f", 2**-30, " GiB")
 
 
-def _interval(ci) -> str:
-    fmt = ",.0f" if ci and ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
-    return f"{ci[0]:{fmt}}-{ci[1]:{fmt}}" if ci else "-"
-
-
 def title(rec: RunRecord) -> str:
-    """The run in one line: its setup (model, data, batch, workers, precision), the device."""
     env, world = rec.env, rec.world_size or 1
     return (f"gpubench: {setup_text(rec)} | {env['device_name']} ({env['device']})"
             + (f", torchrun x{world}" if world > 1 else ""))
@@ -38,14 +32,11 @@ def title(rec: RunRecord) -> str:
 
 def fit(head: list[str], rows: list[list], drop: Sequence[int], width: int,
         right: Callable[[int], bool], **style) -> tuple[Table, list[int]]:
-    """The table of `rows` under `head` (column c right-aligned where `right(c)`), leaving out
-    columns in `drop`'s order until its natural width fits `width` (a figure split or cut to
-    `1,26…` reads as another figure); with the columns left out."""
+    """The table and the columns left out, in `drop`'s order, until its natural width fits
+    `width` (a figure split or cut to `1,26…` reads as another figure)."""
     measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
-    out: list[int] = []
-    for i in (None, *drop):
-        if i is not None:
-            out.append(i)
+    for n in range(len(drop) + 1):
+        out = list(drop[:n])
         table = Table(**style)
         for c in (shown := [c for c in range(len(head)) if c not in out]):
             table.add_column(head[c], justify="right" if right(c) else "left", no_wrap=True)
@@ -68,13 +59,14 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
     rows = []
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
+        ci = ph.get("images_per_sec_ci")
+        fmt = ",.0f" if ci and ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
         rows.append([
             phase_title(name), dash(ph["images_per_sec"], ",.1f"),
-            _interval(ph.get("images_per_sec_ci")),
+            f"{ci[0]:{fmt}}-{ci[1]:{fmt}}" if ci else "-",
             dash(ph["step_time_p50_s"], ".1f", 1e3), dash(ph["step_time_p95_s"], ".1f", 1e3),
             dash(ph["data_wait_fraction"], ".0%") if name == "e2e" else "",
-            f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})", _gib(mem),
-        ])
+            f"{ph['steps']}{'*' if ph['truncated'] else ''} ({ph.get('repeats', 1)})", _gib(mem)])
     head = [*PHASE_COLUMNS[:2], interval_label, *PHASE_COLUMNS[3:]]
     table, out = fit(head, rows, PHASE_DROP, width, lambda c: c != 0)
     return table, [head[c] for c in out]
@@ -124,8 +116,7 @@ def lines(d: dict, notes: list[str]) -> list[str]:
     if any(ph["truncated"] for ph in d["phases"].values()):
         out.append("  * window closed by bench.max_seconds before bench.steps")
     out += [_memory_line(d), *_device_lines(d)]
-    prof = d.get("profile")
-    if prof:
+    if prof := d.get("profile"):
         ops = ", ".join(f"{o['name']} {o['self_ms_per_step']:.2f} ms" for o in prof["top_ops"][:3])
         out.append(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")
         out.append(f"  trace: {prof['trace']} (open in https://ui.perfetto.dev)")
@@ -163,9 +154,8 @@ def verdict(rec: RunRecord) -> list[str]:
 
 def ceiling_advice(cfg: dict) -> list[str]:
     """The overrides that bring a run over memory.ceiling under it, but those it already used."""
-    model, loader = cfg.get("model") or {}, cfg.get("loader") or {}
+    model, batch = cfg.get("model") or {}, (cfg.get("loader") or {}).get("batch_size")
     precision = (cfg.get("precision") or {}).get("name")
-    batch = loader.get("batch_size")
     out = []
     if isinstance(batch, int) and batch > 1:
         out.append(f"loader.batch_size={batch // 2}: a smaller batch (activations grow with it; "
@@ -185,23 +175,20 @@ def print_result(result, console: Console | None = None) -> None:
     """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
     rec: RunRecord = getattr(result, "record", result)
     con = console or Console(highlight=False)
-    # a log or a pipe (`> log.txt`): lines are never folded (a terminal folds what it shows
-    # itself); the table fits the console's width, a terminal's also when piped (rich reads
-    # it from stdin or stderr), else COLUMNS or 80: no figure is split or cut
+    # a log or a pipe (`> log.txt`): lines never folded (a terminal folds what it shows itself)
     log = not con.is_terminal
     d = rec.to_dict()
-    heading = title(rec)
-    out: list[str] = []
     # the title apart from the table: the table's width would fold it (`AMD\nEPYC`)
-    con.print(heading, soft_wrap=log)
+    con.print(title(rec), soft_wrap=log)
+    out = [*lines(d, getattr(result, "notes", [])), *verdict(rec),
+           f"[dim]results: {rec.path}[/dim]"]
     if d["phases"]:  # ended before its first window: the title alone, no empty table
-        table, out = phase_table(d, rec.interval_label, con.width)
+        table, left = phase_table(d, rec.interval_label, con.width)
         con.print(table)
-    if out:
-        con.print(f"[dim]({', '.join(out)}: in results.json; a wider terminal shows them)[/dim]",
-                  soft_wrap=log)
-    for line in [*lines(d, getattr(result, "notes", [])), *verdict(rec)]:
-        con.print(line, soft_wrap=log)
-    con.print(f"[dim]results: {rec.path}[/dim]", soft_wrap=log)
+        if left:
+            out.insert(0, f"[dim]({', '.join(left)}: in results.json; a wider terminal shows "
+                          "them)[/dim]")
     if d.get("picture"):
-        con.print(f"[dim]picture: {d['picture']}[/dim]", soft_wrap=log)
+        out.append(f"[dim]picture: {d['picture']}[/dim]")
+    for line in out:
+        con.print(line, soft_wrap=log)

@@ -1,10 +1,6 @@
 """The report's workers answer: how many loader workers a setup needs, from its loader-only runs
-(the rule: analysis.workers.fewest_workers) against its compute bound: every compute measurement
-of the setup the report was given (the sweep's `compute/` folder, compute or full runs among
-the rows, `--compute` runs), pooled with Est.envelope. Runs that flagged their own measurement
-are left out and named; when every run of a side flagged itself, those whose flaw only slows or
-widens them are judged, `unconfirmed`.
-"""
+(analysis.workers.fewest_workers) against its compute bound: every compute measurement of the
+setup the report was given (the sweep's `compute/` folder, the rows, `--compute` runs)."""
 
 from __future__ import annotations
 
@@ -15,42 +11,28 @@ from pathlib import Path
 
 import yaml
 
+from gpubench.analysis import workers
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
-from gpubench.analysis.workers import (
-    COMPUTE_DIR,
-    TOLERANCE,
-    WorkersPick,
-    compute_setup,
-    fewest_workers,
-    workers,
-)
+from gpubench.analysis.workers import COMPUTE_DIR, TOLERANCE, WorkersPick, compute_setup
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Flaw, Reason, RunRecord, find_runs, load
 from gpubench.core.stats import Est
-from gpubench.report.plot_rules import (
-    as_override,
-    flag_kind,
-    flag_reasons,
-    group_by,
-    knob_part,
-    worker_groups,
-)
+from gpubench.report import plot_rules
+from gpubench.report.plot_rules import flag_reasons
 
-# the overrides a compute measurement drops from a loader job's command line: it measures the
-# compute phase alone, and the loader's workers do not change it
+# what a compute measurement drops from a loader job's command line: workers do not change it
 NOT_FOR_COMPUTE = ("loader.num_workers", "bench.phases")
 # flaws that make a loader window read high (batches made before it began, a window cut short):
-# such a run never answers; others (disturbed, too few windows) slow or widen it
+# such a run never answers; others only slow or widen it
 INFLATES = (Flaw.queue, Flaw.cut_short)
 
 
 @dataclass
 class Group:
     """The loader-only runs of one setup (every knob but the workers) and their answer."""
-
     rows: list[Row]
     used: list[Row]  # the runs the rule judged
     pick: WorkersPick
@@ -78,8 +60,7 @@ class Group:
         return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
 
     @property
-    def setup(self) -> str:
-        """The setup without its workers (`, thread workers` where they are threads)."""
+    def setup(self) -> str:  # without its workers (`, thread workers` where they are threads)
         rec = self.rows[0].record
         cfg = copy.deepcopy(rec.config)
         (cfg.get("loader") or {}).pop("num_workers", None)
@@ -99,28 +80,21 @@ class LoaderAnswer:
             if any(r is row for r in g.rows) and (c := g.pick.compute) is not None:
                 flag = " (flagged: unconfirmed)" if g.flagged_bound else ""
                 return {"y": c.value, "lo": c.lo, "hi": c.hi, "threshold": g.pick.threshold,
-                        "margin": g.pick.tolerance,
-                        "label": f"compute bound{flag}, same model/batch/precision:\n"
-                                 f"{c} img/s"}
+                        "margin": g.pick.tolerance, "label": f"compute bound{flag}, same "
+                                                             f"model/batch/precision:\n{c} img/s"}
         return None
 
     def summary(self) -> list[dict]:
-        return [{
-            "setup": g.setup, "worker_type": g.kind, "num_workers": (p := g.pick).num_workers,
-            "unblocks": p.unblocks,
-            "margin_required": p.tolerance,
-            "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
-            "compute": None if (c := p.compute) is None else [c.value, c.lo, c.hi],
-            "compute_from": [str(r.dir) for r in g.sources],
-            "unconfirmed": g.unconfirmed,
-            "flagged": [x.label for x in g.flagged],
-            "judged": [x.label for x in g.used],
-            "answer": p.answer(),
-        } for g in self.groups]
+        return [{"setup": g.setup, "worker_type": g.kind, "num_workers": (p := g.pick).num_workers,
+                 "unblocks": p.unblocks, "margin_required": p.tolerance,
+                 "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
+                 "compute": None if (c := p.compute) is None else [c.value, c.lo, c.hi],
+                 "compute_from": [str(r.dir) for r in g.sources], "unconfirmed": g.unconfirmed,
+                 "flagged": [x.label for x in g.flagged], "judged": [x.label for x in g.used],
+                 "answer": p.answer()} for g in self.groups]
 
 
-def _knobs(r: Row) -> dict:
-    """Every knob of the run but its workers and how it was measured."""
+def _knobs(r: Row) -> dict:  # every knob of the run but its workers and how it measured
     return {k: v for k, v in r.flat.items()
             if k != "loader.num_workers" and role(k) is not Role.measure}
 
@@ -134,8 +108,7 @@ def compute_rate(rec: RunRecord) -> Est | None:
         if rec.status.measured else None
 
 
-def read_compute(paths: list[str] | None) -> list[RunRecord]:
-    """The runs named with `--compute`; one line for a path without a compute figure."""
+def read_compute(paths: list[str] | None) -> list[RunRecord]:  # the runs named with --compute
     out = []
     for p in paths or []:
         rec = load(Path(p).expanduser())
@@ -169,21 +142,21 @@ def _differs(rec: RunRecord, key: tuple) -> str:
 
 def _compute_command(row: Row) -> str:
     """The loader job's command line (.hydra/overrides.yaml, else its compute knobs) measuring
-    `bench.phases=[compute]`, without its workers."""
+    compute alone."""
     overrides = None
     if row.record.dir is not None:
         try:
             overrides = yaml.safe_load((Path(row.record.dir) / ".hydra" / "overrides.yaml")
                                        .read_text())
         except (OSError, yaml.YAMLError):
-            overrides = None
+            pass
     if isinstance(overrides, list):
         keep = [o for o in map(str, overrides)
                 if not o.startswith(("hydra.", "hydra/"))
                 and o.partition("=")[0].lstrip("+~") not in NOT_FOR_COMPUTE]
     else:  # a run read from MLflow: its compute knobs as overrides
         keys = [knob_key(row.flat.get, n) for n in COMPUTE]
-        keep = [as_override(k, row.flat[k]) for k in keys if row.flat.get(k) is not None]
+        keep = [plot_rules.as_override(k, row.flat[k]) for k in keys if row.flat.get(k) is not None]
     return " ".join(["python -m gpubench", *map(shlex.quote, keep),
                      shlex.quote("bench.phases=[compute]")])
 
@@ -195,16 +168,15 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
-    sets = worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
+    sets = plot_rules.worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
     keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets}
     for rec in named:
         if _compute_key(rec) not in keys.values():
             raise SystemExit(f"gpubench.report: --compute {rec.dir}: it bounds no loader-only "
                              f"run here: {_differs(rec, next(iter(keys.values())))}")
-    extra = [*found, *named]
     # a run named with --compute may also be a row or in the sweep's compute folder: once
     unique = {str(m.dir) if m.dir is not None else id(m): m
-              for m in [*(r.record for r in rows), *extra]}
+              for m in [*(r.record for r in rows), *found, *named]}
     measured = [(_compute_key(m), m) for m in unique.values()
                 if not loader_only(m) and compute_rate(m) is not None]
     tried = [(_compute_key(m), m) for m in unique.values()
@@ -213,32 +185,31 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     for rs in sets:
         key = keys[id(rs[0])]
         # a compute run that flagged itself reads low when disturbed (a loader then clears it
-        # too easily): the unflagged ones make the bound; flagged ones only when nothing else
-        # measured it, and the answer then says it is unconfirmed
+        # too easily): the unflagged ones make the bound, flagged ones only when nothing else did
         sources = [m for k, m in measured if k == key]
         sources = [m for m in sources if m.measurement_stable is not False] or sources
         bound = Est.envelope([compute_rate(m) for m in sources]) if sources else None
-        # the same for the loader runs: the unflagged ones; when every run flagged itself (a
-        # busy machine), those whose flaw only slows or widens them, and the answer says so
+        # the unflagged loader runs; on a busy machine, those whose flaw only slows or widens
         done = [r for r in rs if r.record.status.measured]
         used = [r for r in done if not flag_reasons(r)] or [
             r for r in done if not any(x.kind in INFLATES for x in flag_reasons(r))]
         good = [{"num_workers": r.knob("num_workers"),
                  "loader_images_per_sec": r.record.loader_images_per_sec,
                  "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci} for r in used]
-        groups.append(Group(rs, used, fewest_workers(good, bound, tolerance), sources,
+        groups.append(Group(rs, used, workers.fewest_workers(good, bound, tolerance), sources,
                             [m for k, m in tried if k == key]))
     return LoaderAnswer(loaders, groups, _lines(groups, source))
 
 
 def _kinds(reasons: list[Reason]) -> str:
-    return ", ".join(dict.fromkeys(flag_kind(x) for x in reasons)) or "unstable"
+    return ", ".join(dict.fromkeys(plot_rules.flag_kind(x) for x in reasons)) or "unstable"
 
 
 def _kind_lines(groups: list[Group]) -> list[str]:
     """A setup measured with both kinds of workers: the fewest of either that clear compute."""
     out = []
-    for gs in group_by(groups, lambda g: knob_part(_knobs(g.rows[0]))).values():
+    setups = plot_rules.group_by(groups, lambda g: plot_rules.knob_part(_knobs(g.rows[0])))
+    for gs in setups.values():
         clear = [g for g in gs if g.kind and g.pick.unblocks]
         if len({g.kind for g in gs if g.kind}) > 1 and clear:
             best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
@@ -274,21 +245,20 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                          ("left out, flagged", [r for r in g.flagged if id(r) not in judged])):
             if rs:
                 out.append(f"    {head}: " + "; ".join(
-                    f"run {r.label} ({workers(r.knob('num_workers'))}: "
+                    f"run {r.label} ({workers.workers(r.knob('num_workers'))}: "
                     f"{_kinds(flag_reasons(r))})" for r in rs))
         for m in g.sources:
             seen = "measured once for this setup by the sweep" if m.dir is not None and \
                 m.dir.parent.name == COMPUTE_DIR else "a run of this setup"
             note = "" if m.measurement_stable is not False else (
                 f"; flagged its own measurement: {_kinds(m.noise_reasons)}")
-            out.append(f"    compute bound from {m.dir} ({seen}: {compute_rate(m)} "
-                       f"img/s{note})")
+            out.append(f"    compute bound from {m.dir} ({seen}: {compute_rate(m)} img/s{note})")
         if g.pick.compute is None:
             for m in g.failed:
                 out.append(f"    the sweep's compute measurement did not measure: {m.dir} "
                            f"(status {m.status}: {m.error or 'no error recorded'})")
-            out.append("    to answer: measure compute once at this setup, then name that run:")
-            out.append(f"      {_compute_command(g.rows[0])}")
             src = shlex.quote(source.removeprefix("mlflow experiment "))
-            out.append(f"      python -m gpubench.report {src} --compute <that run's folder>")
+            out += ["    to answer: measure compute once at this setup, then name that run:",
+                    f"      {_compute_command(g.rows[0])}",
+                    f"      python -m gpubench.report {src} --compute <that run's folder>"]
     return out + _kind_lines(groups)

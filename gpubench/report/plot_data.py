@@ -1,17 +1,5 @@
 """What the sweep report's pictures show, as plain data (report.plots draws it), by the rules
-of report.plot_rules:
-
-- a point's whisker is the row's interval (the confirm step's when it ran), a bound's its
-  phase's; a line joins only runs that differ in the plotted knob alone, the bounds drawn for
-  one group (the recommended run's), beside the very runs they limit;
-- a run that flagged itself is drawn apart, hollow, never joined nor a bound, and does not set
-  the axis range (one read 17,945 img/s against ~1,500): past an end it is drawn at the edge
-  with its figure; short screens and max-batch probes are apart too (hollow grey);
-- a plot is made only when its knob varied; loader-only runs against their workers carry
-  their setup's compute bound as a band (the report's workers answer);
-- on a CPU the memory figure is the summed RSS of the main process and its workers, and says
-  so; a memory ceiling far right of every run is named under the Pareto plot, not drawn.
-"""
+of report.plot_rules."""
 
 from __future__ import annotations
 
@@ -22,34 +10,20 @@ from gpubench.analysis.recommend import Row
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status, interval_label_of
 from gpubench.core.stats import TOLERANCE, Est
-from gpubench.report.plot_rules import (
-    BOUND_PHASES,
-    FRONT_LABEL,
-    ceiling_of,
-    flag_reasons,
-    flagged_label,
-    group_by,
-    headline_phase,
-    is_int,
-    knob,
-    line_groups,
-    memory_axis,
-    phase_est,
-    worker_groups,
-)
+from gpubench.report import plot_rules
+from gpubench.report.plot_rules import flag_reasons, flagged_label, knob, phase_est
 
-PARETO_QUESTION = "How much peak memory does more speed cost?"
 # headroom above the highest point: the star and the top markers stay inside the axes
 HEADROOM = 1.15
 # the Pareto plot draws the memory ceiling when it lies within this factor of the largest peak
 CEILING_VIEW = 2.5
 # values spanning more than this factor get a log y axis
 LOG_SPAN = 20.0
+BATCH, WORKERS = "loader.batch_size", "loader.num_workers"
 
 
 def _pt(row, x, chosen=None) -> dict:
-    # the ranking's interval (pooled once confirmed); `run`: the ranking's run column, written
-    # beside a lone point so it can be looked up
+    # the ranking's interval (pooled once confirmed) and run column (written by a lone point)
     return _est(x, Est(row.throughput, *row.interval), run=row.label, chosen=row is chosen)
 
 
@@ -66,8 +40,8 @@ def _star(chosen, x, apart: list, flagged: list) -> dict | None:
 
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
-    """The points that set the y range: all but the flagged ones (a queue-timed loader run read
-    10x the rest) unless nothing else measured, and the star."""
+    """The points that set the y range: the star and all but the flagged ones (a queue-timed
+    loader run read 10x the rest) unless nothing else measured."""
     return (points or flagged) + ([{"y": star["y"], "lo": star["y"], "hi": star["y"]}]
                                   if star else [])
 
@@ -75,54 +49,46 @@ def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[d
 def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                band=None) -> dict | None:
     """Throughput against knob `name` (None when it did not vary): lines of full feasible runs
-    that differ in it alone, the bounds of the first line's runs, the other runs as points.
-    `band`: a row -> the compute bound drawn across the plot."""
+    that differ in it alone; `band`: a row -> the compute bound drawn across the plot."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
-    phase = headline_phase(rows)
+    phase = plot_rules.headline_phase(rows)
     good = [r for r in full if not flag_reasons(r)]
     flagged = [r for r in full if flag_reasons(r)]
     chosen = rec.chosen if rec is not None else None
-    groups, rest = line_groups(good, name, chosen) if good else ([], [])
+    groups, rest = plot_rules.line_groups(good, name, chosen) if good else ([], [])
     lines = []
     for i, (label, rs) in enumerate(groups):
         # the bounds of one group only: each bound must sit beside the runs it limits
-        bounds = {p: pts for p in BOUND_PHASES if i == 0 and p != phase and (pts := [
+        bounds = {p: pts for p in plot_rules.BOUND_PHASES if i == 0 and p != phase and (pts := [
             _est(knob(r, name), e) for r in rs if (e := phase_est(r.record, p)) is not None])}
         lines.append({"label": label, "points": [_pt(r, knob(r, name)) for r in rs],
                       "bounds": bounds})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
-    star = _star(chosen, chosen and knob(chosen, name), rest + flagged, flagged)
-    d = {
-        "lines": lines,
-        "rest": [_pt(r, knob(r, name), chosen) for r in rest],
-        "short": [_pt(r, knob(r, name)) for r in short],
-        "flagged": [_pt(r, knob(r, name), chosen) for r in flagged],
-        "flagged_label": flagged_label(flagged),
-        "star": star,
-        "phase": phase,
-        "xlabel": xlabel,
-        "title": question(name, phase) + "\n" + (
-            f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
-            else "no line: every full run flagged its own measurement (rerun on a quiet machine)"),
-        "xticks": sorted({knob(r, name) for r in full} | {knob(r, name) for r in short}),
-        "log2": log2,
-    }
-    d["integer_x"] = all(is_int(x) for x in d["xticks"])
-    # the bound of the first line's runs (of the flagged runs' when there is no line: the
-    # report's answer still judges them, unconfirmed)
+    xticks = sorted({knob(r, name) for r in full + short})
+    # the bound of the first line's runs, else of the flagged ones (the answer judges them)
     anchor = groups[0][1][0] if groups else (flagged or full)[0]
-    d["band"] = band(anchor) if band else None
+    d = {"lines": lines, "rest": [_pt(r, knob(r, name), chosen) for r in rest],
+         "short": [_pt(r, knob(r, name)) for r in short],
+         "flagged": [_pt(r, knob(r, name), chosen) for r in flagged],
+         "flagged_label": flagged_label(flagged),
+         "star": _star(chosen, chosen and knob(chosen, name), rest + flagged, flagged),
+         "phase": phase, "xlabel": xlabel,
+         "title": question(name, phase) + "\n" + (
+             f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
+             else "no line: every full run flagged its own measurement (rerun on a quiet machine)"),
+         "xticks": xticks, "log2": log2,
+         "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
+         "band": band(anchor) if band else None}
     bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
-    _y_axis(d, [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
-                                                            for b in v]]
-            + d["rest"] + d["short"], rows, bands)
+    points = [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
+                                                         for b in v]]
+    _y_axis(d, points + d["rest"] + d["short"], rows, bands)
     return d
 
 
 def question(name: str, phase: str) -> str:
-    """The question a throughput picture answers, first in its title."""
     if name == "num_workers":
         return ("How many loader workers does the data side need?" if phase == "loader"
                 else "How many loader workers does training need?")
@@ -134,8 +100,7 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
-    # a loader 20x faster than the training loop would flatten the curve that matters onto
-    # the axis: a log axis keeps both readable
+    # a loader 20x faster than the training loop would flatten the curve that matters: log axis
     log_y = min(ys) > 0 and max(ys) > LOG_SPAN * min(ys)
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
     for p in d["flagged"]:  # past either end: drawn at that edge, with its figure
@@ -160,17 +125,15 @@ def memory_data(rows) -> dict | None:
         return {"xs": [knob(r, "batch_size") for r in rs],
                 "ys": [100.0 if r.record.status is Status.oom else 100 * r.peak for r in rs]}
 
-    by_precision = group_by([r for r in fine if r.full], lambda r: str(knob(r, "precision") or "?"))
-    axis = memory_axis(pts)
-    return {
-        "groups": {prec: xy(rs) for prec, rs in sorted(by_precision.items())},
-        "short": xy([r for r in fine if not r.full]),
-        "oom": xy([r for r in pts if r.record.status is Status.oom]),
-        "ceiling": 100 * ceiling_of(rows),
-        "xticks": sorted({knob(r, "batch_size") for r in pts}),
-        "ylabel": axis["label"],
-        "note": axis["note"],
-    }
+    by_precision = plot_rules.group_by([r for r in fine if r.full],
+                                       lambda r: str(knob(r, "precision") or "?"))
+    axis = plot_rules.memory_axis(pts)
+    return {"groups": {prec: xy(rs) for prec, rs in sorted(by_precision.items())},
+            "short": xy([r for r in fine if not r.full]),
+            "oom": xy([r for r in pts if r.record.status is Status.oom]),
+            "ceiling": 100 * plot_rules.ceiling_of(rows),
+            "xticks": sorted({knob(r, "batch_size") for r in pts}),
+            "ylabel": axis["label"], "note": axis["note"]}
 
 
 def pareto_data(rows, rec=None) -> dict | None:
@@ -191,34 +154,24 @@ def pareto_data(rows, rec=None) -> dict | None:
     # of host RAM): a front through them would draw noise as a trade-off
     peaks = [100 * r.peak for r in full]
     alike = max(peaks) - min(peaks) <= TOLERANCE * max(peaks)
-    short = [r for r in pts if not r.full]
-
     chosen = rec.chosen if rec is not None else None
 
     def xy(rs):
         return [_pt(r, 100 * r.peak, chosen) for r in rs]
 
     star = _star(chosen, chosen and chosen.peak and 100 * chosen.peak, flagged, flagged)
-    axis = memory_axis(pts)
-    d = {
-        "feasible": xy([r for r in good if r.feasible]),
-        "infeasible": xy([r for r in good if not r.feasible]),
-        "short": xy(short),
-        "flagged": xy(flagged),
-        "flagged_label": flagged_label(flagged),
-        "front": xy(front),
-        "front_label": FRONT_LABEL,
-        "star": star,
-        "ceiling": 100 * ceiling_of(rows),
-        "phase": headline_phase(rows),
-        "xlabel": axis["label"],
-        "note": axis["note"],
-    }
+    axis = plot_rules.memory_axis(pts)
+    d = {"feasible": xy([r for r in good if r.feasible]),
+         "infeasible": xy([r for r in good if not r.feasible]),
+         "short": xy([r for r in pts if not r.full]), "flagged": xy(flagged),
+         "flagged_label": flagged_label(flagged), "front": xy(front),
+         "front_label": plot_rules.FRONT_LABEL, "star": star,
+         "ceiling": 100 * plot_rules.ceiling_of(rows), "phase": plot_rules.headline_phase(rows),
+         "xlabel": axis["label"], "note": axis["note"]}
     basis = _basis(d["feasible"] + d["infeasible"] + d["short"], d["flagged"], star)
     # a ceiling far right of every run (a CPU's RSS is a few % of host RAM) would squeeze the
-    # runs into one clump at the left edge: it is named in a note instead of drawn
-    most = max(100 * r.peak for r in pts)
-    d["ceiling_in_view"] = d["ceiling"] <= CEILING_VIEW * most
+    # runs into a clump at the left edge: named in a note instead
+    d["ceiling_in_view"] = d["ceiling"] <= CEILING_VIEW * max(100 * r.peak for r in pts)
     if not d["ceiling_in_view"]:
         d["note"] = "; ".join(x for x in (
             d["note"], f"memory.ceiling ({d['ceiling']:.0f}%) is far right of every run") if x)
@@ -236,11 +189,10 @@ def pareto_data(rows, rec=None) -> dict | None:
                "memory")
     else:
         why = "the line: runs no other full run beats on both speed and peak memory"
-    d["title"] = f"{PARETO_QUESTION}\n" + textwrap.fill(why, 95)
+    d["title"] = "How much peak memory does more speed cost?\n" + textwrap.fill(why, 95)
     if alike or len(front) < 2:  # no trade-off to draw: no line, no legend entry for one
         d["front"] = []
-    d["best"] = [_pt(fastest, 100 * fastest.peak, chosen)] if good and not d["front"] \
-        else []
+    d["best"] = [_pt(fastest, 100 * fastest.peak, chosen)] if good and not d["front"] else []
     # alike peaks on an axis of their own hundredths would look far apart: a span of at least
     # a quarter of the largest keeps them as close as they are
     mid, shown = (max(peaks) + min(peaks)) / 2, [100 * r.peak for r in pts]
@@ -250,17 +202,12 @@ def pareto_data(rows, rec=None) -> dict | None:
     d["ymax"] = HEADROOM * max(max(p["hi"], p["y"]) for p in basis)
     for p in d["flagged"]:
         p["off_scale"] = "above" if p["y"] > d["ymax"] else False
-    whisker = interval_label_of([r.record for r in full])
-    d["ylabel"] = f"{d['phase']} images/sec (whiskers: {whisker})"
+    d["ylabel"] = (f"{d['phase']} images/sec (whiskers: "
+                   f"{interval_label_of([r.record for r in full])})")
     return d
 
 
-# -------------------------------------------------------- sweep=pipes: from its rows and
-# pipes.json, compute_pipe.png (each compute setting's img/s and peak memory against batch size,
-# the kept ones starred) and data_pipe.png (per kept compute setting, its bound and the
-# loader-only img/s of each data setting the walk tried there, the chosen one starred)
-
-BATCH, WORKERS = "loader.batch_size", "loader.num_workers"
+# sweep=pipes, from its rows and pipes.json: compute_pipe.png and data_pipe.png
 
 
 def _name(params: dict[str, Any], leave: str) -> str:
@@ -275,8 +222,7 @@ def _params(row: Row, keys: list[str]) -> dict[str, Any]:
 
 def compute_data(rows: list[Row], result: dict) -> dict | None:
     """Series of the compute pipe's runs: {label: [point]}, the kept points, the ceiling."""
-    c = result.get("compute") or {}
-    kept = [k["params"] for k in c.get("kept", [])]
+    kept = [k["params"] for k in (result.get("compute") or {}).get("kept", [])]
     if not kept:
         return None
     keys = sorted(kept[0])
@@ -305,7 +251,7 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
     xs = sorted({q["x"] for pts in series.values() for q in pts} | set(ooms))
     # the memory figure as every picture names it: device memory, or summed RSS of host RAM
     return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs,
-            "memory_label": memory_axis(mine)["label"]}
+            "memory_label": plot_rules.memory_axis(mine)["label"]}
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:
@@ -313,25 +259,22 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
     panels = []
     for d in result.get("data", []):
         stage = d["study"].split("-data-", 1)[-1]
-        keys = sorted(d["params"])
-        chosen = as_run(d["params"])
+        keys, chosen = sorted(d["params"]), as_run(d["params"])
         points = []
         for r in rows:
             e = phase_est(r.record, "loader")
-            if not (r.trial or r.label).startswith(f"data-{stage}-") or e is None:
-                continue
-            p = as_run(_params(r, keys))
-            points.append((p, _est(p.get(WORKERS, 0), e, chosen=p == chosen)))
+            if (r.trial or r.label).startswith(f"data-{stage}-") and e is not None:
+                p = as_run(_params(r, keys))
+                points.append((p, _est(p.get(WORKERS, 0), e, chosen=p == chosen)))
         if not points:
             continue
         # a line per setting of the other keys, named by a run with workers
-        groups = worker_groups(points, lambda t: t[0].get(WORKERS),
-                               lambda t: {k: v for k, v in t[0].items() if k != WORKERS})
+        groups = plot_rules.worker_groups(
+            points, lambda t: t[0].get(WORKERS),
+            lambda t: {k: v for k, v in t[0].items() if k != WORKERS})
         series = {_name(next((p for p, _ in g if p.get(WORKERS) != 0), g[0][0]), WORKERS):
                   sorted((q for _, q in g), key=lambda q: q["x"]) for g in groups}
         kept = next((k for k in result["compute"]["kept"] if k["params"] == d["for"]), None)
-        bound = kept["rate"] if kept else None
-        panels.append({"title": _name(d["for"], ""), "series": series, "bound": bound,
-                       "clears": d["clears"],
-                       "xticks": sorted({q["x"] for pts in series.values() for q in pts})})
+        panels.append({"title": _name(d["for"], ""), "series": series,
+                       "bound": kept["rate"] if kept else None, "clears": d["clears"]})
     return panels

@@ -1,7 +1,5 @@
-"""The rules behind the sweep report's pictures, each a pure function of the report's rows
-(analysis.recommend.Row): which runs flagged themselves, which runs a line may join, what a
-memory figure is, which knobs an importance plot may rank (report.plot_data uses them).
-"""
+"""The rules behind the sweep report's pictures, pure functions of its rows: which runs flagged
+themselves, which a line may join, what a memory figure is, which knobs importance may rank."""
 
 from __future__ import annotations
 
@@ -27,17 +25,17 @@ MIN_IMPORTANCE_TRIALS = 8
 # on a CPU, precisions run the math their autocast dtype says; fp32, tf32 and torch_default
 # differ only in CUDA's TF32 flags
 CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
-
-
-# --------------------------------------------------------------------------- reading rows
+# a noise reason's kind in a word or two for a legend; any other kind: "disturbed"
+FLAW_WORDS = {Flaw.queue: "queue-timed", Flaw.cut_short: "cut short", Flaw.too_short: "too short",
+              Flaw.warmup: "warm-up unsettled", Flaw.few_windows: "too few windows",
+              Flaw.unconfirmed: "unconfirmed"}
 
 
 def knob(row, name: str) -> Any:
     """A knob by its short name (`batch_size`), whether the row's `knob()` takes short names or
-    config keys; a config section (by key, `precision` is the {name: ...} node) is no value."""
+    config keys; a config section (`precision` is the {name: ...} node) is no value."""
     for key in (name, *SHORT[name]):
-        v = row.knob(key)
-        if v is not None and not isinstance(v, (dict, list)):
+        if (v := row.knob(key)) is not None and not isinstance(v, (dict, list)):
             return v
     return None
 
@@ -47,8 +45,7 @@ def ceiling_of(rows) -> float:
 
 
 def phase_est(rec: RunRecord, phase: str) -> Est | None:
-    """A phase's images/sec with its interval (its phase record's, else the run's headline
-    keys); None when the phase did not measure."""
+    """A phase's images/sec and interval (its phase record's, else the run's headline keys)."""
     ph = rec.phases.get(phase)
     if ph is not None and (e := Est.of(ph.images_per_sec, ph.images_per_sec_ci)):
         return e
@@ -74,18 +71,11 @@ def as_override(key: str, value: Any) -> str:
     return f"{group_of(key, value)}={format_value(value)}"
 
 
-def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def group_by(rows, key) -> dict:
     out: dict = {}
     for r in rows:
         out.setdefault(key(r), []).append(r)
     return out
-
-
-# --------------------------------------------------------------------------- the rules
 
 
 def flag_reasons(row) -> list[Reason]:
@@ -103,12 +93,6 @@ def flag_reasons(row) -> list[Reason]:
     return reasons
 
 
-# a noise reason's kind in a word or two for a legend; any other kind: "disturbed"
-FLAW_WORDS = {Flaw.queue: "queue-timed", Flaw.cut_short: "cut short", Flaw.too_short: "too short",
-              Flaw.warmup: "warm-up unsettled", Flaw.few_windows: "too few windows",
-              Flaw.unconfirmed: "unconfirmed"}
-
-
 def flag_kind(reason: Reason) -> str:
     return FLAW_WORDS.get(reason.kind, "disturbed")
 
@@ -120,24 +104,15 @@ def flagged_label(rows) -> str:
 
 
 def _knobs(row) -> dict[str, Any]:
-    """What the run ran: every config key that tells runs apart (config.knobs.compared)."""
-    cfg = flatten(row.record.config or {})
-    return {k: v for k, v in cfg.items() if compared(k)}
+    """Every config key that tells runs apart (config.knobs.compared)."""
+    return {k: v for k, v in flatten(row.record.config or {}).items() if compared(k)}
 
 
 def held_fixed(rows, key: str) -> list[str]:
-    """The config keys but `key` whose value differs between `rows`: what a line along `key`
-    holds fixed."""
+    """The config keys but `key` whose value differs between `rows` (a line along `key`)."""
     flats = [_knobs(r) for r in rows]
     keys = sorted({k for f in flats for k in f})
     return [k for k in keys if k != key and len({repr(f.get(k)) for f in flats}) > 1]
-
-
-def group_label(row, keys: list[str]) -> str:
-    """`num_workers=2, precision=fp32`: `precision.name` by its group."""
-    f = _knobs(row)
-    return ", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}={format_value(f.get(k))}"
-                     for k in keys)
 
 
 def knob_part(values: dict, worker_only: bool = False) -> tuple:
@@ -149,8 +124,7 @@ def knob_part(values: dict, worker_only: bool = False) -> tuple:
 def worker_groups(items: list, workers, values) -> list[list]:
     """`items` by their knobs but the workers (`values`: item -> {key: value}) and, among those
     with workers, by their worker-only knobs; a 0-worker item joins every group of its setup,
-    first: without workers its worker-only knobs are inert. The workers answer, the workers
-    plot and the pipes plot group by this one rule."""
+    first: without workers its worker-only knobs are inert."""
     out = []
     for rs in group_by(items, lambda r: knob_part(values(r))).values():
         zero = [r for r in rs if workers(r) == 0]
@@ -160,9 +134,8 @@ def worker_groups(items: list, workers, values) -> list[list]:
 
 
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
-    """Runs that may be joined along knob `name`, grouped by every other knob that varied:
-    the lines as (label, runs one per value), the recommended run's first, then by the fastest;
-    and the rest (lone values, groups past MAX_LINES, slower repeats)."""
+    """Runs joined along knob `name`, grouped by every other knob that varied: the lines as
+    (label, runs), the recommended run's first, then by the fastest; and the rest."""
     along = SHORT[name][0]
 
     def workers(r):
@@ -184,9 +157,10 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
     for i, line in enumerate(lines):
         # the first group is always a line (also a lone point: it carries the bounds)
         if i == 0 or (len(line) > 1 and len(out) < MAX_LINES):
-            # labelled by a run with workers: a 0-worker run's worker-only knobs are inert
-            named = next((r for r in line if workers(r) != 0), line[0])
-            out.append((group_label(named, keys), line))
+            # `num_workers=2, precision=fp32`, from a run with workers (a 0-worker one's are inert)
+            f = _knobs(next((r for r in line if workers(r) != 0), line[0]))
+            out.append((", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}="
+                                  f"{format_value(f.get(k))}" for k in keys), line))
         else:
             rest.update({id(r): r for r in line})
     # a 0-worker run on a drawn line is no lone point beside it too
@@ -219,32 +193,25 @@ def inert_knobs(params: list[dict], devices: set[str]) -> list[str]:
         and len({CPU_MATH.get(str(p[k]), "fp32") for p in params if k in p}) < 2))
 
 
-def importance_params(params: list[dict], devices: set[str],
-                      min_trials: int = MIN_IMPORTANCE_TRIALS) -> tuple[list[str], str | None]:
-    """The complete trials' parameters that varied and can act on the device; ([], why) when
-    there is nothing fair to rank."""
-    if len(params) < min_trials:
-        return [], f"{len(params)} complete trials, {min_trials} needed"
-    inert = set(inert_knobs(params, devices))
-    names = sorted({k for p in params for k in p} - inert)
+def importance_params(params: list[dict], devices: set[str]) -> tuple[list[str], str | None]:
+    """The trials' parameters that varied and can act on the device, or ([], why not)."""
+    if len(params) < MIN_IMPORTANCE_TRIALS:
+        return [], f"{len(params)} complete trials, {MIN_IMPORTANCE_TRIALS} needed"
+    names = sorted({k for p in params for k in p} - set(inert_knobs(params, devices)))
     varied = [k for k in names if len({repr(p.get(k)) for p in params}) > 1]
     if len(varied) < 2:  # one knob alone always gets all the importance: a bar that says nothing
-        return [], (f"{len(varied)} parameter(s) varied and can act on this device, 2 needed")
+        return [], f"{len(varied)} parameter(s) varied and can act on this device, 2 needed"
     return varied, None
-
-
-IMPORTANCE_QUESTION = "Which knobs moved {phase} throughput most?"
 
 
 def importance_title(n_trials: int, used: list[str], swept: list[str],
                      inert: list[str] = (), flagged: int = 0, phase: str = "e2e",
                      ranked: int | None = None) -> str:
-    """The importance picture's title: its question, the trials it rests on (and the ranked
-    runs, where a resumed study kept earlier trials), how many flagged their own measurement
-    (noise ranks as well as a knob), and what it left out."""
+    """Its question, the trials it rests on, how many flagged their own measurement, and what it
+    left out."""
     left = sorted(set(swept) - set(used) - set(inert))
-    out = [IMPORTANCE_QUESTION.format(phase=phase) + "\n"
-           + f"from the study's {n_trials} complete trials"
+    out = [f"Which knobs moved {phase} throughput most?\nfrom the study's {n_trials} complete "
+           "trials"
            + (f" (the ranking holds {ranked} runs)" if ranked not in (None, n_trials) else "")
            + (f", {flagged} of them flagged their own measurement: their noise is ranked "
               "too, so read it as a hint" if flagged else "")]
@@ -253,4 +220,3 @@ def importance_title(n_trials: int, used: list[str], swept: list[str],
     if left:
         out.append(f"left out, did not vary: {', '.join(left)}")
     return "; ".join(out)
-

@@ -1,9 +1,5 @@
-"""PNG plots of a sweep report (matplotlib's Agg backend: no display needed), a sweep=pipes
-search's two pictures, and the set-up and saving run.png shares (report.runplot). What each
-picture shows is decided by the pure functions of report.plot_data; this module only draws it:
-bounds dotted and dashed, flagged runs hollow red, screens hollow grey, the recommended run a
-gold star under its point, the legend outside the axes.
-"""
+"""PNG pictures of a sweep report and of a sweep=pipes search (matplotlib's Agg backend), drawn
+from report.plot_data; also the set-up and saving report.runplot shares."""
 
 from __future__ import annotations
 
@@ -15,22 +11,8 @@ from pathlib import Path
 from matplotlib import transforms
 
 from gpubench.core.files import open_own
-from gpubench.report.plot_data import (
-    CEILING_VIEW,
-    compute_data,
-    curve_data,
-    data_panels,
-    memory_data,
-    pareto_data,
-)
-from gpubench.report.plot_rules import (
-    SHORT_LABEL,
-    flag_reasons,
-    headline_phase,
-    importance_params,
-    importance_title,
-    inert_knobs,
-)
+from gpubench.report import plot_data, plot_rules
+from gpubench.report.plot_rules import SHORT_LABEL
 
 log = logging.getLogger("gpubench")
 
@@ -45,8 +27,7 @@ def pyplot():
     return plt
 
 
-def _figure():
-    # wide enough for a legend outside the axes, on the right, where it covers nothing
+def _figure():  # wide enough for a legend outside the axes, on the right, covering nothing
     return pyplot().subplots(figsize=(10.4, 4.8))
 
 
@@ -55,12 +36,6 @@ def _figure():
 LEGEND_CHARS = 52
 # under a run's number: legible over a whisker
 LABEL_BOX = dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85)
-
-
-def wrapped(label: str, width: int = LEGEND_CHARS) -> str:
-    """A legend label broken at spaces into lines of at most `width` characters."""
-    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
-                     for line in label.split("\n"))
 
 
 def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str | None = None,
@@ -72,8 +47,11 @@ def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str 
     if note:
         ax.text(0.0, -0.16, note, transform=ax.transAxes, fontsize=8, va="top", color="dimgray")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, [wrapped(t) for t in labels], loc="upper left",
-              bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
+    wrapped = ["\n".join(textwrap.fill(line, LEGEND_CHARS, break_long_words=False,
+                                       break_on_hyphens=False) for line in label.split("\n"))
+               for label in labels]
+    ax.legend(handles, wrapped, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              fontsize=8)
     return save(fig, out)
 
 
@@ -100,15 +78,13 @@ def plain_log(ax, which: str, lo: float, hi: float) -> None:
 
 
 def _x_axis(ax, xticks, log2: bool, integer: bool) -> None:
-    """Batch sizes on a log2 axis labelled with the sizes themselves (not 2^k); integer knobs
-    get ticks at their values only (no 0.5 workers)."""
+    """log2: ticks labelled with the sizes (not 2^k); integer: ticks at the values only."""
     if log2:
         ax.set_xscale("log", base=2)
         ticks = [x for x in xticks if x]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
-        lo, hi = min(ticks), max(ticks)
-        ax.set_xlim(lo / 1.4, hi * 1.4)  # the end points (and a star there) are not clipped
+        ax.set_xlim(min(ticks) / 1.4, max(ticks) * 1.4)  # end points (and a star) not clipped
     elif integer:
         ax.set_xticks(list(xticks), [str(t) for t in xticks])
         span = max(xticks) - min(xticks) or 1
@@ -131,18 +107,15 @@ def _star(ax, star, transform=None) -> None:
 
 
 def _points(ax, pts: list[dict], *, line: bool = False, **kw):
-    """Points with their intervals as whiskers (none for a run of one window); joined when
-    `line`."""
-    if not pts:
-        return
-    kw.setdefault("linestyle", "-" if line else "none")
-    ax.plot([p["x"] for p in pts], [p["y"] for p in pts], **kw)
-    _whiskers(ax, pts, kw)
+    """Points with their intervals as whiskers, joined when `line`."""
+    if pts:
+        kw.setdefault("linestyle", "-" if line else "none")
+        ax.plot([p["x"] for p in pts], [p["y"] for p in pts], **kw)
+        _whiskers(ax, pts, kw)
 
 
 def _whiskers(ax, pts: list[dict], kw: dict, transform=None) -> None:
-    spread = [p for p in pts if p["hi"] > p["lo"]]
-    if spread:
+    if spread := [p for p in pts if p["hi"] > p["lo"]]:  # none for a run of one window
         ax.errorbar([p["x"] for p in spread], [p["y"] for p in spread],
                     yerr=[[p["y"] - p["lo"] for p in spread], [p["hi"] - p["y"] for p in spread]],
                     fmt="none", capsize=3, elinewidth=1,
@@ -171,9 +144,8 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
 
 def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=None,
           edge=None, **kw) -> None:
-    """Points never joined into a line (other settings, flagged runs): side by side where they
-    share an x, each with its whisker and, above it, its run number (the ranking's `run`); at
-    `edge` (y, text offset, alignment), runs past that end of the axis, with their figure."""
+    """Points never joined into a line, side by side where they share an x, each with its whisker
+    and its run number above; at `edge` (y, text offset, alignment) those past that axis end."""
     label = kw.pop("label")
     if label and edge is None and any(p.get("run") is not None for p in pts):
         label += "\n(label: its run, as ranking.txt names it)"
@@ -192,7 +164,7 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
         if run is not None:
             ax.annotate(str(run), (p["x"], y), xytext=(dx, 11), ha="center",
                         textcoords="offset points", fontsize=7, color=kw.get("color"),
-                        bbox=LABEL_BOX, zorder=3)  # under the lines (4): a label never hides a point
+                        bbox=LABEL_BOX, zorder=3)  # under the lines (4): it never hides a point
         elif edge is not None:  # the figure and run number inside the axes, by the marker
             named = f"run {p['run']}\n" if p.get("run") is not None else ""
             ax.annotate(f"{named}{p['y']:,.0f}\noff scale", (p["x"], y), xytext=(dx, edge[1]),
@@ -206,8 +178,7 @@ def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
     label = d["flagged_label"]
     for side, marker, edge in ((False, "o", None), ("above", "^", (d["ymax"] / step, -8, "top")),
                                ("below", "v", (d.get("ymin", 0.0) * step, 8, "bottom"))):
-        pts = [p for p in d["flagged"] if (p.get("off_scale") or False) == side]
-        if pts:
+        if pts := [p for p in d["flagged"] if (p.get("off_scale") or False) == side]:
             _lone(ax, pts, near=near, flagged=True, taken=taken, edge=edge, marker=marker,
                   markersize=8, markerfacecolor="none", markeredgecolor="tab:red",
                   color="tab:red", zorder=2, label=label)
@@ -217,16 +188,15 @@ def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
 def _draw_curve(d: dict, out: Path) -> Path:
     fig, ax = _figure()
     colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = {"loader": (":", "v"), "compute": ("--", "^")}
+    styles = {"loader": {"linestyle": ":", "marker": "v"},
+              "compute": {"linestyle": "--", "marker": "^"}}
     one = len(d["lines"]) == 1
     for i, ln in enumerate(d["lines"]):
         c = colors[i % len(colors)]
-        fixed = f" ({ln['label']})" if ln["label"] else ""
         _points(ax, ln["points"], line=True, marker="o", color=c, zorder=4,  # over its bounds
-                label=f"{d['phase']}{fixed}")
+                label=d["phase"] + (f" ({ln['label']})" if ln["label"] else ""))
         for p, pts in ln["bounds"].items():
-            ls, m = styles[p]
-            _points(ax, pts, line=True, linestyle=ls, marker=m, color=c, alpha=0.75, zorder=3,
+            _points(ax, pts, line=True, **styles[p], color=c, alpha=0.75, zorder=3,
                     # indented under its line's entry: the bounds belong to that line's runs
                     label=f"{p} only, same runs" if one else f"    {p} only, same runs")
     if d.get("band"):
@@ -247,7 +217,7 @@ def _draw_curve(d: dict, out: Path) -> Path:
 
 def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float = 1.0) -> None:
     """A compute bound from `xmin` to `xmax` (axes fractions): its interval shaded, its figure,
-    and the line a loader interval's low end must clear (compute's high end plus the margin)."""
+    and the line a loader interval's low end must clear."""
     ax.axhspan(b["lo"], b["hi"], xmin, xmax, color=color, alpha=0.12, zorder=1,
                label=label and f"{label} (band: its interval)")
     ax.axhline(b["y"], xmin, xmax, color=color, linewidth=1, alpha=0.6, zorder=1)
@@ -282,8 +252,7 @@ def _draw_pareto(d: dict, out: Path) -> Path:
             color="grey", zorder=2, label=SHORT_LABEL)
     every = [p["x"] for k in ("feasible", "infeasible", "short", "flagged") for p in d[k]]
     _flagged(ax, d, near=(max(every) - min(every)) / 40)  # peaks a hair apart: side by side
-    front = d["front"]
-    if front:
+    if front := d["front"]:
         ax.step([p["x"] for p in front], [p["y"] for p in front], where="post", color="black",
                 alpha=0.6, zorder=2, label=d["front_label"].replace(": ", ":\n", 1))
     for p in front + d["best"]:  # the runs the picture answers with, named as on disk
@@ -300,32 +269,30 @@ def _draw_pareto(d: dict, out: Path) -> Path:
 
 
 def _draw_compute(d: dict, out: Path) -> Path:
-    plt = pyplot()
-    fig, (ax, mx) = plt.subplots(1, 2, figsize=(12.4, 4.6))
+    fig, (ax, mx) = pyplot().subplots(1, 2, figsize=(12.4, 4.6))
     for name, pts in d["series"].items():
         line, = ax.plot([q["x"] for q in pts], [q["y"] for q in pts], marker="o", label=name)
         _whiskers(ax, pts, {"color": line.get_color(), "zorder": 3})
         mem = [q for q in pts if q["mem"] is not None]
         mx.plot([q["x"] for q in mem], [q["mem"] for q in mem], marker="o",
                 color=line.get_color(), label=name)
-    flagged = [q for pts in d["series"].values() for q in pts if q["flagged"]]
-    if flagged:  # a run that flagged its own measurement: ringed, as the other pictures do
+    every = [q for pts in d["series"].values() for q in pts]
+    # a run that flagged its own measurement: ringed, as the other pictures do
+    if flagged := [q for q in every if q["flagged"]]:
         ax.plot([q["x"] for q in flagged], [q["y"] for q in flagged], marker="o", markersize=12,
                 markerfacecolor="none", markeredgecolor="tab:red", linestyle="none", zorder=4,
                 label="flagged its own measurement")
-    kept = [q for pts in d["series"].values() for q in pts if q["kept"]]
+    kept = [q for q in every if q["kept"]]
     _gold(ax, [q["x"] for q in kept], [q["y"] for q in kept], "kept for the data pipe")
-    mems = [q["mem"] for pts in d["series"].values() for q in pts if q["mem"] is not None]
-    # a ceiling far above every run (a CPU's RSS is a few % of host RAM) would flatten them
-    # onto the axis: it is named in the title instead, as pareto.png does
-    far = bool(mems) and not d["ooms"] and d["ceiling"] > CEILING_VIEW * max(mems)
+    mems = [q["mem"] for q in every if q["mem"] is not None]
+    # a ceiling far above every run (a CPU's RSS) would flatten them: named in the title instead
+    far = bool(mems) and not d["ooms"] and d["ceiling"] > plot_data.CEILING_VIEW * max(mems)
     if d["ooms"]:
         mx.scatter(d["ooms"], [104] * len(d["ooms"]), marker="x", color="red", s=60,
                    clip_on=False, label="out of memory")
     if not far:
         mx.axhline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
-    for a, ylabel in ((ax, "compute-only images/sec"),
-                      (mx, textwrap.fill(d["memory_label"], 40))):
+    for a, ylabel in ((ax, "compute-only images/sec"), (mx, textwrap.fill(d["memory_label"], 40))):
         _x_axis(a, d["xticks"], log2=True, integer=True)
         a.set_xlabel("batch size")
         a.set_ylabel(ylabel, fontsize=9)
@@ -342,8 +309,8 @@ def _draw_compute(d: dict, out: Path) -> Path:
 
 
 def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
-    """A column per kept compute setting (a walk that stops at the first setting that clears
-    leaves one point a setting: columns, not a panel each, keep that readable)."""
+    """A column per kept compute setting: a walk that stops at the first setting that clears
+    leaves one point a setting."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -362,21 +329,19 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
         for k, (name, q) in enumerate(sorted(pts, key=lambda t: (t[1]["x"], t[0]))):
             x = i + (k - (len(pts) - 1) / 2) * min(0.2, 0.7 / max(1, len(pts)))
             c = colors[k % len(colors)]
-            pt = {**q, "x": x}
             if q["chosen"]:
                 star = ("chosen: the cheapest that clears" if p["clears"] else
                         "chosen: none clears, the fastest")
                 _gold(ax, [x], [q["y"]], None if star in starred else star, zorder=2)
                 starred.add(star)
             ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
-            _whiskers(ax, [pt], {"color": c, "zorder": 3})
+            _whiskers(ax, [{**q, "x": x}], {"color": c, "zorder": 3})
             what = f"{q['x']} worker{'s' * (q['x'] != 1)}" + (
                 "" if name == "as composed" else f"\n{name}")
             ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7, color=c)
             every += [q["lo"], q["hi"]]
-    ax.set_xticks(range(len(panels)), [p["title"].replace(", ", "\n") for p in panels],
-                  fontsize=8)
+    ax.set_xticks(range(len(panels)), [p["title"].replace(", ", "\n") for p in panels], fontsize=8)
     ax.set_xlim(left, right)
     lo, hi = min(v for v in every if v > 0), max(every)
     if hi > 20 * lo:
@@ -392,26 +357,24 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
 
 def plot_pipes(rows, result: dict, out_dir: Path, margin: float) -> list[Path]:
     return _draw_each(out_dir, (
-        (_draw_compute, "compute_pipe.png", compute_data(rows, result)),
+        (_draw_compute, "compute_pipe.png", plot_data.compute_data(rows, result)),
         (lambda panels, out: _draw_data(panels, margin, out), "data_pipe.png",
-         data_panels(rows, result) or None)))
+         plot_data.data_panels(rows, result) or None)))
 
 
-def _draw_each(out_dir: Path, pictures) -> list[Path]:
-    """Each (draw, file name, data) drawn where there is something to draw (data not None)."""
+def _draw_each(out_dir: Path, pictures) -> list[Path]:  # (draw, file name, data): data not None
     return [draw(d, out_dir / name) for draw, name, d in pictures if d is not None]
 
 
 def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
-    """Optuna's parameter importance of the knobs that can act on the runs' device
-    (plot_rules.importance_params)."""
+    """Optuna's parameter importance of the knobs that can act on the runs' device."""
     # optuna is imported only when a study is plotted: a grid sweep's report needs none of it
     import optuna
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     devices = {r.record.env.get("device") for r in rows} - {None}
-    params, why = importance_params([t.params for t in done], devices)
+    params, why = plot_rules.importance_params([t.params for t in done], devices)
     if why:
         log.info("parameter importance skipped: %s", why)
         return None
@@ -425,19 +388,19 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
         return None
     if not imp:
         return None
-    plt = pyplot()
     names = list(imp)[::-1]
-    fig, ax = plt.subplots(figsize=(6.8, 0.5 * len(names) + 1.8))
+    fig, ax = pyplot().subplots(figsize=(6.8, 0.5 * len(names) + 1.8))
     ax.barh(names, [imp[n] for n in names])
     ax.set_xlabel(f"importance for {phase} images/sec (Optuna; sums to 1)")
     swept = sorted({k for t in done for k in t.params})
-    inert = inert_knobs([t.params for t in done], devices)
+    inert = plot_rules.inert_knobs([t.params for t in done], devices)
     # trials whose run flagged its own measurement: their noise is ranked as well as a knob
-    noisy = {str(r.record.dir) for r in rows if r.record.dir is not None and flag_reasons(r)}
+    noisy = {str(r.record.dir) for r in rows
+             if r.record.dir is not None and plot_rules.flag_reasons(r)}
     flagged = sum(str(t.user_attrs["dir"]) in noisy for t in done if t.user_attrs.get("dir"))
     ranked = sum(1 for r in rows if r.full) if rows else None
-    ax.set_title(importance_title(len(done), params, swept, inert, flagged, phase, ranked),
-                 fontsize=9, wrap=True)
+    ax.set_title(plot_rules.importance_title(len(done), params, swept, inert, flagged, phase,
+                                             ranked), fontsize=9, wrap=True)
     ax.grid(alpha=0.3, axis="x")
     return save(fig, out)
 
@@ -446,11 +409,12 @@ def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:
     """The sweep's pictures; `band`: a loader-only row -> its compute bound (workers plot)."""
     made = _draw_each(out_dir, (
         (_draw_curve, "throughput_vs_batch.png",
-         curve_data(rows, "batch_size", "batch size", rec, log2=True)),
+         plot_data.curve_data(rows, "batch_size", "batch size", rec, log2=True)),
         (_draw_curve, "throughput_vs_workers.png",
-         curve_data(rows, "num_workers", "loader workers", rec, band=band)),
-        (_draw_memory, "memory_vs_batch.png", memory_data(rows)),
-        (_draw_pareto, "pareto.png", pareto_data(rows, rec))))
+         plot_data.curve_data(rows, "num_workers", "loader workers", rec, band=band)),
+        (_draw_memory, "memory_vs_batch.png", plot_data.memory_data(rows)),
+        (_draw_pareto, "pareto.png", plot_data.pareto_data(rows, rec))))
     if study is not None:
-        made.append(importance(study, out_dir / "importance.png", rows, headline_phase(rows)))
+        made.append(importance(study, out_dir / "importance.png", rows,
+                               plot_rules.headline_phase(rows)))
     return [p for p in made if p is not None]

@@ -1,14 +1,5 @@
-"""One picture per run that answers "which pipe limits training?": `run.png` beside results.json.
-
-Top: the three pipes (loader only, compute only, end-to-end) as points with their intervals and
-the combined bound e2e can reach, on a log axis when they span a hundredfold (no pipe shrinks to
-a sliver); hollow when the measurement was flagged, each reason under the picture. Bottom: each
-phase's step times, warm-up shaded (reference article 003): a curve still falling after it says
-the warm-up was too short; spikes are stalls. Step times, not per-step rates: their mean is
-what the pooled throughput inverts.
-
-`run_picture_data` is the pure part (checked by the tests); `plot_run` draws it.
-"""
+"""`run.png` beside results.json: each pipe's throughput and the bound e2e can reach (top), each
+phase's step times with the warm-up shaded (bottom, reference article 003)."""
 
 from __future__ import annotations
 
@@ -25,13 +16,13 @@ from gpubench.report.plots import plain_log, pyplot, save
 PICTURE_FILE = "run.png"
 # one colour per pipe, shared by the bars and the traces so the eye pairs them
 PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green"}
-# the picture's resolution: 7.5 in wide at 92 dpi, bounding box included, fits MLflow's run page
+# 7.5 in at 92 dpi, about 690 px: MLflow's run page at 1440 px fits a picture beside "About this
+# run" only up to about 700 px (it takes the picture's width as the description's least)
 DPI = 92
-
-
-QUESTION = "Which pipe limits training?"
 # the top axis turns logarithmic when the figures span more than this factor
 LOG_SPAN = 3.0
+# outside the axes: a legend must not cover the points it explains
+OUTSIDE = dict(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
 
 
 def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
@@ -39,38 +30,33 @@ def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
 
 
 def _title(record: RunRecord) -> str:
-    """The question, the verdict, why (its reason, or that the measurement was flagged) and the
-    setup: the verdict's words a newcomer reads, no rule margins."""
+    """The question, the verdict in words, why (its reason, or that it was flagged), the setup."""
     verdict = record.bottleneck or Bottleneck.unknown
-    head = f"{QUESTION} {verdict_words(verdict).sentence}"
+    head = f"Which pipe limits training? {verdict_words(verdict).sentence}"
     lean = record.extra.get("verdict_leaning")
     if verdict is Bottleneck.inconclusive and lean:
         head += f"; the figures lean to {lean}"
     if record.status is not Status.ok:
         head = f"[{record.status}] " + head
+    tail = ""
     if record.measurement_stable is False:
         n = len(record.noise_reasons)
         tail = (f"measurement flagged, not to be trusted: {n} reason{'s' if n != 1 else ''}, "
                 "listed below" if n else "measurement flagged: the runs disagree")
     elif verdict in (Bottleneck.data, Bottleneck.compute, Bottleneck.overlap) and record.reason:
         tail = _wrap(record.reason)
-    else:
-        tail = ""
     device = str(record.env.get("device_name") or record.env.get("device") or "")
     setup = ", ".join(p for p in (device, setup_text(record)) if p)
     return "\n".join(x for x in (head, tail, setup) if x)
 
 
 def run_picture_data(record: RunRecord) -> dict:
-    """What the picture shows, as plain data: `bars` (one per measured phase in pipe order,
-    `ci` None for a single window), the combined `bound` for e2e, the `title`, and `traces`
-    (step times in ms per phase, None for a step the clock could not resolve)."""
+    """What the picture shows: `bars` (per measured phase, `ci` None for a single window), the
+    e2e `bound`, the `title`, `traces` (step times in ms, None where the clock could not tell)."""
     bars = [{"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": e.value,
              "ci": None if e.exact else [e.lo, e.hi]}
             for name in PHASE_NAMES if (e := phase_est(record, name)) is not None]
     bound_v = finite_number(record.extra.get("e2e_bound_images_per_sec"))
-    bound = ({"images_per_sec": bound_v, "label": "combined bound (what e2e can reach)"}
-             if bound_v is not None else None)
     traces = {}
     for name in PHASE_NAMES:
         s = record.series.get(name) or {}
@@ -79,17 +65,15 @@ def run_picture_data(record: RunRecord) -> dict:
             traces[name] = {"warmup_ms": warm, "steps_ms": steps}
     every = [t for tr in traces.values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
     span = (min(every), max(every)) if every else None
-    # a first step that compiles or autotunes can be 100x the rest: a log axis keeps both
-    # readable
-    log_y = bool(every) and span[1] > 20 * span[0]
     ends = [v for b in bars for v in (b["ci"] or [b["images_per_sec"]]) if v > 0]
     flagged = record.measurement_stable is False
-    return {"bars": bars, "bound": bound, "title": _title(record), "traces": traces,
-            "trace_log_y": log_y, "trace_span": span, "verdict": record.bottleneck,
+    return {"bars": bars, "title": _title(record), "traces": traces,
+            "bound": None if bound_v is None else {"images_per_sec": bound_v},
+            # a first step that compiles or autotunes can be 100x the rest: a log axis
+            "trace_log_y": bool(every) and span[1] > 20 * span[0], "trace_span": span,
             "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label,
             # a hundredfold span on a linear axis leaves the slower pipes as slivers
-            "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends),
-            "flagged": flagged,
+            "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends), "flagged": flagged,
             "reasons": [_wrap(f"- {r.text}", 2, 110) for r in record.noise_reasons]
             if flagged else []}
 
@@ -99,18 +83,16 @@ def _ms(times) -> list[float | None]:
 
 
 def plot_run(record: RunRecord, out: Path) -> Path:
-    """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path). About
-    690 px wide: MLflow's run page takes the picture's width as the description's least, and
-    at 1440 px fits beside "About this run" only up to about 700 px."""
+    """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path)."""
     out = Path(out)
     path = out if out.suffix == ".png" else out / PICTURE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     d = run_picture_data(record)
-    rows = 2 if d["traces"] else 1
-    fig, axes = pyplot().subplots(rows, 1, figsize=(7.5, 7.6 if rows == 2 else 4.4), squeeze=False,
-                             height_ratios=[1.0, 1.3] if rows == 2 else None)
+    two = bool(d["traces"])
+    fig, axes = pyplot().subplots(2 if two else 1, 1, figsize=(7.5, 7.6 if two else 4.4),
+                                  squeeze=False, height_ratios=[1.0, 1.3] if two else None)
     _draw_pipes(axes[0][0], d)
-    if rows == 2:
+    if two:
         _draw_traces(axes[1][0], d)
     fig.suptitle(d["title"], fontsize=10, ha="center")
     if d["reasons"]:  # under the picture, each reason whole: the title only counts them
@@ -120,8 +102,6 @@ def plot_run(record: RunRecord, out: Path) -> Path:
 
 
 def _draw_pipes(ax, d: dict) -> None:
-    """Each pipe a point with its interval as whiskers, the combined bound dashed; hollow when
-    the measurement was flagged."""
     bars = d["bars"]
     if not bars:
         ax.text(0.5, 0.5, "no phase measured a throughput", ha="center", va="center",
@@ -148,8 +128,7 @@ def _draw_pipes(ax, d: dict) -> None:
         ax.axvline(d["bound"]["images_per_sec"], color="black", linestyle="--", linewidth=1.2,
                    label=f"combined bound\n(what e2e can reach)\n"
                          f"{d['bound']['images_per_sec']:,.1f} img/s")
-        # outside the axes, as below: inside it would cover the points it is about
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
+        ax.legend(**OUTSIDE)
     if d["log_x"]:
         plain_log(ax, "x", lo, hi)
         ax.set_xlim(lo / 1.6, hi * 1.6)
@@ -166,17 +145,15 @@ def _draw_pipes(ax, d: dict) -> None:
 
 
 def _draw_traces(ax, d: dict) -> None:
-    longest_warmup = 0
+    from matplotlib.ticker import MaxNLocator
+
     for name, t in d["traces"].items():
         w, s = t["warmup_ms"], t["steps_ms"]
         ax.plot(range(len(w) + len(s)), [*w, *s], color=PHASE_COLORS[name], linewidth=1.0,
                 marker=".", markersize=3, label=PHASE_WORDS[name].short)
-        longest_warmup = max(longest_warmup, len(w))
-    if longest_warmup:
-        # shaded to the longest warm-up: phases share the warm-up step count in practice
-        ax.axvspan(-0.5, longest_warmup - 0.5, color="grey", alpha=0.15, label="warm-up")
-    from matplotlib.ticker import MaxNLocator
-
+    # shaded to the longest warm-up: phases share the warm-up step count in practice
+    if warmup := max(len(t["warmup_ms"]) for t in d["traces"].values()):
+        ax.axvspan(-0.5, warmup - 0.5, color="grey", alpha=0.15, label="warm-up")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step (warm-up first, then the measured steps)")
     if d["trace_log_y"]:
@@ -186,7 +163,5 @@ def _draw_traces(ax, d: dict) -> None:
         ax.set_ylim(bottom=0)
         ax.set_ylabel("step time, ms")
     ax.grid(alpha=0.3)
-    ax.set_title("step times: steady after the warm-up? (spikes: a stall, a busy host)",
-                 fontsize=9)
-    # outside the axes: a legend must not cover the steps it explains
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.set_title("step times: steady after the warm-up? (spikes: a stall, a busy host)", fontsize=9)
+    ax.legend(**OUTSIDE)

@@ -1,18 +1,11 @@
-"""Sweep report: ranking, the recommended configuration, plots, a rerunnable experiment YAML.
-
-Reads the results.json of every job of a sweep dir (or an MLflow experiment's artifacts) and
-writes into `<sweep dir>/report/`: ranking.csv and ranking.txt, summary.json, PNG plots and
-`experiment/recommended.yaml`. It ranks full training measurements of one setup
-(gpubench.analysis.select) and recommends as reference article 003 does
-(gpubench.analysis.recommend).
-"""
+"""Sweep report: ranking, the recommended configuration, plots, a rerunnable experiment YAML,
+written into `<sweep dir>/report/` from a sweep dir's (or an MLflow experiment's) runs."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import logging
 import os
 import re
 from pathlib import Path
@@ -20,18 +13,8 @@ from typing import Any
 
 import yaml
 
-from gpubench.analysis.recommend import (
-    RERUN_KEYS,
-    TOLERANCE,
-    Recommendation,
-    Row,
-    latest_per_setup,
-    ranked,
-    recommend,
-    row_of,
-    varying,
-    with_interval,
-)
+from gpubench.analysis import recommend
+from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
@@ -44,10 +27,17 @@ from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import load_dir
 
-log = logging.getLogger("gpubench")
-
 REPORT_DIR = "report"
 EXPERIMENT_NAME = "recommended"
+# said under the printed table: why a slower row can rank above a faster one
+RANK_ORDER = ("ranked: feasible first (status), full length before screens, stable or confirmed "
+              "before too short, disturbed or disagreed, then img/s")
+# the printed ranking's columns that give way in a narrow terminal: these first, then the knobs
+# (moved below the table), then the last; the rank, the run and its img/s always stay
+GIVES_WAY_FIRST = ("gpu %", "cpu %", "mem %", "rung", "verdict")
+GIVES_WAY_LAST = ("status", "interval")
+STAYS = ("#", "run", "img/s")
+FILE_WIDTH = 120  # the width of ranking.txt: a log's
 
 
 def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
@@ -63,9 +53,9 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                         + ([f"tags.study = '{study}'"] if study else []))
     from gpubench.report.compare import mlflow_records
 
-    rows = [row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
+    rows = [recommend.row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
             for rec in mlflow_records(experiment, uri, filt)]
-    return latest_per_setup(where(rows, conditions or {}))
+    return recommend.latest_per_setup(where(rows, conditions or {}))
 
 
 def overrides_of(row: Row, keys: list[str]) -> list[str]:
@@ -74,8 +64,7 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
 
 
 def measurement_text(cfg: dict) -> str:
-    """How a run measured: `6 windows of 4 steps on each of loader, compute, e2e` (the phase's
-    steps split over its windows), and the loader's own longer windows (core.pipe)."""
+    """`6 windows of 4 steps on each of loader, compute, e2e`, and the loader's longer ones."""
     b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
@@ -105,16 +94,15 @@ def run_text(row: Row, keys: list[str]) -> str:
 
 
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
-    """The row's setup and measurement as a `# @package _global_` overlay that composes back
-    into the config the row was measured with (tracking and fault injection left out)."""
+    """The row's setup and measurement as an overlay that composes back into its config (no
+    tracking, no fault injection)."""
     cfg = row.record.config
-    setup = {k: cfg[k] for k in RERUN_KEYS if k in cfg}
+    setup = {k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg}
     groups = [{f"override /{g}": v} for g in ("dataset", "model", "precision", "step")
               if (v := (setup.get(g) or {}).get("name")) is not None
               and group_of(f"{g}.name", v) == g]
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
-    if rec is not None:
-        head += [f"#   {line}" for line in rec.reasons]
+    head += [f"#   {line}" for line in rec.reasons] if rec is not None else []
     if "bench" in setup:
         head += [f"# bench: the sweep's own measurement ({measurement_text(cfg)}), so a rerun's "
                  "figure compares with the interval above;",
@@ -125,32 +113,13 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
 
 
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
-
-
-# the ranking's order, said under the printed table: why a slower row can rank above a faster
-# one (gpubench.analysis.recommend.ranked)
-RANK_ORDER = ("ranked: feasible first (status), full length before screens, stable or confirmed "
-              "before too short, disturbed or disagreed, then img/s")
-# the printed ranking's columns that give way in a narrow terminal, in order: the figures of
-# context first; then the knobs, moved below the table; then the status and the interval. The
-# rank, the run and its img/s always stay
-GIVES_WAY_FIRST = ("gpu %", "cpu %", "mem %", "rung", "verdict")
-GIVES_WAY_LAST = ("status", "interval")
-STAYS = ("#", "run", "img/s")
-# the width of ranking.txt: a log's
-FILE_WIDTH = 120
+    return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def table_rows(rows: list[Row], keys: list[str], screen: bool = False
                ) -> tuple[list[str], list[list[str]]]:
-    """ranking.csv: every column, knobs by config key. `screen`, the printed ranking: `status`
-    says why each row ranks where it does (a feasible row's steadiness), the rung only when rows
-    differ in it, intervals without decimals above 100 img/s, knobs by short name."""
+    """ranking.csv: every column. `screen`, the printed ranking: a feasible row's steadiness as
+    its status, the rung only when rows differ in it, knobs by short name."""
     gpu = any(r.record.gpu_util_mean is not None for r in rows)
     util = "gpu_util_mean" if gpu else "process_cpu_util_mean"
     label = interval_label_of([r.record for r in rows])
@@ -160,7 +129,7 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
             *([] if screen else ["measured"]), *(["rung"] if with_rung else []),
             *(knob_header(k) if screen else k for k in keys)]
     body = []
-    for i, r in enumerate(ranked(rows), 1):
+    for i, r in enumerate(recommend.ranked(rows), 1):
         lo, hi = r.interval
         fmt = ".0f" if screen and hi >= 100 else ".1f"
         steady = r.record.status is Status.ok and r.steadiness != "-"
@@ -174,8 +143,7 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
             # a confirmed row's figures pool its re-measurements: say how many
             *([f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms and not screen
                               else "")] if with_rung else []),
-            *(_fmt(r.flat.get(k)) for k in keys),
-        ])
+            *(_fmt(r.flat.get(k)) for k in keys)])
     return head, body
 
 
@@ -210,8 +178,7 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     order = ([c for k in GIVES_WAY_FIRST for c, h in enumerate(head) if _kind(h) == k]
              + knobs[::-1]
              + [c for k in GIVES_WAY_LAST for c, h in enumerate(head) if _kind(h) == k])
-    # as text: a value such as [loader,e2e] is no markup; no vertical rules: two spaces between
-    # columns leave the width to the figures
+    # as text: a value such as [loader,e2e] is no markup; no vertical rules: width for figures
     table, out = fit(head, [[Text(v) for v in b] for b in shown_rows], order, con.width,
                      lambda c: head[c] in ("#", "img/s", "mem %"), box=box.SIMPLE_HEAD,
                      show_edge=False, pad_edge=False, collapse_padding=True)
@@ -220,8 +187,7 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     moved = [c for c in knobs if c in out]
     below = [f"  {b[0]}. run {b[1]}: " + " ".join(f"{_name(head[c])}={b[c]}" for c in moved)
              for b in shown_rows] if moved else []
-    left = [_name(head[c]) for c in out if c not in knobs]
-    if left:
+    if left := [_name(head[c]) for c in out if c not in knobs]:
         below.append(f"(left out at {con.width} columns: {', '.join(left)}; ranking.csv has "
                      "every column)")
     below.append(RANK_ORDER)
@@ -231,30 +197,21 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
         con.print(Text(line), soft_wrap=log)
 
 
-def table_text(head: list[str], body: list[list[str]], title: str) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    print_table(head, body, title, Console(file=buf, width=FILE_WIDTH, color_system=None,
-                                           highlight=False))
-    return buf.getvalue()
-
-
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
                  fingerprint: list | None = None, found: list[RunRecord] = (),
                  named: list[RunRecord] = (), pipes: dict | None = None) -> list[Path]:
-    """Everything the report makes; returns the files written. `fingerprint`: what the report
-    was made from (summary.json), so an unchanged sweep is not reported twice. `found`, `named`:
-    compute runs for the loader-only workers answer. `pipes`: a sweep=pipes path (pipes.json)."""
+    """Everything the report makes; returns the files written. `fingerprint`: what it was made
+    from; `found`, `named`: compute runs for the workers answer; `pipes`: pipes.json."""
+    from rich.console import Console
+
     from gpubench.report import plots as report_plots
     from gpubench.search.pipes import lines as pipes_lines
 
     check_no_links(out_dir)  # nothing written here leads out of it, nor replaces what is not ours
     new = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    # rank and recommend full training measurements of one setup; when there are none (a
-    # max-batch search's probes), the table still shows what was measured
+    # rank full training measurements of one setup; without any the table shows what measured
     all_rows = rows
     kept, notes = training_rows(rows)
     answer = loader_answer(rows, list(found), list(named), source)
@@ -267,19 +224,19 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     shown = kept + [r for r in rows if Rung.of(r.rung).short
                     and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
     rows = kept or rows
-    keys = varying(rows)
-    table = io.StringIO(newline="")
+    keys = recommend.varying(rows)
+    table, text = io.StringIO(newline=""), io.StringIO()
     head, body = table_rows(rows, keys)
     csv.writer(table).writerows([head, *body])
     head, body = table_rows(rows, keys, screen=True)
     title = f"gpubench sweep: {source}"
+    print_table(head, body, title, Console(file=text, width=FILE_WIDTH, color_system=None,
+                                           highlight=False))
     files = [write_text(out_dir / "ranking.csv", table.getvalue()),
-             write_text(out_dir / "ranking.txt", table_text(head, body, title))]
-    # a recommendation changes knobs only: the workload (model, data, classes...) is the
-    # user's, and the rows ranked share it (analysis.select.training_rows)
+             write_text(out_dir / "ranking.txt", text.getvalue())]
+    # a recommendation changes knobs only: the workload (model, data...) is the user's
     knobs = [k for k in keys if role(k) is Role.knob]
-
-    rec = recommend(rows, tolerance)
+    rec = recommend.recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
     lines = list(notes)
@@ -306,12 +263,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         lines += [
             f"fastest feasible: {with_interval(rec.best)} img/s  ({run_text(rec.best, keys)})",
             f"recommended:      {with_interval(rec.chosen)} img/s  ({run_text(rec.chosen, keys)})",
-            *(f"  - {x}" for x in rec.reasons),
-            f"recommended config: {yml}",
-            f"rerun it: {cmd}",
+            *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml}", f"rerun it: {cmd}",
             f"  (it measures as the sweep did: {measurement_text(rec.chosen.record.config)}; "
-            f"add {longer_text(rec.chosen.record.config)} to measure longer)",
-        ]
+            f"add {longer_text(rec.chosen.record.config)} to measure longer)"]
     elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
                      "failed)" if kept else
@@ -324,9 +278,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                                    band=answer.band if answer is not None else None)
     if pipes:
         files += report_plots.plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
-    summary["files"] = [str(f) for f in files]
-    # printed again when the report is up to date (cached), the table at the reader's width
-    summary["lines"], summary["table"] = lines, {"title": title, "head": head, "body": body}
+    # lines and table printed again when the report is up to date, at the reader's width
+    summary.update(files=[str(f) for f in files], lines=lines,
+                   table={"title": title, "head": head, "body": body})
     if fingerprint is not None:
         summary["fingerprint"] = fingerprint
     files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
@@ -348,14 +302,13 @@ class NothingToReport(FileNotFoundError):
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False, conditions: dict[str, str] | None = None,
                  compute: list[str] | None = None, out: str | Path | None = None) -> list[Path]:
-    """The report of a sweep dir (its rows matching `conditions`, --where) into `out`
-    (default `<sweep_dir>/report/`); returns its files. `compute`: runs named with --compute."""
+    """The report of a sweep dir's rows matching `conditions` into `out` (default
+    `<sweep_dir>/report/`); returns its files."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
     for r in rows:  # named as the user finds it: its folder seen from this one (`10-00-00/3`)
-        folder = on_disk(r, sweep_dir)
-        if folder is not None and folder != r.label:
+        if (folder := on_disk(r, sweep_dir)) is not None and folder != r.label:
             r.trial, r.label = r.trial or r.label, folder
     named = read_compute(compute)
     found = sweep_compute(sweep_dir, rows)
@@ -383,13 +336,11 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to `root`: `3`, not the study's trial number, and `../b/0`
-    for a job another worker of the study ran in its own sweep dir (its bare folder name would
-    read as this dir's `0`)."""
-    d = row.record.dir
-    if d is None:
+    """The row's run folder relative to `root`: `3`, not the study's trial number; `../b/0`, not
+    `0`, for a job another worker of the study ran in its own sweep dir."""
+    if row.record.dir is None:
         return None
-    rel = Path(os.path.relpath(Path(d).resolve(), root)).as_posix()
+    rel = Path(os.path.relpath(Path(row.record.dir).resolve(), root)).as_posix()
     return None if rel == "." else rel
 
 

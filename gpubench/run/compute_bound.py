@@ -1,14 +1,10 @@
-"""A loader-only multirun measures its compute bound itself, once per setup.
-
-`-m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8` asks how many workers out-run compute,
-so the report needs compute measured at the same setup (analysis.workers.compute_setup). The
-first loader-only job of a setup to finish takes `<sweep dir>/compute/<setup>.claim` (a file
-lock: exactly one job gets it, held until its process ends, taken over from a claimer that died)
-and measures the compute phase alone into `<sweep dir>/compute/<setup>/`; the report pools it
-(report.loader_answer). After the loader run, not before: with Hydra's sequential launcher
-nothing else runs meanwhile. Not under torchrun (every rank would have to measure it), nor
-outside a multirun (`python -m gpubench.report DIR --compute RUN` names a bound there).
-"""
+"""A loader-only multirun (`-m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8`: how many
+workers out-run compute?) measures its compute bound itself, once per setup (analysis.workers.
+compute_setup). After its loader run, the first job of a setup to take `<sweep dir>/compute/
+<setup>.claim` (a file lock: exactly one job, held until its process ends, taken over from a dead
+claimer) measures the compute phase alone into `<sweep dir>/compute/<setup>/`, which the report
+pools (report.loader_answer); with Hydra's sequential launcher nothing else runs meanwhile. Not under torchrun (every rank would have to),
+nor outside a multirun (`python -m gpubench.report DIR --compute RUN` names a bound there)."""
 
 from __future__ import annotations
 
@@ -23,14 +19,13 @@ from gpubench.core.files import check_no_links, read_json, try_lock
 from gpubench.core.record import BOUNDS_MEASURED_ENV, RESULTS_FILE, RunRecord, Status
 from gpubench.core.stats import Est
 
-# the claims this process holds: released when it ends (a job of the basic launcher shares its
-# process with the later jobs, which then find the claim held and leave it)
+# the claims this process holds until it ends (the basic launcher's later jobs share the process:
+# they find the claim held and leave it)
 _CLAIMS: list = []
 
 
 def claim(phases, record: RunRecord, distributed: bool) -> Path | None:
-    """The folder where this job measures its setup's compute bound, when it is a loader-only
-    job of a multirun that measured, and the first of its setup to claim it; None otherwise."""
+    """Where this job measures its setup's compute bound, if it is the first to claim it."""
     if tuple(phases) != ("loader",) or record.status is not Status.ok or distributed:
         return None
     if os.environ.get(BOUNDS_MEASURED_ENV):  # sweep=pipes measured it in its compute pipe
@@ -58,8 +53,7 @@ def claim_in(sweep: Path, record: RunRecord) -> Path | None:
     return root / name
 
 
-def compute_config(cfg: DictConfig) -> DictConfig:
-    """The job's config measuring the compute phase alone."""
+def compute_config(cfg: DictConfig) -> DictConfig:  # the job's, measuring compute alone
     c = copy.deepcopy(cfg)
     OmegaConf.set_readonly(c, False)
     OmegaConf.update(c, "bench.phases", ["compute"])

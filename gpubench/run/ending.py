@@ -1,10 +1,5 @@
-"""A run stopped from outside still ends with its record final, and says what it kept.
-
-Ctrl-C, SIGTERM and SIGHUP end a run's measuring; making the record final and drawing its
-picture takes seconds, and a second signal meanwhile must not cut it short: `Hold` lets the
-first signal through and keeps later ones waiting until then (a signal that waited skips the
-upload, which `sync` does later). `kept` says what a stopped run left and how to upload it.
-"""
+"""A run stopped from outside (Ctrl-C, SIGTERM, SIGHUP) still ends with its record final: `Hold`
+keeps a second signal waiting while that takes its seconds. `kept` says what it left."""
 
 from __future__ import annotations
 
@@ -21,20 +16,17 @@ ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def expect_worker_deaths() -> None:
-    """The run is ending on a signal: `timeout`, Slurm, a terminal and a dropped session signal
-    the whole process group, so DataLoader workers die of it too, and torch's SIGCHLD handler in
-    this process would raise "DataLoader worker ... killed by signal" halfway through making the
-    record final. From here on a worker's death is expected: SIGCHLD is no longer watched."""
-    # a Python-level no-op rather than SIG_DFL: a SIGCHLD already pending when the handler
-    # changes still finds a Python handler to call
+    """From here a DataLoader worker's death is expected: `timeout`, Slurm, a terminal, a dropped
+    session signal the whole process group, and torch's SIGCHLD handler would raise "DataLoader
+    worker ... killed by signal" halfway through making the record final."""
+    # a Python no-op, not SIG_DFL: a SIGCHLD pending as the handler changes still finds one
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
 
 class Hold:
-    """Around a run (`with bench.hold:`): the ending signals act as they did until the first
-    one, or `arm()`; from then until the block ends they wait in `late`, and `replay()` then
-    delivers one. Python runs signal handlers in the main thread only: entered from another
-    thread it changes nothing."""
+    """Around a run (`with bench.hold:`): the ending signals act as before until the first one
+    or `arm()`, then wait in `late` (one that waited skips the upload; `replay()` delivers it).
+    Python runs signal handlers in the main thread only: from another it changes nothing."""
 
     def __init__(self) -> None:
         self.late: list[int] = []
@@ -82,8 +74,8 @@ def _deliver(signum: int, handler, frame) -> None:
 
 
 def kept(run_dir: str | Path) -> str | None:
-    """What a stopped run left in `run_dir` (status, phases, the record and its picture, and
-    the command that uploads it when MLflow does not have it); None without a record."""
+    """What a stopped run left in `run_dir`, with the command that uploads it when MLflow does
+    not have it; None without a record."""
     rec = record.load(run_dir)
     if rec is None:
         return None

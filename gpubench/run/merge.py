@@ -14,10 +14,8 @@ _COUNTERS = ("read_bytes", "disk_read_bytes")
 
 
 def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
-    """The run's throughput under torchrun: all ranks' images over the slowest rank's window
-    (data-parallel training steps together, so the slowest rank sets the pace). Step times and
-    data wait stay rank 0's."""
-    # the same gathers in the same order on every rank (each is a collective)
+    """Under torchrun: all ranks' images over the slowest rank's window (it sets the pace); step
+    times and data wait stay rank 0's. The same collectives in the same order on every rank."""
     images, seconds = sum(dist.gather(stats.images)), max(dist.gather(stats.seconds))
     return dataclasses.replace(stats, images=images, seconds=seconds,
                                images_per_sec=images / seconds,
@@ -26,10 +24,8 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
 
 def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None,
                         first: bool = True) -> float | None:
-    """Every rank's GPU energy in this window (nvml.window_energy_j) added to `before`, the
-    phase's earlier windows; None once any rank could not read its own in any window. After
-    the `first` window, `before` None means an earlier one had no figure: a sum of the later
-    ones alone would undercount the phase."""
+    """Every rank's GPU energy in this window added to `before` (the phase's earlier windows);
+    None once any rank lacked its own in any window (a sum of the later ones would undercount)."""
     energies = dist.gather(energy_j)
     if any(e is None for e in energies) or (before is None and not first):
         return None
@@ -37,10 +33,9 @@ def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None
 
 
 def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
-    """A phase's telemetry over all its windows: samples pooled, seconds summed, energy the sum
-    of the windows' counter differences (the phase's error stays within one counter update per
-    window; None if any window has none). Byte counters restart at each window: later windows'
-    are offset by the earlier totals, so the pooled counters stay cumulative."""
+    """A phase's telemetry over its windows: samples pooled, seconds summed, energy the sum of
+    the windows' counter differences (error within one counter update per window; None if a
+    window has none); byte counters, restarted at each window, offset to stay cumulative."""
     samples, base = [], dict.fromkeys(_COUNTERS, 0)
     for s in summaries:
         last = dict(base)
@@ -55,18 +50,15 @@ def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
     used = [s.device_used_source for s in summaries if s.device_used_source]
     return MonitorSummary(
         samples=samples, seconds=sum(s.seconds for s in summaries),
-        energy_j=sum(energy) if known else None,
-        energy_source="+".join(sources) if known else None,
+        energy_j=sum(energy) if known else None, energy_source="+".join(sources) if known else None,
         device_used_source=used[-1] if used else None,
         nvml_unsupported=sorted({k for s in summaries for k in s.nvml_unsupported}),
-        nvml_dropped=sum(s.nvml_dropped for s in summaries),
-    )
+        nvml_dropped=sum(s.nvml_dropped for s in summaries))
 
 
 def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: str,
                         name: str) -> dict:
-    """A phase's pooled windows (core.stats.pool) with each window's CPU figures, and the
-    device-side data figures that make sense on this device."""
+    """A phase's pooled windows (core.stats.pool) with their CPU and device data figures."""
     for w, t in zip(pooled["windows"], summaries, strict=True):
         d = t.as_dict()
         w |= {k: d[k] for k in ("host_cpu_util_mean", "process_cpu_util_mean", "samples")}
@@ -75,11 +67,10 @@ def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: s
         # on a CPU the host clock already gives data wait: "device idle" would repeat it
         pooled["device_idle_fraction"] = pooled["device_work_seconds_per_image"] = None
     elif name == "loader":
-        # the device work of the data side that queues on the training stream (the copy, the
-        # resize, crop and augment after a decode): in e2e it runs there one after the other
-        # with the step (the combined bound). An nvJPEG decode is not in it: it runs on
-        # torchvision's own stream with the host blocked (parts/measure.py DeviceStart), so it
-        # is the host's cost, in the loader phase's own rate, and kept apart here
+        # the data side's device work queued on the training stream (copy, resize, crop,
+        # augment), which e2e runs in series with the step. An nvJPEG decode runs on
+        # torchvision's own stream with the host blocked (parts/measure.py DeviceStart): a host
+        # cost, in the loader's own rate, kept apart
         pooled["device_data_seconds_per_image"] = pooled["device_work_seconds_per_image"]
         if blocked is not None:
             pooled["host_decode_seconds_per_image"] = blocked

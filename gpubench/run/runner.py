@@ -1,10 +1,7 @@
-"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows.
-
-The record (core/record.py) is written to results.json before any work and after every window
-(and before any tracking server is contacted), so a crash, an OOM or a signal never loses what
-was measured. Windows are interleaved (loader, compute, e2e, loader, ...): a slow drift then
-hits every phase alike, and a phase's windows give it an interval (core/stats.py).
-"""
+"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows
+(loader, compute, e2e, loader, ...: a slow drift hits every phase alike, and a phase's windows
+give it an interval). results.json is written before any work, after every window and before any
+tracking server is contacted: a crash, an OOM or a signal never loses what was measured."""
 
 from __future__ import annotations
 
@@ -69,10 +66,8 @@ class Result:
 
     record: RunRecord
     notes: list[str] = field(default_factory=list)
-    # False: tracking was on but MLflow missed the run (results kept; `tracking sync` later)
-    tracked: bool | None = None
-    # False on torchrun ranks other than 0: they measure, but do not write, print or log
-    main: bool = True
+    tracked: bool | None = None  # False: MLflow missed the run (results kept; `tracking sync`)
+    main: bool = True  # False on torchrun ranks other than 0: they measure, never report
 
     @property
     def data(self) -> dict:
@@ -102,24 +97,22 @@ def output_dir(out_dir: str | Path | None) -> Path:
         except ValueError:  # not under @hydra.main: a fresh folder under ./outputs
             p = Path("outputs") / "runs" / time.strftime("%Y-%m-%d/%H-%M-%S")
     p.mkdir(parents=True, exist_ok=True)
-    # a run called without Hydra (tests, scripts, gpubench.check) keeps the no-links rule
-    # too; under Hydra the callbacks checked it before Hydra wrote anything (cli.callbacks)
+    # the no-links rule for a run without Hydra (tests, scripts, gpubench.check); under Hydra
+    # the callbacks checked it before Hydra wrote anything (cli.callbacks)
     return check_no_links(p)
 
 
 def one_line_error(e: BaseException) -> str:
-    """An error as one line: a DataLoader worker's error carries the worker's whole traceback
-    in its message; its first line and the exception the traceback ends with are kept."""
+    """An error as one line (a DataLoader worker's carries a traceback: its first and last)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
     text = f"{lines[0]} ... {lines[-1]}" if len(lines) > 1 else lines[0]
     return f"{type(e).__name__}: {text}"[:1000]
 
 
 def moved_batch(pipe, batches, batch, after_decode, must_step: bool):
-    """`batch` on the device, or None when none of its samples decoded (on_corrupt=skip). With
-    `must_step` (e2e under torchrun: a rank that skipped DDP's all-reduce would leave the others
-    waiting there) the next batches are taken until one decodes; the pipeline stops the run
-    after MAX_SUBSTITUTES undecodable images in a row (parts/data.py), so this ends."""
+    """`batch` on the device, None when none of its samples decoded (on_corrupt=skip). With
+    `must_step` (torchrun e2e: a rank skipping DDP's all-reduce leaves the others waiting) the
+    next batches until one decodes (the pipeline stops after MAX_SUBSTITUTES in a row)."""
     moved = pipe.to_device(batch, after_decode=after_decode)
     while moved is None and must_step:
         moved = pipe.to_device(next(batches), after_decode=after_decode)
@@ -127,15 +120,13 @@ def moved_batch(pipe, batches, batch, after_decode, must_step: bool):
 
 
 class Faults:
-    """The failures a real run meets (`fault.*`: an OOM above a batch size, a runtime error after
-    some windows, stalls), injected on demand for tests and the docs' reliability table; under
-    torchrun `fault.rank` limits them to one rank."""
+    """`fault.*`, for tests and the docs' reliability table: an OOM above a batch size, an error
+    after some windows, stalls; `fault.rank`: on one torchrun rank only."""
 
     def __init__(self, fault: Fault, rank: int) -> None:
         self.fault = fault
         self.here = distributed.fault_hits(fault.rank, rank)
-        # the train step raises an OOM above this batch size (None: never)
-        self.oom_above_batch = fault.oom_above_batch if self.here else None
+        self.oom_above_batch = fault.oom_above_batch if self.here else None  # None: never
         self.sleep = time.sleep  # how a stall passes: a test's stand-in moves its own clock
 
     def maybe_fail(self, windows: int) -> None:
@@ -160,11 +151,11 @@ class Benchmark:
     """One run: build once (data, model, step), then `run_phase` window by window."""
 
     def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
-        # bad input raises ConfigError here, before any work: first the rules on the config
-        # alone, then those that look at this machine's disk and RAM
+        # bad input raises ConfigError here, before any work: the config's own rules, this
+        # machine's disk and RAM, the code the config names (resolved, none of it called)
         s = self.settings = resolve(cfg)
         check_resources(s)
-        targets.check(s)  # the code the config names: resolved and checked, none of it called
+        targets.check(s)
         b, ld = s.bench, s.loader
         self.device = s.device
         self.dist = distributed.from_env(self.device)
@@ -179,8 +170,8 @@ class Benchmark:
             self.out, mask_secrets(plain(s.config)), env.facts(self.device), s.memory.ceiling,
             self.dist.world, memory_source="torch_cuda_reserved" if self.device == "cuda"
             else "host_rss", device_memory_bytes=env.device_memory_bytes(self.device))
-        # cores the run can keep busy: torch's threads in the main process plus one per loader
-        # worker (each limited to worker_threads), at most the host's (the competition check)
+        # for the competition check: the cores the run can keep busy (torch's threads, and
+        # worker_threads per loader worker), at most the host's
         rec.extra["cpu_demand_cores"] = min(
             os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
         # a study's job (every worker's jobs share the tag); a sweeper's rung (screen, full, ...)
@@ -198,13 +189,12 @@ class Benchmark:
         self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
         self.pipe = self.step = None
         self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
-        # the work's "device work starts here" after a host-blocking nvJPEG decode: armed by
-        # run_window for its measured steps only (parts/measure.py DeviceStart)
+        # where the work's device part starts after a host-blocking nvJPEG decode: armed by
+        # run_window for measured steps only (parts/measure.py)
         self.device_start = DeviceStart()
         self.t0 = time.perf_counter()
-        # Ctrl-C, SIGTERM, SIGHUP after the first wait until the record is final (run/ending.py);
-        # a step that never returns ends the run as hung (run/watchdog.py), whose last write of
-        # the record is the last one (_saving)
+        # a signal after the first waits until the record is final (run/ending.py); a step that
+        # never returns ends the run as hung (run/watchdog.py), with the record's last write
         self.hold = Hold()
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
                                  self._end_hung)
@@ -220,11 +210,8 @@ class Benchmark:
             self.record.seconds = time.perf_counter() - self.t0
             self.record.save()
 
-    # ------------------------------------------------------------------ build
-
     def build(self) -> None:
-        s, device, rec = self.settings, self.device, self.record
-        b = s.bench
+        s, device, rec, b = self.settings, self.device, self.record, self.settings.bench
         self.plan = resolve_precision(s.precision, device)
         apply_backend_flags(self.plan, b.cudnn_benchmark)
         self.pipe = build_pipeline(s, (self.dist.rank, self.dist.world) if self.dist.enabled
@@ -249,10 +236,8 @@ class Benchmark:
         self.faults.maybe_fail(0)
 
     def _functions(self, name: str):
-        """(fetch, work) for one phase; `work` returns the images it processed. compute steps on
-        one batch kept on the device; loader and e2e fetch and copy, e2e then steps."""
-        pipe, step = self.pipe, self.step
-        stall = self.faults.staller()
+        """(fetch, work) for one phase, `work` returning the images it processed."""
+        pipe, step, stall = self.pipe, self.step, self.faults.staller()
         if name == "compute":
             fixed = pipe.device_batch()
             n = images_in(fixed)
@@ -278,13 +263,10 @@ class Benchmark:
 
         return (lambda: next(batches)), load_or_train
 
-    # ------------------------------------------------------------------ measure
-
     def _window_steps(self, name: str, first: bool) -> tuple[int, int]:
-        """(warm-up steps, measured steps) of a window. Before a later window the loader's ready
-        batches are drained: made while other phases ran, they would flatter the window (one
-        step also re-primes the step itself). A loader window spans a few times the batches in
-        flight (core.pipe.loader_window_steps): a window gpubench sized never times the queue."""
+        """(warm-up steps, measured steps) of a window. A later one first drains the batches made
+        while other phases ran (they would flatter it; one step re-primes the step); a loader
+        window spans a few times the batches in flight, never timing the queue alone."""
         b, ld = self.settings.bench, self.settings.loader
         if first:
             # compiled: the first step compiles, with reduce-overhead the second records the
@@ -321,17 +303,13 @@ class Benchmark:
             name, *self.functions[name], self.settings.loader.batch_size, device, warm, steps,
             b.warmup_max_seconds, window_cap_s(b.max_seconds, b.repeats, b.steps),
             warmup_max_steps=max(warm, b.warmup_max_steps) if first else None,
-            # all ranks open their windows together
-            on_open=lambda: (dist.barrier(), self.monitor.open()),
-            on_close=lambda: held.append(self.monitor.stop()),
-            on_warm_step=check,
-            min_s=b.min_window_s,
-            # under torchrun: warm-up ends and a window's length is fixed by all ranks together
-            # (parts/measure.py), a later window's length planned from the last one's step time
+            on_open=lambda: (dist.barrier(), self.monitor.open()),  # all ranks open together
+            on_close=lambda: held.append(self.monitor.stop()), on_warm_step=check,
+            min_s=b.min_window_s, device_start=self.device_start,
+            # under torchrun all ranks end warm-up and fix a window's length together
+            # (parts/measure.py), a later window's planned from the last one's step time
             ranks=dist if dist.enabled else None,
-            step_s=last.seconds / last.steps if last is not None and last.steps else None,
-            device_start=self.device_start,
-        )
+            step_s=last.seconds / last.steps if last is not None and last.steps else None)
         if check is not None:
             self.step.check_loss(where)
         if dist.enabled:
@@ -382,19 +360,16 @@ class Benchmark:
             self.save()
         self.record.skipped_samples = self.pipe.skipped
 
-    # ------------------------------------------------------------------ the run
-
     def run(self) -> BaseException | None:
-        """Measure and write the record, whatever happens. Returns the interrupt (Ctrl-C,
-        SIGTERM, SIGHUP) for the caller to re-raise once the run is reported; a ConfigError
-        found while building is raised."""
+        """Measure and write the record, whatever happens; returns the interrupt (Ctrl-C, SIGTERM,
+        SIGHUP) for the caller to re-raise once reported. A ConfigError is raised."""
         rec = self.record
         self.save()
         interrupted: BaseException | None = None
         status, error = Status.ok, None
         self.dist.watch(self._peer_failed)
-        # the sampler thread (bench.monitor), the whole run long, its ticks writing
-        # gpu_metrics.csv beside results.json (telemetry/gpulog.py): rank 0's device only
+        # the sampler thread runs the whole run, writing gpu_metrics.csv beside results.json
+        # (telemetry/gpulog.py): rank 0's device only
         csv = self.settings.bench.monitor and self.dist.main
         self.monitor.begin(GpuLog(self.device, self.out, gpu=self.monitor.gpu) if csv else None)
         self.watchdog.start()
@@ -428,11 +403,9 @@ class Benchmark:
                     "note": gpulog.note or None}
                 if not rec.path.exists():  # bad input found while building: nothing is kept
                     gpulog.path.unlink(missing_ok=True)
-        # whatever ended the phases: tell the other ranks, free the run's parts, judge, write
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
-        step = step_figures(rec, self.step)  # optimizer steps/sec, micro-batch counts
-        if step is not None:
+        if (step := step_figures(rec, self.step)) is not None:  # optimizer steps/s, micro-batches
             rec.extra["step"] = step
         self._release()
         try:
@@ -445,8 +418,7 @@ class Benchmark:
         return interrupted
 
     def _peer_failed(self, peer_status: str, message: str) -> None:
-        """Another torchrun rank failed. Called on the watcher thread, which then ends this
-        process: record it first."""
+        """Another torchrun rank failed: recorded before the watcher thread ends the process."""
         if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
             self.record.status = {"oom": Status.oom, "killed": Status.killed}.get(
                 peer_status, Status.failed)
@@ -454,9 +426,8 @@ class Benchmark:
             self.save()
 
     def _hung(self, line: str) -> str:
-        """The watchdog found the run hung (on its thread, just before the process ends): the
-        record is written failed, the last write (the lock is never released). Returns the line
-        to print."""
+        """On the watchdog's thread, before the process ends: the record's last write, `failed`
+        (the lock is never released). Returns the line to print."""
         if not self._saving.acquire(timeout=SAVE_WAIT_S):  # stuck writing it (a hung mount)
             return f"{line}; its record was not written: the run is stuck writing it"
         if self.dist.main:
@@ -467,8 +438,7 @@ class Benchmark:
         return f"{line}; {kept(self.out)}" if self.dist.main else line
 
     def _end_hung(self) -> None:
-        """What would outlive a hung run's process: the loader's workers (the stuck one may be
-        among them) are killed, the GPU log's rows put on disk (the process ends unflushed)."""
+        """Kill the loader's workers (the stuck one may be among them), flush the GPU log."""
         for pid in self._workers("worker_pids"):
             os.kill(pid, signal.SIGKILL)
         self.monitor.end()
@@ -476,13 +446,12 @@ class Benchmark:
     def _release(self) -> None:
         if self.pipe is not None:
             self.pipe.shutdown()
-        # the pipeline holds the loader, the dataset's pool and the compute phase's device
-        # batch, and the phases' functions refer to it: let go of it here, not when the
-        # caller drops the Benchmark, so the collection below frees it too
+        # the pipeline (its loader, the dataset's pool, compute's device batch) and the phases'
+        # functions referring to it are let go here, so the collection below frees them too;
+        # the collection frees the run's reference cycles (a model, its optimizer, compiled
+        # graphs hold device memory the next run in this process must not see)
         self.pipe = self.step = None
         self.functions = {}
-        # free this run's reference cycles now (a model, its optimizer and compiled graphs hold
-        # device memory the next run in this process must not see)
         gc.collect()
         if self.device == "cuda":
             torch.cuda.empty_cache()
@@ -490,17 +459,14 @@ class Benchmark:
 
 
 def measure_run(cfg: DictConfig, out_dir: str | Path | None = None, report=None) -> Result:
-    """Validate (raises ConfigError before any work), measure, write results.json. An OOM or a
-    runtime error ends the run "oom" / "failed" with the windows that finished; Ctrl-C or
-    SIGTERM mark it "killed" and re-raise once results.json is written and, given `report`,
-    `report(bench, result, interrupted)` (rank 0) has run on the final, pictured record."""
+    """Validate (a ConfigError before any work), measure, write results.json. Ctrl-C or SIGTERM
+    mark it "killed" and are re-raised once it is final and `report` (rank 0) has run."""
     bench = Benchmark(cfg, out_dir)
     with bench.hold:
         interrupted = bench.run()
         result = Result(bench.record, bench.notes, main=bench.dist.main)
         if report is not None and result.main and bench.record.phases:
-            # run.png beside results.json (report/runplot.py): one that fails costs nothing
-            try:
+            try:  # run.png beside results.json (report/runplot.py): one that fails costs nothing
                 from gpubench.report.runplot import plot_run
 
                 bench.record.extra["picture"] = str(plot_run(bench.record, bench.out))
@@ -517,10 +483,8 @@ def measure_run(cfg: DictConfig, out_dir: str | Path | None = None, report=None)
 
 def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
                   quiet: bool = False) -> Result:
-    """The whole run: measure (results.json first), then the console summary and tracking.
-    An interrupted run is reported (and tracked, as KILLED) before the interrupt goes on; a
-    signal that came while its record was made final and its picture drawn skips the upload
-    (`python -m gpubench.tracking sync` does it later) and then goes on."""
+    """The whole run: measure, then the console summary and tracking (KILLED for an interrupted
+    run; a signal that came while the record was made final skips it: `tracking sync` later)."""
 
     def report(bench: Benchmark, result: Result, interrupted) -> None:
         if not quiet:
@@ -530,8 +494,8 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
         if bench.settings.tracking.backend != "none" and not bench.hold.late:
             from gpubench import tracking
 
-            # the composed config's override list, for a config composed outside a Hydra run
-            # (no .hydra/ folder, no HydraConfig): the settings keep no hydra node
+            # the override list of a config composed outside a Hydra run (no .hydra/ folder,
+            # no HydraConfig): the settings keep no hydra node
             task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
             result.tracked = tracking.log_result(bench.settings.tracking, result, task)
         if interrupted is None and not bench.hold.late:
@@ -541,8 +505,7 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
 
 
 def _compute_bound(cfg: DictConfig, bench: Benchmark) -> None:
-    """A loader-only job of a multirun: the first of its setup also measures the compute phase
-    once, the bound of the report's workers answer (run/compute_bound.py)."""
+    """A multirun's loader-only job measures its setup's compute bound (run/compute_bound.py)."""
     where = compute_bound.claim(bench.settings.phases, bench.record, bench.dist.enabled)
     if where is None:
         return

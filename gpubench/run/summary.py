@@ -15,11 +15,9 @@ from gpubench.telemetry import env
 from gpubench.telemetry.nvml import energy_per_image, memory_gate_bytes
 
 # telemetry of the headline phase (e2e, else the last measured) copied to the top level
-HEADLINE_TELEMETRY = (
-    "gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
-    "host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
-    "workers_cpu_util_mean", "main_peak_rss_bytes", "workers_peak_rss_bytes",
-)
+HEADLINE_TELEMETRY = ("gpu_util_mean", "gpu_util_max", "gpu_mem_util_mean", "power_mean_w",
+                      "host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
+                      "workers_cpu_util_mean", "main_peak_rss_bytes", "workers_peak_rss_bytes")
 
 
 def _peak(key: str, rows: list[dict]):
@@ -40,10 +38,9 @@ def figures(rec, device: str) -> None:
 
     tel = [p.telemetry for p in ph.values()]
     mems = [p.memory for p in ph.values()]
-    rec.torch_peak_allocated_bytes = _peak("torch_peak_allocated_bytes", mems)
-    rec.torch_peak_reserved_bytes = _peak("torch_peak_reserved_bytes", mems)
-    rec.nvml_memory_used_bytes = _peak("nvml_memory_used_bytes", tel)
-    rec.peak_rss_bytes = _peak("peak_rss_bytes", tel)
+    for k, rows in (("torch_peak_allocated_bytes", mems), ("torch_peak_reserved_bytes", mems),
+                    ("nvml_memory_used_bytes", tel), ("peak_rss_bytes", tel)):
+        setattr(rec, k, _peak(k, rows))
     main_tel = main.telemetry if main else {}
     for k in HEADLINE_TELEMETRY:
         setattr(rec, k, main_tel.get(k))
@@ -90,8 +87,7 @@ def figures(rec, device: str) -> None:
 
 def validity(bench) -> list[Reason]:
     """Every named check over every measured phase (analysis/noise.py). Steps that vary or
-    stall in windows too short to judge are `too_short` (noise.finding) unless the sampler saw
-    other processes compete during the run: then they are what that competition did."""
+    stall in windows too short to judge are `too_short`, unless other processes competed."""
     rec, ld = bench.record, bench.settings.loader
     reasons: list[Reason] = []
     in_flight = batches_in_flight(ld.num_workers, ld.prefetch_factor)
@@ -112,20 +108,17 @@ def validity(bench) -> list[Reason]:
 
 
 def rule_figures(rec) -> dict:
-    """What the verdict rule (analysis.verdict.classify) reads of a record, by its parameter
-    names: each phase's figure, their intervals, e2e's data wait, the loader's device data time
-    per image, and every window's figure (the ratios are taken pairwise over interleaved
-    rounds). The run's own verdict and gpubench.check's known-answer cases read the same."""
+    """What the verdict rule (analysis.verdict.classify) reads of a record, by parameter name;
+    the run's verdict and gpubench.check's known-answer cases read the same."""
     loader = rec.phases.get("loader")
-    return {
-        "loader": rec.loader_images_per_sec, "compute": rec.compute_images_per_sec,
-        "e2e": rec.images_per_sec, "data_wait_fraction": rec.data_wait_fraction,
-        "intervals": {name: rec.phase_figure(name)[1] for name in PHASE_NAMES},
-        "device_data_s_per_image": (loader.extra.get("device_data_seconds_per_image")
-                                    if loader else None),
-        "windows": {n: [w.get("images_per_sec") for w in p.windows]
-                    for n, p in rec.phases.items()},
-    }
+    return {"loader": rec.loader_images_per_sec, "compute": rec.compute_images_per_sec,
+            "e2e": rec.images_per_sec, "data_wait_fraction": rec.data_wait_fraction,
+            "intervals": {name: rec.phase_figure(name)[1] for name in PHASE_NAMES},
+            "device_data_s_per_image": (loader.extra.get("device_data_seconds_per_image")
+                                        if loader else None),
+            # every window's figure: the ratios are taken pairwise over interleaved rounds
+            "windows": {n: [w.get("images_per_sec") for w in p.windows]
+                        for n, p in rec.phases.items()}}
 
 
 def summarize(bench) -> None:
@@ -146,10 +139,8 @@ def summarize(bench) -> None:
                   memory_fraction=rec.peak_memory_fraction, ceiling=s.memory.ceiling,
                   is_conv="vit" not in s.model.name)
     rule = rule_figures(rec)
-    # the serial bound: the step and the data side's device work on one stream, one after the
-    # other. Only work that queues on the training stream counts (run/merge.py): an nvJPEG
-    # decode blocks the host on torchvision's own stream while the device runs the queued step,
-    # so it bounds e2e through the loader phase's host-side rate, not through this sum
+    # the serial bound: the step and the data side's device work queued on the training stream
+    # (run/merge.py; an nvJPEG decode bounds e2e through the loader's host-side rate instead)
     device_data = rule["device_data_s_per_image"]
     if device_data and rec.compute_images_per_sec:
         rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)

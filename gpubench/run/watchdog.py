@@ -1,24 +1,16 @@
-"""The watchdog: a run whose step never returns still ends, with its record final.
-
-bench.max_seconds bounds a phase between its steps; a step that never returns (a dataset read
-on a dead mount, an endless forward, a kernel that never finishes) would hold the run forever.
-A thread watches for signs of life (a window starting, each fetch and step entered and left);
-after none for `hang_limit_s` the run's handler writes the record `failed` with one line naming
-where it hung, every thread's stack goes to the run's log (faulthandler), what would outlive the
-process is ended (the loader's workers), the line goes to stderr, and the process exits 1. Only
-ending the process is sure: the main thread may be stuck in C code. This thread still runs when
-that code lets the GIL go, as a device sync waiting on a kernel that never ends does
-(torch.cuda.synchronize releases it: torch/csrc/cuda/Module.cpp, THCPModule_cudaSynchronize,
-`pybind11::gil_scoped_release`), and during a DataLoader's wait for a worker (a Python queue
-read with a timeout).
-
-Not watched, their time having no bound of its own: building the dataset and the model, a
-compiled phase's train steps (torch.compile's compiles; the fetches around them still are),
-profiling, and what follows the last window (a tracking upload has tracking.timeout_s).
-"""
+"""The watchdog: a run whose step never returns (a read on a dead mount, an endless forward, a
+kernel that never finishes) still ends, with its record final. After no sign of life (a window
+starting, a fetch or step entered or left) for `hang_limit_s` the record is written `failed`, the
+threads' stacks go to the run's log, the loader's workers are killed and the process exits 1:
+only that is sure with the main thread stuck in C code. This thread runs while that code lets the
+GIL go (torch.cuda.synchronize does: torch/csrc/cuda/Module.cpp THCPModule_cudaSynchronize; so
+does a DataLoader's queue read with a timeout). Not watched, having no bound of their own:
+building, a compiled phase's train steps (torch.compile's compiles), profiling, and what follows
+the last window (a tracking upload has tracking.timeout_s)."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -43,8 +35,7 @@ STEP = ("in its train step (the model's forward and backward, the optimizer)", "
 
 
 def hang_limit_s(warmup_max_seconds: float, max_seconds: float) -> float:
-    """Twice a phase's whole budget, at least HANG_MIN_S: no step of a run that keeps to its
-    budget comes near it."""
+    """Twice a phase's whole budget (at least HANG_MIN_S): no step of a run within it comes near."""
     return max(HANG_MIN_S, 2.0 * (warmup_max_seconds + max_seconds))
 
 
@@ -75,9 +66,8 @@ class Watchdog:
 
     def wrapped(self, fn: Callable, doing: tuple[str, str], watched: bool = True,
                 counts: bool = False) -> Callable:
-        """`fn`, its calls signs of life: `doing[0]` until it returns (not watched when not
-        `watched`), then after `doing[1]`. `counts`: each call is the next step."""
-        # the two texts made once: each call (every fetch and step of a window) only stores them
+        """`fn`, its calls signs of life: `doing[0]` until it returns (unwatched unless `watched`),
+        then after `doing[1]`. `counts`: each call is the next step. The texts are made once."""
         during, after = (f"stuck {doing[0]}" if watched else None), f"stuck after {doing[1]}"
 
         def call(*args):
@@ -108,10 +98,8 @@ class Watchdog:
 
     def check(self) -> str | None:  # the line saying the run is hung; None while it is not
         where, step, doing, since = self._state
-        if where is None or doing is None:
-            return None
         waited = self.clock() - since
-        if waited <= self.limit_s:
+        if where is None or doing is None or waited <= self.limit_s:
             return None
         at = f"{where}, step {step}" if step else where
         return (f"{at}: {doing} for {waited:.0f} s (the hang limit: {self.limit_s:.0f} s, "
@@ -120,8 +108,7 @@ class Watchdog:
     def start(self) -> Watchdog:
         if self.poll_s is not None and self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="gpubench-watchdog",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="gpubench-watchdog", daemon=True)
             self._thread.start()
         return self
 
@@ -153,11 +140,11 @@ class Watchdog:
         log.error("hung: %s", line)
         for h in logs:
             h.flush()
-        try:  # faulthandler writes to the file descriptor itself, without Python's buffers
+        # faulthandler writes to the file descriptor itself, without Python's buffers; a stream
+        # without a file descriptor raises
+        with contextlib.suppress(AttributeError, OSError, ValueError):
             faulthandler.dump_traceback(file=logs[0].stream if logs else sys.stderr,
                                         all_threads=True)
-        except (AttributeError, OSError, ValueError):  # a stream without a file descriptor
-            pass
         try:
             self.on_end()
         except Exception as e:

@@ -1,5 +1,4 @@
-"""Launching a sweep's jobs through Hydra's configured launcher (basic, submitit, ...) and reading
-back the results.json each one wrote, through gpubench.core.record."""
+"""A sweep's jobs, launched through Hydra's configured launcher, and the records they left."""
 
 from __future__ import annotations
 
@@ -22,25 +21,21 @@ DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 class SweepFailed(RuntimeError):
-    """A sweep that ends without a measurement to show: more failed trials than max_failures,
-    no job measured, a study storage that does not open. Its message is one line (exit 1),
-    the password of any URL in it masked."""
+    """A sweep that ends without a measurement to show: one line (exit 1), passwords masked."""
 
     def __init__(self, message: str) -> None:
         super().__init__(error_text(message))
 
 
 def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:
-    """The record a job left. A job that raised after measuring is failed; a record still
-    `running` once the job returned is kept as measured when every phase was saved (the job
-    died writing its final status: a full disk), else killed when its process is gone (kill -9,
-    the OOM killer), failed otherwise. A non-finite throughput is failed."""
+    """The record a job left. Failed: a job that raised after measuring, a non-finite
+    throughput. Still `running` once the job returned: measured when every phase was saved (it
+    died writing its final status), killed when its process is gone, failed otherwise."""
     rec = record.load(out_dir, rung=rung)
     err = f"{type(job_error).__name__}: {job_error}" if job_error else None
     if rec is None:
-        if damaged(Path(out_dir) / record.RESULTS_FILE):
-            log.warning("%s is damaged (not valid JSON): the job counts as failed",
-                        Path(out_dir) / record.RESULTS_FILE)
+        if damaged(path := Path(out_dir) / record.RESULTS_FILE):
+            log.warning("%s is damaged (not valid JSON): the job counts as failed", path)
         return record.missing(out_dir, err or "no results.json", rung=rung)
     if rec.status is Status.running and rec.complete:
         rec.recover(f"its final status was not written ({err or 'the job ended'})")
@@ -60,12 +55,10 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
     return rec
 
 
-def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | None = None
-                    ) -> int:
-    """Settle the records left `running` in this sweep dir by a process that no longer exists
-    (RunRecord.mark_dead): kept as measured when every phase was saved, else the outcome the
-    study was told for its folder (`told`: dir -> status, error; a job that failed writing its
-    record on a full disk), else killed. Returns how many were marked killed."""
+def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple] | None = None) -> int:
+    """Settle the records left `running` by a process that no longer exists (mark_dead); one it
+    calls killed takes the outcome the study was told for its folder (`told`: dir -> status,
+    error: a job that failed writing its record on a full disk). How many stay killed."""
     killed = 0
     for d in record.find_runs(sweep_dir):
         rec = record.load(d)
@@ -74,7 +67,7 @@ def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple[str, str | None]] | N
         rec.mark_dead()
         if rec.status is Status.killed and str(d) in (told or {}):
             status, error = told[str(d)]
-            rec.status, rec.error = record.Status(status), error or rec.error
+            rec.status, rec.error = Status(status), error or rec.error
         rec.save()
         if rec.status is Status.killed:
             killed += 1
@@ -122,7 +115,8 @@ class Jobs:
         for i, r in enumerate(rets):
             error = r._return_value if r.status == JobStatus.FAILED else None
             out.append(read_job(Path(str(r.hydra_cfg.hydra.runtime.output_dir)), error, rung))
-            self.manifest.add_job(first + i, out[-1].dir, str(out[-1].status), **labels[i])
+            self.manifest.jobs.append({"num": first + i, "dir": str(out[-1].dir), **labels[i],
+                                       "status": str(out[-1].status)})
         try:
             self.manifest.save()
         except OSError as e:  # a full disk: the caller tells what was measured, then raises
@@ -135,16 +129,15 @@ class Jobs:
         return recs
 
     def check_measured(self) -> None:
-        """docs/sweeps.md, "When a sweep fails": an invocation whose jobs all ran without
-        measuring (out of memory is not a measurement) has failed; one that ran none has not."""
+        """An invocation whose jobs all ran without measuring (out of memory included) has failed;
+        one that ran none has not (docs/sweeps.md, "When a sweep fails")."""
         if self.outcomes and not any(s.measured for s in self.outcomes):
             counts = ", ".join(f"{n} {s}" for s, n in self.outcomes.items())
             raise SweepFailed(f"no job of this sweep measured ({counts}); last error: "
                               f"{self.last_error}; {self.manifest.path}")
 
     def raise_unsaved(self) -> None:
-        """The error of a sweep.json that could not be written, raised once the jobs'
-        measurements are told to the study (a full disk must not cost what was measured)."""
+        """A failed sweep.json write, raised once the study was told what was measured."""
         e, self.unsaved = self.unsaved, None
         if e is not None:
             raise e
@@ -155,7 +148,5 @@ class Jobs:
                     error)
         if self.failures > self.max_failures:
             self.manifest.update(aborted=f"more than {self.max_failures} failed trials")
-            raise SweepFailed(
-                f"{self.failures} failed trials (hydra.sweeper.max_failures={self.max_failures}); "
-                f"last error: {error}"
-            )
+            raise SweepFailed(f"{self.failures} failed trials (hydra.sweeper.max_failures="
+                              f"{self.max_failures}); last error: {error}")

@@ -1,16 +1,9 @@
 """The search loop: ask Optuna for a configuration, launch it as a job, read its record, tell.
 
-- feasible: COMPLETE, value = throughput, constraint = peak fraction - ceiling <= 0; over the
-  ceiling: COMPLETE with its speed and a positive constraint; out of memory: value 0.0,
-  constraint OOM_CONSTRAINT; any other error: FAIL, until more than `max_failures` failed
-- screen: each trial is first measured `screen.steps` steps; one whose screen is in the top
-  `screen.keep` of all screens so far is measured in full, the rest end PRUNED
-- a configuration measured already (or being measured by another worker) is not run again: the
-  trial gets the earlier result (attr `duplicate_of`) and does not count
-- several workers (gpubench.search.study): one that finds every slot held by other workers'
-  live trials waits for them: one may die, and its trial is then retried here
-- confirm: then the `confirm.top` fastest feasible full trials are run again, interleaved (drift
-  hits them alike: study.queue_rounds); `best` is the fastest confirmed on all its measurements
+A trial is told its speed (0 out of memory) and a memory constraint (> 0: over the ceiling);
+other errors FAIL. A screen of `screen.steps` steps prunes trials outside the top `screen.keep`.
+A configuration measured already (or by another worker) copies that result (`duplicate_of`).
+Then the `confirm.top` fastest are measured again, interleaved (drift hits them alike).
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
 
-# a trial this worker measured, failed meanwhile by another as stale and queued again
+# a trial this worker measured, failed meanwhile by another worker as stale and queued again
 TAKEN_OVER = "%s: taken over by another worker (its heartbeat lapsed); measured again from the queue"
 # this many duplicates in a row means the sampler has nothing new left to propose
 MAX_DUPLICATES_IN_A_ROW = 50
@@ -60,14 +53,12 @@ class Search:
     n_trials: int
     n_jobs: int
     screen: Screen
-    # seconds between looks at the study while other workers hold every slot
-    poll_s: float = 1.0
+    poll_s: float = 1.0  # seconds between looks at the study while others hold every slot
     confirm: Confirm | None = None
     # sweep=pipes: stop before n_trials once this holds, and the stage each job is recorded under
     stop: Callable[[], bool] | None = None
     labels: dict = field(default_factory=dict)
-    # whether this search's best is sweep.json's `best`: of sweep=pipes' stages, the join only
-    writes_best: bool = True
+    writes_best: bool = True  # this best is sweep.json's `best` (of sweep=pipes: the join's)
 
     @property
     def study(self):
@@ -94,20 +85,17 @@ class Search:
             busy = done | {S.key(t.params) for t in running}
             free = left - len(running)
             if free <= 0 or (size is not None and len(busy) >= size):
-                # other workers hold the last slots: wait for one to end (or look for stale ones)
+                # other workers hold the last slots: wait for one to end (one may die: retried here)
                 S.wait_for_running(self.study, {t.number for t in running}, self.poll_s)
                 continue
-            # every trial held from the moment it is asked: a Ctrl-C while claiming leaves none
-            # of them RUNNING either
-            held: list = []
+            held: list = []  # filled as asked: a Ctrl-C while claiming leaves none RUNNING
             dup_numbers: set[int] = set()
             try:
                 trials = self._claim(min(self.n_jobs, free), held)
                 fresh, dups = S.split_duplicates(self.study, trials)
                 dup_numbers = {t.number for t, _ in dups}
                 in_a_row = 0 if fresh else in_a_row + len(dups)
-                # the twins beat too until resolved: a worker killed meanwhile leaves none of
-                # its trials RUNNING for good
+                # the twins beat too: a worker killed meanwhile leaves none RUNNING for good
                 with S.heartbeat(self.shared, [t.number for t in trials]):
                     self._measure(fresh)
             except BaseException as e:  # Ctrl-C or an abort: as after kill -9, measured next time
@@ -115,9 +103,7 @@ class Search:
                     S.abandon(self.shared, t.number, requeue=t.number not in dup_numbers)
                 if not isinstance(e, optuna.exceptions.UpdateFinishedTrialError):
                     raise
-                # another worker failed one of these as stale (this process or the database
-                # paused past grace_period) and queued it again: its job's folder keeps what
-                # was measured, the retry measures it again; the rest of the batch was given back
+                # failed as stale by another worker (a pause past grace_period): its retry measures
                 log.warning(TAKEN_OVER, e)
                 continue
             for t, prev in dups:
@@ -209,8 +195,7 @@ class Search:
             if S.fail_stale(c):
                 log.info("confirm rounds of a worker that stopped beating: queued again")
             if not c.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                # wait for the other workers' rounds before judging the best (or take them
-                # over once they go stale); in memory, no other process holds one
+                # others' rounds: wait for them (or their lapse) before judging the best
                 running = S.running_trials(c.study)
                 if not running or not c.beating:
                     break

@@ -1,12 +1,11 @@
-"""sweep.json: what a gpubench sweep did (its keys: `_TYPES`), written after every job so a
-crash loses nothing. `study` names one search across all its workers (MLflow runs and reports
-group by it); `worker` is host:pid of the process that writes it. Job folders are reserved with
-an atomic mkdir, so two processes never write into one; sweep.json itself is last-writer-wins:
-one sweep dir per worker (docs/scaling.md).
+"""sweep.json: what a sweep did (keys: `_TYPES`), written after every job. `study` names one
+search across its workers; `worker` is its writer's host:pid. Last writer wins: one sweep dir
+per worker (docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,8 +26,7 @@ log = logging.getLogger("gpubench.sweep")
 
 
 def absolute_storage(url: str | None) -> str | None:
-    """A relative sqlite URL made absolute (its folder created): sweep.json finds the study
-    again from any working directory."""
+    """A relative sqlite URL made absolute (its folder created): found from any working dir."""
     path = sqlite_path(url) if url else None
     if path is None or path.is_absolute():
         return url
@@ -47,9 +45,8 @@ _SALVAGED = re.compile(r'"(mode|study_name|storage|study)":\s*("(?:[^"\\]|\\.)*"
 
 
 def problem(sweep_dir: Path) -> str | None:
-    """Why a sweep dir's sweep.json is not one gpubench wrote (cut short, edited by hand), or
-    None (it is, or there is none): every reader goes through it, so a file of another shape is
-    damaged, never half read."""
+    """Why a sweep.json is not one gpubench wrote (cut short, edited by hand), or None (it is,
+    or there is none): every reader checks it, so a file of another shape is never half read."""
     path = Path(sweep_dir) / MANIFEST
     if not path.is_file():
         return None
@@ -78,35 +75,21 @@ def read(sweep_dir: Path) -> dict:
         text = path.read_text(errors="replace")
     except OSError:
         return {}
-    found: dict = {}
-    for k, v in _SALVAGED.findall(text):  # the first of each: the top level comes first
-        found.setdefault(k, json.loads(v))
-    return found
-
-
-def keep_damaged(path: Path) -> Path:
-    """A copy of a damaged file beside it (`<name>.damaged[.n]`) before gpubench writes over it."""
-    copy = path.with_name(path.name + ".damaged")
-    n = 1
-    while copy.exists():
-        copy, n = path.with_name(f"{path.name}.damaged.{n}"), n + 1
-    shutil.copyfile(path, copy)
-    return copy
+    # the first of each wins (the top level comes first)
+    return {k: json.loads(v) for k, v in reversed(_SALVAGED.findall(text))}
 
 
 def reserve_job_dir(sweep_dir: Path, n: int = 1) -> int:
-    """The first of n consecutive free job numbers, their folders created: after the folders
-    there (a resume never overwrites a job), and mkdir is atomic, so two processes never get the
-    same number (the loser tries again; an empty folder it made may stay behind)."""
+    """The first of n consecutive free job numbers, their folders created after those there (a
+    resume never overwrites a job). mkdir is atomic, so two processes never get one number (the
+    loser tries again; an empty folder it made may stay behind)."""
     while True:
         nums = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
         first = max(nums, default=-1) + 1
-        try:
+        with contextlib.suppress(FileExistsError):
             for i in range(n):
                 (sweep_dir / str(first + i)).mkdir()
             return first
-        except FileExistsError:
-            continue
 
 
 class Manifest:
@@ -116,26 +99,23 @@ class Manifest:
         self.sweep_dir = Path(sweep_dir)
         self.path = self.sweep_dir / MANIFEST
         self.jobs: list[dict] = list(read(self.sweep_dir).get("jobs", []))
-        self.data: dict[str, Any] = {
-            "mode": mode, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "worker": f"{socket.gethostname()}:{os.getpid()}",
-        }
-        self.recovered = False
+        self.data: dict[str, Any] = {"mode": mode, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                     "worker": f"{socket.gethostname()}:{os.getpid()}"}
         why = problem(self.sweep_dir)
-        if why is not None:
-            self._recover(why)
-
-    def _recover(self, why: str) -> None:
-        """A damaged sweep.json: kept as a copy, its jobs read back from their folders;
-        `from_study` adds their trials."""
-        copy = keep_damaged(self.path)
+        self.recovered = why is not None
+        if not self.recovered:
+            return
+        # damaged: kept as sweep.json.damaged[.n], its jobs read back (`from_study`: trials)
+        copy, n = self.path.with_name(MANIFEST + ".damaged"), 1
+        while copy.exists():
+            copy, n = self.path.with_name(f"{MANIFEST}.damaged.{n}"), n + 1
+        shutil.copyfile(self.path, copy)
         for d in find_runs(self.sweep_dir):
             if d.parent == self.sweep_dir and d.name.isdigit():
                 rec = load(d)  # None when its results.json is damaged too: the study tells
                 self.jobs.append({"num": int(d.name), "dir": str(d),
                                   "rung": rec.rung.value if rec else None,
                                   "status": str(rec.status) if rec else None})
-        self.recovered = True
         log.warning("%s is damaged (%s): kept as %s; %d job(s) read back from their folders",
                     self.path, why, copy.name, len(self.jobs))
 
@@ -160,9 +140,6 @@ class Manifest:
     def update(self, **kw: Any) -> None:
         self.data.update(kw)
         self.save()
-
-    def add_job(self, num: int, out_dir: Path, status: str, **labels: Any) -> None:
-        self.jobs.append({"num": num, "dir": str(out_dir), **labels, "status": status})
 
     def save(self) -> None:
         write_json(self.path, {**self.data, "jobs": self.jobs})

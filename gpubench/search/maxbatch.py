@@ -23,12 +23,10 @@ class Probe:
     fits: bool
 
 
-def find_max_batch(
-    fits: Callable[[int], bool], start: int, limit: int
-) -> tuple[int | None, list[Probe]]:
-    """Largest batch size in [1, limit] for which `fits(b)`, memory growing with batch size:
-    double from `start` up to the first miss (or halve down while it misses), then bisect
-    between the last fit and the first miss. The size (None if even 1 misses), the probes."""
+def find_max_batch(fits: Callable[[int], bool], start: int, limit: int
+                   ) -> tuple[int | None, list[Probe]]:
+    """Largest batch size in [1, limit] for which `fits(b)` (None if even 1 misses), and the
+    probes: double from `start` up to the first miss (or halve while it misses), then bisect."""
     if start < 1 or limit < 1:
         raise ValueError("start and limit must be >= 1")
     probes: list[Probe] = []
@@ -47,9 +45,8 @@ def find_max_batch(
 
 
 def start_batch(cfg: DictConfig, start: int | None) -> int:
-    """The first probe: the configured start, else the run's own batch size as the runner sizes
-    it (gpubench.config.settings.sizes). Sizing only: the sweeper may run where the jobs' device
-    is not (a login node launching to GPU nodes); each probe applies every rule on its own."""
+    """The first probe: the configured start, else the run's own batch size (settings.sizes).
+    Sizing only: the sweeper may run where the jobs' device is not (a login node)."""
     if start is not None:
         return int(start)
     from gpubench.config.settings import sizes
@@ -69,7 +66,6 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
     # the threshold is made of these: checked against their ranges before any probe
     check_ranges(cfg, only=("memory.ceiling", "memory.reserve"))
     ceiling, reserve = float(cfg.memory.ceiling), float(cfg.memory.reserve)
-    first = start_batch(cfg, start)
     found: list[tuple[int, RunRecord]] = []
 
     def fits(b: int) -> bool:
@@ -84,19 +80,12 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
             jobs.count_failure(f"probe batch {b}", rec.error)
         return ok
 
-    best, _ = find_max_batch(fits, first, int(limit))
-    return {
-        "max_batch": best,
-        "memory_ceiling": ceiling,
-        "reserve": reserve,
-        "threshold": ceiling * (1.0 - reserve),
-        "limit_reached": best == int(limit),
-        "probes": [
-            {"batch_size": b, "fits": rec.fits_under(reserve), "status": str(rec.status),
-             "peak_memory_fraction": rec.peak_memory_fraction, "dir": str(rec.dir)}
-            for b, rec in found
-        ],
-    }
+    best, _ = find_max_batch(fits, start_batch(cfg, start), int(limit))
+    return {"max_batch": best, "memory_ceiling": ceiling, "reserve": reserve,
+            "threshold": ceiling * (1.0 - reserve), "limit_reached": best == int(limit),
+            "probes": [{"batch_size": b, "fits": rec.fits_under(reserve),
+                        "status": str(rec.status), "peak_memory_fraction": rec.peak_memory_fraction,
+                        "dir": str(rec.dir)} for b, rec in found]}
 
 
 def summary_lines(result: dict) -> list[str]:

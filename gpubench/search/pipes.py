@@ -1,11 +1,8 @@
-"""`sweep=pipes`: search each pipe on its own, then join them (docs/sweeps.md#sweeppipes):
-compute-only trials keep the fastest settings and their bound; loader-only trials, cheapest
-first, find the cheapest data setting that clears each bound; the pairings run end to end.
-
-Each stage is a gpubench.search.loop.Search on a study of its own in the sweep's storage
-(`<study>-compute`, `<study>-data-<setting>`, `<study>-join`), so resume, heartbeats, several
-workers and the failure budget work as in any sweep; a stage's points are queued in its study
-(`enqueue_trial(skip_if_exists=True)`), so a resumed or second worker finds them in order.
+"""`sweep=pipes` (docs/sweeps.md#sweeppipes): compute-only trials keep the fastest settings
+and their bound; loader-only trials, cheapest first, find the cheapest data setting that clears
+each bound; the pairings run end to end. Each stage is a gpubench.search.loop.Search on a study
+of its own (`<study>-compute`, `<study>-data-<setting>`, `<study>-join`) with its points queued
+in it, so resume, heartbeats, several workers and the failure budget work as in any sweep.
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ log = logging.getLogger("gpubench.sweep")
 
 
 @dataclass
-class Plan:
-    """The pipes settings (hydra.sweeper.pipes.*)."""
-
+class Plan:  # hydra.sweeper.pipes.*
     data_keys: tuple[str, ...]
     compute_trials: int
     keep: int
@@ -58,8 +53,7 @@ class Pipes:
     confirm: Confirm
     write: Callable[[dict], None]  # where the path goes (pipes.json and sweep.json)
     result: dict = field(default_factory=dict)
-    # seconds each stage took in earlier invocations of this sweep (a resume adds to them)
-    earlier: dict = field(default_factory=dict)
+    earlier: dict = field(default_factory=dict)  # each stage's seconds in earlier invocations
 
     def _spent(self, stage: str, since: float) -> float:
         now = time.monotonic()
@@ -72,9 +66,8 @@ class Pipes:
         return check_space(self.space, self.plan.data_keys)
 
     def run(self) -> dict:
-        compute, _ = self.spaces
         t = time.monotonic()
-        kept = self._compute(compute)
+        kept = self._compute(self.spaces[0])
         t = self._spent("compute", t)
         if not kept:
             log.warning("no compute setting ran under the memory ceiling: nothing to feed")
@@ -102,9 +95,9 @@ class Pipes:
         self.search(shared, space, n, "compute").run()
         rows = _rows(shared)
         kept = keep_compute(rows, "loader.batch_size", self.plan.tolerance, self.plan.keep)
-        self.result["compute"] = {
-            "study": shared.study.study_name, "trials": len(rows), "space": len(points or []) or
-            None, "exhaustive": exhaustive, "kept": [k.summary() for k in kept]}
+        self.result["compute"] = {"study": shared.study.study_name, "trials": len(rows),
+                                  "space": len(points or []) or None, "exhaustive": exhaustive,
+                                  "kept": [k.summary() for k in kept]}
         self.write(self.result)
         for k in kept:
             log.info("compute pipe: %s: %s img/s, %s", S.describe(k.params), format(k.rate), k.why)
@@ -121,13 +114,11 @@ class Pipes:
             self.search(shared, space, done + len(todo), "data", stop=stop).run()
 
     def _data(self, k: Kept, past: dict | None = None) -> Fed | None:
-        """The data setting chosen for k; with `past` (a setting chosen before), the next
-        setting in cost order after it, measured now."""
-        _, data = self.spaces
-        space = fixed_space(data, k.params, self.plan.data_overrides)
-        shared = self.open_study(f"{self.name}-data-{short_hash(k.params)}")
-        params = space.params
-        # a grid: check_space refused a continuous data key
+        """The data setting chosen for k; with `past` (chosen before), the next in cost order."""
+        space = fixed_space(self.spaces[1], k.params, self.plan.data_overrides)
+        digest = hashlib.sha1(S.key(k.params).encode()).hexdigest()[:8]
+        shared = self.open_study(f"{self.name}-data-{digest}")
+        params = space.params  # a grid: check_space refused a continuous data key
         points = sorted(effective(grid(params)), key=lambda p: cost(p, params))
         after = None if past is None else cost(past, params)
 
@@ -170,8 +161,7 @@ class Pipes:
                 shared.study.enqueue_trial({**k.params, **f.params}, skip_if_exists=True)
             tried += len(pairs)
             self.search(shared, space, tried, "join", confirm=replace(self.confirm, top=0)).run()
-            # confirm rounds only where one measurement each leaves the answer open (the same
-            # rows on a resume: the same decision)
+            # confirm rounds only where one measurement each leaves the answer open
             rows = _rows(shared)
             if top := confirm_top([r for _, r in rows], self.plan.tolerance):
                 self.search(shared, space, tried, "join",
@@ -182,8 +172,7 @@ class Pipes:
             for k, f in pairs:
                 row = by_key.get(S.key({**k.params, **f.params}))
                 e2e = rate_of(row) if row is not None else None
-                name, narrower = join_bound(k.rate, f.rate,
-                                              f.params.get("loader.num_workers", 1))
+                name, narrower = join_bound(k.rate, f.rate, f.params.get("loader.num_workers", 1))
                 short = e2e is not None and contends(e2e, narrower, self.plan.tolerance)
                 joined.append({"compute": k.params, "data": f.params, "narrower": name,
                                "e2e": None if e2e is None else list(astuple(e2e)),
@@ -206,20 +195,16 @@ class Pipes:
 
 
 def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
-    """(params, row) of every measured trial of a stage's study."""
     from gpubench.search.rows import trial_rows
 
     return [(dict(t.params), r) for t, r in trial_rows(shared.study, shared.storage)]
 
 
-# ---------------------------------------------------------------------- the rules: pure
-# functions of search spaces and rows (scripts/bench_pipes.py replays them over tables)
+# ------------------------------------------------ the rules (scripts/bench_pipes.py replays them)
 
 
-def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace,
-                                                                         SearchSpace]:
-    """The (compute, data) split; ConfigError when a pipe has no swept key, or a data key is
-    continuous (the data pipe walks a grid)."""
+def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, ...]:
+    """The (compute, data) split; ConfigError: a pipe without a swept key, a continuous data key."""
     from gpubench.config.errors import ConfigError
 
     space.require_swept()
@@ -243,8 +228,7 @@ def grid(params: list[Param]) -> list[dict[str, Any]] | None:
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     axes = []
-    for p in params:
-        d = p.dist
+    for d in (p.dist for p in params):
         if isinstance(d, CategoricalDistribution):
             axes.append(list(d.choices))
         elif isinstance(d, IntDistribution) and not d.log:
@@ -255,8 +239,7 @@ def grid(params: list[Param]) -> list[dict[str, Any]] | None:
 
 
 def cost(params: dict[str, Any], space: list[Param]) -> tuple:
-    """A data setting's cost rank: CHEAP_FIRST's keys first (fewer workers, then no preload,
-    ...), other keys by their choice's position."""
+    """A data setting's cost rank: CHEAP_FIRST's keys first, others by their choice's position."""
     order = {p.name: p for p in space}
     head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
     rest = tuple(_position(order[k], v) for k, v in sorted(params.items())
@@ -284,21 +267,14 @@ def fixed_space(space: SearchSpace, values: dict[str, Any], extra: list[str]) ->
                        [*space.fixed, *pinned, *extra])
 
 
-def short_hash(values: dict[str, Any]) -> str:
-    return hashlib.sha1(S.key(values).encode()).hexdigest()[:8]
-
-
 def rate_of(row: Row) -> Est | None:
     """A row's throughput with its interval (pooled over its confirm step once re-measured)."""
-    if not (row.feasible and row.record.status.measured):
-        return None
-    return Est.of(row.throughput, list(row.interval))
+    measured = row.feasible and row.record.status.measured
+    return Est.of(row.throughput, list(row.interval)) if measured else None
 
 
 @dataclass
-class Kept:
-    """A compute setting kept for the data pipe, with its bound and why it was kept."""
-
+class Kept:  # a compute setting kept for the data pipe, with its bound and why it was kept
     params: dict[str, Any]
     rate: Est
     why: str
@@ -332,9 +308,7 @@ def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
 
 
 @dataclass
-class Fed:
-    """A data setting chosen to feed one kept compute setting."""
-
+class Fed:  # a data setting chosen to feed one kept compute setting
     params: dict[str, Any]
     rate: Est
     clears: bool
@@ -342,17 +316,16 @@ class Fed:
     margin: float
 
     def summary(self) -> dict:
-        share = self.rate.over(self.bound)
         return {"params": self.params, "rate": list(astuple(self.rate)), "clears": self.clears,
-                "margin": [x - 1 for x in astuple(share)]}
+                "margin": [x - 1 for x in astuple(self.rate.over(self.bound))]}
 
 
 def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
                 margin: float, after: tuple | None = None) -> Fed | None:
     """The cheapest measured data setting whose loader interval clears `bound` by `margin`
     (above `after` in cost, when given); else the fastest loader (clears False)."""
-    rated = [(cost(p, space), p, rate_of(r)) for p, r in rows]
-    rated = sorted([t for t in rated if t[2] is not None], key=lambda t: t[0])
+    rated = sorted(((cost(p, space), p, x) for p, r in rows if (x := rate_of(r)) is not None),
+                   key=lambda t: t[0])
     for c, p, x in rated:
         if (after is None or c > after) and clears(x, bound, margin):
             return Fed(p, x, True, bound, margin)
@@ -364,11 +337,10 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
               bound: Est, margin: float) -> list[dict]:
-    """The data points to measure next, given the measured `rows` (empty: done): the cheapest
-    clearing setting, in a few trials where the data space has many. 1. Each worker count with
-    the other keys at their cheapest, fewest first, up to the first that clears `bound`. 2. One
-    other key turned, cheapest first, at a worker fewer than that (a cheaper key may make up for
-    it), at the most workers when none cleared; done when a turn clears or all are measured."""
+    """The data points to measure next (none: done), to find the cheapest clearing setting in a
+    few trials: 1. each worker count, other keys at their cheapest, fewest first, up to the first
+    that clears `bound`; 2. one other key turned, cheapest first, at a worker fewer than that (at
+    the most when none cleared), until a turn clears or all are measured."""
     done = {S.key(p): r for p, r in rows}
     workers = sorted({p.get("loader.num_workers", 0) for p in points})
 
@@ -381,20 +353,17 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
         x = rate_of(r) if r is not None else None
         return x is not None and clears(x, bound, margin)
 
-    cleared_at = None
-    for w in workers:
+    for i, w in enumerate(workers):
         b = base(w)
         if S.key(b) not in done:
             return [b]
         if ok(b):
-            cleared_at = w
+            if i == 0:
+                return []  # the fewest workers at the cheapest setting: nothing is cheaper
+            at = workers[i - 1]
             break
-    if cleared_at is None:
-        at = workers[-1]
-    elif cleared_at == workers[0]:
-        return []  # the fewest workers at the cheapest setting: nothing is cheaper
     else:
-        at = workers[workers.index(cleared_at) - 1]
+        at = workers[-1]
     b = base(at)
     turns = sorted((p for p in points if p.get("loader.num_workers", 0) == at
                     and sum(p[key] != b[key] for key in b) == 1), key=lambda p: cost(p, space))
@@ -404,8 +373,8 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
 
 
 def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
-    """What a pairing's e2e can reach, and its name: with loader workers the pipes overlap (the
-    narrower one); with 0 workers each batch is loaded between two steps (the serial bound)."""
+    """What a pairing's e2e can reach, named: the narrower pipe (workers overlap them), or with 0
+    workers the serial bound (each batch loaded between two steps)."""
     if workers:
         return min((("compute", compute), ("data", loader)), key=lambda t: t[1].value)
     return "serial", Est(*(serial_rate(c, 1.0 / x)
@@ -413,16 +382,14 @@ def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
 
 
 def contends(e2e: Est, bound: Est, tolerance: float) -> bool:
-    """The joined run falls short of its join_bound: even its high end is below the bound's
-    low end by more than `tolerance` (the hand-over alone costs a little)."""
+    """Even the e2e's high end is below the bound's low end by more than `tolerance` (hand-over)."""
     return e2e.hi < bound.lo * (1 - tolerance)
 
 
 def confirm_top(rows: list[Row], tolerance: float) -> int:
-    """How many of the join's pairings, fastest first, its confirm rounds re-measure: the
-    leader down to the last pairing left open, whose interval reaches the leader's while its
-    median is more than `tolerance` below (within it, either is an answer); an unstable leader
-    is re-measured too."""
+    """How many pairings, fastest first, the join's confirm rounds re-measure: down to the last
+    whose interval reaches the leader's while its median is more than `tolerance` below (within
+    it, either is an answer); an unstable leader is re-measured too."""
     ranked = sorted((r for r in rows if rate_of(r) is not None),
                     key=lambda r: r.throughput, reverse=True)
     if not ranked:
@@ -450,8 +417,7 @@ def _setting(params: dict[str, Any]) -> str:
 def lines(result: dict) -> list[str]:
     """The path the search took, in a few lines (the sweeper's log, the report)."""
     out = []
-    c = result.get("compute")
-    if c:
+    if c := result.get("compute"):
         how = "every setting" if c.get("exhaustive") else "sampled"
         out.append(f"compute pipe: {c['trials']} compute-only trial(s), {how}")
         for k in c["kept"]:
@@ -468,20 +434,17 @@ def lines(result: dict) -> list[str]:
                        "dataset.preload=true, dataset.augment_on=device, more CPU cores)")
         out.append(f"data pipe for {_setting(d['for'])}: {d['trials']} loader-only trial(s); "
                    f"{_setting(d['params'])}: {r} img/s {verdict}")
-    j = result.get("join")
-    if j:
-        for p in j["pairings"]:
-            if p["e2e"] is None:
-                out.append(f"join {_setting({**p['compute'], **p['data']})}: not measured")
-                continue
-            e, b = Est(*p["e2e"]), Est(*p["bound"])
-            share = e.value / b.value
-            tail = (": the pipes contend (both fall short together)" if p["contends"] else "")
-            what = ("the serial bound (0 workers: load, then step)" if p["narrower"] == "serial"
-                    else "the narrower pipe")
-            out.append(f"join {_setting({**p['compute'], **p['data']})}: e2e {e} img/s, "
-                       f"{share:.0%} of {what} ({p['narrower']} {b}){tail}")
-    w = result.get("wall_s")
-    if w:
+    for p in (result.get("join") or {}).get("pairings", []):
+        pairing = f"join {_setting({**p['compute'], **p['data']})}"
+        if p["e2e"] is None:
+            out.append(f"{pairing}: not measured")
+            continue
+        e, b = Est(*p["e2e"]), Est(*p["bound"])
+        tail = ": the pipes contend (both fall short together)" if p["contends"] else ""
+        what = ("the serial bound (0 workers: load, then step)" if p["narrower"] == "serial"
+                else "the narrower pipe")
+        out.append(f"{pairing}: e2e {e} img/s, {e.value / b.value:.0%} of {what} "
+                   f"({p['narrower']} {b}){tail}")
+    if w := result.get("wall_s"):
         out.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in w.items()))
     return out

@@ -1,5 +1,4 @@
-"""A sweep's outcome as report rows: the trials of its Optuna studies, or the jobs of its sweep
-dir (sweep.json, results.json) when there is no study to read."""
+"""A sweep's outcome as report rows: its Optuna studies' trials, else its job folders."""
 
 from __future__ import annotations
 
@@ -40,21 +39,21 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     measured_in_full = {j.get("trial") for j in jobs.values()
                         if Rung.of(j.get("rung")) is Rung.full}
     rows, confirms, full_rows = [], {}, {}
-    for d in sorted(find_runs(sweep_dir), key=_job_order):
+    for d in sorted(find_runs(sweep_dir),
+                    key=lambda d: (0, int(d.name), "") if d.name.isdigit() else (1, 0, str(d))):
         job = jobs.get(str(d), {})
         rec = load(d, job.get("rung"))
-        rung = rec.rung if rec is not None else Rung.of(job.get("rung"))
         if rec is None and damaged(d / RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): not in the report", d / RESULTS_FILE)
         if rec is None or not rec.status.final:
             continue
-        if rung is Rung.screen and job.get("trial") in measured_in_full:
+        if rec.rung is Rung.screen and job.get("trial") in measured_in_full:
             continue
-        if rung is Rung.confirm:  # pooled into its trial's row, not a row of its own
+        if rec.rung is Rung.confirm:  # pooled into its trial's row, not a row of its own
             confirms.setdefault(job.get("trial"), []).append(rec)
             continue
         rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
-        if rung is Rung.full:
+        if rec.rung is Rung.full:
             full_rows[job.get("trial")] = rows[-1]
     for trial, recs in confirms.items():
         if trial in full_rows:
@@ -62,15 +61,9 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     return rows, None
 
 
-def _job_order(d: Path):
-    n = d.name
-    return (0, int(n), "") if n.isdigit() else (1, 0, str(d))
-
-
 def _load_studies(names: list[str], storage: str, base: str | None):
     """The rows of these studies and the main one (the join's, or the only one). Of sweep=pipes
-    (`base`: its study name), each row's `trial` is named by its stage (`compute-3`: the pipe
-    plots select by it), the join's by number alone."""
+    (`base`: its study name), a row's `trial` names its stage (`compute-3`), the join's not."""
     import optuna
 
     from gpubench.search.study import open_storage
@@ -89,27 +82,25 @@ def _load_studies(names: list[str], storage: str, base: str | None):
 
 
 def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
-    """(trial, row) for every measured trial, its confirm rounds' records attached (`storage`:
-    a URL or the storage object). A row is labelled by its job folder's name, the name a user
-    finds it by on disk; its `trial` is `prefix` + the trial number (also the label of a trial
-    that names no folder)."""
+    """(trial, row) for every measured trial, its confirm rounds' records attached (`storage`: a
+    URL or object). A row is labelled by its job folder's name, as a user finds it on disk; its
+    `trial` is `prefix` + the trial number (the label too without a folder)."""
     from optuna.trial import TrialState
 
     from gpubench.search.study import confirm_dirs, measured_trials
 
     out, from_study = [], []
     confirms = confirm_dirs(study.study_name, storage)
-    # all workers' trials; interrupted, duplicate and retried-stale ones are not measurements
     for t in measured_trials(study):
         a = t.user_attrs
         trial = f"{prefix}{t.number}"
         label = Path(a["dir"]).name if a.get("dir") else trial
         rung = Rung.screen if t.state == TrialState.PRUNED else Rung.of(a.get("rung") or Rung.full)
         rec = load(a["dir"], rung) if a.get("dir") else None
-        if rec is None and a.get("dir") and damaged(Path(a["dir"]) / RESULTS_FILE):
+        if rec is None and a.get("dir") and damaged(path := Path(a["dir"]) / RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): trial %d's row is what the study kept "
-                        "(status %s, %s img/s)", Path(a["dir"]) / RESULTS_FILE, t.number,
-                        a.get("status"), a.get("throughput"))
+                        "(status %s, %s img/s)", path, t.number, a.get("status"),
+                        a.get("throughput"))
         if rec is not None:
             row = Row(label, rec, trial=trial)
         else:  # its folder is gone: what the study kept
@@ -120,13 +111,11 @@ def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
             row = Row(label, rec, dict(t.params), trial=trial)
             from_study.append(row)
-        # a confirm folder gone missing is a measurement that cannot be shown: it counts as one
-        # that did not measure, so the trial is not called confirmed on fewer figures
+        # a confirm folder gone missing counts as a round that did not measure
         row.confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)
                         for d in confirms.get(t.number, ())]
         out.append((t, row))
-    # the study keeps a trial's swept keys only: the keys the search held fixed (the model,
-    # dataset, image size the report groups by) are those of a trial whose record is there
+    # the study keeps swept keys only: the fixed ones are those of a trial whose record is there
     fixed = next((r.flat for _, r in out if r.record.config), None)
     for r in from_study if fixed else ():
         r.flat = {**fixed, **r.flat}

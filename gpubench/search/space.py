@@ -35,8 +35,7 @@ class Param:
     name: str  # key or config group, used as the Optuna parameter name
     key: str  # as written on the command line, with a +/++ prefix if any
     dist: BaseDistribution
-    # categorical choices that are not plain scalars (lists, quoted strings) sample a label;
-    # this maps each sampled choice back to the text Hydra parses
+    # a sampled choice's text for Hydra (lists and quoted strings are sampled by their label)
     text: dict[Any, str] = field(default_factory=dict)
 
     def override(self, value: Any) -> str:
@@ -59,7 +58,6 @@ class SearchSpace:
         return list((out | {_key_of(o): o for o in extra}).values())
 
     def require_swept(self) -> None:
-        """An optuna search needs at least one swept key."""
         if not self.params:
             raise ConfigError("hydra.sweeper.params", {}, "swept overrides (nothing to search), "
                               "such as 'loader.batch_size=choice(32,64)' or a preset "
@@ -68,8 +66,7 @@ class SearchSpace:
     def size(self) -> int | None:
         """Number of distinct points, or None when a parameter is continuous."""
         n = 1
-        for p in self.params:
-            d = p.dist
+        for d in (p.dist for p in self.params):
             if isinstance(d, CategoricalDistribution):
                 n *= len(d.choices)
             elif isinstance(d, IntDistribution):
@@ -129,13 +126,10 @@ def to_param(override) -> Param:
         choices, text = [], {}
         for v, label in zip(value.list, labels, strict=True):
             # exact types: Hydra's QuotedString and containers are sampled by their text instead
-            if v is None or type(v) in (bool, int, float, str):
-                choices.append(v)
-                if isinstance(v, str):
-                    text[v] = label  # keeps quoting of odd strings
-            else:  # a list, dict or quoted string: sample its text
-                choices.append(label)
-                text[label] = label
+            sampled = v if v is None or type(v) in (bool, int, float, str) else label
+            choices.append(sampled)
+            if isinstance(sampled, str):
+                text[sampled] = label  # keeps quoting of odd strings
         # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
         if len(set(choices)) != len(choices):
             raise ConfigError(name, f"choice({','.join(labels)})", "distinct values (0 and "
@@ -154,9 +148,8 @@ def to_param(override) -> Param:
                       "tag(log, ...)")
 
 
-def parse_search_space(
-    arguments: Iterable[str], params: dict[str, str] | None = None, config_loader=None
-) -> SearchSpace:
+def parse_search_space(arguments: Iterable[str], params: dict[str, str] | None = None,
+                       config_loader=None) -> SearchSpace:
     """Preset params (`hydra.sweeper.params`) first, command-line overrides on top of them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -1,10 +1,8 @@
 """The Optuna study of a search: opening it (race-safe, with heartbeats), and what its trials mean.
 
-Optuna does the leases: its heartbeat thread (`heartbeat`), `fail_stale_trials` and
-`RetryHeartbeatStaleTrialCallback` (a stale trial's parameters queued again). Ours, because
-Optuna has no such thing: the slot check that keeps all workers together at n_trials
-(`claim_is_within`), failing at once the trial of a dead process of this host (`fail_stale`),
-and what counts as measured (`measured_trials`).
+Optuna does the leases (heartbeat thread, `fail_stale_trials`, the retry callback). Ours, as
+Optuna has none: the slot check keeping all workers at n_trials (`claim_is_within`), failing at
+once a dead local process's trial (`fail_stale`), and what counts as measured (`measured_trials`).
 """
 
 from __future__ import annotations
@@ -24,9 +22,7 @@ import optuna
 from filelock import FileLock
 from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
-# the thread Study.optimize beats with (optuna/study/_optimize.py, `_run_trial`: `with
-# get_heartbeat_thread(trial._trial_id, study._storage)`); a module Optuna marks private, used
-# because it is what optimize does around an objective, and it works around any block
+# private in Optuna, but it is what Study.optimize beats with around an objective (_run_trial)
 from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
@@ -38,7 +34,7 @@ from gpubench.search.jobs import SweepFailed
 
 # the constraint's name in Optuna: peak memory fraction - memory.ceiling, <= 0 is feasible
 MEMORY = "memory"
-# attempts at creating/loading a storage or a study that several workers create at once
+# attempts at opening a storage or a study that several workers create at once
 OPEN_ATTEMPTS = 10
 # the confirm step's study: the search's study name and this
 ROUNDS = "-confirm"
@@ -46,8 +42,8 @@ ROUNDS = "-confirm"
 
 @contextmanager
 def _quiet():
-    """Optuna 5 calls heartbeats, fail_stale_trials and the retry callback "experimental", and
-    `ask` outside `optimize` warns that heartbeats are meant for it: we beat ourselves."""
+    """Optuna calls heartbeats and their callbacks experimental, and warns of heartbeats outside
+    `optimize`: we beat ourselves."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", "Heartbeat of storage")
@@ -55,8 +51,7 @@ def _quiet():
 
 
 with _quiet():
-    # Optuna's re-queueing of a failed trial (parameters, attributes, `retry_history`): for a
-    # stale one (the storage's callback) and for one given up (`abandon`) alike
+    # queues a failed trial again (with `retry_history`): a stale one and one `abandon`ed alike
     RETRY = RetryHeartbeatStaleTrialCallback()
 
 
@@ -71,24 +66,15 @@ class Shared:
 
     @cached_property
     def turn(self) -> FileLock | nullcontext:
-        """Held while a trial changes hands (asked, failed, queued again). Optuna reads a
-        trial's state, then writes it (`SELECT ... FOR UPDATE` on a server database); SQLite
-        has no such lock, so two workers on one file can both pop the same queued trial (both
-        measure it; the second to tell it fails) or both fail a dead worker's trial and queue
-        it twice. On SQLite one gpubench process of the host at a time: a file lock beside the
-        database, which the kernel releases when its holder dies (kill -9 blocks no one)."""
+        """Held while a trial changes hands. Optuna reads a trial's state, then writes it; SQLite
+        has no `SELECT ... FOR UPDATE`, so two workers could pop one queued trial or queue a dead
+        one twice. A file lock beside the database: the kernel frees it when its holder dies."""
         db = sqlite_path(getattr(self.storage, "url", ""))
         return FileLock(f"{db}.turn.lock", thread_local=False) if db else nullcontext()
 
     @property
     def beating(self) -> bool:
         return isinstance(self.storage, RDBStorage) and bool(self.storage.heartbeat_interval)
-
-    @property
-    def grace_s(self) -> float:
-        """Optuna's grace period (RDBStorage: 2 heartbeat intervals unless given)."""
-        s = self.storage
-        return float(s.grace_period or 2 * s.heartbeat_interval)
 
     def trial_id(self, number: int) -> int:
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
@@ -105,15 +91,9 @@ def make_sampler(name: str, seed: int | None, n_startup_trials: int):
 
 def open_storage(url: str, heartbeat_interval: int | None = None,
                  grace_period: int | None = None) -> RDBStorage:
-    """An RDB storage with heartbeats on. The database is read once first, so a server that is
-    down or a file that is no database fails at once, in one line (SweepFailed); then workers
-    creating a fresh database at once can collide on its tables: a later attempt finds them."""
+    """An RDB storage with heartbeats on. Read once first: a server down or a file that is no
+    database fails at once; workers creating a fresh one at once can collide on its tables."""
     import sqlalchemy
-
-    def make() -> RDBStorage:
-        with _quiet():
-            return RDBStorage(url, heartbeat_interval=heartbeat_interval,
-                              grace_period=grace_period, heartbeat_stale_trial_callback=RETRY)
 
     try:
         engine = sqlalchemy.create_engine(url)
@@ -121,14 +101,17 @@ def open_storage(url: str, heartbeat_interval: int | None = None,
             sqlalchemy.inspect(engine).get_table_names()
         finally:
             engine.dispose()
-        return retry(make, OPEN_ATTEMPTS, 0.2)
+        with _quiet():
+            return retry(lambda: RDBStorage(url, heartbeat_interval=heartbeat_interval,
+                                            grace_period=grace_period,
+                                            heartbeat_stale_trial_callback=RETRY),
+                         OPEN_ATTEMPTS, 0.2)
     except Exception as e:
         raise cannot_open(url, e) from e
 
 
 def cannot_open(url: str | None, e: BaseException) -> SweepFailed:
-    """The URL and the database's own reason: the innermost cause under Optuna's and
-    SQLAlchemy's wrappers (whose text adds the SQL and a link)."""
+    """The URL and the innermost cause (Optuna's and SQLAlchemy's wrappers add SQL and a link)."""
     while e.__cause__ is not None:
         e = e.__cause__
     return SweepFailed(f"the study storage {url} could not be opened: {e}")
@@ -145,22 +128,18 @@ def open_study(name: str, url: str | None, heartbeat_interval: int | None = None
 
 
 def _open(name: str, storage) -> Shared:
-    """`create_study(load_if_exists=True)` run by several workers at once can fail in all but
-    one (another created it between lookup and insert): load it then."""
-    def make() -> Shared:
-        return Shared(optuna.create_study(
-            storage=storage, study_name=name, direction="maximize", load_if_exists=True,
-            pruner=optuna.pruners.NopPruner()), storage)  # the screen's cut: screen_passes()
-    return retry(make, OPEN_ATTEMPTS, 0.1, (optuna.exceptions.DuplicatedStudyError,
-                                            optuna.exceptions.StorageInternalError, KeyError))
+    # workers creating one study at once fail in all but one (lookup, then insert): retried
+    return retry(lambda: Shared(optuna.create_study(
+        storage=storage, study_name=name, direction="maximize", load_if_exists=True,
+        pruner=optuna.pruners.NopPruner()), storage),  # the screen's cut: screen_passes()
+        OPEN_ATTEMPTS, 0.1, (optuna.exceptions.DuplicatedStudyError,
+                             optuna.exceptions.StorageInternalError, KeyError))
 
 
 def ask(shared: Shared, distributions):
-    """A trial claimed by this process (attr `worker`: host:pid:trial), with one beat at once:
-    Optuna's stale check passes over a trial that never beat, so a worker killed before its
-    heartbeat thread starts would leave it RUNNING for good (killed before this beat: see
-    fail_stale). The trial number is in `worker` because the retry callback copies attributes
-    onto a retry: a copied value names another."""
+    """A trial claimed by this process (attr `worker`: host:pid:trial; the number because the
+    retry callback copies attributes), beaten at once: Optuna's stale check skips a trial that
+    never beat (see fail_stale)."""
     with _quiet(), shared.turn:
         t = shared.study.ask(distributions)
     if shared.beating:
@@ -171,21 +150,16 @@ def ask(shared: Shared, distributions):
 
 @contextmanager
 def heartbeat(shared: Shared, numbers: list[int]):
-    """Optuna's heartbeat thread for each of these trials while the block runs. As in
-    `optimize`, a beat the database refuses ends that thread: the trial goes stale after
-    grace_period, which must stay above a database's worst pause (docs/scaling.md)."""
+    """Optuna's heartbeat thread for each trial while the block runs. As in `optimize`, a beat
+    the database refuses ends it: grace_period must exceed its worst pause (docs/scaling.md)."""
     with ExitStack() as beating:
         for n in numbers:
             beating.enter_context(get_heartbeat_thread(shared.trial_id(n), shared.storage))
         yield
 
 
-# ---------------------------------------------------------------------- trial sets
-
-
 def told_dirs(study) -> dict[str, tuple[str, str | None]]:
-    """Each job folder's final (status, error) in the study: for a record its job could not
-    finish (a full disk)."""
+    """Each job folder's final (status, error) in the study (its record may be unfinished)."""
     return {str(t.user_attrs["dir"]): (str(t.user_attrs["status"]), t.user_attrs.get("error"))
             for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get("dir") and t.user_attrs.get("status") in Status.__members__
@@ -201,8 +175,7 @@ def describe(params: dict) -> str:
 
 
 def measured_trials(study) -> list[FrozenTrial]:
-    """Finished trials that count toward n_trials: not interrupted, not a duplicate, and not a
-    failed trial that Optuna's retry callback queued again (named in a `retry_history`)."""
+    """Finished trials counting toward n_trials: not interrupted, duplicate or queued again."""
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return [t for t in trials if t.state.is_finished() and not t.user_attrs.get("interrupted")
@@ -214,8 +187,8 @@ def running_trials(study) -> list[FrozenTrial]:
 
 
 def wait_for_running(study, numbers: set[int], timeout_s: float, look_s: float = 0.2) -> bool:
-    """Wait, at most timeout_s, until one of these RUNNING trials ends; True when one did. It
-    looks every look_s (one cheap query): sleeping out the whole poll would add to wall time."""
+    """Wait, at most timeout_s, until one of these RUNNING trials ends (True). It looks every
+    look_s (one cheap query): sleeping out the whole poll would add to wall time."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(look_s, left))
@@ -232,25 +205,23 @@ def worker_pid(t: FrozenTrial) -> int | None:
 
 def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> int:
     """Fail the trials of workers that are gone and queue them again; how many were failed.
-    Optuna's `fail_stale_trials` knows only time (the grace period), so a trial of a dead
-    process of this host is failed first, at once: a resume after kill -9 need not wait.
-    Optuna passes over a trial that never beat: one whose worker died between Optuna's ask
-    and `ask`'s first beat would stay RUNNING for good, and every worker would wait on it. A
-    trial `ask` has not named is failed once it stays unnamed a grace period, timed on this
-    process's `clock` from when it first saw it (another host's clock is not this one's)."""
+    Optuna's `fail_stale_trials` knows only time: a dead process of this host is failed at once
+    (a resume after kill -9 need not wait). Optuna skips a trial that never beat (its worker
+    died before `ask` named it): failed once unnamed a grace period, timed on this process's
+    `clock` from when it first saw it (another host's clock is not this one's)."""
     if not shared.beating:  # in memory: one process
         return 0
     with shared.turn:
         before = running_trials(shared.study)
         now = clock()
-        # unnamed: being named this instant, or its worker died asking; seen only while unnamed
+        grace = float(shared.storage.grace_period or 2 * shared.storage.heartbeat_interval)
         shared.unnamed = {t.number: shared.unnamed.get(t.number, now) for t in before
                           if worker_pid(t) is None}
         for t in before:
             pid = worker_pid(t)
-            if pid is None:  # unnamed for longer than a grace period: its worker died asking
-                gone = now - shared.unnamed[t.number] > shared.grace_s
-            else:  # named by a process of this host that no longer exists
+            if pid is None:
+                gone = now - shared.unnamed[t.number] > grace
+            else:
                 gone = process_alive(t.user_attrs["worker"].split(":")[0], pid) is False
             if gone:
                 abandon(shared, t.number, requeue=True)
@@ -260,21 +231,16 @@ def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> i
 
 
 def claim_is_within(study, number: int, n_trials: int) -> bool:
-    """After asking trial `number`: is it one of the first n_trials - measured running trials?
-    Optuna's `MaxTrialsCallback` cannot say: it counts trials once one ends and only stops
-    `optimize`, so it neither sees the trials other workers are measuring (each would take one
-    more) nor tells interrupted, duplicate and retried trials from measured ones. Two workers
-    asking at once both see each other's trial here; the later-numbered one gives its claim
-    back. Only two checks that both run before the other's claim is stored can overshoot: at
-    most workers - 1 extra trials, on the last slots."""
+    """Is trial `number` one of the first n_trials - measured running trials? (Optuna's
+    MaxTrialsCallback counts finished trials only.) Of two workers asking at once the later
+    gives its claim back; checks racing each other's writes overshoot by at most workers - 1."""
     slots = n_trials - len(measured_trials(study))
     return number in sorted(t.number for t in running_trials(study))[:max(slots, 0)]
 
 
 def abandon(shared: Shared, number: int, requeue: bool | None = False) -> bool:
-    """End a RUNNING trial as FAIL, marked `interrupted` (not measured); with `requeue`,
-    Optuna's retry callback queues its parameters again; with None, only when it came from the
-    queue (a retry or an enqueued point must not be lost). False if it was not RUNNING."""
+    """End a RUNNING trial as FAIL, marked `interrupted` (not measured), False if it was not
+    RUNNING; `requeue` queues it again, None only if it came from the queue (not to lose it)."""
     s, tid = shared.storage, shared.trial_id(number)
     with shared.turn:
         t = s.get_trial(tid)  # as it was asked: its retry must not inherit `interrupted`
@@ -290,23 +256,16 @@ def abandon(shared: Shared, number: int, requeue: bool | None = False) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------- screen, duplicates
-
-
 def screen_passes(study, value: float, keep: float, n_startup: int) -> bool:
-    """Whether a screen throughput is in the top `keep` fraction of the screens so far (kept
-    and pruned alike, duplicates aside); the first `n_startup` screens always pass. Optuna's
-    PercentilePruner compares with COMPLETE trials only, i.e. the kept screens: a bar that rises
-    with every trial kept, so it keeps far less than `keep` over a sweep."""
-    screens = [
-        t.intermediate_values[0]
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        if 0 in t.intermediate_values and "duplicate_of" not in t.user_attrs
-    ]
+    """Whether a screen is in the top `keep` of the screens so far (pruned too, duplicates
+    aside); the first `n_startup` pass. (Optuna's PercentilePruner compares with kept ones only:
+    a rising bar that keeps far less than `keep`.)"""
+    told = (TrialState.COMPLETE, TrialState.PRUNED)
+    screens = [t.intermediate_values[0] for t in study.get_trials(deepcopy=False, states=told)
+               if 0 in t.intermediate_values and "duplicate_of" not in t.user_attrs]
     if len(screens) < n_startup:
         return True
-    # its rank among the screens, itself included (ties in its favour): keep 0.5 with 4 earlier
-    # screens keeps the top 3 of 5
+    # its rank, itself included (ties in its favour): keep 0.5 with 4 earlier screens keeps 3 of 5
     return sum(s > value for s in screens) < math.ceil(keep * (len(screens) + 1))
 
 
@@ -335,11 +294,9 @@ def set_attr(owner, key: str, value) -> None:
 
 
 def copy_result(study, trial, prev: FrozenTrial) -> None:
-    """Tell a duplicate trial what its twin measured, without running it (a twin still being
-    measured elsewhere: FAIL, which samplers ignore; it never counts as measured)."""
-    for k, v in prev.user_attrs.items():
+    """Tell a duplicate what its twin measured (a twin measured elsewhere yet: FAIL, uncounted)."""
+    for k, v in {**prev.user_attrs, "duplicate_of": prev.number}.items():
         set_attr(trial, k, v)
-    set_attr(trial, "duplicate_of", prev.number)
     for k, v in prev.constraints.items():
         trial.set_constraint(k, v)
     if prev.state == TrialState.COMPLETE:
@@ -365,15 +322,11 @@ def record(trial, rec, rung: Rung) -> None:
         set_attr(trial, k, v)
 
 
-# ---------------------------------------------------------------------- the confirm step
-
-
 def queue_rounds(shared: Shared, top: list[FrozenTrial], rounds: int) -> Shared:
-    """The confirm step's study (`<study>-confirm`, same storage: the search's `ask` never takes,
-    counts or learns from a round), `top` queued `rounds` times, interleaved (A, B, C, A, B, C),
-    with attrs `confirm_of` and `round`. `enqueue_trial(skip_if_exists=True)` cannot tell rounds
-    apart (same parameters): a round is looked for by its attrs; two workers queueing it at once
-    may both keep it, and both measurements are pooled."""
+    """The confirm step's study (`<study>-confirm`: the search never takes, counts or learns from
+    a round), `top` queued `rounds` times, interleaved (A, B, C, A, B, C), attrs `confirm_of` and
+    `round`. Rounds share parameters, so one is looked for by its attrs (`skip_if_exists` cannot
+    tell them apart); two workers queueing one at once both keep it (pooled)."""
     c = _open(shared.study.study_name + ROUNDS, shared.storage)
     for rnd in range(rounds):
         for t in top:

@@ -12,20 +12,14 @@ from pathlib import Path
 
 import torch
 
-# Dense (no sparsity) peak TFLOP/s: fp32 on CUDA cores, tf32 / fp16 / bf16 on tensor cores (fp16
-# with fp32 accumulation; data sheets quote tensor cores sparse: these are half). Rows are
-# regular expressions over torch.cuda.get_device_name, case-insensitive, most specific first
-# (a PCIe or NVL form factor has its own clocks and row). `sms`: the whole GPU's multiprocessors,
-# so a MIG slice or cut-down part gets the peak scaled by its own count (device_peaks). Unknown
-# devices get no MFU rather than a made-up one. Sources: H100 SXM/PCIe, H100 NVL (TF32 835,
-# BF16/FP16 1,671 sparse), H200 SXM/NVL, GH200 (its GPU is H100 SXM-class): NVIDIA's H100,
-# H200 and GH200 data sheets; B200 and GB200: the per-GPU columns of NVIDIA's HGX B200 /
-# GB200 NVL72 specifications
-# (HGX B200: FP32 75, TF32 2.2 P, BF16 4.5 P sparse; GB200: 80, 2.5 P, 5 P); A100, A10, L4,
-# L40, L40S (BF16 362.05 / 733 sparse), V100, T4: their data sheets; RTX 4090 / 3090: the Ada
-# and Ampere GeForce whitepapers (fp16 with fp32 accumulation). A10G is AWS's part with no
-# NVIDIA data sheet: its row repeats A10's figures, unverified (80 SMs: one per RT core, of
-# which AWS lists 80 for it against A10's 72).
+# Dense peak TFLOP/s: fp32 on CUDA cores, tf32/fp16/bf16 on tensor cores (fp16 with fp32
+# accumulation; data sheets quote sparse: halved here), matched case-insensitively against
+# torch.cuda.get_device_name, most specific first. `sms`, the whole GPU's multiprocessors, scales
+# the peak to a MIG slice's or cut-down part's own. Sources: NVIDIA's H100, H200, GH200 data
+# sheets (H100 NVL: TF32 835, BF16/FP16 1,671 sparse); HGX B200 / GB200 NVL72 specifications, per
+# GPU (B200: FP32 75, TF32 2.2 P, BF16 4.5 P sparse; GB200: 80, 2.5 P, 5 P); A100, A10, L4, L40,
+# L40S (BF16 362.05 / 733 sparse), V100, T4 data sheets; Ada and Ampere GeForce whitepapers. A10G
+# (AWS's) repeats A10's figures, unverified, with 80 SMs (AWS lists 80 RT cores vs A10's 72).
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"\bGB200\b", {"sms": 148, "fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0}),
     (r"\bB200\b", {"sms": 148, "fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0}),
@@ -44,37 +38,30 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"\bA10\b", {"sms": 72, "fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
     (r"\bRTX 4090\b", {"sms": 128, "fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2}),
     (r"\bRTX 3090\b", {"sms": 82, "fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0}),
-    # Volta: no tf32 or bf16 units (tf32 math falls back to fp32). The PCIe card runs lower
-    # clocks than SXM2 (14 / 112 vs 15.7 / 125); V100S PCIe is faster than both.
+    # Volta: no tf32/bf16 units (tf32 falls back to fp32); PCIe clocks lower than SXM2, V100S
     (r"\bV100S\b", {"sms": 80, "fp32": 16.4, "tf32": 16.4, "fp16": 130.0}),
     (r"\bV100-PCIE\b|\bV100 PCIe\b", {"sms": 80, "fp32": 14.0, "tf32": 14.0, "fp16": 112.0}),
     (r"\bV100-SXM2\b|\bV100 SXM2\b", {"sms": 80, "fp32": 15.7, "tf32": 15.7, "fp16": 125.0}),
     (r"\bT4\b", {"sms": 40, "fp32": 8.1, "tf32": 8.1, "fp16": 65.0}),
 ]
 
-# A MIG instance reports the parent's name with its profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
-_MIG = re.compile(r"\bMIG\b")
-
 
 def device_peaks(device_name: str, multiprocessors: int | None = None
                  ) -> tuple[dict[str, float] | None, str | None]:
-    """The device's dense peaks in FLOP/s by math, or None and why. `multiprocessors`: the
-    device's own count (a MIG slice reports its slice's); fewer than the row's: the peak scales
-    by the ratio (an A100 1g.5gb slice has 14 of 108 SMs at the same clocks); more: not this
+    """Dense peaks in FLOP/s by math, or None and why. Fewer `multiprocessors` than the row's
+    scale the peak (an A100 1g.5gb slice has 14 of 108 SMs at the same clocks); more: not this
     device. A MIG name without a count: no peak (the whole GPU's would understate its MFU)."""
     row = next((r for p, r in PEAK_TFLOPS if re.search(p, device_name, re.IGNORECASE)), None)
     if row is None:
         return None, f"no peak-FLOPs row for {device_name!r}"
     sms = int(row["sms"])
-    if multiprocessors is None:
-        if _MIG.search(device_name):
-            return None, f"{device_name}: a MIG slice, and its multiprocessor count is unknown"
-        scale = 1.0
-    elif multiprocessors > sms:
+    # a MIG instance reports its parent's name and profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+    if multiprocessors is None and re.search(r"\bMIG\b", device_name):
+        return None, f"{device_name}: a MIG slice, and its multiprocessor count is unknown"
+    if multiprocessors is not None and multiprocessors > sms:
         return None, (f"{device_name} reports {multiprocessors} multiprocessors, more than the "
                       f"{sms} of the row it matched")
-    else:
-        scale = multiprocessors / sms
+    scale = 1.0 if multiprocessors is None else multiprocessors / sms
     return {k: v * 1e12 * scale for k, v in row.items() if k != "sms"}, None
 
 
@@ -92,8 +79,7 @@ def mixed_peak_flops(device_name: str, flops_by_math: dict[str, float],
 
 def mfu_peak(device_name: str, flops_by_math: dict[str, float],
              multiprocessors: int | None = None) -> tuple[float | None, str | None]:
-    """The peak for a step whose FLOPs run at different maths (convolutions in tf32, matmuls in
-    fp32 under PyTorch's defaults): total / sum(part / its peak), or None and why."""
+    """The peak for FLOPs at several maths: total / sum(part / its peak), or None and why."""
     peaks, why = device_peaks(device_name, multiprocessors)
     if peaks is None:
         return None, why
@@ -111,9 +97,7 @@ def _pkg(name: str) -> str | None:
 
 
 def git_commit(cwd: str | None = None) -> str | None:
-    """The commit of the user's working directory, when it is a git checkout: read from its
-    .git (HEAD, the ref's file or packed-refs; a worktree's `gitdir:` and `commondir`), not by
-    `git rev-parse`, which starts a process from this one (torch loaded) on every run."""
+    """The working directory's git commit, read from .git: no `git` process per run."""
     here = Path(cwd or os.getcwd()).absolute()
     git = next((f / ".git" for f in (here, *here.parents) if (f / ".git").exists()), None)
     if git is None:
@@ -138,8 +122,7 @@ def git_commit(cwd: str | None = None) -> str | None:
 
 
 def platform_text() -> str:
-    """platform.platform()'s text (`Linux-6.1.0-x86_64-with-glibc2.36`) without its read of
-    uname's processor, which on Linux starts `uname -p` from this process."""
+    """platform.platform()'s text without its `uname -p` process (Linux)."""
     libc, version = platform.libc_ver()
     head = "-".join(p for p in (platform.system(), platform.release(), platform.machine()) if p)
     return f"{head}-with-{libc}{version}" if libc else head
@@ -152,9 +135,7 @@ def device_name(device: str) -> str:
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
-    """The CPU as its owner knows it ('AMD EPYC 7B13', 'Intel(R) Xeon(R) ...'): two machines
-    of one architecture ('x86_64') are different devices in a comparison. Linux only; None
-    elsewhere (platform.processor() starts a process to ask)."""
+    """The CPU model ('AMD EPYC 7B13'), Linux only: platform.processor() starts a process."""
     with contextlib.suppress(OSError), open(cpuinfo, encoding="utf-8", errors="replace") as f:
         for line in f:
             key, _, value = line.partition(":")
@@ -167,33 +148,24 @@ def device_memory_bytes(device: str) -> int:
     if device == "cuda":
         return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     import psutil
-
     return int(psutil.virtual_memory().total)
 
 
 def facts(device: str) -> dict:
     from gpubench.telemetry.nvml import Nvml
-
-    d = {
-        "device": device,
-        "device_name": device_name(device),
-        "device_memory_bytes": device_memory_bytes(device),
-        "torch": torch.__version__,
-        "torchvision": _pkg("torchvision"),
-        # the CUDA and cuDNN a GPU run used; a CPU run used neither (a CUDA wheel reports its
-        # build's versions even without a GPU, which would read as the device's)
-        "cuda": torch.version.cuda if device == "cuda" else None,
-        "cudnn": (torch.backends.cudnn.version()
-                  if device == "cuda" and torch.backends.cudnn.is_available() else None),
-        "driver": Nvml.get().driver if device == "cuda" else None,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "host": socket.gethostname(),
-        "platform": platform_text(),
-        "gpubench": _pkg("gpubench"),
-        "git_commit": git_commit(),
-    }
-    if device == "cuda":
+    cuda = device == "cuda"
+    d = {"device": device, "device_name": device_name(device),
+         "device_memory_bytes": device_memory_bytes(device),
+         "torch": torch.__version__, "torchvision": _pkg("torchvision"),
+         # none on a CPU run: a CUDA wheel reports its build's versions even without a GPU
+         "cuda": torch.version.cuda if cuda else None,
+         "cudnn": (torch.backends.cudnn.version()
+                   if cuda and torch.backends.cudnn.is_available() else None),
+         "driver": Nvml.get().driver if cuda else None,
+         "python": platform.python_version(), "cpu_count": os.cpu_count(),
+         "host": socket.gethostname(), "platform": platform_text(),
+         "gpubench": _pkg("gpubench"), "git_commit": git_commit()}
+    if cuda:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         d["compute_capability"] = f"{props.major}.{props.minor}"
         # this device's own SMs (a MIG slice's, not its parent's): MFU's peak scales by them

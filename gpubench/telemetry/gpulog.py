@@ -1,18 +1,7 @@
-"""gpu_metrics.csv: the log `nvidia-smi --query-gpu=... --format=csv,nounits -l 1` would write,
-per run: one row per tick of the run's sampler (telemetry/monitor.py), warm-up and build
-included, flushed row by row so a crashed run keeps its log; nvidia-smi's header (COLUMNS), so
-the file loads straight into pandas. Where NVML's GPM metrics exist (Hopper and newer, not on a
-MIG instance) four more columns follow, each a percentage over the interval since the last row.
-
-Which to trust: `utilization.gpu` is the share of time at least one kernel ran, on however few
-SMs (one small kernel at a time reads 100%); GPM's SM and tensor activity say how much of the
-chip did work (docs/profiling.md). The GPU columns are the sampler's own field reads
-(nvml.read_fields): `power.draw` is NVML's instant power where the driver gives it (nvidia-smi's
-`power.draw.instant`), else nvmlDeviceGetPowerUsage. On a MIG instance power, throttle reasons
-and GPM stay empty (NVML gives them for the whole GPU, or not at all). On a CPU run the columns
-hold the host's figures (CPU model, CPU use, RAM used and available, CPU clock); the others
-have no host counterpart and stay empty.
-"""
+"""gpu_metrics.csv: what `nvidia-smi --query-gpu=... --format=csv,nounits -l 1` would write, a row
+per sampler tick, flushed so a crashed run keeps it. `utilization.gpu` reads 100% for one small
+kernel at a time: GPM columns (Hopper and newer) say how much of the chip worked. A MIG instance
+has no power, throttle reasons or GPM (whole-GPU figures); a CPU run logs the host's figures."""
 
 from __future__ import annotations
 
@@ -35,19 +24,13 @@ log = logging.getLogger(__name__)
 GPU_METRICS_FILE = "gpu_metrics.csv"
 
 # nvidia-smi's own header for the query above (it names clocks.sm as clocks.current.sm)
-COLUMNS = (
-    "timestamp", "name", "utilization.gpu [%]", "utilization.memory [%]", "memory.used [MiB]",
-    "memory.free [MiB]", "power.draw [W]", "clocks.current.sm [MHz]",
-    "clocks_throttle_reasons.active",
-)
+COLUMNS = ("timestamp", "name", "utilization.gpu [%]", "utilization.memory [%]",
+           "memory.used [MiB]", "memory.free [MiB]", "power.draw [W]", "clocks.current.sm [MHz]",
+           "clocks_throttle_reasons.active")
 # NVML GPM metric ids (nvml.h: NVML_GPM_METRIC_SM_UTIL = 2, _SM_OCCUPANCY = 3,
 # _ANY_TENSOR_UTIL = 5, _DRAM_BW_UTIL = 10), each 0-100 over the two samples' interval
-GPM_COLUMNS = (
-    ("gpm.sm_activity [%]", 2),
-    ("gpm.sm_occupancy [%]", 3),
-    ("gpm.tensor_activity [%]", 5),
-    ("gpm.dram_bandwidth [%]", 10),
-)
+GPM_COLUMNS = (("gpm.sm_activity [%]", 2), ("gpm.sm_occupancy [%]", 3),
+               ("gpm.tensor_activity [%]", 5), ("gpm.dram_bandwidth [%]", 10))
 MIB = 2**20
 STAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's: 2026/11/22 00:17:01.123 (local time, ms)
 
@@ -84,12 +67,11 @@ class Gpm:
 
 
 class GpuLog:
-    """gpu_metrics.csv between start() and stop(): one row per write() of the run's sampler."""
+    """gpu_metrics.csv, a row per write(); `gpu` None: the host's figures."""
 
     def __init__(self, device: str, out_dir: Path, clock: Callable[[], float] = time.time,
                  gpu: NvmlDevice | None = None):
-        """`gpu`: the sampler's NVML binding (Monitor.gpu); None: the host's figures."""
-        self.clock = clock  # the rows' timestamps (wall-clock seconds since the epoch)
+        self.clock = clock  # wall-clock seconds, for the rows' timestamps
         self.path = Path(out_dir) / GPU_METRICS_FILE
         self.gpu, self.gpm, self.rows = gpu, None, 0
         self.note = ""  # why the GPU columns or GPM are missing, for the run's notes
@@ -98,8 +80,6 @@ class GpuLog:
             self.note = Nvml.get().reason
         elif gpu is not None:
             import torch
-
-            # decoded (older nvidia-ml-py returns bytes), else CUDA's name for it
             self.name = gpu_name(gpu) or torch.cuda.get_device_name()
             if gpu.mig:  # GPM here needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
                 self.note = "GPM metrics not sampled on a MIG instance"
@@ -113,16 +93,13 @@ class GpuLog:
     def _gpu_row(self, v: dict) -> dict:
         """The row from the sampler's field reads `v`, then clocks, throttle reasons, GPM."""
         nv, h = self.gpu.nv, self.gpu.handle
-        mib = {k: v[k] // MIB for k in ("gpu_mem_used", "gpu_mem_free") if k in v}
-        row: dict = {
-            "utilization.gpu [%]": int(v["gpu_util"]) if "gpu_util" in v else None,
-            "utilization.memory [%]": int(v["mem_util"]) if "mem_util" in v else None,
-            "memory.used [MiB]": mib.get("gpu_mem_used"),
-            "memory.free [MiB]": mib.get("gpu_mem_free"),
-            "power.draw [W]": v.get("power_w"),
-        }
+        row: dict = {"utilization.gpu [%]": int(v["gpu_util"]) if "gpu_util" in v else None,
+                     "utilization.memory [%]": int(v["mem_util"]) if "mem_util" in v else None,
+                     "memory.used [MiB]": v["gpu_mem_used"] // MIB if "gpu_mem_used" in v else None,
+                     "memory.free [MiB]": v["gpu_mem_free"] // MIB if "gpu_mem_free" in v else None,
+                     "power.draw [W]": v.get("power_w")}
         if not self.gpu.mig:  # whole-GPU figures: other tenants' included on a MIG instance
-            # renamed "clocks event reasons" in newer NVML; the old name is kept as an alias
+            # "clocks event reasons" in newer NVML, the old name an alias
             reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 nv.nvmlDeviceGetCurrentClocksThrottleReasons
             r = or_none(nv, lambda: reasons(h))
@@ -135,14 +112,11 @@ class GpuLog:
         return row
 
     def _host_row(self, host_cpu: float) -> dict:
-        vm = psutil.virtual_memory()
-        freq = psutil.cpu_freq()
-        return {
-            "utilization.gpu [%]": host_cpu,  # whole host, since the sampler's last tick
-            "memory.used [MiB]": (vm.total - vm.available) // MIB,
-            "memory.free [MiB]": vm.available // MIB,
-            "clocks.current.sm [MHz]": round(freq.current) if freq else None,
-        }
+        vm, freq = psutil.virtual_memory(), psutil.cpu_freq()
+        return {"utilization.gpu [%]": host_cpu,  # whole host, since the sampler's last tick
+                "memory.used [MiB]": (vm.total - vm.available) // MIB,
+                "memory.free [MiB]": vm.available // MIB,
+                "clocks.current.sm [MHz]": round(freq.current) if freq else None}
 
     def start(self) -> GpuLog:
         self._file = open_own(self.path, "w", newline="")  # never through a symbolic link
@@ -152,7 +126,6 @@ class GpuLog:
         return self
 
     def write(self, host_cpu: float, values: dict) -> None:
-        """One row from one tick's readings: the host's CPU and the GPU's NVML fields."""
         try:
             row = {"timestamp": datetime.fromtimestamp(self.clock()).strftime(STAMP)[:-3],
                    "name": self.name}
@@ -171,17 +144,14 @@ class GpuLog:
 
 
 def _metric_name(column: str) -> str:
-    # MLflow metric names take letters, digits, _ - . / and spaces: "utilization.gpu [%]" ->
-    # "gpu_metrics/utilization.gpu_pct"
+    # MLflow's allowed characters: "utilization.gpu [%]" -> "gpu_metrics/utilization.gpu_pct"
     name, _, unit = column.partition(" [")
     unit = unit.rstrip("]").replace("%", "pct")
     return "gpu_metrics/" + (f"{name}_{unit}" if unit else name).lower()
 
 
 def series(path: Path) -> list[tuple[str, float, int, int]]:
-    """The file's numeric columns as MLflow series: (name, value, step, timestamp_ms), one step
-    per row. Throttle reasons (a hex bit mask) are read as their integer value; empty cells are
-    skipped."""
+    """The numeric columns as MLflow series: (name, value, row, timestamp_ms) per cell."""
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
@@ -195,11 +165,9 @@ def series(path: Path) -> list[tuple[str, float, int, int]]:
         except (KeyError, ValueError):
             ts = 0
         for col, v in row.items():
-            if not isinstance(v, str):  # a row cut short by a crash (None), or one too long
-                continue
             try:
                 x = float(int(v, 16)) if v.startswith("0x") else float(v)
-            except ValueError:  # an empty cell
+            except (ValueError, AttributeError):  # empty, or a row cut short (None) or too long
                 continue
             out.append((_metric_name(col), x, step, ts))
     return out

@@ -1,9 +1,5 @@
-"""An optional PyTorch profiler trace of a few steps, taken after the measured windows
-(profiling slows what it watches, so it never overlaps a measurement): with `bench.profile=true`
-a few more e2e steps run under torch.profiler (wait 1, warm-up 1, active N) with `gpubench/...`
-ranges, and a Chrome/Perfetto trace, the top operators and the breakdown (telemetry/breakdown.py)
-land beside results.json.
-"""
+"""`bench.profile=true`: a few e2e steps under torch.profiler after the measured windows (it slows
+what it watches); its trace, top operators and breakdown land beside results.json."""
 
 from __future__ import annotations
 
@@ -22,21 +18,18 @@ log = logging.getLogger("gpubench")
 
 def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
                   active: int = 3, top: int = 10, step=None) -> dict:
-    """Profile `active` steps of fetch + work; `step` is the TrainStep inside `work`, whose
-    named ranges are switched on for these steps only."""
+    """Profile `active` steps of fetch + work, `step`'s (the TrainStep) named ranges on."""
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     from gpubench.telemetry.breakdown import breakdown, lines
 
     cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    wait, warmup = 1, 1
-    total = wait + warmup + active
+    total = 2 + active  # the schedule's wait and warm-up steps first
     if step is not None:
         step.ranges = True
     try:
-        with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup,
-                                                              active=active),
+        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=active),
                      record_shapes=False) as prof:
             for i in range(total):
                 with record_function("gpubench/data"):
@@ -44,9 +37,8 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
                 with record_function("gpubench/step"):
                     work(batch)
                 if cuda and i == total - 1:
-                    # the last active step's kernels must have run before the profiler stops
-                    # at prof.step() below, or CUPTI drops them from the trace; the wait shows
-                    # in that step's host time only, which the device figures do not use
+                    # the last step's kernels must finish before prof.step() stops the profiler
+                    # or CUPTI drops them; the wait shows in its host time only
                     torch.cuda.synchronize()
                 prof.step()
     finally:
@@ -63,36 +55,23 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
         shutil.copyfileobj(src, dst)
     hta = hta_breakdown(folder, raw) if cuda else None
     raw.unlink()
-    if parts:
-        for line in lines(parts):
-            log.info(line)
-
-    # torch >= 2.4 names the device figure self_device_time_total (self_cuda_time_total
-    # warns as deprecated there: the FutureWarning quoted in pyg-team/pytorch_geometric#9616)
+    for line in lines(parts) if parts else ():
+        log.info(line)
+    # torch >= 2.4 deprecates self_cuda_time_total (pyg-team/pytorch_geometric#9616)
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     every = prof.key_averages()  # aggregates the whole trace: once
     averages = sorted((a for a in every if not a.key.startswith(("gpubench/", "ProfilerStep"))),
                       key=lambda a: getattr(a, sort_by), reverse=True)
     (folder / "top_ops.txt").write_text(every.table(sort_by=sort_by, row_limit=25))
-    return {
-        "trace": str(trace),
-        "breakdown": parts,
-        "hta": hta,
-        "steps": active,
-        "time_kind": "device" if cuda else "cpu",
-        "top_ops": [
-            {"name": a.key, "calls": int(a.count),
-             "self_ms_per_step": getattr(a, sort_by) / 1000.0 / active}
-            for a in averages[:top]
-        ],
-    }
+    return {"trace": str(trace), "breakdown": parts, "hta": hta, "steps": active,
+            "time_kind": "device" if cuda else "cpu",
+            "top_ops": [{"name": a.key, "calls": int(a.count),
+                         "self_ms_per_step": getattr(a, sort_by) / 1000.0 / active}
+                        for a in averages[:top]]}
 
 
 def hta_breakdown(folder: Path, raw: Path) -> dict | None:
-    """Holistic Trace Analysis' temporal and idle-time breakdowns of the trace, where the
-    optional `holistictraceanalysis` package is installed (`pip install -e ".[hta]"`): it
-    splits device idle time into waiting on the host, on other kernels and other causes, per
-    stream (docs/profiling.md). None without it; a failure in it costs nothing measured."""
+    """Holistic Trace Analysis' temporal and idle-time breakdowns, where installed (".[hta]")."""
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:

@@ -1,8 +1,7 @@
 """MLflow tracking: every run (and every sweep, as a parent run) lands in MLflow, nothing is lost.
-`translate` (a record as MLflow sees it, pure), `store` (the connection), `runs` (one run's
-upload and marker), `sweeps` (a sweep's parent run), `sync` (offline upload of what missed
-MLflow). MLflow is imported only inside functions, so `tracking=none` never loads it.
-"""
+`translate` (a record as MLflow sees it), `store` (the connection), `runs` (one run's upload),
+`sweeps` (a sweep's parent run), `sync` (later upload of what missed MLflow). MLflow is imported
+only inside functions, so `tracking=none` never loads it."""
 
 from gpubench.tracking.runs import (
     CONFIG_FILE,

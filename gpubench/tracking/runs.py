@@ -1,9 +1,5 @@
-"""One run into MLflow: upload a record with its artifacts, and leave a marker beside it.
-
-results.json is written before MLflow is contacted; `log_result` uploads the run and writes
-`mlflow.json` beside it saying whether (and as which run) it got there, for `sync` to upload
-what it missed. Text artifacts go up masked (a URI or storage URL may carry a password).
-"""
+"""One run into MLflow: its record with its artifacts (text ones masked: a URI or storage URL may
+carry a password), and a marker beside it saying whether and as which run, for `sync`."""
 
 from __future__ import annotations
 
@@ -40,7 +36,7 @@ PARENT_ENV = "GPUBENCH_MLFLOW_PARENT_RUN_ID"
 # files of a run dir worth keeping next to the run: plots, profiler traces, the job log
 ARTIFACT_GLOBS = ("*.png", "*.svg", "*.html", "*.log", "*.csv", "*trace*.json", "*.json.gz")
 ARTIFACT_DIRS = ("traces", "profiler", "plots")
-GPU_LOG = "gpu_metrics.csv"  # written by gpubench/gpulog.py beside results.json
+GPU_LOG = "gpu_metrics.csv"  # written by telemetry/gpulog.py beside results.json
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
 MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
 BATCH = {"params": 100, "metrics": 1000}  # MLflow's log_batch limits
@@ -64,8 +60,8 @@ def log_batches(client, run_id: str, **items: list) -> None:
 
 def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
              root: Path | None = None) -> bool:
-    """Upload one file, a text file holding a password as a masked copy. A link out of `root`
-    (default: its own folder) is not read: one warning line, and False."""
+    """Upload one file (a text file holding a password: a masked copy). A link out of `root`
+    (default: its folder) is not read: one warning line, and False."""
     root = Path(path).parent if root is None else root
     if not inside(path, root):
         say(f"not uploaded: {path} is a link out of {root} (to {Path(path).resolve()})")
@@ -98,8 +94,7 @@ def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -
 
 def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
            name: str | None = None, overrides: str | None = None) -> str:
-    """One complete MLflow run from a record; returns its run id. Marked terminated last: a run
-    still RUNNING in MLflow is an upload that broke half-way."""
+    """One MLflow run from a record; its id. Terminated last: a RUNNING one broke half-way."""
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 
     rec = T.as_record(run)
@@ -111,11 +106,9 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
         start = int(datetime.strptime(rec.started_at, "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000)
     except (TypeError, ValueError):
         start = None
-    created = c.create_run(store.experiment_id, start_time=start, tags=tags,
-                           run_name=T.run_name(rec, name))
-    rid = created.info.run_id
-    picture = (run_dir / T.PICTURE).is_file()
-    c.set_tag(rid, "mlflow.note.content", T.describe(rec, rid, picture))
+    rid = c.create_run(store.experiment_id, start_time=start, tags=tags,
+                       run_name=T.run_name(rec, name)).info.run_id
+    c.set_tag(rid, "mlflow.note.content", T.describe(rec, rid, (run_dir / T.PICTURE).is_file()))
 
     metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
     log_csv = run_dir / GPU_LOG
@@ -152,26 +145,17 @@ def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
 
 def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=None,
                  experiment_id=None, error=None, parent_id=None) -> None:
+    # tracking_uri: masked by write_json; parent_run_id: the sweep's parent it went under (sync
+    # attaches a job uploaded without one)
     write_json(run_dir / MARKER_FILE, {
-        "run_uid": run_uid,
-        "synced": run_id is not None,
-        "tracking_uri": uri,  # write_json masks it
-        "experiment": experiment,
-        "experiment_id": experiment_id,
-        "run_id": run_id,
-        # the sweep's parent it was uploaded under (sync attaches a job uploaded without one)
-        "parent_run_id": parent_id,
-        "error": error,
-        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    })
+        "run_uid": run_uid, "synced": run_id is not None, "tracking_uri": uri,
+        "experiment": experiment, "experiment_id": experiment_id, "run_id": run_id,
+        "parent_run_id": parent_id, "error": error, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
-# ------------------------------------------------------------------ one upload per run
-# The run's own process uploads it as it ends; `sync` uploads what missed MLflow. Both may reach
-# the same run at once (sync started while a run uploads itself): whoever holds the run's claim
-# (`mlflow.claim`, a file lock: gpubench.core.files.try_lock) uploads; the other leaves the run
-# alone. The claim of a process that died mid-upload (kill -9) is free again: the kernel
-# released its lock with the process.
+# A run's process uploads it as it ends, `sync` what missed MLflow: both may reach one run at
+# once. Only the holder of its claim (`mlflow.claim`, a file lock: core.files.try_lock) uploads;
+# a process that died mid-upload (kill -9) left it free (the kernel released its lock).
 _CLAIMS: dict[Path, FileLock] = {}  # the runs this process is uploading
 
 
@@ -188,9 +172,8 @@ def claim_upload(run_dir: Path) -> str | None:
 
 
 def release_upload(run_dir: Path) -> None:
-    """Give the claim back. Its file is removed while still held: a process that opened it
-    meanwhile finds it unlinked and opens a new one (filelock checks the locked file's link
-    count), so no two ever hold the claim."""
+    """Give the claim back, its file removed while still held: a process that opened it meanwhile
+    finds it unlinked and opens a new one (filelock checks the link count), so no two hold it."""
     lock = _CLAIMS.pop(Path(run_dir), None)
     if lock is not None:
         Path(lock.lock_file).unlink(missing_ok=True)
@@ -202,14 +185,12 @@ def sweep_of(run_dir: Path) -> Path | None:
 
 
 def sync_command(run_dir: Path, uri: str) -> str:
-    """The command that uploads a run later: its sweep's folder (synced together), and the
-    store (sync uploads only where the user says)."""
+    """The command that uploads a run later (with its sweep, to a store the user names)."""
     return f"python -m gpubench.tracking sync {sweep_of(run_dir) or run_dir} --uri {uri}"
 
 
 def read_overrides(run_dir: Path, task=None) -> str | None:
-    """The Hydra override string (masked): from the run dir's .hydra/ (CLI runs, and sync),
-    else from the running Hydra, else from `task`, a composed config's hydra.overrides.task."""
+    """The override string (masked): the run dir's .hydra/, the running Hydra's, or `task`."""
     f = run_dir / ".hydra" / "overrides.yaml"
     if f.is_file():
         return mask_secrets(" ".join(yaml.safe_load(f.read_text()) or []))
@@ -221,8 +202,7 @@ def read_overrides(run_dir: Path, task=None) -> str | None:
 
 
 def job_parent(run_dir: Path) -> str | None:
-    """The sweep's parent run, for a job of a multirun: the env var set by the callback in this
-    process, else the file it left in the sweep dir (launchers that run jobs elsewhere)."""
+    """A multirun job's parent run: the callback's env var here, else its file in the sweep dir."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -238,9 +218,9 @@ def job_parent(run_dir: Path) -> str | None:
 
 
 def log_result(t, result, task=None) -> bool:
-    """Upload one finished (or killed) run (`result`: a RunRecord, or the runner's Result) with
-    its tracking settings `t`; `task`: see read_overrides. Never raises: on a failure it prints
-    one warning line, marks the run unsynced and returns False (results stay for `sync`)."""
+    """Upload one finished (or killed) run (a RunRecord or the runner's Result) with tracking
+    settings `t`; `task`: see read_overrides. Never raises: a failure prints one warning line,
+    marks the run unsynced and returns False (results stay for `sync`)."""
     uri = resolve_uri(t.uri)
     rec = result if isinstance(result, RunRecord) else result.record
     run_dir = Path(rec.dir)

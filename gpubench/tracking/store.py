@@ -1,11 +1,7 @@
 """The connection to an MLflow tracking store: where runs go, how long to wait, credentials.
-MLflow is imported inside functions only: `tracking=none` never loads it.
-
-Credentials: an http(s) URI's `user:password@` moves into MLFLOW_TRACKING_USERNAME / _PASSWORD
-while gpubench talks to the server (MLflow's REST client reads them there; left in the URL, the
-host would be `user:pw@host`), and the /health probe sends them as basic auth. Database URIs
-keep theirs (SQLAlchemy needs them in the URL). Anything written or printed is masked.
-"""
+An http(s) URI's `user:password@` moves into MLFLOW_TRACKING_USERNAME / _PASSWORD while we talk
+to the server (MLflow's REST client reads them there; in the URL the host would be `user:pw@host`);
+database URIs keep theirs (SQLAlchemy needs them). Anything written or printed is masked."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ from gpubench.tracking.translate import experiment_tags, page
 
 
 def no_telemetry() -> None:
-    """MLflow 3 sends usage telemetry to mlflow-telemetry.io unless told not to (read in 3.17:
-    mlflow/telemetry/utils.py is_telemetry_disabled): off unless the user set the variable."""
+    """Off unless set: MLflow 3 sends usage telemetry (3.17: mlflow/telemetry/utils.py)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
@@ -81,10 +76,9 @@ DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def _probe(uri: str, timeout_s: float) -> None:
-    """Fail within timeout_s when the store does not answer. A server: its /health, sent
-    MLflow's credentials (basic auth). A database: MLflow retries creating its engine with a
-    doubling sleep (about 100 s in all), holding a finished benchmark that long; one connection
-    to the TCP port or to PostgreSQL's Unix socket (`?host=/dir`) says first that it is down."""
+    """Fail within timeout_s when the store does not answer: a server's /health (with MLflow's
+    credentials), else one connection to a database's TCP port or PostgreSQL's Unix socket
+    (`?host=/dir`): MLflow would retry creating its engine for about 100 s."""
     parts = urlsplit(uri)
     base = parts.scheme.partition("+")[0]
     port = (parts.port or DB_PORTS[base]) if base in DB_PORTS else None
@@ -108,8 +102,7 @@ def _probe(uri: str, timeout_s: float) -> None:
     except urllib.error.HTTPError:
         pass  # it answered: reachable (a proxy may not route /health; auth is MLflow's call)
     except (OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise TrackingUnavailable(f"no answer: {mask_secrets(str(reason))}") from e
+        raise TrackingUnavailable(f"no answer: {mask_secrets(str(getattr(e, 'reason', e)))}") from e
 
 
 # tries at opening a store another process may be creating at the same moment
@@ -117,8 +110,7 @@ CREATE_ATTEMPTS = 3
 
 
 class Store:
-    """An MLflow client bound to one tracking URI and one experiment (created if new).
-    `uri` is what gpubench records and prints (masked); the client gets the real one."""
+    """An MLflow client on one tracking URI and experiment (created if new); `uri` is masked."""
 
     def __init__(self, uri: str, connect: str, experiment: str):
         from mlflow.tracking import MlflowClient
@@ -129,15 +121,12 @@ class Store:
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not the dir
         self.uri, self.experiment = mask_secrets(uri), experiment
-        # MLflow creates a new store's tables and runs its migrations on first use: two
-        # processes doing it at once collide ("table ... already exists", "Online migration
-        # expected to match one row"). On sqlite one process at a time does it, holding
-        # `<db>.lock` (a file lock the kernel releases if its holder dies, so a process killed
-        # here never blocks the next); on a server database the loser tries again once the
-        # winner has made the tables.
+        # two processes making a new store's tables at once collide ("table ... already
+        # exists", "Online migration expected to match one row"): on sqlite one at a time holds
+        # `<db>.lock` (the kernel frees it if its holder dies); elsewhere the loser retries
         lock = FileLock(f"{db}.lock", thread_local=False) if db else contextlib.nullcontext()
-        # a sqlite store's artifacts sit beside the database (outputs/mlartifacts); MLflow's
-        # own default would be ./mlruns under whatever the current directory happens to be
+        # a sqlite store's artifacts beside it (outputs/mlartifacts), not MLflow's ./mlruns in
+        # whatever the current directory is
         artifacts = (db.parent / "mlartifacts").resolve().as_uri() if db else None
 
         def create() -> None:
@@ -163,8 +152,8 @@ class Store:
             return exp.experiment_id
 
     def find(self, tag: str, value: str) -> list:
-        """Live runs of this experiment whose tag `tag` equals `value`. The value comes from a
-        file: it enters the filter only when plain, so a quote cannot break or widen it."""
+        """Live runs of this experiment whose tag `tag` equals `value`; a value (from a file)
+        enters the filter only when plain, so a quote cannot break or widen it."""
         from mlflow.utils import get_results_from_paginated_fn
 
         value = str(value)
@@ -176,21 +165,17 @@ class Store:
 
 @contextlib.contextmanager
 def connection(uri: str, timeout_s: float = 10.0):
-    """The URL MLflow's client is given for `uri` (its credentials moved to MLflow's variables),
-    within MLflow's limits while the block runs, once the store answered (TrackingUnavailable
-    when it does not within timeout_s)."""
+    """The URL MLflow's client gets for `uri` (credentials moved to MLflow's variables), once the
+    store answered (else TrackingUnavailable), within MLflow's limits while the block runs."""
     connect, *pair = split_credentials(without_masked_password(uri))
     names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
     # MLflow's HTTP client retries 7 times with exponential backoff and a 120 s timeout: a dead
-    # server would hold a finished benchmark for minutes. Bounded while we talk to it.
-    env = {
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout_s))),
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # one line of ours instead
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    } | {k: v for k, v in zip(names, pair, strict=True) if v is not None}
+    # server would hold a finished benchmark for minutes
+    env = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout_s))),
+           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+           "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+           "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # one line of ours instead
+           **{k: v for k, v in zip(names, pair, strict=True) if v is not None}}
     saved = {k: os.environ[k] for k in env if k in os.environ}
     os.environ.update(env)
     try:

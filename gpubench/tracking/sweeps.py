@@ -1,9 +1,6 @@
-"""A sweep in MLflow: one parent run, one child run per job.
-
-The parent is opened before the first job (by the Hydra callback, or by `sync` for a sweep that
-never reached MLflow) and closed at the end with the best job (best_job), FINISHED when its
-sweep completed (a resumed one included) and KILLED when it was interrupted before its end.
-"""
+"""A sweep in MLflow: one parent run, one child run per job. The parent is opened before the first
+job (by the Hydra callback, or by `sync`) and closed with the best job: FINISHED when the sweep
+completed (a resumed one included), KILLED when it was interrupted."""
 
 from __future__ import annotations
 
@@ -31,8 +28,8 @@ log = logging.getLogger("gpubench")
 
 def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str | None = None,
                sweeper_params: dict | None = None, name: str | None = None) -> str:
-    """The sweep's parent run's id: found by its sweep_uid (a sweep resumed into its dir) or
-    created with the overrides and the sweeper's search space as params; in the parent file."""
+    """The sweep's parent run's id, written to the parent file: found by its sweep_uid (a resumed
+    sweep) or created with the overrides and the sweeper's search space as params."""
     from mlflow.entities import Param
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -44,11 +41,10 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
     else:
         tags = {"sweep_uid": uid, "sweep_dir": str(sweep_dir), "overrides": " ".join(overrides),
                 "sweeper": sweeper, "mlflow.user": runs.user()} | T.SOURCE
-        run = store.client.create_run(
-            store.experiment_id,
+        rid = store.client.create_run(
+            store.experiment_id, tags=T.tag_values(tags),
             run_name=mask_secrets(name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"),
-            tags=T.tag_values(tags))
-        rid = run.info.run_id
+        ).info.run_id
         space = [(k.lstrip("+~"), v) for k, _, v in (o.partition("=") for o in overrides)]
         space += (sweeper_params or {}).items()
         params = {T.key(str(k)): mask_secrets(str(v))[:T.MAX_PARAM_VALUE] for k, v in space}
@@ -56,15 +52,13 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
     # open again (a resume): not finished until this attempt's end closes it
     write_json(sweep_dir / runs.PARENT_FILE, info | {
         "sweep_uid": uid, "tracking_uri": store.uri, "experiment": store.experiment,
-        "experiment_id": store.experiment_id, "run_id": rid, "synced": True, "finished": False,
-    })
+        "experiment_id": store.experiment_id, "run_id": rid, "synced": True, "finished": False})
     return rid
 
 
 def mark_ended(sweep_dir: Path, ended: bool) -> None:
-    """Whether the sweep ran to its end, recorded whether or not MLflow was reached: `sync`
-    closes KILLED only the parent of a sweep that did not end and whose process (its pid and
-    host) is gone."""
+    """Whether the sweep ran to its end, MLflow reached or not: `sync` closes KILLED only the
+    parent of a sweep that did not end and whose process (pid, host) is gone."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     owner = {} if ended else {"pid": os.getpid(), "host": socket.gethostname()}
     path = sweep_dir / runs.PARENT_FILE
@@ -72,14 +66,12 @@ def mark_ended(sweep_dir: Path, ended: bool) -> None:
 
 
 def live(sweep_dir: Path) -> bool:
-    """The sweep's process (the parent file's, or the sweeper's in sweep.json) runs on this
-    host: it closes its parent itself."""
+    """The sweep's process (parent file's, sweep.json's) runs on this host: it closes its parent."""
     info = runs.read(sweep_dir / runs.PARENT_FILE)
     if info.get("ended"):
         return False
-    owners = [(info.get("host"), info.get("pid"))]
     host, _, pid = str(manifest.read(sweep_dir).get("worker") or "").rpartition(":")
-    owners.append((host, int(pid) if pid.isdigit() else None))
+    owners = [(info.get("host"), info.get("pid")), (host, int(pid) if pid.isdigit() else None)]
     return any(isinstance(p, int) and process_alive(h, p) for h, p in owners)
 
 
@@ -94,9 +86,8 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
 
 
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
-    """The sweep report's recommendation (one rule, so the parent never names a run its own
-    report rejects); without one, the sweep manifest's best, else the feasible full-length job
-    with the highest objective (feasibility and objective are RunRecord's)."""
+    """The sweep report's recommendation (the parent never names a run its report rejects), else
+    the manifest's best, else the feasible full-length job with the highest objective."""
     from gpubench.search.rows import recommendation
 
     try:
@@ -116,9 +107,9 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
 
 def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool | None = None,
                 status: str | None = None) -> None:
-    """Log the best child's id, config and throughput to the parent run, and end it FINISHED,
-    KILLED when interrupted, or `status`. `interrupted` None: read from mark_ended's record, else
-    (a sweep run untracked) a job left killed or running says so."""
+    """Log the best child's id, config and throughput to the parent run and end it FINISHED,
+    KILLED when interrupted, or `status`. `interrupted` None: mark_ended's record says, else (an
+    untracked sweep) a job left killed or running."""
     from mlflow.entities import Metric, RunTag
 
     c = store.client
@@ -134,8 +125,7 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
         # as the best run's own metrics show them: rounded to what their intervals support
         figures["best_objective"] = T.shown_objective(best)
         if best.images_per_sec is not None:
-            # best_* for the record; images_per_sec and verdict also under the names the
-            # runs table's gpubench view shows as columns, so the parent's row answers too
+            # also as images_per_sec and verdict: the gpubench view's columns, for the parent's row
             figures["best_images_per_sec"] = figures["images_per_sec"] = \
                 T.shown_images_per_sec(best)
             tags["verdict"] = T.run_tags(best).get("verdict")
@@ -159,7 +149,7 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
 def log_sweep_files(sweep_dir: Path, parent_id: str, files: list[Path], timeout_s: float,
                     uri: str) -> None:
     """Attach files (a sweep report, plots) to the sweep's parent run, masked, at the configured
-    `uri`: the one the parent file records is never followed (see gpubench.tracking.sync)."""
+    `uri` (never the one the parent file records: see tracking.sync)."""
     info = runs.read(sweep_dir / runs.PARENT_FILE)
     with open_store(uri, info["experiment"], timeout_s) as store:
         for f in files:

@@ -1,18 +1,11 @@
-"""Upload runs that did not reach MLflow: `python -m gpubench.tracking sync <outputs dir>`.
+"""Upload runs that did not reach MLflow: `python -m gpubench.tracking sync <outputs dir>`. A
+run's `run_uid` is its MLflow identity: syncing twice, or after an upload that broke half-way,
+leaves no duplicates. A results.json left `running` by a process that is gone is marked `killed`.
 
-A run's `run_uid` is its identity in MLflow: syncing twice, or after an upload that broke
-half-way (a run left RUNNING), leaves no duplicates. Sweep jobs go under their sweep's parent
-run, created here when the sweep never reached MLflow. Only gpubench run folders are read (not
-MLflow artifact stores' copies of results.json: `in_artifact_store`), and nothing a link leads
-to outside a run folder. A results.json left `running` by a process that is gone (kill -9, the
-OOM killer) is marked `killed`, saved, then uploaded.
-
-Where runs go is the user's word only: `--uri`, else the embedded store of the outputs folder
-the run lies in. The store a run folder records (mlflow.json, results.json's config,
-mlflow_parent.json) is compared with that, never connected to: a copied folder could name any
-host (and be sent MLFLOW_TRACKING_USERNAME/PASSWORD) or any path (and have a database made
-there). Such a run is skipped, with one line per store naming the `--uri` that uploads it.
-"""
+Runs go only where the user says: `--uri`, else the embedded store of the run's outputs folder.
+The store a run folder records is compared with that, never connected to: a copied folder could
+name any host (and be sent MLFLOW_TRACKING_USERNAME/PASSWORD) or any path (and have a database
+made there); such runs are skipped, one line per store naming the `--uri` that uploads them."""
 
 from __future__ import annotations
 
@@ -40,8 +33,7 @@ _STORE_RUN = re.compile(r"[0-9a-f]{32}|m-[0-9a-f]{32}")
 
 
 def in_artifact_store(run_dir: Path) -> bool:
-    """Under `<run id>/artifacts/` (find_runs skips mlartifacts/ and mlruns/, but a server's
-    --artifacts-destination can be any folder)."""
+    """Under `<run id>/artifacts/` (a server's --artifacts-destination can be any folder)."""
     parts = Path(run_dir).resolve().parts
     return any(p == "artifacts" and _STORE_RUN.fullmatch(prev)
                for prev, p in zip(parts, parts[1:], strict=False))
@@ -60,9 +52,8 @@ def _in_store(info: dict, uri: str, experiment: str) -> bool:
 
 
 def _triage(run_dir: Path, uri: str | None, experiment: str | None, out) -> tuple[str, object]:
-    """What sync does with one run folder: (outcome, detail). `skipped`: why; `elsewhere`: the
-    store the folder names; `todo`, `present`, `orphan` (present, not under its sweep's
-    parent): ((store, experiment), record)."""
+    """(outcome, detail) for one run folder: `skipped`: why; `elsewhere`: the store it names;
+    `todo`, `present`, `orphan` (not under its sweep's parent): ((store, experiment), record)."""
     if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
         return "skipped", f"its {RESULTS_FILE} is a link out of the run folder"
     rec = record.load(run_dir)
@@ -84,8 +75,7 @@ def _triage(run_dir: Path, uri: str | None, experiment: str | None, out) -> tupl
         # its own process lives (a job of a running sweep): it uploads the run itself
         return "skipped", f"its process {rec.pid} is alive and uploads it"
     if uri is None and tcfg.get("backend") == "none":
-        # measured with tracking=none: it named no store of its own (its tracking.uri was
-        # never used, nor checked); `--uri` uploads it on purpose
+        # it named no store (its tracking.uri was never used nor checked): `--uri` uploads it
         return "skipped", "run with tracking=none (--uri uploads it)"
     dest = uri or _run_default_uri(run_dir)
     recorded = marker.get("tracking_uri") or tcfg.get("uri")
@@ -99,8 +89,7 @@ def _triage(run_dir: Path, uri: str | None, experiment: str | None, out) -> tupl
 
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
          timeout_s: float = 10.0, out=sys.stdout) -> dict[str, int]:
-    """Upload every run under `root` that is not in MLflow yet to `uri` (default: the embedded
-    store of each run's outputs folder); returns counts by outcome."""
+    """Upload every run under `root` not in MLflow yet to `uri`; returns counts by outcome."""
     counts = {"uploaded": 0, "present": 0, "skipped": 0, "failed": 0}
     todo: dict[tuple[str, str], list[RunRecord]] = {}
     orphans: dict[tuple[str, str], list[RunRecord]] = {}  # uploaded, but not under their sweep
@@ -111,8 +100,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
         if outcome == "skipped":
             print(f"skip {run_dir}: {detail}", file=out)
         elif outcome == "elsewhere":
-            shown = next((k for k in elsewhere if same_store(k, detail)),
-                         mask_secrets(str(detail)))
+            shown = next((k for k in elsewhere if same_store(k, detail)), mask_secrets(str(detail)))
             elsewhere[shown] = elsewhere.get(shown, 0) + 1
         elif outcome in ("todo", "orphan"):
             (todo if outcome == "todo" else orphans).setdefault(detail[0], []).append(detail[1])
@@ -141,8 +129,8 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
 
 
 def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
-    """A sweep's job uploaded without the sweep's parent (its worker lost the store-creation
-    race, or the parent was not reached): its marker names no parent, or not the sweep's."""
+    """A sweep's job uploaded without the sweep's parent (its worker lost the store-creation race,
+    or the parent was not reached): its marker names no parent, or not the sweep's."""
     sweep = runs.sweep_of(run_dir)
     if sweep is None:
         return False
@@ -152,8 +140,7 @@ def _orphan(run_dir: Path, marker: dict, uri: str, experiment: str) -> bool:
 
 
 def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> None:
-    """Close parent runs left RUNNING (an interrupted sweep) in the destination store; a sweep
-    whose process still runs closes its own."""
+    """Close the parents of interrupted sweeps left RUNNING (a live sweep closes its own)."""
     for sweep in sorted({runs.sweep_of(d) for d in found} - {None}):
         info = runs.read(sweep / runs.PARENT_FILE)
         dest = uri or _run_default_uri(sweep)
@@ -219,8 +206,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
             close_sweep(store, sweep, pid)
 
 
-def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict,
-                out) -> None:
+def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict, out) -> None:
     """One claimed run: uploaded unless in the store already (by its marker or run_uid)."""
     from mlflow.entities import RunStatus
 

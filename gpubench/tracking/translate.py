@@ -1,18 +1,9 @@
-"""A run record as MLflow sees it: params, metrics, tags, a run name and a description; and
-the experiment gpubench creates for them. Pure functions of a `RunRecord` (or its dict): no
-MLflow, no I/O. What MLflow 3.17's UI shows at 1440 px decides the shape:
-
-- the runs table shows metrics and tags only once picked under Columns: an experiment is
-  created with a saved view (`experiment_tags`) whose columns are `images_per_sec` and `verdict`;
-- the run name is the setup, then the throughput (`resnet50-bs128-w8-amp_bf16 812img/s`: chart
-  legends show it); the verdict is its own column, never a word of the name;
-- the description (`mlflow.note.content`, Markdown) shows 100 px before "Show more" and loses
-  an image's size: its first line is the verdict and the figure with its interval, then the
-  run's picture, the reason, the phases and the advice;
-- throughputs are logged rounded to what their interval supports (core.stats.supported_place);
-- the chart view groups metrics by the prefix before `/` (a phase, `memory/`, `efficiency/`);
-  only `images_per_sec` and `objective`, the figures runs are sorted by, stay unprefixed.
-"""
+"""A run record as MLflow 3.17's UI shows it best at 1440 px: params, metrics, tags, a run name,
+a description, and the experiment gpubench creates for them. Pure: no MLflow, no I/O. The runs
+table shows metrics and tags only once picked: an experiment comes with a saved view. The
+description shows 100 px before "Show more" and loses an image's size: the verdict and figure come
+first, then the picture. Charts group metrics by the prefix before `/`: only the figures runs are
+sorted by (`images_per_sec`, `objective`) stay unprefixed."""
 
 from __future__ import annotations
 
@@ -28,23 +19,15 @@ from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import finite_number, round_at, supported_place, text_at
 
-# an MLflow run's status for each record status
-RUN_STATUS = {
-    Status.ok: "FINISHED",
-    Status.over_ceiling: "FINISHED",  # measured fine, just too big for the memory ceiling
-    Status.oom: "FAILED",
-    Status.failed: "FAILED",
-    Status.killed: "KILLED",
-    Status.running: "KILLED",  # never got a final status: the process died
-}
+# an MLflow run's status for each record status (over_ceiling measured fine; running: the
+# process died before a final status)
+RUN_STATUS = {Status.ok: "FINISHED", Status.over_ceiling: "FINISHED", Status.oom: "FAILED",
+              Status.failed: "FAILED", Status.killed: "KILLED", Status.running: "KILLED"}
 
 PICTURE = "run.png"  # the run's picture, written beside results.json
 SOURCE = {"mlflow.source.name": "gpubench", "mlflow.source.type": "LOCAL"}
 
-# MLflow limits (mlflow.utils.validation)
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-MAX_KEY = 250
+MAX_PARAM_VALUE, MAX_TAG_VALUE, MAX_KEY = 6000, 8000, 250  # MLflow's (mlflow.utils.validation)
 # metric names with ( % @ are rejected by MLflow; keep names plain
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
@@ -56,25 +39,17 @@ PHASE_TELEMETRY = ("gpu_util_mean", "power_mean_w", "host_cpu_util_mean", "peak_
 TELEMETRY_SERIES = ("gpu_util", "mem_util", "gpu_mem_used", "power_w", "host_cpu", "procs_cpu",
                     "rss")
 RECORD_FIGURES = {  # metric name: the RunRecord field
-    "memory/peak_fraction": "peak_memory_fraction",
-    "memory/peak_bytes": "peak_memory_bytes",
-    "memory/torch_peak_allocated_bytes": "torch_peak_allocated_bytes",
-    "memory/torch_peak_reserved_bytes": "torch_peak_reserved_bytes",
+    "memory/peak_fraction": "peak_memory_fraction", "memory/peak_bytes": "peak_memory_bytes",
+    **{f"memory/{k}": k for k in ("torch_peak_allocated_bytes", "torch_peak_reserved_bytes")},
     "memory/device_bytes": "device_memory_bytes",
-    "efficiency/mfu": "mfu",
-    "efficiency/achieved_tflops": "achieved_tflops",
-    "efficiency/flops_per_step": "flops_per_step",
-    "efficiency/energy_per_image_j": "energy_per_image_j",
-    "efficiency/gpu_util_mean": "gpu_util_mean",
-    "efficiency/power_mean_w": "power_mean_w",
+    **{f"efficiency/{k}": k for k in ("mfu", "achieved_tflops", "flops_per_step",
+                                      "energy_per_image_j", "gpu_util_mean", "power_mean_w")},
 }
-# MLflow 3.17.2's UI, read in its bundle (mlflow/server/js/build/static/js): a saved view of the
-# runs table is an experiment tag `mlflow.sharedViewState.<key>` = {name, createdAt, state}
-# (chunk 3448), `state` the page's UI state as JSON (module 1395: `selectedColumns`,
-# `columnOrder`, `columnWidths`, a column named by its sort key), opened by
-# `?viewStateShareKey=<key>`. The GenAI or training view comes from the URL's `workflowType` or
-# the browser's last choice (module 31080: its switch is on as built, so the experiment tag
-# `mlflow.experimentKind` is not read there; the tag still says what the experiment holds).
+# MLflow 3.17.2's UI bundle (mlflow/server/js/build/static/js): a saved runs-table view is an
+# experiment tag `mlflow.sharedViewState.<key>` = {name, createdAt, state} (chunk 3448), `state`
+# the page's UI state as JSON (module 1395; a column named by its sort key), opened by
+# `?viewStateShareKey=<key>`. GenAI or training view: the URL's `workflowType`, else the browser's
+# last choice (module 31080: `mlflow.experimentKind` is not read there, but says what it holds).
 VIEW = "gpubench"  # the saved view's key and name
 VIEW_COLUMNS = ("metrics.`images_per_sec`", "tags.`verdict`")
 NAME_COLUMN = "attributes.`Run Name`"
@@ -90,8 +65,7 @@ with the verdict and the figure with its interval, then its picture."""
 
 
 def experiment_tags(now_ms: int | None = None) -> dict[str, str]:
-    """An experiment's description, kind and saved runs-table view (name, created, duration,
-    images/sec and verdict; Dataset, Source and Models left out)."""
+    """An experiment's description, kind and saved runs-table view (no Dataset, Source, Models)."""
     state = {"selectedColumns": list(VIEW_COLUMNS),
              "columnOrder": [NAME_COLUMN, "runDateAndNestInfo", "duration", *VIEW_COLUMNS],
              "columnWidths": VIEW_WIDTHS}
@@ -123,17 +97,13 @@ def key(k: str) -> str:
     return _BAD_KEY_CHARS.sub("_", k)[:MAX_KEY]
 
 
-def param_str(v) -> str:
-    # Hydra's own spelling, so a value can be pasted back as an override
-    if v is None or isinstance(v, (bool, list, dict)):
-        return json.dumps(v)
-    return str(v)
+def param_str(v) -> str:  # Hydra's own spelling: a value pastes back as an override
+    return json.dumps(v) if v is None or isinstance(v, (bool, list, dict)) else str(v)
 
 
 def run_params(run) -> dict[str, str]:
-    """The knobs by plain name (gpubench.config.knobs.SHORT), the device, then the rest of the
-    resolved config (dotted keys; a knob's own keys are its plain name's, one column per knob).
-    Values are masked: a tracking URI or a storage URL may carry a password."""
+    """The knobs by plain name (config.knobs.SHORT: one column per knob), the device, then the rest
+    of the config by dotted key; masked (a tracking URI or storage URL may carry a password)."""
     rec = as_record(run)
     params = {k: knob_of(rec.knob, k) for k in SHORT}
     params["device"] = rec.env.get("device")
@@ -146,10 +116,9 @@ def _number(v) -> float | None:
     return float(v) if isinstance(v, bool) else finite_number(v)
 
 
-# throughputs are logged rounded to what their intervals support: a table of runs then shows
-# 812, not 812.3061; results.json keeps the raw figures
-def shown_images_per_sec(rec: RunRecord) -> float | None:
-    """The run's end-to-end images/sec as MLflow shows it (the `images_per_sec` metric)."""
+# throughputs are logged rounded to what their intervals support (812, not 812.3061);
+# results.json keeps the raw figures
+def shown_images_per_sec(rec: RunRecord) -> float | None:  # the `images_per_sec` metric
     return round_at(rec.images_per_sec, supported_place(rec.images_per_sec, rec.images_per_sec_ci))
 
 
@@ -162,8 +131,7 @@ def shown_objective(rec: RunRecord) -> float:
 
 
 def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
-    """(name, value, step, timestamp_ms); per-step series under their phase, warm-up steps first
-    (the chart shows the warm-up curve)."""
+    """(name, value, step, timestamp_ms); per-step series under their phase, warm-up first."""
     rec = as_record(run)
     now_ms = now_ms or int(time.time() * 1000)
     out: list[tuple[str, float, int, int]] = []
@@ -213,39 +181,26 @@ def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, i
 
 
 def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict[str, str]:
-    """The run's identity, status and verdict (filterable: `tags.bottleneck = 'data'`), the
-    environment, the overrides and MLflow's own source/user tags (the description: describe)."""
+    """The run's identity, status, verdict, environment, overrides, MLflow's source/user tags."""
     rec = as_record(run)
-    env = rec.env
-    stable = rec.measurement_stable
-    tags = {
-        # first: the run page lists tags in this order, above the description. One word
-        # (`data`, `compute`, `overlap`, `inconclusive`, `unknown`), or the status of a run that
-        # measured nothing (`oom`, `failed`, `killed`): a column of the saved view
+    env, stable = rec.env, rec.measurement_stable
+    return tag_values({
+        # first: the run page lists tags in this order. One word (`data`, `compute`, ...), or
+        # the status of a run that measured nothing: a column of the saved view
         "verdict": (labels.verdict_words(rec.bottleneck).word if rec.status.measured
                     else rec.status.value),
-        "run_uid": rec.run_uid,
-        "status": rec.status.value,
-        "bottleneck": rec.bottleneck,
-        "measurement_stable": None if stable is None else str(stable).lower(),
-        "error": rec.error,
-        "device_name": env.get("device_name"),
-        "device_kind": env.get("device"),
+        "run_uid": rec.run_uid, "status": rec.status.value, "bottleneck": rec.bottleneck,
+        "measurement_stable": None if stable is None else str(stable).lower(), "error": rec.error,
+        "device_name": env.get("device_name"), "device_kind": env.get("device"),
         **{k: env.get(k) for k in ("driver", "cuda", "cudnn", "torch", "torchvision", "python",
                                    "cpu_count", "host", "platform")},
-        "gpubench_version": env.get("gpubench"),
-        "git_commit": env.get("git_commit"),
+        "gpubench_version": env.get("gpubench"), "git_commit": env.get("git_commit"),
         "overrides": overrides,
-        # the Optuna study a sweep job belongs to: one search across all its workers
-        "study": rec.extra.get("study"),
-        # the sweeper's rung (screen, full, confirm, probe): a report from MLflow tells a short
-        # measurement from a full one by it
+        "study": rec.extra.get("study"),  # a sweep job's Optuna study, across all its workers
+        # the sweeper's rung (screen, full, ...): a report from MLflow tells short from full
         "rung": rec.extra.get("rung"),
-        **SOURCE,
-        "mlflow.source.git.commit": env.get("git_commit"),
-        "mlflow.user": user,
-    }
-    return tag_values(tags)
+        **SOURCE, "mlflow.source.git.commit": env.get("git_commit"), "mlflow.user": user,
+    })
 
 
 def run_name(run, name: str | None = None) -> str:
@@ -274,8 +229,7 @@ def _figure(v, ci) -> str:
 
 
 def headline(rec: RunRecord) -> str:
-    """The description's first line, e.g.
-    `**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
+    """`**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
     word = labels.verdict_words(rec.bottleneck).tag
     lean = rec.extra.get("verdict_leaning")  # what an inconclusive verdict leans to
     if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
@@ -300,9 +254,8 @@ def headline(rec: RunRecord) -> str:
 
 
 def describe(run, run_id: str | None = None, picture: bool = False) -> str:
-    """The run's description (Markdown): the headline, the run's picture (served by the
-    server's `get-artifact` route, relative so it works behind a path prefix), the reason, the
-    phases' table and the advice."""
+    """The run's description (Markdown): the headline, the picture (by the server's relative
+    `get-artifact` route: it works behind a path prefix), the reason, the phases, the advice."""
     rec = as_record(run)
     lines = []
     if rec.status.measured:

@@ -1,12 +1,9 @@
 """gpubench's config search path: a team's folder before gpubench's own, each file checked as read.
 
-`python -m gpubench -cd DIR` makes DIR the primary config folder and this plugin puts gpubench's
-own folder right after it, so a team's `model/tiny.yaml` is found first. (Hydra's own
---config-dir puts DIR after the primary folder, hydra/_internal/utils.py _run_hydra,
-add_conf_dir, 1.3.8, where a file named as one of gpubench's is never read.) Both folders are
-read through `Files`: Hydra's file source, then each file's values checked as written
-(gpubench.config.prechecks.check_written), and a file that cannot be read named in one line.
-Any other Hydra application in the environment keeps its own search path.
+`python -m gpubench -cd DIR` makes DIR the primary config folder and gpubench's own folder comes
+right after it, so a team's `model/tiny.yaml` wins (Hydra's --config-dir puts DIR after the
+primary folder: hydra 1.3.8 _run_hydra, add_conf_dir). Both are read through `Files`, which
+checks each file's values as written. Other Hydra applications keep their own search path.
 """
 
 from __future__ import annotations

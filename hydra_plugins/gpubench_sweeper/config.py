@@ -1,7 +1,6 @@
-"""Settings of the gpubench sweeper (`hydra/sweeper=gpubench`), each key declared once with
-gpubench.config.keys.setting: gpubench.config.prechecks checks them before Hydra builds anything
-and docs/configuration.md is written from them. A key named `*overrides` is a list of overrides
-the sweeper adds to some jobs, each checked like a command-line override before any trial.
+"""Settings of the gpubench sweeper (`hydra/sweeper=gpubench`), each declared once with
+gpubench.config.keys.setting (checked before Hydra builds anything; docs/configuration.md). A key
+`*overrides` lists overrides the sweeper adds to some jobs, checked before any trial.
 Imported by Hydra's plugin scan on every run: no Optuna here.
 """
 
@@ -44,10 +43,9 @@ class ScreenConf:
 
 @dataclass
 class ConfirmConf:
-    top: int = setting(
-        3, "after n_trials, the fastest top feasible full-length trials are measured again, "
-           "interleaved, and judged on all their measurements; 0: no confirm step",
-        bounds=(0, None))
+    top: int = setting(3, "after n_trials, the fastest top feasible full-length trials are "
+                          "measured again, interleaved, and judged on all their measurements; "
+                          "0: no confirm step", bounds=(0, None))
     rounds: int = setting(2, "how many times each is measured again", bounds=(1, None))
 
 
@@ -68,14 +66,12 @@ class PipesConf:
         factory=lambda: list(DATA_KEYS),
         help="mode=pipes: the swept keys searched by loader-only trials; the other swept keys "
              "are searched by compute-only trials")
-    compute_trials: int = setting(
-        16, "compute-only trials at most; a compute space this small or smaller is measured "
-            "whole", bounds=(1, None))
+    compute_trials: int = setting(16, "compute-only trials at most; a compute space this small "
+                                      "or smaller is measured whole", bounds=(1, None))
     keep: int = setting(2, "compute settings kept for the data pipe: the fastest, the smallest "
                            "batch within 5% of it, then the next fastest", bounds=(1, None))
-    data_trials: int = setting(
-        12, "loader-only trials at most per kept compute setting, cheapest setting first",
-        bounds=(1, None))
+    data_trials: int = setting(12, "loader-only trials at most per kept compute setting, "
+                                   "cheapest setting first", bounds=(1, None))
     join_trials: int = setting(
         4, "pairings measured end to end at most (one per kept setting, then the next data "
            "setting where the pipes contend)", bounds=(1, None))
@@ -83,8 +79,8 @@ class PipesConf:
         factory=lambda: ["bench.phases=[compute]", "loader.num_workers=0"],
         help="overrides of a compute-only trial (the compute phase trains on one batch kept "
              "on the device: no loader worker is needed)")
-    data_overrides: list[str] = setting(
-        factory=lambda: ["bench.phases=[loader]"], help="overrides of a loader-only trial")
+    data_overrides: list[str] = setting(factory=lambda: ["bench.phases=[loader]"],
+                                        help="overrides of a loader-only trial")
     join_overrides: list[str] = setting(
         factory=lambda: ["bench.phases=[e2e]"],
         help="overrides of a pairing's end-to-end runs (each pipe was measured on its own "
@@ -99,14 +95,12 @@ class GpubenchSweeperConf:
                                       "max_batch: the largest batch that fits; pipes: compute "
                                       "and data pipes searched on their own, then joined "
                                       "([sweeps.md](sweeps.md#sweeppipes))")
-    n_trials: int = setting(20, "measured trials to reach, over all invocations",
-                            bounds=(1, None))
+    n_trials: int = setting(20, "measured trials to reach, over all invocations", bounds=(1, None))
     n_jobs: int = setting(1, "trials launched together; keep 1 unless the launcher puts each "
                              "job on its own device: parallel trials on one device corrupt each "
                              "other's throughput", bounds=(1, None))
-    # Optuna's limit, an indexed column of 512 characters, less the longest suffix the sweeper
-    # adds to it (<name>-data-<8 hex>-confirm: search.pipes, search.study.ROUNDS), so no study
-    # of the search is refused after the search ran
+    # Optuna's 512-character limit less the longest suffix the sweeper adds (pipes' -data-<8 hex>
+    # and study.ROUNDS), so no study of the search is refused after the search ran
     study_name: str | None = setting(
         None, "null: gpubench-<hash of the search space>, so re-running the same command "
               "resumes its study", rule=name_rule(512 - len("-data-12345678-confirm")))
@@ -119,8 +113,7 @@ class GpubenchSweeperConf:
                 "mysql[+driver]://..., mssql[+driver]://..., oracle[+driver]://...")
     sampler: Sampler = setting(Sampler.tpe, "Optuna's sampler")
     seed: int | None = setting(None, "the sampler's seed (a resume adds the number of trials "
-                                     "so far); null: random",
-                                  bounds=(0, 2**32 - 1))
+                                     "so far); null: random", bounds=(0, 2**32 - 1))
     n_startup_trials: int = setting(5, "random trials before TPE models the space "
                                        "([benchmarks.md](benchmarks.md#search-efficiency))",
                                     bounds=(0, None))
@@ -130,8 +123,7 @@ class GpubenchSweeperConf:
         10, "RDB storages: seconds between a running trial's heartbeats", bounds=(1, None))
     grace_period: int | None = setting(
         60, "a trial whose worker stopped beating this long is failed and queued again; above "
-            "heartbeat_interval; null: 2 x heartbeat_interval (Optuna's default)",
-        bounds=(1, None))
+            "heartbeat_interval; null: 2 x heartbeat_interval (Optuna's default)", bounds=(1, None))
     screen: ScreenConf = field(default_factory=ScreenConf)
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     max_batch: MaxBatchConf = field(default_factory=MaxBatchConf)
@@ -143,6 +135,5 @@ class GpubenchSweeperConf:
                                  "sweep dir at the end")
 
 
-ConfigStore.instance().store(
-    group="hydra/sweeper", name="gpubench", node=GpubenchSweeperConf, provider="gpubench"
-)
+ConfigStore.instance().store(group="hydra/sweeper", name="gpubench", node=GpubenchSweeperConf,
+                             provider="gpubench")

@@ -1,9 +1,5 @@
-"""gpubench's Hydra sweeper: the thin front of gpubench.search (loop, pipes, maxbatch).
-
-Hydra builds it from `GpubenchSweeperConf` (config.py); `sweep()` checks the settings, opens the
-study and hands over to gpubench.search, which launches every trial as an ordinary Hydra job
-through the configured launcher (so callbacks such as the MLflow one see it as a child run).
-
+"""gpubench's Hydra sweeper: the thin front of gpubench.search (loop, pipes, maxbatch), which
+launches every trial as an ordinary Hydra job through the configured launcher.
 Imported by Hydra's plugin scan on every run: Optuna and SQLAlchemy load only when a sweep starts.
 """
 
@@ -33,8 +29,7 @@ log = logging.getLogger("gpubench.sweep")
 
 class GpubenchSweeper(Sweeper):
     def __init__(self, **settings: Any) -> None:
-        # config.py's keys as attributes, checked in sweep(), not here: Hydra wraps an error
-        # raised while instantiating into a multi-line report
+        # checked in sweep(), not here: Hydra wraps an error raised while instantiating
         vars(self).update(settings)
         self.params = {str(k): v for k, v in (self.params or {}).items()}
         self.hydra_context: HydraContext | None = None
@@ -42,8 +37,7 @@ class GpubenchSweeper(Sweeper):
         self.launcher = None
 
     def check(self) -> None:
-        """Every setting, before any work; ConfigError names the first bad one: the ranges and
-        choices declared in config.py, then the rules across keys."""
+        """Every setting, before any work: ConfigError names the first bad one."""
         check_keys(self, keys(GpubenchSweeperConf, "hydra.sweeper."))
         self.mode, self.sampler = _member(Mode, self.mode), _member(Sampler, self.sampler)
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
@@ -56,12 +50,10 @@ class GpubenchSweeper(Sweeper):
               config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+            hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        """The search; what ends it early is one line from gpubench.cli.errors: a ConfigError
-        (exit 2) or a SweepFailed (docs/sweeps.md, "When a sweep fails": exit 1)."""
+        """The search; a ConfigError (exit 2) or a SweepFailed (exit 1) ends it in one line."""
         from gpubench.search.jobs import Jobs, mark_stale_runs
         from gpubench.search.manifest import Manifest
         from gpubench.search.space import parse_search_space
@@ -85,7 +77,13 @@ class GpubenchSweeper(Sweeper):
             manifest.save()
         jobs.check_measured()  # nothing measured: nothing to report either
         if self.report:
-            self._write_report(sweep_dir)
+            try:
+                from gpubench.report.write import sweep_report
+
+                files = sweep_report(sweep_dir)
+                log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
+            except Exception as e:  # the measurements are on disk; a report can be made later
+                log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
         return jobs.returns
 
     def _search(self, jobs, space, manifest) -> None:
@@ -98,16 +96,14 @@ class GpubenchSweeper(Sweeper):
         from gpubench.search.pipes import Pipes, Plan, check_space
 
         pipes = self.mode is Mode.pipes
-        if pipes:  # the space is checked before a study is made for nothing
+        space.require_swept()  # checked before a study is made for nothing
+        if pipes:
             check_space(space, tuple(self.pipes.data_keys))
-        else:
-            space.require_swept()
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
         opened: dict = {}  # one Shared per study: an in-memory study lives in its object
 
-        def open_study(study_name: str):
-            """A study of this sweep's storage (created or loaded), its sampler seeded."""
+        def open_study(study_name: str):  # created or loaded, its sampler seeded
             if study_name not in opened:
                 shared = opened[study_name] = S.open_study(
                     study_name, storage, self.heartbeat_interval, self.grace_period)
@@ -120,8 +116,8 @@ class GpubenchSweeper(Sweeper):
                     manifest.update(studies=list(opened))
             return opened[study_name]
 
-        # what an earlier invocation's studies were told of their jobs (read before this one
-        # writes sweep.json), so a job left running is settled as its study knows it
+        # a job left running is settled as its study was told (the studies named before
+        # open_study rewrites sweep.json)
         told: dict = {}
         for n in (read_manifest(manifest.sweep_dir).get("studies") or []) if pipes else [name]:
             told |= S.told_dirs(open_study(n).study)
@@ -138,8 +134,8 @@ class GpubenchSweeper(Sweeper):
         if not pipes:
             steps, full = self.screen.steps, self.config.bench.steps
             screened = steps is not None and full is not None and int(steps) < int(full)
-            screen = Screen(**{**self.screen, "steps": int(steps) if screened else None})
-            Search(open_study(name), space, jobs, manifest, self.n_trials, self.n_jobs, screen,
+            Search(open_study(name), space, jobs, manifest, self.n_trials, self.n_jobs,
+                   Screen(**{**self.screen, "steps": int(steps) if screened else None}),
                    poll_s=poll, confirm=confirm).run()
             return
         os.environ[BOUNDS_MEASURED_ENV] = "1"
@@ -153,9 +149,9 @@ class GpubenchSweeper(Sweeper):
             write_json(manifest.sweep_dir / PIPES_FILE, result)
             manifest.update(pipes=result)
 
-        earlier = (read_json(manifest.sweep_dir / PIPES_FILE) or {}).get("wall_s") or {}
         Pipes(Plan(**OmegaConf.to_container(self.pipes)), space, name, open_study, search,
-              confirm, write, earlier=earlier).run()
+              confirm, write,
+              earlier=(read_json(manifest.sweep_dir / PIPES_FILE) or {}).get("wall_s") or {}).run()
 
     def _max_batch(self, jobs, space, manifest) -> None:
         from gpubench.search.maxbatch import run_max_batch, summary_lines
@@ -171,17 +167,7 @@ class GpubenchSweeper(Sweeper):
         for line in summary_lines(result):  # the answer, for the user at the terminal
             print(line, flush=True)
 
-    def _write_report(self, sweep_dir: Path) -> None:
-        try:
-            from gpubench.report.write import sweep_report
-
-            files = sweep_report(sweep_dir)
-            log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
-        except Exception as e:  # the measurements are on disk; a report can be made later
-            log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
-
 
 def _member(enum: type[Enum], v: Any) -> Enum:
-    """A checked choice as this module's Enum member: Hydra hands a member (of the copy of
-    config.py its plugin scan loaded), a caller its name."""
+    """This module's member: Hydra hands a member of its plugin scan's copy of config.py."""
     return enum[v.name if isinstance(v, Enum) else v]
