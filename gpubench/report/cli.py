@@ -39,7 +39,7 @@ def _tolerance(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> ExitCode:
-    p = OneLineParser(prog="python -m gpubench.report", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m gpubench.report", description=" ".join(__doc__.split()))
     p.add_argument("source", nargs="?",
                    help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
     p.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,

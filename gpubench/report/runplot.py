@@ -72,7 +72,7 @@ def run_picture_data(record: RunRecord) -> dict:
             # a first step that compiles or autotunes can be 100x the rest: a log axis
             "trace_log_y": bool(every) and span[1] > 20 * span[0], "trace_span": span,
             "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label,
-            # a hundredfold span on a linear axis leaves the slower pipes as slivers
+            # pipes over LOG_SPAN apart on a linear axis leave the slower ones as slivers
             "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends), "flagged": flagged,
             "reasons": [_wrap(f"- {r.text}", 2, 110) for r in record.noise_reasons]
             if flagged else []}
