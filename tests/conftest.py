@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import copy
+import fcntl
 import functools
+import gc
+import json
+import logging
 import os
 import platform
+import shutil
+import signal
+import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from gpubench.config.paths import CONFIG_DIR
+from tests.zygote import alive, zygote
 
 ROOT = Path(__file__).resolve().parent.parent
+SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # shared()'s folder, made by pytest_configure
 
-# `from tests.conftest import ...` would load a second copy of this module, whose record of
-# the running test (_RUNNING) is empty: both names are this one module
-sys.modules.setdefault("tests.conftest", sys.modules[__name__])
-
-# One torch thread per process (set before any test imports torch; workers and subprocesses
-# inherit it): the suite runs two workers, each starting `python -m gpubench` runs, and torch's
-# default of one thread per core made them spin against each other for the same two cores
-# (on the 2-core box: about a quarter more CPU and wall time). An explicit setting wins.
+# One torch thread per process (workers and subprocesses inherit it; an explicit setting wins):
+# with torch's default of one per core, two workers' runs spun against each other on a 2-core
+# box (about a quarter more CPU and wall time).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # A run that takes well under a second on a slow 2-core CPU: tiny CNN, 16 px, 2 measured steps.
@@ -42,17 +52,14 @@ TINY = [
     "tracking=none",
 ]
 
-
-# Every configuration a `gpu` test composes, declared at its module's top through gpu_config:
-# the CPU suite resolves each one as a CUDA machine would (tests/test_gpu_configs.py), so a
-# rule change that would refuse one fails here rather than first on a lent GPU. `{tmp}` in a
-# value stands for the test's tmp_path (at(); the CPU check fills such a folder with images).
+# Every configuration a `gpu` test composes, by name: tests/gpu/test_gpu_configs.py resolves each
+# as a CUDA machine would, so a rule that would refuse one fails on the CPU suite, not first on a
+# lent GPU. `{tmp}` in a value stands for the test's tmp_path (at()).
 GPU_CONFIGS: dict[str, tuple[str, ...]] = {}
 
 
 def gpu_config(name: str, *overrides: str) -> tuple[str, ...]:
-    """Register the overrides a `gpu` test composes (TINY comes first, as compose_config adds
-    it) under `name`, and return them."""
+    """Register (under `name`) and return the overrides a `gpu` test composes after TINY."""
     if GPU_CONFIGS.setdefault(name, overrides) != overrides:
         raise ValueError(f"two gpu configurations named {name}")
     return overrides
@@ -73,8 +80,8 @@ _WHOLE: dict = {}  # configs composed with their hydra node, by overrides and fo
 
 
 def _value_overrides(overrides: tuple[str, ...]):
-    """Split Hydra overrides into group choices and the `key=value` changes applied after the
-    defaults are composed; None where any is something else (a sweep, +, ~, a package)."""
+    """(group choices, `key=value` changes applied after the defaults), or None where any
+    override is something else (a sweep, +, ~, a package)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
 
@@ -95,10 +102,8 @@ def _value_overrides(overrides: tuple[str, ...]):
 
 
 def _with_values(groups: tuple[str, ...], values: list):
-    """The composed group choices (composed once, a copy each time) with the value changes
-    applied as Hydra applies them; raises what OmegaConf raises."""
-    import copy
-
+    """A copy of the group choices' config (composed once) with the value changes applied as
+    Hydra applies them; raises what OmegaConf raises."""
     from omegaconf import OmegaConf
 
     if groups not in _BASES:
@@ -112,18 +117,14 @@ def _with_values(groups: tuple[str, ...], values: list):
 def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
     """The config `python -m gpubench OVERRIDES` composes (TINY first unless `tiny=False`).
 
-    Composing from the YAML files costs 0.1 s, a third of the quick suite's time over some
-    360 calls. So the group choices are composed once and kept, and value changes applied to
-    a copy the way Hydra's compose applies them after its defaults (its override grammar,
-    then OmegaConf.update with merge: hydra/_internal/config_loader_impl.py
-    _apply_overrides_to_config). Anything else, or a value that fails to apply, composes the
-    whole config, so errors are Hydra's own. test_config checks both give the same config.
-    With its hydra node (`hydra=True`) a config is composed once per override list and
-    folder, and each call gets a copy."""
-    import copy
-
+    Composing from the YAML files costs 0.1 s (a third of the quick suite over ~360 calls), so
+    value changes are applied to a copy of the composed group choices as Hydra's compose applies
+    them (its override grammar, then OmegaConf.update with merge: hydra/_internal/
+    config_loader_impl.py _apply_overrides_to_config); anything else, or a change that fails,
+    composes the whole config, so errors are Hydra's own (test_config checks both agree). With
+    its hydra node, which names the overrides and the folder, a config is kept by both."""
     full = (*(TINY if tiny else []), *overrides)
-    if hydra:  # the hydra node names the overrides and the folder: kept whole, by both
+    if hydra:
         key = (full, os.getcwd())
         if key not in _WHOLE:
             _WHOLE[key] = _compose(full, True)
@@ -138,28 +139,21 @@ def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """Workers for `-n auto` (the default, pyproject's addopts): one per core, at least 2 (the
-    slow tests mostly wait on subprocesses and servers), at most 8 (each worker may start a
-    server and `python -m gpubench` runs of its own)."""
+    """`-n auto`: one worker per core, at least 2 (slow tests mostly wait on subprocesses),
+    at most 8 (each may start servers and runs of its own)."""
     return min(8, max(2, os.cpu_count() or 1))
 
 
-# fixtures that start a real server: a test using one is `slow` whether or not it says so
-SERVER_FIXTURES = {"mlflow_server"}
-
-
 def pytest_collection_modifyitems(config, items):
-    """Tests on a real server are `slow` (this runs before `-m` selects), and the slow tests
-    run first: the long ones start at once on every worker and the many short ones fill the
-    gaps at the end, rather than one long test left running alone. `gpu` tests need CUDA:
-    skipped (not failed) on machines without it, like CI."""
+    """Tests on the real server are `slow` (this runs before `-m` selects). Slow tests run
+    first, so the long ones start at once on every worker and the short ones fill the gaps at
+    the end. `gpu` tests are skipped (not failed) without CUDA."""
     import torch
 
     for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if "mlflow_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-    # stable: file order kept within each part
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -169,12 +163,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """What collection imported (torch, torchvision, Hydra, every test module) is frozen out of
-    the collector's sight: each run a test makes in this process collects once to free device
-    memory, and that pass then walks what the run created, not all of torch (gpubench's entry
-    freezes the same way after a job). Nothing frozen is ever freed; nothing here needs to be."""
-    import gc
-
+    """Freeze what collection imported (torch, Hydra, every test module) out of the
+    collector's sight: each run a test makes collects once to free device memory, and that
+    pass then walks only what the run created (gpubench's entry does the same after a job)."""
     gc.collect()
     gc.freeze()
 
@@ -184,7 +175,7 @@ def compose_cfg():
     return compose_config
 
 
-# the test now running (pytest_runtest_protocol): what starts a process checks it is `slow`
+# the test now running: what starts a process checks it is `slow`
 _RUNNING: list = []
 
 
@@ -196,9 +187,8 @@ def pytest_runtest_logfinish(nodeid, location):
     _RUNNING.clear()
 
 
-# what starts a process, as the interpreter's audit events name it (PEP 578): a quick test
-# that starts one by any path (DataLoader workers, a subprocess, a library's helper) fails, not
-# only one that goes through the helpers below
+# Process starts as audit events name them (PEP 578): a quick test that starts one by any path
+# (DataLoader workers, a subprocess, a library's helper) fails, not only through the helpers below.
 _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
                              "os.spawn", "os.system", "os.exec"})
 _STARTED: list[str] = []
@@ -210,9 +200,8 @@ def _audit(event: str, args) -> None:
 
 
 sys.addaudithook(_audit)
-# Python asks `uname -p` (a process) the first time anything reads the processor, as MLflow's
-# telemetry module does at import: asked once here, before any test, so no quick test is
-# blamed for a library's first import
+# The first read of the processor runs `uname -p` (as MLflow's telemetry does at import): done
+# here, before any test, so no quick test is blamed for a library's first import.
 platform.uname().processor  # noqa: B018
 
 
@@ -226,8 +215,8 @@ def _quick_tests_start_no_process(request):
 
 
 def _must_be_slow(what: str) -> None:
-    """Starting a process, a server or the zygote makes a test `slow` (README: `pytest -m
-    "not slow"` is the quick, in-process part): one that is not marked fails here, naming it."""
+    """Starting a process, a server or the zygote from a test not marked `slow` fails it
+    (README: `pytest -m "not slow"` is the quick, in-process part)."""
     if _RUNNING and _RUNNING[-1].get_closest_marker("slow") is None:
         pytest.fail(f"{_RUNNING[-1].nodeid} starts {what}: mark it @pytest.mark.slow",
                     pytrace=False)
@@ -242,22 +231,16 @@ def cli_env(env: dict | None = None) -> dict:
 
 def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "gpubench",
               **popen):
-    """`python -m MODULE ARGS` started as its own process by the test run's zygote
-    (tests/zygote.py: a forked child of a process that imported torch once), used like
-    `subprocess.Popen` (stdout/stderr as Popen takes them); `code=CODE`: `python -c CODE
-    ARGS`."""
-    from tests.zygote import zygote
-
+    """`python -m MODULE ARGS` forked by the test run's zygote (tests/zygote.py), used like
+    `subprocess.Popen`; `code=CODE`: `python -c CODE ARGS`."""
     _must_be_slow(f"`python -m {module}`")
     return zygote().popen(module, args, cwd=cwd, env=cli_env(env), **popen)
 
 
 def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
-    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`: torchrun itself forked
-    from the zygote, and each rank it starts a `tests/zygote_client.py` that has the zygote
-    fork the rank (torchrun still starts, watches, signals and ends every rank process)."""
-    from tests.zygote import zygote
-
+    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`, torchrun forked from the
+    zygote; each rank is a tests/zygote_client.py that has the zygote fork it (torchrun still
+    starts, watches, signals and ends every rank process)."""
     _must_be_slow("torchrun")
     z = zygote()
     return run_cli("--standalone", f"--nproc_per_node={nproc}",
@@ -287,13 +270,8 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-# ------------------------------------------------------------------ MLflow (tests/test_tracking.py)
-
-
 def free_port() -> int:
     """A port nothing listens on (bound, then released)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -302,10 +280,6 @@ def free_port() -> int:
 @functools.cache
 def _template_store() -> Path:
     """This process' MLflow sqlite store, migrated, without its default experiment."""
-    import contextlib
-    import sqlite3
-    import tempfile
-
     from mlflow.tracking import MlflowClient
 
     t = Path(tempfile.mkdtemp(prefix="store-", dir=os.environ.get(SHARED_ENV))) / "mlflow.db"
@@ -317,34 +291,27 @@ def _template_store() -> Path:
 
 def sqlite_store(path: Path) -> str:
     """The URI of an MLflow sqlite store at `path`, as MLflow makes one on first use, without
-    its 1.2 s of schema migrations each time (11 stores: 13 s of the quick suite): a store is
-    migrated once per test process, its default experiment deleted, and copied; MLflow then
-    finds its schema current and creates the default experiment itself (its artifacts under
-    the folder the store is opened from, as a new store's). Where creating the store is what
-    a test checks, it lets gpubench make it."""
-    import shutil
-
+    its 1.2 s of schema migrations each time (11 stores: 13 s of the quick suite): a copy of
+    one migrated store per process; MLflow then creates the default experiment itself."""
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_template_store(), path)
     return f"sqlite:///{path}"
 
 
 class MlflowServer:
-    """A real `mlflow server` on 127.0.0.1: sqlite backend, artifacts proxied into its own
-    folder. It is started at once; `url` waits for /health (10-20 s here), so tests that do
-    not need it run while it boots."""
+    """A real `mlflow server` on 127.0.0.1 (sqlite backend, artifacts proxied into its folder),
+    started at once; `url` waits for /health (10-20 s), so tests not needing it run meanwhile.
+    `attach`: the one another worker started (shared())."""
 
     def __init__(self, root: Path, args: tuple[str, ...] = (), env: dict | None = None,
                  attach: dict | None = None):
-        self.root = root
         self.artifacts = root / "artifacts"
         self.log = root / "server.log"
         self._up = False
-        if attach is not None:  # one another test worker started (shared())
+        if attach is not None:
             self.port, self.pid, self.proc = attach["port"], attach["pid"], None
             return
         self.port = free_port()
-        # no job workers; `args`/`env` for variants such as the basic-auth app
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
@@ -356,37 +323,22 @@ class MlflowServer:
             )
         self.pid = self.proc.pid
 
-    def _alive(self) -> bool:
-        from tests.zygote import alive
-
-        return alive(self.pid, self.proc)
-
     @property
     def url(self) -> str:
-        import time
         import urllib.request
 
         base = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while not self._up:
-            if not self._alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not come up:\n{self.log.read_text()[-3000:]}")
+            if not alive(self.pid, self.proc) or time.monotonic() > deadline:
+                log = self.log.read_text()[-3000:]
+                raise RuntimeError(f"mlflow server did not come up:\n{log}")
             try:
                 urllib.request.urlopen(f"{base}/health", timeout=2).close()
                 self._up = True
             except OSError:
                 time.sleep(0.3)
         return base
-
-    def stop(self) -> None:
-        import signal
-
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # its worker processes share its (new) session
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -403,21 +355,14 @@ def mlflow_server():
 
 # -------------------------------------------------- what every test worker of one run shares
 
-SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # the folder; set by the run's first process
-
 
 def pytest_configure(config):
-    """The process that runs the session (xdist's controller, or the only process with -n 0)
-    makes the folder every worker's shared() resources live in: workers inherit it. A worker
-    registers its quick end (_end_quickly) before the libraries the tests import register
-    theirs."""
+    """A worker registers its quick end (_end_quickly) before the libraries its tests import
+    register theirs; the session's own process (xdist's controller, or the only one with -n 0)
+    makes the folder every worker's shared() resources live in: workers inherit it."""
     if hasattr(config, "workerinput"):
-        import atexit
-
         atexit.register(_end_quickly)
-    if not hasattr(config, "workerinput") and SHARED_ENV not in os.environ:
-        import tempfile
-
+    elif SHARED_ENV not in os.environ:
         # a Unix socket's path holds at most 107 bytes: a long TMPDIR gives way to /tmp
         base = tempfile.gettempdir() if len(tempfile.gettempdir()) < 60 else "/tmp"
         os.environ[SHARED_ENV] = config._gpubench_shared = tempfile.mkdtemp(
@@ -428,45 +373,26 @@ _DONE: list = []  # set once a worker has finished its session (pytest_unconfigu
 
 
 def _end_quickly() -> None:
-    """An xdist worker's exit handler, registered as it is configured: it runs after those
-    of everything imported later (torch, MLflow, matplotlib: exit handlers run last-registered
-    first) and skips the few registered before it (logging's flush, done here by hand). Once
-    the worker has finished, it ends without freeing every module, which took about 3 s of
-    the quick suite's ~70, time the session waits for. Its status is not read: its results
-    went over its channel before, and a worker that fails before finishing exits as usual."""
+    """A finished worker's exit handler: exit handlers run last-registered first, so it runs
+    after those of torch, MLflow, matplotlib and skips the few before it (logging's flush, done
+    here). Freeing every module took about 3 s of the quick suite's ~70 that the session waits
+    for. Its results already went over its channel; a worker that fails earlier exits as usual."""
     if _DONE and "coverage" not in sys.modules:  # coverage.py saves its data at exit
-        import logging
-
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
 
 
-def _finish_worker() -> None:
-    """pytest's own end of a process collects five times over (its check for exceptions
-    raised in __del__): 3 s in a worker, over everything its runs left behind. One collection
-    still reports those exceptions (the hook is pytest's until after it); what is left is then
-    frozen, and pytest's five go quickly."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    _DONE.append(True)
-
-
 def pytest_unconfigure(config):
-    """After every worker has finished: stop what shared() started, then drop the folder. A
-    worker ends quickly (_finish_worker, _end_quickly)."""
-    import json
-    import shutil
-    import signal
-    import time
-
-    from tests.zygote import alive
-
+    """A worker: one collection, then freeze, because pytest's own end collects five times
+    over (its check for exceptions raised in __del__; 3 s over what the runs left); one still
+    reports those exceptions. The session's process, after every worker: stop what shared()
+    started, then drop the folder."""
     if hasattr(config, "workerinput"):
-        _finish_worker()
+        gc.collect()
+        gc.freeze()
+        _DONE.append(True)
     folder = getattr(config, "_gpubench_shared", None)
     if folder is None:
         return
@@ -478,10 +404,8 @@ def pytest_unconfigure(config):
             continue
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)  # each runs in a session of its own: its children too
-            except (ProcessLookupError, PermissionError):
-                pass
         deadline = time.monotonic() + 20
         while sig == signal.SIGTERM and time.monotonic() < deadline and any(
                 alive(p) for p in pids):
@@ -495,9 +419,6 @@ def shared(name: str, start) -> dict:
     worker asks first: `start(folder)` starts it in a session of its own and returns what
     others need to reach it (a dict with its `pid`); the others read that back. The session's
     own process stops it when every worker is done (pytest_unconfigure)."""
-    import fcntl
-    import json
-
     folder = Path(os.environ[SHARED_ENV])
     info = folder / f"{name}.json"
     with open(folder / f"{name}.lock", "w") as lock:
@@ -514,9 +435,6 @@ def start_two_job_sweep(tmp: Path, *overrides: str):
     in its own process group (as under a scheduler); returns (process, the second job's
     results.json) once that job has measured its first phase: a moment inside the sweep
     for a signal or a fault."""
-    import json
-    import time
-
     proc = start_cli(
         "-m", *[o for o in TINY if o != "tracking=none"],
         *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=2",
@@ -525,11 +443,9 @@ def start_two_job_sweep(tmp: Path, *overrides: str):
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         for f in tmp.glob("outputs/multirun/*/*/1/results.json"):
-            try:
+            with contextlib.suppress(ValueError):
                 if "loader" in json.loads(f.read_text())["phases"]:
                     return proc, f
-            except ValueError:
-                pass
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"the second job never wrote its first phase: {proc.communicate()}")

@@ -1,6 +1,5 @@
 """A test NVML: the pynvml calls gpubench makes, answering with NVML's documented semantics for
-a scripted load on an injected clock. It stands in for the driver and the GPU (there is none on
-the CPU suite's machines), not for gpubench's code.
+a scripted load on an injected clock: the driver and GPU the CPU suite's machines lack.
 
 Semantics (NVML API reference; nvml.h; nvidia-ml-py's pynvml.py, whose error classes, field
 ids and ctypes structs are used as they are):
@@ -12,12 +11,11 @@ ids and ctypes structs are used as they are):
   value.uiVal, nvmlReturn 0; where the driver lacks the field (`instant=False`) the call
   succeeds and the field's own nvmlReturn is NVML_ERROR_NOT_SUPPORTED.
 - nvmlDeviceGetTotalEnergyConsumption: whole mJ since the driver loaded, refreshed every
-  `update_s` (20-100 ms on real boards).
-  `energy=False`: a board without the counter (before Volta): NotSupported.
+  `update_s` (20-100 ms on real boards); `energy=False`: no counter (before Volta), NotSupported.
 - MIG handles ("MIG-" UUIDs): memory of their own; utilization, power and energy raise
   NVMLError_NotSupported, and their power field reads NOT_SUPPORTED.
-- `old_bindings=True`: an older nvidia-ml-py: names and versions as bytes, no
-  NVML_FI_DEV_POWER_INSTANT constant, no nvmlDeviceGetCurrentClocksEventReasons.
+- `old_bindings=True`: an older nvidia-ml-py: names as bytes, no NVML_FI_DEV_POWER_INSTANT
+  constant, no nvmlDeviceGetCurrentClocksEventReasons.
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ from types import SimpleNamespace
 
 import pynvml  # nvidia-ml-py: its error classes, constants and structs, not its driver calls
 
-MIB = 2**20
-
 
 class Clock:
     """The injected time (seconds): the fake driver and the sampler under test both read it."""
@@ -38,10 +34,6 @@ class Clock:
         self.t = t
 
     def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> float:
-        self.t += dt
         return self.t
 
 
@@ -101,16 +93,14 @@ class FakeNvml:
 
     # what gpubench catches and compares: pynvml's own classes and values
     NVMLError = pynvml.NVMLError
-    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
-    NVMLError_NotFound = pynvml.NVMLError_NotFound
     NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
 
     def __init__(self, load: Load, clock: Clock, *, util_period_s: float = 1 / 6,
                  power_avg_s: float = 1.0, update_s: float = 0.05, instant: bool = True,
                  energy: bool = True, old_bindings: bool = False, mem_used: int = 5 * 2**30,
                  mem_total: int = 80 * 2**30, mig_mem_used: int = 2 * 2**30,
-                 mig_mem_total: int = 10 * 2**30, processes=(), name: str = "NVIDIA H100 80GB HBM3",
-                 driver_loaded_at: float = -3600.0):
+                 mig_mem_total: int = 10 * 2**30, processes=(),
+                 name: str = "NVIDIA H100 80GB HBM3", driver_loaded_at: float = -3600.0):
         self.load, self.clock = load, clock
         self.util_period_s, self.power_avg_s, self.update_s = util_period_s, power_avg_s, update_s
         self.instant, self.energy, self.old_bindings = instant, energy, old_bindings
@@ -122,8 +112,6 @@ class FakeNvml:
             self.NVML_FI_DEV_POWER_INSTANT = pynvml.NVML_FI_DEV_POWER_INSTANT
             self.nvmlDeviceGetCurrentClocksEventReasons = self._reasons
 
-    # ---------------------------------------------------------------- helpers
-
     def _call(self, name: str, h: Handle, whole_gpu_only: bool = False) -> float:
         self.calls.append(name)
         if whole_gpu_only and h.mig:
@@ -133,17 +121,9 @@ class FakeNvml:
     def _text(self, s: str):
         return s.encode() if self.old_bindings else s
 
-    def _updated(self, now: float) -> float:
-        """The driver's last power/energy update at or before `now`."""
-        return _floor(now, self.update_s)
-
-    # ---------------------------------------------------------------- system, handles
-
-    def nvmlInit(self) -> None:
-        self.calls.append("nvmlInit")
-
-    def nvmlSystemGetDriverVersion(self):
-        return self._text("550.54.15")
+    def _updated(self, name: str, h: Handle, whole_gpu_only: bool = False) -> float:
+        """The driver's last power/energy update at or before now."""
+        return _floor(self._call(name, h, whole_gpu_only), self.update_s)
 
     def nvmlDeviceGetHandleByUUID(self, uuid):
         self.calls.append("nvmlDeviceGetHandleByUUID")
@@ -154,8 +134,6 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h):
         self._call("nvmlDeviceGetName", h)
         return self._text(self.name + (" MIG 1g.10gb" if h.mig else ""))
-
-    # ---------------------------------------------------------------- readings
 
     def nvmlDeviceGetUtilizationRates(self, h):
         now = self._call("nvmlDeviceGetUtilizationRates", h, whole_gpu_only=True)
@@ -170,13 +148,13 @@ class FakeNvml:
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
     def nvmlDeviceGetPowerUsage(self, h):
-        now = self._updated(self._call("nvmlDeviceGetPowerUsage", h, whole_gpu_only=True))
+        now = self._updated("nvmlDeviceGetPowerUsage", h, whole_gpu_only=True)
         if self.power_avg_s <= 0:
             return int(self.load.watts(now) * 1000)
         return int(self.load.joules(now - self.power_avg_s, now) / self.power_avg_s * 1000)
 
     def nvmlDeviceGetFieldValues(self, h, field_ids):
-        now = self._updated(self._call("nvmlDeviceGetFieldValues", h))
+        now = self._updated("nvmlDeviceGetFieldValues", h)
         out = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for v, fid in zip(out, field_ids, strict=True):
             v.fieldId, v.timestamp = fid, int(now * 1e6)
@@ -188,8 +166,7 @@ class FakeNvml:
         return out
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        now = self._updated(self._call("nvmlDeviceGetTotalEnergyConsumption", h,
-                                       whole_gpu_only=True))
+        now = self._updated("nvmlDeviceGetTotalEnergyConsumption", h, whole_gpu_only=True)
         if not self.energy:  # before Volta
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(self.load.joules(self.loaded_at, now) * 1000)  # whole mJ

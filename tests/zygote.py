@@ -1,29 +1,28 @@
 """`python -m MODULE ARGS` as a real process of its own, without paying its imports each time.
 
-Each CLI test used to start a fresh interpreter, and each paid about 3 s of imports on a 2-core
-machine (torch 1.4 s, torchvision 1.3 s) before its sub-second tiny run: 85 of them were most
-of the suite's time. A zygote is one process per test worker that imports torch, torchvision,
-Hydra, Optuna, MLflow, matplotlib and gpubench once, then forks a child for each command.
+A fresh interpreter paid about 3 s of imports on a 2-core machine (torch 1.4 s, torchvision
+1.3 s) before each sub-second tiny run. The zygote, one process per test run, imports torch,
+torchvision, Hydra, Optuna, MLflow, matplotlib and gpubench once, then forks a child per command.
+A child is still its own process (pid, exit status, signals, cwd, environment, streams handed
+over as file descriptors), runs the module's `__main__` as `python -m` does (runpy) and ends
+through the interpreter's atexit handlers (MLflow's, logging's) before its status is reported.
+What differs: those modules are already imported, so an environment variable read at import is
+the zygote's (torch's thread count: the suite pins one everywhere); a test of what a command
+imports or of an interpreter's start-up runs a real `python` (`run_cli(..., fresh=True)`).
 
-What stays real: each command is its own process (its own pid, exit status, signals, `kill -9`,
-cwd, environment, stdin/stdout/stderr handed over as file descriptors), it runs the module's
-`__main__` as `python -m` does (runpy, `sys.argv[0]` the module's file), and it ends through the
-interpreter's atexit handlers (MLflow's, logging's) before its exit status is reported. What
-differs from a fresh interpreter: the modules above are already imported, so an environment
-variable read at import time is the zygote's (torch's OpenMP thread count: the suite pins one
-thread for every process anyway) and a test of what a command imports, or of a fresh
-interpreter's start-up, runs a real `python` (`run_cli(..., fresh=True)`).
-
-Why fork is safe here: the zygote never starts a thread (checked before it serves) nor touches
-CUDA, so a child inherits no held lock and no device context; DataLoader workers are forked the
-same way from every training process.
+Fork is safe: the zygote starts no thread (checked before it serves) and never touches CUDA, so
+a child inherits no held lock and no device context (DataLoader workers are forked the same way).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import json
 import os
+import resource
+import runpy
 import select
 import signal
 import socket
@@ -31,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,13 +51,11 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict, fds: list[in
     try:
         listener.close()
         conn.close()
-        if req.get("new_session"):  # Popen's start_new_session
+        if req["new_session"]:
             os.setsid()
-        if req.get("affinity") is not None:  # the cores it may run on
+        if req["affinity"] is not None:
             os.sched_setaffinity(0, set(req["affinity"]))
-        if req.get("fsize") is not None:  # the largest file it may write (a full disk)
-            import resource
-
+        if req["fsize"] is not None:  # the largest file it may write (a full disk)
             resource.setrlimit(resource.RLIMIT_FSIZE, (req["fsize"], req["fsize"]))
         for target, fd in enumerate(fds):  # stdin, stdout, stderr
             os.dup2(fd, target)
@@ -76,10 +75,8 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict, fds: list[in
 
         np.random.seed()  # a fresh interpreter's numpy draws from the OS; Python's random
         # reseeds itself after a fork, numpy does not
-        import runpy
-
         try:
-            if req.get("code") is not None:  # python -c CODE ARGS
+            if req["code"] is not None:  # python -c CODE ARGS
                 sys.argv = ["-c", *req["args"]]
                 exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__"})
             else:
@@ -87,31 +84,31 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict, fds: list[in
                 runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
                 print(e.code, file=sys.stderr)
         except BaseException:
-            import traceback
-
             traceback.print_exc()
-            code = 1
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:
-                pass
         os._exit(code)
 
 
-def _warm() -> None:
-    """Caches every process fills on its first run and keeps (matplotlib's fonts and parsed
-    tick labels: 0.4 s of a first picture), filled once here; then the objects so far are
-    frozen out of the collector's sight, so a child's collections walk only what it creates
-    (gpubench's own entry freezes the same way after a job). Neither changes what a run does."""
-    import gc
+def serve(path: str) -> None:
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    with contextlib.suppress(Exception):
+        from hydra.core.plugins import Plugins
 
+        Plugins.instance()  # the plugin scan, once
+    # Caches a process fills on its first run and keeps (matplotlib's fonts and parsed tick
+    # labels: 0.4 s of a first picture), filled once here; then what exists so far is frozen out
+    # of the collector's sight, so a child's collections walk only what it creates.
     try:
         from gpubench.core.record import load
         from gpubench.report.runplot import plot_run
@@ -123,21 +120,6 @@ def _warm() -> None:
         print(f"zygote: warm-up skipped: {e!r}", file=sys.stderr)
     gc.collect()
     gc.freeze()
-
-
-def serve(path: str) -> None:
-    for name in PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-    try:
-        from hydra.core.plugins import Plugins
-
-        Plugins.instance()  # the plugin scan, once
-    except Exception:
-        pass
-    _warm()
     if threading.active_count() != 1:  # a thread's held lock would stay held in every child
         raise SystemExit(f"zygote: {threading.active_count()} threads after the imports")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -169,10 +151,8 @@ def serve(path: str) -> None:
                 break
             conn = running.pop(pid, None)
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):  # the test went away
                     conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass  # the test went away
                 conn.close()
 
 
@@ -201,10 +181,8 @@ class Forked:
 
     def poll(self):
         if self.returncode is None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.wait(0.001)
-            except subprocess.TimeoutExpired:
-                pass
         return self.returncode
 
     def wait(self, timeout: float | None = None):
@@ -220,51 +198,32 @@ class Forked:
         if self.poll() is None:
             os.kill(self.pid, sig)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None):
         """Read both pipes to their end (as Popen does, so a chatty child never blocks)."""
-        out: dict[int, bytes] = {}
         streams = [s for s in (self.stdout, self.stderr) if s is not None]
-        for s in streams:
-            out[s.fileno()] = b""
-        live = [s.fileno() for s in streams]
-        import time
-
+        out = {s.fileno(): b"" for s in streams}
+        live = list(out)
         deadline = None if timeout is None else time.monotonic() + timeout
         while live:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if left == 0.0:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            ready, _, _ = select.select(live, [], [], left)
-            for fd in ready:
+            for fd in select.select(live, [], [], left)[0]:
                 chunk = os.read(fd, 1 << 16)
                 if chunk:
                     out[fd] += chunk
                 else:
                     live.remove(fd)
         self.wait(None if deadline is None else max(0.001, deadline - time.monotonic()))
-        res = []
-        for s in (self.stdout, self.stderr):
-            if s is None:
-                res.append(None)
-                continue
-            data = out[s.fileno()]
+        got = [None if s is None else out[s.fileno()] for s in (self.stdout, self.stderr)]
+        for s in streams:
             s.close()
-            res.append(data.decode(errors="replace") if self._text else data)
-        return tuple(res)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.poll() is None:
-            self.kill()
-            self.wait()
+        if self._text:
+            got = [None if d is None else d.decode(errors="replace") for d in got]
+        return tuple(got)
 
 
 def alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
@@ -304,8 +263,6 @@ class Zygote:
         return alive(self.pid, self.proc)
 
     def _connect(self) -> socket.socket:
-        import time
-
         deadline = time.monotonic() + 300
         while not os.path.exists(self.path):
             if not self.alive() or time.monotonic() > deadline:
@@ -319,10 +276,9 @@ class Zygote:
               text: bool = False, start_new_session: bool = False,
               affinity: list[int] | None = None, fsize: int | None = None,
               code: str | None = None) -> Forked:
-        """Start `python -m MODULE ARGS` (or `python -c CODE ARGS` when `code` is given):
-        stdout/stderr as Popen takes them (None inherits,
-        subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT for stderr, a file or fd);
-        `affinity` pins it to those cores, `fsize` caps the size of any file it writes."""
+        """Start `python -m MODULE ARGS` (`python -c CODE ARGS` given `code`), stdout/stderr
+        as Popen takes them; `affinity`: the cores it may run on, `fsize`: the largest file
+        it may write."""
         close: list[int] = []
         devnull = os.open(os.devnull, os.O_RDWR)
         close.append(devnull)

@@ -1,17 +1,14 @@
-"""`python tests/zygote_client.py MODULE ARGS`: `python -m MODULE ARGS` forked from the test
-run's zygote (tests/zygote.py; its socket and pid in GPUBENCH_ZYGOTE and GPUBENCH_ZYGOTE_PID),
-for a launcher that starts its worker processes itself (torchrun starts `python SCRIPT ARGS`
-per rank).
-
-This process imports nothing heavy: it hands the zygote its environment (torchrun's RANK,
-WORLD_SIZE, MASTER_ADDR, ... included), cwd and streams, passes on every signal the launcher
-sends it (SIGTERM when another rank failed, SIGINT, SIGHUP), and exits as the child did, so
-the launcher sees each rank's real exit status. The rank itself is its own process as with a
-fresh interpreter (see tests/zygote.py for what differs).
+"""`python tests/zygote_client.py MODULE ARGS`: `python -m MODULE ARGS` forked by the test run's
+zygote (tests/zygote.py; its socket and pid in GPUBENCH_ZYGOTE, GPUBENCH_ZYGOTE_PID), for a
+launcher that starts `python SCRIPT ARGS` per worker itself (torchrun, per rank). It imports
+nothing heavy, hands the zygote its environment (torchrun's RANK, WORLD_SIZE, ...), cwd and
+streams, passes on every signal the launcher sends, and exits as the child did, so the launcher
+sees each rank's real exit status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,11 +21,9 @@ def main() -> None:
     z = Zygote(os.environ["GPUBENCH_ZYGOTE"], int(os.environ["GPUBENCH_ZYGOTE_PID"]))
     child = z.popen(sys.argv[1], sys.argv[2:], cwd=os.getcwd(), env=dict(os.environ))
 
-    def forward(sig, _frame):  # os.kill, not child.send_signal: that reads the socket the
-        try:  # interrupted wait below is reading
+    def forward(sig, _frame):  # not child.send_signal: that reads the socket wait() is reading
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, sig)
-        except ProcessLookupError:
-            pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
