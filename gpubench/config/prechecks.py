@@ -28,7 +28,7 @@ from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import BY_NAME, check_known_key, check_known_keys, config_keys, walk
 from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
-from gpubench.core.ranges import range_last
+from gpubench.core.ranges import NOT_EMPTY, range_last
 from gpubench.core.uris import sqlite_path
 
 # `optional` in bench.yaml's defaults: Hydra skips a name that does not exist without a word
@@ -68,6 +68,8 @@ def _swept_values(o) -> list:
     """Every choice of a sweep override, a range's or an interval's ends."""
     v = o.value()
     if isinstance(v, IntervalSweep):
+        if not v.start < v.end:  # Optuna refuses it at the first trial, a grid samples nothing
+            raise ConfigError(o.key_or_group, typed(o), "an interval(a,b) with a < b")
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
         ends = (v.start, v.stop, v.step)
@@ -75,7 +77,9 @@ def _swept_values(o) -> list:
             raise ConfigError(o.key_or_group, typed(o), "a range(a,b[,step]) with finite numbers "
                                                         "and a step that is not 0")
         last = range_last(v.start, v.stop, v.step)
-        return [v.start, last] if last is not None else []
+        if last is None:  # a grid would launch no job and end as if it had measured
+            raise ConfigError(o.key_or_group, typed(o), NOT_EMPTY)
+        return [v.start, last]
     # a quoted choice ('my run') comes as Hydra's QuotedString: the job gets its text
     return [v.text if isinstance(v, QuotedString) else v for v in o.sweep_iterator()]
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 
+# what a range must be (the config's checks and the search space say it alike)
+NOT_EMPTY = ("a range that is not empty: range(a,b[,step]) with a < b for a positive step (b "
+             "excluded, as in Python), a > b for a negative one")
+
 
 def range_last(start: float, stop: float, step: float) -> float | None:
     """The last value of `range(start, stop, step)`; None when empty or its step is 0."""

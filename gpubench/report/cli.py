@@ -106,7 +106,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
         sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute, out=a.out)
         return ExitCode.OK
     rows = _from_mlflow(a.tracking_uri, a.timeout, lambda uri: load_mlflow(
-        a.source, uri, a.parent, a.study, conditions))
+        a.source, uri, a.parent, a.study, conditions), source=a.source)
     if not rows:
         raise NothingToReport(f"gpubench.report: no runs with results.json"
                               f"{matching(conditions)} in experiment {a.source!r}")
@@ -118,14 +118,19 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     return ExitCode.OK
 
 
-def _from_mlflow(uri: str | None, timeout_s: float, read):
+def _from_mlflow(uri: str | None, timeout_s: float, read, source: str | None = None):
     """`read(uri)` with every network wait bounded (tracking.store.connection); a store that
-    cannot be read is one line (NothingToReport); a missing sqlite store is not made."""
+    cannot be read is one line (NothingToReport); a missing sqlite store is not made. `source`:
+    the name read as an experiment's, which may have been meant as a folder."""
     from gpubench.tracking import store
 
     uri = store.resolve_uri(uri)
     if (db := sqlite_path(uri)) is not None and not db.is_file():
-        raise NothingToReport(f"gpubench.report: no MLflow store at {db} (nothing tracked "
+        what = "" if source is None else (
+            f"{source!r} holds no runs (no results.json under it) and is no experiment: "
+            if Path(source).is_dir() else
+            f"{source!r} is neither a folder nor an experiment: ")
+        raise NothingToReport(f"gpubench.report: {what}no MLflow store at {db} (nothing tracked "
                               "there; --tracking-uri names another store, or give a sweep folder)")
     try:
         with store.connection(uri, timeout_s) as connect:

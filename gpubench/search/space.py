@@ -25,7 +25,7 @@ from optuna.distributions import (
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.overrides import format_value
-from gpubench.core.ranges import range_last
+from gpubench.core.ranges import NOT_EMPTY, range_last
 
 
 @dataclass
@@ -96,8 +96,7 @@ def _range_distribution(name: str, sweep, log: bool) -> BaseDistribution:
         raise ConfigError(name, text, "range(a,b[,step]) with step != 0")
     last = range_last(start, stop, step)
     if last is None:
-        raise ConfigError(name, text, "a range that is not empty: range(a,b[,step]) with a < b for "
-                          "a positive step (b excluded, as in Python), a > b for a negative one")
+        raise ConfigError(name, text, NOT_EMPTY)
     low, high = (start, last) if step > 0 else (last, start)
     step = abs(step)
     if all(isinstance(x, int) for x in (start, stop, step)):

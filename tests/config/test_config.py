@@ -570,6 +570,15 @@ def test_keys_the_schema_does_not_declare_are_refused_under_gpubenchs_groups(com
      "is not allowed: it must be one sweep of plain values: a,b,c, choice(a,b), range(a,b) or "
      "interval(a,b), not a sweep of sweeps"),
     ("precision=choice(fp32,tf32),fp32", "not a sweep of sweeps"),  # a group's too
+    # an empty range: a grid launched no job and exited 0; an interval backwards likewise, and
+    # the int key's advice read range(64,33), itself empty
+    ("loader.batch_size=range(64,32)", "loader.batch_size='range(64,32)' is not allowed: it "
+     "must be a range that is not empty: range(a,b[,step]) with a < b for a positive step"),
+    ("loader.num_workers=range(4,0)", "loader.num_workers='range(4,0)' is not allowed"),
+    ("bench.steps=range(8,8)", "bench.steps='range(8,8)' is not allowed: it must be a range that"),
+    ("bench.lr=interval(0.1,0.01)", "bench.lr='interval(0.1,0.01)' is not allowed: it must be an "
+     "interval(a,b) with a < b"),
+    ("loader.batch_size=interval(64,32)", "it must be an interval(a,b) with a < b"),
 ])
 def test_swept_values_that_no_trial_can_take_stop_the_sweep_first(compose_cfg, swept, line):
     """Each of these made every trial fail (and the sweep exit 0), or crashed the check."""

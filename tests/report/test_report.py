@@ -666,6 +666,13 @@ def test_a_mistyped_folder_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["gpubench", "--tracking-uri", sqlite_store(tmp_path / "mlflow.db")]) == 1
     assert "no MLflow experiment 'gpubench'" in capsys.readouterr().err.strip().splitlines()[-1]
+    # a bare name with no store to read it from: what the name is not, both ways
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["nope"]) == 1 and capsys.readouterr().err.startswith(
+        "gpubench.report: 'nope' is neither a folder nor an experiment: no MLflow store at ")
+    assert main(["gpubench"]) == 1 and capsys.readouterr().err.startswith(
+        "gpubench.report: 'gpubench' holds no runs (no results.json under it) and is no "
+        "experiment: no MLflow store at ")
 
 
 def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatch):
