@@ -15,7 +15,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, RunRecord
+from gpubench.core.record import Flaw, RunRecord, interval_label_of
 from gpubench.core.stats import TOLERANCE, Est, holding, median, median_interval
 
 # the config sections of a training setup (not bench, tracking or fault injection)
@@ -62,6 +62,12 @@ class Row:
         if self.confirms:
             return holding(median_interval(self.pooled), self.throughput)
         return self.record.throughput_interval
+
+    @property
+    def interval_coverage(self) -> float:
+        """`interval`'s coverage: pooled, its measurements' (3 of them: [min, max], 75%)."""
+        ci = median_interval(self.pooled) if self.confirms else None
+        return self.record.interval_coverage if ci is None else ci[2]
 
     status = property(attrgetter("record.status.value"))
     peak = property(attrgetter("record.peak_memory_fraction"))
@@ -188,6 +194,12 @@ class Recommendation:
 
 def with_interval(r: Row) -> str:
     return f"{Est(r.throughput, *r.interval):.1f}"
+
+
+def interval_label(rows: list[Row]) -> str:
+    """The label of a column or axis of these rows' intervals (of those that have one)."""
+    return interval_label_of(r.interval_coverage for r in rows
+                             if r.record.status.measured and r.interval[0] != r.interval[1])
 
 
 def amp_effect(amp: Row, plain: Row) -> str:

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -338,11 +339,15 @@ class RunRecord(_Keys):
         return list(map(self.phase_figure, HEADLINE_ORDER))
 
     @property
-    def interval_label(self) -> str:
-        """'95% interval', or the phases' lowest coverage ('75% interval' with 3 windows)."""
+    def interval_coverage(self) -> float:
+        """The phases' lowest interval coverage: CONFIDENCE, less with few windows (3: 75%)."""
         covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
                   if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
-        return f"{min([*covers, CONFIDENCE]):.0%} interval"
+        return min([*covers, CONFIDENCE])
+
+    @property
+    def interval_label(self) -> str:
+        return interval_label_of([self.interval_coverage])
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
@@ -452,12 +457,11 @@ def longer(steps: Any, repeats: Any) -> str:
     return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
 
 
-def interval_label_of(records: list[RunRecord]) -> str:
-    """The interval label of a table or axis of several runs: shared, or "differs by run"."""
-    labels = sorted({r.interval_label for r in records if r.status.measured})
-    if len(labels) > 1:
-        return "interval (coverage differs by run)"
-    return labels[0] if labels else f"{CONFIDENCE:.0%} interval"
+def interval_label_of(coverages: Iterable[float]) -> str:
+    """The label of intervals of these coverages: '95% interval', or where they differ (a table
+    or axis of several runs) their span, '75-95% interval'."""
+    pct = sorted({round(100 * c) for c in coverages}) or [round(100 * CONFIDENCE)]
+    return f"{pct[0]}% interval" if len(pct) == 1 else f"{pct[0]}-{pct[-1]}% interval"
 
 
 def process_alive(host: str | None, pid: int) -> bool | None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from gpubench.analysis.recommend import Row
+from gpubench.analysis.recommend import Row, interval_label
 from gpubench.config.settings import as_run
-from gpubench.core.record import Status, interval_label_of
+from gpubench.core.record import Status
 from gpubench.core.stats import TOLERANCE, Est
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons, flagged_label, knob, phase_est
@@ -105,7 +105,7 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
     for p in d["flagged"]:  # past either end: drawn at that edge, with its figure
         p["off_scale"] = "above" if p["y"] > ymax else "below" if p["y"] < ymin else False
-    whisker = interval_label_of([r.record for r in rows])
+    whisker = interval_label(rows)
     # beside the bounds of the same runs the axis holds more than the headline phase
     what = "images/sec" if any(ln["bounds"] for ln in d["lines"]) else \
         f"{d['phase']} images/sec"
@@ -203,7 +203,7 @@ def pareto_data(rows, rec=None) -> dict | None:
     for p in d["flagged"]:
         p["off_scale"] = "above" if p["y"] > d["ymax"] else False
     d["ylabel"] = (f"{d['phase']} images/sec (whiskers: "
-                   f"{interval_label_of([r.record for r in full])})")
+                   f"{interval_label(full)})")
     return d
 
 

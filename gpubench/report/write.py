@@ -20,7 +20,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
-from gpubench.core.record import Rung, RunRecord, Status, interval_label_of, longer, window_plan
+from gpubench.core.record import Rung, RunRecord, Status, longer, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
@@ -122,7 +122,7 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
     its status, the rung only when rows differ in it, knobs by short name."""
     gpu = any(r.record.gpu_util_mean is not None for r in rows)
     util = "gpu_util_mean" if gpu else "process_cpu_util_mean"
-    label = interval_label_of([r.record for r in rows])
+    label = recommend.interval_label(rows)
     with_rung = not screen or len({r.rung for r in rows}) > 1
     head = ["#", "run", "status", "img/s", label.replace(" ", "\n") if screen else label,
             "mem %", ("gpu" if gpu else "cpu") + (" %" if screen else " util %"), "verdict",

@@ -149,10 +149,13 @@ def test_a_table_of_runs_names_the_coverage_its_intervals_have():
         return make(phases={"e2e": PhaseRecord.from_dict(
             {"images_per_sec_ci": [90.0, 110.0], "images_per_sec_ci_coverage": c})})
 
-    assert interval_label_of([with_coverage(0.95), with_coverage(0.95)]) == "95% interval"
-    assert interval_label_of([with_coverage(0.75)]) == "75% interval"  # 3 windows
-    assert interval_label_of([with_coverage(0.95), with_coverage(0.75)]) == \
-        "interval (coverage differs by run)"
+    def label(*runs):
+        return interval_label_of(r.interval_coverage for r in runs)
+
+    assert label(with_coverage(0.95), with_coverage(0.95)) == "95% interval"
+    assert label(with_coverage(0.75)) == with_coverage(0.75).interval_label == "75% interval"
+    assert label(with_coverage(0.95), with_coverage(0.75)) == "75-95% interval"
+    assert label() == "95% interval"
 
 
 def test_the_verdict_is_an_enum_written_as_its_word():

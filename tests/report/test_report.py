@@ -406,6 +406,19 @@ def _again(r: Row, ips, ci=None, stable=None, status="ok") -> RunRecord:
                      env=r.record.env, measurement_stable=stable, rung="confirm")
 
 
+def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
+    """A confirmed row's interval is [min, max] of its 3 measurements, 75% coverage: the
+    ranking's column and the plots' whiskers said "95% interval" over it."""
+    pooled = row(16, 2, ips=200.0, ci=[190.0, 210.0], stable=True)
+    pooled.confirms = [_again(pooled, 196.0, [185.0, 205.0]), _again(pooled, 204.0)]
+    once = row(32, 2, ips=150.0, ci=[140.0, 160.0], stable=True)
+    single = row(64, 2, ips=120.0)  # no interval: it names none
+    assert pooled.interval_coverage == 0.75 and once.interval_coverage == 0.95
+    assert table_rows([pooled, single], [])[0][4] == "75% interval"
+    assert table_rows([pooled, once, single], [])[0][4] == "75-95% interval"
+    assert table_rows([once, single], [])[0][4] == "95% interval"
+
+
 def test_confirmations_pool_into_the_figure_interval_and_stability():
     r = row(16, 2, ips=200.0, ci=[190.0, 210.0], stable=True)
     assert (r.throughput, r.interval, r.stable, r.confirmed) == (200.0, (190.0, 210.0), True,
