@@ -247,8 +247,11 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         effect = amp_effect(a, p)
         figures = (f"with AMP {with_interval(a)} img/s, without {with_interval(p)} "
                    f"({a.throughput / p.throughput - 1:+.1%}")
-        if effect == "same":
+        if effect == "same" and abs(a.throughput / p.throughput - 1) <= tolerance:
             reasons.append(f"AMP made no measurable difference: {figures}, inside the intervals)")
+        elif effect == "same":  # far apart medians, overlapping intervals: not a "no difference"
+            reasons.append(f"AMP's effect is not decided: {figures}, but the intervals overlap: "
+                           "measure longer)")
         else:
             helps = effect == "faster"
             near = [r for r in near if r.amp == helps] or near

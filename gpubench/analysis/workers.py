@@ -75,8 +75,11 @@ class WorkersPick:
                 f"is not above {figure(self.threshold)}, compute's high end + {tol:.0%})")
             return (f"workers: {w} ({clearing(self.rates[w], c)}, more than the {tol:.0%} "
                     f"margin); {below}")
+        # a level is seen only below the most workers tried: at it, more may load faster
         plateau = (f"the loader levels off from {workers(w)}: {self.rates[w]} img/s, within "
-                   f"{tol:.0%} of the best")
+                   f"{tol:.0%} of the best" if w < max(self.rates) else
+                   f"the most tried, {workers(w)}, loads fastest ({self.rates[w]} img/s): more "
+                   "may load faster still")
         if c is None:
             return f"workers: no compute bound to compare with; {plateau}"
         top = max(self.rates, key=lambda x: self.rates[x].value)

@@ -78,6 +78,16 @@ def test_none_clears_says_whether_the_data_side_is_surely_the_bottleneck():
     assert not below.unblocks and below.num_workers == 2  # the plateau: 812 within 5% of 830
     assert below.answer().startswith("workers: none of 0, 1, 2, 4 clears compute 900 [880-920]")
     assert "the data side stays the bottleneck" in below.answer()
+    assert below.answer().endswith("; the loader levels off from 2 workers: 812 [790-840] "
+                                   "img/s, within 5% of the best")
+    # the fastest at the most workers tried: no level was seen, more may load faster
+    rising = fewest_workers([{"num_workers": w, "loader_images_per_sec": ips,
+                              "loader_images_per_sec_ci": [ips - 10, ips + 10]}
+                             for w, ips in ((0, 300.0), (1, 500.0), (2, 700.0))],
+                            Est(900.0, 880.0, 920.0))
+    assert rising.num_workers == 2 and "levels off" not in rising.answer()
+    assert rising.answer().endswith("; the most tried, 2 workers, loads fastest (700 [690-710] "
+                                    "img/s): more may load faster still")
     # 4 workers' 830 [800-850] against 800 [780-830]: not cleared, not surely below either
     close = fewest_workers(dict_rows(), Est(800.0, 780.0, 830.0))
     assert not close.unblocks and "not decided" in close.answer()
