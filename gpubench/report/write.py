@@ -197,6 +197,25 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
         con.print(Text(line), soft_wrap=log)
 
 
+def print_lines(lines: list[str], console=None) -> None:
+    """The report's lines at `console`'s width (stdout's): in a terminal folded between words,
+    each continuation under its line's indent plus two (the terminal itself breaks mid-word,
+    inside a figure or an override); piped, whole, as print_table's."""
+    import textwrap
+
+    from rich.console import Console
+    from rich.text import Text
+
+    con = console or Console(highlight=False)
+    for line in lines:
+        if con.is_terminal:
+            lead = len(line) - len(line.lstrip(" -"))  # `  - ` under a bullet's text
+            indent = " " * (lead + 2 * ("-" not in line[:lead]))
+            line = textwrap.fill(line, con.width, subsequent_indent=indent,
+                                 break_long_words=False, break_on_hyphens=False)
+        con.print(Text(line), soft_wrap=True)
+
+
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
                  fingerprint: list | None = None, found: list[RunRecord] = (),
@@ -286,8 +305,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
     if not quiet:  # after every file is written: a reader that stops early (`| head`) costs none
         print_table(head, body, title)
-        print(mask_secrets("\n".join(lines)))
-        print(f"report: {out_dir}" + (" (a new folder)" if new else ""))
+        print_lines([*mask_secrets("\n".join(lines)).splitlines(),
+                     f"report: {out_dir}" + (" (a new folder)" if new else "")])
     return files
 
 
@@ -325,8 +344,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
         if not quiet:  # up to date: say what it says, so an unchanged sweep never looks broken
             t = old.get("table") or {}
             print_table(t.get("head") or [], t.get("body") or [], t.get("title") or "")
-            print("\n".join(old.get("lines") or []))
-            print(f"(report up to date: {out})")
+            print_lines([*(old.get("lines") or []), f"(report up to date: {out})"])
         return [Path(f) for f in old["files"]] + [out / "summary.json"]
     if not rows:
         raise NothingToReport(f"gpubench.report: nothing to report: no finished run "

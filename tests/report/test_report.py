@@ -404,6 +404,37 @@ def test_the_ranking_never_splits_a_figure_or_a_value(width, terminal):
         assert "95%" in table[0] and "batch" in table[0] and "workers" in table[1]
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_reports_lines_fold_between_words_in_a_terminal(terminal):
+    """At 80 columns a terminal broke the recommended line inside an override
+    (`loader.num_workers=4 lo|ader...`): folded between words under their indent; piped, whole."""
+    from rich.console import Console
+
+    from gpubench.report.write import print_lines
+
+    lines = ["recommended:      7608.1 [5214.8-7777.2] img/s  (run 3: loader.batch_size=512 "
+             "loader.num_workers=4 precision=amp_bf16 bench.cudnn_benchmark=true "
+             "channels_last=false)",
+             "  - AMP's effect is not decided: with AMP 7608.1 [5214.8-7777.2] img/s, without "
+             "2671.6 [1578.8-5460.1] (+184.8%, but the intervals overlap: measure longer)",
+             "  (it measures as the sweep did: 6 windows of 1 step; add bench.steps=24 to measure "
+             "longer)", "short"]
+    buf = io.StringIO()
+    print_lines(lines, Console(file=buf, width=80, force_terminal=terminal, color_system=None))
+    out = buf.getvalue().splitlines()
+    assert out[-1] == "short" and " ".join(" ".join(out).split()) == " ".join(
+        " ".join(lines).split())  # every word whole, in order
+    if not terminal:
+        assert out == lines
+        return
+    assert max(map(len, out)) <= 80 and len(out) > len(lines)
+    assert out[1].startswith("  ") and out[1][2] != " "  # under "recommended:" + 2
+    bullet = out.index(next(ln for ln in out if ln.startswith("  - AMP")))
+    assert out[bullet + 1].startswith("    ") and not out[bullet + 1].startswith("     ")
+    measures = out.index(next(ln for ln in out if ln.startswith("  (it")))
+    assert out[measures + 1].startswith("    ") and not out[measures + 1][4] == " "
+
+
 def _again(r: Row, ips, ci=None, stable=None, status="ok") -> RunRecord:
     """A confirm-step re-measurement of r's configuration."""
     return RunRecord(status=Status(status), images_per_sec=ips, images_per_sec_ci=ci,
