@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -105,7 +106,7 @@ def _run(name: str, expected: str, case: DictConfig, out: Path, what: str) -> Ju
         figures.update(ratio=v.ratio.value, ratio_lo=v.ratio.lo, ratio_hi=v.ratio.hi)
     answer = v.bottleneck if v.leaning is None else f"{v.bottleneck} (leaning {v.leaning})"
     j = verdict_case(name, expected, answer, v.reason, figures, disturbed(rec))
-    return Judgement(j.name, j.passed, j.figures, f"{what}: {j.detail}")
+    return replace(j, detail=f"{what}: {j.detail}")
 
 
 def verdict_checks(cfg: DictConfig, s: Settings, out: Path, step_s: float | None,

@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> 
         if code != ExitCode.BAD_INPUT:
             raise
         return _error(line, code)
-    counts = {k: sum(j.status == k for j in judged) for k in ("PASS", "FAIL", "skipped")}
-    emit(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['skipped']} skipped in "
-         f"{time.perf_counter() - t0:.0f} s")
+    counts = {k: sum(j.status == k for j in judged)
+              for k in ("PASS", "FAIL", "INCONCLUSIVE", "skipped")}
+    open_ = f"{counts['INCONCLUSIVE']} inconclusive, " if counts["INCONCLUSIVE"] else ""
+    emit(f"{counts['PASS']} passed, {counts['FAIL']} failed, {open_}{counts['skipped']} skipped "
+         f"in {time.perf_counter() - t0:.0f} s")
     return rules.exit_code(judged)
 
 

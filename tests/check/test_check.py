@@ -46,11 +46,14 @@ def test_agree_fails_a_stalled_tool():
     assert j.figures["ratio_hi"] < 0.95 and "-53%" in j.detail
 
 
-def test_agree_passes_a_difference_the_windows_do_not_resolve():
+def test_agree_calls_a_difference_the_windows_do_not_resolve_inconclusive():
     j = rules.agree("loader", *NOISY)
     assert j.figures["ratio"] > 1.05  # more than 5% off...
     assert j.figures["ratio_lo"] <= 1.0 <= j.figures["ratio_hi"]  # ...but within the spread
-    assert j.passed is True and "interval holds 1" in j.detail
+    # neither a pass (a 17% gap may be real) nor a failure (the windows cannot tell): it said PASS
+    assert j.passed is None and j.status == "INCONCLUSIVE" and rules.exit_code([j]) == 0
+    assert "+17%, but its interval holds 1: rerun on a quiet machine" in j.detail
+    assert rules.line(j).startswith("loader       INCONCLUSIVE gpubench ")
 
 
 def test_agree_fails_a_tool_that_reads_too_fast():
@@ -65,13 +68,14 @@ def test_agree_with_one_round_has_only_the_tolerance():
     assert rules.agree("c", [], []).passed is False
 
 
-def test_verdict_case_passes_the_known_answer_and_skips_a_disturbed_miss():
+def test_verdict_case_passes_the_known_answer_and_leaves_a_disturbed_miss_open():
     assert rules.verdict_case("data-stall", "data", "data", "data-bound: ...", {}).passed is True
     miss = rules.verdict_case("data-stall", "data", "compute", "compute-bound: ...", {})
     assert miss.passed is False
     disturbed = rules.verdict_case("data-stall", "data", "inconclusive (leaning data)", "...",
                                    {}, ["other processes used CPU while the host was busy"])
     assert disturbed.passed is None and "disturbed" in disturbed.detail
+    assert disturbed.status == "INCONCLUSIVE"  # measured, left open: not a "skipped" check
 
 
 def test_the_verdict_cases_drop_by_kind_the_reasons_their_short_design_gives():
@@ -193,17 +197,18 @@ def test_the_check_runs_every_cpu_check_and_gets_the_known_answers(compose_cfg):
     docs/benchmarks.md), never asserted here. The rule that judges them: test_agree_* above."""
     lines: list[str] = []
     judged = run_checks(compose_cfg(*CHECK), emit=lines.append)
-    ran = {j.name: j for j in judged if j.passed is not None}
+    ran = {j.name: j for j in judged if j.status != "skipped"}
     assert set(ran) == {"compute", "loader", "data-stall", "step-stall"}, lines
     for name in ("compute", "loader"):
         f = ran[name].figures
         assert f["rounds"] == 6 and f["ratio_lo"] <= f["ratio"] <= f["ratio_hi"], lines
-    assert ran["data-stall"].passed and ran["step-stall"].passed, "\n".join(lines)
+    assert ran["data-stall"].passed is not False and ran["step-stall"].passed is not False, \
+        "\n".join(lines)  # disturbed by the suite's other worker: INCONCLUSIVE, never wrong
     assert ran["data-stall"].figures["answer"] == "data"
     assert ran["step-stall"].figures["answer"] == "compute"
     assert len(lines) == len(judged) == 9
     if not torch.cuda.is_available():
-        assert [(j.name, j.status, j.detail) for j in judged if j.passed is None] == \
+        assert [(j.name, j.status, j.detail) for j in judged if j.status == "skipped"] == \
             [(n, "skipped", "no CUDA device") for n in CUDA]
 
 
@@ -228,6 +233,7 @@ def test_python_m_gpubench_check_fails_a_stalled_step_in_its_exit_status(tmp_pat
     assert out[0].startswith("gpubench check: tiny on synthetic 64px, batch 16")
     status = {ln.split()[0]: ln.split()[1] for ln in out[1:-1]}
     assert status["compute"] == "FAIL"  # the plain loop has no fault: gpubench reads slower
-    assert status["loader"] == "PASS"  # the stall is in the step only
-    assert out[-1].startswith("3 passed, 1 failed")
+    # the stall is in the step only (a loaded machine may leave the loader's ratio open)
+    assert status["loader"] in ("PASS", "INCONCLUSIVE")
+    assert " 1 failed, " in out[-1] and sum(v == "FAIL" for v in status.values()) == 1
     assert not list(tmp_path.iterdir())  # runs went to a scratch folder, now gone
