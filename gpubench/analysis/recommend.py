@@ -202,14 +202,16 @@ def interval_label(rows: list[Row]) -> str:
                              if r.record.status.measured and r.interval[0] != r.interval[1])
 
 
-def amp_effect(amp: Row, plain: Row) -> str:
-    """'faster', 'slower' or 'same': AMP's best against the best without it, on intervals."""
+def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> str:
+    """'faster', 'slower', 'same' or 'open': AMP's best against the best without it, on
+    intervals; overlapping, 'same' only where the medians are within `tolerance` (28% apart
+    inside wide intervals is not decided, not "no difference")."""
     if amp.interval[0] > plain.interval[1]:
         return "faster"
     # single windows (no spread) fall in the two cases above unless the figures are equal
     if amp.interval[1] < plain.interval[0]:
         return "slower"
-    return "same"
+    return "same" if abs(amp.throughput / plain.throughput - 1) <= tolerance else "open"
 
 
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
@@ -244,12 +246,12 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     if amp and plain:
         a = max(amp, key=lambda r: r.throughput)
         p = max(plain, key=lambda r: r.throughput)
-        effect = amp_effect(a, p)
+        effect = amp_effect(a, p, tolerance)
         figures = (f"with AMP {with_interval(a)} img/s, without {with_interval(p)} "
                    f"({a.throughput / p.throughput - 1:+.1%}")
-        if effect == "same" and abs(a.throughput / p.throughput - 1) <= tolerance:
+        if effect == "same":
             reasons.append(f"AMP made no measurable difference: {figures}, inside the intervals)")
-        elif effect == "same":  # far apart medians, overlapping intervals: not a "no difference"
+        elif effect == "open":
             reasons.append(f"AMP's effect is not decided: {figures}, but the intervals overlap: "
                            "measure longer)")
         else:
