@@ -196,10 +196,14 @@ def with_interval(r: Row) -> str:
     return f"{Est(r.throughput, *r.interval):.1f}"
 
 
-def interval_label(rows: list[Row]) -> str:
-    """The label of a column or axis of these rows' intervals (of those that have one)."""
-    return interval_label_of(r.interval_coverage for r in rows
-                             if r.record.status.measured and r.interval[0] != r.interval[1])
+def interval_label(rows: list[Row], phases: bool = False) -> str:
+    """The label of a column or axis of these rows' intervals (of those that have one); with
+    `phases`, beside their phases' own (loader and compute bounds: each run's first measurement,
+    never pooled)."""
+    measured = [r for r in rows if r.record.status.measured]
+    return interval_label_of([*(r.interval_coverage for r in measured
+                                if r.interval[0] != r.interval[1]),
+                              *(r.record.interval_coverage for r in measured if phases)])
 
 
 def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> str:

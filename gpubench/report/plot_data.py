@@ -105,10 +105,10 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
     for p in d["flagged"]:  # past either end: drawn at that edge, with its figure
         p["off_scale"] = "above" if p["y"] > ymax else "below" if p["y"] < ymin else False
-    whisker = interval_label(rows)
     # beside the bounds of the same runs the axis holds more than the headline phase
-    what = "images/sec" if any(ln["bounds"] for ln in d["lines"]) else \
-        f"{d['phase']} images/sec"
+    with_bounds = any(ln["bounds"] for ln in d["lines"])
+    whisker = interval_label(rows, phases=with_bounds)
+    what = "images/sec" if with_bounds else f"{d['phase']} images/sec"
     d.update(log_y=log_y, ymin=ymin, ymax=ymax,
              ylabel=f"{what} (whiskers: {whisker})" + (", log scale" if log_y else ""))
 

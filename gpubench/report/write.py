@@ -200,7 +200,9 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
 def print_lines(lines: list[str], console=None) -> None:
     """The report's lines at `console`'s width (stdout's): in a terminal folded between words,
     each continuation under its line's indent plus two (the terminal itself breaks mid-word,
-    inside a figure or an override); piped, whole, as print_table's."""
+    inside a figure or an override); piped, whole, as print_table's. A line holding a command
+    (`rerun it: python -m gpubench ...`) stays whole: folded by a newline it would no longer
+    paste as one command, where the terminal's own wrap copies whole."""
     import textwrap
 
     from rich.console import Console
@@ -208,7 +210,7 @@ def print_lines(lines: list[str], console=None) -> None:
 
     con = console or Console(highlight=False)
     for line in lines:
-        if con.is_terminal:
+        if con.is_terminal and "python -m " not in line:
             lead = len(line) - len(line.lstrip(" -"))  # `  - ` under a bullet's text
             indent = " " * (lead + 2 * ("-" not in line[:lead]))
             line = textwrap.fill(line, con.width, subsequent_indent=indent,

@@ -418,7 +418,8 @@ def test_the_reports_lines_fold_between_words_in_a_terminal(terminal):
              "  - AMP's effect is not decided: with AMP 7608.1 [5214.8-7777.2] img/s, without "
              "2671.6 [1578.8-5460.1] (+184.8%, but the intervals overlap: measure longer)",
              "  (it measures as the sweep did: 6 windows of 1 step; add bench.steps=24 to measure "
-             "longer)", "short"]
+             "longer)", "rerun it: python -m gpubench -cd /tmp/t1/outputs/multirun/2026-11-25/"
+             "04-58-08/report experiment=recommended", "short"]
     buf = io.StringIO()
     print_lines(lines, Console(file=buf, width=80, force_terminal=terminal, color_system=None))
     out = buf.getvalue().splitlines()
@@ -427,7 +428,8 @@ def test_the_reports_lines_fold_between_words_in_a_terminal(terminal):
     if not terminal:
         assert out == lines
         return
-    assert max(map(len, out)) <= 80 and len(out) > len(lines)
+    assert lines[-2] in out  # a command stays one line: pasted, it runs as printed
+    assert max(len(ln) for ln in out if ln != lines[-2]) <= 80 and len(out) > len(lines)
     assert out[1].startswith("  ") and out[1][2] != " "  # under "recommended:" + 2
     bullet = out.index(next(ln for ln in out if ln.startswith("  - AMP")))
     assert out[bullet + 1].startswith("    ") and not out[bullet + 1].startswith("     ")
@@ -453,6 +455,11 @@ def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
     assert table_rows([pooled, single], [])[0][4] == "75% interval"
     assert table_rows([pooled, once, single], [])[0][4] == "75-95% interval"
     assert table_rows([once, single], [])[0][4] == "95% interval"
+    # an axis with the loader and compute bounds beside: those are each run's own phases, 95%
+    from gpubench.analysis.recommend import interval_label
+
+    assert interval_label([pooled]) == "75% interval"
+    assert interval_label([pooled], phases=True) == "75-95% interval"
 
 
 def test_confirmations_pool_into_the_figure_interval_and_stability():
