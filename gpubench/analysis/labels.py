@@ -40,6 +40,11 @@ VERDICT_WORDS = {
 }
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 run`, `3 runs` (`plural` where it is not the noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def phase_title(name: str) -> str:
     return PHASE_WORDS[name].title if name in PHASE_WORDS else name
 
@@ -106,6 +111,8 @@ class Step(Enum):
                          "workers")
     more_cpu = ("the host's cores are all loading: a host with more CPU per GPU (article 003: "
                 "marry the right CPU/RAM to the GPU)")
+    more_cpu_on_cpu = ("the host's cores are all loading and training: a host with more cores "
+                       "({cpu_count} here)")
     amp = "precision=amp_bf16 (amp_fp16 before Ampere): mixed precision gave ~1.7x in article 003"
     amp_on_cpu = ("precision=amp_bf16: CPU autocast runs matmuls/convs in bfloat16 (faster only "
                   "on CPUs with bf16 units, e.g. AVX512-BF16 or AMX: measure it)")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from gpubench.analysis.labels import count
 from gpubench.analysis.select import knob_of, left_out
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
@@ -237,10 +238,12 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "step); rerun the recommended config on a quiet machine before trusting it")
     # on the low end of its interval: noise never picks a smaller, slower configuration
     near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
+    others = len(near) - 1  # `near` holds the best itself
+    others_text = count(others, "other configuration") if others else "no other configuration"
     # the headline follows the first UNCONFIRMED warning, when there is one
     reasons.insert(min(1, len(reasons)), f"fastest {'stable ' if best.stable else ''}feasible: "
-                   f"{with_interval(best)} img/s; {len(near)} configuration(s) within "
-                   f"{tolerance:.0%} of it on their intervals")
+                   f"{with_interval(best)} img/s; {others_text} within {tolerance:.0%} of it on "
+                   "their intervals")
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
         reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} "
@@ -291,8 +294,9 @@ def why_not_best(r: Row) -> str:
         why = ", ".join(r.text for r in own.noise_reasons) or "noise_reasons not recorded"
         return f"was measured unstable ({why})"
     if r.confirms and not r.stable:
-        return (f"was not confirmed: its {len(r.confirms)} re-measurement(s) by the confirm step "
-                "were disturbed, failed or disagreed with it")
+        return (f"was not confirmed: its {count(len(r.confirms), 're-measurement')} by the "
+                f"confirm step {'was' if len(r.confirms) == 1 else 'were'} disturbed, failed or "
+                "disagreed with it")
     return ("is unconfirmed: its own measurement found no disturbance, but the confirm step "
             "re-measured other trials, not this one")
 
@@ -303,7 +307,8 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
     batch = chosen.knob("batch_size")
     same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured]
     pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec) for r in same],
-                          chosen.record.compute_images_per_sec, tolerance)
+                          chosen.record.compute_images_per_sec, tolerance,
+                          chosen.record.env.get("device"))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []

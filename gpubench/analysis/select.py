@@ -8,10 +8,12 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, Protocol
 
 import yaml
 
+from gpubench.analysis.labels import count
 from gpubench.config.keys import Role
 from gpubench.config.knobs import SETUP_SHORT, SHORT, role
 from gpubench.config.overrides import format_value
@@ -66,17 +68,26 @@ def workload_text(rec: RunRecord) -> str:
     return f"model {model or '?'}, dataset {dataset or '?'}, {size or '?'} px"
 
 
-def left_out(rec: RunRecord) -> str | None:
+class LeftOut(Enum):
+    """Why a row is no full training measurement: its words for one and for several."""
+
+    probe = ("max-batch probe", "max-batch probes")
+    screen = ("screen", "screens")
+    no_e2e = ("run without an e2e phase (loader-only or compute-only)",
+              "runs without an e2e phase (loader-only or compute-only)")
+
+
+def left_out(rec: RunRecord) -> LeftOut | None:
     """Why a row is no full training measurement (None when it is one). A run that crashed
     before its e2e phase stays: a failed training measurement, ranked as infeasible."""
     if rec.rung == Rung.probe:
-        return "max-batch probes"
+        return LeftOut.probe
     if rec.rung == Rung.screen:
-        return "screens"
+        return LeftOut.screen
     phases = rec.knob("bench.phases")
     if rec.images_per_sec is None and (
             rec.status.measured or (isinstance(phases, list) and "e2e" not in phases)):
-        return "runs without an e2e phase (loader-only or compute-only)"
+        return LeftOut.no_e2e
     return None
 
 
@@ -133,15 +144,17 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     and its notes on the others."""
     kept = [r for r in rows if left_out(r.record) is None]
     out = Counter(why for r in rows if (why := left_out(r.record)) is not None)
-    notes = [f"left out {sum(out.values())} run(s) that are no full training measurement: "
-             + ", ".join(f"{n} {why}" for why, n in out.items())] if out else []
+    n = sum(out.values())
+    notes = [f"left out {count(n, 'run')} that {'is' if n == 1 else 'are'} no full training "
+             f"measurement: {', '.join(count(k, *why.value) for why, k in out.items())}"
+             ] if n else []
     groups: dict[tuple, list[Row]] = {}
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)
     if len(groups) > 1:
         newest = max(kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)
-        others = [f"{_setup_name(g[0], newest)} ({len(g)} run(s))"
+        others = [f"{_setup_name(g[0], newest)} ({count(len(g), 'run')})"
                   for k, g in groups.items() if k != mine]
         other = next(g[0] for k, g in groups.items() if k != mine)
         key = _differing(newest, other)[0]

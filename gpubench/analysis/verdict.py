@@ -214,7 +214,8 @@ def next_steps(bottleneck: Bottleneck | str, k: Knobs) -> list[Step]:
         (Step.preload, starved and k.dataset in ("imagefolder", "fake_jpeg", "cifar10")
          and not k.preload),
         (Step.augment_on_device, starved and gpu and k.augment_on == "cpu"),
-        (Step.more_cpu, bottleneck is Bottleneck.data and k.num_workers >= k.cpu_count),
+        (Step.more_cpu if gpu else Step.more_cpu_on_cpu,
+         bottleneck is Bottleneck.data and k.num_workers >= k.cpu_count),
     ]
     if bottleneck is Bottleneck.compute:
         frac = k.memory_fraction

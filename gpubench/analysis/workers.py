@@ -9,17 +9,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpubench.analysis.labels import count
 from gpubench.analysis.select import knob_of
 from gpubench.config.knobs import COMPUTE
 from gpubench.core.stats import TOLERANCE, Est, figure
 
 COMPUTE_DIR = "compute"  # a loader-only multirun's compute measurements, in its sweep dir
-# what a data side that stays the bottleneck can try next (docs/data.md)
-NEXT_STEPS = "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU"
+# what a data side that stays the bottleneck can try next (docs/data.md), by the run's device:
+# on a CPU-only run a device augment runs on the cores the model trains on, and no GPU waits
+NEXT_STEPS = {"cuda": "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU",
+              "cpu": "dataset.preload=true, more CPU cores"}
 
 
 def workers(n: int) -> str:
-    return f"{n} worker{'' if n == 1 else 's'}"
+    return count(n, "worker")
 
 
 @dataclass
@@ -30,6 +33,7 @@ class WorkersPick:
     # every worker count's loader rate (repeats pooled), and the bound judged against
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
+    device: str | None = None  # the runs' (env.device); None: not recorded, advised as on CUDA
 
     @property
     def loader_images_per_sec(self) -> float | None:
@@ -57,7 +61,11 @@ class WorkersPick:
             return f"compute throughput not measured; {plateau}"
         return (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
                 f"{ips / c.value:.0%} of compute: the data side stays the bottleneck (next: "
-                f"{NEXT_STEPS})")
+                f"{self.next_steps})")
+
+    @property
+    def next_steps(self) -> str:
+        return NEXT_STEPS.get(self.device, NEXT_STEPS["cuda"])
 
     @property
     def threshold(self) -> float | None:
@@ -88,7 +96,8 @@ class WorkersPick:
                 f"above {figure(self.threshold)}); the fastest, {workers(top)}, loads "
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if self.rates[top].hi < c.lo:
-            return f"{head}: the data side stays the bottleneck (next: {NEXT_STEPS}); {plateau}"
+            return (f"{head}: the data side stays the bottleneck (next: {self.next_steps}); "
+                    f"{plateau}")
         return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
                 f"bench.steps) or try more workers; {plateau}")
 
@@ -130,17 +139,18 @@ def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
 
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,
-                   tolerance: float = TOLERANCE) -> WorkersPick:
+                   tolerance: float = TOLERANCE, device: str | None = None) -> WorkersPick:
     """The fewest loader workers that clear compute; when none does, the plateau's start: the
-    fewest within `tolerance` of the highest loader throughput."""
+    fewest within `tolerance` of the highest loader throughput (`device`: the runs')."""
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
     if clear or not loader:
-        return WorkersPick(clear[0] if clear else None, bool(clear), tolerance, loader, compute)
+        return WorkersPick(clear[0] if clear else None, bool(clear), tolerance, loader, compute,
+                           device)
     best = max(r.value for r in loader.values())
     w = min(x for x in loader if loader[x].value >= best * (1 - tolerance))
-    return WorkersPick(w, False, tolerance, loader, compute)
+    return WorkersPick(w, False, tolerance, loader, compute, device)
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:

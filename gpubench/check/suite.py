@@ -20,10 +20,11 @@ from gpubench.core.exits import ExitCode, quiet_broken_pipe
 
 USAGE = """usage: python -m gpubench.check [key=value ...]
 
-Checks gpubench's figures on this machine, with the overrides a run takes (model=resnet18
-loader.batch_size=64 precision=amp_bf16 ...): compute and loader phases against plain loops,
-the verdict on two cases with a known answer, and on CUDA the NVML readings, the peak table and
-the window timing. Exit status 0 only when every check that ran passed."""
+Checks gpubench's figures on this machine, with the overrides a run takes
+(model=resnet18 loader.batch_size=64 precision=amp_bf16 ...): compute and loader
+phases against plain loops, the verdict on two cases with a known answer, and on
+CUDA the NVML readings, the peak table and the window timing. Exit status 0 only
+when every check that ran passed."""
 
 
 def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:

@@ -163,6 +163,7 @@ class MlflowSweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
+        from gpubench.tracking.store import ui_hint
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
         self._open = None  # the sweep returned: closed FINISHED below, not at exit
@@ -182,6 +183,9 @@ class MlflowSweepCallback(Callback):
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
+            # the sweep's own page (its best run, report), after the jobs' links
+            log.info("MLflow sweep %s: %s", parent_id, ui_hint(uri, store.experiment_id,
+                                                                parent_id))
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
             say(f"sweep summary not logged to MLflow ({e}); "

@@ -101,10 +101,8 @@ class Key:
 
     @property
     def choices(self) -> type[Enum] | None:
-        for tp in (self.type, self.item):
-            if isinstance(tp, type) and issubclass(tp, Enum):
-                return tp
-        return None
+        return next((tp for tp in (self.type, self.item)
+                     if isinstance(tp, type) and issubclass(tp, Enum)), None)
 
     @property
     def allowed(self) -> str:

@@ -184,13 +184,6 @@ def check_written(raw: DictConfig, package: str, where: str) -> None:
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
-def _sweeper_keys(cfg: DictConfig) -> list[Key]:
-    """hydra.sweeper's declared keys, from its typed schema (the node's type); none untyped."""
-    node = _at(cfg, "hydra.sweeper")
-    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-    return keys(schema, "hydra.sweeper.") if schema is not None and is_dataclass(schema) else []
-
-
 def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> None:
     """Every override list the sweeper declares (`*overrides` keys of its schema), checked like
     the command line's before any trial (a bad one would fail every trial it reaches)."""
@@ -216,9 +209,11 @@ def check_before_work(cfg: DictConfig) -> None:
     check_interpolations(cfg)
     check_known_keys(cfg)
     check_overrides(cfg, groups)
-    sweeper = _sweeper_keys(cfg)
+    node = _at(cfg, "hydra.sweeper")
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    sweeper = keys(schema, "hydra.sweeper.") if is_dataclass(schema) else []  # its typed schema's
     # a negative seed is one line here, not a traceback after a study was made
-    check_keys(_at(cfg, "hydra.sweeper"), sweeper)
+    check_keys(node, sweeper)
     check_extra_overrides(cfg, sweeper, groups)
     if _at(cfg, "tracking.backend") == "mlflow":
         check_tracking_uri(_at(cfg, "tracking.uri"))

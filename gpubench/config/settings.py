@@ -24,7 +24,7 @@ from gpubench.core.record import window_plan
 # string), `phases`, `config` (the composed config with the sized keys filled in, Enums by name:
 # what results.json and MLflow hold) and `notes` (what resolve decided that the user should hear).
 Settings = DictConfig
-Dataset = Loader = Fault = DictConfig  # a group of the settings, as its readers annotate it
+Loader = Fault = DictConfig  # a group of the settings, as its readers annotate it
 
 
 def _plain(v: Any) -> Any:
@@ -351,6 +351,6 @@ def check_found_classes(s: Settings, n: int, where: str) -> None:
     the classifier's width fails deep inside the loss (a device-side assert on CUDA)."""
     for key, value in (("dataset.num_classes", s.dataset.num_classes),
                        ("model.num_classes", s.model.num_classes)):
-        if value is not None and int(value) < n:
-            raise ConfigError(key, int(value), f">= {n} ({where})")
+        if value < n:
+            raise ConfigError(key, value, f">= {n} ({where})")
 

@@ -12,8 +12,7 @@ QUEUE_WINDOWS = 3
 
 
 def batches_in_flight(num_workers: int, prefetch_factor: int | None) -> int:
-    """Batches the workers hold made ahead; with 0 workers the main process makes each when
-    asked."""
+    """Batches the workers hold made ahead (0 workers: the main process makes each when asked)."""
     if not num_workers:
         return 0
     return num_workers * (prefetch_factor or TORCH_PREFETCH_FACTOR)

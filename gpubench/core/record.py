@@ -146,22 +146,20 @@ class _Keys:
     """Fields as JSON keys; unknown keys go to `extra` and back (a newer version's are kept)."""
 
     LOCAL = ("extra",)  # fields that are no keys of the file
+    DERIVED: tuple[str, ...] = ()  # keys of the file that are no fields (written, never read)
 
     @classmethod
     def _keys(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls) if f.name not in cls.LOCAL]
 
-    def _values(self) -> dict:
-        return {k: getattr(self, k) for k in self._keys()}
-
     @classmethod
-    def _split(cls, d: dict, derived: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    def from_dict(cls, d: dict, **given: Any) -> Any:  # `given`: fields read otherwise
         keys = cls._keys()
-        return ({k: d[k] for k in keys if k in d},
-                {k: v for k, v in d.items() if k not in keys and k not in derived})
+        return cls(**({k: d[k] for k in keys if k in d} | given),
+                   extra={k: v for k, v in d.items() if k not in keys and k not in cls.DERIVED})
 
-    def to_dict(self) -> dict:
-        return self._values() | self.extra
+    def to_dict(self, **derived: Any) -> dict:  # `derived`: fields written otherwise, or added
+        return {k: getattr(self, k) for k in self._keys()} | derived | self.extra
 
 
 @dataclass
@@ -197,17 +195,13 @@ class PhaseRecord(_Keys):
     memory: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> PhaseRecord:
-        kw, extra = cls._split(d)
-        return cls(**kw, extra=extra)
-
 
 @dataclass
 class RunRecord(_Keys):
     """A run as results.json stores it (same keys, plus `schema_version` and `objective`)."""
 
     LOCAL = ("extra", "dir", "rung")
+    DERIVED = ("objective",)
 
     run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     status: Status = Status.running
@@ -291,25 +285,21 @@ class RunRecord(_Keys):
     def from_dict(cls, d: dict, run_dir: Path | None = None, rung: Rung | str | None = None
                   ) -> RunRecord:
         """`rung`: how the reader's sweep measured it; by default the job's own (results.json)."""
-        kw, extra = cls._split(d, derived=("objective",))
-        kw |= {k: dict(d.get(k) or {}) for k in ("series", "data_info", "config", "env")}
+        kw = {k: dict(d.get(k) or {}) for k in ("series", "data_info", "config", "env")}
         kw |= {k: list(d.get(k) or []) for k in ("advice", "noise_reasons")}
         kw["phases"] = {n: PhaseRecord.from_dict(p) for n, p in (d.get("phases") or {}).items()}
-        kw["status"] = Status.read(d.get("status"), Status.failed)
-        kw["schema_version"] = int(d.get("schema_version") or 1)
-        kw["run_uid"] = kw.get("run_uid") or ""
-        if kw.get("memory_ceiling") is None:
+        if d.get("memory_ceiling") is None:
             kw["memory_ceiling"] = float(kw["config"].get("memory", {}).get("ceiling") or 1.0)
-        return cls(**kw, extra=extra, dir=Path(run_dir) if run_dir is not None else None,
-                   rung=Rung.of(rung or d.get("rung")))
+        return super().from_dict(
+            d, **kw, status=Status.read(d.get("status"), Status.failed),
+            schema_version=int(d.get("schema_version") or 1), run_uid=d.get("run_uid") or "",
+            dir=Path(run_dir) if run_dir is not None else None, rung=rung or d.get("rung"))
 
     def to_dict(self) -> dict:
-        return self._values() | {
-            "status": self.status.value,
-            "phases": {k: p.to_dict() for k, p in self.phases.items()},
-            "noise_reasons": [dataclasses.asdict(r) for r in self.noise_reasons],
-            "objective": self.objective if self.status.final else None,
-        } | self.extra
+        return super().to_dict(
+            status=self.status.value, phases={k: p.to_dict() for k, p in self.phases.items()},
+            noise_reasons=[dataclasses.asdict(r) for r in self.noise_reasons],
+            objective=self.objective if self.status.final else None)
 
     @property
     def path(self) -> Path:
@@ -330,13 +320,11 @@ class RunRecord(_Keys):
         """Images/sec: the first positive in HEADLINE_ORDER; 0.0 when none or not measured."""
         if not self.status.measured:
             return 0.0
-        return next((float(v) for v, _ in self.phase_figures() if positive(v)), 0.0)
+        return next((float(v) for v, _ in map(self.phase_figure, HEADLINE_ORDER)
+                     if positive(v)), 0.0)
 
     def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
-
-    def phase_figures(self) -> list[tuple[float | None, list[float] | None]]:
-        return list(map(self.phase_figure, HEADLINE_ORDER))
 
     @property
     def interval_coverage(self) -> float:
@@ -353,8 +341,8 @@ class RunRecord(_Keys):
     def throughput_interval(self) -> tuple[float, float]:
         """`throughput`'s interval, widened to hold it; the figure itself with one window."""
         t = self.throughput
-        return next((holding(ci, t) for v, ci in self.phase_figures()
-                     if v is not None and v == t and ci), (t, t))
+        return next((holding(ci, t) for v, ci in map(self.phase_figure, HEADLINE_ORDER)
+                     if v == t and ci), (t, t))
 
     @property
     def constraint(self) -> float:
@@ -487,8 +475,7 @@ def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | Non
 
 def missing(run_dir: str | Path, error: str, rung: Rung | str | None = None) -> RunRecord:
     """A failed stand-in, with the reason, for a job that left no readable results.json."""
-    return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir),
-                     rung=Rung.of(rung))
+    return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir), rung=rung)
 
 
 STORE_DIRS = ("mlartifacts", "mlruns")

@@ -1,8 +1,6 @@
 """Arithmetic on measured times (no torch): a window's figures, windows pooled into a phase with
-an interval, warm-up settling. Steps are not independent (a DataLoader delivers in bursts, a
-disturbance lasts many steps): windows of steps are the units. With 4-10 windows neither a
-t-interval (one disturbed window drags the mean) nor a bootstrap (needs dozens) is trustworthy:
-the median's order-statistic interval is distribution-free (docs/guide.md, "Intervals")."""
+an interval, warm-up settling. Windows of steps are the units (steps come in bursts); with 4-10
+of them the median's distribution-free interval is the one to trust (docs/guide.md, "Intervals")."""
 
 from __future__ import annotations
 
@@ -146,8 +144,7 @@ class WindowStats:
     warmup_settled: bool | None = None
     step_times_s: list[float] = field(default_factory=list)
     warmup_step_times_s: list[float] = field(default_factory=list)
-    # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
-    ranks_images_per_sec: list[float] | None = None
+    ranks_images_per_sec: list[float] | None = None  # under torchrun (PhaseRecord's)
     # the device's wait for the host between steps, its time on the work (CUDA events, else the
     # host clock)
     device_idle_s: float | None = None

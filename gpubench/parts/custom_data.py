@@ -150,11 +150,10 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
 def collate(s: Settings, own: bool):
     """The team's collate held to (images, labels); with `own` samples (step=custom) its
     collate or torch's, batches as they come; None: gpubench's."""
-    node = s.dataset.collate
-    fn = None
-    if s.dataset.name == "custom" and node_set(node):
-        fn = _instantiate(node, "dataset.collate", "a collate function (a list of (image, "
-                          "label) -> (images, labels)); _partial_: true for a plain function")
+    node = s.dataset.collate  # set on dataset=custom only (settings' rules)
+    fn = _instantiate(node, "dataset.collate", "a collate function (a list of (image, label) -> "
+                      "(images, labels)); _partial_: true for a plain function"
+                      ) if node_set(node) else None
     if own:
         return TeamCollate(fn or default_collate, pairs=False)
     return TeamCollate(fn) if fn is not None else None

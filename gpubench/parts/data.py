@@ -78,7 +78,7 @@ def collate_skipping(batch):
     return tuple(default_collate([tuple(b) for b in kept])), skipped
 
 
-def preload(ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None = None,
+def preload(ds: Dataset, size: int, num_workers: int, context: str | None = None,
             threads: bool = False) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """Decode every sample once into a shared uint8 [N,3,S,S] tensor with the run's kind of
     workers. Returns (images, labels, seconds, samples skipped as corrupt)."""
@@ -93,7 +93,7 @@ def preload(ds: Dataset, size: int, num_workers: int, loader_kwargs: dict | None
         loader = ThreadLoader(ds, order, 64, False, collate_skipping, num_workers, None)
     else:
         loader = DataLoader(ds, batch_size=64, num_workers=num_workers,
-                            collate_fn=collate_skipping, **(loader_kwargs or {}))
+                            collate_fn=collate_skipping, multiprocessing_context=context)
     i = skipped = 0
     for batch, s in loader:
         skipped += s
@@ -293,8 +293,8 @@ def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, in
                         dset.decode_on == "device", info)
     skipped = 0
     if dset.preload:
-        context = {k: v for k, v in loader_kw.items() if k == "multiprocessing_context"}
-        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"], context,
+        images, labels, secs, skipped = preload(ds, src, loader_kw["num_workers"],
+                                                loader_kw.get("multiprocessing_context"),
                                                 s.loader.worker_type == "thread")
         info.update(preload_seconds=secs, preload_bytes=images.numel(), preload_skipped=skipped)
         ds = TensorImages(images, labels, fixed_tf if on_device_aug else train_tf)

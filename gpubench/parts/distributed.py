@@ -98,7 +98,7 @@ class Dist:
             return None
         return next(f"rank {r}: {e}" for r, e in enumerate(self.gather(error)) if e is not None)
 
-    def announce(self, status: str, error: str, wait_s: float = ACK_WAIT_S) -> None:
+    def announce(self, status: str, error: str) -> None:
         """Tell the other ranks through the store that this rank failed, and wait (bounded) for
         them to record it: torchrun stops every worker once one exits with an error."""
         if not (self.enabled and tdist.is_initialized()):
@@ -108,7 +108,7 @@ class Dist:
             store = _store()
             store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
             acks = [f"{ACK_KEY}/{r}" for r in range(self.world) if r != self.rank]
-            store.wait(acks, timedelta(seconds=wait_s))
+            store.wait(acks, timedelta(seconds=ACK_WAIT_S))
         except Exception as e:  # a peer already gone, or the store's host
             log.debug("failure announced without every acknowledgement: %s", e)
 

@@ -138,7 +138,7 @@ class Checkpointed(nn.Module):
         return self.inner(*args)
 
 
-def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
+def apply_checkpointing(model: nn.Module, name: str) -> None:
     """Wrap the model's stages in `Checkpointed`, in place (stem and head: small activations)."""
     stages = []
     if hasattr(model, "layer4"):  # torchvision ResNet, Wide ResNet, ResNeXt
@@ -151,7 +151,6 @@ def apply_checkpointing(model: nn.Module, name: str) -> nn.Module:
         raise ConfigError("model.checkpointing", True, f"false for {name} ({CHECKPOINT_WIRED})")
     for parent, attr in stages:
         setattr(parent, attr, Checkpointed(getattr(parent, attr)))
-    return model
 
 
 @contextlib.contextmanager

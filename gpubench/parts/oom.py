@@ -4,6 +4,8 @@ batch does not cure the same way). Read from the error's type, text and where it
 
 from __future__ import annotations
 
+import traceback
+
 import torch
 
 # torch.OutOfMemoryError (torch >= 2.5; MPS's too) and the CUDA allocator's
@@ -36,16 +38,14 @@ def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
 # one's source). "device": the caching allocators and libraries' own cudaMalloc (ALLOC_FAILED
 # codes, C10_CUDA_CHECK's "CUDA error: out of memory"); not CUDNN_STATUS_NOT_INITIALIZED, which
 # any failed CUDA init gives. "host": the CPU allocator (alloc_cpu.cpp) and MemoryError.
-OOM_MESSAGES: tuple[tuple[str, str], ...] = (
-    *((needle, "device") for needle in (
-        "cuda out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
-        "cufft_alloc_failed", "cusolver_status_alloc_failed", "cusparse_status_alloc_failed",
-        "nvjpeg_status_allocator_failure", "cuda error: out of memory",
-        "cudaerrormemoryallocation")),
-    *((needle, "host") for needle in (
-        "defaultcpuallocator: can't allocate memory", "defaultcpuallocator: not enough memory",
-        "cannot allocate memory")),
-    ("out of memory", "device"),
+OOM_MESSAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("device", ("cuda out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                "cufft_alloc_failed", "cusolver_status_alloc_failed",
+                "cusparse_status_alloc_failed", "nvjpeg_status_allocator_failure",
+                "cuda error: out of memory", "cudaerrormemoryallocation")),
+    ("host", ("defaultcpuallocator: can't allocate memory",
+              "defaultcpuallocator: not enough memory", "cannot allocate memory")),
+    ("device", ("out of memory",)),
 )
 
 # DataLoader(pin_memory=True) pins with this module's pin_memory(), in the main thread without
@@ -66,8 +66,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def _what_ran_out(exc: BaseException) -> str | None:
     """"device", "host" or None, from the texts (else the types) of the error's chain."""
     chain = _chain(exc)
-    text = "\n".join(str(e) for e in chain).lower()
-    kinds = [kind for needle, kind in OOM_MESSAGES if needle in text]
+    text = "\n".join(map(str, chain)).lower()
+    kinds = [kind for kind, needles in OOM_MESSAGES if any(n in text for n in needles)]
     kinds += [kind for types, kind in ((OOM_ERRORS, "device"), (MemoryError, "host"))
               if any(isinstance(e, types) for e in chain)]
     return kinds[0] if kinds else None
@@ -76,15 +76,10 @@ def _what_ran_out(exc: BaseException) -> str | None:
 def _while_pinning(exc: BaseException) -> bool:
     """Raised while pinning host memory: gpubench's pinning says so by type, the DataLoader's by
     the frames it passed through (main thread) or its pin thread's wrapper text."""
-    for e in _chain(exc):
-        if isinstance(e, PinnedMemoryError) or _PIN_THREAD in str(e):
-            return True
-        tb = e.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_globals.get("__name__") == _PIN_MODULE:
-                return True
-            tb = tb.tb_next
-    return False
+    return any(isinstance(e, PinnedMemoryError) or _PIN_THREAD in str(e)
+               or any(frame.f_globals.get("__name__") == _PIN_MODULE
+                      for frame, _ in traceback.walk_tb(e.__traceback__))
+               for e in _chain(exc))
 
 
 def oom_kind(exc: BaseException) -> str | None:

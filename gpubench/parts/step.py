@@ -98,8 +98,7 @@ class TrainStep:
         self.scaler = make_grad_scaler(plan, device)
         self.loss = loss or Loss()
         self.oom_above_batch = oom_above_batch
-        self.accum = max(1, int(grad_accum_steps))
-        self.metrics_every = max(0, int(host_metrics_every))
+        self.accum, self.metrics_every = grad_accum_steps, host_metrics_every  # schema-ranged
         self.micro_batches = self.optimizer_steps = self.host_metrics_reads = 0
         self.host_metrics: dict[str, float] = {}  # the last loss/accuracy read on the host
         self.ranges = False  # named profiler ranges (gpubench/profile.py turns them on)

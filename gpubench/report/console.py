@@ -132,7 +132,7 @@ def verdict(rec: RunRecord) -> list[str]:
     if rec.status is not Status.ok:
         out.append(f"[bold red]status: {rec.status}[/bold red] {rec.error or ''}")
     if rec.status is Status.over_ceiling:
-        out += [escape(line) for line in ceiling_advice(rec.config)]
+        out += [escape(line) for line in ceiling_advice(rec.config, rec.env.get("device"))]
     if rec.measurement_stable is False:
         out.append("[yellow]measurement unstable:[/yellow]")
         out += [f"  - {escape(r.text)}" for r in rec.noise_reasons]
@@ -152,8 +152,9 @@ def verdict(rec: RunRecord) -> list[str]:
     return out
 
 
-def ceiling_advice(cfg: dict) -> list[str]:
-    """The overrides that bring a run over memory.ceiling under it, but those it already used."""
+def ceiling_advice(cfg: dict, device: str | None = None) -> list[str]:
+    """The overrides that bring a run over memory.ceiling under it, but those it already used
+    (amp_fp16 only on CUDA: a CPU refuses it)."""
     model, batch = cfg.get("model") or {}, (cfg.get("loader") or {}).get("batch_size")
     precision = (cfg.get("precision") or {}).get("name")
     out = []
@@ -167,7 +168,8 @@ def ceiling_advice(cfg: dict) -> list[str]:
         else:
             out.append(f"(activation checkpointing is not available here: {CHECKPOINT_WIRED})")
     if precision is not None and not is_amp(precision):
-        out.append("precision=amp_bf16 (or amp_fp16): mixed precision halves the activations")
+        fp16 = "" if device == "cpu" else " (or amp_fp16)"
+        out.append(f"precision=amp_bf16{fp16}: mixed precision halves the activations")
     return ["to fit under memory.ceiling:", *(f"  - {a}" for a in out)]
 
 

@@ -196,8 +196,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         good = [{"num_workers": r.knob("num_workers"),
                  "loader_images_per_sec": r.record.loader_images_per_sec,
                  "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci} for r in used]
-        groups.append(Group(rs, used, workers.fewest_workers(good, bound, tolerance), sources,
-                            [m for k, m in tried if k == key]))
+        pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"])
+        groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
     return LoaderAnswer(loaders, groups, _lines(groups, source))
 
 

@@ -69,11 +69,13 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
     xticks = sorted({knob(r, name) for r in full + short})
     # the bound of the first line's runs, else of the flagged ones (the answer judges them)
     anchor = groups[0][1][0] if groups else (flagged or full)[0]
-    d = {"lines": lines, "rest": [_pt(r, knob(r, name), chosen) for r in rest],
+    d = {"lines": lines, "rest": [{**_pt(r, knob(r, name), chosen), "apart": why}
+                                  for r, why in rest],
          "short": [_pt(r, knob(r, name)) for r in short],
          "flagged": [_pt(r, knob(r, name), chosen) for r in flagged],
          "flagged_label": flagged_label(flagged),
-         "star": _star(chosen, chosen and knob(chosen, name), rest + flagged, flagged),
+         "star": _star(chosen, chosen and knob(chosen, name), [r for r, _ in rest] + flagged,
+                       flagged),
          "phase": phase, "xlabel": xlabel,
          "title": question(name, phase) + "\n" + (
              f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines

@@ -4,8 +4,10 @@ themselves, which a line may join, what a memory figure is, which knobs importan
 from __future__ import annotations
 
 from collections import Counter
+from enum import Enum
 from typing import Any
 
+from gpubench.analysis.labels import count
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
@@ -133,9 +135,19 @@ def worker_groups(items: list, workers, values) -> list[list]:
     return out
 
 
+class Apart(Enum):
+    """Why a run is on no line of a curve: the legend entry of such points."""
+
+    repeat = ("{phase}, the settings of a line's point again:\n"
+              "a slower run (a line takes the fastest)")
+    alone = "{phase}, other settings (no line: no run\ndiffers from it in {xlabel} alone)"
+    beyond = f"{{phase}}, other settings (no line: at most\n{MAX_LINES} lines are drawn)"
+
+
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
     """Runs joined along knob `name`, grouped by every other knob that varied: the lines as
-    (label, runs), the recommended run's first, then by the fastest; and the rest."""
+    (label, runs), the recommended run's first, then by the fastest; and the rest as (run,
+    Apart)."""
     along = SHORT[name][0]
 
     def workers(r):
@@ -150,7 +162,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
         best: dict = {}
         for r in sorted(rs, key=lambda r: -r.throughput):  # the fastest run of each value
             best.setdefault(knob(r, name), r)
-        rest.update({id(r): r for r in rs if best[knob(r, name)] is not r})
+        rest.update({id(r): (r, Apart.repeat) for r in rs if best[knob(r, name)] is not r})
         lines.append([best[x] for x in sorted(best)])
     lines.sort(key=lambda ln: (not any(r is chosen for r in ln), -max(r.throughput for r in ln)))
     out = []
@@ -162,10 +174,11 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
             out.append((", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}="
                                   f"{format_value(f.get(k))}" for k in keys), line))
         else:
-            rest.update({id(r): r for r in line})
+            rest.update({id(r): (r, Apart.alone if len(line) == 1 else Apart.beyond)
+                         for r in line})
     # a 0-worker run on a drawn line is no lone point beside it too
     drawn = {id(r) for _, line in out for r in line}
-    return out, [r for k, r in rest.items() if k not in drawn]
+    return out, [rw for k, rw in rest.items() if k not in drawn]
 
 
 def memory_axis(rows) -> dict:
@@ -200,7 +213,8 @@ def importance_params(params: list[dict], devices: set[str]) -> tuple[list[str],
     names = sorted({k for p in params for k in p} - set(inert_knobs(params, devices)))
     varied = [k for k in names if len({repr(p.get(k)) for p in params}) > 1]
     if len(varied) < 2:  # one knob alone always gets all the importance: a bar that says nothing
-        return [], f"{len(varied)} parameter(s) varied and can act on this device, 2 needed"
+        return [], (f"{count(len(varied), 'parameter')} varied and can act on this device, "
+                    "2 needed")
     return varied, None
 
 

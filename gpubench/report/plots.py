@@ -12,9 +12,11 @@ from matplotlib import transforms
 
 from gpubench.core.files import open_own
 from gpubench.report import plot_data, plot_rules
-from gpubench.report.plot_rules import SHORT_LABEL
+from gpubench.report.plot_rules import SHORT_LABEL, Apart
 
 log = logging.getLogger("gpubench")
+# a curve's runs on no line, grey, told apart by their marker
+APART_MARKERS = {Apart.repeat: "o", Apart.alone: "s", Apart.beyond: "D"}
 
 
 def pyplot():
@@ -202,11 +204,14 @@ def _draw_curve(d: dict, out: Path) -> Path:
     if d.get("band"):
         _band(ax, d["band"], colors[0], d["band"]["label"])
     taken = Counter(p["x"] for ln in d["lines"] for p in ln["points"])
-    _lone(ax, d["rest"], taken=taken, marker="o", markersize=5, color="dimgrey", zorder=2,
-          label=f"{d['phase']}, other settings (no line: not comparable)")
+    for why, marker in APART_MARKERS.items():  # points at one x side by side
+        pts = [p for p in d["rest"] if p["apart"] is why]
+        _lone(ax, pts, taken=taken, marker=marker, markersize=5, color="dimgrey", zorder=2,
+              label=why.value.format(phase=d["phase"], xlabel=d["xlabel"]))
+        taken += Counter(p["x"] for p in pts)
     _points(ax, d["short"], marker="o", markerfacecolor="none", markeredgecolor="grey",
             color="grey", zorder=2, label=SHORT_LABEL)
-    _flagged(ax, d, taken=taken + Counter(p["x"] for p in d["rest"]))
+    _flagged(ax, d, taken=taken)
     _star(ax, d["star"])
     _x_axis(ax, d["xticks"], d["log2"], d["integer_x"])
     if d["log_y"]:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from gpubench.analysis import recommend
+from gpubench.analysis.labels import count
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
@@ -239,7 +240,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     if answer is not None and not kept:
         # a loader-only sweep: its table and plots are its loader runs, its answer the workers'
         notes = [f"no training ranking: no run measured a training step (e2e); the table lists "
-                 f"the {len(answer.rows)} loader-only run(s) by loader img/s"]
+                 f"the {count(len(answer.rows), 'loader-only run')} by loader img/s"]
         rows = answer.rows
     # the plots still show the same setup's screens and probes (hollow, never on a curve)
     shown = kept + [r for r in rows if Rung.of(r.rung).short

@@ -1,10 +1,11 @@
 """A loader-only multirun (`-m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8`: how many
 workers out-run compute?) measures its compute bound itself, once per setup (analysis.workers.
-compute_setup). After its loader run, the first job of a setup to take `<sweep dir>/compute/
-<setup>.claim` (a file lock: exactly one job, held until its process ends, taken over from a dead
-claimer) measures the compute phase alone into `<sweep dir>/compute/<setup>/`, which the report
-pools (report.loader_answer); with Hydra's sequential launcher nothing else runs meanwhile. Not under torchrun (every rank would have to),
-nor outside a multirun (`python -m gpubench.report DIR --compute RUN` names a bound there)."""
+compute_setup): after its loader run, the first job of a setup to take `<sweep>/compute/
+<setup>.claim` (a file lock held until its process ends, taken over from a dead claimer)
+measures the compute phase alone into `<sweep>/compute/<setup>/`, which the report pools
+(report.loader_answer); Hydra's sequential launcher runs nothing else meanwhile. Not under
+torchrun (every rank would have to), nor outside a multirun (there `python -m gpubench.report
+DIR --compute RUN` names a bound)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def claim_in(sweep: Path, record: RunRecord) -> Path | None:
     root = sweep / COMPUTE_DIR
     root.mkdir(exist_ok=True)
     check_no_links(root, sweep)  # nothing claimed or written through a link out of the sweep
-    if (read_json(root / name / RESULTS_FILE) or {}).get("status", Status.running) != Status.running:
+    if (read_json(root / name / RESULTS_FILE) or {}).get("status") not in (None, Status.running):
         return None  # measured (a resumed sweep)
     lock = try_lock(root / f"{name}.claim", f"{record.dir}\n")
     if lock is None:

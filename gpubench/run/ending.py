@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 
 from gpubench.core import record
-from gpubench.core.files import read_json
 from gpubench.core.secrets import mask_secrets
 
 # the signals that end a run the way Ctrl-C does (gpubench.cli.signals names them)
@@ -86,9 +85,9 @@ def kept(run_dir: str | Path) -> str | None:
         text += f" and {Path(rec.extra['picture']).name}"
     tracking = (rec.config or {}).get("tracking") or {}
     if tracking.get("backend", "none") != "none":
-        from gpubench.tracking.runs import MARKER_FILE, sync_command
-        from gpubench.tracking.store import resolve_uri
+        from gpubench.tracking import resolve_uri, runs
 
-        if not (read_json(run_dir / MARKER_FILE) or {}).get("synced"):
-            text += f"; not in MLflow: {sync_command(run_dir, resolve_uri(tracking.get('uri')))}"
+        if not runs.read(run_dir / runs.MARKER_FILE).get("synced"):
+            uri = resolve_uri(tracking.get("uri"))
+            text += f"; not in MLflow: {runs.sync_command(run_dir, uri)}"
     return mask_secrets(text)

@@ -27,26 +27,12 @@ from gpubench.core.pipe import batches_in_flight, loader_window_steps
 from gpubench.core.record import RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status, window_plan
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
-from gpubench.parts import distributed, targets
+from gpubench.parts import distributed, models, targets
+from gpubench.parts import step as train
 from gpubench.parts.data import CorruptImage, build_pipeline
 from gpubench.parts.measure import DeviceStart, run_window
-from gpubench.parts.models import (
-    build_model,
-    check_output,
-    maybe_compile,
-    prepare_model,
-    step_marker,
-)
 from gpubench.parts.oom import is_oom
 from gpubench.parts.precision import apply_backend_flags, resolve_precision
-from gpubench.parts.step import (
-    TrainStep,
-    count_step_flops_split,
-    images_in,
-    make_loss,
-    make_optimizer,
-    step_figures,
-)
 from gpubench.run import compute_bound, merge
 from gpubench.run.ending import Hold, kept
 from gpubench.run.summary import figures, summarize
@@ -151,8 +137,8 @@ class Benchmark:
     """One run: build once (data, model, step), then `run_phase` window by window."""
 
     def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
-        # bad input raises ConfigError here, before any work: the config's own rules, this
-        # machine's disk and RAM, the code the config names (resolved, none of it called)
+        # bad input raises ConfigError before any work: the config's rules, this machine's disk
+        # and RAM, the code the config names (resolved, none of it called)
         s = self.settings = resolve(cfg)
         check_resources(s)
         targets.check(s)
@@ -193,8 +179,6 @@ class Benchmark:
         # run_window for measured steps only (parts/measure.py)
         self.device_start = DeviceStart()
         self.t0 = time.perf_counter()
-        # a signal after the first waits until the record is final (run/ending.py); a step that
-        # never returns ends the run as hung (run/watchdog.py), with the record's last write
         self.hold = Hold()
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
                                  self._end_hung)
@@ -218,21 +202,21 @@ class Benchmark:
                                    else None)
         rec.data_info = self.pipe.info
         if "compute" in self.phases or "e2e" in self.phases:
-            model = prepare_model(build_model(s), device, s.channels_last)
+            model = models.prepare_model(models.build_model(s), device, s.channels_last)
             with self.watchdog.watching("building", "taking a first batch and checking the "
                                         "model on it (one forward, the FLOP count)"):
                 batch = self.pipe.device_batch()
-                loss = make_loss(s.step)  # the team's loss (step=custom) resolved, not called
-                check_output(model, batch, s, loss)  # one forward: shape, width, loss's type
-                opt = make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
+                loss = train.make_loss(s.step)  # the team's loss (step=custom) resolved, not called
+                models.check_output(model, batch, s, loss)  # one forward: shape, width, loss's type
+                opt = train.make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
                 if b.flops:
-                    split = count_step_flops_split(model, self.plan, device, batch, loss=loss)
+                    split = train.count_step_flops_split(model, self.plan, device, batch, loss=loss)
                     rec.flops_per_step = split and split["total"]
                     rec.extra["flops_by_kind"] = split  # conv vs matmul: MFU's peak per math
-            compiled = maybe_compile(self.dist.wrap(model, device), s.compile)
-            self.step = TrainStep(compiled, self.plan, device, opt, self.faults.oom_above_batch,
-                                  b.grad_accum_steps, b.host_metrics_every, loss,
-                                  step_marker(s.compile))
+            compiled = models.maybe_compile(self.dist.wrap(model, device), s.compile)
+            self.step = train.TrainStep(compiled, self.plan, device, opt,
+                                        self.faults.oom_above_batch, b.grad_accum_steps,
+                                        b.host_metrics_every, loss, models.step_marker(s.compile))
         self.faults.maybe_fail(0)
 
     def _functions(self, name: str):
@@ -240,7 +224,7 @@ class Benchmark:
         pipe, step, stall = self.pipe, self.step, self.faults.staller()
         if name == "compute":
             fixed = pipe.device_batch()
-            n = images_in(fixed)
+            n = train.images_in(fixed)
 
             def compute_only(batch):
                 stall()
@@ -259,7 +243,7 @@ class Benchmark:
             if name == "e2e":
                 stall()
                 step(moved)
-            return images_in(moved)
+            return train.images_in(moved)
 
         return (lambda: next(batches)), load_or_train
 
@@ -405,7 +389,8 @@ class Benchmark:
                     gpulog.path.unlink(missing_ok=True)
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
-        if (step := step_figures(rec, self.step)) is not None:  # optimizer steps/s, micro-batches
+        # optimizer steps/s, micro-batches
+        if (step := train.step_figures(rec, self.step)) is not None:
             rec.extra["step"] = step
         self._release()
         try:
@@ -446,10 +431,9 @@ class Benchmark:
     def _release(self) -> None:
         if self.pipe is not None:
             self.pipe.shutdown()
-        # the pipeline (its loader, the dataset's pool, compute's device batch) and the phases'
-        # functions referring to it are let go here, so the collection below frees them too;
-        # the collection frees the run's reference cycles (a model, its optimizer, compiled
-        # graphs hold device memory the next run in this process must not see)
+        # the pipeline and the phases' functions let go, the collection frees the run's
+        # reference cycles: a model, its optimizer, compiled graphs hold device memory the next
+        # run in this process must not see
         self.pipe = self.step = None
         self.functions = {}
         gc.collect()
@@ -497,7 +481,7 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
             # the override list of a config composed outside a Hydra run (no .hydra/ folder,
             # no HydraConfig): the settings keep no hydra node
             task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
-            result.tracked = tracking.log_result(bench.settings.tracking, result, task)
+            result.tracked = tracking.log_result(bench.settings.tracking, bench.record, task)
         if interrupted is None and not bench.hold.late:
             _compute_bound(cfg, bench)
 

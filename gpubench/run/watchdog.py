@@ -1,12 +1,11 @@
-"""The watchdog: a run whose step never returns (a read on a dead mount, an endless forward, a
-kernel that never finishes) still ends, with its record final. After no sign of life (a window
-starting, a fetch or step entered or left) for `hang_limit_s` the record is written `failed`, the
-threads' stacks go to the run's log, the loader's workers are killed and the process exits 1:
-only that is sure with the main thread stuck in C code. This thread runs while that code lets the
-GIL go (torch.cuda.synchronize does: torch/csrc/cuda/Module.cpp THCPModule_cudaSynchronize; so
-does a DataLoader's queue read with a timeout). Not watched, having no bound of their own:
-building, a compiled phase's train steps (torch.compile's compiles), profiling, and what follows
-the last window (a tracking upload has tracking.timeout_s)."""
+"""A run whose step never returns (a dead mount, an endless kernel) still ends with its record
+final: after no sign of life (a window starting, a fetch or step entered or left) for
+`hang_limit_s` the record is written `failed`, the threads' stacks go to the run's log, the
+loader's workers are killed and the process exits 1, the only sure end with the main thread stuck
+in C code. This thread runs while that code lets the GIL go (torch.cuda.synchronize does:
+torch/csrc/cuda/Module.cpp THCPModule_cudaSynchronize; so does a DataLoader's timed queue read).
+Not watched, having no bound of their own: building, a compiled phase's train steps, profiling,
+what follows the last window (a tracking upload has tracking.timeout_s)."""
 
 from __future__ import annotations
 
@@ -81,7 +80,7 @@ class Watchdog:
 
     def phase(self, name: str, fetch: Callable, work: Callable, compiled: bool
               ) -> tuple[Callable, Callable]:
-        """A phase's (fetch, work); a compiled train step is not watched (compiles are unbounded)."""
+        """A phase's (fetch, work); a compiled train step is unwatched (compiles are unbounded)."""
         return (self.wrapped(fetch, FETCH, counts=True),
                 self.wrapped(work, MOVE if name == "loader" else STEP,
                              watched=not (compiled and name != "loader")))
@@ -108,7 +107,8 @@ class Watchdog:
     def start(self) -> Watchdog:
         if self.poll_s is not None and self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="gpubench-watchdog", daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="gpubench-watchdog",
+                                            daemon=True)
             self._thread.start()
         return self
 

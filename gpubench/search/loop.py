@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
+from gpubench.analysis.recommend import recommend
 from gpubench.core.record import Rung, load
 from gpubench.search import study as S
 from gpubench.search.jobs import Jobs
 from gpubench.search.manifest import Manifest
+from gpubench.search.rows import trial_rows
 from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
@@ -66,7 +68,6 @@ class Search:
 
     def run(self) -> dict | None:
         """Measure until the study holds n_trials measured trials; the best, or None."""
-        self.space.require_swept()
         size = self.space.size()
         in_a_row = 0
         while True:
@@ -76,11 +77,10 @@ class Search:
             running = S.running_trials(self.study)
             left = self.n_trials - len(measured)
             done = {S.key(t.params) for t in measured}
-            if self.stop is not None and measured and self.stop():
+            if left <= 0 or (self.stop is not None and measured and self.stop()):
                 break
-            if left <= 0 or (size is not None and len(done) >= size):
-                if size is not None and len(done) >= size and left > 0:
-                    log.info("all %d configurations of the search space are measured", size)
+            if size is not None and len(done) >= size:
+                log.info("all %d configurations of the search space are measured", size)
                 break
             busy = done | {S.key(t.params) for t in running}
             free = left - len(running)
@@ -121,8 +121,8 @@ class Search:
         kept = []
         for t in held:
             if S.claim_is_within(self.study, t.number, self.n_trials):
-                if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # one worker per device
-                    S.set_attr(t, "device", os.environ["CUDA_VISIBLE_DEVICES"])
+                if (device := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+                    S.set_attr(t, "device", device)  # one worker per device
                 kept.append(t)
             else:
                 S.abandon(self.shared, t.number, requeue=None)
@@ -232,9 +232,6 @@ class Search:
             best = None
         value, extra = None if best is None else best.value, {}
         if confirmed:  # the report's reference: the fastest stable confirmed trial
-            from gpubench.analysis.recommend import recommend
-            from gpubench.search.rows import trial_rows
-
             rows = trial_rows(self.study, self.shared.storage)
             if (rec := recommend([r for _, r in rows])) is not None:
                 pick = rec.best

@@ -23,6 +23,7 @@ from gpubench.core.pipe import serial_rate
 from gpubench.core.stats import Est
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
+from gpubench.search.rows import trial_rows
 from gpubench.search.space import Param, SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
@@ -38,8 +39,6 @@ class Plan:  # hydra.sweeper.pipes.*
     compute_overrides: list[str]
     data_overrides: list[str]
     join_overrides: list[str] = field(default_factory=list)
-    tolerance: float = TOLERANCE  # the knee: the smallest batch within this of the fastest
-    margin: float = TOLERANCE  # a loader clears a bound by this
 
 
 @dataclass
@@ -94,7 +93,7 @@ class Pipes:
         n = len(points) if exhaustive else self.plan.compute_trials
         self.search(shared, space, n, "compute").run()
         rows = _rows(shared)
-        kept = keep_compute(rows, "loader.batch_size", self.plan.tolerance, self.plan.keep)
+        kept = keep_compute(rows, "loader.batch_size", TOLERANCE, self.plan.keep)
         self.result["compute"] = {"study": shared.study.study_name, "trials": len(rows),
                                   "space": len(points or []) or None, "exhaustive": exhaustive,
                                   "kept": [k.summary() for k in kept]}
@@ -104,7 +103,7 @@ class Pipes:
         return kept
 
     def _measure(self, shared: S.Shared, space: SearchSpace, todo: list[dict],
-                 stop: Callable[[], bool]) -> None:
+                 stop: Callable[[], bool] | None = None) -> None:
         """Measure `todo` (queued in this order) within the data budget, until `stop`."""
         done = len(_rows(shared))
         todo = todo[: max(self.plan.data_trials - done, 0)]
@@ -123,13 +122,13 @@ class Pipes:
         after = None if past is None else cost(past, params)
 
         def walk(rows: list) -> list[dict]:  # what the walk measures next (nothing: answered)
-            return data_walk(points, params, rows, k.rate, self.plan.margin)
+            return data_walk(points, params, rows, k.rate, TOLERANCE)
 
         rows = _rows(shared)  # each read queries the studies and every trial's results.json
         if after is not None:  # the join's next try: the next setting past the chosen one
             measured = {S.key(p) for p, _ in rows}
             nxt = [p for p in points if cost(p, params) > after and S.key(p) not in measured]
-            self._measure(shared, space, nxt[:1], lambda: False)
+            self._measure(shared, space, nxt[:1])
             rows = _rows(shared)
         else:
             while (todo := walk(rows)) and len(rows) < self.plan.data_trials:
@@ -138,7 +137,7 @@ class Pipes:
                 rows = _rows(shared)
                 if len(rows) == before:  # nothing more could be measured (failures)
                     break
-        f = choose_data(rows, params, k.rate, self.plan.margin, after)
+        f = choose_data(rows, params, k.rate, TOLERANCE, after)
         if f is not None and after is None:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
@@ -163,7 +162,7 @@ class Pipes:
             self.search(shared, space, tried, "join", confirm=replace(self.confirm, top=0)).run()
             # confirm rounds only where one measurement each leaves the answer open
             rows = _rows(shared)
-            if top := confirm_top([r for _, r in rows], self.plan.tolerance):
+            if top := confirm_top([r for _, r in rows], TOLERANCE):
                 self.search(shared, space, tried, "join",
                             confirm=replace(self.confirm, top=top)).run()
                 rows = _rows(shared)  # pooled with the rounds
@@ -173,7 +172,7 @@ class Pipes:
                 row = by_key.get(S.key({**k.params, **f.params}))
                 e2e = rate_of(row) if row is not None else None
                 name, narrower = join_bound(k.rate, f.rate, f.params.get("loader.num_workers", 1))
-                short = e2e is not None and contends(e2e, narrower, self.plan.tolerance)
+                short = e2e is not None and contends(e2e, narrower, TOLERANCE)
                 joined.append({"compute": k.params, "data": f.params, "narrower": name,
                                "e2e": None if e2e is None else list(astuple(e2e)),
                                "bound": list(astuple(narrower)), "contends": short})
@@ -195,8 +194,6 @@ class Pipes:
 
 
 def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
-    from gpubench.search.rows import trial_rows
-
     return [(dict(t.params), r) for t, r in trial_rows(shared.study, shared.storage)]
 
 
@@ -240,10 +237,10 @@ def grid(params: list[Param]) -> list[dict[str, Any]] | None:
 
 def cost(params: dict[str, Any], space: list[Param]) -> tuple:
     """A data setting's cost rank: CHEAP_FIRST's keys first, others by their choice's position."""
-    order = {p.name: p for p in space}
+    choices = {p.name: list(getattr(p.dist, "choices", ())) for p in space}
     head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
-    rest = tuple(_position(order[k], v) for k, v in sorted(params.items())
-                 if k not in CHEAP_FIRST and k in order)
+    rest = tuple(choices[k].index(v) if v in choices[k] else 0 for k, v in sorted(params.items())
+                 if k not in CHEAP_FIRST and k in choices)
     return head + rest
 
 
@@ -252,11 +249,6 @@ def _rank(fn: Callable[[Any], Any], v: Any) -> tuple:
         return (0, fn(v))
     except TypeError:  # a value of another type than the key's (a string for a number)
         return (1, str(v))
-
-
-def _position(p: Param, v: Any) -> int:
-    choices = getattr(p.dist, "choices", None)
-    return list(choices).index(v) if choices is not None and v in choices else 0
 
 
 def fixed_space(space: SearchSpace, values: dict[str, Any], extra: list[str]) -> SearchSpace:
@@ -313,7 +305,6 @@ class Fed:  # a data setting chosen to feed one kept compute setting
     rate: Est
     clears: bool
     bound: Est
-    margin: float
 
     def summary(self) -> dict:
         return {"params": self.params, "rate": list(astuple(self.rate)), "clears": self.clears,
@@ -328,11 +319,11 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
                    key=lambda t: t[0])
     for c, p, x in rated:
         if (after is None or c > after) and clears(x, bound, margin):
-            return Fed(p, x, True, bound, margin)
+            return Fed(p, x, True, bound)
     if after is not None or not rated:
         return None
     _, p, x = max(rated, key=lambda t: t[2].value)
-    return Fed(p, x, False, bound, margin)
+    return Fed(p, x, False, bound)
 
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],

@@ -1,8 +1,5 @@
 """The Optuna study of a search: opening it (race-safe, with heartbeats), and what its trials mean.
-
-Optuna does the leases (heartbeat thread, `fail_stale_trials`, the retry callback). Ours, as
-Optuna has none: the slot check keeping all workers at n_trials (`claim_is_within`), failing at
-once a dead local process's trial (`fail_stale`), and what counts as measured (`measured_trials`).
+Optuna does the leases; the slot check, a dead local worker and what counts as measured are ours.
 """
 
 from __future__ import annotations

@@ -92,12 +92,11 @@ def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -
                          f"{artifact_path}/{sub}", root)
 
 
-def upload(store: Store, run, run_dir: Path, parent_id: str | None = None,
+def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = None,
            name: str | None = None, overrides: str | None = None) -> str:
     """One MLflow run from a record; its id. Terminated last: a RUNNING one broke half-way."""
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 
-    rec = T.as_record(run)
     c = store.client
     tags = T.run_tags(rec, overrides, user())
     if parent_id:
@@ -217,12 +216,11 @@ def job_parent(run_dir: Path) -> str | None:
         (rid for d in sweep_dirs if (rid := read(d / PARENT_FILE).get("run_id"))), None)
 
 
-def log_result(t, result, task=None) -> bool:
-    """Upload one finished (or killed) run (a RunRecord or the runner's Result) with tracking
-    settings `t`; `task`: see read_overrides. Never raises: a failure prints one warning line,
-    marks the run unsynced and returns False (results stay for `sync`)."""
+def log_result(t, rec: RunRecord, task=None) -> bool:
+    """Upload one finished (or killed) run with tracking settings `t`; `task`: see
+    read_overrides. Never raises: a failure prints one warning line, marks the run unsynced and
+    returns False (results stay for `sync`)."""
     uri = resolve_uri(t.uri)
-    rec = result if isinstance(result, RunRecord) else result.record
     run_dir = Path(rec.dir)
     parent = job_parent(run_dir)
     try:

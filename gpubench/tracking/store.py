@@ -46,8 +46,8 @@ def default_uri(cwd: str | Path | None = None) -> str:
     return f"{SQLITE_PREFIX}{db}"
 
 
-def resolve_uri(uri: str | None, cwd: str | Path | None = None) -> str:
-    return str(uri) if uri else default_uri(cwd)
+def resolve_uri(uri: str | None) -> str:
+    return str(uri) if uri else default_uri()
 
 
 def uri_problem(uri: str | None) -> str | None:
@@ -63,12 +63,17 @@ def uri_problem(uri: str | None) -> str | None:
     return None
 
 
+# where `mlflow ui` serves a local store: its default --host and --port
+MLFLOW_UI = "http://127.0.0.1:5000"
+
+
 def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """A link to open: on the server itself, or on the `mlflow ui` that serves a local store."""
     route = page(experiment_id, run_id)  # the training view, gpubench's saved columns
     uri = mask_secrets(uri)
     if uri.startswith(("http://", "https://")):
         return f"{split_credentials(uri)[0].rstrip('/')}/{route}"
-    return f"`mlflow ui --backend-store-uri {uri}`, then {route}"
+    return f"`mlflow ui --backend-store-uri {uri}`, then open {MLFLOW_UI}/{route}"
 
 
 # a database store's port when its URL names none
@@ -105,10 +110,6 @@ def _probe(uri: str, timeout_s: float) -> None:
         raise TrackingUnavailable(f"no answer: {mask_secrets(str(getattr(e, 'reason', e)))}") from e
 
 
-# tries at opening a store another process may be creating at the same moment
-CREATE_ATTEMPTS = 3
-
-
 class Store:
     """An MLflow client on one tracking URI and experiment (created if new); `uri` is masked."""
 
@@ -134,7 +135,7 @@ class Store:
                 self.client = MlflowClient(tracking_uri=connect)
                 self.experiment_id = self._experiment_id(experiment, artifacts)
 
-        retry(create, CREATE_ATTEMPTS, wait_s=0.5)
+        retry(create, 3, wait_s=0.5)
 
     def _experiment_id(self, name: str, artifacts: str | None) -> str:
         from mlflow.exceptions import MlflowException
@@ -173,7 +174,8 @@ def connection(uri: str, timeout_s: float = 10.0):
     # server would hold a finished benchmark for minutes
     env = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout_s))),
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-           "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+           "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # one line of ours instead
            **{k: v for k, v in zip(names, pair, strict=True) if v is not None}}
     saved = {k: os.environ[k] for k in env if k in os.environ}

@@ -89,10 +89,6 @@ def tag_values(tags: dict) -> dict[str, str]:
             if v not in (None, "")}
 
 
-def as_record(run) -> RunRecord:
-    return run if isinstance(run, RunRecord) else RunRecord.from_dict(run)
-
-
 def key(k: str) -> str:
     return _BAD_KEY_CHARS.sub("_", k)[:MAX_KEY]
 
@@ -104,7 +100,7 @@ def param_str(v) -> str:  # Hydra's own spelling: a value pastes back as an over
 def run_params(run) -> dict[str, str]:
     """The knobs by plain name (config.knobs.SHORT: one column per knob), the device, then the rest
     of the config by dotted key; masked (a tracking URI or storage URL may carry a password)."""
-    rec = as_record(run)
+    rec = run if isinstance(run, RunRecord) else RunRecord.from_dict(run)
     params = {k: knob_of(rec.knob, k) for k in SHORT}
     params["device"] = rec.env.get("device")
     named = {k for keys in SHORT.values() for k in keys}
@@ -130,9 +126,8 @@ def shown_objective(rec: RunRecord) -> float:
     return objective
 
 
-def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
+def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, float, int, int]]:
     """(name, value, step, timestamp_ms); per-step series under their phase, warm-up first."""
-    rec = as_record(run)
     now_ms = now_ms or int(time.time() * 1000)
     out: list[tuple[str, float, int, int]] = []
 
@@ -180,9 +175,9 @@ def run_metrics(run, now_ms: int | None = None) -> list[tuple[str, float, int, i
     return out
 
 
-def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict[str, str]:
+def run_tags(rec: RunRecord, overrides: str | None = None,
+             user: str | None = None) -> dict[str, str]:
     """The run's identity, status, verdict, environment, overrides, MLflow's source/user tags."""
-    rec = as_record(run)
     env, stable = rec.env, rec.measurement_stable
     return tag_values({
         # first: the run page lists tags in this order. One word (`data`, `compute`, ...), or
@@ -203,12 +198,11 @@ def run_tags(run, overrides: str | None = None, user: str | None = None) -> dict
     })
 
 
-def run_name(run, name: str | None = None) -> str:
+def run_name(rec: RunRecord, name: str | None = None) -> str:
     """`tracking.run_name`, else the setup and the throughput (`resnet50-bs128 812img/s`),
     `over-ceiling` above the memory ceiling, or the status of a run that measured nothing."""
     if name:
         return mask_secrets(name)
-    rec = as_record(run)
     parts = [setup_text(rec, compact=True)]
     ips = rec.images_per_sec
     if not rec.status.measured:
@@ -253,10 +247,9 @@ def headline(rec: RunRecord) -> str:
     return " · ".join(parts)
 
 
-def describe(run, run_id: str | None = None, picture: bool = False) -> str:
+def describe(rec: RunRecord, run_id: str | None = None, picture: bool = False) -> str:
     """The run's description (Markdown): the headline, the picture (by the server's relative
     `get-artifact` route: it works behind a path prefix), the reason, the phases, the advice."""
-    rec = as_record(run)
     lines = []
     if rec.status.measured:
         lines.append(headline(rec))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,12 @@ class GpubenchSweeper(Sweeper):
         # checked in sweep(), not here: Hydra wraps an error raised while instantiating
         vars(self).update(settings)
         self.params = {str(k): v for k, v in (self.params or {}).items()}
-        self.hydra_context: HydraContext | None = None
-        self.config: DictConfig | None = None
-        self.launcher = None
 
     def check(self) -> None:
         """Every setting, before any work: ConfigError names the first bad one."""
         check_keys(self, keys(GpubenchSweeperConf, "hydra.sweeper."))
-        self.mode, self.sampler = _member(Mode, self.mode), _member(Sampler, self.sampler)
+        # by value: Hydra hands a member of its plugin scan's copy of config.py
+        self.mode, self.sampler = Mode(self.mode), Sampler(self.sampler)
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
             raise ConfigError("hydra.sweeper.grace_period", self.grace_period,
                               f"null or seconds > heartbeat_interval ({self.heartbeat_interval})")
@@ -58,7 +55,6 @@ class GpubenchSweeper(Sweeper):
         from gpubench.search.manifest import Manifest
         from gpubench.search.space import parse_search_space
 
-        assert self.config is not None and self.hydra_context is not None
         self.check()
         space = parse_search_space(arguments, self.params, self.hydra_context.config_loader)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
@@ -166,8 +162,3 @@ class GpubenchSweeper(Sweeper):
                         100 * result["memory_ceiling"])
         for line in summary_lines(result):  # the answer, for the user at the terminal
             print(line, flush=True)
-
-
-def _member(enum: type[Enum], v: Any) -> Enum:
-    """This module's member: Hydra hands a member of its plugin scan's copy of config.py."""
-    return enum[v.name if isinstance(v, Enum) else v]

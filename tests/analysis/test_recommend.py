@@ -1,9 +1,9 @@
-"""The AMP comparison of the recommendation rule (analysis.recommend.amp_effect) on single
-windows, where the intervals have no spread."""
+"""The recommendation rule (analysis.recommend) on single windows, where the intervals have no
+spread: the AMP comparison, the headline's count of the configurations near the best."""
 
 from __future__ import annotations
 
-from gpubench.analysis.recommend import Row, amp_effect
+from gpubench.analysis.recommend import Row, amp_effect, recommend
 from gpubench.core.record import RunRecord, Status
 
 
@@ -16,3 +16,14 @@ def test_single_windows_are_decided_by_their_figures_and_equal_ones_are_no_diffe
     assert amp_effect(one_window(120.0), one_window(100.0)) == "faster"
     assert amp_effect(one_window(90.0), one_window(100.0)) == "slower"
     assert amp_effect(one_window(100.0), one_window(100.0)) == "same"
+
+
+def test_the_headline_counts_the_other_configurations_near_the_best():
+    """`1 configuration(s) within 5%` was the best itself: the others are counted, in words."""
+    def rec_of(*ips: float) -> list[str]:
+        return recommend([one_window(x) for x in ips], 0.05).reasons
+
+    assert rec_of(100.0)[0].endswith("; no other configuration within 5% of it on their intervals")
+    assert "; 1 other configuration within 5%" in rec_of(100.0, 97.0)[0]
+    assert "; 2 other configurations within 5%" in rec_of(100.0, 97.0, 96.0)[0]
+    assert "(s)" not in " ".join(rec_of(100.0, 50.0))

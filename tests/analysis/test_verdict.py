@@ -256,3 +256,18 @@ def test_every_case_is_reached_and_its_sentence_filled_from_the_figures_the_rule
     compute = seen[Case.compute_tracks]
     assert isinstance(compute.figures["tracking"], Est) and compute.bottleneck == "compute"
     assert seen[Case.above_bound].impossible in seen[Case.above_bound].reason
+
+
+def test_cpu_data_advice_names_no_gpu_and_no_gpu_only_knob():
+    """A CPU-only run's next steps: what acts on a CPU, never "per GPU", pinning or a device
+    augment (on a CPU the same cores would run it)."""
+    every = advise("data", knobs(device="cpu", num_workers=8, cpu_count=8))
+    every += advise("data", knobs(device="cpu", num_workers=1, cpu_count=8))
+    every += advise("overlap", knobs(device="cpu", num_workers=0, cpu_count=8))
+    assert every and not any("GPU" in x or "augment_on=device" in x or "pin_memory" in x
+                             for x in every)
+    assert advise("data", knobs(device="cpu", num_workers=8, cpu_count=8, preload=True)) == [
+        "the host's cores are all loading and training: a host with more cores (8 here)"]
+    # on a GPU the same run is told of the CPU per GPU
+    gpu = advise("data", knobs(num_workers=8, cpu_count=8, preload=True, pin_memory=True))
+    assert "per GPU" in gpu[-1]

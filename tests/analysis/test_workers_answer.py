@@ -94,6 +94,27 @@ def test_none_clears_says_whether_the_data_side_is_surely_the_bottleneck():
     assert "stays the bottleneck" not in close.answer()
 
 
+def test_a_cpu_only_data_side_is_told_only_what_acts_on_a_cpu(tmp_path):
+    """No worker count out-runs compute on a CPU-only run: its next steps name no device augment
+    (the model's own cores would run it) and no GPU; on CUDA (or unrecorded) they do."""
+    for pick in (fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0), device="cpu"),
+                 fewest_workers([(w, ips) for w, (ips, _) in LOADER.items()], 1000.0,
+                                device="cpu")):
+        for text in (pick.answer(), pick.reason):
+            assert "(next: dataset.preload=true, more CPU cores)" in text
+            assert "augment_on" not in text and "GPU" not in text
+    gpu = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0))
+    assert "dataset.augment_on=device, more CPU cores per GPU" in gpu.answer()
+    # the report's answer passes its runs' device on
+    cpu_rows = rows()
+    for r in cpu_rows:
+        r.record.env["device"] = "cpu"
+    bound = compute_run(900.0, [880.0, 920.0], tmp_path)
+    bound.env["device"] = "cpu"
+    text = "\n".join(loader_answer(cpu_rows, [bound], [], "/sweeps/a").lines)
+    assert "stays the bottleneck" in text and "augment_on" not in text
+
+
 # ------------------------------------------------------------------ the report's answer
 
 

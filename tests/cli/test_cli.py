@@ -172,6 +172,60 @@ def test_help_leaves_out_the_keys_for_tests(compose_cfg):
     assert "fault" not in [line.partition(":")[0] for line in shown.splitlines()]
 
 
+def test_every_help_fits_80_columns(compose_cfg, monkeypatch, capsys):
+    """`--help` of gpubench, its report, tracking and check commands: no line over 80 columns in
+    a terminal of 80 (argparse wraps to it; Hydra's and the check's are printed as written)."""
+    import string
+
+    import gpubench.__main__  # noqa: F401 - registers the resolver the help template calls
+    from gpubench.check.suite import main as check_main
+    from gpubench.report.cli import main as report_main
+    from gpubench.tracking.__main__ import main as tracking_main
+
+    monkeypatch.setenv("COLUMNS", "80")  # what argparse reads the terminal's width from
+    shown = []
+    for main, argv in ((report_main, ["--help"]), (tracking_main, ["--help"]),
+                       (tracking_main, ["sync", "--help"])):
+        with pytest.raises(SystemExit):
+            main(argv)
+        shown.append(capsys.readouterr().out)
+    check_main(["--help"], emit=shown.append)
+    template = compose_cfg(hydra=True).hydra.help.template  # as Hydra's get_help fills it
+    shown.append(string.Template(template).safe_substitute())
+    lines = [line for text in shown for line in text.splitlines()]
+    assert len(lines) > 100 and [x for x in lines if len(x) > 80] == []
+
+
+def test_a_tracked_sweep_ends_with_its_own_mlflow_link(compose_cfg, tmp_path, monkeypatch,
+                                                       caplog):
+    """After the jobs' links, the sweep's own (its parent run: the best run, the report), on
+    the server's host."""
+    import contextlib
+
+    from gpubench import tracking
+    from gpubench.cli import callbacks
+
+    class Store:
+        experiment_id = "7"
+
+    @contextlib.contextmanager
+    def open_store(*args):
+        yield Store()
+
+    closed = []
+    monkeypatch.setattr(tracking, "open_store", open_store)
+    monkeypatch.setattr(tracking, "close_sweep", lambda *a, **kw: closed.append(a[2]))
+    monkeypatch.setattr(tracking, "mark_ended", lambda *a: None)
+    monkeypatch.setattr(callbacks, "_sweep_report", lambda *a: None)
+    monkeypatch.setenv(tracking.PARENT_ENV, "a1b2")
+    cfg = compose_cfg("tracking=mlflow", "tracking.uri=http://mlflow.example:5000",
+                      f"hydra.sweep.dir={tmp_path}", hydra=True)
+    with caplog.at_level(logging.INFO, logger="gpubench"):
+        callbacks.MlflowSweepCallback().on_multirun_end(cfg)
+    assert closed == ["a1b2"]
+    assert "MLflow sweep a1b2: http://mlflow.example:5000/#/experiments/7/runs/a1b2?" in caplog.text
+
+
 def test_the_error_layer_unwraps_a_job_and_passes_exits_through(monkeypatch, capsys,
                                                                 sigterm_kept):
     from gpubench.cli.errors import JobFailed, one_line_errors, overrides

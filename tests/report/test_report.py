@@ -612,8 +612,8 @@ def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended
     rows = [*tiny, loader_only, probe, screen]
     kept, notes = training_rows(rows)
     assert kept == tiny
-    assert notes == ["left out 3 run(s) that are no full training measurement: 1 runs without "
-                     "an e2e phase (loader-only or compute-only), 1 max-batch probes, 1 screens"]
+    assert notes == ["left out 3 runs that are no full training measurement: 1 run without "
+                     "an e2e phase (loader-only or compute-only), 1 max-batch probe, 1 screen"]
     rec = recommend(rows)  # the rule itself never picks a loader figure or a probe
     assert rec.best is tiny[0] and rec.chosen in tiny
     # (the loader check may quote a loader-only run: it is the loader phase's view)
@@ -630,7 +630,7 @@ def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended
     kept, notes = training_rows([*tiny, *r50])
     assert kept == [r50[1]]
     assert len(notes) == 1 and "model.name=resnet50" in notes[0] and "224" in notes[0]
-    assert "model.name=tiny dataset.name=synthetic dataset.image_size=64 (2 run(s))" in notes[0]
+    assert "model.name=tiny dataset.name=synthetic dataset.image_size=64 (2 runs)" in notes[0]
     assert "--where" in notes[0]
 
 
@@ -764,7 +764,7 @@ def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatc
     assert whole["rows"] == 2 and whole["best"]["images_per_sec"] == 100.0
     # the study's report ranks the newest run's setup (resnet50) without its loader-only run
     assert study["best"]["images_per_sec"] == 40.0
-    assert any("left out 1 run(s)" in x for x in study["lines"])
+    assert any("left out 1 run that is" in x for x in study["lines"])
     assert any("model.name=tiny" in x and "--where" in x for x in study["lines"])
 
 
@@ -850,3 +850,16 @@ def test_a_row_is_named_by_its_folder_as_seen_from_the_sweep_dir(tmp_path):
     assert on_disk(at(root / "10-00-00" / "3"), root) == "10-00-00/3"
     assert on_disk(at(tmp_path / "b" / "0"), root) == "../b/0"
     assert on_disk(at(root), root) is None
+
+
+def test_a_cpu_run_over_the_ceiling_is_not_told_of_a_cuda_only_precision():
+    from gpubench.report.console import verdict
+
+    rec = RunRecord(status=Status.over_ceiling, env={"device": "cpu"},
+                    config={"loader": {"batch_size": 8}, "model": {"name": "tiny"},
+                            "precision": {"name": "fp32"}})
+    text = "\n".join(verdict(rec))
+    assert "precision=amp_bf16: mixed precision halves the activations" in text
+    assert "amp_fp16" not in text  # refused on a CPU
+    rec.env["device"] = "cuda"
+    assert "precision=amp_bf16 (or amp_fp16)" in "\n".join(verdict(rec))

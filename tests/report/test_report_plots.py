@@ -18,7 +18,9 @@ from gpubench.report import plots as report_plots
 from gpubench.report.plot_data import curve_data, memory_data, pareto_data
 from gpubench.report.plot_rules import (
     FRONT_LABEL,
+    MAX_LINES,
     MIN_IMPORTANCE_TRIALS,
+    Apart,
     flag_reasons,
     headline_phase,
     importance_params,
@@ -233,6 +235,58 @@ def test_zero_workers_join_every_line_of_their_setup():
     assert d["title"].startswith("How many loader workers does the data side need?")
 
 
+def test_a_zero_worker_thread_run_is_a_second_run_of_the_zero_worker_setting(tmp_path):
+    """`loader.worker_type=thread loader.num_workers=0` starts no thread: the main process loads,
+    as with process workers, and it is recorded as process with 0 workers. Beside a process run
+    of 0 workers it is the same setting run again: the slower of the two is drawn as that, not
+    as 'other settings (no line: not comparable)'."""
+    def loader_run(w, kind, ips):
+        r = run(workers=w, e2e=None, compute=None, loader=ips, device="cpu")
+        r.config["loader"].update(worker_type="process" if w == 0 else kind,
+                                  prefetch_factor=None if w == 0 else 2)
+        return r
+
+    rows = rows_of(*(loader_run(w, kind, 100.0 * (w + 1) + k)
+                     for w in (0, 1, 2) for k, kind in enumerate(("process", "thread"))))
+    d = curve_data(rows, "num_workers", "loader workers")
+    assert {ln["label"]: ys(ln["points"]) for ln in d["lines"]} == {
+        "worker_type=process": [101, 200, 300], "worker_type=thread": [101, 201, 301]}
+    assert [(p["x"], p["y"], p["apart"]) for p in d["rest"]] == [(0, 100, Apart.repeat)]
+    legend = _legend_of(report_plots, d, tmp_path)
+    assert any(x.startswith("loader, the settings of a line's point again:\na slower run (a "
+                            "line takes the fastest)") for x in legend), legend
+    assert not any("not comparable" in x for x in legend), legend
+
+
+def test_a_run_on_no_line_says_why_in_its_legend_entry(tmp_path):
+    # batch 16 alone at 4 workers; at 0 workers one line per precision, more than MAX_LINES
+    rows = rows_of(run(batch=16, workers=4, e2e=90.0),
+                   *(run(batch=b, workers=0, e2e=100.0 + i + b, prec=f"p{i}")
+                     for i in range(MAX_LINES + 1) for b in (32, 64)))
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert len(d["lines"]) == MAX_LINES
+    assert sorted((p["apart"].name, p["x"]) for p in d["rest"]) == [
+        ("alone", 16), ("beyond", 32), ("beyond", 64)]
+    legend = _legend_of(report_plots, d, tmp_path)
+    for entry in ("e2e, other settings (no line: no run\ndiffers from it in batch size alone)",
+                  f"e2e, other settings (no line: at most\n{MAX_LINES} lines are drawn)"):
+        assert any(x.startswith(entry) for x in legend), legend
+
+
+def _legend_of(plots, d, tmp_path) -> list[str]:
+    """A curve picture's legend entries (drawn again, kept open to read them)."""
+    import matplotlib.pyplot as plt
+
+    close = plt.close
+    figs = []
+    plt.close = lambda fig=None: figs.append(fig)
+    try:
+        plots._draw_curve(d, tmp_path / "legend.png")
+    finally:
+        plt.close = close
+    return [t.get_text() for t in figs[0].axes[0].get_legend().get_texts()]
+
+
 def test_cpu_memory_says_summed_rss_not_device_memory():
     rows = rows_of(run(batch=16, device="cpu"), run(batch=32, device="cpu", peak=0.6))
     m = memory_data(rows)
@@ -263,7 +317,7 @@ def test_importance_needs_enough_trials_and_knobs_that_act_on_the_device():
                   for i in range(8)]
     assert importance_params(only_inert, {"cuda"})[0] == ["loader.batch_size", "loader.pin_memory"]
     # on a CPU one knob is left, and one knob alone always gets all the importance
-    assert importance_params(only_inert, {"cpu"}) == ([], "1 parameter(s) varied and can act "
+    assert importance_params(only_inert, {"cpu"}) == ([], "1 parameter varied and can act "
                                                       "on this device, 2 needed")
     title = importance_title(8, used, sorted(trials[0]), inert_knobs(trials, {"cpu"}))
     assert title == ("Which knobs moved e2e throughput most?\nfrom the study's 8 complete "

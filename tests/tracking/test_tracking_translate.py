@@ -117,6 +117,19 @@ def test_the_experiments_view_shows_what_runs_log():
     assert T.page("3", "r1") == "#/experiments/3/runs/r1?workflowType=machine_learning"
 
 
+def test_the_printed_mlflow_link_can_be_opened():
+    """A run's or sweep's link names its host: the server's (without its password), or the
+    `mlflow ui` that serves a local store, at its default address."""
+    from gpubench.tracking.store import ui_hint
+
+    run = "#/experiments/3/runs/r1?workflowType=machine_learning"
+    assert ui_hint("https://u:pw@mlflow.example.com/", "3", "r1") == \
+        f"https://mlflow.example.com/{run}"
+    assert ui_hint("sqlite:////data/mlflow.db", "3", "r1") == (
+        f"`mlflow ui --backend-store-uri sqlite:////data/mlflow.db`, then open "
+        f"http://127.0.0.1:5000/{run}")
+
+
 def test_tags_and_description():
     rec = record(measurement_stable=False, noise_reasons=["host CPU busy"],
                  overlap_loss=0.05, overlap_loss_ci=[0.0, 0.18])
