@@ -26,7 +26,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from gpubench.config.paths import CONFIG_DIR
-from tests.zygote import alive, zygote
+from tests.forked import Forked, alive
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # shared()'s folder, made by pytest_configure
@@ -35,6 +35,9 @@ SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # shared()'s folder, made by pytest_config
 # with torch's default of one per core, two workers' runs spun against each other on a 2-core
 # box (about a quarter more CPU and wall time).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every process the suite starts writes unbuffered (tests read what a command prints while it
+# runs); set here, the forkserver of tests/forked.py inherits it too.
+os.environ["PYTHONUNBUFFERED"] = "1"
 
 # A run that takes well under a second on a slow 2-core CPU: tiny CNN, 16 px, 2 measured steps.
 TINY = [
@@ -215,7 +218,7 @@ def _quick_tests_start_no_process(request):
 
 
 def _must_be_slow(what: str) -> None:
-    """Starting a process, a server or the zygote from a test not marked `slow` fails it
+    """Starting a process or a server from a test not marked `slow` fails it
     (README: `pytest -m "not slow"` is the quick, in-process part)."""
     if _RUNNING and _RUNNING[-1].get_closest_marker("slow") is None:
         pytest.fail(f"{_RUNNING[-1].nodeid} starts {what}: mark it @pytest.mark.slow",
@@ -225,36 +228,32 @@ def _must_be_slow(what: str) -> None:
 def cli_env(env: dict | None = None) -> dict:
     """The environment a CLI test's command gets: the test's own, less HYDRA_FULL_ERROR."""
     e = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    e.update(PYTHONUNBUFFERED="1", **(env or {}))
+    e.update(env or {})
     return e
 
 
-def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "gpubench",
-              **popen):
-    """`python -m MODULE ARGS` forked by the test run's zygote (tests/zygote.py), used like
-    `subprocess.Popen`; `code=CODE`: `python -c CODE ARGS`."""
+def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str | None = "gpubench",
+              code: str | None = None, **popen) -> Forked:
+    """`python -m MODULE ARGS` (`python -c CODE ARGS` given `code`) forked by this worker's
+    forkserver (tests/forked.py), used like `subprocess.Popen`; `affinity`: the cores it may
+    run on, `fsize`: the largest file it may write."""
     _must_be_slow(f"`python -m {module}`")
-    return zygote().popen(module, args, cwd=cwd, env=cli_env(env), **popen)
+    return Forked(module, code, args, cwd=cwd, env=cli_env(env), **popen)
 
 
 def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
-    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`, torchrun forked from the
-    zygote; each rank is a tests/zygote_client.py that has the zygote fork it (torchrun still
-    starts, watches, signals and ends every rank process)."""
-    _must_be_slow("torchrun")
-    z = zygote()
-    return run_cli("--standalone", f"--nproc_per_node={nproc}",
-                   str(ROOT / "tests" / "zygote_client.py"), "gpubench", *args,
-                   module="torch.distributed.run", cwd=cwd, timeout=timeout,
-                   env={"GPUBENCH_ZYGOTE": z.path, "GPUBENCH_ZYGOTE_PID": str(z.pid)})
+    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`: torchrun forked, each rank
+    a new interpreter that torchrun starts, watches, signals and ends."""
+    return run_cli("--standalone", f"--nproc_per_node={nproc}", "-m", "gpubench", *args,
+                   module="torch.distributed.run", cwd=cwd, timeout=timeout)
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300,
             module: str = "gpubench", fresh: bool = False,
             **limits) -> subprocess.CompletedProcess:
     """`python -m MODULE ARGS` as a process of its own, from `cwd` (outputs land under it).
-    `fresh`: a new interpreter rather than the zygote's fork, for a test of what the command
-    imports or how a new interpreter starts. `limits`: start_cli's affinity and fsize."""
+    `fresh`: a new interpreter rather than a fork, for a test of what the command imports or
+    how a new interpreter starts. `limits`: start_cli's affinity and fsize."""
     if fresh:
         _must_be_slow(f"a fresh `python -m {module}`")
         return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env),
@@ -415,7 +414,7 @@ def pytest_unconfigure(config):
 
 
 def shared(name: str, start) -> dict:
-    """A resource the whole test run shares (a server, the zygote), started once by whichever
+    """A resource the whole test run shares (a server), started once by whichever
     worker asks first: `start(folder)` starts it in a session of its own and returns what
     others need to reach it (a dict with its `pid`); the others read that back. The session's
     own process stops it when every worker is done (pytest_unconfigure)."""

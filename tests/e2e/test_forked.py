@@ -1,4 +1,4 @@
-"""The CLI tests' zygote (tests/zygote.py) gives each command a process of its own, as a new
+"""The CLI tests' forkserver (tests/forked.py) gives each command a process of its own, as a new
 interpreter would: its own pid, exit status, signals, cwd, environment, PYTHONPATH and
 streams. A command that depends on any of these is tested through it."""
 
@@ -14,7 +14,7 @@ from conftest import run_cli, start_cli
 
 pytestmark = pytest.mark.slow
 
-PROBE = "zygote_probe"  # a module written into the test's own folder (PYTHONPATH)
+PROBE = "forked_probe"  # a module written into the test's own folder (PYTHONPATH)
 CODE = """
 import json, os, sys
 print(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
@@ -56,7 +56,7 @@ def test_signals_reach_the_command_and_its_status_says_so(tmp_path, probe):
     os.killpg(proc.pid, signal.SIGKILL)  # its own process group, as start_new_session asks
     assert proc.wait(timeout=60) == -signal.SIGKILL
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # reaped by the zygote: the pid is gone, not a zombie
+    while time.monotonic() < deadline:  # reaped: the pid is gone, not a zombie
         try:
             os.kill(proc.pid, 0)
         except ProcessLookupError:

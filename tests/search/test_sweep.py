@@ -1003,7 +1003,7 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
            "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false",
            "hydra.sweeper.confirm.top=0"]
-    # (the zygote's child raises KeyboardInterrupt on SIGINT even where a shell running the
+    # (the forked child raises KeyboardInterrupt on SIGINT even where a shell running the
     # tests in the background ignores it)
     proc = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
