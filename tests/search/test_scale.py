@@ -20,6 +20,7 @@ import optuna
 import pytest
 from conftest import TINY, start_cli
 from optuna.trial import TrialState
+from sqlalchemy.exc import IntegrityError
 
 from gpubench.core import record
 from gpubench.search.study import measured_trials, worker_pid
@@ -62,8 +63,8 @@ def _wait_for_running_trial_of(proc, storage: str, study: str, timeout: float = 
                 if worker_pid(t) == proc.pid:
                     time.sleep(0.5)  # into the measurement
                     return t.number
-        except KeyError:  # the study is not created yet
-            pass
+        except (KeyError, IntegrityError):  # the study is not created yet, or its tables are
+            pass  # being created by a worker this read raced (both stamp the schema's version)
         time.sleep(0.2)
     out = proc.stdout.read() if proc.poll() is not None else ""
     raise AssertionError(f"worker {proc.pid} never measured a trial:\n{out[-3000:]}")
