@@ -21,6 +21,11 @@ NEXT_STEPS = {"cuda": "dataset.preload=true, dataset.augment_on=device, more CPU
               "cpu": "dataset.preload=true, more CPU cores"}
 
 
+def next_steps(device: str | None) -> str:
+    """NEXT_STEPS for a run's device; one not recorded is advised as on CUDA."""
+    return NEXT_STEPS.get(device, NEXT_STEPS["cuda"])
+
+
 def workers(n: int) -> str:
     return count(n, "worker")
 
@@ -61,11 +66,7 @@ class WorkersPick:
             return f"compute throughput not measured; {plateau}"
         return (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
                 f"{ips / c.value:.0%} of compute: the data side stays the bottleneck (next: "
-                f"{self.next_steps})")
-
-    @property
-    def next_steps(self) -> str:
-        return NEXT_STEPS.get(self.device, NEXT_STEPS["cuda"])
+                f"{next_steps(self.device)})")
 
     @property
     def threshold(self) -> float | None:
@@ -96,7 +97,7 @@ class WorkersPick:
                 f"above {figure(self.threshold)}); the fastest, {workers(top)}, loads "
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if self.rates[top].hi < c.lo:
-            return (f"{head}: the data side stays the bottleneck (next: {self.next_steps}); "
+            return (f"{head}: the data side stays the bottleneck (next: {next_steps(self.device)}); "
                     f"{plateau}")
         return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
                 f"bench.steps) or try more workers; {plateau}")

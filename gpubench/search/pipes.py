@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
-from gpubench.analysis.workers import clears, clears_by
+from gpubench.analysis.workers import clears, clears_by, next_steps
 from gpubench.config.knobs import CHEAP_FIRST
 from gpubench.core.pipe import serial_rate
 from gpubench.core.stats import Est
@@ -141,6 +141,7 @@ class Pipes:
         if f is not None and after is None:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
+                 "device": next((r.record.env.get("device") for _, r in rows), None),
                  **f.summary()})
             self.write(self.result)
             verb = "clears" if f.clears else "does not clear"
@@ -422,7 +423,7 @@ def lines(result: dict) -> list[str]:
             verdict = f"clears compute {clears_by(Est(*d['margin']))}, the cheapest setting that does"
         else:
             verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
-                       "dataset.preload=true, dataset.augment_on=device, more CPU cores)")
+                       f"{next_steps(d.get('device'))})")
         out.append(f"data pipe for {_setting(d['for'])}: {d['trials']} loader-only trial(s); "
                    f"{_setting(d['params'])}: {r} img/s {verdict}")
     for p in (result.get("join") or {}).get("pairings", []):

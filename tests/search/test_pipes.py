@@ -222,6 +222,13 @@ def test_the_path_is_told_in_a_few_lines():
     assert "num_workers=2: 1200 [1150-1250] img/s clears compute by 20% [13%-28%]" in text
     assert "e2e 700 [680-720] img/s, 70% of the narrower pipe (compute 1000 [980-1020])" in text
     assert "the pipes contend" in text and "time: compute 40 s, data 20 s, join 61 s" in text
+    # a data side that clears no bound is told what acts on the sweep's device (workers.next_steps)
+    for device, told, not_told in (("cpu", "more CPU cores)", "augment_on=device"),
+                                   ("cuda", "augment_on=device, more CPU cores per GPU)", None)):
+        short = {**result["data"][0], "clears": False, "device": device}
+        text = "\n".join(lines({**result, "data": [short]}))
+        assert "stays the narrower pipe (next: dataset.preload=true, " in text
+        assert told in text and (not_told is None or not_told not in text), text
 
 
 # ------------------------------------------------------------------ the search, through the CLI
