@@ -40,11 +40,6 @@ VERDICT_WORDS = {
 }
 
 
-def count(n: int, noun: str, plural: str | None = None) -> str:
-    """`1 run`, `3 runs` (`plural` where it is not the noun + s)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
 def phase_title(name: str) -> str:
     return PHASE_WORDS[name].title if name in PHASE_WORDS else name
 

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from gpubench.analysis.labels import count
 from gpubench.analysis.select import knob_of, left_out
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
@@ -17,7 +16,7 @@ from gpubench.config.knobs import compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, RunRecord, interval_label_of
-from gpubench.core.stats import TOLERANCE, Est, holding, median, median_interval
+from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # the config sections of a training setup (not bench, tracking or fault injection)
 SETUP_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last", "compile",

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpubench.analysis.labels import count
 from gpubench.config.keys import Role
 from gpubench.config.knobs import SETUP_SHORT, SHORT, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Rung, RunRecord
+from gpubench.core.stats import count
 
 
 class Row(Protocol):

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubench.analysis.labels import count
 from gpubench.analysis.select import knob_of
 from gpubench.config.knobs import COMPUTE
-from gpubench.core.stats import TOLERANCE, Est, figure
+from gpubench.core.stats import TOLERANCE, Est, count, figure
 
 COMPUTE_DIR = "compute"  # a loader-only multirun's compute measurements, in its sweep dir
 # what a data side that stays the bottleneck can try next (docs/data.md), by the run's device:

@@ -61,6 +61,11 @@ def figure(v: float, spec: str = "") -> str:
     return format(v, spec or (".0f" if abs(v) >= 100 else ".1f"))
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 run`, `3 runs` (`plural` where it is not the noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 @dataclass(frozen=True)
 class Est:
     """A measured figure in its interval (lo == hi: no spread measured), as `812 [790-840]`."""

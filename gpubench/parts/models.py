@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_leaves
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import CHECKPOINT_WIRED, Settings, check_classes, plain
+from gpubench.core.stats import count
 from gpubench.parts import targets
 from gpubench.parts.oom import is_oom
 
@@ -116,7 +117,7 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
         got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else \
             type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
         raise ConfigError(key, value, f"a model whose forward returns one logits tensor (batch, "
-                          f"classes) {took}; it returned {got} for {len(probe)} image(s)")
+                          f"classes) {took}; it returned {got} for {count(len(probe), 'image')}")
     check_classes(int(out.shape[-1]), ds.num_classes, *(("model._target_", m._target_)
                   if m._target_ else ("model.num_classes", m.num_classes)))
 

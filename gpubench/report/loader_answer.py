@@ -19,7 +19,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Flaw, Reason, RunRecord, find_runs, load
-from gpubench.core.stats import Est
+from gpubench.core.stats import Est, count
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons
 
@@ -228,7 +228,7 @@ def _lines(groups: list[Group], source: str) -> list[str]:
     out = [f"workers answer (loader-only runs; the fewest workers whose loader interval clears "
            f"the compute bound's interval by {groups[0].pick.tolerance:.0%}):"]
     for g in groups:
-        out.append(f"  {g.setup}, {len(g.rows)} loader run(s):")
+        out.append(f"  {g.setup}, {count(len(g.rows), 'loader run')}:")
         if g.pick.num_workers is None and g.flagged:
             out.append("  workers: no answer: every loader run that measured read high (queue-"
                        "timed or cut short: a longer bench.steps)")

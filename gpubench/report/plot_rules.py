@@ -7,13 +7,12 @@ from collections import Counter
 from enum import Enum
 from typing import Any
 
-from gpubench.analysis.labels import count
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord
-from gpubench.core.stats import Est
+from gpubench.core.stats import Est, count
 
 BOUND_PHASES = ("loader", "compute")
 SHORT_LABEL = "short screen / probe (not ranked)"

@@ -14,7 +14,6 @@ from typing import Any
 import yaml
 
 from gpubench.analysis import recommend
-from gpubench.analysis.labels import count
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
@@ -23,6 +22,7 @@ from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
 from gpubench.core.record import Rung, RunRecord, Status, longer, window_plan
 from gpubench.core.secrets import mask_secrets
+from gpubench.core.stats import count
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE

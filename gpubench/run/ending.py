@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpubench.core import record
 from gpubench.core.secrets import mask_secrets
+from gpubench.core.stats import count
 
 # the signals that end a run the way Ctrl-C does (gpubench.cli.signals names them)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -79,7 +80,7 @@ def kept(run_dir: str | Path) -> str | None:
     if rec is None:
         return None
     run_dir = Path(run_dir)
-    text = (f"status {rec.status.value}, {len(rec.phases)} measured phase(s) kept in "
+    text = (f"status {rec.status.value}, {count(len(rec.phases), 'measured phase')} kept in "
             f"{run_dir / record.RESULTS_FILE}")
     if rec.extra.get("picture"):
         text += f" and {Path(rec.extra['picture']).name}"

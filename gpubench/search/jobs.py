@@ -13,6 +13,7 @@ from gpubench.core import record
 from gpubench.core.files import damaged
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.secrets import error_text
+from gpubench.core.stats import count
 from gpubench.search.manifest import Manifest, reserve_job_dir
 
 log = logging.getLogger("gpubench.sweep")
@@ -74,7 +75,8 @@ def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple] | None = None) -> in
         else:
             log.info("%s: %s", rec.path, rec.extra.get("recovered"))
     if killed:
-        log.info("%d run(s) left running by a process that died: recorded as killed", killed)
+        log.info("%s left running by a process that died: recorded as killed",
+                 count(killed, "run"))
     return killed
 
 

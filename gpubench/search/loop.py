@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 from gpubench.analysis.recommend import recommend
 from gpubench.core.record import Rung, load
+from gpubench.core.stats import count
 from gpubench.search import study as S
 from gpubench.search.jobs import Jobs
 from gpubench.search.manifest import Manifest
@@ -72,7 +73,8 @@ class Search:
         in_a_row = 0
         while True:
             if stale := S.fail_stale(self.shared):
-                log.info("%d trial(s) of a worker that stopped beating: queued again", stale)
+                log.info("%s of a worker that stopped beating: queued again",
+                         count(stale, "trial"))
             measured = S.measured_trials(self.study)
             running = S.running_trials(self.study)
             left = self.n_trials - len(measured)

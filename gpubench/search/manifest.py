@@ -18,6 +18,7 @@ from typing import Any
 
 from gpubench.core.files import read_json, write_json
 from gpubench.core.record import find_runs, load
+from gpubench.core.stats import count
 from gpubench.core.uris import SQLITE_PREFIX, sqlite_path
 
 MANIFEST = "sweep.json"
@@ -116,8 +117,8 @@ class Manifest:
                 self.jobs.append({"num": int(d.name), "dir": str(d),
                                   "rung": rec.rung.value if rec else None,
                                   "status": str(rec.status) if rec else None})
-        log.warning("%s is damaged (%s): kept as %s; %d job(s) read back from their folders",
-                    self.path, why, copy.name, len(self.jobs))
+        log.warning("%s is damaged (%s): kept as %s; %s read back from their folders",
+                    self.path, why, copy.name, count(len(self.jobs), "job"))
 
     def from_study(self, study) -> None:
         """The trial of each job read back after damage (the folders the study's trials name)."""
@@ -133,8 +134,8 @@ class Manifest:
                 job["trial"] = t.number
                 job["rung"] = job["rung"] or t.user_attrs.get("rung")
                 job["status"] = job["status"] or t.user_attrs.get("status")
-        log.warning("%s: %d of %d job(s) matched to their trials in study %s", self.path,
-                    matched, len(self.jobs), study.study_name)
+        log.warning("%s: %d of %s matched to their trials in study %s", self.path,
+                    matched, count(len(self.jobs), "job"), study.study_name)
         self.save()
 
     def update(self, **kw: Any) -> None:

@@ -20,7 +20,7 @@ from gpubench.analysis.recommend import TOLERANCE, Row, recommend
 from gpubench.analysis.workers import clears, clears_by, next_steps
 from gpubench.config.knobs import CHEAP_FIRST
 from gpubench.core.pipe import serial_rate
-from gpubench.core.stats import Est
+from gpubench.core.stats import Est, count
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
 from gpubench.search.rows import trial_rows
@@ -411,7 +411,7 @@ def lines(result: dict) -> list[str]:
     out = []
     if c := result.get("compute"):
         how = "every setting" if c.get("exhaustive") else "sampled"
-        out.append(f"compute pipe: {c['trials']} compute-only trial(s), {how}")
+        out.append(f"compute pipe: {count(c['trials'], 'compute-only trial')}, {how}")
         for k in c["kept"]:
             peak = k.get("peak_memory_fraction")
             mem = f", peak memory {peak:.0%}" if isinstance(peak, (int, float)) else ""
@@ -424,7 +424,7 @@ def lines(result: dict) -> list[str]:
         else:
             verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
                        f"{next_steps(d.get('device'))})")
-        out.append(f"data pipe for {_setting(d['for'])}: {d['trials']} loader-only trial(s); "
+        out.append(f"data pipe for {_setting(d['for'])}: {count(d['trials'], 'loader-only trial')}; "
                    f"{_setting(d['params'])}: {r} img/s {verdict}")
     for p in (result.get("join") or {}).get("pairings", []):
         pairing = f"join {_setting({**p['compute'], **p['data']})}"

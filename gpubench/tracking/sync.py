@@ -20,6 +20,7 @@ from gpubench.core import record
 from gpubench.core.files import damaged, inside, refusal
 from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
 from gpubench.core.secrets import error_text, mask_secrets, say
+from gpubench.core.stats import count
 from gpubench.core.uris import same_store
 from gpubench.tracking import runs
 from gpubench.tracking.store import Store, default_uri, open_store, uri_problem
@@ -108,7 +109,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
             counts[{"elsewhere": "skipped", "orphan": "present"}.get(outcome, outcome)] += 1
     for shown, n in elsewhere.items():
         problem = uri_problem(shown)  # a file store MLflow 3 refuses: say what to use instead
-        print(f"skip {n} run(s) recorded for {shown}: a store named in a run folder is not "
+        print(f"skip {count(n, 'run')} recorded for {shown}: a store named in a run folder is not "
               "followed; " + (f"--uri {shown!r} uploads them there" if not problem else
                               f"it is not a tracking URI ({problem}); --uri URI uploads them"),
               file=out)
@@ -120,7 +121,7 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
                 _sync_into(store, recs, orphans.get(key, []), counts, out)
         except Exception as e:  # report it, go on with the other targets
             log.debug("sync failed", exc_info=True)
-            say(f"MLflow not reached at {key[0]} ({error_text(e)}); {len(recs)} run(s) not "
+            say(f"MLflow not reached at {key[0]} ({error_text(e)}); {count(len(recs), 'run')} not "
                 "synced")
             counts["failed"] += len(recs)
     _close_open_sweeps(found, uri, timeout_s)

@@ -410,7 +410,7 @@ def test_ctrl_c_twice_keeps_the_record_the_picture_and_says_how_to_upload(tmp_pa
     assert time.monotonic() - started < 60  # not the upload's 120 s
     lines = [ln for ln in err.splitlines() if ln.startswith("gpubench")]
     assert proc.returncode == 128 + signal.SIGINT and len(lines) == 1, err
-    assert lines[0] == (f"gpubench: interrupted by Ctrl-C; status killed, 1 measured phase(s) "
+    assert lines[0] == (f"gpubench: interrupted by Ctrl-C; status killed, 1 measured phase "
                         f"kept in {results} and run.png; not in MLflow: python -m "
                         f"gpubench.tracking sync {results.parent} --uri {uri}"), lines
     assert json.loads(results.read_text())["status"] == "killed"

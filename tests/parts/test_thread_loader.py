@@ -245,8 +245,8 @@ def test_the_workers_answer_names_the_kind_and_the_count(tmp_path):
                 compute_images_per_sec_ci=[590.0, 610.0], dir=tmp_path / "c")
     answer = loader_answer(loaders, [bound], [], str(tmp_path))
     text = "\n".join(answer.lines)
-    assert "batch 32, fp32 (cuda), 3 loader run(s):" in text  # process: 0, 1 and 2 workers
-    assert "batch 32, fp32, thread workers (cuda), 4 loader run(s):" in text  # 0, 1, 2, 4
+    assert "batch 32, fp32 (cuda), 3 loader runs:" in text  # process: 0, 1 and 2 workers
+    assert "batch 32, fp32, thread workers (cuda), 4 loader runs:" in text  # 0, 1, 2, 4
     assert answer.lines[-1] == ("  which kind: thread, 2 workers: the fewest workers of either "
                                 "kind whose loader clears compute (at the same count, threads: "
                                 "no process per worker)")

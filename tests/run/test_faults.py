@@ -374,7 +374,7 @@ def test_a_damaged_sweep_json_or_results_json_is_named_kept_and_read_around(tmp_
     assert p.returncode == 0, p.stderr[-2000:]
     said = p.stdout + p.stderr  # the sweeper's log lines go where Hydra's logging sends them
     assert f"{manifest} is damaged" in said and "kept as sweep.json.damaged" in said, said
-    assert "2 of 2 job(s) matched to their trials" in said, said
+    assert "2 of 2 jobs matched to their trials" in said, said
     assert (sweep / "sweep.json.damaged").read_text() == cut  # never overwritten uncopied
     jobs = json.loads(manifest.read_text())["jobs"]
     # the two read back from their folders with their trials, then the new job (a sampled
@@ -530,7 +530,7 @@ def test_sighup_ends_a_run_as_sigterm_does_and_nohup_keeps_it_ignored(handlers, 
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # a second one: the cleanup goes on
     e.value.run_dir = _run_record(tmp_path / "run", "hup1", os.getpid(), status="killed")
     assert signals.interrupted_line(e.value) == (
-        "gpubench: interrupted by SIGHUP; status killed, 1 measured phase(s) kept in "
+        "gpubench: interrupted by SIGHUP; status killed, 1 measured phase kept in "
         f"{tmp_path / 'run' / 'results.json'}", 128 + signal.SIGHUP)
     assert signals.killed_by_signal(128 + signal.SIGHUP) and not signals.killed_by_signal(1)
 
@@ -561,7 +561,7 @@ def test_what_a_stopped_run_kept_and_how_to_upload_it(tmp_path):
     from gpubench.run.ending import kept
 
     run = _run_record(tmp_path / "run", "kept1", os.getpid(), status="killed")
-    line = f"status killed, 1 measured phase(s) kept in {run / 'results.json'}"
+    line = f"status killed, 1 measured phase kept in {run / 'results.json'}"
     assert kept(run) == line  # not tracked: nothing to upload
     data = json.loads((run / "results.json").read_text())
     data["config"]["tracking"] |= {"backend": "mlflow", "uri": "http://u:pw@host:5000"}

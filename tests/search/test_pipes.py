@@ -217,7 +217,7 @@ def test_the_path_is_told_in_a_few_lines():
                                "contends": True}]},
         "wall_s": {"compute": 40.2, "data": 20.0, "join": 61.0}}
     text = "\n".join(lines(result))
-    assert "compute pipe: 4 compute-only trial(s), every setting" in text
+    assert "compute pipe: 4 compute-only trials, every setting" in text
     assert "kept batch_size=64: 1000 [980-1020] img/s, peak memory 41%" in text
     assert "num_workers=2: 1200 [1150-1250] img/s clears compute by 20% [13%-28%]" in text
     assert "e2e 700 [680-720] img/s, 70% of the narrower pipe (compute 1000 [980-1020])" in text
@@ -291,7 +291,7 @@ def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
     report = sweep / "report"
     summary = json.loads((report / "summary.json").read_text())
     assert summary["lines"][0].startswith("search path (sweep=pipes")
-    assert any("compute pipe: 2 compute-only trial(s), every setting" in x
+    assert any("compute pipe: 2 compute-only trials, every setting" in x
                for x in summary["lines"])
     assert "search path (sweep=pipes" in p.stdout
     for png in ("compute_pipe.png", "data_pipe.png"):

@@ -139,7 +139,7 @@ def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch,
     assert Recorder.seen == [] and not (tmp_path / "elsewhere").exists()
     assert not (tmp_path / "outputs").exists()  # nor anything made in the default store
     assert counts == {"uploaded": 0, "present": 0, "skipped": 5, "failed": 0}
-    assert f"skip 3 run(s) recorded for {recording_server}:" in text  # one line per store
+    assert f"skip 3 runs recorded for {recording_server}:" in text  # one line per store
     assert f"--uri '{recording_server}' uploads them there" in text
     assert f"--uri 'sqlite:///{evil_db}'" in text and "pw-in-file" not in text
     # a store no --uri takes (MLflow 3 refuses file stores) is not offered as the way out
