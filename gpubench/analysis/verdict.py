@@ -12,7 +12,7 @@ from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import workers
 from gpubench.config.schema import is_amp
 from gpubench.core.pipe import serial_rate
-from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan
+from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan, windows_of
 from gpubench.core.stats import TOLERANCE, Est, positive
 
 TRACKS = 0.85  # e2e "tracks" a bound when it reaches this fraction of it
@@ -274,5 +274,5 @@ def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None
         return (f"{what}: the figure sits too near the {v.open_line:.0%} line for more windows "
                 "to tell in reasonable time; the difference is too small to matter")
     per_window = window_plan(steps, repeats)[1]
-    return (f"bench.repeats={n} bench.steps={n * per_window}: about {n} windows of "
-            f"{per_window} steps would decide {what} (from the spread measured)")
+    return (f"bench.repeats={n} bench.steps={n * per_window}: about "
+            f"{windows_of(n, per_window)} would decide {what} (from the spread measured)")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.core.files import read_json, write_json
-from gpubench.core.stats import CONFIDENCE, finite, holding, positive
+from gpubench.core.stats import CONFIDENCE, count, finite, holding, positive
 
 RESULTS_FILE = "results.json"
 # 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
@@ -435,6 +435,11 @@ def window_plan(steps: int, repeats: int) -> tuple[int, int]:
     """(windows, steps per window) of a phase: at most a window a step, split evenly, rounded up."""
     windows = max(1, min(int(repeats), int(steps)))
     return windows, max(1, -(-int(steps) // windows))
+
+
+def windows_of(windows: int, per_window: int) -> str:
+    """`6 windows of 4 steps`, `29 windows of 1 step`: how every text names a window plan."""
+    return f"{count(windows, 'window')} of {count(per_window, 'step')}"
 
 
 def longer(steps: Any, repeats: Any) -> str:

@@ -20,7 +20,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
-from gpubench.core.record import Rung, RunRecord, Status, longer, window_plan
+from gpubench.core.record import Rung, RunRecord, Status, longer, window_plan, windows_of
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
@@ -75,8 +75,7 @@ def measurement_text(cfg: dict) -> str:
     except (KeyError, TypeError, ValueError):  # not a record's config
         return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
                 f"{phases}")
-    text = (f"{windows} window{'s' * (windows != 1)} of {per_window} step{'s' * (per_window != 1)}"
-            f" on each of {phases}")
+    text = f"{windows_of(windows, per_window)} on each of {phases}"
     if loader > per_window and "loader" in (b.get("phases") or ()):
         text += (f", the loader's of {loader} ({QUEUE_WINDOWS}x the batches its workers hold "
                  "in flight)")

@@ -231,6 +231,18 @@ def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, 
     assert windows_to_decide(Est(*ratio), line, repeats) == expected
 
 
+@pytest.mark.parametrize("steps, repeats, advised", [
+    (6, 6, "bench.repeats=15 bench.steps=15: about 15 windows of 1 step would decide"),
+    (24, 6, "bench.repeats=15 bench.steps=60: about 15 windows of 4 steps would decide"),
+])
+def test_the_windows_that_would_decide_are_counted_in_words(steps, repeats, advised):
+    """The advice for an open overlap question names the plan as the report does (`1 step`)."""
+    v = judge(2232, 56.7, 52.7, None, knobs(), intervals={
+        "loader": [1905, 3125], "compute": [51.7, 58.7], "e2e": [48.0, 56.0]},
+        repeats=repeats, steps=steps)
+    assert any(a.startswith(advised) for a in v.advice), v.advice
+
+
 def test_every_case_is_reached_and_its_sentence_filled_from_the_figures_the_rule_keeps():
     """The rule keeps its judgement as data (a Case and the figures it rests on) and the words
     come from the case's sentence: each case is reachable, and each sentence finds every figure
