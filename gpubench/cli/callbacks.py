@@ -92,6 +92,8 @@ class MlflowSweepCallback(Callback):
         own_folder("hydra.sweep.dir", config.hydra.sweep.dir,
                    OmegaConf.select(config, "hydra.sweeper._target_") == RESUMING_SWEEPER)
         mask_logging()
+        sweep_dir = _sweep_dir(config)
+        _STARTED[str(sweep_dir)] = time.time()
         if not _tracked(config):
             return
         from gpubench import tracking
@@ -100,9 +102,7 @@ class MlflowSweepCallback(Callback):
         uri = tracking.resolve_uri(t.uri)
         sweeper = config.hydra.get("sweeper") or {}
         params = sweeper.get("params")
-        sweep_dir = _sweep_dir(config)
         tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
-        _STARTED[str(sweep_dir)] = time.time()
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = tracking.open_sweep(
@@ -167,19 +167,21 @@ class MlflowSweepCallback(Callback):
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
         self._open = None  # the sweep returned: closed FINISHED below, not at exit
-        if not _tracked(config):
-            return
         sweep_dir = _sweep_dir(config)
-        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
-        if not parent_id:
-            return
-        t = config.tracking
-        uri = tracking.resolve_uri(t.uri)
-        try:
-            _sweep_report(sweep_dir, parent_id, uri, float(t.timeout_s))
+        t = config.tracking if _tracked(config) else None
+        uri = tracking.resolve_uri(t.uri) if t is not None else None
+        try:  # tracked or not: the sweep's runs compared, as `python -m gpubench.report` does
+            files = _sweep_report(sweep_dir)
+            if files and parent_id:
+                tracking.log_sweep_files(sweep_dir, parent_id, files, float(t.timeout_s), uri)
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
             say(f"sweep report not made ({e})")
+        if t is None:
+            return
+        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
+        if not parent_id:
+            return
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
@@ -192,15 +194,11 @@ class MlflowSweepCallback(Callback):
                 f"python -m gpubench.tracking sync {sweep_dir}")
 
 
-def _sweep_report(sweep_dir: Path, parent_run_id: str, uri: str, timeout_s: float) -> None:
-    """The sweep report as the parent's artifacts; printed unless the gpubench sweeper made one
-    in this process since the sweep began."""
-    from gpubench import tracking
+def _sweep_report(sweep_dir: Path) -> list[Path]:
+    """The sweep report's files (for the parent's artifacts); printed unless the gpubench
+    sweeper made one in this process since the sweep began."""
     from gpubench.report.write import REPORT_DIR, sweep_report
 
     made = sweep_dir / REPORT_DIR / "summary.json"
     quiet = made.is_file() and made.stat().st_mtime >= _STARTED.get(str(sweep_dir), float("inf"))
-    files = [Path(f) for f in sweep_report(sweep_dir, quiet=quiet)]
-    if files:
-        tracking.log_sweep_files(sweep_dir, parent_run_id, [f for f in files if f.is_file()],
-                                 timeout_s, uri)
+    return [Path(f) for f in sweep_report(sweep_dir, quiet=quiet) if Path(f).is_file()]

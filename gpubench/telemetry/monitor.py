@@ -42,6 +42,17 @@ class Sample:
     device_used: int | None = None  # this process's (NVML), else device-wide (cudaMemGetInfo)
     torch_reserved: int | None = None  # at the same moment
     power_source: str | None = None  # nvml.POWER_INSTANT / nvml.POWER_AVERAGE
+    dt: float = 0.0  # the seconds its CPU figures cover: since the processes were last read
+
+
+# CPU figures are rates over the interval since the last reading (psutil's cpu_percent): their
+# mean weighs each by its interval, so it is CPU time over wall time. Unweighted, a window's
+# last reading, a few ms after the one before, counted as much as a whole interval: CPU time
+# moves in clock ticks (10 ms), so it read 600% for a process on a 2-core host. The sum is off
+# by at most a tick per process: readings covering fewer than CPU_SPAN_TICKS give no figure.
+TIMED = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
+CPU_SPAN_TICKS = 20  # a tick is 5% of the span: the figure within 5 points of a core
+TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
 @dataclass
@@ -55,8 +66,12 @@ class MonitorSummary:
     nvml_dropped: int = 0  # samples whose averaged NVML readings were dropped (drop_straddling)
 
     def mean(self, name: str) -> float | None:
-        v = [x for s in self.samples if (x := getattr(s, name)) is not None]
-        return sum(v) / len(v) if v else None
+        v = [(x, s.dt if name in TIMED else 1.0) for s in self.samples
+             if (x := getattr(s, name)) is not None]
+        total = sum(w for _, w in v)
+        if not v or (name in TIMED and total < CPU_SPAN_TICKS * TICK_S):
+            return None
+        return sum(x * w for x, w in v) / total
 
     def max(self, name: str) -> float | None:
         return max((x for s in self.samples if (x := getattr(s, name)) is not None), default=None)
@@ -150,6 +165,7 @@ class Monitor:
         self._unsupported: dict[str, str] = {}
         self.proc = psutil.Process(os.getpid())
         self._procs, self._listed_at = {}, -math.inf  # pid -> psutil.Process
+        self._cpu_at: float | None = None  # when the processes' CPU was last read
         # pid -> (chars, disk) I/O at its first and last sample; a worker born in a window first
         # reads ~0.25 MB of its own start-up; one that exits keeps its last count
         self._io_base, self._io_last = {}, {}
@@ -216,8 +232,11 @@ class Monitor:
 
     def sample(self, fresh: bool = False, window: bool = True) -> Sample:
         """The host's CPU and the GPU's fields; for a window also its processes and memory."""
-        main_cpu = main_rss = workers_cpu = workers_rss = 0.0
+        main_cpu = main_rss = workers_cpu = workers_rss = dt = 0.0
         workers = threads = 0
+        now = self.clock()
+        if window:
+            dt, self._cpu_at = (now - self._cpu_at if self._cpu_at is not None else 0.0), now
         for p in self._processes(fresh) if window else ():
             try:
                 with p.oneshot():  # one read of /proc/<pid>/stat for both figures
@@ -234,9 +253,9 @@ class Monitor:
                 workers_cpu += cpu
                 workers_rss += rss
                 workers += 1
-        s = Sample(self.clock(), psutil.cpu_percent(None), main_cpu + workers_cpu,
+        s = Sample(now, psutil.cpu_percent(None), main_cpu + workers_cpu,
                    int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss),
-                   int(workers_rss), workers, threads)
+                   int(workers_rss), workers, threads, dt=dt)
         if self._io_last:
             s.read_bytes, s.disk_read_bytes = (
                 sum(self._io_last[p][i] - self._io_base[p][i] for p in self._io_last)

@@ -275,6 +275,9 @@ def test_cli_over_ceiling_exits_5_with_advice_and_a_sweep_goes_on(tmp_path):
     statuses = [json.loads(p.read_text())["status"]
                 for p in sorted((tmp_path / "sweep").glob("*/results.json"))]
     assert statuses == ["over_ceiling", "over_ceiling"]
+    # untracked, the sweep still ends with its report (as python -m gpubench.report prints it)
+    assert "no feasible full-length measurement" in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "sweep" / "report" / "summary.json").is_file()
 
 
 def _into_closed_pipe(module: str, *args: str, cwd) -> subprocess.CompletedProcess:

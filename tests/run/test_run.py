@@ -14,8 +14,17 @@ from gpubench.run.runner import measure_run
 MEASURED = [
     "images_per_sec", "loader_images_per_sec", "compute_images_per_sec", "step_time_p50_s",
     "step_time_p95_s", "peak_memory_bytes", "peak_memory_fraction", "flops_per_step",
-    "host_cpu_util_mean", "seconds",
+    "seconds",
 ]
+
+
+def test_cpu_figures_are_cpu_time_over_wall_time(compose_cfg, tmp_path):
+    """Windows of at least 0.12 s, two a phase (CPU time is read over 0.2 s or more): a host's
+    share is at most 100%, this run's at most its cores' (plus the 5% a tick moves it)."""
+    measure_run(compose_cfg("bench.min_window_s=0.12", "bench.phases=[e2e]"), tmp_path)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert 0 < data["host_cpu_util_mean"] <= 100.0 * 1.05
+    assert 0 < data["process_cpu_util_mean"] <= 100.0 * data["env"]["cpu_count"] * 1.05
 
 
 def test_three_phase_run_writes_results(compose_cfg, tmp_path):
@@ -53,6 +62,8 @@ def test_three_phase_run_writes_results(compose_cfg, tmp_path):
     assert data["gpu_util_mean"] is None and data["mfu"] is None
     assert data["peak_rss_bytes"] > 0 and 0 < data["peak_memory_fraction"] < 1
     assert data["memory_source"] == "host_rss"
+    # windows of a few ms: CPU time, counted in 10 ms ticks, cannot be read over them
+    assert data["host_cpu_util_mean"] is None and data["process_cpu_util_mean"] is None
     assert data["flops_per_step"] > 0
     assert data["env"]["torch"] and data["env"]["device"] == "cpu"
     assert data["config"]["model"]["name"] == "tiny"

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpubench.run import merge
-from gpubench.telemetry.monitor import Monitor, MonitorSummary, Sample
+from gpubench.telemetry.monitor import TICK_S, Monitor, MonitorSummary, Sample
 from gpubench.telemetry.nvml import (
     NVML_AVERAGING_S,
     POWER_AVERAGE,
@@ -241,3 +241,34 @@ def test_the_default_gpu_window_outlasts_nvmls_averaging_twice():
     from gpubench.telemetry.nvml import NVML_AVERAGING_S
 
     assert GPU_MIN_WINDOW_S >= 2 * NVML_AVERAGING_S
+
+
+def test_cpu_means_weigh_each_reading_by_the_interval_it_covers():
+    """psutil's cpu_percent is CPU time over the interval since its last reading, counted in
+    clock ticks (10 ms): a window's last reading, 5 ms after the one before, read 600% for a
+    process on a 2-core host, and an unweighted mean made it half the window's figure. A CPU
+    mean is CPU time over wall time; NVML's readings are samples of a level, weighed alike."""
+    import dataclasses
+
+    times = iter([0.0, 1.0, 1.005])
+    m = Monitor("cpu", 0.2, clock=lambda: next(times))
+    m.sample(fresh=True)  # primes the counts, as open() does
+    first, last = m.sample(), m.sample()
+    assert (first.dt, last.dt) == pytest.approx((1.0, 0.005))
+    cpu = dict(host_cpu=(50.0, 100.0), procs_cpu=(100.0, 600.0), power_w=(100.0, 200.0))
+    summary = MonitorSummary(samples=[dataclasses.replace(s, **{k: v[i] for k, v in cpu.items()})
+                                      for i, s in enumerate((first, last))])
+    d = summary.as_dict()
+    assert d["process_cpu_util_mean"] == pytest.approx((100 * 1.0 + 600 * 0.005) / 1.005)
+    assert d["host_cpu_util_mean"] == pytest.approx((50 * 1.0 + 100 * 0.005) / 1.005)
+    assert d["power_mean_w"] == 150.0
+    # a phase's windows pooled keep each reading's interval
+    pooled = merge.telemetry([summary, summary]).as_dict()
+    assert pooled["process_cpu_util_mean"] == pytest.approx(d["process_cpu_util_mean"])
+    # readings over a span a tick would swing by more than 5%: no CPU figure, not 0% or 600%
+    last = dataclasses.replace(last, procs_cpu=600.0, host_cpu=100.0, power_w=200.0)
+    short = MonitorSummary(samples=[dataclasses.replace(last, dt=19 * TICK_S)]).as_dict()
+    assert short["process_cpu_util_mean"] is None and short["host_cpu_util_mean"] is None
+    assert short["power_mean_w"] == 200.0
+    held = MonitorSummary(samples=[dataclasses.replace(last, dt=20 * TICK_S)]).as_dict()
+    assert held["process_cpu_util_mean"] == 600.0
