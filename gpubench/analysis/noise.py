@@ -9,7 +9,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from gpubench.core.record import Flaw, Reason, longer
-from gpubench.core.stats import CONFIDENCE, median, positive
+from gpubench.core.stats import CONFIDENCE, count, median, positive
 
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: it
 # repeats one batch, so its steps are alike unless something competes (a quiet CPU run: ~0.02)
@@ -150,7 +150,7 @@ def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
         out.append(Reason(Flaw.gpu, f"{phase}: GPU clocks throttled {thr:.0%} of the window "
                           f"({telemetry.get('throttle_reasons') or 'clocks'})"))
     if other := telemetry.get("gpu_other_processes_max"):
-        out.append(Reason(Flaw.gpu, f"{phase}: {other} other process(es) ran on the GPU"))
+        out.append(Reason(Flaw.gpu, f"{phase}: {count(other, 'other process', 'other processes')} ran on the GPU"))
     return out
 
 

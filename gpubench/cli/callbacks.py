@@ -170,9 +170,12 @@ class MlflowSweepCallback(Callback):
         sweep_dir = _sweep_dir(config)
         t = config.tracking if _tracked(config) else None
         uri = tracking.resolve_uri(t.uri) if t is not None else None
-        try:  # tracked or not: the sweep's runs compared, as `python -m gpubench.report` does
-            files = _sweep_report(sweep_dir)
-            if files and parent_id:
+        # tracked or not, the sweep's runs compared as `python -m gpubench.report` does, unless
+        # the gpubench sweeper was told not to (its workers on one study would each report)
+        wanted = OmegaConf.select(config, "hydra.sweeper.report", default=True) is not False
+        try:
+            files = _sweep_report(sweep_dir) if wanted else []
+            if files and parent_id and t is not None:
                 tracking.log_sweep_files(sweep_dir, parent_id, files, float(t.timeout_s), uri)
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)

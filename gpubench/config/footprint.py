@@ -8,6 +8,7 @@ from typing import Any
 
 from gpubench.config.errors import ConfigError
 from gpubench.core.pipe import batches_in_flight
+from gpubench.core.stats import count
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database
 
@@ -64,7 +65,7 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
         ld.num_workers, ld.prefetch_factor) + 2
     # when not one batch fits, the image size is what to lower, for the batch size asked for
     _fit("loader.batch_size", ld.batch_size, held * per_sample, half, size, ld.batch_size,
-         f"at {size} px with {held} batch(es) in host memory at once {where}",
+         f"at {size} px with {count(held, 'batch', 'batches')} in host memory at once {where}",
          f"with loader.batch_size={ld.batch_size} {where}")
 
 

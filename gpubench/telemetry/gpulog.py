@@ -113,7 +113,7 @@ class GpuLog:
 
     def _host_row(self, host_cpu: float) -> dict:
         vm, freq = psutil.virtual_memory(), psutil.cpu_freq()
-        return {"utilization.gpu [%]": host_cpu,  # whole host, since the sampler's last tick
+        return {"utilization.gpu [%]": host_cpu,  # whole host, since the monitor's last reading
                 "memory.used [MiB]": (vm.total - vm.available) // MIB,
                 "memory.free [MiB]": vm.available // MIB,
                 "clocks.current.sm [MHz]": round(freq.current) if freq else None}

@@ -53,6 +53,7 @@ class Sample:
 TIMED = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
 CPU_SPAN_TICKS = 20  # a tick is 5% of the span: the figure within 5 points of a core
 TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+MIN_CPU_SPAN_S = CPU_SPAN_TICKS * TICK_S
 
 
 @dataclass
@@ -69,7 +70,7 @@ class MonitorSummary:
         v = [(x, s.dt if name in TIMED else 1.0) for s in self.samples
              if (x := getattr(s, name)) is not None]
         total = sum(w for _, w in v)
-        if not v or (name in TIMED and total < CPU_SPAN_TICKS * TICK_S):
+        if not v or (name in TIMED and total < MIN_CPU_SPAN_S):
             return None
         return sum(x * w for x, w in v) / total
 
@@ -166,6 +167,7 @@ class Monitor:
         self.proc = psutil.Process(os.getpid())
         self._procs, self._listed_at = {}, -math.inf  # pid -> psutil.Process
         self._cpu_at: float | None = None  # when the processes' CPU was last read
+        self._host_at = psutil.cpu_times()  # the host's, at this monitor's last reading
         # pid -> (chars, disk) I/O at its first and last sample; a worker born in a window first
         # reads ~0.25 MB of its own start-up; one that exits keeps its last count
         self._io_base, self._io_last = {}, {}
@@ -230,6 +232,20 @@ class Monitor:
         used = sum(v - last.get(tid, 0.0) for tid, v in now.items())
         return (max(0.0, 100.0 * used / (at - then)) if at > then else 0.0), len(now)
 
+    def _host_cpu(self) -> float:
+        """The host's busy share (% of all cores) since this monitor's last reading, whichever
+        thread took it: psutil.cpu_percent(None) keeps one baseline per calling thread, so a
+        window opened on the main thread and read on the sampler's counted from the sampler's
+        last reading, maybe the window before. Busy and total as psutil splits them
+        (_cpu_busy_time: idle and iowait are not busy; Linux counts guest time in user)."""
+        def split(t) -> tuple[float, float]:
+            total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+            return total - t.idle - getattr(t, "iowait", 0.0), total
+
+        (b0, t0), now = split(self._host_at), psutil.cpu_times()
+        (b1, t1), self._host_at = split(now), now
+        return min(100.0, max(0.0, 100.0 * (b1 - b0) / (t1 - t0))) if t1 > t0 else 0.0
+
     def sample(self, fresh: bool = False, window: bool = True) -> Sample:
         """The host's CPU and the GPU's fields; for a window also its processes and memory."""
         main_cpu = main_rss = workers_cpu = workers_rss = dt = 0.0
@@ -253,7 +269,7 @@ class Monitor:
                 workers_cpu += cpu
                 workers_rss += rss
                 workers += 1
-        s = Sample(now, psutil.cpu_percent(None), main_cpu + workers_cpu,
+        s = Sample(now, self._host_cpu(), main_cpu + workers_cpu,
                    int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss),
                    int(workers_rss), workers, threads, dt=dt)
         if self._io_last:
@@ -339,8 +355,6 @@ class Monitor:
     def _run(self) -> None:
         # the sampler's own /proc reads (/proc/self/task/<tid>/io) are taken out of the main's
         self._tid = threading.get_native_id()
-        # cpu_percent(None) measures since the last call on this thread: one interval per tick
-        psutil.cpu_percent(None)
         with self._cv:
             while True:
                 self._cv.wait_for(lambda: self._closing or not self._running, self.interval)

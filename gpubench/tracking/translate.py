@@ -18,6 +18,7 @@ from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import finite_number, round_at, supported_place, text_at
+from gpubench.telemetry.monitor import MIN_CPU_SPAN_S, TIMED
 
 # an MLflow run's status for each record status (over_ceiling measured fine; running: the
 # process died before a final status)
@@ -170,8 +171,10 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
                 add(f"{phase}/step_images_per_sec", bs / dt, i)
         for i, sample in enumerate(s.get("telemetry", [])):
             ts = now_ms + int((sample.get("t", t0) - t0) * 1000)
+            short = sample.get("dt", MIN_CPU_SPAN_S) < MIN_CPU_SPAN_S  # ticks, not a rate
             for k in TELEMETRY_SERIES:
-                add(f"{phase}/telemetry/{k}", sample.get(k), i, ts)
+                add(f"{phase}/telemetry/{k}", None if short and k in TIMED else sample.get(k),
+                    i, ts)
     return out
 
 

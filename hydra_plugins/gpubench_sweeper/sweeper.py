@@ -21,6 +21,7 @@ from gpubench.config.uris import STORAGE_SCHEMES, check_uri
 from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import BOUNDS_MEASURED_ENV, STUDY_ENV  # torch-free
 from gpubench.core.secrets import mask_secrets
+from gpubench.core.stats import count
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
 log = logging.getLogger("gpubench.sweep")
@@ -77,7 +78,7 @@ class GpubenchSweeper(Sweeper):
                 from gpubench.report.write import sweep_report
 
                 files = sweep_report(sweep_dir)
-                log.info("report: %d file(s) in %s", len(files), sweep_dir / "report")
+                log.info("report: %s in %s", count(len(files), "file"), sweep_dir / "report")
             except Exception as e:  # the measurements are on disk; a report can be made later
                 log.warning("report failed (python -m gpubench.report %s): %s", sweep_dir, e)
         return jobs.returns

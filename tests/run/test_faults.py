@@ -153,6 +153,7 @@ def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
     assert len(done) == 3 and not [t for t in study.trials if t.state == TrialState.RUNNING]
     # three configurations, three jobs: none measured twice
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+    assert not (sweep / "report").exists()  # hydra.sweeper.report=false: none at its end
     assert sorted(t.params["loader.batch_size"] for t in done) == [2, 4, 8]
 
 

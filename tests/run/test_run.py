@@ -62,8 +62,9 @@ def test_three_phase_run_writes_results(compose_cfg, tmp_path):
     assert data["gpu_util_mean"] is None and data["mfu"] is None
     assert data["peak_rss_bytes"] > 0 and 0 < data["peak_memory_fraction"] < 1
     assert data["memory_source"] == "host_rss"
-    # windows of a few ms: CPU time, counted in 10 ms ticks, cannot be read over them
-    assert data["host_cpu_util_mean"] is None and data["process_cpu_util_mean"] is None
+    # CPU time is counted in 10 ms ticks: over windows of a few ms no figure, not 0% or 600%
+    cpu = data["process_cpu_util_mean"]
+    assert cpu is None or cpu <= 100.0 * data["env"]["cpu_count"] * 1.05
     assert data["flops_per_step"] > 0
     assert data["env"]["torch"] and data["env"]["device"] == "cpu"
     assert data["config"]["model"]["name"] == "tiny"

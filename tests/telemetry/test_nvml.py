@@ -272,3 +272,24 @@ def test_cpu_means_weigh_each_reading_by_the_interval_it_covers():
     assert short["power_mean_w"] == 200.0
     held = MonitorSummary(samples=[dataclasses.replace(last, dt=20 * TICK_S)]).as_dict()
     assert held["process_cpu_util_mean"] == 600.0
+
+
+def test_the_host_cpu_of_a_window_counts_from_its_opening_whichever_thread_reads():
+    """A window opens on the main thread and the sampler thread reads it: psutil's
+    cpu_percent(None) keeps one baseline per thread, so the sampler's reading counted from its
+    own last one (a new thread's: nothing, 0%). The monitor keeps its own: a core kept busy
+    between the opening and a reading on another thread shows."""
+    import os
+    import threading
+    import time
+
+    m = Monitor("cpu", 0.2)
+    m.sample(fresh=True)  # the window opens, on this thread
+    start = time.thread_time()
+    while time.thread_time() - start < 0.2:  # one core busy for 0.2 s of CPU time
+        pass
+    read: list = []
+    t = threading.Thread(target=lambda: read.append(m.sample()))
+    t.start()
+    t.join()
+    assert read[0].host_cpu >= 0.5 * 100.0 / os.cpu_count(), read[0]

@@ -69,6 +69,20 @@ def test_metrics_are_grouped_by_prefix():
     assert not any("workers" in n or "read_bytes" in n for n in names)
 
 
+def test_a_cpu_reading_over_a_few_ticks_is_not_charted():
+    """A window's last reading comes ms after the one before: its CPU share counts 10 ms
+    ticks (600% on 2 cores), so the chart leaves it out; GPU readings and older records
+    (no `dt`) are charted as they are."""
+    series = {"e2e": {"telemetry": [
+        {"t": 10.0, "dt": 0.2, "procs_cpu": 190.0, "host_cpu": 95.0, "gpu_util": 50.0},
+        {"t": 10.005, "dt": 0.005, "procs_cpu": 600.0, "host_cpu": 100.0, "gpu_util": 60.0},
+        {"t": 10.2, "procs_cpu": 180.0}]}}
+    m = {(k, step): v for k, v, step, _ in T.run_metrics(record(series=series))}
+    assert [m.get(("e2e/telemetry/procs_cpu", i)) for i in range(3)] == [190.0, None, 180.0]
+    assert ("e2e/telemetry/host_cpu", 1) not in m
+    assert m[("e2e/telemetry/gpu_util", 1)] == 60.0
+
+
 def test_objective_follows_the_record():
     over = T.run_metrics(record(peak_memory_fraction=0.95))  # above the 0.9 ceiling
     assert dict((k, v) for k, v, *_ in over)["objective"] == 0.0
