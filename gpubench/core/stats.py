@@ -5,6 +5,7 @@ of them the median's distribution-free interval is the one to trust (docs/guide.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from math import comb
@@ -54,6 +55,12 @@ def holding(ci, value: float) -> tuple[float, float]:
     if ci is None:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
+
+
+# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of the
+# span, the figure within 5 points of a core; telemetry.monitor)
+TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+MIN_CPU_SPAN_S = 20 * TICK_S
 
 
 def figure(v: float, spec: str = "") -> str:

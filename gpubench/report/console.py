@@ -13,6 +13,7 @@ from gpubench.analysis.select import setup_text
 from gpubench.config.schema import is_amp
 from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
 from gpubench.core.record import Bottleneck, Flaw, RunRecord, Status
+from gpubench.core.stats import MIN_CPU_SPAN_S, TICK_S
 
 
 def dash(v, spec: str, scale: float = 1.0, unit: str = "") -> str:
@@ -88,14 +89,18 @@ def _device_lines(d: dict) -> list[str]:
             f"GPU util mean {d['gpu_util_mean']:.0f}% (max {d['gpu_util_max']:.0f}%), memory util "
             f"{d['gpu_mem_util_mean']:.0f}%, power {d['power_mean_w']:.0f} W"
             + (f", {e:.3f} J/image" if e is not None else ""))
+    rss = f"peak RSS {_gib(d['peak_rss_bytes'])} (main + workers)"
     if d.get("host_cpu_util_mean") is not None:
         workers = d.get("workers_cpu_util_mean")
         split = "" if workers is None else (
             f": main {d['main_cpu_util_mean']:.0f}%, workers {workers:.0f}%")
         out.append(
             f"host CPU {d['host_cpu_util_mean']:.0f}% of {d['env']['cpu_count']} cores; this "
-            f"run's processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; peak "
-            f"RSS {_gib(d['peak_rss_bytes'])} (main + workers)")
+            f"run's processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; {rss}")
+    elif d.get("peak_rss_bytes") is not None:  # sampled, but over too short a time for CPU
+        out.append(f"host CPU not read: the windows cover under {MIN_CPU_SPAN_S:g} s and CPU "
+                   f"time counts {TICK_S * 1e3:.0f} ms ticks (bench.min_window_s lengthens "
+                   f"them); {rss}")
     info = d.get("data_info") or {}
     if info.get("preload_seconds") is not None:
         out.append(f"preload: {_gib(info.get('preload_bytes'))} decoded into RAM in "

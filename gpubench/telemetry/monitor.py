@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gpubench.core.stats import MIN_CPU_SPAN_S
 from gpubench.telemetry import nvml
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,8 @@ class Sample:
 # mean weighs each by its interval, so it is CPU time over wall time. Unweighted, a window's
 # last reading, a few ms after the one before, counted as much as a whole interval: CPU time
 # moves in clock ticks (10 ms), so it read 600% for a process on a 2-core host. The sum is off
-# by at most a tick per process: readings covering fewer than CPU_SPAN_TICKS give no figure.
+# by at most a tick per process: readings covering under MIN_CPU_SPAN_S give no figure.
 TIMED = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
-CPU_SPAN_TICKS = 20  # a tick is 5% of the span: the figure within 5 points of a core
-TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-MIN_CPU_SPAN_S = CPU_SPAN_TICKS * TICK_S
 
 
 @dataclass

@@ -17,8 +17,8 @@ from gpubench.config.knobs import SHORT
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
-from gpubench.core.stats import finite_number, round_at, supported_place, text_at
-from gpubench.telemetry.monitor import MIN_CPU_SPAN_S, TIMED
+from gpubench.core.stats import MIN_CPU_SPAN_S, finite_number, round_at, supported_place, text_at
+from gpubench.telemetry.monitor import TIMED
 
 # an MLflow run's status for each record status (over_ceiling measured fine; running: the
 # process died before a final status)

@@ -837,6 +837,21 @@ def test_the_run_table_never_splits_a_figure_and_a_log_folds_no_line(width, term
         assert out[verdict + 1].startswith("  1. loader.num_workers=2")
 
 
+def test_a_run_too_short_for_its_cpu_share_says_so_and_keeps_its_peak_rss():
+    """Windows of a few ms give no CPU figure (CPU time counts 10 ms ticks): the line says
+    why and what lengthens them, and the peak RSS, measured all the same, stays."""
+    from gpubench.report.console import _device_lines
+
+    d = json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json").read_text())
+    (shown,) = [ln for ln in _device_lines(d) if "peak RSS" in ln]
+    assert shown.startswith("host CPU 71% of 2 cores")
+    d |= dict.fromkeys(("host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
+                        "workers_cpu_util_mean"))
+    (shown,) = [ln for ln in _device_lines(d) if "peak RSS" in ln]
+    assert shown.startswith("host CPU not read: the windows cover under 0.2 s")
+    assert "bench.min_window_s" in shown and shown.endswith("peak RSS 0.83 GiB (main + workers)")
+
+
 def test_a_row_is_named_by_its_folder_as_seen_from_the_sweep_dir(tmp_path):
     """A study two workers share holds jobs of both sweep dirs: the other worker's `0` must not
     read as this dir's `0` (both showed as run 0 in one ranking)."""

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpubench.core.stats import TICK_S
 from gpubench.run import merge
-from gpubench.telemetry.monitor import TICK_S, Monitor, MonitorSummary, Sample
+from gpubench.telemetry.monitor import Monitor, MonitorSummary, Sample
 from gpubench.telemetry.nvml import (
     NVML_AVERAGING_S,
     POWER_AVERAGE,
