@@ -150,7 +150,8 @@ def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
         out.append(Reason(Flaw.gpu, f"{phase}: GPU clocks throttled {thr:.0%} of the window "
                           f"({telemetry.get('throttle_reasons') or 'clocks'})"))
     if other := telemetry.get("gpu_other_processes_max"):
-        out.append(Reason(Flaw.gpu, f"{phase}: {count(other, 'other process', 'other processes')} ran on the GPU"))
+        others = count(other, "other process", "other processes")
+        out.append(Reason(Flaw.gpu, f"{phase}: {others} ran on the GPU"))
     return out
 
 

@@ -96,8 +96,8 @@ class WorkersPick:
                 f"above {figure(self.threshold)}); the fastest, {workers(top)}, loads "
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if self.rates[top].hi < c.lo:
-            return (f"{head}: the data side stays the bottleneck (next: {next_steps(self.device)}); "
-                    f"{plateau}")
+            return (f"{head}: the data side stays the bottleneck (next: "
+                    f"{next_steps(self.device)}); {plateau}")
         return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
                 f"bench.steps) or try more workers; {plateau}")
 

@@ -28,7 +28,8 @@ from gpubench.search.space import SearchSpace
 log = logging.getLogger("gpubench.sweep")
 
 # a trial this worker measured, failed meanwhile by another worker as stale and queued again
-TAKEN_OVER = "%s: taken over by another worker (its heartbeat lapsed); measured again from the queue"
+TAKEN_OVER = ("%s: taken over by another worker (its heartbeat lapsed); measured again from the "
+              "queue")
 # this many duplicates in a row means the sampler has nothing new left to propose
 MAX_DUPLICATES_IN_A_ROW = 50
 

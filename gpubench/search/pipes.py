@@ -420,11 +420,13 @@ def lines(result: dict) -> list[str]:
     for d in result.get("data", []):
         r = Est(*d["rate"])
         if d["clears"]:
-            verdict = f"clears compute {clears_by(Est(*d['margin']))}, the cheapest setting that does"
+            verdict = (f"clears compute {clears_by(Est(*d['margin']))}, the cheapest setting "
+                       "that does")
         else:
             verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
                        f"{next_steps(d.get('device'))})")
-        out.append(f"data pipe for {_setting(d['for'])}: {count(d['trials'], 'loader-only trial')}; "
+        out.append(f"data pipe for {_setting(d['for'])}: "
+                   f"{count(d['trials'], 'loader-only trial')}; "
                    f"{_setting(d['params'])}: {r} img/s {verdict}")
     for p in (result.get("join") or {}).get("pairings", []):
         pairing = f"join {_setting({**p['compute'], **p['data']})}"

@@ -54,6 +54,13 @@ class Sample:
 TIMED = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
 
 
+def _busy_total(t) -> tuple[float, float]:
+    """Host CPU seconds (busy, total) as psutil splits them (_cpu_busy_time): idle and iowait
+    are not busy; Linux counts guest time inside user, so it leaves the total."""
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return total - t.idle - getattr(t, "iowait", 0.0), total
+
+
 @dataclass
 class MonitorSummary:
     samples: list[Sample] = field(default_factory=list)
@@ -234,14 +241,9 @@ class Monitor:
         """The host's busy share (% of all cores) since this monitor's last reading, whichever
         thread took it: psutil.cpu_percent(None) keeps one baseline per calling thread, so a
         window opened on the main thread and read on the sampler's counted from the sampler's
-        last reading, maybe the window before. Busy and total as psutil splits them
-        (_cpu_busy_time: idle and iowait are not busy; Linux counts guest time in user)."""
-        def split(t) -> tuple[float, float]:
-            total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-            return total - t.idle - getattr(t, "iowait", 0.0), total
-
-        (b0, t0), now = split(self._host_at), psutil.cpu_times()
-        (b1, t1), self._host_at = split(now), now
+        last reading, maybe the window before."""
+        (b0, t0), now = _busy_total(self._host_at), psutil.cpu_times()
+        (b1, t1), self._host_at = _busy_total(now), now
         return min(100.0, max(0.0, 100.0 * (b1 - b0) / (t1 - t0))) if t1 > t0 else 0.0
 
     def sample(self, fresh: bool = False, window: bool = True) -> Sample:

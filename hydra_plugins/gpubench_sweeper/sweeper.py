@@ -60,7 +60,8 @@ class GpubenchSweeper(Sweeper):
         space = parse_search_space(arguments, self.params, self.hydra_context.config_loader)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # as Hydra's, masked
+        # as Hydra's, masked
+        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         if self.mode is Mode.max_batch:  # a search's studies know more: see _search
             mark_stale_runs(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
