@@ -125,7 +125,7 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
     what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
-    return [Reason(Flaw.few_windows, f"{phase}: {n} window{'s' if n != 1 else ''} "
+    return [Reason(Flaw.few_windows, f"{phase}: {count(n, 'window')} "
                    f"give{'s' if n == 1 else ''} {what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 "
                    "and bench.steps >= 6)")]
 
@@ -134,8 +134,10 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
     """A loader window of fewer batches than the workers hold in flight times the queue, not
     the workers (2 batches of 128: 1,025,764 img/s with 4 workers on 2 cores); windows are sized
     above it (core.pipe.loader_window_steps), so only one cut short or an older run is flagged."""
+    if phase != "loader":
+        return []
     short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
-    if phase != "loader" or not short:
+    if not short:
         return []
     return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
                    f"hold in flight ({in_flight} = loader.num_workers x "

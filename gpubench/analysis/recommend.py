@@ -58,15 +58,20 @@ class Row:
         return [m.throughput for m in self.measurements if m.status.measured]
 
     @property
+    def _pooled_ci(self):
+        """The median's interval over the confirm step's measurements; None without them (not
+        cached: confirms join a row after it is built)."""
+        return median_interval(self.pooled) if self.confirms else None
+
+    @property
     def interval(self) -> tuple[float, float]:
-        if self.confirms:
-            return holding(median_interval(self.pooled), self.throughput)
-        return self.record.throughput_interval
+        ci = self._pooled_ci
+        return self.record.throughput_interval if ci is None else holding(ci, self.throughput)
 
     @property
     def interval_coverage(self) -> float:
         """`interval`'s coverage: pooled, its measurements' (3 of them: [min, max], 75%)."""
-        ci = median_interval(self.pooled) if self.confirms else None
+        ci = self._pooled_ci
         return self.record.interval_coverage if ci is None else ci[2]
 
     status = property(attrgetter("record.status.value"))

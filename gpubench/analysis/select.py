@@ -56,7 +56,7 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
     head = " ".join(p for p in (str(model or "?"), k("dataset") and f"on {k('dataset')}",
                                 k("image_size") and f"{k('image_size')}px") if p)
     parts = [head, k("batch_size") is not None and f"batch {k('batch_size')}",
-             workers is not None and f"{workers} {thread}worker{'' if workers == 1 else 's'}",
+             workers is not None and count(workers, thread + "worker"),
              k("precision") and str(k("precision")), k("channels_last") and "channels_last",
              compiled and f"compile={compiled}"]
     return ", ".join(p for p in parts if p)

@@ -47,9 +47,11 @@ def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
         yield from (rules.skipped(n, "no CUDA device") for n in NAMES)
 
 
-def run_checks(cfg: DictConfig, emit: Callable[[str], None] = print) -> list[Judgement]:
-    """All checks, each line to `emit` as judged; raises ConfigError for bad input."""
-    s = resolve(cfg)
+def run_checks(cfg: DictConfig, emit: Callable[[str], None] = print,
+               s: Settings | None = None) -> list[Judgement]:
+    """All checks, each line to `emit` as judged (`s`: cfg resolved already); raises
+    ConfigError for bad input."""
+    s = s or resolve(cfg)
     out: list[Judgement] = []
     with tempfile.TemporaryDirectory(prefix="gpubench-check-") as tmp:
         for j in checks(cfg, s, Path(tmp)):
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> 
         emit(f"gpubench check: {s.model._target_ or s.model.name} on {s.dataset.name} "
              f"{s.dataset.image_size}px, batch {s.loader.batch_size}, "
              f"{s.loader.num_workers} workers, {s.precision} | {s.device}")
-        judged = run_checks(cfg, emit)
+        judged = run_checks(cfg, emit, s)
     except KeyboardInterrupt:
         return _error("interrupted", ExitCode.SIGINT)
     except ConfigError as e:

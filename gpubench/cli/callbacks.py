@@ -173,9 +173,10 @@ class MlflowSweepCallback(Callback):
         # tracked or not, the sweep's runs compared as `python -m gpubench.report` does, unless
         # the gpubench sweeper was told not to (its workers on one study would each report)
         wanted = OmegaConf.select(config, "hydra.sweeper.report", default=True) is not False
+        attach = bool(parent_id) and t is not None
         try:
-            files = _sweep_report(sweep_dir) if wanted else []
-            if files and parent_id and t is not None:
+            files = _sweep_report(sweep_dir, attach) if wanted else []
+            if files and attach:
                 tracking.log_sweep_files(sweep_dir, parent_id, files, float(t.timeout_s), uri)
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
@@ -197,11 +198,14 @@ class MlflowSweepCallback(Callback):
                 f"python -m gpubench.tracking sync {sweep_dir}")
 
 
-def _sweep_report(sweep_dir: Path) -> list[Path]:
-    """The sweep report's files (for the parent's artifacts); printed unless the gpubench
-    sweeper made one in this process since the sweep began."""
+def _sweep_report(sweep_dir: Path, attach: bool) -> list[Path]:
+    """The sweep report's files (for the parent's artifacts when `attach`); printed unless the
+    gpubench sweeper made one in this process since the sweep began, and then made again only
+    to attach it."""
     from gpubench.report.write import REPORT_DIR, sweep_report
 
     made = sweep_dir / REPORT_DIR / "summary.json"
     quiet = made.is_file() and made.stat().st_mtime >= _STARTED.get(str(sweep_dir), float("inf"))
+    if quiet and not attach:
+        return []
     return [Path(f) for f in sweep_report(sweep_dir, quiet=quiet) if Path(f).is_file()]

@@ -61,6 +61,8 @@ def holding(ci, value: float) -> tuple[float, float]:
 # span, the figure within 5 points of a core; telemetry.monitor)
 TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 MIN_CPU_SPAN_S = 20 * TICK_S
+# the sampler's figures that are such shares (telemetry.monitor.Sample), rates over an interval
+CPU_SHARES = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
 
 
 def figure(v: float, spec: str = "") -> str:

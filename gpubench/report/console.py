@@ -157,7 +157,7 @@ def verdict(rec: RunRecord) -> list[str]:
     return out
 
 
-def ceiling_advice(cfg: dict, device: str | None = None) -> list[str]:
+def ceiling_advice(cfg: dict, device: str | None) -> list[str]:
     """The overrides that bring a run over memory.ceiling under it, but those it already used
     (amp_fp16 only on CUDA: a CPU refuses it)."""
     model, batch = cfg.get("model") or {}, (cfg.get("loader") or {}).get("batch_size")

@@ -218,7 +218,7 @@ def _kind_lines(groups: list[Group]) -> list[str]:
                 out.append("  which kind: neither, 0 workers: the main process alone loads "
                            "faster than compute")
                 continue
-            out.append(f"  which kind: {best.kind}, {n} worker{'' if n == 1 else 's'}: the "
+            out.append(f"  which kind: {best.kind}, {count(n, 'worker')}: the "
                        "fewest workers of either kind whose loader clears compute (at the same "
                        "count, threads: no process per worker)")
     return out

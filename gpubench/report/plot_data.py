@@ -204,8 +204,7 @@ def pareto_data(rows, rec=None) -> dict | None:
     d["ymax"] = HEADROOM * max(max(p["hi"], p["y"]) for p in basis)
     for p in d["flagged"]:
         p["off_scale"] = "above" if p["y"] > d["ymax"] else False
-    d["ylabel"] = (f"{d['phase']} images/sec (whiskers: "
-                   f"{interval_label(full)})")
+    d["ylabel"] = f"{d['phase']} images/sec (whiskers: {interval_label(full)})"
     return d
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from matplotlib import transforms
 
 from gpubench.core.files import open_own
+from gpubench.core.stats import count
 from gpubench.report import plot_data, plot_rules
 from gpubench.report.plot_rules import SHORT_LABEL, Apart
 
@@ -341,7 +342,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
                 starred.add(star)
             ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
             _whiskers(ax, [{**q, "x": x}], {"color": c, "zorder": 3})
-            what = f"{q['x']} worker{'s' * (q['x'] != 1)}" + (
+            what = count(q["x"], "worker") + (
                 "" if name == "as composed" else f"\n{name}")
             ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7, color=c)

@@ -9,7 +9,7 @@ from pathlib import Path
 from gpubench.analysis.labels import PHASE_WORDS, verdict_words
 from gpubench.analysis.select import setup_text
 from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status
-from gpubench.core.stats import finite_number, positive
+from gpubench.core.stats import count, finite_number, positive
 from gpubench.report.plot_rules import phase_est
 from gpubench.report.plots import plain_log, pyplot, save
 
@@ -41,7 +41,7 @@ def _title(record: RunRecord) -> str:
     tail = ""
     if record.measurement_stable is False:
         n = len(record.noise_reasons)
-        tail = (f"measurement flagged, not to be trusted: {n} reason{'s' if n != 1 else ''}, "
+        tail = (f"measurement flagged, not to be trusted: {count(n, 'reason')}, "
                 "listed below" if n else "measurement flagged: the runs disagree")
     elif verdict in (Bottleneck.data, Bottleneck.compute, Bottleneck.overlap) and record.reason:
         tail = _wrap(record.reason)

@@ -87,7 +87,7 @@ def _device(events: list[dict], ranges: dict, lo: float, n: int) -> dict:
     out = {"device_window_s": (hi - lo) * us, "device_busy_s": _length(busy) * us,
            "device_idle_s": ((hi - lo) - _length(busy)) * us, "h2d_copy_s": h2d_total * us,
            "h2d_copies_per_step": len(h2d) / n,
-           "h2d_overlap_fraction": (sum(sum(max(0.0, min(b, y) - max(a, x)) for x, y in kernels)
+           "h2d_overlap_fraction": (sum(_length(iv for k in kernels if (iv := _clip(k, a, b)))
                                         for a, b in h2d) / h2d_total if h2d_total > 0 else None)}
     # kernel time by the host range its launch (same correlation id) lies in, on any thread:
     # autograd launches backward kernels from its own while the main thread waits in backward()

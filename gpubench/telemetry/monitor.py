@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpubench.core.stats import MIN_CPU_SPAN_S
+from gpubench.core.stats import CPU_SHARES, MIN_CPU_SPAN_S
 from gpubench.telemetry import nvml
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class Sample:
 # last reading, a few ms after the one before, counted as much as a whole interval: CPU time
 # moves in clock ticks (10 ms), so it read 600% for a process on a 2-core host. The sum is off
 # by at most a tick per process: readings covering under MIN_CPU_SPAN_S give no figure.
-TIMED = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
 
 
 def _busy_total(t) -> tuple[float, float]:
@@ -72,10 +71,10 @@ class MonitorSummary:
     nvml_dropped: int = 0  # samples whose averaged NVML readings were dropped (drop_straddling)
 
     def mean(self, name: str) -> float | None:
-        v = [(x, s.dt if name in TIMED else 1.0) for s in self.samples
+        v = [(x, s.dt if name in CPU_SHARES else 1.0) for s in self.samples
              if (x := getattr(s, name)) is not None]
         total = sum(w for _, w in v)
-        if not v or (name in TIMED and total < MIN_CPU_SPAN_S):
+        if not v or (name in CPU_SHARES and total < MIN_CPU_SPAN_S):
             return None
         return sum(x * w for x, w in v) / total
 
@@ -170,6 +169,7 @@ class Monitor:
             self.gpu = None if h is None else nvml.NvmlDevice(self.nvml.pynvml, h, self.nvml.mig)
         self._unsupported: dict[str, str] = {}
         self.proc = psutil.Process(os.getpid())
+        self._io = hasattr(self.proc, "io_counters")
         self._procs, self._listed_at = {}, -math.inf  # pid -> psutil.Process
         self._cpu_at: float | None = None  # when the processes' CPU was last read
         self._host_at = psutil.cpu_times()  # the host's, at this monitor's last reading
@@ -211,7 +211,7 @@ class Monitor:
     def _read_io(self, p: psutil.Process) -> None:
         try:
             io = p.io_counters()
-        except (psutil.Error, OSError, AttributeError):  # no access, or macOS: no figure
+        except (psutil.Error, OSError):  # no access: no figure
             return
         # read_chars (rchar) is Linux-only; elsewhere read_bytes is all there is
         chars, disk = getattr(io, "read_chars", io.read_bytes), io.read_bytes
@@ -257,7 +257,8 @@ class Monitor:
             try:
                 with p.oneshot():  # one read of /proc/<pid>/stat for both figures
                     cpu, rss = p.cpu_percent(None), p.memory_info().rss
-                self._read_io(p)
+                if self._io:  # macOS has no per-process I/O counters
+                    self._read_io(p)
             except psutil.Error:  # a worker that exited between listing and reading
                 continue
             if p.pid == self.proc.pid:

@@ -25,11 +25,12 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
 
     cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    total = 2 + active  # the schedule's wait and warm-up steps first
+    wait, warmup = 1, 1  # the schedule's steps before the active ones
+    total = wait + warmup + active
     if step is not None:
         step.ranges = True
     try:
-        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=active),
+        with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
                      record_shapes=False) as prof:
             for i in range(total):
                 with record_function("gpubench/data"):

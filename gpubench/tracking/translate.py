@@ -17,8 +17,14 @@ from gpubench.config.knobs import SHORT
 from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
-from gpubench.core.stats import MIN_CPU_SPAN_S, finite_number, round_at, supported_place, text_at
-from gpubench.telemetry.monitor import TIMED
+from gpubench.core.stats import (
+    CPU_SHARES,
+    MIN_CPU_SPAN_S,
+    finite_number,
+    round_at,
+    supported_place,
+    text_at,
+)
 
 # an MLflow run's status for each record status (over_ceiling measured fine; running: the
 # process died before a final status)
@@ -173,7 +179,7 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
             ts = now_ms + int((sample.get("t", t0) - t0) * 1000)
             short = sample.get("dt", MIN_CPU_SPAN_S) < MIN_CPU_SPAN_S  # ticks, not a rate
             for k in TELEMETRY_SERIES:
-                add(f"{phase}/telemetry/{k}", None if short and k in TIMED else sample.get(k),
+                add(f"{phase}/telemetry/{k}", None if short and k in CPU_SHARES else sample.get(k),
                     i, ts)
     return out
 

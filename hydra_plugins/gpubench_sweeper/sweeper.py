@@ -94,9 +94,11 @@ class GpubenchSweeper(Sweeper):
         from gpubench.search.pipes import Pipes, Plan, check_space
 
         pipes = self.mode is Mode.pipes
-        space.require_swept()  # checked before a study is made for nothing
+        # checked before a study is made for nothing
         if pipes:
-            check_space(space, tuple(self.pipes.data_keys))
+            check_space(space, tuple(self.pipes.data_keys))  # require_swept, and per pipe
+        else:
+            space.require_swept()
         name = self.study_name or space.study_name()
         storage = absolute_storage(self.storage)
         opened: dict = {}  # one Shared per study: an in-memory study lives in its object
