@@ -215,4 +215,6 @@ def write(out: Path, cli: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):  # `golden.py --cli` wrote a folder --cli/
+        sys.exit("usage: python scripts/golden.py OUT [--cli]")
     write(Path(sys.argv[1]), cli="--cli" in sys.argv[2:])
