@@ -89,10 +89,9 @@ class MlflowSweepCallback(Callback):
         mask_files(files)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        own_folder("hydra.sweep.dir", config.hydra.sweep.dir,
-                   OmegaConf.select(config, "hydra.sweeper._target_") == RESUMING_SWEEPER)
+        resumes = OmegaConf.select(config, "hydra.sweeper._target_") == RESUMING_SWEEPER
+        sweep_dir = own_folder("hydra.sweep.dir", config.hydra.sweep.dir, resumes)
         mask_logging()
-        sweep_dir = _sweep_dir(config)
         _STARTED[str(sweep_dir)] = time.time()
         if not _tracked(config):
             return

@@ -122,11 +122,6 @@ class Key:
             return f"a list of {names}" if self.type is list else f"{null}one of {names}"
         return null + (self.kind or _TYPE_TEXT.get(self.type, "any value"))
 
-    @property
-    def checked(self) -> bool:
-        return (self.bounds is not None or self.choices is not None or self.type is bool
-                or self.rule is not None)
-
     def check_type(self, value: Any) -> None:
         """A boolean key takes true or false as written: OmegaConf's BooleanNode takes 2, 'yes'
         and '0' too (omegaconf/nodes.py BooleanNode._validate_and_convert_impl, 2.3), so the
@@ -214,5 +209,6 @@ def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = 
     """Every declared key with a rule (or `only` these) against its value in `node`."""
     wanted = None if only is None else set(only)
     for k in declared:
-        if k.checked and (wanted is None or k.name in wanted):
+        ruled = k.bounds is not None or k.choices is not None or k.type is bool or k.rule
+        if ruled and (wanted is None or k.name in wanted):
             k.check(lookup(node, k.path))

@@ -50,8 +50,7 @@ def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
     if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
         return uri, None, None
     host = parts.netloc.rpartition("@")[2]
-    user = unquote(parts.username) if parts.username is not None else None
-    pw = unquote(parts.password) if parts.password is not None else None
+    user, pw = (None if v is None else unquote(v) for v in (parts.username, parts.password))
     return urlunsplit(parts._replace(netloc=host)), user, pw
 
 

@@ -15,9 +15,8 @@ SQLITE_PREFIX = "sqlite:///"
 
 def sqlite_path(url: str) -> Path | None:
     """The file of a `sqlite:///path` URL (relative unless a fourth slash), else None."""
-    if str(url).startswith(SQLITE_PREFIX):
-        return Path(str(url)[len(SQLITE_PREFIX):])
-    return None
+    text = str(url)
+    return Path(text.removeprefix(SQLITE_PREFIX)) if text.startswith(SQLITE_PREFIX) else None
 
 
 def same_store(a: str | None, b: str | None) -> bool:

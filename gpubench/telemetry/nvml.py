@@ -70,10 +70,8 @@ def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
     bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
     tries = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{bare}", f"MIG-{bare}"]
     for u in tries:
-        try:
-            return nv.nvmlDeviceGetHandleByUUID(u), u.startswith("MIG-")
-        except nv.NVMLError:
-            continue
+        if (h := or_none(nv, functools.partial(nv.nvmlDeviceGetHandleByUUID, u))) is not None:
+            return h, u.startswith("MIG-")
     return None, False
 
 
@@ -103,13 +101,10 @@ def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[
 def read_power(nv, handle) -> tuple[float, str]:
     """(watts, source): instant where given, else nvmlDeviceGetPowerUsage, taken as averaged."""
     field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)  # absent in older nvidia-ml-py
-    if field is not None:
-        try:
-            v = nv.nvmlDeviceGetFieldValues(handle, [field])[0]
-            if v.nvmlReturn == 0:  # NVML_SUCCESS; an unknown field fails on its own, not the call
-                return v.value.uiVal / 1000.0, POWER_INSTANT
-        except nv.NVMLError:  # a driver without nvmlDeviceGetFieldValues
-            pass
+    # None: no such field, or a driver without nvmlDeviceGetFieldValues
+    v = or_none(nv, lambda: nv.nvmlDeviceGetFieldValues(handle, [field])[0]) if field else None
+    if v is not None and v.nvmlReturn == 0:  # NVML_SUCCESS; an unknown field fails on its own
+        return v.value.uiVal / 1000.0, POWER_INSTANT
     return nv.nvmlDeviceGetPowerUsage(handle) / 1000.0, POWER_AVERAGE
 
 
