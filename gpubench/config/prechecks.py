@@ -72,8 +72,7 @@ def _swept_values(o) -> list:
             raise ConfigError(o.key_or_group, typed(o), "an interval(a,b) with a < b")
         return [v.start, v.end]
     if isinstance(v, RangeSweep):
-        ends = (v.start, v.stop, v.step)
-        if not all(math.isfinite(x) for x in ends) or not v.step:
+        if not all(math.isfinite(x) for x in (v.start, v.stop, v.step)) or not v.step:
             raise ConfigError(o.key_or_group, typed(o), "a range(a,b[,step]) with finite numbers "
                                                         "and a step that is not 0")
         last = range_last(v.start, v.stop, v.step)

@@ -58,9 +58,8 @@ def breakdown(trace: dict, cuda: bool) -> dict | None:
                 and (iv := _clip(_span(e), lo, hi))):
             ranges[part].append(iv)
     step = (hi - lo) * us
-    out: dict = {"steps": n, "step_s": step}
-    for part in HOST_PARTS:
-        out[f"{part}_s"] = _length(ranges[part]) * us if ranges[part] else None
+    out: dict = {"steps": n, "step_s": step} | {
+        f"{p}_s": _length(ranges[p]) * us if ranges[p] else None for p in HOST_PARTS}
     # merged, so no time counts twice should a range ever sit inside another
     covered = _length(_union(iv for p in HOST_PARTS for iv in ranges[p])) * us
     coverage = covered / step if step > 0 else None
