@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpubench.config.keys import Role
-from gpubench.config.knobs import SETUP_SHORT, SHORT, role
+from gpubench.config.keys import Pipe, Role
+from gpubench.config.knobs import KEYS, SETUP_SHORT, SHORT, role
 from gpubench.config.overrides import format_value
 from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import count
@@ -38,9 +38,28 @@ def knob_of(get: Callable[[str], Any], name: str) -> Any:
     return get(knob_key(get, name))
 
 
+# the compute knobs setup_text writes in words of its own; every other one it writes as
+# `name=value` where its value is not the declared default (`optimizer=adamw`), so two setups
+# that differ in any compute knob never share a title or a run name
+_WORDED = ("batch_size", "precision", "channels_last", "compile")
+_OTHER_COMPUTE = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob
+                       and k.knob.pipe is Pipe.compute and k.knob.short not in _WORDED)
+
+
+def _other_compute(rec: RunRecord) -> list[str]:
+    """`optimizer=adamw`, `grad_accum_steps=2`: the other compute knobs off their default."""
+    out = []
+    for n in _OTHER_COMPUTE:
+        v, default = rec.knob(n), KEYS[n].default
+        if v is not None and v != (default.value if isinstance(default, Enum) else default):
+            out.append(f"{KEYS[n].knob.short or n.rpartition('.')[2]}={format_value(v)}")
+    return out
+
+
 def setup_text(rec: RunRecord, compact: bool = False) -> str:
     """`resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16, channels_last` (a title),
-    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name)."""
+    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name); other compute knobs off their
+    default follow (`optimizer=adamw`)."""
     def k(name: str) -> Any:
         return knob_of(rec.knob, name)
 
@@ -51,14 +70,14 @@ def setup_text(rec: RunRecord, compact: bool = False) -> str:
         parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}",
                  f"w{workers}{'t' if thread else ''}", str(k("precision"))]
         parts += [p for p in (k("channels_last") and "cl", compiled and f"compile-{compiled}") if p]
-        return "-".join(parts)
+        return "-".join(parts + _other_compute(rec))
     # a record written before its config was complete leaves parts out rather than print None
     head = " ".join(p for p in (str(model or "?"), k("dataset") and f"on {k('dataset')}",
                                 k("image_size") and f"{k('image_size')}px") if p)
     parts = [head, k("batch_size") is not None and f"batch {k('batch_size')}",
              workers is not None and count(workers, thread + "worker"),
              k("precision") and str(k("precision")), k("channels_last") and "channels_last",
-             compiled and f"compile={compiled}"]
+             compiled and f"compile={compiled}", *_other_compute(rec)]
     return ", ".join(p for p in parts if p)
 
 

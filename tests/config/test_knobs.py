@@ -10,9 +10,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from gpubench.analysis.recommend import Row, repeats, varying
-from gpubench.analysis.select import training_rows
+from gpubench.analysis.select import setup_text, training_rows
 from gpubench.config import knobs
-from gpubench.config.keys import Role
+from gpubench.config.keys import Pipe, Role
 from gpubench.core.record import RunRecord, Status
 from gpubench.report.plot_rules import held_fixed
 from gpubench.search.pipes import cost
@@ -64,6 +64,32 @@ def test_a_swept_optimizer_is_a_column_and_a_line():
     a, b = _pair("bench.optimizer")
     assert varying([a, b]) == ["bench.optimizer"]
     assert held_fixed([a, b], "loader.batch_size") == ["bench.optimizer"]
+
+
+COMPUTE_KNOBS = sorted(n for n, k in knobs.KEYS.items()
+                       if k.knob.role is Role.knob and k.knob.pipe is Pipe.compute)
+
+
+@pytest.mark.parametrize("key", COMPUTE_KNOBS)
+def test_two_setups_differing_in_a_compute_knob_never_share_a_title_or_a_run_name(key):
+    """Issue 28, finding 1: the titles (console, run.png, the workers answer's headings) and
+    MLflow's run names wrote a fixed list of knobs, so an sgd and an adamw sweep read alike."""
+    k = knobs.KEYS[key]
+    values = ((False, True) if k.type is bool else [m.value for m in k.choices][:2]
+              if k.choices else (2, 3) if k.kind else ("a-value", "another"))
+    a, b = _pair(key)
+    for row, value in zip((a, b), values, strict=True):
+        _set(row.record.config, key, value)
+    assert setup_text(a.record) != setup_text(b.record)
+    assert setup_text(a.record, compact=True) != setup_text(b.record, compact=True)
+
+
+def test_a_compute_knob_at_its_default_is_left_unsaid():
+    a, _ = _pair("bench.optimizer")
+    a.record.config["bench"].update(optimizer="sgd", grad_accum_steps=1)
+    assert setup_text(a.record) == "tiny on synthetic 32px, batch 16, 2 workers, fp32"
+    a.record.config["bench"]["grad_accum_steps"] = 4
+    assert setup_text(a.record, compact=True) == "tiny-bs16-w2-fp32-grad_accum_steps=4"
 
 
 def test_the_lists_are_the_declarations():
