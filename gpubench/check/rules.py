@@ -126,7 +126,7 @@ def memory(reserved: tuple[int, int], used: tuple[int, int]) -> Judgement:
     grows = abs(d_used - d_res) <= max(MEMORY_TOLERANCE * d_res, MEMORY_SLACK_BYTES)
     covers = used[1] >= reserved[1]
     ok = grows and covers and d_res > 0
-    why = [] if ok else [w for w, bad in (
+    why = [w for w, bad in (
         ("NVML's used is below torch's reserved", not covers),
         (f"the allocation grew them differently (beyond {MEMORY_TOLERANCE:.0%} or "
          f"{MEMORY_SLACK_BYTES // 2**20} MiB)", not grows)) if bad]
@@ -143,13 +143,11 @@ def peak(device: str, rows: list[tuple[str, float, float | None]]) -> Judgement:
     if not known:
         return skipped("peak", f"no row in the peak table for {device!r} (no MFU either)")
     ok = all(PEAK_MIN <= a / p <= PEAK_MAX for _, a, p in known)
-    parts = []
-    for m, a, p in known:
-        share = a / p
-        parts.append(f"{m} {a / 1e12:.1f} of {p / 1e12:.1f} TFLOP/s ({share:.0%})"
-                     + (" above the peak: the table's figure is too low" if share > PEAK_MAX
-                        else " under half the peak: a sparse figure in the table, or a "
-                             "throttled or shared GPU" if share < PEAK_MIN else ""))
+    parts = [f"{m} {a / 1e12:.1f} of {p / 1e12:.1f} TFLOP/s ({a / p:.0%})"
+             + (" above the peak: the table's figure is too low" if a / p > PEAK_MAX
+                else " under half the peak: a sparse figure in the table, or a throttled or "
+                     "shared GPU" if a / p < PEAK_MIN else "")
+             for m, a, p in known]
     figures = {f"{m}_share": a / p for m, a, p in known}
     return Judgement("peak", ok, figures, f"{device}: " + "; ".join(parts) +
                      f" (pass within {PEAK_MIN:.0%}-{PEAK_MAX:.0%})")

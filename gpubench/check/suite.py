@@ -30,9 +30,8 @@ when every check that ran passed."""
 def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
     import torch
 
-    from gpubench.check.cases import verdict_checks
+    from gpubench.check.cases import compare, verdict_checks
     from gpubench.check.cuda import NAMES, cuda_checks
-    from gpubench.check.pipes import compare
 
     seconds = []  # the plain loops' step and batch times
     for phase in ("compute", "loader"):

@@ -8,26 +8,28 @@ import functools
 import inspect
 import itertools
 import os
+import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from gpubench.config import settings
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Loader, Settings
+from gpubench.core.pipe import batches_in_flight
 from gpubench.parts import custom_data, datasets
 from gpubench.parts.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, cpu_train_transform
 from gpubench.parts.datasets import CorruptImage, Cycled, TensorImages  # noqa: F401 (runner's)
 from gpubench.parts.oom import pin_host
-from gpubench.parts.thread_loader import ThreadLoader
+from gpubench.parts.targets import cause
 
 
 def quiet_worker_count_warning() -> None:
@@ -76,6 +78,62 @@ def collate_skipping(batch):
         return (JpegBatch(_flat_bytes(list(blobs)), lengths.cumsum(0), list(names)),
                 torch.as_tensor(ys)), skipped
     return tuple(default_collate([tuple(b) for b in kept])), skipped
+
+
+class ThreadLoader:
+    """loader.worker_type=thread: batches from `dataset` in `sampler`'s order (with `in_order`),
+    one epoch per iter(), as a DataLoader gives them, made by `workers` threads (at least 1) of
+    this process through torchdata.nodes (Batcher, ParallelMapper, PinMemory on CUDA,
+    Prefetcher), as many held ahead as a DataLoader's (`prefetch` each). Each runs one torch
+    thread (torchdata/nodes/_apply_udf.py: torch.set_num_threads(1), a per-thread OpenMP
+    setting): the training thread keeps its own."""
+
+    def __init__(self, dataset: Dataset, sampler: Sampler, batch_size: int, drop_last: bool,
+                 collate: Callable[[list], Any], workers: int, prefetch: int | None,
+                 in_order: bool = True, pin: bool = False):
+        try:  # not installed, or needing a newer torch
+            import torchdata.nodes as tn
+        except Exception as e:
+            raise ConfigError("loader.worker_type", "thread", f"process here: thread workers need "
+                              f"torchdata.nodes (pip install torchdata) with torch "
+                              f"{torch.__version__} ({cause(e)})") from e
+        self.dataset, self.collate = dataset, collate
+        self._tids: set[int] = set()
+        node = tn.Batcher(tn.SamplerWrapper(sampler), batch_size=batch_size, drop_last=drop_last)
+        node = tn.ParallelMapper(node, self._batch, num_workers=workers, in_order=in_order,
+                                 method="thread", max_concurrent=workers)
+        if pin:  # "cuda": the pinning thread sets this process's device (torchrun's rank)
+            node = tn.PinMemory(node, "cuda")
+        ready = batches_in_flight(workers, prefetch) - workers
+        if ready > 0:
+            node = tn.Prefetcher(node, prefetch_factor=ready)
+        self.root = node
+        self.loader = tn.Loader(node)
+
+    def _batch(self, indices: list[int]):  # a worker's job: one batch, read and collated
+        self._tids.add(threading.get_native_id())
+        return self.collate([self.dataset[i] for i in indices])
+
+    def __iter__(self) -> Iterator:
+        self._tids.clear()  # a new epoch starts new threads
+        return iter(self.loader)
+
+    def worker_tids(self) -> set[int]:  # the threads that made this epoch's batches
+        return set(self._tids)
+
+    def shutdown(self) -> None:
+        """Stop every thread, sources first. torchdata 0.11 has no public close: this calls what
+        a collected iterator does (torchdata/nodes/map.py: _ParallelMapperIter.__del__)."""
+        chain, node = [], self.root
+        while node is not None:
+            chain.append(node)
+            node = getattr(node, "source", None)
+        for node in reversed(chain):
+            it = getattr(node, "_it", None)
+            while it is not None and not hasattr(it, "_shutdown"):
+                it = getattr(it, "_it", None)  # ParallelMapper holds its iterator one level down
+            if it is not None:
+                it._shutdown()
 
 
 def preload(ds: Dataset, size: int, num_workers: int, context: str | None = None,

@@ -37,8 +37,7 @@ def _store():
     return _get_default_store()
 
 
-def fault_hits(fault_rank: int | None, rank: int) -> bool:
-    """Whether an injected fault (fault.*) applies to this rank (fault.rank null: all)."""
+def fault_hits(fault_rank: int | None, rank: int) -> bool:  # fault.rank null: every rank
     return fault_rank is None or int(fault_rank) == rank
 
 
@@ -64,8 +63,7 @@ class Dist:
         if self.enabled:
             tdist.barrier()
 
-    def gather(self, value):
-        """The value of every rank, in rank order, on all ranks."""
+    def gather(self, value):  # every rank's value, in rank order, on all ranks
         if not self.enabled:
             return [value]
         out: list = [None] * self.world

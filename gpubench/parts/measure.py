@@ -43,8 +43,7 @@ class Clock:
         ev.record()  # queued on the current stream: costs no sync
         return ev
 
-    def between(self, a, b) -> float:
-        """Seconds from mark a to mark b; call only after sync()."""
+    def between(self, a, b) -> float:  # seconds from mark a to mark b, after sync() only
         return a.elapsed_time(b) / 1000.0 if self.cuda else b - a
 
 

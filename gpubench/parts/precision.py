@@ -77,11 +77,6 @@ def user_flags() -> dict:
     return dict(_USER_FLAGS or _read_flags())
 
 
-def _fp32_math(tf32_on: bool, device: str) -> str:
-    # TF32 exists on CUDA tensor cores only (older GPUs' tf32 peak equals fp32's in the table)
-    return "tf32" if tf32_on and device == "cuda" else "fp32"
-
-
 # name: (autocast dtype, its math, TF32 flags: None leaves the user's own)
 PRECISIONS = {
     "torch_default": (None, None, None),
@@ -95,9 +90,11 @@ PRECISIONS = {
 def resolve_precision(name: str, device: str) -> PrecisionPlan:
     dtype, math, tf32 = PRECISIONS[name]
     f = user_flags() if tf32 is None else {"cudnn_tf32": tf32, "matmul_tf32": tf32}
-    return PrecisionPlan(name, dtype, dtype == torch.float16 and device == "cuda", tf32,
-                         math or _fp32_math(f["cudnn_tf32"], device),
-                         math or _fp32_math(f["matmul_tf32"], device))
+    # TF32 exists on CUDA tensor cores only (older GPUs' tf32 peak equals fp32's in the table)
+    conv, matmul = (math or ("tf32" if f[k] and device == "cuda" else "fp32")
+                    for k in ("cudnn_tf32", "matmul_tf32"))
+    return PrecisionPlan(name, dtype, dtype == torch.float16 and device == "cuda", tf32, conv,
+                         matmul)
 
 
 def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict) -> dict:

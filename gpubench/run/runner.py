@@ -115,11 +115,9 @@ class Faults:
         self.oom_above_batch = fault.oom_above_batch if self.here else None  # None: never
         self.sleep = time.sleep  # how a stall passes: a test's stand-in moves its own clock
 
-    def maybe_fail(self, windows: int) -> None:
-        """A runtime error once `fault.fail_after_windows` windows are done (0: while building)."""
-        f = self.fault
-        if f.fail_message and self.here and windows == f.fail_after_windows:
-            raise RuntimeError(f.fail_message)
+    def maybe_fail(self, windows: int) -> None:  # windows done; 0: while building
+        if self.fault.fail_message and self.here and windows == self.fault.fail_after_windows:
+            raise RuntimeError(self.fault.fail_message)
 
     def staller(self) -> Callable[[], None]:
         """Called before each step: every `fault.stall_every`-th call sleeps `fault.stall_s`."""
@@ -483,19 +481,15 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
             task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
             result.tracked = tracking.log_result(bench.settings.tracking, bench.record, task)
         if interrupted is None and not bench.hold.late:
-            _compute_bound(cfg, bench)
+            # a multirun's loader-only job measures its setup's compute bound (compute_bound.py)
+            where = compute_bound.claim(bench.settings.phases, bench.record, bench.dist.enabled)
+            if where is None:
+                return
+            try:
+                done = measure_run(compute_bound.compute_config(cfg), where)
+            except ConfigError as e:  # the loader job stands; the report says how to measure it
+                print(f"gpubench: the sweep's compute bound was not measured: {e}")
+                return
+            print(compute_bound.line(done.record))
 
     return measure_run(cfg, out_dir, report)
-
-
-def _compute_bound(cfg: DictConfig, bench: Benchmark) -> None:
-    """A multirun's loader-only job measures its setup's compute bound (run/compute_bound.py)."""
-    where = compute_bound.claim(bench.settings.phases, bench.record, bench.dist.enabled)
-    if where is None:
-        return
-    try:
-        done = measure_run(compute_bound.compute_config(cfg), where)
-    except ConfigError as e:  # the loader job stands; the report says how to measure it
-        print(f"gpubench: the sweep's compute bound was not measured: {e}")
-        return
-    print(compute_bound.line(done.record))

@@ -124,8 +124,7 @@ def rule_figures(rec) -> dict:
 def summarize(bench) -> None:
     rec, s, device = bench.record, bench.settings, bench.device
     figures(rec, device)
-    reasons = validity(bench)
-    rec.noise_reasons = reasons
+    rec.noise_reasons = reasons = validity(bench)
     rec.measurement_stable = not reasons if rec.phases else None
     competitors: list[str] = []
     if any(r.kind is Flaw.disturbed for r in reasons):

@@ -34,7 +34,7 @@ STEP = ("in its train step (the model's forward and backward, the optimizer)", "
 
 
 def hang_limit_s(warmup_max_seconds: float, max_seconds: float) -> float:
-    """Twice a phase's whole budget (at least HANG_MIN_S): no step of a run within it comes near."""
+    # twice a phase's whole budget: no step of a run within it comes near
     return max(HANG_MIN_S, 2.0 * (warmup_max_seconds + max_seconds))
 
 
@@ -56,8 +56,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def at(self, where: str | None) -> None:
-        """The run is now here (a phase's window, a part of the build); None: not watched."""
+    def at(self, where: str | None) -> None:  # a phase's window, a part of the build; None: off
         self._state = (where, 0, "stuck before its first step", self.clock())
 
     def _set(self, step: int, doing: str | None) -> None:

@@ -23,7 +23,7 @@ CHECK = ["dataset.image_size=64", "loader.batch_size=16", "bench.steps=96",
 CUDA = ("utilization", "energy", "memory", "peak", "sync")
 
 # Recorded on the 2-core CPU machine (resnet50, 32 px, batch 16, 2 workers), img/s per window
-# of gpubench.check.pipes.Alternated: gpubench's compute windows and the plain loop's
+# of gpubench.check.cases.Alternated: gpubench's compute windows and the plain loop's
 QUIET = ([169.5, 160.6, 159.2, 159.7, 160.4, 157.2], [156.7, 158.7, 159.4, 160.4, 155.7, 160.6])
 # the same with fault.stall_every=2 fault.stall_s=0.2: only gpubench's step stalls
 STALLED = ([75.0, 78.0, 77.4, 78.5, 78.9, 78.9], [164.3, 167.1, 169.6, 169.2, 154.0, 169.0])

@@ -1,5 +1,5 @@
 """loader.worker_type=thread: the same Dataset, sampler and collate as the DataLoader, read by
-threads of this process (gpubench.parts.thread_loader), and the rules that make the keys of
+threads of this process (gpubench.parts.data.ThreadLoader), and the rules that make the keys of
 worker processes inert with threads. Thread workers start no process: these tests are quick;
 the ones that start DataLoader worker processes are `slow`."""
 
@@ -19,8 +19,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import as_run, resolve
 from gpubench.parts import data
-from gpubench.parts.data import build_pipeline, collate_skipping
-from gpubench.parts.thread_loader import ThreadLoader
+from gpubench.parts.data import ThreadLoader, build_pipeline, collate_skipping
 from gpubench.run.runner import measure_run
 from gpubench.search.pipes import cost
 from gpubench.search.space import Param
