@@ -64,8 +64,11 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
     return [as_override(k, row.flat[k]) for k in keys if k in row.flat]
 
 
-def measurement_text(cfg: dict) -> str:
-    """`6 windows of 4 steps on each of loader, compute, e2e`, and the loader's longer ones."""
+def measurement_text(cfg: dict, cut_short: bool = False) -> str:
+    """`6 windows of 4 steps on each of loader, compute, e2e`, and the loader's longer ones;
+    `6 windows of at least 4 steps and 2 s` where bench.min_window_s lengthens them (on CUDA by
+    default), and the cap that ended the phases of a run `cut_short` (its windows held fewer
+    steps than planned)."""
     b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
@@ -75,16 +78,36 @@ def measurement_text(cfg: dict) -> str:
     except (KeyError, TypeError, ValueError):  # not a record's config
         return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
                 f"{phases}")
-    text = f"{windows_of(windows, per_window)} on each of {phases}"
+    min_s = b.get("min_window_s") or 0
+    plan = windows_of(windows, per_window)
+    if isinstance(min_s, (int, float)) and min_s > 0:
+        plan = f"{count(windows, 'window')} of at least {count(per_window, 'step')} and {min_s:g} s"
+    text = f"{plan} on each of {phases}"
     if loader > per_window and "loader" in (b.get("phases") or ()):
         text += (f", the loader's of {loader} ({QUEUE_WINDOWS}x the batches its workers hold "
                  "in flight)")
+    if cut_short:
+        text += f", cut short by bench.max_seconds={b.get('max_seconds', '?')}"
     return text
 
 
-def longer_text(cfg: dict) -> str:
-    b = cfg.get("bench") or {}
-    return longer(b.get("steps"), b.get("repeats"))
+def _cut_short(rec: RunRecord) -> bool:
+    return any(p.truncated for p in rec.phases.values())
+
+
+def _measured_text(rec: RunRecord) -> str:
+    return measurement_text(rec.config, _cut_short(rec))
+
+
+def longer_text(rec: RunRecord) -> str:
+    """More steps, and where bench.max_seconds cut the phases short, as much more time: more
+    steps alone would be cut at the same cap."""
+    b = rec.config.get("bench") or {}
+    text = longer(b.get("steps"), b.get("repeats"))
+    cap = b.get("max_seconds")
+    if _cut_short(rec) and isinstance(cap, (int, float)):
+        text += f" bench.max_seconds={4 * cap:g}"
+    return text
 
 
 def run_text(row: Row, keys: list[str]) -> str:
@@ -104,9 +127,9 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
     head += [f"#   {line}" for line in rec.reasons] if rec is not None else []
     if "bench" in setup:
-        head += [f"# bench: the sweep's own measurement ({measurement_text(cfg)}), so a rerun's "
-                 "figure compares with the interval above;",
-                 f"#   to measure longer, add {longer_text(cfg)} to the rerun command "
+        head += [f"# bench: the sweep's own measurement ({_measured_text(row.record)}), so a "
+                 "rerun's figure compares with the interval above;",
+                 f"#   to measure longer, add {longer_text(row.record)} to the rerun command "
                  "(narrower intervals, no longer the sweep's measurement)"]
     body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
     return "\n".join(head) + "\n" + body
@@ -285,8 +308,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             f"fastest feasible: {with_interval(rec.best)} img/s  ({run_text(rec.best, keys)})",
             f"recommended:      {with_interval(rec.chosen)} img/s  ({run_text(rec.chosen, keys)})",
             *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml}", f"rerun it: {cmd}",
-            f"  (it measures as the sweep did: {measurement_text(rec.chosen.record.config)}; "
-            f"add {longer_text(rec.chosen.record.config)} to measure longer)"]
+            f"  (it measures as the sweep did: {_measured_text(rec.chosen.record)}; "
+            f"add {longer_text(rec.chosen.record)} to measure longer)"]
     elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
                      "failed)" if kept else

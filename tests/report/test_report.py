@@ -284,6 +284,25 @@ def test_the_measurement_is_said_as_the_runner_made_it():
                                      "loader's of 48 (3x the batches its workers hold in flight)")
     cfg["loader"]["num_workers"] = 0
     assert measurement_text(cfg) == "6 windows of 9 steps on each of loader, e2e"
+    # windows lengthened to a least duration (bench.min_window_s: 2 s on CUDA by default) hold
+    # more steps than the plan's share: the text said "6 windows of 9 steps" on every GPU run
+    cfg["bench"].update(min_window_s=2.0, max_seconds=60.0)
+    assert measurement_text(cfg) == "6 windows of at least 9 steps and 2 s on each of loader, e2e"
+    cfg["bench"]["min_window_s"] = 0.0
+    assert measurement_text(cfg, cut_short=True) == (
+        "6 windows of 9 steps on each of loader, e2e, cut short by bench.max_seconds=60.0")
+
+
+def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
+    """More steps alone are cut at the same bench.max_seconds: the advice raises it too."""
+    from gpubench.core.record import PhaseRecord, RunRecord
+    from gpubench.report.write import longer_text
+
+    rec = RunRecord(config={"bench": {"steps": 600, "repeats": 6, "max_seconds": 0.3}},
+                    phases={"e2e": PhaseRecord(phase="e2e", truncated=False)})
+    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10"
+    rec.phases["e2e"].truncated = True
+    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=1.2"
 
 
 def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
