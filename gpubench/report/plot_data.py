@@ -7,6 +7,9 @@ import textwrap
 from typing import Any
 
 from gpubench.analysis.recommend import Row, interval_label
+from gpubench.config.keys import Pipe
+from gpubench.config.knobs import declared
+from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status
 from gpubench.core.stats import TOLERANCE, Est
@@ -127,10 +130,23 @@ def memory_data(rows) -> dict | None:
         return {"xs": [knob(r, "batch_size") for r in rs],
                 "ys": [100.0 if r.record.status is Status.oom else 100 * r.peak for r in rs]}
 
-    by_precision = plot_rules.group_by([r for r in fine if r.full],
-                                       lambda r: str(knob(r, "precision") or "?"))
+    full = [r for r in fine if r.full]
     axis = plot_rules.memory_axis(pts)
-    return {"groups": {prec: xy(rs) for prec, rs in sorted(by_precision.items())},
+    # a series per setting of what else varied and acts on the memory read: the compute knobs
+    # (device memory: an adamw run holds two more states per weight than an sgd one), every
+    # knob where the figure is host RSS (loader workers are processes of their own)
+    rss = axis["note"] is not None
+    keys = [k for k in plot_rules.held_fixed(full, BATCH) if k != "precision.name"
+            and (rss or (d := declared(k)) is None or d.knob.pipe is not Pipe.data)]
+
+    def series(r) -> str:  # `fp32`, `fp32, optimizer=adamw`
+        f = plot_rules.knobs_of(r)
+        return ", ".join([str(knob(r, "precision") or "?")] + [
+            f"{k.removesuffix('.name').rsplit('.', 1)[-1]}={format_value(f.get(k))}"
+            for k in keys])
+
+    groups = plot_rules.group_by(full, series)
+    return {"groups": {name: xy(rs) for name, rs in sorted(groups.items())},
             "short": xy([r for r in fine if not r.full]),
             "oom": xy([r for r in pts if r.record.status is Status.oom]),
             "ceiling": 100 * plot_rules.ceiling_of(rows),

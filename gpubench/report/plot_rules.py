@@ -104,14 +104,14 @@ def flagged_label(rows) -> str:
     return f"flagged run ({', '.join(kinds)}): not joined, not a bound"
 
 
-def _knobs(row) -> dict[str, Any]:
+def knobs_of(row) -> dict[str, Any]:
     """Every config key that tells runs apart (config.knobs.compared)."""
     return {k: v for k, v in flatten(row.record.config or {}).items() if compared(k)}
 
 
 def held_fixed(rows, key: str) -> list[str]:
     """The config keys but `key` whose value differs between `rows` (a line along `key`)."""
-    flats = [_knobs(r) for r in rows]
+    flats = [knobs_of(r) for r in rows]
     keys = sorted({k for f in flats for k in f})
     return [k for k in keys if k != key and len({repr(f.get(k)) for f in flats}) > 1]
 
@@ -157,7 +157,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
     fixed = held_fixed([r for r in rows if workers(r) != 0], along)
     keys = [k for k in held_fixed(rows, along) if k not in WORKER_ONLY or k in fixed]
     lines, rest = [], {}  # rest by id: a 0-worker run is in every line of its setup
-    for rs in worker_groups(rows, workers, lambda r: {k: _knobs(r).get(k) for k in keys}):
+    for rs in worker_groups(rows, workers, lambda r: {k: knobs_of(r).get(k) for k in keys}):
         best: dict = {}
         for r in sorted(rs, key=lambda r: -r.throughput):  # the fastest run of each value
             best.setdefault(knob(r, name), r)
@@ -169,7 +169,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
         # the first group is always a line (also a lone point: it carries the bounds)
         if i == 0 or (len(line) > 1 and len(out) < MAX_LINES):
             # `num_workers=2, precision=fp32`, from a run with workers (a 0-worker one's are inert)
-            f = _knobs(next((r for r in line if workers(r) != 0), line[0]))
+            f = knobs_of(next((r for r in line if workers(r) != 0), line[0]))
             out.append((", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}="
                                   f"{format_value(f.get(k))}" for k in keys), line))
         else:

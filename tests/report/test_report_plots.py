@@ -559,3 +559,22 @@ def test_each_compute_band_sits_over_its_own_column(monkeypatch, tmp_path):
                         round(left + (r.get_x() + r.get_width()) * (right - left), 6))
                        for r in ax.patches)
         assert spans == [(round(i - 0.42, 6), round(i + 0.42, 6)) for i in range(n)], spans
+
+
+def test_memory_series_split_by_every_knob_that_acts_on_the_memory_read():
+    """Issue 28, finding 1: the memory plot split its series by precision alone, so an sgd and
+    an adamw sweep (two more optimizer states per weight) shared one. Device memory: the compute
+    knobs, not the loader's workers; host RSS (a CPU run): the workers too."""
+    def r(batch, optimizer, **kw):
+        rec = run(batch=batch, **kw)
+        rec.config["bench"] = {"optimizer": optimizer}
+        return rec
+
+    rows = rows_of(r(16, "sgd"), r(32, "sgd", peak=0.6), r(16, "adamw", peak=0.7),
+                   r(32, "adamw", peak=0.9), r(16, "sgd", workers=4))
+    assert memory_data(rows)["groups"] == {
+        "fp32, optimizer=adamw": {"xs": [16, 32], "ys": [70.0, 90.0]},
+        "fp32, optimizer=sgd": {"xs": [16, 32, 16], "ys": [50.0, 60.0, 50.0]}}
+    cpu = rows_of(r(16, "sgd", device="cpu"), r(32, "sgd", peak=0.6, device="cpu"),
+                  r(16, "sgd", workers=4, device="cpu"))
+    assert set(memory_data(cpu)["groups"]) == {"fp32, num_workers=2", "fp32, num_workers=4"}
