@@ -11,8 +11,8 @@ from gpubench.config.keys import Pipe
 from gpubench.config.knobs import declared
 from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
-from gpubench.core.record import Status
-from gpubench.core.stats import TOLERANCE, Est
+from gpubench.core.record import Status, interval_label_of
+from gpubench.core.stats import CONFIDENCE, TOLERANCE, Est
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons, flagged_label, knob, phase_est
 
@@ -268,12 +268,20 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
     xs = sorted({q["x"] for pts in series.values() for q in pts} | set(ooms))
     # the memory figure as every picture names it: device memory, or summed RSS of host RAM
     return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs,
-            "memory_label": plot_rules.memory_axis(mine)["label"]}
+            "memory_label": plot_rules.memory_axis(mine)["label"],
+            "ylabel": f"compute-only images/sec (whiskers: {_coverage(mine, 'compute')})"}
+
+
+def _coverage(rows: list[Row], phase: str) -> str:
+    """The interval label of these runs' own `phase` figures (each run's windows, unpooled;
+    as RunRecord.interval_coverage, an interval covering more is named a CONFIDENCE one)."""
+    return interval_label_of(min(c, CONFIDENCE) for r in rows if (ph := r.record.phases.get(phase))
+                             and (c := ph.images_per_sec_ci_coverage) is not None)
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:
     """One panel per kept compute setting: its loader runs by data setting, its bound."""
-    panels = []
+    panels, loaders = [], []
     for d in result.get("data", []):
         stage = d["study"].split("-data-", 1)[-1]
         keys, chosen = sorted(d["params"]), as_run(d["params"])
@@ -281,6 +289,7 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
         for r in rows:
             e = phase_est(r.record, "loader")
             if (r.trial or r.label).startswith(f"data-{stage}-") and e is not None:
+                loaders.append(r)
                 p = as_run(_params(r, keys))
                 points.append((p, _est(p.get(WORKERS, 0), e, chosen=p == chosen)))
         if not points:
@@ -294,4 +303,6 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
         kept = next((k for k in result["compute"]["kept"] if k["params"] == d["for"]), None)
         panels.append({"title": _name(d["for"], ""), "series": series,
                        "bound": kept["rate"] if kept else None, "clears": d["clears"]})
+    for panel in panels:
+        panel["ylabel"] = f"loader-only images/sec (whiskers: {_coverage(loaders, 'loader')})"
     return panels

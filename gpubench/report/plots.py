@@ -298,7 +298,7 @@ def _draw_compute(d: dict, out: Path) -> Path:
                    clip_on=False, label="out of memory")
     if not far:
         mx.axhline(d["ceiling"], color="red", linestyle="--", label="memory.ceiling")
-    for a, ylabel in ((ax, "compute-only images/sec"), (mx, textwrap.fill(d["memory_label"], 40))):
+    for a, ylabel in ((ax, d["ylabel"]), (mx, textwrap.fill(d["memory_label"], 40))):
         _x_axis(a, d["xticks"], log2=True, integer=True)
         a.set_xlabel("batch size")
         a.set_ylabel(ylabel, fontsize=9)
@@ -314,7 +314,7 @@ def _draw_compute(d: dict, out: Path) -> Path:
     return save(fig, out)
 
 
-def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
+def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) -> Path:
     """A column per kept compute setting: a walk that stops at the first setting that clears
     leaves one point a setting."""
     plt = pyplot()
@@ -357,15 +357,17 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
         ax.set_ylim(0, hi * 1.25)
     return _finish(fig, ax, out, "Which data setting keeps up with compute?\nper kept compute "
                    "setting: each data setting the walk tried, cheapest first, against that "
-                   "setting's bound", "kept compute setting (from compute_pipe.png)",
-                   "loader-only images/sec (whiskers: interval)", ysize=None, grid="y")
+                   "setting's bound",
+                   "kept compute setting" + (" (from compute_pipe.png)" if compute_png else ""),
+                   panels[0]["ylabel"], ysize=None, grid="y")
 
 
 def plot_pipes(rows, result: dict, out_dir: Path, margin: float) -> list[Path]:
+    compute = plot_data.compute_data(rows, result)
     return _draw_each(out_dir, (
-        (_draw_compute, "compute_pipe.png", plot_data.compute_data(rows, result)),
-        (lambda panels, out: _draw_data(panels, margin, out), "data_pipe.png",
-         plot_data.data_panels(rows, result) or None)))
+        (_draw_compute, "compute_pipe.png", compute),
+        (lambda panels, out: _draw_data(panels, margin, out, compute is not None),
+         "data_pipe.png", plot_data.data_panels(rows, result) or None)))
 
 
 def _draw_each(out_dir: Path, pictures) -> list[Path]:  # (draw, file name, data): data not None

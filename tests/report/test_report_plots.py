@@ -532,8 +532,14 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
                                "params": {"loader.num_workers": 0}, "clears": True})
         rows.append(stage(f"data-{k}-0", run(batch=b, workers=0, e2e=None, compute=None,
                                              loader=ips, device="cpu"), str(3 + k)))
+    for r in rows:  # a compute run of 3 windows, a loader run of 6 (their own intervals)
+        for ph in r.record.phases.values():
+            ph.images_per_sec_ci_coverage = 0.75 if ph.phase == "compute" else 0.96875
     c = compute_data(rows, result)
     assert c["memory_label"].endswith("% of host RAM")
+    assert c["ylabel"] == "compute-only images/sec (whiskers: 75% interval)"
+    assert {p["ylabel"] for p in data_panels(rows, result)} == {
+        "loader-only images/sec (whiskers: 95% interval)"}
     assert sum(q["kept"] for pts in c["series"].values() for q in pts) == 2
     panels = data_panels(rows, result)
     assert [sum(len(v) for v in p["series"].values()) for p in panels] == [1, 1]
@@ -550,8 +556,9 @@ def test_each_compute_band_sits_over_its_own_column(monkeypatch, tmp_path):
                         lambda fig, path, *a, **k: drawn.update(ax=fig.axes[0]))
     for n in (1, 3):
         panels = [{"bound": (100.0, 90.0, 110.0), "series": {}, "clears": False,
-                   "title": f"batch {i}"} for i in range(n)]
-        report_plots._draw_data(panels, 0.05, tmp_path / "data_pipe.png")
+                   "title": f"batch {i}", "ylabel": "loader-only images/sec"}
+                  for i in range(n)]
+        report_plots._draw_data(panels, 0.05, tmp_path / "data_pipe.png", True)
         ax = drawn["ax"]
         left, right = ax.get_xlim()
         # axhspan's rectangles: x in axes fractions, read back as data coordinates
