@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from operator import attrgetter
 from typing import Any
 
@@ -98,19 +99,18 @@ class Row:
         return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
 
     @property
-    def steadiness(self) -> str:
-        """Why the row ranks where it does among feasible rows: `stable`, `confirmed`,
-        `too short` (its only flaw), `disturbed`, `disagreed`, `-` (written before the checks)."""
+    def steadiness(self) -> Steadiness:
+        """Why the row ranks where it does among feasible rows."""
         if self.record.measurement_stable is None and not self.confirms:
-            return "-"
+            return Steadiness.unchecked
         if self.stable:
-            return "confirmed" if self.confirms else "stable"
+            return Steadiness.confirmed if self.confirms else Steadiness.stable
         flawed = list(filter(_flawed, self.measurements))
         if not flawed:
-            return "disagreed"
+            return Steadiness.disagreed
         short = all(m.status.measured and m.noise_reasons
                     and all(r.kind is Flaw.too_short for r in m.noise_reasons) for m in flawed)
-        return "too short" if short else "disturbed"
+        return Steadiness.too_short if short else Steadiness.disturbed
 
     @property
     def confirmed(self) -> bool:
@@ -206,21 +206,43 @@ def interval_label(rows: list[Row], phases: bool = False) -> str:
     `phases`, beside their phases' own (loader and compute bounds: each run's first measurement,
     never pooled)."""
     measured = [r for r in rows if r.record.status.measured]
-    return interval_label_of([*(r.interval_coverage for r in measured
-                                if r.interval[0] != r.interval[1]),
-                              *(r.record.interval_coverage for r in measured if phases)])
+    covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
+              *(r.record.interval_coverage for r in measured if phases)]
+    # no row with an interval (every run failed): a column of dashes claims no coverage
+    return interval_label_of(covers) if covers else "interval"
 
 
-def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> str:
-    """'faster', 'slower', 'same' or 'open': AMP's best against the best without it, on
-    intervals; overlapping, 'same' only where the medians are within `tolerance` (28% apart
-    inside wide intervals is not decided, not "no difference")."""
+class Steadiness(Enum):
+    """A feasible row's standing among the others, as the ranking's status column words it."""
+
+    stable = "stable"
+    confirmed = "confirmed"  # stable over its confirm step's re-measurements
+    too_short = "too short"  # its only flaw: windows too short to judge
+    disturbed = "disturbed"
+    disagreed = "disagreed"  # its re-measurements' intervals do not overlap
+    unchecked = "-"  # written before the checks
+
+
+class Effect(Enum):
+    """What AMP did to the best throughput: a judgement, worded where it is shown."""
+
+    faster = "faster"
+    slower = "slower"
+    same = "same"  # within the tolerance, inside overlapping intervals
+    open = "open"  # overlapping intervals, medians further apart: not decided
+
+
+def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> Effect:
+    """AMP's best against the best without it, on intervals; overlapping, `same` only where the
+    medians are within `tolerance` (28% apart inside wide intervals is not decided, not "no
+    difference")."""
     if amp.interval[0] > plain.interval[1]:
-        return "faster"
+        return Effect.faster
     # single windows (no spread) fall in the two cases above unless the figures are equal
     if amp.interval[1] < plain.interval[0]:
-        return "slower"
-    return "same" if abs(amp.throughput / plain.throughput - 1) <= tolerance else "open"
+        return Effect.slower
+    close = abs(amp.throughput / plain.throughput - 1) <= tolerance
+    return Effect.same if close else Effect.open
 
 
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
@@ -260,13 +282,13 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         effect = amp_effect(a, p, tolerance)
         figures = (f"with AMP {with_interval(a)} img/s, without {with_interval(p)} "
                    f"({a.throughput / p.throughput - 1:+.1%}")
-        if effect == "same":
+        if effect is Effect.same:
             reasons.append(f"AMP made no measurable difference: {figures}, inside the intervals)")
-        elif effect == "open":
+        elif effect is Effect.open:
             reasons.append(f"AMP's effect is not decided: {figures}, but the intervals overlap: "
                            "measure longer)")
         else:
-            helps = effect == "faster"
+            helps = effect is Effect.faster
             near = [r for r in near if r.amp == helps] or near
             reasons.append(f"AMP {'on' if helps else 'off'}: best {figures})")
     # pinning only exists for copies to a GPU: on a CPU-only run it is not a knob at all

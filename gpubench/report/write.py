@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from gpubench.analysis import recommend
-from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, with_interval
+from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadiness, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
@@ -155,14 +155,14 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
     for i, r in enumerate(recommend.ranked(rows), 1):
         lo, hi = r.interval
         fmt = ".0f" if screen and hi >= 100 else ".1f"
-        steady = r.record.status is Status.ok and r.steadiness != "-"
+        steady = r.record.status is Status.ok and r.steadiness is not Steadiness.unchecked
         body.append([
             str(i), r.label,
-            r.status if not screen else r.steadiness if steady else str(r.record.status),
+            r.status if not screen else r.steadiness.value if steady else str(r.record.status),
             f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
             _fmt(getattr(r.record, util)), _fmt(r.record.bottleneck),
-            *([] if screen else [r.steadiness]),
+            *([] if screen else [r.steadiness.value]),
             # a confirmed row's figures pool its re-measurements: say how many
             *([f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms and not screen
                               else "")] if with_rung else []),
