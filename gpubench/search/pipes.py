@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
@@ -119,10 +119,8 @@ class Pipes:
         params = space.params  # a grid: check_space refused a continuous data key
         points = sorted(effective(grid(params)), key=lambda p: cost(p, params))
         after = None if past is None else cost(past, params)
-
-        def walk(rows: list) -> list[dict]:  # what the walk measures next (nothing: answered)
-            return data_walk(points, params, rows, k.rate, TOLERANCE)
-
+        # what the walk measures next of these rows (nothing: answered)
+        walk = partial(data_walk, points, params, bound=k.rate, margin=TOLERANCE)
         rows = _rows(shared)  # each read queries the studies and every trial's results.json
         if after is not None:  # the join's next try: the next setting past the chosen one
             measured = {S.key(p) for p, _ in rows}
