@@ -178,20 +178,19 @@ class Search:
             log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput,
                      mem, rec.status if rec.feasible else f"{rec.status}, infeasible")
 
-    def _candidates(self) -> list:
-        """The confirm step's trials: the fastest feasible full-length ones, by their records."""
+    def _confirm(self) -> list[int]:
+        """Re-measure the fastest feasible full-length trials (by their records), interleaved;
+        the numbers of the trials confirmed."""
+        if self.confirm is None or self.confirm.top <= 0:  # no confirm step
+            return []
         found = []
         for t in S.measured_trials(self.study):
             a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
             rec = load(a["dir"], a.get("rung") or Rung.full) if a.get("dir") else None
             if rec is not None and rec.feasible and rec.full:
                 found.append((rec.throughput, t))
-        return [t for _, t in sorted(found, key=lambda p: -p[0])[: self.confirm.top]]
-
-    def _confirm(self) -> list[int]:
-        """Re-measure the top trials, interleaved; the numbers of the trials confirmed."""
-        top = self._candidates() if self.confirm is not None and self.confirm.top > 0 else []
-        if not top:  # no step, or nothing measured in full and feasible
+        top = [t for _, t in sorted(found, key=lambda p: -p[0])[: self.confirm.top]]
+        if not top:  # nothing measured in full and feasible
             return []
         c = S.queue_rounds(self.shared, top, self.confirm.rounds)
         while True:

@@ -126,16 +126,14 @@ class Manifest:
             return
         by_dir = {str(t.user_attrs[k]): t for t in study.get_trials(deepcopy=False)
                   for k in ("dir", "screen_dir") if t.user_attrs.get(k)}
-        matched = 0
-        for job in self.jobs:
-            t = by_dir.get(job["dir"])
-            if t is not None:
-                matched += 1
-                job["trial"] = t.number
-                job["rung"] = job["rung"] or t.user_attrs.get("rung")
-                job["status"] = job["status"] or t.user_attrs.get("status")
+        matched = [job for job in self.jobs if job["dir"] in by_dir]
+        for job in matched:
+            t = by_dir[job["dir"]]
+            job["trial"] = t.number
+            job["rung"] = job["rung"] or t.user_attrs.get("rung")
+            job["status"] = job["status"] or t.user_attrs.get("status")
         log.warning("%s: %d of %s matched to their trials in study %s", self.path,
-                    matched, count(len(self.jobs), "job"), study.study_name)
+                    len(matched), count(len(self.jobs), "job"), study.study_name)
         self.save()
 
     def update(self, **kw: Any) -> None:

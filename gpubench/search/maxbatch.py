@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import logging
+from collections import namedtuple
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
@@ -15,12 +15,7 @@ from gpubench.search.jobs import Jobs
 from gpubench.search.space import SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
-
-
-@dataclass
-class Probe:
-    batch_size: int
-    fits: bool
+Probe = namedtuple("Probe", "batch_size fits")
 
 
 def find_max_batch(fits: Callable[[int], bool], start: int, limit: int
@@ -88,8 +83,7 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
                         "dir": str(rec.dir)} for b, rec in found]}
 
 
-def summary_lines(result: dict) -> list[str]:
-    """What a user reads at the end of a max-batch search."""
+def summary_lines(result: dict) -> list[str]:  # at the end of a max-batch search
     best, ceiling, reserve = result["max_batch"], result["memory_ceiling"], result["reserve"]
     if best is None:
         return ["max batch: none fits"]

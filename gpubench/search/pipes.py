@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
@@ -66,23 +66,22 @@ class Pipes:
 
     def run(self) -> dict:
         t = time.monotonic()
-        kept = self._compute(self.spaces[0])
+        kept = self._compute()
         t = self._spent("compute", t)
-        if not kept:
+        if kept:
+            fed = [self._data(k) for k in kept]
+            t = self._spent("data", t)
+            self._join(kept, fed)
+            self._spent("join", t)
+        else:
             log.warning("no compute setting ran under the memory ceiling: nothing to feed")
-            self.write(self.result)
-            return self.result
-        fed = [self._data(k) for k in kept]
-        t = self._spent("data", t)
-        self._join(kept, fed)
-        self._spent("join", t)
         self.write(self.result)
-        for line in lines(self.result):
+        for line in lines(self.result) if kept else ():
             log.info("%s", line)
         return self.result
 
-    def _compute(self, compute: SearchSpace) -> list[Kept]:
-        space = fixed_space(compute, {}, self.plan.compute_overrides)
+    def _compute(self) -> list[Kept]:
+        space = fixed_space(self.spaces[0], {}, self.plan.compute_overrides)
         shared = self.open_study(f"{self.name}-compute")
         points = grid(space.params)
         exhaustive = points is not None and len(points) <= self.plan.compute_trials
@@ -120,10 +119,8 @@ class Pipes:
         params = space.params  # a grid: check_space refused a continuous data key
         points = sorted(effective(grid(params)), key=lambda p: cost(p, params))
         after = None if past is None else cost(past, params)
-
-        def walk(rows: list) -> list[dict]:  # what the walk measures next (nothing: answered)
-            return data_walk(points, params, rows, k.rate, TOLERANCE)
-
+        # what the walk measures next of these rows (nothing: answered)
+        walk = partial(data_walk, points, params, bound=k.rate, margin=TOLERANCE)
         rows = _rows(shared)  # each read queries the studies and every trial's results.json
         if after is not None:  # the join's next try: the next setting past the chosen one
             measured = {S.key(p) for p, _ in rows}
@@ -341,8 +338,7 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
                    key=lambda p: cost(p, space))
 
     def ok(p: dict) -> bool:
-        r = done.get(S.key(p))
-        x = rate_of(r) if r is not None else None
+        x = rate_of(r) if (r := done.get(S.key(p))) is not None else None
         return x is not None and clears(x, bound, margin)
 
     for i, w in enumerate(workers):

@@ -28,9 +28,23 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     pipes = bool(manifest.get("studies"))  # sweep=pipes: a study per stage
     names = manifest.get("studies") or [manifest.get("study_name")]
     if names[0] and manifest.get("storage"):
+        import optuna
+
+        from gpubench.search.study import open_storage
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        base = manifest.get("pipes_study") or ""
         try:
-            return _load_studies(names, manifest["storage"],
-                                 (manifest.get("pipes_study") or "") if pipes else None)
+            # sweep.json holds the URL masked: the driver takes the password from the environment
+            store = open_storage(without_masked_password(manifest["storage"]))
+            rows, main = [], None
+            for name in names:  # of sweep=pipes, a row's `trial` names its stage (`compute-3`)
+                stage = name.removeprefix(base).lstrip("-") if pipes else None
+                is_main = stage in (None, "join")  # the join's (or the only) study
+                study = optuna.load_study(study_name=name, storage=store)
+                rows += [r for _, r in trial_rows(study, store, "" if is_main else f"{stage}-")]
+                main = study if is_main else main
+            return rows, main
         except Exception as e:  # a moved or deleted database: the files are still here
             log.warning("%s not readable (%s): reading the files", f"studies of {sweep_dir}"
                         if pipes else f"study {names[0]}", error_text(e))
@@ -59,26 +73,6 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         if trial in full_rows:
             full_rows[trial].confirms = recs
     return rows, None
-
-
-def _load_studies(names: list[str], storage: str, base: str | None):
-    """The rows of these studies and the main one (the join's, or the only one). Of sweep=pipes
-    (`base`: its study name), a row's `trial` names its stage (`compute-3`), the join's not."""
-    import optuna
-
-    from gpubench.search.study import open_storage
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # sweep.json holds the URL masked: the driver takes the password from the environment
-    store = open_storage(without_masked_password(storage))
-    rows, main = [], None
-    for name in names:
-        stage = None if base is None else name.removeprefix(base).lstrip("-")
-        is_main = stage in (None, "join")
-        study = optuna.load_study(study_name=name, storage=store)
-        rows += [r for _, r in trial_rows(study, store, "" if is_main else f"{stage}-")]
-        main = study if is_main else main
-    return rows, main
 
 
 def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:

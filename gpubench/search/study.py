@@ -216,11 +216,8 @@ def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> i
                           if worker_pid(t) is None}
         for t in before:
             pid = worker_pid(t)
-            if pid is None:
-                gone = now - shared.unnamed[t.number] > grace
-            else:
-                gone = process_alive(t.user_attrs["worker"].split(":")[0], pid) is False
-            if gone:
+            if (now - shared.unnamed[t.number] > grace if pid is None else
+                    process_alive(t.user_attrs["worker"].split(":")[0], pid) is False):
                 abandon(shared, t.number, requeue=True)
         with _quiet():
             optuna.storages.fail_stale_trials(shared.study)

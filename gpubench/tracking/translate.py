@@ -157,9 +157,8 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
         for k in PHASE_FIGURES:
             v = getattr(ph, k, None)
             add(f"{phase}/{k}", round_at(v, at) if k == "images_per_sec" else v)
-        if len(ci) == 2:
-            add(f"{phase}/images_per_sec_ci_low", round_at(ci[0], at))
-            add(f"{phase}/images_per_sec_ci_high", round_at(ci[1], at))
+        for end, x in zip(("low", "high"), ci if len(ci) == 2 else (), strict=False):
+            add(f"{phase}/images_per_sec_ci_{end}", round_at(x, at))
         tel = {**ph.telemetry, **ph.memory}
         for k in PHASE_TELEMETRY:
             add(f"{phase}/{k}", tel.get(k))

@@ -22,6 +22,9 @@ from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import BOUNDS_MEASURED_ENV, STUDY_ENV  # torch-free
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
+from gpubench.search.jobs import Jobs, mark_stale_runs
+from gpubench.search.manifest import PIPES_FILE, Manifest, absolute_storage
+from gpubench.search.manifest import read as read_manifest
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
 log = logging.getLogger("gpubench.sweep")
@@ -52,9 +55,7 @@ class GpubenchSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """The search; a ConfigError (exit 2) or a SweepFailed (exit 1) ends it in one line."""
-        from gpubench.search.jobs import Jobs, mark_stale_runs
-        from gpubench.search.manifest import Manifest
-        from gpubench.search.space import parse_search_space
+        from gpubench.search.space import parse_search_space  # loads Optuna
 
         self.check()
         space = parse_search_space(arguments, self.params, self.hydra_context.config_loader)
@@ -87,10 +88,7 @@ class GpubenchSweeper(Sweeper):
     def _search(self, jobs, space, manifest) -> None:
         """mode=optuna: one study; mode=pipes: a study per stage (gpubench.search.pipes)."""
         from gpubench.search import study as S
-        from gpubench.search.jobs import mark_stale_runs
         from gpubench.search.loop import Confirm, Screen, Search
-        from gpubench.search.manifest import PIPES_FILE, absolute_storage
-        from gpubench.search.manifest import read as read_manifest
         from gpubench.search.pipes import Pipes, Plan, check_space
 
         pipes = self.mode is Mode.pipes
