@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from gpubench.analysis.select import knob_of, left_out
+from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
 from gpubench.config.knobs import compared, role
@@ -82,10 +82,6 @@ class Row:
     full = property(attrgetter("record.full"))
 
     @property
-    def data(self) -> dict:
-        return self.record.to_dict()
-
-    @property
     def dir(self) -> str | None:
         return str(self.record.dir) if self.record.dir is not None else None
 
@@ -147,11 +143,7 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
         groups.setdefault(key, []).append(r)
     out = []
     for group in groups.values():
-        def steps(r: Row) -> int:
-            return int(r.record.config.get("bench", {}).get("steps") or 0)
-
-        longest = max(steps(r) for r in group)
-        same = sorted((r for r in group if steps(r) == longest),
+        same = sorted(longest(group, attrgetter("record")),
                       key=lambda r: r.record.started_at or "", reverse=True)
         head = same[0]
         head.confirms = [r.record for r in same[1:]

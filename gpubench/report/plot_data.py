@@ -67,6 +67,9 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                       "bounds": bounds})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
     xticks = sorted({knob(r, name) for r in full + short})
+    ask = ("How does {phase} throughput change with the batch size?" if name != "num_workers"
+           else "How many loader workers does the data side need?" if phase == "loader"
+           else "How many loader workers does training need?").format(phase=phase)
     # the bound of the first line's runs, else of the flagged ones (the answer judges them)
     anchor = groups[0][1][0] if groups else (flagged or full)[0]
     d = {"lines": lines, "rest": [{**_pt(r, knob(r, name), chosen), "apart": why}
@@ -77,7 +80,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "star": _star(chosen, chosen and knob(chosen, name), [r for r, _ in rest] + flagged,
                        flagged),
          "phase": phase, "xlabel": xlabel,
-         "title": question(name, phase) + "\n" + (
+         "title": ask + "\n" + (
              f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
              else "no line: every full run flagged its own measurement (rerun on a quiet machine)"),
          "xticks": xticks, "log2": log2,
@@ -88,13 +91,6 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                                                          for b in v]]
     _y_axis(d, points + d["rest"] + d["short"], rows, bands)
     return d
-
-
-def question(name: str, phase: str) -> str:
-    if name == "num_workers":
-        return ("How many loader workers does the data side need?" if phase == "loader"
-                else "How many loader workers does training need?")
-    return f"How does {phase} throughput change with the batch size?"
 
 
 def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
