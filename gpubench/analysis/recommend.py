@@ -247,8 +247,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "quiet machine confirms it")
     amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
     if amp and plain:
-        a = max(amp, key=lambda r: r.throughput)
-        p = max(plain, key=lambda r: r.throughput)
+        a, p = (max(g, key=lambda r: r.throughput) for g in (amp, plain))
         effect = amp_effect(a, p, tolerance)
         figures = (f"with AMP {with_interval(a)} img/s, without {with_interval(p)} "
                    f"({a.throughput / p.throughput - 1:+.1%}")

@@ -92,8 +92,7 @@ def left_out(rec: RunRecord) -> LeftOut | None:
 
 
 def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> list:
-    """The `items` of the longest measurement (bench.steps) among them: a short screen never
-    stands for the others."""
+    """The `items` measured longest (bench.steps): a short screen never stands for the others."""
     steps = [int(record(x).knob("bench.steps") or 0) for x in items]
     return [x for x, n in zip(items, steps, strict=True) if n == max(steps)]
 

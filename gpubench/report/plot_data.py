@@ -86,16 +86,12 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "xticks": xticks, "log2": log2,
          "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
          "band": band(anchor) if band else None}
-    bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
+    # the y range from the `_basis` points and a compute band; a flagged point past an end is
+    # `off_scale` there
     points = [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                          for b in v]]
-    _y_axis(d, points + d["rest"] + d["short"], rows, bands)
-    return d
-
-
-def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
-    """The y range from the `_basis` points; a flagged point past an end is `off_scale` there."""
-    basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
+    basis = _basis(points + d["rest"] + d["short"], d["flagged"], d["star"]) + [
+        {"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
     # a loader 20x faster than the training loop would flatten the curve that matters: log axis
@@ -109,6 +105,7 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     what = "images/sec" if with_bounds else f"{d['phase']} images/sec"
     d.update(log_y=log_y, ymin=ymin, ymax=ymax,
              ylabel=f"{what} (whiskers: {whisker})" + (", log scale" if log_y else ""))
+    return d
 
 
 def memory_data(rows) -> dict | None:

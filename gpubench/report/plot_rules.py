@@ -220,8 +220,7 @@ def importance_params(params: list[dict], devices: set[str]) -> tuple[list[str],
 def importance_title(n_trials: int, used: list[str], swept: list[str],
                      inert: list[str] = (), flagged: int = 0, phase: str = "e2e",
                      ranked: int | None = None) -> str:
-    """Its question, the trials it rests on, how many flagged their own measurement, and what it
-    left out."""
+    """Its question, its trials, how many flagged their own measurement, and what it left out."""
     left = sorted(set(swept) - set(used) - set(inert))
     out = [f"Which knobs moved {phase} throughput most?\nfrom the study's {n_trials} complete "
            "trials"
