@@ -86,8 +86,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "xticks": xticks, "log2": log2,
          "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
          "band": band(anchor) if band else None}
-    # the y range from the `_basis` points and a compute band; a flagged point past an end is
-    # `off_scale` there
+    # the y range: the `_basis` points and a compute band (a flagged point past an end: off_scale)
     points = [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                          for b in v]]
     basis = _basis(points + d["rest"] + d["short"], d["flagged"], d["star"]) + [

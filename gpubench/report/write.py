@@ -157,10 +157,6 @@ def _name(header: str) -> str:
     return header.replace("\n", " " if "%" in header or "interval" in header else "_")
 
 
-def _kind(header: str) -> str:
-    return "interval" if "interval" in header else header
-
-
 def print_table(head: list[str], body: list[list[str]], title: str, console=None,
                 limit: int = 25) -> None:
     """The ranking fitted to `console`'s width (stdout's by default): no value split or cut."""
@@ -173,11 +169,11 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     con = console or Console(highlight=False)
     log = not con.is_terminal  # a pipe or a file: lines whole, the reader's viewer wraps them
     shown_rows = body[:limit]
-    knobs = [c for c, h in enumerate(head)
-             if _kind(h) not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
-    order = ([c for k in GIVES_WAY_FIRST for c, h in enumerate(head) if _kind(h) == k]
+    kinds = ["interval" if "interval" in h else h for h in head]
+    knobs = [c for c, k in enumerate(kinds) if k not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
+    order = ([c for k in GIVES_WAY_FIRST for c in range(len(head)) if kinds[c] == k]
              + knobs[::-1]
-             + [c for k in GIVES_WAY_LAST for c, h in enumerate(head) if _kind(h) == k])
+             + [c for k in GIVES_WAY_LAST for c in range(len(head)) if kinds[c] == k])
     # as text: a value such as [loader,e2e] is no markup; no vertical rules: width for figures
     table, out = fit(head, [[Text(v) for v in b] for b in shown_rows], order, con.width,
                      lambda c: head[c] in ("#", "img/s", "mem %"), box=box.SIMPLE_HEAD,
