@@ -98,14 +98,18 @@ def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
                 loss=Est(*(max(0.0, 1.0 - x) for x in (tracking.value, tracking.hi, tracking.lo))))
 
 
+def _above_bound(tracking: Est) -> bool:
+    """e2e above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single
+    window more than ABOVE_BOUND above it. Not above 1 alone: e2e may beat a bound measured on
+    its own by a few percent (the loader phase waits for each copy, which e2e overlaps); on an
+    H100 e2e read 100.03% [100.0%-100.1%] of compute at batch 256 (docs/gpu.md)."""
+    return tracking.value > 1.0 + ABOVE_BOUND if tracking.exact else tracking.lo > 1.0 + TOLERANCE
+
+
 def _three_pipes(f: dict) -> Verdict:
     """e2e against the narrower bound first (above: disturbed), then which bound it tracks."""
     t = f["tracking"]
-    # above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single window
-    # more than ABOVE_BOUND above it. Not above 1 alone: e2e may beat a bound measured on its
-    # own by a few percent (the loader phase waits for each copy, which e2e overlaps); on an
-    # H100 e2e read 100.03% [100.0%-100.1%] of compute at batch 256 (docs/gpu.md)
-    if t.value > 1.0 + ABOVE_BOUND if t.exact else t.lo > 1.0 + TOLERANCE:
+    if _above_bound(t):
         return Verdict(Bottleneck.inconclusive, Case.above_bound, f, ratio=t)
     if t.hi < TRACKS:
         return Verdict(Bottleneck.overlap, Case.overlap, f, ratio=t, margin=TRACKS - t.hi,
