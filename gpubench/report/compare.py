@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
+from rich.table import Table
 
 from gpubench.analysis.select import left_out, longest, workload_text
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
 from gpubench.core.stats import positive
+from gpubench.report.console import dash
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -169,11 +172,6 @@ def versus(rows: list[DeviceRow]) -> list[dict]:
 
 
 def tables(groups: dict[str, list[DeviceRow]]) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    from gpubench.report.console import dash
-
     console = Console(file=io.StringIO(), width=200, record=True)
     for work, rows in groups.items():
         vs = versus(rows)
