@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shlex
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,12 +137,10 @@ def _compute_command(row: Row) -> str:
     """The loader job's command line (.hydra/overrides.yaml, else its compute knobs) measuring
     compute alone."""
     overrides = None
-    if row.record.dir is not None:
-        try:
+    with suppress(OSError, yaml.YAMLError):
+        if row.record.dir is not None:
             overrides = yaml.safe_load((Path(row.record.dir) / ".hydra" / "overrides.yaml")
                                        .read_text())
-        except (OSError, yaml.YAMLError):
-            pass
     if isinstance(overrides, list):
         keep = [o for o in map(str, overrides)
                 if not o.startswith(("hydra.", "hydra/"))

@@ -227,8 +227,6 @@ def importance_title(n_trials: int, used: list[str], swept: list[str],
            + (f" (the ranking holds {ranked} runs)" if ranked not in (None, n_trials) else "")
            + (f", {flagged} of them flagged their own measurement: their noise is ranked "
               "too, so read it as a hint" if flagged else "")]
-    if inert:
-        out.append(f"left out, no effect on a CPU: {', '.join(sorted(inert))}")
-    if left:
-        out.append(f"left out, did not vary: {', '.join(left)}")
+    out += [f"left out, {why}: {', '.join(sorted(ks))}"
+            for why, ks in (("no effect on a CPU", inert), ("did not vary", left)) if ks]
     return "; ".join(out)
