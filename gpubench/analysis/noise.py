@@ -176,8 +176,7 @@ def more_windows(steps, repeats) -> str:
     return f"{longer(steps, repeats)}: more and longer windows narrow the intervals"
 
 
-def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps: int
-             ) -> list[str]:
+def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps: int) -> list[str]:
     """What to do about an inconclusive run, most useful first, by the reasons' kinds."""
     kinds = {r.kind for r in reasons}
     out = []

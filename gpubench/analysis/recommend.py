@@ -271,8 +271,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         v = r.knob(name)
         return math.inf if v is None else float(v)
 
-    chosen = min(near, key=lambda r: (size(r, "batch_size"), size(r, "num_workers"),
-                                      -r.throughput))
+    chosen = min(near, key=lambda r: (size(r, "batch_size"), size(r, "num_workers"), -r.throughput))
     picked = [f"{what} ({v})" for what, v in (("smallest batch size", chosen.knob("batch_size")),
                                               ("fewest workers", chosen.knob("num_workers")))
               if v is not None]

@@ -209,8 +209,7 @@ def _name(params: dict[str, Any], leave: str) -> str:
 
 
 def _params(row: Row, keys: list[str]) -> dict[str, Any]:
-    return {k: row.flat.get(k) if k in row.flat else row.knob(k.rsplit(".", 1)[-1])
-            for k in keys}
+    return {k: row.flat.get(k) if k in row.flat else row.knob(k.rsplit(".", 1)[-1]) for k in keys}
 
 
 def compute_data(rows: list[Row], result: dict) -> dict | None:

@@ -55,8 +55,7 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
 
 def headline_phase(rows) -> str:
     """The phase the rows' throughput is (RunRecord's `throughput` order), by majority."""
-    votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None)
-                    for r in rows)
+    votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None) for r in rows)
     votes.pop(None, None)
     return votes.most_common(1)[0][0] if votes else HEADLINE_ORDER[0]
 
@@ -173,8 +172,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
             out.append((", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}="
                                   f"{format_value(f.get(k))}" for k in keys), line))
         else:
-            rest.update({id(r): (r, Apart.alone if len(line) == 1 else Apart.beyond)
-                         for r in line})
+            rest.update({id(r): (r, Apart.alone if len(line) == 1 else Apart.beyond) for r in line})
     # a 0-worker run on a drawn line is no lone point beside it too
     drawn = {id(r) for _, line in out for r in line}
     return out, [rw for k, rw in rest.items() if k not in drawn]

@@ -341,8 +341,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path) -> Path:
                 starred.add(star)
             ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
             _whiskers(ax, [{**q, "x": x}], {"color": c, "zorder": 3})
-            what = count(q["x"], "worker") + (
-                "" if name == "as composed" else f"\n{name}")
+            what = count(q["x"], "worker") + ("" if name == "as composed" else f"\n{name}")
             ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7, color=c)
             every += [q["lo"], q["hi"]]
