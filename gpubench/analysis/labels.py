@@ -90,7 +90,7 @@ class Case(Enum):
 
 
 class Step(Enum):
-    """A next step the advice can name (analysis.verdict.next_steps; articles 000, 001, 003)."""
+    """A next step the advice can name (analysis.verdict.advise; articles 000, 001, 003)."""
 
     contention = ("on a CPU the loader's {workers} take{s} cores from the model itself "
                   "({cpu_count} cores here): this gap is contention; on a GPU the two overlap")

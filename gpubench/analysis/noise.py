@@ -134,14 +134,12 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
     """A loader window of fewer batches than the workers hold in flight times the queue, not
     the workers (2 batches of 128: 1,025,764 img/s with 4 workers on 2 cores); windows are sized
     above it (core.pipe.loader_window_steps), so only one cut short or an older run is flagged."""
-    if phase != "loader":
-        return []
-    short = [i + 1 for i, w in enumerate(windows) if (w.get("steps") or 0) < in_flight]
-    if not short:
-        return []
+    short = [i + 1 for i, w in enumerate(windows)
+             if phase == "loader" and (w.get("steps") or 0) < in_flight]
     return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
                    f"hold in flight ({in_flight} = loader.num_workers x "
-                   "loader.prefetch_factor): timed batches made before the window began")]
+                   "loader.prefetch_factor): timed batches made before the window began")
+            ] if short else []
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
@@ -178,8 +176,7 @@ def more_windows(steps, repeats) -> str:
     return f"{longer(steps, repeats)}: more and longer windows narrow the intervals"
 
 
-def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps: int
-             ) -> list[str]:
+def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps: int) -> list[str]:
     """What to do about an inconclusive run, most useful first, by the reasons' kinds."""
     kinds = {r.kind for r in reasons}
     out = []

@@ -10,7 +10,7 @@ from enum import Enum
 from operator import attrgetter
 from typing import Any
 
-from gpubench.analysis.select import knob_of, left_out
+from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
 from gpubench.config.knobs import compared, role
@@ -83,10 +83,6 @@ class Row:
     full = property(attrgetter("record.full"))
 
     @property
-    def data(self) -> dict:
-        return self.record.to_dict()
-
-    @property
     def dir(self) -> str | None:
         return str(self.record.dir) if self.record.dir is not None else None
 
@@ -147,11 +143,7 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
         groups.setdefault(key, []).append(r)
     out = []
     for group in groups.values():
-        def steps(r: Row) -> int:
-            return int(r.record.config.get("bench", {}).get("steps") or 0)
-
-        longest = max(steps(r) for r in group)
-        same = sorted((r for r in group if steps(r) == longest),
+        same = sorted(longest(group, attrgetter("record")),
                       key=lambda r: r.record.started_at or "", reverse=True)
         head = same[0]
         head.confirms = [r.record for r in same[1:]
@@ -277,8 +269,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        "quiet machine confirms it")
     amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
     if amp and plain:
-        a = max(amp, key=lambda r: r.throughput)
-        p = max(plain, key=lambda r: r.throughput)
+        a, p = (max(g, key=lambda r: r.throughput) for g in (amp, plain))
         effect = amp_effect(a, p, tolerance)
         figures = (f"with AMP {with_interval(a)} img/s, without {with_interval(p)} "
                    f"({a.throughput / p.throughput - 1:+.1%}")
@@ -302,8 +293,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         v = r.knob(name)
         return math.inf if v is None else float(v)
 
-    chosen = min(near, key=lambda r: (size(r, "batch_size"), size(r, "num_workers"),
-                                      -r.throughput))
+    chosen = min(near, key=lambda r: (size(r, "batch_size"), size(r, "num_workers"), -r.throughput))
     picked = [f"{what} ({v})" for what, v in (("smallest batch size", chosen.knob("batch_size")),
                                               ("fewest workers", chosen.knob("num_workers")))
               if v is not None]

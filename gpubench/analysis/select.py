@@ -110,6 +110,12 @@ def left_out(rec: RunRecord) -> LeftOut | None:
     return None
 
 
+def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> list:
+    """The `items` measured longest (bench.steps): a short screen never stands for the others."""
+    steps = [int(record(x).knob("bench.steps") or 0) for x in items]
+    return [x for x, n in zip(items, steps, strict=True) if n == max(steps)]
+
+
 def loader_only(rec: RunRecord) -> bool:
     """A full run of the loader phase alone: the report's workers answer reads it."""
     phases = rec.knob("bench.phases")

@@ -5,7 +5,7 @@ gets. GPU utilization never decides: with AMP the same utilization does ~1.7x th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step
 from gpubench.analysis.noise import more_windows
@@ -18,10 +18,6 @@ from gpubench.core.stats import TOLERANCE, Est, positive
 TRACKS = 0.85  # e2e "tracks" a bound when it reaches this fraction of it
 WELL_BELOW = 0.9  # the loader is "well below" compute under this fraction of it
 ABOVE_BOUND = 0.10  # a single e2e window this far above its bound: a broken measurement
-
-
-def smaller(a: Est, b: Est) -> Est:
-    return Est(min(a.value, b.value), min(a.lo, b.lo), min(a.hi, b.hi))
 
 
 def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
@@ -84,7 +80,7 @@ def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
                   windows: dict | None) -> dict:
     """The bounds and ratios the three-pipe cases rest on (pairwise from 2+ rounds, if any)."""
     compute_bound = combined_bound(compute, device_data)
-    bound = smaller(loader, compute_bound)
+    bound = Est(*map(min, astuple(loader), astuple(compute_bound)))
     paired = _paired(windows, PHASE_NAMES)
     if paired is None:
         tracking, supply, of_compute = (e2e.over(bound), loader.over(compute_bound),
@@ -99,7 +95,7 @@ def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
     narrower = "the loader" if loader.value <= compute_bound.value else name
     return dict(loader=loader, compute=compute_bound, compute_name=name, e2e=e2e, bound=bound,
                 narrower=narrower, tracking=tracking, supply=supply, of_compute=of_compute,
-                loss=overlap_loss(tracking))
+                loss=Est(*(max(0.0, 1.0 - x) for x in (tracking.value, tracking.hi, tracking.lo))))
 
 
 def _above_bound(tracking: Est) -> bool:
@@ -118,8 +114,15 @@ def _three_pipes(f: dict) -> Verdict:
     if t.hi < TRACKS:
         return Verdict(Bottleneck.overlap, Case.overlap, f, ratio=t, margin=TRACKS - t.hi,
                        overlap_loss=f["loss"])
-    if t.lo < TRACKS:
-        return _straddles_tracking(f)
+    if t.lo < TRACKS:  # straddles TRACKS: which pipe is narrowest is still decided on its own
+        # interval, with the overlap loss's; only when that is open too is the run inconclusive
+        v = _data_or_compute(f, Case.data_open_overlap, Case.compute_open_overlap)
+        if v.bottleneck is Bottleneck.inconclusive:
+            lean = Bottleneck.overlap if t.value < TRACKS else v.leaning
+            return Verdict(Bottleneck.inconclusive, Case.both_open, f, ratio=t, leaning=lean,
+                           overlap_loss=f["loss"], open_ratio=f["supply"], open_line=WELL_BELOW)
+        v.overlap_loss, v.open_ratio, v.open_line = f["loss"], t, TRACKS
+        return v
     v = _data_or_compute(f, Case.data_tracks, Case.compute_tracks)
     v.overlap_loss = f["loss"]
     if v.bottleneck is Bottleneck.compute:
@@ -127,23 +130,6 @@ def _three_pipes(f: dict) -> Verdict:
     elif v.bottleneck is Bottleneck.data:
         v.margin = min(v.margin, t.lo - TRACKS)
     return v
-
-
-def _straddles_tracking(f: dict) -> Verdict:
-    """e2e straddles TRACKS: which pipe is narrowest is still decided on its own interval, with
-    the overlap loss's interval; only when that is open too is the run inconclusive."""
-    t = f["tracking"]
-    pipe = _data_or_compute(f, Case.data_open_overlap, Case.compute_open_overlap)
-    if pipe.bottleneck in (Bottleneck.data, Bottleneck.compute):
-        pipe.overlap_loss, pipe.open_ratio, pipe.open_line = f["loss"], t, TRACKS
-        return pipe
-    lean = Bottleneck.overlap if t.value < TRACKS else pipe.leaning
-    return Verdict(Bottleneck.inconclusive, Case.both_open, f, ratio=t, leaning=lean,
-                   overlap_loss=f["loss"], open_ratio=f["supply"], open_line=WELL_BELOW)
-
-
-def overlap_loss(tracking: Est) -> Est:
-    return Est(*(max(0.0, 1.0 - x) for x in (tracking.value, tracking.hi, tracking.lo)))
 
 
 def windows_to_decide(ratio: Est, line: float, repeats: int, most: int = 100) -> int | None:
@@ -203,7 +189,8 @@ class Knobs:
     is_conv: bool = True
 
 
-def next_steps(bottleneck: Bottleneck | str, k: Knobs) -> list[Step]:
+def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
+    """1-3 concrete next steps in words, filled from the settings."""
     bottleneck = Bottleneck(bottleneck)
     gpu, starved = k.device == "cuda", bottleneck in (Bottleneck.data, Bottleneck.overlap)
     rules = [
@@ -228,15 +215,10 @@ def next_steps(bottleneck: Bottleneck | str, k: Knobs) -> list[Step]:
             (Step.on_cpu, not gpu),
         ]
     rules.append((Step.all_phases, bottleneck is Bottleneck.unknown))
-    return [step for step, applies in rules if applies][:3]
-
-
-def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
-    """1-3 concrete next steps in words, filled from the settings."""
     n = k.num_workers
     figures = dict(vars(k), workers=workers(n), s="s" * (n == 1), double_batch=2 * k.batch_size,
                    more_workers=min(k.cpu_count, max(2 * n, n + 1)))
-    return [step.value.format(**figures) for step in next_steps(bottleneck, k)]
+    return [step.value.format(**figures) for step in [s for s, on in rules if on][:3]]
 
 
 def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
+from rich.table import Table
 
-from gpubench.analysis.select import left_out, workload_text
+from gpubench.analysis.select import left_out, longest, workload_text
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
 from gpubench.core.stats import positive
+from gpubench.report.console import dash
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -132,8 +135,7 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
     for work, devices in sorted(groups.items()):
         rows = []
         for dev, recs in devices.items():
-            longest = max(_steps(r) for r in recs)
-            best = max((r for r in recs if _steps(r) == longest), key=lambda r: r.throughput)
+            best = max(longest(recs), key=lambda r: r.throughput)
             usd, src = next(((u, src) for table, src in (
                 (prices, "yours"), (_own_prices(recs), "yours"),
                 (EXAMPLE_PRICES, f"example ({EXAMPLE_PRICES_DATE})"))
@@ -141,10 +143,6 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
             rows.append(DeviceRow(dev, len(recs), best, usd, src))
         out[work] = sorted(rows, key=lambda d: -d.images_per_sec)
     return out
-
-
-def _steps(r: RunRecord) -> int:
-    return int(r.knob("bench.steps") or 0)
 
 
 def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
@@ -174,11 +172,6 @@ def versus(rows: list[DeviceRow]) -> list[dict]:
 
 
 def tables(groups: dict[str, list[DeviceRow]]) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    from gpubench.report.console import dash
-
     console = Console(file=io.StringIO(), width=200, record=True)
     for work, rows in groups.items():
         vs = versus(rows)

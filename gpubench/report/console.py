@@ -73,14 +73,6 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
     return table, [head[c] for c in out]
 
 
-def _memory_line(d: dict) -> str:
-    ceiling, of = dash(d["memory_ceiling"], ".0%"), _gib(d["device_memory_bytes"])
-    if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
-        return f"peak memory: not measured (ceiling {ceiling} of {of})"
-    return (f"peak memory {_gib(d['peak_memory_bytes'])} = {dash(d['peak_memory_fraction'], '.0%')}"
-            f" of {of} ({d['memory_source']}; ceiling {ceiling})")
-
-
 def _device_lines(d: dict) -> list[str]:
     out = []
     if d.get("gpu_util_mean") is not None:
@@ -120,7 +112,14 @@ def lines(d: dict, notes: list[str]) -> list[str]:
     out = []
     if any(ph["truncated"] for ph in d["phases"].values()):
         out.append("  * window closed by bench.max_seconds before bench.steps")
-    out += [_memory_line(d), *_device_lines(d)]
+    ceiling, of = dash(d["memory_ceiling"], ".0%"), _gib(d["device_memory_bytes"])
+    if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
+        out.append(f"peak memory: not measured (ceiling {ceiling} of {of})")
+    else:
+        out.append(f"peak memory {_gib(d['peak_memory_bytes'])} = "
+                   f"{dash(d['peak_memory_fraction'], '.0%')} of {of} ({d['memory_source']}; "
+                   f"ceiling {ceiling})")
+    out += _device_lines(d)
     if prof := d.get("profile"):
         ops = ", ".join(f"{o['name']} {o['self_ms_per_step']:.2f} ms" for o in prof["top_ops"][:3])
         out.append(f"profile ({prof['time_kind']} self time per step): {escape(ops)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shlex
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,24 +133,14 @@ def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
     return [r for r in recs if r is not None and str(r.dir) not in have]
 
 
-def _differs(rec: RunRecord, key: tuple) -> str:
-    """The first knob where a --compute run differs from a loader setup."""
-    for (name, mine), (_, want) in zip(_compute_key(rec), key, strict=True):
-        if mine != want:
-            return f"its {name} {format_value(mine)} is not the loader runs' {format_value(want)}"
-    return "it matches"
-
-
 def _compute_command(row: Row) -> str:
     """The loader job's command line (.hydra/overrides.yaml, else its compute knobs) measuring
     compute alone."""
     overrides = None
-    if row.record.dir is not None:
-        try:
+    with suppress(OSError, yaml.YAMLError):
+        if row.record.dir is not None:
             overrides = yaml.safe_load((Path(row.record.dir) / ".hydra" / "overrides.yaml")
                                        .read_text())
-        except (OSError, yaml.YAMLError):
-            pass
     if isinstance(overrides, list):
         keep = [o for o in map(str, overrides)
                 if not o.startswith(("hydra.", "hydra/"))
@@ -171,9 +162,12 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     sets = plot_rules.worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
     keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets}
     for rec in named:
-        if _compute_key(rec) not in keys.values():
+        if (mine := _compute_key(rec)) not in keys.values():  # name the first knob that differs
+            first = next(iter(keys.values()))
+            differs = next(f"its {n} {format_value(a)} is not the loader runs' {format_value(b)}"
+                           for (n, a), (_, b) in zip(mine, first, strict=True) if a != b)
             raise SystemExit(f"gpubench.report: --compute {rec.dir}: it bounds no loader-only "
-                             f"run here: {_differs(rec, next(iter(keys.values())))}")
+                             f"run here: {differs}")
     # a run named with --compute may also be a row or in the sweep's compute folder: once
     unique = {str(m.dir) if m.dir is not None else id(m): m
               for m in [*(r.record for r in rows), *found, *named]}
@@ -193,9 +187,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         done = [r for r in rs if r.record.status.measured]
         used = [r for r in done if not flag_reasons(r)] or [
             r for r in done if not any(x.kind in INFLATES for x in flag_reasons(r))]
-        good = [{"num_workers": r.knob("num_workers"),
-                 "loader_images_per_sec": r.record.loader_images_per_sec,
-                 "loader_images_per_sec_ci": r.record.loader_images_per_sec_ci} for r in used]
+        good = [(r.knob("num_workers"), r.record.loader_images_per_sec,
+                 r.record.loader_images_per_sec_ci) for r in used]
         pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"])
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
     return LoaderAnswer(loaders, groups, _lines(groups, source))
@@ -203,25 +196,6 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
 
 def _kinds(reasons: list[Reason]) -> str:
     return ", ".join(dict.fromkeys(plot_rules.flag_kind(x) for x in reasons)) or "unstable"
-
-
-def _kind_lines(groups: list[Group]) -> list[str]:
-    """A setup measured with both kinds of workers: the fewest of either that clear compute."""
-    out = []
-    setups = plot_rules.group_by(groups, lambda g: plot_rules.knob_part(_knobs(g.rows[0])))
-    for gs in setups.values():
-        clear = [g for g in gs if g.kind and g.pick.unblocks]
-        if len({g.kind for g in gs if g.kind}) > 1 and clear:
-            best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
-            n = best.pick.num_workers
-            if not n:  # no worker of either kind: the kind does not matter
-                out.append("  which kind: neither, 0 workers: the main process alone loads "
-                           "faster than compute")
-                continue
-            out.append(f"  which kind: {best.kind}, {count(n, 'worker')}: the "
-                       "fewest workers of either kind whose loader clears compute (at the same "
-                       "count, threads: no process per worker)")
-    return out
 
 
 def _lines(groups: list[Group], source: str) -> list[str]:
@@ -261,4 +235,18 @@ def _lines(groups: list[Group], source: str) -> list[str]:
             out += ["    to answer: measure compute once at this setup, then name that run:",
                     f"      {_compute_command(g.rows[0])}",
                     f"      python -m gpubench.report {src} --compute <that run's folder>"]
-    return out + _kind_lines(groups)
+    # a setup measured with both kinds of workers: the fewest of either that clear compute
+    setups = plot_rules.group_by(groups, lambda g: plot_rules.knob_part(_knobs(g.rows[0])))
+    for gs in setups.values():
+        clear = [g for g in gs if g.kind and g.pick.unblocks]
+        if len({g.kind for g in gs if g.kind}) > 1 and clear:
+            best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
+            n = best.pick.num_workers
+            if not n:  # no worker of either kind: the kind does not matter
+                out.append("  which kind: neither, 0 workers: the main process alone loads "
+                           "faster than compute")
+                continue
+            out.append(f"  which kind: {best.kind}, {count(n, 'worker')}: the "
+                       "fewest workers of either kind whose loader clears compute (at the same "
+                       "count, threads: no process per worker)")
+    return out

@@ -70,6 +70,9 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                       "bounds": bounds})
     short = [r for r in rows if not r.full and r.throughput > 0 and knob(r, name) is not None]
     xticks = sorted({knob(r, name) for r in full + short})
+    ask = ("How does {phase} throughput change with the batch size?" if name != "num_workers"
+           else "How many loader workers does the data side need?" if phase == "loader"
+           else "How many loader workers does training need?").format(phase=phase)
     # the bound of the first line's runs, else of the flagged ones (the answer judges them)
     anchor = groups[0][1][0] if groups else (flagged or full)[0]
     d = {"lines": lines, "rest": [{**_pt(r, knob(r, name), chosen), "apart": why}
@@ -80,29 +83,17 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "star": _star(chosen, chosen and knob(chosen, name), [r for r, _ in rest] + flagged,
                        flagged),
          "phase": phase, "xlabel": xlabel,
-         "title": question(name, phase) + "\n" + (
+         "title": ask + "\n" + (
              f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
              else "no line: every full run flagged its own measurement (rerun on a quiet machine)"),
          "xticks": xticks, "log2": log2,
          "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
          "band": band(anchor) if band else None}
-    bands = [{"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
+    # the y range: the `_basis` points and a compute band (a flagged point past an end: off_scale)
     points = [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                          for b in v]]
-    _y_axis(d, points + d["rest"] + d["short"], rows, bands)
-    return d
-
-
-def question(name: str, phase: str) -> str:
-    if name == "num_workers":
-        return ("How many loader workers does the data side need?" if phase == "loader"
-                else "How many loader workers does training need?")
-    return f"How does {phase} throughput change with the batch size?"
-
-
-def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
-    """The y range from the `_basis` points; a flagged point past an end is `off_scale` there."""
-    basis = _basis(points, d["flagged"], d["star"]) + list(bounds)  # a compute band
+    basis = _basis(points + d["rest"] + d["short"], d["flagged"], d["star"]) + [
+        {"y": b["y"], "lo": b["lo"], "hi": b["threshold"]} for b in [d["band"]] if b]
     ys = [p["y"] for p in basis]
     span = [v for p in basis for v in (p["lo"], p["y"], p["hi"]) if v > 0]
     # a loader 20x faster than the training loop would flatten the curve that matters: log axis
@@ -116,6 +107,7 @@ def _y_axis(d: dict, points: list[dict], rows, bounds: list[dict] = ()) -> None:
     what = "images/sec" if with_bounds else f"{d['phase']} images/sec"
     d.update(log_y=log_y, ymin=ymin, ymax=ymax,
              ylabel=f"{what} (whiskers: {whisker})" + (", log scale" if log_y else ""))
+    return d
 
 
 def memory_data(rows) -> dict | None:
@@ -233,8 +225,7 @@ def _name(params: dict[str, Any], leave: str) -> str:
 
 
 def _params(row: Row, keys: list[str]) -> dict[str, Any]:
-    return {k: row.flat.get(k) if k in row.flat else row.knob(k.rsplit(".", 1)[-1])
-            for k in keys}
+    return {k: row.flat.get(k) if k in row.flat else row.knob(k.rsplit(".", 1)[-1]) for k in keys}
 
 
 def compute_data(rows: list[Row], result: dict) -> dict | None:

@@ -55,8 +55,7 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
 
 def headline_phase(rows) -> str:
     """The phase the rows' throughput is (RunRecord's `throughput` order), by majority."""
-    votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None)
-                    for r in rows)
+    votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None) for r in rows)
     votes.pop(None, None)
     return votes.most_common(1)[0][0] if votes else HEADLINE_ORDER[0]
 
@@ -173,8 +172,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
             out.append((", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}="
                                   f"{format_value(f.get(k))}" for k in keys), line))
         else:
-            rest.update({id(r): (r, Apart.alone if len(line) == 1 else Apart.beyond)
-                         for r in line})
+            rest.update({id(r): (r, Apart.alone if len(line) == 1 else Apart.beyond) for r in line})
     # a 0-worker run on a drawn line is no lone point beside it too
     drawn = {id(r) for _, line in out for r in line}
     return out, [rw for k, rw in rest.items() if k not in drawn]
@@ -220,16 +218,13 @@ def importance_params(params: list[dict], devices: set[str]) -> tuple[list[str],
 def importance_title(n_trials: int, used: list[str], swept: list[str],
                      inert: list[str] = (), flagged: int = 0, phase: str = "e2e",
                      ranked: int | None = None) -> str:
-    """Its question, the trials it rests on, how many flagged their own measurement, and what it
-    left out."""
+    """Its question, its trials, how many flagged their own measurement, and what it left out."""
     left = sorted(set(swept) - set(used) - set(inert))
     out = [f"Which knobs moved {phase} throughput most?\nfrom the study's {n_trials} complete "
            "trials"
            + (f" (the ranking holds {ranked} runs)" if ranked not in (None, n_trials) else "")
            + (f", {flagged} of them flagged their own measurement: their noise is ranked "
               "too, so read it as a hint" if flagged else "")]
-    if inert:
-        out.append(f"left out, no effect on a CPU: {', '.join(sorted(inert))}")
-    if left:
-        out.append(f"left out, did not vary: {', '.join(left)}")
+    out += [f"left out, {why}: {', '.join(sorted(ks))}"
+            for why, ks in (("no effect on a CPU", inert), ("did not vary", left)) if ks]
     return "; ".join(out)

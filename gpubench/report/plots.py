@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from matplotlib import transforms
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from gpubench.core.files import open_own
 from gpubench.core.stats import count
@@ -70,8 +71,6 @@ def save(fig, path: Path, dpi: int = 110) -> Path:
 def plain_log(ax, which: str, lo: float, hi: float) -> None:
     """`which` axis on a log scale in plain numbers (0.1, 2, 3,000) at 1-2-5 steps, or at powers
     of ten past two decades: matplotlib's default writes 6x10^1 and crowds a short range."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
     subs = (1.0,) if hi > 100 * lo else (1.0, 2.0, 5.0)
@@ -342,8 +341,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) 
                 starred.add(star)
             ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
             _whiskers(ax, [{**q, "x": x}], {"color": c, "zorder": 3})
-            what = count(q["x"], "worker") + (
-                "" if name == "as composed" else f"\n{name}")
+            what = count(q["x"], "worker") + ("" if name == "as composed" else f"\n{name}")
             ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7, color=c)
             every += [q["lo"], q["hi"]]

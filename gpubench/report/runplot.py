@@ -60,7 +60,8 @@ def run_picture_data(record: RunRecord) -> dict:
     traces = {}
     for name in PHASE_NAMES:
         s = record.series.get(name) or {}
-        warm, steps = _ms(s.get("warmup_step_times_s")), _ms(s.get("step_times_s"))
+        warm, steps = ([1000.0 * t if positive(t) else None for t in (s.get(k) or [])]
+                       for k in ("warmup_step_times_s", "step_times_s"))
         if warm or steps:
             traces[name] = {"warmup_ms": warm, "steps_ms": steps}
     every = [t for tr in traces.values() for t in tr["warmup_ms"] + tr["steps_ms"] if t]
@@ -76,10 +77,6 @@ def run_picture_data(record: RunRecord) -> dict:
             "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends), "flagged": flagged,
             "reasons": [_wrap(f"- {r.text}", 2, 110) for r in record.noise_reasons]
             if flagged else []}
-
-
-def _ms(times) -> list[float | None]:
-    return [1000.0 * t if positive(t) else None for t in (times or [])]
 
 
 def plot_run(record: RunRecord, out: Path) -> Path:

@@ -8,10 +8,14 @@ import io
 import json
 import os
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import yaml
+from rich import box
+from rich.console import Console
+from rich.text import Text
 
 from gpubench.analysis import recommend
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadiness, with_interval
@@ -23,6 +27,7 @@ from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
 from gpubench.core.record import Rung, RunRecord, Status, longer, window_plan, windows_of
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
+from gpubench.report.console import fit
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
@@ -180,27 +185,17 @@ def _name(header: str) -> str:
     return header.replace("\n", " " if "%" in header or "interval" in header else "_")
 
 
-def _kind(header: str) -> str:
-    return "interval" if "interval" in header else header
-
-
 def print_table(head: list[str], body: list[list[str]], title: str, console=None,
                 limit: int = 25) -> None:
     """The ranking fitted to `console`'s width (stdout's by default): no value split or cut."""
-    from rich import box
-    from rich.console import Console
-    from rich.text import Text
-
-    from gpubench.report.console import fit
-
     con = console or Console(highlight=False)
     log = not con.is_terminal  # a pipe or a file: lines whole, the reader's viewer wraps them
     shown_rows = body[:limit]
-    knobs = [c for c, h in enumerate(head)
-             if _kind(h) not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
-    order = ([c for k in GIVES_WAY_FIRST for c, h in enumerate(head) if _kind(h) == k]
+    kinds = ["interval" if "interval" in h else h for h in head]
+    knobs = [c for c, k in enumerate(kinds) if k not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
+    order = ([c for k in GIVES_WAY_FIRST for c in range(len(head)) if kinds[c] == k]
              + knobs[::-1]
-             + [c for k in GIVES_WAY_LAST for c, h in enumerate(head) if _kind(h) == k])
+             + [c for k in GIVES_WAY_LAST for c in range(len(head)) if kinds[c] == k])
     # as text: a value such as [loader,e2e] is no markup; no vertical rules: width for figures
     table, out = fit(head, [[Text(v) for v in b] for b in shown_rows], order, con.width,
                      lambda c: head[c] in ("#", "img/s", "mem %"), box=box.SIMPLE_HEAD,
@@ -226,11 +221,6 @@ def print_lines(lines: list[str], console=None) -> None:
     inside a figure or an override); piped, whole, as print_table's. A line holding a command
     (`rerun it: python -m gpubench ...`) stays whole: folded by a newline it would no longer
     paste as one command, where the terminal's own wrap copies whole."""
-    import textwrap
-
-    from rich.console import Console
-    from rich.text import Text
-
     con = console or Console(highlight=False)
     for line in lines:
         if con.is_terminal and "python -m " not in line:
@@ -247,8 +237,6 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  named: list[RunRecord] = (), pipes: dict | None = None) -> list[Path]:
     """Everything the report makes; returns the files written. `fingerprint`: what it was made
     from; `found`, `named`: compute runs for the workers answer; `pipes`: pipes.json."""
-    from rich.console import Console
-
     from gpubench.report import plots as report_plots
     from gpubench.search.pipes import lines as pipes_lines
 
