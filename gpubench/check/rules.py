@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpubench.core.record import Word
 from gpubench.core.stats import TOLERANCE, Est
 
 # utilization(): back-to-back matmuls keep a kernel running all the sample period; idle, none
@@ -17,6 +18,15 @@ MEMORY_SLACK_BYTES = 64 * 2**20  # the driver's page-table and granularity overh
 PEAK_MAX, PEAK_MIN = 1.0, 0.5
 
 
+class Outcome(Word):
+    """A check's outcome, written as its value on the check's line."""
+
+    passed = "PASS"
+    failed = "FAIL"
+    inconclusive = "INCONCLUSIVE"  # measured, left open by its figures
+    skipped = "skipped"  # not judged (no NVML, no DataLoader for this dataset)
+
+
 @dataclass(frozen=True)
 class Judgement:
     """One check's outcome; passed None: not judged, skipped or (`inconclusive`) measured but
@@ -28,10 +38,10 @@ class Judgement:
     inconclusive: bool = False
 
     @property
-    def status(self) -> str:
+    def status(self) -> Outcome:
         if self.passed is None:
-            return "INCONCLUSIVE" if self.inconclusive else "skipped"
-        return "PASS" if self.passed else "FAIL"
+            return Outcome.inconclusive if self.inconclusive else Outcome.skipped
+        return Outcome.passed if self.passed else Outcome.failed
 
 
 def skipped(name: str, why: str) -> Judgement:
@@ -39,9 +49,9 @@ def skipped(name: str, why: str) -> Judgement:
 
 
 def line(j: Judgement) -> str:
-    if j.status == "skipped":
+    if j.status is Outcome.skipped:
         return f"{j.name:<12} skipped: {j.detail}"
-    return f"{j.name:<12} {j.status:<5} {j.detail}"
+    return f"{j.name:<12} {j.status.value:<5} {j.detail}"
 
 
 def exit_code(judgements: list[Judgement]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from gpubench.check import rules
-from gpubench.check.rules import Judgement
+from gpubench.check.rules import Judgement, Outcome
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.settings import Settings, resolve
@@ -91,11 +92,10 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> 
         if code != ExitCode.BAD_INPUT:
             raise
         return _error(line, code)
-    counts = {k: sum(j.status == k for j in judged)
-              for k in ("PASS", "FAIL", "INCONCLUSIVE", "skipped")}
-    open_ = f"{counts['INCONCLUSIVE']} inconclusive, " if counts["INCONCLUSIVE"] else ""
-    emit(f"{counts['PASS']} passed, {counts['FAIL']} failed, {open_}{counts['skipped']} skipped "
-         f"in {time.perf_counter() - t0:.0f} s")
+    n = Counter(j.status for j in judged)
+    open_ = f"{n[Outcome.inconclusive]} inconclusive, " if n[Outcome.inconclusive] else ""
+    emit(f"{n[Outcome.passed]} passed, {n[Outcome.failed]} failed, {open_}"
+         f"{n[Outcome.skipped]} skipped in {time.perf_counter() - t0:.0f} s")
     return rules.exit_code(judged)
 
 

@@ -20,6 +20,7 @@ from gpubench.analysis.recommend import TOLERANCE, Row, recommend
 from gpubench.analysis.workers import clears, clears_by, next_steps
 from gpubench.config.knobs import CHEAP_FIRST
 from gpubench.core.pipe import serial_rate
+from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
 from gpubench.search import study as S
 from gpubench.search.loop import Confirm, Search
@@ -27,6 +28,22 @@ from gpubench.search.rows import trial_rows
 from gpubench.search.space import Param, SearchSpace
 
 log = logging.getLogger("gpubench.sweep")
+
+
+class Stage(Word):
+    """A sweep=pipes stage: its study's and its trials' name, its key in pipes.json."""
+
+    compute = "compute"
+    data = "data"
+    join = "join"
+
+
+class Narrower(Word):
+    """What bounds a pairing's e2e: the narrower pipe, or with 0 workers the serial bound."""
+
+    compute = "compute"
+    data = "data"
+    serial = "serial"  # each batch loaded between two steps
 
 
 @dataclass
@@ -67,12 +84,12 @@ class Pipes:
     def run(self) -> dict:
         t = time.monotonic()
         kept = self._compute()
-        t = self._spent("compute", t)
+        t = self._spent(Stage.compute, t)
         if kept:
             fed = [self._data(k) for k in kept]
-            t = self._spent("data", t)
+            t = self._spent(Stage.data, t)
             self._join(kept, fed)
-            self._spent("join", t)
+            self._spent(Stage.join, t)
         else:
             log.warning("no compute setting ran under the memory ceiling: nothing to feed")
         self.write(self.result)
@@ -90,7 +107,7 @@ class Pipes:
             for p in sorted(points, key=lambda p: (p.get("loader.batch_size", 0), S.key(p))):
                 shared.study.enqueue_trial(p, skip_if_exists=True)
         n = len(points) if exhaustive else self.plan.compute_trials
-        self.search(shared, space, n, "compute").run()
+        self.search(shared, space, n, Stage.compute).run()
         rows = _rows(shared)
         kept = keep_compute(rows, "loader.batch_size", TOLERANCE, self.plan.keep)
         self.result["compute"] = {"study": shared.study.study_name, "trials": len(rows),
@@ -109,7 +126,7 @@ class Pipes:
         for p in todo:
             shared.study.enqueue_trial(p, skip_if_exists=True)
         if todo:
-            self.search(shared, space, done + len(todo), "data", stop=stop).run()
+            self.search(shared, space, done + len(todo), Stage.data, stop=stop).run()
 
     def _data(self, k: Kept, past: dict | None = None) -> Fed | None:
         """The data setting chosen for k; with `past` (chosen before), the next in cost order."""
@@ -157,11 +174,11 @@ class Pipes:
             for k, f in pairs:
                 shared.study.enqueue_trial({**k.params, **f.params}, skip_if_exists=True)
             tried += len(pairs)
-            self.search(shared, space, tried, "join", confirm=replace(self.confirm, top=0)).run()
+            self.search(shared, space, tried, Stage.join, confirm=replace(self.confirm, top=0)).run()
             # confirm rounds only where one measurement each leaves the answer open
             rows = _rows(shared)
             if top := confirm_top([r for _, r in rows], TOLERANCE):
-                self.search(shared, space, tried, "join",
+                self.search(shared, space, tried, Stage.join,
                             confirm=replace(self.confirm, top=top)).run()
                 rows = _rows(shared)  # pooled with the rounds
             by_key = {S.key(p): r for p, r in rows}
@@ -360,12 +377,13 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
     return [p for p in turns if S.key(p) not in done]
 
 
-def join_bound(compute: Est, loader: Est, workers: int) -> tuple[str, Est]:
+def join_bound(compute: Est, loader: Est, workers: int) -> tuple[Narrower, Est]:
     """What a pairing's e2e can reach, named: the narrower pipe (workers overlap them), or with 0
     workers the serial bound (each batch loaded between two steps)."""
     if workers:
-        return min((("compute", compute), ("data", loader)), key=lambda t: t[1].value)
-    return "serial", Est(*(serial_rate(c, 1.0 / x)
+        return min(((Narrower.compute, compute), (Narrower.data, loader)),
+                   key=lambda t: t[1].value)
+    return Narrower.serial, Est(*(serial_rate(c, 1.0 / x)
                            for c, x in zip(astuple(compute), astuple(loader), strict=True)))
 
 
@@ -431,7 +449,7 @@ def lines(result: dict) -> list[str]:
             continue
         e, b = Est(*p["e2e"]), Est(*p["bound"])
         tail = ": the pipes contend (both fall short together)" if p["contends"] else ""
-        what = ("the serial bound (0 workers: load, then step)" if p["narrower"] == "serial"
+        what = ("the serial bound (0 workers: load, then step)" if Narrower.read(p["narrower"]) is Narrower.serial
                 else "the narrower pipe")
         out.append(f"{pairing}: e2e {e} img/s, {e.value / b.value:.0%} of {what} "
                    f"({p['narrower']} {b}){tail}")

@@ -99,8 +99,8 @@ def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
             row = Row(label, rec, trial=trial)
         else:  # its folder is gone: what the study kept
             status = a.get("status", "failed" if t.state == TrialState.FAIL else "ok")
-            rec = RunRecord(status=Status(status) if status in Status.__members__ else
-                            Status.failed, images_per_sec=a.get("throughput"),
+            rec = RunRecord(status=Status.read(status, Status.failed),
+                            images_per_sec=a.get("throughput"),
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
             row = Row(label, rec, dict(t.params), trial=trial)

@@ -157,10 +157,10 @@ def heartbeat(shared: Shared, numbers: list[int]):
 
 def told_dirs(study) -> dict[str, tuple[str, str | None]]:
     """Each job folder's final (status, error) in the study (its record may be unfinished)."""
-    return {str(t.user_attrs["dir"]): (str(t.user_attrs["status"]), t.user_attrs.get("error"))
+    return {str(t.user_attrs["dir"]): (str(status), t.user_attrs.get("error"))
             for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("dir") and t.user_attrs.get("status") in Status.__members__
-            and t.user_attrs["status"] != "running"}
+            if t.user_attrs.get("dir") and (status := Status.read(t.user_attrs.get("status")))
+            and status.final}
 
 
 def key(params: dict) -> str:

@@ -15,7 +15,7 @@ from gpubench.analysis import labels
 from gpubench.analysis.select import knob_of, setup_text
 from gpubench.config.knobs import SHORT
 from gpubench.core.files import flatten
-from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, RunRecord, Status
+from gpubench.core.record import HEADLINE_ORDER, PHASE_NAMES, Bottleneck, RunRecord, Status
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import (
     CPU_SHARES,
@@ -234,7 +234,7 @@ def headline(rec: RunRecord) -> str:
     """`**compute-bound** · 812 [772-853] img/s end-to-end · overlap costs 0%-18%`."""
     word = labels.verdict_words(rec.bottleneck).tag
     lean = rec.extra.get("verdict_leaning")  # what an inconclusive verdict leans to
-    if rec.bottleneck == "inconclusive" and lean in labels.VERDICT_WORDS:
+    if rec.bottleneck is Bottleneck.inconclusive and lean in labels.VERDICT_WORDS:
         word += f" (leans to {labels.verdict_words(lean).word})"
     if rec.status is Status.over_ceiling:
         word += ", over ceiling"

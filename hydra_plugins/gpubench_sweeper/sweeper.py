@@ -89,7 +89,7 @@ class GpubenchSweeper(Sweeper):
         """mode=optuna: one study; mode=pipes: a study per stage (gpubench.search.pipes)."""
         from gpubench.search import study as S
         from gpubench.search.loop import Confirm, Screen, Search
-        from gpubench.search.pipes import Pipes, Plan, check_space
+        from gpubench.search.pipes import Pipes, Plan, Stage, check_space
 
         pipes = self.mode is Mode.pipes
         # checked before a study is made for nothing
@@ -141,7 +141,7 @@ class GpubenchSweeper(Sweeper):
         def search(shared, sub, n, stage, stop=None, confirm=None):
             return Search(shared, sub, jobs, manifest, n, self.n_jobs, Screen(None, 1.0, 0, []),
                           poll_s=poll, confirm=confirm, stop=stop, labels={"stage": stage},
-                          writes_best=stage == "join")
+                          writes_best=stage is Stage.join)
 
         def write(result: dict) -> None:
             write_json(manifest.sweep_dir / PIPES_FILE, result)
