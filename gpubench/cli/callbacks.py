@@ -162,7 +162,6 @@ class MlflowSweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
-        from gpubench.tracking.store import ui_hint
 
         parent_id = os.environ.pop(tracking.PARENT_ENV, None)
         self._open = None  # the sweep returned: closed FINISHED below, not at exit
@@ -180,8 +179,14 @@ class MlflowSweepCallback(Callback):
         except Exception as e:  # a report that fails must not keep the sweep open
             log.debug("sweep report failed", exc_info=True)
             say(f"sweep report not made ({e})")
-        if t is None:
-            return
+        if t is not None:
+            self._close(t, uri, sweep_dir, parent_id)
+        _fail_unmeasured(sweep_dir)
+
+    def _close(self, t: Any, uri: str | None, sweep_dir: Path, parent_id: str | None) -> None:
+        from gpubench import tracking
+        from gpubench.tracking.store import ui_hint
+
         tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
         if not parent_id:
             return
@@ -195,6 +200,27 @@ class MlflowSweepCallback(Callback):
             log.debug("MLflow parent run not closed", exc_info=True)
             say(f"sweep summary not logged to MLflow ({e}); "
                 f"python -m gpubench.tracking sync {sweep_dir}")
+
+
+def _fail_unmeasured(sweep_dir: Path) -> None:
+    """A grid multirun by the sweeper's rule (gpubench.search.jobs.unmeasured): its jobs' records
+    written since it began (a reused folder's older runs are not its jobs), every one unmeasured:
+    one line, exit 1, after the report and the MLflow parent said what there is."""
+    from collections import Counter
+
+    from gpubench.core.exits import ExitCode
+    from gpubench.core.record import load
+    from gpubench.search.jobs import unmeasured
+
+    since = _STARTED.get(str(sweep_dir), float("inf"))
+    recs = [r for d in find_runs(sweep_dir) if (d / RESULTS_FILE).stat().st_mtime >= since
+            and (r := load(d)) is not None]
+    last = next((r.error for r in reversed(recs) if r.error), None)
+    if failed := unmeasured(Counter(r.status for r in recs), last, sweep_dir):
+        say(str(failed), "error")
+        # SystemExit: Hydra turns a callback's Exception into a warning (hydra/_internal/
+        # callbacks.py), and the multirun would end 0
+        raise SystemExit(ExitCode.FAILED)
 
 
 def _sweep_report(sweep_dir: Path, attach: bool) -> list[Path]:

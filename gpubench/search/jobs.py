@@ -28,6 +28,17 @@ class SweepFailed(RuntimeError):
         super().__init__(error_text(message))
 
 
+def unmeasured(outcomes: Counter, last_error: str | None, where: Path) -> SweepFailed | None:
+    """An invocation whose jobs all ran without measuring (out of memory included) has failed;
+    one that ran none has not (docs/sweeps.md, "When a sweep fails"): a gpubench sweep's rule
+    and a grid multirun's (gpubench.cli.callbacks)."""
+    if not outcomes or any(s.measured for s in outcomes):
+        return None
+    counts = ", ".join(f"{n} {s}" for s, n in outcomes.items())
+    return SweepFailed(f"no job of this sweep measured ({counts}); last error: {last_error}; "
+                       f"{where}")
+
+
 def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:
     """The record a job left. Failed: a job that raised after measuring, a non-finite
     throughput. Still `running` once the job returned: measured when every phase was saved (it
@@ -131,12 +142,8 @@ class Jobs:
         return recs
 
     def check_measured(self) -> None:
-        """An invocation whose jobs all ran without measuring (out of memory included) has failed;
-        one that ran none has not (docs/sweeps.md, "When a sweep fails")."""
-        if self.outcomes and not any(s.measured for s in self.outcomes):
-            counts = ", ".join(f"{n} {s}" for s, n in self.outcomes.items())
-            raise SweepFailed(f"no job of this sweep measured ({counts}); last error: "
-                              f"{self.last_error}; {self.manifest.path}")
+        if failed := unmeasured(self.outcomes, self.last_error, self.manifest.path):
+            raise failed
 
     def raise_unsaved(self) -> None:
         """A failed sweep.json write, raised once the study was told what was measured."""

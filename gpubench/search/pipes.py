@@ -23,7 +23,9 @@ from gpubench.core.pipe import serial_rate
 from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
 from gpubench.search import study as S
+from gpubench.search.jobs import SweepFailed
 from gpubench.search.loop import Confirm, Search
+from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import trial_rows
 from gpubench.search.space import Param, SearchSpace
 
@@ -95,6 +97,16 @@ class Pipes:
         self.write(self.result)
         for line in lines(self.result) if kept else ():
             log.info("%s", line)
+        pairings = (self.result.get("join") or {}).get("pairings") or []
+        if pairings and all(p["e2e"] is None for p in pairings):
+            # the sweep's answer is end to end: bounds alone are no recommendation (the rule of
+            # gpubench.search.jobs.unmeasured, for the join; the bounds stay in pipes.json)
+            errors = [e for t in self.open_study(f"{self.name}-join").study.get_trials(
+                deepcopy=False) if (e := t.user_attrs.get("error"))]
+            last = errors[-1] if errors else None
+            raise SweepFailed(f"no pairing of this sweep measured end to end "
+                              f"({count(len(pairings), 'pairing')} tried); last error: {last}; "
+                              f"the pipes' bounds are kept in the sweep folder's {PIPES_FILE}")
         return self.result
 
     def _compute(self) -> list[Kept]:

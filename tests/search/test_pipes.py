@@ -370,3 +370,18 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
     result = json.loads((tmp_path / "sweep" / "pipes.json").read_text())
     assert result["join"]["pairings"] and result["recommended"]["e2e"][0] > 0
     assert set(result["recommended"]["params"]) == {"loader.batch_size", "loader.num_workers"}
+
+
+@pytest.mark.slow
+def test_pipes_whose_joins_all_fail_exit_1_and_keep_the_bounds(tmp_path):
+    """Bounds alone are no answer: no pairing measured end to end fails the sweep in one line
+    (before: exit 0, 'no feasible full-length measurement'); the pipes' bounds stay."""
+    p = run_cli(*_cmd(tmp_path, "tracking=none",
+                      "hydra.sweeper.pipes.join_overrides=['bench.phases=[e2e]',"
+                      "'fault.fail_message=boom']"), cwd=tmp_path)
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
+    assert "no pairing of this sweep measured end to end" in errors[0] and "boom" in errors[0]
+    result = json.loads((tmp_path / "sweep" / "pipes.json").read_text())
+    assert result["compute"]["kept"] and result["join"]["pairings"]
+    assert all(p["e2e"] is None for p in result["join"]["pairings"])

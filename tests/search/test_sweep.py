@@ -1149,3 +1149,19 @@ def test_runs_left_running_by_a_dead_process_are_saved_as_killed(tmp_path):
                             "(killed: kill -9 or out of host memory)")
     assert load(tmp_path / "alive").status is Status.running
     assert load(tmp_path / "done").status is Status.ok
+
+
+@pytest.mark.slow
+def test_a_grid_multirun_whose_jobs_all_fail_exits_1_in_one_line(tmp_path):
+    """The sweeper's rule for Hydra's own grid too (before: the report, then exit 0); one job
+    that measures is enough (the OOM'd one beside it is an answer)."""
+    tiny = [o for o in TINY if o != "loader.batch_size=4"]
+    p = run_cli("-m", *tiny, "loader.batch_size=2,4", "fault.fail_message=boom",
+                f"hydra.sweep.dir={tmp_path / 'grid'}", cwd=tmp_path)
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
+    assert "no job of this sweep measured (2 failed)" in errors[0] and "boom" in errors[0]
+    assert "Traceback" not in p.stderr and (tmp_path / "grid" / "report").is_dir()
+    p = run_cli("-m", *tiny, "loader.batch_size=2,8", "fault.oom_above_batch=4",
+                f"hydra.sweep.dir={tmp_path / 'half'}", cwd=tmp_path)
+    assert p.returncode == 0 and "error:" not in p.stderr, p.stderr[-3000:]
