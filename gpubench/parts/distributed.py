@@ -9,6 +9,7 @@ blocked in C++ in a collective); `agree` all-reduces a failed flag; a short time
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as tdist
 
+from gpubench.config.errors import ConfigError
 from gpubench.core.exits import ExitCode
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 # Longer than any legitimate gap between two collectives (a slow rank's compile or cuDNN
 # autotune), far shorter than NCCL's 10 minutes; GPUBENCH_DIST_TIMEOUT_S for longer compiles.
 PROCESS_GROUP_TIMEOUT_S = 180.0
+TIMEOUT_ENV = "GPUBENCH_DIST_TIMEOUT_S"
 FAILED_KEY = "gpubench/failed"
 ACK_KEY = "gpubench/failure_seen"
 ACK_WAIT_S = 5.0
@@ -157,6 +160,20 @@ class Dist:
             tdist.destroy_process_group()
 
 
+def timeout_s() -> float:
+    """GPUBENCH_DIST_TIMEOUT_S, checked as a config key is (a raw ValueError named nothing)."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return PROCESS_GROUP_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise ConfigError(TIMEOUT_ENV, raw, "a number of seconds > 0")
+    return value
+
+
 def from_env(device: str) -> Dist:
     """Join torchrun's process group (NCCL on GPUs, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -171,6 +188,5 @@ def from_env(device: str) -> Dist:
         # the timeout bounds every collective: gloo raises; NCCL's watchdog aborts and ends the
         # process (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default since torch 2.2)
         tdist.init_process_group("nccl" if device == "cuda" else "gloo",
-                                 timeout=timedelta(seconds=float(os.environ.get(
-                                     "GPUBENCH_DIST_TIMEOUT_S", PROCESS_GROUP_TIMEOUT_S))))
+                                 timeout=timedelta(seconds=timeout_s()))
     return Dist(rank, world, local, owns, device)

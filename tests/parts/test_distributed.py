@@ -152,3 +152,21 @@ def test_ranks_end_warmup_and_windows_together_over_gloo():
     # alone, rank 0 would stop warm-up at step 9 and rank 1 at 10 (tests/test_measure.py);
     # rank 1's steps of 1/128 s need 64 to last 0.5 s, rank 0's 32: both run 64
     assert got == [(0, 10, True, 64, None), (1, 10, True, 64, None)]
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5", "nan", "inf"])
+def test_a_bad_process_group_timeout_is_one_line_naming_it(monkeypatch, raw):
+    """GPUBENCH_DIST_TIMEOUT_S is checked as a config key is: a raw float() ValueError named
+    neither the variable nor what it takes."""
+    from gpubench.config.errors import ConfigError
+    from gpubench.parts.distributed import PROCESS_GROUP_TIMEOUT_S, TIMEOUT_ENV, timeout_s
+
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert timeout_s() == PROCESS_GROUP_TIMEOUT_S
+    monkeypatch.setenv(TIMEOUT_ENV, "600")
+    assert timeout_s() == 600.0
+    monkeypatch.setenv(TIMEOUT_ENV, raw)
+    with pytest.raises(ConfigError) as e:
+        timeout_s()
+    assert str(e.value) == (f"GPUBENCH_DIST_TIMEOUT_S='{raw}' is not allowed: it must be a number "
+                            "of seconds > 0")
