@@ -225,7 +225,7 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
           intervals: dict | None = None, noise_reasons: list[Reason] | None = None,
           remedies: list[str] | None = None, device_data_s_per_image=None,
           windows: dict | None = None, repeats: int | None = None,
-          steps: int | None = None) -> Verdict:
+          steps: int | None = None, min_window_s: float = 0.0) -> Verdict:
     """The verdict and its advice. A disturbed run (`noise_reasons`) is `inconclusive` whatever
     its figures, advised its `remedies`; a question left open only by wide intervals gets the
     windows that would decide it (`repeats` windows of `steps` in all were measured)."""
@@ -237,7 +237,7 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
         v = Verdict(Bottleneck.inconclusive, Case.unstable_leaning if lean else Case.unstable,
                     dict(flaws="; ".join(r.text for r in noise_reasons), lean=lean),
                     ratio=v.ratio, leaning=lean, overlap_loss=v.overlap_loss)
-    decide = _to_decide(v, repeats, steps)
+    decide = _to_decide(v, repeats, steps, min_window_s)
     if v.bottleneck is Bottleneck.inconclusive:
         v.advice = [decide] if decide else (remedies or [])[:3] or [more_windows(steps, repeats)]
     else:
@@ -245,7 +245,8 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
     return v
 
 
-def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None:
+def _to_decide(v: Verdict, repeats: int | None, steps: int | None,
+               min_window_s: float = 0.0) -> str | None:
     """The command that would settle the question `v` leaves open, from the spread measured."""
     if v.open_ratio is None or not repeats or not steps:
         return None
@@ -257,4 +258,5 @@ def _to_decide(v: Verdict, repeats: int | None, steps: int | None) -> str | None
                 "to tell in reasonable time; the difference is too small to matter")
     per_window = window_plan(steps, repeats)[1]
     return (f"bench.repeats={n} bench.steps={n * per_window}: about "
-            f"{windows_of(n, per_window)} would decide {what} (from the spread measured)")
+            f"{windows_of(n, per_window, min_window_s)} would decide {what} (from the spread "
+            "measured)")

@@ -437,8 +437,12 @@ def window_plan(steps: int, repeats: int) -> tuple[int, int]:
     return windows, max(1, -(-int(steps) // windows))
 
 
-def windows_of(windows: int, per_window: int) -> str:
-    """`6 windows of 4 steps`, `29 windows of 1 step`: how every text names a window plan."""
+def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
+    """`6 windows of 4 steps`, `29 windows of 1 step`: how every text names a window plan;
+    `6 windows of at least 4 steps and 2 s` where bench.min_window_s (`min_s`, resolved: 2 s on
+    CUDA with the monitor on) runs each window on past its steps."""
+    if isinstance(min_s, (int, float)) and min_s > 0:
+        return f"{count(windows, 'window')} of at least {count(per_window, 'step')} and {min_s:g} s"
     return f"{count(windows, 'window')} of {count(per_window, 'step')}"
 
 

@@ -83,11 +83,7 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     except (KeyError, TypeError, ValueError):  # not a record's config
         return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
                 f"{phases}")
-    min_s = b.get("min_window_s") or 0
-    plan = windows_of(windows, per_window)
-    if isinstance(min_s, (int, float)) and min_s > 0:
-        plan = f"{count(windows, 'window')} of at least {count(per_window, 'step')} and {min_s:g} s"
-    text = f"{plan} on each of {phases}"
+    text = f"{windows_of(windows, per_window, b.get('min_window_s'))} on each of {phases}"
     if loader > per_window and "loader" in (b.get("phases") or ()):
         text += (f", the loader's of {loader} ({QUEUE_WINDOWS}x the batches its workers hold "
                  "in flight)")

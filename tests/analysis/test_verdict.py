@@ -231,15 +231,18 @@ def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, 
     assert windows_to_decide(Est(*ratio), line, repeats) == expected
 
 
-@pytest.mark.parametrize("steps, repeats, advised", [
-    (6, 6, "bench.repeats=15 bench.steps=15: about 15 windows of 1 step would decide"),
-    (24, 6, "bench.repeats=15 bench.steps=60: about 15 windows of 4 steps would decide"),
+@pytest.mark.parametrize("steps, repeats, min_s, advised", [
+    (6, 6, 0.0, "bench.repeats=15 bench.steps=15: about 15 windows of 1 step would decide"),
+    (24, 6, 0.0, "bench.repeats=15 bench.steps=60: about 15 windows of 4 steps would decide"),
+    # a GPU run's windows last at least bench.min_window_s (2 s by default there): more steps
+    (24, 6, 2.0, "bench.repeats=15 bench.steps=60: about 15 windows of at least 4 steps and 2 s "
+                 "would decide"),
 ])
-def test_the_windows_that_would_decide_are_counted_in_words(steps, repeats, advised):
+def test_the_windows_that_would_decide_are_counted_in_words(steps, repeats, min_s, advised):
     """The advice for an open overlap question names the plan as the report does (`1 step`)."""
     v = judge(2232, 56.7, 52.7, None, knobs(), intervals={
         "loader": [1905, 3125], "compute": [51.7, 58.7], "e2e": [48.0, 56.0]},
-        repeats=repeats, steps=steps)
+        repeats=repeats, steps=steps, min_window_s=min_s)
     assert any(a.startswith(advised) for a in v.advice), v.advice
 
 
