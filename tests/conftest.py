@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
-import fcntl
 import functools
 import gc
 import json
@@ -418,10 +417,11 @@ def shared(name: str, start) -> dict:
     worker asks first: `start(folder)` starts it in a session of its own and returns what
     others need to reach it (a dict with its `pid`); the others read that back. The session's
     own process stops it when every worker is done (pytest_unconfigure)."""
+    from filelock import FileLock
+
     folder = Path(os.environ[SHARED_ENV])
     info = folder / f"{name}.json"
-    with open(folder / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one starts it, the others wait, then read
+    with FileLock(folder / f"{name}.lock"):  # one starts it, the others wait, then read
         if not info.exists():
             tmp = info.with_suffix(".tmp")
             tmp.write_text(json.dumps(start(folder / name)))
