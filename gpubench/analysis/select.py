@@ -47,12 +47,13 @@ _OTHER_COMPUTE = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob
 
 
 def _other_compute(rec: RunRecord) -> list[str]:
-    """`optimizer=adamw`, `grad_accum_steps=2`: the other compute knobs off their default."""
+    """`optimizer=adamw`, `bench.grad_accum_steps=2`: the other compute knobs off their default."""
     out = []
     for n in _OTHER_COMPUTE:
         v, default = rec.knob(n), KEYS[n].default
         if v is not None and v != (default.value if isinstance(default, Enum) else default):
-            out.append(f"{KEYS[n].knob.short or n.rpartition('.')[2]}={format_value(v)}")
+            # a knob without a short name by its key, as the ranking and the overrides name it
+            out.append(f"{KEYS[n].knob.short or n}={format_value(v)}")
     return out
 
 

@@ -255,7 +255,7 @@ class BenchSettings:
         knob=KNOB(cuda_only=True))
     host_metrics_every: int = setting(
         0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
-        "many training loops do; 0: never", bounds=(0, 100_000), knob=WORK())
+        "many training loops do; 0: never", bounds=(0, 100_000), knob=KNOB())
     profile: bool = setting(
         False, "after the measured windows, a torch.profiler trace of bench.profile_steps e2e "
         "steps (never timed): traces/ beside results.json, logged to MLflow "

@@ -159,6 +159,13 @@ def impl_devices(impl: str) -> list[str] | None:
     return list(getattr(_foreach_utils, f"_get_{impl}_kernels_supported_devices")())
 
 
+def impls_on(device: str) -> str:
+    """`auto, for_loop or fused`: the optimizer implementations this torch runs on `device`."""
+    names = [i.value for i in schema.OptimizerImpl
+             if (d := impl_devices(i.value)) is None or device in d]
+    return " or ".join(", ".join(names).rsplit(", ", 1))
+
+
 def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
                   value: Any = None) -> None:
     """A classifier narrower than the dataset's classes fails at the first loss (a device-side
@@ -239,7 +246,7 @@ def _rules(s: Settings) -> list[tuple[bool, str, Any, str]]:
          b.monitor_interval_s, f"<= bench.max_seconds ({b.max_seconds:g}) while bench.monitor "
          "is on: a window needs a sample"),
         (devices is not None and s.device not in devices, "bench.optimizer_impl", impl,
-         f"auto or for_loop on {s.device} (torch has {impl} optimizer kernels for "
+         f"{impls_on(s.device)} on {s.device} (torch has {impl} optimizer kernels for "
          f"{', '.join(devices or ())} only)"),
         (m.checkpointing and bool(m._target_), "model.checkpointing", True,
          f"false with model._target_ ({CHECKPOINT_WIRED})"),

@@ -89,7 +89,7 @@ def test_a_compute_knob_at_its_default_is_left_unsaid():
     a.record.config["bench"].update(optimizer="sgd", grad_accum_steps=1)
     assert setup_text(a.record) == "tiny on synthetic 32px, batch 16, 2 workers, fp32"
     a.record.config["bench"]["grad_accum_steps"] = 4
-    assert setup_text(a.record, compact=True) == "tiny-bs16-w2-fp32-grad_accum_steps=4"
+    assert setup_text(a.record, compact=True) == "tiny-bs16-w2-fp32-bench.grad_accum_steps=4"
 
 
 def test_the_lists_are_the_declarations():

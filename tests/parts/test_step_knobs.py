@@ -111,6 +111,9 @@ def test_foreach_on_cpu_is_one_line_naming_the_key(compose_cfg):
         resolve(compose_cfg("bench.optimizer_impl=foreach"))
     assert e.value.key == "bench.optimizer_impl" and "foreach" in str(e.value)
     assert "\n" not in str(e.value)
+    # what it offers instead is what this torch runs here (fused has CPU kernels since 2.4,
+    # as test_optimizer_and_implementation runs; the line said "auto or for_loop")
+    assert "it must be auto, for_loop or fused on cpu" in str(e.value)
 
 
 @pytest.mark.parametrize("override, key", [
