@@ -14,7 +14,7 @@ import gpubench.cli
 from gpubench.cli.errors import Exit, JobFailed, one_line_errors
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.exits import ExitCode, quiet_broken_pipe
+from gpubench.core.exits import REJECTED, ExitCode, quiet_broken_pipe
 from gpubench.core.record import Status
 from gpubench.core.secrets import say
 
@@ -50,6 +50,7 @@ def _job(cfg: DictConfig) -> float:
         if not _multirun():  # gpubench.cli.errors prints it as one line, BAD_INPUT
             raise
         say(str(e), "error")  # one bad job must not end a sweep
+        REJECTED.append(str(e))
         return 0.0
     _settle()
     if result.status in (Status.oom, Status.failed) and not _multirun():

@@ -208,7 +208,7 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     one line, exit 1, after the report and the MLflow parent said what there is."""
     from collections import Counter
 
-    from gpubench.core.exits import ExitCode
+    from gpubench.core.exits import REJECTED, ExitCode
     from gpubench.core.record import load
     from gpubench.search.jobs import unmeasured
 
@@ -216,11 +216,12 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     recs = [r for d in find_runs(sweep_dir) if (d / RESULTS_FILE).stat().st_mtime >= since
             and (r := load(d)) is not None]
     last = next((r.error for r in reversed(recs) if r.error), None)
-    if failed := unmeasured(Counter(r.status for r in recs), last, sweep_dir):
+    outcomes, rejected = Counter(r.status for r in recs), list(REJECTED)
+    if failed := unmeasured(outcomes, last, sweep_dir, rejected):
         say(str(failed), "error")
         # SystemExit: Hydra turns a callback's Exception into a warning (hydra/_internal/
-        # callbacks.py), and the multirun would end 0
-        raise SystemExit(ExitCode.FAILED)
+        # callbacks.py), and the multirun would end 0; every job bad input: exit 2, as one run
+        raise SystemExit(ExitCode.FAILED if outcomes else ExitCode.BAD_INPUT)
 
 
 def _sweep_report(sweep_dir: Path, attach: bool) -> list[Path]:

@@ -28,6 +28,11 @@ class ExitCode(IntEnum):
     BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
+# the one lines of a multirun's jobs refused as bad input in this process (a grid's job prints
+# its own and returns, so one bad job does not end the sweep): gpubench.search.jobs.unmeasured
+REJECTED: list[str] = []
+
+
 @contextmanager
 def quiet_broken_pipe():
     """Around a command that prints: when its stdout's reader goes away (`| head`), end with

@@ -28,15 +28,17 @@ class SweepFailed(RuntimeError):
         super().__init__(error_text(message))
 
 
-def unmeasured(outcomes: Counter, last_error: str | None, where: Path) -> SweepFailed | None:
-    """An invocation whose jobs all ran without measuring (out of memory included) has failed;
-    one that ran none has not (docs/sweeps.md, "When a sweep fails"): a gpubench sweep's rule
-    and a grid multirun's (gpubench.cli.callbacks)."""
-    if not outcomes or any(s.measured for s in outcomes):
+def unmeasured(outcomes: Counter, last_error: str | None, where: Path,
+               rejected: list[str] = ()) -> SweepFailed | None:
+    """An invocation whose jobs all ran without measuring (out of memory included, or refused
+    as bad input: `rejected`, their lines) has failed; one that ran none has not (docs/sweeps.md,
+    "When a sweep fails"): a gpubench sweep's rule and a grid multirun's (gpubench.cli.callbacks)."""
+    if not (outcomes or rejected) or any(s.measured for s in outcomes):
         return None
-    counts = ", ".join(f"{n} {s}" for s, n in outcomes.items())
-    return SweepFailed(f"no job of this sweep measured ({counts}); last error: {last_error}; "
-                       f"{where}")
+    counts = ", ".join([*(f"{n} {s}" for s, n in outcomes.items()),
+                        *([f"{len(rejected)} refused as bad input"] if rejected else [])])
+    last = last_error if outcomes or not rejected else rejected[-1]
+    return SweepFailed(f"no job of this sweep measured ({counts}); last error: {last}; {where}")
 
 
 def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:

@@ -1165,3 +1165,10 @@ def test_a_grid_multirun_whose_jobs_all_fail_exits_1_in_one_line(tmp_path):
     p = run_cli("-m", *tiny, "loader.batch_size=2,8", "fault.oom_above_batch=4",
                 f"hydra.sweep.dir={tmp_path / 'half'}", cwd=tmp_path)
     assert p.returncode == 0 and "error:" not in p.stderr, p.stderr[-3000:]
+    # every job refused as bad input (each says why, and writes no record): exit 2, as one run
+    p = run_cli("-m", *tiny, "loader.batch_size=2,4", "bench.optimizer_impl=foreach",
+                f"hydra.sweep.dir={tmp_path / 'bad'}", cwd=tmp_path)
+    last = p.stderr.splitlines()[-1]
+    assert p.returncode == 2 and last.startswith(
+        "gpubench: error: no job of this sweep measured (2 refused as bad input); last error: "
+        "bench.optimizer_impl='foreach' is not allowed"), p.stderr[-3000:]
