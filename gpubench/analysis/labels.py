@@ -118,3 +118,8 @@ class Step(Enum):
                     "while compute-bound, keep the smallest that gets near the peak")
     on_cpu = "this ran on the CPU: on a GPU the compute bound is far higher"
     all_phases = "bench.phases=[loader,compute,e2e] to get a verdict"
+    smaller_batch = ("loader.batch_size={half_batch}: batch {batch_size} ran out of memory; "
+                     "`python -m gpubench sweep=max_batch` finds the largest that fits under "
+                     "memory.ceiling")
+    amp_for_memory = ("precision=amp_bf16: mixed precision keeps activations in 16 bits, about "
+                      "half their memory")

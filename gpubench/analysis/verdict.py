@@ -187,6 +187,7 @@ class Knobs:
     memory_fraction: float | None
     ceiling: float
     is_conv: bool = True
+    oom: bool = False  # the run ran out of memory: the advice is about fitting, not speed
 
 
 def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
@@ -214,9 +215,13 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
             (Step.larger_batch, frac is not None and frac < 0.6 * k.ceiling),
             (Step.on_cpu, not gpu),
         ]
-    rules.append((Step.all_phases, bottleneck is Bottleneck.unknown))
+    rules.append((Step.all_phases, bottleneck is Bottleneck.unknown and not k.oom))
+    if k.oom:  # first: no speed advice helps a run that does not fit
+        rules[:0] = [(Step.smaller_batch, k.batch_size > 1),
+                     (Step.amp_for_memory, k.precision in ("torch_default", "fp32", "tf32"))]
     n = k.num_workers
     figures = dict(vars(k), workers=workers(n), s="s" * (n == 1), double_batch=2 * k.batch_size,
+                   half_batch=max(1, k.batch_size // 2),
                    more_workers=min(k.cpu_count, max(2 * n, n + 1)))
     return [step.value.format(**figures) for step in [s for s, on in rules if on][:3]]
 

@@ -334,7 +334,9 @@ class RunRecord(_Keys):
         return min([*covers, CONFIDENCE])
 
     @property
-    def interval_label(self) -> str:
+    def interval_label(self) -> str:  # no phase with an interval (an OOM's one window): none
+        if not any(p.images_per_sec_ci for p in self.phases.values()):
+            return "interval"
         return interval_label_of([self.interval_coverage])
 
     @property

@@ -392,7 +392,7 @@ class Benchmark:
             rec.extra["step"] = step
         self._release()
         try:
-            summarize(self)
+            summarize(self, status)
         except Exception as e:  # a verdict that fails must not cost the measurement
             log.debug("summary failed", exc_info=True)
             rec.reason = f"summary failed: {type(e).__name__}: {e}"

@@ -9,7 +9,7 @@ from gpubench.analysis import noise
 from gpubench.analysis.labels import IMPOSSIBLE
 from gpubench.analysis.verdict import Knobs, judge
 from gpubench.core.pipe import batches_in_flight, serial_rate
-from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES, Flaw, Reason
+from gpubench.core.record import PHASE_FIGURE, PHASE_NAMES, Flaw, Reason, Status
 from gpubench.parts.precision import resolve_precision
 from gpubench.telemetry import env
 from gpubench.telemetry.nvml import energy_per_image, memory_gate_bytes
@@ -121,7 +121,7 @@ def rule_figures(rec) -> dict:
                         for n, p in rec.phases.items()}}
 
 
-def summarize(bench) -> None:
+def summarize(bench, status: Status = Status.ok) -> None:
     rec, s, device = bench.record, bench.settings, bench.device
     figures(rec, device)
     rec.noise_reasons = reasons = validity(bench)
@@ -136,7 +136,7 @@ def summarize(bench) -> None:
                   precision=s.precision, channels_last=s.channels_last, compile=s.compile,
                   batch_size=ld.batch_size, dataset=ds.name,
                   memory_fraction=rec.peak_memory_fraction, ceiling=s.memory.ceiling,
-                  is_conv="vit" not in s.model.name)
+                  is_conv="vit" not in s.model.name, oom=status is Status.oom)
     rule = rule_figures(rec)
     # the serial bound: the step and the data side's device work queued on the training stream
     # (run/merge.py; an nvJPEG decode bounds e2e through the loader's host-side rate instead)

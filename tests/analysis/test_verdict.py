@@ -286,3 +286,14 @@ def test_cpu_data_advice_names_no_gpu_and_no_gpu_only_knob():
     # on a GPU the same run is told of the CPU per GPU
     gpu = advise("data", knobs(num_workers=8, cpu_count=8, preload=True, pin_memory=True))
     assert "per GPU" in gpu[-1]
+
+
+def test_a_run_out_of_memory_is_advised_to_fit_not_to_measure_all_phases():
+    """An OOM leaves the verdict unknown: it was told `bench.phases=[loader,compute,e2e]`, the
+    phases it already ran; the advice is a smaller batch, then what needs less memory."""
+    advice = advise(Bottleneck.unknown, knobs(oom=True, batch_size=64))
+    assert advice[0].startswith("loader.batch_size=32: batch 64 ran out of memory")
+    assert advice[1].startswith("precision=amp_bf16: mixed precision")
+    assert not any("bench.phases" in a for a in advice)
+    assert advise(Bottleneck.unknown, knobs(oom=True, batch_size=1, precision="amp_bf16")) == []
+    assert advise(Bottleneck.unknown, knobs())[0].startswith("bench.phases=[loader,compute,e2e]")

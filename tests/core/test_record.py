@@ -156,6 +156,9 @@ def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     assert label(with_coverage(0.75)) == with_coverage(0.75).interval_label == "75% interval"
     assert label(with_coverage(0.95), with_coverage(0.75)) == "75-95% interval"
     assert label() == "95% interval"
+    # a run whose phases hold no interval (an OOM's one window) heads a column of dashes
+    one = make(phases={"loader": PhaseRecord.from_dict({"images_per_sec": 3041.7})})
+    assert one.interval_label == "interval"
 
 
 def test_the_verdict_is_an_enum_written_as_its_word():
