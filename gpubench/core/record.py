@@ -448,12 +448,20 @@ def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
     return f"{count(windows, 'window')} of {count(per_window, 'step')}"
 
 
+def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
+    """(steps, repeats) of every advice's "measure longer": at least 10 windows (more windows
+    narrow the median's interval), each at least twice the steps it had (more steps steady a
+    window), and at least four times the steps in all."""
+    windows, per_window = window_plan(steps, repeats)
+    more = max(repeats, 10)
+    return max(4 * steps, more * 2 * per_window), more
+
+
 def longer(steps: Any, repeats: Any) -> str:
-    """Every advice's "measure longer": four times the steps, in at least 10 windows (more
-    windows narrow the median's interval, more steps steady a window)."""
     if not isinstance(steps, int) or not isinstance(repeats, int):
         return "bench.steps=... bench.repeats=..."
-    return f"bench.steps={4 * steps} bench.repeats={max(repeats, 10)}"
+    steps, repeats = longer_plan(steps, repeats)
+    return f"bench.steps={steps} bench.repeats={repeats}"
 
 
 def interval_label_of(coverages: Iterable[float]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import textwrap
@@ -24,7 +25,15 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
-from gpubench.core.record import Rung, RunRecord, Status, longer, window_plan, windows_of
+from gpubench.core.record import (
+    Rung,
+    RunRecord,
+    Status,
+    longer,
+    longer_plan,
+    window_plan,
+    windows_of,
+)
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
 from gpubench.report.console import fit
@@ -101,14 +110,21 @@ def _measured_text(rec: RunRecord) -> str:
 
 
 def longer_text(rec: RunRecord) -> str:
-    """More steps, and where bench.max_seconds cut the phases short, as much more time: more
-    steps alone would be cut at the same cap."""
+    """More and longer windows (core.record.longer), and where bench.max_seconds cut the phases
+    short, the cap those steps need at the pace measured: the cap times the new steps over the
+    old, over the share of its steps the most cut phase ran (more steps alone are cut again)."""
     b = rec.config.get("bench") or {}
     text = longer(b.get("steps"), b.get("repeats"))
-    cap = b.get("max_seconds")
-    if _cut_short(rec) and isinstance(cap, (int, float)):
-        text += f" bench.max_seconds={4 * cap:g}"
-    return text
+    cap, steps, repeats = b.get("max_seconds"), b.get("steps"), b.get("repeats")
+    if not (_cut_short(rec) and isinstance(cap, (int, float)) and isinstance(steps, int)
+            and isinstance(repeats, int)):
+        return text
+    planned = math.prod(window_plan(steps, repeats))
+    ran = min((p.steps / planned for p in rec.phases.values() if p.truncated and p.steps),
+              default=1.0)
+    need = cap * longer_plan(steps, repeats)[0] / steps / max(ran, 1e-3)
+    need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
+    return f"{text} bench.max_seconds={need:g}"
 
 
 def run_text(row: Row, keys: list[str]) -> str:

@@ -19,6 +19,7 @@ from gpubench.core.record import (
     Status,
     find_runs,
     interval_label_of,
+    longer_plan,
     load,
     longer,
     missing,
@@ -173,11 +174,17 @@ def test_the_verdict_is_an_enum_written_as_its_word():
 
 def test_measure_longer_is_one_rule():
     """Every "measure longer" (the report's rerun line, the remedies of a disturbed run, the
-    verdict's fallback) is four times the steps in at least 10 windows."""
+    verdict's fallback) is at least 10 windows, each at least twice as long, four times the steps
+    at least: each plan it gives has more and longer windows."""
     assert longer(6, 6) == "bench.steps=24 bench.repeats=10"
     assert longer(50, 20) == "bench.steps=200 bench.repeats=20"
-    steps, repeats = 50, 6
-    assert window_plan(4 * steps, 10)[1] > window_plan(steps, repeats)[1]  # longer windows
+    # a plan of one-step windows: 4x the steps over 10 windows (8) was still one step a window
+    assert longer(2, 6) == "bench.steps=20 bench.repeats=10"
+    for steps in range(1, 120):
+        for repeats in (1, 3, 6, 10, 20, 100):
+            new = longer_plan(steps, repeats)
+            (w0, p0), (w1, p1) = window_plan(steps, repeats), window_plan(*new)
+            assert w1 >= max(w0, min(10, new[0])) and p1 >= 2 * p0, (steps, repeats, new)
     assert longer(None, 6) == "bench.steps=... bench.repeats=..."  # not a record's config
 
 

@@ -294,15 +294,17 @@ def test_the_measurement_is_said_as_the_runner_made_it():
 
 
 def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
-    """More steps alone are cut at the same bench.max_seconds: the advice raises it too."""
+    """More steps alone are cut at the same bench.max_seconds: the advice raises it to what the
+    new steps need at the pace measured (124 of 600 steps in 0.3 s: 2400 need 5.8 s; the old
+    advice's 4x the cap, 1.2 s, cut them again)."""
     from gpubench.core.record import PhaseRecord, RunRecord
     from gpubench.report.write import longer_text
 
     rec = RunRecord(config={"bench": {"steps": 600, "repeats": 6, "max_seconds": 0.3}},
-                    phases={"e2e": PhaseRecord(phase="e2e", truncated=False)})
+                    phases={"e2e": PhaseRecord(phase="e2e", steps=124, truncated=False)})
     assert longer_text(rec) == "bench.steps=2400 bench.repeats=10"
     rec.phases["e2e"].truncated = True
-    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=1.2"
+    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=5.9"
 
 
 def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
