@@ -53,6 +53,7 @@ def fit(head: list[str], rows: list[list], drop: Sequence[int], width: int,
 PHASE_COLUMNS = ("phase", "images/s", "interval", "p50 ms", "p95 ms", "data wait",
                  "steps (windows)", "peak mem")
 PHASE_DROP = (4, 7, 6, 3, 5)
+CUT_NOTE = "  * window closed by bench.max_seconds before bench.steps"  # the steps column's `*`
 
 
 def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Table, list[str]]:
@@ -111,7 +112,7 @@ def lines(d: dict, notes: list[str]) -> list[str]:
     """What the table does not show, as rich markup."""
     out = []
     if any(ph["truncated"] for ph in d["phases"].values()):
-        out.append("  * window closed by bench.max_seconds before bench.steps")
+        out.append(CUT_NOTE)
     ceiling, of = dash(d["memory_ceiling"], ".0%"), _gib(d["device_memory_bytes"])
     if d.get("peak_memory_bytes") is None:  # nothing measured (failed while building)
         out.append(f"peak memory: not measured (ceiling {ceiling} of {of})")
@@ -191,6 +192,8 @@ def print_result(result, console: Console | None = None) -> None:
     if d["phases"]:  # ended before its first window: the title alone, no empty table
         table, left = phase_table(d, rec.interval_label, con.width)
         con.print(table)
+        if PHASE_COLUMNS[6] in left and out[0] == CUT_NOTE:  # its `*` went with the column
+            out.pop(0)
         if left:
             out.insert(0, f"[dim]({', '.join(left)}: in results.json; a wider terminal shows "
                           "them)[/dim]")

@@ -858,6 +858,24 @@ def test_the_run_table_never_splits_a_figure_and_a_log_folds_no_line(width, term
         assert out[verdict + 1].startswith("  1. loader.num_workers=2")
 
 
+@pytest.mark.parametrize("width", [60, 160])
+def test_the_cut_short_footnote_goes_with_the_column_that_holds_its_star(width):
+    """A narrow terminal drops `steps (windows)`, where a cut window's count has its `*`: the
+    footnote `* window closed by ...` went on alone, pointing at nothing."""
+    from rich.console import Console
+
+    from gpubench.report.console import CUT_NOTE, print_result
+
+    d = json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json").read_text())
+    d["phases"]["e2e"]["truncated"] = True
+    buf = io.StringIO()
+    print_result(RunRecord.from_dict(d, run_dir=Path("RUN")),
+                 Console(file=buf, width=width, highlight=False, color_system=None))
+    out = buf.getvalue()
+    star = any("*" in ln for ln in out.splitlines() if ln[:1] == "│")
+    assert star == (width == 160) and (CUT_NOTE.strip() in out) == star
+
+
 def test_a_run_too_short_for_its_cpu_share_says_so_and_keeps_its_peak_rss():
     """Windows of a few ms give no CPU figure (CPU time counts 10 ms ticks): the line says
     why and what lengthens them, and the peak RSS, measured all the same, stays."""
