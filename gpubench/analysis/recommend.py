@@ -13,7 +13,7 @@ from typing import Any
 from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
-from gpubench.config.knobs import compared, role
+from gpubench.config.knobs import PROCESS_ONLY, WORKER_ONLY, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, RunRecord, interval_label_of
@@ -167,13 +167,25 @@ def repeats(rec: RunRecord, of: RunRecord) -> bool:
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
 
 
+def _acting(r: Row, key: str) -> bool:
+    """Whether `key` acts in row `r`: a worker-only key only with workers (a 0-worker run records
+    its inert value: prefetch_factor null beside a worker run's 2), a process-only one only with
+    process workers."""
+    if key in WORKER_ONLY and not r.flat.get("loader.num_workers"):
+        return False
+    return not (key in PROCESS_ONLY and r.flat.get("loader.worker_type") == "thread")
+
+
 def varying(rows: list[Row]) -> list[str]:
-    """The compared config keys (gpubench.config.knobs.compared) that differ between rows."""
+    """The compared config keys (gpubench.config.knobs.compared) that differ between the rows
+    where they act."""
     keys: dict[str, set] = {}
     for r in rows:
         for k, v in r.flat.items():
             if compared(k):
-                keys.setdefault(k, set()).add(json.dumps(v, default=str))
+                vals = keys.setdefault(k, set())
+                if _acting(r, k):
+                    vals.add(json.dumps(v, default=str))
     return [k for k, vals in keys.items() if len(vals) > 1 or any(k not in r.flat for r in rows)]
 
 

@@ -152,3 +152,18 @@ def test_a_keys_own_rule_is_on_its_declaration():
     # the choices are checked before the rule: the bad element is named
     with pytest.raises(ConfigError, match=r"^bench.phases\[1\]='nope' is not allowed"):
         knobs.KEYS["bench.phases"].check(["e2e", "nope", "e2e"])
+
+
+def test_a_worker_only_knob_varies_only_where_it_acts():
+    """loader.num_workers=0,1 recorded prefetch_factor null (inert) and 2 (resolved): the ranking
+    grew a `prefetch factor` column and the recommendation `loader.prefetch_factor=null`."""
+    a, b = _pair("loader.num_workers")
+    for row, workers, prefetch in ((a, 0, None), (b, 1, 2)):
+        row.record.config["loader"].update(num_workers=workers, prefetch_factor=prefetch)
+        row.flat = Row(row.label, row.record).flat
+    assert varying([a, b]) == ["loader.num_workers"]
+    b.record.config["loader"]["prefetch_factor"] = 4
+    c = Row("c", copy.deepcopy(b.record))
+    c.record.config["loader"]["prefetch_factor"] = 2
+    c.flat, b.flat = Row("c", c.record).flat, Row(b.label, b.record).flat
+    assert varying([a, b, c]) == ["loader.num_workers", "loader.prefetch_factor"]

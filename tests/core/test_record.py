@@ -19,9 +19,9 @@ from gpubench.core.record import (
     Status,
     find_runs,
     interval_label_of,
-    longer_plan,
     load,
     longer,
+    longer_plan,
     missing,
     window_plan,
 )
