@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> ExitCode:
     a = p.parse_args(argv)
     mask_logging()  # MLflow's and urllib3's log lines name the URI too
     try:
-        return _report(p, a, parse_where(a.where))
+        conditions = parse_where(a.where)
+    except WhereError as e:  # malformed: bad input, as argparse's own (a key no run has: 1)
+        print(mask_secrets(str(e)), file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        return _report(p, a, conditions)
     except (WhereError, NothingToReport) as e:  # each is its own one line
         print(mask_secrets(str(e)), file=sys.stderr)
     except LinkError as e:  # a link out of the folder, or where the report writes
