@@ -20,9 +20,11 @@ NEXT_STEPS = {"cuda": "dataset.preload=true, dataset.augment_on=device, more CPU
               "cpu": "dataset.preload=true, more CPU cores"}
 
 
-def next_steps(device: str | None) -> str:
-    """NEXT_STEPS for a run's device; one not recorded is advised as on CUDA."""
-    return NEXT_STEPS.get(device, NEXT_STEPS["cuda"])
+def next_steps(device: str | None, more_from: int | None = None) -> str:
+    """NEXT_STEPS for a run's device (one not recorded: as on CUDA), led by more workers where
+    the most tried, `more_from`, loaded fastest: nothing yet says more would not load faster."""
+    more = [] if more_from is None else [f"loader.num_workers={max(2, 2 * more_from)}"]
+    return ", ".join([*more, NEXT_STEPS.get(device, NEXT_STEPS["cuda"])])
 
 
 def workers(n: int) -> str:
@@ -42,6 +44,13 @@ class WorkersPick:
     @property
     def loader_images_per_sec(self) -> float | None:
         return None if self.num_workers is None else self.rates[self.num_workers].value
+
+    @property
+    def _most_fastest(self) -> int | None:
+        """The most workers tried, where they loaded fastest (more may load faster still)."""
+        most = max(self.rates, default=None)
+        top = max(self.rates, key=lambda x: self.rates[x].value, default=None)
+        return most if most is not None and top == most else None
 
     def _fewer(self) -> int | None:
         return max((x for x in self.rates if x < self.num_workers), default=None)
@@ -65,7 +74,7 @@ class WorkersPick:
             return f"compute throughput not measured; {plateau}"
         return (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
                 f"{ips / c.value:.0%} of compute: the data side stays the bottleneck (next: "
-                f"{next_steps(self.device)})")
+                f"{next_steps(self.device, self._most_fastest)})")
 
     @property
     def threshold(self) -> float | None:
@@ -97,7 +106,7 @@ class WorkersPick:
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if self.rates[top].hi < c.lo:
             return (f"{head}: the data side stays the bottleneck (next: "
-                    f"{next_steps(self.device)}); {plateau}")
+                    f"{next_steps(self.device, self._most_fastest)}); {plateau}")
         return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
                 f"bench.steps) or try more workers; {plateau}")
 

@@ -101,10 +101,16 @@ def test_a_cpu_only_data_side_is_told_only_what_acts_on_a_cpu(tmp_path):
                  fewest_workers([(w, ips) for w, (ips, _) in LOADER.items()], 1000.0,
                                 device="cpu")):
         for text in (pick.answer(), pick.reason):
-            assert "(next: dataset.preload=true, more CPU cores)" in text
+            # 4 workers, the most tried, loaded fastest: more come first
+            assert "(next: loader.num_workers=8, dataset.preload=true, more CPU cores)" in text
             assert "augment_on" not in text and "GPU" not in text
     gpu = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0))
     assert "dataset.augment_on=device, more CPU cores per GPU" in gpu.answer()
+    # levelled off below the most tried (2 loads as fast as 4, 8 slower): no more workers
+    level = fewest_workers(dict_rows() + [{"num_workers": 8, "loader_images_per_sec": 700.0,
+                                           "loader_images_per_sec_ci": [680.0, 720.0]}],
+                           Est(900.0, 880.0, 920.0), device="cpu")
+    assert "(next: dataset.preload=true, more CPU cores)" in level.answer()
     # the report's answer passes its runs' device on
     cpu_rows = rows()
     for r in cpu_rows:
