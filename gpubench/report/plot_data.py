@@ -131,9 +131,12 @@ def memory_data(rows) -> dict | None:
     keys = [k for k in plot_rules.held_fixed(full, BATCH) if k != "precision.name"
             and (rss or (d := declared(k)) is None or d.knob.pipe is not Pipe.data)]
 
-    def series(r) -> str:  # `fp32`, `fp32, optimizer=adamw`
+    # the precision names a series where it varied, or where nothing else did
+    named_precision = not keys or "precision.name" in plot_rules.held_fixed(full, BATCH)
+
+    def series(r) -> str:  # `fp32`, `fp32, optimizer=adamw`, `optimizer=adamw`
         f = plot_rules.knobs_of(r)
-        return ", ".join([str(knob(r, "precision") or "?")] + [
+        return ", ".join([str(knob(r, "precision") or "?")] * named_precision + [
             f"{k.removesuffix('.name').rsplit('.', 1)[-1]}={format_value(f.get(k))}"
             for k in keys])
 

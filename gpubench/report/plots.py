@@ -233,8 +233,12 @@ def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float 
 
 def _draw_memory(d: dict, out: Path) -> Path:
     fig, ax = _figure()
-    for prec, g in d["groups"].items():
-        ax.scatter(g["xs"], g["ys"], zorder=3, label=f"full run ({prec})")
+    n = len(d["groups"])
+    for i, (name, g) in enumerate(d["groups"].items()):
+        # series side by side around each batch size (a log2 axis of the sizes tried): at the
+        # same peak, one series drawn over another hid it
+        shift = 2 ** ((i - (n - 1) / 2) * 0.08)
+        ax.scatter([x * shift for x in g["xs"]], g["ys"], zorder=3, label=f"full run ({name})")
     if d["short"]["xs"]:
         ax.scatter(d["short"]["xs"], d["short"]["ys"], facecolors="none", edgecolors="grey",
                    zorder=2, label=SHORT_LABEL)
