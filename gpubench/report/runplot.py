@@ -145,12 +145,17 @@ def _draw_traces(ax, d: dict) -> None:
     from matplotlib.ticker import MaxNLocator
 
     for name, t in d["traces"].items():
-        w, s = t["warmup_ms"], t["steps_ms"]
-        ax.plot(range(len(w) + len(s)), [*w, *s], color=PHASE_COLORS[name], linewidth=1.0,
-                marker=".", markersize=3, label=PHASE_WORDS[name].short)
-    # shaded to the longest warm-up: phases share the warm-up step count in practice
-    if warmup := max(len(t["warmup_ms"]) for t in d["traces"].values()):
-        ax.axvspan(-0.5, warmup - 0.5, color="grey", alpha=0.15, label="warm-up")
+        w, s, color = t["warmup_ms"], t["steps_ms"], PHASE_COLORS[name]
+        ax.plot(range(len(w), len(w) + len(s)), s, color=color, linewidth=1.0, marker=".",
+                markersize=3, label=PHASE_WORDS[name].short)
+        if w:  # each phase's own warm-up (they settle after different step counts), faded,
+            # joined to its first measured step, its end a dotted line in its colour
+            ax.plot(range(len(w) + bool(s)), [*w, *s[:1]], color=color, alpha=0.4,
+                    linewidth=1.0, linestyle=":", marker=".", markersize=3)
+            ax.axvline(len(w) - 0.5, color=color, linestyle=":", linewidth=0.8, alpha=0.7)
+    if any(t["warmup_ms"] for t in d["traces"].values()):
+        ax.plot([], [], color="grey", alpha=0.4, linestyle=":", marker=".",
+                label="warm-up (faded; dotted line: its end)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step (warm-up first, then the measured steps)")
     if d["trace_log_y"]:

@@ -111,3 +111,26 @@ def test_plot_run_writes_run_png_beside_results(tmp_path):
     # a record with nothing measured still draws (a failed run): no exception, a file
     failed = RunRecord(status=Status.failed, error="boom")
     assert plot_run(failed, tmp_path / "failed.png").is_file()
+
+
+def test_each_phase_is_shaded_to_its_own_warm_up():
+    """The loader warmed up 25 steps, compute and e2e 9: the one grey span to the longest made
+    16 of their measured steps read as warm-up."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpubench.report.runplot import _draw_traces
+
+    traces = {"loader": {"warmup_ms": [1.0] * 25, "steps_ms": [1.0] * 30},
+              "compute": {"warmup_ms": [9.0] * 9, "steps_ms": [9.0] * 30}}
+    fig, ax = plt.subplots()
+    _draw_traces(ax, {"traces": traces, "trace_log_y": False})
+    ends = sorted(ln.get_xdata()[0] for ln in ax.get_lines() if ln.get_linestyle() == ":"
+                  and len(ln.get_xdata()) == 2 and ln.get_xdata()[0] == ln.get_xdata()[1])
+    assert ends == [8.5, 24.5] and not ax.patches  # no span over measured steps
+    measured = {ln.get_label(): ln.get_xdata()[0] for ln in ax.get_lines()
+                if ln.get_linestyle() == "-"}
+    assert sorted(measured.values()) == [9, 25]
+    plt.close(fig)
