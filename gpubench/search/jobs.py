@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from gpubench.core import record
+from gpubench.core.exits import REJECTED
 from gpubench.core.files import damaged
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.secrets import error_text
@@ -19,6 +20,9 @@ from gpubench.search.manifest import Manifest, reserve_job_dir
 log = logging.getLogger("gpubench.sweep")
 # a job that failed on these failed for its disk, not its configuration
 DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+NO_RESULTS = "no results.json"  # a job that left no record, and said nothing of why
 
 
 class SweepFailed(RuntimeError):
@@ -50,7 +54,7 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
     if rec is None:
         if damaged(path := Path(out_dir) / record.RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): the job counts as failed", path)
-        return record.missing(out_dir, err or "no results.json", rung=rung)
+        return record.missing(out_dir, err or NO_RESULTS, rung=rung)
     if rec.status is Status.running and rec.complete:
         rec.recover(f"its final status was not written ({err or 'the job ended'})")
     elif rec.status is Status.running and rec.stale:
@@ -108,6 +112,7 @@ class Jobs:
         self.raise_unsaved()  # no job is started after sweep.json failed
         rung = record.Rung.of(labels[0].get("rung"))  # one rung per batch (its callers')
         first = reserve_job_dir(self.manifest.sweep_dir, len(batch))
+        seen = len(REJECTED)  # jobs run in this process that refuse their config say why here
         # the jobs record their rung (record.RUNG_ENV): the launchers' processes inherit it
         before = os.environ.get(record.RUNG_ENV)
         os.environ[record.RUNG_ENV] = rung.value
@@ -126,10 +131,12 @@ class Jobs:
         self.returns.append(rets)
         from hydra.core.utils import JobStatus  # Hydra's, loaded: the launcher ran
 
-        out = []
+        out, refused = [], iter(REJECTED[seen:])
         for i, r in enumerate(rets):
             error = r._return_value if r.status == JobStatus.FAILED else None
             out.append(read_job(Path(str(r.hydra_cfg.hydra.runtime.output_dir)), error, rung))
+            if out[-1].error == NO_RESULTS and (line := next(refused, None)):
+                out[-1].error = line  # its bad input, as it printed it, not "no results.json"
             self.manifest.jobs.append({"num": first + i, "dir": str(out[-1].dir), **labels[i],
                                        "status": str(out[-1].status)})
         try:

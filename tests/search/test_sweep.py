@@ -910,13 +910,17 @@ def test_failed_trials_are_recorded_up_to_the_limit(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sweep_whose_jobs_all_fail_exits_1_in_one_line(tmp_path):
+@pytest.mark.parametrize("fault, said", [
+    ("fault.fail_message=boom", "boom"),
+    # refused as bad input: its own line, not "no results.json"
+    ("bench.optimizer_impl=foreach", "bench.optimizer_impl='foreach' is not allowed")])
+def test_a_sweep_whose_jobs_all_fail_exits_1_in_one_line(tmp_path, fault, said):
     """Under max_failures, yet nothing measured: the sweep failed (before: exit 0)."""
-    p = _sweep(tmp_path, "loader.batch_size=choice(2,4)", "fault.fail_message=boom",
+    p = _sweep(tmp_path, "loader.batch_size=choice(2,4)", fault,
                "hydra.sweeper.n_trials=2", "hydra.sweeper.screen.steps=null")
-    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    errors = [ln for ln in p.stderr.splitlines() if "no job of this sweep" in ln]
     assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
-    assert "no job of this sweep measured (2 failed)" in errors[0] and "boom" in errors[0]
+    assert "no job of this sweep measured (2 failed)" in errors[0] and said in errors[0]
     assert "Traceback" not in p.stderr and not (tmp_path / "sweep" / "report").exists()
     assert len(json.loads((tmp_path / "sweep" / "sweep.json").read_text())["jobs"]) == 2
 
