@@ -12,7 +12,7 @@ from gpubench.analysis.labels import phase_title
 from gpubench.analysis.select import setup_text
 from gpubench.config.schema import is_amp
 from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
-from gpubench.core.record import Bottleneck, Flaw, RunRecord, Status
+from gpubench.core.record import HEADLINE_ORDER, Bottleneck, Flaw, RunRecord, Status
 from gpubench.core.stats import MIN_CPU_SPAN_S, TICK_S
 
 
@@ -76,20 +76,24 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
 
 def _device_lines(d: dict) -> list[str]:
     out = []
+    # the utilization figures are the headline phase's (run.summary.HEADLINE_TELEMETRY)
+    during = next((f" during {n}" for n in HEADLINE_ORDER if n in d["phases"]), "")
     if d.get("gpu_util_mean") is not None:
         e = d.get("energy_per_image_j")
         out.append(
-            f"GPU util mean {d['gpu_util_mean']:.0f}% (max {d['gpu_util_max']:.0f}%), memory util "
-            f"{d['gpu_mem_util_mean']:.0f}%, power {d['power_mean_w']:.0f} W"
+            f"GPU{during}: util mean {d['gpu_util_mean']:.0f}% (max {d['gpu_util_max']:.0f}%), "
+            f"memory util {d['gpu_mem_util_mean']:.0f}%, power {d['power_mean_w']:.0f} W"
             + (f", {e:.3f} J/image" if e is not None else ""))
-    rss = f"peak RSS {_gib(d['peak_rss_bytes'])} (main + workers)"
+    # the peak is the whole run's (every phase's samples)
+    rss = f"peak RSS {_gib(d['peak_rss_bytes'])} over the run (main + workers)"
     if d.get("host_cpu_util_mean") is not None:
         workers = d.get("workers_cpu_util_mean")
         split = "" if workers is None else (
             f": main {d['main_cpu_util_mean']:.0f}%, workers {workers:.0f}%")
         out.append(
-            f"host CPU {d['host_cpu_util_mean']:.0f}% of {d['env']['cpu_count']} cores; this "
-            f"run's processes {d['process_cpu_util_mean']:.0f}% (100% = one core){split}; {rss}")
+            f"host CPU{during}: {d['host_cpu_util_mean']:.0f}% of {d['env']['cpu_count']} "
+            f"cores; this run's processes {d['process_cpu_util_mean']:.0f}% (100% = one "
+            f"core){split}; {rss}")
     elif d.get("peak_rss_bytes") is not None:  # sampled, but over too short a time for CPU
         out.append(f"host CPU not read: the windows cover under {MIN_CPU_SPAN_S:g} s and CPU "
                    f"time counts {TICK_S * 1e3:.0f} ms ticks (bench.min_window_s lengthens "

@@ -884,12 +884,13 @@ def test_a_run_too_short_for_its_cpu_share_says_so_and_keeps_its_peak_rss():
 
     d = json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json").read_text())
     (shown,) = [ln for ln in _device_lines(d) if "peak RSS" in ln]
-    assert shown.startswith("host CPU 71% of 2 cores")
+    assert shown.startswith("host CPU during e2e: 71% of 2 cores")  # the headline phase's
     d |= dict.fromkeys(("host_cpu_util_mean", "process_cpu_util_mean", "main_cpu_util_mean",
                         "workers_cpu_util_mean"))
     (shown,) = [ln for ln in _device_lines(d) if "peak RSS" in ln]
     assert shown.startswith("host CPU not read: the windows cover under 0.2 s")
-    assert "bench.min_window_s" in shown and shown.endswith("peak RSS 0.83 GiB (main + workers)")
+    assert "bench.min_window_s" in shown and shown.endswith(
+        "peak RSS 0.83 GiB over the run (main + workers)")
 
 
 def test_a_row_is_named_by_its_folder_as_seen_from_the_sweep_dir(tmp_path):
@@ -918,3 +919,18 @@ def test_a_cpu_run_over_the_ceiling_is_not_told_of_a_cuda_only_precision():
     assert "amp_fp16" not in text  # refused on a CPU
     rec.env["device"] = "cuda"
     assert "precision=amp_bf16 (or amp_fp16)" in "\n".join(verdict(rec))
+
+
+def test_the_utilization_lines_name_the_phase_they_were_read_in():
+    """GPU and host CPU figures are the headline phase's (run.summary.HEADLINE_TELEMETRY), not
+    the run's: the line says which; the peak RSS is the whole run's and says so."""
+    from gpubench.report.console import _device_lines
+
+    d = json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json").read_text())
+    d.update(gpu_util_mean=31.0, gpu_util_max=97.0, gpu_mem_util_mean=12.0, power_mean_w=240.0,
+             energy_per_image_j=0.05)
+    gpu, cpu = [ln for ln in _device_lines(d) if ln.startswith(("GPU", "host CPU"))]
+    assert gpu.startswith("GPU during e2e: util mean 31% (max 97%), memory util 12%, power 240 W")
+    assert cpu.startswith("host CPU during e2e: ") and "peak RSS 0.83 GiB over the run" in cpu
+    del d["phases"]["e2e"]
+    assert _device_lines(d)[0].startswith("GPU during compute: ")
