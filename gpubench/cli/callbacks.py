@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
-from gpubench.core.exits import REJECTED
+from gpubench.core.exits import REJECTED, ExitCode
 from gpubench.core.files import LinkError, check_no_links, mask_files
 from gpubench.core.record import RESULTS_FILE, find_runs
 from gpubench.core.secrets import mask_logging, say
@@ -210,7 +210,6 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     one line, exit 1, after the report and the MLflow parent said what there is."""
     from collections import Counter
 
-    from gpubench.core.exits import ExitCode
     from gpubench.core.record import load
     from gpubench.search.jobs import unmeasured
 

@@ -128,11 +128,11 @@ def memory_data(rows) -> dict | None:
     # (device memory: an adamw run holds two more states per weight than an sgd one), every
     # knob where the figure is host RSS (loader workers are processes of their own)
     rss = axis["note"] is not None
-    keys = [k for k in plot_rules.held_fixed(full, BATCH) if k != "precision.name"
+    varied = plot_rules.held_fixed(full, BATCH)
+    keys = [k for k in varied if k != "precision.name"
             and (rss or (d := declared(k)) is None or d.knob.pipe is not Pipe.data)]
-
     # the precision names a series where it varied, or where nothing else did
-    named_precision = not keys or "precision.name" in plot_rules.held_fixed(full, BATCH)
+    named_precision = not keys or "precision.name" in varied
 
     def series(r) -> str:  # `fp32`, `fp32, optimizer=adamw`, `optimizer=adamw`
         f = plot_rules.knobs_of(r)
