@@ -188,13 +188,20 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short knob name, a word a line: no wider than its values need."""
-    name = next((n for n, ks in SHORT.items() if key in ks), key)
-    return name.replace("_", "\n")
+    """A swept key by its short knob name, a word a line (`batch\nsize`): no wider than its values
+    need. A key without one is its full name, broken only after each dot
+    (`bench.\nhost_metrics_every`): broken at `_` too it read as words of its own
+    (`bench.host`, `metrics`, `every`), and `_name` could not tell which break was which."""
+    name = next((n for n, ks in SHORT.items() if key in ks), None)
+    return key.replace(".", ".\n") if name is None else name.replace("_", "\n")
 
 
 def _name(header: str) -> str:
-    return header.replace("\n", " " if "%" in header or "interval" in header else "_")
+    """A column's name on one line: a knob's as knob_header had it (its short name or its full
+    key), the others' words apart (`95% interval`). A short name holds no dot."""
+    if "%" in header or "interval" in header:
+        return header.replace("\n", " ")
+    return header.replace(".\n", ".").replace("\n", "_")
 
 
 def print_table(head: list[str], body: list[list[str]], title: str, console=None,

@@ -425,6 +425,54 @@ def test_the_ranking_never_splits_a_figure_or_a_value(width, terminal):
         assert "95%" in table[0] and "batch" in table[0] and "workers" in table[1]
 
 
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_knob_without_a_short_name_is_headed_by_its_whole_key(width):
+    """A swept key with no short name was headed `bench.host` / `metrics` / `every`: words that
+    are no knob's. Now its full key, broken only after the dot; a short name a word a line as
+    before; either named below the table exactly as the command line writes it."""
+    from rich.console import Console
+
+    def swept(label, ips, batch, every, cudnn) -> Row:
+        config = {"loader": {"batch_size": batch, "num_workers": 2},
+                  "bench": {"host_metrics_every": every, "cudnn_benchmark": cudnn}}
+        return Row(label, RunRecord(
+            status=Status.ok, images_per_sec=ips, images_per_sec_ci=[ips * 0.9, ips * 1.1],
+            peak_memory_fraction=0.5, memory_ceiling=0.8, config=config, env={"device": "cuda"},
+            measurement_stable=True, rung="full", gpu_util_mean=97.5, bottleneck="inconclusive"))
+
+    rows = [swept("2026-11-21/10-00-00/13", 5467.5, 256, 10, True),
+            swept("2026-11-21/10-00-00/14", 123456.6, 1024, 100, False)]
+    keys = varying(rows)
+    assert keys == ["loader.batch_size", "bench.host_metrics_every", "bench.cudnn_benchmark"]
+    head, body = table_rows(rows, keys, screen=True)
+    buf = io.StringIO()
+    print_table(head, body, "gpubench sweep: x",
+                Console(file=buf, width=width, force_terminal=False, color_system=None))
+    lines = buf.getvalue().splitlines()
+    end = next(i for i, ln in enumerate(lines) if ln.startswith(("  1.", "(left out", "ranked:")))
+    table = lines[1:end]
+    words = " ".join(table).split()
+    assert not {"bench.host", "metrics", "every", "bench.cudnn", "benchmark"} & set(words)
+    names = {"loader.batch_size": ("batch_size", ["batch", "size"]),
+             "bench.host_metrics_every": ("bench.host_metrics_every",
+                                          ["bench.", "host_metrics_every"]),
+             "bench.cudnn_benchmark": ("bench.cudnn_benchmark", ["bench.", "cudnn_benchmark"])}
+    for c, k in enumerate(keys, len(head) - len(keys)):
+        name, header = names[k]
+        for b in body:
+            below = [ln for ln in lines[end:] if ln.startswith(f"  {b[0]}. run {b[1]}: ")]
+            in_table = all(w in words for w in header) and any(
+                ln.split()[:2] == b[:2] and b[c] in ln.split() for ln in table)
+            moved = bool(below) and f"{name}={b[c]}" in below[0].split()
+            assert in_table != moved, (k, width, "\n".join(lines))
+    if width == 80:  # the whole key is too wide for the table here: below it, named exactly
+        assert lines[end:end + 2] == [
+            "  1. run 2026-11-21/10-00-00/14: bench.host_metrics_every=100 "
+            "bench.cudnn_benchmark=False",
+            "  2. run 2026-11-21/10-00-00/13: bench.host_metrics_every=10 "
+            "bench.cudnn_benchmark=True"]
+
+
 @pytest.mark.parametrize("terminal", [True, False])
 def test_the_reports_lines_fold_between_words_in_a_terminal(terminal):
     """At 80 columns a terminal broke the recommended line inside an override
