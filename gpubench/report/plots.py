@@ -145,14 +145,18 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
 
 
 def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=None,
-          edge=None, **kw) -> None:
+          edge=None, discrete_x: bool = True, **kw) -> None:
     """Points never joined into a line, side by side where they share an x, each with its whisker
-    and its run number above; at `edge` (y, text offset, alignment) those past that axis end."""
+    and its run number above; at `edge` (y, text offset, alignment) those past that axis end.
+    Side by side only where the x axis holds a few values (`discrete_x`: batch sizes, workers),
+    each point still over its tick; on a continuous one (peak memory) a point moved aside reads
+    as a value it never had: there it stays where it is and only its label moves aside."""
     label = kw.pop("label")
     if label and edge is None and any(p.get("run") is not None for p in pts):
         label += "\n(label: its run, as ranking.txt names it)"
     for i, (p, dx) in enumerate(zip(pts, _dodge(pts, near, taken), strict=True)):
-        shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=dx, units="points")
+        shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=dx if discrete_x else 0.0,
+                                       units="points")
         y, run = (p["y"], p.get("run")) if edge is None else (edge[0], None)
         if p.get("chosen"):  # the star rings its point where the point is drawn
             _star(ax, {"x": p["x"], "y": y, "flagged": flagged}, transform=shift)
@@ -174,16 +178,16 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
                         va=edge[2])
 
 
-def _flagged(ax, d: dict, near: float = 0.0, taken=None) -> None:
+def _flagged(ax, d: dict, near: float = 0.0, taken=None, discrete_x: bool = True) -> None:
     """Flagged runs hollow red, never joined; one past an end of the axis at that edge."""
     step = 1.12 if d.get("log_y") else 1.03
     label = d["flagged_label"]
     for side, marker, edge in ((False, "o", None), ("above", "^", (d["ymax"] / step, -8, "top")),
                                ("below", "v", (d.get("ymin", 0.0) * step, 8, "bottom"))):
         if pts := [p for p in d["flagged"] if (p.get("off_scale") or False) == side]:
-            _lone(ax, pts, near=near, flagged=True, taken=taken, edge=edge, marker=marker,
-                  markersize=8, markerfacecolor="none", markeredgecolor="tab:red",
-                  color="tab:red", zorder=2, label=label)
+            _lone(ax, pts, near=near, flagged=True, taken=taken, edge=edge,
+                  discrete_x=discrete_x, marker=marker, markersize=8, markerfacecolor="none",
+                  markeredgecolor="tab:red", color="tab:red", zorder=2, label=label)
             label = None
 
 
@@ -260,7 +264,8 @@ def _draw_pareto(d: dict, out: Path) -> Path:
     _points(ax, d["short"], marker="o", markerfacecolor="none", markeredgecolor="grey",
             color="grey", zorder=2, label=SHORT_LABEL)
     every = [p["x"] for k in ("feasible", "infeasible", "short", "flagged") for p in d[k]]
-    _flagged(ax, d, near=(max(every) - min(every)) / 40)  # peaks a hair apart: side by side
+    # peaks a hair apart: their labels side by side, each point at the peak it measured
+    _flagged(ax, d, near=(max(every) - min(every)) / 40, discrete_x=False)
     if front := d["front"]:
         ax.step([p["x"] for p in front], [p["y"] for p in front], where="post", color="black",
                 alpha=0.6, zorder=2, label=d["front_label"].replace(": ", ":\n", 1))

@@ -587,3 +587,47 @@ def test_memory_series_split_by_every_knob_that_acts_on_the_memory_read():
     cpu = rows_of(r(16, "sgd", device="cpu"), r(32, "sgd", peak=0.6, device="cpu"),
                   r(16, "sgd", workers=4, device="cpu"))
     assert set(memory_data(cpu)["groups"]) == {"num_workers=2", "num_workers=4"}
+
+
+def _drawn(draw, d, tmp_path):
+    """The axes a picture was drawn on (drawn again, its PNG written, kept open to read)."""
+    import matplotlib.pyplot as plt
+
+    close = plt.close
+    figs = []
+    plt.close = lambda fig=None: figs.append(fig)  # keep the figure for reading
+    try:
+        draw(d, tmp_path / "again.png")
+    finally:
+        plt.close = close
+    return figs[0].axes[0]
+
+
+def _red_markers(ax) -> list[tuple[float, float]]:
+    """Where the hollow red (flagged) markers are drawn, read back in data coordinates."""
+    back = ax.transData.inverted()
+    return sorted(tuple(back.transform(ln.get_transform().transform(ln.get_xydata()))[0])
+                  for ln in ax.lines if ln.get_markeredgecolor() == "tab:red"
+                  and ln.get_markerfacecolor() == "none")
+
+
+def test_near_equal_flagged_peaks_are_drawn_at_the_peaks_they_measured(tmp_path):
+    """pareto.png: two flagged runs a hair apart in peak memory were moved sideways, 12 points
+    apart: each drawn at a memory it did not use. On the continuous memory axis the points stay
+    at their peaks and only their labels stand side by side; on the batch-size axis (a few
+    values) runs at one size still stand side by side, around their tick."""
+    rows = rows_of(run(batch=16, e2e=100, peak=0.3), run(batch=64, e2e=140, peak=0.9),
+                   run(batch=32, e2e=120, peak=0.600, noise=[BUSY]),
+                   run(batch=32, e2e=121, peak=0.605, noise=[BUSY]))
+    p = pareto_data(rows)
+    assert sorted(xs(p["flagged"])) == [60.0, 60.5]
+    ax = _drawn(report_plots._draw_pareto, p, tmp_path)
+    assert [pytest.approx(xy) for xy in _red_markers(ax)] == [(60.0, 120), (60.5, 121)]
+    labels = {t.get_text(): t for t in ax.texts if t.get_text() in ("2", "3")}
+    left, right = (labels[n].get_window_extent(ax.figure.canvas.get_renderer())
+                   for n in ("2", "3"))
+    assert left.x1 <= right.x0 or right.x1 <= left.x0  # the labels still read apart
+    # the batch axis: the two flagged runs at 32 side by side, one each side of the tick
+    d = curve_data(rows, "batch_size", "batch size", log2=True)
+    (a, _), (b, _) = _red_markers(_drawn(report_plots._draw_curve, d, tmp_path))
+    assert a < 32 < b and a * b == pytest.approx(32 * 32)
