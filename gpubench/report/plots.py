@@ -43,7 +43,9 @@ LABEL_BOX = dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85)
 
 
 def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str | None = None,
-            xsize: float | None = None, ysize: float | None = 9, grid: str = "both") -> Path:
+            xsize: float | None = None, ysize: float | None = 9, grid: str = "both",
+            placed: list[tuple[float, float]] = ()) -> Path:
+    """Labels, legend, saved; `placed`: points drawn beside their x (_hold)."""
     ax.set_xlabel(xlabel, fontsize=xsize)
     ax.set_ylabel(ylabel, fontsize=ysize)
     ax.set_title(title, fontsize=10)
@@ -56,11 +58,39 @@ def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str 
                for label in labels]
     ax.legend(handles, wrapped, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
               fontsize=8)
-    return save(fig, out)
+    # after the layout: the axes' final width says what a point's offset is in data units
+    return save(fig, out, laid_out=lambda: _hold(ax, placed) if placed else None)
 
 
-def save(fig, path: Path, dpi: int = 110) -> Path:
+# room beyond a point moved aside, in points: its marker's half width (8 / 2) and a little
+HOLD_PAD = 6.0
+
+
+def _hold(ax, placed: list[tuple[float, float]]) -> None:
+    """The x-limits widened so every point drawn `dx` points beside its x (`placed`: (x, dx))
+    lies inside, HOLD_PAD to spare: one moved aside past the last tick was cut off or drawn
+    beyond the axes. An offset in points is more data units once the limits widen: each round
+    widens a quarter past what it found short, so a round or two hold them."""
+    px = ax.figure.dpi / 72.0  # pixels per point
+    for _ in range(10):
+        lo, hi = ax.get_xlim()
+        # in display units, as the axis scales (linear, log2)
+        at = [ax.transData.transform((x, 0.0))[0] + dx * px for x, dx in placed]
+        (left, _), (right, _) = ax.transData.transform([(lo, 0.0), (hi, 0.0)])
+        short_l = left - (min(at) - HOLD_PAD * px)
+        short_r = max(at) + HOLD_PAD * px - right
+        if short_l <= 0 and short_r <= 0:
+            return
+        back = ax.transData.inverted().transform
+        ax.set_xlim(lo if short_l <= 0 else back((left - 1.25 * short_l, 0.0))[0],
+                    hi if short_r <= 0 else back((right + 1.25 * short_r, 0.0))[0])
+
+
+def save(fig, path: Path, dpi: int = 110, laid_out=None) -> Path:
+    """`laid_out`: called once the layout is final, before the picture is written."""
     fig.tight_layout()
+    if laid_out is not None:
+        laid_out()
     with open_own(path, "wb") as f:  # never through a symbolic link
         # the tight box keeps the legends outside the axes in the file
         fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
@@ -145,7 +175,7 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
 
 
 def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=None,
-          edge=None, discrete_x: bool = True, **kw) -> None:
+          edge=None, discrete_x: bool = True, **kw) -> list[tuple[float, float]]:
     """Points never joined into a line, side by side where they share an x, each with its whisker
     and its run number above; at `edge` (y, text offset, alignment) those past that axis end.
     Side by side only where the x axis holds a few values (`discrete_x`: batch sizes, workers),
@@ -154,8 +184,10 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
     label = kw.pop("label")
     if label and edge is None and any(p.get("run") is not None for p in pts):
         label += "\n(label: its run, as ranking.txt names it)"
+    placed = []  # (x, points aside): the limits must hold them (_hold)
     for i, (p, dx) in enumerate(zip(pts, _dodge(pts, near, taken), strict=True)):
-        shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=dx if discrete_x else 0.0,
+        placed.append((p["x"], dx if discrete_x else 0.0))
+        shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=placed[-1][1],
                                        units="points")
         y, run = (p["y"], p.get("run")) if edge is None else (edge[0], None)
         if p.get("chosen"):  # the star rings its point where the point is drawn
@@ -176,19 +208,25 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
             ax.annotate(f"{named}{p['y']:,.0f}\noff scale", (p["x"], y), xytext=(dx, edge[1]),
                         textcoords="offset points", fontsize=7, color="tab:red", ha="center",
                         va=edge[2])
+    return placed
 
 
-def _flagged(ax, d: dict, near: float = 0.0, taken=None, discrete_x: bool = True) -> None:
-    """Flagged runs hollow red, never joined; one past an end of the axis at that edge."""
+def _flagged(ax, d: dict, near: float = 0.0, taken=None,
+             discrete_x: bool = True) -> list[tuple[float, float]]:
+    """Flagged runs hollow red, never joined; one past an end of the axis at that edge. Returns
+    where they were drawn, as _lone."""
     step = 1.12 if d.get("log_y") else 1.03
     label = d["flagged_label"]
+    placed = []
     for side, marker, edge in ((False, "o", None), ("above", "^", (d["ymax"] / step, -8, "top")),
                                ("below", "v", (d.get("ymin", 0.0) * step, 8, "bottom"))):
         if pts := [p for p in d["flagged"] if (p.get("off_scale") or False) == side]:
-            _lone(ax, pts, near=near, flagged=True, taken=taken, edge=edge,
-                  discrete_x=discrete_x, marker=marker, markersize=8, markerfacecolor="none",
-                  markeredgecolor="tab:red", color="tab:red", zorder=2, label=label)
+            placed += _lone(ax, pts, near=near, flagged=True, taken=taken, edge=edge,
+                            discrete_x=discrete_x, marker=marker, markersize=8,
+                            markerfacecolor="none", markeredgecolor="tab:red", color="tab:red",
+                            zorder=2, label=label)
             label = None
+    return placed
 
 
 def _draw_curve(d: dict, out: Path) -> Path:
@@ -208,20 +246,21 @@ def _draw_curve(d: dict, out: Path) -> Path:
     if d.get("band"):
         _band(ax, d["band"], colors[0], d["band"]["label"])
     taken = Counter(p["x"] for ln in d["lines"] for p in ln["points"])
+    placed = []
     for why, marker in APART_MARKERS.items():  # points at one x side by side
         pts = [p for p in d["rest"] if p["apart"] is why]
-        _lone(ax, pts, taken=taken, marker=marker, markersize=5, color="dimgrey", zorder=2,
-              label=why.value.format(phase=d["phase"], xlabel=d["xlabel"]))
+        placed += _lone(ax, pts, taken=taken, marker=marker, markersize=5, color="dimgrey",
+                        zorder=2, label=why.value.format(phase=d["phase"], xlabel=d["xlabel"]))
         taken += Counter(p["x"] for p in pts)
     _points(ax, d["short"], marker="o", markerfacecolor="none", markeredgecolor="grey",
             color="grey", zorder=2, label=SHORT_LABEL)
-    _flagged(ax, d, taken=taken)
+    placed += _flagged(ax, d, taken=taken)
     _star(ax, d["star"])
     _x_axis(ax, d["xticks"], d["log2"], d["integer_x"])
     if d["log_y"]:
         plain_log(ax, "y", d["ymin"], d["ymax"])
     ax.set_ylim(d["ymin"], d["ymax"])
-    return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"])
+    return _finish(fig, ax, out, d["title"], d["xlabel"], d["ylabel"], placed=placed)
 
 
 def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float = 1.0) -> None:

@@ -631,3 +631,27 @@ def test_near_equal_flagged_peaks_are_drawn_at_the_peaks_they_measured(tmp_path)
     d = curve_data(rows, "batch_size", "batch size", log2=True)
     (a, _), (b, _) = _red_markers(_drawn(report_plots._draw_curve, d, tmp_path))
     assert a < 32 < b and a * b == pytest.approx(32 * 32)
+
+
+def test_runs_moved_aside_past_the_last_tick_stay_inside_the_axes(tmp_path):
+    """throughput_vs_workers.png: two slower repeats and two flagged runs at the most workers
+    stand right of that tick, 12 points apart; the axis ended 8% of its span past the tick and
+    the flagged runs were drawn past it (cut off). The limits now hold every point drawn."""
+    def loader(w, v, noise=()):
+        return run(workers=w, e2e=None, compute=None, loader=v, device="cpu", noise=noise,
+                   ci={"loader": [0.95 * v, 1.05 * v]})
+
+    rows = rows_of(*(loader(w, v) for w, v in ((0, 300.0), (1, 450.0), (2, 520.0), (4, 540.0),
+                                               (4, 530.0), (4, 525.0))),
+                   loader(4, 600.0, [BUSY]), loader(4, 610.0, [BUSY]))
+    d = curve_data(rows, "num_workers", "loader workers")
+    assert len(d["rest"]) == 2 and not any(p["off_scale"] for p in d["flagged"])
+    ax = _drawn(report_plots._draw_curve, d, tmp_path)
+    lo, hi = ax.get_xlim()
+    red = _red_markers(ax)
+    assert len(red) == 2 and all(lo < x < hi for x, _ in red), (red, hi)
+    # each whole marker inside: its edge, 4 points past its centre, left of the axes' edge
+    right = ax.transData.transform((hi, 0.0))[0]
+    edge = ax.transData.transform((max(x for x, _ in red), 0.0))[0] + 4 * ax.figure.dpi / 72
+    assert edge <= right
+    assert lo == pytest.approx(-0.32)  # the left end, where nothing is moved, as before
