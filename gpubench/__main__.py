@@ -14,7 +14,7 @@ import gpubench.cli
 from gpubench.cli.errors import Exit, JobFailed, one_line_errors
 from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.exits import REJECTED, ExitCode, quiet_broken_pipe
+from gpubench.core.exits import REJECTED, ExitCode, Refusal, quiet_broken_pipe
 from gpubench.core.record import Status
 from gpubench.core.secrets import say
 
@@ -49,8 +49,10 @@ def _job(cfg: DictConfig) -> float:
     except ConfigError as e:
         if not _multirun():  # gpubench.cli.errors prints it as one line, BAD_INPUT
             raise
+        from hydra.core.hydra_config import HydraConfig
+
         say(str(e), "error")  # one bad job must not end a sweep
-        REJECTED.append(str(e))
+        REJECTED.append(Refusal(tuple(HydraConfig.get().overrides.task), str(e)))
         return 0.0
     _settle()
     if result.status in (Status.oom, Status.failed) and not _multirun():

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
-from gpubench.core.exits import REJECTED, ExitCode
+from gpubench.core.exits import REJECTED, ExitCode, Refusal
 from gpubench.core.files import LinkError, check_no_links, mask_files
 from gpubench.core.record import RESULTS_FILE, find_runs
 from gpubench.core.secrets import mask_logging, say
@@ -175,7 +175,7 @@ class MlflowSweepCallback(Callback):
         wanted = OmegaConf.select(config, "hydra.sweeper.report", default=True) is not False
         attach = bool(parent_id) and t is not None
         try:
-            files = _sweep_report(sweep_dir, attach) if wanted else []
+            files = _sweep_report(sweep_dir, attach, _refused(config)) if wanted else []
             if files and attach:
                 tracking.log_sweep_files(sweep_dir, parent_id, files, float(t.timeout_s), uri)
         except Exception as e:  # a report that fails must not keep the sweep open
@@ -217,7 +217,7 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     recs = [r for d in find_runs(sweep_dir) if (d / RESULTS_FILE).stat().st_mtime >= since
             and (r := load(d)) is not None]
     last = next((r.error for r in reversed(recs) if r.error), None)
-    outcomes, rejected = Counter(r.status for r in recs), list(REJECTED)
+    outcomes, rejected = Counter(r.status for r in recs), [r.line for r in REJECTED]
     if failed := unmeasured(outcomes, last, sweep_dir, rejected):
         say(str(failed), "error")
         # SystemExit: Hydra turns a callback's Exception into a warning (hydra/_internal/
@@ -225,14 +225,24 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
         raise SystemExit(ExitCode.FAILED if outcomes else ExitCode.BAD_INPUT)
 
 
-def _sweep_report(sweep_dir: Path, attach: bool) -> list[Path]:
-    """The sweep report's files (for the parent's artifacts when `attach`); printed unless the
-    gpubench sweeper made one in this process since the sweep began, and then made again only
-    to attach it."""
+def _refused(config: DictConfig) -> list[Refusal]:
+    """This multirun's refused jobs, each by the overrides that set it apart: those the sweep's
+    command line gave every job (`model=tiny`) left out, its swept ones kept
+    (`loader.batch_size=4,-1` gave it `loader.batch_size=-1`)."""
+    common = set(map(str, OmegaConf.select(config, "hydra.overrides.task", default=None) or ()))
+    return [Refusal(tuple(o for o in r.overrides if o not in common) or r.overrides, r.line)
+            for r in REJECTED]
+
+
+def _sweep_report(sweep_dir: Path, attach: bool, refused: list[Refusal]) -> list[Path]:
+    """The sweep report's files (for the parent's artifacts when `attach`), naming the `refused`
+    jobs; printed unless the gpubench sweeper made one in this process since the sweep began,
+    and then made again only to attach it."""
     from gpubench.report.write import REPORT_DIR, sweep_report
 
     made = sweep_dir / REPORT_DIR / "summary.json"
     quiet = made.is_file() and made.stat().st_mtime >= _STARTED.get(str(sweep_dir), float("inf"))
     if quiet and not attach:
         return []
-    return [Path(f) for f in sweep_report(sweep_dir, quiet=quiet) if Path(f).is_file()]
+    return [Path(f) for f in sweep_report(sweep_dir, quiet=quiet, refused=refused)
+            if Path(f).is_file()]

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -28,9 +29,18 @@ class ExitCode(IntEnum):
     BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
-# the one lines of a multirun's jobs refused as bad input in this process (a grid's job prints
-# its own and returns, so one bad job does not end the sweep): gpubench.search.jobs.unmeasured
-REJECTED: list[str] = []
+@dataclass(frozen=True)
+class Refusal:
+    """A multirun's job refused as bad input: its overrides (`hydra.overrides.task`, as the job
+    got them) and the one line it printed."""
+    overrides: tuple[str, ...]
+    line: str
+
+
+# the multirun's jobs refused as bad input in this process (a grid's job prints its own line
+# and returns, so one bad job does not end the sweep): gpubench.search.jobs.unmeasured, and the
+# sweep report's `refused:` lines (gpubench.cli.callbacks)
+REJECTED: list[Refusal] = []
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadine
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import SHORT, role
+from gpubench.core.exits import Refusal
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
 from gpubench.core.record import (
@@ -234,6 +235,12 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
         con.print(Text(line), soft_wrap=log)
 
 
+def refused_lines(refused: list[Refusal]) -> list[str]:
+    """`refused: loader.batch_size=-1: <its one line>`: a job of the sweep refused as bad input
+    wrote no results.json, so no row of the ranking says it was run."""
+    return [mask_secrets(f"refused: {' '.join(r.overrides)}: {r.line}") for r in refused]
+
+
 def print_lines(lines: list[str], console=None) -> None:
     """The report's lines at `console`'s width (stdout's): in a terminal folded between words,
     each continuation under its line's indent plus two (the terminal itself breaks mid-word,
@@ -253,9 +260,11 @@ def print_lines(lines: list[str], console=None) -> None:
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
                  fingerprint: list | None = None, found: list[RunRecord] = (),
-                 named: list[RunRecord] = (), pipes: dict | None = None) -> list[Path]:
+                 named: list[RunRecord] = (), pipes: dict | None = None,
+                 refused: list[Refusal] = ()) -> list[Path]:
     """Everything the report makes; returns the files written. `fingerprint`: what it was made
-    from; `found`, `named`: compute runs for the workers answer; `pipes`: pipes.json."""
+    from; `found`, `named`: compute runs for the workers answer; `pipes`: pipes.json; `refused`:
+    the sweep's jobs refused as bad input, named right under the ranking."""
     from gpubench.report import plots as report_plots
     from gpubench.search.pipes import lines as pipes_lines
 
@@ -290,7 +299,10 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     rec = recommend.recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
-    lines = list(notes)
+    lines = [*refused_lines(list(refused)), *notes]
+    if refused:
+        summary["refused"] = [{"overrides": [mask_secrets(o) for o in r.overrides],
+                               "error": mask_secrets(r.line)} for r in refused]
     if pipes:
         lines = ["search path (sweep=pipes, each pipe on its own, then joined):",
                  *(f"  {x}" for x in pipes_lines(pipes)), *lines]
@@ -352,9 +364,11 @@ class NothingToReport(FileNotFoundError):
 
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False, conditions: dict[str, str] | None = None,
-                 compute: list[str] | None = None, out: str | Path | None = None) -> list[Path]:
+                 compute: list[str] | None = None, out: str | Path | None = None,
+                 refused: list[Refusal] = ()) -> list[Path]:
     """The report of a sweep dir's rows matching `conditions` into `out` (default
-    `<sweep_dir>/report/`); returns its files."""
+    `<sweep_dir>/report/`); returns its files. `refused`: the jobs of the multirun that just
+    ended refused as bad input (gpubench.cli.callbacks): they left no record to read."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
@@ -382,7 +396,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
         raise NothingToReport(f"gpubench.report: nothing to report: no finished run "
                               f"(results.json){matching(conditions)} under {sweep_dir}")
     return write_report(rows, out, str(sweep_dir), study, tolerance, quiet, fingerprint=stamp,
-                        found=found, named=named, pipes=read_json(sweep_dir / PIPES_FILE))
+                        found=found, named=named, pipes=read_json(sweep_dir / PIPES_FILE),
+                        refused=refused)
 
 
 def on_disk(row: Row, root: Path) -> str | None:

@@ -135,8 +135,8 @@ class Jobs:
         for i, r in enumerate(rets):
             error = r._return_value if r.status == JobStatus.FAILED else None
             out.append(read_job(Path(str(r.hydra_cfg.hydra.runtime.output_dir)), error, rung))
-            if out[-1].error == NO_RESULTS and (line := next(refused, None)):
-                out[-1].error = line  # its bad input, as it printed it, not "no results.json"
+            if out[-1].error == NO_RESULTS and (why := next(refused, None)):
+                out[-1].error = why.line  # its bad input, as it printed it, not "no results.json"
             self.manifest.jobs.append({"num": first + i, "dir": str(out[-1].dir), **labels[i],
                                        "status": str(out[-1].status)})
         try:

@@ -244,6 +244,51 @@ def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
     assert sweep_report(sweep, quiet=True) and (report / "pareto.png").stat().st_mtime_ns == mtime
 
 
+def test_the_report_names_each_refused_job_under_the_ranking(tmp_path, capsys):
+    """A multirun's job refused as bad input writes no results.json: the ranking had no row for
+    it and the report never said it was run. One line each, right under the ranking, with the
+    overrides that set it apart and the line it printed; in summary.json too."""
+    from gpubench.core.exits import Refusal
+    from gpubench.report.write import RANK_ORDER, write_report
+
+    why = "loader.batch_size=-1 is not allowed: it must be null or an integer in [1, 65536]"
+    refused = [Refusal(("loader.batch_size=-1",), why),
+               Refusal(("loader.batch_size=2", "precision=amp_fp16"), "precision='amp_fp16' is "
+                       "not allowed: it must be torch_default, fp32, tf32 or amp_bf16 on CPU")]
+    write_report([row(16, 0, ips=100.0), row(32, 0, ips=120.0)], tmp_path / "rep", "x",
+                 refused=refused)
+    out = capsys.readouterr().out.splitlines()
+    at = out.index(RANK_ORDER)
+    assert out[at + 1:at + 3] == [
+        f"refused: loader.batch_size=-1: {why}",
+        "refused: loader.batch_size=2 precision=amp_fp16: precision='amp_fp16' is not allowed: "
+        "it must be torch_default, fp32, tf32 or amp_bf16 on CPU"]
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["refused"][0] == {"overrides": ["loader.batch_size=-1"], "error": why}
+    assert summary["lines"][:2] == out[at + 1:at + 3]  # printed again when up to date
+    write_report([row(16, 0), row(32, 0)], tmp_path / "none", "x", quiet=True)
+    summary = json.loads((tmp_path / "none" / "summary.json").read_text())
+    assert "refused" not in summary and not any(x.startswith("refused:") for x in summary["lines"])
+
+
+@pytest.mark.slow
+def test_a_grid_multiruns_report_names_the_jobs_it_refused(tmp_path):
+    """Through the command: fp16 autocast is refused on a CPU when its job resolves (the sweep's
+    values pass the checks before it starts), the fp32 job measures; the sweep's report names
+    the refused one by its swept override, not the overrides every job got."""
+    p = run_cli("-m", "model=tiny", "dataset.image_size=16", "dataset.num_classes=10",
+                "dataset.num_samples=32", "loader.batch_size=4", "loader.num_workers=0",
+                "bench.device=cpu", "bench.warmup_steps=1", "bench.warmup_max_steps=1",
+                "bench.steps=2", "tracking=none", "precision=fp32,amp_fp16",
+                f"hydra.sweep.dir={tmp_path / 'grid'}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]  # one job measured: the sweep did not fail
+    refused = [ln for ln in p.stdout.splitlines() if ln.startswith("refused:")]
+    assert refused == ["refused: precision=amp_fp16: precision='amp_fp16' is not allowed: it "
+                       "must be torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast "
+                       "needs CUDA)"], p.stdout[-3000:]
+    assert p.stdout.index("ranked: feasible first") < p.stdout.index("refused:")
+
+
 def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
     # the golden sweep measured 6 windows of 6 steps after 1 warm-up step: not the defaults,
     # so a recommended.yaml without `bench` reruns another measurement
