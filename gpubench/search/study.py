@@ -8,6 +8,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -37,11 +38,16 @@ OPEN_ATTEMPTS = 10
 ROUNDS = "-confirm"
 
 
+# catch_warnings swaps the process-wide filter list: two threads inside at once restore each
+# other's list on exit (one thread's warning then shows, or the other's ignore stays for good)
+_QUIETING = threading.RLock()
+
+
 @contextmanager
 def _quiet():
     """Optuna calls heartbeats and their callbacks experimental, and warns of heartbeats outside
-    `optimize`: we beat ourselves."""
-    with warnings.catch_warnings():
+    `optimize`: we beat ourselves. One thread at a time (_QUIETING); the blocks are short."""
+    with _QUIETING, warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", "Heartbeat of storage")
         yield

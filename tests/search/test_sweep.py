@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -512,7 +513,10 @@ def test_concurrent_study_creation_loads_the_winner(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     storage = f"sqlite:///{tmp_path / 'o.db'}"
-    with ThreadPoolExecutor(4) as ex:
+    # Optuna's experimental warnings (heartbeats) stay quiet in every thread: catch_warnings is
+    # process-wide, so threads quieting at once could restore each other's filters
+    with warnings.catch_warnings(), ThreadPoolExecutor(4) as ex:
+        warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
         shared = list(ex.map(lambda _: open_study("race", storage, 1, 4), range(4)))
     shared[0].study.enqueue_trial({"x": 1})
     assert all(len(s.study.trials) == 1 for s in shared)  # one study, seen by all
