@@ -79,3 +79,30 @@ def test_the_loader_check_compares_worker_only_knobs_where_they_act():
     # (5000) is not this setting's figure
     assert "2 workers load 600.0 img/s" in check and "with 0: 300.0" in check, check
 
+
+def test_runs_that_differ_only_in_a_knob_inert_where_they_ran_are_one_setting(compose_cfg):
+    """0 workers with persistent_workers false or true (prefetch_factor 2 or 4; thread workers
+    with either persistent_workers) ran alike: their records hold the knob's inert value
+    (Knob.inert), so the ranking's setting key pools them as repeats of one setting."""
+    from omegaconf import OmegaConf
+
+    from gpubench.analysis.recommend import latest_per_setup, varying
+    from gpubench.config.settings import resolve
+
+    def runs(*variants: str, base: tuple[str, ...] = ("loader.num_workers=0",)) -> list[Row]:
+        out = []
+        for i, v in enumerate(variants):
+            cfg = resolve(compose_cfg(*base, v)).config
+            rec = RunRecord(status=Status.ok, images_per_sec=100.0 + i, peak_memory_fraction=0.1,
+                            memory_ceiling=0.8, config=OmegaConf.to_container(cfg), rung="full",
+                            started_at=f"2026-01-0{i + 1}")
+            out.append(Row(str(i), rec))
+        return out
+
+    for rows in (runs("loader.persistent_workers=false", "loader.persistent_workers=true"),
+                 runs("loader.prefetch_factor=2", "loader.prefetch_factor=4"),
+                 runs("loader.persistent_workers=false", "loader.persistent_workers=true",
+                      base=("loader.num_workers=2", "loader.worker_type=thread"))):
+        assert varying(rows) == []
+        (one,) = latest_per_setup(rows)
+        assert len(one.confirms) == 1
