@@ -13,7 +13,7 @@ from typing import Any
 from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
-from gpubench.config.knobs import PROCESS_ONLY, WORKER_ONLY, compared, role
+from gpubench.config.knobs import DATA_KEYS, PROCESS_ONLY, WORKER_ONLY, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, RunRecord, interval_label_of
@@ -27,6 +27,9 @@ SETUP_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last"
 RERUN_KEYS = (*SETUP_KEYS, "bench")
 # no fault injection: a run with any other value tests a failure path, never pooled
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
+# what the loader phase's figure depends on but its workers and the batch size: the data pipe's
+# knobs (the loader check pools only rows alike in these, as they act)
+LOADER_SETTING = tuple(k for k in DATA_KEYS if k != "loader.num_workers")
 
 
 @dataclass
@@ -174,6 +177,14 @@ def _acting(r: Row, key: str) -> bool:
     if key in WORKER_ONLY and not r.flat.get("loader.num_workers"):
         return False
     return not (key in PROCESS_ONLY and r.flat.get("loader.worker_type") == "thread")
+
+
+def same_loader(r: Row, of: Row) -> bool:
+    """Whether `r`'s loader is `of`'s but for its workers: every LOADER_SETTING key alike where
+    it acts in both (a worker-only one is inert without workers: a 0-worker row loads as any
+    setting of it does, as the report's workers answer groups them, plot_rules.worker_groups)."""
+    return all(r.flat.get(k) == of.flat.get(k) for k in LOADER_SETTING
+               if _acting(r, k) and _acting(of, k))
 
 
 def varying(rows: list[Row]) -> list[str]:
@@ -330,10 +341,12 @@ def why_not_best(r: Row) -> str:
 
 
 def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) -> list[str]:
-    """The loader phase's fewest workers at the chosen batch size (all precisions: it runs no
-    model); where it differs from the pick, training measured end to end decides."""
+    """The loader phase's fewest workers at the chosen batch size and data setting (same_loader;
+    all precisions: it runs no model); where it differs from the pick, training measured end to
+    end decides."""
     batch = chosen.knob("batch_size")
-    same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured]
+    same = [r for r in rows if r.knob("batch_size") == batch and same_loader(r, chosen)
+            and r.record.status.measured]
     pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec) for r in same],
                           chosen.record.compute_images_per_sec, tolerance,
                           chosen.record.env.get("device"))

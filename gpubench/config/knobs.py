@@ -19,6 +19,8 @@ for _k in KEYS.values():
                                             key=lambda n: not n.endswith("._target_")))
 # the short names that identify a setup where it is written out (a title, --where's hint)
 SETUP_SHORT = tuple(n for n, ks in SHORT.items() if KEYS[ks[0]].knob.role is Role.workload)
+# the keys a search may sweep (the knobs), as the command line names them: a group by its name
+SEARCHABLE = tuple(n.removesuffix(".name") for n, k in KEYS.items() if k.knob.role is Role.knob)
 # the swept keys of the data pipe (the loader's rate depends on them, the compute phase's not)
 DATA_KEYS = tuple(n for n, k in KEYS.items()
                   if k.knob.role is Role.knob and k.knob.pipe is Pipe.data)

@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from gpubench.analysis.recommend import recommend
+from gpubench.analysis.select import training_rows
 from gpubench.core.record import Rung, load
 from gpubench.core.stats import count
 from gpubench.search import study as S
@@ -228,22 +229,33 @@ class Search:
         return [t.number for t in top]
 
     def _summarize(self, confirmed: list[int]) -> dict | None:
-        try:
-            best = self.study.best_trial  # feasible only (Optuna reads the constraints)
-        except ValueError:
-            best = None
-        value, extra = None if best is None else best.value, {}
-        if confirmed:  # the report's reference: the fastest stable confirmed trial
-            rows = trial_rows(self.study, self.shared.storage)
-            if (rec := recommend([r for _, r in rows])) is not None:
-                pick = rec.best
-                best = next(t for t, r in rows if r is pick)
-                value = pick.throughput
+        """sweep.json's `best`: the trial the report recommends (the same rows, the same
+        `recommend`: its `chosen`), so the two never disagree; `fastest`, its reference, where
+        that is another trial. Optuna's best_trial (feasible, the highest value, flagged or not)
+        only where the report recommends nothing."""
+        rows = trial_rows(self.study, self.shared.storage)
+        rec = recommend(training_rows([r for _, r in rows])[0])
+        if rec is None:
+            try:
+                best = self.study.best_trial  # feasible only (Optuna reads the constraints)
+            except ValueError:
+                best = None
+            value, extra = None if best is None else best.value, {}
+        else:
+            pick = rec.chosen
+            best, value = next(t for t, r in rows if r is pick), pick.throughput
+            extra = {}
+            if confirmed:  # its figure pooled over its measurements
                 extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
                          "measurements": len(pick.pooled)}
-                if not pick.confirmed:
+                if not rec.best.confirmed:  # as the report's UNCONFIRMED line
                     log.warning("no top trial measured alike again (confirm step): best is "
                                 "UNCONFIRMED")
+            if rec.best is not pick:
+                fastest = next(t for t, r in rows if r is rec.best)
+                extra["fastest"] = {"trial": fastest.number, "value": rec.best.throughput,
+                                    "interval": list(rec.best.interval),
+                                    "dir": fastest.user_attrs.get("dir")}
         out = None
         if best is None:
             log.warning("no feasible trial under the memory ceiling")
@@ -251,8 +263,8 @@ class Search:
             out = {"trial": best.number, "value": value, "params": best.params,
                    "overrides": self.space.overrides(best.params),
                    "dir": best.user_attrs.get("dir"), **extra}
-            log.info("best feasible: trial %d, %.1f img/s: %s", best.number, value,
-                     " ".join(out["overrides"]))
+            log.info("best feasible (as the report recommends): trial %d, %.1f img/s: %s",
+                     best.number, value, " ".join(out["overrides"]))
         self.manifest.update(measured_trials=len(S.measured_trials(self.study)),
                              **({"best": out} if out and self.writes_best else {}))
         return out

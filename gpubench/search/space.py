@@ -24,6 +24,8 @@ from optuna.distributions import (
 )
 
 from gpubench.config.errors import ConfigError
+from gpubench.config.keys import Role
+from gpubench.config.knobs import SEARCHABLE, role
 from gpubench.config.overrides import format_value
 from gpubench.core.ranges import NOT_EMPTY, range_last
 
@@ -37,6 +39,7 @@ class Param:
     dist: BaseDistribution
     # a sampled choice's text for Hydra (lists and quoted strings are sampled by their label)
     text: dict[Any, str] = field(default_factory=dict)
+    written: str = ""  # the sweep as written (`choice(16,64)`): what an error line shows
 
     def override(self, value: Any) -> str:
         return f"{self.key}={self.text[value] if value in self.text else format_value(value)}"
@@ -62,6 +65,19 @@ class SearchSpace:
             raise ConfigError("hydra.sweeper.params", {}, "swept overrides (nothing to search), "
                               "such as 'loader.batch_size=choice(32,64)' or a preset "
                               "(sweep=throughput)")
+
+    def require_knobs(self) -> None:
+        """A search ranks its trials together: a swept workload key (Role.workload: what is
+        trained, a key gpubench does not declare too) would rank other setups against each
+        other and call the fastest the best. ConfigError names the first such key."""
+        for p in self.params:
+            if role(p.name) is Role.workload:
+                raise ConfigError(p.key.lstrip("+"), p.written, (
+                    f"a knob to search ({', '.join(SEARCHABLE)}): {p.name} is a workload key, "
+                    "what is trained, and runs that differ in it are never ranked together; "
+                    f"run one search per {p.name}, or a grid multirun over them (-m without "
+                    "hydra/sweeper=gpubench): its report ranks each apart"),
+                    typed=p.written or None)
 
     def size(self) -> int | None:
         """Number of distinct points, or None when a parameter is continuous."""
@@ -118,6 +134,7 @@ def to_param(override) -> Param:
     name, key = override.key_or_group, override.get_key_element()
     log = "log" in (getattr(value, "tags", None) or set())
     text = override.input_line.split("=", 1)[-1] if override.input_line else str(value)
+    written = text
     if isinstance(value, ChoiceSweep):
         if log:
             raise ConfigError(name, text, "tag(log, ...) around range(...) or interval(...) only")
@@ -133,16 +150,16 @@ def to_param(override) -> Param:
         if len(set(choices)) != len(choices):
             raise ConfigError(name, f"choice({','.join(labels)})", "distinct values (0 and "
                               "false, 1 and true, 1 and 1.0 count as the same)")
-        return Param(name, key, CategoricalDistribution(choices), text)
+        return Param(name, key, CategoricalDistribution(choices), text, written)
     if isinstance(value, RangeSweep):
-        return Param(name, key, _range_distribution(name, value, log))
+        return Param(name, key, _range_distribution(name, value, log), written=written)
     if isinstance(value, IntervalSweep):
         lo, hi = float(value.start), float(value.end)
         if not lo < hi:
             raise ConfigError(name, f"interval({lo},{hi})", "interval(a,b) with a < b")
         if log and lo <= 0:
             raise ConfigError(name, f"tag(log,interval({lo},{hi}))", "a log interval with a > 0")
-        return Param(name, key, FloatDistribution(lo, hi, log=log))
+        return Param(name, key, FloatDistribution(lo, hi, log=log), written=written)
     raise ConfigError(name, text, "choice(...), range(...), interval(...), optionally in "
                       "tag(log, ...)")
 

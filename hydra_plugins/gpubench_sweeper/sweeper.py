@@ -93,6 +93,7 @@ class GpubenchSweeper(Sweeper):
 
         pipes = self.mode is Mode.pipes
         # checked before a study is made for nothing
+        space.require_knobs()  # a workload key swept: other setups ranked as one
         if pipes:
             check_space(space, tuple(self.pipes.data_keys))  # require_swept, and per pipe
         else:

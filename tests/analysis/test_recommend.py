@@ -37,3 +37,72 @@ def test_a_table_of_runs_without_an_interval_claims_no_coverage():
     spread = Row("s", RunRecord(status=Status.ok, images_per_sec=100.0,
                                 images_per_sec_ci=[90.0, 110.0]))
     assert interval_label([failed, spread]) == "95% interval"
+
+
+def _loader_run(ips: float, loader: float, workers: int = 0, **knobs) -> Row:
+    """A stable CPU run at batch 4 whose loader phase measured `loader` img/s (compute 500)."""
+    data = {k: v for k, v in knobs.items() if k in ("preload", "augment_on")}
+    loader_knobs = {k: v for k, v in knobs.items() if k not in data}
+    rec = RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=[ips, ips],
+                    peak_memory_fraction=0.1, memory_ceiling=0.8, measurement_stable=True,
+                    loader_images_per_sec=loader, compute_images_per_sec=500.0,
+                    env={"device": "cpu"},
+                    config={"loader": {"batch_size": 4, "num_workers": workers, **loader_knobs},
+                            "dataset": {"preload": False, **data}})
+    return Row(f"w{workers}-{loader}", rec)
+
+
+def test_the_loader_check_reads_only_runs_of_the_chosen_data_setting():
+    """Two data settings at one worker count are no repeats: the check quotes the chosen one's
+    loader rate, not a figure pooled over both (663.7 and 1978.2 read as 1320.9)."""
+    slow, fast = _loader_run(90.0, 663.7), _loader_run(100.0, 1978.2, preload=True)
+    rec = recommend([slow, fast])
+    assert rec.chosen is fast
+    (check,) = [x for x in rec.reasons if x.startswith("loader check")]
+    assert "0 workers load 1978.2 img/s" in check, check
+    # any data knob: the chosen setting's own figure, the other's never pooled in
+    aug = [_loader_run(100.0, 1978.2, augment_on="device"), _loader_run(90.0, 663.7)]
+    (check,) = [x for x in recommend(aug).reasons if x.startswith("loader check")]
+    assert "0 workers load 1978.2 img/s" in check, check
+
+
+def test_the_loader_check_compares_worker_only_knobs_where_they_act():
+    """A 0-worker run loads as any persistent_workers setting would (inert without workers): it
+    is the chosen setting's 0-worker point; a 1-worker run with another setting of it is not."""
+    chosen = _loader_run(100.0, 600.0, workers=2, persistent_workers=True)
+    zero = _loader_run(40.0, 300.0, workers=0, persistent_workers=False)
+    other = _loader_run(60.0, 5000.0, workers=1, persistent_workers=False)
+    rec = recommend([chosen, zero, other])
+    assert rec.chosen is chosen
+    (check,) = [x for x in rec.reasons if x.startswith("loader check")]
+    # 2 workers' 600 clears compute 500; 0 workers' 300 does not; the other setting's 1 worker
+    # (5000) is not this setting's figure
+    assert "2 workers load 600.0 img/s" in check and "with 0: 300.0" in check, check
+
+
+def test_runs_that_differ_only_in_a_knob_inert_where_they_ran_are_one_setting(compose_cfg):
+    """0 workers with persistent_workers false or true (prefetch_factor 2 or 4; thread workers
+    with either persistent_workers) ran alike: their records hold the knob's inert value
+    (Knob.inert), so the ranking's setting key pools them as repeats of one setting."""
+    from omegaconf import OmegaConf
+
+    from gpubench.analysis.recommend import latest_per_setup, varying
+    from gpubench.config.settings import resolve
+
+    def runs(*variants: str, base: tuple[str, ...] = ("loader.num_workers=0",)) -> list[Row]:
+        out = []
+        for i, v in enumerate(variants):
+            cfg = resolve(compose_cfg(*base, v)).config
+            rec = RunRecord(status=Status.ok, images_per_sec=100.0 + i, peak_memory_fraction=0.1,
+                            memory_ceiling=0.8, config=OmegaConf.to_container(cfg), rung="full",
+                            started_at=f"2026-01-0{i + 1}")
+            out.append(Row(str(i), rec))
+        return out
+
+    for rows in (runs("loader.persistent_workers=false", "loader.persistent_workers=true"),
+                 runs("loader.prefetch_factor=2", "loader.prefetch_factor=4"),
+                 runs("loader.persistent_workers=false", "loader.persistent_workers=true",
+                      base=("loader.num_workers=2", "loader.worker_type=thread"))):
+        assert varying(rows) == []
+        (one,) = latest_per_setup(rows)
+        assert len(one.confirms) == 1

@@ -301,6 +301,7 @@ def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
     # sweep.json's best is an end-to-end run of the join, never a one-pipe stage's trial
     best = json.loads((sweep / "sweep.json").read_text())["best"]
     assert best["dir"] in {j["dir"] for j in by_stage["join"]}, best
+    assert best["dir"] == rec["dir"]  # the run the report recommends
     assert (report / "experiment" / "recommended.yaml").is_file()
     # MLflow: one parent, every job a child of it
     from mlflow.tracking import MlflowClient

@@ -385,6 +385,100 @@ def test_a_sweep_that_measured_nothing_has_failed(tmp_path, outcomes, failed):
     assert str(tmp_path / "sweep.json") in line
 
 
+def test_a_swept_workload_key_is_refused_naming_key_value_and_what_is_allowed():
+    """A search ranks its trials as one setup: every workload key (what is trained: model,
+    data, image size, phases, lr, a team's own +key) is refused before any trial; every knob,
+    and how runs are measured (bench.steps), may be searched."""
+    from gpubench.config.keys import Role
+    from gpubench.config.knobs import KEYS, SEARCHABLE
+
+    workload = [n for n, k in KEYS.items() if k.knob.role is Role.workload]
+    assert {"dataset.image_size", "model.name", "bench.phases", "bench.lr"} <= set(workload)
+    for key in [*workload, "model", "dataset", "+team.width"]:
+        space = parse_search_space([f"{key}=choice(1,2)"])
+        with pytest.raises(ConfigError) as e:
+            space.require_knobs()
+        line = str(e.value)
+        assert "\n" not in line and line.startswith(f"{key.lstrip('+')}=choice(1,2) is not "
+                                                     "allowed: it must be a knob"), line
+        assert "loader.num_workers" in line and "grid multirun" in line, line
+    for key in [*SEARCHABLE, "bench.steps", "memory.ceiling"]:
+        parse_search_space([f"{key}=choice(1,2)"]).require_knobs()
+
+
+def test_the_sweep_presets_search_knobs_only(compose_cfg):
+    from gpubench.config.paths import CONFIG_DIR
+
+    for preset in sorted((CONFIG_DIR / "sweep").glob("*.yaml")):
+        cfg = compose_cfg(f"sweep={preset.stem}", hydra=True)
+        params = dict(cfg.hydra.sweeper.params or {})
+        parse_search_space([], params).require_knobs()
+
+
+class ByBatch(RecordingLauncher):
+    """Each job's results.json by the batch size its overrides name (a sampler's order aside)."""
+
+    def __init__(self, sweep: Path, records: dict[int, dict]) -> None:
+        super().__init__(sweep, [])
+        self.by_batch = records
+
+    def launch(self, batch, initial_job_idx: int):
+        for overrides in batch:
+            b = next(int(o.split("=")[1]) for o in overrides if o.startswith("loader.batch_size="))
+            self.records.append(self.by_batch[b])
+        return super().launch(batch, initial_job_idx)
+
+
+def _measured(batch: int, ips: float, stable: bool = True) -> dict:
+    return {"status": "ok", "images_per_sec": ips, "images_per_sec_ci": [0.99 * ips, 1.01 * ips],
+            "peak_memory_fraction": 0.1, "measurement_stable": stable, "rung": "full",
+            "env": {"device": "cpu"},
+            "config": {"loader": {"batch_size": batch, "num_workers": 0}}}
+
+
+def _search_best(tmp_path, records: dict[int, dict], confirm=None) -> tuple[dict, object]:
+    """sweep.json's best after a search of every batch in `records`, and what the report of
+    the same sweep dir recommends."""
+    from gpubench.search.jobs import Jobs
+    from gpubench.search.loop import Screen, Search
+    from gpubench.search.manifest import Manifest
+    from gpubench.search.rows import recommendation
+
+    shared = open_study("s", f"sqlite:///{tmp_path / 'o.db'}", heartbeat_interval=30,
+                        grace_period=60)
+    manifest = Manifest(tmp_path, "optuna")
+    jobs = Jobs(ByBatch(tmp_path, records), manifest, max_failures=0)
+    space = parse_search_space([f"loader.batch_size=choice({','.join(map(str, records))})"])
+    Search(shared, space, jobs, manifest, n_trials=len(records), n_jobs=1,
+           screen=Screen(None, 1.0, 0, []), poll_s=0.01, confirm=confirm).run()
+    manifest.update(study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}")
+    manifest.save()
+    return read_json(tmp_path / "sweep.json")["best"], recommendation(tmp_path)
+
+
+def test_sweep_json_best_is_never_a_trial_that_flagged_its_own_measurement(tmp_path):
+    """Optuna's best_trial is the highest value; the report never recommends a run that
+    flagged itself while a stable one measured: sweep.json's best is the report's pick."""
+    best, rec = _search_best(tmp_path, {2: _measured(2, 100.0), 4: _measured(4, 300.0, False)})
+    assert rec.chosen.knob("batch_size") == 2
+    assert best["dir"] == rec.chosen.dir and best["params"] == {"loader.batch_size": 2}
+    # the report's reference (fastest feasible) is the stable one too: no `fastest` apart
+    assert best["value"] == 100.0 and rec.best is rec.chosen and "fastest" not in best
+
+
+def test_sweep_json_best_after_the_confirm_step_is_the_recommended_run_not_the_fastest(tmp_path):
+    """Confirmed alike, batch 4 is the fastest (the reference) and batch 2, within 5% of it, the
+    recommendation: best is batch 2, the reference kept as `fastest`."""
+    from gpubench.search.loop import Confirm
+
+    best, rec = _search_best(tmp_path, {2: _measured(2, 98.0), 4: _measured(4, 100.0)},
+                             Confirm(top=2, rounds=1))
+    assert (rec.best.knob("batch_size"), rec.chosen.knob("batch_size")) == (4, 2)
+    assert best["dir"] == rec.chosen.dir and best["params"] == {"loader.batch_size": 2}
+    assert best["confirmed"] is True and best["measurements"] == 2
+    assert best["fastest"]["dir"] == rec.best.dir
+
+
 # ---------------------------------------------------------------------------- max batch
 
 
@@ -793,6 +887,19 @@ def test_optuna_sweep_screens_then_measures_and_tracks(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sweep_of_a_workload_key_is_one_line_and_exit_2_before_any_trial(tmp_path):
+    """dataset.image_size=choice(16,64) searched: trials of two setups ranked as one, the best
+    crossing them; refused before a study or a job exists."""
+    db = tmp_path / "o.db"
+    p = _sweep(tmp_path, "dataset.image_size=choice(16,64)", "hydra.sweeper.n_trials=2",
+               f"hydra.sweeper.storage=sqlite:///{db}")
+    assert p.returncode == 2, p.stderr[-2000:]
+    [line] = [x for x in p.stderr.splitlines() if x.strip()]
+    assert "dataset.image_size=choice(16,64) is not allowed: it must be a knob" in line, line
+    assert not db.exists() and not read_json(tmp_path / "sweep" / "sweep.json").get("jobs")
+
+
+@pytest.mark.slow
 def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
     from gpubench.search.rows import load_dir
     from gpubench.search.study import confirm_dirs
@@ -829,12 +936,18 @@ def test_confirm_step_remeasures_the_top_trials_interleaved(tmp_path):
     rows = {j["trial"]: by_label[Path(j["dir"]).name] for j in full}
     assert len(by_label) == 4 and all(bool(rows[n].confirms) == (n in top) for n in recs)
     assert all(rows[n].trial == str(n) for n in recs)
-    best = manifest["best"]
+    # best is the run the report recommends; its reference (`fastest` where another trial) the
+    # fastest stable confirmed one
+    best, summary = manifest["best"], json.loads((sweep / "report" / "summary.json").read_text())
+    assert best["dir"] == summary["recommended"]["dir"]
+    reference = best.get("fastest", best)
+    assert reference["dir"] == summary["best"]["dir"]
     stable_top = [n for n in top if rows[n].stable]
-    assert best["confirmed"] == bool(stable_top)
     if stable_top:
-        assert best["trial"] in stable_top and best["measurements"] == 3
-        assert best["value"] == max(rows[n].throughput for n in stable_top)
+        assert reference["trial"] in stable_top
+        assert reference["value"] == max(rows[n].throughput for n in stable_top)
+    chosen = next(r for r in by_label.values() if r.dir == best["dir"])
+    assert best["confirmed"] == chosen.confirmed and best["measurements"] == len(chosen.pooled)
     # the report's ranking shows the pooled figure of a confirmed trial
     pooled = rows[top[0]]
     import statistics
