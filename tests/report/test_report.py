@@ -338,20 +338,6 @@ def test_the_measurement_is_said_as_the_runner_made_it():
         "6 windows of 9 steps on each of loader, e2e, cut short by bench.max_seconds=60.0")
 
 
-def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
-    """More steps alone are cut at the same bench.max_seconds: the advice raises it to what the
-    new steps need at the pace measured (124 of 600 steps in 0.3 s: 2400 need 5.8 s; the old
-    advice's 4x the cap, 1.2 s, cut them again)."""
-    from gpubench.core.record import PhaseRecord, RunRecord
-    from gpubench.report.write import longer_text
-
-    rec = RunRecord(config={"bench": {"steps": 600, "repeats": 6, "max_seconds": 0.3}},
-                    phases={"e2e": PhaseRecord(phase="e2e", steps=124, truncated=False)})
-    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10"
-    rec.phases["e2e"].truncated = True
-    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=5.9"
-
-
 def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
     """The report's `(run 3: loader.batch_size=8)`; with no knob that varied (one setting
     ranked, as a sweep=pipes join can leave), the run alone, never `(run 0: )`."""
@@ -1027,3 +1013,58 @@ def test_the_utilization_lines_name_the_phase_they_were_read_in():
     assert cpu.startswith("host CPU during e2e: ") and "peak RSS 0.83 GiB over the run" in cpu
     del d["phases"]["e2e"]
     assert _device_lines(d)[0].startswith("GPU during compute: ")
+
+
+def _flagged(batch, ips, reasons, bench=None, phases=None, tmp=None) -> RunRecord:
+    """A CPU run of a batch size that flagged its own measurement (`reasons`), leaning overlap."""
+    return RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=[0.5 * ips, 1.5 * ips],
+                     peak_memory_fraction=0.03, memory_ceiling=0.8, measurement_stable=False,
+                     noise_reasons=list(reasons), bottleneck="inconclusive",
+                     extra={"verdict_leaning": "overlap"}, phases=phases or {},
+                     config={"loader": {"batch_size": batch, "num_workers": 0},
+                             "precision": {"name": "fp32"},
+                             "bench": bench or {"steps": 6, "repeats": 6, "max_seconds": 60.0,
+                                                "phases": ["loader", "compute", "e2e"]}},
+                     env={"device": "cpu"}, dir=tmp)
+
+
+def test_every_measure_longer_of_a_cut_short_run_is_the_one_rule(tmp_path):
+    """`-m bench.steps=600 bench.repeats=6 bench.max_seconds=0.3`: every compute window ran 1 of
+    its 100 steps. The console's and results.json's advice said `bench.steps=2400
+    bench.repeats=10` (cut short again at the same cap), the report and recommended.yaml added
+    `bench.max_seconds=120`: every reader now gives core.record.longer's, the verdict's `would
+    decide` too (its own steps, the cap they need)."""
+    from gpubench.analysis.noise import remedies
+    from gpubench.analysis.verdict import Knobs, judge
+    from gpubench.core.record import PhaseRecord, longer
+    from gpubench.report.write import experiment_yaml, write_report
+
+    cut = Reason(Flaw.cut_short, "compute: windows 1, 2, 3, 4, 5, 6 cut short by "
+                                 "bench.max_seconds before bench.steps")
+    bench = {"steps": 600, "repeats": 6, "max_seconds": 0.3, "phases": ["compute", "e2e"]}
+    phases = {n: PhaseRecord(n, 4, steps=6, truncated=True) for n in ("compute", "e2e")}
+    rec = _flagged(4, 50.0, [cut], bench, phases, tmp_path / "0")
+    want = "bench.steps=2400 bench.repeats=10 bench.max_seconds=120"
+    assert str(longer(rec)) == want
+    knobs = Knobs(device="cpu", num_workers=0, cpu_count=2, pin_memory=False, preload=False,
+                  augment_on="cpu", precision="fp32", channels_last=False, compile="off",
+                  batch_size=4, dataset="synthetic", memory_fraction=0.03, ceiling=0.8)
+    # the console's and results.json's advice (run.summary: the remedies of its reasons)
+    advice = judge(400, 60, 50, 0.1, knobs, noise_reasons=[cut],
+                   remedies=remedies([cut], [], rec), record=rec).advice
+    assert any(a.startswith(f"{want}: more and longer windows") for a in advice), advice
+    assert judge(400, 60, 50, 0.1, knobs, noise_reasons=[cut], record=rec).advice[0].startswith(
+        want)  # no remedies given: the same
+    # a question the intervals leave open: the windows that would decide it, and their cap
+    open_ = judge(2232, 56.7, 52.7, None, knobs, intervals={
+        "loader": [1905, 3125], "compute": [51.7, 58.7], "e2e": [48.0, 56.0]}, record=rec)
+    assert any(a.startswith("bench.steps=1500 bench.repeats=15 bench.max_seconds=75: about 15 "
+                            "windows of 100 steps would decide") for a in open_.advice), open_.advice
+    # the report's rerun line and recommended.yaml's bench comment
+    rows = [Row("0", rec)]
+    assert f"to measure longer, add {want} to the rerun command" in experiment_yaml(
+        rows[0], "src", recommend(rows))
+    write_report(rows, tmp_path / "report", "src", quiet=True)
+    lines = json.loads((tmp_path / "report" / "summary.json").read_text())["lines"]
+    assert any(f"add {want} to measure longer)" in ln for ln in lines), lines
+
