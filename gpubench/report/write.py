@@ -156,11 +156,11 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
         steady = r.record.status is Status.ok and r.steadiness is not Steadiness.unchecked
         body.append([
             str(i), r.label,
-            r.status if not screen else r.steadiness.value if steady else str(r.record.status),
+            r.status if not screen else r.standing if steady else str(r.record.status),
             f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
             _fmt(getattr(r.record, util)), _fmt(r.record.bottleneck),
-            *([] if screen else [r.steadiness.value]),
+            *([] if screen else [r.standing]),
             # a confirmed row's figures pool its re-measurements: say how many
             *([f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms and not screen
                               else "")] if with_rung else []),

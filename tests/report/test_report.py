@@ -1068,3 +1068,41 @@ def test_every_measure_longer_of_a_cut_short_run_is_the_one_rule(tmp_path):
     lines = json.loads((tmp_path / "report" / "summary.json").read_text())["lines"]
     assert any(f"add {want} to measure longer)" in ln for ln in lines), lines
 
+
+@pytest.mark.parametrize("kind, word, rerun", [
+    (Flaw.few_windows, "too few windows", "measuring longer"),
+    (Flaw.cut_short, "cut short", "measuring longer"),
+    (Flaw.too_short, "too short", "measuring longer"),
+    (Flaw.warmup, "warm-up unsettled", "measuring longer"),
+    (Flaw.disturbed, "disturbed", "on a quiet machine"),
+    (Flaw.gpu, "disturbed", "on a quiet machine"),
+])
+def test_a_flawed_runs_kinds_word_its_standing_and_remedy_alike_everywhere(kind, word, rerun):
+    """Runs flagged only with too few windows (or cut short) were `disturbed` in the ranking,
+    on the console (`but the run was disturbed`) and in the recommendation (`rerun ... on a quiet
+    machine`), `too few windows` in the plots' legend: their remedy is a longer measurement.
+    Every reader words a flaw and its remedy from one mapping (analysis.labels.FLAWS)."""
+    from gpubench.report.console import verdict
+    from gpubench.report.plot_data import curve_data, pareto_data
+
+    reason = Reason(kind, "e2e: words that name no kind")
+    rows = [Row(str(i), _flagged(b, ips, [reason])) for i, (b, ips) in enumerate(((4, 100.0),
+                                                                                  (8, 150.0)))]
+    wrong = {"measuring longer": "on a quiet machine", "on a quiet machine": "measuring longer"}
+    head, body = table_rows(rows, ["loader.batch_size"], screen=True)
+    assert [b[2] for b in body] == [word, word]  # the ranking's status
+    assert [b[8] for b in table_rows(rows, ["loader.batch_size"])[1]] == [word, word]  # csv
+    caveat = recommend(rows).reasons[0]
+    assert caveat.startswith(f"UNCONFIRMED: every measurement flagged itself ({word}: "
+                             f"noise_reasons); rerun the recommended config {rerun}")
+    assert wrong[rerun] not in caveat
+    if rerun == "measuring longer":  # with the chosen run's own "measure longer"
+        assert caveat.endswith("measuring longer (bench.steps=24 bench.repeats=10) before "
+                               "trusting it")
+    line = next(ln for ln in verdict(rows[0].record) if "narrowest pipe" in ln)
+    assert f"(the figures lean to overlap, but the run was flagged: {word}; rerun {rerun})" in line
+    curve = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert curve["title"].endswith(f"every full run flagged its own measurement (rerun {rerun})")
+    assert curve["flagged_label"].startswith(f"flagged run ({word}):")
+    assert f"(rerun {rerun})" in " ".join(pareto_data(rows)["title"].split())
+
