@@ -222,7 +222,7 @@ def interval_label(rows: list[Row], phases: bool = False) -> str:
     never pooled)."""
     measured = [r for r in rows if r.record.status.measured]
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
-              *(r.record.interval_coverage for r in measured if phases)]
+              *(c for r in measured if phases for c in r.record.coverages)]
     # no row with an interval (every run failed): a column of dashes claims no coverage
     return interval_label_of(covers) if covers else "interval"
 

@@ -327,18 +327,40 @@ class RunRecord(_Keys):
     def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
 
-    @property
-    def interval_coverage(self) -> float:
-        """The phases' lowest interval coverage: CONFIDENCE, less with few windows (3: 75%)."""
-        covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
-                  if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
-        return min([*covers, CONFIDENCE])
+    def phase_coverage(self, name: str) -> float | None:
+        """The coverage of phase `name`'s interval (3 windows: 75%; an interval covering more
+        is named a CONFIDENCE one), its phase record's, else its headline keys' (an older record:
+        CONFIDENCE, as then every interval was); None without an interval."""
+        p = self.phases.get(name)
+        if p is None:
+            return CONFIDENCE if self.phase_figure(name)[1] else None
+        if not p.images_per_sec_ci:
+            return None
+        c = p.images_per_sec_ci_coverage
+        return CONFIDENCE if c is None else min(c, CONFIDENCE)
 
     @property
-    def interval_label(self) -> str:  # no phase with an interval (an OOM's one window): none
-        if not any(p.images_per_sec_ci for p in self.phases.values()):
-            return "interval"
-        return interval_label_of([self.interval_coverage])
+    def coverages(self) -> list[float]:
+        """Each phase's interval coverage, of the phases with an interval, in PHASE_NAMES order."""
+        return [c for n in PHASE_NAMES if (c := self.phase_coverage(n)) is not None]
+
+    @property
+    def interval_coverage(self) -> float:
+        """The coverage of `throughput_interval`: its phase's; CONFIDENCE when it has none (one
+        window: the figure itself, no interval to label)."""
+        t = self.throughput
+        name = next((n for n in HEADLINE_ORDER if (f := self.phase_figure(n))[0] == t and f[1]),
+                    None)
+        c = self.phase_coverage(name) if name is not None else None
+        return CONFIDENCE if c is None else c
+
+    @property
+    def interval_label(self) -> str:
+        """The label of its phases' intervals together (the console's column, MLflow's table):
+        `75% interval`, or where the phases differ their span, `50-75% interval`; none without
+        an interval (an OOM's one window)."""
+        covers = self.coverages
+        return interval_label_of(covers) if covers else "interval"
 
     @property
     def throughput_interval(self) -> tuple[float, float]:

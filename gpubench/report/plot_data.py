@@ -12,7 +12,7 @@ from gpubench.config.knobs import declared
 from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status, interval_label_of
-from gpubench.core.stats import CONFIDENCE, TOLERANCE, Est
+from gpubench.core.stats import TOLERANCE, Est
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons, flagged_label, knob, phase_est
 
@@ -268,10 +268,8 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
 
 
 def _coverage(rows: list[Row], phase: str) -> str:
-    """The interval label of these runs' own `phase` figures (each run's windows, unpooled;
-    as RunRecord.interval_coverage, an interval covering more is named a CONFIDENCE one)."""
-    return interval_label_of(min(c, CONFIDENCE) for r in rows if (ph := r.record.phases.get(phase))
-                             and (c := ph.images_per_sec_ci_coverage) is not None)
+    """The interval label of these runs' own `phase` figures (each run's windows, unpooled)."""
+    return interval_label_of(c for r in rows if (c := r.record.phase_coverage(phase)) is not None)
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:

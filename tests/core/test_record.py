@@ -147,7 +147,7 @@ def test_window_plan_splits_the_phase_steps_over_its_windows():
 
 def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     def with_coverage(c):
-        return make(phases={"e2e": PhaseRecord.from_dict(
+        return make(images_per_sec_ci=[90.0, 110.0], phases={"e2e": PhaseRecord.from_dict(
             {"images_per_sec_ci": [90.0, 110.0], "images_per_sec_ci_coverage": c})})
 
     def label(*runs):
@@ -160,6 +160,26 @@ def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     # a run whose phases hold no interval (an OOM's one window) heads a column of dashes
     one = make(phases={"loader": PhaseRecord.from_dict({"images_per_sec": 3041.7})})
     assert one.interval_label == "interval"
+
+
+def test_a_runs_interval_label_states_each_phases_coverage_not_the_lowest():
+    """A job failed after 8 windows: loader and compute kept 3 windows (75%), e2e 2 (50%). The
+    label of its phases' intervals said `50% interval` over the 75% ones: it is their span, and
+    the run's own figure (e2e's) is named by e2e's coverage alone."""
+    ci = {"loader": (900.0, 0.75), "compute": (120.0, 0.75), "e2e": (100.0, 0.5)}
+    phases = {n: PhaseRecord.from_dict({"images_per_sec": v, "images_per_sec_ci": [v / 2, 2 * v],
+                                        "images_per_sec_ci_coverage": c})
+              for n, (v, c) in ci.items()}
+    rec = make(images_per_sec_ci=[50.0, 200.0], phases=phases)
+    assert rec.interval_label == "50-75% interval"
+    assert [rec.phase_coverage(n) for n in ci] == [0.75, 0.75, 0.5]
+    assert rec.interval_coverage == 0.5  # the headline, e2e's
+    rec.phases["e2e"].images_per_sec_ci_coverage = 0.75
+    assert rec.interval_label == "75% interval" and rec.interval_coverage == 0.75
+    # a coverage above CONFIDENCE is named a CONFIDENCE one; an older record without: CONFIDENCE
+    rec.phases["e2e"].images_per_sec_ci_coverage = 0.97
+    rec.phases["loader"].images_per_sec_ci_coverage = None
+    assert rec.interval_label == "75-95% interval" and rec.interval_coverage == 0.95
 
 
 def test_the_verdict_is_an_enum_written_as_its_word():

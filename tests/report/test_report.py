@@ -1106,3 +1106,24 @@ def test_a_flawed_runs_kinds_word_its_standing_and_remedy_alike_everywhere(kind,
     assert curve["flagged_label"].startswith(f"flagged run ({word}):")
     assert f"(rerun {rerun})" in " ".join(pareto_data(rows)["title"].split())
 
+
+def test_the_run_table_heads_its_phases_intervals_with_their_coverages():
+    """In a job that failed after 8 windows loader and compute kept 3 windows (75% intervals),
+    e2e 2 (50%): the console's column read `50% interval` over all three, as did MLflow's
+    description; it is their span, `50-75% interval`."""
+    from rich.console import Console
+
+    from gpubench.report.console import print_result
+    from gpubench.tracking.translate import describe
+
+    d = json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json").read_text())
+    for name, c in (("loader", 0.75), ("compute", 0.75), ("e2e", 0.5)):
+        d["phases"][name]["images_per_sec_ci_coverage"] = c
+    rec = RunRecord.from_dict(d, run_dir=Path("RUN"))
+    buf = io.StringIO()
+    print_result(rec, Console(file=buf, width=200, highlight=False, color_system=None))
+    assert "50-75% interval" in buf.getvalue() and "┃ 50% interval" not in buf.getvalue()
+    assert "| phase | images/sec | 50-75% interval | data wait |" in describe(rec)
+    for name in ("loader", "compute"):
+        d["phases"][name]["images_per_sec_ci_coverage"] = 0.5
+    assert "| 50% interval |" in describe(RunRecord.from_dict(d))
