@@ -1,11 +1,13 @@
-"""The words a reader sees for the phases and verdicts (console, run picture, MLflow)."""
+"""The words a reader sees for the phases, verdicts and flaws (console, run picture, MLflow,
+the sweep report)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from gpubench.core.record import Bottleneck
+from gpubench.core.record import Bottleneck, Flaw
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,58 @@ def phase_title(name: str) -> str:
 def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
     """The words of a verdict; none recorded, or a word another version wrote: unknown's."""
     return VERDICT_WORDS[Bottleneck.of(bottleneck) or Bottleneck.unknown]
+
+
+class Remedy(Enum):
+    """What a flawed measurement asks of its rerun, by its flaws' kinds (FLAWS): a quiet machine
+    where other work moved its figures, a longer measurement where its plan was too brief to
+    judge; worded as the end of `rerun ...`, in this order where both are asked."""
+
+    quiet = "on a quiet machine"
+    longer = "measuring longer"
+
+
+@dataclass(frozen=True)
+class FlawWords:
+    word: str  # a legend's, the ranking's status, the console's verdict: `cut short`
+    remedy: Remedy
+    # reads high, not only slower or wider: a loader window holding batches made before it began,
+    # or one cut short (the same few batches in less time); such a run never answers a question
+    inflates: bool = False
+
+
+# every reader words a flaw and its remedy from here (console, ranking, recommendation, plots)
+FLAWS = {
+    Flaw.disturbed: FlawWords("disturbed", Remedy.quiet),
+    Flaw.too_short: FlawWords("too short", Remedy.longer),
+    Flaw.gpu: FlawWords("disturbed", Remedy.quiet),  # a shared or throttled GPU
+    Flaw.cut_short: FlawWords("cut short", Remedy.longer, inflates=True),
+    Flaw.warmup: FlawWords("warm-up unsettled", Remedy.longer),
+    Flaw.few_windows: FlawWords("too few windows", Remedy.longer),
+    Flaw.queue: FlawWords("queue-timed", Remedy.longer, inflates=True),
+    Flaw.unconfirmed: FlawWords("unconfirmed", Remedy.quiet),
+    Flaw.unchecked: FlawWords("disturbed", Remedy.quiet),  # ended before its checks
+    Flaw.other: FlawWords("disturbed", Remedy.quiet),  # a sentence alone: an older record's
+}
+
+
+def flaw_words(kinds: Iterable[Flaw]) -> list[str]:
+    """The words of these flaws, each once, in Flaw's order: ['too short', 'cut short']."""
+    kinds = set(kinds)
+    return list(dict.fromkeys(FLAWS[k].word for k in Flaw if k in kinds))
+
+
+def remedies_of(kinds: Iterable[Flaw]) -> list[Remedy]:
+    kinds = {FLAWS[k].remedy for k in kinds}
+    return [r for r in Remedy if r in kinds]
+
+
+def rerun_text(kinds: Iterable[Flaw], longer: str | None = None, what: str = "") -> str:
+    """`rerun on a quiet machine`, `rerun <what> measuring longer (bench.steps=24 ...)`: what
+    these flaws ask (`longer`: the run's own "measure longer", core.record.longer)."""
+    return " ".join(["rerun", *([what] if what else []), ", ".join(
+        r.value + (f" ({longer})" if r is Remedy.longer and longer else "")
+        for r in remedies_of(kinds) or [Remedy.quiet])])
 
 
 # what the compute- and data-bound sentences add when e2e's interval straddles the tracking line

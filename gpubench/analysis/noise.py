@@ -8,7 +8,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 
-from gpubench.core.record import Flaw, Reason, longer
+from gpubench.core.record import Flaw, Reason, RunRecord, longer
 from gpubench.core.stats import CONFIDENCE, count, median, positive
 
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: it
@@ -172,12 +172,17 @@ def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> 
     return [f"{name} (pid {pid}) {cpu:.0f}%" for cpu, name, pid in rows[:n] if cpu >= 10]
 
 
-def more_windows(steps, repeats) -> str:
-    return f"{longer(steps, repeats)}: more and longer windows narrow the intervals"
+def more_windows(rec: RunRecord | None) -> str:
+    """The run's "measure longer" (core.record.longer) and why it helps."""
+    plan = longer(rec)
+    why = ": more and longer windows narrow the intervals"
+    if plan.max_seconds is not None:
+        why += ", and a bench.max_seconds that lets them finish (the cap cut this run short)"
+    return f"{plan}{why}"
 
 
-def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps: int) -> list[str]:
-    """What to do about an inconclusive run, most useful first, by the reasons' kinds."""
+def remedies(reasons: list[Reason], competitors: list[str], rec: RunRecord | None) -> list[str]:
+    """What to do about an inconclusive run `rec`, most useful first, by the reasons' kinds."""
     kinds = {r.kind for r in reasons}
     out = []
     if Flaw.too_short in kinds:
@@ -188,7 +193,7 @@ def remedies(reasons: list[Reason], competitors: list[str], repeats: int, steps:
         out.append(f"rerun on an idle machine{who}: the run shares its cores with other work")
     if Flaw.gpu in kinds:
         out.append("a GPU of its own: other processes or throttled clocks change its speed")
-    out.append(more_windows(steps, repeats))
+    out.append(more_windows(rec))
     if Flaw.warmup in kinds:
         out.append("bench.warmup_max_steps higher: steps were still changing when measuring began")
     return out

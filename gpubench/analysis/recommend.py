@@ -10,13 +10,14 @@ from enum import Enum
 from operator import attrgetter
 from typing import Any
 
+from gpubench.analysis.labels import flaw_words, rerun_text
 from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, PROCESS_ONLY, WORKER_ONLY, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, RunRecord, interval_label_of
+from gpubench.core.record import Flaw, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # the config sections of a training setup (not bench, tracking or fault injection)
@@ -104,12 +105,22 @@ class Row:
             return Steadiness.unchecked
         if self.stable:
             return Steadiness.confirmed if self.confirms else Steadiness.stable
-        flawed = list(filter(_flawed, self.measurements))
-        if not flawed:
-            return Steadiness.disagreed
-        short = all(m.status.measured and m.noise_reasons
-                    and all(r.kind is Flaw.too_short for r in m.noise_reasons) for m in flawed)
-        return Steadiness.too_short if short else Steadiness.disturbed
+        return Steadiness.flawed if self.flaws else Steadiness.disagreed
+
+    @property
+    def flaws(self) -> list[Flaw]:
+        """The kinds of its flawed measurements' noise reasons, each once (Flaw's order); one
+        flawed without reasons (failed, or an older record's bare flag) counts as `other`."""
+        kinds = {k for m in filter(_flawed, self.measurements)
+                 for k in ([r.kind for r in m.noise_reasons if m.status.measured]
+                           or [Flaw.other])}
+        return [k for k in Flaw if k in kinds]
+
+    @property
+    def standing(self) -> str:
+        """The steadiness in words (the ranking's status): a flawed row's are its flaws'."""
+        s = self.steadiness
+        return ", ".join(flaw_words(self.flaws)) if s is Steadiness.flawed else s.value
 
     @property
     def confirmed(self) -> bool:
@@ -222,18 +233,18 @@ def interval_label(rows: list[Row], phases: bool = False) -> str:
     never pooled)."""
     measured = [r for r in rows if r.record.status.measured]
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
-              *(r.record.interval_coverage for r in measured if phases)]
+              *(c for r in measured if phases for c in r.record.coverages)]
     # no row with an interval (every run failed): a column of dashes claims no coverage
     return interval_label_of(covers) if covers else "interval"
 
 
 class Steadiness(Enum):
-    """A feasible row's standing among the others, as the ranking's status column words it."""
+    """A feasible row's standing among the others, as the ranking's status column words it (a
+    flawed row by its flaws' words, Row.standing)."""
 
     stable = "stable"
     confirmed = "confirmed"  # stable over its confirm step's re-measurements
-    too_short = "too short"  # its only flaw: windows too short to judge
-    disturbed = "disturbed"
+    flawed = "flawed"  # a measurement flagged itself: its kinds (Row.flaws) say how
     disagreed = "disagreed"  # its re-measurements' intervals do not overlap
     unchecked = "-"  # written before the checks
 
@@ -268,9 +279,9 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     if not full:
         return None
     ok = [r for r in full if r.stable]
-    reasons = [] if ok else ["UNCONFIRMED: every measurement flagged itself (disturbed or too "
-                             "short: noise_reasons); rerun the recommended config on a quiet "
-                             "machine, with longer windows where too short, before trusting it"]
+    # what every flagged measurement asks of a rerun, worded when the pick is known (below)
+    flawed = [] if ok else [k for k in Flaw if any(k in r.flaws for r in full)]
+    reasons = [] if ok else ["UNCONFIRMED"]
     ok = ok or full
     # once confirmed, the fastest confirmed one: a trial measured once may have been lucky
     best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
@@ -288,8 +299,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
         reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} "
-                       f"img/s, {why_not_best(fastest)}; it is not recommended until a rerun on a "
-                       "quiet machine confirms it")
+                       f"img/s, {why_not_best(fastest)}; it is not recommended until a "
+                       f"{rerun_text(fastest.flaws or [Flaw.unconfirmed])} confirms it")
     amp, plain = [r for r in ok if r.amp], [r for r in ok if not r.amp]
     if amp and plain:
         a, p = (max(g, key=lambda r: r.throughput) for g in (amp, plain))
@@ -324,6 +335,11 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                    f" within {tolerance:.0%}: {with_interval(chosen)} img/s, "
                    f"{chosen.throughput / best.throughput:.0%} of the fastest")
     reasons += _workers_check(rows, chosen, best, tolerance)
+    if flawed:  # the recommended config's own rerun: its "measure longer" where one is asked
+        reasons[0] = (f"UNCONFIRMED: every measurement flagged itself "
+                      f"({', '.join(flaw_words(flawed))}: noise_reasons); "
+                      f"{rerun_text(flawed, str(longer(chosen.record)), 'the recommended config')}"
+                      " before trusting it")
     return Recommendation(best, chosen, tolerance, reasons)
 
 

@@ -12,7 +12,15 @@ from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import workers
 from gpubench.config.schema import is_amp
 from gpubench.core.pipe import serial_rate
-from gpubench.core.record import PHASE_NAMES, Bottleneck, Reason, window_plan, windows_of
+from gpubench.core.record import (
+    PHASE_NAMES,
+    Bottleneck,
+    Reason,
+    RunRecord,
+    longer,
+    window_plan,
+    windows_of,
+)
 from gpubench.core.stats import TOLERANCE, Est, positive
 
 TRACKS = 0.85  # e2e "tracks" a bound when it reaches this fraction of it
@@ -229,11 +237,11 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
 def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
           intervals: dict | None = None, noise_reasons: list[Reason] | None = None,
           remedies: list[str] | None = None, device_data_s_per_image=None,
-          windows: dict | None = None, repeats: int | None = None,
-          steps: int | None = None, min_window_s: float = 0.0) -> Verdict:
+          windows: dict | None = None, record: RunRecord | None = None) -> Verdict:
     """The verdict and its advice. A disturbed run (`noise_reasons`) is `inconclusive` whatever
     its figures, advised its `remedies`; a question left open only by wide intervals gets the
-    windows that would decide it (`repeats` windows of `steps` in all were measured)."""
+    windows that would decide it (from `record`'s plan: its bench.steps in bench.repeats
+    windows, and its "measure longer", core.record.longer)."""
     v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
                  windows)
     if noise_reasons and v.bottleneck is not Bottleneck.unknown:
@@ -242,26 +250,29 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
         v = Verdict(Bottleneck.inconclusive, Case.unstable_leaning if lean else Case.unstable,
                     dict(flaws="; ".join(r.text for r in noise_reasons), lean=lean),
                     ratio=v.ratio, leaning=lean, overlap_loss=v.overlap_loss)
-    decide = _to_decide(v, repeats, steps, min_window_s)
+    decide = _to_decide(v, record)
     if v.bottleneck is Bottleneck.inconclusive:
-        v.advice = [decide] if decide else (remedies or [])[:3] or [more_windows(steps, repeats)]
+        v.advice = [decide] if decide else (remedies or [])[:3] or [more_windows(record)]
     else:
         v.advice = advise(v.bottleneck, knobs) + ([decide] if decide else [])
     return v
 
 
-def _to_decide(v: Verdict, repeats: int | None, steps: int | None,
-               min_window_s: float = 0.0) -> str | None:
+def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
     """The command that would settle the question `v` leaves open, from the spread measured."""
-    if v.open_ratio is None or not repeats or not steps:
+    bench = ((record.config if record is not None else None) or {}).get("bench") or {}
+    steps, repeats = bench.get("steps"), bench.get("repeats")
+    if v.open_ratio is None or not isinstance(steps, int) or not isinstance(repeats, int) \
+            or steps < 1 or repeats < 1:
         return None
+    repeats, per_window = window_plan(steps, repeats)
+    min_window_s = bench.get("min_window_s") or 0.0
     what = ("whether overlap costs more than "
             f"{1 - TRACKS:.0%}" if v.bottleneck is not Bottleneck.inconclusive else "the verdict")
     n = windows_to_decide(v.open_ratio, v.open_line, repeats)
     if n is None:
         return (f"{what}: the figure sits too near the {v.open_line:.0%} line for more windows "
                 "to tell in reasonable time; the difference is too small to matter")
-    per_window = window_plan(steps, repeats)[1]
-    return (f"bench.repeats={n} bench.steps={n * per_window}: about "
+    return (f"{longer(record, (n * per_window, n))}: about "
             f"{windows_of(n, per_window, min_window_s)} would decide {what} (from the spread "
             "measured)")

@@ -5,6 +5,7 @@ is defined here only. No torch import: the sweeper, the report and tracking load
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import time
@@ -326,18 +327,40 @@ class RunRecord(_Keys):
     def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
 
-    @property
-    def interval_coverage(self) -> float:
-        """The phases' lowest interval coverage: CONFIDENCE, less with few windows (3: 75%)."""
-        covers = [p.images_per_sec_ci_coverage for p in self.phases.values()
-                  if p.images_per_sec_ci and p.images_per_sec_ci_coverage is not None]
-        return min([*covers, CONFIDENCE])
+    def phase_coverage(self, name: str) -> float | None:
+        """The coverage of phase `name`'s interval (3 windows: 75%; an interval covering more
+        is named a CONFIDENCE one), its phase record's, else its headline keys' (an older record:
+        CONFIDENCE, as then every interval was); None without an interval."""
+        p = self.phases.get(name)
+        if p is None:
+            return CONFIDENCE if self.phase_figure(name)[1] else None
+        if not p.images_per_sec_ci:
+            return None
+        c = p.images_per_sec_ci_coverage
+        return CONFIDENCE if c is None else min(c, CONFIDENCE)
 
     @property
-    def interval_label(self) -> str:  # no phase with an interval (an OOM's one window): none
-        if not any(p.images_per_sec_ci for p in self.phases.values()):
-            return "interval"
-        return interval_label_of([self.interval_coverage])
+    def coverages(self) -> list[float]:
+        """Each phase's interval coverage, of the phases with an interval, in PHASE_NAMES order."""
+        return [c for n in PHASE_NAMES if (c := self.phase_coverage(n)) is not None]
+
+    @property
+    def interval_coverage(self) -> float:
+        """The coverage of `throughput_interval`: its phase's; CONFIDENCE when it has none (one
+        window: the figure itself, no interval to label)."""
+        t = self.throughput
+        name = next((n for n in HEADLINE_ORDER if (f := self.phase_figure(n))[0] == t and f[1]),
+                    None)
+        c = self.phase_coverage(name) if name is not None else None
+        return CONFIDENCE if c is None else c
+
+    @property
+    def interval_label(self) -> str:
+        """The label of its phases' intervals together (the console's column, MLflow's table):
+        `75% interval`, or where the phases differ their span, `50-75% interval`; none without
+        an interval (an OOM's one window)."""
+        covers = self.coverages
+        return interval_label_of(covers) if covers else "interval"
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
@@ -457,11 +480,41 @@ def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
     return max(4 * steps, more * 2 * per_window), more
 
 
-def longer(steps: Any, repeats: Any) -> str:
-    if not isinstance(steps, int) or not isinstance(repeats, int):
-        return "bench.steps=... bench.repeats=..."
-    steps, repeats = longer_plan(steps, repeats)
-    return f"bench.steps={steps} bench.repeats={repeats}"
+@dataclass(frozen=True)
+class Longer:
+    """The overrides of a "measure longer": bench.steps and bench.repeats, and bench.max_seconds
+    where the cap cut the run short (None: not raised). Written as the command line takes them."""
+
+    steps: int | None
+    repeats: int | None
+    max_seconds: float | None = None
+
+    def __str__(self) -> str:
+        if self.steps is None or self.repeats is None:  # not a record's config
+            return "bench.steps=... bench.repeats=..."
+        cap = f" bench.max_seconds={self.max_seconds:g}" if self.max_seconds is not None else ""
+        return f"bench.steps={self.steps} bench.repeats={self.repeats}{cap}"
+
+
+def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
+    """Every "measure longer" of run `rec` (the console's and results.json's advice, the verdict's
+    `would decide`, the report's rerun line and recommended.yaml): `plan` (steps, repeats), by
+    default longer_plan of its own; where bench.max_seconds cut its phases short, the cap those
+    steps need at the pace measured: the cap times the new steps over the old, over the share of
+    its planned steps the most cut phase ran (more steps alone are cut at the same cap again)."""
+    b = ((rec.config if rec is not None else None) or {}).get("bench") or {}
+    steps, repeats, cap = b.get("steps"), b.get("repeats"), b.get("max_seconds")
+    if not (isinstance(steps, int) and isinstance(repeats, int)) or steps < 1 or repeats < 1:
+        return Longer(None, None)
+    new_steps, new_repeats = plan or longer_plan(steps, repeats)
+    planned = math.prod(window_plan(steps, repeats))
+    cut = [p.steps / planned for p in rec.phases.values() if p.truncated and p.steps]
+    if not any(p.truncated for p in rec.phases.values()) or not isinstance(cap, (int, float)) \
+            or isinstance(cap, bool) or cap <= 0:
+        return Longer(new_steps, new_repeats)
+    need = cap * new_steps / steps / max(min(cut, default=1.0), 1e-3)
+    need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
+    return Longer(new_steps, new_repeats, need if need > cap else None)
 
 
 def interval_label_of(coverages: Iterable[float]) -> str:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpubench.analysis.labels import phase_title
+from gpubench.analysis.labels import flaw_words, phase_title, rerun_text
 from gpubench.analysis.select import setup_text
 from gpubench.config.schema import is_amp
 from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
@@ -146,11 +146,10 @@ def verdict(rec: RunRecord) -> list[str]:
         out.append("[yellow]measurement unstable:[/yellow]")
         out += [f"  - {escape(r.text)}" for r in rec.noise_reasons]
         lean = rec.extra.get("verdict_leaning")
-        short = all(r.kind is Flaw.too_short for r in rec.noise_reasons)
+        kinds = [r.kind for r in rec.noise_reasons] or [Flaw.other]
         out.append("[bold]narrowest pipe: inconclusive[/bold]"
-                   + (f" (the figures lean to {lean}, but the "
-                      f"{'windows were too short' if short else 'run was disturbed'})"
-                      if lean else ""))
+                   + (f" (the figures lean to {lean}, but the run was flagged: "
+                      f"{', '.join(flaw_words(kinds))}; {rerun_text(kinds)})" if lean else ""))
     elif not rec.phases and rec.status is not Status.ok:
         return out  # it ended before measuring: no pipe to name, no advice
     else:

@@ -13,22 +13,20 @@ from pathlib import Path
 import yaml
 
 from gpubench.analysis import workers
+from gpubench.analysis.labels import FLAWS, rerun_text
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
 from gpubench.analysis.workers import COMPUTE_DIR, TOLERANCE, WorkersPick, compute_setup
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, role
 from gpubench.config.overrides import format_value
-from gpubench.core.record import Flaw, Reason, RunRecord, find_runs, load
+from gpubench.core.record import Reason, RunRecord, find_runs, load
 from gpubench.core.stats import Est, count
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons
 
 # what a compute measurement drops from a loader job's command line: workers do not change it
 NOT_FOR_COMPUTE = ("loader.num_workers", "bench.phases")
-# flaws that make a loader window read high (batches made before it began, a window cut short):
-# such a run never answers; others only slow or widen it
-INFLATES = (Flaw.queue, Flaw.cut_short)
 
 
 @dataclass
@@ -186,7 +184,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         # the unflagged loader runs; on a busy machine, those whose flaw only slows or widens
         done = [r for r in rs if r.record.status.measured]
         used = [r for r in done if not flag_reasons(r)] or [
-            r for r in done if not any(x.kind in INFLATES for x in flag_reasons(r))]
+            r for r in done if not any(FLAWS[x.kind].inflates for x in flag_reasons(r))]
         good = [(r.knob("num_workers"), r.record.loader_images_per_sec,
                  r.record.loader_images_per_sec_ci) for r in used]
         pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"])
@@ -210,8 +208,10 @@ def _lines(groups: list[Group], source: str) -> list[str]:
             why = [w for w, on in (("every loader run", g.flagged_loader),
                                    ("the compute bound", g.flagged_bound)) if on]
             their = "their" if len(why) > 1 else "its"
+            kinds = [x.kind for r in g.used for x in flag_reasons(r)] + [
+                x.kind for m in g.sources * g.flagged_bound for x in m.noise_reasons]
             out.append(f"  unconfirmed, {' and '.join(why)} flagged {their} own measurement: "
-                       f"rerun on a quiet machine to confirm; {g.pick.answer()}")
+                       f"{rerun_text(kinds)} to confirm; {g.pick.answer()}")
         else:
             out.append(f"  {g.pick.answer()}")
         judged = {id(r) for r in g.used}

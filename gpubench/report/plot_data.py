@@ -12,7 +12,7 @@ from gpubench.config.knobs import declared
 from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status, interval_label_of
-from gpubench.core.stats import CONFIDENCE, TOLERANCE, Est
+from gpubench.core.stats import TOLERANCE, Est
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons, flagged_label, knob, phase_est
 
@@ -85,7 +85,8 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "phase": phase, "xlabel": xlabel,
          "title": ask + "\n" + (
              f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
-             else "no line: every full run flagged its own measurement (rerun on a quiet machine)"),
+             else f"no line: every full run flagged its own measurement "
+                  f"({plot_rules.flagged_rerun(flagged)})"),
          "xticks": xticks, "log2": log2,
          "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
          "band": band(anchor) if band else None}
@@ -189,8 +190,8 @@ def pareto_data(rows, rec=None) -> dict | None:
         d["note"] = "; ".join(x for x in (
             d["note"], f"memory.ceiling ({d['ceiling']:.0f}%) is far right of every run") if x)
     fastest = max(good or full, key=lambda r: r.throughput)
-    flagged_all = ("every full run flagged its own measurement (rerun on a quiet machine)"
-                   if not good else "")
+    flagged_all = (f"every full run flagged its own measurement "
+                   f"({plot_rules.flagged_rerun(flagged)})" if not good else "")
     if alike:
         why = (f"no trade-off: every full run peaks at {min(peaks):.2f}-{max(peaks):.2f}% (alike "
                f"within {TOLERANCE:.0%}), so the fastest, run {fastest.label}, is the answer"
@@ -267,10 +268,8 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
 
 
 def _coverage(rows: list[Row], phase: str) -> str:
-    """The interval label of these runs' own `phase` figures (each run's windows, unpooled;
-    as RunRecord.interval_coverage, an interval covering more is named a CONFIDENCE one)."""
-    return interval_label_of(min(c, CONFIDENCE) for r in rows if (ph := r.record.phases.get(phase))
-                             and (c := ph.images_per_sec_ci_coverage) is not None)
+    """The interval label of these runs' own `phase` figures (each run's windows, unpooled)."""
+    return interval_label_of(c for r in rows if (c := r.record.phase_coverage(phase)) is not None)
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:

@@ -7,6 +7,7 @@ from collections import Counter
 from enum import Enum
 from typing import Any
 
+from gpubench.analysis.labels import FLAWS, rerun_text
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
@@ -26,10 +27,6 @@ MIN_IMPORTANCE_TRIALS = 8
 # on a CPU, precisions run the math their autocast dtype says; fp32, tf32 and torch_default
 # differ only in CUDA's TF32 flags
 CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
-# a noise reason's kind in a word or two for a legend; any other kind: "disturbed"
-FLAW_WORDS = {Flaw.queue: "queue-timed", Flaw.cut_short: "cut short", Flaw.too_short: "too short",
-              Flaw.warmup: "warm-up unsettled", Flaw.few_windows: "too few windows",
-              Flaw.unconfirmed: "unconfirmed"}
 
 
 def knob(row, name: str) -> Any:
@@ -93,8 +90,13 @@ def flag_reasons(row) -> list[Reason]:
     return reasons
 
 
-def flag_kind(reason: Reason) -> str:
-    return FLAW_WORDS.get(reason.kind, "disturbed")
+def flag_kind(reason: Reason) -> str:  # its kind in a word or two, as every reader words it
+    return FLAWS[reason.kind].word
+
+
+def flagged_rerun(rows) -> str:
+    """What the flagged runs among `rows` ask of a rerun: `rerun on a quiet machine`."""
+    return rerun_text(x.kind for r in rows for x in flag_reasons(r))
 
 
 def flagged_label(rows) -> str:

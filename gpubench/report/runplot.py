@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gpubench.analysis.labels import PHASE_WORDS, verdict_words
 from gpubench.analysis.select import setup_text
-from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status
-from gpubench.core.stats import count, finite_number, positive
+from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status, interval_label_of
+from gpubench.core.stats import CONFIDENCE, count, finite_number, positive
 from gpubench.report.plot_rules import phase_est
 from gpubench.report.plots import plain_log, pyplot, save
 
@@ -54,8 +54,11 @@ def run_picture_data(record: RunRecord) -> dict:
     """What the picture shows: `bars` (per measured phase, `ci` None for a single window), the
     e2e `bound`, the `title`, `traces` (step times in ms, None where the clock could not tell)."""
     bars = [{"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": e.value,
-             "ci": None if e.exact else [e.lo, e.hi]}
+             "ci": None if e.exact else [e.lo, e.hi],
+             "coverage": None if e.exact else record.phase_coverage(name) or CONFIDENCE}
             for name in PHASE_NAMES if (e := phase_est(record, name)) is not None]
+    # each whisker's coverage: one for all in the axis label, else each under its pipe's name
+    covers = {round(100 * b["coverage"]) for b in bars if b["coverage"] is not None}
     bound_v = finite_number(record.extra.get("e2e_bound_images_per_sec"))
     traces = {}
     for name in PHASE_NAMES:
@@ -72,7 +75,9 @@ def run_picture_data(record: RunRecord) -> dict:
             "bound": None if bound_v is None else {"images_per_sec": bound_v},
             # a first step that compiles or autotunes can be 100x the rest: a log axis
             "trace_log_y": bool(every) and span[1] > 20 * span[0], "trace_span": span,
-            "intervals": any(b["ci"] for b in bars), "interval_label": record.interval_label,
+            "intervals": any(b["ci"] for b in bars),
+            "interval_label": interval_label_of(b["coverage"] for b in bars if b["ci"]),
+            "per_phase": len(covers) > 1,
             # pipes over LOG_SPAN apart on a linear axis leave the slower ones as slivers
             "log_x": bool(ends) and max(ends) > LOG_SPAN * min(ends), "flagged": flagged,
             "reasons": [_wrap(f"- {r.text}", 2, 110) for r in record.noise_reasons]
@@ -117,6 +122,7 @@ def _draw_pipes(ax, d: dict) -> None:
     # each figure under its pipe's name: beside the point it would run into the legend
     ax.set_yticks(ys, [f"{b['label']}\n{b['images_per_sec']:,.1f}"
                        + (f" [{b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}]" if b["ci"] else "")
+                       + (f"\n{b['coverage']:.0%} interval" if b["ci"] and d["per_phase"] else "")
                        for b in bars], fontsize=9)
     ends = [x for b in bars for x in (b["ci"] or [b["images_per_sec"]])]
     ends += [d["bound"]["images_per_sec"]] if d["bound"] else []
@@ -132,7 +138,8 @@ def _draw_pipes(ax, d: dict) -> None:
     else:
         ax.set_xlim(0, 1.15 * hi)
     ax.set_ylim(-0.6, len(bars) - 0.4)
-    what = (f"whiskers: {d['interval_label']} over repeated windows" if d["intervals"]
+    what = (f"whiskers: {d['interval_label']} over repeated windows"
+            + (", each pipe's under its name" if d["per_phase"] else "") if d["intervals"]
             else "one window per phase: no interval")
     ax.set_xlabel(f"images/sec ({what}" + ("; log scale" if d["log_x"] else "") + ")")
     ax.grid(alpha=0.3, axis="x")

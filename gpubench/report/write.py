@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import re
 import textwrap
@@ -31,7 +30,6 @@ from gpubench.core.record import (
     RunRecord,
     Status,
     longer,
-    longer_plan,
     window_plan,
     windows_of,
 )
@@ -110,24 +108,6 @@ def _measured_text(rec: RunRecord) -> str:
     return measurement_text(rec.config, _cut_short(rec))
 
 
-def longer_text(rec: RunRecord) -> str:
-    """More and longer windows (core.record.longer), and where bench.max_seconds cut the phases
-    short, the cap those steps need at the pace measured: the cap times the new steps over the
-    old, over the share of its steps the most cut phase ran (more steps alone are cut again)."""
-    b = rec.config.get("bench") or {}
-    text = longer(b.get("steps"), b.get("repeats"))
-    cap, steps, repeats = b.get("max_seconds"), b.get("steps"), b.get("repeats")
-    if not (_cut_short(rec) and isinstance(cap, (int, float)) and isinstance(steps, int)
-            and isinstance(repeats, int)):
-        return text
-    planned = math.prod(window_plan(steps, repeats))
-    ran = min((p.steps / planned for p in rec.phases.values() if p.truncated and p.steps),
-              default=1.0)
-    need = cap * longer_plan(steps, repeats)[0] / steps / max(ran, 1e-3)
-    need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
-    return f"{text} bench.max_seconds={need:g}"
-
-
 def run_text(row: Row, keys: list[str]) -> str:
     """`run 3: loader.batch_size=8`: its label and the swept knobs that set it apart."""
     over = " ".join(overrides_of(row, keys))
@@ -147,7 +127,7 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     if "bench" in setup:
         head += [f"# bench: the sweep's own measurement ({_measured_text(row.record)}), so a "
                  "rerun's figure compares with the interval above;",
-                 f"#   to measure longer, add {longer_text(row.record)} to the rerun command "
+                 f"#   to measure longer, add {longer(row.record)} to the rerun command "
                  "(narrower intervals, no longer the sweep's measurement)"]
     body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
     return "\n".join(head) + "\n" + body
@@ -176,11 +156,11 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
         steady = r.record.status is Status.ok and r.steadiness is not Steadiness.unchecked
         body.append([
             str(i), r.label,
-            r.status if not screen else r.steadiness.value if steady else str(r.record.status),
+            r.status if not screen else r.standing if steady else str(r.record.status),
             f"{r.throughput:.1f}", "-" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}",
             "-" if r.peak is None else f"{100 * r.peak:.1f}",
             _fmt(getattr(r.record, util)), _fmt(r.record.bottleneck),
-            *([] if screen else [r.steadiness.value]),
+            *([] if screen else [r.standing]),
             # a confirmed row's figures pool its re-measurements: say how many
             *([f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms and not screen
                               else "")] if with_rung else []),
@@ -328,7 +308,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
             f"recommended:      {with_interval(rec.chosen)} img/s  ({run_text(rec.chosen, keys)})",
             *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml}", f"rerun it: {cmd}",
             f"  (it measures as the sweep did: {_measured_text(rec.chosen.record)}; "
-            f"add {longer_text(rec.chosen.record)} to measure longer)"]
+            f"add {longer(rec.chosen.record)} to measure longer)"]
     elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
                      "failed)" if kept else

@@ -146,9 +146,7 @@ def summarize(bench, status: Status = Status.ok) -> None:
 
     def verdict():
         return judge(**rule, knobs=knobs, noise_reasons=reasons,
-                     remedies=noise.remedies(reasons, competitors, bench.repeats, s.bench.steps),
-                     repeats=bench.repeats, steps=s.bench.steps,
-                     min_window_s=s.bench.min_window_s)
+                     remedies=noise.remedies(reasons, competitors, rec), record=rec)
 
     v = verdict()
     if v.impossible:  # e2e above its own bound: a flawed measurement, judged as one

@@ -18,6 +18,11 @@ from gpubench.analysis.noise import (
 from gpubench.core.record import Flaw, Reason, RunRecord
 
 
+def plan(steps, repeats, **bench) -> RunRecord:
+    """A record of a run planned as bench.steps/bench.repeats: what "measure longer" reads."""
+    return RunRecord(config={"bench": {"steps": steps, "repeats": repeats, **bench}})
+
+
 def test_steady_compute_steps_pass_and_spread_or_stalls_do_not():
     assert step_checks("compute", [0.1] * 20, 0.02) == []
     [vary] = step_checks("compute", [0.1] * 20, 0.5)
@@ -67,13 +72,14 @@ def test_remedies_follow_the_reasons_kinds_not_their_words():
     [gpu] = gpu_checks("e2e", {"throttled_fraction": 0.5, "throttle_reasons": "power"})
     assert (few.kind, queue.kind, gpu.kind) == (Flaw.few_windows, Flaw.queue, Flaw.gpu)
     busy = Reason(Flaw.disturbed, "words that say nothing")
-    out = remedies([busy, gpu, Reason(Flaw.warmup, "")], ["stress (pid 7) 99%"], 6, 6)
+    out = remedies([busy, gpu, Reason(Flaw.warmup, "")], ["stress (pid 7) 99%"], plan(6, 6))
     assert out[0].startswith("rerun on an idle machine (stress (pid 7) 99% competed)")
     assert out[1].startswith("a GPU of its own")
     assert out[2].startswith("bench.steps=24 bench.repeats=10:")
     assert out[3].startswith("bench.warmup_max_steps higher")
     # a sentence that mentions other processes is no competition unless its kind says so
-    assert remedies([Reason(Flaw.few_windows, "other processes interrupted")], [], 6, 6) == [
+    assert remedies([Reason(Flaw.few_windows, "other processes interrupted")], [],
+                    plan(6, 6)) == [
         "bench.steps=24 bench.repeats=10: more and longer windows narrow the intervals"]
 
 
@@ -99,7 +105,7 @@ def test_stalls_in_windows_too_short_to_judge_are_too_short_not_disturbed():
     assert r.kind is Flaw.too_short and "in windows of 9 ms, too short" in r.text
     [r] = step_checks("e2e", stalled, 2.0, window_s=0.8)  # long windows: a real interruption
     assert r.kind is Flaw.disturbed and r.text.endswith("interrupted steps")
-    out = remedies([Reason(Flaw.too_short, "")], [], 6, 12)
+    out = remedies([Reason(Flaw.too_short, "")], [], plan(12, 6))
     assert out[0].startswith("bench.min_window_s=0.5:")
     assert not any("idle machine" in x for x in out)
 

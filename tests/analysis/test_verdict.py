@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpubench.analysis.verdict import TRACKS, WELL_BELOW, Knobs, advise, classify, judge
-from gpubench.core.record import Bottleneck, Flaw, Reason
+from gpubench.core.record import Bottleneck, Flaw, Reason, RunRecord
 from gpubench.core.stats import Est
+
+
+def plan(steps, repeats, **bench) -> RunRecord:
+    """A record of a run planned as bench.steps/bench.repeats: what "measure longer" reads."""
+    return RunRecord(config={"bench": {"steps": steps, "repeats": repeats, **bench}})
 
 
 def knobs(**kw):
@@ -124,7 +129,7 @@ def test_an_unstable_run_gets_no_confident_verdict():
     assert noisy.bottleneck is Bottleneck.inconclusive and noisy.leaning is Bottleneck.compute
     assert noisy.advice == ["rerun on an idle machine"] and "step times vary" in noisy.reason
     # no remedies given: measure longer, from the run's own length (core.record.longer)
-    alone = judge(440, 260, 255, 0.01, knobs(), noise_reasons=[vary], repeats=6, steps=6)
+    alone = judge(440, 260, 255, 0.01, knobs(), noise_reasons=[vary], record=plan(6, 6))
     assert alone.advice == ["bench.steps=24 bench.repeats=10: more and longer windows narrow "
                             "the intervals"]
 
@@ -232,17 +237,17 @@ def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, 
 
 
 @pytest.mark.parametrize("steps, repeats, min_s, advised", [
-    (6, 6, 0.0, "bench.repeats=15 bench.steps=15: about 15 windows of 1 step would decide"),
-    (24, 6, 0.0, "bench.repeats=15 bench.steps=60: about 15 windows of 4 steps would decide"),
+    (6, 6, 0.0, "bench.steps=15 bench.repeats=15: about 15 windows of 1 step would decide"),
+    (24, 6, 0.0, "bench.steps=60 bench.repeats=15: about 15 windows of 4 steps would decide"),
     # a GPU run's windows last at least bench.min_window_s (2 s by default there): more steps
-    (24, 6, 2.0, "bench.repeats=15 bench.steps=60: about 15 windows of at least 4 steps and 2 s "
+    (24, 6, 2.0, "bench.steps=60 bench.repeats=15: about 15 windows of at least 4 steps and 2 s "
                  "would decide"),
 ])
 def test_the_windows_that_would_decide_are_counted_in_words(steps, repeats, min_s, advised):
     """The advice for an open overlap question names the plan as the report does (`1 step`)."""
     v = judge(2232, 56.7, 52.7, None, knobs(), intervals={
         "loader": [1905, 3125], "compute": [51.7, 58.7], "e2e": [48.0, 56.0]},
-        repeats=repeats, steps=steps, min_window_s=min_s)
+        record=plan(steps, repeats, min_window_s=min_s))
     assert any(a.startswith(advised) for a in v.advice), v.advice
 
 

@@ -147,7 +147,7 @@ def test_window_plan_splits_the_phase_steps_over_its_windows():
 
 def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     def with_coverage(c):
-        return make(phases={"e2e": PhaseRecord.from_dict(
+        return make(images_per_sec_ci=[90.0, 110.0], phases={"e2e": PhaseRecord.from_dict(
             {"images_per_sec_ci": [90.0, 110.0], "images_per_sec_ci_coverage": c})})
 
     def label(*runs):
@@ -162,6 +162,26 @@ def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     assert one.interval_label == "interval"
 
 
+def test_a_runs_interval_label_states_each_phases_coverage_not_the_lowest():
+    """A job failed after 8 windows: loader and compute kept 3 windows (75%), e2e 2 (50%). The
+    label of its phases' intervals said `50% interval` over the 75% ones: it is their span, and
+    the run's own figure (e2e's) is named by e2e's coverage alone."""
+    ci = {"loader": (900.0, 0.75), "compute": (120.0, 0.75), "e2e": (100.0, 0.5)}
+    phases = {n: PhaseRecord.from_dict({"images_per_sec": v, "images_per_sec_ci": [v / 2, 2 * v],
+                                        "images_per_sec_ci_coverage": c})
+              for n, (v, c) in ci.items()}
+    rec = make(images_per_sec_ci=[50.0, 200.0], phases=phases)
+    assert rec.interval_label == "50-75% interval"
+    assert [rec.phase_coverage(n) for n in ci] == [0.75, 0.75, 0.5]
+    assert rec.interval_coverage == 0.5  # the headline, e2e's
+    rec.phases["e2e"].images_per_sec_ci_coverage = 0.75
+    assert rec.interval_label == "75% interval" and rec.interval_coverage == 0.75
+    # a coverage above CONFIDENCE is named a CONFIDENCE one; an older record without: CONFIDENCE
+    rec.phases["e2e"].images_per_sec_ci_coverage = 0.97
+    rec.phases["loader"].images_per_sec_ci_coverage = None
+    assert rec.interval_label == "75-95% interval" and rec.interval_coverage == 0.95
+
+
 def test_the_verdict_is_an_enum_written_as_its_word():
     rec = RunRecord.from_dict({"status": "ok", "bottleneck": "data"})
     assert rec.bottleneck is Bottleneck.data and json.loads(json.dumps(rec.to_dict()))[
@@ -172,20 +192,43 @@ def test_the_verdict_is_an_enum_written_as_its_word():
     assert RunRecord.from_dict({"bottleneck": "balanced"}).bottleneck is Bottleneck.unknown
 
 
+def plan(steps, repeats, **bench) -> RunRecord:
+    """A record of a run planned as bench.steps/bench.repeats (and any other bench keys)."""
+    return RunRecord(config={"bench": {"steps": steps, "repeats": repeats, **bench}})
+
+
 def test_measure_longer_is_one_rule():
     """Every "measure longer" (the report's rerun line, the remedies of a disturbed run, the
     verdict's fallback) is at least 10 windows, each at least twice as long, four times the steps
     at least: each plan it gives has more and longer windows."""
-    assert longer(6, 6) == "bench.steps=24 bench.repeats=10"
-    assert longer(50, 20) == "bench.steps=200 bench.repeats=20"
+    assert str(longer(plan(6, 6))) == "bench.steps=24 bench.repeats=10"
+    assert str(longer(plan(50, 20))) == "bench.steps=200 bench.repeats=20"
     # a plan of one-step windows: 4x the steps over 10 windows (8) was still one step a window
-    assert longer(2, 6) == "bench.steps=20 bench.repeats=10"
+    assert str(longer(plan(2, 6))) == "bench.steps=20 bench.repeats=10"
     for steps in range(1, 120):
         for repeats in (1, 3, 6, 10, 20, 100):
             new = longer_plan(steps, repeats)
             (w0, p0), (w1, p1) = window_plan(steps, repeats), window_plan(*new)
             assert w1 >= max(w0, min(10, new[0])) and p1 >= 2 * p0, (steps, repeats, new)
-    assert longer(None, 6) == "bench.steps=... bench.repeats=..."  # not a record's config
+    # not a record's config
+    assert str(longer(plan(None, 6))) == str(longer(None)) == "bench.steps=... bench.repeats=..."
+
+
+def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
+    """More steps alone are cut at the same bench.max_seconds: the one "measure longer" raises it
+    to what the new steps need at the pace measured, the most cut phase's (124 of 600 steps in
+    0.3 s: 2400 need 5.8 s; 4x the cap, 1.2 s, cut them again), for its own plan and any other
+    (the verdict's `would decide`)."""
+    rec = plan(600, 6, max_seconds=0.3)
+    rec.phases = {"e2e": PhaseRecord(phase="e2e", steps=124, truncated=False)}
+    assert str(longer(rec)) == "bench.steps=2400 bench.repeats=10"
+    rec.phases["e2e"].truncated = True
+    assert str(longer(rec)) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=5.9"
+    assert longer(rec).max_seconds == 5.9
+    # every window ran 1 of its 100 steps: 2400 steps need 400x the cap
+    rec.phases["compute"] = PhaseRecord(phase="compute", steps=6, truncated=True)
+    assert str(longer(rec)) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=120"
+    assert str(longer(rec, (1500, 15))) == "bench.steps=1500 bench.repeats=15 bench.max_seconds=75"
 
 
 def test_a_loader_window_gpubench_sizes_never_times_the_queue():

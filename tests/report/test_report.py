@@ -338,20 +338,6 @@ def test_the_measurement_is_said_as_the_runner_made_it():
         "6 windows of 9 steps on each of loader, e2e, cut short by bench.max_seconds=60.0")
 
 
-def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
-    """More steps alone are cut at the same bench.max_seconds: the advice raises it to what the
-    new steps need at the pace measured (124 of 600 steps in 0.3 s: 2400 need 5.8 s; the old
-    advice's 4x the cap, 1.2 s, cut them again)."""
-    from gpubench.core.record import PhaseRecord, RunRecord
-    from gpubench.report.write import longer_text
-
-    rec = RunRecord(config={"bench": {"steps": 600, "repeats": 6, "max_seconds": 0.3}},
-                    phases={"e2e": PhaseRecord(phase="e2e", steps=124, truncated=False)})
-    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10"
-    rec.phases["e2e"].truncated = True
-    assert longer_text(rec) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=5.9"
-
-
 def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
     """The report's `(run 3: loader.batch_size=8)`; with no knob that varied (one setting
     ranked, as a sweep=pipes join can leave), the run alone, never `(run 0: )`."""
@@ -1027,3 +1013,117 @@ def test_the_utilization_lines_name_the_phase_they_were_read_in():
     assert cpu.startswith("host CPU during e2e: ") and "peak RSS 0.83 GiB over the run" in cpu
     del d["phases"]["e2e"]
     assert _device_lines(d)[0].startswith("GPU during compute: ")
+
+
+def _flagged(batch, ips, reasons, bench=None, phases=None, tmp=None) -> RunRecord:
+    """A CPU run of a batch size that flagged its own measurement (`reasons`), leaning overlap."""
+    return RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=[0.5 * ips, 1.5 * ips],
+                     peak_memory_fraction=0.03, memory_ceiling=0.8, measurement_stable=False,
+                     noise_reasons=list(reasons), bottleneck="inconclusive",
+                     extra={"verdict_leaning": "overlap"}, phases=phases or {},
+                     config={"loader": {"batch_size": batch, "num_workers": 0},
+                             "precision": {"name": "fp32"},
+                             "bench": bench or {"steps": 6, "repeats": 6, "max_seconds": 60.0,
+                                                "phases": ["loader", "compute", "e2e"]}},
+                     env={"device": "cpu"}, dir=tmp)
+
+
+def test_every_measure_longer_of_a_cut_short_run_is_the_one_rule(tmp_path):
+    """`-m bench.steps=600 bench.repeats=6 bench.max_seconds=0.3`: every compute window ran 1 of
+    its 100 steps. The console's and results.json's advice said `bench.steps=2400
+    bench.repeats=10` (cut short again at the same cap), the report and recommended.yaml added
+    `bench.max_seconds=120`: every reader now gives core.record.longer's, the verdict's `would
+    decide` too (its own steps, the cap they need)."""
+    from gpubench.analysis.noise import remedies
+    from gpubench.analysis.verdict import Knobs, judge
+    from gpubench.core.record import PhaseRecord, longer
+    from gpubench.report.write import experiment_yaml, write_report
+
+    cut = Reason(Flaw.cut_short, "compute: windows 1, 2, 3, 4, 5, 6 cut short by "
+                                 "bench.max_seconds before bench.steps")
+    bench = {"steps": 600, "repeats": 6, "max_seconds": 0.3, "phases": ["compute", "e2e"]}
+    phases = {n: PhaseRecord(n, 4, steps=6, truncated=True) for n in ("compute", "e2e")}
+    rec = _flagged(4, 50.0, [cut], bench, phases, tmp_path / "0")
+    want = "bench.steps=2400 bench.repeats=10 bench.max_seconds=120"
+    assert str(longer(rec)) == want
+    knobs = Knobs(device="cpu", num_workers=0, cpu_count=2, pin_memory=False, preload=False,
+                  augment_on="cpu", precision="fp32", channels_last=False, compile="off",
+                  batch_size=4, dataset="synthetic", memory_fraction=0.03, ceiling=0.8)
+    # the console's and results.json's advice (run.summary: the remedies of its reasons)
+    advice = judge(400, 60, 50, 0.1, knobs, noise_reasons=[cut],
+                   remedies=remedies([cut], [], rec), record=rec).advice
+    assert any(a.startswith(f"{want}: more and longer windows") for a in advice), advice
+    assert judge(400, 60, 50, 0.1, knobs, noise_reasons=[cut], record=rec).advice[0].startswith(
+        want)  # no remedies given: the same
+    # a question the intervals leave open: the windows that would decide it, and their cap
+    open_ = judge(2232, 56.7, 52.7, None, knobs, intervals={
+        "loader": [1905, 3125], "compute": [51.7, 58.7], "e2e": [48.0, 56.0]}, record=rec)
+    assert any(a.startswith("bench.steps=1500 bench.repeats=15 bench.max_seconds=75: about 15 "
+                            "windows of 100 steps would decide") for a in open_.advice), open_.advice
+    # the report's rerun line and recommended.yaml's bench comment
+    rows = [Row("0", rec)]
+    assert f"to measure longer, add {want} to the rerun command" in experiment_yaml(
+        rows[0], "src", recommend(rows))
+    write_report(rows, tmp_path / "report", "src", quiet=True)
+    lines = json.loads((tmp_path / "report" / "summary.json").read_text())["lines"]
+    assert any(f"add {want} to measure longer)" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("kind, word, rerun", [
+    (Flaw.few_windows, "too few windows", "measuring longer"),
+    (Flaw.cut_short, "cut short", "measuring longer"),
+    (Flaw.too_short, "too short", "measuring longer"),
+    (Flaw.warmup, "warm-up unsettled", "measuring longer"),
+    (Flaw.disturbed, "disturbed", "on a quiet machine"),
+    (Flaw.gpu, "disturbed", "on a quiet machine"),
+])
+def test_a_flawed_runs_kinds_word_its_standing_and_remedy_alike_everywhere(kind, word, rerun):
+    """Runs flagged only with too few windows (or cut short) were `disturbed` in the ranking,
+    on the console (`but the run was disturbed`) and in the recommendation (`rerun ... on a quiet
+    machine`), `too few windows` in the plots' legend: their remedy is a longer measurement.
+    Every reader words a flaw and its remedy from one mapping (analysis.labels.FLAWS)."""
+    from gpubench.report.console import verdict
+    from gpubench.report.plot_data import curve_data, pareto_data
+
+    reason = Reason(kind, "e2e: words that name no kind")
+    rows = [Row(str(i), _flagged(b, ips, [reason])) for i, (b, ips) in enumerate(((4, 100.0),
+                                                                                  (8, 150.0)))]
+    wrong = {"measuring longer": "on a quiet machine", "on a quiet machine": "measuring longer"}
+    head, body = table_rows(rows, ["loader.batch_size"], screen=True)
+    assert [b[2] for b in body] == [word, word]  # the ranking's status
+    assert [b[8] for b in table_rows(rows, ["loader.batch_size"])[1]] == [word, word]  # csv
+    caveat = recommend(rows).reasons[0]
+    assert caveat.startswith(f"UNCONFIRMED: every measurement flagged itself ({word}: "
+                             f"noise_reasons); rerun the recommended config {rerun}")
+    assert wrong[rerun] not in caveat
+    if rerun == "measuring longer":  # with the chosen run's own "measure longer"
+        assert caveat.endswith("measuring longer (bench.steps=24 bench.repeats=10) before "
+                               "trusting it")
+    line = next(ln for ln in verdict(rows[0].record) if "narrowest pipe" in ln)
+    assert f"(the figures lean to overlap, but the run was flagged: {word}; rerun {rerun})" in line
+    curve = curve_data(rows, "batch_size", "batch size", log2=True)
+    assert curve["title"].endswith(f"every full run flagged its own measurement (rerun {rerun})")
+    assert curve["flagged_label"].startswith(f"flagged run ({word}):")
+    assert f"(rerun {rerun})" in " ".join(pareto_data(rows)["title"].split())
+
+
+def test_the_run_table_heads_its_phases_intervals_with_their_coverages():
+    """In a job that failed after 8 windows loader and compute kept 3 windows (75% intervals),
+    e2e 2 (50%): the console's column read `50% interval` over all three, as did MLflow's
+    description; it is their span, `50-75% interval`."""
+    from rich.console import Console
+
+    from gpubench.report.console import print_result
+    from gpubench.tracking.translate import describe
+
+    d = json.loads((ROOT / "tests" / "golden" / "fixtures" / "run.json").read_text())
+    for name, c in (("loader", 0.75), ("compute", 0.75), ("e2e", 0.5)):
+        d["phases"][name]["images_per_sec_ci_coverage"] = c
+    rec = RunRecord.from_dict(d, run_dir=Path("RUN"))
+    buf = io.StringIO()
+    print_result(rec, Console(file=buf, width=200, highlight=False, color_system=None))
+    assert "50-75% interval" in buf.getvalue() and "┃ 50% interval" not in buf.getvalue()
+    assert "| phase | images/sec | 50-75% interval | data wait |" in describe(rec)
+    for name in ("loader", "compute"):
+        d["phases"][name]["images_per_sec_ci_coverage"] = 0.5
+    assert "| 50% interval |" in describe(RunRecord.from_dict(d))

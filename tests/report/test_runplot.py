@@ -134,3 +134,18 @@ def test_each_phase_is_shaded_to_its_own_warm_up():
                 if ln.get_linestyle() == "-"}
     assert sorted(measured.values()) == [9, 25]
     plt.close(fig)
+
+
+def test_each_whisker_is_named_by_its_own_phases_coverage():
+    """loader and compute with 3 windows (75%), e2e with 2 (50%): the axis said `whiskers: 50%
+    interval` over the 75% whiskers too; each pipe's coverage now stands under its name, and one
+    shared by every pipe is said once, on the axis."""
+    rec = make_record()
+    for name, c in (("loader", 0.75), ("compute", 0.75), ("e2e", 0.5)):
+        rec.phases[name].images_per_sec_ci_coverage = c
+    d = run_picture_data(rec)
+    assert [b["coverage"] for b in d["bars"]] == [0.75, 0.75, 0.5]
+    assert d["per_phase"] and d["interval_label"] == "50-75% interval"
+    rec.phases["e2e"].images_per_sec_ci_coverage = 0.75
+    d = run_picture_data(rec)
+    assert not d["per_phase"] and d["interval_label"] == "75% interval"
