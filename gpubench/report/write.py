@@ -45,7 +45,7 @@ REPORT_DIR = "report"
 EXPERIMENT_NAME = "recommended"
 # said under the printed table: why a slower row can rank above a faster one
 RANK_ORDER = ("ranked: feasible first (status), full length before screens, stable or confirmed "
-              "before too short, disturbed or disagreed, then img/s")
+              "before flagged (its flaws named) or disagreed, then img/s")
 # the printed ranking's columns that give way in a narrow terminal: these first, then the knobs
 # (moved below the table), then the last; the rank, the run and its img/s always stay
 GIVES_WAY_FIRST = ("gpu %", "cpu %", "mem %", "rung", "verdict")
