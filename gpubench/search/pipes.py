@@ -18,7 +18,7 @@ from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
 from gpubench.analysis.workers import clears, clears_by, next_steps
-from gpubench.config.knobs import CHEAP_FIRST
+from gpubench.config.knobs import CHEAP_FIRST, knob_setting
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
@@ -429,7 +429,7 @@ def effective(points: list[dict]) -> list[dict]:
 
 
 def _setting(params: dict[str, Any]) -> str:
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items()) or "as composed"
+    return " ".join(knob_setting(k, v) for k, v in params.items()) or "as composed"
 
 
 def lines(result: dict) -> list[str]:

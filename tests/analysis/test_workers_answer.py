@@ -178,6 +178,33 @@ def test_a_zero_worker_run_joins_every_worker_only_setting_of_its_setup(tmp_path
     assert len(loader_answer(rs[:3], [], [], "/s").groups) == 1
 
 
+def test_each_heading_names_what_sets_its_group_apart(tmp_path):
+    """Groups split on every knob, yet their headings wrote the compute knobs alone: four groups
+    of a preload x pin_memory sweep all read `resnet18 ..., batch 32, fp32 (cuda)`. Each names
+    the keys that differ between the groups shown, at their default too; worker-only knobs from
+    a run with workers (a 0-worker run records them inert)."""
+    def row(w: int, preload: bool, pin: bool, prefetch) -> Row:
+        r = loader_row(w, *LOADER[w])
+        r.record.config["dataset"]["preload"] = preload
+        r.record.config["loader"] |= {"pin_memory": pin, "prefetch_factor": prefetch if w else None}
+        return Row(str(w), r.record)
+
+    bound = [compute_run(540.0, [520.0, 555.0], tmp_path)]
+    rs = [row(w, p, pin, 2) for w in (0, 1) for p in (False, True) for pin in (True, False)]
+    heads = [g.setup for g in loader_answer(rs, bound, [], "/s").groups]
+    assert len(heads) == 4 and len(set(heads)) == 4, heads
+    assert "resnet18 on synthetic 32px, batch 32, fp32, preload=false, pin_memory=true (cuda)" \
+        in heads
+    # worker-only settings apart: named from the runs with workers, never the 0-worker's null
+    rs = [row(0, False, True, None), row(1, False, True, 2), row(1, False, True, 4)]
+    heads = [g.setup for g in loader_answer(rs, bound, [], "/s").groups]
+    assert heads == [f"resnet18 on synthetic 32px, batch 32, fp32, prefetch_factor={n} (cuda)"
+                     for n in (2, 4)]  # 2, the default, named: it sets its group apart
+    # one setting, every knob at its default: the heading as before
+    assert [g.setup for g in loader_answer(rows(), bound, [], "/s").groups] == \
+        ["resnet18 on synthetic 32px, batch 32, fp32 (cuda)"]
+
+
 def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):
     queue = Reason(Flaw.queue, "loader: windows 1, 2 of fewer batches than the workers hold in "
                                "flight (...)")
