@@ -196,7 +196,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
             r for r in done if not any(x.kind in INFLATES for x in flag_reasons(r))]
         good = [(r.knob("num_workers"), r.record.loader_images_per_sec,
                  r.record.loader_images_per_sec_ci) for r in used]
-        pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"])
+        pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"],
+                                      [r.flat for r in rs])
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
     named = _apart(groups)
     for g in groups:

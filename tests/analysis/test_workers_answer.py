@@ -121,6 +121,34 @@ def test_a_cpu_only_data_side_is_told_only_what_acts_on_a_cpu(tmp_path):
     assert "stays the bottleneck" in text and "augment_on" not in text
 
 
+def test_the_loader_check_judges_as_the_answer_does():
+    """The loader check (WorkersPick.reason) said `the data side stays the bottleneck` of any
+    loader that did not clear, also where the answer said it is not decided."""
+    close = fewest_workers(dict_rows(), Est(800.0, 780.0, 830.0))
+    assert "not decided" in close.reason and "stays the bottleneck" not in close.reason
+    below = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0))
+    assert "stays the bottleneck" in below.reason and "not decided" not in below.reason
+
+
+def test_no_next_step_repeats_what_the_runs_already_do(tmp_path):
+    """Preloaded runs were told `(next: dataset.preload=true, more CPU cores)`: a step that sets
+    a knob to the value the runs have is dropped; more workers than tried stay advised."""
+    preloaded = [{"dataset.preload": True, "dataset.augment_on": "cpu"}]
+    pick = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0), tried=preloaded)
+    assert "(next: loader.num_workers=8, dataset.augment_on=device, more CPU cores per GPU)" \
+        in pick.answer()
+    cpu = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0), device="cpu", tried=preloaded)
+    assert "(next: loader.num_workers=8, more CPU cores)" in cpu.reason
+    # the report's answer passes its runs' settings on
+    rs = rows()
+    for r in rs:
+        r.record.config["dataset"]["preload"] = True
+    rs = [Row(r.label, r.record) for r in rs]
+    text = "\n".join(loader_answer(rs, [compute_run(900.0, [880.0, 920.0], tmp_path)], [],
+                                    "/s").lines)
+    assert "stays the bottleneck (next: " in text and "dataset.preload=true" not in text, text
+
+
 # ------------------------------------------------------------------ the report's answer
 
 
