@@ -365,7 +365,7 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
             and r.record.status.measured]
     pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec) for r in same],
                           chosen.record.compute_images_per_sec, tolerance,
-                          chosen.record.env.get("device"))
+                          chosen.record.env.get("device"), [r.flat for r in same])
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []

@@ -13,9 +13,10 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpubench.config.keys import Pipe, Role
-from gpubench.config.knobs import KEYS, SETUP_SHORT, SHORT, role
+from gpubench.config.keys import Role
+from gpubench.config.knobs import KEYS, SETUP_SHORT, SHORT, knob_setting, role
 from gpubench.config.overrides import format_value
+from gpubench.config.settings import as_run
 from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import count
 
@@ -38,47 +39,56 @@ def knob_of(get: Callable[[str], Any], name: str) -> Any:
     return get(knob_key(get, name))
 
 
-# the compute knobs setup_text writes in words of its own; every other one it writes as
-# `name=value` where its value is not the declared default (`optimizer=adamw`), so two setups
-# that differ in any compute knob never share a title or a run name
-_WORDED = ("batch_size", "precision", "channels_last", "compile")
-_OTHER_COMPUTE = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob
-                       and k.knob.pipe is Pipe.compute and k.knob.short not in _WORDED)
+# the knobs setup_text writes in words of its own (`resnet50 on imagenet 224px, batch 128,
+# 8 thread workers, amp_bf16, channels_last`); every other knob, of either pipe, it writes as
+# knob_setting where its value is not the declared default (`optimizer=adamw`, `preload=true`),
+# so two setups that differ in any knob never share a title or a run name
+_WORDED = {k for n in ("model", "dataset", "image_size", "batch_size", "num_workers",
+                       "worker_type", "precision", "channels_last", "compile") for k in SHORT[n]}
+_OTHER = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob and n not in _WORDED)
 
 
-def _other_compute(rec: RunRecord) -> list[str]:
-    """`optimizer=adamw`, `bench.grad_accum_steps=2`: the other compute knobs off their default."""
+def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
+    """`optimizer=adamw`, `bench.grad_accum_steps=2`: the other knobs off their default, and the
+    keys `named` (what sets a run apart from those shown beside it) whatever their value; never
+    a key inert with the run's workers (recorded as its Knob.inert, settings.as_run)."""
+    keys = [*_OTHER, *sorted(set(named) - set(_OTHER) - _WORDED)]
+    values = as_run({k: rec.knob(k) for k in (*keys, *SHORT["num_workers"],
+                                              *SHORT["worker_type"])})
     out = []
-    for n in _OTHER_COMPUTE:
-        v, default = rec.knob(n), KEYS[n].default
-        if v is not None and v != (default.value if isinstance(default, Enum) else default):
-            # a knob without a short name by its key, as the ranking and the overrides name it
-            out.append(f"{KEYS[n].knob.short or n}={format_value(v)}")
+    for n in keys:
+        default = KEYS[n].default if n in KEYS else None
+        default = default.value if isinstance(default, Enum) else default
+        if n in values and (n in named or (values[n] is not None and values[n] != default)):
+            out.append(knob_setting(n, values[n]))
     return out
 
 
-def setup_text(rec: RunRecord, compact: bool = False) -> str:
+def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (),
+               workers: bool = True) -> str:
     """`resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16, channels_last` (a title),
-    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name); other compute knobs off their
-    default follow (`optimizer=adamw`)."""
+    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name); other knobs off their default
+    follow (`optimizer=adamw`), and the keys `named` at any value; `workers` False: without the
+    worker count (a heading over runs of several)."""
     def k(name: str) -> Any:
         return knob_of(rec.knob, name)
 
-    model, workers, compiled = k("model"), k("num_workers"), k("compile")
+    model, count_, compiled = k("model"), k("num_workers") if workers else None, k("compile")
     compiled = None if compiled in (None, "off", False) else compiled
-    thread = "thread " if workers and k("worker_type") == "thread" else ""  # processes: unsaid
+    thread = "thread " if count_ and k("worker_type") == "thread" else ""  # processes: unsaid
+    others = _others(rec, named)
     if compact:
         parts = [str(model).rsplit(".", 1)[-1], f"bs{k('batch_size')}",
-                 f"w{workers}{'t' if thread else ''}", str(k("precision"))]
+                 *([f"w{count_}{'t' if thread else ''}"] if workers else []), str(k("precision"))]
         parts += [p for p in (k("channels_last") and "cl", compiled and f"compile-{compiled}") if p]
-        return "-".join(parts + _other_compute(rec))
+        return "-".join(parts + others)
     # a record written before its config was complete leaves parts out rather than print None
     head = " ".join(p for p in (str(model or "?"), k("dataset") and f"on {k('dataset')}",
                                 k("image_size") and f"{k('image_size')}px") if p)
     parts = [head, k("batch_size") is not None and f"batch {k('batch_size')}",
-             workers is not None and count(workers, thread + "worker"),
+             count_ is not None and count(count_, thread + "worker"),
              k("precision") and str(k("precision")), k("channels_last") and "channels_last",
-             compiled and f"compile={compiled}", *_other_compute(rec)]
+             compiled and f"compile={compiled}", *others]
     return ", ".join(p for p in parts if p)
 
 

@@ -5,26 +5,63 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from gpubench.analysis.select import knob_of
 from gpubench.config.knobs import COMPUTE
+from gpubench.config.overrides import format_value
+from gpubench.core.record import Word
 from gpubench.core.stats import TOLERANCE, Est, count, figure
 
 COMPUTE_DIR = "compute"  # a loader-only multirun's compute measurements, in its sweep dir
-# what a data side that stays the bottleneck can try next (docs/data.md), by the run's device:
-# on a CPU-only run a device augment runs on the cores the model trains on, and no GPU waits
-NEXT_STEPS = {"cuda": "dataset.preload=true, dataset.augment_on=device, more CPU cores per GPU",
-              "cpu": "dataset.preload=true, more CPU cores"}
+# what a data side that stays the bottleneck can try next (docs/data.md), by the run's device,
+# each a key and the value to set it to, or words alone (no key): on a CPU-only run a device
+# augment runs on the cores the model trains on, and no GPU waits
+NEXT_STEPS: dict[str, tuple[tuple[str | None, Any], ...]] = {
+    "cuda": (("dataset.preload", True), ("dataset.augment_on", "device"),
+             (None, "more CPU cores per GPU")),
+    "cpu": (("dataset.preload", True), (None, "more CPU cores"))}
+# the keys the next steps set: what a record of the runs keeps of their settings (pipes.json)
+NEXT_KEYS = tuple(dict.fromkeys(k for steps in NEXT_STEPS.values() for k, _ in steps if k))
 
 
-def next_steps(device: str | None, more_from: int | None = None) -> str:
+def _text(v: Any) -> str:
+    return format_value(v.value if isinstance(v, Enum) else v)
+
+
+def next_steps(device: str | None, more_from: int | None = None,
+               tried: Iterable[Mapping[str, Any]] = ()) -> str:
     """NEXT_STEPS for a run's device (one not recorded: as on CUDA), led by more workers where
-    the most tried, `more_from`, loaded fastest: nothing yet says more would not load faster."""
-    more = [] if more_from is None else [f"loader.num_workers={max(2, 2 * more_from)}"]
-    return ", ".join([*more, NEXT_STEPS.get(device, NEXT_STEPS["cuda"])])
+    the most tried, `more_from`, loaded fastest: nothing yet says more would not load faster.
+    A step that sets a key to a value one of the runs already had (`tried`: their flat config
+    values) is no next step: those runs are what it would measure."""
+    more = [] if more_from is None else [("loader.num_workers", max(2, 2 * more_from))]
+    had = [{k: _text(v) for k, v in r.items()} for r in tried]
+    return ", ".join(f"{k}={_text(v)}" if k else v
+                     for k, v in [*more, *NEXT_STEPS.get(device, NEXT_STEPS["cuda"])]
+                     if not k or all(h.get(k) != _text(v) for h in had))
+
+
+class Feeds(Word):
+    """A loader's interval against the compute bound's: the one comparison behind the workers
+    answer, the loader check and sweep=pipes' path, turned into words where each is shown."""
+
+    clears = "clears"  # its low end above compute's high end, the margin to spare
+    short = "short"  # its whole interval below compute's: the data side stays the narrower pipe
+    open = "open"  # the intervals overlap (or clear by less than the margin): not decided
+
+
+def feeds(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> Feeds:
+    if clears(loader, compute, tolerance):
+        return Feeds.clears
+    return Feeds.short if loader.hi < compute.lo else Feeds.open
+
+
+UNDECIDED = ("the intervals overlap, so it is not decided: measure longer (a larger bench.steps) "
+             "or try more workers")
 
 
 def workers(n: int) -> str:
@@ -40,6 +77,7 @@ class WorkersPick:
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
     device: str | None = None  # the runs' (env.device); None: not recorded, advised as on CUDA
+    tried: list[dict] = field(default_factory=list)  # the runs' flat config values (next_steps)
 
     @property
     def loader_images_per_sec(self) -> float | None:
@@ -51,6 +89,13 @@ class WorkersPick:
         most = max(self.rates, default=None)
         top = max(self.rates, key=lambda x: self.rates[x].value, default=None)
         return most if most is not None and top == most else None
+
+    @property
+    def _top(self) -> int:  # the worker count that loaded fastest
+        return max(self.rates, key=lambda x: self.rates[x].value)
+
+    def _next(self) -> str:
+        return next_steps(self.device, self._most_fastest, self.tried)
 
     def _fewer(self) -> int | None:
         return max((x for x in self.rates if x < self.num_workers), default=None)
@@ -72,9 +117,11 @@ class WorkersPick:
         plateau = f"{loads}, within {tol:.0%} of the best ({best:.1f})"
         if c is None:
             return f"compute throughput not measured; {plateau}"
-        return (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
-                f"{ips / c.value:.0%} of compute: the data side stays the bottleneck (next: "
-                f"{next_steps(self.device, self._most_fastest)})")
+        head = (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
+                f"{ips / c.value:.0%} of compute")
+        if feeds(self.rates[self._top], c, tol) is Feeds.short:
+            return f"{head}: the data side stays the bottleneck (next: {self._next()})"
+        return f"{head}: {UNDECIDED}"
 
     @property
     def threshold(self) -> float | None:
@@ -99,16 +146,14 @@ class WorkersPick:
                    "may load faster still")
         if c is None:
             return f"workers: no compute bound to compare with; {plateau}"
-        top = max(self.rates, key=lambda x: self.rates[x].value)
+        top = self._top
         counts = ", ".join(str(x) for x in sorted(self.rates))
         head = (f"workers: none of {counts} clears compute {c} img/s by {tol:.0%} (a low end "
                 f"above {figure(self.threshold)}); the fastest, {workers(top)}, loads "
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
-        if self.rates[top].hi < c.lo:
-            return (f"{head}: the data side stays the bottleneck (next: "
-                    f"{next_steps(self.device, self._most_fastest)}); {plateau}")
-        return (f"{head}: the intervals overlap, so it is not decided: measure longer (a larger "
-                f"bench.steps) or try more workers; {plateau}")
+        if feeds(self.rates[top], c, tol) is Feeds.short:
+            return f"{head}: the data side stays the bottleneck (next: {self._next()}); {plateau}"
+        return f"{head}: {UNDECIDED}; {plateau}"
 
 
 def clears_by(margin: Est) -> str:
@@ -148,18 +193,21 @@ def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
 
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,
-                   tolerance: float = TOLERANCE, device: str | None = None) -> WorkersPick:
+                   tolerance: float = TOLERANCE, device: str | None = None,
+                   tried: Iterable[Mapping[str, Any]] = ()) -> WorkersPick:
     """The fewest loader workers that clear compute; when none does, the plateau's start: the
-    fewest within `tolerance` of the highest loader throughput (`device`: the runs')."""
+    fewest within `tolerance` of the highest loader throughput (`device`: the runs', `tried`:
+    their flat config values, which the next steps advised leave out)."""
+    tried = [dict(t) for t in tried]
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
     if clear or not loader:
         return WorkersPick(clear[0] if clear else None, bool(clear), tolerance, loader, compute,
-                           device)
+                           device, tried)
     best = max(r.value for r in loader.values())
     w = min(x for x in loader if loader[x].value >= best * (1 - tolerance))
-    return WorkersPick(w, False, tolerance, loader, compute, device)
+    return WorkersPick(w, False, tolerance, loader, compute, device, tried)
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpubench.config.keys import ACTIVE, Key, Pipe, Role
+from gpubench.config.overrides import format_value
 from gpubench.config.schema import BY_NAME
 
 KEYS: dict[str, Key] = BY_NAME
@@ -50,6 +51,20 @@ def declared(key: str) -> Key | None:
             return KEYS[k]
         k = k.rpartition(".")[0]
     return None
+
+
+def knob_name(key: str) -> str:
+    """A config key as every reader shows it (ranking headers, plot legends, titles, run names,
+    the sweep's path): its knob's short name, else the key itself. Never its last part alone:
+    `model.checkpointing` and a `bench.checkpointing` would read as one knob."""
+    d, k = declared(key), key.lstrip("+")
+    own = d is not None and d.name in (k, f"{k}.name")  # not a part of a dict-valued key
+    return d.knob.short if own and d.knob.short else key
+
+
+def knob_setting(key: str, value: Any) -> str:
+    """`batch_size=64`, `model.checkpointing=true`: a knob and its value as shown."""
+    return f"{knob_name(key)}={format_value(value)}"
 
 
 def role(key: str) -> Role:

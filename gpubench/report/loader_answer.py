@@ -4,7 +4,6 @@ setup the report was given (the sweep's `compute/` folder, the rows, `--compute`
 
 from __future__ import annotations
 
-import copy
 import shlex
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from gpubench.analysis.workers import COMPUTE_DIR, TOLERANCE, WorkersPick, compu
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, role
 from gpubench.config.overrides import format_value
+from gpubench.config.settings import as_run
 from gpubench.core.record import Reason, RunRecord, find_runs, load
 from gpubench.core.stats import Est, count
 from gpubench.report import plot_rules
@@ -58,13 +58,20 @@ class Group:
     def kind(self) -> str | None:  # loader.worker_type of the runs with workers
         return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
 
+    named: tuple[str, ...] = ()  # the keys that set groups shown together apart (_apart)
+
+    @property
+    def shown(self) -> Row:
+        """The run whose knobs the heading writes: one with workers, where the group has one
+        (a 0-worker run joins every group of its setup; its worker-only knobs are inert)."""
+        return next((r for r in self.rows if r.knob("num_workers")), self.rows[0])
+
     @property
     def setup(self) -> str:  # without its workers (`, thread workers` where they are threads)
-        rec = self.rows[0].record
-        cfg = copy.deepcopy(rec.config)
-        (cfg.get("loader") or {}).pop("num_workers", None)
+        rec = self.shown.record
         threads = ", thread workers" if self.kind == "thread" else ""
-        return f"{setup_text(RunRecord(config=cfg))}{threads} ({rec.env.get('device') or '?'})"
+        return (f"{setup_text(rec, named=self.named, workers=False)}{threads} "
+                f"({rec.env.get('device') or '?'})")
 
 
 @dataclass
@@ -187,9 +194,23 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
             r for r in done if not any(FLAWS[x.kind].inflates for x in flag_reasons(r))]
         good = [(r.knob("num_workers"), r.record.loader_images_per_sec,
                  r.record.loader_images_per_sec_ci) for r in used]
-        pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"])
+        pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"],
+                                      [r.flat for r in rs])
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
+    named = _apart(groups)
+    for g in groups:
+        g.named = named
     return LoaderAnswer(loaders, groups, _lines(groups, source))
+
+
+def _apart(groups: list[Group]) -> tuple[str, ...]:
+    """The keys whose values differ between the groups (worker_groups split on every knob): each
+    heading names them, at a default too, so no two headings read alike. A key inert in a group
+    (settings.as_run) has no value there to differ by."""
+    shown = [{k: v for k, v in as_run(g.shown.flat).items() if k in _knobs(g.shown)}
+             for g in groups]
+    keys = sorted({k for d in shown for k in d})
+    return tuple(k for k in keys if len({repr(d[k]) for d in shown if k in d}) > 1)
 
 
 def _kinds(reasons: list[Reason]) -> str:

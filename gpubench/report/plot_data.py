@@ -8,8 +8,7 @@ from typing import Any
 
 from gpubench.analysis.recommend import Row, interval_label
 from gpubench.config.keys import Pipe
-from gpubench.config.knobs import declared
-from gpubench.config.overrides import format_value
+from gpubench.config.knobs import declared, knob_setting
 from gpubench.config.settings import as_run
 from gpubench.core.record import Status, interval_label_of
 from gpubench.core.stats import TOLERANCE, Est
@@ -138,8 +137,7 @@ def memory_data(rows) -> dict | None:
     def series(r) -> str:  # `fp32`, `fp32, optimizer=adamw`, `optimizer=adamw`
         f = plot_rules.knobs_of(r)
         return ", ".join([str(knob(r, "precision") or "?")] * named_precision + [
-            f"{k.removesuffix('.name').rsplit('.', 1)[-1]}={format_value(f.get(k))}"
-            for k in keys])
+            knob_setting(k, f.get(k)) for k in keys])
 
     groups = plot_rules.group_by(full, series)
     return {"groups": {name: xy(rs) for name, rs in sorted(groups.items())},
@@ -224,7 +222,7 @@ def pareto_data(rows, rec=None) -> dict | None:
 
 
 def _name(params: dict[str, Any], leave: str) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sorted(params.items())
+    return ", ".join(knob_setting(k, v) for k, v in sorted(params.items())
                      if k != leave) or "as composed"
 
 

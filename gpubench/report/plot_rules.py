@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any
 
 from gpubench.analysis.labels import FLAWS, rerun_text
-from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared
+from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared, knob_setting
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import flatten
@@ -171,8 +171,7 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
         if i == 0 or (len(line) > 1 and len(out) < MAX_LINES):
             # `num_workers=2, precision=fp32`, from a run with workers (a 0-worker one's are inert)
             f = knobs_of(next((r for r in line if workers(r) != 0), line[0]))
-            out.append((", ".join(f"{k.removesuffix('.name').rsplit('.', 1)[-1]}="
-                                  f"{format_value(f.get(k))}" for k in keys), line))
+            out.append((", ".join(knob_setting(k, f.get(k)) for k in keys), line))
         else:
             rest.update({id(r): (r, Apart.alone if len(line) == 1 else Apart.beyond) for r in line})
     # a 0-worker run on a drawn line is no lone point beside it too

@@ -21,7 +21,7 @@ from gpubench.analysis import recommend
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadiness, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
-from gpubench.config.knobs import SHORT, role
+from gpubench.config.knobs import knob_name, role
 from gpubench.core.exits import Refusal
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
@@ -173,8 +173,8 @@ def knob_header(key: str) -> str:
     need. A key without one is its full name, broken only after each dot
     (`bench.\nhost_metrics_every`): broken at `_` too it read as words of its own
     (`bench.host`, `metrics`, `every`), and `_name` could not tell which break was which."""
-    name = next((n for n, ks in SHORT.items() if key in ks), None)
-    return key.replace(".", ".\n") if name is None else name.replace("_", "\n")
+    name = knob_name(key)
+    return name.replace(".", ".\n") if "." in name else name.replace("_", "\n")
 
 
 def _name(header: str) -> str:

@@ -17,8 +17,16 @@ from functools import cached_property, partial
 from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
-from gpubench.analysis.workers import clears, clears_by, next_steps
-from gpubench.config.knobs import CHEAP_FIRST
+from gpubench.analysis.workers import (
+    NEXT_KEYS,
+    UNDECIDED,
+    Feeds,
+    clears,
+    clears_by,
+    feeds,
+    next_steps,
+)
+from gpubench.config.knobs import CHEAP_FIRST, knob_setting
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
@@ -165,10 +173,13 @@ class Pipes:
                     break
         f = choose_data(rows, params, k.rate, TOLERANCE, after)
         if f is not None and after is None:
+            # the settings its trials ran: a next step that sets one of them is none
+            tried = {S.key(t): t for _, r in rows
+                     if (t := {n: r.flat.get(n) for n in NEXT_KEYS if n in r.flat})}
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
                  "device": next((r.record.env.get("device") for _, r in rows), None),
-                 **f.summary()})
+                 "tried": list(tried.values()), **f.summary()})
             self.write(self.result)
             verb = "clears" if f.clears else "does not clear"
             log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),
@@ -330,11 +341,16 @@ def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
 class Fed:  # a data setting chosen to feed one kept compute setting
     params: dict[str, Any]
     rate: Est
-    clears: bool
+    feeds: Feeds  # its interval against the bound's (workers.feeds, the workers answer's rule)
     bound: Est
+
+    @property
+    def clears(self) -> bool:
+        return self.feeds is Feeds.clears
 
     def summary(self) -> dict:
         return {"params": self.params, "rate": list(astuple(self.rate)), "clears": self.clears,
+                "feeds": self.feeds.value,
                 "margin": [x - 1 for x in astuple(self.rate.over(self.bound))]}
 
 
@@ -346,11 +362,11 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
                    key=lambda t: t[0])
     for c, p, x in rated:
         if (after is None or c > after) and clears(x, bound, margin):
-            return Fed(p, x, True, bound)
+            return Fed(p, x, Feeds.clears, bound)
     if after is not None or not rated:
         return None
     _, p, x = max(rated, key=lambda t: t[2].value)
-    return Fed(p, x, False, bound)
+    return Fed(p, x, feeds(x, bound, margin), bound)
 
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
@@ -429,7 +445,14 @@ def effective(points: list[dict]) -> list[dict]:
 
 
 def _setting(params: dict[str, Any]) -> str:
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items()) or "as composed"
+    return " ".join(knob_setting(k, v) for k, v in params.items()) or "as composed"
+
+
+def _feeds(cleared: bool, margin: Est) -> Feeds:
+    """workers.feeds from a pipes.json written before it kept the judgement: its clears flag and
+    its margin (loader / compute - 1, from the extremes: below 0 at its high end, every figure
+    of the loader's interval is below every figure of compute's)."""
+    return Feeds.clears if cleared else Feeds.short if margin.hi < 0 else Feeds.open
 
 
 def lines(result: dict) -> list[str]:
@@ -444,13 +467,16 @@ def lines(result: dict) -> list[str]:
             out.append(f"  kept {_setting(k['params'])}: {Est(*k['rate'])} img/s{mem} "
                        f"({k['why']})")
     for d in result.get("data", []):
-        r = Est(*d["rate"])
-        if d["clears"]:
-            verdict = (f"clears compute {clears_by(Est(*d['margin']))}, the cheapest setting "
-                       "that does")
+        r, margin = Est(*d["rate"]), Est(*d["margin"])
+        share = Est(*(x + 1 for x in astuple(margin)))  # of compute
+        how = Feeds.read(d.get("feeds")) or _feeds(d["clears"], margin)
+        if how is Feeds.clears:
+            verdict = f"clears compute {clears_by(margin)}, the cheapest setting that does"
+        elif how is Feeds.short:
+            verdict = (f"= {share:.0%} of compute: the data side stays the narrower pipe (next: "
+                       f"{next_steps(d.get('device'), tried=d.get('tried', ()))})")
         else:
-            verdict = ("clears no kept bound: the data side stays the narrower pipe (next: "
-                       f"{next_steps(d.get('device'))})")
+            verdict = f"= {share:.0%} of compute: {UNDECIDED}"
         out.append(f"data pipe for {_setting(d['for'])}: "
                    f"{count(d['trials'], 'loader-only trial')}; "
                    f"{_setting(d['params'])}: {r} img/s {verdict}")

@@ -121,6 +121,34 @@ def test_a_cpu_only_data_side_is_told_only_what_acts_on_a_cpu(tmp_path):
     assert "stays the bottleneck" in text and "augment_on" not in text
 
 
+def test_the_loader_check_judges_as_the_answer_does():
+    """The loader check (WorkersPick.reason) said `the data side stays the bottleneck` of any
+    loader that did not clear, also where the answer said it is not decided."""
+    close = fewest_workers(dict_rows(), Est(800.0, 780.0, 830.0))
+    assert "not decided" in close.reason and "stays the bottleneck" not in close.reason
+    below = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0))
+    assert "stays the bottleneck" in below.reason and "not decided" not in below.reason
+
+
+def test_no_next_step_repeats_what_the_runs_already_do(tmp_path):
+    """Preloaded runs were told `(next: dataset.preload=true, more CPU cores)`: a step that sets
+    a knob to the value the runs have is dropped; more workers than tried stay advised."""
+    preloaded = [{"dataset.preload": True, "dataset.augment_on": "cpu"}]
+    pick = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0), tried=preloaded)
+    assert "(next: loader.num_workers=8, dataset.augment_on=device, more CPU cores per GPU)" \
+        in pick.answer()
+    cpu = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0), device="cpu", tried=preloaded)
+    assert "(next: loader.num_workers=8, more CPU cores)" in cpu.reason
+    # the report's answer passes its runs' settings on
+    rs = rows()
+    for r in rs:
+        r.record.config["dataset"]["preload"] = True
+    rs = [Row(r.label, r.record) for r in rs]
+    text = "\n".join(loader_answer(rs, [compute_run(900.0, [880.0, 920.0], tmp_path)], [],
+                                    "/s").lines)
+    assert "stays the bottleneck (next: " in text and "dataset.preload=true" not in text, text
+
+
 # ------------------------------------------------------------------ the report's answer
 
 
@@ -176,6 +204,33 @@ def test_a_zero_worker_run_joins_every_worker_only_setting_of_its_setup(tmp_path
     assert by_prefetch[2].pick.num_workers == 2 and by_prefetch[4].pick.num_workers == 2
     # the one setting of a plain 0,1,2 sweep: one group, not a 0-worker group of its own
     assert len(loader_answer(rs[:3], [], [], "/s").groups) == 1
+
+
+def test_each_heading_names_what_sets_its_group_apart(tmp_path):
+    """Groups split on every knob, yet their headings wrote the compute knobs alone: four groups
+    of a preload x pin_memory sweep all read `resnet18 ..., batch 32, fp32 (cuda)`. Each names
+    the keys that differ between the groups shown, at their default too; worker-only knobs from
+    a run with workers (a 0-worker run records them inert)."""
+    def row(w: int, preload: bool, pin: bool, prefetch) -> Row:
+        r = loader_row(w, *LOADER[w])
+        r.record.config["dataset"]["preload"] = preload
+        r.record.config["loader"] |= {"pin_memory": pin, "prefetch_factor": prefetch if w else None}
+        return Row(str(w), r.record)
+
+    bound = [compute_run(540.0, [520.0, 555.0], tmp_path)]
+    rs = [row(w, p, pin, 2) for w in (0, 1) for p in (False, True) for pin in (True, False)]
+    heads = [g.setup for g in loader_answer(rs, bound, [], "/s").groups]
+    assert len(heads) == 4 and len(set(heads)) == 4, heads
+    assert "resnet18 on synthetic 32px, batch 32, fp32, preload=false, pin_memory=true (cuda)" \
+        in heads
+    # worker-only settings apart: named from the runs with workers, never the 0-worker's null
+    rs = [row(0, False, True, None), row(1, False, True, 2), row(1, False, True, 4)]
+    heads = [g.setup for g in loader_answer(rs, bound, [], "/s").groups]
+    assert heads == [f"resnet18 on synthetic 32px, batch 32, fp32, prefetch_factor={n} (cuda)"
+                     for n in (2, 4)]  # 2, the default, named: it sets its group apart
+    # one setting, every knob at its default: the heading as before
+    assert [g.setup for g in loader_answer(rows(), bound, [], "/s").groups] == \
+        ["resnet18 on synthetic 32px, batch 32, fp32 (cuda)"]
 
 
 def test_a_flagged_loader_run_is_left_out_of_the_rule_and_named(tmp_path):

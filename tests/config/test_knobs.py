@@ -92,6 +92,71 @@ def test_a_compute_knob_at_its_default_is_left_unsaid():
     assert setup_text(a.record, compact=True) == "tiny-bs16-w2-fp32-bench.grad_accum_steps=4"
 
 
+KNOBS = sorted(n for n, k in knobs.KEYS.items() if k.knob.role is Role.knob)
+
+
+def _values(key: str) -> tuple:
+    k = knobs.KEYS[key]
+    return ((False, True) if k.type is bool else tuple(m.value for m in k.choices)[:2]
+            if k.choices else (2, 3) if k.kind else ("a-value", "another"))
+
+
+@pytest.mark.parametrize("key", KNOBS)
+def test_two_runs_differing_in_any_knob_never_share_a_title_or_a_run_name(key):
+    """The titles and MLflow's run names wrote the compute knobs alone: runs that differed only
+    in preload, pin_memory or prefetch_factor got one name. A knob at its default is unsaid,
+    one off it is named; a key inert with the run's workers is never named."""
+    a, b = _pair(key)
+    for row, value in zip((a, b), _values(key), strict=True):
+        _set(row.record.config, key, value)
+    assert setup_text(a.record) != setup_text(b.record)
+    assert setup_text(a.record, compact=True) != setup_text(b.record, compact=True)
+
+
+def test_a_knob_inert_without_workers_or_at_its_default_is_left_unsaid():
+    a, _ = _pair("loader.prefetch_factor")
+    # a 0-worker run records its worker-only knobs as their Knob.inert (off their defaults)
+    a.record.config["loader"].update(num_workers=0, prefetch_factor=None,
+                                     persistent_workers=False, pin_memory=True)
+    assert setup_text(a.record) == "tiny on synthetic 32px, batch 16, 0 workers, fp32"
+    a.record.config["dataset"]["preload"] = True
+    assert setup_text(a.record, compact=True) == "tiny-bs16-w0-fp32-preload=true"
+    # named keys (what sets a heading's runs apart) at any value, the worker count left out
+    assert setup_text(a.record, named=("loader.pin_memory", "dataset.num_samples"),
+                      workers=False) == ("tiny on synthetic 32px, batch 16, fp32, preload=true, "
+                                         "pin_memory=true, dataset.num_samples=null")
+
+
+def test_a_knob_is_shown_by_one_name_everywhere():
+    """A knob without a short name read `checkpointing=false` in a plot's legend,
+    `model.checkpointing` in the ranking and the run names: its short name, else its key."""
+    from gpubench.report.write import _name, knob_header
+    from gpubench.search.pipes import _setting
+
+    assert knobs.knob_name("loader.batch_size") == "batch_size"
+    assert knobs.knob_name("precision") == knobs.knob_name("precision.name") == "precision"
+    assert knobs.knob_name("model._target_") == "model"
+    for key in ("model.checkpointing", "bench.grad_accum_steps", "model.kwargs.width"):
+        assert knobs.knob_name(key) == key  # a part of a dict-valued key: never its parent's
+        assert _name(knob_header(key)) == key
+    a, _ = _pair("model.checkpointing")
+    a.record.config["model"]["checkpointing"] = True
+    assert "model.checkpointing=true" in setup_text(a.record, compact=True)
+    assert _setting({"model.checkpointing": True, "loader.batch_size": 4}) == \
+        "model.checkpointing=true batch_size=4"
+    # a plot's lines along the batch, one per checkpointing setting
+    from gpubench.report.plot_rules import line_groups
+
+    rows = []
+    for batch in (16, 32):
+        for r in _pair("model.checkpointing"):
+            r.record.config["loader"]["batch_size"] = batch
+            r.record.config["model"]["checkpointing"] = r.label == "r1"
+            rows.append(Row(r.label, r.record))  # its flat values read anew
+    labels = sorted(label for label, _ in line_groups(rows, "batch_size")[0])
+    assert labels == ["model.checkpointing=false", "model.checkpointing=true"]
+
+
 def test_the_lists_are_the_declarations():
     from gpubench.config.knobs import WORKER_ONLY
     from hydra_plugins.gpubench_sweeper.config import PipesConf

@@ -135,9 +135,11 @@ def test_lines_join_only_runs_that_differ_in_the_plotted_knob():
     )
     d = curve_data(rows, "batch_size", "batch size", log2=True)
     by_label = {ln["label"]: ys(ln["points"]) for ln in d["lines"]}
-    # labelled by what each line holds fixed: every other knob that varied, measured ones too
-    assert by_label == {"cudnn_benchmark=null, channels_last=false, num_workers=0": [100, 150],
-                        "cudnn_benchmark=null, channels_last=true, num_workers=2": [160, 120]}
+    # labelled by what each line holds fixed: every other knob that varied, measured ones too,
+    # as the ranking names them (config.knobs.knob_name: a key without a short name in full)
+    assert by_label == {
+        "bench.cudnn_benchmark=null, channels_last=false, num_workers=0": [100, 150],
+        "bench.cudnn_benchmark=null, channels_last=true, num_workers=2": [160, 120]}
     assert sorted(ys(d["rest"])) == [110, 140]
     assert sum(bool(ln["bounds"]) for ln in d["lines"]) == 1  # one group carries the bounds
     assert "differ in batch size alone" in d["title"]

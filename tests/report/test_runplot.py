@@ -149,3 +149,39 @@ def test_each_whisker_is_named_by_its_own_phases_coverage():
     rec.phases["e2e"].images_per_sec_ci_coverage = 0.75
     d = run_picture_data(rec)
     assert not d["per_phase"] and d["interval_label"] == "75% interval"
+
+
+@pytest.mark.parametrize("figures", [(900.0, 30000.0, 850.0), (3324.0, 3114.0, 600.0),
+                                     (1000.0, 2500.0, 700.0), (95.0, 9000.0, 90.0)])
+def test_no_two_labels_of_a_log_axis_meet(tmp_path, monkeypatch, figures):
+    """1-2-5 steps over two decades on run.png's narrow throughput axis wrote `5,000` and
+    `10,000` into one another (`5,00010,000`): the steps thin until every label stands apart,
+    as drawn after the layout (plots._FittedLog)."""
+    from gpubench.report import runplot
+
+    drawn = []
+
+    def save(fig, path, dpi):
+        drawn.append(fig)
+        return path
+
+    monkeypatch.setattr(runplot, "save", save)
+    loader, compute, e2e = figures
+    plot_run(make_record(loader=loader, compute=compute, e2e=e2e, warmup=(2.5, 0.3),
+                         steps=(0.01, 0.011, 0.0105)), tmp_path)
+    fig = drawn[0]
+    fig.tight_layout()  # as plots.save lays it out
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax, which in ((fig.axes[0], "x"), (fig.axes[1], "y")):
+        axis = getattr(ax, f"{which}axis")
+        assert axis.get_scale() == "log"
+        lo, hi = sorted(getattr(ax, f"get_{which}lim")())
+        labels = [t for t, v in zip(axis.get_ticklabels(), axis.get_ticklocs(), strict=True)
+                  if lo <= v <= hi and t.get_text()]
+        boxes = sorted((t.get_window_extent(renderer) for t in labels),
+                       key=lambda b: b.x0 if which == "x" else b.y0)
+        assert len(boxes) >= 2, which
+        for a, b in zip(boxes, boxes[1:], strict=False):
+            assert (b.x0 > a.x1) if which == "x" else (b.y0 > a.y1), \
+                [t.get_text() for t in labels]

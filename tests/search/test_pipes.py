@@ -15,6 +15,7 @@ import pytest
 from conftest import TINY, run_cli, start_cli
 
 from gpubench.analysis.recommend import Row
+from gpubench.analysis.workers import fewest_workers
 from gpubench.config.errors import ConfigError
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.stats import Est
@@ -225,10 +226,51 @@ def test_the_path_is_told_in_a_few_lines():
     # a data side that clears no bound is told what acts on the sweep's device (workers.next_steps)
     for device, told, not_told in (("cpu", "more CPU cores)", "augment_on=device"),
                                    ("cuda", "augment_on=device, more CPU cores per GPU)", None)):
-        short = {**result["data"][0], "clears": False, "device": device}
+        short = {**result["data"][0], "clears": False, "feeds": "short", "rate": [600, 580, 620],
+                 "margin": [-0.4, 580 / 1020 - 1, 620 / 980 - 1], "device": device}
         text = "\n".join(lines({**result, "data": [short]}))
         assert "stays the narrower pipe (next: dataset.preload=true, " in text
         assert told in text and (not_told is None or not_told not in text), text
+
+
+def test_the_path_judges_a_data_setting_as_the_workers_answer_does():
+    """The path said `stays the narrower pipe` of any setting that did not clear: of 3324
+    [3031-3807] against compute 3114 [2866-3285] too, where the workers answer on the same
+    screen said `the intervals overlap, so it is not decided`. One comparison (workers.feeds)
+    for both: clears, stays narrower (its whole interval below), or undecided (overlap)."""
+    space = parse_search_space(["loader.num_workers=choice(0,1)"]).params
+    bound = Est(3114.0, 2866.0, 3285.0)
+    kept = [{"params": {"loader.batch_size": 4}, "rate": [3114.0, 2866.0, 3285.0],
+             "why": "the fastest compute setting"}]
+    for ips, ci, path, answer in (
+            (3324.0, [3031.0, 3807.0], "= 107% [92%-133%] of compute: the intervals overlap, so "
+             "it is not decided", "the intervals overlap, so it is not decided"),
+            (1500.0, [1400.0, 1600.0], "= 48% [43%-56%] of compute: the data side stays the "
+             "narrower pipe (next: ", "the data side stays the bottleneck (next: "),
+            (4000.0, [3900.0, 4100.0], "clears compute by 28% [19%-43%], the cheapest setting",
+             "workers: 0 (loader 4000 [3900-4100] img/s clears compute")):
+        fed = choose_data([loader_row({"loader.num_workers": 0}, ips, ci)], space, bound, 0.05)
+        d = {"for": {"loader.batch_size": 4}, "trials": 1, **fed.summary()}
+        text = "\n".join(lines({"compute": {"trials": 1, "kept": kept}, "data": [d]}))
+        assert f"num_workers=0: {Est(ips, *ci)} img/s {path}" in text, text
+        assert answer in fewest_workers([(0, ips, ci)], bound).answer()
+        # a pipes.json from before the judgement was kept: read from its clears and margin
+        old = {k: v for k, v in d.items() if k != "feeds"}
+        assert "\n".join(lines({"compute": {"trials": 1, "kept": kept}, "data": [old]})) == text
+
+
+def test_the_path_advises_no_setting_its_trials_already_ran():
+    """`(next: dataset.preload=true, ...)` of a data pipe whose trials all preloaded: a next step
+    that sets a knob to a value its trials ran is dropped (pipes.json keeps what they ran)."""
+    d = {"for": {"loader.batch_size": 4}, "trials": 2, "params": {"loader.num_workers": 1},
+         "rate": [600, 580, 620], "clears": False, "feeds": "short", "device": "cuda",
+         "margin": [-0.4, 580 / 1020 - 1, 620 / 980 - 1]}
+    kept = {"trials": 1, "kept": []}
+    for tried, said in (([{"dataset.preload": True}], "(next: dataset.augment_on=device, more"),
+                        ([{"dataset.preload": False, "dataset.augment_on": "device"}],
+                         "(next: dataset.preload=true, more CPU cores per GPU)"),
+                        ([], "(next: dataset.preload=true, dataset.augment_on=device, more")):
+        assert said in "\n".join(lines({"compute": kept, "data": [{**d, "tried": tried}]}))
 
 
 # ------------------------------------------------------------------ the search, through the CLI
