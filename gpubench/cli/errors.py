@@ -30,11 +30,23 @@ class JobFailed(BaseException):
     "Error executing job" for an Exception."""
 
 
+def _refuse(message: str):
+    raise ValueError(message)
+
+
 def overrides(argv: list[str] | None = None) -> list[str]:
     """The command's overrides, by Hydra's parser; an unknown flag raises ArgumentError."""
     parser = get_args_parser()
 
     def error(message: str):
+        if message.startswith("unrecognized arguments"):
+            # argparse takes positionals in one run: a flag between overrides ends it
+            intermixed = get_args_parser()
+            intermixed.error = _refuse  # type: ignore[method-assign]
+            with contextlib.suppress(ValueError):
+                intermixed.parse_intermixed_args(argv)
+                message += ("; the flags (-m, -cd DIR, ...) go before or after all the "
+                            "overrides, not between them")
         raise argparse.ArgumentError(None, message)
 
     parser.error = error  # type: ignore[method-assign]

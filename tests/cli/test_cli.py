@@ -92,6 +92,10 @@ def sigterm_kept():
     (["precision=fp64"],
      "precision=fp64 is not allowed: it must be one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
     (["--bogus"], "unrecognized arguments: --bogus (see gpubench --help)"),
+    # Hydra's parser takes the overrides in one run: the multirun flag between them ends it
+    (["-m", "loader.batch_size=4,8"], "unrecognized arguments: loader.batch_size=4,8; the flags "
+     "(-m, -cd DIR, ...) go before or after all the overrides, not between them (see gpubench "
+     "--help)"),
     # a key given twice (TINY sets loader.batch_size first): the value refused is named
     (["loader.batch_size=abc"],
      "loader.batch_size=abc is not allowed: it must be null or an integer in [1, 65536]"),
