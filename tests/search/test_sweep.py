@@ -1297,3 +1297,24 @@ def test_a_grid_multirun_whose_jobs_all_fail_exits_1_in_one_line(tmp_path):
     assert p.returncode == 2 and last.startswith(
         "gpubench: error: no job of this sweep measured (2 refused as bad input); last error: "
         "bench.optimizer_impl='foreach' is not allowed"), p.stderr[-3000:]
+
+
+def test_a_folder_of_several_sweeps_pools_each_confirm_into_its_own_sweeps_trial(tmp_path):
+    """A report of a folder holding two searches: each search's sweep.json numbers its trials
+    from 0, and the root has none, so every confirm run's trial read as None and all of them
+    were pooled into whichever full run was read last (another search's). Each now joins the
+    trial its own sweep's manifest names."""
+    from gpubench.search.rows import load_dir
+
+    for name, full, again in (("a", 100.0, 110.0), ("b", 200.0, 210.0)):
+        sweep = tmp_path / name
+        sweep.mkdir()
+        runs = [_results(sweep, str(i), status="ok", images_per_sec=ips, rung=rung,
+                         peak_memory_fraction=0.1)
+                for i, (ips, rung) in enumerate(((full, "full"), (again, "confirm")))]
+        (sweep / "sweep.json").write_text(json.dumps({"mode": "optuna", "jobs": [
+            {"num": i, "dir": str(d), "trial": 0, "rung": r, "status": "ok"}
+            for i, (d, r) in enumerate(zip(runs, ("full", "confirm"), strict=True))]}))
+    rows, _ = load_dir(tmp_path)
+    pooled = {r.record.images_per_sec: [c.images_per_sec for c in r.confirms] for r in rows}
+    assert pooled == {100.0: [110.0], 200.0: [210.0]}
