@@ -285,9 +285,13 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     ok = ok or full
     # once confirmed, the fastest confirmed one: a trial measured once may have been lucky
     best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
-    if any(r.confirms for r in rows) and not best.confirmed:
+    # where every measurement flagged itself, the line below (reasons[0]) says it all
+    if any(r.confirms for r in rows) and not best.confirmed and not flawed:
+        # what the re-measured trials' flaws ask (a quiet machine where they only disagreed)
+        again = [k for k in Flaw if any(k in r.flaws for r in rows if r.confirms)]
         reasons.append("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
-                       "step); rerun the recommended config on a quiet machine before trusting it")
+                       f"step); {rerun_text(again, what='the recommended config')} before "
+                       "trusting it")
     # on the low end of its interval: noise never picks a smaller, slower configuration
     near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
     others = len(near) - 1  # `near` holds the best itself

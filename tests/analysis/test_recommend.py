@@ -4,7 +4,7 @@ spread: the AMP comparison, the headline's count of the configurations near the 
 from __future__ import annotations
 
 from gpubench.analysis.recommend import Effect, Row, amp_effect, interval_label, recommend
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import Flaw, Reason, RunRecord, Status
 
 
 def one_window(ips: float) -> Row:
@@ -106,3 +106,34 @@ def test_runs_that_differ_only_in_a_knob_inert_where_they_ran_are_one_setting(co
         assert varying(rows) == []
         (one,) = latest_per_setup(rows)
         assert len(one.confirms) == 1
+
+
+def _measured(ips: float, *flaws: Flaw, lo: float | None = None, hi: float | None = None
+              ) -> RunRecord:
+    return RunRecord(status=Status.ok, images_per_sec=ips,
+                     images_per_sec_ci=[lo or ips * 0.99, hi or ips * 1.01],
+                     peak_memory_fraction=0.1, memory_ceiling=0.8,
+                     measurement_stable=not flaws,
+                     noise_reasons=[Reason(f, f.value) for f in flaws])
+
+
+def test_the_confirm_steps_unconfirmed_line_asks_what_the_re_measurements_flaws_ask():
+    """A top trial whose re-measurement agreed but flagged too few windows was told `rerun ...
+    on a quiet machine` beside the line asking a longer measurement; where every measurement
+    flagged itself that one line says it all; where re-measurements only disagreed, a quiet
+    machine is the rerun."""
+    def lines(rows: list[Row]) -> list[str]:
+        return [r for r in recommend(rows).reasons if r.startswith("UNCONFIRMED")]
+
+    top = Row("top", _measured(100.0, Flaw.few_windows))
+    top.confirms = [_measured(101.0, Flaw.few_windows)]
+    [line] = lines([top, Row("other", _measured(90.0, Flaw.few_windows))])
+    assert "every measurement flagged itself" in line and "measuring longer" in line
+    flagged_again = Row("top", _measured(100.0))
+    flagged_again.confirms = [_measured(101.0, Flaw.too_short)]
+    [line] = lines([flagged_again, Row("steady", _measured(90.0))])
+    assert "confirm step" in line and "measuring longer" in line and "quiet" not in line
+    apart = Row("top", _measured(100.0))
+    apart.confirms = [_measured(60.0, lo=59.0, hi=61.0)]
+    [line] = lines([apart, Row("steady", _measured(90.0))])
+    assert "confirm step" in line and "on a quiet machine" in line
