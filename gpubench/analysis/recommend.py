@@ -367,8 +367,12 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
     batch = chosen.knob("batch_size")
     same = [r for r in rows if r.knob("batch_size") == batch and same_loader(r, chosen)
             and r.record.status.measured]
-    pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec) for r in same],
-                          chosen.record.compute_images_per_sec, tolerance,
+    # with their intervals, as the workers answer judges them: a median alone above compute
+    # clears nothing (workers.clears)
+    pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec,
+                            r.record.loader_images_per_sec_ci) for r in same],
+                          Est.of(chosen.record.compute_images_per_sec,
+                                 chosen.record.compute_images_per_sec_ci), tolerance,
                           chosen.record.env.get("device"), [r.flat for r in same])
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:

@@ -137,3 +137,22 @@ def test_the_confirm_steps_unconfirmed_line_asks_what_the_re_measurements_flaws_
     apart.confirms = [_measured(60.0, lo=59.0, hi=61.0)]
     [line] = lines([apart, Row("steady", _measured(90.0))])
     assert "confirm step" in line and "on a quiet machine" in line
+
+
+def test_the_loader_check_judges_the_loader_against_compute_on_their_intervals():
+    """A loader median above compute's, inside compute's wide interval, read `above compute ...
+    by more than 5%` (the check passed bare figures); the workers answer and the pipes path
+    judge interval against interval, and so does the check now."""
+    rec = RunRecord(status=Status.ok, images_per_sec=900.0, images_per_sec_ci=[880.0, 920.0],
+                    peak_memory_fraction=0.1, memory_ceiling=0.8, measurement_stable=True,
+                    loader_images_per_sec=1301.5, loader_images_per_sec_ci=[1007.0, 2002.0],
+                    compute_images_per_sec=1071.1, compute_images_per_sec_ci=[249.0, 3758.0],
+                    env={"device": "cpu"},
+                    config={"loader": {"batch_size": 4, "num_workers": 2},
+                            "dataset": {"preload": False}})
+    [line] = [r for r in recommend([Row("w2", rec)]).reasons if "loader check" in r]
+    assert "above compute" not in line and "1301.5" in line
+    # compute measured 850 [800-900]: the loader's whole interval is above it, 5% to spare
+    rec.compute_images_per_sec, rec.compute_images_per_sec_ci = 850.0, [800.0, 900.0]
+    [line] = [r for r in recommend([Row("w2", rec)]).reasons if "loader check" in r]
+    assert "above compute 850.0 by more than 5%" in line
