@@ -8,6 +8,7 @@ from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommend, row_of
 from gpubench.analysis.select import training_rows
+from gpubench.config.knobs import KEYS
 from gpubench.core.files import damaged
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Status, find_runs, load, missing
 from gpubench.core.secrets import error_text, without_masked_password
@@ -85,6 +86,13 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
     return rows, None
 
 
+def record_keys(params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's params under the keys a record's config flattens to: a group's choice
+    (`precision`) is its `.name` key (`precision.name`), so the row shares the ranking's column
+    with the measured rows."""
+    return {f"{k}.name" if f"{k}.name" in KEYS else k: v for k, v in params.items()}
+
+
 def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
     """(trial, row) for every measured trial, its confirm rounds' records attached (`storage`: a
     URL or object). A row is labelled by its job folder's name, as a user finds it on disk; its
@@ -113,7 +121,7 @@ def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
                             images_per_sec=a.get("throughput"),
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
-            row = Row(label, rec, dict(t.params), trial=trial)
+            row = Row(label, rec, record_keys(t.params), trial=trial)
             from_study.append(row)
         # a confirm folder gone missing counts as a round that did not measure
         row.confirms = [load(d, Rung.confirm) or missing(d, "confirm record gone", Rung.confirm)

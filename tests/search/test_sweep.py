@@ -1318,3 +1318,20 @@ def test_a_folder_of_several_sweeps_pools_each_confirm_into_its_own_sweeps_trial
     rows, _ = load_dir(tmp_path)
     pooled = {r.record.images_per_sec: [c.images_per_sec for c in r.confirms] for r in rows}
     assert pooled == {100.0: [110.0], 200.0: [210.0]}
+
+
+def test_a_trial_known_only_to_its_study_shares_the_rankings_columns():
+    """A trial whose folder holds no record (a refused or lost job) is a row of its study's
+    params, where a group's choice is `precision`, while a measured row's config flattens to
+    `precision.name`: the ranking grew a `precision` column of dashes beside the measured run
+    and named the study row's choice only there. Both now read `precision.name`."""
+    from gpubench.analysis.recommend import Row, varying
+    from gpubench.core.record import RunRecord
+    from gpubench.search.rows import record_keys
+
+    measured = Row("1", RunRecord(status=Status.ok, images_per_sec=100.0, config={
+        "precision": {"name": "fp32"}, "loader": {"batch_size": 16}}))
+    refused = Row("0", RunRecord(status=Status.failed),
+                  record_keys({"precision": "amp_fp16", "loader.batch_size": 16}))
+    assert refused.flat == {"precision.name": "amp_fp16", "loader.batch_size": 16}
+    assert varying([measured, refused]) == ["precision.name"]
