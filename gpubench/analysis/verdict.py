@@ -17,6 +17,7 @@ from gpubench.core.record import (
     Bottleneck,
     Reason,
     RunRecord,
+    bench_of,
     longer,
     window_plan,
     windows_of,
@@ -260,10 +261,8 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
 
 def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
     """The command that would settle the question `v` leaves open, from the spread measured."""
-    bench = ((record.config if record is not None else None) or {}).get("bench") or {}
-    steps, repeats = bench.get("steps"), bench.get("repeats")
-    if v.open_ratio is None or not isinstance(steps, int) or not isinstance(repeats, int) \
-            or steps < 1 or repeats < 1:
+    bench, steps, repeats = bench_of(record)
+    if v.open_ratio is None or steps is None:
         return None
     repeats, per_window = window_plan(steps, repeats)
     min_window_s = bench.get("min_window_s") or 0.0

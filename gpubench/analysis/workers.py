@@ -87,8 +87,7 @@ class WorkersPick:
     def _most_fastest(self) -> int | None:
         """The most workers tried, where they loaded fastest (more may load faster still)."""
         most = max(self.rates, default=None)
-        top = max(self.rates, key=lambda x: self.rates[x].value, default=None)
-        return most if most is not None and top == most else None
+        return most if most is not None and self._top == most else None
 
     @property
     def _top(self) -> int:  # the worker count that loaded fastest

@@ -496,16 +496,26 @@ class Longer:
         return f"bench.steps={self.steps} bench.repeats={self.repeats}{cap}"
 
 
+def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
+    """A record's `bench` config and its bench.steps and bench.repeats where both are positive
+    integers (else None, None: a record written before its config was complete)."""
+    b = ((rec.config if rec is not None else None) or {}).get("bench") or {}
+    steps, repeats = b.get("steps"), b.get("repeats")
+    if isinstance(steps, int) and isinstance(repeats, int) and steps >= 1 and repeats >= 1:
+        return b, steps, repeats
+    return b, None, None
+
+
 def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
     """Every "measure longer" of run `rec` (the console's and results.json's advice, the verdict's
     `would decide`, the report's rerun line and recommended.yaml): `plan` (steps, repeats), by
     default longer_plan of its own; where bench.max_seconds cut its phases short, the cap those
     steps need at the pace measured: the cap times the new steps over the old, over the share of
     its planned steps the most cut phase ran (more steps alone are cut at the same cap again)."""
-    b = ((rec.config if rec is not None else None) or {}).get("bench") or {}
-    steps, repeats, cap = b.get("steps"), b.get("repeats"), b.get("max_seconds")
-    if not (isinstance(steps, int) and isinstance(repeats, int)) or steps < 1 or repeats < 1:
+    b, steps, repeats = bench_of(rec)
+    if steps is None:
         return Longer(None, None)
+    cap = b.get("max_seconds")
     new_steps, new_repeats = plan or longer_plan(steps, repeats)
     planned = math.prod(window_plan(steps, repeats))
     cut = [p.steps / planned for p in rec.phases.values() if p.truncated and p.steps]

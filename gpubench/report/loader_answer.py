@@ -230,7 +230,7 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                                    ("the compute bound", g.flagged_bound)) if on]
             their = "their" if len(why) > 1 else "its"
             kinds = [x.kind for r in g.used for x in flag_reasons(r)] + [
-                x.kind for m in g.sources * g.flagged_bound for x in m.noise_reasons]
+                x.kind for m in (g.sources if g.flagged_bound else []) for x in m.noise_reasons]
             out.append(f"  unconfirmed, {' and '.join(why)} flagged {their} own measurement: "
                        f"{rerun_text(kinds)} to confirm; {g.pick.answer()}")
         else:

@@ -56,30 +56,32 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         jobs |= {j["dir"]: (m.parent, j) for j in read_manifest(m.parent).get("jobs", [])
                  if j.get("dir") not in jobs}
 
-    def trial(job: tuple) -> tuple | None:
+    def trial_of(job: tuple) -> tuple | None:  # (its sweep, its trial); None: no trial named
         return None if job[1].get("trial") is None else (job[0], job[1]["trial"])
 
     # a trial measured in full also left its screen's folder: one row per trial
-    measured_in_full = {trial(j) for j in jobs.values() if Rung.of(j[1].get("rung")) is Rung.full}
+    measured_in_full = {trial_of(j) for j in jobs.values()
+                        if Rung.of(j[1].get("rung")) is Rung.full} - {None}
     rows, confirms, full_rows = [], {}, {}
     for d in sorted(find_runs(sweep_dir),
                     key=lambda d: (0, int(d.name), "") if d.name.isdigit() else (1, 0, str(d))):
         job = jobs.get(str(d), (sweep_dir, {}))
+        trial = trial_of(job)
         rec = load(d, job[1].get("rung"))
         if rec is None and damaged(d / RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): not in the report", d / RESULTS_FILE)
         if rec is None or not rec.status.final:
             continue
-        if rec.rung is Rung.screen and trial(job) is not None and trial(job) in measured_in_full:
+        if rec.rung is Rung.screen and trial in measured_in_full:
             continue
         # pooled into its trial's row, not a row of its own; one whose trial no manifest names
         # stays a row of its own rather than join another sweep's run
-        if rec.rung is Rung.confirm and trial(job) is not None:
-            confirms.setdefault(trial(job), []).append(rec)
+        if rec.rung is Rung.confirm and trial is not None:
+            confirms.setdefault(trial, []).append(rec)
             continue
         rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
-        if rec.rung is Rung.full and trial(job) is not None:
-            full_rows[trial(job)] = rows[-1]
+        if rec.rung is Rung.full and trial is not None:
+            full_rows[trial] = rows[-1]
     for trial, recs in confirms.items():
         if trial in full_rows:
             full_rows[trial].confirms = recs
