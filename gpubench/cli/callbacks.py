@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
-from gpubench.core.exits import REJECTED, ExitCode, Refusal
+from gpubench.core.exits import REJECTED, Refusal
 from gpubench.core.files import LinkError, check_no_links, mask_files
-from gpubench.core.record import RESULTS_FILE, find_runs
+from gpubench.core.record import RESULTS_FILE, Status, find_runs
 from gpubench.core.secrets import mask_logging, say
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
@@ -216,13 +216,15 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     since = _STARTED.get(str(sweep_dir), float("inf"))
     recs = [r for d in find_runs(sweep_dir) if (d / RESULTS_FILE).stat().st_mtime >= since
             and (r := load(d)) is not None]
-    last = next((r.error for r in reversed(recs) if r.error), None)
-    outcomes, rejected = Counter(r.status for r in recs), [r.line for r in REJECTED]
-    if failed := unmeasured(outcomes, last, sweep_dir, rejected):
+    # a job refused as bad input left no record: its line is what this process was told
+    last = next((r.error for r in reversed(recs) if r.error), None) or next(
+        (r.line for r in reversed(REJECTED)), None)
+    outcomes = Counter(r.status for r in recs) + Counter({Status.refused: len(REJECTED)})
+    if failed := unmeasured(outcomes, last, sweep_dir):
         say(str(failed), "error")
         # SystemExit: Hydra turns a callback's Exception into a warning (hydra/_internal/
-        # callbacks.py), and the multirun would end 0; every job bad input: exit 2, as one run
-        raise SystemExit(ExitCode.FAILED if outcomes else ExitCode.BAD_INPUT)
+        # callbacks.py), and the multirun would end 0
+        raise SystemExit(failed.code)
 
 
 def _refused(config: DictConfig) -> list[Refusal]:

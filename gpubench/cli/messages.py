@@ -191,7 +191,9 @@ def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, Exi
         return override_line(ex.override or "", ex.__context__), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
         return hydra_line(ex, overrides), ExitCode.BAD_INPUT
-    if isinstance(ex, (WriteError, LinkError, SweepFailed)):  # already one line
+    if isinstance(ex, SweepFailed):  # already one line
+        return str(ex), ex.code
+    if isinstance(ex, (WriteError, LinkError)):  # already one line
         return str(ex), ExitCode.FAILED
     if isinstance(ex, OSError) and ex.errno == errno.ENAMETOOLONG:
         # a value made a path: a group's option (Hydra looks for its file), a folder

@@ -84,6 +84,9 @@ class Status(Word):
     over_ceiling = "over_ceiling"  # measured fine, peak memory above memory.ceiling
     failed = "failed"
     killed = "killed"  # Ctrl-C, SIGTERM, or found dead (kill -9, the OOM killer)
+    # a sweep's job that refused its config as bad input and measured nothing (its one line is
+    # the error): the report names it under the ranking, never as a row of it
+    refused = "refused"
 
     @property
     def final(self) -> bool:
@@ -95,7 +98,7 @@ class Status(Word):
 
     @property
     def crashed(self) -> bool:  # no usable measurement: a sweep's failure, not a data point
-        return self in (Status.failed, Status.killed, Status.running)
+        return self in (Status.failed, Status.killed, Status.running, Status.refused)
 
 
 class Bottleneck(Word):

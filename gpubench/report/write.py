@@ -352,6 +352,12 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
     rows = where(rows, conditions or {})
+    # a search's trial refused as bad input measured nothing: named under the ranking, as a
+    # grid's refused job is, never a row of it
+    swept = recommend.varying(rows)
+    refused = [*refused, *(Refusal(tuple(overrides_of(r, swept)), r.record.error or "")
+                           for r in rows if r.record.status is Status.refused)]
+    rows = [r for r in rows if r.record.status is not Status.refused]
     for r in rows:  # named as the user finds it: its folder seen from this one (`10-00-00/3`)
         if (folder := on_disk(r, sweep_dir)) is not None and folder != r.label:
             r.trial, r.label = r.trial or r.label, folder

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from gpubench.core import record
-from gpubench.core.exits import REJECTED
+from gpubench.core.exits import REJECTED, ExitCode
 from gpubench.core.files import damaged
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.secrets import error_text
@@ -26,23 +26,25 @@ NO_RESULTS = "no results.json"  # a job that left no record, and said nothing of
 
 
 class SweepFailed(RuntimeError):
-    """A sweep that ends without a measurement to show: one line (exit 1), passwords masked."""
+    """A sweep that ends without a measurement to show: one line, passwords masked; `code`: its
+    exit status (every job refused as bad input: BAD_INPUT, as one run refused)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILED) -> None:
         super().__init__(error_text(message))
+        self.code = code
 
 
-def unmeasured(outcomes: Counter, last_error: str | None, where: Path,
-               rejected: list[str] = ()) -> SweepFailed | None:
+def unmeasured(outcomes: Counter, last_error: str | None, where: Path) -> SweepFailed | None:
     """An invocation whose jobs all ran without measuring (out of memory included, or refused
-    as bad input: `rejected`, their lines) has failed; one that ran none has not (docs/sweeps.md,
-    "When a sweep fails"): a gpubench sweep's rule and a grid multirun's (gpubench.cli.callbacks)."""
-    if not (outcomes or rejected) or any(s.measured for s in outcomes):
+    as bad input) has failed; one that ran none has not (docs/sweeps.md, "When a sweep fails"):
+    a gpubench sweep's rule and a grid multirun's (gpubench.cli.callbacks)."""
+    if not outcomes or any(s.measured for s in outcomes):
         return None
-    counts = ", ".join([*(f"{n} {s}" for s, n in outcomes.items()),
-                        *([f"{len(rejected)} refused as bad input"] if rejected else [])])
-    last = last_error if outcomes or not rejected else rejected[-1]
-    return SweepFailed(f"no job of this sweep measured ({counts}); last error: {last}; {where}")
+    counts = ", ".join(f"{n} {'refused as bad input' if s is Status.refused else s}"
+                       for s, n in outcomes.items())
+    code = ExitCode.BAD_INPUT if set(outcomes) == {Status.refused} else ExitCode.FAILED
+    return SweepFailed(f"no job of this sweep measured ({counts}); last error: {last_error}; "
+                       f"{where}", code)
 
 
 def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) -> RunRecord:
@@ -136,7 +138,8 @@ class Jobs:
             error = r._return_value if r.status == JobStatus.FAILED else None
             out.append(read_job(Path(str(r.hydra_cfg.hydra.runtime.output_dir)), error, rung))
             if out[-1].error == NO_RESULTS and (why := next(refused, None)):
-                out[-1].error = why.line  # its bad input, as it printed it, not "no results.json"
+                # its bad input, as it printed it, not "no results.json"
+                out[-1].status, out[-1].error = Status.refused, why.line
             self.manifest.jobs.append({"num": first + i, "dir": str(out[-1].dir), **labels[i],
                                        "status": str(out[-1].status)})
         try:

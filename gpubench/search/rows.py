@@ -122,7 +122,8 @@ def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
             rec = RunRecord(status=Status.read(status, Status.failed),
                             images_per_sec=a.get("throughput"),
                             peak_memory_fraction=a.get("peak_memory_fraction"),
-                            memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung)
+                            memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung,
+                            error=a.get("error"))
             row = Row(label, rec, record_keys(t.params), trial=trial)
             from_study.append(row)
         # a confirm folder gone missing counts as a round that did not measure

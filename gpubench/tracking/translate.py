@@ -29,7 +29,8 @@ from gpubench.core.stats import (
 # an MLflow run's status for each record status (over_ceiling measured fine; running: the
 # process died before a final status)
 RUN_STATUS = {Status.ok: "FINISHED", Status.over_ceiling: "FINISHED", Status.oom: "FAILED",
-              Status.failed: "FAILED", Status.killed: "KILLED", Status.running: "KILLED"}
+              Status.failed: "FAILED", Status.killed: "KILLED", Status.running: "KILLED",
+              Status.refused: "FAILED"}
 
 PICTURE = "run.png"  # the run's picture, written beside results.json
 SOURCE = {"mlflow.source.name": "gpubench", "mlflow.source.type": "LOCAL"}

@@ -25,6 +25,7 @@ from gpubench.config.errors import ConfigError
 from gpubench.core import record
 from gpubench.core.files import read_json
 from gpubench.core.record import OOM_CONSTRAINT, Status
+from gpubench.report.write import RANK_ORDER
 from gpubench.search.jobs import read_job
 from gpubench.search.maxbatch import find_max_batch
 from gpubench.search.space import parse_search_space
@@ -1027,19 +1028,48 @@ def test_failed_trials_are_recorded_up_to_the_limit(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, said", [
-    ("fault.fail_message=boom", "boom"),
-    # refused as bad input: its own line, not "no results.json"
-    ("bench.optimizer_impl=foreach", "bench.optimizer_impl='foreach' is not allowed")])
-def test_a_sweep_whose_jobs_all_fail_exits_1_in_one_line(tmp_path, fault, said):
+@pytest.mark.parametrize("fault, said, code, counts", [
+    ("fault.fail_message=boom", "boom", 1, "2 failed"),
+    # refused as bad input: its own line, not "no results.json"; every job: exit 2, as one run
+    ("bench.optimizer_impl=foreach", "bench.optimizer_impl='foreach' is not allowed", 2,
+     "2 refused as bad input")])
+def test_a_sweep_whose_jobs_all_fail_exits_in_one_line(tmp_path, fault, said, code, counts):
     """Under max_failures, yet nothing measured: the sweep failed (before: exit 0)."""
     p = _sweep(tmp_path, "loader.batch_size=choice(2,4)", fault,
                "hydra.sweeper.n_trials=2", "hydra.sweeper.screen.steps=null")
     errors = [ln for ln in p.stderr.splitlines() if "no job of this sweep" in ln]
-    assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
-    assert "no job of this sweep measured (2 failed)" in errors[0] and said in errors[0]
+    assert p.returncode == code and len(errors) == 1, p.stderr[-3000:]
+    assert f"no job of this sweep measured ({counts})" in errors[0] and said in errors[0]
     assert "Traceback" not in p.stderr and not (tmp_path / "sweep" / "report").exists()
     assert len(json.loads((tmp_path / "sweep" / "sweep.json").read_text())["jobs"]) == 2
+
+
+@pytest.mark.slow
+def test_a_search_names_a_refused_trial_under_its_ranking_not_as_a_failed_row(tmp_path):
+    """fp16 autocast is refused on a CPU when its job resolves: the trial is told FAIL but is no
+    failure of the machine (max_failures=0 does not end the search), its report names it under
+    the ranking as a grid's does, not as a `failed 0.0` row; the study keeps it, so a later
+    report from the study says the same."""
+    from gpubench.report.write import REPORT_DIR, sweep_report
+
+    p = _sweep(tmp_path, "precision=choice(fp32,amp_fp16)", "hydra.sweeper.n_trials=2",
+               "hydra.sweeper.screen.steps=null", "hydra.sweeper.max_failures=0",
+               "hydra.sweeper.confirm.top=0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = ("refused: precision=amp_fp16: precision='amp_fp16' is not allowed: it must be "
+            "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)")
+    out = p.stdout.splitlines()
+    assert line in out and out.index(line) > out.index(RANK_ORDER), p.stdout[-3000:]
+    assert not any(ln.split()[2:3] == ["failed"] for ln in out if ln[:1].isdigit())
+    study, m = _study(tmp_path / "sweep")
+    assert sorted(t.user_attrs["status"] for t in measured_trials(study)) == ["ok", "refused"]
+    assert sorted(j["status"] for j in m["jobs"]) == ["ok", "refused"]
+    summary = tmp_path / "sweep" / REPORT_DIR / "summary.json"
+    summary.unlink()  # made again, from the study
+    sweep_report(tmp_path / "sweep", quiet=True)
+    got = json.loads(summary.read_text())
+    assert got["rows"] == 1 and line in got["lines"]
+    assert got["refused"][0]["overrides"] == ["precision=amp_fp16"]
 
 
 @pytest.mark.slow
