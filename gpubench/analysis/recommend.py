@@ -21,11 +21,10 @@ from gpubench.core.record import Flaw, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # the config sections of a training setup (not bench, tracking or fault injection)
-SETUP_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last", "compile",
-              "memory")
 # a recommended config: the setup and `bench` as the chosen run measured it (without it a rerun
 # measures the defaults' length, outside the interval the recommendation was made on)
-RERUN_KEYS = (*SETUP_KEYS, "bench")
+RERUN_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last", "compile",
+              "memory", "bench")
 # no fault injection: a run with any other value tests a failure path, never pooled
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 # what the loader phase's figure depends on but its workers and the batch size: the data pipe's
@@ -146,22 +145,29 @@ def row_of(rec: RunRecord, label: str) -> Row:
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
-    """One row per training setup: the newest of its longest measurements, with the others of
-    that length that repeat it pooled as confirms (one lucky run must not stand for the setup)."""
+    """One row per setup (what ran: every declared key but the measuring ones, gpubench.config.
+    knobs.role): the newest of its longest measurements, with the others of that length that
+    repeat it pooled as confirms (one lucky run must not stand for the setup). An MLflow
+    experiment's runs and a grid folder's jobs alike; a search's trial rows pass as they are
+    (its confirm step pools its own)."""
     groups: dict[str, list[Row]] = {}
-    for r in rows:
-        cfg = r.record.config
-        # a loader-only run or a probe must never stand for (and hide) a training measurement
-        key = json.dumps({**{k: cfg.get(k) for k in SETUP_KEYS}, "kind": left_out(r.record)},
-                         sort_keys=True, default=str)
-        groups.setdefault(key, []).append(r)
     out = []
+    for r in rows:
+        if r.trial is not None:
+            out.append(r)
+            continue
+        # a loader-only run or a probe must never stand for (and hide) a training measurement
+        key = json.dumps({**_what_ran(r.record), "kind": left_out(r.record)}, sort_keys=True,
+                         default=str)
+        groups.setdefault(key, []).append(r)
     for group in groups.values():
         same = sorted(longest(group, attrgetter("record")),
                       key=lambda r: r.record.started_at or "", reverse=True)
         head = same[0]
-        head.confirms = [r.record for r in same[1:]
-                         if r.record.status.final and repeats(r.record, head.record)]
+        # a folder's search row holds its confirm rounds already; called again, none twice
+        had = [m for m in head.confirms if all(m is not r.record for r in same)]
+        head.confirms = [*had, *(r.record for r in same[1:] if r.record.status.final
+                                 and repeats(r.record, head.record))]
         out.append(head)
     return out
 

@@ -351,7 +351,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     ended refused as bad input (gpubench.cli.callbacks): they left no record to read."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = load_dir(sweep_dir)
-    rows = where(rows, conditions or {})
+    # one row per setup, as an MLflow experiment's report ranks (a grid folder repeated)
+    rows = recommend.latest_per_setup(where(rows, conditions or {}))
     # a search's trial refused as bad input measured nothing: named under the ranking, as a
     # grid's refused job is, never a row of it
     swept = recommend.varying(rows)

@@ -4,6 +4,7 @@ composes back into the configuration it was measured with."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import shutil
@@ -14,7 +15,7 @@ from conftest import ROOT, run_cli, sqlite_store
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from gpubench.analysis.recommend import SETUP_KEYS, Row, ranked, recommend, varying
+from gpubench.analysis.recommend import RERUN_KEYS, Row, ranked, recommend, varying
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, Reason, RunRecord, Status
@@ -236,7 +237,7 @@ def test_grid_multirun_report_and_recommended_config_composes_back(tmp_path):
         cfg = compose("bench", overrides=["experiment=recommended",
                                           f"hydra.searchpath=[file://{report}]"])
     composed = _plain(cfg)
-    for key in SETUP_KEYS:
+    for key in RERUN_KEYS:
         assert composed[key] == measured["config"][key], key
 
     # a second call (the MLflow callback after the sweeper) reuses the files
@@ -659,26 +660,53 @@ def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thin
 
     sgd = [mlflow_run(980.0, 1), mlflow_run(600.0, 2, seed=3, warmup_steps=9, monitor=False)]
     adamw = mlflow_run(1000.0, 3, optimizer="adamw", grad_accum_steps=4)
-    (out,) = latest_per_setup([*sgd, adamw])  # one row per setup, the newest of the longest
-    assert out.record is adamw.record and out.confirms == [] and out.throughput == 1000.0
+    # one row per setup, the newest of the longest; the train step's knobs (bench.optimizer,
+    # bench.grad_accum_steps) set a setup apart as the ranking's columns do: a grid over them
+    # kept its newest run alone (before: adamw's, sgd's hidden)
+    sgd_row, adamw_row = latest_per_setup([*sgd, adamw])
+    assert adamw_row.record is adamw.record and adamw_row.confirms == []
+    assert sgd_row.record is sgd[1].record and sgd_row.confirms == [sgd[0].record]
 
     (out,) = latest_per_setup(sgd)  # only seed, warm-up, monitoring and tracking differ
     assert out.record is sgd[1].record and out.confirms == [sgd[0].record]
     assert sorted(out.pooled) == [600.0, 980.0]
 
-    others = [mlflow_run(700.0, 4, lr=0.1), mlflow_run(700.0, 5, cudnn_benchmark=True),
-              mlflow_run(700.0, 6, device="NVIDIA A100"), mlflow_run(9.0, 7, steps=20)]
-    (out,) = latest_per_setup([sgd[0], *others])
-    assert out.record is others[2].record and out.confirms == []
+    knobs = [mlflow_run(700.0, 4, lr=0.1), mlflow_run(700.0, 5, cudnn_benchmark=True)]
+    assert [r.record for r in latest_per_setup([sgd[0], *knobs])] == [
+        sgd[0].record, *(r.record for r in knobs)]
+    others = [mlflow_run(700.0, 6, device="NVIDIA A100"), mlflow_run(9.0, 7, steps=20)]
+    (out,) = latest_per_setup([sgd[0], *others])  # another device, a shorter run: not pooled
+    assert out.record is others[0].record and out.confirms == []
 
+    # a fault injected ran another thing: a row of its own, never pooled nor hiding the run
     stalled = mlflow_run(300.0, 8)
     stalled.record.config["fault"]["stall_every"] = 5
-    (out,) = latest_per_setup([sgd[0], stalled])
-    assert out.record is stalled.record and out.confirms == []
     older_stalled = mlflow_run(300.0, 0)
     older_stalled.record.config["fault"]["stall_every"] = 5
-    (out,) = latest_per_setup([older_stalled, sgd[0]])
-    assert out.record is sgd[0].record and out.confirms == []
+    for runs in ([sgd[0], stalled], [older_stalled, sgd[0]]):
+        assert [(r.record, r.confirms) for r in latest_per_setup(runs)] == [
+            (r.record, []) for r in runs]
+
+
+def test_a_grid_folders_repeats_are_one_row_as_in_an_mlflow_experiment(tmp_path):
+    """A folder holding a grid twice (two sweeps reported from their parent) ranked each repeat
+    as a row of its own while the same runs in MLflow were one row, the repeat pooled: both
+    sources rank one row per setup now, with the same pooled figure."""
+    from gpubench.analysis.recommend import latest_per_setup
+    from gpubench.report.write import sweep_report
+
+    runs = {"a/0": mlflow_run(980.0, 1), "a/1": mlflow_run(500.0, 2, optimizer="adamw"),
+            "b/0": mlflow_run(900.0, 3), "b/1": mlflow_run(520.0, 4, optimizer="adamw")}
+    for name, r in runs.items():
+        r.record.dir = tmp_path / name
+        r.record.dir.mkdir(parents=True)
+        r.record.save()
+    sweep_report(tmp_path, quiet=True)
+    ranking = list(csv.DictReader((tmp_path / "report" / "ranking.csv").open()))
+    assert [(x["run"], x["img/s"], x["rung"]) for x in ranking] == [
+        ("b/0", "940.0", "run+1 confirm"), ("b/1", "510.0", "run+1 confirm")]
+    from_mlflow = sorted(latest_per_setup(list(runs.values())), key=lambda r: -r.throughput)
+    assert [r.throughput for r in from_mlflow] == [940.0, 510.0]
 
 
 # --------------------------------------------------------------------------- like with like
