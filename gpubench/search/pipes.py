@@ -343,6 +343,8 @@ class Fed:  # a data setting chosen to feed one kept compute setting
     rate: Est
     feeds: Feeds  # its interval against the bound's (workers.feeds, the workers answer's rule)
     bound: Est
+    # not clearing, with the most workers tried and loading fastest: more may load faster still
+    more_from: int | None = None
 
     @property
     def clears(self) -> bool:
@@ -350,7 +352,7 @@ class Fed:  # a data setting chosen to feed one kept compute setting
 
     def summary(self) -> dict:
         return {"params": self.params, "rate": list(astuple(self.rate)), "clears": self.clears,
-                "feeds": self.feeds.value,
+                "feeds": self.feeds.value, "more_from": self.more_from,
                 "margin": [x - 1 for x in astuple(self.rate.over(self.bound))]}
 
 
@@ -358,15 +360,27 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
                 margin: float, after: tuple | None = None) -> Fed | None:
     """The cheapest measured data setting whose loader interval clears `bound` by `margin`
     (above `after` in cost, when given); else the fastest loader (clears False)."""
-    rated = sorted(((cost(p, space), p, x) for p, r in rows if (x := rate_of(r)) is not None),
-                   key=lambda t: t[0])
-    for c, p, x in rated:
+    rated = sorted(((cost(p, space), p, x, r) for p, r in rows
+                    if (x := rate_of(r)) is not None), key=lambda t: t[0])
+    for c, p, x, _ in rated:
         if (after is None or c > after) and clears(x, bound, margin):
             return Fed(p, x, Feeds.clears, bound)
     if after is not None or not rated:
         return None
-    _, p, x = max(rated, key=lambda t: t[2].value)
-    return Fed(p, x, feeds(x, bound, margin), bound)
+    _, p, x, r = max(rated, key=lambda t: t[2].value)
+    # the workers answer's rule (WorkersPick._most_fastest), within this data setting alone:
+    # where the fastest loader has the most workers its other keys were measured with
+    n = _workers(r)
+    alike = [_workers(q) for _, o, _, q in rated if _others(o) == _others(p)]
+    return Fed(p, x, feeds(x, bound, margin), bound, n if n >= max(alike) else None)
+
+
+def _workers(r: Row) -> int:
+    return int(r.flat.get("loader.num_workers") or 0)
+
+
+def _others(params: dict) -> dict:
+    return {k: v for k, v in params.items() if k != "loader.num_workers"}
 
 
 def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row]],
@@ -474,7 +488,7 @@ def lines(result: dict) -> list[str]:
             verdict = f"clears compute {clears_by(margin)}, the cheapest setting that does"
         elif how is Feeds.short:
             verdict = (f"= {share:.0%} of compute: the data side stays the narrower pipe (next: "
-                       f"{next_steps(d.get('device'), tried=d.get('tried', ()))})")
+                       f"{next_steps(d.get('device'), d.get('more_from'), d.get('tried', ()))})")
         else:
             verdict = f"= {share:.0%} of compute: {UNDECIDED}"
         out.append(f"data pipe for {_setting(d['for'])}: "

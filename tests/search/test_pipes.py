@@ -15,7 +15,7 @@ import pytest
 from conftest import TINY, run_cli, start_cli
 
 from gpubench.analysis.recommend import Row
-from gpubench.analysis.workers import fewest_workers
+from gpubench.analysis.workers import Feeds, fewest_workers
 from gpubench.config.errors import ConfigError
 from gpubench.core.record import RunRecord, Status
 from gpubench.core.stats import Est
@@ -151,6 +151,33 @@ def test_choose_data_takes_the_cheapest_setting_whose_interval_clears():
     # none clears: the fastest, and clears False
     slow = choose_data(rows[:2], space, bound, 0.05)
     assert slow.params == {"loader.num_workers": 1} and not slow.clears
+
+
+def test_a_short_data_pipe_at_its_most_workers_is_told_to_try_more_as_the_workers_answer_is():
+    """The workers answer leads its next steps with more workers where the most tried loaded
+    fastest; the pipes path gave no such step. The rule within one data setting: the runs alike
+    in every other data key (a pin_memory=true setting tried at 1 worker only is at its most)."""
+    space = parse_search_space(["loader.num_workers=choice(0,1,2)",
+                                "loader.pin_memory=choice(false,true)"]).params
+    bound = Est(5000.0, 4900.0, 5100.0)  # nothing clears it
+
+    def run(w, pin, ips):
+        rec = RunRecord(status=Status.ok, loader_images_per_sec=ips,
+                        loader_images_per_sec_ci=[ips * 0.98, ips * 1.02],
+                        config={"bench": {"phases": ["loader"]},
+                                "loader": {"num_workers": w, "pin_memory": pin}})
+        return {"loader.num_workers": w, "loader.pin_memory": pin}, Row("x", rec)
+
+    kept = {"trials": 1, "kept": []}
+    for rows, more in (([run(0, False, 300.0), run(1, False, 600.0), run(2, False, 900.0)], 2),
+                       ([run(0, False, 300.0), run(2, False, 500.0), run(1, True, 900.0)], 1),
+                       ([run(0, False, 300.0), run(1, False, 900.0), run(2, False, 800.0)], None)):
+        fed = choose_data(rows, space, bound, 0.05)
+        assert fed.feeds is Feeds.short and fed.more_from == more
+        d = {"for": {}, "trials": len(rows), "device": "cuda", "tried": [], **fed.summary()}
+        text = "\n".join(lines({"compute": kept, "data": [d]}))
+        lead = f"(next: loader.num_workers={2 * more}, " if more else "(next: dataset.preload"
+        assert lead in text, text
 
 
 def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
