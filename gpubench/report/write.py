@@ -22,6 +22,7 @@ from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadine
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import knob_name, role
+from gpubench.config.overrides import format_value
 from gpubench.core.exits import Refusal
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
@@ -91,7 +92,8 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     except (KeyError, TypeError, ValueError):  # not a record's config
         return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
                 f"{phases}")
-    text = f"{windows_of(windows, per_window, b.get('min_window_s'))} on each of {phases}"
+    each = "each of " if len(b.get("phases") or ()) > 1 else ""
+    text = f"{windows_of(windows, per_window, b.get('min_window_s'))} on {each}{phases}"
     if loader > per_window and "loader" in (b.get("phases") or ()):
         text += (f", the loader's of {loader} ({QUEUE_WINDOWS}x the batches its workers hold "
                  "in flight)")
@@ -134,7 +136,8 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
 
 
 def _fmt(v: Any) -> str:
-    return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+    """A cell: a knob's value as its override and legend write it (`true`, not `True`)."""
+    return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else format_value(v)
 
 
 def table_rows(rows: list[Row], keys: list[str], screen: bool = False

@@ -79,7 +79,7 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         if rec.rung is Rung.confirm and trial is not None:
             confirms.setdefault(trial, []).append(rec)
             continue
-        rows.append(row_of(rec, d.name if d != sweep_dir else "run"))
+        rows.append(row_of(rec, d.name))  # a run's own folder reported: its name
         if rec.rung is Rung.full and trial is not None:
             full_rows[trial] = rows[-1]
     for trial, recs in confirms.items():

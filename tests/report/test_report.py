@@ -337,6 +337,28 @@ def test_the_measurement_is_said_as_the_runner_made_it():
     cfg["bench"]["min_window_s"] = 0.0
     assert measurement_text(cfg, cut_short=True) == (
         "6 windows of 9 steps on each of loader, e2e, cut short by bench.max_seconds=60.0")
+    cfg["bench"]["phases"] = ["e2e"]  # one phase: not "on each of e2e"
+    assert measurement_text(cfg) == "6 windows of 9 steps on e2e"
+
+
+def test_a_run_folders_own_report_names_it_and_writes_values_as_overrides(tmp_path, capsys):
+    """A single run's folder reported: its row is named by the folder (it read `(run run)`),
+    and a knob's value reads as its override and legends write it (`true`, not `True`)."""
+    from gpubench.report.write import sweep_report
+
+    r = row(16, 0, pin=True)
+    r.record.dir = tmp_path / "my-run"
+    r.record.dir.mkdir()
+    r.record.save()
+    other = row(16, 0, pin=False)
+    other.record.dir = tmp_path / "my-run" / "again"
+    other.record.dir.mkdir()
+    other.record.save()
+    sweep_report(tmp_path / "my-run")
+    out = capsys.readouterr().out
+    assert "(run my-run" in out and "(run run" not in out, out
+    ranking = list(csv.DictReader((tmp_path / "my-run" / "report" / "ranking.csv").open()))
+    assert sorted(x["loader.pin_memory"] for x in ranking) == ["false", "true"]
 
 
 def test_a_run_is_named_by_its_label_with_the_knobs_that_set_it_apart():
