@@ -522,9 +522,9 @@ def test_a_knob_without_a_short_name_is_headed_by_its_whole_key(width):
     if width == 80:  # the whole key is too wide for the table here: below it, named exactly
         assert lines[end:end + 2] == [
             "  1. run 2026-11-21/10-00-00/14: bench.host_metrics_every=100 "
-            "bench.cudnn_benchmark=False",
+            "bench.cudnn_benchmark=false",
             "  2. run 2026-11-21/10-00-00/13: bench.host_metrics_every=10 "
-            "bench.cudnn_benchmark=True"]
+            "bench.cudnn_benchmark=true"]
 
 
 @pytest.mark.parametrize("terminal", [True, False])
