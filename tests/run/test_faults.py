@@ -541,6 +541,10 @@ def test_a_second_signal_waits_until_the_record_is_final_then_goes_on(handlers):
 
     from gpubench.run.ending import Hold
 
+    # as a new interpreter starts (an earlier test of this worker may have left its own)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
     hold = Hold()
     with hold:
         with pytest.raises(KeyboardInterrupt):
