@@ -17,7 +17,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, PROCESS_ONLY, WORKER_ONLY, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, RunRecord, interval_label_of, longer
+from gpubench.core.record import Flaw, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # the config sections of a training setup (not bench, tracking or fault injection)
@@ -146,8 +146,8 @@ def row_of(rec: RunRecord, label: str) -> Row:
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per setup (what ran: every declared key but the measuring ones, gpubench.config.
-    knobs.role): the newest of its longest measurements, with the others of that length that
-    repeat it pooled as confirms (one lucky run must not stand for the setup). An MLflow
+    knobs.role): the newest of its longest measurements (a search's trial before the newer
+    runs of its confirm step), with the others of that length that repeat it pooled as confirms (one lucky run must not stand for the setup). An MLflow
     experiment's runs and a grid folder's jobs alike; a search's trial rows pass as they are
     (its confirm step pools its own)."""
     groups: dict[str, list[Row]] = {}
@@ -161,8 +161,12 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
                          default=str)
         groups.setdefault(key, []).append(r)
     for group in groups.values():
-        same = sorted(longest(group, attrgetter("record")),
-                      key=lambda r: r.record.started_at or "", reverse=True)
+        # a search's confirm run re-measures its trial's record, never stands for it: the head
+        # is the row a folder's report ranks (its full run), so every figure read from the
+        # head's record (the loader check, cpu %, the rung, the parent's best run) agrees
+        same = sorted(longest(group, attrgetter("record")), reverse=True,
+                      key=lambda r: (Rung.of(r.record.rung) is not Rung.confirm,
+                                      r.record.started_at or ""))
         head = same[0]
         # a folder's search row holds its confirm rounds already; called again, none twice
         had = [m for m in head.confirms if all(m is not r.record for r in same)]

@@ -95,7 +95,7 @@ class LoaderAnswer:
                  "unblocks": p.unblocks, "margin_required": p.tolerance,
                  "loader": {str(w): [r.value, r.lo, r.hi] for w, r in sorted(p.rates.items())},
                  "compute": None if (c := p.compute) is None else [c.value, c.lo, c.hi],
-                 "compute_from": [str(r.dir) for r in g.sources], "unconfirmed": g.unconfirmed,
+                 "compute_from": [_named(r) for r in g.sources], "unconfirmed": g.unconfirmed,
                  "flagged": [x.label for x in g.flagged], "judged": [x.label for x in g.used],
                  "answer": p.answer()} for g in self.groups]
 
@@ -112,6 +112,12 @@ def _compute_key(rec: RunRecord) -> tuple:
 def compute_rate(rec: RunRecord) -> Est | None:
     return Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci) \
         if rec.status.measured else None
+
+
+def _named(m: RunRecord) -> str:
+    """Where a compute measurement is: its folder, else (an MLflow experiment's run, read from
+    its artifacts) its run id."""
+    return str(m.dir) if m.dir is not None else f"MLflow run {m.extra.get('mlflow_run_id', '?')}"
 
 
 def read_compute(paths: list[str] | None) -> list[RunRecord]:  # the runs named with --compute
@@ -247,7 +253,8 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                 m.dir.parent.name == COMPUTE_DIR else "a run of this setup"
             note = "" if m.measurement_stable is not False else (
                 f"; flagged its own measurement: {_kinds(m.noise_reasons)}")
-            out.append(f"    compute bound from {m.dir} ({seen}: {compute_rate(m)} img/s{note})")
+            out.append(f"    compute bound from {_named(m)} ({seen}: {compute_rate(m)} img/s"
+                       f"{note})")
         if g.pick.compute is None:
             for m in g.failed:
                 out.append(f"    the sweep's compute measurement did not measure: {m.dir} "

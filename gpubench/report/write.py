@@ -68,7 +68,7 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                         + ([f"tags.study = '{study}'"] if study else []))
     from gpubench.report.compare import mlflow_records
 
-    rows = [recommend.row_of(rec, rec.extra.pop("mlflow_run_id", "?")[:8])
+    rows = [recommend.row_of(rec, rec.extra.get("mlflow_run_id", "?")[:8])
             for rec in mlflow_records(experiment, uri, filt)]
     return recommend.latest_per_setup(where(rows, conditions or {}))
 

@@ -186,6 +186,18 @@ def test_the_bound_comes_from_the_sweep_or_the_command_line(tmp_path):
         loader_answer(rows(), [], [other], "/sweeps/a")
 
 
+def test_a_bound_from_an_mlflow_run_is_named_by_its_run_id(tmp_path):
+    """An MLflow experiment's runs have no folder here: the bound read `compute bound from
+    None`; it names the run by its id (the row's label is its first 8 digits)."""
+    run_id = "0123456789abcdef0123456789abcdef"
+    m = compute_run(540.0, [520.0, 555.0], tmp_path)
+    m.dir, m.extra["mlflow_run_id"] = None, run_id
+    ans = loader_answer([*rows(), Row(run_id[:8], m)], [], [], "mlflow experiment x")
+    text = "\n".join(ans.lines)
+    assert f"compute bound from MLflow run {run_id} (a run of this setup" in text, text
+    assert "None" not in text
+
+
 def test_a_zero_worker_run_joins_every_worker_only_setting_of_its_setup(tmp_path):
     def row(w: int, ips: float, ci, prefetch) -> Row:
         r = loader_row(w, ips, ci)

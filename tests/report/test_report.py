@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from gpubench.analysis.recommend import RERUN_KEYS, Row, ranked, recommend, varying
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, Reason, RunRecord, Status
+from gpubench.core.record import Flaw, Reason, Rung, RunRecord, Status
 from gpubench.report.write import print_table, sweep_report, table_rows
 from gpubench.search.rows import load_dir
 
@@ -692,6 +692,16 @@ def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thin
     (out,) = latest_per_setup(sgd)  # only seed, warm-up, monitoring and tracking differ
     assert out.record is sgd[1].record and out.confirms == [sgd[0].record]
     assert sorted(out.pooled) == [600.0, 980.0]
+    # a search's trial and its newer confirm runs: the trial's record stands for the row, as in
+    # the sweep folder's report (the loader check, cpu %, the rung read it); the rounds pooled
+    rounds = [mlflow_run(700.0, 8), mlflow_run(720.0, 9)]
+    for r in rounds:
+        r.record.rung = Rung.confirm
+    trial = mlflow_run(710.0, 7)
+    trial.record.rung = Rung.full
+    (out,) = latest_per_setup([trial, *rounds])
+    assert out.record is trial.record and {id(m) for m in out.confirms} == {
+        id(r.record) for r in rounds}
 
     knobs = [mlflow_run(700.0, 4, lr=0.1), mlflow_run(700.0, 5, cudnn_benchmark=True)]
     assert [r.record for r in latest_per_setup([sgd[0], *knobs])] == [
