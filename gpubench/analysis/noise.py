@@ -8,7 +8,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 
-from gpubench.core.record import Flaw, Reason, RunRecord, longer
+from gpubench.core.record import MIN_WINDOW_S, Flaw, Reason, RunRecord, longer
 from gpubench.core.stats import CONFIDENCE, count, median, positive
 
 # compute-phase step-time spread (std/mean) above which the device did not run steadily: it
@@ -26,7 +26,7 @@ SLOW_SHARE = 0.2
 OTHER_CORES = 0.25
 HOST_BUSY = 0.85
 # CPU shares count 10 ms ticks: in shorter windows the host's and run's are too coarse to subtract
-MIN_LOAD_WINDOW_S = 0.5
+MIN_LOAD_WINDOW_S = MIN_WINDOW_S
 GOT_SHARE = 0.9  # the share of its CPU demand below which a run counts as starved
 
 
@@ -176,8 +176,13 @@ def more_windows(rec: RunRecord | None) -> str:
     """The run's "measure longer" (core.record.longer) and why it helps."""
     plan = longer(rec)
     why = ": more and longer windows narrow the intervals"
+    if plan.min_window_s is not None:
+        why += (f"; windows of at least {plan.min_window_s:g} s show whether other work "
+                "competed, and a passing hiccup is a small part of each")
     if plan.max_seconds is not None:
-        why += ", and a bench.max_seconds that lets them finish (the cap cut this run short)"
+        why += ", and a bench.max_seconds that lets them finish" + (
+            " (the cap cut this run short)" if rec is not None and any(
+                p.truncated for p in rec.phases.values()) else "")
     return f"{plan}{why}"
 
 
@@ -185,9 +190,6 @@ def remedies(reasons: list[Reason], competitors: list[str], rec: RunRecord | Non
     """What to do about an inconclusive run `rec`, most useful first, by the reasons' kinds."""
     kinds = {r.kind for r in reasons}
     out = []
-    if Flaw.too_short in kinds:
-        out.append(f"bench.min_window_s={MIN_LOAD_WINDOW_S}: windows that long show whether "
-                   "other work competed, and a passing hiccup is a small part of each")
     if Flaw.disturbed in kinds:
         who = f" ({', '.join(competitors)} competed)" if competitors else ""
         out.append(f"rerun on an idle machine{who}: the run shares its cores with other work")

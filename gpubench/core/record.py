@@ -474,6 +474,11 @@ def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
     return f"{count(windows, 'window')} of {count(per_window, 'step')}"
 
 
+# a window shorter than this is too brief to judge: host CPU shares count 10 ms ticks, and a
+# passing hiccup is a large part of it (analysis.noise; the advice's bench.min_window_s)
+MIN_WINDOW_S = 0.5
+
+
 def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
     """(steps, repeats) of every advice's "measure longer": at least 10 windows (more windows
     narrow the median's interval), each at least twice the steps it had (more steps steady a
@@ -485,18 +490,23 @@ def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Longer:
-    """The overrides of a "measure longer": bench.steps and bench.repeats, and bench.max_seconds
-    where the cap cut the run short (None: not raised). Written as the command line takes them."""
+    """The overrides of a "measure longer": bench.steps and bench.repeats; bench.min_window_s
+    where its windows were too short to judge (Flaw.too_short) and bench.max_seconds where the
+    cap cut the run short or would cut those windows (None: not set). Written as the command
+    line takes them."""
 
     steps: int | None
     repeats: int | None
     max_seconds: float | None = None
+    min_window_s: float | None = None
 
     def __str__(self) -> str:
         if self.steps is None or self.repeats is None:  # not a record's config
             return "bench.steps=... bench.repeats=..."
-        cap = f" bench.max_seconds={self.max_seconds:g}" if self.max_seconds is not None else ""
-        return f"bench.steps={self.steps} bench.repeats={self.repeats}{cap}"
+        more = [f"bench.{k}={v:g}" for k, v in (("max_seconds", self.max_seconds),
+                                                 ("min_window_s", self.min_window_s))
+                if v is not None]
+        return " ".join([f"bench.steps={self.steps} bench.repeats={self.repeats}", *more])
 
 
 def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
@@ -520,14 +530,22 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
         return Longer(None, None)
     cap = b.get("max_seconds")
     new_steps, new_repeats = plan or longer_plan(steps, repeats)
+    # windows too brief to tell a hiccup from competition: more steps alone leave a fast
+    # model's windows as brief, a least duration does not (bench.min_window_s)
+    brief = any(Reason.of(r).kind is Flaw.too_short for r in rec.noise_reasons) and not (
+        (b.get("min_window_s") or 0) >= MIN_WINDOW_S)
+    min_window = MIN_WINDOW_S if brief else None
+    if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
+        return Longer(new_steps, new_repeats, None, min_window)
+    need = cap
     planned = math.prod(window_plan(steps, repeats))
     cut = [p.steps / planned for p in rec.phases.values() if p.truncated and p.steps]
-    if not any(p.truncated for p in rec.phases.values()) or not isinstance(cap, (int, float)) \
-            or isinstance(cap, bool) or cap <= 0:
-        return Longer(new_steps, new_repeats)
-    need = cap * new_steps / steps / max(min(cut, default=1.0), 1e-3)
+    if any(p.truncated for p in rec.phases.values()):
+        need = cap * new_steps / steps / max(min(cut, default=1.0), 1e-3)
+    if brief:  # each window may last at most bench.max_seconds / bench.repeats
+        need = max(need, MIN_WINDOW_S * new_repeats)
     need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
-    return Longer(new_steps, new_repeats, need if need > cap else None)
+    return Longer(new_steps, new_repeats, need if need > cap else None, min_window)
 
 
 def interval_label_of(coverages: Iterable[float]) -> str:
