@@ -60,8 +60,9 @@ def feeds(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> Feeds:
     return Feeds.short if loader.hi < compute.lo else Feeds.open
 
 
-UNDECIDED = ("the intervals overlap, so it is not decided: measure longer (a larger bench.steps) "
-             "or try more workers")
+# a larger bench.steps alone keeps the windows' count, and so the interval's coverage
+UNDECIDED = ("the intervals overlap, so it is not decided: measure longer (more windows of more "
+             "steps: a larger bench.repeats and bench.steps) or try more workers")
 
 
 def workers(n: int) -> str:

@@ -95,7 +95,8 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     each = "each of " if len(b.get("phases") or ()) > 1 else ""
     text = f"{windows_of(windows, per_window, b.get('min_window_s'))} on {each}{phases}"
     if loader > per_window and "loader" in (b.get("phases") or ()):
-        text += (f", the loader's of {loader} ({QUEUE_WINDOWS}x the batches its workers hold "
+        least = windows_of(1, loader, b.get("min_window_s")).partition(" of ")[2]
+        text += (f", the loader's of {least} ({QUEUE_WINDOWS}x the batches its workers hold "
                  "in flight)")
     if cut_short:
         text += f", cut short by bench.max_seconds={b.get('max_seconds', '?')}"
