@@ -14,7 +14,7 @@ from gpubench.analysis.labels import flaw_words, rerun_text
 from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
-from gpubench.config.knobs import DATA_KEYS, PROCESS_ONLY, WORKER_ONLY, compared, role
+from gpubench.config.knobs import DATA_KEYS, acts, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, Rung, RunRecord, interval_label_of, longer
@@ -191,13 +191,9 @@ def repeats(rec: RunRecord, of: RunRecord) -> bool:
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
 
 
-def _acting(r: Row, key: str) -> bool:
-    """Whether `key` acts in row `r`: a worker-only key only with workers (a 0-worker run records
-    its inert value: prefetch_factor null beside a worker run's 2), a process-only one only with
-    process workers."""
-    if key in WORKER_ONLY and not r.flat.get("loader.num_workers"):
-        return False
-    return not (key in PROCESS_ONLY and r.flat.get("loader.worker_type") == "thread")
+def acting(r: Row, key: str) -> bool:
+    """Whether `key` acts in row `r` (gpubench.config.knobs.acts; a row records every key)."""
+    return acts(key, lambda k: r.flat.get(k) or (0 if k == "loader.num_workers" else None))
 
 
 def same_loader(r: Row, of: Row) -> bool:
@@ -205,7 +201,7 @@ def same_loader(r: Row, of: Row) -> bool:
     it acts in both (a worker-only one is inert without workers: a 0-worker row loads as any
     setting of it does, as the report's workers answer groups them, plot_rules.worker_groups)."""
     return all(r.flat.get(k) == of.flat.get(k) for k in LOADER_SETTING
-               if _acting(r, k) and _acting(of, k))
+               if acting(r, k) and acting(of, k))
 
 
 def varying(rows: list[Row]) -> list[str]:
@@ -216,7 +212,7 @@ def varying(rows: list[Row]) -> list[str]:
         for k, v in r.flat.items():
             if compared(k):
                 vals = keys.setdefault(k, set())
-                if _acting(r, k):
+                if acting(r, k):
                     vals.add(json.dumps(v, default=str))
     return [k for k, vals in keys.items() if len(vals) > 1 or any(k not in r.flat for r in rows)]
 

@@ -74,8 +74,9 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
 
 def overrides_of(row: Row, keys: list[str]) -> list[str]:
-    """The row's swept knobs as command-line overrides (`precision=amp_bf16` for a group)."""
-    return [as_override(k, row.flat[k]) for k in keys if k in row.flat]
+    """The row's swept knobs as command-line overrides (`precision=amp_bf16` for a group), those
+    that act in it only (persistent_workers with no workers is no setting of it)."""
+    return [as_override(k, row.flat[k]) for k in keys if k in row.flat and recommend.acting(row, k)]
 
 
 def measurement_text(cfg: dict, cut_short: bool = False) -> str:
@@ -168,7 +169,8 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
             # a confirmed row's figures pool its re-measurements: say how many
             *([f"{r.rung}" + (f"+{len(r.confirms)} confirm" if r.confirms and not screen
                               else "")] if with_rung else []),
-            *(_fmt(r.flat.get(k)) for k in keys)])
+            # a knob that does not act in the row reads as one its run did not have
+            *(_fmt(r.flat.get(k)) if recommend.acting(r, k) else "-" for k in keys)])
     return head, body
 
 

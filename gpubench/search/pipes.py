@@ -26,7 +26,7 @@ from gpubench.analysis.workers import (
     feeds,
     next_steps,
 )
-from gpubench.config.knobs import CHEAP_FIRST, knob_setting
+from gpubench.config.knobs import CHEAP_FIRST, acts, knob_setting
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
@@ -459,7 +459,9 @@ def effective(points: list[dict]) -> list[dict]:
 
 
 def _setting(params: dict[str, Any]) -> str:
-    return " ".join(knob_setting(k, v) for k, v in params.items()) or "as composed"
+    """`num_workers=0 pin_memory=true`: the keys that act in it (knobs.acts), as shown."""
+    return " ".join(knob_setting(k, v) for k, v in params.items()
+                    if acts(k, params.get)) or "as composed"
 
 
 def _feeds(cleared: bool, margin: Est) -> Feeds:

@@ -347,6 +347,35 @@ def test_the_measurement_is_said_as_the_runner_made_it():
     assert measurement_text(cfg) == "6 windows of 9 steps on e2e"
 
 
+def test_a_knob_that_does_not_act_in_a_run_is_no_setting_of_it():
+    """persistent_workers with 0 workers or thread workers does nothing: the ranking showed the
+    recorded false, and the recommended line told `loader.persistent_workers=false
+    loader.worker_type=thread`, an override that changes nothing. A cell reads `-` as a
+    0-worker run's prefetch_factor does, and the overrides leave it out."""
+    from gpubench.report.write import overrides_of, run_text
+
+    def run(w, kind, persistent):
+        r = row(16, w, ips=100.0 + w)
+        r.record.config["loader"] |= {"worker_type": kind, "persistent_workers": persistent}
+        r.flat = {}
+        r.__post_init__()
+        return r
+
+    rows = [run(0, "process", False), run(2, "thread", False), run(2, "process", True),
+            run(4, "process", False)]
+    keys = varying(rows)
+    assert "loader.persistent_workers" in keys
+    head, body = table_rows(rows, keys)
+    col = head.index("loader.persistent_workers")
+    by_workers = {(b[head.index("loader.num_workers")], b[head.index("loader.worker_type")]):
+                  b[col] for b in body}
+    assert by_workers == {("0", "-"): "-", ("2", "thread"): "-", ("2", "process"): "true",
+                          ("4", "process"): "false"}
+    assert overrides_of(rows[1], keys) == ["loader.num_workers=2", "loader.worker_type=thread"]
+    assert "persistent" not in run_text(rows[0], keys)
+    assert overrides_of(rows[2], keys)[-1] == "loader.persistent_workers=true"
+
+
 def test_a_run_folders_own_report_names_it_and_writes_values_as_overrides(tmp_path, capsys):
     """A single run's folder reported: its row is named by the folder (it read `(run run)`),
     and a knob's value reads as its override and legends write it (`true`, not `True`)."""

@@ -180,6 +180,19 @@ def test_a_short_data_pipe_at_its_most_workers_is_told_to_try_more_as_the_worker
         assert lead in text, text
 
 
+def test_the_path_names_no_knob_that_does_not_act_in_its_setting():
+    """`num_workers=0 persistent_workers=false` read as a setting of two knobs: with no workers
+    persistent_workers does nothing, and the path names what acts (a setting that fixes
+    workers elsewhere keeps it: its workers are not known here)."""
+    d = {"for": {"loader.batch_size": 4}, "trials": 2, "rate": [900, 880, 920],
+         "clears": True, "feeds": "clears", "margin": [0.5, 0.4, 0.6],
+         "params": {"loader.num_workers": 0, "loader.persistent_workers": False}}
+    text = "\n".join(lines({"compute": {"trials": 1, "kept": []}, "data": [d]}))
+    assert "num_workers=0: 900" in text and "persistent_workers" not in text, text
+    d["params"] = {"loader.persistent_workers": True}
+    assert "persistent_workers=true: 900" in "\n".join(lines({"data": [d]}))
+
+
 def test_the_data_walk_raises_workers_then_turns_one_key_at_a_worker_fewer():
     space = parse_search_space(["loader.num_workers=choice(0,1,2,4)",
                                 "loader.pin_memory=choice(false,true)",
