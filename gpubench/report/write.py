@@ -312,7 +312,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
         lines += [
             f"fastest feasible: {with_interval(rec.best)} img/s  ({run_text(rec.best, keys)})",
             f"recommended:      {with_interval(rec.chosen)} img/s  ({run_text(rec.chosen, keys)})",
-            *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml}", f"rerun it: {cmd}",
+            *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml.resolve()}",
+            f"rerun it: {cmd}",
             f"  (it measures as the sweep did: {_measured_text(rec.chosen.record)}; "
             f"add {longer(rec.chosen.record)} to measure longer)"]
     elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
@@ -336,7 +337,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     if not quiet:  # after every file is written: a reader that stops early (`| head`) costs none
         print_table(head, body, title)
         print_lines([*mask_secrets("\n".join(lines)).splitlines(),
-                     f"report: {out_dir}" + (" (a new folder)" if new else "")])
+                     f"report: {out_dir.resolve()}" + (" (a new folder)" if new else "")])
     return files
 
 

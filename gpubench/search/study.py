@@ -24,6 +24,7 @@ from optuna.storages import InMemoryStorage, RDBStorage, RetryHeartbeatStaleTria
 from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
+from gpubench.config.overrides import format_value
 from gpubench.core.files import retry
 from gpubench.core.record import Rung, Status, process_alive
 from gpubench.core.secrets import mask_secrets
@@ -174,7 +175,8 @@ def key(params: dict) -> str:
 
 
 def describe(params: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items())
+    """`channels_last=true loader.batch_size=8`: a trial's params as the command line takes them."""
+    return " ".join(f"{k}={format_value(v)}" for k, v in params.items())
 
 
 def measured_trials(study) -> list[FrozenTrial]:

@@ -347,6 +347,22 @@ def test_the_measurement_is_said_as_the_runner_made_it():
     assert measurement_text(cfg) == "6 windows of 9 steps on e2e"
 
 
+def test_a_report_into_a_relative_folder_names_its_files_as_its_rerun_line_does(
+        tmp_path, monkeypatch, capsys):
+    """An MLflow report goes to outputs/reports/<experiment> by default, a relative folder: the
+    `recommended config:` and `report:` lines read relative beside the rerun line's absolute
+    `-cd`; all three name the folder alike now, from wherever the user runs them."""
+    from gpubench.report.write import write_report
+
+    monkeypatch.chdir(tmp_path)
+    write_report([row(16, 0, ips=100.0), row(32, 0, ips=120.0)], Path("rep"), "x")
+    out = capsys.readouterr().out.splitlines()
+    rep = tmp_path.resolve() / "rep"
+    assert f"recommended config: {rep / 'experiment' / 'recommended.yaml'}" in out
+    assert f"rerun it: python -m gpubench -cd {rep} experiment=recommended" in out
+    assert f"report: {rep} (a new folder)" in out
+
+
 def test_a_knob_that_does_not_act_in_a_run_is_no_setting_of_it():
     """persistent_workers with 0 workers or thread workers does nothing: the ranking showed the
     recorded false, and the recommended line told `loader.persistent_workers=false
