@@ -227,6 +227,8 @@ class Recommendation:
     chosen: Row
     tolerance: float
     reasons: list[str]
+    # why the pick is not to be trusted yet (the reasons' UNCONFIRMED line), None when it is
+    unconfirmed: str | None = None
 
 
 def with_interval(r: Row) -> str:
@@ -287,17 +289,18 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     ok = [r for r in full if r.stable]
     # what every flagged measurement asks of a rerun, worded when the pick is known (below)
     flawed = [] if ok else [k for k in Flaw if any(k in r.flaws for r in full)]
-    reasons = [] if ok else ["UNCONFIRMED"]
     ok = ok or full
     # once confirmed, the fastest confirmed one: a trial measured once may have been lucky
     best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
-    # where every measurement flagged itself, the line below (reasons[0]) says it all
+    unconfirmed = None
+    # where measurements flagged themselves, the flaws' line (made below) says it all
     if any(r.confirms for r in rows) and not best.confirmed and not flawed:
         # what the re-measured trials' flaws ask (a quiet machine where they only disagreed)
         again = [k for k in Flaw if any(k in r.flaws for r in rows if r.confirms)]
-        reasons.append("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
+        unconfirmed = ("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
                        f"step); {rerun_text(again, what='the recommended config')} before "
                        "trusting it")
+    reasons = []
     # on the low end of its interval: noise never picks a smaller, slower configuration
     near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
     others = len(near) - 1  # `near` holds the best itself
@@ -346,11 +349,17 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                    f"{chosen.throughput / best.throughput:.0%} of the fastest")
     reasons += _workers_check(rows, chosen, best, tolerance)
     if flawed:  # the recommended config's own rerun: its "measure longer" where one is asked
-        reasons[0] = (f"UNCONFIRMED: every measurement flagged itself "
-                      f"({', '.join(flaw_words(flawed))}: noise_reasons); "
-                      f"{rerun_text(flawed, str(longer(chosen.record)), 'the recommended config')}"
-                      " before trusting it")
-    return Recommendation(best, chosen, tolerance, reasons)
+        # the others (if any) only disagreed when re-measured: a quiet machine for them
+        every = all(r.flaws for r in full)
+        asks = flawed if every else [*flawed, Flaw.unconfirmed]
+        what = ("every measurement flagged itself" if every else "no setup measured steadily: "
+                "the others disagreed when re-measured, these flagged themselves")
+        unconfirmed = (
+            f"UNCONFIRMED: {what} ({', '.join(flaw_words(flawed))}: noise_reasons); "
+            f"{rerun_text(asks, str(longer(chosen.record)), 'the recommended config')} before "
+            "trusting it")
+    return Recommendation(best, chosen, tolerance,
+                          [*([unconfirmed] if unconfirmed else []), *reasons], unconfirmed)
 
 
 def why_not_best(r: Row) -> str:

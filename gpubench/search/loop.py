@@ -251,9 +251,8 @@ class Search:
             if confirmed:  # its figure pooled over its measurements
                 extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
                          "measurements": len(pick.pooled)}
-                if not rec.best.confirmed:  # as the report's UNCONFIRMED line
-                    log.warning("no top trial measured alike again (confirm step): best is "
-                                "UNCONFIRMED")
+            if rec.unconfirmed:  # the report's own UNCONFIRMED line
+                log.warning("best: %s", rec.unconfirmed)
             if rec.best is not pick:
                 fastest = next(t for t, r in rows if r is rec.best)
                 extra["fastest"] = {"trial": fastest.number, "value": rec.best.throughput,

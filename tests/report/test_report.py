@@ -457,6 +457,34 @@ def test_an_unstable_fastest_run_is_not_recommended_unconfirmed():
     assert alone.chosen is lucky and any(x.startswith("UNCONFIRMED") for x in alone.reasons)
 
 
+def test_setups_whose_repeats_all_disagree_are_unconfirmed_in_one_worded_line():
+    """Every setup measured steadily each time, but its repeats' intervals disjoin (a grid run
+    twice, pooled): no measurement flagged itself, so the UNCONFIRMED placeholder was never
+    worded and a bare `UNCONFIRMED` line stood first. One line says it; a mix with a flagged
+    setup does not call every measurement flagged."""
+    def disagreeing(batch, ips):
+        r = row(batch, 0, ips=ips, ci=[ips * 0.99, ips * 1.01], stable=True)
+        again = row(batch, 0, ips=ips * 1.5, ci=[ips * 1.49, ips * 1.51], stable=True).record
+        r.confirms = [again]
+        return r
+
+    rows = [disagreeing(16, 100.0), disagreeing(32, 120.0)]
+    rec = recommend(rows)
+    assert "UNCONFIRMED" not in rec.reasons
+    assert [x for x in rec.reasons if x.startswith("UNCONFIRMED")] == [rec.unconfirmed]
+    assert rec.unconfirmed.startswith("UNCONFIRMED: no top trial measured alike when "
+                                      "re-measured") and "quiet machine" in rec.unconfirmed
+    flagged = row(64, 0, ips=90.0, stable=False)
+    flagged.record.noise_reasons = [Reason(Flaw.few_windows, "2 windows")]
+    mixed = recommend([*rows, flagged])
+    assert "every measurement flagged itself" not in mixed.unconfirmed
+    assert "on a quiet machine" in mixed.unconfirmed and "measuring longer" in mixed.unconfirmed
+    assert recommend([flagged]).unconfirmed.startswith(
+        "UNCONFIRMED: every measurement flagged itself (too few windows")
+    steady = row(16, 0, ips=100.0, ci=[99.0, 101.0], stable=True)
+    assert recommend([steady]).unconfirmed is None
+
+
 def test_the_fastest_figure_left_out_is_said_in_english():
     lucky = row(128, 2, ips=1718.0, ci=[1500.0, 1900.0], stable=False)
     steady = row(64, 2, ips=1711.0, ci=[1619.0, 1827.0], stable=True)
