@@ -260,7 +260,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     # rank full training measurements of one setup; without any the table shows what measured
     all_rows = rows
     kept, notes = training_rows(rows)
-    answer = loader_answer(rows, list(found), list(named), source)
+    answer = loader_answer(rows, list(found), list(named), source, tolerance)
     if answer is not None and not kept:
         # a loader-only sweep: its table and plots are its loader runs, its answer the workers'
         notes = [f"no training ranking: no run measured a training step (e2e); the table lists "

@@ -186,6 +186,20 @@ def test_the_bound_comes_from_the_sweep_or_the_command_line(tmp_path):
         loader_answer(rows(), [], [other], "/sweeps/a")
 
 
+def test_the_reports_tolerance_is_the_workers_answers_margin(tmp_path):
+    """`--tolerance` reached the recommendation's loader check but not the workers answer,
+    which kept 5%: one report judged one loader against one bound with two margins. At 50%
+    neither 2 nor 4 workers clears compute 540 [520-555] (a low end above 832.5)."""
+    bound = compute_run(540.0, [520.0, 555.0], tmp_path)
+    # 1 worker at 50%: the plateau within 50% of the best
+    for tolerance, workers in ((0.05, 2), (0.5, 1)):
+        write_report(rows(), tmp_path / str(tolerance), "x", tolerance=tolerance, found=[bound],
+                     quiet=True)
+        [w] = json.loads((tmp_path / str(tolerance) / "summary.json").read_text())["workers"]
+        assert (w["margin_required"], w["num_workers"], w["unblocks"]) == (
+            tolerance, workers, tolerance == 0.05)
+
+
 def test_a_bound_from_an_mlflow_run_is_named_by_its_run_id(tmp_path):
     """An MLflow experiment's runs have no folder here: the bound read `compute bound from
     None`; it names the run by its id (the row's label is its first 8 digits)."""
