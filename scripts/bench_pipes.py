@@ -222,7 +222,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
     for ck in settings:  # one compute-only run per compute setting
         spent += 1
         crows.append((dict(zip(ckeys, ck, strict=True)), _row(by_compute[ck][0], "compute")))
-    kept = keep_compute(crows, "loader.batch_size", 0.05, keep)
+    kept = keep_compute(crows, "loader.batch_size", TOLERANCE, keep)
     best, best_e2e = None, -1.0
     pairings = 0
     joined: list[Row] = []
@@ -252,9 +252,10 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
             joined.append(e2e)
             if e2e.throughput > best_e2e:
                 best, best_e2e = e, e2e.throughput
-            _, narrower = join_bound(k.rate, fed.rate, fed.params.get("loader.num_workers", 1))
+            # unknown workers are none, as the search reads them (pipes._workers)
+            _, narrower = join_bound(k.rate, fed.rate, int(fed.params.get("loader.num_workers") or 0))
             r = Est.of(e2e.throughput, list(e2e.interval))
-            if r is None or not contends(r, narrower, 0.05):
+            if r is None or not contends(r, narrower, TOLERANCE):
                 break
             after = cost(fed.params, space)
             rest = [(dp, e) for dp, e in drows if cost(dp, space) > after]
@@ -264,7 +265,7 @@ def sim_pipes(table: dict, axes: list[str], seed: int = 0, rounds: int = 2, keep
             measured.append((rest[0][0], _row(rest[0][1], "loader")))
             fed = choose_data(measured, space, k.rate, TOLERANCE, after=after)
     # the confirm rounds, only for the pairings the first runs leave open (as the search)
-    spent += rounds * confirm_top(joined, 0.05)
+    spent += rounds * confirm_top(joined, TOLERANCE)
     return best, spent
 
 

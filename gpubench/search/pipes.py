@@ -209,7 +209,10 @@ class Pipes:
             for k, f in pairs:
                 row = by_key.get(S.key({**k.params, **f.params}))
                 e2e = rate_of(row) if row is not None else None
-                name, narrower = join_bound(k.rate, f.rate, f.params.get("loader.num_workers", 1))
+                # the workers it ran with: the data study's params hold them only where swept
+                workers = _workers(row) if row is not None else int(
+                    f.params.get("loader.num_workers") or 0)
+                name, narrower = join_bound(k.rate, f.rate, workers)
                 short = e2e is not None and contends(e2e, narrower, TOLERANCE)
                 joined.append({"compute": k.params, "data": f.params, "narrower": name,
                                "e2e": None if e2e is None else list(astuple(e2e)),

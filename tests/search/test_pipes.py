@@ -458,13 +458,20 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
 @pytest.mark.slow
 def test_pipes_whose_joins_all_fail_exit_1_and_keep_the_bounds(tmp_path):
     """Bounds alone are no answer: no pairing measured end to end fails the sweep in one line
-    (before: exit 0, 'no feasible full-length measurement'); the pipes' bounds stay."""
-    p = run_cli(*_cmd(tmp_path, "tracking=none",
-                      "hydra.sweeper.pipes.join_overrides=['bench.phases=[e2e]',"
-                      "'fault.fail_message=boom']"), cwd=tmp_path)
+    (before: exit 0, 'no feasible full-length measurement'); the pipes' bounds stay. Workers
+    fixed on the command line (0), pin_memory the data knob: each pairing's bound is the serial
+    one, from the workers it ran with (the data study's params, which hold none, were read as
+    1 worker: the overlapped bound)."""
+    space = [o.replace("loader.num_workers=choice(0,1)", "loader.num_workers=0").replace(
+        "loader.pin_memory=false", "loader.pin_memory=choice(false,true)") for o in SPACE]
+    p = run_cli("sweep=pipes", *PIPES, *space, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}", "tracking=none",
+                "hydra.sweeper.pipes.join_overrides=['bench.phases=[e2e]',"
+                "'fault.fail_message=boom']", cwd=tmp_path)
     errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
     assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
     assert "no pairing of this sweep measured end to end" in errors[0] and "boom" in errors[0]
     result = json.loads((tmp_path / "sweep" / "pipes.json").read_text())
     assert result["compute"]["kept"] and result["join"]["pairings"]
     assert all(p["e2e"] is None for p in result["join"]["pairings"])
+    assert {p["narrower"] for p in result["join"]["pairings"]} == {"serial"}, result["join"]
