@@ -274,7 +274,9 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
     """One panel per kept compute setting: its loader runs by data setting, its bound."""
     panels, loaders = [], []
     for d in result.get("data", []):
-        stage = d["study"].split("-data-", 1)[-1]
+        # `<study>-data-<digest>`: the digest is its last part whatever the study's own name
+        # holds (`imagenet-data-v2`); a row's trial is `data-<digest>-<number>` (search.rows)
+        stage = d["study"].rsplit("-data-", 1)[-1]
         keys, chosen = sorted(d["params"]), as_run(d["params"])
         points = []
         for r in rows:

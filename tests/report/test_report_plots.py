@@ -545,6 +545,10 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
     assert sum(q["kept"] for pts in c["series"].values() for q in pts) == 2
     panels = data_panels(rows, result)
     assert [sum(len(v) for v in p["series"].values()) for p in panels] == [1, 1]
+    # a study named like a stage (`imagenet-data-v2`) still finds its data trials (before: its
+    # data panels were none and data_pipe.png was not drawn)
+    named = [{**d, "study": f"imagenet-data-v2-data-{k}"} for k, d in enumerate(result["data"])]
+    assert data_panels(rows, {**result, "data": named}) == panels
     made = report_plots.plot_pipes(rows, result, tmp_path, 0.05)
     assert {p.name for p in made} == {"compute_pipe.png", "data_pipe.png"}
 
