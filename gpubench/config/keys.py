@@ -50,6 +50,9 @@ class Knob:
     inert: Any = ACTIVE  # a key that acts only through loader workers: its value with none
     cuda_only: bool = False  # no effect on a CPU-only run
     process_only: bool = False  # acts through worker processes alone (inert with threads)
+    # where a run happens (its device, its data's folder on that host), not what it trains: a
+    # comparison of devices (`--compare`) pools runs across it
+    place: bool = False
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "",

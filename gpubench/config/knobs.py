@@ -35,6 +35,8 @@ WORKER_ONLY: dict[str, Any] = {k.path: k.knob.inert for k in KEYS.values()
 PROCESS_ONLY = tuple(n for n, k in KEYS.items() if k.knob.process_only)
 # keys with no effect on a CPU-only run
 CUDA_ONLY = tuple(n for n, k in KEYS.items() if k.knob.cuda_only)
+# where a run happens, not what it trains (a comparison of devices pools across them)
+PLACE = tuple(n for n, k in KEYS.items() if k.knob.place)
 # what the compute phase's figure depends on: by short name where a key has one, else the key
 COMPUTE = tuple(dict.fromkeys(k.knob.short or n for n, k in KEYS.items()
                               if k.knob.pipe is Pipe.compute))

@@ -87,7 +87,7 @@ class DatasetConfig:
         "samples x 3 x (8/7 x size)² bytes; fake_jpeg: their JPEGs) must fit in half of the free "
         "RAM", bounds=(1, 10_000_000))
     root: str | None = setting(None, "the folder imagefolder and cifar10 read (never downloaded)",
-                               allowed="null or an existing folder")
+                               allowed="null or an existing folder", knob=Knob(place=True))
     jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
     preload: bool = setting(
         False, "decode the whole dataset once into a shared uint8 tensor in RAM, then only "
@@ -203,7 +203,7 @@ class StepConfig:
 class BenchSettings:
     ROLE = Role.measure  # how long and how a run was measured, its keys with a knob aside
     device: DeviceKind = setting(DeviceKind.auto, "auto: CUDA when this machine has it",
-                                 knob=Knob())
+                                 knob=Knob(place=True))
     phases: list[Phase] = setting(factory=lambda: [Phase.loader, Phase.compute, Phase.e2e],
                                   help="the phases measured, in order; not empty",
                                   rule=check_phases, knob=Knob())

@@ -5,6 +5,7 @@ against the cheapest: reference article 003's "7x the price for 3x the throughpu
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 import tempfile
@@ -17,8 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.analysis.select import left_out, longest, workload_text
+from gpubench.config.keys import Role
+from gpubench.config.knobs import PLACE, knob_setting, role
 from gpubench.core.exits import ExitCode
-from gpubench.core.files import read_json
+from gpubench.core.files import flatten, read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
 from gpubench.core.stats import positive
 from gpubench.report.console import dash
@@ -125,14 +128,14 @@ def mlflow_records(experiment: str, uri: str | None = None,
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
     """{workload: one DeviceRow per device, fastest first}: the fastest feasible run among its
     longest measurements (`bench.steps`), so a short screen never stands for a device."""
-    groups: dict[str, dict[str, list[RunRecord]]] = {}
+    groups: dict[tuple, dict[str, list[RunRecord]]] = {}
     for r in records:
         # a loader-only run's or a probe's figure is no device's training throughput
         if r.feasible and left_out(r) is None:
             dev = str(r.env.get("device_name") or r.env.get("device") or "unknown device")
-            groups.setdefault(workload_text(r), {}).setdefault(dev, []).append(r)
+            groups.setdefault(_trained(r), {}).setdefault(dev, []).append(r)
     out: dict[str, list[DeviceRow]] = {}
-    for work, devices in sorted(groups.items()):
+    for work, devices in sorted(_named(groups).items()):
         rows = []
         for dev, recs in devices.items():
             best = max(longest(recs), key=lambda r: r.throughput)
@@ -142,6 +145,29 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
                 if (u := price_for(dev, table)) is not None), (None, "-"))
             rows.append(DeviceRow(dev, len(recs), best, usd, src))
         out[work] = sorted(rows, key=lambda d: -d.images_per_sec)
+    return out
+
+
+def _trained(r: RunRecord) -> tuple:
+    """What a run trains: every workload key (gpubench.config.knobs.role) but where it ran
+    (knobs.PLACE: its device, its data's folder), so runs of two models' kwargs or class counts
+    are never one workload's figures."""
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str))
+                        for k, v in flatten(r.config or {}).items()
+                        if role(k) is Role.workload and k not in PLACE))
+
+
+def _named(groups: dict[tuple, dict]) -> dict[str, dict]:
+    """Each workload by its words (`model resnet50, dataset imagenet, 224 px`), with the settings
+    that set it apart from another of the same words (`model.kwargs={...}`)."""
+    first = {w: next(iter(next(iter(d.values())))) for w, d in groups.items()}
+    out = {}
+    for w, devices in groups.items():
+        text = workload_text(first[w])
+        alike = [dict(o) for o in groups if o != w and workload_text(first[o]) == text]
+        own = dict(w)
+        apart = [k for k in own if any(a.get(k) != own[k] for a in alike)]
+        out[text + "".join(f"; {knob_setting(k, json.loads(own[k]))}" for k in apart)] = devices
     return out
 
 

@@ -132,6 +132,24 @@ def test_prices_carried_in_the_runs_config_count_as_the_users():
     assert compare.versus(list(rows.values()))[0]["baseline"] == T4  # the cheapest
 
 
+def test_runs_of_other_model_arguments_are_other_workloads_whatever_their_names():
+    """--compare grouped by model, dataset and image size alone: a team's class at depth 50 on a
+    T4 and at depth 101 on an L4 (or another class count) were compared as one workload. Every
+    workload key sets a group apart now but where a run happened (its device, its data's
+    folder), and a group names the settings that tell it from another of the same words."""
+    t4, l4 = rec(T4, 260.0), rec("NVIDIA L4", 400.0)
+    deeper = rec("NVIDIA L4", 180.0)
+    for r, depth, root in ((t4, 50, "/data/t4"), (l4, 50, "/mnt/l4"), (deeper, 101, "/mnt/l4")):
+        r.config["model"]["kwargs"] = {"depth": depth}
+        r.config["dataset"]["root"] = root
+        r.config["bench"]["device"] = "cuda" if r is t4 else "auto"
+    groups = compare.compare_rows([t4, l4, deeper], {})
+    base = "model resnet50, dataset imagefolder, 224 px"
+    assert {w: [d.device for d in rows] for w, rows in groups.items()} == {
+        f"{base}; model.kwargs.depth=50": ["NVIDIA L4", T4],
+        f"{base}; model.kwargs.depth=101": ["NVIDIA L4"]}
+
+
 def test_only_training_measurements_stand_for_a_device(store):
     """A loader-only run's figure is its loader's and a max-batch probe (tagged `rung`) measured a
     few steps: neither is a device's training throughput."""
