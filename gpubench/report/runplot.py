@@ -9,7 +9,7 @@ from pathlib import Path
 from gpubench.analysis.labels import PHASE_WORDS, verdict_words
 from gpubench.analysis.select import setup_text
 from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status, interval_label_of
-from gpubench.core.stats import CONFIDENCE, count, finite_number, positive
+from gpubench.core.stats import CONFIDENCE, Est, count, finite_number, positive
 from gpubench.report.plot_rules import phase_est
 from gpubench.report.plots import plain_log, pyplot, save
 
@@ -84,6 +84,15 @@ def run_picture_data(record: RunRecord) -> dict:
             if flagged else []}
 
 
+def _figure(bar: dict) -> str:
+    """`2,930 [2,181-4,170]`, `12.3 [12.1-12.4]`: the figure and its interval in one precision
+    (core.stats.Est's, with thousands marked), so the interval never reads narrower than it is
+    (`12.3 [12-12]`)."""
+    v = bar["images_per_sec"]
+    spec = ",.0f" if abs(v) >= 100 else ",.1f"
+    return format(Est(v, *bar["ci"]) if bar["ci"] else Est(v, v, v), spec)
+
+
 def plot_run(record: RunRecord, out: Path) -> Path:
     """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path)."""
     out = Path(out)
@@ -120,8 +129,7 @@ def _draw_pipes(ax, d: dict) -> None:
         ax.plot([v], [y], marker="o", markersize=11, color=color, zorder=3,
                 markerfacecolor="white" if d["flagged"] else color, markeredgewidth=2)
     # each figure under its pipe's name: beside the point it would run into the legend
-    ax.set_yticks(ys, [f"{b['label']}\n{b['images_per_sec']:,.1f}"
-                       + (f" [{b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}]" if b["ci"] else "")
+    ax.set_yticks(ys, [f"{b['label']}\n{_figure(b)}"
                        + (f"\n{b['coverage']:.0%} interval" if b["ci"] and d["per_phase"] else "")
                        for b in bars], fontsize=9)
     ends = [x for b in bars for x in (b["ci"] or [b["images_per_sec"]])]

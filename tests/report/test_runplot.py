@@ -185,3 +185,14 @@ def test_no_two_labels_of_a_log_axis_meet(tmp_path, monkeypatch, figures):
         for a, b in zip(boxes, boxes[1:], strict=False):
             assert (b.x0 > a.x1) if which == "x" else (b.y0 > a.y1), \
                 [t.get_text() for t in labels]
+
+
+def test_a_figure_and_its_interval_read_in_one_precision():
+    """run.png wrote the figure with a decimal and its interval without: a CPU loader at
+    12.3 [12.1-12.4] read `12.3 [12-12]`, a figure outside its own shown interval."""
+    from gpubench.report.runplot import _figure
+
+    assert _figure({"images_per_sec": 12.3, "ci": [12.1, 12.4]}) == "12.3 [12.1-12.4]"
+    assert _figure({"images_per_sec": 0.8, "ci": [0.6, 0.9]}) == "0.8 [0.6-0.9]"
+    assert _figure({"images_per_sec": 2930.4, "ci": [2181.1, 4169.7]}) == "2,930 [2,181-4,170]"
+    assert _figure({"images_per_sec": 41.5, "ci": None}) == "41.5"
