@@ -150,6 +150,11 @@ class Step(Enum):
                   "({cpu_count} cores here): this gap is contention; on a GPU the two overlap")
     workers_from_zero = ("loader.num_workers=2 or more: with 0 workers the main process loads each "
                          "batch while the device waits (article 003: >= 2 workers gave ~1.5x)")
+    # on a CPU the workers load on the cores the model trains on: a gain to measure, not assume
+    workers_from_zero_on_cpu = (
+        "loader.num_workers=1, measured against 0 (`-m loader.num_workers=0,1`): with 0 workers "
+        "the model waits while each batch loads, but on a CPU a worker takes one of the "
+        "{cpu_count} cores the model trains on")
     more_workers = ("loader.num_workers={more_workers} (now {num_workers}, host has {cpu_count} "
                     "cores); sweep it with `-m bench.phases=[loader] loader.num_workers=...` and "
                     "keep the fewest that out-run compute")

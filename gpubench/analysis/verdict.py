@@ -205,7 +205,8 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
     gpu, starved = k.device == "cuda", bottleneck in (Bottleneck.data, Bottleneck.overlap)
     rules = [
         (Step.contention, bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0),
-        (Step.workers_from_zero, starved and k.num_workers == 0),
+        (Step.workers_from_zero if gpu else Step.workers_from_zero_on_cpu,
+         starved and k.num_workers == 0),
         (Step.more_workers, bottleneck is Bottleneck.data and 0 < k.num_workers < k.cpu_count),
         (Step.pin_memory, starved and gpu and not k.pin_memory),
         (Step.preload, starved and k.dataset in ("imagefolder", "fake_jpeg", "cifar10")

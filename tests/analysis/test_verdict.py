@@ -152,6 +152,11 @@ def test_data_advice_turns_the_data_knobs():
 
 def test_zero_workers_overlap_advice():
     assert "num_workers=2 or more" in advise("overlap", knobs(num_workers=0))[0]
+    # on a CPU a worker loads on the model's own cores: measured against 0, never assumed (2
+    # workers on a 2-core machine halved a run that followed the GPU's advice)
+    cpu = advise("overlap", knobs(num_workers=0, device="cpu", cpu_count=2))[0]
+    assert cpu.startswith("loader.num_workers=1, measured against 0 (`-m loader.num_workers=0,1`)")
+    assert "one of the 2 cores" in cpu and "article 003" not in cpu
 
 
 def test_compute_advice_amp_first_then_layout_and_batch():
