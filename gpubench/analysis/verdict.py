@@ -10,7 +10,7 @@ from dataclasses import astuple, dataclass, field
 from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step
 from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import workers
-from gpubench.config.schema import is_amp
+from gpubench.config.schema import PRELOAD_HELPS, is_amp
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import (
     PHASE_NAMES,
@@ -209,8 +209,7 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
          starved and k.num_workers == 0),
         (Step.more_workers, bottleneck is Bottleneck.data and 0 < k.num_workers < k.cpu_count),
         (Step.pin_memory, starved and gpu and not k.pin_memory),
-        (Step.preload, starved and k.dataset in ("imagefolder", "fake_jpeg", "cifar10")
-         and not k.preload),
+        (Step.preload, starved and k.dataset in PRELOAD_HELPS and not k.preload),
         (Step.augment_on_device, starved and gpu and k.augment_on == "cpu"),
         (Step.more_cpu if gpu else Step.more_cpu_on_cpu,
          bottleneck is Bottleneck.data and k.num_workers >= k.cpu_count),

@@ -13,6 +13,7 @@ from typing import Any
 from gpubench.analysis.select import knob_of
 from gpubench.config.knobs import COMPUTE
 from gpubench.config.overrides import format_value
+from gpubench.config.schema import PRELOAD_HELPS
 from gpubench.core.record import Word
 from gpubench.core.stats import TOLERANCE, Est, count, figure
 
@@ -24,8 +25,10 @@ NEXT_STEPS: dict[str, tuple[tuple[str | None, Any], ...]] = {
     "cuda": (("dataset.preload", True), ("dataset.augment_on", "device"),
              (None, "more CPU cores per GPU")),
     "cpu": (("dataset.preload", True), (None, "more CPU cores"))}
-# the keys the next steps set: what a record of the runs keeps of their settings (pipes.json)
-NEXT_KEYS = tuple(dict.fromkeys(k for steps in NEXT_STEPS.values() for k, _ in steps if k))
+# the keys the next steps set, and the dataset that decides whether preload saves anything:
+# what a record of the runs keeps of their settings (pipes.json)
+NEXT_KEYS = (*dict.fromkeys(k for steps in NEXT_STEPS.values() for k, _ in steps if k),
+             "dataset.name")
 
 
 def _text(v: Any) -> str:
@@ -40,9 +43,12 @@ def next_steps(device: str | None, more_from: int | None = None,
     values) is no next step: those runs are what it would measure."""
     more = [] if more_from is None else [("loader.num_workers", max(2, 2 * more_from))]
     had = [{k: _text(v) for k, v in r.items()} for r in tried]
+    # made in RAM (synthetic): preload has nothing to decode (schema.PRELOAD_HELPS)
+    made = bool(had) and all(h.get("dataset.name") not in (None, *PRELOAD_HELPS) for h in had)
     return ", ".join(f"{k}={_text(v)}" if k else v
                      for k, v in [*more, *NEXT_STEPS.get(device, NEXT_STEPS["cuda"])]
-                     if not k or all(h.get(k) != _text(v) for h in had))
+                     if not k or all(h.get(k) != _text(v) for h in had)
+                     and not (k == "dataset.preload" and made))
 
 
 class Feeds(Word):

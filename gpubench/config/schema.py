@@ -28,6 +28,9 @@ def _choice(name: str, values: str) -> Any:
 
 DatasetKind = _choice("DatasetKind",
                       "synthetic device_synthetic fake_jpeg imagefolder cifar10 custom")
+# read or decoded per sample (files, JPEG bytes): what dataset.preload does once for them; the
+# others are made in RAM, where preload has nothing to save (every advice of it asks this)
+PRELOAD_HELPS = frozenset({DatasetKind.fake_jpeg, DatasetKind.imagefolder, DatasetKind.cifar10})
 Where = _choice("Where", "cpu device")
 OnCorrupt = _choice("OnCorrupt", "skip fail")
 PrecisionName = _choice("PrecisionName", "torch_default fp32 tf32 amp_fp16 amp_bf16")

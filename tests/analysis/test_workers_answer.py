@@ -14,6 +14,7 @@ from conftest import TINY, run_cli
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import loader_only, training_rows
+from gpubench.analysis.verdict import Knobs
 from gpubench.analysis.workers import COMPUTE_DIR, fewest_workers
 from gpubench.core.record import Flaw, Reason, RunRecord, Status
 from gpubench.core.stats import Est
@@ -184,6 +185,26 @@ def test_the_bound_comes_from_the_sweep_or_the_command_line(tmp_path):
     other = compute_run(300.0, [290.0, 310.0], tmp_path, "o", batch=64)
     with pytest.raises(SystemExit, match="batch_size 64 is not the loader runs' 32"):
         loader_answer(rows(), [], [other], "/sweeps/a")
+
+
+def test_preload_is_no_next_step_for_images_made_in_ram():
+    """A synthetic dataset is made in RAM: preload has nothing to decode (a new user who
+    followed `next: dataset.preload=true` got 0.00 GiB preloaded and a slower loader). The
+    next steps ask what the verdict's advice asks (schema.PRELOAD_HELPS)."""
+    from gpubench.analysis.verdict import advise
+    from gpubench.analysis.workers import next_steps
+
+    for name, preload in (("synthetic", False), ("device_synthetic", False),
+                          ("imagefolder", True), ("fake_jpeg", True)):
+        said = next_steps("cuda", tried=[{"dataset.name": name, "dataset.preload": False}])
+        assert ("dataset.preload=true" in said) is preload, (name, said)
+        knobs = Knobs(device="cuda", num_workers=2, cpu_count=8, pin_memory=True,
+                      preload=False, augment_on="cpu", precision="fp32", channels_last=False,
+                      compile="off", batch_size=64, dataset=name, memory_fraction=0.3,
+                      ceiling=0.8)
+        assert any(a.startswith("dataset.preload=true") for a in advise("data", knobs)) \
+            is preload, name
+    assert "dataset.preload=true" in next_steps("cuda")  # the runs' dataset not known
 
 
 def test_the_reports_tolerance_is_the_workers_answers_margin(tmp_path):
