@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import astuple, dataclass, field
+from enum import Enum
 
-from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step
+from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step, rerun_text
 from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import workers
 from gpubench.config.schema import PRELOAD_HELPS, is_amp
@@ -15,6 +16,7 @@ from gpubench.core.pipe import serial_rate
 from gpubench.core.record import (
     PHASE_NAMES,
     Bottleneck,
+    Flaw,
     Reason,
     RunRecord,
     bench_of,
@@ -141,16 +143,25 @@ def _three_pipes(f: dict) -> Verdict:
     return v
 
 
-def windows_to_decide(ratio: Est, line: float, repeats: int, most: int = 100) -> int | None:
+class Undecided(Enum):
+    """Why no number of windows is advised to settle an open question."""
+
+    on_line = "on_line"  # the figure sits on the line: no number of windows tells its side
+    too_wide = "too_wide"  # this spread would take more windows than are reasonable
+
+
+def windows_to_decide(ratio: Est, line: float, repeats: int,
+                      most: int = 100) -> int | Undecided:
     """How many windows would put `ratio`'s interval wholly on one side of `line`: it narrows
-    about as 1/sqrt(windows). None when the figure sits on the line or over `most` are needed."""
+    about as 1/sqrt(windows). Undecided when the figure sits on the line or over `most` are
+    needed."""
     reach = ratio.value - ratio.lo if line < ratio.value else ratio.hi - ratio.value
     gap = abs(ratio.value - line)
     if reach <= 0 or gap <= 0.005 * line:
-        return None
+        return Undecided.on_line
     # 20% spare: the estimate is rough
     need = max(math.ceil(repeats * (reach / gap) ** 2 * 1.2), repeats + 1)
-    return need if need <= most else None
+    return need if need <= most else Undecided.too_wide
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
@@ -269,9 +280,14 @@ def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
     what = ("whether overlap costs more than "
             f"{1 - TRACKS:.0%}" if v.bottleneck is not Bottleneck.inconclusive else "the verdict")
     n = windows_to_decide(v.open_ratio, v.open_line, repeats)
-    if n is None:
-        return (f"{what}: the figure sits too near the {v.open_line:.0%} line for more windows "
-                "to tell in reasonable time; the difference is too small to matter")
+    if n is Undecided.on_line:
+        return (f"{what}: the figure sits on the {v.open_line:.0%} line, where no number of "
+                "windows tells its side; the difference is too small to matter")
+    if n is Undecided.too_wide:  # off the line, but so spread that more windows hardly narrow
+        steadier = rerun_text([Flaw.disturbed, Flaw.too_short], str(longer(record)))
+        return (f"{what}: the figure ({v.open_ratio:.0%}) is off the {v.open_line:.0%} line, "
+                "but at the spread measured over 100 windows would be needed to tell; steadier "
+                f"windows would: {steadier}")
     return (f"{longer(record, (n * per_window, n))}: about "
             f"{windows_of(n, per_window, min_window_s)} would decide {what} (from the spread "
             "measured)")

@@ -232,13 +232,31 @@ def test_inconclusive_only_when_the_pipe_question_is_open_too():
     # the side of the interval that crosses the line must shrink to the distance from it:
     ((0.93, 0.82, 1.06), 0.85, 6, 14),  # 0.11 reaches 0.08 across: 6 x (0.11/0.08)^2 x 1.2
     ((0.80, 0.70, 0.90), 0.85, 6, 29),  # 0.10 up against 0.05: 6 x 4 x 1.2
-    ((0.85, 0.80, 0.90), 0.85, 6, None),  # on the line: no number of windows tells
-    ((0.90, 0.50, 1.30), 0.85, 6, None),  # would need far more than 100
+    ((0.85, 0.80, 0.90), 0.85, 6, "on_line"),  # on the line: no number of windows tells
+    ((0.90, 0.50, 1.30), 0.85, 6, "too_wide"),  # would need far more than 100
 ])
 def test_windows_to_decide_comes_from_the_measured_spread(ratio, line, repeats, expected):
-    from gpubench.analysis.verdict import windows_to_decide
+    from gpubench.analysis.verdict import Undecided, windows_to_decide
 
-    assert windows_to_decide(Est(*ratio), line, repeats) == expected
+    got = windows_to_decide(Est(*ratio), line, repeats)
+    assert got == (Undecided(expected) if isinstance(expected, str) else expected)
+
+
+def test_a_figure_far_from_its_line_is_not_said_to_sit_on_it():
+    """e2e at 64% [49%-146%] of its bound, 21 points from the 85% line, needs over 100 windows
+    at that spread: it read `the figure sits too near the 85% line ...; the difference is too
+    small to matter` of a 36% loss. Only a figure on the line is too near it; a wide one is
+    told that steadier windows would tell."""
+    from gpubench.analysis.verdict import Verdict, _to_decide
+
+    rec = RunRecord(config={"bench": {"steps": 12, "repeats": 6, "max_seconds": 60.0}})
+    wide = Verdict(Bottleneck.compute, None, {}, open_ratio=Est(0.64, 0.49, 1.46),
+                   open_line=0.85)
+    text = _to_decide(wide, rec)
+    assert "too small to matter" not in text and "off the 85% line" in text, text
+    assert "rerun on a quiet machine, measuring longer (bench.steps=" in text
+    on = Verdict(Bottleneck.compute, None, {}, open_ratio=Est(0.85, 0.80, 0.90), open_line=0.85)
+    assert "sits on the 85% line" in _to_decide(on, rec)
 
 
 @pytest.mark.parametrize("steps, repeats, min_s, advised", [
