@@ -190,9 +190,13 @@ def remedies(reasons: list[Reason], competitors: list[str], rec: RunRecord | Non
     """What to do about an inconclusive run `rec`, most useful first, by the reasons' kinds."""
     kinds = {r.kind for r in reasons}
     out = []
-    if Flaw.disturbed in kinds:
-        who = f" ({', '.join(competitors)} competed)" if competitors else ""
-        out.append(f"rerun on an idle machine{who}: the run shares its cores with other work")
+    if Flaw.disturbed in kinds and competitors:
+        out.append(f"rerun on an idle machine ({', '.join(competitors)} competed): the run "
+                   "shares its cores with other work")
+    elif Flaw.disturbed in kinds:  # the sign, not a competitor: say no more than was seen
+        out.append("rerun when the host is quieter: its steps varied though no process here "
+                   "was seen competing (a virtual machine's neighbours or the CPU's clocks can "
+                   "do that); if it repeats, compare with `python -m gpubench.check`")
     if Flaw.gpu in kinds:
         out.append("a GPU of its own: other processes or throttled clocks change its speed")
     out.append(more_windows(rec))

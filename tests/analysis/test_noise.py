@@ -74,6 +74,11 @@ def test_remedies_follow_the_reasons_kinds_not_their_words():
     busy = Reason(Flaw.disturbed, "words that say nothing")
     out = remedies([busy, gpu, Reason(Flaw.warmup, "")], ["stress (pid 7) 99%"], plan(6, 6))
     assert out[0].startswith("rerun on an idle machine (stress (pid 7) 99% competed)")
+    # no competitor seen: the remedy claims none (it told a user alone on the machine that
+    # the run shared its cores with other work)
+    alone = remedies([busy], [], plan(6, 6))[0]
+    assert alone.startswith("rerun when the host is quieter: its steps varied though no "
+                            "process here was seen competing") and "shares its cores" not in alone
     assert out[1].startswith("a GPU of its own")
     assert out[2].startswith("bench.steps=24 bench.repeats=10:")
     assert out[3].startswith("bench.warmup_max_steps higher")
