@@ -307,8 +307,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     others_text = count(others, "other configuration") if others else "no other configuration"
     # the headline follows the first UNCONFIRMED warning, when there is one
     reasons.insert(min(1, len(reasons)), f"fastest {'stable ' if best.stable else ''}feasible: "
-                   f"{with_interval(best)} img/s; {others_text} within {tolerance:.0%} of it on "
-                   "their intervals")
+                   f"{with_interval(best)} img/s; {others_text} within {tolerance:.0%} of it "
+                   "at the low end of its interval")
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
         reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} "
