@@ -265,8 +265,10 @@ class Search:
             out = {"trial": best.number, "value": value, "params": best.params,
                    "overrides": self.space.overrides(best.params),
                    "dir": best.user_attrs.get("dir"), **extra}
-            log.info("best feasible (as the report recommends): trial %d, %.1f img/s: %s",
-                     best.number, value, " ".join(out["overrides"]))
+            # named as the report's ranking names it too: its job folder (`run 5`)
+            run = f" (run {os.path.basename(out['dir'])})" if out["dir"] else ""
+            log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
+                     best.number, run, value, " ".join(out["overrides"]))
         self.manifest.update(measured_trials=len(S.measured_trials(self.study)),
                              **({"best": out} if out and self.writes_best else {}))
         return out

@@ -1056,6 +1056,10 @@ def test_a_search_names_a_refused_trial_under_its_ranking_not_as_a_failed_row(tm
                "hydra.sweeper.screen.steps=null", "hydra.sweeper.max_failures=0",
                "hydra.sweeper.confirm.top=0")
     assert p.returncode == 0, p.stderr[-3000:]
+    # the log names the best trial's job folder, as the ranking names it (`run 2`)
+    best = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["best"]
+    assert (f"best feasible (as the report recommends): trial {best['trial']} "
+            f"(run {Path(best['dir']).name}), ") in p.stdout + p.stderr
     line = ("refused: precision=amp_fp16: precision='amp_fp16' is not allowed: it must be "
             "torch_default, fp32, tf32 or amp_bf16 on CPU (fp16 autocast needs CUDA)")
     out = p.stdout.splitlines()
