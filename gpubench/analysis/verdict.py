@@ -26,6 +26,8 @@ from gpubench.core.record import (
 )
 from gpubench.core.stats import TOLERANCE, Est, positive
 
+# said after a reason whose percentages are medians of each round's ratio
+PAIRED = " (percentages: the median of each round's ratio, not the ratio of the medians)"
 TRACKS = 0.85  # e2e "tracks" a bound when it reaches this fraction of it
 WELL_BELOW = 0.9  # the loader is "well below" compute under this fraction of it
 ABOVE_BOUND = 0.10  # a single e2e window this far above its bound: a broken measurement
@@ -57,8 +59,11 @@ class Verdict:
 
     @property
     def reason(self) -> str:
-        return self.case.value.format(**self.figures, tracks=TRACKS, well_below=WELL_BELOW,
+        text = self.case.value.format(**self.figures, tracks=TRACKS, well_below=WELL_BELOW,
                                       loses=1 - TRACKS)
+        # a ratio of paired windows is no ratio of the medians shown beside it (e2e 11.3 and
+        # compute 7.7 read "105% of compute" where their medians came from other rounds)
+        return text + PAIRED if self.figures.get("paired") else text
 
     @property
     def impossible(self) -> str | None:
@@ -106,6 +111,7 @@ def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
     narrower = "the loader" if loader.value <= compute_bound.value else name
     return dict(loader=loader, compute=compute_bound, compute_name=name, e2e=e2e, bound=bound,
                 narrower=narrower, tracking=tracking, supply=supply, of_compute=of_compute,
+                paired=paired is not None,
                 loss=Est(*(max(0.0, 1.0 - x) for x in (tracking.value, tracking.hi, tracking.lo))))
 
 
@@ -179,8 +185,8 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
         paired = _paired(windows, ("loader", "compute"))
         supply = (Est.median_of([x / c for x, c in zip(*paired.values(), strict=True)])
                   if paired else loader_ips.over(compute_ips))
-        return _data_or_compute(dict(loader=loader_ips, compute=compute_ips, supply=supply),
-                                Case.data_no_e2e, Case.compute_no_e2e)
+        return _data_or_compute(dict(loader=loader_ips, compute=compute_ips, supply=supply,
+                                     paired=bool(paired)), Case.data_no_e2e, Case.compute_no_e2e)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
         # e2e alone: how much of the loop waits on data
         if data_wait_fraction > 0.25:

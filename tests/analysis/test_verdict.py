@@ -203,6 +203,11 @@ def test_paired_windows_cancel_drift_that_separate_intervals_count_twice():
                       windows={"loader": loader, "compute": compute, "e2e": e2e})
     assert paired.bottleneck == "compute" and paired.ratio.lo == pytest.approx(0.95)
     assert paired.open_ratio is None
+    # its percentages are no ratio of the medians beside them: the reason says so (the
+    # self-check read `e2e 11.3 ... is 105% ... of compute 7.7`); figures apart say nothing
+    from gpubench.analysis.verdict import PAIRED
+
+    assert paired.reason.endswith(PAIRED) and not apart.reason.endswith(PAIRED)
     # one round where e2e fell to 60% of compute still leaves [min, max] across the line
     e2e[2] = 0.6 * compute[2]
     v = classify(**figures, intervals=ivs,
