@@ -81,8 +81,9 @@ def agree(name: str, tool: list[float], reference: list[float], unit: str = "img
            "holds 1: rerun on a quiet machine" if held
            else f"{q.value - 1:+.0%}, beyond {TOLERANCE:.0%} and the interval")
     return Judgement(name, True if within else None if held else False, figures,
-                     f"{names[0]} {t:.1f} {unit}, {names[1]} {r:.1f}: ratio {q:.3f} over "
-                     f"{len(ratios)} alternated rounds ({why})", inconclusive=held and not within)
+                     f"{names[0]} {t:.1f} {unit}, {names[1]} {r:.1f}: ratio {q:.3f} (the median "
+                     f"of each round's) over {len(ratios)} alternated rounds ({why})",
+                     inconclusive=held and not within)
 
 
 def verdict_case(name: str, expected: str, answer: str, reason: str, figures: dict,
