@@ -51,7 +51,8 @@ def skipped(name: str, why: str) -> Judgement:
 def line(j: Judgement) -> str:
     if j.status is Outcome.skipped:
         return f"{j.name:<12} skipped: {j.detail}"
-    return f"{j.name:<12} {j.status.value:<5} {j.detail}"
+    # the widest status (INCONCLUSIVE) sets the column: every detail starts in one place
+    return f"{j.name:<12} {j.status.value:<{max(len(o.value) for o in Outcome)}} {j.detail}"
 
 
 def exit_code(judgements: list[Judgement]) -> int:

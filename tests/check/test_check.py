@@ -64,6 +64,9 @@ def test_agree_calls_a_difference_the_windows_do_not_resolve_inconclusive():
     assert j.passed is None and j.status == "INCONCLUSIVE" and rules.exit_code([j]) == 0
     assert "+17%, but its interval holds 1: rerun on a quiet machine" in j.detail
     assert rules.line(j).startswith("loader       INCONCLUSIVE gpubench ")
+    # one column for every detail (a PASS's started 7 characters left of it)
+    assert rules.line(rules.agree("compute", *QUIET)).index("gpubench ") == \
+        rules.line(j).index("gpubench ")
 
 
 def test_agree_fails_a_tool_that_reads_too_fast():
