@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gpubench.analysis.labels import flaw_words, phase_title, rerun_text
 from gpubench.analysis.select import setup_text
@@ -23,6 +25,25 @@ def dash(v, spec: str, scale: float = 1.0, unit: str = "") -> str:
 
 def _gib(b) -> str:
     return dash(b, ".2f", 2**-30, " GiB")
+
+
+def fold(line: str, con: Console) -> list[Text]:
+    """A markup line at `con`'s width, folded between words with each continuation under its
+    text (`  1. ` an advice's, else two spaces in): the terminal's own fold starts it at the
+    margin, where it reads as a line of its own."""
+    text = Text.from_markup(line)
+    plain = text.plain
+    lead = len(plain) - len(plain.lstrip(" "))
+    lead += len(m.group(0)) if (m := re.match(r"\d+\. ", plain[lead:])) else 2
+    first = text.wrap(con, con.width)[0]
+    if len(first.plain) >= len(plain.rstrip()) or lead >= con.width // 2:
+        return [text]
+    rest = text[len(first.plain):]
+    rest = rest[len(rest.plain) - len(rest.plain.lstrip(" ")):]
+    pieces = [first, *(Text(" " * lead) + piece for piece in rest.wrap(con, con.width - lead))]
+    for piece in pieces:
+        piece.rstrip()
+    return pieces
 
 
 def title(rec: RunRecord) -> str:
@@ -189,7 +210,8 @@ def print_result(result, console: Console | None = None) -> None:
     log = not con.is_terminal
     d = rec.to_dict()
     # the title apart from the table: the table's width would fold it (`AMD\nEPYC`)
-    con.print(title(rec), soft_wrap=log)
+    for piece in [title(rec)] if log else fold(title(rec), con):
+        con.print(piece, soft_wrap=True)
     out = [*lines(d, getattr(result, "notes", [])), *verdict(rec),
            f"[dim]results: {rec.path}[/dim]"]
     if d["phases"]:  # ended before its first window: the title alone, no empty table
@@ -203,4 +225,5 @@ def print_result(result, console: Console | None = None) -> None:
     if d.get("picture"):
         out.append(f"[dim]picture: {d['picture']}[/dim]")
     for line in out:
-        con.print(line, soft_wrap=log)
+        for piece in [line] if log else fold(line, con):
+            con.print(piece, soft_wrap=True)

@@ -220,6 +220,30 @@ def test_a_run_that_failed_before_measuring_prints_no_verdict_and_no_advice(tmp_
     assert "narrowest pipe" not in out and "to get a verdict" not in out and "┏" not in out
 
 
+def test_the_console_folds_its_lines_under_their_text_in_a_terminal(tmp_path):
+    """At 80 columns a terminal folded the run's advice at its margin, where a continuation
+    read as a line of its own (`here): this gap is contention`); folded here between words,
+    each continuation sits under its line's text; piped (a log), lines stay whole."""
+    import io
+
+    from rich.console import Console
+
+    from gpubench.report.console import fold
+
+    con = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    advice = ("  1. on a CPU the loader's 1 worker take cores from the model itself (2 cores "
+              "here): this gap is contention; on a GPU the two overlap")
+    pieces = [p.plain for p in fold(advice, con)]
+    assert len(pieces) == 2 and all(len(p) <= 80 for p in pieces)
+    assert pieces[1].startswith("     here): this gap")  # under `on a CPU`, not at the margin
+    assert " ".join(p.strip() for p in pieces) == advice.strip()
+    verdict = "[bold]narrowest pipe: compute[/bold] - " + "compute-bound: e2e 78.7 " * 6
+    folded = fold(verdict, con)
+    assert folded[0].plain.startswith("narrowest pipe: compute - ")
+    assert all(p.plain.startswith("  ") for p in folded[1:]) and len(folded) > 2
+    assert [p.plain for p in fold("short line", con)] == ["short line"]
+
+
 # ------------------------------------------------------------------ bench.min_window_s
 
 
