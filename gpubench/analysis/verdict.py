@@ -235,7 +235,7 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
         frac = k.memory_fraction
         rules += [
             (Step.amp if gpu else Step.amp_on_cpu,
-             k.precision in ("torch_default", "fp32", "tf32")),
+             not is_amp(k.precision)),
             (Step.channels_last, gpu and k.is_conv and not k.channels_last and is_amp(k.precision)),
             (Step.compile, gpu and k.compile == "off"),
             (Step.larger_batch, frac is not None and frac < 0.6 * k.ceiling),
@@ -244,7 +244,7 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
     rules.append((Step.all_phases, bottleneck is Bottleneck.unknown and not k.oom))
     if k.oom:  # first: no speed advice helps a run that does not fit
         rules[:0] = [(Step.smaller_batch, k.batch_size > 1),
-                     (Step.amp_for_memory, k.precision in ("torch_default", "fp32", "tf32"))]
+                     (Step.amp_for_memory, not is_amp(k.precision))]
     n = k.num_workers
     figures = dict(vars(k), workers=workers(n), s="s" * (n == 1), double_batch=2 * k.batch_size,
                    half_batch=max(1, k.batch_size // 2),

@@ -469,9 +469,14 @@ def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
     """`6 windows of 4 steps`, `29 windows of 1 step`: how every text names a window plan;
     `6 windows of at least 4 steps and 2 s` where bench.min_window_s (`min_s`, resolved: 2 s on
     CUDA with the monitor on) runs each window on past its steps."""
+    return f"{count(windows, 'window')} of {window_text(per_window, min_s)}"
+
+
+def window_text(steps: int, min_s: Any = 0) -> str:
+    """One window's length: `4 steps`, `at least 4 steps and 2 s` (windows_of's)."""
     if isinstance(min_s, (int, float)) and min_s > 0:
-        return f"{count(windows, 'window')} of at least {count(per_window, 'step')} and {min_s:g} s"
-    return f"{count(windows, 'window')} of {count(per_window, 'step')}"
+        return f"at least {count(steps, 'step')} and {min_s:g} s"
+    return count(steps, "step")
 
 
 # a window shorter than this is too brief to judge: host CPU shares count 10 ms ticks, and a

@@ -17,7 +17,7 @@ from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
 from gpubench.analysis.workers import COMPUTE_DIR, TOLERANCE, WorkersPick, compute_setup
 from gpubench.config.keys import Role
-from gpubench.config.knobs import COMPUTE, role
+from gpubench.config.knobs import COMPUTE, DATA_KEYS, role
 from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
 from gpubench.core.record import Reason, RunRecord, find_runs, load
@@ -25,8 +25,9 @@ from gpubench.core.stats import Est, count
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons
 
-# what a compute measurement drops from a loader job's command line: workers do not change it
-NOT_FOR_COMPUTE = ("loader.num_workers", "bench.phases")
+# what a compute measurement drops from a loader job's command line: the data pipe's knobs do
+# not change it (the one rule of the MLflow branch too: knobs.COMPUTE is what it keeps)
+NOT_FOR_COMPUTE = (*DATA_KEYS, "bench.phases")
 
 
 @dataclass

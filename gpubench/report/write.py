@@ -32,6 +32,7 @@ from gpubench.core.record import (
     Status,
     longer,
     window_plan,
+    window_text,
     windows_of,
 )
 from gpubench.core.secrets import mask_secrets
@@ -96,8 +97,8 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     each = "each of " if len(b.get("phases") or ()) > 1 else ""
     text = f"{windows_of(windows, per_window, b.get('min_window_s'))} on {each}{phases}"
     if loader > per_window and "loader" in (b.get("phases") or ()):
-        least = windows_of(1, loader, b.get("min_window_s")).partition(" of ")[2]
-        text += (f", the loader's of {least} ({QUEUE_WINDOWS}x the batches its workers hold "
+        text += (f", the loader's of {window_text(loader, b.get('min_window_s'))} "
+                 f"({QUEUE_WINDOWS}x the batches its workers hold "
                  "in flight)")
     if cut_short:
         text += f", cut short by bench.max_seconds={b.get('max_seconds', '?')}"

@@ -403,8 +403,8 @@ class Benchmark:
     def _peer_failed(self, peer_status: str, message: str) -> None:
         """Another torchrun rank failed: recorded before the watcher thread ends the process."""
         if self.dist.main:  # a peer's OOM is the run's OOM (the same batch on every rank)
-            self.record.status = {"oom": Status.oom, "killed": Status.killed}.get(
-                peer_status, Status.failed)
+            told = Status.read(peer_status)
+            self.record.status = told if told in (Status.oom, Status.killed) else Status.failed
             self.record.error = f"another rank failed: {message}"
             self.save()
 

@@ -187,6 +187,22 @@ def test_the_bound_comes_from_the_sweep_or_the_command_line(tmp_path):
         loader_answer(rows(), [], [other], "/sweeps/a")
 
 
+def test_the_compute_command_drops_every_data_knob_from_either_source(tmp_path):
+    """The command that measures a loader sweep's missing compute bound dropped only workers
+    and phases from a job's command line, while the same row read from MLflow kept only the
+    compute knobs: a data knob (pin_memory) was in one command and not the other."""
+    from gpubench.report.loader_answer import _compute_command
+
+    r = loader_row(4, 600.0, [560.0, 640.0])
+    r.record.dir = tmp_path / "job"
+    (r.record.dir / ".hydra").mkdir(parents=True)
+    (r.record.dir / ".hydra" / "overrides.yaml").write_text(
+        "- model.name=resnet18\n- loader.num_workers=4\n- loader.pin_memory=true\n"
+        "- loader.prefetch_factor=4\n- bench.phases=[loader]\n")
+    cmd = _compute_command(r)
+    assert cmd == "python -m gpubench model.name=resnet18 'bench.phases=[compute]'", cmd
+
+
 def test_preload_is_no_next_step_for_images_made_in_ram():
     """A synthetic dataset is made in RAM: preload has nothing to decode (a new user who
     followed `next: dataset.preload=true` got 0.00 GiB preloaded and a slower loader). The
