@@ -14,17 +14,19 @@ from gpubench.analysis.labels import flaw_words, rerun_text
 from gpubench.analysis.select import knob_of, left_out, longest
 from gpubench.analysis.workers import fewest_workers, workers
 from gpubench.config.keys import Role
-from gpubench.config.knobs import DATA_KEYS, acts, compared, role
+from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # the config sections of a training setup (not bench, tracking or fault injection)
-# a recommended config: the setup and `bench` as the chosen run measured it (without it a rerun
-# measures the defaults' length, outside the interval the recommendation was made on)
-RERUN_KEYS = ("dataset", "model", "loader", "precision", "step", "channels_last", "compile",
-              "memory", "bench")
+# a recommended config: every section holding a workload key or a knob (a new top-level knob
+# among them, from its declaration), `bench` as the chosen run measured it (without it a rerun
+# measures the defaults' length, outside the interval the recommendation was made on) and the
+# memory ceiling it was judged by; never tracking (the team's own) or fault injection
+RERUN_KEYS = (*dict.fromkeys(n.split(".")[0] for n in KEYS if role(n) in (Role.workload, Role.knob)
+                             and not n.startswith("bench.")), "memory", "bench")  # setup first
 # no fault injection: a run with any other value tests a failure path, never pooled
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 # what the loader phase's figure depends on but its workers and the batch size: the data pipe's
