@@ -328,7 +328,9 @@ def keep_compute(rows: list[tuple[dict, Row]], batch_key: str, tolerance: float,
         return []
     best_p, best_r, best = rated[0]
     out = [Kept(best_p, best, "the fastest compute setting", best_r.peak)]
-    near = [(p, r, x) for p, r, x in rated if x.value >= best.value * (1 - tolerance)]
+    # within `tolerance` as the recommendation judges it (recommend.recommend): even at the low
+    # end of its interval, so pipes.json's "within 5%" is the report's
+    near = [(p, r, x) for p, r, x in rated if x is best or x.lo >= best.value * (1 - tolerance)]
     if batch_key in best_p:
         knee_p, knee_r, knee = min(near, key=lambda t: (t[0].get(batch_key, 0), -t[2].value))
         if knee_p != best_p and keep > 1:
