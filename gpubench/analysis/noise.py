@@ -25,8 +25,6 @@ SLOW_SHARE = 0.2
 # others' CPU use (cores) that competes while the host is this busy (idle cores lose nothing)
 OTHER_CORES = 0.25
 HOST_BUSY = 0.85
-# CPU shares count 10 ms ticks: in shorter windows the host's and run's are too coarse to subtract
-MIN_LOAD_WINDOW_S = MIN_WINDOW_S
 GOT_SHARE = 0.9  # the share of its CPU demand below which a run counts as starved
 
 
@@ -63,7 +61,7 @@ def _windows(numbers: list[int]) -> str:
 def finding(what: str, why: str, window_s: float | None) -> Reason:
     """A sign that something disturbed a phase: `what: why`; `too_short` instead in windows
     (`window_s`: the phase's median) too short to see competition or outlast a hiccup."""
-    if window_s is not None and window_s < MIN_LOAD_WINDOW_S:
+    if window_s is not None and window_s < MIN_WINDOW_S:
         return Reason(Flaw.too_short, f"{what} in windows of {window_s * 1e3:.0f} ms, too short "
                                       "to tell a passing hiccup from a disturbed run")
     return Reason(Flaw.disturbed, f"{what}: {why}")
@@ -94,7 +92,7 @@ def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
     hit: dict[str, list[tuple[int, float]]] = {}
     for w in loads:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
-        if o is None or w.samples < 1 or w.seconds < MIN_LOAD_WINDOW_S:
+        if o is None or w.samples < 1 or w.seconds < MIN_WINDOW_S:
             continue
         starved = w.demand is None or w.run_cpu / 100.0 < GOT_SHARE * w.demand
         if o >= OTHER_CORES and w.host_cpu / 100.0 >= HOST_BUSY and starved:
@@ -181,8 +179,7 @@ def more_windows(rec: RunRecord | None) -> str:
                 "competed, and a passing hiccup is a small part of each")
     if plan.max_seconds is not None:
         why += ", and a bench.max_seconds that lets them finish" + (
-            " (the cap cut this run short)" if rec is not None and any(
-                p.truncated for p in rec.phases.values()) else "")
+            " (the cap cut this run short)" if rec is not None and rec.cut_short else "")
     return f"{plan}{why}"
 
 

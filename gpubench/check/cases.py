@@ -20,14 +20,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
-from gpubench.analysis.noise import MIN_LOAD_WINDOW_S
 from gpubench.analysis.verdict import classify
 from gpubench.check import plain
 from gpubench.check.rules import Judgement, agree, skipped, verdict_case
 from gpubench.config.schema import FaultConfig
 from gpubench.config.settings import Settings
 from gpubench.core.pipe import batches_in_flight
-from gpubench.core.record import PHASE_NAMES, Flaw, RunRecord, Status
+from gpubench.core.record import MIN_WINDOW_S, PHASE_NAMES, Flaw, RunRecord, Status
 from gpubench.run.runner import Benchmark, measure_run
 from gpubench.run.summary import rule_figures
 
@@ -99,13 +98,13 @@ class Alternated(Benchmark):
 
 
 def compare(cfg: DictConfig, out: Path, s: Settings, phase: str) -> Judgement:
-    """gpubench's phase against the plain loop's. Loader windows last MIN_LOAD_WINDOW_S on a
+    """gpubench's phase against the plain loop's. Loader windows last MIN_WINDOW_S on a
     CPU too: a 40 ms one timed the workers' bursts, not their rate (ratios 0.94 to 1.27)."""
     if phase == "loader" and s.dataset.name == "device_synthetic":
         return skipped("loader", "no DataLoader with dataset=device_synthetic")
-    longer = phase == "loader" and s.bench.min_window_s < MIN_LOAD_WINDOW_S
+    longer = phase == "loader" and s.bench.min_window_s < MIN_WINDOW_S
     bench = Alternated(cfg, out / phase, phase,
-                       **({"min_window_s": MIN_LOAD_WINDOW_S} if longer else {}))
+                       **({"min_window_s": MIN_WINDOW_S} if longer else {}))
     if (interrupted := bench.run()) is not None:
         raise interrupted
     rec = bench.record

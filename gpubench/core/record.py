@@ -306,6 +306,11 @@ class RunRecord(_Keys):
             objective=self.objective if self.status.final else None)
 
     @property
+    def cut_short(self) -> bool:
+        """Some phase's windows were closed by bench.max_seconds (they held fewer steps)."""
+        return any(p.truncated for p in self.phases.values())
+
+    @property
     def path(self) -> Path:
         if self.dir is None:
             raise ValueError("this record has no run dir")
@@ -545,7 +550,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     need = cap
     planned = math.prod(window_plan(steps, repeats))
     cut = [p.steps / planned for p in rec.phases.values() if p.truncated and p.steps]
-    if any(p.truncated for p in rec.phases.values()):
+    if rec.cut_short:
         need = cap * new_steps / steps / max(min(cut, default=1.0), 1e-3)
     if brief:  # each window may last at most bench.max_seconds / bench.repeats
         need = max(need, MIN_WINDOW_S * new_repeats)

@@ -105,12 +105,8 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     return text
 
 
-def _cut_short(rec: RunRecord) -> bool:
-    return any(p.truncated for p in rec.phases.values())
-
-
 def _measured_text(rec: RunRecord) -> str:
-    return measurement_text(rec.config, _cut_short(rec))
+    return measurement_text(rec.config, rec.cut_short)
 
 
 def run_text(row: Row, keys: list[str]) -> str:
