@@ -20,7 +20,6 @@ from gpubench.core.files import flatten
 from gpubench.core.record import Flaw, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
-# the config sections of a training setup (not bench, tracking or fault injection)
 # a recommended config: every section holding a workload key or a knob (a new top-level knob
 # among them, from its declaration), `bench` as the chosen run measured it (without it a rerun
 # measures the defaults' length, outside the interval the recommendation was made on) and the
@@ -149,9 +148,10 @@ def row_of(rec: RunRecord, label: str) -> Row:
 def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per setup (what ran: every declared key but the measuring ones, gpubench.config.
     knobs.role): the newest of its longest measurements (a search's trial before the newer
-    runs of its confirm step), with the others of that length that repeat it pooled as confirms (one lucky run must not stand for the setup). An MLflow
-    experiment's runs and a grid folder's jobs alike; a search's trial rows pass as they are
-    (its confirm step pools its own)."""
+    runs of its confirm step), with the others of that length that repeat it pooled as confirms
+    (one lucky run must not stand for the setup). An MLflow experiment's runs and a grid
+    folder's jobs alike; a search's trial rows pass as they are (its confirm step pools its
+    own)."""
     groups: dict[str, list[Row]] = {}
     out = []
     for r in rows:
@@ -302,15 +302,13 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         unconfirmed = ("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
                        f"step); {rerun_text(again, what='the recommended config')} before "
                        "trusting it")
-    reasons = []
     # on the low end of its interval: noise never picks a smaller, slower configuration
     near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
     others = len(near) - 1  # `near` holds the best itself
     others_text = count(others, "other configuration") if others else "no other configuration"
-    # the headline follows the first UNCONFIRMED warning, when there is one
-    reasons.insert(min(1, len(reasons)), f"fastest {'stable ' if best.stable else ''}feasible: "
-                   f"{with_interval(best)} img/s; {others_text} within {tolerance:.0%} of it "
-                   "at the low end of its interval")
+    # the headline; the UNCONFIRMED line, when there is one, goes before it (below)
+    reasons = [f"fastest {'stable ' if best.stable else ''}feasible: {with_interval(best)} "
+               f"img/s; {others_text} within {tolerance:.0%} of it at the low end of its interval"]
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:
         reasons.append(f"the fastest figure, run {fastest.label} at {with_interval(fastest)} "
