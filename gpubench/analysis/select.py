@@ -7,7 +7,7 @@ import difflib
 import json
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any, Protocol
 
@@ -171,8 +171,13 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
 
 def setup_of(r: Row) -> tuple[tuple[str, str], ...]:
     """The row's workload keys (gpubench.config.knobs.role): rows that differ train other things."""
+    return workload_of(r.flat)
+
+
+def workload_of(flat: dict[str, Any], but: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+    """A flat config's workload keys and their values, comparable (`but`: keys left out)."""
     return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str))
-                        for k, v in r.flat.items() if role(k) is Role.workload))
+                        for k, v in flat.items() if role(k) is Role.workload and k not in but))
 
 
 def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:

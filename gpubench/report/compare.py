@@ -17,9 +17,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpubench.analysis.select import left_out, longest, workload_text
-from gpubench.config.keys import Role
-from gpubench.config.knobs import PLACE, knob_setting, role
+from gpubench.analysis.select import left_out, longest, workload_of, workload_text
+from gpubench.config.knobs import PLACE, knob_setting
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import flatten, read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
@@ -149,12 +148,10 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
 
 
 def _trained(r: RunRecord) -> tuple:
-    """What a run trains: every workload key (gpubench.config.knobs.role) but where it ran
-    (knobs.PLACE: its device, its data's folder), so runs of two models' kwargs or class counts
-    are never one workload's figures."""
-    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str))
-                        for k, v in flatten(r.config or {}).items()
-                        if role(k) is Role.workload and k not in PLACE))
+    """What a run trains: every workload key (select.workload_of) but where it ran (knobs.PLACE:
+    its device, its data's folder), so runs of two models' kwargs or class counts are never one
+    workload's figures."""
+    return workload_of(flatten(r.config or {}), PLACE)
 
 
 def _named(groups: dict[tuple, dict]) -> dict[str, dict]:
