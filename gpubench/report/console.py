@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
@@ -27,22 +28,27 @@ def _gib(b) -> str:
     return dash(b, ".2f", 2**-30, " GiB")
 
 
-def fold(line: str, con: Console) -> list[Text]:
-    """A markup line at `con`'s width, folded between words with each continuation under its
-    text (`  1. ` an advice's, else two spaces in): the terminal's own fold starts it at the
-    margin, where it reads as a line of its own."""
-    text = Text.from_markup(line)
+def fold(line: str | Text, con: Console) -> list[Text]:
+    """A line (markup, or Text as it is) at `con`'s width, folded between words with each
+    continuation under its text (`  1. ` an advice's, `  - ` a bullet's, else two spaces in);
+    a word longer than the width stays whole (a path or an override folded would not paste).
+    The terminal's own fold starts a continuation at the margin, and breaks words."""
+    text = Text.from_markup(line) if isinstance(line, str) else line
     plain = text.plain
     lead = len(plain) - len(plain.lstrip(" "))
-    lead += len(m.group(0)) if (m := re.match(r"\d+\. ", plain[lead:])) else 2
-    first = text.wrap(con, con.width)[0]
-    if len(first.plain) >= len(plain.rstrip()) or lead >= con.width // 2:
+    lead += len(m.group(0)) if (m := re.match(r"(\d+\.|-) ", plain[lead:])) else 2
+    # a figure and its interval (`1664.0 [1226.6-2101.5]`) are one word: never apart
+    glued = re.sub(r"(?<=[\d%]) (?=\[)", "\xa0", plain)
+    parts = textwrap.wrap(glued, con.width, subsequent_indent=" " * lead,
+                          break_long_words=False, break_on_hyphens=False)
+    if len(parts) < 2 or lead >= con.width // 2:
         return [text]
-    rest = text[len(first.plain):]
-    rest = rest[len(rest.plain) - len(rest.plain.lstrip(" ")):]
-    pieces = [first, *(Text(" " * lead) + piece for piece in rest.wrap(con, con.width - lead))]
-    for piece in pieces:
-        piece.rstrip()
+    pieces, at = [], 0
+    for i, part in enumerate(parts):  # the same words, cut from the styled text
+        words = part if i == 0 else part[lead:]
+        at = glued.index(words, at)
+        pieces.append(Text(" " * lead * (i > 0)) + text[at:at + len(words)])
+        at += len(words)
     return pieces
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from gpubench.core.record import (
 )
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
-from gpubench.report.console import fit
+from gpubench.report.console import fit, fold
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
@@ -232,12 +231,9 @@ def print_lines(lines: list[str], console=None) -> None:
     paste as one command, where the terminal's own wrap copies whole."""
     con = console or Console(highlight=False)
     for line in lines:
-        if con.is_terminal and "python -m " not in line:
-            lead = len(line) - len(line.lstrip(" -"))  # `  - ` under a bullet's text
-            indent = " " * (lead + 2 * ("-" not in line[:lead]))
-            line = textwrap.fill(line, con.width, subsequent_indent=indent,
-                                 break_long_words=False, break_on_hyphens=False)
-        con.print(Text(line), soft_wrap=True)
+        fits = not con.is_terminal or "python -m " in line
+        for piece in [Text(line)] if fits else fold(Text(line), con):
+            con.print(piece, soft_wrap=True)
 
 
 def write_report(rows: list[Row], out_dir: Path, source: str, study=None,

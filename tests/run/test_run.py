@@ -242,6 +242,11 @@ def test_the_console_folds_its_lines_under_their_text_in_a_terminal(tmp_path):
     assert folded[0].plain.startswith("narrowest pipe: compute - ")
     assert all(p.plain.startswith("  ") for p in folded[1:]) and len(folded) > 2
     assert [p.plain for p in fold("short line", con)] == ["short line"]
+    # a figure stays with its interval, and a word longer than the width stays whole
+    line = "  - smallest batch size (8) and fewest workers (0) within 5%: 1664.0 [1226.6-2101.5]"
+    assert [p.plain for p in fold(line, con)][-1] == "    1664.0 [1226.6-2101.5]"
+    path = "results: /" + "a" * 90
+    assert [p.plain for p in fold(path, con)] == ["results:", "  /" + "a" * 90]
 
 
 # ------------------------------------------------------------------ bench.min_window_s
