@@ -143,12 +143,13 @@ def _open(name: str, storage) -> Shared:
 def ask(shared: Shared, distributions):
     """A trial claimed by this process (attr `worker`: host:pid:trial; the number because the
     retry callback copies attributes), beaten at once: Optuna's stale check skips a trial that
-    never beat (see fail_stale)."""
+    never beat (see fail_stale). Named within the turn: under a file lock, a trial seen unnamed
+    is one whose asker died holding it (the kernel freed the lock), failed at once."""
     with _quiet(), shared.turn:
         t = shared.study.ask(distributions)
-    if shared.beating:
-        shared.storage.record_heartbeat(shared.trial_id(t.number))
-    set_attr(t, "worker", f"{socket.gethostname()}:{os.getpid()}:{t.number}")
+        if shared.beating:
+            shared.storage.record_heartbeat(shared.trial_id(t.number))
+        set_attr(t, "worker", f"{socket.gethostname()}:{os.getpid()}:{t.number}")
     return t
 
 
@@ -212,14 +213,17 @@ def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> i
     """Fail the trials of workers that are gone and queue them again; how many were failed.
     Optuna's `fail_stale_trials` knows only time: a dead process of this host is failed at once
     (a resume after kill -9 need not wait). Optuna skips a trial that never beat (its worker
-    died before `ask` named it): failed once unnamed a grace period, timed on this process's
-    `clock` from when it first saw it (another host's clock is not this one's)."""
+    died before `ask` named it): under the turn's file lock that worker is surely gone (see
+    `ask`), failed at once; without one (a server database), once unnamed a grace period, timed
+    on this process's `clock` from when it first saw it (another host's clock is not this one's)."""
     if not shared.beating:  # in memory: one process
         return 0
     with shared.turn:
         before = running_trials(shared.study)
         now = clock()
         grace = float(shared.storage.grace_period or 2 * shared.storage.heartbeat_interval)
+        if isinstance(shared.turn, FileLock):
+            grace = -1.0  # no asker alive leaves a trial unnamed outside the turn
         shared.unnamed = {t.number: shared.unnamed.get(t.number, now) for t in before
                           if worker_pid(t) is None}
         for t in before:

@@ -5,6 +5,7 @@ current directory), with a real Optuna sqlite study and fault injection for OOMs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -547,8 +548,28 @@ def test_only_a_trial_that_stopped_beating_is_failed_and_retried(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # Optuna's own ask, outside optimize
-def test_a_trial_whose_worker_died_before_its_first_beat_is_failed_after_the_grace_period(
+def test_a_trial_whose_worker_died_before_naming_it_is_failed_at_once_under_the_file_lock(
         tmp_path):
+    from gpubench.search.study import ask, fail_stale
+
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    space = parse_search_space(["loader.batch_size=range(1,100)"])
+    a = open_study("s", storage, heartbeat_interval=30, grace_period=60)
+    b = open_study("s", storage, heartbeat_interval=30, grace_period=60)
+    # a worker killed between Optuna's ask and gpubench's naming, both inside the turn: the
+    # kernel freed its lock, so no live asker can be naming it now (measured: a resume after
+    # such a kill waited out the 60 s grace period)
+    ghost = a.study.ask(space.distributions)
+    live = ask(a, space.distributions)
+    assert fail_stale(b, lambda: 1000.0) == 1  # at once: the clock has not moved
+    states = {t.number: t.state for t in b.study.get_trials()}
+    assert states[ghost.number] == TrialState.FAIL
+    assert states[live.number] == TrialState.RUNNING
+    assert ask(b, space.distributions).params == ghost.params  # queued again, first
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # Optuna's own ask, outside optimize
+def test_without_a_file_lock_an_unnamed_trial_is_failed_after_the_grace_period(tmp_path):
     from gpubench.search.study import ask, fail_stale, set_attr
 
     storage = f"sqlite:///{tmp_path / 'o.db'}"
@@ -556,6 +577,8 @@ def test_a_trial_whose_worker_died_before_its_first_beat_is_failed_after_the_gra
     # a grace period no real beat runs out during the test: only the injected clock moves
     a = open_study("s", storage, heartbeat_interval=30, grace_period=60)
     b = open_study("s", storage, heartbeat_interval=30, grace_period=60)
+    for shared in (a, b):  # as on a server database (PostgreSQL): no turn lock beside it
+        shared.__dict__["turn"] = contextlib.nullcontext()
     # a worker killed between Optuna's ask and gpubench's: RUNNING, never beat, never named
     ghost = a.study.ask(space.distributions)
     late = a.study.ask(space.distributions)  # one named just after b first sees it
@@ -575,13 +598,14 @@ def test_a_trial_whose_worker_died_before_its_first_beat_is_failed_after_the_gra
 
 # a worker asking for queued trials until the queue is empty: the numbers it was handed
 _ASK_ALL = """
-import json, sys
+import json, sys, time
 from optuna.distributions import IntDistribution
 from gpubench.search.study import abandon, ask, open_study
 shared = open_study("q", sys.argv[1], heartbeat_interval=30, grace_period=60)
 got = []
 while "queued" in (t := ask(shared, {"x": IntDistribution(0, 10**6)})).user_attrs:
     got.append(t.number)
+    time.sleep(0.02)  # as a trial runs between claims: a tight loop would starve the other
 abandon(shared, t.number)  # sampled: the queue is empty
 print(json.dumps(got))
 """
