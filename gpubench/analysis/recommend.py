@@ -355,7 +355,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
         what = ("every measurement flagged itself" if every else "no setup measured steadily: "
                 "the others disagreed when re-measured, these flagged themselves")
         unconfirmed = (
-            f"UNCONFIRMED: {what} ({', '.join(flaw_words(flawed))}: noise_reasons); "
+            f"UNCONFIRMED: {what} ({', '.join(flaw_words(flawed))}; results.json noise_reasons); "
             f"{rerun_text(asks, str(longer(chosen.record)), 'the recommended config')} before "
             "trusting it")
     return Recommendation(best, chosen, tolerance,

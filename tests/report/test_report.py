@@ -1232,8 +1232,8 @@ def test_a_flawed_runs_kinds_word_its_standing_and_remedy_alike_everywhere(kind,
     assert [b[2] for b in body] == [word, word]  # the ranking's status
     assert [b[8] for b in table_rows(rows, ["loader.batch_size"])[1]] == [word, word]  # csv
     caveat = recommend(rows).reasons[0]
-    assert caveat.startswith(f"UNCONFIRMED: every measurement flagged itself ({word}: "
-                             f"noise_reasons); rerun the recommended config {rerun}")
+    assert caveat.startswith(f"UNCONFIRMED: every measurement flagged itself ({word}; "
+                             f"results.json noise_reasons); rerun the recommended config {rerun}")
     assert wrong[rerun] not in caveat
     if rerun == "measuring longer":  # with the chosen run's own "measure longer": windows
         # too brief to judge get a least duration too, as the console's advice says
