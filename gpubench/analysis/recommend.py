@@ -237,6 +237,12 @@ def with_interval(r: Row) -> str:
     return f"{Est(r.throughput, *r.interval):.1f}"
 
 
+def coverage_of(r: Row) -> str:
+    """`, 95% interval`: what `with_interval(r)`'s bracket covers, for a line no header labels;
+    nothing for a figure without an interval (one window)."""
+    return "" if r.interval[0] == r.interval[1] else f", {interval_label_of([r.interval_coverage])}"
+
+
 def interval_label(rows: list[Row], phases: bool = False) -> str:
     """The label of a column or axis of these rows' intervals (of those that have one); with
     `phases`, beside their phases' own (loader and compute bounds: each run's first measurement,

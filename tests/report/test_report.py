@@ -662,6 +662,11 @@ def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
 
     assert interval_label([pooled]) == "75% interval"
     assert interval_label([pooled], phases=True) == "75-95% interval"
+    # the report's "fastest feasible:" and "recommended:" lines, which no header labels
+    from gpubench.analysis.recommend import coverage_of, with_interval
+
+    assert f"{with_interval(pooled)}{coverage_of(pooled)}" == "200.0 [196.0-204.0], 75% interval"
+    assert coverage_of(once) == ", 95% interval" and coverage_of(single) == ""
 
 
 def test_confirmations_pool_into_the_figure_interval_and_stability():
