@@ -47,22 +47,21 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
 
 
 def _inert(workers: Any, kind: Any) -> tuple[tuple[str, ...], str]:
-    """The loader keys that do not act with these workers, and why. torch's DataLoader refuses
-    prefetch_factor and persistent_workers with 0 workers: refusing them here would fail every
-    0-worker trial of a sweep, so they are recorded as their Knob.inert. Thread workers likewise
-    for Knob.process_only (torchdata's nodes: one torch thread each, no persistent workers)."""
-    if workers == 0:
-        return tuple(knobs.WORKER_ONLY), "with loader.num_workers=0"
-    if _plain(kind) == "thread":
-        return knobs.PROCESS_ONLY, "with loader.worker_type=thread"
-    return (), ""
+    """The loader keys that do not act with these workers (knobs.acts), and why. torch's
+    DataLoader refuses prefetch_factor and persistent_workers with 0 workers: refusing them here
+    would fail every 0-worker trial of a sweep, so they are recorded as their Knob.inert. Thread
+    workers likewise for Knob.process_only (torchdata's nodes: one torch thread each, no
+    persistent workers)."""
+    get = {"loader.num_workers": workers, "loader.worker_type": _plain(kind)}.get
+    inert = tuple(k for k in knobs.WORKER_ONLY if not knobs.acts(k, get))
+    return inert, ("with loader.num_workers=0" if workers == 0 else
+                   "with loader.worker_type=thread")
 
 
 def as_run(values: dict[str, Any]) -> dict[str, Any]:
-    """Dotted config values as they act: the keys inert with these workers left out (two
-    settings that differ only there are one run)."""
-    inert = _inert(values.get("loader.num_workers"), values.get("loader.worker_type"))[0]
-    return {k: v for k, v in values.items() if k not in inert}
+    """Dotted config values as they act (knobs.acts): two settings that differ only in keys
+    inert with their workers are one run."""
+    return {k: v for k, v in values.items() if knobs.acts(k, values.get)}
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:

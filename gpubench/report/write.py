@@ -17,8 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gpubench.analysis import recommend
-from gpubench.analysis.recommend import (TOLERANCE, Recommendation, Row, Steadiness, coverage_of,
-                                        with_interval)
+from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadiness, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import knob_name, role
@@ -304,7 +303,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
                                     "yaml": str(yml)},
                        reasons=rec.reasons, command=cmd)
         lines += [
-            *(f"{what} {with_interval(r)} img/s{coverage_of(r)}  ({run_text(r, keys)})"
+            *(f"{what} {with_interval(r)} img/s{recommend.coverage_of(r)}  ({run_text(r, keys)})"
               for what, r in (("fastest feasible:", rec.best), ("recommended:     ", rec.chosen))),
             *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml.resolve()}",
             f"rerun it: {cmd}",
