@@ -36,12 +36,14 @@ def _text(v: Any) -> str:
 
 
 def next_steps(device: str | None, more_from: int | None = None,
-               tried: Iterable[Mapping[str, Any]] = ()) -> str:
+               tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None) -> str:
     """NEXT_STEPS for a run's device (one not recorded: as on CUDA), led by more workers where
-    the most tried, `more_from`, loaded fastest: nothing yet says more would not load faster.
-    A step that sets a key to a value one of the runs already had (`tried`: their flat config
-    values) is no next step: those runs are what it would measure."""
-    more = [] if more_from is None else [("loader.num_workers", max(2, 2 * more_from))]
+    the most tried, `more_from`, loaded fastest: nothing yet says more would not load faster,
+    up to the host's `cores` (more workers than cores only take turns on them: then more cores
+    is the step). A step that sets a key to a value one of the runs already had (`tried`: their
+    flat config values) is no next step: those runs are what it would measure."""
+    want = None if more_from is None else min(max(2, 2 * more_from), cores or 1 << 30)
+    more = [("loader.num_workers", want)] if want is not None and want > more_from else []
     had = [{k: _text(v) for k, v in r.items()} for r in tried]
     # made in RAM (synthetic): preload has nothing to decode (schema.PRELOAD_HELPS)
     made = bool(had) and all(h.get("dataset.name") not in (None, *PRELOAD_HELPS) for h in had)
@@ -49,6 +51,12 @@ def next_steps(device: str | None, more_from: int | None = None,
                      for k, v in [*more, *NEXT_STEPS.get(device, NEXT_STEPS["cuda"])]
                      if not k or all(h.get(k) != _text(v) for h in had)
                      and not (k == "dataset.preload" and made))
+
+
+def least_cores(records: Iterable[Any]) -> int | None:
+    """The fewest CPU cores of these runs' hosts (env.cpu_count); None where none is recorded."""
+    return min((c for r in records if isinstance(c := r.env.get("cpu_count"), int) and c > 0),
+               default=None)
 
 
 class Feeds(Word):
@@ -85,6 +93,7 @@ class WorkersPick:
     compute: Est | None = None
     device: str | None = None  # the runs' (env.device); None: not recorded, advised as on CUDA
     tried: list[dict] = field(default_factory=list)  # the runs' flat config values (next_steps)
+    cores: int | None = None  # the fewest CPU cores of the runs' hosts (env.cpu_count)
 
     @property
     def loader_images_per_sec(self) -> float | None:
@@ -101,7 +110,7 @@ class WorkersPick:
         return max(self.rates, key=lambda x: self.rates[x].value)
 
     def _next(self) -> str:
-        return next_steps(self.device, self._most_fastest, self.tried)
+        return next_steps(self.device, self._most_fastest, self.tried, self.cores)
 
     def _fewer(self) -> int | None:
         return max((x for x in self.rates if x < self.num_workers), default=None)
@@ -200,20 +209,20 @@ def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,
                    tolerance: float = TOLERANCE, device: str | None = None,
-                   tried: Iterable[Mapping[str, Any]] = ()) -> WorkersPick:
+                   tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None) -> WorkersPick:
     """The fewest loader workers that clear compute; when none does, the plateau's start: the
-    fewest within `tolerance` of the highest loader throughput (`device`: the runs', `tried`:
-    their flat config values, which the next steps advised leave out)."""
+    fewest within `tolerance` of the highest loader throughput (`device`, `cores`: the runs',
+    `tried`: their flat config values, which the next steps advised leave out)."""
     tried = [dict(t) for t in tried]
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
     if clear or not loader:
         return WorkersPick(clear[0] if clear else None, bool(clear), tolerance, loader, compute,
-                           device, tried)
+                           device, tried, cores)
     best = max(r.value for r in loader.values())
     w = min(x for x in loader if loader[x].value >= best * (1 - tolerance))
-    return WorkersPick(w, False, tolerance, loader, compute, device, tried)
+    return WorkersPick(w, False, tolerance, loader, compute, device, tried, cores)
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:

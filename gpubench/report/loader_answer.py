@@ -202,7 +202,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         good = [(r.knob("num_workers"), r.record.loader_images_per_sec,
                  r.record.loader_images_per_sec_ci) for r in used]
         pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"],
-                                      [r.flat for r in rs])
+                                      [r.flat for r in rs], workers.least_cores(r.record for r in rs))
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
     named = _apart(groups)
     for g in groups:

@@ -24,6 +24,7 @@ from gpubench.analysis.workers import (
     clears,
     clears_by,
     feeds,
+    least_cores,
     next_steps,
 )
 from gpubench.config.knobs import CHEAP_FIRST, acts, knob_setting
@@ -179,6 +180,7 @@ class Pipes:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
                  "device": next((r.record.env.get("device") for _, r in rows), None),
+                 "cores": least_cores(r.record for _, r in rows),
                  "tried": list(tried.values()), **f.summary()})
             self.write(self.result)
             verb = "clears" if f.clears else "does not clear"
@@ -495,7 +497,7 @@ def lines(result: dict) -> list[str]:
             verdict = f"clears compute {clears_by(margin)}, the cheapest setting that does"
         elif how is Feeds.short:
             verdict = (f"= {share:.0%} of compute: the data side stays the narrower pipe (next: "
-                       f"{next_steps(d.get('device'), d.get('more_from'), d.get('tried', ()))})")
+                       f"{next_steps(d.get('device'), d.get('more_from'), d.get('tried', ()), d.get('cores'))})")
         else:
             verdict = f"= {share:.0%} of compute: {UNDECIDED}"
         out.append(f"data pipe for {_setting(d['for'])}: "

@@ -223,6 +223,19 @@ def test_preload_is_no_next_step_for_images_made_in_ram():
     assert "dataset.preload=true" in next_steps("cuda")  # the runs' dataset not known
 
 
+def test_more_workers_are_advised_only_up_to_the_hosts_cores():
+    """2 workers loading fastest on a 2-core host were told `loader.num_workers=4`: more workers
+    than cores take turns on them, so there the step is more cores (env.cpu_count)."""
+    from gpubench.analysis.workers import least_cores, next_steps
+
+    assert next_steps("cpu", 2, cores=2).startswith("dataset.preload=true, more CPU cores")
+    assert next_steps("cuda", 2, cores=3).startswith("loader.num_workers=3, ")
+    assert next_steps("cuda", 2, cores=16).startswith("loader.num_workers=4, ")
+    assert next_steps("cuda", 2).startswith("loader.num_workers=4, ")  # cores not recorded
+    hosts = [RunRecord(env={"cpu_count": 8}), RunRecord(env={"cpu_count": 2}), RunRecord()]
+    assert least_cores(hosts) == 2 and least_cores([RunRecord()]) is None
+
+
 def test_the_reports_tolerance_is_the_workers_answers_margin(tmp_path):
     """`--tolerance` reached the recommendation's loader check but not the workers answer,
     which kept 5%: one report judged one loader against one bound with two margins. At 50%
