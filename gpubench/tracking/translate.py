@@ -8,6 +8,7 @@ sorted by (`images_per_sec`, `objective`) stay unprefixed."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -216,8 +217,12 @@ def run_name(rec: RunRecord, name: str | None = None) -> str:
     ips = rec.images_per_sec
     if not rec.status.measured:
         parts.append(rec.status.value)
-    elif _number(ips):
-        parts.append(f"{text_at(ips, supported_place(ips, rec.images_per_sec_ci), '.0f')}img/s")
+    elif _number(ips) and ips > 0:
+        # to its interval's place, no finer than 3 figures or whole images (a name, not a figure:
+        # two narrow windows supported `1808.23img/s`)
+        coarsest = min(0, math.floor(math.log10(ips)) - 2)
+        place = supported_place(ips, rec.images_per_sec_ci)
+        parts.append(f"{text_at(ips, coarsest if place is None else max(place, coarsest))}img/s")
     if rec.status is Status.over_ceiling:
         parts.append("over-ceiling")
     return " ".join(parts)

@@ -103,6 +103,10 @@ def test_name_is_the_setup_then_the_throughput():
     assert T.run_name(odd) == "resnet50-bs128-w8-amp_bf16-cl 812img/s"
     wide = record(images_per_sec=646.79, images_per_sec_ci=[184.4, 828.7])
     assert T.run_name(wide).endswith(" 650img/s")
+    # a name, not a figure: no finer than whole images or 3 figures, however narrow the interval
+    narrow = record(images_per_sec=1808.234, images_per_sec_ci=[1808.2, 1808.3])
+    assert T.run_name(narrow).endswith(" 1808img/s")
+    assert T.run_name(record(images_per_sec=12.3456, images_per_sec_ci=None)).endswith(" 12.3img/s")
     assert T.run_name(record(Status.over_ceiling, peak_memory_fraction=0.95)) == (
         "resnet50-bs128-w8-amp_bf16-cl 1750img/s over-ceiling")
     assert T.run_name(record(Status.oom)) == "resnet50-bs128-w8-amp_bf16-cl oom"
