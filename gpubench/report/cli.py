@@ -33,8 +33,8 @@ def _tolerance(text: str) -> float:
         v = math.nan
     if not (0.0 <= v < 1.0):
         raise argparse.ArgumentTypeError(
-            f"--tolerance={text} is not allowed: it must be a number in [0, 1) (0.05 = within 5% "
-            "of the fastest)")
+            f"--tolerance={text} is not allowed: it must be a number in [0, 1) ({TOLERANCE} = "
+            f"within {TOLERANCE:.0%} of the fastest)")
     return v
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> ExitCode:
     p.add_argument("source", nargs="?",
                    help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
     p.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
-                   help="how far below the fastest a recommended config may be (default 0.05)")
+                   help=f"how far below the fastest a recommended config may be (default {TOLERANCE})")
     p.add_argument("--out", help="report folder (default: <sweep dir>/report, or "
                    "outputs/reports/<experiment> for MLflow)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: gpubench's)")
