@@ -3,6 +3,7 @@ rows of measured configurations, their ranking, and reference article 003's pick
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,16 @@ class Row:
     @property
     def measurements(self) -> list[RunRecord]:
         return [self.record, *self.confirms]
+
+    @property
+    def as_ranked(self) -> RunRecord:
+        """Its record with the figure and interval the ranking shows (pooled over its confirm
+        measurements): what a reader naming this row's figure elsewhere (MLflow's parent) shows."""
+        if not (self.confirms and self.pooled):
+            return self.record
+        shown = copy.copy(self.record)
+        shown.images_per_sec, shown.images_per_sec_ci = self.throughput, list(self.interval)
+        return shown
 
     @property
     def pooled(self) -> list[float]:
@@ -125,6 +136,12 @@ class Row:
     @property
     def confirmed(self) -> bool:
         return bool(self.confirms) and self.stable
+
+    @property
+    def stepped(self) -> bool:
+        """Re-measured by a search's confirm step (which re-measures the top trials), not only
+        repeated by a grid or an experiment's runs (which repeat whatever the user asked for)."""
+        return any(Rung.of(m.rung) is Rung.confirm for m in self.confirms)
 
     def knob(self, name: str) -> Any:
         v = knob_of(self.flat.get, name)
@@ -298,16 +315,21 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     # what every flagged measurement asks of a rerun, worded when the pick is known (below)
     flawed = [] if ok else [k for k in Flaw if any(k in r.flaws for r in full)]
     ok = ok or full
-    # once confirmed, the fastest confirmed one: a trial measured once may have been lucky
-    best = max([r for r in ok if r.confirmed] or ok, key=lambda r: r.throughput)
+    # once the confirm step re-measured the top trials, the fastest confirmed one: a trial
+    # measured once may have been lucky (a grid's repeats re-measure what the user listed, not
+    # the top: a faster row measured once is not passed over for them)
+    best = max([r for r in ok if r.confirmed and r.stepped] or ok, key=lambda r: r.throughput)
     unconfirmed = None
     # where measurements flagged themselves, the flaws' line (made below) says it all
-    if any(r.confirms for r in rows) and not best.confirmed and not flawed:
+    # (a grid's: only where no setup measured steadily, each repeat disagreeing)
+    stepped = any(r.stepped for r in rows)
+    if not best.confirmed and not flawed and (stepped or not best.stable):
         # what the re-measured trials' flaws ask (a quiet machine where they only disagreed)
         again = [k for k in Flaw if any(k in r.flaws for r in rows if r.confirms)]
-        unconfirmed = ("UNCONFIRMED: no top trial measured alike when re-measured (confirm "
-                       f"step); {rerun_text(again, what='the recommended config')} before "
-                       "trusting it")
+        what = ("no top trial measured alike when re-measured (confirm step)" if stepped else
+                "no setup measured alike in the runs repeating it")
+        unconfirmed = (f"UNCONFIRMED: {what}; {rerun_text(again, what='the recommended config')}"
+                       " before trusting it")
     # on the low end of its interval: noise never picks a smaller, slower configuration
     near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
     others = len(near) - 1  # `near` holds the best itself
@@ -374,8 +396,9 @@ def why_not_best(r: Row) -> str:
         why = ", ".join(r.text for r in own.noise_reasons) or "noise_reasons not recorded"
         return f"was measured unstable ({why})"
     if r.confirms and not r.stable:
-        return (f"was not confirmed: its {count(len(r.confirms), 're-measurement')} by the "
-                f"confirm step {'was' if len(r.confirms) == 1 else 'were'} disturbed, failed or "
+        by = "by the confirm step" if r.stepped else "(runs repeating it)"
+        return (f"was not confirmed: its {count(len(r.confirms), 're-measurement')} {by} "
+                f"{'was' if len(r.confirms) == 1 else 'were'} disturbed, failed or "
                 "disagreed with it")
     return ("is unconfirmed: its own measurement found no disturbance, but the confirm step "
             "re-measured other trials, not this one")

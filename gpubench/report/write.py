@@ -40,7 +40,7 @@ from gpubench.report.console import fit, fold
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
-from gpubench.search.rows import load_dir
+from gpubench.search.rows import setups
 
 REPORT_DIR = "report"
 EXPERIMENT_NAME = "recommended"
@@ -350,9 +350,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     `<sweep_dir>/report/`); returns its files. `refused`: the jobs of the multirun that just
     ended refused as bad input (gpubench.cli.callbacks): they left no record to read."""
     sweep_dir = Path(sweep_dir).resolve()
-    rows, study = load_dir(sweep_dir)
-    # one row per setup, as an MLflow experiment's report ranks (a grid folder repeated)
-    rows = recommend.latest_per_setup(where(rows, conditions or {}))
+    rows, study = setups(sweep_dir, conditions)
     # a search's trial refused as bad input measured nothing: named under the ranking, as a
     # grid's refused job is, never a row of it
     swept = recommend.varying(rows)

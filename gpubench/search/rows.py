@@ -6,8 +6,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, recommend, row_of
-from gpubench.analysis.select import training_rows
+from gpubench.analysis.recommend import (
+    TOLERANCE,
+    Recommendation,
+    Row,
+    latest_per_setup,
+    recommend,
+    row_of,
+)
+from gpubench.analysis.select import training_rows, where
 from gpubench.config.knobs import KEYS
 from gpubench.core.files import damaged
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Status, find_runs, load, missing
@@ -137,7 +144,13 @@ def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
     return out
 
 
+def setups(sweep_dir: Path, conditions: dict[str, str] | None = None):
+    """(the rows a sweep dir's report ranks from, its study): one per setup matching
+    `conditions`, as an MLflow experiment's report ranks (a grid folder's repeats pooled)."""
+    rows, study = load_dir(Path(sweep_dir).resolve())
+    return latest_per_setup(where(rows, conditions or {})), study
+
+
 def recommendation(sweep_dir: Path, tolerance: float = TOLERANCE) -> Recommendation | None:
     """What the report of a sweep dir recommends (the rows it ranks, then `recommend`)."""
-    rows, _ = load_dir(Path(sweep_dir).resolve())
-    return recommend(training_rows(rows)[0], tolerance)
+    return recommend(training_rows(setups(sweep_dir)[0])[0], tolerance)

@@ -86,8 +86,9 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
 
 
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
-    """The sweep report's recommendation (the parent never names a run its report rejects), else
-    the manifest's best, else the feasible full-length job with the highest objective."""
+    """The sweep report's recommendation (the parent never names a run its report rejects),
+    with the figure the report ranks it by (Row.as_ranked: pooled over its repeats), else the
+    manifest's best, else the feasible full-length job with the highest objective."""
     from gpubench.search.rows import recommendation
 
     try:
@@ -96,7 +97,7 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
         log.warning("sweep %s: no report recommendation (%s)", sweep_dir, e)
         rec = None
     if rec is not None and rec.chosen.record.dir is not None:
-        return rec.chosen.record
+        return rec.chosen.as_ranked
     chosen = (manifest.read(sweep_dir).get("best") or {}).get("dir")
     if chosen and (rec := record.load(chosen)) is not None:
         return rec

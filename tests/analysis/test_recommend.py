@@ -110,12 +110,12 @@ def test_runs_that_differ_only_in_a_knob_inert_where_they_ran_are_one_setting(co
         assert len(one.confirms) == 1
 
 
-def _measured(ips: float, *flaws: Flaw, lo: float | None = None, hi: float | None = None
-              ) -> RunRecord:
+def _measured(ips: float, *flaws: Flaw, lo: float | None = None, hi: float | None = None,
+              rung: str | None = None) -> RunRecord:
     return RunRecord(status=Status.ok, images_per_sec=ips,
                      images_per_sec_ci=[lo or ips * 0.99, hi or ips * 1.01],
                      peak_memory_fraction=0.1, memory_ceiling=0.8,
-                     measurement_stable=not flaws,
+                     measurement_stable=not flaws, rung=rung,
                      noise_reasons=[Reason(f, f.value) for f in flaws])
 
 
@@ -128,17 +128,35 @@ def test_the_confirm_steps_unconfirmed_line_asks_what_the_re_measurements_flaws_
         return [r for r in recommend(rows).reasons if r.startswith("UNCONFIRMED")]
 
     top = Row("top", _measured(100.0, Flaw.few_windows))
-    top.confirms = [_measured(101.0, Flaw.few_windows)]
+    top.confirms = [_measured(101.0, Flaw.few_windows, rung="confirm")]
     [line] = lines([top, Row("other", _measured(90.0, Flaw.few_windows))])
     assert "every measurement flagged itself" in line and "measuring longer" in line
     flagged_again = Row("top", _measured(100.0))
-    flagged_again.confirms = [_measured(101.0, Flaw.too_short)]
+    flagged_again.confirms = [_measured(101.0, Flaw.too_short, rung="confirm")]
     [line] = lines([flagged_again, Row("steady", _measured(90.0))])
     assert "confirm step" in line and "measuring longer" in line and "quiet" not in line
     apart = Row("top", _measured(100.0))
-    apart.confirms = [_measured(60.0, lo=59.0, hi=61.0)]
+    apart.confirms = [_measured(60.0, lo=59.0, hi=61.0, rung="confirm")]
     [line] = lines([apart, Row("steady", _measured(90.0))])
     assert "confirm step" in line and "on a quiet machine" in line
+    # a grid's repeat of a setup (no confirm step) that disagreed: the steady row measured once
+    # is recommended as it is, no UNCONFIRMED line of a confirm step that never ran
+    apart.confirms = [_measured(60.0, lo=59.0, hi=61.0)]
+    assert lines([apart, Row("steady", _measured(90.0))]) == []
+
+
+def test_a_grids_repeated_setup_never_outranks_a_faster_steady_one_measured_once():
+    """A grid key inert at 0 workers (prefetch_factor=2,4) pooled the 0-worker runs as one
+    repeated setup: the report named it "fastest feasible" at 870.6 over a steady 1005.4 measured
+    once, "unconfirmed ... the confirm step re-measured other trials" in a grid with no confirm
+    step. Only a search's confirm step, which re-measures the top trials, makes confirmed win."""
+    once = Row("3", _measured(1005.4))
+    repeated = Row("1", _measured(870.6))
+    repeated.confirms = [_measured(875.0)]
+    rec = recommend([repeated, once])
+    assert rec.best is once and not any("confirm step" in x for x in rec.reasons)
+    repeated.confirms = [_measured(875.0, rung="confirm")]  # a search's confirm step
+    assert recommend([repeated, once]).best is repeated
 
 
 def test_the_loader_check_judges_the_loader_against_compute_on_their_intervals():

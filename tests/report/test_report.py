@@ -472,8 +472,8 @@ def test_setups_whose_repeats_all_disagree_are_unconfirmed_in_one_worded_line():
     rec = recommend(rows)
     assert "UNCONFIRMED" not in rec.reasons
     assert [x for x in rec.reasons if x.startswith("UNCONFIRMED")] == [rec.unconfirmed]
-    assert rec.unconfirmed.startswith("UNCONFIRMED: no top trial measured alike when "
-                                      "re-measured") and "quiet machine" in rec.unconfirmed
+    assert rec.unconfirmed.startswith("UNCONFIRMED: no setup measured alike in the runs "
+                                      "repeating it") and "quiet machine" in rec.unconfirmed
     flagged = row(64, 0, ips=90.0, stable=False)
     flagged.record.noise_reasons = [Reason(Flaw.few_windows, "2 windows")]
     mixed = recommend([*rows, flagged])

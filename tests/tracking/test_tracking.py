@@ -317,6 +317,30 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
     assert recommendation(sweep) is None and tracking.best_job(sweep).dir == sweep / "0"
 
 
+def test_the_parents_best_pools_a_grids_repeats_as_the_report_does(tmp_path):
+    """A grid repeating a setup (a key inert at 0 workers: prefetch_factor=2,4) is one row of
+    the report, its figure the median of its runs; the parent read the folder row by row, named
+    another run best (1000 img/s against the report's pick) and logged that run's own figure."""
+    from gpubench.core.record import RunRecord, Status
+    from gpubench.report.write import sweep_report
+    from gpubench.search.rows import recommendation
+
+    sweep = tmp_path / "sweep"
+    for i, (ips, workers) in enumerate([(1000.0, 0), (800.0, 0), (900.0, 0), (700.0, 1)]):
+        rec = RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=[ips - 150, ips + 150],
+                        peak_memory_fraction=0.3, memory_ceiling=0.8, measurement_stable=True,
+                        dir=sweep / str(i), started_at=f"2026-11-21T10:0{i}:00",
+                        config={"model": {"name": "tiny"},
+                                "loader": {"batch_size": 8, "num_workers": workers}})
+        (sweep / str(i)).mkdir(parents=True)
+        rec.save()
+    sweep_report(sweep, quiet=True)
+    summary = json.loads((sweep / "report" / "summary.json").read_text())
+    best = tracking.best_job(sweep)
+    assert str(best.dir) == summary["recommended"]["dir"] == str(recommendation(sweep).chosen.dir)
+    assert best.images_per_sec == summary["recommended"]["images_per_sec"] == 900.0  # the median
+
+
 def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
     """The claim is a file lock (filelock): a second claimer is told who holds it; released, it
     is gone and free; a claim file nobody holds (its process died: the kernel dropped its lock)
