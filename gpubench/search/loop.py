@@ -12,13 +12,14 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from gpubench.analysis.recommend import recommend
 from gpubench.analysis.select import training_rows
-from gpubench.core.record import Rung, Status, load
+from gpubench.core.record import Rung, RunRecord, Status, load
 from gpubench.core.stats import count
 from gpubench.search import study as S
 from gpubench.search.jobs import Jobs
@@ -33,6 +34,13 @@ TAKEN_OVER = ("%s: taken over by another worker (its heartbeat lapsed); measured
               "queue")
 # this many duplicates in a row means the sampler has nothing new left to propose
 MAX_DUPLICATES_IN_A_ROW = 50
+
+
+def to_confirm(found: list[tuple[RunRecord, Any]], top: int) -> list[Any]:
+    """The `top` trials the confirm step re-measures, of (its record, trial): the fastest whose
+    own measurement found no disturbance, then flagged ones where slots are left."""
+    return [t for _, t in sorted(found, key=lambda p: (p[0].measurement_stable is False,
+                                                       -p[0].throughput))[:top]]
 
 
 @dataclass
@@ -183,8 +191,10 @@ class Search:
                      mem, rec.status if rec.feasible else f"{rec.status}, infeasible")
 
     def _confirm(self) -> list[int]:
-        """Re-measure the fastest feasible full-length trials (by their records), interleaved;
-        the numbers of the trials confirmed."""
+        """Re-measure the fastest feasible full-length trials (by their records), interleaved,
+        those whose own measurement found no disturbance first: a flagged one can never be
+        confirmed (Row.stable), so it takes a slot only where too few others are left; the
+        numbers of the trials confirmed."""
         if self.confirm is None or self.confirm.top <= 0:  # no confirm step
             return []
         found = []
@@ -192,8 +202,8 @@ class Search:
             a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
             rec = load(a["dir"], a.get("rung") or Rung.full) if a.get("dir") else None
             if rec is not None and rec.feasible and rec.full:
-                found.append((rec.throughput, t))
-        top = [t for _, t in sorted(found, key=lambda p: -p[0])[: self.confirm.top]]
+                found.append((rec, t))
+        top = to_confirm(found, self.confirm.top)
         if not top:  # nothing measured in full and feasible
             return []
         c = S.queue_rounds(self.shared, top, self.confirm.rounds)

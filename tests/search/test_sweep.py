@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from gpubench.config.errors import ConfigError
 from gpubench.core import record
 from gpubench.core.files import read_json
-from gpubench.core.record import OOM_CONSTRAINT, Status
+from gpubench.core.record import OOM_CONSTRAINT, RunRecord, Status
 from gpubench.report.write import RANK_ORDER
 from gpubench.search.jobs import read_job
 from gpubench.search.maxbatch import find_max_batch
@@ -793,6 +793,21 @@ def test_confirm_rounds_are_shared_and_never_lost(tmp_path):
     assert confirm_dirs("c", url) == {0: ["/runs/a0", "/runs/a0bis", "/runs/a1"],
                                       1: ["/runs/b0", "/runs/b1"]}
     assert confirm_dirs("none", url) == {}  # no confirm step ran
+
+
+def test_the_confirm_step_re_measures_the_fastest_unflagged_trials_first():
+    """The confirm step took the fastest figures flagged or not: a `too short` trial (which can
+    never be confirmed, nor recommended beside a steady one) took a slot and the steady fastest
+    was never re-measured, so the report's "fastest stable" was a slower one."""
+    from gpubench.search.loop import to_confirm
+
+    def rec(ips, stable):
+        return RunRecord(status=Status.ok, images_per_sec=ips, measurement_stable=stable)
+
+    found = [(rec(1300.0, False), "flagged"), (rec(1232.6, True), "steady"),
+             (rec(1156.7, True), "next"), (rec(900.0, None), "unchecked")]
+    assert to_confirm(found, 2) == ["steady", "next"]
+    assert to_confirm(found, 4) == ["steady", "next", "unchecked", "flagged"]
 
 
 def test_screen_cut_counts_pruned_screens_too():
