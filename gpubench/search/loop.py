@@ -88,13 +88,14 @@ class Search:
             measured = S.measured_trials(self.study)
             running = S.running_trials(self.study)
             left = self.n_trials - len(measured)
-            done = {S.key(t.params) for t in measured}
+            fixed = self.space.fixed_values
+            done = {S.key(t.params, fixed) for t in measured}
             if left <= 0 or (self.stop is not None and measured and self.stop()):
                 break
             if size is not None and len(done) >= size:
                 log.info("all %d configurations of the search space are measured", size)
                 break
-            busy = done | {S.key(t.params) for t in running}
+            busy = done | {S.key(t.params, fixed) for t in running}
             free = left - len(running)
             if free <= 0 or (size is not None and len(busy) >= size):
                 # other workers hold the last slots: wait for one to end (one may die: retried here)
@@ -104,7 +105,7 @@ class Search:
             dup_numbers: set[int] = set()
             try:
                 trials = self._claim(min(self.n_jobs, free), held)
-                fresh, dups = S.split_duplicates(self.study, trials)
+                fresh, dups = S.split_duplicates(self.study, trials, fixed)
                 dup_numbers = {t.number for t, _ in dups}
                 in_a_row = 0 if fresh else in_a_row + len(dups)
                 # the twins beat too: a worker killed meanwhile leaves none RUNNING for good

@@ -8,7 +8,6 @@ in it, so resume, heartbeats, several workers and the failure budget work as in 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from gpubench.search.jobs import SweepFailed
 from gpubench.search.loop import Confirm, Search
 from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import trial_rows
-from gpubench.search.space import Param, SearchSpace
+from gpubench.search.space import Param, SearchSpace, grid
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -261,21 +260,6 @@ def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchS
                           "data keys as choice(...) or integer range(...) with sweep=pipes "
                           "(its data pipe walks them in cost order)")
     return compute, data
-
-
-def grid(params: list[Param]) -> list[dict[str, Any]] | None:
-    """Every point of a space of choices and integer ranges; None when a key is continuous."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    axes = []
-    for d in (p.dist for p in params):
-        if isinstance(d, CategoricalDistribution):
-            axes.append(list(d.choices))
-        elif isinstance(d, IntDistribution) and not d.log:
-            axes.append(list(range(d.low, d.high + 1, d.step)))
-        else:
-            return None
-    return [dict(zip([p.name for p in params], pt, strict=True)) for pt in itertools.product(*axes)]
 
 
 def cost(params: dict[str, Any], space: list[Param]) -> tuple:

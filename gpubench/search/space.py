@@ -10,9 +10,11 @@ with the basic sweeper keeps working with the gpubench sweeper.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from optuna.distributions import (
@@ -25,7 +27,7 @@ from optuna.distributions import (
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.keys import Role
-from gpubench.config.knobs import SEARCHABLE, role
+from gpubench.config.knobs import SEARCHABLE, acts, role
 from gpubench.config.overrides import format_value
 from gpubench.core.ranges import NOT_EMPTY, range_last
 
@@ -49,6 +51,15 @@ class Param:
 class SearchSpace:
     params: list[Param]
     fixed: list[str]  # non-swept overrides, passed to every job unchanged
+
+    @cached_property
+    def fixed_values(self) -> dict[str, Any]:
+        """The fixed overrides' values by key (`loader.num_workers=0`: 0), as Hydra parses them."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        return {o.key_or_group: o.value() for o in
+                OverridesParser.create().parse_overrides(list(self.fixed))
+                if not o.is_sweep_override() and not o.is_delete()}
 
     @property
     def distributions(self) -> dict[str, BaseDistribution]:
@@ -80,7 +91,14 @@ class SearchSpace:
                     typed=p.written or None)
 
     def size(self) -> int | None:
-        """Number of distinct points, or None when a parameter is continuous."""
+        """Number of distinct runs (points that differ only in a key inert there are one: `key`),
+        or None when a parameter is continuous."""
+        n = self._points()
+        if n is None or n > 100_000:  # too many to list: as many as points
+            return n
+        return len({key(p, self.fixed_values) for p in grid(self.params)})
+
+    def _points(self) -> int | None:
         n = 1
         for d in (p.dist for p in self.params):
             if isinstance(d, CategoricalDistribution):
@@ -99,6 +117,28 @@ class SearchSpace:
                            for p in self.params}, "fixed": sorted(self.fixed)}
         digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
         return f"gpubench-{digest[:10]}"
+
+
+def key(params: dict, fixed: dict | None = None) -> str:
+    """A configuration's identity: its params as they act (knobs.acts, a key not swept read
+    from `fixed`, the search's fixed values): two that differ only in a key inert there (thread
+    workers' persistent_workers) are one run, measured once."""
+    get = {**(fixed or {}), **params}.get
+    return json.dumps({k: v for k, v in params.items() if acts(k, get)}, sort_keys=True,
+                      default=str)
+
+
+def grid(params: list[Param]) -> list[dict[str, Any]] | None:
+    """Every point of a space of choices and integer ranges; None when a key is continuous."""
+    axes = []
+    for d in (p.dist for p in params):
+        if isinstance(d, CategoricalDistribution):
+            axes.append(list(d.choices))
+        elif isinstance(d, IntDistribution) and not d.log:
+            axes.append(list(range(d.low, d.high + 1, d.step)))
+        else:
+            return None
+    return [dict(zip([p.name for p in params], pt, strict=True)) for pt in itertools.product(*axes)]
 
 
 def _key_of(override: str) -> str:

@@ -4,7 +4,6 @@ Optuna does the leases; the slot check, a dead local worker and what counts as m
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -30,6 +29,7 @@ from gpubench.core.record import Rung, Status, process_alive
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.uris import sqlite_path
 from gpubench.search.jobs import SweepFailed
+from gpubench.search.space import key
 
 # the constraint's name in Optuna: peak memory fraction - memory.ceiling, <= 0 is feasible
 MEMORY = "memory"
@@ -171,10 +171,6 @@ def told_dirs(study) -> dict[str, tuple[str, str | None]]:
             and status.final}
 
 
-def key(params: dict) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
-
-
 def describe(params: dict) -> str:
     """`channels_last=true loader.batch_size=8`: a trial's params as the command line takes them."""
     return " ".join(f"{k}={format_value(v)}" for k, v in params.items())
@@ -275,15 +271,17 @@ def screen_passes(study, value: float, keep: float, n_startup: int) -> bool:
     return sum(s > value for s in screens) < math.ceil(keep * (len(screens) + 1))
 
 
-def split_duplicates(study, trials: list) -> tuple[list, list]:
+def split_duplicates(study, trials: list, fixed: dict | None = None) -> tuple[list, list]:
     """(fresh, [(trial, earlier number)]): parameters measured already, being measured by
-    another worker (a lower-numbered RUNNING trial) or twice in this batch are not run again."""
+    another worker (a lower-numbered RUNNING trial) or twice in this batch are not run again
+    (as runs: `key`, with the search's `fixed` values)."""
     mine = {t.number for t in trials}
-    seen = {key(t.params): t.number for t in measured_trials(study)}
-    others = [(t.number, key(t.params)) for t in running_trials(study) if t.number not in mine]
+    seen = {key(t.params, fixed): t.number for t in measured_trials(study)}
+    others = [(t.number, key(t.params, fixed)) for t in running_trials(study)
+              if t.number not in mine]
     fresh, dups = [], []
     for t in trials:
-        k = key(t.params)
+        k = key(t.params, fixed)
         # of two live twins the lower-numbered one is measured: both workers see both trials
         earlier = [n for n, o in others if o == k and n < t.number]
         if k in seen or earlier:

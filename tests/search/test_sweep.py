@@ -847,6 +847,28 @@ def test_duplicates_are_detected(tmp_path):
                                                      (trials[2].number, trials[1].number)]
 
 
+def test_settings_differing_only_in_a_key_inert_there_are_one_run_of_the_search():
+    """Thread workers with persistent_workers=true and =false were two trials, both counted
+    toward n_trials, two rows alike but for noise: the key does nothing with thread workers
+    (knobs.acts), fixed on the command line or swept."""
+    study = optuna.create_study(direction="maximize")
+    space = parse_search_space(["loader.worker_type=thread", "loader.num_workers=choice(1,2)",
+                                "loader.persistent_workers=choice(true,false)"])
+    assert space.size() == 2  # of 4 points
+    for pw in (True, False):
+        study.enqueue_trial({"loader.num_workers": 1, "loader.persistent_workers": pw})
+    first = study.ask(space.distributions)
+    study.tell(first, 3.0)
+    [twin] = [study.ask(space.distributions)]
+    fresh, dups = split_duplicates(study, [twin], space.fixed_values)
+    assert fresh == [] and [(t.number, prev) for t, prev in dups] == [(twin.number, first.number)]
+    # with process workers it acts: two runs
+    process = parse_search_space(["loader.num_workers=choice(1,2)",
+                                  "loader.persistent_workers=choice(true,false)"])
+    assert process.size() == 4
+    assert split_duplicates(study, [twin], process.fixed_values)[0] == [twin]
+
+
 # ---------------------------------------------------------------------------- real sweeps
 
 SWEEP_TINY = [o for o in TINY if not o.startswith("tracking=")]
