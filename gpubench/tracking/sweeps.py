@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from gpubench.analysis.select import left_out
 from gpubench.analysis.workers import COMPUTE_DIR
 from gpubench.core import record
 from gpubench.core.files import write_json
@@ -88,7 +89,7 @@ def jobs(sweep_dir: Path) -> list[RunRecord]:
 def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunRecord | None:
     """The sweep report's recommendation (the parent never names a run its report rejects),
     with the figure the report ranks it by (Row.as_ranked: pooled over its repeats), else the
-    manifest's best, else the feasible full-length job with the highest objective."""
+    manifest's best, else the feasible full training measurement with the highest objective."""
     from gpubench.search.rows import recommendation
 
     try:
@@ -101,8 +102,9 @@ def best_job(sweep_dir: Path, records: list[RunRecord] | None = None) -> RunReco
     chosen = (manifest.read(sweep_dir).get("best") or {}).get("dir")
     if chosen and (rec := record.load(chosen)) is not None:
         return rec
+    # a full training measurement (select.left_out): never a loader-only or compute-only run
     ranked = [r for r in (records if records is not None else jobs(sweep_dir))
-              if r.full and r.feasible]
+              if left_out(r) is None and r.feasible]
     return max(ranked, key=lambda r: r.objective, default=None)
 
 

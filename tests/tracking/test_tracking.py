@@ -339,6 +339,19 @@ def test_the_parents_best_pools_a_grids_repeats_as_the_report_does(tmp_path):
     best = tracking.best_job(sweep)
     assert str(best.dir) == summary["recommended"]["dir"] == str(recommendation(sweep).chosen.dir)
     assert best.images_per_sec == summary["recommended"]["images_per_sec"] == 900.0  # the median
+    # every join of a sweep=pipes failed (sweep.json best null): the parent named its loader-only
+    # trial, 3100 img/s, the sweep's best; a stage's run is no training measurement
+    for d in sweep.iterdir():
+        if d.name.isdigit():
+            rec = RunRecord.from_dict(json.loads((d / "results.json").read_text()), d)
+            if d.name == "1":
+                rec.config["bench"] = {"phases": ["loader"]}
+                rec.images_per_sec, rec.loader_images_per_sec = None, 3100.0
+            else:
+                rec.status, rec.images_per_sec = Status.failed, None
+            rec.save()
+    (sweep / "sweep.json").write_text(json.dumps({"best": None}))
+    assert recommendation(sweep) is None and tracking.best_job(sweep) is None
 
 
 def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
