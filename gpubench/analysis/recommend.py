@@ -4,6 +4,7 @@ rows of measured configurations, their ranking, and reference article 003's pick
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, Rung, RunRecord, interval_label_of, longer
+from gpubench.core.record import Flaw, Longer, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # a recommended config: every section holding a workload key or a knob (a new top-level knob
@@ -205,9 +206,18 @@ def faulted(rec: RunRecord) -> bool:
 
 
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
-    """`rec` measured what `of` did again (Role.measure keys aside), neither with faults."""
+    """`rec` measured what `of` did again (Role.measure keys aside), the same way (its window
+    plan and caps: the keys a "measure longer" sets, core.record.Longer), neither with faults:
+    a run cut short at bench.max_seconds=0.3 pooled with a full one made an interval narrower
+    than either's."""
     return (rec.env.get("device_name") == of.env.get("device_name")
-            and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of))
+            and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of)
+            and _plan(rec) == _plan(of))
+
+
+def _plan(rec: RunRecord) -> tuple:
+    b = (rec.config or {}).get("bench") or {}
+    return tuple(b.get(f.name) for f in dataclasses.fields(Longer))
 
 
 def acting(r: Row, key: str) -> bool:

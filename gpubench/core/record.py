@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.core.files import read_json, write_json
+from gpubench.core.pipe import loader_window_steps
 from gpubench.core.stats import CONFIDENCE, count, finite, holding, positive
 
 RESULTS_FILE = "results.json"
@@ -547,11 +548,21 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     min_window = MIN_WINDOW_S if brief else None
     if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
         return Longer(new_steps, new_repeats, None, min_window)
+    ld = (rec.config or {}).get("loader") or {}
+
+    def planned(phase: str, steps: int, repeats: int) -> int:
+        # the loader's windows hold more steps where its workers keep more batches in flight
+        windows, per_window = window_plan(steps, repeats)
+        return windows * (loader_window_steps(per_window, int(ld.get("num_workers") or 0),
+                                              ld.get("prefetch_factor"))
+                          if phase == "loader" else per_window)
+
     need = cap
-    planned = math.prod(window_plan(steps, repeats))
-    cut = [p.steps / planned for p in rec.phases.values() if p.truncated and p.steps]
-    if rec.cut_short:
-        need = cap * new_steps / steps / max(min(cut, default=1.0), 1e-3)
+    if rec.cut_short:  # each cut phase's new plan at the pace it ran (its share of its plan)
+        need = max((cap * planned(n, new_steps, new_repeats) / planned(n, steps, repeats)
+                    / max(p.steps / planned(n, steps, repeats), 1e-3)
+                    for n, p in rec.phases.items() if p.truncated),
+                   default=cap * new_steps / steps)
     if brief:  # each window may last at most bench.max_seconds / bench.repeats
         need = max(need, MIN_WINDOW_S * new_repeats)
     need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10

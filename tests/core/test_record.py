@@ -3,6 +3,8 @@ The sweeper, the report and tracking read runs through these same records."""
 
 from __future__ import annotations
 
+import math
+
 import json
 import os
 import socket
@@ -229,6 +231,13 @@ def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
     rec.phases["compute"] = PhaseRecord(phase="compute", steps=6, truncated=True)
     assert str(longer(rec)) == "bench.steps=2400 bench.repeats=10 bench.max_seconds=120"
     assert str(longer(rec, (1500, 15))) == "bench.steps=1500 bench.repeats=15 bench.max_seconds=75"
+    # a loader's windows of 24 steps (2 workers, prefetch 4: 3x the 8 batches in flight), 32 of
+    # its 144 run: its share, not 32 of the 72 compute plans (advised 0.3 s, cut again at 75);
+    # its new plan 10 windows of 24 (240 steps), at 32 steps a 0.15 s: 1.2 s
+    rec = plan(12, 6, max_seconds=0.15)
+    rec.config["loader"] = {"num_workers": 2, "prefetch_factor": 4}
+    rec.phases = {"loader": PhaseRecord(phase="loader", steps=32, truncated=True)}
+    assert longer(rec).max_seconds == math.ceil(10 * 0.15 * 240 / 32) / 10 == 1.2
 
 
 def test_a_loader_window_gpubench_sizes_never_times_the_queue():

@@ -794,6 +794,11 @@ def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thin
     (out,) = latest_per_setup([sgd[0], *others])  # another device, a shorter run: not pooled
     assert out.record is others[0].record and out.confirms == []
 
+    # measured another way (another window plan, a cap that cut one short): the newest alone
+    for other in ({"repeats": 2}, {"max_seconds": 0.3}, {"min_window_s": 0.5}):
+        (out,) = latest_per_setup([sgd[0], mlflow_run(500.0, 9, **other)])
+        assert out.record.images_per_sec == 500.0 and out.confirms == [], other
+
     # a fault injected ran another thing: a row of its own, never pooled nor hiding the run
     stalled = mlflow_run(300.0, 8)
     stalled.record.config["fault"]["stall_every"] = 5
