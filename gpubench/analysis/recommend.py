@@ -264,6 +264,12 @@ def with_interval(r: Row) -> str:
     return f"{Est(r.throughput, *r.interval):.1f}"
 
 
+def fastest_of(best: Row) -> str:
+    """What the recommendation's reference is: `fastest stable feasible` where it measured
+    steadily (a faster figure may be flagged: the fastest figure is then another row)."""
+    return f"fastest {'stable ' if best.stable else ''}feasible"
+
+
 def coverage_of(r: Row) -> str:
     """`, 95% interval`: what `with_interval(r)`'s bracket covers, for a line no header labels;
     nothing for a figure without an interval (one window)."""
@@ -345,7 +351,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     others = len(near) - 1  # `near` holds the best itself
     others_text = count(others, "other configuration") if others else "no other configuration"
     # the headline; the UNCONFIRMED line, when there is one, goes before it (below)
-    reasons = [f"fastest {'stable ' if best.stable else ''}feasible: {with_interval(best)} "
+    reasons = [f"{fastest_of(best)}: {with_interval(best)} "
                f"img/s; {others_text} within {tolerance:.0%} of it at the low end of its interval"]
     fastest = max(full, key=lambda r: r.throughput)
     if fastest is not best:

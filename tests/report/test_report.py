@@ -489,6 +489,12 @@ def test_the_fastest_figure_left_out_is_said_in_english():
     lucky = row(128, 2, ips=1718.0, ci=[1500.0, 1900.0], stable=False)
     steady = row(64, 2, ips=1711.0, ci=[1619.0, 1827.0], stable=True)
     (line,) = [x for x in recommend([lucky, steady]).reasons if x.startswith("the fastest")]
+    # the report's reference line names it as the headline does: not the fastest figure
+    from gpubench.analysis.recommend import fastest_of
+
+    assert recommend([lucky, steady]).best is steady
+    assert fastest_of(steady) == "fastest stable feasible" and fastest_of(lucky) == (
+        "fastest feasible")
     assert line.endswith("; it is not recommended until a rerun on a quiet machine confirms it")
     assert "not recommended unconfirmed" not in line
 
