@@ -262,7 +262,7 @@ class Search:
             if confirmed:  # its figure pooled over its measurements
                 extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
                          "measurements": len(pick.pooled)}
-            if rec.unconfirmed:  # the report's own UNCONFIRMED line
+            if rec.unconfirmed and self.writes_best:  # the report's own UNCONFIRMED line
                 log.warning("best: %s", rec.unconfirmed)
             if rec.best is not pick:
                 fastest = next(t for t, r in rows if r is rec.best)
@@ -271,15 +271,18 @@ class Search:
                                     "dir": fastest.user_attrs.get("dir")}
         out = None
         if best is None:
-            log.warning("no feasible trial under the memory ceiling")
+            measured = any(r.record.status.measured for _, r in rows)
+            log.warning("no feasible trial under the memory ceiling" if measured else
+                        "no trial measured: every one failed (each job's folder says why)")
         else:
             out = {"trial": best.number, "value": value, "params": best.params,
                    "overrides": self.space.overrides(best.params),
                    "dir": best.user_attrs.get("dir"), **extra}
             # named as the report's ranking names it too: its job folder (`run 5`)
             run = f" (run {os.path.basename(out['dir'])})" if out["dir"] else ""
-            log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
-                     best.number, run, value, " ".join(out["overrides"]))
+            if self.writes_best:  # a sweep=pipes stage's pick is no recommendation (its path is)
+                log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
+                         best.number, run, value, " ".join(out["overrides"]))
         self.manifest.update(measured_trials=len(S.measured_trials(self.study)),
                              **({"best": out} if out and self.writes_best else {}))
         return out

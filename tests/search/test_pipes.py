@@ -476,6 +476,10 @@ def test_pipes_whose_joins_all_fail_exit_1_and_keep_the_bounds(tmp_path):
     errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
     assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
     assert "no pairing of this sweep measured end to end" in errors[0] and "boom" in errors[0]
+    # no stage's pick is logged as what the report recommends, a failure not as the ceiling
+    log = p.stdout + p.stderr
+    assert "as the report recommends" not in log and "under the memory ceiling" not in log
+    assert "no trial measured: every one failed" in log
     result = json.loads((tmp_path / "sweep" / "pipes.json").read_text())
     assert result["compute"]["kept"] and result["join"]["pairings"]
     assert all(p["e2e"] is None for p in result["join"]["pairings"])
