@@ -322,6 +322,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     files += report_plots.plot_all(shown, out_dir, rec, study,
                                    band=answer.band if answer is not None else None)
     if pipes:
+        # the margin the search judged its path with (pipes.json's clears), not --tolerance
         files += report_plots.plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
     # lines and table printed again when the report is up to date, at the reader's width
     summary.update(files=[str(f) for f in files], lines=lines,
