@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from operator import attrgetter
@@ -197,7 +198,20 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
 
 
 def _what_ran(rec: RunRecord) -> dict[str, Any]:
-    return {k: v for k, v in flatten(rec.config or {}).items() if role(k) is not Role.measure}
+    """Its config but how it was measured and the keys that did not act (knobs.acts)."""
+    flat = flatten(rec.config or {})
+    get = ran_with(rec, flat)
+    return {k: v for k, v in flat.items() if role(k) is not Role.measure and acts(k, get)}
+
+
+def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
+    """A run's config values as knobs.acts reads them: `bench.device` the device it ran on
+    (auto resolved, env.device), 0 workers where none is recorded."""
+    def get(k: str) -> Any:
+        if k == "bench.device" and flat.get(k) in (None, "auto"):
+            return rec.env.get("device")
+        return flat.get(k) or (0 if k == "loader.num_workers" else None)
+    return get
 
 
 def faulted(rec: RunRecord) -> bool:
@@ -222,7 +236,7 @@ def _plan(rec: RunRecord) -> tuple:
 
 def acting(r: Row, key: str) -> bool:
     """Whether `key` acts in row `r` (gpubench.config.knobs.acts; a row records every key)."""
-    return acts(key, lambda k: r.flat.get(k) or (0 if k == "loader.num_workers" else None))
+    return acts(key, ran_with(r.record, r.flat))
 
 
 def same_loader(r: Row, of: Row) -> bool:

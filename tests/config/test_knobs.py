@@ -5,6 +5,7 @@ sweeper's data pipe and the cost order cannot disagree about a key."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 from optuna.distributions import CategoricalDistribution
@@ -13,7 +14,7 @@ from gpubench.analysis.recommend import Row, repeats, varying
 from gpubench.analysis.select import setup_text, training_rows
 from gpubench.config import knobs
 from gpubench.config.keys import Pipe, Role
-from gpubench.core.record import RunRecord, Status
+from gpubench.core.record import Longer, RunRecord, Status
 from gpubench.report.plot_rules import held_fixed
 from gpubench.search.pipes import cost
 from gpubench.search.space import Param
@@ -52,9 +53,11 @@ def test_every_reader_takes_a_keys_role_from_its_declaration(key):
     assert (key in varying([a, b])) == shown  # a column of the ranking
     along = "loader.num_workers" if key == "loader.batch_size" else "loader.batch_size"
     assert (key in held_fixed([a, b], along)) == shown  # a line of a plot
-    # how long and how it was measured: the two are one measurement, pooled as repeats;
+    # how it was measured (seed, monitor, tracking): one measurement, pooled as repeats, but
+    # for its window plan and caps (what a "measure longer" sets): measured another way;
     # fault injection is never pooled; anything else is another run
-    assert repeats(a.record, b.record) == (role is Role.measure)
+    plan = {f"bench.{f.name}" for f in dataclasses.fields(Longer)}
+    assert repeats(a.record, b.record) == (role is Role.measure and key not in plan)
     # another workload is never ranked beside this one
     assert len(training_rows([a, b])[0]) == (1 if role is Role.workload else 2)
 
@@ -232,3 +235,27 @@ def test_a_worker_only_knob_varies_only_where_it_acts():
     c.record.config["loader"]["prefetch_factor"] = 2
     c.flat, b.flat = Row("c", c.record).flat, Row(b.label, b.record).flat
     assert varying([a, b, c]) == ["loader.num_workers", "loader.prefetch_factor"]
+
+
+def test_a_cuda_only_knob_does_not_act_on_a_cpu_run():
+    """On a CPU, pin_memory=true and =false (or cudnn_benchmark) ran alike: four such runs were
+    ranked apart on noise (1684.6 against 511.0) and the recommended overrides set them. A key
+    that acts only with CUDA is no setting of a CPU run; the device as it ran (auto: env)."""
+    from gpubench.analysis.recommend import acting, latest_per_setup
+
+    rows = []
+    for i, (pin, cudnn) in enumerate([(True, True), (False, True), (True, False)]):
+        rec = RunRecord(status=Status.ok, images_per_sec=1000.0 + i,
+                        images_per_sec_ci=[900.0, 1100.0], env={"device": "cpu"},
+                        started_at=f"2026-11-24T10:0{i}:00", config={
+                            "bench": {"device": "auto", "cudnn_benchmark": cudnn},
+                            "loader": {"batch_size": 8, "num_workers": 2, "pin_memory": pin}})
+        rows.append(Row(str(i), rec))
+    assert not any(acting(r, k) for r in rows for k in knobs.CUDA_ONLY)
+    (one,) = latest_per_setup(rows)
+    assert len(one.confirms) == 2
+    for r in rows:
+        r.record.env["device"] = "cuda"
+    assert all(acting(r, "loader.pin_memory") for r in rows) and len(latest_per_setup(rows)) == 3
+    assert knobs.acts("loader.pin_memory", {"bench.device": "cpu"}.get) is False
+    assert knobs.acts("loader.pin_memory", {}.get)  # the device not known: it may act

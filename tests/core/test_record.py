@@ -3,9 +3,8 @@ The sweeper, the report and tracking read runs through these same records."""
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import os
 import socket
 
