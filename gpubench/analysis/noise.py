@@ -180,6 +180,8 @@ def more_windows(rec: RunRecord | None) -> str:
     if plan.max_seconds is not None:
         why += ", and a bench.max_seconds that lets them finish" + (
             " (the cap cut this run short)" if rec is not None and rec.cut_short else "")
+    if plan.warmup_max_steps is not None:
+        why += "; a longer warm-up: steps were still changing when measuring began"
     return f"{plan}{why}"
 
 
@@ -197,6 +199,4 @@ def remedies(reasons: list[Reason], competitors: list[str], rec: RunRecord | Non
     if Flaw.gpu in kinds:
         out.append("a GPU of its own: other processes or throttled clocks change its speed")
     out.append(more_windows(rec))
-    if Flaw.warmup in kinds:
-        out.append("bench.warmup_max_steps higher: steps were still changing when measuring began")
     return out

@@ -510,12 +510,14 @@ class Longer:
     repeats: int | None
     max_seconds: float | None = None
     min_window_s: float | None = None
+    warmup_max_steps: int | None = None  # where the warm-up ended unsettled at its cap
 
     def __str__(self) -> str:
         if self.steps is None or self.repeats is None:  # not a record's config
             return "bench.steps=... bench.repeats=..."
         more = [f"bench.{k}={v:g}" for k, v in (("max_seconds", self.max_seconds),
-                                                 ("min_window_s", self.min_window_s))
+                                                 ("min_window_s", self.min_window_s),
+                                                 ("warmup_max_steps", self.warmup_max_steps))
                 if v is not None]
         return " ".join([f"bench.steps={self.steps} bench.repeats={self.repeats}", *more])
 
@@ -546,8 +548,12 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     brief = any(Reason.of(r).kind is Flaw.too_short for r in rec.noise_reasons) and not (
         (b.get("min_window_s") or 0) >= MIN_WINDOW_S)
     min_window = MIN_WINDOW_S if brief else None
+    # a warm-up that ended unsettled at its cap: more measured steps start it no more settled
+    warm = b.get("warmup_max_steps")
+    warm = 2 * max(warm, b.get("warmup_steps") or 1, 5) if isinstance(warm, int) and any(
+        Reason.of(r).kind is Flaw.warmup for r in rec.noise_reasons) else None
     if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
-        return Longer(new_steps, new_repeats, None, min_window)
+        return Longer(new_steps, new_repeats, None, min_window, warm)
     ld = (rec.config or {}).get("loader") or {}
 
     def planned(phase: str, steps: int, repeats: int) -> int:
@@ -566,7 +572,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     if brief:  # each window may last at most bench.max_seconds / bench.repeats
         need = max(need, MIN_WINDOW_S * new_repeats)
     need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
-    return Longer(new_steps, new_repeats, need if need > cap else None, min_window)
+    return Longer(new_steps, new_repeats, need if need > cap else None, min_window, warm)
 
 
 def interval_label_of(coverages: Iterable[float]) -> str:
