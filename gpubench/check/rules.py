@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpubench.core.record import Word
-from gpubench.core.stats import TOLERANCE, Est
+from gpubench.core.stats import CONFIDENCE, TOLERANCE, Est, median_interval
 
 # utilization(): back-to-back matmuls keep a kernel running all the sample period; idle, none
 BUSY_MIN, IDLE_MAX = 80.0, 10.0
@@ -73,17 +73,22 @@ def agree(name: str, tool: list[float], reference: list[float], unit: str = "img
     ratios = [t / r for t, r in pairs]
     t, r = Est.median_of([p[0] for p in pairs]), Est.median_of([p[1] for p in pairs])
     q = Est.median_of(ratios)
+    cover = (median_interval(ratios) or (0, 0, 0.0))[2]
     within = abs(q.value - 1.0) <= TOLERANCE
-    held = q.lo <= 1.0 <= q.hi and len(ratios) > 1
+    # an interval of fewer rounds covers less than CONFIDENCE (2: 50%): outside it is no proof
+    held = len(ratios) > 1 and (q.lo <= 1.0 <= q.hi or cover < CONFIDENCE)
     figures = {"tool": t.value, "tool_lo": t.lo, "tool_hi": t.hi, "reference": r.value,
                "reference_lo": r.lo, "reference_hi": r.hi, "ratio": q.value, "ratio_lo": q.lo,
                "ratio_hi": q.hi, "rounds": len(ratios)}
     why = (f"within {TOLERANCE:.0%}" if within else f"{q.value - 1:+.0%}, but its interval "
-           "holds 1: rerun on a quiet machine" if held
+           "holds 1: rerun on a quiet machine" if q.lo <= 1.0 <= q.hi and held else
+           f"{q.value - 1:+.0%}, but a {cover:.0%} interval decides nothing: more rounds "
+           "(bench.repeats >= 6)" if held
            else f"{q.value - 1:+.0%}, beyond {TOLERANCE:.0%} and the interval")
+    label = f", {cover:.0%} interval" if len(ratios) > 1 else ""
     return Judgement(name, True if within else None if held else False, figures,
                      f"{names[0]} {t:.1f} {unit}, {names[1]} {r:.1f}: ratio {q:.3f} (the median "
-                     f"of each round's) over {len(ratios)} alternated rounds ({why})",
+                     f"of each round's{label}) over {len(ratios)} alternated rounds ({why})",
                      inconclusive=held and not within)
 
 

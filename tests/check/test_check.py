@@ -40,7 +40,7 @@ def test_agree_passes_figures_within_five_percent():
     assert j.figures["rounds"] == 6 and 0.95 <= j.figures["ratio"] <= 1.05
     # the ratio is the median of each round's, not of the medians beside it (3067.4 against
     # 3190.3 read `ratio 1.000`): the line says which
-    assert "(the median of each round's) over 6 alternated rounds" in j.detail
+    assert "(the median of each round's, 97% interval) over 6 alternated rounds" in j.detail
 
 
 def test_a_pair_of_medians_and_their_ratio_can_differ_and_the_line_says_why():
@@ -73,6 +73,16 @@ def test_agree_fails_a_tool_that_reads_too_fast():
     plain = QUIET[1]
     j = rules.agree("loader", [1.3 * x for x in plain], plain)
     assert j.passed is False and "+30%" in j.detail
+
+
+def test_agree_fails_nothing_on_an_interval_of_few_rounds():
+    """2 rounds give a 50% interval, 4 an 87.5% one: the check failed a tool on them (exit 1)
+    without saying so. Outside such an interval is no proof: inconclusive, asking for more."""
+    for n, cover in ((2, "50%"), (4, "88%")):
+        j = rules.agree("compute", STALLED[0][:n], STALLED[1][:n])
+        assert j.passed is None and rules.exit_code([j]) == 0, j.detail
+        assert f"{cover} interval" in j.detail and "decides nothing: more rounds" in j.detail
+    assert rules.agree("compute", *STALLED).passed is False  # 6 rounds: 97%
 
 
 def test_agree_with_one_round_has_only_the_tolerance():
