@@ -292,6 +292,16 @@ def round_at(x: float, place: int | None) -> float:  # unchanged for no place
     return float(round(x, -place))
 
 
+def outward(ci, place: int | None) -> list[float]:
+    """An interval's ends rounded away from its middle to 10**place: the rounded interval still
+    holds the measured one (to nearest, 894-1329 read 900-1300)."""
+    if place is None or not all(finite(x) for x in ci):
+        return list(ci)
+    q = 10.0 ** place
+    return [round(math.floor(ci[0] / q) * q, max(0, -place)),
+            round(math.ceil(ci[1] / q) * q, max(0, -place))]
+
+
 def text_at(x: float, place: int | None, default: str = ".1f") -> str:
     """`x` written to 10**place without an exponent ('812', '0.0123'), else in `default`."""
     if place is None:

@@ -22,6 +22,7 @@ from gpubench.core.stats import (
     CPU_SHARES,
     MIN_CPU_SPAN_S,
     finite_number,
+    outward,
     round_at,
     supported_place,
     text_at,
@@ -159,8 +160,8 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
         for k in PHASE_FIGURES:
             v = getattr(ph, k, None)
             add(f"{phase}/{k}", round_at(v, at) if k == "images_per_sec" else v)
-        for end, x in zip(("low", "high"), ci if len(ci) == 2 else (), strict=False):
-            add(f"{phase}/images_per_sec_ci_{end}", round_at(x, at))
+        for end, x in zip(("low", "high"), outward(ci, at) if len(ci) == 2 else (), strict=False):
+            add(f"{phase}/images_per_sec_ci_{end}", x)
         tel = {**ph.telemetry, **ph.memory}
         for k in PHASE_TELEMETRY:
             add(f"{phase}/{k}", tel.get(k))
@@ -233,7 +234,8 @@ def _figure(v, ci) -> str:
     at = supported_place(v, ci)
     if at is None or not ci or len(ci) != 2:
         return text_at(v, None)
-    return f"{text_at(v, at)} [{text_at(ci[0], at)}-{text_at(ci[1], at)}]"
+    lo, hi = outward(ci, at)
+    return f"{text_at(v, at)} [{text_at(lo, at)}-{text_at(hi, at)}]"
 
 
 def headline(rec: RunRecord) -> str:

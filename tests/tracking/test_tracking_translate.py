@@ -185,9 +185,12 @@ def test_throughput_metrics_are_rounded_to_their_interval_and_results_keep_the_r
     m = dict((k, v) for k, v, *_ in T.run_metrics(rec))
     assert m["images_per_sec"] == 812.0 and m["objective"] == 812.0
     assert m["loader/images_per_sec"] == 1812.0
+    # the ends rounded outward: the logged interval holds the measured one
     assert (m["loader/images_per_sec_ci_low"], m["loader/images_per_sec_ci_high"]) == (
-        1803.0, 1821.0)
+        1803.0, 1822.0)
     assert m["e2e/images_per_sec_ci_low"] == 1660.0  # 1662.5 at +-5%: 3 figures
+    wide = record(images_per_sec=1293.8, images_per_sec_ci=[894.0, 1329.0])
+    assert T.headline(wide).startswith("**data-bound** · 1300 [800-1400] img/s")
     # figures without an interval are logged as measured
     assert m["e2e/data_wait_fraction"] == 0.4 and m["e2e/gpu_util_mean"] == 55.0
     assert rec.to_dict()["images_per_sec"] == 812.3
