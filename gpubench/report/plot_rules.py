@@ -8,7 +8,8 @@ from enum import Enum
 from typing import Any
 
 from gpubench.analysis.labels import FLAWS, rerun_text
-from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared, knob_setting
+from gpubench.analysis.recommend import ran_with
+from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, acts, compared, knob_setting
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.files import flatten
@@ -106,8 +107,11 @@ def flagged_label(rows) -> str:
 
 
 def knobs_of(row) -> dict[str, Any]:
-    """Every config key that tells runs apart (config.knobs.compared)."""
-    return {k: v for k, v in flatten(row.record.config or {}).items() if compared(k)}
+    """Every config key that tells runs apart (config.knobs.compared) where it acts (knobs.acts:
+    thread workers' persistent_workers, a CPU's pin_memory name no line)."""
+    flat = flatten(row.record.config or {})
+    get = ran_with(row.record, flat)
+    return {k: v for k, v in flat.items() if compared(k) and acts(k, get)}
 
 
 def held_fixed(rows, key: str) -> list[str]:

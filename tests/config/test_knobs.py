@@ -259,3 +259,11 @@ def test_a_cuda_only_knob_does_not_act_on_a_cpu_run():
     assert all(acting(r, "loader.pin_memory") for r in rows) and len(latest_per_setup(rows)) == 3
     assert knobs.acts("loader.pin_memory", {"bench.device": "cpu"}.get) is False
     assert knobs.acts("loader.pin_memory", {}.get)  # the device not known: it may act
+    # a plot's lines name no knob that did not act (the legend read `pin_memory=false`)
+    from gpubench.report.plot_rules import held_fixed, line_groups
+
+    for r in rows:
+        r.record.env["device"] = "cpu"
+    assert held_fixed(rows, "loader.batch_size") == []
+    [(label, line)] = line_groups(rows, "batch_size")[0]
+    assert "pin_memory" not in label and "cudnn" not in label
