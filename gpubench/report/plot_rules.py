@@ -198,21 +198,27 @@ def memory_axis(rows) -> dict:
     return {"label": "peak memory, % of the device", "note": None}
 
 
-def inert_knobs(params: list[dict], devices: set[str]) -> list[str]:
-    """Swept parameters that cannot act on the device every run used: on a CPU the CUDA-only
-    knobs, and a precision whose values all run the same math there. Empty on a GPU."""
+def inert_knobs(params: list[dict], devices: set[str], rows=()) -> list[str]:
+    """Swept parameters that cannot act: in none of `rows` (knobs.acts: thread workers'
+    persistent_workers), or on the device every run used: on a CPU the CUDA-only knobs, and a
+    precision whose values all run the same math there."""
+    swept = {k for p in params for k in p}
+    runs = [r for r in rows if r.record.config]
+    never = {k for k in swept if runs and not any(
+        acts(k.lstrip("+"), ran_with(r.record, r.flat)) for r in runs)}
     if not devices or devices - {"cpu"}:
-        return []
-    return sorted(k for k in {k for p in params for k in p} if k.lstrip("+") in CUDA_ONLY or (
+        return sorted(never)
+    return sorted(never | {k for k in swept if k.lstrip("+") in CUDA_ONLY or (
         k.lstrip("+") in ("precision", "precision.name")
-        and len({CPU_MATH.get(str(p[k]), "fp32") for p in params if k in p}) < 2))
+        and len({CPU_MATH.get(str(p[k]), "fp32") for p in params if k in p}) < 2)})
 
 
-def importance_params(params: list[dict], devices: set[str]) -> tuple[list[str], str | None]:
+def importance_params(params: list[dict], devices: set[str],
+                      rows=()) -> tuple[list[str], str | None]:
     """The trials' parameters that varied and can act on the device, or ([], why not)."""
     if len(params) < MIN_IMPORTANCE_TRIALS:
         return [], f"{len(params)} complete trials, {MIN_IMPORTANCE_TRIALS} needed"
-    names = sorted({k for p in params for k in p} - set(inert_knobs(params, devices)))
+    names = sorted({k for p in params for k in p} - set(inert_knobs(params, devices, rows)))
     varied = [k for k in names if len({repr(p.get(k)) for p in params}) > 1]
     if len(varied) < 2:  # one knob alone always gets all the importance: a bar that says nothing
         return [], (f"{count(len(varied), 'parameter')} varied and can act on this device, "

@@ -471,17 +471,28 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     import optuna
     from optuna.trial import TrialState
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    from gpubench.search.study import measured_trials
+
+    # each configuration once: a duplicate's copied value, a retry's first try, an interrupted
+    # claim would count one run as several trials
+    done = [t for t in measured_trials(study) if t.state == TrialState.COMPLETE]
     devices = {r.record.env.get("device") for r in rows} - {None}
-    params, why = plot_rules.importance_params([t.params for t in done], devices)
+    params, why = plot_rules.importance_params([t.params for t in done], devices, rows)
     if why:
         log.info("parameter importance skipped: %s", why)
         return None
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory"
     try:
-        imp = optuna.importance.get_param_importances(study, params=params)
+        measured = optuna.create_study(directions=study.directions)  # in memory: those trials
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    measured.add_trials(done)
+    try:
+        imp = optuna.importance.get_param_importances(measured, params=params)
     except ImportError:  # fANOVA's forest needs scikit-learn; PED-ANOVA needs only numpy
         imp = optuna.importance.get_param_importances(
-            study, params=params, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+            measured, params=params, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
     except Exception as e:
         log.info("parameter importance skipped: %s", e)
         return None
@@ -492,7 +503,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     ax.barh(names, [imp[n] for n in names])
     ax.set_xlabel(f"importance for {phase} images/sec (Optuna; sums to 1)")
     swept = sorted({k for t in done for k in t.params})
-    inert = plot_rules.inert_knobs([t.params for t in done], devices)
+    inert = plot_rules.inert_knobs([t.params for t in done], devices, rows)
     # trials whose run flagged its own measurement: their noise is ranked as well as a knob
     noisy = {str(r.record.dir) for r in rows
              if r.record.dir is not None and plot_rules.flag_reasons(r)}

@@ -14,6 +14,7 @@ import pytest
 from gpubench.analysis import recommend
 from gpubench.core.record import Flaw, PhaseRecord, Reason, RunRecord, Status
 from gpubench.report import cli as report_cli
+from gpubench.report import plot_rules
 from gpubench.report import plots as report_plots
 from gpubench.report.plot_data import curve_data, memory_data, pareto_data
 from gpubench.report.plot_rules import (
@@ -350,6 +351,26 @@ def test_importance_png_only_with_enough_trials(tmp_path):
     assert report_plots.importance(_study(7), tmp_path / "a.png", rows) is None
     made = report_plots.importance(_study(8), tmp_path / "b.png", rows)
     assert made is not None and made.is_file()
+
+
+def test_importance_counts_each_configuration_once_and_ranks_no_inert_knob(tmp_path):
+    """A search's duplicates (copied values) made 11 "complete trials" of 8 runs, and
+    persistent_workers, which never acts with thread workers, got the top bar."""
+    study = _study(7)
+    for t in study.trials[:3]:  # the sampler proposed them again: copied, never run
+        study.add_trial(optuna.trial.create_trial(
+            params=t.params, distributions=t.distributions, value=t.value,
+            user_attrs={"duplicate_of": t.number}))
+    rows = rows_of(run(device="cpu"))
+    assert report_plots.importance(study, tmp_path / "a.png", rows) is None  # 7 runs, not 10
+    # a key that acts in none of the runs: left out like a CUDA-only one on a CPU
+    thread = rows_of(run(device="cuda"))
+    thread[0].record.config["loader"]["worker_type"] = "thread"
+    thread[0].flat["loader.worker_type"] = "thread"
+    params = [{"loader.persistent_workers": i % 2 == 0, "loader.batch_size": 16 * (1 + i % 3)}
+              for i in range(8)]
+    assert plot_rules.inert_knobs(params, {"cuda"}, thread) == ["loader.persistent_workers"]
+    assert plot_rules.inert_knobs(params, {"cuda"}, rows_of(run(device="cuda"))) == []
 
 
 def test_bounds_far_above_e2e_switch_to_a_log_axis():
