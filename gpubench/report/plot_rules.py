@@ -85,9 +85,10 @@ def flag_reasons(row) -> list[Reason]:
     reasons = list(rec.noise_reasons)
     if rec.measurement_stable is False and not reasons:
         reasons = [Reason(Flaw.other, "measurement unstable (reasons not recorded)")]
-    if not reasons and not row.stable:
-        reasons = [Reason(Flaw.unconfirmed,
-                          "re-measured by the confirm step: disturbed, failed or disagreed")]
+    if not reasons and not row.stable:  # its re-measurements' flaws, as the ranking's status
+        by = "the confirm step" if row.stepped else "a run repeating it"
+        reasons = [Reason(k, f"re-measured by {by}: {FLAWS[k].word}") for k in row.flaws] or [
+            Reason(Flaw.unconfirmed, f"re-measured by {by}: the measurements disagreed")]
     return reasons
 
 

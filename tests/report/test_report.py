@@ -675,6 +675,21 @@ def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
     assert coverage_of(once) == ", 95% interval" and coverage_of(single) == ""
 
 
+def test_a_plot_names_a_rows_flagged_re_measurement_as_the_ranking_does():
+    """A trial steady itself whose confirm round flagged too few windows read `too few windows`
+    in the ranking and `flagged run (unconfirmed)` in the plots' legend."""
+    from gpubench.report.plot_rules import flagged_label
+
+    r = row(16, 2, ips=200.0, ci=[190.0, 210.0], stable=True)
+    again = _again(r, 201.0, [185.0, 215.0], stable=False)
+    again.noise_reasons = [Reason(Flaw.few_windows, "e2e: 2 windows")]
+    r.confirms = [again]
+    assert r.standing == "too few windows"
+    assert flagged_label([r]).startswith("flagged run (too few windows):")
+    r.confirms = [_again(r, 300.0, [295.0, 305.0], stable=True)]  # steady, but disagreeing
+    assert r.standing == "disagreed" and "(unconfirmed)" in flagged_label([r])
+
+
 def test_confirmations_pool_into_the_figure_interval_and_stability():
     r = row(16, 2, ips=200.0, ci=[190.0, 210.0], stable=True)
     assert (r.throughput, r.interval, r.stable, r.confirmed) == (200.0, (190.0, 210.0), True,
