@@ -199,8 +199,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         done = [r for r in rs if r.record.status.measured]
         used = [r for r in done if not flag_reasons(r)] or [
             r for r in done if not any(FLAWS[x.kind].inflates for x in flag_reasons(r))]
-        good = [(r.knob("num_workers"), r.record.loader_images_per_sec,
-                 r.record.loader_images_per_sec_ci) for r in used]
+        # a loader-only row's figure, pooled over its repeats as the ranking shows it
+        good = [(r.knob("num_workers"), r.throughput, list(r.interval)) for r in used]
         pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"],
                                       [r.flat for r in rs], workers.least_cores(r.record for r in rs))
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))

@@ -250,6 +250,20 @@ def test_the_reports_tolerance_is_the_workers_answers_margin(tmp_path):
             tolerance, workers, tolerance == 0.05)
 
 
+def test_the_workers_answer_reads_a_repeated_loader_as_the_ranking_pools_it(tmp_path):
+    """0 workers run twice (pooled into one row: the ranking read 2062.1 [1827-2297]) and the
+    workers answer read only the first run's 1827 [1550-2302]."""
+    from gpubench.report.loader_answer import loader_answer
+
+    first, again = loader_row(0, 1827.0, [1550.0, 2302.0]), loader_row(0, 2297.0, [2200.0, 2400.0])
+    first.confirms = [again.record]
+    bound = compute_run(540.0, [520.0, 555.0], tmp_path)
+    answer = loader_answer([first, loader_row(2, 900.0, [880.0, 920.0])], [bound], [], "x")
+    [group] = answer.groups
+    assert group.pick.rates[0].value == first.throughput == 2062.0
+    assert (group.pick.rates[0].lo, group.pick.rates[0].hi) == first.interval
+
+
 def test_a_bound_from_an_mlflow_run_is_named_by_its_run_id(tmp_path):
     """An MLflow experiment's runs have no folder here: the bound read `compute bound from
     None`; it names the run by its id (the row's label is its first 8 digits)."""
