@@ -15,7 +15,7 @@ from typing import Any
 
 from gpubench.analysis.labels import flaw_words, rerun_text
 from gpubench.analysis.select import knob_of, left_out, longest
-from gpubench.analysis.workers import fewest_workers, workers
+from gpubench.analysis.workers import fewest_workers, least_cores, workers
 from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
@@ -443,11 +443,14 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
             and r.record.status.measured]
     # with their intervals, as the workers answer judges them: a median alone above compute
     # clears nothing (workers.clears)
-    pick = fewest_workers([(r.knob("num_workers"), r.record.loader_images_per_sec,
-                            r.record.loader_images_per_sec_ci) for r in same],
+    # each row's loader phase over its repeats (the ranking pools them), the hosts' cores
+    pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
+                            m.loader_images_per_sec_ci) for r in same for m in r.measurements
+                           if m.status.measured],
                           Est.of(chosen.record.compute_images_per_sec,
                                  chosen.record.compute_images_per_sec_ci), tolerance,
-                          chosen.record.env.get("device"), [r.flat for r in same])
+                          chosen.record.env.get("device"), [r.flat for r in same],
+                          least_cores(m for r in same for m in r.measurements))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []
