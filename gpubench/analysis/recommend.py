@@ -4,7 +4,6 @@ rows of measured configurations, their ranking, and reference article 003's pick
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
 from gpubench.core.files import flatten
-from gpubench.core.record import Flaw, Longer, Rung, RunRecord, interval_label_of, longer
+from gpubench.core.record import PLAN_KEYS, Flaw, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
 # a recommended config: every section holding a workload key or a knob (a new top-level knob
@@ -230,8 +229,8 @@ def repeats(rec: RunRecord, of: RunRecord) -> bool:
 
 
 def _plan(rec: RunRecord) -> tuple:
-    b = (rec.config or {}).get("bench") or {}
-    return tuple(b.get(f.name) for f in dataclasses.fields(Longer))
+    flat = flatten(rec.config or {})
+    return tuple(flat.get(k) for k in PLAN_KEYS)
 
 
 def acting(r: Row, key: str) -> bool:
@@ -249,11 +248,12 @@ def same_loader(r: Row, of: Row) -> bool:
 
 def varying(rows: list[Row]) -> list[str]:
     """The compared config keys (gpubench.config.knobs.compared) that differ between the rows
-    where they act."""
+    where they act, and how they were measured where that differs (PLAN_KEYS: a search may
+    sweep bench.steps; its rows read alike without it)."""
     keys: dict[str, set] = {}
     for r in rows:
         for k, v in r.flat.items():
-            if compared(k):
+            if compared(k) or k in PLAN_KEYS:
                 vals = keys.setdefault(k, set())
                 if acting(r, k):
                     vals.add(json.dumps(v, default=str))

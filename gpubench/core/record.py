@@ -522,6 +522,11 @@ class Longer:
         return " ".join([f"bench.steps={self.steps} bench.repeats={self.repeats}", *more])
 
 
+# how a run was measured that makes it another measurement (its window plan and caps): the
+# keys a "measure longer" sets
+PLAN_KEYS = tuple(f"bench.{f.name}" for f in dataclasses.fields(Longer))
+
+
 def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
     """A record's `bench` config and its bench.steps and bench.repeats where both are positive
     integers (else None, None: a record written before its config was complete)."""

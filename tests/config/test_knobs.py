@@ -5,7 +5,6 @@ sweeper's data pipe and the cost order cannot disagree about a key."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 from optuna.distributions import CategoricalDistribution
@@ -14,7 +13,7 @@ from gpubench.analysis.recommend import Row, repeats, varying
 from gpubench.analysis.select import setup_text, training_rows
 from gpubench.config import knobs
 from gpubench.config.keys import Pipe, Role
-from gpubench.core.record import Longer, RunRecord, Status
+from gpubench.core.record import PLAN_KEYS, RunRecord, Status
 from gpubench.report.plot_rules import held_fixed
 from gpubench.search.pipes import cost
 from gpubench.search.space import Param
@@ -50,13 +49,13 @@ def test_every_reader_takes_a_keys_role_from_its_declaration(key):
     a, b = _pair(key)
     role = knobs.KEYS[key].knob.role
     shown = role in (Role.workload, Role.knob)
-    assert (key in varying([a, b])) == shown  # a column of the ranking
+    plan = set(PLAN_KEYS)  # how it was measured, where that makes it another measurement
+    assert (key in varying([a, b])) == (shown or key in plan)  # a column of the ranking
     along = "loader.num_workers" if key == "loader.batch_size" else "loader.batch_size"
     assert (key in held_fixed([a, b], along)) == shown  # a line of a plot
     # how it was measured (seed, monitor, tracking): one measurement, pooled as repeats, but
     # for its window plan and caps (what a "measure longer" sets): measured another way;
     # fault injection is never pooled; anything else is another run
-    plan = {f"bench.{f.name}" for f in dataclasses.fields(Longer)}
     assert repeats(a.record, b.record) == (role is Role.measure and key not in plan)
     # another workload is never ranked beside this one
     assert len(training_rows([a, b])[0]) == (1 if role is Role.workload else 2)
