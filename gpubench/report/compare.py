@@ -21,7 +21,7 @@ from gpubench.analysis.select import left_out, longest, workload_of, workload_te
 from gpubench.config.knobs import PLACE, knob_setting
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import flatten, read_json
-from gpubench.core.record import RESULTS_FILE, Rung, RunRecord
+from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Word
 from gpubench.core.stats import positive
 from gpubench.report.console import dash
 
@@ -33,13 +33,22 @@ EXAMPLE_PRICES_DATE = "2023-07"
 EXAMPLE_PRICES = {"T4": 0.35, "V100": 2.48}
 
 
+class PriceSource(Word):
+    """Where a device's price came from; its value the table's column."""
+
+    yours = "yours"
+    example = f"example ({EXAMPLE_PRICES_DATE})"  # list prices, not the team's
+    none = "-"
+
+
 @dataclass
 class DeviceRow:  # one device's best feasible run on one workload, and what it costs
     device: str
     runs: int
     record: RunRecord
     usd_per_hour: float | None
-    price_source: str  # "yours", "example (<date>)" or "-"
+    price_source: PriceSource
+
 
     @property
     def images_per_sec(self) -> float:
@@ -139,9 +148,9 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
         for dev, recs in devices.items():
             best = max(longest(recs), key=lambda r: r.throughput)
             usd, src = next(((u, src) for table, src in (
-                (prices, "yours"), (_own_prices(recs), "yours"),
-                (EXAMPLE_PRICES, f"example ({EXAMPLE_PRICES_DATE})"))
-                if (u := price_for(dev, table)) is not None), (None, "-"))
+                (prices, PriceSource.yours), (_own_prices(recs), PriceSource.yours),
+                (EXAMPLE_PRICES, PriceSource.example))
+                if (u := price_for(dev, table)) is not None), (None, PriceSource.none))
             rows.append(DeviceRow(dev, len(recs), best, usd, src))
         out[work] = sorted(rows, key=lambda d: -d.images_per_sec)
     return out
@@ -216,7 +225,7 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
                 console.print(f"{d.device}: {v['price_x']:.1f}x the price of {v['baseline']} "
                               f"for {v['throughput_x']:.1f}x the throughput "
                               f"({v['images_per_dollar_x']:.2f}x the images per dollar)")
-        if any(d.price_source.startswith("example") for d in rows):
+        if any(d.price_source is PriceSource.example for d in rows):
             console.print(f"prices marked example are list prices from {EXAMPLE_PRICES_DATE}, "
                           "not yours: pass --prices with cost.usd_per_hour per device")
     return console.export_text()
