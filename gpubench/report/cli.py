@@ -18,7 +18,14 @@ from gpubench.core.record import find_runs
 from gpubench.core.secrets import error_text, mask_logging, mask_secrets
 from gpubench.core.uris import sqlite_path
 from gpubench.report.loader_answer import read_compute
-from gpubench.report.write import NothingToReport, load_mlflow, matching, sweep_report, write_report
+from gpubench.report.write import (
+    NothingToReport,
+    Source,
+    load_mlflow,
+    matching,
+    sweep_report,
+    write_report,
+)
 
 
 def looks_like_path(source: str) -> bool:  # a folder, not an MLflow experiment name
@@ -119,7 +126,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     name = a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
         f"-study-{a.study}" if a.study else "")
     write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
-                 f"mlflow experiment {a.source}", None, a.tolerance, named=read_compute(a.compute))
+                 Source(a.source, mlflow=True), None, a.tolerance, named=read_compute(a.compute))
     return ExitCode.OK
 
 

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +237,19 @@ def print_lines(lines: list[str], console=None) -> None:
             con.print(piece, soft_wrap=True)
 
 
-def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
+@dataclass(frozen=True)
+class Source:
+    """What a report is made from, as `python -m gpubench.report` takes it (`arg`): a sweep
+    folder, or an MLflow experiment's name; shown as `mlflow experiment <name>` then."""
+
+    arg: str
+    mlflow: bool = False
+
+    def __str__(self) -> str:
+        return f"mlflow experiment {self.arg}" if self.mlflow else self.arg
+
+
+def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=None,
                  tolerance: float = TOLERANCE, quiet: bool = False,
                  fingerprint: list | None = None, found: list[RunRecord] = (),
                  named: list[RunRecord] = (), pipes: dict | None = None,
@@ -253,7 +266,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str, study=None,
     # rank full training measurements of one setup; without any the table shows what measured
     all_rows = rows
     kept, notes = training_rows(rows)
-    answer = loader_answer(rows, list(found), list(named), source, tolerance)
+    arg = source.arg if isinstance(source, Source) else source
+    source = str(source)
+    answer = loader_answer(rows, list(found), list(named), arg, tolerance)
     if answer is not None and not kept:
         # a loader-only sweep: its table and plots are its loader runs, its answer the workers'
         notes = [f"no training ranking: no run measured a training step (e2e); the table lists "
