@@ -201,9 +201,11 @@ class Pipes:
             self.search(shared, space, tried, Stage.join, confirm=replace(self.confirm, top=0)).run()
             # confirm rounds only where one measurement each leaves the answer open
             rows = _rows(shared)
-            if top := confirm_top([r for _, r in rows], TOLERANCE):
+            top = confirm_top([r for _, r in rows], TOLERANCE)
+            # a resume after a kill mid-rounds: the rounds queued then, measured now
+            if top or S.rounds_left(shared):
                 self.search(shared, space, tried, Stage.join,
-                            confirm=replace(self.confirm, top=top)).run()
+                            confirm=replace(self.confirm, top=max(top, 1))).run()
                 rows = _rows(shared)  # pooled with the rounds
             by_key = {S.key(p): r for p, r in rows}
             nxt = []

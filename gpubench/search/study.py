@@ -340,6 +340,18 @@ def queue_rounds(shared: Shared, top: list[FrozenTrial], rounds: int) -> Shared:
     return c
 
 
+def rounds_left(shared: Shared) -> int:
+    """The confirm step's rounds still queued or running (a resume after a kill measures them,
+    whatever the partly confirmed figures now say)."""
+    try:
+        with _quiet():
+            rounds = optuna.load_study(study_name=shared.study.study_name + ROUNDS,
+                                       storage=shared.storage)
+    except KeyError:  # no confirm step ran
+        return 0
+    return len(rounds.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)))
+
+
 def confirm_dirs(study_name: str, storage) -> dict[int, list[str]]:
     """Each confirmed trial's confirm folders, in round order (`storage`: URL or object)."""
     try:

@@ -810,6 +810,27 @@ def test_the_confirm_step_re_measures_the_fastest_unflagged_trials_first():
     assert to_confirm(found, 4) == ["steady", "next", "unchecked", "flagged"]
 
 
+def test_a_resume_finds_the_confirm_rounds_a_kill_left_unmeasured(tmp_path):
+    """sweep=pipes decides again whether its join needs confirm rounds from the figures a
+    resume reads, pooled with the rounds measured before the kill: it decided none, and the
+    queued rounds stayed WAITING for good. What is left of the step is read from its study."""
+    from gpubench.search.study import ask, queue_rounds, rounds_left
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    space = parse_search_space(["x=range(0,100)"])
+    a = open_study("j", url, 1, 60)
+    assert rounds_left(a) == 0  # no confirm step yet
+    a.study.enqueue_trial({"x": 5})
+    t = ask(a, space.distributions)
+    a.study.tell(t, 5.0)
+    c = queue_rounds(a, [a.study.trials[t.number]], 2)
+    assert rounds_left(a) == 2
+    r = ask(c, space.distributions)
+    assert rounds_left(a) == 2  # one running (its worker may be killed), one waiting
+    c.study.tell(r, 1.0)
+    assert rounds_left(a) == 1
+
+
 def test_screen_cut_counts_pruned_screens_too():
     study = optuna.create_study(direction="maximize")
     space = parse_search_space(["a=range(0,100)"])
