@@ -45,6 +45,7 @@ class Row:
     # the sweep's confirm step's re-measurements, pooled with the record in the figures below
     confirms: list[RunRecord] = field(default_factory=list)
     trial: str | None = None  # its study's label (`compute-3`) when `label` names its folder
+    stage: str | None = None  # of sweep=pipes, its stage's study (`compute`, `data-<digest>`)
 
     def __post_init__(self) -> None:
         if not self.flat:

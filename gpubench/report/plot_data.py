@@ -240,8 +240,7 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
     ooms, ceiling, mine = [], 1.0, []
     for r in rows:
         e = phase_est(r.record, "compute")
-        if not (r.trial or r.label).startswith("compute-") or e is None \
-                and r.record.status is not Status.oom:
+        if r.stage != "compute" or e is None and r.record.status is not Status.oom:
             continue
         mine.append(r)
         p = _params(r, keys)
@@ -281,7 +280,7 @@ def data_panels(rows: list[Row], result: dict) -> list[dict]:
         points = []
         for r in rows:
             e = phase_est(r.record, "loader")
-            if (r.trial or r.label).startswith(f"data-{stage}-") and e is not None:
+            if r.stage == f"data-{stage}" and e is not None:
                 loaders.append(r)
                 p = as_run(_params(r, keys))
                 points.append((p, _est(p.get(WORKERS, 0), e, chosen=p == chosen)))

@@ -50,7 +50,9 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
                 stage = name.removeprefix(base).lstrip("-") if pipes else None
                 is_main = stage in (None, "join")  # the join's (or the only) study
                 study = optuna.load_study(study_name=name, storage=store)
-                rows += [r for _, r in trial_rows(study, store, "" if is_main else f"{stage}-")]
+                for _, r in trial_rows(study, store, "" if is_main else f"{stage}-"):
+                    r.stage = stage
+                    rows.append(r)
                 main = study if is_main else main
             return rows, main
         except Exception as e:  # a moved or deleted database: the files are still here

@@ -539,9 +539,9 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
     compute setting, drawn as columns of one picture rather than a panel per point."""
     from gpubench.report.plot_data import compute_data, data_panels
 
-    def stage(trial, rec, label):
+    def stage(trial, rec, label):  # as search.rows reads a pipes study's trial
         r = row(rec, label)
-        r.trial = trial
+        r.trial, r.stage = trial, trial.rsplit("-", 1)[0]
         return r
 
     rows = [stage(f"compute-{i}", run(batch=b, e2e=None, loader=None, compute=c, device="cpu",
