@@ -82,9 +82,12 @@ class Pipes:
     earlier: dict = field(default_factory=dict)  # each stage's seconds in earlier invocations
 
     def _spent(self, stage: str, since: float) -> float:
+        """The stage's seconds over every invocation, written at once: a kill in a later stage
+        must not lose them (a resume read 'data 0 s' after a data stage of minutes)."""
         now = time.monotonic()
         wall = self.result.setdefault("wall_s", {})
         wall[stage] = round(float(self.earlier.get(stage, 0.0)) + now - since, 1)
+        self.write(self.result)
         return now
 
     @cached_property

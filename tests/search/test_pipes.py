@@ -421,6 +421,20 @@ def _wait_for(pred, proc, timeout: float = 240) -> None:
     raise AssertionError("timed out")
 
 
+def test_each_stages_seconds_are_written_when_it_ends():
+    """pipes.json's wall_s was written with the result at the end: a kill in the join lost the
+    data stage's minutes, and the resume's path read `data 0 s`."""
+    import copy
+
+    from gpubench.search.pipes import Pipes
+
+    written: list[dict] = []
+    p = Pipes(None, None, "s", None, None, None, lambda r: written.append(copy.deepcopy(r)),
+              earlier={"compute": 8.0})
+    p._spent("compute", time.monotonic() - 1.0)
+    assert written[-1]["wall_s"]["compute"] >= 9.0  # this invocation's and the earlier ones'
+
+
 @pytest.mark.slow
 def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(tmp_path):
     def stage_started(stage: str) -> bool:
