@@ -120,9 +120,9 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     tracking, no fault injection)."""
     cfg = row.record.config
     setup = {k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg}
-    groups = [{f"override /{g}": v} for g in ("dataset", "model", "precision", "step")
-              if (v := (setup.get(g) or {}).get("name")) is not None
-              and group_of(f"{g}.name", v) == g]
+    # each section named after one of its group's configs: that config, then its values
+    groups = [{f"override /{g}": v} for g, section in setup.items() if isinstance(section, dict)
+              and (v := section.get("name")) is not None and group_of(f"{g}.name", v) == g]
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
     head += [f"#   {line}" for line in rec.reasons] if rec is not None else []
     if "bench" in setup:
