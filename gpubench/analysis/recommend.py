@@ -165,10 +165,11 @@ def row_of(rec: RunRecord, label: str) -> Row:
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
-    """One row per setup (what ran: every declared key but the measuring ones, gpubench.config.
-    knobs.role): the newest of its longest measurements (a search's trial before the newer
-    runs of its confirm step), with the others of that length that repeat it pooled as confirms
-    (one lucky run must not stand for the setup). An MLflow experiment's runs and a grid
+    """One row per setup measured one way (what ran: every declared key but the measuring ones,
+    gpubench.config.knobs.role; and its plan, PLAN_KEYS: a run measured another way is a row of
+    its own, never dropped for a newer one): the newest of its measurements (a search's trial
+    before the newer runs of its confirm step), with the others that repeat it pooled as
+    confirms (one lucky run must not stand for the setup). An MLflow experiment's runs and a grid
     folder's jobs alike; a search's trial rows pass as they are (its confirm step pools its
     own)."""
     groups: dict[str, list[Row]] = {}
@@ -177,9 +178,10 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
         if r.trial is not None:
             out.append(r)
             continue
-        # a loader-only run or a probe must never stand for (and hide) a training measurement
-        key = json.dumps({**_what_ran(r.record), "kind": left_out(r.record)}, sort_keys=True,
-                         default=str)
+        # a loader-only run or a probe must never stand for (and hide) a training measurement,
+        # nor a run measured another way (its plan: a column of the ranking) for this one
+        key = json.dumps({**_what_ran(r.record), "kind": left_out(r.record),
+                          "plan": _plan(r.record)}, sort_keys=True, default=str)
         groups.setdefault(key, []).append(r)
     for group in groups.values():
         # a search's confirm run re-measures its trial's record, never stands for it: the head

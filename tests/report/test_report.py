@@ -812,13 +812,18 @@ def test_an_experiments_repeats_are_pooled_only_when_they_measured_the_same_thin
     assert [r.record for r in latest_per_setup([sgd[0], *knobs])] == [
         sgd[0].record, *(r.record for r in knobs)]
     others = [mlflow_run(700.0, 6, device="NVIDIA A100"), mlflow_run(9.0, 7, steps=20)]
-    (out,) = latest_per_setup([sgd[0], *others])  # another device, a shorter run: not pooled
-    assert out.record is others[0].record and out.confirms == []
+    # another device: not pooled, the newest stands; a shorter run: a row of its own (its
+    # bench.steps a column), never hiding nor hidden by the others
+    a100, short = latest_per_setup([sgd[0], *others])
+    assert a100.record is others[0].record and a100.confirms == []
+    assert short.record is others[1].record and short.confirms == []
 
-    # measured another way (another window plan, a cap that cut one short): the newest alone
+    # measured another way (another window plan, a cap that cut one short): a row each (a
+    # stable full run vanished behind a newer one cut short)
     for other in ({"repeats": 2}, {"max_seconds": 0.3}, {"min_window_s": 0.5}):
-        (out,) = latest_per_setup([sgd[0], mlflow_run(500.0, 9, **other)])
-        assert out.record.images_per_sec == 500.0 and out.confirms == [], other
+        rows = latest_per_setup([sgd[0], mlflow_run(500.0, 9, **other)])
+        assert sorted(r.record.images_per_sec for r in rows) == [500.0, 980.0], other
+        assert all(r.confirms == [] for r in rows)
 
     # a fault injected ran another thing: a row of its own, never pooled nor hiding the run
     stalled = mlflow_run(300.0, 8)
