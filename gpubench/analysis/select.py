@@ -145,6 +145,10 @@ def parse_where(items: list[str] | None) -> dict[str, str]:
         if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
             raise WhereError(f"gpubench.report: --where {item!r} is not allowed: it must be "
                              "KEY=VALUE with a dotted config key, e.g. --where model.name=resnet50")
+        if key.strip() in out and out[key.strip()] != value.strip():  # one run has one value
+            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: "
+                             f"{key.strip()} is given twice ({out[key.strip()]} and "
+                             f"{value.strip()}); a run has one value of each key")
         out[key.strip()] = value.strip()
     return out
 

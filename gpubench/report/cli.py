@@ -23,6 +23,7 @@ from gpubench.report.write import (
     Source,
     load_mlflow,
     matching,
+    report_name,
     sweep_report,
     write_report,
 )
@@ -123,8 +124,8 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
         raise NothingToReport(f"gpubench.report: no runs with results.json"
                               f"{matching(conditions)} in experiment {a.source!r}")
     # a report of part of an experiment never overwrites the whole experiment's
-    name = a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
-        f"-study-{a.study}" if a.study else "")
+    name = report_name(a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
+        f"-study-{a.study}" if a.study else ""), conditions, a.tolerance)
     write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
                  Source(a.source, mlflow=True), None, a.tolerance, named=read_compute(a.compute))
     return ExitCode.OK

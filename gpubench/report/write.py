@@ -360,6 +360,15 @@ class NothingToReport(FileNotFoundError):
     """No finished run to report on: main prints its one line and exits 1."""
 
 
+def report_name(base: str, conditions: dict[str, str] | None, tolerance: float) -> str:
+    """The folder of a report: a report of part of the runs (--where) or at another --tolerance
+    never overwrites the whole one's (`report-loader.num_workers=1`), which the sweep's
+    manifest and its MLflow parent agree with."""
+    parts = [f"{k}={v}" for k, v in sorted((conditions or {}).items())]
+    parts += [f"tolerance={tolerance:g}"] if tolerance != TOLERANCE else []
+    return base + "".join("-" + re.sub(r"[^\w.=+]+", "_", x) for x in parts)
+
+
 def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False, conditions: dict[str, str] | None = None,
                  compute: list[str] | None = None, out: str | Path | None = None,
@@ -381,7 +390,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
     named = read_compute(compute)
     found = sweep_compute(sweep_dir, rows)
     # before anything is read there; a folder the user named (--out) is theirs
-    out = check_no_links(sweep_dir / REPORT_DIR, sweep_dir) if out is None else Path(out)
+    out = check_no_links(sweep_dir / report_name(REPORT_DIR, conditions, tolerance),
+                         sweep_dir) if out is None else Path(out)
     # what the report was made from: a second call reuses the files when nothing changed
     stamp = ([[r.label, r.status, _mtime(Path(r.dir) / "results.json") if r.dir else 0]
               for r in rows] + [["sweep.json", _mtime(sweep_dir / "sweep.json")], tolerance]

@@ -964,6 +964,17 @@ def test_a_bad_where_is_one_line_from_the_command(where, code, tmp_path, capsys)
     assert line.startswith("gpubench.report: --where ") and where.partition("=")[0] in line
 
 
+def test_a_key_given_twice_to_where_is_refused_not_the_last_kept(tmp_path, capsys):
+    from gpubench.report.cli import main
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(ROOT / "tests" / "golden" / "fixtures" / "sweep", sweep)
+    args = [str(sweep), "--where", "loader.batch_size=4", "--where", "loader.batch_size=8"]
+    assert main(args) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "loader.batch_size is given twice (4 and 8)" in line
+
+
 def test_the_fastest_figures_true_reason_is_given():
     # stable on its own measurement, but the confirm step re-measured another trial
     once = row(128, 2, ips=4483.4, ci=[4400.0, 4560.0], stable=True)
@@ -1033,11 +1044,12 @@ def test_part_of_an_experiment_is_reported_beside_the_whole(tmp_path, monkeypatc
     assert main(["exp", "--tracking-uri", uri, "--study", "s1"]) == 0
     assert main(["exp", "--tracking-uri", uri, "--where", "model.name=tiny"]) == 0
     whole = json.loads((reports / "exp" / "summary.json").read_text())
+    tiny = json.loads((reports / "exp-model.name=tiny" / "summary.json").read_text())
+    assert tiny["rows"] == 2  # beside the whole experiment's, which it no longer overwrites
     part = json.loads((reports / f"exp-parent-{parent[:8]}" / "summary.json").read_text())
     study = json.loads((reports / "exp-study-s1" / "summary.json").read_text())
     assert part["rows"] == 1 and study["rows"] == 1  # ranked rows: one setup, e2e only
-    # the whole experiment (last written with --where): tiny only, its fastest recommended
-    assert whole["rows"] == 2 and whole["best"]["images_per_sec"] == 100.0
+    assert tiny["best"]["images_per_sec"] == 100.0 and whole["best"]["images_per_sec"] == 40.0
     # the study's report ranks the newest run's setup (resnet50) without its loader-only run
     assert study["best"]["images_per_sec"] == 40.0
     assert any("left out 1 run that is" in x for x in study["lines"])

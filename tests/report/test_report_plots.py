@@ -487,13 +487,16 @@ def test_report_prints_its_summary_also_when_up_to_date(tmp_path, capsys, where)
     assert report_cli.main([str(sweep), *where]) == 0
     first = capsys.readouterr().out
     assert "recommended:" in first
-    mtime = (sweep / "report" / "summary.json").stat().st_mtime_ns
+    # a report of part of the runs goes beside the whole one's, never over it
+    report = sweep / ("report" + "".join(f"-{w}" for w in where[1:]))
+    mtime = (report / "summary.json").stat().st_mtime_ns
     assert report_cli.main([str(sweep), *where]) == 0
     second = capsys.readouterr().out
-    assert (sweep / "report" / "summary.json").stat().st_mtime_ns == mtime  # cached
+    assert (report / "summary.json").stat().st_mtime_ns == mtime  # cached
     assert "recommended:" in second and "up to date" in second
     assert "101.0" in second  # the ranking table too
-    assert json.loads((sweep / "report" / "summary.json").read_text())["lines"]
+    assert json.loads((report / "summary.json").read_text())["lines"]
+    assert (sweep / "report").is_dir() is not bool(where)
 
 
 def test_a_report_written_elsewhere_is_the_sweeps_own_report(tmp_path, capsys):
