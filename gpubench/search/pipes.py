@@ -157,7 +157,7 @@ class Pipes:
         digest = hashlib.sha1(S.key(k.params).encode()).hexdigest()[:8]
         shared = self.open_study(f"{self.name}-data-{digest}")
         params = space.params  # a grid: check_space refused a continuous data key
-        points = sorted(effective(grid(params)), key=lambda p: cost(p, params))
+        points = sorted(effective(grid(params), space.fixed_values), key=lambda p: cost(p, params))
         after = None if past is None else cost(past, params)
         # what the walk measures next of these rows (nothing: answered)
         walk = partial(data_walk, points, params, bound=k.rate, margin=TOLERANCE)
@@ -444,13 +444,12 @@ def confirm_top(rows: list[Row], tolerance: float) -> int:
     return max([0 if lead.stable else 1, *open_])
 
 
-def effective(points: list[dict]) -> list[dict]:
-    """The data points that differ as runs (settings.as_run: one 0-worker point per setting)."""
-    from gpubench.config.settings import as_run
-
+def effective(points: list[dict], fixed: dict | None = None) -> list[dict]:
+    """The data points that differ as runs (search.space.key, with the search's `fixed` values:
+    one 0-worker point per setting, one pin_memory setting on a CPU)."""
     first: dict[str, dict] = {}
     for p in points:
-        first.setdefault(S.key(as_run(p)), p)
+        first.setdefault(S.key(p, fixed), p)
     return list(first.values())
 
 

@@ -118,6 +118,12 @@ def test_data_settings_are_ordered_cheapest_first():
     # with 0 workers prefetch is inert: one 0-worker point per preload value, not two
     assert len(points) == 2 + 2 * 2 * 2
     assert sum(p["loader.num_workers"] == 0 for p in points) == 2
+    # on a CPU (bench.device=cpu on the command line) pin_memory does nothing: one point, not a
+    # trial spent on each setting
+    cpu = parse_search_space(["loader.num_workers=choice(0,2)", "bench.device=cpu",
+                              "loader.pin_memory=choice(true,false)"])
+    assert len(effective(grid(cpu.params))) == 4
+    assert len(effective(grid(cpu.params), cpu.fixed_values)) == 2
 
 
 def test_keep_compute_takes_the_fastest_and_the_smallest_batch_near_it():
