@@ -537,6 +537,11 @@ def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
     return b, None, None
 
 
+# a raised bench.max_seconds spares this much over the pace measured: a rerun's pace moves
+# (15% run to run on a shared host), and an exact cap cut the rerun short again
+CAP_HEADROOM = 1.5
+
+
 def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
     """Every "measure longer" of run `rec` (the console's and results.json's advice, the verdict's
     `would decide`, the report's rerun line and recommended.yaml): `plan` (steps, repeats), by
@@ -573,7 +578,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
         need = max((cap * planned(n, new_steps, new_repeats) / planned(n, steps, repeats)
                     / max(p.steps / planned(n, steps, repeats), 1e-3)
                     for n, p in rec.phases.items() if p.truncated),
-                   default=cap * new_steps / steps)
+                   default=cap * new_steps / steps) * CAP_HEADROOM
     if brief:  # each window may last at most bench.max_seconds / bench.repeats
         need = max(need, MIN_WINDOW_S * new_repeats)
     need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
