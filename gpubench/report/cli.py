@@ -127,7 +127,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     name = report_name(a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
         f"-study-{a.study}" if a.study else ""), conditions, a.tolerance)
     write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
-                 Source(a.source, mlflow=True), None, a.tolerance, named=read_compute(a.compute))
+                 Source(a.source, mlflow=True, uri=a.tracking_uri), None, a.tolerance, named=read_compute(a.compute))
     return ExitCode.OK
 
 

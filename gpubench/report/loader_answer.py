@@ -260,7 +260,7 @@ def _lines(groups: list[Group], source: str) -> list[str]:
             for m in g.failed:
                 out.append(f"    the sweep's compute measurement did not measure: {m.dir} "
                            f"(status {m.status}: {m.error or 'no error recorded'})")
-            src = shlex.quote(source)
+            src = source  # the report's own arguments, quoted (write.Source.args)
             out += ["    to answer: measure compute once at this setup, then name that run:",
                     f"      {_compute_command(g.rows[0])}",
                     f"      python -m gpubench.report {src} --compute <that run's folder>"]

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,9 +245,16 @@ class Source:
 
     arg: str
     mlflow: bool = False
+    uri: str | None = None  # the MLflow store named on the command line (--tracking-uri)
 
     def __str__(self) -> str:
         return f"mlflow experiment {self.arg}" if self.mlflow else self.arg
+
+    @property
+    def args(self) -> str:
+        """Its part of a `python -m gpubench.report` command line, quoted (a password masked)."""
+        uri = f" --tracking-uri {shlex.quote(mask_secrets(self.uri))}" if self.uri else ""
+        return shlex.quote(self.arg) + uri
 
 
 def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=None,
@@ -266,7 +274,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     # rank full training measurements of one setup; without any the table shows what measured
     all_rows = rows
     kept, notes = training_rows(rows)
-    arg = source.arg if isinstance(source, Source) else source
+    arg = (source if isinstance(source, Source) else Source(source)).args
     source = str(source)
     answer = loader_answer(rows, list(found), list(named), arg, tolerance)
     if answer is not None and not kept:

@@ -1317,3 +1317,12 @@ def test_the_run_table_heads_its_phases_intervals_with_their_coverages():
     for name in ("loader", "compute"):
         d["phases"][name]["images_per_sec_ci_coverage"] = 0.5
     assert "| 50% interval |" in describe(RunRecord.from_dict(d))
+
+
+def test_the_to_answer_command_of_an_mlflow_report_names_its_store():
+    """Run as printed, the workers answer's command failed: it dropped --tracking-uri."""
+    from gpubench.report.write import Source
+
+    src = Source("my exp", mlflow=True, uri="postgresql://u:secret@db/mlflow")
+    assert src.args == "'my exp' --tracking-uri 'postgresql://u:***@db/mlflow'"
+    assert str(src) == "mlflow experiment my exp" and Source("runs/a").args == "runs/a"
