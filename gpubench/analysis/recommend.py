@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from gpubench.analysis.labels import flaw_words, rerun_text
-from gpubench.analysis.select import knob_of, left_out, longest
+from gpubench.analysis.select import knob_of, left_out
 from gpubench.analysis.workers import fewest_workers, least_cores, workers
 from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
@@ -187,9 +187,9 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
         # a search's confirm run re-measures its trial's record, never stands for it: the head
         # is the row a folder's report ranks (its full run), so every figure read from the
         # head's record (the loader check, cpu %, the rung, the parent's best run) agrees
-        same = sorted(longest(group, attrgetter("record")), reverse=True,
-                      key=lambda r: (Rung.of(r.record.rung) is not Rung.confirm,
-                                      r.record.started_at or ""))
+        # (one plan a group: every run of it measured as long)
+        same = sorted(group, reverse=True, key=lambda r: (Rung.of(r.record.rung) is not
+                                                         Rung.confirm, r.record.started_at or ""))
         head = same[0]
         # a folder's search row holds its confirm rounds already; called again, none twice
         had = [m for m in head.confirms if all(m is not r.record for r in same)]
@@ -200,10 +200,15 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
 
 
 def _what_ran(rec: RunRecord) -> dict[str, Any]:
-    """Its config but how it was measured and the keys that did not act (knobs.acts)."""
+    """Its config but how it was measured and the keys that did not act."""
+    return {k: v for k, v in acted(rec).items() if role(k) is not Role.measure}
+
+
+def acted(rec: RunRecord) -> dict[str, Any]:
+    """A run's flat config values of the keys that acted in it (knobs.acts, `ran_with`)."""
     flat = flatten(rec.config or {})
     get = ran_with(rec, flat)
-    return {k: v for k, v in flat.items() if role(k) is not Role.measure and acts(k, get)}
+    return {k: v for k, v in flat.items() if acts(k, get)}
 
 
 def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:

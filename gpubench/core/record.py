@@ -574,9 +574,9 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
                           if phase == "loader" else per_window)
 
     need = cap
-    if rec.cut_short:  # each cut phase's new plan at the pace it ran (its share of its plan)
-        need = max((cap * planned(n, new_steps, new_repeats) / planned(n, steps, repeats)
-                    / max(p.steps / planned(n, steps, repeats), 1e-3)
+    if rec.cut_short:  # each cut phase's new plan at the pace it ran (p.steps in `cap` s)
+        need = max((cap * planned(n, new_steps, new_repeats)
+                    / max(p.steps, 1e-3 * planned(n, steps, repeats))
                     for n, p in rec.phases.items() if p.truncated),
                    default=cap * new_steps / steps) * CAP_HEADROOM
     if brief:  # each window may last at most bench.max_seconds / bench.repeats

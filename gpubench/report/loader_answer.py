@@ -260,10 +260,10 @@ def _lines(groups: list[Group], source: str) -> list[str]:
             for m in g.failed:
                 out.append(f"    the sweep's compute measurement did not measure: {m.dir} "
                            f"(status {m.status}: {m.error or 'no error recorded'})")
-            src = source  # the report's own arguments, quoted (write.Source.args)
             out += ["    to answer: measure compute once at this setup, then name that run:",
                     f"      {_compute_command(g.rows[0])}",
-                    f"      python -m gpubench.report {src} --compute <that run's folder>"]
+                    # the report's own arguments, quoted (write.Source.args)
+                    f"      python -m gpubench.report {source} --compute <that run's folder>"]
     # a setup measured with both kinds of workers: the fewest of either that clear compute
     setups = plot_rules.group_by(groups, lambda g: plot_rules.knob_part(_knobs(g.rows[0])))
     for gs in setups.values():

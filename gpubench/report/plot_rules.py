@@ -8,11 +8,10 @@ from enum import Enum
 from typing import Any
 
 from gpubench.analysis.labels import FLAWS, rerun_text
-from gpubench.analysis.recommend import ran_with
+from gpubench.analysis.recommend import acted, ran_with
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, acts, compared, knob_setting
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.core.files import flatten
 from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord
 from gpubench.core.stats import Est, count
 
@@ -110,9 +109,7 @@ def flagged_label(rows) -> str:
 def knobs_of(row) -> dict[str, Any]:
     """Every config key that tells runs apart (config.knobs.compared) where it acts (knobs.acts:
     thread workers' persistent_workers, a CPU's pin_memory name no line)."""
-    flat = flatten(row.record.config or {})
-    get = ran_with(row.record, flat)
-    return {k: v for k, v in flat.items() if compared(k) and acts(k, get)}
+    return {k: v for k, v in acted(row.record).items() if compared(k)}
 
 
 def held_fixed(rows, key: str) -> list[str]:
