@@ -10,7 +10,7 @@ from enum import Enum
 
 from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step, rerun_text
 from gpubench.analysis.noise import more_windows
-from gpubench.analysis.workers import workers
+from gpubench.analysis.workers import more_workers, workers
 from gpubench.config.schema import PRELOAD_HELPS, is_amp
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import (
@@ -248,7 +248,7 @@ def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
     n = k.num_workers
     figures = dict(vars(k), workers=workers(n), s="s" * (n == 1), double_batch=2 * k.batch_size,
                    half_batch=max(1, k.batch_size // 2),
-                   more_workers=min(k.cpu_count, max(2 * n, n + 1)))
+                   more_workers=more_workers(n, k.device, k.cpu_count))
     return [step.value.format(**figures) for step in [s for s, on in rules if on][:3]]
 
 

@@ -35,6 +35,14 @@ def _text(v: Any) -> str:
     return format_value(v.value if isinstance(v, Enum) else v)
 
 
+def more_workers(n: int, device: str | None, cores: int | None) -> int:
+    """The worker count to measure after `n`: double it (2 at least), up to the host's `cores`
+    (more only take turns on them). On a CPU, from 0, one: a worker loads on a core the model
+    trains on, so its gain is measured against 0, not assumed (Step.workers_from_zero_on_cpu)."""
+    want = 1 if n == 0 and device == "cpu" else max(2, 2 * n)
+    return min(want, cores or want)
+
+
 def next_steps(device: str | None, more_from: int | None = None,
                tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None) -> str:
     """NEXT_STEPS for a run's device (one not recorded: as on CUDA), led by more workers where
@@ -42,7 +50,7 @@ def next_steps(device: str | None, more_from: int | None = None,
     up to the host's `cores` (more workers than cores only take turns on them: then more cores
     is the step). A step that sets a key to a value one of the runs already had (`tried`: their
     flat config values) is no next step: those runs are what it would measure."""
-    want = None if more_from is None else min(max(2, 2 * more_from), cores or 1 << 30)
+    want = None if more_from is None else more_workers(more_from, device, cores)
     more = [("loader.num_workers", want)] if want is not None and want > more_from else []
     had = [{k: _text(v) for k, v in r.items()} for r in tried]
     # made in RAM (synthetic): preload has nothing to decode (schema.PRELOAD_HELPS)

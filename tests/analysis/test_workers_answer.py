@@ -236,6 +236,23 @@ def test_more_workers_are_advised_only_up_to_the_hosts_cores():
     assert least_cores(hosts) == 2 and least_cores([RunRecord()]) is None
 
 
+def test_the_next_worker_count_from_zero_is_the_consoles():
+    """From 0 workers on a 2-core CPU the report said `loader.num_workers=2` while the run's
+    console said to measure 1 against 0 (a worker loads on a core the model trains on; in a
+    review 2 halved e2e). Both now ask workers.more_workers; on CUDA 0 still leads to 2."""
+    from gpubench.analysis.verdict import Bottleneck, Knobs, advise
+    from gpubench.analysis.workers import next_steps
+
+    assert next_steps("cpu", 0, cores=2).startswith("loader.num_workers=1, ")
+    assert next_steps("cpu", 0, cores=8).startswith("loader.num_workers=1, ")
+    assert next_steps("cuda", 0, cores=8).startswith("loader.num_workers=2, ")
+    assert next_steps("cpu", 1, cores=8).startswith("loader.num_workers=2, ")
+    knobs = Knobs(device="cpu", num_workers=0, cpu_count=2, pin_memory=False, preload=False,
+                  augment_on="cpu", precision="fp32", channels_last=False, compile="off",
+                  batch_size=8, dataset="synthetic", memory_fraction=None, ceiling=0.9)
+    assert advise(Bottleneck.data, knobs)[0].startswith("loader.num_workers=1, ")
+
+
 def test_the_reports_tolerance_is_the_workers_answers_margin(tmp_path):
     """`--tolerance` reached the recommendation's loader check but not the workers answer,
     which kept 5%: one report judged one loader against one bound with two margins. At 50%
