@@ -36,12 +36,17 @@ def plain(v: Any) -> Any:
     return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
+def device_of(cfg: DictConfig) -> str:
+    """bench.device as a job here resolves it (auto: CUDA if this host has it)."""
+    want = _plain(cfg.bench.device)
+    return want if want != "auto" else ("cuda" if cuda_available() else "cpu")
+
+
 def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     """(device, image_size, batch_size): the null keys sized by bench.device (auto: CUDA if here).
     No availability rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
     schema.check_ranges(cfg, only=("dataset.image_size", "loader.batch_size"))
-    want = _plain(cfg.bench.device)
-    device = want if want != "auto" else ("cuda" if cuda_available() else "cpu")
+    device = device_of(cfg)
     given, auto = (cfg.dataset.image_size, cfg.loader.batch_size), schema.auto_sizes(device)
     return device, *(a if g is None else int(g) for g, a in zip(given, auto, strict=True))
 

@@ -253,7 +253,7 @@ def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchS
 
     space.require_swept()
     compute, data = (SearchSpace([p for p in space.params if (p.name in data_keys) is side],
-                                 list(space.fixed)) for side in (False, True))
+                                 list(space.fixed), space.resolved) for side in (False, True))
     names = [p.name for p in space.params]
     if not compute.params or not data.params:
         missing = "compute" if not compute.params else "data"
@@ -288,7 +288,7 @@ def fixed_space(space: SearchSpace, values: dict[str, Any], extra: list[str]) ->
     named = {p.name: p for p in space.params}
     pinned = [named[k].override(v) if k in named else f"{k}={v}" for k, v in values.items()]
     return SearchSpace([p for p in space.params if p.name not in values],
-                       [*space.fixed, *pinned, *extra])
+                       [*space.fixed, *pinned, *extra], space.resolved)
 
 
 def rate_of(row: Row) -> Est | None:

@@ -51,15 +51,19 @@ class Param:
 class SearchSpace:
     params: list[Param]
     fixed: list[str]  # non-swept overrides, passed to every job unchanged
+    # what the jobs will resolve that no override says (bench.device=auto as they run it): the
+    # sweeper's, where its launcher runs them on this host
+    resolved: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def fixed_values(self) -> dict[str, Any]:
-        """The fixed overrides' values by key (`loader.num_workers=0`: 0), as Hydra parses them."""
+        """The fixed overrides' values by key (`loader.num_workers=0`: 0), as Hydra parses them,
+        under what the jobs resolve."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        return {o.key_or_group: o.value() for o in
-                OverridesParser.create().parse_overrides(list(self.fixed))
-                if not o.is_sweep_override() and not o.is_delete()}
+        return {**{o.key_or_group: o.value() for o in
+                   OverridesParser.create().parse_overrides(list(self.fixed))
+                   if not o.is_sweep_override() and not o.is_delete()}, **self.resolved}
 
     @property
     def distributions(self) -> dict[str, BaseDistribution]:

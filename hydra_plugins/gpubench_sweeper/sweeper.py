@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.keys import check_keys, keys
+from gpubench.config.settings import device_of
 from gpubench.config.uris import STORAGE_SCHEMES, check_uri
 from gpubench.core.files import read_json, write_json, write_text
 from gpubench.core.record import BOUNDS_MEASURED_ENV, STUDY_ENV  # torch-free
@@ -28,6 +29,9 @@ from gpubench.search.manifest import read as read_manifest
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
 log = logging.getLogger("gpubench.sweep")
+# Hydra's launchers whose jobs run on this host (hydra-core's own, hydra-joblib-launcher): only
+# there does this host say what bench.device=auto is; a cluster's jobs resolve it on their nodes
+LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")
 
 
 class GpubenchSweeper(Sweeper):
@@ -59,6 +63,8 @@ class GpubenchSweeper(Sweeper):
 
         self.check()
         space = parse_search_space(arguments, self.params, self.hydra_context.config_loader)
+        if type(self.launcher).__name__ in LOCAL_LAUNCHERS:  # the jobs run here: as they resolve
+            space.resolved = {"bench.device": device_of(self.config)}  # a CPU's pin_memory: inert
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         # as Hydra's, masked

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +27,7 @@ from gpubench.config.errors import ConfigError
 from gpubench.core import record
 from gpubench.core.files import read_json
 from gpubench.core.record import OOM_CONSTRAINT, RunRecord, Status
+from tests.cli.test_cli import sigterm_kept  # noqa: F401 - a fixture
 from gpubench.report.write import RANK_ORDER
 from gpubench.search.jobs import read_job
 from gpubench.search.maxbatch import find_max_batch
@@ -1451,3 +1453,24 @@ def test_a_trial_known_only_to_its_study_shares_the_rankings_columns():
                   record_keys({"precision": "amp_fp16", "loader.batch_size": 16}))
     assert refused.flat == {"precision.name": "amp_fp16", "loader.batch_size": 16}
     assert varying([measured, refused]) == ["precision.name"]
+
+
+def test_bench_device_auto_on_a_cpu_measures_pin_memory_twins_once(monkeypatch, tmp_path,
+                                                                  sigterm_kept):
+    """With bench.device=auto (the default) a search on a CPU measured pin_memory=true and
+    =false as two trials: knobs.acts saw `auto`, where the jobs run on this host's CPU. The
+    sweeper resolves it for a launcher that runs the jobs here (the basic one): one trial."""
+    from gpubench.__main__ import main
+    from gpubench.cli.errors import one_line_errors
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [
+        "gpubench", "-m", "hydra/sweeper=gpubench", *[o for o in TINY if "device" not in o],
+        f"hydra.sweep.dir={tmp_path / 's'}", "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0",
+        "loader.pin_memory=choice(true,false)"])
+    with one_line_errors():
+        main()
+    ran = [json.loads(f.read_text()) for f in (tmp_path / "s").glob("*/results.json")]
+    assert [r["config"]["bench"]["device"] for r in ran] == ["auto"]
+    assert ran[0]["env"]["device"] == "cpu"
