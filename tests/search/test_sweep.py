@@ -27,7 +27,6 @@ from gpubench.config.errors import ConfigError
 from gpubench.core import record
 from gpubench.core.files import read_json
 from gpubench.core.record import OOM_CONSTRAINT, RunRecord, Status
-from tests.cli.test_cli import sigterm_kept  # noqa: F401 - a fixture
 from gpubench.report.write import RANK_ORDER
 from gpubench.search.jobs import read_job
 from gpubench.search.maxbatch import find_max_batch
@@ -39,6 +38,7 @@ from gpubench.search.study import (
     screen_passes,
     split_duplicates,
 )
+from tests.cli.test_cli import sigterm_kept  # noqa: F401 - a fixture
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -1455,8 +1455,8 @@ def test_a_trial_known_only_to_its_study_shares_the_rankings_columns():
     assert varying([measured, refused]) == ["precision.name"]
 
 
-def test_bench_device_auto_on_a_cpu_measures_pin_memory_twins_once(monkeypatch, tmp_path,
-                                                                  sigterm_kept):
+@pytest.mark.usefixtures("sigterm_kept")
+def test_bench_device_auto_on_a_cpu_measures_pin_memory_twins_once(monkeypatch, tmp_path):
     """With bench.device=auto (the default) a search on a CPU measured pin_memory=true and
     =false as two trials: knobs.acts saw `auto`, where the jobs run on this host's CPU. The
     sweeper resolves it for a launcher that runs the jobs here (the basic one): one trial."""
