@@ -203,7 +203,12 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
 
 
 def check_interpolations(cfg: DictConfig) -> None:
-    """Every ${...} of the run's config resolves; one that does not would fail every job."""
+    """Every value of the run's config is given (a team's YAML may leave one `???`, which
+    reached the team's class as that text) and every ${...} resolves: either would fail every
+    job."""
+    if missing := sorted(OmegaConf.missing_keys(_run(cfg))):
+        raise ConfigError(missing[0], "???", "a value (??? marks one its config leaves to set: "
+                          f"{missing[0]}=... on the command line, or in the YAML)")
     try:
         OmegaConf.to_container(_run(cfg), resolve=True)
     except InterpolationResolutionError as e:

@@ -357,3 +357,16 @@ def test_worker_only_keys_are_resolved_with_no_workers_and_said_so(compose_cfg):
     assert resolve(compose_cfg("loader.num_workers=0")).notes == ()  # the defaults: no note
     s = resolve(compose_cfg("loader.num_workers=1", "loader.prefetch_factor=4"))
     assert (s.loader.prefetch_factor, s.loader.persistent_workers, s.notes) == (4, True, ())
+
+
+@pytest.mark.parametrize("key", ["model.kwargs.width", "dataset.kwargs.root", "bench.lr"])
+def test_a_value_left_to_set_is_refused_before_the_run(compose_cfg, key):
+    """A team's YAML with `width: ???` under model.kwargs started the run, and the team's class
+    got the text '???' (the run failed with a TypeError): a value the config leaves to set is
+    one line naming it, before any work, wherever it sits."""
+    cfg = compose_cfg("model=custom", "model._target_=torch.nn.Identity",
+                      "dataset=custom", "dataset._target_=torch.utils.data.TensorDataset")
+    OmegaConf.update(cfg, key, "???", force_add=True)
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg)
+    assert str(e.value).startswith(f"{key}='???' is not allowed: it must be a value")
