@@ -48,11 +48,14 @@ def skipped(name: str, why: str) -> Judgement:
     return Judgement(name, None, {}, why)
 
 
+# the widest status (INCONCLUSIVE) sets the column: every detail starts in one place
+DETAIL_AT = 12 + 1 + max(len(o.value) for o in Outcome) + 1
+
+
 def line(j: Judgement) -> str:
     if j.status is Outcome.skipped:
         return f"{j.name:<12} skipped: {j.detail}"
-    # the widest status (INCONCLUSIVE) sets the column: every detail starts in one place
-    return f"{j.name:<12} {j.status.value:<{max(len(o.value) for o in Outcome)}} {j.detail}"
+    return f"{f'{j.name:<12} {j.status.value}':<{DETAIL_AT - 1}} {j.detail}"
 
 
 def exit_code(judgements: list[Judgement]) -> int:

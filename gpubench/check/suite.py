@@ -47,7 +47,20 @@ def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
         yield from (rules.skipped(n, "no CUDA device") for n in NAMES)
 
 
-def run_checks(cfg: DictConfig, emit: Callable[[str], None] = print,
+def show(line: str) -> None:
+    """A line at the terminal's width, folded between words with each continuation under the
+    details' column (piped: whole, one line per check)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from gpubench.report.console import fold
+
+    con = Console(highlight=False)
+    for piece in fold(Text(line), con, rules.DETAIL_AT) if con.is_terminal else [Text(line)]:
+        con.print(piece, soft_wrap=True)
+
+
+def run_checks(cfg: DictConfig, emit: Callable[[str], None] = show,
                s: Settings | None = None) -> list[Judgement]:
     """All checks, each line to `emit` as judged (`s`: cfg resolved already); raises
     ConfigError for bad input."""
@@ -65,7 +78,7 @@ def _error(line: str, code: int) -> int:
     return code
 
 
-def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> int:
+def main(argv: list[str] | None = None, emit: Callable[[str], None] = show) -> int:
     from gpubench.cli.messages import describe
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):

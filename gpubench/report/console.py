@@ -28,15 +28,17 @@ def _gib(b) -> str:
     return dash(b, ".2f", 2**-30, " GiB")
 
 
-def fold(line: str | Text, con: Console) -> list[Text]:
+def fold(line: str | Text, con: Console, lead: int | None = None) -> list[Text]:
     """A line (markup, or Text as it is) at `con`'s width, folded between words with each
-    continuation under its text (`  1. ` an advice's, `  - ` a bullet's, else two spaces in);
-    a word longer than the width stays whole (a path or an override folded would not paste).
-    The terminal's own fold starts a continuation at the margin, and breaks words."""
+    continuation under its text (`  1. ` an advice's, `  - ` a bullet's, else two spaces in;
+    `lead`: that many spaces); a word longer than the width stays whole (a path or an override
+    folded would not paste). The terminal's own fold starts a continuation at the margin, and
+    breaks words."""
     text = Text.from_markup(line) if isinstance(line, str) else line
     plain = text.plain
-    lead = len(plain) - len(plain.lstrip(" "))
-    lead += len(m.group(0)) if (m := re.match(r"(\d+\.|-) ", plain[lead:])) else 2
+    if lead is None:
+        lead = len(plain) - len(plain.lstrip(" "))
+        lead += len(m.group(0)) if (m := re.match(r"(\d+\.|-) ", plain[lead:])) else 2
     # a figure and its interval (`1664.0 [1226.6-2101.5]`) are one word: never apart
     glued = re.sub(r"(?<=[\d%]) (?=\[)", "\xa0", plain)
     parts = textwrap.wrap(glued, con.width, subsequent_indent=" " * lead,

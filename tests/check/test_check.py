@@ -260,3 +260,24 @@ def test_python_m_gpubench_check_fails_a_stalled_step_in_its_exit_status(tmp_pat
     counts = [sum(v == s for v in status.values()) for s in ("PASS", "FAIL")]
     assert out[-1].startswith("{} passed, {} failed, ".format(*counts)), out
     assert not list(tmp_path.iterdir())  # runs went to a scratch folder, now gone
+
+
+def test_a_checks_line_folds_under_its_details_column_in_a_terminal(monkeypatch, capsys):
+    """At 80 columns the check's lines (up to 313 characters) were cut mid-word by the
+    terminal, each continuation at the margin: folded between words now, under the column
+    the details start in; piped, each check stays one line."""
+    from gpubench.check.rules import DETAIL_AT, Judgement, line
+    from gpubench.check.suite import show
+
+    detail = "gpubench 86.9 [65.5-98.2] img/s, plain 90.9 [73.8-101.5]: " * 4
+    text = line(Judgement("compute", None, detail=detail.strip(), inconclusive=True))
+    monkeypatch.setenv("COLUMNS", "80")
+    show(text)
+    assert capsys.readouterr().out == text.rstrip() + "\n"  # piped: whole
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    show(text)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) > 3 and all(len(o) <= 80 for o in out)
+    assert out[0].startswith("compute      INCONCLUSIVE gpubench 86.9")
+    assert all(o.startswith(" " * DETAIL_AT) and o[DETAIL_AT] != " " for o in out[1:])
+    assert " ".join(" ".join(out).split()) == " ".join(text.split())  # every word, in order

@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "report": ("core", "config", "analysis", "search", "tracking"),
     "run": ("core", "config", "parts", "telemetry", "analysis", "tracking", "report"),
     "cli": ("core", "config", "analysis", "search", "tracking", "report", "run"),
-    "check": ("core", "config", "parts", "telemetry", "analysis", "run", "cli"),
+    "check": ("core", "config", "parts", "telemetry", "analysis", "report", "run", "cli"),
     "gpubench": ("core", "config", "cli", "run"),
     "hydra_plugins": ("core", "config", "search", "report", "cli"),
 }
