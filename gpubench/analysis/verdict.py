@@ -294,6 +294,7 @@ def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
         return (f"{what}: the figure ({v.open_ratio:.0%}) is off the {v.open_line:.0%} line, "
                 "but at the spread measured over 100 windows would be needed to tell; steadier "
                 f"windows would: {steadier}")
-    return (f"{longer(record, (n * per_window, n))}: about "
-            f"{windows_of(n, per_window, min_window_s)} would decide {what} (from the spread "
-            "measured)")
+    more = longer(record, (n * per_window, n))  # it may set a least window (too brief ones)
+    least = min_window_s if more.min_window_s is None else more.min_window_s
+    return (f"{more}: about {windows_of(n, per_window, least)} would decide {what} (from the "
+            "spread measured)")

@@ -279,6 +279,18 @@ def test_the_windows_that_would_decide_are_counted_in_words(steps, repeats, min_
     assert any(a.startswith(advised) for a in v.advice), v.advice
 
 
+def test_the_windows_that_would_decide_last_as_long_as_the_command_sets():
+    """Windows too brief to judge: the command sets bench.min_window_s, and the windows it
+    names are those it runs (they named the run's own, 0 s, under a command asking 0.5 s)."""
+    rec = plan(24, 6, min_window_s=0.0)
+    rec.noise_reasons = [Reason(Flaw.too_short, "windows of 3 ms")]
+    v = judge(2232, 56.7, 52.7, None, knobs(), intervals={
+        "loader": [1905, 3125], "compute": [51.7, 58.7], "e2e": [48.0, 56.0]}, record=rec)
+    advised = ("bench.steps=60 bench.repeats=15 bench.min_window_s=0.5: about 15 windows of at "
+               "least 4 steps and 0.5 s would decide")
+    assert any(a.startswith(advised) for a in v.advice), v.advice
+
+
 def test_every_case_is_reached_and_its_sentence_filled_from_the_figures_the_rule_keeps():
     """The rule keeps its judgement as data (a Case and the figures it rests on) and the words
     come from the case's sentence: each case is reachable, and each sentence finds every figure
