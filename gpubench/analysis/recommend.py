@@ -77,9 +77,18 @@ class Row:
 
     @property
     def _pooled_ci(self):
-        """The median's interval over the confirm step's measurements; None without them (not
-        cached: confirms join a row after it is built)."""
-        return median_interval(self.pooled) if self.confirms else None
+        """The median's interval over the confirm step's measurements, never narrower than
+        theirs are (the median of their own ends): two close repeats' [min, max] was narrower
+        than either's own interval, as if two runs knew more than each one's windows. Its
+        coverage is the measurements' interval's (the wider one only adds to it). None without
+        confirms (not cached: confirms join a row after it is built)."""
+        ci = median_interval(self.pooled) if self.confirms else None
+        own = [iv for m in self.measurements if m.status.measured
+               and (iv := m.throughput_interval)[0] < iv[1]]  # one window: no interval of its own
+        if ci is None or not own:
+            return ci
+        return (min(ci[0], median([lo for lo, _ in own])), max(ci[1], median([hi for _, hi in own])),
+                ci[2])
 
     @property
     def interval(self) -> tuple[float, float]:

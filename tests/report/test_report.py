@@ -671,8 +671,21 @@ def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
     # the report's "fastest feasible:" and "recommended:" lines, which no header labels
     from gpubench.analysis.recommend import coverage_of, with_interval
 
-    assert f"{with_interval(pooled)}{coverage_of(pooled)}" == "200.0 [196.0-204.0], 75% interval"
+    # [min, max] of the 3 figures, widened to the median of their own intervals' ends
+    assert f"{with_interval(pooled)}{coverage_of(pooled)}" == "200.0 [187.5-207.5], 75% interval"
     assert coverage_of(once) == ", 95% interval" and coverage_of(single) == ""
+
+
+def test_two_close_repeats_pool_into_an_interval_no_narrower_than_their_own():
+    """A setup measured twice at 100 [80-120] and 101 [85-118] read 100.5 [100.0-101.0]: the two
+    figures' [min, max], narrower than either run's own windows allow. Pooled, the interval
+    spans at least the median of its measurements' own ends; two far apart keep their span."""
+    close = row(16, 2, ips=100.0, ci=[80.0, 120.0], stable=True)
+    close.confirms = [_again(close, 101.0, [85.0, 118.0])]
+    assert close.interval == (82.5, 119.0) and close.interval_coverage == 0.5
+    far = row(16, 2, ips=100.0, ci=[95.0, 105.0], stable=True)
+    far.confirms = [_again(far, 140.0, [136.0, 144.0])]
+    assert far.interval == (100.0, 140.0)
 
 
 def test_a_plot_names_a_rows_flagged_re_measurement_as_the_ranking_does():
@@ -697,7 +710,8 @@ def test_confirmations_pool_into_the_figure_interval_and_stability():
     # re-measured alike: the median of all three, an interval over them, confirmed
     r.confirms = [_again(r, 196.0, [185.0, 205.0]), _again(r, 204.0, [195.0, 215.0])]
     assert r.throughput == 200.0 and r.pooled == [200.0, 196.0, 204.0]
-    assert r.interval == (196.0, 204.0)  # [min, max] of 3: the most 3 values can say
+    # [min, max] of 3 (the most 3 values can say), no narrower than their own intervals' median
+    assert r.interval == (190.0, 210.0)
     assert r.stable and r.confirmed
     # a lucky first figure: the re-measurements disagree beyond their intervals
     lucky = row(16, 2, ips=400.0, ci=[390.0, 410.0], stable=True)
