@@ -545,9 +545,9 @@ CAP_HEADROOM = 1.5
 def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
     """Every "measure longer" of run `rec` (the console's and results.json's advice, the verdict's
     `would decide`, the report's rerun line and recommended.yaml): `plan` (steps, repeats), by
-    default longer_plan of its own; where bench.max_seconds cut its phases short, the cap those
-    steps need at the pace measured: the cap times the new steps over the old, over the share of
-    its planned steps the most cut phase ran (more steps alone are cut at the same cap again)."""
+    default longer_plan of its own; where bench.max_seconds would cut those steps short, the cap
+    they need at the pace each phase ran (a phase the cap cut: the cap times the new steps over
+    the share of its planned steps it ran; more steps alone are cut at the same cap again)."""
     b, steps, repeats = bench_of(rec)
     if steps is None:
         return Longer(None, None)
@@ -573,12 +573,15 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
                                               ld.get("prefetch_factor"))
                           if phase == "loader" else per_window)
 
-    need = cap
-    if rec.cut_short:  # each cut phase's new plan at the pace it ran (p.steps in `cap` s)
-        need = max((cap * planned(n, new_steps, new_repeats)
-                    / max(p.steps, 1e-3 * planned(n, steps, repeats))
-                    for n, p in rec.phases.items() if p.truncated),
-                   default=cap * new_steps / steps) * CAP_HEADROOM
+    def paced(n: str, p: PhaseRecord) -> float:  # the new plan at the pace the phase ran
+        ran = max(p.steps, 1e-3 * planned(n, steps, repeats))  # a cut phase may have none
+        seconds = p.seconds if p.seconds and not p.truncated else cap  # a cut one ran its cap
+        return seconds * planned(n, new_steps, new_repeats) / ran
+
+    # every phase, not only a cut one: a run inside its cap can need more for the longer plan
+    # (the default run's first "measure longer" was cut short at 60 s when followed)
+    need = max((paced(n, p) for n, p in rec.phases.items() if p.truncated or p.steps and p.seconds),
+               default=cap * new_steps / steps if rec.cut_short else 0.0) * CAP_HEADROOM
     if brief:  # each window may last at most bench.max_seconds / bench.repeats
         need = max(need, MIN_WINDOW_S * new_repeats)
     need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10

@@ -240,6 +240,18 @@ def test_measure_longer_lifts_the_cap_that_cut_a_run_short():
     assert longer(rec).max_seconds == math.ceil(10 * 0.15 * 240 / 32 * 1.5) / 10 == 1.7
 
 
+def test_measure_longer_lifts_a_cap_the_longer_plan_would_reach():
+    """A run inside its cap: bench.steps=20 in 6 windows, e2e 20 steps in 30 s of the default
+    60 s cap. Its "measure longer" (80 steps in 10 windows) takes 120 s at that pace: as
+    advised it was cut short at 60 s. The cap it needs, with CAP_HEADROOM: 180 s."""
+    rec = plan(20, 6, max_seconds=60.0)
+    rec.phases = {"e2e": PhaseRecord(phase="e2e", steps=20, seconds=30.0),
+                  "compute": PhaseRecord(phase="compute", steps=20, seconds=6.0)}
+    assert str(longer(rec)) == "bench.steps=80 bench.repeats=10 bench.max_seconds=180"
+    rec.phases["e2e"].seconds = 6.0  # 24 s at that pace, 36 s spared: inside the cap
+    assert longer(rec).max_seconds is None
+
+
 def test_a_loader_window_gpubench_sizes_never_times_the_queue():
     """README example 3 with 8 workers: bench.steps=50 in 6 windows is 9 steps a window, and 16
     batches are in flight. gpubench sizes each loader window to a few times that, so the
