@@ -14,7 +14,13 @@ from typing import Any
 
 from gpubench.analysis.labels import flaw_words, rerun_text
 from gpubench.analysis.select import knob_of, left_out
-from gpubench.analysis.workers import fewest_workers, least_cores, workers
+from gpubench.analysis.workers import (
+    compute_bound,
+    compute_setup,
+    fewest_workers,
+    least_cores,
+    workers,
+)
 from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
 from gpubench.config.schema import FaultConfig, is_amp
@@ -464,8 +470,10 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
     pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
                             m.loader_images_per_sec_ci) for r in same for m in r.measurements
                            if m.status.measured],
-                          Est.of(chosen.record.compute_images_per_sec,
-                                 chosen.record.compute_images_per_sec_ci), tolerance,
+                          compute_bound((m for r in rows for m in r.measurements),
+                                        compute_setup(chosen.record.knob,
+                                                      chosen.record.env.get("device")))[0],
+                          tolerance,
                           chosen.record.env.get("device"), [r.flat for r in same],
                           least_cores(m for r in same for m in r.measurements))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers

@@ -15,13 +15,19 @@ from gpubench.analysis import workers
 from gpubench.analysis.labels import FLAWS, rerun_text
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
-from gpubench.analysis.workers import COMPUTE_DIR, TOLERANCE, WorkersPick, compute_setup
+from gpubench.analysis.workers import (
+    COMPUTE_DIR,
+    TOLERANCE,
+    WorkersPick,
+    compute_rate,
+    compute_setup,
+)
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, DATA_KEYS, role
 from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
 from gpubench.core.record import Reason, RunRecord, find_runs, load
-from gpubench.core.stats import Est, count
+from gpubench.core.stats import count
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons
 
@@ -110,11 +116,6 @@ def _compute_key(rec: RunRecord) -> tuple:
     return compute_setup(rec.knob, rec.env.get("device"))
 
 
-def compute_rate(rec: RunRecord) -> Est | None:
-    return Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci) \
-        if rec.status.measured else None
-
-
 def _named(m: RunRecord) -> str:
     """Where a compute measurement is: its folder, else (an MLflow experiment's run, read from
     its artifacts) its run id."""
@@ -183,18 +184,12 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     # a run named with --compute may also be a row or in the sweep's compute folder: once
     unique = {str(m.dir) if m.dir is not None else id(m): m
               for m in [*(r.record for r in rows), *found, *named]}
-    measured = [(_compute_key(m), m) for m in unique.values()
-                if not loader_only(m) and compute_rate(m) is not None]
     tried = [(_compute_key(m), m) for m in unique.values()
              if m.knob("bench.phases") == ["compute"] and not m.status.measured]
     groups = []
     for rs in sets:
         key = keys[id(rs[0])]
-        # a compute run that flagged itself reads low when disturbed (a loader then clears it
-        # too easily): the unflagged ones make the bound, flagged ones only when nothing else did
-        sources = [m for k, m in measured if k == key]
-        sources = [m for m in sources if m.measurement_stable is not False] or sources
-        bound = Est.envelope([compute_rate(m) for m in sources]) if sources else None
+        bound, sources = workers.compute_bound(unique.values(), key)
         # the unflagged loader runs; on a busy machine, those whose flaw only slows or widens
         done = [r for r in rs if r.record.status.measured]
         used = [r for r in done if not flag_reasons(r)] or [

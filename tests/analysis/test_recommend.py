@@ -176,3 +176,23 @@ def test_the_loader_check_judges_the_loader_against_compute_on_their_intervals()
     rec.compute_images_per_sec, rec.compute_images_per_sec_ci = 850.0, [800.0, 900.0]
     [line] = [r for r in recommend([Row("w2", rec)]).reasons if "loader check" in r]
     assert "above compute 850.0 by more than 5%" in line
+
+
+def test_the_loader_check_bounds_by_every_compute_measurement_of_the_setup():
+    """The loader check read the chosen run's compute phase alone (500 [495-505]), where the
+    workers answer takes the envelope of every compute measurement of that setup: another
+    data setting's run measured compute 560 [540-580], and 2 workers' 560 [555-565] cleared
+    the one bound and not the other. Both read workers.compute_bound now: open, not cleared."""
+    chosen = _loader_run(100.0, 560.0, workers=2)
+    chosen.record.loader_images_per_sec_ci = [555.0, 565.0]
+    chosen.record.compute_images_per_sec_ci = [495.0, 505.0]
+    (alone,) = [x for x in recommend([chosen]).reasons if x.startswith("loader check")]
+    assert alone.startswith("loader check: 2 workers load 560.0 img/s"), alone
+    other = _loader_run(60.0, 300.0, workers=1, preload=True)
+    other.record.compute_images_per_sec, other.record.compute_images_per_sec_ci = 560.0, [540, 580]
+    rec = recommend([chosen, other])
+    assert rec.chosen is chosen
+    (check,) = [x for x in rec.reasons if x.startswith("loader check")]
+    assert check.startswith("loader check: no worker count measured out-runs compute 530.0 "
+                            "img/s; 2 workers load 560.0 img/s"), check
+    assert "the intervals overlap, so it is not decided" in check
