@@ -132,8 +132,12 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
             figures["best_images_per_sec"] = figures["images_per_sec"] = \
                 T.shown_images_per_sec(best)
             tags["verdict"] = T.run_tags(best).get("verdict")
-        tags |= {"best_run_dir": best.dir, "best_run_name": T.run_name(best),
-                 "best_run_id": runs.read(best.dir / runs.MARKER_FILE).get("run_id"),
+        run_id = runs.read(best.dir / runs.MARKER_FILE).get("run_id")
+        # the child's own name, as the UI lists it: `best` may carry its row's pooled figure,
+        # which no run's name has
+        name = c.get_run(run_id).info.run_name if run_id else T.run_name(
+            record.load(best.dir) or best)
+        tags |= {"best_run_dir": best.dir, "best_run_name": name, "best_run_id": run_id,
                  "best_overrides": runs.read_overrides(best.dir)}
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),
                    "best_config.yaml")

@@ -248,6 +248,7 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
         assert parent.info.status == "FINISHED"
         assert parent.data.params["loader.batch_size"] == "2,4,8"
         assert parent.data.tags["best_run_id"] == best.info.run_id
+        assert parent.data.tags["best_run_name"] == best.info.run_name
         assert parent.data.metrics["best_images_per_sec"] == pytest.approx(
             best.data.metrics["images_per_sec"])
         assert parent.data.metrics["jobs"] == 3
@@ -352,6 +353,28 @@ def test_the_parents_best_pools_a_grids_repeats_as_the_report_does(tmp_path):
             rec.save()
     (sweep / "sweep.json").write_text(json.dumps({"best": None}))
     assert recommendation(sweep) is None and tracking.best_job(sweep) is None
+
+
+def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
+    """A setup run twice (1000 and 800 img/s) is one row at its median, 900: the parent's
+    best_run_name read `tiny-bs8 900img/s`, a name no run has; it is the newest run's own."""
+    from gpubench.core.record import RunRecord, Status
+
+    sweep = tmp_path / "sweep"
+    for i, ips in enumerate([1000.0, 800.0]):
+        rec = RunRecord(status=Status.ok, images_per_sec=ips, images_per_sec_ci=[ips - 150, ips + 150],
+                        peak_memory_fraction=0.3, memory_ceiling=0.8, measurement_stable=True,
+                        dir=sweep / str(i), started_at=f"2026-11-21T10:0{i}:00",
+                        config={"model": {"name": "tiny"}, "loader": {"batch_size": 8}})
+        (sweep / str(i)).mkdir(parents=True)
+        rec.save()
+    assert tracking.best_job(sweep).images_per_sec == 900.0
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    with tracking.open_store(uri, "sweeps") as store:
+        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8"])
+        tracking.close_sweep(store, sweep, parent)
+    tags = client(uri).get_run(parent).data.tags
+    assert tags["best_run_dir"] == str(sweep / "1") and tags["best_run_name"].endswith(" 800img/s")
 
 
 def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
