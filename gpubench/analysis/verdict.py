@@ -292,8 +292,8 @@ def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
     if n is Undecided.too_wide:  # off the line, but so spread that more windows hardly narrow
         steadier = rerun_text([Flaw.disturbed, Flaw.too_short], str(longer(record)))
         return (f"{what}: the figure ({v.open_ratio:.0%}) is off the {v.open_line:.0%} line, "
-                "but at the spread measured over 100 windows would be needed to tell; steadier "
-                f"windows would: {steadier}")
+                "but at the spread measured it would take over 100 windows to tell; steadier "
+                f"windows tell sooner: {steadier}")
     more = longer(record, (n * per_window, n))  # it may set a least window (too brief ones)
     least = min_window_s if more.min_window_s is None else more.min_window_s
     return (f"{more}: about {windows_of(n, per_window, least)} would decide {what} (from the "

@@ -259,6 +259,7 @@ def test_a_figure_far_from_its_line_is_not_said_to_sit_on_it():
                    open_line=0.85)
     text = _to_decide(wide, rec)
     assert "too small to matter" not in text and "off the 85% line" in text, text
+    assert "it would take over 100 windows to tell; steadier windows tell sooner: " in text
     assert "rerun on a quiet machine, measuring longer (bench.steps=" in text
     on = Verdict(Bottleneck.compute, None, {}, open_ratio=Est(0.85, 0.80, 0.90), open_line=0.85)
     assert "sits on the 85% line" in _to_decide(on, rec)
