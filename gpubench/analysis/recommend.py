@@ -7,13 +7,13 @@ import copy
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
 from typing import Any
 
 from gpubench.analysis.labels import flaw_words, rerun_text
-from gpubench.analysis.select import knob_of, left_out
+from gpubench.analysis.select import NO_FAULT, faulted, knob_of, left_out
 from gpubench.analysis.workers import (
     compute_bound,
     compute_setup,
@@ -23,7 +23,7 @@ from gpubench.analysis.workers import (
 )
 from gpubench.config.keys import Role
 from gpubench.config.knobs import DATA_KEYS, KEYS, acts, compared, role
-from gpubench.config.schema import FaultConfig, is_amp
+from gpubench.config.schema import is_amp
 from gpubench.core.files import flatten
 from gpubench.core.record import PLAN_KEYS, Flaw, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
@@ -34,8 +34,6 @@ from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_i
 # memory ceiling it was judged by; never tracking (the team's own) or fault injection
 RERUN_KEYS = (*dict.fromkeys(n.split(".")[0] for n in KEYS if role(n) in (Role.workload, Role.knob)
                              and not n.startswith("bench.")), "memory", "bench")  # setup first
-# no fault injection: a run with any other value tests a failure path, never pooled
-NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 # what the loader phase's figure depends on but its workers and the batch size: the data pipe's
 # knobs (the loader check pools only rows alike in these, as they act)
 LOADER_SETTING = tuple(k for k in DATA_KEYS if k != "loader.num_workers")
@@ -236,11 +234,6 @@ def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
     return get
 
 
-def faulted(rec: RunRecord) -> bool:
-    cfg = flatten(rec.config or {})
-    return any(cfg.get(k, v) != v for k, v in NO_FAULT.items())
-
-
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
     """`rec` measured what `of` did again (Role.measure keys aside), the same way (its window
     plan and caps: the keys a "measure longer" sets, core.record.Longer), neither with faults:
@@ -271,12 +264,13 @@ def same_loader(r: Row, of: Row) -> bool:
 
 def varying(rows: list[Row]) -> list[str]:
     """The compared config keys (gpubench.config.knobs.compared) that differ between the rows
-    where they act, and how they were measured where that differs (PLAN_KEYS: a search may
-    sweep bench.steps; its rows read alike without it)."""
+    where they act, how they were measured where that differs (PLAN_KEYS: a search may sweep
+    bench.steps; its rows read alike without it), and a fault injected in some (a row of its
+    own, never pooled: it read like its twin without the fault)."""
     keys: dict[str, set] = {}
     for r in rows:
         for k, v in r.flat.items():
-            if compared(k) or k in PLAN_KEYS:
+            if compared(k) or k in PLAN_KEYS or k in NO_FAULT:
                 vals = keys.setdefault(k, set())
                 if acting(r, k):
                     vals.add(json.dumps(v, default=str))

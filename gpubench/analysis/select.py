@@ -8,6 +8,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from enum import Enum
 from typing import Any, Protocol
 
@@ -16,7 +17,9 @@ import yaml
 from gpubench.config.keys import Role
 from gpubench.config.knobs import KEYS, SETUP_SHORT, SHORT, knob_setting, role
 from gpubench.config.overrides import format_value
+from gpubench.config.schema import FaultConfig
 from gpubench.config.settings import as_run
+from gpubench.core.files import flatten
 from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import count
 
@@ -125,6 +128,15 @@ def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> li
     """The `items` measured longest (bench.steps): a short screen never stands for the others."""
     steps = [int(record(x).knob("bench.steps") or 0) for x in items]
     return [x for x, n in zip(items, steps, strict=True) if n == max(steps)]
+
+
+# no fault injection: a run with any other value tests a failure path, never pooled nor a bound
+NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
+
+
+def faulted(rec: RunRecord) -> bool:
+    cfg = flatten(rec.config or {})
+    return any(cfg.get(k, v) != v for k, v in NO_FAULT.items())
 
 
 def loader_only(rec: RunRecord) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from gpubench.analysis.select import knob_of, loader_only
+from gpubench.analysis.select import faulted, knob_of, loader_only
 from gpubench.config.knobs import COMPUTE
 from gpubench.config.overrides import format_value
 from gpubench.config.schema import PRELOAD_HELPS
@@ -246,11 +246,12 @@ def compute_rate(rec: Any) -> Est | None:
 
 def compute_bound(records: Iterable[Any], setup: tuple) -> tuple[Est | None, list]:
     """The compute bound of loader runs of compute `setup`, and the runs it is read from: every
-    compute measurement of that setup (not a loader-only run), the unflagged ones where any (a
+    compute measurement of that setup (not a loader-only run, none with a fault injected: a
+    stalled step's compute is no bound of the same setup's loader), the unflagged ones where any (a
     disturbed compute run reads low, and a loader clears it too easily), as their envelope
     (never tighter than one says). The workers answer and the loader check judge against it."""
     sources = [m for m in records if compute_setup(m.knob, m.env.get("device")) == setup
-               and not loader_only(m) and compute_rate(m) is not None]
+               and not loader_only(m) and not faulted(m) and compute_rate(m) is not None]
     sources = [m for m in sources if m.measurement_stable is not False] or sources
     return (Est.envelope([compute_rate(m) for m in sources]) if sources else None), sources
 

@@ -206,9 +206,6 @@ def check_interpolations(cfg: DictConfig) -> None:
     """Every value of the run's config is given (a team's YAML may leave one `???`, which
     reached the team's class as that text) and every ${...} resolves: either would fail every
     job."""
-    if missing := sorted(OmegaConf.missing_keys(_run(cfg))):
-        raise ConfigError(missing[0], "???", "a value (??? marks one its config leaves to set: "
-                          f"{missing[0]}=... on the command line, or in the YAML)")
     try:
         OmegaConf.to_container(_run(cfg), resolve=True)
     except InterpolationResolutionError as e:
@@ -219,6 +216,9 @@ def check_interpolations(cfg: DictConfig) -> None:
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
                           f"an interpolation that resolves ({reason})") from None
+    if missing := sorted(OmegaConf.missing_keys(_run(cfg))):
+        raise ConfigError(missing[0], "???", "a value (??? marks one its config leaves to set: "
+                          f"{missing[0]}=... on the command line, or in the YAML)")
 
 
 def check_model_name(name: Any) -> None:

@@ -466,3 +466,17 @@ def test_a_loader_only_multirun_measures_its_bound_once_and_the_report_answers(t
     assert group["answer"].startswith(("workers: 0 (", "workers: 1 (", "workers: none of"))
     assert f"compute {Est(*group['compute'])}" in group["answer"]
     assert (sweep / "report" / "throughput_vs_workers.png").stat().st_size > 0
+
+
+def test_a_run_with_a_fault_injected_bounds_no_loader(tmp_path):
+    """A grid of fault.stall_every=null,1: the stalled run's compute (75 img/s) joined the
+    envelope of the plain one's (3000), and the loader check read compute 1583.7 [74-3100]."""
+    from gpubench.analysis.workers import compute_bound, compute_setup
+
+    plain = compute_run(3000.0, [2900.0, 3100.0], tmp_path, "plain")
+    stalled = compute_run(75.0, [74.0, 76.0], tmp_path, "stalled")
+    stalled.config["fault"] = {"stall_every": 1}
+    setup = compute_setup(plain.knob, "cuda")
+    assert compute_setup(stalled.knob, "cuda") == setup  # a fault is no compute knob
+    bound, sources = compute_bound([plain, stalled], setup)
+    assert sources == [plain] and (bound.value, bound.lo, bound.hi) == (3000.0, 2900.0, 3100.0)

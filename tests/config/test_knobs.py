@@ -50,7 +50,8 @@ def test_every_reader_takes_a_keys_role_from_its_declaration(key):
     role = knobs.KEYS[key].knob.role
     shown = role in (Role.workload, Role.knob)
     plan = set(PLAN_KEYS)  # how it was measured, where that makes it another measurement
-    assert (key in varying([a, b])) == (shown or key in plan)  # a column of the ranking
+    # a column of the ranking; a fault injected in one is a row apart, named by its column
+    assert (key in varying([a, b])) == (shown or key in plan or role is Role.fault)
     along = "loader.num_workers" if key == "loader.batch_size" else "loader.batch_size"
     assert (key in held_fixed([a, b], along)) == shown  # a line of a plot
     # how it was measured (seed, monitor, tracking): one measurement, pooled as repeats, but
