@@ -175,15 +175,20 @@ class Pipes:
                 if len(rows) == before:  # nothing more could be measured (failures)
                     break
         f = choose_data(rows, params, k.rate, TOLERANCE, after)
+        # the settings its trials ran: a next step that sets one of them is none
+        tried = {S.key(t): t for _, r in rows
+                 if (t := {n: r.flat.get(n) for n in NEXT_KEYS if n in r.flat})}
+        ran = {"trials": len(rows), "tried": list(tried.values())}
         if f is not None and after is None:
-            # the settings its trials ran: a next step that sets one of them is none
-            tried = {S.key(t): t for _, r in rows
-                     if (t := {n: r.flat.get(n) for n in NEXT_KEYS if n in r.flat})}
             self.result.setdefault("data", []).append(
-                {"for": k.params, "study": shared.study.study_name, "trials": len(rows),
+                {"for": k.params, "study": shared.study.study_name,
                  "device": next((r.record.env.get("device") for _, r in rows), None),
-                 "cores": least_cores(r.record for _, r in rows),
-                 "tried": list(tried.values()), **f.summary()})
+                 "cores": least_cores(r.record for _, r in rows), **ran, **f.summary()})
+            self.write(self.result)
+        elif after is not None:  # the join's next try ran in this study: its trials count too
+            for d in self.result.get("data", []):
+                if d["study"] == shared.study.study_name:
+                    d.update(ran)
             self.write(self.result)
             verb = "clears" if f.clears else "does not clear"
             log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),

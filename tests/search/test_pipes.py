@@ -504,3 +504,30 @@ def test_pipes_whose_joins_all_fail_exit_1_and_keep_the_bounds(tmp_path):
     assert result["compute"]["kept"] and result["join"]["pairings"]
     assert all(p["e2e"] is None for p in result["join"]["pairings"])
     assert {p["narrower"] for p in result["join"]["pairings"]} == {"serial"}, result["join"]
+
+
+def test_the_joins_next_data_try_counts_in_its_data_stages_trials(monkeypatch):
+    """Where the join found contention, the next data setting ran in the data stage's study,
+    yet pipes.json kept the stage's count from before it (`2 loader-only trials` for 3)."""
+    from types import SimpleNamespace
+
+    from gpubench.search import pipes as P
+
+    space = parse_search_space(["loader.batch_size=choice(4,8)", "bench.device=cpu",
+                                "loader.num_workers=choice(0,1,2)"])
+    plan = P.Plan(("loader.num_workers",), 4, 1, 12, 4, [], [])
+    rows = [loader_row({"loader.num_workers": 0}, 90.0, [88, 92]),
+            loader_row({"loader.num_workers": 1}, 300.0, [290, 310])]
+    shared = SimpleNamespace(study=SimpleNamespace(study_name="s-data-x"))
+    monkeypatch.setattr(P, "_rows", lambda s: list(rows))
+    written: list = []
+    p = P.Pipes(plan, space, "s", lambda name: shared, None, None, written.append)
+    p._measure = lambda *a, **k: rows.append(
+        loader_row({"loader.num_workers": 2}, 600.0, [590, 610]))
+    kept = P.Kept({"loader.batch_size": 4}, Est(200.0, 195.0, 205.0), "the fastest")
+    first = p._data(kept)
+    assert first.params == {"loader.num_workers": 1} and p.result["data"][0]["trials"] == 2
+    nxt = p._data(kept, past=first.params)
+    assert nxt.params == {"loader.num_workers": 2}
+    assert p.result["data"][0]["trials"] == 3 and len(p.result["data"]) == 1
+    assert written[-1]["data"][0]["trials"] == 3
