@@ -21,7 +21,7 @@ class PrecisionPlan:
     matmul_math: str
 
     def flops_by_math(self, conv_flops: float, matmul_flops: float) -> dict[str, float]:
-        """A step's FLOPs keyed by the math they run at, for env.mixed_peak_flops."""
+        """A step's FLOPs keyed by the math they run at, for env.mfu_peak."""
         if self.conv_math == self.matmul_math:
             return {self.conv_math: conv_flops + matmul_flops}
         return {self.conv_math: conv_flops, self.matmul_math: matmul_flops}

@@ -213,9 +213,3 @@ def count_step_flops_split(model: nn.Module, plan: PrecisionPlan, device: str, *
     conv = float(sum(v for op, v in counts.items() if "conv" in str(op)))
     total = float(sum(counts.values()))
     return {"conv": conv, "matmul": total - conv, "total": total}
-
-
-def count_step_flops(model: nn.Module, plan: PrecisionPlan, device: str, *batch,
-                     loss: Loss | None = None) -> float | None:
-    split = count_step_flops_split(model, plan, device, *batch, loss=loss)
-    return split["total"] if split else None

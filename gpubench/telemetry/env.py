@@ -71,12 +71,6 @@ def peak_flops(device_name: str, math_kind: str, multiprocessors: int | None = N
     return peaks.get(math_kind) if peaks else None
 
 
-def mixed_peak_flops(device_name: str, flops_by_math: dict[str, float],
-                     multiprocessors: int | None = None) -> float | None:
-    """mfu_peak without the reason."""
-    return mfu_peak(device_name, flops_by_math, multiprocessors)[0]
-
-
 def mfu_peak(device_name: str, flops_by_math: dict[str, float],
              multiprocessors: int | None = None) -> tuple[float | None, str | None]:
     """The peak for FLOPs at several maths: total / sum(part / its peak), or None and why."""

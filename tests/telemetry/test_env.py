@@ -9,7 +9,6 @@ from gpubench.telemetry.env import (
     device_peaks,
     facts,
     mfu_peak,
-    mixed_peak_flops,
     peak_flops,
 )
 
@@ -86,8 +85,8 @@ def test_a_mig_slice_gets_its_share_of_the_peak(name, sms, whole):
     full = peak_flops(name.split(" MIG")[0], "bf16")
     assert peak_flops(name, "bf16", sms) == pytest.approx(full * sms / whole)
     by_math = {"bf16": 9.0, "fp32": 1.0}  # every math scales alike, so the mixed peak too
-    assert mixed_peak_flops(name, by_math, sms) == pytest.approx(
-        mixed_peak_flops(name.split(" MIG")[0], by_math) * sms / whole)
+    assert mfu_peak(name, by_math, sms)[0] == pytest.approx(
+        mfu_peak(name.split(" MIG")[0], by_math)[0] * sms / whole)
 
 
 def test_a_mig_slice_without_its_count_gets_no_peak():
@@ -118,12 +117,12 @@ def test_every_row_names_its_whole_gpus_multiprocessors():
 
 def test_mixed_peak_weights_each_kind_by_its_time():
     # A100: tf32 156, fp32 19.5 TFLOP/s. 90% of FLOPs in tf32 convs, 10% in fp32 matmuls
-    pk = mixed_peak_flops("NVIDIA A100-SXM4-80GB", {"tf32": 9e12, "fp32": 1e12})
+    pk = mfu_peak("NVIDIA A100-SXM4-80GB", {"tf32": 9e12, "fp32": 1e12})[0]
     assert pk == pytest.approx(10e12 / (9e12 / 156e12 + 1e12 / 19.5e12))
     assert 19.5e12 < pk < 156e12
-    assert mixed_peak_flops("NVIDIA A100", {"tf32": 1.0}) == pytest.approx(156e12)
-    assert mixed_peak_flops("Tesla T4", {"bf16": 1.0}) is None  # no bf16 row on Turing
-    assert mixed_peak_flops("NVIDIA A100", {}) is None
+    assert mfu_peak("NVIDIA A100", {"tf32": 1.0})[0] == pytest.approx(156e12)
+    assert mfu_peak("Tesla T4", {"bf16": 1.0})[0] is None  # no bf16 row on Turing
+    assert mfu_peak("NVIDIA A100", {})[0] is None
 
 
 def test_cpu_facts():
