@@ -135,8 +135,11 @@ NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 
 
 def faulted(rec: RunRecord) -> bool:
+    """A fault was injected: a trigger set (fault.stall_s alone, or a stall of 0 s, is none)."""
     cfg = flatten(rec.config or {})
-    return any(cfg.get(k, v) != v for k, v in NO_FAULT.items())
+    on = {k: cfg.get(f"fault.{k}") is not None for k in FaultConfig.TRIGGERS}
+    on["stall_every"] = on["stall_every"] and (cfg.get("fault.stall_s") or 0) > 0
+    return any(on.values())
 
 
 def loader_only(rec: RunRecord) -> bool:

@@ -473,10 +473,19 @@ def test_a_run_with_a_fault_injected_bounds_no_loader(tmp_path):
     envelope of the plain one's (3000), and the loader check read compute 1583.7 [74-3100]."""
     from gpubench.analysis.workers import compute_bound, compute_setup
 
+    from gpubench.analysis.select import faulted
+
+    # the grid's other run shares fault.stall_s=0.05, which injects nothing without stall_every
     plain = compute_run(3000.0, [2900.0, 3100.0], tmp_path, "plain")
+    plain.config["fault"] = {"stall_every": None, "stall_s": 0.05}
     stalled = compute_run(75.0, [74.0, 76.0], tmp_path, "stalled")
-    stalled.config["fault"] = {"stall_every": 1}
+    stalled.config["fault"] = {"stall_every": 1, "stall_s": 0.05}
     setup = compute_setup(plain.knob, "cuda")
     assert compute_setup(stalled.knob, "cuda") == setup  # a fault is no compute knob
     bound, sources = compute_bound([plain, stalled], setup)
     assert sources == [plain] and (bound.value, bound.lo, bound.hi) == (3000.0, 2900.0, 3100.0)
+    assert faulted(stalled) and not faulted(plain)
+    plain.config["fault"] = {"stall_every": 1, "stall_s": 0.0}  # a stall of 0 s: none
+    assert not faulted(plain)
+    plain.config["fault"] = {"fail_message": "boom", "fail_after_windows": 2}
+    assert faulted(plain)

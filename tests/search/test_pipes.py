@@ -531,3 +531,8 @@ def test_the_joins_next_data_try_counts_in_its_data_stages_trials(monkeypatch):
     assert nxt.params == {"loader.num_workers": 2}
     assert p.result["data"][0]["trials"] == 3 and len(p.result["data"]) == 1
     assert written[-1]["data"][0]["trials"] == 3
+    # a next try that does not clear either: no setting (the join keeps its pairing), counted
+    p._measure = lambda *a, **k: rows.append(
+        loader_row({"loader.num_workers": 2}, 150.0, [140, 160]))
+    rows[:] = rows[:2]
+    assert p._data(kept, past=first.params) is None and p.result["data"][0]["trials"] == 3
