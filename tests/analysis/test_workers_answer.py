@@ -471,9 +471,8 @@ def test_a_loader_only_multirun_measures_its_bound_once_and_the_report_answers(t
 def test_a_run_with_a_fault_injected_bounds_no_loader(tmp_path):
     """A grid of fault.stall_every=null,1: the stalled run's compute (75 img/s) joined the
     envelope of the plain one's (3000), and the loader check read compute 1583.7 [74-3100]."""
-    from gpubench.analysis.workers import compute_bound, compute_setup
-
     from gpubench.analysis.select import faulted
+    from gpubench.analysis.workers import compute_bound, compute_setup
 
     # the grid's other run shares fault.stall_s=0.05, which injects nothing without stall_every
     plain = compute_run(3000.0, [2900.0, 3100.0], tmp_path, "plain")
