@@ -53,9 +53,9 @@ DETAIL_AT = 12 + 1 + max(len(o.value) for o in Outcome) + 1
 
 
 def line(j: Judgement) -> str:
-    if j.status is Outcome.skipped:
-        return f"{j.name:<12} skipped: {j.detail}"
-    return f"{f'{j.name:<12} {j.status.value}':<{DETAIL_AT - 1}} {j.detail}"
+    """`name  STATUS  detail`, every detail in one column (a folded one continues under it)."""
+    status = f"{j.status.value}:" if j.status is Outcome.skipped else j.status.value
+    return f"{f'{j.name:<12} {status}':<{DETAIL_AT - 1}} {j.detail}"
 
 
 def exit_code(judgements: list[Judgement]) -> int:

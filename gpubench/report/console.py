@@ -36,6 +36,8 @@ def fold(line: str | Text, con: Console, lead: int | None = None) -> list[Text]:
     breaks words."""
     text = Text.from_markup(line) if isinstance(line, str) else line
     plain = text.plain
+    if any(c in plain for c in "\n\t\r\v\f"):  # textwrap turns these into spaces: not ours
+        return [text]
     if lead is None:
         lead = len(plain) - len(plain.lstrip(" "))
         lead += len(m.group(0)) if (m := re.match(r"(\d+\.|-) ", plain[lead:])) else 2

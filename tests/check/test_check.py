@@ -171,7 +171,8 @@ def test_line_and_exit_code():
     assert rules.exit_code(ran) == 0
     assert rules.exit_code([*ran, rules.Judgement("c", False, {}, "y")]) == 1
     assert rules.line(ran[0]).split()[:2] == ["a", "PASS"]
-    assert rules.line(ran[1]).endswith("skipped: no CUDA device")
+    assert rules.line(ran[1]).endswith("skipped:     no CUDA device")  # in the details' column
+    assert rules.line(ran[1]).index("no CUDA") == rules.DETAIL_AT
 
 
 # ------------------------------------------------------------------ the constructed cases
@@ -281,3 +282,14 @@ def test_a_checks_line_folds_under_its_details_column_in_a_terminal(monkeypatch,
     assert out[0].startswith("compute      INCONCLUSIVE gpubench 86.9")
     assert all(o.startswith(" " * DETAIL_AT) and o[DETAIL_AT] != " " for o in out[1:])
     assert " ".join(" ".join(out).split()) == " ".join(text.split())  # every word, in order
+
+
+def test_the_checks_usage_prints_in_a_terminal(monkeypatch, capsys):
+    """`python -m gpubench.check --help` in a terminal raised ValueError: the usage's newlines
+    went through the fold, which textwrap turns into spaces. Each of its lines as written."""
+    from gpubench.check.suite import USAGE, show
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert main(["--help"], emit=show) == 0
+    assert capsys.readouterr().out == USAGE + "\n"
