@@ -582,8 +582,11 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     # (the default run's first "measure longer" was cut short at 60 s when followed)
     need = max((paced(n, p) for n, p in rec.phases.items() if p.truncated or p.steps and p.seconds),
                default=cap * new_steps / steps if rec.cut_short else 0.0) * CAP_HEADROOM
-    if brief:  # each window may last at most bench.max_seconds / bench.repeats
-        need = max(need, MIN_WINDOW_S * new_repeats)
+    # each window lasts at least bench.min_window_s and at most bench.max_seconds / bench.repeats
+    # (settings refuses a least window above it): more windows need a cap that holds them
+    least = min_window if min_window is not None else b.get("min_window_s")
+    if isinstance(least, (int, float)) and least > 0:
+        need = max(need, least * new_repeats)
     need = math.ceil(need) if need >= 10 else math.ceil(10 * need) / 10
     return Longer(new_steps, new_repeats, need if need > cap else None, min_window, warm)
 

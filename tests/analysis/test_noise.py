@@ -125,8 +125,10 @@ def test_stalls_in_windows_too_short_to_judge_are_too_short_not_disturbed():
     run.config["bench"]["max_seconds"] = 2.0  # each window may last 0.2 s: the cap rises too
     assert str(longer(run)) == ("bench.steps=48 bench.repeats=10 bench.max_seconds=5 "
                                 "bench.min_window_s=0.5")
-    run.config["bench"]["min_window_s"] = 0.5  # it had them: more steps and windows alone
-    assert str(longer(run)) == "bench.steps=48 bench.repeats=10"
+    # it had them: more steps and windows, and a cap that holds 10 windows of 0.5 s (under 2 s
+    # settings refuses the command: min_window_s above max_seconds / repeats)
+    run.config["bench"]["min_window_s"] = 0.5
+    assert str(longer(run)) == "bench.steps=48 bench.repeats=10 bench.max_seconds=5"
 
 
 def _bench(windows_s: float, host_cpu: float, run_cpu: float):

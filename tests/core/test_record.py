@@ -250,6 +250,11 @@ def test_measure_longer_lifts_a_cap_the_longer_plan_would_reach():
     assert str(longer(rec)) == "bench.steps=80 bench.repeats=10 bench.max_seconds=180"
     rec.phases["e2e"].seconds = 6.0  # 24 s at that pace, 36 s spared: inside the cap
     assert longer(rec).max_seconds is None
+    # windows of at least 2 s (bench.min_window_s): 40 of them need 80 s, whatever the pace
+    # (settings refuses min_window_s above max_seconds / repeats: the command as advised was)
+    rec.config["bench"]["min_window_s"] = 2.0
+    assert str(longer(rec, (80, 40))) == ("bench.steps=80 bench.repeats=40 "
+                                           "bench.max_seconds=80")
 
 
 def test_a_loader_window_gpubench_sizes_never_times_the_queue():
