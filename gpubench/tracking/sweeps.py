@@ -135,8 +135,12 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
         run_id = runs.read(best.dir / runs.MARKER_FILE).get("run_id")
         # the child's own name, as the UI lists it: `best` may carry its row's pooled figure,
         # which no run's name has
-        name = c.get_run(run_id).info.run_name if run_id else T.run_name(
-            record.load(best.dir) or best)
+        name = T.run_name(record.load(best.dir) or best)
+        if run_id:  # its marker may name a run of another store (synced elsewhere) or deleted
+            try:
+                name = c.get_run(run_id).info.run_name
+            except Exception as e:  # the parent must still end: the name from the record
+                log.warning("sweep %s: best run %s not in this store (%s)", sweep_dir, run_id, e)
         tags |= {"best_run_dir": best.dir, "best_run_name": name, "best_run_id": run_id,
                  "best_overrides": runs.read_overrides(best.dir)}
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),

@@ -375,6 +375,14 @@ def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
         tracking.close_sweep(store, sweep, parent)
     tags = client(uri).get_run(parent).data.tags
     assert tags["best_run_dir"] == str(sweep / "1") and tags["best_run_name"].endswith(" 800img/s")
+    # its marker names a run this store does not hold (synced elsewhere, deleted): the parent
+    # still ends, named from the record
+    (sweep / "1" / tracking.MARKER_FILE).write_text(json.dumps({"run_id": "f" * 32}))
+    with tracking.open_store(uri, "sweeps") as store:
+        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8"])
+        tracking.close_sweep(store, sweep, parent)
+    run = client(uri).get_run(parent)
+    assert run.info.status == "FINISHED" and run.data.tags["best_run_name"].endswith(" 800img/s")
 
 
 def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
