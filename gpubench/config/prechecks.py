@@ -115,6 +115,13 @@ def unknown_key(key: str, value: Any, known: list[str], what: str = "",
                        typed)
 
 
+def _left_to_set(cfg: DictConfig, key: str) -> bool:
+    """A key the config holds as `???` (select reads it as absent): a value to set, not a typo."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_missing(node, leaf)
+
+
 def _check_override(cfg: DictConfig, o, groups: dict) -> None:
     """A parsed override's key exists and each value it names is one its key takes: a
     misspelled key or a value out of range would otherwise fail every trial, one by one."""
@@ -132,7 +139,7 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
         return
     if o.is_add() or o.is_force_add():
         check_known_key(key, typed(o))
-    elif OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+    elif OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT and not _left_to_set(cfg, key):
         raise unknown_key(key, typed(o), config_keys(cfg), " to sweep" if sweep else "")
     k = BY_NAME.get(key)
     if k is None:
@@ -148,18 +155,26 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
             check_model_name(v)
 
 
-def check_overrides(cfg: DictConfig, groups: dict) -> None:
-    """The command line's and hydra.sweeper.params' overrides: a plain one's value has its key's
-    type as written (the composed config shows 2 as true); a sweep's: _check_override."""
+def _overrides(cfg: DictConfig) -> list:
+    """The command line's and hydra.sweeper.params' overrides, parsed."""
     task = list(_at(cfg, "hydra.overrides.task") or [])
     params = _at(cfg, "hydra.sweeper.params") or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
         overrides = OverridesParser.create(config_loader=_loader()).parse_overrides(task)
     except HydraException:
-        return
-    overrides += [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
-    for o in overrides:
-        if o.is_sweep_override() or isinstance(o.value(), ChoiceSweep):
+        return []
+    return overrides + [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
+
+
+def _swept(o: Any) -> bool:
+    return o.is_sweep_override() or isinstance(o.value(), ChoiceSweep)
+
+
+def check_overrides(cfg: DictConfig, groups: dict) -> None:
+    """The command line's and hydra.sweeper.params' overrides: a plain one's value has its key's
+    type as written (the composed config shows 2 as true); a sweep's: _check_override."""
+    for o in _overrides(cfg):
+        if _swept(o):
             _check_override(cfg, o, groups)
         elif o.key_or_group in BY_NAME and not o.is_delete():
             BY_NAME[o.key_or_group].check_type(o.value())
@@ -205,7 +220,8 @@ def check_before_work(cfg: DictConfig) -> None:
     for group in OPTIONAL_GROUPS:
         if groups.get(group) is not None:
             check_option(group, groups[group])
-    check_interpolations(cfg)
+    # a sweep's values are not in the multirun's config: a `???` one sets is set in each job
+    check_interpolations(cfg, {o.key_or_group for o in _overrides(cfg) if _swept(o)})
     check_known_keys(cfg)
     check_overrides(cfg, groups)
     node = _at(cfg, "hydra.sweeper")

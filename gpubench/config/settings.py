@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -202,10 +203,10 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
     return s
 
 
-def check_interpolations(cfg: DictConfig) -> None:
+def check_interpolations(cfg: DictConfig, swept: Iterable[str] = ()) -> None:
     """Every value of the run's config is given (a team's YAML may leave one `???`, which
     reached the team's class as that text) and every ${...} resolves: either would fail every
-    job."""
+    job. `swept`: keys a sweep sets in each job (a multirun's config holds none of them)."""
     try:
         OmegaConf.to_container(_run(cfg), resolve=True)
     except InterpolationResolutionError as e:
@@ -216,7 +217,7 @@ def check_interpolations(cfg: DictConfig) -> None:
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
                           f"an interpolation that resolves ({reason})") from None
-    if missing := sorted(OmegaConf.missing_keys(_run(cfg))):
+    if missing := sorted(set(OmegaConf.missing_keys(_run(cfg))) - set(swept)):
         raise ConfigError(missing[0], "???", "a value (??? marks one its config leaves to set: "
                           f"{missing[0]}=... on the command line, or in the YAML)")
 

@@ -370,3 +370,16 @@ def test_a_value_left_to_set_is_refused_before_the_run(compose_cfg, key):
     with pytest.raises(ConfigError) as e:
         resolve(cfg)
     assert str(e.value).startswith(f"{key}='???' is not allowed: it must be a value")
+
+
+def test_a_value_left_to_set_that_a_sweep_sets_is_no_error(compose_cfg):
+    """`-m dataset.kwargs.root=/a,/b` on a team's `root: ???` was refused as not set: a
+    multirun's config holds no swept value. Each job still gets its value checked."""
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg("model=custom", "model._target_=torch.nn.Identity", hydra=True)
+    OmegaConf.update(cfg, "model.kwargs", {"width": "???"}, force_add=True)
+    with pytest.raises(ConfigError, match="^model.kwargs.width='...' is not allowed"):
+        check_before_work(cfg)
+    cfg.hydra.overrides.task.append("model.kwargs.width=8,16")
+    check_before_work(cfg)
