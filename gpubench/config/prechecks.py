@@ -19,7 +19,7 @@ from hydra.core.override_parser.types import (
 )
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
@@ -157,8 +157,10 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
 
 def _overrides(cfg: DictConfig) -> list:
     """The command line's and hydra.sweeper.params' overrides, parsed."""
-    task = list(_at(cfg, "hydra.overrides.task") or [])
-    params = _at(cfg, "hydra.sweeper.params") or {}
+    # as written: an override's `${...}` is the job's to resolve (check_interpolations says so)
+    task, params = (OmegaConf.to_container(n) if isinstance(n, (DictConfig, ListConfig)) else n
+                    for n in (_at(cfg, "hydra.overrides.task"), _at(cfg, "hydra.sweeper.params")))
+    task, params = list(task or []), params or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
         overrides = OverridesParser.create(config_loader=_loader()).parse_overrides(task)
     except HydraException:
