@@ -275,12 +275,13 @@ def varying(rows: list[Row]) -> list[str]:
                 if acting(r, k):
                     vals.add(json.dumps(v, default=str))
     # a row without the key (a trial known only to its study) differs by it, but for a fault,
-    # whose absence is its default: no injection
+    # whose absence is its default (no injection), and a plan key (how a run that left no
+    # record was measured is not known: no column of dashes for it)
     for k in NO_FAULT.keys() & keys.keys():
         if any(k not in r.flat for r in rows):
             keys[k].add(json.dumps(NO_FAULT[k], default=str))
-    return [k for k, vals in keys.items() if len(vals) > 1
-            or k not in NO_FAULT and any(k not in r.flat for r in rows)]
+    return [k for k, vals in keys.items() if len(vals) > 1 or k not in NO_FAULT
+            and k not in PLAN_KEYS and any(k not in r.flat for r in rows)]
 
 
 def ranked(rows: list[Row]) -> list[Row]:

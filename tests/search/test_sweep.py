@@ -1454,12 +1454,14 @@ def test_a_trial_known_only_to_its_study_shares_the_rankings_columns():
     assert refused.flat == {"precision.name": "amp_fp16", "loader.batch_size": 16}
     assert varying([measured, refused]) == ["precision.name"]
     # a measured record holds every fault key at its default: no injection, as the trial's
-    # missing ones are (they grew six columns of dashes); one injected is a column
+    # missing ones are (they grew six columns of dashes); one injected is a column. How it was
+    # measured (bench.steps) is not known for the trial: no column of dashes either
     for every, columns in ((None, ["precision.name"]),
                            (2, ["precision.name", "fault.stall_every"])):
         measured = Row("1", RunRecord(status=Status.ok, images_per_sec=100.0, config={
             "precision": {"name": "fp32"}, "loader": {"batch_size": 16},
-            "fault": {"stall_every": every, "stall_s": 1.0, "rank": None}}))
+            "fault": {"stall_every": every, "stall_s": 1.0, "rank": None},
+            "bench": {"steps": 2, "repeats": 6}}))
         assert varying([measured, refused]) == columns
 
 
