@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from gpubench.analysis.labels import flaw_words, rerun_text
-from gpubench.analysis.select import NO_FAULT, faulted, knob_of, left_out
+from gpubench.analysis.select import NO_FAULT, as_faulted, faulted, knob_of, left_out
 from gpubench.analysis.workers import (
     compute_bound,
     compute_setup,
@@ -213,8 +213,9 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
 
 
 def _what_ran(rec: RunRecord) -> dict[str, Any]:
-    """Its config but how it was measured and the keys that did not act."""
-    return {k: v for k, v in acted(rec).items() if role(k) is not Role.measure}
+    """Its config but how it was measured and the keys that did not act (a fault key that
+    injected nothing at its default)."""
+    return as_faulted(rec, {k: v for k, v in acted(rec).items() if role(k) is not Role.measure})
 
 
 def acted(rec: RunRecord) -> dict[str, Any]:
@@ -269,7 +270,7 @@ def varying(rows: list[Row]) -> list[str]:
     own, never pooled: it read like its twin without the fault)."""
     keys: dict[str, set] = {}
     for r in rows:
-        for k, v in r.flat.items():
+        for k, v in as_faulted(r.record, r.flat).items():
             if compared(k) or k in PLAN_KEYS or k in NO_FAULT:
                 vals = keys.setdefault(k, set())
                 if acting(r, k):

@@ -135,11 +135,28 @@ NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 
 
 def faulted(rec: RunRecord) -> bool:
-    """A fault was injected: a trigger set (fault.stall_s alone, or a stall of 0 s, is none)."""
+    """A fault acted in the run, as the runner injects them: an OOM above a batch this run's
+    exceeds, a failure message, a stall of some seconds, on a rank the run has. A key that
+    shapes no fault (fault.stall_s alone, an OOM threshold above the batch) injects nothing."""
     cfg = flatten(rec.config or {})
-    on = {k: cfg.get(f"fault.{k}") is not None for k in FaultConfig.TRIGGERS}
-    on["stall_every"] = on["stall_every"] and (cfg.get("fault.stall_s") or 0) > 0
-    return any(on.values())
+    rank, oom = cfg.get("fault.rank"), cfg.get("fault.oom_above_batch")
+    batch = cfg.get("loader.batch_size")
+    if isinstance(rank, int) and rank >= (rec.world_size or 1):  # parts.distributed.fault_hits
+        return False
+    stall_s = cfg.get("fault.stall_s", NO_FAULT["fault.stall_s"])
+    return (oom is not None and not (isinstance(batch, int) and isinstance(oom, int)
+                                     and batch <= oom)
+            or bool(cfg.get("fault.fail_message"))
+            or cfg.get("fault.stall_every") is not None
+            and not (isinstance(stall_s, (int, float)) and stall_s <= 0))
+
+
+def as_faulted(rec: RunRecord, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a run's flat config) with the fault keys at their defaults where no fault
+    acted: two runs apart only in a key that shaped none (fault.stall_s=0.05,1) are one setup."""
+    if faulted(rec):
+        return values
+    return {k: NO_FAULT.get(k, v) for k, v in values.items()}
 
 
 def loader_only(rec: RunRecord) -> bool:

@@ -301,8 +301,6 @@ class TrackingConfig:
 @dataclass
 class FaultConfig:
     ROLE = Role.fault  # fault injection for testing recovery paths (never set in real runs)
-    # the keys that inject a fault when set; the others only shape one (its seconds, its rank)
-    TRIGGERS = ("oom_above_batch", "fail_message", "stall_every")
     oom_above_batch: int | None = setting(
         None, "testing: an out-of-memory error in the train step for larger batches",
         bounds=(0, None))

@@ -488,3 +488,23 @@ def test_a_run_with_a_fault_injected_bounds_no_loader(tmp_path):
     assert not faulted(plain)
     plain.config["fault"] = {"fail_message": "boom", "fail_after_windows": 2}
     assert faulted(plain)
+    # what the runner injects, not what is set: an OOM only above the run's batch (32), a
+    # failure only with a message, a fault only on a rank the run has
+    for fault, injected in (({"oom_above_batch": 64}, False), ({"oom_above_batch": 16}, True),
+                            ({"fail_message": ""}, False),
+                            ({"rank": 1, "stall_every": 1, "stall_s": 1.0}, False),
+                            ({"rank": 0, "stall_every": 1, "stall_s": 1.0}, True)):
+        plain.config["fault"] = fault
+        assert faulted(plain) is injected, fault
+
+
+def test_runs_apart_only_in_a_fault_key_that_injected_nothing_are_one_setup(tmp_path):
+    """`-m fault.stall_s=0.05,1` without a stall: no fault acted in either run, yet the ranking
+    grew a fault.stall_s column and never pooled them as repeats."""
+    from gpubench.analysis.recommend import repeats, varying
+
+    a, b = (compute_run(3000.0 + i, [2900.0, 3100.0], tmp_path, f"r{i}") for i in range(2))
+    a.config["fault"], b.config["fault"] = {"stall_s": 0.05}, {"stall_s": 1.0}
+    assert varying([Row("a", a), Row("b", b)]) == [] and repeats(a, b)
+    b.config["fault"] = {"stall_s": 1.0, "stall_every": 2}  # one stalled: a row apart, named
+    assert varying([Row("a", a), Row("b", b)]) == ["fault.stall_every"] and not repeats(a, b)

@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from gpubench.analysis.recommend import Row, repeats, varying
-from gpubench.analysis.select import setup_text, training_rows
+from gpubench.analysis.select import faulted, setup_text, training_rows
 from gpubench.config import knobs
 from gpubench.config.keys import Pipe, Role
 from gpubench.core.record import PLAN_KEYS, RunRecord, Status
@@ -50,14 +50,17 @@ def test_every_reader_takes_a_keys_role_from_its_declaration(key):
     role = knobs.KEYS[key].knob.role
     shown = role in (Role.workload, Role.knob)
     plan = set(PLAN_KEYS)  # how it was measured, where that makes it another measurement
-    # a column of the ranking; a fault injected in one is a row apart, named by its column
-    assert (key in varying([a, b])) == (shown or key in plan or role is Role.fault)
+    # a column of the ranking; a fault injected in one is a row apart, named by its column (a
+    # fault key that injects nothing, fault.rank alone, is no fault: no column, pooled)
+    injected = role is Role.fault and (faulted(a.record) or faulted(b.record))
+    assert (key in varying([a, b])) == (shown or key in plan or injected)
     along = "loader.num_workers" if key == "loader.batch_size" else "loader.batch_size"
     assert (key in held_fixed([a, b], along)) == shown  # a line of a plot
     # how it was measured (seed, monitor, tracking): one measurement, pooled as repeats, but
     # for its window plan and caps (what a "measure longer" sets): measured another way;
     # fault injection is never pooled; anything else is another run
-    assert repeats(a.record, b.record) == (role is Role.measure and key not in plan)
+    assert repeats(a.record, b.record) == (
+        role is Role.measure and key not in plan or role is Role.fault and not injected)
     # another workload is never ranked beside this one
     assert len(training_rows([a, b])[0]) == (1 if role is Role.workload else 2)
 
