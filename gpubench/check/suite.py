@@ -56,9 +56,11 @@ def show(line: str) -> None:
     from gpubench.report.console import fold
 
     con = Console(highlight=False)
-    for part in line.split("\n"):  # the usage text: each of its lines as written
-        for piece in fold(Text(part), con, rules.DETAIL_AT) if con.is_terminal else [Text(part)]:
-            con.print(piece, soft_wrap=True)
+    if "\n" in line:  # the usage text: prose, its lines as written (not a check's columns)
+        con.print(Text(line), soft_wrap=True)
+        return
+    for piece in fold(Text(line), con, rules.DETAIL_AT) if con.is_terminal else [Text(line)]:
+        con.print(piece, soft_wrap=True)
 
 
 def run_checks(cfg: DictConfig, emit: Callable[[str], None] = show,

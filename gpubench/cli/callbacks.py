@@ -107,7 +107,9 @@ class MlflowSweepCallback(Callback):
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = tracking.open_sweep(
-                    store, sweep_dir, list(config.hydra.overrides.task), sweeper.get("_target_"),
+                    # as written: iterating the node resolves an override's ${oc.env:...}
+                    store, sweep_dir, OmegaConf.to_container(config.hydra.overrides.task),
+                    sweeper.get("_target_"),
                     OmegaConf.to_container(params) if params is not None else None,
                     t.get("run_name"))
         except Exception as e:  # jobs still run; each keeps its results for `sync`
@@ -231,7 +233,8 @@ def _refused(config: DictConfig) -> list[Refusal]:
     """This multirun's refused jobs, each by the overrides that set it apart: those the sweep's
     command line gave every job (`model=tiny`) left out, its swept ones kept
     (`loader.batch_size=4,-1` gave it `loader.batch_size=-1`)."""
-    common = set(map(str, OmegaConf.select(config, "hydra.overrides.task", default=None) or ()))
+    task = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    common = set(map(str, OmegaConf.to_container(task) if task is not None else ()))
     return [Refusal(tuple(o for o in r.overrides if o not in common) or r.overrides, r.line)
             for r in REJECTED]
 

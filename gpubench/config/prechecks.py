@@ -222,8 +222,11 @@ def check_before_work(cfg: DictConfig) -> None:
     for group in OPTIONAL_GROUPS:
         if groups.get(group) is not None:
             check_option(group, groups[group])
-    # a sweep's values are not in the multirun's config: a `???` one sets is set in each job
-    check_interpolations(cfg, {o.key_or_group for o in _overrides(cfg) if _swept(o)})
+    # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
+    # too: the sweeper gives them to each job): a `???` one sets is set in each job
+    params = _at(cfg, "hydra.sweeper.params") or {}
+    check_interpolations(cfg, {o.key_or_group for o in _overrides(cfg) if _swept(o)}
+                         | {str(k) for k in params})
     check_known_keys(cfg)
     check_overrides(cfg, groups)
     node = _at(cfg, "hydra.sweeper")

@@ -185,14 +185,15 @@ class Pipes:
                  "device": next((r.record.env.get("device") for _, r in rows), None),
                  "cores": least_cores(r.record for _, r in rows), **ran, **f.summary()})
             self.write(self.result)
-            verb = "clears" if f.clears else "does not clear"
-            log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),
-                     S.describe(f.params), format(f.rate), verb, format(k.rate))
         elif after is not None:  # the join's next try ran in this study: its trials count too
             for d in self.result.get("data", []):
                 if d["study"] == shared.study.study_name:
                     d.update(ran)
             self.write(self.result)
+        if f is not None:  # the stage's pick, or the join's next try
+            verb = "clears" if f.clears else "does not clear"
+            log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),
+                     S.describe(f.params), format(f.rate), verb, format(k.rate))
         return f
 
     def _join(self, kept: list[Kept], fed: list[Fed | None]) -> None:

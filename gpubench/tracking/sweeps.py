@@ -137,10 +137,15 @@ def close_sweep(store: Store, sweep_dir: Path, parent_id: str, interrupted: bool
         # which no run's name has
         name = T.run_name(record.load(best.dir) or best)
         if run_id:  # its marker may name a run of another store (synced elsewhere) or deleted
+            from mlflow.exceptions import MlflowException
+
             try:
                 name = c.get_run(run_id).info.run_name
             except Exception as e:  # the parent must still end: the name from the record
-                log.warning("sweep %s: best run %s not in this store (%s)", sweep_dir, run_id, e)
+                gone = isinstance(e, MlflowException) and e.error_code == "RESOURCE_DOES_NOT_EXIST"
+                log.warning("sweep %s: best run %s %s (%s)", sweep_dir, run_id,
+                            "not in this store" if gone else "not read", e)
+                run_id = None if gone else run_id  # no id tag leading nowhere
         tags |= {"best_run_dir": best.dir, "best_run_name": name, "best_run_id": run_id,
                  "best_overrides": runs.read_overrides(best.dir)}
         c.log_text(parent_id, mask_secrets(yaml.safe_dump(best.config, sort_keys=False)),

@@ -289,7 +289,8 @@ def test_the_checks_usage_prints_in_a_terminal(monkeypatch, capsys):
     went through the fold, which textwrap turns into spaces. Each of its lines as written."""
     from gpubench.check.suite import USAGE, show
 
-    monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("FORCE_COLOR", "1")
-    assert main(["--help"], emit=show) == 0
-    assert capsys.readouterr().out == USAGE + "\n"
+    for columns in ("80", "60"):  # at 60 it was folded as a check's line, under column 26
+        monkeypatch.setenv("COLUMNS", columns)
+        assert main(["--help"], emit=show) == 0
+        assert capsys.readouterr().out == USAGE + "\n"

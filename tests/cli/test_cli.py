@@ -308,3 +308,19 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     shutil.copytree(Path(__file__).resolve().parents[1] / "golden" / "fixtures" / "sweep", tmp_path / "sweep")
     proc = _into_closed_pipe("gpubench.report", "sweep", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (ExitCode.BROKEN_PIPE, "")
+
+
+def test_a_multiruns_overrides_are_read_as_written(compose_cfg, monkeypatch):
+    """The refused jobs' overrides (and the MLflow parent's) iterated hydra.overrides.task,
+    which resolves an override's ${oc.env:...}: unset, it raised; set, a secret was stored
+    resolved. They read the list as written."""
+    from gpubench.cli.callbacks import _refused
+    from gpubench.core.exits import REJECTED, Refusal
+
+    monkeypatch.delenv("GPUBENCH_TEST_UNSET", raising=False)
+    cfg = compose_cfg(hydra=True)
+    written = "tracking.run_name=${oc.env:GPUBENCH_TEST_UNSET}"
+    cfg.hydra.overrides.task.append(written)
+    monkeypatch.setattr("gpubench.cli.callbacks.REJECTED", [Refusal((written, "x=1"), "bad")])
+    assert _refused(cfg) == [Refusal(("x=1",), "bad")]
+    assert REJECTED == []  # the module's own list untouched

@@ -383,3 +383,7 @@ def test_a_value_left_to_set_that_a_sweep_sets_is_no_error(compose_cfg):
         check_before_work(cfg)
     cfg.hydra.overrides.task.append("model.kwargs.width=8,16")
     check_before_work(cfg)
+    # a plain value of hydra.sweeper.params: the sweeper gives it to every job
+    cfg.hydra.overrides.task.pop()
+    cfg.hydra.sweeper.params = {"model.kwargs.width": "8"}
+    check_before_work(cfg)

@@ -506,7 +506,7 @@ def test_pipes_whose_joins_all_fail_exit_1_and_keep_the_bounds(tmp_path):
     assert {p["narrower"] for p in result["join"]["pairings"]} == {"serial"}, result["join"]
 
 
-def test_the_joins_next_data_try_counts_in_its_data_stages_trials(monkeypatch):
+def test_the_joins_next_data_try_counts_in_its_data_stages_trials(monkeypatch, caplog):
     """Where the join found contention, the next data setting ran in the data stage's study,
     yet pipes.json kept the stage's count from before it (`2 loader-only trials` for 3)."""
     from types import SimpleNamespace
@@ -527,8 +527,11 @@ def test_the_joins_next_data_try_counts_in_its_data_stages_trials(monkeypatch):
     kept = P.Kept({"loader.batch_size": 4}, Est(200.0, 195.0, 205.0), "the fastest")
     first = p._data(kept)
     assert first.params == {"loader.num_workers": 1} and p.result["data"][0]["trials"] == 2
-    nxt = p._data(kept, past=first.params)
+    with caplog.at_level("INFO", logger="gpubench.sweep"):
+        nxt = p._data(kept, past=first.params)
     assert nxt.params == {"loader.num_workers": 2}
+    # the log says which setting the join tried next, and that it clears
+    assert "loader.num_workers=2" in caplog.text and " clears compute" in caplog.text
     assert p.result["data"][0]["trials"] == 3 and len(p.result["data"]) == 1
     assert written[-1]["data"][0]["trials"] == 3
     # a next try that does not clear either: no setting (the join keeps its pairing), counted

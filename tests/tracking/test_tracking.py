@@ -383,6 +383,7 @@ def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
         tracking.close_sweep(store, sweep, parent)
     run = client(uri).get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["best_run_name"].endswith(" 800img/s")
+    assert "best_run_id" not in run.data.tags  # no id leading nowhere
 
 
 def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
