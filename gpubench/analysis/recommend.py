@@ -364,6 +364,9 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     `tolerance` of the fastest (on intervals), AMP on when it measured faster, pin_memory on,
     then the smallest batch (large ones hurt the model) and the fewest workers (host RAM)."""
     full = [r for r in rows if r.feasible and left_out(r.record) is None]
+    # a run with a fault injected tests a failure path: never the pick (its rerun config drops
+    # the fault, so it would measure another thing), unless nothing else measured
+    full = [r for r in full if not faulted(r.record)] or full
     if not full:
         return None
     ok = [r for r in full if r.stable]

@@ -196,3 +196,12 @@ def test_the_loader_check_bounds_by_every_compute_measurement_of_the_setup():
     assert check.startswith("loader check: no worker count measured out-runs compute 530.0 "
                             "img/s; 2 workers load 560.0 img/s"), check
     assert "the intervals overlap, so it is not decided" in check
+
+
+def test_a_run_with_a_fault_injected_is_never_the_pick():
+    """A grid of fault.stall_every=null,1 whose clean first job ran cold: the stalled run
+    measured faster and was recommended, with a recommended.yaml that drops the fault."""
+    clean, stalled = _loader_run(60.0, 300.0), _loader_run(90.0, 300.0)
+    stalled.record.config["fault"] = {"stall_every": 1, "stall_s": 0.05}
+    assert recommend([clean, stalled]).chosen is clean
+    assert recommend([stalled]).chosen is stalled  # nothing else measured: still reported
