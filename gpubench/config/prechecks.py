@@ -155,27 +155,33 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
             check_model_name(v)
 
 
+def _written(cfg: DictConfig, key: str) -> Any:
+    """A node as written: read as a list or dict, an override's `${...}` would be resolved, where
+    it is the job's to resolve (check_interpolations says whether it can)."""
+    node = _at(cfg, key)
+    return OmegaConf.to_container(node) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
 def _overrides(cfg: DictConfig) -> list:
     """The command line's and hydra.sweeper.params' overrides, parsed."""
-    # as written: an override's `${...}` is the job's to resolve (check_interpolations says so)
-    task, params = (OmegaConf.to_container(n) if isinstance(n, (DictConfig, ListConfig)) else n
-                    for n in (_at(cfg, "hydra.overrides.task"), _at(cfg, "hydra.sweeper.params")))
-    task, params = list(task or []), params or {}
     try:  # Hydra itself reports a malformed command-line override, before this runs
-        overrides = OverridesParser.create(config_loader=_loader()).parse_overrides(task)
+        overrides = OverridesParser.create(config_loader=_loader()).parse_overrides(
+            list(_written(cfg, "hydra.overrides.task") or []))
     except HydraException:
         return []
-    return overrides + [parse(f"{k}={v}", f"hydra.sweeper.params.{k}") for k, v in params.items()]
+    return overrides + [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
+                        for k, v in (_written(cfg, "hydra.sweeper.params") or {}).items()]
 
 
 def _swept(o: Any) -> bool:
     return o.is_sweep_override() or isinstance(o.value(), ChoiceSweep)
 
 
-def check_overrides(cfg: DictConfig, groups: dict) -> None:
-    """The command line's and hydra.sweeper.params' overrides: a plain one's value has its key's
-    type as written (the composed config shows 2 as true); a sweep's: _check_override."""
-    for o in _overrides(cfg):
+def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
+    """The command line's and hydra.sweeper.params' overrides (`_overrides`): a plain one's
+    value has its key's type as written (the composed config shows 2 as true); a sweep's:
+    _check_override."""
+    for o in overrides:
         if _swept(o):
             _check_override(cfg, o, groups)
         elif o.key_or_group in BY_NAME and not o.is_delete():
@@ -224,11 +230,12 @@ def check_before_work(cfg: DictConfig) -> None:
             check_option(group, groups[group])
     # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
     # too: the sweeper gives them to each job): a `???` one sets is set in each job
+    overrides = _overrides(cfg)
     params = _at(cfg, "hydra.sweeper.params") or {}
-    check_interpolations(cfg, {o.key_or_group for o in _overrides(cfg) if _swept(o)}
+    check_interpolations(cfg, {o.key_or_group for o in overrides if _swept(o)}
                          | {str(k) for k in params})
     check_known_keys(cfg)
-    check_overrides(cfg, groups)
+    check_overrides(cfg, groups, overrides)
     node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     sweeper = keys(schema, "hydra.sweeper.") if is_dataclass(schema) else []  # its typed schema's
