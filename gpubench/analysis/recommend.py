@@ -13,7 +13,14 @@ from operator import attrgetter
 from typing import Any
 
 from gpubench.analysis.labels import flaw_words, rerun_text
-from gpubench.analysis.select import NO_FAULT, as_faulted, faulted, knob_of, left_out
+from gpubench.analysis.select import (
+    FAULT_TRIGGERS,
+    NO_FAULT,
+    as_faulted,
+    faulted,
+    knob_of,
+    left_out,
+)
 from gpubench.analysis.workers import (
     compute_bound,
     compute_setup,
@@ -269,8 +276,15 @@ def varying(rows: list[Row]) -> list[str]:
     bench.steps; its rows read alike without it), and a fault injected in some (a row of its
     own, never pooled: it read like its twin without the fault)."""
     keys: dict[str, set] = {}
+    # a fault key only where a fault acted in some row (fault.stall_s=0.05,1 alone tells no
+    # runs apart); in a row without one, its triggers' values (unset), not the keys that shape
+    # a fault (its stall_s shaped none: it read 0.05 beside a stalled run's 0.05, yet a column)
+    fault = any(faulted(r.record) for r in rows)
     for r in rows:
-        for k, v in as_faulted(r.record, r.flat).items():
+        hit = faulted(r.record)
+        for k, v in r.flat.items():
+            if k in NO_FAULT and not (fault and (hit or k in FAULT_TRIGGERS)):
+                continue
             if compared(k) or k in PLAN_KEYS or k in NO_FAULT:
                 vals = keys.setdefault(k, set())
                 if acting(r, k):
@@ -278,7 +292,7 @@ def varying(rows: list[Row]) -> list[str]:
     # a row without the key (a trial known only to its study) differs by it, but for a fault,
     # whose absence is its default (no injection), and a plan key (how a run that left no
     # record was measured is not known: no column of dashes for it)
-    for k in NO_FAULT.keys() & keys.keys():
+    for k in set(FAULT_TRIGGERS) & keys.keys():
         if any(k not in r.flat for r in rows):
             keys[k].add(json.dumps(NO_FAULT[k], default=str))
     return [k for k, vals in keys.items() if len(vals) > 1 or k not in NO_FAULT

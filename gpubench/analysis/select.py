@@ -134,6 +134,10 @@ def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> li
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
 
 
+# the keys that inject a fault when set (faulted); the others only shape one (seconds, rank)
+FAULT_TRIGGERS = ("fault.oom_above_batch", "fault.fail_message", "fault.stall_every")
+
+
 def faulted(rec: RunRecord) -> bool:
     """A fault acted in the run, as the runner injects them: an OOM above a batch this run's
     exceeds, a failure message, a stall of some seconds, on a rank the run has. A key that

@@ -508,3 +508,6 @@ def test_runs_apart_only_in_a_fault_key_that_injected_nothing_are_one_setup(tmp_
     assert varying([Row("a", a), Row("b", b)]) == [] and repeats(a, b)
     b.config["fault"] = {"stall_s": 1.0, "stall_every": 2}  # one stalled: a row apart, named
     assert varying([Row("a", a), Row("b", b)]) == ["fault.stall_every"] and not repeats(a, b)
+    # the grid fault.stall_every=null,1 fault.stall_s=0.05: both read 0.05, no stall_s column
+    b.config["fault"] = {"stall_s": 0.05, "stall_every": 1}
+    assert varying([Row("a", a), Row("b", b)]) == ["fault.stall_every"]
