@@ -177,6 +177,17 @@ def _swept(o: Any) -> bool:
     return o.is_sweep_override() or isinstance(o.value(), ChoiceSweep)
 
 
+def _first(o: Any) -> Any:
+    """A value the override gives its key in one job: a sweep's first (a bad sweep: None,
+    check_overrides names it)."""
+    if not _swept(o):
+        return o.value()
+    try:
+        return _swept_values(o)[0]
+    except (ConfigError, IndexError):
+        return None
+
+
 def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
     """The command line's and hydra.sweeper.params' overrides (`_overrides`): a plain one's
     value has its key's type as written (the composed config shows 2 as true); a sweep's:
@@ -231,9 +242,9 @@ def check_before_work(cfg: DictConfig) -> None:
     # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
     # too: the sweeper gives them to each job): a `???` one sets is set in each job
     overrides = _overrides(cfg)
-    params = _at(cfg, "hydra.sweeper.params") or {}
-    check_interpolations(cfg, {o.key_or_group for o in overrides if _swept(o)}
-                         | {str(k) for k in params})
+    params = {str(k) for k in _at(cfg, "hydra.sweeper.params") or {}}
+    check_interpolations(cfg, {o.key_or_group: _first(o) for o in overrides
+                               if _swept(o) or o.key_or_group in params})
     check_known_keys(cfg)
     check_overrides(cfg, groups, overrides)
     node = _at(cfg, "hydra.sweeper")

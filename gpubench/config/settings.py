@@ -4,15 +4,17 @@ and those that need the built dataset's length (called from parts.data). Torch-f
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import difflib
 import os
-from collections.abc import Iterable
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from gpubench.config import knobs, schema
 from gpubench.config.errors import ConfigError
@@ -203,12 +205,34 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
     return s
 
 
-def check_interpolations(cfg: DictConfig, swept: Iterable[str] = ()) -> None:
+def _missing_keys(cfg: DictConfig | ListConfig) -> set[str]:
+    """OmegaConf.missing_keys without resolving: it reads every value, so a ${...} of a `???`
+    raised before any key was named."""
+    keys = range(len(cfg)) if isinstance(cfg, ListConfig) else cfg.keys()
+    out = set()
+    for k in keys:
+        if OmegaConf.is_missing(cfg, k):
+            out.add(cfg._get_full_key(k))
+        elif isinstance(node := cfg._get_node(k), (DictConfig, ListConfig)):
+            out |= set() if OmegaConf.is_interpolation(cfg, k) else _missing_keys(node)
+    return out
+
+
+def check_interpolations(cfg: DictConfig, swept: Mapping[str, Any] | None = None) -> None:
     """Every value of the run's config is given (a team's YAML may leave one `???`, which
     reached the team's class as that text) and every ${...} resolves: either would fail every
-    job. `swept`: keys a sweep sets in each job (a multirun's config holds none of them)."""
+    job. `swept`: keys a sweep sets in each job (a multirun's config holds none of them), each
+    with a value one job gets: a `???` one is resolved at it, so `${.root}/train` resolves."""
+    run, swept = _run(cfg), swept or {}
+    missing = _missing_keys(run)
+    if fill := {k: v for k, v in swept.items() if k in missing}:
+        run = copy.deepcopy(run)
+        with read_write(run), open_dict(run):
+            for k, v in fill.items():
+                with contextlib.suppress(OmegaConfBaseException):  # the override's check names it
+                    OmegaConf.update(run, k, v, merge=False)
     try:
-        OmegaConf.to_container(_run(cfg), resolve=True)
+        OmegaConf.to_container(run, resolve=True)
     except InterpolationResolutionError as e:
         node: Any = cfg
         for part in str(e.full_key or "").split("."):
@@ -217,7 +241,7 @@ def check_interpolations(cfg: DictConfig, swept: Iterable[str] = ()) -> None:
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
                           f"an interpolation that resolves ({reason})") from None
-    if missing := sorted(set(OmegaConf.missing_keys(_run(cfg))) - set(swept)):
+    if missing := sorted(missing - set(swept)):
         raise ConfigError(missing[0], "???", "a value (??? marks one its config leaves to set: "
                           f"{missing[0]}=... on the command line, or in the YAML)")
 

@@ -387,3 +387,22 @@ def test_a_value_left_to_set_that_a_sweep_sets_is_no_error(compose_cfg):
     cfg.hydra.overrides.task.pop()
     cfg.hydra.sweeper.params = {"model.kwargs.width": "8"}
     check_before_work(cfg)
+
+
+def test_a_swept_value_left_to_set_resolves_what_interpolates_it(compose_cfg):
+    """`path: ${.root}/train` beside a team's `root: ???` that the sweep sets was refused as an
+    interpolation that does not resolve: it is resolved at one job's value. One that does not
+    resolve at it is still refused."""
+    from gpubench.config.prechecks import check_before_work
+
+    cfg = compose_cfg("model=custom", "model._target_=torch.nn.Identity", hydra=True)
+    OmegaConf.update(cfg, "model.kwargs", {"root": "???", "path": "${.root}/train",
+                                           "bad": "${.nowhere}"}, force_add=True)
+    cfg.hydra.overrides.task.append("model.kwargs.root=/a,/b")
+    with pytest.raises(ConfigError, match=r"^model.kwargs.bad='\$\{.nowhere\}' is not allowed"):
+        check_before_work(cfg)
+    del cfg.model.kwargs.bad
+    check_before_work(cfg)
+    cfg.hydra.overrides.task.pop()  # not swept: the `???` is named, not what interpolates it
+    with pytest.raises(ConfigError, match="^model.kwargs.(root|path)="):
+        check_before_work(cfg)
