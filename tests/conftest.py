@@ -430,13 +430,13 @@ def shared(name: str, start) -> dict:
 
 
 def start_two_job_sweep(tmp: Path, *overrides: str):
-    """`python -m gpubench -m` of two jobs (batch 4, then 8) whose phases last their 2 s cap,
+    """`python -m gpubench -m` of two jobs (batch 4, then 8) whose phases last their 1 s cap,
     in its own process group (as under a scheduler); returns (process, the second job's
     results.json) once that job has measured its first phase: a moment inside the sweep
     for a signal or a fault."""
     proc = start_cli(
         "-m", *[o for o in TINY if o != "tracking=none"],
-        *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=2",
+        *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=1",
         cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     deadline = time.time() + 240

@@ -133,7 +133,7 @@ def test_cli_on_a_full_disk_is_one_line_and_leaves_no_garbage(tmp_path):
 
 def _start_and_wait_for_loader(tmp_path: Path, *extra: str):
     proc = start_cli(
-        *TINY_NO_TRACKING, "bench.steps=1000000", "bench.max_seconds=3", *extra,
+        *TINY_NO_TRACKING, "bench.steps=1000000", "bench.max_seconds=1.5", *extra,
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group, as under `timeout` or a scheduler
     )

@@ -118,8 +118,9 @@ def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY, "tracking=none",
             f"hydra.sweep.dir={sweep}", f"hydra.sweeper.storage=sqlite:///{tmp_path}/study.db",
-            # each phase lasts its 1 s cap: a job is ~3 s, time to refuse the manifest
-            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=choice(2,4,8)",
+            # its one phase lasts its 1 s cap: time to refuse the manifest
+            "bench.steps=1000000", "bench.max_seconds=1", "bench.phases=[e2e]",
+            "loader.batch_size=choice(2,4,8)",
             "hydra.sweeper.n_trials=3", "hydra.sweeper.screen.steps=null",
             "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
     proc = start_cli(*args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -268,10 +268,10 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
 def test_ctrl_c_is_a_killed_run(mlflow_server, tmp_path):
     url = mlflow_server.url
     proc = start_cli(*TRACKED, f"tracking.uri={url}", "tracking.experiment=interrupted",
-                     "bench.steps=1000000", "bench.max_seconds=3", cwd=tmp_path,
+                     "bench.steps=1000000", "bench.max_seconds=1.5", cwd=tmp_path,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    # each phase is capped at 3 s: interrupt once the first one is on disk, in the second
+    # each phase is capped at 1.5 s: interrupt once the first one is on disk, in the second
     while time.monotonic() < deadline:
         found = list(tmp_path.glob("outputs/runs/*/*/results.json"))
         if found and json.loads(found[0].read_text())["phases"]:
