@@ -8,21 +8,22 @@ import os
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import gpubench.cli
 from gpubench.cli.errors import Exit, JobFailed, one_line_errors
 from gpubench.config.errors import ConfigError
+from gpubench.config.keys import Role
 from gpubench.config.paths import CONFIG_DIR
+from gpubench.config.schema import KEYS
 from gpubench.core.exits import REJECTED, ExitCode, Refusal, quiet_broken_pipe
 from gpubench.core.record import Status
 from gpubench.core.secrets import say
 
 
 def _multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -42,15 +43,11 @@ def _job(cfg: DictConfig) -> float:
     try:
         result = run_benchmark(cfg)
     except KeyboardInterrupt as e:  # a signal: the entry's one line names the run dir
-        from hydra.core.hydra_config import HydraConfig
-
         e.run_dir = HydraConfig.get().runtime.output_dir  # type: ignore[attr-defined]
         raise
     except ConfigError as e:
         if not _multirun():  # gpubench.cli.errors prints it as one line, BAD_INPUT
             raise
-        from hydra.core.hydra_config import HydraConfig
-
         say(str(e), "error")  # one bad job must not end a sweep
         REJECTED.append(Refusal(tuple(HydraConfig.get().overrides.task), str(e)))
         return 0.0
@@ -74,9 +71,6 @@ def _settle() -> None:
 def help_config(*, _root_: DictConfig) -> str:
     """`--help`'s config (bench.yaml's hydra.help.template) without the test keys (Role.fault);
     `$` doubled: the template is a string.Template."""
-    from gpubench.config.keys import Role
-    from gpubench.config.schema import KEYS
-
     hidden = {"hydra"} | {k.name.partition(".")[0] for k in KEYS if k.knob.role is Role.fault}
     shown = OmegaConf.masked_copy(_root_, [k for k in _root_ if k not in hidden])
     return OmegaConf.to_yaml(shown).replace("$", "$$")

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from gpubench.cli.signals import killed_by_signal
 from gpubench.config.errors import ConfigError
 from gpubench.core.exits import REJECTED, Refusal
 from gpubench.core.files import LinkError, check_no_links, mask_files
-from gpubench.core.record import RESULTS_FILE, Status, find_runs
+from gpubench.core.record import RESULTS_FILE, Status, find_runs, load
 from gpubench.core.secrets import mask_logging, say
+from gpubench.search.jobs import unmeasured
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # the process's exit code, set by gpubench.__main__.cli: a sweep parent closed at exit is
@@ -49,10 +51,9 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
-    """A run's or sweep's folder, or one line, exit 2: not blank (Hydra would write into the
-    current folder), no symbolic link, no earlier run to write over (a sweep's unless
-    `resumes`). Called before run_job writes `.hydra/*.yaml` (Hydra 1.3); a SystemExit, as
-    Hydra turns a callback's Exception into a warning."""
+    """A run's or sweep's folder, else one line, exit 2 (a SystemExit: Hydra turns a callback's
+    Exception into a warning): not blank (the current folder), no symbolic link, no earlier run
+    to write over (a sweep's unless `resumes`). Called before run_job writes `.hydra/*.yaml`."""
     if value is None or not str(value).strip():
         raise SystemExit(ConfigError(key, value, "a folder path (blank writes into the current "
                                      f"folder); leave {key} unset for a new timestamped folder"))
@@ -210,11 +211,6 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     """A grid multirun by the sweeper's rule (gpubench.search.jobs.unmeasured): its jobs' records
     written since it began (a reused folder's older runs are not its jobs), every one unmeasured:
     one line, exit 1, after the report and the MLflow parent said what there is."""
-    from collections import Counter
-
-    from gpubench.core.record import load
-    from gpubench.search.jobs import unmeasured
-
     since = _STARTED.get(str(sweep_dir), float("inf"))
     recs = [r for d in find_runs(sweep_dir) if (d / RESULTS_FILE).stat().st_mtime >= since
             and (r := load(d)) is not None]
@@ -240,9 +236,8 @@ def _refused(config: DictConfig) -> list[Refusal]:
 
 
 def _sweep_report(sweep_dir: Path, attach: bool, refused: list[Refusal]) -> list[Path]:
-    """The sweep report's files (for the parent's artifacts when `attach`), naming the `refused`
-    jobs; printed unless the gpubench sweeper made one in this process since the sweep began,
-    and then made again only to attach it."""
+    """The sweep report's files (the parent's artifacts when `attach`), naming `refused` jobs;
+    quiet, and made only to attach, where the gpubench sweeper made it since the sweep began."""
     from gpubench.report.write import REPORT_DIR, sweep_report
 
     made = sweep_dir / REPORT_DIR / "summary.json"

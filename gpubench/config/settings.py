@@ -54,18 +54,6 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
     return device, *(a if g is None else int(g) for g, a in zip(given, auto, strict=True))
 
 
-def _inert(workers: Any, kind: Any) -> tuple[tuple[str, ...], str]:
-    """The loader keys that do not act with these workers (knobs.acts), and why. torch's
-    DataLoader refuses prefetch_factor and persistent_workers with 0 workers: refusing them here
-    would fail every 0-worker trial of a sweep, so they are recorded as their Knob.inert. Thread
-    workers likewise for Knob.process_only (torchdata's nodes: one torch thread each, no
-    persistent workers)."""
-    get = {"loader.num_workers": workers, "loader.worker_type": _plain(kind)}.get
-    inert = tuple(k for k in knobs.WORKER_ONLY if not knobs.acts(k, get))
-    return inert, ("with loader.num_workers=0" if workers == 0 else
-                   "with loader.worker_type=thread")
-
-
 def as_run(values: dict[str, Any]) -> dict[str, Any]:
     """Dotted config values as they act (knobs.acts): two settings that differ only in keys
     inert with their workers are one run."""
@@ -73,10 +61,16 @@ def as_run(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The inert loader keys' values, and a note for each set on purpose."""
-    inert, why = _inert(loader.num_workers, loader.get("worker_type"))
+    """The loader keys that do not act with these workers (knobs.acts) as their Knob.inert, and
+    a note for each set on purpose. torch's DataLoader refuses prefetch_factor and
+    persistent_workers with 0 workers: refusing them here would fail every 0-worker trial of a
+    sweep. Thread workers likewise for Knob.process_only (torchdata's nodes: one torch thread
+    each, no persistent workers)."""
+    workers = loader.num_workers
+    get = {"loader.num_workers": workers, "loader.worker_type": _plain(loader.get("worker_type"))}
+    why = "with loader.num_workers=0" if workers == 0 else "with loader.worker_type=thread"
     values, notes = {}, []
-    for key in inert:
+    for key in (k for k in knobs.WORKER_ONLY if not knobs.acts(k, get.get)):
         name, value = key.partition(".")[2], knobs.WORKER_ONLY[key]
         given = _plain(loader.get(name))
         if given != value and given != _plain(knobs.KEYS[key].default):

@@ -337,9 +337,8 @@ class RunRecord(_Keys):
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
 
     def phase_coverage(self, name: str) -> float | None:
-        """The coverage of phase `name`'s interval (3 windows: 75%; an interval covering more
-        is named a CONFIDENCE one), its phase record's, else its headline keys' (an older record:
-        CONFIDENCE, as then every interval was); None without an interval."""
+        """Phase `name`'s interval coverage (3 windows: 75%; more is named CONFIDENCE); a record
+        without it (older): CONFIDENCE, as then every interval was; None without an interval."""
         p = self.phases.get(name)
         if p is None:
             return CONFIDENCE if self.phase_figure(name)[1] else None
@@ -353,30 +352,29 @@ class RunRecord(_Keys):
         """Each phase's interval coverage, of the phases with an interval, in PHASE_NAMES order."""
         return [c for n in PHASE_NAMES if (c := self.phase_coverage(n)) is not None]
 
+    def _throughput_phase(self) -> tuple[str | None, list[float] | None]:
+        """The first phase whose figure is `throughput` with an interval, and that interval."""
+        t = self.throughput
+        return next(((n, ci) for n in HEADLINE_ORDER if (f := self.phase_figure(n))[0] == t
+                     and (ci := f[1])), (None, None))
+
     @property
     def interval_coverage(self) -> float:
-        """The coverage of `throughput_interval`: its phase's; CONFIDENCE when it has none (one
-        window: the figure itself, no interval to label)."""
-        t = self.throughput
-        name = next((n for n in HEADLINE_ORDER if (f := self.phase_figure(n))[0] == t and f[1]),
-                    None)
+        """`throughput_interval`'s coverage; CONFIDENCE without one (one window)."""
+        name = self._throughput_phase()[0]
         c = self.phase_coverage(name) if name is not None else None
         return CONFIDENCE if c is None else c
 
     @property
     def interval_label(self) -> str:
-        """The label of its phases' intervals together (the console's column, MLflow's table):
-        `75% interval`, or where the phases differ their span, `50-75% interval`; none without
-        an interval (an OOM's one window)."""
+        """Its phases' intervals' label (`75% interval`; where they differ `50-75% interval`)."""
         covers = self.coverages
         return interval_label_of(covers) if covers else "interval"
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
         """`throughput`'s interval, widened to hold it; the figure itself with one window."""
-        t = self.throughput
-        return next((holding(ci, t) for v, ci in map(self.phase_figure, HEADLINE_ORDER)
-                     if v == t and ci), (t, t))
+        return holding(self._throughput_phase()[1], self.throughput)
 
     @property
     def constraint(self) -> float:
@@ -451,8 +449,8 @@ class RunRecord(_Keys):
                                     "status (killed: kill -9 or out of host memory)")
 
     def recover(self, why: str) -> None:
-        """A complete record that never got its final status, kept as measured: ok, with no
-        verdict (it needs the run's settings) and its checks marked not run."""
+        """A complete record without its final status, kept as ok: no verdict (it needs the
+        run's settings), its checks marked not run."""
         for name, attr in PHASE_FIGURE.items():  # figures an older runner left to the summary
             if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
                 setattr(self, attr, p.images_per_sec)
@@ -472,9 +470,8 @@ def window_plan(steps: int, repeats: int) -> tuple[int, int]:
 
 
 def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
-    """`6 windows of 4 steps`, `29 windows of 1 step`: how every text names a window plan;
-    `6 windows of at least 4 steps and 2 s` where bench.min_window_s (`min_s`, resolved: 2 s on
-    CUDA with the monitor on) runs each window on past its steps."""
+    """`6 windows of 4 steps`, `6 windows of at least 4 steps and 2 s` (bench.min_window_s as
+    resolved, `min_s`): how every text names a window plan."""
     return f"{count(windows, 'window')} of {window_text(per_window, min_s)}"
 
 
@@ -491,20 +488,18 @@ MIN_WINDOW_S = 0.5
 
 
 def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
-    """(steps, repeats) of every advice's "measure longer": at least 10 windows (more windows
-    narrow the median's interval), each at least twice the steps it had (more steps steady a
-    window), and at least four times the steps in all."""
-    windows, per_window = window_plan(steps, repeats)
+    """(steps, repeats) of every "measure longer": at least 10 windows (narrowing the median's
+    interval), each twice the steps it had (steadier), and four times the steps in all."""
+    per_window = window_plan(steps, repeats)[1]
     more = max(repeats, 10)
     return max(4 * steps, more * 2 * per_window), more
 
 
 @dataclass(frozen=True)
 class Longer:
-    """The overrides of a "measure longer": bench.steps and bench.repeats; bench.min_window_s
-    where its windows were too short to judge (Flaw.too_short) and bench.max_seconds where the
-    cap cut the run short or would cut those windows (None: not set). Written as the command
-    line takes them."""
+    """A "measure longer"'s overrides, written as the command line takes them (None: not set):
+    bench.min_window_s where windows were too short to judge, bench.max_seconds where the cap
+    cut the run short or would cut the new windows."""
 
     steps: int | None
     repeats: int | None
@@ -528,8 +523,8 @@ PLAN_KEYS = tuple(f"bench.{f.name}" for f in dataclasses.fields(Longer))
 
 
 def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
-    """A record's `bench` config and its bench.steps and bench.repeats where both are positive
-    integers (else None, None: a record written before its config was complete)."""
+    """A record's `bench` config, bench.steps and bench.repeats (None, None unless both are
+    positive integers: a record written before its config was complete)."""
     b = ((rec.config if rec is not None else None) or {}).get("bench") or {}
     steps, repeats = b.get("steps"), b.get("repeats")
     if isinstance(steps, int) and isinstance(repeats, int) and steps >= 1 and repeats >= 1:
@@ -543,25 +538,24 @@ CAP_HEADROOM = 1.5
 
 
 def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
-    """Every "measure longer" of run `rec` (the console's and results.json's advice, the verdict's
-    `would decide`, the report's rerun line and recommended.yaml): `plan` (steps, repeats), by
-    default longer_plan of its own; where bench.max_seconds would cut those steps short, the cap
-    they need at the pace each phase ran (a phase the cap cut: the cap times the new steps over
-    the share of its planned steps it ran; more steps alone are cut at the same cap again)."""
+    """Every "measure longer" of run `rec` (advice, the verdict's `would decide`, the report,
+    recommended.yaml): `plan` (steps, repeats), by default longer_plan's; where bench.max_seconds
+    would cut those steps short, the cap they need at the pace each phase ran (more steps alone
+    are cut at the same cap again)."""
     b, steps, repeats = bench_of(rec)
     if steps is None:
         return Longer(None, None)
     cap = b.get("max_seconds")
     new_steps, new_repeats = plan or longer_plan(steps, repeats)
+    flaws = {Reason.of(r).kind for r in rec.noise_reasons}
     # windows too brief to tell a hiccup from competition: more steps alone leave a fast
     # model's windows as brief, a least duration does not (bench.min_window_s)
-    brief = any(Reason.of(r).kind is Flaw.too_short for r in rec.noise_reasons) and not (
-        (b.get("min_window_s") or 0) >= MIN_WINDOW_S)
+    brief = Flaw.too_short in flaws and not (b.get("min_window_s") or 0) >= MIN_WINDOW_S
     min_window = MIN_WINDOW_S if brief else None
     # a warm-up that ended unsettled at its cap: more measured steps start it no more settled
     warm = b.get("warmup_max_steps")
-    warm = 2 * max(warm, b.get("warmup_steps") or 1, 5) if isinstance(warm, int) and any(
-        Reason.of(r).kind is Flaw.warmup for r in rec.noise_reasons) else None
+    warm = (2 * max(warm, b.get("warmup_steps") or 1, 5)
+            if isinstance(warm, int) and Flaw.warmup in flaws else None)
     if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
         return Longer(new_steps, new_repeats, None, min_window, warm)
     ld = (rec.config or {}).get("loader") or {}

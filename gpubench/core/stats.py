@@ -49,9 +49,8 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
 
 
 def holding(ci, value: float) -> tuple[float, float]:
-    """An interval (lo, hi, ...) widened to hold its figure, (value, value) with none: a figure
-    is not always the interval's statistic (images over seconds vs the windows' median), and
-    "x [lo-hi]" with x outside would read as an error."""
+    """An interval (lo, hi, ...) widened to hold its figure ((value, value) without one): a
+    figure is not always its interval's statistic, and "x [lo-hi]" with x outside reads wrong."""
     if ci is None:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
@@ -159,8 +158,7 @@ class WindowStats:
     step_times_s: list[float] = field(default_factory=list)
     warmup_step_times_s: list[float] = field(default_factory=list)
     ranks_images_per_sec: list[float] | None = None  # under torchrun (PhaseRecord's)
-    # the device's wait for the host between steps, its time on the work (CUDA events, else the
-    # host clock)
+    # the device's wait for the host between steps, its time on the work (CUDA events or clock)
     device_idle_s: float | None = None
     device_work_s: float | None = None
     # host time blocked before the device work could be queued (nvJPEG decode: torchvision
