@@ -82,11 +82,9 @@ def compared(key: str) -> bool:
 
 
 def acts(key: str, get: Callable[[str], Any]) -> bool:
-    """Whether `key` acts in a run whose config values `get` reads (None: not known, as in a
-    setting that fixes only some keys): a worker-only key only with workers (a 0-worker run
-    records its inert value: prefetch_factor null beside a worker run's 2), a process-only one
-    only with process workers, a CUDA-only one not on a CPU (`bench.device` as it ran). Every
-    reader showing a run's settings asks it."""
+    """Whether `key` acts in a run whose config values `get` reads (None: not known): a
+    worker-only key only with workers (a 0-worker run records its inert value), a process-only
+    one only with process workers, a CUDA-only one not on a CPU (`bench.device` as it ran)."""
     if key in WORKER_ONLY and get("loader.num_workers") == 0:
         return False
     if key in CUDA_ONLY and get("bench.device") == "cpu":

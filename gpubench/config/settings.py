@@ -61,11 +61,10 @@ def as_run(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The loader keys that do not act with these workers (knobs.acts) as their Knob.inert, and
-    a note for each set on purpose. torch's DataLoader refuses prefetch_factor and
-    persistent_workers with 0 workers: refusing them here would fail every 0-worker trial of a
-    sweep. Thread workers likewise for Knob.process_only (torchdata's nodes: one torch thread
-    each, no persistent workers)."""
+    """The loader keys inert with these workers (knobs.acts) as their Knob.inert, a note for
+    each set on purpose: torch's DataLoader refuses prefetch_factor and persistent_workers with 0
+    workers, and refusing them would fail every 0-worker trial of a sweep (thread workers: the
+    Knob.process_only keys likewise)."""
     workers = loader.num_workers
     get = {"loader.num_workers": workers, "loader.worker_type": _plain(loader.get("worker_type"))}
     why = "with loader.num_workers=0" if workers == 0 else "with loader.worker_type=thread"
