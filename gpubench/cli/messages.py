@@ -157,12 +157,11 @@ def override_line(text: str, reason: BaseException | None) -> str:
         allowed += f" (Hydra: {flat(str(reason))[:200]})"
     if key == "model.name":
         names = known_models()
-        close = difflib.get_close_matches(value, names, n=6, cutoff=0.6)
-        return str(ConfigError(key, value, allowed + f"; model.name takes one of "
-                                                     f"{', '.join(close or names)}"))
-    declared = DECLARED.get(key)
-    return str(ConfigError(key, value, allowed + (f"; {key} takes {declared.allowed}"
-                                                  if declared is not None else "")))
+        takes = "one of " + ", ".join(difflib.get_close_matches(value, names, n=6, cutoff=0.6)
+                                      or names)
+    else:
+        takes = getattr(DECLARED.get(key), "allowed", None)
+    return str(ConfigError(key, value, allowed + (f"; {key} takes {takes}" if takes else "")))
 
 
 def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:

@@ -510,10 +510,8 @@ class Longer:
     def __str__(self) -> str:
         if self.steps is None or self.repeats is None:  # not a record's config
             return "bench.steps=... bench.repeats=..."
-        more = [f"bench.{k}={v:g}" for k, v in (("max_seconds", self.max_seconds),
-                                                 ("min_window_s", self.min_window_s),
-                                                 ("warmup_max_steps", self.warmup_max_steps))
-                if v is not None]
+        more = [f"bench.{k}={v:g}" for k in ("max_seconds", "min_window_s", "warmup_max_steps")
+                if (v := getattr(self, k)) is not None]
         return " ".join([f"bench.steps={self.steps} bench.repeats={self.repeats}", *more])
 
 
