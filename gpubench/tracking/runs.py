@@ -39,7 +39,6 @@ ARTIFACT_DIRS = ("traces", "profiler", "plots")
 GPU_LOG = "gpu_metrics.csv"  # written by telemetry/gpulog.py beside results.json
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
 MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
-BATCH = {"params": 100, "metrics": 1000}  # MLflow's log_batch limits
 
 
 def read(path: Path) -> dict:
@@ -50,12 +49,6 @@ def user() -> str | None:
     with contextlib.suppress(KeyError, OSError):
         return getpass.getuser()
     return None
-
-
-def log_batches(client, run_id: str, **items: list) -> None:
-    for kind, values in items.items():
-        for i in range(0, len(values), BATCH[kind]):
-            client.log_batch(run_id, **{kind: values[i:i + BATCH[kind]]})
 
 
 def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
@@ -116,8 +109,8 @@ def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = 
 
         metrics += [Metric(k, v, ts or int(time.time() * 1000), step)
                     for k, v, step, ts in series(log_csv)]
-    log_batches(c, rid, params=[Param(k, v) for k, v in T.run_params(rec).items()],
-                metrics=metrics)
+    # MlflowClient.log_batch splits them into batches within MLflow's limits
+    c.log_batch(rid, metrics=metrics, params=[Param(k, v) for k, v in T.run_params(rec).items()])
     # the runs table's Dataset column is shown by default: name the data the run read
     ds = str(knob_of(rec.knob, "dataset") or "dataset")
     size = knob_of(rec.knob, "image_size")

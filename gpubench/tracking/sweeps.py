@@ -49,7 +49,7 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
         space = [(k.lstrip("+~"), v) for k, _, v in (o.partition("=") for o in overrides)]
         space += (sweeper_params or {}).items()
         params = {T.key(str(k)): mask_secrets(str(v))[:T.MAX_PARAM_VALUE] for k, v in space}
-        runs.log_batches(store.client, rid, params=[Param(k, v) for k, v in params.items()])
+        store.client.log_batch(rid, params=[Param(k, v) for k, v in params.items()])
     # open again (a resume): not finished until this attempt's end closes it
     write_json(sweep_dir / runs.PARENT_FILE, info | {
         "sweep_uid": uid, "tracking_uri": store.uri, "experiment": store.experiment,
