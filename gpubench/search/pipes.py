@@ -26,6 +26,7 @@ from gpubench.analysis.workers import (
     least_cores,
     next_steps,
 )
+from gpubench.config.errors import ConfigError
 from gpubench.config.knobs import CHEAP_FIRST, acts, knob_setting
 from gpubench.core.pipe import serial_rate
 from gpubench.core.record import Word
@@ -82,8 +83,7 @@ class Pipes:
     earlier: dict = field(default_factory=dict)  # each stage's seconds in earlier invocations
 
     def _spent(self, stage: str, since: float) -> float:
-        """The stage's seconds over every invocation, written at once: a kill in a later stage
-        must not lose them (a resume read 'data 0 s' after a data stage of minutes)."""
+        """The stage's seconds over every invocation, written at once: a later kill keeps them."""
         now = time.monotonic()
         wall = self.result.setdefault("wall_s", {})
         wall[stage] = round(float(self.earlier.get(stage, 0.0)) + now - since, 1)
@@ -110,8 +110,7 @@ class Pipes:
             log.info("%s", line)
         pairings = (self.result.get("join") or {}).get("pairings") or []
         if pairings and all(p["e2e"] is None for p in pairings):
-            # the sweep's answer is end to end: bounds alone are no recommendation (the rule of
-            # gpubench.search.jobs.unmeasured, for the join; the bounds stay in pipes.json)
+            # bounds alone are no recommendation (jobs.unmeasured's rule, for the join)
             errors = [e for t in self.open_study(f"{self.name}-join").study.get_trials(
                 deepcopy=False) if (e := t.user_attrs.get("error"))]
             last = errors[-1] if errors else None
@@ -179,17 +178,16 @@ class Pipes:
         tried = {S.key(t): t for _, r in rows
                  if (t := {n: r.flat.get(n) for n in NEXT_KEYS if n in r.flat})}
         ran = {"trials": len(rows), "tried": list(tried.values())}
-        if f is not None and after is None:
+        if after is not None:  # the join's next try ran in this study: its trials count too
+            for d in self.result.get("data", []):
+                if d["study"] == shared.study.study_name:
+                    d.update(ran)
+        elif f is not None:
             self.result.setdefault("data", []).append(
                 {"for": k.params, "study": shared.study.study_name,
                  "device": next((r.record.env.get("device") for _, r in rows), None),
                  "cores": least_cores(r.record for _, r in rows), **ran, **f.summary()})
-            self.write(self.result)
-        elif after is not None:  # the join's next try ran in this study: its trials count too
-            for d in self.result.get("data", []):
-                if d["study"] == shared.study.study_name:
-                    d.update(ran)
-            self.write(self.result)
+        self.write(self.result)
         if f is not None:  # the stage's pick, or the join's next try
             verb = "clears" if f.clears else "does not clear"
             log.info("data pipe for %s: %s: loader %s img/s %s compute %s", S.describe(k.params),
@@ -255,8 +253,6 @@ def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
 
 def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, ...]:
     """The (compute, data) split; ConfigError: a pipe without a swept key, a continuous data key."""
-    from gpubench.config.errors import ConfigError
-
     space.require_swept()
     compute, data = (SearchSpace([p for p in space.params if (p.name in data_keys) is side],
                                  list(space.fixed), space.resolved) for side in (False, True))
