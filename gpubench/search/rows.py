@@ -6,14 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpubench.analysis.recommend import (
-    TOLERANCE,
-    Recommendation,
-    Row,
-    latest_per_setup,
-    recommend,
-    row_of,
-)
+from gpubench.analysis.recommend import Recommendation, Row, latest_per_setup, recommend, row_of
 from gpubench.analysis.select import training_rows, where
 from gpubench.config.knobs import KEYS
 from gpubench.core.files import damaged
@@ -153,6 +146,6 @@ def setups(sweep_dir: Path, conditions: dict[str, str] | None = None):
     return latest_per_setup(where(rows, conditions or {})), study
 
 
-def recommendation(sweep_dir: Path, tolerance: float = TOLERANCE) -> Recommendation | None:
+def recommendation(sweep_dir: Path) -> Recommendation | None:
     """What the report of a sweep dir recommends (the rows it ranks, then `recommend`)."""
-    return recommend(training_rows(setups(sweep_dir)[0])[0], tolerance)
+    return recommend(training_rows(setups(sweep_dir)[0])[0])
