@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> ExitCode:
     a = ap.parse_args(argv)
     if not Path(a.dir).is_dir():
         ap.error(f"DIR: not a folder: {a.dir}")
-    problem = uri_problem(a.uri)
-    if problem:
+    if problem := uri_problem(a.uri):
         ap.error(f"--uri {mask_secrets(a.uri)!r}: not a tracking URI: {problem}")
     counts = sync(a.dir, a.uri, a.experiment, a.timeout)
     return ExitCode.FAILED if counts["failed"] else ExitCode.OK

@@ -166,8 +166,7 @@ def claim_upload(run_dir: Path) -> str | None:
 def release_upload(run_dir: Path) -> None:
     """Give the claim back, its file removed while still held: a process that opened it meanwhile
     finds it unlinked and opens a new one (filelock checks the link count), so no two hold it."""
-    lock = _CLAIMS.pop(Path(run_dir), None)
-    if lock is not None:
+    if (lock := _CLAIMS.pop(Path(run_dir), None)) is not None:
         Path(lock.lock_file).unlink(missing_ok=True)
         lock.release()
 

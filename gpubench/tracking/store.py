@@ -91,8 +91,7 @@ def _probe(uri: str, timeout_s: float) -> None:
     try:
         if uri.startswith(("http://", "https://")):
             req = urllib.request.Request(f"{uri.rstrip('/')}/health")
-            user = os.environ.get("MLFLOW_TRACKING_USERNAME")
-            if user is not None:
+            if (user := os.environ.get("MLFLOW_TRACKING_USERNAME")) is not None:
                 pair = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
                 req.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
             elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
@@ -140,15 +139,13 @@ class Store:
     def _experiment_id(self, name: str, artifacts: str | None) -> str:
         from mlflow.exceptions import MlflowException
 
-        exp = self.client.get_experiment_by_name(name)
-        if exp is not None:
+        if (exp := self.client.get_experiment_by_name(name)) is not None:
             return exp.experiment_id
         try:  # its description, kind and runs-table view only on experiments gpubench creates
             return self.client.create_experiment(name, artifact_location=artifacts,
                                                  tags=experiment_tags())
         except MlflowException:  # created by another process meanwhile: found at once
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
+            if (exp := self.client.get_experiment_by_name(name)) is None:
                 raise
             return exp.experiment_id
 

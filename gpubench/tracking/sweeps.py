@@ -36,8 +36,7 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
     sweep_dir.mkdir(parents=True, exist_ok=True)
     info = runs.read(sweep_dir / runs.PARENT_FILE)
     uid = info.get("sweep_uid") or uuid.uuid4().hex
-    found = store.find("sweep_uid", uid)
-    if found:
+    if found := store.find("sweep_uid", uid):
         rid = found[0].info.run_id
     else:
         tags = {"sweep_uid": uid, "sweep_dir": str(sweep_dir), "overrides": " ".join(overrides),

@@ -142,8 +142,7 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
     out: list[tuple[str, float, int, int]] = []
 
     def add(name, v, step=0, ts=now_ms):
-        x = _number(v)
-        if x is not None:
+        if (x := _number(v)) is not None:
             out.append((key(name), x, step, ts))
 
     add("images_per_sec", shown_images_per_sec(rec))
