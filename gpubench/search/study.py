@@ -208,10 +208,9 @@ def worker_pid(t: FrozenTrial) -> int | None:
 def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> int:
     """Fail the trials of workers that are gone and queue them again; how many were failed.
     Optuna's `fail_stale_trials` knows only time: a dead process of this host is failed at once
-    (a resume after kill -9 need not wait). Optuna skips a trial that never beat (its worker
-    died before `ask` named it): under the turn's file lock that worker is surely gone (see
-    `ask`), failed at once; without one (a server database), once unnamed a grace period, timed
-    on this process's `clock` from when it first saw it (another host's clock is not this one's)."""
+    (a resume after kill -9 need not wait). A trial never named (see `ask`), which Optuna skips,
+    is failed at once under the turn's file lock; without one (a server database) once unnamed a
+    grace period, timed on this process's `clock` (another host's clock is not this one's)."""
     if not shared.beating:  # in memory: one process
         return 0
     with shared.turn:

@@ -29,10 +29,9 @@ from gpubench.search.manifest import read as read_manifest
 from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
 
 log = logging.getLogger("gpubench.sweep")
-# Hydra's launchers whose jobs run on this host (hydra-core's own, hydra-joblib-launcher's,
-# hydra-submitit-launcher's local one): only there does this host say what bench.device=auto
-# is (device_of asks torch, which those jobs load anyway); a cluster's jobs resolve it on their
-# nodes
+# Hydra's launchers whose jobs run on this host (hydra-core's, joblib's, submitit's local): only
+# there does this host say what bench.device=auto is (device_of asks torch, which those jobs load
+# anyway); a cluster's jobs resolve it on their nodes
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
 
 
