@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -97,23 +98,11 @@ class SearchSpace:
     def size(self) -> int | None:
         """Number of distinct runs (points that differ only in a key inert there are one: `key`),
         or None when a parameter is continuous."""
-        n = self._points()
+        axes = _axes(self.params)
+        n = None if axes is None else math.prod(map(len, axes))
         if n is None or n > 100_000:  # too many to list: as many as points
             return n
         return len({key(p, self.fixed_values) for p in grid(self.params)})
-
-    def _points(self) -> int | None:
-        n = 1
-        for d in (p.dist for p in self.params):
-            if isinstance(d, CategoricalDistribution):
-                n *= len(d.choices)
-            elif isinstance(d, IntDistribution):
-                n *= (d.high - d.low) // d.step + 1
-            elif isinstance(d, FloatDistribution) and d.step is not None:
-                n *= int(round((d.high - d.low) / d.step)) + 1
-            else:
-                return None
-        return n
 
     def study_name(self) -> str:
         """A stable name for this exact search: re-running the same command finds its study."""
@@ -132,16 +121,27 @@ def key(params: dict, fixed: dict | None = None) -> str:
                       default=str)
 
 
-def grid(params: list[Param]) -> list[dict[str, Any]] | None:
-    """Every point of a space of choices and integer ranges; None when a key is continuous."""
-    axes = []
+def _axes(params: list[Param]) -> list[Sequence] | None:
+    """Each parameter's values; None when one is continuous."""
+    axes: list[Sequence] = []
     for d in (p.dist for p in params):
         if isinstance(d, CategoricalDistribution):
             axes.append(list(d.choices))
-        elif isinstance(d, IntDistribution) and not d.log:
-            axes.append(list(range(d.low, d.high + 1, d.step)))
+        elif isinstance(d, IntDistribution):  # tag(log, range(...)) too: its step is 1
+            axes.append(range(d.low, d.high + 1, d.step))
+        elif isinstance(d, FloatDistribution) and d.step is not None:
+            # as Optuna makes a stepped float: low + k * step
+            axes.append([d.low + k * d.step for k in range(round((d.high - d.low) / d.step) + 1)])
         else:
             return None
+    return axes
+
+
+def grid(params: list[Param]) -> list[dict[str, Any]] | None:
+    """Every point of a space of choices and stepped ranges; None when a key is continuous."""
+    axes = _axes(params)
+    if axes is None:
+        return None
     return [dict(zip([p.name for p in params], pt, strict=True)) for pt in itertools.product(*axes)]
 
 
