@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from antlr4.error.Errors import LexerNoViableAltException
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import (
     ConfigCompositionException,
     HydraException,
@@ -110,6 +110,20 @@ def deleted_line(parsed: list[Override]) -> ConfigError | None:
                                               f"{k.name}=... takes {k.allowed}")
 
 
+def sweep_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
+    """A sweep given to a single run (Hydra's "Ambiguous value", "requires --multirun": raised
+    with no cause, for the first sweep; a multirun raises so only for a sweep of hydra.*)."""
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    if ex.__cause__ or ex.__context__ or not sweeps or any(
+            o.key_or_group.startswith(("hydra.", "hydra/")) for o in sweeps):
+        return None
+    o, text = sweeps[0], typed(sweeps[0])
+    also = f"; [{text}] is a list, '{text}' a text" \
+        if o.value_type is ValueType.SIMPLE_CHOICE_SWEEP and "." in o.key_or_group else ""
+    return ConfigError(o.key_or_group, text, f"one value in a single run: -m (--multirun) "
+                                             f"sweeps it{also}", text)
+
+
 def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = ()) -> str:
     """An error of composing the config (a bad override, a missing option)."""
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
@@ -119,7 +133,7 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
                                f"{group_hint(group, value)}", value))
     parsed = _parsed(overrides)
     if isinstance(ex, ConfigCompositionException):
-        line = missing_key_line(ex, parsed) or deleted_line(parsed)
+        line = missing_key_line(ex, parsed) or deleted_line(parsed) or sweep_line(ex, parsed)
         if line is not None:
             return str(line)
     # Hydra wraps OmegaConf's error of merging an override: the key and value are the cause's

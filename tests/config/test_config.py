@@ -127,6 +127,13 @@ def test_hydra_errors_condense_to_one_line(compose_cfg):
         (["bench.lr=[1,2]"], "bench.lr=[1,2] is not allowed: it must be a number in [1e-12, 10]"),
         (["hydra/sweeper=gpubench", "hydra.sweeper.seed=abc"],
          "hydra.sweeper.seed=abc is not allowed: it must be null or an integer in [0, 4294967295]"),
+        # a sweep without -m: Hydra's first line alone ("Ambiguous value for argument") named
+        # neither the remedy nor what the value would be read as
+        (["loader.num_workers=1,2"], "loader.num_workers=1,2 is not allowed: it must be one value "
+         "in a single run: -m (--multirun) sweeps it; [1,2] is a list, '1,2' a text"),
+        (["dataset=synthetic,fake_jpeg", "loader.batch_size=range(1,4)"],
+         "dataset=synthetic,fake_jpeg is not allowed: it must be one value in a single run: "
+         "-m (--multirun) sweeps it"),
     ):
         with pytest.raises(Exception) as err:
             compose_cfg(*overrides)
