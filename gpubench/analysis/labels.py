@@ -90,17 +90,13 @@ def flaw_words(kinds: Iterable[Flaw]) -> list[str]:
     return list(dict.fromkeys(FLAWS[k].word for k in Flaw if k in kinds))
 
 
-def remedies_of(kinds: Iterable[Flaw]) -> list[Remedy]:
-    kinds = {FLAWS[k].remedy for k in kinds}
-    return [r for r in Remedy if r in kinds]
-
-
 def rerun_text(kinds: Iterable[Flaw], longer: str | None = None, what: str = "") -> str:
     """`rerun on a quiet machine`, `rerun <what> measuring longer (bench.steps=24 ...)`: what
     these flaws ask (`longer`: the run's own "measure longer", core.record.longer)."""
+    asked = {FLAWS[k].remedy for k in kinds}
     return " ".join(["rerun", *([what] if what else []), ", ".join(
         r.value + (f" ({longer})" if r is Remedy.longer and longer else "")
-        for r in remedies_of(kinds) or [Remedy.quiet])])
+        for r in [r for r in Remedy if r in asked] or [Remedy.quiet])])
 
 
 # what the compute- and data-bound sentences add when e2e's interval straddles the tracking line

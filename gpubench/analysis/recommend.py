@@ -23,9 +23,9 @@ from gpubench.analysis.select import (
 )
 from gpubench.analysis.workers import (
     compute_bound,
-    compute_setup,
     fewest_workers,
     least_cores,
+    setup_of_run,
     workers,
 )
 from gpubench.config.keys import Role
@@ -74,8 +74,7 @@ class Row:
 
     @property
     def as_ranked(self) -> RunRecord:
-        """Its record with the figure and interval the ranking shows (pooled over its confirm
-        measurements): what a reader naming this row's figure elsewhere (MLflow's parent) shows."""
+        """Its record with the ranking's (pooled) figure and interval, for MLflow's parent."""
         if not (self.confirms and self.pooled):
             return self.record
         shown = copy.copy(self.record)
@@ -88,11 +87,10 @@ class Row:
 
     @property
     def _pooled_ci(self):
-        """The median's interval over the confirm step's measurements, never narrower than
-        theirs are (the median of their own ends): two close repeats' [min, max] was narrower
-        than either's own interval, as if two runs knew more than each one's windows. Its
-        coverage is the measurements' interval's (the wider one only adds to it). None without
-        confirms (not cached: confirms join a row after it is built)."""
+        """The median's interval over the measurements, never narrower than theirs (the median
+        of their own ends): two close repeats' [min, max] was narrower than either's own, as if
+        two runs knew more than each one's windows; the coverage is the pooled one's. None
+        without confirms (not cached: confirms join a row after it is built)."""
         ci = median_interval(self.pooled) if self.confirms else None
         own = [iv for m in self.measurements if m.status.measured
                and (iv := m.throughput_interval)[0] < iv[1]]  # one window: no interval of its own
@@ -161,8 +159,8 @@ class Row:
 
     @property
     def stepped(self) -> bool:
-        """Re-measured by a search's confirm step (which re-measures the top trials), not only
-        repeated by a grid or an experiment's runs (which repeat whatever the user asked for)."""
+        """Re-measured by a search's confirm step (the top trials), not only repeated by a grid
+        or an experiment's runs (whatever the user asked for)."""
         return any(Rung.of(m.rung) is Rung.confirm for m in self.confirms)
 
     def knob(self, name: str) -> Any:
@@ -185,13 +183,10 @@ def row_of(rec: RunRecord, label: str) -> Row:
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
-    """One row per setup measured one way (what ran: every declared key but the measuring ones,
-    gpubench.config.knobs.role; and its plan, PLAN_KEYS: a run measured another way is a row of
-    its own, never dropped for a newer one): the newest of its measurements (a search's trial
-    before the newer runs of its confirm step), with the others that repeat it pooled as
-    confirms (one lucky run must not stand for the setup). An MLflow experiment's runs and a grid
-    folder's jobs alike; a search's trial rows pass as they are (its confirm step pools its
-    own)."""
+    """One row per setup measured one way (_what_ran and its plan, PLAN_KEYS: a run measured
+    another way is a row of its own): the newest measurement (a search's trial before its
+    confirm runs), the others that repeat it pooled as confirms (one lucky run must not stand
+    for the setup). A search's trial rows pass as they are (its confirm step pools its own)."""
     groups: dict[str, list[Row]] = {}
     out = []
     for r in rows:
@@ -233,8 +228,8 @@ def acted(rec: RunRecord) -> dict[str, Any]:
 
 
 def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
-    """A run's config values as knobs.acts reads them: `bench.device` the device it ran on
-    (auto resolved, env.device), 0 workers where none is recorded."""
+    """A run's config as knobs.acts reads it: `bench.device` as it ran (auto resolved,
+    env.device), 0 workers where none is recorded."""
     def get(k: str) -> Any:
         if k == "bench.device" and flat.get(k) in (None, "auto"):
             return rec.env.get("device")
@@ -243,10 +238,9 @@ def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
 
 
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
-    """`rec` measured what `of` did again (Role.measure keys aside), the same way (its window
-    plan and caps: the keys a "measure longer" sets, core.record.Longer), neither with faults:
-    a run cut short at bench.max_seconds=0.3 pooled with a full one made an interval narrower
-    than either's."""
+    """`rec` measured what `of` did again, the same way (PLAN_KEYS), neither with faults: a run
+    cut short at bench.max_seconds=0.3 pooled with a full one made an interval narrower than
+    either's."""
     return (rec.env.get("device_name") == of.env.get("device_name")
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of)
             and _plan(rec) == _plan(of))
@@ -257,24 +251,21 @@ def _plan(rec: RunRecord) -> tuple:
     return tuple(flat.get(k) for k in PLAN_KEYS)
 
 
-def acting(r: Row, key: str) -> bool:
-    """Whether `key` acts in row `r` (gpubench.config.knobs.acts; a row records every key)."""
+def acting(r: Row, key: str) -> bool:  # knobs.acts: a row records every key, acting or not
     return acts(key, ran_with(r.record, r.flat))
 
 
 def same_loader(r: Row, of: Row) -> bool:
-    """Whether `r`'s loader is `of`'s but for its workers: every LOADER_SETTING key alike where
-    it acts in both (a worker-only one is inert without workers: a 0-worker row loads as any
-    setting of it does, as the report's workers answer groups them, plot_rules.worker_groups)."""
+    """`r`'s loader is `of`'s but for its workers: every LOADER_SETTING key alike where it acts
+    in both (a 0-worker row loads as any setting of a worker-only key does)."""
     return all(r.flat.get(k) == of.flat.get(k) for k in LOADER_SETTING
                if acting(r, k) and acting(of, k))
 
 
 def varying(rows: list[Row]) -> list[str]:
-    """The compared config keys (gpubench.config.knobs.compared) that differ between the rows
-    where they act, how they were measured where that differs (PLAN_KEYS: a search may sweep
-    bench.steps; its rows read alike without it), and a fault injected in some (a row of its
-    own, never pooled: it read like its twin without the fault)."""
+    """The compared keys (knobs.compared) that differ between the rows where they act, the
+    plan where it differs (a search may sweep bench.steps), and a fault injected in some (it
+    read like its twin without the fault)."""
     keys: dict[str, set] = {}
     # a fault key only where a fault acted in some row (fault.stall_s=0.05,1 alone tells no
     # runs apart); in a row without one, its triggers' values (unset), not the keys that shape
@@ -318,21 +309,18 @@ def with_interval(r: Row) -> str:
 
 
 def fastest_of(best: Row) -> str:
-    """What the recommendation's reference is: `fastest stable feasible` where it measured
-    steadily (a faster figure may be flagged: the fastest figure is then another row)."""
+    """`fastest stable feasible` where it measured steadily (a faster figure may be flagged)."""
     return f"fastest {'stable ' if best.stable else ''}feasible"
 
 
 def coverage_of(r: Row) -> str:
-    """`, 95% interval`: what `with_interval(r)`'s bracket covers, for a line no header labels;
-    nothing for a figure without an interval (one window)."""
+    """`, 95% interval`: what `with_interval(r)`'s bracket covers (none: one window)."""
     return "" if r.interval[0] == r.interval[1] else f", {interval_label_of([r.interval_coverage])}"
 
 
 def interval_label(rows: list[Row], phases: bool = False) -> str:
-    """The label of a column or axis of these rows' intervals (of those that have one); with
-    `phases`, beside their phases' own (loader and compute bounds: each run's first measurement,
-    never pooled)."""
+    """The label of a column or axis of these rows' intervals; with `phases`, beside their
+    phases' own (each run's first measurement, never pooled)."""
     measured = [r for r in rows if r.record.status.measured]
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
               *(c for r in measured if phases for c in r.record.coverages)]
@@ -341,8 +329,7 @@ def interval_label(rows: list[Row], phases: bool = False) -> str:
 
 
 class Steadiness(Enum):
-    """A feasible row's standing among the others, as the ranking's status column words it (a
-    flawed row by its flaws' words, Row.standing)."""
+    """A feasible row's standing, as the ranking's status words it (Row.standing)."""
 
     stable = "stable"
     confirmed = "confirmed"  # stable over its confirm step's re-measurements
@@ -361,9 +348,8 @@ class Effect(Enum):
 
 
 def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> Effect:
-    """AMP's best against the best without it, on intervals; overlapping, `same` only where the
-    medians are within `tolerance` (28% apart inside wide intervals is not decided, not "no
-    difference")."""
+    """AMP's best against the best without it, on intervals; overlapping, `same` only within
+    `tolerance` (28% apart inside wide intervals is not decided, not "no difference")."""
     if amp.interval[0] > plain.interval[1]:
         return Effect.faster
     # single windows (no spread) fall in the two cases above unless the figures are equal
@@ -477,22 +463,18 @@ def why_not_best(r: Row) -> str:
 
 
 def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) -> list[str]:
-    """The loader phase's fewest workers at the chosen batch size and data setting (same_loader;
-    all precisions: it runs no model); where it differs from the pick, training measured end to
-    end decides."""
+    """The loader phase's fewest workers at the chosen batch size and data setting (all
+    precisions: it runs no model); where it differs from the pick, training decides."""
     batch = chosen.knob("batch_size")
     same = [r for r in rows if r.knob("batch_size") == batch and same_loader(r, chosen)
             and r.record.status.measured]
-    # with their intervals, as the workers answer judges them: a median alone above compute
-    # clears nothing (workers.clears)
-    # each row's loader phase over its repeats (the ranking pools them), the hosts' cores
+    # each row's loader phase over its repeats, with their intervals: a median alone above
+    # compute clears nothing (workers.clears)
     pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
                             m.loader_images_per_sec_ci) for r in same for m in r.measurements
                            if m.status.measured],
                           compute_bound((m for r in rows for m in r.measurements),
-                                        compute_setup(chosen.record.knob,
-                                                      chosen.record.env.get("device")))[0],
-                          tolerance,
+                                        setup_of_run(chosen.record))[0], tolerance,
                           chosen.record.env.get("device"), [r.flat for r in same],
                           least_cores(m for r in same for m in r.measurements))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers

@@ -24,21 +24,18 @@ from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import count
 
 
-class Row(Protocol):
-    """What selection reads of a report row (analysis.recommend.Row, which imports this)."""
+class Row(Protocol):  # what selection reads of analysis.recommend.Row (which imports this)
 
     record: RunRecord
     flat: dict[str, Any]
 
 
-def knob_key(get: Callable[[str], Any], name: str) -> str:
-    """The config key that holds knob `name`: its first key set, else its last (or `name`)."""
+def knob_key(get: Callable[[str], Any], name: str) -> str:  # its first key set, else its last
     keys = SHORT.get(name, (name,))
     return next((k for k in keys if get(k) is not None), keys[-1])
 
 
-def knob_of(get: Callable[[str], Any], name: str) -> Any:
-    """Knob `name` read with `get` (a record's `knob`, a row's `flat.get`)."""
+def knob_of(get: Callable[[str], Any], name: str) -> Any:  # get: a record's knob, flat.get
     return get(knob_key(get, name))
 
 
@@ -52,9 +49,8 @@ _OTHER = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob and n not 
 
 
 def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
-    """`optimizer=adamw`, `bench.grad_accum_steps=2`: the other knobs off their default, and the
-    keys `named` (what sets a run apart from those shown beside it) whatever their value; never
-    a key inert with the run's workers (recorded as its Knob.inert, settings.as_run)."""
+    """`optimizer=adamw`: the other knobs off their default, and the keys `named` (what sets a
+    run apart from those beside it) at any value; never one inert with its workers (as_run)."""
     keys = [*_OTHER, *sorted(set(named) - set(_OTHER) - _WORDED)]
     values = as_run({k: rec.knob(k) for k in (*keys, *SHORT["num_workers"],
                                               *SHORT["worker_type"])})
@@ -70,9 +66,8 @@ def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
 def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (),
                workers: bool = True) -> str:
     """`resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16, channels_last` (a title),
-    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name); other knobs off their default
-    follow (`optimizer=adamw`), and the keys `named` at any value; `workers` False: without the
-    worker count (a heading over runs of several)."""
+    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name), then _others; `workers` False:
+    no worker count (a heading over runs of several)."""
     def k(name: str) -> Any:
         return knob_of(rec.knob, name)
 
@@ -95,14 +90,12 @@ def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (
     return ", ".join(p for p in parts if p)
 
 
-def workload_text(rec: RunRecord) -> str:
-    """`model resnet50, dataset imagenet, 224 px`."""
+def workload_text(rec: RunRecord) -> str:  # `model resnet50, dataset imagenet, 224 px`
     model, dataset, size = (knob_of(rec.knob, n) for n in ("model", "dataset", "image_size"))
     return f"model {model or '?'}, dataset {dataset or '?'}, {size or '?'} px"
 
 
-class LeftOut(Enum):
-    """Why a row is no full training measurement: its words for one and for several."""
+class LeftOut(Enum):  # why a row is no full training measurement: words for one and several
 
     probe = ("max-batch probe", "max-batch probes")
     screen = ("screen", "screens")
@@ -111,8 +104,8 @@ class LeftOut(Enum):
 
 
 def left_out(rec: RunRecord) -> LeftOut | None:
-    """Why a row is no full training measurement (None when it is one). A run that crashed
-    before its e2e phase stays: a failed training measurement, ranked as infeasible."""
+    """Why a row is no full training measurement (None: it is one); one that crashed before
+    its e2e phase stays: a failed training measurement, ranked as infeasible."""
     if rec.rung == Rung.probe:
         return LeftOut.probe
     if rec.rung == Rung.screen:
@@ -132,16 +125,14 @@ def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> li
 
 # no fault injection: a run with any other value tests a failure path, never pooled nor a bound
 NO_FAULT = {f"fault.{k}": v for k, v in asdict(FaultConfig()).items()}
-
-
 # the keys that inject a fault when set (faulted); the others only shape one (seconds, rank)
 FAULT_TRIGGERS = ("fault.oom_above_batch", "fault.fail_message", "fault.stall_every")
 
 
 def faulted(rec: RunRecord) -> bool:
-    """A fault acted in the run, as the runner injects them: an OOM above a batch this run's
-    exceeds, a failure message, a stall of some seconds, on a rank the run has. A key that
-    shapes no fault (fault.stall_s alone, an OOM threshold above the batch) injects nothing."""
+    """A fault acted, as the runner injects them: an OOM above a batch this run's exceeds, a
+    failure message, a stall of some seconds, on a rank the run has (fault.stall_s alone, an
+    OOM threshold above the batch: none)."""
     cfg = flatten(rec.config or {})
     rank, oom = cfg.get("fault.rank"), cfg.get("fault.oom_above_batch")
     batch = cfg.get("loader.batch_size")
@@ -156,15 +147,14 @@ def faulted(rec: RunRecord) -> bool:
 
 
 def as_faulted(rec: RunRecord, values: dict[str, Any]) -> dict[str, Any]:
-    """`values` (a run's flat config) with the fault keys at their defaults where no fault
-    acted: two runs apart only in a key that shaped none (fault.stall_s=0.05,1) are one setup."""
+    """`values` (a flat config) with the fault keys at their defaults where no fault acted:
+    runs apart only in a key that shaped none (fault.stall_s=0.05,1) are one setup."""
     if faulted(rec):
         return values
     return {k: NO_FAULT.get(k, v) for k, v in values.items()}
 
 
-def loader_only(rec: RunRecord) -> bool:
-    """A full run of the loader phase alone: the report's workers answer reads it."""
+def loader_only(rec: RunRecord) -> bool:  # a full run of the loader phase alone
     phases = rec.knob("bench.phases")
     return isinstance(phases, list) and set(phases) == {"loader"} and rec.full
 
@@ -173,8 +163,7 @@ class WhereError(ValueError):
     """A `--where` that picks nothing it could: its one line (the report exits 1)."""
 
 
-def parse_where(items: list[str] | None) -> dict[str, str]:
-    """`--where KEY=VALUE` options as {dotted key: value}; WhereError on a malformed one."""
+def parse_where(items: list[str] | None) -> dict[str, str]:  # WhereError on a malformed one
     out = {}
     for item in items or []:
         key, eq, value = item.partition("=")
@@ -209,8 +198,7 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
     return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
 
 
-def setup_of(r: Row) -> tuple[tuple[str, str], ...]:
-    """The row's workload keys (gpubench.config.knobs.role): rows that differ train other things."""
+def setup_of(r: Row) -> tuple[tuple[str, str], ...]:  # rows that differ train other things
     return workload_of(r.flat)
 
 
@@ -246,8 +234,7 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     return kept, notes
 
 
-def _differing(r: Row, other: Row) -> list[str]:
-    """The workload keys whose values differ between two rows, the shown ones first."""
+def _differing(r: Row, other: Row) -> list[str]:  # the workload keys apart, shown ones first
     a, b = dict(setup_of(r)), dict(setup_of(other))
     shown = [knob_key(r.flat.get, n) for n in SETUP_SHORT]
     return sorted((k for k in a.keys() | b.keys() if a.get(k) != b.get(k)),

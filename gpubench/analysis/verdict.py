@@ -72,7 +72,7 @@ class Verdict:
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
-    """The phases' per-window throughputs of the rounds all finished, if two or more measured."""
+    """The phases' per-window throughputs of the rounds all finished, if 2+ measured."""
     if not windows or any(not windows.get(n) for n in names):
         return None
     k = min(len(windows[n]) for n in names)
@@ -117,9 +117,9 @@ def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
 
 def _above_bound(tracking: Est) -> bool:
     """e2e above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single
-    window more than ABOVE_BOUND above it. Not above 1 alone: e2e may beat a bound measured on
-    its own by a few percent (the loader phase waits for each copy, which e2e overlaps); on an
-    H100 e2e read 100.03% [100.0%-100.1%] of compute at batch 256 (docs/gpu.md)."""
+    window more than ABOVE_BOUND above. Not above 1 alone: e2e may beat a bound measured alone by
+    a few percent (the loader phase waits for each copy, which e2e overlaps; an H100 read
+    100.03% [100.0%-100.1%] of compute at batch 256, docs/gpu.md)."""
     return tracking.value > 1.0 + ABOVE_BOUND if tracking.exact else tracking.lo > 1.0 + TOLERANCE
 
 
@@ -158,9 +158,8 @@ class Undecided(Enum):
 
 def windows_to_decide(ratio: Est, line: float, repeats: int,
                       most: int = 100) -> int | Undecided:
-    """How many windows would put `ratio`'s interval wholly on one side of `line`: it narrows
-    about as 1/sqrt(windows). Undecided when the figure sits on the line or over `most` are
-    needed."""
+    """How many windows would put `ratio`'s interval wholly on one side of `line` (it narrows
+    about as 1/sqrt(windows)); Undecided on the line or past `most`."""
     reach = ratio.value - ratio.lo if line < ratio.value else ratio.hi - ratio.value
     gap = abs(ratio.value - line)
     if reach <= 0 or gap <= 0.005 * line:
@@ -258,8 +257,7 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
           windows: dict | None = None, record: RunRecord | None = None) -> Verdict:
     """The verdict and its advice. A disturbed run (`noise_reasons`) is `inconclusive` whatever
     its figures, advised its `remedies`; a question left open only by wide intervals gets the
-    windows that would decide it (from `record`'s plan: its bench.steps in bench.repeats
-    windows, and its "measure longer", core.record.longer)."""
+    windows that would decide it (from `record`'s plan and core.record.longer)."""
     v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
                  windows)
     if noise_reasons and v.bottleneck is not Bottleneck.unknown:

@@ -108,17 +108,13 @@ class WorkersPick:
         return None if self.num_workers is None else self.rates[self.num_workers].value
 
     @property
-    def _most_fastest(self) -> int | None:
-        """The most workers tried, where they loaded fastest (more may load faster still)."""
-        most = max(self.rates, default=None)
-        return most if most is not None and self._top == most else None
-
-    @property
     def _top(self) -> int:  # the worker count that loaded fastest
         return max(self.rates, key=lambda x: self.rates[x].value)
 
-    def _next(self) -> str:
-        return next_steps(self.device, self._most_fastest, self.tried, self.cores)
+    def _next(self) -> str:  # more workers first where the most tried loaded fastest
+        most = max(self.rates)
+        return next_steps(self.device, most if self._top == most else None, self.tried,
+                          self.cores)
 
     def _fewer(self) -> int | None:
         return max((x for x in self.rates if x < self.num_workers), default=None)
@@ -225,17 +221,19 @@ def fewest_workers(rows, compute_images_per_sec: float | Est | None,
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
-    if clear or not loader:
-        return WorkersPick(clear[0] if clear else None, bool(clear), tolerance, loader, compute,
-                           device, tried, cores)
-    best = max(r.value for r in loader.values())
-    w = min(x for x in loader if loader[x].value >= best * (1 - tolerance))
-    return WorkersPick(w, False, tolerance, loader, compute, device, tried, cores)
+    best = max((r.value for r in loader.values()), default=0.0)
+    plateau = min((x for x in loader if loader[x].value >= best * (1 - tolerance)), default=None)
+    return WorkersPick(clear[0] if clear else plateau, bool(clear), tolerance, loader, compute,
+                       device, tried, cores)
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:
     """What a compute measurement must share with a loader run to bound it (`get`: a knob)."""
     return tuple((n, knob_of(get, n)) for n in COMPUTE) + (("device", device),)
+
+
+def setup_of_run(rec: Any) -> tuple[tuple[str, Any], ...]:  # a record's compute_setup
+    return compute_setup(rec.knob, rec.env.get("device"))
 
 
 def compute_rate(rec: Any) -> Est | None:
@@ -247,10 +245,9 @@ def compute_rate(rec: Any) -> Est | None:
 def compute_bound(records: Iterable[Any], setup: tuple) -> tuple[Est | None, list]:
     """The compute bound of loader runs of compute `setup`, and the runs it is read from: every
     compute measurement of that setup (not a loader-only run, none with a fault injected: a
-    stalled step's compute is no bound of the same setup's loader), the unflagged ones where any (a
-    disturbed compute run reads low, and a loader clears it too easily), as their envelope
-    (never tighter than one says). The workers answer and the loader check judge against it."""
-    sources = [m for m in records if compute_setup(m.knob, m.env.get("device")) == setup
+    stalled step's compute is no bound), the unflagged ones where any (a disturbed compute run
+    reads low, and a loader clears it too easily), as their envelope (never tighter than one)."""
+    sources = [m for m in records if setup_of_run(m) == setup
                and not loader_only(m) and not faulted(m) and compute_rate(m) is not None]
     sources = [m for m in sources if m.measurement_stable is not False] or sources
     return (Est.envelope([compute_rate(m) for m in sources]) if sources else None), sources

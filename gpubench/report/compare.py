@@ -49,7 +49,6 @@ class DeviceRow:  # one device's best feasible run on one workload, and what it 
     usd_per_hour: float | None
     price_source: PriceSource
 
-
     @property
     def images_per_sec(self) -> float:
         return self.record.throughput
@@ -141,7 +140,10 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
         # a loader-only run's or a probe's figure is no device's training throughput
         if r.feasible and left_out(r) is None:
             dev = str(r.env.get("device_name") or r.env.get("device") or "unknown device")
-            groups.setdefault(_trained(r), {}).setdefault(dev, []).append(r)
+            # what it trains: every workload key but where it ran (knobs.PLACE), so runs of two
+            # models' kwargs or class counts are never one workload's figures
+            trained = workload_of(flatten(r.config or {}), PLACE)
+            groups.setdefault(trained, {}).setdefault(dev, []).append(r)
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(_named(groups).items()):
         rows = []
@@ -154,13 +156,6 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
             rows.append(DeviceRow(dev, len(recs), best, usd, src))
         out[work] = sorted(rows, key=lambda d: -d.images_per_sec)
     return out
-
-
-def _trained(r: RunRecord) -> tuple:
-    """What a run trains: every workload key (select.workload_of) but where it ran (knobs.PLACE:
-    its device, its data's folder), so runs of two models' kwargs or class counts are never one
-    workload's figures."""
-    return workload_of(flatten(r.config or {}), PLACE)
 
 
 def _named(groups: dict[tuple, dict]) -> dict[str, dict]:

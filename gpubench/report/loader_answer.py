@@ -20,7 +20,7 @@ from gpubench.analysis.workers import (
     TOLERANCE,
     WorkersPick,
     compute_rate,
-    compute_setup,
+    setup_of_run,
 )
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, DATA_KEYS, role
@@ -112,10 +112,6 @@ def _knobs(r: Row) -> dict:  # every knob of the run but its workers and how it 
             if k != "loader.num_workers" and role(k) is not Role.measure}
 
 
-def _compute_key(rec: RunRecord) -> tuple:
-    return compute_setup(rec.knob, rec.env.get("device"))
-
-
 def _named(m: RunRecord) -> str:
     """Where a compute measurement is: its folder, else (an MLflow experiment's run, read from
     its artifacts) its run id."""
@@ -173,9 +169,9 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     if not loaders:
         return None
     sets = plot_rules.worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
-    keys = {id(rs[0]): _compute_key(rs[0].record) for rs in sets}
+    keys = {id(rs[0]): setup_of_run(rs[0].record) for rs in sets}
     for rec in named:
-        if (mine := _compute_key(rec)) not in keys.values():  # name the first knob that differs
+        if (mine := setup_of_run(rec)) not in keys.values():  # name the first knob that differs
             first = next(iter(keys.values()))
             differs = next(f"its {n} {format_value(a)} is not the loader runs' {format_value(b)}"
                            for (n, a), (_, b) in zip(mine, first, strict=True) if a != b)
@@ -184,7 +180,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     # a run named with --compute may also be a row or in the sweep's compute folder: once
     unique = {str(m.dir) if m.dir is not None else id(m): m
               for m in [*(r.record for r in rows), *found, *named]}
-    tried = [(_compute_key(m), m) for m in unique.values()
+    tried = [(setup_of_run(m), m) for m in unique.values()
              if m.knob("bench.phases") == ["compute"] and not m.status.measured]
     groups = []
     for rs in sets:

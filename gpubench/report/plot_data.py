@@ -43,15 +43,15 @@ def _star(chosen, x, apart: list, flagged: list) -> dict | None:
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
     """The points that set the y range: the star and all but the flagged ones (a queue-timed
-    loader run read 10x the rest) unless nothing else measured."""
+    loader run read 10x the rest), unless nothing else measured."""
     return (points or flagged) + ([{"y": star["y"], "lo": star["y"], "hi": star["y"]}]
                                   if star else [])
 
 
 def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                band=None) -> dict | None:
-    """Throughput against knob `name` (None when it did not vary): lines of full feasible runs
-    that differ in it alone; `band`: a row -> the compute bound drawn across the plot."""
+    """Throughput against knob `name` (None: it did not vary): lines of full feasible runs apart
+    in it alone; `band`: a row -> the compute bound drawn across the plot."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -149,8 +149,8 @@ def memory_data(rows) -> dict | None:
 
 
 def pareto_data(rows, rec=None) -> dict | None:
-    """Throughput against peak memory of full runs (None with fewer than two); the front: what
-    no other unflagged full run beats on both."""
+    """Throughput against peak memory of 2+ full runs; the front: what no other unflagged full
+    run beats on both."""
     pts = [r for r in rows if r.throughput > 0 and r.peak is not None]
     full = [r for r in pts if r.full]
     if len(full) < 2:

@@ -30,8 +30,8 @@ CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 
 
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`), whether the row's `knob()` takes short names or
-    config keys; a config section (`precision` is the {name: ...} node) is no value."""
+    """A knob by its short name (`batch_size`), whether `row.knob()` takes short names or keys;
+    a config section (`precision`'s {name: ...} node) is no value."""
     for key in (name, *SHORT[name]):
         if (v := row.knob(key)) is not None and not isinstance(v, (dict, list)):
             return v
@@ -43,7 +43,7 @@ def ceiling_of(rows) -> float:
 
 
 def phase_est(rec: RunRecord, phase: str) -> Est | None:
-    """A phase's images/sec and interval (its phase record's, else the run's headline keys)."""
+    """A phase's images/sec and interval (its phase record's, else the run's headline's)."""
     ph = rec.phases.get(phase)
     if ph is not None and (e := Est.of(ph.images_per_sec, ph.images_per_sec_ci)):
         return e
@@ -76,8 +76,8 @@ def group_by(rows, key) -> dict:
 
 
 def flag_reasons(row) -> list[Reason]:
-    """Why a measured run's figures are not to be read as a bound: its own noise_reasons, or its
-    confirm step's re-measurements disturbed or in disagreement (`Row.stable`)."""
+    """Why a measured run's figures are no bound: its noise_reasons, or its re-measurements
+    disturbed or in disagreement (`Row.stable`)."""
     rec = row.record
     if not rec.status.measured:
         return []
@@ -107,8 +107,8 @@ def flagged_label(rows) -> str:
 
 
 def knobs_of(row) -> dict[str, Any]:
-    """Every config key that tells runs apart (config.knobs.compared) where it acts (knobs.acts:
-    thread workers' persistent_workers, a CPU's pin_memory name no line)."""
+    """Every config key that tells runs apart (knobs.compared) where it acts (knobs.acts: a
+    CPU's pin_memory names no line)."""
     return {k: v for k, v in acted(row.record).items() if compared(k)}
 
 
@@ -126,9 +126,9 @@ def knob_part(values: dict, worker_only: bool = False) -> tuple:
 
 
 def worker_groups(items: list, workers, values) -> list[list]:
-    """`items` by their knobs but the workers (`values`: item -> {key: value}) and, among those
-    with workers, by their worker-only knobs; a 0-worker item joins every group of its setup,
-    first: without workers its worker-only knobs are inert."""
+    """`items` by their knobs but the workers (`values`: item -> {key: value}), those with
+    workers by their worker-only knobs too; a 0-worker item (its worker-only knobs inert) joins
+    every group of its setup, first."""
     out = []
     for rs in group_by(items, lambda r: knob_part(values(r))).values():
         zero = [r for r in rs if workers(r) == 0]
@@ -148,8 +148,7 @@ class Apart(Enum):
 
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
     """Runs joined along knob `name`, grouped by every other knob that varied: the lines as
-    (label, runs), the recommended run's first, then by the fastest; and the rest as (run,
-    Apart)."""
+    (label, runs), the recommended run's first, then by the fastest; the rest as (run, Apart)."""
     along = SHORT[name][0]
 
     def workers(r):
@@ -197,9 +196,8 @@ def memory_axis(rows) -> dict:
 
 
 def inert_knobs(params: list[dict], devices: set[str], rows=()) -> list[str]:
-    """Swept parameters that cannot act: in none of `rows` (knobs.acts: thread workers'
-    persistent_workers), or on the device every run used: on a CPU the CUDA-only knobs, and a
-    precision whose values all run the same math there."""
+    """Swept parameters that cannot act: in none of `rows` (knobs.acts), or on a CPU (every
+    run's device) the CUDA-only knobs and a precision whose values all run the same math."""
     swept = {k for p in params for k in p}
     runs = [r for r in rows if r.record.config]
     never = {k for k in swept if runs and not any(

@@ -70,9 +70,8 @@ HOLD_PAD = 6.0
 
 def _hold(ax, placed: list[tuple[float, float]]) -> None:
     """The x-limits widened so every point drawn `dx` points beside its x (`placed`: (x, dx))
-    lies inside, HOLD_PAD to spare: one moved aside past the last tick was cut off or drawn
-    beyond the axes. An offset in points is more data units once the limits widen: each round
-    widens a quarter past what it found short, so a round or two hold them."""
+    lies inside, HOLD_PAD to spare (one past the last tick was cut off). An offset in points is
+    more data units once the limits widen: each round widens a quarter past what was short."""
     px = ax.figure.dpi / 72.0  # pixels per point
     for _ in range(10):
         lo, hi = ax.get_xlim()
@@ -105,10 +104,9 @@ def _plain(x: float, _pos=None) -> str:
 
 
 class _FittedLog(LogLocator):
-    """Log ticks at 1-2-5 steps (powers of ten past two decades), thinned where drawn until no
-    two labels meet: `5,000` and `10,000` a fifth of an inch apart on run.png's throughput axis
-    ran into one (`5,00010,000`). Fewer steps a decade first (1-3, then 1), then every other
-    power of ten."""
+    """Log ticks at 1-2-5 steps (powers of ten past two decades), thinned until no two labels
+    meet (`5,000` and `10,000` on run.png ran into `5,00010,000`): 1-3, then 1 a decade, then
+    every other power of ten."""
 
     def __init__(self, which: str, lo: float, hi: float) -> None:
         super().__init__(base=10)
@@ -144,9 +142,8 @@ class _FittedLog(LogLocator):
 
 
 def plain_log(ax, which: str, lo: float, hi: float) -> None:
-    """`which` axis on a log scale in plain numbers (0.1, 2, 3,000) at 1-2-5 steps, or at powers
-    of ten past two decades, fewer where the labels would meet (_FittedLog): matplotlib's
-    default writes 6x10^1 and crowds a short range."""
+    """`which` axis on a log scale in plain numbers (0.1, 2, 3,000), ticked by _FittedLog:
+    matplotlib's default writes 6x10^1 and crowds a short range."""
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
     axis.set_major_locator(_FittedLog(which, lo, hi))
@@ -221,11 +218,10 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
 
 def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=None,
           edge=None, discrete_x: bool = True, **kw) -> list[tuple[float, float]]:
-    """Points never joined into a line, side by side where they share an x, each with its whisker
-    and its run number above; at `edge` (y, text offset, alignment) those past that axis end.
-    Side by side only where the x axis holds a few values (`discrete_x`: batch sizes, workers),
-    each point still over its tick; on a continuous one (peak memory) a point moved aside reads
-    as a value it never had: there it stays where it is and only its label moves aside."""
+    """Points never joined into a line, each with its whisker and its run number above; at
+    `edge` (y, text offset, alignment) those past that axis end. Side by side where they share
+    an x only on a `discrete_x` axis (batch sizes, workers): on a continuous one (peak memory) a
+    point moved aside reads as a value it never had, so only its label moves."""
     label = kw.pop("label")
     if label and edge is None and any(p.get("run") is not None for p in pts):
         label += "\n(label: its run, as ranking.txt names it)"
@@ -258,8 +254,7 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
 
 def _flagged(ax, d: dict, near: float = 0.0, taken=None,
              discrete_x: bool = True) -> list[tuple[float, float]]:
-    """Flagged runs hollow red, never joined; one past an end of the axis at that edge. Returns
-    where they were drawn, as _lone."""
+    """Flagged runs hollow red, never joined; one past an end of the axis at that edge (_lone)."""
     step = 1.12 if d.get("log_y") else 1.03
     label = d["flagged_label"]
     placed = []
@@ -407,8 +402,7 @@ def _draw_compute(d: dict, out: Path) -> Path:
 
 
 def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) -> Path:
-    """A column per kept compute setting: a walk that stops at the first setting that clears
-    leaves one point a setting."""
+    """A column per kept compute setting (a walk that stops where one clears: one point)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -76,16 +76,13 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
 
 def overrides_of(row: Row, keys: list[str]) -> list[str]:
-    """The row's swept knobs as command-line overrides (`precision=amp_bf16` for a group), those
-    that act in it only (persistent_workers with no workers is no setting of it)."""
+    """The row's swept knobs that act in it as overrides (`precision=amp_bf16` for a group)."""
     return [as_override(k, row.flat[k]) for k in keys if k in row.flat and recommend.acting(row, k)]
 
 
 def measurement_text(cfg: dict, cut_short: bool = False) -> str:
-    """`6 windows of 4 steps on each of loader, compute, e2e`, and the loader's longer ones;
-    `6 windows of at least 4 steps and 2 s` where bench.min_window_s lengthens them (on CUDA by
-    default), and the cap that ended the phases of a run `cut_short` (its windows held fewer
-    steps than planned)."""
+    """`6 windows of 4 steps on each of loader, compute, e2e` (`of at least 4 steps and 2 s`
+    with bench.min_window_s), the loader's longer ones, and the cap of a run `cut_short`."""
     b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
@@ -111,13 +108,13 @@ def _measured_text(rec: RunRecord) -> str:
 
 
 def run_text(row: Row, keys: list[str]) -> str:
-    """`run 3: loader.batch_size=8`: its label and the swept knobs that set it apart."""
+    """`run 3: loader.batch_size=8`: its label and its swept knobs."""
     over = " ".join(overrides_of(row, keys))
     return f"run {row.label}" + (f": {over}" if over else "")
 
 
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
-    """The row's setup and measurement as an overlay that composes back into its config (no
+    """The row's setup and measurement as an overlay composing back into its config (no
     tracking, no fault injection)."""
     cfg = row.record.config
     setup = {k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg}
@@ -142,8 +139,8 @@ def _fmt(v: Any) -> str:
 
 def table_rows(rows: list[Row], keys: list[str], screen: bool = False
                ) -> tuple[list[str], list[list[str]]]:
-    """ranking.csv: every column. `screen`, the printed ranking: a feasible row's steadiness as
-    its status, the rung only when rows differ in it, knobs by short name."""
+    """ranking.csv: every column; `screen`, the printed one: a feasible row's steadiness as its
+    status, the rung only when rows differ in it, knobs by short name."""
     gpu = any(r.record.gpu_util_mean is not None for r in rows)
     util = "gpu_util_mean" if gpu else "process_cpu_util_mean"
     label = recommend.interval_label(rows)
@@ -173,17 +170,16 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short knob name, a word a line (`batch\nsize`): no wider than its values
-    need. A key without one is its full name, broken only after each dot
-    (`bench.\nhost_metrics_every`): broken at `_` too it read as words of its own
-    (`bench.host`, `metrics`, `every`), and `_name` could not tell which break was which."""
+    """A swept key by its short knob name, a word a line (`batch\nsize`); else its full key
+    broken only after each dot (`bench.\nhost_metrics_every`): broken at `_` too, `_name`
+    could not tell which break was which."""
     name = knob_name(key)
     return name.replace(".", ".\n") if "." in name else name.replace("_", "\n")
 
 
 def _name(header: str) -> str:
-    """A column's name on one line: a knob's as knob_header had it (its short name or its full
-    key), the others' words apart (`95% interval`). A short name holds no dot."""
+    """A column's name on one line: a knob's as knob_header had it (a short name holds no
+    dot), the others' words apart (`95% interval`)."""
     if "%" in header or "interval" in header:
         return header.replace("\n", " ")
     return header.replace(".\n", ".").replace("\n", "_")
@@ -219,18 +215,10 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
         con.print(Text(line), soft_wrap=log)
 
 
-def refused_lines(refused: list[Refusal]) -> list[str]:
-    """`refused: loader.batch_size=-1: <its one line>`: a job of the sweep refused as bad input
-    wrote no results.json, so no row of the ranking says it was run."""
-    return [mask_secrets(f"refused: {' '.join(r.overrides)}: {r.line}") for r in refused]
-
-
 def print_lines(lines: list[str], console=None) -> None:
-    """The report's lines at `console`'s width (stdout's): in a terminal folded between words,
-    each continuation under its line's indent plus two (the terminal itself breaks mid-word,
-    inside a figure or an override); piped, whole, as print_table's. A line holding a command
-    (`rerun it: python -m gpubench ...`) stays whole: folded by a newline it would no longer
-    paste as one command, where the terminal's own wrap copies whole."""
+    """The report's lines at `console`'s width (stdout's): in a terminal folded between words
+    (the terminal itself breaks mid-word, inside a figure); piped, whole. A line holding a
+    command stays whole: folded by a newline it would no longer paste as one command."""
     con = console or Console(highlight=False)
     for line in lines:
         fits = not con.is_terminal or "python -m " in line
@@ -241,7 +229,7 @@ def print_lines(lines: list[str], console=None) -> None:
 @dataclass(frozen=True)
 class Source:
     """What a report is made from, as `python -m gpubench.report` takes it (`arg`): a sweep
-    folder, or an MLflow experiment's name; shown as `mlflow experiment <name>` then."""
+    folder, or an MLflow experiment's name."""
 
     arg: str
     mlflow: bool = False
@@ -264,7 +252,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
                  refused: list[Refusal] = ()) -> list[Path]:
     """Everything the report makes; returns the files written. `fingerprint`: what it was made
     from; `found`, `named`: compute runs for the workers answer; `pipes`: pipes.json; `refused`:
-    the sweep's jobs refused as bad input, named right under the ranking."""
+    the sweep's jobs refused as bad input."""
     from gpubench.report import plots as report_plots
     from gpubench.search.pipes import lines as pipes_lines
 
@@ -301,7 +289,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     rec = recommend.recommend(rows, tolerance)
     summary: dict[str, Any] = {"source": source, "rows": len(rows), "tolerance": tolerance,
                                "feasible": sum(r.feasible for r in rows)}
-    lines = [*refused_lines(list(refused)), *notes]
+    # a job refused as bad input wrote no results.json: no row of the ranking says it was run
+    lines = [*(mask_secrets(f"refused: {' '.join(r.overrides)}: {r.line}") for r in refused),
+             *notes]
     if refused:
         summary["refused"] = [{"overrides": [mask_secrets(o) for o in r.overrides],
                                "error": mask_secrets(r.line)} for r in refused]
@@ -369,9 +359,8 @@ class NothingToReport(FileNotFoundError):
 
 
 def report_name(base: str, conditions: dict[str, str] | None, tolerance: float) -> str:
-    """The folder of a report: a report of part of the runs (--where) or at another --tolerance
-    never overwrites the whole one's (`report-loader.num_workers=1`), which the sweep's
-    manifest and its MLflow parent agree with."""
+    """The folder of a report: one of part of the runs (--where) or at another --tolerance
+    never overwrites the whole one's (`report-loader.num_workers=1`)."""
     parts = [f"{k}={v}" for k, v in sorted((conditions or {}).items())]
     parts += [f"tolerance={tolerance:g}"] if tolerance != TOLERANCE else []
     return base + "".join("-" + re.sub(r"[^\w.=+]+", "_", x) for x in parts)
@@ -382,8 +371,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  compute: list[str] | None = None, out: str | Path | None = None,
                  refused: list[Refusal] = ()) -> list[Path]:
     """The report of a sweep dir's rows matching `conditions` into `out` (default
-    `<sweep_dir>/report/`); returns its files. `refused`: the jobs of the multirun that just
-    ended refused as bad input (gpubench.cli.callbacks): they left no record to read."""
+    `<sweep_dir>/report/`); returns its files. `refused`: the multirun's jobs refused as bad
+    input (gpubench.cli.callbacks): they left no record to read."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = setups(sweep_dir, conditions)
     # a search's trial refused as bad input measured nothing: named under the ranking, as a
@@ -422,8 +411,8 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to `root`: `3`, not the study's trial number; `../b/0`, not
-    `0`, for a job another worker of the study ran in its own sweep dir."""
+    """The row's run folder relative to `root`: `3`, not the study's trial number; `../b/0` for
+    a job another worker of the study ran in its own sweep dir."""
     if row.record.dir is None:
         return None
     rel = Path(os.path.relpath(Path(row.record.dir).resolve(), root)).as_posix()

@@ -366,7 +366,7 @@ def choose_data(rows: list[tuple[dict, Row]], space: list[Param], bound: Est,
     if after is not None or not rated:
         return None
     _, p, x, r = max(rated, key=lambda t: t[2].value)
-    # the workers answer's rule (WorkersPick._most_fastest), within this data setting alone:
+    # the workers answer's rule (WorkersPick._next), within this data setting alone:
     # where the fastest loader has the most workers its other keys were measured with
     n = _workers(r)
     alike = [_workers(q) for _, o, _, q in rated if _others(o) == _others(p)]
