@@ -42,10 +42,6 @@ VERDICT_WORDS = {
 }
 
 
-def phase_title(name: str) -> str:
-    return PHASE_WORDS[name].title if name in PHASE_WORDS else name
-
-
 def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
     """The words of a verdict; none recorded, or a word another version wrote: unknown's."""
     return VERDICT_WORDS[Bottleneck.of(bottleneck) or Bottleneck.unknown]

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.analysis.labels import flaw_words, phase_title, rerun_text
+from gpubench.analysis.labels import PHASE_WORDS, flaw_words, rerun_text
 from gpubench.analysis.select import setup_text
 from gpubench.config.schema import is_amp
 from gpubench.config.settings import CHECKPOINT_WIRED, checkpointable
@@ -29,11 +29,10 @@ def _gib(b) -> str:
 
 
 def fold(line: str | Text, con: Console, lead: int | None = None) -> list[Text]:
-    """A line (markup, or Text as it is) at `con`'s width, folded between words with each
-    continuation under its text (`  1. ` an advice's, `  - ` a bullet's, else two spaces in;
-    `lead`: that many spaces); a word longer than the width stays whole (a path or an override
-    folded would not paste). The terminal's own fold starts a continuation at the margin, and
-    breaks words."""
+    """A line (markup, or Text) at `con`'s width, folded between words, each continuation under
+    its text (`  1. ` an advice's, `  - ` a bullet's, else two spaces in; `lead`: that many); a
+    word longer than the width stays whole (a path folded would not paste). The terminal's own
+    fold starts at the margin, and breaks words."""
     text = Text.from_markup(line) if isinstance(line, str) else line
     plain = text.plain
     if any(c in plain for c in "\n\t\r\v\f"):  # textwrap turns these into spaces: not ours
@@ -95,7 +94,8 @@ def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Tabl
         ci = ph.get("images_per_sec_ci")
         fmt = ",.0f" if ci and ci[1] >= 1000 else ",.1f"  # the interval stays one readable cell
         rows.append([
-            phase_title(name), dash(ph["images_per_sec"], ",.1f"),
+            PHASE_WORDS[name].title if name in PHASE_WORDS else name,
+            dash(ph["images_per_sec"], ",.1f"),
             f"{ci[0]:{fmt}}-{ci[1]:{fmt}}" if ci else "-",
             dash(ph["step_time_p50_s"], ".1f", 1e3), dash(ph["step_time_p95_s"], ".1f", 1e3),
             dash(ph["data_wait_fraction"], ".0%") if name == "e2e" else "",
@@ -192,8 +192,8 @@ def verdict(rec: RunRecord) -> list[str]:
 
 
 def ceiling_advice(cfg: dict, device: str | None) -> list[str]:
-    """The overrides that bring a run over memory.ceiling under it, but those it already used
-    (amp_fp16 only on CUDA: a CPU refuses it)."""
+    """The overrides that bring a run under memory.ceiling, but those it already used (amp_fp16
+    only on CUDA: a CPU refuses it)."""
     model, batch = cfg.get("model") or {}, (cfg.get("loader") or {}).get("batch_size")
     precision = (cfg.get("precision") or {}).get("name")
     out = []

@@ -113,8 +113,7 @@ def _knobs(r: Row) -> dict:  # every knob of the run but its workers and how it 
 
 
 def _named(m: RunRecord) -> str:
-    """Where a compute measurement is: its folder, else (an MLflow experiment's run, read from
-    its artifacts) its run id."""
+    """Where a compute measurement is: its folder, else (read from MLflow) its run id."""
     return str(m.dir) if m.dir is not None else f"MLflow run {m.extra.get('mlflow_run_id', '?')}"
 
 
@@ -143,8 +142,7 @@ def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
 
 
 def _compute_command(row: Row) -> str:
-    """The loader job's command line (.hydra/overrides.yaml, else its compute knobs) measuring
-    compute alone."""
+    """The loader job's command line (its overrides.yaml, else compute knobs) for compute alone."""
     overrides = None
     with suppress(OSError, yaml.YAMLError):
         if row.record.dir is not None:
@@ -202,9 +200,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
 
 
 def _apart(groups: list[Group]) -> tuple[str, ...]:
-    """The keys whose values differ between the groups (worker_groups split on every knob): each
-    heading names them, at a default too, so no two headings read alike. A key inert in a group
-    (settings.as_run) has no value there to differ by."""
+    """The keys whose values differ between the groups: each heading names them, at a default
+    too, so no two read alike (a key inert in a group, settings.as_run, has no value there)."""
     shown = [{k: v for k, v in as_run(g.shown.flat).items() if k in _knobs(g.shown)}
              for g in groups]
     keys = sorted({k for d in shown for k in d})
