@@ -157,6 +157,14 @@ def test_a_stalled_step_ends_the_run_failed_with_what_it_measured(compose_cfg, t
     assert data["phases"]["loader"]["images_per_sec"] > 0  # measured before: kept
 
 
+def _started(pid: int) -> str | None:
+    """When process `pid` started (/proc/<pid>/stat's 22nd field, in clock ticks); None: gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except OSError:
+        return None
+
+
 class Stalls(Dataset):
     """Tiny images; the item after the `after`-th a process reads never returns (the process
     writes its pid first)."""
@@ -171,8 +179,8 @@ class Stalls(Dataset):
         import torch
 
         self.read += 1
-        if self.read > self.after:
-            Path(self.pid_file).write_text(str(os.getpid()))
+        if self.read > self.after:  # its pid and start time: a pid is reused once it ends
+            Path(self.pid_file).write_text(f"{os.getpid()} {_started(os.getpid())}")
             time.sleep(3600)
         return torch.zeros(3, 16, 16), torch.tensor(i % 10)
 
@@ -212,5 +220,7 @@ def test_a_dataset_that_never_returns_ends_the_process_and_its_worker(tmp_path):
     data = json.loads((run / "results.json").read_text())
     assert data["status"] == "failed" and data["error"].startswith("hung: loader phase, window")
     assert "Thread 0x" in (run / "gpubench.log").read_text()  # every thread's stack
-    worker = Path(f"/proc/{pid_file.read_text()}/status")
-    assert not worker.exists() or "State:\tZ" in worker.read_text()  # ended (a zombie at most)
+    pid, started = pid_file.read_text().split()
+    # ended (a zombie at most); the pid may be another process's by now (the suite's others)
+    if _started(int(pid)) == started:
+        assert "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
