@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
@@ -36,7 +37,7 @@ from gpubench.search.jobs import SweepFailed
 from gpubench.search.loop import Confirm, Search
 from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import trial_rows
-from gpubench.search.space import Param, SearchSpace, grid
+from gpubench.search.space import Param, SearchSpace, axes, grid
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -122,18 +123,20 @@ class Pipes:
     def _compute(self) -> list[Kept]:
         space = fixed_space(self.spaces[0], {}, self.plan.compute_overrides)
         shared = self.open_study(f"{self.name}-compute")
-        points = grid(space.params)
-        exhaustive = points is not None and len(points) <= self.plan.compute_trials
+        values = axes(space.params)  # counted first: a grid of 10^6 points is never listed
+        size = None if values is None else math.prod(map(len, values))
+        exhaustive = size is not None and size <= self.plan.compute_trials
         if exhaustive:
             # every setting, smallest batch first: a study's queue is kept across workers
-            for p in sorted(points, key=lambda p: (p.get("loader.batch_size", 0), S.key(p))):
+            for p in sorted(grid(space.params),
+                            key=lambda p: (p.get("loader.batch_size", 0), S.key(p))):
                 shared.study.enqueue_trial(p, skip_if_exists=True)
-        n = len(points) if exhaustive else self.plan.compute_trials
+        n = size if exhaustive else self.plan.compute_trials
         self.search(shared, space, n, Stage.compute).run()
         rows = _rows(shared)
         kept = keep_compute(rows, "loader.batch_size", TOLERANCE, self.plan.keep)
         self.result["compute"] = {"study": shared.study.study_name, "trials": len(rows),
-                                  "space": len(points or []) or None, "exhaustive": exhaustive,
+                                  "space": size, "exhaustive": exhaustive,
                                   "kept": [k.summary() for k in kept]}
         self.write(self.result)
         for k in kept:
@@ -262,7 +265,7 @@ def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchS
         raise ConfigError("hydra.sweeper.params", names,
                           f"swept keys of both pipes: none is a {missing} knob (data knobs: "
                           f"hydra.sweeper.pipes.data_keys = {list(data_keys)})")
-    if grid(data.params) is None:
+    if axes(data.params) is None:
         raise ConfigError("hydra.sweeper.params", names,
                           "data keys as choice(...) or integer range(...) with sweep=pipes "
                           "(its data pipe walks them in cost order)")

@@ -98,8 +98,8 @@ class SearchSpace:
     def size(self) -> int | None:
         """Number of distinct runs (points that differ only in a key inert there are one: `key`),
         or None when a parameter is continuous."""
-        axes = _axes(self.params)
-        n = None if axes is None else math.prod(map(len, axes))
+        values = axes(self.params)
+        n = None if values is None else math.prod(map(len, values))
         if n is None or n > 100_000:  # too many to list: as many as points
             return n
         return len({key(p, self.fixed_values) for p in grid(self.params)})
@@ -121,28 +121,46 @@ def key(params: dict, fixed: dict | None = None) -> str:
                       default=str)
 
 
-def _axes(params: list[Param]) -> list[Sequence] | None:
+class _Stepped(Sequence):
+    """Floats low + k * step for k < n, as Optuna makes a stepped float, never held as a list
+    (`range(1,1000,0.00001)` is 10^8 of them)."""
+
+    def __init__(self, low: float, step: float, n: int) -> None:
+        self.low, self.step, self.n = low, step, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self.n))]
+        if not -self.n <= k < self.n:
+            raise IndexError(k)
+        return self.low + (k % self.n) * self.step
+
+
+def axes(params: list[Param]) -> list[Sequence] | None:
     """Each parameter's values; None when one is continuous."""
-    axes: list[Sequence] = []
+    out: list[Sequence] = []
     for d in (p.dist for p in params):
         if isinstance(d, CategoricalDistribution):
-            axes.append(list(d.choices))
+            out.append(list(d.choices))
         elif isinstance(d, IntDistribution):  # tag(log, range(...)) too: its step is 1
-            axes.append(range(d.low, d.high + 1, d.step))
+            out.append(range(d.low, d.high + 1, d.step))
         elif isinstance(d, FloatDistribution) and d.step is not None:
-            # as Optuna makes a stepped float: low + k * step
-            axes.append([d.low + k * d.step for k in range(round((d.high - d.low) / d.step) + 1)])
+            out.append(_Stepped(d.low, d.step, round((d.high - d.low) / d.step) + 1))
         else:
             return None
-    return axes
+    return out
 
 
 def grid(params: list[Param]) -> list[dict[str, Any]] | None:
     """Every point of a space of choices and stepped ranges; None when a key is continuous."""
-    axes = _axes(params)
-    if axes is None:
+    values = axes(params)
+    if values is None:
         return None
-    return [dict(zip([p.name for p in params], pt, strict=True)) for pt in itertools.product(*axes)]
+    return [dict(zip([p.name for p in params], pt, strict=True))
+            for pt in itertools.product(*values)]
 
 
 def _key_of(override: str) -> str:

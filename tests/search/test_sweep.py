@@ -107,6 +107,17 @@ def test_a_stepped_spaces_points_are_what_optuna_samples(sweep):
     assert seen == set(points) and space.size() == len(points)
 
 
+def test_a_huge_stepped_space_is_counted_never_listed():
+    """10^7 stepped floats: their count alone (a list of them took gigabytes before the search
+    began)."""
+    from gpubench.search.space import axes
+
+    space = parse_search_space(["a=range(1.0,1000.0,0.0001)", "b=tag(log,range(1,1025))"])
+    a, b = axes(space.params)
+    assert space.size() == len(a) * len(b) == 9990000 * 1024
+    assert (a[0], a[1], a[-1]) == (1.0, 1.0001, 1.0 + 9989999 * 0.0001)
+
+
 def test_preset_params_yield_to_the_command_line():
     space = parse_search_space(
         ["loader.batch_size=choice(4,8)", "bench.steps=3"],
