@@ -8,6 +8,8 @@ import math
 from dataclasses import is_dataclass
 from typing import Any
 
+from hydra._internal.config_repository import ConfigRepository
+from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -54,14 +56,27 @@ def group_hint(group: str, value: Any) -> str:
     return ""
 
 
-def check_option(group: str, value: Any) -> None:
-    """A group's chosen option exists (an optional group's too: Hydra skips a missing one)."""
+def _options(group: str, cfg: DictConfig | None) -> list[str]:
+    """A group's options on the search path the config was composed from (its
+    hydra.runtime.config_sources: a `hydra.searchpath` folder too, which the loader's own
+    repository lacks), else the loader's, else conf/'s."""
+    sources = _at(cfg, "hydra.runtime.config_sources") if cfg is not None else None
+    if sources:
+        path = ConfigSearchPathImpl()
+        for src in sources:
+            path.append(src.provider, f"{src.schema}://{src.path}")
+        return list(ConfigRepository(path).get_group_options(group))
     loader = _loader()
-    options = (list(loader.get_group_options(group)) if loader is not None
-               else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
+    return (list(loader.get_group_options(group)) if loader is not None
+            else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
+
+
+def check_option(group: str, value: Any, cfg: DictConfig | None = None) -> None:
+    """A group's chosen option exists (an optional group's too: Hydra skips a missing one)."""
+    options = _options(group, cfg)
     if str(value) not in options:
-        raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/ "
-                                        f"or a --config-dir){group_hint(group, value)}")
+        raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/, a "
+                                        f"--config-dir or hydra.searchpath){group_hint(group, value)}")
 
 
 def _swept_values(o) -> list:
@@ -135,7 +150,7 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
                                          "range(a,b) or interval(a,b), not a sweep of sweeps")
     if key in groups:
         for v in values:
-            check_option(key, v)
+            check_option(key, v, cfg)
         return
     if o.is_add() or o.is_force_add():
         check_known_key(key, typed(o))
@@ -238,7 +253,7 @@ def check_before_work(cfg: DictConfig) -> None:
     groups = _at(cfg, "hydra.runtime.choices") or {}
     for group in OPTIONAL_GROUPS:
         if groups.get(group) is not None:
-            check_option(group, groups[group])
+            check_option(group, groups[group], cfg)
     # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
     # too: the sweeper gives them to each job): a `???` one sets is set in each job
     overrides = _overrides(cfg)

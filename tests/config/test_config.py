@@ -371,6 +371,22 @@ def test_unknown_optional_group_names_list_the_real_ones(compose_cfg):
         check_before_work(compose_cfg("sweep=batch", "hydra.sweeper.storage=notaurl", hydra=True))
 
 
+def test_an_option_in_a_searchpath_folder_is_one_to_choose(compose_cfg, tmp_path):
+    """`hydra.searchpath=[file://DIR] experiment=small`: Hydra composed DIR's experiment, and the
+    precheck refused it as no option (it listed conf/ and --config-dir only)."""
+    from gpubench.config.prechecks import check_before_work
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "small.yaml").write_text("# @package _global_\nmemory:\n  ceiling: 0.5\n")
+    path = f"hydra.searchpath=[file://{tmp_path}]"
+    cfg = compose_cfg(path, "experiment=small", hydra=True)
+    assert cfg.memory.ceiling == 0.5
+    check_before_work(cfg)
+    with pytest.raises(ConfigError, match=r"^experiment='smal' .*one of cpu_smoke, inat_resnet50, "
+                                          r"small \(conf/experiment/, a --config-dir or "):
+        check_before_work(compose_cfg(path, "experiment=smal", hydra=True))
+
+
 def test_the_input_check_resolves_a_single_runs_settings_once_checked(compose_cfg):
     """InputCheck: a single run's settings are resolved after check_before_work, which already
     ran the interpolations', keys' and tracking.uri's checks (resolve(checked=True) skips them);
