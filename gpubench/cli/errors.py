@@ -34,8 +34,9 @@ def _refuse(message: str):
     raise ValueError(message)
 
 
-def overrides(argv: list[str] | None = None) -> list[str]:
-    """The command's overrides, by Hydra's parser; an unknown flag raises ArgumentError."""
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command's arguments (overrides, -m), by Hydra's parser; an unknown flag raises
+    ArgumentError."""
     parser = get_args_parser()
 
     def error(message: str):
@@ -50,7 +51,7 @@ def overrides(argv: list[str] | None = None) -> list[str]:
         raise argparse.ArgumentError(None, message)
 
     parser.error = error  # type: ignore[method-assign]
-    return parser.parse_args(argv).overrides
+    return parser.parse_args(argv)
 
 
 @contextmanager
@@ -64,10 +65,10 @@ def one_line_errors():
                 raise e.code from None
             raise
         return
-    given: list[str] = []
+    given = argparse.Namespace(overrides=[], multirun=False)
     before, os.environ[FULL_ERROR] = os.environ.get(FULL_ERROR), "1"
     try:
-        given = overrides()
+        given = arguments()
         yield
     except KeyboardInterrupt as e:
         line, code = interrupted_line(e)
@@ -85,7 +86,7 @@ def one_line_errors():
         if isinstance(ex, BrokenPipeError):
             # the reader of stdout went away: quiet_broken_pipe ends it, no line
             raise ex from None
-        line, code = describe(ex, given)
+        line, code = describe(ex, given.overrides, given.multirun)
         say(line, "error")
         raise SystemExit(code) from None
     finally:

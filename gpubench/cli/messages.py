@@ -111,21 +111,25 @@ def deleted_line(parsed: list[Override]) -> ConfigError | None:
 
 
 def sweep_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
-    """A sweep given to a single run (Hydra's "Ambiguous value", "requires --multirun": raised
-    with no cause, for the first sweep; a multirun raises so only for a sweep of hydra.*)."""
-    sweeps = [o for o in parsed if o.is_sweep_override()]
-    if ex.__cause__ or ex.__context__ or not sweeps or any(
-            o.key_or_group.startswith(("hydra.", "hydra/")) for o in sweeps):
+    """A single run's sweep (Hydra's "Ambiguous value", "requires --multirun"): raised, with no
+    cause, for the first sweep before anything else is composed. A hydra.* one is Hydra's word."""
+    o = next((o for o in parsed if o.is_sweep_override()), None)
+    if ex.__cause__ or ex.__context__ or o is None or o.key_or_group.startswith(("hydra.",
+                                                                              "hydra/")):
         return None
-    o, text = sweeps[0], typed(sweeps[0])
-    also = f"; [{text}] is a list, '{text}' a text" \
-        if o.value_type is ValueType.SIMPLE_CHOICE_SWEEP and "." in o.key_or_group else ""
-    return ConfigError(o.key_or_group, text, f"one value in a single run: -m (--multirun) "
-                                             f"sweeps it{also}", text)
+    text, k = typed(o), DECLARED.get(o.key_or_group)
+    # a team's own key (undeclared) may take a list or a text with commas
+    also = f"; [{text}] is a list, '{text}' a text" if k is None and "." in o.key_or_group \
+        and o.value_type is ValueType.SIMPLE_CHOICE_SWEEP else ""
+    what = f"one value ({k.allowed})" if k is not None else "one value"
+    return ConfigError(o.key_or_group, text, f"{what} in a single run: -m (--multirun) sweeps "
+                                             f"it{also}", text)
 
 
-def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = ()) -> str:
-    """An error of composing the config (a bad override, a missing option)."""
+def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = (),
+               multirun: bool = False) -> str:
+    """An error of composing the config (a bad override, a missing option); `multirun`: the
+    command has -m (a sweep in it is no error)."""
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
@@ -133,7 +137,8 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
                                f"{group_hint(group, value)}", value))
     parsed = _parsed(overrides)
     if isinstance(ex, ConfigCompositionException):
-        line = missing_key_line(ex, parsed) or deleted_line(parsed) or sweep_line(ex, parsed)
+        line = missing_key_line(ex, parsed) or deleted_line(parsed) or (
+            None if multirun else sweep_line(ex, parsed))
         if line is not None:
             return str(line)
     # Hydra wraps OmegaConf's error of merging an override: the key and value are the cause's
@@ -192,7 +197,8 @@ def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
     return None
 
 
-def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, ExitCode]:
+def describe(ex: BaseException, overrides: Sequence[str] = (),
+             multirun: bool = False) -> tuple[str, ExitCode]:
     # the error under Hydra's InstantiationException ('Error in call to target')
     while isinstance(ex, InstantiationException) and ex.__cause__ is not None:
         ex = ex.__cause__
@@ -203,7 +209,7 @@ def describe(ex: BaseException, overrides: Sequence[str] = ()) -> tuple[str, Exi
     if isinstance(ex, OverrideParseException):
         return override_line(ex.override or "", ex.__context__), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
-        return hydra_line(ex, overrides), ExitCode.BAD_INPUT
+        return hydra_line(ex, overrides, multirun), ExitCode.BAD_INPUT
     if isinstance(ex, SweepFailed):  # already one line
         return str(ex), ex.code
     if isinstance(ex, (WriteError, LinkError)):  # already one line

@@ -258,7 +258,9 @@ def check_before_work(cfg: DictConfig) -> None:
     # too: the sweeper gives them to each job): a `???` one sets is set in each job
     overrides = _overrides(cfg)
     params = {str(k) for k in _at(cfg, "hydra.sweeper.params") or {}}
-    check_interpolations(cfg, {o.key_or_group: _first(o) for o in overrides
+    # hydra.sweeper.params' come last: the command line's value wins, as the sweepers give it
+    task = len(overrides) - len(params)
+    check_interpolations(cfg, {o.key_or_group: _first(o) for o in overrides[task:] + overrides[:task]
                                if _swept(o) or o.key_or_group in params})
     check_known_keys(cfg)
     check_overrides(cfg, groups, overrides)

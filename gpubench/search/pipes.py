@@ -267,8 +267,8 @@ def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchS
                           f"hydra.sweeper.pipes.data_keys = {list(data_keys)})")
     if axes(data.params) is None:
         raise ConfigError("hydra.sweeper.params", names,
-                          "data keys as choice(...) or integer range(...) with sweep=pipes "
-                          "(its data pipe walks them in cost order)")
+                          "data keys as choice(...) or range(...), not interval(...), with "
+                          "sweep=pipes (its data pipe walks them in cost order)")
     return compute, data
 
 

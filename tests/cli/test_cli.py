@@ -232,7 +232,7 @@ def test_a_tracked_sweep_ends_with_its_own_mlflow_link(compose_cfg, tmp_path, mo
 
 def test_the_error_layer_unwraps_a_job_and_passes_exits_through(monkeypatch, capsys,
                                                                 sigterm_kept):
-    from gpubench.cli.errors import JobFailed, one_line_errors, overrides
+    from gpubench.cli.errors import JobFailed, arguments, one_line_errors
     from gpubench.config.errors import ConfigError
 
     monkeypatch.setattr(sys, "argv", ["gpubench"])  # the layer reads the command line
@@ -257,9 +257,10 @@ def test_the_error_layer_unwraps_a_job_and_passes_exits_through(monkeypatch, cap
     assert ended(explained) == (2, "gpubench: error: range(8,4,1) is empty\n")
     code, err = ended(reader_gone)  # quiet_broken_pipe's to end: no line
     assert isinstance(code, BrokenPipeError) and err == ""
-    assert overrides(["-m", "a=1", "b=2"]) == ["a=1", "b=2"]
+    args = arguments(["-m", "a=1", "b=2"])
+    assert args.overrides == ["a=1", "b=2"] and args.multirun
     with pytest.raises(argparse.ArgumentError, match="unrecognized arguments: --x"):
-        overrides(["--x"])
+        arguments(["--x"])
 
 
 @pytest.mark.slow

@@ -130,6 +130,8 @@ def test_hydra_errors_condense_to_one_line(compose_cfg):
         # a sweep without -m: Hydra's first line alone ("Ambiguous value for argument") named
         # neither the remedy nor what the value would be read as
         (["loader.num_workers=1,2"], "loader.num_workers=1,2 is not allowed: it must be one value "
+         "(an integer in [0, 1024]) in a single run: -m (--multirun) sweeps it"),
+        (["+model.kwargs.sizes=1,2"], "model.kwargs.sizes=1,2 is not allowed: it must be one value "
          "in a single run: -m (--multirun) sweeps it; [1,2] is a list, '1,2' a text"),
         (["dataset=synthetic,fake_jpeg", "loader.batch_size=range(1,4)"],
          "dataset=synthetic,fake_jpeg is not allowed: it must be one value in a single run: "
@@ -138,6 +140,19 @@ def test_hydra_errors_condense_to_one_line(compose_cfg):
         with pytest.raises(Exception) as err:
             compose_cfg(*overrides)
         assert describe(err.value, overrides) == (line, 2)
+
+
+def test_a_multiruns_composition_error_is_never_read_as_a_sweep_without_m():
+    """With -m a sweep is no error: Hydra's own line for what it refused (`~loader.nope` had
+    read "loader.batch_size=2,4 ... one value in a single run: -m sweeps it")."""
+    from hydra.errors import ConfigCompositionException
+
+    ex = ConfigCompositionException("Could not delete from config. 'loader.nope' does not exist.")
+    given = ["loader.batch_size=2,4", "~loader.nope"]
+    assert describe(ex, given, multirun=True) == (
+        "Could not delete from config. 'loader.nope' does not exist.", 2)
+    assert describe(ex, given)[0].startswith("loader.batch_size=2,4 is not allowed: it must be "
+                                             "one value")  # a single run: the sweep raised first
 
 
 # ------------------------------------------------------------------ ranges (one process, many cases)

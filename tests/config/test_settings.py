@@ -403,6 +403,10 @@ def test_a_swept_value_left_to_set_resolves_what_interpolates_it(compose_cfg):
         check_before_work(cfg)
     del cfg.model.kwargs.bad
     check_before_work(cfg)
+    # hydra.sweeper.params setting it too: the command line's value is the jobs' (it wins)
+    cfg.hydra.sweeper.params = {"model.kwargs.root": "${oc.env:GPUBENCH_NOT_SET}"}
+    check_before_work(cfg)
+    cfg.hydra.sweeper.params = {}
     cfg.hydra.overrides.task.pop()  # not swept: the `???` is named, not what interpolates it
     with pytest.raises(ConfigError, match="^model.kwargs.(root|path)="):
         check_before_work(cfg)
