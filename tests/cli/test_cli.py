@@ -108,7 +108,7 @@ def sigterm_kept():
      "loader.batch_size=0 is not allowed: it must be null or an integer in [1, 65536]"),
     (["loader.num_workers=-2"],
      "loader.num_workers=-2 is not allowed: it must be an integer in [0, 1024]"),
-    (["dataset=imagefolder"], "dataset.root=None is not allowed: it must be a folder path "
+    (["dataset=imagefolder"], "dataset.root=null is not allowed: it must be a folder path "
      "(imagefolder reads local files)"),
     (["+dataset.transform._target_=os.system"], "dataset.transform._target_='os.system' is not "
      "allowed: it must be unset with dataset=synthetic (dataset=custom reads it)"),

@@ -270,7 +270,7 @@ def test_rules_that_need_the_datasets_length(compose_cfg):
     with pytest.raises(ConfigError, match=r"dataset.num_classes=10 .*>= 11 \(class folders in /d\)"):
         check_found_classes(s, 11, "class folders in /d")
     check_preload_fits(10, 16)
-    with pytest.raises(ConfigError, match=r"dataset.preload=True .*GiB"):
+    with pytest.raises(ConfigError, match=r"dataset.preload=true .*GiB"):
         check_preload_fits(10**9, 4096)
 
 

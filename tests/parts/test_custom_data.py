@@ -144,7 +144,7 @@ def test_sample_contract_broken_is_one_line_before_work(compose_cfg, tmp_path, k
 
 
 @pytest.mark.parametrize("extra,key", [
-    ((), "dataset._target_=None"),
+    ((), "dataset._target_=null"),
     (("dataset._target_=no_such_team.data.X",), "dataset._target_='no_such_team.data.X'"),
     ((f"dataset._target_={HERE}.HWCUint8", "+dataset.kwargs.bogus=1"), "dataset.kwargs="),
     ((f"dataset._target_={HERE}.HWCUint8", "+dataset.transform._target_=nope.tf"),

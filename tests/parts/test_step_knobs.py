@@ -345,7 +345,7 @@ def test_a_loss_of_the_model_and_the_batch(compose_cfg):
      f"step._target_='{HERE}.per_sample_loss' is not allowed: it must be a loss function of your own code "
      "as a dotted path (e.g. my_team.train.loss) or an nn.Module loss class, returning a scalar "
      "tensor (it returned a torch.float32 tensor of shape (4,))"),
-    ((), "step._target_=None is not allowed: it must be a loss function of your own code"),
+    ((), "step._target_=null is not allowed: it must be a loss function of your own code"),
     (("step._target_=torch.nn.functional.cross_entropy",),
      "step._target_='torch.nn.functional.cross_entropy' is not allowed: it must be a loss function of your "
      "own code"),
@@ -395,7 +395,7 @@ def test_the_teams_own_samples_refuse_gpubenchs_image_keys(team_conf, compose_cf
                       "step=segmentation", "dataset.preload=true")
     with pytest.raises(ConfigError) as e:
         build_pipeline(resolve(cfg))
-    assert str(e.value) == ("dataset.preload=True is not allowed: it must be its default with step=custom "
+    assert str(e.value) == ("dataset.preload=true is not allowed: it must be its default with step=custom "
                             "on dataset=custom: your Dataset's samples go to your collate and "
                             "loss as they are")
 

@@ -156,7 +156,7 @@ def test_out_of_order_process_workers_need_a_dataloader_that_takes_it(compose_cf
     monkeypatch.setattr(data, "DataLoader", Torch25Loader)
     with pytest.raises(ConfigError) as e:
         data.loader_settings(s.loader, "cpu")
-    assert str(e.value).startswith("loader.in_order=False is not allowed: it must be true with process "
+    assert str(e.value).startswith("loader.in_order=false is not allowed: it must be true with process "
                                    "workers on torch")
     s = resolve(compose_cfg("loader.num_workers=2", "loader.in_order=false",
                             "loader.worker_type=thread"))

@@ -24,6 +24,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from gpubench.config.errors import ConfigError
+from gpubench.config.overrides import format_value
 from gpubench.core import record
 from gpubench.core.files import read_json
 from gpubench.core.record import OOM_CONSTRAINT, RunRecord, Status
@@ -200,7 +201,7 @@ def test_bad_confirm_settings_name_key_value_and_allowed(key, value, allowed):
     with pytest.raises(ConfigError) as e:
         _sweeper(confirm={"top": 3, "rounds": 2, key: value}).check()
     msg = str(e.value)
-    assert "\n" not in msg and f"hydra.sweeper.confirm.{key}=" in msg and str(value) in msg
+    assert "\n" not in msg and f"hydra.sweeper.confirm.{key}=" in msg and format_value(value) in msg
     assert allowed in msg
     _sweeper(confirm={"top": 0, "rounds": 1}).check()  # 0: the step is off
 
