@@ -164,6 +164,10 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
                           "for an integer key (an interval samples real numbers)"
                           if k.kind == INT else f"choice(...) of {k.allowed} (an interval "
                           "samples numbers)")
+    if isinstance(v, RangeSweep) and k.kind == INT and any(
+            isinstance(x, float) for x in (v.start, v.stop, v.step)):  # every job would fail
+        raise ConfigError(key, typed(o), "range(a,b[,step]) of integers for an integer key (a "
+                                         "float range samples real numbers)")
     for v in values:
         k.check(v)
         if k.name == "model.name":

@@ -194,8 +194,11 @@ def to_param(override) -> Param:
 
     value = override.value()
     name, key = override.key_or_group, override.get_key_element()
-    log = "log" in (getattr(value, "tags", None) or set())
+    tags = set(getattr(value, "tags", None) or ())
+    log = "log" in tags
     text = override.input_line.split("=", 1)[-1] if override.input_line else str(value)
+    if tags - {"log"}:  # a misspelt `log` would sample on a linear scale without a word
+        raise ConfigError(name, text, "tag(log, ...), the one tag a search reads")
     written = text
     if isinstance(value, ChoiceSweep):
         if log:

@@ -591,6 +591,9 @@ def test_keys_the_schema_does_not_declare_are_refused_under_gpubenchs_groups(com
     ("loader.batch_size=interval(8,32)", "loader.batch_size='interval(8,32)' is not allowed: it must be "
      "range(8,33) or choice(...) for an integer key (an interval samples real numbers)"),
     ("dataset.image_size=tag(log,interval(16,64))", "range(16,65)"),
+    # every trial failed merging 12.0 into the integer key, one by one
+    ("loader.batch_size=range(4.0,32.0,4.0)", "loader.batch_size='range(4.0,32.0,4.0)' is not "
+     "allowed: it must be range(a,b[,step]) of integers for an integer key"),
     ("loader.pin_memory=interval(0,1)", "choice(...) of true or false"),
     ("loader.batch_size=range(8,inf)", "loader.batch_size='range(8,inf)' is not allowed: it must be a "
      "range(a,b[,step]) with finite numbers"),

@@ -108,6 +108,14 @@ def test_a_stepped_spaces_points_are_what_optuna_samples(sweep):
     assert seen == set(points) and space.size() == len(points)
 
 
+def test_a_tag_other_than_log_is_refused():
+    """`tag(lg, range(4,8))` sampled on a linear scale without a word."""
+    with pytest.raises(ConfigError, match=r"^loader.batch_size='tag\(lg,range\(4,8\)\)' is not "
+                                          r"allowed: it must be tag\(log, ...\)"):
+        parse_search_space(["loader.batch_size=tag(lg,range(4,8))"])
+    assert parse_search_space(["loader.batch_size=tag(log,range(4,8))"]).params[0].dist.log
+
+
 def test_a_huge_stepped_space_is_counted_never_listed():
     """10^7 stepped floats: their count alone (a list of them took gigabytes before the search
     began)."""
