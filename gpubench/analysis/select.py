@@ -221,13 +221,17 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)
     if len(groups) > 1:
-        newest = max(kept, key=lambda r: r.record.started_at or "")
+        # of the runs that measured, where any did: a failed job's setup ranked alone read as
+        # "no feasible measurement" beside a setup that measured
+        measured = [r for r in kept if r.record.status.measured]
+        newest = max(measured or kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)
         others = [f"{_setup_name(g[0], newest)} ({count(len(g), 'run')})"
                   for k, g in groups.items() if k != mine]
         other = next(g[0] for k, g in groups.items() if k != mine)
         key = _differing(newest, other)[0]
-        notes.append(f"ranked only {_setup_name(newest, other)} (the newest run's setup); other "
+        which = "newest measured run's" if measured else "newest run's"
+        notes.append(f"ranked only {_setup_name(newest, other)} (the {which} setup); other "
                      f"setups: {'; '.join(others)}; pick one with --where, e.g. --where "
                      f"{key}={format_value(other.flat.get(key))}")
         kept = groups[mine]

@@ -921,6 +921,16 @@ def test_only_full_training_measurements_of_one_setup_are_ranked_and_recommended
     assert len(notes) == 1 and "model.name=resnet50" in notes[0] and "224" in notes[0]
     assert "model.name=tiny dataset.name=synthetic dataset.image_size=64 (2 runs)" in notes[0]
     assert "--where" in notes[0]
+    # the newest run failed: the newest that measured names the setup ranked (a failed job's
+    # setup alone read "no feasible full-length measurement" beside runs that measured)
+    failed = trained("resnet50", 0.0, 9, image_size=224)
+    failed.record.status, failed.record.images_per_sec = Status.failed, None
+    kept, notes = training_rows([*tiny, failed])
+    assert kept == tiny and "(the newest measured run's setup)" in notes[0]
+    older = trained("tiny", 0.0, 8)
+    older.record.status, older.record.images_per_sec = Status.failed, None
+    kept, notes = training_rows([older, failed])  # none measured: the newest run's
+    assert kept == [failed] and "(the newest run's setup)" in notes[0]
 
 
 def test_a_custom_models_class_is_its_setup_everywhere():
