@@ -69,16 +69,27 @@ def locate(key: str, path: Any, allowed: str) -> Any:
     # not hydra.utils.get_object: it logs an ERROR (3 lines on stderr) before it raises
     if parts[0] in STDLIB:  # refused before the import: some stdlib modules act on import
         raise ConfigError(key, text, f"{allowed} ({parts[0]} is in the standard library)")
+    obj, why, i = None, None, 0
     try:
         obj = importlib.import_module(parts[0])
         for i in range(1, len(parts)):  # an attribute, else a submodule not imported yet
-            obj = getattr(obj, parts[i]) if hasattr(obj, parts[i]) else \
-                importlib.import_module(".".join(parts[: i + 1]))
+            if hasattr(obj, parts[i]):
+                obj = getattr(obj, parts[i])
+            elif inspect.ismodule(obj) and not hasattr(obj, "__path__"):  # a module, no package:
+                # Python would say "'my_co.models' is not a package", of a misspelt class
+                why = f"module {obj.__name__} has no {parts[i]}"
+                break
+            else:
+                obj = importlib.import_module(".".join(parts[: i + 1]))
     except Exception as e:  # the team's module failed to import: its error, on one line
         why = cause(e)
         if isinstance(e, ModuleNotFoundError) and e.name == parts[0]:  # the team's package
             why += " (is its folder on PYTHONPATH? e.g. PYTHONPATH=. python -m gpubench ...)"
+        elif isinstance(e, ModuleNotFoundError) and i and e.name == ".".join(parts[: i + 1]):
+            why = f"package {'.'.join(parts[:i])} has no {parts[i]}, as a name or a submodule"
         raise ConfigError(key, text, f"{allowed} ({why})") from e
+    if why is not None:
+        raise ConfigError(key, text, f"{allowed} ({why})")
     # `torch.os.system` is os.system: judge the object by the module that defines it
     if _top(_defined_in(obj)) in STDLIB:
         raise ConfigError(key, text, f"{allowed} (it is {_describe(obj)}, in the standard library)")

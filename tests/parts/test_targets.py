@@ -87,6 +87,10 @@ def test_what_the_rule_admits(target):
     ("torch.nn.functional.relu", "an installed library"),
     (f"{HERE}.CUSTOM_DS", "it is tuple"),
     ("subprocess.run", "subprocess is in the standard library"),
+    # a misspelt name: Python's "No module named 'x.y.Nope'; 'x.y' is not a package" blamed
+    # the module that holds the code
+    (f"{HERE}.Nope", f"module {HERE} has no Nope"),
+    ("gpubench.parts.nope.collate", "package gpubench.parts has no nope, as a name or a submodule"),
 ])
 def test_what_the_rule_refuses(target, says):
     with pytest.raises(ConfigError) as e:
