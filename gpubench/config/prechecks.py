@@ -8,6 +8,7 @@ import math
 from dataclasses import is_dataclass
 from typing import Any
 
+import yaml
 from hydra._internal.config_repository import ConfigRepository
 from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 from hydra.core.global_hydra import GlobalHydra
@@ -218,20 +219,38 @@ def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
             BY_NAME[o.key_or_group].check_type(o.value())
 
 
-def check_written(raw: DictConfig, package: str, where: str) -> None:
+def _prefixed(values: Any, package: str) -> Any:
+    """A file's values under its package's keys ('' for primary, _global_)."""
+    for part in reversed([p for p in package.split(".") if p]):
+        values = {part: values}
+    return values
+
+
+def _spelled(tree: Any, key: str) -> Any:
+    """The scalar at dotted `key` of a tree of texts (YAML's BaseLoader), else None."""
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def check_written(raw: DictConfig, package: str, where: str, text: str | None = None) -> None:
     """A YAML file's values as read (by hydra_plugins.gpubench_searchpath), before the schema
-    turns `checkpointing: 2` into true. `package`: its keys' prefix ('' for primary, _global_)."""
+    turns `checkpointing: 2` into true. `package`: its keys' prefix ('' for primary, _global_);
+    `text`: the file's, where YAML 1.1 read `yes`, `on` as a boolean its key then refuses."""
     values = OmegaConf.to_container(raw, resolve=False)
     if not isinstance(values, dict):
         return  # Hydra's own line: a config is a mapping
     values.pop("defaults", None)  # Hydra's defaults list, not a value
-    for part in reversed([p for p in package.split(".") if p]):
-        values = {part: values}
+    spelled = _prefixed(yaml.load(text, Loader=yaml.BaseLoader), package) if text else None
     try:
-        check_known_keys(written := OmegaConf.create(values))
+        check_known_keys(written := OmegaConf.create(_prefixed(values, package)))
         for key, node in walk(written):
             if key in BY_NAME and not isinstance(node, DictConfig):
-                BY_NAME[key].check_type(node._value())
+                value, as_text = node._value(), _spelled(spelled, key)
+                if isinstance(value, bool) and isinstance(as_text, str) and \
+                        as_text.lower() not in ("true", "false"):
+                    value = as_text
+                BY_NAME[key].check_type(value)
     except ConfigError as e:
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 

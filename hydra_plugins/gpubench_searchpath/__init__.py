@@ -43,7 +43,9 @@ class Files(FileConfigSource):
         # the keys' prefix as Hydra places them: the group's by default (hydra 1.1's _group_)
         package = (result.header.get("package") or "_group_").replace(
             "_group_", group.replace("/", ".")).replace("_global_", "")
-        check_written(result.config, package.strip("."), where)
+        with open(where, encoding="utf-8") as f:  # read as Hydra just did: it decoded
+            text = f.read()
+        check_written(result.config, package.strip("."), where, text)
         return result
 
 

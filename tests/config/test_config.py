@@ -866,6 +866,9 @@ def test_a_team_folder_is_searched_first_and_each_file_checked_as_read(team):
              "({f}: 'utf-8' codec can't decode byte 0x80 in position 0"),
             (b"name: tiny\ncheckpointing: 2\n", "model.checkpointing=2 is not allowed: it must be true or "
              "false (in {f})"),
+            # YAML 1.1 reads `yes` as true: the text as written is refused (it had run as true)
+            (b"name: tiny\ncheckpointing: yes\n", "model.checkpointing='yes' is not allowed: it must be "
+             "true or false (in {f})"),
             (b"name: tiny\nextra_key: 1\n", "model.extra_key=1 is not allowed: it must be a key gpubench "
              "declares (one of model.name,")):
         tiny.write_bytes(text)
@@ -878,7 +881,10 @@ def test_a_team_folder_is_searched_first_and_each_file_checked_as_read(team):
     overlay.write_text("# @package _global_\nchannels_last: 1\n")
     with pytest.raises(ConfigError, match=r"^channels_last=1 is not allowed: it must be true or false \(in "):
         team("experiment=ours")
-    overlay.write_text("# @package _global_\nchannels_last: true\nloader:\n  pin_memory: false\n")
+    overlay.write_text("# @package _global_\nloader:\n  pin_memory: on\n")  # under its package
+    with pytest.raises(ConfigError, match=r"^loader.pin_memory='on' is not allowed: it must be true"):
+        team("experiment=ours")
+    overlay.write_text("# @package _global_\nchannels_last: true\nloader:\n  pin_memory: False\n")
     assert team("experiment=ours").loader.pin_memory is False
 
 
