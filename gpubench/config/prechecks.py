@@ -57,16 +57,31 @@ def group_hint(group: str, value: Any) -> str:
     return ""
 
 
-def _options(group: str, cfg: DictConfig | None) -> list[str]:
-    """A group's options on the search path the config was composed from (its
+def _repository(cfg: DictConfig | None) -> ConfigRepository | None:
+    """The config files of the search path `cfg` was composed from (its
     hydra.runtime.config_sources: a `hydra.searchpath` folder too, which the loader's own
-    repository lacks), else the loader's, else conf/'s."""
+    repository lacks)."""
     sources = _at(cfg, "hydra.runtime.config_sources") if cfg is not None else None
-    if sources:
-        path = ConfigSearchPathImpl()
-        for src in sources:
-            path.append(src.provider, f"{src.schema}://{src.path}")
-        return list(ConfigRepository(path).get_group_options(group))
+    if not sources:
+        return None
+    path = ConfigSearchPathImpl()
+    for src in sources:
+        path.append(src.provider, f"{src.schema}://{src.path}")
+    return ConfigRepository(path)
+
+
+def file_package(header: dict, group: str) -> str:
+    """A config file's keys' prefix as Hydra places them: its group's by default (hydra 1.1's
+    _group_), '' for _global_."""
+    package = (header.get("package") or "_group_").replace("_group_", group.replace("/", "."))
+    return package.replace("_global_", "").strip(".")
+
+
+def _options(group: str, cfg: DictConfig | None) -> list[str]:
+    """A group's options on the search path the config was composed from, else the loader's,
+    else conf/'s."""
+    if (repo := _repository(cfg)) is not None:
+        return list(repo.get_group_options(group))
     loader = _loader()
     return (list(loader.get_group_options(group)) if loader is not None
             else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
@@ -255,6 +270,31 @@ def check_written(raw: DictConfig, package: str, where: str, text: str | None = 
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
+def check_left_to_set(cfg: DictConfig, overrides: list) -> None:
+    """A declared key that a chosen option's file leaves `???` and no override sets: merged over
+    the schema's default, OmegaConf keeps the default, so the run went on at a value nobody
+    chose (`image_size: ???` ran at 32 px)."""
+    sources = _at(cfg, "hydra.runtime.config_sources") or ()
+    if not any(src.schema in ("file", "gpubench") and src.path != str(CONFIG_DIR)
+               for src in sources):
+        return  # gpubench's own files leave no declared key to set (test_presets)
+    repo, given = _repository(cfg), {o.key_or_group for o in overrides}
+    for group, option in (_at(cfg, "hydra.runtime.choices") or {}).items():
+        if repo is None or option is None or str(group).startswith("hydra"):
+            continue
+        found = repo.load_config(f"{group}/{option}")
+        values = OmegaConf.to_container(found.config, resolve=False) if found else None
+        if not isinstance(values, dict):
+            continue
+        values.pop("defaults", None)
+        file = OmegaConf.create(_prefixed(values, file_package(found.header, str(group))))
+        where = f"{found.path.partition('://')[2]}/{group}/{option}.yaml"
+        for key, node in walk(file):
+            if key in BY_NAME and node._is_missing() and key not in given:
+                raise ConfigError(key, "???", f"a value (??? in {where} marks one to set: "
+                                              f"{key}=... on the command line or in the file)")
+
+
 def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> None:
     """Every override list the sweeper declares (`*overrides` keys of its schema), checked like
     the command line's before any trial (a bad one would fail every trial it reaches)."""
@@ -287,6 +327,7 @@ def check_before_work(cfg: DictConfig) -> None:
                                if _swept(o) or o.key_or_group in params})
     check_known_keys(cfg)
     check_overrides(cfg, groups, overrides)
+    check_left_to_set(cfg, overrides)
     node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     sweeper = keys(schema, "hydra.sweeper.") if is_dataclass(schema) else []  # its typed schema's

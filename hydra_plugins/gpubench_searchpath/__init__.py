@@ -28,7 +28,7 @@ class Files(FileConfigSource):
 
     def load_config(self, config_path: str) -> ConfigResult:
         from gpubench.config.errors import ConfigError
-        from gpubench.config.prechecks import check_written
+        from gpubench.config.prechecks import check_written, file_package
 
         where = os.path.join(self.path, self._normalize_file_name(config_path))
         group, _, name = config_path.rpartition("/")
@@ -40,12 +40,9 @@ class Files(FileConfigSource):
             reason = " ".join(str(e).split())  # YAML's names the file and line
             raise ConfigError(group or "--config-name", name, "a YAML file gpubench can read ("
                               f"{reason if where in reason else f'{where}: {reason}'})") from None
-        # the keys' prefix as Hydra places them: the group's by default (hydra 1.1's _group_)
-        package = (result.header.get("package") or "_group_").replace(
-            "_group_", group.replace("/", ".")).replace("_global_", "")
         with open(where, encoding="utf-8") as f:  # read as Hydra just did: it decoded
             text = f.read()
-        check_written(result.config, package.strip("."), where, text)
+        check_written(result.config, file_package(result.header, group), where, text)
         return result
 
 

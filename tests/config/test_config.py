@@ -402,6 +402,26 @@ def test_an_option_in_a_searchpath_folder_is_one_to_choose(compose_cfg, tmp_path
         check_before_work(compose_cfg(path, "experiment=smal", hydra=True))
 
 
+def test_a_declared_key_a_chosen_file_leaves_to_set_is_set_or_refused(compose_cfg, tmp_path):
+    """`image_size: ???` in a team's dataset file ran at the schema's default: OmegaConf's merge
+    keeps a default under `???`. Refused before work unless an override (a sweep's too) sets it."""
+    from gpubench.config.prechecks import check_before_work
+
+    (tmp_path / "dataset").mkdir()
+    (tmp_path / "dataset" / "sized.yaml").write_text(
+        "defaults:\n  - synthetic\n  - _self_\nimage_size: ???\nnum_samples: 64\n")
+    base = (f"hydra.searchpath=[file://{tmp_path}]", "dataset=sized")
+    cfg = compose_cfg(*base, hydra=True)
+    assert cfg.dataset.image_size == 16  # TINY's: the file's ??? left no mark on the config
+    cfg.hydra.overrides.task = [o for o in cfg.hydra.overrides.task if "image_size" not in o]
+    with pytest.raises(ConfigError, match=r"^dataset.image_size='\?\?\?' is not allowed: it must be a "
+                                          rf"value \(\?\?\? in {tmp_path}/dataset/sized.yaml marks"):
+        check_before_work(cfg)
+    cfg.hydra.overrides.task.append("dataset.image_size=16,24")  # a sweep sets it in each job
+    check_before_work(cfg)
+    check_before_work(compose_cfg(*base, "dataset.image_size=24", hydra=True))
+
+
 def test_the_input_check_resolves_a_single_runs_settings_once_checked(compose_cfg):
     """InputCheck: a single run's settings are resolved after check_before_work, which already
     ran the interpolations', keys' and tracking.uri's checks (resolve(checked=True) skips them);

@@ -38,3 +38,11 @@ def test_a_presets_loader_windows_outlast_the_batches_in_flight(search_path, exp
     assert per_window >= in_flight, (
         f"{experiment}: {per_window} steps per window < {in_flight} batches in flight "
         f"({max(workers)} workers x {max(prefetch)} prefetched)")
+
+
+def test_gpubench_s_own_files_leave_no_value_to_set():
+    """prechecks.check_left_to_set reads a team's files only: a `???` in gpubench's own would run
+    at the schema's default unseen."""
+    marked = [str(f.relative_to(CONFIG_DIR)) for f in CONFIG_DIR.rglob("*.yaml")
+              if "???" in f.read_text()]
+    assert marked == []
