@@ -92,12 +92,18 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     except (KeyError, TypeError, ValueError):  # not a record's config
         return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
                 f"{phases}")
-    each = "each of " if len(b.get("phases") or ()) > 1 else ""
-    text = f"{windows_of(windows, per_window, b.get('min_window_s'))} on {each}{phases}"
-    if loader > per_window and "loader" in (b.get("phases") or ()):
-        text += (f", the loader's of {window_text(loader, b.get('min_window_s'))} "
-                 f"({QUEUE_WINDOWS}x the batches its workers hold "
-                 "in flight)")
+    names, mws = list(b.get("phases") or ()), b.get("min_window_s")
+    longer_loader = loader > per_window and "loader" in names
+    if longer_loader:  # its windows said apart: "each of loader, e2e" then "the loader's" read
+        # as two lengths of one window
+        names.remove("loader")
+    each = "each of " if len(names) > 1 else ""
+    text = f"{windows_of(windows, per_window, mws)} on {each}{', '.join(names) or phases}"
+    if longer_loader:
+        text = (f"{text}, and of {window_text(loader, mws)} on loader ({QUEUE_WINDOWS}x the "
+                "batches its workers hold in flight)") if names else (
+            f"{windows_of(windows, loader, mws)} on loader ({QUEUE_WINDOWS}x the batches its "
+            "workers hold in flight)")
     if cut_short:
         text += f", cut short by bench.max_seconds={b.get('max_seconds', '?')}"
     return text

@@ -326,13 +326,18 @@ def test_the_measurement_is_said_as_the_runner_made_it():
 
     cfg = {"bench": {"steps": 50, "repeats": 6, "phases": ["loader", "e2e"]},
            "loader": {"num_workers": 8, "prefetch_factor": 2}}
-    assert measurement_text(cfg) == ("6 windows of 9 steps on each of loader, e2e, the "
-                                     "loader's of 48 steps (3x the batches its workers hold in "
-                                     "flight)")
-    cfg["bench"]["min_window_s"] = 0.05  # the loader's run on past their steps too
-    assert measurement_text(cfg) == ("6 windows of at least 9 steps and 0.05 s on each of "
-                                     "loader, e2e, the loader's of at least 48 steps and 0.05 s "
+    # each phase's windows said once ("on each of loader, e2e, the loader's of 48" had read as
+    # two lengths of the loader's)
+    assert measurement_text(cfg) == ("6 windows of 9 steps on e2e, and of 48 steps on loader "
                                      "(3x the batches its workers hold in flight)")
+    cfg["bench"]["min_window_s"] = 0.05  # the loader's run on past their steps too
+    assert measurement_text(cfg) == ("6 windows of at least 9 steps and 0.05 s on e2e, and of at "
+                                     "least 48 steps and 0.05 s on loader (3x the batches its "
+                                     "workers hold in flight)")
+    cfg["bench"]["phases"] = ["loader"]
+    assert measurement_text(cfg) == ("6 windows of at least 48 steps and 0.05 s on loader (3x "
+                                     "the batches its workers hold in flight)")
+    cfg["bench"]["phases"] = ["loader", "e2e"]
     del cfg["bench"]["min_window_s"]
     cfg["loader"]["num_workers"] = 0
     assert measurement_text(cfg) == "6 windows of 9 steps on each of loader, e2e"
