@@ -91,7 +91,7 @@ def agree(name: str, tool: list[float], reference: list[float], unit: str = "img
     label = f", {cover:.0%} interval" if len(ratios) > 1 else ""
     return Judgement(name, True if within else None if held else False, figures,
                      f"{names[0]} {t:.1f} {unit}, {names[1]} {r:.1f}: ratio {q:.3f} (the median "
-                     f"of each round's{label}) over {len(ratios)} alternated rounds ({why})",
+                     f"of each round's ratio{label}) over {len(ratios)} alternated rounds ({why})",
                      inconclusive=held and not within)
 
 

@@ -40,14 +40,14 @@ def test_agree_passes_figures_within_five_percent():
     assert j.figures["rounds"] == 6 and 0.95 <= j.figures["ratio"] <= 1.05
     # the ratio is the median of each round's, not of the medians beside it (3067.4 against
     # 3190.3 read `ratio 1.000`): the line says which
-    assert "(the median of each round's, 97% interval) over 6 alternated rounds" in j.detail
+    assert "(the median of each round's ratio, 97% interval) over 6 alternated rounds" in j.detail
 
 
 def test_a_pair_of_medians_and_their_ratio_can_differ_and_the_line_says_why():
     tool, plain = [100.0, 300.0, 200.0], [110.0, 290.0, 180.0]
     j = rules.agree("loader", tool, plain)
     assert f"{j.figures['tool'] / j.figures['reference']:.3f}" != f"{j.figures['ratio']:.3f}"
-    assert "the median of each round's" in j.detail
+    assert "the median of each round's ratio" in j.detail
 
 
 def test_agree_fails_a_stalled_tool():
