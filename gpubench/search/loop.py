@@ -119,8 +119,10 @@ class Search:
                 # failed as stale by another worker (a pause past grace_period): its retry measures
                 log.warning(TAKEN_OVER, e)
                 continue
-            for t, prev in dups:
+            for t, prev in dups:  # said, or its number is a gap between the trials shown
                 S.copy_result(self.study, t, self.study.trials[prev])
+                log.info("trial %d (%s): trial %d's configuration, its result copied", t.number,
+                         S.describe(t.params), prev)
             if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
                 log.info("the sampler proposed only measured configurations %d times in a row: "
                          "stopping", in_a_row)
