@@ -280,9 +280,12 @@ def check_left_to_set(cfg: DictConfig, overrides: list) -> None:
         return  # gpubench's own files leave no declared key to set (test_presets)
     repo, given = _repository(cfg), {o.key_or_group for o in overrides}
     for group, option in (_at(cfg, "hydra.runtime.choices") or {}).items():
-        if repo is None or option is None or str(group).startswith("hydra"):
+        if repo is None or not isinstance(option, str) or str(group).startswith("hydra"):
+            continue  # (a list: Hydra's multi-select of a group)
+        try:
+            found = repo.load_config(f"{group}/{option}")
+        except (HydraException, ConfigError, OSError, ValueError):  # composing it said so first
             continue
-        found = repo.load_config(f"{group}/{option}")
         values = OmegaConf.to_container(found.config, resolve=False) if found else None
         if not isinstance(values, dict):
             continue

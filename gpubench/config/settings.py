@@ -218,6 +218,9 @@ def check_interpolations(cfg: DictConfig, swept: Mapping[str, Any] | None = None
     with a value one job gets: a `???` one is resolved at it, so `${.root}/train` resolves."""
     run, swept = _run(cfg), swept or {}
     missing = _missing_keys(run)
+    if left := sorted(missing - set(swept)):  # named itself, not a ${...} of it that fails
+        raise ConfigError(left[0], "???", "a value (??? marks one its config leaves to set: "
+                          f"{left[0]}=... on the command line, or in the YAML)")
     if fill := {k: v for k, v in swept.items() if k in missing}:
         run = copy.deepcopy(run)
         with read_write(run), open_dict(run):
@@ -234,9 +237,6 @@ def check_interpolations(cfg: DictConfig, swept: Mapping[str, Any] | None = None
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
                           f"an interpolation that resolves ({reason})") from None
-    if missing := sorted(missing - set(swept)):
-        raise ConfigError(missing[0], "???", "a value (??? marks one its config leaves to set: "
-                          f"{missing[0]}=... on the command line, or in the YAML)")
 
 
 def check_model_name(name: Any) -> None:
