@@ -271,14 +271,17 @@ def check_written(raw: DictConfig, package: str, where: str, text: str | None = 
 
 
 def check_left_to_set(cfg: DictConfig, overrides: list) -> None:
-    """A declared key that a chosen option's file leaves `???` and no override sets: merged over
-    the schema's default, OmegaConf keeps the default, so the run went on at a value nobody
-    chose (`image_size: ???` ran at 32 px)."""
+    """A declared key that a chosen option's file leaves `???` and nothing else sets: merged
+    over the schema's default, OmegaConf keeps the default (a `???` overrides nothing), so the
+    run went on at a value nobody chose (`image_size: ???` ran at 32 px). Set elsewhere: an
+    override, another chosen file (an experiment's); a file whose own defaults list goes on
+    after `_self_` (a later config of its own may set it) is left alone."""
     sources = _at(cfg, "hydra.runtime.config_sources") or ()
     if not any(src.schema in ("file", "gpubench") and src.path != str(CONFIG_DIR)
                for src in sources):
         return  # gpubench's own files leave no declared key to set (test_presets)
     repo, given = _repository(cfg), {o.key_or_group for o in overrides}
+    left: dict[str, str] = {}  # key -> the file that leaves it to set
     for group, option in (_at(cfg, "hydra.runtime.choices") or {}).items():
         if repo is None or not isinstance(option, str) or str(group).startswith("hydra"):
             continue  # (a list: Hydra's multi-select of a group)
@@ -289,13 +292,20 @@ def check_left_to_set(cfg: DictConfig, overrides: list) -> None:
         values = OmegaConf.to_container(found.config, resolve=False) if found else None
         if not isinstance(values, dict):
             continue
-        values.pop("defaults", None)
+        defaults = found.defaults_list or []  # Hydra's, parsed out of the file
+        after_self = any(d.is_self() for d in defaults) and not defaults[-1].is_self()
         file = OmegaConf.create(_prefixed(values, file_package(found.header, str(group))))
         where = f"{found.path.partition('://')[2]}/{group}/{option}.yaml"
         for key, node in walk(file):
-            if key in BY_NAME and node._is_missing() and key not in given:
-                raise ConfigError(key, "???", f"a value (??? in {where} marks one to set: "
-                                              f"{key}=... on the command line or in the file)")
+            if key in BY_NAME and not isinstance(node, DictConfig):
+                if not node._is_missing():
+                    given.add(key)
+                elif not after_self:
+                    left.setdefault(key, where)
+    if todo := sorted(set(left) - given):
+        key = todo[0]
+        raise ConfigError(key, "???", f"a value (??? in {left[key]} marks one to set: {key}=... "
+                                      "on the command line or in the file)")
 
 
 def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> None:

@@ -120,9 +120,11 @@ class Search:
                 log.warning(TAKEN_OVER, e)
                 continue
             for t, prev in dups:  # said, or its number is a gap between the trials shown
-                S.copy_result(self.study, t, self.study.trials[prev])
-                log.info("trial %d (%s): trial %d's configuration, its result copied", t.number,
-                         S.describe(t.params), prev)
+                twin = self.study.trials[prev]
+                S.copy_result(self.study, t, twin)
+                log.info("trial %d (%s): trial %d's configuration, %s", t.number,
+                         S.describe(t.params), prev, "its result copied" if twin.state.is_finished()
+                         else "measured by another worker (this one uncounted)")
             if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
                 log.info("the sampler proposed only measured configurations %d times in a row: "
                          "stopping", in_a_row)

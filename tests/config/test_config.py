@@ -420,6 +420,20 @@ def test_a_declared_key_a_chosen_file_leaves_to_set_is_set_or_refused(compose_cf
     cfg.hydra.overrides.task.append("dataset.image_size=16,24")  # a sweep sets it in each job
     check_before_work(cfg)
     check_before_work(compose_cfg(*base, "dataset.image_size=24", hydra=True))
+    # set by a file merged later: another chosen one (an experiment), or a config of its own
+    # after _self_ (both had been refused by a check that read the one file alone)
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "sized16.yaml").write_text(
+        "# @package _global_\ndataset:\n  image_size: 16\n")
+    cfg = compose_cfg(*base, "experiment=sized16", hydra=True)
+    cfg.hydra.overrides.task = [o for o in cfg.hydra.overrides.task if "image_size" not in o]
+    check_before_work(cfg)
+    (tmp_path / "dataset" / "size16.yaml").write_text("image_size: 16\n")
+    (tmp_path / "dataset" / "sized.yaml").write_text(
+        "defaults:\n  - synthetic\n  - _self_\n  - size16\nimage_size: ???\n")
+    cfg = compose_cfg(*base, hydra=True)
+    cfg.hydra.overrides.task = [o for o in cfg.hydra.overrides.task if "image_size" not in o]
+    check_before_work(cfg)
 
 
 def test_the_input_check_resolves_a_single_runs_settings_once_checked(compose_cfg):
