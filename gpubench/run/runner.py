@@ -5,6 +5,7 @@ tracking server is contacted: a crash, an OOM or a signal never loses what was m
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import logging
@@ -44,6 +45,7 @@ from gpubench.telemetry.monitor import Monitor, MonitorSummary
 log = logging.getLogger("gpubench")
 
 SAVE_WAIT_S = 10.0  # a hung run's last write waits this long for one under way
+REAP_WAIT_S = 5.0  # and for its killed loader workers to end
 
 
 @dataclass
@@ -422,8 +424,17 @@ class Benchmark:
 
     def _end_hung(self) -> None:
         """Kill the loader's workers (the stuck one may be among them), flush the GPU log."""
-        for pid in self._workers("worker_pids"):
+        pids = list(self._workers("worker_pids"))
+        for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        # a kill is delivered when the worker next runs: reaped here, none outlives this process
+        # (orphaned, a killed worker still ran on a busy host); bounded, as one stuck in
+        # uninterruptible I/O dies only when that returns
+        deadline = time.monotonic() + REAP_WAIT_S
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):  # reaped already
+                while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                    time.sleep(0.01)
         self.monitor.end()
 
     def _release(self) -> None:
