@@ -251,7 +251,8 @@ def _plan(rec: RunRecord) -> tuple:
     return tuple(flat.get(k) for k in PLAN_KEYS)
 
 
-def acting(r: Row, key: str) -> bool:  # knobs.acts: a row records every key, acting or not
+def acting(r: Row, key: str) -> bool:
+    """Whether `key` acts in row `r` (gpubench.config.knobs.acts; a row records every key)."""
     return acts(key, ran_with(r.record, r.flat))
 
 

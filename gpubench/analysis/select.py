@@ -24,18 +24,21 @@ from gpubench.core.record import Rung, RunRecord
 from gpubench.core.stats import count
 
 
-class Row(Protocol):  # what selection reads of analysis.recommend.Row (which imports this)
+class Row(Protocol):
+    """What selection reads of a report row (analysis.recommend.Row, which imports this)."""
 
     record: RunRecord
     flat: dict[str, Any]
 
 
-def knob_key(get: Callable[[str], Any], name: str) -> str:  # its first key set, else its last
+def knob_key(get: Callable[[str], Any], name: str) -> str:
+    """The config key that holds knob `name`: its first key set, else its last (or `name`)."""
     keys = SHORT.get(name, (name,))
     return next((k for k in keys if get(k) is not None), keys[-1])
 
 
-def knob_of(get: Callable[[str], Any], name: str) -> Any:  # get: a record's knob, flat.get
+def knob_of(get: Callable[[str], Any], name: str) -> Any:
+    """Knob `name` read with `get` (a record's `knob`, a row's `flat.get`)."""
     return get(knob_key(get, name))
 
 
@@ -90,12 +93,14 @@ def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (
     return ", ".join(p for p in parts if p)
 
 
-def workload_text(rec: RunRecord) -> str:  # `model resnet50, dataset imagenet, 224 px`
+def workload_text(rec: RunRecord) -> str:
+    """`model resnet50, dataset imagenet, 224 px`."""
     model, dataset, size = (knob_of(rec.knob, n) for n in ("model", "dataset", "image_size"))
     return f"model {model or '?'}, dataset {dataset or '?'}, {size or '?'} px"
 
 
-class LeftOut(Enum):  # why a row is no full training measurement: words for one and several
+class LeftOut(Enum):
+    """Why a row is no full training measurement: its words for one and for several."""
 
     probe = ("max-batch probe", "max-batch probes")
     screen = ("screen", "screens")
@@ -154,7 +159,8 @@ def as_faulted(rec: RunRecord, values: dict[str, Any]) -> dict[str, Any]:
     return {k: NO_FAULT.get(k, v) for k, v in values.items()}
 
 
-def loader_only(rec: RunRecord) -> bool:  # a full run of the loader phase alone
+def loader_only(rec: RunRecord) -> bool:
+    """A full run of the loader phase alone: the report's workers answer reads it."""
     phases = rec.knob("bench.phases")
     return isinstance(phases, list) and set(phases) == {"loader"} and rec.full
 
@@ -163,7 +169,8 @@ class WhereError(ValueError):
     """A `--where` that picks nothing it could: its one line (the report exits 1)."""
 
 
-def parse_where(items: list[str] | None) -> dict[str, str]:  # WhereError on a malformed one
+def parse_where(items: list[str] | None) -> dict[str, str]:
+    """`--where KEY=VALUE` options as {dotted key: value}; WhereError on a malformed one."""
     out = {}
     for item in items or []:
         key, eq, value = item.partition("=")
@@ -198,7 +205,8 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
     return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
 
 
-def setup_of(r: Row) -> tuple[tuple[str, str], ...]:  # rows that differ train other things
+def setup_of(r: Row) -> tuple[tuple[str, str], ...]:
+    """The row's workload keys (gpubench.config.knobs.role): rows that differ train other things."""
     return workload_of(r.flat)
 
 
@@ -238,7 +246,8 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     return kept, notes
 
 
-def _differing(r: Row, other: Row) -> list[str]:  # the workload keys apart, shown ones first
+def _differing(r: Row, other: Row) -> list[str]:
+    """The workload keys whose values differ between two rows, the shown ones first."""
     a, b = dict(setup_of(r)), dict(setup_of(other))
     shown = [knob_key(r.flat.get, n) for n in SETUP_SHORT]
     return sorted((k for k in a.keys() | b.keys() if a.get(k) != b.get(k)),

@@ -111,7 +111,8 @@ class WorkersPick:
     def _top(self) -> int:  # the worker count that loaded fastest
         return max(self.rates, key=lambda x: self.rates[x].value)
 
-    def _next(self) -> str:  # more workers first where the most tried loaded fastest
+    def _next(self) -> str:
+        """More workers first where the most tried loaded fastest."""
         most = max(self.rates)
         return next_steps(self.device, most if self._top == most else None, self.tried,
                           self.cores)
@@ -232,7 +233,8 @@ def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, An
     return tuple((n, knob_of(get, n)) for n in COMPUTE) + (("device", device),)
 
 
-def setup_of_run(rec: Any) -> tuple[tuple[str, Any], ...]:  # a record's compute_setup
+def setup_of_run(rec: Any) -> tuple[tuple[str, Any], ...]:
+    """A record's compute_setup."""
     return compute_setup(rec.knob, rec.env.get("device"))
 
 

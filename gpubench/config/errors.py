@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpubench.config.overrides import format_value
+
 SHOWN = 200  # the most characters of a value a line shows (its start, an ellipsis, its end)
 NOTHING = object()  # the value of a key refused whatever it holds (`~key`): the line names the key
 
@@ -16,9 +18,7 @@ def cut(text: str, most: int = SHOWN) -> str:
 
 def _written(value: Any) -> str:
     """A value as YAML and the command line spell it (`null`, `true`); a text quoted."""
-    if value is None or isinstance(value, bool):
-        return "null" if value is None else str(value).lower()
-    return repr(value)
+    return format_value(value) if value is None or isinstance(value, bool) else repr(value)
 
 
 class ConfigError(ValueError):

@@ -197,15 +197,15 @@ def _written(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(node) if isinstance(node, (DictConfig, ListConfig)) else node
 
 
-def _overrides(cfg: DictConfig) -> list:
-    """The command line's and hydra.sweeper.params' overrides, parsed."""
+def _overrides(cfg: DictConfig) -> tuple[list, list]:
+    """The command line's and hydra.sweeper.params' overrides, parsed, apart."""
     try:  # Hydra itself reports a malformed command-line override, before this runs
-        overrides = OverridesParser.create(config_loader=_loader()).parse_overrides(
+        task = OverridesParser.create(config_loader=_loader()).parse_overrides(
             list(_written(cfg, "hydra.overrides.task") or []))
     except HydraException:
-        return []
-    return overrides + [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
-                        for k, v in (_written(cfg, "hydra.sweeper.params") or {}).items()]
+        return [], []
+    return task, [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
+                  for k, v in (_written(cfg, "hydra.sweeper.params") or {}).items()]
 
 
 def _swept(o: Any) -> bool:
@@ -270,7 +270,7 @@ def check_written(raw: DictConfig, package: str, where: str, text: str | None = 
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
-def check_left_to_set(cfg: DictConfig, overrides: list) -> None:
+def check_left_to_set(cfg: DictConfig, groups: dict, overrides: list) -> None:
     """A declared key that a chosen option's file leaves `???` and nothing else sets: merged
     over the schema's default, OmegaConf keeps the default (a `???` overrides nothing), so the
     run went on at a value nobody chose (`image_size: ???` ran at 32 px). Set elsewhere: an
@@ -282,7 +282,7 @@ def check_left_to_set(cfg: DictConfig, overrides: list) -> None:
         return  # gpubench's own files leave no declared key to set (test_presets)
     repo, given = _repository(cfg), {o.key_or_group for o in overrides}
     left: dict[str, str] = {}  # key -> the file that leaves it to set
-    for group, option in (_at(cfg, "hydra.runtime.choices") or {}).items():
+    for group, option in groups.items():
         if repo is None or not isinstance(option, str) or str(group).startswith("hydra"):
             continue  # (a list: Hydra's multi-select of a group)
         try:
@@ -332,15 +332,14 @@ def check_before_work(cfg: DictConfig) -> None:
             check_option(group, groups[group], cfg)
     # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
     # too: the sweeper gives them to each job): a `???` one sets is set in each job
-    overrides = _overrides(cfg)
-    params = {str(k) for k in _at(cfg, "hydra.sweeper.params") or {}}
-    # hydra.sweeper.params' come last: the command line's value wins, as the sweepers give it
-    task = len(overrides) - len(params)
-    check_interpolations(cfg, {o.key_or_group: _first(o) for o in overrides[task:] + overrides[:task]
-                               if _swept(o) or o.key_or_group in params})
+    task, params = _overrides(cfg)
+    overrides, set_by_sweeper = task + params, {o.key_or_group for o in params}
+    # params first: the command line's value wins, as the sweepers give it
+    check_interpolations(cfg, {o.key_or_group: _first(o) for o in params + task
+                               if _swept(o) or o.key_or_group in set_by_sweeper})
     check_known_keys(cfg)
     check_overrides(cfg, groups, overrides)
-    check_left_to_set(cfg, overrides)
+    check_left_to_set(cfg, groups, overrides)
     node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     sweeper = keys(schema, "hydra.sweeper.") if is_dataclass(schema) else []  # its typed schema's

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
@@ -37,7 +36,7 @@ from gpubench.search.jobs import SweepFailed
 from gpubench.search.loop import Confirm, Search
 from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import trial_rows
-from gpubench.search.space import Param, SearchSpace, axes, grid
+from gpubench.search.space import Param, SearchSpace, grid, points
 
 log = logging.getLogger("gpubench.sweep")
 
@@ -123,8 +122,7 @@ class Pipes:
     def _compute(self) -> list[Kept]:
         space = fixed_space(self.spaces[0], {}, self.plan.compute_overrides)
         shared = self.open_study(f"{self.name}-compute")
-        values = axes(space.params)  # counted first: a grid of 10^6 points is never listed
-        size = None if values is None else math.prod(map(len, values))
+        size = points(space.params)  # counted first: a grid of 10^6 points is never listed
         exhaustive = size is not None and size <= self.plan.compute_trials
         if exhaustive:
             # every setting, smallest batch first: a study's queue is kept across workers
@@ -265,7 +263,7 @@ def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchS
         raise ConfigError("hydra.sweeper.params", names,
                           f"swept keys of both pipes: none is a {missing} knob (data knobs: "
                           f"hydra.sweeper.pipes.data_keys = {list(data_keys)})")
-    if axes(data.params) is None:
+    if points(data.params) is None:
         raise ConfigError("hydra.sweeper.params", names,
                           "data keys as choice(...) or range(...), not interval(...), with "
                           "sweep=pipes (its data pipe walks them in cost order)")

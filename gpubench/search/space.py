@@ -98,8 +98,7 @@ class SearchSpace:
     def size(self) -> int | None:
         """Number of distinct runs (points that differ only in a key inert there are one: `key`),
         or None when a parameter is continuous."""
-        values = axes(self.params)
-        n = None if values is None else math.prod(map(len, values))
+        n = points(self.params)
         if n is None or n > 100_000:  # too many to list: as many as points
             return n
         return len({key(p, self.fixed_values) for p in grid(self.params)})
@@ -152,6 +151,12 @@ def axes(params: list[Param]) -> list[Sequence] | None:
         else:
             return None
     return out
+
+
+def points(params: list[Param]) -> int | None:
+    """How many points `axes` holds, none listed; None when a key is continuous."""
+    values = axes(params)
+    return None if values is None else math.prod(map(len, values))
 
 
 def grid(params: list[Param]) -> list[dict[str, Any]] | None:
