@@ -205,6 +205,10 @@ sys.addaudithook(_audit)
 # The first read of the processor runs `uname -p` (as MLflow's telemetry does at import): done
 # here, before any test, so no quick test is blamed for a library's first import.
 platform.uname().processor  # noqa: B018
+# matplotlib's first import on a machine (or after an upgrade) builds its font cache, asking
+# `fc-list` (a process): done here too, so a fresh install does not fail the first quick test
+# that plots. The suite's plotting tests import matplotlib in every worker anyway.
+import matplotlib.font_manager  # noqa: E402, F401
 
 
 @pytest.fixture(autouse=True)
