@@ -105,6 +105,13 @@ class Row:
         return self.record.throughput_interval if ci is None else holding(ci, self.throughput)
 
     @property
+    def widened(self) -> bool:
+        """Whether `interval` reaches past its measurements' [min, max] (their own intervals')."""
+        ci = median_interval(self.pooled) if self.confirms else None
+        lo, hi = self.interval
+        return ci is not None and (lo < ci[0] or hi > ci[1])
+
+    @property
     def interval_coverage(self) -> float:
         """`interval`'s coverage: pooled, its measurements' (3 of them: [min, max], 75%)."""
         ci = self._pooled_ci
@@ -315,8 +322,12 @@ def fastest_of(best: Row) -> str:
 
 
 def coverage_of(r: Row) -> str:
-    """`, 95% interval`: what `with_interval(r)`'s bracket covers (none: one window)."""
-    return "" if r.interval[0] == r.interval[1] else f", {interval_label_of([r.interval_coverage])}"
+    """`, 95% interval`: what `with_interval(r)`'s bracket covers (none: one window). A pooled
+    interval widened past its measurements' [min, max] covers at least that one's coverage,
+    and no figure says how much more: `at least 50%`, not a bare 50% over a wider bracket."""
+    if r.interval[0] == r.interval[1]:
+        return ""
+    return f", {'at least ' if r.widened else ''}{interval_label_of([r.interval_coverage])}"
 
 
 def interval_label(rows: list[Row], phases: bool = False) -> str:
