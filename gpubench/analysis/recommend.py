@@ -89,15 +89,19 @@ class Row:
     def _pooled_ci(self):
         """The median's interval over the measurements, never narrower than theirs (the median
         of their own ends): two close repeats' [min, max] was narrower than either's own, as if
-        two runs knew more than each one's windows; the coverage is the pooled one's. None
-        without confirms (not cached: confirms join a row after it is built)."""
+        two runs knew more than each one's windows; the coverage is the pooled one's, and the
+        last item says whether it was widened. None without confirms (not cached: confirms
+        join a row after it is built)."""
         ci = median_interval(self.pooled) if self.confirms else None
         own = [iv for m in self.measurements if m.status.measured
                and (iv := m.throughput_interval)[0] < iv[1]]  # one window: no interval of its own
-        if ci is None or not own:
-            return ci
-        return (min(ci[0], median([lo for lo, _ in own])), max(ci[1], median([hi for _, hi in own])),
-                ci[2])
+        if ci is None:
+            return None
+        if not own:
+            return (*ci, False)
+        low = min(ci[0], median([lo for lo, _ in own]))
+        high = max(ci[1], median([hi for _, hi in own]))
+        return low, high, ci[2], (low, high) != ci[:2]
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -106,10 +110,9 @@ class Row:
 
     @property
     def widened(self) -> bool:
-        """Whether `interval` reaches past its measurements' [min, max] (their own intervals')."""
-        ci = median_interval(self.pooled) if self.confirms else None
-        lo, hi = self.interval
-        return ci is not None and (lo < ci[0] or hi > ci[1])
+        """Whether `interval` reaches past its measurements' [min, max], to their own ends."""
+        ci = self._pooled_ci
+        return ci is not None and ci[3]
 
     @property
     def interval_coverage(self) -> float:
