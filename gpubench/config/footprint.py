@@ -32,7 +32,13 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
             if not p.is_dir():
                 raise ConfigError(key, value or str(path),
                                   f"a path whose folders can be made ({p} is a file)")
-            return
+            break
+    # the missing folders are made only inside the working directory, as Hydra makes outputs/
+    # there: elsewhere a missing folder is far likelier a typo (/hoem/...) than a wish
+    cwd = Path.cwd()
+    if not path.parent.exists() and cwd not in path.parents:
+        raise ConfigError(key, value or str(path), f"a path in an existing folder ({path.parent} "
+                          f"does not exist; folders are made only under {cwd})")
 
 
 def source_size(image_size: int) -> int:

@@ -28,7 +28,14 @@ from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
 from gpubench.config.keys import FLOAT, INT, Key, check_keys, keys
 from gpubench.config.paths import CONFIG_DIR
-from gpubench.config.schema import BY_NAME, check_known_key, check_known_keys, config_keys, walk
+from gpubench.config.schema import (
+    BY_NAME,
+    GROUP_NAMES,
+    check_known_key,
+    check_known_keys,
+    config_keys,
+    walk,
+)
 from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import NOT_EMPTY, range_last
@@ -137,13 +144,14 @@ def unknown_key(key: str, value: Any, known: list[str], what: str = "",
     """A key the config lacks: under gpubench's groups, the declared ones; elsewhere the close
     keys of `known` and how to add one."""
     try:
-        check_known_key(key, value)
+        if key.split(".")[0] in GROUP_NAMES:  # a root key's near-miss: the close keys below
+            check_known_key(key, value)
     except ConfigError as e:
         return ConfigError(key, value, e.allowed, typed)
     close = difflib.get_close_matches(key, known, n=3)
-    hint = f" (close: {', '.join(close)})" if close else ""
-    return ConfigError(key, value, f"a key of the config{what}{hint}; +{key}=... adds a new one",
-                       typed)
+    # `+key=...` only where nothing is close: offered beside a near-miss it led to a typo run
+    hint = f" (close: {', '.join(close)})" if close else f"; +{key}=... adds a new one"
+    return ConfigError(key, value, f"a key of the config{what}{hint}", typed)
 
 
 def _left_to_set(cfg: DictConfig, key: str) -> bool:

@@ -342,6 +342,9 @@ KEYS: tuple[Key, ...] = tuple(keys(BenchConfig))
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 # gpubench's groups (dataset, model, loader, ...): every key under them is declared above
 GROUP_NAMES: frozenset[str] = frozenset(k.name.split(".")[0] for k in KEYS if "." in k.name)
+# every top-level name gpubench uses: its keys, groups, and the experiment= and sweep= overlays
+ROOT_NAMES: frozenset[str] = frozenset({k.name.split(".")[0] for k in KEYS}
+                                       | {"experiment", "sweep"})
 # free-form mappings: a team's own constructor arguments and instantiate nodes, any keys
 FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
 
@@ -356,6 +359,15 @@ def check_known_key(key: str, value: Any) -> None:
     `+loader.nosuch=1` would be recorded and compared, and act on nothing. Top-level keys of
     your own stay allowed: a team config may keep values there for interpolations."""
     group = key.split(".")[0]
+    if group not in GROUP_NAMES and key not in BY_NAME and group not in ROOT_NAMES:
+        # a root key of one's own that is a near-miss of gpubench's (`+precison=bf16`) would
+        # run the default precision and record the typo as if it were a setting
+        close = difflib.get_close_matches(group, sorted(ROOT_NAMES), n=3, cutoff=0.8)
+        if close:
+            rest = key[len(group):]
+            raise ConfigError(key, value, f"a key gpubench declares (close: "
+                              f"{', '.join(c + rest for c in close)}); a top-level key of your "
+                              "own needs a name apart")
     if key in BY_NAME or key.startswith(FREE_FORM) or group not in GROUP_NAMES:
         return
     names = [k.name for k in KEYS if k.name.startswith(f"{group}.")]  # declaration order
@@ -380,11 +392,15 @@ def config_keys(cfg: Any) -> list[str]:
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Every key under gpubench's groups in a composed config, against the declarations."""
+    """Every key under gpubench's groups in a composed config, against the declarations, and
+    the top-level keys of one's own against near-misses of gpubench's."""
+    roots = [(k, node) for k, node in walk(cfg) if "." not in k and k not in ROOT_NAMES
+             and k != "hydra"]
     for group in sorted(GROUP_NAMES):
-        for key, node in walk(cfg._get_node(group) if group in cfg else None, f"{group}."):
-            check_known_key(key, OmegaConf.to_container(node, resolve=False)
-                            if isinstance(node, DictConfig) else node._value())
+        roots += walk(cfg._get_node(group) if group in cfg else None, f"{group}.")
+    for key, node in roots:
+        check_known_key(key, OmegaConf.to_container(node, resolve=False)
+                        if isinstance(node, DictConfig) else node._value())
 
 
 def auto_sizes(device: str) -> tuple[int, int]:

@@ -56,15 +56,14 @@ def test_mistyped_key_names_the_close_key(compose_cfg):
     from gpubench.cli.messages import describe
 
     for override, line in (
+            ("lodaer.batch_size=3", "lodaer.batch_size=3 is not allowed: it must be a key of the "
+             "config (close: loader.batch_size)"),  # Hydra's error names `lodaer` only
             # under gpubench's groups: the declared keys, never a `+key` that is then refused
             ("loader.batchsize=32", "loader.batchsize=32 is not allowed: it must be a key gpubench declares "
              "(close: loader.batch_size); a custom class's own arguments go under model.kwargs "
              "or dataset.kwargs"),
-            # the first part mistyped: Hydra's error names `lodaer` only
-            ("lodaer.batch_size=3", "lodaer.batch_size=3 is not allowed: it must be a key of the config "
-             "(close: loader.batch_size); +lodaer.batch_size=... adds a new one"),
             ("chanels_last=true", "chanels_last=true is not allowed: it must be a key of the config "
-             "(close: channels_last); +chanels_last=... adds a new one")):
+             "(close: channels_last)")):
         with pytest.raises(Exception) as err:
             compose_cfg(override)
         assert describe(err.value, [override]) == (line, 2)
@@ -87,8 +86,9 @@ def sigterm_kept():
 @pytest.mark.parametrize("argv, line", [
     (["loader.batchsize=32"], "loader.batchsize=32 is not allowed: it must be a key gpubench declares (close: "
      "loader.batch_size); a custom class's own arguments go under model.kwargs or dataset.kwargs"),
-    (["lodaer.batch_size=3"], "lodaer.batch_size=3 is not allowed: it must be a key of the config (close: "
-     "loader.batch_size); +lodaer.batch_size=... adds a new one"),
+    # and its `+` form runs nothing: a near-miss of a root key is no key of one's own
+    (["+precison=amp_bf16"], "precison='amp_bf16' is not allowed: it must be a key gpubench declares "
+     "(close: precision); a top-level key of your own needs a name apart"),
     (["precision=fp64"],
      "precision=fp64 is not allowed: it must be one of amp_bf16, amp_fp16, fp32, tf32, torch_default"),
     (["--bogus"], "unrecognized arguments: --bogus (see gpubench --help)"),
@@ -115,8 +115,7 @@ def sigterm_kept():
     # a mapping given to the parent: the key it adds and its value, not the group's `dataset=`
     (["dataset=custom", "dataset.collate={_target_:numpy.save}"],
      "dataset.collate._target_='numpy.save' is not allowed: it must be a key of the config "
-     "(close: dataset._target_, dataset.collate, step._target_); +dataset.collate._target_=... "
-     "adds a new one"),
+     "(close: dataset._target_, dataset.collate, step._target_)"),
 ])
 def test_hydras_main_fails_in_one_line(monkeypatch, tmp_path, capsys, sigterm_kept, argv, line):
     """Hydra's own main, in this process: it raises what it caught (HYDRA_FULL_ERROR=1 inside

@@ -607,7 +607,10 @@ def test_keys_the_schema_does_not_declare_are_refused_under_gpubenchs_groups(com
                                 ("+loader.num_worker=2", "loader.num_worker",
                                  "close: loader.num_workers"),
                                 ("+bench.stpes=9", "bench.stpes", "close: bench.steps"),
-                                ("+memory.extra.deep=1", "memory.extra", "memory.ceiling")):
+                                ("+memory.extra.deep=1", "memory.extra", "memory.ceiling"),
+                                # a root key's near-miss is no key of one's own
+                                ("+precison=amp_bf16", "precison", "close: precision"),
+                                ("+lodaer.batch_size=3", "lodaer", "close: loader")):
         with pytest.raises(ConfigError) as err:
             resolve(compose_cfg(override))
         assert err.value.key == key and hint in str(err.value), str(err.value)
@@ -713,9 +716,20 @@ def test_stores_under_a_file_are_one_line_before_any_work(compose_cfg, tmp_path,
                                       f"hydra.sweeper.storage=sqlite:///{afile}/x.db", hydra=True))
     assert str(err.value) == (f"hydra.sweeper.storage='sqlite:///{afile}/x.db' is not allowed: it must be a path "
                               f"whose folders can be made ({afile} is a file)")
-    check_before_work(compose_cfg("sweep=throughput",
+    monkeypatch.chdir(tmp_path)
+    check_before_work(compose_cfg("sweep=throughput",  # a new folder under the working dir
                                   f"hydra.sweeper.storage=sqlite:///{tmp_path}/new/x.db",
                                   hydra=True))
+    typo = tmp_path.parent / f"{tmp_path.name}-typo" / "mlflow.db"
+    for key, uri in (("hydra.sweeper.storage", f"sqlite:///{typo}"),
+                     ("tracking.uri", f"sqlite:///{typo}"), ("tracking.uri", f"file://{typo}")):
+        with pytest.raises(ConfigError) as err:
+            if key == "tracking.uri":
+                check_resources(resolve(compose_cfg("tracking=mlflow", f"tracking.uri={uri}")))
+            else:
+                check_before_work(compose_cfg("sweep=throughput", f"{key}={uri}", hydra=True))
+        assert err.value.key == key and f"({typo.parent} does not exist" in str(err.value)
+        assert not typo.parent.exists()
     for uri in (f"sqlite:///{afile}/mlflow.db", f"file://{afile}", str(afile / "mlruns")):
         s = resolve(compose_cfg("tracking=mlflow", f"tracking.uri={uri}"))  # no disk in resolve
         with pytest.raises(ConfigError) as err:
