@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich import box
 from rich.console import Console
 from rich.text import Text
@@ -24,6 +26,7 @@ from gpubench.analysis.select import setup_of, training_rows, where
 from gpubench.config.keys import Role
 from gpubench.config.knobs import knob_name, role
 from gpubench.config.overrides import format_value
+from gpubench.config.schema import walk
 from gpubench.core.exits import Refusal
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
@@ -123,7 +126,8 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     """The row's setup and measurement as an overlay composing back into its config (no
     tracking, no fault injection)."""
     cfg = row.record.config
-    setup = {k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg}
+    setup = _interpolations_kept({k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg},
+                                 row.record.dir)
     # each section named after one of its group's configs: that config, then its values
     groups = [{f"override /{g}": v} for g, section in setup.items() if isinstance(section, dict)
               and (v := section.get("name")) is not None and group_of(f"{g}.name", v) == g]
@@ -136,6 +140,33 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
                  "(narrower intervals, no longer the sweep's measurement)"]
     body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
     return "\n".join(head) + "\n" + body
+
+
+def _interpolations_kept(setup: dict, run_dir: Path | None) -> dict:
+    """`setup` (resolved, as results.json holds it) with the run's own interpolations where it
+    composed them (`model.num_classes: ${dataset.num_classes}`): a pinned 10 would stay 10 in
+    a rerun given another dataset.num_classes. One resolving elsewhere (a team's own root key,
+    an env var), or to another value, stays the recorded value."""
+    try:
+        composed = yaml.safe_load((Path(run_dir) / ".hydra" / "config.yaml").read_text())
+    except (OSError, TypeError, yaml.YAMLError):  # no run folder (an MLflow source), no file
+        return setup
+    kept = OmegaConf.create(setup)
+    for key, _ in walk(kept):
+        raw = composed
+        for part in key.split("."):
+            raw = raw.get(part) if isinstance(raw, dict) else None
+        if isinstance(raw, str) and "${" in raw:
+            trial = kept.copy()
+            OmegaConf.update(trial, key, raw)
+            try:
+                same = OmegaConf.select(trial, key, throw_on_missing=True) == OmegaConf.select(
+                    kept, key)
+            except OmegaConfBaseException:
+                same = False
+            if same:
+                OmegaConf.update(kept, key, raw)
+    return OmegaConf.to_container(kept)
 
 
 def _fmt(v: Any) -> str:

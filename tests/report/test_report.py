@@ -321,6 +321,27 @@ def test_recommended_config_reruns_the_measurement_the_sweep_made(tmp_path):
                for line in summary["lines"])
 
 
+def test_recommended_config_keeps_the_runs_own_interpolations(tmp_path):
+    """A pinned `model.num_classes: 10` reran 10 classes with dataset.num_classes=7; an
+    interpolation the overlay cannot resolve (a team's root key) stays the recorded value."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(ROOT / "tests" / "golden" / "fixtures" / "sweep", sweep)
+    for results in sweep.glob("*/results.json"):
+        cfg = json.loads(results.read_text())["config"]
+        cfg["model"]["num_classes"] = "${dataset.num_classes}"
+        cfg["dataset"]["root"] = "${my_data_root}"  # composed where the overlay is not
+        (results.parent / ".hydra").mkdir()
+        (results.parent / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    sweep_report(sweep, quiet=True)
+    report = sweep / "report"
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        rerun = _plain(compose("bench", overrides=[
+            "experiment=recommended", f"hydra.searchpath=[file://{report}]",
+            "dataset.num_classes=7"]))
+    assert rerun["model"]["num_classes"] == 7
+    assert rerun["dataset"]["root"] is None  # as recorded: null
+
+
 def test_the_measurement_is_said_as_the_runner_made_it():
     from gpubench.report.write import measurement_text
 
