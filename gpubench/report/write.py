@@ -122,9 +122,10 @@ def run_text(row: Row, keys: list[str]) -> str:
     return f"run {row.label}" + (f": {over}" if over else "")
 
 
-def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) -> str:
+def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None,
+                    made: str = "sweep") -> str:
     """The row's setup and measurement as an overlay composing back into its config (no
-    tracking, no fault injection)."""
+    tracking, no fault injection); `made`: what measured it, a sweep or one run."""
     cfg = row.record.config
     setup = _interpolations_kept({k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg},
                                  row.record.dir)
@@ -134,10 +135,10 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None) ->
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
     head += [f"#   {line}" for line in rec.reasons] if rec is not None else []
     if "bench" in setup:
-        head += [f"# bench: the sweep's own measurement ({_measured_text(row.record)}), so a "
+        head += [f"# bench: the {made}'s own measurement ({_measured_text(row.record)}), so a "
                  "rerun's figure compares with the interval above;",
                  f"#   to measure longer, add {longer(row.record)} to the rerun command "
-                 "(narrower intervals, no longer the sweep's measurement)"]
+                 f"(narrower intervals, no longer the {made}'s measurement)"]
     body = yaml.safe_dump({"defaults": groups, **setup} if groups else setup, sort_keys=False)
     return "\n".join(head) + "\n" + body
 
@@ -316,7 +317,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     head, body = table_rows(rows, keys)
     csv.writer(table).writerows([head, *body])
     head, body = table_rows(rows, keys, screen=True)
-    title = f"gpubench sweep: {source}"
+    made = "sweep" if len(all_rows) > 1 else "run"  # a report of one run says so
+    title = f"gpubench {made}: {source}"
     print_table(head, body, title, Console(file=text, width=FILE_WIDTH, color_system=None,
                                            highlight=False))
     files = [write_text(out_dir / "ranking.csv", table.getvalue()),
@@ -339,7 +341,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     if rec is not None:
         (out_dir / "experiment").mkdir(exist_ok=True)
         yml = write_text(out_dir / "experiment" / f"{EXPERIMENT_NAME}.yaml",
-                         experiment_yaml(rec.chosen, source, rec))
+                         experiment_yaml(rec.chosen, source, rec, made))
         files.append(yml)
         cmd = f"python -m gpubench -cd {out_dir.resolve()} experiment={EXPERIMENT_NAME}"
 
@@ -359,7 +361,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
               for what, r in ((fastest, rec.best), ("recommended", rec.chosen))),
             *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml.resolve()}",
             f"rerun it: {cmd}",
-            f"  (it measures as the sweep did: {_measured_text(rec.chosen.record)}; "
+            f"  (it measures as the {made} did: {_measured_text(rec.chosen.record)}; "
             f"add {longer(rec.chosen.record)} to measure longer)"]
     elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "

@@ -342,6 +342,18 @@ def test_recommended_config_keeps_the_runs_own_interpolations(tmp_path):
     assert rerun["dataset"]["root"] is None  # as recorded: null
 
 
+def test_a_report_of_one_run_speaks_of_the_run(tmp_path):
+    """A report of one run said `it measures as the sweep did` of a run no sweep made."""
+    one = tmp_path / "run"
+    shutil.copytree(next((ROOT / "tests" / "golden" / "fixtures" / "sweep").glob("*/")), one)
+    sweep_report(one, quiet=True)
+    summary = json.loads((one / "report" / "summary.json").read_text())
+    yml = (one / "report" / "experiment" / "recommended.yaml").read_text()
+    said = "\n".join([*summary["lines"], yml, (one / "report" / "ranking.txt").read_text()])
+    assert "as the run did" in said and "the run's own measurement" in said, said
+    assert "gpubench run:" in said and "sweep" not in said.replace(str(one), ""), said
+
+
 def test_the_measurement_is_said_as_the_runner_made_it():
     from gpubench.report.write import measurement_text
 
