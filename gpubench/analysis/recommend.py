@@ -340,7 +340,13 @@ def interval_label(rows: list[Row], phases: bool = False) -> str:
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
               *(c for r in measured if phases for c in r.record.coverages)]
     # no row with an interval (every run failed): a column of dashes claims no coverage
-    return interval_label_of(covers) if covers else "interval"
+    if not covers:
+        return "interval"
+    # a widened row covers more than its pooled coverage, by no figure known: the column can
+    # claim only the least of them, as the row's own line does (coverage_of)
+    if any(r.widened for r in measured):
+        return f"at least {interval_label_of([min(covers)])}"
+    return interval_label_of(covers)
 
 
 class Steadiness(Enum):

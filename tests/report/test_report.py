@@ -599,7 +599,8 @@ def test_the_ranking_never_splits_a_figure_or_a_value(width, terminal):
                       "8c9d0e1f": "over_ceiling"}
     assert "stable or confirmed before" in " ".join(tokens)
     if width == 120:  # a log's width keeps the figures and the first knobs in the table
-        assert "95%" in table[0] and "batch" in table[0] and "workers" in table[1]
+        # the confirmed row pools 2 figures, widened to their own ends: at least 50%
+        assert "\u226550%" in table[0] and "batch" in table[0] and "workers" in table[1]
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -698,14 +699,19 @@ def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
     once = row(32, 2, ips=150.0, ci=[140.0, 160.0], stable=True)
     single = row(64, 2, ips=120.0)  # no interval: it names none
     assert pooled.interval_coverage == 0.75 and once.interval_coverage == 0.95
-    assert table_rows([pooled, single], [])[0][4] == "75% interval"
-    assert table_rows([pooled, once, single], [])[0][4] == "75-95% interval"
+    # widened past its figures' [min, max] (below): it covers at least 75%, by no figure known
+    assert table_rows([pooled, single], [])[0][4] == "at least 75% interval"
+    assert table_rows([pooled, once, single], [])[0][4] == "at least 75% interval"
     assert table_rows([once, single], [])[0][4] == "95% interval"
+    far = row(16, 2, ips=100.0, ci=[95.0, 105.0], stable=True)  # [min, max] of three, as is
+    far.confirms = [_again(far, 140.0, [136.0, 144.0]), _again(far, 120.0, [118.0, 122.0])]
+    assert table_rows([far, single], [])[0][4] == "75% interval"
+    assert table_rows([far, once, single], [])[0][4] == "75-95% interval"
     # an axis with the loader and compute bounds beside: those are each run's own phases, 95%
     from gpubench.analysis.recommend import interval_label
 
-    assert interval_label([pooled]) == "75% interval"
-    assert interval_label([pooled], phases=True) == "75-95% interval"
+    assert interval_label([pooled]) == "at least 75% interval"
+    assert interval_label([far], phases=True) == "75-95% interval"
     # the report's "fastest feasible:" and "recommended:" lines, which no header labels
     from gpubench.analysis.recommend import coverage_of, with_interval
 
@@ -714,8 +720,6 @@ def test_a_pooled_rows_interval_is_named_by_its_own_coverage():
     assert (f"{with_interval(pooled)}{coverage_of(pooled)}"
             == "200.0 [187.5-207.5], at least 75% interval")
     assert coverage_of(once) == ", 95% interval" and coverage_of(single) == ""
-    far = row(16, 2, ips=100.0, ci=[95.0, 105.0], stable=True)
-    far.confirms = [_again(far, 140.0, [136.0, 144.0]), _again(far, 120.0, [118.0, 122.0])]
     assert far.interval == (100.0, 140.0) and coverage_of(far) == ", 75% interval"
 
 
