@@ -241,9 +241,12 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
         ax.update_datalim([(p["x"], y)] + ([(p["x"], p["lo"]), (p["x"], p["hi"])]
                                            if edge is None else []))
         if run is not None:
-            ax.annotate(str(run), (p["x"], y), xytext=(dx, 11), ha="center",
-                        textcoords="offset points", fontsize=7, color=kw.get("color"),
-                        bbox=LABEL_BOX, zorder=3)  # under the lines (4): it never hides a point
+            # above its whisker's cap (11 points over the marker crossed the whisker itself)
+            # and over the star's arms; under the lines (zorder 4): it never hides a point
+            ax.annotate(str(run), (p["x"], max(y, p["hi"])),
+                        xytext=(dx, 3 + 8 * bool(p.get("chosen")) if p["hi"] > y else 11),
+                        ha="center", va="bottom", textcoords="offset points", fontsize=7,
+                        color=kw.get("color"), bbox=LABEL_BOX, zorder=3)
         elif edge is not None:  # the figure and run number inside the axes, by the marker
             named = f"run {p['run']}\n" if p.get("run") is not None else ""
             ax.annotate(f"{named}{p['y']:,.0f}\noff scale", (p["x"], y), xytext=(dx, edge[1]),

@@ -663,6 +663,20 @@ def test_near_equal_flagged_peaks_are_drawn_at_the_peaks_they_measured(tmp_path)
     assert a < 32 < b and a * b == pytest.approx(32 * 32)
 
 
+def test_a_flagged_runs_label_stands_above_its_whisker(tmp_path):
+    """throughput_vs_workers.png: a run's number sat 11 points over its marker, where its own
+    whisker crossed it (`2` read as `:2`); it stands above the whisker's cap."""
+    rows = rows_of(*(run(batch=16, workers=w, e2e=v, noise=[BUSY],
+                         ci={"e2e": [v - 400, v + 400]}) for w, v in ((1, 600), (2, 540))))
+    ax = _drawn(report_plots._draw_curve, curve_data(rows, "num_workers", "loader workers"),
+                tmp_path)
+    renderer = ax.figure.canvas.get_renderer()
+    labels = {t.get_text(): t for t in ax.texts if t.get_text() in ("0", "1")}
+    for name, hi in (("0", 1000), ("1", 940)):
+        cap = ax.transData.transform((0, hi))[1]
+        assert labels[name].get_window_extent(renderer).y0 >= cap, name
+
+
 def test_runs_moved_aside_past_the_last_tick_stay_inside_the_axes(tmp_path):
     """throughput_vs_workers.png: two slower repeats and two flagged runs at the most workers
     stand right of that tick, 12 points apart; the axis ended 8% of its span past the tick and
