@@ -3,11 +3,10 @@ rows of measured configurations, their ranking, and reference article 003's pick
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from operator import attrgetter
 from typing import Any
@@ -77,9 +76,8 @@ class Row:
         """Its record with the ranking's (pooled) figure and interval, for MLflow's parent."""
         if not (self.confirms and self.pooled):
             return self.record
-        shown = copy.copy(self.record)
-        shown.images_per_sec, shown.images_per_sec_ci = self.throughput, list(self.interval)
-        return shown
+        return replace(self.record, images_per_sec=self.throughput,
+                       images_per_sec_ci=list(self.interval))
 
     @property
     def pooled(self) -> list[float]:
@@ -257,8 +255,7 @@ def repeats(rec: RunRecord, of: RunRecord) -> bool:
 
 
 def _plan(rec: RunRecord) -> tuple:
-    flat = flatten(rec.config or {})
-    return tuple(flat.get(k) for k in PLAN_KEYS)
+    return tuple(rec.knob(k) for k in PLAN_KEYS)
 
 
 def acting(r: Row, key: str) -> bool:

@@ -59,8 +59,7 @@ def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
                                               *SHORT["worker_type"])})
     out = []
     for n in keys:
-        default = KEYS[n].default if n in KEYS else None
-        default = default.value if isinstance(default, Enum) else default
+        default = KEYS[n].default if n in KEYS else None  # a str Enum: equal to its value
         if n in values and (n in named or (values[n] is not None and values[n] != default)):
             out.append(knob_setting(n, values[n]))
     return out
@@ -173,15 +172,14 @@ def parse_where(items: list[str] | None) -> dict[str, str]:
     """`--where KEY=VALUE` options as {dotted key: value}; WhereError on a malformed one."""
     out = {}
     for item in items or []:
-        key, eq, value = item.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key.strip()):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
             raise WhereError(f"gpubench.report: --where {item!r} is not allowed: it must be "
                              "KEY=VALUE with a dotted config key, e.g. --where model.name=resnet50")
-        if key.strip() in out and out[key.strip()] != value.strip():  # one run has one value
-            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: "
-                             f"{key.strip()} is given twice ({out[key.strip()]} and "
-                             f"{value.strip()}); a run has one value of each key")
-        out[key.strip()] = value.strip()
+        if key in out and out[key] != value:  # one run has one value
+            raise WhereError(f"gpubench.report: --where {item!r} is not allowed: {key} is given "
+                             f"twice ({out[key]} and {value}); a run has one value of each key")
+        out[key] = value
     return out
 
 

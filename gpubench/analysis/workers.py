@@ -99,9 +99,7 @@ class WorkersPick:
     # every worker count's loader rate (repeats pooled), and the bound judged against
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
-    device: str | None = None  # the runs' (env.device); None: not recorded, advised as on CUDA
-    tried: list[dict] = field(default_factory=list)  # the runs' flat config values (next_steps)
-    cores: int | None = None  # the fewest CPU cores of the runs' hosts (env.cpu_count)
+    next: str = ""  # what a data side that stays the narrower pipe can try next (next_steps)
 
     @property
     def loader_images_per_sec(self) -> float | None:
@@ -110,12 +108,6 @@ class WorkersPick:
     @property
     def _top(self) -> int:  # the worker count that loaded fastest
         return max(self.rates, key=lambda x: self.rates[x].value)
-
-    def _next(self) -> str:
-        """More workers first where the most tried loaded fastest."""
-        most = max(self.rates)
-        return next_steps(self.device, most if self._top == most else None, self.tried,
-                          self.cores)
 
     def _fewer(self) -> int | None:
         return max((x for x in self.rates if x < self.num_workers), default=None)
@@ -140,7 +132,7 @@ class WorkersPick:
         head = (f"no worker count measured out-runs compute {c.value:.1f} img/s; {plateau}, "
                 f"{ips / c.value:.0%} of compute")
         if feeds(self.rates[self._top], c, tol) is Feeds.short:
-            return f"{head}: the data side stays the bottleneck (next: {self._next()})"
+            return f"{head}: the data side stays the bottleneck (next: {self.next})"
         return f"{head}: {UNDECIDED}"
 
     @property
@@ -172,7 +164,7 @@ class WorkersPick:
                 f"above {figure(self.threshold)}); the fastest, {workers(top)}, loads "
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if feeds(self.rates[top], c, tol) is Feeds.short:
-            return f"{head}: the data side stays the bottleneck (next: {self._next()}); {plateau}"
+            return f"{head}: the data side stays the bottleneck (next: {self.next}); {plateau}"
         return f"{head}: {UNDECIDED}; {plateau}"
 
 
@@ -218,14 +210,16 @@ def fewest_workers(rows, compute_images_per_sec: float | Est | None,
     """The fewest loader workers that clear compute; when none does, the plateau's start: the
     fewest within `tolerance` of the highest loader throughput (`device`, `cores`: the runs',
     `tried`: their flat config values, which the next steps advised leave out)."""
-    tried = [dict(t) for t in tried]
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
     best = max((r.value for r in loader.values()), default=0.0)
     plateau = min((x for x in loader if loader[x].value >= best * (1 - tolerance)), default=None)
+    # more workers first where the most tried loaded fastest
+    most = max(loader, default=None)
+    top = max(loader, key=lambda x: loader[x].value, default=None)
     return WorkersPick(clear[0] if clear else plateau, bool(clear), tolerance, loader, compute,
-                       device, tried, cores)
+                       next_steps(device, most if top == most else None, tried, cores))
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:
@@ -234,7 +228,6 @@ def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, An
 
 
 def setup_of_run(rec: Any) -> tuple[tuple[str, Any], ...]:
-    """A record's compute_setup."""
     return compute_setup(rec.knob, rec.env.get("device"))
 
 
