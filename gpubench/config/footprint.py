@@ -20,25 +20,25 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
     if path is None:
         return
     path = Path(os.path.expanduser(str(path))).absolute()
+    shown = value or str(path)
     if not folder and path.is_file() and path.stat().st_size:
         # SQLite takes a file shorter than its header for a new database and writes over it (a
         # 1-byte notes.db was replaced so): a file that is no database is kept
         with open(path, "rb") as f:
             if f.read(16) != SQLITE_HEADER:
-                raise ConfigError(key, value or str(path), f"a SQLite database or a new file "
-                                  f"({path} holds something else)")
+                raise ConfigError(key, shown, f"a SQLite database or a new file ({path} holds "
+                                  "something else)")
     for p in ([path] if folder else []) + list(path.parents):
         if p.exists():
             if not p.is_dir():
-                raise ConfigError(key, value or str(path),
-                                  f"a path whose folders can be made ({p} is a file)")
+                raise ConfigError(key, shown, f"a path whose folders can be made ({p} is a file)")
             break
     # the missing folders are made only inside the working directory, as Hydra makes outputs/
     # there: elsewhere a missing folder is far likelier a typo (/hoem/...) than a wish
     cwd = Path.cwd()
     if not path.parent.exists() and cwd not in path.parents:
-        raise ConfigError(key, value or str(path), f"a path in an existing folder ({path.parent} "
-                          f"does not exist; folders are made only under {cwd})")
+        raise ConfigError(key, shown, f"a path in an existing folder ({path.parent} does not "
+                          f"exist; folders are made only under {cwd})")
 
 
 def source_size(image_size: int) -> int:
@@ -58,30 +58,28 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
     copy) against half of the free RAM (the model, the workers and the OS need the rest)."""
     size, half = ds.image_size, free // 2
     where = f"on this machine (half of the {free / 2**30:.1f} GiB RAM free)"
+
+    def fit(key: str, n: int, each: int, cut: int, why: str, one: str) -> None:
+        """`n` items of `each` bytes in `half`; when not one fits, the image side at which `cut`
+        of them would (bytes grow as the side squared)."""
+        if n * each <= half:
+            return
+        if half < each:
+            most = max(8, int(size * (half / (cut * each)) ** 0.5))
+            raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {one} {where}")
+        raise ConfigError(key, n, f"an integer in [1, {half // each}] {why} {where}")
+
     stored = 3 * source_size(size) ** 2  # a uint8 image at its stored size
     if ds.name in ("synthetic", "fake_jpeg"):  # the in-memory pools: uint8 images or JPEGs
         per_image = stored if ds.name == "synthetic" else int(
             stored * JPEG_RATIO[90 if ds.jpeg_quality <= 90 else 100]) + JPEG_HEADER_BYTES
-        _fit("dataset.num_samples", ds.num_samples, per_image, half, size, 1,
-             f"for dataset={ds.name} at {size} px {where}",
-             f"for one image of dataset={ds.name}'s pool {where}")
+        fit("dataset.num_samples", ds.num_samples, per_image, 1,
+            f"for dataset={ds.name} at {size} px", f"for one image of dataset={ds.name}'s pool")
     # a batch as the host holds it: float32 after the host transforms, uint8 if the device augments
     per_sample = stored if ds.augment_on == "device" else 4 * 3 * size * size
     held = 1 if ds.name == "device_synthetic" else batches_in_flight(
         ld.num_workers, ld.prefetch_factor) + 2
     # when not one batch fits, the image size is what to lower, for the batch size asked for
-    _fit("loader.batch_size", ld.batch_size, held * per_sample, half, size, ld.batch_size,
-         f"at {size} px with {count(held, 'batch', 'batches')} in host memory at once {where}",
-         f"with loader.batch_size={ld.batch_size} {where}")
-
-
-def _fit(key: str, count: int, each: int, half: int, size: int, cut: int, why: str,
-         one: str) -> None:
-    """`count` items of `each` bytes in `half` of the free RAM; when not one fits, the image
-    side at which `cut` of them would (bytes grow as the side squared)."""
-    if count * each <= half:
-        return
-    if half < each:
-        most = max(8, int(size * (half / (cut * each)) ** 0.5))
-        raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {one}")
-    raise ConfigError(key, count, f"an integer in [1, {half // each}] {why}")
+    fit("loader.batch_size", ld.batch_size, held * per_sample, ld.batch_size,
+        f"at {size} px with {count(held, 'batch', 'batches')} in host memory at once",
+        f"with loader.batch_size={ld.batch_size}")

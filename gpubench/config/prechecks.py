@@ -26,7 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
-from gpubench.config.keys import FLOAT, INT, Key, check_keys, keys
+from gpubench.config.keys import FLOAT, INT, Key, check_keys, keys, lookup
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.schema import (
     BY_NAME,
@@ -249,13 +249,6 @@ def _prefixed(values: Any, package: str) -> Any:
     return values
 
 
-def _spelled(tree: Any, key: str) -> Any:
-    """The scalar at dotted `key` of a tree of texts (YAML's BaseLoader), else None."""
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
 def check_written(raw: DictConfig, package: str, where: str, text: str | None = None) -> None:
     """A YAML file's values as read (by hydra_plugins.gpubench_searchpath), before the schema
     turns `checkpointing: 2` into true. `package`: its keys' prefix ('' for primary, _global_);
@@ -269,7 +262,7 @@ def check_written(raw: DictConfig, package: str, where: str, text: str | None = 
         check_known_keys(written := OmegaConf.create(_prefixed(values, package)))
         for key, node in walk(written):
             if key in BY_NAME and not isinstance(node, DictConfig):
-                value, as_text = node._value(), _spelled(spelled, key)
+                value, as_text = node._value(), lookup(spelled, key)  # as the file spells it
                 if isinstance(value, bool) and isinstance(as_text, str) and \
                         as_text.lower() not in ("true", "false"):
                     value = as_text
@@ -291,7 +284,7 @@ def check_left_to_set(cfg: DictConfig, groups: dict, overrides: list) -> None:
     repo, given = _repository(cfg), {o.key_or_group for o in overrides}
     left: dict[str, str] = {}  # key -> the file that leaves it to set
     for group, option in groups.items():
-        if repo is None or not isinstance(option, str) or str(group).startswith("hydra"):
+        if not isinstance(option, str) or str(group).startswith("hydra"):
             continue  # (a list: Hydra's multi-select of a group)
         try:
             found = repo.load_config(f"{group}/{option}")

@@ -359,7 +359,7 @@ def check_known_key(key: str, value: Any) -> None:
     `+loader.nosuch=1` would be recorded and compared, and act on nothing. Top-level keys of
     your own stay allowed: a team config may keep values there for interpolations."""
     group = key.split(".")[0]
-    if group not in GROUP_NAMES and key not in BY_NAME and group not in ROOT_NAMES:
+    if group not in ROOT_NAMES:
         # a root key of one's own that is a near-miss of gpubench's (`+precison=bf16`) would
         # run the default precision and record the typo as if it were a setting
         close = difflib.get_close_matches(group, sorted(ROOT_NAMES), n=3, cutoff=0.8)

@@ -19,6 +19,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from gpubench.config import knobs, schema
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store, check_memory_sizes
+from gpubench.config.overrides import format_value
 from gpubench.config.uris import check_tracking_uri, local_store
 from gpubench.core.record import window_plan
 
@@ -74,7 +75,7 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
         given = _plain(loader.get(name))
         if given != value and given != _plain(knobs.KEYS[key].default):
             notes.append(f"{key}={given} acts only with loader worker processes: "
-                         f"recorded as {'null' if value is None else str(value).lower()} {why}")
+                         f"recorded as {format_value(value)} {why}")
         values[name] = value
     return values, tuple(notes)
 
@@ -92,9 +93,8 @@ def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
 def min_window_s(bench: DictConfig, device: str) -> float:
     """bench.min_window_s as it acts; null: GPU_MIN_WINDOW_S on CUDA with bench.monitor on (at
     most a window's cap), else 0 (a CPU has no NVML readings to make readable)."""
-    given = _plain(bench.min_window_s)
-    if given is not None:
-        return float(given)
+    if bench.min_window_s is not None:
+        return float(bench.min_window_s)
     if device != "cuda" or not bench.monitor:
         return 0.0
     return min(GPU_MIN_WINDOW_S, window_cap_s(bench.max_seconds, bench.repeats, bench.steps))
@@ -230,9 +230,7 @@ def check_interpolations(cfg: DictConfig, swept: Mapping[str, Any] | None = None
     try:
         OmegaConf.to_container(run, resolve=True)
     except InterpolationResolutionError as e:
-        node: Any = cfg
-        for part in str(e.full_key or "").split("."):
-            node = node._get_node(part) if isinstance(node, DictConfig) and part in node else None
+        node = dict(schema.walk(cfg)).get(e.full_key)
         raw = node._value() if node is not None else None
         reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(e.full_key or "config", raw,
