@@ -295,8 +295,12 @@ def check_left_to_set(cfg: DictConfig, groups: dict, overrides: list) -> None:
             continue
         defaults = found.defaults_list or []  # Hydra's, parsed out of the file
         after_self = any(d.is_self() for d in defaults) and not defaults[-1].is_self()
-        file = OmegaConf.create(_prefixed(values, file_package(found.header, str(group))))
+        package = file_package(found.header, str(group))
+        file = OmegaConf.create(_prefixed(values, package))
         where = f"{found.path.partition('://')[2]}/{group}/{option}.yaml"
+        if found.path.startswith("file://"):  # a hydra.searchpath folder, which Files never read
+            with open(where, encoding="utf-8") as f:
+                check_written(found.config, package, where, f.read())
         for key, node in walk(file):
             if key in BY_NAME and not isinstance(node, DictConfig):
                 if not node._is_missing():

@@ -936,6 +936,26 @@ def test_a_team_folder_is_searched_first_and_each_file_checked_as_read(team):
     assert team("experiment=ours").loader.pin_memory is False
 
 
+def test_a_hydra_searchpath_folders_files_are_checked_as_read(compose_cfg, tmp_path):
+    """`hydra.searchpath=[file://DIR]` files were read by Hydra's own source, never checked:
+    `pin_memory: yes` ran as true where the same file under -cd DIR was refused."""
+    from gpubench.config.prechecks import check_before_work
+
+    mine = tmp_path / "loader" / "mine.yaml"
+    mine.parent.mkdir()
+    where = f"hydra.searchpath=[file://{tmp_path}]"
+    for text, line in (("pin_memory: yes\n", "loader.pin_memory='yes' is not allowed: it must "
+                        "be true or false (in {f})"),
+                       ("drop_last: off\n", "loader.drop_last='off' is not allowed: it must "
+                        "be true or false (in {f})")):
+        mine.write_text("defaults:\n  - default\n  - _self_\n" + text)
+        with pytest.raises(ConfigError) as err:
+            check_before_work(compose_cfg(where, "loader=mine", hydra=True))
+        assert str(err.value).startswith(line.format(f=mine)), str(err.value)
+    mine.write_text("defaults:\n  - default\n  - _self_\npin_memory: false\n")
+    check_before_work(compose_cfg(where, "loader=mine", hydra=True))
+
+
 def test_long_values_are_cut_in_every_line(compose_cfg):
     """A 20,000-character value was echoed whole; Python's own limit on an integer's digits
     named no override."""
