@@ -182,7 +182,7 @@ class Benchmark:
         self.hold = Hold()
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
                                  self._end_hung)
-        self._saving = threading.Lock()
+        self._saving = threading.RLock()  # held for good by a hung run's last write (_hung)
 
     def _workers(self, what: str):  # the loader's worker pids or tids; none before it is built
         return getattr(self.pipe, what)() if self.pipe is not None else ()
@@ -417,8 +417,7 @@ class Benchmark:
             return f"{line}; its record was not written: the run is stuck writing it"
         if self.dist.main:
             self.record.finish(Status.failed, f"hung: {line}")
-            self.record.seconds = time.perf_counter() - self.t0
-            self.record.save()
+        self.save()  # re-entered on this thread; the main thread's next save() waits for ever
         self.dist.announce("failed", f"hung: {line}")
         return f"{line}; {kept(self.out)}" if self.dist.main else line
 

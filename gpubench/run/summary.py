@@ -32,8 +32,8 @@ def figures(rec, device: str) -> None:
         setattr(rec, attr, p.images_per_sec if p else None)
         setattr(rec, attr + "_ci", p.images_per_sec_ci if p else None)
     main = rec.headline
-    rec.step_time_p50_s = main.step_time_p50_s if main else None
-    rec.step_time_p95_s = main.step_time_p95_s if main else None
+    for k in ("step_time_p50_s", "step_time_p95_s"):
+        setattr(rec, k, getattr(main, k, None))
     rec.data_wait_fraction = ph["e2e"].data_wait_fraction if "e2e" in ph else None
 
     tel = [p.telemetry for p in ph.values()]
@@ -126,9 +126,7 @@ def summarize(bench, status: Status = Status.ok) -> None:
     figures(rec, device)
     rec.noise_reasons = reasons = validity(bench)
     rec.measurement_stable = not reasons if rec.phases else None
-    competitors: list[str] = []
-    if any(r.kind is Flaw.disturbed for r in reasons):
-        competitors = noise.top_other_processes(_own_pids())
+    competitors = _competitors(reasons)
     ld, ds = s.loader, s.dataset
     # by name: neighbouring fields share a type, and a positional list swaps them silently
     knobs = Knobs(device=device, num_workers=ld.num_workers, cpu_count=os.cpu_count() or 1,
@@ -155,8 +153,7 @@ def summarize(bench, status: Status = Status.ok) -> None:
         reasons.append(noise.finding(v.impossible, IMPOSSIBLE,
                                      noise.window_seconds(e2e.windows) if short else None))
         rec.measurement_stable = False
-        if reasons[-1].kind is Flaw.disturbed and not competitors:  # who, as above
-            competitors = noise.top_other_processes(_own_pids())
+        competitors = competitors or _competitors(reasons[-1:])  # who, as above
         v = verdict()
     rec.bottleneck, rec.reason, rec.advice = v.bottleneck, v.reason, v.advice
     rec.verdict_margin = v.margin
@@ -172,11 +169,15 @@ def summarize(bench, status: Status = Status.ok) -> None:
         rec.extra["competing_processes"] = competitors
 
 
-def _own_pids() -> set[int]:
+def _competitors(reasons: list[Reason]) -> list[str]:
+    """The busiest processes outside this run, where a check found it disturbed."""
+    if not any(r.kind is Flaw.disturbed for r in reasons):
+        return []
     import psutil
 
     me = psutil.Process()
     try:
-        return {me.pid, *(c.pid for c in me.children(recursive=True))}
+        own = {me.pid, *(c.pid for c in me.children(recursive=True))}
     except psutil.Error:
-        return {me.pid}
+        own = {me.pid}
+    return noise.top_other_processes(own)

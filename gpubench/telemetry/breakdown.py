@@ -16,21 +16,21 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
-def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def _union(intervals: Iterable[tuple[float, float]]) -> list[list[float]]:
     out: list[list[float]] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
             out[-1][1] = max(out[-1][1], b)
         else:
             out.append([a, b])
-    return [(a, b) for a, b in out]
+    return out
 
 
-def _length(intervals: Iterable[tuple[float, float]]) -> float:
+def _length(intervals: Iterable) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def _clip(iv: tuple[float, float], lo: float, hi: float) -> tuple[float, float] | None:
+def _clip(iv, lo: float, hi: float) -> tuple[float, float] | None:
     a, b = max(iv[0], lo), min(iv[1], hi)
     return (a, b) if b > a else None
 

@@ -79,8 +79,7 @@ class GpuLog:
         if gpu is None and device == "cuda":
             self.note = Nvml.get().reason
         elif gpu is not None:
-            import torch
-            self.name = gpu_name(gpu) or torch.cuda.get_device_name()
+            self.name = gpu_name(gpu) or device_name("cuda")
             if gpu.mig:  # GPM here needs its GPU-instance id (nvmlGpmMigSampleGet): not wired
                 self.note = "GPM metrics not sampled on a MIG instance"
             else:

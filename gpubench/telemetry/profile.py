@@ -49,8 +49,7 @@ def profile_steps(fetch: Callable, work: Callable, device: str, out_dir: Path,
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / "trace.json"
     prof.export_chrome_trace(str(raw))
-    with open(raw) as f:
-        parts = breakdown(json.load(f), cuda)
+    parts = breakdown(json.loads(raw.read_text()), cuda)
     trace = folder / "trace.json.gz"  # traces compress ~10x; Perfetto opens .json.gz directly
     with open(raw, "rb") as src, gzip.open(trace, "wb") as dst:
         shutil.copyfileobj(src, dst)
