@@ -51,7 +51,7 @@ def figures(rec, device: str) -> None:
     if main and main.images:
         # under torchrun every rank's GPU energy over every rank's images; else this GPU's
         energy = main_tel.get("energy_j_all_ranks", main_tel.get("energy_j"))
-        rec.energy_per_image_j = energy_per_image([energy], [main.images])
+        rec.energy_per_image_j = energy_per_image(energy, main.images)
 
     if device == "cuda":
         # the gate: the larger of torch's reserved peak plus what lives outside its allocator

@@ -148,11 +148,9 @@ def memory_gate_bytes(torch_peak_reserved: int | None, device_used_peak: int | N
     return max((v for v in (device_used_peak, torch_side) if v is not None), default=None)
 
 
-def energy_per_image(energies_j: list[float | None], images: list[int]) -> float | None:
-    """All ranks' GPU energy over all ranks' images; None if any rank has no figure."""
-    if not energies_j or any(e is None for e in energies_j) or sum(images) <= 0:
-        return None
-    return sum(energies_j) / sum(images)
+def energy_per_image(energy_j: float | None, images: int) -> float | None:
+    """GPU energy over the images it processed (under torchrun both all ranks'); None without."""
+    return energy_j / images if energy_j is not None and images > 0 else None
 
 
 def window_energy_j(e0_mj: float | None, e1_mj: float | None, mean_power_w: float | None,

@@ -229,10 +229,10 @@ def test_memory_gate_takes_the_larger():
     assert memory_gate_bytes(None, None, None) is None
 
 
-def test_energy_per_image_counts_every_rank():
-    assert energy_per_image([100.0, 110.0], [1000, 1000]) == pytest.approx(0.105)
-    assert energy_per_image([100.0, None], [1000, 1000]) is None
-    assert energy_per_image([], []) is None
+def test_energy_per_image_is_none_without_a_figure():
+    assert energy_per_image(210.0, 2000) == pytest.approx(0.105)
+    assert energy_per_image(None, 2000) is None  # a rank had no figure (merge.energy_across_ranks)
+    assert energy_per_image(210.0, 0) is None
 
 
 def test_the_default_gpu_window_outlasts_nvmls_averaging_twice():
