@@ -22,14 +22,13 @@ def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
                                ranks_images_per_sec=dist.gather(stats.images_per_sec))
 
 
-def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None,
-                        first: bool = True) -> float | None:
-    """Every rank's GPU energy in this window added to `before` (the phase's earlier windows);
-    None once any rank lacked its own in any window (a sum of the later ones would undercount)."""
+def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None) -> float | None:
+    """Every rank's GPU energy in this window added to `before` (the earlier windows', 0.0 at the
+    first); None once any rank lacked its own in any window (the later ones would undercount)."""
     energies = dist.gather(energy_j)
-    if any(e is None for e in energies) or (before is None and not first):
+    if before is None or any(e is None for e in energies):
         return None
-    return (before or 0.0) + sum(energies)
+    return before + sum(energies)
 
 
 def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:

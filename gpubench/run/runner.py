@@ -301,7 +301,7 @@ class Benchmark:
             # failed rank announces itself instead, and Dist.watch ends the others)
             dist.agree(None)
             self.energy_all[name] = merge.energy_across_ranks(
-                held[0].energy_j, dist, self.energy_all.get(name), first=first)
+                held[0].energy_j, dist, self.energy_all.get(name, 0.0))
             stats = merge.across_ranks(stats, dist)
         self.windows[name].append(stats)
         self.telemetry[name].append(held[0])

@@ -47,10 +47,8 @@ class Sample:
 
 
 # CPU figures are rates over the interval since the last reading (psutil's cpu_percent): their
-# mean weighs each by its interval, so it is CPU time over wall time. Unweighted, a window's
-# last reading, a few ms after the one before, counted as much as a whole interval: CPU time
-# moves in clock ticks (10 ms), so it read 600% for a process on a 2-core host. The sum is off
-# by at most a tick per process: readings covering under MIN_CPU_SPAN_S give no figure.
+# mean weighs each by its interval (CPU time over wall time), as a reading a few ms after the one
+# before is off by up to a clock tick (10 ms) per process: under MIN_CPU_SPAN_S, no figure.
 
 
 def _busy_total(t) -> tuple[float, float]:

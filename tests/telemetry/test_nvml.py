@@ -210,11 +210,11 @@ def test_phase_energy_is_none_when_a_window_has_none_and_sources_are_named():
 
 def test_energy_across_ranks_sums_every_rank_and_stays_unknown_once_unknown():
     two = SimpleNamespace(gather=lambda v: [v, 2 * v] if v is not None else [None, 1.0])
-    assert merge.energy_across_ranks(10.0, two, None) == 30.0  # first window: 10 + 20
-    assert merge.energy_across_ranks(10.0, two, 30.0, first=False) == 60.0
-    assert merge.energy_across_ranks(None, two, 30.0, first=False) is None
+    assert merge.energy_across_ranks(10.0, two, 0.0) == 30.0  # first window: 10 + 20
+    assert merge.energy_across_ranks(10.0, two, 30.0) == 60.0
+    assert merge.energy_across_ranks(None, two, 30.0) is None
     # an earlier window had no figure: the later windows alone would undercount the phase
-    assert merge.energy_across_ranks(10.0, two, None, first=False) is None
+    assert merge.energy_across_ranks(10.0, two, None) is None
 
 
 # ------------------------------------------------------------------ arithmetic
