@@ -167,12 +167,11 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     if not loaders:
         return None
     sets = plot_rules.worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
-    keys = {id(rs[0]): setup_of_run(rs[0].record) for rs in sets}
+    keys = [setup_of_run(rs[0].record) for rs in sets]
     for rec in named:
-        if (mine := setup_of_run(rec)) not in keys.values():  # name the first knob that differs
-            first = next(iter(keys.values()))
+        if (mine := setup_of_run(rec)) not in keys:  # name the first knob that differs
             differs = next(f"its {n} {format_value(a)} is not the loader runs' {format_value(b)}"
-                           for (n, a), (_, b) in zip(mine, first, strict=True) if a != b)
+                           for (n, a), (_, b) in zip(mine, keys[0], strict=True) if a != b)
             raise SystemExit(f"gpubench.report: --compute {rec.dir}: it bounds no loader-only "
                              f"run here: {differs}")
     # a run named with --compute may also be a row or in the sweep's compute folder: once
@@ -181,8 +180,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     tried = [(setup_of_run(m), m) for m in unique.values()
              if m.knob("bench.phases") == ["compute"] and not m.status.measured]
     groups = []
-    for rs in sets:
-        key = keys[id(rs[0])]
+    for rs, key in zip(sets, keys, strict=True):
         bound, sources = workers.compute_bound(unique.values(), key)
         # the unflagged loader runs; on a busy machine, those whose flaw only slows or widens
         done = [r for r in rs if r.record.status.measured]
@@ -209,7 +207,7 @@ def _apart(groups: list[Group]) -> tuple[str, ...]:
 
 
 def _kinds(reasons: list[Reason]) -> str:
-    return ", ".join(dict.fromkeys(plot_rules.flag_kind(x) for x in reasons)) or "unstable"
+    return ", ".join(dict.fromkeys(FLAWS[x.kind].word for x in reasons)) or "unstable"
 
 
 def _lines(groups: list[Group], source: str) -> list[str]:

@@ -84,8 +84,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "phase": phase, "xlabel": xlabel,
          "title": ask + "\n" + (
              f"{phase} throughput; a line joins runs that differ in {xlabel} alone" if lines
-             else f"no line: every full run flagged its own measurement "
-                  f"({plot_rules.flagged_rerun(flagged)})"),
+             else f"no line: {plot_rules.all_flagged(flagged)}"),
          "xticks": xticks, "log2": log2,
          "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
          "band": band(anchor) if band else None}
@@ -188,8 +187,7 @@ def pareto_data(rows, rec=None) -> dict | None:
         d["note"] = "; ".join(x for x in (
             d["note"], f"memory.ceiling ({d['ceiling']:.0f}%) is far right of every run") if x)
     fastest = max(good or full, key=lambda r: r.throughput)
-    flagged_all = (f"every full run flagged its own measurement "
-                   f"({plot_rules.flagged_rerun(flagged)})" if not good else "")
+    flagged_all = plot_rules.all_flagged(flagged) if not good else ""
     if alike:
         why = (f"no trade-off: every full run peaks at {min(peaks):.2f}-{max(peaks):.2f}% (alike "
                f"within {TOLERANCE:.0%}), so the fastest, run {fastest.label}, is the answer"

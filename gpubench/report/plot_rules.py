@@ -53,8 +53,7 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
 def headline_phase(rows) -> str:
     """The phase the rows' throughput is (RunRecord's `throughput` order), by majority."""
     votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None) for r in rows)
-    votes.pop(None, None)
-    return votes.most_common(1)[0][0] if votes else HEADLINE_ORDER[0]
+    return next((p for p, _ in votes.most_common() if p is not None), HEADLINE_ORDER[0])
 
 
 def group_of(key: str, value: Any) -> str:
@@ -91,18 +90,16 @@ def flag_reasons(row) -> list[Reason]:
     return reasons
 
 
-def flag_kind(reason: Reason) -> str:  # its kind in a word or two, as every reader words it
-    return FLAWS[reason.kind].word
-
-
-def flagged_rerun(rows) -> str:
-    """What the flagged runs among `rows` ask of a rerun: `rerun on a quiet machine`."""
-    return rerun_text(x.kind for r in rows for x in flag_reasons(r))
+def all_flagged(rows) -> str:
+    """A picture's line where every full run (`rows`) flagged itself, with what they ask of a
+    rerun: `every full run flagged its own measurement (rerun on a quiet machine)`."""
+    return ("every full run flagged its own measurement "
+            f"({rerun_text(x.kind for r in rows for x in flag_reasons(r))})")
 
 
 def flagged_label(rows) -> str:
     """The legend entry of the flagged runs among `rows`, naming the kinds found."""
-    kinds = sorted({flag_kind(x) for r in rows for x in flag_reasons(r)})
+    kinds = sorted({FLAWS[x.kind].word for r in rows for x in flag_reasons(r)})
     return f"flagged run ({', '.join(kinds)}): not joined, not a bound"
 
 

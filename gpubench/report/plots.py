@@ -10,7 +10,7 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
-from matplotlib import transforms
+from matplotlib import rcParams, transforms
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from gpubench.core.files import open_own
@@ -121,8 +121,7 @@ class _FittedLog(LogLocator):
         return next((t for t in tries if self._apart(t, vmin, vmax)), tries[-1])
 
     def _apart(self, ticks, vmin: float, vmax: float) -> bool:
-        from matplotlib import rcParams
-        from matplotlib.font_manager import FontProperties
+        from matplotlib.font_manager import FontProperties  # loads the font list: when drawn
 
         if self.axis is None or not 0 < vmin < vmax:
             return True
@@ -201,9 +200,8 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
     """Sideways offsets (in points) for points at one x, or within `near` of the previous one,
     so none hides another; right of the `taken` places already drawn there (x -> how many)."""
     taken = taken or {}
-    order = sorted(range(len(pts)), key=lambda i: pts[i]["x"])
     clumps: list[list[int]] = []
-    for i in order:
+    for i in sorted(range(len(pts)), key=lambda i: pts[i]["x"]):
         if clumps and pts[i]["x"] - pts[clumps[-1][-1]]["x"] <= near:
             clumps[-1].append(i)
         else:
@@ -274,7 +272,7 @@ def _flagged(ax, d: dict, near: float = 0.0, taken=None,
 
 def _draw_curve(d: dict, out: Path) -> Path:
     fig, ax = _figure()
-    colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     styles = {"loader": {"linestyle": ":", "marker": "v"},
               "compute": {"linestyle": "--", "marker": "^"}}
     one = len(d["lines"]) == 1
@@ -406,9 +404,8 @@ def _draw_compute(d: dict, out: Path) -> Path:
 
 def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) -> Path:
     """A column per kept compute setting (a walk that stops where one clears: one point)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = pyplot().subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     left, right = -0.6, len(panels) - 0.4  # the x-limits: a column per setting at 0, 1, ...
     every: list[float] = []
     starred: set[str] = set()  # one legend entry per kind of star

@@ -6,6 +6,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from matplotlib.ticker import MaxNLocator
+
 from gpubench.analysis.labels import PHASE_WORDS, verdict_words
 from gpubench.analysis.select import setup_text
 from gpubench.core.record import PHASE_NAMES, Bottleneck, RunRecord, Status, interval_label_of
@@ -156,8 +158,6 @@ def _draw_pipes(ax, d: dict) -> None:
 
 
 def _draw_traces(ax, d: dict) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     for name, t in d["traces"].items():
         w, s, color = t["warmup_ms"], t["steps_ms"], PHASE_COLORS[name]
         ax.plot(range(len(w), len(w) + len(s)), s, color=color, linewidth=1.0, marker=".",

@@ -69,8 +69,8 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
             ("study", study, r"[\w.\-]+", "letters, digits, '.', '_' or '-'")):
         if v and not re.fullmatch(form, v):  # they go into MLflow's filter string
             raise SystemExit(f"gpubench.report: --{name}={v!r} is not allowed: it must be {what}")
-    filt = " and ".join(([f"tags.mlflow.parentRunId = '{parent}'"] if parent else [])
-                        + ([f"tags.study = '{study}'"] if study else []))
+    filt = " and ".join(f for f in (parent and f"tags.mlflow.parentRunId = '{parent}'",
+                                    study and f"tags.study = '{study}'") if f)
     from gpubench.report.compare import mlflow_records
 
     rows = [recommend.row_of(rec, rec.extra.get("mlflow_run_id", "?")[:8])
@@ -103,10 +103,9 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     each = "each of " if len(names) > 1 else ""
     text = f"{windows_of(windows, per_window, mws)} on {each}{', '.join(names) or phases}"
     if longer_loader:
-        text = (f"{text}, and of {window_text(loader, mws)} on loader ({QUEUE_WINDOWS}x the "
-                "batches its workers hold in flight)") if names else (
-            f"{windows_of(windows, loader, mws)} on loader ({QUEUE_WINDOWS}x the batches its "
-            "workers hold in flight)")
+        queue = f"on loader ({QUEUE_WINDOWS}x the batches its workers hold in flight)"
+        text = (f"{text}, and of {window_text(loader, mws)} {queue}" if names
+                else f"{windows_of(windows, loader, mws)} {queue}")
     if cut_short:
         text += f", cut short by bench.max_seconds={b.get('max_seconds', '?')}"
     return text
