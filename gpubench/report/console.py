@@ -20,7 +20,6 @@ from gpubench.core.stats import MIN_CPU_SPAN_S, TICK_S
 
 
 def dash(v, spec: str, scale: float = 1.0, unit: str = "") -> str:
-    """`v` scaled and formatted, "-" when there is none."""
     return "-" if v is None else f"{v * scale:{spec}}{unit}"
 
 
