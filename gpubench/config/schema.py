@@ -283,7 +283,8 @@ class TrackingConfig:
     backend: Backend = setting(Backend.mlflow, "where runs are logged ([tracking.md](tracking.md))")
     uri: str | None = setting(
         None, "the MLflow store; null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)",
-        allowed="null, http(s)://host[:port], sqlite:///path.db, postgresql[+driver]://..., "
+        allowed="null, http(s)://host[:port], sqlite:///path.db (a missing folder is made only "
+                "under the working directory), postgresql[+driver]://..., "
                 "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; "
                 "file:///folder or a local folder only with MLFLOW_ALLOW_FILE_STORE=true "
                 "(MLflow 3.17 refuses its file store otherwise)")
