@@ -253,16 +253,16 @@ class Search:
         only where the report recommends nothing."""
         rows = trial_rows(self.study, self.shared.storage)
         rec = recommend(training_rows([r for _, r in rows])[0])
+        extra: dict = {}
         if rec is None:
             try:
                 best = self.study.best_trial  # feasible only (Optuna reads the constraints)
             except ValueError:
                 best = None
-            value, extra = None if best is None else best.value, {}
+            value = None if best is None else best.value
         else:
             pick = rec.chosen
             best, value = next(t for t, r in rows if r is pick), pick.throughput
-            extra = {}
             if confirmed:  # its figure pooled over its measurements
                 extra = {"confirmed": pick.confirmed, "interval": list(pick.interval),
                          "measurements": len(pick.pooled)}

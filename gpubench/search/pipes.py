@@ -105,15 +105,13 @@ class Pipes:
             self._spent(Stage.join, t)
         else:
             log.warning("no compute setting ran under the memory ceiling: nothing to feed")
-        self.write(self.result)
         for line in lines(self.result) if kept else ():
             log.info("%s", line)
         pairings = (self.result.get("join") or {}).get("pairings") or []
         if pairings and all(p["e2e"] is None for p in pairings):
             # bounds alone are no recommendation (jobs.unmeasured's rule, for the join)
-            errors = [e for t in self.open_study(f"{self.name}-join").study.get_trials(
-                deepcopy=False) if (e := t.user_attrs.get("error"))]
-            last = errors[-1] if errors else None
+            trials = self.open_study(f"{self.name}-join").study.get_trials(deepcopy=False)
+            last = next((e for t in reversed(trials) if (e := t.user_attrs.get("error"))), None)
             raise SweepFailed(f"no pairing of this sweep measured end to end "
                               f"({count(len(pairings), 'pairing')} tried); last error: {last}; "
                               f"the pipes' bounds are kept in the sweep folder's {PIPES_FILE}")
@@ -136,7 +134,6 @@ class Pipes:
         self.result["compute"] = {"study": shared.study.study_name, "trials": len(rows),
                                   "space": size, "exhaustive": exhaustive,
                                   "kept": [k.summary() for k in kept]}
-        self.write(self.result)
         for k in kept:
             log.info("compute pipe: %s: %s img/s, %s", S.describe(k.params), format(k.rate), k.why)
         return kept

@@ -130,9 +130,7 @@ class _Stepped(Sequence):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, k):
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(self.n))]
+    def __getitem__(self, k: int) -> float:
         if not -self.n <= k < self.n:
             raise IndexError(k)
         return self.low + (k % self.n) * self.step
