@@ -23,7 +23,6 @@ from gpubench.core.record import Rung, RunRecord, Status, load
 from gpubench.core.stats import count
 from gpubench.search import study as S
 from gpubench.search.jobs import Jobs
-from gpubench.search.manifest import Manifest
 from gpubench.search.rows import trial_rows
 from gpubench.search.space import SearchSpace
 
@@ -61,8 +60,7 @@ class Confirm:
 class Search:
     shared: S.Shared
     space: SearchSpace
-    jobs: Jobs
-    manifest: Manifest
+    jobs: Jobs  # and its manifest, sweep.json
     n_trials: int
     n_jobs: int
     screen: Screen
@@ -287,6 +285,6 @@ class Search:
             if self.writes_best:  # a sweep=pipes stage's pick is no recommendation (its path is)
                 log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
                          best.number, run, value, " ".join(out["overrides"]))
-        self.manifest.update(measured_trials=len(S.measured_trials(self.study)),
+        self.jobs.manifest.update(measured_trials=len(S.measured_trials(self.study)),
                              **({"best": out} if out and self.writes_best else {}))
         return out

@@ -140,14 +140,14 @@ class GpubenchSweeper(Sweeper):
         if not pipes:
             steps, full = self.screen.steps, self.config.bench.steps
             screened = steps is not None and full is not None and int(steps) < int(full)
-            Search(open_study(name), space, jobs, manifest, self.n_trials, self.n_jobs,
+            Search(open_study(name), space, jobs, self.n_trials, self.n_jobs,
                    Screen(**{**self.screen, "steps": int(steps) if screened else None}),
                    poll_s=poll, confirm=confirm).run()
             return
         os.environ[BOUNDS_MEASURED_ENV] = "1"
 
         def search(shared, sub, n, stage, stop=None, confirm=None):
-            return Search(shared, sub, jobs, manifest, n, self.n_jobs, Screen(None, 1.0, 0, []),
+            return Search(shared, sub, jobs, n, self.n_jobs, Screen(None, 1.0, 0, []),
                           poll_s=poll, confirm=confirm, stop=stop, labels={"stage": stage},
                           writes_best=stage is Stage.join)
 

@@ -392,7 +392,7 @@ def test_a_trial_another_worker_took_over_costs_a_retry_not_the_sweep(tmp_path, 
     manifest = Manifest(tmp_path, "optuna")
     jobs = Jobs(TakenOver(tmp_path, [MEASURED] * 3), manifest, max_failures=0)
     space = parse_search_space(["loader.batch_size=choice(2,4)"])
-    Search(mine, space, jobs, manifest, n_trials=2, n_jobs=1,
+    Search(mine, space, jobs, n_trials=2, n_jobs=1,
            screen=Screen(None, 1.0, 0, []), poll_s=0.01).run()
     measured = measured_trials(mine.study)
     assert sorted(t.params["loader.batch_size"] for t in measured) == [2, 4]
@@ -492,7 +492,7 @@ def _search_best(tmp_path, records: dict[int, dict], confirm=None) -> tuple[dict
     manifest = Manifest(tmp_path, "optuna")
     jobs = Jobs(ByBatch(tmp_path, records), manifest, max_failures=0)
     space = parse_search_space([f"loader.batch_size=choice({','.join(map(str, records))})"])
-    Search(shared, space, jobs, manifest, n_trials=len(records), n_jobs=1,
+    Search(shared, space, jobs, n_trials=len(records), n_jobs=1,
            screen=Screen(None, 1.0, 0, []), poll_s=0.01, confirm=confirm).run()
     manifest.update(study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}")
     manifest.save()
