@@ -110,10 +110,12 @@ def knobs_of(row) -> dict[str, Any]:
 
 
 def held_fixed(rows, key: str) -> list[str]:
-    """The config keys but `key` whose value differs between `rows` (a line along `key`)."""
+    """The config keys but `key` whose value differs between `rows` where it acts (a line along
+    `key`), as recommend.varying has them: a worker-only knob inert at 0 workers differs in
+    nothing (it named a 0-worker series `prefetch_factor=null`, a value the run never had)."""
     flats = [knobs_of(r) for r in rows]
     keys = sorted({k for f in flats for k in f})
-    return [k for k in keys if k != key and len({repr(f.get(k)) for f in flats}) > 1]
+    return [k for k in keys if k != key and len({repr(f[k]) for f in flats if k in f}) > 1]
 
 
 def knob_part(values: dict, worker_only: bool = False) -> tuple:
@@ -151,10 +153,9 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
     def workers(r):
         return knob(r, name) if along == "loader.num_workers" else None
 
-    # what the lines hold fixed: what varied among the runs with workers, and what else sets
-    # a 0-worker run apart (its model, its batch), never its inert worker-only knobs
-    fixed = held_fixed([r for r in rows if workers(r) != 0], along)
-    keys = [k for k in held_fixed(rows, along) if k not in WORKER_ONLY or k in fixed]
+    # what the lines hold fixed: what varied where it acts (a 0-worker run's inert worker-only
+    # knobs set it apart from nothing)
+    keys = held_fixed(rows, along)
     lines, rest = [], {}  # rest by id: a 0-worker run is in every line of its setup
     for rs in worker_groups(rows, workers, lambda r: {k: knobs_of(r).get(k) for k in keys}):
         best: dict = {}

@@ -127,11 +127,12 @@ def test_whiskers_are_the_rows_interval_and_each_bounds_phase_interval():
 
 def test_lines_join_only_runs_that_differ_in_the_plotted_knob():
     """Today's zig-zag: the best run per batch size came from other workers and channels_last."""
+    auto = {"bench": {"cudnn_benchmark": None}}  # a record holds every key
     rows = rows_of(
-        run(batch=16, workers=0, e2e=100), run(batch=32, workers=0, e2e=150),
-        run(batch=16, workers=2, channels_last=True, e2e=160),
-        run(batch=32, workers=2, channels_last=True, e2e=120),
-        run(batch=16, workers=2, e2e=110),  # no batch-32 run at these settings: a lone point
+        run(batch=16, workers=0, e2e=100, **auto), run(batch=32, workers=0, e2e=150, **auto),
+        run(batch=16, workers=2, channels_last=True, e2e=160, **auto),
+        run(batch=32, workers=2, channels_last=True, e2e=120, **auto),
+        run(batch=16, workers=2, e2e=110, **auto),  # none at batch 32 so set: a lone point
         run(batch=32, workers=0, e2e=140, bench={"cudnn_benchmark": True}),  # measured knob
     )
     d = curve_data(rows, "batch_size", "batch size", log2=True)
@@ -617,6 +618,16 @@ def test_memory_series_split_by_every_knob_that_acts_on_the_memory_read():
     cpu = rows_of(r(16, "sgd", device="cpu"), r(32, "sgd", peak=0.6, device="cpu"),
                   r(16, "sgd", workers=4, device="cpu"))
     assert set(memory_data(cpu)["groups"]) == {"num_workers=2", "num_workers=4"}
+    # 0 workers against 1: the worker-only knobs, inert at 0, set nothing apart (the legend
+    # read `prefetch_factor=null, persistent_workers=null`, values no run had)
+    def loader(batch, workers, peak):
+        rec = run(batch=batch, workers=workers, peak=peak, device="cpu")
+        rec.config["loader"].update(prefetch_factor=2 if workers else None,
+                                    persistent_workers=bool(workers), worker_type="process")
+        return rec
+
+    both = rows_of(*(loader(b, w, 0.1 * (1 + w) + b / 1000) for b in (8, 16) for w in (0, 1)))
+    assert set(memory_data(both)["groups"]) == {"num_workers=0", "num_workers=1"}
 
 
 def _drawn(draw, d, tmp_path):
