@@ -219,10 +219,11 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     and its notes on the others."""
     kept = [r for r in rows if left_out(r.record) is None]
     out = Counter(why for r in rows if (why := left_out(r.record)) is not None)
-    n = sum(out.values())
-    notes = [f"left out {count(n, 'run')} that {'is' if n == 1 else 'are'} no full training "
-             f"measurement: {', '.join(count(k, *why.value) for why, k in out.items())}"
-             ] if n else []
+    n, kinds = sum(out.values()), ", ".join(count(k, *why.value) for why, k in out.items())
+    # none kept: the table lists these instead (write_report), so nothing is left out of it
+    notes = [] if not n else [f"left out {count(n, 'run')} that {'is' if n == 1 else 'are'} no "
+                              f"full training measurement: {kinds}"] if kept else [
+        f"no full training measurement to rank: the table lists the {kinds} as measured"]
     groups: dict[tuple, list[Row]] = {}
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)

@@ -181,7 +181,9 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
     gpu = any(r.record.gpu_util_mean is not None for r in rows)
     util = "gpu_util_mean" if gpu else "process_cpu_util_mean"
     label = recommend.interval_label(rows)
-    with_rung = not screen or len({r.rung for r in rows}) > 1
+    # a probe or a screen says so where it is listed (alone, it had no mark of what it was)
+    with_rung = not screen or len({r.rung for r in rows}) > 1 or any(
+        Rung.of(r.rung).short for r in rows)
     # printed: two header lines (`>=95%` over `interval`), as narrow as the figures below
     shown = label.replace("at least ", "\u2265").replace(" ", "\n")
     head = ["#", "run", "status", "img/s", shown if screen else label,
