@@ -336,12 +336,9 @@ def interval_label(rows: list[Row], phases: bool = False) -> str:
     measured = [r for r in rows if r.record.status.measured]
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
               *(c for r in measured if phases for c in r.record.coverages)]
-    # no row with an interval (every run failed): a column of dashes claims no coverage
-    if not covers:
-        return "interval"
     # a widened row covers more than its pooled coverage, by no figure known: the column can
     # claim only the least of them, as the row's own line does (coverage_of)
-    if any(r.widened for r in measured):
+    if covers and any(r.widened for r in measured):
         return f"at least {interval_label_of([min(covers)])}"
     return interval_label_of(covers)
 

@@ -368,8 +368,7 @@ class RunRecord(_Keys):
     @property
     def interval_label(self) -> str:
         """Its phases' intervals' label (`75% interval`; where they differ `50-75% interval`)."""
-        covers = self.coverages
-        return interval_label_of(covers) if covers else "interval"
+        return interval_label_of(self.coverages)
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
@@ -431,12 +430,17 @@ class RunRecord(_Keys):
         return bool(bench.get("phases")) and all(
             n in self.phases and len(self.phases[n].windows) >= windows for n in bench["phases"])
 
+    @property
+    def memory_of(self) -> str:
+        """What peak_memory_fraction is a fraction of: host RAM where it read RSS (a CPU run)."""
+        return "host RAM" if self.memory_source == "host_rss" else "the device"
+
     def finish(self, status: Status, error: str | None) -> None:
         """The final status: ok above the memory ceiling is over_ceiling (measured, infeasible)."""
         frac = self.peak_memory_fraction
         if status is Status.ok and finite(frac) and frac > self.memory_ceiling:
             status = Status.over_ceiling
-            error = (f"peak memory {frac:.1%} of the device > memory.ceiling "
+            error = (f"peak memory {frac:.1%} of {self.memory_of} > memory.ceiling "
                      f"{self.memory_ceiling:.0%}")
         self.status, self.error = status, error
 
@@ -585,8 +589,11 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
 
 def interval_label_of(coverages: Iterable[float]) -> str:
     """The label of intervals of these coverages: '95% interval', or where they differ (a table
-    or axis of several runs) their span, '75-95% interval'."""
-    pct = sorted({round(100 * c) for c in coverages}) or [round(100 * CONFIDENCE)]
+    or axis of several runs) their span, '75-95% interval'; none (no run had an interval): a
+    column or axis of single figures claims no coverage."""
+    pct = sorted({round(100 * c) for c in coverages})
+    if not pct:
+        return "interval"
     return f"{pct[0]}% interval" if len(pct) == 1 else f"{pct[0]}-{pct[-1]}% interval"
 
 

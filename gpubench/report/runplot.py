@@ -131,7 +131,7 @@ def _draw_pipes(ax, d: dict) -> None:
                 markerfacecolor="white" if d["flagged"] else color, markeredgewidth=2)
     # each figure under its pipe's name: beside the point it would run into the legend
     ax.set_yticks(ys, [f"{b['label']}\n{_figure(b)}"
-                       + (f"\n{b['coverage']:.0%} interval" if b["ci"] and d["per_phase"] else "")
+                       + (f"\n{interval_label_of([b['coverage']])}" if b["ci"] and d["per_phase"] else "")
                        for b in bars], fontsize=9)
     ends = [x for b in bars for x in (b["ci"] or [b["images_per_sec"]])]
     ends += [d["bound"]["images_per_sec"]] if d["bound"] else []

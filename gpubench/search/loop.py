@@ -190,8 +190,8 @@ class Search:
         else:  # an over-ceiling or OOM trial is told its speed; the constraint ranks it
             self.study.tell(trial, rec.throughput)
             mem = "?" if rec.peak_memory_fraction is None else f"{rec.peak_memory_fraction:.1%}"
-            log.info("%s: %.1f img/s, peak memory %s of the device, %s", what, rec.throughput,
-                     mem, rec.status if rec.feasible else f"{rec.status}, infeasible")
+            log.info("%s: %.1f img/s, peak memory %s of %s, %s", what, rec.throughput, mem,
+                     rec.memory_of, rec.status if rec.feasible else f"{rec.status}, infeasible")
 
     def _confirm(self) -> list[int]:
         """Re-measure the fastest feasible full-length trials (by their records), interleaved,

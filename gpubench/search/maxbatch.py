@@ -80,7 +80,8 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
             "threshold": ceiling * (1.0 - reserve), "limit_reached": best == int(limit),
             "probes": [{"batch_size": b, "fits": rec.fits_under(reserve),
                         "status": str(rec.status), "peak_memory_fraction": rec.peak_memory_fraction,
-                        "dir": str(rec.dir)} for b, rec in found]}
+                        "dir": str(rec.dir)} for b, rec in found],
+            "memory_of": found[-1][1].memory_of if found else "the device"}
 
 
 def summary_lines(result: dict) -> list[str]:  # at the end of a max-batch search
@@ -89,6 +90,7 @@ def summary_lines(result: dict) -> list[str]:  # at the end of a max-batch searc
         return ["max batch: none fits"]
     note = " (max_batch.limit reached)" if result["limit_reached"] else ""
     ups = [b for b in (2 ** i for i in range(2, 16)) if b < best][-3:] + [best]
-    return [f"max batch under {ceiling:.0%} x (1 - {reserve:.0%}) of device memory: {best}{note}",
+    of = result.get("memory_of", "the device")
+    return [f"max batch under {ceiling:.0%} x (1 - {reserve:.0%}) of {of}: {best}{note}",
             "use it as the upper bound of a search, e.g.  "
             f"'loader.batch_size=choice({','.join(map(str, ups))})'"]

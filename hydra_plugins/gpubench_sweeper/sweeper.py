@@ -168,7 +168,7 @@ class GpubenchSweeper(Sweeper):
         write_json(manifest.sweep_dir / "max_batch.json", result)
         manifest.update(max_batch=result)
         if result["max_batch"] is None:
-            log.warning("even batch size 1 does not fit under %.0f%% of the device",
-                        100 * result["memory_ceiling"])
+            log.warning("even batch size 1 does not fit under %.0f%% of %s",
+                        100 * result["memory_ceiling"], result["memory_of"])
         for line in summary_lines(result):  # the answer, for the user at the terminal
             print(line, flush=True)

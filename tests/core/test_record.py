@@ -157,7 +157,7 @@ def test_a_table_of_runs_names_the_coverage_its_intervals_have():
     assert label(with_coverage(0.95), with_coverage(0.95)) == "95% interval"
     assert label(with_coverage(0.75)) == with_coverage(0.75).interval_label == "75% interval"
     assert label(with_coverage(0.95), with_coverage(0.75)) == "75-95% interval"
-    assert label() == "95% interval"
+    assert label() == "interval"  # no run with an interval: no coverage claimed
     # a run whose phases hold no interval (an OOM's one window) heads a column of dashes
     one = make(phases={"loader": PhaseRecord.from_dict({"images_per_sec": 3041.7})})
     assert one.interval_label == "interval"
@@ -276,3 +276,19 @@ def test_a_loader_window_gpubench_sizes_never_times_the_queue():
                                     batches_in_flight(workers, prefetch)) == []
     # a window of fewer batches than in flight (cut short, or an older run) still is flagged
     assert queue_checks("loader", [{"steps": 9}], 16)
+
+
+@pytest.mark.parametrize("source, whole", [("host_rss", "host RAM"),
+                                           ("torch_cuda_reserved", "the device")])
+def test_a_peak_is_worded_as_a_fraction_of_what_it_was_read_against(source, whole):
+    """A CPU run's peak is summed RSS against host RAM: its over-ceiling error, a search's
+    trial line and the max-batch answer called it `of the device`."""
+    from gpubench.search.maxbatch import summary_lines
+
+    rec = RunRecord(peak_memory_fraction=0.9, memory_ceiling=0.8, memory_source=source)
+    rec.finish(Status.ok, None)
+    assert rec.status is Status.over_ceiling
+    assert rec.error == f"peak memory 90.0% of {whole} > memory.ceiling 80%"
+    line = summary_lines({"max_batch": 16, "memory_ceiling": 0.8, "reserve": 0.05,
+                          "limit_reached": False, "memory_of": rec.memory_of})[0]
+    assert line == f"max batch under 80% x (1 - 5%) of {whole}: 16"

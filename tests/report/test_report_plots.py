@@ -558,7 +558,8 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
         result["data"].append({"for": {"loader.batch_size": b}, "study": f"s-data-{k}",
                                "params": {"loader.num_workers": 0}, "clears": True})
         rows.append(stage(f"data-{k}-0", run(batch=b, workers=0, e2e=None, compute=None,
-                                             loader=ips, device="cpu"), str(3 + k)))
+                                             loader=ips, device="cpu",
+                                             ci={"loader": [0.9 * ips, 1.1 * ips]}), str(3 + k)))
     for r in rows:  # a compute run of 3 windows, a loader run of 6 (their own intervals)
         for ph in r.record.phases.values():
             ph.images_per_sec_ci_coverage = 0.75 if ph.phase == "compute" else 0.96875
@@ -566,7 +567,7 @@ def test_pipes_pictures_name_memory_as_the_others_and_keep_one_point_a_setting_r
     assert c["memory_label"].endswith("% of host RAM")
     assert c["ylabel"] == "compute-only images/sec (whiskers: 75% interval)"
     assert {p["ylabel"] for p in data_panels(rows, result)} == {
-        "loader-only images/sec (whiskers: 95% interval)"}
+        "loader-only images/sec (whiskers: 95% interval)"}  # 6 windows: named CONFIDENCE
     assert sum(q["kept"] for pts in c["series"].values() for q in pts) == 2
     panels = data_panels(rows, result)
     assert [sum(len(v) for v in p["series"].values()) for p in panels] == [1, 1]
