@@ -32,7 +32,7 @@ from gpubench.config.errors import NOTHING, ConfigError, cut
 from gpubench.config.keys import Key, keys
 from gpubench.config.prechecks import UNQUOTED, group_hint, typed, unknown_key
 from gpubench.config.schema import BY_NAME as DECLARED
-from gpubench.config.schema import config_keys
+from gpubench.config.schema import config_keys, walk
 from gpubench.config.settings import known_models
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import LinkError, WriteError
@@ -96,8 +96,14 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
         key, written = missing, None
     # the whole config, as far as it was composed: the missing key's parent leads to its root
     root = cause.parent_node._get_root() if cause.parent_node is not None else None
-    return unknown_key(key, value, config_keys(root) if root is not None else list(DECLARED),
-                       typed=written)
+    known = list(DECLARED) if root is None else config_keys(root)
+    if root is not None and key.startswith("hydra."):
+        # Hydra's and the sweeper's keys: siblings by their last part (the long common prefix
+        # made any key "close": hydra.sweeper.bogus matched hydra.sweeper._target_)
+        parent, _, leaf = key.rpartition(".")
+        sibling = {k.rpartition(".")[2]: k for k, _ in walk(root) if k.rpartition(".")[0] == parent}
+        known = [sibling[c] for c in difflib.get_close_matches(leaf, list(sibling), n=3)]
+    return unknown_key(key, value, known, typed=written)
 
 
 def deleted_line(parsed: list[Override]) -> ConfigError | None:

@@ -149,8 +149,10 @@ def unknown_key(key: str, value: Any, known: list[str], what: str = "",
     except ConfigError as e:
         return ConfigError(key, value, e.allowed, typed)
     close = difflib.get_close_matches(key, known, n=3)
-    # `+key=...` only where nothing is close: offered beside a near-miss it led to a typo run
-    hint = f" (close: {', '.join(close)})" if close else f"; +{key}=... adds a new one"
+    # `+key=...` only where nothing is close (beside a near-miss it led to a typo run), and
+    # never under hydra.: a key Hydra's or the sweeper's schema lacks is read by nothing
+    hint = f" (close: {', '.join(close)})" if close else "" if key.startswith("hydra.") else \
+        f"; +{key}=... adds a new one"
     return ConfigError(key, value, f"a key of the config{what}{hint}", typed)
 
 

@@ -69,6 +69,22 @@ def test_mistyped_key_names_the_close_key(compose_cfg):
         assert describe(err.value, [override]) == (line, 2)
 
 
+@pytest.mark.parametrize("override, line", [
+    ("hydra.sweeper.n_trails=2", "hydra.sweeper.n_trails=2 is not allowed: it must be a key of "
+     "the config (close: hydra.sweeper.n_trials)"),
+    # no `+hydra.sweeper.x=...`: a key the sweeper's schema lacks is read by nothing
+    ("hydra.sweeper.bogus_thing=2", "hydra.sweeper.bogus_thing=2 is not allowed: it must be a "
+     "key of the config")])
+def test_a_mistyped_sweeper_key_names_its_close_sibling(compose_cfg, override, line):
+    """`hydra.sweeper.n_trails=2` was pointed at `+hydra.sweeper.n_trails=...`, with no close
+    key: Hydra's node was left out of the keys it was matched against."""
+    from gpubench.cli.messages import describe
+
+    with pytest.raises(Exception) as err:
+        compose_cfg("sweep=throughput", override, hydra=True)
+    assert describe(err.value, ["sweep=throughput", override]) == (line, 2)
+
+
 @pytest.fixture
 def sigterm_kept():
     """one_line_errors installs gpubench's SIGTERM handler, and Hydra's main configures
