@@ -17,6 +17,7 @@ import yaml
 from gpubench.config.keys import Role
 from gpubench.config.knobs import KEYS, SETUP_SHORT, SHORT, knob_setting, role
 from gpubench.config.overrides import format_value
+from gpubench.config.schema import BY_NAME as DECLARED
 from gpubench.config.schema import FaultConfig
 from gpubench.config.settings import as_run
 from gpubench.core.files import flatten
@@ -165,7 +166,12 @@ def loader_only(rec: RunRecord) -> bool:
 
 
 class WhereError(ValueError):
-    """A `--where` that picks nothing it could: its one line (the report exits 1)."""
+    """A `--where` that picks nothing it could: its one line; `bad_input` where the command
+    line itself is wrong (malformed, a key gpubench never declares), not the runs read."""
+
+    def __init__(self, line: str, bad_input: bool = True):
+        super().__init__(line)
+        self.bad_input = bad_input
 
 
 def parse_where(items: list[str] | None) -> dict[str, str]:
@@ -198,8 +204,14 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
     for key in conditions:
         if rows and not any(key in r.flat for r in rows):
             close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
-            raise WhereError(f"gpubench.report: --where {key}: no run has this config key"
-                             + (f" (close: {', '.join(close)})" if close else ""))
+            hint = f" (close: {', '.join(close)})" if close else ""
+            # a declared key that these runs lack (recorded before it existed) is the runs'
+            # doing; a key no run has and gpubench never declares is a typo on the command line
+            if key in DECLARED:
+                raise WhereError(f"gpubench.report: --where {key}: no run has this config key"
+                                 f"{hint}", bad_input=False)
+            raise WhereError(f"gpubench.report: --where {key}={conditions[key]} is not allowed: "
+                             f"it must be a config key these runs hold{hint}")
     return [r for r in rows if all(_matches(r.flat.get(k), v) for k, v in conditions.items())]
 
 

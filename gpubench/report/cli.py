@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> ExitCode:
         return ExitCode.BAD_INPUT
     try:
         return _report(p, a, conditions)
-    except (WhereError, NothingToReport) as e:  # each is its own one line
+    except WhereError as e:  # its own one line
+        print(mask_secrets(str(e)), file=sys.stderr)
+        return ExitCode.BAD_INPUT if e.bad_input else ExitCode.FAILED
+    except NothingToReport as e:  # its own one line
         print(mask_secrets(str(e)), file=sys.stderr)
     except LinkError as e:  # a link out of the folder, or where the report writes
         print(f"gpubench.report: {e}", file=sys.stderr)

@@ -1021,11 +1021,13 @@ def test_where_filters_rows_before_anything_else():
     assert "model.nme" in str(e.value) and "model.name" in str(e.value)
 
 
-@pytest.mark.parametrize("where, code", [("model.name", 2), ("model.nme=tiny", 1)])
+@pytest.mark.parametrize("where, code", [("model.name", 2), ("model.nme=tiny", 2),
+                                         ("loader.in_order=true", 1)])
 def test_a_bad_where_is_one_line_from_the_command(where, code, tmp_path, capsys):
     """analysis.select raises its typed error; the report's command line prints its one line
-    and exits 2 where it is malformed (bad input, as every other bad flag), 1 where no run has
-    the key, as for a folder with nothing to report."""
+    and exits 2 where it is malformed or names a key gpubench never declares (bad input, as
+    every other bad flag), 1 where the runs lack a declared key (recorded before it existed),
+    as for a folder with nothing to report."""
     from gpubench.report.cli import main
 
     sweep = tmp_path / "sweep"
