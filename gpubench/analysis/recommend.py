@@ -491,7 +491,8 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
                           compute_bound((m for r in rows for m in r.measurements),
                                         setup_of_run(chosen.record))[0], tolerance,
                           chosen.record.env.get("device"), [r.flat for r in same],
-                          least_cores(m for r in same for m in r.measurements))
+                          least_cores(m for r in same for m in r.measurements),
+                          str(longer(chosen.record)))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []

@@ -82,9 +82,12 @@ def feeds(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> Feeds:
     return Feeds.short if loader.hi < compute.lo else Feeds.open
 
 
-# a larger bench.steps alone keeps the windows' count, and so the interval's coverage
-UNDECIDED = ("the intervals overlap, so it is not decided: measure longer (more windows of more "
-             "steps: a larger bench.repeats and bench.steps) or try more workers")
+def undecided(longer: str = "") -> str:
+    """Overlapping intervals, and what decides them: `longer`, the runs' own measure-longer
+    (core.record.longer), where known; else its rule in words (a larger bench.steps alone
+    keeps the windows' count, and so the interval's coverage)."""
+    how = longer or "more windows of more steps: a larger bench.repeats and bench.steps"
+    return f"the intervals overlap, so it is not decided: measure longer ({how}) or try more workers"
 
 
 def workers(n: int) -> str:
@@ -100,6 +103,7 @@ class WorkersPick:
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
     next: str = ""  # what a data side that stays the narrower pipe can try next (next_steps)
+    longer: str = ""  # the runs' own measure-longer (core.record.longer), for `undecided`
 
     @property
     def loader_images_per_sec(self) -> float | None:
@@ -133,7 +137,7 @@ class WorkersPick:
                 f"{ips / c.value:.0%} of compute")
         if feeds(self.rates[self._top], c, tol) is Feeds.short:
             return f"{head}: the data side stays the bottleneck (next: {self.next})"
-        return f"{head}: {UNDECIDED}"
+        return f"{head}: {undecided(self.longer)}"
 
     @property
     def threshold(self) -> float | None:
@@ -165,7 +169,7 @@ class WorkersPick:
                 f"{self.rates[top]} = {self.rates[top].over(c):.0%} of compute")
         if feeds(self.rates[top], c, tol) is Feeds.short:
             return f"{head}: the data side stays the bottleneck (next: {self.next}); {plateau}"
-        return f"{head}: {UNDECIDED}; {plateau}"
+        return f"{head}: {undecided(self.longer)}; {plateau}"
 
 
 def clears_by(margin: Est) -> str:
@@ -206,10 +210,12 @@ def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,
                    tolerance: float = TOLERANCE, device: str | None = None,
-                   tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None) -> WorkersPick:
+                   tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None,
+                   longer: str = "") -> WorkersPick:
     """The fewest loader workers that clear compute; when none does, the plateau's start: the
     fewest within `tolerance` of the highest loader throughput (`device`, `cores`: the runs',
-    `tried`: their flat config values, which the next steps advised leave out)."""
+    `tried`: their flat config values, which the next steps advised leave out; `longer`: their
+    measure-longer)."""
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
@@ -219,7 +225,7 @@ def fewest_workers(rows, compute_images_per_sec: float | Est | None,
     most = max(loader, default=None)
     top = max(loader, key=lambda x: loader[x].value, default=None)
     return WorkersPick(clear[0] if clear else plateau, bool(clear), tolerance, loader, compute,
-                       next_steps(device, most if top == most else None, tried, cores))
+                       next_steps(device, most if top == most else None, tried, cores), longer)
 
 
 def compute_setup(get: Callable[[str], Any], device: Any) -> tuple[tuple[str, Any], ...]:

@@ -26,7 +26,7 @@ from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, DATA_KEYS, role
 from gpubench.config.overrides import format_value
 from gpubench.config.settings import as_run
-from gpubench.core.record import Reason, RunRecord, find_runs, load
+from gpubench.core.record import Reason, RunRecord, find_runs, load, longer
 from gpubench.core.stats import count
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons
@@ -189,7 +189,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         # a loader-only row's figure, pooled over its repeats as the ranking shows it
         good = [(r.knob("num_workers"), r.throughput, list(r.interval)) for r in used]
         pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"],
-                                      [r.flat for r in rs], workers.least_cores(r.record for r in rs))
+                                      [r.flat for r in rs], workers.least_cores(r.record for r in rs),
+                                      str(longer(rs[0].record)))
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
     named = _apart(groups)
     for g in groups:

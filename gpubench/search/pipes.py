@@ -18,13 +18,13 @@ from typing import Any
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
 from gpubench.analysis.workers import (
     NEXT_KEYS,
-    UNDECIDED,
     Feeds,
     clears,
     clears_by,
     feeds,
     least_cores,
     next_steps,
+    undecided,
 )
 from gpubench.config.errors import ConfigError
 from gpubench.config.knobs import CHEAP_FIRST, acts, knob_setting
@@ -487,7 +487,7 @@ def lines(result: dict) -> list[str]:
             verdict = (f"= {share:.0%} of compute: the data side stays the narrower pipe (next: "
                        f"{next_steps(d.get('device'), d.get('more_from'), d.get('tried', ()), d.get('cores'))})")
         else:
-            verdict = f"= {share:.0%} of compute: {UNDECIDED}"
+            verdict = f"= {share:.0%} of compute: {undecided()}"
         out.append(f"data pipe for {_setting(d['for'])}: "
                    f"{count(d['trials'], 'loader-only trial')}; "
                    f"{_setting(d['params'])}: {r} img/s {verdict}")

@@ -74,6 +74,18 @@ def test_the_fewest_workers_whose_low_end_clears_computes_high_end_by_the_margin
     assert fewest_workers([(w, ips) for w, (ips, _) in LOADER.items()], 540.0).num_workers == 1
 
 
+def test_an_undecided_pick_says_the_runs_own_measure_longer():
+    """Overlapping intervals: the loader check read `measure longer (a larger bench.repeats
+    and bench.steps)` beside the report's own `bench.steps=20 bench.repeats=10` for the same
+    runs; it says the runs' figures where it is given them."""
+    close = Est(820.0, 800.0, 845.0)  # overlaps 812 [790-840], its best loader
+    given = fewest_workers(dict_rows(), close, longer="bench.steps=20 bench.repeats=10")
+    assert ("the intervals overlap, so it is not decided: measure longer (bench.steps=20 "
+            "bench.repeats=10) or try more workers") in given.answer(), given.answer()
+    assert "measure longer (bench.steps=20 bench.repeats=10)" in given.reason
+    assert "a larger bench.repeats" in fewest_workers(dict_rows(), close).reason
+
+
 def test_none_clears_says_whether_the_data_side_is_surely_the_bottleneck():
     below = fewest_workers(dict_rows(), Est(900.0, 880.0, 920.0))
     assert not below.unblocks and below.num_workers == 2  # the plateau: 812 within 5% of 830
