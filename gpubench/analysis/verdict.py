@@ -215,9 +215,8 @@ class Knobs:
     oom: bool = False  # the run ran out of memory: the advice is about fitting, not speed
 
 
-def advise(bottleneck: Bottleneck | str, k: Knobs) -> list[str]:
+def advise(bottleneck: Bottleneck, k: Knobs) -> list[str]:
     """1-3 concrete next steps in words, filled from the settings."""
-    bottleneck = Bottleneck(bottleneck)
     gpu, starved = k.device == "cuda", bottleneck in (Bottleneck.data, Bottleneck.overlap)
     rules = [
         (Step.contention, bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0),

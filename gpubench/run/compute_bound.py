@@ -45,7 +45,8 @@ def claim_in(sweep: Path, record: RunRecord) -> Path | None:
     root = sweep / COMPUTE_DIR
     root.mkdir(exist_ok=True)
     check_no_links(root, sweep)  # nothing claimed or written through a link out of the sweep
-    if (read_json(root / name / RESULTS_FILE) or {}).get("status") not in (None, Status.running):
+    if Status.read((read_json(root / name / RESULTS_FILE) or {}).get("status"), Status.running
+                   ) is not Status.running:
         return None  # measured (a resumed sweep)
     lock = try_lock(root / f"{name}.claim", f"{record.dir}\n")
     if lock is None:

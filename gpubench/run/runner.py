@@ -368,7 +368,7 @@ class Benchmark:
             # was measured, so no results.json is left behind either
             if not rec.phases and self.dist.main:
                 rec.path.unlink(missing_ok=True)
-            self.dist.announce("failed", str(e))
+            self.dist.announce(Status.failed.value, str(e))
             self._release()
             raise
         except Exception as e:
@@ -418,7 +418,7 @@ class Benchmark:
         if self.dist.main:
             self.record.finish(Status.failed, f"hung: {line}")
         self.save()  # re-entered on this thread; the main thread's next save() waits for ever
-        self.dist.announce("failed", f"hung: {line}")
+        self.dist.announce(Status.failed.value, f"hung: {line}")
         return f"{line}; {kept(self.out)}" if self.dist.main else line
 
     def _end_hung(self) -> None:

@@ -120,8 +120,8 @@ def trial_rows(study, storage, prefix: str = "") -> list[tuple[Any, Row]]:
         if rec is not None:
             row = Row(label, rec, trial=trial)
         else:  # its folder is gone: what the study kept
-            status = a.get("status", "failed" if t.state == TrialState.FAIL else "ok")
-            rec = RunRecord(status=Status.read(status, Status.failed),
+            told = Status.failed if t.state == TrialState.FAIL else Status.ok
+            rec = RunRecord(status=Status.read(a.get("status", told), Status.failed),
                             images_per_sec=a.get("throughput"),
                             peak_memory_fraction=a.get("peak_memory_fraction"),
                             memory_ceiling=float(a.get("memory_ceiling") or 1.0), rung=rung,

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 HOST_PARTS = ("data", "forward", "backward", "optimizer", "host_metrics")
 # the share of the step the parts alone must cover for the breakdown to be trusted (`covered`)
-TOLERANCE = 0.10
+COVER_TOLERANCE = 0.10
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
@@ -63,8 +63,8 @@ def breakdown(trace: dict, cuda: bool) -> dict | None:
     # merged, so no time counts twice should a range ever sit inside another
     covered = _length(_union(iv for p in HOST_PARTS for iv in ranges[p])) * us
     coverage = covered / step if step > 0 else None
-    out.update(unattributed_s=step - covered, coverage=coverage, tolerance=TOLERANCE,
-               covered=coverage is not None and coverage >= 1.0 - TOLERANCE,
+    out.update(unattributed_s=step - covered, coverage=coverage, tolerance=COVER_TOLERANCE,
+               covered=coverage is not None and coverage >= 1.0 - COVER_TOLERANCE,
                time_kind="host+device" if cuda else "host")
     if cuda:
         out.update(_device(events, ranges, lo, n))

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from gpubench.config.keys import name_rule, setting
 from gpubench.config.knobs import DATA_KEYS
+from gpubench.core.stats import TOLERANCE
 
 
 class Mode(str, Enum):
@@ -69,7 +70,7 @@ class PipesConf:
     compute_trials: int = setting(16, "compute-only trials at most; a compute space this small "
                                       "or smaller is measured whole", bounds=(1, None))
     keep: int = setting(2, "compute settings kept for the data pipe: the fastest, the smallest "
-                           "batch within 5% of it, then the next fastest", bounds=(1, None))
+                           f"batch within {TOLERANCE:.0%} of it, then the next fastest", bounds=(1, None))
     data_trials: int = setting(12, "loader-only trials at most per kept compute setting, "
                                    "cheapest setting first", bounds=(1, None))
     join_trials: int = setting(

@@ -146,46 +146,46 @@ def test_verdict_reads_figures_only_not_utilization():
 
 
 def test_data_advice_turns_the_data_knobs():
-    advice = " ".join(advise("data", knobs()))
+    advice = " ".join(advise(Bottleneck.data, knobs()))
     assert "loader.num_workers=2" in advice and "pin_memory=true" in advice
 
 
 def test_zero_workers_overlap_advice():
-    assert "num_workers=2 or more" in advise("overlap", knobs(num_workers=0))[0]
+    assert "num_workers=2 or more" in advise(Bottleneck.overlap, knobs(num_workers=0))[0]
     # on a CPU a worker loads on the model's own cores: measured against 0, never assumed (2
     # workers on a 2-core machine halved a run that followed the GPU's advice)
-    cpu = advise("overlap", knobs(num_workers=0, device="cpu", cpu_count=2))[0]
+    cpu = advise(Bottleneck.overlap, knobs(num_workers=0, device="cpu", cpu_count=2))[0]
     assert cpu.startswith("loader.num_workers=1, measured against 0 (`-m loader.num_workers=0,1`)")
     assert "one of the 2 cores" in cpu and "article 003" not in cpu
 
 
 def test_compute_advice_amp_first_then_layout_and_batch():
-    a = advise("compute", knobs())
+    a = advise(Bottleneck.compute, knobs())
     assert a[0].startswith("precision=amp_bf16")
-    a = advise("compute", knobs(precision="amp_bf16", compile="default"))
+    a = advise(Bottleneck.compute, knobs(precision="amp_bf16", compile="default"))
     assert a[0].startswith("channels_last=true")
     assert any("loader.batch_size=128" in x for x in a)
 
 
 def test_larger_batch_only_with_memory_to_spare():
     done = dict(precision="amp_bf16", channels_last=True, compile="default")
-    roomy = advise("compute", knobs(**done, memory_fraction=0.3))
+    roomy = advise(Bottleneck.compute, knobs(**done, memory_fraction=0.3))
     assert roomy == [x for x in roomy if x.startswith("loader.batch_size=128")]
     assert roomy, "the batch advice is the one left to give"
-    near = advise("compute", knobs(**{**done, "compile": "off"}, memory_fraction=0.7))
+    near = advise(Bottleneck.compute, knobs(**{**done, "compile": "off"}, memory_fraction=0.7))
     assert near and not any("batch_size" in x for x in near)  # compile advice, no batch
 
 
 def test_data_advice_is_ordered_most_effective_first():
-    a = advise("data", knobs(num_workers=1, cpu_count=8, pin_memory=False))
+    a = advise(Bottleneck.data, knobs(num_workers=1, cpu_count=8, pin_memory=False))
     assert a[0].startswith("loader.num_workers=2") and a[1].startswith("loader.pin_memory=true")
     assert a[2].startswith("dataset.preload=true") and len(set(a)) == len(a)
 
 
 def test_cpu_overlap_names_core_contention():
-    one = advise("overlap", knobs(device="cpu", num_workers=1, cpu_count=2))[0]
+    one = advise(Bottleneck.overlap, knobs(device="cpu", num_workers=1, cpu_count=2))[0]
     assert "the loader's 1 worker takes cores" in one  # never "the 1 loader workers"
-    a = advise("overlap", knobs(device="cpu", num_workers=2, cpu_count=2))
+    a = advise(Bottleneck.overlap, knobs(device="cpu", num_workers=2, cpu_count=2))
     assert "take cores from the model" in a[0]
 
 
@@ -322,15 +322,15 @@ def test_every_case_is_reached_and_its_sentence_filled_from_the_figures_the_rule
 def test_cpu_data_advice_names_no_gpu_and_no_gpu_only_knob():
     """A CPU-only run's next steps: what acts on a CPU, never "per GPU", pinning or a device
     augment (on a CPU the same cores would run it)."""
-    every = advise("data", knobs(device="cpu", num_workers=8, cpu_count=8))
-    every += advise("data", knobs(device="cpu", num_workers=1, cpu_count=8))
-    every += advise("overlap", knobs(device="cpu", num_workers=0, cpu_count=8))
+    every = advise(Bottleneck.data, knobs(device="cpu", num_workers=8, cpu_count=8))
+    every += advise(Bottleneck.data, knobs(device="cpu", num_workers=1, cpu_count=8))
+    every += advise(Bottleneck.overlap, knobs(device="cpu", num_workers=0, cpu_count=8))
     assert every and not any("GPU" in x or "augment_on=device" in x or "pin_memory" in x
                              for x in every)
-    assert advise("data", knobs(device="cpu", num_workers=8, cpu_count=8, preload=True)) == [
+    assert advise(Bottleneck.data, knobs(device="cpu", num_workers=8, cpu_count=8, preload=True)) == [
         "the host's cores are all loading and training: a host with more cores (8 here)"]
     # on a GPU the same run is told of the CPU per GPU
-    gpu = advise("data", knobs(num_workers=8, cpu_count=8, preload=True, pin_memory=True))
+    gpu = advise(Bottleneck.data, knobs(num_workers=8, cpu_count=8, preload=True, pin_memory=True))
     assert "per GPU" in gpu[-1]
 
 

@@ -219,7 +219,7 @@ def test_preload_is_no_next_step_for_images_made_in_ram():
     """A synthetic dataset is made in RAM: preload has nothing to decode (a new user who
     followed `next: dataset.preload=true` got 0.00 GiB preloaded and a slower loader). The
     next steps ask what the verdict's advice asks (schema.PRELOAD_HELPS)."""
-    from gpubench.analysis.verdict import advise
+    from gpubench.analysis.verdict import Bottleneck, advise
     from gpubench.analysis.workers import next_steps
 
     for name, preload in (("synthetic", False), ("device_synthetic", False),
@@ -230,7 +230,7 @@ def test_preload_is_no_next_step_for_images_made_in_ram():
                       preload=False, augment_on="cpu", precision="fp32", channels_last=False,
                       compile="off", batch_size=64, dataset=name, memory_fraction=0.3,
                       ceiling=0.8)
-        assert any(a.startswith("dataset.preload=true") for a in advise("data", knobs)) \
+        assert any(a.startswith("dataset.preload=true") for a in advise(Bottleneck.data, knobs)) \
             is preload, name
     assert "dataset.preload=true" in next_steps("cuda")  # the runs' dataset not known
 

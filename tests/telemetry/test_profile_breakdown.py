@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpubench.run.runner import measure_run
-from gpubench.telemetry.breakdown import TOLERANCE, breakdown, lines
+from gpubench.telemetry.breakdown import COVER_TOLERANCE, breakdown, lines
 
 
 def test_profiled_cpu_run_breaks_the_step_down(compose_cfg, tmp_path):
@@ -30,7 +30,7 @@ def test_profiled_cpu_run_breaks_the_step_down(compose_cfg, tmp_path):
     # `covered` is checked against the coverage the breakdown states, not assumed)
     assert 0.75 * b["step_s"] <= named <= b["step_s"], b
     assert b["coverage"] == pytest.approx(1 - b["unattributed_s"] / b["step_s"])
-    assert b["covered"] is (b["coverage"] >= 1 - TOLERANCE)
+    assert b["covered"] is (b["coverage"] >= 1 - COVER_TOLERANCE)
     # the trace itself holds the ranges the breakdown read
     trace = json.loads(gzip.open(rec.extra["profile"]["trace"]).read())
     names = {e.get("name") for e in trace["traceEvents"]}
