@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from gpubench.analysis.recommend import Row, interval_label
+from gpubench.analysis.select import LeftOut, left_out
 from gpubench.config.keys import Pipe
 from gpubench.config.knobs import declared, knob_setting
 from gpubench.config.settings import as_run
@@ -148,9 +149,11 @@ def memory_data(rows) -> dict | None:
 
 
 def pareto_data(rows, rec=None) -> dict | None:
-    """Throughput against peak memory of 2+ full runs; the front: what no other unflagged full
-    run beats on both."""
-    pts = [r for r in rows if r.throughput > 0 and r.peak is not None]
+    """Throughput against peak memory of 2+ full training runs (docs/report.md; a loader-only
+    run's peak is its workers', no training's); the front: what no other unflagged full run
+    beats on both."""
+    pts = [r for r in rows if r.throughput > 0 and r.peak is not None
+           and left_out(r.record) is not LeftOut.no_e2e]  # screens, probes: hollow, no front
     full = [r for r in pts if r.full]
     if len(full) < 2:
         return None

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpubench.analysis.labels import FLAWS, rerun_text
 from gpubench.analysis.recommend import acted, ran_with
+from gpubench.analysis.select import loader_only
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, acts, compared, knob_setting
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
@@ -92,8 +93,10 @@ def flag_reasons(row) -> list[Reason]:
 
 def all_flagged(rows) -> str:
     """A picture's line where every full run (`rows`) flagged itself, with what they ask of a
-    rerun: `every full run flagged its own measurement (rerun on a quiet machine)`."""
-    return ("every full run flagged its own measurement "
+    rerun: `every full run flagged its own measurement (rerun on a quiet machine)`; a loader-only
+    sweep's are loader runs, no training run."""
+    what = "loader-only run" if rows and all(loader_only(r.record) for r in rows) else "full run"
+    return (f"every {what} flagged its own measurement "
             f"({rerun_text(x.kind for r in rows for x in flag_reasons(r))})")
 
 

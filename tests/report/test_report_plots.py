@@ -711,3 +711,20 @@ def test_runs_moved_aside_past_the_last_tick_stay_inside_the_axes(tmp_path):
     edge = ax.transData.transform((max(x for x, _ in red), 0.0))[0] + 4 * ax.figure.dpi / 72
     assert edge <= right
     assert lo == pytest.approx(-0.32)  # the left end, where nothing is moved, as before
+
+
+def test_a_loader_only_sweep_draws_no_pareto_and_names_its_runs_as_loader_runs():
+    """A loader-only sweep wrote pareto.png (docs/report.md: two or more full training
+    measurements) titled `every full run flagged`: its runs trained nothing."""
+    def loader(workers, ips):
+        rec = run(workers=workers, e2e=None, compute=None, loader=ips, noise=[BUSY],
+                  bench={"phases": ["loader"]})
+        rec.phases["loader"].windows = [{}] * 6  # a full run of its plan
+        return rec
+
+    rows = rows_of(loader(0, 2700.0), loader(1, 2100.0))
+    assert pareto_data(rows) is None
+    assert plot_rules.all_flagged(rows).startswith("every loader-only run flagged")
+    full = rows_of(run(batch=16, e2e=100, noise=[BUSY]), run(batch=32, e2e=120, noise=[BUSY]))
+    assert plot_rules.all_flagged(full).startswith("every full run flagged")
+    assert pareto_data(full) is not None
