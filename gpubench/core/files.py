@@ -22,14 +22,14 @@ from gpubench.core.secrets import mask_secrets
 T = TypeVar("T")
 
 
-def finite(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     """NaN and inf are not JSON: stored as null (a figure that could not be measured)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: finite(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [finite(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
 
 
@@ -52,7 +52,7 @@ def refusal(path: str | Path, e: OSError) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    write_text(path, json.dumps(finite(data), indent=2, allow_nan=False,
+    write_text(path, json.dumps(json_safe(data), indent=2, allow_nan=False,
                                 default=lambda o: o.value if isinstance(o, Enum) else str(o)))
 
 

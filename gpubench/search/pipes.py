@@ -500,7 +500,7 @@ def lines(result: dict) -> list[str]:
         tail = ": the pipes contend (both fall short together)" if p["contends"] else ""
         what = ("the serial bound (0 workers: load, then step)" if Narrower.read(p["narrower"]) is Narrower.serial
                 else "the narrower pipe")
-        out.append(f"{pairing}: e2e {e} img/s, {e.value / b.value:.0%} of {what} "
+        out.append(f"{pairing}: e2e {e} img/s, {e.over(b).value:.0%} of {what} "
                    f"({p['narrower']} {b}){tail}")
     if w := result.get("wall_s"):
         out.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in w.items()))
