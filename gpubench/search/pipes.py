@@ -16,6 +16,7 @@ from functools import cached_property, partial
 from typing import Any
 
 from gpubench.analysis.recommend import TOLERANCE, Row, recommend
+from gpubench.analysis.select import training_rows
 from gpubench.analysis.workers import (
     NEXT_KEYS,
     Feeds,
@@ -233,7 +234,8 @@ class Pipes:
                     if alt is not None and alt.clears:
                         nxt.append((k, alt))
             pairs = nxt[: max(self.plan.join_trials - tried, 0)]
-        rec = recommend([r for _, r in rows])
+        # the rows and rule the join's Search writes sweep.json's `best` by (loop._summarize)
+        rec = recommend(training_rows([r for _, r in rows])[0])
         self.result["join"] = {"study": shared.study.study_name, "pairings": joined}
         if rec is not None:  # the report's rule: the smallest batch, fewest workers near the best
             params = next(p for p, r in rows if r is rec.chosen)
