@@ -395,7 +395,7 @@ def config_keys(cfg: Any) -> list[str]:
 def check_known_keys(cfg: DictConfig) -> None:
     """Every key under gpubench's groups in a composed config, against the declarations, and
     the top-level keys of one's own against near-misses of gpubench's."""
-    roots = [(k, node) for k, node in walk(cfg) if "." not in k and k not in ROOT_NAMES
+    roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k not in ROOT_NAMES
              and k != "hydra"]
     for group in sorted(GROUP_NAMES):
         roots += walk(cfg._get_node(group) if group in cfg else None, f"{group}.")

@@ -23,7 +23,7 @@ from rich.text import Text
 from gpubench.analysis import recommend
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadiness, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
-from gpubench.config.keys import Role
+from gpubench.config.keys import Role, lookup
 from gpubench.config.knobs import knob_name, role
 from gpubench.config.overrides import format_value
 from gpubench.config.schema import walk
@@ -153,9 +153,7 @@ def _interpolations_kept(setup: dict, run_dir: Path | None) -> dict:
         return setup
     kept = OmegaConf.create(setup)
     for key, _ in walk(kept):
-        raw = composed
-        for part in key.split("."):
-            raw = raw.get(part) if isinstance(raw, dict) else None
+        raw = lookup(composed, key)  # as the run composed it, unresolved
         if isinstance(raw, str) and "${" in raw:
             trial = kept.copy()
             OmegaConf.update(trial, key, raw)

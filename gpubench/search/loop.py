@@ -286,5 +286,5 @@ class Search:
                 log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
                          best.number, run, value, " ".join(out["overrides"]))
         self.jobs.manifest.update(measured_trials=len(S.measured_trials(self.study)),
-                             **({"best": out} if out and self.writes_best else {}))
+                                  **({"best": out} if out and self.writes_best else {}))
         return out
