@@ -273,12 +273,15 @@ def check_written(raw: DictConfig, package: str, where: str, text: str | None = 
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
-def check_left_to_set(cfg: DictConfig, groups: dict, overrides: list) -> None:
-    """A declared key that a chosen option's file leaves `???` and nothing else sets: merged
-    over the schema's default, OmegaConf keeps the default (a `???` overrides nothing), so the
-    run went on at a value nobody chose (`image_size: ???` ran at 32 px). Set elsewhere: an
-    override, another chosen file (an experiment's); a file whose own defaults list goes on
-    after `_self_` (a later config of its own may set it) is left alone."""
+def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
+    """A team's chosen option files, each read once for two rules. A `hydra.searchpath`
+    folder's file (read by Hydra's own file source, not gpubench's `Files`) is checked as
+    written (check_written), as a `-cd` folder's is. A declared key that a file leaves `???`
+    and nothing else sets is refused: merged over the schema's default, OmegaConf keeps the
+    default (a `???` overrides nothing), so the run went on at a value nobody chose
+    (`image_size: ???` ran at 32 px). Set elsewhere: an override, another chosen file (an
+    experiment's); a file whose own defaults list goes on after `_self_` (a later config of
+    its own may set it) is left alone."""
     sources = _at(cfg, "hydra.runtime.config_sources") or ()
     if not any(src.schema in ("file", "gpubench") and src.path != str(CONFIG_DIR)
                for src in sources):
@@ -346,7 +349,7 @@ def check_before_work(cfg: DictConfig) -> None:
                                if _swept(o) or o.key_or_group in set_by_sweeper})
     check_known_keys(cfg)
     check_overrides(cfg, groups, overrides)
-    check_left_to_set(cfg, groups, overrides)
+    check_team_files(cfg, groups, overrides)
     node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
     sweeper = keys(schema, "hydra.sweeper.") if is_dataclass(schema) else []  # its typed schema's

@@ -41,7 +41,7 @@ def test_a_presets_loader_windows_outlast_the_batches_in_flight(search_path, exp
 
 
 def test_gpubench_s_own_files_leave_no_value_to_set():
-    """prechecks.check_left_to_set reads a team's files only: a `???` in gpubench's own would run
+    """prechecks.check_team_files reads a team's files only: a `???` in gpubench's own would run
     at the schema's default unseen."""
     marked = [str(f.relative_to(CONFIG_DIR)) for f in CONFIG_DIR.rglob("*.yaml")
               if "???" in f.read_text()]
