@@ -7,10 +7,13 @@ import contextlib
 import copy
 import functools
 import gc
+import io
 import json
 import logging
 import os
 import platform
+import resource
+import runpy
 import shutil
 import signal
 import socket
@@ -19,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from gpubench.config.paths import CONFIG_DIR
-from tests.forked import Forked, alive
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # shared()'s folder, made by pytest_configure
@@ -35,7 +38,7 @@ SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # shared()'s folder, made by pytest_config
 # box (about a quarter more CPU and wall time).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Every process the suite starts writes unbuffered (tests read what a command prints while it
-# runs); set here, the forkserver of tests/forked.py inherits it too.
+# runs).
 os.environ["PYTHONUNBUFFERED"] = "1"
 
 # A run that takes well under a second on a slow 2-core CPU: tiny CNN, 16 px, 2 measured steps.
@@ -235,34 +238,75 @@ def cli_env(env: dict | None = None) -> dict:
     return e
 
 
-def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str | None = "gpubench",
-              code: str | None = None, **popen) -> Forked:
-    """`python -m MODULE ARGS` (`python -c CODE ARGS` given `code`) forked by this worker's
-    forkserver (tests/forked.py), used like `subprocess.Popen`; `affinity`: the cores it may
-    run on, `fsize`: the largest file it may write."""
+def run_cli(*args: str, cwd: Path, env: dict | None = None,
+            module: str = "gpubench") -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` run in this process as `python -m` runs it (runpy), from `cwd`:
+    its exit status and what it wrote to sys.stdout and sys.stderr. What a command sets for
+    its process (environment, folder, argv, signal handlers, logging) is put back after."""
+    out, err, rc = io.StringIO(), io.StringIO(), 0
+    environ, folder, argv = dict(os.environ), os.getcwd(), sys.argv
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    kept = [(lg, list(lg.handlers), lg.level, lg.disabled)
+            for lg in loggers if isinstance(lg, logging.Logger)]
+    os.environ.clear()
+    os.environ.update(cli_env(env))
+    os.chdir(cwd)
+    sys.argv = [module, *map(str, args)]
+    logging.getLogger().handlers[:] = []  # as a new interpreter starts (pytest's are on it)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            except SystemExit as e:  # as the interpreter reports it
+                rc = e.code if e.code is None or isinstance(e.code, int) else 1
+                if not isinstance(e.code, int | None):
+                    print(e.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                rc = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(folder)
+        sys.argv = argv
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for lg, hs, level, disabled in kept:
+            for h in set(lg.handlers) - set(hs):
+                h.close()  # a run's log file
+            lg.handlers[:], lg.level, lg.disabled = hs, level, disabled
+    return subprocess.CompletedProcess(["python", "-m", module, *args], rc or 0,
+                                       out.getvalue(), err.getvalue())
+
+
+def start_process(*args: str, cwd: Path, env: dict | None = None,
+                  module: str | None = "gpubench", code: str | None = None,
+                  affinity: list[int] | None = None, fsize: int | None = None,
+                  **popen) -> subprocess.Popen:
+    """`python -m MODULE ARGS` (`python -c CODE ARGS` given `code`), a new interpreter, for a
+    test whose subject is the process (a signal, a kill, several at once, what it imports);
+    `affinity`: the cores it may run on, `fsize`: the largest file it may write."""
     _must_be_slow(f"`python -m {module}`")
-    return Forked(module, code, args, cwd=cwd, env=cli_env(env), **popen)
+
+    def limits() -> None:
+        # SIGINT as a terminal's shell leaves it, so the interpreter makes it KeyboardInterrupt
+        # (a shell running the suite in the background ignores it, and a child inherits that)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+        if fsize is not None:  # writes past it fail (EFBIG), as on a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    how = ["-c", code] if code is not None else ["-m", module]
+    return subprocess.Popen([sys.executable, *how, *map(str, args)], cwd=cwd,
+                            env=cli_env(env), preexec_fn=limits, **popen)
 
 
-def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
-    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`: torchrun forked, each rank
-    a new interpreter that torchrun starts, watches, signals and ends."""
-    return run_cli("--standalone", f"--nproc_per_node={nproc}", "-m", "gpubench", *args,
-                   module="torch.distributed.run", cwd=cwd, timeout=timeout)
-
-
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300,
-            module: str = "gpubench", fresh: bool = False,
-            **limits) -> subprocess.CompletedProcess:
-    """`python -m MODULE ARGS` as a process of its own, from `cwd` (outputs land under it).
-    `fresh`: a new interpreter rather than a fork, for a test of what the command imports or
-    how a new interpreter starts. `limits`: start_cli's affinity and fsize."""
-    if fresh:
-        _must_be_slow(f"a fresh `python -m {module}`")
-        return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env),
-                              capture_output=True, text=True, timeout=timeout)
-    proc = start_cli(*args, cwd=cwd, env=env, module=module, stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, text=True, **limits)
+def run_process(*args: str, cwd: Path, timeout: float = 300, **how) -> subprocess.CompletedProcess:
+    """start_process's command run to its end: its status and what it printed."""
+    proc = start_process(*args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, **how)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -270,6 +314,25 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
         proc.wait()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
+    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`: each rank a new interpreter
+    that torchrun starts, watches, signals and ends."""
+    return run_process("--standalone", f"--nproc_per_node={nproc}", "-m", "gpubench", *args,
+                       module="torch.distributed.run", cwd=cwd, timeout=timeout)
+
+
+def alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
+    """A process still runs: its Popen's word when this process holds one (which also reaps
+    it), else whether the pid exists."""
+    if proc is not None:
+        return proc.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def free_port() -> int:
@@ -438,7 +501,7 @@ def start_two_job_sweep(tmp: Path, *overrides: str):
     in its own process group (as under a scheduler); returns (process, the second job's
     results.json) once that job has measured its first phase: a moment inside the sweep
     for a signal or a fault."""
-    proc = start_cli(
+    proc = start_process(
         "-m", *[o for o in TINY if o != "tracking=none"],
         *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=1",
         cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -107,8 +107,10 @@ def _triage(run_dir: Path, uri: str | None, experiment: str | None, out
 
 
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
-         timeout_s: float = 10.0, out=sys.stdout) -> dict[str, int]:
-    """Upload every run under `root` not in MLflow yet to `uri`; returns counts by outcome."""
+         timeout_s: float = 10.0, out=None) -> dict[str, int]:
+    """Upload every run under `root` not in MLflow yet to `uri`; returns counts by outcome.
+    `out`: where its lines go, sys.stdout as it is when called (not as it was at import)."""
+    out = out or sys.stdout
     counts = {"uploaded": 0, "present": 0, "skipped": 0, "failed": 0}
     todo: dict[tuple[str, str], list[RunRecord]] = {}
     orphans: dict[tuple[str, str], list[RunRecord]] = {}  # uploaded, but not under their sweep

@@ -247,7 +247,7 @@ def test_bad_input_is_one_line_and_exit_status_2(capsys, override, key):
 
 @pytest.mark.slow
 def test_python_m_gpubench_check_fails_a_stalled_step_in_its_exit_status(tmp_path):
-    """The process: a stall in gpubench's step only (50 ms every 2nd step of about 2 ms: far
+    """The command: a stall in gpubench's step only (50 ms every 2nd step of about 2 ms: far
     past any noise) fails the compute check, and the exit status with it. The other checks'
     outcomes are speed figures on a machine the suite's other worker loads (the loader read
     7% low under it): not asserted, only counted right. No run is left behind."""

@@ -1,5 +1,5 @@
-"""The real command line: `python -m gpubench` in a subprocess, from a fresh directory; its
-error layer in this process, through Hydra's own main."""
+"""The command line: `python -m gpubench` from a fresh directory, in this process (run_cli)
+unless the process is the subject (a closed pipe); its error layer through Hydra's own main."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, run_cli, start_cli
+from conftest import TINY, run_cli, start_process
 
 
 @pytest.mark.slow
@@ -306,7 +306,7 @@ def _into_closed_pipe(module: str, *args: str, cwd) -> subprocess.CompletedProce
     read, write = os.pipe()
     os.close(read)
     try:
-        proc = start_cli(*args, module=module, cwd=cwd, stdout=write, stderr=subprocess.PIPE,
+        proc = start_process(*args, module=module, cwd=cwd, stdout=write, stderr=subprocess.PIPE,
                          text=True)
     finally:
         os.close(write)

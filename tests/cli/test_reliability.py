@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, run_cli, start_cli
+from conftest import ROOT, TINY, compose_config, run_cli, run_process, start_process
 
 from gpubench.run.runner import measure_run
 
@@ -118,7 +118,7 @@ def test_write_json_failure_leaves_old_file_and_no_tmp(tmp_path):
 
 @pytest.mark.slow
 def test_cli_on_a_full_disk_is_one_line_and_leaves_no_garbage(tmp_path):
-    proc = run_cli(*TINY, cwd=tmp_path, fsize=6000)  # every file capped at 6000 bytes
+    proc = run_process(*TINY, cwd=tmp_path, fsize=6000)  # every file capped at 6000 bytes
     lines = _stderr_lines(proc)
     assert proc.returncode == 1, proc.stderr
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -132,7 +132,7 @@ def test_cli_on_a_full_disk_is_one_line_and_leaves_no_garbage(tmp_path):
 # ------------------------------------------------------------------ SIGTERM and Ctrl-C
 
 def _start_and_wait_for_loader(tmp_path: Path, *extra: str):
-    proc = start_cli(
+    proc = start_process(
         *TINY_NO_TRACKING, "bench.steps=1000000", "bench.max_seconds=1.5", *extra,
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group, as under `timeout` or a scheduler

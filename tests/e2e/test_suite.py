@@ -1,17 +1,34 @@
-"""The suite's own rules (conftest.py): what makes a test `slow`."""
+"""The suite's own rules (conftest.py): what makes a test `slow`, and what its in-process
+command (run_cli) gives a test and puts back."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
+
 import pytest
-from conftest import ROOT, run_cli, start_cli, torchrun
+from conftest import ROOT, run_cli, run_process, start_process, torchrun
+
+PROBE = "suite_probe"  # a module written into the test's own folder (PYTHONPATH)
+CODE = """
+import json, logging, os, signal, sys
+print(json.dumps({"cwd": os.getcwd(), "argv": sys.argv[1:], "env": os.environ.get("PROBE_VALUE"),
+                  "main": __name__}))
+print("to stderr", file=sys.stderr)
+os.environ["PROBE_SET"] = "1"  # what a command sets for its process
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))
+raise SystemExit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else 0)
+"""
 
 
 @pytest.mark.parametrize("start", [
-    lambda: start_cli("--help", cwd=ROOT),
-    lambda: run_cli("--help", cwd=ROOT),
-    lambda: run_cli("--help", cwd=ROOT, fresh=True),
+    lambda: start_process("--help", cwd=ROOT),
+    lambda: run_process("--help", cwd=ROOT),
     lambda: torchrun("--help", cwd=ROOT),
-], ids=["start_cli", "run_cli", "fresh", "torchrun"])
+], ids=["start_process", "run_process", "torchrun"])
 def test_a_test_that_starts_a_process_without_the_slow_mark_fails(start):
     """`pytest -m "not slow"` stays in-process: starting a command from a test not marked
     `slow` fails that test before any process starts."""
@@ -21,4 +38,28 @@ def test_a_test_that_starts_a_process_without_the_slow_mark_fails(start):
 
 @pytest.mark.slow
 def test_a_slow_test_may_start_one():
-    assert run_cli("--help", cwd=ROOT).returncode == 0
+    assert run_process("--help", cwd=ROOT).returncode == 0
+
+
+def test_an_in_process_command_runs_as_main_in_its_folder_and_leaves_this_process_as_it_was(
+        tmp_path, monkeypatch):
+    """run_cli, the CLI tests' command: the module runs as `__main__` with the arguments, the
+    folder and the environment given; its status and both streams come back, and what it set
+    for its process (a variable, a signal handler, a log handler) is put back."""
+    import json
+
+    lib, work = tmp_path / "lib", tmp_path / "work"
+    lib.mkdir()
+    work.mkdir()
+    (lib / f"{PROBE}.py").write_text(CODE)
+    monkeypatch.syspath_prepend(str(lib))
+    before = (os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGTERM),
+              list(logging.getLogger().handlers))
+    p = run_cli("7", "x", module=PROBE, cwd=work, env={"PROBE_VALUE": "seen"})
+    assert p.returncode == 7, p.stderr
+    assert json.loads(p.stdout) == {"cwd": str(work), "argv": ["7", "x"], "env": "seen",
+                                    "main": "__main__"}
+    assert p.stderr == "to stderr\n"
+    assert "PROBE_SET" not in os.environ and "PROBE_VALUE" not in os.environ
+    assert (os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM),
+            logging.getLogger().handlers) == before

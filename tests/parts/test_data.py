@@ -155,13 +155,13 @@ def test_loader_only_mode(folder, tmp_path, workers):
     assert r.data["flops_per_step"] is None  # no model was built
 
 
-@pytest.mark.slow  # `python -m gpubench` in a subprocess
+@pytest.mark.slow  # `python -m gpubench -m`, DataLoader workers
 def test_loader_workers_sweep_cli(folder, tmp_path):
     """The documented multirun: one loader-only job per worker count, then the pick."""
     from conftest import TINY
 
     proc = run_cli("-m", *TINY, "dataset=imagefolder", f"dataset.root={folder}",
-                   "bench.phases=[loader]", "loader.num_workers=0,2", cwd=tmp_path, timeout=300)
+                   "bench.phases=[loader]", "loader.num_workers=0,2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/multirun/*/*/*/results.json")]
     rows = [(d["config"]["loader"]["num_workers"], d["loader_images_per_sec"]) for d in results]
@@ -250,13 +250,13 @@ def test_corrupt_file_fails_naming_it(tmp_path, workers):
     assert any(str(p) in err for p in bad)
 
 
-@pytest.mark.slow  # `python -m gpubench` in a subprocess
+@pytest.mark.slow  # `python -m gpubench` with DataLoader workers (processes)
 def test_corrupt_file_fail_cli_exits_never_hangs(tmp_path):
     root, bad = corrupt_folder(tmp_path / "f", good=1)
     proc = run_cli("model=tiny", "dataset=imagefolder", f"dataset.root={root}",
                    "dataset.on_corrupt=fail", "loader.num_workers=2", "loader.batch_size=3",
                    "dataset.image_size=16", "bench.device=cpu", "tracking=none",
-                   cwd=tmp_path, timeout=180)
+                   cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "status: failed" in proc.stdout
     (results,) = tmp_path.glob("outputs/runs/*/*/results.json")

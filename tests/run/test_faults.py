@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli, start_cli
+from conftest import TINY, run_cli, start_process
 from optuna.trial import TrialState
 
 from gpubench.core import record
@@ -123,7 +123,7 @@ def test_a_sweep_json_that_cannot_be_written_costs_no_measurement(tmp_path):
             "loader.batch_size=choice(2,4,8)",
             "hydra.sweeper.n_trials=3", "hydra.sweeper.screen.steps=null",
             "hydra.sweeper.confirm.top=0", "hydra.sweeper.report=false", "hydra.sweeper.seed=0"]
-    proc = start_cli(*args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = start_process(*args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      text=True)
     manifest = sweep / "sweep.json"
     try:
@@ -191,7 +191,7 @@ def test_an_upload_is_claimed_once_whoever_starts_it(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = _run_record(tmp_path / "out" / "run", "claimed1", _dead_pid())
     # another process (the run itself, or a second sync) is uploading it: left alone
-    holder = start_cli(str(run), code=_HOLD, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
+    holder = start_process(str(run), code=_HOLD, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
                        text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -216,7 +216,7 @@ def test_syncs_started_together_upload_a_run_once(tmp_path):
         pass
     for i in range(4):
         _run_record(tmp_path / "out" / str(i), f"together{i}", _dead_pid())
-    procs = [start_cli("sync", tmp_path / "out", "--uri", uri, module="gpubench.tracking",
+    procs = [start_process("sync", tmp_path / "out", "--uri", uri, module="gpubench.tracking",
                        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -256,7 +256,7 @@ _OPEN = ("import sys; from gpubench.tracking.store import open_store\n"
 @pytest.mark.slow
 def test_processes_creating_one_sqlite_store_at_once_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
-    procs = [start_cli(uri, code=_OPEN, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
+    procs = [start_process(uri, code=_OPEN, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e[-1500:] for _, e in outs]
@@ -313,8 +313,8 @@ def read_only():
         mounted.append(path)
 
     yield make
-    for path in mounted:
-        subprocess.run(["umount", str(path)], check=True)
+    for path in mounted:  # lazily: a command run in this process may still hold a file there
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
 
 
 def _stderr_lines(p) -> list[str]:

@@ -201,11 +201,11 @@ with bench.hold:
 
 @pytest.mark.slow  # the process is the subject: its thread ends it, and its worker with it
 def test_a_dataset_that_never_returns_ends_the_process_and_its_worker(tmp_path):
-    from conftest import ROOT, run_cli
+    from conftest import ROOT, run_process
 
     run, pid_file = tmp_path / "run", tmp_path / "worker.pid"
     run.mkdir()
-    p = run_cli(str(run), "dataset=custom", "dataset._target_=test_watchdog.Stalls",
+    p = run_process(str(run), "dataset=custom", "dataset._target_=test_watchdog.Stalls",
                 "+dataset.kwargs.after=12", f"+dataset.kwargs.pid_file={pid_file}",
                 "bench.phases=[loader]", "loader.num_workers=1", code=_HUNG_RUN, module=None,
                 cwd=tmp_path, timeout=120,

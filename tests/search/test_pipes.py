@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli, start_cli
+from conftest import TINY, run_cli, start_process
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.workers import Feeds, fewest_workers
@@ -453,7 +453,7 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
     # that never beat) is failed at once on sqlite (study.fail_stale), any other after 10 s
     cmd = _cmd(tmp_path, "tracking=none", "hydra.sweeper.report=false",
                "hydra.sweeper.heartbeat_interval=2", "hydra.sweeper.grace_period=10")
-    a = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    a = start_process(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                   start_new_session=True)
     try:
         _wait_for(lambda: stage_started("data"), a)
@@ -461,7 +461,7 @@ def test_pipes_resumes_after_kill_9_and_shares_its_studies_with_a_second_worker(
         os.killpg(a.pid, signal.SIGKILL)  # as `kill -9`: nothing gets to clean up
         a.wait()
     # the same command twice at once: a resume and a second worker on the same studies
-    procs = [start_cli(*cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [start_process(*cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True) for _ in range(2)]
     outs = [q.communicate(timeout=600) for q in procs]
     for q, (_, err) in zip(procs, outs, strict=True):

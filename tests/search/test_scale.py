@@ -18,7 +18,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, start_cli
+from conftest import TINY, start_process
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError
 
@@ -46,7 +46,7 @@ def _worker(tmp: Path, name: str, storage: str, study: str, *extra: str,
            f"hydra.sweeper.n_trials={N_TRIALS}", "hydra.sweeper.screen.steps=null",
            "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0",  # trials, not confirms
            "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=5", *extra]
-    return start_cli(*cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return start_process(*cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                      text=True, affinity=None if cpu is None else [cpu])
 
 

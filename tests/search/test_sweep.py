@@ -1,7 +1,7 @@
 """The gpubench sweeper: search-space parsing, outcomes, max-batch search (plain functions), and
-real sweeps: `python -m gpubench -m hydra/sweeper=gpubench ...` in a subprocess, run from a
-temporary folder (so Hydra must discover the plugin through the installed package, not the
-current directory), with a real Optuna sqlite study and fault injection for OOMs and errors."""
+real sweeps: `python -m gpubench -m hydra/sweeper=gpubench ...` (in this process, or a process
+of its own where a kill or a second worker is the subject), run from a temporary folder (so Hydra
+must discover the plugin through the installed package, not the current directory), with a real Optuna sqlite study and fault injection for OOMs and errors."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli, start_cli
+from conftest import TINY, run_cli, start_process
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -660,7 +660,7 @@ def test_two_workers_on_one_sqlite_file_are_never_handed_the_same_queued_trial(t
     shared = open_study("q", url, heartbeat_interval=30, grace_period=60)
     for x in range(100):
         shared.study.enqueue_trial({"x": x}, user_attrs={"queued": True})
-    procs = [start_cli(url, code=_ASK_ALL, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    procs = [start_process(url, code=_ASK_ALL, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     got = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
@@ -1206,7 +1206,7 @@ def test_resume_after_kill_continues_to_n_trials(tmp_path):
             "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0"]  # resume of trials
     cmd = ["-m", "hydra/sweeper=gpubench", *SWEEP_TINY,
            "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args]
-    proc = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_process(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_measured(tmp_path, proc, 2)
     finally:
@@ -1285,9 +1285,9 @@ def test_ctrl_c_leaves_no_running_trial(tmp_path):
            "bench.steps=1000000", "bench.max_seconds=1", "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
            "hydra.sweeper.screen.steps=null", "hydra.sweeper.report=false",
            "hydra.sweeper.confirm.top=0"]
-    # (the forked child raises KeyboardInterrupt on SIGINT even where a shell running the
+    # (start_process's child raises KeyboardInterrupt on SIGINT even where a shell running the
     # tests in the background ignores it)
-    proc = start_cli(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_process(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_jobs(tmp_path, proc, 1)
         # into the next trial's ~3 s: once it has written its first phase (a fixed sleep here

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, compose_config, free_port, run_cli, sqlite_store, start_cli
+from conftest import ROOT, TINY, compose_config, free_port, run_cli, sqlite_store, start_process
 
 from gpubench import tracking
 from gpubench.core.stats import round_at, supported_place, text_at
@@ -209,8 +209,7 @@ def test_server_down_then_sync_exactly_once(mlflow_server, tmp_path):
     exp_id = c.create_experiment("offline")
     c.create_run(exp_id, tags={"run_uid": data["run_uid"]}, run_name="half-done")
 
-    proc = run_cli("sync", "outputs", "--uri", url, module="gpubench.tracking", cwd=tmp_path,
-                   timeout=120)
+    proc = run_cli("sync", "outputs", "--uri", url, module="gpubench.tracking", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "1 uploaded" in proc.stdout
     again = sync.sync(tmp_path / "outputs", uri=url)
@@ -267,7 +266,7 @@ def test_multirun_one_parent_three_children(mlflow_server, tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_is_a_killed_run(mlflow_server, tmp_path):
     url = mlflow_server.url
-    proc = start_cli(*TRACKED, f"tracking.uri={url}", "tracking.experiment=interrupted",
+    proc = start_process(*TRACKED, f"tracking.uri={url}", "tracking.experiment=interrupted",
                      "bench.steps=1000000", "bench.max_seconds=1.5", cwd=tmp_path,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

@@ -58,7 +58,7 @@ def test_password_uri_connects_and_is_never_written(auth_server, tmp_path, monke
 
     def cli(uri: str):
         return run_cli("sync", str(tmp_path / "out"), "--uri", uri, module="gpubench.tracking",
-                       cwd=ROOT, timeout=120)
+                       cwd=ROOT)
 
     proc = cli(bad)
     assert proc.returncode == 1 and "401" in proc.stderr and "Traceback" not in proc.stderr

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, sqlite_store, start_cli
+from conftest import run_cli, sqlite_store, start_process
 
 from gpubench.config.errors import ConfigError
 from gpubench.core import record
@@ -247,7 +247,7 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     rec = write_run(tmp_path / "out" / "r", "cred1", uri=secret_uri)
     (rec.dir / "gpubench.log").write_text(f"tracking.uri={secret_uri}\n")
     proc = run_cli("sync", str(tmp_path / "out"), "--uri", secret_uri, "--experiment", "creds",
-                   module="gpubench.tracking", cwd=tmp_path, timeout=120)
+                   module="gpubench.tracking", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "s3cr3t" not in proc.stdout + proc.stderr
     marker = json.loads((rec.dir / MARKER_FILE).read_text())
@@ -277,7 +277,7 @@ def test_credentials_in_uri_connect_and_are_masked(mlflow_server, tmp_path, caps
     (["push"], "invalid choice: 'push'"),
 ])
 def test_cli_bad_input_is_one_line(args, needle, tmp_path):
-    proc = run_cli(*args, module="gpubench.tracking", cwd=tmp_path, timeout=60)
+    proc = run_cli(*args, module="gpubench.tracking", cwd=tmp_path)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
@@ -307,7 +307,7 @@ def test_cli_sweep_killed_then_resumed_parent_finished(tmp_path):
             "loader.batch_size=range(1,9)", "hydra.sweeper.n_trials=4",
             "hydra.sweeper.screen.steps=null", "hydra.sweeper.seed=3",
             "hydra.sweeper.report=false", "hydra.sweeper.confirm.top=0"]
-    proc = start_cli(*args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_process(*args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
