@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import pytest
@@ -257,7 +258,9 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None,
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
+                with warnings.catch_warnings():  # a test imported MODULE.__main__ for a part
+                    warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
             except SystemExit as e:  # as the interpreter reports it
                 rc = e.code if e.code is None or isinstance(e.code, int) else 1
                 if not isinstance(e.code, int | None):

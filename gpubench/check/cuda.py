@@ -13,7 +13,7 @@ from gpubench.check.rules import Judgement, skipped
 from gpubench.core.stats import median
 from gpubench.parts.measure import run_window
 from gpubench.telemetry import env
-from gpubench.telemetry.nvml import Nvml
+from gpubench.telemetry.nvml import Nvml, or_none
 
 NAMES = ("utilization", "energy", "memory", "peak", "sync")
 BUSY_S, IDLE_S = 4.0, 2.0
@@ -27,15 +27,12 @@ def _half() -> tuple[str, torch.dtype]:
     return ("bf16", torch.bfloat16) if torch.cuda.is_bf16_supported() else ("fp16", torch.float16)
 
 
-def _read(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:  # pynvml.NVMLError_NotSupported and kin; never fail a check on a read
-        return None
-
-
 def busy_and_idle(nv, handle) -> tuple[Judgement, Judgement]:
     """Back-to-back matmuls for BUSY_S, then nothing queued for IDLE_S, read after SETTLE_S."""
+
+    def utilization() -> float | None:  # None where NVML has no reading (NotSupported, ...)
+        return getattr(or_none(nv, lambda: nv.nvmlDeviceGetUtilizationRates(handle)), "gpu", None)
+
     a = torch.randn(4096, 4096, device="cuda", dtype=_half()[1])
     c = torch.empty_like(a)
     util, readings = [], []
@@ -47,16 +44,16 @@ def busy_and_idle(nv, handle) -> tuple[Judgement, Judgement]:
         now = time.perf_counter() - t0
         if now > SETTLE_S and now - last >= READ_EVERY_S:  # read while the 32 just queued run
             last = now
-            util.append(getattr(_read(nv.nvmlDeviceGetUtilizationRates, handle), "gpu", None))
-            readings.append((now, _read(nv.nvmlDeviceGetPowerUsage, handle),
-                             _read(nv.nvmlDeviceGetTotalEnergyConsumption, handle)))
+            util.append(utilization())
+            readings.append((now, or_none(nv, lambda: nv.nvmlDeviceGetPowerUsage(handle)),
+                             or_none(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(handle))))
         # bounded queue: the host stays within 32 matmuls of the device, so readings are current
         torch.cuda.synchronize()
     idle, t0 = [], time.perf_counter()
     while time.perf_counter() - t0 < IDLE_S:
         time.sleep(READ_EVERY_S)
         if time.perf_counter() - t0 > SETTLE_S:
-            idle.append(getattr(_read(nv.nvmlDeviceGetUtilizationRates, handle), "gpu", None))
+            idle.append(utilization())
     del a, c
     return rules.utilization(_median(util), _median(idle)), rules.energy_readings(readings)
 
@@ -70,7 +67,7 @@ def memory(nv, handle, index: int) -> Judgement:
     """torch's reserved and NVML's used memory around one ALLOC_BYTES allocation."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    info = _read(nv.nvmlDeviceGetMemoryInfo, handle)
+    info = or_none(nv, lambda: nv.nvmlDeviceGetMemoryInfo(handle))
     if info is None:
         return skipped("memory", "NVML gave no memory reading")
     before = (torch.cuda.memory_reserved(index), int(info.used))

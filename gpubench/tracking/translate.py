@@ -253,7 +253,7 @@ def headline(rec: RunRecord) -> str:
             parts.append(f"{_figure(v, ci)} img/s {words.short if words else phase}")
             break
     loss, loss_ci = rec.extra.get("overlap_loss"), rec.extra.get("overlap_loss_ci")
-    if _number(loss):
+    if _number(loss) is not None:  # 0 is a figure too: its interval says what it may be
         lo, hi = loss_ci if isinstance(loss_ci, list) and len(loss_ci) == 2 else (loss, loss)
         span = f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}-{hi:.0%}"
         parts.append(f"overlap costs {span}")

@@ -167,6 +167,9 @@ def test_tags_and_description():
     assert "the loader delivers 58% of compute" in text and "host CPU busy" in text
     assert "| loader | 1800 | 1710 - 1890 | 40% |" in text and "1. more workers" in text
     assert "![" not in T.describe(rec, "abc", picture=False)
+    # no cost at all is a figure too (its interval says how much it may still be)
+    assert T.headline(record(overlap_loss=0.0, overlap_loss_ci=[0.0, 0.12])).endswith(
+        " · overlap costs 0%-12%")
     failed = T.describe(record(Status.failed, error="boom"))
     assert failed.startswith("**failed**: boom") and "| phase |" not in failed
 
