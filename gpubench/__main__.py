@@ -82,8 +82,10 @@ OmegaConf.register_new_resolver("gpubench_help_config", help_config, replace=Tru
 
 def team_first(argv: list[str]) -> list[str]:
     """`-cd DIR` made `--config-path DIR`, so DIR's files come before gpubench's (Hydra's own
-    --config-dir searches DIR after them); unchanged with an explicit --config-path."""
+    --config-dir searches DIR after them); unchanged with an explicit --config-path. Sets
+    TEAM_DIR either way: a second command in one process keeps no folder from the first."""
     out = list(argv)
+    gpubench.cli.TEAM_DIR = None
     if any(a.partition("=")[0] in ("-cp", "--config-path") for a in out):
         return out
     for i, a in enumerate(out):

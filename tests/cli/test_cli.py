@@ -153,6 +153,7 @@ def test_a_team_folder_given_with_cd_is_found_first(monkeypatch, tmp_path, capsy
     (hydra_plugins.gpubench_searchpath): the team's model/tiny.yaml is read, and a bad value in
     it is one line naming the file. Before, gpubench's tiny.yaml was found first and the
     team's never read."""
+    import gpubench.cli
     from gpubench.__main__ import main, team_first
     from gpubench.cli.errors import one_line_errors
     from gpubench.config.errors import ConfigError
@@ -173,6 +174,7 @@ def test_a_team_folder_given_with_cd_is_found_first(monkeypatch, tmp_path, capsy
         f"{team / 'model' / 'tiny.yaml'})\n")
     assert team_first(["--config-dir=team", "-m"]) == ["--config-path", str(team), "-m"]
     assert team_first(["-cp", "own", "-cd", "team"]) == ["-cp", "own", "-cd", "team"]
+    assert gpubench.cli.TEAM_DIR is None  # the next command in this process names no folder
     with pytest.raises(ConfigError, match="^--config-dir='nope' is not allowed: it must be a folder"):
         team_first(["-cd", "nope"])
 
