@@ -102,16 +102,18 @@ def team_first(argv: list[str]) -> list[str]:
 
 def cli() -> None:
     # the interpreter's collection at exit walks every object torch made (0.8 s on 2 cores;
-    # 0.15 s frozen): frozen at exit (registered first, so run after every other handler), not
-    # when the command returns, so a caller in the same process still gets its garbage freed
+    # 0.15 s frozen): frozen at exit, after every handler registered later (MLflow's, a sweep's
+    # parent run), once however many commands a process runs
+    atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
+    from gpubench.cli.callbacks import EXIT
+
+    EXIT.clear()  # this command's code only
     try:
         with quiet_broken_pipe(), one_line_errors():
             sys.argv[1:] = team_first(sys.argv[1:])
             main()
     except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
-        from gpubench.cli.callbacks import EXIT
-
         EXIT["code"] = e.code if isinstance(e.code, int) else ExitCode.FAILED
         raise
 

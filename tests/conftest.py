@@ -239,48 +239,95 @@ def cli_env(env: dict | None = None) -> dict:
     return e
 
 
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as an interpreter shows it (pytest's own handler records it instead)."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+# the warning filters a new interpreter starts with (Python's defaults, no -W)
+_DEFAULT_WARNINGS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                     ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                     ("ignore", ResourceWarning, ""))
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None,
             module: str = "gpubench") -> subprocess.CompletedProcess:
-    """`python -m MODULE ARGS` run in this process as `python -m` runs it (runpy), from `cwd`:
-    its exit status and what it wrote to sys.stdout and sys.stderr. What a command sets for
-    its process (environment, folder, argv, signal handlers, logging) is put back after."""
-    out, err, rc = io.StringIO(), io.StringIO(), 0
-    environ, folder, argv = dict(os.environ), os.getcwd(), sys.argv
+    """`python -m MODULE ARGS` run in this process as `python -m` runs it (runpy), from `cwd`
+    (first on sys.path, then `env`'s PYTHONPATH): its exit status and what reached file
+    descriptors 1 and 2 (Python's streams, warnings, C code, forked DataLoader workers). What a
+    command sets for its process (environment, folder, argv, sys.path, signal handlers,
+    logging, warning filters, Hydra's config) is put back after, and the modules it imported
+    from those folders are forgotten; what it froze (gc.freeze) stays, as in a process that has
+    not exited yet. A hang hangs the test: a test of one runs the command as a process."""
+    from hydra.core.hydra_config import HydraConfig
+
+    rc, env = 0, cli_env(env)
+    paths = [os.path.join(cwd, p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [os.path.abspath(cwd), *map(os.path.abspath, paths)]
+    environ, folder, argv, path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
+    modules, factory = set(sys.modules), logging.getLogRecordFactory()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     kept = [(lg, list(lg.handlers), lg.level, lg.disabled)
             for lg in loggers if isinstance(lg, logging.Logger)]
-    os.environ.clear()
-    os.environ.update(cli_env(env))
-    os.chdir(cwd)
-    sys.argv = [module, *map(str, args)]
-    logging.getLogger().handlers[:] = []  # as a new interpreter starts (pytest's are on it)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                with warnings.catch_warnings():  # a test imported MODULE.__main__ for a part
-                    warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
-                    runpy.run_module(module, run_name="__main__", alter_sys=True)
-            except SystemExit as e:  # as the interpreter reports it
-                rc = e.code if e.code is None or isinstance(e.code, int) else 1
-                if not isinstance(e.code, int | None):
-                    print(e.code, file=sys.stderr)
-            except Exception:
-                traceback.print_exc()
-                rc = 1
-    finally:
+    streams, fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            warnings.catch_warnings():
+        for stream in streams:
+            stream.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout, sys.stderr = (  # unbuffered, as PYTHONUNBUFFERED makes them
+            io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), write_through=True,
+                             errors=errors) for fd, errors in ((1, "strict"), (2, "backslashreplace")))
+        warnings.resetwarnings()
+        for action, category, where in reversed(_DEFAULT_WARNINGS):
+            warnings.filterwarnings(action, category=category, module=where)
+        warnings.showwarning = _print_warning
+        # a test imported MODULE.__main__ for a part of it: runpy warns that it runs it again
+        warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
         os.environ.clear()
-        os.environ.update(environ)
-        os.chdir(folder)
-        sys.argv = argv
-        for s, h in handlers.items():
-            signal.signal(s, h)
-        for lg, hs, level, disabled in kept:
-            for h in set(lg.handlers) - set(hs):
-                h.close()  # a run's log file
-            lg.handlers[:], lg.level, lg.disabled = hs, level, disabled
-    return subprocess.CompletedProcess(["python", "-m", module, *args], rc or 0,
-                                       out.getvalue(), err.getvalue())
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.argv, sys.path[:0] = [module, *map(str, args)], paths
+        logging.getLogger().handlers[:] = []  # as a new interpreter starts (pytest's are on it)
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as e:  # as the interpreter reports it
+            rc = e.code if e.code is None or isinstance(e.code, int) else 1
+            if not isinstance(e.code, int | None):
+                print(e.code, file=sys.stderr)
+        except Exception:
+            traceback.print_exc()
+            rc = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.stdout, sys.stderr = streams
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            for fd in fds:
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(environ)
+            os.chdir(folder)
+            sys.argv, sys.path[:] = argv, path
+            for name in set(sys.modules) - modules:  # imported from the command's own folders
+                if any(str(getattr(sys.modules[name], "__file__", None)).startswith(p + os.sep)
+                       for p in paths):
+                    del sys.modules[name]
+            logging.setLogRecordFactory(factory)
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            for lg, hs, level, disabled in kept:
+                for h in set(lg.handlers) - set(hs):
+                    h.close()  # a run's log file
+                lg.handlers[:], lg.level, lg.disabled = hs, level, disabled
+            HydraConfig.instance().cfg = None  # set by --help and --cfg, which run no job
+        out.seek(0)
+        err.seek(0)
+        text = [f.read().decode(errors="replace") for f in (out, err)]
+    return subprocess.CompletedProcess(["python", "-m", module, *args], rc or 0, *text)
 
 
 def start_process(*args: str, cwd: Path, env: dict | None = None,

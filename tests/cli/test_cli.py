@@ -342,3 +342,15 @@ def test_a_multiruns_overrides_are_read_as_written(compose_cfg, monkeypatch):
     monkeypatch.setattr("gpubench.cli.callbacks.REJECTED", [Refusal((written, "x=1"), "bad")])
     assert _refused(cfg) == [Refusal(("x=1",), "bad")]
     assert REJECTED == []  # the module's own list untouched
+
+
+def test_a_command_keeps_no_exit_code_from_an_earlier_one_in_its_process(tmp_path):
+    """The exit code a sweep's parent run is closed by at exit (callbacks.EXIT) is the last
+    command's: a second command in one process that ends normally leaves none from the first."""
+    from gpubench.cli.callbacks import EXIT
+
+    assert run_cli(*TINY, "loader.batch_size=0", cwd=tmp_path).returncode == 2
+    assert EXIT == {"code": 2}
+    p = run_cli(*TINY, "--cfg", "job", cwd=tmp_path)
+    assert p.returncode == 0 and "batch_size: 4" in p.stdout, p.stderr
+    assert EXIT == {}

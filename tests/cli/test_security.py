@@ -103,7 +103,7 @@ def test_a_process_spawning_target_is_refused_before_it_is_called(compose_cfg, t
 @pytest.mark.slow
 def test_the_cli_refuses_the_reported_command_in_one_line_exit_2(tmp_path):
     """The command from the report, `subprocess.Popen` with a shell: exit 2, one line on
-    stderr, and the shell never started (the marker is looked for after the process ended)."""
+    stderr, and the shell never started (the marker is looked for after the command ended)."""
     marker = tmp_path / "MARKER"
     p = run_cli("model=custom", "model._target_=subprocess.Popen",
                 f"+model.kwargs.args={shell(marker)}", "+model.kwargs.shell=true",
@@ -411,7 +411,7 @@ def test_sync_does_not_claim_a_run_through_a_linked_claim_file(tmp_path):
     assert victim.read_text() == "precious"
 
 
-@pytest.mark.slow  # the process is the subject: Hydra's own writes come before the task
+@pytest.mark.slow  # the whole command: Hydra's own writes come before the task
 def test_the_cli_writes_nothing_through_links_in_its_run_or_sweep_folder(tmp_path):
     victim, folder = victims(tmp_path)
     run = tmp_path / "run"

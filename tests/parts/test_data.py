@@ -250,13 +250,15 @@ def test_corrupt_file_fails_naming_it(tmp_path, workers):
     assert any(str(p) in err for p in bad)
 
 
-@pytest.mark.slow  # `python -m gpubench` with DataLoader workers (processes)
+@pytest.mark.slow  # a process: that it ends, and in time, is the subject
 def test_corrupt_file_fail_cli_exits_never_hangs(tmp_path):
+    from conftest import run_process
+
     root, bad = corrupt_folder(tmp_path / "f", good=1)
-    proc = run_cli("model=tiny", "dataset=imagefolder", f"dataset.root={root}",
-                   "dataset.on_corrupt=fail", "loader.num_workers=2", "loader.batch_size=3",
-                   "dataset.image_size=16", "bench.device=cpu", "tracking=none",
-                   cwd=tmp_path)
+    proc = run_process("model=tiny", "dataset=imagefolder", f"dataset.root={root}",
+                       "dataset.on_corrupt=fail", "loader.num_workers=2", "loader.batch_size=3",
+                       "dataset.image_size=16", "bench.device=cpu", "tracking=none",
+                       cwd=tmp_path, timeout=180)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "status: failed" in proc.stdout
     (results,) = tmp_path.glob("outputs/runs/*/*/results.json")

@@ -580,7 +580,7 @@ def test_what_a_stopped_run_kept_and_how_to_upload_it(tmp_path):
     assert kept(tmp_path) is None
 
 
-@pytest.mark.slow  # Hydra's own writes come before the task: the process is the subject
+@pytest.mark.slow  # Hydra's own writes come before the task: the whole command is the subject
 def test_a_rerun_into_a_run_or_sweep_folder_writes_nothing_there(tmp_path):
     run = tmp_path / "run"
     p = run_cli(*TINY, f"hydra.run.dir={run}", cwd=tmp_path)

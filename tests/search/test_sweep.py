@@ -1,6 +1,6 @@
 """The gpubench sweeper: search-space parsing, outcomes, max-batch search (plain functions), and
-real sweeps: `python -m gpubench -m hydra/sweeper=gpubench ...` (in this process, or a process
-of its own where a kill or a second worker is the subject), run from a temporary folder (so Hydra
+real sweeps: `python -m gpubench -m hydra/sweeper=gpubench ...` run from a temporary folder, in
+this process or, where a kill or a second worker is the subject, as a new interpreter (which
 must discover the plugin through the installed package, not the current directory), with a real Optuna sqlite study and fault injection for OOMs and errors."""
 
 from __future__ import annotations
