@@ -33,13 +33,11 @@ from gpubench.parts.targets import cause
 
 
 def quiet_worker_count_warning() -> None:
-    # torch warns (twice per iterator) when loader.num_workers exceeds its suggested count: a
-    # sweep asks for such counts on purpose, and the figures show what they cost
+    """torch warns (twice per iterator) when loader.num_workers exceeds its suggested count: a
+    sweep asks for such counts on purpose, and the figures show what they cost. Set where the
+    loaders are built, not once at import: a caller's catch_warnings block would drop it."""
     warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
-                            UserWarning)
-
-
-quiet_worker_count_warning()
+                            UserWarning)  # an identical filter replaces the one before it
 
 
 class JpegBatch(NamedTuple):
@@ -399,6 +397,7 @@ def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, in
 
 def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
     """The data side of one run. `shard`: (rank, world) under torchrun, a DistributedSampler."""
+    quiet_worker_count_warning()  # before the preload's loader and the run's
     dset, device, bs = s.dataset, s.device, s.loader.batch_size
     info: dict = {"dataset": dset.name}
     if dset.name == "device_synthetic":  # one random batch made on the device

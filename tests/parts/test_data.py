@@ -546,22 +546,22 @@ def test_distributed_sampler_epoch_advances(folder):
     assert epochs[0] != epochs[1]  # a new shuffle each epoch, as set_epoch gives
 
 
-def test_more_workers_than_cores_runs_without_torchs_warning():
+def test_more_workers_than_cores_runs_without_torchs_warning(compose_cfg):
     """A sweep asks for more workers than cores on purpose and reports their cost: torch's
-    warning about the count is filtered where gpubench builds its loaders (no worker starts:
-    the check is the DataLoader's own method)."""
+    warning about the count is filtered where gpubench builds its loaders, so a caller's own
+    warning filters (reset here, as a catch_warnings block may) do not bring it back. No worker
+    starts: the check is the DataLoader's own method."""
     import os
     import warnings
 
-    from torch.utils.data import DataLoader
+    from gpubench.config.settings import resolve
+    from gpubench.parts.data import build_pipeline
 
-    from gpubench.parts.data import quiet_worker_count_warning
-
+    s = resolve(compose_cfg(f"loader.num_workers={(os.cpu_count() or 1) + 1}"))
     with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")  # every warning recorded, none shown once only...
-        quiet_worker_count_warning()  # ...but the one gpubench filters
-        many = DataLoader(list(range(4)), num_workers=(os.cpu_count() or 1) + 8)
-        many.check_worker_number_rationality()
+        warnings.resetwarnings()
+        warnings.simplefilter("always")  # every warning recorded, none shown once only
+        build_pipeline(s).loader.check_worker_number_rationality()
     assert not [w for w in seen if "worker processes" in str(w.message)]
 
 
