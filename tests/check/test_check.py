@@ -211,6 +211,7 @@ def test_paced_images_keep_the_sample_contract():
 # ------------------------------------------------------------------ the check, run
 
 
+@pytest.mark.slow  # the whole check: twelve alternated windows and two cases, about 12 s
 def test_the_check_runs_every_cpu_check_and_gets_the_known_answers(compose_cfg):
     """The check on a tiny CPU config: every CPU check runs, the two known-answer cases get
     their answers (a 50 ms stall dwarfs any noise), and the two timed comparisons (gpubench's
