@@ -165,7 +165,7 @@ class Step(Enum):
     channels_last = "channels_last=true: tensor-core convolutions prefer NHWC"
     compile = "compile=default: torch.compile fuses the elementwise ops between convs"
     larger_batch = ("loader.batch_size={double_batch}: memory peaks at {memory_fraction:.0%} of "
-                    "the device (ceiling {ceiling:.0%}); a larger batch may raise throughput "
+                    "{memory_of} (ceiling {ceiling:.0%}); a larger batch may raise throughput "
                     "while compute-bound, keep the smallest that gets near the peak")
     on_cpu = "this ran on the CPU: on a GPU the compute bound is far higher"
     all_phases = "bench.phases=[loader,compute,e2e] to get a verdict"

@@ -213,6 +213,7 @@ class Knobs:
     ceiling: float
     is_conv: bool = True
     oom: bool = False  # the run ran out of memory: the advice is about fitting, not speed
+    memory_of: str = "the device"  # what memory_fraction is a fraction of (RunRecord.memory_of)
 
 
 def advise(bottleneck: Bottleneck, k: Knobs) -> list[str]:

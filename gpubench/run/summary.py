@@ -134,7 +134,8 @@ def summarize(bench, status: Status = Status.ok) -> None:
                   precision=s.precision, channels_last=s.channels_last, compile=s.compile,
                   batch_size=ld.batch_size, dataset=ds.name,
                   memory_fraction=rec.peak_memory_fraction, ceiling=s.memory.ceiling,
-                  is_conv="vit" not in s.model.name, oom=status is Status.oom)
+                  memory_of=rec.memory_of, is_conv="vit" not in s.model.name,
+                  oom=status is Status.oom)
     rule = rule_figures(rec)
     # the serial bound: the step and the data side's device work queued on the training stream
     # (run/merge.py; an nvJPEG decode bounds e2e through the loader's host-side rate instead)

@@ -172,6 +172,9 @@ def test_larger_batch_only_with_memory_to_spare():
     roomy = advise(Bottleneck.compute, knobs(**done, memory_fraction=0.3))
     assert roomy == [x for x in roomy if x.startswith("loader.batch_size=128")]
     assert roomy, "the batch advice is the one left to give"
+    assert "memory peaks at 30% of the device" in roomy[0]
+    on_cpu = advise(Bottleneck.compute, knobs(**done, memory_fraction=0.3, memory_of="host RAM"))
+    assert "memory peaks at 30% of host RAM (ceiling" in on_cpu[0]  # a CPU run reads RSS
     near = advise(Bottleneck.compute, knobs(**{**done, "compile": "off"}, memory_fraction=0.7))
     assert near and not any("batch_size" in x for x in near)  # compile advice, no batch
 
