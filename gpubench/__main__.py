@@ -116,6 +116,8 @@ def cli() -> None:
     except SystemExit as e:  # a sweep's parent run still open at exit ends by this code
         EXIT["code"] = e.code if isinstance(e.code, int) else ExitCode.FAILED
         raise
+    finally:  # the jobs this command refused end with it (a later one in this process has its own)
+        REJECTED.clear()
 
 
 if __name__ == "__main__":

@@ -1165,6 +1165,9 @@ def test_a_sweep_whose_jobs_all_fail_exits_in_one_line(tmp_path, fault, said, co
     assert f"no job of this sweep measured ({counts})" in errors[0] and said in errors[0]
     assert "Traceback" not in p.stderr and not (tmp_path / "sweep" / "report").exists()
     assert len(json.loads((tmp_path / "sweep" / "sweep.json").read_text())["jobs"]) == 2
+    from gpubench.core.exits import REJECTED
+
+    assert REJECTED == []  # its refusals ended with it: a later multirun in this process has none
 
 
 @pytest.mark.slow
