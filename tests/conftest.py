@@ -242,7 +242,7 @@ def cli_env(env: dict | None = None) -> dict:
 
 def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as an interpreter shows it (pytest's own handler records it instead)."""
-    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+    (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 # the warning filters a new interpreter starts with (Python's defaults, no -W)
