@@ -123,12 +123,10 @@ def _with_values(groups: tuple[str, ...], values: list):
 def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
     """The config `python -m gpubench OVERRIDES` composes (TINY first unless `tiny=False`).
 
-    Composing from the YAML files costs 0.1 s (a third of the quick suite over ~360 calls), so
-    value changes are applied to a copy of the composed group choices as Hydra's compose applies
-    them (its override grammar, then OmegaConf.update with merge: hydra/_internal/
-    config_loader_impl.py _apply_overrides_to_config); anything else, or a change that fails,
-    composes the whole config, so errors are Hydra's own (test_config checks both agree). With
-    its hydra node, which names the overrides and the folder, a config is kept by both."""
+    Composing costs 0.1 s (a third of the quick suite), so value changes go onto a copy of the
+    composed group choices as Hydra applies them (OmegaConf.update with merge: config_loader_impl
+    _apply_overrides_to_config); anything else, or a failing change, composes the whole config,
+    so errors are Hydra's own (test_config checks both agree)."""
     full = (*(TINY if tiny else []), *overrides)
     if hydra:
         key = (full, os.getcwd())
@@ -145,16 +143,14 @@ def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: one worker more than cores (slow tests mostly wait on processes, timers and
-    servers; on 2 cores, 2026-12-03: 331 s with 2 workers, 286 s with 3, 300 s with 4; the
-    quick part the same with 2 or 3), at most 8 (each may start servers and runs of its own)."""
+    """`-n auto`: one worker more than cores, at most 8 (slow tests mostly wait; 2 cores,
+    2026-12-03: 331 s with 2 workers, 286 s with 3, 300 s with 4)."""
     return min(8, (os.cpu_count() or 1) + 1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests on the real server are `slow` (this runs before `-m` selects). Slow tests run
-    first, so the long ones start at once on every worker and the short ones fill the gaps at
-    the end. `gpu` tests are skipped (not failed) without CUDA."""
+    """Tests on the real server are `slow`; slow tests run first (short ones fill the gaps at
+    the end); `gpu` tests are skipped without CUDA."""
     import torch
 
     for item in items:
@@ -170,9 +166,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Freeze what collection imported (torch, Hydra, every test module) out of the
-    collector's sight: each run a test makes collects once to free device memory, and that
-    pass then walks only what the run created (gpubench's entry does the same after a job)."""
+    """Freeze what collection imported out of the collector's sight: a run's collection (to free
+    device memory) then walks only what the run created."""
     gc.collect()
     gc.freeze()
 
@@ -226,8 +221,7 @@ def _quick_tests_start_no_process(request):
 
 
 def _must_be_slow(what: str) -> None:
-    """Starting a process or a server from a test not marked `slow` fails it
-    (README: `pytest -m "not slow"` is the quick, in-process part)."""
+    """Starting a process from a test not marked `slow` fails it, before the process starts."""
     if _RUNNING and _RUNNING[-1].get_closest_marker("slow") is None:
         pytest.fail(f"{_RUNNING[-1].nodeid} starts {what}: mark it @pytest.mark.slow",
                     pytrace=False)
@@ -253,13 +247,11 @@ _DEFAULT_WARNINGS = (("default", DeprecationWarning, "__main__"), ("ignore", Dep
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None,
             module: str = "gpubench") -> subprocess.CompletedProcess:
-    """`python -m MODULE ARGS` run in this process as `python -m` runs it (runpy), from `cwd`
-    (first on sys.path, then `env`'s PYTHONPATH): its exit status and what reached file
-    descriptors 1 and 2 (Python's streams, warnings, C code, forked DataLoader workers). What a
-    command sets for its process (environment, folder, argv, sys.path, signal handlers,
-    logging, warning filters, Hydra's config) is put back after, and the modules it imported
-    from those folders are forgotten; what it froze (gc.freeze) stays, as in a process that has
-    not exited yet. A hang hangs the test: a test of one runs the command as a process."""
+    """`python -m MODULE ARGS` run in this process as `python -m` runs it (runpy) from `cwd`:
+    its exit status and what reached file descriptors 1 and 2 (C code and forked workers too).
+    What it sets for its process (environment, folder, argv, sys.path, signal handlers,
+    logging, warning filters, Hydra's config) is put back and the modules it imported from its
+    folders forgotten. A test of a hang runs the command as a process."""
     from hydra.core.hydra_config import HydraConfig
 
     rc, env = 0, cli_env(env)
@@ -335,9 +327,8 @@ def start_process(*args: str, cwd: Path, env: dict | None = None,
                   module: str | None = "gpubench", code: str | None = None,
                   affinity: list[int] | None = None, fsize: int | None = None,
                   **popen) -> subprocess.Popen:
-    """`python -m MODULE ARGS` (`python -c CODE ARGS` given `code`), a new interpreter, for a
-    test whose subject is the process (a signal, a kill, several at once, what it imports);
-    `affinity`: the cores it may run on, `fsize`: the largest file it may write."""
+    """`python -m MODULE ARGS` (`-c CODE` given `code`) in a new interpreter, for a test whose
+    subject is the process; `affinity`: its cores, `fsize`: the largest file it may write."""
     _must_be_slow(f"`python -m {module}`")
 
     def limits() -> None:
@@ -368,16 +359,14 @@ def run_process(*args: str, cwd: Path, timeout: float = 300, **how) -> subproces
 
 
 def torchrun(*args: str, cwd: Path, nproc: int = 2, timeout: float = 300):
-    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`: each rank a new interpreter
-    that torchrun starts, watches, signals and ends."""
+    """`torchrun --standalone --nproc_per_node=N -m gpubench ARGS`."""
     return run_process("--standalone", f"--nproc_per_node={nproc}", "-m", "gpubench", *args,
                        module="torch.distributed.run", cwd=cwd, timeout=timeout)
 
 
 def alive(pid: int, proc: subprocess.Popen | None = None) -> bool:
-    """A process still runs: its Popen's word when this process holds one (which also reaps
-    it), else its state in /proc: a zombie has ended (a server whose parent, a test worker,
-    exited before it is nobody's to reap here)."""
+    """A process still runs: its Popen's word (which reaps it), else /proc, where a zombie has
+    ended (a server whose parent worker exited is nobody's to reap here)."""
     if proc is not None:
         return proc.poll() is None
     try:
@@ -406,18 +395,16 @@ def _template_store() -> Path:
 
 
 def sqlite_store(path: Path) -> str:
-    """The URI of an MLflow sqlite store at `path`, as MLflow makes one on first use, without
-    its 1.2 s of schema migrations each time (11 stores: 13 s of the quick suite): a copy of
-    one migrated store per process; MLflow then creates the default experiment itself."""
+    """The URI of an MLflow sqlite store at `path`: a copy of one migrated per process (1.2 s of
+    migrations a store); MLflow then creates the default experiment itself."""
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_template_store(), path)
     return f"sqlite:///{path}"
 
 
 class MlflowServer:
-    """A real `mlflow server` on 127.0.0.1 (sqlite backend, artifacts proxied into its folder),
-    started at once; `url` waits for /health (10-20 s), so tests not needing it run meanwhile.
-    `attach`: the one another worker started (shared())."""
+    """A real `mlflow server` on 127.0.0.1 (sqlite, artifacts proxied into its folder); `url`
+    waits for /health (10-20 s); `attach`: the one another worker started (shared())."""
 
     def __init__(self, root: Path, args: tuple[str, ...] = (), env: dict | None = None,
                  attach: dict | None = None):
@@ -473,9 +460,8 @@ def mlflow_server():
 
 
 def pytest_configure(config):
-    """A worker registers its quick end (_end_quickly) before the libraries its tests import
-    register theirs; the session's own process (xdist's controller, or the only one with -n 0)
-    makes the folder every worker's shared() resources live in: workers inherit it."""
+    """A worker registers _end_quickly before its libraries' exit handlers; the session's own
+    process makes the folder of shared() resources, which workers inherit."""
     if hasattr(config, "workerinput"):
         atexit.register(_end_quickly)
     elif SHARED_ENV not in os.environ:
@@ -489,10 +475,8 @@ _DONE: list = []  # set once a worker has finished its session (pytest_unconfigu
 
 
 def _end_quickly() -> None:
-    """A finished worker's exit handler: exit handlers run last-registered first, so it runs
-    after those of torch, MLflow, matplotlib and skips the few before it (logging's flush, done
-    here). Freeing every module took about 3 s of the quick suite's ~70 that the session waits
-    for. Its results already went over its channel; a worker that fails earlier exits as usual."""
+    """A finished worker's last exit handler (run after torch's, MLflow's, matplotlib's): skips
+    freeing every module (3 s of the quick suite); its results already went to the session."""
     if _DONE and "coverage" not in sys.modules:  # coverage.py saves its data at exit
         logging.shutdown()
         sys.stdout.flush()
@@ -501,10 +485,8 @@ def _end_quickly() -> None:
 
 
 def pytest_unconfigure(config):
-    """A worker: one collection, then freeze, because pytest's own end collects five times
-    over (its check for exceptions raised in __del__; 3 s over what the runs left); one still
-    reports those exceptions. The session's process, after every worker: stop what shared()
-    started, then drop the folder."""
+    """A worker: one collection, then freeze (pytest's end collects five times over, 3 s).
+    The session's process, after every worker: stop what shared() started, drop the folder."""
     if hasattr(config, "workerinput"):
         gc.collect()
         gc.freeze()
@@ -531,10 +513,8 @@ def pytest_unconfigure(config):
 
 
 def shared(name: str, start) -> dict:
-    """A resource the whole test run shares (a server), started once by whichever
-    worker asks first: `start(folder)` starts it in a session of its own and returns what
-    others need to reach it (a dict with its `pid`); the others read that back. The session's
-    own process stops it when every worker is done (pytest_unconfigure)."""
+    """A resource the whole run shares, started once by whichever worker asks first:
+    `start(folder)` starts it in a session of its own and returns a dict with its `pid`."""
     from filelock import FileLock
 
     folder = Path(os.environ[SHARED_ENV])
@@ -548,10 +528,8 @@ def shared(name: str, start) -> dict:
 
 
 def start_two_job_sweep(tmp: Path, *overrides: str):
-    """`python -m gpubench -m` of two jobs (batch 4, then 8) whose phases last their 1 s cap,
-    in its own process group (as under a scheduler); returns (process, the second job's
-    results.json) once that job has measured its first phase: a moment inside the sweep
-    for a signal or a fault."""
+    """`python -m gpubench -m` of two jobs (batch 4, 8) of 1 s phases in its own process group;
+    returns (process, the second job's results.json) once that job measured a phase."""
     proc = start_process(
         "-m", *[o for o in TINY if o != "tracking=none"],
         *overrides, "loader.batch_size=4,8", "bench.steps=1000000", "bench.max_seconds=1",
