@@ -41,7 +41,7 @@ from gpubench.core.record import (
 )
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
-from gpubench.report.console import fit, fold
+from gpubench.report.console import fit, say
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
@@ -252,9 +252,7 @@ def print_lines(lines: list[str], console=None) -> None:
     command (it must paste as one), whole."""
     con = console or Console(highlight=False)
     for line in lines:
-        fits = not con.is_terminal or "python -m " in line
-        for piece in [Text(line)] if fits else fold(Text(line), con):
-            con.print(piece, soft_wrap=True)
+        say(con, Text(line), whole="python -m " in line)
 
 
 @dataclass(frozen=True)
