@@ -131,9 +131,8 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
 
 
 def _from_mlflow(uri: str | None, timeout_s: float, read, source: str | None = None):
-    """`read(uri)` with every network wait bounded; a store that cannot be read is one line
-    (NothingToReport); a missing sqlite store is not made. `source`: the name read as an
-    experiment's, which may have been meant as a folder."""
+    """`read(uri)`, every network wait bounded; an unreadable store: one line (NothingToReport);
+    a missing sqlite store is not made. `source`: a name perhaps meant as a folder."""
     from gpubench.tracking import store
 
     uri = store.resolve_uri(uri)

@@ -61,8 +61,7 @@ def title(rec: RunRecord) -> str:
 
 def fit(head: list[str], rows: list[list], drop: Sequence[int], width: int,
         right: Callable[[int], bool], **style) -> tuple[Table, list[int]]:
-    """The table and the columns left out, in `drop`'s order, until it fits `width` (a figure
-    split or cut to `1,26…` reads as another figure)."""
+    """The table, columns left out in `drop`'s order until it fits (`1,26…` is another figure)."""
     measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
     for n in range(len(drop) + 1):
         out = list(drop[:n])
@@ -190,8 +189,8 @@ def verdict(rec: RunRecord) -> list[str]:
 
 
 def ceiling_advice(cfg: dict, device: str | None) -> list[str]:
-    """The overrides that bring a run under memory.ceiling but those it used (amp_fp16 only on
-    CUDA: a CPU refuses it)."""
+    """The overrides that bring a run under memory.ceiling (amp_fp16 only on CUDA: a CPU refuses
+    it), but those it used."""
     model, batch = cfg.get("model") or {}, (cfg.get("loader") or {}).get("batch_size")
     precision = (cfg.get("precision") or {}).get("name")
     out = []
@@ -233,7 +232,6 @@ def print_result(result, console: Console | None = None) -> None:
 
 
 def say(con: Console, line: str | Text, whole: bool = False) -> None:
-    """A line folded (fold) in a terminal; `whole`, or to a log or a pipe (`> log.txt`), never:
-    the reader's viewer folds what it shows itself."""
+    """Folded in a terminal; `whole`, or in a log or a pipe, never: its viewer folds itself."""
     for piece in [line] if whole or not con.is_terminal else fold(line, con):
         con.print(piece, soft_wrap=True)

@@ -159,8 +159,7 @@ def _compute_command(row: Row) -> str:
 
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
                   source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
-    """The answer of the loader-only `rows` (None without any) against the compute bounds of
-    `rows`, `found` and `named` (a named one that bounds no setup: SystemExit)."""
+    """Against the compute bounds of `rows`, `found`, `named` (one bounding nothing: SystemExit)."""
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
@@ -198,8 +197,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
 
 
 def _apart(groups: list[Group]) -> tuple[str, ...]:
-    """The keys whose values differ between the groups: each heading names them (a default too),
-    so no two read alike; a key inert in a group has no value there."""
+    """The keys differing between groups (inert: no value): each heading names them, so no two
+    read alike."""
     return tuple(plot_rules.differing([{k: v for k, v in as_run(g.shown.flat).items()
                                         if k in _knobs(g.shown)} for g in groups]))
 

@@ -39,8 +39,7 @@ def _star(chosen, x, apart: list, flagged: list) -> dict | None:
 
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
-    """The points that set the y range: the star and all but the flagged ones (a queue-timed
-    loader run read 10x the rest) unless nothing else measured."""
+    """The y range's points: the star and the unflagged (a queue-timed loader read 10x), or all."""
     return (points or flagged) + ([{"y": star["y"], "lo": star["y"], "hi": star["y"]}]
                                   if star else [])
 

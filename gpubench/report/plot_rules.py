@@ -30,8 +30,7 @@ CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 
 
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`), whether `row.knob()` takes short names or keys;
-    a config section (`precision`'s node) is no value."""
+    """A knob by its short name, whether `row.knob()` takes those or keys; a section is no value."""
     for key in (name, *SHORT[name]):
         if (v := row.knob(key)) is not None and not isinstance(v, (dict, list)):
             return v
@@ -90,8 +89,7 @@ def flag_reasons(row) -> list[Reason]:
 
 
 def all_flagged(rows) -> str:
-    """`every full run flagged its own measurement (rerun on a quiet machine)` (a loader-only
-    sweep's: loader-only runs)."""
+    """`every full run flagged its own measurement (rerun on a quiet machine)`."""
     what = "loader-only run" if rows and all(loader_only(r.record) for r in rows) else "full run"
     return (f"every {what} flagged its own measurement "
             f"({rerun_text(x.kind for r in rows for x in flag_reasons(r))})")

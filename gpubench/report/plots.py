@@ -132,8 +132,7 @@ class _FittedLog(LogLocator):
 
 
 def plain_log(ax, which: str, lo: float, hi: float) -> None:
-    """A log axis in plain numbers (0.1, 2, 3,000): matplotlib's writes 6x10^1, crowds a short
-    range."""
+    """A log axis in plain numbers (0.1, 3,000): matplotlib's writes 6x10^1, crowds a range."""
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
     axis.set_major_locator(_FittedLog(which, lo, hi))
@@ -293,8 +292,7 @@ def _draw_curve(d: dict, out: Path) -> Path:
 
 
 def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float = 1.0) -> None:
-    """A compute bound (`xmin`-`xmax`, axes fractions): its interval, figure, and the line a
-    loader interval's low end must clear."""
+    """A compute bound (`xmin`-`xmax`: axes fractions) and the line a loader's low end clears."""
     ax.axhspan(b["lo"], b["hi"], xmin, xmax, color=color, alpha=0.12, zorder=1,
                label=label and f"{label} (band: its interval)")
     ax.axhline(b["y"], xmin, xmax, color=color, linewidth=1, alpha=0.6, zorder=1)

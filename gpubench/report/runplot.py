@@ -85,8 +85,7 @@ def run_picture_data(record: RunRecord) -> dict:
 
 
 def _figure(bar: dict) -> str:
-    """`2,930 [2,181-4,170]`, `12.3 [12.1-12.4]`: one precision, so the interval never reads
-    narrower than it is (`12.3 [12-12]`)."""
+    """`12.3 [12.1-12.4]`: one precision, so the interval never reads narrower (`12 [12-12]`)."""
     v = bar["images_per_sec"]
     spec = ",.0f" if abs(v) >= 100 else ",.1f"
     return format(Est(v, *bar["ci"]) if bar["ci"] else Est(v, v, v), spec)

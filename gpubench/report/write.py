@@ -83,8 +83,7 @@ def overrides_of(row: Row, keys: list[str]) -> list[str]:
 
 
 def measurement_text(cfg: dict, cut_short: bool = False) -> str:
-    """`6 windows of 4 steps on each of loader, compute, e2e`, the loader's longer ones, and the
-    cap of a run `cut_short`."""
+    """`6 windows of 4 steps on each of loader, compute, e2e`, the loader's longer, the cap."""
     b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
@@ -116,8 +115,7 @@ def run_text(row: Row, keys: list[str]) -> str:
 
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None,
                     made: str = "sweep") -> str:
-    """The row's setup and measurement as an overlay composing back into its config (no
-    tracking, no fault injection); `made`: a sweep or one run."""
+    """The row's setup and measurement as an overlay composing back into its config."""
     cfg = row.record.config
     setup = _interpolations_kept({k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg},
                                  row.record.dir)
@@ -202,8 +200,7 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short name, a word a line (`batch\nsize`); else its key broken only
-    after each dot (at `_` too, `_name` could not tell which break was which)."""
+    """A short name a word a line; else broken after each dot only (`_name` must undo it)."""
     name = knob_name(key)
     return name.replace(".", ".\n") if "." in name else name.replace("_", "\n")
 
@@ -223,11 +220,8 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     shown_rows = body[:limit]
     kinds = ["interval" if "interval" in h else h for h in head]
     knobs = [c for c, k in enumerate(kinds) if k not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
-
-    def cols(names) -> list[int]:
-        return [c for k in names for c, h in enumerate(kinds) if h == k]
-
-    order = cols(GIVES_WAY_FIRST) + knobs[::-1] + cols(GIVES_WAY_LAST)
+    order = ([c for k in GIVES_WAY_FIRST for c in range(len(head)) if kinds[c] == k] + knobs[::-1]
+             + [c for k in GIVES_WAY_LAST for c in range(len(head)) if kinds[c] == k])
     # as text: a value such as [loader,e2e] is no markup; no vertical rules: width for figures
     table, out = fit(head, [[Text(v) for v in b] for b in shown_rows], order, con.width,
                      lambda c: head[c] in ("#", "img/s", "mem %"), box=box.SIMPLE_HEAD,
@@ -248,8 +242,7 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
 
 
 def print_lines(lines: list[str], console=None) -> None:
-    """In a terminal folded between words (the terminal breaks inside a figure); piped, or a
-    command (it must paste as one), whole."""
+    """Folded between words in a terminal (its own breaks a figure); a command stays whole."""
     con = console or Console(highlight=False)
     for line in lines:
         say(con, Text(line), whole="python -m " in line)
@@ -387,8 +380,7 @@ class NothingToReport(FileNotFoundError):
 
 
 def report_name(base: str, conditions: dict[str, str] | None, tolerance: float) -> str:
-    """A report of part of the runs (--where) or at another --tolerance never overwrites the
-    whole one's (`report-loader.num_workers=1`)."""
+    """A report of part (--where) or at another --tolerance never overwrites the whole one's."""
     parts = [f"{k}={v}" for k, v in sorted((conditions or {}).items())]
     parts += [f"tolerance={tolerance:g}"] if tolerance != TOLERANCE else []
     return base + "".join("-" + re.sub(r"[^\w.=+]+", "_", x) for x in parts)
@@ -437,8 +429,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to `root`: `3`, not the trial number; `../b/0` for another
-    worker's job."""
+    """Its folder relative to `root`: `3`, not the trial number; `../b/0` another worker's."""
     if row.record.dir is None:
         return None
     rel = Path(os.path.relpath(Path(row.record.dir).resolve(), root)).as_posix()
