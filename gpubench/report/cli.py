@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
     p = OneLineParser(prog="python -m gpubench.report", description=" ".join(__doc__.split()))
     p.add_argument("source", nargs="?",
                    help="a sweep dir (outputs/multirun/...) or an MLflow experiment")
-    p.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
-                   help=f"how far below the fastest a recommended config may be (default {TOLERANCE})")
+    p.add_argument("--tolerance", type=_tolerance, default=TOLERANCE, help="how far below the "
+                   f"fastest a recommended config may be (default {TOLERANCE})")
     p.add_argument("--out", help="report folder (default: <sweep dir>/report, or "
                    "outputs/reports/<experiment> for MLflow)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: gpubench's)")
@@ -73,13 +73,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
     a = p.parse_args(argv)
     mask_logging()  # MLflow's and urllib3's log lines name the URI too
     try:
-        conditions = parse_where(a.where)
-    except WhereError as e:  # malformed: bad input, as argparse's own (a key no run has: 1)
-        print(mask_secrets(str(e)), file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    try:
-        return _report(p, a, conditions)
-    except WhereError as e:  # its own one line
+        return _report(p, a, parse_where(a.where))
+    except WhereError as e:  # its own one line; malformed: bad input (a key no run has: 1)
         print(mask_secrets(str(e)), file=sys.stderr)
         return ExitCode.BAD_INPUT if e.bad_input else ExitCode.FAILED
     except NothingToReport as e:  # its own one line
@@ -130,14 +125,14 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     name = report_name(a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
         f"-study-{a.study}" if a.study else ""), conditions, a.tolerance)
     write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
-                 Source(a.source, mlflow=True, uri=a.tracking_uri), None, a.tolerance, named=read_compute(a.compute))
+                 Source(a.source, mlflow=True, uri=a.tracking_uri), None, a.tolerance,
+                 named=read_compute(a.compute))
     return ExitCode.OK
 
 
 def _from_mlflow(uri: str | None, timeout_s: float, read, source: str | None = None):
-    """`read(uri)` with every network wait bounded (tracking.store.connection); a store that
-    cannot be read is one line (NothingToReport); a missing sqlite store is not made. `source`:
-    the name read as an experiment's, which may have been meant as a folder."""
+    """`read(uri)`, every network wait bounded; an unreadable store: one line (NothingToReport);
+    a missing sqlite store is not made. `source`: a name perhaps meant as a folder."""
     from gpubench.tracking import store
 
     uri = store.resolve_uri(uri)

@@ -89,16 +89,14 @@ def _prices(table: dict[Any, Any]) -> dict[str, float]:
 
 
 def price_for(device: str, table: dict[str, float]) -> float | None:
-    """The exact device name, else the longest key that is part of it (case-insensitive):
-    "V100" prices "Tesla V100-SXM2-16GB" without spelling out every variant."""
+    """The exact name, else the longest key in it (any case): "V100" prices "Tesla V100-SXM2"."""
     hits = [k for k in table if k.lower() in device.lower()]
     return table[max(hits, key=lambda k: (len(k), k == device))] if hits else None
 
 
 def mlflow_records(experiment: str, uri: str | None = None,
                    filter_string: str = "") -> list[RunRecord]:
-    """The results.json of an experiment's runs matching `filter_string` (checked values only),
-    each naming its run in `extra["mlflow_run_id"]`."""
+    """Its runs' results.json matching `filter_string` (checked values only), run id in extra."""
     from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
     from mlflow.utils import get_results_from_paginated_fn
 
@@ -133,8 +131,8 @@ def mlflow_records(experiment: str, uri: str | None = None,
 
 
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
-    """{workload: one DeviceRow per device, fastest first}: the fastest feasible run among its
-    longest measurements (`bench.steps`), so a short screen never stands for a device."""
+    """{workload: a DeviceRow per device, fastest first}: the fastest of its longest feasible
+    measurements, so a short screen never stands for a device."""
     groups: dict[tuple, dict[str, list[RunRecord]]] = {}
     for r in records:
         # a loader-only run's or a probe's figure is no device's training throughput
@@ -159,8 +157,7 @@ def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str
 
 
 def _named(groups: dict[tuple, dict]) -> dict[str, dict]:
-    """Each workload by its words (`model resnet50, dataset imagenet, 224 px`), with the settings
-    that set it apart from another of the same words (`model.kwargs={...}`)."""
+    """Each workload by its words, with what sets it apart from another of the same words."""
     first = {w: next(iter(next(iter(d.values())))) for w, d in groups.items()}
     out = {}
     for w, devices in groups.items():
@@ -181,8 +178,7 @@ def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
 
 
 def versus(rows: list[DeviceRow]) -> list[dict]:
-    """Each device's price, throughput and images-per-dollar ratios to the cheapest (else the
-    slowest): "7x the price for 3x the throughput"."""
+    """Each device's ratios to the cheapest (else the slowest): "7x the price for 3x ..."."""
     priced = [d for d in rows if d.usd_per_hour]
     base = (min(priced, key=lambda d: d.usd_per_hour) if priced
             else min(rows, key=lambda d: d.images_per_sec))

@@ -28,10 +28,9 @@ def _gib(b) -> str:
 
 
 def fold(line: str | Text, con: Console, lead: int | None = None) -> list[Text]:
-    """A line (markup, or Text) at `con`'s width, folded between words, each continuation under
-    its text (`  1. ` an advice's, `  - ` a bullet's, else two spaces in; `lead`: that many); a
-    word longer than the width stays whole (a path folded would not paste). The terminal's own
-    fold starts at the margin, and breaks words."""
+    """A line (markup, or Text) folded between words at `con`'s width, each continuation under
+    its text (`  1. `, `  - `, else two spaces in; `lead`: that many); a word longer than the
+    width stays whole (a path folded would not paste). The terminal's fold breaks words."""
     text = Text.from_markup(line) if isinstance(line, str) else line
     plain = text.plain
     if any(c in plain for c in "\n\t\r\v\f"):  # textwrap turns these into spaces: not ours
@@ -62,8 +61,7 @@ def title(rec: RunRecord) -> str:
 
 def fit(head: list[str], rows: list[list], drop: Sequence[int], width: int,
         right: Callable[[int], bool], **style) -> tuple[Table, list[int]]:
-    """The table and the columns left out, in `drop`'s order, until its natural width fits
-    `width` (a figure split or cut to `1,26…` reads as another figure)."""
+    """The table, columns left out in `drop`'s order until it fits (`1,26…` is another figure)."""
     measure = Console(width=10_000).measure  # the natural width, not one clamped to a console
     for n in range(len(drop) + 1):
         out = list(drop[:n])
@@ -86,7 +84,7 @@ CUT_NOTE = "  * window closed by bench.max_seconds before bench.steps"  # the st
 
 
 def phase_table(d: dict, interval_label: str, width: int = 10_000) -> tuple[Table, list[str]]:
-    """One row per measured phase; the columns that do not fit `width` left out (and named)."""
+    """A row per measured phase; the columns that do not fit `width` left out (and named)."""
     rows = []
     for name, ph in d["phases"].items():
         mem = ph["memory"].get("torch_peak_reserved_bytes") or ph["telemetry"].get("peak_rss_bytes")
@@ -166,7 +164,7 @@ def lines(d: dict, notes: list[str]) -> list[str]:
 
 
 def verdict(rec: RunRecord) -> list[str]:
-    """The status when not ok, the narrowest pipe (or why none) and the advice (rich markup)."""
+    """The status when not ok, the narrowest pipe (or why none), the advice (rich markup)."""
     out = []
     if rec.status is not Status.ok:
         out.append(f"[bold red]status: {rec.status}[/bold red] {rec.error or ''}")
@@ -191,8 +189,8 @@ def verdict(rec: RunRecord) -> list[str]:
 
 
 def ceiling_advice(cfg: dict, device: str | None) -> list[str]:
-    """The overrides that bring a run under memory.ceiling, but those it already used (amp_fp16
-    only on CUDA: a CPU refuses it)."""
+    """The overrides that bring a run under memory.ceiling (amp_fp16 only on CUDA: a CPU refuses
+    it), but those it used."""
     model, batch = cfg.get("model") or {}, (cfg.get("loader") or {}).get("batch_size")
     precision = (cfg.get("precision") or {}).get("name")
     out = []
@@ -215,12 +213,8 @@ def print_result(result, console: Console | None = None) -> None:
     """`result`: a RunRecord, or anything with `.record` (and `.notes`) such as runner.Result."""
     rec: RunRecord = getattr(result, "record", result)
     con = console or Console(highlight=False)
-    # a log or a pipe (`> log.txt`): lines never folded (a terminal folds what it shows itself)
-    log = not con.is_terminal
     d = rec.to_dict()
-    # the title apart from the table: the table's width would fold it (`AMD\nEPYC`)
-    for piece in [title(rec)] if log else fold(title(rec), con):
-        con.print(piece, soft_wrap=True)
+    say(con, title(rec))  # apart from the table: the table's width would fold it (`AMD\nEPYC`)
     out = [*lines(d, getattr(result, "notes", [])), *verdict(rec),
            f"[dim]results: {rec.path}[/dim]"]
     if d["phases"]:  # ended before its first window: the title alone, no empty table
@@ -234,5 +228,10 @@ def print_result(result, console: Console | None = None) -> None:
     if d.get("picture"):
         out.append(f"[dim]picture: {d['picture']}[/dim]")
     for line in out:
-        for piece in [line] if log else fold(line, con):
-            con.print(piece, soft_wrap=True)
+        say(con, line)
+
+
+def say(con: Console, line: str | Text, whole: bool = False) -> None:
+    """Folded in a terminal; `whole`, or in a log or a pipe, never: its viewer folds itself."""
+    for piece in [line] if whole or not con.is_terminal else fold(line, con):
+        con.print(piece, soft_wrap=True)

@@ -1,6 +1,5 @@
 """The report's workers answer: how many loader workers a setup needs, from its loader-only runs
-(analysis.workers.fewest_workers) against its compute bound: every compute measurement of the
-setup the report was given (the sweep's `compute/` folder, the rows, `--compute` runs)."""
+against its compute bound (the sweep's `compute/` folder, the rows, `--compute` runs)."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons
 
 # what a compute measurement drops from a loader job's command line: the data pipe's knobs do
-# not change it (the one rule of the MLflow branch too: knobs.COMPUTE is what it keeps)
+# not change it (as knobs.COMPUTE keeps for an MLflow run)
 NOT_FOR_COMPUTE = (*DATA_KEYS, "bench.phases")
 
 
@@ -55,7 +54,7 @@ class Group:
 
     @property
     def flagged_loader(self) -> bool:  # every loader run flagged itself: flagged ones judged
-        return any(flag_reasons(r) for r in self.used)
+        return any(map(flag_reasons, self.used))
 
     @property
     def unconfirmed(self) -> bool:
@@ -69,8 +68,8 @@ class Group:
 
     @property
     def shown(self) -> Row:
-        """The run whose knobs the heading writes: one with workers, where the group has one
-        (a 0-worker run joins every group of its setup; its worker-only knobs are inert)."""
+        """The run the heading writes: one with workers where there is one (a 0-worker run joins
+        every group of its setup: its worker-only knobs are inert)."""
         return next((r for r in self.rows if r.knob("num_workers")), self.rows[0])
 
     @property
@@ -88,7 +87,6 @@ class LoaderAnswer:
     lines: list[str]
 
     def band(self, row) -> dict | None:
-        """The compute bound of a loader-only row's setup, as the workers plot draws it."""
         for g in self.groups:
             if any(r is row for r in g.rows) and (c := g.pick.compute) is not None:
                 flag = " (flagged: unconfirmed)" if g.flagged_bound else ""
@@ -113,7 +111,7 @@ def _knobs(r: Row) -> dict:  # every knob of the run but its workers and how it 
 
 
 def _named(m: RunRecord) -> str:
-    """Where a compute measurement is: its folder, else (read from MLflow) its run id."""
+    """A compute measurement's folder, else (from MLflow) its run id."""
     return str(m.dir) if m.dir is not None else f"MLflow run {m.extra.get('mlflow_run_id', '?')}"
 
 
@@ -134,7 +132,7 @@ def read_compute(paths: list[str] | None) -> list[RunRecord]:  # the runs named 
 
 
 def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
-    """The compute runs in `<sweep dir>/compute/` that are not rows already."""
+    """The compute runs in `<sweep dir>/compute/` not rows already."""
     have = {str(r.record.dir) for r in rows}
     root = sweep_dir / COMPUTE_DIR
     recs = [load(d) for d in find_runs(root)] if root.is_dir() else []
@@ -144,10 +142,8 @@ def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
 def _compute_command(row: Row) -> str:
     """The loader job's command line (its overrides.yaml, else compute knobs) for compute alone."""
     overrides = None
-    with suppress(OSError, yaml.YAMLError):
-        if row.record.dir is not None:
-            overrides = yaml.safe_load((Path(row.record.dir) / ".hydra" / "overrides.yaml")
-                                       .read_text())
+    with suppress(OSError, TypeError, yaml.YAMLError):  # TypeError: no folder (MLflow)
+        overrides = yaml.safe_load((Path(row.record.dir) / ".hydra/overrides.yaml").read_text())
     if isinstance(overrides, list):
         keep = [o for o in map(str, overrides)
                 if not o.startswith(("hydra.", "hydra/"))
@@ -161,8 +157,7 @@ def _compute_command(row: Row) -> str:
 
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
                   source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
-    """The workers answer of the loader-only `rows` (None without any) against the compute
-    bounds of `rows`, `found` and `named` (a named one that bounds no setup: SystemExit)."""
+    """Against the compute bounds of `rows`, `found`, `named` (one bounding nothing: SystemExit)."""
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
@@ -189,7 +184,8 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
         # a loader-only row's figure, pooled over its repeats as the ranking shows it
         good = [(r.knob("num_workers"), r.throughput, list(r.interval)) for r in used]
         pick = workers.fewest_workers(good, bound, tolerance, dict(key)["device"],
-                                      [r.flat for r in rs], workers.least_cores(r.record for r in rs),
+                                      [r.flat for r in rs],
+                                      workers.least_cores(r.record for r in rs),
                                       str(longer(rs[0].record)))
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
     named = _apart(groups)
@@ -199,12 +195,10 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
 
 
 def _apart(groups: list[Group]) -> tuple[str, ...]:
-    """The keys whose values differ between the groups: each heading names them, at a default
-    too, so no two read alike (a key inert in a group, settings.as_run, has no value there)."""
-    shown = [{k: v for k, v in as_run(g.shown.flat).items() if k in _knobs(g.shown)}
-             for g in groups]
-    keys = sorted({k for d in shown for k in d})
-    return tuple(k for k in keys if len({repr(d[k]) for d in shown if k in d}) > 1)
+    """The keys differing between groups (inert: no value): each heading names them, so no two
+    read alike."""
+    return tuple(plot_rules.differing([{k: v for k, v in as_run(g.shown.flat).items()
+                                        if k in _knobs(g.shown)} for g in groups]))
 
 
 def _kinds(reasons: list[Reason]) -> str:
@@ -257,12 +251,9 @@ def _lines(groups: list[Group], source: str) -> list[str]:
         clear = [g for g in gs if g.kind and g.pick.unblocks]
         if len({g.kind for g in gs if g.kind}) > 1 and clear:
             best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
-            n = best.pick.num_workers
-            if not n:  # no worker of either kind: the kind does not matter
-                out.append("  which kind: neither, 0 workers: the main process alone loads "
-                           "faster than compute")
-                continue
+            n = best.pick.num_workers  # 0: no worker of either kind, the kind does not matter
             out.append(f"  which kind: {best.kind}, {count(n, 'worker')}: the "
                        "fewest workers of either kind whose loader clears compute (at the same "
-                       "count, threads: no process per worker)")
+                       "count, threads: no process per worker)" if n else "  which kind: "
+                       "neither, 0 workers: the main process alone loads faster than compute")
     return out

@@ -1,5 +1,4 @@
-"""What the sweep report's pictures show, as plain data (report.plots draws it), by the rules
-of report.plot_rules."""
+"""What the sweep report's pictures show, as plain data for report.plots (rules: plot_rules)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,9 @@ from gpubench.core.stats import TOLERANCE, Est
 from gpubench.report import plot_rules
 from gpubench.report.plot_rules import flag_reasons, flagged_label, knob, phase_est
 
-# headroom above the highest point: the star and the top markers stay inside the axes
-HEADROOM = 1.15
-# the Pareto plot draws the memory ceiling when it lies within this factor of the largest peak
-CEILING_VIEW = 2.5
-# values spanning more than this factor get a log y axis
-LOG_SPAN = 20.0
+HEADROOM = 1.15  # above the highest point: the star and the top markers stay inside the axes
+CEILING_VIEW = 2.5  # the memory ceiling is drawn within this factor of the largest peak
+LOG_SPAN = 20.0  # values spanning more get a log y axis
 BATCH, WORKERS = "loader.batch_size", "loader.num_workers"
 
 
@@ -35,7 +31,7 @@ def _est(x, e: Est, **more) -> dict:
 
 
 def _star(chosen, x, apart: list, flagged: list) -> dict | None:
-    """The recommended run's star; a point apart is drawn moved aside, its star with it."""
+    """The recommended run's star; a point apart is moved aside, its star with it."""
     if chosen is None or x is None:
         return None
     return {"x": x, "y": chosen.throughput, "lone": any(r is chosen for r in apart),
@@ -43,16 +39,15 @@ def _star(chosen, x, apart: list, flagged: list) -> dict | None:
 
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
-    """The points that set the y range: the star and all but the flagged ones (a queue-timed
-    loader run read 10x the rest), unless nothing else measured."""
+    """The y range's points: the star and the unflagged (a queue-timed loader read 10x), or all."""
     return (points or flagged) + ([{"y": star["y"], "lo": star["y"], "hi": star["y"]}]
                                   if star else [])
 
 
 def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
                band=None) -> dict | None:
-    """Throughput against knob `name` (None: it did not vary): lines of full feasible runs apart
-    in it alone; `band`: a row -> the compute bound drawn across the plot."""
+    """Throughput against knob `name` (None: it did not vary), lines of full feasible runs apart
+    in it alone; `band`: a row -> the compute bound drawn across."""
     full = [r for r in rows if r.feasible and r.full and knob(r, name) is not None]
     if len({knob(r, name) for r in full}) < 2:
         return None
@@ -89,7 +84,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
          "xticks": xticks, "log2": log2,
          "integer_x": all(isinstance(x, int) and not isinstance(x, bool) for x in xticks),
          "band": band(anchor) if band else None}
-    # the y range: the `_basis` points and a compute band (a flagged point past an end: off_scale)
+    # the y range: `_basis` and a compute band (a flagged point past an end: off_scale)
     points = [p for ln in lines for p in ln["points"] + [b for v in ln["bounds"].values()
                                                          for b in v]]
     basis = _basis(points + d["rest"] + d["short"], d["flagged"], d["star"]) + [
@@ -101,17 +96,16 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
     ymin, ymax = (min(span) / 1.5, 1.6 * max(span)) if log_y else (0.0, HEADROOM * max(span))
     for p in d["flagged"]:  # past either end: drawn at that edge, with its figure
         p["off_scale"] = "above" if p["y"] > ymax else "below" if p["y"] < ymin else False
-    # beside the bounds of the same runs the axis holds more than the headline phase
     with_bounds = any(ln["bounds"] for ln in d["lines"])
     whisker = interval_label(rows, phases=with_bounds)
-    what = "images/sec" if with_bounds else f"{d['phase']} images/sec"
+    what = "images/sec" if with_bounds else f"{d['phase']} images/sec"  # bounds: not only it
     d.update(log_y=log_y, ymin=ymin, ymax=ymax,
              ylabel=f"{what} (whiskers: {whisker})" + (", log scale" if log_y else ""))
     return d
 
 
 def memory_data(rows) -> dict | None:
-    """Peak memory against batch size; None unless the batch size varied."""
+    """None unless the batch size varied."""
     pts = [r for r in rows if knob(r, "batch_size") is not None
            and (r.peak is not None or r.record.status is Status.oom)]
     if len({knob(r, "batch_size") for r in pts}) < 2:
@@ -125,8 +119,7 @@ def memory_data(rows) -> dict | None:
     full = [r for r in fine if r.full]
     axis = plot_rules.memory_axis(pts)
     # a series per setting of what else varied and acts on the memory read: the compute knobs
-    # (device memory: an adamw run holds two more states per weight than an sgd one), every
-    # knob where the figure is host RSS (loader workers are processes of their own)
+    # (adamw holds two more states per weight than sgd), every knob for host RSS (workers)
     rss = axis["note"] is not None
     varied = plot_rules.held_fixed(full, BATCH)
     keys = [k for k in varied if k != "precision.name"
@@ -149,9 +142,8 @@ def memory_data(rows) -> dict | None:
 
 
 def pareto_data(rows, rec=None) -> dict | None:
-    """Throughput against peak memory of 2+ full training runs (docs/report.md; a loader-only
-    run's peak is its workers', no training's); the front: what no other unflagged full run
-    beats on both."""
+    """Throughput against peak memory of 2+ full training runs (a loader-only run's peak is its
+    workers'); the front: what no other unflagged full run beats on both."""
     pts = [r for r in rows if r.throughput > 0 and r.peak is not None
            and left_out(r.record) is not LeftOut.no_e2e]  # screens, probes: hollow, no front
     full = [r for r in pts if r.full]
@@ -164,8 +156,8 @@ def pareto_data(rows, rec=None) -> dict | None:
         if r.throughput > top:
             front.append(r)
             top = r.throughput
-    # peaks within TOLERANCE of each other are one figure measured several times (4.99-5.04%
-    # of host RAM): a front through them would draw noise as a trade-off
+    # peaks within TOLERANCE are one figure measured again (4.99-5.04% of host RAM): a front
+    # through them would draw noise as a trade-off
     peaks = [100 * r.peak for r in full]
     alike = max(peaks) - min(peaks) <= TOLERANCE * max(peaks)
     chosen = rec.chosen if rec is not None else None
@@ -183,8 +175,7 @@ def pareto_data(rows, rec=None) -> dict | None:
          "ceiling": 100 * plot_rules.ceiling_of(rows), "phase": plot_rules.headline_phase(rows),
          "xlabel": axis["label"], "note": axis["note"]}
     basis = _basis(d["feasible"] + d["infeasible"] + d["short"], d["flagged"], star)
-    # a ceiling far right of every run (a CPU's RSS is a few % of host RAM) would squeeze the
-    # runs into a clump at the left edge: named in a note instead
+    # a ceiling far right of every run (a CPU's RSS) would clump them at the left: a note
     d["ceiling_in_view"] = d["ceiling"] <= CEILING_VIEW * max(100 * r.peak for r in pts)
     if not d["ceiling_in_view"]:
         d["note"] = "; ".join(x for x in (
@@ -206,8 +197,8 @@ def pareto_data(rows, rec=None) -> dict | None:
     if alike or len(front) < 2:  # no trade-off to draw: no line, no legend entry for one
         d["front"] = []
     d["best"] = [_pt(fastest, 100 * fastest.peak, chosen)] if good and not d["front"] else []
-    # alike peaks on an axis of their own hundredths would look far apart: a span of at least
-    # a quarter of the largest keeps them as close as they are
+    # alike peaks on an axis of their hundredths look far apart: a span of a quarter of the
+    # largest at least
     mid, shown = (max(peaks) + min(peaks)) / 2, [100 * r.peak for r in pts]
     shown += [1.03 * d["ceiling"]] if d["ceiling_in_view"] else []
     d["xlim"] = (max(0.0, min(mid - max(peaks) / 8, *shown)),
@@ -232,7 +223,7 @@ def _params(row: Row, keys: list[str]) -> dict[str, Any]:
 
 
 def compute_data(rows: list[Row], result: dict) -> dict | None:
-    """Series of the compute pipe's runs: {label: [point]}, the kept points, the ceiling."""
+    """The compute pipe's runs: {label: [point]}, the kept points, the ceiling."""
     kept = [k["params"] for k in (result.get("compute") or {}).get("kept", [])]
     if not kept:
         return None
@@ -259,23 +250,22 @@ def compute_data(rows: list[Row], result: dict) -> dict | None:
     for pts in series.values():
         pts.sort(key=lambda q: q["x"])
     xs = sorted({q["x"] for pts in series.values() for q in pts} | set(ooms))
-    # the memory figure as every picture names it: device memory, or summed RSS of host RAM
     return {"series": series, "ooms": ooms, "ceiling": 100 * ceiling, "xticks": xs,
             "memory_label": plot_rules.memory_axis(mine)["label"],
             "ylabel": f"compute-only images/sec (whiskers: {_coverage(mine, 'compute')})"}
 
 
 def _coverage(rows: list[Row], phase: str) -> str:
-    """The interval label of these runs' own `phase` figures (each run's windows, unpooled)."""
+    """The interval label of these runs' own `phase` figures (unpooled)."""
     return interval_label_of(c for r in rows if (c := r.record.phase_coverage(phase)) is not None)
 
 
 def data_panels(rows: list[Row], result: dict) -> list[dict]:
-    """One panel per kept compute setting: its loader runs by data setting, its bound."""
+    """A panel per kept compute setting: its loader runs by data setting, its bound."""
     panels, loaders = [], []
     for d in result.get("data", []):
-        # `<study>-data-<digest>`: the digest is its last part whatever the study's own name
-        # holds (`imagenet-data-v2`); a row's trial is `data-<digest>-<number>` (search.rows)
+        # `<study>-data-<digest>`: the last part whatever the study's name holds
+        # (`imagenet-data-v2`); a row's trial is `data-<digest>-<number>` (search.rows)
         stage = d["study"].rsplit("-data-", 1)[-1]
         keys, chosen = sorted(d["params"]), as_run(d["params"])
         points = []

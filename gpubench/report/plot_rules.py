@@ -1,5 +1,5 @@
-"""The rules behind the sweep report's pictures, pure functions of its rows: which runs flagged
-themselves, which a line may join, what a memory figure is, which knobs importance may rank."""
+"""The rules behind the sweep report's pictures, pure functions of its rows: flagged runs, what
+a line may join, what a memory figure is, which knobs importance may rank."""
 
 from __future__ import annotations
 
@@ -19,20 +19,18 @@ from gpubench.core.stats import Est, count
 BOUND_PHASES = ("loader", "compute")
 SHORT_LABEL = "short screen / probe (not ranked)"
 FRONT_LABEL = "Pareto front: no other full run is both faster and smaller in peak memory"
-# lines drawn per plot at most (the recommended run's group first, then the fastest): more
-# colours than this are not told apart; the other groups' runs are plain points
+# lines per plot at most (the recommended run's first, then the fastest): more colours are not
+# told apart; the other groups' runs are plain points
 MAX_LINES = 6
-# Optuna's importance from fewer trials than this ranks noise: with 6 knobs and 4 trials most
-# knobs were sampled at one value or two, and one disturbed trial moves every bar
+# importance from fewer trials ranks noise: 6 knobs and 4 trials sample most knobs at one value
+# or two, and one disturbed trial moves every bar
 MIN_IMPORTANCE_TRIALS = 8
-# on a CPU, precisions run the math their autocast dtype says; fp32, tf32 and torch_default
-# differ only in CUDA's TF32 flags
+# on a CPU a precision runs its autocast dtype; fp32, tf32, torch_default differ in TF32 flags
 CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 
 
 def knob(row, name: str) -> Any:
-    """A knob by its short name (`batch_size`), whether `row.knob()` takes short names or keys;
-    a config section (`precision`'s {name: ...} node) is no value."""
+    """A knob by its short name, whether `row.knob()` takes those or keys; a section is no value."""
     for key in (name, *SHORT[name]):
         if (v := row.knob(key)) is not None and not isinstance(v, (dict, list)):
             return v
@@ -52,7 +50,7 @@ def phase_est(rec: RunRecord, phase: str) -> Est | None:
 
 
 def headline_phase(rows) -> str:
-    """The phase the rows' throughput is (RunRecord's `throughput` order), by majority."""
+    """The phase the rows' throughput is, by majority."""
     votes = Counter(next((p for p in HEADLINE_ORDER if phase_est(r.record, p)), None) for r in rows)
     return next((p for p, _ in votes.most_common() if p is not None), HEADLINE_ORDER[0])
 
@@ -76,8 +74,7 @@ def group_by(rows, key) -> dict:
 
 
 def flag_reasons(row) -> list[Reason]:
-    """Why a measured run's figures are no bound: its noise_reasons, or its re-measurements
-    disturbed or in disagreement (`Row.stable`)."""
+    """Why a measured run's figures are no bound: its noise_reasons, or its re-measurements'."""
     rec = row.record
     if not rec.status.measured:
         return []
@@ -92,33 +89,32 @@ def flag_reasons(row) -> list[Reason]:
 
 
 def all_flagged(rows) -> str:
-    """A picture's line where every full run (`rows`) flagged itself, with what they ask of a
-    rerun: `every full run flagged its own measurement (rerun on a quiet machine)`; a loader-only
-    sweep's are loader runs, no training run."""
+    """`every full run flagged its own measurement (rerun on a quiet machine)`."""
     what = "loader-only run" if rows and all(loader_only(r.record) for r in rows) else "full run"
     return (f"every {what} flagged its own measurement "
             f"({rerun_text(x.kind for r in rows for x in flag_reasons(r))})")
 
 
 def flagged_label(rows) -> str:
-    """The legend entry of the flagged runs among `rows`, naming the kinds found."""
     kinds = sorted({FLAWS[x.kind].word for r in rows for x in flag_reasons(r)})
     return f"flagged run ({', '.join(kinds)}): not joined, not a bound"
 
 
 def knobs_of(row) -> dict[str, Any]:
-    """Every config key that tells runs apart (knobs.compared) where it acts (knobs.acts: a
-    CPU's pin_memory names no line)."""
+    """Every config key that tells runs apart where it acts (a CPU's pin_memory names no line)."""
     return {k: v for k, v in acted(row.record).items() if compared(k)}
 
 
 def held_fixed(rows, key: str) -> list[str]:
-    """The config keys but `key` whose value differs between `rows` where it acts (a line along
-    `key`), as recommend.varying has them: a worker-only knob inert at 0 workers differs in
-    nothing (it named a 0-worker series `prefetch_factor=null`, a value the run never had)."""
-    flats = [knobs_of(r) for r in rows]
-    keys = sorted({k for f in flats for k in f})
-    return [k for k in keys if k != key and len({repr(f[k]) for f in flats if k in f}) > 1]
+    """The keys but `key` whose value differs between `rows` where it acts: a worker-only knob
+    inert at 0 workers differs in nothing (it named a series `prefetch_factor=null`)."""
+    return [k for k in differing([knobs_of(r) for r in rows]) if k != key]
+
+
+def differing(dicts: list[dict]) -> list[str]:
+    """The keys whose values differ among the dicts that hold them."""
+    keys = sorted({k for d in dicts for k in d})
+    return [k for k in keys if len({repr(d[k]) for d in dicts if k in d}) > 1]
 
 
 def knob_part(values: dict, worker_only: bool = False) -> tuple:
@@ -128,9 +124,8 @@ def knob_part(values: dict, worker_only: bool = False) -> tuple:
 
 
 def worker_groups(items: list, workers, values) -> list[list]:
-    """`items` by their knobs but the workers (`values`: item -> {key: value}), those with
-    workers by their worker-only knobs too; a 0-worker item (its worker-only knobs inert) joins
-    every group of its setup, first."""
+    """`items` by their knobs but the workers, those with workers by their worker-only knobs too;
+    a 0-worker item (those inert) joins every group of its setup, first."""
     out = []
     for rs in group_by(items, lambda r: knob_part(values(r))).values():
         zero = [r for r in rs if workers(r) == 0]
@@ -140,7 +135,7 @@ def worker_groups(items: list, workers, values) -> list[list]:
 
 
 class Apart(Enum):
-    """Why a run is on no line of a curve: the legend entry of such points."""
+    """Why a run is on no line of a curve: its legend entry."""
 
     repeat = ("{phase}, the settings of a line's point again:\n"
               "a slower run (a line takes the fastest)")
@@ -149,15 +144,13 @@ class Apart(Enum):
 
 
 def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], list]:
-    """Runs joined along knob `name`, grouped by every other knob that varied: the lines as
-    (label, runs), the recommended run's first, then by the fastest; the rest as (run, Apart)."""
+    """Runs joined along knob `name` by every other knob that varied: lines as (label, runs), the
+    recommended run's first, then the fastest; the rest as (run, Apart)."""
     along = SHORT[name][0]
 
     def workers(r):
         return knob(r, name) if along == "loader.num_workers" else None
 
-    # what the lines hold fixed: what varied where it acts (a 0-worker run's inert worker-only
-    # knobs set it apart from nothing)
     keys = held_fixed(rows, along)
     lines, rest = [], {}  # rest by id: a 0-worker run is in every line of its setup
     for rs in worker_groups(rows, workers, lambda r: {k: knobs_of(r).get(k) for k in keys}):
@@ -169,9 +162,9 @@ def line_groups(rows, name: str, chosen=None) -> tuple[list[tuple[str, list]], l
     lines.sort(key=lambda ln: (not any(r is chosen for r in ln), -max(r.throughput for r in ln)))
     out = []
     for i, line in enumerate(lines):
-        # the first group is always a line (also a lone point: it carries the bounds)
+        # the first group is always a line (a lone point too: it carries the bounds)
         if i == 0 or (len(line) > 1 and len(out) < MAX_LINES):
-            # `num_workers=2, precision=fp32`, from a run with workers (a 0-worker one's are inert)
+            # named by a run with workers (a 0-worker one's worker knobs are inert)
             f = knobs_of(next((r for r in line if workers(r) != 0), line[0]))
             out.append((", ".join(knob_setting(k, f.get(k)) for k in keys), line))
         else:
@@ -197,8 +190,8 @@ def memory_axis(rows) -> dict:
 
 
 def inert_knobs(params: list[dict], devices: set[str], rows=()) -> list[str]:
-    """Swept parameters that cannot act: in none of `rows` (knobs.acts), or on a CPU (every
-    run's device) the CUDA-only knobs and a precision whose values all run the same math."""
+    """Swept parameters that act in none of `rows`, or on a CPU (every run's) the CUDA-only knobs
+    and a precision whose values all run the same math."""
     swept = {k for p in params for k in p}
     runs = [r for r in rows if r.record.config]
     never = {k for k in swept if runs and not any(
@@ -226,7 +219,6 @@ def importance_params(params: list[dict], devices: set[str],
 def importance_title(n_trials: int, used: list[str], swept: list[str],
                      inert: list[str] = (), flagged: int = 0, phase: str = "e2e",
                      ranked: int | None = None) -> str:
-    """Its question, its trials, how many flagged their own measurement, and what it left out."""
     left = sorted(set(swept) - set(used) - set(inert))
     out = [f"Which knobs moved {phase} throughput most?\nfrom the study's {n_trials} complete "
            "trials"

@@ -1,5 +1,5 @@
-"""PNG pictures of a sweep report and of a sweep=pipes search (matplotlib's Agg backend), drawn
-from report.plot_data; also the set-up and saving report.runplot shares."""
+"""PNG pictures of a sweep report and a sweep=pipes search (Agg), drawn from report.plot_data;
+also the set-up and saving report.runplot shares."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ log = logging.getLogger("gpubench")
 APART_MARKERS = {Apart.repeat: "o", Apart.alone: "s", Apart.beyond: "D"}
 
 
-def pyplot():
-    # matplotlib is imported when a picture is drawn: the report's text needs none of it
+def pyplot():  # imported when a picture is drawn: the report's text needs none of it
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,8 +36,7 @@ def _figure():  # wide enough for a legend outside the axes, on the right, cover
     return pyplot().subplots(figsize=(10.4, 4.8))
 
 
-# a legend line's most characters: a setup of six knobs on one line (about 110) made the legend
-# wider than the axes, and the saved picture's tight box left the axes a sliver
+# a legend line's most characters: six knobs on one line (about 110) left the axes a sliver
 LEGEND_CHARS = 52
 # under a run's number: legible over a whisker
 LABEL_BOX = dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85)
@@ -47,7 +45,6 @@ LABEL_BOX = dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85)
 def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str | None = None,
             xsize: float | None = None, ysize: float | None = 9, grid: str = "both",
             placed: list[tuple[float, float]] = ()) -> Path:
-    """Labels, legend, saved; `placed`: points drawn beside their x (_hold)."""
     ax.set_xlabel(xlabel, fontsize=xsize)
     ax.set_ylabel(ylabel, fontsize=ysize)
     ax.set_title(title, fontsize=10)
@@ -60,7 +57,7 @@ def _finish(fig, ax, out: Path, title: str, xlabel: str, ylabel: str, note: str 
                for label in labels]
     ax.legend(handles, wrapped, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
               fontsize=8)
-    # after the layout: the axes' final width says what a point's offset is in data units
+    # after the layout: only the axes' final width says what a point's offset is in data units
     return save(fig, out, laid_out=lambda: _hold(ax, placed) if placed else None)
 
 
@@ -69,13 +66,11 @@ HOLD_PAD = 6.0
 
 
 def _hold(ax, placed: list[tuple[float, float]]) -> None:
-    """The x-limits widened so every point drawn `dx` points beside its x (`placed`: (x, dx))
-    lies inside, HOLD_PAD to spare (one past the last tick was cut off). An offset in points is
-    more data units once the limits widen: each round widens a quarter past what was short."""
+    """The x-limits widened until every point drawn `dx` points beside its x lies inside (one
+    past the last tick was cut off); widening changes what a point is in data units: rounds."""
     px = ax.figure.dpi / 72.0  # pixels per point
     for _ in range(10):
         lo, hi = ax.get_xlim()
-        # in display units, as the axis scales (linear, log2)
         at = [ax.transData.transform((x, 0.0))[0] + dx * px for x, dx in placed]
         (left, _), (right, _) = ax.transData.transform([(lo, 0.0), (hi, 0.0)])
         short_l = left - (min(at) - HOLD_PAD * px)
@@ -88,13 +83,11 @@ def _hold(ax, placed: list[tuple[float, float]]) -> None:
 
 
 def save(fig, path: Path, dpi: int = 110, laid_out=None) -> Path:
-    """`laid_out`: called once the layout is final, before the picture is written."""
     fig.tight_layout()
     if laid_out is not None:
         laid_out()
     with open_own(path, "wb") as f:  # never through a symbolic link
-        # the tight box keeps the legends outside the axes in the file
-        fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+        fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")  # tight: legends outside kept
     pyplot().close(fig)
     return path
 
@@ -104,9 +97,8 @@ def _plain(x: float, _pos=None) -> str:
 
 
 class _FittedLog(LogLocator):
-    """Log ticks at 1-2-5 steps (powers of ten past two decades), thinned until no two labels
-    meet (`5,000` and `10,000` on run.png ran into `5,00010,000`): 1-3, then 1 a decade, then
-    every other power of ten."""
+    """Log ticks at 1-2-5 (past two decades: powers of ten), thinned until no two labels meet
+    (`5,000` and `10,000` ran into `5,00010,000`)."""
 
     def __init__(self, which: str, lo: float, hi: float) -> None:
         super().__init__(base=10)
@@ -127,9 +119,8 @@ class _FittedLog(LogLocator):
             return True
         box = self.axis.axes.get_window_extent()
         length = box.width if self.which == "x" else box.height
-        fig = self.axis.axes.figure
         size = FontProperties(size=rcParams[f"{self.which}tick.labelsize"]).get_size_in_points()
-        em = size * fig.dpi / 72  # pixels
+        em = size * self.axis.axes.figure.dpi / 72  # pixels
         span = math.log10(vmax) - math.log10(vmin)
         shown = [t for t in ticks if vmin <= t <= vmax]
         at = [length * (math.log10(t) - math.log10(vmin)) / span for t in shown]
@@ -141,8 +132,7 @@ class _FittedLog(LogLocator):
 
 
 def plain_log(ax, which: str, lo: float, hi: float) -> None:
-    """`which` axis on a log scale in plain numbers (0.1, 2, 3,000), ticked by _FittedLog:
-    matplotlib's default writes 6x10^1 and crowds a short range."""
+    """A log axis in plain numbers (0.1, 3,000): matplotlib's writes 6x10^1, crowds a range."""
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
     axis.set_major_locator(_FittedLog(which, lo, hi))
@@ -151,7 +141,7 @@ def plain_log(ax, which: str, lo: float, hi: float) -> None:
 
 
 def _x_axis(ax, xticks, log2: bool, integer: bool) -> None:
-    """log2: ticks labelled with the sizes (not 2^k); integer: ticks at the values only."""
+    """log2: ticks labelled with the sizes (not 2^k); integer: at the values only."""
     if log2:
         ax.set_xscale("log", base=2)
         ticks = [x for x in xticks if x]
@@ -173,14 +163,12 @@ def _gold(ax, xs, ys, label: str | None, size: float = 18, zorder: float = 1, **
 def _star(ax, star, transform=None) -> None:
     if star is None or (star.get("lone") and transform is None):
         return  # a lone point's star is drawn beside that point (_lone), where it was moved
-    # the report recommends a flagged run only when every run was flagged: UNCONFIRMED
     _gold(ax, [star["x"]], [star["y"]], "recommended" + (
         " (unconfirmed: flagged)" if star.get("flagged") else ""), 20, clip_on=False,
         transform=transform or ax.transData)
 
 
 def _points(ax, pts: list[dict], *, line: bool = False, **kw):
-    """Points with their intervals as whiskers, joined when `line`."""
     if pts:
         kw.setdefault("linestyle", "-" if line else "none")
         ax.plot([p["x"] for p in pts], [p["y"] for p in pts], **kw)
@@ -197,8 +185,8 @@ def _whiskers(ax, pts: list[dict], kw: dict, transform=None) -> None:
 
 
 def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
-    """Sideways offsets (in points) for points at one x, or within `near` of the previous one,
-    so none hides another; right of the `taken` places already drawn there (x -> how many)."""
+    """Sideways offsets (points) for points at one x (or within `near`), so none hides another;
+    right of the `taken` places already drawn there (x -> how many)."""
     taken = taken or {}
     clumps: list[list[int]] = []
     for i in sorted(range(len(pts)), key=lambda i: pts[i]["x"]):
@@ -216,20 +204,19 @@ def _dodge(pts: list[dict], near: float = 0.0, taken=None) -> list[float]:
 
 def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=None,
           edge=None, discrete_x: bool = True, **kw) -> list[tuple[float, float]]:
-    """Points never joined into a line, each with its whisker and its run number above; at
-    `edge` (y, text offset, alignment) those past that axis end. Side by side where they share
-    an x only on a `discrete_x` axis (batch sizes, workers): on a continuous one (peak memory) a
-    point moved aside reads as a value it never had, so only its label moves."""
+    """Points on no line, whisker and run number; at `edge` (y, text offset, alignment) those
+    past that axis end. Moved aside only on a `discrete_x` axis: on peak memory a point moved
+    reads as a value it never had, so only its label moves."""
     label = kw.pop("label")
     if label and edge is None and any(p.get("run") is not None for p in pts):
         label += "\n(label: its run, as ranking.txt names it)"
-    placed = []  # (x, points aside): the limits must hold them (_hold)
+    placed = []  # (x, points aside), for _hold
     for i, (p, dx) in enumerate(zip(pts, _dodge(pts, near, taken), strict=True)):
         placed.append((p["x"], dx if discrete_x else 0.0))
         shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=placed[-1][1],
                                        units="points")
         y, run = (p["y"], p.get("run")) if edge is None else (edge[0], None)
-        if p.get("chosen"):  # the star rings its point where the point is drawn
+        if p.get("chosen"):  # the star rings its point where it is drawn
             _star(ax, {"x": p["x"], "y": y, "flagged": flagged}, transform=shift)
         ax.plot([p["x"]], [y], linestyle="none", transform=shift,
                 label=label if i == 0 else None, **kw)
@@ -239,8 +226,8 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
         ax.update_datalim([(p["x"], y)] + ([(p["x"], p["lo"]), (p["x"], p["hi"])]
                                            if edge is None else []))
         if run is not None:
-            # above its whisker's cap (11 points over the marker crossed the whisker itself)
-            # and over the star's arms; under the lines (zorder 4): it never hides a point
+            # above its whisker's cap (11 points over the marker crossed the whisker) and the
+            # star's arms; under the lines (zorder 4): it never hides a point
             ax.annotate(str(run), (p["x"], max(y, p["hi"])),
                         xytext=(dx, 3 + 8 * bool(p.get("chosen")) if p["hi"] > y else 11),
                         ha="center", va="bottom", textcoords="offset points", fontsize=7,
@@ -255,7 +242,7 @@ def _lone(ax, pts: list[dict], near: float = 0.0, flagged: bool = False, taken=N
 
 def _flagged(ax, d: dict, near: float = 0.0, taken=None,
              discrete_x: bool = True) -> list[tuple[float, float]]:
-    """Flagged runs hollow red, never joined; one past an end of the axis at that edge (_lone)."""
+    """Flagged runs hollow red, never joined; one past an end of the axis at that edge."""
     step = 1.12 if d.get("log_y") else 1.03
     label = d["flagged_label"]
     placed = []
@@ -305,8 +292,7 @@ def _draw_curve(d: dict, out: Path) -> Path:
 
 
 def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float = 1.0) -> None:
-    """A compute bound from `xmin` to `xmax` (axes fractions): its interval shaded, its figure,
-    and the line a loader interval's low end must clear."""
+    """A compute bound (`xmin`-`xmax`: axes fractions) and the line a loader's low end clears."""
     ax.axhspan(b["lo"], b["hi"], xmin, xmax, color=color, alpha=0.12, zorder=1,
                label=label and f"{label} (band: its interval)")
     ax.axhline(b["y"], xmin, xmax, color=color, linewidth=1, alpha=0.6, zorder=1)
@@ -319,8 +305,7 @@ def _draw_memory(d: dict, out: Path) -> Path:
     fig, ax = _figure()
     n = len(d["groups"])
     for i, (name, g) in enumerate(d["groups"].items()):
-        # series side by side around each batch size (a log2 axis of the sizes tried): at the
-        # same peak, one series drawn over another hid it
+        # series side by side around each batch size: at the same peak one hid another
         shift = 2 ** ((i - (n - 1) / 2) * 0.08)
         ax.scatter([x * shift for x in g["xs"]], g["ys"], zorder=3, label=f"full run ({name})")
     if d["short"]["xs"]:
@@ -403,7 +388,6 @@ def _draw_compute(d: dict, out: Path) -> Path:
 
 
 def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) -> Path:
-    """A column per kept compute setting (a walk that stops where one clears: one point)."""
     fig, ax = pyplot().subplots(figsize=(6.0 + 1.6 * len(panels), 4.8))
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
     left, right = -0.6, len(panels) - 0.4  # the x-limits: a column per setting at 0, 1, ...
@@ -461,14 +445,13 @@ def _draw_each(out_dir: Path, pictures) -> list[Path]:  # (draw, file name, data
 
 def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
     """Optuna's parameter importance of the knobs that can act on the runs' device."""
-    # optuna is imported only when a study is plotted: a grid sweep's report needs none of it
-    import optuna
+    import optuna  # only when a study is plotted: a grid sweep's report needs none of it
     from optuna.trial import TrialState
 
     from gpubench.search.study import measured_trials
 
-    # each configuration once: a duplicate's copied value, a retry's first try, an interrupted
-    # claim would count one run as several trials
+    # each configuration once: a duplicate, a retry's first try, an interrupted claim would
+    # count one run as several trials
     done = [t for t in measured_trials(study) if t.state == TrialState.COMPLETE]
     devices = {r.record.env.get("device") for r in rows} - {None}
     params, why = plot_rules.importance_params([t.params for t in done], devices, rows)
@@ -510,7 +493,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
 
 
 def plot_all(rows, out_dir: Path, rec, study=None, band=None) -> list[Path]:
-    """The sweep's pictures; `band`: a loader-only row -> its compute bound (workers plot)."""
+    """`band`: a loader-only row -> its compute bound (workers plot)."""
     made = _draw_each(out_dir, (
         (_draw_curve, "throughput_vs_batch.png",
          plot_data.curve_data(rows, "batch_size", "batch size", rec, log2=True)),

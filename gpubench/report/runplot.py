@@ -16,13 +16,12 @@ from gpubench.report.plot_rules import phase_est
 from gpubench.report.plots import plain_log, pyplot, save
 
 PICTURE_FILE = "run.png"
-# one colour per pipe, shared by the bars and the traces so the eye pairs them
+# one colour per pipe, in the bars and the traces: the eye pairs them
 PHASE_COLORS = {"loader": "tab:blue", "compute": "tab:orange", "e2e": "tab:green"}
 # 7.5 in at 92 dpi, about 690 px: MLflow's run page at 1440 px fits a picture beside "About this
 # run" only up to about 700 px (it takes the picture's width as the description's least)
 DPI = 92
-# the top axis turns logarithmic when the figures span more than this factor
-LOG_SPAN = 3.0
+LOG_SPAN = 3.0  # the top axis turns logarithmic past this factor
 # outside the axes: a legend must not cover the points it explains
 OUTSIDE = dict(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
 
@@ -32,7 +31,6 @@ def _wrap(text: str, lines: int = 2, width: int = 100) -> str:
 
 
 def _title(record: RunRecord) -> str:
-    """The question, the verdict in words, why (its reason, or that it was flagged), the setup."""
     verdict = record.bottleneck or Bottleneck.unknown
     head = f"Which pipe limits training? {verdict_words(verdict).sentence}"
     lean = record.extra.get("verdict_leaning")
@@ -53,8 +51,8 @@ def _title(record: RunRecord) -> str:
 
 
 def run_picture_data(record: RunRecord) -> dict:
-    """What the picture shows: `bars` (per measured phase, `ci` None for a single window), the
-    e2e `bound`, the `title`, `traces` (step times in ms, None where the clock could not tell)."""
+    """`bars` (per measured phase, `ci` None for a single window), the e2e `bound`, the `title`,
+    `traces` (step times in ms, None where the clock could not tell)."""
     bars = [{"phase": name, "label": PHASE_WORDS[name].short, "images_per_sec": e.value,
              "ci": None if e.exact else [e.lo, e.hi],
              "coverage": None if e.exact else record.phase_coverage(name) or CONFIDENCE}
@@ -87,15 +85,14 @@ def run_picture_data(record: RunRecord) -> dict:
 
 
 def _figure(bar: dict) -> str:
-    """`2,930 [2,181-4,170]`, `12.3 [12.1-12.4]`: the figure and its interval in one precision,
-    so the interval never reads narrower than it is (`12.3 [12-12]`)."""
+    """`12.3 [12.1-12.4]`: one precision, so the interval never reads narrower (`12 [12-12]`)."""
     v = bar["images_per_sec"]
     spec = ",.0f" if abs(v) >= 100 else ",.1f"
     return format(Est(v, *bar["ci"]) if bar["ci"] else Est(v, v, v), spec)
 
 
 def plot_run(record: RunRecord, out: Path) -> Path:
-    """Draw the run's picture into `out` (a folder: `out/run.png`, or a .png path)."""
+    """Into `out` (a folder: `out/run.png`, or a .png path)."""
     out = Path(out)
     path = out if out.suffix == ".png" else out / PICTURE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,16 +120,17 @@ def _draw_pipes(ax, d: dict) -> None:
     ys = list(range(len(bars)))[::-1]  # pipe order top to bottom: loader, compute, e2e
     for y, b in zip(ys, bars, strict=True):
         color, v = PHASE_COLORS[b["phase"]], b["images_per_sec"]
-        if b["ci"]:  # a single-window phase has no interval: no whisker rather than a fake one
-            # (the interval holds its figure, core.stats.holding: no negative length)
+        # a single-window phase: no whisker rather than a fake one (an interval holds its
+        # figure, core.stats.holding: no negative length)
+        if b["ci"]:
             ax.errorbar([v], [y], xerr=[[v - b["ci"][0]], [b["ci"][1] - v]],
                         color=color, capsize=6, elinewidth=2, zorder=2)
         ax.plot([v], [y], marker="o", markersize=11, color=color, zorder=3,
                 markerfacecolor="white" if d["flagged"] else color, markeredgewidth=2)
     # each figure under its pipe's name: beside the point it would run into the legend
-    ax.set_yticks(ys, [f"{b['label']}\n{_figure(b)}"
-                       + (f"\n{interval_label_of([b['coverage']])}" if b["ci"] and d["per_phase"] else "")
-                       for b in bars], fontsize=9)
+    ax.set_yticks(ys, [f"{b['label']}\n{_figure(b)}" + (
+        f"\n{interval_label_of([b['coverage']])}" if b["ci"] and d["per_phase"] else "")
+        for b in bars], fontsize=9)
     ends = [x for b in bars for x in (b["ci"] or [b["images_per_sec"]])]
     ends += [d["bound"]["images_per_sec"]] if d["bound"] else []
     lo, hi = min(ends), max(ends)

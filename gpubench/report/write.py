@@ -1,5 +1,5 @@
-"""Sweep report: ranking, the recommended configuration, plots, a rerunnable experiment YAML,
-written into `<sweep dir>/report/` from a sweep dir's (or an MLflow experiment's) runs."""
+"""Sweep report (ranking, recommended config, plots, a rerunnable experiment YAML) into
+`<sweep dir>/report/`, from a sweep dir's or an MLflow experiment's runs."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from gpubench.core.record import (
 )
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
-from gpubench.report.console import fit, fold
+from gpubench.report.console import fit, say
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
 from gpubench.search.manifest import PIPES_FILE
@@ -52,8 +52,8 @@ EXPERIMENT_NAME = "recommended"
 # said under the printed table: why a slower row can rank above a faster one
 RANK_ORDER = ("ranked: feasible first (status), full length before screens, stable or confirmed "
               "before flagged (its flaws named) or disagreed, then img/s")
-# the printed ranking's columns that give way in a narrow terminal: these first, then the knobs
-# (moved below the table), then the last; the rank, the run and its img/s always stay
+# the printed ranking's columns that give way in a narrow terminal: these, the knobs (moved below
+# the table), then the last; the rank, the run and its img/s always stay
 GIVES_WAY_FIRST = ("gpu %", "cpu %", "mem %", "rung", "verdict")
 GIVES_WAY_LAST = ("status", "interval")
 STAYS = ("#", "run", "img/s")
@@ -62,8 +62,7 @@ FILE_WIDTH = 120  # the width of ranking.txt: a log's
 
 def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
                 study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
-    """Rows from an MLflow experiment's results.json artifacts (only the children of `parent`,
-    or the jobs of one Optuna `study`, when given)."""
+    """Rows from an MLflow experiment's results.json (only `parent`'s children, or one study's)."""
     for name, v, form, what in (
             ("parent", parent, r"[0-9a-f]{32}", "an MLflow run id (32 hex digits)"),
             ("study", study, r"[\w.\-]+", "letters, digits, '.', '_' or '-'")):
@@ -79,13 +78,12 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
 
 
 def overrides_of(row: Row, keys: list[str]) -> list[str]:
-    """The row's swept knobs that act in it as overrides (`precision=amp_bf16` for a group)."""
+    """The row's swept knobs that act in it, as overrides (`precision=amp_bf16` for a group)."""
     return [as_override(k, row.flat[k]) for k in keys if k in row.flat and recommend.acting(row, k)]
 
 
 def measurement_text(cfg: dict, cut_short: bool = False) -> str:
-    """`6 windows of 4 steps on each of loader, compute, e2e` (`of at least 4 steps and 2 s`
-    with bench.min_window_s), the loader's longer ones, and the cap of a run `cut_short`."""
+    """`6 windows of 4 steps on each of loader, compute, e2e`, the loader's longer, the cap."""
     b, ld = cfg.get("bench") or {}, cfg.get("loader") or {}
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
@@ -97,8 +95,7 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
                 f"{phases}")
     names, mws = list(b.get("phases") or ()), b.get("min_window_s")
     longer_loader = loader > per_window and "loader" in names
-    if longer_loader:  # its windows said apart: "each of loader, e2e" then "the loader's" read
-        # as two lengths of one window
+    if longer_loader:  # said apart: "each of loader, e2e" then "the loader's" read as one window
         names.remove("loader")
     each = "each of " if len(names) > 1 else ""
     text = f"{windows_of(windows, per_window, mws)} on {each}{', '.join(names) or phases}"
@@ -111,20 +108,14 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     return text
 
 
-def _measured_text(rec: RunRecord) -> str:
-    return measurement_text(rec.config, rec.cut_short)
-
-
 def run_text(row: Row, keys: list[str]) -> str:
-    """`run 3: loader.batch_size=8`: its label and its swept knobs."""
     over = " ".join(overrides_of(row, keys))
     return f"run {row.label}" + (f": {over}" if over else "")
 
 
 def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None,
                     made: str = "sweep") -> str:
-    """The row's setup and measurement as an overlay composing back into its config (no
-    tracking, no fault injection); `made`: what measured it, a sweep or one run."""
+    """The row's setup and measurement as an overlay composing back into its config."""
     cfg = row.record.config
     setup = _interpolations_kept({k: cfg[k] for k in recommend.RERUN_KEYS if k in cfg},
                                  row.record.dir)
@@ -134,7 +125,8 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None,
     head = ["# @package _global_", f"# Recommended by gpubench.report from {source}"]
     head += [f"#   {line}" for line in rec.reasons] if rec is not None else []
     if "bench" in setup:
-        head += [f"# bench: the {made}'s own measurement ({_measured_text(row.record)}), so a "
+        how = measurement_text(cfg, row.record.cut_short)
+        head += [f"# bench: the {made}'s own measurement ({how}), so a "
                  "rerun's figure compares with the interval above;",
                  f"#   to measure longer, add {longer(row.record)} to the rerun command "
                  f"(narrower intervals, no longer the {made}'s measurement)"]
@@ -143,10 +135,9 @@ def experiment_yaml(row: Row, source: str, rec: Recommendation | None = None,
 
 
 def _interpolations_kept(setup: dict, run_dir: Path | None) -> dict:
-    """`setup` (resolved, as results.json holds it) with the run's own interpolations where it
-    composed them (`model.num_classes: ${dataset.num_classes}`): a pinned 10 would stay 10 in
-    a rerun given another dataset.num_classes. One resolving elsewhere (a team's own root key,
-    an env var), or to another value, stays the recorded value."""
+    """`setup` (resolved) with the run's own interpolations back where they resolve to the same
+    value here (a pinned num_classes 10 would stay 10 in a rerun given another dataset); one
+    resolving elsewhere (a team's root key, an env var) stays the recorded value."""
     try:
         composed = yaml.safe_load((Path(run_dir) / ".hydra" / "config.yaml").read_text())
     except (OSError, TypeError, yaml.YAMLError):  # no run folder (an MLflow source), no file
@@ -174,8 +165,8 @@ def _fmt(v: Any) -> str:
 
 def table_rows(rows: list[Row], keys: list[str], screen: bool = False
                ) -> tuple[list[str], list[list[str]]]:
-    """ranking.csv: every column; `screen`, the printed one: a feasible row's steadiness as its
-    status, the rung only when rows differ in it, knobs by short name."""
+    """ranking.csv's columns; `screen`: the printed ones (a feasible row's steadiness as its
+    status, the rung only when rows differ in it, knobs by short name)."""
     gpu = any(r.record.gpu_util_mean is not None for r in rows)
     util = "gpu_util_mean" if gpu else "process_cpu_util_mean"
     label = recommend.interval_label(rows)
@@ -209,16 +200,13 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
 
 
 def knob_header(key: str) -> str:
-    """A swept key by its short knob name, a word a line (`batch\nsize`); else its full key
-    broken only after each dot (`bench.\nhost_metrics_every`): broken at `_` too, `_name`
-    could not tell which break was which."""
+    """A short name a word a line; else broken after each dot only (`_name` must undo it)."""
     name = knob_name(key)
     return name.replace(".", ".\n") if "." in name else name.replace("_", "\n")
 
 
 def _name(header: str) -> str:
-    """A column's name on one line: a knob's as knob_header had it (a short name holds no
-    dot), the others' words apart (`95% interval`)."""
+    """A column's name on one line: a knob's as knob_header had it, the others' words apart."""
     if "%" in header or "interval" in header:
         return header.replace("\n", " ")
     return header.replace(".\n", ".").replace("\n", "_")
@@ -232,8 +220,7 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     shown_rows = body[:limit]
     kinds = ["interval" if "interval" in h else h for h in head]
     knobs = [c for c, k in enumerate(kinds) if k not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
-    order = ([c for k in GIVES_WAY_FIRST for c in range(len(head)) if kinds[c] == k]
-             + knobs[::-1]
+    order = ([c for k in GIVES_WAY_FIRST for c in range(len(head)) if kinds[c] == k] + knobs[::-1]
              + [c for k in GIVES_WAY_LAST for c in range(len(head)) if kinds[c] == k])
     # as text: a value such as [loader,e2e] is no markup; no vertical rules: width for figures
     table, out = fit(head, [[Text(v) for v in b] for b in shown_rows], order, con.width,
@@ -255,20 +242,15 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
 
 
 def print_lines(lines: list[str], console=None) -> None:
-    """The report's lines at `console`'s width (stdout's): in a terminal folded between words
-    (the terminal itself breaks mid-word, inside a figure); piped, whole. A line holding a
-    command stays whole: folded by a newline it would no longer paste as one command."""
+    """Folded between words in a terminal (its own breaks a figure); a command stays whole."""
     con = console or Console(highlight=False)
     for line in lines:
-        fits = not con.is_terminal or "python -m " in line
-        for piece in [Text(line)] if fits else fold(Text(line), con):
-            con.print(piece, soft_wrap=True)
+        say(con, Text(line), whole="python -m " in line)
 
 
 @dataclass(frozen=True)
 class Source:
-    """What a report is made from, as `python -m gpubench.report` takes it (`arg`): a sweep
-    folder, or an MLflow experiment's name."""
+    """What a report is made from: `arg` (a sweep folder, an MLflow experiment's name)."""
 
     arg: str
     mlflow: bool = False
@@ -289,9 +271,8 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
                  fingerprint: list | None = None, found: list[RunRecord] = (),
                  named: list[RunRecord] = (), pipes: dict | None = None,
                  refused: list[Refusal] = ()) -> list[Path]:
-    """Everything the report makes; returns the files written. `fingerprint`: what it was made
-    from; `found`, `named`: compute runs for the workers answer; `pipes`: pipes.json; `refused`:
-    the sweep's jobs refused as bad input."""
+    """Writes everything; returns the files. `fingerprint`: what it was made from; `found`,
+    `named`: compute runs for the workers answer; `refused`: jobs refused as bad input."""
     from gpubench.report import plots as report_plots
     from gpubench.search.pipes import lines as pipes_lines
 
@@ -355,14 +336,14 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
                        recommended={**entry(rec.chosen, peak_memory_fraction=rec.chosen.peak),
                                     "yaml": str(yml)},
                        reasons=rec.reasons, command=cmd)
-        fastest = recommend.fastest_of(rec.best)  # its reference: the fastest figure or not
+        fastest, c = recommend.fastest_of(rec.best), rec.chosen.record
         lines += [
             *(f"{what + ':':<{len(fastest) + 1}} {with_interval(r)} img/s"
               f"{recommend.coverage_of(r)}  ({run_text(r, keys)})"
               for what, r in ((fastest, rec.best), ("recommended", rec.chosen))),
             *(f"  - {x}" for x in rec.reasons), f"recommended config: {yml.resolve()}",
             f"rerun it: {cmd}",
-            f"  (it measures as the {made} did: {_measured_text(rec.chosen.record)}; "
+            f"  (it measures as the {made} did: {measurement_text(c.config, c.cut_short)}; "
             f"add {longer(rec.chosen.record)} to measure longer)"]
     elif kept or answer is None:  # (a loader-only sweep's answer, below, is the workers')
         lines.append("no feasible full-length measurement (all OOM, over the memory ceiling or "
@@ -399,8 +380,7 @@ class NothingToReport(FileNotFoundError):
 
 
 def report_name(base: str, conditions: dict[str, str] | None, tolerance: float) -> str:
-    """The folder of a report: one of part of the runs (--where) or at another --tolerance
-    never overwrites the whole one's (`report-loader.num_workers=1`)."""
+    """A report of part (--where) or at another --tolerance never overwrites the whole one's."""
     parts = [f"{k}={v}" for k, v in sorted((conditions or {}).items())]
     parts += [f"tolerance={tolerance:g}"] if tolerance != TOLERANCE else []
     return base + "".join("-" + re.sub(r"[^\w.=+]+", "_", x) for x in parts)
@@ -410,13 +390,11 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
                  quiet: bool = False, conditions: dict[str, str] | None = None,
                  compute: list[str] | None = None, out: str | Path | None = None,
                  refused: list[Refusal] = ()) -> list[Path]:
-    """The report of a sweep dir's rows matching `conditions` into `out` (default
-    `<sweep_dir>/report/`); returns its files. `refused`: the multirun's jobs refused as bad
-    input (gpubench.cli.callbacks): they left no record to read."""
+    """The report of a sweep dir's rows matching `conditions` (default out: `<sweep_dir>/report/`);
+    `refused`: the multirun's jobs refused as bad input (they left no record)."""
     sweep_dir = Path(sweep_dir).resolve()
     rows, study = setups(sweep_dir, conditions)
-    # a search's trial refused as bad input measured nothing: named under the ranking, as a
-    # grid's refused job is, never a row of it
+    # a search's trial refused as bad input: named under the ranking as a grid's is, no row
     swept = recommend.varying(rows)
     refused = [*refused, *(Refusal(tuple(overrides_of(r, swept)), r.record.error or "")
                            for r in rows if r.record.status is Status.refused)]
@@ -451,8 +429,7 @@ def sweep_report(sweep_dir: str | Path, tolerance: float = TOLERANCE,
 
 
 def on_disk(row: Row, root: Path) -> str | None:
-    """The row's run folder relative to `root`: `3`, not the study's trial number; `../b/0` for
-    a job another worker of the study ran in its own sweep dir."""
+    """Its folder relative to `root`: `3`, not the trial number; `../b/0` another worker's."""
     if row.record.dir is None:
         return None
     rel = Path(os.path.relpath(Path(row.record.dir).resolve(), root)).as_posix()
