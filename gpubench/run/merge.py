@@ -31,9 +31,8 @@ def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None
 
 
 def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
-    """A phase's telemetry over its windows: samples pooled, seconds summed, energy the sum of
-    the windows' counter differences (error within one counter update per window; None if a
-    window has none); byte counters, restarted at each window, offset to stay cumulative."""
+    """A phase's telemetry over its windows: energy the sum of the windows' counter differences
+    (within one counter update per window; None if one has none), byte counters kept cumulative."""
     samples, base = [], dict.fromkeys(_COUNTERS, 0)
     for s in summaries:
         last = dict(base)
