@@ -1,11 +1,9 @@
-"""The checks that run gpubench itself. compute and loader: each window of gpubench's own run of
-the phase is followed by one of the plain loop on the same batch or DataLoader, so a shared
-machine's drift hits both. The verdict check: two runs whose narrowest pipe is known must get it
-named. data: the user's model reading `PacedImages` through at most one worker (several deliver
-in bursts), each batch DATA_STALL x the plain step late; step: every step stalled STEP_STALL x the
-slower of the two; SERIAL_STALL for both without workers (e2e is their sum then). Judged is the
-rule (classify) on the run's figures: its own verdict calls runs under 6 windows inconclusive
-(these keep to 3)."""
+"""The checks that run gpubench itself. compute and loader: each gpubench window alternates with
+one of the plain loop on the same batch or DataLoader, so a machine's drift hits both. The verdict
+check: two runs with a known narrowest pipe. data: `PacedImages` through at most one worker
+(several deliver in bursts), each batch DATA_STALL x the plain step late; step: every step stalled
+STEP_STALL x the slower of the two; SERIAL_STALL for both without workers (e2e is their sum).
+Judged is the rule (classify): the run's own verdict calls runs under 6 windows inconclusive."""
 
 from __future__ import annotations
 
@@ -39,7 +37,6 @@ BY_DESIGN = (Flaw.few_windows, Flaw.queue)
 
 
 def phase_config(cfg: DictConfig, phases: list[str], **bench) -> DictConfig:
-    """The user's config measuring `phases` with `bench` keys set, no FLOP count or profile."""
     out = copy.deepcopy(cfg)
     for key, value in {"phases": phases, "flops": False, "profile": False, **bench}.items():
         OmegaConf.update(out, f"bench.{key}", value)
@@ -53,7 +50,7 @@ class Alternated(Benchmark):
         self.plain: list[float] = []  # the plain loop's images/sec, window by window
         self._plain_step: plain.PlainStep | None = None
 
-    def measure(self) -> None:  # replaces Benchmark.measure's loop; run() still wraps it
+    def measure(self) -> None:  # replaces Benchmark.measure's loop
         self.build()
         for i in range(self.repeats):
             ws = self.run_phase(self.phase)
@@ -70,14 +67,14 @@ class Alternated(Benchmark):
 
     def _settle(self, ws) -> None:
         """Workers deliver in bursts: each window opens with every batch in flight made (waiting
-        that long, and half again), so a short one times no burst more or less."""
+        1.5 x that long), so a short one times no burst more or less."""
         ld = self.settings.loader
         if self.phase == "loader" and ld.num_workers and ws.steps:
             time.sleep(1.5 * batches_in_flight(ld.num_workers, ld.prefetch_factor)
                        * ws.seconds / ws.steps)
 
     def _plain_work(self, first: bool) -> tuple[Callable[[], int], int]:
-        """The plain loop's work for one window, and its untimed steps before it."""
+        """The plain loop's work for one window, and its untimed steps."""
         if self.phase == "compute":
             if first:
                 self._plain_step = plain.PlainStep(self.settings, *self.pipe.device_batch())
@@ -98,8 +95,8 @@ class Alternated(Benchmark):
 
 
 def compare(cfg: DictConfig, out: Path, s: Settings, phase: str) -> Judgement:
-    """gpubench's phase against the plain loop's. Loader windows last MIN_WINDOW_S on a
-    CPU too: a 40 ms one timed the workers' bursts, not their rate (ratios 0.94 to 1.27)."""
+    """gpubench's phase against the plain loop's. Loader windows last MIN_WINDOW_S on a CPU too:
+    a 40 ms one timed the workers' bursts, not their rate (ratios 0.94 to 1.27)."""
     if phase == "loader" and s.dataset.name == "device_synthetic":
         return skipped("loader", "no DataLoader with dataset=device_synthetic")
     longer = phase == "loader" and s.bench.min_window_s < MIN_WINDOW_S

@@ -1,5 +1,4 @@
-"""The checks that need a CUDA device, judged in check.rules; NVML is called directly through
-telemetry.nvml.Nvml's handle, with the semantics listed there."""
+"""The checks that need a CUDA device, judged in check.rules; NVML through telemetry.nvml.Nvml."""
 
 from __future__ import annotations
 

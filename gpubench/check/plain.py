@@ -1,6 +1,5 @@
-"""The reference: a training step and loader loop written as a user's own, timed by a clock and a
-synchronize at window edges. Only the model, optimizer and precision plan come from gpubench:
-parts.step and .measure are what is checked."""
+"""The reference: a train step and loader loop as a user writes them, timed by a clock and a
+synchronize at window edges; only the model, optimizer and precision plan come from gpubench."""
 
 from __future__ import annotations
 

@@ -18,9 +18,7 @@ MEMORY_SLACK_BYTES = 64 * 2**20  # the driver's page-table and granularity overh
 PEAK_MAX, PEAK_MIN = 1.0, 0.5
 
 
-class Outcome(Word):
-    """A check's outcome, written as its value on the check's line."""
-
+class Outcome(Word):  # written as its value on the check's line
     passed = "PASS"
     failed = "FAIL"
     inconclusive = "INCONCLUSIVE"  # measured, left open by its figures
@@ -29,8 +27,7 @@ class Outcome(Word):
 
 @dataclass(frozen=True)
 class Judgement:
-    """One check's outcome; passed None: not judged, skipped or (`inconclusive`) measured but
-    left open by its figures (neither a pass nor a failure of gpubench)."""
+    """One check's outcome; passed None: skipped, or (`inconclusive`) left open by its figures."""
     name: str
     passed: bool | None
     figures: dict = field(default_factory=dict)
@@ -59,16 +56,14 @@ def line(j: Judgement) -> str:
 
 
 def exit_code(judgements: list[Judgement]) -> int:
-    """0 when every check that ran passed, else 1 (ExitCode.FAILED)."""
     return 0 if all(j.passed is not False for j in judgements) else 1
 
 
 def agree(name: str, tool: list[float], reference: list[float], unit: str = "img/s",
           names: tuple[str, str] = ("gpubench", "plain")) -> Judgement:
     """Rates of the same work in alternated windows: PASS when the ratios' median is within
-    TOLERANCE of 1; INCONCLUSIVE when it is not but their interval holds 1 (the windows leave
-    the gap open: 0.766 [0.204-1.820] proves nothing either way); else FAIL, too fast as too
-    slow."""
+    TOLERANCE of 1; INCONCLUSIVE when their interval holds 1 (0.766 [0.204-1.820] proves nothing
+    either way); else FAIL, too fast as too slow."""
     pairs = [(t, r) for t, r in zip(tool, reference, strict=False) if t > 0 and r > 0]
     if not pairs:
         return Judgement(name, False, {}, f"nothing measured ({names[0]} {tool}, {names[1]} "

@@ -48,8 +48,7 @@ def checks(cfg: DictConfig, s: Settings, out: Path) -> Iterator[Judgement]:
 
 
 def show(line: str) -> None:
-    """A line at the terminal's width, folded between words with each continuation under the
-    details' column (piped: whole, one line per check)."""
+    """A line folded at the terminal's width under the details' column (piped: whole)."""
     from rich.console import Console
     from rich.text import Text
 
@@ -65,8 +64,7 @@ def show(line: str) -> None:
 
 def run_checks(cfg: DictConfig, emit: Callable[[str], None] = show,
                s: Settings | None = None) -> list[Judgement]:
-    """All checks, each line to `emit` as judged (`s`: cfg resolved already); raises
-    ConfigError for bad input."""
+    """All checks, each line to `emit` as judged (`s`: cfg resolved); ConfigError for bad input."""
     s = s or resolve(cfg)
     out: list[Judgement] = []
     with tempfile.TemporaryDirectory(prefix="gpubench-check-") as tmp:

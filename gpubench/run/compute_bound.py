@@ -1,11 +1,8 @@
-"""A loader-only multirun (`-m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8`: how many
-workers out-run compute?) measures its compute bound itself, once per setup (analysis.workers.
-compute_setup): after its loader run, the first job of a setup to take `<sweep>/compute/
-<setup>.claim` (a file lock held until its process ends, taken over from a dead claimer)
-measures the compute phase alone into `<sweep>/compute/<setup>/`, which the report pools
-(report.loader_answer); Hydra's sequential launcher runs nothing else meanwhile. Not under
-torchrun (every rank would have to), nor outside a multirun (there `python -m gpubench.report
-DIR --compute RUN` names a bound)."""
+"""A loader-only multirun (`-m 'bench.phases=[loader]' loader.num_workers=0,1,2,4,8`) measures its
+compute bound once per setup (analysis.workers.compute_setup): the first job of a setup to take
+`<sweep>/compute/<setup>.claim` (a file lock held until its process ends, taken over from a dead
+claimer) measures compute alone into `<sweep>/compute/<setup>/`, for report.loader_answer. Not
+under torchrun (every rank would have to), nor outside a multirun (`--compute RUN` there)."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ from gpubench.core.files import check_no_links, read_json, try_lock
 from gpubench.core.record import BOUNDS_MEASURED_ENV, RESULTS_FILE, RunRecord, Status
 from gpubench.core.stats import Est
 
-# the claims this process holds until it ends (the basic launcher's later jobs share the process:
-# they find the claim held and leave it)
+# the claims this process holds until it ends (the basic launcher's later jobs find them held)
 _CLAIMS: list = []
 
 

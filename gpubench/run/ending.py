@@ -1,5 +1,5 @@
 """A run stopped from outside (Ctrl-C, SIGTERM, SIGHUP) still ends with its record final: `Hold`
-keeps a second signal waiting while that takes its seconds. `kept` says what it left."""
+keeps a second signal waiting meanwhile. `kept` says what it left."""
 
 from __future__ import annotations
 
@@ -16,17 +16,15 @@ ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def expect_worker_deaths() -> None:
-    """From here a DataLoader worker's death is expected: `timeout`, Slurm, a terminal, a dropped
-    session signal the whole process group, and torch's SIGCHLD handler would raise "DataLoader
-    worker ... killed by signal" halfway through making the record final."""
+    """A worker's death is expected from here: `timeout`, Slurm, a terminal signal the whole group,
+    and torch's SIGCHLD handler would raise "killed by signal" mid-way through the record."""
     # a Python no-op, not SIG_DFL: a SIGCHLD pending as the handler changes still finds one
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
 
 class Hold:
-    """Around a run (`with bench.hold:`): the ending signals act as before until the first one
-    or `arm()`, then wait in `late` (one that waited skips the upload; `replay()` delivers it).
-    Python runs signal handlers in the main thread only: from another it changes nothing."""
+    """Around a run: the ending signals act as before until the first one or `arm()`, then wait in
+    `late` (skipping the upload; `replay()` delivers one). Main thread only, as Python's handlers."""
 
     def __init__(self) -> None:
         self.late: list[int] = []
@@ -74,8 +72,7 @@ def _deliver(signum: int, handler, frame) -> None:
 
 
 def kept(run_dir: str | Path) -> str | None:
-    """What a stopped run left in `run_dir`, with the command that uploads it when MLflow does
-    not have it; None without a record."""
+    """What a stopped run left in `run_dir` (and the upload command when MLflow lacks it)."""
     rec = record.load(run_dir)
     if rec is None:
         return None

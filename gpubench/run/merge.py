@@ -1,5 +1,4 @@
-"""Merging a phase's pieces into one figure: its windows' telemetry into one summary, and under
-torchrun the ranks' windows into the run's throughput."""
+"""A phase's windows' telemetry merged into one summary, and under torchrun the ranks' windows."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ _COUNTERS = ("read_bytes", "disk_read_bytes")
 
 
 def across_ranks(stats: WindowStats, dist: Dist) -> WindowStats:
-    """Under torchrun: all ranks' images over the slowest rank's window (it sets the pace); step
-    times and data wait stay rank 0's. The same collectives in the same order on every rank."""
+    """All ranks' images over the slowest rank's window (it sets the pace); step times and data
+    wait stay rank 0's. The same collectives in the same order on every rank."""
     images, seconds = sum(dist.gather(stats.images)), max(dist.gather(stats.seconds))
     return dataclasses.replace(stats, images=images, seconds=seconds,
                                images_per_sec=images / seconds,
@@ -32,9 +31,8 @@ def energy_across_ranks(energy_j: float | None, dist: Dist, before: float | None
 
 
 def telemetry(summaries: list[MonitorSummary]) -> MonitorSummary:
-    """A phase's telemetry over its windows: samples pooled, seconds summed, energy the sum of
-    the windows' counter differences (error within one counter update per window; None if a
-    window has none); byte counters, restarted at each window, offset to stay cumulative."""
+    """A phase's telemetry over its windows: energy the sum of the windows' counter differences
+    (within one counter update per window; None if one has none), byte counters kept cumulative."""
     samples, base = [], dict.fromkeys(_COUNTERS, 0)
     for s in summaries:
         last = dict(base)
@@ -66,10 +64,9 @@ def phase_record_fields(pooled: dict, summaries: list[MonitorSummary], device: s
         # on a CPU the host clock already gives data wait: "device idle" would repeat it
         pooled["device_idle_fraction"] = pooled["device_work_seconds_per_image"] = None
     elif name == "loader":
-        # the data side's device work queued on the training stream (copy, resize, crop,
-        # augment), which e2e runs in series with the step. An nvJPEG decode runs on
-        # torchvision's own stream with the host blocked (parts/measure.py DeviceStart): a host
-        # cost, in the loader's own rate, kept apart
+        # the data side's device work on the training stream, which e2e runs in series with the
+        # step. nvJPEG decodes on torchvision's stream with the host blocked (measure.DeviceStart):
+        # a host cost, in the loader's own rate, kept apart
         pooled["device_data_seconds_per_image"] = pooled["device_work_seconds_per_image"]
         if blocked is not None:
             pooled["host_decode_seconds_per_image"] = blocked

@@ -1,7 +1,6 @@
-"""One benchmark run: resolve the settings, build once, measure the phases in interleaved windows
-(loader, compute, e2e, loader, ...: a slow drift hits every phase alike, and a phase's windows
-give it an interval). results.json is written before any work, after every window and before any
-tracking server is contacted: a crash, an OOM or a signal never loses what was measured."""
+"""One benchmark run: build once, measure the phases in interleaved windows (loader, compute, e2e,
+loader, ...: a slow drift hits every phase alike; the windows give an interval). results.json is
+written before any work, after every window and before any tracking: nothing measured is lost."""
 
 from __future__ import annotations
 
@@ -56,22 +55,10 @@ class Result:
     notes: list[str] = field(default_factory=list)
     tracked: bool | None = None  # False: MLflow missed the run (results kept; `tracking sync`)
     main: bool = True  # False on torchrun ranks other than 0: they measure, never report
-
-    @property
-    def data(self) -> dict:
-        return self.record.to_dict()
-
-    @property
-    def path(self) -> Path:
-        return self.record.path
-
-    @property
-    def status(self) -> Status:
-        return self.record.status
-
-    @property
-    def objective(self) -> float:
-        return self.record.objective
+    data = property(lambda self: self.record.to_dict())
+    path = property(lambda self: self.record.path)
+    status = property(lambda self: self.record.status)
+    objective = property(lambda self: self.record.objective)
 
 
 def output_dir(out_dir: str | Path | None) -> Path:
@@ -85,8 +72,7 @@ def output_dir(out_dir: str | Path | None) -> Path:
         except ValueError:  # not under @hydra.main: a fresh folder under ./outputs
             p = Path("outputs") / "runs" / time.strftime("%Y-%m-%d/%H-%M-%S")
     p.mkdir(parents=True, exist_ok=True)
-    # the no-links rule for a run without Hydra (tests, scripts, gpubench.check); under Hydra
-    # the callbacks checked it before Hydra wrote anything (cli.callbacks)
+    # the no-links rule without Hydra; under it cli.callbacks checked before Hydra wrote
     return check_no_links(p)
 
 
@@ -98,9 +84,9 @@ def one_line_error(e: BaseException) -> str:
 
 
 def moved_batch(pipe, batches, batch, after_decode, must_step: bool):
-    """`batch` on the device, None when none of its samples decoded (on_corrupt=skip). With
-    `must_step` (torchrun e2e: a rank skipping DDP's all-reduce leaves the others waiting) the
-    next batches until one decodes (the pipeline stops after MAX_SUBSTITUTES in a row)."""
+    """`batch` on the device, None when none of it decoded; with `must_step` (torchrun e2e: a rank
+    skipping DDP's all-reduce hangs the others) the next batches until one does (the pipeline
+    stops after MAX_SUBSTITUTES in a row)."""
     moved = pipe.to_device(batch, after_decode=after_decode)
     while moved is None and must_step:
         moved = pipe.to_device(next(batches), after_decode=after_decode)
@@ -137,8 +123,7 @@ class Benchmark:
     """One run: build once (data, model, step), then `run_phase` window by window."""
 
     def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
-        # bad input raises ConfigError before any work: the config's rules, this machine's disk
-        # and RAM, the code the config names (resolved, none of it called)
+        # ConfigError before any work: the config's rules, disk and RAM, the code it names (uncalled)
         s = self.settings = resolve(cfg)
         check_resources(s)
         targets.check(s)
@@ -156,18 +141,16 @@ class Benchmark:
             self.out, mask_secrets(plain(s.config)), env.facts(self.device), s.memory.ceiling,
             self.dist.world, memory_source="torch_cuda_reserved" if self.device == "cuda"
             else "host_rss", device_memory_bytes=env.device_memory_bytes(self.device))
-        # for the competition check: the cores the run can keep busy (torch's threads, and
-        # worker_threads per loader worker), at most the host's
+        # for the competition check: the cores the run can keep busy
         rec.extra["cpu_demand_cores"] = min(
             os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
-        # a study's job (every worker's jobs share the tag); a sweeper's rung (screen, full, ...)
+        # a study's job (shared by every worker's jobs); a sweeper's rung
         for key, var in (("study", STUDY_ENV), ("rung", RUNG_ENV)):
             if os.environ.get(var):
                 rec.extra[key] = os.environ[var]
         self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor,
                                worker_pids=lambda: self._workers("worker_pids"),
                                worker_tids=lambda: self._workers("worker_tids"))
-        # the sampler's GPU note; what resolve decided for the config (worker-only keys)
         self.notes = [n for n in (self.monitor.gpu_note, *s.notes) if n]
         self.windows: dict[str, list[WindowStats]] = {}
         self.telemetry: dict[str, list[MonitorSummary]] = {}
@@ -175,8 +158,7 @@ class Benchmark:
         self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
         self.pipe = self.step = None
         self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
-        # where the work's device part starts after a host-blocking nvJPEG decode: armed by
-        # run_window for measured steps only (parts/measure.py)
+        # where the device work starts after a host-blocking nvJPEG decode (parts/measure.py)
         self.device_start = DeviceStart()
         self.t0 = time.perf_counter()
         self.hold = Hold()
@@ -206,7 +188,7 @@ class Benchmark:
             with self.watchdog.watching("building", "taking a first batch and checking the "
                                         "model on it (one forward, the FLOP count)"):
                 batch = self.pipe.device_batch()
-                loss = train.make_loss(s.step)  # the team's loss (step=custom) resolved, not called
+                loss = train.make_loss(s.step)  # step=custom's loss resolved, not called
                 models.check_output(model, batch, s, loss)  # one forward: shape, width, loss's type
                 opt = train.make_optimizer(model, b.optimizer, b.lr, b.optimizer_impl)
                 if b.flops:
@@ -248,9 +230,8 @@ class Benchmark:
         return (lambda: next(batches)), load_or_train
 
     def _window_steps(self, name: str, first: bool) -> tuple[int, int]:
-        """(warm-up steps, measured steps) of a window. A later one first drains the batches made
-        while other phases ran (they would flatter it; one step re-primes the step); a loader
-        window spans a few times the batches in flight, never timing the queue alone."""
+        """(warm-up, measured) steps. A later window first drains the batches made meanwhile
+        (they would flatter it); a loader window spans a few times the batches in flight."""
         b, ld = self.settings.bench, self.settings.loader
         if first:
             # compiled: the first step compiles, with reduce-overhead the second records the
@@ -266,7 +247,7 @@ class Benchmark:
         return warm, self.steps_per_window
 
     def run_phase(self, name: str) -> WindowStats:
-        """One window of a phase (the first one warms up until steps are steady)."""
+        """One window of a phase (the first warms up until steps are steady)."""
         b, dist, device = self.settings.bench, self.dist, self.device
         where = f"{name} phase, window {len(self.windows.get(name, ())) + 1}"
         self.watchdog.at(where)
@@ -290,15 +271,14 @@ class Benchmark:
             on_open=lambda: (dist.barrier(), self.monitor.open()),  # all ranks open together
             on_close=lambda: held.append(self.monitor.stop()), on_warm_step=check,
             min_s=b.min_window_s, device_start=self.device_start,
-            # under torchrun all ranks end warm-up and fix a window's length together
-            # (parts/measure.py), a later window's planned from the last one's step time
+            # under torchrun all ranks end warm-up and size a window together (parts/measure.py)
             ranks=dist if dist.enabled else None,
             step_s=last.seconds / last.steps if last is not None and last.steps else None)
         if check is not None:
             self.step.check_loss(where)
         if dist.enabled:
-            # every rank reached this window's end healthy before figures are gathered (a
-            # failed rank announces itself instead, and Dist.watch ends the others)
+            # every rank healthy at the window's end before gathering (a failed one announces
+            # itself, and Dist.watch ends the others)
             dist.agree(None)
             self.energy_all[name] = merge.energy_across_ranks(
                 held[0].energy_j, dist, self.energy_all.get(name, 0.0))
@@ -323,8 +303,8 @@ class Benchmark:
             merge.phase_record_fields(pool(ws), summaries, self.device, name)
             | {"telemetry": telemetry, "memory": dict(self.memory.get(name, {}))})
         self.record.series[name] = merge.series(ws, merged)
-        # the top-level figures after every phase: a run that dies writing its final status
-        # (a full disk) leaves a record a resume or `sync` keeps as measured (RunRecord.recover)
+        # top-level figures after every phase: a run dying at its final write (a full disk)
+        # leaves a record a resume or `sync` keeps as measured (RunRecord.recover)
         figures(self.record, self.device)
         self.save()
 
@@ -352,8 +332,7 @@ class Benchmark:
         interrupted: BaseException | None = None
         status, error = Status.ok, None
         self.dist.watch(self._peer_failed)
-        # the sampler thread runs the whole run, writing gpu_metrics.csv beside results.json
-        # (telemetry/gpulog.py): rank 0's device only
+        # the sampler runs the whole run, writing gpu_metrics.csv (rank 0's device only)
         csv = self.settings.bench.monitor and self.dist.main
         self.monitor.begin(GpuLog(self.device, self.out, gpu=self.monitor.gpu) if csv else None)
         self.watchdog.start()
@@ -364,8 +343,7 @@ class Benchmark:
         except CorruptImage as e:
             status, error = Status.failed, str(e)
         except ConfigError as e:
-            # bad input found while building (an empty folder, a model too narrow): nothing
-            # was measured, so no results.json is left behind either
+            # bad input found while building (an empty folder): nothing measured, no results.json
             if not rec.phases and self.dist.main:
                 rec.path.unlink(missing_ok=True)
             self.dist.announce(Status.failed.value, str(e))
@@ -389,7 +367,6 @@ class Benchmark:
                     gpulog.path.unlink(missing_ok=True)
         if status is not Status.ok:  # the other ranks must not wait for this one
             self.dist.announce(status.value, error or "stopped before measuring")
-        # optimizer steps/s, micro-batches
         if (step := train.step_figures(rec, self.step)) is not None:
             rec.extra["step"] = step
         self._release()
@@ -426,9 +403,8 @@ class Benchmark:
         pids = list(self._workers("worker_pids"))
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        # a kill is delivered when the worker next runs: reaped here, none outlives this process
-        # (orphaned, a killed worker still ran on a busy host); bounded, as one stuck in
-        # uninterruptible I/O dies only when that returns
+        # reaped here, as a kill lands when the worker next runs (orphaned, a killed one still
+        # ran on a busy host); bounded: one stuck in uninterruptible I/O dies when that returns
         deadline = time.monotonic() + REAP_WAIT_S
         for pid in pids:
             with contextlib.suppress(ChildProcessError):  # reaped already
@@ -439,9 +415,8 @@ class Benchmark:
     def _release(self) -> None:
         if self.pipe is not None:
             self.pipe.shutdown()
-        # the pipeline and the phases' functions let go, the collection frees the run's
-        # reference cycles: a model, its optimizer, compiled graphs hold device memory the next
-        # run in this process must not see
+        # collected: the run's reference cycles (model, optimizer, compiled graphs) hold device
+        # memory the next run in this process must not see
         self.pipe = self.step = None
         self.functions = {}
         gc.collect()
@@ -486,8 +461,7 @@ def run_benchmark(cfg: DictConfig, out_dir: str | Path | None = None,
         if bench.settings.tracking.backend != "none" and not bench.hold.late:
             from gpubench import tracking
 
-            # the override list of a config composed outside a Hydra run (no .hydra/ folder,
-            # no HydraConfig): the settings keep no hydra node
+            # the override list of a config composed outside a Hydra run (settings keep none)
             task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
             result.tracked = tracking.log_result(bench.settings.tracking, bench.record, task)
         if interrupted is None and not bench.hold.late:

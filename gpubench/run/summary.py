@@ -1,5 +1,4 @@
-"""A measured run's top-level figures, validity checks and verdict, filled into its record
-from what the runner measured (the record's phases, the windows' telemetry)."""
+"""A measured run's top-level figures, validity checks and verdict, filled into its record."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def figures(rec, device: str) -> None:
         rec.achieved_tflops = achieved / 1e12
         plan = resolve_precision(rec.config["precision"]["name"], device)
         split = rec.extra.get("flops_by_kind") or {"conv": rec.flops_per_step, "matmul": 0.0}
-        # the peak of the multiprocessors this device has (a MIG slice has a share of the
-        # GPU's); no peak, no MFU, and the reason beside it
+        # the peak of this device's multiprocessors (a MIG slice's share); none: no MFU, and why
         pk, why = env.mfu_peak(
             rec.env.get("device_name", ""), plan.flops_by_math(split["conv"], split["matmul"]),
             rec.env.get("multiprocessors")) if device == "cuda" else (None, None)
@@ -108,8 +106,8 @@ def validity(bench) -> list[Reason]:
 
 
 def rule_figures(rec) -> dict:
-    """What the verdict rule (analysis.verdict.classify) reads of a record, by parameter name;
-    the run's verdict and gpubench.check's known-answer cases read the same."""
+    """What the verdict rule (analysis.verdict.classify) reads of a record, by parameter name
+    (the run's verdict and gpubench.check's cases alike)."""
     loader = rec.phases.get("loader")
     return {"loader": rec.loader_images_per_sec, "compute": rec.compute_images_per_sec,
             "e2e": rec.images_per_sec, "data_wait_fraction": rec.data_wait_fraction,
@@ -137,7 +135,7 @@ def summarize(bench, status: Status = Status.ok) -> None:
                   memory_of=rec.memory_of, is_conv="vit" not in s.model.name,
                   oom=status is Status.oom)
     rule = rule_figures(rec)
-    # the serial bound: the step and the data side's device work queued on the training stream
+    # the serial bound: the step plus the data side's device work on the training stream
     # (run/merge.py; an nvJPEG decode bounds e2e through the loader's host-side rate instead)
     device_data = rule["device_data_s_per_image"]
     if device_data and rec.compute_images_per_sec:

@@ -1,11 +1,10 @@
 """A run whose step never returns (a dead mount, an endless kernel) still ends with its record
 final: after no sign of life (a window starting, a fetch or step entered or left) for
-`hang_limit_s` the record is written `failed`, the threads' stacks go to the run's log, the
-loader's workers are killed and the process exits 1, the only sure end with the main thread stuck
-in C code. This thread runs while that code lets the GIL go (torch.cuda.synchronize does:
-torch/csrc/cuda/Module.cpp THCPModule_cudaSynchronize; so does a DataLoader's timed queue read).
-Not watched, having no bound of their own: building, a compiled phase's train steps, profiling,
-what follows the last window (a tracking upload has tracking.timeout_s)."""
+`hang_limit_s` the record is written `failed`, the threads' stacks logged, the loader's workers
+killed and the process exits 1, the only sure end with the main thread stuck in C code. This
+thread runs while that code lets the GIL go (torch.cuda.synchronize does: Module.cpp
+THCPModule_cudaSynchronize; so does a DataLoader's timed queue read). Unwatched, having no bound:
+building, a compiled phase's train steps, profiling, what follows the last window."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ def hang_limit_s(warmup_max_seconds: float, max_seconds: float) -> float:
 
 
 class Watchdog:
-    """Watches one run: where it is (`at`), a phase's functions (`phase`), a region of its build
-    (`watching`). `on_hang(line)` writes the record and returns the line to print, `on_end()`
-    ends what would outlive the process; `poll_s=None`: no thread, the caller (a test) polls."""
+    """Watches one run (`at`, `phase`, `watching`). `on_hang(line)` writes the record and returns
+    the line to print, `on_end()` ends what would outlive the process; `poll_s=None`: no thread."""
 
     def __init__(self, limit_s: float, on_hang: Callable[[str], str | None],
                  on_end: Callable[[], object] = lambda: None,
@@ -64,8 +62,8 @@ class Watchdog:
 
     def wrapped(self, fn: Callable, doing: tuple[str, str], watched: bool = True,
                 counts: bool = False) -> Callable:
-        """`fn`, its calls signs of life: `doing[0]` until it returns (unwatched unless `watched`),
-        then after `doing[1]`. `counts`: each call is the next step. The texts are made once."""
+        """`fn`, its calls signs of life: `doing[0]` until it returns (if `watched`), then after
+        `doing[1]`. `counts`: each call is the next step."""
         during, after = (f"stuck {doing[0]}" if watched else None), f"stuck after {doing[1]}"
 
         def call(*args):
@@ -103,13 +101,12 @@ class Watchdog:
         return (f"{at}: {doing} for {waited:.0f} s (the hang limit: {self.limit_s:.0f} s, "
                 f"2 x (bench.warmup_max_seconds + bench.max_seconds), at least {HANG_MIN_S:.0f})")
 
-    def start(self) -> Watchdog:
+    def start(self) -> None:
         if self.poll_s is not None and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="gpubench-watchdog",
                                             daemon=True)
             self._thread.start()
-        return self
 
     def stop(self) -> None:
         self.at(None)
