@@ -20,8 +20,8 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def same_store(a: str | None, b: str | None) -> bool:
-    """Whether two tracking URIs name one store: without `user:password@` (read back, it is
-    masked), the host's case folded."""
+    """Whether two tracking URIs name one store: without `user:password@` (masked when read
+    back), the host's case folded."""
     if not a or not b:
         return False
 
