@@ -83,8 +83,7 @@ def flaw_words(kinds: Iterable[Flaw]) -> list[str]:
 
 
 def rerun_text(kinds: Iterable[Flaw], longer: str | None = None, what: str = "") -> str:
-    """`rerun on a quiet machine`, `rerun <what> measuring longer (<longer>)`: what these
-    flaws ask."""
+    """What these flaws ask: `rerun on a quiet machine`, `rerun <what> measuring longer (...)`."""
     asked = {FLAWS[k].remedy for k in kinds}
     return " ".join(["rerun", *([what] if what else []), ", ".join(
         r.value + (f" ({longer})" if r is Remedy.longer and longer else "")
@@ -102,8 +101,7 @@ _DATA = "data-bound: the loader delivers {loader:.1f} img/s, {supply:.0%} of wha
 
 
 class Case(Enum):
-    """Why the verdict rule decided as it did, filled from the figures it rests on (`compute`:
-    compute's bound, named `compute_name`)."""
+    """Why the verdict rule decided, filled from its figures (`compute`: named `compute_name`)."""
 
     data_tracks = _DATA + " compute takes ({compute:.1f}); e2e {e2e:.1f} tracks it ({tracking:.0%})"
     data_no_e2e = _DATA + " compute takes ({compute:.1f}) (e2e not measured)"

@@ -86,8 +86,7 @@ def step_checks(phase: str, steps: list[float], cv: float | None,
 
 
 def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
-    """Windows where others competed for a saturated host and this run got less CPU than it
-    could use."""
+    """Windows where others competed for a busy host and this run got less CPU than it used."""
     hit: dict[str, list[tuple[int, float]]] = {}
     for w in loads:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)

@@ -213,8 +213,7 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
 
 
 def _what_ran(rec: RunRecord) -> dict[str, Any]:
-    """Its config less how it was measured and the keys that did not act (a fault key that
-    injected nothing: at its default)."""
+    """Its config less how it was measured and the keys that did not act (faults: as_faulted)."""
     return as_faulted(rec, {k: v for k, v in acted(rec).items() if role(k) is not Role.measure})
 
 
@@ -313,8 +312,7 @@ def coverage_of(r: Row) -> str:
 
 
 def interval_label(rows: list[Row], phases: bool = False) -> str:
-    """The label of a column or axis of these rows' intervals; with `phases`, and their
-    phases' own (each run's first measurement, never pooled)."""
+    """A column's or axis' label; with `phases`, of their phases' own intervals too."""
     measured = [r for r in rows if r.record.status.measured]
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
               *(c for r in measured if phases for c in r.record.coverages)]

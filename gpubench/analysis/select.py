@@ -219,8 +219,7 @@ def workload_of(flat: dict[str, Any], but: Iterable[str] = ()) -> tuple[tuple[st
 
 
 def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
-    """The rows the report ranks (full training measurements of the newest run's workload),
-    and notes on the others."""
+    """The rows the report ranks (of the newest run's workload), and notes on the others."""
     kept = [r for r in rows if left_out(r.record) is None]
     out = Counter(why for r in rows if (why := left_out(r.record)) is not None)
     n, kinds = sum(out.values()), ", ".join(count(k, *why.value) for why, k in out.items())
@@ -258,8 +257,7 @@ def _differing(r: Row, other: Row) -> list[str]:
 
 
 def _setup_name(r: Row, other: Row) -> str:
-    """The row's setup as --where would pick it: `model.name=tiny dataset.name=synthetic ...`,
-    with every other key where it differs from `other`'s."""
+    """`model.name=tiny dataset.name=synthetic ...` (--where's), and keys unlike `other`'s."""
     keys = list(dict.fromkeys([knob_key(r.flat.get, n) for n in ("model", "dataset", "image_size")]
                               + _differing(r, other)))
     return " ".join(f"{k}={format_value(r.flat.get(k)) if r.flat.get(k) is not None else '?'}"

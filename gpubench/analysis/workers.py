@@ -65,8 +65,7 @@ def least_cores(records: Iterable[Any]) -> int | None:
 
 
 class Feeds(Word):
-    """A loader's interval against the compute bound's: the one comparison behind the workers
-    answer, the loader check and sweep=pipes' path."""
+    """A loader's interval against compute's: workers answer, loader check, sweep=pipes."""
 
     clears = "clears"  # its low end above compute's high end, the margin to spare
     short = "short"  # its whole interval below compute's: the data side stays the narrower pipe

@@ -28,8 +28,7 @@ class ExitCode(IntEnum):
 
 @dataclass(frozen=True)
 class Refusal:
-    """A multirun's job refused as bad input: its overrides (`hydra.overrides.task`) and the
-    one line it printed."""
+    """A job refused as bad input: its `hydra.overrides.task` and the line it printed."""
     overrides: tuple[str, ...]
     line: str
 

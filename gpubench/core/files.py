@@ -169,8 +169,7 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
 
 
 def try_lock(path: str | Path, note: str = "") -> FileLock | None:
-    """`path`'s lock taken now, or None while another holds it; `note` (who holds it) is
-    written into it once held."""
+    """`path`'s lock, or None while another holds it; `note` (who holds it) written in."""
     def write_note(fd: int) -> None:
         os.ftruncate(fd, os.pwrite(fd, note.encode(), 0))
 

@@ -435,8 +435,7 @@ class RunRecord(_Keys):
                                     "status (killed: kill -9 or out of host memory)")
 
     def recover(self, why: str) -> None:
-        """A complete record without its final status, kept as ok: no verdict (it needs the
-        run's settings), its checks marked not run."""
+        """Kept as ok: no verdict (it needs the run's settings), its checks marked not run."""
         for name, attr in PHASE_FIGURE.items():  # an older runner left these to the summary
             if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
                 setattr(self, attr, p.images_per_sec)
@@ -456,8 +455,7 @@ def window_plan(steps: int, repeats: int) -> tuple[int, int]:
 
 
 def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
-    """`6 windows of 4 steps`, `... of at least 4 steps and 2 s` (`min_s`: bench.min_window_s
-    as resolved): how every text names a window plan."""
+    """`6 windows of 4 steps`, `... of at least 4 steps and 2 s`: every text's window plan."""
     return f"{count(windows, 'window')} of {window_text(per_window, min_s)}"
 
 
@@ -503,8 +501,7 @@ PLAN_KEYS = tuple(f"bench.{f.name}" for f in dataclasses.fields(Longer))
 
 
 def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
-    """(`bench` config, steps, repeats); None, None unless both are positive ints (a record
-    written before its config was complete)."""
+    """(`bench`, steps, repeats); None, None unless both positive ints (an early record)."""
     b = ((rec.config if rec is not None else None) or {}).get("bench") or {}
     steps, repeats = b.get("steps"), b.get("repeats")
     if isinstance(steps, int) and isinstance(repeats, int) and steps >= 1 and repeats >= 1:

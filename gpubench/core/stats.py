@@ -232,8 +232,7 @@ def _share(parts: list, total: float) -> float | None:
 
 
 def pool(windows: list[WindowStats]) -> dict:
-    """A phase's figures: the windows' median throughput and its interval; step times over all
-    steps; data wait over all windows' time."""
+    """A phase's figures: the windows' median throughput; step times over all their steps."""
     first = windows[0]
     ips = [w.images_per_sec for w in windows]
     steps = [t for w in windows for t in w.step_times_s]
