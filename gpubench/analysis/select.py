@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from enum import Enum
+from functools import partial
 from typing import Any, Protocol
 
 import yaml
@@ -67,9 +68,7 @@ def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (
                workers: bool = True) -> str:
     """`resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16, channels_last` (a title),
     or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name), then _others."""
-    def k(name: str) -> Any:
-        return knob_of(rec.knob, name)
-
+    k = partial(knob_of, rec.knob)
     model, count_, compiled = k("model"), k("num_workers") if workers else None, k("compile")
     compiled = None if compiled in (None, "off", False) else compiled
     thread = "thread " if count_ and k("worker_type") == "thread" else ""  # processes: unsaid
