@@ -251,12 +251,6 @@ def acting(r: Row, key: str) -> bool:
     return acts(key, ran_with(r.record, r.flat))
 
 
-def same_loader(r: Row, of: Row) -> bool:
-    """`r`'s loader is `of`'s but for workers: LOADER_SETTING alike where it acts in both."""
-    return all(r.flat.get(k) == of.flat.get(k) for k in LOADER_SETTING
-               if acting(r, k) and acting(of, k))
-
-
 def varying(rows: list[Row]) -> list[str]:
     """The compared keys (knobs.compared) that differ between the rows where they act, the
     plan where it differs, and a fault injected in some (it read like its twin without it)."""
@@ -455,8 +449,9 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
     """The loader phase's fewest workers at the chosen batch size and data setting (any
     precision: it runs no model); where it differs from the pick, training decides."""
     batch = chosen.knob("batch_size")
-    same = [r for r in rows if r.knob("batch_size") == batch and same_loader(r, chosen)
-            and r.record.status.measured]
+    same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured
+            and all(r.flat.get(k) == chosen.flat.get(k) for k in LOADER_SETTING
+                    if acting(r, k) and acting(chosen, k))]  # its loader, but for workers
     # with intervals: a median alone above compute clears nothing (workers.clears)
     pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
                             m.loader_images_per_sec_ci) for r in same for m in r.measurements
