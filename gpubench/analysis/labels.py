@@ -4,14 +4,13 @@ the sweep report)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from gpubench.core.record import Bottleneck, Flaw
 
 
-@dataclass(frozen=True)
-class PhaseWords:
+class PhaseWords(NamedTuple):
     title: str  # the console's table: the phase and what it bounds
     short: str  # the run picture's bars and legend
 
@@ -23,8 +22,7 @@ PHASE_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class VerdictWords:
+class VerdictWords(NamedTuple):
     word: str  # MLflow's run name and `verdict` tag: `data 2410img/s resnet50-...`
     tag: str  # the headline of a run's description in MLflow: `**data-bound** 2410 [...]`
     sentence: str  # the run picture's title
@@ -48,20 +46,18 @@ def verdict_words(bottleneck: Bottleneck | str | None) -> VerdictWords:
 
 
 class Remedy(Enum):
-    """What a flawed measurement asks of its rerun, by its flaws' kinds (FLAWS): a quiet machine
-    where other work moved its figures, a longer measurement where its plan was too brief to
-    judge; worded as the end of `rerun ...`, in this order where both are asked."""
+    """What a flawed measurement asks of its rerun: a quiet machine where other work moved its
+    figures, a longer one where its plan was too brief to judge (`rerun ...`, in this order)."""
 
     quiet = "on a quiet machine"
     longer = "measuring longer"
 
 
-@dataclass(frozen=True)
-class FlawWords:
+class FlawWords(NamedTuple):
     word: str  # a legend's, the ranking's status, the console's verdict: `cut short`
     remedy: Remedy
-    # reads high, not only slower or wider: a loader window holding batches made before it began,
-    # or one cut short (the same few batches in less time); such a run never answers a question
+    # reads high, not only slower or wider (a loader window holding batches made before it
+    # began, or one cut short): such a run never answers a question
     inflates: bool = False
 
 
@@ -81,14 +77,13 @@ FLAWS = {
 
 
 def flaw_words(kinds: Iterable[Flaw]) -> list[str]:
-    """The words of these flaws, each once, in Flaw's order: ['too short', 'cut short']."""
+    """Each once, in Flaw's order: ['too short', 'cut short']."""
     kinds = set(kinds)
     return list(dict.fromkeys(FLAWS[k].word for k in Flaw if k in kinds))
 
 
 def rerun_text(kinds: Iterable[Flaw], longer: str | None = None, what: str = "") -> str:
-    """`rerun on a quiet machine`, `rerun <what> measuring longer (bench.steps=24 ...)`: what
-    these flaws ask (`longer`: the run's own "measure longer", core.record.longer)."""
+    """What these flaws ask: `rerun on a quiet machine`, `rerun <what> measuring longer (...)`."""
     asked = {FLAWS[k].remedy for k in kinds}
     return " ".join(["rerun", *([what] if what else []), ", ".join(
         r.value + (f" ({longer})" if r is Remedy.longer and longer else "")
@@ -106,8 +101,7 @@ _DATA = "data-bound: the loader delivers {loader:.1f} img/s, {supply:.0%} of wha
 
 
 class Case(Enum):
-    """Why the verdict rule (analysis.verdict) decided as it did: the sentence a reader sees,
-    filled from the figures it rests on (`compute`: compute's bound, named `compute_name`)."""
+    """Why the verdict rule decided, filled from its figures (`compute`: named `compute_name`)."""
 
     data_tracks = _DATA + " compute takes ({compute:.1f}); e2e {e2e:.1f} tracks it ({tracking:.0%})"
     data_no_e2e = _DATA + " compute takes ({compute:.1f}) (e2e not measured)"

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from gpubench.core.record import MIN_WINDOW_S, Flaw, Reason, RunRecord, longer
 from gpubench.core.stats import CONFIDENCE, count, median, positive
 
-# compute-phase step-time spread (std/mean) above which the device did not run steadily: it
-# repeats one batch, so its steps are alike unless something competes (a quiet CPU run: ~0.02)
+# compute step-time std/mean above which the device did not run steadily: it repeats one
+# batch, so its steps are alike unless something competes (a quiet CPU run: ~0.02)
 CV_LIMIT = 0.2
-# the host's scheduling jitter (10 ms tick) moves any step by a few ms whatever else runs: a
-# spread or slow step smaller than this is no evidence (1-3 ms CPU steps show std/mean 0.2-0.3
-# on an idle machine); CUDA compute steps are timed by device events, where it never binds
+# the host's scheduling jitter (10 ms tick) moves any step by a few ms: a spread or slow step
+# smaller than this is no evidence (1-3 ms CPU steps show std/mean 0.2-0.3 on an idle
+# machine); CUDA compute steps are timed by device events, where it never binds
 JITTER_S = 0.005
 MIN_STEPS = 5  # fewer are too few to judge their spread
 # a "slow step" takes this many times the median; a few (SLOW_SHARE at most) are interruptions
@@ -30,7 +30,7 @@ GOT_SHARE = 0.9  # the share of its CPU demand below which a run counts as starv
 
 @dataclass
 class WindowLoad:
-    """The sampler's view of one window: host CPU (% of all cores), this run's (% of one core)."""
+    """One window: host CPU (% of all cores), this run's (% of one core)."""
 
     phase: str
     index: int
@@ -38,7 +38,7 @@ class WindowLoad:
     run_cpu: float | None
     samples: int = 0
     seconds: float = 0.0
-    # cores it can keep busy (torch threads + loader workers): a neighbour takes only from less
+    # cores it can keep busy (torch threads + workers): a neighbour takes only from less
     demand: float | None = None
 
 
@@ -59,8 +59,8 @@ def _windows(numbers: list[int]) -> str:
 
 
 def finding(what: str, why: str, window_s: float | None) -> Reason:
-    """A sign that something disturbed a phase: `what: why`; `too_short` instead in windows
-    (`window_s`: the phase's median) too short to see competition or outlast a hiccup."""
+    """`what: why`, a sign something disturbed a phase; `too_short` instead in windows (median
+    `window_s`) too short to see competition or outlast a hiccup."""
     if window_s is not None and window_s < MIN_WINDOW_S:
         return Reason(Flaw.too_short, f"{what} in windows of {window_s * 1e3:.0f} ms, too short "
                                       "to tell a passing hiccup from a disturbed run")
@@ -69,7 +69,6 @@ def finding(what: str, why: str, window_s: float | None) -> Reason:
 
 def step_checks(phase: str, steps: list[float], cv: float | None,
                 window_s: float | None = None) -> list[Reason]:
-    """Steps that vary or stall (too few steps say nothing about steadiness)."""
     out = []
     mean = sum(steps) / len(steps) if steps else 0.0
     if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
@@ -87,8 +86,7 @@ def step_checks(phase: str, steps: list[float], cv: float | None,
 
 
 def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
-    """Windows where others competed for a saturated host and this run got less CPU than it
-    could use."""
+    """Windows where others competed for a busy host and this run got less CPU than it used."""
     hit: dict[str, list[tuple[int, float]]] = {}
     for w in loads:
         o = other_cores(w.host_cpu, w.run_cpu, cpu_count)
@@ -117,8 +115,8 @@ def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
 
 
 def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> list[Reason]:
-    """A median's interval by order statistics: 6 windows reach 95%, fewer cannot (5: 94%,
-    4: 88%, 3: 75%, 2: 50%, 1: none); a verdict on it would overclaim."""
+    """A median's order-statistics interval: 6 windows reach 95%, fewer cannot (5: 94%, 4: 88%,
+    3: 75%, 2: 50%, 1: none); a verdict on it would overclaim."""
     n = len(windows)
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
@@ -129,9 +127,9 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
 
 
 def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason]:
-    """A loader window of fewer batches than the workers hold in flight times the queue, not
-    the workers (2 batches of 128: 1,025,764 img/s with 4 workers on 2 cores); windows are sized
-    above it (core.pipe.loader_window_steps), so only one cut short or an older run is flagged."""
+    """A loader window of fewer batches than the workers hold in flight times the queue (2
+    batches of 128: 1,025,764 img/s with 4 workers on 2 cores); windows are sized above it, so
+    only one cut short or an older run is flagged."""
     short = [i + 1 for i, w in enumerate(windows)
              if phase == "loader" and (w.get("steps") or 0) < in_flight]
     return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
@@ -141,7 +139,6 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
-    """Signals the sampler reads from NVML where the device gives them."""
     out = []
     thr = telemetry.get("throttled_fraction")
     if thr is not None and thr > 0.1:
@@ -154,7 +151,7 @@ def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
 
 
 def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> list[str]:
-    """The processes outside this run using the most CPU now: 'name (pid) 85%'."""
+    """Outside this run, the most CPU now: 'name (pid) 85%'."""
     import psutil
 
     procs = [p for p in psutil.process_iter(["pid", "name"]) if p.info["pid"] not in exclude]
@@ -171,7 +168,7 @@ def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> 
 
 
 def more_windows(rec: RunRecord | None) -> str:
-    """The run's "measure longer" (core.record.longer) and why it helps."""
+    """The run's "measure longer" and why it helps."""
     plan = longer(rec)
     why = ": more and longer windows narrow the intervals"
     if plan.min_window_s is not None:
@@ -186,7 +183,7 @@ def more_windows(rec: RunRecord | None) -> str:
 
 
 def remedies(reasons: list[Reason], competitors: list[str], rec: RunRecord | None) -> list[str]:
-    """What to do about an inconclusive run `rec`, most useful first, by the reasons' kinds."""
+    """What to do about an inconclusive run, most useful first."""
     kinds = {r.kind for r in reasons}
     out = []
     if Flaw.disturbed in kinds and competitors:

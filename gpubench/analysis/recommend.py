@@ -34,14 +34,12 @@ from gpubench.core.files import flatten
 from gpubench.core.record import PLAN_KEYS, Flaw, Rung, RunRecord, interval_label_of, longer
 from gpubench.core.stats import TOLERANCE, Est, count, holding, median, median_interval
 
-# a recommended config: every section holding a workload key or a knob (a new top-level knob
-# among them, from its declaration), `bench` as the chosen run measured it (without it a rerun
-# measures the defaults' length, outside the interval the recommendation was made on) and the
-# memory ceiling it was judged by; never tracking (the team's own) or fault injection
+# a recommended config: every section holding a workload key or a knob, `bench` as the chosen
+# run measured it (else a rerun measures the defaults' length, outside the interval the pick
+# was made on) and the memory ceiling it was judged by; never tracking (the team's) or faults
 RERUN_KEYS = (*dict.fromkeys(n.split(".")[0] for n in KEYS if role(n) in (Role.workload, Role.knob)
                              and not n.startswith("bench.")), "memory", "bench")  # setup first
-# what the loader phase's figure depends on but its workers and the batch size: the data pipe's
-# knobs (the loader check pools only rows alike in these, as they act)
+# the data pipe's knobs but the workers: the loader check pools only rows alike in these
 LOADER_SETTING = tuple(k for k in DATA_KEYS if k != "loader.num_workers")
 
 
@@ -49,13 +47,13 @@ LOADER_SETTING = tuple(k for k in DATA_KEYS if k != "loader.num_workers")
 class Row:
     """One measured configuration: a run record and its config as dotted keys."""
 
-    label: str  # how the user finds it: its job folder, else a trial number or MLflow run id
+    label: str  # its job folder, else a trial number or MLflow run id
     record: RunRecord
     flat: dict[str, Any] = field(default_factory=dict)
-    # the sweep's confirm step's re-measurements, pooled with the record in the figures below
+    # re-measurements (the confirm step's, a grid's repeats), pooled with the record
     confirms: list[RunRecord] = field(default_factory=list)
     trial: str | None = None  # its study's label (`compute-3`) when `label` names its folder
-    stage: str | None = None  # of sweep=pipes, its stage's study (`compute`, `data-<digest>`)
+    stage: str | None = None  # sweep=pipes' stage study (`compute`, `data-<digest>`)
 
     def __post_init__(self) -> None:
         if not self.flat:
@@ -73,7 +71,7 @@ class Row:
 
     @property
     def as_ranked(self) -> RunRecord:
-        """Its record with the ranking's (pooled) figure and interval, for MLflow's parent."""
+        """Its record with the ranking's pooled figure and interval (MLflow's parent)."""
         if not (self.confirms and self.pooled):
             return self.record
         return replace(self.record, images_per_sec=self.throughput,
@@ -85,16 +83,13 @@ class Row:
 
     @property
     def _pooled_ci(self):
-        """The median's interval over the measurements, never narrower than theirs (the median
-        of their own ends): two close repeats' [min, max] was narrower than either's own, as if
-        two runs knew more than each one's windows; the coverage is the pooled one's, and the
-        last item says whether it was widened. None without confirms (not cached: confirms
-        join a row after it is built)."""
-        ci = median_interval(self.pooled) if self.confirms else None
+        """(lo, hi, coverage, widened): the median's interval over the measurements, never
+        narrower than the median of their own ends (two close repeats' [min, max] was narrower
+        than either's own). None without confirms (not cached: confirms join a row later)."""
+        if not self.confirms or (ci := median_interval(self.pooled)) is None:
+            return None
         own = [iv for m in self.measurements if m.status.measured
                and (iv := m.throughput_interval)[0] < iv[1]]  # one window: no interval of its own
-        if ci is None:
-            return None
         if not own:
             return (*ci, False)
         low = min(ci[0], median([lo for lo, _ in own]))
@@ -108,13 +103,13 @@ class Row:
 
     @property
     def widened(self) -> bool:
-        """Whether `interval` reaches past its measurements' [min, max], to their own ends."""
+        """`interval` reaches past its measurements' [min, max], to their own ends."""
         ci = self._pooled_ci
         return ci is not None and ci[3]
 
     @property
     def interval_coverage(self) -> float:
-        """`interval`'s coverage: pooled, its measurements' (3 of them: [min, max], 75%)."""
+        """Pooled: its measurements' (3 of them: [min, max], 75%)."""
         ci = self._pooled_ci
         return self.record.interval_coverage if ci is None else ci[2]
 
@@ -131,15 +126,14 @@ class Row:
 
     @property
     def stable(self) -> bool:
-        """No measurement flawed (_flawed), and their intervals share a common figure."""
+        """No measurement flawed, and their intervals share a common figure."""
         if any(map(_flawed, self.measurements)):
             return False
         ivs = [m.throughput_interval for m in self.measurements]
         return max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
 
     @property
-    def steadiness(self) -> Steadiness:
-        """Why the row ranks where it does among feasible rows."""
+    def steadiness(self) -> Steadiness:  # why it ranks where it does among feasible rows
         if self.record.measurement_stable is None and not self.confirms:
             return Steadiness.unchecked
         if self.stable:
@@ -148,8 +142,8 @@ class Row:
 
     @property
     def flaws(self) -> list[Flaw]:
-        """The kinds of its flawed measurements' noise reasons, each once (Flaw's order); one
-        flawed without reasons (failed, or an older record's bare flag) counts as `other`."""
+        """Its flawed measurements' reason kinds, once each in Flaw's order; one flawed without
+        reasons (failed, or an older record's bare flag): `other`."""
         kinds = {k for m in filter(_flawed, self.measurements)
                  for k in ([r.kind for r in m.noise_reasons if m.status.measured]
                            or [Flaw.other])}
@@ -157,7 +151,7 @@ class Row:
 
     @property
     def standing(self) -> str:
-        """The steadiness in words (the ranking's status): a flawed row's are its flaws'."""
+        """The ranking's status: the steadiness, a flawed row's flaws in words."""
         s = self.steadiness
         return ", ".join(flaw_words(self.flaws)) if s is Steadiness.flawed else s.value
 
@@ -167,8 +161,7 @@ class Row:
 
     @property
     def stepped(self) -> bool:
-        """Re-measured by a search's confirm step (the top trials), not only repeated by a grid
-        or an experiment's runs (whatever the user asked for)."""
+        """Re-measured by a search's confirm step, not only repeated by a grid's runs."""
         return any(Rung.of(m.rung) is Rung.confirm for m in self.confirms)
 
     def knob(self, name: str) -> Any:
@@ -191,10 +184,9 @@ def row_of(rec: RunRecord, label: str) -> Row:
 
 
 def latest_per_setup(rows: list[Row]) -> list[Row]:
-    """One row per setup measured one way (_what_ran and its plan, PLAN_KEYS: a run measured
-    another way is a row of its own): the newest measurement (a search's trial before its
-    confirm runs), the others that repeat it pooled as confirms (one lucky run must not stand
-    for the setup). A search's trial rows pass as they are (its confirm step pools its own)."""
+    """One row per setup measured one way (_what_ran and PLAN_KEYS): the newest measurement (a
+    trial before its confirm runs), the others that repeat it pooled as confirms (one lucky
+    run must not stand for the setup). A search's trial rows pass as they are."""
     groups: dict[str, list[Row]] = {}
     out = []
     for r in rows:
@@ -207,14 +199,12 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
                           "plan": _plan(r.record)}, sort_keys=True, default=str)
         groups.setdefault(key, []).append(r)
     for group in groups.values():
-        # a search's confirm run re-measures its trial's record, never stands for it: the head
-        # is the row a folder's report ranks (its full run), so every figure read from the
-        # head's record (the loader check, cpu %, the rung, the parent's best run) agrees
-        # (one plan a group: every run of it measured as long)
+        # a confirm run re-measures its trial, never stands for it: the head is the full run,
+        # so every figure read from its record (loader check, cpu %, rung, parent) agrees
         same = sorted(group, reverse=True, key=lambda r: (Rung.of(r.record.rung) is not
                                                          Rung.confirm, r.record.started_at or ""))
         head = same[0]
-        # a folder's search row holds its confirm rounds already; called again, none twice
+        # a search row holds its confirm rounds already; called again, none twice
         had = [m for m in head.confirms if all(m is not r.record for r in same)]
         head.confirms = [*had, *(r.record for r in same[1:] if r.record.status.final
                                  and repeats(r.record, head.record))]
@@ -223,13 +213,12 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
 
 
 def _what_ran(rec: RunRecord) -> dict[str, Any]:
-    """Its config but how it was measured and the keys that did not act (a fault key that
-    injected nothing at its default)."""
+    """Its config less how it was measured and the keys that did not act (faults: as_faulted)."""
     return as_faulted(rec, {k: v for k, v in acted(rec).items() if role(k) is not Role.measure})
 
 
 def acted(rec: RunRecord) -> dict[str, Any]:
-    """A run's flat config values of the keys that acted in it (knobs.acts, `ran_with`)."""
+    """A run's flat config values of the keys that acted in it (knobs.acts)."""
     flat = flatten(rec.config or {})
     get = ran_with(rec, flat)
     return {k: v for k, v in flat.items() if acts(k, get)}
@@ -246,9 +235,8 @@ def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
 
 
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
-    """`rec` measured what `of` did again, the same way (PLAN_KEYS), neither with faults: a run
-    cut short at bench.max_seconds=0.3 pooled with a full one made an interval narrower than
-    either's."""
+    """`rec` measured what `of` did again, the same way (PLAN_KEYS), neither faulted: a run cut
+    at bench.max_seconds=0.3 pooled with a full one made an interval narrower than either's."""
     return (rec.env.get("device_name") == of.env.get("device_name")
             and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of)
             and _plan(rec) == _plan(of))
@@ -259,25 +247,16 @@ def _plan(rec: RunRecord) -> tuple:
 
 
 def acting(r: Row, key: str) -> bool:
-    """Whether `key` acts in row `r` (gpubench.config.knobs.acts; a row records every key)."""
+    """Whether `key` acts in row `r` (knobs.acts; a row records every key)."""
     return acts(key, ran_with(r.record, r.flat))
-
-
-def same_loader(r: Row, of: Row) -> bool:
-    """`r`'s loader is `of`'s but for its workers: every LOADER_SETTING key alike where it acts
-    in both (a 0-worker row loads as any setting of a worker-only key does)."""
-    return all(r.flat.get(k) == of.flat.get(k) for k in LOADER_SETTING
-               if acting(r, k) and acting(of, k))
 
 
 def varying(rows: list[Row]) -> list[str]:
     """The compared keys (knobs.compared) that differ between the rows where they act, the
-    plan where it differs (a search may sweep bench.steps), and a fault injected in some (it
-    read like its twin without the fault)."""
+    plan where it differs, and a fault injected in some (it read like its twin without it)."""
     keys: dict[str, set] = {}
-    # a fault key only where a fault acted in some row (fault.stall_s=0.05,1 alone tells no
-    # runs apart); in a row without one, its triggers' values (unset), not the keys that shape
-    # a fault (its stall_s shaped none: it read 0.05 beside a stalled run's 0.05, yet a column)
+    # a fault key only where a fault acted in some row; in a row without one, only its
+    # triggers' values (a stall_s that shaped nothing read 0.05 beside a stalled run's: a column)
     fault = any(faulted(r.record) for r in rows)
     for r in rows:
         hit = faulted(r.record)
@@ -288,9 +267,8 @@ def varying(rows: list[Row]) -> list[str]:
                 vals = keys.setdefault(k, set())
                 if acting(r, k):
                     vals.add(json.dumps(v, default=str))
-    # a row without the key (a trial known only to its study) differs by it, but for a fault,
-    # whose absence is its default (no injection), and a plan key (how a run that left no
-    # record was measured is not known: no column of dashes for it)
+    # a row without the key (a trial known only to its study) differs by it, but for a fault
+    # (absent: no injection) and a plan key (unknown for a run that left no record)
     for k in set(FAULT_TRIGGERS) & keys.keys():
         if any(k not in r.flat for r in rows):
             keys[k].add(json.dumps(NO_FAULT[k], default=str))
@@ -308,8 +286,7 @@ class Recommendation:
     chosen: Row
     tolerance: float
     reasons: list[str]
-    # why the pick is not to be trusted yet (the reasons' UNCONFIRMED line), None when it is
-    unconfirmed: str | None = None
+    unconfirmed: str | None = None  # the reasons' UNCONFIRMED line, if any
 
 
 def with_interval(r: Row) -> str:
@@ -317,34 +294,30 @@ def with_interval(r: Row) -> str:
 
 
 def fastest_of(best: Row) -> str:
-    """`fastest stable feasible` where it measured steadily (a faster figure may be flagged)."""
     return f"fastest {'stable ' if best.stable else ''}feasible"
 
 
 def coverage_of(r: Row) -> str:
-    """`, 95% interval`: what `with_interval(r)`'s bracket covers (none: one window). A pooled
-    interval widened past its measurements' [min, max] covers at least that one's coverage,
-    and no figure says how much more: `at least 50%`, not a bare 50% over a wider bracket."""
+    """`, 95% interval`: what `with_interval(r)`'s bracket covers; widened, `at least 50%`
+    (no figure says how much more than the pooled coverage)."""
     if r.interval[0] == r.interval[1]:
         return ""
     return f", {'at least ' if r.widened else ''}{interval_label_of([r.interval_coverage])}"
 
 
 def interval_label(rows: list[Row], phases: bool = False) -> str:
-    """The label of a column or axis of these rows' intervals; with `phases`, beside their
-    phases' own (each run's first measurement, never pooled)."""
+    """A column's or axis' label; with `phases`, of their phases' own intervals too."""
     measured = [r for r in rows if r.record.status.measured]
     covers = [*(r.interval_coverage for r in measured if r.interval[0] != r.interval[1]),
               *(c for r in measured if phases for c in r.record.coverages)]
-    # a widened row covers more than its pooled coverage, by no figure known: the column can
-    # claim only the least of them, as the row's own line does (coverage_of)
+    # a widened row covers more than its pooled coverage, by no known figure (coverage_of)
     if covers and any(r.widened for r in measured):
         return f"at least {interval_label_of([min(covers)])}"
     return interval_label_of(covers)
 
 
 class Steadiness(Enum):
-    """A feasible row's standing, as the ranking's status words it (Row.standing)."""
+    """A feasible row's standing (Row.standing)."""
 
     stable = "stable"
     confirmed = "confirmed"  # stable over its confirm step's re-measurements
@@ -354,7 +327,7 @@ class Steadiness(Enum):
 
 
 class Effect(Enum):
-    """What AMP did to the best throughput: a judgement, worded where it is shown."""
+    """What AMP did to the best throughput, worded where it is shown."""
 
     faster = "faster"
     slower = "slower"
@@ -363,8 +336,8 @@ class Effect(Enum):
 
 
 def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> Effect:
-    """AMP's best against the best without it, on intervals; overlapping, `same` only within
-    `tolerance` (28% apart inside wide intervals is not decided, not "no difference")."""
+    """On intervals; overlapping, `same` only within `tolerance` (28% apart inside wide
+    intervals is not decided, not "no difference")."""
     if amp.interval[0] > plain.interval[1]:
         return Effect.faster
     # single windows (no spread) fall in the two cases above unless the figures are equal
@@ -379,22 +352,19 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
     `tolerance` of the fastest (on intervals), AMP on when it measured faster, pin_memory on,
     then the smallest batch (large ones hurt the model) and the fewest workers (host RAM)."""
     full = [r for r in rows if r.feasible and left_out(r.record) is None]
-    # a run with a fault injected tests a failure path: never the pick (its rerun config drops
-    # the fault, so it would measure another thing), unless nothing else measured
+    # a faulted run tests a failure path: never the pick (its rerun config drops the fault),
+    # unless nothing else measured
     full = [r for r in full if not faulted(r.record)] or full
     if not full:
         return None
     ok = [r for r in full if r.stable]
-    # what every flagged measurement asks of a rerun, worded when the pick is known (below)
     flawed = [] if ok else [k for k in Flaw if any(k in r.flaws for r in full)]
     ok = ok or full
-    # once the confirm step re-measured the top trials, the fastest confirmed one: a trial
-    # measured once may have been lucky (a grid's repeats re-measure what the user listed, not
-    # the top: a faster row measured once is not passed over for them)
+    # once the confirm step re-measured the top trials, the fastest confirmed one (a trial
+    # measured once may have been lucky; a grid's repeats are not the top: not preferred)
     best = max([r for r in ok if r.confirmed and r.stepped] or ok, key=lambda r: r.throughput)
     unconfirmed = None
-    # where measurements flagged themselves, the flaws' line (made below) says it all
-    # (a grid's: only where no setup measured steadily, each repeat disagreeing)
+    # where measurements flagged themselves, the flaws' line (below) says it all
     stepped = any(r.stepped for r in rows)
     if not best.confirmed and not flawed and (stepped or not best.stable):
         # what the re-measured trials' flaws ask (a quiet machine where they only disagreed)
@@ -405,9 +375,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                        " before trusting it")
     # on the low end of its interval: noise never picks a smaller, slower configuration
     near = [r for r in ok if r is best or r.interval[0] >= (1.0 - tolerance) * best.throughput]
-    others = len(near) - 1  # `near` holds the best itself
+    others = len(near) - 1  # less the best itself
     others_text = count(others, "other configuration") if others else "no other configuration"
-    # the headline; the UNCONFIRMED line, when there is one, goes before it (below)
     reasons = [f"{fastest_of(best)}: {with_interval(best)} "
                f"img/s; {others_text} within {tolerance:.0%} of it at the low end of its interval"]
     fastest = max(full, key=lambda r: r.throughput)
@@ -430,7 +399,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
             helps = effect is Effect.faster
             near = [r for r in near if r.amp == helps] or near
             reasons.append(f"AMP {'on' if helps else 'off'}: best {figures})")
-    # pinning only exists for copies to a GPU: on a CPU-only run it is not a knob at all
+    # pinning only exists for copies to a GPU: on a CPU-only run it is no knob
     on_gpu = any(r.record.env.get("device") == "cuda" for r in near)
     pinned = [r for r in near if r.knob("pin_memory") is True]
     if on_gpu and pinned and len(pinned) < len(near):
@@ -449,8 +418,7 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
                    f" within {tolerance:.0%}: {with_interval(chosen)} img/s, "
                    f"{chosen.throughput / best.throughput:.0%} of the fastest")
     reasons += _workers_check(rows, chosen, best, tolerance)
-    if flawed:  # the recommended config's own rerun: its "measure longer" where one is asked
-        # the others (if any) only disagreed when re-measured: a quiet machine for them
+    if flawed:  # its own "measure longer" where asked; others only disagreed: a quiet machine
         every = all(r.flaws for r in full)
         asks = flawed if every else [*flawed, Flaw.unconfirmed]
         what = ("every measurement flagged itself" if every else "no setup measured steadily: "
@@ -478,13 +446,13 @@ def why_not_best(r: Row) -> str:
 
 
 def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) -> list[str]:
-    """The loader phase's fewest workers at the chosen batch size and data setting (all
-    precisions: it runs no model); where it differs from the pick, training decides."""
+    """The loader phase's fewest workers at the chosen batch size and data setting (any
+    precision: it runs no model); where it differs from the pick, training decides."""
     batch = chosen.knob("batch_size")
-    same = [r for r in rows if r.knob("batch_size") == batch and same_loader(r, chosen)
-            and r.record.status.measured]
-    # each row's loader phase over its repeats, with their intervals: a median alone above
-    # compute clears nothing (workers.clears)
+    same = [r for r in rows if r.knob("batch_size") == batch and r.record.status.measured
+            and all(r.flat.get(k) == chosen.flat.get(k) for k in LOADER_SETTING
+                    if acting(r, k) and acting(chosen, k))]  # its loader, but for workers
+    # with intervals: a median alone above compute clears nothing (workers.clears)
     pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
                             m.loader_images_per_sec_ci) for r in same for m in r.measurements
                            if m.status.measured],

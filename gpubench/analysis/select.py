@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from enum import Enum
+from functools import partial
 from typing import Any, Protocol
 
 import yaml
@@ -26,27 +27,24 @@ from gpubench.core.stats import count
 
 
 class Row(Protocol):
-    """What selection reads of a report row (analysis.recommend.Row, which imports this)."""
+    """What selection reads of a report row (analysis.recommend.Row)."""
 
     record: RunRecord
     flat: dict[str, Any]
 
 
 def knob_key(get: Callable[[str], Any], name: str) -> str:
-    """The config key that holds knob `name`: its first key set, else its last (or `name`)."""
+    """The key holding knob `name`: its first key set, else its last (or `name`)."""
     keys = SHORT.get(name, (name,))
     return next((k for k in keys if get(k) is not None), keys[-1])
 
 
 def knob_of(get: Callable[[str], Any], name: str) -> Any:
-    """Knob `name` read with `get` (a record's `knob`, a row's `flat.get`)."""
     return get(knob_key(get, name))
 
 
-# the knobs setup_text writes in words of its own (`resnet50 on imagenet 224px, batch 128,
-# 8 thread workers, amp_bf16, channels_last`); every other knob, of either pipe, it writes as
-# knob_setting where its value is not the declared default (`optimizer=adamw`, `preload=true`),
-# so two setups that differ in any knob never share a title or a run name
+# the knobs setup_text words itself; every other knob it writes as knob_setting where off its
+# default (`optimizer=adamw`), so setups that differ in any knob never share a title or name
 _WORDED = {k for n in ("model", "dataset", "image_size", "batch_size", "num_workers",
                        "worker_type", "precision", "channels_last", "compile") for k in SHORT[n]}
 _OTHER = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob and n not in _WORDED)
@@ -54,7 +52,7 @@ _OTHER = tuple(n for n, k in KEYS.items() if k.knob.role is Role.knob and n not 
 
 def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
     """`optimizer=adamw`: the other knobs off their default, and the keys `named` (what sets a
-    run apart from those beside it) at any value; never one inert with its workers (as_run)."""
+    run apart) at any value; never one inert with its workers (as_run)."""
     keys = [*_OTHER, *sorted(set(named) - set(_OTHER) - _WORDED)]
     values = as_run({k: rec.knob(k) for k in (*keys, *SHORT["num_workers"],
                                               *SHORT["worker_type"])})
@@ -69,11 +67,8 @@ def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
 def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (),
                workers: bool = True) -> str:
     """`resnet50 on imagenet 224px, batch 128, 8 workers, amp_bf16, channels_last` (a title),
-    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name), then _others; `workers` False:
-    no worker count (a heading over runs of several)."""
-    def k(name: str) -> Any:
-        return knob_of(rec.knob, name)
-
+    or `compact`, `resnet50-bs128-w8-amp_bf16-cl` (a run name), then _others."""
+    k = partial(knob_of, rec.knob)
     model, count_, compiled = k("model"), k("num_workers") if workers else None, k("compile")
     compiled = None if compiled in (None, "off", False) else compiled
     thread = "thread " if count_ and k("worker_type") == "thread" else ""  # processes: unsaid
@@ -100,7 +95,7 @@ def workload_text(rec: RunRecord) -> str:
 
 
 class LeftOut(Enum):
-    """Why a row is no full training measurement: its words for one and for several."""
+    """Why a row is no full training measurement: its words for one and several."""
 
     probe = ("max-batch probe", "max-batch probes")
     screen = ("screen", "screens")
@@ -109,12 +104,10 @@ class LeftOut(Enum):
 
 
 def left_out(rec: RunRecord) -> LeftOut | None:
-    """Why a row is no full training measurement (None: it is one); one that crashed before
-    its e2e phase stays: a failed training measurement, ranked as infeasible."""
-    if rec.rung == Rung.probe:
-        return LeftOut.probe
-    if rec.rung == Rung.screen:
-        return LeftOut.screen
+    """None for a full training measurement; one that crashed before its e2e phase stays (a
+    failed training measurement, ranked as infeasible)."""
+    if rec.rung in (Rung.probe, Rung.screen):
+        return LeftOut[str(rec.rung)]
     phases = rec.knob("bench.phases")
     if rec.images_per_sec is None and (
             rec.status.measured or (isinstance(phases, list) and "e2e" not in phases)):
@@ -123,7 +116,7 @@ def left_out(rec: RunRecord) -> LeftOut | None:
 
 
 def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> list:
-    """The `items` measured longest (bench.steps): a short screen never stands for the others."""
+    """The `items` measured longest: a short screen never stands for the others."""
     steps = [int(record(x).knob("bench.steps") or 0) for x in items]
     return [x for x, n in zip(items, steps, strict=True) if n == max(steps)]
 
@@ -135,9 +128,8 @@ FAULT_TRIGGERS = ("fault.oom_above_batch", "fault.fail_message", "fault.stall_ev
 
 
 def faulted(rec: RunRecord) -> bool:
-    """A fault acted, as the runner injects them: an OOM above a batch this run's exceeds, a
-    failure message, a stall of some seconds, on a rank the run has (fault.stall_s alone, an
-    OOM threshold above the batch: none)."""
+    """A fault acted, as the runner injects them: an OOM below this run's batch, a failure
+    message, a stall of some seconds, on a rank the run has."""
     cfg = flatten(rec.config or {})
     rank, oom = cfg.get("fault.rank"), cfg.get("fault.oom_above_batch")
     batch = cfg.get("loader.batch_size")
@@ -152,22 +144,22 @@ def faulted(rec: RunRecord) -> bool:
 
 
 def as_faulted(rec: RunRecord, values: dict[str, Any]) -> dict[str, Any]:
-    """`values` (a flat config) with the fault keys at their defaults where no fault acted:
-    runs apart only in a key that shaped none (fault.stall_s=0.05,1) are one setup."""
+    """`values` with the fault keys at their defaults where no fault acted: runs apart only in
+    a key that shaped none (fault.stall_s=0.05,1) are one setup."""
     if faulted(rec):
         return values
     return {k: NO_FAULT.get(k, v) for k, v in values.items()}
 
 
 def loader_only(rec: RunRecord) -> bool:
-    """A full run of the loader phase alone: the report's workers answer reads it."""
+    """A full run of the loader phase alone (the report's workers answer)."""
     phases = rec.knob("bench.phases")
     return isinstance(phases, list) and set(phases) == {"loader"} and rec.full
 
 
 class WhereError(ValueError):
-    """A `--where` that picks nothing it could: its one line; `bad_input` where the command
-    line itself is wrong (malformed, a key gpubench never declares), not the runs read."""
+    """A `--where` that picks nothing it could; `bad_input` where the command line itself is
+    wrong (malformed, a key gpubench never declares), not the runs read."""
 
     def __init__(self, line: str, bad_input: bool = True):
         super().__init__(line)
@@ -205,8 +197,7 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
         if rows and not any(key in r.flat for r in rows):
             close = difflib.get_close_matches(key, sorted({k for r in rows for k in r.flat}), 3)
             hint = f" (close: {', '.join(close)})" if close else ""
-            # a declared key that these runs lack (recorded before it existed) is the runs'
-            # doing; a key no run has and gpubench never declares is a typo on the command line
+            # a declared key these runs lack (recorded before it existed) is the runs' doing
             if key in DECLARED:
                 raise WhereError(f"gpubench.report: --where {key}: no run has this config key"
                                  f"{hint}", bad_input=False)
@@ -216,19 +207,18 @@ def where(rows: list[Row], conditions: dict[str, str]) -> list[Row]:
 
 
 def setup_of(r: Row) -> tuple[tuple[str, str], ...]:
-    """The row's workload keys (gpubench.config.knobs.role): rows that differ train other things."""
+    """The row's workload keys: rows that differ train other things."""
     return workload_of(r.flat)
 
 
 def workload_of(flat: dict[str, Any], but: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
-    """A flat config's workload keys and their values, comparable (`but`: keys left out)."""
+    """A flat config's workload keys and values, comparable (`but`: keys left out)."""
     return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str))
                         for k, v in flat.items() if role(k) is Role.workload and k not in but))
 
 
 def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
-    """The rows the report ranks (full training measurements of the newest run's workload),
-    and its notes on the others."""
+    """The rows the report ranks (of the newest run's workload), and notes on the others."""
     kept = [r for r in rows if left_out(r.record) is None]
     out = Counter(why for r in rows if (why := left_out(r.record)) is not None)
     n, kinds = sum(out.values()), ", ".join(count(k, *why.value) for why, k in out.items())
@@ -240,8 +230,8 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)
     if len(groups) > 1:
-        # of the runs that measured, where any did: a failed job's setup ranked alone read as
-        # "no feasible measurement" beside a setup that measured
+        # of the runs that measured: a failed job's setup ranked alone read "no feasible
+        # measurement" beside a setup that measured
         measured = [r for r in kept if r.record.status.measured]
         newest = max(measured or kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)
@@ -266,8 +256,7 @@ def _differing(r: Row, other: Row) -> list[str]:
 
 
 def _setup_name(r: Row, other: Row) -> str:
-    """The row's setup as --where would pick it: `model.name=tiny dataset.name=synthetic ...`,
-    with every other key where it differs from `other`'s."""
+    """`model.name=tiny dataset.name=synthetic ...` (--where's), and keys unlike `other`'s."""
     keys = list(dict.fromkeys([knob_key(r.flat.get, n) for n in ("model", "dataset", "image_size")]
                               + _differing(r, other)))
     return " ".join(f"{k}={format_value(r.flat.get(k)) if r.flat.get(k) is not None else '?'}"

@@ -46,7 +46,7 @@ def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
 @dataclass
 class Verdict:
     bottleneck: Bottleneck
-    case: Case  # why, with the figures it rests on; `reason` words them
+    case: Case  # why; `reason` words it with `figures`
     figures: dict = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
     ratio: Est | None = None  # the ratio it rests on (e2e / bound, or loader / compute)
@@ -72,7 +72,7 @@ class Verdict:
 
 
 def _paired(windows: dict | None, names: tuple[str, ...]) -> dict[str, list[float]] | None:
-    """The phases' per-window throughputs of the rounds all finished, if 2+ measured."""
+    """The phases' per-window throughputs of the rounds all finished, if 2+."""
     if not windows or any(not windows.get(n) for n in names):
         return None
     k = min(len(windows[n]) for n in names)
@@ -94,7 +94,7 @@ def _data_or_compute(figures: dict, data: Case, compute: Case) -> Verdict:
 
 def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
                   windows: dict | None) -> dict:
-    """The bounds and ratios the three-pipe cases rest on (pairwise from 2+ rounds, if any)."""
+    """The bounds and ratios the three-pipe cases rest on (paired from 2+ rounds, if any)."""
     compute_bound = combined_bound(compute, device_data)
     bound = Est(*map(min, astuple(loader), astuple(compute_bound)))
     paired = _paired(windows, PHASE_NAMES)
@@ -152,7 +152,7 @@ def _three_pipes(f: dict) -> Verdict:
 class Undecided(Enum):
     """Why no number of windows is advised to settle an open question."""
 
-    on_line = "on_line"  # the figure sits on the line: no number of windows tells its side
+    on_line = "on_line"  # no number of windows tells its side
     too_wide = "too_wide"  # this spread would take more windows than are reasonable
 
 
@@ -196,7 +196,6 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
 
 @dataclass
 class Knobs:
-    """The current settings the advice refers to."""
 
     device: str
     num_workers: int
@@ -217,7 +216,6 @@ class Knobs:
 
 
 def advise(bottleneck: Bottleneck, k: Knobs) -> list[str]:
-    """1-3 concrete next steps in words, filled from the settings."""
     gpu, starved = k.device == "cuda", bottleneck in (Bottleneck.data, Bottleneck.overlap)
     rules = [
         (Step.contention, bottleneck is Bottleneck.overlap and not gpu and k.num_workers > 0),
@@ -257,7 +255,7 @@ def judge(loader, compute, e2e, data_wait_fraction: float | None, knobs: Knobs,
           windows: dict | None = None, record: RunRecord | None = None) -> Verdict:
     """The verdict and its advice. A disturbed run (`noise_reasons`) is `inconclusive` whatever
     its figures, advised its `remedies`; a question left open only by wide intervals gets the
-    windows that would decide it (from `record`'s plan and core.record.longer)."""
+    windows that would decide it."""
     v = classify(loader, compute, e2e, data_wait_fraction, intervals, device_data_s_per_image,
                  windows)
     if noise_reasons and v.bottleneck is not Bottleneck.unknown:

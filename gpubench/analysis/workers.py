@@ -1,5 +1,5 @@
 """How many loader workers: the fewest that out-run compute of the same `compute_setup` (article
-003: the minimum that unblocks the GPU; each extra worker costs host RAM)."""
+003: the minimum that unblocks the GPU; each extra one costs host RAM)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,14 @@ from gpubench.core.record import Word
 from gpubench.core.stats import TOLERANCE, Est, count, figure
 
 COMPUTE_DIR = "compute"  # a loader-only multirun's compute measurements, in its sweep dir
-# what a data side that stays the bottleneck can try next (docs/data.md), by the run's device,
-# each a key and the value to set it to, or words alone (no key): on a CPU-only run a device
-# augment runs on the cores the model trains on, and no GPU waits
+# what a data side that stays the bottleneck can try next (docs/data.md), by device: a key and
+# its value, or words alone; on a CPU a device augment runs on the model's cores, no GPU waits
 NEXT_STEPS: dict[str, tuple[tuple[str | None, Any], ...]] = {
     "cuda": (("dataset.preload", True), ("dataset.augment_on", "device"),
              (None, "more CPU cores per GPU")),
     "cpu": (("dataset.preload", True), (None, "more CPU cores"))}
-# the keys the next steps set, and the dataset that decides whether preload saves anything:
-# what a record of the runs keeps of their settings (pipes.json)
+# the keys the next steps set, and the dataset that decides whether preload saves anything
+# (what pipes.json keeps of the runs' settings)
 NEXT_KEYS = (*dict.fromkeys(k for steps in NEXT_STEPS.values() for k, _ in steps if k),
              "dataset.name")
 
@@ -37,23 +36,21 @@ def _text(v: Any) -> str:
 
 def more_workers(n: int, device: str | None, cores: int | None) -> int:
     """The worker count to measure after `n`: double it (2 at least), up to the host's `cores`
-    (more only take turns on them). On a CPU, from 0, one: a worker loads on a core the model
-    trains on, so its gain is measured against 0, not assumed (Step.workers_from_zero_on_cpu)."""
+    (more only take turns). On a CPU, from 0, one: it loads on a core the model trains on, so
+    its gain is measured against 0, not assumed."""
     want = 1 if n == 0 and device == "cpu" else max(2, 2 * n)
     return min(want, cores or want)
 
 
 def next_steps(device: str | None, more_from: int | None = None,
                tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None) -> str:
-    """NEXT_STEPS for a run's device (one not recorded: as on CUDA), led by more workers where
-    the most tried, `more_from`, loaded fastest: nothing yet says more would not load faster,
-    up to the host's `cores` (more workers than cores only take turns on them: then more cores
-    is the step). A step that sets a key to a value one of the runs already had (`tried`: their
-    flat config values) is no next step: those runs are what it would measure."""
+    """NEXT_STEPS for a run's device (unrecorded: CUDA's), led by more workers where the most
+    tried, `more_from`, loaded fastest, up to the host's `cores`. A step setting a value one of
+    the runs had (`tried`: their flat configs) is no next step: those runs measured it."""
     want = None if more_from is None else more_workers(more_from, device, cores)
     more = [("loader.num_workers", want)] if want is not None and want > more_from else []
     had = [{k: _text(v) for k, v in r.items()} for r in tried]
-    # made in RAM (synthetic): preload has nothing to decode (schema.PRELOAD_HELPS)
+    # made in RAM (synthetic): preload has nothing to decode
     made = bool(had) and all(h.get("dataset.name") not in (None, *PRELOAD_HELPS) for h in had)
     return ", ".join(f"{k}={_text(v)}" if k else v
                      for k, v in [*more, *NEXT_STEPS.get(device, NEXT_STEPS["cuda"])]
@@ -62,14 +59,13 @@ def next_steps(device: str | None, more_from: int | None = None,
 
 
 def least_cores(records: Iterable[Any]) -> int | None:
-    """The fewest CPU cores of these runs' hosts (env.cpu_count); None where none is recorded."""
+    """The fewest CPU cores of these runs' hosts; None where none is recorded."""
     return min((c for r in records if isinstance(c := r.env.get("cpu_count"), int) and c > 0),
                default=None)
 
 
 class Feeds(Word):
-    """A loader's interval against the compute bound's: the one comparison behind the workers
-    answer, the loader check and sweep=pipes' path, turned into words where each is shown."""
+    """A loader's interval against compute's: workers answer, loader check, sweep=pipes."""
 
     clears = "clears"  # its low end above compute's high end, the margin to spare
     short = "short"  # its whole interval below compute's: the data side stays the narrower pipe
@@ -83,9 +79,8 @@ def feeds(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> Feeds:
 
 
 def undecided(longer: str = "") -> str:
-    """Overlapping intervals, and what decides them: `longer`, the runs' own measure-longer
-    (core.record.longer), where known; else its rule in words (a larger bench.steps alone
-    keeps the windows' count, and so the interval's coverage)."""
+    """Overlapping intervals, and what decides them: `longer`, the runs' own measure-longer,
+    else its rule in words (a larger bench.steps alone keeps the interval's coverage)."""
     how = longer or "more windows of more steps: a larger bench.repeats and bench.steps"
     return f"the intervals overlap, so it is not decided: measure longer ({how}) or try more workers"
 
@@ -99,18 +94,17 @@ class WorkersPick:
     num_workers: int | None  # None: nothing measured to choose from
     unblocks: bool  # True: this loader out-runs compute
     tolerance: float = TOLERANCE
-    # every worker count's loader rate (repeats pooled), and the bound judged against
     rates: dict[int, Est] = field(default_factory=dict)
     compute: Est | None = None
-    next: str = ""  # what a data side that stays the narrower pipe can try next (next_steps)
-    longer: str = ""  # the runs' own measure-longer (core.record.longer), for `undecided`
+    next: str = ""  # next_steps
+    longer: str = ""  # the runs' own measure-longer, for `undecided`
 
     @property
     def loader_images_per_sec(self) -> float | None:
         return None if self.num_workers is None else self.rates[self.num_workers].value
 
     @property
-    def _top(self) -> int:  # the worker count that loaded fastest
+    def _top(self) -> int:  # loaded fastest
         return max(self.rates, key=lambda x: self.rates[x].value)
 
     def _fewer(self) -> int | None:
@@ -118,7 +112,7 @@ class WorkersPick:
 
     @property
     def reason(self) -> str:
-        """The pick in one line, figures without intervals (the report's loader check)."""
+        """The report's loader check: figures without intervals."""
         w, c, tol = self.num_workers, self.compute, self.tolerance
         if w is None:
             return "no loader throughput measured"
@@ -144,7 +138,7 @@ class WorkersPick:
         return None if self.compute is None else self.compute.hi * (1 + self.tolerance)
 
     def answer(self) -> str:
-        """The report's workers answer, with the intervals and the margin (`clearing`)."""
+        """The report's workers answer, with the intervals and the margin."""
         w, c, tol = self.num_workers, self.compute, self.tolerance
         if w is None:
             return "workers: no loader throughput measured"
@@ -173,8 +167,8 @@ class WorkersPick:
 
 
 def clears_by(margin: Est) -> str:
-    """From the margin (loader / compute - 1): `by 50% [42%-62%]`, or past 100% in times
-    (`10.6 [8.9-96.0] times over`, not the hard to read `by 6192% [149%-209139%]`)."""
+    """`by 50% [42%-62%]`, or past 100% in times (`10.6 [8.9-96.0] times over`, not the hard
+    to read `by 6192% [149%-209139%]`)."""
     if margin.hi <= 1:
         return f"by {margin:.0%}"
     return f"{Est(margin.value + 1, margin.lo + 1, margin.hi + 1)} times over"
@@ -189,7 +183,7 @@ def clearing(loader: Est, compute: Est) -> str:
 
 def _loader_rows(rows) -> dict[int, Est]:
     """{num_workers: loader rate, repeats pooled} from (num_workers, ips[, interval]) tuples or
-    mappings of those as results.json names them; unmeasured ones (None, NaN, <= 0) dropped."""
+    mappings named as in results.json; unmeasured ones dropped."""
     per: dict[int, list[Est]] = {}
     for r in rows:
         if isinstance(r, dict):
@@ -213,15 +207,13 @@ def fewest_workers(rows, compute_images_per_sec: float | Est | None,
                    tried: Iterable[Mapping[str, Any]] = (), cores: int | None = None,
                    longer: str = "") -> WorkersPick:
     """The fewest loader workers that clear compute; when none does, the plateau's start: the
-    fewest within `tolerance` of the highest loader throughput (`device`, `cores`: the runs',
-    `tried`: their flat config values, which the next steps advised leave out; `longer`: their
-    measure-longer)."""
+    fewest within `tolerance` of the highest loader throughput (`tried`: the runs' flat
+    configs, which the next steps leave out)."""
     loader, compute = _loader_rows(rows), Est.of(compute_images_per_sec)
     clear = [w for w in sorted(loader) if compute is not None
              and clears(loader[w], compute, tolerance)]
     best = max((r.value for r in loader.values()), default=0.0)
     plateau = min((x for x in loader if loader[x].value >= best * (1 - tolerance)), default=None)
-    # more workers first where the most tried loaded fastest
     most = max(loader, default=None)
     top = max(loader, key=lambda x: loader[x].value, default=None)
     return WorkersPick(clear[0] if clear else plateau, bool(clear), tolerance, loader, compute,
@@ -238,16 +230,15 @@ def setup_of_run(rec: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def compute_rate(rec: Any) -> Est | None:
-    """A run's compute phase with its interval; None where it measured none."""
-    return Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci) \
-        if rec.status.measured else None
+    if rec.status.measured:
+        return Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci)
+    return None
 
 
 def compute_bound(records: Iterable[Any], setup: tuple) -> tuple[Est | None, list]:
-    """The compute bound of loader runs of compute `setup`, and the runs it is read from: every
-    compute measurement of that setup (not a loader-only run, none with a fault injected: a
-    stalled step's compute is no bound), the unflagged ones where any (a disturbed compute run
-    reads low, and a loader clears it too easily), as their envelope (never tighter than one)."""
+    """The compute bound of loader runs of `setup`, and the runs it is read from: the envelope
+    of every compute measurement of it (no loader-only run, none faulted: a stalled step's
+    compute is no bound), the unflagged ones where any (a disturbed run reads low)."""
     sources = [m for m in records if setup_of_run(m) == setup
                and not loader_only(m) and not faulted(m) and compute_rate(m) is not None]
     sources = [m for m in sources if m.measurement_stable is not False] or sources

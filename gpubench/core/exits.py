@@ -16,30 +16,25 @@ class ExitCode(IntEnum):
     FAILED = 1  # a run's oom or failed status, a report with nothing to report, failed uploads
     BAD_INPUT = 2  # a config key, an override, a command-line argument (argparse's too)
     NOT_TRACKED = 3  # measured and kept, but not in MLflow (`python -m gpubench.tracking sync`)
-    # a torchrun rank ended because another failed (its main thread waits in a collective)
-    PEER_FAILED = 4
-    # measured fine, peak memory above memory.ceiling (a sweep's job: a finished trial)
-    OVER_CEILING = 5
+    PEER_FAILED = 4  # a torchrun rank ended because another failed (waiting in a collective)
+    OVER_CEILING = 5  # measured fine, peak memory above memory.ceiling (a finished trial)
     # 128 + the signal, as a shell reports a process a signal ended
     SIGINT = 128 + signal.SIGINT
     SIGTERM = 128 + signal.SIGTERM
     SIGHUP = 128 + signal.SIGHUP  # the terminal went away (a dropped ssh session)
-    # the reader of stdout went away (`gpubench --help | head`): Python ignores SIGPIPE and
-    # raises BrokenPipeError instead
+    # stdout's reader went away (`| head`): Python ignores SIGPIPE, raises BrokenPipeError
     BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """A multirun's job refused as bad input: its overrides (`hydra.overrides.task`, as the job
-    got them) and the one line it printed."""
+    """A job refused as bad input: its `hydra.overrides.task` and the line it printed."""
     overrides: tuple[str, ...]
     line: str
 
 
-# the multirun's jobs refused as bad input in this process (a grid's job prints its own line
-# and returns, so one bad job does not end the sweep): gpubench.search.jobs.unmeasured, and the
-# sweep report's `refused:` lines (gpubench.cli.callbacks)
+# the multirun's jobs refused as bad input in this process (a grid's job prints its line and
+# returns, so one bad job does not end the sweep): search.jobs, the report's `refused:` lines
 REJECTED: list[Refusal] = []
 
 

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 def json_safe(v: Any) -> Any:
-    """NaN and inf are not JSON: stored as null (a figure that could not be measured)."""
+    """NaN and inf are not JSON: stored as null (a figure not measured)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
@@ -44,7 +44,6 @@ READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # permissions, a read-only
 
 
 def refusal(path: str | Path, e: OSError) -> str:
-    """Why `path` could not be written: read-only, or the error's own reason."""
     why = e.strerror or type(e).__name__
     if e.errno in READ_ONLY:
         return f"{path} is read-only ({why.split(' (')[0]})"
@@ -85,7 +84,6 @@ def free_space(path: Path) -> str:
 
 
 def refuse_link(path: str | Path) -> Path:
-    """`path`, unless it is a symbolic link: LinkError naming it and its target."""
     path = Path(path)
     if path.is_symlink():
         raise LinkError(errno.EEXIST, f"a symbolic link (to {os.readlink(path)}); gpubench does "
@@ -101,7 +99,7 @@ def open_own(path: str | Path, mode: str = "w", **kw):
 
 
 def read_json(path: Path) -> dict | None:
-    """The file's JSON, or None when it is missing or not (yet) valid JSON."""
+    """None when missing or not (yet) valid JSON."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -109,7 +107,7 @@ def read_json(path: Path) -> dict | None:
 
 
 def damaged(path: str | Path) -> bool:
-    """A file that is there but not a JSON object (cut short by a crash, edited by hand)."""
+    """There but not a JSON object (cut short by a crash, edited by hand)."""
     return Path(path).is_file() and not isinstance(read_json(path), dict)
 
 
@@ -125,20 +123,18 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# ------------------------------------------------------------------ links out of a folder
 # A folder gpubench was given may hold links elsewhere (`traces -> /home/me/private`): following
 # them would upload or overwrite files nobody pointed it at. Readers keep to `inside`.
 
 
 class LinkError(OSError):
-    """A path gpubench will not follow or write through: one line naming it and its target."""
+    """A path gpubench will not follow or write through."""
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}"
 
 
 def inside(path: str | Path, root: str | Path) -> bool:
-    """Whether `path`, its links followed, lies in `root` (resolved too)."""
     try:
         Path(path).resolve().relative_to(Path(root).resolve())
     except (ValueError, OSError, RuntimeError):  # outside, unreadable, or a link loop
@@ -166,7 +162,6 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
     return folder
 
 
-# ------------------------------------------------------------------ locks and retries
 # filelock's locks are fcntl.flock on POSIX: the kernel releases one when its holder ends (kill
 # -9 too), so a dead holder never blocks. filelock 4.2.12 (_unix.py) opens with O_NOFOLLOW and
 # without O_TRUNC: a link there is refused (ELOOP), a claimer that loses never empties the
@@ -174,8 +169,7 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
 
 
 def try_lock(path: str | Path, note: str = "") -> FileLock | None:
-    """`path`'s lock taken now, or None while another holds it; `note` (who holds it) is
-    written into the lock file once held. `.release()` it."""
+    """`path`'s lock, or None while another holds it; `note` (who holds it) written in."""
     def write_note(fd: int) -> None:
         os.ftruncate(fd, os.pwrite(fd, note.encode(), 0))
 
@@ -191,7 +185,7 @@ def retry(fn: Callable[[], T], attempts: int, wait_s: float,
           errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
           sleep: Callable[[float], Any] = time.sleep) -> T:
     """`fn()`, `attempts` times in all while it raises `errors`, waiting wait_s, 2 wait_s, ...
-    between (another process creating the same database collides once)."""
+    (another process creating the same database collides once)."""
     for n in range(1, attempts):
         try:
             return fn()
@@ -201,7 +195,7 @@ def retry(fn: Callable[[], T], attempts: int, wait_s: float,
 
 
 def mask_files(paths) -> None:
-    """Rewrite text files that hold a password with it masked; missing files are skipped."""
+    """Rewrite text files that hold a password with it masked."""
     for p in map(Path, paths):
         try:
             text = p.read_text()

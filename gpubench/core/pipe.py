@@ -6,8 +6,7 @@ from __future__ import annotations
 # torch.utils.data.DataLoader's prefetch_factor when it is left unset (None) with workers
 TORCH_PREFETCH_FACTOR = 2
 # a loader window spans at least this many times the batches in flight: those made before it
-# began, delivered in bursts, then weigh a third of it at most (gpubench.analysis.noise
-# queue_checks: one window of 2 batches read 1,025,764 img/s)
+# began then weigh a third of it at most (one window of 2 batches read 1,025,764 img/s)
 QUEUE_WINDOWS = 3
 
 
@@ -19,10 +18,9 @@ def batches_in_flight(num_workers: int, prefetch_factor: int | None) -> int:
 
 
 def loader_window_steps(steps: int, num_workers: int, prefetch_factor: int | None) -> int:
-    """`steps`, or QUEUE_WINDOWS times the batches in flight when more."""
     return max(steps, QUEUE_WINDOWS * batches_in_flight(num_workers, prefetch_factor))
 
 
 def serial_rate(rate: float, seconds_per_image: float) -> float:
-    """Images/s of a stage at `rate` plus `seconds_per_image` of serial work: 1/(1/rate + d)."""
+    """Images/s of a stage at `rate` plus `seconds_per_image` of serial work."""
     return 1.0 / (1.0 / rate + seconds_per_image)

@@ -11,7 +11,7 @@ NOT_EMPTY = ("a range that is not empty: range(a,b[,step]) with a < b for a posi
 
 
 def range_last(start: float, stop: float, step: float) -> float | None:
-    """The last value of `range(start, stop, step)`; None when empty or its step is 0."""
+    """None when empty or its step is 0."""
     if not step:
         return None
     n = math.ceil((stop - start) / step)

@@ -21,25 +21,21 @@ from gpubench.core.pipe import loader_window_steps
 from gpubench.core.stats import CONFIDENCE, count, finite, holding, positive
 
 RESULTS_FILE = "results.json"
-# 1: the untyped dict; 2: this record (plus schema_version, pid/host, intervals, stability)
-SCHEMA_VERSION = 2
-# the constraint of a run that ran out of memory or measured nothing: worse than any
-# over-ceiling run (peak fraction - ceiling < 1), so samplers rank it the most infeasible
+SCHEMA_VERSION = 2  # 1: the untyped dict
+# an OOM's (or a run that measured nothing): worse than any over-ceiling run (peak - ceiling
+# < 1), so samplers rank it the most infeasible
 OOM_CONSTRAINT = 1.0
 PHASE_NAMES = ("loader", "compute", "e2e")
-# the phase whose figures stand for the run: the first of these it measured
-HEADLINE_ORDER = ("e2e", "compute", "loader")
-# each phase's throughput as a top-level field of the record (its interval: the same + "_ci")
+HEADLINE_ORDER = ("e2e", "compute", "loader")  # the first measured stands for the run
+# each phase's throughput as a top-level field (its interval: the same + "_ci")
 PHASE_FIGURE = {"loader": "loader_images_per_sec", "compute": "compute_images_per_sec",
                 "e2e": "images_per_sec"}
-# set by the gpubench sweeper for its jobs: their Optuna study (the record's `study`, an MLflow
-# tag, so every worker's jobs of one search are found together)
+# the sweeper's study for its jobs (`study`, an MLflow tag: one search's jobs found together)
 STUDY_ENV = "GPUBENCH_STUDY"
-# set by the gpubench sweeper around a batch of one rung's jobs: kept as `extra["rung"]` (an
-# MLflow tag), so a report read from MLflow tells a probe or a screen from a full measurement
+# the sweeper's rung around a batch of jobs, kept as `extra["rung"]` (an MLflow tag), so a
+# report read from MLflow tells a probe or a screen from a full measurement
 RUNG_ENV = "GPUBENCH_RUNG"
-# set by sweep=pipes for its jobs: its compute pipe measures every compute bound itself, so a
-# loader-only job must not measure one again (gpubench.run.compute_bound)
+# sweep=pipes' compute pipe measures every compute bound: a loader-only job must not again
 BOUNDS_MEASURED_ENV = "GPUBENCH_BOUNDS_MEASURED"
 
 
@@ -58,7 +54,7 @@ class Word(str, Enum):
 
 
 class Rung(Word):
-    """How a sweep measured a job: RUNG_ENV, `extra["rung"]`, its tag, sweep.json, Optuna's."""
+    """How a sweep measured a job (RUNG_ENV, `extra["rung"]`, tags, sweep.json, Optuna)."""
 
     run = "run"  # not a gpubench sweeper's job: a single run or a grid sweep's job
     screen = "screen"  # a short first look at a trial (hydra.sweeper.screen.steps)
@@ -79,14 +75,14 @@ SHORT_RUNGS = tuple(r for r in Rung if r.short)
 
 
 class Status(Word):
-    running = "running"  # being measured; left by a process that died (see `stale`)
+    running = "running"  # being measured, or left by a dead process (`stale`)
     ok = "ok"
     oom = "oom"
     over_ceiling = "over_ceiling"  # measured fine, peak memory above memory.ceiling
     failed = "failed"
     killed = "killed"  # Ctrl-C, SIGTERM, or found dead (kill -9, the OOM killer)
-    # a sweep's job that refused its config as bad input and measured nothing (its one line is
-    # the error): the report names it under the ranking, never as a row of it
+    # a sweep's job that refused its config as bad input (its one line is the error): the
+    # report names it under the ranking, never as a row of it
     refused = "refused"
 
     @property
@@ -148,22 +144,22 @@ class Reason:
 
 
 class _Keys:
-    """Fields as JSON keys; unknown keys go to `extra` and back (a newer version's are kept)."""
+    """Fields as JSON keys; unknown keys (a newer version's) go to `extra` and back."""
 
     LOCAL = ("extra",)  # fields that are no keys of the file
-    DERIVED: tuple[str, ...] = ()  # keys of the file that are no fields (written, never read)
+    DERIVED: tuple[str, ...] = ()  # keys written, never read
 
     @classmethod
     def _keys(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls) if f.name not in cls.LOCAL]
 
     @classmethod
-    def from_dict(cls, d: dict, **given: Any) -> Any:  # `given`: fields read otherwise
+    def from_dict(cls, d: dict, **given: Any) -> Any:
         keys = cls._keys()
         return cls(**({k: d[k] for k in keys if k in d} | given),
                    extra={k: v for k, v in d.items() if k not in keys and k not in cls.DERIVED})
 
-    def to_dict(self, **derived: Any) -> dict:  # `derived`: fields written otherwise, or added
+    def to_dict(self, **derived: Any) -> dict:
         return {k: getattr(self, k) for k in self._keys()} | derived | self.extra
 
 
@@ -177,11 +173,9 @@ class PhaseRecord(_Keys):
     images: int = 0
     seconds: float | None = None
     images_per_sec: float | None = None
-    # 95% interval over the phase's windows (docs/guide.md); None with a single window
     images_per_sec_ci: list[float] | None = None
     images_per_sec_ci_coverage: float | None = None
     repeats: int = 1
-    # each window's own figures, in the order measured: {images, seconds, images_per_sec, ...}
     windows: list[dict] = field(default_factory=list)
     data_wait_s: float | None = None
     data_wait_fraction: float | None = None
@@ -194,7 +188,6 @@ class PhaseRecord(_Keys):
     warmup_settled: bool | None = None
     first_step_s: float | None = None
     truncated: bool = False
-    # under torchrun: each rank's own images/sec (images_per_sec is then the run's, summed)
     ranks_images_per_sec: list[float] | None = None
     telemetry: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
@@ -203,7 +196,7 @@ class PhaseRecord(_Keys):
 
 @dataclass
 class RunRecord(_Keys):
-    """A run as results.json stores it (same keys, plus `schema_version` and `objective`)."""
+    """A run as results.json stores it (plus `objective`)."""
 
     LOCAL = ("extra", "dir", "rung")
     DERIVED = ("objective",)
@@ -212,7 +205,6 @@ class RunRecord(_Keys):
     status: Status = Status.running
     error: str | None = None
     schema_version: int = SCHEMA_VERSION
-    # headline figures (e2e, loader-only, compute-only images/sec) with their 95% intervals
     images_per_sec: float | None = None
     images_per_sec_ci: list[float] | None = None
     loader_images_per_sec: float | None = None
@@ -228,7 +220,6 @@ class RunRecord(_Keys):
     step_time_p50_s: float | None = None
     step_time_p95_s: float | None = None
     data_wait_fraction: float | None = None
-    # memory: the gated peak (fraction of the device) and where it came from
     peak_memory_bytes: int | None = None
     peak_memory_fraction: float | None = None
     memory_ceiling: float = 1.0
@@ -237,7 +228,6 @@ class RunRecord(_Keys):
     torch_peak_reserved_bytes: int | None = None
     nvml_memory_used_bytes: int | None = None
     device_memory_bytes: int | None = None
-    # telemetry of the headline phase
     gpu_util_mean: float | None = None
     gpu_util_max: float | None = None
     gpu_mem_util_mean: float | None = None
@@ -262,14 +252,12 @@ class RunRecord(_Keys):
     world_size: int = 1
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
-    # who writes it: a record left `running` by a dead process is found by these
-    pid: int | None = None
+    pid: int | None = None  # with host: a record left `running` by a dead process is found
     host: str | None = None
     started_at: str | None = None
     seconds: float | None = None
-    # keys this version does not know (written by a newer one, or optional parts like profile)
     extra: dict = field(default_factory=dict, repr=False)
-    # where it was read from / is written to, and how a sweep measured it (not serialized)
+    # not serialized: where it was read from / is written to, and how a sweep measured it
     dir: Path | None = field(default=None, repr=False, compare=False)
     rung: Rung = field(default=Rung.run, repr=False, compare=False)
 
@@ -307,8 +295,7 @@ class RunRecord(_Keys):
             objective=self.objective if self.status.final else None)
 
     @property
-    def cut_short(self) -> bool:
-        """Some phase's windows were closed by bench.max_seconds (they held fewer steps)."""
+    def cut_short(self) -> bool:  # some phase's windows closed by bench.max_seconds
         return any(p.truncated for p in self.phases.values())
 
     @property
@@ -322,12 +309,12 @@ class RunRecord(_Keys):
         return self.path
 
     @property
-    def headline(self) -> PhaseRecord | None:  # e2e, else compute, else loader
+    def headline(self) -> PhaseRecord | None:
         return next((self.phases[n] for n in HEADLINE_ORDER if n in self.phases), None)
 
     @property
     def throughput(self) -> float:
-        """Images/sec: the first positive in HEADLINE_ORDER; 0.0 when none or not measured."""
+        """The first positive in HEADLINE_ORDER; 0.0 when none or not measured."""
         if not self.status.measured:
             return 0.0
         return next((float(v) for v, _ in map(self.phase_figure, HEADLINE_ORDER)
@@ -337,8 +324,8 @@ class RunRecord(_Keys):
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
 
     def phase_coverage(self, name: str) -> float | None:
-        """Phase `name`'s interval coverage (3 windows: 75%; more is named CONFIDENCE); a record
-        without it (older): CONFIDENCE, as then every interval was; None without an interval."""
+        """Phase `name`'s interval coverage (3 windows: 75%; more: CONFIDENCE); an older record
+        without it: CONFIDENCE, as then every interval was; None without an interval."""
         p = self.phases.get(name)
         if p is None:
             return CONFIDENCE if self.phase_figure(name)[1] else None
@@ -348,31 +335,27 @@ class RunRecord(_Keys):
         return CONFIDENCE if c is None else min(c, CONFIDENCE)
 
     @property
-    def coverages(self) -> list[float]:
-        """Each phase's interval coverage, of the phases with an interval, in PHASE_NAMES order."""
+    def coverages(self) -> list[float]:  # of the phases with an interval
         return [c for n in PHASE_NAMES if (c := self.phase_coverage(n)) is not None]
 
     def _throughput_phase(self) -> tuple[str | None, list[float] | None]:
-        """The first phase whose figure is `throughput` with an interval, and that interval."""
+        """The first phase whose figure is `throughput`, with an interval: (name, interval)."""
         t = self.throughput
         return next(((n, ci) for n in HEADLINE_ORDER if (f := self.phase_figure(n))[0] == t
                      and (ci := f[1])), (None, None))
 
     @property
-    def interval_coverage(self) -> float:
-        """`throughput_interval`'s coverage; CONFIDENCE without one (one window)."""
+    def interval_coverage(self) -> float:  # throughput_interval's; CONFIDENCE without one
         name = self._throughput_phase()[0]
         c = self.phase_coverage(name) if name is not None else None
         return CONFIDENCE if c is None else c
 
     @property
     def interval_label(self) -> str:
-        """Its phases' intervals' label (`75% interval`; where they differ `50-75% interval`)."""
         return interval_label_of(self.coverages)
 
     @property
     def throughput_interval(self) -> tuple[float, float]:
-        """`throughput`'s interval, widened to hold it; the figure itself with one window."""
         return holding(self._throughput_phase()[1], self.throughput)
 
     @property
@@ -398,14 +381,14 @@ class RunRecord(_Keys):
         return not Rung.of(self.rung).short
 
     def fits_under(self, reserve: float) -> bool:
-        """A probe's peak stays under ceiling x (1 - reserve), for what a longer run adds."""
+        """A probe's peak under ceiling x (1 - reserve): room for what a longer run adds."""
         if not self.status.measured:
             return False
         if not finite(self.peak_memory_fraction):
             return self.status is Status.ok
         return self.peak_memory_fraction <= self.memory_ceiling * (1.0 - reserve)
 
-    def knob(self, dotted: str) -> Any:  # a config value by its dotted key; None when absent
+    def knob(self, dotted: str) -> Any:  # None when absent
         node: Any = self.config
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else None
@@ -413,15 +396,14 @@ class RunRecord(_Keys):
 
     @property
     def stale(self) -> bool:
-        """Left `running` by a process gone from this host (kill -9, the OOM killer, a full
-        disk); never for a final record, another host's, or one without a pid."""
+        """Left `running` by a process gone from this host (kill -9, OOM killer, full disk)."""
         if self.status is not Status.running or not self.pid:
             return False
         return process_alive(self.host, int(self.pid)) is False
 
     @property
     def complete(self) -> bool:
-        """Every phase its config asks for saved with all its windows (final status or not)."""
+        """Every phase its config asks for saved with all its windows."""
         bench = (self.config or {}).get("bench") or {}
         try:
             windows = window_plan(bench.get("steps") or 1, bench.get("repeats") or 1)[0]
@@ -432,11 +414,11 @@ class RunRecord(_Keys):
 
     @property
     def memory_of(self) -> str:
-        """What peak_memory_fraction is a fraction of: host RAM where it read RSS (a CPU run)."""
+        """What peak_memory_fraction is of: host RAM where it read RSS (a CPU run)."""
         return "host RAM" if self.memory_source == "host_rss" else "the device"
 
     def finish(self, status: Status, error: str | None) -> None:
-        """The final status: ok above the memory ceiling is over_ceiling (measured, infeasible)."""
+        """ok above the memory ceiling is over_ceiling (measured, infeasible)."""
         frac = self.peak_memory_fraction
         if status is Status.ok and finite(frac) and frac > self.memory_ceiling:
             status = Status.over_ceiling
@@ -445,7 +427,7 @@ class RunRecord(_Keys):
         self.status, self.error = status, error
 
     def mark_dead(self) -> None:
-        """A `stale` record: kept as measured when `complete`, else killed (the caller saves)."""
+        """A `stale` record: kept when `complete`, else killed (the caller saves)."""
         if self.complete:
             return self.recover(f"process {self.pid} on {self.host} ended before its final status")
         self.status = Status.killed
@@ -453,9 +435,8 @@ class RunRecord(_Keys):
                                     "status (killed: kill -9 or out of host memory)")
 
     def recover(self, why: str) -> None:
-        """A complete record without its final status, kept as ok: no verdict (it needs the
-        run's settings), its checks marked not run."""
-        for name, attr in PHASE_FIGURE.items():  # figures an older runner left to the summary
+        """Kept as ok: no verdict (it needs the run's settings), its checks marked not run."""
+        for name, attr in PHASE_FIGURE.items():  # an older runner left these to the summary
             if (p := self.phases.get(name)) is not None and getattr(self, attr) is None:
                 setattr(self, attr, p.images_per_sec)
                 setattr(self, attr + "_ci", p.images_per_sec_ci)
@@ -468,19 +449,17 @@ class RunRecord(_Keys):
 
 
 def window_plan(steps: int, repeats: int) -> tuple[int, int]:
-    """(windows, steps per window) of a phase: at most a window a step, split evenly, rounded up."""
+    """(windows, steps per window): at most a window a step, split evenly, rounded up."""
     windows = max(1, min(int(repeats), int(steps)))
     return windows, max(1, -(-int(steps) // windows))
 
 
 def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
-    """`6 windows of 4 steps`, `6 windows of at least 4 steps and 2 s` (bench.min_window_s as
-    resolved, `min_s`): how every text names a window plan."""
+    """`6 windows of 4 steps`, `... of at least 4 steps and 2 s`: every text's window plan."""
     return f"{count(windows, 'window')} of {window_text(per_window, min_s)}"
 
 
 def window_text(steps: int, min_s: Any = 0) -> str:
-    """One window's length: `4 steps`, `at least 4 steps and 2 s` (windows_of's)."""
     if isinstance(min_s, (int, float)) and min_s > 0:
         return f"at least {count(steps, 'step')} and {min_s:g} s"
     return count(steps, "step")
@@ -501,9 +480,7 @@ def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Longer:
-    """A "measure longer"'s overrides, written as the command line takes them (None: not set):
-    bench.min_window_s where windows were too short to judge, bench.max_seconds where the cap
-    cut the run short or would cut the new windows."""
+    """A "measure longer"'s overrides as the command line takes them (None: not set)."""
 
     steps: int | None
     repeats: int | None
@@ -519,14 +496,12 @@ class Longer:
         return " ".join([f"bench.steps={self.steps} bench.repeats={self.repeats}", *more])
 
 
-# how a run was measured that makes it another measurement (its window plan and caps): the
-# keys a "measure longer" sets
+# how a run was measured (window plan, caps): runs apart in these are other measurements
 PLAN_KEYS = tuple(f"bench.{f.name}" for f in dataclasses.fields(Longer))
 
 
 def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
-    """A record's `bench` config, bench.steps and bench.repeats (None, None unless both are
-    positive integers: a record written before its config was complete)."""
+    """(`bench`, steps, repeats); None, None unless both positive ints (an early record)."""
     b = ((rec.config if rec is not None else None) or {}).get("bench") or {}
     steps, repeats = b.get("steps"), b.get("repeats")
     if isinstance(steps, int) and isinstance(repeats, int) and steps >= 1 and repeats >= 1:
@@ -540,10 +515,9 @@ CAP_HEADROOM = 1.5
 
 
 def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
-    """Every "measure longer" of run `rec` (advice, the verdict's `would decide`, the report,
-    recommended.yaml): `plan` (steps, repeats), by default longer_plan's; where bench.max_seconds
-    would cut those steps short, the cap they need at the pace each phase ran (more steps alone
-    are cut at the same cap again)."""
+    """Every "measure longer" of run `rec` (advice, verdict, report, recommended.yaml): `plan`
+    (steps, repeats), by default longer_plan's; where bench.max_seconds would cut those steps
+    short, the cap they need at the pace each phase ran (more steps alone are cut again)."""
     b, steps, repeats = bench_of(rec)
     if steps is None:
         return Longer(None, None)
@@ -577,7 +551,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     # every phase, not only a cut one: a run inside its cap can need more for the longer plan
     # (the default run's first "measure longer" was cut short at 60 s when followed)
     need = max((paced(n, p) for n, p in rec.phases.items() if p.truncated or p.steps and p.seconds),
-               default=cap * new_steps / steps if rec.cut_short else 0.0) * CAP_HEADROOM
+               default=0.0) * CAP_HEADROOM  # a cut_short run has a truncated phase here
     # each window lasts at least bench.min_window_s and at most bench.max_seconds / bench.repeats
     # (settings refuses a least window above it): more windows need a cap that holds them
     least = min_window if min_window is not None else b.get("min_window_s")
@@ -588,9 +562,8 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
 
 
 def interval_label_of(coverages: Iterable[float]) -> str:
-    """The label of intervals of these coverages: '95% interval', or where they differ (a table
-    or axis of several runs) their span, '75-95% interval'; none (no run had an interval): a
-    column or axis of single figures claims no coverage."""
+    """'95% interval', or where they differ (a table of several runs) '75-95% interval'; none:
+    a column of single figures claims no coverage."""
     pct = sorted({round(100 * c) for c in coverages})
     if not pct:
         return "interval"
@@ -598,7 +571,7 @@ def interval_label_of(coverages: Iterable[float]) -> str:
 
 
 def process_alive(host: str | None, pid: int) -> bool | None:
-    """Whether process `pid` of `host` exists; None when that cannot be told from here."""
+    """Whether process `pid` of `host` exists; None when not tellable from here."""
     if not host or host != socket.gethostname():
         return None
     try:
@@ -611,7 +584,7 @@ def process_alive(host: str | None, pid: int) -> bool | None:
 
 
 def load(run_dir: str | Path, rung: Rung | str | None = None) -> RunRecord | None:
-    """The record in `run_dir` (or the path to its results.json); None when unreadable."""
+    """The record in `run_dir` (or at its results.json); None when unreadable."""
     p = Path(run_dir)
     p = p.parent if p.name == RESULTS_FILE else p
     d = read_json(p / RESULTS_FILE)
@@ -627,8 +600,8 @@ STORE_DIRS = ("mlartifacts", "mlruns")
 
 
 def find_runs(root: str | Path) -> list[Path]:
-    """Run folders under `root` (holding a results.json), in a stable order; MLflow's artifact
-    stores (STORE_DIRS: uploaded copies, not runs) and hidden folders are never entered."""
+    """Run folders under `root`, in a stable order; MLflow's artifact stores (uploaded copies,
+    not runs) and hidden folders are never entered."""
     found = []
     for dirpath, dirnames, files in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in STORE_DIRS and not d.startswith("."))

@@ -22,7 +22,7 @@ _QUERY = re.compile(
 
 
 def mask_secrets(obj):
-    """`obj` (a string, or a JSON-like tree's strings) with every URL password masked."""
+    """`obj` (a string, or a JSON-like tree's strings) with URL passwords masked."""
     if isinstance(obj, dict):
         return {k: mask_secrets(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -33,7 +33,6 @@ def mask_secrets(obj):
 
 
 def say(text: str, level: str = "warning") -> None:
-    """One masked `gpubench: warning: ...` (or error) line on stderr."""
     print(mask_secrets(f"gpubench: {level}: {text}"), file=sys.stderr, flush=True)
 
 

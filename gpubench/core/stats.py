@@ -1,6 +1,6 @@
-"""Arithmetic on measured times (no torch): a window's figures, windows pooled into a phase with
-an interval, warm-up settling. Windows of steps are the units (steps come in bursts); with 4-10
-of them the median's distribution-free interval is the one to trust (docs/guide.md, "Intervals")."""
+"""Arithmetic on measured times (no torch). Windows of steps are the units (steps come in
+bursts); with 4-10 of them the median's distribution-free interval is the one to trust
+(docs/guide.md, "Intervals")."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def median(xs: list[float]) -> float:
-    """The one median of gpubench (steps, windows, pooled runs, workers); NaN for no values."""
+    """The one median of gpubench; NaN for no values."""
     return percentile(xs, 50)
 
 
@@ -49,23 +49,23 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
 
 
 def holding(ci, value: float) -> tuple[float, float]:
-    """An interval (lo, hi, ...) widened to hold its figure ((value, value) without one): a
-    figure is not always its interval's statistic, and "x [lo-hi]" with x outside reads wrong."""
+    """An interval (lo, hi, ...) widened to hold its figure ((value, value) without one): "x
+    [lo-hi]" with x outside reads wrong."""
     if ci is None:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
 
 
-# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of the
-# span, the figure within 5 points of a core; telemetry.monitor)
+# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of
+# the span, the figure within 5 points of a core)
 TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 MIN_CPU_SPAN_S = 20 * TICK_S
-# the sampler's figures that are such shares (telemetry.monitor.Sample), rates over an interval
+# the sampler's figures that are such shares (telemetry.monitor.Sample)
 CPU_SHARES = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
 
 
 def figure(v: float, spec: str = "") -> str:
-    """A figure in `spec`, else without decimals from 100 up and with one below (812, 41.5)."""
+    """In `spec`, else without decimals from 100 up and with one below (812, 41.5)."""
     return format(v, spec or (".0f" if abs(v) >= 100 else ".1f"))
 
 
@@ -76,7 +76,7 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Est:
-    """A measured figure in its interval (lo == hi: no spread measured), as `812 [790-840]`."""
+    """A measured figure in its interval (lo == hi: no spread), as `812 [790-840]`."""
 
     value: float
     lo: float
@@ -93,7 +93,7 @@ class Est:
         return cls(float(x), *holding(ci, float(x)))
 
     @classmethod
-    def median_of(cls, values: list[float]) -> Est:  # exact with fewer than two values
+    def median_of(cls, values: list[float]) -> Est:
         m = median(values)
         return cls(m, *holding(median_interval(values), m))
 
@@ -105,8 +105,7 @@ class Est:
 
     @classmethod
     def envelope(cls, ests: list[Est]) -> Est:
-        """Measurements of one bound: the median figure in the widest interval (never tighter
-        than any one says)."""
+        """Measurements of one bound: the median figure in the widest interval."""
         return cls(median([e.value for e in ests]), min(e.lo for e in ests),
                    max(e.hi for e in ests))
 
@@ -124,12 +123,12 @@ class Est:
 
 
 def spread(xs: list[float]) -> tuple[float, float]:
-    """(mean, std/mean) of step times; NaN where there are none (or the mean is not > 0)."""
+    """(mean, std/mean); NaN where there are none (or the mean is not > 0)."""
     if not xs:
         return math.nan, math.nan
     mean = statistics.fmean(xs)
     # not statistics.pstdev: exact fractions (slow at every window's close), and it raises on
-    # a NaN or inf step time, which must read NaN here
+    # a NaN or inf, which must read NaN here
     std = math.sqrt(statistics.fmean((t - mean) ** 2 for t in xs))
     return mean, std / mean if mean > 0 else math.nan
 
@@ -157,7 +156,7 @@ class WindowStats:
     warmup_settled: bool | None = None
     step_times_s: list[float] = field(default_factory=list)
     warmup_step_times_s: list[float] = field(default_factory=list)
-    ranks_images_per_sec: list[float] | None = None  # under torchrun (PhaseRecord's)
+    ranks_images_per_sec: list[float] | None = None  # under torchrun
     # the device's wait for the host between steps, its time on the work (CUDA events or clock)
     device_idle_s: float | None = None
     device_work_s: float | None = None
@@ -187,20 +186,17 @@ def stats_from(phase: str, batch_size: int, images: int, step_times: list[float]
         warmup_settled=warmup_settled, step_times_s=step_times, warmup_step_times_s=warmup_times)
 
 
-# ---------------------------------------------------------------- warm-up
-
 # warm-up has settled when the mean of the last SETTLE_K step times is within SETTLE_TOLERANCE
 # of the SETTLE_K before them (means: a DataLoader's bursts keep single steps unalike)
 SETTLE_K = 4
 SETTLE_TOLERANCE = 0.15
 # steps after the first that warm-up always runs, whatever its cap: the first holds lazy init,
-# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels' first runs
-# come in the next ones
+# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels come next
 MIN_AFTER_FIRST = 2
 
 
 def settled(times: list[float], k: int = SETTLE_K, tol: float = SETTLE_TOLERANCE) -> bool:
-    """Whether warm-up step times (the first excluded) have reached a steady level."""
+    """Whether warm-up step times (the first excluded) reached a steady level."""
     body = times[1:]
     if len(body) < 2 * k:
         return False
@@ -225,8 +221,6 @@ def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -
     return max(steps, need)
 
 
-# ---------------------------------------------------------------- windows pooled into a phase
-
 # each window's own figures a phase keeps (PhaseRecord.windows)
 WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
                "data_wait_fraction", "ranks_images_per_sec")
@@ -238,8 +232,7 @@ def _share(parts: list, total: float) -> float | None:
 
 
 def pool(windows: list[WindowStats]) -> dict:
-    """A phase's figures: the windows' median throughput and its interval; step-time
-    percentiles over all steps; data wait over all windows' time."""
+    """A phase's figures: the windows' median throughput; step times over all their steps."""
     first = windows[0]
     ips = [w.images_per_sec for w in windows]
     steps = [t for w in windows for t in w.step_times_s]
@@ -269,12 +262,10 @@ def pool(windows: list[WindowStats]) -> dict:
     }
 
 
-# ---------------------------------------------------------------- figures rounded to their interval
-
 def supported_place(value: float, ci) -> int | None:
-    """The place (10**place) of the first digit of `value` that `ci` leaves uncertain, the rule
-    of every figure logged beside its interval: +-5% keeps 3 figures (812.3 [771.7-852.9] -> 812
-    [772-853]), +-0.5% 4, +-50% 2, never fewer than 1; None without an interval."""
+    """The place (10**place) of `value`'s first digit `ci` leaves uncertain: +-5% keeps 3
+    figures (812.3 [771.7-852.9] -> 812 [772-853]), +-0.5% 4, +-50% 2, never fewer than 1;
+    None without an interval."""
     if ci is None or len(ci) < 2 or not all(finite(x) for x in (value, ci[0], ci[1])):
         return None
     half = abs(float(ci[1]) - float(ci[0])) / 2
@@ -291,13 +282,12 @@ def round_at(x: float, place: int | None) -> float:  # unchanged for no place
 
 
 def outward(ci, place: int | None) -> list[float]:
-    """An interval's ends rounded away from its middle to 10**place: the rounded interval still
-    holds the measured one (to nearest, 894-1329 read 900-1300)."""
+    """An interval's ends rounded away from its middle to 10**place, so it still holds the
+    measured one (to nearest, 894-1329 read 900-1300)."""
     if place is None or not all(finite(x) for x in ci):
         return list(ci)
-    q = 10.0 ** place
-    return [round(math.floor(ci[0] / q) * q, max(0, -place)),
-            round(math.ceil(ci[1] / q) * q, max(0, -place))]
+    q, digits = 10.0 ** place, max(0, -place)
+    return [round(math.floor(ci[0] / q) * q, digits), round(math.ceil(ci[1] / q) * q, digits)]
 
 
 def text_at(x: float, place: int | None, default: str = ".1f") -> str:
@@ -308,8 +298,7 @@ def text_at(x: float, place: int | None, default: str = ".1f") -> str:
 
 
 def finite_number(v) -> float | None:
-    """`v` as a float when a finite int or float (a bool is no figure), else None: every
-    reader's test of "was this measured"."""
+    """`v` as a float when a finite int or float (a bool is no figure), else None."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
     return None
@@ -320,5 +309,4 @@ def finite(x) -> bool:
 
 
 def positive(x) -> bool:
-    """A measured figure: finite and above zero (not None, NaN or a bool)."""
     return finite(x) and x > 0

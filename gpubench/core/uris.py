@@ -20,8 +20,7 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def same_store(a: str | None, b: str | None) -> bool:
-    """Whether two tracking URIs name one store: without `user:password@` (read back, it is
-    masked), the host's case folded."""
+    """Two tracking URIs name one store: `user:password@` (read back masked) and case aside."""
     if not a or not b:
         return False
 
