@@ -94,7 +94,6 @@ def page(experiment_id: str, run_id: str | None = None) -> str:
 
 
 def tag_values(tags: dict) -> dict[str, str]:
-    """Tags as MLflow takes them: set ones only, masked, within its length limit."""
     return {k: mask_secrets(str(v))[:MAX_TAG_VALUE] for k, v in tags.items()
             if v not in (None, "")}
 
