@@ -18,7 +18,7 @@ import yaml
 
 from gpubench.core import record
 from gpubench.core.files import damaged, inside, refusal
-from gpubench.core.record import RESULTS_FILE, RunRecord, process_alive
+from gpubench.core.record import RESULTS_FILE, RunRecord, Word, process_alive
 from gpubench.core.secrets import error_text, mask_secrets, say
 from gpubench.core.stats import count
 from gpubench.core.uris import same_store
@@ -52,47 +52,58 @@ def _in_store(info: dict, uri: str, experiment: str) -> bool:
         info.get("experiment") == experiment
 
 
-# what sync does with one run folder (_triage): its key in sync()'s counts (a todo counts once
-# uploaded). `elsewhere`: recorded for another store, shown, never followed; `orphan`: uploaded,
-# but not under its sweep's parent
-COUNTED = {"skipped": "skipped", "failed": "failed", "elsewhere": "skipped", "todo": None,
-           "orphan": "present", "present": "present"}
+class Triage(Word):
+    """What sync does with one run folder (_triage)."""
+
+    skipped = "skipped"
+    failed = "failed"
+    elsewhere = "elsewhere"  # recorded for another store: shown, never followed
+    todo = "todo"
+    orphan = "orphan"  # uploaded, but not under its sweep's parent
+    present = "present"
+
+    @property
+    def counted(self) -> str | None:  # its key in sync()'s counts; a todo counts once uploaded
+        return {Triage.elsewhere: "skipped", Triage.orphan: "present", Triage.todo: None}.get(
+            self, self.value)
 
 
-def _triage(run_dir: Path, uri: str | None, experiment: str | None, out) -> tuple[str, object]:
+def _triage(run_dir: Path, uri: str | None, experiment: str | None, out
+            ) -> tuple[Triage, object]:
     """(outcome, detail) for one run folder: `skipped`: why; `elsewhere`: the store it names;
     `todo`, `present`, `orphan` (not under its sweep's parent): ((store, experiment), record)."""
     if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
-        return "skipped", f"its {RESULTS_FILE} is a link out of the run folder"
+        return Triage.skipped, f"its {RESULTS_FILE} is a link out of the run folder"
     rec = record.load(run_dir)
     if rec is None and damaged(run_dir / RESULTS_FILE):
         say(f"{run_dir / RESULTS_FILE} is damaged (not valid JSON): not uploaded, left as it is")
-        return "failed", None
+        return Triage.failed, None
     if rec is not None and rec.stale:
         rec.mark_dead()
         try:
             rec.save()
         except OSError as e:  # a read-only folder: the record stays as the run left it
             say(f"{refusal(rec.path, e)}: not marked {rec.status} nor uploaded", "error")
-            return "failed", None
+            return Triage.failed, None
         print(f"marked {run_dir} {rec.status}: its process is gone", file=out)
     if rec is None or not rec.run_uid or not rec.status.final:
-        return "skipped", "no final status (still running, or unreadable)"
+        return Triage.skipped, "no final status (still running, or unreadable)"
     marker, tcfg = runs.read(run_dir / runs.MARKER_FILE), rec.config.get("tracking") or {}
     if not marker and rec.pid and process_alive(rec.host, int(rec.pid)):
         # its own process lives (a job of a running sweep): it uploads the run itself
-        return "skipped", f"its process {rec.pid} is alive and uploads it"
+        return Triage.skipped, f"its process {rec.pid} is alive and uploads it"
     if uri is None and tcfg.get("backend") == "none":
         # it named no store (its tracking.uri was never used nor checked): `--uri` uploads it
-        return "skipped", "run with tracking=none (--uri uploads it)"
+        return Triage.skipped, "run with tracking=none (--uri uploads it)"
     dest = uri or _run_default_uri(run_dir)
     recorded = marker.get("tracking_uri") or tcfg.get("uri")
     if uri is None and recorded and not same_store(recorded, dest):
-        return "elsewhere", recorded  # shown, never followed (see the module's doc)
+        return Triage.elsewhere, recorded  # shown, never followed (see the module's doc)
     name = experiment or marker.get("experiment") or tcfg.get("experiment") or "gpubench"
     if not _in_store(marker, dest, name):
-        return "todo", ((dest, name), rec)
-    return "orphan" if _orphan(run_dir, marker, dest, name) else "present", ((dest, name), rec)
+        return Triage.todo, ((dest, name), rec)
+    return (Triage.orphan if _orphan(run_dir, marker, dest, name) else Triage.present), (
+        (dest, name), rec)
 
 
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
@@ -107,15 +118,16 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
     found = [d for d in record.find_runs(Path(root)) if not in_artifact_store(d)]
     for run_dir in found:
         outcome, detail = _triage(run_dir, uri, experiment, out)
-        if outcome == "skipped":
+        if outcome is Triage.skipped:
             print(f"skip {run_dir}: {detail}", file=out)
-        elif outcome == "elsewhere":
+        elif outcome is Triage.elsewhere:
             shown = next((k for k in elsewhere if same_store(k, detail)), mask_secrets(str(detail)))
             elsewhere[shown] = elsewhere.get(shown, 0) + 1
-        elif outcome in ("todo", "orphan"):
-            (todo if outcome == "todo" else orphans).setdefault(detail[0], []).append(detail[1])
-        if COUNTED[outcome] is not None:
-            counts[COUNTED[outcome]] += 1
+        elif outcome in (Triage.todo, Triage.orphan):
+            (todo if outcome is Triage.todo else orphans).setdefault(detail[0], []).append(
+                detail[1])
+        if outcome.counted is not None:
+            counts[outcome.counted] += 1
     for shown, n in elsewhere.items():
         problem = uri_problem(shown)  # a file store MLflow 3 refuses: say what to use instead
         print(f"skip {count(n, 'run')} recorded for {shown}: a store named in a run folder is not "
