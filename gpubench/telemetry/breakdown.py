@@ -106,8 +106,7 @@ def _device(events: list[dict], ranges: dict, lo: float, n: int) -> dict:
 def lines(b: dict) -> list[str]:
     """The breakdown as a few printable lines (milliseconds per step)."""
     def ms(k: str) -> str:
-        v = b.get(k)
-        return "-" if v is None else f"{v * 1000:.2f}"
+        return "-" if b.get(k) is None else f"{b[k] * 1000:.2f}"
 
     host = ", ".join(f"{p} {ms(p + '_s')}" for p in HOST_PARTS if b.get(p + "_s") is not None)
     out = [f"profiled step {ms('step_s')} ms ({b['steps']} steps): host {host}, "

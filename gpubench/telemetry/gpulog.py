@@ -92,11 +92,10 @@ class GpuLog:
     def _gpu_row(self, v: dict) -> dict:
         """The row from the sampler's field reads `v`, then clocks, throttle reasons, GPM."""
         nv, h = self.gpu.nv, self.gpu.handle
-        mib = {k: v[k] // MIB for k in ("gpu_mem_used", "gpu_mem_free") if k in v}
         row: dict = {"utilization.gpu [%]": int(v["gpu_util"]) if "gpu_util" in v else None,
                      "utilization.memory [%]": int(v["mem_util"]) if "mem_util" in v else None,
-                     "memory.used [MiB]": mib.get("gpu_mem_used"),
-                     "memory.free [MiB]": mib.get("gpu_mem_free"),
+                     "memory.used [MiB]": v["gpu_mem_used"] // MIB if "gpu_mem_used" in v else None,
+                     "memory.free [MiB]": v["gpu_mem_free"] // MIB if "gpu_mem_free" in v else None,
                      "power.draw [W]": v.get("power_w")}
         if not self.gpu.mig:  # whole-GPU figures: other tenants' included on a MIG instance
             # "clocks event reasons" in newer NVML, the old name an alias

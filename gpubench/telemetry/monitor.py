@@ -46,11 +46,6 @@ class Sample:
     dt: float = 0.0  # the seconds its CPU figures cover: since the processes were last read
 
 
-# CPU figures are rates over the interval since the last reading (psutil's cpu_percent): their
-# mean weighs each by its interval (CPU time over wall time), as a reading a few ms after the one
-# before is off by up to a clock tick (10 ms) per process: under MIN_CPU_SPAN_S, no figure.
-
-
 def _busy_total(t) -> tuple[float, float]:
     """Host CPU seconds (busy, total) as psutil splits them (_cpu_busy_time): idle and iowait
     are not busy; Linux counts guest time inside user, so it leaves the total."""
@@ -69,6 +64,9 @@ class MonitorSummary:
     nvml_dropped: int = 0  # samples whose averaged NVML readings were dropped (drop_straddling)
 
     def mean(self, name: str) -> float | None:
+        # CPU figures are rates since the last reading (psutil's cpu_percent): weighed by their
+        # interval, as one a few ms after the last is off by up to a clock tick (10 ms) per
+        # process; under MIN_CPU_SPAN_S in all, no figure
         v = [(x, s.dt if name in CPU_SHARES else 1.0) for s in self.samples
              if (x := getattr(s, name)) is not None]
         total = sum(w for _, w in v)
@@ -128,9 +126,7 @@ class MonitorSummary:
 def drop_straddling(samples: list[Sample], t0: float) -> int:
     """Blank readings under NVML_AVERAGING_S after `t0` (they average the phase before)."""
     dropped = 0
-    for s in samples:
-        if s.t - t0 >= nvml.NVML_AVERAGING_S:
-            continue
+    for s in (s for s in samples if s.t - t0 < nvml.NVML_AVERAGING_S):
         power = ("power_w",) if s.power_source == nvml.POWER_AVERAGE else ()
         names = nvml.AVERAGED_FIELDS + power
         if any(getattr(s, n) is not None for n in names):
@@ -192,8 +188,8 @@ class Monitor:
         return "no NVIDIA GPU in use: GPU utilization/power absent; host CPU and RSS reported"
 
     def _processes(self, fresh: bool = False) -> list[psutil.Process]:
-        gone = any(not p.is_running() for p in self._procs.values())
-        if fresh or gone or time.monotonic() - self._listed_at > self.LIST_EVERY_S:
+        if fresh or any(not p.is_running() for p in self._procs.values()) or \
+                time.monotonic() - self._listed_at > self.LIST_EVERY_S:
             current = [self.proc]
             for pid in set(self.worker_pids()):
                 try:
@@ -237,9 +233,8 @@ class Monitor:
 
     def _host_cpu(self) -> float:
         """The host's busy share (% of all cores) since this monitor's last reading, whichever
-        thread took it: psutil.cpu_percent(None) keeps one baseline per calling thread, so a
-        window opened on the main thread and read on the sampler's counted from the sampler's
-        last reading, maybe the window before."""
+        thread took it: psutil.cpu_percent(None)'s baseline is per thread (a window opened on the
+        main thread and read on the sampler's counted from the sampler's last reading)."""
         (b0, t0), now = _busy_total(self._host_at), psutil.cpu_times()
         (b1, t1), self._host_at = _busy_total(now), now
         return min(100.0, max(0.0, 100.0 * (b1 - b0) / (t1 - t0))) if t1 > t0 else 0.0

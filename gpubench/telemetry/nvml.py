@@ -109,7 +109,6 @@ def read_power(nv, handle) -> tuple[float, str]:
 
 
 def or_none(nv, fn):
-    """fn()'s reading, or None where NVML has none."""
     try:
         return fn()
     except nv.NVMLError:

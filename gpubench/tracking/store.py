@@ -42,8 +42,7 @@ class TrackingUnavailable(RuntimeError):
 
 def default_uri(cwd: str | Path | None = None) -> str:
     """The embedded store: sqlite under <cwd>/outputs, no server needed."""
-    db = Path(cwd or Path.cwd()).resolve() / "outputs" / "mlflow.db"
-    return f"{SQLITE_PREFIX}{db}"
+    return f"{SQLITE_PREFIX}{Path(cwd or Path.cwd()).resolve() / 'outputs' / 'mlflow.db'}"
 
 
 def resolve_uri(uri: str | None) -> str:

@@ -94,7 +94,6 @@ def page(experiment_id: str, run_id: str | None = None) -> str:
 
 
 def tag_values(tags: dict) -> dict[str, str]:
-    """Tags as MLflow takes them: set ones only, masked, within its length limit."""
     return {k: mask_secrets(str(v))[:MAX_TAG_VALUE] for k, v in tags.items()
             if v not in (None, "")}
 
@@ -169,8 +168,7 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
     times = [x["t"] for s in rec.series.values() for x in s.get("telemetry", []) if "t" in x]
     t0 = min(times) if times else 0.0
     for phase, s in rec.series.items():
-        ph = rec.phases.get(phase)
-        bs = ph.batch_size if ph else None
+        bs = getattr(rec.phases.get(phase), "batch_size", None)
         steps = [*s.get("warmup_step_times_s", []), *s.get("step_times_s", [])]
         for i, dt in enumerate(steps):
             add(f"{phase}/step_time_s", dt, i)
@@ -283,8 +281,7 @@ def describe(rec: RunRecord, run_id: str | None = None, picture: bool = False) -
             value = "-" if _number(ph.images_per_sec) is None else text_at(ph.images_per_sec, at)
             interval = (f"{text_at(ci[0], at)} - {text_at(ci[1], at)}"
                         if len(ci) == 2 and _number(ci[0]) and _number(ci[1]) else "-")
-            wait = ph.data_wait_fraction
-            wait = "-" if _number(wait) is None else format(wait, ".0%")
+            wait = "-" if _number(ph.data_wait_fraction) is None else f"{ph.data_wait_fraction:.0%}"
             rows.append(f"| {name} | {value} | {interval} | {wait} |")
         if len(rows) > 3:
             lines += rows
