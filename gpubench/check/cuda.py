@@ -72,10 +72,13 @@ def memory(nv, handle, index: int) -> Judgement:
     before = (torch.cuda.memory_reserved(index), int(info.used))
     block = torch.empty(ALLOC_BYTES, dtype=torch.uint8, device="cuda")  # one cudaMalloc'd segment
     torch.cuda.synchronize()
-    after = (torch.cuda.memory_reserved(index), int(nv.nvmlDeviceGetMemoryInfo(handle).used))
+    reserved, info = torch.cuda.memory_reserved(index), or_none(
+        nv, lambda: nv.nvmlDeviceGetMemoryInfo(handle))
     del block
     torch.cuda.empty_cache()
-    return rules.memory((before[0], after[0]), (before[1], after[1]))
+    if info is None:  # the reading after failed: skipped as the one before would be
+        return skipped("memory", "NVML gave no memory reading")
+    return rules.memory((before[0], reserved), (before[1], int(info.used)))
 
 
 def _matmul_rate(dtype: torch.dtype, n: int = 8192) -> float:
