@@ -23,8 +23,8 @@ SKIP_PREFIX = "dataset.on_corrupt=skip: "
 
 
 class WorkerError(Exception):
-    """An error a DataLoader worker raises, re-raised by torch in the main process with the
-    worker's whole traceback as its text: str() keeps the last line holding one of PREFIXES."""
+    """torch re-raises a worker's error with its whole traceback as text: str() keeps the last
+    line holding one of PREFIXES."""
 
     PREFIXES: tuple[str, ...] = ()
 
@@ -58,7 +58,7 @@ SUBSTITUTE_HOP = 1_000_003
 
 
 class Substituted(tuple):
-    """A sample standing in for `skipped` ones that did not decode (read in the worker)."""
+    """A sample standing in for `skipped` ones that did not decode."""
 
     skipped: int = 0
 
@@ -70,7 +70,7 @@ def substitute_order(i: int, n: int, tries: int) -> list[int]:
 
 
 class TensorImages(Dataset):
-    """uint8 images in one tensor (CIFAR, a preload cache, a synthetic pool), then transformed."""
+    """uint8 images in one tensor (CIFAR, a preload cache, a synthetic pool), transformed."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
         self.images, self.labels, self.transform = images, labels, transform
@@ -83,8 +83,7 @@ class TensorImages(Dataset):
 
 
 def synthetic(n: int, size: int, num_classes: int, transform, seed: int) -> TensorImages:
-    """A pool of random uint8 images made once on the host, transformed like decoded ones."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # random uint8 images, transformed as decoded ones
     images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
     return TensorImages(images, torch.randint(0, num_classes, (n,), generator=g), transform)
 
@@ -96,7 +95,7 @@ CYCLED_EPOCH = 1_000_000
 
 
 class Cycled(Dataset):
-    """A pool of samples seen as one epoch of `length`: sample i is pool[i % len(pool)]."""
+    """A pool seen as one epoch of `length`."""
 
     def __init__(self, pool: Dataset, length: int):
         self.pool, self.length, self.n = pool, length, len(pool)
@@ -127,9 +126,8 @@ def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
 
 
 class ImageFiles(Dataset):
-    """(source, label) samples, a source a file's path or JPEG bytes (fake_jpeg), decoded with
-    PIL, or (raw) handed on as (bytes, label, name) for device decode. One that fails to decode
-    is replaced and counted (on_corrupt=skip) or stops the run naming it (on_corrupt=fail)."""
+    """(path or JPEG bytes, label) samples decoded with PIL, or (raw) handed on as (bytes, label,
+    name) for device decode; one that fails is replaced (on_corrupt=skip) or named (fail)."""
 
     def __init__(self, samples: list[tuple[str | bytes, int]], transform, on_corrupt: str,
                  raw=False):
@@ -174,8 +172,8 @@ class ImageFiles(Dataset):
 
 
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """(path, class index) of every image under root/<class>/ as torchvision's ImageFolder
-    finds them; hidden folders are not classes."""
+    """(path, class index) of every image under root/<class>/ (torchvision's ImageFolder rules);
+    hidden folders are not classes."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     if not root.is_dir():
@@ -206,8 +204,9 @@ CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 
 
 def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """The training split as (uint8 [N,3,32,32], int64 labels [N], class names), from `root`
-    or its cifar-10-batches-py/ (torchvision's convention)."""
+    """The training split (uint8 [N,3,32,32], int64 labels, class names) from `root` or its
+    cifar-10-batches-py/."""
+
     import numpy as np
 
     def error(what: str) -> ConfigError:
