@@ -1,6 +1,5 @@
 """Datasets, each through a real transform path (the loader phase costs what a training job's
-data side does): random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files on
-disk (imagefolder, cifar10); and what happens to a sample that does not decode."""
+does): synthetic pools, fake_jpeg bytes, imagefolder, cifar10; and samples that do not decode."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ SKIP_PREFIX = "dataset.on_corrupt=skip: "
 
 
 class WorkerError(Exception):
-    """torch re-raises a worker's error with its whole traceback as text: str() keeps the last
-    line holding one of PREFIXES."""
+    """torch re-raises a worker's error with its traceback as text: str() keeps its last line."""
 
     PREFIXES: tuple[str, ...] = ()
 
@@ -49,9 +47,8 @@ def nothing_decodes(tried: int, path: str, why: object) -> CorruptImage:
                         f"{path}: {why}); dataset.root must hold decodable images")
 
 
-# With on_corrupt=skip a sample that does not decode is replaced by another, so batches keep
-# their size (a smaller batch in a window would re-run cuDNN's autotune or recompile); at most
-# this many tried per sample, then the run fails (an all-corrupt folder must end, not hang).
+# on_corrupt=skip replaces a sample so batches keep their size (a smaller one would re-run cuDNN's
+# autotune or recompile); at most this many tries, then the run fails (all-corrupt must not hang)
 MAX_SUBSTITUTES = 32
 # a large prime hop, not the next file: corrupt files cluster (one bad class folder)
 SUBSTITUTE_HOP = 1_000_003
@@ -172,8 +169,7 @@ class ImageFiles(Dataset):
 
 
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """(path, class index) of every image under root/<class>/ (torchvision's ImageFolder rules);
-    hidden folders are not classes."""
+    """(path, class index) of each image under root/<class>/ (ImageFolder's rules, none hidden)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     if not root.is_dir():
@@ -196,16 +192,15 @@ def mean_file_bytes(paths: list[str], sample: int = 1000) -> float:
     return sum(os.path.getsize(p) for p in picked) / len(picked)
 
 
-# CIFAR-10's python-pickle format, read here: torchvision's CIFAR10 refuses a file whose md5 is
-# not the official download's (a subset). data_batch_N: {"data": N x 3072 uint8 channel-planar,
-# "labels"}; batches.meta: "label_names". Unpickled as torchvision does: trusted folders only.
+# Read here: torchvision's CIFAR10 refuses a file whose md5 is not the official one (a subset).
+# Unpickled as torchvision does: trusted folders only.
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 
 
 def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """The training split (uint8 [N,3,32,32], int64 labels, class names) from `root` or its
-    cifar-10-batches-py/."""
+    """The training split (uint8 [N,3,32,32], int64 labels, names) of root or its CIFAR_DIR."""
+
 
     import numpy as np
 
