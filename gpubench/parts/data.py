@@ -356,7 +356,6 @@ def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, in
 
 def own_samples(s: Settings) -> bool:
     """step=custom on dataset=custom (the keys acting on (image, label) samples refused)."""
-
     d = s.dataset
     if not (s.step.name == "custom" and d.name == "custom"):
         return False

@@ -200,8 +200,6 @@ CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 
 def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """The training split (uint8 [N,3,32,32], int64 labels, names) of root or its CIFAR_DIR."""
-
-
     import numpy as np
 
     def error(what: str) -> ConfigError:
