@@ -14,13 +14,13 @@ OOM_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
 
 
 class PinnedMemoryError(RuntimeError):
-    """Page-locking host memory ran out. Its own type: CachingHostAllocator.cpp's failed
-    cudaHostAlloc reads "CUDA error: out of memory", as a failed cudaMalloc does."""
+    """Page-locking host memory ran out. Its own type: a failed cudaHostAlloc reads "CUDA error:
+    out of memory", as a failed cudaMalloc does (CachingHostAllocator.cpp)."""
 
 
 def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
-    """`t` in page-locked host memory; an allocation failure is re-raised as a
-    PinnedMemoryError. `pin`: the pinning call (a test's raises a recorded error)."""
+    """`t` page-locked, an allocation failure re-raised as a PinnedMemoryError. `pin`: the
+    pinning call (a test's raises a recorded error)."""
     try:
         return pin(t)
     except RuntimeError as e:
@@ -63,8 +63,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _what_ran_out(exc: BaseException) -> str | None:
-    """"device", "host" or None, from the texts (else the types) of the error's chain."""
+def _what_ran_out(exc: BaseException) -> str | None:  # from the chain's texts, else types
     chain = _chain(exc)
     text = "\n".join(map(str, chain)).lower()
     kinds = [kind for kind, needles in OOM_MESSAGES if any(n in text for n in needles)]
@@ -82,8 +81,7 @@ def _while_pinning(exc: BaseException) -> bool:
                for e in _chain(exc))
 
 
-def oom_kind(exc: BaseException) -> str | None:
-    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None."""
+def oom_kind(exc: BaseException) -> str | None:  # "device", "host", "pinned" or None
     kind = _what_ran_out(exc)
     return "pinned" if kind is not None and _while_pinning(exc) else kind
 
