@@ -147,8 +147,7 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
 
 
 def collate(s: Settings, own: bool):
-    """The team's collate held to (images, labels); with `own` samples (step=custom) its or
-    torch's, batches as they come; None: gpubench's."""
+    """The team's collate; with `own` samples (step=custom) its or torch's; None: gpubench's."""
     node = s.dataset.collate  # set on dataset=custom only (settings' rules)
     fn = _instantiate(node, "dataset.collate", "a collate function (a list of (image, label) -> "
                       "(images, labels)); _partial_: true for a plain function"

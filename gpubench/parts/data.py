@@ -78,10 +78,9 @@ def collate_skipping(batch):
 
 
 class ThreadLoader:
-    """loader.worker_type=thread: a DataLoader's epochs made by `workers` threads through
-    torchdata.nodes, as many batches held ahead as a DataLoader's. Each worker thread runs one
-    torch thread (torchdata/nodes/_apply_udf.py, per-thread OpenMP): the training thread keeps
-    its own."""
+    """loader.worker_type=thread: a DataLoader's epochs from `workers` threads (torchdata.nodes),
+    as many batches held ahead. Each runs one torch thread (torchdata/nodes/_apply_udf.py, a
+    per-thread OpenMP setting): the training thread keeps its own."""
 
     def __init__(self, dataset: Dataset, sampler: Sampler, batch_size: int, drop_last: bool,
                  collate: Callable[[list], Any], workers: int, prefetch: int | None,
@@ -157,8 +156,7 @@ def preload(ds: Dataset, size: int, num_workers: int, context: str | None = None
 
 
 def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, ...]:
-    """A batch of len(y) again: the decoded images and their labels repeat to fill the gaps of
-    those at `failed` (see datasets.MAX_SUBSTITUTES)."""
+    """A batch of len(y) again: the decoded images and labels repeat over the gaps at `failed`."""
     y_ok = y[[i for i in range(len(y)) if i not in failed]]
     fill = [i % len(y_ok) for i in range(len(y))]
     return x[fill], y_ok[fill]
@@ -220,8 +218,7 @@ class Pipeline:
             yield from it
 
     def to_device(self, item, after_decode: Callable[[], None] | None = None):
-        """A loader's `(batch, skipped)` on the device, None when nothing decoded; `after_decode`
-        as DeviceDecode's."""
+        """A loader's `(batch, skipped)` on the device (None: nothing decoded)."""
         if self.side is None:
             return item
         batch, skipped = item

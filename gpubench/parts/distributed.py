@@ -89,8 +89,7 @@ class Dist:
         return self._reduce(n, tdist.ReduceOp.MAX) if self.enabled else int(n)
 
     def agree(self, error: str | None) -> str | None:
-        """Collective: None if no rank failed, else the first failed rank's "rank R: its error"
-        (gathered only on a failure)."""
+        """Collective: None if no rank failed, else the first failed rank's "rank R: its error"."""
         if not self.enabled:
             return error
         if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:

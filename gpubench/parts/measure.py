@@ -78,8 +78,7 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
             max_s: float, on_step: Callable[[], None] | None = None,
             agree: Callable[[bool], bool] = bool) -> tuple[list[float], float, bool | None]:
     """At least `min_steps`; with `max_steps` above it, on until `stats.settled` (within max_steps
-    and max_s). `agree`: the ranks' decision from this rank's "done". Returns (step times,
-    seconds, steady by this rank: None if not judged)."""
+    and max_s), as the ranks `agree`. (step times, seconds, steady here: None if not judged)."""
     perf = clock.now
     judge = max_steps is not None and max_steps > min_steps  # else a pinned warm-up
     limit = max(min_steps, max_steps or 0)
