@@ -1,6 +1,5 @@
-"""The team's own Dataset (`dataset=custom`), transform and collate (instantiate nodes), through
-gpubench's loader and phases. Every sample is held to docs/data.md's contract (a few type tests,
-no copy), sample 0 while the pipeline is built: a broken Dataset is one line before any work."""
+"""The team's own Dataset (`dataset=custom`), transform and collate. Every sample is held to
+docs/data.md's contract (type tests, no copy), sample 0 at build: a broken one is a line first."""
 
 from __future__ import annotations
 

@@ -33,11 +33,10 @@ def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
             "or prefetch_factor, fewer workers, or loader.pin_memory=false)") from e
 
 
-# What ran out, from the text of the error's whole chain (a worker or pin thread re-raises the
-# message inside its own), first match wins; PyTorch's texts (tests/parts/test_oom.py gives each
-# one's source). "device": the caching allocators and libraries' own cudaMalloc (ALLOC_FAILED
-# codes, C10_CUDA_CHECK's "CUDA error: out of memory"); not CUDNN_STATUS_NOT_INITIALIZED, which
-# any failed CUDA init gives. "host": the CPU allocator (alloc_cpu.cpp) and MemoryError.
+# What ran out, from the texts of the error's chain (a worker or pin thread re-raises a message
+# inside its own), first match wins (tests/parts/test_oom.py gives each text's source). "device":
+# allocators' and libraries' cudaMalloc; not CUDNN_STATUS_NOT_INITIALIZED, which any failed CUDA
+# init gives. "host": the CPU allocator (alloc_cpu.cpp) and MemoryError.
 OOM_MESSAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device", ("cuda out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
                 "cufft_alloc_failed", "cusolver_status_alloc_failed",

@@ -96,8 +96,7 @@ def resolve_precision(name: str, device: str) -> PrecisionPlan:
 
 
 def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict) -> dict:
-    """TF32 as the precision says, cudnn.benchmark as bench.cudnn_benchmark (its search runs in
-    the unmeasured warm-up); else the user's."""
+    """TF32 as the plan says, cudnn.benchmark as bench's (searched in warm-up), else the user's."""
     tf32 = {} if plan.tf32 is None else {"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32}
     bench = {} if cudnn_benchmark is None else {"cudnn_benchmark": bool(cudnn_benchmark)}
     return {**user, **tf32, **bench}
