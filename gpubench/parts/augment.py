@@ -64,9 +64,8 @@ class DeviceAugment:
 
 
 class DeviceDecode:
-    """nvJPEG decode of JPEG byte tensors, resized and centre-cropped to one square size so the
-    batch stacks (the CPU too, for tests). A batch that fails is retried image by image: one bad
-    file costs one sample, not the batch."""
+    """nvJPEG decode (the CPU too, for tests), centre-cropped to one square size so a batch stacks;
+    a failed batch is retried image by image: one bad file costs one sample, not the batch."""
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device

@@ -63,10 +63,10 @@ def locate(key: str, path: Any, allowed: str) -> Any:
     dotted, points into the standard library, or does not import."""
     if not isinstance(path, str) or not DOTTED.fullmatch(path):
         raise ConfigError(key, path, allowed)
-    text, parts = path, path.split(".")
+    parts = path.split(".")
     # not hydra.utils.get_object: it logs an ERROR (3 lines on stderr) before it raises
     if parts[0] in STDLIB:  # refused before the import: some stdlib modules act on import
-        raise ConfigError(key, text, f"{allowed} ({parts[0]} is in the standard library)")
+        raise ConfigError(key, path, f"{allowed} ({parts[0]} is in the standard library)")
     obj, why, i = None, None, 0
     try:
         obj = importlib.import_module(parts[0])
@@ -85,12 +85,12 @@ def locate(key: str, path: Any, allowed: str) -> Any:
             why += " (is its folder on PYTHONPATH? e.g. PYTHONPATH=. python -m gpubench ...)"
         elif isinstance(e, ModuleNotFoundError) and i and e.name == ".".join(parts[: i + 1]):
             why = f"package {'.'.join(parts[:i])} has no {parts[i]}, as a name or a submodule"
-        raise ConfigError(key, text, f"{allowed} ({why})") from e
+        raise ConfigError(key, path, f"{allowed} ({why})") from e
     if why is not None:
-        raise ConfigError(key, text, f"{allowed} ({why})")
+        raise ConfigError(key, path, f"{allowed} ({why})")
     # `torch.os.system` is os.system: judge the object by the module that defines it
     if _top(_defined_in(obj)) in STDLIB:
-        raise ConfigError(key, text, f"{allowed} (it is {_describe(obj)}, in the standard library)")
+        raise ConfigError(key, path, f"{allowed} (it is {_describe(obj)}, in the standard library)")
     return obj
 
 
