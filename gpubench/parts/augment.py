@@ -64,8 +64,8 @@ class DeviceAugment:
 
 
 class DeviceDecode:
-    """nvJPEG decode (the CPU too, for tests), centre-cropped to one square size so a batch stacks;
-    a failed batch is retried image by image: one bad file costs one sample, not the batch."""
+    """nvJPEG decode (the CPU too, for tests), resized and centre-cropped to one square size so a
+    batch stacks; a failed batch is retried image by image: one bad file costs one sample."""
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device
