@@ -33,12 +33,6 @@ ACK_WAIT_S = 5.0
 WATCH_EVERY_S = 0.25
 
 
-def _store():
-    from torch.distributed.distributed_c10d import _get_default_store  # torchrun only
-
-    return _get_default_store()
-
-
 def fault_hits(fault_rank: int | None, rank: int) -> bool:  # fault.rank null: every rank
     return fault_rank is None or int(fault_rank) == rank
 
@@ -103,7 +97,7 @@ class Dist:
             return
         self._stop.set()  # not ended by a peer's news meanwhile (all get Ctrl-C at once)
         try:
-            store = _store()
+            store = tdist.distributed_c10d._get_default_store()
             store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
             acks = [f"{ACK_KEY}/{r}" for r in range(self.world) if r != self.rank]
             store.wait(acks, timedelta(seconds=ACK_WAIT_S))
@@ -115,7 +109,7 @@ class Dist:
         `on_failure(status, message)` has recorded it ("oom", "rank R: its error")."""
         if not self.enabled or self._watcher is not None:
             return
-        store = _store()
+        store = tdist.distributed_c10d._get_default_store()
 
         def poll() -> None:
             while not self._stop.wait(WATCH_EVERY_S):
