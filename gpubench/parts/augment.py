@@ -1,5 +1,5 @@
-"""Train-time transforms: on the host per sample (the ImageNet recipe, transforms.v2), or on the
-device per batch of fixed-size uint8 images (off a host whose workers cannot keep up)."""
+"""Train-time transforms: on the host per sample (the ImageNet recipe), or on the device per
+batch of fixed-size uint8 images (for a host whose workers cannot keep up)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ def cpu_train_transform(image_size: int) -> v2.Compose:
                        v2.Normalize(MEAN, STD)])
 
 
-def cpu_fixed_size(size: int) -> v2.Compose:
-    """Decode-side only: a square uint8 image of side `size` (for preload or device augment)."""
+def cpu_fixed_size(size: int) -> v2.Compose:  # a square uint8 image (preload, device augment)
     from torchvision.transforms import v2
 
     return v2.Compose([v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size),
@@ -65,9 +64,8 @@ class DeviceAugment:
 
 
 class DeviceDecode:
-    """nvJPEG decode of a batch of JPEG byte tensors, each resized and centre-cropped to one
-    square size so the batch stacks (any device decode_jpeg takes: the CPU too, for tests). A
-    batch that fails is retried image by image: one bad file costs one sample, not the batch."""
+    """nvJPEG decode (the CPU too, for tests), resized and centre-cropped to one square size so a
+    batch stacks; a failed batch is retried image by image: one bad file costs one sample."""
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device
@@ -108,7 +106,7 @@ class DeviceDecode:
     def __call__(self, blobs: list[torch.Tensor], after_decode: Callable[[], None] | None = None
                  ) -> tuple[torch.Tensor | None, list[int]]:
         """(images, indices of the failed inputs). `after_decode`: called when the decode (it
-        blocks the host) has returned: the training stream's work starts there (DeviceStart)."""
+        blocks the host) has returned: the step's device work starts there (DeviceStart)."""
         from torchvision.transforms import v2
 
         imgs = self._decode(blobs)

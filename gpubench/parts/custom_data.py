@@ -1,6 +1,5 @@
-"""The team's own Dataset (`dataset=custom`), transform and collate (instantiate nodes), through
-gpubench's loader and phases. Every sample is held to docs/data.md's contract (a few type tests,
-no copy), sample 0 while the pipeline is built: a broken Dataset is one line before any work."""
+"""The team's own Dataset (`dataset=custom`), transform and collate. Every sample is held to
+docs/data.md's contract (type tests, no copy), sample 0 at build: a broken one is a line first."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ def as_label(label: Any, num_classes: int, where: str) -> int:
 
 
 class TeamDataset(Dataset):
-    """The team's Dataset with the contract checked and the transform applied per sample."""
+    """The team's Dataset, each sample held to the contract and transformed."""
 
     def __init__(self, inner: Dataset, transform, num_classes: int, name: str):
         self.inner, self.transform = inner, transform
@@ -111,8 +110,7 @@ def _instantiate(node: dict, key: str, allowed: str):
 
 
 def build(s: Settings, default_transform, info: dict) -> Dataset:
-    """The team's dataset, checked on sample 0. `default_transform`: what gpubench runs on a
-    built-in dataset's images."""
+    """The team's dataset, checked on sample 0; `default_transform`: a built-in dataset's."""
     dset, target = s.dataset, s.dataset._target_
     own_tf = node_set(dset.transform)
     cls = targets.dataset_class(target)  # checked before it is called: a config is code
@@ -148,8 +146,7 @@ def build(s: Settings, default_transform, info: dict) -> Dataset:
 
 
 def collate(s: Settings, own: bool):
-    """The team's collate held to (images, labels); with `own` samples (step=custom) its
-    collate or torch's, batches as they come; None: gpubench's."""
+    """The team's collate; with `own` samples (step=custom) its or torch's; None: gpubench's."""
     node = s.dataset.collate  # set on dataset=custom only (settings' rules)
     fn = _instantiate(node, "dataset.collate", "a collate function (a list of (image, label) -> "
                       "(images, labels)); _partial_: true for a plain function"
@@ -160,8 +157,8 @@ def collate(s: Settings, own: bool):
 
 
 class TeamCollate:
-    """The team's collate as the pipeline takes it: (batch, nothing skipped), the batch held to
-    an (images, labels) pair of tensors unless `pairs` is off. Module-level: spawn can pickle it."""
+    """The team's collate giving (batch, 0 skipped), the batch held to (images, labels) tensors
+    unless `pairs` is off. Module-level: spawn can pickle it."""
 
     def __init__(self, fn, pairs: bool = True):
         self.fn, self.pairs = fn, pairs

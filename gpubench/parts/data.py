@@ -33,16 +33,15 @@ from gpubench.parts.targets import cause
 
 
 def quiet_worker_count_warning() -> None:
-    """torch warns (twice per iterator) when loader.num_workers exceeds its suggested count: a
-    sweep asks for such counts on purpose, and the figures show what they cost. Set where the
-    loaders are built, not once at import: a caller's catch_warnings block would drop it."""
+    """A sweep asks for more workers than torch suggests on purpose. Set where the loaders are
+    built, not once at import: a caller's catch_warnings block would drop it."""
     warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
                             UserWarning)  # an identical filter replaces the one before it
 
 
 class JpegBatch(NamedTuple):
-    """A batch's JPEG bytes as ONE flat uint8 tensor plus offsets (a tensor a worker sends has
-    its own file descriptor: one per image gives "too many open files"), names for errors."""
+    """A batch's JPEG bytes as ONE flat uint8 tensor plus offsets (each tensor a worker sends
+    costs a file descriptor: one per image gives "too many open files"), names for errors."""
 
     data: torch.Tensor
     offsets: torch.Tensor
@@ -79,12 +78,9 @@ def collate_skipping(batch):
 
 
 class ThreadLoader:
-    """loader.worker_type=thread: batches from `dataset` in `sampler`'s order (with `in_order`),
-    one epoch per iter(), as a DataLoader gives them, made by `workers` threads (at least 1) of
-    this process through torchdata.nodes (Batcher, ParallelMapper, PinMemory on CUDA,
-    Prefetcher), as many held ahead as a DataLoader's (`prefetch` each). Each runs one torch
-    thread (torchdata/nodes/_apply_udf.py: torch.set_num_threads(1), a per-thread OpenMP
-    setting): the training thread keeps its own."""
+    """loader.worker_type=thread: a DataLoader's epochs from `workers` threads (torchdata.nodes),
+    as many batches held ahead. Each runs one torch thread (torchdata/nodes/_apply_udf.py, a
+    per-thread OpenMP setting): the training thread keeps its own."""
 
     def __init__(self, dataset: Dataset, sampler: Sampler, batch_size: int, drop_last: bool,
                  collate: Callable[[list], Any], workers: int, prefetch: int | None,
@@ -116,11 +112,11 @@ class ThreadLoader:
         self._tids.clear()  # a new epoch starts new threads
         return iter(self.loader)
 
-    def worker_tids(self) -> set[int]:  # the threads that made this epoch's batches
+    def worker_tids(self) -> set[int]:  # this epoch's
         return set(self._tids)
 
     def shutdown(self) -> None:
-        """Stop every thread, sources first. torchdata 0.11 has no public close: this calls what
+        """Stop every thread, sources first. torchdata 0.11 has no public close: this does what
         a collected iterator does (torchdata/nodes/map.py: _ParallelMapperIter.__del__)."""
         chain, node = [], self.root
         while node is not None:
@@ -136,17 +132,16 @@ class ThreadLoader:
 
 def preload(ds: Dataset, size: int, num_workers: int, context: str | None = None,
             threads: bool = False) -> tuple[torch.Tensor, torch.Tensor, float, int]:
-    """Decode every sample once into a shared uint8 [N,3,S,S] tensor with the run's kind of
-    workers. Returns (images, labels, seconds, samples skipped as corrupt)."""
+    """Decode every sample once into a shared uint8 [N,3,S,S] tensor (workers read it in place,
+    no per-worker copy). Returns (images, labels, seconds, samples skipped as corrupt)."""
     n = len(ds)
     settings.check_preload_fits(n, size)  # a resource check: the length is known only here
     t0 = time.perf_counter()
-    # Shared memory from the start: workers read the cache in place, with no per-worker copy
     images = torch.empty((n, 3, size, size), dtype=torch.uint8).share_memory_()
     labels = torch.empty((n,), dtype=torch.int64).share_memory_()
     if threads and num_workers:
-        order = torch.utils.data.SequentialSampler(ds)
-        loader = ThreadLoader(ds, order, 64, False, collate_skipping, num_workers, None)
+        loader = ThreadLoader(ds, torch.utils.data.SequentialSampler(ds), 64, False,
+                              collate_skipping, num_workers, None)
     else:
         loader = DataLoader(ds, batch_size=64, num_workers=num_workers,
                             collate_fn=collate_skipping, multiprocessing_context=context)
@@ -161,8 +156,7 @@ def preload(ds: Dataset, size: int, num_workers: int, context: str | None = None
 
 
 def refill(x: torch.Tensor, y: torch.Tensor, failed: list[int]) -> tuple[torch.Tensor, ...]:
-    """A batch of len(y) again after the images at `failed` did not decode: the decoded ones and
-    their labels repeat to fill the gaps (see datasets.MAX_SUBSTITUTES)."""
+    """A batch of len(y) again: the decoded images and labels repeat over the gaps at `failed`."""
     y_ok = y[[i for i in range(len(y)) if i not in failed]]
     fill = [i % len(y_ok) for i in range(len(y))]
     return x[fill], y_ok[fill]
@@ -224,8 +218,7 @@ class Pipeline:
             yield from it
 
     def to_device(self, item, after_decode: Callable[[], None] | None = None):
-        """A loader's `(batch, skipped)` on the device, or None when nothing of it decoded.
-        `after_decode`: called when a device decode has returned (measure.DeviceStart)."""
+        """A loader's `(batch, skipped)` on the device (None: nothing decoded)."""
         if self.side is None:
             return item
         batch, skipped = item
@@ -270,8 +263,7 @@ class Pipeline:
         persistent = getattr(self.loader, "_iterator", None)
         return [*self._iters, *([persistent] if persistent is not None else [])]
 
-    def worker_pids(self) -> set[int]:
-        """This pipeline's DataLoader workers, not other children (torch.compile's workers)."""
+    def worker_pids(self) -> set[int]:  # not other children (torch.compile's workers)
         return {w.pid for it in self._live_iters() for w in getattr(it, "_workers", ())
                 if w.pid is not None}
 
@@ -290,7 +282,7 @@ def _set_threads(threads: int, worker_id: int) -> None:
 
 
 def loader_settings(ld: Loader, device: str) -> dict:
-    """DataLoader keyword arguments from the loader settings (batch size and sampling aside)."""
+    """DataLoader keyword arguments (batch size and sampling aside)."""
     kwargs: dict = dict(num_workers=ld.num_workers, pin_memory=ld.pin_memory and device == "cuda")
     if ld.num_workers == 0:  # the DataLoader rejects the worker-only options without workers
         return kwargs
@@ -339,8 +331,7 @@ def _build_dataset(s: Settings, src: int, cpu_tf, raw: bool, info: dict) -> Data
 
 
 def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, int]:
-    """The loader's dataset (fixed-size uint8 images for preload or augment_on=device), and the
-    samples preload skipped as corrupt."""
+    """The loader's dataset, and the samples preload skipped as corrupt."""
     dset = s.dataset
     src = datasets.source_size(dset.image_size)
     on_device_aug = dset.augment_on == "device"
@@ -361,8 +352,7 @@ def _host_dataset(s: Settings, loader_kw: dict, info: dict) -> tuple[Dataset, in
 
 
 def own_samples(s: Settings) -> bool:
-    """step=custom on dataset=custom: the team's samples go to its collate as they are, so the
-    keys that act on gpubench's (image, label) samples are refused with one line."""
+    """step=custom on dataset=custom (the keys acting on (image, label) samples refused)."""
     d = s.dataset
     if not (s.step.name == "custom" and d.name == "custom"):
         return False

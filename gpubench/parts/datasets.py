@@ -1,6 +1,5 @@
 """Datasets, each through a real transform path (the loader phase costs what a training job's
-data side does): random uint8 pools (synthetic), PIL-decoded JPEG bytes (fake_jpeg), files on
-disk (imagefolder, cifar10); and what happens to a sample that does not decode."""
+does): synthetic pools, fake_jpeg bytes, imagefolder, cifar10; and samples that do not decode."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ SKIP_PREFIX = "dataset.on_corrupt=skip: "
 
 
 class WorkerError(Exception):
-    """An error a DataLoader worker raises, re-raised by torch in the main process with the
-    worker's whole traceback as its text: str() keeps the last line holding one of PREFIXES."""
+    """torch re-raises a worker's error with its traceback as text: str() keeps its last line."""
 
     PREFIXES: tuple[str, ...] = ()
 
@@ -49,16 +47,15 @@ def nothing_decodes(tried: int, path: str, why: object) -> CorruptImage:
                         f"{path}: {why}); dataset.root must hold decodable images")
 
 
-# With on_corrupt=skip a sample that does not decode is replaced by another, so batches keep
-# their size (a smaller batch in a window would re-run cuDNN's autotune or recompile); at most
-# this many tried per sample, then the run fails (an all-corrupt folder must end, not hang).
+# on_corrupt=skip replaces a sample so batches keep their size (a smaller one would re-run cuDNN's
+# autotune or recompile); at most this many tries, then the run fails (all-corrupt must not hang)
 MAX_SUBSTITUTES = 32
 # a large prime hop, not the next file: corrupt files cluster (one bad class folder)
 SUBSTITUTE_HOP = 1_000_003
 
 
 class Substituted(tuple):
-    """A sample standing in for `skipped` ones that did not decode (read in the worker)."""
+    """A sample standing in for `skipped` ones that did not decode."""
 
     skipped: int = 0
 
@@ -70,7 +67,7 @@ def substitute_order(i: int, n: int, tries: int) -> list[int]:
 
 
 class TensorImages(Dataset):
-    """uint8 images in one tensor (CIFAR, a preload cache, a synthetic pool), then transformed."""
+    """uint8 images in one tensor (CIFAR, a preload cache, a synthetic pool), transformed."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
         self.images, self.labels, self.transform = images, labels, transform
@@ -83,8 +80,7 @@ class TensorImages(Dataset):
 
 
 def synthetic(n: int, size: int, num_classes: int, transform, seed: int) -> TensorImages:
-    """A pool of random uint8 images made once on the host, transformed like decoded ones."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # random uint8 images, transformed as decoded ones
     images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
     return TensorImages(images, torch.randint(0, num_classes, (n,), generator=g), transform)
 
@@ -96,7 +92,7 @@ CYCLED_EPOCH = 1_000_000
 
 
 class Cycled(Dataset):
-    """A pool of samples seen as one epoch of `length`: sample i is pool[i % len(pool)]."""
+    """A pool seen as one epoch of `length`."""
 
     def __init__(self, pool: Dataset, length: int):
         self.pool, self.length, self.n = pool, length, len(pool)
@@ -127,9 +123,8 @@ def encode_jpeg_pool(n: int, size: int, quality: int, seed: int) -> list[bytes]:
 
 
 class ImageFiles(Dataset):
-    """(source, label) samples, a source a file's path or JPEG bytes (fake_jpeg), decoded with
-    PIL, or (raw) handed on as (bytes, label, name) for device decode. One that fails to decode
-    is replaced and counted (on_corrupt=skip) or stops the run naming it (on_corrupt=fail)."""
+    """(path or JPEG bytes, label) samples decoded with PIL, or (raw) handed on as (bytes, label,
+    name) for device decode; one that fails is replaced (on_corrupt=skip) or named (fail)."""
 
     def __init__(self, samples: list[tuple[str | bytes, int]], transform, on_corrupt: str,
                  raw=False):
@@ -174,8 +169,7 @@ class ImageFiles(Dataset):
 
 
 def scan_imagefolder(root: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """(path, class index) of every image under root/<class>/ as torchvision's ImageFolder
-    finds them; hidden folders are not classes."""
+    """(path, class index) of each image under root/<class>/ (ImageFolder's rules, none hidden)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     if not root.is_dir():
@@ -198,16 +192,14 @@ def mean_file_bytes(paths: list[str], sample: int = 1000) -> float:
     return sum(os.path.getsize(p) for p in picked) / len(picked)
 
 
-# CIFAR-10's python-pickle format, read here: torchvision's CIFAR10 refuses a file whose md5 is
-# not the official download's (a subset). data_batch_N: {"data": N x 3072 uint8 channel-planar,
-# "labels"}; batches.meta: "label_names". Unpickled as torchvision does: trusted folders only.
+# Read here: torchvision's CIFAR10 refuses a file whose md5 is not the official one (a subset).
+# Unpickled as torchvision does: trusted folders only.
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 
 
 def read_cifar10(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """The training split as (uint8 [N,3,32,32], int64 labels [N], class names), from `root`
-    or its cifar-10-batches-py/ (torchvision's convention)."""
+    """The training split (uint8 [N,3,32,32], int64 labels, names) of root or its CIFAR_DIR."""
     import numpy as np
 
     def error(what: str) -> ConfigError:

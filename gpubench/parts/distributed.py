@@ -1,10 +1,9 @@
-"""Running under torchrun: one process per GPU, DistributedDataParallel, a sharded loader; only
-rank 0 writes, prints and logs. Without torchrun (WORLD_SIZE unset or 1) every method is a no-op.
-A failed rank must not leave the others in a collective until NCCL's watchdog (10 minutes): it
-`announce`s its error in the process group's TCP key-value store and runs no more collectives;
-a `watch` thread on every rank polls that key and ends the process (its main thread may be
-blocked in C++ in a collective); `agree` all-reduces a failed flag; a short timeout is the last.
-"""
+"""Under torchrun: one process per GPU, DDP, a sharded loader; only rank 0 writes, prints and logs
+(without torchrun every method is a no-op). A failed rank must not leave the others in a
+collective until NCCL's watchdog (10 minutes): it `announce`s its error in the process group's
+store and runs no more collectives; a `watch` thread on every rank polls that key and ends the
+process (its main thread may be blocked in C++); `agree` all-reduces a failed flag; a short
+timeout is the last resort."""
 
 from __future__ import annotations
 
@@ -32,12 +31,6 @@ FAILED_KEY = "gpubench/failed"
 ACK_KEY = "gpubench/failure_seen"
 ACK_WAIT_S = 5.0
 WATCH_EVERY_S = 0.25
-
-
-def _store():
-    from torch.distributed.distributed_c10d import _get_default_store  # torchrun only
-
-    return _get_default_store()
 
 
 def fault_hits(fault_rank: int | None, rank: int) -> bool:  # fault.rank null: every rank
@@ -74,9 +67,8 @@ class Dist:
         return out
 
     def _reduce(self, value: int, op) -> int:
-        """One integer all-reduced over the ranks. On NCCL `.item()` waits for the work queued
-        on the current stream: a device sync, only where it costs nothing measured."""
-        # NCCL reduces device tensors only; gloo host tensors
+        """One integer all-reduced (NCCL: device tensors only, gloo host ones). On NCCL `.item()`
+        waits for the work queued on the current stream: a device sync, only where unmeasured."""
         dev = torch.device("cuda", self.local_rank) if self.device == "cuda" else "cpu"
         t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
         tdist.all_reduce(t, op=op)
@@ -91,8 +83,7 @@ class Dist:
         return self._reduce(n, tdist.ReduceOp.MAX) if self.enabled else int(n)
 
     def agree(self, error: str | None) -> str | None:
-        """Collective: None if every rank passes error=None, else "rank R: its error" of the
-        first failed rank; the messages are gathered only on a failure."""
+        """Collective: None if no rank failed, else the first failed rank's "rank R: its error"."""
         if not self.enabled:
             return error
         if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:
@@ -106,7 +97,7 @@ class Dist:
             return
         self._stop.set()  # not ended by a peer's news meanwhile (all get Ctrl-C at once)
         try:
-            store = _store()
+            store = tdist.distributed_c10d._get_default_store()
             store.set(FAILED_KEY, f"{status}|rank {self.rank}: {error}")
             acks = [f"{ACK_KEY}/{r}" for r in range(self.world) if r != self.rank]
             store.wait(acks, timedelta(seconds=ACK_WAIT_S))
@@ -114,11 +105,11 @@ class Dist:
             log.debug("failure announced without every acknowledgement: %s", e)
 
     def watch(self, on_failure: Callable[[str, str], None]) -> None:
-        """Start the thread that ends this process when another rank announces a failure,
-        after `on_failure(status, message)` has recorded it ("oom", "rank R: its error")."""
+        """A thread ending this process when another rank announces a failure, after
+        `on_failure(status, message)` has recorded it ("oom", "rank R: its error")."""
         if not self.enabled or self._watcher is not None:
             return
-        store = _store()
+        store = tdist.distributed_c10d._get_default_store()
 
         def poll() -> None:
             while not self._stop.wait(WATCH_EVERY_S):
@@ -160,8 +151,7 @@ class Dist:
             tdist.destroy_process_group()
 
 
-def timeout_s() -> float:
-    """GPUBENCH_DIST_TIMEOUT_S, checked as a config key is (a raw ValueError named nothing)."""
+def timeout_s() -> float:  # checked as a config key is (a raw ValueError named nothing)
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return PROCESS_GROUP_TIMEOUT_S

@@ -1,8 +1,8 @@
-"""Timed windows of `fetch()` (host blocked on it: *data wait*) then `work(batch)` (transfer and
-step, asynchronous on a GPU; returns the image count), step after step: warm-up excluded, the
-device synchronized only at the edges, step times from CUDA events read after the closing sync
-(on a CPU, the host clock). Under torchrun every rank runs the same number of steps, warm-up
-included (a rank a step ahead would wait in a barrier while another is in DDP's all-reduce)."""
+"""Timed windows of `fetch()` (host blocked: *data wait*) then `work(batch)` (asynchronous on a
+GPU; returns the image count): warm-up excluded, the device synchronized only at the edges, step
+times from CUDA events read after the closing sync (on a CPU, the host clock). Under torchrun
+every rank runs as many steps, warm-up included (a rank a step ahead would wait in a barrier
+while another is in DDP's all-reduce)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Clock:
 class DeviceStart:
     """Called by the work when a part that blocks the host returns (torchvision's CUDA
     `decode_jpeg` syncs its pool stream at both ends, decode_jpegs_cuda.cpp): the step's device
-    start, the time before it host-blocked. Outside a window (warm-up, profiling) a no-op."""
+    start, the time before it host-blocked. A no-op outside a window."""
 
     def __init__(self) -> None:
         self._clock: Clock | None = None
@@ -78,8 +78,7 @@ def warm_up(fetch, work, clock: Clock, min_steps: int, max_steps: int | None,
             max_s: float, on_step: Callable[[], None] | None = None,
             agree: Callable[[bool], bool] = bool) -> tuple[list[float], float, bool | None]:
     """At least `min_steps`; with `max_steps` above it, on until `stats.settled` (within max_steps
-    and max_s). `on_step`: after each step's closing sync. `agree`: the ranks' decision from this
-    rank's "done". Returns (step times, seconds, steady by this rank: None if not judged)."""
+    and max_s), as the ranks `agree`. (step times, seconds, steady here: None if not judged)."""
     perf = clock.now
     judge = max_steps is not None and max_steps > min_steps  # else a pinned warm-up
     limit = max(min_steps, max_steps or 0)

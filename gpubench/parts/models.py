@@ -1,5 +1,5 @@
-"""The model: a torchvision classifier by name, the `tiny` CNN for tests, or the team's own
-nn.Module (`model._target_`); activation checkpointing, memory format and torch.compile."""
+"""The model (a torchvision classifier, the `tiny` test CNN or the team's `model._target_`),
+activation checkpointing, memory format and torch.compile."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def check_patch(name: str, image_size: int, key: str) -> None:
 
 def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
     """One forward (step=custom: the team's loss) on up to two images of the first batch, before
-    any phase; eval mode for one image, which batch norm cannot train on."""
+    any phase; eval mode for one image (batch norm cannot train on one)."""
     m, ds = s.model, s.dataset
     key, value = ("model._target_", m._target_) if m._target_ else ("model.name", m.name)
     if not any(p.requires_grad for p in model.parameters()):
@@ -123,8 +123,8 @@ def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:
 
 
 class Checkpointed(nn.Module):
-    """A stage recomputed in backward (torch.utils.checkpoint; use_reentrant=False, as PyTorch
-    recommends for torch.compile and DDP; the RNG state is restored for dropout's mask)."""
+    """A stage recomputed in backward (use_reentrant=False, as PyTorch recommends for compile
+    and DDP; the RNG state is restored for dropout's mask)."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -173,9 +173,9 @@ def prepare_model(model: nn.Module, device: str, channels_last: bool) -> nn.Modu
 
 
 def reset_compile_state(device: str) -> None:
-    """Forget torch.compile's state, as a new process would (Hydra's basic launcher runs a
-    multirun in one): dynamo's caches (new batch sizes recompile, then run eager at the limit)
-    and CUDA-graph pools empty_cache() cannot release (later trials would look bigger)."""
+    """Forget torch.compile's state as a new process would (Hydra's basic launcher runs a multirun
+    in one): dynamo's caches (new batch sizes recompile, then run eager at the limit) and
+    CUDA-graph pools empty_cache() cannot release (later trials would look bigger)."""
     if "torch._dynamo" not in sys.modules:
         return
     torch._dynamo.reset()
@@ -184,8 +184,8 @@ def reset_compile_state(device: str) -> None:
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
         reset_cudagraph_trees()  # idempotent: a no-op where reset() already did it
-        gc.collect()  # the freed pools' blocks go back to the caching allocator...
-        torch.cuda.empty_cache()  # ...and from it to the device
+        gc.collect()  # the freed pools' blocks go back to the caching allocator, then the device
+        torch.cuda.empty_cache()
 
 
 # torch.compile's modes that record CUDA graphs: a training loop marks each iteration's start, or
@@ -194,13 +194,11 @@ def reset_compile_state(device: str) -> None:
 GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 
 
-def step_marker(mode: str):
-    """What a training step calls before each forward of a model compiled with `mode`."""
+def step_marker(mode: str):  # what a step calls before each forward of a model compiled so
     return torch.compiler.cudagraph_mark_step_begin if mode in GRAPH_MODES else None
 
 
-def maybe_compile(model: nn.Module, mode: str) -> nn.Module:
-    """`mode`: Settings.compile, torch.compile's own mode string, or "off"."""
+def maybe_compile(model: nn.Module, mode: str) -> nn.Module:  # mode: Settings.compile, or "off"
     # a clean compile state, compiled or not: an eager run must not carry earlier graph pools
     reset_compile_state(str(next(model.parameters(), torch.empty(0)).device.type))
     if mode == "off":

@@ -14,13 +14,13 @@ OOM_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
 
 
 class PinnedMemoryError(RuntimeError):
-    """Page-locking host memory ran out. Its own type: CachingHostAllocator.cpp's failed
-    cudaHostAlloc reads "CUDA error: out of memory", as a failed cudaMalloc does."""
+    """Page-locking host memory ran out. Its own type: a failed cudaHostAlloc reads "CUDA error:
+    out of memory", as a failed cudaMalloc does (CachingHostAllocator.cpp)."""
 
 
 def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
-    """`t` in page-locked host memory; an allocation failure is re-raised as a
-    PinnedMemoryError. `pin`: the pinning call (a test's raises a recorded error)."""
+    """`t` page-locked, an allocation failure re-raised as a PinnedMemoryError. `pin`: the
+    pinning call (a test's raises a recorded error)."""
     try:
         return pin(t)
     except RuntimeError as e:
@@ -33,11 +33,10 @@ def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
             "or prefetch_factor, fewer workers, or loader.pin_memory=false)") from e
 
 
-# What ran out, from the text of the error's whole chain (a worker or pin thread re-raises the
-# message inside its own), first match wins; PyTorch's texts (tests/parts/test_oom.py gives each
-# one's source). "device": the caching allocators and libraries' own cudaMalloc (ALLOC_FAILED
-# codes, C10_CUDA_CHECK's "CUDA error: out of memory"); not CUDNN_STATUS_NOT_INITIALIZED, which
-# any failed CUDA init gives. "host": the CPU allocator (alloc_cpu.cpp) and MemoryError.
+# What ran out, from the texts of the error's chain (a worker or pin thread re-raises a message
+# inside its own), first match wins (tests/parts/test_oom.py gives each text's source). "device":
+# allocators' and libraries' cudaMalloc; not CUDNN_STATUS_NOT_INITIALIZED, which any failed CUDA
+# init gives. "host": the CPU allocator (alloc_cpu.cpp) and MemoryError.
 OOM_MESSAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device", ("cuda out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
                 "cufft_alloc_failed", "cusolver_status_alloc_failed",
@@ -63,8 +62,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _what_ran_out(exc: BaseException) -> str | None:
-    """"device", "host" or None, from the texts (else the types) of the error's chain."""
+def _what_ran_out(exc: BaseException) -> str | None:  # from the chain's texts, else types
     chain = _chain(exc)
     text = "\n".join(map(str, chain)).lower()
     kinds = [kind for kind, needles in OOM_MESSAGES if any(n in text for n in needles)]
@@ -82,8 +80,7 @@ def _while_pinning(exc: BaseException) -> bool:
                for e in _chain(exc))
 
 
-def oom_kind(exc: BaseException) -> str | None:
-    """"device", "host" (CPU RAM), "pinned" (page-locked host memory), or None."""
+def oom_kind(exc: BaseException) -> str | None:  # "device", "host", "pinned" or None
     kind = _what_ran_out(exc)
     return "pinned" if kind is not None and _while_pinning(exc) else kind
 

@@ -1,6 +1,6 @@
-"""A precision name resolved (as timm's `resolve_precision`) into the autocast dtype, a GradScaler
-or not, the TF32 flags and the maths convolutions and matmuls run in (MFU's peak). torch_default
-leaves the user's TF32 flags; fp32 turns both off (cuDNN allows TF32 convolutions by default)."""
+"""A precision name resolved (as timm's `resolve_precision`) into the autocast dtype, GradScaler,
+TF32 flags and the maths convolutions and matmuls run in (MFU's peak). torch_default leaves the
+user's TF32 flags; fp32 turns both off (cuDNN allows TF32 convolutions by default)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ class PrecisionPlan:
     matmul_math: str
 
     def flops_by_math(self, conv_flops: float, matmul_flops: float) -> dict[str, float]:
-        """A step's FLOPs keyed by the math they run at, for env.mfu_peak."""
         if self.conv_math == self.matmul_math:
             return {self.conv_math: conv_flops + matmul_flops}
         return {self.conv_math: conv_flops, self.matmul_math: matmul_flops}
@@ -38,8 +37,8 @@ _USER_FLAGS: dict | None = None
 
 
 def _fp32_precision(node) -> str | None:
-    """torch >= 2.9's per-operation TF32 setting ("tf32", "ieee" or "none") as PyTorch resolves
-    it (Context::float32Precision); None on a torch without that API (2.4 to 2.8)."""
+    """torch >= 2.9's per-operation TF32 setting as PyTorch resolves it
+    (Context::float32Precision); None on a torch without that API (2.4 to 2.8)."""
     try:
         return str(node().fp32_precision)
     except AttributeError:  # cuBLASModule: "Unknown attribute"; cudnn: no `conv`/`rnn` module
@@ -72,8 +71,7 @@ def _write_flags(f: dict) -> None:
     torch.backends.cudnn.benchmark = f["cudnn_benchmark"]
 
 
-def user_flags() -> dict:
-    """The user's own flags: as first seen, or as they are if gpubench never changed them."""
+def user_flags() -> dict:  # as first seen, or as they are if gpubench never changed them
     return dict(_USER_FLAGS or _read_flags())
 
 
@@ -98,16 +96,15 @@ def resolve_precision(name: str, device: str) -> PrecisionPlan:
 
 
 def backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None, user: dict) -> dict:
-    """The flags a run uses: TF32 as the precision says, cudnn.benchmark as
-    bench.cudnn_benchmark says (its search runs in the unmeasured warm-up); else the user's."""
+    """TF32 as the plan says, cudnn.benchmark as bench's (searched in warm-up), else the user's."""
     tf32 = {} if plan.tf32 is None else {"matmul_tf32": plan.tf32, "cudnn_tf32": plan.tf32}
     bench = {} if cudnn_benchmark is None else {"cudnn_benchmark": bool(cudnn_benchmark)}
     return {**user, **tf32, **bench}
 
 
 def apply_backend_flags(plan: PrecisionPlan, cudnn_benchmark: bool | None = None) -> None:
-    """Set the flags `backend_flags` gives (nothing written while they already are), keeping the
-    user's own before the first change for a later torch_default run in this process."""
+    """Set `backend_flags` (nothing written while they already are), the user's own kept from
+    before the first change for a later torch_default run in this process."""
     global _USER_FLAGS
     want = backend_flags(plan, cudnn_benchmark, user_flags())
     if want != _read_flags():

@@ -1,5 +1,4 @@
-"""One training step, the same for the compute and e2e phases, and its loss: step=classification's
-cross-entropy or the team's own (step=custom)."""
+"""One training step, the same for the compute and e2e phases, and its loss."""
 
 from __future__ import annotations
 
@@ -40,14 +39,13 @@ def make_optimizer(model: nn.Module, name: str, lr: float, impl: str = "auto"
                           f"auto or for_loop here ({name}: {str(e).splitlines()[0]})") from e
 
 
-def images_in(batch) -> int:  # the first dimension of a batch's first tensor
+def images_in(batch) -> int:
     return int(next(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)).shape[0])
 
 
 class Loss:
-    """A batch's loss: cross-entropy on the logits (step=classification), or the team's `fn`
-    (step=custom, `target`): fn(model(inputs), targets) (step.takes=output) or fn(model, batch)
-    (step.takes=batch)."""
+    """Cross-entropy on the logits, or the team's `fn` (step=custom, `target`):
+    fn(model(inputs), targets) (step.takes=output) or fn(model, batch) (step.takes=batch)."""
 
     def __init__(self, fn=None, takes: str = "output", target: str | None = None):
         self.fn = fn if fn is not None else nn.CrossEntropyLoss()
@@ -73,8 +71,7 @@ class Loss:
         return loss, out
 
 
-def make_loss(step) -> Loss:
-    """The run's loss; the team's target checked before it is called."""
+def make_loss(step) -> Loss:  # the team's target checked before it is called
     if step.name != "custom":
         return Loss()
     fn = targets.loss_function(step._target_)
@@ -106,8 +103,7 @@ class TrainStep:
         self.finite_at = 0  # the micro-batch whose loss check_loss last found finite
         self.mark_step = mark_step  # models.step_marker: a new iteration for CUDA-graph trees
 
-    def __call__(self, *batch) -> None:
-        """One micro-batch on the device, as one argument or as (x, y)."""
+    def __call__(self, *batch) -> None:  # one micro-batch, as one argument or as (x, y)
         batch = batch[0] if len(batch) == 1 else batch
         if self.oom_above_batch is not None and images_in(batch) > self.oom_above_batch:
             # fault injection: the recovery path tested without a real device
@@ -170,8 +166,7 @@ class TrainStep:
         self.host_metrics_reads += 1
 
 
-def step_figures(record, step: TrainStep | None) -> dict | None:
-    """The step's counters, and the rates of the headline phase (e2e, else compute)."""
+def step_figures(record, step: TrainStep | None) -> dict | None:  # rates of e2e, else compute
     if step is None:
         return None
     phase = record.phases.get("e2e") or record.phases.get("compute")

@@ -1,5 +1,4 @@
-"""Code a config names (`model._target_`, `dataset._target_`, `step._target_`, every `_target_`
-in `dataset.transform`/`dataset.collate`): imported, checked to be of its key's kind and not from
+"""Code a config names (every `_target_`): imported, checked to be of its key's kind and not from
 the standard library (transforms: nor another library's) before it is called, a wrong one a line.
 Not a sandbox: run only configs you trust (docs/guide.md, "Trust")."""
 
@@ -62,13 +61,12 @@ def cause(e: BaseException, typed: bool = True, limit: int = 200) -> str:
 def locate(key: str, path: Any, allowed: str) -> Any:
     """The object `path` names, imported but not called; one line naming `key` when it is not
     dotted, points into the standard library, or does not import."""
-    text = str(path)
-    if not isinstance(path, str) or not DOTTED.fullmatch(text):
+    if not isinstance(path, str) or not DOTTED.fullmatch(path):
         raise ConfigError(key, path, allowed)
-    parts = text.split(".")
+    parts = path.split(".")
     # not hydra.utils.get_object: it logs an ERROR (3 lines on stderr) before it raises
     if parts[0] in STDLIB:  # refused before the import: some stdlib modules act on import
-        raise ConfigError(key, text, f"{allowed} ({parts[0]} is in the standard library)")
+        raise ConfigError(key, path, f"{allowed} ({parts[0]} is in the standard library)")
     obj, why, i = None, None, 0
     try:
         obj = importlib.import_module(parts[0])
@@ -87,12 +85,12 @@ def locate(key: str, path: Any, allowed: str) -> Any:
             why += " (is its folder on PYTHONPATH? e.g. PYTHONPATH=. python -m gpubench ...)"
         elif isinstance(e, ModuleNotFoundError) and i and e.name == ".".join(parts[: i + 1]):
             why = f"package {'.'.join(parts[:i])} has no {parts[i]}, as a name or a submodule"
-        raise ConfigError(key, text, f"{allowed} ({why})") from e
+        raise ConfigError(key, path, f"{allowed} ({why})") from e
     if why is not None:
-        raise ConfigError(key, text, f"{allowed} ({why})")
+        raise ConfigError(key, path, f"{allowed} ({why})")
     # `torch.os.system` is os.system: judge the object by the module that defines it
     if _top(_defined_in(obj)) in STDLIB:
-        raise ConfigError(key, text, f"{allowed} (it is {_describe(obj)}, in the standard library)")
+        raise ConfigError(key, path, f"{allowed} (it is {_describe(obj)}, in the standard library)")
     return obj
 
 
@@ -116,8 +114,7 @@ def dataset_class(target: Any) -> type:
 
 
 def _targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
-    """(key, _target_) of every instantiate node in `node`, nested ones too (Hydra calls a
-    Compose's list of transforms before the Compose)."""
+    """(key, _target_) of every instantiate node, nested ones too (Hydra calls them first)."""
     if isinstance(node, Mapping):
         if "_target_" in node:
             yield f"{key}._target_", node["_target_"]
@@ -135,8 +132,8 @@ def _defined_in(obj: Any) -> str:
 
 
 def team_code(module_name: str) -> bool:
-    """A module loaded from a file outside every installed library folder, and not gpubench's
-    (an editable install lies outside them too); one with no file (built in) is not."""
+    """A module from a file outside every library folder, not gpubench's (an editable install
+    lies outside them too); one with no file (built in) is not."""
     file = getattr(sys.modules.get(module_name), "__file__", None)
     if not file or _top(module_name) in GPUBENCH_PACKAGES:
         return False
@@ -158,16 +155,14 @@ def transform_kind(obj: Any) -> str | None:
             "own code")
 
 
-def callable_node(node: Mapping, key: str) -> None:
-    """One line naming the first `_target_` of an instantiate node transform_kind refuses."""
+def callable_node(node: Mapping, key: str) -> None:  # the first `_target_` transform_kind refuses
     for k, target in _targets(node, key):
         why = transform_kind(locate(k, target, CALLABLE))
         if why:
             raise ConfigError(k, target, f"{CALLABLE} ({why})")
 
 
-def loss_function(target: Any) -> Any:
-    """step._target_ (step=custom): the team's own function or an nn.Module class."""
+def loss_function(target: Any) -> Any:  # step._target_: the team's function or an nn.Module class
     fn = locate("step._target_", target, LOSS)
     why = transform_kind(fn)
     if why or not callable(fn):
@@ -175,8 +170,7 @@ def loss_function(target: Any) -> Any:
     return fn
 
 
-def check(s: Settings) -> None:
-    """Every code reference of the run, checked before any of it is called."""
+def check(s: Settings) -> None:  # every code reference of the run, before any of it is called
     if s.model._target_:
         model_class(s.model._target_)
     if s.step.name == "custom":
