@@ -77,8 +77,7 @@ class Search:
 
     def run(self) -> dict | None:
         """Measure until the study holds n_trials measured trials; the best, or None."""
-        size = self.space.size()
-        in_a_row = 0
+        size, fixed, in_a_row = self.space.size(), self.space.fixed_values, 0
         while True:
             if stale := S.fail_stale(self.shared):
                 log.info("%s of a worker that stopped beating: queued again",
@@ -86,7 +85,6 @@ class Search:
             measured = S.measured_trials(self.study)
             running = S.running_trials(self.study)
             left = self.n_trials - len(measured)
-            fixed = self.space.fixed_values
             done = {S.key(t.params, fixed) for t in measured}
             if left <= 0 or (self.stop is not None and measured and self.stop()):
                 break
@@ -157,10 +155,9 @@ class Search:
                 if rec.status.crashed or not rec.feasible:
                     self._tell(t, rec)
                     continue
-                keep = S.screen_passes(self.study, rec.throughput, self.screen.keep,
-                                       self.screen.n_startup_trials)
-                t.report(rec.throughput, 0)
-                if keep:
+                t.report(rec.throughput, 0)  # not counted by its own cut: it is RUNNING
+                if S.screen_passes(self.study, rec.throughput, self.screen.keep,
+                                   self.screen.n_startup_trials):
                     full.append(t)
                 else:
                     self._tell(t, rec, pruned=True)
