@@ -83,9 +83,8 @@ class SearchSpace:
                               "(sweep=throughput)")
 
     def require_knobs(self) -> None:
-        """A search ranks its trials together: a swept workload key (Role.workload: what is
-        trained, a key gpubench does not declare too) would rank other setups against each
-        other and call the fastest the best. ConfigError names the first such key."""
+        """ConfigError for the first swept workload key (Role.workload: what is trained, or a key
+        gpubench does not declare): a search would rank other setups as one, the fastest best."""
         for p in self.params:
             if role(p.name) is Role.workload:
                 raise ConfigError(p.key.lstrip("+"), p.written, (
