@@ -73,11 +73,9 @@ class GpubenchSweeper(Sweeper):
             mark_stale_runs(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
         jobs = Jobs(self.launcher, manifest, self.max_failures)
+        run = self._max_batch if self.mode is Mode.max_batch else self._search
         try:
-            if self.mode is Mode.max_batch:
-                self._max_batch(jobs, space, manifest)
-            else:
-                self._search(jobs, space, manifest)
+            run(jobs, space, manifest)
         finally:
             manifest.save()
         jobs.check_measured()  # nothing measured: nothing to report either
