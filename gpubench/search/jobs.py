@@ -20,8 +20,6 @@ from gpubench.search.manifest import Manifest, reserve_job_dir
 log = logging.getLogger("gpubench.sweep")
 # a job that failed on these failed for its disk, not its configuration
 DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
-
-
 NO_RESULTS = "no results.json"  # a job that left no record, and said nothing of why
 
 
@@ -57,17 +55,17 @@ def read_job(out_dir: Path, job_error: BaseException | None, rung: record.Rung) 
         if damaged(path := Path(out_dir) / record.RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): the job counts as failed", path)
         return record.missing(out_dir, err or NO_RESULTS, rung=rung)
-    if rec.status is Status.running and rec.complete:
+    running = rec.status is Status.running
+    if running and rec.complete:
         rec.recover(f"its final status was not written ({err or 'the job ended'})")
-    elif rec.status is Status.running and rec.stale:
+    elif running and rec.stale:
         rec.mark_dead()
-    elif rec.status is Status.running:
+    elif running:
         rec.status = Status.failed
         rec.error = rec.error or "the job ended without finishing its record" + (
             f" ({err})" if err else "")
         if isinstance(job_error, OSError) and job_error.errno in DISK_ERRORS:
-            # the disk failed it, not its configuration: measured again by the next invocation
-            rec.extra["requeue"] = True
+            rec.extra["requeue"] = True  # measured again by the next invocation
     elif err and rec.status is Status.ok:
         rec.status, rec.error = Status.failed, err
     if rec.status is Status.ok and not (math.isfinite(rec.throughput) and rec.throughput > 0):

@@ -77,8 +77,7 @@ class Search:
 
     def run(self) -> dict | None:
         """Measure until the study holds n_trials measured trials; the best, or None."""
-        size = self.space.size()
-        in_a_row = 0
+        size, fixed, in_a_row = self.space.size(), self.space.fixed_values, 0
         while True:
             if stale := S.fail_stale(self.shared):
                 log.info("%s of a worker that stopped beating: queued again",
@@ -86,7 +85,6 @@ class Search:
             measured = S.measured_trials(self.study)
             running = S.running_trials(self.study)
             left = self.n_trials - len(measured)
-            fixed = self.space.fixed_values
             done = {S.key(t.params, fixed) for t in measured}
             if left <= 0 or (self.stop is not None and measured and self.stop()):
                 break
@@ -157,10 +155,9 @@ class Search:
                 if rec.status.crashed or not rec.feasible:
                     self._tell(t, rec)
                     continue
-                keep = S.screen_passes(self.study, rec.throughput, self.screen.keep,
-                                       self.screen.n_startup_trials)
-                t.report(rec.throughput, 0)
-                if keep:
+                t.report(rec.throughput, 0)  # not counted by its own cut: it is RUNNING
+                if S.screen_passes(self.study, rec.throughput, self.screen.keep,
+                                   self.screen.n_startup_trials):
                     full.append(t)
                 else:
                     self._tell(t, rec, pruned=True)
@@ -194,10 +191,9 @@ class Search:
                      rec.memory_of, rec.status if rec.feasible else f"{rec.status}, infeasible")
 
     def _confirm(self) -> list[int]:
-        """Re-measure the fastest feasible full-length trials (by their records), interleaved,
-        those whose own measurement found no disturbance first: a flagged one can never be
-        confirmed (Row.stable), so it takes a slot only where too few others are left; the
-        numbers of the trials confirmed."""
+        """Re-measure the fastest feasible full-length trials, interleaved (to_confirm: a flagged
+        one can never be confirmed, Row.stable, so it takes a slot only where too few others are
+        left); the numbers of the trials confirmed."""
         if self.confirm is None or self.confirm.top <= 0:  # no confirm step
             return []
         found = []
@@ -245,19 +241,18 @@ class Search:
         return [t.number for t in top]
 
     def _summarize(self, confirmed: list[int]) -> dict | None:
-        """sweep.json's `best`: the trial the report recommends (the same rows, the same
-        `recommend`: its `chosen`), so the two never disagree; `fastest`, its reference, where
-        that is another trial. Optuna's best_trial (feasible, the highest value, flagged or not)
-        only where the report recommends nothing."""
+        """sweep.json's `best`: the report's `recommend(...).chosen` on the same rows, so the two
+        never disagree; `fastest`, its reference, where that is another trial. Optuna's
+        best_trial (feasible, flagged or not) only where the report recommends nothing."""
         rows = trial_rows(self.study, self.shared.storage)
         rec = recommend(training_rows([r for _, r in rows])[0])
         extra: dict = {}
         if rec is None:
             try:
                 best = self.study.best_trial  # feasible only (Optuna reads the constraints)
+                value = best.value
             except ValueError:
                 best = None
-            value = None if best is None else best.value
         else:
             pick = rec.chosen
             best, value = next(t for t, r in rows if r is pick), pick.throughput
@@ -271,20 +266,19 @@ class Search:
                 extra["fastest"] = {"trial": fastest.number, "value": rec.best.throughput,
                                     "interval": list(rec.best.interval),
                                     "dir": fastest.user_attrs.get("dir")}
-        out = None
-        if best is None:
-            measured = any(r.record.status.measured for _, r in rows)
-            log.warning("no feasible trial under the memory ceiling" if measured else
+        out = None if best is None else {
+            "trial": best.number, "value": value, "params": best.params,
+            "overrides": self.space.overrides(best.params), "dir": best.user_attrs.get("dir"),
+            **extra}
+        if out is None:
+            log.warning("no feasible trial under the memory ceiling"
+                        if any(r.record.status.measured for _, r in rows) else
                         "no trial measured: every one failed (each job's folder says why)")
-        else:
-            out = {"trial": best.number, "value": value, "params": best.params,
-                   "overrides": self.space.overrides(best.params),
-                   "dir": best.user_attrs.get("dir"), **extra}
+        elif self.writes_best:  # a sweep=pipes stage's pick is no recommendation (its path is)
             # named as the report's ranking names it too: its job folder (`run 5`)
             run = f" (run {os.path.basename(out['dir'])})" if out["dir"] else ""
-            if self.writes_best:  # a sweep=pipes stage's pick is no recommendation (its path is)
-                log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
-                         best.number, run, value, " ".join(out["overrides"]))
+            log.info("best feasible (as the report recommends): trial %d%s, %.1f img/s: %s",
+                     best.number, run, value, " ".join(out["overrides"]))
         self.jobs.manifest.update(measured_trials=len(S.measured_trials(self.study)),
                                   **({"best": out} if out and self.writes_best else {}))
         return out

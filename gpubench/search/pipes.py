@@ -104,10 +104,10 @@ class Pipes:
             t = self._spent(Stage.data, t)
             self._join(kept, fed)
             self._spent(Stage.join, t)
+            for line in lines(self.result):
+                log.info("%s", line)
         else:
             log.warning("no compute setting ran under the memory ceiling: nothing to feed")
-        for line in lines(self.result) if kept else ():
-            log.info("%s", line)
         pairings = (self.result.get("join") or {}).get("pairings") or []
         if pairings and all(p["e2e"] is None for p in pairings):
             # bounds alone are no recommendation (jobs.unmeasured's rule, for the join)
@@ -162,8 +162,8 @@ class Pipes:
         rows = _rows(shared)  # each read queries the studies and every trial's results.json
         if after is not None:  # the join's next try: the next setting past the chosen one
             measured = {S.key(p) for p, _ in rows}
-            nxt = [p for p in points if cost(p, params) > after and S.key(p) not in measured]
-            self._measure(shared, space, nxt[:1])
+            self._measure(shared, space, [p for p in points if cost(p, params) > after
+                                          and S.key(p) not in measured][:1])
             rows = _rows(shared)
         else:
             while (todo := walk(rows)) and len(rows) < self.plan.data_trials:
@@ -500,8 +500,8 @@ def lines(result: dict) -> list[str]:
             continue
         e, b = Est(*p["e2e"]), Est(*p["bound"])
         tail = ": the pipes contend (both fall short together)" if p["contends"] else ""
-        what = ("the serial bound (0 workers: load, then step)" if Narrower.read(p["narrower"]) is Narrower.serial
-                else "the narrower pipe")
+        what = ("the serial bound (0 workers: load, then step)"
+                if p["narrower"] == Narrower.serial else "the narrower pipe")
         out.append(f"{pairing}: e2e {e} img/s, {e.over(b).value:.0%} of {what} "
                    f"({p['narrower']} {b}){tail}")
     if w := result.get("wall_s"):

@@ -72,9 +72,8 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         rec = load(d, job[1].get("rung"))
         if rec is None and damaged(d / RESULTS_FILE):
             log.warning("%s is damaged (not valid JSON): not in the report", d / RESULTS_FILE)
-        if rec is None or not rec.status.final:
-            continue
-        if rec.rung is Rung.screen and trial in measured_in_full:
+        if (rec is None or not rec.status.final
+                or rec.rung is Rung.screen and trial in measured_in_full):
             continue
         # pooled into its trial's row, not a row of its own; one whose trial no manifest names
         # stays a row of its own rather than join another sweep's run
@@ -91,9 +90,8 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
 
 
 def record_keys(params: dict[str, Any]) -> dict[str, Any]:
-    """A trial's params under the keys a record's config flattens to: a group's choice
-    (`precision`) is its `.name` key (`precision.name`), so the row shares the ranking's column
-    with the measured rows."""
+    """A trial's params under the keys a record's config flattens to (a group's choice
+    `precision` is `precision.name`), so the row shares the ranking's columns."""
     return {f"{k}.name" if f"{k}.name" in KEYS else k: v for k, v in params.items()}
 
 

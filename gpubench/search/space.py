@@ -83,9 +83,8 @@ class SearchSpace:
                               "(sweep=throughput)")
 
     def require_knobs(self) -> None:
-        """A search ranks its trials together: a swept workload key (Role.workload: what is
-        trained, a key gpubench does not declare too) would rank other setups against each
-        other and call the fastest the best. ConfigError names the first such key."""
+        """ConfigError for the first swept workload key (Role.workload: what is trained, or a key
+        gpubench does not declare): a search would rank other setups as one, the fastest best."""
         for p in self.params:
             if role(p.name) is Role.workload:
                 raise ConfigError(p.key.lstrip("+"), p.written, (
@@ -125,15 +124,13 @@ class _Stepped(Sequence):
     (`range(1,1000,0.00001)` is 10^8 of them)."""
 
     def __init__(self, low: float, step: float, n: int) -> None:
-        self.low, self.step, self.n = low, step, n
+        self.low, self.step, self.ks = low, step, range(n)
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.ks)
 
     def __getitem__(self, k: int) -> float:
-        if not -self.n <= k < self.n:
-            raise IndexError(k)
-        return self.low + (k % self.n) * self.step
+        return self.low + self.ks[k] * self.step  # range's: IndexError, negative k
 
 
 def axes(params: list[Param]) -> list[Sequence] | None:
@@ -160,10 +157,8 @@ def points(params: list[Param]) -> int | None:
 def grid(params: list[Param]) -> list[dict[str, Any]] | None:
     """Every point of a space of choices and stepped ranges; None when a key is continuous."""
     values = axes(params)
-    if values is None:
-        return None
-    return [dict(zip([p.name for p in params], pt, strict=True))
-            for pt in itertools.product(*values)]
+    return None if values is None else [dict(zip([p.name for p in params], pt, strict=True))
+                                        for pt in itertools.product(*values)]
 
 
 def _key_of(override: str) -> str:
@@ -199,13 +194,13 @@ def to_param(override) -> Param:
     name, key = override.key_or_group, override.get_key_element()
     tags = set(getattr(value, "tags", None) or ())
     log = "log" in tags
-    text = override.input_line.split("=", 1)[-1] if override.input_line else str(value)
+    written = override.get_value_string()  # as typed, after the first `=`
     if tags - {"log"}:  # a misspelt `log` would sample on a linear scale without a word
-        raise ConfigError(name, text, "tag(log, ...), the one tag a search reads")
-    written = text
+        raise ConfigError(name, written, "tag(log, ...), the one tag a search reads")
     if isinstance(value, ChoiceSweep):
         if log:
-            raise ConfigError(name, text, "tag(log, ...) around range(...) or interval(...) only")
+            raise ConfigError(name, written,
+                              "tag(log, ...) around range(...) or interval(...) only")
         labels = list(override.sweep_string_iterator())
         choices, text = [], {}
         for v, label in zip(value.list, labels, strict=True):
@@ -228,7 +223,7 @@ def to_param(override) -> Param:
         if log and lo <= 0:
             raise ConfigError(name, f"tag(log,interval({lo},{hi}))", "a log interval with a > 0")
         return Param(name, key, FloatDistribution(lo, hi, log=log), written=written)
-    raise ConfigError(name, text, "choice(...), range(...), interval(...), optionally in "
+    raise ConfigError(name, written, "choice(...), range(...), interval(...), optionally in "
                       "tag(log, ...)")
 
 

@@ -39,15 +39,14 @@ OPEN_ATTEMPTS = 10
 ROUNDS = "-confirm"
 
 
-# catch_warnings swaps the process-wide filter list: two threads inside at once restore each
-# other's list on exit (one thread's warning then shows, or the other's ignore stays for good)
 _QUIETING = threading.RLock()
 
 
 @contextmanager
 def _quiet():
     """Optuna calls heartbeats and their callbacks experimental, and warns of heartbeats outside
-    `optimize`: we beat ourselves. One thread at a time (_QUIETING); the blocks are short."""
+    `optimize`: we beat ourselves. One thread at a time (the blocks are short): catch_warnings
+    swaps the process-wide filter list, and two threads inside at once restore each other's."""
     with _QUIETING, warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", "Heartbeat of storage")
@@ -216,9 +215,9 @@ def fail_stale(shared: Shared, clock: Callable[[], float] = time.monotonic) -> i
     with shared.turn:
         before = running_trials(shared.study)
         now = clock()
-        grace = float(shared.storage.grace_period or 2 * shared.storage.heartbeat_interval)
-        if isinstance(shared.turn, FileLock):
-            grace = -1.0  # no asker alive leaves a trial unnamed outside the turn
+        # under a file lock, no asker alive leaves a trial unnamed outside the turn
+        grace = -1.0 if isinstance(shared.turn, FileLock) else float(
+            shared.storage.grace_period or 2 * shared.storage.heartbeat_interval)
         shared.unnamed = {t.number: shared.unnamed.get(t.number, now) for t in before
                           if worker_pid(t) is None}
         for t in before:

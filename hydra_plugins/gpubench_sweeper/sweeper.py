@@ -68,17 +68,14 @@ class GpubenchSweeper(Sweeper):
             space.resolved = {"bench.device": device_of(self.config)}  # a CPU's pin_memory: inert
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        # as Hydra's, masked
-        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
+        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # Hydra's, masked
         if self.mode is Mode.max_batch:  # a search's studies know more: see _search
             mark_stale_runs(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
         jobs = Jobs(self.launcher, manifest, self.max_failures)
+        run = self._max_batch if self.mode is Mode.max_batch else self._search
         try:
-            if self.mode is Mode.max_batch:
-                self._max_batch(jobs, space, manifest)
-            else:
-                self._search(jobs, space, manifest)
+            run(jobs, space, manifest)
         finally:
             manifest.save()
         jobs.check_measured()  # nothing measured: nothing to report either
@@ -99,8 +96,7 @@ class GpubenchSweeper(Sweeper):
         from gpubench.search.pipes import Pipes, Plan, Stage, check_space
 
         pipes = self.mode is Mode.pipes
-        # checked before a study is made for nothing
-        space.require_knobs()  # a workload key swept: other setups ranked as one
+        space.require_knobs()  # checked before a study is made for nothing
         if pipes:
             check_space(space, tuple(self.pipes.data_keys))  # require_swept, and per pipe
         else:
