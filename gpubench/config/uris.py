@@ -1,5 +1,5 @@
-"""`tracking.uri` (an MLflow store) and `hydra.sweeper.storage` (Optuna's) checked before any
-work: a malformed one would fail only when the run is logged or the study opened."""
+"""`tracking.uri` (MLflow's store) and `hydra.sweeper.storage` (Optuna's), checked before any
+work: a malformed one failed only when the run was logged or the study opened."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
 def check_tracking_uri(uri: Any) -> None:
-    """tracking.uri (also `sync --uri`, `report --tracking-uri`): a store MLflow opens, a file
-    store only where MLflow would open it."""
+    """tracking.uri (`sync --uri`, `report --tracking-uri`): a store MLflow opens."""
     if uri == "databricks":  # store names, not paths (mlflow/tracking/registry.py)
         return
     named = uri in ("databricks-uc", "uc")
@@ -44,7 +43,7 @@ def check_tracking_uri(uri: Any) -> None:
 
 
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
-    """Reject a malformed URI before any work; `path_ok`: a bare local path is a store too."""
+    """`path_ok`: a bare local path is a store too."""
     if uri is None:
         return
     # the line names the URI, never its password
@@ -69,7 +68,7 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
     if base in ("http", "https") and not parts.hostname:
         raise ConfigError(key, shown, f"{base}://host[:port][/path]")
     # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:
-    # no run logged there would outlive the process
+    # no run logged there outlives the process
     memory_ok = key != "tracking.uri" and rest == "//"
     if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
         raise ConfigError(key, shown, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
