@@ -183,26 +183,19 @@ class MlflowSweepCallback(Callback):
             log.debug("sweep report failed", exc_info=True)
             say(f"sweep report not made ({e})")
         if t is not None:
-            self._close(t, uri, sweep_dir, parent_id)
-        _fail_unmeasured(sweep_dir)
-
-    def _close(self, t: Any, uri: str | None, sweep_dir: Path, parent_id: str | None) -> None:
-        from gpubench import tracking
-        from gpubench.tracking.store import ui_hint
-
-        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
-        if not parent_id:
-            return
+            tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
         try:
-            with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
-                tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
-            # the sweep's own page (its best run, report), after the jobs' links
-            log.info("MLflow sweep %s: %s", parent_id, ui_hint(uri, store.experiment_id,
-                                                                parent_id))
+            if attach:
+                with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
+                    tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
+                # the sweep's own page (its best run, report), after the jobs' links
+                log.info("MLflow sweep %s: %s", parent_id,
+                         tracking.store.ui_hint(uri, store.experiment_id, parent_id))
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
             say(f"sweep summary not logged to MLflow ({e}); "
                 f"python -m gpubench.tracking sync {sweep_dir}")
+        _fail_unmeasured(sweep_dir)
 
 
 def _fail_unmeasured(sweep_dir: Path) -> None:
