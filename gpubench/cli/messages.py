@@ -44,11 +44,6 @@ def flat(text: str) -> str:
     return cut("; ".join(part.strip() for part in str(text).splitlines() if part.strip()), LONGEST)
 
 
-def first_line(ex: BaseException) -> str:
-    # OmegaConf's next lines are the key and the node's type; Hydra's, the search path
-    return next((ln.strip() for ln in str(ex).splitlines() if ln.strip()), type(ex).__name__)
-
-
 def _parsed(overrides: Sequence[str]) -> list[Override]:
     try:
         return OverridesParser.create().parse_overrides(list(overrides))
@@ -158,8 +153,9 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
         o = next((o for o in same if str(o.value()) == str(bad.value)), same[-1] if same else None)
         return str(ConfigError(bad.full_key, bad.value, allowed,
                                typed(o) if o is not None else str(bad.value)))
-    key = bad.full_key if bad is not None else None
-    line = first_line(bad if bad is not None else ex)
+    key, said = (bad.full_key, bad) if bad is not None else (None, ex)
+    # the first line: OmegaConf's next are the key and the node's type; Hydra's, the search path
+    line = next((ln.strip() for ln in str(said).splitlines() if ln.strip()), type(said).__name__)
     return flat(f"{key}: {line}" if key else line)
 
 

@@ -65,9 +65,7 @@ def _loader() -> Any:
 
 def group_hint(group: str, value: Any) -> str:
     """`model=resnet34` names a torchvision model: model.name takes it (the group has presets)."""
-    if group == "model" and str(value) in known_models():
-        return f"; use model.name={value}"
-    return ""
+    return f"; use model.name={value}" if group == "model" and str(value) in known_models() else ""
 
 
 def _repository(cfg: DictConfig | None) -> ConfigRepository | None:
@@ -89,18 +87,13 @@ def file_package(header: dict, group: str) -> str:
     return package.replace("_global_", "").strip(".")
 
 
-def _options(group: str, cfg: DictConfig | None) -> list[str]:
-    """A group's options on `cfg`'s search path, else the loader's, else conf/'s."""
-    if (repo := _repository(cfg)) is not None:
-        return list(repo.get_group_options(group))
-    loader = _loader()
-    return (list(loader.get_group_options(group)) if loader is not None
-            else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
-
-
 def check_option(group: str, value: Any, cfg: DictConfig | None = None) -> None:
-    """A group's chosen option exists (Hydra skips an optional group's missing one)."""
-    options = _options(group, cfg)
+    """A group's chosen option exists (Hydra skips an optional group's missing one): on `cfg`'s
+    search path, else the loader's, else in conf/."""
+    if (source := _repository(cfg)) is None:
+        source = _loader()
+    options = (list(source.get_group_options(group)) if source is not None
+               else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
     if str(value) not in options:
         raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/, a "
                                         f"--config-dir or hydra.searchpath){group_hint(group, value)}")
