@@ -26,8 +26,8 @@ class Exit(SystemExit):
 
 
 class JobFailed(BaseException):
-    """A single run's exception (its __cause__) carried past Hydra's run_job, which prints
-    "Error executing job" for an Exception."""
+    """A run's exception (its __cause__) carried past Hydra's run_job, which prints "Error
+    executing job" for an Exception."""
 
 
 def _refuse(message: str):

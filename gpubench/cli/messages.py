@@ -52,8 +52,7 @@ def _parsed(overrides: Sequence[str]) -> list[Override]:
 
 
 def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
-    """A refused value's declaration (by its parent's schema), and whether it was a list's
-    element (`bench.phases[1]`)."""
+    """A refused value's declaration (by its parent's schema); whether it was a list element."""
     node, name, element = bad.parent_node, bad.key, False
     if isinstance(node, ListConfig):
         node, name, element = node._get_parent(), node._key(), True
@@ -110,8 +109,7 @@ def deleted_line(parsed: list[Override]) -> ConfigError | None:
 
 
 def sweep_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
-    """A single run's sweep (Hydra's "Ambiguous value", raised with no cause before anything is
-    composed); a hydra.* one is Hydra's word."""
+    """A single run's sweep (Hydra's uncaused "Ambiguous value"); a hydra.* one is Hydra's word."""
     o = next((o for o in parsed if o.is_sweep_override()), None)
     if ex.__cause__ or ex.__context__ or o is None or o.key_or_group.startswith(("hydra.",
                                                                               "hydra/")):
@@ -183,8 +181,7 @@ def override_line(text: str, reason: BaseException | None) -> str:
 
 
 def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
-    """The first override Hydra's parser refuses, and why (its ValueError for a 20,000-digit
-    integer names no override)."""
+    """The first override Hydra's parser refuses, and why (its ValueError names no override)."""
     parser = OverridesParser.create()
     for text in overrides:
         try:

@@ -36,8 +36,7 @@ def _on_signal(signum, frame) -> None:
 
 
 def install_sigterm() -> None:
-    """SIGTERM and SIGHUP raise Terminated in the main thread; one ignored from the start
-    (`nohup`'s SIGHUP) stays ignored."""
+    """SIGTERM, SIGHUP raise Terminated in the main thread; one ignored at start (nohup) stays."""
     global _main_pid
     _main_pid = os.getpid()
     for s in ENDING_SIGNALS:

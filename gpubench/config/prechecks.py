@@ -57,8 +57,7 @@ def _at(cfg: DictConfig, key: str) -> Any:
 
 
 def _loader() -> Any:
-    """Hydra's config loader, if any: it knows the whole search path (--config-dir too), and
-    glob(...) in an override lists the config's keys."""
+    """Hydra's config loader, if any: it knows the search path, and glob(...) lists the keys."""
     instance = GlobalHydra.instance()
     return instance.config_loader() if instance.is_initialized() else None
 
@@ -81,8 +80,7 @@ def _repository(cfg: DictConfig | None) -> ConfigRepository | None:
 
 
 def file_package(header: dict, group: str) -> str:
-    """A config file's keys' prefix as Hydra places them: its group's by default, '' for
-    _global_."""
+    """A config file's keys' prefix as Hydra places them (its group's; '' for _global_)."""
     package = (header.get("package") or "_group_").replace("_group_", group.replace("/", "."))
     return package.replace("_global_", "").strip(".")
 
@@ -138,8 +136,7 @@ def parse(text: str, key: str) -> Any:
 
 def unknown_key(key: str, value: Any, known: list[str], what: str = "",
                 typed: str | None = None) -> ConfigError:
-    """A key the config lacks: under gpubench's groups the declared ones, else the close keys of
-    `known` and how to add one."""
+    """A key the config lacks: the declared (gpubench's groups) or close keys, or how to add it."""
     try:
         if key.split(".")[0] in GROUP_NAMES:  # a root key's near-miss: the close keys below
             check_known_key(key, value)
@@ -223,8 +220,7 @@ def _first(o: Any) -> Any:
 
 
 def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
-    """A plain override's value has its key's type as written (composed, 2 shows as true); a
-    sweep: _check_override."""
+    """A plain override's value has its key's type as written (composed, 2 reads as true)."""
     for o in overrides:
         if _swept(o):
             _check_override(cfg, o, groups)
@@ -310,8 +306,7 @@ def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
 
 
 def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> None:
-    """The sweeper's override lists (its schema's `*overrides` keys), checked like the command
-    line's before any trial (a bad one would fail every trial it reaches)."""
+    """The sweeper's `*overrides` lists, checked like the command line's before any trial."""
     for k in (k for k in sweeper if k.name.endswith("overrides")):
         for i, text in enumerate(_at(cfg, k.name) or []):
             key = f"{k.name}[{i}]"

@@ -55,8 +55,7 @@ KNOB, DATA_KNOB = (partial(Knob, Role.knob, p) for p in (Pipe.compute, Pipe.data
 
 
 def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
-    """bench.phases: not empty, each once (a phase listed twice was measured twice a round into
-    one record, its windows pooled)."""
+    """bench.phases: not empty, each once (a repeated phase's windows were pooled as one's)."""
     names = [p.value if isinstance(p, Enum) else p for p in phases]
     if not names or len(set(names)) != len(names):
         raise ConfigError(key, names, "a non-empty list of loader, compute, e2e, each at most once")

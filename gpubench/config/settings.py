@@ -55,8 +55,7 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
 
 
 def as_run(values: dict[str, Any]) -> dict[str, Any]:
-    """Dotted config values as they act (knobs.acts): settings differing only in inert keys are
-    one run."""
+    """Dotted values as they act (knobs.acts): settings differing only in inert keys are one run."""
     return {k: v for k, v in values.items() if knobs.acts(k, values.get)}
 
 
@@ -148,8 +147,7 @@ def checkpointable(name: str) -> bool:
 
 
 def impl_devices(impl: str) -> list[str] | None:
-    """Device types with kernels for an optimizer impl (None: any). Elsewhere torch raises
-    (fused) or runs a slow per-tensor fallback (foreach)."""
+    """Devices with kernels for an optimizer impl (None: any); else fused raises, foreach crawls."""
     if impl not in ("foreach", "fused"):
         return None
     from torch.utils import _foreach_utils
@@ -165,8 +163,7 @@ def impls_on(device: str) -> str:
 
 def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
                   value: Any = None) -> None:
-    """A classifier narrower than the classes fails at the first loss (a device-side assert on
-    CUDA), after the loader was measured."""
+    """A classifier narrower than the classes fails at the first loss, after the loader ran."""
     if width < num_classes:
         raise ConfigError(key, width if value is None else value,
                           f"a model whose output width covers the dataset's {num_classes} classes "
@@ -351,8 +348,7 @@ SAMPLED_BYTES = 44
 
 
 def check_sampled(n: int, key: str, value: Any) -> None:
-    """The shuffled order of `n` samples in half the free RAM (a __len__ of 10**15 would exhaust
-    it in the sampler)."""
+    """`n` samples' shuffled order in half the free RAM (a __len__ of 10**15 exhausted it)."""
     most = available_ram() // 2 // SAMPLED_BYTES
     if n > most:
         raise ConfigError(key, value, f"a Dataset of at most {most} samples on this machine "
@@ -367,8 +363,7 @@ def check_batch_fits(s: Settings, n: int) -> None:
 
 
 def check_found_classes(s: Settings, n: int, where: str) -> None:
-    """Classes found on disk against dataset/model.num_classes: a label past the classifier's
-    width fails deep in the loss."""
+    """Classes found on disk within dataset/model.num_classes (past them the loss fails)."""
     for key, value in (("dataset.num_classes", s.dataset.num_classes),
                        ("model.num_classes", s.model.num_classes)):
         if value < n:
