@@ -12,7 +12,6 @@ NOTHING = object()  # the value of a key refused whatever it holds (`~key`): the
 
 
 def cut(text: str, most: int = SHOWN) -> str:
-    """`text` at most `most` characters long, the middle replaced by an ellipsis."""
     return text if len(text) <= most else f"{text[:most * 3 // 4]}…{text[-(most // 4):]}"
 
 

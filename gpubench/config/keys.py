@@ -194,7 +194,6 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
 
 
 def lookup(node: Any, path: str) -> Any:
-    """The value at a dotted `path` of a mapping or an object; None if absent."""
     for part in path.split("."):
         if isinstance(node, Mapping) or hasattr(node, "keys"):
             node = node[part] if part in node else None
@@ -204,7 +203,6 @@ def lookup(node: Any, path: str) -> Any:
 
 
 def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = None) -> None:
-    """Every declared key with a rule (or `only` these) against its value in `node`."""
     wanted = None if only is None else set(only)
     for k in declared:
         ruled = k.bounds is not None or k.choices is not None or k.type is bool or k.rule

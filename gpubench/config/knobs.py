@@ -74,7 +74,6 @@ def role(key: str) -> Role:
 
 
 def compared(key: str) -> bool:
-    """A key that tells two runs apart: workload or knob (not measure, not fault)."""
     return role(key) in (Role.workload, Role.knob)
 
 

@@ -98,7 +98,6 @@ def check_option(group: str, value: Any, cfg: DictConfig | None = None) -> None:
 
 
 def _swept_values(o) -> list:
-    """A sweep's choices, or a range's or interval's ends."""
     v = o.value()
     if isinstance(v, IntervalSweep):
         if not v.start < v.end:  # Optuna refuses it at the first trial, a grid samples nothing
@@ -229,7 +228,6 @@ def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
 
 
 def _prefixed(values: Any, package: str) -> Any:
-    """A file's values under its package's keys ('' for primary, _global_)."""
     for part in reversed([p for p in package.split(".") if p]):
         values = {part: values}
     return values
@@ -321,7 +319,6 @@ def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> 
 
 
 def check_before_work(cfg: DictConfig) -> None:
-    """Every check of this module, on the whole composed config."""
     groups = _at(cfg, "hydra.runtime.choices") or {}
     for group in OPTIONAL_GROUPS:
         if groups.get(group) is not None:

@@ -385,12 +385,10 @@ def walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def config_keys(cfg: Any) -> list[str]:
-    """Every dotted key of a composed config but Hydra's."""
     return [k for k, _ in walk(cfg) if k.partition(".")[0] != "hydra"]
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """check_known_key on every key under gpubench's groups and every own top-level key."""
     roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k not in ROOT_NAMES
              and k != "hydra"]
     for group in sorted(GROUP_NAMES):

@@ -40,7 +40,6 @@ def plain(v: Any) -> Any:
 
 
 def device_of(cfg: DictConfig) -> str:
-    """bench.device as a job here resolves it (auto: CUDA if this host has it)."""
     want = _plain(cfg.bench.device)
     return want if want != "auto" else ("cuda" if cuda_available() else "cpu")
 
@@ -239,7 +238,6 @@ def check_model_name(name: Any) -> None:
 
 
 def node_set(node: dict) -> bool:
-    """An instantiate node (dataset.transform, dataset.collate) that names a target."""
     return bool(node and node.get("_target_"))
 
 
