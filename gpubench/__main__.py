@@ -101,9 +101,8 @@ def team_first(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
-    # the interpreter's collection at exit walks every object torch made (0.8 s on 2 cores;
-    # 0.15 s frozen): frozen at exit, after every handler registered later (MLflow's, a sweep's
-    # parent run), once however many commands a process runs
+    # the collection at exit walks every object torch made (0.8 s on 2 cores; 0.15 s frozen): frozen
+    # after every later handler (MLflow's, a sweep parent's), once however many commands run
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
     from gpubench.cli.callbacks import EXIT

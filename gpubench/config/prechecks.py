@@ -323,8 +323,8 @@ def check_before_work(cfg: DictConfig) -> None:
     for group in OPTIONAL_GROUPS:
         if groups.get(group) is not None:
             check_option(group, groups[group], cfg)
-    # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
-    # too: the sweeper gives them to each job): a `???` one sets is set in each job
+    # a sweep's values and hydra.sweeper.params' (plain ones too) are not in the multirun's
+    # config but given to each job: a `???` they set is set there
     task, params = _overrides(cfg)
     overrides, set_by_sweeper = task + params, {o.key_or_group for o in params}
     # params first: the command line's value wins, as the sweepers give it

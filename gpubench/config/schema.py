@@ -285,9 +285,8 @@ class TrackingConfig:
                 "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; "
                 "file:///folder or a local folder only with MLFLOW_ALLOW_FILE_STORE=true "
                 "(MLflow 3.17 refuses its file store otherwise)")
-    # checked with any backend: a run kept on disk is uploaded later under the same names.
-    # MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
-    # a run's name is its mlflow.runName, stored in a 250-character column
+    # checked with any backend (a run kept on disk is uploaded later under the same names), at
+    # MLflow's limits: 500 characters an experiment name, 250 a run's (its mlflow.runName column)
     experiment: str = setting("gpubench", "the MLflow experiment", rule=name_rule(500))
     run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup",
                                    rule=name_rule(250))

@@ -76,9 +76,8 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
     return values, tuple(notes)
 
 
-# bench.min_window_s=null on CUDA with the sampler on: the sampler drops a window's first
-# NVML_AVERAGING_S (power 1 s on Ampere+, utilization 1/6 to 1 s; telemetry/monitor.py); twice
-# that leaves as long again (tests/telemetry/test_nvml.py).
+# bench.min_window_s=null on CUDA with the sampler: it drops a window's first NVML_AVERAGING_S
+# (power 1 s, utilization 1/6-1 s; telemetry/monitor.py), twice that leaves as long again.
 GPU_MIN_WINDOW_S = 2.0
 
 

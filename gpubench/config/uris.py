@@ -13,10 +13,9 @@ from gpubench.config.errors import ConfigError
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES, sqlite_path
 
-# The tracking stores MLflow 3.17 opens. Its file store (`file:`, a folder path) raises "in
-# maintenance mode" unless MLFLOW_ALLOW_FILE_STORE is true (file_store.py, FileStore.__init__);
-# its Unity Catalog schemes (databricks-uc, uc) always raise as tracking URIs
-# (_tracking_service/utils.py, _get_databricks_uc_rest_store).
+# The tracking stores MLflow 3.17 opens: its file store (`file:`, a folder path) raises "in
+# maintenance mode" unless MLFLOW_ALLOW_FILE_STORE is true (FileStore.__init__); its Unity Catalog
+# schemes (databricks-uc, uc) always raise as tracking URIs (_get_databricks_uc_rest_store).
 TRACKING_SCHEMES = ("http", "https", *MLFLOW_SQL_SCHEMES, "databricks")
 FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"
 FILE_STORE_REFUSED = (" (MLflow 3 refuses file stores, `file:` or a folder path: use "
