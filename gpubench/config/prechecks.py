@@ -218,15 +218,6 @@ def _first(o: Any) -> Any:
         return None
 
 
-def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
-    """A plain override's value has its key's type as written (composed, 2 reads as true)."""
-    for o in overrides:
-        if _swept(o):
-            _check_override(cfg, o, groups)
-        elif o.key_or_group in BY_NAME and not o.is_delete():
-            BY_NAME[o.key_or_group].check_type(o.value())
-
-
 def _prefixed(values: Any, package: str) -> Any:
     for part in reversed([p for p in package.split(".") if p]):
         values = {part: values}
@@ -331,7 +322,11 @@ def check_before_work(cfg: DictConfig) -> None:
     check_interpolations(cfg, {o.key_or_group: _first(o) for o in params + task
                                if _swept(o) or o.key_or_group in set_by_sweeper})
     check_known_keys(cfg)
-    check_overrides(cfg, groups, overrides)
+    for o in overrides:  # a plain value has its key's type as written (composed, 2 reads as true)
+        if _swept(o):
+            _check_override(cfg, o, groups)
+        elif o.key_or_group in BY_NAME and not o.is_delete():
+            BY_NAME[o.key_or_group].check_type(o.value())
     check_team_files(cfg, groups, overrides)
     node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
