@@ -1,5 +1,5 @@
-"""`gpubench`, the only Hydra entry point: returns the run's objective (a finite float any
-Hydra sweeper can maximize); errors and signals end it with one line (gpubench.cli.errors)."""
+"""`gpubench`, the only Hydra entry point: returns the run's objective (a finite float any sweeper
+can maximize); errors and signals end it with one line (gpubench.cli.errors)."""
 
 from __future__ import annotations
 
@@ -53,18 +53,18 @@ def _job(cfg: DictConfig) -> float:
         REJECTED.append(Refusal(tuple(HydraConfig.get().overrides.task), str(e)))
         return 0.0
     _settle()
-    if result.status in (Status.oom, Status.failed) and not _multirun():
-        raise Exit(ExitCode.FAILED)
-    if result.status is Status.over_ceiling and not _multirun():  # a sweep's trial: finished
-        raise Exit(ExitCode.OVER_CEILING)
-    if result.tracked is False and not _multirun():  # measured and kept, but not in MLflow
-        raise Exit(ExitCode.NOT_TRACKED)
+    code = {Status.oom: ExitCode.FAILED, Status.failed: ExitCode.FAILED,
+            Status.over_ceiling: ExitCode.OVER_CEILING}.get(result.status)
+    if code is None and result.tracked is False:  # measured and kept, but not in MLflow
+        code = ExitCode.NOT_TRACKED
+    if code is not None and not _multirun():  # a sweep's trial: finished
+        raise Exit(code)
     return result.objective
 
 
 def _settle() -> None:
-    """After a job, free the run and freeze what survives: later collections (each run's, for
-    device memory) skip torch's objects (0.17 s a pass on 2 cores). Never mid-run: frozen stays."""
+    """After a job, free the run and freeze what survives: later collections skip torch's objects
+    (0.17 s a pass on 2 cores). Never mid-run: frozen stays."""
     gc.collect()
     gc.freeze()
 
@@ -81,9 +81,9 @@ OmegaConf.register_new_resolver("gpubench_help_config", help_config, replace=Tru
 
 
 def team_first(argv: list[str]) -> list[str]:
-    """`-cd DIR` made `--config-path DIR`, so DIR's files come before gpubench's (Hydra's own
-    --config-dir searches DIR after them); unchanged with an explicit --config-path. Sets
-    TEAM_DIR either way: a second command in one process keeps no folder from the first."""
+    """`-cd DIR` made `--config-path DIR`, so DIR's files come before gpubench's (Hydra searches a
+    --config-dir after them); not with an explicit --config-path. Sets TEAM_DIR either way: a
+    second command in one process keeps no folder from the first."""
     out = list(argv)
     gpubench.cli.TEAM_DIR = None
     if any(a.partition("=")[0] in ("-cp", "--config-path") for a in out):
@@ -101,9 +101,8 @@ def team_first(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
-    # the interpreter's collection at exit walks every object torch made (0.8 s on 2 cores;
-    # 0.15 s frozen): frozen at exit, after every handler registered later (MLflow's, a sweep's
-    # parent run), once however many commands a process runs
+    # the collection at exit walks every object torch made (0.8 s on 2 cores; 0.15 s frozen): frozen
+    # after every later handler (MLflow's, a sweep parent's), once however many commands run
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
     from gpubench.cli.callbacks import EXIT

@@ -1,7 +1,7 @@
-"""Hydra callback: a multirun is one MLflow parent run with a child per job, the parent made in
-the launching process before any job (parallel jobs would race to create a sqlite store); jobs
-find it by PARENT_ENV or the sweep dir's parent file. It also refuses folders not to write into
-(`own_folder`). MLflow is loaded only for a tracked sweep: every run imports this module."""
+"""Hydra callback: a multirun is one MLflow parent run with a child per job, made in the launching
+process before any job (parallel jobs would race to create a sqlite store), found by PARENT_ENV or
+the sweep dir's parent file; folders not to write into are refused (`own_folder`). MLflow is
+loaded only for a tracked sweep: every run imports this module."""
 
 from __future__ import annotations
 
@@ -27,15 +27,13 @@ from gpubench.core.secrets import mask_logging, say
 from gpubench.search.jobs import unmeasured
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
-# the process's exit code, set by gpubench.__main__.cli: a sweep parent closed at exit is
-# KILLED after a signal, FAILED after an error
+# the exit code (set by gpubench.__main__.cli): a sweep parent closed at exit is KILLED after a
+# signal, FAILED after an error
 EXIT: dict[str, int | None] = {}
-# seconds beyond tracking.timeout_s that closing a sweep's parent at exit may take
-CLOSE_GRACE_S = 5.0
-# when each sweep of this process began (its report made since then was printed already)
-_STARTED: dict[str, float] = {}
-# the sweeper whose jobs always take new numbered folders (search.manifest reserve_job_dir): a
-# sweep folder holding runs is resumed; the others number their jobs from 0 every time
+CLOSE_GRACE_S = 5.0  # beyond tracking.timeout_s, for closing a sweep's parent at exit
+_STARTED: dict[str, float] = {}  # each sweep's start (a report made since was printed already)
+# its jobs always take new numbered folders (search.manifest reserve_job_dir): a sweep folder
+# holding runs is resumed; the other sweepers number their jobs from 0 every time
 RESUMING_SWEEPER = "hydra_plugins.gpubench_sweeper.sweeper.GpubenchSweeper"
 
 log = logging.getLogger("gpubench")
@@ -51,9 +49,9 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 def own_folder(key: str, value: Any, resumes: bool = False) -> Path:
-    """A run's or sweep's folder, else one line, exit 2 (a SystemExit: Hydra turns a callback's
-    Exception into a warning): not blank (the current folder), no symbolic link, no earlier run
-    to write over (a sweep's unless `resumes`). Called before run_job writes `.hydra/*.yaml`."""
+    """A run's or sweep's folder, before run_job writes `.hydra/*.yaml`: not blank, no symbolic
+    link, no earlier run to write over (a sweep's unless `resumes`). Else one line, exit 2 (a
+    SystemExit: Hydra turns a callback's Exception into a warning)."""
     if value is None or not str(value).strip():
         raise SystemExit(ConfigError(key, value, "a folder path (blank writes into the current "
                                      f"folder); leave {key} unset for a new timestamped folder"))
@@ -124,8 +122,8 @@ class MlflowSweepCallback(Callback):
         atexit.register(self._close_interrupted)
 
     def _close_interrupted(self) -> None:
-        """A parent that never reached on_multirun_end, ended KILLED or FAILED (EXIT). Bounded: a
-        server that is down must not hold the exit (a scheduler's grace after SIGTERM is short)."""
+        """A parent that never reached on_multirun_end ends KILLED or FAILED (EXIT), in bounded
+        time: a server that is down must not hold the exit (a scheduler's grace is short)."""
         open_, self._open = getattr(self, "_open", None), None
         if open_ is None:
             return
@@ -185,32 +183,24 @@ class MlflowSweepCallback(Callback):
             log.debug("sweep report failed", exc_info=True)
             say(f"sweep report not made ({e})")
         if t is not None:
-            self._close(t, uri, sweep_dir, parent_id)
-        _fail_unmeasured(sweep_dir)
-
-    def _close(self, t: Any, uri: str | None, sweep_dir: Path, parent_id: str | None) -> None:
-        from gpubench import tracking
-        from gpubench.tracking.store import ui_hint
-
-        tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
-        if not parent_id:
-            return
+            tracking.mark_ended(sweep_dir, True)  # a resumed sweep that got here ends FINISHED
         try:
-            with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
-                tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
-            # the sweep's own page (its best run, report), after the jobs' links
-            log.info("MLflow sweep %s: %s", parent_id, ui_hint(uri, store.experiment_id,
-                                                                parent_id))
+            if attach:
+                with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
+                    tracking.close_sweep(store, sweep_dir, parent_id, interrupted=False)
+                # the sweep's own page (its best run, report), after the jobs' links
+                log.info("MLflow sweep %s: %s", parent_id,
+                         tracking.store.ui_hint(uri, store.experiment_id, parent_id))
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
             say(f"sweep summary not logged to MLflow ({e}); "
                 f"python -m gpubench.tracking sync {sweep_dir}")
+        _fail_unmeasured(sweep_dir)
 
 
 def _fail_unmeasured(sweep_dir: Path) -> None:
-    """A grid multirun by the sweeper's rule (gpubench.search.jobs.unmeasured): its jobs' records
-    written since it began (a reused folder's older runs are not its jobs), every one unmeasured:
-    one line, exit 1, after the report and the MLflow parent said what there is."""
+    """A grid multirun whose jobs since it began (not a reused folder's older runs) were all
+    unmeasured (search.jobs.unmeasured): one line, exit 1, after the report and MLflow parent."""
     since = _STARTED.get(str(sweep_dir), float("inf"))
     recs = [r for d in find_runs(sweep_dir) if (d / RESULTS_FILE).stat().st_mtime >= since
             and (r := load(d)) is not None]
@@ -226,9 +216,8 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
 
 
 def _refused(config: DictConfig) -> list[Refusal]:
-    """This multirun's refused jobs, each by the overrides that set it apart: those the sweep's
-    command line gave every job (`model=tiny`) left out, its swept ones kept
-    (`loader.batch_size=4,-1` gave it `loader.batch_size=-1`)."""
+    """This multirun's refused jobs by the overrides that set them apart: the command line's
+    common ones (`model=tiny`) left out, the swept ones (`loader.batch_size=-1`) kept."""
     task = OmegaConf.select(config, "hydra.overrides.task", default=None)
     common = set(map(str, OmegaConf.to_container(task) if task is not None else ()))
     return [Refusal(tuple(o for o in r.overrides if o not in common) or r.overrides, r.line)
@@ -237,7 +226,7 @@ def _refused(config: DictConfig) -> list[Refusal]:
 
 def _sweep_report(sweep_dir: Path, attach: bool, refused: list[Refusal]) -> list[Path]:
     """The sweep report's files (the parent's artifacts when `attach`), naming `refused` jobs;
-    quiet, and made only to attach, where the gpubench sweeper made it since the sweep began."""
+    quiet, and only to attach, where the gpubench sweeper made it since the sweep began."""
     from gpubench.report.write import REPORT_DIR, sweep_report
 
     made = sweep_dir / REPORT_DIR / "summary.json"

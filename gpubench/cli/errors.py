@@ -1,6 +1,6 @@
-"""The command line's error layer: every error that ends `gpubench` is one line on stderr.
-Hydra runs with HYDRA_FULL_ERROR=1, so it raises what it caught (hydra/_internal/utils.py
-run_and_report) for gpubench.cli.messages to word; set by the user, tracebacks show."""
+"""Every error that ends `gpubench` is one line on stderr. Hydra runs with HYDRA_FULL_ERROR=1, so
+it raises what it caught (run_and_report) for gpubench.cli.messages to word; set by the user,
+tracebacks show."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ class Exit(SystemExit):
 
 
 class JobFailed(BaseException):
-    """A single run's exception (its __cause__) carried past Hydra's run_job, which prints
-    "Error executing job" for an Exception."""
+    """A run's exception (its __cause__) carried past Hydra's run_job, which prints "Error
+    executing job" for an Exception."""
 
 
 def _refuse(message: str):
@@ -35,8 +35,7 @@ def _refuse(message: str):
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command's arguments (overrides, -m), by Hydra's parser; an unknown flag raises
-    ArgumentError."""
+    """The command's arguments by Hydra's parser; an unknown flag raises ArgumentError."""
     parser = get_args_parser()
 
     def error(message: str):

@@ -1,6 +1,5 @@
-"""One line and an exit status for the exception that ended a command. Hydra's and OmegaConf's
-exceptions are read by their attributes (`options`, `full_key`, `value`, the typed parent node),
-their text only where none says more; the command's overrides give the value as typed."""
+"""One line and an exit status for the exception that ended a command: Hydra's and OmegaConf's
+read by their attributes (their text only where none says more), values as the overrides typed."""
 
 from __future__ import annotations
 
@@ -45,11 +44,6 @@ def flat(text: str) -> str:
     return cut("; ".join(part.strip() for part in str(text).splitlines() if part.strip()), LONGEST)
 
 
-def first_line(ex: BaseException) -> str:
-    """OmegaConf's next lines are the key and the node's type; Hydra's, the search path."""
-    return next((ln.strip() for ln in str(ex).splitlines() if ln.strip()), type(ex).__name__)
-
-
 def _parsed(overrides: Sequence[str]) -> list[Override]:
     try:
         return OverridesParser.create().parse_overrides(list(overrides))
@@ -58,8 +52,7 @@ def _parsed(overrides: Sequence[str]) -> list[Override]:
 
 
 def _declared(bad: ValidationError) -> tuple[Key, bool] | None:
-    """A refused value's key declaration (its parent node's schema), and whether the value was
-    a list's element (`bench.phases[1]`)."""
+    """A refused value's declaration (by its parent's schema); whether it was a list element."""
     node, name, element = bad.parent_node, bad.key, False
     if isinstance(node, ListConfig):
         node, name, element = node._get_parent(), node._key(), True
@@ -78,8 +71,8 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
     cause = ex.__cause__ or ex.__context__  # an override's error is the cause, a file's the context
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
-    # the cause names the missing key, or its first missing part (`lodaer` of
-    # `lodaer.batch_size=3`): the override is the command's first that names it
+    # the missing key or its first missing part (`lodaer` of `lodaer.batch_size=3`): the first
+    # override naming it
     missing = cause.full_key
     o = next((o for o in parsed if o.key_or_group == missing
               or o.key_or_group.startswith(f"{missing}.")), None)
@@ -89,17 +82,16 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
     key = o.key_or_group if o is not None else missing
     value, written = (o.value(), typed(o)) if o is not None else (None, None)
     if o is not None and missing.startswith(f"{key}."):
-        # a mapping given to the parent (`dataset.collate={_target_: ...}`): the missing key
-        # and the value the mapping holds for it
+        # a mapping given to the parent (`dataset.collate={_target_: ...}`): its value there
         for part in missing[len(key) + 1:].split("."):
             value = value.get(part) if isinstance(value, dict) else None
         key, written = missing, None
-    # the whole config, as far as it was composed: the missing key's parent leads to its root
+    # the config as far as composed: the missing key's parent leads to its root
     root = cause.parent_node._get_root() if cause.parent_node is not None else None
     known = list(DECLARED) if root is None else config_keys(root)
     if root is not None and key.startswith("hydra."):
-        # Hydra's and the sweeper's keys: siblings by their last part (the long common prefix
-        # made any key "close": hydra.sweeper.bogus matched hydra.sweeper._target_)
+        # siblings by their last part (the long common prefix made hydra.sweeper.bogus "close"
+        # to hydra.sweeper._target_)
         parent, _, leaf = key.rpartition(".")
         sibling = {k.rpartition(".")[2]: k for k, _ in walk(root) if k.rpartition(".")[0] == parent}
         known = [sibling[c] for c in difflib.get_close_matches(leaf, list(sibling), n=3)]
@@ -117,8 +109,7 @@ def deleted_line(parsed: list[Override]) -> ConfigError | None:
 
 
 def sweep_line(ex: ConfigCompositionException, parsed: list[Override]) -> ConfigError | None:
-    """A single run's sweep (Hydra's "Ambiguous value", "requires --multirun"): raised, with no
-    cause, for the first sweep before anything else is composed. A hydra.* one is Hydra's word."""
+    """A single run's sweep (Hydra's uncaused "Ambiguous value"); a hydra.* one is Hydra's word."""
     o = next((o for o in parsed if o.is_sweep_override()), None)
     if ex.__cause__ or ex.__context__ or o is None or o.key_or_group.startswith(("hydra.",
                                                                               "hydra/")):
@@ -134,8 +125,7 @@ def sweep_line(ex: ConfigCompositionException, parsed: list[Override]) -> Config
 
 def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[str] = (),
                multirun: bool = False) -> str:
-    """An error of composing the config (a bad override, a missing option); `multirun`: the
-    command has -m (a sweep in it is no error)."""
+    """An error composing the config; `multirun`: the command has -m (a sweep is no error)."""
     if isinstance(ex, MissingConfigException) and ex.options is not None and \
             "/" in (ex.missing_cfg_file or ""):
         group, _, value = ex.missing_cfg_file.rpartition("/")
@@ -161,20 +151,21 @@ def hydra_line(ex: HydraException | OmegaConfBaseException, overrides: Sequence[
         o = next((o for o in same if str(o.value()) == str(bad.value)), same[-1] if same else None)
         return str(ConfigError(bad.full_key, bad.value, allowed,
                                typed(o) if o is not None else str(bad.value)))
-    key = bad.full_key if bad is not None else None
-    line = first_line(bad if bad is not None else ex)
+    key, said = (bad.full_key, bad) if bad is not None else (None, ex)
+    # the first line: OmegaConf's next are the key and the node's type; Hydra's, the search path
+    line = next((ln.strip() for ln in str(said).splitlines() if ln.strip()), type(said).__name__)
     return flat(f"{key}: {line}" if key else line)
 
 
 def override_line(text: str, reason: BaseException | None) -> str:
-    """An override Hydra's parser refused (`reason`): what the syntax allows, what the key takes."""
+    """An override Hydra's parser refused: what the syntax allows, what the key takes."""
     key, eq, value = text.partition("=")
     key = key.strip().lstrip("+~")
     if not eq:
         return str(ConfigError(repr(text), NOTHING,
                                f"an override key=value in Hydra's syntax ({UNQUOTED})"))
-    # for a character the lexer refuses, the parser's HydraException (the reason) is raised
-    # while the lexer's error is handled (overrides_parser.py parse_overrides, HydraErrorListener)
+    # a character the lexer refuses: the parser's exception is raised while the lexer's is
+    # handled (overrides_parser.py, HydraErrorListener)
     lexer = isinstance(getattr(reason, "__context__", None), LexerNoViableAltException)
     syntax = UNQUOTED if lexer else "choice(a,b), range(a,b), interval(a,b), [a,b], {k: v}"
     allowed = f"a value in Hydra's override syntax ({syntax})"
@@ -190,8 +181,7 @@ def override_line(text: str, reason: BaseException | None) -> str:
 
 
 def unparsable(overrides: Sequence[str]) -> tuple[str, BaseException] | None:
-    """The first override Hydra's parser refuses, and why (its ValueError, for an integer of
-    20,000 digits, names no override)."""
+    """The first override Hydra's parser refuses, and why (its ValueError names no override)."""
     parser = OverridesParser.create()
     for text in overrides:
         try:

@@ -1,6 +1,5 @@
-"""Ctrl-C, SIGTERM (schedulers, `timeout`) and SIGHUP (a dropped ssh session) end a command
-alike: the run is marked `killed` with its phases kept, one line names what it kept, and the
-command exits 128 + the signal."""
+"""Ctrl-C, SIGTERM (schedulers, `timeout`) and SIGHUP (a dropped ssh session) end a command alike:
+the run marked `killed` with its phases kept, one line naming them, exit 128 + the signal."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import signal
 from gpubench.core.exits import ExitCode
 from gpubench.run.ending import ENDING_SIGNALS, expect_worker_deaths, kept
 
-# the words the one line names each ending signal by
 NAMES = dict(zip(ENDING_SIGNALS, ("Ctrl-C", "SIGTERM", "SIGHUP"), strict=True))
 
 
@@ -38,8 +36,7 @@ def _on_signal(signum, frame) -> None:
 
 
 def install_sigterm() -> None:
-    """SIGTERM and SIGHUP raise Terminated in the main thread; one this process was started
-    ignoring (`nohup`'s SIGHUP) stays ignored."""
+    """SIGTERM, SIGHUP raise Terminated in the main thread; one ignored at start (nohup) stays."""
     global _main_pid
     _main_pid = os.getpid()
     for s in ENDING_SIGNALS:
@@ -52,7 +49,6 @@ def killed_by_signal(code: int | None) -> bool:
 
 
 def interrupted_line(e: KeyboardInterrupt) -> tuple[str, int]:
-    """The one line and exit status (128 + the signal) of a command a signal ended."""
     signum = getattr(e, "signum", signal.SIGINT)
     run_dir = getattr(e, "run_dir", None)  # set by the entry when a run was under way
     what = kept(run_dir) if run_dir else None

@@ -29,7 +29,6 @@ def _cell(text: str) -> str:
 
 
 def role(k: Key) -> str:
-    """A key's part in comparing runs (config.keys.Knob), as the docs' role column says it."""
     parts = [k.knob.role.value] + ([k.knob.pipe.value] if k.knob.pipe else [])
     parts += ["0 workers: " + shown(k.knob.inert)] if k.knob.inert != ACTIVE else []
     parts += ["process workers only"] if k.knob.process_only else []
@@ -55,7 +54,6 @@ def section(declared: Iterable[Key], roles: bool = False) -> str:
 
 
 def rewrite(doc: str, generated: str) -> str:
-    """`doc` with the text between the markers replaced by `generated`."""
     head, found, rest = doc.partition(BEGIN)
     _, found_end, tail = rest.partition(END)
     if not (found and found_end):

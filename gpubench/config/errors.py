@@ -12,13 +12,7 @@ NOTHING = object()  # the value of a key refused whatever it holds (`~key`): the
 
 
 def cut(text: str, most: int = SHOWN) -> str:
-    """`text` at most `most` characters long, the middle replaced by an ellipsis."""
     return text if len(text) <= most else f"{text[:most * 3 // 4]}…{text[-(most // 4):]}"
-
-
-def _written(value: Any) -> str:
-    """A value as YAML and the command line spell it (`null`, `true`); a text quoted."""
-    return format_value(value) if value is None or isinstance(value, bool) else repr(value)
 
 
 class ConfigError(ValueError):
@@ -27,5 +21,7 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value: Any, allowed: str, typed: str | None = None):
         self.key, self.value, self.allowed = key, value, allowed
-        shown = "" if value is NOTHING else f"={cut(_written(value) if typed is None else typed)}"
+        # as YAML and the command line spell it (`null`, `true`); a text quoted
+        written = format_value(value) if value is None or isinstance(value, bool) else repr(value)
+        shown = "" if value is NOTHING else f"={cut(written if typed is None else typed)}"
         super().__init__(f"{cut(key)}{shown} is not allowed: it must be {allowed}")

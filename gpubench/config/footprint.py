@@ -16,14 +16,13 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 d
 def check_local_store(key: str, path: Path | None, folder: bool = False,
                       value: str | None = None) -> None:
     """A store on this disk (a sqlite file; a folder with `folder`) that can be made: no file
-    stands where one of its folders must be (it would fail only when opened, after measuring)."""
+    where a folder must be (it would fail only when opened, after measuring)."""
     if path is None:
         return
     path = Path(os.path.expanduser(str(path))).absolute()
     shown = value or str(path)
     if not folder and path.is_file() and path.stat().st_size:
-        # SQLite takes a file shorter than its header for a new database and writes over it (a
-        # 1-byte notes.db was replaced so): a file that is no database is kept
+        # SQLite writes over a file shorter than its header (a 1-byte notes.db was): kept here
         with open(path, "rb") as f:
             if f.read(16) != SQLITE_HEADER:
                 raise ConfigError(key, shown, f"a SQLite database or a new file ({path} holds "
@@ -33,35 +32,32 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
             if not p.is_dir():
                 raise ConfigError(key, shown, f"a path whose folders can be made ({p} is a file)")
             break
-    # the missing folders are made only inside the working directory, as Hydra makes outputs/
-    # there: elsewhere a missing folder is far likelier a typo (/hoem/...) than a wish
+    # missing folders are made only under the working directory (as Hydra makes outputs/):
+    # elsewhere one is likelier a typo (/hoem/...) than a wish
     cwd = Path.cwd()
     if not path.parent.exists() and cwd not in path.parents:
         raise ConfigError(key, shown, f"a path in an existing folder ({path.parent} does not "
                           f"exist; folders are made only under {cwd})")
 
 
-def source_size(image_size: int) -> int:
-    """Stored image side before the random crop (256 for 224, as in ImageNet training)."""
+def source_size(image_size: int) -> int:  # before the random crop (256 for 224, as ImageNet)
     return int(round(image_size * 8 / 7))
 
 
-# fake_jpeg's JPEGs of gpubench's smooth random images, measured with PIL (largest of 4, 18 to
-# 1024 px): at most 0.41 bytes per raw byte at quality <= 90, 0.77 above, plus a header (~600
-# bytes, dominant below 36 px). The bound keeps a margin over both.
+# fake_jpeg's JPEGs measured with PIL (largest of 4, 18 to 1024 px): at most 0.41 bytes per raw
+# byte at quality <= 90, 0.77 above, plus a ~600-byte header (dominant below 36 px); with margin.
 JPEG_RATIO, JPEG_HEADER_BYTES = {90: 0.45, 100: 0.8}, 1024
 
 
 def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
-    """The in-memory pools (made before anything is measured: sizes no machine holds would run
-    until killed) and the batches in flight (the workers' queue, the step's batch, its pinned
-    copy) against half of the free RAM (the model, the workers and the OS need the rest)."""
+    """The in-memory pools (made before measuring: sizes no machine holds ran until killed) and
+    the batches in flight (workers' queue, the step's batch, its pinned copy) against half the
+    free RAM (the model, workers and OS need the rest)."""
     size, half = ds.image_size, free // 2
     where = f"on this machine (half of the {free / 2**30:.1f} GiB RAM free)"
 
     def fit(key: str, n: int, each: int, cut: int, why: str, one: str) -> None:
-        """`n` items of `each` bytes in `half`; when not one fits, the image side at which `cut`
-        of them would (bytes grow as the side squared)."""
+        """`n` items of `each` bytes in `half`; if not one fits, the side at which `cut` would."""
         if n * each <= half:
             return
         if half < each:

@@ -20,8 +20,8 @@ INT, FLOAT = "an integer", "a number"
 
 class Role(str, Enum):
     """What a key is to a comparison of runs (gpubench.config.knobs)."""
-    # what is trained: runs that differ here are other setups, never ranked together, never
-    # changed by a recommendation (a key declared without a role)
+    # what is trained (the default): runs differing here are other setups, never ranked together,
+    # never changed by a recommendation
     workload = "workload"
     knob = "knob"  # a setting of the same training: searched, ranked, recommended
     measure = "measure"  # how a run was measured and tracked: a report pools runs differing here
@@ -29,8 +29,8 @@ class Role(str, Enum):
 
 
 class Pipe(str, Enum):
-    """Which phase's figure a key changes: compute (the step on a batch kept on the device; the
-    data side's too) or data (the loader's alone: loader-only trials search it)."""
+    """Which phase's figure a key changes: compute (the step on a device-held batch; the data
+    side's too) or data (the loader's alone: loader-only trials search it)."""
     compute = "compute"
     data = "data"
 
@@ -40,18 +40,16 @@ ACTIVE = "active"  # Knob.inert of a key that acts without loader workers too
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
-    """A key's part in comparing runs, declared on its schema field (`setting(knob=...)`)."""
     role: Role = Role.workload
     pipe: Pipe | None = None
     short: str | None = None  # its name where shown: report columns, MLflow params, run names
-    # a data knob's cost order: (rank among keys, the value's rank); a setting is cheaper than
-    # another when it is lower on the first ranked key where they differ
+    # a data knob's cost order (rank among keys, the value's rank): a setting is cheaper when
+    # lower on the first ranked key where they differ
     cheap: tuple[int, Any] | None = None
     inert: Any = ACTIVE  # a key that acts only through loader workers: its value with none
     cuda_only: bool = False  # no effect on a CPU-only run
     process_only: bool = False  # acts through worker processes alone (inert with threads)
-    # where a run happens (its device, its data's folder on that host), not what it trains: a
-    # comparison of devices (`--compare`) pools runs across it
+    # where a run happens (device, data folder), not what it trains: `--compare` pools across it
     place: bool = False
 
 
@@ -59,17 +57,17 @@ def setting(default: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple[float, float | None] | None = None, *,
             factory: Any = dataclasses.MISSING, allowed: str | None = None,
             knob: Knob | None = None, rule: Callable[[str, Any, bool], None] | None = None) -> Any:
-    """A schema field, stored under Key's field names: `bounds` (low, high; high None: open),
-    `allowed`: the docs' wording of a rule checked in code, `knob` (else the section's ROLE),
-    `rule(key, value, nullable)`: a check beyond the type, range and choices."""
+    """A schema field under Key's field names: `bounds` (low, high; high None: open), `allowed`:
+    the docs' wording of a rule checked in code, `rule(key, value, nullable)`: a check beyond
+    type, range and choices."""
     meta = {"help": help, "bounds": bounds, "wording": allowed, "knob": knob, "rule": rule}
     return dataclasses.field(default=default, default_factory=factory,
                              metadata={k: v for k, v in meta.items() if v is not None})
 
 
 def name_rule(most: int) -> Callable[[str, Any, bool], None]:
-    """A name MLflow (or Optuna) keeps: MLflow refuses an empty one only when the run is logged,
-    after the measurement; blanks and control characters it stores, to show broken rows."""
+    """A name MLflow (or Optuna) keeps: MLflow refuses an empty one only when logging, after the
+    measurement; blanks and control characters it stores, showing broken rows."""
     def check(key: str, value: Any, nullable: bool) -> None:
         if not isinstance(value, str) or not value.strip() or len(value) > most or any(
                 unicodedata.category(c).startswith("C") for c in value):
@@ -85,12 +83,11 @@ _TYPE_TEXT = {bool: "true or false", str: "a string", list: "a list", dict: "a m
 
 @dataclasses.dataclass(frozen=True)
 class Key:
-    """One config key as its schema field declares it."""
     name: str  # dotted, as on the command line (with the schema's prefix: hydra.sweeper.seed)
     path: str  # dotted, inside the schema's own node
     type: Any  # int, float, bool, str, list, dict or an Enum class (None taken out)
     nullable: bool
-    default: Any  # the field's default (a factory's product for lists and dicts)
+    default: Any  # (a factory's product for lists and dicts)
     help: str = ""
     bounds: tuple[float, float | None] | None = None
     item: Any = None  # a list's item type (bench.phases: Phase)
@@ -109,7 +106,6 @@ class Key:
 
     @property
     def allowed(self) -> str:
-        """What the key takes, as an error line and the docs table say it."""
         null = "null or " if self.nullable else ""
         if self.bounds is not None:
             low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
@@ -126,9 +122,8 @@ class Key:
         return null + (self.kind or _TYPE_TEXT.get(self.type, "any value"))
 
     def check_type(self, value: Any) -> None:
-        """A boolean key takes true or false as written: OmegaConf's BooleanNode takes 2, 'yes'
-        and '0' too (omegaconf/nodes.py BooleanNode._validate_and_convert_impl, 2.3), so the
-        overrides and YAML files are checked as read. An interpolation is judged by its result."""
+        """A boolean key takes true or false as written (OmegaConf 2.3's BooleanNode takes 2,
+        'yes', '0' too): overrides and YAML files are checked as read; an interpolation later."""
         interpolation = isinstance(value, str) and "${" in value
         if self.type is bool and not (isinstance(value, bool) or interpolation
                                       or (value is None and self.nullable)):
@@ -160,8 +155,8 @@ class Key:
 
 
 def _is_member(enum: type[Enum], value: Any) -> bool:
-    # a typed config holds the member (Hydra's plugin scan may have loaded a second copy of the
-    # sweeper's Enums: by name); an untyped one (or a swept value) its name, as typed
+    # by name: a typed config holds the member (Hydra's plugin scan may load a second copy of the
+    # sweeper's Enums), an untyped one (or a swept value) its name
     name = value.name if isinstance(value, Enum) else value
     return isinstance(name, str) and name in enum.__members__
 
@@ -182,7 +177,7 @@ def _unwrap(tp: Any) -> tuple[Any, bool, Any]:
 
 
 def keys(schema: type, prefix: str = "") -> list[Key]:
-    """Every key a schema dataclass declares, in order; a section's ROLE is its keys' default."""
+    """A schema dataclass's keys, in order; a section's ROLE is its keys' default role."""
     out: list[Key] = []
     hints = typing.get_type_hints(schema)
     section = Knob(getattr(schema, "ROLE", Role.workload))
@@ -199,7 +194,6 @@ def keys(schema: type, prefix: str = "") -> list[Key]:
 
 
 def lookup(node: Any, path: str) -> Any:
-    """The value at a dotted `path` of a config node, a mapping or an object; None if absent."""
     for part in path.split("."):
         if isinstance(node, Mapping) or hasattr(node, "keys"):
             node = node[part] if part in node else None
@@ -209,7 +203,6 @@ def lookup(node: Any, path: str) -> Any:
 
 
 def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = None) -> None:
-    """Every declared key with a rule (or `only` these) against its value in `node`."""
     wanted = None if only is None else set(only)
     for k in declared:
         ruled = k.bounds is not None or k.choices is not None or k.type is bool or k.rule

@@ -1,5 +1,5 @@
-"""Every list of keys a reader of runs needs, derived from each key's declaration (its schema
-field's `knob=Knob(...)`: adding a knob is that one edit)."""
+"""Every list of keys a reader of runs needs, derived from the declarations (a schema field's
+`knob=Knob(...)`: adding a knob is that one edit)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ for _k in KEYS.values():
     if _k.knob.short:
         SHORT[_k.knob.short] = tuple(sorted((*SHORT.get(_k.knob.short, ()), _k.name),
                                             key=lambda n: not n.endswith("._target_")))
-# the short names that identify a setup where it is written out (a title, --where's hint)
+# the short names that identify a setup written out (a title, --where's hint)
 SETUP_SHORT = tuple(n for n, ks in SHORT.items() if KEYS[ks[0]].knob.role is Role.workload)
 # the keys a search may sweep (the knobs), as the command line names them: a group by its name
 SEARCHABLE = tuple(n.removesuffix(".name") for n, k in KEYS.items() if k.knob.role is Role.knob)
-# the swept keys of the data pipe (the loader's rate depends on them, the compute phase's not)
+# the swept keys of the data pipe (the loader's rate depends on them, compute's not)
 DATA_KEYS = tuple(n for n, k in KEYS.items()
                   if k.knob.role is Role.knob and k.knob.pipe is Pipe.data)
 # the data keys' cost order, cheapest first, with each one's value rank
@@ -43,8 +43,8 @@ COMPUTE = tuple(dict.fromkeys(k.knob.short or n for n, k in KEYS.items()
 
 
 def declared(key: str) -> Key | None:
-    """The declaration a dotted config key falls under: its own, that of the dict-valued key it
-    sits in (`model.kwargs.width`), or a group's `name` (`precision`, a study's param)."""
+    """The declaration a dotted key falls under: its own, its dict-valued parent's
+    (`model.kwargs.width`), or a group's `name` (`precision`, a study's param)."""
     k = key.lstrip("+")
     if f"{k}.name" in KEYS:
         return KEYS[f"{k}.name"]
@@ -56,35 +56,30 @@ def declared(key: str) -> Key | None:
 
 
 def knob_name(key: str) -> str:
-    """A config key as every reader shows it (ranking headers, plot legends, titles, run names,
-    the sweep's path): its knob's short name, else the key itself. Never its last part alone:
-    `model.checkpointing` and a `bench.checkpointing` would read as one knob."""
+    """A key as every reader shows it: its knob's short name, else the key. Never its last part
+    alone: `model.checkpointing` and a `bench.checkpointing` would read as one knob."""
     d, k = declared(key), key.lstrip("+")
     own = d is not None and d.name in (k, f"{k}.name")  # not a part of a dict-valued key
     return d.knob.short if own and d.knob.short else key
 
 
 def knob_setting(key: str, value: Any) -> str:
-    """`batch_size=64`, `model.checkpointing=true`: a knob and its value as shown."""
     return f"{knob_name(key)}={format_value(value)}"
 
 
 def role(key: str) -> Role:
-    """A config key's role; undeclared (a team's `+key`): workload, never changed by a
-    recommendation."""
+    """A key's role; undeclared (a team's `+key`): workload, never changed by a recommendation."""
     d = declared(key)
     return d.knob.role if d else Role.workload
 
 
 def compared(key: str) -> bool:
-    """A key that tells two runs apart: workload or knob (not measure, not fault)."""
     return role(key) in (Role.workload, Role.knob)
 
 
 def acts(key: str, get: Callable[[str], Any]) -> bool:
-    """Whether `key` acts in a run whose config values `get` reads (None: not known): a
-    worker-only key only with workers (a 0-worker run records its inert value), a process-only
-    one only with process workers, a CUDA-only one not on a CPU (`bench.device` as it ran)."""
+    """Whether `key` acts in a run whose values `get` reads (None: not known): a worker-only key
+    with workers, a process-only one with process workers, a CUDA-only one off a CPU."""
     if key in WORKER_ONLY and get("loader.num_workers") == 0:
         return False
     if key in CUDA_ONLY and get("bench.device") == "cpu":

@@ -6,11 +6,6 @@ from typing import Any
 
 
 def format_value(v: Any) -> str:
-    """A sampled Python value as Hydra override text."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    return repr(v) if isinstance(v, float) else str(v)

@@ -22,7 +22,7 @@ from hydra.core.override_parser.types import (
 )
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from gpubench.config.errors import ConfigError
 from gpubench.config.footprint import check_local_store
@@ -36,7 +36,13 @@ from gpubench.config.schema import (
     config_keys,
     walk,
 )
-from gpubench.config.settings import check_interpolations, check_model_name, known_models, resolve
+from gpubench.config.settings import (
+    check_interpolations,
+    check_model_name,
+    known_models,
+    plain,
+    resolve,
+)
 from gpubench.config.uris import STORAGE_SCHEMES, check_tracking_uri, check_uri
 from gpubench.core.ranges import NOT_EMPTY, range_last
 from gpubench.core.uris import sqlite_path
@@ -51,23 +57,19 @@ def _at(cfg: DictConfig, key: str) -> Any:
 
 
 def _loader() -> Any:
-    """Hydra's config loader where there is one: it knows every folder on the search path
-    (--config-dir too), and glob(...) in an override lists the config's own keys."""
+    """Hydra's config loader, if any: it knows the search path, and glob(...) lists the keys."""
     instance = GlobalHydra.instance()
     return instance.config_loader() if instance.is_initialized() else None
 
 
 def group_hint(group: str, value: Any) -> str:
     """`model=resnet34` names a torchvision model: model.name takes it (the group has presets)."""
-    if group == "model" and str(value) in known_models():
-        return f"; use model.name={value}"
-    return ""
+    return f"; use model.name={value}" if group == "model" and str(value) in known_models() else ""
 
 
 def _repository(cfg: DictConfig | None) -> ConfigRepository | None:
-    """The config files of the search path `cfg` was composed from (its
-    hydra.runtime.config_sources: a `hydra.searchpath` folder too, which the loader's own
-    repository lacks)."""
+    """The files of the search path `cfg` was composed from (hydra.runtime.config_sources: a
+    `hydra.searchpath` folder too, which the loader's repository lacks)."""
     sources = _at(cfg, "hydra.runtime.config_sources") if cfg is not None else None
     if not sources:
         return None
@@ -78,32 +80,24 @@ def _repository(cfg: DictConfig | None) -> ConfigRepository | None:
 
 
 def file_package(header: dict, group: str) -> str:
-    """A config file's keys' prefix as Hydra places them: its group's by default (hydra 1.1's
-    _group_), '' for _global_."""
+    """A config file's keys' prefix as Hydra places them (its group's; '' for _global_)."""
     package = (header.get("package") or "_group_").replace("_group_", group.replace("/", "."))
     return package.replace("_global_", "").strip(".")
 
 
-def _options(group: str, cfg: DictConfig | None) -> list[str]:
-    """A group's options on the search path the config was composed from, else the loader's,
-    else conf/'s."""
-    if (repo := _repository(cfg)) is not None:
-        return list(repo.get_group_options(group))
-    loader = _loader()
-    return (list(loader.get_group_options(group)) if loader is not None
-            else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
-
-
 def check_option(group: str, value: Any, cfg: DictConfig | None = None) -> None:
-    """A group's chosen option exists (an optional group's too: Hydra skips a missing one)."""
-    options = _options(group, cfg)
+    """A group's chosen option exists (Hydra skips an optional group's missing one): on `cfg`'s
+    search path, else the loader's, else in conf/."""
+    if (source := _repository(cfg)) is None:
+        source = _loader()
+    options = (list(source.get_group_options(group)) if source is not None
+               else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
     if str(value) not in options:
         raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/, a "
                                         f"--config-dir or hydra.searchpath){group_hint(group, value)}")
 
 
 def _swept_values(o) -> list:
-    """Every choice of a sweep override, a range's or an interval's ends."""
     v = o.value()
     if isinstance(v, IntervalSweep):
         if not v.start < v.end:  # Optuna refuses it at the first trial, a grid samples nothing
@@ -141,8 +135,7 @@ def parse(text: str, key: str) -> Any:
 
 def unknown_key(key: str, value: Any, known: list[str], what: str = "",
                 typed: str | None = None) -> ConfigError:
-    """A key the config lacks: under gpubench's groups, the declared ones; elsewhere the close
-    keys of `known` and how to add one."""
+    """A key the config lacks: the declared (gpubench's groups) or close keys, or how to add it."""
     try:
         if key.split(".")[0] in GROUP_NAMES:  # a root key's near-miss: the close keys below
             check_known_key(key, value)
@@ -157,15 +150,14 @@ def unknown_key(key: str, value: Any, known: list[str], what: str = "",
 
 
 def _left_to_set(cfg: DictConfig, key: str) -> bool:
-    """A key the config holds as `???` (select reads it as absent): a value to set, not a typo."""
+    """A key held as `???` (select reads it as absent): a value to set, not a typo."""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     return isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_missing(node, leaf)
 
 
 def _check_override(cfg: DictConfig, o, groups: dict) -> None:
-    """A parsed override's key exists and each value it names is one its key takes: a
-    misspelled key or a value out of range would otherwise fail every trial, one by one."""
+    """A parsed override's key exists and takes each value it names: else every trial fails."""
     key = o.key_or_group
     if o.is_delete() or key.startswith(("hydra.", "hydra/")):
         return
@@ -200,22 +192,16 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
             check_model_name(v)
 
 
-def _written(cfg: DictConfig, key: str) -> Any:
-    """A node as written: read as a list or dict, an override's `${...}` would be resolved, where
-    it is the job's to resolve (check_interpolations says whether it can)."""
-    node = _at(cfg, key)
-    return OmegaConf.to_container(node) if isinstance(node, (DictConfig, ListConfig)) else node
-
-
 def _overrides(cfg: DictConfig) -> tuple[list, list]:
-    """The command line's and hydra.sweeper.params' overrides, parsed, apart."""
+    """The command line's and hydra.sweeper.params' overrides, parsed, apart; read unresolved
+    (plain): an override's `${...}` is the job's to resolve (check_interpolations)."""
     try:  # Hydra itself reports a malformed command-line override, before this runs
         task = OverridesParser.create(config_loader=_loader()).parse_overrides(
-            list(_written(cfg, "hydra.overrides.task") or []))
+            list(plain(_at(cfg, "hydra.overrides.task")) or []))
     except HydraException:
         return [], []
     return task, [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
-                  for k, v in (_written(cfg, "hydra.sweeper.params") or {}).items()]
+                  for k, v in (plain(_at(cfg, "hydra.sweeper.params")) or {}).items()]
 
 
 def _swept(o: Any) -> bool:
@@ -223,8 +209,7 @@ def _swept(o: Any) -> bool:
 
 
 def _first(o: Any) -> Any:
-    """A value the override gives its key in one job: a sweep's first (a bad sweep: None,
-    check_overrides names it)."""
+    """The override's value in one job: a sweep's first (a bad sweep: None, named later)."""
     if not _swept(o):
         return o.value()
     try:
@@ -233,55 +218,49 @@ def _first(o: Any) -> Any:
         return None
 
 
-def check_overrides(cfg: DictConfig, groups: dict, overrides: list) -> None:
-    """The command line's and hydra.sweeper.params' overrides (`_overrides`): a plain one's
-    value has its key's type as written (the composed config shows 2 as true); a sweep's:
-    _check_override."""
-    for o in overrides:
-        if _swept(o):
-            _check_override(cfg, o, groups)
-        elif o.key_or_group in BY_NAME and not o.is_delete():
-            BY_NAME[o.key_or_group].check_type(o.value())
-
-
 def _prefixed(values: Any, package: str) -> Any:
-    """A file's values under its package's keys ('' for primary, _global_)."""
     for part in reversed([p for p in package.split(".") if p]):
         values = {part: values}
     return values
+
+
+def _placed(raw: DictConfig, package: str) -> tuple[DictConfig, list] | None:
+    """A file's values placed under its package (its defaults list aside), and its declared
+    leaves (key, node); None: not a mapping (Hydra's own line says so)."""
+    values = OmegaConf.to_container(raw, resolve=False)
+    if not isinstance(values, dict):
+        return None
+    values.pop("defaults", None)
+    placed = OmegaConf.create(_prefixed(values, package))
+    return placed, [(k, n) for k, n in walk(placed)
+                    if k in BY_NAME and not isinstance(n, DictConfig)]
 
 
 def check_written(raw: DictConfig, package: str, where: str, text: str | None = None) -> None:
     """A YAML file's values as read (by hydra_plugins.gpubench_searchpath), before the schema
     turns `checkpointing: 2` into true. `package`: its keys' prefix ('' for primary, _global_);
     `text`: the file's, where YAML 1.1 read `yes`, `on` as a boolean its key then refuses."""
-    values = OmegaConf.to_container(raw, resolve=False)
-    if not isinstance(values, dict):
-        return  # Hydra's own line: a config is a mapping
-    values.pop("defaults", None)  # Hydra's defaults list, not a value
+    if (placed := _placed(raw, package)) is None:
+        return
     spelled = _prefixed(yaml.load(text, Loader=yaml.BaseLoader), package) if text else None
     try:
-        check_known_keys(written := OmegaConf.create(_prefixed(values, package)))
-        for key, node in walk(written):
-            if key in BY_NAME and not isinstance(node, DictConfig):
-                value, as_text = node._value(), lookup(spelled, key)  # as the file spells it
-                if isinstance(value, bool) and isinstance(as_text, str) and \
-                        as_text.lower() not in ("true", "false"):
-                    value = as_text
-                BY_NAME[key].check_type(value)
+        check_known_keys(placed[0])
+        for key, node in placed[1]:
+            value, as_text = node._value(), lookup(spelled, key)  # as the file spells it
+            if isinstance(value, bool) and isinstance(as_text, str) and \
+                    as_text.lower() not in ("true", "false"):
+                value = as_text
+            BY_NAME[key].check_type(value)
     except ConfigError as e:
         raise ConfigError(e.key, e.value, f"{e.allowed} (in {where})") from None
 
 
 def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
-    """A team's chosen option files, each read once for two rules. A `hydra.searchpath`
-    folder's file (read by Hydra's own file source, not gpubench's `Files`) is checked as
-    written (check_written), as a `-cd` folder's is. A declared key that a file leaves `???`
-    and nothing else sets is refused: merged over the schema's default, OmegaConf keeps the
-    default (a `???` overrides nothing), so the run went on at a value nobody chose
-    (`image_size: ???` ran at 32 px). Set elsewhere: an override, another chosen file (an
-    experiment's); a file whose own defaults list goes on after `_self_` (a later config of
-    its own may set it) is left alone."""
+    """A team's chosen option files, each read once. A `hydra.searchpath` folder's (read by
+    Hydra's file source, not gpubench's `Files`) is checked as written, as a `-cd` folder's is.
+    A declared key a file leaves `???` that nothing else sets (an override, another chosen file)
+    is refused: OmegaConf keeps the schema's default under a `???`, so `image_size: ???` ran at
+    32 px. A file whose defaults list goes on after `_self_` (a later config may set it) is not."""
     sources = _at(cfg, "hydra.runtime.config_sources") or ()
     if not any(src.schema in ("file", "gpubench") and src.path != str(CONFIG_DIR)
                for src in sources):
@@ -295,23 +274,20 @@ def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
             found = repo.load_config(f"{group}/{option}")
         except (HydraException, ConfigError, OSError, ValueError):  # composing it said so first
             continue
-        values = OmegaConf.to_container(found.config, resolve=False) if found else None
-        if not isinstance(values, dict):
+        package = file_package(found.header, str(group)) if found else ""
+        if not found or (placed := _placed(found.config, package)) is None:
             continue
         defaults = found.defaults_list or []  # Hydra's, parsed out of the file
         after_self = any(d.is_self() for d in defaults) and not defaults[-1].is_self()
-        package = file_package(found.header, str(group))
-        file = OmegaConf.create(_prefixed(values, package))
         where = f"{found.path.partition('://')[2]}/{group}/{option}.yaml"
         if found.path.startswith("file://"):  # a hydra.searchpath folder, which Files never read
             with open(where, encoding="utf-8") as f:
                 check_written(found.config, package, where, f.read())
-        for key, node in walk(file):
-            if key in BY_NAME and not isinstance(node, DictConfig):
-                if not node._is_missing():
-                    given.add(key)
-                elif not after_self:
-                    left.setdefault(key, where)
+        for key, node in placed[1]:
+            if not node._is_missing():
+                given.add(key)
+            elif not after_self:
+                left.setdefault(key, where)
     if todo := sorted(set(left) - given):
         key = todo[0]
         raise ConfigError(key, "???", f"a value (??? in {left[key]} marks one to set: {key}=... "
@@ -319,8 +295,7 @@ def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
 
 
 def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> None:
-    """Every override list the sweeper declares (`*overrides` keys of its schema), checked like
-    the command line's before any trial (a bad one would fail every trial it reaches)."""
+    """The sweeper's `*overrides` lists, checked like the command line's before any trial."""
     for k in (k for k in sweeper if k.name.endswith("overrides")):
         for i, text in enumerate(_at(cfg, k.name) or []):
             key = f"{k.name}[{i}]"
@@ -335,20 +310,23 @@ def check_extra_overrides(cfg: DictConfig, sweeper: list[Key], groups: dict) -> 
 
 
 def check_before_work(cfg: DictConfig) -> None:
-    """Every check of this module, on the whole composed config."""
     groups = _at(cfg, "hydra.runtime.choices") or {}
     for group in OPTIONAL_GROUPS:
         if groups.get(group) is not None:
             check_option(group, groups[group], cfg)
-    # a sweep's values are not in the multirun's config, nor hydra.sweeper.params' (plain ones
-    # too: the sweeper gives them to each job): a `???` one sets is set in each job
+    # a sweep's values and hydra.sweeper.params' (plain ones too) are not in the multirun's
+    # config but given to each job: a `???` they set is set there
     task, params = _overrides(cfg)
     overrides, set_by_sweeper = task + params, {o.key_or_group for o in params}
     # params first: the command line's value wins, as the sweepers give it
     check_interpolations(cfg, {o.key_or_group: _first(o) for o in params + task
                                if _swept(o) or o.key_or_group in set_by_sweeper})
     check_known_keys(cfg)
-    check_overrides(cfg, groups, overrides)
+    for o in overrides:  # a plain value has its key's type as written (composed, 2 reads as true)
+        if _swept(o):
+            _check_override(cfg, o, groups)
+        elif o.key_or_group in BY_NAME and not o.is_delete():
+            BY_NAME[o.key_or_group].check_type(o.value())
     check_team_files(cfg, groups, overrides)
     node = _at(cfg, "hydra.sweeper")
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
@@ -371,13 +349,9 @@ class InputCheck(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a single run's settings too: Hydra makes the run's folder before the job resolves them
         # (bad input would leave an empty run). A multirun's jobs differ: check_extra_overrides
-        self._check(config, settings=True)
+        self.on_multirun_start(config, settings=True)
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config)
-
-    @staticmethod
-    def _check(config: DictConfig, settings: bool = False) -> None:
+    def on_multirun_start(self, config: DictConfig, settings: bool = False, **kwargs: Any) -> None:
         try:
             check_before_work(config)
             if settings:

@@ -1,6 +1,6 @@
-"""The typed schema of a gpubench run: every key declared once (gpubench.config.keys.setting).
-Hydra composes conf/bench.yaml on top of `BenchConfig` (ConfigStore: `gpubench_schema`), so a
-wrong type or an unknown Enum name fails at compose time; rules across keys: config.settings."""
+"""The typed schema of a run, every key declared once (keys.setting). Hydra composes bench.yaml
+over `BenchConfig` (ConfigStore `gpubench_schema`): a wrong type or Enum name fails at compose
+time; rules across keys: config.settings."""
 
 from __future__ import annotations
 
@@ -20,16 +20,15 @@ from gpubench.config.keys import Key, Knob, Pipe, Role, check_keys, keys, name_r
 
 
 def _choice(name: str, values: str) -> Any:
-    """A key's choices, named as a command line takes them (`-` as `_`). A str Enum: a member
-    equals its value (`Backend.none == "none"`), so readers of the composed DictConfig compare
-    with plain strings; the settings hold the values."""
+    """A key's choices named as a command line takes them (`-` as `_`); a str Enum, so readers
+    of the composed config compare with plain strings (`Backend.none == "none"`)."""
     return Enum(name, [(v.replace("-", "_"), v) for v in values.split()], module=__name__, type=str)
 
 
 DatasetKind = _choice("DatasetKind",
                       "synthetic device_synthetic fake_jpeg imagefolder cifar10 custom")
-# read or decoded per sample (files, JPEG bytes): what dataset.preload does once for them; the
-# others are made in RAM, where preload has nothing to save (every advice of it asks this)
+# read or decoded per sample, what dataset.preload does once; the others are made in RAM, where
+# preload saves nothing (every advice of it asks this)
 PRELOAD_HELPS = frozenset({DatasetKind.fake_jpeg, DatasetKind.imagefolder, DatasetKind.cifar10})
 Where = _choice("Where", "cpu device")
 OnCorrupt = _choice("OnCorrupt", "skip fail")
@@ -47,7 +46,6 @@ StepTakes = _choice("StepTakes", "output batch")
 
 
 def is_amp(precision: str) -> bool:
-    """Mixed precision: the step runs under autocast (amp_fp16, amp_bf16)."""
     return precision in ("amp_fp16", "amp_bf16")
 
 
@@ -57,15 +55,14 @@ KNOB, DATA_KNOB = (partial(Knob, Role.knob, p) for p in (Pipe.compute, Pipe.data
 
 
 def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
-    """bench.phases: not empty, each phase once (a phase listed twice would be measured twice
-    per round into the same record, its windows pooled as if they were one phase's)."""
+    """bench.phases: not empty, each once (a repeated phase's windows were pooled as one's)."""
     names = [p.value if isinstance(p, Enum) else p for p in phases]
     if not names or len(set(names)) != len(names):
         raise ConfigError(key, names, "a non-empty list of loader, compute, e2e, each at most once")
 
 
 def check_start_method(key: str, ctx: Any, nullable: bool = True) -> None:
-    """A start method of this platform (checked with 0 workers too: a misspelling is wrong)."""
+    """A start method of this platform (with 0 workers too: a misspelling is wrong)."""
     methods = multiprocessing.get_all_start_methods()  # torch.multiprocessing's own function
     if ctx not in methods:
         raise ConfigError(key, ctx, f"null or one of {methods}")
@@ -288,9 +285,8 @@ class TrackingConfig:
                 "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; "
                 "file:///folder or a local folder only with MLFLOW_ALLOW_FILE_STORE=true "
                 "(MLflow 3.17 refuses its file store otherwise)")
-    # checked with any backend: a run kept on disk is uploaded later under the same names.
-    # MLflow's limits: an experiment name of at most 500 characters (mlflow.utils.validation);
-    # a run's name is its mlflow.runName, stored in a 250-character column
+    # checked with any backend (a run kept on disk is uploaded later under the same names), at
+    # MLflow's limits: 500 characters an experiment name, 250 a run's (its mlflow.runName column)
     experiment: str = setting("gpubench", "the MLflow experiment", rule=name_rule(500))
     run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup",
                                    rule=name_rule(250))
@@ -336,14 +332,14 @@ class BenchConfig:
         "first_step_s)", knob=KNOB(short="compile"))
 
 
-# One typed root: each group's YAML merges into its typed field (no schema per group option)
+# one typed root: each group's YAML merges into its typed field
 ConfigStore.instance().store(name="gpubench_schema", node=BenchConfig)
 
 KEYS: tuple[Key, ...] = tuple(keys(BenchConfig))
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
-# gpubench's groups (dataset, model, loader, ...): every key under them is declared above
+# gpubench's groups: every key under them is declared above
 GROUP_NAMES: frozenset[str] = frozenset(k.name.split(".")[0] for k in KEYS if "." in k.name)
-# every top-level name gpubench uses: its keys, groups, and the experiment= and sweep= overlays
+# every top-level name gpubench uses: keys, groups, the experiment= and sweep= overlays
 ROOT_NAMES: frozenset[str] = frozenset({k.name.split(".")[0] for k in KEYS}
                                        | {"experiment", "sweep"})
 # free-form mappings: a team's own constructor arguments and instantiate nodes, any keys
@@ -351,14 +347,14 @@ FREE_FORM: tuple[str, ...] = tuple(f"{k.name}." for k in KEYS if k.type is dict)
 
 
 def check_ranges(cfg: Any, only: tuple[str, ...] | None = None) -> None:
-    """Every key with a rule (or `only` these); the machine's rules: settings.check_resources."""
+    """Every key with a rule (or `only` these); this machine's: settings.check_resources."""
     check_keys(cfg, KEYS, only)
 
 
 def check_known_key(key: str, value: Any) -> None:
-    """A key under one of gpubench's groups is declared (free-form mappings aside):
-    `+loader.nosuch=1` would be recorded and compared, and act on nothing. Top-level keys of
-    your own stay allowed: a team config may keep values there for interpolations."""
+    """A key under gpubench's groups is declared (free-form mappings aside): `+loader.nosuch=1`
+    would be recorded and compared, acting on nothing. Own top-level keys stay allowed (a team
+    may keep values there for interpolations)."""
     group = key.split(".")[0]
     if group not in ROOT_NAMES:
         # a root key of one's own that is a near-miss of gpubench's (`+precison=bf16`) would
@@ -379,7 +375,7 @@ def check_known_key(key: str, value: Any) -> None:
 
 
 def walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, node) of everything under a config node, parents first, read unresolved."""
+    """(dotted key, node) of everything under a node, parents first, unresolved."""
     if isinstance(node, DictConfig):
         for k in node.keys():
             child = node._get_node(k)
@@ -388,13 +384,10 @@ def walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def config_keys(cfg: Any) -> list[str]:
-    """Every dotted key of a composed config, Hydra's own node left out."""
     return [k for k, _ in walk(cfg) if k.partition(".")[0] != "hydra"]
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Every key under gpubench's groups in a composed config, against the declarations, and
-    the top-level keys of one's own against near-misses of gpubench's."""
     roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k not in ROOT_NAMES
              and k != "hydra"]
     for group in sorted(GROUP_NAMES):
@@ -405,6 +398,6 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 def auto_sizes(device: str) -> tuple[int, int]:
-    """(image_size, batch_size) for the null keys sized by device: a meaningful default on a
-    GPU, a quick one on a CPU (resnet50 at 224 px and batch 128 takes minutes per step there)."""
+    """(image_size, batch_size) of the null keys: meaningful on a GPU, quick on a CPU (resnet50
+    at 224 px, batch 128 takes minutes a step there)."""
     return (224, 128) if device == "cuda" else (32, 16)

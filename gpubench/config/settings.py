@@ -1,6 +1,6 @@
-"""The composed config turned, once, into read-only settings (`resolve`: every rule that needs
-neither the disk nor this machine's RAM), the rules that look at this machine (`check_resources`)
-and those that need the built dataset's length (called from parts.data). Torch-free at import."""
+"""The composed config resolved once into read-only settings (`resolve`: the rules needing neither
+disk nor RAM), this machine's rules (`check_resources`) and the built dataset's (from parts.data).
+Torch-free at import."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ from gpubench.config.overrides import format_value
 from gpubench.config.uris import check_tracking_uri, local_store
 from gpubench.core.record import window_plan
 
-# A read-only DictConfig (a rule checked once cannot be undone by a reader writing into it): the
-# groups with resolved values, Enums as values, plus `device`, `precision`, `compile` (its mode
-# string), `phases`, `config` (the composed config with the sized keys filled in, Enums by name:
-# what results.json and MLflow hold) and `notes` (what resolve decided that the user should hear).
+# Read-only (no reader can undo a rule checked once): the groups resolved, Enums as values, plus
+# `device`, `precision`, `compile` (mode string), `phases`, `config` (composed, sized keys filled,
+# Enums by name: what results.json and MLflow hold) and `notes` (what the user should hear).
 Settings = DictConfig
 Loader = Fault = DictConfig  # a group of the settings, as its readers annotate it
 
@@ -41,14 +40,13 @@ def plain(v: Any) -> Any:
 
 
 def device_of(cfg: DictConfig) -> str:
-    """bench.device as a job here resolves it (auto: CUDA if this host has it)."""
     want = _plain(cfg.bench.device)
     return want if want != "auto" else ("cuda" if cuda_available() else "cpu")
 
 
 def sizes(cfg: DictConfig) -> tuple[str, int, int]:
-    """(device, image_size, batch_size): the null keys sized by bench.device (auto: CUDA if here).
-    No availability rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
+    """(device, image_size, batch_size), the null keys sized by bench.device. No availability
+    rule: a sweeper on a login node sizes the jobs that run on GPU nodes."""
     schema.check_ranges(cfg, only=("dataset.image_size", "loader.batch_size"))
     device = device_of(cfg)
     given, auto = (cfg.dataset.image_size, cfg.loader.batch_size), schema.auto_sizes(device)
@@ -56,16 +54,14 @@ def sizes(cfg: DictConfig) -> tuple[str, int, int]:
 
 
 def as_run(values: dict[str, Any]) -> dict[str, Any]:
-    """Dotted config values as they act (knobs.acts): two settings that differ only in keys
-    inert with their workers are one run."""
+    """Dotted values as they act (knobs.acts): settings differing only in inert keys are one run."""
     return {k: v for k, v in values.items() if knobs.acts(k, values.get)}
 
 
 def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The loader keys inert with these workers (knobs.acts) as their Knob.inert, a note for
-    each set on purpose: torch's DataLoader refuses prefetch_factor and persistent_workers with 0
-    workers, and refusing them would fail every 0-worker trial of a sweep (thread workers: the
-    Knob.process_only keys likewise)."""
+    """The loader keys inert with these workers as their Knob.inert, a note for each set on
+    purpose: torch refuses prefetch_factor and persistent_workers with 0 workers, and refusing
+    them would fail every 0-worker trial of a sweep (thread workers: process_only keys alike)."""
     workers = loader.num_workers
     get = {"loader.num_workers": workers, "loader.worker_type": _plain(loader.get("worker_type"))}
     why = "with loader.num_workers=0" if workers == 0 else "with loader.worker_type=thread"
@@ -80,9 +76,8 @@ def _without_workers(loader: DictConfig) -> tuple[dict[str, Any], tuple[str, ...
     return values, tuple(notes)
 
 
-# bench.min_window_s=null on CUDA with the sampler on: the sampler drops a window's first
-# NVML_AVERAGING_S (power 1 s on Ampere and newer, utilization 1/6 to 1 s; telemetry/monitor.py),
-# twice that leaves as long again (tests/telemetry/test_nvml.py holds it so).
+# bench.min_window_s=null on CUDA with the sampler: it drops a window's first NVML_AVERAGING_S
+# (power 1 s, utilization 1/6-1 s; telemetry/monitor.py), twice that leaves as long again.
 GPU_MIN_WINDOW_S = 2.0
 
 
@@ -91,8 +86,8 @@ def window_cap_s(max_seconds: float, repeats: int, steps: int) -> float:
 
 
 def min_window_s(bench: DictConfig, device: str) -> float:
-    """bench.min_window_s as it acts; null: GPU_MIN_WINDOW_S on CUDA with bench.monitor on (at
-    most a window's cap), else 0 (a CPU has no NVML readings to make readable)."""
+    """bench.min_window_s as it acts; null: GPU_MIN_WINDOW_S (at most a window's cap) on CUDA
+    with bench.monitor on, else 0 (a CPU has no NVML readings)."""
     if bench.min_window_s is not None:
         return float(bench.min_window_s)
     if device != "cuda" or not bench.monitor:
@@ -101,7 +96,7 @@ def min_window_s(bench: DictConfig, device: str) -> float:
 
 
 def _windows(bench: DictConfig) -> tuple[int, tuple[str, ...]]:
-    """bench.repeats as it acts (at most bench.steps), with a note when more were set on purpose."""
+    """bench.repeats as it acts (at most bench.steps), a note when more were set on purpose."""
     windows = window_plan(bench.steps, bench.repeats)[0]
     if windows == bench.repeats or bench.repeats == schema.BenchSettings.repeats:
         return windows, ()
@@ -150,8 +145,7 @@ def checkpointable(name: str) -> bool:
 
 
 def impl_devices(impl: str) -> list[str] | None:
-    """Device types with kernels for an optimizer implementation (None: any; torch >= 2.2's
-    _foreach_utils). Elsewhere torch raises (fused) or runs a slow per-tensor fallback (foreach)."""
+    """Devices with kernels for an optimizer impl (None: any); else fused raises, foreach crawls."""
     if impl not in ("foreach", "fused"):
         return None
     from torch.utils import _foreach_utils
@@ -160,7 +154,6 @@ def impl_devices(impl: str) -> list[str] | None:
 
 
 def impls_on(device: str) -> str:
-    """`auto, for_loop or fused`: the optimizer implementations this torch runs on `device`."""
     names = [i.value for i in schema.OptimizerImpl
              if (d := impl_devices(i.value)) is None or device in d]
     return " or ".join(", ".join(names).rsplit(", ", 1))
@@ -168,8 +161,7 @@ def impls_on(device: str) -> str:
 
 def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
                   value: Any = None) -> None:
-    """A classifier narrower than the dataset's classes fails at the first loss (a device-side
-    assert on CUDA), after the loader was measured."""
+    """A classifier narrower than the classes fails at the first loss, after the loader ran."""
     if width < num_classes:
         raise ConfigError(key, width if value is None else value,
                           f"a model whose output width covers the dataset's {num_classes} classes "
@@ -177,8 +169,7 @@ def check_classes(width: int, num_classes: int, key: str = "model.num_classes",
 
 
 def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
-    """The read-only settings of a composed config; never changes `cfg`. `checked`:
-    prechecks.check_before_work passed on `cfg` (interpolations, keys, tracking.uri checked)."""
+    """The read-only settings of `cfg` (left unchanged). `checked`: check_before_work passed."""
     if not checked:
         check_interpolations(cfg)
         schema.check_known_keys(cfg)
@@ -199,8 +190,7 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
 
 
 def _missing_keys(cfg: DictConfig | ListConfig) -> set[str]:
-    """OmegaConf.missing_keys without resolving: it reads every value, so a ${...} of a `???`
-    raised before any key was named."""
+    """OmegaConf.missing_keys without resolving (its ${...} of a `???` raised, naming no key)."""
     keys = range(len(cfg)) if isinstance(cfg, ListConfig) else cfg.keys()
     out = set()
     for k in keys:
@@ -212,10 +202,9 @@ def _missing_keys(cfg: DictConfig | ListConfig) -> set[str]:
 
 
 def check_interpolations(cfg: DictConfig, swept: Mapping[str, Any] | None = None) -> None:
-    """Every value of the run's config is given (a team's YAML may leave one `???`, which
-    reached the team's class as that text) and every ${...} resolves: either would fail every
-    job. `swept`: keys a sweep sets in each job (a multirun's config holds none of them), each
-    with a value one job gets: a `???` one is resolved at it, so `${.root}/train` resolves."""
+    """No `???` left (it reached a team's class as that text) and every ${...} resolves: either
+    would fail every job. `swept`: keys a sweep sets in each job (absent from a multirun's
+    config), with one job's value: a `???` one is filled so `${.root}/train` resolves."""
     run, swept = _run(cfg), swept or {}
     missing = _missing_keys(run)
     if left := sorted(missing - set(swept)):  # named itself, not a ${...} of it that fails
@@ -238,7 +227,6 @@ def check_interpolations(cfg: DictConfig, swept: Mapping[str, Any] | None = None
 
 
 def check_model_name(name: Any) -> None:
-    """model.name is one of torchvision's classifiers or tiny; the error names close ones."""
     if name == "tiny" or name in (names := known_models()):  # tiny: without torchvision
         return
     close = [n for n in names if n.startswith(str(name)[:4])][:6]
@@ -249,12 +237,11 @@ def check_model_name(name: Any) -> None:
 
 
 def node_set(node: dict) -> bool:
-    """An instantiate node (dataset.transform, dataset.collate) that names a target."""
-    return bool(node) and bool(node.get("_target_"))
+    return bool(node and node.get("_target_"))
 
 
 def _rules(s: Settings) -> list[tuple[bool, str, Any, str]]:
-    """(broken, key, value, allowed) of each rule across keys, in the order they are checked."""
+    """(broken, key, value, allowed) of each rule across keys, in checking order."""
     b, m, ds, kind = s.bench, s.model, s.dataset, s.dataset.name
     cap = window_cap_s(b.max_seconds, b.repeats, b.steps)
     impl, devices = b.optimizer_impl, impl_devices(b.optimizer_impl)
@@ -306,17 +293,14 @@ def _rules(s: Settings) -> list[tuple[bool, str, Any, str]]:
     ]
 
 
-# A forked DataLoader worker measured ~410 MiB RSS, mostly shared with the main process: 256 MiB
-# of its own is a conservative share (1000 workers exhausted a 24 GiB host). More than 4 per core
-# only queue for the same cores (and each holds its batches).
+# A forked worker measured ~410 MiB RSS, mostly shared: 256 MiB of its own is conservative (1000
+# workers exhausted a 24 GiB host). More than 4 per core only queue (each holding its batches).
 WORKER_RAM_BYTES, WORKERS_PER_CORE = 256 * 2**20, 4
 
 
 def usable_cpus() -> int:
     """Cores this process may run on (a container's or taskset's share, not the host's)."""
-    if hasattr(os, "sched_getaffinity"):  # Linux
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def available_ram() -> int:
@@ -326,7 +310,7 @@ def available_ram() -> int:
 
 
 def check_resources(s: Settings) -> None:
-    """The rules that look at this machine (folders, cores, free RAM), once before any work."""
+    """This machine's rules (folders, cores, free RAM), once before any work."""
     ds, ld = s.dataset, s.loader
     if ds.name in ("imagefolder", "cifar10") and not Path(str(ds.root)).expanduser().is_dir():
         raise ConfigError("dataset.root", str(ds.root), "an existing folder")
@@ -347,7 +331,6 @@ def check_resources(s: Settings) -> None:
 
 
 def check_preload_fits(n: int, size: int) -> None:
-    """dataset.preload: the decoded cache of `n` images at `size` px against free RAM."""
     need, free = n * 3 * size * size, available_ram()
     # 80%: the run itself (model, optimizer, worker batches) needs the rest
     if need > 0.8 * free:
@@ -356,14 +339,13 @@ def check_preload_fits(n: int, size: int) -> None:
                           "RAM is free; lower dataset.image_size or use a smaller folder)")
 
 
-# RandomSampler draws each epoch's order as torch.randperm(n).tolist() (torch 2.4 to 2.14): 8
-# bytes an index in the tensor, about 36 more in the list of Python ints
+# RandomSampler's order per epoch, torch.randperm(n).tolist() (torch 2.4-2.14): 8 bytes an index in
+# the tensor, ~36 more in the list
 SAMPLED_BYTES = 44
 
 
 def check_sampled(n: int, key: str, value: Any) -> None:
-    """A dataset's length against the order shuffling it holds, in half of the free RAM (a custom
-    Dataset's __len__ of 10**15 would exhaust memory in the sampler)."""
+    """`n` samples' shuffled order in half the free RAM (a __len__ of 10**15 exhausted it)."""
     most = available_ram() // 2 // SAMPLED_BYTES
     if n > most:
         raise ConfigError(key, value, f"a Dataset of at most {most} samples on this machine "
@@ -372,15 +354,13 @@ def check_sampled(n: int, key: str, value: Any) -> None:
 
 
 def check_batch_fits(s: Settings, n: int) -> None:
-    """With drop_last, a batch larger than the dataset's `n` samples never comes."""
     if n < s.loader.batch_size and s.loader.drop_last:
         raise ConfigError("loader.batch_size", s.loader.batch_size,
                           f"<= {n} (the dataset size) with drop_last")
 
 
 def check_found_classes(s: Settings, n: int, where: str) -> None:
-    """The classes found on disk against dataset.num_classes and model.num_classes: a label past
-    the classifier's width fails deep inside the loss (a device-side assert on CUDA)."""
+    """Classes found on disk within dataset/model.num_classes (past them the loss fails)."""
     for key, value in (("dataset.num_classes", s.dataset.num_classes),
                        ("model.num_classes", s.model.num_classes)):
         if value < n:

@@ -1,5 +1,5 @@
-"""`tracking.uri` (an MLflow store) and `hydra.sweeper.storage` (Optuna's) checked before any
-work: a malformed one would fail only when the run is logged or the study opened."""
+"""`tracking.uri` (MLflow's store) and `hydra.sweeper.storage` (Optuna's), checked before any
+work: a malformed one failed only when the run was logged or the study opened."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from gpubench.config.errors import ConfigError
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.uris import MLFLOW_SQL_SCHEMES, SQL_SCHEMES, sqlite_path
 
-# The tracking stores MLflow 3.17 opens. Its file store (`file:`, a folder path) raises "in
-# maintenance mode" unless MLFLOW_ALLOW_FILE_STORE is true (file_store.py, FileStore.__init__);
-# its Unity Catalog schemes (databricks-uc, uc) always raise as tracking URIs
-# (_tracking_service/utils.py, _get_databricks_uc_rest_store).
+# The tracking stores MLflow 3.17 opens: its file store (`file:`, a folder path) raises "in
+# maintenance mode" unless MLFLOW_ALLOW_FILE_STORE is true (FileStore.__init__); its Unity Catalog
+# schemes (databricks-uc, uc) always raise as tracking URIs (_get_databricks_uc_rest_store).
 TRACKING_SCHEMES = ("http", "https", *MLFLOW_SQL_SCHEMES, "databricks")
 FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"
 FILE_STORE_REFUSED = (" (MLflow 3 refuses file stores, `file:` or a folder path: use "
@@ -27,8 +26,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
 
 
 def check_tracking_uri(uri: Any) -> None:
-    """tracking.uri (also `sync --uri`, `report --tracking-uri`): a store MLflow opens, a file
-    store only where MLflow would open it."""
+    """tracking.uri (`sync --uri`, `report --tracking-uri`): a store MLflow opens."""
     if uri == "databricks":  # store names, not paths (mlflow/tracking/registry.py)
         return
     named = uri in ("databricks-uc", "uc")
@@ -44,7 +42,7 @@ def check_tracking_uri(uri: Any) -> None:
 
 
 def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = False) -> None:
-    """Reject a malformed URI before any work; `path_ok`: a bare local path is a store too."""
+    """`path_ok`: a bare local path is a store too."""
     if uri is None:
         return
     # the line names the URI, never its password
@@ -69,7 +67,7 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
     if base in ("http", "https") and not parts.hostname:
         raise ConfigError(key, shown, f"{base}://host[:port][/path]")
     # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:
-    # no run logged there would outlive the process
+    # no run logged there outlives the process
     memory_ok = key != "tracking.uri" and rest == "//"
     if base == "sqlite" and not (memory_ok or (rest.startswith("///") and len(rest) > 3)):
         raise ConfigError(key, shown, "sqlite:///relative/path.db or sqlite:////absolute/path.db"
