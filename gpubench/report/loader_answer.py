@@ -142,8 +142,10 @@ def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
 def _compute_command(row: Row) -> str:
     """The loader job's command line (its overrides.yaml, else compute knobs) for compute alone."""
     overrides = None
-    with suppress(OSError, TypeError, yaml.YAMLError):  # TypeError: no folder (MLflow)
-        overrides = yaml.safe_load((Path(row.record.dir) / ".hydra/overrides.yaml").read_text())
+    with suppress(OSError, yaml.YAMLError):
+        if row.record.dir is not None:  # a run read from MLflow has no folder
+            overrides = yaml.safe_load((Path(row.record.dir) / ".hydra/overrides.yaml")
+                                       .read_text())
     if isinstance(overrides, list):
         keep = [o for o in map(str, overrides)
                 if not o.startswith(("hydra.", "hydra/"))
@@ -251,9 +253,12 @@ def _lines(groups: list[Group], source: str) -> list[str]:
         clear = [g for g in gs if g.kind and g.pick.unblocks]
         if len({g.kind for g in gs if g.kind}) > 1 and clear:
             best = min(clear, key=lambda g: (g.pick.num_workers, g.kind != "thread"))
-            n = best.pick.num_workers  # 0: no worker of either kind, the kind does not matter
+            n = best.pick.num_workers
+            if not n:  # no worker of either kind: the kind does not matter
+                out.append("  which kind: neither, 0 workers: the main process alone loads "
+                           "faster than compute")
+                continue
             out.append(f"  which kind: {best.kind}, {count(n, 'worker')}: the "
                        "fewest workers of either kind whose loader clears compute (at the same "
-                       "count, threads: no process per worker)" if n else "  which kind: "
-                       "neither, 0 workers: the main process alone loads faster than compute")
+                       "count, threads: no process per worker)")
     return out
