@@ -41,6 +41,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Every process the suite starts writes unbuffered (tests read what a command prints while it
 # runs).
 os.environ["PYTHONUNBUFFERED"] = "1"
+# Bytecode is cached (Python's default) where the environment says not to: every worker and
+# every command a slow test starts compiled gpubench and the test modules anew.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # A run that takes well under a second on a slow 2-core CPU: tiny CNN, 16 px, 2 measured steps.
 TINY = [

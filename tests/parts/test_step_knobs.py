@@ -380,7 +380,7 @@ def test_the_segmentation_example_trains_on_dict_batches(team_conf, tmp_path, wo
     from conftest import compose_config
 
     cfg = compose_config(f"hydra.searchpath=[file://{team_conf}]", "experiment=team_segmentation",
-                         "bench.steps=6", "bench.device=cpu", "tracking=none", *workers.split(),
+                         "bench.steps=6", "bench.warmup_max_steps=2", "bench.device=cpu", "tracking=none", *workers.split(),
                          tiny=False)
     r = measure_run(cfg, tmp_path)
     assert r.status == "ok", r.data.get("error")
