@@ -143,11 +143,11 @@ def sync_timing(rounds: int = 5, steps: int = 20) -> Judgement:
 def cuda_checks(index: int):
     """Each CUDA check's judgement, in NAMES order, as it finishes."""
     nv = Nvml.get()
-    handle = nv.handle_for(index)
-    if handle is None:
+    dev = nv.device_for(index)
+    if dev is None:
         yield from (skipped(n, nv.reason) for n in ("utilization", "energy", "memory"))
     else:
-        yield from busy_and_idle(nv.pynvml, handle)
-        yield memory(nv.pynvml, handle, index)
+        yield from busy_and_idle(dev.nv, dev.handle)
+        yield memory(dev.nv, dev.handle, index)
     yield peak(index)
     yield sync_timing()

@@ -86,7 +86,7 @@ class Dist:
         """Collective: None if no rank failed, else the first failed rank's "rank R: its error"."""
         if not self.enabled:
             return error
-        if self._reduce(error is not None, tdist.ReduceOp.MAX) == 0:
+        if not self.most(error is not None):
             return None
         return next(f"rank {r}: {e}" for r, e in enumerate(self.gather(error)) if e is not None)
 

@@ -159,8 +159,7 @@ class Monitor:
             # an explicit index: a new thread's current device is 0, not the rank's device
             self.cuda_index = torch.cuda.current_device()
             self.nvml = nvml.Nvml.get()
-            h = self.nvml.handle_for(self.cuda_index)
-            self.gpu = None if h is None else nvml.NvmlDevice(self.nvml.pynvml, h, self.nvml.mig)
+            self.gpu = self.nvml.device_for(self.cuda_index)
         self._unsupported: dict[str, str] = {}
         self.proc = psutil.Process(os.getpid())
         self._io = hasattr(self.proc, "io_counters")

@@ -30,10 +30,10 @@ class NvmlDevice(NamedTuple):
 
 
 class Nvml:
-    """NVML, initialised once per process (`get`); `reason` says why a handle is missing."""
+    """NVML, initialised once per process (`get`); `reason` says why a device is missing."""
 
     def __init__(self) -> None:
-        self.reason, self.driver, self.mig = "", None, False
+        self.reason, self.driver = "", None
         try:
             import pynvml  # from the nvidia-ml-py package
             self.pynvml = pynvml
@@ -48,9 +48,9 @@ class Nvml:
     def get(cls) -> Nvml:
         return cls()
 
-    def handle_for(self, torch_index: int):
-        """CUDA device `torch_index`'s handle or None, by UUID: NVML's order can differ from
-        CUDA's, and on a MIG instance index i is the whole GPU."""
+    def device_for(self, torch_index: int) -> NvmlDevice | None:
+        """CUDA device `torch_index` or None, by UUID: NVML's order can differ from CUDA's, and
+        on a MIG instance index i is the whole GPU."""
         if self.driver is None:
             return None
         try:
@@ -59,20 +59,20 @@ class Nvml:
         except Exception as e:
             self.reason = f"no UUID for CUDA device {torch_index}: {e}"
             return None
-        handle, self.mig = find_handle(self.pynvml, uuid)
-        if handle is None:
+        dev = find_device(self.pynvml, uuid)
+        if dev is None:
             self.reason = f"NVML has no device with UUID {uuid}: GPU telemetry not sampled"
-        return handle
+        return dev
 
 
-def find_handle(nv, uuid: str) -> tuple[object | None, bool]:
-    """(handle, is_mig) for a UUID as CUDA prints it, prefixed or bare ("GPU-", "MIG-" tried)."""
+def find_device(nv, uuid: str) -> NvmlDevice | None:
+    """The device of a UUID as CUDA prints it, prefixed or bare ("GPU-", "MIG-" tried)."""
     bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
     tries = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{bare}", f"MIG-{bare}"]
     for u in tries:
         if (h := or_none(nv, functools.partial(nv.nvmlDeviceGetHandleByUUID, u))) is not None:
-            return h, u.startswith("MIG-")
-    return None, False
+            return NvmlDevice(nv, h, u.startswith("MIG-"))
+    return None
 
 
 def read_fields(nv, handle, mig: bool = False, pid: int | None = None) -> tuple[dict, dict]:

@@ -61,11 +61,11 @@ def test_nvml_fields_one_by_one_for_this_device():  # finding 12
 
     torch.empty(1, device="cuda")  # a context, so this process shows in NVML's list
     nvml = Nvml.get()
-    h = nvml.handle_for(0)
-    assert h is not None, nvml.reason
-    values, errors = read_fields(nvml.pynvml, h, getattr(nvml, "mig", False), os.getpid())
+    dev = nvml.device_for(0)
+    assert dev is not None, nvml.reason
+    values, errors = read_fields(*dev, os.getpid())
     assert values.get("gpu_mem_used", 0) > 0, errors
-    if not nvml.mig:
+    if not dev.mig:
         assert values.get("power_w", 0) > 0 and "gpu_util" in values, errors
     if "process_mem_used" in values:  # absent in a PID namespace (containers)
         assert values["process_mem_used"] >= torch.cuda.memory_reserved(0)

@@ -72,7 +72,9 @@ def _agree_worker(rank: int, world: int, port: int, errors: list, out) -> None:
     d.close()
 
 
-def test_agree_across_two_gloo_processes():
+def _two_gloo_ranks(worker, *args) -> tuple[list, list]:
+    """(what each rank of `worker(rank, 2, port, *args, queue)` put, sorted; the processes),
+    both spawned and joined (bounded: no hang)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -82,13 +84,20 @@ def test_agree_across_two_gloo_processes():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    errors = [None, "OutOfMemoryError: injected"]
-    procs = [ctx.Process(target=_agree_worker, args=(r, 2, port, errors, q)) for r in range(2)]
+    procs = [ctx.Process(target=worker, args=(r, 2, port, *args, q)) for r in range(2)]
     for p in procs:
         p.start()
-    got = sorted(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        return sorted(q.get(timeout=120) for _ in procs), procs
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
+def test_agree_across_two_gloo_processes():
+    got, _ = _two_gloo_ranks(_agree_worker, [None, "OutOfMemoryError: injected"])
     assert got == [(0, None, "rank 1: OutOfMemoryError: injected"),
                    (1, None, "rank 1: OutOfMemoryError: injected")]
 
@@ -129,25 +138,7 @@ def _warmup_worker(rank: int, world: int, port: int, out) -> None:
 def test_ranks_end_warmup_and_windows_together_over_gloo():
     """Two gloo processes whose own warm-up judgements differ by a step run the same warm-up
     steps and the same window steps, and the run ends normally (bounded: no hang)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_warmup_worker, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(q.get(timeout=120) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    got, procs = _two_gloo_ranks(_warmup_worker)
     assert [p.exitcode for p in procs] == [0, 0]
     # alone, rank 0 would stop warm-up at step 9 and rank 1 at 10 (tests/test_measure.py);
     # rank 1's steps of 1/128 s need 64 to last 0.5 s, rank 0's 32: both run 64

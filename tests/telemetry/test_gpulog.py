@@ -187,12 +187,12 @@ def test_series_for_tracking(tmp_path):
 
 
 def _fake_gpu(uuid=None, **kw):
-    from gpubench.telemetry.nvml import NvmlDevice, find_handle
+    from gpubench.telemetry.nvml import find_device
     from tests.fake_nvml import GPU_UUID, Clock, FakeNvml, Load
 
     # 2 s at 100 W, then busy at 400 W: read 0.3 s after the step
     nv = FakeNvml(Load((2.0, 0.2, 100.0), (2.0, 1.0, 400.0)), Clock(2.3), **kw)
-    return nv, NvmlDevice(nv, *find_handle(nv, uuid or GPU_UUID))
+    return nv, find_device(nv, uuid or GPU_UUID)
 
 
 def _row(tmp_path, dev):

@@ -19,7 +19,7 @@ from gpubench.telemetry.nvml import (
     POWER_INSTANT,
     NvmlDevice,
     energy_per_image,
-    find_handle,
+    find_device,
     memory_gate_bytes,
     process_memory,
     read_fields,
@@ -30,14 +30,9 @@ from tests.fake_nvml import GPU_UUID, MIG_UUID, Clock, FakeNvml, Load
 BARE = GPU_UUID.removeprefix("GPU-")
 
 
-def gpu(nv: FakeNvml, uuid: str = GPU_UUID) -> NvmlDevice:
-    h, mig = find_handle(nv, uuid)
-    return NvmlDevice(nv, h, mig)
-
-
 def monitor(nv: FakeNvml, uuid: str = GPU_UUID) -> Monitor:
     # host figures for this process only (no child listing): the GPU side is under test
-    return Monitor("cpu", 0.2, worker_pids=lambda: (), gpu=gpu(nv, uuid), clock=nv.clock)
+    return Monitor("cpu", 0.2, worker_pids=lambda: (), gpu=find_device(nv, uuid), clock=nv.clock)
 
 
 def window(m: Monitor, clock: Clock, start: float, seconds: float, every: float = 0.2
@@ -57,16 +52,16 @@ def window(m: Monitor, clock: Clock, start: float, seconds: float, every: float 
 
 def test_whole_gpu_and_mig_uuids_are_found_never_an_index():
     nv = FakeNvml(Load(), Clock())
-    assert find_handle(nv, BARE) == (nv.devices[GPU_UUID], False)
-    assert find_handle(nv, MIG_UUID.removeprefix("MIG-")) == (nv.devices[MIG_UUID], True)
-    assert find_handle(nv, MIG_UUID) == (nv.devices[MIG_UUID], True)
+    mig = NvmlDevice(nv, nv.devices[MIG_UUID], True)
+    assert find_device(nv, BARE) == NvmlDevice(nv, nv.devices[GPU_UUID], False)
+    assert find_device(nv, MIG_UUID.removeprefix("MIG-")) == find_device(nv, MIG_UUID) == mig
     # an unknown UUID finds nothing (NVMLError_NotFound): never the physical GPU 0
-    assert find_handle(nv, "aaaaaaaa-0000-0000-0000-000000000000") == (None, False)
+    assert find_device(nv, "aaaaaaaa-0000-0000-0000-000000000000") is None
 
 
 def test_mig_instance_reads_its_memory_and_no_whole_gpu_field():
     nv = FakeNvml(Load((10.0, 1.0, 300.0)), Clock(1.0), mig_mem_used=3 * 2**30)
-    values, errors = read_fields(*gpu(nv, MIG_UUID))
+    values, errors = read_fields(*find_device(nv, MIG_UUID))
     assert values == {"gpu_mem_used": 3 * 2**30, "gpu_mem_free": 7 * 2**30}
     assert set(errors) == {"gpu_util", "mem_util", "power_w"}
     assert "Not Supported" in errors["gpu_util"]  # NVMLError_NotSupported, as NVML answers
@@ -85,7 +80,7 @@ def test_mig_instance_reads_its_memory_and_no_whole_gpu_field():
 
 def test_whole_gpu_reads_every_field():
     nv = FakeNvml(Load((10.0, 1.0, 300.0)), Clock(5.0), processes=[(10, 3 * 2**30)])
-    values, errors = read_fields(*gpu(nv), 10)
+    values, errors = read_fields(*find_device(nv, GPU_UUID), 10)
     assert errors == {}
     assert values == {"gpu_util": 100.0, "mem_util": 50.0, "gpu_mem_used": 5 * 2**30,
                       "gpu_mem_free": 75 * 2**30, "power_w": 300.0,
@@ -100,13 +95,13 @@ def test_instant_power_is_preferred_and_the_average_is_the_fallback():
                      ({"instant": False}, (190.0, POWER_AVERAGE)),  # driver without the field
                      ({"old_bindings": True}, (190.0, POWER_AVERAGE))):  # no field constant
         nv = FakeNvml(load, Clock(2.3), update_s=0.05, **kw)
-        values, _ = read_fields(*gpu(nv))
+        values, _ = read_fields(*find_device(nv, GPU_UUID))
         assert (values["power_w"], values["power_source"]) == pytest.approx(want), kw
 
 
 def test_process_memory_is_this_pid_only():
     nv = FakeNvml(Load(), Clock(), processes=[(10, 3 * 2**30), (11, 7 * 2**30), (12, None)])
-    h = gpu(nv).handle
+    h = find_device(nv, GPU_UUID).handle
     assert process_memory(nv, h, 10) == 3 * 2**30
     assert process_memory(nv, h, 12) is None  # the driver withholds it
     assert process_memory(nv, h, 99) is None  # a PID namespace hides ours
