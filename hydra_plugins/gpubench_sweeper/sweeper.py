@@ -39,7 +39,6 @@ class GpubenchSweeper(Sweeper):
     def __init__(self, **settings: Any) -> None:
         # checked in sweep(), not here: Hydra wraps an error raised while instantiating
         vars(self).update(settings)
-        self.params = {str(k): v for k, v in (self.params or {}).items()}
 
     def check(self) -> None:
         """Every setting, before any work: ConfigError names the first bad one."""
