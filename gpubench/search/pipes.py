@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any
@@ -240,7 +240,7 @@ def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
 # ------------------------------------------------ the rules (scripts/bench_pipes.py replays them)
 
 
-def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, ...]:
+def check_space(space: SearchSpace, data_keys: Sequence[str]) -> tuple[SearchSpace, ...]:
     """The (compute, data) split; ConfigError: a pipe without a swept key, a continuous data key."""
     space.require_swept()
     compute, data = (SearchSpace([p for p in space.params if (p.name in data_keys) is side],
