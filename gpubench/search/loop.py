@@ -43,29 +43,17 @@ def to_confirm(found: list[tuple[RunRecord, Any]], top: int) -> list[Any]:
 
 
 @dataclass
-class Screen:
-    steps: int | None  # None: no screen
-    keep: float
-    n_startup_trials: int
-    overrides: list[str]
-
-
-@dataclass
-class Confirm:
-    top: int  # 0: no confirm step
-    rounds: int
-
-
-@dataclass
 class Search:
     shared: S.Shared
     space: SearchSpace
     jobs: Jobs  # and its manifest, sweep.json
     n_trials: int
     n_jobs: int
-    screen: Screen
+    # hydra.sweeper.screen and .confirm: a ScreenConf (steps None: no screen) and a ConfirmConf
+    # (None, or top 0: no confirm step), of hydra_plugins.gpubench_sweeper.config (a layer above)
+    screen: Any
     poll_s: float = 1.0  # seconds between looks at the study while others hold every slot
-    confirm: Confirm | None = None
+    confirm: Any = None
     # sweep=pipes: stop before n_trials once this holds, and the stage each job is recorded under
     stop: Callable[[], bool] | None = None
     labels: dict = field(default_factory=dict)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any
@@ -34,7 +34,7 @@ from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
 from gpubench.search import study as S
 from gpubench.search.jobs import SweepFailed
-from gpubench.search.loop import Confirm, Search
+from gpubench.search.loop import Search
 from gpubench.search.manifest import PIPES_FILE
 from gpubench.search.rows import trial_rows
 from gpubench.search.space import Param, SearchSpace, grid, points
@@ -59,26 +59,15 @@ class Narrower(Word):
 
 
 @dataclass
-class Plan:  # hydra.sweeper.pipes.*
-    data_keys: tuple[str, ...]
-    compute_trials: int
-    keep: int
-    data_trials: int
-    join_trials: int
-    compute_overrides: list[str]
-    data_overrides: list[str]
-    join_overrides: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Pipes:
-    plan: Plan
+    # hydra.sweeper.pipes, a PipesConf (hydra_plugins.gpubench_sweeper.config: a layer above)
+    plan: Any
     space: SearchSpace
     name: str  # the sweep's study name: each stage's study is named after it
     open_study: Callable[[str], S.Shared]
     # a Search on a shared study, a space and a budget (the sweeper's jobs, manifest, workers)
     search: Callable[..., Search]
-    confirm: Confirm
+    confirm: Any  # hydra.sweeper.confirm, a ConfirmConf
     write: Callable[[dict], None]  # where the path goes (pipes.json and sweep.json)
     result: dict = field(default_factory=dict)
     earlier: dict = field(default_factory=dict)  # each stage's seconds in earlier invocations
@@ -251,7 +240,7 @@ def _rows(shared: S.Shared) -> list[tuple[dict, Row]]:
 # ------------------------------------------------ the rules (scripts/bench_pipes.py replays them)
 
 
-def check_space(space: SearchSpace, data_keys: tuple[str, ...]) -> tuple[SearchSpace, ...]:
+def check_space(space: SearchSpace, data_keys: Sequence[str]) -> tuple[SearchSpace, ...]:
     """The (compute, data) split; ConfigError: a pipe without a swept key, a continuous data key."""
     space.require_swept()
     compute, data = (SearchSpace([p for p in space.params if (p.name in data_keys) is side],

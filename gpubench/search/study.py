@@ -338,25 +338,28 @@ def queue_rounds(shared: Shared, top: list[FrozenTrial], rounds: int) -> Shared:
     return c
 
 
+def _rounds(study_name: str, storage) -> optuna.Study | None:
+    """The confirm step's study (`storage`: URL or object); None where no confirm step ran."""
+    try:
+        with _quiet():
+            return optuna.load_study(study_name=study_name + ROUNDS, storage=storage)
+    except KeyError:
+        return None
+
+
 def rounds_left(shared: Shared) -> int:
     """The confirm step's rounds still queued or running (a resume after a kill measures them,
     whatever the partly confirmed figures now say)."""
-    try:
-        with _quiet():
-            rounds = optuna.load_study(study_name=shared.study.study_name + ROUNDS,
-                                       storage=shared.storage)
-    except KeyError:  # no confirm step ran
-        return 0
-    return len(rounds.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)))
+    rounds = _rounds(shared.study.study_name, shared.storage)
+    return 0 if rounds is None else len(
+        rounds.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)))
 
 
 def confirm_dirs(study_name: str, storage) -> dict[int, list[str]]:
-    """Each confirmed trial's confirm folders, in round order (`storage`: URL or object)."""
-    try:
-        rounds = optuna.load_study(study_name=study_name + ROUNDS, storage=storage)
-    except KeyError:  # no confirm step ran
-        return {}
+    """Each confirmed trial's confirm folders, in round order."""
+    rounds = _rounds(study_name, storage)
     out: dict[int, list[str]] = {}
-    for r in sorted(measured_trials(rounds), key=lambda r: (r.user_attrs["round"], r.number)):
+    for r in sorted(measured_trials(rounds) if rounds is not None else (),
+                    key=lambda r: (r.user_attrs["round"], r.number)):
         out.setdefault(r.user_attrs["confirm_of"], []).append(r.user_attrs["dir"])
     return out

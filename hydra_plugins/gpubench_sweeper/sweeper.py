@@ -26,7 +26,7 @@ from gpubench.core.stats import count
 from gpubench.search.jobs import Jobs, mark_stale_runs
 from gpubench.search.manifest import PIPES_FILE, Manifest, absolute_storage
 from gpubench.search.manifest import read as read_manifest
-from hydra_plugins.gpubench_sweeper.config import GpubenchSweeperConf, Mode, Sampler
+from hydra_plugins.gpubench_sweeper import config as C
 
 log = logging.getLogger("gpubench.sweep")
 # Hydra's launchers whose jobs run on this host (hydra-core's, joblib's, submitit's local): only
@@ -39,13 +39,12 @@ class GpubenchSweeper(Sweeper):
     def __init__(self, **settings: Any) -> None:
         # checked in sweep(), not here: Hydra wraps an error raised while instantiating
         vars(self).update(settings)
-        self.params = {str(k): v for k, v in (self.params or {}).items()}
 
     def check(self) -> None:
         """Every setting, before any work: ConfigError names the first bad one."""
-        check_keys(self, keys(GpubenchSweeperConf, "hydra.sweeper."))
+        check_keys(self, keys(C.GpubenchSweeperConf, "hydra.sweeper."))
         # by value: Hydra hands a member of its plugin scan's copy of config.py
-        self.mode, self.sampler = Mode(self.mode), Sampler(self.sampler)
+        self.mode, self.sampler = C.Mode(self.mode), C.Sampler(self.sampler)
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
             raise ConfigError("hydra.sweeper.grace_period", self.grace_period,
                               f"null or seconds > heartbeat_interval ({self.heartbeat_interval})")
@@ -69,11 +68,11 @@ class GpubenchSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # Hydra's, masked
-        if self.mode is Mode.max_batch:  # a search's studies know more: see _search
+        if self.mode is C.Mode.max_batch:  # a search's studies know more: see _search
             mark_stale_runs(sweep_dir)
         manifest = Manifest(sweep_dir, self.mode.value)
         jobs = Jobs(self.launcher, manifest, self.max_failures)
-        run = self._max_batch if self.mode is Mode.max_batch else self._search
+        run = self._max_batch if self.mode is C.Mode.max_batch else self._search
         try:
             run(jobs, space, manifest)
         finally:
@@ -92,13 +91,13 @@ class GpubenchSweeper(Sweeper):
     def _search(self, jobs, space, manifest) -> None:
         """mode=optuna: one study; mode=pipes: a study per stage (gpubench.search.pipes)."""
         from gpubench.search import study as S
-        from gpubench.search.loop import Confirm, Screen, Search
-        from gpubench.search.pipes import Pipes, Plan, Stage, check_space
+        from gpubench.search.loop import Search
+        from gpubench.search.pipes import Pipes, Stage, check_space
 
-        pipes = self.mode is Mode.pipes
+        pipes = self.mode is C.Mode.pipes
         space.require_knobs()  # checked before a study is made for nothing
         if pipes:
-            check_space(space, tuple(self.pipes.data_keys))  # require_swept, and per pipe
+            check_space(space, self.pipes.data_keys)  # require_swept, and per pipe
         else:
             space.require_swept()
         name = self.study_name or space.study_name()
@@ -132,18 +131,18 @@ class GpubenchSweeper(Sweeper):
         if storage is not None:  # the command a team watches it with
             print(f"watch the study: optuna-dashboard '{mask_secrets(storage)}'", flush=True)
         poll = min(float(self.heartbeat_interval), 5.0)
-        confirm = Confirm(**self.confirm)
+        confirm = C.ConfirmConf(**self.confirm)
         if not pipes:
             steps, full = self.screen.steps, self.config.bench.steps
             screened = steps is not None and full is not None and int(steps) < int(full)
             Search(open_study(name), space, jobs, self.n_trials, self.n_jobs,
-                   Screen(**{**self.screen, "steps": int(steps) if screened else None}),
+                   C.ScreenConf(**{**self.screen, "steps": int(steps) if screened else None}),
                    poll_s=poll, confirm=confirm).run()
             return
         os.environ[BOUNDS_MEASURED_ENV] = "1"
 
         def search(shared, sub, n, stage, stop=None, confirm=None):
-            return Search(shared, sub, jobs, n, self.n_jobs, Screen(None, 1.0, 0, []),
+            return Search(shared, sub, jobs, n, self.n_jobs, C.ScreenConf(None, 1.0, 0, []),
                           poll_s=poll, confirm=confirm, stop=stop, labels={"stage": stage},
                           writes_best=stage is Stage.join)
 
@@ -151,7 +150,7 @@ class GpubenchSweeper(Sweeper):
             write_json(manifest.sweep_dir / PIPES_FILE, result)
             manifest.update(pipes=result)
 
-        Pipes(Plan(**OmegaConf.to_container(self.pipes)), space, name, open_study, search,
+        Pipes(C.PipesConf(**OmegaConf.to_container(self.pipes)), space, name, open_study, search,
               confirm, write,
               earlier=(read_json(manifest.sweep_dir / PIPES_FILE) or {}).get("wall_s") or {}).run()
 

@@ -512,10 +512,11 @@ def test_the_joins_next_data_try_counts_in_its_data_stages_trials(monkeypatch, c
     from types import SimpleNamespace
 
     from gpubench.search import pipes as P
+    from hydra_plugins.gpubench_sweeper.config import PipesConf
 
     space = parse_search_space(["loader.batch_size=choice(4,8)", "bench.device=cpu",
                                 "loader.num_workers=choice(0,1,2)"])
-    plan = P.Plan(("loader.num_workers",), 4, 1, 12, 4, [], [])
+    plan = PipesConf(["loader.num_workers"], 4, 1, 12, 4, [], [], [])
     rows = [loader_row({"loader.num_workers": 0}, 90.0, [88, 92]),
             loader_row({"loader.num_workers": 1}, 300.0, [290, 310])]
     shared = SimpleNamespace(study=SimpleNamespace(study_name="s-data-x"))

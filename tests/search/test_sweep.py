@@ -374,9 +374,10 @@ def test_a_trial_another_worker_took_over_costs_a_retry_not_the_sweep(tmp_path, 
     grace_period: a pause of this process or of the database) goes on: that trial's retry, from
     the queue, is measured, and the sweep ends with its n_trials measured."""
     from gpubench.search.jobs import Jobs
-    from gpubench.search.loop import Screen, Search
+    from gpubench.search.loop import Search
     from gpubench.search.manifest import Manifest
     from gpubench.search.study import abandon, running_trials
+    from hydra_plugins.gpubench_sweeper.config import ScreenConf
 
     url = f"sqlite:///{tmp_path / 'o.db'}"
     mine = open_study("s", url, heartbeat_interval=30, grace_period=60)
@@ -393,7 +394,7 @@ def test_a_trial_another_worker_took_over_costs_a_retry_not_the_sweep(tmp_path, 
     jobs = Jobs(TakenOver(tmp_path, [MEASURED] * 3), manifest, max_failures=0)
     space = parse_search_space(["loader.batch_size=choice(2,4)"])
     Search(mine, space, jobs, n_trials=2, n_jobs=1,
-           screen=Screen(None, 1.0, 0, []), poll_s=0.01).run()
+           screen=ScreenConf(None, 1.0, 0, []), poll_s=0.01).run()
     measured = measured_trials(mine.study)
     assert sorted(t.params["loader.batch_size"] for t in measured) == [2, 4]
     assert "taken over by another worker" in caplog.text
@@ -483,9 +484,10 @@ def _search_best(tmp_path, records: dict[int, dict], confirm=None) -> tuple[dict
     """sweep.json's best after a search of every batch in `records`, and what the report of
     the same sweep dir recommends."""
     from gpubench.search.jobs import Jobs
-    from gpubench.search.loop import Screen, Search
+    from gpubench.search.loop import Search
     from gpubench.search.manifest import Manifest
     from gpubench.search.rows import recommendation
+    from hydra_plugins.gpubench_sweeper.config import ScreenConf
 
     shared = open_study("s", f"sqlite:///{tmp_path / 'o.db'}", heartbeat_interval=30,
                         grace_period=60)
@@ -493,7 +495,7 @@ def _search_best(tmp_path, records: dict[int, dict], confirm=None) -> tuple[dict
     jobs = Jobs(ByBatch(tmp_path, records), manifest, max_failures=0)
     space = parse_search_space([f"loader.batch_size=choice({','.join(map(str, records))})"])
     Search(shared, space, jobs, n_trials=len(records), n_jobs=1,
-           screen=Screen(None, 1.0, 0, []), poll_s=0.01, confirm=confirm).run()
+           screen=ScreenConf(None, 1.0, 0, []), poll_s=0.01, confirm=confirm).run()
     manifest.update(study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}")
     manifest.save()
     return read_json(tmp_path / "sweep.json")["best"], recommendation(tmp_path)
@@ -512,10 +514,10 @@ def test_sweep_json_best_is_never_a_trial_that_flagged_its_own_measurement(tmp_p
 def test_sweep_json_best_after_the_confirm_step_is_the_recommended_run_not_the_fastest(tmp_path):
     """Confirmed alike, batch 4 is the fastest (the reference) and batch 2, within 5% of it, the
     recommendation: best is batch 2, the reference kept as `fastest`."""
-    from gpubench.search.loop import Confirm
+    from hydra_plugins.gpubench_sweeper.config import ConfirmConf
 
     best, rec = _search_best(tmp_path, {2: _measured(2, 98.0), 4: _measured(4, 100.0)},
-                             Confirm(top=2, rounds=1))
+                             ConfirmConf(top=2, rounds=1))
     assert (rec.best.knob("batch_size"), rec.chosen.knob("batch_size")) == (4, 2)
     assert best["dir"] == rec.chosen.dir and best["params"] == {"loader.batch_size": 2}
     assert best["confirmed"] is True and best["measurements"] == 2
