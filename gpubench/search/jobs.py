@@ -161,11 +161,17 @@ class Jobs:
         if e is not None:
             raise e
 
-    def count_failure(self, what: str, error: str | None) -> None:
+    def count_failure(self, what: str, rec: RunRecord) -> None:
+        """A crashed job's failure, against max_failures; one refused as bad input is its
+        config, not the machine: said, never counted (a max-batch probe past the dataset's size
+        alike)."""
+        if rec.status is Status.refused:
+            log.warning("%s: refused as bad input: %s", what, rec.error)
+            return
         self.failures += 1
         log.warning("%s failed (%d of at most %d): %s", what, self.failures, self.max_failures,
-                    error)
+                    rec.error)
         if self.failures > self.max_failures:
             self.manifest.update(aborted=f"more than {self.max_failures} failed trials")
             raise SweepFailed(f"{self.failures} failed trials (hydra.sweeper.max_failures="
-                              f"{self.max_failures}); last error: {error}")
+                              f"{self.max_failures}); last error: {rec.error}")

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from gpubench.analysis.recommend import recommend
 from gpubench.analysis.select import training_rows
-from gpubench.core.record import Rung, RunRecord, Status, load
+from gpubench.core.record import Rung, RunRecord, load
 from gpubench.core.stats import count
 from gpubench.search import study as S
 from gpubench.search.jobs import Jobs
@@ -163,12 +163,9 @@ class Search:
             return
         # set once, with the measurement the trial is told (the screen for a pruned one)
         trial.set_constraint(S.MEMORY, rec.constraint)
-        if rec.status is Status.refused:  # its config, not the machine: no failure counted
+        if rec.status.crashed:
             self.study.tell(trial, state=TrialState.FAIL)
-            log.warning("%s: refused as bad input: %s", what, rec.error)
-        elif rec.status.crashed:
-            self.study.tell(trial, state=TrialState.FAIL)
-            self.jobs.count_failure(what, rec.error)
+            self.jobs.count_failure(what, rec)
         elif pruned:
             self.study.tell(trial, state=TrialState.PRUNED)
             log.info("%s: %.1f img/s in the screen, below the cut: pruned", what, rec.throughput)

@@ -72,7 +72,7 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
         log.info("batch %d: %s, peak memory %s -> %s", b, rec.status, mem,
                  "fits" if ok else "does not fit")
         if rec.status.crashed:
-            jobs.count_failure(f"probe batch {b}", rec.error)
+            jobs.count_failure(f"probe batch {b}", rec)
         return ok
 
     best, _ = find_max_batch(fits, start_batch(cfg, start), int(limit))

@@ -6,6 +6,7 @@ must discover the plugin through the installed package, not the current director
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -537,6 +538,26 @@ def test_max_batch_halves_when_the_start_does_not_fit():
     best, probes = find_max_batch(lambda b: b <= 5, start=64, limit=4096)
     assert best == 5
     assert [p.batch_size for p in probes][:5] == [64, 32, 16, 8, 4]
+
+
+@pytest.mark.parametrize("above", [{"status": "refused", "error": "loader.batch_size=32 is not "
+                                    "allowed: it must be at most the dataset's 20 samples"},
+                                   FAILED])
+def test_a_max_batch_probe_refused_as_bad_input_is_no_failed_trial(tmp_path, compose_cfg, above):
+    """A probe past the dataset's size is refused (its config): the search goes on, as a search's
+    refused trial does; a probe that crashed counts against max_failures (here 0)."""
+    from gpubench.search.jobs import Jobs, SweepFailed
+    from gpubench.search.manifest import Manifest
+    from gpubench.search.maxbatch import run_max_batch
+
+    records = {b: MEASURED if b <= 20 else above for b in range(1, 65)}
+    jobs = Jobs(ByBatch(tmp_path, records), Manifest(tmp_path, "max_batch"), max_failures=0)
+    probe = functools.partial(run_max_batch, jobs, parse_search_space([]), compose_cfg(), 4, 64, [])
+    if above is FAILED:
+        with pytest.raises(SweepFailed, match="1 failed trials"):
+            probe()
+    else:
+        assert probe()["max_batch"] == 20 and jobs.failures == 0
 
 
 def test_max_batch_edges():
