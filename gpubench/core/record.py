@@ -71,9 +71,6 @@ class Rung(Word):
         return cls.read(value, cls.run)
 
 
-SHORT_RUNGS = tuple(r for r in Rung if r.short)
-
-
 class Status(Word):
     running = "running"  # being measured, or left by a dead process (`stale`)
     ok = "ok"
