@@ -23,20 +23,19 @@ PHASE_WORDS = {
 
 
 class VerdictWords(NamedTuple):
-    word: str  # MLflow's run name and `verdict` tag: `data 2410img/s resnet50-...`
+    """A verdict's words beside its one word, the Bottleneck's value (MLflow's run name and
+    `verdict` tag: `data 2410img/s resnet50-...`)."""
+
     tag: str  # the headline of a run's description in MLflow: `**data-bound** 2410 [...]`
     sentence: str  # the run picture's title
 
 
 VERDICT_WORDS = {
-    Bottleneck.data: VerdictWords("data", "data-bound",
-                                  "the data side (loader) is the narrowest pipe"),
-    Bottleneck.compute: VerdictWords("compute", "compute-bound", "compute is the narrowest pipe"),
-    Bottleneck.overlap: VerdictWords("overlap", "overlap", "loading and compute do not overlap"),
-    Bottleneck.inconclusive: VerdictWords("inconclusive", "inconclusive",
-                                          "inconclusive: no confident verdict"),
-    Bottleneck.unknown: VerdictWords("unknown", "unknown",
-                                     "no verdict: not enough phases measured"),
+    Bottleneck.data: VerdictWords("data-bound", "the data side (loader) is the narrowest pipe"),
+    Bottleneck.compute: VerdictWords("compute-bound", "compute is the narrowest pipe"),
+    Bottleneck.overlap: VerdictWords("overlap", "loading and compute do not overlap"),
+    Bottleneck.inconclusive: VerdictWords("inconclusive", "inconclusive: no confident verdict"),
+    Bottleneck.unknown: VerdictWords("unknown", "no verdict: not enough phases measured"),
 }
 
 

@@ -150,21 +150,21 @@ def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
     return out
 
 
-def top_other_processes(exclude: set[int], seconds: float = 0.3, n: int = 2) -> list[str]:
-    """Outside this run, the most CPU now: 'name (pid) 85%'."""
+def top_other_processes(exclude: set[int]) -> list[str]:
+    """Outside this run, the two using the most CPU over 0.3 s now: 'name (pid) 85%'."""
     import psutil
 
     procs = [p for p in psutil.process_iter(["pid", "name"]) if p.info["pid"] not in exclude]
     for p in procs:
         with suppress(psutil.Error):
             p.cpu_percent(None)  # the first call only starts the count
-    time.sleep(seconds)
+    time.sleep(0.3)
     rows = []
     for p in procs:
         with suppress(psutil.Error):
             rows.append((p.cpu_percent(None), p.info["name"], p.info["pid"]))
     rows.sort(reverse=True)
-    return [f"{name} (pid {pid}) {cpu:.0f}%" for cpu, name, pid in rows[:n] if cpu >= 10]
+    return [f"{name} (pid {pid}) {cpu:.0f}%" for cpu, name, pid in rows[:2] if cpu >= 10]
 
 
 def more_windows(rec: RunRecord | None) -> str:

@@ -179,10 +179,6 @@ def _flawed(m: RunRecord) -> bool:
     return m.measurement_stable is False or not m.status.measured
 
 
-def row_of(rec: RunRecord, label: str) -> Row:
-    return Row(label, rec)
-
-
 def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per setup measured one way (_what_ran and PLAN_KEYS): the newest measurement (a
     trial before its confirm runs), the others that repeat it pooled as confirms (one lucky
@@ -284,7 +280,6 @@ def ranked(rows: list[Row]) -> list[Row]:
 class Recommendation:
     best: Row
     chosen: Row
-    tolerance: float
     reasons: list[str]
     unconfirmed: str | None = None  # the reasons' UNCONFIRMED line, if any
 
@@ -427,8 +422,8 @@ def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation |
             f"UNCONFIRMED: {what} ({', '.join(flaw_words(flawed))}; results.json noise_reasons); "
             f"{rerun_text(asks, str(longer(chosen.record)), 'the recommended config')} before "
             "trusting it")
-    return Recommendation(best, chosen, tolerance,
-                          [*([unconfirmed] if unconfirmed else []), *reasons], unconfirmed)
+    return Recommendation(best, chosen, [*([unconfirmed] if unconfirmed else []), *reasons],
+                          unconfirmed)
 
 
 def why_not_best(r: Row) -> str:

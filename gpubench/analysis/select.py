@@ -22,7 +22,7 @@ from gpubench.config.schema import BY_NAME as DECLARED
 from gpubench.config.schema import FaultConfig
 from gpubench.config.settings import as_run
 from gpubench.core.files import flatten
-from gpubench.core.record import Rung, RunRecord
+from gpubench.core.record import RunRecord
 from gpubench.core.stats import count
 
 
@@ -106,7 +106,7 @@ class LeftOut(Enum):
 def left_out(rec: RunRecord) -> LeftOut | None:
     """None for a full training measurement; one that crashed before its e2e phase stays (a
     failed training measurement, ranked as infeasible)."""
-    if rec.rung in (Rung.probe, Rung.screen):
+    if not rec.full:  # a short rung's
         return LeftOut[str(rec.rung)]
     phases = rec.knob("bench.phases")
     if rec.images_per_sec is None and (
@@ -115,10 +115,10 @@ def left_out(rec: RunRecord) -> LeftOut | None:
     return None
 
 
-def longest(items: list, record: Callable[[Any], RunRecord] = lambda r: r) -> list:
-    """The `items` measured longest: a short screen never stands for the others."""
-    steps = [int(record(x).knob("bench.steps") or 0) for x in items]
-    return [x for x, n in zip(items, steps, strict=True) if n == max(steps)]
+def longest(records: list[RunRecord]) -> list[RunRecord]:
+    """The records measured longest: a short screen never stands for the others."""
+    steps = [int(r.knob("bench.steps") or 0) for r in records]
+    return [r for r, n in zip(records, steps, strict=True) if n == max(steps)]
 
 
 # no fault injection: a run with any other value tests a failure path, never pooled nor a bound

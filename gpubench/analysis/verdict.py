@@ -31,6 +31,7 @@ PAIRED = " (percentages: the median of each round's ratio, not the ratio of the 
 TRACKS = 0.85  # e2e "tracks" a bound when it reaches this fraction of it
 WELL_BELOW = 0.9  # the loader is "well below" compute under this fraction of it
 ABOVE_BOUND = 0.10  # a single e2e window this far above its bound: a broken measurement
+MOST_WINDOWS = 100  # more windows than are reasonable to advise
 
 
 def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
@@ -156,17 +157,16 @@ class Undecided(Enum):
     too_wide = "too_wide"  # this spread would take more windows than are reasonable
 
 
-def windows_to_decide(ratio: Est, line: float, repeats: int,
-                      most: int = 100) -> int | Undecided:
+def windows_to_decide(ratio: Est, line: float, repeats: int) -> int | Undecided:
     """How many windows would put `ratio`'s interval wholly on one side of `line` (it narrows
-    about as 1/sqrt(windows)); Undecided on the line or past `most`."""
+    about as 1/sqrt(windows)); Undecided on the line or past MOST_WINDOWS."""
     reach = ratio.value - ratio.lo if line < ratio.value else ratio.hi - ratio.value
     gap = abs(ratio.value - line)
     if reach <= 0 or gap <= 0.005 * line:
         return Undecided.on_line
     # 20% spare: the estimate is rough
     need = max(math.ceil(repeats * (reach / gap) ** 2 * 1.2), repeats + 1)
-    return need if need <= most else Undecided.too_wide
+    return need if need <= MOST_WINDOWS else Undecided.too_wide
 
 
 def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
@@ -288,8 +288,8 @@ def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
     if n is Undecided.too_wide:  # off the line, but so spread that more windows hardly narrow
         steadier = rerun_text([Flaw.disturbed, Flaw.too_short], str(longer(record)))
         return (f"{what}: the figure ({v.open_ratio:.0%}) is off the {v.open_line:.0%} line, "
-                "but at the spread measured it would take over 100 windows to tell; steadier "
-                f"windows tell sooner: {steadier}")
+                f"but at the spread measured it would take over {MOST_WINDOWS} windows to tell; "
+                f"steadier windows tell sooner: {steadier}")
     more = longer(record, (n * per_window, n))  # it may set a least window (too brief ones)
     least = min_window_s if more.min_window_s is None else more.min_window_s
     return (f"{more}: about {windows_of(n, per_window, least)} would decide {what} (from the "

@@ -72,7 +72,7 @@ class Feeds(Word):
     open = "open"  # the intervals overlap (or clear by less than the margin): not decided
 
 
-def feeds(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> Feeds:
+def feeds(loader: Est, compute: Est, tolerance: float) -> Feeds:
     if clears(loader, compute, tolerance):
         return Feeds.clears
     return Feeds.short if loader.hi < compute.lo else Feeds.open
@@ -197,7 +197,7 @@ def _loader_rows(rows) -> dict[int, Est]:
     return {w: Est.pooled(v) for w, v in per.items()}
 
 
-def clears(loader: Est, compute: Est, tolerance: float = TOLERANCE) -> bool:
+def clears(loader: Est, compute: Est, tolerance: float) -> bool:
     """Interval against interval, `tolerance` to spare: a figure alone above does not count."""
     return loader.lo >= compute.hi * (1 + tolerance)
 

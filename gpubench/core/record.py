@@ -71,9 +71,6 @@ class Rung(Word):
         return cls.read(value, cls.run)
 
 
-SHORT_RUNGS = tuple(r for r in Rung if r.short)
-
-
 class Status(Word):
     running = "running"  # being measured, or left by a dead process (`stale`)
     ok = "ok"
@@ -523,7 +520,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
         return Longer(None, None)
     cap = b.get("max_seconds")
     new_steps, new_repeats = plan or longer_plan(steps, repeats)
-    flaws = {Reason.of(r).kind for r in rec.noise_reasons}
+    flaws = {r.kind for r in rec.noise_reasons}
     # windows too brief to tell a hiccup from competition: more steps alone leave a fast
     # model's windows as brief, a least duration does not (bench.min_window_s)
     brief = Flaw.too_short in flaws and not (b.get("min_window_s") or 0) >= MIN_WINDOW_S
@@ -532,7 +529,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     warm = b.get("warmup_max_steps")
     warm = (2 * max(warm, b.get("warmup_steps") or 1, 5)
             if isinstance(warm, int) and Flaw.warmup in flaws else None)
-    if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
+    if not positive(cap):
         return Longer(new_steps, new_repeats, None, min_window, warm)
     ld = (rec.config or {}).get("loader") or {}
 

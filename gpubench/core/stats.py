@@ -31,10 +31,9 @@ def median(xs: list[float]) -> float:
     return percentile(xs, 50)
 
 
-def median_interval(xs: list[float], confidence: float = CONFIDENCE
-                    ) -> tuple[float, float, float] | None:
+def median_interval(xs: list[float]) -> tuple[float, float, float] | None:
     """(low, high, coverage): the narrowest [x_(k), x_(n+1-k)] covering the median with
-    probability >= `confidence`, else [min, max] (below 6 values); None with fewer than 2."""
+    probability >= CONFIDENCE, else [min, max] (below 6 values); None with fewer than 2."""
     vals = sorted(x for x in xs if x is not None and math.isfinite(x))
     n = len(vals)
     if n < 2:
@@ -43,8 +42,8 @@ def median_interval(xs: list[float], confidence: float = CONFIDENCE
     def cover(k: int) -> float:  # 1 - 2 P(Binomial(n, 1/2) < k)
         return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2**n
 
-    # the largest k still covering `confidence` (cover falls as k grows); none: [min, max]
-    k = max((k for k in range(2, n // 2 + 1) if cover(k) >= confidence), default=1)
+    # the largest k still covering CONFIDENCE (cover falls as k grows); none: [min, max]
+    k = max((k for k in range(2, n // 2 + 1) if cover(k) >= CONFIDENCE), default=1)
     return vals[k - 1], vals[n - k], cover(k)
 
 
@@ -195,18 +194,18 @@ SETTLE_TOLERANCE = 0.15
 MIN_AFTER_FIRST = 2
 
 
-def settled(times: list[float], k: int = SETTLE_K, tol: float = SETTLE_TOLERANCE) -> bool:
+def settled(times: list[float]) -> bool:
     """Whether warm-up step times (the first excluded) reached a steady level."""
-    body = times[1:]
+    body, k = times[1:], SETTLE_K
     if len(body) < 2 * k:
         return False
     a, b = statistics.fmean(body[-k:]), statistics.fmean(body[-2 * k:-k])
-    return b > 0 and abs(a - b) <= tol * b
+    return b > 0 and abs(a - b) <= SETTLE_TOLERANCE * b
 
 
-def steady_step_s(times: list[float], k: int = SETTLE_K) -> float | None:
-    """The mean of warm-up's last `k` step times, the first left out; None without more."""
-    body = times[1:][-k:]
+def steady_step_s(times: list[float]) -> float | None:
+    """The mean of warm-up's last SETTLE_K step times, the first left out; None without more."""
+    body = times[1:][-SETTLE_K:]
     return statistics.fmean(body) if body else None
 
 
@@ -290,10 +289,10 @@ def outward(ci, place: int | None) -> list[float]:
     return [round(math.floor(ci[0] / q) * q, digits), round(math.ceil(ci[1] / q) * q, digits)]
 
 
-def text_at(x: float, place: int | None, default: str = ".1f") -> str:
-    """`x` written to 10**place without an exponent ('812', '0.0123'), else in `default`."""
+def text_at(x: float, place: int | None) -> str:
+    """`x` written to 10**place without an exponent ('812', '0.0123'), else to one decimal."""
     if place is None:
-        return format(x, default)
+        return f"{x:.1f}"
     return f"{round_at(x, place):.{max(0, -place)}f}"
 
 

@@ -72,7 +72,7 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
                                     study and f"tags.study = '{study}'") if f)
     from gpubench.report.compare import mlflow_records
 
-    rows = [recommend.row_of(rec, rec.extra.get("mlflow_run_id", "?")[:8])
+    rows = [recommend.Row(rec.extra.get("mlflow_run_id", "?")[:8], rec)
             for rec in mlflow_records(experiment, uri, filt)]
     return recommend.latest_per_setup(where(rows, conditions or {}))
 

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpubench.analysis.recommend import Recommendation, Row, latest_per_setup, recommend, row_of
+from gpubench.analysis.recommend import Recommendation, Row, latest_per_setup, recommend
 from gpubench.analysis.select import training_rows, where
 from gpubench.config.knobs import KEYS
 from gpubench.core.files import damaged
@@ -80,7 +80,7 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         if rec.rung is Rung.confirm and trial is not None:
             confirms.setdefault(trial, []).append(rec)
             continue
-        rows.append(row_of(rec, d.name))  # a run's own folder reported: its name
+        rows.append(Row(d.name, rec))  # a run's own folder reported: its name
         if rec.rung is Rung.full and trial is not None:
             full_rows[trial] = rows[-1]
     for trial, recs in confirms.items():

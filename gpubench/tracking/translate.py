@@ -190,7 +190,7 @@ def run_tags(rec: RunRecord, overrides: str | None = None,
     return tag_values({
         # first: the run page lists tags in this order. One word (`data`, `compute`, ...), or
         # the status of a run that measured nothing: a column of the saved view
-        "verdict": (labels.verdict_words(rec.bottleneck).word if rec.status.measured
+        "verdict": (str(rec.bottleneck or Bottleneck.unknown) if rec.status.measured
                     else rec.status.value),
         "run_uid": rec.run_uid, "status": rec.status.value, "bottleneck": rec.bottleneck,
         "measurement_stable": None if stable is None else str(stable).lower(), "error": rec.error,
@@ -240,7 +240,7 @@ def headline(rec: RunRecord) -> str:
     word = labels.verdict_words(rec.bottleneck).tag
     lean = rec.extra.get("verdict_leaning")  # what an inconclusive verdict leans to
     if rec.bottleneck is Bottleneck.inconclusive and lean in labels.VERDICT_WORDS:
-        word += f" (leans to {labels.verdict_words(lean).word})"
+        word += f" (leans to {Bottleneck(lean)})"
     if rec.status is Status.over_ceiling:
         word += ", over ceiling"
     parts = [f"**{word}**"]

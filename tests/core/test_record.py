@@ -12,7 +12,6 @@ import pytest
 
 from gpubench.core.record import (
     OOM_CONSTRAINT,
-    SHORT_RUNGS,
     Bottleneck,
     PhaseRecord,
     Rung,
@@ -136,7 +135,7 @@ def test_a_records_rung_is_the_readers_else_its_own():
     assert RunRecord.from_dict(d, rung="full").rung is Rung.full  # sweep.json says otherwise
     assert RunRecord.from_dict(d | {"rung": "from-a-newer-version"}).rung is Rung.run
     assert RunRecord.from_dict({"run_uid": "x", "status": "ok"}).rung is Rung.run
-    assert SHORT_RUNGS == (Rung.screen, Rung.probe)
+    assert [r for r in Rung if r.short] == [Rung.screen, Rung.probe]
 
 
 def test_window_plan_splits_the_phase_steps_over_its_windows():

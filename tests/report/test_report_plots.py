@@ -93,7 +93,7 @@ def test_curve_draws_loader_and_compute_of_the_same_best_runs():
     assert d["ymax"] > 700  # the tallest bound fits under the top
     assert not d["log_y"] and d["ymin"] == 0.0
     # with a recommendation, its group is the one with the bounds
-    rec = recommend.Recommendation(best=rows[4], chosen=rows[0], tolerance=0.05, reasons=[])
+    rec = recommend.Recommendation(best=rows[4], chosen=rows[0], reasons=[])
     first = curve_data(rows, "batch_size", "batch size", rec, log2=True)["lines"][0]
     assert first["label"] == "precision=fp32"
     assert ys(first["bounds"]["compute"]) == [110, 200]
