@@ -97,9 +97,16 @@ class Row:
         return low, high, ci[2], (low, high) != ci[:2]
 
     @property
+    def _alone(self) -> RunRecord:
+        """The record that stands for the row without a pooled interval: the one measured (a
+        failed run's one measured repeat), else its own."""
+        measured = [m for m in self.measurements if m.status.measured]
+        return measured[0] if len(measured) == 1 else self.record
+
+    @property
     def interval(self) -> tuple[float, float]:
         ci = self._pooled_ci
-        return self.record.throughput_interval if ci is None else holding(ci, self.throughput)
+        return self._alone.throughput_interval if ci is None else holding(ci, self.throughput)
 
     @property
     def widened(self) -> bool:
@@ -111,7 +118,7 @@ class Row:
     def interval_coverage(self) -> float:
         """Pooled: its measurements' (3 of them: [min, max], 75%)."""
         ci = self._pooled_ci
-        return self.record.interval_coverage if ci is None else ci[2]
+        return self._alone.interval_coverage if ci is None else ci[2]
 
     status = property(attrgetter("record.status.value"))
     peak = property(attrgetter("record.peak_memory_fraction"))

@@ -205,3 +205,12 @@ def test_a_run_with_a_fault_injected_is_never_the_pick():
     stalled.record.config["fault"] = {"stall_every": 1, "stall_s": 0.05}
     assert recommend([clean, stalled]).chosen is clean
     assert recommend([stalled]).chosen is stalled  # nothing else measured: still reported
+
+
+def test_a_failed_run_with_one_measured_repeat_takes_that_repeats_interval():
+    """The figure was the repeat's while the interval stayed the failed run's (0, 0): `100.0`
+    with no interval where the repeat measured [90-110], and a plot whisker down to 0."""
+    again = RunRecord(status=Status.ok, images_per_sec=100.0, images_per_sec_ci=[90.0, 110.0])
+    row = Row("r", RunRecord(status=Status.failed), confirms=[again])
+    assert (row.throughput, row.interval) == (100.0, (90.0, 110.0))
+    assert row.as_ranked.images_per_sec_ci == [90.0, 110.0]
