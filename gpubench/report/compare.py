@@ -24,6 +24,7 @@ from gpubench.core.files import flatten, read_json
 from gpubench.core.record import RESULTS_FILE, Rung, RunRecord, Word
 from gpubench.core.stats import positive
 from gpubench.report.console import dash
+from gpubench.report.plot_rules import differing, group_by
 
 DEFAULT_EXPERIMENT = "gpubench"
 # Examples only, so the table is never empty: Google Cloud's on-demand prices of the GPU alone
@@ -94,15 +95,12 @@ def price_for(device: str, table: dict[str, float]) -> float | None:
     return table[max(hits, key=lambda k: (len(k), k == device))] if hits else None
 
 
-def mlflow_records(experiment: str, uri: str | None = None,
-                   filter_string: str = "") -> list[RunRecord]:
+def mlflow_records(experiment: str, uri: str, filter_string: str = "") -> list[RunRecord]:
     """Its runs' results.json matching `filter_string` (checked values only), run id in extra."""
     from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
     from mlflow.utils import get_results_from_paginated_fn
 
-    from gpubench.tracking.store import resolve_uri  # the store only: report <- sweeps
-
-    uri = uri or resolve_uri(None)
+    import gpubench.tracking.store  # noqa: F401  its telemetry rule (report <- sweeps: the store)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
@@ -133,15 +131,13 @@ def mlflow_records(experiment: str, uri: str | None = None,
 def compare_rows(records: list[RunRecord], prices: dict[str, float]) -> dict[str, list[DeviceRow]]:
     """{workload: a DeviceRow per device, fastest first}: the fastest of its longest feasible
     measurements, so a short screen never stands for a device."""
-    groups: dict[tuple, dict[str, list[RunRecord]]] = {}
-    for r in records:
-        # a loader-only run's or a probe's figure is no device's training throughput
-        if r.feasible and left_out(r) is None:
-            dev = str(r.env.get("device_name") or r.env.get("device") or "unknown device")
-            # what it trains: every workload key but where it ran (knobs.PLACE), so runs of two
-            # models' kwargs or class counts are never one workload's figures
-            trained = workload_of(flatten(r.config or {}), PLACE)
-            groups.setdefault(trained, {}).setdefault(dev, []).append(r)
+    # a loader-only run's or a probe's figure is no device's training throughput
+    kept = [r for r in records if r.feasible and left_out(r) is None]
+    # what it trains: every workload key but where it ran (knobs.PLACE), so runs of two models'
+    # kwargs or class counts are never one workload's figures
+    by_work = group_by(kept, lambda r: workload_of(flatten(r.config or {}), PLACE))
+    groups = {w: group_by(rs, lambda r: str(r.env.get("device_name") or r.env.get("device")
+                                            or "unknown device")) for w, rs in by_work.items()}
     out: dict[str, list[DeviceRow]] = {}
     for work, devices in sorted(_named(groups).items()):
         rows = []
@@ -164,7 +160,7 @@ def _named(groups: dict[tuple, dict]) -> dict[str, dict]:
         text = workload_text(first[w])
         alike = [dict(o) for o in groups if o != w and workload_text(first[o]) == text]
         own = dict(w)
-        apart = [k for k in own if any(a.get(k) != own[k] for a in alike)]
+        apart = [k for k in differing([own, *alike], absent=True) if k in own]
         out[text + "".join(f"; {knob_setting(k, json.loads(own[k]))}" for k in apart)] = devices
     return out
 
@@ -222,8 +218,7 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
     return console.export_text()
 
 
-def main(experiment: str | None = None, uri: str | None = None,
-         prices_path: str | None = None) -> ExitCode:
+def main(experiment: str | None, uri: str, prices_path: str | None = None) -> ExitCode:
     prices = load_prices(prices_path)
     groups = compare_rows(mlflow_records(experiment or DEFAULT_EXPERIMENT, uri), prices)
     if not groups:

@@ -8,9 +8,9 @@ from enum import Enum
 from typing import Any
 
 from gpubench.analysis.labels import FLAWS, rerun_text
-from gpubench.analysis.recommend import acted, ran_with
+from gpubench.analysis.recommend import acted, acting
 from gpubench.analysis.select import loader_only
-from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, acts, compared, knob_setting
+from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared, knob_setting
 from gpubench.config.overrides import format_value
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.core.record import HEADLINE_ORDER, Flaw, Reason, RunRecord
@@ -111,10 +111,11 @@ def held_fixed(rows, key: str) -> list[str]:
     return [k for k in differing([knobs_of(r) for r in rows]) if k != key]
 
 
-def differing(dicts: list[dict]) -> list[str]:
-    """The keys whose values differ among the dicts that hold them."""
+def differing(dicts: list[dict], absent: bool = False) -> list[str]:
+    """The keys whose values differ among the dicts that hold them (`absent`: among all of
+    them, a dict without the key holding None)."""
     keys = sorted({k for d in dicts for k in d})
-    return [k for k in keys if len({repr(d[k]) for d in dicts if k in d}) > 1]
+    return [k for k in keys if len({repr(d.get(k)) for d in dicts if absent or k in d}) > 1]
 
 
 def knob_part(values: dict, worker_only: bool = False) -> tuple:
@@ -194,8 +195,7 @@ def inert_knobs(params: list[dict], devices: set[str], rows=()) -> list[str]:
     and a precision whose values all run the same math."""
     swept = {k for p in params for k in p}
     runs = [r for r in rows if r.record.config]
-    never = {k for k in swept if runs and not any(
-        acts(k.lstrip("+"), ran_with(r.record, r.flat)) for r in runs)}
+    never = {k for k in swept if runs and not any(acting(r, k.lstrip("+")) for r in runs)}
     if not devices or devices - {"cpu"}:
         return sorted(never)
     return sorted(never | {k for k in swept if k.lstrip("+") in CUDA_ONLY or (
@@ -208,8 +208,8 @@ def importance_params(params: list[dict], devices: set[str],
     """The trials' parameters that varied and can act on the device, or ([], why not)."""
     if len(params) < MIN_IMPORTANCE_TRIALS:
         return [], f"{len(params)} complete trials, {MIN_IMPORTANCE_TRIALS} needed"
-    names = sorted({k for p in params for k in p} - set(inert_knobs(params, devices, rows)))
-    varied = [k for k in names if len({repr(p.get(k)) for p in params}) > 1]
+    inert = inert_knobs(params, devices, rows)
+    varied = [k for k in differing(params, absent=True) if k not in inert]
     if len(varied) < 2:  # one knob alone always gets all the importance: a bar that says nothing
         return [], (f"{count(len(varied), 'parameter')} varied and can act on this device, "
                     "2 needed")

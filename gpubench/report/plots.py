@@ -410,8 +410,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) 
                         "chosen: none clears, the fastest")
                 _gold(ax, [x], [q["y"]], None if star in starred else star, zorder=2)
                 starred.add(star)
-            ax.plot([x], [q["y"]], marker="v", color=c, linestyle="none", zorder=3)
-            _whiskers(ax, [{**q, "x": x}], {"color": c, "zorder": 3})
+            _points(ax, [{**q, "x": x}], marker="v", color=c, zorder=3)
             what = count(q["x"], "worker") + ("" if name == "as composed" else f"\n{name}")
             ax.annotate(what, (x, q["hi"]), xytext=(0, 9), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7, color=c)
@@ -419,7 +418,7 @@ def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) 
     ax.set_xticks(range(len(panels)), [p["title"].replace(", ", "\n") for p in panels], fontsize=8)
     ax.set_xlim(left, right)
     lo, hi = min(v for v in every if v > 0), max(every)
-    if hi > 20 * lo:
+    if hi > plot_data.LOG_SPAN * lo:
         plain_log(ax, "y", lo, hi)
         ax.set_ylim(lo / 1.5, hi * 2.0)
     else:

@@ -41,6 +41,7 @@ from gpubench.core.record import (
 )
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import count
+from gpubench.report.compare import mlflow_records
 from gpubench.report.console import fit, say
 from gpubench.report.loader_answer import loader_answer, read_compute, sweep_compute
 from gpubench.report.plot_rules import as_override, group_of
@@ -60,7 +61,7 @@ STAYS = ("#", "run", "img/s")
 FILE_WIDTH = 120  # the width of ranking.txt: a log's
 
 
-def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = None,
+def load_mlflow(experiment: str, uri: str, parent: str | None = None,
                 study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
     """Rows from an MLflow experiment's results.json (only `parent`'s children, or one study's)."""
     for name, v, form, what in (
@@ -70,8 +71,6 @@ def load_mlflow(experiment: str, uri: str | None = None, parent: str | None = No
             raise SystemExit(f"gpubench.report: --{name}={v!r} is not allowed: it must be {what}")
     filt = " and ".join(f for f in (parent and f"tags.mlflow.parentRunId = '{parent}'",
                                     study and f"tags.study = '{study}'") if f)
-    from gpubench.report.compare import mlflow_records
-
     rows = [recommend.Row(rec.extra.get("mlflow_run_id", "?")[:8], rec)
             for rec in mlflow_records(experiment, uri, filt)]
     return recommend.latest_per_setup(where(rows, conditions or {}))
