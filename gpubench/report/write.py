@@ -357,7 +357,9 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     if pipes:
         # the margin the search judged its path with (pipes.json's clears), not --tolerance
         files += report_plots.plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
-    # lines and table printed again when the report is up to date, at the reader's width
+    # lines and table printed again when the report is up to date, at the reader's width; a
+    # password masked in both
+    lines = mask_secrets("\n".join(lines)).splitlines()
     summary.update(files=[str(f) for f in files], lines=lines,
                    table={"title": title, "head": head, "body": body})
     if fingerprint is not None:
@@ -365,8 +367,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     files.append(write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str)))
     if not quiet:  # after every file is written: a reader that stops early (`| head`) costs none
         print_table(head, body, title)
-        print_lines([*mask_secrets("\n".join(lines)).splitlines(),
-                     f"report: {out_dir.resolve()}" + (" (a new folder)" if new else "")])
+        print_lines([*lines, f"report: {out_dir.resolve()}" + (" (a new folder)" if new else "")])
     return files
 
 
