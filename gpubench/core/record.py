@@ -451,6 +451,16 @@ def window_plan(steps: int, repeats: int) -> tuple[int, int]:
     return windows, max(1, -(-int(steps) // windows))
 
 
+def phase_plan(phase: str, steps: int, repeats: int, loader: Any) -> tuple[int, int]:
+    """(windows, steps per window) of a phase: the loader's longer where its workers keep more
+    batches in flight (`loader`: its config, a dict or the settings' node)."""
+    windows, per_window = window_plan(steps, repeats)
+    if phase == "loader":
+        per_window = loader_window_steps(per_window, int(loader.get("num_workers") or 0),
+                                         loader.get("prefetch_factor"))
+    return windows, per_window
+
+
 def windows_of(windows: int, per_window: int, min_s: Any = 0) -> str:
     """`6 windows of 4 steps`, `... of at least 4 steps and 2 s`: every text's window plan."""
     return f"{count(windows, 'window')} of {window_text(per_window, min_s)}"
@@ -534,11 +544,7 @@ def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer
     ld = (rec.config or {}).get("loader") or {}
 
     def planned(phase: str, steps: int, repeats: int) -> int:
-        # the loader's windows hold more steps where its workers keep more batches in flight
-        windows, per_window = window_plan(steps, repeats)
-        return windows * (loader_window_steps(per_window, int(ld.get("num_workers") or 0),
-                                              ld.get("prefetch_factor"))
-                          if phase == "loader" else per_window)
+        return math.prod(phase_plan(phase, steps, repeats, ld))
 
     def paced(n: str, p: PhaseRecord) -> float:  # the new plan at the pace the phase ran
         ran = max(p.steps, 1e-3 * planned(n, steps, repeats))  # a cut phase may have none

@@ -29,12 +29,13 @@ from gpubench.config.overrides import format_value
 from gpubench.config.schema import walk
 from gpubench.core.exits import Refusal
 from gpubench.core.files import check_no_links, inside, read_json, write_text
-from gpubench.core.pipe import QUEUE_WINDOWS, loader_window_steps
+from gpubench.core.pipe import QUEUE_WINDOWS
 from gpubench.core.record import (
     Rung,
     RunRecord,
     Status,
     longer,
+    phase_plan,
     window_plan,
     window_text,
     windows_of,
@@ -87,8 +88,7 @@ def measurement_text(cfg: dict, cut_short: bool = False) -> str:
     phases = ", ".join(b.get("phases") or ()) or "?"
     try:
         windows, per_window = window_plan(b["steps"], b["repeats"])
-        loader = loader_window_steps(per_window, int(ld.get("num_workers") or 0),
-                                     ld.get("prefetch_factor"))
+        loader = phase_plan("loader", b["steps"], b["repeats"], ld)[1]
     except (KeyError, TypeError, ValueError):  # not a record's config
         return (f"bench.steps={b.get('steps', '?')} bench.repeats={b.get('repeats', '?')} on "
                 f"{phases}")

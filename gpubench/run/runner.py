@@ -23,8 +23,16 @@ from omegaconf import DictConfig, OmegaConf
 from gpubench.config.errors import ConfigError
 from gpubench.config.settings import Fault, check_resources, plain, resolve, window_cap_s
 from gpubench.core.files import check_no_links
-from gpubench.core.pipe import batches_in_flight, loader_window_steps
-from gpubench.core.record import RUNG_ENV, STUDY_ENV, PhaseRecord, RunRecord, Status, window_plan
+from gpubench.core.pipe import batches_in_flight
+from gpubench.core.record import (
+    RUNG_ENV,
+    STUDY_ENV,
+    PhaseRecord,
+    RunRecord,
+    Status,
+    phase_plan,
+    window_plan,
+)
 from gpubench.core.secrets import mask_secrets
 from gpubench.core.stats import WindowStats, pool
 from gpubench.parts import distributed, models, targets
@@ -135,7 +143,7 @@ class Benchmark:
         torch.manual_seed(b.seed)
         self.phases = list(s.phases)
         self.faults = Faults(s.fault, self.dist.rank)
-        self.repeats, self.steps_per_window = window_plan(b.steps, b.repeats)
+        self.repeats = window_plan(b.steps, b.repeats)[0]
         # results.json never holds a password (tracking.uri may carry user:pw@)
         rec = self.record = RunRecord.start(
             self.out, mask_secrets(plain(s.config)), env.facts(self.device), s.memory.ceiling,
@@ -241,10 +249,7 @@ class Benchmark:
             warm = 1
         else:
             warm = batches_in_flight(ld.num_workers, ld.prefetch_factor) + 1
-        if name == "loader":
-            return warm, loader_window_steps(self.steps_per_window, ld.num_workers,
-                                             ld.prefetch_factor)
-        return warm, self.steps_per_window
+        return warm, phase_plan(name, b.steps, b.repeats, ld)[1]
 
     def run_phase(self, name: str) -> WindowStats:
         """One window of a phase (the first warms up until steps are steady)."""
