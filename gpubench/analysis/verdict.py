@@ -12,7 +12,7 @@ from gpubench.analysis.labels import ABOVE_OWN_BOUND, Case, Step, rerun_text
 from gpubench.analysis.noise import more_windows
 from gpubench.analysis.workers import more_workers, workers
 from gpubench.config.schema import PRELOAD_HELPS, is_amp
-from gpubench.core.pipe import serial_rate
+from gpubench.core.pipe import serial_bound
 from gpubench.core.record import (
     PHASE_NAMES,
     Bottleneck,
@@ -37,11 +37,8 @@ MOST_WINDOWS = 100  # more windows than are reasonable to advise
 def combined_bound(compute: Est, device_data_s_per_image: Est | None) -> Est:
     """On a GPU the loader's device-side work (H2D copy, nvJPEG decode, GPU augment) runs in
     line with the step on the training stream: e2e reaches at most their serial_rate."""
-    if device_data_s_per_image is None:
-        return compute
     d = device_data_s_per_image
-    return Est(serial_rate(compute.value, d.value), serial_rate(compute.lo, d.hi),
-               serial_rate(compute.hi, d.lo))
+    return compute if d is None else serial_bound(compute, d)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from gpubench.analysis.workers import (
 )
 from gpubench.config.errors import ConfigError
 from gpubench.config.knobs import CHEAP_FIRST, acts, knob_setting
-from gpubench.core.pipe import serial_rate
+from gpubench.core.pipe import serial_bound
 from gpubench.core.record import Word
 from gpubench.core.stats import Est, count
 from gpubench.search import study as S
@@ -412,8 +412,7 @@ def join_bound(compute: Est, loader: Est, workers: int) -> tuple[Narrower, Est]:
     if workers:
         return min(((Narrower.compute, compute), (Narrower.data, loader)),
                    key=lambda t: t[1].value)
-    return Narrower.serial, Est(*(serial_rate(c, 1.0 / x)
-                           for c, x in zip(astuple(compute), astuple(loader), strict=True)))
+    return Narrower.serial, serial_bound(compute, Est(1.0, 1.0, 1.0).over(loader))  # s/image
 
 
 def contends(e2e: Est, bound: Est, tolerance: float) -> bool:
