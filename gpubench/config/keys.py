@@ -108,10 +108,7 @@ class Key:
     def allowed(self) -> str:
         null = "null or " if self.nullable else ""
         if self.bounds is not None:
-            low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
-                         for v in self.bounds)
-            kind = self.kind or FLOAT  # every bound declared has a low end
-            return null + (f"{kind} in [{low}, {high}]" if high else f"{kind} >= {low}")
+            return null + self.within(self.bounds[1])
         if self.wording is not None:
             return self.wording
         if hasattr(self.rule, "allowed"):  # a rule that says what it takes (name_rule)
@@ -120,6 +117,13 @@ class Key:
             names = ", ".join(enum.__members__)
             return f"a list of {names}" if self.type is list else f"{null}one of {names}"
         return null + (self.kind or _TYPE_TEXT.get(self.type, "any value"))
+
+    def within(self, high: float | None) -> str:
+        """Its declared range up to `high` (this machine's, where lower), null not named."""
+        low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
+                     for v in (self.bounds[0], high))
+        kind = self.kind or FLOAT  # every bound declared has a low end
+        return f"{kind} in [{low}, {high}]" if high else f"{kind} >= {low}"
 
     def check_type(self, value: Any) -> None:
         """A boolean key takes true or false as written (OmegaConf 2.3's BooleanNode takes 2,
