@@ -188,12 +188,10 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
 
 def _overrides(cfg: DictConfig) -> tuple[list, list]:
     """The command line's and hydra.sweeper.params' overrides, parsed, apart; read unresolved
-    (plain): an override's `${...}` is the job's to resolve (check_interpolations)."""
-    try:  # Hydra itself reports a malformed command-line override, before this runs
-        task = OverridesParser.create(config_loader=_loader()).parse_overrides(
-            list(plain(_at(cfg, "hydra.overrides.task")) or []))
-    except HydraException:
-        return [], []
+    (plain): an override's `${...}` is the job's to resolve (check_interpolations). The command
+    line's parse: Hydra composed the config from them, by the same parser."""
+    task = OverridesParser.create(config_loader=_loader()).parse_overrides(
+        list(plain(_at(cfg, "hydra.overrides.task")) or []))
     return task, [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
                   for k, v in (plain(_at(cfg, "hydra.sweeper.params")) or {}).items()]
 
