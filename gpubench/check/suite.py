@@ -14,7 +14,6 @@ from omegaconf import DictConfig
 
 from gpubench.check import rules
 from gpubench.check.rules import Judgement, Outcome
-from gpubench.config.errors import ConfigError
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.settings import Settings, resolve
 from gpubench.core.exits import ExitCode, quiet_broken_pipe
@@ -99,9 +98,7 @@ def main(argv: list[str] | None = None, emit: Callable[[str], None] = show) -> i
         judged = run_checks(cfg, emit, s)
     except KeyboardInterrupt:
         return _error("interrupted", ExitCode.SIGINT)
-    except ConfigError as e:
-        return _error(str(e), ExitCode.BAD_INPUT)
-    except Exception as e:  # Hydra's and OmegaConf's errors of composing: one line, as the CLI's
+    except Exception as e:  # bad input (ours, Hydra's, OmegaConf's): one line, as the CLI's
         line, code = describe(e, args)
         if code != ExitCode.BAD_INPUT:
             raise

@@ -15,7 +15,6 @@ from hydra._internal.utils import get_args_parser
 from gpubench.cli.messages import describe
 from gpubench.cli.signals import install_sigterm, interrupted_line
 from gpubench.config.errors import ConfigError
-from gpubench.core.exits import ExitCode
 from gpubench.core.secrets import say
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -74,14 +73,11 @@ def one_line_errors():
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: keep 129
             print(line, file=sys.stderr)
         raise SystemExit(code) from None
-    except SystemExit as e:
-        if not isinstance(e.code, ConfigError):  # an exit code, or Python's, passed through
-            raise
-        # bad input carried out of a Hydra callback (gpubench.config.prechecks.InputCheck)
-        say(str(e.code), "error")
-        raise SystemExit(ExitCode.BAD_INPUT) from None
-    except (Exception, JobFailed) as e:
-        ex = e.__cause__ if isinstance(e, JobFailed) else e
+    except (Exception, JobFailed, SystemExit) as e:
+        if isinstance(e, SystemExit) and not isinstance(e.code, ConfigError):
+            raise  # an exit code, or Python's, passed through
+        # a SystemExit: bad input carried out of a Hydra callback (config.prechecks.InputCheck)
+        ex = e.code if isinstance(e, SystemExit) else e.__cause__ if isinstance(e, JobFailed) else e
         if isinstance(ex, BrokenPipeError):
             # the reader of stdout went away: quiet_broken_pipe ends it, no line
             raise ex from None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.config.errors import ConfigError
+from gpubench.config.schema import BY_NAME
 from gpubench.core.pipe import batches_in_flight
 from gpubench.core.stats import count
 
@@ -61,9 +62,10 @@ def check_memory_sizes(ds: Any, ld: Any, free: int) -> None:
         if n * each <= half:
             return
         if half < each:
-            most = max(8, int(size * (half / (cut * each)) ** 0.5))
-            raise ConfigError("dataset.image_size", size, f"an integer in [8, {most}] {one} {where}")
-        raise ConfigError(key, n, f"an integer in [1, {half // each}] {why} {where}")
+            k = BY_NAME["dataset.image_size"]
+            most = max(k.bounds[0], int(size * (half / (cut * each)) ** 0.5))
+            raise ConfigError(k.name, size, f"{k.within(most)} {one} {where}")
+        raise ConfigError(key, n, f"{BY_NAME[key].within(half // each)} {why} {where}")
 
     stored = 3 * source_size(size) ** 2  # a uint8 image at its stored size
     if ds.name in ("synthetic", "fake_jpeg"):  # the in-memory pools: uint8 images or JPEGs

@@ -56,22 +56,22 @@ class Knob:
 def setting(default: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple[float, float | None] | None = None, *,
             factory: Any = dataclasses.MISSING, allowed: str | None = None,
-            knob: Knob | None = None, rule: Callable[[str, Any, bool], None] | None = None) -> Any:
+            knob: Knob | None = None, rule: Callable[[Key, Any], None] | None = None) -> Any:
     """A schema field under Key's field names: `bounds` (low, high; high None: open), `allowed`:
-    the docs' wording of a rule checked in code, `rule(key, value, nullable)`: a check beyond
-    type, range and choices."""
+    the docs' wording of a rule checked in code, `rule(key, value)`: a check beyond type, range
+    and choices."""
     meta = {"help": help, "bounds": bounds, "wording": allowed, "knob": knob, "rule": rule}
     return dataclasses.field(default=default, default_factory=factory,
                              metadata={k: v for k, v in meta.items() if v is not None})
 
 
-def name_rule(most: int) -> Callable[[str, Any, bool], None]:
+def name_rule(most: int) -> Callable[[Key, Any], None]:
     """A name MLflow (or Optuna) keeps: MLflow refuses an empty one only when logging, after the
     measurement; blanks and control characters it stores, showing broken rows."""
-    def check(key: str, value: Any, nullable: bool) -> None:
+    def check(key: Key, value: Any) -> None:
         if not isinstance(value, str) or not value.strip() or len(value) > most or any(
                 unicodedata.category(c).startswith("C") for c in value):
-            raise ConfigError(key, value, f"{'null or ' if nullable else ''}{check.allowed}")
+            raise ConfigError(key.name, value, key.allowed)  # check.allowed, `null or ` first
 
     check.allowed = (f"a name that is not blank, at most {most} characters, without control "
                      "characters")
@@ -93,7 +93,7 @@ class Key:
     item: Any = None  # a list's item type (bench.phases: Phase)
     wording: str | None = None  # setting(allowed=...): the docs' text of a rule checked in code
     knob: Knob = Knob()  # setting(knob=...), else its section's ROLE
-    rule: Callable[[str, Any, bool], None] | None = None  # setting(rule=...)
+    rule: Callable[[Key, Any], None] | None = None  # setting(rule=...)
 
     @property
     def kind(self) -> str | None:
@@ -108,10 +108,7 @@ class Key:
     def allowed(self) -> str:
         null = "null or " if self.nullable else ""
         if self.bounds is not None:
-            low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
-                         for v in self.bounds)
-            kind = self.kind or FLOAT  # every bound declared has a low end
-            return null + (f"{kind} in [{low}, {high}]" if high else f"{kind} >= {low}")
+            return null + self.within(self.bounds[1])
         if self.wording is not None:
             return self.wording
         if hasattr(self.rule, "allowed"):  # a rule that says what it takes (name_rule)
@@ -120,6 +117,13 @@ class Key:
             names = ", ".join(enum.__members__)
             return f"a list of {names}" if self.type is list else f"{null}one of {names}"
         return null + (self.kind or _TYPE_TEXT.get(self.type, "any value"))
+
+    def within(self, high: float | None) -> str:
+        """Its declared range up to `high` (this machine's, where lower), null not named."""
+        low, high = (v if v is None else str(int(v)) if self.type is int else f"{v:g}"
+                     for v in (self.bounds[0], high))
+        kind = self.kind or FLOAT  # every bound declared has a low end
+        return f"{kind} in [{low}, {high}]" if high else f"{kind} >= {low}"
 
     def check_type(self, value: Any) -> None:
         """A boolean key takes true or false as written (OmegaConf 2.3's BooleanNode takes 2,
@@ -151,7 +155,7 @@ class Key:
         elif enum is not None and not _is_member(enum, value):
             raise ConfigError(self.name, value, self.allowed)
         if self.rule is not None:
-            self.rule(self.name, value, self.nullable)
+            self.rule(self, value)
 
 
 def _is_member(enum: type[Enum], value: Any) -> bool:

@@ -14,7 +14,6 @@ from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
-    ChoiceSweep,
     IntervalSweep,
     QuotedString,
     RangeSweep,
@@ -67,14 +66,12 @@ def group_hint(group: str, value: Any) -> str:
     return f"; use model.name={value}" if group == "model" and str(value) in known_models() else ""
 
 
-def _repository(cfg: DictConfig | None) -> ConfigRepository | None:
-    """The files of the search path `cfg` was composed from (hydra.runtime.config_sources: a
-    `hydra.searchpath` folder too, which the loader's repository lacks)."""
-    sources = _at(cfg, "hydra.runtime.config_sources") if cfg is not None else None
-    if not sources:
-        return None
+def _repository(cfg: DictConfig) -> ConfigRepository:
+    """The files of the search path `cfg` was composed from (hydra.runtime.config_sources, which
+    Hydra fills in composing: a `hydra.searchpath` folder too, which the loader's repository
+    lacks)."""
     path = ConfigSearchPathImpl()
-    for src in sources:
+    for src in _at(cfg, "hydra.runtime.config_sources"):
         path.append(src.provider, f"{src.schema}://{src.path}")
     return ConfigRepository(path)
 
@@ -85,13 +82,10 @@ def file_package(header: dict, group: str) -> str:
     return package.replace("_global_", "").strip(".")
 
 
-def check_option(group: str, value: Any, cfg: DictConfig | None = None) -> None:
-    """A group's chosen option exists (Hydra skips an optional group's missing one): on `cfg`'s
-    search path, else the loader's, else in conf/."""
-    if (source := _repository(cfg)) is None:
-        source = _loader()
-    options = (list(source.get_group_options(group)) if source is not None
-               else sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
+def check_option(group: str, value: Any, cfg: DictConfig) -> None:
+    """A group's chosen option exists on `cfg`'s search path (Hydra skips an optional group's
+    missing one)."""
+    options = list(_repository(cfg).get_group_options(group))
     if str(value) not in options:
         raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/, a "
                                         f"--config-dir or hydra.searchpath){group_hint(group, value)}")
@@ -194,23 +188,17 @@ def _check_override(cfg: DictConfig, o, groups: dict) -> None:
 
 def _overrides(cfg: DictConfig) -> tuple[list, list]:
     """The command line's and hydra.sweeper.params' overrides, parsed, apart; read unresolved
-    (plain): an override's `${...}` is the job's to resolve (check_interpolations)."""
-    try:  # Hydra itself reports a malformed command-line override, before this runs
-        task = OverridesParser.create(config_loader=_loader()).parse_overrides(
-            list(plain(_at(cfg, "hydra.overrides.task")) or []))
-    except HydraException:
-        return [], []
+    (plain): an override's `${...}` is the job's to resolve (check_interpolations). The command
+    line's parse: Hydra composed the config from them, by the same parser."""
+    task = OverridesParser.create(config_loader=_loader()).parse_overrides(
+        list(plain(_at(cfg, "hydra.overrides.task")) or []))
     return task, [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
                   for k, v in (plain(_at(cfg, "hydra.sweeper.params")) or {}).items()]
 
 
-def _swept(o: Any) -> bool:
-    return o.is_sweep_override() or isinstance(o.value(), ChoiceSweep)
-
-
 def _first(o: Any) -> Any:
     """The override's value in one job: a sweep's first (a bad sweep: None, named later)."""
-    if not _swept(o):
+    if not o.is_sweep_override():
         return o.value()
     try:
         return _swept_values(o)[0]
@@ -236,13 +224,14 @@ def _placed(raw: DictConfig, package: str) -> tuple[DictConfig, list] | None:
                     if k in BY_NAME and not isinstance(n, DictConfig)]
 
 
-def check_written(raw: DictConfig, package: str, where: str, text: str | None = None) -> None:
-    """A YAML file's values as read (by hydra_plugins.gpubench_searchpath), before the schema
-    turns `checkpointing: 2` into true. `package`: its keys' prefix ('' for primary, _global_);
-    `text`: the file's, where YAML 1.1 read `yes`, `on` as a boolean its key then refuses."""
+def check_written(raw: DictConfig, package: str, where: str) -> None:
+    """A YAML file's values as Hydra read them at `where` (hydra_plugins.gpubench_searchpath),
+    before the schema turns `checkpointing: 2` into true; `package`: its keys' prefix ('' for
+    primary, _global_). Read again as text: YAML 1.1 read `yes`, `on` as a boolean, refused here."""
     if (placed := _placed(raw, package)) is None:
         return
-    spelled = _prefixed(yaml.load(text, Loader=yaml.BaseLoader), package) if text else None
+    with open(where, encoding="utf-8") as f:  # as Hydra just read it: it decoded
+        spelled = _prefixed(yaml.load(f, Loader=yaml.BaseLoader), package)
     try:
         check_known_keys(placed[0])
         for key, node in placed[1]:
@@ -281,8 +270,7 @@ def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
         after_self = any(d.is_self() for d in defaults) and not defaults[-1].is_self()
         where = f"{found.path.partition('://')[2]}/{group}/{option}.yaml"
         if found.path.startswith("file://"):  # a hydra.searchpath folder, which Files never read
-            with open(where, encoding="utf-8") as f:
-                check_written(found.config, package, where, f.read())
+            check_written(found.config, package, where)
         for key, node in placed[1]:
             if not node._is_missing():
                 given.add(key)
@@ -320,10 +308,10 @@ def check_before_work(cfg: DictConfig) -> None:
     overrides, set_by_sweeper = task + params, {o.key_or_group for o in params}
     # params first: the command line's value wins, as the sweepers give it
     check_interpolations(cfg, {o.key_or_group: _first(o) for o in params + task
-                               if _swept(o) or o.key_or_group in set_by_sweeper})
+                               if o.is_sweep_override() or o.key_or_group in set_by_sweeper})
     check_known_keys(cfg)
     for o in overrides:  # a plain value has its key's type as written (composed, 2 reads as true)
-        if _swept(o):
+        if o.is_sweep_override():
             _check_override(cfg, o, groups)
         elif o.key_or_group in BY_NAME and not o.is_delete():
             BY_NAME[o.key_or_group].check_type(o.value())

@@ -54,18 +54,19 @@ WORK, WORK_DATA = (partial(Knob, Role.workload, p) for p in (Pipe.compute, Pipe.
 KNOB, DATA_KNOB = (partial(Knob, Role.knob, p) for p in (Pipe.compute, Pipe.data))
 
 
-def check_phases(key: str, phases: Any, nullable: bool = False) -> None:
+def check_phases(key: Key, phases: Any) -> None:
     """bench.phases: not empty, each once (a repeated phase's windows were pooled as one's)."""
     names = [p.value if isinstance(p, Enum) else p for p in phases]
     if not names or len(set(names)) != len(names):
-        raise ConfigError(key, names, "a non-empty list of loader, compute, e2e, each at most once")
+        raise ConfigError(key.name, names, f"a non-empty list of {', '.join(Phase.__members__)}, "
+                          "each at most once")
 
 
-def check_start_method(key: str, ctx: Any, nullable: bool = True) -> None:
+def check_start_method(key: Key, ctx: Any) -> None:
     """A start method of this platform (with 0 workers too: a misspelling is wrong)."""
     methods = multiprocessing.get_all_start_methods()  # torch.multiprocessing's own function
     if ctx not in methods:
-        raise ConfigError(key, ctx, f"null or one of {methods}")
+        raise ConfigError(key.name, ctx, f"null or one of {methods}")
 
 
 @dataclass

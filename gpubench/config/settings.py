@@ -317,14 +317,13 @@ def check_resources(s: Settings) -> None:
     cpus, free = usable_cpus(), available_ram()
     by_ram = free // WORKER_RAM_BYTES
     most = min(WORKERS_PER_CORE * cpus, by_ram)
-    if ld.num_workers > most:
-        why = (f"{WORKERS_PER_CORE} per core, {cpus} cores" if most < by_ram
+    workers = (f"{WORKERS_PER_CORE} per core, {cpus} cores" if most < by_ram
                else f"{WORKER_RAM_BYTES >> 20} MiB each, {free / 2**30:.1f} GiB RAM free")
-        raise ConfigError("loader.num_workers", ld.num_workers,
-                          f"an integer in [0, {most}] on this machine ({why})")
-    if ld.worker_threads > cpus:
-        raise ConfigError("loader.worker_threads", ld.worker_threads,
-                          f"an integer in [1, {cpus}] on this machine ({cpus} cores)")
+    for key, high, why in (("loader.num_workers", most, workers),
+                           ("loader.worker_threads", cpus, f"{cpus} cores")):
+        k = schema.BY_NAME[key]
+        if (value := OmegaConf.select(s, key)) > high:
+            raise ConfigError(key, value, f"{k.within(high)} on this machine ({why})")
     check_memory_sizes(ds, ld, free)
     if s.tracking.backend == "mlflow" and s.tracking.uri is not None:
         check_local_store("tracking.uri", *local_store(s.tracking.uri), value=s.tracking.uri)

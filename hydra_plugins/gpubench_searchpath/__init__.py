@@ -40,9 +40,7 @@ class Files(FileConfigSource):
             reason = " ".join(str(e).split())  # YAML's names the file and line
             raise ConfigError(group or "--config-name", name, "a YAML file gpubench can read ("
                               f"{reason if where in reason else f'{where}: {reason}'})") from None
-        with open(where, encoding="utf-8") as f:  # read as Hydra just did: it decoded
-            text = f.read()
-        check_written(result.config, file_package(result.header, group), where, text)
+        check_written(result.config, file_package(result.header, group), where)
         return result
 
 
