@@ -17,6 +17,7 @@ from gpubench.check.rules import Judgement, Outcome
 from gpubench.config.paths import CONFIG_DIR
 from gpubench.config.settings import Settings, resolve
 from gpubench.core.exits import ExitCode, quiet_broken_pipe
+from gpubench.core.secrets import mask_secrets
 
 USAGE = """usage: python -m gpubench.check [key=value ...]
 
@@ -74,7 +75,8 @@ def run_checks(cfg: DictConfig, emit: Callable[[str], None] = show,
 
 
 def _error(line: str, code: int) -> int:
-    print(f"gpubench check: error: {line}", file=sys.stderr)
+    # masked: Hydra's line quotes the override as typed, a tracking.uri's password with it
+    print(f"gpubench check: error: {mask_secrets(line)}", file=sys.stderr)
     return code
 
 

@@ -246,6 +246,14 @@ def test_bad_input_is_one_line_and_exit_status_2(capsys, override, key):
     assert len(err) == 1 and err[0].startswith(f"gpubench check: error: {key}"), err
 
 
+def test_a_bad_override_holding_a_password_is_said_without_it(capsys):
+    """Hydra's parse error quotes the override as typed: the CLI's line masked it, the check's
+    did not."""
+    assert main([*TINY, "tracking.uri=http://bob:hunter2@h:1/x]"], emit=lambda _: None) == 2
+    err = capsys.readouterr().err
+    assert "bob:***@h" in err and "hunter2" not in err, err
+
+
 @pytest.mark.slow
 def test_python_m_gpubench_check_fails_a_stalled_step_in_its_exit_status(tmp_path):
     """The command: a stall in gpubench's step only (50 ms every 2nd step of about 2 ms: far
