@@ -52,22 +52,21 @@ def user() -> str | None:
 
 
 def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
-             root: Path | None = None) -> bool:
+             root: Path | None = None) -> None:
     """Upload one file (a text file holding a password: a masked copy). A link out of `root`
-    (default: its folder) is not read: one warning line, and False."""
+    (default: its folder) is not read: one warning line."""
     root = Path(path).parent if root is None else root
     if not inside(path, root):
         say(f"not uploaded: {path} is a link out of {root} (to {Path(path).resolve()})")
-        return False
+        return
     if not path.is_file():  # a dangling link
-        return False
+        return
     if path.suffix in TEXT_SUFFIXES and path.stat().st_size <= MASK_LIMIT:
         masked = mask_secrets(text := path.read_text(errors="replace"))
         if masked != text:  # MLflow writes it to a temporary file and logs that
             client.log_text(run_id, masked, f"{artifact_path or '.'}/{path.name}")
-            return True
+            return
     client.log_artifact(run_id, str(path), artifact_path)
-    return True
 
 
 def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -> None:

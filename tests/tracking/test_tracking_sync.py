@@ -4,7 +4,6 @@ dead runs, artifact-store copies, quotes in identities, credentials, resumed swe
 from __future__ import annotations
 
 import http.server
-import io
 import json
 import socket
 import subprocess
@@ -112,7 +111,7 @@ def recording_server():
     srv.server_close()
 
 
-def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch,
+def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch, capsys,
                                                           recording_server):
     """Copied run folders whose mlflow.json / results.json name another host (with or without
     a password) or a sqlite path: without --uri nothing is sent there (the user's
@@ -133,9 +132,8 @@ def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch,
             {"synced": False, "tracking_uri": uri, "experiment": "gpubench"}))
     write_run(out / "config_only", "uid-config", uri=recording_server)  # results.json alone
 
-    said = io.StringIO()
-    counts = sync(out, out=said)
-    text = said.getvalue()
+    counts = sync(out)
+    text = capsys.readouterr().out
     assert Recorder.seen == [] and not (tmp_path / "elsewhere").exists()
     assert not (tmp_path / "outputs").exists()  # nor anything made in the default store
     assert counts == {"uploaded": 0, "present": 0, "skipped": 5, "failed": 0}
