@@ -185,9 +185,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
                     h = (yaml.safe_load((sweep / "multirun.yaml").read_text()) or {}).get("hydra")
                 except (OSError, yaml.YAMLError):
                     h = None
-                h, sp = h or {}, (h or {}).get("sweeper") or {}
-                parents[sweep] = open_sweep(store, sweep, (h.get("overrides") or {}).get("task")
-                                            or [], sp.get("_target_"), sp.get("params"))
+                parents[sweep] = open_sweep(store, sweep, h or {})
         return parents[sweep]
 
     for rec in recs:

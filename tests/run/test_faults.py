@@ -239,7 +239,7 @@ def test_sync_leaves_a_live_process_and_its_sweep_alone(tmp_path):
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
     sweeps.mark_ended(sweep, False)  # this process is the sweep, running
     with open_store(uri, "gpubench") as store:
-        parent = sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"])
+        parent = sweeps.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=2,4"]}})
     # a job that ended but has not uploaded itself yet (its process is this one, alive)
     _run_record(sweep / "0", "live0", os.getpid())
     counts = sync(sweep, uri=uri)

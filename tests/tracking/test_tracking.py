@@ -305,7 +305,8 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
     write_json(sweep / "sweep.json", {"best": {"dir": str(sweep / "0")}})
     uri = sqlite_store(tmp_path / "mlflow.db")
     with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8,16"])
+        parent = tracking.open_sweep(store, sweep,
+                                     {"overrides": {"task": ["loader.batch_size=8,16"]}})
         tracking.close_sweep(store, sweep, parent)
     tags = client(uri).get_run(parent).data.tags
     assert recommendation(sweep).chosen.record.dir == sweep / "1"
@@ -370,7 +371,7 @@ def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
     assert tracking.best_job(sweep).images_per_sec == 900.0
     uri = sqlite_store(tmp_path / "mlflow.db")
     with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8"])
+        parent = tracking.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=8"]}})
         tracking.close_sweep(store, sweep, parent)
     tags = client(uri).get_run(parent).data.tags
     assert tags["best_run_dir"] == str(sweep / "1") and tags["best_run_name"].endswith(" 800img/s")
@@ -378,7 +379,7 @@ def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
     # still ends, named from the record
     (sweep / "1" / tracking.MARKER_FILE).write_text(json.dumps({"run_id": "f" * 32}))
     with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8"])
+        parent = tracking.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=8"]}})
         tracking.close_sweep(store, sweep, parent)
     run = client(uri).get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["best_run_name"].endswith(" 800img/s")

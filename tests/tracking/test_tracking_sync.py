@@ -209,7 +209,7 @@ def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
     sweeps.mark_ended(sweep, False)
     with open_store(uri, "gpubench") as store:
-        parent = sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"])
+        parent = sweeps.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=2,4"]}})
         killed = write_run(sweep / "0", "job0", Status.killed)
         upload(store, killed, killed.dir, parent)
     write_run(sweep / "1", "job1", Status.running, pid=dead_pid())  # kill -9 of the sweep
@@ -223,7 +223,8 @@ def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
 
     sweeps.mark_ended(sweep, False)  # the resume
     with open_store(uri, "gpubench") as store:
-        assert sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"]) == parent
+        hydra = {"overrides": {"task": ["loader.batch_size=2,4"]}}
+        assert sweeps.open_sweep(store, sweep, hydra) == parent
         for i, uid in ((2, "job2"), (3, "job3")):
             rec = write_run(sweep / str(i), uid, images_per_sec=100.0 + i)
             upload(store, rec, rec.dir, parent)
