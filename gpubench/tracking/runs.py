@@ -15,7 +15,6 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
-from filelock import FileLock
 
 from gpubench.analysis.select import knob_of
 from gpubench.core.files import inside, read_json, try_lock, write_json, write_text
@@ -147,25 +146,22 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
 # A run's process uploads it as it ends, `sync` what missed MLflow: both may reach one run at
 # once. Only the holder of its claim (`mlflow.claim`, a file lock: core.files.try_lock) uploads;
 # a process that died mid-upload (kill -9) left it free (the kernel released its lock).
-_CLAIMS: dict[Path, FileLock] = {}  # the runs this process is uploading
-
-
-def claim_upload(run_dir: Path) -> str | None:
-    """Take the upload of this run: None when this process holds it now, else who does."""
+@contextlib.contextmanager
+def upload_claim(run_dir: Path):
+    """The upload of this run, held while the block runs: None when this process holds it, else
+    who does. Given back with its file removed while still held: a process that opened it
+    meanwhile finds it unlinked and opens a new one (filelock checks the link count)."""
     path = Path(run_dir) / CLAIM_FILE
     lock = try_lock(path, note=f"{socket.gethostname()}:{os.getpid()}")
     if lock is None:
+        holder = ""
         with contextlib.suppress(OSError):  # released and removed this instant
-            return path.read_text().strip() or "another process"
-        return "another process"
-    _CLAIMS[Path(run_dir)] = lock
-    return None
-
-
-def release_upload(run_dir: Path) -> None:
-    """Give the claim back, its file removed while still held: a process that opened it meanwhile
-    finds it unlinked and opens a new one (filelock checks the link count), so no two hold it."""
-    if (lock := _CLAIMS.pop(Path(run_dir), None)) is not None:
+            holder = path.read_text().strip()
+        yield holder or "another process"
+        return
+    try:
+        yield None
+    finally:
         Path(lock.lock_file).unlink(missing_ok=True)
         lock.release()
 
@@ -217,17 +213,14 @@ def log_result(t, rec: RunRecord, task=None) -> bool:
     try:
         # the config as measured, on disk before any store is contacted
         write_text(run_dir / CONFIG_FILE, yaml.safe_dump(rec.config or {}, sort_keys=False))
-        holder = claim_upload(run_dir)
-        if holder is not None:  # `sync` is uploading it right now: one MLflow run per run
-            log.info("MLflow: %s is being uploaded by %s", run_dir, holder)
-            return True
-        try:
+        with upload_claim(run_dir) as holder:
+            if holder is not None:  # `sync` is uploading it right now: one MLflow run per run
+                log.info("MLflow: %s is being uploaded by %s", run_dir, holder)
+                return True
             with open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = upload(store, rec, run_dir, parent, t.run_name, read_overrides(run_dir, task))
             write_marker(run_dir, rec.run_uid, uri, t.experiment, rid, store.experiment_id,
                          parent_id=parent)
-        finally:
-            release_upload(run_dir)
     except Exception as e:  # a tracking failure must never cost the measurement
         log.debug("MLflow upload failed", exc_info=True)
         with contextlib.suppress(OSError):  # a folder that refuses writes: the warning says it

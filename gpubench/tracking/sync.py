@@ -9,6 +9,7 @@ made there); such runs are skipped, one line per store naming the `--uri` that u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from pathlib import Path
@@ -190,20 +191,18 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
 
     for rec in recs:
         run_dir = Path(rec.dir)
-        try:
-            holder = runs.claim_upload(run_dir)
-        except OSError as e:  # a folder that refuses the claim file refuses the marker too
-            say(f"{refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded", "error")
-            counts["failed"] += 1
-            continue
-        if holder is not None:  # its own process (or another sync) is uploading it now
-            print(f"skip {run_dir}: being uploaded by {holder}")
-            counts["skipped"] += 1
-            continue
-        try:
+        with contextlib.ExitStack() as held:
+            try:
+                holder = held.enter_context(runs.upload_claim(run_dir))
+            except OSError as e:  # a folder that refuses the claim file refuses the marker too
+                say(f"{refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded", "error")
+                counts["failed"] += 1
+                continue
+            if holder is not None:  # its own process (or another sync) is uploading it now
+                print(f"skip {run_dir}: being uploaded by {holder}")
+                counts["skipped"] += 1
+                continue
             _upload_one(store, rec, run_dir, parent_of, counts)
-        finally:
-            runs.release_upload(run_dir)
     for rec in orphans:
         run_dir, sweep = Path(rec.dir), runs.sweep_of(Path(rec.dir))
         marker = runs.read(run_dir / runs.MARKER_FILE)

@@ -180,8 +180,8 @@ def _runs(uri: str, experiment: str = "gpubench") -> list:
 
 
 _HOLD = ("import sys, time; from pathlib import Path; from gpubench.tracking.runs import "
-         "claim_upload; assert claim_upload(Path(sys.argv[1])) is None; print('held', flush=True); "
-         "time.sleep(600)")
+         "upload_claim\nwith upload_claim(Path(sys.argv[1])) as holder:\n    assert holder is None"
+         "\n    print('held', flush=True)\n    time.sleep(600)")
 
 
 @pytest.mark.slow

@@ -392,18 +392,20 @@ def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
     is taken. A real process killed mid-upload: tests/test_faults.py."""
     import socket
 
-    from gpubench.tracking.runs import CLAIM_FILE, claim_upload, release_upload
+    from gpubench.tracking.runs import CLAIM_FILE, upload_claim
 
     run = tmp_path / "run"
     run.mkdir()
-    assert claim_upload(run) is None
-    assert claim_upload(run) == f"{socket.gethostname()}:{os.getpid()}"  # held: left alone
-    release_upload(run)
+    with upload_claim(run) as holder:
+        assert holder is None
+        with upload_claim(run) as other:  # held: left alone
+            assert other == f"{socket.gethostname()}:{os.getpid()}"
+        assert (run / CLAIM_FILE).exists()  # only a claim this process holds is given back
     assert not (run / CLAIM_FILE).exists()
     (run / CLAIM_FILE).write_text("vm:4242")  # left by a process that is gone
-    assert claim_upload(run) is None
-    release_upload(run)
-    release_upload(run)  # only a claim this process holds is given back
+    with upload_claim(run) as holder:
+        assert holder is None
+    assert not (run / CLAIM_FILE).exists()
 
 
 def test_retry_tries_again_and_raises_the_last_error():
