@@ -58,7 +58,7 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
     if not inside(path, root):
         say(f"not uploaded: {path} is a link out of {root} (to {Path(path).resolve()})")
         return
-    if not path.is_file():  # a dangling link
+    if not path.is_file():  # absent, a folder, or a dangling link
         return
     if path.suffix in TEXT_SUFFIXES and path.stat().st_size <= MASK_LIMIT:
         masked = mask_secrets(text := path.read_text(errors="replace"))
@@ -69,7 +69,7 @@ def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
 
 
 def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -> None:
-    """The files under `folder` that lie in `root` once links are followed."""
+    """The files under `folder` (if any) that lie in `root` once links are followed."""
     if not inside(folder, root):
         log_file(client, run_id, folder, root=root)  # the warning line; nothing is read
         return
@@ -119,14 +119,12 @@ def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = 
         [InputTag("mlflow.data.context", "benchmark")])])
 
     # nothing out of the run folder is read, whatever links it holds: a link out
-    # (`traces -> /elsewhere`) is listed for log_file/log_dir to name and skip
+    # (`traces -> /elsewhere`) is for log_file/log_dir to name and skip, what is absent to skip
     globbed = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g)} - {run_dir / MARKER_FILE}
     for f in (run_dir / RESULTS_FILE, run_dir / CONFIG_FILE, *sorted(globbed)):
-        if f.is_file() or f.is_symlink():
-            log_file(c, rid, f, root=run_dir)
+        log_file(c, rid, f, root=run_dir)
     for d, name in ((".hydra", "hydra"), *((d, d) for d in ARTIFACT_DIRS)):
-        if (run_dir / d).is_dir() or (run_dir / d).is_symlink():
-            log_dir(c, rid, run_dir / d, name, run_dir)
+        log_dir(c, rid, run_dir / d, name, run_dir)
 
     end = start + int(rec.seconds * 1000) if start and rec.seconds else None
     c.set_terminated(rid, T.RUN_STATUS[rec.status], end_time=end)
