@@ -45,6 +45,14 @@ def runs_of(uri: str, experiment: str) -> list:
         mlflow.set_tracking_uri(None)
 
 
+def closed_parent(uri: str, sweep, override: str) -> str:
+    """The sweep's parent run, opened and closed as a sweep's start and end do; its id."""
+    with tracking.open_store(uri, "sweeps") as store:
+        parent = tracking.open_sweep(store, sweep, {"overrides": {"task": [override]}})
+        tracking.close_sweep(store, sweep, parent)
+    return parent
+
+
 def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
     out = set()
     for a in c.list_artifacts(run_id, path):
@@ -304,10 +312,7 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
         rec.save()
     write_json(sweep / "sweep.json", {"best": {"dir": str(sweep / "0")}})
     uri = sqlite_store(tmp_path / "mlflow.db")
-    with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep,
-                                     {"overrides": {"task": ["loader.batch_size=8,16"]}})
-        tracking.close_sweep(store, sweep, parent)
+    parent = closed_parent(uri, sweep, "loader.batch_size=8,16")
     tags = client(uri).get_run(parent).data.tags
     assert recommendation(sweep).chosen.record.dir == sweep / "1"
     assert tags["best_run_dir"] == str(sweep / "1") == str(tracking.best_job(sweep).dir)
@@ -370,17 +375,13 @@ def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
         rec.save()
     assert tracking.best_job(sweep).images_per_sec == 900.0
     uri = sqlite_store(tmp_path / "mlflow.db")
-    with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=8"]}})
-        tracking.close_sweep(store, sweep, parent)
+    parent = closed_parent(uri, sweep, "loader.batch_size=8")
     tags = client(uri).get_run(parent).data.tags
     assert tags["best_run_dir"] == str(sweep / "1") and tags["best_run_name"].endswith(" 800img/s")
     # its marker names a run this store does not hold (synced elsewhere, deleted): the parent
     # still ends, named from the record
     (sweep / "1" / tracking.MARKER_FILE).write_text(json.dumps({"run_id": "f" * 32}))
-    with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=8"]}})
-        tracking.close_sweep(store, sweep, parent)
+    parent = closed_parent(uri, sweep, "loader.batch_size=8")
     run = client(uri).get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["best_run_name"].endswith(" 800img/s")
     assert "best_run_id" not in run.data.tags  # no id leading nowhere
