@@ -100,17 +100,12 @@ class MlflowSweepCallback(Callback):
 
         t = config.tracking
         uri = tracking.resolve_uri(t.uri)
-        sweeper = config.hydra.get("sweeper") or {}
-        params = sweeper.get("params")
         tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
-                rid = tracking.open_sweep(
-                    # as written: iterating the node resolves an override's ${oc.env:...}
-                    store, sweep_dir, OmegaConf.to_container(config.hydra.overrides.task),
-                    sweeper.get("_target_"),
-                    OmegaConf.to_container(params) if params is not None else None,
-                    t.get("run_name"))
+                # as written: iterating the node resolves an override's ${oc.env:...}
+                rid = tracking.open_sweep(store, sweep_dir, OmegaConf.to_container(config.hydra),
+                                          t.get("run_name"))
         except Exception as e:  # jobs still run; each keeps its results for `sync`
             log.debug("MLflow parent run not created", exc_info=True)
             say(f"MLflow not reached at tracking.uri={uri} ({e}); the sweep runs untracked")

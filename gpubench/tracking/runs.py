@@ -15,7 +15,6 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
-from filelock import FileLock
 
 from gpubench.analysis.select import knob_of
 from gpubench.core.files import inside, read_json, try_lock, write_json, write_text
@@ -52,26 +51,25 @@ def user() -> str | None:
 
 
 def log_file(client, run_id: str, path: Path, artifact_path: str | None = None,
-             root: Path | None = None) -> bool:
+             root: Path | None = None) -> None:
     """Upload one file (a text file holding a password: a masked copy). A link out of `root`
-    (default: its folder) is not read: one warning line, and False."""
+    (default: its folder) is not read: one warning line."""
     root = Path(path).parent if root is None else root
     if not inside(path, root):
         say(f"not uploaded: {path} is a link out of {root} (to {Path(path).resolve()})")
-        return False
-    if not path.is_file():  # a dangling link
-        return False
+        return
+    if not path.is_file():  # absent, a folder, or a dangling link
+        return
     if path.suffix in TEXT_SUFFIXES and path.stat().st_size <= MASK_LIMIT:
         masked = mask_secrets(text := path.read_text(errors="replace"))
         if masked != text:  # MLflow writes it to a temporary file and logs that
             client.log_text(run_id, masked, f"{artifact_path or '.'}/{path.name}")
-            return True
+            return
     client.log_artifact(run_id, str(path), artifact_path)
-    return True
 
 
 def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -> None:
-    """The files under `folder` that lie in `root` once links are followed."""
+    """The files under `folder` (if any) that lie in `root` once links are followed."""
     if not inside(folder, root):
         log_file(client, run_id, folder, root=root)  # the warning line; nothing is read
         return
@@ -121,14 +119,12 @@ def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = 
         [InputTag("mlflow.data.context", "benchmark")])])
 
     # nothing out of the run folder is read, whatever links it holds: a link out
-    # (`traces -> /elsewhere`) is listed for log_file/log_dir to name and skip
+    # (`traces -> /elsewhere`) is for log_file/log_dir to name and skip, what is absent to skip
     globbed = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g)} - {run_dir / MARKER_FILE}
     for f in (run_dir / RESULTS_FILE, run_dir / CONFIG_FILE, *sorted(globbed)):
-        if f.is_file() or f.is_symlink():
-            log_file(c, rid, f, root=run_dir)
+        log_file(c, rid, f, root=run_dir)
     for d, name in ((".hydra", "hydra"), *((d, d) for d in ARTIFACT_DIRS)):
-        if (run_dir / d).is_dir() or (run_dir / d).is_symlink():
-            log_dir(c, rid, run_dir / d, name, run_dir)
+        log_dir(c, rid, run_dir / d, name, run_dir)
 
     end = start + int(rec.seconds * 1000) if start and rec.seconds else None
     c.set_terminated(rid, T.RUN_STATUS[rec.status], end_time=end)
@@ -148,25 +144,22 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
 # A run's process uploads it as it ends, `sync` what missed MLflow: both may reach one run at
 # once. Only the holder of its claim (`mlflow.claim`, a file lock: core.files.try_lock) uploads;
 # a process that died mid-upload (kill -9) left it free (the kernel released its lock).
-_CLAIMS: dict[Path, FileLock] = {}  # the runs this process is uploading
-
-
-def claim_upload(run_dir: Path) -> str | None:
-    """Take the upload of this run: None when this process holds it now, else who does."""
+@contextlib.contextmanager
+def upload_claim(run_dir: Path):
+    """The upload of this run, held while the block runs: None when this process holds it, else
+    who does. Given back with its file removed while still held: a process that opened it
+    meanwhile finds it unlinked and opens a new one (filelock checks the link count)."""
     path = Path(run_dir) / CLAIM_FILE
     lock = try_lock(path, note=f"{socket.gethostname()}:{os.getpid()}")
     if lock is None:
+        holder = ""
         with contextlib.suppress(OSError):  # released and removed this instant
-            return path.read_text().strip() or "another process"
-        return "another process"
-    _CLAIMS[Path(run_dir)] = lock
-    return None
-
-
-def release_upload(run_dir: Path) -> None:
-    """Give the claim back, its file removed while still held: a process that opened it meanwhile
-    finds it unlinked and opens a new one (filelock checks the link count), so no two hold it."""
-    if (lock := _CLAIMS.pop(Path(run_dir), None)) is not None:
+            holder = path.read_text().strip()
+        yield holder or "another process"
+        return
+    try:
+        yield None
+    finally:
         Path(lock.lock_file).unlink(missing_ok=True)
         lock.release()
 
@@ -218,17 +211,14 @@ def log_result(t, rec: RunRecord, task=None) -> bool:
     try:
         # the config as measured, on disk before any store is contacted
         write_text(run_dir / CONFIG_FILE, yaml.safe_dump(rec.config or {}, sort_keys=False))
-        holder = claim_upload(run_dir)
-        if holder is not None:  # `sync` is uploading it right now: one MLflow run per run
-            log.info("MLflow: %s is being uploaded by %s", run_dir, holder)
-            return True
-        try:
+        with upload_claim(run_dir) as holder:
+            if holder is not None:  # `sync` is uploading it right now: one MLflow run per run
+                log.info("MLflow: %s is being uploaded by %s", run_dir, holder)
+                return True
             with open_store(uri, t.experiment, float(t.timeout_s)) as store:
                 rid = upload(store, rec, run_dir, parent, t.run_name, read_overrides(run_dir, task))
             write_marker(run_dir, rec.run_uid, uri, t.experiment, rid, store.experiment_id,
                          parent_id=parent)
-        finally:
-            release_upload(run_dir)
     except Exception as e:  # a tracking failure must never cost the measurement
         log.debug("MLflow upload failed", exc_info=True)
         with contextlib.suppress(OSError):  # a folder that refuses writes: the warning says it

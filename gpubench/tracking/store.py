@@ -120,9 +120,10 @@ class Store:
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not the dir
         self.uri, self.experiment = mask_secrets(uri), experiment
-        # two processes making a new store's tables at once collide ("table ... already
-        # exists", "Online migration expected to match one row"): on sqlite one at a time holds
-        # `<db>.lock` (the kernel frees it if its holder dies); elsewhere the loser retries
+        # two processes making a new store's tables or experiment at once collide ("table ...
+        # already exists", "Online migration expected to match one row", an experiment made
+        # meanwhile): on sqlite one at a time holds `<db>.lock` (the kernel frees it if its
+        # holder dies); elsewhere the loser retries, and finds what the winner made
         lock = FileLock(f"{db}.lock", thread_local=False) if db else contextlib.nullcontext()
         # a sqlite store's artifacts beside it (outputs/mlartifacts), not MLflow's ./mlruns in
         # whatever the current directory is
@@ -136,17 +137,11 @@ class Store:
         retry(create, 3, wait_s=0.5)
 
     def _experiment_id(self, name: str, artifacts: str | None) -> str:
-        from mlflow.exceptions import MlflowException
-
         if (exp := self.client.get_experiment_by_name(name)) is not None:
             return exp.experiment_id
-        try:  # its description, kind and runs-table view only on experiments gpubench creates
-            return self.client.create_experiment(name, artifact_location=artifacts,
-                                                 tags=experiment_tags())
-        except MlflowException:  # created by another process meanwhile: found at once
-            if (exp := self.client.get_experiment_by_name(name)) is None:
-                raise
-            return exp.experiment_id
+        # its description, kind and runs-table view only on experiments gpubench creates
+        return self.client.create_experiment(name, artifact_location=artifacts,
+                                             tags=experiment_tags())
 
     def find(self, tag: str, value: str) -> list:
         """Live runs of this experiment whose tag `tag` equals `value`; a value (from a file)

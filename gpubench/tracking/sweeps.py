@@ -27,10 +27,10 @@ from gpubench.tracking.store import Store, open_store
 log = logging.getLogger("gpubench")
 
 
-def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str | None = None,
-               sweeper_params: dict | None = None, name: str | None = None) -> str:
+def open_sweep(store: Store, sweep_dir: Path, hydra: dict, name: str | None = None) -> str:
     """The sweep's parent run's id, written to the parent file: found by its sweep_uid (a resumed
-    sweep) or created with the overrides and the sweeper's search space as params."""
+    sweep) or created with the overrides and the sweeper's search space (`hydra`: the config's
+    hydra section, as written: the running one, or its multirun.yaml's) as params."""
     from mlflow.entities import Param
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -39,14 +39,16 @@ def open_sweep(store: Store, sweep_dir: Path, overrides: list[str], sweeper: str
     if found := store.find("sweep_uid", uid):
         rid = found[0].info.run_id
     else:
+        overrides = (hydra.get("overrides") or {}).get("task") or []
+        sweeper = hydra.get("sweeper") or {}
         tags = {"sweep_uid": uid, "sweep_dir": str(sweep_dir), "overrides": " ".join(overrides),
-                "sweeper": sweeper, "mlflow.user": runs.user()} | T.SOURCE
+                "sweeper": sweeper.get("_target_"), "mlflow.user": runs.user()} | T.SOURCE
         rid = store.client.create_run(
             store.experiment_id, tags=T.tag_values(tags),
             run_name=mask_secrets(name or f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"),
         ).info.run_id
         space = [(k.lstrip("+~"), v) for k, _, v in (o.partition("=") for o in overrides)]
-        space += (sweeper_params or {}).items()
+        space += (sweeper.get("params") or {}).items()
         params = {T.key(str(k)): mask_secrets(str(v))[:T.MAX_PARAM_VALUE] for k, v in space}
         store.client.log_batch(rid, params=[Param(k, v) for k, v in params.items()])
     # open again (a resume): not finished until this attempt's end closes it

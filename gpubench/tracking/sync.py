@@ -9,9 +9,9 @@ made there); such runs are skipped, one line per store naming the `--uri` that u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-import sys
 from pathlib import Path
 
 import yaml
@@ -68,8 +68,7 @@ class Triage(Word):
             self, self.value)
 
 
-def _triage(run_dir: Path, uri: str | None, experiment: str | None, out
-            ) -> tuple[Triage, object]:
+def _triage(run_dir: Path, uri: str | None, experiment: str | None) -> tuple[Triage, object]:
     """(outcome, detail) for one run folder: `skipped`: why; `elsewhere`: the store it names;
     `todo`, `present`, `orphan` (not under its sweep's parent): ((store, experiment), record)."""
     if not inside(run_dir / RESULTS_FILE, run_dir):  # never read what a link points out to
@@ -85,7 +84,7 @@ def _triage(run_dir: Path, uri: str | None, experiment: str | None, out
         except OSError as e:  # a read-only folder: the record stays as the run left it
             say(f"{refusal(rec.path, e)}: not marked {rec.status} nor uploaded", "error")
             return Triage.failed, None
-        print(f"marked {run_dir} {rec.status}: its process is gone", file=out)
+        print(f"marked {run_dir} {rec.status}: its process is gone")
     if rec is None or not rec.run_uid or not rec.status.final:
         return Triage.skipped, "no final status (still running, or unreadable)"
     marker, tcfg = runs.read(run_dir / runs.MARKER_FILE), rec.config.get("tracking") or {}
@@ -107,19 +106,17 @@ def _triage(run_dir: Path, uri: str | None, experiment: str | None, out
 
 
 def sync(root: str | Path, uri: str | None = None, experiment: str | None = None,
-         timeout_s: float = 10.0, out=None) -> dict[str, int]:
-    """Upload every run under `root` not in MLflow yet to `uri`; returns counts by outcome.
-    `out`: where its lines go, sys.stdout as it is when called (not as it was at import)."""
-    out = out or sys.stdout
+         timeout_s: float = 10.0) -> dict[str, int]:
+    """Upload every run under `root` not in MLflow yet to `uri`; returns counts by outcome."""
     counts = {"uploaded": 0, "present": 0, "skipped": 0, "failed": 0}
     todo: dict[tuple[str, str], list[RunRecord]] = {}
     orphans: dict[tuple[str, str], list[RunRecord]] = {}  # uploaded, but not under their sweep
     elsewhere: dict[str, int] = {}  # runs recorded for another store than the destination
     found = [d for d in record.find_runs(Path(root)) if not in_artifact_store(d)]
     for run_dir in found:
-        outcome, detail = _triage(run_dir, uri, experiment, out)
+        outcome, detail = _triage(run_dir, uri, experiment)
         if outcome is Triage.skipped:
-            print(f"skip {run_dir}: {detail}", file=out)
+            print(f"skip {run_dir}: {detail}")
         elif outcome is Triage.elsewhere:
             shown = next((k for k in elsewhere if same_store(k, detail)), mask_secrets(str(detail)))
             elsewhere[shown] = elsewhere.get(shown, 0) + 1
@@ -132,21 +129,20 @@ def sync(root: str | Path, uri: str | None = None, experiment: str | None = None
         problem = uri_problem(shown)  # a file store MLflow 3 refuses: say what to use instead
         print(f"skip {count(n, 'run')} recorded for {shown}: a store named in a run folder is not "
               "followed; " + (f"--uri {shown!r} uploads them there" if not problem else
-                              f"it is not a tracking URI ({problem}); --uri URI uploads them"),
-              file=out)
+                              f"it is not a tracking URI ({problem}); --uri URI uploads them"))
 
     for key in {**todo, **orphans}:
         recs = todo.get(key, [])
         try:
             with open_store(*key, timeout_s) as store:
-                _sync_into(store, recs, orphans.get(key, []), counts, out)
+                _sync_into(store, recs, orphans.get(key, []), counts)
         except Exception as e:  # report it, go on with the other targets
             log.debug("sync failed", exc_info=True)
             say(f"MLflow not reached at {key[0]} ({error_text(e)}); {count(len(recs), 'run')} not "
                 "synced")
             counts["failed"] += len(recs)
     _close_open_sweeps(found, uri, timeout_s)
-    print(", ".join(f"{v} {k}" for k, v in counts.items()), file=out)
+    print(", ".join(f"{v} {k}" for k, v in counts.items()))
     return counts
 
 
@@ -177,8 +173,7 @@ def _close_open_sweeps(found: list[Path], uri: str | None, timeout_s: float) -> 
             say(f"sweep {sweep} not closed in MLflow ({error_text(e)})")
 
 
-def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], counts: dict,
-               out) -> None:
+def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], counts: dict) -> None:
     parents: dict[Path, str] = {}
 
     def parent_of(sweep: Path) -> str:
@@ -191,27 +186,23 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
                     h = (yaml.safe_load((sweep / "multirun.yaml").read_text()) or {}).get("hydra")
                 except (OSError, yaml.YAMLError):
                     h = None
-                h, sp = h or {}, (h or {}).get("sweeper") or {}
-                parents[sweep] = open_sweep(store, sweep, (h.get("overrides") or {}).get("task")
-                                            or [], sp.get("_target_"), sp.get("params"))
+                parents[sweep] = open_sweep(store, sweep, h or {})
         return parents[sweep]
 
     for rec in recs:
         run_dir = Path(rec.dir)
-        try:
-            holder = runs.claim_upload(run_dir)
-        except OSError as e:  # a folder that refuses the claim file refuses the marker too
-            say(f"{refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded", "error")
-            counts["failed"] += 1
-            continue
-        if holder is not None:  # its own process (or another sync) is uploading it now
-            print(f"skip {run_dir}: being uploaded by {holder}", file=out)
-            counts["skipped"] += 1
-            continue
-        try:
-            _upload_one(store, rec, run_dir, parent_of, counts, out)
-        finally:
-            runs.release_upload(run_dir)
+        with contextlib.ExitStack() as held:
+            try:
+                holder = held.enter_context(runs.upload_claim(run_dir))
+            except OSError as e:  # a folder that refuses the claim file refuses the marker too
+                say(f"{refusal(run_dir / runs.CLAIM_FILE, e)}: not uploaded", "error")
+                counts["failed"] += 1
+                continue
+            if holder is not None:  # its own process (or another sync) is uploading it now
+                print(f"skip {run_dir}: being uploaded by {holder}")
+                counts["skipped"] += 1
+                continue
+            _upload_one(store, rec, run_dir, parent_of, counts)
     for rec in orphans:
         run_dir, sweep = Path(rec.dir), runs.sweep_of(Path(rec.dir))
         marker = runs.read(run_dir / runs.MARKER_FILE)
@@ -220,7 +211,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
             parent = parent_of(sweep)
             store.client.set_tag(marker["run_id"], PARENT_TAG, parent)
             print(f"attached {run_dir} (run {marker['run_id']}) to its sweep's parent run "
-                  f"{parent}", file=out)
+                  f"{parent}")
         runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, marker["run_id"],
                           store.experiment_id, parent_id=parent)
     for sweep, pid in parents.items():
@@ -228,7 +219,7 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
             close_sweep(store, sweep, pid)
 
 
-def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict, out) -> None:
+def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: dict) -> None:
     """One claimed run: uploaded unless in the store already (by its marker or run_uid)."""
     from mlflow.entities import RunStatus
 
@@ -251,7 +242,7 @@ def _upload_one(store: Store, rec: RunRecord, run_dir: Path, parent_of, counts: 
     else:
         rid = runs.upload(store, rec, run_dir, parent, overrides=runs.read_overrides(run_dir))
         counts["uploaded"] += 1
-        print(f"uploaded {run_dir} -> run {rid}", file=out)
+        print(f"uploaded {run_dir} -> run {rid}")
     try:
         runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid,
                           store.experiment_id, parent_id=parent)

@@ -400,14 +400,14 @@ def test_the_gpu_log_and_the_run_picture_refuse_a_link(tmp_path):
 
 
 def test_sync_does_not_claim_a_run_through_a_linked_claim_file(tmp_path):
-    from gpubench.tracking.runs import claim_upload
+    from gpubench.tracking.runs import upload_claim
 
     victim, _ = victims(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     (run / "mlflow.claim").symlink_to(victim)
-    with pytest.raises(LinkError):  # sync says `not uploaded` for an OSError here
-        claim_upload(run)
+    with pytest.raises(LinkError), upload_claim(run):  # sync says `not uploaded` for an OSError
+        pass
     assert victim.read_text() == "precious"
 
 

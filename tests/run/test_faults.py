@@ -180,8 +180,8 @@ def _runs(uri: str, experiment: str = "gpubench") -> list:
 
 
 _HOLD = ("import sys, time; from pathlib import Path; from gpubench.tracking.runs import "
-         "claim_upload; assert claim_upload(Path(sys.argv[1])) is None; print('held', flush=True); "
-         "time.sleep(600)")
+         "upload_claim\nwith upload_claim(Path(sys.argv[1])) as holder:\n    assert holder is None"
+         "\n    print('held', flush=True)\n    time.sleep(600)")
 
 
 @pytest.mark.slow
@@ -239,7 +239,7 @@ def test_sync_leaves_a_live_process_and_its_sweep_alone(tmp_path):
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
     sweeps.mark_ended(sweep, False)  # this process is the sweep, running
     with open_store(uri, "gpubench") as store:
-        parent = sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"])
+        parent = sweeps.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=2,4"]}})
     # a job that ended but has not uploaded itself yet (its process is this one, alive)
     _run_record(sweep / "0", "live0", os.getpid())
     counts = sync(sweep, uri=uri)

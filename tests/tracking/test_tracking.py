@@ -45,6 +45,14 @@ def runs_of(uri: str, experiment: str) -> list:
         mlflow.set_tracking_uri(None)
 
 
+def closed_parent(uri: str, sweep, override: str) -> str:
+    """The sweep's parent run, opened and closed as a sweep's start and end do; its id."""
+    with tracking.open_store(uri, "sweeps") as store:
+        parent = tracking.open_sweep(store, sweep, {"overrides": {"task": [override]}})
+        tracking.close_sweep(store, sweep, parent)
+    return parent
+
+
 def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
     out = set()
     for a in c.list_artifacts(run_id, path):
@@ -304,9 +312,7 @@ def test_the_parents_best_is_the_reports_recommendation(tmp_path):
         rec.save()
     write_json(sweep / "sweep.json", {"best": {"dir": str(sweep / "0")}})
     uri = sqlite_store(tmp_path / "mlflow.db")
-    with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8,16"])
-        tracking.close_sweep(store, sweep, parent)
+    parent = closed_parent(uri, sweep, "loader.batch_size=8,16")
     tags = client(uri).get_run(parent).data.tags
     assert recommendation(sweep).chosen.record.dir == sweep / "1"
     assert tags["best_run_dir"] == str(sweep / "1") == str(tracking.best_job(sweep).dir)
@@ -369,17 +375,13 @@ def test_the_parents_best_run_name_is_a_runs_own(tmp_path):
         rec.save()
     assert tracking.best_job(sweep).images_per_sec == 900.0
     uri = sqlite_store(tmp_path / "mlflow.db")
-    with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8"])
-        tracking.close_sweep(store, sweep, parent)
+    parent = closed_parent(uri, sweep, "loader.batch_size=8")
     tags = client(uri).get_run(parent).data.tags
     assert tags["best_run_dir"] == str(sweep / "1") and tags["best_run_name"].endswith(" 800img/s")
     # its marker names a run this store does not hold (synced elsewhere, deleted): the parent
     # still ends, named from the record
     (sweep / "1" / tracking.MARKER_FILE).write_text(json.dumps({"run_id": "f" * 32}))
-    with tracking.open_store(uri, "sweeps") as store:
-        parent = tracking.open_sweep(store, sweep, ["loader.batch_size=8"])
-        tracking.close_sweep(store, sweep, parent)
+    parent = closed_parent(uri, sweep, "loader.batch_size=8")
     run = client(uri).get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["best_run_name"].endswith(" 800img/s")
     assert "best_run_id" not in run.data.tags  # no id leading nowhere
@@ -391,18 +393,20 @@ def test_an_upload_is_claimed_by_one_holder_at_a_time(tmp_path):
     is taken. A real process killed mid-upload: tests/test_faults.py."""
     import socket
 
-    from gpubench.tracking.runs import CLAIM_FILE, claim_upload, release_upload
+    from gpubench.tracking.runs import CLAIM_FILE, upload_claim
 
     run = tmp_path / "run"
     run.mkdir()
-    assert claim_upload(run) is None
-    assert claim_upload(run) == f"{socket.gethostname()}:{os.getpid()}"  # held: left alone
-    release_upload(run)
+    with upload_claim(run) as holder:
+        assert holder is None
+        with upload_claim(run) as other:  # held: left alone
+            assert other == f"{socket.gethostname()}:{os.getpid()}"
+        assert (run / CLAIM_FILE).exists()  # only a claim this process holds is given back
     assert not (run / CLAIM_FILE).exists()
     (run / CLAIM_FILE).write_text("vm:4242")  # left by a process that is gone
-    assert claim_upload(run) is None
-    release_upload(run)
-    release_upload(run)  # only a claim this process holds is given back
+    with upload_claim(run) as holder:
+        assert holder is None
+    assert not (run / CLAIM_FILE).exists()
 
 
 def test_retry_tries_again_and_raises_the_last_error():

@@ -4,7 +4,6 @@ dead runs, artifact-store copies, quotes in identities, credentials, resumed swe
 from __future__ import annotations
 
 import http.server
-import io
 import json
 import socket
 import subprocess
@@ -112,7 +111,7 @@ def recording_server():
     srv.server_close()
 
 
-def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch,
+def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch, capsys,
                                                           recording_server):
     """Copied run folders whose mlflow.json / results.json name another host (with or without
     a password) or a sqlite path: without --uri nothing is sent there (the user's
@@ -133,9 +132,8 @@ def test_a_store_named_in_a_run_folder_is_never_followed(tmp_path, monkeypatch,
             {"synced": False, "tracking_uri": uri, "experiment": "gpubench"}))
     write_run(out / "config_only", "uid-config", uri=recording_server)  # results.json alone
 
-    said = io.StringIO()
-    counts = sync(out, out=said)
-    text = said.getvalue()
+    counts = sync(out)
+    text = capsys.readouterr().out
     assert Recorder.seen == [] and not (tmp_path / "elsewhere").exists()
     assert not (tmp_path / "outputs").exists()  # nor anything made in the default store
     assert counts == {"uploaded": 0, "present": 0, "skipped": 5, "failed": 0}
@@ -211,7 +209,7 @@ def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
     sweeps.mark_ended(sweep, False)
     with open_store(uri, "gpubench") as store:
-        parent = sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"])
+        parent = sweeps.open_sweep(store, sweep, {"overrides": {"task": ["loader.batch_size=2,4"]}})
         killed = write_run(sweep / "0", "job0", Status.killed)
         upload(store, killed, killed.dir, parent)
     write_run(sweep / "1", "job1", Status.running, pid=dead_pid())  # kill -9 of the sweep
@@ -225,7 +223,8 @@ def test_resumed_sweep_parent_ends_finished_with_every_job(tmp_path):
 
     sweeps.mark_ended(sweep, False)  # the resume
     with open_store(uri, "gpubench") as store:
-        assert sweeps.open_sweep(store, sweep, ["loader.batch_size=2,4"]) == parent
+        hydra = {"overrides": {"task": ["loader.batch_size=2,4"]}}
+        assert sweeps.open_sweep(store, sweep, hydra) == parent
         for i, uid in ((2, "job2"), (3, "job3")):
             rec = write_run(sweep / str(i), uid, images_per_sec=100.0 + i)
             upload(store, rec, rec.dir, parent)
