@@ -279,7 +279,7 @@ def describe(rec: RunRecord, run_id: str | None = None, picture: bool = False) -
             ci = ph.images_per_sec_ci or []
             at = supported_place(ph.images_per_sec, ci)
             value = "-" if _number(ph.images_per_sec) is None else text_at(ph.images_per_sec, at)
-            interval = (f"{text_at(ci[0], at)} - {text_at(ci[1], at)}"
+            interval = ("{} - {}".format(*(text_at(x, at) for x in outward(ci, at)))
                         if len(ci) == 2 and _number(ci[0]) and _number(ci[1]) else "-")
             wait = "-" if _number(ph.data_wait_fraction) is None else f"{ph.data_wait_fraction:.0%}"
             rows.append(f"| {name} | {value} | {interval} | {wait} |")

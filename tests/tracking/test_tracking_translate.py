@@ -174,6 +174,15 @@ def test_tags_and_description():
     assert failed.startswith("**failed**: boom") and "| phase |" not in failed
 
 
+def test_the_description_table_rounds_an_interval_as_its_headline_does():
+    """Outward, so both still hold what was measured: the headline read `812 [771-853]` and
+    the table `772 - 853` for one interval."""
+    rec = record(images_per_sec=812.3, images_per_sec_ci=[771.7, 852.9])
+    rec.phases["e2e"].images_per_sec, rec.phases["e2e"].images_per_sec_ci = 812.3, [771.7, 852.9]
+    text = T.describe(rec, "abc")
+    assert "812 [771-853] img/s end-to-end" in text and "| e2e | 812 | 771 - 853 |" in text
+
+
 def test_a_figure_without_interval_is_not_rounded():
     rec = record(images_per_sec=1753.4, images_per_sec_ci=None)
     assert T.run_name(rec).endswith(" 1753img/s")
