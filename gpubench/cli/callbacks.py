@@ -156,7 +156,7 @@ class MlflowSweepCallback(Callback):
             why = "skipped"
         if why is not None:
             say(f"the sweep's MLflow parent run was not closed ({why}); "
-                f"python -m gpubench.tracking sync {sweep_dir}")
+                f"{tracking.runs.sync_command(sweep_dir, uri)}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from gpubench import tracking
@@ -189,7 +189,7 @@ class MlflowSweepCallback(Callback):
         except Exception as e:  # the jobs are tracked; only the summary is missing
             log.debug("MLflow parent run not closed", exc_info=True)
             say(f"sweep summary not logged to MLflow ({e}); "
-                f"python -m gpubench.tracking sync {sweep_dir}")
+                f"{tracking.runs.sync_command(sweep_dir, uri)}")
         _fail_unmeasured(sweep_dir)
 
 
