@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -97,11 +96,11 @@ def price_for(device: str, table: dict[str, float]) -> float | None:
 
 def mlflow_records(experiment: str, uri: str, filter_string: str = "") -> list[RunRecord]:
     """Its runs' results.json matching `filter_string` (checked values only), run id in extra."""
-    from mlflow.tracking import MlflowClient  # after the store module: its telemetry rule
+    from mlflow.tracking import MlflowClient
     from mlflow.utils import get_results_from_paginated_fn
 
-    import gpubench.tracking.store  # noqa: F401  its telemetry rule (report <- sweeps: the store)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # the store module turns MLflow's telemetry off before a client exists (report <- sweeps)
+    import gpubench.tracking.store  # noqa: F401
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None and experiment.isdigit():
