@@ -190,7 +190,12 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_runtest_logfinish(nodeid, location):
+    """After each test (its fixtures gone): collected, and what survives frozen, so a run's own
+    gc.collect() (the runner frees its device memory so) walks that run's objects, not all the
+    session made: 4.2 s of 19.6 s in three run-heavy modules."""
     _RUNNING.clear()
+    gc.collect()
+    gc.freeze()
 
 
 # Process starts as audit events name them (PEP 578): a quick test that starts one by any path
