@@ -21,6 +21,9 @@ from gpubench.core.pipe import loader_window_steps
 from gpubench.core.stats import CONFIDENCE, count, finite, holding, positive
 
 RESULTS_FILE = "results.json"
+# beside it, for tracking to upload: the sampler's log (telemetry.gpulog), the profiler's traces
+GPU_METRICS_FILE = "gpu_metrics.csv"
+TRACE_DIR = "traces"
 SCHEMA_VERSION = 2  # 1: the untyped dict
 # an OOM's (or a run that measured nothing): worse than any over-ceiling run (peak - ceiling
 # < 1), so samplers rank it the most infeasible

@@ -16,12 +16,12 @@ from pathlib import Path
 import psutil
 
 from gpubench.core.files import open_own
+from gpubench.core.record import GPU_METRICS_FILE
 from gpubench.telemetry.env import device_name
 from gpubench.telemetry.nvml import Nvml, NvmlDevice, gpu_name, or_none
 
 log = logging.getLogger(__name__)
 
-GPU_METRICS_FILE = "gpu_metrics.csv"
 
 # nvidia-smi's own header for the query above (it names clocks.sm as clocks.current.sm)
 COLUMNS = ("timestamp", "name", "utilization.gpu [%]", "utilization.memory [%]",

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-TRACE_DIR = "traces"
+from gpubench.core.record import TRACE_DIR
+
 log = logging.getLogger("gpubench")
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from gpubench.analysis.select import knob_of
 from gpubench.core.files import inside, read_json, try_lock, write_json, write_text
-from gpubench.core.record import RESULTS_FILE, RunRecord
+from gpubench.core.record import GPU_METRICS_FILE, RESULTS_FILE, TRACE_DIR, RunRecord
 from gpubench.core.secrets import error_text, mask_secrets, say
 from gpubench.tracking import translate as T
 from gpubench.tracking.store import Store, open_store, resolve_uri, ui_hint
@@ -34,8 +34,7 @@ PARENT_ENV = "GPUBENCH_MLFLOW_PARENT_RUN_ID"
 
 # files of a run dir worth keeping next to the run: plots, profiler traces, the job log
 ARTIFACT_GLOBS = ("*.png", "*.svg", "*.html", "*.log", "*.csv", "*trace*.json", "*.json.gz")
-ARTIFACT_DIRS = ("traces", "profiler", "plots")
-GPU_LOG = "gpu_metrics.csv"  # written by telemetry/gpulog.py beside results.json
+ARTIFACT_DIRS = (TRACE_DIR, "profiler", "plots")
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
 MASK_LIMIT = 64 << 20  # larger files (traces) are uploaded as they are
 
@@ -101,7 +100,7 @@ def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = 
     c.set_tag(rid, "mlflow.note.content", T.describe(rec, rid, (run_dir / T.PICTURE).is_file()))
 
     metrics = [Metric(k, v, ts, step) for k, v, step, ts in T.run_metrics(rec)]
-    log_csv = run_dir / GPU_LOG
+    log_csv = run_dir / GPU_METRICS_FILE
     if log_csv.is_file() and inside(log_csv, run_dir):  # the nvidia-smi-style log as series
         from gpubench.telemetry.gpulog import series
 

@@ -13,8 +13,9 @@ from datetime import datetime
 
 import pytest
 
+from gpubench.core.record import GPU_METRICS_FILE
 from gpubench.run.runner import measure_run
-from gpubench.telemetry.gpulog import COLUMNS, GPU_METRICS_FILE, GpuLog, series
+from gpubench.telemetry.gpulog import COLUMNS, GpuLog, series
 from gpubench.telemetry.monitor import Monitor
 
 HEADER = ("timestamp, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
