@@ -31,7 +31,6 @@ from gpubench.core.exits import Refusal
 from gpubench.core.files import check_no_links, inside, read_json, write_text
 from gpubench.core.pipe import QUEUE_WINDOWS
 from gpubench.core.record import (
-    Rung,
     RunRecord,
     Status,
     longer,
@@ -171,7 +170,7 @@ def table_rows(rows: list[Row], keys: list[str], screen: bool = False
     label = recommend.interval_label(rows)
     # a probe or a screen says so where it is listed (alone, it had no mark of what it was)
     with_rung = not screen or len({r.rung for r in rows}) > 1 or any(
-        Rung.of(r.rung).short for r in rows)
+        not r.record.full for r in rows)
     # printed: two header lines (`>=95%` over `interval`), as narrow as the figures below
     shown = label.replace("at least ", "\u2265").replace(" ", "\n")
     head = ["#", "run", "status", "img/s", shown if screen else label,
@@ -290,7 +289,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
                  f"the {count(len(answer.rows), 'loader-only run')} by loader img/s"]
         rows = answer.rows
     # the plots still show the same setup's screens and probes (hollow, never on a curve)
-    shown = kept + [r for r in rows if Rung.of(r.rung).short
+    shown = kept + [r for r in rows if not r.record.full
                     and setup_of(r) in {setup_of(k) for k in kept}] if kept else rows
     rows = kept or rows
     keys = recommend.varying(rows)
