@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from gpubench.analysis import workers
-from gpubench.analysis.labels import FLAWS, rerun_text
+from gpubench.analysis.labels import FLAWS, flaw_words, rerun_text
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
 from gpubench.analysis.workers import (
@@ -204,7 +204,7 @@ def _apart(groups: list[Group]) -> tuple[str, ...]:
 
 
 def _kinds(reasons: list[Reason]) -> str:
-    return ", ".join(dict.fromkeys(FLAWS[x.kind].word for x in reasons)) or "unstable"
+    return ", ".join(flaw_words(x.kind for x in reasons)) or "unstable"
 
 
 def _lines(groups: list[Group], source: str) -> list[str]:

@@ -7,7 +7,7 @@ from collections import Counter
 from enum import Enum
 from typing import Any
 
-from gpubench.analysis.labels import FLAWS, rerun_text
+from gpubench.analysis.labels import FLAWS, flaw_words, rerun_text
 from gpubench.analysis.recommend import acted, acting
 from gpubench.analysis.select import loader_only
 from gpubench.config.knobs import CUDA_ONLY, SHORT, WORKER_ONLY, compared, knob_setting
@@ -96,7 +96,7 @@ def all_flagged(rows) -> str:
 
 
 def flagged_label(rows) -> str:
-    kinds = sorted({FLAWS[x.kind].word for r in rows for x in flag_reasons(r)})
+    kinds = flaw_words(x.kind for r in rows for x in flag_reasons(r))
     return f"flagged run ({', '.join(kinds)}): not joined, not a bound"
 
 

@@ -728,3 +728,17 @@ def test_a_loader_only_sweep_draws_no_pareto_and_names_its_runs_as_loader_runs()
     full = rows_of(run(batch=16, e2e=100, noise=[BUSY]), run(batch=32, e2e=120, noise=[BUSY]))
     assert plot_rules.all_flagged(full).startswith("every full run flagged")
     assert pareto_data(full) is not None
+
+
+def test_flaws_are_named_in_one_order_in_the_legend_and_the_workers_answer():
+    """The legend sorted the words, the workers answer kept their first appearance: one setup's
+    flaws read in two orders."""
+    from gpubench.analysis.labels import flaw_words
+    from gpubench.report.loader_answer import _kinds
+
+    reasons = [Reason(Flaw.queue, "q"), Reason(Flaw.cut_short, "c"), Reason(Flaw.disturbed, "d")]
+    words = flaw_words(r.kind for r in reasons)
+    assert words != sorted(words)  # Flaw's order, which an alphabetical one would not keep
+    legend = plot_rules.flagged_label([row(run(noise=reasons))])
+    assert legend == f"flagged run ({', '.join(words)}): not joined, not a bound"
+    assert _kinds(reasons) == ", ".join(words)
