@@ -56,9 +56,9 @@ class Alternated(Benchmark):
             ws = self.run_phase(self.phase)
             self._settle(ws)
             work, warm = self._plain_work(i == 0)
-            # as many steps as gpubench's window took (bench.min_window_s can lengthen it)
-            steps = ws.steps or self.steps_per_window
-            images, seconds = plain.timed(work, steps, self.device, warm)
+            # as many steps as gpubench's window took (bench.min_window_s can lengthen it; a
+            # window times one at least)
+            images, seconds = plain.timed(work, ws.steps, self.device, warm)
             self.plain.append(images / seconds)
             if i + 1 < self.repeats:
                 self._settle(ws)
