@@ -10,7 +10,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from gpubench.config.errors import ConfigError
-from gpubench.core.record import Rung, RunRecord
+from gpubench.core.record import Rung, RunRecord, Status
 from gpubench.search.jobs import Jobs
 from gpubench.search.space import SearchSpace
 
@@ -76,6 +76,8 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
         return ok
 
     best, _ = find_max_batch(fits, start_batch(cfg, start), int(limit))
+    if best is None and set(jobs.outcomes) == {Status.refused}:
+        jobs.check_measured()  # every probe refused as bad input: its line, not "none fits"
     return {"max_batch": best, "memory_ceiling": ceiling, "reserve": reserve,
             "threshold": ceiling * (1.0 - reserve), "limit_reached": best == int(limit),
             "probes": [{"batch_size": b, "fits": rec.fits_under(reserve),

@@ -545,19 +545,28 @@ def test_max_batch_halves_when_the_start_does_not_fit():
                                    FAILED])
 def test_a_max_batch_probe_refused_as_bad_input_is_no_failed_trial(tmp_path, compose_cfg, above):
     """A probe past the dataset's size is refused (its config): the search goes on, as a search's
-    refused trial does; a probe that crashed counts against max_failures (here 0)."""
+    refused trial does; a probe that crashed counts against max_failures (here 0); every probe
+    refused ends the search as bad input."""
     from gpubench.search.jobs import Jobs, SweepFailed
     from gpubench.search.manifest import Manifest
     from gpubench.search.maxbatch import run_max_batch
 
-    records = {b: MEASURED if b <= 20 else above for b in range(1, 65)}
-    jobs = Jobs(ByBatch(tmp_path, records), Manifest(tmp_path, "max_batch"), max_failures=0)
-    probe = functools.partial(run_max_batch, jobs, parse_search_space([]), compose_cfg(), 4, 64, [])
+    def probe(fit: int):
+        records = {b: MEASURED if b <= fit else above for b in range(1, 65)}
+        jobs = Jobs(ByBatch(tmp_path, records), Manifest(tmp_path, "max_batch"), max_failures=0)
+        return jobs, functools.partial(run_max_batch, jobs, parse_search_space([]),
+                                       compose_cfg(), 4, 64, [])
+
+    jobs, search = probe(20)
     if above is FAILED:
         with pytest.raises(SweepFailed, match="1 failed trials"):
-            probe()
-    else:
-        assert probe()["max_batch"] == 20 and jobs.failures == 0
+            search()
+        return
+    assert search()["max_batch"] == 20 and jobs.failures == 0
+    # every probe refused (a key no batch size helps): its line and exit 2, not "none fits"
+    with pytest.raises(SweepFailed, match=r"\(3 refused as bad input\)") as e:
+        probe(0)[1]()
+    assert e.value.code == 2
 
 
 def test_max_batch_edges():
