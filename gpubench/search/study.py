@@ -357,9 +357,9 @@ def rounds_left(shared: Shared) -> int:
 
 def confirm_dirs(study_name: str, storage) -> dict[int, list[str]]:
     """Each confirmed trial's confirm folders, in round order."""
-    rounds = _rounds(study_name, storage)
+    if (rounds := _rounds(study_name, storage)) is None:
+        return {}
     out: dict[int, list[str]] = {}
-    for r in sorted(measured_trials(rounds) if rounds is not None else (),
-                    key=lambda r: (r.user_attrs["round"], r.number)):
+    for r in sorted(measured_trials(rounds), key=lambda r: (r.user_attrs["round"], r.number)):
         out.setdefault(r.user_attrs["confirm_of"], []).append(r.user_attrs["dir"])
     return out
