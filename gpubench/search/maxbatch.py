@@ -83,7 +83,9 @@ def run_max_batch(jobs: Jobs, space: SearchSpace, cfg: DictConfig, start: int | 
             "probes": [{"batch_size": b, "fits": rec.fits_under(reserve),
                         "status": str(rec.status), "peak_memory_fraction": rec.peak_memory_fraction,
                         "dir": str(rec.dir)} for b, rec in found],
-            "memory_of": found[-1][1].memory_of if found else "the device"}
+            # the last probe that read its memory (a refused one read none: "the device")
+            "memory_of": next((rec.memory_of for _, rec in reversed(found)
+                               if rec.memory_source is not None), "the device")}
 
 
 def summary_lines(result: dict) -> list[str]:  # at the end of a max-batch search

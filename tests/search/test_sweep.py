@@ -552,7 +552,8 @@ def test_a_max_batch_probe_refused_as_bad_input_is_no_failed_trial(tmp_path, com
     from gpubench.search.maxbatch import run_max_batch
 
     def probe(fit: int):
-        records = {b: MEASURED if b <= fit else above for b in range(1, 65)}
+        fits = {**MEASURED, "memory_source": "host_rss"}
+        records = {b: fits if b <= fit else above for b in range(1, 65)}
         jobs = Jobs(ByBatch(tmp_path, records), Manifest(tmp_path, "max_batch"), max_failures=0)
         return jobs, functools.partial(run_max_batch, jobs, parse_search_space([]),
                                        compose_cfg(), 4, 64, [])
@@ -562,7 +563,10 @@ def test_a_max_batch_probe_refused_as_bad_input_is_no_failed_trial(tmp_path, com
         with pytest.raises(SweepFailed, match="1 failed trials"):
             search()
         return
-    assert search()["max_batch"] == 20 and jobs.failures == 0
+    result = search()
+    assert result["max_batch"] == 20 and jobs.failures == 0
+    # what the fraction is of, from a probe that read it: the last ones, refused, read none
+    assert result["memory_of"] == "host RAM"
     # every probe refused (a key no batch size helps): its line and exit 2, not "none fits"
     with pytest.raises(SweepFailed, match=r"\(3 refused as bad input\)") as e:
         probe(0)[1]()
