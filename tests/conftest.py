@@ -34,15 +34,12 @@ from gpubench.config.paths import CONFIG_DIR
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_ENV = "GPUBENCH_TESTS_SHARED"  # shared()'s folder, made by pytest_configure
 
-# One torch thread per process (workers and subprocesses inherit it; an explicit setting wins):
-# with torch's default of one per core, two workers' runs spun against each other on a 2-core
-# box (about a quarter more CPU and wall time).
+# One torch thread per process (an explicit setting wins): with one per core, two workers' runs
+# spun against each other on 2 cores (a quarter more CPU and wall time).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Every process the suite starts writes unbuffered (tests read what a command prints while it
-# runs).
-os.environ["PYTHONUNBUFFERED"] = "1"
-# Bytecode is cached (Python's default) where the environment says not to: every worker and
-# every command a slow test starts compiled gpubench and the test modules anew.
+os.environ["PYTHONUNBUFFERED"] = "1"  # tests read what a command prints while it runs
+# Bytecode cached even where the environment says not to: else every worker and every command a
+# slow test starts compiles gpubench and the test modules anew.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
@@ -90,8 +87,7 @@ _WHOLE: dict = {}  # configs composed with their hydra node, by overrides and fo
 
 
 def _value_overrides(overrides: tuple[str, ...]):
-    """(group choices, `key=value` changes applied after the defaults), or None where any
-    override is something else (a sweep, +, ~, a package)."""
+    """(group choices, `key=value` changes), or None for any other override (sweep, +, ~, @)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
 
@@ -102,10 +98,9 @@ def _value_overrides(overrides: tuple[str, ...]):
             return None
         key = o.key_or_group
         if key.split(".")[0].split("/")[0] == "hydra" or isinstance(o.value(), dict):
-            return None  # Hydra reads some while composing (hydra.searchpath); `model={...}`
-            # on a group is a value Hydra applies in command-line order
+            return None  # Hydra reads hydra.* while composing; `model={...}` applies in order
         if "." not in key and (CONFIG_DIR / key).is_dir():
-            groups.append(line)  # `model=tiny`: a choice in the defaults list
+            groups.append(line)  # `model=tiny`: a defaults-list choice
         else:
             values.append(o)
     return tuple(groups), values
@@ -113,7 +108,8 @@ def _value_overrides(overrides: tuple[str, ...]):
 
 def _with_values(groups: tuple[str, ...], values: list):
     """A copy of the group choices' config (composed once) with the value changes applied as
-    Hydra applies them; raises what OmegaConf raises."""
+    Hydra applies them (OmegaConf.update with merge: config_loader_impl
+    ._apply_overrides_to_config); raises what OmegaConf raises."""
     from omegaconf import OmegaConf
 
     if groups not in _BASES:
@@ -126,11 +122,9 @@ def _with_values(groups: tuple[str, ...], values: list):
 
 def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
     """The config `python -m gpubench OVERRIDES` composes (TINY first unless `tiny=False`).
-
-    Composing costs 0.1 s (a third of the quick suite), so value changes go onto a copy of the
-    composed group choices as Hydra applies them (OmegaConf.update with merge: config_loader_impl
-    _apply_overrides_to_config); anything else, or a failing change, composes the whole config,
-    so errors are Hydra's own (test_config checks both agree)."""
+    Composing costs 0.1 s (a third of the quick suite): value changes take _with_values;
+    anything else, or a failing change, composes the whole config, so errors are Hydra's own
+    (test_config checks both agree)."""
     full = (*(TINY if tiny else []), *overrides)
     if hydra:
         key = (full, os.getcwd())
@@ -139,7 +133,7 @@ def compose_config(*overrides: str, hydra: bool = False, tiny: bool = True):
         return copy.deepcopy(_WHOLE[key])
     split = _value_overrides(full)
     if split is None:
-        return _compose(full, hydra)
+        return _compose(full, False)
     try:
         return _with_values(*split)
     except Exception:  # Hydra words its own failures: compose, for its exception
@@ -170,8 +164,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Freeze what collection imported out of the collector's sight: a run's collection (to free
-    device memory) then walks only what the run created."""
+    """Frozen: a run's collection (freeing device memory) then walks only what the run made."""
     gc.collect()
     gc.freeze()
 
@@ -190,16 +183,15 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    """After each test (its fixtures gone): collected, and what survives frozen, so a run's own
-    gc.collect() (the runner frees its device memory so) walks that run's objects, not all the
-    session made: 4.2 s of 19.6 s in three run-heavy modules."""
+    """After each test: collected, the rest frozen, so a run's own gc.collect() walks that run's
+    objects, not the session's (4.2 s of 19.6 s in three run-heavy modules)."""
     _RUNNING.clear()
     gc.collect()
     gc.freeze()
 
 
-# Process starts as audit events name them (PEP 578): a quick test that starts one by any path
-# (DataLoader workers, a subprocess, a library's helper) fails, not only through the helpers below.
+# Process starts as audit events name them (PEP 578): a quick test starting one by any path
+# (DataLoader workers, a subprocess, a library's helper) fails.
 _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
                              "os.spawn", "os.system", "os.exec"})
 _STARTED: list[str] = []
@@ -211,12 +203,10 @@ def _audit(event: str, args) -> None:
 
 
 sys.addaudithook(_audit)
-# The first read of the processor runs `uname -p` (as MLflow's telemetry does at import): done
-# here, before any test, so no quick test is blamed for a library's first import.
+# Processes libraries start once, done here so no quick test is blamed: the first read of the
+# processor runs `uname -p` (MLflow's telemetry at import); matplotlib's first import on a
+# machine builds its font cache with `fc-list` (its plotting tests import it in every worker).
 platform.uname().processor  # noqa: B018
-# matplotlib's first import on a machine (or after an upgrade) builds its font cache, asking
-# `fc-list` (a process): done here too, so a fresh install does not fail the first quick test
-# that plots. The suite's plotting tests import matplotlib in every worker anyway.
 import matplotlib.font_manager  # noqa: E402, F401
 
 
@@ -256,11 +246,10 @@ _DEFAULT_WARNINGS = (("default", DeprecationWarning, "__main__"), ("ignore", Dep
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None,
             module: str = "gpubench") -> subprocess.CompletedProcess:
-    """`python -m MODULE ARGS` run in this process as `python -m` runs it (runpy) from `cwd`:
-    its exit status and what reached file descriptors 1 and 2 (C code and forked workers too).
-    What it sets for its process (environment, folder, argv, sys.path, signal handlers,
-    logging, warning filters, Hydra's config) is put back and the modules it imported from its
-    folders forgotten. A test of a hang runs the command as a process."""
+    """`python -m MODULE ARGS` run in this process by runpy from `cwd`: its exit status and what
+    reached fds 1 and 2 (C code and forked workers too). What it sets for its process (env,
+    folder, argv, sys.path, signal handlers, logging, warning filters, Hydra's config) is put
+    back, the modules it imported from its folders forgotten."""
     from hydra.core.hydra_config import HydraConfig
 
     rc, env = 0, cli_env(env)
@@ -530,9 +519,7 @@ def shared(name: str, start) -> dict:
     info = folder / f"{name}.json"
     with FileLock(folder / f"{name}.lock"):  # one starts it, the others wait, then read
         if not info.exists():
-            tmp = info.with_suffix(".tmp")
-            tmp.write_text(json.dumps(start(folder / name)))
-            tmp.rename(info)
+            info.write_text(json.dumps(start(folder / name)))
         return json.loads(info.read_text())
 
 

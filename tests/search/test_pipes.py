@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli, start_process
+from conftest import TINY, run_cli, sqlite_store, start_process
 
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.workers import Feeds, fewest_workers
@@ -352,7 +352,7 @@ def _studies(tmp: Path) -> dict[str, optuna.Study]:
 @pytest.mark.slow
 def test_pipes_measures_each_pipe_then_joins_and_reports(tmp_path):
     p = run_cli(*_cmd(tmp_path, "tracking=mlflow",
-                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"), cwd=tmp_path)
+                      f"tracking.uri={sqlite_store(tmp_path / 'mlflow.db')}"), cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     sweep = tmp_path / "sweep"
     jobs = _jobs(sweep)

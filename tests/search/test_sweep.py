@@ -20,7 +20,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli, start_process
+from conftest import TINY, run_cli, sqlite_store, start_process
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -996,7 +996,7 @@ def test_optuna_sweep_screens_then_measures_and_tracks(tmp_path):
         "bench.steps=3", "hydra.sweeper.n_trials=5", "hydra.sweeper.seed=0",
         "hydra.sweeper.screen.steps=1", "hydra.sweeper.screen.n_startup_trials=1",
         "hydra.sweeper.confirm.top=0",  # this test is about the screen: rungs screen + full
-        tracking=("tracking=mlflow", f"tracking.uri=sqlite:///{db}"),
+        tracking=("tracking=mlflow", f"tracking.uri={sqlite_store(db)}"),
     )
     assert p.returncode == 0, p.stderr[-3000:]
     sweep = tmp_path / "sweep"
