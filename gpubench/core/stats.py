@@ -14,6 +14,22 @@ CONFIDENCE = 0.95
 # how far below the fastest a recommended setup may be, and by how much a loader must clear
 # compute to unblock it (runs of one config differ by several percent; e2e loses a little more)
 TOLERANCE = 0.05
+# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of
+# the span, the figure within 5 points of a core)
+TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+MIN_CPU_SPAN_S = 20 * TICK_S
+# the sampler's figures that are such shares (telemetry.monitor.Sample)
+CPU_SHARES = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
+# warm-up has settled when the mean of the last SETTLE_K step times is within SETTLE_TOLERANCE
+# of the SETTLE_K before them (means: a DataLoader's bursts keep single steps unalike)
+SETTLE_K = 4
+SETTLE_TOLERANCE = 0.15
+# steps after the first that warm-up always runs, whatever its cap: the first holds lazy init,
+# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels come next
+MIN_AFTER_FIRST = 2
+# each window's own figures a phase keeps (PhaseRecord.windows)
+WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
+               "data_wait_fraction", "ranks_images_per_sec")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -53,15 +69,6 @@ def holding(ci, value: float) -> tuple[float, float]:
     if ci is None:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
-
-
-# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of
-# the span, the figure within 5 points of a core)
-TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-MIN_CPU_SPAN_S = 20 * TICK_S
-# the sampler's figures that are such shares (telemetry.monitor.Sample)
-CPU_SHARES = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
-
 
 def figure(v: float, spec: str = "") -> str:
     """In `spec`, else without decimals from 100 up and with one below (812, 41.5)."""
@@ -184,16 +191,6 @@ def stats_from(phase: str, batch_size: int, images: int, step_times: list[float]
         first_step_s=(warmup_times or step_times or [math.nan])[0], truncated=truncated,
         warmup_settled=warmup_settled, step_times_s=step_times, warmup_step_times_s=warmup_times)
 
-
-# warm-up has settled when the mean of the last SETTLE_K step times is within SETTLE_TOLERANCE
-# of the SETTLE_K before them (means: a DataLoader's bursts keep single steps unalike)
-SETTLE_K = 4
-SETTLE_TOLERANCE = 0.15
-# steps after the first that warm-up always runs, whatever its cap: the first holds lazy init,
-# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels come next
-MIN_AFTER_FIRST = 2
-
-
 def settled(times: list[float]) -> bool:
     """Whether warm-up step times (the first excluded) reached a steady level."""
     body, k = times[1:], SETTLE_K
@@ -218,12 +215,6 @@ def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -
     if math.isfinite(cap_s):
         need = min(need, math.floor(cap_s / step_s))
     return max(steps, need)
-
-
-# each window's own figures a phase keeps (PhaseRecord.windows)
-WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
-               "data_wait_fraction", "ranks_images_per_sec")
-
 
 def _share(parts: list, total: float) -> float | None:
     """sum(parts) / total; None when a part is unknown or there is no total."""
