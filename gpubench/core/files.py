@@ -186,7 +186,6 @@ def retry(fn: Callable[[], T], attempts: int, wait_s: float,
 
 
 def mask_files(paths) -> None:
-    """Rewrite text files that hold a password with it masked."""
     for p in map(Path, paths):
         try:
             text = p.read_text()

@@ -70,6 +70,7 @@ def holding(ci, value: float) -> tuple[float, float]:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
 
+
 def figure(v: float, spec: str = "") -> str:
     """In `spec`, else without decimals from 100 up and with one below (812, 41.5)."""
     return format(v, spec or (".0f" if abs(v) >= 100 else ".1f"))
@@ -141,8 +142,6 @@ def spread(xs: list[float]) -> tuple[float, float]:
 
 @dataclass
 class WindowStats:
-    """One timed window of one phase."""
-
     phase: str
     batch_size: int
     steps: int
@@ -191,6 +190,7 @@ def stats_from(phase: str, batch_size: int, images: int, step_times: list[float]
         first_step_s=(warmup_times or step_times or [math.nan])[0], truncated=truncated,
         warmup_settled=warmup_settled, step_times_s=step_times, warmup_step_times_s=warmup_times)
 
+
 def settled(times: list[float]) -> bool:
     """Whether warm-up step times (the first excluded) reached a steady level."""
     body, k = times[1:], SETTLE_K
@@ -216,8 +216,8 @@ def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -
         need = min(need, math.floor(cap_s / step_s))
     return max(steps, need)
 
+
 def _share(parts: list, total: float) -> float | None:
-    """sum(parts) / total; None when a part is unknown or there is no total."""
     return sum(parts) / total if total > 0 and None not in parts else None
 
 
