@@ -266,9 +266,7 @@ def supported_place(value: float, ci) -> int | None:
 
 
 def round_at(x: float, place: int | None) -> float:  # unchanged for no place
-    if place is None or not finite(x):
-        return x
-    return float(round(x, -place))
+    return x if place is None or not finite(x) else float(round(x, -place))
 
 
 def outward(ci, place: int | None) -> list[float]:
@@ -282,9 +280,7 @@ def outward(ci, place: int | None) -> list[float]:
 
 def text_at(x: float, place: int | None) -> str:
     """`x` written to 10**place without an exponent ('812', '0.0123'), else to one decimal."""
-    if place is None:
-        return f"{x:.1f}"
-    return f"{round_at(x, place):.{max(0, -place)}f}"
+    return f"{x:.1f}" if place is None else f"{round_at(x, place):.{max(0, -place)}f}"
 
 
 def finite_number(v) -> float | None:
