@@ -53,7 +53,6 @@ def busy_and_idle(nv, handle) -> tuple[Judgement, Judgement]:
         time.sleep(READ_EVERY_S)
         if time.perf_counter() - t0 > SETTLE_S:
             idle.append(utilization())
-    del a, c
     return rules.utilization(_median(util), _median(idle)), rules.energy_readings(readings)
 
 

@@ -20,6 +20,7 @@ from filelock import FileLock, Timeout
 from gpubench.core.secrets import mask_secrets
 
 T = TypeVar("T")
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # permissions, a read-only mount
 
 
 def json_safe(v: Any) -> Any:
@@ -38,9 +39,6 @@ class WriteError(OSError):
 
     def __str__(self) -> str:
         return f"cannot write {self.filename}: {self.strerror}"
-
-
-READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)  # permissions, a read-only mount
 
 
 def refusal(path: str | Path, e: OSError) -> str:
@@ -116,19 +114,14 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
+        out |= flatten(v, key) if isinstance(v, dict) and v else {key: v}
     return out
 
 
-# A folder gpubench was given may hold links elsewhere (`traces -> /home/me/private`): following
-# them would upload or overwrite files nobody pointed it at. Readers keep to `inside`.
-
-
 class LinkError(OSError):
-    """A path gpubench will not follow or write through."""
+    """A path gpubench will not follow or write through: a folder it was given may hold links
+    elsewhere (`traces -> /home/me/private`), and following them would upload or overwrite files
+    nobody pointed it at. Readers keep to `inside`."""
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}"
@@ -166,8 +159,6 @@ def check_no_links(folder: str | Path, root: str | Path | None = None) -> Path:
 # -9 too), so a dead holder never blocks. filelock 4.2.12 (_unix.py) opens with O_NOFOLLOW and
 # without O_TRUNC: a link there is refused (ELOOP), a claimer that loses never empties the
 # holder's note; a lock won on a file unlinked meanwhile is retried (_finalize_locked_fd).
-
-
 def try_lock(path: str | Path, note: str = "") -> FileLock | None:
     """`path`'s lock, or None while another holds it; `note` (who holds it) written in."""
     def write_note(fd: int) -> None:
@@ -195,7 +186,6 @@ def retry(fn: Callable[[], T], attempts: int, wait_s: float,
 
 
 def mask_files(paths) -> None:
-    """Rewrite text files that hold a password with it masked."""
     for p in map(Path, paths):
         try:
             text = p.read_text()

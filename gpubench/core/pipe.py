@@ -14,9 +14,7 @@ QUEUE_WINDOWS = 3
 
 def batches_in_flight(num_workers: int, prefetch_factor: int | None) -> int:
     """Batches the workers hold made ahead (0 workers: the main process makes each when asked)."""
-    if not num_workers:
-        return 0
-    return num_workers * (prefetch_factor or TORCH_PREFETCH_FACTOR)
+    return num_workers * (prefetch_factor or TORCH_PREFETCH_FACTOR) if num_workers else 0
 
 
 def loader_window_steps(steps: int, num_workers: int, prefetch_factor: int | None) -> int:

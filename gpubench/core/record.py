@@ -40,6 +40,12 @@ STUDY_ENV = "GPUBENCH_STUDY"
 RUNG_ENV = "GPUBENCH_RUNG"
 # sweep=pipes' compute pipe measures every compute bound: a loader-only job must not again
 BOUNDS_MEASURED_ENV = "GPUBENCH_BOUNDS_MEASURED"
+# a window shorter than this is too brief to judge: host CPU shares count 10 ms ticks, and a
+# passing hiccup is a large part of it (analysis.noise; the advice's bench.min_window_s)
+MIN_WINDOW_S = 0.5
+# a raised bench.max_seconds spares this much over the pace measured: a rerun's pace moves
+# (15% run to run on a shared host), and an exact cap cut the rerun short again
+CAP_HEADROOM = 1.5
 
 
 class Word(str, Enum):
@@ -315,10 +321,8 @@ class RunRecord(_Keys):
     @property
     def throughput(self) -> float:
         """The first positive in HEADLINE_ORDER; 0.0 when none or not measured."""
-        if not self.status.measured:
-            return 0.0
-        return next((float(v) for v, _ in map(self.phase_figure, HEADLINE_ORDER)
-                     if positive(v)), 0.0)
+        figures = (v for v, _ in map(self.phase_figure, HEADLINE_ORDER) if positive(v))
+        return float(next(figures, 0.0)) if self.status.measured else 0.0
 
     def phase_figure(self, name: str) -> tuple[float | None, list[float] | None]:
         return getattr(self, PHASE_FIGURE[name]), getattr(self, PHASE_FIGURE[name] + "_ci")
@@ -397,9 +401,8 @@ class RunRecord(_Keys):
     @property
     def stale(self) -> bool:
         """Left `running` by a process gone from this host (kill -9, OOM killer, full disk)."""
-        if self.status is not Status.running or not self.pid:
-            return False
-        return process_alive(self.host, int(self.pid)) is False
+        return (self.status is Status.running and bool(self.pid)
+                and process_alive(self.host, int(self.pid)) is False)
 
     @property
     def complete(self) -> bool:
@@ -475,11 +478,6 @@ def window_text(steps: int, min_s: Any = 0) -> str:
     return count(steps, "step")
 
 
-# a window shorter than this is too brief to judge: host CPU shares count 10 ms ticks, and a
-# passing hiccup is a large part of it (analysis.noise; the advice's bench.min_window_s)
-MIN_WINDOW_S = 0.5
-
-
 def longer_plan(steps: int, repeats: int) -> tuple[int, int]:
     """(steps, repeats) of every "measure longer": at least 10 windows (narrowing the median's
     interval), each twice the steps it had (steadier), and four times the steps in all."""
@@ -517,11 +515,6 @@ def bench_of(rec: RunRecord | None) -> tuple[dict, int | None, int | None]:
     if isinstance(steps, int) and isinstance(repeats, int) and steps >= 1 and repeats >= 1:
         return b, steps, repeats
     return b, None, None
-
-
-# a raised bench.max_seconds spares this much over the pace measured: a rerun's pace moves
-# (15% run to run on a shared host), and an exact cap cut the rerun short again
-CAP_HEADROOM = 1.5
 
 
 def longer(rec: RunRecord | None, plan: tuple[int, int] | None = None) -> Longer:
@@ -602,15 +595,13 @@ def missing(run_dir: str | Path, error: str, rung: Rung | str | None = None) -> 
     return RunRecord(run_uid="", status=Status.failed, error=error, dir=Path(run_dir), rung=rung)
 
 
-STORE_DIRS = ("mlartifacts", "mlruns")
-
-
 def find_runs(root: str | Path) -> list[Path]:
     """Run folders under `root`, in a stable order; MLflow's artifact stores (uploaded copies,
     not runs) and hidden folders are never entered."""
     found = []
     for dirpath, dirnames, files in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in STORE_DIRS and not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in ("mlartifacts", "mlruns") and not d.startswith("."))
         if RESULTS_FILE in files:
             found.append(Path(dirpath))
     return found

@@ -14,6 +14,22 @@ CONFIDENCE = 0.95
 # how far below the fastest a recommended setup may be, and by how much a loader must clear
 # compute to unblock it (runs of one config differ by several percent; e2e loses a little more)
 TOLERANCE = 0.05
+# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of
+# the span, the figure within 5 points of a core)
+TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+MIN_CPU_SPAN_S = 20 * TICK_S
+# the sampler's figures that are such shares (telemetry.monitor.Sample)
+CPU_SHARES = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
+# warm-up has settled when the mean of the last SETTLE_K step times is within SETTLE_TOLERANCE
+# of the SETTLE_K before them (means: a DataLoader's bursts keep single steps unalike)
+SETTLE_K = 4
+SETTLE_TOLERANCE = 0.15
+# steps after the first that warm-up always runs, whatever its cap: the first holds lazy init,
+# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels come next
+MIN_AFTER_FIRST = 2
+# each window's own figures a phase keeps (PhaseRecord.windows)
+WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
+               "data_wait_fraction", "ranks_images_per_sec")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -53,14 +69,6 @@ def holding(ci, value: float) -> tuple[float, float]:
     if ci is None:
         return value, value
     return min(float(ci[0]), value), max(float(ci[1]), value)
-
-
-# CPU time moves in clock ticks: a CPU share is read over at least 20 (a tick is then 5% of
-# the span, the figure within 5 points of a core)
-TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-MIN_CPU_SPAN_S = 20 * TICK_S
-# the sampler's figures that are such shares (telemetry.monitor.Sample)
-CPU_SHARES = frozenset({"host_cpu", "procs_cpu", "main_cpu", "workers_cpu"})
 
 
 def figure(v: float, spec: str = "") -> str:
@@ -134,8 +142,6 @@ def spread(xs: list[float]) -> tuple[float, float]:
 
 @dataclass
 class WindowStats:
-    """One timed window of one phase."""
-
     phase: str
     batch_size: int
     steps: int
@@ -185,15 +191,6 @@ def stats_from(phase: str, batch_size: int, images: int, step_times: list[float]
         warmup_settled=warmup_settled, step_times_s=step_times, warmup_step_times_s=warmup_times)
 
 
-# warm-up has settled when the mean of the last SETTLE_K step times is within SETTLE_TOLERANCE
-# of the SETTLE_K before them (means: a DataLoader's bursts keep single steps unalike)
-SETTLE_K = 4
-SETTLE_TOLERANCE = 0.15
-# steps after the first that warm-up always runs, whatever its cap: the first holds lazy init,
-# cudnn autotuning and torch.compile; CUDA-graph recording and autotuned kernels come next
-MIN_AFTER_FIRST = 2
-
-
 def settled(times: list[float]) -> bool:
     """Whether warm-up step times (the first excluded) reached a steady level."""
     body, k = times[1:], SETTLE_K
@@ -220,13 +217,7 @@ def window_steps(steps: int, min_s: float, step_s: float | None, cap_s: float) -
     return max(steps, need)
 
 
-# each window's own figures a phase keeps (PhaseRecord.windows)
-WINDOW_KEYS = ("images", "seconds", "images_per_sec", "steps", "step_time_cv", "truncated",
-               "data_wait_fraction", "ranks_images_per_sec")
-
-
 def _share(parts: list, total: float) -> float | None:
-    """sum(parts) / total; None when a part is unknown or there is no total."""
     return sum(parts) / total if total > 0 and None not in parts else None
 
 
@@ -275,9 +266,7 @@ def supported_place(value: float, ci) -> int | None:
 
 
 def round_at(x: float, place: int | None) -> float:  # unchanged for no place
-    if place is None or not finite(x):
-        return x
-    return float(round(x, -place))
+    return x if place is None or not finite(x) else float(round(x, -place))
 
 
 def outward(ci, place: int | None) -> list[float]:
@@ -291,9 +280,7 @@ def outward(ci, place: int | None) -> list[float]:
 
 def text_at(x: float, place: int | None) -> str:
     """`x` written to 10**place without an exponent ('812', '0.0123'), else to one decimal."""
-    if place is None:
-        return f"{x:.1f}"
-    return f"{round_at(x, place):.{max(0, -place)}f}"
+    return f"{x:.1f}" if place is None else f"{round_at(x, place):.{max(0, -place)}f}"
 
 
 def finite_number(v) -> float | None:

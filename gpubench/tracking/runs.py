@@ -32,7 +32,6 @@ CONFIG_FILE = "resolved_config.yaml"  # the config as measured (auto sizes fille
 # the sweep's parent run id, for jobs launched in this process (Hydra's basic launcher)
 PARENT_ENV = "GPUBENCH_MLFLOW_PARENT_RUN_ID"
 
-# files of a run dir worth keeping next to the run: plots, profiler traces, the job log
 ARTIFACT_GLOBS = ("*.png", "*.svg", "*.html", "*.log", "*.csv", "*trace*.json", "*.json.gz")
 ARTIFACT_DIRS = (TRACE_DIR, "profiler", "plots")
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".log", ".txt", ".csv", ".md", ".html")
@@ -77,9 +76,8 @@ def log_dir(client, run_id: str, folder: Path, artifact_path: str, root: Path) -
         for n in sorted(names) + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
             p = Path(dirpath) / n
             if p.is_file() or not inside(p, root):  # a link out is named in a warning
-                sub = p.parent.relative_to(folder).as_posix()
-                log_file(client, run_id, p, artifact_path if sub == "." else
-                         f"{artifact_path}/{sub}", root)
+                sub = Path(artifact_path) / p.parent.relative_to(folder)  # `hydra/.` is `hydra`
+                log_file(client, run_id, p, sub.as_posix(), root)
 
 
 def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = None,
@@ -117,8 +115,7 @@ def upload(store: Store, rec: RunRecord, run_dir: Path, parent_id: str | None = 
                 source_type="gpubench", source=mask_secrets(ds)),
         [InputTag("mlflow.data.context", "benchmark")])])
 
-    # nothing out of the run folder is read, whatever links it holds: a link out
-    # (`traces -> /elsewhere`) is for log_file/log_dir to name and skip, what is absent to skip
+    # nothing out of the run folder is read: log_file/log_dir name a link out and skip it
     globbed = {p for g in ARTIFACT_GLOBS for p in run_dir.glob(g)} - {run_dir / MARKER_FILE}
     for f in (run_dir / RESULTS_FILE, run_dir / CONFIG_FILE, *sorted(globbed)):
         log_file(c, rid, f, root=run_dir)
@@ -145,9 +142,8 @@ def write_marker(run_dir: Path, run_uid: str, uri: str, experiment: str, run_id=
 # a process that died mid-upload (kill -9) left it free (the kernel released its lock).
 @contextlib.contextmanager
 def upload_claim(run_dir: Path):
-    """The upload of this run, held while the block runs: None when this process holds it, else
-    who does. Given back with its file removed while still held: a process that opened it
-    meanwhile finds it unlinked and opens a new one (filelock checks the link count)."""
+    """None while this process holds the run's upload, else who does. Its file is removed while
+    held: one opened meanwhile is found unlinked and made anew (filelock checks the link count)."""
     path = Path(run_dir) / CLAIM_FILE
     lock = try_lock(path, note=f"{socket.gethostname()}:{os.getpid()}")
     if lock is None:
@@ -201,9 +197,8 @@ def job_parent(run_dir: Path) -> str | None:
 
 
 def log_result(t, rec: RunRecord, task=None) -> bool:
-    """Upload one finished (or killed) run with tracking settings `t`; `task`: see
-    read_overrides. Never raises: a failure prints one warning line, marks the run unsynced and
-    returns False (results stay for `sync`)."""
+    """Upload a finished (or killed) run with tracking settings `t`. Never raises: a failure prints
+    one warning line, marks the run unsynced and returns False (results stay for `sync`)."""
     uri = resolve_uri(t.uri)
     run_dir = Path(rec.dir)
     parent = job_parent(run_dir)

@@ -34,6 +34,7 @@ no_telemetry()
 
 # a tag value this plain is safe inside a quoted MLflow filter; anything else is compared here
 _PLAIN_VALUE = re.compile(r"[\w.\-:]+")
+DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}  # when a database URL names none
 
 
 class TrackingUnavailable(RuntimeError):
@@ -62,21 +63,14 @@ def uri_problem(uri: str | None) -> str | None:
     return None
 
 
-# where `mlflow ui` serves a local store: its default --host and --port
-MLFLOW_UI = "http://127.0.0.1:5000"
-
-
 def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     """A link to open: on the server itself, or on the `mlflow ui` that serves a local store."""
     route = page(experiment_id, run_id)  # the training view, gpubench's saved columns
     uri = mask_secrets(uri)
     if uri.startswith(("http://", "https://")):
         return f"{split_credentials(uri)[0].rstrip('/')}/{route}"
-    return f"`mlflow ui --backend-store-uri {uri}`, then open {MLFLOW_UI}/{route}"
-
-
-# a database store's port when its URL names none
-DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+    # `mlflow ui` serves a local store at its default --host and --port
+    return f"`mlflow ui --backend-store-uri {uri}`, then open http://127.0.0.1:5000/{route}"
 
 
 def _probe(uri: str, timeout_s: float) -> None:
@@ -93,8 +87,8 @@ def _probe(uri: str, timeout_s: float) -> None:
             if (user := os.environ.get("MLFLOW_TRACKING_USERNAME")) is not None:
                 pair = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
                 req.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
-            elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
-                req.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+            elif token := os.environ.get("MLFLOW_TRACKING_TOKEN"):
+                req.add_header("Authorization", f"Bearer {token}")
             urllib.request.urlopen(req, timeout=timeout_s).close()
         elif base in DB_PORTS and parts.hostname:
             socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
@@ -116,8 +110,7 @@ class Store:
 
         for name in ("alembic", "mlflow"):  # store creation chatter at INFO; keep warnings
             logging.getLogger(name).setLevel(logging.WARNING)
-        db = sqlite_path(connect)
-        if db:
+        if db := sqlite_path(connect):
             db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not the dir
         self.uri, self.experiment = mask_secrets(uri), experiment
         # two processes making a new store's tables or experiment at once collide ("table ...
@@ -125,23 +118,19 @@ class Store:
         # meanwhile): on sqlite one at a time holds `<db>.lock` (the kernel frees it if its
         # holder dies); elsewhere the loser retries, and finds what the winner made
         lock = FileLock(f"{db}.lock", thread_local=False) if db else contextlib.nullcontext()
-        # a sqlite store's artifacts beside it (outputs/mlartifacts), not MLflow's ./mlruns in
-        # whatever the current directory is
+        # a sqlite store's artifacts beside it (outputs/mlartifacts), not MLflow's ./mlruns in cwd
         artifacts = (db.parent / "mlartifacts").resolve().as_uri() if db else None
 
         def create() -> None:
             with lock:
                 self.client = MlflowClient(tracking_uri=connect)
-                self.experiment_id = self._experiment_id(experiment, artifacts)
+                exp = self.client.get_experiment_by_name(experiment)
+                # its description, kind and runs-table view only on experiments gpubench creates
+                self.experiment_id = exp.experiment_id if exp is not None else \
+                    self.client.create_experiment(experiment, artifact_location=artifacts,
+                                                  tags=experiment_tags())
 
         retry(create, 3, wait_s=0.5)
-
-    def _experiment_id(self, name: str, artifacts: str | None) -> str:
-        if (exp := self.client.get_experiment_by_name(name)) is not None:
-            return exp.experiment_id
-        # its description, kind and runs-table view only on experiments gpubench creates
-        return self.client.create_experiment(name, artifact_location=artifacts,
-                                             tags=experiment_tags())
 
     def find(self, tag: str, value: str) -> list:
         """Live runs of this experiment whose tag `tag` equals `value`; a value (from a file)

@@ -204,15 +204,14 @@ def _sync_into(store: Store, recs: list[RunRecord], orphans: list[RunRecord], co
                 continue
             _upload_one(store, rec, run_dir, parent_of, counts)
     for rec in orphans:
-        run_dir, sweep = Path(rec.dir), runs.sweep_of(Path(rec.dir))
-        marker = runs.read(run_dir / runs.MARKER_FILE)
-        parent = store.client.get_run(marker["run_id"]).data.tags.get(PARENT_TAG)
+        run_dir = Path(rec.dir)
+        rid = runs.read(run_dir / runs.MARKER_FILE)["run_id"]
+        parent = store.client.get_run(rid).data.tags.get(PARENT_TAG)
         if parent is None:
-            parent = parent_of(sweep)
-            store.client.set_tag(marker["run_id"], PARENT_TAG, parent)
-            print(f"attached {run_dir} (run {marker['run_id']}) to its sweep's parent run "
-                  f"{parent}")
-        runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, marker["run_id"],
+            parent = parent_of(runs.sweep_of(run_dir))
+            store.client.set_tag(rid, PARENT_TAG, parent)
+            print(f"attached {run_dir} (run {rid}) to its sweep's parent run {parent}")
+        runs.write_marker(run_dir, rec.run_uid, store.uri, store.experiment, rid,
                           store.experiment_id, parent_id=parent)
     for sweep, pid in parents.items():
         if not live(sweep):  # a running sweep ends its parent itself

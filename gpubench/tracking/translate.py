@@ -185,7 +185,6 @@ def run_metrics(rec: RunRecord, now_ms: int | None = None) -> list[tuple[str, fl
 
 def run_tags(rec: RunRecord, overrides: str | None = None,
              user: str | None = None) -> dict[str, str]:
-    """The run's identity, status, verdict, environment, overrides, MLflow's source/user tags."""
     env, stable = rec.env, rec.measurement_stable
     return tag_values({
         # first: the run page lists tags in this order. One word (`data`, `compute`, ...), or
