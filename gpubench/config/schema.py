@@ -360,8 +360,7 @@ def check_known_key(key: str, value: Any) -> None:
     if group not in ROOT_NAMES:
         # a root key of one's own that is a near-miss of gpubench's (`+precison=bf16`) would
         # run the default precision and record the typo as if it were a setting
-        close = difflib.get_close_matches(group, sorted(ROOT_NAMES), n=3, cutoff=0.8)
-        if close:
+        if close := difflib.get_close_matches(group, sorted(ROOT_NAMES), n=3, cutoff=0.8):
             rest = key[len(group):]
             raise ConfigError(key, value, f"a key gpubench declares (close: "
                               f"{', '.join(c + rest for c in close)}); a top-level key of your "
@@ -389,8 +388,7 @@ def config_keys(cfg: Any) -> list[str]:
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k not in ROOT_NAMES
-             and k != "hydra"]
+    roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k != "hydra" and k not in ROOT_NAMES]
     for group in sorted(GROUP_NAMES):
         roots += walk(cfg._get_node(group) if group in cfg else None, f"{group}.")
     for key, node in roots:

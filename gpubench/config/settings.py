@@ -191,9 +191,8 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
 
 def _missing_keys(cfg: DictConfig | ListConfig) -> set[str]:
     """OmegaConf.missing_keys without resolving (its ${...} of a `???` raised, naming no key)."""
-    keys = range(len(cfg)) if isinstance(cfg, ListConfig) else cfg.keys()
     out = set()
-    for k in keys:
+    for k in range(len(cfg)) if isinstance(cfg, ListConfig) else cfg.keys():
         if OmegaConf.is_missing(cfg, k):
             out.add(cfg._get_full_key(k))
         elif isinstance(node := cfg._get_node(k), (DictConfig, ListConfig)):
