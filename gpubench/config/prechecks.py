@@ -269,8 +269,7 @@ def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
                 given.add(key)
             elif not after_self:
                 left.setdefault(key, where)
-    if todo := sorted(set(left) - given):
-        key = todo[0]
+    if key := min(set(left) - given, default=None):
         raise ConfigError(key, "???", f"a value (??? in {left[key]} marks one to set: {key}=... "
                                       "on the command line or in the file)")
 
