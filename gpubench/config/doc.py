@@ -36,12 +36,10 @@ def role(k: Key) -> str:
 
 
 def table(declared: Iterable[Key], roles: bool = False) -> str:
-    lines = ["| key | default | allowed | " + ("role | " if roles else "") + "meaning |",
-             "|---|---|---|---|" + ("---|" if roles else "")]
-    for k in declared:
-        lines.append(f"| `{k.name}` | `{_cell(shown(k.default))}` | {_cell(k.allowed)} | "
-                     + (f"{role(k)} | " if roles else "") + f"{_cell(k.help)} |")
-    return "\n".join(lines)
+    rows = [f"| `{k.name}` | `{_cell(shown(k.default))}` | {_cell(k.allowed)} | "
+            + (f"{role(k)} | " if roles else "") + f"{_cell(k.help)} |" for k in declared]
+    return "\n".join(["| key | default | allowed | " + ("role | " if roles else "") + "meaning |",
+                      "|---|---|---|---|" + ("---|" if roles else ""), *rows])
 
 
 def section(declared: Iterable[Key], roles: bool = False) -> str:

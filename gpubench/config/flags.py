@@ -12,7 +12,6 @@ from gpubench.config.schema import BY_NAME
 
 
 def flag(key: str, name: str) -> Callable[[str], Any]:
-    """An argparse `type` for flag `name` standing for config key `key`."""
     k = BY_NAME[key]
 
     def convert(text: str) -> Any:

@@ -28,11 +28,10 @@ def check_local_store(key: str, path: Path | None, folder: bool = False,
             if f.read(16) != SQLITE_HEADER:
                 raise ConfigError(key, shown, f"a SQLite database or a new file ({path} holds "
                                   "something else)")
-    for p in ([path] if folder else []) + list(path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise ConfigError(key, shown, f"a path whose folders can be made ({p} is a file)")
-            break
+    # the nearest that exists must be a folder (/ at worst: the path is absolute, maybe / itself)
+    p = next((p for p in ([path] if folder else []) + list(path.parents) if p.exists()), path)
+    if not p.is_dir():
+        raise ConfigError(key, shown, f"a path whose folders can be made ({p} is a file)")
     # missing folders are made only under the working directory (as Hydra makes outputs/):
     # elsewhere one is likelier a typo (/hoem/...) than a wish
     cwd = Path.cwd()

@@ -206,9 +206,8 @@ def lookup(node: Any, path: str) -> Any:
     return node
 
 
-def check_keys(node: Any, declared: Iterable[Key], only: Iterable[str] | None = None) -> None:
-    wanted = None if only is None else set(only)
+def check_keys(node: Any, declared: Iterable[Key], only: tuple[str, ...] | None = None) -> None:
     for k in declared:
         ruled = k.bounds is not None or k.choices is not None or k.type is bool or k.rule
-        if ruled and (wanted is None or k.name in wanted):
+        if ruled and (only is None or k.name in only):
             k.check(lookup(node, k.path))

@@ -13,12 +13,7 @@ from hydra._internal.config_repository import ConfigRepository
 from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import (
-    IntervalSweep,
-    QuotedString,
-    RangeSweep,
-    Sweep,
-)
+from hydra.core.override_parser.types import IntervalSweep, QuotedString, RangeSweep, Sweep
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -55,10 +50,11 @@ def _at(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, default=None)
 
 
-def _loader() -> Any:
-    """Hydra's config loader, if any: it knows the search path, and glob(...) lists the keys."""
+def _parser() -> OverridesParser:
+    """With Hydra's config loader, if any: it knows the search path, and glob(...) lists keys."""
     instance = GlobalHydra.instance()
-    return instance.config_loader() if instance.is_initialized() else None
+    return OverridesParser.create(
+        config_loader=instance.config_loader() if instance.is_initialized() else None)
 
 
 def group_hint(group: str, value: Any) -> str:
@@ -67,9 +63,8 @@ def group_hint(group: str, value: Any) -> str:
 
 
 def _repository(cfg: DictConfig) -> ConfigRepository:
-    """The files of the search path `cfg` was composed from (hydra.runtime.config_sources, which
-    Hydra fills in composing: a `hydra.searchpath` folder too, which the loader's repository
-    lacks)."""
+    """The search path `cfg` was composed from (hydra.runtime.config_sources: a `hydra.searchpath`
+    folder too, which the loader's repository lacks)."""
     path = ConfigSearchPathImpl()
     for src in _at(cfg, "hydra.runtime.config_sources"):
         path.append(src.provider, f"{src.schema}://{src.path}")
@@ -83,12 +78,11 @@ def file_package(header: dict, group: str) -> str:
 
 
 def check_option(group: str, value: Any, cfg: DictConfig) -> None:
-    """A group's chosen option exists on `cfg`'s search path (Hydra skips an optional group's
-    missing one)."""
+    """A chosen option is on `cfg`'s search path (Hydra skips an optional group's missing one)."""
     options = list(_repository(cfg).get_group_options(group))
     if str(value) not in options:
-        raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/, a "
-                                        f"--config-dir or hydra.searchpath){group_hint(group, value)}")
+        raise ConfigError(group, value, f"one of {', '.join(options) or '(none)'} (conf/{group}/, "
+                          f"a --config-dir or hydra.searchpath){group_hint(group, value)}")
 
 
 def _swept_values(o) -> list:
@@ -121,7 +115,7 @@ UNQUOTED = "unquoted: ASCII letters, digits and _-+.:/\\$%*@?|; quote anything e
 def parse(text: str, key: str) -> Any:
     """One override by Hydra's parser; a malformed one is a ConfigError naming `key`."""
     try:
-        return OverridesParser.create(config_loader=_loader()).parse_overrides([text])[0]
+        return _parser().parse_overrides([text])[0]
     except HydraException:
         raise ConfigError(key, text, f"an override in Hydra's syntax, key=value ({UNQUOTED})"
                           ) from None
@@ -190,8 +184,7 @@ def _overrides(cfg: DictConfig) -> tuple[list, list]:
     """The command line's and hydra.sweeper.params' overrides, parsed, apart; read unresolved
     (plain): an override's `${...}` is the job's to resolve (check_interpolations). The command
     line's parse: Hydra composed the config from them, by the same parser."""
-    task = OverridesParser.create(config_loader=_loader()).parse_overrides(
-        list(plain(_at(cfg, "hydra.overrides.task")) or []))
+    task = _parser().parse_overrides(list(plain(_at(cfg, "hydra.overrides.task")) or []))
     return task, [parse(f"{k}={v}", f"hydra.sweeper.params.{k}")
                   for k, v in (plain(_at(cfg, "hydra.sweeper.params")) or {}).items()]
 
@@ -276,8 +269,7 @@ def check_team_files(cfg: DictConfig, groups: dict, overrides: list) -> None:
                 given.add(key)
             elif not after_self:
                 left.setdefault(key, where)
-    if todo := sorted(set(left) - given):
-        key = todo[0]
+    if key := min(set(left) - given, default=None):
         raise ConfigError(key, "???", f"a value (??? in {left[key]} marks one to set: {key}=... "
                                       "on the command line or in the file)")
 
@@ -324,8 +316,7 @@ def check_before_work(cfg: DictConfig) -> None:
     check_extra_overrides(cfg, sweeper, groups)
     if _at(cfg, "tracking.backend") == "mlflow":
         check_tracking_uri(_at(cfg, "tracking.uri"))
-    storage = _at(cfg, "hydra.sweeper.storage")
-    if isinstance(storage, str):
+    if isinstance(storage := _at(cfg, "hydra.sweeper.storage"), str):
         check_uri("hydra.sweeper.storage", storage, STORAGE_SCHEMES)
         check_local_store("hydra.sweeper.storage", sqlite_path(storage), value=storage)
 

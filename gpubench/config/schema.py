@@ -91,9 +91,8 @@ class DatasetConfig:
                                allowed="null or an existing folder", knob=Knob(place=True))
     jpeg_quality: int = setting(90, "fake_jpeg's encoding quality", bounds=(1, 100))
     preload: bool = setting(
-        False, "decode the whole dataset once into a shared uint8 tensor in RAM, then only "
-        "augment per step (must fit in 80% of free RAM)",
-        knob=DATA_KNOB(short="preload", cheap=(2, bool)))
+        False, "decode the whole dataset once into a shared uint8 tensor in RAM, then only augment "
+        "per step (must fit in 80% of free RAM)", knob=DATA_KNOB(short="preload", cheap=(2, bool)))
     # CPU work before device work: the device's time is the scarce one
     augment_on: Where = setting(
         Where.cpu, "device: ship uint8 batches, crop/flip/normalize on the device",
@@ -103,9 +102,8 @@ class DatasetConfig:
         knob=DATA_KNOB(short="decode_on", cheap=(3, lambda v: v != "cpu")))
     on_corrupt: OnCorrupt = setting(
         OnCorrupt.skip, "skip (and count) or fail on an image that does not decode")
-    _target_: str | None = setting(
-        None, "dataset=custom: your Dataset class as a dotted path (my_team.data.MyDataset)",
-        knob=WORK_DATA(short="dataset"))
+    _target_: str | None = setting(None, "dataset=custom: your Dataset class as a dotted path "
+                                   "(my_team.data.MyDataset)", knob=WORK_DATA(short="dataset"))
     kwargs: dict[str, Any] = setting(factory=dict,
                                      help="dataset=custom: its constructor's arguments")
     transform: dict[str, Any] = setting(
@@ -158,10 +156,9 @@ class LoaderConfig:
         "share preloaded tensors for free); null with 0 workers",
         allowed="null or a start method of this platform (fork, spawn, forkserver)",
         rule=check_start_method, knob=DATA_KNOB(inert=None, process_only=True))
-    worker_threads: int = setting(
-        1, "torch threads per worker (1 stops N workers each spawning one per core); at most the "
-        "usable cores; 1 with 0 workers", bounds=(1, 1024),
-        knob=DATA_KNOB(inert=1, process_only=True))
+    worker_threads: int = setting(1, "torch threads per worker (1 stops N workers each spawning "
+                                  "one per core); at most the usable cores; 1 with 0 workers",
+                                  bounds=(1, 1024), knob=DATA_KNOB(inert=1, process_only=True))
     # thread first: a thread holds no process of its own (RAM, start-up)
     worker_type: WorkerType = setting(
         WorkerType.process, "process: torch's DataLoader, a process per worker; thread: "
@@ -179,21 +176,18 @@ class LoaderConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = setting(
-        PrecisionName.torch_default,
-        "torch_default: PyTorch's own TF32 flags, what a plain job runs; fp32: strict, TF32 off; "
-        "tf32; amp_fp16 (CUDA only); amp_bf16", knob=KNOB(short="precision"))
+    name: PrecisionName = setting(PrecisionName.torch_default, "torch_default: PyTorch's own TF32 "
+                                  "flags, what a plain job runs; fp32: strict, TF32 off; tf32; "
+                                  "amp_fp16 (CUDA only); amp_bf16", knob=KNOB(short="precision"))
 
 
 @dataclass
 class StepConfig:
-    name: StepKind = setting(
-        StepKind.classification, "classification: cross-entropy on the model's logits; custom: "
-        "your loss function, step._target_ ([data.md](data.md#your-own-training-step))",
-        knob=WORK())
-    _target_: str | None = setting(
-        None, "step=custom: your loss function as a dotted path (my_team.train.loss), returning "
-        "a scalar tensor", knob=WORK())
+    name: StepKind = setting(StepKind.classification, "classification: cross-entropy on the "
+                             "model's logits; custom: your loss function, step._target_ "
+                             "([data.md](data.md#your-own-training-step))", knob=WORK())
+    _target_: str | None = setting(None, "step=custom: your loss function as a dotted path "
+                                   "(my_team.train.loss), returning a scalar tensor", knob=WORK())
     takes: StepTakes = setting(
         StepTakes.output, "step=custom: output: loss(model(inputs), targets), the batch an "
         "(inputs, targets) pair; batch: loss(model, batch), for a model that computes its own "
@@ -222,9 +216,8 @@ class BenchSettings:
         "bench.steps: a window is at least one step)", bounds=(1, 100))
     warmup_max_seconds: float = setting(60.0, "wall-clock cap of a phase's warm-up",
                                         bounds=(0.001, 86_400))
-    max_seconds: float = setting(
-        60.0, "wall-clock cap of a phase, so nothing runs away on a slow device",
-        bounds=(0.001, 86_400))
+    max_seconds: float = setting(60.0, "wall-clock cap of a phase, so nothing runs away on a slow "
+                                 "device", bounds=(0.001, 86_400))
     min_window_s: float | None = setting(
         None, "a measured window runs on past its share of bench.steps until it has lasted this "
         "long, so NVML's readings (utilization averaged over 1/6-1 s, power over 1 s) describe "
@@ -233,9 +226,8 @@ class BenchSettings:
         "is fixed before each window from the last step time", bounds=(0, 3600))
     seed: int = setting(0, "seeds data, crops and weights (NumPy's seed range)",
                         bounds=(0, 2**32 - 1))
-    monitor: bool = setting(
-        True, "sample NVML and the host in one thread: each window's figures, and gpu_metrics.csv "
-        "for the whole run")
+    monitor: bool = setting(True, "sample NVML and the host in one thread: each window's figures, "
+                            "and gpu_metrics.csv for the whole run")
     monitor_interval_s: float = setting(
         0.2, "the sampling period; at most bench.max_seconds when bench.monitor is on (a window "
         "needs a sample); the floor: at 0 the sampler busy-looped on the host it measures",
@@ -257,10 +249,9 @@ class BenchSettings:
     host_metrics_every: int = setting(
         0, "every k-th micro-batch reads loss and accuracy back to the host (a device sync), as "
         "many training loops do; 0: never", bounds=(0, 100_000), knob=KNOB())
-    profile: bool = setting(
-        False, "after the measured windows, a torch.profiler trace of bench.profile_steps e2e "
-        "steps (never timed): traces/ beside results.json, logged to MLflow "
-        "([profiling.md](profiling.md))")
+    profile: bool = setting(False, "after the measured windows, a torch.profiler trace of "
+                            "bench.profile_steps e2e steps (never timed): traces/ beside "
+                            "results.json, logged to MLflow ([profiling.md](profiling.md))")
     profile_steps: int = setting(3, "active steps in the trace", bounds=(1, 1000))
 
 
@@ -268,9 +259,8 @@ class BenchSettings:
 class MemoryConfig:
     ROLE = Role.measure  # the ceiling judges a run, it does not change it
     # any fraction > 0: a tiny one forces over_ceiling
-    ceiling: float = setting(
-        0.8, "fraction of device memory a config may peak at and still be feasible",
-        bounds=(1e-6, 1.0))
+    ceiling: float = setting(0.8, "fraction of device memory a config may peak at and still be "
+                             "feasible", bounds=(1e-6, 1.0))
     reserve: float = setting(0.05, "sweep=max_batch keeps this fraction of the ceiling free",
                              bounds=(0.0, 0.99))
 
@@ -282,37 +272,31 @@ class TrackingConfig:
     uri: str | None = setting(
         None, "the MLflow store; null: sqlite:///<cwd>/outputs/mlflow.db (embedded, no server)",
         allowed="null, http(s)://host[:port], sqlite:///path.db (a missing folder is made only "
-                "under the working directory), postgresql[+driver]://..., "
-                "mysql[+driver]://..., mssql[+driver]://..., databricks[://profile]; "
-                "file:///folder or a local folder only with MLFLOW_ALLOW_FILE_STORE=true "
-                "(MLflow 3.17 refuses its file store otherwise)")
+        "under the working directory), postgresql[+driver]://..., mysql[+driver]://..., "
+        "mssql[+driver]://..., databricks[://profile]; file:///folder or a local folder only with "
+        "MLFLOW_ALLOW_FILE_STORE=true (MLflow 3.17 refuses its file store otherwise)")
     # checked with any backend (a run kept on disk is uploaded later under the same names), at
     # MLflow's limits: 500 characters an experiment name, 250 a run's (its mlflow.runName column)
     experiment: str = setting("gpubench", "the MLflow experiment", rule=name_rule(500))
     run_name: str | None = setting(None, "the MLflow run's name; null: made from the setup",
                                    rule=name_rule(250))
-    timeout_s: float = setting(
-        10.0, "seconds to wait for a tracking server before giving up (results stay on disk)",
-        bounds=(0.1, 3600))
+    timeout_s: float = setting(10.0, "seconds to wait for a tracking server before giving up "
+                               "(results stay on disk)", bounds=(0.1, 3600))
 
 
 @dataclass
 class FaultConfig:
     ROLE = Role.fault  # fault injection for testing recovery paths (never set in real runs)
-    oom_above_batch: int | None = setting(
-        None, "testing: an out-of-memory error in the train step for larger batches",
-        bounds=(0, None))
+    oom_above_batch: int | None = setting(None, "testing: an out-of-memory error in the train step "
+                                          "for larger batches", bounds=(0, None))
     fail_message: str | None = setting(None, "testing: the run fails with this message")
-    fail_after_windows: int = setting(
-        0, "testing: windows measured before fail_message is raised (0: while building)",
-        bounds=(0, 1000))
-    stall_every: int | None = setting(
-        None, "testing: every k-th compute/e2e step sleeps fault.stall_s (a disturbed run)",
-        bounds=(1, None))
+    fail_after_windows: int = setting(0, "testing: windows measured before fail_message is raised "
+                                      "(0: while building)", bounds=(0, 1000))
+    stall_every: int | None = setting(None, "testing: every k-th compute/e2e step sleeps "
+                                      "fault.stall_s (a disturbed run)", bounds=(1, None))
     stall_s: float = setting(1.0, "testing: seconds of each stall", bounds=(0, 600))
-    rank: int | None = setting(
-        None, "testing: under torchrun, only this rank gets the faults (null: every rank)",
-        bounds=(0, None))
+    rank: int | None = setting(None, "testing: under torchrun, only this rank gets the faults "
+                               "(null: every rank)", bounds=(0, None))
 
 
 @dataclass
@@ -360,8 +344,7 @@ def check_known_key(key: str, value: Any) -> None:
     if group not in ROOT_NAMES:
         # a root key of one's own that is a near-miss of gpubench's (`+precison=bf16`) would
         # run the default precision and record the typo as if it were a setting
-        close = difflib.get_close_matches(group, sorted(ROOT_NAMES), n=3, cutoff=0.8)
-        if close:
+        if close := difflib.get_close_matches(group, sorted(ROOT_NAMES), n=3, cutoff=0.8):
             rest = key[len(group):]
             raise ConfigError(key, value, f"a key gpubench declares (close: "
                               f"{', '.join(c + rest for c in close)}); a top-level key of your "
@@ -389,8 +372,7 @@ def config_keys(cfg: Any) -> list[str]:
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k not in ROOT_NAMES
-             and k != "hydra"]
+    roots = [(str(k), cfg._get_node(k)) for k in cfg.keys() if k != "hydra" and k not in ROOT_NAMES]
     for group in sorted(GROUP_NAMES):
         roots += walk(cfg._get_node(group) if group in cfg else None, f"{group}.")
     for key, node in roots:

@@ -109,20 +109,6 @@ def _run(cfg: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
 
 
-def _build(cfg: DictConfig, device: str, image_size: int, batch_size: int) -> Settings:
-    config = OmegaConf.to_container(_run(cfg), resolve=True, enum_to_str=True)
-    config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
-    inert, notes = _without_workers(cfg.loader)
-    config["loader"].update(inert)
-    config["bench"]["min_window_s"] = min_window_s(cfg.bench, device)
-    config["bench"]["repeats"], ran = _windows(cfg.bench)
-    bench = {k: v for k, v in config["bench"].items() if k not in ("device", "phases")}
-    return OmegaConf.create(
-        {**config, "bench": bench, "device": device, "precision": config["precision"]["name"],
-         "compile": _plain(cfg.compile), "phases": config["bench"]["phases"], "config": config,
-         "notes": [*notes, *ran]}, flags={"readonly": True})
-
-
 # models whose stages gpubench/parts/models.py apply_checkpointing knows how to wrap
 CHECKPOINT_PREFIXES = ("resnet", "wide_resnet", "resnext", "vit_", "tiny")
 CHECKPOINT_WIRED = "checkpointing is wired for torchvision ResNets, ViTs and tiny"
@@ -177,7 +163,17 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
     device, image_size, batch_size = sizes(cfg)
     if device == "cuda" and not cuda_available():
         raise ConfigError("bench.device", "cuda", "auto or cpu (this machine has no CUDA device)")
-    s = _build(cfg, device, image_size, batch_size)
+    config = OmegaConf.to_container(_run(cfg), resolve=True, enum_to_str=True)
+    config["dataset"]["image_size"], config["loader"]["batch_size"] = image_size, batch_size
+    inert, notes = _without_workers(cfg.loader)
+    config["loader"].update(inert)
+    config["bench"]["min_window_s"] = min_window_s(cfg.bench, device)
+    config["bench"]["repeats"], ran = _windows(cfg.bench)
+    bench = {k: v for k, v in config["bench"].items() if k not in ("device", "phases")}
+    s = OmegaConf.create(
+        {**config, "bench": bench, "device": device, "precision": config["precision"]["name"],
+         "compile": _plain(cfg.compile), "phases": config["bench"]["phases"], "config": config,
+         "notes": [*notes, *ran]}, flags={"readonly": True})
     for bad, key, value, allowed in _rules(s):
         if bad:
             raise ConfigError(key, value, allowed)
@@ -191,9 +187,8 @@ def resolve(cfg: DictConfig, *, checked: bool = False) -> Settings:
 
 def _missing_keys(cfg: DictConfig | ListConfig) -> set[str]:
     """OmegaConf.missing_keys without resolving (its ${...} of a `???` raised, naming no key)."""
-    keys = range(len(cfg)) if isinstance(cfg, ListConfig) else cfg.keys()
     out = set()
-    for k in keys:
+    for k in range(len(cfg)) if isinstance(cfg, ListConfig) else cfg.keys():
         if OmegaConf.is_missing(cfg, k):
             out.add(cfg._get_full_key(k))
         elif isinstance(node := cfg._get_node(k), (DictConfig, ListConfig)):

@@ -836,6 +836,8 @@ def test_sync_flags_take_what_their_keys_take(tmp_path, capsys):
 def test_a_store_path_holding_another_file_is_refused_and_kept(tmp_path, content):
     """A sqlite store's path naming a file that is no database: refused, the file untouched
     (SQLite took a 1-byte file for a new database and wrote over it)."""
+    from pathlib import Path
+
     from gpubench.config.footprint import check_local_store
 
     f = tmp_path / "notes.db"
@@ -850,6 +852,7 @@ def test_a_store_path_holding_another_file_is_refused_and_kept(tmp_path, content
     db = tmp_path / "real.db"
     sqlite3.connect(db).execute("create table t (x)").connection.commit()
     check_local_store("tracking.uri", db)
+    check_local_store("hydra.sweeper.storage", Path("/"))  # sqlite://// : / has no parents
 
 
 # ------------------------------------------------------------------ issue 29: one rule each
