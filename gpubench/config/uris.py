@@ -61,9 +61,9 @@ def check_uri(key: str, uri: Any, schemes: tuple[str, ...], path_ok: bool = Fals
         raise ConfigError(key, shown, allowed + (" (+driver for databases)" if driver else ""))
     parts = urlsplit(text)
     try:
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+        parts.port  # noqa: B018 - ValueError: not a number, or past 65535
     except ValueError:
-        raise ConfigError(key, shown, f"{allowed}, with a numeric port") from None
+        raise ConfigError(key, shown, f"{allowed}, with a port number in [0, 65535]") from None
     if base in ("http", "https") and not parts.hostname:
         raise ConfigError(key, shown, f"{base}://host[:port][/path]")
     # an in-memory sqlite:// is an Optuna storage (a throwaway study), never a tracking store:

@@ -361,6 +361,9 @@ def test_uris(monkeypatch):
         with pytest.raises(ConfigError) as err:
             check_uri(key, bad, schemes, path_ok=path_ok)
         assert err.value.key == key and "\n" not in str(err.value), bad
+    for bad in ("http://host:port", "http://host:99999", "postgresql://u@h:65536/db"):
+        with pytest.raises(ConfigError, match=r"with a port number in \[0, 65535\]$"):
+            check_uri("tracking.uri", bad, TRACKING_SCHEMES, path_ok=True)
 
 
 def test_tracking_uri_checked_by_resolve_only_when_tracking(compose_cfg):
