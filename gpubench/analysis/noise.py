@@ -140,8 +140,7 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
     out = []
-    thr = telemetry.get("throttled_fraction")
-    if thr is not None and thr > 0.1:
+    if (thr := telemetry.get("throttled_fraction")) is not None and thr > 0.1:
         out.append(Reason(Flaw.gpu, f"{phase}: GPU clocks throttled {thr:.0%} of the window "
                           f"({telemetry.get('throttle_reasons') or 'clocks'})"))
     if other := telemetry.get("gpu_other_processes_max"):

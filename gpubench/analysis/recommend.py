@@ -61,9 +61,7 @@ class Row:
 
     @property
     def throughput(self) -> float:
-        if self.confirms and self.pooled:
-            return median(self.pooled)
-        return self.record.throughput
+        return median(self.pooled) if self.confirms and self.pooled else self.record.throughput
 
     @property
     def measurements(self) -> list[RunRecord]:
@@ -190,12 +188,9 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per setup measured one way (_what_ran and PLAN_KEYS): the newest measurement (a
     trial before its confirm runs), the others that repeat it pooled as confirms (one lucky
     run must not stand for the setup). A search's trial rows pass as they are."""
+    out = [r for r in rows if r.trial is not None]
     groups: dict[str, list[Row]] = {}
-    out = []
-    for r in rows:
-        if r.trial is not None:
-            out.append(r)
-            continue
+    for r in (r for r in rows if r.trial is None):
         # a loader-only run or a probe must never stand for (and hide) a training measurement,
         # nor a run measured another way (its plan: a column of the ranking) for this one
         key = json.dumps({**_what_ran(r.record), "kind": left_out(r.record),
@@ -264,9 +259,8 @@ def varying(rows: list[Row]) -> list[str]:
     for r in rows:
         hit = faulted(r.record)
         for k, v in r.flat.items():
-            if k in NO_FAULT and not (fault and (hit or k in FAULT_TRIGGERS)):
-                continue
-            if compared(k) or k in PLAN_KEYS or k in NO_FAULT:
+            if (fault and (hit or k in FAULT_TRIGGERS)) if k in NO_FAULT else (
+                    compared(k) or k in PLAN_KEYS):
                 vals = keys.setdefault(k, set())
                 if acting(r, k):
                     vals.add(json.dumps(v, default=str))
