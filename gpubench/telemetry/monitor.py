@@ -218,8 +218,7 @@ class Monitor:
 
     def _threads_cpu(self) -> tuple[float, int]:
         """The worker threads' CPU since the last sample (% of one core), and their count."""
-        tids = set(self.worker_tids())
-        if not tids:
+        if not (tids := set(self.worker_tids())):
             return 0.0, 0
         try:
             now = {t.id: t.user_time + t.system_time for t in self.proc.threads() if t.id in tids}

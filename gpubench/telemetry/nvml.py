@@ -59,8 +59,7 @@ class Nvml:
         except Exception as e:
             self.reason = f"no UUID for CUDA device {torch_index}: {e}"
             return None
-        dev = find_device(self.pynvml, uuid)
-        if dev is None:
+        if (dev := find_device(self.pynvml, uuid)) is None:
             self.reason = f"NVML has no device with UUID {uuid}: GPU telemetry not sampled"
         return dev
 
