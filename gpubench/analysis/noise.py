@@ -121,9 +121,8 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
     what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
-    return [Reason(Flaw.few_windows, f"{phase}: {count(n, 'window')} "
-                   f"give{'s' if n == 1 else ''} {what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 "
-                   "and bench.steps >= 6)")]
+    return [Reason(Flaw.few_windows, f"{phase}: {count(n, 'window')} give{'s' if n == 1 else ''} "
+                   f"{what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 and bench.steps >= 6)")]
 
 
 def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason]:
@@ -132,10 +131,9 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
     only one cut short or an older run is flagged."""
     short = [i + 1 for i, w in enumerate(windows)
              if phase == "loader" and (w.get("steps") or 0) < in_flight]
-    return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
-                   f"hold in flight ({in_flight} = loader.num_workers x "
-                   "loader.prefetch_factor): timed batches made before the window began")
-            ] if short else []
+    return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers hold "
+                   f"in flight ({in_flight} = loader.num_workers x loader.prefetch_factor): timed "
+                   "batches made before the window began")] if short else []
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:

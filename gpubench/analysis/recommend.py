@@ -150,8 +150,7 @@ class Row:
         """Its flawed measurements' reason kinds, once each in Flaw's order; one flawed without
         reasons (failed, or an older record's bare flag): `other`."""
         kinds = {k for m in filter(_flawed, self.measurements)
-                 for k in ([r.kind for r in m.noise_reasons if m.status.measured]
-                           or [Flaw.other])}
+                 for k in [r.kind for r in m.noise_reasons if m.status.measured] or [Flaw.other]}
         return [k for k in Flaw if k in kinds]
 
     @property
@@ -235,9 +234,8 @@ def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
     """`rec` measured what `of` did again, the same way (PLAN_KEYS), neither faulted: a run cut
     at bench.max_seconds=0.3 pooled with a full one made an interval narrower than either's."""
-    return (rec.env.get("device_name") == of.env.get("device_name")
-            and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of)
-            and _plan(rec) == _plan(of))
+    return (rec.env.get("device_name") == of.env.get("device_name") and not faulted(rec)
+            and not faulted(of) and _what_ran(rec) == _what_ran(of) and _plan(rec) == _plan(of))
 
 
 def _plan(rec: RunRecord) -> tuple:
@@ -449,14 +447,12 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
             and all(r.flat.get(k) == chosen.flat.get(k) for k in LOADER_SETTING
                     if acting(r, k) and acting(chosen, k))]  # its loader, but for workers
     # with intervals: a median alone above compute clears nothing (workers.clears)
-    pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
-                            m.loader_images_per_sec_ci) for r in same for m in r.measurements
-                           if m.status.measured],
-                          compute_bound((m for r in rows for m in r.measurements),
-                                        setup_of_run(chosen.record))[0], tolerance,
-                          chosen.record.env.get("device"), [r.flat for r in same],
-                          least_cores(m for r in same for m in r.measurements),
-                          str(longer(chosen.record)))
+    rates = [(r.knob("num_workers"), m.loader_images_per_sec, m.loader_images_per_sec_ci)
+             for r in same for m in r.measurements if m.status.measured]
+    bound = compute_bound((m for r in rows for m in r.measurements), setup_of_run(chosen.record))[0]
+    cores = least_cores(m for r in same for m in r.measurements)
+    pick = fewest_workers(rates, bound, tolerance, chosen.record.env.get("device"),
+                          [r.flat for r in same], cores, str(longer(chosen.record)))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []
