@@ -70,9 +70,8 @@ def finding(what: str, why: str, window_s: float | None) -> Reason:
 def step_checks(phase: str, steps: list[float], cv: float | None,
                 window_s: float | None = None) -> list[Reason]:
     out = []
-    mean = sum(steps) / len(steps) if steps else 0.0
     if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
-            and cv > CV_LIMIT and cv * mean > JITTER_S):
+            and cv > CV_LIMIT and cv * (sum(steps) / len(steps)) > JITTER_S):
         out.append(finding(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT})",
                            "the device did not run steadily", window_s))
     if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:

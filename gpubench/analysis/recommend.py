@@ -337,8 +337,7 @@ def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> Effect:
     # single windows (no spread) fall in the two cases above unless the figures are equal
     if amp.interval[1] < plain.interval[0]:
         return Effect.slower
-    close = abs(amp.throughput / plain.throughput - 1) <= tolerance
-    return Effect.same if close else Effect.open
+    return Effect.same if abs(amp.throughput / plain.throughput - 1) <= tolerance else Effect.open
 
 
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:

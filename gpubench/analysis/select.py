@@ -141,9 +141,7 @@ def faulted(rec: RunRecord) -> bool:
 def as_faulted(rec: RunRecord, values: dict[str, Any]) -> dict[str, Any]:
     """`values` with the fault keys at their defaults where no fault acted: runs apart only in
     a key that shaped none (fault.stall_s=0.05,1) are one setup."""
-    if faulted(rec):
-        return values
-    return {k: NO_FAULT.get(k, v) for k, v in values.items()}
+    return values if faulted(rec) else {k: NO_FAULT.get(k, v) for k, v in values.items()}
 
 
 def loader_only(rec: RunRecord) -> bool:
@@ -225,8 +223,7 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)
     if len(groups) > 1:
-        # of the runs that measured: a failed job's setup ranked alone read "no feasible
-        # measurement" beside a setup that measured
+        # the newest that measured: a failed job's setup ranked alone read "no feasible measurement"
         measured = [r for r in kept if r.record.status.measured]
         newest = max(measured or kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)

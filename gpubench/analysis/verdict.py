@@ -180,7 +180,6 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
         return _data_or_compute(dict(loader=loader_ips, compute=compute_ips, supply=supply,
                                      paired=bool(paired)), Case.data_no_e2e, Case.compute_no_e2e)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
-        # e2e alone: how much of the loop waits on data
         if data_wait_fraction > 0.25:
             return Verdict(Bottleneck.data, Case.waits_on_data, dict(wait=data_wait_fraction))
         return Verdict(Bottleneck.compute, Case.waits_little, dict(wait=data_wait_fraction))
