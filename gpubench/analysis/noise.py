@@ -103,8 +103,7 @@ def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
 def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
                   warmup_steps: int) -> list[Reason]:
     out = []
-    cut = [i + 1 for i, w in enumerate(windows) if w.get("truncated")]
-    if cut:
+    if cut := [i + 1 for i, w in enumerate(windows) if w.get("truncated")]:
         out.append(Reason(Flaw.cut_short, f"{phase}: {_windows(cut)} cut short by "
                           "bench.max_seconds before bench.steps"))
     if warmup_settled is False:
