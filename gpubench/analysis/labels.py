@@ -23,8 +23,7 @@ PHASE_WORDS = {
 
 
 class VerdictWords(NamedTuple):
-    """A verdict's words beside its one word, the Bottleneck's value (MLflow's run name and
-    `verdict` tag: `data 2410img/s resnet50-...`)."""
+    """Words beside a verdict's one word, its Bottleneck value (MLflow run name, `verdict` tag)."""
 
     tag: str  # the headline of a run's description in MLflow: `**data-bound** 2410 [...]`
     sentence: str  # the run picture's title
@@ -146,8 +145,7 @@ class Step(Enum):
     pin_memory = "loader.pin_memory=true: pinned host memory makes the copy asynchronous"
     preload = ("dataset.preload=true: decode once into RAM, then only augment per step "
                "(article 000, Method 1)")
-    augment_on_device = ("dataset.augment_on=device: crop/flip/normalize on the GPU, not in "
-                         "workers")
+    augment_on_device = "dataset.augment_on=device: crop/flip/normalize on the GPU, not in workers"
     more_cpu = ("the host's cores are all loading: a host with more CPU per GPU (article 003: "
                 "marry the right CPU/RAM to the GPU)")
     more_cpu_on_cpu = ("the host's cores are all loading and training: a host with more cores "

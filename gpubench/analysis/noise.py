@@ -70,9 +70,8 @@ def finding(what: str, why: str, window_s: float | None) -> Reason:
 def step_checks(phase: str, steps: list[float], cv: float | None,
                 window_s: float | None = None) -> list[Reason]:
     out = []
-    mean = sum(steps) / len(steps) if steps else 0.0
     if (phase == "compute" and len(steps) >= MIN_STEPS and cv is not None and math.isfinite(cv)
-            and cv > CV_LIMIT and cv * mean > JITTER_S):
+            and cv > CV_LIMIT and cv * (sum(steps) / len(steps)) > JITTER_S):
         out.append(finding(f"compute step times vary (std/mean {cv:.2f} > {CV_LIMIT})",
                            "the device did not run steadily", window_s))
     if phase in ("compute", "e2e") and len(steps) >= MIN_STEPS:
@@ -104,8 +103,7 @@ def load_checks(loads: list[WindowLoad], cpu_count: int) -> list[Reason]:
 def window_checks(phase: str, windows: list[dict], warmup_settled: bool | None,
                   warmup_steps: int) -> list[Reason]:
     out = []
-    cut = [i + 1 for i, w in enumerate(windows) if w.get("truncated")]
-    if cut:
+    if cut := [i + 1 for i, w in enumerate(windows) if w.get("truncated")]:
         out.append(Reason(Flaw.cut_short, f"{phase}: {_windows(cut)} cut short by "
                           "bench.max_seconds before bench.steps"))
     if warmup_settled is False:
@@ -121,9 +119,8 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
     what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
-    return [Reason(Flaw.few_windows, f"{phase}: {count(n, 'window')} "
-                   f"give{'s' if n == 1 else ''} {what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 "
-                   "and bench.steps >= 6)")]
+    return [Reason(Flaw.few_windows, f"{phase}: {count(n, 'window')} give{'s' if n == 1 else ''} "
+                   f"{what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 and bench.steps >= 6)")]
 
 
 def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason]:
@@ -132,16 +129,14 @@ def queue_checks(phase: str, windows: list[dict], in_flight: int) -> list[Reason
     only one cut short or an older run is flagged."""
     short = [i + 1 for i, w in enumerate(windows)
              if phase == "loader" and (w.get("steps") or 0) < in_flight]
-    return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers "
-                   f"hold in flight ({in_flight} = loader.num_workers x "
-                   "loader.prefetch_factor): timed batches made before the window began")
-            ] if short else []
+    return [Reason(Flaw.queue, f"loader: {_windows(short)} of fewer batches than the workers hold "
+                   f"in flight ({in_flight} = loader.num_workers x loader.prefetch_factor): timed "
+                   "batches made before the window began")] if short else []
 
 
 def gpu_checks(phase: str, telemetry: dict) -> list[Reason]:
     out = []
-    thr = telemetry.get("throttled_fraction")
-    if thr is not None and thr > 0.1:
+    if (thr := telemetry.get("throttled_fraction")) is not None and thr > 0.1:
         out.append(Reason(Flaw.gpu, f"{phase}: GPU clocks throttled {thr:.0%} of the window "
                           f"({telemetry.get('throttle_reasons') or 'clocks'})"))
     if other := telemetry.get("gpu_other_processes_max"):

@@ -61,9 +61,7 @@ class Row:
 
     @property
     def throughput(self) -> float:
-        if self.confirms and self.pooled:
-            return median(self.pooled)
-        return self.record.throughput
+        return median(self.pooled) if self.confirms and self.pooled else self.record.throughput
 
     @property
     def measurements(self) -> list[RunRecord]:
@@ -152,8 +150,7 @@ class Row:
         """Its flawed measurements' reason kinds, once each in Flaw's order; one flawed without
         reasons (failed, or an older record's bare flag): `other`."""
         kinds = {k for m in filter(_flawed, self.measurements)
-                 for k in ([r.kind for r in m.noise_reasons if m.status.measured]
-                           or [Flaw.other])}
+                 for k in [r.kind for r in m.noise_reasons if m.status.measured] or [Flaw.other]}
         return [k for k in Flaw if k in kinds]
 
     @property
@@ -190,12 +187,9 @@ def latest_per_setup(rows: list[Row]) -> list[Row]:
     """One row per setup measured one way (_what_ran and PLAN_KEYS): the newest measurement (a
     trial before its confirm runs), the others that repeat it pooled as confirms (one lucky
     run must not stand for the setup). A search's trial rows pass as they are."""
+    out = [r for r in rows if r.trial is not None]
     groups: dict[str, list[Row]] = {}
-    out = []
-    for r in rows:
-        if r.trial is not None:
-            out.append(r)
-            continue
+    for r in (r for r in rows if r.trial is None):
         # a loader-only run or a probe must never stand for (and hide) a training measurement,
         # nor a run measured another way (its plan: a column of the ranking) for this one
         key = json.dumps({**_what_ran(r.record), "kind": left_out(r.record),
@@ -240,9 +234,8 @@ def ran_with(rec: RunRecord, flat: dict[str, Any]) -> Callable[[str], Any]:
 def repeats(rec: RunRecord, of: RunRecord) -> bool:
     """`rec` measured what `of` did again, the same way (PLAN_KEYS), neither faulted: a run cut
     at bench.max_seconds=0.3 pooled with a full one made an interval narrower than either's."""
-    return (rec.env.get("device_name") == of.env.get("device_name")
-            and not faulted(rec) and not faulted(of) and _what_ran(rec) == _what_ran(of)
-            and _plan(rec) == _plan(of))
+    return (rec.env.get("device_name") == of.env.get("device_name") and not faulted(rec)
+            and not faulted(of) and _what_ran(rec) == _what_ran(of) and _plan(rec) == _plan(of))
 
 
 def _plan(rec: RunRecord) -> tuple:
@@ -264,9 +257,8 @@ def varying(rows: list[Row]) -> list[str]:
     for r in rows:
         hit = faulted(r.record)
         for k, v in r.flat.items():
-            if k in NO_FAULT and not (fault and (hit or k in FAULT_TRIGGERS)):
-                continue
-            if compared(k) or k in PLAN_KEYS or k in NO_FAULT:
+            if (fault and (hit or k in FAULT_TRIGGERS)) if k in NO_FAULT else (
+                    compared(k) or k in PLAN_KEYS):
                 vals = keys.setdefault(k, set())
                 if acting(r, k):
                     vals.add(json.dumps(v, default=str))
@@ -345,8 +337,7 @@ def amp_effect(amp: Row, plain: Row, tolerance: float = TOLERANCE) -> Effect:
     # single windows (no spread) fall in the two cases above unless the figures are equal
     if amp.interval[1] < plain.interval[0]:
         return Effect.slower
-    close = abs(amp.throughput / plain.throughput - 1) <= tolerance
-    return Effect.same if close else Effect.open
+    return Effect.same if abs(amp.throughput / plain.throughput - 1) <= tolerance else Effect.open
 
 
 def recommend(rows: list[Row], tolerance: float = TOLERANCE) -> Recommendation | None:
@@ -455,14 +446,12 @@ def _workers_check(rows: list[Row], chosen: Row, best: Row, tolerance: float) ->
             and all(r.flat.get(k) == chosen.flat.get(k) for k in LOADER_SETTING
                     if acting(r, k) and acting(chosen, k))]  # its loader, but for workers
     # with intervals: a median alone above compute clears nothing (workers.clears)
-    pick = fewest_workers([(r.knob("num_workers"), m.loader_images_per_sec,
-                            m.loader_images_per_sec_ci) for r in same for m in r.measurements
-                           if m.status.measured],
-                          compute_bound((m for r in rows for m in r.measurements),
-                                        setup_of_run(chosen.record))[0], tolerance,
-                          chosen.record.env.get("device"), [r.flat for r in same],
-                          least_cores(m for r in same for m in r.measurements),
-                          str(longer(chosen.record)))
+    rates = [(r.knob("num_workers"), m.loader_images_per_sec, m.loader_images_per_sec_ci)
+             for r in same for m in r.measurements if m.status.measured]
+    bound = compute_bound((m for r in rows for m in r.measurements), setup_of_run(chosen.record))[0]
+    cores = least_cores(m for r in same for m in r.measurements)
+    pick = fewest_workers(rates, bound, tolerance, chosen.record.env.get("device"),
+                          [r.flat for r in same], cores, str(longer(chosen.record)))
     mine, theirs = chosen.knob("num_workers"), pick.num_workers
     if theirs is None:
         return []

@@ -54,14 +54,10 @@ def _others(rec: RunRecord, named: tuple[str, ...] = ()) -> list[str]:
     """`optimizer=adamw`: the other knobs off their default, and the keys `named` (what sets a
     run apart) at any value; never one inert with its workers (as_run)."""
     keys = [*_OTHER, *sorted(set(named) - set(_OTHER) - _WORDED)]
-    values = as_run({k: rec.knob(k) for k in (*keys, *SHORT["num_workers"],
-                                              *SHORT["worker_type"])})
-    out = []
-    for n in keys:
-        default = KEYS[n].default if n in KEYS else None  # a str Enum: equal to its value
-        if n in values and (n in named or (values[n] is not None and values[n] != default)):
-            out.append(knob_setting(n, values[n]))
-    return out
+    values = as_run({k: rec.knob(k) for k in (*keys, *SHORT["num_workers"], *SHORT["worker_type"])})
+    # a default that is a str Enum equals its value
+    return [knob_setting(n, values[n]) for n in keys if n in values and (n in named or (
+        values[n] is not None and values[n] != (KEYS[n].default if n in KEYS else None)))]
 
 
 def setup_text(rec: RunRecord, compact: bool = False, named: tuple[str, ...] = (),
@@ -131,8 +127,7 @@ def faulted(rec: RunRecord) -> bool:
     """A fault acted, as the runner injects them: an OOM below this run's batch, a failure
     message, a stall of some seconds, on a rank the run has."""
     cfg = flatten(rec.config or {})
-    rank, oom = cfg.get("fault.rank"), cfg.get("fault.oom_above_batch")
-    batch = cfg.get("loader.batch_size")
+    rank, oom, batch = map(cfg.get, ("fault.rank", "fault.oom_above_batch", "loader.batch_size"))
     if isinstance(rank, int) and rank >= (rec.world_size or 1):  # parts.distributed.fault_hits
         return False
     stall_s = cfg.get("fault.stall_s", NO_FAULT["fault.stall_s"])
@@ -146,9 +141,7 @@ def faulted(rec: RunRecord) -> bool:
 def as_faulted(rec: RunRecord, values: dict[str, Any]) -> dict[str, Any]:
     """`values` with the fault keys at their defaults where no fault acted: runs apart only in
     a key that shaped none (fault.stall_s=0.05,1) are one setup."""
-    if faulted(rec):
-        return values
-    return {k: NO_FAULT.get(k, v) for k, v in values.items()}
+    return values if faulted(rec) else {k: NO_FAULT.get(k, v) for k, v in values.items()}
 
 
 def loader_only(rec: RunRecord) -> bool:
@@ -230,8 +223,7 @@ def training_rows(rows: list[Row]) -> tuple[list[Row], list[str]]:
     for r in kept:
         groups.setdefault(setup_of(r), []).append(r)
     if len(groups) > 1:
-        # of the runs that measured: a failed job's setup ranked alone read "no feasible
-        # measurement" beside a setup that measured
+        # the newest that measured: a failed job's setup ranked alone read "no feasible measurement"
         measured = [r for r in kept if r.record.status.measured]
         newest = max(measured or kept, key=lambda r: r.record.started_at or "")
         mine = setup_of(newest)

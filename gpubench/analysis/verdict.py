@@ -113,18 +113,14 @@ def _pipe_figures(loader: Est, compute: Est, e2e: Est, device_data: Est | None,
                 loss=Est(*(max(0.0, 1.0 - x) for x in (tracking.value, tracking.hi, tracking.lo))))
 
 
-def _above_bound(tracking: Est) -> bool:
-    """e2e above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single
-    window more than ABOVE_BOUND above. Not above 1 alone: e2e may beat a bound measured alone by
-    a few percent (the loader phase waits for each copy, which e2e overlaps; an H100 read
-    100.03% [100.0%-100.1%] of compute at batch 256, docs/gpu.md)."""
-    return tracking.value > 1.0 + ABOVE_BOUND if tracking.exact else tracking.lo > 1.0 + TOLERANCE
-
-
 def _three_pipes(f: dict) -> Verdict:
     """e2e against the narrower bound first (above: disturbed), then which bound it tracks."""
     t = f["tracking"]
-    if _above_bound(t):
+    # above what the pipes allow: its interval wholly above 1 + TOLERANCE, or a single window
+    # more than ABOVE_BOUND above. Not above 1 alone: e2e may beat a bound measured alone by a
+    # few percent (the loader phase waits for each copy, which e2e overlaps; an H100 read
+    # 100.03% [100.0%-100.1%] of compute at batch 256, docs/gpu.md)
+    if (t.value > 1.0 + ABOVE_BOUND) if t.exact else (t.lo > 1.0 + TOLERANCE):
         return Verdict(Bottleneck.inconclusive, Case.above_bound, f, ratio=t)
     if t.hi < TRACKS:
         return Verdict(Bottleneck.overlap, Case.overlap, f, ratio=t, margin=TRACKS - t.hi,
@@ -184,7 +180,6 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
         return _data_or_compute(dict(loader=loader_ips, compute=compute_ips, supply=supply,
                                      paired=bool(paired)), Case.data_no_e2e, Case.compute_no_e2e)
     if e2e_ips and data_wait_fraction is not None and not math.isnan(data_wait_fraction):
-        # e2e alone: how much of the loop waits on data
         if data_wait_fraction > 0.25:
             return Verdict(Bottleneck.data, Case.waits_on_data, dict(wait=data_wait_fraction))
         return Verdict(Bottleneck.compute, Case.waits_little, dict(wait=data_wait_fraction))
@@ -193,7 +188,6 @@ def classify(loader, compute, e2e, data_wait_fraction: float | None = None,
 
 @dataclass
 class Knobs:
-
     device: str
     num_workers: int
     cpu_count: int
@@ -228,8 +222,7 @@ def advise(bottleneck: Bottleneck, k: Knobs) -> list[str]:
     if bottleneck is Bottleneck.compute:
         frac = k.memory_fraction
         rules += [
-            (Step.amp if gpu else Step.amp_on_cpu,
-             not is_amp(k.precision)),
+            (Step.amp if gpu else Step.amp_on_cpu, not is_amp(k.precision)),
             (Step.channels_last, gpu and k.is_conv and not k.channels_last and is_amp(k.precision)),
             (Step.compile, gpu and k.compile == "off"),
             (Step.larger_batch, frac is not None and frac < 0.6 * k.ceiling),
@@ -275,7 +268,6 @@ def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
     if v.open_ratio is None or steps is None:
         return None
     repeats, per_window = window_plan(steps, repeats)
-    min_window_s = bench.get("min_window_s") or 0.0
     what = ("whether overlap costs more than "
             f"{1 - TRACKS:.0%}" if v.bottleneck is not Bottleneck.inconclusive else "the verdict")
     n = windows_to_decide(v.open_ratio, v.open_line, repeats)
@@ -288,6 +280,6 @@ def _to_decide(v: Verdict, record: RunRecord | None) -> str | None:
                 f"but at the spread measured it would take over {MOST_WINDOWS} windows to tell; "
                 f"steadier windows tell sooner: {steadier}")
     more = longer(record, (n * per_window, n))  # it may set a least window (too brief ones)
-    least = min_window_s if more.min_window_s is None else more.min_window_s
+    least = (bench.get("min_window_s") or 0.0) if more.min_window_s is None else more.min_window_s
     return (f"{more}: about {windows_of(n, per_window, least)} would decide {what} (from the "
             "spread measured)")

@@ -181,18 +181,16 @@ def clearing(loader: Est, compute: Est) -> str:
             f"{clears_by(Est(share.value - 1, share.lo - 1, share.hi - 1))}")
 
 
+_LOADER_FIELDS = ("num_workers", "loader_images_per_sec", "loader_images_per_sec_ci")
+
+
 def _loader_rows(rows) -> dict[int, Est]:
     """{num_workers: loader rate, repeats pooled} from (num_workers, ips[, interval]) tuples or
     mappings named as in results.json; unmeasured ones dropped."""
     per: dict[int, list[Est]] = {}
     for r in rows:
-        if isinstance(r, dict):
-            w, ips, ci = (r.get("num_workers"), r.get("loader_images_per_sec"),
-                          r.get("loader_images_per_sec_ci"))
-        else:
-            w, ips, ci = (*r, None)[:3]
-        rate = Est.of(ips, ci)
-        if w is not None and rate is not None:
+        w, ips, ci = map(r.get, _LOADER_FIELDS) if isinstance(r, dict) else (*r, None)[:3]
+        if w is not None and (rate := Est.of(ips, ci)) is not None:
             per.setdefault(int(w), []).append(rate)
     return {w: Est.pooled(v) for w, v in per.items()}
 
@@ -230,9 +228,8 @@ def setup_of_run(rec: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def compute_rate(rec: Any) -> Est | None:
-    if rec.status.measured:
-        return Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci)
-    return None
+    return (Est.of(rec.compute_images_per_sec, rec.compute_images_per_sec_ci)
+            if rec.status.measured else None)
 
 
 def compute_bound(records: Iterable[Any], setup: tuple) -> tuple[Est | None, list]:

@@ -108,10 +108,8 @@ def git_commit(cwd: str | None = None) -> str | None:
         for base in (git, common):
             if (base / ref).is_file():
                 return (base / ref).read_text().strip() or None
-        for line in (common / "packed-refs").read_text().splitlines():
-            sha, _, name = line.partition(" ")
-            if name == ref:
-                return sha
+        refs = (line.partition(" ") for line in (common / "packed-refs").read_text().splitlines())
+        return next((sha for sha, _, name in refs if name == ref), None)
     return None
 
 

@@ -218,8 +218,7 @@ class Monitor:
 
     def _threads_cpu(self) -> tuple[float, int]:
         """The worker threads' CPU since the last sample (% of one core), and their count."""
-        tids = set(self.worker_tids())
-        if not tids:
+        if not (tids := set(self.worker_tids())):
             return 0.0, 0
         try:
             now = {t.id: t.user_time + t.system_time for t in self.proc.threads() if t.id in tids}
@@ -262,13 +261,11 @@ class Monitor:
                 workers_cpu += cpu
                 workers_rss += rss
                 workers += 1
-        s = Sample(now, self._host_cpu(), main_cpu + workers_cpu,
-                   int(main_rss + workers_rss), main_cpu, workers_cpu, int(main_rss),
-                   int(workers_rss), workers, threads, dt=dt)
+        s = Sample(now, self._host_cpu(), main_cpu + workers_cpu, int(main_rss + workers_rss),
+                   main_cpu, workers_cpu, int(main_rss), int(workers_rss), workers, threads, dt=dt)
         if self._io_last:
-            s.read_bytes, s.disk_read_bytes = (
-                sum(self._io_last[p][i] - self._io_base[p][i] for p in self._io_last)
-                for i in (0, 1))
+            s.read_bytes, s.disk_read_bytes = (sum(self._io_last[p][i] - self._io_base[p][i]
+                                                   for p in self._io_last) for i in (0, 1))
         values: dict = {}
         if self.gpu is not None:
             values, errors = nvml.read_fields(*self.gpu, self.proc.pid if window else None)

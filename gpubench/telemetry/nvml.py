@@ -59,8 +59,7 @@ class Nvml:
         except Exception as e:
             self.reason = f"no UUID for CUDA device {torch_index}: {e}"
             return None
-        dev = find_device(self.pynvml, uuid)
-        if dev is None:
+        if (dev := find_device(self.pynvml, uuid)) is None:
             self.reason = f"NVML has no device with UUID {uuid}: GPU telemetry not sampled"
         return dev
 
@@ -68,8 +67,7 @@ class Nvml:
 def find_device(nv, uuid: str) -> NvmlDevice | None:
     """The device of a UUID as CUDA prints it, prefixed or bare ("GPU-", "MIG-" tried)."""
     bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
-    tries = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{bare}", f"MIG-{bare}"]
-    for u in tries:
+    for u in [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{bare}", f"MIG-{bare}"]:
         if (h := or_none(nv, functools.partial(nv.nvmlDeviceGetHandleByUUID, u))) is not None:
             return NvmlDevice(nv, h, u.startswith("MIG-"))
     return None
