@@ -64,7 +64,7 @@ class Group:
     def kind(self) -> str | None:  # loader.worker_type of the runs with workers
         return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
 
-    named: tuple[str, ...] = ()  # the keys that set groups shown together apart (_apart)
+    named: tuple[str, ...] = ()  # the keys that set groups shown together apart (loader_answer)
 
     @property
     def shown(self) -> Row:
@@ -110,8 +110,7 @@ def _knobs(r: Row) -> dict:  # every knob of the run but its workers and how it 
             if k != "loader.num_workers" and role(k) is not Role.measure}
 
 
-def _named(m: RunRecord) -> str:
-    """A compute measurement's folder, else (from MLflow) its run id."""
+def _named(m: RunRecord) -> str:  # a compute measurement's folder, else (MLflow) its run id
     return str(m.dir) if m.dir is not None else f"MLflow run {m.extra.get('mlflow_run_id', '?')}"
 
 
@@ -190,17 +189,12 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
                                       workers.least_cores(r.record for r in rs),
                                       str(longer(rs[0].record)))
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
-    named = _apart(groups)
+    # the keys differing between groups (inert: no value), in each heading: no two read alike
+    apart = tuple(plot_rules.differing([{k: v for k, v in as_run(g.shown.flat).items()
+                                         if k in _knobs(g.shown)} for g in groups]))
     for g in groups:
-        g.named = named
+        g.named = apart
     return LoaderAnswer(loaders, groups, _lines(groups, source))
-
-
-def _apart(groups: list[Group]) -> tuple[str, ...]:
-    """The keys differing between groups (inert: no value): each heading names them, so no two
-    read alike."""
-    return tuple(plot_rules.differing([{k: v for k, v in as_run(g.shown.flat).items()
-                                        if k in _knobs(g.shown)} for g in groups]))
 
 
 def _kinds(reasons: list[Reason]) -> str:
@@ -240,10 +234,9 @@ def _lines(groups: list[Group], source: str) -> list[str]:
             out.append(f"    compute bound from {_named(m)} ({seen}: {compute_rate(m)} img/s"
                        f"{note})")
         if g.pick.compute is None:
-            for m in g.failed:
-                out.append(f"    the sweep's compute measurement did not measure: {m.dir} "
-                           f"(status {m.status}: {m.error or 'no error recorded'})")
-            out += ["    to answer: measure compute once at this setup, then name that run:",
+            out += [*(f"    the sweep's compute measurement did not measure: {m.dir} (status "
+                      f"{m.status}: {m.error or 'no error recorded'})" for m in g.failed),
+                    "    to answer: measure compute once at this setup, then name that run:",
                     f"      {_compute_command(g.rows[0])}",
                     # the report's own arguments, quoted (write.Source.args)
                     f"      python -m gpubench.report {source} --compute <that run's folder>"]
