@@ -446,8 +446,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
 
     from gpubench.search.study import measured_trials
 
-    # each configuration once: a duplicate, a retry's first try, an interrupted claim would
-    # count one run as several trials
+    # each run once: a duplicate, a retry's first try, an interrupted claim is no extra trial
     done = [t for t in measured_trials(study) if t.state == TrialState.COMPLETE]
     devices = {r.record.env.get("device") for r in rows} - {None}
     params, why = plot_rules.importance_params([t.params for t in done], devices, rows)
