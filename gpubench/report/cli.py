@@ -17,16 +17,9 @@ from gpubench.core.parsers import OneLineParser
 from gpubench.core.record import find_runs
 from gpubench.core.secrets import error_text, mask_logging, mask_secrets
 from gpubench.core.uris import sqlite_path
+from gpubench.report import write
 from gpubench.report.loader_answer import read_compute
-from gpubench.report.write import (
-    NothingToReport,
-    Source,
-    load_mlflow,
-    matching,
-    report_name,
-    sweep_report,
-    write_report,
-)
+from gpubench.report.write import NothingToReport
 
 
 def looks_like_path(source: str) -> bool:  # a folder, not an MLflow experiment name
@@ -114,19 +107,19 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
         if mlflow_only:  # never ignored silently
             p.error(f"{', '.join(mlflow_only)}: for an MLflow experiment, not a folder of runs "
                     f"({a.source})")
-        sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute, out=a.out)
+        write.sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute, out=a.out)
         return ExitCode.OK
-    rows = _from_mlflow(a.tracking_uri, a.timeout, lambda uri: load_mlflow(
+    rows = _from_mlflow(a.tracking_uri, a.timeout, lambda uri: write.load_mlflow(
         a.source, uri, a.parent, a.study, conditions), source=a.source)
     if not rows:
         raise NothingToReport(f"gpubench.report: no runs with results.json"
-                              f"{matching(conditions)} in experiment {a.source!r}")
+                              f"{write.matching(conditions)} in experiment {a.source!r}")
     # a report of part of an experiment never overwrites the whole experiment's
-    name = report_name(a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
+    name = write.report_name(a.source + (f"-parent-{a.parent[:8]}" if a.parent else "") + (
         f"-study-{a.study}" if a.study else ""), conditions, a.tolerance)
-    write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
-                 Source(a.source, mlflow=True, uri=a.tracking_uri), None, a.tolerance,
-                 named=read_compute(a.compute))
+    write.write_report(rows, Path(a.out or Path("outputs") / "reports" / name),
+                       write.Source(a.source, mlflow=True, uri=a.tracking_uri), None, a.tolerance,
+                       named=read_compute(a.compute))
     return ExitCode.OK
 
 

@@ -165,11 +165,9 @@ def _named(groups: dict[tuple, dict]) -> dict[str, dict]:
 
 
 def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
-    table: dict[str, float] = {}
-    for r in recs:  # each run's table checked whole: a later run's price hides no bad one
-        if isinstance(t := r.knob("cost.usd_per_hour"), dict):
-            table.update(_prices(t))
-    return table
+    # each run's table checked whole: a later run's price hides no bad one
+    return {k: v for r in recs if isinstance(t := r.knob("cost.usd_per_hour"), dict)
+            for k, v in _prices(t).items()}
 
 
 def versus(rows: list[DeviceRow]) -> list[dict]:

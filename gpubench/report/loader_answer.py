@@ -14,13 +14,6 @@ from gpubench.analysis import workers
 from gpubench.analysis.labels import FLAWS, flaw_words, rerun_text
 from gpubench.analysis.recommend import Row
 from gpubench.analysis.select import knob_key, loader_only, setup_text
-from gpubench.analysis.workers import (
-    COMPUTE_DIR,
-    TOLERANCE,
-    WorkersPick,
-    compute_rate,
-    setup_of_run,
-)
 from gpubench.config.keys import Role
 from gpubench.config.knobs import COMPUTE, DATA_KEYS, role
 from gpubench.config.overrides import format_value
@@ -40,7 +33,7 @@ class Group:
     """The loader-only runs of one setup (every knob but the workers) and their answer."""
     rows: list[Row]
     used: list[Row]  # the runs the rule judged
-    pick: WorkersPick
+    pick: workers.WorkersPick
     sources: list[RunRecord] = field(default_factory=list)  # the compute bound's measurements
     failed: list[RunRecord] = field(default_factory=list)  # compute runs that measured nothing
 
@@ -64,7 +57,7 @@ class Group:
     def kind(self) -> str | None:  # loader.worker_type of the runs with workers
         return next((r.knob("worker_type") for r in self.rows if r.knob("num_workers")), None)
 
-    named: tuple[str, ...] = ()  # the keys that set groups shown together apart (_apart)
+    named: tuple[str, ...] = ()  # the keys that set groups shown together apart (loader_answer)
 
     @property
     def shown(self) -> Row:
@@ -110,8 +103,7 @@ def _knobs(r: Row) -> dict:  # every knob of the run but its workers and how it 
             if k != "loader.num_workers" and role(k) is not Role.measure}
 
 
-def _named(m: RunRecord) -> str:
-    """A compute measurement's folder, else (from MLflow) its run id."""
+def _named(m: RunRecord) -> str:  # a compute measurement's folder, else (MLflow) its run id
     return str(m.dir) if m.dir is not None else f"MLflow run {m.extra.get('mlflow_run_id', '?')}"
 
 
@@ -122,7 +114,7 @@ def read_compute(paths: list[str] | None) -> list[RunRecord]:  # the runs named 
         if rec is None:
             raise SystemExit(f"gpubench.report: --compute {p}: no results.json there (it must be "
                              "a run folder or its results.json)")
-        if compute_rate(rec) is None:
+        if workers.compute_rate(rec) is None:
             phases = format_value(rec.knob("bench.phases"))
             raise SystemExit(f"gpubench.report: --compute {p}: it measured no compute phase "
                              f"(status {rec.status}, bench.phases={phases}); name a run with "
@@ -134,7 +126,7 @@ def read_compute(paths: list[str] | None) -> list[RunRecord]:  # the runs named 
 def sweep_compute(sweep_dir: Path, rows: list[Row]) -> list[RunRecord]:
     """The compute runs in `<sweep dir>/compute/` not rows already."""
     have = {str(r.record.dir) for r in rows}
-    root = sweep_dir / COMPUTE_DIR
+    root = sweep_dir / workers.COMPUTE_DIR
     recs = [load(d) for d in find_runs(root)] if root.is_dir() else []
     return [r for r in recs if r is not None and str(r.dir) not in have]
 
@@ -158,15 +150,15 @@ def _compute_command(row: Row) -> str:
 
 
 def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord],
-                  source: str, tolerance: float = TOLERANCE) -> LoaderAnswer | None:
+                  source: str, tolerance: float = workers.TOLERANCE) -> LoaderAnswer | None:
     """Against the compute bounds of `rows`, `found`, `named` (one bounding nothing: SystemExit)."""
     loaders = [r for r in rows if loader_only(r.record)]
     if not loaders:
         return None
     sets = plot_rules.worker_groups(loaders, lambda r: r.knob("num_workers"), _knobs)
-    keys = [setup_of_run(rs[0].record) for rs in sets]
+    keys = [workers.setup_of_run(rs[0].record) for rs in sets]
     for rec in named:
-        if (mine := setup_of_run(rec)) not in keys:  # name the first knob that differs
+        if (mine := workers.setup_of_run(rec)) not in keys:  # name the first knob that differs
             differs = next(f"its {n} {format_value(a)} is not the loader runs' {format_value(b)}"
                            for (n, a), (_, b) in zip(mine, keys[0], strict=True) if a != b)
             raise SystemExit(f"gpubench.report: --compute {rec.dir}: it bounds no loader-only "
@@ -174,7 +166,7 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
     # a run named with --compute may also be a row or in the sweep's compute folder: once
     unique = {str(m.dir) if m.dir is not None else id(m): m
               for m in [*(r.record for r in rows), *found, *named]}
-    tried = [(setup_of_run(m), m) for m in unique.values()
+    tried = [(workers.setup_of_run(m), m) for m in unique.values()
              if m.knob("bench.phases") == ["compute"] and not m.status.measured]
     groups = []
     for rs, key in zip(sets, keys, strict=True):
@@ -190,17 +182,12 @@ def loader_answer(rows: list[Row], found: list[RunRecord], named: list[RunRecord
                                       workers.least_cores(r.record for r in rs),
                                       str(longer(rs[0].record)))
         groups.append(Group(rs, used, pick, sources, [m for k, m in tried if k == key]))
-    named = _apart(groups)
+    # the keys differing between groups (inert: no value), in each heading: no two read alike
+    apart = tuple(plot_rules.differing([{k: v for k, v in as_run(g.shown.flat).items()
+                                         if k in _knobs(g.shown)} for g in groups]))
     for g in groups:
-        g.named = named
+        g.named = apart
     return LoaderAnswer(loaders, groups, _lines(groups, source))
-
-
-def _apart(groups: list[Group]) -> tuple[str, ...]:
-    """The keys differing between groups (inert: no value): each heading names them, so no two
-    read alike."""
-    return tuple(plot_rules.differing([{k: v for k, v in as_run(g.shown.flat).items()
-                                        if k in _knobs(g.shown)} for g in groups]))
 
 
 def _kinds(reasons: list[Reason]) -> str:
@@ -234,16 +221,15 @@ def _lines(groups: list[Group], source: str) -> list[str]:
                     f"{_kinds(flag_reasons(r))})" for r in rs))
         for m in g.sources:
             seen = "measured once for this setup by the sweep" if m.dir is not None and \
-                m.dir.parent.name == COMPUTE_DIR else "a run of this setup"
+                m.dir.parent.name == workers.COMPUTE_DIR else "a run of this setup"
             note = "" if m.measurement_stable is not False else (
                 f"; flagged its own measurement: {_kinds(m.noise_reasons)}")
-            out.append(f"    compute bound from {_named(m)} ({seen}: {compute_rate(m)} img/s"
-                       f"{note})")
+            out.append(f"    compute bound from {_named(m)} ({seen}: "
+                       f"{workers.compute_rate(m)} img/s{note})")
         if g.pick.compute is None:
-            for m in g.failed:
-                out.append(f"    the sweep's compute measurement did not measure: {m.dir} "
-                           f"(status {m.status}: {m.error or 'no error recorded'})")
-            out += ["    to answer: measure compute once at this setup, then name that run:",
+            out += [*(f"    the sweep's compute measurement did not measure: {m.dir} (status "
+                      f"{m.status}: {m.error or 'no error recorded'})" for m in g.failed),
+                    "    to answer: measure compute once at this setup, then name that run:",
                     f"      {_compute_command(g.rows[0])}",
                     # the report's own arguments, quoted (write.Source.args)
                     f"      python -m gpubench.report {source} --compute <that run's folder>"]

@@ -32,10 +32,9 @@ def _est(x, e: Est, **more) -> dict:
 
 def _star(chosen, x, apart: list, flagged: list) -> dict | None:
     """The recommended run's star; a point apart is moved aside, its star with it."""
-    if chosen is None or x is None:
-        return None
-    return {"x": x, "y": chosen.throughput, "lone": any(r is chosen for r in apart),
-            "flagged": any(r is chosen for r in flagged)}
+    return None if chosen is None or x is None else {
+        "x": x, "y": chosen.throughput, "lone": any(r is chosen for r in apart),
+        "flagged": any(r is chosen for r in flagged)}
 
 
 def _basis(points: list[dict], flagged: list[dict], star: dict | None) -> list[dict]:
@@ -104,8 +103,7 @@ def curve_data(rows, name: str, xlabel: str, rec=None, log2: bool = False,
     return d
 
 
-def memory_data(rows) -> dict | None:
-    """None unless the batch size varied."""
+def memory_data(rows) -> dict | None:  # None unless the batch size varied
     pts = [r for r in rows if knob(r, "batch_size") is not None
            and (r.peak is not None or r.record.status is Status.oom)]
     if len({knob(r, "batch_size") for r in pts}) < 2:
@@ -197,8 +195,7 @@ def pareto_data(rows, rec=None) -> dict | None:
     if alike or len(front) < 2:  # no trade-off to draw: no line, no legend entry for one
         d["front"] = []
     d["best"] = [_pt(fastest, 100 * fastest.peak, chosen)] if good and not d["front"] else []
-    # alike peaks on an axis of their hundredths look far apart: a span of a quarter of the
-    # largest at least
+    # alike peaks look far apart on an axis of hundredths: span at least a quarter of the largest
     mid, shown = (max(peaks) + min(peaks)) / 2, [100 * r.peak for r in pts]
     shown += [1.03 * d["ceiling"]] if d["ceiling_in_view"] else []
     d["xlim"] = (max(0.0, min(mid - max(peaks) / 8, *shown)),

@@ -31,10 +31,8 @@ CPU_MATH = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 
 def knob(row, name: str) -> Any:
     """A knob by its short name, whether `row.knob()` takes those or keys; a section is no value."""
-    for key in (name, *SHORT[name]):
-        if (v := row.knob(key)) is not None and not isinstance(v, (dict, list)):
-            return v
-    return None
+    return next((v for key in (name, *SHORT[name])
+                 if (v := row.knob(key)) is not None and not isinstance(v, (dict, list))), None)
 
 
 def ceiling_of(rows) -> float:

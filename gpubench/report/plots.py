@@ -32,10 +32,7 @@ def pyplot():  # imported when a picture is drawn: the report's text needs none 
     return plt
 
 
-def _figure():  # wide enough for a legend outside the axes, on the right, covering nothing
-    return pyplot().subplots(figsize=(10.4, 4.8))
-
-
+FIGSIZE = (10.4, 4.8)  # wide enough for a legend outside the axes, on the right, covering nothing
 # a legend line's most characters: six knobs on one line (about 110) left the axes a sliver
 LEGEND_CHARS = 52
 # under a run's number: legible over a whisker
@@ -258,7 +255,7 @@ def _flagged(ax, d: dict, near: float = 0.0, taken=None,
 
 
 def _draw_curve(d: dict, out: Path) -> Path:
-    fig, ax = _figure()
+    fig, ax = pyplot().subplots(figsize=FIGSIZE)
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
     styles = {"loader": {"linestyle": ":", "marker": "v"},
               "compute": {"linestyle": "--", "marker": "^"}}
@@ -302,7 +299,7 @@ def _band(ax, b: dict, color, label: str | None, xmin: float = 0.0, xmax: float 
 
 
 def _draw_memory(d: dict, out: Path) -> Path:
-    fig, ax = _figure()
+    fig, ax = pyplot().subplots(figsize=FIGSIZE)
     n = len(d["groups"])
     for i, (name, g) in enumerate(d["groups"].items()):
         # series side by side around each batch size: at the same peak one hid another
@@ -322,7 +319,7 @@ def _draw_memory(d: dict, out: Path) -> Path:
 
 
 def _draw_pareto(d: dict, out: Path) -> Path:
-    fig, ax = _figure()
+    fig, ax = pyplot().subplots(figsize=FIGSIZE)
     _points(ax, d["feasible"], marker="o", color="tab:blue", zorder=3, label="feasible")
     _points(ax, d["infeasible"], marker="o", color="grey", zorder=3,
             label="over the ceiling / not ok")
@@ -449,8 +446,7 @@ def importance(study, out: Path, rows=(), phase: str = "e2e") -> Path | None:
 
     from gpubench.search.study import measured_trials
 
-    # each configuration once: a duplicate, a retry's first try, an interrupted claim would
-    # count one run as several trials
+    # each run once: a duplicate, a retry's first try, an interrupted claim is no extra trial
     done = [t for t in measured_trials(study) if t.state == TrialState.COMPLETE]
     devices = {r.record.env.get("device") for r in rows} - {None}
     params, why = plot_rules.importance_params([t.params for t in done], devices, rows)

@@ -172,10 +172,9 @@ def _draw_traces(ax, d: dict) -> None:
     ax.set_xlabel("step (warm-up first, then the measured steps)")
     if d["trace_log_y"]:
         plain_log(ax, "y", *d["trace_span"])
-        ax.set_ylabel("step time, ms (log scale)")
     else:
         ax.set_ylim(bottom=0)
-        ax.set_ylabel("step time, ms")
+    ax.set_ylabel("step time, ms" + (" (log scale)" if d["trace_log_y"] else ""))
     ax.grid(alpha=0.3)
     ax.set_title("step times: steady after the warm-up? (spikes: a stall, a busy host)", fontsize=9)
     ax.legend(**OUTSIDE)

@@ -214,7 +214,6 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
                 limit: int = 25) -> None:
     """The ranking fitted to `console`'s width (stdout's by default): no value split or cut."""
     con = console or Console(highlight=False)
-    log = not con.is_terminal  # a pipe or a file: lines whole, the reader's viewer wraps them
     shown_rows = body[:limit]
     kinds = ["interval" if "interval" in h else h for h in head]
     knobs = [c for c, k in enumerate(kinds) if k not in (*STAYS, *GIVES_WAY_FIRST, *GIVES_WAY_LAST)]
@@ -235,8 +234,8 @@ def print_table(head: list[str], body: list[list[str]], title: str, console=None
     below.append(RANK_ORDER)
     if len(body) > limit:
         below.append(f"... {len(body) - limit} more in ranking.csv")
-    for line in below:
-        con.print(Text(line), soft_wrap=log)
+    for line in below:  # to a pipe or a file: lines whole, the reader's viewer wraps them
+        con.print(Text(line), soft_wrap=not con.is_terminal)
 
 
 def print_lines(lines: list[str], console=None) -> None:
@@ -356,8 +355,7 @@ def write_report(rows: list[Row], out_dir: Path, source: str | Source, study=Non
     if pipes:
         # the margin the search judged its path with (pipes.json's clears), not --tolerance
         files += report_plots.plot_pipes(all_rows, pipes, out_dir, TOLERANCE)
-    # lines and table printed again when the report is up to date, at the reader's width; a
-    # password masked in both
+    # printed again when the report is up to date, at the reader's width; a password masked
     lines = mask_secrets("\n".join(lines)).splitlines()
     summary.update(files=[str(f) for f in files], lines=lines,
                    table={"title": title, "head": head, "body": body})
