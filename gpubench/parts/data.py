@@ -32,13 +32,6 @@ from gpubench.parts.oom import pin_host
 from gpubench.parts.targets import cause
 
 
-def quiet_worker_count_warning() -> None:
-    """A sweep asks for more workers than torch suggests on purpose. Set where the loaders are
-    built, not once at import: a caller's catch_warnings block would drop it."""
-    warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
-                            UserWarning)  # an identical filter replaces the one before it
-
-
 class JpegBatch(NamedTuple):
     """A batch's JPEG bytes as ONE flat uint8 tensor plus offsets (each tensor a worker sends
     costs a file descriptor: one per image gives "too many open files"), names for errors."""
@@ -380,7 +373,10 @@ def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, in
 
 def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
     """The data side of one run. `shard`: (rank, world) under torchrun, a DistributedSampler."""
-    quiet_worker_count_warning()  # before the preload's loader and the run's
+    # a sweep asks for more workers than torch suggests on purpose; set before the preload's
+    # loader and the run's, not once at import: a caller's catch_warnings block would drop it
+    warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
+                            UserWarning)  # an identical filter replaces the one before it
     dset, device, bs = s.dataset, s.device, s.loader.batch_size
     info: dict = {"dataset": dset.name}
     if dset.name == "device_synthetic":  # one random batch made on the device
