@@ -21,8 +21,6 @@ CONTRACT_PREFIX = "dataset=custom sample contract: "
 
 
 class SampleContractError(WorkerError, ValueError):
-    """A sample that breaks the contract."""
-
     PREFIXES = (CONTRACT_PREFIX,)
 
 

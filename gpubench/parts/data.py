@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate
 
 from gpubench.config import settings
 from gpubench.config.errors import ConfigError
@@ -30,13 +30,6 @@ from gpubench.parts.augment import DeviceAugment, DeviceDecode, cpu_fixed_size, 
 from gpubench.parts.datasets import CorruptImage, Cycled, TensorImages  # noqa: F401 (runner's)
 from gpubench.parts.oom import pin_host
 from gpubench.parts.targets import cause
-
-
-def quiet_worker_count_warning() -> None:
-    """A sweep asks for more workers than torch suggests on purpose. Set where the loaders are
-    built, not once at import: a caller's catch_warnings block would drop it."""
-    warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
-                            UserWarning)  # an identical filter replaces the one before it
 
 
 class JpegBatch(NamedTuple):
@@ -54,27 +47,23 @@ class JpegBatch(NamedTuple):
         return list(self.data.tensor_split(self.offsets[1:-1].tolist()))
 
 
-def _flat_bytes(blobs: list[torch.Tensor]) -> torch.Tensor:
-    out = None
-    if torch.utils.data.get_worker_info() is not None:
-        # as default_collate does: inside a worker, straight into shared memory (no extra copy)
-        n, elem = sum(b.numel() for b in blobs), blobs[0]
-        out = elem.new(elem._typed_storage()._new_shared(n, device=elem.device)).resize_(n)
-    return torch.cat(blobs, out=out)
-
-
 def collate_skipping(batch):
     """((x, y), skipped): the samples that decoded, collated, and how many did not."""
     kept = [b for b in batch if b is not None]
     skipped = len(batch) - len(kept) + sum(getattr(b, "skipped", 0) for b in kept)
     if not kept:
         return None, skipped
-    if len(kept[0]) == 3:  # raw JPEG bytes for device decode
-        blobs, ys, names = zip(*kept, strict=True)
-        lengths = torch.tensor([0] + [b.numel() for b in blobs], dtype=torch.int64)
-        return (JpegBatch(_flat_bytes(list(blobs)), lengths.cumsum(0), list(names)),
-                torch.as_tensor(ys)), skipped
-    return tuple(default_collate([tuple(b) for b in kept])), skipped
+    if len(kept[0]) != 3:
+        return tuple(default_collate([tuple(b) for b in kept])), skipped
+    blobs, ys, names = zip(*kept, strict=True)  # raw JPEG bytes for device decode
+    sizes, out = [b.numel() for b in blobs], None
+    if torch.utils.data.get_worker_info() is not None:
+        # as default_collate does: inside a worker, straight into shared memory (no extra copy)
+        shared = blobs[0]._typed_storage()._new_shared(sum(sizes), device=blobs[0].device)
+        out = blobs[0].new(shared).resize_(sum(sizes))
+    offsets = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
+    jpegs = JpegBatch(torch.cat(blobs, out=out), offsets, list(names))
+    return (jpegs, torch.as_tensor(ys)), skipped
 
 
 class ThreadLoader:
@@ -101,8 +90,7 @@ class ThreadLoader:
         ready = batches_in_flight(workers, prefetch) - workers
         if ready > 0:
             node = tn.Prefetcher(node, prefetch_factor=ready)
-        self.root = node
-        self.loader = tn.Loader(node)
+        self.root, self.loader = node, tn.Loader(node)
 
     def _batch(self, indices: list[int]):  # a worker's job: one batch, read and collated
         self._tids.add(threading.get_native_id())
@@ -373,8 +361,6 @@ def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, in
     g = torch.Generator().manual_seed(seed)  # the shuffle's and each worker process's seeds
     sampler: torch.utils.data.Sampler = torch.utils.data.RandomSampler(ds, generator=g)
     if shard is not None and shard[1] > 1:
-        from torch.utils.data.distributed import DistributedSampler
-
         sampler = DistributedSampler(ds, num_replicas=shard[1], rank=shard[0], shuffle=True,
                                      seed=seed, drop_last=True)
     if ld.worker_type == "thread" and loader_kw["num_workers"]:
@@ -387,7 +373,10 @@ def _data_loader(s: Settings, ds: Dataset, loader_kw: dict, shard: tuple[int, in
 
 def build_pipeline(s: Settings, shard: tuple[int, int] | None = None) -> Pipeline:
     """The data side of one run. `shard`: (rank, world) under torchrun, a DistributedSampler."""
-    quiet_worker_count_warning()  # before the preload's loader and the run's
+    # a sweep asks for more workers than torch suggests on purpose; set before the preload's
+    # loader and the run's, not once at import: a caller's catch_warnings block would drop it
+    warnings.filterwarnings("ignore", r"This DataLoader will create \d+ worker processes",
+                            UserWarning)  # an identical filter replaces the one before it
     dset, device, bs = s.dataset, s.device, s.loader.batch_size
     info: dict = {"dataset": dset.name}
     if dset.name == "device_synthetic":  # one random batch made on the device

@@ -54,23 +54,19 @@ def build_model(s: Settings) -> nn.Module:
         import torchvision
 
         if str(m.name).startswith("vit_"):
-            kwargs.setdefault("image_size", s.dataset.image_size)  # a ViT constructor's argument
-            size = kwargs["image_size"]
-            check_patch(m.name, size, "dataset.image_size" if size == s.dataset.image_size
-                        else "model.kwargs.image_size")
+            # a ViT constructor's argument, in whole patches (torchvision's assert names no key)
+            size = kwargs.setdefault("image_size", s.dataset.image_size)
+            found = re.fullmatch(r"vit_[a-z]+_(\d+)", m.name)
+            patch = int(found[1]) if found else 1
+            if size % patch:
+                key = ("dataset.image_size" if size == s.dataset.image_size
+                       else "model.kwargs.image_size")
+                raise ConfigError(key, size, f"a multiple of {patch} with model.name={m.name} (its "
+                                  f"patch size), e.g. {max(patch, size // patch * patch)}")
         model = torchvision.models.get_model(m.name, weights=None, num_classes=n, **kwargs)
     if m.checkpointing:
         apply_checkpointing(model, m.name)
     return model
-
-
-def check_patch(name: str, image_size: int, key: str) -> None:
-    """A ViT's input size must divide into patches: torchvision's assert names no key."""
-    found = re.fullmatch(r"vit_[a-z]+_(\d+)", name)
-    patch = int(found[1]) if found else 1
-    if image_size % patch:
-        raise ConfigError(key, image_size, f"a multiple of {patch} with model.name={name} (its "
-                          f"patch size), e.g. {max(patch, image_size // patch * patch)}")
 
 
 def check_output(model: nn.Module, batch, s: Settings, loss=None) -> None:

@@ -19,8 +19,7 @@ class PinnedMemoryError(RuntimeError):
 
 
 def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
-    """`t` page-locked, an allocation failure re-raised as a PinnedMemoryError. `pin`: the
-    pinning call (a test's raises a recorded error)."""
+    """`t` page-locked, an allocation failure raised as PinnedMemoryError (`pin`: a test's)."""
     try:
         return pin(t)
     except RuntimeError as e:

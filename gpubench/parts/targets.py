@@ -59,8 +59,7 @@ def cause(e: BaseException, typed: bool = True, limit: int = 200) -> str:
 
 
 def locate(key: str, path: Any, allowed: str) -> Any:
-    """The object `path` names, imported but not called; one line naming `key` when it is not
-    dotted, points into the standard library, or does not import."""
+    """The object `path` names, imported but not called; else a ConfigError naming `key`."""
     if not isinstance(path, str) or not DOTTED.fullmatch(path):
         raise ConfigError(key, path, allowed)
     parts = path.split(".")
