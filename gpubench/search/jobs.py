@@ -98,8 +98,6 @@ def mark_stale_runs(sweep_dir: Path, told: dict[str, tuple] | None = None) -> in
 
 
 class Jobs:
-    """Runs batches of override lists through a Hydra launcher, one record per job."""
-
     def __init__(self, launcher, manifest: Manifest, max_failures: int) -> None:
         self.launcher, self.manifest = launcher, manifest
         self.max_failures, self.failures = int(max_failures), 0

@@ -3,8 +3,7 @@
 A trial is told its speed (0 out of memory) and a memory constraint (> 0: over the ceiling);
 other errors FAIL. A screen of `screen.steps` steps prunes trials outside the top `screen.keep`.
 A configuration measured already (or by another worker) copies that result (`duplicate_of`).
-Then the `confirm.top` fastest are measured again, interleaved (drift hits them alike).
-"""
+Then the `confirm.top` fastest are measured again, interleaved (drift hits them alike)."""
 
 from __future__ import annotations
 
@@ -181,12 +180,10 @@ class Search:
         left); the numbers of the trials confirmed."""
         if self.confirm is None or self.confirm.top <= 0:  # no confirm step
             return []
-        found = []
-        for t in S.measured_trials(self.study):
-            a = t.user_attrs  # a pruned trial's dir and rung are its screen's: not full
-            rec = load(a["dir"], a.get("rung") or Rung.full) if a.get("dir") else None
-            if rec is not None and rec.feasible and rec.full:
-                found.append((rec, t))
+        # a pruned trial's dir and rung are its screen's: not full
+        found = [(rec, t) for t in S.measured_trials(self.study) if (a := t.user_attrs).get("dir")
+                 and (rec := load(a["dir"], a.get("rung") or Rung.full)) is not None
+                 and rec.feasible and rec.full]
         top = to_confirm(found, self.confirm.top)
         if not top:  # nothing measured in full and feasible
             return []

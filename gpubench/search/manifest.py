@@ -1,7 +1,6 @@
 """sweep.json: what a sweep did (keys: `_TYPES`), written after every job. `study` names one
 search across its workers; `worker` is its writer's host:pid. Last writer wins: one sweep dir
-per worker (docs/scaling.md).
-"""
+per worker (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -129,9 +128,8 @@ class Manifest:
         matched = [job for job in self.jobs if job["dir"] in by_dir]
         for job in matched:
             t = by_dir[job["dir"]]
-            job["trial"] = t.number
-            job["rung"] = job["rung"] or t.user_attrs.get("rung")
-            job["status"] = job["status"] or t.user_attrs.get("status")
+            job |= {"trial": t.number, "rung": job["rung"] or t.user_attrs.get("rung"),
+                    "status": job["status"] or t.user_attrs.get("status")}
         log.warning("%s: %d of %s matched to their trials in study %s", self.path,
                     len(matched), count(len(self.jobs), "job"), study.study_name)
         self.save()

@@ -2,8 +2,7 @@
 and their bound; loader-only trials, cheapest first, find the cheapest data setting that clears
 each bound; the pairings run end to end. Each stage is a gpubench.search.loop.Search on a study
 of its own (`<study>-compute`, `<study>-data-<setting>`, `<study>-join`) with its points queued
-in it, so resume, heartbeats, several workers and the failure budget work as in any sweep.
-"""
+in it, so resume, heartbeats, several workers and the failure budget work as in any sweep."""
 
 from __future__ import annotations
 
@@ -261,10 +260,9 @@ def check_space(space: SearchSpace, data_keys: Sequence[str]) -> tuple[SearchSpa
 def cost(params: dict[str, Any], space: list[Param]) -> tuple:
     """A data setting's cost rank: CHEAP_FIRST's keys first, others by their choice's position."""
     choices = {p.name: list(getattr(p.dist, "choices", ())) for p in space}
-    head = tuple(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params)
-    rest = tuple(choices[k].index(v) if v in choices[k] else 0 for k, v in sorted(params.items())
-                 if k not in CHEAP_FIRST and k in choices)
-    return head + rest
+    return (*(_rank(CHEAP_FIRST[k], params[k]) for k in CHEAP_FIRST if k in params),
+            *(choices[k].index(v) if v in choices[k] else 0 for k, v in sorted(params.items())
+              if k not in CHEAP_FIRST and k in choices))
 
 
 def _rank(fn: Callable[[Any], Any], v: Any) -> tuple:
@@ -407,8 +405,7 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
 
 
 def join_bound(compute: Est, loader: Est, workers: int) -> tuple[Narrower, Est]:
-    """What a pairing's e2e can reach, named: the narrower pipe (workers overlap them), or with 0
-    workers the serial bound (each batch loaded between two steps)."""
+    """What a pairing's e2e can reach, named (Narrower): workers overlap the pipes."""
     if workers:
         return min(((Narrower.compute, compute), (Narrower.data, loader)),
                    key=lambda t: t[1].value)
@@ -449,13 +446,6 @@ def _setting(params: dict[str, Any]) -> str:
                     if acts(k, params.get)) or "as composed"
 
 
-def _feeds(cleared: bool, margin: Est) -> Feeds:
-    """workers.feeds from a pipes.json written before it kept the judgement: its clears flag and
-    its margin (loader / compute - 1, from the extremes: below 0 at its high end, every figure
-    of the loader's interval is below every figure of compute's)."""
-    return Feeds.clears if cleared else Feeds.short if margin.hi < 0 else Feeds.open
-
-
 def lines(result: dict) -> list[str]:
     """The path the search took, in a few lines (the sweeper's log, the report)."""
     out = []
@@ -470,7 +460,10 @@ def lines(result: dict) -> list[str]:
     for d in result.get("data", []):
         r, margin = Est(*d["rate"]), Est(*d["margin"])
         share = Est(*(x + 1 for x in astuple(margin)))  # of compute
-        how = Feeds.read(d.get("feeds")) or _feeds(d["clears"], margin)
+        # a pipes.json written before it kept `feeds`: its clears flag and margin (loader /
+        # compute - 1, of the extremes: < 0 at its high end, each loader figure is below compute's)
+        how = Feeds.read(d.get("feeds")) or (Feeds.clears if d["clears"] else Feeds.short
+                                             if margin.hi < 0 else Feeds.open)
         if how is Feeds.clears:
             verdict = f"clears compute {clears_by(margin)}, the cheapest setting that does"
         elif how is Feeds.short:

@@ -83,9 +83,8 @@ def load_dir(sweep_dir: Path) -> tuple[list[Row], Any]:
         rows.append(Row(d.name, rec))  # a run's own folder reported: its name
         if rec.rung is Rung.full and trial is not None:
             full_rows[trial] = rows[-1]
-    for trial, recs in confirms.items():
-        if trial in full_rows:
-            full_rows[trial].confirms = recs
+    for trial in confirms.keys() & full_rows.keys():
+        full_rows[trial].confirms = confirms[trial]
     return rows, None
 
 

@@ -202,13 +202,11 @@ def to_param(override) -> Param:
             raise ConfigError(name, written,
                               "tag(log, ...) around range(...) or interval(...) only")
         labels = list(override.sweep_string_iterator())
-        choices, text = [], {}
-        for v, label in zip(value.list, labels, strict=True):
-            # exact types: Hydra's QuotedString and containers are sampled by their text instead
-            sampled = v if v is None or type(v) in (bool, int, float, str) else label
-            choices.append(sampled)
-            if isinstance(sampled, str):
-                text[sampled] = label  # keeps quoting of odd strings
+        # exact types: Hydra's QuotedString and containers are sampled by their text instead
+        choices = [v if v is None or type(v) in (bool, int, float, str) else label
+                   for v, label in zip(value.list, labels, strict=True)]
+        # a string's label keeps the quoting of odd strings
+        text = {c: label for c, label in zip(choices, labels, strict=True) if isinstance(c, str)}
         # equality, not text: Optuna stores a choice by its index and finds false at 0, true at 1
         if len(set(choices)) != len(choices):
             raise ConfigError(name, f"choice({','.join(labels)})", "distinct values (0 and "

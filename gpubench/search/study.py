@@ -1,6 +1,5 @@
 """The Optuna study of a search: opening it (race-safe, with heartbeats), and what its trials mean.
-Optuna does the leases; the slot check, a dead local worker and what counts as measured are ours.
-"""
+Optuna does the leases; the slot check, a dead local worker and what counts as measured are ours."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 `python -m gpubench -cd DIR` makes DIR the primary config folder and gpubench's own folder comes
 right after it, so a team's `model/tiny.yaml` wins (Hydra's --config-dir puts DIR after the
 primary folder: hydra 1.3.8 _run_hydra, add_conf_dir). Both are read through `Files`, which
-checks each file's values as written. Other Hydra applications keep their own search path.
-"""
+checks each file's values as written. Other Hydra applications keep their own search path."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ SCHEME = "gpubench"
 
 
 class Files(FileConfigSource):
-    """A folder of YAML files, read as Hydra reads them, then checked."""
-
     @staticmethod
     def scheme() -> str:
         return SCHEME

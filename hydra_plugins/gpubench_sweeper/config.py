@@ -1,8 +1,7 @@
 """Settings of the gpubench sweeper (`hydra/sweeper=gpubench`), each declared once with
 gpubench.config.keys.setting (checked before Hydra builds anything; docs/configuration.md). A key
 `*overrides` lists overrides the sweeper adds to some jobs, checked before any trial.
-Imported by Hydra's plugin scan on every run: no Optuna here.
-"""
+Imported by Hydra's plugin scan on every run: no Optuna here."""
 
 # no `from __future__ import annotations`: Hydra's plugin scan runs this module outside
 # sys.modules, where dataclasses cannot resolve string annotations

@@ -1,7 +1,6 @@
 """gpubench's Hydra sweeper: the thin front of gpubench.search (loop, pipes, maxbatch), which
-launches every trial as an ordinary Hydra job through the configured launcher.
-Imported by Hydra's plugin scan on every run: Optuna and SQLAlchemy load only when a sweep starts.
-"""
+launches every trial as an ordinary Hydra job through the configured launcher. Imported by
+Hydra's plugin scan on every run: Optuna and SQLAlchemy load only when a sweep starts."""
 
 from __future__ import annotations
 
