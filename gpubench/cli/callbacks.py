@@ -140,8 +140,7 @@ class MlflowSweepCallback(Callback):
         # ("can't register atexit after shutdown", Python 3.9+) and would hold the exit
         th = threading.Thread(target=close, name="gpubench-close-sweep", daemon=True)
         th.start()
-        limit = timeout_s + CLOSE_GRACE_S
-        why = None
+        limit, why = timeout_s + CLOSE_GRACE_S, None
         try:
             th.join(1.0)
             if th.is_alive():
@@ -205,14 +204,12 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     outcomes = Counter(r.status for r in recs) + Counter({Status.refused: len(REJECTED)})
     if failed := unmeasured(outcomes, last, sweep_dir):
         say(str(failed), "error")
-        # SystemExit: Hydra turns a callback's Exception into a warning (hydra/_internal/
-        # callbacks.py), and the multirun would end 0
+        # SystemExit: Hydra makes a callback's Exception a warning (the multirun would end 0)
         raise SystemExit(failed.code)
 
 
 def _refused(config: DictConfig) -> list[Refusal]:
-    """This multirun's refused jobs by the overrides that set them apart: the command line's
-    common ones (`model=tiny`) left out, the swept ones (`loader.batch_size=-1`) kept."""
+    """This multirun's refused jobs by the overrides setting them apart (not the command line's)."""
     task = OmegaConf.select(config, "hydra.overrides.task", default=None)
     common = set(map(str, OmegaConf.to_container(task) if task is not None else ()))
     return [Refusal(tuple(o for o in r.overrides if o not in common) or r.overrides, r.line)

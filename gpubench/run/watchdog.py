@@ -136,8 +136,7 @@ class Watchdog:
         log.error("hung: %s", line)
         for h in logs:
             h.flush()
-        # faulthandler writes to the file descriptor itself, without Python's buffers; a stream
-        # without a file descriptor raises
+        # faulthandler writes to the fd, past Python's buffers (a stream lacking one raises)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             faulthandler.dump_traceback(file=logs[0].stream if logs else sys.stderr,
                                         all_threads=True)
