@@ -176,11 +176,10 @@ class Benchmark:
         return getattr(self.pipe, what)() if self.pipe is not None else ()
 
     def save(self) -> None:
-        if not self.dist.main:  # one results.json per run, from rank 0
-            return
-        with self._saving:
-            self.record.seconds = time.perf_counter() - self.t0
-            self.record.save()
+        if self.dist.main:  # one results.json per run, from rank 0
+            with self._saving:
+                self.record.seconds = time.perf_counter() - self.t0
+                self.record.save()
 
     def build(self) -> None:
         s, device, rec, b = self.settings, self.device, self.record, self.settings.bench
