@@ -27,8 +27,7 @@ from gpubench.core.secrets import mask_logging, say
 from gpubench.search.jobs import unmeasured
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
-# the exit code (set by gpubench.__main__.cli): a sweep parent closed at exit is KILLED after a
-# signal, FAILED after an error
+# __main__.cli's exit code: a sweep parent closed at exit is KILLED after a signal, else FAILED
 EXIT: dict[str, int | None] = {}
 CLOSE_GRACE_S = 5.0  # beyond tracking.timeout_s, for closing a sweep's parent at exit
 _STARTED: dict[str, float] = {}  # each sweep's start (a report made since was printed already)
@@ -98,8 +97,7 @@ class MlflowSweepCallback(Callback):
             return
         from gpubench import tracking
 
-        t = config.tracking
-        uri = tracking.resolve_uri(t.uri)
+        t, uri = config.tracking, tracking.resolve_uri(config.tracking.uri)
         tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:

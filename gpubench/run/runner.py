@@ -164,8 +164,7 @@ class Benchmark:
         self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
         self.pipe = self.step = None
         self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
-        # where the device work starts after a host-blocking nvJPEG decode (parts/measure.py)
-        self.device_start = DeviceStart()
+        self.device_start = DeviceStart()  # after a host-blocking nvJPEG decode (parts/measure.py)
         self.t0 = time.perf_counter()
         self.hold = Hold()
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
