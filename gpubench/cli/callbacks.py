@@ -27,8 +27,7 @@ from gpubench.core.secrets import mask_logging, say
 from gpubench.search.jobs import unmeasured
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
-# the exit code (set by gpubench.__main__.cli): a sweep parent closed at exit is KILLED after a
-# signal, FAILED after an error
+# __main__.cli's exit code: a sweep parent closed at exit is KILLED after a signal, else FAILED
 EXIT: dict[str, int | None] = {}
 CLOSE_GRACE_S = 5.0  # beyond tracking.timeout_s, for closing a sweep's parent at exit
 _STARTED: dict[str, float] = {}  # each sweep's start (a report made since was printed already)
@@ -98,8 +97,7 @@ class MlflowSweepCallback(Callback):
             return
         from gpubench import tracking
 
-        t = config.tracking
-        uri = tracking.resolve_uri(t.uri)
+        t, uri = config.tracking, tracking.resolve_uri(config.tracking.uri)
         tracking.mark_ended(sweep_dir, False)  # until on_multirun_end: `sync` then knows
         try:
             with tracking.open_store(uri, t.experiment, float(t.timeout_s)) as store:
@@ -140,8 +138,7 @@ class MlflowSweepCallback(Callback):
         # ("can't register atexit after shutdown", Python 3.9+) and would hold the exit
         th = threading.Thread(target=close, name="gpubench-close-sweep", daemon=True)
         th.start()
-        limit = timeout_s + CLOSE_GRACE_S
-        why = None
+        limit, why = timeout_s + CLOSE_GRACE_S, None
         try:
             th.join(1.0)
             if th.is_alive():
@@ -205,14 +202,12 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
     outcomes = Counter(r.status for r in recs) + Counter({Status.refused: len(REJECTED)})
     if failed := unmeasured(outcomes, last, sweep_dir):
         say(str(failed), "error")
-        # SystemExit: Hydra turns a callback's Exception into a warning (hydra/_internal/
-        # callbacks.py), and the multirun would end 0
+        # SystemExit: Hydra makes a callback's Exception a warning (the multirun would end 0)
         raise SystemExit(failed.code)
 
 
 def _refused(config: DictConfig) -> list[Refusal]:
-    """This multirun's refused jobs by the overrides that set them apart: the command line's
-    common ones (`model=tiny`) left out, the swept ones (`loader.batch_size=-1`) kept."""
+    """This multirun's refused jobs by the overrides setting them apart (not the command line's)."""
     task = OmegaConf.select(config, "hydra.overrides.task", default=None)
     common = set(map(str, OmegaConf.to_container(task) if task is not None else ()))
     return [Refusal(tuple(o for o in r.overrides if o not in common) or r.overrides, r.line)

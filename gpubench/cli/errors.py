@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import os
 import sys
-from contextlib import contextmanager
 
 from hydra._internal.utils import get_args_parser
 
@@ -52,7 +51,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@contextmanager
+@contextlib.contextmanager
 def one_line_errors():
     install_sigterm()
     if os.environ.get(FULL_ERROR) == "1":

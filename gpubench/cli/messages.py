@@ -71,8 +71,7 @@ def missing_key_line(ex: ConfigCompositionException, parsed: list[Override]) -> 
     cause = ex.__cause__ or ex.__context__  # an override's error is the cause, a file's the context
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
-    # the missing key or its first missing part (`lodaer` of `lodaer.batch_size=3`): the first
-    # override naming it
+    # the first override naming the missing key (or its first part: `lodaer` of `lodaer.x=3`)
     missing = cause.full_key
     o = next((o for o in parsed if o.key_or_group == missing
               or o.key_or_group.startswith(f"{missing}.")), None)
@@ -206,10 +205,8 @@ def describe(ex: BaseException, overrides: Sequence[str] = (),
         return override_line(ex.override or "", ex.__context__), ExitCode.BAD_INPUT
     if isinstance(ex, (HydraException, OmegaConfBaseException)):
         return hydra_line(ex, overrides, multirun), ExitCode.BAD_INPUT
-    if isinstance(ex, SweepFailed):  # already one line
-        return str(ex), ex.code
-    if isinstance(ex, (WriteError, LinkError)):  # already one line
-        return str(ex), ExitCode.FAILED
+    if isinstance(ex, (SweepFailed, WriteError, LinkError)):  # already one line
+        return str(ex), ex.code if isinstance(ex, SweepFailed) else ExitCode.FAILED
     if isinstance(ex, OSError) and ex.errno == errno.ENAMETOOLONG:
         # a value made a path: a group's option (Hydra looks for its file), a folder
         o = next((o for o in _parsed(overrides) if isinstance(o.value(), str) and o.value()

@@ -23,9 +23,8 @@ _CLAIMS: list = []
 
 def claim(phases, record: RunRecord, distributed: bool) -> Path | None:
     """Where this job measures its setup's compute bound, if it is the first to claim it."""
-    if tuple(phases) != ("loader",) or record.status is not Status.ok or distributed:
-        return None
-    if os.environ.get(BOUNDS_MEASURED_ENV):  # sweep=pipes measured it in its compute pipe
+    if (tuple(phases) != ("loader",) or record.status is not Status.ok or distributed
+            or os.environ.get(BOUNDS_MEASURED_ENV)):  # sweep=pipes measured it in its compute pipe
         return None
     from hydra.core.hydra_config import HydraConfig  # hydra's state, read only inside a job
     from hydra.types import RunMode

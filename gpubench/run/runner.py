@@ -115,8 +115,7 @@ class Faults:
         if self.fault.fail_message and self.here and windows == self.fault.fail_after_windows:
             raise RuntimeError(self.fault.fail_message)
 
-    def staller(self) -> Callable[[], None]:
-        """Called before each step: every `fault.stall_every`-th call sleeps `fault.stall_s`."""
+    def staller(self) -> Callable[[], None]:  # called before each step
         every = self.fault.stall_every if self.here else None
         calls = itertools.count(1)
 
@@ -131,7 +130,7 @@ class Benchmark:
     """One run: build once (data, model, step), then `run_phase` window by window."""
 
     def __init__(self, cfg: DictConfig, out_dir: str | Path | None = None):
-        # ConfigError before any work: the config's rules, disk and RAM, the code it names (uncalled)
+        # ConfigError before any work: the config's rules, disk, RAM, the code it names (uncalled)
         s = self.settings = resolve(cfg)
         check_resources(s)
         targets.check(s)
@@ -153,9 +152,8 @@ class Benchmark:
         rec.extra["cpu_demand_cores"] = min(
             os.cpu_count() or 1, torch.get_num_threads() + ld.num_workers * ld.worker_threads)
         # a study's job (shared by every worker's jobs); a sweeper's rung
-        for key, var in (("study", STUDY_ENV), ("rung", RUNG_ENV)):
-            if os.environ.get(var):
-                rec.extra[key] = os.environ[var]
+        rec.extra |= {key: os.environ[var] for key, var in
+                      (("study", STUDY_ENV), ("rung", RUNG_ENV)) if os.environ.get(var)}
         self.monitor = Monitor(self.device, b.monitor_interval_s, b.monitor,
                                worker_pids=lambda: self._workers("worker_pids"),
                                worker_tids=lambda: self._workers("worker_tids"))
@@ -166,8 +164,7 @@ class Benchmark:
         self.energy_all: dict[str, float | None] = {}  # under torchrun: all ranks' energy
         self.pipe = self.step = None
         self.functions: dict = {}  # phase -> (fetch, work), made on the phase's first window
-        # where the device work starts after a host-blocking nvJPEG decode (parts/measure.py)
-        self.device_start = DeviceStart()
+        self.device_start = DeviceStart()  # after a host-blocking nvJPEG decode (parts/measure.py)
         self.t0 = time.perf_counter()
         self.hold = Hold()
         self.watchdog = Watchdog(hang_limit_s(b.warmup_max_seconds, b.max_seconds), self._hung,
@@ -178,11 +175,10 @@ class Benchmark:
         return getattr(self.pipe, what)() if self.pipe is not None else ()
 
     def save(self) -> None:
-        if not self.dist.main:  # one results.json per run, from rank 0
-            return
-        with self._saving:
-            self.record.seconds = time.perf_counter() - self.t0
-            self.record.save()
+        if self.dist.main:  # one results.json per run, from rank 0
+            with self._saving:
+                self.record.seconds = time.perf_counter() - self.t0
+                self.record.save()
 
     def build(self) -> None:
         s, device, rec, b = self.settings, self.device, self.record, self.settings.bench
@@ -334,8 +330,7 @@ class Benchmark:
         SIGHUP) for the caller to re-raise once reported. A ConfigError is raised."""
         rec = self.record
         self.save()
-        interrupted: BaseException | None = None
-        status, error = Status.ok, None
+        status, error, interrupted = Status.ok, None, None
         self.dist.watch(self._peer_failed)
         # the sampler runs the whole run, writing gpu_metrics.csv (rank 0's device only)
         csv = self.settings.bench.monitor and self.dist.main

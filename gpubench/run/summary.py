@@ -55,8 +55,7 @@ def figures(rec, device: str) -> None:
     if device == "cuda":
         # the gate: the larger of torch's reserved peak plus what lives outside its allocator
         # (CUDA context, cuBLAS/cuDNN workspaces, NCCL, nvJPEG) and the peak sampled in use
-        used = _peak("device_used_peak_bytes", tel)
-        rec.extra["device_used_peak_bytes"] = used
+        rec.extra["device_used_peak_bytes"] = used = _peak("device_used_peak_bytes", tel)
         rec.peak_memory_bytes = memory_gate_bytes(
             rec.torch_peak_reserved_bytes, used, _peak("non_torch_peak_bytes", tel))
         if used is not None:
@@ -106,8 +105,7 @@ def validity(bench) -> list[Reason]:
 
 
 def rule_figures(rec) -> dict:
-    """What the verdict rule (analysis.verdict.classify) reads of a record, by parameter name
-    (the run's verdict and gpubench.check's cases alike)."""
+    """What analysis.verdict.classify reads of a record, by parameter name (run and check alike)."""
     loader = rec.phases.get("loader")
     return {"loader": rec.loader_images_per_sec, "compute": rec.compute_images_per_sec,
             "e2e": rec.images_per_sec, "data_wait_fraction": rec.data_wait_fraction,
@@ -137,8 +135,7 @@ def summarize(bench, status: Status = Status.ok) -> None:
     rule = rule_figures(rec)
     # the serial bound: the step plus the data side's device work on the training stream
     # (run/merge.py; an nvJPEG decode bounds e2e through the loader's host-side rate instead)
-    device_data = rule["device_data_s_per_image"]
-    if device_data and rec.compute_images_per_sec:
+    if (device_data := rule["device_data_s_per_image"]) and rec.compute_images_per_sec:
         rec.extra["e2e_bound_images_per_sec"] = serial_rate(rec.compute_images_per_sec, device_data)
 
     def verdict():

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from gpubench.core.exits import ExitCode
 
@@ -82,7 +81,7 @@ class Watchdog:
                 self.wrapped(work, MOVE if name == "loader" else STEP,
                              watched=not (compiled and name != "loader")))
 
-    @contextmanager
+    @contextlib.contextmanager
     def watching(self, where: str, doing: str) -> Iterator[None]:
         """A region watched as one step (`doing` at `where`), not watched after it."""
         self.at(where)
@@ -136,8 +135,7 @@ class Watchdog:
         log.error("hung: %s", line)
         for h in logs:
             h.flush()
-        # faulthandler writes to the file descriptor itself, without Python's buffers; a stream
-        # without a file descriptor raises
+        # faulthandler writes to the fd, past Python's buffers (a stream lacking one raises)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             faulthandler.dump_traceback(file=logs[0].stream if logs else sys.stderr,
                                         all_threads=True)
