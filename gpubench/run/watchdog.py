@@ -4,7 +4,8 @@ final: after no sign of life (a window starting, a fetch or step entered or left
 killed and the process exits 1, the only sure end with the main thread stuck in C code. This
 thread runs while that code lets the GIL go (torch.cuda.synchronize does: Module.cpp
 THCPModule_cudaSynchronize; so does a DataLoader's timed queue read). Unwatched, having no bound:
-building, a compiled phase's train steps, profiling, what follows the last window."""
+building the pipeline and model (not the first batch), a compiled phase's train steps,
+profiling, what follows the last window."""
 
 from __future__ import annotations
 
