@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, run_cli, run_process, start_process
+from conftest import ROOT, TINY, compose_config, run_cli, run_process, sqlite_store, start_process
 
 from gpubench.run.runner import measure_run
 
@@ -154,6 +154,7 @@ def _start_and_wait_for_loader(tmp_path: Path, *extra: str):
 
 @pytest.mark.slow
 def test_sigterm_is_like_ctrl_c_and_reaches_mlflow(tmp_path):
+    sqlite_store(tmp_path / "outputs" / "mlflow.db")  # the default store, already migrated
     proc, results = _start_and_wait_for_loader(tmp_path, "tracking=mlflow")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=180)
@@ -209,6 +210,7 @@ def test_sigterm_during_a_sweep_ends_its_mlflow_parent_killed(tmp_path):
     RUNNING until someone runs `sync`."""
     from conftest import start_two_job_sweep
 
+    sqlite_store(tmp_path / "outputs" / "mlflow.db")  # the default store, already migrated
     proc, _ = start_two_job_sweep(tmp_path, "tracking=mlflow")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=180)

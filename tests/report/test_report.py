@@ -805,6 +805,7 @@ def test_the_mlflow_report_pools_a_sweeps_confirm_runs(tmp_path):
 
     from gpubench.report.write import load_mlflow
 
+    sqlite_store(tmp_path / "outputs" / "mlflow.db")  # the default store, already migrated
     p = run_cli("-m", "hydra/sweeper=gpubench", *[o for o in TINY if not o.startswith("tracking=")],
                 "tracking=mlflow", "loader.batch_size=choice(2,4)", "hydra.sweeper.n_trials=2",
                 "hydra.sweeper.screen.steps=null", "hydra.sweeper.confirm.top=1",
@@ -1139,6 +1140,7 @@ def test_an_experiments_report_leaves_max_batch_probes_out(tmp_path, capsys):
     from gpubench.report.cli import main
 
     tiny = [o for o in TINY if not o.startswith("tracking=")]
+    sqlite_store(tmp_path / "outputs" / "mlflow.db")  # the default store, already migrated
     p = run_cli(*tiny, "tracking=mlflow", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     p = run_cli("sweep=max_batch", *tiny, "tracking=mlflow", "loader.batch_size=4",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, run_cli, start_process
+from conftest import TINY, run_cli, sqlite_store, start_process
 from optuna.trial import TrialState
 
 from gpubench.core import record
@@ -188,7 +188,7 @@ _HOLD = ("import sys, time; from pathlib import Path; from gpubench.tracking.run
 def test_an_upload_is_claimed_once_whoever_starts_it(tmp_path):
     from gpubench.tracking.sync import sync
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     run = _run_record(tmp_path / "out" / "run", "claimed1", _dead_pid())
     # another process (the run itself, or a second sync) is uploading it: left alone
     holder = start_process(str(run), code=_HOLD, module=None, cwd=tmp_path, stdout=subprocess.PIPE,
@@ -209,7 +209,7 @@ def test_an_upload_is_claimed_once_whoever_starts_it(tmp_path):
 
 @pytest.mark.slow
 def test_syncs_started_together_upload_a_run_once(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     from gpubench.tracking.store import open_store
 
     with open_store(uri, "gpubench"):  # the store exists: only the upload races
@@ -233,7 +233,7 @@ def test_sync_leaves_a_live_process_and_its_sweep_alone(tmp_path):
     from gpubench.tracking.store import open_store
     from gpubench.tracking.sync import sync
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
@@ -272,7 +272,7 @@ def test_sync_attaches_jobs_uploaded_without_their_parent(tmp_path):
     from gpubench.tracking.store import open_store
     from gpubench.tracking.sync import sync
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['loader.batch_size=2,4']}}")
