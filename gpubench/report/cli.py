@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gpubench.analysis.recommend import TOLERANCE
 from gpubench.analysis.select import WhereError, parse_where
+from gpubench.config.errors import ConfigError
 from gpubench.config.flags import flag
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import READ_ONLY, LinkError, refusal
@@ -33,9 +34,9 @@ def _tolerance(text: str) -> float:
     except ValueError:
         v = math.nan
     if not (0.0 <= v < 1.0):
-        raise argparse.ArgumentTypeError(
-            f"--tolerance={text} is not allowed: it must be a number in [0, 1) ({TOLERANCE} = "
-            f"within {TOLERANCE:.0%} of the fastest)")
+        raise argparse.ArgumentTypeError(str(ConfigError(
+            "--tolerance", v, f"a number in [0, 1) ({TOLERANCE} = within {TOLERANCE:.0%} of the "
+            "fastest)", typed=text)))
     return v
 
 
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> ExitCode:
     except WhereError as e:  # its own one line; malformed: bad input (a key no run has: 1)
         print(mask_secrets(str(e)), file=sys.stderr)
         return ExitCode.BAD_INPUT if e.bad_input else ExitCode.FAILED
+    except ConfigError as e:  # a flag's value (--parent, --prices ...)
+        print(f"gpubench.report: {mask_secrets(str(e))}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     except NothingToReport as e:  # its own one line
         print(mask_secrets(str(e)), file=sys.stderr)
     except LinkError as e:  # a link out of the folder, or where the report writes
@@ -92,8 +96,9 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
     if a.compare is not None:
         from gpubench.report import compare
 
+        prices = compare.load_prices(a.prices)  # bad input before the store is asked
         return _from_mlflow(a.tracking_uri, a.timeout,
-                            lambda uri: compare.main(a.compare or a.source, uri, a.prices))
+                            lambda uri: compare.main(a.compare or a.source, uri, prices))
     if a.source is None:
         p.error("a sweep dir or an MLflow experiment is required")
     src = Path(a.source).expanduser()
@@ -139,7 +144,7 @@ def _from_mlflow(uri: str | None, timeout_s: float, read, source: str | None = N
     try:
         with store.connection(uri, timeout_s) as connect:
             return read(connect)
-    except WhereError:  # not the store's doing
+    except (WhereError, ConfigError):  # not the store's doing
         raise
     except SystemExit as e:  # the report's own one-line refusals
         if isinstance(e.code, str):

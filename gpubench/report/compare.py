@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.analysis.select import left_out, longest, workload_of, workload_text
+from gpubench.config.errors import ConfigError
 from gpubench.config.knobs import PLACE, knob_setting
 from gpubench.core.exits import ExitCode
 from gpubench.core.files import flatten, read_json
@@ -64,27 +65,26 @@ class DeviceRow:  # one device's best feasible run on one workload, and what it 
 
 
 def load_prices(path: str | Path | None) -> dict[str, float]:
-    """`cost.usd_per_hour` from a YAML file; one line naming the key on a bad value."""
+    """`cost.usd_per_hour` from the --prices YAML file; a ConfigError naming what is wrong."""
     if path is None:
         return {}
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         why = " ".join(str(e).split())  # YAML errors span lines: the message stays one
-        raise SystemExit(f"gpubench.report: --prices {path}: not a readable YAML file "
-                         f"({why})") from None
+        raise ConfigError("--prices", str(path), f"a readable YAML file ({why})") from None
     table = (data.get("cost") or {}).get("usd_per_hour") if isinstance(data, dict) else None
     if not isinstance(table, dict) or not table:
-        raise SystemExit(f"gpubench.report: --prices {path}: needs cost.usd_per_hour, a mapping "
-                         "of device name to US dollars per hour")
+        raise ConfigError("--prices", str(path), "a YAML file holding cost.usd_per_hour, a mapping "
+                          "of device name to US dollars per hour")
     return _prices(table)
 
 
 def _prices(table: dict[Any, Any]) -> dict[str, float]:
     for k, v in table.items():
         if not positive(v):
-            raise SystemExit(f"gpubench.report: cost.usd_per_hour.{k}={v!r} is not allowed: it "
-                             "must be a price in US dollars per hour, a number > 0")
+            raise ConfigError(f"cost.usd_per_hour.{k}", v,
+                              "a price in US dollars per hour, a number > 0")
     return {str(k): float(v) for k, v in table.items()}
 
 
@@ -165,9 +165,13 @@ def _named(groups: dict[tuple, dict]) -> dict[str, dict]:
 
 
 def _own_prices(recs: list[RunRecord]) -> dict[str, float]:
-    # each run's table checked whole: a later run's price hides no bad one
-    return {k: v for r in recs if isinstance(t := r.knob("cost.usd_per_hour"), dict)
-            for k, v in _prices(t).items()}
+    # each run's table checked whole: a later run's price hides no bad one. A bad one is the
+    # runs' doing, not the command line's: exit 1
+    try:
+        return {k: v for r in recs if isinstance(t := r.knob("cost.usd_per_hour"), dict)
+                for k, v in _prices(t).items()}
+    except ConfigError as e:
+        raise SystemExit(f"gpubench.report: a run's recorded {e}") from None
 
 
 def versus(rows: list[DeviceRow]) -> list[dict]:
@@ -215,8 +219,8 @@ def tables(groups: dict[str, list[DeviceRow]]) -> str:
     return console.export_text()
 
 
-def main(experiment: str | None, uri: str, prices_path: str | None = None) -> ExitCode:
-    prices = load_prices(prices_path)
+def main(experiment: str | None, uri: str, prices: dict[str, float]) -> ExitCode:
+    """`prices`: load_prices' table, read before the store is asked."""
     groups = compare_rows(mlflow_records(experiment or DEFAULT_EXPERIMENT, uri), prices)
     if not groups:
         print(f"gpubench.report: nothing to compare: no feasible run with results.json in "

@@ -23,6 +23,7 @@ from rich.text import Text
 from gpubench.analysis import recommend
 from gpubench.analysis.recommend import TOLERANCE, Recommendation, Row, Steadiness, with_interval
 from gpubench.analysis.select import setup_of, training_rows, where
+from gpubench.config.errors import ConfigError
 from gpubench.config.keys import Role, lookup
 from gpubench.config.knobs import knob_name, role
 from gpubench.config.overrides import format_value
@@ -68,7 +69,7 @@ def load_mlflow(experiment: str, uri: str, parent: str | None = None,
             ("parent", parent, r"[0-9a-f]{32}", "an MLflow run id (32 hex digits)"),
             ("study", study, r"[\w.\-]+", "letters, digits, '.', '_' or '-'")):
         if v and not re.fullmatch(form, v):  # they go into MLflow's filter string
-            raise SystemExit(f"gpubench.report: --{name}={v!r} is not allowed: it must be {what}")
+            raise ConfigError(f"--{name}", v, what)
     filt = " and ".join(f for f in (parent and f"tags.mlflow.parentRunId = '{parent}'",
                                     study and f"tags.study = '{study}'") if f)
     rows = [recommend.Row(rec.extra.get("mlflow_run_id", "?")[:8], rec)

@@ -92,17 +92,32 @@ def test_example_prices_are_labelled_with_their_date(store, capsys):
 
 
 @pytest.mark.parametrize("text,bad", [
-    ("cost:\n  usd_per_hour:\n    T4: -1\n", "cost.usd_per_hour.T4=-1"),
-    ("cost:\n  usd_per_hour:\n    T4: cheap\n", "cost.usd_per_hour.T4='cheap'"),
-    ("prices: {T4: 1}\n", "needs cost.usd_per_hour"),
+    ("cost:\n  usd_per_hour:\n    T4: -1\n", "cost.usd_per_hour.T4=-1 is not allowed"),
+    ("cost:\n  usd_per_hour:\n    T4: cheap\n", "cost.usd_per_hour.T4='cheap' is not allowed"),
+    ("prices: {T4: 1}\n", "p.yaml' is not allowed: it must be a YAML file holding cost.usd_per_h"),
+    ("cost: [\n", "p.yaml' is not allowed: it must be a readable YAML file ("),
+    (None, "p.yaml' is not allowed: it must be a readable YAML file ("),  # no such file
 ])
-def test_bad_price_table_is_one_line(tmp_path, text, bad):
+def test_bad_price_table_is_one_line_and_exit_2_before_the_store_is_read(tmp_path, text, bad,
+                                                                          capsys):
     p = tmp_path / "p.yaml"
-    p.write_text(text)
-    with pytest.raises(SystemExit) as e:
-        compare.load_prices(p)
-    msg = str(e.value)
-    assert bad in msg and "\n" not in msg
+    if text is not None:
+        p.write_text(text)
+    dead = "http://127.0.0.1:9"  # nothing listens: the prices are refused before it is asked
+    assert report_cli.main(["--compare", "cmp", "--tracking-uri", dead, "--prices", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpubench.report: ") and bad in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flag,value,allowed", [
+    ("--parent", "xyz", "an MLflow run id (32 hex digits)"),
+    ("--study", "a b", "letters, digits, '.', '_' or '-'"),
+])
+def test_a_bad_parent_or_study_is_bad_input_exit_2(store, flag, value, allowed, capsys):
+    uri, _ = store
+    assert report_cli.main(["cmp", "--tracking-uri", uri, flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err == f"gpubench.report: {flag}={value!r} is not allowed: it must be {allowed}\n"
 
 
 def test_nothing_to_compare_is_one_line_and_nonzero(store, capsys):
