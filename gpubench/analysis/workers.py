@@ -135,7 +135,7 @@ class WorkersPick:
 
     @property
     def threshold(self) -> float | None:
-        return None if self.compute is None else self.compute.hi * (1 + self.tolerance)
+        return None if self.compute is None else clear_line(self.compute.hi, self.tolerance)
 
     def answer(self) -> str:
         """The report's workers answer, with the intervals and the margin."""
@@ -195,9 +195,14 @@ def _loader_rows(rows) -> dict[int, Est]:
     return {w: Est.pooled(v) for w, v in per.items()}
 
 
+def clear_line(compute_hi: float, tolerance: float) -> float:
+    """What a loader's low end must reach to clear compute: its high end, `tolerance` to spare."""
+    return compute_hi * (1 + tolerance)
+
+
 def clears(loader: Est, compute: Est, tolerance: float) -> bool:
-    """Interval against interval, `tolerance` to spare: a figure alone above does not count."""
-    return loader.lo >= compute.hi * (1 + tolerance)
+    """Interval against interval: a figure alone above does not count."""
+    return loader.lo >= clear_line(compute.hi, tolerance)
 
 
 def fewest_workers(rows, compute_images_per_sec: float | Est | None,

@@ -13,6 +13,7 @@ from pathlib import Path
 from matplotlib import rcParams, transforms
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from gpubench.analysis.workers import clear_line
 from gpubench.core.files import open_own
 from gpubench.core.stats import count
 from gpubench.report import plot_data, plot_rules
@@ -393,7 +394,8 @@ def _draw_data(panels: list[dict], margin: float, out: Path, compute_png: bool) 
     for i, p in enumerate(panels):
         if p["bound"]:  # over its own column, i - 0.42 to i + 0.42, as axes fractions
             y, lo, hi = p["bound"]
-            band = {"y": y, "lo": lo, "hi": hi, "threshold": hi * (1 + margin), "margin": margin}
+            band = {"y": y, "lo": lo, "hi": hi, "threshold": clear_line(hi, margin),
+                    "margin": margin}
             _band(ax, band, "tab:orange", "compute bound of that setting" if i == 0 else None,
                   *((i + d - left) / (right - left) for d in (-0.42, 0.42)))
             every += [lo, band["threshold"]]
