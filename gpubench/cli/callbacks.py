@@ -207,7 +207,8 @@ def _fail_unmeasured(sweep_dir: Path) -> None:
 
 
 def _refused(config: DictConfig) -> list[Refusal]:
-    """This multirun's refused jobs by the overrides setting them apart (not the command line's)."""
+    """This multirun's refused jobs by the overrides setting them apart: the command line's
+    common ones left out, unless they are all a job has."""
     task = OmegaConf.select(config, "hydra.overrides.task", default=None)
     common = set(map(str, OmegaConf.to_container(task) if task is not None else ()))
     return [Refusal(tuple(o for o in r.overrides if o not in common) or r.overrides, r.line)

@@ -19,7 +19,8 @@ class PinnedMemoryError(RuntimeError):
 
 
 def pin_host(t: torch.Tensor, pin=torch.Tensor.pin_memory) -> torch.Tensor:
-    """`t` page-locked, an allocation failure raised as PinnedMemoryError (`pin`: a test's)."""
+    """`t` page-locked, an allocation failure raised as PinnedMemoryError. `pin`: the pinning
+    call (torch's; a test's raises a recorded error)."""
     try:
         return pin(t)
     except RuntimeError as e:

@@ -114,6 +114,7 @@ def _report(p: OneLineParser, a: argparse.Namespace, conditions: dict) -> ExitCo
                     f"({a.source})")
         write.sweep_report(src, a.tolerance, conditions=conditions, compute=a.compute, out=a.out)
         return ExitCode.OK
+    write.check_filters(a.parent, a.study)  # bad input before the store is asked
     rows = _from_mlflow(a.tracking_uri, a.timeout, lambda uri: write.load_mlflow(
         a.source, uri, a.parent, a.study, conditions), source=a.source)
     if not rows:

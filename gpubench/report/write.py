@@ -62,14 +62,19 @@ STAYS = ("#", "run", "img/s")
 FILE_WIDTH = 120  # the width of ranking.txt: a log's
 
 
-def load_mlflow(experiment: str, uri: str, parent: str | None = None,
-                study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
-    """Rows from an MLflow experiment's results.json (only `parent`'s children, or one study's)."""
+def check_filters(parent: str | None, study: str | None) -> None:
+    """--parent and --study go into MLflow's filter string: a ConfigError unless plain."""
     for name, v, form, what in (
             ("parent", parent, r"[0-9a-f]{32}", "an MLflow run id (32 hex digits)"),
             ("study", study, r"[\w.\-]+", "letters, digits, '.', '_' or '-'")):
-        if v and not re.fullmatch(form, v):  # they go into MLflow's filter string
+        if v and not re.fullmatch(form, v):
             raise ConfigError(f"--{name}", v, what)
+
+
+def load_mlflow(experiment: str, uri: str, parent: str | None = None,
+                study: str | None = None, conditions: dict[str, str] | None = None) -> list[Row]:
+    """Rows from an MLflow experiment's results.json (only `parent`'s children, or one study's)."""
+    check_filters(parent, study)
     filt = " and ".join(f for f in (parent and f"tags.mlflow.parentRunId = '{parent}'",
                                     study and f"tags.study = '{study}'") if f)
     rows = [recommend.Row(rec.extra.get("mlflow_run_id", "?")[:8], rec)

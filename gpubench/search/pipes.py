@@ -405,7 +405,8 @@ def data_walk(points: list[dict], space: list[Param], rows: list[tuple[dict, Row
 
 
 def join_bound(compute: Est, loader: Est, workers: int) -> tuple[Narrower, Est]:
-    """What a pairing's e2e can reach, named (Narrower): workers overlap the pipes."""
+    """What a pairing's e2e can reach, named (Narrower): the narrower pipe (workers overlap
+    them), or with 0 workers the serial bound (each batch loaded between two steps)."""
     if workers:
         return min(((Narrower.compute, compute), (Narrower.data, loader)),
                    key=lambda t: t[1].value)

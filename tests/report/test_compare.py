@@ -114,10 +114,12 @@ def test_bad_price_table_is_one_line_and_exit_2_before_the_store_is_read(tmp_pat
     ("--study", "a b", "letters, digits, '.', '_' or '-'"),
 ])
 def test_a_bad_parent_or_study_is_bad_input_exit_2(store, flag, value, allowed, capsys):
+    """Refused as bad input before the store is asked: a live store, then one that is not."""
     uri, _ = store
-    assert report_cli.main(["cmp", "--tracking-uri", uri, flag, value]) == 2
-    err = capsys.readouterr().err
-    assert err == f"gpubench.report: {flag}={value!r} is not allowed: it must be {allowed}\n"
+    for where in (uri, "http://127.0.0.1:9", "sqlite:////nonexistent/mlflow.db"):
+        assert report_cli.main(["cmp", "--tracking-uri", where, flag, value]) == 2, where
+        err = capsys.readouterr().err
+        assert err == f"gpubench.report: {flag}={value!r} is not allowed: it must be {allowed}\n"
 
 
 def test_nothing_to_compare_is_one_line_and_nonzero(store, capsys):
