@@ -118,7 +118,10 @@ def interval_checks(phase: str, windows: list[dict], coverage: float | None) -> 
     n = len(windows)
     if n >= 2 and coverage is not None and coverage >= CONFIDENCE:
         return []
-    what = "no interval" if n < 2 or coverage is None else f"a {coverage:.0%} interval"
+    pct = f"{coverage:.0%}" if coverage is not None else ""
+    # "an" as the figure is said: eight, eleven, eighteen, eighty-...
+    article = "an" if pct.startswith("8") or pct in ("11%", "18%") else "a"
+    what = "no interval" if n < 2 or coverage is None else f"{article} {pct} interval"
     return [Reason(Flaw.few_windows, f"{phase}: {count(n, 'window')} give{'s' if n == 1 else ''} "
                    f"{what}, not {CONFIDENCE:.0%} (bench.repeats >= 6 and bench.steps >= 6)")]
 

@@ -63,6 +63,16 @@ def test_cut_windows_and_unsettled_warmup_are_named():
     assert window_checks("compute", [{"truncated": False}], None, 5) == []
 
 
+@pytest.mark.parametrize("windows,coverage,words", [
+    (4, 0.875, "e2e: 4 windows give an 88% interval, not 95%"),
+    (3, 0.75, "e2e: 3 windows give a 75% interval, not 95%"),
+    (1, None, "e2e: 1 window gives no interval, not 95%"),
+])
+def test_a_few_windows_reason_says_its_coverage_in_words(windows, coverage, words):
+    [few] = interval_checks("e2e", [{}] * windows, coverage)
+    assert few.text.startswith(words), few.text
+
+
 def test_remedies_follow_the_reasons_kinds_not_their_words():
     """What to do is read from each reason's kind: a busy host asks for an idle machine, a
     shared or throttled GPU for one of its own, warm-up for a longer one; every remedy list
